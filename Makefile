@@ -1,0 +1,41 @@
+# One-command set-up: `make train` trains DLRM on the generated default data,
+# `make test` runs the test suite. Both install into .venv first (idempotent).
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DATA_DIR ?= data_cache/synthetic_criteo
+NPROC ?= 2
+TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.5 --optimizer adagrad \
+	--validation_freq_within_epoch 400 --log_every_n_steps 100 --seed 0 \
+	--log_path runs/make_train.jsonl
+
+.PHONY: install data train train-dcnv2 test bench clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt requirements-cpu.txt requirements-cuda.txt \
+          requirements-torchrec.txt requirements-dev.txt scripts/install.sh
+	bash scripts/install.sh $(VENV)
+	touch $@
+
+data: install
+	$(PYTHON) -m data.synthetic_criteo --output_dir $(DATA_DIR) --seed 0
+
+train: data
+	$(VENV)/bin/torchrun --standalone --nproc_per_node $(NPROC) dlrm_main.py \
+		--in_memory_binary_criteo_path $(DATA_DIR) $(TRAIN_FLAGS)
+
+train-dcnv2: data
+	$(VENV)/bin/torchrun --standalone --nproc_per_node $(NPROC) dcnv2_main.py \
+		--in_memory_binary_criteo_path $(DATA_DIR) $(TRAIN_FLAGS) \
+		--embedding_dim 64 --dense_arch_layer_sizes 256,64 --over_arch_layer_sizes 256,128,1 \
+		--dcn_low_rank_dim 128
+
+test: install
+	$(PYTHON) -m pytest -q tests
+
+bench: install
+	$(PYTHON) bench/train_throughput.py
+
+clean:
+	rm -rf data_cache runs

@@ -1,0 +1,1 @@
+"""Data: dataset formats, generators and the per-rank batch loaders."""

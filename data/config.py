@@ -1,0 +1,157 @@
+"""Where the data comes from and how it is batched: `DataConfig` and the loader factory."""
+
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Protocol, Iterator
+
+from torchrec.datasets.utils import Batch
+
+from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
+from data.criteo_layout import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES
+from data.random_data import RandomCriteoLoader
+
+DATASET_NAMES = ("criteo_1t", "criteo_kaggle")
+SPLITS = ("train", "validation", "test")
+# Epoch lengths of random data when no --limit_*_batches is given.
+RANDOM_DATA_BATCHES = {"train": 1000, "validation": 100, "test": 100}
+
+
+class BatchLoader(Protocol):
+    """What the trainer needs of a split's loader."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Batch]: ...
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+
+@dataclass
+class DataConfig:
+    """The data flags.
+
+    Args:
+        in_memory_binary_criteo_path: directory of day_{i}_*.npy files; None for
+            uniform random data.
+        synthetic_multi_hot_criteo_path: the MLPerf multi-hot layout (not yet supported).
+        dataset_name: criteo_1t or criteo_kaggle.
+        batch_size: training rows per rank per step.
+        test_batch_size: validation/test rows per rank per step (default batch_size).
+        drop_last_training_batch: drop the final partial training batch.
+        limit_train_batches, limit_val_batches, limit_test_batches: cap each split.
+        shuffle_batches: shuffle the order of training batches every epoch.
+        shuffle_training_set: visit training rows in one random order.
+        mmap_mode: read batches lazily from memory-mapped files.
+        pin_memory: pin host batches (CUDA only).
+        seed: seed of the data order and of random data.
+        multi_hot_sizes, multi_hot_distribution_type: multi-hot bags (not yet supported).
+    """
+
+    in_memory_binary_criteo_path: Optional[str] = None
+    synthetic_multi_hot_criteo_path: Optional[str] = None
+    dataset_name: str = "criteo_1t"
+    batch_size: int = 32
+    test_batch_size: Optional[int] = None
+    drop_last_training_batch: bool = False
+    limit_train_batches: Optional[int] = None
+    limit_val_batches: Optional[int] = None
+    limit_test_batches: Optional[int] = None
+    shuffle_batches: bool = False
+    shuffle_training_set: bool = False
+    mmap_mode: bool = False
+    pin_memory: bool = False
+    seed: int = 0
+    multi_hot_sizes: Optional[List[int]] = None
+    multi_hot_distribution_type: Optional[str] = None
+
+    @property
+    def eval_batch_size(self) -> int:
+        return self.test_batch_size or self.batch_size
+
+    def validate(self) -> None:
+        """Raises ValueError with one line naming the offending flag."""
+        if self.dataset_name not in DATASET_NAMES:
+            raise ValueError(
+                f"--dataset_name must be one of {', '.join(DATASET_NAMES)}, got {self.dataset_name!r}"
+            )
+        if self.batch_size <= 0:
+            raise ValueError(f"--batch_size must be positive, got {self.batch_size}")
+        if self.test_batch_size is not None and self.test_batch_size <= 0:
+            raise ValueError(f"--test_batch_size must be positive, got {self.test_batch_size}")
+        for flag, value in (
+            ("limit_train_batches", self.limit_train_batches),
+            ("limit_val_batches", self.limit_val_batches),
+            ("limit_test_batches", self.limit_test_batches),
+        ):
+            if value is not None and value < 0:
+                raise ValueError(f"--{flag} must not be negative, got {value}")
+        path = self.in_memory_binary_criteo_path
+        if path is not None and not os.path.isdir(path):
+            raise ValueError(f"--in_memory_binary_criteo_path {path}: no such directory")
+        if self.synthetic_multi_hot_criteo_path is not None:
+            raise ValueError(
+                "--synthetic_multi_hot_criteo_path is not yet supported (multi-hot data is planned)"
+            )
+        if self.multi_hot_sizes is not None or self.multi_hot_distribution_type is not None:
+            raise ValueError(
+                "--multi_hot_sizes/--multi_hot_distribution_type are not yet supported "
+                "(multi-hot data is planned)"
+            )
+
+    def limit(self, split: str) -> Optional[int]:
+        return {"train": self.limit_train_batches, "validation": self.limit_val_batches,
+                "test": self.limit_test_batches}[split]
+
+
+def open_dataset(config: DataConfig) -> Optional[CriteoBinaryDataset]:
+    """The binary data set the flags name, or None for random data."""
+    if config.in_memory_binary_criteo_path is None:
+        return None
+    return CriteoBinaryDataset(config.in_memory_binary_criteo_path)
+
+
+def build_loaders(
+    config: DataConfig,
+    dataset: Optional[CriteoBinaryDataset],
+    num_embeddings_per_feature: List[int],
+    rank: int,
+    world_size: int,
+) -> Dict[str, BatchLoader]:
+    """One loader per split ("train", "validation", "test") for this rank.
+
+    Example::
+
+        loaders = build_loaders(DataConfig(batch_size=512), None, [1000] * 26, rank=0, world_size=1)
+    """
+    loaders: Dict[str, BatchLoader] = {}
+    for stream, split in enumerate(SPLITS):
+        is_train = split == "train"
+        batch_size = config.batch_size if is_train else config.eval_batch_size
+        limit = config.limit(split)
+        if dataset is None:
+            loaders[split] = RandomCriteoLoader(
+                num_batches=RANDOM_DATA_BATCHES[split] if limit is None else limit,
+                batch_size=batch_size,
+                rank=rank,
+                world_size=world_size,
+                num_embeddings_per_feature=num_embeddings_per_feature,
+                sparse_feature_names=SPARSE_FEATURE_NAMES,
+                num_dense_features=NUM_DENSE_FEATURES,
+                seed=config.seed,
+                stream=stream,
+            )
+            continue
+        loaders[split] = CriteoBinaryLoader(
+            dataset,
+            split,
+            batch_size=batch_size,
+            rank=rank,
+            world_size=world_size,
+            drop_last=config.drop_last_training_batch and is_train,
+            row_permutation_seed=config.seed if (is_train and config.shuffle_training_set) else None,
+            shuffle_batches_seed=config.seed if (is_train and config.shuffle_batches) else None,
+            mmap_mode=config.mmap_mode,
+            num_embeddings_per_feature=num_embeddings_per_feature,
+            limit_batches=limit,
+        )
+    return loaders

@@ -1,0 +1,222 @@
+"""Reads the Criteo in-memory binary layout, each rank only its own rows.
+
+Split (documented in the README): every day file but the last is training data; the
+last day's first half is validation and its second half test, so validation and
+test never overlap training. For Criteo 1TB (days 0-23) that is days 0-22 for
+training and day 23 halved.
+"""
+
+import os
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+from torchrec.datasets.utils import Batch
+
+from data.batching import BatchBuilder, RankBatchLayout
+from data.criteo_layout import (
+    NUM_DENSE_FEATURES,
+    NUM_SPARSE_FEATURES,
+    SPARSE_FEATURE_NAMES,
+    day_file,
+    read_metadata,
+)
+
+Arrays = Tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+class CriteoBinaryDataset:
+    """The day files of one directory, seen as one array of rows (memory-mapped).
+
+    Args:
+        directory: holds ``day_{i}_{dense,sparse,labels}.npy`` for i = 0, 1, ...
+
+    Raises:
+        ValueError: one line naming the file when the layout is wrong.
+
+    Example::
+
+        dataset = CriteoBinaryDataset("data_cache/synthetic_criteo")
+        dense, sparse, labels = dataset.read(0, 10)
+    """
+
+    def __init__(self, directory: str) -> None:
+        if not os.path.isdir(directory):
+            raise ValueError(f"--in_memory_binary_criteo_path {directory}: no such directory")
+        self.directory = directory
+        self.metadata = read_metadata(directory)
+        self._days: List[Arrays] = []
+        while os.path.exists(day_file(directory, len(self._days), "dense")):
+            self._days.append(self._open_day(len(self._days)))
+        if len(self._days) < 2:
+            raise ValueError(
+                f"{directory}: needs at least two day files (day_0_dense.npy, day_1_dense.npy, "
+                f"...; the last day is validation + test), found {len(self._days)}"
+            )
+        self.rows_per_day = [d[0].shape[0] for d in self._days]
+        self.day_starts = np.concatenate([[0], np.cumsum(self.rows_per_day)])
+
+    def _open_day(self, day: int) -> Arrays:
+        expected = {"dense": (np.float32, NUM_DENSE_FEATURES),
+                    "sparse": (np.int32, NUM_SPARSE_FEATURES),
+                    "labels": (np.int32, 1)}
+        arrays = []
+        for kind, (dtype, width) in expected.items():
+            path = day_file(self.directory, day, kind)
+            try:
+                array = np.load(path, mmap_mode="r")
+            except (OSError, ValueError) as e:
+                raise ValueError(f"{path}: cannot read as .npy ({e})") from e
+            if array.ndim != 2 or array.shape[1] != width or array.dtype != dtype:
+                raise ValueError(
+                    f"{path}: expected {np.dtype(dtype).name} of shape (N, {width}), "
+                    f"found {array.dtype} {array.shape}"
+                )
+            arrays.append(array)
+        if len({a.shape[0] for a in arrays}) != 1:
+            raise ValueError(
+                f"{self.directory}: day {day} files disagree on the row count "
+                f"({', '.join(str(a.shape[0]) for a in arrays)})"
+            )
+        return arrays[0], arrays[1], arrays[2]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.day_starts[-1])
+
+    @property
+    def num_embeddings_per_feature(self) -> Optional[List[int]]:
+        """Cardinalities recorded in metadata.json, if any."""
+        if self.metadata and "num_embeddings_per_feature" in self.metadata:
+            return [int(v) for v in self.metadata["num_embeddings_per_feature"]]
+        return None
+
+    def split_ranges(self) -> dict:
+        """{"train" | "validation" | "test": (start, stop)} in global row numbers."""
+        last_start, end = int(self.day_starts[-2]), int(self.day_starts[-1])
+        middle = last_start + (end - last_start) // 2
+        return {"train": (0, last_start), "validation": (last_start, middle), "test": (middle, end)}
+
+    def read(self, start: int, stop: int) -> Arrays:
+        """Rows [start, stop) across day boundaries, copied into memory."""
+        parts = []
+        day = int(np.searchsorted(self.day_starts, start, side="right")) - 1
+        while start < stop:
+            day_stop = int(self.day_starts[day + 1])
+            lo, hi = start - int(self.day_starts[day]), min(stop, day_stop) - int(self.day_starts[day])
+            parts.append(tuple(np.asarray(a[lo:hi]) for a in self._days[day]))
+            start, day = min(stop, day_stop), day + 1
+        if len(parts) == 1:
+            return parts[0]  # type: ignore[return-value]
+        return tuple(np.concatenate(p) for p in zip(*parts))  # type: ignore[return-value]
+
+    def take(self, rows: np.ndarray) -> Arrays:
+        """Rows at the given global numbers (any order), copied into memory."""
+        out = (
+            np.empty((len(rows), NUM_DENSE_FEATURES), np.float32),
+            np.empty((len(rows), NUM_SPARSE_FEATURES), np.int32),
+            np.empty((len(rows), 1), np.int32),
+        )
+        days = np.searchsorted(self.day_starts, rows, side="right") - 1
+        for day in np.unique(days):
+            mask = days == day
+            local = rows[mask] - self.day_starts[day]
+            for dst, src in zip(out, self._days[day]):
+                dst[mask] = src[local]
+        return out
+
+
+class CriteoBinaryLoader:
+    """Iterates one rank's batches of one split.
+
+    Without ``mmap_mode`` the rank's rows (and only those) are read into memory up
+    front; with it they are read from the memory-mapped files batch by batch.
+
+    Args:
+        dataset: the day files.
+        split: "train", "validation" or "test".
+        batch_size: rows per rank per batch.
+        rank, world_size: this rank and the number of ranks.
+        drop_last: drop the final partial batch.
+        row_permutation_seed: when set, rows are visited in one random order drawn
+            from this seed (identical on every rank): --shuffle_training_set.
+        shuffle_batches_seed: when set, the order of batches is shuffled every epoch
+            from (seed, epoch), identically on every rank: --shuffle_batches.
+        mmap_mode: read batches lazily from the memory map.
+        num_embeddings_per_feature: ids at or above a table's size are taken modulo it.
+        limit_batches: stop after this many batches.
+    """
+
+    def __init__(
+        self,
+        dataset: CriteoBinaryDataset,
+        split: str,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        drop_last: bool = False,
+        row_permutation_seed: Optional[int] = None,
+        shuffle_batches_seed: Optional[int] = None,
+        mmap_mode: bool = False,
+        num_embeddings_per_feature: Optional[Sequence[int]] = None,
+        limit_batches: Optional[int] = None,
+    ) -> None:
+        self._dataset = dataset
+        self._start, stop = dataset.split_ranges()[split]
+        self._layout = RankBatchLayout(stop - self._start, batch_size, rank, world_size, drop_last)
+        self._permutation = (
+            None
+            if row_permutation_seed is None
+            else self._start + np.random.default_rng(row_permutation_seed).permutation(stop - self._start)
+        )
+        self._shuffle_seed = shuffle_batches_seed
+        self._limit = limit_batches
+        self._builder = BatchBuilder(SPARSE_FEATURE_NAMES)
+        self._modulo = self._modulo_sizes(num_embeddings_per_feature)
+        self._epoch = 0
+        self._in_memory: Optional[Arrays] = None
+        if not mmap_mode:
+            # This rank's rows of every batch it may visit, batch after batch, in one block.
+            visited = len(self._layout) if shuffle_batches_seed is not None else len(self)
+            blocks = [self._read_batch(b) for b in range(visited)]
+            self._in_memory = tuple(np.concatenate(p) for p in zip(*blocks)) if blocks else None  # type: ignore[assignment]
+
+    def _modulo_sizes(self, sizes: Optional[Sequence[int]]) -> Optional[np.ndarray]:
+        if sizes is None:
+            return None
+        known = self._dataset.num_embeddings_per_feature
+        if known is not None and all(k <= s for k, s in zip(known, sizes)):
+            return None  # every id already fits its table
+        return np.asarray(sizes, dtype=np.int32)
+
+    def _read_batch(self, batch: int) -> Arrays:
+        lo, hi = self._layout.rows(batch)
+        if self._permutation is None:
+            return self._dataset.read(self._start + lo, self._start + hi)
+        return self._dataset.take(self._permutation[lo:hi])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the batch order of ``epoch`` (with --shuffle_batches)."""
+        self._epoch = epoch
+
+    def __len__(self) -> int:
+        n = len(self._layout)
+        return n if self._limit is None else min(n, self._limit)
+
+    def _batch_order(self) -> np.ndarray:
+        order = np.arange(len(self._layout))
+        if self._shuffle_seed is not None:
+            order = np.random.default_rng([self._shuffle_seed, self._epoch]).permutation(order)
+        return order[: len(self)]
+
+    def __iter__(self) -> Iterator[Batch]:
+        full = self._layout.batch_size
+        for b in self._batch_order():
+            if self._in_memory is not None:
+                size = self._layout.rows(b)[1] - self._layout.rows(b)[0]
+                lo = b * full  # all batches but the last are full
+                dense, sparse, labels = (a[lo : lo + size] for a in self._in_memory)
+            else:
+                dense, sparse, labels = self._read_batch(b)
+            if self._modulo is not None:
+                sparse = np.remainder(sparse, self._modulo)
+            yield self._builder(dense, sparse, labels)

@@ -1,0 +1,74 @@
+"""Builds DLRM-family models from a `ModelConfig`, with embedding tables on the meta device.
+
+Tables stay on the meta device so that no rank ever allocates a full table: the
+sharder materialises only each rank's shards.
+"""
+
+from typing import List, Optional
+
+import torch
+from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from models.config import ModelConfig
+
+
+def build_embedding_bag_configs(config: ModelConfig) -> List[EmbeddingBagConfig]:
+    """One table per categorical feature, named ``t_<feature>``."""
+    return [
+        EmbeddingBagConfig(
+            name=table,
+            embedding_dim=config.embedding_dim,
+            num_embeddings=rows,
+            feature_names=[feature],
+        )
+        for table, feature, rows in zip(
+            config.table_names, config.sparse_feature_names, config.num_embeddings_per_feature
+        )
+    ]
+
+
+def build_dlrm_train(
+    config: ModelConfig, dense_device: Optional[torch.device] = None
+) -> DLRMTrain:
+    """Builds the model wrapped with its BCE-with-logits loss.
+
+    Args:
+        config: the architecture; validated here.
+        dense_device: where the MLPs are created (None: the default device).
+
+    Returns:
+        a `DLRMTrain` whose forward takes a torchrec `Batch` and returns
+        ``(loss, (loss, logits, labels))``.
+
+    Example::
+
+        model = build_dlrm_train(ModelConfig(num_embeddings_per_feature=[100] * 26))
+    """
+    config.validate()
+    ebc = EmbeddingBagCollection(
+        tables=build_embedding_bag_configs(config), device=torch.device("meta")
+    )
+    common = dict(
+        embedding_bag_collection=ebc,
+        dense_in_features=config.dense_in_features,
+        dense_arch_layer_sizes=config.dense_arch_layer_sizes,
+        over_arch_layer_sizes=config.over_arch_layer_sizes,
+        dense_device=dense_device,
+    )
+    if config.interaction_type == "dcn":
+        dlrm: DLRM = DLRM_DCN(
+            dcn_num_layers=config.dcn_num_layers,
+            dcn_low_rank_dim=config.dcn_low_rank_dim,
+            **common,
+        )
+    elif config.interaction_type == "projection":
+        dlrm = DLRM_Projection(
+            interaction_branch1_layer_sizes=config.interaction_branch1_layer_sizes,
+            interaction_branch2_layer_sizes=config.interaction_branch2_layer_sizes,
+            **common,
+        )
+    else:
+        dlrm = DLRM(**common)
+    return DLRMTrain(dlrm)

@@ -1,0 +1,1 @@
+"""Training: the loop, evaluation, logging and the pieces they are built from."""

@@ -1,0 +1,114 @@
+"""The one configuration object a training run is driven by."""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from data.config import DataConfig
+from models.config import ModelConfig
+
+OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
+DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class OptimizerConfig:
+    """Optimizers and learning-rate schedule.
+
+    Args:
+        optimizer: the fused embedding optimizer: sgd, adagrad or rowwise_adagrad.
+        dense_optimizer: optimizer of the MLPs (None: sgd for sgd, adagrad otherwise).
+        learning_rate: base learning rate, shared by both optimizers.
+        eps: epsilon of the Adagrad variants (and Adam).
+        lr_warmup_steps: linear warm-up from base/W to base over W steps.
+        lr_decay_start: step at which polynomial decay begins (0 with lr_decay_steps 0: none).
+        lr_decay_steps: steps of polynomial (power 2) decay down to lr_decay_floor.
+        lr_decay_floor: learning rate after the decay, as a fraction of the base.
+    """
+
+    optimizer: str = "sgd"
+    dense_optimizer: Optional[str] = None
+    learning_rate: float = 15.0
+    eps: float = 1e-8
+    lr_warmup_steps: int = 0
+    lr_decay_start: int = 0
+    lr_decay_steps: int = 0
+    lr_decay_floor: float = 0.0
+
+    @property
+    def resolved_dense_optimizer(self) -> str:
+        if self.dense_optimizer is not None:
+            return self.dense_optimizer
+        return "sgd" if self.optimizer == "sgd" else "adagrad"
+
+    def validate(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.dense_optimizer is not None and self.dense_optimizer not in DENSE_OPTIMIZERS:
+            raise ValueError(
+                f"--dense_optimizer must be one of {', '.join(DENSE_OPTIMIZERS)}, "
+                f"got {self.dense_optimizer!r}"
+            )
+        if not self.learning_rate > 0:
+            raise ValueError(f"--learning_rate must be positive, got {self.learning_rate}")
+        if not self.eps > 0:
+            raise ValueError(f"--eps must be positive, got {self.eps}")
+        for flag in ("lr_warmup_steps", "lr_decay_start", "lr_decay_steps"):
+            if getattr(self, flag) < 0:
+                raise ValueError(f"--{flag} must not be negative, got {getattr(self, flag)}")
+        if self.lr_decay_steps > 0 and self.lr_decay_start < self.lr_warmup_steps:
+            raise ValueError(
+                f"--lr_decay_start ({self.lr_decay_start}) must not come before the end of "
+                f"warm-up (--lr_warmup_steps {self.lr_warmup_steps})"
+            )
+        if not 0.0 <= self.lr_decay_floor <= 1.0:
+            raise ValueError(f"--lr_decay_floor must be in [0, 1], got {self.lr_decay_floor}")
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run needs: model, data, optimizers and the run's own options.
+
+    Args:
+        model: the architecture (tables sized from the data when not given).
+        data: data source and batching.
+        optim: optimizers and LR schedule.
+        epochs: passes over the training split.
+        seed: seeds model init, data order and random data.
+        validation_freq_within_epoch: validate every N training steps (and at epoch end).
+        log_every_n_steps: steps per progress line and JSON record.
+        log_path: JSON-lines log file (rank 0 writes it).
+        print_lr: print the learning rate every step.
+        print_sharding_plan: print the plan and per-rank memory.
+        allow_tf32: TF32 matmuls on CUDA.
+        device: auto, cpu or cuda.
+    """
+
+    model: ModelConfig
+    data: DataConfig
+    optim: OptimizerConfig = field(default_factory=OptimizerConfig)
+    epochs: int = 1
+    seed: int = 0
+    validation_freq_within_epoch: Optional[int] = None
+    log_every_n_steps: int = 100
+    log_path: Optional[str] = None
+    print_lr: bool = False
+    print_sharding_plan: bool = False
+    allow_tf32: bool = False
+    device: str = "auto"
+
+    def validate(self) -> None:
+        """Raises ValueError with one line naming the offending flag."""
+        self.model.validate()
+        self.data.validate()
+        self.optim.validate()
+        if self.epochs <= 0:
+            raise ValueError(f"--epochs must be positive, got {self.epochs}")
+        if self.validation_freq_within_epoch is not None and self.validation_freq_within_epoch <= 0:
+            raise ValueError(
+                f"--validation_freq_within_epoch must be positive, got {self.validation_freq_within_epoch}"
+            )
+        if self.log_every_n_steps <= 0:
+            raise ValueError(f"--log_every_n_steps must be positive, got {self.log_every_n_steps}")
+        if self.device not in DEVICES:
+            raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")

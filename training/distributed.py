@@ -1,0 +1,89 @@
+"""Device selection and the process group, for torchrun and for a plain `python` run."""
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistributedEnv:
+    """Where this process runs.
+
+    Args:
+        rank, world_size: global position of this process.
+        local_rank, local_world_size: position on this host.
+        device: cuda:LOCAL_RANK or cpu.
+        backend: nccl (CUDA) or gloo (CPU).
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer")
+
+
+def resolve_env(device_flag: str) -> DistributedEnv:
+    """Reads torchrun's variables (defaults: one process) and picks the device.
+
+    Raises ValueError (one line) when CUDA is asked for but missing, or when
+    LOCAL_RANK has no GPU of its own.
+    """
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", rank if world_size == 1 else 0)
+    local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
+    use_cuda = device_flag == "cuda" or (device_flag == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError("--device cuda: no CUDA device is available on this host")
+        if local_rank >= count:
+            raise ValueError(
+                f"LOCAL_RANK {local_rank} has no GPU: this host has {count} "
+                f"(run at most {count} processes per node)"
+            )
+        return DistributedEnv(rank, world_size, local_rank, local_world_size,
+                              torch.device("cuda", local_rank), "nccl")
+    return DistributedEnv(rank, world_size, local_rank, local_world_size, torch.device("cpu"), "gloo")
+
+
+def init_process_group(env: DistributedEnv) -> dist.ProcessGroup:
+    """Starts the default process group (an in-memory store for a single process).
+
+    On CPU each rank gets an equal share of the host's cores for its intra-op threads,
+    so ranks do not oversubscribe the machine.
+    """
+    if env.device.type == "cuda":
+        torch.cuda.set_device(env.device)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
+    if not dist.is_initialized():
+        if "MASTER_ADDR" in os.environ:
+            dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size)
+        elif env.world_size == 1:
+            # Plain `python dlrm_main.py`: no rendezvous needed, no port to pick.
+            dist.init_process_group(env.backend, store=dist.HashStore(), rank=0, world_size=1)
+        else:
+            raise ValueError(
+                f"WORLD_SIZE is {env.world_size} but MASTER_ADDR is not set: launch with torchrun"
+            )
+    assert dist.group.WORLD is not None
+    return dist.group.WORLD

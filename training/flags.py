@@ -1,0 +1,198 @@
+"""Command-line flags -> `TrainConfig`.
+
+The flag names, meanings and list syntax are the public TorchRec DLRM example's, so
+existing command lines keep working; the additions are documented in the README.
+Bad input ends in one line on stderr and exit code 2.
+"""
+
+import argparse
+import sys
+from typing import Any, Dict, List, NoReturn, Optional, Sequence
+
+from data.config import DATASET_NAMES, DataConfig
+from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES, read_metadata
+from models.config import INTERACTION_TYPES, ModelConfig
+from training.config import DENSE_OPTIMIZERS, DEVICES, OPTIMIZERS, OptimizerConfig, TrainConfig
+
+DEFAULT_NUM_EMBEDDINGS = 100_000
+
+
+class FlagError(ValueError):
+    """A flag's value is wrong; the message names the flag."""
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """Reports bad flags as one line (no usage dump) and exits with 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def int_list(text: str) -> List[int]:
+    """Parses "512,256,64"; rejects empty items and non-integers."""
+    items = text.split(",")
+    if any(not item.strip() for item in items):
+        raise argparse.ArgumentTypeError(f"malformed list {text!r}: empty item")
+    try:
+        return [int(item) for item in items]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"malformed list {text!r}: expected comma-separated integers")
+
+
+def _store_true(parser: argparse.ArgumentParser, name: str, help: str) -> None:
+    parser.add_argument(f"--{name}", action="store_true", help=help)
+
+
+def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The flags of both entry points, with DLRM's defaults (callers may `set_defaults`)."""
+    p = _OneLineParser(prog=prog, description=description)
+    a = p.add_argument
+    # Run length and batching (public example names).
+    a("--epochs", type=int, default=1, help="passes over the training split")
+    a("--batch_size", type=int, default=32, help="training rows per rank per step")
+    _store_true(p, "drop_last_training_batch", "drop the last partial training batch")
+    a("--test_batch_size", type=int, default=None, help="validation/test rows per rank (default --batch_size)")
+    a("--limit_train_batches", type=int, default=None, help="training batches per epoch at most")
+    a("--limit_val_batches", type=int, default=None, help="validation batches at most")
+    a("--limit_test_batches", type=int, default=None, help="test batches at most")
+    # Data.
+    a("--dataset_name", choices=DATASET_NAMES, default="criteo_1t", help="which Criteo data set the files are")
+    a("--in_memory_binary_criteo_path", default=None,
+      help="directory of day_{i}_{dense,sparse,labels}.npy files; without it, uniform random data")
+    a("--synthetic_multi_hot_criteo_path", default=None, help="MLPerf multi-hot layout (not yet supported)")
+    _store_true(p, "mmap_mode", "read batches lazily from memory-mapped files instead of loading this rank's rows")
+    _store_true(p, "pin_memory", "pin host batches (CUDA)")
+    _store_true(p, "shuffle_batches", "shuffle the order of training batches every epoch")
+    _store_true(p, "shuffle_training_set", "visit training rows in one random order (same on every rank)")
+    a("--multi_hot_sizes", type=int_list, default=None, help="multi-hot bag size per feature (not yet supported)")
+    a("--multi_hot_distribution_type", choices=["uniform", "pareto"], default=None,
+      help="multi-hot id distribution (not yet supported)")
+    # Model.
+    a("--num_embeddings", type=int, default=None,
+      help=f"rows of every table when --num_embeddings_per_feature is not given (default "
+           f"{DEFAULT_NUM_EMBEDDINGS}, or the data's metadata.json cardinalities)")
+    a("--num_embeddings_per_feature", type=int_list, default=None, help="rows of each table, comma-separated (26 values)")
+    a("--embedding_dim", type=int, default=64, help="width of every embedding table")
+    a("--dense_arch_layer_sizes", type=int_list, default=[512, 256, 64], help="bottom MLP sizes")
+    a("--over_arch_layer_sizes", type=int_list, default=[512, 512, 256, 1], help="top MLP sizes (end in 1)")
+    a("--interaction_type", choices=INTERACTION_TYPES, default="original",
+      help="original (DLRM dot products), dcn (DCNv2 cross net) or projection")
+    a("--interaction_branch1_layer_sizes", type=int_list, default=[2048, 2048], help="projection branch 1 sizes")
+    a("--interaction_branch2_layer_sizes", type=int_list, default=[2048, 2048], help="projection branch 2 sizes")
+    a("--dcn_num_layers", type=int, default=3, help="DCN cross layers")
+    a("--dcn_low_rank_dim", type=int, default=512, help="rank of each DCN cross layer")
+    # Optimisation.
+    a("--learning_rate", type=float, default=15.0, help="base learning rate")
+    a("--optimizer", choices=OPTIMIZERS, default=None, help="fused embedding optimizer (default sgd)")
+    _store_true(p, "adagrad", "alias of --optimizer adagrad (public example flag)")
+    a("--dense_optimizer", choices=DENSE_OPTIMIZERS, default=None,
+      help="MLP optimizer (default: sgd with --optimizer sgd, else adagrad)")
+    a("--eps", type=float, default=1e-8, help="epsilon of Adagrad/Adam")
+    a("--lr_warmup_steps", type=int, default=0, help="linear warm-up steps")
+    a("--lr_decay_start", type=int, default=0, help="step at which polynomial decay starts")
+    a("--lr_decay_steps", type=int, default=0, help="steps of power-2 polynomial decay (0: none)")
+    a("--lr_decay_floor", type=float, default=0.0, help="final LR after decay, as a fraction of --learning_rate")
+    # Run.
+    a("--seed", type=int, default=None, help="seeds model init, data order and random data (default 0)")
+    a("--validation_freq_within_epoch", type=int, default=None, help="validate every N training steps")
+    a("--log_every_n_steps", type=int, default=100, help="steps per progress line / JSON record")
+    a("--log_path", default=None, help="JSON-lines log file written by rank 0")
+    _store_true(p, "print_lr", "print the learning rate every step")
+    _store_true(p, "print_sharding_plan", "print the sharding plan and per-rank memory")
+    _store_true(p, "allow_tf32", "allow TF32 matmuls (CUDA Ampere or newer)")
+    a("--device", choices=DEVICES, default="auto", help="cuda when available with auto")
+    return p
+
+
+def _table_sizes(args: argparse.Namespace) -> List[int]:
+    if args.num_embeddings_per_feature is not None:
+        return list(args.num_embeddings_per_feature)
+    if args.num_embeddings is not None:
+        return [args.num_embeddings] * len(SPARSE_FEATURE_NAMES)
+    path = args.in_memory_binary_criteo_path
+    metadata = read_metadata(path) if path else None
+    if metadata and "num_embeddings_per_feature" in metadata:
+        return [int(v) for v in metadata["num_embeddings_per_feature"]]
+    return [DEFAULT_NUM_EMBEDDINGS] * len(SPARSE_FEATURE_NAMES)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Builds and validates the config; raises FlagError naming the flag."""
+    if args.adagrad and args.optimizer not in (None, "adagrad"):
+        raise FlagError(f"--adagrad contradicts --optimizer {args.optimizer}")
+    seed = 0 if args.seed is None else args.seed
+    try:
+        config = TrainConfig(
+            model=ModelConfig(
+                num_embeddings_per_feature=_table_sizes(args),
+                sparse_feature_names=list(SPARSE_FEATURE_NAMES),
+                dense_in_features=len(DENSE_FEATURE_NAMES),
+                embedding_dim=args.embedding_dim,
+                interaction_type=args.interaction_type,
+                dense_arch_layer_sizes=args.dense_arch_layer_sizes,
+                over_arch_layer_sizes=args.over_arch_layer_sizes,
+                dcn_num_layers=args.dcn_num_layers,
+                dcn_low_rank_dim=args.dcn_low_rank_dim,
+                interaction_branch1_layer_sizes=args.interaction_branch1_layer_sizes,
+                interaction_branch2_layer_sizes=args.interaction_branch2_layer_sizes,
+            ),
+            data=DataConfig(
+                in_memory_binary_criteo_path=args.in_memory_binary_criteo_path,
+                synthetic_multi_hot_criteo_path=args.synthetic_multi_hot_criteo_path,
+                dataset_name=args.dataset_name,
+                batch_size=args.batch_size,
+                test_batch_size=args.test_batch_size,
+                drop_last_training_batch=args.drop_last_training_batch,
+                limit_train_batches=args.limit_train_batches,
+                limit_val_batches=args.limit_val_batches,
+                limit_test_batches=args.limit_test_batches,
+                shuffle_batches=args.shuffle_batches,
+                shuffle_training_set=args.shuffle_training_set,
+                mmap_mode=args.mmap_mode,
+                pin_memory=args.pin_memory,
+                seed=seed,
+                multi_hot_sizes=args.multi_hot_sizes,
+                multi_hot_distribution_type=args.multi_hot_distribution_type,
+            ),
+            optim=OptimizerConfig(
+                optimizer=args.optimizer or ("adagrad" if args.adagrad else "sgd"),
+                dense_optimizer=args.dense_optimizer,
+                learning_rate=args.learning_rate,
+                eps=args.eps,
+                lr_warmup_steps=args.lr_warmup_steps,
+                lr_decay_start=args.lr_decay_start,
+                lr_decay_steps=args.lr_decay_steps,
+                lr_decay_floor=args.lr_decay_floor,
+            ),
+            epochs=args.epochs,
+            seed=seed,
+            validation_freq_within_epoch=args.validation_freq_within_epoch,
+            log_every_n_steps=args.log_every_n_steps,
+            log_path=args.log_path,
+            print_lr=args.print_lr,
+            print_sharding_plan=args.print_sharding_plan,
+            allow_tf32=args.allow_tf32,
+            device=args.device,
+        )
+        config.validate()
+    except ValueError as e:
+        raise FlagError(str(e)) from e
+    return config
+
+
+def parse_config(
+    argv: Optional[Sequence[str]],
+    prog: str,
+    description: str,
+    defaults: Optional[Dict[str, Any]] = None,
+) -> TrainConfig:
+    """Parses argv (None: sys.argv[1:]) into a validated config, or exits 2 with one line."""
+    parser = build_parser(prog, description)
+    if defaults:
+        parser.set_defaults(**defaults)
+    args = parser.parse_args(argv)
+    try:
+        return config_from_args(args)
+    except FlagError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        raise SystemExit(2)

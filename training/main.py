@@ -1,0 +1,38 @@
+"""The shared body of the entry points: flags -> config -> trainer, with exit codes.
+
+Exit codes: 0 done; 2 bad flags or input (one line on stderr, on every rank, before
+any collective, so no rank hangs); 3 the loss became NaN or infinite.
+"""
+
+import sys
+from typing import Any, Dict, Optional, Sequence
+
+import torch.distributed as dist
+
+from training.distributed import resolve_env
+from training.flags import parse_config
+from training.trainer import NonFiniteLossError, Trainer
+
+
+def run_training(
+    argv: Optional[Sequence[str]],
+    prog: str,
+    description: str,
+    defaults: Optional[Dict[str, Any]] = None,
+) -> int:
+    """Parses ``argv`` with the given flag defaults, trains, returns the exit code."""
+    config = parse_config(argv, prog, description, defaults)
+    try:
+        trainer = Trainer(config, resolve_env(config.device))
+    except ValueError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        trainer.fit()
+    except NonFiniteLossError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 3
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0

@@ -1,0 +1,71 @@
+"""What a run tells people and machines: progress bar, interval lines, JSON lines.
+
+Only rank 0 prints and writes. The JSON-lines log is appended to, one object per
+line, every record carrying the run's ``run_id``:
+``{"event": "config", ...}`` once, ``{"event": "train", "step", "epoch", "loss", "lr",
+"records_per_sec", ...}`` per interval and ``{"event": "eval", "stage", "step",
+"auroc", "log_loss", "accuracy", "num_samples"}`` per evaluation.
+"""
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Optional
+
+from tqdm import tqdm
+
+
+class RunLog:
+    """Console and JSON-lines output of one run (silent on ranks other than 0).
+
+    Args:
+        enabled: True on rank 0.
+        log_path: JSON-lines file (its directory is created), or None.
+    """
+
+    def __init__(self, enabled: bool, log_path: Optional[str]) -> None:
+        self.enabled = enabled
+        self.run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+        self._file = None
+        self._bar: Optional[tqdm] = None
+        if enabled and log_path:
+            os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+            self._file = open(log_path, "a", buffering=1)
+
+    def record(self, event: str, **fields: Any) -> None:
+        """Appends one JSON object (non-finite floats become null)."""
+        if self._file is None:
+            return
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in fields.items()}
+        self._file.write(json.dumps({"event": event, "run_id": self.run_id, **clean}) + "\n")
+
+    def print(self, line: str) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.write(line, file=sys.stdout)
+        else:
+            print(line, flush=True)
+
+    def start_progress(self, total: int, description: str) -> None:
+        if self.enabled:
+            self.close_progress()
+            self._bar = tqdm(total=total, desc=description, unit="step", dynamic_ncols=True,
+                             file=sys.stderr, mininterval=1.0)
+
+    def advance(self, steps: int = 1) -> None:
+        if self._bar is not None:
+            self._bar.update(steps)
+
+    def close_progress(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def close(self) -> None:
+        self.close_progress()
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -30,13 +30,17 @@ def build_embedding_bag_configs(config: ModelConfig) -> List[EmbeddingBagConfig]
 
 
 def build_dlrm_train(
-    config: ModelConfig, dense_device: Optional[torch.device] = None
+    config: ModelConfig,
+    dense_device: Optional[torch.device] = None,
+    embedding_device: torch.device = torch.device("meta"),
 ) -> DLRMTrain:
     """Builds the model wrapped with its BCE-with-logits loss.
 
     Args:
         config: the architecture; validated here.
         dense_device: where the MLPs are created (None: the default device).
+        embedding_device: where the tables are created; "meta" (the default) for
+            sharding, a real device for an unsharded model.
 
     Returns:
         a `DLRMTrain` whose forward takes a torchrec `Batch` and returns
@@ -48,7 +52,7 @@ def build_dlrm_train(
     """
     config.validate()
     ebc = EmbeddingBagCollection(
-        tables=build_embedding_bag_configs(config), device=torch.device("meta")
+        tables=build_embedding_bag_configs(config), device=embedding_device
     )
     common = dict(
         embedding_bag_collection=ebc,

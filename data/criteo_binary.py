@@ -103,7 +103,7 @@ class CriteoBinaryDataset:
         while start < stop:
             day_stop = int(self.day_starts[day + 1])
             lo, hi = start - int(self.day_starts[day]), min(stop, day_stop) - int(self.day_starts[day])
-            parts.append(tuple(np.asarray(a[lo:hi]) for a in self._days[day]))
+            parts.append(tuple(np.array(a[lo:hi]) for a in self._days[day]))
             start, day = min(stop, day_stop), day + 1
         if len(parts) == 1:
             return parts[0]  # type: ignore[return-value]

@@ -118,6 +118,8 @@ def _table_sizes(args: argparse.Namespace) -> List[int]:
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """Builds and validates the config; raises FlagError naming the flag."""
+    if args.num_embeddings is not None and args.num_embeddings <= 0:
+        raise FlagError(f"--num_embeddings must be positive, got {args.num_embeddings}")
     if args.adagrad and args.optimizer not in (None, "adagrad"):
         raise FlagError(f"--adagrad contradicts --optimizer {args.optimizer}")
     seed = 0 if args.seed is None else args.seed

@@ -1,0 +1,99 @@
+"""Flag parsing and validation: every bad input is one line on stderr and exit code 2."""
+
+import pytest
+
+import dcnv2_main
+import dlrm_main
+from training.flags import parse_config
+
+
+def run_main(capsys, main, argv):
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    return code, [line for line in err.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dense_arch_layer_sizes", "512,256,32"], "last --dense_arch_layer_sizes value (32) must equal --embedding_dim (64)"),
+    (["--over_arch_layer_sizes", "512,2"], "--over_arch_layer_sizes must end in 1"),
+    (["--num_embeddings_per_feature", "10,20"], "--num_embeddings_per_feature has 2 values but the data has 26"),
+    (["--num_embeddings_per_feature", ",".join(["10"] * 25 + ["0"])], "value 25 (cat_25) must be positive"),
+    (["--num_embeddings", "-5"], "--num_embeddings must be positive, got -5"),
+    (["--embedding_dim", "0", "--dense_arch_layer_sizes", "512,0"], "--embedding_dim must be positive"),
+    (["--dense_arch_layer_sizes", "512,-1,64"], "--dense_arch_layer_sizes sizes must be positive"),
+    (["--dense_arch_layer_sizes", "512,,64"], "malformed list '512,,64'"),
+    (["--over_arch_layer_sizes", "a,b"], "malformed list 'a,b'"),
+    (["--batch_size", "0"], "--batch_size must be positive"),
+    (["--epochs", "0"], "--epochs must be positive"),
+    (["--learning_rate", "-1"], "--learning_rate must be positive"),
+    (["--interaction_type", "dcn", "--dcn_low_rank_dim", "0"], "--dcn_low_rank_dim must be positive"),
+    (["--interaction_type", "projection", "--interaction_branch1_layer_sizes", "100,30"],
+     "must be a multiple of --embedding_dim"),
+    (["--in_memory_binary_criteo_path", "/no/such/dir"], "/no/such/dir: no such directory"),
+    (["--multi_hot_sizes", "3,3"], "not yet supported"),
+    (["--synthetic_multi_hot_criteo_path", "/tmp"], "not yet supported"),
+    (["--no_such_flag"], "unrecognized arguments: --no_such_flag"),
+    (["--interaction_type", "bogus"], "invalid choice: 'bogus'"),
+    (["--adagrad", "--optimizer", "sgd"], "--adagrad contradicts --optimizer sgd"),
+    (["--lr_warmup_steps", "10", "--lr_decay_start", "5", "--lr_decay_steps", "5"],
+     "--lr_decay_start (5) must not come before the end of warm-up"),
+])
+def test_bad_input_is_one_line_exit_2(capsys, argv, message):
+    code, lines = run_main(capsys, dlrm_main.main, argv)
+    assert code == 2
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("dlrm_main.py: error: ") and message in lines[0], lines[0]
+
+
+def test_public_example_flags_parse():
+    config = parse_config([
+        "--epochs", "2", "--batch_size", "64", "--drop_last_training_batch", "--test_batch_size", "128",
+        "--limit_train_batches", "5", "--limit_val_batches", "6", "--limit_test_batches", "7",
+        "--dataset_name", "criteo_kaggle", "--num_embeddings", "50", "--embedding_dim", "32",
+        "--dense_arch_layer_sizes", "64,32", "--over_arch_layer_sizes", "16,1",
+        "--interaction_branch1_layer_sizes", "64", "--interaction_branch2_layer_sizes", "64",
+        "--dcn_num_layers", "2", "--dcn_low_rank_dim", "8", "--interaction_type", "projection",
+        "--seed", "5", "--pin_memory", "--mmap_mode", "--learning_rate", "0.5", "--shuffle_batches",
+        "--shuffle_training_set", "--validation_freq_within_epoch", "9", "--adagrad",
+        "--lr_warmup_steps", "1", "--lr_decay_start", "2", "--lr_decay_steps", "3", "--print_lr",
+        "--allow_tf32", "--print_sharding_plan",
+    ], "dlrm_main.py", "")
+    assert config.model.num_embeddings_per_feature == [50] * 26
+    assert config.model.interaction_type == "projection"
+    assert config.optim.optimizer == "adagrad" and config.optim.resolved_dense_optimizer == "adagrad"
+    assert config.data.eval_batch_size == 128 and config.data.limit("test") == 7
+    assert config.seed == config.data.seed == 5
+    assert (config.data.shuffle_batches, config.data.shuffle_training_set, config.data.mmap_mode) == (True, True, True)
+
+
+def test_dcnv2_defaults_and_overrides():
+    from dcnv2_main import DCNV2_DEFAULTS
+    from training.flags import build_parser
+
+    parser = build_parser("dcnv2_main.py", "")
+    parser.set_defaults(**DCNV2_DEFAULTS)
+    args = parser.parse_args([])
+    assert args.interaction_type == "dcn" and args.embedding_dim == 128
+    assert args.dense_arch_layer_sizes == [512, 256, 128]
+    assert args.over_arch_layer_sizes == [1024, 1024, 512, 256, 1]
+    assert (args.dcn_num_layers, args.dcn_low_rank_dim) == (3, 512)
+    args = parser.parse_args(["--embedding_dim", "64", "--dense_arch_layer_sizes", "128,64", "--dcn_num_layers", "1"])
+    assert (args.embedding_dim, args.dense_arch_layer_sizes, args.dcn_num_layers) == (64, [128, 64], 1)
+
+
+def test_dcnv2_entry_point_validates_with_its_defaults(capsys):
+    code, lines = run_main(capsys, dcnv2_main.main, ["--embedding_dim", "64"])
+    assert code == 2 and "must equal --embedding_dim (64)" in lines[0]
+
+
+def test_table_sizes_come_from_metadata(synthetic_dir):
+    from tests.conftest import SMALL_SPEC
+
+    config = parse_config(["--in_memory_binary_criteo_path", synthetic_dir], "dlrm_main.py", "")
+    assert config.model.num_embeddings_per_feature == SMALL_SPEC.cardinalities
+    config = parse_config(["--in_memory_binary_criteo_path", synthetic_dir, "--num_embeddings", "77"],
+                          "dlrm_main.py", "")
+    assert config.model.num_embeddings_per_feature == [77] * 26

@@ -12,6 +12,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from models.config import ModelConfig
+from models.interaction import DotInteraction, PooledSparseArch
 
 
 def build_embedding_bag_configs(config: ModelConfig) -> List[EmbeddingBagConfig]:
@@ -75,4 +76,7 @@ def build_dlrm_train(
         )
     else:
         dlrm = DLRM(**common)
+        dlrm.inter_arch = DotInteraction(len(config.sparse_feature_names))
+    # Same parameters and names, fewer copies (see models/interaction.py).
+    dlrm.sparse_arch = PooledSparseArch(ebc)  # type: ignore[assignment]
     return DLRMTrain(dlrm)

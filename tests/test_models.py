@@ -84,3 +84,30 @@ def test_forward_shapes(name):
     loss, (loss_again, logits, labels) = model(batch)
     assert loss.shape == () and torch.isfinite(loss) and loss_again == loss
     assert logits.shape == (5,) and labels.shape == (5,)
+
+
+def test_fast_blocks_match_torchrec():
+    """DotInteraction and PooledSparseArch give torchrec's outputs and gradients."""
+    from torchrec.models.dlrm import InteractionArch, SparseArch
+
+    from models.interaction import DotInteraction, PooledSparseArch
+
+    torch.manual_seed(0)
+    dense = torch.randn(6, 8, requires_grad=True)
+    sparse = torch.randn(6, 26, 8, requires_grad=True)
+    ours, theirs = DotInteraction(26)(dense, sparse), InteractionArch(26)(dense, sparse)
+    assert ours.shape == theirs.shape == (6, 8 + 26 + 325)
+    assert torch.allclose(ours, theirs, atol=1e-6)
+    weight = torch.randn_like(ours)
+    grads_ours = torch.autograd.grad((ours * weight).sum(), (dense, sparse))
+    grads_theirs = torch.autograd.grad((theirs * weight).sum(), (dense, sparse))
+    for a, b in zip(grads_ours, grads_theirs):
+        assert torch.allclose(a, b, atol=1e-5)
+
+    model = build_dlrm_train(CONFIGS["original"], embedding_device=torch.device("cpu"))
+    ebc = model.model.sparse_arch.embedding_bag_collection
+    rng = np.random.default_rng(1)
+    kjt = BatchBuilder(SPARSE_FEATURE_NAMES)(
+        rng.random((4, 13), dtype=np.float32), (rng.random((4, 26)) * np.asarray(ROWS)).astype(np.int32),
+        np.zeros((4, 1), np.int32)).sparse_features
+    assert torch.equal(PooledSparseArch(ebc)(kjt), SparseArch(ebc)(kjt))

@@ -19,6 +19,7 @@ from torchrec.distributed.types import ShardingEnv
 
 from data.config import BatchLoader, build_loaders, open_dataset
 from models import build_dlrm_train
+from models.interaction import align_to_sharded_embeddings
 from sharding_plans import PlannerConfig, build_sharding_plan, format_sharding_plan
 from training.config import TrainConfig
 from training.distributed import DistributedEnv, init_process_group
@@ -93,6 +94,7 @@ class Trainer:
             plan=plan,
             sharders=sharders,  # type: ignore[arg-type]
         )
+        align_to_sharded_embeddings(self.model, env.device)
         init_embedding_tables(
             self.model,
             {t: (rows, config.model.embedding_dim)
@@ -203,7 +205,7 @@ class Trainer:
             f"{rate:,.0f} records/s"
         )
         self.log.record("train", step=self.step, epoch=epoch, loss=mean_loss, lr=lr,
-                        records_per_sec=rate, step_losses=values)
+                        records_per_sec=rate, records=records, seconds=seconds, step_losses=values)
         return values
 
     def evaluate(self, stage: str) -> Optional[Dict[str, float]]:

@@ -5,7 +5,7 @@ PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DATA_DIR ?= data_cache/synthetic_criteo
 NPROC ?= 2
-TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.5 --optimizer adagrad \
+TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.05 --optimizer adagrad \
 	--validation_freq_within_epoch 400 --log_every_n_steps 100 --seed 0 \
 	--log_path runs/make_train.jsonl
 

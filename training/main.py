@@ -4,7 +4,9 @@ Exit codes: 0 done; 2 bad flags or input (one line on stderr, on every rank, bef
 any collective, so no rank hangs); 3 the loss became NaN or infinite.
 """
 
+import logging
 import sys
+import warnings
 from typing import Any, Dict, Optional, Sequence
 
 import torch.distributed as dist
@@ -21,6 +23,7 @@ def run_training(
     defaults: Optional[Dict[str, Any]] = None,
 ) -> int:
     """Parses ``argv`` with the given flag defaults, trains, returns the exit code."""
+    _quiet_known_library_noise()
     config = parse_config(argv, prog, description, defaults)
     try:
         trainer = Trainer(config, resolve_env(config.device))
@@ -36,3 +39,11 @@ def run_training(
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0
+
+
+def _quiet_known_library_noise() -> None:
+    """Silences two messages every rank would print on every run, which say nothing
+    about the run: torchrec wraps the dense part in DDP with a deprecated argument, and
+    fx warns about an API rename when the train pipeline traces the model."""
+    warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)

@@ -1,16 +1,39 @@
 """Readable summaries of a sharding plan: where each table lives, memory per rank."""
 
+import re
 from collections import defaultdict
-from typing import Dict, List
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from torchrec.distributed.types import EnumerableShardingSpec, ShardingPlan
 
 _GIB = 1024**3
+_MIB = 1024**2
 
 
-def format_sharding_plan(plan: ShardingPlan, world_size: int, bytes_per_element: int = 4) -> str:
+def format_bytes(n: int) -> str:
+    """GiB from 1 GiB up, else MiB."""
+    return f"{n / _GIB:.2f} GiB" if n >= _GIB else f"{n / _MIB:.2f} MiB"
+
+
+def _natural_key(name: str) -> List[object]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def format_sharding_plan(
+    plan: ShardingPlan,
+    world_size: int,
+    table_shapes: Optional[Mapping[str, Tuple[int, int]]] = None,
+    bytes_per_element: int = 4,
+) -> str:
     """One line per table (sharding type, kernel, ranks, shard shapes), then the
-    embedding weight bytes per rank (weights only: optimizer state comes on top).
+    embedding weight memory per rank (weights only: optimizer state comes on top).
+
+    Args:
+        plan: the plan.
+        world_size: ranks.
+        table_shapes: {table: (rows, dim)}, to count replicated (data-parallel)
+            tables on every rank.
+        bytes_per_element: 4 for fp32 tables.
 
     Example::
 
@@ -21,7 +44,7 @@ def format_sharding_plan(plan: ShardingPlan, world_size: int, bytes_per_element:
     ]
     per_rank: Dict[int, int] = defaultdict(int)
     for module_path, module_plan in sorted(plan.plan.items()):
-        for table, ps in sorted(module_plan.items()):  # type: ignore[union-attr]
+        for table, ps in sorted(module_plan.items(), key=lambda kv: _natural_key(kv[0])):  # type: ignore[union-attr]
             shards = []
             spec = ps.sharding_spec
             if isinstance(spec, EnumerableShardingSpec):
@@ -31,12 +54,16 @@ def format_sharding_plan(plan: ShardingPlan, world_size: int, bytes_per_element:
                     per_rank[rank] += rows * cols * bytes_per_element
                     shards.append(f"{rank}: {rows}x{cols}")
             else:  # data parallel: a full replica on every rank
-                shards.append("all ranks: replicated")
+                shards.append("every rank: full replica")
+                if table_shapes and table in table_shapes:
+                    rows, cols = table_shapes[table]
+                    for rank in range(world_size):
+                        per_rank[rank] += rows * cols * bytes_per_element
             lines.append(
                 f"{module_path or '<root>':<40} {table:<12} {ps.sharding_type:<18} "
                 f"{ps.compute_kernel:<12} {', '.join(shards)}"
             )
     lines.append("embedding weights per rank: " + ", ".join(
-        f"rank {r}: {per_rank.get(r, 0) / _GIB:.3f} GiB" for r in range(world_size)
+        f"rank {r}: {format_bytes(per_rank.get(r, 0))}" for r in range(world_size)
     ))
     return "\n".join(lines)

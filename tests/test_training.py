@@ -78,9 +78,15 @@ def test_same_seed_same_losses(synthetic_dir, tmp_path):
 def test_plain_python_single_process(synthetic_dir, log_path):
     proc = run_script(["dlrm_main.py", *_flags(synthetic_dir, log_path, "--batch_size", "512",
                                               "--limit_train_batches", "10", "--limit_val_batches", "2",
-                                              "--limit_test_batches", "2")])
+                                              "--limit_test_batches", "2", "--print_sharding_plan")])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "test: AUROC" in proc.stdout
+    from tests.conftest import SMALL_SPEC
+
+    plan_lines = [l for l in proc.stdout.splitlines() if " t_cat_" in l]
+    assert len(plan_lines) == 26
+    table_bytes = sum(SMALL_SPEC.cardinalities) * 16 * 4
+    assert f"embedding weights per rank: rank 0: {table_bytes / 2**20:.2f} MiB" in proc.stdout
     records = read_log(log_path)
     assert records[0]["event"] == "config" and records[0]["world_size"] == 1
     assert len(step_losses(records)) == 10

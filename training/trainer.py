@@ -85,8 +85,10 @@ class Trainer:
             ),
             self.process_group,
         )
+        table_shapes = {t: (rows, config.model.embedding_dim)
+                        for t, rows in zip(config.model.table_names, config.model.num_embeddings_per_feature)}
         if config.print_sharding_plan:
-            self.log.print(format_sharding_plan(plan, env.world_size))
+            self.log.print(format_sharding_plan(plan, env.world_size, table_shapes))
         self.model = DistributedModelParallel(
             module=model,
             device=env.device,
@@ -95,12 +97,7 @@ class Trainer:
             sharders=sharders,  # type: ignore[arg-type]
         )
         align_to_sharded_embeddings(self.model, env.device)
-        init_embedding_tables(
-            self.model,
-            {t: (rows, config.model.embedding_dim)
-             for t, rows in zip(config.model.table_names, config.model.num_embeddings_per_feature)},
-            config.seed,
-        )
+        init_embedding_tables(self.model, table_shapes, config.seed)
         self.optimizer = build_combined_optimizer(self.model, config.optim)
         self.schedule = WarmupPolyDecaySchedule(config.optim)
         self.loaders: Dict[str, BatchLoader] = build_loaders(

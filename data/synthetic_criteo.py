@@ -120,8 +120,17 @@ def generate_rows(
     spec: SyntheticCriteoSpec, model: _HiddenModel, rng: np.random.Generator, n: int
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Draws n rows: (dense float32 (n,13) after log(x+3), sparse int32 (n,26), labels int32 (n,1))."""
+    raw, _, sparse, labels = _draw_raw_rows(spec, model, rng, n)
+    return np.log(raw + 3.0).astype(np.float32), sparse, labels
+
+
+def _draw_raw_rows(
+    spec: SyntheticCriteoSpec, model: _HiddenModel, rng: np.random.Generator, n: int
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(raw counts float (n,13) with missing as 0, missing mask, ids int32 (n,26), labels int32 (n,1))."""
     raw = np.floor(rng.lognormal(model.dense_mu, model.dense_sigma, size=(n, NUM_DENSE_FEATURES)))
-    raw[rng.random((n, NUM_DENSE_FEATURES)) < 0.15] = 0.0  # missing values read as 0
+    missing = rng.random((n, NUM_DENSE_FEATURES)) < 0.15
+    raw[missing] = 0.0  # missing values read as 0
     dense = np.log(raw + 3.0).astype(np.float32)
     cards = np.asarray(spec.cardinalities, dtype=np.float64)
     u = rng.random((n, NUM_SPARSE_FEATURES))
@@ -138,7 +147,39 @@ def generate_rows(
         )
     prob = 1.0 / (1.0 + np.exp(-spec.signal_scale * logit))
     labels = (rng.random(n) < prob).astype(np.int32).reshape(n, 1)
-    return dense, sparse, labels
+    return raw, missing, sparse, labels
+
+
+def id_hashes(ids: np.ndarray, seed: int) -> np.ndarray:
+    """The 32-bit hash a raw log would show for each (row, feature) id: a bijection of
+    the id per feature (an odd multiplier modulo 2**32), so distinct ids stay distinct."""
+    features = np.arange(ids.shape[1], dtype=np.uint64)
+    mixed = ids.astype(np.uint64) * np.uint64(2654435761) + features * np.uint64(40503) + np.uint64(seed)
+    return (mixed & np.uint64(0xFFFF_FFFF)).astype(np.uint32)
+
+
+def write_raw_day(spec: SyntheticCriteoSpec, path: str, day: int) -> int:
+    """Writes day ``day`` as raw Criteo TSV (``.gz`` when path ends so); returns rows.
+
+    Same rows as the binary day file of the same spec and day: integer counts (empty
+    when missing) and 8-digit hex hashes of the ids.
+    """
+    import gzip
+
+    model = _hidden_model(spec)
+    rng = np.random.default_rng([spec.seed, 1, day])
+    tmp = path + ".tmp"
+    with (gzip.open(tmp, "wb", compresslevel=1) if path.endswith(".gz") else open(tmp, "wb")) as f:
+        for start in range(0, spec.rows_per_day, _CHUNK_ROWS):
+            n = min(_CHUNK_ROWS, spec.rows_per_day - start)
+            raw, missing, ids, labels = _draw_raw_rows(spec, model, rng, n)
+            dense_text = np.where(missing, "", raw.astype(np.int64).astype(str)).tolist()
+            hex_text = np.frombuffer(id_hashes(ids, spec.seed).astype(">u4").tobytes().hex().encode(), dtype="S8")
+            hex_rows = hex_text.astype(str).reshape(n, NUM_SPARSE_FEATURES).tolist()
+            lines = ["\t".join([str(l), *d, *h]) for l, d, h in zip(labels[:, 0].tolist(), dense_text, hex_rows)]
+            f.write(("\n".join(lines) + "\n").encode())
+    os.replace(tmp, path)
+    return spec.rows_per_day
 
 
 def _write_day(spec: SyntheticCriteoSpec, model: _HiddenModel, output_dir: str, day: int) -> int:
@@ -234,6 +275,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--id_skew", type=float, default=SyntheticCriteoSpec.id_skew)
     parser.add_argument("--signal_scale", type=float, default=SyntheticCriteoSpec.signal_scale)
+    parser.add_argument("--format", choices=("binary", "tsv", "tsv.gz"), default="binary",
+                        help="binary: the in-memory layout; tsv / tsv.gz: raw Criteo day files day_<i>[.gz]")
     args = parser.parse_args(argv)
     spec = SyntheticCriteoSpec(
         num_days=args.num_days,
@@ -244,6 +287,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         signal_scale=args.signal_scale,
     )
     try:
+        if args.format != "binary":
+            spec.validate()
+            os.makedirs(args.output_dir, exist_ok=True)
+            suffix = ".gz" if args.format == "tsv.gz" else ""
+            for day in range(spec.num_days):
+                write_raw_day(spec, os.path.join(args.output_dir, f"day_{day}{suffix}"), day)
+            print(f"raw Criteo TSV: {spec.num_days} days of {spec.rows_per_day} lines at {args.output_dir}")
+            return 0
         metadata = generate_synthetic_criteo(spec, args.output_dir)
     except (ValueError, OSError) as e:
         print(f"synthetic_criteo: error: {e}", file=sys.stderr)

@@ -1,0 +1,556 @@
+"""Raw Criteo click logs -> the in-memory binary layout, streaming with bounded memory.
+
+    python -m data.preprocess_criteo --input_dir RAW --output_dir OUT \\
+        --dataset_name criteo_1t|criteo_kaggle [--frequency_threshold T] \\
+        [--num_embeddings_per_feature 40000000,39060,...] [--workers N] \\
+        [--on_bad_lines error|skip]
+
+Input: criteo_1t, a directory of day files ``day_0`` ... ``day_23`` (each plain or
+``.gz``); criteo_kaggle, a directory holding ``train.txt`` (or ``train.txt.gz``),
+which is cut into ``--kaggle_days`` (7) day files of consecutive lines, as equal
+as possible (the Kaggle file is 7 days of traffic in time order).
+
+Output per day i: ``day_{i}_dense.npy`` float32 (N, 13), ``day_{i}_sparse.npy``
+int32 (N, 26), ``day_{i}_labels.npy`` int32 (N, 1), and ``metadata.json`` with the
+per-feature cardinalities (``num_embeddings_per_feature``), rows per day and bad-line
+counts. With a frequency threshold, ``vocabulary.npz`` keeps each feature's kept
+hashes (id k+1 is the k-th kept hash; 0 is the reserved id).
+
+Transforms: missing values -> 0; dense -> log(max(x, 0) + 3), the same offset for
+every file; categorical hex -> integer, then either contiguous ids by frequency
+(``--frequency_threshold T``: hashes seen fewer than T times over the training days,
+or never, map to id 0) or modulo ``--num_embeddings_per_feature`` (applied last in
+both cases), or else the hash's low 31 bits.
+
+Each output is written under a temporary name and renamed when complete; a day's
+marker ``day_{i}.done.json`` is written last, so a killed run is resumed by running
+the same command again: finished days are skipped.
+"""
+
+import argparse
+import gzip
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import re
+import struct
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from data.criteo_layout import METADATA_FILE, NUM_SPARSE_FEATURES, day_file, write_json_atomic
+from data.criteo_tsv import NUM_INT, parse_criteo_lines
+
+DATASET_NAMES = ("criteo_1t", "criteo_kaggle")
+DENSE_OFFSET = 3.0
+VOCABULARY_FILE = "vocabulary.npz"
+RAW_ID_MASK = np.uint32(0x7FFF_FFFF)
+_NPY_HEADER_BYTES = 128
+ProgressFn = Callable[[int, int], None]  # (bytes, lines) just processed
+
+
+class BadLineError(ValueError):
+    """A malformed input line under --on_bad_lines error."""
+
+
+@dataclass
+class PreprocessConfig:
+    """What to preprocess and how; see the module docstring.
+
+    Args:
+        input_dir: raw day files or the Kaggle train.txt.
+        output_dir: where the binary layout goes.
+        dataset_name: criteo_1t or criteo_kaggle.
+        frequency_threshold: 0 for none; else hashes seen fewer times map to id 0.
+        num_embeddings_per_feature: table sizes to take ids modulo (26 values).
+        workers: day files processed in parallel.
+        on_bad_lines: "error" stops at the first malformed line; "skip" counts them.
+        chunk_bytes: bytes of text parsed at a time (bounds memory per worker).
+        kaggle_days: day files the Kaggle train.txt is cut into.
+    """
+
+    input_dir: str
+    output_dir: str
+    dataset_name: str
+    frequency_threshold: int = 0
+    num_embeddings_per_feature: Optional[List[int]] = None
+    workers: int = 1
+    on_bad_lines: str = "error"
+    chunk_bytes: int = 8 << 20
+    kaggle_days: int = 7
+
+    def validate(self) -> None:
+        if self.dataset_name not in DATASET_NAMES:
+            raise ValueError(f"--dataset_name must be one of {', '.join(DATASET_NAMES)}, got {self.dataset_name!r}")
+        if not os.path.isdir(self.input_dir):
+            raise ValueError(f"--input_dir {self.input_dir}: no such directory")
+        if self.frequency_threshold < 0:
+            raise ValueError(f"--frequency_threshold must not be negative, got {self.frequency_threshold}")
+        sizes = self.num_embeddings_per_feature
+        if sizes is not None:
+            if len(sizes) != NUM_SPARSE_FEATURES:
+                raise ValueError(f"--num_embeddings_per_feature needs {NUM_SPARSE_FEATURES} values, got {len(sizes)}")
+            if min(sizes) <= 0 or max(sizes) > np.iinfo(np.int32).max:
+                raise ValueError("--num_embeddings_per_feature values must be positive int32 numbers")
+        if self.workers <= 0:
+            raise ValueError(f"--workers must be positive, got {self.workers}")
+        if self.on_bad_lines not in ("error", "skip"):
+            raise ValueError(f"--on_bad_lines must be error or skip, got {self.on_bad_lines!r}")
+        if self.chunk_bytes < 1024:
+            raise ValueError(f"--chunk_bytes must be at least 1024, got {self.chunk_bytes}")
+        if self.kaggle_days < 2:
+            raise ValueError(f"--kaggle_days must be at least 2, got {self.kaggle_days}")
+
+    def fingerprint(self) -> str:
+        """Identifies the settings that change output values (not workers or chunking)."""
+        relevant = {k: getattr(self, k) for k in
+                    ("dataset_name", "frequency_threshold", "num_embeddings_per_feature", "on_bad_lines", "kaggle_days")}
+        return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class DaySource:
+    """The lines of one output day: a whole file, or a line range of the Kaggle file."""
+
+    day: int
+    path: str
+    first_line: int = 0  # 0-based line number of the day's first line in the file
+    num_lines: Optional[int] = None  # None: to the end of the file
+    file_lines: Optional[int] = None  # lines of the whole file, when cut into days
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+    def signature(self) -> Dict[str, object]:
+        stat = os.stat(self.path)
+        return {"path": os.path.abspath(self.path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+                "first_line": self.first_line, "num_lines": self.num_lines}
+
+
+def _open(path: str):
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def _newline_positions(data: bytes) -> np.ndarray:
+    return np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
+
+
+def iter_line_chunks(source: DaySource, chunk_bytes: int) -> Iterator[Tuple[int, int, bytes]]:
+    """Yields (0-based line number of the first line, bytes read, whole lines) of a source."""
+    skip, left = source.first_line, source.num_lines
+    line = 0
+    carry = b""
+    with _open(source.path) as f:
+        while left is None or left > 0:
+            block = f.read(chunk_bytes)
+            data = carry + block
+            if not block:
+                if data:  # a last line without newline
+                    data += b"\n"
+                else:
+                    break
+            cut = data.rfind(b"\n") + 1
+            lines, carry = data[:cut], data[cut:]
+            if not block:
+                carry = b""
+            if not lines:
+                continue
+            ends = _newline_positions(lines)
+            if skip:
+                if skip >= len(ends):
+                    skip -= len(ends)
+                    line += len(ends)
+                    continue
+                lines, ends = lines[ends[skip - 1] + 1 :], ends[skip:] - (ends[skip - 1] + 1)
+                line += skip
+                skip = 0
+            if left is not None and len(ends) > left:
+                lines, ends = lines[: ends[left - 1] + 1], ends[:left]
+            yield line, len(block), lines
+            line += len(ends)
+            if left is not None:
+                left -= len(ends)
+            if not block:
+                break
+
+
+def _count_lines(path: str, chunk_bytes: int) -> int:
+    count, last = 0, b"\n"
+    with _open(path) as f:
+        while block := f.read(chunk_bytes):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+def discover_sources(config: PreprocessConfig) -> List[DaySource]:
+    """The output days and the raw lines each is made from."""
+    if config.dataset_name == "criteo_kaggle":
+        for name in ("train.txt", "train.txt.gz"):
+            path = os.path.join(config.input_dir, name)
+            if os.path.exists(path):
+                break
+        else:
+            raise ValueError(f"--input_dir {config.input_dir}: no train.txt or train.txt.gz (criteo_kaggle)")
+        total = _count_lines(path, config.chunk_bytes)
+        bounds = [total * d // config.kaggle_days for d in range(config.kaggle_days + 1)]
+        return [DaySource(d, path, bounds[d], bounds[d + 1] - bounds[d], total) for d in range(config.kaggle_days)]
+    found: Dict[int, str] = {}
+    for name in os.listdir(config.input_dir):
+        match = re.fullmatch(r"day_(\d+)(\.gz)?", name)
+        if match:
+            day = int(match.group(1))
+            if day in found:
+                raise ValueError(f"--input_dir {config.input_dir}: day {day} is there both plain and .gz")
+            found[day] = os.path.join(config.input_dir, name)
+    if not found:
+        raise ValueError(f"--input_dir {config.input_dir}: no day_<N> or day_<N>.gz files (criteo_1t)")
+    missing = [d for d in range(max(found) + 1) if d not in found]
+    if missing or len(found) < 2:
+        raise ValueError(f"--input_dir {config.input_dir}: day files must be day_0 .. day_N with N >= 1"
+                         + (f"; day_{missing[0]} is missing" if missing else ""))
+    return [DaySource(d, found[d]) for d in sorted(found)]
+
+
+def _parse_source(source: DaySource, config: PreprocessConfig, progress: Optional[ProgressFn],
+                  bad_counts: List[int]) -> Iterator:
+    """Parsed chunks of a source; raises BadLineError or counts bad lines."""
+    for first_line, nbytes, lines in iter_line_chunks(source, config.chunk_bytes):
+        chunk = parse_criteo_lines(lines)
+        if chunk.bad_lines:
+            if config.on_bad_lines == "error":
+                index, reason = chunk.bad_lines[0]
+                raise BadLineError(f"{source.path} line {first_line + index + 1}: {reason}")
+            bad_counts[0] += len(chunk.bad_lines)
+        if progress:
+            progress(nbytes, chunk.num_lines)
+        yield chunk
+
+
+# ---------------------------------------------------------------- counting pass
+
+def _merge_counts(parts: List[Tuple[np.ndarray, np.ndarray]]) -> Tuple[np.ndarray, np.ndarray]:
+    ids = np.concatenate([p[0] for p in parts])
+    counts = np.concatenate([p[1] for p in parts])
+    unique, inverse = np.unique(ids, return_inverse=True)
+    return unique, np.bincount(inverse, weights=counts, minlength=len(unique)).astype(np.int64)
+
+
+def count_source(source: DaySource, config: PreprocessConfig,
+                 progress: Optional[ProgressFn] = None) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """(sorted hashes, counts) of every categorical feature over one source."""
+    state: List[List[Tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(NUM_SPARSE_FEATURES)]
+    for n, chunk in enumerate(_parse_source(source, config, progress, [0])):
+        for f in range(NUM_SPARSE_FEATURES):
+            state[f].append(np.unique(chunk.sparse_hash[:, f], return_counts=True))
+        if n % 16 == 15:  # merge now and then: memory follows the distinct hashes, not the input
+            state = [[_merge_counts(parts)] for parts in state]
+    return [_merge_counts(parts) if parts else (np.zeros(0, np.uint32), np.zeros(0, np.int64)) for parts in state]
+
+
+# ---------------------------------------------------------------- transform pass
+
+class _NpyWriter:
+    """Appends rows to a .npy file whose row count is known only at the end.
+
+    The header has a fixed size and is rewritten with the final shape on close.
+    """
+
+    def __init__(self, path: str, dtype: np.dtype, width: int) -> None:
+        self.path, self.dtype, self.width, self.rows = path, np.dtype(dtype), width, 0
+        self._file = open(path, "wb")
+        self._file.write(self._header())
+
+    def _header(self) -> bytes:
+        text = "{'descr': %r, 'fortran_order': False, 'shape': (%d, %d), }" % (self.dtype.str, self.rows, self.width)
+        text = text.ljust(_NPY_HEADER_BYTES - 10 - 1) + "\n"
+        return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode("latin1")
+
+    def append(self, rows: np.ndarray) -> None:
+        self._file.write(np.ascontiguousarray(rows, dtype=self.dtype).tobytes())
+        self.rows += len(rows)
+
+    def close(self) -> None:
+        self._file.seek(0)
+        self._file.write(self._header())
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+
+
+def transform_dense(dense_raw: np.ndarray) -> np.ndarray:
+    """log(max(x, 0) + 3) as float32; missing values arrive as 0."""
+    return np.log(np.maximum(dense_raw, 0).astype(np.float64) + DENSE_OFFSET).astype(np.float32)
+
+
+def transform_sparse(sparse_hash: np.ndarray, vocabulary: Optional[List[np.ndarray]],
+                     sizes: Optional[np.ndarray]) -> np.ndarray:
+    """Hashes -> int32 ids: vocabulary positions (+1, 0 for the rest), else low 31 bits;
+    then modulo the table sizes when given."""
+    if vocabulary is not None:
+        ids = np.empty(sparse_hash.shape, dtype=np.int64)
+        for f, vocab in enumerate(vocabulary):
+            pos = np.searchsorted(vocab, sparse_hash[:, f])
+            found = pos < len(vocab)
+            found[found] = vocab[pos[found]] == sparse_hash[found, f]
+            ids[:, f] = np.where(found, pos + 1, 0)
+    else:
+        ids = (sparse_hash & RAW_ID_MASK).astype(np.int64)
+    if sizes is not None:
+        ids %= sizes
+    return ids.astype(np.int32)
+
+
+@dataclass
+class DayResult:
+    day: int
+    rows: int
+    bad_lines: int
+    max_ids: List[int] = field(default_factory=list)
+
+
+def transform_source(source: DaySource, config: PreprocessConfig, vocabulary: Optional[List[np.ndarray]],
+                     progress: Optional[ProgressFn] = None) -> DayResult:
+    """Writes one day's three files (temporary names, renamed when complete)."""
+    sizes = None if config.num_embeddings_per_feature is None else np.asarray(config.num_embeddings_per_feature)
+    finals = {k: day_file(config.output_dir, source.day, k) for k in ("dense", "sparse", "labels")}
+    writers = {
+        "dense": _NpyWriter(finals["dense"] + ".tmp", np.float32, NUM_INT),
+        "sparse": _NpyWriter(finals["sparse"] + ".tmp", np.int32, NUM_SPARSE_FEATURES),
+        "labels": _NpyWriter(finals["labels"] + ".tmp", np.int32, 1),
+    }
+    bad = [0]
+    max_ids = np.zeros(NUM_SPARSE_FEATURES, dtype=np.int64)
+    try:
+        for chunk in _parse_source(source, config, progress, bad):
+            sparse = transform_sparse(chunk.sparse_hash, vocabulary, sizes)
+            if len(sparse):
+                max_ids = np.maximum(max_ids, sparse.max(axis=0))
+            writers["dense"].append(transform_dense(chunk.dense_raw))
+            writers["sparse"].append(sparse)
+            writers["labels"].append(chunk.labels.reshape(-1, 1))
+        for writer in writers.values():
+            writer.close()
+    except BaseException:
+        for writer in writers.values():
+            writer._file.close()
+            os.remove(writer.path)
+        raise
+    for kind, writer in writers.items():
+        os.replace(writer.path, finals[kind])
+    return DayResult(source.day, writers["labels"].rows, bad[0], max_ids.tolist())
+
+
+# ---------------------------------------------------------------- orchestration
+
+def _marker_path(output_dir: str, day: int) -> str:
+    return os.path.join(output_dir, f"day_{day}.done.json")
+
+
+def _finished(config: PreprocessConfig, source: DaySource) -> Optional[DayResult]:
+    """The recorded result of a day already written with these settings, if any."""
+    try:
+        with open(_marker_path(config.output_dir, source.day)) as f:
+            marker = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
+    if marker.get("fingerprint") != config.fingerprint() or marker.get("source") != source.signature():
+        return None
+    if not all(os.path.exists(day_file(config.output_dir, source.day, k)) for k in ("dense", "sparse", "labels")):
+        return None
+    return DayResult(source.day, marker["rows"], marker["bad_lines"], marker["max_ids"])
+
+
+class _Progress:
+    """tqdm over input bytes with a lines/s figure, fed from this or worker processes."""
+
+    def __init__(self, total_bytes: Optional[int], description: str, queue=None) -> None:
+        from tqdm import tqdm
+
+        self.queue = queue
+        self.lines = 0
+        self.start = time.perf_counter()
+        self.bar = tqdm(total=total_bytes, desc=description, unit="B", unit_scale=True, file=sys.stderr)
+
+    def __call__(self, nbytes: int, lines: int) -> None:
+        self.lines += lines
+        self.bar.update(nbytes)
+        rate = self.lines / max(time.perf_counter() - self.start, 1e-9)
+        self.bar.set_postfix_str(f"{self.lines:,} lines, {rate:,.0f} lines/s", refresh=False)
+
+    def drain(self) -> None:
+        while self.queue is not None and not self.queue.empty():
+            self(*self.queue.get())
+
+    def close(self) -> None:
+        self.drain()
+        self.bar.close()
+
+
+_worker_queue = None
+
+
+def _init_worker(queue) -> None:
+    global _worker_queue
+    _worker_queue = queue
+
+
+def _queue_progress(nbytes: int, lines: int) -> None:
+    _worker_queue.put((nbytes, lines))  # type: ignore[union-attr]
+
+
+def _pool_call(task: tuple):
+    fn, args = task
+    return fn(*args, _queue_progress)
+
+
+def _run_tasks(fn: Callable, items: List[tuple], config: PreprocessConfig, description: str) -> list:
+    """Calls fn(*item, progress) for every item, here (1 worker) or in a process pool,
+    with one progress bar over the input bytes."""
+    total = _input_bytes([item[0] for item in items])
+    if config.workers == 1 or len(items) == 1:
+        progress = _Progress(total, description)
+        try:
+            return [fn(*item, progress) for item in items]
+        finally:
+            progress.close()
+    ctx = mp.get_context("spawn")
+    queue = ctx.Manager().Queue()
+    progress = _Progress(total, description, queue)
+    with ctx.Pool(min(config.workers, len(items)), initializer=_init_worker, initargs=(queue,)) as pool:
+        pending = pool.map_async(_pool_call, [(fn, item) for item in items])
+        while not pending.ready():
+            progress.drain()
+            pending.wait(0.2)
+        progress.close()
+        return pending.get()
+
+
+def _input_bytes(sources: Sequence[DaySource]) -> Optional[int]:
+    """Text bytes the sources hold (None for .gz: only the compressed size is known)."""
+    if any(s.path.endswith(".gz") for s in sources):
+        return None
+    total = 0
+    for s in sources:
+        size = os.path.getsize(s.path)
+        total += size if s.num_lines is None else size * s.num_lines // max(1, s.file_lines or 1)
+    return total
+
+
+def _load_or_build_vocabulary(config: PreprocessConfig, train: List[DaySource]) -> List[np.ndarray]:
+    path = os.path.join(config.output_dir, VOCABULARY_FILE)
+    signature = {"fingerprint": config.fingerprint(), "sources": [s.signature() for s in train]}
+    if os.path.exists(path):
+        with np.load(path) as saved:
+            if json.loads(str(saved["signature"])) == signature:
+                return [saved[str(f)] for f in range(NUM_SPARSE_FEATURES)]
+    per_day = _run_tasks(count_source, [(s, config) for s in train], config, "counting categorical values")
+    vocabulary = []
+    for f in range(NUM_SPARSE_FEATURES):
+        ids, counts = _merge_counts([day[f] for day in per_day])
+        vocabulary.append(ids[counts >= config.frequency_threshold].astype(np.uint32))
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, signature=json.dumps(signature), **{str(f): v for f, v in enumerate(vocabulary)})
+    os.replace(tmp, path)
+    return vocabulary
+
+
+def preprocess(config: PreprocessConfig) -> Dict[str, object]:
+    """Runs both passes; returns the metadata written to metadata.json."""
+    config.validate()
+    sources = discover_sources(config)
+    os.makedirs(config.output_dir, exist_ok=True)
+    vocabulary = None
+    if config.frequency_threshold > 0:
+        vocabulary = _load_or_build_vocabulary(config, sources[:-1])  # training days only
+    results: Dict[int, DayResult] = {}
+    todo = []
+    for source in sources:
+        done = _finished(config, source)
+        if done is not None:
+            results[source.day] = done
+        else:
+            todo.append(source)
+    if todo:
+        for result in _run_tasks(transform_source, [(s, config, vocabulary) for s in todo], config,
+                                 "writing day files"):
+            results[result.day] = result
+            source = sources[result.day]
+            write_json_atomic(_marker_path(config.output_dir, result.day), {
+                "fingerprint": config.fingerprint(), "source": source.signature(), **asdict(result)})
+    ordered = [results[s.day] for s in sources]
+    if vocabulary is not None:
+        cardinalities = [len(v) + 1 for v in vocabulary]
+        if config.num_embeddings_per_feature is not None:
+            cardinalities = [min(c, s) for c, s in zip(cardinalities, config.num_embeddings_per_feature)]
+    elif config.num_embeddings_per_feature is not None:
+        cardinalities = list(config.num_embeddings_per_feature)
+    else:
+        cardinalities = [max(r.max_ids[f] for r in ordered) + 1 for f in range(NUM_SPARSE_FEATURES)]
+    bad_lines: Dict[str, int] = {}
+    for source, result in zip(sources, ordered):
+        key = source.name if config.dataset_name == "criteo_1t" else f"{source.name} (day {source.day})"
+        bad_lines[key] = result.bad_lines
+    metadata: Dict[str, object] = {
+        "format": "criteo_binary",
+        "format_version": 1,
+        "dataset_name": config.dataset_name,
+        "num_days": len(sources),
+        "rows_per_day": [r.rows for r in ordered],
+        "num_dense_features": NUM_INT,
+        "num_sparse_features": NUM_SPARSE_FEATURES,
+        "num_embeddings_per_feature": [int(c) for c in cardinalities],
+        "dense_transform": f"log(max(x, 0) + {DENSE_OFFSET:g})",
+        "frequency_threshold": config.frequency_threshold,
+        "modulo_num_embeddings_per_feature": config.num_embeddings_per_feature,
+        "bad_lines": bad_lines,
+        "split": "days 0..N-2 train; day N-1: first half validation, second half test",
+    }
+    write_json_atomic(os.path.join(config.output_dir, METADATA_FILE), metadata)
+    return metadata
+
+
+def _int_list(text: str) -> List[int]:
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"malformed list {text!r}: expected comma-separated integers")
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = _OneLineParser(prog="preprocess_criteo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--input_dir", required=True)
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--dataset_name", required=True, choices=DATASET_NAMES)
+    parser.add_argument("--frequency_threshold", type=int, default=0)
+    parser.add_argument("--num_embeddings_per_feature", type=_int_list, default=None)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--on_bad_lines", choices=("error", "skip"), default="error")
+    parser.add_argument("--chunk_bytes", type=int, default=PreprocessConfig.chunk_bytes)
+    parser.add_argument("--kaggle_days", type=int, default=PreprocessConfig.kaggle_days)
+    args = parser.parse_args(argv)
+    config = PreprocessConfig(**vars(args))
+    try:
+        metadata = preprocess(config)
+    except (ValueError, OSError) as e:
+        print(f"preprocess_criteo: error: {e}", file=sys.stderr)
+        return 2
+    rows = metadata["rows_per_day"]
+    print(f"wrote {sum(rows)} rows in {len(rows)} days to {config.output_dir}; "  # type: ignore[arg-type]
+          f"bad lines skipped: {sum(metadata['bad_lines'].values())}")  # type: ignore[union-attr]
+    print("num_embeddings_per_feature: " + ",".join(map(str, metadata["num_embeddings_per_feature"])))  # type: ignore[arg-type]
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -409,26 +409,33 @@ def _pool_call(task: tuple):
     return fn(*args, _queue_progress)
 
 
-def _run_tasks(fn: Callable, items: List[tuple], config: PreprocessConfig, description: str) -> list:
-    """Calls fn(*item, progress) for every item, here (1 worker) or in a process pool,
-    with one progress bar over the input bytes."""
+def _run_tasks(fn: Callable, items: List[tuple], config: PreprocessConfig, description: str) -> Iterator:
+    """Yields fn(*item, progress) for every item as each finishes, computed here
+    (1 worker) or in a process pool, with one progress bar over the input bytes."""
     total = _input_bytes([item[0] for item in items])
     if config.workers == 1 or len(items) == 1:
         progress = _Progress(total, description)
         try:
-            return [fn(*item, progress) for item in items]
+            for item in items:
+                yield fn(*item, progress)
         finally:
             progress.close()
+        return
     ctx = mp.get_context("spawn")
     queue = ctx.Manager().Queue()
     progress = _Progress(total, description, queue)
-    with ctx.Pool(min(config.workers, len(items)), initializer=_init_worker, initargs=(queue,)) as pool:
-        pending = pool.map_async(_pool_call, [(fn, item) for item in items])
-        while not pending.ready():
-            progress.drain()
-            pending.wait(0.2)
+    try:
+        with ctx.Pool(min(config.workers, len(items)), initializer=_init_worker, initargs=(queue,)) as pool:
+            pending = [pool.apply_async(_pool_call, ((fn, item),)) for item in items]
+            while pending:
+                progress.drain()
+                for result in [p for p in pending if p.ready()]:
+                    pending.remove(result)
+                    yield result.get()
+                if pending:
+                    pending[0].wait(0.2)
+    finally:
         progress.close()
-        return pending.get()
 
 
 def _input_bytes(sources: Sequence[DaySource]) -> Optional[int]:
@@ -449,7 +456,7 @@ def _load_or_build_vocabulary(config: PreprocessConfig, train: List[DaySource]) 
         with np.load(path) as saved:
             if json.loads(str(saved["signature"])) == signature:
                 return [saved[str(f)] for f in range(NUM_SPARSE_FEATURES)]
-    per_day = _run_tasks(count_source, [(s, config) for s in train], config, "counting categorical values")
+    per_day = list(_run_tasks(count_source, [(s, config) for s in train], config, "counting categorical values"))
     vocabulary = []
     for f in range(NUM_SPARSE_FEATURES):
         ids, counts = _merge_counts([day[f] for day in per_day])

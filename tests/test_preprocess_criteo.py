@@ -1,0 +1,223 @@
+"""Raw Criteo TSV -> binary layout: values, thresholds, modulo, bad lines, resume."""
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from data.criteo_tsv import parse_criteo_lines
+from data.preprocess_criteo import PreprocessConfig, main, preprocess
+from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day
+from tests.launch import REPO
+
+RNG = np.random.default_rng(11)
+
+
+def random_line(rng, hashes=None) -> list:
+    ints = [("" if rng.random() < 0.2 else str(int(rng.integers(-3, 5000)))) for _ in range(13)]
+    cats = hashes or [("" if rng.random() < 0.1 else "%08x" % int(rng.integers(0, 2**32))) for _ in range(26)]
+    return [str(int(rng.integers(0, 2)))] + ints + cats
+
+
+def write_day(path: str, lines: list) -> None:
+    text = "".join("\t".join(fields) + "\n" for fields in lines).encode()
+    if path.endswith(".gz"):
+        with gzip.open(path, "wb") as f:
+            f.write(text)
+    else:
+        with open(path, "wb") as f:
+            f.write(text)
+
+
+def reference(fields: list):
+    """The documented transforms, line by line in plain Python."""
+    dense = [np.float32(np.log(max(int(v or "0"), 0) + 3.0)) for v in fields[1:14]]
+    hashes = [int(v or "0", 16) for v in fields[14:]]
+    return int(fields[0]), dense, hashes
+
+
+@pytest.fixture
+def raw_days(tmp_path):
+    days = [[random_line(RNG) for _ in range(n)] for n in (50, 37, 20)]
+    names = ["day_0", "day_1.gz", "day_2"]
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for name, lines in zip(names, days):
+        write_day(str(raw / name), lines)
+    return str(raw), days
+
+
+def load_day(out: str, day: int):
+    return tuple(np.load(os.path.join(out, f"day_{day}_{k}.npy")) for k in ("dense", "sparse", "labels"))
+
+
+def test_values_match_the_documented_transforms(raw_days, tmp_path):
+    raw, days = raw_days
+    out = str(tmp_path / "out")
+    metadata = preprocess(PreprocessConfig(raw, out, "criteo_1t", chunk_bytes=1024))
+    assert metadata["rows_per_day"] == [50, 37, 20]
+    max_ids = np.zeros(26, np.int64)
+    for day, lines in enumerate(days):
+        dense, sparse, labels = load_day(out, day)
+        assert dense.dtype == np.float32 and sparse.dtype == np.int32 and labels.shape == (len(lines), 1)
+        for row, fields in enumerate(lines):
+            label, ref_dense, ref_hashes = reference(fields)
+            assert labels[row, 0] == label
+            assert np.array_equal(dense[row], np.asarray(ref_dense, np.float32))
+            assert sparse[row].tolist() == [h & 0x7FFFFFFF for h in ref_hashes]
+        max_ids = np.maximum(max_ids, sparse.max(axis=0))
+    assert metadata["num_embeddings_per_feature"] == (max_ids + 1).tolist()
+    assert metadata["bad_lines"] == {"day_0": 0, "day_1.gz": 0, "day_2": 0}
+    assert not [f for f in os.listdir(out) if "tmp" in f]
+
+
+def test_frequency_threshold_and_modulo_on_known_counts(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    a, b, c, d = "0000000a", "000000b0", "00000c00", "0000d000"
+    other = ["00000001"] * 25
+    # feature 0 over the training days: a x3, b x1, c x2; the test day adds d (unseen)
+    write_day(str(raw / "day_0"), [random_line(RNG, [h] + other) for h in (a, b, c)])
+    write_day(str(raw / "day_1"), [random_line(RNG, [h] + other) for h in (a, a, c)])
+    write_day(str(raw / "day_2"), [random_line(RNG, [h] + other) for h in (a, b, c, d)])
+    out = str(tmp_path / "t2")
+    metadata = preprocess(PreprocessConfig(str(raw), out, "criteo_1t", frequency_threshold=2))
+    # kept: a and c, numbered by hash order from 1; b (seen once) and d (unseen) -> 0
+    assert metadata["num_embeddings_per_feature"][0] == 3
+    assert load_day(out, 0)[1][:, 0].tolist() == [1, 0, 2]
+    assert load_day(out, 2)[1][:, 0].tolist() == [1, 0, 2, 0]
+    assert metadata["num_embeddings_per_feature"][1] == 2  # "00000001" seen 6 times
+    vocabulary = np.load(os.path.join(out, "vocabulary.npz"))
+    assert vocabulary["0"].tolist() == [0xA, 0xC00]
+
+    sizes = [7] * 26
+    out = str(tmp_path / "mod")
+    metadata = preprocess(PreprocessConfig(str(raw), out, "criteo_1t", num_embeddings_per_feature=sizes))
+    assert load_day(out, 2)[1][:, 0].tolist() == [0xA % 7, 0xB0 % 7, 0xC00 % 7, 0xD000 % 7]
+    assert metadata["num_embeddings_per_feature"] == sizes
+    out = str(tmp_path / "both")
+    metadata = preprocess(PreprocessConfig(str(raw), out, "criteo_1t", frequency_threshold=2,
+                                           num_embeddings_per_feature=[2] * 26))
+    assert load_day(out, 0)[1][:, 0].tolist() == [1, 0, 0]  # ids 1, 0, 2 modulo 2
+    assert metadata["num_embeddings_per_feature"][0] == 2
+
+
+def test_bad_lines_error_names_file_and_line(raw_days, tmp_path, capsys):
+    raw, days = raw_days
+    lines = [random_line(RNG) for _ in range(5)]
+    lines[3][5] = "12x"
+    write_day(os.path.join(raw, "day_2"), lines)
+    code = main(["--input_dir", raw, "--output_dir", str(tmp_path / "o"), "--dataset_name", "criteo_1t"])
+    err = [l for l in capsys.readouterr().err.splitlines() if "error" in l]  # tqdm also writes to stderr
+    assert code == 2 and len(err) == 1
+    assert err[0] == (f"preprocess_criteo: error: {os.path.join(raw, 'day_2')} line 4: "
+                      "integer feature 4 is not a decimal integer")
+    # the days that finished are complete; the failed one left no file behind
+    assert not os.path.exists(tmp_path / "o" / "day_2_dense.npy")
+    assert not [f for f in os.listdir(tmp_path / "o") if "tmp" in f]
+
+
+def test_bad_lines_skip_counts_per_file(raw_days, tmp_path):
+    raw, days = raw_days
+    lines = [random_line(RNG) for _ in range(6)]
+    lines[0] = lines[0][:20]  # too few fields
+    lines[2][0] = "7"  # label
+    lines[4][30] = "xyz"  # not hex
+    write_day(os.path.join(raw, "day_2"), lines)
+    metadata = preprocess(PreprocessConfig(raw, str(tmp_path / "o"), "criteo_1t", on_bad_lines="skip"))
+    assert metadata["bad_lines"] == {"day_0": 0, "day_1.gz": 0, "day_2": 3}
+    assert metadata["rows_per_day"][2] == 3
+    kept = [lines[i] for i in (1, 3, 5)]
+    dense, sparse, labels = load_day(str(tmp_path / "o"), 2)
+    assert labels[:, 0].tolist() == [reference(f)[0] for f in kept]
+    on_disk = json.load(open(tmp_path / "o" / "metadata.json"))
+    assert on_disk["bad_lines"]["day_2"] == 3
+
+
+def test_parser_reasons():
+    good = ["1"] + ["2"] * 13 + ["0000000f"] * 26
+    lines = [good, good[:39], ["x"] + good[1:], good[:3] + ["-"] + good[4:], good[:20] + ["123456789"] + good[21:]]
+    chunk = parse_criteo_lines("".join("\t".join(l) + "\n" for l in lines).encode())
+    assert chunk.num_lines == 5 and len(chunk.labels) == 1
+    assert chunk.bad_lines == [
+        (1, "expected 40 tab-separated fields, found 39"),
+        (2, "label must be 0 or 1"),
+        (3, "integer feature 2 is not a decimal integer"),
+        (4, "categorical feature 6 is not a hexadecimal hash"),
+    ]
+
+
+def test_kaggle_is_cut_into_consecutive_days(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    lines = [random_line(RNG) for _ in range(75)]
+    for name in ("train.txt", "train.txt.gz"):
+        for f in raw.iterdir():
+            f.unlink()
+        write_day(str(raw / name), lines)
+        out = str(tmp_path / name)
+        metadata = preprocess(PreprocessConfig(str(raw), out, "criteo_kaggle", chunk_bytes=2048))
+        assert metadata["rows_per_day"] == [75 * (d + 1) // 7 - 75 * d // 7 for d in range(7)]
+        labels = np.concatenate([load_day(out, d)[2][:, 0] for d in range(7)])
+        assert labels.tolist() == [int(l[0]) for l in lines]
+
+
+def _outputs(directory: str) -> dict:
+    return {name: open(os.path.join(directory, name), "rb").read()
+            for name in sorted(os.listdir(directory)) if name.endswith(".npy") or name == "metadata.json"}
+
+
+def test_killed_run_resumes_to_identical_files(tmp_path):
+    spec = SyntheticCriteoSpec(num_days=4, rows_per_day=60_000, seed=5)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for day in range(spec.num_days):
+        write_raw_day(spec, str(raw / f"day_{day}"), day)
+    args = ["--input_dir", str(raw), "--dataset_name", "criteo_1t", "--frequency_threshold", "2",
+            "--chunk_bytes", "1048576"]
+    clean = str(tmp_path / "clean")
+    assert main(args + ["--output_dir", clean]) == 0
+
+    killed = str(tmp_path / "killed")
+    proc = subprocess.Popen([sys.executable, "-m", "data.preprocess_criteo", *args, "--output_dir", killed],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not os.path.exists(os.path.join(killed, "day_0.done.json")) and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not os.path.exists(os.path.join(killed, "metadata.json"))
+    done = {name for name in os.listdir(killed) if name.endswith(".done.json")}
+    assert "day_0.done.json" in done and "day_3.done.json" not in done
+    for name in os.listdir(killed):  # every file under a final name is whole
+        if name.endswith(".npy"):
+            np.load(os.path.join(killed, name))
+    assert main(args + ["--output_dir", killed]) == 0
+    assert _outputs(killed) == _outputs(clean)
+
+
+def test_bad_arguments_are_one_line(tmp_path, capsys):
+    assert main(["--input_dir", str(tmp_path / "none"), "--output_dir", str(tmp_path / "o"),
+                 "--dataset_name", "criteo_1t"]) == 2
+    assert "no such directory" in capsys.readouterr().err
+    assert main(["--input_dir", str(tmp_path), "--output_dir", str(tmp_path / "o"),
+                 "--dataset_name", "criteo_1t"]) == 2
+    assert "no day_<N> or day_<N>.gz files" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--input_dir", str(tmp_path), "--output_dir", "o", "--dataset_name", "criteo_1t",
+              "--num_embeddings_per_feature", "1,,2"])
+    assert e.value.code == 2
+
+
+def test_parallel_workers_write_the_same_files(raw_days, tmp_path):
+    raw, _ = raw_days
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    preprocess(PreprocessConfig(raw, one, "criteo_1t", frequency_threshold=1))
+    preprocess(PreprocessConfig(raw, two, "criteo_1t", frequency_threshold=1, workers=2))
+    assert _outputs(one) == _outputs(two)

@@ -48,20 +48,21 @@ class ParsedChunk:
     num_lines: int
 
 
-def _windows(buf: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
-    """buf[at : at + width] for every index in ``at`` (shape at.shape + (width,)).
+_PAD = 32  # zero bytes around the chunk, so windows near its ends stay in bounds
+
+
+def _windows(padded: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    """padded[at + _PAD : at + _PAD + width] for every index in ``at`` (a copy).
 
     Indexes rows of a sliding-window view, so the index array has one entry per field
-    rather than one per character. Positions outside buf read as zero bytes.
+    rather than one per character.
     """
-    padded = np.concatenate([np.zeros(width, np.uint8), buf, np.zeros(width, np.uint8)])
-    windows = np.lib.stride_tricks.sliding_window_view(padded, width)
-    return windows[np.clip(at + width, 0, len(windows) - 1)]
+    return np.lib.stride_tricks.sliding_window_view(padded, width)[at + _PAD]
 
 
-def _right_aligned(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int) -> Tuple[np.ndarray, np.ndarray]:
+def _right_aligned(padded: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int) -> Tuple[np.ndarray, np.ndarray]:
     """Characters of each field right-aligned in ``width`` columns, and which are real."""
-    chars = _windows(buf, starts + lengths - width, width)
+    chars = _windows(padded, starts + lengths - width, width)
     valid = np.arange(-width, 0) >= -lengths[..., None]
     return chars, valid
 
@@ -75,39 +76,50 @@ def _hex_nibbles(chars: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     return np.where(is_digit, digit, lower - np.uint8(87)), is_digit | letter
 
 
-def _parse_ints(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def _parse_ints(padded: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """(values int64, ok bool) for decimal integers with an optional leading '-'."""
     lengths = ends - starts
-    negative = (lengths > 0) & (buf.take(starts, mode="clip") == ord("-"))
+    negative = (lengths > 0) & (padded[starts + _PAD] == ord("-"))
     digit_lengths = lengths - negative
     ok = (digit_lengths <= MAX_INT_DIGITS) & ~(negative & (digit_lengths == 0))
     width = int(min(max(int(digit_lengths.max(initial=0)), 1), MAX_INT_DIGITS))
-    chars, valid = _right_aligned(buf, starts + negative, np.minimum(digit_lengths, width), width)
+    chars, valid = _right_aligned(padded, starts + negative, np.minimum(digit_lengths, width), width)
     digits = chars - np.uint8(48)  # non-digits wrap above 9
     digits[~valid] = 0
     ok &= ~np.any(digits > 9, axis=-1)
-    powers = 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)
-    values = digits.astype(np.int64) @ powers
+    if width <= 15:  # exact in float64, and a BLAS matmul
+        values = np.rint(digits.astype(np.float64) @ (10.0 ** np.arange(width - 1, -1, -1))).astype(np.int64)
+    else:
+        values = digits.astype(np.int64) @ (10 ** np.arange(width - 1, -1, -1, dtype=np.int64))
     return np.where(negative, -values, values), ok
 
 
-def _parse_hex(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def _parse_hex(padded: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """(values uint32, ok bool) for hexadecimal hashes of up to 8 digits.
 
-    Criteo's hashes have exactly 8 digits: those are decoded two nibbles to a byte and
-    read as big-endian 32-bit words; shorter ones take the general right-aligned path.
+    Criteo's hashes have exactly 8 digits: those are gathered into one string that
+    ``bytes.fromhex`` decodes, read as big-endian 32-bit words. Shorter ones, and a
+    chunk with a bad digit, take the vectorised nibble path.
     """
     lengths = ends - starts
     full = lengths == MAX_HEX_DIGITS
-    nibbles, is_hex = _hex_nibbles(_windows(buf, starts, MAX_HEX_DIGITS))
-    ok = ~full | is_hex.all(axis=-1)
-    packed = np.ascontiguousarray((nibbles[..., 0::2] << 4) | nibbles[..., 1::2])
-    values = np.where(full, packed.view(">u4")[..., 0], 0).astype(np.uint32)
+    chars = _windows(padded, starts, MAX_HEX_DIGITS)
+    chars[~full] = ord("0")
+    try:
+        values = np.frombuffer(bytes.fromhex(chars.tobytes().decode("latin1")), dtype=">u4")
+        values = values.reshape(lengths.shape).astype(np.uint32)
+        ok = np.ones(lengths.shape, dtype=bool)
+    except ValueError:  # a non-hex character somewhere in the chunk: find it
+        nibbles, is_hex = _hex_nibbles(chars)
+        ok = is_hex.all(axis=-1)
+        packed = np.ascontiguousarray((nibbles[..., 0::2] << 4) | nibbles[..., 1::2])
+        values = packed.view(">u4")[..., 0].astype(np.uint32)
+    values[~full] = 0
     short = (lengths > 0) & ~full
     if short.any():
         ok[lengths > MAX_HEX_DIGITS] = False
         rows, cols = np.nonzero(short & (lengths < MAX_HEX_DIGITS))
-        chars, valid = _right_aligned(buf, starts[rows, cols], lengths[rows, cols], MAX_HEX_DIGITS)
+        chars, valid = _right_aligned(padded, starts[rows, cols], lengths[rows, cols], MAX_HEX_DIGITS)
         part, part_ok = _hex_nibbles(chars)
         ok[rows, cols] = np.all(part_ok | ~valid, axis=-1)
         shifts = np.arange(4 * (MAX_HEX_DIGITS - 1), -1, -4, dtype=np.uint32)
@@ -157,8 +169,10 @@ def parse_criteo_lines(data: bytes) -> ParsedChunk:
 
     label_ok = (ends[:, 0] - starts[:, 0] == 1) & np.isin(buf[starts[:, 0]], (ord("0"), ord("1")))
     labels = (buf[starts[:, 0]] == ord("1")).astype(np.int32)
-    dense, dense_ok = _parse_ints(buf, starts[:, 1 : 1 + NUM_INT], ends[:, 1 : 1 + NUM_INT])
-    sparse, sparse_ok = _parse_hex(buf, starts[:, 1 + NUM_INT :], ends[:, 1 + NUM_INT :])
+    padded = np.zeros(len(buf) + 2 * _PAD, dtype=np.uint8)
+    padded[_PAD:-_PAD] = buf
+    dense, dense_ok = _parse_ints(padded, starts[:, 1 : 1 + NUM_INT], ends[:, 1 : 1 + NUM_INT])
+    sparse, sparse_ok = _parse_hex(padded, starts[:, 1 + NUM_INT :], ends[:, 1 + NUM_INT :])
 
     reasons = [
         (~label_ok, lambda i: "label must be 0 or 1"),

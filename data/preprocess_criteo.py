@@ -80,7 +80,7 @@ class PreprocessConfig:
     num_embeddings_per_feature: Optional[List[int]] = None
     workers: int = 1
     on_bad_lines: str = "error"
-    chunk_bytes: int = 8 << 20
+    chunk_bytes: int = 1 << 20
     kaggle_days: int = 7
 
     def validate(self) -> None:
@@ -211,9 +211,12 @@ def discover_sources(config: PreprocessConfig) -> List[DaySource]:
     if not found:
         raise ValueError(f"--input_dir {config.input_dir}: no day_<N> or day_<N>.gz files (criteo_1t)")
     missing = [d for d in range(max(found) + 1) if d not in found]
-    if missing or len(found) < 2:
-        raise ValueError(f"--input_dir {config.input_dir}: day files must be day_0 .. day_N with N >= 1"
-                         + (f"; day_{missing[0]} is missing" if missing else ""))
+    if missing:
+        raise ValueError(f"--input_dir {config.input_dir}: day files must be day_0 .. day_N; "
+                         f"day_{missing[0]} is missing")
+    if config.frequency_threshold > 0 and len(found) < 2:
+        raise ValueError("--frequency_threshold counts the training days (all but the last): "
+                         "it needs at least two day files")
     return [DaySource(d, found[d]) for d in sorted(found)]
 
 
@@ -272,7 +275,7 @@ class _NpyWriter:
         return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode("latin1")
 
     def append(self, rows: np.ndarray) -> None:
-        self._file.write(np.ascontiguousarray(rows, dtype=self.dtype).tobytes())
+        self._file.write(memoryview(np.ascontiguousarray(rows, dtype=self.dtype)).cast("B"))
         self.rows += len(rows)
 
     def close(self) -> None:

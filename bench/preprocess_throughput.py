@@ -1,0 +1,103 @@
+"""Preprocessing speed and memory against a plain read and torchrec's own script.
+
+Writes raw Criteo day files of two sizes (default 1M and 2M lines) from the synthetic
+generator, then, in the same run, measures on each:
+- a plain chunked read of the file (the I/O ceiling),
+- `python -m data.preprocess_criteo` with one worker (one pass: hex -> int, log
+  transform, npy files) and with `--frequency_threshold 2` (two passes),
+- on the smaller file, torchrec's `python -m torchrec.datasets.scripts.npy_preproc_criteo`,
+and prints MB/s of input and the peak RSS of each process.
+
+    python bench/preprocess_throughput.py [--lines 1000000,2000000] [--skip_torchrec]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_measured(cmd: List[str]) -> Dict[str, float]:
+    """Wall seconds and peak RSS (MiB) of a child process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - start
+    if status != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.read().decode()[-2000:]}")
+    return {"seconds": seconds, "peak_rss_mib": usage.ru_maxrss / 1024}
+
+
+def plain_read_seconds(path: str, chunk: int = 8 << 20) -> float:
+    start = time.perf_counter()
+    with open(path, "rb") as f:
+        while f.read(chunk):
+            pass
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lines", default="1000000,2000000", help="comma-separated file sizes in lines")
+    parser.add_argument("--skip_torchrec", action="store_true")
+    args = parser.parse_args()
+    sizes = [int(v) for v in args.lines.split(",")]
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for lines in sizes:
+            raw = os.path.join(tmp, f"raw_{lines}")
+            os.makedirs(raw)
+            spec = SyntheticCriteoSpec(num_days=2, rows_per_day=lines, seed=1)
+            path = os.path.join(raw, "day_0")
+            write_raw_day(spec, path, 0)
+            mb = os.path.getsize(path) / 1e6
+            read_s = min(plain_read_seconds(path) for _ in range(2))
+            row: Dict[str, object] = {"lines": lines, "input_mb": round(mb, 1),
+                                      "plain_read_mb_s": round(mb / read_s, 1)}
+            for name, extra in (("ours_one_pass", []), ("ours_threshold", ["--frequency_threshold", "2"])):
+                if extra:  # counting needs a training day and a last day
+                    shutil.copy(path, os.path.join(raw, "day_1"))
+                out = os.path.join(tmp, f"out_{lines}_{name}")
+                m = run_measured([sys.executable, "-m", "data.preprocess_criteo", "--input_dir", raw,
+                                  "--output_dir", out, "--dataset_name", "criteo_1t", "--workers", "1", *extra])
+                input_mb = mb * (2 if extra else 1)
+                row[f"{name}_mb_s"] = round(input_mb / m["seconds"], 1)
+                row[f"{name}_peak_rss_mib"] = round(m["peak_rss_mib"])
+                shutil.rmtree(out)
+                if extra:
+                    os.remove(os.path.join(raw, "day_1"))
+            if not args.skip_torchrec and lines == sizes[0]:
+                out = os.path.join(tmp, "out_torchrec")
+                os.makedirs(out)
+                m = run_measured([sys.executable, "-m", "torchrec.datasets.scripts.npy_preproc_criteo",
+                                  "--input_dir", raw, "--output_dir", out, "--dataset_name", "criteo_1tb"])
+                row["torchrec_mb_s"] = round(mb / m["seconds"], 1)
+                row["torchrec_peak_rss_mib"] = round(m["peak_rss_mib"])
+                row["speedup_vs_torchrec"] = round(row["ours_one_pass_mb_s"] / row["torchrec_mb_s"], 1)  # type: ignore[operator]
+                shutil.rmtree(out)
+            shutil.rmtree(raw)
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    print(f"{'lines':>9} {'MB':>7} {'read MB/s':>10} {'ours MB/s':>10} {'RSS MiB':>8} "
+          f"{'thresh MB/s':>12} {'RSS MiB':>8} {'torchrec MB/s':>14} {'RSS MiB':>8}")
+    for r in results:
+        print(f"{r['lines']:>9} {r['input_mb']:>7} {r['plain_read_mb_s']:>10} {r['ours_one_pass_mb_s']:>10} "
+              f"{r['ours_one_pass_peak_rss_mib']:>8} {r['ours_threshold_mb_s']:>12} "
+              f"{r['ours_threshold_peak_rss_mib']:>8} {r.get('torchrec_mb_s', '-'):>14} "
+              f"{r.get('torchrec_peak_rss_mib', '-'):>8}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -28,15 +28,33 @@ from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day  # noqa: E4
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _peak_rss_kib(pid: int) -> int:
+    """VmHWM of a live process (its peak RSS since exec), 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def run_measured(cmd: List[str]) -> Dict[str, float]:
-    """Wall seconds and peak RSS (MiB) of a child process."""
+    """Wall seconds and peak RSS (MiB) of a child process.
+
+    The peak is the child's own VmHWM, polled until it exits (ru_maxrss of a child
+    would also count the memory of the parent it was forked from)."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, _peak_rss_kib(proc.pid))
+        time.sleep(0.02)
     seconds = time.perf_counter() - start
-    if status != 0:
+    if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.read().decode()[-2000:]}")
-    return {"seconds": seconds, "peak_rss_mib": usage.ru_maxrss / 1024}
+    return {"seconds": seconds, "peak_rss_mib": peak / 1024}
 
 
 def plain_read_seconds(path: str, chunk: int = 8 << 20) -> float:

@@ -7,12 +7,15 @@ times larger batch: runs at different world sizes are comparable step by step.
 """
 
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Tuple, Union
 
 import numpy as np
 import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+# One-hot ids (B, F), or one (B, k_f) array of ids per feature for multi-hot bags.
+Sparse = Union[np.ndarray, List[np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -61,37 +64,43 @@ class RankBatchLayout:
 
 
 class BatchBuilder:
-    """Turns (dense, sparse, labels) arrays of one-hot rows into a `Batch`.
+    """Turns (dense, sparse, labels) arrays into a `Batch`.
 
-    The KJT is built feature-major (all rows of feature 0, then feature 1, ...) with
-    one id per bag, without a Python loop over rows; lengths and offsets are cached
-    per batch size.
+    The KJT is built feature-major (all rows of feature 0, then feature 1, ...)
+    without a Python loop over rows: from one-hot ids (B, F), one id per bag, or from
+    one (B, k_f) array per feature, bags of k_f ids. Lengths and offsets are cached
+    per batch shape.
 
     Args:
-        sparse_feature_names: the KJT keys, one per sparse column.
+        sparse_feature_names: the KJT keys, one per sparse feature.
     """
 
     def __init__(self, sparse_feature_names: List[str]) -> None:
         self._keys = list(sparse_feature_names)
-        self._lengths: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
+        self._lengths: Dict[Tuple[int, ...], Tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def _lengths_offsets(self, batch_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        if batch_size not in self._lengths:
-            n = batch_size * len(self._keys)
-            self._lengths[batch_size] = (
-                torch.ones(n, dtype=torch.int32),
-                torch.arange(n + 1, dtype=torch.int32),
-            )
-        return self._lengths[batch_size]
+    def _lengths_offsets(self, batch_size: int, hotness: Tuple[int, ...]) -> Tuple[torch.Tensor, torch.Tensor]:
+        key = (batch_size, *hotness)
+        if key not in self._lengths:
+            lengths = torch.from_numpy(np.repeat(np.asarray(hotness, dtype=np.int32), batch_size))
+            offsets = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+            torch.cumsum(lengths, 0, out=offsets[1:])
+            self._lengths[key] = (lengths, offsets)
+        return self._lengths[key]
 
-    def __call__(self, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray) -> Batch:
+    def __call__(self, dense: np.ndarray, sparse: Sparse, labels: np.ndarray) -> Batch:
         batch_size = dense.shape[0]
-        lengths, offsets = self._lengths_offsets(batch_size)
-        values = torch.from_numpy(np.ascontiguousarray(sparse.T, dtype=np.int32)).reshape(-1)
+        if isinstance(sparse, np.ndarray):
+            hotness: Tuple[int, ...] = (1,) * sparse.shape[1]
+            values = np.ascontiguousarray(sparse.T, dtype=np.int32).reshape(-1)
+        else:
+            hotness = tuple(part.shape[1] for part in sparse)
+            values = np.concatenate([np.asarray(part, dtype=np.int32).reshape(-1) for part in sparse])
+        lengths, offsets = self._lengths_offsets(batch_size, hotness)
         return Batch(
             dense_features=torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)),
             sparse_features=KeyedJaggedTensor(
-                keys=self._keys, values=values, lengths=lengths, offsets=offsets
+                keys=self._keys, values=torch.from_numpy(values), lengths=lengths, offsets=offsets
             ),
             labels=torch.from_numpy(np.ascontiguousarray(labels.reshape(-1), dtype=np.int32)),
         )

@@ -2,12 +2,13 @@
 
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Protocol, Iterator
+from typing import Dict, Iterator, List, Optional, Protocol
 
 from torchrec.datasets.utils import Batch
 
 from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
-from data.criteo_layout import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES
+from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, SPARSE_FEATURE_NAMES
+from data.multi_hot import MULTI_HOT_DISTRIBUTIONS, MultiHotExpander
 from data.random_data import RandomCriteoLoader
 
 DATASET_NAMES = ("criteo_1t", "criteo_kaggle")
@@ -33,7 +34,8 @@ class DataConfig:
     Args:
         in_memory_binary_criteo_path: directory of day_{i}_*.npy files; None for
             uniform random data.
-        synthetic_multi_hot_criteo_path: the MLPerf multi-hot layout (not yet supported).
+        synthetic_multi_hot_criteo_path: directory of the MLPerf multi-hot layout
+            (day_{i}_sparse_multi_hot.npz + dense + labels).
         dataset_name: criteo_1t or criteo_kaggle.
         batch_size: training rows per rank per step.
         test_batch_size: validation/test rows per rank per step (default batch_size).
@@ -44,7 +46,8 @@ class DataConfig:
         mmap_mode: read batches lazily from memory-mapped files.
         pin_memory: pin host batches (CUDA only).
         seed: seed of the data order and of random data.
-        multi_hot_sizes, multi_hot_distribution_type: multi-hot bags (not yet supported).
+        multi_hot_sizes: bag size per feature, to expand one-hot data into multi-hot.
+        multi_hot_distribution_type: uniform (default) or pareto offsets for the bags.
     """
 
     in_memory_binary_criteo_path: Optional[str] = None
@@ -85,18 +88,27 @@ class DataConfig:
         ):
             if value is not None and value < 0:
                 raise ValueError(f"--{flag} must not be negative, got {value}")
-        path = self.in_memory_binary_criteo_path
-        if path is not None and not os.path.isdir(path):
-            raise ValueError(f"--in_memory_binary_criteo_path {path}: no such directory")
-        if self.synthetic_multi_hot_criteo_path is not None:
-            raise ValueError(
-                "--synthetic_multi_hot_criteo_path is not yet supported (multi-hot data is planned)"
-            )
-        if self.multi_hot_sizes is not None or self.multi_hot_distribution_type is not None:
-            raise ValueError(
-                "--multi_hot_sizes/--multi_hot_distribution_type are not yet supported "
-                "(multi-hot data is planned)"
-            )
+        for flag, path in (("in_memory_binary_criteo_path", self.in_memory_binary_criteo_path),
+                           ("synthetic_multi_hot_criteo_path", self.synthetic_multi_hot_criteo_path)):
+            if path is not None and not os.path.isdir(path):
+                raise ValueError(f"--{flag} {path}: no such directory")
+        if self.in_memory_binary_criteo_path and self.synthetic_multi_hot_criteo_path:
+            raise ValueError("give --in_memory_binary_criteo_path or --synthetic_multi_hot_criteo_path, not both")
+        if self.multi_hot_sizes is not None:
+            if self.synthetic_multi_hot_criteo_path:
+                raise ValueError("--multi_hot_sizes expands one-hot data; "
+                                 "--synthetic_multi_hot_criteo_path data is multi-hot already")
+            if len(self.multi_hot_sizes) != NUM_SPARSE_FEATURES:
+                raise ValueError(f"--multi_hot_sizes has {len(self.multi_hot_sizes)} values but the data has "
+                                 f"{NUM_SPARSE_FEATURES} categorical features")
+            if min(self.multi_hot_sizes) <= 0:
+                raise ValueError(f"--multi_hot_sizes values must be positive, got {min(self.multi_hot_sizes)}")
+        elif self.multi_hot_distribution_type is not None:
+            raise ValueError("--multi_hot_distribution_type needs --multi_hot_sizes")
+        if (self.multi_hot_distribution_type is not None
+                and self.multi_hot_distribution_type not in MULTI_HOT_DISTRIBUTIONS):
+            raise ValueError(f"--multi_hot_distribution_type must be uniform or pareto, "
+                             f"got {self.multi_hot_distribution_type!r}")
 
     def limit(self, split: str) -> Optional[int]:
         return {"train": self.limit_train_batches, "validation": self.limit_val_batches,
@@ -105,6 +117,8 @@ class DataConfig:
 
 def open_dataset(config: DataConfig) -> Optional[CriteoBinaryDataset]:
     """The binary data set the flags name, or None for random data."""
+    if config.synthetic_multi_hot_criteo_path is not None:
+        return CriteoBinaryDataset(config.synthetic_multi_hot_criteo_path, multi_hot=True)
     if config.in_memory_binary_criteo_path is None:
         return None
     return CriteoBinaryDataset(config.in_memory_binary_criteo_path)
@@ -124,6 +138,10 @@ def build_loaders(
         loaders = build_loaders(DataConfig(batch_size=512), None, [1000] * 26, rank=0, world_size=1)
     """
     loaders: Dict[str, BatchLoader] = {}
+    expand = None
+    if config.multi_hot_sizes is not None:
+        expand = MultiHotExpander(config.multi_hot_sizes, num_embeddings_per_feature,
+                                  config.multi_hot_distribution_type or "uniform", config.seed)
     for stream, split in enumerate(SPLITS):
         is_train = split == "train"
         batch_size = config.batch_size if is_train else config.eval_batch_size
@@ -139,6 +157,7 @@ def build_loaders(
                 num_dense_features=NUM_DENSE_FEATURES,
                 seed=config.seed,
                 stream=stream,
+                expand=expand,
             )
             continue
         loaders[split] = CriteoBinaryLoader(
@@ -153,5 +172,6 @@ def build_loaders(
             mmap_mode=config.mmap_mode,
             num_embeddings_per_feature=num_embeddings_per_feature,
             limit_batches=limit,
+            expand=expand,
         )
     return loaders

@@ -4,15 +4,19 @@ Split (documented in the README): every day file but the last is training data; 
 last day's first half is validation and its second half test, so validation and
 test never overlap training. For Criteo 1TB (days 0-23) that is days 0-22 for
 training and day 23 halved.
+
+Sparse features are one (N, 26) int32 array per day (one-hot), or, for the MLPerf
+multi-hot layout, 26 arrays of shape (N, k_f); `Sparse` covers both.
 """
 
 import os
-from typing import Iterator, List, Optional, Sequence, Tuple
+import zipfile
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from torchrec.datasets.utils import Batch
 
-from data.batching import BatchBuilder, RankBatchLayout
+from data.batching import BatchBuilder, RankBatchLayout, Sparse
 from data.criteo_layout import (
     NUM_DENSE_FEATURES,
     NUM_SPARSE_FEATURES,
@@ -20,8 +24,22 @@ from data.criteo_layout import (
     day_file,
     read_metadata,
 )
+from data.multi_hot import multi_hot_file, open_npz_arrays
 
-Arrays = Tuple[np.ndarray, np.ndarray, np.ndarray]
+Arrays = Tuple[np.ndarray, Sparse, np.ndarray]
+
+
+def _map_sparse(sparse: Sparse, fn: Callable[[np.ndarray], np.ndarray]) -> Sparse:
+    return fn(sparse) if isinstance(sparse, np.ndarray) else [fn(part) for part in sparse]
+
+
+def _concat_arrays(parts: Sequence[Arrays]) -> Arrays:
+    dense = np.concatenate([p[0] for p in parts])
+    labels = np.concatenate([p[2] for p in parts])
+    first = parts[0][1]
+    if isinstance(first, np.ndarray):
+        return dense, np.concatenate([p[1] for p in parts]), labels
+    return dense, [np.concatenate([p[1][f] for p in parts]) for f in range(len(first))], labels
 
 
 class CriteoBinaryDataset:
@@ -29,6 +47,7 @@ class CriteoBinaryDataset:
 
     Args:
         directory: holds ``day_{i}_{dense,sparse,labels}.npy`` for i = 0, 1, ...
+        multi_hot: read ``day_{i}_sparse_multi_hot.npz`` instead of the sparse .npy.
 
     Raises:
         ValueError: one line naming the file when the layout is wrong.
@@ -39,10 +58,12 @@ class CriteoBinaryDataset:
         dense, sparse, labels = dataset.read(0, 10)
     """
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, multi_hot: bool = False) -> None:
+        flag = "--synthetic_multi_hot_criteo_path" if multi_hot else "--in_memory_binary_criteo_path"
         if not os.path.isdir(directory):
-            raise ValueError(f"--in_memory_binary_criteo_path {directory}: no such directory")
+            raise ValueError(f"{flag} {directory}: no such directory")
         self.directory = directory
+        self.multi_hot = multi_hot
         self.metadata = read_metadata(directory)
         self._days: List[Arrays] = []
         while os.path.exists(day_file(directory, len(self._days), "dense")):
@@ -56,10 +77,10 @@ class CriteoBinaryDataset:
         self.day_starts = np.concatenate([[0], np.cumsum(self.rows_per_day)])
 
     def _open_day(self, day: int) -> Arrays:
-        expected = {"dense": (np.float32, NUM_DENSE_FEATURES),
-                    "sparse": (np.int32, NUM_SPARSE_FEATURES),
-                    "labels": (np.int32, 1)}
-        arrays = []
+        expected = {"dense": (np.float32, NUM_DENSE_FEATURES), "labels": (np.int32, 1)}
+        if not self.multi_hot:
+            expected["sparse"] = (np.int32, NUM_SPARSE_FEATURES)
+        arrays = {}
         for kind, (dtype, width) in expected.items():
             path = day_file(self.directory, day, kind)
             try:
@@ -71,13 +92,27 @@ class CriteoBinaryDataset:
                     f"{path}: expected {np.dtype(dtype).name} of shape (N, {width}), "
                     f"found {array.dtype} {array.shape}"
                 )
-            arrays.append(array)
-        if len({a.shape[0] for a in arrays}) != 1:
+            arrays[kind] = array
+        sparse: Sparse = arrays.get("sparse")  # type: ignore[assignment]
+        counts = [arrays["dense"].shape[0], arrays["labels"].shape[0]]
+        if self.multi_hot:
+            path = multi_hot_file(self.directory, day)
+            try:
+                sparse = open_npz_arrays(path, [str(f) for f in range(NUM_SPARSE_FEATURES)])
+            except (OSError, zipfile.BadZipFile) as e:
+                raise ValueError(f"{path}: cannot read as .npz ({e})") from e
+            for f, part in enumerate(sparse):
+                if part.ndim != 2 or part.dtype != np.int32:
+                    raise ValueError(f"{path}: array {f} must be int32 of shape (N, hotness), "
+                                     f"found {part.dtype} {part.shape}")
+            counts += [part.shape[0] for part in sparse]
+        else:
+            counts.append(sparse.shape[0])  # type: ignore[union-attr]
+        if len(set(counts)) != 1:
             raise ValueError(
-                f"{self.directory}: day {day} files disagree on the row count "
-                f"({', '.join(str(a.shape[0]) for a in arrays)})"
+                f"{self.directory}: day {day} files disagree on the row count ({', '.join(map(str, counts))})"
             )
-        return arrays[0], arrays[1], arrays[2]
+        return arrays["dense"], sparse, arrays["labels"]
 
     @property
     def num_rows(self) -> int:
@@ -96,6 +131,12 @@ class CriteoBinaryDataset:
         middle = last_start + (end - last_start) // 2
         return {"train": (0, last_start), "validation": (last_start, middle), "test": (middle, end)}
 
+    @property
+    def hotness(self) -> Optional[List[int]]:
+        """Bag size per feature of multi-hot data, None for one-hot."""
+        sparse = self._days[0][1]
+        return None if isinstance(sparse, np.ndarray) else [part.shape[1] for part in sparse]
+
     def read(self, start: int, stop: int) -> Arrays:
         """Rows [start, stop) across day boundaries, copied into memory."""
         parts = []
@@ -103,26 +144,25 @@ class CriteoBinaryDataset:
         while start < stop:
             day_stop = int(self.day_starts[day + 1])
             lo, hi = start - int(self.day_starts[day]), min(stop, day_stop) - int(self.day_starts[day])
-            parts.append(tuple(np.array(a[lo:hi]) for a in self._days[day]))
+            dense, sparse, labels = self._days[day]
+            parts.append((np.array(dense[lo:hi]), _map_sparse(sparse, lambda a: np.array(a[lo:hi])),
+                          np.array(labels[lo:hi])))
             start, day = min(stop, day_stop), day + 1
-        if len(parts) == 1:
-            return parts[0]  # type: ignore[return-value]
-        return tuple(np.concatenate(p) for p in zip(*parts))  # type: ignore[return-value]
+        return parts[0] if len(parts) == 1 else _concat_arrays(parts)
 
     def take(self, rows: np.ndarray) -> Arrays:
         """Rows at the given global numbers (any order), copied into memory."""
-        out = (
-            np.empty((len(rows), NUM_DENSE_FEATURES), np.float32),
-            np.empty((len(rows), NUM_SPARSE_FEATURES), np.int32),
-            np.empty((len(rows), 1), np.int32),
-        )
         days = np.searchsorted(self.day_starts, rows, side="right") - 1
+        order = np.argsort(days, kind="stable")
+        parts = []
         for day in np.unique(days):
-            mask = days == day
-            local = rows[mask] - self.day_starts[day]
-            for dst, src in zip(out, self._days[day]):
-                dst[mask] = src[local]
-        return out
+            local = rows[days == day] - self.day_starts[day]
+            dense, sparse, labels = self._days[day]
+            parts.append((dense[local], _map_sparse(sparse, lambda a: a[local]), labels[local]))
+        grouped = _concat_arrays(parts)
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))  # back to the requested order
+        return grouped[0][inverse], _map_sparse(grouped[1], lambda a: a[inverse]), grouped[2][inverse]
 
 
 class CriteoBinaryLoader:
@@ -144,6 +184,7 @@ class CriteoBinaryLoader:
         mmap_mode: read batches lazily from the memory map.
         num_embeddings_per_feature: ids at or above a table's size are taken modulo it.
         limit_batches: stop after this many batches.
+        expand: turns one-hot rows into multi-hot bags (``--multi_hot_sizes``).
     """
 
     def __init__(
@@ -159,8 +200,10 @@ class CriteoBinaryLoader:
         mmap_mode: bool = False,
         num_embeddings_per_feature: Optional[Sequence[int]] = None,
         limit_batches: Optional[int] = None,
+        expand: Optional[Callable[[np.ndarray], List[np.ndarray]]] = None,
     ) -> None:
         self._dataset = dataset
+        self._expand = expand
         self._start, stop = dataset.split_ranges()[split]
         self._layout = RankBatchLayout(stop - self._start, batch_size, rank, world_size, drop_last)
         self._permutation = (
@@ -178,7 +221,7 @@ class CriteoBinaryLoader:
             # This rank's rows of every batch it may visit, batch after batch, in one block.
             visited = len(self._layout) if shuffle_batches_seed is not None else len(self)
             blocks = [self._read_batch(b) for b in range(visited)]
-            self._in_memory = tuple(np.concatenate(p) for p in zip(*blocks)) if blocks else None  # type: ignore[assignment]
+            self._in_memory = _concat_arrays(blocks) if blocks else None
 
     def _modulo_sizes(self, sizes: Optional[Sequence[int]]) -> Optional[np.ndarray]:
         if sizes is None:
@@ -214,9 +257,16 @@ class CriteoBinaryLoader:
             if self._in_memory is not None:
                 size = self._layout.rows(b)[1] - self._layout.rows(b)[0]
                 lo = b * full  # all batches but the last are full
-                dense, sparse, labels = (a[lo : lo + size] for a in self._in_memory)
+                dense, sparse, labels = self._in_memory
+                dense, labels = dense[lo : lo + size], labels[lo : lo + size]
+                sparse = _map_sparse(sparse, lambda a: a[lo : lo + size])
             else:
                 dense, sparse, labels = self._read_batch(b)
             if self._modulo is not None:
-                sparse = np.remainder(sparse, self._modulo)
+                if isinstance(sparse, np.ndarray):
+                    sparse = np.remainder(sparse, self._modulo)
+                else:
+                    sparse = [np.remainder(part, size) for part, size in zip(sparse, self._modulo)]
+            if self._expand is not None:
+                sparse = self._expand(sparse)  # type: ignore[arg-type]
             yield self._builder(dense, sparse, labels)

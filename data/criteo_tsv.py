@@ -19,7 +19,7 @@ import numpy as np
 NUM_INT = 13
 NUM_CAT = 26
 NUM_FIELDS = 1 + NUM_INT + NUM_CAT
-MAX_INT_DIGITS = 18  # fits int64
+MAX_INT_DIGITS = 18  # fits int64 (and three 8-digit groups)
 MAX_HEX_DIGITS = 8  # 32-bit hashes
 
 _HEX_VALUE = np.full(256, 255, dtype=np.uint8)
@@ -76,21 +76,31 @@ def _hex_nibbles(chars: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     return np.where(is_digit, digit, lower - np.uint8(87)), is_digit | letter
 
 
+def _digits_to_int(digits: np.ndarray) -> np.ndarray:
+    """Values of right-aligned decimal digits (..., 8k) by pairwise combination: 2-digit
+    numbers in uint8, 4-digit in uint16, 8-digit in uint32, then 8-digit groups in int64."""
+    pairs = digits[..., 0::2] * np.uint8(10) + digits[..., 1::2]
+    quads = pairs[..., 0::2].astype(np.uint16) * np.uint16(100) + pairs[..., 1::2]
+    octs = quads[..., 0::2].astype(np.uint32) * np.uint32(10_000) + quads[..., 1::2]
+    value = octs[..., 0].astype(np.int64)
+    for g in range(1, octs.shape[-1]):
+        value = value * 100_000_000 + octs[..., g]
+    return value
+
+
 def _parse_ints(padded: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """(values int64, ok bool) for decimal integers with an optional leading '-'."""
     lengths = ends - starts
     negative = (lengths > 0) & (padded[starts + _PAD] == ord("-"))
     digit_lengths = lengths - negative
     ok = (digit_lengths <= MAX_INT_DIGITS) & ~(negative & (digit_lengths == 0))
-    width = int(min(max(int(digit_lengths.max(initial=0)), 1), MAX_INT_DIGITS))
+    longest = int(min(max(int(digit_lengths.max(initial=0)), 1), MAX_INT_DIGITS))
+    width = 8 * ((longest + 7) // 8)
     chars, valid = _right_aligned(padded, starts + negative, np.minimum(digit_lengths, width), width)
     digits = chars - np.uint8(48)  # non-digits wrap above 9
-    digits[~valid] = 0
-    ok &= ~np.any(digits > 9, axis=-1)
-    if width <= 15:  # exact in float64, and a BLAS matmul
-        values = np.rint(digits.astype(np.float64) @ (10.0 ** np.arange(width - 1, -1, -1))).astype(np.int64)
-    else:
-        values = digits.astype(np.int64) @ (10 ** np.arange(width - 1, -1, -1, dtype=np.int64))
+    digits *= valid
+    ok &= digits.max(axis=-1) <= 9
+    values = _digits_to_int(digits)
     return np.where(negative, -values, values), ok
 
 
@@ -137,7 +147,9 @@ def parse_criteo_lines(data: bytes) -> ParsedChunk:
     if data and not data.endswith(b"\n"):
         data += b"\n"
     buf = np.frombuffer(data, dtype=np.uint8)
-    line_ends = np.flatnonzero(buf == 10)
+    separators = np.flatnonzero((buf == 9) | (buf == 10))  # tabs and newlines, in order
+    newline_at = np.flatnonzero(buf[separators] == 10)
+    line_ends = separators[newline_at]
     num_lines = len(line_ends)
     empty = ParsedChunk(np.zeros((0, NUM_INT), np.int64), np.zeros((0, NUM_CAT), np.uint32),
                         np.zeros(0, np.int32), [], num_lines)
@@ -146,9 +158,6 @@ def parse_criteo_lines(data: bytes) -> ParsedChunk:
     line_starts = np.concatenate([[0], line_ends[:-1] + 1])
     # A carriage return before the newline belongs to no field.
     content_ends = line_ends - (buf[np.maximum(line_ends - 1, 0)] == 13) * (line_ends > line_starts)
-    separators = np.flatnonzero((buf == 9) | (buf == 10))  # tabs and newlines, in order
-    is_newline = buf[separators] == 10
-    newline_at = np.flatnonzero(is_newline)
     fields_per_line = np.diff(newline_at, prepend=-1)
     bad: List[Tuple[int, str]] = [
         (int(i), f"expected {NUM_FIELDS} tab-separated fields, found {int(fields_per_line[i])}")
@@ -167,8 +176,9 @@ def parse_criteo_lines(data: bytes) -> ParsedChunk:
     starts = np.concatenate([line_starts[good, None], line_tabs + 1], axis=1)
     ends = np.concatenate([line_tabs, content_ends[good, None]], axis=1)
 
-    label_ok = (ends[:, 0] - starts[:, 0] == 1) & np.isin(buf[starts[:, 0]], (ord("0"), ord("1")))
-    labels = (buf[starts[:, 0]] == ord("1")).astype(np.int32)
+    label_char = buf[starts[:, 0]] - np.uint8(48)
+    label_ok = (ends[:, 0] - starts[:, 0] == 1) & (label_char <= 1)
+    labels = label_char.astype(np.int32)
     padded = np.zeros(len(buf) + 2 * _PAD, dtype=np.uint8)
     padded[_PAD:-_PAD] = buf
     dense, dense_ok = _parse_ints(padded, starts[:, 1 : 1 + NUM_INT], ends[:, 1 : 1 + NUM_INT])
@@ -185,5 +195,7 @@ def parse_criteo_lines(data: bytes) -> ParsedChunk:
             bad.append((int(good[i]), reason(i)))
         rejected |= mask
     bad.sort()
-    keep = ~rejected
-    return ParsedChunk(dense[keep], sparse[keep], labels[keep], bad, num_lines)
+    if rejected.any():
+        keep = ~rejected
+        dense, sparse, labels = dense[keep], sparse[keep], labels[keep]
+    return ParsedChunk(dense, sparse, labels, bad, num_lines)

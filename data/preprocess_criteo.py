@@ -160,21 +160,19 @@ def iter_line_chunks(source: DaySource, chunk_bytes: int) -> Iterator[Tuple[int,
                 carry = b""
             if not lines:
                 continue
-            ends = _newline_positions(lines)
+            count = lines.count(b"\n")
             if skip:
-                if skip >= len(ends):
-                    skip -= len(ends)
-                    line += len(ends)
+                if skip >= count:
+                    skip, line = skip - count, line + count
                     continue
-                lines, ends = lines[ends[skip - 1] + 1 :], ends[skip:] - (ends[skip - 1] + 1)
-                line += skip
-                skip = 0
-            if left is not None and len(ends) > left:
-                lines, ends = lines[: ends[left - 1] + 1], ends[:left]
+                lines = lines[_newline_positions(lines)[skip - 1] + 1 :]
+                count, line, skip = count - skip, line + skip, 0
+            if left is not None and count > left:
+                lines, count = lines[: _newline_positions(lines)[left - 1] + 1], left
             yield line, len(block), lines
-            line += len(ends)
+            line += count
             if left is not None:
-                left -= len(ends)
+                left -= count
             if not block:
                 break
 
@@ -303,10 +301,10 @@ def transform_sparse(sparse_hash: np.ndarray, vocabulary: Optional[List[np.ndarr
             found[found] = vocab[pos[found]] == sparse_hash[found, f]
             ids[:, f] = np.where(found, pos + 1, 0)
     else:
-        ids = (sparse_hash & RAW_ID_MASK).astype(np.int64)
+        ids = (sparse_hash & RAW_ID_MASK).view(np.int32)  # < 2**31: same bits as int32
     if sizes is not None:
-        ids %= sizes
-    return ids.astype(np.int32)
+        ids = ids % sizes
+    return ids.astype(np.int32, copy=False)
 
 
 @dataclass

@@ -6,7 +6,7 @@ A few global batches are generated once and cycled, so generation does not slow
 training down.
 """
 
-from typing import Iterator, List, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence
 
 import numpy as np
 from torchrec.datasets.utils import Batch
@@ -28,6 +28,7 @@ class RandomCriteoLoader:
         num_dense_features: dense columns.
         seed: data seed; ``stream`` separates splits drawn from the same seed.
         stream: 0 for train, 1 for validation, 2 for test.
+        expand: turns the one-hot ids into multi-hot bags (``--multi_hot_sizes``).
 
     Example::
 
@@ -45,6 +46,7 @@ class RandomCriteoLoader:
         num_dense_features: int = 13,
         seed: int = 0,
         stream: int = 0,
+        expand: Optional[Callable[[np.ndarray], List[np.ndarray]]] = None,
     ) -> None:
         self._num_batches = num_batches
         global_rows = batch_size * world_size
@@ -60,7 +62,8 @@ class RandomCriteoLoader:
             dense = rng.random((global_rows, num_dense_features), dtype=np.float32)
             sparse = (rng.random((global_rows, len(sizes))) * sizes).astype(np.int32)
             labels = rng.integers(0, 2, size=(global_rows, 1), dtype=np.int32)
-            self._batches.append(build(dense[lo:hi], sparse[lo:hi], labels[lo:hi]))
+            rows = sparse[lo:hi]
+            self._batches.append(build(dense[lo:hi], rows if expand is None else expand(rows), labels[lo:hi]))
 
     def set_epoch(self, epoch: int) -> None:
         """Random data is the same every epoch."""

@@ -258,6 +258,29 @@ def generate_synthetic_criteo(
     return metadata
 
 
+def generate_multi_hot_criteo(spec: SyntheticCriteoSpec, output_dir: str, hotness: Sequence[int],
+                              distribution: str = "uniform") -> Dict[str, object]:
+    """Writes the MLPerf DLRM-DCNv2 multi-hot layout: per day dense and labels .npy and
+    ``day_{i}_sparse_multi_hot.npz`` (26 int32 arrays (N, k_f), keys "0".."25"). Each
+    bag holds the one-hot data's id first, then ids from `MultiHotExpander`."""
+    import shutil
+
+    from data.multi_hot import MultiHotExpander, multi_hot_file, write_multi_hot_npz
+
+    one_hot_dir = os.path.join(output_dir, ".one_hot")
+    metadata = generate_synthetic_criteo(spec, one_hot_dir, show_progress=False)
+    expand = MultiHotExpander(hotness, spec.cardinalities, distribution, spec.seed)
+    for day in range(spec.num_days):
+        sparse = np.load(day_file(one_hot_dir, day, "sparse"))
+        write_multi_hot_npz(multi_hot_file(output_dir, day), expand(sparse))
+        for kind in ("dense", "labels"):
+            shutil.copyfile(day_file(one_hot_dir, day, kind), day_file(output_dir, day, kind))
+    shutil.rmtree(one_hot_dir)
+    metadata = {**metadata, "multi_hot_sizes": list(hotness), "multi_hot_distribution_type": distribution}
+    write_json_atomic(os.path.join(output_dir, METADATA_FILE), metadata)
+    return metadata
+
+
 def _int_list(text: str) -> List[int]:
     try:
         return [int(v) for v in text.split(",")]
@@ -275,8 +298,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--id_skew", type=float, default=SyntheticCriteoSpec.id_skew)
     parser.add_argument("--signal_scale", type=float, default=SyntheticCriteoSpec.signal_scale)
-    parser.add_argument("--format", choices=("binary", "tsv", "tsv.gz"), default="binary",
-                        help="binary: the in-memory layout; tsv / tsv.gz: raw Criteo day files day_<i>[.gz]")
+    parser.add_argument("--format", choices=("binary", "tsv", "tsv.gz", "multi_hot"), default="binary",
+                        help="binary: the in-memory layout; tsv / tsv.gz: raw Criteo day files day_<i>[.gz]; "
+                             "multi_hot: the MLPerf multi-hot layout (with --multi_hot_sizes)")
+    parser.add_argument("--multi_hot_sizes", type=_int_list, default=None, help="26 bag sizes (multi_hot)")
+    parser.add_argument("--multi_hot_distribution_type", choices=("uniform", "pareto"), default="uniform")
     args = parser.parse_args(argv)
     spec = SyntheticCriteoSpec(
         num_days=args.num_days,
@@ -287,6 +313,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         signal_scale=args.signal_scale,
     )
     try:
+        if args.format == "multi_hot":
+            if args.multi_hot_sizes is None or len(args.multi_hot_sizes) != NUM_SPARSE_FEATURES:
+                raise ValueError(f"--format multi_hot needs --multi_hot_sizes with {NUM_SPARSE_FEATURES} values")
+            generate_multi_hot_criteo(spec, args.output_dir, args.multi_hot_sizes, args.multi_hot_distribution_type)
+            print(f"multi-hot synthetic Criteo data at {args.output_dir}")
+            return 0
         if args.format != "binary":
             spec.validate()
             os.makedirs(args.output_dir, exist_ok=True)

@@ -221,3 +221,28 @@ def test_parallel_workers_write_the_same_files(raw_days, tmp_path):
     preprocess(PreprocessConfig(raw, one, "criteo_1t", frequency_threshold=1))
     preprocess(PreprocessConfig(raw, two, "criteo_1t", frequency_threshold=1, workers=2))
     assert _outputs(one) == _outputs(two)
+
+
+def test_two_ranks_learn_from_preprocessed_raw_logs(tmp_path):
+    """Raw TSV of the learnable generator -> preprocessing with a threshold -> 2-rank run."""
+    import dlrm_main
+    from tests.launch import eval_record, launch, read_log
+
+    spec = SyntheticCriteoSpec(num_days=3, rows_per_day=20_000, seed=9,
+                               cardinalities=[min(c, 1000) for c in SyntheticCriteoSpec().cardinalities])
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for day in range(spec.num_days):
+        write_raw_day(spec, str(raw / (f"day_{day}.gz" if day == 1 else f"day_{day}")), day)
+    out = str(tmp_path / "out")
+    metadata = preprocess(PreprocessConfig(str(raw), out, "criteo_1t", frequency_threshold=3))
+    log = str(tmp_path / "log.jsonl")
+    assert launch(dlrm_main.main, [
+        "--in_memory_binary_criteo_path", out, "--batch_size", "256", "--embedding_dim", "16",
+        "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,32,1", "--optimizer", "adagrad",
+        "--learning_rate", "0.05", "--log_path", log, "--seed", "1"]) == {0: 0, 1: 0}
+    records = read_log(log)
+    config = [r for r in records if r["event"] == "config"][0]
+    assert config["model"]["num_embeddings_per_feature"] == metadata["num_embeddings_per_feature"]
+    test = eval_record(records, "test")
+    assert test["auroc"] > 0.6 and test["num_samples"] == 10_000

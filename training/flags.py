@@ -59,14 +59,16 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     a("--dataset_name", choices=DATASET_NAMES, default="criteo_1t", help="which Criteo data set the files are")
     a("--in_memory_binary_criteo_path", default=None,
       help="directory of day_{i}_{dense,sparse,labels}.npy files; without it, uniform random data")
-    a("--synthetic_multi_hot_criteo_path", default=None, help="MLPerf multi-hot layout (not yet supported)")
+    a("--synthetic_multi_hot_criteo_path", default=None,
+      help="directory of the MLPerf DLRM-DCNv2 multi-hot layout (day_{i}_sparse_multi_hot.npz)")
     _store_true(p, "mmap_mode", "read batches lazily from memory-mapped files instead of loading this rank's rows")
     _store_true(p, "pin_memory", "pin host batches (CUDA)")
     _store_true(p, "shuffle_batches", "shuffle the order of training batches every epoch")
     _store_true(p, "shuffle_training_set", "visit training rows in one random order (same on every rank)")
-    a("--multi_hot_sizes", type=int_list, default=None, help="multi-hot bag size per feature (not yet supported)")
+    a("--multi_hot_sizes", type=int_list, default=None,
+      help="expand one-hot data into multi-hot bags of these sizes (26 values)")
     a("--multi_hot_distribution_type", choices=["uniform", "pareto"], default=None,
-      help="multi-hot id distribution (not yet supported)")
+      help="offsets of the extra ids in a bag (default uniform)")
     # Model.
     a("--num_embeddings", type=int, default=None,
       help=f"rows of every table when --num_embeddings_per_feature is not given (default "
@@ -109,7 +111,7 @@ def _table_sizes(args: argparse.Namespace) -> List[int]:
         return list(args.num_embeddings_per_feature)
     if args.num_embeddings is not None:
         return [args.num_embeddings] * len(SPARSE_FEATURE_NAMES)
-    path = args.in_memory_binary_criteo_path
+    path = args.in_memory_binary_criteo_path or args.synthetic_multi_hot_criteo_path
     metadata = read_metadata(path) if path else None
     if metadata and "num_embeddings_per_feature" in metadata:
         return [int(v) for v in metadata["num_embeddings_per_feature"]]

@@ -215,7 +215,7 @@ class CriteoBinaryLoader:
         self._limit = limit_batches
         self._builder = BatchBuilder(SPARSE_FEATURE_NAMES)
         self._modulo = self._modulo_sizes(num_embeddings_per_feature)
-        self._epoch = 0
+        self._epoch, self._start_batch = 0, 0
         self._in_memory: Optional[Arrays] = None
         if not mmap_mode:
             # This rank's rows of every batch it may visit, batch after batch, in one block.
@@ -237,9 +237,10 @@ class CriteoBinaryLoader:
             return self._dataset.read(self._start + lo, self._start + hi)
         return self._dataset.take(self._permutation[lo:hi])
 
-    def set_epoch(self, epoch: int) -> None:
-        """Selects the batch order of ``epoch`` (with --shuffle_batches)."""
-        self._epoch = epoch
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """Selects the batch order of ``epoch`` (with --shuffle_batches) and where the
+        next iteration starts in it (a resumed run skips the batches already trained)."""
+        self._epoch, self._start_batch = epoch, start_batch
 
     def __len__(self) -> int:
         n = len(self._layout)
@@ -249,7 +250,7 @@ class CriteoBinaryLoader:
         order = np.arange(len(self._layout))
         if self._shuffle_seed is not None:
             order = np.random.default_rng([self._shuffle_seed, self._epoch]).permutation(order)
-        return order[: len(self)]
+        return order[self._start_batch : len(self)]
 
     def __iter__(self) -> Iterator[Batch]:
         full = self._layout.batch_size

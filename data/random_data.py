@@ -49,6 +49,7 @@ class RandomCriteoLoader:
         expand: Optional[Callable[[np.ndarray], List[np.ndarray]]] = None,
     ) -> None:
         self._num_batches = num_batches
+        self._start_batch = 0
         global_rows = batch_size * world_size
         layout = RankBatchLayout(global_rows, batch_size, rank, world_size, drop_last=True)
         lo, hi = layout.rows(0)
@@ -65,12 +66,13 @@ class RandomCriteoLoader:
             rows = sparse[lo:hi]
             self._batches.append(build(dense[lo:hi], rows if expand is None else expand(rows), labels[lo:hi]))
 
-    def set_epoch(self, epoch: int) -> None:
-        """Random data is the same every epoch."""
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """Random data is the same every epoch; iteration starts at ``start_batch``."""
+        self._start_batch = start_batch
 
     def __len__(self) -> int:
         return self._num_batches
 
     def __iter__(self) -> Iterator[Batch]:
-        for b in range(self._num_batches):
+        for b in range(self._start_batch, self._num_batches):
             yield self._batches[b % len(self._batches)]

@@ -8,14 +8,20 @@ reserves a fixed share for the dense part and activations.
 import logging
 import os
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
-from torchrec.distributed.planner.types import KernelConfig, Topology, TopologyFactory, TrainerConfig
+from torchrec.distributed.planner.types import (
+    KernelConfig,
+    ParameterConstraints,
+    Topology,
+    TopologyFactory,
+    TrainerConfig,
+)
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 # Share of each device's memory kept free for dense parameters, activations and buffers.
@@ -80,11 +86,13 @@ def build_sharding_plan(
     sharders: List[ModuleSharder[nn.Module]],
     config: PlannerConfig,
     process_group: Optional[dist.ProcessGroup] = None,
+    constraints: Optional[Dict[str, ParameterConstraints]] = None,
 ) -> ShardingPlan:
     """Plans the sharding of every embedding module in ``module``.
 
     With a process group the plan is made on rank 0 and broadcast, so every rank
     uses the same plan; without one (a dry run, or one process) it is made locally.
+    ``constraints`` maps table names to allowed sharding types / kernels.
 
     Example::
 
@@ -96,6 +104,7 @@ def build_sharding_plan(
         topology=build_topology(config),
         batch_size=config.batch_size,
         storage_reservation=FixedPercentageStorageReservation(STORAGE_RESERVATION_PERCENTAGE),
+        constraints=constraints,
     )
     # The planner prints its plan through this logger at INFO; we print our own.
     logging.getLogger("torchrec.distributed.planner.stats").setLevel(logging.WARNING)

@@ -67,3 +67,18 @@ def format_sharding_plan(
         f"rank {r}: {format_bytes(per_rank.get(r, 0))}" for r in range(world_size)
     ))
     return "\n".join(lines)
+
+
+def plan_summary(plan: ShardingPlan) -> Dict[str, Dict[str, object]]:
+    """{table: {"sharding_type", "compute_kernel", "shards": [[row, col, rows, cols, rank], ...]}}
+    (data-parallel tables have no shards: every rank holds all of them). JSON-ready."""
+    summary: Dict[str, Dict[str, object]] = {}
+    for module_plan in plan.plan.values():
+        for table, ps in module_plan.items():  # type: ignore[union-attr]
+            shards = []
+            if isinstance(ps.sharding_spec, EnumerableShardingSpec):
+                shards = [[*shard.shard_offsets, *shard.shard_sizes, shard.placement.rank()]  # type: ignore[union-attr]
+                          for shard in ps.sharding_spec.shards]
+            summary[table] = {"sharding_type": ps.sharding_type, "compute_kernel": ps.compute_kernel,
+                              "shards": shards}
+    return summary

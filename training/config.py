@@ -9,6 +9,7 @@ from models.config import ModelConfig
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 DEVICES = ("auto", "cpu", "cuda")
+MODES = ("train", "validate", "test")
 
 
 @dataclass
@@ -66,6 +67,45 @@ class OptimizerConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Where checkpoints go and what to load.
+
+    Args:
+        checkpoint_dir: directory (any iopath path) of step_<N> checkpoints.
+        checkpoint_every_n_steps: save every N training steps.
+        checkpoint_at_epoch_end: save after every epoch.
+        keep_last_n_checkpoints: complete checkpoints to keep (0: all).
+        resume: continue from the newest complete checkpoint in checkpoint_dir
+            (from scratch when there is none).
+        restore_checkpoint_path: load only the weights of this checkpoint.
+    """
+
+    checkpoint_dir: Optional[str] = None
+    checkpoint_every_n_steps: Optional[int] = None
+    checkpoint_at_epoch_end: bool = False
+    keep_last_n_checkpoints: int = 0
+    resume: bool = False
+    restore_checkpoint_path: Optional[str] = None
+
+    @property
+    def saving(self) -> bool:
+        return self.checkpoint_every_n_steps is not None or self.checkpoint_at_epoch_end
+
+    def validate(self) -> None:
+        if self.checkpoint_every_n_steps is not None and self.checkpoint_every_n_steps <= 0:
+            raise ValueError(f"--checkpoint_every_n_steps must be positive, got {self.checkpoint_every_n_steps}")
+        if self.keep_last_n_checkpoints < 0:
+            raise ValueError(f"--keep_last_n_checkpoints must not be negative, got {self.keep_last_n_checkpoints}")
+        for flag, needed in (("checkpoint_every_n_steps", self.checkpoint_every_n_steps is not None),
+                             ("checkpoint_at_epoch_end", self.checkpoint_at_epoch_end),
+                             ("resume", self.resume)):
+            if needed and not self.checkpoint_dir:
+                raise ValueError(f"--{flag} needs --checkpoint_dir")
+        if self.resume and self.restore_checkpoint_path:
+            raise ValueError("give --resume (full state) or --restore_checkpoint_path (weights only), not both")
+
+
+@dataclass
 class TrainConfig:
     """Everything a run needs: model, data, optimizers and the run's own options.
 
@@ -82,6 +122,8 @@ class TrainConfig:
         print_sharding_plan: print the plan and per-rank memory.
         allow_tf32: TF32 matmuls on CUDA.
         device: auto, cpu or cuda.
+        checkpoint: checkpoint saving and loading.
+        mode: train, or validate / test a checkpoint's weights.
     """
 
     model: ModelConfig
@@ -96,6 +138,8 @@ class TrainConfig:
     print_sharding_plan: bool = False
     allow_tf32: bool = False
     device: str = "auto"
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    mode: str = "train"
 
     def validate(self) -> None:
         """Raises ValueError with one line naming the offending flag."""
@@ -112,3 +156,9 @@ class TrainConfig:
             raise ValueError(f"--log_every_n_steps must be positive, got {self.log_every_n_steps}")
         if self.device not in DEVICES:
             raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        self.checkpoint.validate()
+        if self.mode not in MODES:
+            raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.mode != "train" and not (self.checkpoint.restore_checkpoint_path or self.checkpoint.checkpoint_dir):
+            raise ValueError(f"--mode {self.mode} evaluates a checkpoint: give --restore_checkpoint_path, "
+                             "or --checkpoint_dir for its newest one")

@@ -12,7 +12,15 @@ from typing import Any, Dict, List, NoReturn, Optional, Sequence
 from data.config import DATASET_NAMES, DataConfig
 from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES, read_metadata
 from models.config import INTERACTION_TYPES, ModelConfig
-from training.config import DENSE_OPTIMIZERS, DEVICES, OPTIMIZERS, OptimizerConfig, TrainConfig
+from training.config import (
+    DENSE_OPTIMIZERS,
+    DEVICES,
+    MODES,
+    OPTIMIZERS,
+    CheckpointConfig,
+    OptimizerConfig,
+    TrainConfig,
+)
 
 DEFAULT_NUM_EMBEDDINGS = 100_000
 
@@ -103,6 +111,14 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     _store_true(p, "print_sharding_plan", "print the sharding plan and per-rank memory")
     _store_true(p, "allow_tf32", "allow TF32 matmuls (CUDA Ampere or newer)")
     a("--device", choices=DEVICES, default="auto", help="cuda when available with auto")
+    a("--mode", choices=MODES, default="train", help="train, or evaluate a checkpoint on validation/test data")
+    # Checkpoints.
+    a("--checkpoint_dir", default=None, help="directory of checkpoints (any iopath path)")
+    a("--checkpoint_every_n_steps", type=int, default=None, help="save a checkpoint every N steps")
+    _store_true(p, "checkpoint_at_epoch_end", "save a checkpoint after every epoch")
+    a("--keep_last_n_checkpoints", type=int, default=0, help="complete checkpoints to keep (0: all)")
+    _store_true(p, "resume", "continue from the newest complete checkpoint in --checkpoint_dir")
+    a("--restore_checkpoint_path", default=None, help="load only the weights of this checkpoint")
     return p
 
 
@@ -177,6 +193,15 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             print_sharding_plan=args.print_sharding_plan,
             allow_tf32=args.allow_tf32,
             device=args.device,
+            checkpoint=CheckpointConfig(
+                checkpoint_dir=args.checkpoint_dir,
+                checkpoint_every_n_steps=args.checkpoint_every_n_steps,
+                checkpoint_at_epoch_end=args.checkpoint_at_epoch_end,
+                keep_last_n_checkpoints=args.keep_last_n_checkpoints,
+                resume=args.resume,
+                restore_checkpoint_path=args.restore_checkpoint_path,
+            ),
+            mode=args.mode,
         )
         config.validate()
     except ValueError as e:

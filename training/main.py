@@ -1,7 +1,8 @@
 """The shared body of the entry points: flags -> config -> trainer, with exit codes.
 
 Exit codes: 0 done; 2 bad flags or input (one line on stderr, on every rank, before
-any collective, so no rank hangs); 3 the loss became NaN or infinite.
+any collective where it can be known then, so no rank hangs; an unusable checkpoint
+too); 3 the loss became NaN or infinite.
 """
 
 import logging
@@ -27,11 +28,13 @@ def run_training(
     config = parse_config(argv, prog, description, defaults)
     try:
         trainer = Trainer(config, resolve_env(config.device))
-    except ValueError as e:
+        if config.mode == "train":
+            trainer.fit()
+        else:
+            trainer.evaluate_checkpoint()
+    except ValueError as e:  # bad input, including an unusable checkpoint
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
-    try:
-        trainer.fit()
     except NonFiniteLossError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 3

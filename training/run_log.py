@@ -49,10 +49,10 @@ class RunLog:
         else:
             print(line, flush=True)
 
-    def start_progress(self, total: int, description: str) -> None:
+    def start_progress(self, total: int, description: str, initial: int = 0) -> None:
         if self.enabled:
             self.close_progress()
-            self._bar = tqdm(total=total, desc=description, unit="step", dynamic_ncols=True,
+            self._bar = tqdm(total=total, initial=initial, desc=description, unit="step", dynamic_ncols=True,
                              file=sys.stderr, mininterval=1.0)
 
     def advance(self, steps: int = 1) -> None:

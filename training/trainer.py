@@ -20,7 +20,15 @@ from torchrec.distributed.types import ShardingEnv
 from data.config import BatchLoader, build_loaders, open_dataset
 from models import build_dlrm_train
 from models.interaction import align_to_sharded_embeddings
-from sharding_plans import PlannerConfig, build_sharding_plan, format_sharding_plan
+from sharding_plans import PlannerConfig, build_sharding_plan, format_sharding_plan, plan_summary
+from training.checkpoint import (
+    CheckpointManager,
+    RestorePoint,
+    check_reshardable,
+    find_restore_point,
+    load_checkpoint,
+    sharding_constraints,
+)
 from training.config import TrainConfig
 from training.distributed import DistributedEnv, init_process_group
 from training.embedding_init import init_embedding_tables
@@ -59,8 +67,10 @@ class Trainer:
     def __init__(self, config: TrainConfig, env: DistributedEnv) -> None:
         self.config = config
         self.env = env
-        # Opening the data set first: a bad path fails before any collective.
+        # Data set and checkpoint first: a bad path or a mismatched checkpoint fails
+        # on every rank alike, before any collective.
         dataset = open_dataset(config.data)
+        restore = find_restore_point(config)
         self.process_group = init_process_group(env)
         self.log = RunLog(env.is_main, config.log_path)
         if env.device.type == "cuda":
@@ -84,7 +94,11 @@ class Trainer:
                 batch_size=config.data.batch_size,
             ),
             self.process_group,
+            constraints=sharding_constraints(restore.meta) if restore and restore.full else None,
         )
+        self.plan = plan_summary(plan)
+        if restore and restore.full:
+            check_reshardable(restore.meta, self.plan, restore.path)
         table_shapes = {t: (rows, config.model.embedding_dim)
                         for t, rows in zip(config.model.table_names, config.model.num_embeddings_per_feature)}
         if config.print_sharding_plan:
@@ -105,8 +119,60 @@ class Trainer:
         )
         self.train_pipeline = self._pipeline()
         self.step = 0
+        self.start_epoch, self.start_batch = 0, 0  # where training (re)starts in the data
+        self._saved_step = -1
         self._train_seconds = 0.0
         self._train_records = 0
+        flags = config.checkpoint
+        self.checkpoints = (CheckpointManager(flags.checkpoint_dir, flags.keep_last_n_checkpoints, env.rank)
+                            if flags.checkpoint_dir and flags.saving else None)
+        if restore is not None:
+            self._restore(restore)
+
+    def _restore(self, restore: RestorePoint) -> None:
+        """Loads weights, and with ``full`` the optimizer state, step and data position."""
+        state = {"model": self.model.state_dict()}
+        if restore.full:
+            self.optimizer.init_state()  # lazy optimizer state must exist to load into
+            state["optim"] = self.optimizer.state_dict()
+        load_checkpoint(restore.path, state, self.env.rank, restore_rng=restore.full)
+        self.model.load_state_dict(state["model"])
+        if not restore.full:
+            self.log.print(f"loaded the weights of {restore.path}")
+            return
+        self.optimizer.load_state_dict(state["optim"])
+        meta = restore.meta
+        global_batch = self.config.data.batch_size * self.env.world_size
+        if meta["global_batch_size"] != global_batch:
+            raise ValueError(f"checkpoint {restore.path} was trained with a global batch of "
+                             f"{meta['global_batch_size']} rows, this run has {global_batch}: "
+                             "the data position cannot carry over")
+        self.step, self.start_epoch, self.start_batch = meta["step"], meta["epoch"], meta["batch_in_epoch"]
+        self.log.print(f"resumed from {restore.path}: step {self.step}, epoch {self.start_epoch}, "
+                       f"batch {self.start_batch}")
+
+    def save_checkpoint(self, epoch: int, batch_in_epoch: int) -> None:
+        """Saves everything needed to continue at (epoch, batch_in_epoch). Collective."""
+        assert self.checkpoints is not None
+        start = time.perf_counter()
+        meta = {
+            "epoch": epoch,
+            "batch_in_epoch": batch_in_epoch,
+            "global_batch_size": self.config.data.batch_size * self.env.world_size,
+            "world_size": self.env.world_size,
+            "model": dataclasses.asdict(self.config.model),
+            "optim": {**dataclasses.asdict(self.config.optim),
+                      "dense_optimizer": self.config.optim.resolved_dense_optimizer},
+            "config": dataclasses.asdict(self.config),
+            "plan": self.plan,
+            "run_id": self.log.run_id,
+        }
+        state = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
+        path = self.checkpoints.save(self.step, state, meta)
+        self._saved_step = self.step
+        seconds = time.perf_counter() - start
+        self.log.print(f"checkpoint {path} saved in {seconds:.1f} s (step {self.step})")
+        self.log.record("checkpoint", step=self.step, path=path, seconds=seconds)
 
     def _pipeline(self) -> TrainPipelineSparseDist:
         # Starts batch i+1's input all-to-all before batch i's forward.
@@ -127,9 +193,12 @@ class Trainer:
                         **dataclasses.asdict(config))
         result = RunResult(steps=0)
         train_loader = self.loaders["train"]
-        for epoch in range(config.epochs):
-            train_loader.set_epoch(epoch)
-            result.train_losses += self._train_epoch(epoch, train_loader, result)
+        for epoch in range(self.start_epoch, config.epochs):
+            first_batch = self.start_batch if epoch == self.start_epoch else 0
+            train_loader.set_epoch(epoch, first_batch)
+            result.train_losses += self._train_epoch(epoch, first_batch, train_loader, result)
+            if self.checkpoints and config.checkpoint.checkpoint_at_epoch_end and self._saved_step != self.step:
+                self.save_checkpoint(epoch + 1, 0)
             result.validation = self.evaluate("validation") or result.validation
         result.test = self.evaluate("test")
         result.steps = self.step
@@ -137,15 +206,16 @@ class Trainer:
         self.log.close()
         return result
 
-    def _train_epoch(self, epoch: int, loader: BatchLoader, result: RunResult) -> List[float]:
+    def _train_epoch(self, epoch: int, first_batch: int, loader: BatchLoader, result: RunResult) -> List[float]:
         config = self.config
+        every = config.checkpoint.checkpoint_every_n_steps
         self.model.train()
         batches = self._batches(loader)
-        self.log.start_progress(len(loader), f"epoch {epoch}")
+        self.log.start_progress(len(loader), f"epoch {epoch}", initial=first_batch)
         losses: List[float] = []
         pending: List[torch.Tensor] = []  # this interval's per-step losses, not yet synced
         interval_records, interval_start = 0, time.perf_counter()
-        for step_in_epoch in itertools.count():
+        for step_in_epoch in itertools.count(first_batch):
             lr = self.schedule.apply(self.optimizer, self.step)
             try:
                 loss, _, labels = self.train_pipeline.progress(batches)
@@ -161,10 +231,13 @@ class Trainer:
                 config.validation_freq_within_epoch is not None
                 and (step_in_epoch + 1) % config.validation_freq_within_epoch == 0
             )
-            if len(pending) == config.log_every_n_steps or at_validation:
+            at_checkpoint = self.checkpoints is not None and every is not None and self.step % every == 0
+            if len(pending) == config.log_every_n_steps or at_validation or at_checkpoint:
                 seconds = time.perf_counter() - interval_start
                 losses += self._log_interval(epoch, pending, lr, interval_records, seconds)
                 pending, interval_records = [], 0
+                if at_checkpoint:
+                    self.save_checkpoint(epoch, step_in_epoch + 1)
                 if at_validation:
                     result.validation = self.evaluate("validation") or result.validation
                     self.model.train()
@@ -230,6 +303,15 @@ class Trainer:
             f"accuracy {values['accuracy']:.4f} | {values['num_samples']} samples (step {self.step})"
         )
         self.log.record("eval", stage=stage, step=self.step, **values)
+        return values
+
+    def evaluate_checkpoint(self) -> Optional[Dict[str, float]]:
+        """--mode validate|test: evaluates the loaded weights on that split. Collective."""
+        stage = "validation" if self.config.mode == "validate" else "test"
+        self.log.record("config", world_size=self.env.world_size, resolved_device=str(self.env.device),
+                        **dataclasses.asdict(self.config))
+        values = self.evaluate(stage)
+        self.log.close()
         return values
 
     def _summary(self, result: RunResult) -> None:

@@ -1,0 +1,222 @@
+"""Checkpoints: exact resume, interrupted saves, resharding, evaluation, bad checkpoints,
+and a torchrun restart after a rank is killed."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+import dlrm_main
+from tests.launch import REPO, eval_record, free_port, launch, read_log
+
+STEPS = 16
+
+
+def flags(data_dir: str, ckpt: str, log: str, *extra: str, batch: int = 128) -> list:
+    return ["--in_memory_binary_criteo_path", data_dir, "--batch_size", str(batch), "--embedding_dim", "16",
+            "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,1", "--optimizer", "adagrad",
+            "--learning_rate", "0.01", "--limit_train_batches", str(STEPS), "--limit_val_batches", "2",
+            "--limit_test_batches", "4", "--checkpoint_dir", ckpt, "--checkpoint_every_n_steps", "5",
+            "--checkpoint_at_epoch_end", "--log_every_n_steps", "1", "--log_path", log, "--seed", "2", *extra]
+
+
+def step_loss_map(path: str) -> dict:
+    records = []
+    with open(path) as f:
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut by a killed process
+                pass
+    return {r["step"]: r["loss"] for r in records if r["event"] == "train"}
+
+
+def flat_state(checkpoint: str, tmp_path) -> dict:
+    out = str(tmp_path / (os.path.basename(checkpoint) + f"-{time.monotonic_ns()}.pt"))
+    dcp_to_torch_save(checkpoint, out)
+    state = torch.load(out, weights_only=True)
+
+    def flatten(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from flatten(v, f"{prefix}{k}.")
+            else:
+                yield prefix + k, v
+    return dict(flatten(state))
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        if torch.is_tensor(a[key]):
+            assert torch.equal(a[key], b[key]), key
+        else:
+            assert a[key] == b[key], key
+
+
+@pytest.fixture(scope="module")
+def reference(synthetic_dir, tmp_path_factory):
+    """An uninterrupted 2-rank run with checkpoints at steps 5, 10, 15 and 16 (the end)."""
+    root = tmp_path_factory.mktemp("reference")
+    ckpt, log = str(root / "ckpt"), str(root / "log.jsonl")
+    assert launch(dlrm_main.main, flags(synthetic_dir, ckpt, log)) == {0: 0, 1: 0}
+    return ckpt, log
+
+
+def test_checkpoint_layout(reference):
+    ckpt, _ = reference
+    assert sorted(os.listdir(ckpt)) == [f"step_{s:09d}" for s in (5, 10, 15, 16)]
+    step10 = os.path.join(ckpt, "step_000000010")
+    assert {"COMPLETE", "meta.json", ".metadata", "rank_0.pt", "rank_1.pt"} <= set(os.listdir(step10))
+    meta = json.load(open(os.path.join(step10, "meta.json")))
+    assert (meta["step"], meta["epoch"], meta["batch_in_epoch"], meta["world_size"]) == (10, 0, 10, 2)
+    assert meta["model"]["embedding_dim"] == 16 and meta["optim"]["optimizer"] == "adagrad"
+    assert set(meta["plan"]) == {f"t_cat_{i}" for i in range(26)}
+    end = json.load(open(os.path.join(ckpt, "step_000000016", "meta.json")))
+    assert (end["epoch"], end["batch_in_epoch"]) == (1, 0)
+
+
+def test_resume_equals_uninterrupted(reference, synthetic_dir, tmp_path):
+    """Interrupted after step 10 (its checkpoint is what such a run leaves) and resumed."""
+    ckpt, log = reference
+    resumed = str(tmp_path / "ckpt")
+    os.makedirs(resumed)
+    shutil.copytree(os.path.join(ckpt, "step_000000010"), os.path.join(resumed, "step_000000010"))
+    new_log = str(tmp_path / "log.jsonl")
+    assert launch(dlrm_main.main, flags(synthetic_dir, resumed, new_log, "--resume")) == {0: 0, 1: 0}
+    expected, got = step_loss_map(log), step_loss_map(new_log)
+    assert sorted(got) == list(range(11, STEPS + 1))
+    assert all(got[s] == expected[s] for s in got)  # identical, not merely close
+    assert_same_state(flat_state(os.path.join(ckpt, "step_000000016"), tmp_path),
+                      flat_state(os.path.join(resumed, "step_000000016"), tmp_path))
+    metrics = ("auroc", "log_loss", "accuracy", "num_samples")
+    assert [eval_record(read_log(new_log), "test")[k] for k in metrics] == \
+        [eval_record(read_log(log), "test")[k] for k in metrics]
+
+
+def test_save_killed_before_completion_is_ignored(reference, synthetic_dir, tmp_path):
+    ckpt, log = reference
+    resumed = str(tmp_path / "ckpt")
+    os.makedirs(resumed)
+    for step in (10, 15):
+        shutil.copytree(os.path.join(ckpt, f"step_{step:09d}"), os.path.join(resumed, f"step_{step:09d}"))
+    # what a kill after the tensor files but before completion leaves: no marker, no meta
+    os.remove(os.path.join(resumed, "step_000000015", "COMPLETE"))
+    os.remove(os.path.join(resumed, "step_000000015", "meta.json"))
+    new_log = str(tmp_path / "log.jsonl")
+    assert launch(dlrm_main.main, flags(synthetic_dir, resumed, new_log, "--resume")) == {0: 0, 1: 0}
+    assert min(step_loss_map(new_log)) == 11  # resumed from step 10, not 15
+    assert_same_state(flat_state(os.path.join(ckpt, "step_000000016"), tmp_path),
+                      flat_state(os.path.join(resumed, "step_000000016"), tmp_path))
+
+
+def test_two_ranks_to_one_and_back(reference, synthetic_dir, tmp_path):
+    ckpt, log = reference
+    final = os.path.join(ckpt, "step_000000016")
+    reference_test = eval_record(read_log(log), "test")
+    # weights of a 2-rank checkpoint evaluated on 1 rank: the same predictions
+    one_log = str(tmp_path / "one.jsonl")
+    assert launch(dlrm_main.main, flags(synthetic_dir, str(tmp_path / "unused"), one_log, "--mode", "test",
+                                        "--restore_checkpoint_path", final, batch=256), nproc=1) == {0: 0}
+    one = eval_record(read_log(one_log), "test")
+    assert one["num_samples"] == reference_test["num_samples"]
+    assert one["log_loss"] == pytest.approx(reference_test["log_loss"], abs=1e-6)
+    assert one["auroc"] == pytest.approx(reference_test["auroc"], abs=1e-6)
+    # full state: resume the 2-rank step-10 checkpoint on 1 rank (same global batch)
+    resumed = str(tmp_path / "resumed")
+    os.makedirs(resumed)
+    shutil.copytree(os.path.join(ckpt, "step_000000010"), os.path.join(resumed, "step_000000010"))
+    resumed_log = str(tmp_path / "resumed.jsonl")
+    assert launch(dlrm_main.main, flags(synthetic_dir, resumed, resumed_log, "--resume", batch=256),
+                  nproc=1) == {0: 0}
+    expected, got = step_loss_map(log), step_loss_map(resumed_log)
+    assert sorted(got) == list(range(11, STEPS + 1))
+    for s in got:
+        assert got[s] == pytest.approx(expected[s], abs=1e-6)
+    # and back: the 1-rank checkpoint at step 15 continues on 2 ranks
+    back = str(tmp_path / "back")
+    os.makedirs(back)
+    shutil.copytree(os.path.join(resumed, "step_000000015"), os.path.join(back, "step_000000015"))
+    back_log = str(tmp_path / "back.jsonl")
+    assert launch(dlrm_main.main, flags(synthetic_dir, back, back_log, "--resume")) == {0: 0, 1: 0}
+    assert step_loss_map(back_log)[16] == pytest.approx(expected[16], abs=1e-6)
+
+
+def test_mismatched_and_corrupted_checkpoints(reference, synthetic_dir, tmp_path, capsys):
+    ckpt, _ = reference
+    copy = str(tmp_path / "ckpt")
+    shutil.copytree(ckpt, copy)
+    log = str(tmp_path / "log.jsonl")
+
+    def run(*extra: str) -> str:
+        try:
+            code = dlrm_main.main(flags(synthetic_dir, copy, log, *extra, batch=256))
+        except SystemExit as e:
+            code = e.code
+        assert code == 2
+        lines = [l for l in capsys.readouterr().err.splitlines() if "error" in l]
+        assert len(lines) == 1, lines
+        return lines[0]
+
+    line = run("--resume", "--embedding_dim", "8", "--dense_arch_layer_sizes", "64,8")
+    assert "step_000000016 does not match this run" in line and "embedding_dim is 16 in the checkpoint, 8 now" in line
+    assert "optim.optimizer is \"adagrad\" in the checkpoint, \"sgd\" now" in run("--resume", "--optimizer", "sgd")
+    # 1 rank with a 2-rank global batch of 256 rows, but batch 128: position cannot carry over
+    try:
+        dlrm_main.main(flags(synthetic_dir, copy, log, "--resume"))
+    except SystemExit:
+        pass
+    assert "global batch of 256 rows, this run has 128" in capsys.readouterr().err
+    with open(os.path.join(copy, "step_000000016", "meta.json"), "w") as f:
+        f.write("{ not json")
+    assert "meta.json is unreadable" in run("--resume")
+    shutil.rmtree(os.path.join(copy, "step_000000016"))
+    shard = os.path.join(copy, "step_000000015", "__0_0.distcp")
+    with open(shard, "r+b") as f:
+        f.truncate(os.path.getsize(shard) // 3)
+    assert "step_000000015 could not be loaded" in run("--resume")
+    os.remove(os.path.join(copy, "step_000000010", "COMPLETE"))
+    assert "step_000000010 is incomplete (no COMPLETE marker)" in run(
+        "--mode", "test", "--restore_checkpoint_path", os.path.join(copy, "step_000000010"))
+    assert "nowhere: no such directory" in run(
+        "--mode", "test", "--restore_checkpoint_path", str(tmp_path / "nowhere"))
+
+
+def test_keep_last_n_prunes_after_completion(synthetic_dir, tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    assert launch(dlrm_main.main, flags(synthetic_dir, ckpt, str(tmp_path / "l.jsonl"), "--keep_last_n_checkpoints",
+                                        "2", batch=256), nproc=1) == {0: 0}
+    assert sorted(os.listdir(ckpt)) == ["step_000000015", "step_000000016"]
+
+
+def test_torchrun_restart_after_a_killed_rank(reference, synthetic_dir, tmp_path):
+    """torchrun --max_restarts: rank 1 is killed by SIGKILL mid-training; the job
+    restarts, resumes from the newest checkpoint and ends with the reference's weights."""
+    ckpt, log = reference
+    run_ckpt, run_log = str(tmp_path / "ckpt"), str(tmp_path / "log.jsonl")
+    argv = flags(synthetic_dir, run_ckpt, run_log, "--resume")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+         "--max_restarts", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
+         "dlrm_main.py", *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 180
+    while time.time() < deadline and max(step_loss_map(run_log) if os.path.exists(run_log) else {}, default=0) < 7:
+        time.sleep(0.005)
+    workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert len(workers) == 2
+    os.kill(int(sorted(workers, key=int)[1]), signal.SIGKILL)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output[-3000:]
+    assert "resumed from" in output
+    expected, got = step_loss_map(log), step_loss_map(run_log)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    assert all(got[s] == expected[s] for s in got)
+    assert_same_state(flat_state(os.path.join(ckpt, "step_000000016"), tmp_path),
+                      flat_state(os.path.join(run_ckpt, "step_000000016"), tmp_path))

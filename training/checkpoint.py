@@ -1,0 +1,324 @@
+"""Sharded, atomic checkpoints with torch.distributed.checkpoint (DCP), through iopath.
+
+Layout of ``--checkpoint_dir``::
+
+    step_000000120/
+        __0_0.distcp, __1_0.distcp, .metadata   DCP: model shards, optimizer state
+        rank_0.pt, rank_1.pt                    each rank's RNG states (tensors only)
+        meta.json                               step, data position, config, plan
+        COMPLETE                                written last, once every rank is done
+
+A checkpoint counts only once COMPLETE exists, so a run killed mid-save leaves the
+previous complete checkpoint as the newest one. Older checkpoints are pruned only
+after a newer one is complete. Nothing here unpickles arbitrary objects: tensors come
+back through DCP or ``torch.load(weights_only=True)``, the rest is JSON.
+"""
+
+import contextlib
+import json
+import os
+import random
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Generator, Iterator, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from iopath.common.file_io import g_pathmgr
+from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, FileSystemWriter
+from torchrec.distributed.planner.types import ParameterConstraints
+
+from training.config import TrainConfig
+
+FORMAT_VERSION = 1
+COMPLETE_MARKER = "COMPLETE"
+META_FILE = "meta.json"
+_STEP_DIR = re.compile(r"step_(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be used: missing, incomplete, corrupted or for another model."""
+
+
+def _join(path: str, name: str) -> str:
+    return path.rstrip("/") + "/" + name
+
+
+class IOPathFileSystem(FileSystemBase):
+    """DCP storage on any path iopath can open (local files, or a registered remote handler)."""
+
+    @contextlib.contextmanager
+    def create_stream(self, path, mode: str) -> Generator:
+        with g_pathmgr.open(str(path), mode) as stream:
+            yield stream
+
+    def concat_path(self, path, suffix: str) -> str:
+        return _join(str(path), suffix)
+
+    def rename(self, path, new_path) -> None:
+        g_pathmgr.mv(str(path), str(new_path))
+
+    def init_path(self, path) -> str:
+        return str(path)
+
+    def mkdir(self, path) -> None:
+        g_pathmgr.mkdirs(str(path))
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return True
+
+    def exists(self, path) -> bool:
+        return g_pathmgr.exists(str(path))
+
+    def rm_file(self, path) -> None:
+        g_pathmgr.rm(str(path))
+
+    def ls(self, path) -> List[str]:
+        return [_join(str(path), name) for name in g_pathmgr.ls(str(path))]
+
+
+def _is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+class _IOPathWriter(FileSystemWriter):
+    def __init__(self, path: str) -> None:
+        # fsync needs a real file descriptor: only for local files.
+        super().__init__(path, sync_files=_is_local(path))
+        self.fs = IOPathFileSystem()
+        self.path = path
+
+
+class _IOPathReader(FileSystemReader):
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.fs = IOPathFileSystem()
+        self.path = path
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def is_complete(path: str) -> bool:
+    return g_pathmgr.exists(_join(path, COMPLETE_MARKER))
+
+
+def complete_checkpoints(directory: str) -> List[str]:
+    """Complete checkpoints in ``directory``, oldest first."""
+    if not g_pathmgr.exists(directory):
+        return []
+    found = []
+    for name in g_pathmgr.ls(directory):
+        match = _STEP_DIR.match(name)
+        path = _join(directory, name)
+        if match and is_complete(path):
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def newest_checkpoint(directory: str) -> Optional[str]:
+    complete = complete_checkpoints(directory)
+    return complete[-1] if complete else None
+
+
+def read_meta(path: str) -> Dict[str, Any]:
+    """The checkpoint's meta.json; CheckpointError when absent, incomplete or unreadable."""
+    if not g_pathmgr.exists(path):
+        raise CheckpointError(f"checkpoint {path}: no such directory")
+    if not is_complete(path):
+        raise CheckpointError(f"checkpoint {path} is incomplete (no {COMPLETE_MARKER} marker): "
+                              "its save did not finish")
+    try:
+        with g_pathmgr.open(_join(path, META_FILE), "r") as f:
+            meta = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {path}: {META_FILE} is unreadable ({e})") from e
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path}: format version {meta.get('format_version')!r}, "
+                              f"this code reads {FORMAT_VERSION}")
+    return meta
+
+
+def _rng_state() -> Dict[str, Any]:
+    state: Dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: Dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class CheckpointManager:
+    """Saves and finds the checkpoints of one directory. Save and load are collective.
+
+    Args:
+        directory: where checkpoints go (any iopath path).
+        keep_last_n: complete checkpoints to keep (0: all).
+        rank: this process's rank; rank 0 writes meta.json, the marker, and prunes.
+
+    Example::
+
+        manager = CheckpointManager("ckpt", keep_last_n=2, rank=0)
+        manager.save(120, {"model": dmp.state_dict()}, {"epoch": 0})
+    """
+
+    def __init__(self, directory: str, keep_last_n: int, rank: int) -> None:
+        self.directory = directory
+        self.keep_last_n = keep_last_n
+        self.rank = rank
+
+    def save(self, step: int, state: Dict[str, Any], meta: Dict[str, Any]) -> str:
+        path = _join(self.directory, f"step_{step:09d}")
+        if self.rank == 0:
+            g_pathmgr.mkdirs(path)
+            if is_complete(path):  # re-saving the same step: invalid until rewritten
+                g_pathmgr.rm(_join(path, COMPLETE_MARKER))
+        _barrier()
+        dcp.save(state, storage_writer=_IOPathWriter(path))
+        rank_file = _join(path, f"rank_{self.rank}.pt")
+        with g_pathmgr.open(rank_file + ".tmp", "wb") as f:
+            torch.save(_rng_state(), f)
+        g_pathmgr.mv(rank_file + ".tmp", rank_file)
+        _barrier()  # every rank's files are written
+        if self.rank == 0:
+            with g_pathmgr.open(_join(path, META_FILE), "w") as f:
+                json.dump({"format_version": FORMAT_VERSION, "step": step, **meta}, f, indent=1)
+            with g_pathmgr.open(_join(path, COMPLETE_MARKER), "w") as f:
+                f.write("complete\n")
+            self._prune(keep=path)
+        _barrier()
+        return path
+
+    def _prune(self, keep: str) -> None:
+        if self.keep_last_n <= 0:
+            return
+        complete = complete_checkpoints(self.directory)
+        doomed = complete[: -self.keep_last_n]
+        # Leftovers of interrupted saves older than the newest complete checkpoint.
+        for name in g_pathmgr.ls(self.directory):
+            path = _join(self.directory, name)
+            if _STEP_DIR.match(name) and path not in complete and name < os.path.basename(keep):
+                doomed.append(path)
+        for path in doomed:
+            if path != keep:
+                _remove_checkpoint(path)
+
+
+def _remove_checkpoint(path: str) -> None:
+    """Deletes a checkpoint directory: its marker first, so a half-deleted one is never
+    taken for complete (iopath removes files, not directories)."""
+    if is_complete(path):
+        g_pathmgr.rm(_join(path, COMPLETE_MARKER))
+    for name in g_pathmgr.ls(path):
+        g_pathmgr.rm(_join(path, name))
+    if _is_local(path):
+        os.rmdir(path.replace("file://", "", 1))
+
+
+def load_checkpoint(path: str, state: Dict[str, Any], rank: int, restore_rng: bool) -> None:
+    """Fills ``state`` (tensors and sharded tensors, in place) from the checkpoint at path.
+
+    Raises CheckpointError when the files are missing or corrupted (on every rank).
+    """
+    try:
+        dcp.load(state, storage_reader=_IOPathReader(path))
+    except (Exception, CheckpointException) as e:  # DCP gathers every rank's failure; report one line
+        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+        reason = lines[-1] if lines else type(e).__name__
+        raise CheckpointError(f"checkpoint {path} could not be loaded: {reason[:200]}") from e
+    if restore_rng:
+        rank_file = _join(path, f"rank_{rank}.pt")
+        if g_pathmgr.exists(rank_file):
+            with g_pathmgr.open(rank_file, "rb") as f:
+                _set_rng_state(torch.load(f, weights_only=True))
+
+
+def iter_differences(saved: Any, current: Any, prefix: str = "") -> Iterator[str]:
+    """Describes where two JSON-like values differ (dict keys as dotted paths)."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        for key in sorted(set(saved) | set(current)):
+            yield from iter_differences(saved.get(key), current.get(key), f"{prefix}{key}.")
+    elif saved != current:
+        def short(v: Any) -> str:
+            text = json.dumps(v)
+            return text if len(text) <= 60 else text[:57] + "..."
+        yield f"{prefix.rstrip('.')} is {short(saved)} in the checkpoint, {short(current)} now"
+
+
+# ---------------------------------------------------------------- what a run loads
+
+@dataclass
+class RestorePoint:
+    """A checkpoint a run starts from: weights only, or everything (``full``)."""
+
+    path: str
+    meta: Dict[str, Any]
+    full: bool
+
+
+def find_restore_point(config: TrainConfig) -> Optional[RestorePoint]:
+    """The checkpoint the flags ask for, checked against the config; None to start fresh.
+
+    Reads only meta.json, so every rank can call it before any collective and fail
+    with the same one-line CheckpointError.
+    """
+    flags = config.checkpoint
+    full = flags.resume and config.mode == "train"
+    if flags.restore_checkpoint_path:
+        path: Optional[str] = flags.restore_checkpoint_path
+    else:
+        if not (flags.resume or config.mode != "train"):
+            return None
+        path = newest_checkpoint(flags.checkpoint_dir)  # type: ignore[arg-type]
+        if path is None:
+            if config.mode != "train":
+                raise CheckpointError(f"--checkpoint_dir {flags.checkpoint_dir}: no complete checkpoint to evaluate")
+            return None
+    meta = read_meta(path)  # type: ignore[arg-type]
+    differences = list(iter_differences(meta.get("model"), asdict(config.model)))
+    if full:
+        saved_optim = {k: meta.get("optim", {}).get(k) for k in ("optimizer", "dense_optimizer")}
+        current = {"optimizer": config.optim.optimizer, "dense_optimizer": config.optim.resolved_dense_optimizer}
+        differences += list(iter_differences(saved_optim, current, "optim."))
+    if differences:
+        more = f" (and {len(differences) - 3} more differences)" if len(differences) > 3 else ""
+        raise CheckpointError(f"checkpoint {path} does not match this run: {'; '.join(differences[:3])}{more}")
+    return RestorePoint(path, meta, full)  # type: ignore[arg-type]
+
+
+def sharding_constraints(meta: Dict[str, Any]) -> Dict[str, ParameterConstraints]:
+    """Keeps every table's sharding type of the checkpoint, whatever the new world size,
+    so that its optimizer state can be resharded."""
+    return {table: ParameterConstraints(sharding_types=[entry["sharding_type"]])
+            for table, entry in meta["plan"].items()}
+
+
+def check_reshardable(meta: Dict[str, Any], plan: Dict[str, Dict[str, Any]], path: str) -> None:
+    """Raises CheckpointError, before anything is loaded, where TorchRec cannot move a
+    table's optimizer state to the new plan."""
+    for table, saved in sorted(meta["plan"].items()):
+        now = plan.get(table)
+        if now is None:
+            raise CheckpointError(f"checkpoint {path}: table {table} is not in this model")
+        was_dp, is_dp = saved["sharding_type"] == "data_parallel", now["sharding_type"] == "data_parallel"
+        if was_dp != is_dp:
+            raise CheckpointError(
+                f"checkpoint {path}: table {table} was {saved['sharding_type']} and is {now['sharding_type']} "
+                "now; optimizer state cannot move between a data-parallel and a fused table. "
+                "Load weights only with --restore_checkpoint_path")
+        column_shards = lambda entry: len({s[1] for s in entry["shards"]})  # noqa: E731
+        if "column" in saved["sharding_type"] and column_shards(saved) != column_shards(now):
+            raise CheckpointError(
+                f"checkpoint {path}: table {table} has {column_shards(saved)} column shards in the checkpoint "
+                f"and {column_shards(now)} now; its per-shard optimizer state cannot be resharded. "
+                "Resume with the same world size, or load weights only with --restore_checkpoint_path")

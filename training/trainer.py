@@ -127,9 +127,9 @@ class Trainer:
         self.checkpoints = (CheckpointManager(flags.checkpoint_dir, flags.keep_last_n_checkpoints, env.rank)
                             if flags.checkpoint_dir and flags.saving else None)
         if restore is not None:
-            self._restore(restore)
+            self.restore_from(restore)
 
-    def _restore(self, restore: RestorePoint) -> None:
+    def restore_from(self, restore: RestorePoint) -> None:
         """Loads weights, and with ``full`` the optimizer state, step and data position."""
         state = {"model": self.model.state_dict()}
         if restore.full:

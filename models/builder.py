@@ -10,19 +10,22 @@ import torch
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.types import DataType
 
 from models.config import ModelConfig
 from models.interaction import DotInteraction, PooledSparseArch
 
 
 def build_embedding_bag_configs(config: ModelConfig) -> List[EmbeddingBagConfig]:
-    """One table per categorical feature, named ``t_<feature>``."""
+    """One table per categorical feature, named ``t_<feature>``, in the configured precision."""
+    data_type = DataType.FP16 if config.embedding_precision == "fp16" else DataType.FP32
     return [
         EmbeddingBagConfig(
             name=table,
             embedding_dim=config.embedding_dim,
             num_embeddings=rows,
             feature_names=[feature],
+            data_type=data_type,
         )
         for table, feature, rows in zip(
             config.table_names, config.sparse_feature_names, config.num_embeddings_per_feature

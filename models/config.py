@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from typing import List
 
 INTERACTION_TYPES = ("original", "dcn", "projection")
+EMBEDDING_PRECISIONS = ("fp32", "fp16")
 
 
 def _check_layer_sizes(name: str, sizes: List[int]) -> None:
@@ -34,6 +35,7 @@ class ModelConfig:
         interaction_branch1_layer_sizes: projection branch 1 (interaction_type
             "projection"); its last size must be a multiple of embedding_dim.
         interaction_branch2_layer_sizes: projection branch 2, likewise.
+        embedding_precision: "fp32" or "fp16" table weights (fp16 halves table memory).
 
     Example::
 
@@ -54,6 +56,11 @@ class ModelConfig:
     dcn_low_rank_dim: int = 512
     interaction_branch1_layer_sizes: List[int] = field(default_factory=lambda: [2048, 2048])
     interaction_branch2_layer_sizes: List[int] = field(default_factory=lambda: [2048, 2048])
+    embedding_precision: str = "fp32"
+
+    @property
+    def embedding_bytes_per_element(self) -> int:
+        return 2 if self.embedding_precision == "fp16" else 4
 
     @property
     def table_names(self) -> List[str]:
@@ -66,6 +73,8 @@ class ModelConfig:
                 f"--interaction_type must be one of {', '.join(INTERACTION_TYPES)}, "
                 f"got {self.interaction_type!r}"
             )
+        if self.embedding_precision not in EMBEDDING_PRECISIONS:
+            raise ValueError(f"--embedding_precision must be fp32 or fp16, got {self.embedding_precision!r}")
         if self.embedding_dim <= 0:
             raise ValueError(f"--embedding_dim must be positive, got {self.embedding_dim}")
         if self.dense_in_features <= 0:

@@ -87,7 +87,8 @@ class _UpperTriangleGram(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         x, flat_index = ctx.saved_tensors
         n = x.shape[1]
-        upper = grad.new_zeros(grad.shape[0], n * n).index_copy_(1, flat_index, grad).view(-1, n, n)
+        # Under autocast the gradient may arrive in bf16: compute in the input's dtype.
+        upper = x.new_zeros(grad.shape[0], n * n).index_copy_(1, flat_index, grad.to(x.dtype)).view(-1, n, n)
         # d<x_i, x_j>/dx_i = x_j and /dx_j = x_i: one matmul with the symmetrised gradient.
         return torch.bmm(upper + upper.transpose(1, 2), x), None
 

@@ -10,6 +10,7 @@ OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 DEVICES = ("auto", "cpu", "cuda")
 MODES = ("train", "validate", "test")
+PIPELINES = ("sparse_dist", "semi_sync", "prefetch", "base")
 
 
 @dataclass
@@ -124,6 +125,9 @@ class TrainConfig:
         device: auto, cpu or cuda.
         checkpoint: checkpoint saving and loading.
         mode: train, or validate / test a checkpoint's weights.
+        amp: bf16 autocast of the forward (dense part).
+        pipeline: sparse_dist, semi_sync, prefetch or base (training/pipelines.py).
+        tensorboard_dir: TensorBoard event files (rank 0).
     """
 
     model: ModelConfig
@@ -140,6 +144,9 @@ class TrainConfig:
     device: str = "auto"
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     mode: str = "train"
+    amp: bool = False
+    pipeline: str = "sparse_dist"
+    tensorboard_dir: Optional[str] = None
 
     def validate(self) -> None:
         """Raises ValueError with one line naming the offending flag."""
@@ -157,6 +164,8 @@ class TrainConfig:
         if self.device not in DEVICES:
             raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         self.checkpoint.validate()
+        if self.pipeline not in PIPELINES:
+            raise ValueError(f"--pipeline must be one of {', '.join(PIPELINES)}, got {self.pipeline!r}")
         if self.mode not in MODES:
             raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.mode != "train" and not (self.checkpoint.restore_checkpoint_path or self.checkpoint.checkpoint_dir):

@@ -1,7 +1,9 @@
 """Device selection and the process group, for torchrun and for a plain `python` run."""
 
 import os
+import resource
 from dataclasses import dataclass
+from typing import List
 
 import torch
 import torch.distributed as dist
@@ -87,3 +89,20 @@ def init_process_group(env: DistributedEnv) -> dist.ProcessGroup:
             )
     assert dist.group.WORLD is not None
     return dist.group.WORLD
+
+
+def local_peak_memory_bytes(device: torch.device) -> int:
+    """This process's peak: max allocated on its GPU, else its peak RSS."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def gather_peak_memory(env: DistributedEnv) -> List[int]:
+    """Every rank's peak memory in bytes, on every rank. Collective."""
+    local = torch.tensor([float(local_peak_memory_bytes(env.device))], dtype=torch.float64, device=env.device)
+    if env.world_size == 1:
+        return [int(local.item())]
+    gathered = [torch.zeros_like(local) for _ in range(env.world_size)]
+    dist.all_gather(gathered, local)
+    return [int(t.item()) for t in gathered]

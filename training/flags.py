@@ -11,12 +11,13 @@ from typing import Any, Dict, List, NoReturn, Optional, Sequence
 
 from data.config import DATASET_NAMES, DataConfig
 from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES, read_metadata
-from models.config import INTERACTION_TYPES, ModelConfig
+from models.config import EMBEDDING_PRECISIONS, INTERACTION_TYPES, ModelConfig
 from training.config import (
     DENSE_OPTIMIZERS,
     DEVICES,
     MODES,
     OPTIMIZERS,
+    PIPELINES,
     CheckpointConfig,
     OptimizerConfig,
     TrainConfig,
@@ -91,6 +92,8 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     a("--interaction_branch2_layer_sizes", type=int_list, default=[2048, 2048], help="projection branch 2 sizes")
     a("--dcn_num_layers", type=int, default=3, help="DCN cross layers")
     a("--dcn_low_rank_dim", type=int, default=512, help="rank of each DCN cross layer")
+    a("--embedding_precision", choices=EMBEDDING_PRECISIONS, default="fp32",
+      help="table weights in fp32 or fp16 (fp16 halves table memory)")
     # Optimisation.
     a("--learning_rate", type=float, default=15.0, help="base learning rate")
     a("--optimizer", choices=OPTIMIZERS, default=None, help="fused embedding optimizer (default sgd)")
@@ -112,6 +115,10 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     _store_true(p, "allow_tf32", "allow TF32 matmuls (CUDA Ampere or newer)")
     a("--device", choices=DEVICES, default="auto", help="cuda when available with auto")
     a("--mode", choices=MODES, default="train", help="train, or evaluate a checkpoint on validation/test data")
+    _store_true(p, "amp", "bf16 autocast of the forward (fast on GPUs; a note says when this CPU is slower in bf16)")
+    a("--pipeline", choices=PIPELINES, default="sparse_dist",
+      help="train pipeline: sparse_dist (default), base, or the CUDA-only semi_sync and prefetch")
+    a("--tensorboard_dir", default=None, help="write TensorBoard event files here (rank 0)")
     # Checkpoints.
     a("--checkpoint_dir", default=None, help="directory of checkpoints (any iopath path)")
     a("--checkpoint_every_n_steps", type=int, default=None, help="save a checkpoint every N steps")
@@ -155,6 +162,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                 dcn_low_rank_dim=args.dcn_low_rank_dim,
                 interaction_branch1_layer_sizes=args.interaction_branch1_layer_sizes,
                 interaction_branch2_layer_sizes=args.interaction_branch2_layer_sizes,
+                embedding_precision=args.embedding_precision,
             ),
             data=DataConfig(
                 in_memory_binary_criteo_path=args.in_memory_binary_criteo_path,
@@ -202,6 +210,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                 restore_checkpoint_path=args.restore_checkpoint_path,
             ),
             mode=args.mode,
+            amp=args.amp,
+            pipeline=args.pipeline,
+            tensorboard_dir=args.tensorboard_dir,
         )
         config.validate()
     except ValueError as e:

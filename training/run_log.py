@@ -4,7 +4,9 @@ Only rank 0 prints and writes. The JSON-lines log is appended to, one object per
 line, every record carrying the run's ``run_id``:
 ``{"event": "config", ...}`` once, ``{"event": "train", "step", "epoch", "loss", "lr",
 "records_per_sec", ...}`` per interval and ``{"event": "eval", "stage", "step",
-"auroc", "log_loss", "accuracy", "num_samples"}`` per evaluation.
+"auroc", "log_loss", "accuracy", "num_samples"}`` per evaluation; every record also has
+``time`` (seconds since the epoch). With a TensorBoard directory the same scalars go
+to event files too.
 """
 
 import json
@@ -17,6 +19,10 @@ from typing import Any, Optional
 from tqdm import tqdm
 
 
+# JSON record keys also written to TensorBoard, as "<train|validation|test>/<key>".
+TENSORBOARD_SCALARS = {"train": ("loss", "lr", "records_per_sec"), "eval": ("auroc", "log_loss", "accuracy")}
+
+
 class RunLog:
     """Console and JSON-lines output of one run (silent on ranks other than 0).
 
@@ -25,21 +31,35 @@ class RunLog:
         log_path: JSON-lines file (its directory is created), or None.
     """
 
-    def __init__(self, enabled: bool, log_path: Optional[str]) -> None:
+    def __init__(self, enabled: bool, log_path: Optional[str], tensorboard_dir: Optional[str] = None) -> None:
         self.enabled = enabled
         self.run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
         self._file = None
         self._bar: Optional[tqdm] = None
+        self._tensorboard = None
         if enabled and log_path:
             os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
             self._file = open(log_path, "a", buffering=1)
+        if enabled and tensorboard_dir:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tensorboard = SummaryWriter(tensorboard_dir)
 
     def record(self, event: str, **fields: Any) -> None:
-        """Appends one JSON object (non-finite floats become null)."""
+        """Appends one JSON object (non-finite floats become null), and writes the
+        scalars of train and eval records to TensorBoard."""
+        if self._tensorboard is not None and event in TENSORBOARD_SCALARS:
+            prefix = fields.get("stage", "train")
+            for key in TENSORBOARD_SCALARS[event]:
+                if isinstance(fields.get(key), (int, float)):
+                    self._tensorboard.add_scalar(f"{prefix}/{key}", fields[key], fields["step"])
+            if "peak_memory_bytes" in fields:
+                self._tensorboard.add_scalar("train/peak_memory_gib", max(fields["peak_memory_bytes"]) / 2**30,
+                                             fields["step"])
         if self._file is None:
             return
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in fields.items()}
-        self._file.write(json.dumps({"event": event, "run_id": self.run_id, **clean}) + "\n")
+        self._file.write(json.dumps({"event": event, "run_id": self.run_id, "time": time.time(), **clean}) + "\n")
 
     def print(self, line: str) -> None:
         if not self.enabled:
@@ -69,3 +89,6 @@ class RunLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None

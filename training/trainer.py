@@ -14,13 +14,16 @@ from typing import Dict, Iterator, List, Optional
 import torch
 import torch.distributed as dist
 from torchrec.distributed import TrainPipelineSparseDist
+from torchrec.distributed.train_pipeline.train_pipelines import TrainPipeline
 from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
+from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import ShardingEnv
 
 from data.config import BatchLoader, build_loaders, open_dataset
 from models import build_dlrm_train
 from models.interaction import align_to_sharded_embeddings
 from sharding_plans import PlannerConfig, build_sharding_plan, format_sharding_plan, plan_summary
+from sharding_plans.report import format_bytes
 from training.checkpoint import (
     CheckpointManager,
     RestorePoint,
@@ -30,12 +33,17 @@ from training.checkpoint import (
     sharding_constraints,
 )
 from training.config import TrainConfig
-from training.distributed import DistributedEnv, init_process_group
+from training.distributed import DistributedEnv, gather_peak_memory, init_process_group
 from training.embedding_init import init_embedding_tables
 from training.lr_schedule import WarmupPolyDecaySchedule
 from training.metrics import BinaryClassificationMetrics
 from training.optimizers import attach_fused_embedding_optimizer, build_combined_optimizer
+from training.pipelines import build_pipeline, check_pipeline_supported, cpu_bf16_speed_ratio
 from training.run_log import RunLog
+
+
+# Every sharding type but data_parallel: these run the fused FBGEMM kernels.
+FUSED_SHARDING_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -71,8 +79,14 @@ class Trainer:
         # on every rank alike, before any collective.
         dataset = open_dataset(config.data)
         restore = find_restore_point(config)
+        check_pipeline_supported(config.pipeline, env.device)
         self.process_group = init_process_group(env)
-        self.log = RunLog(env.is_main, config.log_path)
+        self.log = RunLog(env.is_main, config.log_path, config.tensorboard_dir)
+        if config.amp and env.device.type == "cpu":
+            ratio = cpu_bf16_speed_ratio()
+            if ratio < 1.0:
+                self.log.print(f"note: --amp on this CPU: bf16 matmuls run at {ratio:.2f}x the fp32 speed "
+                               "(no fast bf16 units), so training will be slower, not faster")
         if env.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = config.allow_tf32
             torch.backends.cudnn.allow_tf32 = config.allow_tf32
@@ -94,7 +108,7 @@ class Trainer:
                 batch_size=config.data.batch_size,
             ),
             self.process_group,
-            constraints=sharding_constraints(restore.meta) if restore and restore.full else None,
+            constraints=self._planner_constraints(restore),
         )
         self.plan = plan_summary(plan)
         if restore and restore.full:
@@ -102,7 +116,8 @@ class Trainer:
         table_shapes = {t: (rows, config.model.embedding_dim)
                         for t, rows in zip(config.model.table_names, config.model.num_embeddings_per_feature)}
         if config.print_sharding_plan:
-            self.log.print(format_sharding_plan(plan, env.world_size, table_shapes))
+            self.log.print(format_sharding_plan(plan, env.world_size, table_shapes,
+                                                config.model.embedding_bytes_per_element))
         self.model = DistributedModelParallel(
             module=model,
             device=env.device,
@@ -117,7 +132,7 @@ class Trainer:
         self.loaders: Dict[str, BatchLoader] = build_loaders(
             config.data, dataset, config.model.num_embeddings_per_feature, env.rank, env.world_size
         )
-        self.train_pipeline = self._pipeline()
+        self.train_pipeline = self._pipeline(config.pipeline)
         self.step = 0
         self.start_epoch, self.start_batch = 0, 0  # where training (re)starts in the data
         self._saved_step = -1
@@ -128,6 +143,16 @@ class Trainer:
                             if flags.checkpoint_dir and flags.saving else None)
         if restore is not None:
             self.restore_from(restore)
+
+    def _planner_constraints(self, restore: Optional[RestorePoint]) -> Optional[Dict[str, ParameterConstraints]]:
+        """Per-table planner constraints: a resumed run keeps the checkpoint's sharding
+        types; fp16 tables are never data-parallel (FBGEMM's dense data-parallel kernel
+        has no fp16 backward, so they stay on the fused kernels)."""
+        constraints = sharding_constraints(restore.meta) if restore and restore.full else {}
+        if self.config.model.embedding_precision == "fp16":
+            for table in self.config.model.table_names:
+                constraints.setdefault(table, ParameterConstraints(sharding_types=list(FUSED_SHARDING_TYPES)))
+        return constraints or None
 
     def restore_from(self, restore: RestorePoint) -> None:
         """Loads weights, and with ``full`` the optimizer state, step and data position."""
@@ -174,11 +199,8 @@ class Trainer:
         self.log.print(f"checkpoint {path} saved in {seconds:.1f} s (step {self.step})")
         self.log.record("checkpoint", step=self.step, path=path, seconds=seconds)
 
-    def _pipeline(self) -> TrainPipelineSparseDist:
-        # Starts batch i+1's input all-to-all before batch i's forward.
-        return TrainPipelineSparseDist(
-            self.model, self.optimizer, self.env.device, execute_all_batches=True
-        )
+    def _pipeline(self, kind: str) -> TrainPipeline:
+        return build_pipeline(kind, self.model, self.optimizer, self.env.device, self.config.amp)
 
     def _batches(self, loader: BatchLoader) -> Iterator:
         batches: Iterator = iter(loader)
@@ -270,12 +292,15 @@ class Trainer:
         self._train_records += records
         mean_loss = sum(values) / len(values)
         rate = records / seconds if seconds > 0 else float("nan")
+        peaks = gather_peak_memory(self.env)
+        top = max(range(len(peaks)), key=peaks.__getitem__)
         self.log.print(
             f"epoch {epoch} step {self.step} | loss {mean_loss:.5f} | lr {lr:.6g} | "
-            f"{rate:,.0f} records/s"
+            f"{rate:,.0f} records/s | peak mem {format_bytes(peaks[top])} (rank {top})"
         )
         self.log.record("train", step=self.step, epoch=epoch, loss=mean_loss, lr=lr,
-                        records_per_sec=rate, records=records, seconds=seconds, step_losses=values)
+                        records_per_sec=rate, records=records, seconds=seconds, step_losses=values,
+                        peak_memory_bytes=peaks)
         return values
 
     def evaluate(self, stage: str) -> Optional[Dict[str, float]]:
@@ -284,8 +309,11 @@ class Trainer:
         if len(loader) == 0:
             return None
         self.model.eval()
-        self.train_pipeline.detach()
-        pipeline = self._pipeline()
+        # The evaluation pipeline rewrites the sharded modules' forwards too: hand them over.
+        handover = isinstance(self.train_pipeline, TrainPipelineSparseDist)
+        if handover:
+            self.train_pipeline.detach()
+        pipeline = self._pipeline("base" if self.config.pipeline == "base" else "sparse_dist")
         metrics = BinaryClassificationMetrics(self.env.device)
         batches = self._batches(loader)
         with torch.no_grad():
@@ -295,8 +323,9 @@ class Trainer:
                 except StopIteration:
                     break
                 metrics.update(logits, labels)
-        pipeline.detach()
-        self.train_pipeline.attach(self.model)
+        if handover:
+            pipeline.detach()  # type: ignore[attr-defined]
+            self.train_pipeline.attach(self.model)  # type: ignore[attr-defined]
         values = metrics.compute()
         self.log.print(
             f"{stage}: AUROC {values['auroc']:.4f} | log loss {values['log_loss']:.4f} | "
@@ -316,9 +345,12 @@ class Trainer:
 
     def _summary(self, result: RunResult) -> None:
         rate = self._train_records / self._train_seconds if self._train_seconds > 0 else 0.0
+        peaks = gather_peak_memory(self.env)
         self.log.print(
             f"done: {result.steps} steps, {self._train_records} records in "
-            f"{self._train_seconds:.1f} s of training ({rate:,.0f} records/s, evaluation excluded)"
+            f"{self._train_seconds:.1f} s of training ({rate:,.0f} records/s, evaluation excluded); "
+            "peak memory " + ", ".join(f"rank {r}: {format_bytes(b)}" for r, b in enumerate(peaks))
         )
         self.log.record("summary", steps=result.steps, train_seconds=self._train_seconds,
-                        records_per_sec=rate, validation=result.validation, test=result.test)
+                        records_per_sec=rate, validation=result.validation, test=result.test,
+                        peak_memory_bytes=peaks)

@@ -105,6 +105,8 @@ class Trainer:
         )
         self.train_pipeline = self._pipeline()
         self.step = 0
+        self.epoch = 0
+        self.stage = "training"  # or the split being evaluated
         self._train_seconds = 0.0
         self._train_records = 0
 
@@ -128,6 +130,7 @@ class Trainer:
         result = RunResult(steps=0)
         train_loader = self.loaders["train"]
         for epoch in range(config.epochs):
+            self.epoch = epoch
             train_loader.set_epoch(epoch)
             result.train_losses += self._train_epoch(epoch, train_loader, result)
             result.validation = self.evaluate("validation") or result.validation
@@ -210,6 +213,7 @@ class Trainer:
         loader = self.loaders[stage]
         if len(loader) == 0:
             return None
+        self.stage = stage
         self.model.eval()
         self.train_pipeline.detach()
         pipeline = self._pipeline()
@@ -230,7 +234,13 @@ class Trainer:
             f"accuracy {values['accuracy']:.4f} | {values['num_samples']} samples (step {self.step})"
         )
         self.log.record("eval", stage=stage, step=self.step, **values)
+        self.stage = "training"
         return values
+
+    def position(self) -> str:
+        """Where the run is, for error messages: ``step 37 (epoch 0, training)``, where
+        step is the number of training steps completed."""
+        return f"step {self.step} (epoch {self.epoch}, {self.stage})"
 
     def _summary(self, result: RunResult) -> None:
         rate = self._train_records / self._train_seconds if self._train_seconds > 0 else 0.0

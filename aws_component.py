@@ -43,7 +43,7 @@ def run_dlrm_main(
 
     Args:
         num_trainers: trainer processes (GPUs): 1 to 8 on one node, or a multiple of 8 over several nodes
-        script_args: flags for dlrm_main.py (after ``--``)
+        script_args: flags for dlrm_main.py (after --)
         h: machine preset of each node: aws_p4d, aws_p4de, aws_p5, a100x8, h100x8, ... (see the dlrm component)
         image: container image holding this repository (ignored by local_cwd and Slurm)
         name: job name, {experiment}/{run} or {run}

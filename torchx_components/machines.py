@@ -51,8 +51,8 @@ MACHINES: Dict[str, Machine] = {
     "cpu": Machine("any CPU node: local runs, tests, small experiments", cpu=4, gpu=0, memory_gib=16),
     "cpu_large": Machine("large CPU node: CPU training, Criteo preprocessing", cpu=64, gpu=0, memory_gib=256),
     "a100x1": Machine("1 x A100 (40/80 GB) node", cpu=12, gpu=1, memory_gib=85),
-    "a100x8": Machine("8 x A100 (40/80 GB) node, DGX A100 class", cpu=96, gpu=8, memory_gib=1024),
-    "h100x8": Machine("8 x H100 (80 GB) node, DGX H100 class", cpu=192, gpu=8, memory_gib=2048),
+    "a100x8": Machine("8 x A100 (40/80 GB) node", cpu=96, gpu=8, memory_gib=1024),
+    "h100x8": Machine("8 x H100 (80 GB) node", cpu=192, gpu=8, memory_gib=2048),
 }
 
 # Short names for torchx's AWS presets (instance-type node selector + EFA devices).

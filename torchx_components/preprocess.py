@@ -34,7 +34,7 @@ def preprocess_criteo(
     """Preprocesses raw Criteo click logs (python -m data.preprocess_criteo) on one node.
 
     Args:
-        script_args: more preprocessing flags, passed unchanged (after ``--``), e.g. --frequency_threshold 3
+        script_args: more preprocessing flags, passed unchanged (after --), e.g. --frequency_threshold 3
         input_dir: raw day files (criteo_1t) or train.txt (criteo_kaggle); mounted read-only at the same path
         output_dir: where the binary layout is written; mounted read-write at the same path
         dataset_name: criteo_1t or criteo_kaggle

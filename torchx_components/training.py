@@ -17,7 +17,7 @@ from torchx_components.launch import DEFAULT_IMAGE, LaunchOptions, trainer_app
 
 TRAINING_PARAMETERS = """
 Args:
-    script_args: training flags, passed to the entry point unchanged (after ``--``)
+    script_args: training flags, passed to the entry point unchanged (after --)
     j: NODESxPROCS: nodes, and processes (ranks) per node; on GPU machines at most one per GPU
     h: machine preset of each node: cpu, cpu_large, a100x1, a100x8, h100x8, aws_p4d, aws_p4de, aws_p5 or a torchx named resource
     cpu: CPUs per node, replacing the preset's

@@ -3,6 +3,7 @@ it prints (sbatch scripts, Kubernetes jobs, torchrun command lines)."""
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from typing import Any, Dict, List, Sequence
@@ -24,14 +25,20 @@ SMALL_TRAINING_FLAGS = [
 def install_components(target: str) -> Dict[str, str]:
     """Installs this checkout's torchx components (pyproject.toml: the package and its
     `torchx.components` entry point) into ``target``, as `make install` does into the
-    venv; returns the environment under which the torchx CLI finds them."""
+    venv; returns the environment under which the torchx CLI finds them. Builds from a
+    copy of the packaged files: setuptools writes build/ beside the sources."""
+    source = os.path.join(target, "source")
+    shutil.copytree(os.path.join(REPO, "torchx_components"), os.path.join(source, "torchx_components"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "aws_component.py"):
+        shutil.copy(os.path.join(REPO, name), source)
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
-         "--target", target, REPO],
+         "--target", os.path.join(target, "site"), source],
         check=True, capture_output=True, text=True, timeout=300,
     )
     env = dict(os.environ)
-    env["PYTHONPATH"] = target
+    env["PYTHONPATH"] = os.path.join(target, "site")
     env["PATH"] = BIN + os.pathsep + env.get("PATH", "")  # torchrun and python of this venv
     return env
 

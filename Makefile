@@ -14,7 +14,7 @@ TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.05 --optimizer adag
 install: $(STAMP)
 
 $(STAMP): requirements.txt requirements-cpu.txt requirements-cuda.txt \
-          requirements-torchrec.txt requirements-dev.txt scripts/install.sh
+          requirements-torchrec.txt requirements-dev.txt pyproject.toml scripts/install.sh
 	bash scripts/install.sh $(VENV)
 	touch $@
 

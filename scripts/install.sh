@@ -22,4 +22,6 @@ echo "install: $device build into $venv"
 "${pip[@]}" install -r "requirements-$device.txt"
 "${pip[@]}" install --no-deps -r requirements-torchrec.txt
 "${pip[@]}" install -r requirements.txt -r requirements-dev.txt
+# The torchx components, editable: registers `torchx run dlrm|dcnv2|preprocess_criteo`.
+"${pip[@]}" install --no-deps -e .
 "$venv/bin/python" -c "import torch, torchrec, fbgemm_gpu; print('install: torch', torch.__version__, '| torchrec', torchrec.__version__)"

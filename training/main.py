@@ -1,18 +1,22 @@
 """The shared body of the entry points: flags -> config -> trainer, with exit codes.
 
-Exit codes: 0 done; 2 bad flags or input (one line on stderr, on every rank, before
-any collective where it can be known then, so no rank hangs; an unusable checkpoint
-too); 3 the loss became NaN or infinite.
+Exit codes (training/failures.py): 0 done; 1 a rank failed during setup or
+training (its message names the rank and the step); 2 bad flags or input (one line
+on stderr, on every rank, before any collective where it can be known then, so no
+rank hangs; an unusable checkpoint too); 3 the loss became NaN or infinite; 143
+SIGTERM (the message says where the rank was).
 """
 
 import logging
-import sys
 import warnings
 from typing import Any, Dict, Optional, Sequence
 
 import torch.distributed as dist
 
+from training.config import TrainConfig
 from training.distributed import resolve_env
+from training.failures import (EXIT_BAD_INPUT, EXIT_NON_FINITE_LOSS, raise_on_sigterm, report,
+                               report_rank_failure)
 from training.flags import parse_config
 from training.trainer import NonFiniteLossError, Trainer
 
@@ -26,18 +30,31 @@ def run_training(
     """Parses ``argv`` with the given flag defaults, trains, returns the exit code."""
     _quiet_known_library_noise()
     config = parse_config(argv, prog, description, defaults)
+    with raise_on_sigterm():
+        return _train(config, prog)
+
+
+def _train(config: TrainConfig, prog: str) -> int:
     try:
-        trainer = Trainer(config, resolve_env(config.device))
-        if config.mode == "train":
-            trainer.fit()
-        else:
-            trainer.evaluate_checkpoint()
-    except ValueError as e:  # bad input, including an unusable checkpoint
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
-    except NonFiniteLossError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 3
+        env = resolve_env(config.device)
+    except ValueError as e:
+        return report(prog, str(e), EXIT_BAD_INPUT)
+    try:
+        try:
+            trainer = Trainer(config, env)
+        except ValueError as e:  # bad input, including an unusable checkpoint
+            return report(prog, str(e), EXIT_BAD_INPUT)
+        except Exception as e:
+            return report_rank_failure(prog, env.rank, env.world_size, "setup", e)
+        try:
+            if config.mode == "train":
+                trainer.fit()
+            else:
+                trainer.evaluate_checkpoint()
+        except NonFiniteLossError as e:
+            return report(prog, str(e), EXIT_NON_FINITE_LOSS)
+        except Exception as e:
+            return report_rank_failure(prog, env.rank, env.world_size, trainer.position(), e)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

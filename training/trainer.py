@@ -136,6 +136,8 @@ class Trainer:
         self.step = 0
         self.start_epoch, self.start_batch = 0, 0  # where training (re)starts in the data
         self._saved_step = -1
+        self.epoch = 0
+        self.stage = "training"  # or the split being evaluated
         self._train_seconds = 0.0
         self._train_records = 0
         flags = config.checkpoint
@@ -216,6 +218,7 @@ class Trainer:
         result = RunResult(steps=0)
         train_loader = self.loaders["train"]
         for epoch in range(self.start_epoch, config.epochs):
+            self.epoch = epoch
             first_batch = self.start_batch if epoch == self.start_epoch else 0
             train_loader.set_epoch(epoch, first_batch)
             result.train_losses += self._train_epoch(epoch, first_batch, train_loader, result)
@@ -308,6 +311,7 @@ class Trainer:
         loader = self.loaders[stage]
         if len(loader) == 0:
             return None
+        self.stage = stage
         self.model.eval()
         # The evaluation pipeline rewrites the sharded modules' forwards too: hand them over.
         handover = isinstance(self.train_pipeline, TrainPipelineSparseDist)
@@ -332,6 +336,7 @@ class Trainer:
             f"accuracy {values['accuracy']:.4f} | {values['num_samples']} samples (step {self.step})"
         )
         self.log.record("eval", stage=stage, step=self.step, **values)
+        self.stage = "training"
         return values
 
     def evaluate_checkpoint(self) -> Optional[Dict[str, float]]:
@@ -342,6 +347,11 @@ class Trainer:
         values = self.evaluate(stage)
         self.log.close()
         return values
+
+    def position(self) -> str:
+        """Where the run is, for error messages: ``step 37 (epoch 0, training)``, where
+        step is the number of training steps completed."""
+        return f"step {self.step} (epoch {self.epoch}, {self.stage})"
 
     def _summary(self, result: RunResult) -> None:
         rate = self._train_records / self._train_seconds if self._train_seconds > 0 else 0.0

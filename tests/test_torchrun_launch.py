@@ -1,0 +1,90 @@
+"""torchrun as users call it: two nodes on localhost through c10d rendezvous, and a
+rank stopped mid-training (which rank, which step, exit codes)."""
+
+import math
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+from typing import List
+
+from tests.launch import REPO, eval_record, free_port, read_log, step_losses
+from tests.torchx_cli import BIN
+
+FLAGS = ["--batch_size", "256", "--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16",
+         "--over_arch_layer_sizes", "64,32,1", "--optimizer", "sgd", "--learning_rate", "0.5",
+         "--seed", "3", "--log_every_n_steps", "1"]
+
+
+def _torchrun(nnodes: int, nproc: int, port: int, rdzv_id: str, args: List[str]) -> subprocess.Popen:
+    """The users' torchrun command line (with a free port instead of the default)."""
+    cmd = [os.path.join(BIN, "torchrun"), "--nnodes", str(nnodes), "--nproc_per_node", str(nproc),
+           "--rdzv_backend", "c10d", "--rdzv_endpoint", f"localhost:{port}", "--rdzv_id", rdzv_id,
+           "--role", "trainer", "dlrm_main.py", *args]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_nodes_one_process_each_match_one_node_with_two(synthetic_dir, tmp_path):
+    """Two torchrun agents (--nnodes 2, one process each) meet through c10d rendezvous,
+    train and finish; their losses are those of one node with two processes (the
+    tables start from the same weights whatever the placement)."""
+    limits = ["--limit_train_batches", "20", "--limit_val_batches", "0", "--limit_test_batches", "2"]
+    two_nodes, one_node = str(tmp_path / "two_nodes.jsonl"), str(tmp_path / "one_node.jsonl")
+    port, rdzv_id = free_port(), uuid.uuid4().hex
+    nodes = [_torchrun(2, 1, port, rdzv_id, ["--in_memory_binary_criteo_path", synthetic_dir, *FLAGS,
+                                             *limits, "--log_path", two_nodes]) for _ in range(2)]
+    outputs = [node.communicate(timeout=600) for node in nodes]
+    for node, (_, err) in zip(nodes, outputs):
+        assert node.returncode == 0, err[-3000:]
+    # Rank 0 prints, whichever agent got it.
+    assert sum("test: AUROC" in out for out, _ in outputs) == 1
+    records = read_log(two_nodes)
+    assert records[0]["world_size"] == 2
+
+    reference = _torchrun(1, 2, free_port(), "54321", ["--in_memory_binary_criteo_path", synthetic_dir,
+                                                       *FLAGS, *limits, "--log_path", one_node])
+    _, err = reference.communicate(timeout=600)
+    assert reference.returncode == 0, err[-3000:]
+    losses_two_nodes, losses_one_node = step_losses(records), step_losses(read_log(one_node))
+    assert len(losses_two_nodes) == len(losses_one_node) == 20
+    assert losses_two_nodes[-1] < losses_two_nodes[0]
+    for a, b in zip(losses_two_nodes, losses_one_node):
+        assert math.isclose(a, b, rel_tol=0, abs_tol=1e-5), (losses_two_nodes, losses_one_node)
+    assert math.isclose(eval_record(records, "test")["auroc"],
+                        eval_record(read_log(one_node), "test")["auroc"], abs_tol=1e-4)
+
+
+def _worker_with_rank(agent_pid: int, rank: int) -> int:
+    children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(agent_pid)], capture_output=True,
+                              text=True, check=True).stdout.split()
+    for pid in map(int, children):
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            if f"RANK={rank}".encode() in f.read().split(b"\0"):
+                return pid
+    raise AssertionError(f"no worker with RANK={rank} among {children}")
+
+
+def test_stopped_rank_says_which_rank_and_step(synthetic_dir, tmp_path):
+    """SIGTERM to rank 1 mid-training (a preemption): it reports its rank and step and
+    exits 143; torchrun stops the other rank, exits non-zero and shows the message."""
+    log_path = str(tmp_path / "log.jsonl")
+    agent = _torchrun(1, 2, free_port(), uuid.uuid4().hex, [
+        "--in_memory_binary_criteo_path", synthetic_dir, *FLAGS, "--batch_size", "64",
+        "--log_path", log_path])  # 384 steps: far longer than the test waits
+    deadline = time.monotonic() + 300
+    while not (os.path.exists(log_path) and len(step_losses(read_log(log_path))) >= 3):
+        assert agent.poll() is None and time.monotonic() < deadline, agent.communicate()[1][-3000:]
+        time.sleep(0.1)
+    os.kill(_worker_with_rank(agent.pid, 1), signal.SIGTERM)
+    _, err = agent.communicate(timeout=300)
+    assert agent.returncode == 1, err[-3000:]  # torchrun's code for any failed rank
+    stopped = re.findall(r"dlrm_main\.py: error: rank 1 of 2 stopped at step (\d+) \(epoch 0, training\): "
+                         r"received SIGTERM\n", err)
+    assert len(stopped) == 1, err[-3000:]
+    assert 3 <= int(stopped[0]) < 384
+    # torchrun's failure summary: rank 1's exit code and its message from the error file.
+    assert re.search(r"rank\s+: 1 \(local_rank: 1\)\n\s+exitcode\s+: 143 ", err), err[-3000:]
+    assert (f"traceback : dlrm_main.py: rank 1 of 2 stopped at step {stopped[0]} (epoch 0, training): "
+            "received SIGTERM (exit code 143)") in err

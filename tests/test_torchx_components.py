@@ -1,0 +1,116 @@
+"""The torchx components' parameters, errors and README tables (in-process, no launch)."""
+
+import subprocess
+import sys
+
+import pytest
+
+import aws_component
+from scripts import component_docs
+from tests.launch import REPO
+from torchx_components.machines import machine_resource
+from torchx_components.preprocess import preprocess_criteo
+from torchx_components.training import dcnv2, dlrm
+
+
+def _torchrun_args(app):
+    (role,) = app.roles
+    assert role.entrypoint == "bash" and role.args[0] == "-c"
+    return role.args[1].split()
+
+
+@pytest.mark.parametrize("num_trainers, nodes, per_node", [(1, 1, 1), (4, 1, 4), (8, 1, 8), (16, 2, 8), (24, 3, 8)])
+def test_aws_component_spreads_trainers_over_nodes_of_8(num_trainers, nodes, per_node):
+    app = aws_component.run_dlrm_main(num_trainers, "--batch_size", "2048")
+    (role,) = app.roles
+    assert role.num_replicas == nodes
+    args = _torchrun_args(app)
+    assert args[args.index("--nproc_per_node") + 1] == str(per_node)
+    assert args[-3:] == ["dlrm_main.py", "--batch_size", "2048"]
+    assert (role.resource.gpu, role.resource.cpu) == (8, 96)  # default machine: aws_p4d
+
+
+@pytest.mark.parametrize("num_trainers, message", [
+    (12, "--num_trainers 12: more than 8 trainers span nodes of 8 and must be a multiple of 8 (e.g. 8 or 16)"),
+    (9, "--num_trainers 9: more than 8 trainers span nodes of 8 and must be a multiple of 8 (e.g. 8 or 16)"),
+    (0, "--num_trainers 0: must be at least 1"),
+    (-8, "--num_trainers -8: must be at least 1"),
+])
+def test_aws_component_rejects_bad_trainer_counts(num_trainers, message):
+    with pytest.raises(ValueError) as error:
+        aws_component.run_dlrm_main(num_trainers)
+    assert str(error.value) == message
+
+
+def test_aws_component_machine_is_a_parameter():
+    app = aws_component.run_dlrm_main(16, h="aws_p5")
+    assert app.roles[0].resource.capabilities == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
+    with pytest.raises(ValueError, match=r"^-j 1x8: 8 processes per node but machine a100x1 has 1 GPUs"):
+        aws_component.run_dlrm_main(8, h="a100x1")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"j": "2:4x8"}, r"^-j 2:4x8: expected NODESxPROCS, e\.g\. 1x2 or 2x8 \(elastic ranges are not supported"),
+    ({"j": "8"}, r"^-j 8: expected NODESxPROCS"),
+    ({"j": "0x2"}, r"^-j 0x2: nodes and processes per node must be at least 1$"),
+    ({"j": "1x16", "h": "a100x8"}, r"^-j 1x16: 16 processes per node but machine a100x8 has 8 GPUs"),
+    ({"h": "dgx"}, r"^-h dgx: unknown machine; use one of cpu, cpu_large, a100x1, a100x8, h100x8, aws_p4d"),
+    ({"cpu": "many"}, r"^--cpu many: not an integer$"),
+    ({"gpu": "-1"}, r"^--gpu -1: must be at least 0$"),
+    ({"memMB": 0}, r"^--memMB 0: must be at least 1$"),
+    ({"max_retries": -1}, r"^--max_retries -1: must be >= 0$"),
+])
+def test_training_component_errors_name_the_parameter(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        dlrm("--batch_size", "64", **kwargs)
+
+
+def test_training_component_resources_and_overrides():
+    app = dcnv2("--batch_size", "64", j="1x16", h="a100x8", gpu="0", cpu="32", memMB="100000")
+    resource = app.roles[0].resource
+    # gpu=0: CPU ranks on the box, so any number of them per node.
+    assert (resource.cpu, resource.gpu, resource.memMB) == (32, 0, 100000)
+    assert machine_resource("aws_p4d").devices == {"vpc.amazonaws.com/efa": 4}
+    assert machine_resource("aws_g5.48xlarge").gpu == 8  # any torchx named resource
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ([], ["--in_memory_binary_criteo_path", "/data", "--batch_size", "64"]),
+    (["--in_memory_binary_criteo_path", "/other"], ["--in_memory_binary_criteo_path", "/other", "--batch_size", "64"]),
+    (["--synthetic_multi_hot_criteo_path=/mh"], ["--synthetic_multi_hot_criteo_path=/mh", "--batch_size", "64"]),
+])
+def test_data_dir_is_mounted_and_passed_unless_flags_give_a_path(flags, expected):
+    app = dlrm(*flags, "--batch_size", "64", data_dir="/data", checkpoint_dir="/ckpt", max_retries=2)
+    (role,) = app.roles
+    args = _torchrun_args(app)
+    assert args[args.index("dlrm_main.py") + 1:] == expected
+    assert [(m.src_path, m.dst_path, m.read_only) for m in role.mounts] == [
+        ("/data", "/data", True), ("/ckpt", "/ckpt", False)]
+    assert role.max_retries == 2
+
+
+def test_preprocess_component():
+    app = preprocess_criteo("--frequency_threshold", "3", input_dir="/raw", output_dir="/out", h="cpu")
+    (role,) = app.roles
+    assert role.entrypoint == "python"
+    assert role.args == ["-m", "data.preprocess_criteo", "--input_dir", "/raw", "--output_dir", "/out",
+                         "--dataset_name", "criteo_1t", "--workers", "4", "--frequency_threshold", "3"]
+    assert [(m.src_path, m.read_only) for m in role.mounts] == [("/raw", True), ("/out", False)]
+    with pytest.raises(ValueError, match=r"^--workers 0: must be at least 1$"):
+        preprocess_criteo(input_dir="/raw", output_dir="/out", workers="0")
+
+
+def test_components_import_no_torch():
+    """The torchx CLI imports the components on the submitting machine, which need not have torch."""
+    code = ("import sys, aws_component, torchx_components.training, torchx_components.preprocess; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_readme_component_tables_match_the_docstrings():
+    with open(component_docs.README) as f:
+        readme = f.read()
+    assert component_docs.readme_with_tables(readme) == readme, (
+        "README.md is out of date: run python scripts/component_docs.py --write")

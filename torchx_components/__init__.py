@@ -1,0 +1,7 @@
+"""torchx components of this repository: ``dlrm``, ``dcnv2`` (training) and
+``preprocess_criteo``, registered under the ``torchx.components`` entry point by
+``pyproject.toml`` (``make install`` installs it), so ``torchx run dlrm ...`` works.
+
+They import only torchx and the standard library: the torchx CLI imports them on
+the submitting machine, which need not have torch.
+"""

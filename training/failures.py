@@ -1,0 +1,109 @@
+"""How a rank reports that it stops: one line on stderr, torchrun's error file, exit code.
+
+Exit codes (what Slurm, Kubernetes and AWS Batch retry policies can test):
+
+- 0: finished.
+- 1: this rank failed during setup or training: a bug, out of memory, or a
+  collective that failed because another rank stopped first. A retry may succeed.
+- 2: bad flags or input data (reported before any collective). A retry will not help.
+- 3: the training loss became NaN or infinite. A retry with the same flags will not help.
+- 143 (128 + SIGTERM): the rank was asked to stop (preemption, a cancelled job,
+  torchrun stopping the ranks left after another failed). It says where it was.
+
+torchrun itself exits 1 whenever a rank fails; its failure summary lists each
+rank's exit code and, read from the error file written here, the rank's message.
+A rank killed by a signal (e.g. the OOM killer) writes nothing: the summary names
+the rank and the signal, and the ranks left behind report the step they were at.
+"""
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from types import FrameType
+from typing import Iterator, Optional
+
+import torch.distributed as dist
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_NON_FINITE_LOSS = 3
+EXIT_TERMINATED = 128 + signal.SIGTERM
+
+
+class Terminated(Exception):
+    """SIGTERM arrived: a scheduler stops the job, or torchrun the ranks left behind."""
+
+
+@contextlib.contextmanager
+def raise_on_sigterm() -> Iterator[None]:
+    """Inside the block, SIGTERM raises ``Terminated`` in the main thread, so that the
+    rank reports the step it was at. A rank blocked inside a collective sees it when
+    the call returns. Elsewhere (other threads) this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_terminated(signum: int, frame: Optional[FrameType]) -> None:
+    raise Terminated("received SIGTERM")
+
+
+def report(prog: str, message: str, exit_code: int) -> int:
+    """Prints ``PROG: error: MESSAGE`` on stderr, records it for torchrun, returns ``exit_code``."""
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    _record_for_torchrun(f"{prog}: {message} (exit code {exit_code})")
+    return exit_code
+
+
+def report_rank_failure(prog: str, rank: int, world_size: int, where: str, error: BaseException) -> int:
+    """Reports an exception of this rank (which rank, where); returns 143 for
+    ``Terminated``, else 1.
+
+    Example::
+
+        report_rank_failure("dlrm_main.py", 1, 2, "step 37 (epoch 0, training)", err)
+        # prints: dlrm_main.py: error: rank 1 of 2 failed at step 37 (epoch 0, training): RuntimeError: ...
+    """
+    detail = f"{type(error).__name__}: " + (str(error).strip().splitlines() or [""])[0]
+    if isinstance(error, Terminated):
+        return report(prog, f"rank {rank} of {world_size} stopped at {where}: {error}", EXIT_TERMINATED)
+    if _lost_a_peer(error):
+        # The echo of another rank's failure: its traceback says nothing more.
+        detail = f"lost contact with another rank, which probably stopped first ({detail})"
+    else:
+        traceback.print_exception(error, file=sys.stderr)
+    return report(prog, f"rank {rank} of {world_size} failed at {where}: {detail}", EXIT_FAILED)
+
+
+# What gloo and NCCL say when the other end of a collective has gone (gloo raises a
+# plain RuntimeError, so the type alone does not tell).
+_PEER_LOST_MARKERS = ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted")
+
+
+def _lost_a_peer(error: BaseException) -> bool:
+    return isinstance(error, dist.DistNetworkError) or any(m in str(error) for m in _PEER_LOST_MARKERS)
+
+
+def _record_for_torchrun(message: str) -> None:
+    """Writes torchrun's per-rank error file (TORCHELASTIC_ERROR_FILE, set by torchrun
+    and torchx) so that its failure summary shows ``message`` instead of a link."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump({"message": message, "timestamp": int(time.time())}, f)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass  # the message is on stderr already; a missing summary line is not worth a crash

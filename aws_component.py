@@ -49,7 +49,7 @@ def run_dlrm_main(
         name: job name, {experiment}/{run} or {run}
         env: environment variables for every rank
         data_dir: data directory every node sees; mounted read-only and passed as --in_memory_binary_criteo_path unless the flags give a data path
-        checkpoint_dir: checkpoint directory every node sees; mounted read-write (the trainer has no checkpoints yet)
+        checkpoint_dir: checkpoint directory every node sees; mounted read-write and passed as --checkpoint_dir DIR --resume
         mounts: more mounts: type=bind|volume|device,src=SRC,dst=DST[,readonly]
         max_retries: times the scheduler restarts the job after a failure
     """

@@ -83,7 +83,8 @@ def test_data_dir_is_mounted_and_passed_unless_flags_give_a_path(flags, expected
     app = dlrm(*flags, "--batch_size", "64", data_dir="/data", checkpoint_dir="/ckpt", max_retries=2)
     (role,) = app.roles
     args = _torchrun_args(app)
-    assert args[args.index("dlrm_main.py") + 1:] == expected
+    # checkpoint_dir also makes a restarted job resume from its newest checkpoint
+    assert args[args.index("dlrm_main.py") + 1:] == ["--checkpoint_dir", "/ckpt", "--resume", *expected]
     assert [(m.src_path, m.dst_path, m.read_only) for m in role.mounts] == [
         ("/data", "/data", True), ("/ckpt", "/ckpt", False)]
     assert role.max_retries == 2

@@ -78,7 +78,8 @@ def test_slurm_dryrun(torchx_env, component):
         assert option(argv, "--rdzv_backend") == "c10d"
         assert option(argv, "--rdzv_endpoint") == "${SLURM_JOB_NODELIST_HET_GROUP_0:=localhost}:29500"
         script = argv.index("dlrm_main.py")
-        assert argv[script + 1:] == ["--in_memory_binary_criteo_path", "/fsx/criteo", *TRAINING_FLAGS]
+        resume = ["--checkpoint_dir", "/fsx/ckpt", "--resume"] if "--checkpoint_dir" in component else []
+        assert argv[script + 1:] == [*resume, "--in_memory_binary_criteo_path", "/fsx/criteo", *TRAINING_FLAGS]
 
 
 def test_kubernetes_dryrun(torchx_env):
@@ -111,7 +112,8 @@ def test_kubernetes_dryrun(torchx_env):
         argv = torchrun_argv(container["command"])
         assert option(argv, "--nnodes") == "2" and option(argv, "--nproc_per_node") == "8"
         script = argv.index("dcnv2_main.py")
-        assert argv[script + 1:] == ["--in_memory_binary_criteo_path", "/fsx/criteo", *TRAINING_FLAGS]
+        assert argv[script + 1:] == ["--checkpoint_dir", "/fsx/ckpt", "--resume",
+                                     "--in_memory_binary_criteo_path", "/fsx/criteo", *TRAINING_FLAGS]
 
 
 def test_aws_component_rejects_bad_trainer_counts(torchx_env):

@@ -125,13 +125,16 @@ def trainer_app(script: str, script_args: Sequence[str], options: LaunchOptions)
     """One role of NODES torchrun agents, each starting PROCS ranks of ``script``.
 
     ``data_dir`` adds ``--in_memory_binary_criteo_path DATA_DIR`` unless the flags give
-    a data path. ``checkpoint_dir`` is only mounted: the trainer has no checkpoints
-    yet, so a retried job starts again from step 0 (resuming comes with checkpoints).
+    a data path. ``checkpoint_dir`` is mounted and adds ``--checkpoint_dir DIR --resume``
+    unless the flags name a checkpoint directory, so a job restarted by ``max_retries``
+    continues from its newest complete checkpoint.
     """
     options.validate()
     args = list(script_args)
     if options.data_dir and not gives_data_path(args):
         args = [DATA_PATH_FLAGS[0], options.data_dir, *args]
+    if options.checkpoint_dir and not any(a.split("=", 1)[0] == "--checkpoint_dir" for a in args):
+        args = ["--checkpoint_dir", options.checkpoint_dir, "--resume", *args]
     resource = options.resource()
     app = ddp(
         *args,

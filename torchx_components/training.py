@@ -27,9 +27,9 @@ Args:
     name: job name, {experiment}/{run} or {run}
     env: environment variables for every rank, e.g. NCCL_DEBUG=INFO,LOGLEVEL=INFO
     data_dir: data directory on a filesystem every node sees; mounted read-only at the same path and passed as --in_memory_binary_criteo_path unless the flags give a data path
-    checkpoint_dir: checkpoint directory on a filesystem every node sees; mounted read-write at the same path (the trainer has no checkpoints yet)
+    checkpoint_dir: checkpoint directory on a filesystem every node sees; mounted read-write at the same path and passed as --checkpoint_dir DIR --resume unless the flags name one (add --checkpoint_every_n_steps N to the flags)
     mounts: more mounts: type=bind|volume|device,src=SRC,dst=DST[,readonly]
-    max_retries: times the scheduler restarts the job after a failure (until checkpoints exist, a restart trains from step 0)
+    max_retries: times the scheduler restarts the job after a failure; with checkpoint_dir a restart resumes from the newest complete checkpoint
     rdzv_port: port of the c10d rendezvous on the first node (multi-node runs)
 """
 

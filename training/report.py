@@ -1,0 +1,140 @@
+"""Charts and a summary of training runs from their JSON-lines logs.
+
+    python -m training.report runs/a.jsonl [runs/b.jsonl ...] --output run.png
+
+Draws training loss, learning rate, records/s and validation AUROC over steps, one
+line per run (a log holds every run appended to it, told apart by ``run_id``), and
+prints per run: best validation AUROC and its step, mean records/s without the first
+(warm-up) interval, and the wall time from first to last record. A malformed log is
+reported as one line naming the file and line, exit code 2.
+"""
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+FIGURE_INCHES = (12.0, 8.0)
+FIGURE_DPI = 100  # so the PNG is 1200 x 800 pixels
+_REQUIRED = {"train": ("step", "loss", "lr", "records_per_sec"), "eval": ("stage", "step")}
+
+
+class LogError(ValueError):
+    """A log line is not a record this tool understands."""
+
+
+@dataclass
+class Run:
+    """The records of one run: (step, value) series and the wall-clock span."""
+
+    label: str
+    loss: List[Tuple[int, float]] = field(default_factory=list)
+    lr: List[Tuple[int, float]] = field(default_factory=list)
+    records_per_sec: List[Tuple[int, float]] = field(default_factory=list)
+    validation_auroc: List[Tuple[int, float]] = field(default_factory=list)
+    first_time: Optional[float] = None
+    last_time: Optional[float] = None
+
+    def summary(self) -> Dict[str, object]:
+        best = max(self.validation_auroc, key=lambda p: p[1], default=None)
+        rates = [r for _, r in self.records_per_sec[1:]] or [r for _, r in self.records_per_sec]
+        return {
+            "run": self.label,
+            "best_validation_auroc": best[1] if best else None,
+            "best_step": best[0] if best else None,
+            "mean_records_per_sec": sum(rates) / len(rates) if rates else None,
+            "total_seconds": (self.last_time - self.first_time) if self.first_time is not None else None,
+            "steps": self.loss[-1][0] if self.loss else 0,
+        }
+
+
+def read_runs(path: str) -> List[Run]:
+    """The runs of one log file, in the order they first appear."""
+    runs: Dict[str, Run] = {}
+    try:
+        lines = open(path).read().splitlines()
+    except OSError as e:
+        raise LogError(f"{path}: cannot read ({e.strerror})") from e
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise LogError(f"{path} line {number}: not JSON ({e.msg})") from e
+        if not isinstance(record, dict) or "event" not in record:
+            raise LogError(f"{path} line {number}: not a log record (no \"event\")")
+        event = record["event"]
+        missing = [k for k in _REQUIRED.get(event, ()) if record.get(k) is None]
+        if missing:
+            raise LogError(f"{path} line {number}: {event} record without {', '.join(missing)}")
+        run_id = str(record.get("run_id", "run"))
+        run = runs.setdefault(run_id, Run(label=f"{os.path.basename(path)}:{run_id}"))
+        if isinstance(record.get("time"), (int, float)):
+            run.first_time = record["time"] if run.first_time is None else run.first_time
+            run.last_time = record["time"]
+        if event == "train":
+            step = int(record["step"])
+            run.loss.append((step, float(record["loss"])))
+            run.lr.append((step, float(record["lr"])))
+            run.records_per_sec.append((step, float(record["records_per_sec"])))
+        elif event == "eval" and record["stage"] == "validation" and record.get("auroc") is not None:
+            run.validation_auroc.append((int(record["step"]), float(record["auroc"])))
+    if not runs:
+        raise LogError(f"{path}: no records")
+    return list(runs.values())
+
+
+def draw(runs: Sequence[Run], output: str) -> None:
+    """Writes a 2 x 2 chart to ``output`` (PNG), under a temporary name first."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
+    panels = [("loss", "training loss"), ("lr", "learning rate"), ("records_per_sec", "records/s"),
+              ("validation_auroc", "validation AUROC")]
+    for ax, (attr, title) in zip(axes.flat, panels):
+        for run in runs:
+            points = getattr(run, attr)
+            if points:
+                ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None,
+                        label=run.label)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize="small")
+    fig.tight_layout()
+    tmp = output + ".tmp.png"
+    fig.savefig(tmp, dpi=FIGURE_DPI)
+    plt.close(fig)
+    os.replace(tmp, output)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="training.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("logs", nargs="+", help="JSON-lines logs written with --log_path")
+    parser.add_argument("--output", default="run.png", help="PNG to write (1200 x 800)")
+    args = parser.parse_args(argv)
+    try:
+        runs = [run for path in args.logs for run in read_runs(path)]
+    except LogError as e:
+        print(f"training.report: error: {e}", file=sys.stderr)
+        return 2
+    draw(runs, args.output)
+    for run in runs:
+        s = run.summary()
+        auroc = "n/a" if s["best_validation_auroc"] is None else f"{s['best_validation_auroc']:.4f} at step {s['best_step']}"
+        rate = "n/a" if s["mean_records_per_sec"] is None else f"{s['mean_records_per_sec']:,.0f}"
+        total = "n/a" if s["total_seconds"] is None else f"{s['total_seconds']:.1f} s"
+        print(f"{s['run']}: {s['steps']} steps | best validation AUROC {auroc} | "
+              f"mean records/s (after warm-up) {rate} | total time {total}")
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

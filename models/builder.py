@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import torch
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from models.config import ModelConfig
@@ -23,6 +23,7 @@ def build_embedding_bag_configs(config: ModelConfig) -> List[EmbeddingBagConfig]
             embedding_dim=config.embedding_dim,
             num_embeddings=rows,
             feature_names=[feature],
+            data_type=DataType.FP16 if config.embedding_precision == "fp16" else DataType.FP32,
         )
         for table, feature, rows in zip(
             config.table_names, config.sparse_feature_names, config.num_embeddings_per_feature

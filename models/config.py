@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from typing import List
 
 INTERACTION_TYPES = ("original", "dcn", "projection")
+EMBEDDING_PRECISIONS = ("fp32", "fp16")
 
 
 def _check_layer_sizes(name: str, sizes: List[int]) -> None:
@@ -25,6 +26,7 @@ class ModelConfig:
             named ``t_<name>``.
         dense_in_features: number of numerical features.
         embedding_dim: width of every embedding table.
+        embedding_precision: data type of the table weights, "fp32" or "fp16".
         interaction_type: "original" (DLRM dot products), "dcn" (DCNv2 low-rank cross
             net) or "projection" (DLRM with two projection MLPs).
         dense_arch_layer_sizes: bottom MLP; its last size must equal embedding_dim.
@@ -47,6 +49,7 @@ class ModelConfig:
     )
     dense_in_features: int = 13
     embedding_dim: int = 64
+    embedding_precision: str = "fp32"
     interaction_type: str = "original"
     dense_arch_layer_sizes: List[int] = field(default_factory=lambda: [512, 256, 64])
     over_arch_layer_sizes: List[int] = field(default_factory=lambda: [512, 512, 256, 1])
@@ -65,6 +68,11 @@ class ModelConfig:
             raise ValueError(
                 f"--interaction_type must be one of {', '.join(INTERACTION_TYPES)}, "
                 f"got {self.interaction_type!r}"
+            )
+        if self.embedding_precision not in EMBEDDING_PRECISIONS:
+            raise ValueError(
+                f"--embedding_precision must be one of {', '.join(EMBEDDING_PRECISIONS)}, "
+                f"got {self.embedding_precision!r}"
             )
         if self.embedding_dim <= 0:
             raise ValueError(f"--embedding_dim must be positive, got {self.embedding_dim}")

@@ -5,6 +5,7 @@ from typing import Optional
 
 from data.config import DataConfig
 from models.config import ModelConfig
+from sharding_plans.constraints import ShardingConstraints
 
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
@@ -82,6 +83,8 @@ class TrainConfig:
         print_sharding_plan: print the plan and per-rank memory.
         allow_tf32: TF32 matmuls on CUDA.
         device: auto, cpu or cuda.
+        sharding_plan: a plan file to use instead of planning.
+        sharding_constraints: sharding types and kernels the planner may use.
     """
 
     model: ModelConfig
@@ -96,6 +99,8 @@ class TrainConfig:
     print_sharding_plan: bool = False
     allow_tf32: bool = False
     device: str = "auto"
+    sharding_plan: Optional[str] = None
+    sharding_constraints: ShardingConstraints = field(default_factory=ShardingConstraints)
 
     def validate(self) -> None:
         """Raises ValueError with one line naming the offending flag."""
@@ -112,3 +117,6 @@ class TrainConfig:
             raise ValueError(f"--log_every_n_steps must be positive, got {self.log_every_n_steps}")
         if self.device not in DEVICES:
             raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        self.sharding_constraints.validate(self.model.table_names)
+        if self.sharding_plan is not None and not self.sharding_constraints.empty:
+            raise ValueError("--sharding_plan fixes the plan: it cannot be combined with --sharding_type or --compute_kernel")

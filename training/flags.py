@@ -11,7 +11,8 @@ from typing import Any, Dict, List, NoReturn, Optional, Sequence
 
 from data.config import DATASET_NAMES, DataConfig
 from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES, read_metadata
-from models.config import INTERACTION_TYPES, ModelConfig
+from models.config import EMBEDDING_PRECISIONS, INTERACTION_TYPES, ModelConfig
+from sharding_plans.constraints import ShardingConstraints
 from training.config import DENSE_OPTIMIZERS, DEVICES, OPTIMIZERS, OptimizerConfig, TrainConfig
 
 DEFAULT_NUM_EMBEDDINGS = 100_000
@@ -21,7 +22,7 @@ class FlagError(ValueError):
     """A flag's value is wrong; the message names the flag."""
 
 
-class _OneLineParser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """Reports bad flags as one line (no usage dump) and exits with 2."""
 
     def error(self, message: str) -> NoReturn:
@@ -45,7 +46,7 @@ def _store_true(parser: argparse.ArgumentParser, name: str, help: str) -> None:
 
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The flags of both entry points, with DLRM's defaults (callers may `set_defaults`)."""
-    p = _OneLineParser(prog=prog, description=description)
+    p = OneLineParser(prog=prog, description=description)
     a = p.add_argument
     # Run length and batching (public example names).
     a("--epochs", type=int, default=1, help="passes over the training split")
@@ -103,6 +104,13 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     _store_true(p, "print_sharding_plan", "print the sharding plan and per-rank memory")
     _store_true(p, "allow_tf32", "allow TF32 matmuls (CUDA Ampere or newer)")
     a("--device", choices=DEVICES, default="auto", help="cuda when available with auto")
+    # Sharding (see `python -m sharding_plans plan`).
+    a("--sharding_plan", default=None, help="use this plan file (python -m sharding_plans plan --output) instead of planning")
+    a("--sharding_type", default=None,
+      help="data_parallel|table_wise|row_wise|column_wise|table_row_wise|table_column_wise, for every table "
+           "or per table: t_cat_0=row_wise,t_cat_1=table_wise")
+    a("--compute_kernel", default=None, help="dense|fused|fused_uvm|fused_uvm_caching, for every table or per table")
+    a("--embedding_precision", choices=EMBEDDING_PRECISIONS, default="fp32", help="table weights' data type")
     return p
 
 
@@ -132,6 +140,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                 sparse_feature_names=list(SPARSE_FEATURE_NAMES),
                 dense_in_features=len(DENSE_FEATURE_NAMES),
                 embedding_dim=args.embedding_dim,
+                embedding_precision=args.embedding_precision,
                 interaction_type=args.interaction_type,
                 dense_arch_layer_sizes=args.dense_arch_layer_sizes,
                 over_arch_layer_sizes=args.over_arch_layer_sizes,
@@ -177,6 +186,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             print_sharding_plan=args.print_sharding_plan,
             allow_tf32=args.allow_tf32,
             device=args.device,
+            sharding_plan=args.sharding_plan,
+            sharding_constraints=ShardingConstraints.from_flags(args.sharding_type, args.compute_kernel),
         )
         config.validate()
     except ValueError as e:

@@ -14,13 +14,13 @@ from typing import Dict, Iterator, List, Optional
 import torch
 import torch.distributed as dist
 from torchrec.distributed import TrainPipelineSparseDist
-from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
+from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import ShardingEnv
 
 from data.config import BatchLoader, build_loaders, open_dataset
 from models import build_dlrm_train
 from models.interaction import align_to_sharded_embeddings
-from sharding_plans import PlannerConfig, build_sharding_plan, format_sharding_plan
+from sharding_plans import PlannerConfig, format_sharding_plan
 from training.config import TrainConfig
 from training.distributed import DistributedEnv, init_process_group
 from training.embedding_init import init_embedding_tables
@@ -28,6 +28,7 @@ from training.lr_schedule import WarmupPolyDecaySchedule
 from training.metrics import BinaryClassificationMetrics
 from training.optimizers import attach_fused_embedding_optimizer, build_combined_optimizer
 from training.run_log import RunLog
+from training.sharding import prepare_sharding
 
 
 class NonFiniteLossError(RuntimeError):
@@ -59,24 +60,23 @@ class Trainer:
     def __init__(self, config: TrainConfig, env: DistributedEnv) -> None:
         self.config = config
         self.env = env
-        # Opening the data set first: a bad path fails before any collective.
+        # The data set, the model and the plan file or constraints first: bad input
+        # fails before any collective.
         dataset = open_dataset(config.data)
-        self.process_group = init_process_group(env)
-        self.log = RunLog(env.is_main, config.log_path)
-        if env.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = config.allow_tf32
-            torch.backends.cudnn.allow_tf32 = config.allow_tf32
-
         # Model: identical dense init on every rank and world size (seeded here),
         # tables on the meta device until sharded.
         torch.manual_seed(config.seed)
         model = build_dlrm_train(config.model, dense_device=env.device)
         attach_fused_embedding_optimizer(model.model.sparse_arch, config.optim)
+        sharding = prepare_sharding(config, env, model)
 
-        sharders = get_default_sharders()
-        plan = build_sharding_plan(
+        self.process_group = init_process_group(env)
+        self.log = RunLog(env.is_main, config.log_path)
+        if env.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = config.allow_tf32
+            torch.backends.cudnn.allow_tf32 = config.allow_tf32
+        plan = sharding.plan(
             model,
-            sharders,  # type: ignore[arg-type]
             PlannerConfig(
                 world_size=env.world_size,
                 local_world_size=env.local_world_size,
@@ -94,7 +94,7 @@ class Trainer:
             device=env.device,
             env=ShardingEnv.from_process_group(self.process_group),
             plan=plan,
-            sharders=sharders,  # type: ignore[arg-type]
+            sharders=sharding.sharders,
         )
         align_to_sharded_embeddings(self.model, env.device)
         init_embedding_tables(self.model, table_shapes, config.seed)

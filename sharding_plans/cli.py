@@ -235,7 +235,8 @@ def _does_not_fit(request: PlanRequest, reason: str, search: bool) -> str:
     if fitting is None:
         lines.append(f"no plan found up to {failing} {_rank_kind(topology)} (the constraints may prevent one)")
     elif fitting - failing <= unit:
-        lines.append(f"needs at least {fitting} {_rank_kind(topology)}")
+        hosts = f" (whole hosts of {unit} were tried)" if unit > 1 else ""
+        lines.append(f"needs at least {fitting} {_rank_kind(topology)}{hosts}")
     else:
         lines.append(f"fits on {fitting} {_rank_kind(topology)}, not on {failing}")
     return "\n".join(lines)

@@ -135,8 +135,9 @@ def format_plan_report(saved: SavedPlan) -> str:
         "",
         f"{'table':<12} {'rows':>13} {'dim':>5}  {'sharding':<17} {'kernel':<17} {'ranks':<12} shards (rows x cols)",
     ]
+    model_order = {name: i for i, name in enumerate(saved.tables)}
     for module_plan in saved.plan.plan.values():
-        for table, ps in sorted(module_plan.items(), key=lambda kv: _natural_key(kv[0])):  # type: ignore[union-attr]
+        for table, ps in sorted(module_plan.items(), key=lambda kv: model_order[kv[0]]):  # type: ignore[union-attr]
             spec = saved.tables[table]
             lines.append(
                 f"{table:<12} {spec.rows:>13,} {spec.dim:>5}  {ps.sharding_type:<17} {ps.compute_kernel:<17} "

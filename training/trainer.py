@@ -88,7 +88,8 @@ class Trainer:
         table_shapes = {t: (rows, config.model.embedding_dim)
                         for t, rows in zip(config.model.table_names, config.model.num_embeddings_per_feature)}
         if config.print_sharding_plan:
-            self.log.print(format_sharding_plan(plan, env.world_size, table_shapes))
+            element_bytes = 2 if config.model.embedding_precision == "fp16" else 4
+            self.log.print(format_sharding_plan(plan, env.world_size, table_shapes, element_bytes))
         self.model = DistributedModelParallel(
             module=model,
             device=env.device,

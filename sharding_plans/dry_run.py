@@ -8,7 +8,7 @@ ranks of the same kind that hold a model that does not fit.
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -67,7 +67,7 @@ class PlanRequest:
         )
 
     @property
-    def tables(self) -> dict:
+    def tables(self) -> Dict[str, TableSpec]:
         """{table: TableSpec} in model order."""
         config = self.model_config
         return {name: TableSpec(rows, self.embedding_dim, self.embedding_precision)

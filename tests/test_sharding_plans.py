@@ -1,7 +1,6 @@
 """Plan files (round trip, malformed files), plan checks against a run, the dry-run
 CLI (presets, verdicts, sweep, chart) and its bad input."""
 
-import dataclasses
 import json
 import math
 import os
@@ -14,7 +13,6 @@ from torchrec.distributed.types import CacheParams
 from torchrec.modules.embedding_configs import DataType
 
 from sharding_plans import cli
-from sharding_plans.chart import write_memory_chart
 from sharding_plans.constraints import ShardingConstraints
 from sharding_plans.dry_run import PlanRequest, plan_request
 from sharding_plans.plan_check import PlanMismatchError, check_plan_for_run

@@ -8,9 +8,8 @@ from typing import List, Optional
 
 import torch
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
-from torchrec.types import DataType
 
 from models.config import ModelConfig
 from models.interaction import DotInteraction, PooledSparseArch

@@ -26,6 +26,7 @@ class ModelConfig:
             named ``t_<name>``.
         dense_in_features: number of numerical features.
         embedding_dim: width of every embedding table.
+        embedding_precision: data type of the table weights, "fp32" or "fp16".
         interaction_type: "original" (DLRM dot products), "dcn" (DCNv2 low-rank cross
             net) or "projection" (DLRM with two projection MLPs).
         dense_arch_layer_sizes: bottom MLP; its last size must equal embedding_dim.
@@ -49,6 +50,7 @@ class ModelConfig:
     )
     dense_in_features: int = 13
     embedding_dim: int = 64
+    embedding_precision: str = "fp32"
     interaction_type: str = "original"
     dense_arch_layer_sizes: List[int] = field(default_factory=lambda: [512, 256, 64])
     over_arch_layer_sizes: List[int] = field(default_factory=lambda: [512, 512, 256, 1])
@@ -74,7 +76,10 @@ class ModelConfig:
                 f"got {self.interaction_type!r}"
             )
         if self.embedding_precision not in EMBEDDING_PRECISIONS:
-            raise ValueError(f"--embedding_precision must be fp32 or fp16, got {self.embedding_precision!r}")
+            raise ValueError(
+                f"--embedding_precision must be one of {', '.join(EMBEDDING_PRECISIONS)}, "
+                f"got {self.embedding_precision!r}"
+            )
         if self.embedding_dim <= 0:
             raise ValueError(f"--embedding_dim must be positive, got {self.embedding_dim}")
         if self.dense_in_features <= 0:

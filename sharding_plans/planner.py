@@ -5,10 +5,11 @@ the ranks of a node) instead of TorchRec's 32 GiB HBM / 128 GiB DDR defaults, an
 reserves a fixed share for the dense part and activations.
 """
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -16,16 +17,27 @@ from torch import nn
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.planner.types import (
+    HardwareConfig,
     KernelConfig,
     ParameterConstraints,
+    PlannerError,
+    PlannerErrorType,
     Topology,
     TopologyFactory,
     TrainerConfig,
 )
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
+from sharding_plans.estimates import PlanRecorder, RankEstimate
+
 # Share of each device's memory kept free for dense parameters, activations and buffers.
 STORAGE_RESERVATION_PERCENTAGE = 0.15
+# torchrec's bandwidths are in bytes per millisecond.
+_GIB_PER_S = 1024**3 / 1000
+
+
+class PlanDoesNotFit(RuntimeError):
+    """The planner found no placement within the memory of the given ranks."""
 
 
 def host_memory_bytes() -> int:
@@ -44,6 +56,8 @@ class PlannerConfig:
         batch_size: training rows per rank per step.
         hbm_cap_bytes: memory per GPU (CUDA only; None: queried from the device).
         ddr_cap_bytes: host memory per rank (None: this host's memory / local_world_size).
+        intra_host_bw_gib_s: bandwidth between ranks of one host, GiB/s (None: torchrec's default).
+        inter_host_bw_gib_s: bandwidth between hosts per rank, GiB/s (None: torchrec's default).
     """
 
     world_size: int
@@ -52,6 +66,8 @@ class PlannerConfig:
     batch_size: int
     hbm_cap_bytes: Optional[int] = None
     ddr_cap_bytes: Optional[int] = None
+    intra_host_bw_gib_s: Optional[float] = None
+    inter_host_bw_gib_s: Optional[float] = None
 
     def validate(self) -> None:
         if self.compute_device not in ("cuda", "cpu"):
@@ -61,6 +77,14 @@ class PlannerConfig:
         for name, value in (("hbm", self.hbm_cap_bytes), ("ddr", self.ddr_cap_bytes)):
             if value is not None and value <= 0:
                 raise ValueError(f"{name} capacity must be positive, got {value}")
+        for name, bandwidth in (("intra-host", self.intra_host_bw_gib_s), ("inter-host", self.inter_host_bw_gib_s)):
+            if bandwidth is not None and not bandwidth > 0:
+                raise ValueError(f"{name} bandwidth must be positive, got {bandwidth}")
+
+    @property
+    def usable_fraction(self) -> float:
+        """Share of each rank's memory the planner may fill with embeddings."""
+        return 1.0 - STORAGE_RESERVATION_PERCENTAGE
 
 
 def build_topology(config: PlannerConfig) -> Topology:
@@ -70,6 +94,11 @@ def build_topology(config: PlannerConfig) -> Topology:
     if config.compute_device == "cuda" and hbm is None:
         hbm = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     ddr = config.ddr_cap_bytes or host_memory_bytes() // config.local_world_size
+    bandwidths = {
+        key: value * _GIB_PER_S
+        for key, value in (("intra_host_bw", config.intra_host_bw_gib_s), ("inter_host_bw", config.inter_host_bw_gib_s))
+        if value is not None
+    }
     return TopologyFactory.create_topology(
         TrainerConfig(
             world_size=config.world_size,
@@ -77,8 +106,41 @@ def build_topology(config: PlannerConfig) -> Topology:
             hbm_cap_bytes=hbm if config.compute_device == "cuda" else None,
             ddr_cap_bytes=ddr,
         ),
+        hardware_config=HardwareConfig(**bandwidths),
         kernel_config=KernelConfig(compute_device=config.compute_device),
     )
+
+
+def _planner(
+    config: PlannerConfig,
+    constraints: Optional[Dict[str, ParameterConstraints]],
+    recorder: PlanRecorder,
+) -> EmbeddingShardingPlanner:
+    return EmbeddingShardingPlanner(
+        topology=build_topology(config),
+        batch_size=config.batch_size,
+        storage_reservation=FixedPercentageStorageReservation(STORAGE_RESERVATION_PERCENTAGE),
+        constraints=constraints,
+        stats=[recorder],  # instead of torchrec's, which prints its own report
+    )
+
+
+class _DataParallelSpecNotice(logging.Filter):
+    """torchrec warns, on the root logger, that data-parallel tables have no
+    sharding spec: they never have one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Sharding spec not found for")
+
+
+@contextlib.contextmanager
+def _quiet_planner() -> Iterator[None]:
+    notice = _DataParallelSpecNotice()
+    logging.getLogger().addFilter(notice)
+    try:
+        yield
+    finally:
+        logging.getLogger().removeFilter(notice)
 
 
 def build_sharding_plan(
@@ -94,20 +156,53 @@ def build_sharding_plan(
     uses the same plan; without one (a dry run, or one process) it is made locally.
     ``constraints`` maps table names to allowed sharding types / kernels.
 
+    Args:
+        module: the model, tables on the meta device.
+        sharders: the sharders DistributedModelParallel will use.
+        config: hardware and batch.
+        process_group: the job's group (None: plan locally).
+        constraints: per-table constraints (see `ShardingConstraints.parameter_constraints`).
+
     Example::
 
         plan = build_sharding_plan(model, get_default_sharders(),
                                    PlannerConfig(world_size=2, local_world_size=2,
                                                  compute_device="cpu", batch_size=512))
     """
-    planner = EmbeddingShardingPlanner(
-        topology=build_topology(config),
-        batch_size=config.batch_size,
-        storage_reservation=FixedPercentageStorageReservation(STORAGE_RESERVATION_PERCENTAGE),
-        constraints=constraints,
-    )
-    # The planner prints its plan through this logger at INFO; we print our own.
-    logging.getLogger("torchrec.distributed.planner.stats").setLevel(logging.WARNING)
-    if process_group is not None and dist.get_world_size(process_group) > 1:
-        return planner.collective_plan(module, sharders, process_group)
-    return planner.plan(module, sharders)
+    planner = _planner(config, constraints, PlanRecorder())
+    with _quiet_planner():
+        if process_group is not None and dist.get_world_size(process_group) > 1:
+            return planner.collective_plan(module, sharders, process_group)
+        return planner.plan(module, sharders)
+
+
+def plan_with_estimates(
+    module: nn.Module,
+    sharders: List[ModuleSharder[nn.Module]],
+    config: PlannerConfig,
+    constraints: Optional[Dict[str, ParameterConstraints]] = None,
+) -> Tuple[ShardingPlan, List[RankEstimate]]:
+    """Plans locally (no process group) and returns the plan with the planner's
+    per-rank memory and step-time estimates.
+
+    Raises:
+        PlanDoesNotFit: no placement fits the ranks' memory.
+        ValueError: the constraints cannot be met (one line).
+
+    Example::
+
+        plan, ranks = plan_with_estimates(model, build_sharders(), config)
+        print(max(r.hbm_bytes for r in ranks))
+    """
+    recorder = PlanRecorder()
+    planner = _planner(config, constraints, recorder)
+    try:
+        with _quiet_planner():
+            plan = planner.plan(module, sharders)
+    except PlannerError as e:
+        if e.error_type == PlannerErrorType.INSUFFICIENT_STORAGE:
+            raise PlanDoesNotFit("the tables need more memory than the ranks have") from e
+        if e.error_type in (PlannerErrorType.STRICT_CONSTRAINTS, PlannerErrorType.PARTITION):
+            raise PlanDoesNotFit("no placement allowed by the constraints fits in the ranks' memory") from e
+        raise ValueError(f"the planner failed: {str(e).strip().splitlines()[0]}") from e
+    return plan, recorder.rank_estimates(config.world_size)

@@ -2,16 +2,21 @@
 
 import re
 from collections import defaultdict
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from torchrec.distributed.types import EnumerableShardingSpec, ShardingPlan
+from torchrec.distributed.types import EnumerableShardingSpec, ParameterSharding, ShardingPlan
+
+from sharding_plans.estimates import RankEstimate
+from sharding_plans.plan_file import SavedPlan
 
 _GIB = 1024**3
 _MIB = 1024**2
 
 
 def format_bytes(n: int) -> str:
-    """GiB from 1 GiB up, else MiB."""
+    """GiB from 1 GiB up, else MiB (0 as "0")."""
+    if n == 0:
+        return "0"
     return f"{n / _GIB:.2f} GiB" if n >= _GIB else f"{n / _MIB:.2f} MiB"
 
 
@@ -82,3 +87,99 @@ def plan_summary(plan: ShardingPlan) -> Dict[str, Dict[str, object]]:
             summary[table] = {"sharding_type": ps.sharding_type, "compute_kernel": ps.compute_kernel,
                               "shards": shards}
     return summary
+
+
+def describe_ranks(ranks: Sequence[int]) -> str:
+    """Ranks as runs: [0, 1, 2, 3, 6] -> "0-3, 6"."""
+    runs: List[List[int]] = []
+    for rank in sorted(set(ranks)):
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) or "-"
+
+
+def describe_shards(ps: ParameterSharding, world_size: int) -> str:
+    """Shard shapes, identical ones counted: "8 x 5000000x128"; replicas for data parallel."""
+    spec = ps.sharding_spec
+    if not isinstance(spec, EnumerableShardingSpec):
+        return f"{world_size} replicas"
+    counts: Dict[str, int] = {}
+    for shard in spec.shards:
+        shape = "x".join(str(n) for n in shard.shard_sizes)
+        counts[shape] = counts.get(shape, 0) + 1
+    return ", ".join(shape if n == 1 else f"{n} x {shape}" for shape, n in counts.items())
+
+
+def _rank_of_each_shard(ps: ParameterSharding, world_size: int) -> List[int]:
+    if isinstance(ps.sharding_spec, EnumerableShardingSpec):
+        return [s.placement.rank() for s in ps.sharding_spec.shards]  # type: ignore[union-attr]
+    return list(ps.ranks) if ps.ranks else list(range(world_size))
+
+
+def memory_imbalance(estimates: Sequence[RankEstimate]) -> float:
+    """Largest rank's memory over the mean (1.0: perfectly even)."""
+    totals = [e.total_bytes for e in estimates]
+    mean = sum(totals) / len(totals)
+    return max(totals) / mean if mean > 0 else 1.0
+
+
+def largest_rank(estimates: Sequence[RankEstimate]) -> RankEstimate:
+    """The rank with the most embedding memory (the lowest such rank on ties)."""
+    return max(estimates, key=lambda e: (e.total_bytes, -e.rank))
+
+
+def format_plan_report(saved: SavedPlan) -> str:
+    """The plan as a readable table, then memory and step time per rank (the largest
+    rank marked) and totals.
+
+    Example::
+
+        print(format_plan_report(read_plan("plan.json")))
+    """
+    topo = saved.topology
+    usable = topo.usable_fraction
+    total_weights = sum(t.num_bytes for t in saved.tables.values())
+    lines = [
+        f"topology: {topo.world_size} {topo.compute_device} ranks, {topo.local_world_size} per host; "
+        + (f"{format_bytes(topo.hbm_cap_bytes)} HBM + " if topo.hbm_cap_bytes else "")
+        + f"{format_bytes(topo.ddr_cap_bytes or 0)} DDR per rank, {usable:.0%} of it for embeddings; "
+        f"batch {topo.batch_size} per rank",
+        f"model: {len(saved.tables)} tables, {total_weights / _GIB:.2f} GiB of embedding weights",
+        "",
+        f"{'table':<12} {'rows':>13} {'dim':>5}  {'sharding':<17} {'kernel':<17} {'ranks':<12} shards (rows x cols)",
+    ]
+    model_order = {name: i for i, name in enumerate(saved.tables)}
+    for module_plan in saved.plan.plan.values():
+        for table, ps in sorted(module_plan.items(), key=lambda kv: model_order[kv[0]]):  # type: ignore[union-attr]
+            spec = saved.tables[table]
+            lines.append(
+                f"{table:<12} {spec.rows:>13,} {spec.dim:>5}  {ps.sharding_type:<17} {ps.compute_kernel:<17} "
+                f"{describe_ranks(_rank_of_each_shard(ps, topo.world_size)):<12} {describe_shards(ps, topo.world_size)}"
+            )
+    if not saved.estimates:
+        lines += ["", "no planner estimates in this plan (it was not made by the planner here)"]
+        return "\n".join(lines)
+    top = largest_rank(saved.estimates)
+    lines += ["", f"{'rank':>5} {'HBM':>12} {'DDR':>12} {'step (ms)':>10}"]
+    for e in saved.estimates:
+        mark = "  <- largest" if e.rank == top.rank else ""
+        lines.append(f"{e.rank:>5} {format_bytes(e.hbm_bytes):>12} {format_bytes(e.ddr_bytes):>12} "
+                     f"{e.step_time_ms:>10.3f}{mark}")
+    capacity = (topo.hbm_cap_bytes if topo.compute_device == "cuda" else topo.ddr_cap_bytes) or 0
+    in_hbm = topo.compute_device == "cuda"
+    held = top.hbm_bytes if in_hbm else top.ddr_bytes
+    slowest = max(e.step_time_ms for e in saved.estimates)
+    lines += [
+        "",
+        f"largest rank: {top.rank} with {format_bytes(held)} of {format_bytes(int(capacity * usable))} usable "
+        f"{'HBM' if in_hbm else 'memory'} ({held / (capacity * usable):.0%})"
+        + (f" and {format_bytes(top.ddr_bytes)} in host memory (UVM)" if in_hbm and top.ddr_bytes else ""),
+        f"all ranks: {format_bytes(sum(e.total_bytes for e in saved.estimates))} "
+        f"(weights, optimizer state and buffers, as the planner estimates them); "
+        f"memory imbalance (largest / mean) {memory_imbalance(saved.estimates):.2f}",
+        f"estimated embedding time per step: {slowest:.3f} ms (slowest rank; lookups and all-to-alls, "
+        "the dense part excluded)",
+    ]
+    return "\n".join(lines)

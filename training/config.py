@@ -5,6 +5,7 @@ from typing import Optional
 
 from data.config import DataConfig
 from models.config import ModelConfig
+from sharding_plans.constraints import ShardingConstraints
 
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
@@ -128,6 +129,8 @@ class TrainConfig:
         amp: bf16 autocast of the forward (dense part).
         pipeline: sparse_dist, semi_sync, prefetch or base (training/pipelines.py).
         tensorboard_dir: TensorBoard event files (rank 0).
+        sharding_plan: a plan file to use instead of planning.
+        sharding_constraints: sharding types and kernels the planner may use.
     """
 
     model: ModelConfig
@@ -147,6 +150,8 @@ class TrainConfig:
     amp: bool = False
     pipeline: str = "sparse_dist"
     tensorboard_dir: Optional[str] = None
+    sharding_plan: Optional[str] = None
+    sharding_constraints: ShardingConstraints = field(default_factory=ShardingConstraints)
 
     def validate(self) -> None:
         """Raises ValueError with one line naming the offending flag."""
@@ -171,3 +176,6 @@ class TrainConfig:
         if self.mode != "train" and not (self.checkpoint.restore_checkpoint_path or self.checkpoint.checkpoint_dir):
             raise ValueError(f"--mode {self.mode} evaluates a checkpoint: give --restore_checkpoint_path, "
                              "or --checkpoint_dir for its newest one")
+        self.sharding_constraints.validate(self.model.table_names)
+        if self.sharding_plan is not None and not self.sharding_constraints.empty:
+            raise ValueError("--sharding_plan fixes the plan: it cannot be combined with --sharding_type or --compute_kernel")

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, NoReturn, Optional, Sequence
 from data.config import DATASET_NAMES, DataConfig
 from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES, read_metadata
 from models.config import EMBEDDING_PRECISIONS, INTERACTION_TYPES, ModelConfig
+from sharding_plans.constraints import ShardingConstraints
 from training.config import (
     DENSE_OPTIMIZERS,
     DEVICES,
@@ -30,7 +31,7 @@ class FlagError(ValueError):
     """A flag's value is wrong; the message names the flag."""
 
 
-class _OneLineParser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """Reports bad flags as one line (no usage dump) and exits with 2."""
 
     def error(self, message: str) -> NoReturn:
@@ -54,7 +55,7 @@ def _store_true(parser: argparse.ArgumentParser, name: str, help: str) -> None:
 
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The flags of both entry points, with DLRM's defaults (callers may `set_defaults`)."""
-    p = _OneLineParser(prog=prog, description=description)
+    p = OneLineParser(prog=prog, description=description)
     a = p.add_argument
     # Run length and batching (public example names).
     a("--epochs", type=int, default=1, help="passes over the training split")
@@ -126,6 +127,12 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     a("--keep_last_n_checkpoints", type=int, default=0, help="complete checkpoints to keep (0: all)")
     _store_true(p, "resume", "continue from the newest complete checkpoint in --checkpoint_dir")
     a("--restore_checkpoint_path", default=None, help="load only the weights of this checkpoint")
+    # Sharding (see `python -m sharding_plans plan`).
+    a("--sharding_plan", default=None, help="use this plan file (python -m sharding_plans plan --output) instead of planning")
+    a("--sharding_type", default=None,
+      help="data_parallel|table_wise|row_wise|column_wise|table_row_wise|table_column_wise, for every table "
+           "or per table: t_cat_0=row_wise,t_cat_1=table_wise")
+    a("--compute_kernel", default=None, help="dense|fused|fused_uvm|fused_uvm_caching, for every table or per table")
     return p
 
 
@@ -213,6 +220,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             amp=args.amp,
             pipeline=args.pipeline,
             tensorboard_dir=args.tensorboard_dir,
+            sharding_plan=args.sharding_plan,
+            sharding_constraints=ShardingConstraints.from_flags(args.sharding_type, args.compute_kernel),
         )
         config.validate()
     except ValueError as e:

@@ -14,15 +14,15 @@ from typing import Dict, Iterator, List, Optional
 import torch
 import torch.distributed as dist
 from torchrec.distributed import TrainPipelineSparseDist
-from torchrec.distributed.train_pipeline.train_pipelines import TrainPipeline
-from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
+from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.train_pipeline.train_pipelines import TrainPipeline
 from torchrec.distributed.types import ShardingEnv
 
 from data.config import BatchLoader, build_loaders, open_dataset
 from models import build_dlrm_train
 from models.interaction import align_to_sharded_embeddings
-from sharding_plans import PlannerConfig, build_sharding_plan, format_sharding_plan, plan_summary
+from sharding_plans import PlannerConfig, format_sharding_plan, plan_summary
 from sharding_plans.report import format_bytes
 from training.checkpoint import (
     CheckpointManager,
@@ -40,6 +40,7 @@ from training.metrics import BinaryClassificationMetrics
 from training.optimizers import attach_fused_embedding_optimizer, build_combined_optimizer
 from training.pipelines import build_pipeline, check_pipeline_supported, cpu_bf16_speed_ratio
 from training.run_log import RunLog
+from training.sharding import prepare_sharding
 
 
 # Every sharding type but data_parallel: these run the fused FBGEMM kernels.
@@ -75,11 +76,19 @@ class Trainer:
     def __init__(self, config: TrainConfig, env: DistributedEnv) -> None:
         self.config = config
         self.env = env
-        # Data set and checkpoint first: a bad path or a mismatched checkpoint fails
-        # on every rank alike, before any collective.
+        # The data set, the checkpoint, the model and the plan file or constraints
+        # first: bad input fails on every rank alike, before any collective.
         dataset = open_dataset(config.data)
         restore = find_restore_point(config)
         check_pipeline_supported(config.pipeline, env.device)
+        # Model: identical dense init on every rank and world size (seeded here),
+        # tables on the meta device until sharded.
+        torch.manual_seed(config.seed)
+        model = build_dlrm_train(config.model, dense_device=env.device)
+        attach_fused_embedding_optimizer(model.model.sparse_arch, config.optim)
+        sharding = prepare_sharding(config, env, model)
+        sharding.constraints = self._planner_constraints(sharding.constraints, restore)
+
         self.process_group = init_process_group(env)
         self.log = RunLog(env.is_main, config.log_path, config.tensorboard_dir)
         if config.amp and env.device.type == "cpu":
@@ -90,17 +99,8 @@ class Trainer:
         if env.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = config.allow_tf32
             torch.backends.cudnn.allow_tf32 = config.allow_tf32
-
-        # Model: identical dense init on every rank and world size (seeded here),
-        # tables on the meta device until sharded.
-        torch.manual_seed(config.seed)
-        model = build_dlrm_train(config.model, dense_device=env.device)
-        attach_fused_embedding_optimizer(model.model.sparse_arch, config.optim)
-
-        sharders = get_default_sharders()
-        plan = build_sharding_plan(
+        plan = sharding.plan(
             model,
-            sharders,  # type: ignore[arg-type]
             PlannerConfig(
                 world_size=env.world_size,
                 local_world_size=env.local_world_size,
@@ -108,7 +108,6 @@ class Trainer:
                 batch_size=config.data.batch_size,
             ),
             self.process_group,
-            constraints=self._planner_constraints(restore),
         )
         self.plan = plan_summary(plan)
         if restore and restore.full:
@@ -123,7 +122,7 @@ class Trainer:
             device=env.device,
             env=ShardingEnv.from_process_group(self.process_group),
             plan=plan,
-            sharders=sharders,  # type: ignore[arg-type]
+            sharders=sharding.sharders,
         )
         align_to_sharded_embeddings(self.model, env.device)
         init_embedding_tables(self.model, table_shapes, config.seed)
@@ -146,15 +145,22 @@ class Trainer:
         if restore is not None:
             self.restore_from(restore)
 
-    def _planner_constraints(self, restore: Optional[RestorePoint]) -> Optional[Dict[str, ParameterConstraints]]:
-        """Per-table planner constraints: a resumed run keeps the checkpoint's sharding
-        types; fp16 tables are never data-parallel (FBGEMM's dense data-parallel kernel
-        has no fp16 backward, so they stay on the fused kernels)."""
-        constraints = sharding_constraints(restore.meta) if restore and restore.full else {}
+    def _planner_constraints(
+        self, constraints: Optional[Dict[str, ParameterConstraints]], restore: Optional[RestorePoint]
+    ) -> Optional[Dict[str, ParameterConstraints]]:
+        """The flags' planner constraints, plus: a resumed run keeps the checkpoint's
+        sharding types; fp16 tables are never data-parallel (FBGEMM's dense
+        data-parallel kernel has no fp16 backward, so they stay on the fused kernels)."""
+        merged = dict(constraints or {})
+        if restore and restore.full:
+            for table, kept in sharding_constraints(restore.meta).items():
+                merged.setdefault(table, ParameterConstraints()).sharding_types = kept.sharding_types
         if self.config.model.embedding_precision == "fp16":
             for table in self.config.model.table_names:
-                constraints.setdefault(table, ParameterConstraints(sharding_types=list(FUSED_SHARDING_TYPES)))
-        return constraints or None
+                constraint = merged.setdefault(table, ParameterConstraints())
+                if not constraint.sharding_types:
+                    constraint.sharding_types = list(FUSED_SHARDING_TYPES)
+        return merged or None
 
     def restore_from(self, restore: RestorePoint) -> None:
         """Loads weights, and with ``full`` the optimizer state, step and data position."""

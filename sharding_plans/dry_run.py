@@ -1,0 +1,181 @@
+"""Planning without the hardware: meta-device tables, no GPU, no process group.
+
+`PlanRequest` describes the tables and the hardware; `plan_request` returns the plan
+with the planner's estimates, `smallest_fitting_world_size` looks for the fewest
+ranks of the same kind that hold a model that does not fit.
+"""
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from models import build_dlrm_train
+from models.config import ModelConfig
+from sharding_plans.constraints import ShardingConstraints
+from sharding_plans.plan_file import SavedPlan, TableSpec
+from sharding_plans.planner import PlanDoesNotFit, PlannerConfig, plan_with_estimates
+from sharding_plans.sharders import build_sharders
+from training.config import OptimizerConfig
+from training.optimizers import attach_fused_embedding_optimizer
+
+# Give up looking for a world size that fits after this many planner runs.
+MAX_SEARCH_PLANS = 8
+
+
+@dataclass
+class PlanRequest:
+    """Tables, hardware and constraints of one dry-run plan.
+
+    Args:
+        feature_names: categorical features; table i is ``t_<feature_names[i]>``.
+        num_embeddings_per_feature: rows of each table.
+        embedding_dim: width of every table.
+        embedding_precision: "fp32" or "fp16".
+        optimizer: the fused embedding optimizer (its state takes memory too).
+        topology: ranks, device, memory and batch.
+        constraints: sharding types and kernels the planner may use.
+
+    Example::
+
+        request = PlanRequest(["cat_0"], [1000], 64, "fp32", "sgd",
+                              PlannerConfig(2, 2, "cuda", 512, hbm_cap_bytes=2**34, ddr_cap_bytes=2**36))
+        saved = plan_request(request)
+    """
+
+    feature_names: List[str]
+    num_embeddings_per_feature: List[int]
+    embedding_dim: int
+    embedding_precision: str
+    optimizer: str
+    topology: PlannerConfig
+    constraints: ShardingConstraints = field(default_factory=ShardingConstraints)
+
+    @property
+    def model_config(self) -> ModelConfig:
+        # The dense layers do not change the plan: the smallest valid ones.
+        return ModelConfig(
+            num_embeddings_per_feature=list(self.num_embeddings_per_feature),
+            sparse_feature_names=list(self.feature_names),
+            embedding_dim=self.embedding_dim,
+            embedding_precision=self.embedding_precision,
+            dense_arch_layer_sizes=[self.embedding_dim],
+            over_arch_layer_sizes=[1, 1],
+        )
+
+    @property
+    def tables(self) -> Dict[str, TableSpec]:
+        """{table: TableSpec} in model order."""
+        config = self.model_config
+        return {name: TableSpec(rows, self.embedding_dim, self.embedding_precision)
+                for name, rows in zip(config.table_names, self.num_embeddings_per_feature)}
+
+    def validate(self) -> None:
+        """Raises ValueError (one line naming the flag) for bad tables or constraints."""
+        self.model_config.validate()
+        OptimizerConfig(optimizer=self.optimizer).validate()
+        self.topology.validate()
+        self.constraints.validate(self.model_config.table_names, self.topology.compute_device)
+
+    def with_world_size(self, world_size: int) -> "PlanRequest":
+        """The same request on ``world_size`` ranks (hosts keep their size, up to the world size)."""
+        topology = dataclasses.replace(
+            self.topology, world_size=world_size, local_world_size=min(self.topology.local_world_size, world_size)
+        )
+        return dataclasses.replace(self, topology=topology)
+
+
+def _planning_model(request: PlanRequest) -> nn.Module:
+    model = build_dlrm_train(request.model_config, dense_device=torch.device("meta"))
+    attach_fused_embedding_optimizer(model.model.sparse_arch, OptimizerConfig(optimizer=request.optimizer))
+    return model
+
+
+def plan_request(request: PlanRequest) -> SavedPlan:
+    """Plans the request's tables on its topology, on meta tensors.
+
+    Raises:
+        PlanDoesNotFit: no placement fits the ranks' memory under the constraints.
+        ValueError: bad request (one line).
+    """
+    request.validate()
+    table_names = request.model_config.table_names
+    topology = request.topology
+    plan, estimates = plan_with_estimates(
+        _planning_model(request),
+        build_sharders(request.constraints.row_splits_on_cpu(table_names, topology.compute_device)),
+        topology,
+        request.constraints.parameter_constraints(
+            table_names, request.embedding_dim, topology.world_size, topology.compute_device
+        ),
+    )
+    return SavedPlan(topology=topology, tables=request.tables, plan=plan, estimates=estimates)
+
+
+def rank_capacity_bytes(topology: PlannerConfig) -> int:
+    """Memory per rank the planner may fill with embeddings (HBM on CUDA, DDR on CPU).
+
+    HBM-only: plans that fit only by spilling to host memory (UVM) are found by the
+    planner itself; this is for lower bounds.
+    """
+    capacity = topology.hbm_cap_bytes if topology.compute_device == "cuda" else topology.ddr_cap_bytes
+    return int((capacity or 0) * topology.usable_fraction)
+
+
+def smallest_fitting_world_size(
+    request: PlanRequest, on_try: Optional[Callable[[int, bool], None]] = None
+) -> Tuple[Optional[int], int]:
+    """Looks for the fewest ranks (whole hosts when the request's world size is whole
+    hosts) on which the planner finds a plan, in at most `MAX_SEARCH_PLANS` planner runs.
+
+    Starts from the weights-only lower bound (total table bytes over usable memory
+    per rank), grows by half until a plan fits, then bisects. ``on_try(world_size,
+    fits)`` is called after each planner run.
+
+    Returns:
+        (the smallest world size found to fit or None, the largest found not to fit);
+        when they are one host (or rank) apart the first is the minimum.
+    """
+    topology = request.topology
+    unit = topology.local_world_size if topology.world_size % topology.local_world_size == 0 else 1
+    capacity = rank_capacity_bytes(topology)
+    if capacity <= 0:
+        return None, topology.world_size
+    weights = sum(t.num_bytes for t in request.tables.values())
+
+    def round_up(n: float) -> int:
+        return int(math.ceil(n / unit)) * unit
+
+    runs = 0
+
+    def fits(world_size: int) -> bool:
+        nonlocal runs
+        runs += 1
+        try:
+            plan_request(request.with_world_size(world_size))
+            ok = True
+        except PlanDoesNotFit:
+            ok = False
+        if on_try is not None:
+            on_try(world_size, ok)
+        return ok
+
+    failed = topology.world_size
+    candidate = max(round_up(weights / capacity), failed + unit)
+    while not fits(candidate):
+        failed = candidate
+        if runs >= MAX_SEARCH_PLANS:
+            return None, failed
+        candidate = round_up(candidate * 1.5)
+    while candidate - failed > unit and runs < MAX_SEARCH_PLANS:
+        middle = round_up((failed + candidate) / 2)
+        if middle >= candidate:
+            break
+        if fits(middle):
+            candidate = middle
+        else:
+            failed = middle
+    return candidate, failed

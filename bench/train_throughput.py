@@ -6,6 +6,7 @@ top 512-512-256-1, 26 tables of 100k rows, 1024 rows per rank, random data) on
 record (forward + backward), the matmul peak and their ratio.
 
     python bench/train_throughput.py [--steps 300] [--nproc 2] [--batch_size 1024]
+        [--embedding_precision fp32|fp16]
 """
 
 import argparse
@@ -66,6 +67,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=300, help="training steps (first interval is warm-up)")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--batch_size", type=int, default=1024, help="rows per rank")
+    parser.add_argument("--embedding_precision", choices=("fp32", "fp16"), default="fp32")
     args = parser.parse_args()
     interval = max(1, args.steps // 6)
     threads = os.cpu_count() or 1
@@ -79,6 +81,7 @@ def main() -> int:
             "--batch_size", str(args.batch_size), "--limit_train_batches", str(args.steps),
             "--limit_val_batches", "0", "--limit_test_batches", "0", "--learning_rate", "0.1",
             "--log_every_n_steps", str(interval), "--log_path", log,
+            "--embedding_precision", args.embedding_precision,
         ]
         launch(dlrm_main.main, argv, nproc=args.nproc)
         train = [r for r in read_log(log) if r["event"] == "train"][1:]  # drop warm-up interval
@@ -88,7 +91,10 @@ def main() -> int:
     records_per_sec = sum(r["records"] for r in train) / sum(r["seconds"] for r in train)
     flops = flops_per_record()
     achieved = records_per_sec * flops / 1e9
+    table_bytes = TABLES * ROWS * DIM * (2 if args.embedding_precision == "fp16" else 4)
     result = {
+        "embedding_precision": args.embedding_precision,
+        "table_memory_mib": round(table_bytes / 2**20, 1),
         "records_per_sec": round(records_per_sec),
         "mflop_per_record": round(flops / 1e6, 3),
         "achieved_gflops": round(achieved, 1),
@@ -99,7 +105,8 @@ def main() -> int:
         "batch_size_per_rank": args.batch_size,
         "measured_steps": steps,
     }
-    print(f"records/s {records_per_sec:,.0f} | {flops / 1e6:.2f} MFLOP/record | "
+    print(f"{args.embedding_precision} tables {table_bytes / 2**20:,.0f} MiB | "
+          f"records/s {records_per_sec:,.0f} | {flops / 1e6:.2f} MFLOP/record | "
           f"{achieved:.1f} GFLOP/s achieved | matmul peak {peak:.1f} GFLOP/s "
           f"({threads} threads) | {100 * achieved / peak:.1f}% of peak")
     print(json.dumps(result))

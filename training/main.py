@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional, Sequence
 import torch.distributed as dist
 
 from training.config import TrainConfig
-from training.distributed import resolve_env
+from training.distributed import DistributedEnv, resolve_env
 from training.failures import (EXIT_BAD_INPUT, EXIT_NON_FINITE_LOSS, raise_on_sigterm, report,
                                report_rank_failure)
 from training.flags import parse_config
@@ -39,25 +39,31 @@ def _train(config: TrainConfig, prog: str) -> int:
         env = resolve_env(config.device)
     except ValueError as e:
         return report(prog, str(e), EXIT_BAD_INPUT)
+    code = _run(config, prog, env)
+    # Tear the process group down unless a rank failed: then a peer may be gone, and
+    # gloo's teardown would block this rank and keep torchrun from restarting the job.
+    # (Bad input and a non-finite loss are seen by every rank alike.)
+    if code in (0, EXIT_BAD_INPUT, EXIT_NON_FINITE_LOSS) and dist.is_initialized():
+        dist.destroy_process_group()
+    return code
+
+
+def _run(config: TrainConfig, prog: str, env: DistributedEnv) -> int:
     try:
-        try:
-            trainer = Trainer(config, env)
-        except ValueError as e:  # bad input, including an unusable checkpoint
-            return report(prog, str(e), EXIT_BAD_INPUT)
-        except Exception as e:
-            return report_rank_failure(prog, env.rank, env.world_size, "setup", e)
-        try:
-            if config.mode == "train":
-                trainer.fit()
-            else:
-                trainer.evaluate_checkpoint()
-        except NonFiniteLossError as e:
-            return report(prog, str(e), EXIT_NON_FINITE_LOSS)
-        except Exception as e:
-            return report_rank_failure(prog, env.rank, env.world_size, trainer.position(), e)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        trainer = Trainer(config, env)
+    except ValueError as e:  # bad input, including an unusable checkpoint
+        return report(prog, str(e), EXIT_BAD_INPUT)
+    except Exception as e:
+        return report_rank_failure(prog, env.rank, env.world_size, "setup", e)
+    try:
+        if config.mode == "train":
+            trainer.fit()
+        else:
+            trainer.evaluate_checkpoint()
+    except NonFiniteLossError as e:
+        return report(prog, str(e), EXIT_NON_FINITE_LOSS)
+    except Exception as e:
+        return report_rank_failure(prog, env.rank, env.world_size, trainer.position(), e)
     return 0
 
 

@@ -14,14 +14,13 @@ both mappings; a declared cardinality at or below an id in the data is an error.
 import argparse
 import itertools
 import os
-import shutil
 import sys
-import tempfile
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from data.feature_spec import AUTO, DEFAULT_SPEC_NAME, Chunk, FeatureSpec, FeatureSpecError, smallest_id_dtype
+from data.output_dir import build_output_dir
 
 DEFAULT_CHUNK_ROWS = 65536
 
@@ -167,18 +166,8 @@ def transcode(input_dir: str, spec_in: str, output_dir: str, spec_out: str = DEF
     spec = FeatureSpec.load(os.path.join(input_dir, spec_in), allow_auto=True)
     if os.path.abspath(output_dir) == os.path.abspath(input_dir):
         raise TranscodeError(f"--output {output_dir} is the input directory; give another directory")
-    parent = os.path.dirname(os.path.abspath(output_dir))
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(output_dir))}.tmp", dir=parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private; the output is an ordinary directory
-    try:
-        out = _transcode_into(spec, input_dir, staging, spec_out, block_rows)
-        _replace_dir(staging, output_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    out = build_output_dir(output_dir, lambda staging: _transcode_into(spec, input_dir, staging, spec_out,
+                                                                        block_rows))
     out.base_dir, out.path = os.path.abspath(output_dir), os.path.join(output_dir, spec_out)
     return out
 
@@ -220,17 +209,6 @@ def _transcode_into(spec: FeatureSpec, input_dir: str, staging: str, spec_out: s
     out.check_split_binary_files()
     out.write(os.path.join(staging, spec_out))
     return out
-
-
-def _replace_dir(staging: str, output_dir: str) -> None:
-    """Puts the finished staging directory in output_dir's place."""
-    if os.path.exists(output_dir):
-        old = f"{output_dir.rstrip(os.sep)}.old{os.getpid()}"
-        os.replace(output_dir, old)
-        os.replace(staging, output_dir)
-        shutil.rmtree(old)
-    else:
-        os.replace(staging, output_dir)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

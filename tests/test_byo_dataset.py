@@ -9,7 +9,7 @@ import yaml
 
 import dlrm_main
 from data import transcode as transcode_cli
-from data.criteo_binary import CriteoBinaryLoader
+from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
 from data.feature_spec import FeatureSpec, FeatureSpecError
 from data.split_binary import SplitBinaryDataset
 from data.synthetic_csv import csv_feature_spec, generate_csv
@@ -196,3 +196,21 @@ def test_two_ranks_learn_from_byo_data(tmp_path):
     test = eval_record(records, "test")
     assert test["num_samples"] == 2048  # the second half of the test mapping
     assert test["auroc"] > 0.65, test
+
+
+def test_criteo_days_through_a_generated_spec(synthetic_dir, tmp_path, capsys):
+    from data.criteo_feature_spec import main as criteo_spec_main
+
+    out = str(tmp_path / "criteo_byo")
+    assert criteo_spec_main(["--input", synthetic_dir, "--output", out, "--chunk_size", "10000"]) == 0
+    criteo, byo = CriteoBinaryDataset(synthetic_dir), SplitBinaryDataset(os.path.join(out, "feature_spec.yaml"))
+    assert byo.split_ranges() == criteo.split_ranges()
+    assert byo.num_embeddings_per_feature == criteo.num_embeddings_per_feature
+    for name, cardinality in zip(byo.sparse_feature_names, byo.num_embeddings_per_feature):
+        assert byo.spec.feature_spec[name]["dtype"] == ("int8" if cardinality <= 128 else "int16")
+    for start, stop in ((24_000, 26_000), (49_152, 49_500), (73_000, 73_728)):  # across a day, validation, test
+        dense, sparse, labels = criteo.read(start, stop)
+        got_dense, got_sparse, got_labels = byo.read(start, stop)
+        np.testing.assert_array_equal(got_dense, dense.astype(np.float16))
+        np.testing.assert_array_equal(np.concatenate(got_sparse, axis=1), sparse)
+        np.testing.assert_array_equal(got_labels, labels[:, 0].astype(bool))

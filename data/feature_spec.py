@@ -17,7 +17,7 @@ int8/int16/int32 that holds its ids.
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import yaml
@@ -197,7 +197,7 @@ class FeatureSpec:
             if missing:
                 raise fail(f"feature {missing[0]!r} is in no chunk of source_spec {mapping}")
 
-    def _check_categorical(self, name: str, allow_auto: bool, fail) -> None:
+    def _check_categorical(self, name: str, allow_auto: bool, fail: Callable[[str], FeatureSpecError]) -> None:
         entry = self.feature_spec[name]
         cardinality = entry.get("cardinality")
         if cardinality is None or (cardinality == AUTO and not allow_auto):
@@ -220,7 +220,7 @@ class FeatureSpec:
         if not isinstance(hotness, int) or hotness <= 0:
             raise fail(f"categorical feature {name!r}: hotness must be a positive integer, got {hotness!r}")
 
-    def _check_binary_chunk(self, chunk: Chunk, where: str, fail) -> None:
+    def _check_binary_chunk(self, chunk: Chunk, where: str, fail: Callable[[str], FeatureSpecError]) -> None:
         if len(chunk.files) != 1:
             raise fail(f"{where}: a split_binary chunk has exactly one file, got {len(chunk.files)}")
         kinds = {self.channel_of(n) for n in chunk.features}
@@ -233,7 +233,7 @@ class FeatureSpec:
 
     # --- split_binary files ----------------------------------------------------------
 
-    def binary_layout(self, chunk: Chunk) -> "tuple[np.dtype, int]":
+    def binary_layout(self, chunk: Chunk) -> Tuple[np.dtype, int]:
         """(dtype, values per row) of a split_binary chunk's file."""
         channel = self.channel_of(chunk.features[0])
         if channel == "numerical":

@@ -40,7 +40,6 @@ class SplitBinaryDataset:
     def __init__(self, spec_path: str) -> None:
         self.spec = FeatureSpec.load(spec_path)
         rows = self.spec.check_split_binary_files()
-        self._columns: Dict[str, List[Tuple[np.ndarray, int]]] = {}
         self._mappings: Dict[str, Dict[str, Tuple[np.ndarray, int]]] = {}
         for mapping, chunks in self.spec.source_spec.items():
             where: Dict[str, Tuple[np.ndarray, int]] = {}

@@ -227,6 +227,12 @@ class FeatureSpec:
         if len(kinds) != 1 or (kinds != {"numerical"} and len(chunk.features) != 1):
             raise fail(f"{where}: a split_binary file holds numerical features, or one categorical "
                        f"feature, or the label, got {chunk.features}")
+        for name in chunk.features:
+            fixed = {"numerical": "float16", "label": "bool"}.get(self.channel_of(name))
+            declared = self.feature_spec[name].get("dtype")
+            if fixed and declared is not None and str(declared) != fixed:
+                raise fail(f"{where}: split_binary stores {self.channel_of(name)} feature {name!r} as {fixed}, "
+                           f"but feature_spec gives dtype {declared}")
 
     def channel_of(self, name: str) -> str:
         return next(c for c in CHANNELS if name in self.channel_spec[c])

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 import dlrm_main
+from dcnv2_main import DCNV2_DEFAULTS
 from data import transcode as transcode_cli
 from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
 from data.feature_spec import FeatureSpec, FeatureSpecError
@@ -94,6 +95,38 @@ def test_loader_reads_each_ranks_rows_of_every_global_batch(tmp_path):
         first = ranks[1][0].sparse_features.to_dict()["cat_1"]
         np.testing.assert_array_equal(first.values().numpy().reshape(-1, 2),
                                       expected_sparse[1][batch_size:2 * batch_size])
+    # Lazy reads from the memory map give the in-memory loader's batches, in file
+    # order and in a row permutation (scattered reads with `take`).
+    for seed in (None, 5):
+        loaders = [CriteoBinaryLoader(dataset, "train", batch_size, 1, 2, row_permutation_seed=seed,
+                                      mmap_mode=mmap) for mmap in (False, True)]
+        for a, b in zip(*loaders):
+            assert a.sparse_features.values().tolist() == b.sparse_features.values().tolist()
+            assert a.labels.tolist() == b.labels.tolist()
+
+
+def test_several_files_per_chunk_and_chunks_of_unequal_length(tmp_path):
+    csv_dir = str(tmp_path / "csv")
+    raw = csv_feature_spec(2, 3, cardinality=500)
+    _write_csv(csv_dir, raw)
+    # Split train/categorical.csv into two files of one chunk: the rows are read in file order.
+    lines = open(os.path.join(csv_dir, "train", "categorical.csv")).readlines()
+    for part, chunk in (("a", lines[:250]), ("b", lines[250:])):
+        with open(os.path.join(csv_dir, "train", f"categorical_{part}.csv"), "w") as f:
+            f.writelines(chunk)
+    raw["source_spec"]["train"][1]["files"] = ["train/categorical_a.csv", "train/categorical_b.csv"]
+    with open(os.path.join(csv_dir, "feature_spec.yaml"), "w") as f:
+        yaml.safe_dump(raw, f)
+    spec = transcode(csv_dir, "feature_spec.yaml", str(tmp_path / "bin"), block_rows=100)
+    _, sparse, _ = SplitBinaryDataset(spec.path).read(0, ROWS["train"])
+    np.testing.assert_array_equal(np.concatenate(sparse, axis=1), _csv(csv_dir, "train/categorical.csv"))
+
+    raw["source_spec"]["train"][1]["files"] = ["train/categorical_a.csv"]
+    with open(os.path.join(csv_dir, "feature_spec.yaml"), "w") as f:
+        yaml.safe_dump(raw, f)
+    with pytest.raises(FeatureSpecError, match=r"source_spec train chunk 1 files hold 250 rows but chunk 0 files "
+                                               r"hold 700$"):
+        transcode(csv_dir, "feature_spec.yaml", str(tmp_path / "bin"))
 
 
 def test_rerun_replaces_output_and_bad_id_keeps_it(tmp_path, capsys):
@@ -147,6 +180,8 @@ def _break_spec(raw: dict, base: str, problem: str) -> None:
             f.write(b"\x01")
     elif problem == "label size":
         raw["channel_spec"]["label"] = []
+    elif problem == "numerical dtype":
+        features["num_1"]["dtype"] = "float32"
 
 
 @pytest.mark.parametrize("problem, message", [
@@ -157,6 +192,8 @@ def _break_spec(raw: dict, base: str, problem: str) -> None:
     ("file missing", "file train/cat_1.bin of source_spec train is missing"),
     ("file length", "file test/label.bin holds 302 rows but test/numerical.bin holds 301 (source_spec test)"),
     ("label size", "channel_spec label must list exactly one feature, got 0"),
+    ("numerical dtype", "source_spec train chunk 0: split_binary stores numerical feature 'num_1' as float16, "
+                        "but feature_spec gives dtype float32"),
 ])
 def test_each_spec_problem_is_one_clear_error(binary_spec, tmp_path, capsys, problem, message):
     base = str(tmp_path / "data")
@@ -179,6 +216,14 @@ def test_each_spec_problem_is_one_clear_error(binary_spec, tmp_path, capsys, pro
             parse_config(["--dataset_path", path], "dlrm_main.py", "")
         assert exit_info.value.code == 2
         assert capsys.readouterr().err.strip() == f"dlrm_main.py: error: --dataset_path: {path}: {message}"
+
+
+def test_both_entry_points_take_feature_counts_from_the_spec(binary_spec):
+    for prog, defaults in (("dlrm_main.py", None), ("dcnv2_main.py", DCNV2_DEFAULTS)):
+        config = parse_config(["--dataset_path", binary_spec], prog, "", defaults)
+        assert config.model.sparse_feature_names == ["cat_0", "cat_1"]
+        assert config.model.dense_in_features == 2
+        assert config.model.num_embeddings_per_feature == [300, 300]
 
 
 def test_two_ranks_learn_from_byo_data(tmp_path):

@@ -167,8 +167,9 @@ class FeatureSpec:
 
         if len(self.channel_spec["label"]) != 1:
             raise fail(f"channel_spec label must list exactly one feature, got {len(self.channel_spec['label'])}")
-        if not self.numerical:
-            raise fail("channel_spec numerical lists no feature (the model needs at least one)")
+        for channel in ("numerical", "categorical"):
+            if not self.channel_spec[channel]:
+                raise fail(f"channel_spec {channel} lists no feature (the model needs at least one)")
         seen: Dict[str, str] = {}
         for channel in CHANNELS:
             for name in self.channel_spec[channel]:

@@ -2,7 +2,7 @@
 
 import os
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Protocol
+from typing import Dict, Iterator, List, Optional, Protocol, Union
 
 from torchrec.datasets.utils import Batch
 
@@ -10,6 +10,7 @@ from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
 from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, SPARSE_FEATURE_NAMES
 from data.multi_hot import MULTI_HOT_DISTRIBUTIONS, MultiHotExpander
 from data.random_data import RandomCriteoLoader
+from data.split_binary import SplitBinaryDataset
 
 DATASET_NAMES = ("criteo_1t", "criteo_kaggle")
 SPLITS = ("train", "validation", "test")
@@ -36,6 +37,7 @@ class DataConfig:
             uniform random data.
         synthetic_multi_hot_criteo_path: directory of the MLPerf multi-hot layout
             (day_{i}_sparse_multi_hot.npz + dense + labels).
+        dataset_path: a feature_spec.yaml of split_binary files (any feature counts).
         dataset_name: criteo_1t or criteo_kaggle.
         batch_size: training rows per rank per step.
         test_batch_size: validation/test rows per rank per step (default batch_size).
@@ -52,6 +54,7 @@ class DataConfig:
 
     in_memory_binary_criteo_path: Optional[str] = None
     synthetic_multi_hot_criteo_path: Optional[str] = None
+    dataset_path: Optional[str] = None
     dataset_name: str = "criteo_1t"
     batch_size: int = 32
     test_batch_size: Optional[int] = None
@@ -92,8 +95,15 @@ class DataConfig:
                            ("synthetic_multi_hot_criteo_path", self.synthetic_multi_hot_criteo_path)):
             if path is not None and not os.path.isdir(path):
                 raise ValueError(f"--{flag} {path}: no such directory")
-        if self.in_memory_binary_criteo_path and self.synthetic_multi_hot_criteo_path:
-            raise ValueError("give --in_memory_binary_criteo_path or --synthetic_multi_hot_criteo_path, not both")
+        if self.dataset_path is not None and not os.path.isfile(self.dataset_path):
+            raise ValueError(f"--dataset_path {self.dataset_path}: no such file (give PATH/feature_spec.yaml)")
+        given = [flag for flag, path in (("--in_memory_binary_criteo_path", self.in_memory_binary_criteo_path),
+                                         ("--synthetic_multi_hot_criteo_path", self.synthetic_multi_hot_criteo_path),
+                                         ("--dataset_path", self.dataset_path)) if path]
+        if len(given) > 1:
+            raise ValueError(f"give one data path, not {' and '.join(given)}")
+        if self.multi_hot_sizes is not None and self.dataset_path:
+            raise ValueError("--multi_hot_sizes expands Criteo data; with --dataset_path give hotness in the spec")
         if self.multi_hot_sizes is not None:
             if self.synthetic_multi_hot_criteo_path:
                 raise ValueError("--multi_hot_sizes expands one-hot data; "
@@ -115,8 +125,10 @@ class DataConfig:
                 "test": self.limit_test_batches}[split]
 
 
-def open_dataset(config: DataConfig) -> Optional[CriteoBinaryDataset]:
+def open_dataset(config: DataConfig) -> Optional[Union[CriteoBinaryDataset, SplitBinaryDataset]]:
     """The binary data set the flags name, or None for random data."""
+    if config.dataset_path is not None:
+        return SplitBinaryDataset(config.dataset_path)
     if config.synthetic_multi_hot_criteo_path is not None:
         return CriteoBinaryDataset(config.synthetic_multi_hot_criteo_path, multi_hot=True)
     if config.in_memory_binary_criteo_path is None:
@@ -126,7 +138,7 @@ def open_dataset(config: DataConfig) -> Optional[CriteoBinaryDataset]:
 
 def build_loaders(
     config: DataConfig,
-    dataset: Optional[CriteoBinaryDataset],
+    dataset: Optional[Union[CriteoBinaryDataset, SplitBinaryDataset]],
     num_embeddings_per_feature: List[int],
     rank: int,
     world_size: int,

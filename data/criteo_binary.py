@@ -11,7 +11,7 @@ multi-hot layout, 26 arrays of shape (N, k_f); `Sparse` covers both.
 
 import os
 import zipfile
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from torchrec.datasets.utils import Batch
@@ -25,6 +25,7 @@ from data.criteo_layout import (
     read_metadata,
 )
 from data.multi_hot import multi_hot_file, open_npz_arrays
+from data.split_binary import SplitBinaryDataset
 
 Arrays = Tuple[np.ndarray, Sparse, np.ndarray]
 
@@ -119,6 +120,10 @@ class CriteoBinaryDataset:
         return int(self.day_starts[-1])
 
     @property
+    def sparse_feature_names(self) -> List[str]:
+        return SPARSE_FEATURE_NAMES
+
+    @property
     def num_embeddings_per_feature(self) -> Optional[List[int]]:
         """Cardinalities recorded in metadata.json, if any."""
         if self.metadata and "num_embeddings_per_feature" in self.metadata:
@@ -172,7 +177,7 @@ class CriteoBinaryLoader:
     front; with it they are read from the memory-mapped files batch by batch.
 
     Args:
-        dataset: the day files.
+        dataset: the day files, or a feature-spec data set (``--dataset_path``).
         split: "train", "validation" or "test".
         batch_size: rows per rank per batch.
         rank, world_size: this rank and the number of ranks.
@@ -189,7 +194,7 @@ class CriteoBinaryLoader:
 
     def __init__(
         self,
-        dataset: CriteoBinaryDataset,
+        dataset: Union[CriteoBinaryDataset, SplitBinaryDataset],
         split: str,
         batch_size: int,
         rank: int,
@@ -213,7 +218,7 @@ class CriteoBinaryLoader:
         )
         self._shuffle_seed = shuffle_batches_seed
         self._limit = limit_batches
-        self._builder = BatchBuilder(SPARSE_FEATURE_NAMES)
+        self._builder = BatchBuilder(dataset.sparse_feature_names)
         self._modulo = self._modulo_sizes(num_embeddings_per_feature)
         self._epoch, self._start_batch = 0, 0
         self._in_memory: Optional[Arrays] = None

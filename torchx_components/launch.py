@@ -24,7 +24,7 @@ DEFAULT_IMAGE = "dlrm-torchrec:latest"
 
 # Flags of dlrm_main.py that name a data directory: `data_dir` adds the first one
 # unless the training flags already give one of them.
-DATA_PATH_FLAGS = ("--in_memory_binary_criteo_path", "--synthetic_multi_hot_criteo_path")
+DATA_PATH_FLAGS = ("--in_memory_binary_criteo_path", "--synthetic_multi_hot_criteo_path", "--dataset_path")
 
 
 @dataclass

@@ -7,10 +7,11 @@ Bad input ends in one line on stderr and exit code 2.
 
 import argparse
 import sys
-from typing import Any, Dict, List, NoReturn, Optional, Sequence
+from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from data.config import DATASET_NAMES, DataConfig
 from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES, read_metadata
+from data.feature_spec import FeatureSpec
 from models.config import EMBEDDING_PRECISIONS, INTERACTION_TYPES, ModelConfig
 from sharding_plans.constraints import ShardingConstraints
 from training.config import (
@@ -71,6 +72,8 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
       help="directory of day_{i}_{dense,sparse,labels}.npy files; without it, uniform random data")
     a("--synthetic_multi_hot_criteo_path", default=None,
       help="directory of the MLPerf DLRM-DCNv2 multi-hot layout (day_{i}_sparse_multi_hot.npz)")
+    a("--dataset_path", default=None,
+      help="PATH/feature_spec.yaml of a split_binary data set (any numbers of numerical and categorical features)")
     _store_true(p, "mmap_mode", "read batches lazily from memory-mapped files instead of loading this rank's rows")
     _store_true(p, "pin_memory", "pin host batches (CUDA)")
     _store_true(p, "shuffle_batches", "shuffle the order of training batches every epoch")
@@ -136,11 +139,24 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
-def _table_sizes(args: argparse.Namespace) -> List[int]:
+def _feature_layout(args: argparse.Namespace) -> Tuple[List[str], int, Optional[List[int]]]:
+    """(categorical names, numerical count, cardinalities) of the data the flags name."""
+    if args.dataset_path is None:
+        return list(SPARSE_FEATURE_NAMES), len(DENSE_FEATURE_NAMES), None
+    try:
+        spec = FeatureSpec.load(args.dataset_path)
+    except ValueError as e:
+        raise FlagError(f"--dataset_path: {e}") from e
+    return list(spec.categorical), len(spec.numerical), spec.cardinalities
+
+
+def _table_sizes(args: argparse.Namespace, num_tables: int, cardinalities: Optional[List[int]]) -> List[int]:
     if args.num_embeddings_per_feature is not None:
         return list(args.num_embeddings_per_feature)
     if args.num_embeddings is not None:
-        return [args.num_embeddings] * len(SPARSE_FEATURE_NAMES)
+        return [args.num_embeddings] * num_tables
+    if cardinalities is not None:
+        return cardinalities
     path = args.in_memory_binary_criteo_path or args.synthetic_multi_hot_criteo_path
     metadata = read_metadata(path) if path else None
     if metadata and "num_embeddings_per_feature" in metadata:
@@ -155,12 +171,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if args.adagrad and args.optimizer not in (None, "adagrad"):
         raise FlagError(f"--adagrad contradicts --optimizer {args.optimizer}")
     seed = 0 if args.seed is None else args.seed
+    sparse_names, num_dense, cardinalities = _feature_layout(args)
     try:
         config = TrainConfig(
             model=ModelConfig(
-                num_embeddings_per_feature=_table_sizes(args),
-                sparse_feature_names=list(SPARSE_FEATURE_NAMES),
-                dense_in_features=len(DENSE_FEATURE_NAMES),
+                num_embeddings_per_feature=_table_sizes(args, len(sparse_names), cardinalities),
+                sparse_feature_names=sparse_names,
+                dense_in_features=num_dense,
                 embedding_dim=args.embedding_dim,
                 interaction_type=args.interaction_type,
                 dense_arch_layer_sizes=args.dense_arch_layer_sizes,
@@ -174,6 +191,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             data=DataConfig(
                 in_memory_binary_criteo_path=args.in_memory_binary_criteo_path,
                 synthetic_multi_hot_criteo_path=args.synthetic_multi_hot_criteo_path,
+                dataset_path=args.dataset_path,
                 dataset_name=args.dataset_name,
                 batch_size=args.batch_size,
                 test_batch_size=args.test_batch_size,

@@ -1,0 +1,102 @@
+"""Reads a feature-spec data set in split_binary files (``--dataset_path``).
+
+The train mapping is the training split; the test mapping's first half (rows
+0 .. N/2) is validation and its second half test, as the Criteo loader halves its
+last day. Rows are numbered train first, then test, so `CriteoBinaryLoader` reads
+this data set exactly as it reads day files: each rank only its own rows, with the
+same per-global-batch layout (`data.batching.RankBatchLayout`).
+"""
+
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+from data.feature_spec import FeatureSpec
+
+Arrays = Tuple[np.ndarray, List[np.ndarray], np.ndarray]
+
+
+def _open(path: str, dtype: np.dtype, rows: int, width: int) -> np.ndarray:
+    if rows == 0:  # numpy cannot memory-map an empty file
+        return np.zeros((0, width), dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=(rows, width))
+
+
+class SplitBinaryDataset:
+    """A spec's train and test mappings, seen as one memory-mapped array of rows.
+
+    Args:
+        spec_path: the feature_spec.yaml; its files are relative to its directory.
+
+    Raises:
+        FeatureSpecError: one line naming the spec and the problem.
+
+    Example::
+
+        dataset = SplitBinaryDataset("byo/feature_spec.yaml")
+        dense, sparse, labels = dataset.read(0, 10)  # float16 (10, n), [ids (10, hotness)], bool (10,)
+    """
+
+    def __init__(self, spec_path: str) -> None:
+        self.spec = FeatureSpec.load(spec_path)
+        rows = self.spec.check_split_binary_files()
+        self._mappings: Dict[str, Dict[str, Tuple[np.ndarray, int]]] = {}
+        for mapping, chunks in self.spec.source_spec.items():
+            where: Dict[str, Tuple[np.ndarray, int]] = {}
+            for chunk in chunks:
+                dtype, width = self.spec.binary_layout(chunk)
+                array = _open(self.spec.file_path(chunk.files[0]), dtype, rows[mapping], width)
+                for column, name in enumerate(chunk.features):
+                    where[name] = (array, column)
+            self._mappings[mapping] = where
+        self._rows = [rows["train"], rows["test"]]
+
+    @property
+    def sparse_feature_names(self) -> List[str]:
+        return list(self.spec.categorical)
+
+    @property
+    def num_embeddings_per_feature(self) -> List[int]:
+        return self.spec.cardinalities
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self._rows)
+
+    def split_ranges(self) -> dict:
+        """{"train" | "validation" | "test": (start, stop)} in global row numbers."""
+        train, test = self._rows
+        middle = train + test // 2
+        return {"train": (0, train), "validation": (train, middle), "test": (middle, train + test)}
+
+    def _rows_of(self, mapping: str, index) -> Arrays:
+        where = self._mappings[mapping]
+        dense = np.stack([where[n][0][index, where[n][1]] for n in self.spec.numerical], axis=1)
+        sparse = [np.array(where[n][0][index]) for n in self.spec.categorical]
+        array, _ = where[self.spec.label]
+        return dense, sparse, np.array(array[index]).reshape(-1)
+
+    def read(self, start: int, stop: int) -> Arrays:
+        """Rows [start, stop) (global numbers, across the train/test boundary), in memory."""
+        train = self._rows[0]
+        if stop <= train:
+            return self._rows_of("train", slice(start, stop))
+        if start >= train:
+            return self._rows_of("test", slice(start - train, stop - train))
+        return self.take(np.arange(start, stop))
+
+    def take(self, rows: np.ndarray) -> Arrays:
+        """Rows at the given global numbers (any order), copied into memory."""
+        rows = np.asarray(rows, dtype=np.int64)
+        train = self._rows[0]
+        in_test = rows >= train
+        if not in_test.any():
+            return self._rows_of("train", rows)
+        if in_test.all():
+            return self._rows_of("test", rows - train)
+        a, b = self._rows_of("train", rows[~in_test]), self._rows_of("test", rows[in_test] - train)
+        order = np.empty(len(rows), dtype=np.int64)
+        order[np.flatnonzero(~in_test)] = np.arange(len(a[2]))
+        order[np.flatnonzero(in_test)] = len(a[2]) + np.arange(len(b[2]))
+        return (np.concatenate([a[0], b[0]])[order], [np.concatenate([x, y])[order] for x, y in zip(a[1], b[1])],
+                np.concatenate([a[2], b[2]])[order])

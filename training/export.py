@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import sys
+import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
@@ -161,6 +162,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--quantize", type=_quantize_list, default=["fp16", "int8"],
                         help="quantized variants to write: fp16,int8 (default), fp16, int8 or none")
     args = parser.parse_args(argv)
+    # Library notices that every export prints and that say nothing about this model.
+    for message in ("torch.distributed is disabled", "The TorchScript type system", "TorchScript will treat"):
+        warnings.filterwarnings("ignore", message=message)
     try:
         inputs = export_model(args.checkpoint, args.output, args.quantize)
     except ValueError as e:  # CheckpointError included

@@ -1,9 +1,12 @@
 """Inference: export of a sharded checkpoint, predictor on raw lines, quality gate,
---mode inference_benchmark on both entry points."""
+--mode inference_benchmark on both entry points, the batching HTTP endpoint."""
 
 import gzip
 import json
 import os
+import threading
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
@@ -16,7 +19,7 @@ from data.criteo_binary import CriteoBinaryDataset
 from data.preprocess_criteo import PreprocessConfig, preprocess
 from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day
 from tests.launch import eval_record, launch, read_log
-from training import export, predict
+from training import export, predict, serve
 from training.flags import parse_config
 from training.inference_model import ProbabilityModel, load_checkpoint_model, read_inputs
 from training.quality_gate import evaluate_variants
@@ -175,3 +178,36 @@ def test_inference_benchmark_flags(capsys):
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip() == (
         "dlrm_main.py: error: --inference_benchmark_batch_sizes must be positive, got [64, 0]")
+
+
+def test_http_endpoint_batches_concurrent_requests(trained):
+    predictor = predict.Predictor(trained["model"], "int8")
+    batcher = serve.BatchingPredictor(predictor, max_batch_delay_ms=200)
+    server = serve.make_server(batcher, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    lines = raw_test_lines(trained, 40)
+    bodies = [b"".join(lines[i * 5:(i + 1) * 5]) for i in range(8)]
+    answers = {}
+
+    def post(i: int) -> None:
+        with urllib.request.urlopen(urllib.request.Request(url + "/predict", data=bodies[i], method="POST")) as r:
+            answers[i] = np.array(r.read().decode().split(), dtype=np.float32)
+
+    try:
+        threads = [threading.Thread(target=post, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i, body in enumerate(bodies):
+            np.testing.assert_allclose(answers[i], predictor.predict_lines(body), rtol=1e-6)
+        assert max(batcher.batch_requests) > 1 and sum(batcher.batch_requests) == 8  # shared forwards
+        with pytest.raises(urllib.error.HTTPError) as bad:
+            urllib.request.urlopen(urllib.request.Request(url + "/predict", data=lines[0] + b"1\t2\n", method="POST"))
+        assert bad.value.code == 400 and bad.value.read().decode().startswith("error: request line 2: expected 40")
+        assert urllib.request.urlopen(url + "/health").read() == b"ok\n"
+    finally:
+        server.shutdown()
+        server.server_close()
+        batcher.close()

@@ -22,7 +22,7 @@ import argparse
 import os
 import re
 import sys
-from typing import List, Optional, Sequence, TextIO
+from typing import List, Optional, Sequence, TextIO, Tuple
 
 import numpy as np
 import torch
@@ -73,12 +73,15 @@ class Predictor:
             with np.load(os.path.join(model_dir, preprocessing["vocabulary"])) as saved:
                 self._vocabulary = [saved[str(f)] for f in range(len(self.table_sizes))]
 
-    def predict(self, dense: np.ndarray, sparse: np.ndarray) -> np.ndarray:
-        """Probabilities (N,) float32 from raw features, with preprocessing's transforms.
+    def prepare(self, dense: np.ndarray, sparse: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """Raw features -> the model's inputs, with preprocessing's transforms.
 
         Args:
             dense: (N, 13) integer features as in the raw lines, missing ones as 0.
             sparse: (N, 26) categorical hashes as unsigned 32-bit integers, missing as 0.
+
+        Returns:
+            dense (N, 13) float32 and ids (N, 26) int64 below the table sizes.
         """
         dense = np.asarray(dense)
         sparse = np.asarray(sparse)
@@ -89,7 +92,11 @@ class Predictor:
         ids = transform_sparse(sparse.astype(np.uint32), self._vocabulary, self._modulo)
         # The training loader takes ids modulo the table sizes: so does serving.
         ids = np.remainder(ids.astype(np.int64), self.table_sizes)
-        return self.predict_transformed(transform_dense(dense.astype(np.int64)), ids)
+        return transform_dense(dense.astype(np.int64)), ids
+
+    def predict(self, dense: np.ndarray, sparse: np.ndarray) -> np.ndarray:
+        """Probabilities (N,) float32 from raw features (see `prepare`)."""
+        return self.predict_transformed(*self.prepare(dense, sparse))
 
     def predict_transformed(self, dense: np.ndarray, sparse_ids: np.ndarray) -> np.ndarray:
         """Probabilities (N,) from inputs already in the training layout: dense
@@ -105,7 +112,12 @@ class Predictor:
 
     def predict_lines(self, data: bytes, source: str = "<input>", first_line: int = 1,
                       labelled: Optional[bool] = None) -> np.ndarray:
-        """Probabilities of whole raw lines (labelled or not; see the module docstring).
+        """Probabilities of whole raw lines (see `prepare_lines`)."""
+        return self.predict_transformed(*self.prepare_lines(data, source, first_line, labelled))
+
+    def prepare_lines(self, data: bytes, source: str = "<input>", first_line: int = 1,
+                      labelled: Optional[bool] = None) -> Tuple[np.ndarray, np.ndarray]:
+        """The model's inputs for whole raw lines (labelled or not; see the module docstring).
 
         Args:
             data: whole lines.
@@ -123,7 +135,7 @@ class Predictor:
         if chunk.bad_lines:
             index, reason = chunk.bad_lines[0]
             raise MalformedLineError(f"{source} line {first_line + index}: {_reason(reason, labelled)}")
-        return self.predict(chunk.dense_raw, chunk.sparse_hash)
+        return self.prepare(chunk.dense_raw, chunk.sparse_hash)
 
 
 def is_labelled(data: bytes) -> bool:

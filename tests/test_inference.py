@@ -211,3 +211,13 @@ def test_http_endpoint_batches_concurrent_requests(trained):
         server.shutdown()
         server.server_close()
         batcher.close()
+
+
+def test_export_bad_input_is_one_line(trained, tmp_path, capsys):
+    assert export.main(["--checkpoint", str(tmp_path / "nowhere"), "--output", str(tmp_path / "m")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"python -m training.export: error: --checkpoint {tmp_path / 'nowhere'}: neither a checkpoint "
+        "nor a directory holding a complete one")
+    assert export.main(["--checkpoint", trained["ckpt"], "--output", trained["model"]]) == 2
+    assert "exists and is not empty" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == []  # nothing half-written

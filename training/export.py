@@ -66,9 +66,9 @@ def export_fp32(model: ProbabilityModel, example: Sequence[torch.Tensor], path: 
 def export_quantized(model: ProbabilityModel, dtype: torch.dtype, path: str) -> None:
     """Quantizes every table to ``dtype``, fx-traces (FBGEMM's kernel module is a leaf)
     and saves TorchScript (torch.export cannot take FBGEMM's inference kernels)."""
-    config_tables = [name for name, _ in model.dlrm.sparse_arch.embedding_bag_collection.embedding_bags.items()]
+    table_names = list(model.dlrm.sparse_arch.embedding_bag_collection.embedding_bags.keys())
     quantized = quantize_inference_model(copy.deepcopy(model.dlrm),
-                                         per_table_weight_dtype={t: dtype for t in config_tables})
+                                         per_table_weight_dtype={t: dtype for t in table_names})
     wrapped = ProbabilityModel(quantized, model.sparse_feature_names).eval()
     traced = symbolic_trace(wrapped, leaf_modules=[IntNBitTableBatchedEmbeddingBagsCodegen.__name__])
     torch.jit.save(torch.jit.script(traced), path)

@@ -74,14 +74,17 @@ class PooledSparseArch(nn.Module):
         return pooled
 
 
+def _gram_pairs(x: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
+    return torch.bmm(x, x.transpose(1, 2)).flatten(1).index_select(1, flat_index)
+
+
 class _UpperTriangleGram(torch.autograd.Function):
     """For x of shape (B, N, D): the products <x_i, x_j>, i < j, as (B, N(N-1)/2)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         ctx.save_for_backward(x, flat_index)
-        gram = torch.bmm(x, x.transpose(1, 2))
-        return gram.flatten(1).index_select(1, flat_index)
+        return _gram_pairs(x, flat_index)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
@@ -97,8 +100,17 @@ class _UpperTriangleGram(torch.autograd.Function):
 def upper_triangle_gram(x: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
     """Pairwise dot products of the N vectors of each row of x (B, N, D), i < j.
 
-    A leaf for fx tracing (the train pipeline traces the model).
+    A leaf for fx tracing (the train pipeline traces the model). TorchScript (the
+    quantized inference export) cannot call an autograd.Function: it gets the forward
+    alone.
     """
+    if torch.jit.is_scripting():
+        return _gram_pairs(x, flat_index)
+    return _apply_upper_triangle_gram(x, flat_index)
+
+
+@torch.jit.unused
+def _apply_upper_triangle_gram(x: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
     return _UpperTriangleGram.apply(x, flat_index)
 
 

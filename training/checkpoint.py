@@ -277,8 +277,8 @@ def find_restore_point(config: TrainConfig) -> Optional[RestorePoint]:
     if flags.restore_checkpoint_path:
         path: Optional[str] = flags.restore_checkpoint_path
     else:
-        if not (flags.resume or config.mode != "train"):
-            return None
+        if not (flags.resume or config.mode != "train") or not flags.checkpoint_dir:
+            return None  # inference_benchmark without a checkpoint: a freshly built model
         path = newest_checkpoint(flags.checkpoint_dir)  # type: ignore[arg-type]
         if path is None:
             if config.mode != "train":

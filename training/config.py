@@ -1,7 +1,7 @@
 """The one configuration object a training run is driven by."""
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import List, Optional
 
 from data.config import DataConfig
 from models.config import ModelConfig
@@ -10,7 +10,7 @@ from sharding_plans.constraints import ShardingConstraints
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 DEVICES = ("auto", "cpu", "cuda")
-MODES = ("train", "validate", "test")
+MODES = ("train", "validate", "test", "inference_benchmark")
 PIPELINES = ("sparse_dist", "semi_sync", "prefetch", "base")
 
 
@@ -108,6 +108,29 @@ class CheckpointConfig:
 
 
 @dataclass
+class InferenceBenchmarkConfig:
+    """--mode inference_benchmark: forward-only timing per batch size.
+
+    Args:
+        batch_sizes: rows per rank of each timed batch size.
+        iterations: timed forwards per batch size.
+        warmup: untimed forwards before them.
+    """
+
+    batch_sizes: List[int] = field(default_factory=lambda: [1, 64, 4096])
+    iterations: int = 20
+    warmup: int = 3
+
+    def validate(self) -> None:
+        if not self.batch_sizes or min(self.batch_sizes) <= 0:
+            raise ValueError(f"--inference_benchmark_batch_sizes must be positive, got {self.batch_sizes}")
+        if self.iterations <= 0:
+            raise ValueError(f"--inference_benchmark_iterations must be positive, got {self.iterations}")
+        if self.warmup < 0:
+            raise ValueError(f"--inference_benchmark_warmup must not be negative, got {self.warmup}")
+
+
+@dataclass
 class TrainConfig:
     """Everything a run needs: model, data, optimizers and the run's own options.
 
@@ -125,12 +148,14 @@ class TrainConfig:
         allow_tf32: TF32 matmuls on CUDA.
         device: auto, cpu or cuda.
         checkpoint: checkpoint saving and loading.
-        mode: train, or validate / test a checkpoint's weights.
+        mode: train, validate / test a checkpoint's weights, or inference_benchmark
+            (a checkpoint's weights when one is given, else a freshly built model).
         amp: bf16 autocast of the forward (dense part).
         pipeline: sparse_dist, semi_sync, prefetch or base (training/pipelines.py).
         tensorboard_dir: TensorBoard event files (rank 0).
         sharding_plan: a plan file to use instead of planning.
         sharding_constraints: sharding types and kernels the planner may use.
+        inference_benchmark: batch sizes and iterations of --mode inference_benchmark.
     """
 
     model: ModelConfig
@@ -152,6 +177,7 @@ class TrainConfig:
     tensorboard_dir: Optional[str] = None
     sharding_plan: Optional[str] = None
     sharding_constraints: ShardingConstraints = field(default_factory=ShardingConstraints)
+    inference_benchmark: InferenceBenchmarkConfig = field(default_factory=InferenceBenchmarkConfig)
 
     def validate(self) -> None:
         """Raises ValueError with one line naming the offending flag."""
@@ -173,7 +199,8 @@ class TrainConfig:
             raise ValueError(f"--pipeline must be one of {', '.join(PIPELINES)}, got {self.pipeline!r}")
         if self.mode not in MODES:
             raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.mode != "train" and not (self.checkpoint.restore_checkpoint_path or self.checkpoint.checkpoint_dir):
+        self.inference_benchmark.validate()
+        if self.mode in ("validate", "test") and not (self.checkpoint.restore_checkpoint_path or self.checkpoint.checkpoint_dir):
             raise ValueError(f"--mode {self.mode} evaluates a checkpoint: give --restore_checkpoint_path, "
                              "or --checkpoint_dir for its newest one")
         self.sharding_constraints.validate(self.model.table_names)

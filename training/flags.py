@@ -21,6 +21,7 @@ from training.config import (
     OPTIMIZERS,
     PIPELINES,
     CheckpointConfig,
+    InferenceBenchmarkConfig,
     OptimizerConfig,
     TrainConfig,
 )
@@ -118,7 +119,12 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     _store_true(p, "print_sharding_plan", "print the sharding plan and per-rank memory")
     _store_true(p, "allow_tf32", "allow TF32 matmuls (CUDA Ampere or newer)")
     a("--device", choices=DEVICES, default="auto", help="cuda when available with auto")
-    a("--mode", choices=MODES, default="train", help="train, or evaluate a checkpoint on validation/test data")
+    a("--mode", choices=MODES, default="train",
+      help="train, evaluate a checkpoint on validation/test data, or inference_benchmark")
+    a("--inference_benchmark_batch_sizes", type=int_list, default=[1, 64, 4096],
+      help="rows per rank of each batch size timed by --mode inference_benchmark")
+    a("--inference_benchmark_iterations", type=int, default=20, help="timed forwards per batch size")
+    a("--inference_benchmark_warmup", type=int, default=3, help="untimed forwards before them")
     _store_true(p, "amp", "bf16 autocast of the forward (fast on GPUs; a note says when this CPU is slower in bf16)")
     a("--pipeline", choices=PIPELINES, default="sparse_dist",
       help="train pipeline: sparse_dist (default), base, or the CUDA-only semi_sync and prefetch")
@@ -240,6 +246,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             tensorboard_dir=args.tensorboard_dir,
             sharding_plan=args.sharding_plan,
             sharding_constraints=ShardingConstraints.from_flags(args.sharding_type, args.compute_kernel),
+            inference_benchmark=InferenceBenchmarkConfig(
+                batch_sizes=args.inference_benchmark_batch_sizes,
+                iterations=args.inference_benchmark_iterations,
+                warmup=args.inference_benchmark_warmup,
+            ),
         )
         config.validate()
     except ValueError as e:

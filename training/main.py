@@ -18,6 +18,7 @@ from training.distributed import DistributedEnv, resolve_env
 from training.failures import (EXIT_BAD_INPUT, EXIT_NON_FINITE_LOSS, raise_on_sigterm, report,
                                report_rank_failure)
 from training.flags import parse_config
+from training.inference_benchmark import run_inference_benchmark
 from training.trainer import NonFiniteLossError, Trainer
 
 
@@ -58,6 +59,8 @@ def _run(config: TrainConfig, prog: str, env: DistributedEnv) -> int:
     try:
         if config.mode == "train":
             trainer.fit()
+        elif config.mode == "inference_benchmark":
+            run_inference_benchmark(trainer)
         else:
             trainer.evaluate_checkpoint()
     except NonFiniteLossError as e:

@@ -1,0 +1,96 @@
+"""Latency of the HTTP endpoint under load from local clients, with and without batching.
+
+Serves an exported model with `training.serve` on a free local port and runs
+``--clients`` threads that each send ``--requests`` POSTs of ``--rows`` raw lines
+(drawn from ``--input``, a raw Criteo file) back to back. Prints request latency
+p50/p90/p99, records/s and the mean number of requests per forward, for
+--max_batch_delay_ms 0 (no waiting) and the given delay, plus a JSON line.
+
+    python bench/serve_latency.py --model model_dir --input day_2 [--clients 16] [--rows 1] [--num_threads 1]
+"""
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import urllib.request
+from typing import Dict, List
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from training.predict import Predictor  # noqa: E402
+from training.serve import BatchingPredictor, make_server  # noqa: E402
+
+
+def run_load(predictor: Predictor, lines: List[bytes], clients: int, requests: int, rows: int,
+             delay_ms: float) -> Dict[str, float]:
+    """Serves, loads, stops; returns the figures of one configuration."""
+    batcher = BatchingPredictor(predictor, max_batch_delay_ms=delay_ms)
+    server = make_server(batcher, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/predict"
+    latencies: List[float] = []
+    lock = threading.Lock()
+
+    def client(index: int) -> None:
+        mine = []
+        for r in range(requests):
+            start_line = ((index * requests + r) * rows) % max(1, len(lines) - rows)
+            body = b"".join(lines[start_line:start_line + rows])
+            start = time.perf_counter()
+            with urllib.request.urlopen(urllib.request.Request(url, data=body, method="POST")) as response:
+                response.read()
+            mine.append(time.perf_counter() - start)
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - start
+    server.shutdown()
+    server.server_close()
+    batcher.close()
+    p50, p90, p99 = np.percentile(np.asarray(latencies) * 1e3, (50, 90, 99))
+    return {"max_batch_delay_ms": delay_ms, "latency_p50_ms": float(p50), "latency_p90_ms": float(p90),
+            "latency_p99_ms": float(p99), "records_per_sec": clients * requests * rows / seconds,
+            "requests_per_forward": float(np.mean(batcher.batch_requests))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--input", required=True, help="raw Criteo lines to send")
+    parser.add_argument("--variant", default="fp32")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=50, help="requests per client")
+    parser.add_argument("--rows", type=int, default=1, help="lines per request")
+    parser.add_argument("--max_batch_delay_ms", type=float, default=2.0)
+    parser.add_argument("--num_threads", type=int, default=1, help="torch intra-op threads")
+    args = parser.parse_args()
+    torch.set_num_threads(args.num_threads)
+    with open(args.input, "rb") as f:
+        lines = f.read().splitlines(keepends=True)[:100_000]
+    predictor = Predictor(args.model, args.variant)
+    results = [run_load(predictor, lines, args.clients, args.requests, args.rows, delay)
+               for delay in (0.0, args.max_batch_delay_ms)]
+    print(f"{args.clients} clients x {args.requests} requests of {args.rows} line(s), {args.variant}, "
+          f"{args.num_threads} torch thread(s):")
+    for r in results:
+        print(f"  delay {r['max_batch_delay_ms']:>4g} ms: p50 {r['latency_p50_ms']:.2f} ms, p90 "
+              f"{r['latency_p90_ms']:.2f} ms, p99 {r['latency_p99_ms']:.2f} ms, {r['records_per_sec']:,.0f} "
+              f"records/s, {r['requests_per_forward']:.1f} requests per forward")
+    print(json.dumps({"benchmark": "serve_latency", "clients": args.clients, "rows": args.rows,
+                      "variant": args.variant, "num_threads": args.num_threads, "results": results}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""Inference: export of a sharded checkpoint, predictor on raw lines, quality gate,
+--mode inference_benchmark on both entry points, the batching HTTP endpoint."""
+
+import gzip
+import json
+import os
+import threading
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+from torchmetrics.functional.classification import binary_auroc
+
+import dcnv2_main
+import dlrm_main
+from data.criteo_binary import CriteoBinaryDataset
+from data.preprocess_criteo import PreprocessConfig, preprocess
+from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day
+from tests.launch import eval_record, launch, read_log
+from training import export, predict, serve
+from training.flags import parse_config
+from training.inference_model import ProbabilityModel, load_checkpoint_model, read_inputs
+from training.quality_gate import evaluate_variants
+
+SPEC = SyntheticCriteoSpec(num_days=3, rows_per_day=8_000, seed=5,
+                           cardinalities=[min(c, 1000) for c in SyntheticCriteoSpec().cardinalities])
+MODEL_FLAGS = ["--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,32,1"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Raw TSV -> preprocessing with a frequency threshold -> 2-rank training with a
+    checkpoint -> export. Returns the paths and the training log."""
+    root = tmp_path_factory.mktemp("inference")
+    raw = root / "raw"
+    raw.mkdir()
+    for day in range(SPEC.num_days):
+        write_raw_day(SPEC, str(raw / f"day_{day}"), day)
+    data = str(root / "data")
+    preprocess(PreprocessConfig(str(raw), data, "criteo_1t", frequency_threshold=2))
+    ckpt, log = str(root / "ckpt"), str(root / "log.jsonl")
+    assert launch(dlrm_main.main, ["--in_memory_binary_criteo_path", data, "--batch_size", "256", *MODEL_FLAGS,
+                                   "--optimizer", "adagrad", "--learning_rate", "0.05", "--seed", "1",
+                                   "--checkpoint_dir", ckpt, "--checkpoint_at_epoch_end", "--log_path", log,
+                                   "--sharding_type", "table_wise"]) == {0: 0, 1: 0}
+    model_dir = str(root / "model")
+    assert export.main(["--checkpoint", ckpt, "--output", model_dir]) == 0
+    return {"raw": str(raw), "data": data, "ckpt": ckpt, "model": model_dir, "log": read_log(log), "root": root}
+
+
+def load_test_split(data: str, sizes):
+    dataset = CriteoBinaryDataset(data)
+    start, stop = dataset.split_ranges()["test"]
+    dense, sparse, labels = dataset.read(start, stop)
+    return dense, np.remainder(sparse.astype(np.int64), np.asarray(sizes)), labels.reshape(-1)
+
+
+def test_export_matches_the_training_model(trained):
+    inputs = read_inputs(trained["model"])
+    metadata = json.load(open(os.path.join(trained["data"], "metadata.json")))
+    assert inputs["num_embeddings_per_feature"] == metadata["num_embeddings_per_feature"]
+    assert inputs["sparse_feature_names"] == [f"cat_{i}" for i in range(26)] and inputs["num_dense_features"] == 13
+    assert inputs["preprocessing"]["vocabulary"] == "vocabulary.npz"
+    for variant in ("fp32", "fp16", "int8"):
+        entry = inputs["variants"][variant]
+        assert entry["bytes"] == os.path.getsize(os.path.join(trained["model"], entry["file"])) > 0
+
+    dense, sparse, labels = load_test_split(trained["data"], inputs["num_embeddings_per_feature"])
+    model, _ = load_checkpoint_model(inputs["checkpoint"])
+    with torch.no_grad():
+        eager = ProbabilityModel(model.model, inputs["sparse_feature_names"])(
+            torch.as_tensor(dense), torch.as_tensor(sparse)).numpy()
+    exported = predict.Predictor(trained["model"], "fp32", batch_size=1000).predict_transformed(dense, sparse)
+    assert np.array_equal(exported, eager)  # fp32: exactly, across batch sizes
+
+    # The 2-rank sharded model's own test AUROC, from the training log, on the same rows.
+    test = eval_record(trained["log"], "test")
+    assert test["num_samples"] == len(labels)
+    auroc = float(binary_auroc(torch.as_tensor(exported), torch.as_tensor(labels.astype(np.int64))))
+    assert auroc == pytest.approx(test["auroc"], abs=1e-5) and auroc > 0.6
+
+    gate = evaluate_variants(trained["model"])
+    assert gate.auroc["fp32"] == pytest.approx(auroc, abs=1e-7)
+    assert abs(gate.auroc["fp16"] - auroc) <= 0.001 and abs(gate.auroc["int8"] - auroc) <= 0.003
+    assert gate.passed
+
+
+def raw_test_lines(trained, count: int) -> list:
+    with open(os.path.join(trained["raw"], "day_2"), "rb") as f:
+        lines = f.read().splitlines(keepends=True)
+    return lines[len(lines) // 2:][:count]  # the test split: second half of the last day
+
+
+def test_predictor_on_raw_lines_applies_the_preprocessing(trained, tmp_path):
+    lines = raw_test_lines(trained, 300)
+    assert any(b"\t\t" in line for line in lines)  # missing fields
+    empty_line = b"0" + b"\t" * 39 + b"\n"  # every feature missing
+    labelled = tmp_path / "labelled.tsv.gz"
+    with gzip.open(labelled, "wb") as f:
+        f.write(b"".join(lines) + empty_line)
+    unlabelled = tmp_path / "unlabelled.tsv"
+    unlabelled.write_bytes(b"".join(line.split(b"\t", 1)[1] for line in lines + [empty_line]))
+    for source, name in ((labelled, "a.csv"), (unlabelled, "b.csv")):
+        assert predict.main(["--model", trained["model"], "--input", str(source),
+                             "--output", str(tmp_path / name)]) == 0
+    got = np.loadtxt(tmp_path / "a.csv", dtype=np.float32)
+    assert np.array_equal(got, np.loadtxt(tmp_path / "b.csv", dtype=np.float32))
+
+    predictor = predict.Predictor(trained["model"])
+    dense, sparse, _ = load_test_split(trained["data"], predictor.table_sizes)
+    expected = predictor.predict_transformed(dense[:300], sparse[:300])
+    np.testing.assert_allclose(got[:300], expected, rtol=1e-6)
+    # A row with every feature missing: zeros in, id 0 (rare or missing) everywhere.
+    np.testing.assert_allclose(got[300], predictor.predict(np.zeros((1, 13)), np.zeros((1, 26)))[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad_line, message", [
+    (b"1\t2\t3\n", "line 3: expected 40 tab-separated fields (label, 13 integer, 26 categorical) or 39 "
+                   "without the label, found 3"),
+    (None, "line 3: categorical feature 4 is not a hexadecimal hash"),
+])
+def test_malformed_lines_name_the_line(trained, tmp_path, capsys, bad_line, message):
+    good = raw_test_lines(trained, 3)
+    if bad_line is None:
+        fields = good[0].split(b"\t")
+        fields[1 + 13 + 4] = b"zz12"
+        bad_line = b"\t".join(fields)
+    source = tmp_path / "in.tsv"
+    source.write_bytes(good[0] + good[1] + bad_line + good[2])
+    output = tmp_path / "out.csv"
+    assert predict.main(["--model", trained["model"], "--input", str(source), "--output", str(output)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"python -m training.predict: error: {source} {message}"
+    assert not os.path.exists(output) and os.listdir(tmp_path) == ["in.tsv"]
+
+
+def check_benchmark_record(record: dict, batch_sizes: list, world_size: int) -> None:
+    assert [r["batch_size"] for r in record["results"]] == batch_sizes
+    for r in record["results"]:
+        assert r["global_batch_size"] == r["batch_size"] * world_size
+        assert r["records_per_sec"] > 0 and 0 < r["latency_p50_ms"] <= r["latency_p90_ms"] <= r["latency_p99_ms"]
+
+
+def test_inference_benchmark_two_ranks_on_a_checkpoint(trained):
+    log = str(trained["root"] / "bench.jsonl")
+    assert launch(dlrm_main.main, ["--in_memory_binary_criteo_path", trained["data"], *MODEL_FLAGS,
+                                   "--mode", "inference_benchmark", "--restore_checkpoint_path",
+                                   export.resolve_checkpoint(trained["ckpt"]), "--inference_benchmark_batch_sizes",
+                                   "1,64,512", "--inference_benchmark_iterations", "4", "--log_path", log]) == {0: 0, 1: 0}
+    records = read_log(log)
+    assert not [r for r in records if r["event"] in ("train", "eval")]  # forward-only
+    check_benchmark_record([r for r in records if r["event"] == "inference_benchmark"][0], [1, 64, 512], 2)
+
+
+def test_inference_benchmark_dcnv2_fresh_model_prints_a_table(tmp_path, capsys):
+    log = str(tmp_path / "log.jsonl")
+    assert dcnv2_main.main(["--num_embeddings", "1000", "--embedding_dim", "16", "--dense_arch_layer_sizes", "32,16",
+                            "--over_arch_layer_sizes", "32,1", "--dcn_low_rank_dim", "8", "--mode",
+                            "inference_benchmark", "--inference_benchmark_iterations", "3",
+                            "--log_path", log]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("batch/rank"):].splitlines()[1:4]
+    assert [int(row.split()[0]) for row in table] == [1, 64, 4096]  # the default batch sizes
+    for row in table:
+        rate, p50, p90, p99 = (float(v.replace(",", "")) for v in row.split()[2:6])
+        assert rate > 0 and 0 < p50 <= p90 <= p99
+    record = [r for r in read_log(log) if r["event"] == "inference_benchmark"][0]
+    check_benchmark_record(record, [1, 64, 4096], 1)
+
+
+def test_inference_benchmark_flags(capsys):
+    config = parse_config(["--mode", "inference_benchmark"], "dlrm_main.py", "")
+    assert config.inference_benchmark.batch_sizes == [1, 64, 4096] and config.checkpoint.restore_checkpoint_path is None
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(["--mode", "inference_benchmark", "--inference_benchmark_batch_sizes", "64,0"], "dlrm_main.py", "")
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        "dlrm_main.py: error: --inference_benchmark_batch_sizes must be positive, got [64, 0]")
+
+
+def test_http_endpoint_batches_concurrent_requests(trained):
+    predictor = predict.Predictor(trained["model"], "int8")
+    batcher = serve.BatchingPredictor(predictor, max_batch_delay_ms=200)
+    server = serve.make_server(batcher, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    lines = raw_test_lines(trained, 40)
+    bodies = [b"".join(lines[i * 5:(i + 1) * 5]) for i in range(8)]
+    answers = {}
+
+    def post(i: int) -> None:
+        with urllib.request.urlopen(urllib.request.Request(url + "/predict", data=bodies[i], method="POST")) as r:
+            answers[i] = np.array(r.read().decode().split(), dtype=np.float32)
+
+    try:
+        threads = [threading.Thread(target=post, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i, body in enumerate(bodies):
+            np.testing.assert_allclose(answers[i], predictor.predict_lines(body), rtol=1e-6)
+        assert max(batcher.batch_requests) > 1 and sum(batcher.batch_requests) == 8  # shared forwards
+        with pytest.raises(urllib.error.HTTPError) as bad:
+            urllib.request.urlopen(urllib.request.Request(url + "/predict", data=lines[0] + b"1\t2\n", method="POST"))
+        assert bad.value.code == 400 and bad.value.read().decode().startswith("error: request line 2: expected 40")
+        assert urllib.request.urlopen(url + "/health").read() == b"ok\n"
+    finally:
+        server.shutdown()
+        server.server_close()
+        batcher.close()
+
+
+def test_export_bad_input_is_one_line(trained, tmp_path, capsys):
+    assert export.main(["--checkpoint", str(tmp_path / "nowhere"), "--output", str(tmp_path / "m")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"python -m training.export: error: --checkpoint {tmp_path / 'nowhere'}: neither a checkpoint "
+        "nor a directory holding a complete one")
+    assert export.main(["--checkpoint", trained["ckpt"], "--output", trained["model"]]) == 2
+    assert "exists and is not empty" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == []  # nothing half-written

@@ -1,0 +1,89 @@
+"""Quality gate of an exported model: AUROC of each variant on the test split.
+
+    python -m training.quality_gate --model MODEL_DIR [--data DIR] [--limit_rows N]
+
+DIR is the binary Criteo layout the model was trained on (default: the one recorded
+at export). The test split is the training run's (second half of the last day). The
+gate passes when the fp16 model's AUROC is within 0.001 of fp32's and int8's within
+0.003; the three values are printed. Exit 0 on a pass, 1 on a failure, 2 on bad input.
+"""
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+import torch
+from torchmetrics.functional.classification import binary_auroc
+
+from data.criteo_binary import CriteoBinaryDataset
+from training.inference_model import read_inputs
+from training.predict import Predictor
+
+# Largest allowed |AUROC(variant) - AUROC(fp32)|.
+AUROC_TOLERANCE = {"fp16": 0.001, "int8": 0.003}
+
+
+@dataclass
+class GateResult:
+    """AUROC per variant and whether every quantized variant is within its tolerance."""
+
+    auroc: Dict[str, float]
+    rows: int
+
+    @property
+    def failures(self) -> Dict[str, float]:
+        return {v: abs(self.auroc[v] - self.auroc["fp32"]) for v, tol in AUROC_TOLERANCE.items()
+                if v in self.auroc and abs(self.auroc[v] - self.auroc["fp32"]) > tol}
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+def evaluate_variants(model_dir: str, data_dir: Optional[str] = None, limit_rows: Optional[int] = None) -> GateResult:
+    """AUROC of every exported variant on the test split of ``data_dir``."""
+    inputs = read_inputs(model_dir)
+    data_dir = data_dir or inputs.get("data_path")
+    if not data_dir:
+        raise ValueError("--data is needed: the model was trained on random data")
+    dataset = CriteoBinaryDataset(data_dir)
+    start, stop = dataset.split_ranges()["test"]
+    if limit_rows is not None:
+        stop = min(stop, start + limit_rows)
+    dense, sparse, labels = dataset.read(start, stop)
+    sparse_ids = np.remainder(np.asarray(sparse, dtype=np.int64), np.asarray(inputs["num_embeddings_per_feature"]))
+    target = torch.as_tensor(np.asarray(labels).reshape(-1).astype(np.int64))
+    auroc = {}
+    for variant in inputs["variants"]:
+        probabilities = Predictor(model_dir, variant).predict_transformed(dense, sparse_ids)
+        auroc[variant] = float(binary_auroc(torch.as_tensor(probabilities), target))
+    return GateResult(auroc, stop - start)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.quality_gate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="a directory written by python -m training.export")
+    parser.add_argument("--data", default=None, help="binary Criteo directory (default: the training data)")
+    parser.add_argument("--limit_rows", type=int, default=None, help="test rows to use at most")
+    args = parser.parse_args(argv)
+    try:
+        result = evaluate_variants(args.model, args.data, args.limit_rows)
+    except ValueError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
+    print(f"test split, {result.rows} rows:")
+    for variant, value in result.auroc.items():
+        tolerance = AUROC_TOLERANCE.get(variant)
+        note = "" if tolerance is None else f"  (|diff| {abs(value - result.auroc['fp32']):.5f}, allowed {tolerance})"
+        print(f"  AUROC {variant:>4} {value:.5f}{note}")
+    if not result.passed:
+        print("quality gate FAILED: " + ", ".join(f"{v} differs by {d:.5f}" for v, d in result.failures.items()))
+        return 1
+    print("quality gate passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

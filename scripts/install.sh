@@ -25,3 +25,6 @@ echo "install: $device build into $venv"
 # The torchx components, editable: registers `torchx run dlrm|dcnv2|preprocess_criteo`.
 "${pip[@]}" install --no-deps -e .
 "$venv/bin/python" -c "import torch, torchrec, fbgemm_gpu; print('install: torch', torch.__version__, '| torchrec', torchrec.__version__)"
+if [ "$device" = cpu ]; then
+  echo "install: (pip's complaint that torchrec requires fbgemm-gpu is expected: its CPU build, fbgemm-gpu-cpu, is installed)"
+fi

@@ -198,16 +198,13 @@ def test_keep_last_n_prunes_after_completion(synthetic_dir, tmp_path):
 
 def test_torchrun_restart_after_a_killed_rank(reference, synthetic_dir, tmp_path):
     """torchrun --max_restarts: rank 1 is killed by SIGKILL mid-training; the job
-    restarts, resumes from the newest checkpoint and ends with the reference's weights.
-    torch 2.13's gloo sometimes fails to connect the ranks of a restarted attempt
-    ("connectFullMesh failed ... Connection refused"), with a bare init_process_group
-    too: torchrun then restarts again, hence a budget of 8 restarts."""
+    restarts, resumes from the newest checkpoint and ends with the reference's weights."""
     ckpt, log = reference
     run_ckpt, run_log = str(tmp_path / "ckpt"), str(tmp_path / "log.jsonl")
     argv = flags(synthetic_dir, run_ckpt, run_log, "--resume")
     proc = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-         "--max_restarts", "8", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
+         "--max_restarts", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
          "dlrm_main.py", *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 180
     while time.time() < deadline and max(step_loss_map(run_log) if os.path.exists(run_log) else {}, default=0) < 7:
@@ -215,7 +212,7 @@ def test_torchrun_restart_after_a_killed_rank(reference, synthetic_dir, tmp_path
     workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert len(workers) == 2
     os.kill(int(sorted(workers, key=int)[1]), signal.SIGKILL)
-    output, _ = proc.communicate(timeout=900)
+    output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, output[-3000:]
     assert "resumed from" in output
     expected, got = step_loss_map(log), step_loss_map(run_log)

@@ -79,7 +79,13 @@ def init_process_group(env: DistributedEnv) -> dist.ProcessGroup:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
     if not dist.is_initialized():
         if "MASTER_ADDR" in os.environ:
-            dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size)
+            store, _, _ = next(dist.rendezvous("env://", rank=env.rank, world_size=env.world_size))
+            # torchrun's agent keeps one store across restarts (torch 2.13, c10d
+            # rendezvous), so a restarted attempt would read the last attempt's gloo
+            # addresses and hang or be refused: give every attempt keys of its own.
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            dist.init_process_group(env.backend, store=dist.PrefixStore(f"attempt_{attempt}", store),
+                                    rank=env.rank, world_size=env.world_size)
         elif env.world_size == 1:
             # Plain `python dlrm_main.py`: no rendezvous needed, no port to pick.
             dist.init_process_group(env.backend, store=dist.HashStore(), rank=0, world_size=1)

@@ -1,9 +1,9 @@
 """Latency of the HTTP endpoint under load from local clients, with and without batching.
 
 Serves an exported model with `training.serve` on a free local port and runs
-``--clients`` threads that each send ``--requests`` POSTs of ``--rows`` raw lines
-(drawn from ``--input``, a raw Criteo file) back to back. Prints request latency
-p50/p90/p99, records/s and the mean number of requests per forward, for
+``--clients`` threads that each send ``--requests`` POSTs of ``--rows`` lines (drawn
+from ``--input``: raw Criteo lines, or BYO CSV rows for a feature-spec model) back to
+back. Prints request latency p50/p90/p99, records/s and the mean number of requests per forward, for
 --max_batch_delay_ms 0 (no waiting) and the given delay, plus a JSON line.
 
     python bench/serve_latency.py --model model_dir --input day_2 [--clients 16] [--rows 1] [--num_threads 1]
@@ -68,7 +68,7 @@ def run_load(predictor: Predictor, lines: List[bytes], clients: int, requests: i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True)
-    parser.add_argument("--input", required=True, help="raw Criteo lines to send")
+    parser.add_argument("--input", required=True, help="lines to send: raw Criteo lines, or BYO CSV rows for a feature-spec model")
     parser.add_argument("--variant", default="fp32")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--requests", type=int, default=50, help="requests per client")

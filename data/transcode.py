@@ -19,6 +19,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from data.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
 from data.feature_spec import AUTO, DEFAULT_SPEC_NAME, Chunk, FeatureSpec, FeatureSpecError, smallest_id_dtype
 from data.output_dir import build_output_dir
 
@@ -38,11 +39,9 @@ def csv_blocks(path: str, block_rows: int, columns: int) -> Iterator[Tuple[int, 
             if not lines:
                 return
             try:
-                block = np.loadtxt(lines, delimiter=",", dtype=np.float64, ndmin=2)
-            except ValueError as e:
-                raise TranscodeError(f"{path}: lines {line}-{line + len(lines) - 1}: {e}") from e
-            if block.shape[0] and block.shape[1] != columns:
-                raise TranscodeError(f"{path}: line {line} has {block.shape[1]} columns, expected {columns}")
+                block = parse_csv_rows(lines, line, columns)
+            except CsvRowsError as e:
+                raise TranscodeError(f"{path}: line {e.line}: {e.reason}") from e
             yield line, block
             line += len(lines)
 
@@ -85,17 +84,9 @@ class _Columns:
 
     def _ids(self, name: str, values: np.ndarray, path: str, line: int) -> np.ndarray:
         declared = self.spec.feature_spec[name]["cardinality"]
-        limit = np.iinfo(np.int32).max if declared == AUTO else int(declared) - 1
-        wrong = (values < 0) | (values > limit) | (values != np.floor(values))
-        bad_rows = np.flatnonzero(wrong.any(axis=1))
-        if bad_rows.size:
-            row = bad_rows[0]
-            value = values[row][wrong[row]][0]
-            if declared != AUTO and value == np.floor(value) and value > limit:
-                raise TranscodeError(f"{path}: line {line + row}: feature {name!r} has id {value:.0f}, "
-                                     f"but its declared cardinality is {declared} (ids 0..{limit})")
-            raise TranscodeError(f"{path}: line {line + row}: feature {name!r} has id {value:g}; "
-                                 "ids must be integers from 0 to 2^31 - 1")
+        bad = find_bad_id(name, values, None if declared == AUTO else int(declared))
+        if bad is not None:
+            raise TranscodeError(f"{path}: line {line + bad[0]}: {bad[1]}")
         if values.size:
             self.max_id[name] = max(self.max_id.get(name, -1), int(values.max()))
         return values.astype(np.int32)

@@ -259,3 +259,25 @@ def test_criteo_days_through_a_generated_spec(synthetic_dir, tmp_path, capsys):
         np.testing.assert_array_equal(got_dense, dense.astype(np.float16))
         np.testing.assert_array_equal(np.concatenate(got_sparse, axis=1), sparse)
         np.testing.assert_array_equal(got_labels, labels[:, 0].astype(bool))
+
+
+@pytest.mark.parametrize("bad, reason", [
+    ("3,abc", "column 2 is not a number: 'abc'"),
+    ("3", "has 1 columns, expected 2"),
+    ("", "empty line"),
+    ("#1,2", "column 1 is not a number: '#1'"),
+])
+def test_bad_csv_line_is_named_exactly(tmp_path, bad, reason):
+    """The exact line, also in the second block of a file and for a blank line (which
+    numpy's reader would skip, shifting every later row)."""
+    csv_dir = str(tmp_path / "csv")
+    _write_csv(csv_dir, csv_feature_spec(2, 2, cardinality=500))
+    path = os.path.join(csv_dir, "train", "categorical.csv")
+    lines = open(path).readlines()
+    lines[149] = bad + "\n"
+    with open(path, "w") as f:
+        f.writelines(lines)
+    with pytest.raises(TranscodeError) as error:
+        transcode(csv_dir, "feature_spec.yaml", str(tmp_path / "bin"), block_rows=100)
+    assert str(error.value) == f"{path}: line 150: {reason}"
+    assert not os.path.exists(tmp_path / "bin")

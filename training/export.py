@@ -9,13 +9,14 @@ sharding plan it was saved with. MODEL_DIR receives:
     fp32.pt2       torch.export program, dynamic batch dimension
     fp16.pt        TorchScript, fp16 embedding tables (torchrec inference quantization)
     int8.pt        TorchScript, int8 row-wise quantized embedding tables
-    inputs.json    feature names, table sizes, dense count, the preprocessing to apply
-                   to raw lines, and each variant's file and size on disk
+    inputs.json    feature names, table sizes, dense count, the input layout of the
+                   predictor (raw Criteo lines, or BYO CSV rows for a model trained
+                   with --dataset_path) and its transforms, each variant's file and size
     vocabulary.npz the preprocessing's vocabulary, when the data was made with a
                    frequency threshold
 
-Every variant maps (dense (B, 13) float32 transformed, sparse (B, 26) int64 ids) to
-click probabilities (B,). The directory is written under a temporary name and renamed
+Every variant maps (dense (B, num_dense) float32 transformed, sparse (B, sum of
+hotness) int64 ids: (B, 26) for Criteo) to click probabilities (B,). The directory is written under a temporary name and renamed
 when complete. Bad input: one line on stderr, exit 2.
 """
 
@@ -34,11 +35,13 @@ from torchrec.fx import symbolic_trace
 from torchrec.inference.modules import quantize_inference_model
 
 from data.criteo_layout import DENSE_FEATURE_NAMES, read_metadata
+from data.feature_spec import FeatureSpec, FeatureSpecError
 from data.preprocess_criteo import DENSE_OFFSET, VOCABULARY_FILE
 from models.config import ModelConfig
 from sharding_plans.report import format_bytes
 from training.checkpoint import META_FILE, CheckpointError, newest_checkpoint
-from training.inference_model import INPUTS_FILE, ProbabilityModel, load_checkpoint_model
+from training.inference_model import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, INPUTS_FILE, ProbabilityModel,
+                                      load_checkpoint_model)
 
 FP32_FILE = "fp32.pt2"
 QUANTIZED_DTYPES = {"fp16": torch.float16, "int8": torch.int8}
@@ -69,26 +72,36 @@ def export_quantized(model: ProbabilityModel, dtype: torch.dtype, path: str) -> 
     table_names = list(model.dlrm.sparse_arch.embedding_bag_collection.embedding_bags.keys())
     quantized = quantize_inference_model(copy.deepcopy(model.dlrm),
                                          per_table_weight_dtype={t: dtype for t in table_names})
-    wrapped = ProbabilityModel(quantized, model.sparse_feature_names).eval()
+    wrapped = ProbabilityModel(quantized, model.sparse_feature_names, model.hotness).eval()
     traced = symbolic_trace(wrapped, leaf_modules=[IntNBitTableBatchedEmbeddingBagsCodegen.__name__])
     torch.jit.save(torch.jit.script(traced), path)
 
 
-def describe_inputs(model_config: ModelConfig, data_path: Optional[str]) -> Dict[str, Any]:
-    """inputs.json without the variants: what a predictor needs to turn raw lines into inputs."""
-    metadata = (read_metadata(data_path) if data_path else None) or {}
-    return {
+def describe_inputs(model_config: ModelConfig, data: Dict[str, Any]) -> Dict[str, Any]:
+    """inputs.json without the variants: what a predictor needs to turn input lines into
+    the model's inputs, for the data the model was trained on (``data``: the run's
+    data config from the checkpoint's meta.json)."""
+    inputs: Dict[str, Any] = {
         "format_version": INPUTS_FORMAT_VERSION,
-        "dense_feature_names": list(DENSE_FEATURE_NAMES),
         "num_dense_features": model_config.dense_in_features,
         "sparse_feature_names": list(model_config.sparse_feature_names),
         "table_names": model_config.table_names,
         "num_embeddings_per_feature": list(model_config.num_embeddings_per_feature),
         "embedding_dim": model_config.embedding_dim,
         "interaction_type": model_config.interaction_type,
+        "output": "float32 (B,) click probability",
+    }
+    if data.get("dataset_path"):
+        inputs.update(_describe_feature_spec(model_config, data["dataset_path"]))
+        return inputs
+    data_path = data.get("in_memory_binary_criteo_path")
+    metadata = (read_metadata(data_path) if data_path else None) or {}
+    inputs.update({
+        "layout": CRITEO_LAYOUT,
+        "dense_feature_names": list(DENSE_FEATURE_NAMES),
+        "sparse_hotness": [1] * len(model_config.sparse_feature_names),
         "inputs": {"dense": "float32 (B, num_dense_features), transformed",
                    "sparse": "int64 (B, 26), one id per feature, below its table size"},
-        "output": "float32 (B,) click probability",
         "preprocessing": {
             "dense_offset": DENSE_OFFSET,
             "frequency_threshold": int(metadata.get("frequency_threshold") or 0),
@@ -96,6 +109,38 @@ def describe_inputs(model_config: ModelConfig, data_path: Optional[str]) -> Dict
             "vocabulary": None,
         },
         "data_path": data_path,
+    })
+    return inputs
+
+
+def _describe_feature_spec(model_config: ModelConfig, spec_path: str) -> Dict[str, Any]:
+    """The inputs of a model trained with --dataset_path: the spec's features, their
+    hotness and cardinalities, and the column order of the predictor's CSV rows."""
+    try:
+        spec = FeatureSpec.load(spec_path)
+    except FeatureSpecError as e:
+        raise ValueError(f"the checkpoint was trained with --dataset_path {spec_path}, whose spec export "
+                         f"reads for the features' hotness: {e}") from e
+    if spec.categorical != list(model_config.sparse_feature_names) or \
+            len(spec.numerical) != model_config.dense_in_features:
+        raise ValueError(f"{spec_path} no longer describes the checkpoint's features "
+                         f"({len(spec.numerical)} numerical, {spec.categorical} categorical)")
+    hotness = [spec.hotness(n) for n in spec.categorical]
+    id_columns = [name if h == 1 else f"{name}[{i}]" for name, h in zip(spec.categorical, hotness) for i in range(h)]
+    return {
+        "layout": FEATURE_SPEC_LAYOUT,
+        "dense_feature_names": list(spec.numerical),
+        "sparse_hotness": hotness,
+        "cardinalities": spec.cardinalities,
+        "label_name": spec.label,
+        # The predictor's CSV rows: these columns, the label first and optional.
+        "csv_columns": [spec.label] + list(spec.numerical) + id_columns,
+        "inputs": {"dense": "float32 (B, num_dense_features), the numerical values rounded to float16",
+                   "sparse": "int64 (B, sum of sparse_hotness), feature f taking sparse_hotness[f] columns, "
+                             "ids below the table sizes"},
+        "preprocessing": {"numerical": "rounded to float16, as the transcoder stores them",
+                          "categorical": "ids as given (checked against cardinalities), modulo the table sizes"},
+        "data_path": spec_path,
     }
 
 
@@ -106,9 +151,9 @@ def export_model(checkpoint: str, output: str, quantize: List[str]) -> Dict[str,
         raise ValueError(f"--output {output} exists and is not empty: choose a new directory")
     train_model, meta = load_checkpoint_model(path)
     model_config = ModelConfig(**meta["model"])
-    model = ProbabilityModel(train_model.model, model_config.sparse_feature_names).eval()
-    data_path = meta.get("config", {}).get("data", {}).get("in_memory_binary_criteo_path")
-    inputs = describe_inputs(model_config, data_path)
+    inputs = describe_inputs(model_config, meta.get("config", {}).get("data", {}))
+    model = ProbabilityModel(train_model.model, model_config.sparse_feature_names, inputs["sparse_hotness"]).eval()
+    data_path = inputs["data_path"]
     inputs.update(checkpoint=path, step=meta.get("step"), variants={})
 
     tmp = f"{output.rstrip('/')}.tmp-{os.getpid()}"
@@ -116,7 +161,7 @@ def export_model(checkpoint: str, output: str, quantize: List[str]) -> Dict[str,
     os.makedirs(tmp)
     try:
         example = (torch.zeros(4, model_config.dense_in_features),
-                   torch.zeros(4, len(model_config.sparse_feature_names), dtype=torch.int64))
+                   torch.zeros(4, sum(inputs["sparse_hotness"]), dtype=torch.int64))
         with torch.no_grad():
             export_fp32(model, example, os.path.join(tmp, FP32_FILE))
             for name in quantize:
@@ -127,7 +172,7 @@ def export_model(checkpoint: str, output: str, quantize: List[str]) -> Dict[str,
             inputs["variants"][name] = {"file": file, "format": fmt,
                                         "bytes": os.path.getsize(os.path.join(tmp, file))}
         vocabulary = os.path.join(data_path, VOCABULARY_FILE) if data_path else None
-        if inputs["preprocessing"]["frequency_threshold"] > 0 and vocabulary and os.path.exists(vocabulary):
+        if inputs["preprocessing"].get("frequency_threshold", 0) > 0 and vocabulary and os.path.exists(vocabulary):
             shutil.copyfile(vocabulary, os.path.join(tmp, VOCABULARY_FILE))
             inputs["preprocessing"]["vocabulary"] = VOCABULARY_FILE
         with open(os.path.join(tmp, INPUTS_FILE), "w") as f:

@@ -1,20 +1,21 @@
 """A trained model as a single-host predictor: (dense, sparse ids) -> click probability.
 
 `ProbabilityModel` takes plain tensors, so that exported programs need no TorchRec
-types at their boundary: dense features (B, 13) float32, already transformed, and one
-categorical id per feature (B, 26) int64, already mapped into the table ranges (raw
-Criteo lines have one value per feature). `load_checkpoint_model` rebuilds the
+types at their boundary: dense features (B, num_dense) float32, already transformed,
+and categorical ids (B, sum of hotness) int64, already mapped into the table ranges:
+one column per feature for Criteo (raw lines have one value per feature), a fixed
+number per multi-hot feature of a feature-spec data set. `load_checkpoint_model` rebuilds the
 unsharded model from a (sharded) checkpoint in one process.
 
 Example::
 
     model, meta = load_checkpoint_model("ckpt/step_000000100")
-    probabilities = ProbabilityModel(model.model)(dense, sparse)
+    probabilities = ProbabilityModel(model.model, meta["model"]["sparse_feature_names"])(dense, sparse)
 """
 
 import json
 import os
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -28,18 +29,24 @@ from training.checkpoint import load_checkpoint, read_meta
 
 
 @torch.fx.wrap
-def single_hot_features(keys: List[str], sparse: torch.Tensor) -> KeyedJaggedTensor:
-    """One id per feature per row, (B, F), as a KJT (feature-major values).
+def fixed_hot_features(keys: List[str], hotness: List[int], sparse: torch.Tensor) -> KeyedJaggedTensor:
+    """Rows of ids (B, sum(hotness)), feature f taking hotness[f] consecutive columns,
+    as a KJT (feature-major values; every bag of feature f has hotness[f] ids).
 
     A leaf for fx tracing, so the quantized model's TorchScript compiles it as is.
     """
-    values = sparse.t().reshape(-1)
-    return KeyedJaggedTensor(
-        keys=keys,
-        values=values,
-        lengths=torch.ones_like(values, dtype=torch.int32),
-        offsets=torch.arange(values.shape[0] + 1, dtype=torch.int32, device=values.device),
-    )
+    batch = sparse.shape[0]
+    values: List[torch.Tensor] = []
+    lengths: List[torch.Tensor] = []
+    start = 0
+    for size in hotness:
+        values.append(sparse[:, start : start + size].reshape(-1))
+        lengths.append(torch.full([batch], size, dtype=torch.int32, device=sparse.device))
+        start += size
+    all_lengths = torch.cat(lengths)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int32, device=sparse.device),
+                         torch.cumsum(all_lengths, 0, dtype=torch.int32)])
+    return KeyedJaggedTensor(keys=keys, values=torch.cat(values), lengths=all_lengths, offsets=offsets)
 
 
 class ProbabilityModel(nn.Module):
@@ -48,15 +55,19 @@ class ProbabilityModel(nn.Module):
     Args:
         dlrm: the model without its loss (``DLRMTrain.model``), plain or quantized.
         sparse_feature_names: the KJT keys, in the column order of ``sparse``.
+        hotness: ids per row of each feature (default one each): feature f takes
+            hotness[f] consecutive columns of ``sparse``.
     """
 
-    def __init__(self, dlrm: nn.Module, sparse_feature_names: List[str]) -> None:
+    def __init__(self, dlrm: nn.Module, sparse_feature_names: List[str],
+                 hotness: Optional[List[int]] = None) -> None:
         super().__init__()
         self.dlrm = dlrm
         self.sparse_feature_names = list(sparse_feature_names)
+        self.hotness = list(hotness) if hotness is not None else [1] * len(self.sparse_feature_names)
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        logits = self.dlrm(dense, single_hot_features(self.sparse_feature_names, sparse))
+        logits = self.dlrm(dense, fixed_hot_features(self.sparse_feature_names, self.hotness, sparse))
         return torch.sigmoid(logits.squeeze(-1))
 
 
@@ -79,6 +90,10 @@ def load_checkpoint_model(path: str) -> Tuple[DLRMTrain, Dict[str, Any]]:
 
 
 INPUTS_FILE = "inputs.json"
+# inputs.json "layout": what the predictor reads. Raw Criteo lines for models trained on
+# Criteo's binary layout; BYO CSV rows for models trained with --dataset_path.
+CRITEO_LAYOUT = "criteo_raw"
+FEATURE_SPEC_LAYOUT = "feature_spec_csv"
 
 
 def read_inputs(model_dir: str) -> Dict[str, Any]:

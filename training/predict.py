@@ -1,21 +1,32 @@
-"""Click probabilities for raw Criteo lines, from an exported model directory.
+"""Click probabilities for raw Criteo lines or BYO CSV rows, from an exported model directory.
 
-    python -m training.predict --model MODEL_DIR --input day_23.tsv [--output preds.csv]
+    python -m training.predict --model MODEL_DIR --input day_23.tsv|rows.csv [--output preds.csv]
         [--variant fp32|fp16|int8] [--batch_size 4096]
 
-Input: raw Criteo lines (plain or .gz), tab-separated: label, 13 integer features, 26
-hexadecimal hashes (40 fields), or the same without the label (39 fields, as Criteo's
-unlabeled test files); any feature may be empty. The transforms are preprocessing's
-(data/preprocess_criteo.py): dense log(max(x, 0) + 3), hashes through the vocabulary
-or the low 31 bits, modulo the table sizes. Output: one probability per input line,
-in order (stdout without --output). A malformed line stops the run with its line
-number (exit 2); the output is written under a temporary name and renamed when
-complete, so nothing partial is left.
+The input layout is the model's (inputs.json "layout"):
+
+- Models trained on Criteo's binary layout read raw Criteo lines (plain or .gz),
+  tab-separated: label, 13 integer features, 26 hexadecimal hashes (40 fields), or the
+  same without the label (39 fields, as Criteo's unlabeled test files); any feature may
+  be empty. The transforms are preprocessing's (data/preprocess_criteo.py): dense
+  log(max(x, 0) + 3), hashes through the vocabulary or the low 31 bits, modulo the
+  table sizes.
+- Models trained with --dataset_path (a feature spec) read BYO CSV rows (plain or
+  .gz): headerless, comma-separated, the label (optional), the numerical features, then
+  the categorical ids, each feature in its channel_spec order and a feature of hotness
+  k taking k columns (inputs.json "csv_columns"). The transforms are the transcoder's:
+  numerical values rounded to float16, ids checked against the cardinalities, then
+  modulo the table sizes.
+
+Whether lines carry the label is judged by the first line's field count. Output: one
+probability per input line, in order (stdout without --output). A malformed line stops
+the run with its line number (exit 2); the output is written under a temporary name
+and renamed when complete, so nothing partial is left.
 
 Python API::
 
     predictor = Predictor("model_dir")
-    probabilities = predictor.predict(dense_raw, sparse_hashes)  # (N, 13) ints, (N, 26) uint32
+    probabilities = predictor.predict(dense, sparse)  # Criteo: (N, 13) ints, (N, 26) uint32 hashes
 """
 
 import argparse
@@ -27,15 +38,16 @@ from typing import List, Optional, Sequence, TextIO, Tuple
 import numpy as np
 import torch
 
+from data.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
 from data.criteo_tsv import NUM_CAT, NUM_FIELDS, NUM_INT, parse_criteo_lines
 from data.preprocess_criteo import DaySource, iter_line_chunks, transform_dense, transform_sparse
-from training.inference_model import read_inputs
+from training.inference_model import CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, read_inputs
 
 VARIANTS = ("fp32", "fp16", "int8")
 
 
 class MalformedLineError(ValueError):
-    """An input line that is not a Criteo line; the message names the file and line."""
+    """An input line not in the model's input layout; the message names the file and line."""
 
 
 class Predictor:
@@ -50,6 +62,7 @@ class Predictor:
 
         predictor = Predictor("model_dir", variant="int8")
         p = predictor.predict(np.zeros((2, 13), np.int64), np.zeros((2, 26), np.uint32))
+        p = predictor.predict_lines(b"1\t5\t...\n")  # or CSV rows, for a feature-spec model
     """
 
     def __init__(self, model_dir: str, variant: str = "fp32", batch_size: int = 4096) -> None:
@@ -65,7 +78,14 @@ class Predictor:
         self.batch_size = batch_size
         self.num_dense = int(inputs["num_dense_features"])
         self.table_sizes = np.asarray(inputs["num_embeddings_per_feature"], dtype=np.int64)
-        preprocessing = inputs["preprocessing"]
+        self.sparse_feature_names: List[str] = list(inputs["sparse_feature_names"])
+        # Exports before the BYO layout existed were all Criteo, one id per feature.
+        self.layout = inputs.get("layout", CRITEO_LAYOUT)
+        self.hotness: List[int] = list(inputs.get("sparse_hotness") or [1] * len(self.table_sizes))
+        # The table of each column of the sparse input.
+        self._column_tables = np.repeat(self.table_sizes, self.hotness)
+        self.cardinalities: Optional[List[int]] = inputs.get("cardinalities")
+        preprocessing = inputs.get("preprocessing") or {}
         modulo = preprocessing.get("modulo_num_embeddings_per_feature")
         self._modulo = None if modulo is None else np.asarray(modulo, dtype=np.int64)
         self._vocabulary: Optional[List[np.ndarray]] = None
@@ -73,34 +93,70 @@ class Predictor:
             with np.load(os.path.join(model_dir, preprocessing["vocabulary"])) as saved:
                 self._vocabulary = [saved[str(f)] for f in range(len(self.table_sizes))]
 
+    @property
+    def num_sparse_columns(self) -> int:
+        return int(sum(self.hotness))
+
     def prepare(self, dense: np.ndarray, sparse: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        """Raw features -> the model's inputs, with preprocessing's transforms.
+        """Features as the data gives them -> the model's inputs, with the training data's transforms.
 
         Args:
-            dense: (N, 13) integer features as in the raw lines, missing ones as 0.
-            sparse: (N, 26) categorical hashes as unsigned 32-bit integers, missing as 0.
+            dense: (N, num_dense). Criteo: integer features as in the raw lines, missing
+                ones as 0. Feature spec: the numerical values as in the CSV rows.
+            sparse: (N, sum of hotness). Criteo: hashes as unsigned 32-bit integers,
+                missing as 0. Feature spec: ids, feature f in hotness[f] columns.
 
         Returns:
-            dense (N, 13) float32 and ids (N, 26) int64 below the table sizes.
+            dense (N, num_dense) float32 and ids (N, sum of hotness) int64 below the table sizes.
+
+        Raises ValueError on wrong shapes, and for a feature-spec model on an id that is not
+        an integer below its feature's cardinality (naming the row).
         """
         dense = np.asarray(dense)
         sparse = np.asarray(sparse)
         if dense.ndim != 2 or dense.shape[1] != self.num_dense:
             raise ValueError(f"dense must have shape (N, {self.num_dense}), got {dense.shape}")
-        if sparse.shape != (dense.shape[0], len(self.table_sizes)):
-            raise ValueError(f"sparse must have shape ({dense.shape[0]}, {len(self.table_sizes)}), got {sparse.shape}")
-        ids = transform_sparse(sparse.astype(np.uint32), self._vocabulary, self._modulo)
+        if sparse.shape != (dense.shape[0], self.num_sparse_columns):
+            raise ValueError(f"sparse must have shape ({dense.shape[0]}, {self.num_sparse_columns}), got {sparse.shape}")
+        if self.layout == FEATURE_SPEC_LAYOUT:
+            bad = self.find_bad_id(sparse)
+            if bad is not None:
+                raise ValueError(f"row {bad[0]}: {bad[1]}")
+        return self._transform(dense, sparse)
+
+    def _transform(self, dense: np.ndarray, sparse: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """`prepare` on inputs already checked."""
+        if self.layout == FEATURE_SPEC_LAYOUT:
+            # The transcoder stores numerical values as float16: round them the same way.
+            dense = dense.astype(np.float16).astype(np.float32)
+            ids = sparse.astype(np.int64)
+        else:
+            ids = transform_sparse(sparse.astype(np.uint32), self._vocabulary, self._modulo).astype(np.int64)
+            dense = transform_dense(dense.astype(np.int64))
         # The training loader takes ids modulo the table sizes: so does serving.
-        ids = np.remainder(ids.astype(np.int64), self.table_sizes)
-        return transform_dense(dense.astype(np.int64)), ids
+        return dense, np.remainder(ids, self._column_tables)
+
+    def find_bad_id(self, sparse: np.ndarray) -> Optional[Tuple[int, str]]:
+        """(row, reason) of the first row of a feature-spec model's ids that the
+        transcoder would refuse, or None."""
+        start = 0
+        found: Optional[Tuple[int, str]] = None
+        for f, (name, size) in enumerate(zip(self.sparse_feature_names, self.hotness)):
+            cardinality = None if self.cardinalities is None else int(self.cardinalities[f])
+            bad = find_bad_id(name, sparse[:, start : start + size], cardinality)
+            if bad is not None and (found is None or bad[0] < found[0]):
+                found = bad
+            start += size
+        return found
 
     def predict(self, dense: np.ndarray, sparse: np.ndarray) -> np.ndarray:
-        """Probabilities (N,) float32 from raw features (see `prepare`)."""
+        """Probabilities (N,) float32 from the data's features (see `prepare`)."""
         return self.predict_transformed(*self.prepare(dense, sparse))
 
     def predict_transformed(self, dense: np.ndarray, sparse_ids: np.ndarray) -> np.ndarray:
         """Probabilities (N,) from inputs already in the training layout: dense
-        (N, 13) float32 transformed, sparse_ids (N, 26) ids below the table sizes."""
+        (N, num_dense) float32 transformed, sparse_ids (N, sum of hotness) ids below the
+        table sizes."""
         dense_t = torch.as_tensor(np.ascontiguousarray(dense, dtype=np.float32))
         sparse_t = torch.as_tensor(np.ascontiguousarray(sparse_ids, dtype=np.int64))
         out = []
@@ -112,12 +168,20 @@ class Predictor:
 
     def predict_lines(self, data: bytes, source: str = "<input>", first_line: int = 1,
                       labelled: Optional[bool] = None) -> np.ndarray:
-        """Probabilities of whole raw lines (see `prepare_lines`)."""
+        """Probabilities of whole input lines (see `prepare_lines`)."""
         return self.predict_transformed(*self.prepare_lines(data, source, first_line, labelled))
+
+    def is_labelled(self, data: bytes) -> bool:
+        """Whether lines carry a label, judged by the first line's field count."""
+        first = data.split(b"\n", 1)[0]
+        if self.layout == FEATURE_SPEC_LAYOUT:
+            return first.count(b",") == self.num_dense + self.num_sparse_columns
+        return first.count(b"\t") != NUM_FIELDS - 2
 
     def prepare_lines(self, data: bytes, source: str = "<input>", first_line: int = 1,
                       labelled: Optional[bool] = None) -> Tuple[np.ndarray, np.ndarray]:
-        """The model's inputs for whole raw lines (labelled or not; see the module docstring).
+        """The model's inputs for whole lines in the model's input layout (raw Criteo
+        lines or BYO CSV rows, labelled or not; see the module docstring).
 
         Args:
             data: whole lines.
@@ -127,7 +191,9 @@ class Predictor:
         Raises MalformedLineError naming ``source`` and the line number of the first bad line.
         """
         if labelled is None:
-            labelled = is_labelled(data)
+            labelled = self.is_labelled(data)
+        if self.layout == FEATURE_SPEC_LAYOUT:
+            return self._prepare_csv_rows(data, source, first_line, labelled)
         if not labelled:  # give every line a dummy label: one parser for both layouts
             data = b"0\t" + data.replace(b"\n", b"\n0\t")
             data = data[:-2] if data.endswith(b"\n0\t") else data
@@ -135,13 +201,27 @@ class Predictor:
         if chunk.bad_lines:
             index, reason = chunk.bad_lines[0]
             raise MalformedLineError(f"{source} line {first_line + index}: {_reason(reason, labelled)}")
-        return self.prepare(chunk.dense_raw, chunk.sparse_hash)
+        return self._transform(chunk.dense_raw, chunk.sparse_hash)
 
-
-def is_labelled(data: bytes) -> bool:
-    """Whether lines carry a label, judged by the first line's field count."""
-    first = data.split(b"\n", 1)[0]
-    return first.count(b"\t") != NUM_FIELDS - 2
+    def _prepare_csv_rows(self, data: bytes, source: str, first_line: int,
+                          labelled: bool) -> Tuple[np.ndarray, np.ndarray]:
+        width = self.num_dense + self.num_sparse_columns
+        features = f"{self.num_dense} numerical, {self.num_sparse_columns} categorical ids"
+        lines = data.decode("utf-8", errors="replace").splitlines()
+        if first_line == 1 and lines and lines[0].strip() and lines[0].count(",") + 1 not in (width, width + 1):
+            raise MalformedLineError(f"{source} line 1: has {lines[0].count(',') + 1} columns, expected "
+                                     f"{width + 1} (label, {features}) or {width} without the label")
+        expected = (f"{width + 1} (label, {features}) as the first line" if labelled
+                    else f"{width} ({features}, no label) as the first line")
+        try:
+            rows = parse_csv_rows(lines, first_line, width + labelled, expected)
+        except CsvRowsError as e:
+            raise MalformedLineError(f"{source} line {e.line}: {e.reason}") from None
+        dense, sparse = rows[:, int(labelled) : int(labelled) + self.num_dense], rows[:, int(labelled) + self.num_dense :]
+        bad = self.find_bad_id(sparse)
+        if bad is not None:
+            raise MalformedLineError(f"{source} line {first_line + bad[0]}: {bad[1]}")
+        return self._transform(dense, sparse)
 
 
 def _reason(reason: str, labelled: bool) -> str:
@@ -161,7 +241,7 @@ def predict_file(predictor: Predictor, path: str, out: TextIO, chunk_bytes: int 
     lines = 0
     labelled = None  # decided once, by the file's first line
     for first_line, _, data in iter_line_chunks(DaySource(0, path), chunk_bytes):
-        labelled = is_labelled(data) if labelled is None else labelled
+        labelled = predictor.is_labelled(data) if labelled is None else labelled
         probabilities = predictor.predict_lines(data, path, first_line + 1, labelled)
         out.write("".join(f"{p:.7g}\n" for p in probabilities))
         lines += len(probabilities)
@@ -171,7 +251,8 @@ def predict_file(predictor: Predictor, path: str, out: TextIO, chunk_bytes: int 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.predict", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a directory written by python -m training.export")
-    parser.add_argument("--input", required=True, help="raw Criteo lines (.tsv/.txt, or .gz)")
+    parser.add_argument("--input", required=True,
+                        help="raw Criteo lines (.tsv/.txt), or BYO CSV rows for a --dataset_path model; or .gz")
     parser.add_argument("--output", default=None, help="one probability per line (default stdout)")
     parser.add_argument("--variant", choices=VARIANTS, default="fp32", help="which exported model to use")
     parser.add_argument("--batch_size", type=int, default=4096, help="rows per forward")

@@ -2,8 +2,9 @@
 
     python -m training.quality_gate --model MODEL_DIR [--data DIR] [--limit_rows N]
 
-DIR is the binary Criteo layout the model was trained on (default: the one recorded
-at export). The test split is the training run's (second half of the last day). The
+DIR is the data the model was trained on (default: the one recorded at export): a
+binary Criteo directory, or PATH/feature_spec.yaml for a --dataset_path model. The test
+split is the training run's (second half of the last day, or of the test mapping). The
 gate passes when the fp16 model's AUROC is within 0.001 of fp32's and int8's within
 0.003; the three values are printed. Exit 0 on a pass, 1 on a failure, 2 on bad input.
 """
@@ -11,14 +12,15 @@ gate passes when the fp16 model's AUROC is within 0.001 of fp32's and int8's wit
 import argparse
 import sys
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Union
 
 import numpy as np
 import torch
 from torchmetrics.functional.classification import binary_auroc
 
 from data.criteo_binary import CriteoBinaryDataset
-from training.inference_model import read_inputs
+from data.split_binary import SplitBinaryDataset
+from training.inference_model import FEATURE_SPEC_LAYOUT, read_inputs
 from training.predict import Predictor
 
 # Largest allowed |AUROC(variant) - AUROC(fp32)|.
@@ -43,17 +45,23 @@ class GateResult:
 
 
 def evaluate_variants(model_dir: str, data_dir: Optional[str] = None, limit_rows: Optional[int] = None) -> GateResult:
-    """AUROC of every exported variant on the test split of ``data_dir``."""
+    """AUROC of every exported variant on the test split of ``data_dir`` (a binary Criteo
+    directory, or the feature_spec.yaml of a model trained with --dataset_path)."""
     inputs = read_inputs(model_dir)
     data_dir = data_dir or inputs.get("data_path")
     if not data_dir:
         raise ValueError("--data is needed: the model was trained on random data")
-    dataset = CriteoBinaryDataset(data_dir)
+    dataset: Union[CriteoBinaryDataset, SplitBinaryDataset] = (
+        SplitBinaryDataset(data_dir) if inputs.get("layout") == FEATURE_SPEC_LAYOUT else CriteoBinaryDataset(data_dir))
     start, stop = dataset.split_ranges()["test"]
     if limit_rows is not None:
         stop = min(stop, start + limit_rows)
     dense, sparse, labels = dataset.read(start, stop)
-    sparse_ids = np.remainder(np.asarray(sparse, dtype=np.int64), np.asarray(inputs["num_embeddings_per_feature"]))
+    if isinstance(sparse, list):  # feature spec: one (N, hotness) array per feature
+        sparse = np.concatenate(sparse, axis=1)
+    hotness = inputs.get("sparse_hotness") or [1] * len(inputs["num_embeddings_per_feature"])
+    sparse_ids = np.remainder(np.asarray(sparse, dtype=np.int64),
+                              np.repeat(inputs["num_embeddings_per_feature"], hotness))
     target = torch.as_tensor(np.asarray(labels).reshape(-1).astype(np.int64))
     auroc = {}
     for variant in inputs["variants"]:
@@ -65,7 +73,8 @@ def evaluate_variants(model_dir: str, data_dir: Optional[str] = None, limit_rows
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.quality_gate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a directory written by python -m training.export")
-    parser.add_argument("--data", default=None, help="binary Criteo directory (default: the training data)")
+    parser.add_argument("--data", default=None,
+                        help="binary Criteo directory or PATH/feature_spec.yaml (default: the training data)")
     parser.add_argument("--limit_rows", type=int, default=None, help="test rows to use at most")
     args = parser.parse_args(argv)
     try:

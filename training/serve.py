@@ -3,8 +3,9 @@
     python -m training.serve --model MODEL_DIR [--host 127.0.0.1] [--port 8080]
         [--variant fp32|fp16|int8] [--max_batch_rows 4096] [--max_batch_delay_ms 2] [--num_threads N]
 
-``POST /predict`` with raw Criteo lines as the body (as ``python -m training.predict``
-reads them: labelled or not, empty fields allowed) answers ``200`` with one
+``POST /predict`` with lines in the model's input layout as the body (as ``python -m
+training.predict`` reads them: raw Criteo lines, or BYO CSV rows for a model trained
+with --dataset_path; labelled or not) answers ``200`` with one
 probability per line, or ``400`` with one line naming the bad request line. ``GET
 /health`` answers ``ok``. Each request is parsed and transformed in its own thread;
 one model thread runs the waiting requests' rows together: it takes what is queued,

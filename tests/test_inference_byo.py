@@ -1,0 +1,140 @@
+"""Inference of a model trained on a feature-spec (BYO) data set: export with a
+multi-hot feature, the predictor on BYO CSV rows, the quality gate on the test mapping."""
+
+import gzip
+import os
+
+import numpy as np
+import pytest
+import torch
+from torchmetrics.functional.classification import binary_auroc
+
+import dlrm_main
+from data.feature_spec import FeatureSpec
+from data.split_binary import SplitBinaryDataset
+from data.synthetic_csv import csv_feature_spec, generate_csv
+from data.transcode import transcode
+from tests.launch import eval_record, launch, read_log
+from training import export, predict
+from training.inference_model import FEATURE_SPEC_LAYOUT, ProbabilityModel, load_checkpoint_model, read_inputs
+from training.quality_gate import evaluate_variants
+
+ROWS = {"train": 8192, "test": 1024}
+TABLE_SIZES = [50, 300, 64, 300]  # cat_2's table is smaller than its ids: modulo at load and at serving
+
+
+@pytest.fixture(scope="module")
+def trained_byo(tmp_path_factory):
+    """CSV (5 numerical, 4 categorical, cat_1 bags of 3) -> transcode -> 2-rank training
+    with a checkpoint -> export."""
+    root = tmp_path_factory.mktemp("inference_byo")
+    csv_dir, bin_dir = str(root / "csv"), str(root / "bin")
+    raw = csv_feature_spec(5, 4, cardinality="auto", hotness={1: 3})
+    raw["feature_spec"]["cat_0"]["cardinality"] = 50
+    spec = FeatureSpec.from_dict(raw, csv_dir, os.path.join(csv_dir, "feature_spec.yaml"), allow_auto=True)
+    generate_csv(spec, csv_dir, ROWS, seed=4, auto_cardinality=300)
+    transcode(csv_dir, "feature_spec.yaml", bin_dir)
+    spec_path = os.path.join(bin_dir, "feature_spec.yaml")
+    ckpt, log = str(root / "ckpt"), str(root / "log.jsonl")
+    assert launch(dlrm_main.main, ["--dataset_path", spec_path, "--batch_size", "256", "--embedding_dim", "8",
+                                   "--dense_arch_layer_sizes", "16,8", "--over_arch_layer_sizes", "16,1",
+                                   "--num_embeddings_per_feature", ",".join(map(str, TABLE_SIZES)),
+                                   "--optimizer", "adagrad", "--learning_rate", "0.05", "--seed", "2",
+                                   "--checkpoint_dir", ckpt, "--checkpoint_at_epoch_end",
+                                   "--log_path", log]) == {0: 0, 1: 0}
+    model_dir = str(root / "model")
+    assert export.main(["--checkpoint", ckpt, "--output", model_dir]) == 0
+    # The predictor's layout: one file, label first, then numerical values, then ids.
+    parts = [open(os.path.join(csv_dir, "test", f"{name}.csv")).read().splitlines()
+             for name in ("label", "numerical", "categorical")]
+    rows = [",".join(fields) for fields in zip(*parts)]
+    return {"spec": spec_path, "model": model_dir, "log": read_log(log), "rows": rows, "root": root}
+
+
+def test_export_describes_the_csv_layout(trained_byo):
+    inputs = read_inputs(trained_byo["model"])
+    assert inputs["layout"] == FEATURE_SPEC_LAYOUT and inputs["data_path"] == trained_byo["spec"]
+    assert inputs["sparse_hotness"] == [1, 3, 1, 1]
+    assert inputs["num_embeddings_per_feature"] == TABLE_SIZES
+    assert inputs["cardinalities"] == SplitBinaryDataset(trained_byo["spec"]).num_embeddings_per_feature
+    assert inputs["csv_columns"] == (["label"] + [f"num_{i}" for i in range(5)]
+                                     + ["cat_0", "cat_1[0]", "cat_1[1]", "cat_1[2]", "cat_2", "cat_3"])
+    assert sorted(inputs["variants"]) == ["fp16", "fp32", "int8"]
+
+
+def test_predictor_on_csv_rows_matches_the_training_model(trained_byo, tmp_path):
+    labelled = tmp_path / "labelled.csv"
+    labelled.write_text("\n".join(trained_byo["rows"]) + "\n")
+    unlabelled = tmp_path / "unlabelled.csv.gz"
+    with gzip.open(unlabelled, "wt") as f:
+        f.write("".join(row.split(",", 1)[1] + "\n" for row in trained_byo["rows"]))
+    for source, name in ((labelled, "a.txt"), (unlabelled, "b.txt")):
+        assert predict.main(["--model", trained_byo["model"], "--input", str(source),
+                             "--output", str(tmp_path / name)]) == 0
+    got = np.loadtxt(tmp_path / "a.txt", dtype=np.float32)
+    assert len(got) == ROWS["test"]
+    assert np.array_equal(got, np.loadtxt(tmp_path / "b.txt", dtype=np.float32))
+
+    # The eager training model on the transcoded test mapping (float16 values, ids modulo the tables).
+    dataset = SplitBinaryDataset(trained_byo["spec"])
+    dense, sparse, labels = dataset.read(ROWS["train"], ROWS["train"] + ROWS["test"])
+    ids = np.remainder(np.concatenate(sparse, axis=1).astype(np.int64), np.repeat(TABLE_SIZES, [1, 3, 1, 1]))
+    inputs = read_inputs(trained_byo["model"])
+    model, _ = load_checkpoint_model(inputs["checkpoint"])
+    with torch.no_grad():
+        eager = ProbabilityModel(model.model, inputs["sparse_feature_names"], inputs["sparse_hotness"])(
+            torch.as_tensor(dense.astype(np.float32)), torch.as_tensor(ids)).numpy()
+    np.testing.assert_allclose(got, eager, rtol=1e-6)  # printed with 7 digits
+    predictor = predict.Predictor(trained_byo["model"])
+    assert np.array_equal(predictor.predict_transformed(dense, ids), eager)  # fp32 program: exactly
+    values = np.loadtxt(labelled, delimiter=",")
+    assert np.array_equal(predictor.predict(values[:, 1:6], values[:, 6:]), eager)
+
+    # The 2-rank sharded model's own test AUROC (second half of the test mapping), from its log.
+    half = ROWS["test"] // 2
+    test = eval_record(trained_byo["log"], "test")
+    assert test["num_samples"] == half
+    auroc = float(binary_auroc(torch.as_tensor(eager[half:]), torch.as_tensor(labels[half:].astype(np.int64))))
+    assert auroc == pytest.approx(test["auroc"], abs=1e-5)
+
+
+def test_quality_gate_on_the_test_mapping(trained_byo):
+    gate = evaluate_variants(trained_byo["model"])
+    assert gate.rows == ROWS["test"] // 2
+    assert gate.auroc["fp32"] == pytest.approx(eval_record(trained_byo["log"], "test")["auroc"], abs=1e-5)
+    assert abs(gate.auroc["fp16"] - gate.auroc["fp32"]) <= 0.001
+    assert abs(gate.auroc["int8"] - gate.auroc["fp32"]) <= 0.003
+    assert gate.passed
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda row: row + ",7", "has 13 columns, expected 12 (label, 5 numerical, 6 categorical ids) as the "
+                             "first line"),
+    (lambda row: row.split(",", 1)[1], "has 11 columns, expected 12 (label, 5 numerical, 6 categorical ids) as "
+                                       "the first line"),
+    (lambda row: row.replace(",", ",x", 1), "column 2 is not a number: 'x"),
+    (lambda row: ",".join(row.split(",")[:6] + ["50"] + row.split(",")[7:]),
+     "feature 'cat_0' has id 50, but its declared cardinality is 50 (ids 0..49)"),
+    (lambda row: ",".join(row.split(",")[:7] + ["2.5"] + row.split(",")[8:]),
+     "feature 'cat_1' has id 2.5; ids must be integers from 0 to 2^31 - 1"),
+    (lambda row: "", "empty line"),
+])
+def test_malformed_csv_rows_name_the_line(trained_byo, tmp_path, capsys, edit, message):
+    rows = trained_byo["rows"][:5]
+    rows[3] = edit(rows[3])
+    source = tmp_path / "in.csv"
+    source.write_text("\n".join(rows) + "\n")
+    output = tmp_path / "out.txt"
+    assert predict.main(["--model", trained_byo["model"], "--input", str(source), "--output", str(output)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"python -m training.predict: error: {source} line 4: {message}"), err
+    assert os.listdir(tmp_path) == ["in.csv"]  # no output, not even a partial one
+
+
+def test_first_row_of_neither_layout(trained_byo, tmp_path, capsys):
+    source = tmp_path / "in.csv"
+    source.write_text("1,2,3\n" + trained_byo["rows"][0] + "\n")
+    assert predict.main(["--model", trained_byo["model"], "--input", str(source)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"python -m training.predict: error: {source} line 1: has 3 columns, expected 12 (label, 5 numerical, "
+        "6 categorical ids) or 11 without the label")

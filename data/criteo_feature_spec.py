@@ -12,13 +12,13 @@ feature in the smallest id type for its cardinality (from metadata.json, or the
 largest id + 1). Only the one-hot layout is converted.
 """
 
-import argparse
 import os
 import sys
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from common.cli import OneLineParser, positive_int
 from data.criteo_binary import CriteoBinaryDataset
 from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES
 from data.feature_spec import DEFAULT_SPEC_NAME, Chunk, FeatureSpec, smallest_id_dtype
@@ -103,13 +103,11 @@ def criteo_to_split_binary(input_dir: str, output_dir: str, block_rows: int = DE
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m data.criteo_feature_spec", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m data.criteo_feature_spec", description=__doc__.splitlines()[0])
     parser.add_argument("--input", required=True, help="directory of day_{i}_{dense,sparse,labels}.npy")
     parser.add_argument("--output", required=True, help="output directory (replaced)")
-    parser.add_argument("--chunk_size", type=int, default=DEFAULT_BLOCK_ROWS, help="rows per block")
+    parser.add_argument("--chunk_size", type=positive_int, default=DEFAULT_BLOCK_ROWS, help="rows per block")
     args = parser.parse_args(argv)
-    if args.chunk_size <= 0:
-        parser.exit(2, f"{parser.prog}: error: --chunk_size must be positive, got {args.chunk_size}\n")
     try:
         spec = criteo_to_split_binary(args.input, args.output, args.chunk_size)
     except ValueError as e:

@@ -27,7 +27,6 @@ marker ``day_{i}.done.json`` is written last, so a killed run is resumed by runn
 the same command again: finished days are skipped.
 """
 
-import argparse
 import gzip
 import hashlib
 import json
@@ -42,6 +41,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from common.cli import OneLineParser, int_list
 from data.criteo_layout import METADATA_FILE, NUM_SPARSE_FEATURES, day_file, write_json_atomic
 from data.criteo_tsv import NUM_INT, parse_criteo_lines
 
@@ -523,25 +523,13 @@ def preprocess(config: PreprocessConfig) -> Dict[str, object]:
     return metadata
 
 
-def _int_list(text: str) -> List[int]:
-    try:
-        return [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"malformed list {text!r}: expected comma-separated integers")
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = _OneLineParser(prog="preprocess_criteo", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="preprocess_criteo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--input_dir", required=True)
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--dataset_name", required=True, choices=DATASET_NAMES)
     parser.add_argument("--frequency_threshold", type=int, default=0)
-    parser.add_argument("--num_embeddings_per_feature", type=_int_list, default=None)
+    parser.add_argument("--num_embeddings_per_feature", type=int_list, default=None)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--on_bad_lines", choices=("error", "skip"), default="error")
     parser.add_argument("--chunk_bytes", type=int, default=PreprocessConfig.chunk_bytes)

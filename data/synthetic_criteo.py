@@ -16,7 +16,6 @@ Usage::
     python -m data.synthetic_criteo --output_dir data_cache/synthetic_criteo --seed 0
 """
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -25,6 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from common.cli import OneLineParser, int_list
 from data.criteo_layout import (
     METADATA_FILE,
     NUM_DENSE_FEATURES,
@@ -281,19 +281,12 @@ def generate_multi_hot_criteo(spec: SyntheticCriteoSpec, output_dir: str, hotnes
     return metadata
 
 
-def _int_list(text: str) -> List[int]:
-    try:
-        return [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m data.synthetic_criteo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output_dir", required=True, help="directory to write the day files to")
     parser.add_argument("--num_days", type=int, default=SyntheticCriteoSpec.num_days)
     parser.add_argument("--rows_per_day", type=int, default=SyntheticCriteoSpec.rows_per_day)
-    parser.add_argument("--cardinalities", type=_int_list, default=None,
+    parser.add_argument("--cardinalities", type=int_list, default=None,
                         help="26 comma-separated table sizes (default: a spread from 4 to 40k)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--id_skew", type=float, default=SyntheticCriteoSpec.id_skew)
@@ -301,7 +294,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--format", choices=("binary", "tsv", "tsv.gz", "multi_hot"), default="binary",
                         help="binary: the in-memory layout; tsv / tsv.gz: raw Criteo day files day_<i>[.gz]; "
                              "multi_hot: the MLPerf multi-hot layout (with --multi_hot_sizes)")
-    parser.add_argument("--multi_hot_sizes", type=_int_list, default=None, help="26 bag sizes (multi_hot)")
+    parser.add_argument("--multi_hot_sizes", type=int_list, default=None, help="26 bag sizes (multi_hot)")
     parser.add_argument("--multi_hot_distribution_type", choices=("uniform", "pareto"), default="uniform")
     args = parser.parse_args(argv)
     spec = SyntheticCriteoSpec(
@@ -329,7 +322,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         metadata = generate_synthetic_criteo(spec, args.output_dir)
     except (ValueError, OSError) as e:
-        print(f"synthetic_criteo: error: {e}", file=sys.stderr)
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
     rows = sum(metadata["rows_per_day"])  # type: ignore[arg-type]
     print(

@@ -14,13 +14,13 @@ frequent ids are seen often enough to learn. ``cardinality: auto`` features draw
 ids below ``--auto_cardinality``.
 """
 
-import argparse
 import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from common.cli import OneLineParser
 from data.feature_spec import AUTO, DEFAULT_SPEC_NAME, FeatureSpec
 
 BLOCK_ROWS = 65536
@@ -117,7 +117,7 @@ def generate_csv(spec: FeatureSpec, output_dir: str, rows: Dict[str, int], seed:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m data.synthetic_csv", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m data.synthetic_csv", description=__doc__.splitlines()[0])
     parser.add_argument("--output", required=True, help="directory of the CSV files and feature_spec.yaml")
     parser.add_argument("--feature_spec", default=None, help="spec whose csv chunks to write (else one is made)")
     parser.add_argument("--num_numerical", type=int, default=13, help="numerical features of the made spec")

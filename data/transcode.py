@@ -11,7 +11,6 @@ the previous output untouched. ``cardinality: auto`` becomes the largest id + 1 
 both mappings; a declared cardinality at or below an id in the data is an error.
 """
 
-import argparse
 import itertools
 import os
 import sys
@@ -19,6 +18,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from common.cli import OneLineParser, positive_int
 from data.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
 from data.feature_spec import AUTO, DEFAULT_SPEC_NAME, Chunk, FeatureSpec, FeatureSpecError, smallest_id_dtype
 from data.output_dir import build_output_dir
@@ -203,16 +203,14 @@ def _transcode_into(spec: FeatureSpec, input_dir: str, staging: str, spec_out: s
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m data.transcode", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m data.transcode", description=__doc__.splitlines()[0])
     parser.add_argument("--input", required=True, help="directory of the CSV files")
     parser.add_argument("--feature_spec_in", default=DEFAULT_SPEC_NAME,
                         help="input spec (a path, or a name inside --input)")
     parser.add_argument("--output", required=True, help="output directory (replaced)")
     parser.add_argument("--feature_spec_out", default=DEFAULT_SPEC_NAME, help="output spec name inside --output")
-    parser.add_argument("--chunk_size", type=int, default=DEFAULT_CHUNK_ROWS, help="rows per block read")
+    parser.add_argument("--chunk_size", type=positive_int, default=DEFAULT_CHUNK_ROWS, help="rows per block read")
     args = parser.parse_args(argv)
-    if args.chunk_size <= 0:
-        parser.exit(2, f"{parser.prog}: error: --chunk_size must be positive, got {args.chunk_size}\n")
     try:
         spec = transcode(args.input, args.feature_spec_in, args.output, args.feature_spec_out, args.chunk_size)
     except ValueError as e:

@@ -27,7 +27,7 @@ from sharding_plans.planner import PlanDoesNotFit, PlannerConfig, host_memory_by
 from sharding_plans.presets import PRESETS, Preset, find_preset
 from sharding_plans.report import format_bytes, format_plan_report, largest_rank, memory_imbalance
 from training.config import OPTIMIZERS
-from training.flags import OneLineParser, int_list
+from common.cli import OneLineParser, int_list
 
 PROG = "python -m sharding_plans"
 _GIB = 1024**3

@@ -99,3 +99,31 @@ def test_table_sizes_come_from_metadata(synthetic_dir):
     config = parse_config(["--in_memory_binary_criteo_path", synthetic_dir, "--num_embeddings", "77"],
                           "dlrm_main.py", "")
     assert config.model.num_embeddings_per_feature == [77] * 26
+
+
+@pytest.mark.parametrize("module, argv, message", [
+    ("data.transcode", ["--input", "x", "--output", "y", "--chunk_size", "0"],
+     "python -m data.transcode: error: argument --chunk_size: must be positive, got 0"),
+    ("data.criteo_feature_spec", ["--input", "x", "--output", "y", "--chunk_size", "ten"],
+     "python -m data.criteo_feature_spec: error: argument --chunk_size: expected an integer, got 'ten'"),
+    ("data.synthetic_criteo", ["--output_dir", "x", "--cardinalities", "4,,5"],
+     "python -m data.synthetic_criteo: error: argument --cardinalities: malformed list '4,,5': empty item"),
+    ("data.preprocess_criteo", ["--input_dir", "x", "--output_dir", "y", "--dataset_name", "criteo_1t",
+                                "--num_embeddings_per_feature", "10,x"],
+     "preprocess_criteo: error: argument --num_embeddings_per_feature: malformed list '10,x': expected "
+     "comma-separated integers"),
+    ("data.synthetic_csv", ["--output", "x", "--seed", "a"],
+     "python -m data.synthetic_csv: error: argument --seed: invalid int value: 'a'"),
+    ("training.predict", ["--model", "m"], "python -m training.predict: error: the following arguments are "
+                                           "required: --input"),
+    ("training.export", ["--checkpoint", "c", "--output", "o", "--quantize", "int4"],
+     "python -m training.export: error: argument --quantize: unknown table precision 'int4': use fp16, int8, "
+     "fp16,int8 or none"),
+    ("training.serve", ["--model", "m", "--port", "http"],
+     "python -m training.serve: error: argument --port: invalid int value: 'http'"),
+    ("training.report", [], "training.report: error: the following arguments are required: logs"),
+])
+def test_every_cli_reports_a_bad_flag_in_one_line(capsys, module, argv, message):
+    """The data, export, serving and report CLIs share the entry points' one-line parser."""
+    main = __import__(module, fromlist=["main"]).main
+    assert run_main(capsys, main, argv) == (2, [message])

@@ -34,6 +34,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTable
 from torchrec.fx import symbolic_trace
 from torchrec.inference.modules import quantize_inference_model
 
+from common.cli import OneLineParser
 from data.criteo_layout import DENSE_FEATURE_NAMES, read_metadata
 from data.feature_spec import FeatureSpec, FeatureSpecError
 from data.preprocess_criteo import DENSE_OFFSET, VOCABULARY_FILE
@@ -201,7 +202,7 @@ def _quantize_list(text: str) -> List[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.export", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m training.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="a checkpoint, or a --checkpoint_dir (its newest)")
     parser.add_argument("--output", required=True, help="the model directory to create")
     parser.add_argument("--quantize", type=_quantize_list, default=["fp16", "int8"],

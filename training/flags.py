@@ -7,8 +7,9 @@ Bad input ends in one line on stderr and exit code 2.
 
 import argparse
 import sys
-from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from common.cli import OneLineParser, int_list
 from data.config import DATASET_NAMES, DataConfig
 from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES, read_metadata
 from data.feature_spec import FeatureSpec
@@ -31,24 +32,6 @@ DEFAULT_NUM_EMBEDDINGS = 100_000
 
 class FlagError(ValueError):
     """A flag's value is wrong; the message names the flag."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Reports bad flags as one line (no usage dump) and exits with 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def int_list(text: str) -> List[int]:
-    """Parses "512,256,64"; rejects empty items and non-integers."""
-    items = text.split(",")
-    if any(not item.strip() for item in items):
-        raise argparse.ArgumentTypeError(f"malformed list {text!r}: empty item")
-    try:
-        return [int(item) for item in items]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"malformed list {text!r}: expected comma-separated integers")
 
 
 def _store_true(parser: argparse.ArgumentParser, name: str, help: str) -> None:

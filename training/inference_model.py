@@ -18,7 +18,6 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import nn
 from torchrec.models.dlrm import DLRMTrain
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor

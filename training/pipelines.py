@@ -20,8 +20,6 @@ from torchrec.distributed.train_pipeline.train_pipelines import (
     TrainPipelineSparseDist,
 )
 
-from training.config import PIPELINES  # noqa: F401  (the names, kept with the config)
-
 CUDA_ONLY_PIPELINES = ("semi_sync", "prefetch")
 
 

@@ -29,7 +29,6 @@ Python API::
     probabilities = predictor.predict(dense, sparse)  # Criteo: (N, 13) ints, (N, 26) uint32 hashes
 """
 
-import argparse
 import os
 import re
 import sys
@@ -38,6 +37,7 @@ from typing import List, Optional, Sequence, TextIO, Tuple
 import numpy as np
 import torch
 
+from common.cli import OneLineParser
 from data.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
 from data.criteo_tsv import NUM_CAT, NUM_FIELDS, NUM_INT, parse_criteo_lines
 from data.preprocess_criteo import DaySource, iter_line_chunks, transform_dense, transform_sparse
@@ -249,7 +249,7 @@ def predict_file(predictor: Predictor, path: str, out: TextIO, chunk_bytes: int 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.predict", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m training.predict", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a directory written by python -m training.export")
     parser.add_argument("--input", required=True,
                         help="raw Criteo lines (.tsv/.txt), or BYO CSV rows for a --dataset_path model; or .gz")

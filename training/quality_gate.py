@@ -9,7 +9,6 @@ gate passes when the fp16 model's AUROC is within 0.001 of fp32's and int8's wit
 0.003; the three values are printed. Exit 0 on a pass, 1 on a failure, 2 on bad input.
 """
 
-import argparse
 import sys
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Union
@@ -18,6 +17,7 @@ import numpy as np
 import torch
 from torchmetrics.functional.classification import binary_auroc
 
+from common.cli import OneLineParser
 from data.criteo_binary import CriteoBinaryDataset
 from data.split_binary import SplitBinaryDataset
 from training.inference_model import FEATURE_SPEC_LAYOUT, read_inputs
@@ -71,7 +71,7 @@ def evaluate_variants(model_dir: str, data_dir: Optional[str] = None, limit_rows
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.quality_gate", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m training.quality_gate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a directory written by python -m training.export")
     parser.add_argument("--data", default=None,
                         help="binary Criteo directory or PATH/feature_spec.yaml (default: the training data)")

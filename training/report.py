@@ -9,12 +9,13 @@ prints per run: best validation AUROC and its step, mean records/s without the f
 reported as one line naming the file and line, exit code 2.
 """
 
-import argparse
 import json
 import os
 import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from common.cli import OneLineParser
 
 FIGURE_INCHES = (12.0, 8.0)
 FIGURE_DPI = 100  # so the PNG is 1200 x 800 pixels
@@ -115,7 +116,7 @@ def draw(runs: Sequence[Run], output: str) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="training.report", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="training.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("logs", nargs="+", help="JSON-lines logs written with --log_path")
     parser.add_argument("--output", default="run.png", help="PNG to write (1200 x 800)")
     args = parser.parse_args(argv)

@@ -17,7 +17,6 @@ Example::
     curl --data-binary @day_23.tsv http://127.0.0.1:8080/predict
 """
 
-import argparse
 import queue
 import sys
 import threading
@@ -30,6 +29,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from common.cli import OneLineParser
 from training.predict import VARIANTS, MalformedLineError, Predictor
 
 
@@ -161,7 +161,7 @@ class _Server(ThreadingHTTPServer):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.serve", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m training.serve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a directory written by python -m training.export")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8080, help="port to listen on")

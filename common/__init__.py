@@ -1,0 +1,1 @@
+"""Pieces every part of the project uses and that belong to none of them."""

@@ -3,6 +3,9 @@ multi-hot feature, the predictor on BYO CSV rows, the quality gate on the test m
 
 import gzip
 import os
+import threading
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
@@ -15,7 +18,7 @@ from data.split_binary import SplitBinaryDataset
 from data.synthetic_csv import csv_feature_spec, generate_csv
 from data.transcode import transcode
 from tests.launch import eval_record, launch, read_log
-from training import export, predict
+from training import export, predict, serve
 from training.inference_model import FEATURE_SPEC_LAYOUT, ProbabilityModel, load_checkpoint_model, read_inputs
 from training.quality_gate import evaluate_variants
 
@@ -138,3 +141,25 @@ def test_first_row_of_neither_layout(trained_byo, tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (
         f"python -m training.predict: error: {source} line 1: has 3 columns, expected 12 (label, 5 numerical, "
         "6 categorical ids) or 11 without the label")
+
+
+def test_http_endpoint_takes_csv_rows(trained_byo):
+    predictor = predict.Predictor(trained_byo["model"], "int8")
+    batcher = serve.BatchingPredictor(predictor, max_batch_delay_ms=0)
+    server = serve.make_server(batcher, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/predict"
+    body = "".join(row + "\n" for row in trained_byo["rows"][:6]).encode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=body, method="POST")) as r:
+            answer = np.array(r.read().decode().split(), dtype=np.float32)
+        np.testing.assert_allclose(answer, predictor.predict_lines(body), rtol=1e-6)
+        assert len(answer) == 6
+        with pytest.raises(urllib.error.HTTPError) as bad:
+            urllib.request.urlopen(urllib.request.Request(url, data=body + b"1,2\n", method="POST"))
+        assert bad.value.code == 400
+        assert bad.value.read().decode().startswith("error: request line 7: has 2 columns, expected 12")
+    finally:
+        server.shutdown()
+        server.server_close()
+        batcher.close()

@@ -3,7 +3,10 @@
 A line is: label, 13 integer features, 26 categorical features as hexadecimal hashes,
 tab-separated, ending in a newline; any feature may be empty. A chunk of whole lines
 is parsed with numpy on its bytes: field boundaries from the positions of tabs and
-newlines, digits and hex digits gathered into small matrices and combined.
+newlines; each field's 8 bytes are read as one 64-bit word (an overlapping view of
+the chunk), decimal digits combined within the word, hex hashes decoded by
+``binascii.unhexlify``. Rare fields (negative or longer than 8 digits, short hashes,
+bad characters) take a slower path over their characters.
 
 Example::
 
@@ -11,6 +14,7 @@ Example::
     chunk.dense_raw, chunk.sparse_hash, chunk.labels, chunk.bad_lines
 """
 
+import binascii
 from dataclasses import dataclass
 from typing import List, Tuple
 
@@ -21,12 +25,6 @@ NUM_CAT = 26
 NUM_FIELDS = 1 + NUM_INT + NUM_CAT
 MAX_INT_DIGITS = 18  # fits int64 (and three 8-digit groups)
 MAX_HEX_DIGITS = 8  # 32-bit hashes
-
-_HEX_VALUE = np.full(256, 255, dtype=np.uint8)
-for _i, _c in enumerate(b"0123456789abcdef"):
-    _HEX_VALUE[_c] = _i
-for _i, _c in enumerate(b"ABCDEF"):
-    _HEX_VALUE[_c] = 10 + _i
 
 
 @dataclass
@@ -48,7 +46,21 @@ class ParsedChunk:
     num_lines: int
 
 
-_PAD = 32  # zero bytes around the chunk, so windows near its ends stay in bounds
+_PAD = 32  # zero bytes around the chunk, so windows and words near its ends stay in bounds
+
+_ASCII_ZEROS = np.uint64(0x3030_3030_3030_3030)  # "00000000"
+_SIXES = np.uint64(0x0606_0606_0606_0606)
+_HIGH_NIBBLES = np.uint64(0xF0F0_F0F0_F0F0_F0F0)
+# _LAST_BYTES[n]: the last n bytes of a little-endian word (its n most significant)
+_LAST_BYTES = np.array([0] + [(1 << 64) - (1 << (8 * (8 - n))) for n in range(1, 9)], dtype=np.uint64)
+
+
+def _byte_words(padded: np.ndarray, offset: int) -> np.ndarray:
+    """Element i is padded[offset + i : offset + i + 8] read as a little-endian uint64.
+
+    An overlapping view (1-byte strides, no copy): one index per field gathers 8 bytes.
+    """
+    return np.ndarray((len(padded) - offset - 7,), dtype="<u8", buffer=padded, offset=offset, strides=(1,))
 
 
 def _windows(padded: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
@@ -88,8 +100,38 @@ def _digits_to_int(digits: np.ndarray) -> np.ndarray:
     return value
 
 
-def _parse_ints(padded: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """(values int64, ok bool) for decimal integers with an optional leading '-'."""
+def _eight_digits(digits: np.ndarray) -> np.ndarray:
+    """Values of uint64 words holding 8 decimal digits, one per byte, the most significant
+    in the lowest byte: neighbouring bytes, then 16-bit and 32-bit lanes are combined
+    (each sum fits its lane; what spills above is masked off)."""
+    pairs = (digits * np.uint64(10) + (digits >> np.uint64(8))) & np.uint64(0x00FF_00FF_00FF_00FF)
+    quads = (pairs * np.uint64(100) + (pairs >> np.uint64(16))) & np.uint64(0x0000_FFFF_0000_FFFF)
+    return (quads * np.uint64(10_000) + (quads >> np.uint64(32))) & np.uint64(0xFFFF_FFFF)
+
+
+def _parse_ints(padded: np.ndarray, words_before: np.ndarray, ends: np.ndarray,
+                lengths: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """(values int64, ok bool) for decimal integers with an optional leading '-'.
+
+    ``words_before[e]`` holds the 8 bytes before position e: fields of up to 8 digits
+    are parsed within that word; the rest (signs, longer or bad fields) by
+    ``_parse_ints_by_chars``.
+    """
+    digits = (words_before[ends] ^ _ASCII_ZEROS) & _LAST_BYTES.take(lengths, mode="clip")  # longer fields: redone below
+    # A byte is a digit iff it is below 16 and stays so when 6 is added.
+    ok = ((digits | (digits + _SIXES)) & _HIGH_NIBBLES) == 0
+    ok &= lengths <= 8
+    values = _eight_digits(digits).view(np.int64)
+    if not ok.all():
+        rows, cols = np.nonzero(~ok)
+        rare_ends = ends[rows, cols]
+        values[rows, cols], ok[rows, cols] = _parse_ints_by_chars(padded, rare_ends - lengths[rows, cols], rare_ends)
+    return values, ok
+
+
+def _parse_ints_by_chars(padded: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """(values int64, ok bool) for decimal integers with an optional leading '-', from
+    their characters gathered into rows (any length)."""
     lengths = ends - starts
     negative = (lengths > 0) & (padded[starts + _PAD] == ord("-"))
     digit_lengths = lengths - negative
@@ -104,32 +146,37 @@ def _parse_ints(padded: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Tup
     return np.where(negative, -values, values), ok
 
 
-def _parse_hex(padded: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """(values uint32, ok bool) for hexadecimal hashes of up to 8 digits.
+def _parse_hex(padded: np.ndarray, words_after: np.ndarray, tabs: np.ndarray,
+               lengths: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """(values uint32, ok bool) for hexadecimal hashes of up to 8 digits, each after the
+    tab at position ``tabs``.
 
-    Criteo's hashes have exactly 8 digits: those are gathered into one string that
-    ``bytes.fromhex`` decodes, read as big-endian 32-bit words. Shorter ones, and a
-    chunk with a bad digit, take the vectorised nibble path.
+    Criteo's hashes have exactly 8 digits: their words (``words_after[t]``: the 8 bytes
+    after position t) are decoded together by ``binascii.unhexlify`` and read as
+    big-endian 32-bit words. Shorter ones, and a chunk with a bad digit, take the
+    vectorised nibble path.
     """
-    lengths = ends - starts
     full = lengths == MAX_HEX_DIGITS
-    chars = _windows(padded, starts, MAX_HEX_DIGITS)
-    chars[~full] = ord("0")
+    words = words_after[tabs]
+    all_full = bool(full.all())
+    if not all_full:
+        words[~full] = _ASCII_ZEROS
     try:
-        values = np.frombuffer(bytes.fromhex(chars.tobytes().decode("latin1")), dtype=">u4")
-        values = values.reshape(lengths.shape).astype(np.uint32)
+        values = np.frombuffer(binascii.unhexlify(words), dtype=">u4").reshape(lengths.shape).astype(np.uint32)
         ok = np.ones(lengths.shape, dtype=bool)
-    except ValueError:  # a non-hex character somewhere in the chunk: find it
-        nibbles, is_hex = _hex_nibbles(chars)
+    except binascii.Error:  # a non-hex character somewhere in the chunk: find it
+        nibbles, is_hex = _hex_nibbles(words.view(np.uint8).reshape(*lengths.shape, MAX_HEX_DIGITS))
         ok = is_hex.all(axis=-1)
         packed = np.ascontiguousarray((nibbles[..., 0::2] << 4) | nibbles[..., 1::2])
         values = packed.view(">u4")[..., 0].astype(np.uint32)
+    if all_full:
+        return values, ok
     values[~full] = 0
     short = (lengths > 0) & ~full
     if short.any():
         ok[lengths > MAX_HEX_DIGITS] = False
         rows, cols = np.nonzero(short & (lengths < MAX_HEX_DIGITS))
-        chars, valid = _right_aligned(padded, starts[rows, cols], lengths[rows, cols], MAX_HEX_DIGITS)
+        chars, valid = _right_aligned(padded, tabs[rows, cols] + 1, lengths[rows, cols], MAX_HEX_DIGITS)
         part, part_ok = _hex_nibbles(chars)
         ok[rows, cols] = np.all(part_ok | ~valid, axis=-1)
         shifts = np.arange(4 * (MAX_HEX_DIGITS - 1), -1, -4, dtype=np.uint32)
@@ -146,44 +193,60 @@ def parse_criteo_lines(data: bytes) -> ParsedChunk:
     """
     if data and not data.endswith(b"\n"):
         data += b"\n"
-    buf = np.frombuffer(data, dtype=np.uint8)
-    separators = np.flatnonzero((buf == 9) | (buf == 10))  # tabs and newlines, in order
-    newline_at = np.flatnonzero(buf[separators] == 10)
-    line_ends = separators[newline_at]
-    num_lines = len(line_ends)
+    padded = np.zeros(len(data) + 2 * _PAD, dtype=np.uint8)
+    buf = padded[_PAD:-_PAD]
+    buf[:] = np.frombuffer(data, dtype=np.uint8)
+    # Tabs (9) and newlines (10) in order: one comparison finds them with the other
+    # control bytes below 9, which are dropped only when there are any.
+    separators = np.flatnonzero(buf < 11)
+    kinds = buf[separators]
+    if len(kinds) and kinds.min() < 9:
+        separators = separators[kinds >= 9]
+        kinds = buf[separators]
+    is_newline = kinds == 10
+    num_lines = int(np.count_nonzero(is_newline))
     empty = ParsedChunk(np.zeros((0, NUM_INT), np.int64), np.zeros((0, NUM_CAT), np.uint32),
                         np.zeros(0, np.int32), [], num_lines)
     if num_lines == 0:
         return empty
-    line_starts = np.concatenate([[0], line_ends[:-1] + 1])
-    # A carriage return before the newline belongs to no field.
-    content_ends = line_ends - (buf[np.maximum(line_ends - 1, 0)] == 13) * (line_ends > line_starts)
-    fields_per_line = np.diff(newline_at, prepend=-1)
-    bad: List[Tuple[int, str]] = [
-        (int(i), f"expected {NUM_FIELDS} tab-separated fields, found {int(fields_per_line[i])}")
-        for i in np.flatnonzero(fields_per_line != NUM_FIELDS)
-    ]
-    good = np.flatnonzero(fields_per_line == NUM_FIELDS)
-    if len(good) == 0:
-        empty.bad_lines = bad
-        return empty
-    if len(good) == num_lines:
+    bad: List[Tuple[int, str]] = []
+    if len(separators) == NUM_FIELDS * num_lines and is_newline[NUM_FIELDS - 1 :: NUM_FIELDS].all():
+        # Every line has 40 fields (the usual chunk): no per-line bookkeeping.
+        good = np.arange(num_lines)
         line_separators = separators.reshape(num_lines, NUM_FIELDS)
+        line_starts = np.concatenate([[0], line_separators[:-1, -1] + 1])
     else:
+        newline_at = np.flatnonzero(is_newline)
+        fields_per_line = np.diff(newline_at, prepend=-1)
+        bad = [(int(i), f"expected {NUM_FIELDS} tab-separated fields, found {int(fields_per_line[i])}")
+               for i in np.flatnonzero(fields_per_line != NUM_FIELDS)]
+        good = np.flatnonzero(fields_per_line == NUM_FIELDS)
+        if len(good) == 0:
+            empty.bad_lines = bad
+            return empty
         keep_separator = np.repeat(fields_per_line == NUM_FIELDS, fields_per_line)
         line_separators = separators[keep_separator].reshape(len(good), NUM_FIELDS)
-    line_tabs = line_separators[:, :-1]
-    starts = np.concatenate([line_starts[good, None], line_tabs + 1], axis=1)
-    ends = np.concatenate([line_tabs, content_ends[good, None]], axis=1)
+        line_starts = np.concatenate([[0], separators[newline_at[:-1]] + 1])[good]
+    # Field lengths from the gaps between consecutive separators, over the flat array
+    # (contiguous, unlike a difference along rows); column k holds field k + 1.
+    flat = line_separators.ravel()
+    gaps = np.empty_like(flat)
+    np.subtract(flat[1:], flat[:-1], out=gaps[:-1])
+    gaps -= 1
+    lengths = gaps.reshape(len(good), NUM_FIELDS)[:, :-1]  # the last column spans two lines
+    # A carriage return before the newline belongs to no field.
+    lengths[:, -1] -= buf[line_separators[:, -1] - 1] == 13
 
-    label_char = buf[starts[:, 0]] - np.uint8(48)
-    label_ok = (ends[:, 0] - starts[:, 0] == 1) & (label_char <= 1)
+    label_char = buf[line_starts] - np.uint8(48)
+    label_ok = (line_separators[:, 0] - line_starts == 1) & (label_char <= 1)
     labels = label_char.astype(np.int32)
-    padded = np.zeros(len(buf) + 2 * _PAD, dtype=np.uint8)
-    padded[_PAD:-_PAD] = buf
-    dense, dense_ok = _parse_ints(padded, starts[:, 1 : 1 + NUM_INT], ends[:, 1 : 1 + NUM_INT])
-    sparse, sparse_ok = _parse_hex(padded, starts[:, 1 + NUM_INT :], ends[:, 1 + NUM_INT :])
+    dense, dense_ok = _parse_ints(padded, _byte_words(padded, _PAD - 8), line_separators[:, 1 : 1 + NUM_INT],
+                                  lengths[:, :NUM_INT])
+    sparse, sparse_ok = _parse_hex(padded, _byte_words(padded, _PAD + 1), line_separators[:, NUM_INT:-1],
+                                   lengths[:, NUM_INT:])
 
+    if label_ok.all() and dense_ok.all() and sparse_ok.all():  # the usual chunk: nothing to reject
+        return ParsedChunk(dense, sparse, labels, bad, num_lines)
     reasons = [
         (~label_ok, lambda i: "label must be 0 or 1"),
         (~dense_ok.all(axis=1), lambda i: f"integer feature {int(np.argmin(dense_ok[i]))} is not a decimal integer"),

@@ -3,6 +3,7 @@
 import gzip
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -151,6 +152,87 @@ def test_parser_reasons():
         (3, "integer feature 2 is not a decimal integer"),
         (4, "categorical feature 6 is not a hexadecimal hash"),
     ]
+
+
+# Fields that exercise the parser's slow paths and rejections.
+_ODD_FIELDS = [b"", b"-", b"--5", b"+5", b" 5", b"5 ", b"\r", b"\x00", b"\x08", b"\x0b", b"\xff", b"1a", b":", b"/",
+               b"9" * 19, b"-" + b"9" * 18, b"-" + b"9" * 19, b"0" * 19, b"-0", b"g", b"ABCDEF12", b"abcdef123",
+               b"12 45678", b"0a0b0c\r"]
+_INT = re.compile(rb"-?[0-9]{1,18}")
+_HEX = re.compile(rb"[0-9a-fA-F]{1,8}")
+
+
+def _random_int_field(rng) -> bytes:
+    """1 to 18 digits, sometimes zero-padded; 1 in 8 empty, 1 in 8 negative."""
+    digits = int(rng.integers(1, 19))
+    text = str(int(rng.integers(0, 10**digits))).zfill(int(rng.integers(0, digits + 1))).encode()
+    kind = int(rng.integers(0, 8))
+    return b"" if kind == 0 else b"-" + text if kind == 1 else text
+
+
+def _random_hex_field(rng) -> bytes:
+    """8 hex digits; 1 in 8 empty, 1 in 8 shorter, 1 in 8 upper case."""
+    text = b"%08x" % int(rng.integers(0, 2**32))
+    kind = int(rng.integers(0, 8))
+    return b"" if kind == 0 else text[: int(rng.integers(1, 8))] if kind == 1 else text.upper() if kind == 2 else text
+
+
+def _random_raw_line(rng, p_odd: float) -> bytes:
+    """A line whose fields are each odd with probability p_odd, which has a wrong field
+    count with probability p_odd, and ends in CRLF 1 time in 10."""
+    fields = [str(int(rng.integers(0, 2))).encode()]
+    fields += [_random_int_field(rng) for _ in range(13)] + [_random_hex_field(rng) for _ in range(26)]
+    fields = [_ODD_FIELDS[int(rng.integers(len(_ODD_FIELDS)))] if rng.random() < p_odd else f for f in fields]
+    if rng.random() < p_odd:
+        fields = fields[: int(rng.integers(0, 40))] if rng.random() < 0.5 else fields + [b"1"]
+    return b"\t".join(fields) + (b"\r\n" if rng.random() < 0.1 else b"\n")
+
+
+def _first_bad(values: list, pattern: re.Pattern):
+    """Index of the first non-empty value that does not match, or None."""
+    return next((k for k, v in enumerate(values) if v and not pattern.fullmatch(v)), None)
+
+
+def _reference_parse(data: bytes):
+    """(dense, hashes, labels, bad lines) of raw lines, line by line in plain Python."""
+    dense, hashes, labels, bad = [], [], [], []
+    if data and not data.endswith(b"\n"):
+        data += b"\n"
+    for i, line in enumerate(data.split(b"\n")[:-1]):
+        fields = (line[:-1] if line.endswith(b"\r") else line).split(b"\t")
+        if len(fields) != 40:
+            bad.append((i, f"expected 40 tab-separated fields, found {len(fields)}"))
+        elif fields[0] not in (b"0", b"1"):
+            bad.append((i, "label must be 0 or 1"))
+        elif _first_bad(fields[1:14], _INT) is not None:
+            bad.append((i, f"integer feature {_first_bad(fields[1:14], _INT)} is not a decimal integer"))
+        elif _first_bad(fields[14:], _HEX) is not None:
+            bad.append((i, f"categorical feature {_first_bad(fields[14:], _HEX)} is not a hexadecimal hash"))
+        else:
+            labels.append(int(fields[0]))
+            dense.append([int(v or b"0") for v in fields[1:14]])
+            hashes.append([int(v or b"0", 16) for v in fields[14:]])
+    return (np.array(dense, np.int64).reshape(-1, 13), np.array(hashes, np.uint32).reshape(-1, 26),
+            np.array(labels, np.int32), bad)
+
+
+@pytest.mark.parametrize("p_odd", [0.0, 0.003, 0.05, 0.5])
+def test_parser_matches_a_plain_python_parser(p_odd):
+    """Random chunks with every field shape: 8-digit and longer, negative and zero-padded
+    integers, short and upper-case hashes, CRLF, odd bytes, wrong field counts."""
+    rng = np.random.default_rng(int(p_odd * 1000))
+    for _ in range(40):
+        data = b"".join(_random_raw_line(rng, p_odd) for _ in range(int(rng.integers(0, 80))))
+        if data and rng.random() < 0.2:
+            data = data[:-1]  # no final newline
+        chunk = parse_criteo_lines(data)
+        dense, hashes, labels, bad = _reference_parse(data)
+        assert chunk.bad_lines == bad
+        assert chunk.num_lines == data.count(b"\n") + (bool(data) and not data.endswith(b"\n"))
+        np.testing.assert_array_equal(chunk.dense_raw, dense)
+        np.testing.assert_array_equal(chunk.sparse_hash, hashes)
+        np.testing.assert_array_equal(chunk.labels, labels)
+        assert (chunk.dense_raw.dtype, chunk.sparse_hash.dtype, chunk.labels.dtype) == (np.int64, np.uint32, np.int32)
 
 
 def test_kaggle_is_cut_into_consecutive_days(tmp_path):

@@ -24,16 +24,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from training.predict import Predictor  # noqa: E402
-from training.serve import BatchingPredictor, make_server  # noqa: E402
+from training.serve import serving_in_background  # noqa: E402
 
 
 def run_load(predictor: Predictor, lines: List[bytes], clients: int, requests: int, rows: int,
              delay_ms: float) -> Dict[str, float]:
     """Serves, loads, stops; returns the figures of one configuration."""
-    batcher = BatchingPredictor(predictor, max_batch_delay_ms=delay_ms)
-    server = make_server(batcher, "127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/predict"
     latencies: List[float] = []
     lock = threading.Lock()
 
@@ -49,16 +45,15 @@ def run_load(predictor: Predictor, lines: List[bytes], clients: int, requests: i
         with lock:
             latencies.extend(mine)
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - start
-    server.shutdown()
-    server.server_close()
-    batcher.close()
+    with serving_in_background(predictor, max_batch_delay_ms=delay_ms) as (base_url, batcher):
+        url = base_url + "/predict"
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds = time.perf_counter() - start
     p50, p90, p99 = np.percentile(np.asarray(latencies) * 1e3, (50, 90, 99))
     return {"max_batch_delay_ms": delay_ms, "latency_p50_ms": float(p50), "latency_p90_ms": float(p90),
             "latency_p99_ms": float(p99), "records_per_sec": clients * requests * rows / seconds,

@@ -182,10 +182,6 @@ def test_inference_benchmark_flags(capsys):
 
 def test_http_endpoint_batches_concurrent_requests(trained):
     predictor = predict.Predictor(trained["model"], "int8")
-    batcher = serve.BatchingPredictor(predictor, max_batch_delay_ms=200)
-    server = serve.make_server(batcher, "127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
     lines = raw_test_lines(trained, 40)
     bodies = [b"".join(lines[i * 5:(i + 1) * 5]) for i in range(8)]
     answers = {}
@@ -194,7 +190,7 @@ def test_http_endpoint_batches_concurrent_requests(trained):
         with urllib.request.urlopen(urllib.request.Request(url + "/predict", data=bodies[i], method="POST")) as r:
             answers[i] = np.array(r.read().decode().split(), dtype=np.float32)
 
-    try:
+    with serve.serving_in_background(predictor, max_batch_delay_ms=200) as (url, batcher):
         threads = [threading.Thread(target=post, args=(i,)) for i in range(8)]
         for t in threads:
             t.start()
@@ -207,10 +203,6 @@ def test_http_endpoint_batches_concurrent_requests(trained):
             urllib.request.urlopen(urllib.request.Request(url + "/predict", data=lines[0] + b"1\t2\n", method="POST"))
         assert bad.value.code == 400 and bad.value.read().decode().startswith("error: request line 2: expected 40")
         assert urllib.request.urlopen(url + "/health").read() == b"ok\n"
-    finally:
-        server.shutdown()
-        server.server_close()
-        batcher.close()
 
 
 def test_export_bad_input_is_one_line(trained, tmp_path, capsys):

@@ -3,7 +3,6 @@ multi-hot feature, the predictor on BYO CSV rows, the quality gate on the test m
 
 import gzip
 import os
-import threading
 import urllib.error
 import urllib.request
 
@@ -145,12 +144,9 @@ def test_first_row_of_neither_layout(trained_byo, tmp_path, capsys):
 
 def test_http_endpoint_takes_csv_rows(trained_byo):
     predictor = predict.Predictor(trained_byo["model"], "int8")
-    batcher = serve.BatchingPredictor(predictor, max_batch_delay_ms=0)
-    server = serve.make_server(batcher, "127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/predict"
     body = "".join(row + "\n" for row in trained_byo["rows"][:6]).encode()
-    try:
+    with serve.serving_in_background(predictor, max_batch_delay_ms=0) as (base_url, _):
+        url = base_url + "/predict"
         with urllib.request.urlopen(urllib.request.Request(url, data=body, method="POST")) as r:
             answer = np.array(r.read().decode().split(), dtype=np.float32)
         np.testing.assert_allclose(answer, predictor.predict_lines(body), rtol=1e-6)
@@ -159,7 +155,3 @@ def test_http_endpoint_takes_csv_rows(trained_byo):
             urllib.request.urlopen(urllib.request.Request(url, data=body + b"1,2\n", method="POST"))
         assert bad.value.code == 400
         assert bad.value.read().decode().startswith("error: request line 7: has 2 columns, expected 12")
-    finally:
-        server.shutdown()
-        server.server_close()
-        batcher.close()

@@ -17,6 +17,7 @@ Example::
     curl --data-binary @day_23.tsv http://127.0.0.1:8080/predict
 """
 
+import contextlib
 import queue
 import sys
 import threading
@@ -24,7 +25,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import List, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -152,6 +153,28 @@ def make_server(batcher: BatchingPredictor, host: str, port: int) -> ThreadingHT
             pass
 
     return _Server((host, port), Handler)
+
+
+@contextlib.contextmanager
+def serving_in_background(predictor: Predictor, max_batch_delay_ms: float = 2.0, max_batch_rows: int = 4096,
+                          host: str = "127.0.0.1", port: int = 0) -> Iterator[Tuple[str, BatchingPredictor]]:
+    """Serves ``predictor`` from a background thread for the duration of a ``with``
+    block (port 0: a free one); yields the base URL and the batcher, stops both after.
+
+    Example::
+
+        with serving_in_background(Predictor("model_dir")) as (url, batcher):
+            urllib.request.urlopen(url + "/health")
+    """
+    batcher = BatchingPredictor(predictor, max_batch_rows, max_batch_delay_ms)
+    server = make_server(batcher, host, port)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://{host}:{server.server_address[1]}", batcher
+    finally:
+        server.shutdown()
+        server.server_close()
+        batcher.close()
 
 
 class _Server(ThreadingHTTPServer):

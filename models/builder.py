@@ -12,7 +12,7 @@ from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from models.config import ModelConfig
-from models.interaction import DotInteraction, PooledSparseArch
+from models.interaction import DotInteraction, OverlappedDLRM, PooledSparseArch
 
 
 def build_embedding_bag_configs(config: ModelConfig) -> List[EmbeddingBagConfig]:
@@ -77,7 +77,7 @@ def build_dlrm_train(
             **common,
         )
     else:
-        dlrm = DLRM(**common)
+        dlrm = OverlappedDLRM(**common)
         dlrm.inter_arch = DotInteraction(len(config.sparse_feature_names))
     # Same parameters and names, fewer copies (see models/interaction.py).
     dlrm.sparse_arch = PooledSparseArch(ebc)  # type: ignore[assignment]

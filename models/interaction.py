@@ -1,4 +1,4 @@
-"""Faster drop-in replacements for two torchrec DLRM blocks, with the same math.
+"""Faster drop-in replacements for torchrec DLRM blocks, with the same math.
 
 - `PooledSparseArch` returns the embedding collection's pooled values as (B, F, D)
   with one reshape instead of torchrec's split-per-feature-then-concatenate. A
@@ -7,20 +7,25 @@
   into `DotInteraction`'s pair index (no copy at all) or has the sparse arch gather
   the features back into order (DCN and projection, whose weights see positions).
 - `DotInteraction` computes DLRM's pairwise dot products with one batched matmul
-  forward and one backward (torchrec's version needs two backward matmuls on
-  transposed operands plus an index_put), gathering the upper triangle through a
-  flat index.
+  forward, gathering the upper triangle through a flat index. Its backward (one
+  autograd node for the whole block) reads the symmetric gradient matrix straight
+  out of the pair gradients with a second index, and returns the dense and sparse
+  gradients as contiguous tensors (torchrec's version needs two backward matmuls on
+  transposed operands plus an index_put, and copies to split its concatenation).
+- `OverlappedDLRM` is torchrec's DLRM with the bottom MLP run while the sharded
+  embeddings' all-to-alls (forward and backward) are in flight.
 
-Both keep the module names and parameters of the blocks they replace, so state dicts,
+All keep the module names and parameters of the blocks they replace, so state dicts,
 sharding plans and checkpoints are unchanged.
 """
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from torchrec.models.dlrm import DLRM
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 
 class PooledSparseArch(nn.Module):
@@ -67,51 +72,75 @@ class PooledSparseArch(nn.Module):
             return None
         return torch.tensor([keys.index(name) for name in self._sparse_feature_names], device=device)
 
-    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
-        pooled = self.embedding_bag_collection(features).values().reshape(-1, self.F, self.D)
+    def lookup(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        """The collection's pooled output. A sharded collection under the train pipeline
+        returns it lazily: its output all-to-all runs until `arrange` reads it."""
+        return self.embedding_bag_collection(features)
+
+    def arrange(self, pooled: KeyedTensor) -> torch.Tensor:
+        """The lookup's output as (B, F, D)."""
+        values = pooled.values().reshape(-1, self.F, self.D)
         if self.output_order is not None:
-            pooled = pooled.index_select(1, self.output_order)
-        return pooled
+            values = values.index_select(1, self.output_order)
+        return values
+
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        return self.arrange(self.lookup(features))
 
 
 def _gram_pairs(x: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
     return torch.bmm(x, x.transpose(1, 2)).flatten(1).index_select(1, flat_index)
 
 
-class _UpperTriangleGram(torch.autograd.Function):
-    """For x of shape (B, N, D): the products <x_i, x_j>, i < j, as (B, N(N-1)/2)."""
+def _interact(dense: torch.Tensor, sparse: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
+    combined = torch.cat((dense.unsqueeze(1), sparse), dim=1)
+    return torch.cat((dense, _gram_pairs(combined, flat_index)), dim=1)
+
+
+class _DotInteractionFunction(torch.autograd.Function):
+    """[dense, <x_i, x_j> for i < j] where x = [dense, sparse_1 .. sparse_F]."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        ctx.save_for_backward(x, flat_index)
-        return _gram_pairs(x, flat_index)
+    def forward(ctx, dense: torch.Tensor, sparse: torch.Tensor, flat_index: torch.Tensor,  # type: ignore[override]
+                symmetric_index: torch.Tensor) -> torch.Tensor:
+        combined = torch.cat((dense.unsqueeze(1), sparse), dim=1)
+        ctx.save_for_backward(combined, symmetric_index)
+        return torch.cat((dense, _gram_pairs(combined, flat_index)), dim=1)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        x, flat_index = ctx.saved_tensors
-        n = x.shape[1]
+        combined, symmetric_index = ctx.saved_tensors
+        n, d = combined.shape[1], combined.shape[2]
         # Under autocast the gradient may arrive in bf16: compute in the input's dtype.
-        upper = x.new_zeros(grad.shape[0], n * n).index_copy_(1, flat_index, grad.to(x.dtype)).view(-1, n, n)
-        # d<x_i, x_j>/dx_i = x_j and /dx_j = x_i: one matmul with the symmetrised gradient.
-        return torch.bmm(upper + upper.transpose(1, 2), x), None
+        grad = grad.to(combined.dtype)
+        # d<x_i, x_j>/dx_i = x_j: vector k's gradient is row k of S @ x, S holding each
+        # pair's gradient at (i, j) and (j, i). One gather builds S, the diagonal reading
+        # an appended zero column: no scatter, no transposed add.
+        sym = torch.nn.functional.pad(grad[:, d:], (0, 1)).index_select(1, symmetric_index).view(-1, n, n)
+        # Row 0 (dense) and rows 1.. (sparse) apart, so both gradients come out
+        # contiguous and need no copy downstream.
+        grad_dense = grad[:, :d] + torch.bmm(sym[:, :1], combined).squeeze(1)
+        return grad_dense, torch.bmm(sym[:, 1:], combined), None, None
 
 
 @torch.fx.wrap
-def upper_triangle_gram(x: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
-    """Pairwise dot products of the N vectors of each row of x (B, N, D), i < j.
+def dot_interaction(dense: torch.Tensor, sparse: torch.Tensor, flat_index: torch.Tensor,
+                    symmetric_index: torch.Tensor) -> torch.Tensor:
+    """[dense, pairwise dot products of dense and the F sparse vectors, i < j]: (B, D + P).
 
     A leaf for fx tracing (the train pipeline traces the model). TorchScript (the
     quantized inference export) cannot call an autograd.Function: it gets the forward
     alone.
     """
     if torch.jit.is_scripting():
-        return _gram_pairs(x, flat_index)
-    return _apply_upper_triangle_gram(x, flat_index)
+        return _interact(dense, sparse, flat_index)
+    return _apply_dot_interaction(dense, sparse, flat_index, symmetric_index)
 
 
 @torch.jit.unused
-def _apply_upper_triangle_gram(x: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
-    return _UpperTriangleGram.apply(x, flat_index)
+def _apply_dot_interaction(dense: torch.Tensor, sparse: torch.Tensor, flat_index: torch.Tensor,
+                           symmetric_index: torch.Tensor) -> torch.Tensor:
+    return _DotInteractionFunction.apply(dense, sparse, flat_index, symmetric_index)
 
 
 class DotInteraction(nn.Module):
@@ -127,27 +156,56 @@ class DotInteraction(nn.Module):
     def __init__(self, num_sparse_features: int) -> None:
         super().__init__()
         self.F = num_sparse_features
-        self.register_buffer("flat_index", self._pair_index(None), persistent=False)
+        flat_index, symmetric_index = self._pair_indices(None)
+        self.register_buffer("flat_index", flat_index, persistent=False)
+        self.register_buffer("symmetric_index", symmetric_index, persistent=False)
 
-    def _pair_index(self, sparse_order: Optional[torch.Tensor]) -> torch.Tensor:
+    def _pair_indices(self, sparse_order: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The flat Gram-matrix cell of each output pair, and for each cell its pair
+        (the pair count for the diagonal, which has none)."""
         n = self.F + 1
         position = torch.arange(n)  # where vector k (0: dense, 1 + f: feature f) sits
         if sparse_order is not None:
             position[1:] = 1 + sparse_order.cpu()
         rows, cols = torch.triu_indices(n, n, offset=1)
         # The Gram matrix is symmetric, so a pair may be read from either triangle.
-        return position[rows] * n + position[cols]
+        flat_index = position[rows] * n + position[cols]
+        pairs = torch.arange(len(flat_index))
+        symmetric_index = torch.full((n * n,), len(flat_index), dtype=torch.int64)
+        symmetric_index[flat_index] = pairs
+        symmetric_index[(flat_index % n) * n + flat_index // n] = pairs
+        return flat_index, symmetric_index
 
     def use_sparse_order(self, sparse_order: Optional[torch.Tensor]) -> None:
         """Accepts sparse features in another order: feature f at position sparse_order[f].
 
         The output keeps the canonical pair order.
         """
-        self.flat_index = self._pair_index(sparse_order).to(self.flat_index.device)
+        flat_index, symmetric_index = self._pair_indices(sparse_order)
+        self.flat_index = flat_index.to(self.flat_index.device)
+        self.symmetric_index = symmetric_index.to(self.symmetric_index.device)
 
     def forward(self, dense_features: torch.Tensor, sparse_features: torch.Tensor) -> torch.Tensor:
-        combined = torch.cat((dense_features.unsqueeze(1), sparse_features), dim=1)
-        return torch.cat((dense_features, upper_triangle_gram(combined, self.flat_index)), dim=1)
+        return dot_interaction(dense_features, sparse_features, self.flat_index, self.symmetric_index)
+
+
+class OverlappedDLRM(DLRM):
+    """torchrec's DLRM with a `PooledSparseArch`, running the bottom MLP while the
+    embeddings' output all-to-all is in flight.
+
+    torchrec's forward waits for the embeddings before the bottom MLP starts. Here the
+    lookup starts first and its result is read after the bottom MLP, which also puts
+    the bottom MLP's backward between the start of the gradient all-to-all and its
+    wait (autograd runs the most recently created ready node first). Same modules,
+    parameters and results as `DLRM`.
+    """
+
+    def forward(self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
+        pooled = self.sparse_arch.lookup(sparse_features)  # type: ignore[operator]
+        embedded_dense = self.dense_arch(dense_features)
+        embedded_sparse = self.sparse_arch.arrange(pooled)  # type: ignore[operator]
+        concatenated_dense = self.inter_arch(dense_features=embedded_dense, sparse_features=embedded_sparse)
+        return self.over_arch(concatenated_dense)
 
 
 def align_to_sharded_embeddings(model: nn.Module, device: torch.device) -> int:
@@ -156,8 +214,6 @@ def align_to_sharded_embeddings(model: nn.Module, device: torch.device) -> int:
     Call once after sharding, on every rank (collective). Returns how many DLRM
     modules needed a reordering.
     """
-    from torchrec.models.dlrm import DLRM
-
     reordered = 0
     for module in model.modules():
         if not (isinstance(module, DLRM) and isinstance(module.sparse_arch, PooledSparseArch)):

@@ -3,7 +3,8 @@
 Layout of ``--checkpoint_dir``::
 
     step_000000120/
-        __0_0.distcp, __1_0.distcp, .metadata   DCP: model shards, optimizer state
+        __0_0.distcp, __0_1.distcp, __1_0.distcp, ...
+        .metadata                               DCP: model shards, optimizer state (two files a rank)
         rank_0.pt, rank_1.pt                    each rank's RNG states (tensors only)
         meta.json                               step, data position, config, plan
         COMPLETE                                written last, once every rank is done
@@ -15,17 +16,20 @@ back through DCP or ``torch.load(weights_only=True)``, the rest is JSON.
 """
 
 import contextlib
+import io
 import json
 import os
 import random
 import re
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Generator, Iterator, List, Optional
+from typing import Any, Dict, Generator, Iterator, List, Optional, Union
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.planner import WriteItem
 from iopath.common.file_io import g_pathmgr
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, FileSystemWriter
 from torchrec.distributed.planner.types import ParameterConstraints
@@ -36,6 +40,9 @@ FORMAT_VERSION = 1
 COMPLETE_MARKER = "COMPLETE"
 META_FILE = "meta.json"
 _STEP_DIR = re.compile(r"step_(\d+)$")
+# dtypes Tensor.numpy() accepts (not bfloat16 and the like: DCP copies those).
+_NUMPY_DTYPES = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
+                 torch.int8, torch.uint8, torch.bool}
 
 
 class CheckpointError(ValueError):
@@ -86,10 +93,26 @@ def _is_local(path: str) -> bool:
 
 class _IOPathWriter(FileSystemWriter):
     def __init__(self, path: str) -> None:
-        # fsync needs a real file descriptor: only for local files.
-        super().__init__(path, sync_files=_is_local(path))
+        # fsync needs a real file descriptor: only for local files. Two files per rank,
+        # written by two threads: one file's fsync (where the disk write really happens,
+        # as the page cache holds it all until then) overlaps the other's writing.
+        super().__init__(path, sync_files=_is_local(path), thread_count=2)
         self.fs = IOPathFileSystem()
         self.path = path
+
+
+class _NoCopySavePlanner(DefaultSavePlanner):
+    """DCP clones every tensor whose storage is larger than the tensor itself, so that
+    torch.save writes only its bytes. A fused table's weights and optimizer state are
+    slices of one flat buffer per TBE module: this planner hands DCP such a slice on a
+    storage of exactly its own bytes (the same memory, no copy) instead."""
+
+    def resolve_data(self, write_item: WriteItem) -> Union[torch.Tensor, io.BytesIO]:
+        data = super().resolve_data(write_item)
+        if (isinstance(data, torch.Tensor) and data.device.type == "cpu" and data.is_contiguous()
+                and data.untyped_storage().nbytes() != data.nbytes and data.dtype in _NUMPY_DTYPES):
+            data = torch.from_numpy(data.detach().numpy())  # a storage of the slice's memory only
+        return data
 
 
 class _IOPathReader(FileSystemReader):
@@ -184,7 +207,7 @@ class CheckpointManager:
             if is_complete(path):  # re-saving the same step: invalid until rewritten
                 g_pathmgr.rm(_join(path, COMPLETE_MARKER))
         _barrier()
-        dcp.save(state, storage_writer=_IOPathWriter(path))
+        dcp.save(state, storage_writer=_IOPathWriter(path), planner=_NoCopySavePlanner())
         rank_file = _join(path, f"rank_{self.rank}.pt")
         with g_pathmgr.open(rank_file + ".tmp", "wb") as f:
             torch.save(_rng_state(), f)

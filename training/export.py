@@ -172,8 +172,10 @@ def export_model(checkpoint: str, output: str, quantize: List[str]) -> Dict[str,
         for name, (file, fmt) in files.items():
             inputs["variants"][name] = {"file": file, "format": fmt,
                                         "bytes": os.path.getsize(os.path.join(tmp, file))}
-        vocabulary = os.path.join(data_path, VOCABULARY_FILE) if data_path else None
-        if inputs["preprocessing"].get("frequency_threshold", 0) > 0 and vocabulary and os.path.exists(vocabulary):
+        # Criteo data made with a frequency threshold: raw hashes go through its vocabulary.
+        vocabulary = (os.path.join(data_path, VOCABULARY_FILE)
+                      if inputs["layout"] == CRITEO_LAYOUT and data_path else None)
+        if vocabulary and inputs["preprocessing"]["frequency_threshold"] > 0 and os.path.exists(vocabulary):
             shutil.copyfile(vocabulary, os.path.join(tmp, VOCABULARY_FILE))
             inputs["preprocessing"]["vocabulary"] = VOCABULARY_FILE
         with open(os.path.join(tmp, INPUTS_FILE), "w") as f:

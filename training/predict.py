@@ -133,8 +133,12 @@ class Predictor:
         else:
             ids = transform_sparse(sparse.astype(np.uint32), self._vocabulary, self._modulo).astype(np.int64)
             dense = transform_dense(dense.astype(np.int64))
-        # The training loader takes ids modulo the table sizes: so does serving.
-        return dense, np.remainder(ids, self._column_tables)
+        return dense, self.ids_in_tables(ids)
+
+    def ids_in_tables(self, ids: np.ndarray) -> np.ndarray:
+        """Ids (N, sum of hotness) of the data -> int64 below the table sizes: the training
+        loader takes them modulo the table sizes, and so does serving."""
+        return np.remainder(np.asarray(ids, dtype=np.int64), self._column_tables)
 
     def find_bad_id(self, sparse: np.ndarray) -> Optional[Tuple[int, str]]:
         """(row, reason) of the first row of a feature-spec model's ids that the
@@ -208,8 +212,9 @@ class Predictor:
         width = self.num_dense + self.num_sparse_columns
         features = f"{self.num_dense} numerical, {self.num_sparse_columns} categorical ids"
         lines = data.decode("utf-8", errors="replace").splitlines()
-        if first_line == 1 and lines and lines[0].strip() and lines[0].count(",") + 1 not in (width, width + 1):
-            raise MalformedLineError(f"{source} line 1: has {lines[0].count(',') + 1} columns, expected "
+        first_columns = lines[0].count(",") + 1 if lines and lines[0].strip() else None
+        if first_line == 1 and first_columns not in (None, width, width + 1):
+            raise MalformedLineError(f"{source} line 1: has {first_columns} columns, expected "
                                      f"{width + 1} (label, {features}) or {width} without the label")
         expected = (f"{width + 1} (label, {features}) as the first line" if labelled
                     else f"{width} ({features}, no label) as the first line")

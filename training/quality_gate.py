@@ -59,13 +59,11 @@ def evaluate_variants(model_dir: str, data_dir: Optional[str] = None, limit_rows
     dense, sparse, labels = dataset.read(start, stop)
     if isinstance(sparse, list):  # feature spec: one (N, hotness) array per feature
         sparse = np.concatenate(sparse, axis=1)
-    hotness = inputs.get("sparse_hotness") or [1] * len(inputs["num_embeddings_per_feature"])
-    sparse_ids = np.remainder(np.asarray(sparse, dtype=np.int64),
-                              np.repeat(inputs["num_embeddings_per_feature"], hotness))
     target = torch.as_tensor(np.asarray(labels).reshape(-1).astype(np.int64))
     auroc = {}
     for variant in inputs["variants"]:
-        probabilities = Predictor(model_dir, variant).predict_transformed(dense, sparse_ids)
+        predictor = Predictor(model_dir, variant)
+        probabilities = predictor.predict_transformed(dense, predictor.ids_in_tables(sparse))
         auroc[variant] = float(binary_auroc(torch.as_tensor(probabilities), target))
     return GateResult(auroc, stop - start)
 

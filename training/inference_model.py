@@ -35,17 +35,25 @@ def fixed_hot_features(keys: List[str], hotness: List[int], sparse: torch.Tensor
     A leaf for fx tracing, so the quantized model's TorchScript compiles it as is.
     """
     batch = sparse.shape[0]
-    values: List[torch.Tensor] = []
-    lengths: List[torch.Tensor] = []
+    num_features = len(hotness)
+    device = sparse.device
+    if hotness == [hotness[0]] * num_features:
+        # Every bag the same size (Criteo: one id each): a transpose and ranges, no
+        # per-feature ops; this runs on every serving request.
+        size = hotness[0]
+        values = sparse.reshape(batch, num_features, size).transpose(0, 1).reshape(-1)
+        lengths = torch.full([num_features * batch], size, dtype=torch.int32, device=device)
+        offsets = torch.arange(num_features * batch + 1, dtype=torch.int32, device=device) * size
+        return KeyedJaggedTensor(keys=keys, values=values, lengths=lengths, offsets=offsets)
+    parts: List[torch.Tensor] = []
     start = 0
     for size in hotness:
-        values.append(sparse[:, start : start + size].reshape(-1))
-        lengths.append(torch.full([batch], size, dtype=torch.int32, device=sparse.device))
+        parts.append(sparse[:, start : start + size].reshape(-1))
         start += size
-    all_lengths = torch.cat(lengths)
-    offsets = torch.cat([torch.zeros(1, dtype=torch.int32, device=sparse.device),
-                         torch.cumsum(all_lengths, 0, dtype=torch.int32)])
-    return KeyedJaggedTensor(keys=keys, values=torch.cat(values), lengths=all_lengths, offsets=offsets)
+    lengths = torch.repeat_interleave(torch.tensor(hotness, dtype=torch.int32, device=device), batch)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int32, device=device),
+                         torch.cumsum(lengths, 0, dtype=torch.int32)])
+    return KeyedJaggedTensor(keys=keys, values=torch.cat(parts), lengths=lengths, offsets=offsets)
 
 
 class ProbabilityModel(nn.Module):

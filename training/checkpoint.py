@@ -22,7 +22,7 @@ import os
 import random
 import re
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Generator, Iterator, List, Optional, Union
+from typing import Any, Dict, Generator, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -122,6 +122,28 @@ class _IOPathReader(FileSystemReader):
         self.path = path
 
 
+def _leaves(tree: Dict[str, Any], prefix: str = "") -> Iterator[Tuple[str, Dict[str, Any], str]]:
+    """(dotted key, container, key in container) of every value of a nested dict that
+    is not itself a dict. Empty dicts hold no leaves, so they contribute nothing.
+
+    DCP is handed these leaves, never the nested dicts: its loader turns a dict whose
+    values are all empty (a stateless optimizer such as SGD: {"state": {p: {}}})
+    into a leaf of its own that the saver never wrote, and the load fails with
+    "Missing key". The nested structure comes from the live objects on both sides.
+    """
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _leaves(value, name + ".")
+        else:
+            yield name, tree, key
+
+
+def flat_state(state: Dict[str, Any]) -> Dict[str, Any]:
+    """The leaves of a nested state dict under their dotted keys (what DCP stores)."""
+    return {name: container[key] for name, container, key in _leaves(state)}
+
+
 def _barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
@@ -207,7 +229,7 @@ class CheckpointManager:
             if is_complete(path):  # re-saving the same step: invalid until rewritten
                 g_pathmgr.rm(_join(path, COMPLETE_MARKER))
         _barrier()
-        dcp.save(state, storage_writer=_IOPathWriter(path), planner=_NoCopySavePlanner())
+        dcp.save(flat_state(state), storage_writer=_IOPathWriter(path), planner=_NoCopySavePlanner())
         rank_file = _join(path, f"rank_{self.rank}.pt")
         with g_pathmgr.open(rank_file + ".tmp", "wb") as f:
             torch.save(_rng_state(), f)
@@ -253,12 +275,16 @@ def load_checkpoint(path: str, state: Dict[str, Any], rank: int, restore_rng: bo
 
     Raises CheckpointError when the files are missing or corrupted (on every rank).
     """
+    leaves = list(_leaves(state))
+    flat = {name: container[key] for name, container, key in leaves}
     try:
-        dcp.load(state, storage_reader=_IOPathReader(path))
+        dcp.load(flat, storage_reader=_IOPathReader(path))
     except (Exception, CheckpointException) as e:  # DCP gathers every rank's failure; report one line
         lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
         reason = lines[-1] if lines else type(e).__name__
         raise CheckpointError(f"checkpoint {path} could not be loaded: {reason[:200]}") from e
+    for name, container, key in leaves:  # tensors were filled in place; other values replaced
+        container[key] = flat[name]
     if restore_rng:
         rank_file = _join(path, f"rank_{rank}.pt")
         if g_pathmgr.exists(rank_file):

@@ -9,7 +9,7 @@ TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.05 --optimizer adag
 	--validation_freq_within_epoch 400 --log_every_n_steps 100 --seed 0 \
 	--log_path runs/make_train.jsonl
 
-.PHONY: install data train train-dcnv2 test bench clean
+.PHONY: install data train train-dcnv2 test test-matrix bench clean
 
 install: $(STAMP)
 
@@ -33,6 +33,10 @@ train-dcnv2: data
 
 test: install
 	$(PYTHON) -m pytest -q tests
+
+# The correctness matrix over every triple of choices (make test runs every pair).
+test-matrix: install
+	$(PYTHON) -m tests.matrix --strength 3
 
 bench: install
 	$(PYTHON) bench/train_throughput.py

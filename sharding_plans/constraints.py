@@ -32,6 +32,15 @@ TORCHREC_MIN_COLUMN_SHARD = 32
 ALL_TABLES = "*"
 
 
+def check_table_precision(table: str, sharding_type: Optional[str], precision: str, source: str) -> None:
+    """Raises ValueError (one line starting with ``source``) for an fp16 table that is
+    data-parallel: FBGEMM's dense kernel has no fp16 backward, its updates are wrong."""
+    if precision == "fp16" and sharding_type == "data_parallel":
+        raise ValueError(f"{source}: table {table} is data_parallel with fp16 weights, and FBGEMM's dense "
+                         "kernel has no fp16 backward (its updates are wrong): give it a fused sharding "
+                         "type, or keep fp32 tables")
+
+
 def parse_table_choices(text: str, flag: str, choices: Sequence[str]) -> Dict[str, str]:
     """Parses ``VALUE`` / ``TABLE=VALUE,...`` / ``VALUE,TABLE=VALUE,...``.
 

@@ -7,6 +7,7 @@ from torch import nn
 from torchrec.modules.embedding_configs import DataType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from sharding_plans.constraints import check_table_precision
 from sharding_plans.plan_file import SavedPlan, TableSpec
 
 
@@ -79,6 +80,7 @@ def check_plan_for_run(
         for table, spec in tables.items():
             if table not in planned:  # type: ignore[operator]
                 raise PlanMismatchError(f"{source} does not place the model's table {table}")
+            check_table_precision(table, planned[table].sharding_type, spec.precision, source)  # type: ignore[index]
             if saved.tables[table] != spec:
                 raise PlanMismatchError(
                     f"{source}: table {table} is {_shape(saved.tables[table])} in the plan, "

@@ -23,3 +23,11 @@ def synthetic_dir(tmp_path_factory) -> str:
 @pytest.fixture
 def log_path(tmp_path) -> str:
     return os.path.join(str(tmp_path), "log.jsonl")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The correctness matrix's table of cases, when it ran."""
+    from tests import matrix
+    for title, table in matrix.REPORTS:
+        terminalreporter.write_sep("=", title)
+        terminalreporter.write_line(table)

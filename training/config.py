@@ -5,7 +5,7 @@ from typing import List, Optional
 
 from data.config import DataConfig
 from models.config import ModelConfig
-from sharding_plans.constraints import ShardingConstraints
+from sharding_plans.constraints import ShardingConstraints, check_table_precision
 
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
@@ -204,5 +204,10 @@ class TrainConfig:
             raise ValueError(f"--mode {self.mode} evaluates a checkpoint: give --restore_checkpoint_path, "
                              "or --checkpoint_dir for its newest one")
         self.sharding_constraints.validate(self.model.table_names)
+        for table in self.model.table_names:
+            kernel = self.sharding_constraints.compute_kernel(table)
+            check_table_precision(table, "data_parallel" if kernel == "dense" else
+                                  self.sharding_constraints.sharding_type(table),
+                                  self.model.embedding_precision, "--embedding_precision")
         if self.sharding_plan is not None and not self.sharding_constraints.empty:
             raise ValueError("--sharding_plan fixes the plan: it cannot be combined with --sharding_type or --compute_kernel")

@@ -1,6 +1,6 @@
 """Optimizers: fused (in-backward) embedding optimizers and the dense optimizer."""
 
-from typing import Any, Dict, Tuple, Type
+from typing import Any, Dict, List, Tuple, Type
 
 import torch
 from torch import nn
@@ -10,6 +10,10 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimiz
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from training.config import OptimizerConfig
+
+# The path component of every embedding table's parameters (EmbeddingBagCollection's
+# ModuleDict), e.g. model.sparse_arch.embedding_bag_collection.embedding_bags.t_cat_0.weight.
+TABLE_PARAMETER = "embedding_bags"
 
 
 def _optimizer_class(name: str, config: OptimizerConfig) -> Tuple[Type[torch.optim.Optimizer], Dict[str, Any]]:
@@ -36,8 +40,19 @@ def attach_fused_embedding_optimizer(embedding_module: nn.Module, config: Optimi
 
 
 def build_combined_optimizer(sharded_model: nn.Module, config: OptimizerConfig) -> KeyedOptimizer:
-    """The sharded model's fused embedding optimizer combined with the dense one."""
-    cls, kwargs = _optimizer_class(config.resolved_dense_optimizer, config)
-    dense_params = dict(in_backward_optimizer_filter(sharded_model.named_parameters()))
-    dense = KeyedOptimizerWrapper(dense_params, lambda params: cls(params, **kwargs))
-    return CombinedOptimizer([sharded_model.fused_optimizer, dense])  # type: ignore[operator]
+    """The sharded model's fused embedding optimizer, the embedding optimizer of the
+    data-parallel tables, and the dense optimizer of the MLPs, combined.
+
+    Sharding drops the in-backward optimizer of data-parallel tables (their weights
+    become plain replicated parameters and the fused optimizer holds none of them):
+    without the second optimizer they would silently train with the MLPs' optimizer.
+    """
+    unfused = dict(in_backward_optimizer_filter(sharded_model.named_parameters()))
+    tables = {name: p for name, p in unfused.items() if TABLE_PARAMETER in name.split(".")}
+    mlps = {name: p for name, p in unfused.items() if name not in tables}
+    optimizers: List[KeyedOptimizer] = [sharded_model.fused_optimizer]  # type: ignore[list-item]
+    for params, name in ((tables, config.optimizer), (mlps, config.resolved_dense_optimizer)):
+        if params:
+            cls, kwargs = _optimizer_class(name, config)
+            optimizers.append(KeyedOptimizerWrapper(params, lambda ps, cls=cls, kwargs=kwargs: cls(ps, **kwargs)))
+    return CombinedOptimizer(optimizers)

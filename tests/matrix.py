@@ -1,0 +1,567 @@
+"""The correctness matrix: cases generated from the choices the training flags offer.
+
+Every dimension below takes its choices from the constants the flags are built from,
+so a new choice (an optimizer, a sharding type, a pipeline) joins the matrix by
+itself. A covering-array generator picks cases so that every pair (``strength`` 2,
+what ``make test`` runs) or every triple (``strength`` 3, ``make test-matrix``) of
+choices appears in at least one case. Each case trains a tiny model and checks:
+
+(a) sharded == unsharded: the case's run at its world size equals one process
+    with the same global batch and whole tables (``table_wise`` on one rank), to the
+    tolerance `sharded_tolerance` gives and explains;
+(b) resume == uninterrupted: the run is stopped at its step-`STOP` checkpoint and
+    resumed in a new trainer; the losses after the stop, the validation and test
+    metrics and every rank's final weights are identical, bit for bit;
+(c) export == eager: the fp32 program `training.export` writes from the final
+    checkpoint gives the trained (sharded) model's probabilities on a probe batch.
+
+A combination that cannot be right must be refused before training, on every rank,
+with one line: `REFUSALS` lists them, and each one becomes a case of its own that
+checks the refusal (exit code 2, one ``error:`` line naming the reason).
+
+Run the larger set with ``python -m tests.matrix --strength 3`` (``make test-matrix``).
+"""
+
+import argparse
+import contextlib
+import io
+import itertools
+import math
+import multiprocessing
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torch.distributed.tensor import DTensor
+
+from models.config import EMBEDDING_PRECISIONS, INTERACTION_TYPES
+from sharding_plans.constraints import COLUMN_SHARDING_TYPES, SHARDING_TYPES
+from training.config import DENSE_OPTIMIZERS, OPTIMIZERS, PIPELINES
+from training.pipelines import CUDA_ONLY_PIPELINES
+
+MIXED = "mixed"  # every sharding type at once, cycling over the tables
+DIMENSIONS: Dict[str, Tuple[Any, ...]] = {
+    "optimizer": OPTIMIZERS,
+    "dense_optimizer": DENSE_OPTIMIZERS,
+    "sharding": SHARDING_TYPES + (MIXED,),
+    "precision": EMBEDDING_PRECISIONS,
+    "pipeline": PIPELINES,
+    "interaction": INTERACTION_TYPES,
+    "multi_hot": (False, True),
+    "world_size": (1, 2),
+    "amp": (False, True),
+}
+ADAPTIVE = ("adagrad", "rowwise_adagrad", "adam")
+
+# The tiny model every case trains: 26 tables of 40..115 rows, dim 8.
+TABLE_ROWS = [40 + 3 * i for i in range(26)]
+EMBEDDING_DIM = 8
+GLOBAL_BATCH = 64
+STEPS, STOP = 4, 2  # train 4 steps; the resumed run starts from the step-2 checkpoint
+PROBE_ROWS = 32  # rows of the batch export and eager are compared on
+MIXED_PLAN = ",".join(f"t_cat_{i}={SHARDING_TYPES[i % len(SHARDING_TYPES)]}" for i in range(len(TABLE_ROWS)))
+MULTI_HOT_SIZES = [1 + i % 4 for i in range(len(TABLE_ROWS))]
+
+
+Case = Dict[str, Any]  # dimension -> choice
+REPORTS: List[Tuple[str, str]] = []  # (title, table) of the runs of this process, printed by pytest
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A combination that must be refused: the choices that make it, when, and a
+    fragment of the one-line message."""
+
+    choices: Tuple[Tuple[str, Any], ...]
+    message: str
+    devices: Tuple[str, ...] = ("cpu", "cuda")
+
+    def matches(self, case: Case, device: str) -> bool:
+        return device in self.devices and all(case.get(d) == v for d, v in self.choices)
+
+
+REFUSALS: Tuple[Refusal, ...] = (
+    # FBGEMM's dense (data-parallel) kernel has no fp16 backward: wrong results, NaN.
+    Refusal((("precision", "fp16"), ("sharding", "data_parallel")), "data_parallel"),
+    Refusal((("precision", "fp16"), ("sharding", MIXED)), "data_parallel"),
+    *(Refusal((("pipeline", p),), f"--pipeline {p} needs CUDA", devices=("cpu",)) for p in CUDA_ONLY_PIPELINES),
+)
+
+
+def refusal_for(case: Case, device: str) -> Optional[Refusal]:
+    return next((r for r in REFUSALS if r.matches(case, device)), None)
+
+
+# ------------------------------------------------------------------ case generation
+
+Choice = Tuple[str, Any]
+
+
+def _forbidden(partial: Dict[str, Any], device: str) -> bool:
+    return any(device in r.devices and all(partial.get(d, object()) == v for d, v in r.choices)
+               for r in REFUSALS)
+
+
+def covering_cases(strength: int, device: str, seed: int = 0, candidates: int = 24) -> List[Case]:
+    """Trainable cases in which every ``strength``-tuple of allowed choices appears.
+
+    Greedy (AETG-style): each new case starts from a tuple not yet covered and fills
+    the other dimensions with the choice covering the most uncovered tuples; the best
+    of ``candidates`` tries is kept. Deterministic for a seed.
+    """
+    dims = list(DIMENSIONS)
+    uncovered = set()
+    for group in itertools.combinations(dims, strength):
+        for values in itertools.product(*(DIMENSIONS[d] for d in group)):
+            partial = dict(zip(group, values))
+            if not _forbidden(partial, device):
+                uncovered.add(tuple(zip(group, values)))
+    rng = random.Random(seed)
+    cases: List[Case] = []
+
+    def covered(case: Case) -> set:
+        return {t for t in uncovered if all(case.get(d, object()) == v for d, v in t)}
+
+    while uncovered:
+        best: Optional[Tuple[int, Case]] = None
+        pool = sorted(uncovered, key=repr)
+        for _ in range(candidates):
+            case: Case = dict(rng.choice(pool))
+            rest = [d for d in dims if d not in case]
+            rng.shuffle(rest)
+            for d in rest:
+                options = [v for v in DIMENSIONS[d] if not _forbidden({**case, d: v}, device)]
+                gains = [len(covered({**case, d: v})) for v in options]
+                top = max(gains)
+                case[d] = rng.choice([v for v, g in zip(options, gains) if g == top])
+            score = len(covered(case))
+            if best is None or score > best[0]:
+                best = (score, case)
+        assert best is not None
+        cases.append({d: best[1][d] for d in dims})
+        uncovered -= covered(best[1])
+    return cases
+
+
+def refusal_cases(device: str) -> List[Case]:
+    """One case per refused combination: its choices, the rest the first choices."""
+    cases = []
+    for refusal in REFUSALS:
+        if device in refusal.devices:
+            case = {d: choices[0] for d, choices in DIMENSIONS.items()}
+            case.update(dict(refusal.choices))
+            cases.append(case)
+    return cases
+
+
+def case_name(case: Case) -> str:
+    parts = [case["optimizer"], f"dense-{case['dense_optimizer']}", case["sharding"], case["precision"],
+             case["pipeline"], case["interaction"], "multi-hot" if case["multi_hot"] else "one-hot",
+             f"ws{case['world_size']}"] + (["amp"] if case["amp"] else [])
+    return "/".join(parts)
+
+
+# ------------------------------------------------------------------ flags of a case
+
+def learning_rate(case: Case) -> float:
+    """SGD tolerates a large step on this model; the adaptive optimizers move every
+    touched weight by about the rate on their first step, so they get a small one."""
+    adaptive = case["optimizer"] in ADAPTIVE or case["dense_optimizer"] in ADAPTIVE
+    return 0.05 if adaptive else 0.5
+
+
+# Epsilon of the adaptive optimizers. With the default 1e-8 their first step is
+# lr * g / |g|: an element whose gradient is zero up to rounding moves by +-lr in one
+# run and -+lr in the other, and no tolerance separates that from a bug. With 1e-2
+# a gradient difference d changes a step by at most lr * d / eps (5 d here), so the
+# comparison stays sharp.
+EPS = 1e-2
+
+
+def case_argv(case: Case, data_dir: str, device: str) -> List[str]:
+    """The training flags of a case (per-rank batch: the global batch over the ranks)."""
+    argv = [
+        "--in_memory_binary_criteo_path", data_dir, "--device", device, "--seed", "5",
+        "--num_embeddings_per_feature", ",".join(map(str, TABLE_ROWS)), "--embedding_dim", str(EMBEDDING_DIM),
+        "--dense_arch_layer_sizes", "16,8", "--over_arch_layer_sizes", "16,1",
+        "--interaction_type", case["interaction"], "--dcn_num_layers", "2", "--dcn_low_rank_dim", "4",
+        "--interaction_branch1_layer_sizes", "16,16", "--interaction_branch2_layer_sizes", "16,16",
+        "--optimizer", case["optimizer"], "--dense_optimizer", case["dense_optimizer"],
+        "--learning_rate", str(learning_rate(case)), "--eps", str(EPS),
+        "--embedding_precision", case["precision"], "--pipeline", case["pipeline"],
+        "--sharding_type", MIXED_PLAN if case["sharding"] == MIXED else case["sharding"],
+        "--batch_size", str(GLOBAL_BATCH // case["world_size"]),
+        "--limit_train_batches", str(STEPS), "--limit_val_batches", "2", "--limit_test_batches", "2",
+        "--log_every_n_steps", "100",
+    ]
+    if case["multi_hot"]:
+        argv += ["--multi_hot_sizes", ",".join(map(str, MULTI_HOT_SIZES))]
+    if case["amp"]:
+        argv.append("--amp")
+    return argv
+
+
+def reference_of(case: Case) -> Case:
+    """The unsharded run a case is compared with: one rank, whole tables."""
+    return {**case, "sharding": "table_wise", "world_size": 1}
+
+
+def sharded_tolerance(case: Case) -> Tuple[float, str]:
+    """(absolute tolerance on losses and weights, why) for check (a)."""
+    if case["amp"]:
+        return 5e-3, ("bf16 autocast: each rank's matmuls round their partial results to bf16 "
+                      "(8 bits of mantissa) before the fp32 all-reduce, the reference rounds whole-batch ones")
+    if case["optimizer"] == "rowwise_adagrad" and case["world_size"] > 1 and \
+            case["sharding"] in COLUMN_SHARDING_TYPES + (MIXED,):
+        return 5e-3, ("row-wise Adagrad keeps one accumulator per row of each column shard (the mean "
+                      "of that shard's squared gradients), the reference one per whole row: a different "
+                      "step size, the same direction")
+    if case["precision"] == "fp16":
+        return 1e-3, ("fp16 tables: an update rounds the weight to fp16 (about 1e-3 relative), so a "
+                      "summation-order difference can flip a rounding by one fp16 step")
+    if case["optimizer"] in ADAPTIVE or case["dense_optimizer"] in ADAPTIVE:
+        return 1e-5, ("adaptive optimizers divide by the root of the summed squared gradients: "
+                      "summation-order differences of 1e-7 grow by up to 1/sqrt(sum) on the first steps")
+    return 1e-6, "same arithmetic up to the summation order of the all-reduce and the pooling"
+
+
+# ------------------------------------------------------------------ one rank's runs
+
+def local_weights(model: torch.nn.Module) -> Dict[str, Any]:
+    """This rank's pieces of every table {table: [(row, col, tensor)]} and the dense
+    parameters, copied."""
+    tables: Dict[str, List[Tuple[int, int, torch.Tensor]]] = {}
+    dense: Dict[str, torch.Tensor] = {}
+    for key, value in model.state_dict().items():
+        parts = key.split(".")
+        if "embedding_bags" in parts:
+            if isinstance(value, DTensor):
+                value = value.to_local()
+            if isinstance(value, ShardedTensor):
+                tables[parts[-2]] = [(s.metadata.shard_offsets[0], s.metadata.shard_offsets[1],
+                                      s.tensor.detach().cpu().clone()) for s in value.local_shards()]
+            else:
+                tables[parts[-2]] = [(0, 0, value.detach().cpu().clone())]
+        else:
+            dense[key] = value.detach().cpu().clone()
+    return {"tables": tables, "dense": dense}
+
+
+def assemble_table(per_rank: Sequence[Dict[str, Any]], table: str, rows: int, dim: int) -> torch.Tensor:
+    """A whole table (float32) from every rank's pieces; replicas must agree exactly."""
+    full = torch.full((rows, dim), float("nan"))
+    for weights in per_rank:
+        for row, col, piece in weights["tables"].get(table, []):
+            target = full[row:row + piece.shape[0], col:col + piece.shape[1]]
+            if not torch.isnan(target).any():
+                assert torch.equal(target, piece.float()), f"{table}: replicas differ"
+            target.copy_(piece.float())
+    assert not torch.isnan(full).any(), f"{table}: the pieces do not cover the table"
+    return full
+
+
+def probe_batch(rank: int, world_size: int, device: torch.device):
+    """This rank's share of the probe rows: one id per feature (what the exported
+    model takes), below every table's size, the same for every case."""
+    from torchrec.datasets.utils import Batch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+    dense, ids = probe_inputs()
+    per_rank = PROBE_ROWS // world_size
+    dense, ids = dense[rank * per_rank:(rank + 1) * per_rank], ids[rank * per_rank:(rank + 1) * per_rank]
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=[f"cat_{i}" for i in range(len(TABLE_ROWS))], values=ids.t().reshape(-1),
+        lengths=torch.ones(ids.numel(), dtype=torch.int32))
+    return Batch(dense_features=dense, sparse_features=kjt, labels=torch.zeros(per_rank)).to(device)
+
+
+def probe_inputs() -> Tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(11)
+    dense = torch.rand(PROBE_ROWS, 13, generator=gen) * 5
+    ids = torch.stack([torch.randint(0, rows, (PROBE_ROWS,), generator=gen) for rows in TABLE_ROWS], dim=1)
+    return dense, ids
+
+
+def _outcome(trainer: Any, result: Any) -> Dict[str, Any]:
+    return {"losses": list(result.train_losses), "validation": result.validation, "test": result.test,
+            **local_weights(trainer.model)}
+
+
+def _eager_probabilities(trainer: Any) -> torch.Tensor:
+    """The trained sharded model's probabilities on this rank's probe rows (fp32)."""
+    pipeline = trainer.train_pipeline
+    if hasattr(pipeline, "detach"):
+        pipeline.detach()
+    trainer.model.eval()
+    with torch.no_grad():
+        _, (_, logits, _) = trainer.model(probe_batch(trainer.env.rank, trainer.env.world_size, trainer.env.device))
+    return torch.sigmoid(logits.squeeze(-1).float()).cpu()
+
+
+def _refusal_outcome(argv: List[str]) -> Dict[str, Any]:
+    """Runs the entry point on a combination that must be refused: exit code and stderr."""
+    import dlrm_main
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = dlrm_main.main(argv)
+        except SystemExit as e:
+            code = e.code
+    return {"code": code, "stderr": err.getvalue()}
+
+
+def _train_case(argv: List[str], root: str, device: str, resume: bool) -> Dict[str, Any]:
+    from training.distributed import resolve_env
+    from training.flags import parse_config
+    from training.trainer import Trainer
+    env = resolve_env(device)
+    whole, cut = os.path.join(root, "whole"), os.path.join(root, "cut")
+    trainer = Trainer(parse_config(argv + ["--checkpoint_dir", whole, "--checkpoint_every_n_steps", str(STOP)],
+                                   "matrix", "matrix"), env)
+    outcome = {"uninterrupted": _outcome(trainer, trainer.fit()), "checkpoint_dir": whole}
+    outcome["probe"] = _eager_probabilities(trainer)
+    if resume:
+        if env.rank == 0:
+            shutil.copytree(os.path.join(whole, f"step_{STOP:09d}"), os.path.join(cut, f"step_{STOP:09d}"))
+        dist.barrier()
+        trainer = Trainer(parse_config(argv + ["--checkpoint_dir", cut, "--resume"], "matrix", "matrix"), env)
+        outcome["resumed"] = _outcome(trainer, trainer.fit())
+    return outcome
+
+
+def run_jobs(jobs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One rank's part of a launch: refusals first (before any process group exists,
+    as in a fresh run), then the training jobs on the shared process group. A job's
+    failure is returned, not raised, so the other jobs still run."""
+    results = []
+    for job in sorted(jobs, key=lambda j: j["kind"] != "refusal"):
+        start = time.perf_counter()
+        try:
+            if job["kind"] == "refusal":
+                outcome = _refusal_outcome(job["argv"])
+            else:
+                outcome = _train_case(job["argv"], job["dir"], job["device"], job["resume"])
+        except Exception as e:  # reported in the case's row
+            outcome = {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else ''}"}
+        outcome["seconds"] = time.perf_counter() - start
+        results.append({"key": job["key"], **outcome})
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return results
+
+
+# ------------------------------------------------------------------ checks
+
+def _max_difference(a: Sequence[Dict[str, Any]], b: Sequence[Dict[str, Any]]) -> Tuple[float, str]:
+    """Largest absolute difference between two runs' losses and assembled weights
+    (each given as its ranks' outcomes), and where it is."""
+    worst = (0.0, "")
+    la, lb = a[0]["losses"], b[0]["losses"]
+    if len(la) != len(lb):
+        return math.inf, f"{len(la)} losses vs {len(lb)}"
+    for step, (x, y) in enumerate(zip(la, lb)):
+        worst = max(worst, (abs(x - y), f"loss of step {step + 1}"))
+    for i, rows in enumerate(TABLE_ROWS):
+        table = f"t_cat_{i}"
+        diff = (assemble_table(a, table, rows, EMBEDDING_DIM) - assemble_table(b, table, rows, EMBEDDING_DIM))
+        worst = max(worst, (diff.abs().max().item(), table))
+    for key in a[0]["dense"]:
+        diff = (a[0]["dense"][key].float() - b[0]["dense"][key].float()).abs().max().item()
+        worst = max(worst, (diff, key))
+    return worst
+
+
+def _identical(a: Sequence[Dict[str, Any]], b: Sequence[Dict[str, Any]], steps_from: int) -> Optional[str]:
+    """None when the resumed run (b) matches the uninterrupted one (a) bit for bit."""
+    if a[0]["losses"][steps_from:] != b[0]["losses"]:
+        return f"losses after the stop differ: {a[0]['losses'][steps_from:]} vs {b[0]['losses']}"
+    for stage in ("validation", "test"):
+        if a[0][stage] != b[0][stage]:
+            return f"{stage} metrics differ: {a[0][stage]} vs {b[0][stage]}"
+    for ra, rb in zip(a, b):
+        for table, pieces in ra["tables"].items():
+            for (r1, c1, t1), (r2, c2, t2) in zip(pieces, rb["tables"][table]):
+                if (r1, c1) != (r2, c2) or not torch.equal(t1, t2):
+                    return f"{table} differs by {(t1.float() - t2.float()).abs().max().item():.3g}"
+        for key, value in ra["dense"].items():
+            if not torch.equal(value, rb["dense"][key]):
+                return f"{key} differs by {(value.float() - rb['dense'][key].float()).abs().max().item():.3g}"
+    return None
+
+
+def export_difference(checkpoint_dir: str, eager: torch.Tensor, out_dir: str) -> float:
+    """Exports the newest checkpoint's fp32 program and returns its largest difference
+    from the eager probabilities on the probe rows."""
+    from training.export import FP32_FILE, export_model
+    with contextlib.redirect_stderr(io.StringIO()):
+        export_model(checkpoint_dir, out_dir, [])
+    program = torch.export.load(os.path.join(out_dir, FP32_FILE)).module()
+    dense, ids = probe_inputs()
+    with torch.no_grad():
+        exported = program(dense, ids)
+    return (exported - eager).abs().max().item()
+
+
+EXPORT_TOLERANCE = 1e-6  # the same fp32 arithmetic; one id a bag, so pooling is exact
+
+
+@dataclass
+class CaseResult:
+    """What one case checked: each check's verdict text, and whether all passed."""
+
+    case: Case
+    checks: Dict[str, str] = field(default_factory=dict)
+    passed: bool = True
+    seconds: float = 0.0
+
+    def fail(self, check: str, text: str) -> None:
+        self.checks[check] = "FAIL " + text
+        self.passed = False
+
+
+def evaluate(cases: List[Case], refusals: List[Case], device: str, data_dir: str, work_dir: str,
+             launcher: Callable[[Callable, List[Dict[str, Any]], int], Dict[int, Any]]) -> List[CaseResult]:
+    """Runs every case and refusal (one launch per world size) and checks them."""
+    jobs: Dict[int, List[Dict[str, Any]]] = {1: [], 2: []}
+    keys: Dict[str, Tuple[int, Case]] = {}
+
+    def add(kind: str, case: Case, resume: bool = False) -> str:
+        key = f"{kind}:{case_name(case)}"
+        if key not in keys:
+            keys[key] = (case["world_size"], case)
+            job = {"kind": kind, "key": key, "argv": case_argv(case, data_dir, device), "device": device,
+                   "dir": os.path.join(work_dir, f"case{len(keys)}"), "resume": resume}
+            jobs[case["world_size"]].append(job)
+        elif resume:
+            next(j for j in jobs[case["world_size"]] if j["key"] == key)["resume"] = True
+        return key
+
+    refusal_keys = [add("refusal", c) for c in refusals]
+    case_keys = [(add("train", c, resume=True), add("train", reference_of(c))) for c in cases]
+    outcomes: Dict[str, List[Dict[str, Any]]] = {}
+    for world_size, group in jobs.items():
+        if not group:
+            continue
+        per_rank = launcher(run_jobs, group, world_size)
+        for rank in sorted(per_rank):
+            for result in per_rank[rank]:
+                outcomes.setdefault(result["key"], []).append(result)
+
+    # Exports run two at a time in their own processes (tracing is single-threaded).
+    exports: Dict[str, Any] = {}
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for key, _ in case_keys:
+            per_rank = outcomes[key]
+            if all("error" not in o for o in per_rank):
+                out_dir = os.path.join(work_dir, "exports", key.replace("/", "_").replace(":", "_"))
+                exports[key] = pool.submit(export_difference, per_rank[0]["checkpoint_dir"],
+                                           torch.cat([o["probe"] for o in per_rank]), out_dir)
+        results = [_check_refusal(case, outcomes[key], device) for case, key in zip(refusals, refusal_keys)]
+        for case, (key, ref_key) in zip(cases, case_keys):
+            results.append(_check_case(case, outcomes[key], outcomes[ref_key], exports.get(key)))
+    return results
+
+
+def _check_refusal(case: Case, per_rank: List[Dict[str, Any]], device: str) -> CaseResult:
+    result = CaseResult(case, seconds=max(o["seconds"] for o in per_rank))
+    refusal = refusal_for(case, device)
+    assert refusal is not None
+    for rank, outcome in enumerate(per_rank):
+        lines = [line for line in outcome.get("stderr", "").splitlines() if line.strip()]
+        if "error" in outcome:
+            result.fail("refused", f"rank {rank}: {outcome['error']}")
+        elif outcome["code"] != 2 or len(lines) != 1 or refusal.message not in lines[0]:
+            result.fail("refused", f"rank {rank}: exit {outcome['code']}, stderr {lines[-3:]}")
+    if result.passed:
+        result.checks["refused"] = "ok: " + [l for l in per_rank[0]["stderr"].splitlines() if l.strip()][0]
+    return result
+
+
+def _check_case(case: Case, per_rank: List[Dict[str, Any]], reference: List[Dict[str, Any]],
+                export: "Future[float]") -> CaseResult:
+    result = CaseResult(case, seconds=max(o["seconds"] for o in per_rank))
+    for name, outcome in (("case", per_rank[0]), ("reference", reference[0])):
+        if "error" in outcome:
+            result.fail("ran", f"{name}: {outcome['error']}")
+            return result
+    whole = [o["uninterrupted"] for o in per_rank]
+    tolerance, why = sharded_tolerance(case)
+    diff, where = _max_difference(whole, [o["uninterrupted"] for o in reference])
+    text = f"{diff:.2g} <= {tolerance:g}" + (f" ({where})" if diff > 0 else "")
+    if diff <= tolerance:
+        result.checks["sharded=unsharded"] = "ok " + text
+    else:
+        result.fail("sharded=unsharded", text.replace("<=", ">") + f"; tolerance because {why}")
+    mismatch = _identical(whole, [o["resumed"] for o in per_rank], STOP)
+    if mismatch is None:
+        result.checks["resume=uninterrupted"] = "ok bit-exact"
+    else:
+        result.fail("resume=uninterrupted", mismatch)
+    try:
+        diff = export.result()
+        text = f"{diff:.2g} <= {EXPORT_TOLERANCE:g}"
+        if diff <= EXPORT_TOLERANCE:
+            result.checks["export=eager"] = "ok " + text
+        else:
+            result.fail("export=eager", text.replace("<=", ">"))
+    except Exception as e:
+        result.fail("export=eager", f"{type(e).__name__}: {e}")
+    return result
+
+
+def format_table(results: List[CaseResult]) -> str:
+    """One row per case: its choices, each check's verdict, seconds."""
+    header = list(DIMENSIONS) + ["result", "seconds", "checks"]
+    rows = []
+    for r in results:
+        rows.append([str(r.case[d]) for d in DIMENSIONS] + ["pass" if r.passed else "FAIL", f"{r.seconds:.1f}",
+                     "; ".join(f"{k}: {v}" for k, v in r.checks.items())])
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header[:-1])]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header[:-1], widths)) + "  " + header[-1]]
+    for row in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1])
+    passed = sum(r.passed for r in results)
+    lines.append(f"{passed} of {len(results)} cases passed")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Generates the cases, runs them on local gloo (or NCCL) ranks, prints the table."""
+    parser = argparse.ArgumentParser(prog="python -m tests.matrix", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--strength", type=int, default=3, help="cover every pair (2) or triple (3) of choices")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--list", action="store_true", help="print the cases without running them")
+    parser.add_argument("--only", default="", help="run only the cases whose name contains this text")
+    args = parser.parse_args(argv)
+    cases, refusals = covering_cases(args.strength, args.device), refusal_cases(args.device)
+    cases = [c for c in cases if args.only in case_name(c)]
+    refusals = [c for c in refusals if args.only in case_name(c)]
+    if args.list:
+        print("\n".join(case_name(c) for c in cases + refusals))
+        print(f"{len(cases)} cases, {len(refusals)} refusals")
+        return 0
+    from data.synthetic_criteo import generate_synthetic_criteo
+    from tests.conftest import SMALL_SPEC
+    from tests.launch import launch
+    with tempfile.TemporaryDirectory(prefix="matrix-") as work:
+        data_dir = os.path.join(work, "data")
+        generate_synthetic_criteo(SMALL_SPEC, data_dir, show_progress=False)
+        start = time.perf_counter()
+        results = evaluate(cases, refusals, args.device, data_dir, work,
+                           lambda fn, jobs, n: launch(fn, jobs, nproc=n))
+    print(format_table(results))
+    print(f"strength {args.strength}: {len(cases)} cases and {len(refusals)} refusals in "
+          f"{time.perf_counter() - start:.0f} s")
+    return 0 if all(r.passed for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

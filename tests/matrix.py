@@ -97,33 +97,56 @@ REFUSALS: Tuple[Refusal, ...] = (
 )
 
 
-def refusal_for(case: Case, device: str) -> Optional[Refusal]:
-    return next((r for r in REFUSALS if r.matches(case, device)), None)
+@dataclass(frozen=True)
+class MatrixSpec:
+    """What a matrix varies, what it refuses, and what each case is compared with.
+
+    Args:
+        dimensions: {dimension: choices}; a case has one choice of each.
+        reference: the choices the reference run of check (a) takes instead of the
+            case's (the rest are the case's).
+        refusals: the combinations that must be refused.
+        device: cpu or cuda.
+        defaults: choices of dimensions the matrix does not vary.
+    """
+
+    dimensions: Dict[str, Tuple[Any, ...]]
+    reference: Dict[str, Any]
+    refusals: Tuple[Refusal, ...]
+    device: str
+    defaults: Dict[str, Any] = field(default_factory=dict)
+
+    def refusal_for(self, case: Case) -> Optional[Refusal]:
+        return next((r for r in self.refusals if r.matches(case, self.device)), None)
+
+    def forbidden(self, partial: Dict[str, Any]) -> bool:
+        return any(self.device in r.devices and all(partial.get(d, object()) == v for d, v in r.choices)
+                   for r in self.refusals)
+
+    def complete(self, choices: Dict[str, Any]) -> Case:
+        return {**self.defaults, **choices}
+
+
+# The matrix `make test` and `make test-matrix` run: every flag's choices on the CPU.
+CPU_MATRIX = MatrixSpec(DIMENSIONS, reference={"sharding": "table_wise", "world_size": 1},
+                        refusals=REFUSALS, device="cpu")
 
 
 # ------------------------------------------------------------------ case generation
 
-Choice = Tuple[str, Any]
-
-
-def _forbidden(partial: Dict[str, Any], device: str) -> bool:
-    return any(device in r.devices and all(partial.get(d, object()) == v for d, v in r.choices)
-               for r in REFUSALS)
-
-
-def covering_cases(strength: int, device: str, seed: int = 0, candidates: int = 24) -> List[Case]:
+def covering_cases(spec: MatrixSpec, strength: int, seed: int = 0, candidates: int = 24) -> List[Case]:
     """Trainable cases in which every ``strength``-tuple of allowed choices appears.
 
     Greedy (AETG-style): each new case starts from a tuple not yet covered and fills
     the other dimensions with the choice covering the most uncovered tuples; the best
     of ``candidates`` tries is kept. Deterministic for a seed.
     """
-    dims = list(DIMENSIONS)
+    dims = list(spec.dimensions)
     uncovered = set()
     for group in itertools.combinations(dims, strength):
-        for values in itertools.product(*(DIMENSIONS[d] for d in group)):
+        for values in itertools.product(*(spec.dimensions[d] for d in group)):
             partial = dict(zip(group, values))
-            if not _forbidden(partial, device):
+            if not spec.forbidden(partial):
                 uncovered.add(tuple(zip(group, values)))
     rng = random.Random(seed)
     cases: List[Case] = []
@@ -139,7 +162,7 @@ def covering_cases(strength: int, device: str, seed: int = 0, candidates: int = 
             rest = [d for d in dims if d not in case]
             rng.shuffle(rest)
             for d in rest:
-                options = [v for v in DIMENSIONS[d] if not _forbidden({**case, d: v}, device)]
+                options = [v for v in spec.dimensions[d] if not spec.forbidden({**case, d: v})]
                 gains = [len(covered({**case, d: v})) for v in options]
                 top = max(gains)
                 case[d] = rng.choice([v for v, g in zip(options, gains) if g == top])
@@ -147,26 +170,23 @@ def covering_cases(strength: int, device: str, seed: int = 0, candidates: int = 
             if best is None or score > best[0]:
                 best = (score, case)
         assert best is not None
-        cases.append({d: best[1][d] for d in dims})
+        cases.append(spec.complete({d: best[1][d] for d in dims}))
         uncovered -= covered(best[1])
     return cases
 
 
-def refusal_cases(device: str) -> List[Case]:
+def refusal_cases(spec: MatrixSpec) -> List[Case]:
     """One case per refused combination: its choices, the rest the first choices."""
-    cases = []
-    for refusal in REFUSALS:
-        if device in refusal.devices:
-            case = {d: choices[0] for d, choices in DIMENSIONS.items()}
-            case.update(dict(refusal.choices))
-            cases.append(case)
-    return cases
+    return [spec.complete({**{d: choices[0] for d, choices in spec.dimensions.items()}, **dict(r.choices)})
+            for r in spec.refusals if spec.device in r.devices]
 
 
 def case_name(case: Case) -> str:
     parts = [case["optimizer"], f"dense-{case['dense_optimizer']}", case["sharding"], case["precision"],
              case["pipeline"], case["interaction"], "multi-hot" if case["multi_hot"] else "one-hot",
              f"ws{case['world_size']}"] + (["amp"] if case["amp"] else [])
+    parts += [case["compute_kernel"]] if case.get("compute_kernel") else []
+    parts += ["tf32"] if case.get("allow_tf32") else []
     return "/".join(parts)
 
 
@@ -207,15 +227,14 @@ def case_argv(case: Case, data_dir: str, device: str) -> List[str]:
         argv += ["--multi_hot_sizes", ",".join(map(str, MULTI_HOT_SIZES))]
     if case["amp"]:
         argv.append("--amp")
+    if case.get("compute_kernel"):
+        argv += ["--compute_kernel", case["compute_kernel"]]
+    if case.get("allow_tf32"):
+        argv.append("--allow_tf32")
     return argv
 
 
-def reference_of(case: Case) -> Case:
-    """The unsharded run a case is compared with: one rank, whole tables."""
-    return {**case, "sharding": "table_wise", "world_size": 1}
-
-
-def sharded_tolerance(case: Case) -> Tuple[float, str]:
+def sharded_tolerance(case: Case, device: str) -> Tuple[float, str]:
     """(absolute tolerance on losses and weights, why) for check (a)."""
     if case["amp"]:
         return 5e-3, ("bf16 autocast: each rank's matmuls round their partial results to bf16 "
@@ -228,6 +247,8 @@ def sharded_tolerance(case: Case) -> Tuple[float, str]:
     if case["precision"] == "fp16":
         return 1e-3, ("fp16 tables: an update rounds the weight to fp16 (about 1e-3 relative), so a "
                       "summation-order difference can flip a rounding by one fp16 step")
+    if device == "cuda":
+        return 1e-5, "GPU kernels may sum in another order from run to run (atomic adds)"
     if case["optimizer"] in ADAPTIVE or case["dense_optimizer"] in ADAPTIVE:
         return 1e-5, ("adaptive optimizers divide by the root of the summed squared gradients: "
                       "summation-order differences of 1e-7 grow by up to 1/sqrt(sum) on the first steps")
@@ -292,7 +313,7 @@ def probe_inputs() -> Tuple[torch.Tensor, torch.Tensor]:
 
 def _outcome(trainer: Any, result: Any) -> Dict[str, Any]:
     return {"losses": list(result.train_losses), "validation": result.validation, "test": result.test,
-            **local_weights(trainer.model)}
+            "records_per_sec": result.records_per_sec, **local_weights(trainer.model)}
 
 
 def _eager_probabilities(trainer: Any) -> torch.Tensor:
@@ -421,13 +442,14 @@ class CaseResult:
     checks: Dict[str, str] = field(default_factory=dict)
     passed: bool = True
     seconds: float = 0.0
+    records_per_sec: Optional[float] = None
 
     def fail(self, check: str, text: str) -> None:
         self.checks[check] = "FAIL " + text
         self.passed = False
 
 
-def evaluate(cases: List[Case], refusals: List[Case], device: str, data_dir: str, work_dir: str,
+def evaluate(spec: MatrixSpec, cases: List[Case], refusals: List[Case], data_dir: str, work_dir: str,
              launcher: Callable[[Callable, List[Dict[str, Any]], int], Dict[int, Any]]) -> List[CaseResult]:
     """Runs every case and refusal (one launch per world size) and checks them."""
     jobs: Dict[int, List[Dict[str, Any]]] = {1: [], 2: []}
@@ -437,7 +459,7 @@ def evaluate(cases: List[Case], refusals: List[Case], device: str, data_dir: str
         key = f"{kind}:{case_name(case)}"
         if key not in keys:
             keys[key] = (case["world_size"], case)
-            job = {"kind": kind, "key": key, "argv": case_argv(case, data_dir, device), "device": device,
+            job = {"kind": kind, "key": key, "argv": case_argv(case, data_dir, spec.device), "device": spec.device,
                    "dir": os.path.join(work_dir, f"case{len(keys)}"), "resume": resume}
             jobs[case["world_size"]].append(job)
         elif resume:
@@ -445,7 +467,7 @@ def evaluate(cases: List[Case], refusals: List[Case], device: str, data_dir: str
         return key
 
     refusal_keys = [add("refusal", c) for c in refusals]
-    case_keys = [(add("train", c, resume=True), add("train", reference_of(c))) for c in cases]
+    case_keys = [(add("train", c, resume=True), add("train", {**c, **spec.reference})) for c in cases]
     outcomes: Dict[str, List[Dict[str, Any]]] = {}
     for world_size, group in jobs.items():
         if not group:
@@ -464,15 +486,15 @@ def evaluate(cases: List[Case], refusals: List[Case], device: str, data_dir: str
                 out_dir = os.path.join(work_dir, "exports", key.replace("/", "_").replace(":", "_"))
                 exports[key] = pool.submit(export_difference, per_rank[0]["checkpoint_dir"],
                                            torch.cat([o["probe"] for o in per_rank]), out_dir)
-        results = [_check_refusal(case, outcomes[key], device) for case, key in zip(refusals, refusal_keys)]
+        results = [_check_refusal(spec, case, outcomes[key]) for case, key in zip(refusals, refusal_keys)]
         for case, (key, ref_key) in zip(cases, case_keys):
-            results.append(_check_case(case, outcomes[key], outcomes[ref_key], exports.get(key)))
+            results.append(_check_case(spec, case, outcomes[key], outcomes[ref_key], exports.get(key)))
     return results
 
 
-def _check_refusal(case: Case, per_rank: List[Dict[str, Any]], device: str) -> CaseResult:
+def _check_refusal(spec: MatrixSpec, case: Case, per_rank: List[Dict[str, Any]]) -> CaseResult:
     result = CaseResult(case, seconds=max(o["seconds"] for o in per_rank))
-    refusal = refusal_for(case, device)
+    refusal = spec.refusal_for(case)
     assert refusal is not None
     for rank, outcome in enumerate(per_rank):
         lines = [line for line in outcome.get("stderr", "").splitlines() if line.strip()]
@@ -485,7 +507,7 @@ def _check_refusal(case: Case, per_rank: List[Dict[str, Any]], device: str) -> C
     return result
 
 
-def _check_case(case: Case, per_rank: List[Dict[str, Any]], reference: List[Dict[str, Any]],
+def _check_case(spec: MatrixSpec, case: Case, per_rank: List[Dict[str, Any]], reference: List[Dict[str, Any]],
                 export: "Future[float]") -> CaseResult:
     result = CaseResult(case, seconds=max(o["seconds"] for o in per_rank))
     for name, outcome in (("case", per_rank[0]), ("reference", reference[0])):
@@ -493,7 +515,8 @@ def _check_case(case: Case, per_rank: List[Dict[str, Any]], reference: List[Dict
             result.fail("ran", f"{name}: {outcome['error']}")
             return result
     whole = [o["uninterrupted"] for o in per_rank]
-    tolerance, why = sharded_tolerance(case)
+    result.records_per_sec = whole[0]["records_per_sec"]
+    tolerance, why = sharded_tolerance(case, spec.device)
     diff, where = _max_difference(whole, [o["uninterrupted"] for o in reference])
     text = f"{diff:.2g} <= {tolerance:g}" + (f" ({where})" if diff > 0 else "")
     if diff <= tolerance:
@@ -517,12 +540,14 @@ def _check_case(case: Case, per_rank: List[Dict[str, Any]], reference: List[Dict
     return result
 
 
-def format_table(results: List[CaseResult]) -> str:
-    """One row per case: its choices, each check's verdict, seconds."""
-    header = list(DIMENSIONS) + ["result", "seconds", "checks"]
+def format_table(spec: MatrixSpec, results: List[CaseResult]) -> str:
+    """One row per case: its choices, pass/fail, seconds, records/s, each check's verdict."""
+    header = list(spec.dimensions) + ["result", "seconds", "records/s", "checks"]
     rows = []
     for r in results:
-        rows.append([str(r.case[d]) for d in DIMENSIONS] + ["pass" if r.passed else "FAIL", f"{r.seconds:.1f}",
+        rate = f"{r.records_per_sec:,.0f}" if r.records_per_sec else "-"
+        rows.append([str(r.case[d]) for d in spec.dimensions] +
+                    ["pass" if r.passed else "FAIL", f"{r.seconds:.1f}", rate,
                      "; ".join(f"{k}: {v}" for k, v in r.checks.items())])
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header[:-1])]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header[:-1], widths)) + "  " + header[-1]]
@@ -537,11 +562,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Generates the cases, runs them on local gloo (or NCCL) ranks, prints the table."""
     parser = argparse.ArgumentParser(prog="python -m tests.matrix", description=__doc__.split("\n\n")[0])
     parser.add_argument("--strength", type=int, default=3, help="cover every pair (2) or triple (3) of choices")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--list", action="store_true", help="print the cases without running them")
     parser.add_argument("--only", default="", help="run only the cases whose name contains this text")
     args = parser.parse_args(argv)
-    cases, refusals = covering_cases(args.strength, args.device), refusal_cases(args.device)
+    spec = CPU_MATRIX
+    cases, refusals = covering_cases(spec, args.strength), refusal_cases(spec)
     cases = [c for c in cases if args.only in case_name(c)]
     refusals = [c for c in refusals if args.only in case_name(c)]
     if args.list:
@@ -555,9 +580,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         data_dir = os.path.join(work, "data")
         generate_synthetic_criteo(SMALL_SPEC, data_dir, show_progress=False)
         start = time.perf_counter()
-        results = evaluate(cases, refusals, args.device, data_dir, work,
+        results = evaluate(spec, cases, refusals, data_dir, work,
                            lambda fn, jobs, n: launch(fn, jobs, nproc=n))
-    print(format_table(results))
+    print(format_table(spec, results))
     print(f"strength {args.strength}: {len(cases)} cases and {len(refusals)} refusals in "
           f"{time.perf_counter() - start:.0f} s")
     return 0 if all(r.passed for r in results) else 1

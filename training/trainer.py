@@ -59,6 +59,7 @@ class RunResult:
     train_losses: List[float] = field(default_factory=list)
     validation: Optional[Dict[str, float]] = None
     test: Optional[Dict[str, float]] = None
+    records_per_sec: float = 0.0  # training records (all ranks) per second, evaluation excluded
 
 
 class Trainer:
@@ -361,6 +362,7 @@ class Trainer:
 
     def _summary(self, result: RunResult) -> None:
         rate = self._train_records / self._train_seconds if self._train_seconds > 0 else 0.0
+        result.records_per_sec = rate
         peaks = gather_peak_memory(self.env)
         self.log.print(
             f"done: {result.steps} steps, {self._train_records} records in "

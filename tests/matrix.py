@@ -558,34 +558,36 @@ def format_table(spec: MatrixSpec, results: List[CaseResult]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Generates the cases, runs them on local gloo (or NCCL) ranks, prints the table."""
-    parser = argparse.ArgumentParser(prog="python -m tests.matrix", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--strength", type=int, default=3, help="cover every pair (2) or triple (3) of choices")
-    parser.add_argument("--list", action="store_true", help="print the cases without running them")
-    parser.add_argument("--only", default="", help="run only the cases whose name contains this text")
-    args = parser.parse_args(argv)
-    spec = CPU_MATRIX
-    cases, refusals = covering_cases(spec, args.strength), refusal_cases(spec)
-    cases = [c for c in cases if args.only in case_name(c)]
-    refusals = [c for c in refusals if args.only in case_name(c)]
-    if args.list:
+def run(spec: MatrixSpec, strength: int, only: str = "", list_only: bool = False) -> int:
+    """Generates the cases of ``spec``, runs them on local ranks (one launch per world
+    size) over freshly generated data, prints the table; 0 when every case passed."""
+    cases = [c for c in covering_cases(spec, strength) if only in case_name(c)]
+    refusals = [c for c in refusal_cases(spec) if only in case_name(c)]
+    if list_only:
         print("\n".join(case_name(c) for c in cases + refusals))
         print(f"{len(cases)} cases, {len(refusals)} refusals")
         return 0
     from data.synthetic_criteo import generate_synthetic_criteo
     from tests.conftest import SMALL_SPEC
     from tests.launch import launch
+    start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="matrix-") as work:
         data_dir = os.path.join(work, "data")
         generate_synthetic_criteo(SMALL_SPEC, data_dir, show_progress=False)
-        start = time.perf_counter()
-        results = evaluate(spec, cases, refusals, data_dir, work,
-                           lambda fn, jobs, n: launch(fn, jobs, nproc=n))
+        results = evaluate(spec, cases, refusals, data_dir, work, lambda fn, jobs, n: launch(fn, jobs, nproc=n))
     print(format_table(spec, results))
-    print(f"strength {args.strength}: {len(cases)} cases and {len(refusals)} refusals in "
-          f"{time.perf_counter() - start:.0f} s")
+    print(f"{spec.device} matrix of strength {strength}: {len(cases)} cases and {len(refusals)} refusals "
+          f"in {time.perf_counter() - start:.0f} s")
     return 0 if all(r.passed for r in results) else 1
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.matrix", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--strength", type=int, default=3, help="cover every pair (2) or triple (3) of choices")
+    parser.add_argument("--list", action="store_true", help="print the cases without running them")
+    parser.add_argument("--only", default="", help="run only the cases whose name contains this text")
+    args = parser.parse_args(argv)
+    return run(CPU_MATRIX, args.strength, args.only, args.list)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """Checkpoints: exact resume, interrupted saves, resharding, evaluation, bad checkpoints,
 and a torchrun restart after a rank is killed."""
 
+import hashlib
 import json
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -176,7 +178,7 @@ def test_mismatched_and_corrupted_checkpoints(reference, synthetic_dir, tmp_path
     assert "global batch of 256 rows, this run has 128" in capsys.readouterr().err
     with open(os.path.join(copy, "step_000000016", "meta.json"), "w") as f:
         f.write("{ not json")
-    assert "meta.json is unreadable" in run("--resume")
+    assert "step_000000016/meta.json: 10 bytes, the manifest says" in run("--resume")
     shutil.rmtree(os.path.join(copy, "step_000000016"))
     shard = os.path.join(copy, "step_000000015", "__0_0.distcp")
     with open(shard, "r+b") as f:
@@ -244,3 +246,118 @@ def test_default_optimizer_resumes(tmp_path):
         eval_record(read_log(whole_log), "test") | {"time": 0, "run_id": 0}
     assert_same_state(flat_state(os.path.join(whole, "step_000000040"), tmp_path),
                       flat_state(os.path.join(cut, "step_000000040"), tmp_path))
+
+
+def set_manifest_entry(checkpoint: str, name: str) -> None:
+    """Rewrites the manifest entry of ``name`` to match the file: what someone crafting
+    a checkpoint would do."""
+    marker = os.path.join(checkpoint, "COMPLETE")
+    if open(marker).read().strip() == "complete":
+        return  # no manifest to rewrite
+    manifest = json.load(open(marker))
+    data = open(os.path.join(checkpoint, name), "rb").read()
+    manifest["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    with open(marker, "w") as f:
+        json.dump(manifest, f)
+
+
+class _CreatesFile:
+    """A pickle payload that creates a file when unpickled."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return exec, (f"open({self.path!r}, 'w').close()",)
+
+
+def one_error_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if "error" in line]
+    assert len(lines) == 1, stderr[-3000:]
+    return lines[0]
+
+
+def test_checkpoint_files_are_checked_and_never_run_code(reference, synthetic_dir, tmp_path, capsys):
+    """A crafted .metadata (even with a manifest that matches it) runs nothing on
+    --resume, --mode test or export; a bit-flipped shard and a missing .metadata are
+    refused by name in one line; a checkpoint without a manifest loads with a warning."""
+    ckpt, _ = reference
+    copy = str(tmp_path / "ckpt")
+    shutil.copytree(ckpt, copy)
+    step16, step15 = os.path.join(copy, "step_000000016"), os.path.join(copy, "step_000000015")
+    log = str(tmp_path / "log.jsonl")
+
+    def run(*extra: str) -> str:
+        try:
+            code = dlrm_main.main(flags(synthetic_dir, copy, log, *extra, batch=256))
+        except SystemExit as e:
+            code = e.code
+        assert code == 2
+        return one_error_line(capsys.readouterr().err)
+
+    created = tmp_path / "payload_ran"
+    with open(os.path.join(step16, ".metadata"), "wb") as f:
+        pickle.dump(_CreatesFile(str(created)), f)
+    set_manifest_entry(step16, ".metadata")
+    for extra in (("--resume",), ("--mode", "test", "--restore_checkpoint_path", step16)):
+        line = run(*extra)
+        assert not created.exists()
+        assert f"{step16}/.metadata: refused: it asks to load builtins.exec" in line, line
+    export = subprocess.run([sys.executable, "-m", "training.export", "--checkpoint", step16, "--output",
+                             str(tmp_path / "model"), "--quantize", "none"], cwd=REPO, capture_output=True, text=True)
+    assert export.returncode == 2 and not created.exists()
+    assert f"{step16}/.metadata: refused" in one_error_line(export.stderr)
+    os.remove(os.path.join(step16, ".metadata"))
+    export = subprocess.run([sys.executable, "-m", "training.export", "--checkpoint", step16, "--output",
+                             str(tmp_path / "model"), "--quantize", "none"], cwd=REPO, capture_output=True, text=True)
+    assert export.returncode == 2
+    assert "step_000000016: .metadata is missing or unreadable" in one_error_line(export.stderr)
+    shutil.rmtree(step16)
+
+    shard = os.path.join(step15, "__0_0.distcp")
+    with open(shard, "r+b") as f:  # one bit of a weight
+        f.seek(os.path.getsize(shard) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x10]))
+    line = run("--mode", "test", "--restore_checkpoint_path", step15)
+    assert f"{shard}: its SHA-256 differs from the manifest's: the file is damaged" in line, line
+
+    from training.inference_model import load_checkpoint_model
+    step10 = os.path.join(copy, "step_000000010")
+    with open(os.path.join(step10, "COMPLETE"), "w") as f:
+        f.write("complete\n")  # what checkpoints saved before manifests hold
+    load_checkpoint_model(step10)
+    assert f"warning: checkpoint {step10} has no manifest" in capsys.readouterr().err
+
+
+def test_storage_failures_are_one_line(synthetic_dir, tmp_path, capsys):
+    """A full disk at a save: one line naming the rank and step, exit 1, earlier
+    checkpoints kept. A --checkpoint_dir that cannot be written: exit 2 before training."""
+    ckpt, log = str(tmp_path / "ckpt"), str(tmp_path / "log.jsonl")
+    os.makedirs(os.path.join(ckpt, "step_000000010"))
+    os.symlink("/dev/full", os.path.join(ckpt, "step_000000010", "__0_0.distcp"))  # writes fail: ENOSPC
+    run = subprocess.run([sys.executable, "dlrm_main.py", *flags(synthetic_dir, ckpt, log)], cwd=REPO,
+                         capture_output=True, text=True)
+    assert run.returncode == 1
+    line = one_error_line(run.stderr)
+    assert "rank 0 of 1 failed at step 10 (epoch 0, training): CheckpointSaveError: saving checkpoint" in line
+    assert "No space left on device" in line
+    assert os.path.exists(os.path.join(ckpt, "step_000000005", "COMPLETE"))
+
+    if os.geteuid() == 0:  # root writes through permission bits: take a read-only file system
+        read_only = "/sys/fs/dlrm_checkpoints"
+        if os.access("/sys/fs", os.W_OK) and not os.path.ismount("/sys"):
+            pytest.skip("no read-only directory to test with")
+    else:
+        read_only = str(tmp_path / "read_only")
+        os.makedirs(read_only, mode=0o555)
+    ro_log = str(tmp_path / "read_only.jsonl")
+    try:
+        code = dlrm_main.main(flags(synthetic_dir, read_only, ro_log))
+    except SystemExit as e:
+        code = e.code
+    assert code == 2
+    assert f"--checkpoint_dir {read_only}: cannot write there" in one_error_line(capsys.readouterr().err)
+    assert not os.path.exists(ro_log)  # refused before the run started

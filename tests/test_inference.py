@@ -2,11 +2,16 @@
 --mode inference_benchmark on both entry points, the batching HTTP endpoint."""
 
 import gzip
+import hashlib
 import json
 import os
+import pickle
+import re
+import shutil
 import threading
 import urllib.error
 import urllib.request
+import zipfile
 
 import numpy as np
 import pytest
@@ -19,7 +24,7 @@ from data.criteo_binary import CriteoBinaryDataset
 from data.preprocess_criteo import PreprocessConfig, preprocess
 from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day
 from tests.launch import eval_record, launch, read_log
-from training import export, predict, serve
+from training import export, predict, quality_gate, serve
 from training.flags import parse_config
 from training.inference_model import ProbabilityModel, load_checkpoint_model, read_inputs
 from training.quality_gate import evaluate_variants
@@ -213,3 +218,101 @@ def test_export_bad_input_is_one_line(trained, tmp_path, capsys):
     assert export.main(["--checkpoint", trained["ckpt"], "--output", trained["model"]]) == 2
     assert "exists and is not empty" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == []  # nothing half-written
+
+
+class _CreatesFile:
+    """A pickle payload that creates a file when unpickled."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return exec, (f"open({self.path!r}, 'w').close()",)
+
+
+def _rewrite_member(archive: str, pattern: str, change) -> None:
+    """Replaces the archive members whose name matches ``pattern`` (at the end) by ``change(bytes)``."""
+    with zipfile.ZipFile(archive) as z:
+        members = [(info.filename, z.read(info.filename)) for info in z.infolist()]
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as z:
+        for name, data in members:
+            z.writestr(name, change(data) if re.search(pattern + "$", name) else data)
+
+
+def _one_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if "error" in line]
+    assert len(lines) == 1, stderr[-3000:]
+    return lines[0]
+
+
+def test_model_files_are_checked_and_never_run_code(trained, tmp_path, capsys):
+    """The manifest refuses damaged files by name; a crafted fp32.pt2 (whose manifest
+    matches) runs nothing; missing or truncated model files and a malformed inputs.json
+    are one line, exit 2, in predict, the quality gate and serve."""
+    model = str(tmp_path / "model")
+    shutil.copytree(trained["model"], model)
+    manifest = json.load(open(os.path.join(model, "manifest.json")))["files"]
+    assert sorted(manifest) == sorted(set(os.listdir(model)) - {"manifest.json"})
+    lines = str(tmp_path / "lines.tsv")
+    with open(lines, "w") as f:
+        f.write("1" + "\t1" * 13 + "\tab" * 26 + "\n")
+
+    def refused(*argv: str, module=predict) -> str:
+        assert module.main(["--model", model, *argv]) == 2
+        return _one_line(capsys.readouterr().err)
+
+    def rewrite_manifest() -> None:  # what someone crafting the directory would do
+        json.dump({"manifest_version": 1, "files": {
+            n: {"bytes": os.path.getsize(os.path.join(model, n)),
+                "sha256": hashlib.sha256(open(os.path.join(model, n), "rb").read()).hexdigest()}
+            for n in os.listdir(model) if n != "manifest.json"}}, open(os.path.join(model, "manifest.json"), "w"))
+
+    fp32 = os.path.join(model, "fp32.pt2")
+    original = open(fp32, "rb").read()
+    flipped = bytearray(original)
+    flipped[len(flipped) // 2] ^= 1
+    open(fp32, "wb").write(flipped)
+    assert f"{fp32}: its SHA-256 differs from the manifest's" in refused("--input", lines)
+
+    created = tmp_path / "payload_ran"
+    open(fp32, "wb").write(original)
+    payload = pickle.dumps(_CreatesFile(str(created)))
+
+    def pickled_weight(config: bytes) -> bytes:
+        entries = json.loads(config)
+        first = next(iter(entries["config"].values()))
+        first["use_pickle"] = True
+        return json.dumps(entries).encode()
+    _rewrite_member(fp32, "data/weights/model_weights_config.json", pickled_weight)
+    _rewrite_member(fp32, "data/weights/weight_0", lambda _: payload)
+    rewrite_manifest()
+    assert "fp32.pt2: refused: dlrm.sparse_arch.embedding_bag_collection.embedding_bags.t_cat_0.weight is " \
+           "stored as a pickled object" in refused("--input", lines)
+    assert not created.exists()
+    open(fp32, "wb").write(original)
+    _rewrite_member(fp32, "models/model.json", lambda d: json.dumps(
+        {**json.loads(d), "guards_code": [f"open({str(created)!r}, 'w') and True"]}).encode())
+    rewrite_manifest()
+    assert "fp32.pt2: refused: a guard is not a size comparison" in refused("--input", lines)
+    assert not created.exists()
+
+    int8 = os.path.join(model, "int8.pt")
+    _rewrite_member(int8, r"fx/graph_module/\w+\.py", lambda code: code.replace(
+        b"def forward(", b"def _unused(self) -> Tensor:\n    return torch.from_file('x', True, 4)\n  def forward(", 1))
+    rewrite_manifest()
+    assert "int8.pt: refused: its code uses from_file" in refused("--input", lines, "--variant", "int8")
+
+    open(fp32, "wb").write(original[: len(original) // 2])
+    os.remove(os.path.join(model, "manifest.json"))  # an export made before manifests: no size to compare
+    line = refused("--input", lines)
+    assert f"{fp32}: not a model archive (truncated or damaged?)" in line
+    os.remove(fp32)
+    assert f"{fp32}: missing or unreadable" in refused("--input", lines)
+    inputs = os.path.join(model, "inputs.json")
+    json.dump({**json.load(open(inputs)), "num_embeddings_per_feature": [10, 20]}, open(inputs, "w"))
+    assert f"{inputs}: num_embeddings_per_feature must be 26 positive integers" in refused("--input", lines)
+    assert f"{inputs}: num_embeddings_per_feature must be 26" in refused(module=quality_gate)
+    assert f"{inputs}: num_embeddings_per_feature must be 26" in refused("--port", "0", module=serve)
+    open(inputs, "w").write("[1, 2")
+    assert f"{inputs}: not an exported model's inputs description" in refused("--input", lines)

@@ -7,12 +7,19 @@ Layout of ``--checkpoint_dir``::
         .metadata                               DCP: model shards, optimizer state (two files a rank)
         rank_0.pt, rank_1.pt                    each rank's RNG states (tensors only)
         meta.json                               step, data position, config, plan
-        COMPLETE                                written last, once every rank is done
+        COMPLETE                                written last, once every rank is done: the
+                                                manifest (every file's size and SHA-256)
 
 A checkpoint counts only once COMPLETE exists, so a run killed mid-save leaves the
 previous complete checkpoint as the newest one. Older checkpoints are pruned only
-after a newer one is complete. Nothing here unpickles arbitrary objects: tensors come
-back through DCP or ``torch.load(weights_only=True)``, the rest is JSON.
+after a newer one is complete. Files are hashed as they are written; a load checks
+each file against the manifest before using it and refuses a damaged one by name.
+Checkpoints saved before manifests existed (COMPLETE holds "complete") load with a
+warning, unverified.
+
+Nothing here runs code from a file: ``.metadata`` goes through a restricted unpickler
+(training/dcp_metadata.py), tensors come back through DCP's ``torch.load(weights_only=True)``,
+the rest is JSON.
 """
 
 import contextlib
@@ -21,6 +28,8 @@ import json
 import os
 import random
 import re
+import sys
+import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Generator, Iterator, List, Optional, Tuple, Union
 
@@ -32,13 +41,21 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import WriteItem
 from iopath.common.file_io import g_pathmgr
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torchrec.distributed.planner.types import ParameterConstraints
 
+from common.manifest import (HashingStream, ManifestEntry, ManifestError, check_bytes, check_manifest_format,
+                             check_stream, entry_of_bytes)
 from training.config import TrainConfig
+from training.dcp_metadata import UnsafeMetadataError, load_metadata
+from training.failures import RankError
 
 FORMAT_VERSION = 1
 COMPLETE_MARKER = "COMPLETE"
 META_FILE = "meta.json"
+DCP_METADATA_FILE = ".metadata"
+MANIFEST_VERSION = 1
 _STEP_DIR = re.compile(r"step_(\d+)$")
 # dtypes Tensor.numpy() accepts (not bfloat16 and the like: DCP copies those).
 _NUMPY_DTYPES = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
@@ -49,23 +66,64 @@ class CheckpointError(ValueError):
     """A checkpoint cannot be used: missing, incomplete, corrupted or for another model."""
 
 
+class CheckpointSaveError(RankError):
+    """A checkpoint could not be written (a full disk, a lost mount); nothing complete was
+    replaced or removed."""
+
+
 def _join(path: str, name: str) -> str:
     return path.rstrip("/") + "/" + name
 
 
 class IOPathFileSystem(FileSystemBase):
-    """DCP storage on any path iopath can open (local files, or a registered remote handler)."""
+    """DCP storage on any path iopath can open (local files, or a registered remote handler).
+
+    Every file it writes is hashed on its way to disk: ``written`` maps each path (after
+    renames) to its manifest entry. A failed write is kept, not raised, until
+    `raise_write_errors`: DCP's writer threads drop exceptions (with a traceback), and
+    the checkpoint would then complete without the file.
+    """
+
+    def __init__(self) -> None:
+        self.written: Dict[str, ManifestEntry] = {}
+        self.write_errors: List[OSError] = []
 
     @contextlib.contextmanager
     def create_stream(self, path, mode: str) -> Generator:
-        with g_pathmgr.open(str(path), mode) as stream:
-            yield stream
+        if "w" not in mode:
+            with g_pathmgr.open(str(path), mode) as stream:
+                yield stream
+            return
+        try:
+            with g_pathmgr.open(str(path), mode) as stream:
+                hashing = HashingStream(stream)
+                yield hashing
+                hashing.close()
+        except OSError as e:  # a full disk fails at a write or at the close's flush
+            self.write_errors.append(OSError(e.errno, e.strerror, str(path)))
+            return
+        self.written[str(path)] = hashing.entry()
+
+    def raise_write_errors(self) -> None:
+        if self.write_errors:
+            raise self.write_errors[0]
 
     def concat_path(self, path, suffix: str) -> str:
         return _join(str(path), suffix)
 
     def rename(self, path, new_path) -> None:
+        if g_pathmgr.exists(str(new_path)):  # iopath refuses to replace a file (it logs and returns)
+            g_pathmgr.rm(str(new_path))
         g_pathmgr.mv(str(path), str(new_path))
+        if str(path) in self.written:
+            self.written[str(new_path)] = self.written.pop(str(path))
+
+    def write_file(self, path: str, write: Any) -> None:
+        """Writes ``path`` under a temporary name with ``write(stream)``, then renames it."""
+        with self.create_stream(path + ".tmp", "wb") as stream:
+            write(stream)
+        self.raise_write_errors()
+        self.rename(path + ".tmp", path)
 
     def init_path(self, path) -> str:
         return str(path)
@@ -100,6 +158,11 @@ class _IOPathWriter(FileSystemWriter):
         self.fs = IOPathFileSystem()
         self.path = path
 
+    def write_data(self, plan, planner):
+        written = super().write_data(plan, planner)
+        self.fs.raise_write_errors()  # inside DCP's collective step: every rank learns of it
+        return written
+
 
 class _NoCopySavePlanner(DefaultSavePlanner):
     """DCP clones every tensor whose storage is larger than the tensor itself, so that
@@ -116,10 +179,29 @@ class _NoCopySavePlanner(DefaultSavePlanner):
 
 
 class _IOPathReader(FileSystemReader):
-    def __init__(self, path: str) -> None:
+    """DCP's reader with the metadata read beforehand (`_read_dcp_metadata`, no code
+    runs) and each data file checked against the manifest before it is read."""
+
+    def __init__(self, path: str, metadata: Metadata, manifest: Optional[Dict[str, ManifestEntry]]) -> None:
         super().__init__(path)
         self.fs = IOPathFileSystem()
         self.path = path
+        self.metadata = metadata
+        self.manifest = manifest
+
+    def read_metadata(self) -> Metadata:  # no **kwargs: DCP then tries no per-rank metadata file
+        if getattr(self.metadata, "storage_meta", None) is None:
+            self.metadata.storage_meta = StorageMeta()
+        self.metadata.storage_meta.load_id = self.load_id
+        return self.metadata
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner):
+        if self.manifest is not None:
+            for name in sorted({self.storage_data[item.storage_index].relative_path for item in plan.items}):
+                file = _join(self.path, name)
+                with g_pathmgr.open(file, "rb") as stream:
+                    check_stream(stream, file, self.manifest.get(name))
+        return super().read_data(plan, planner)
 
 
 def _leaves(tree: Dict[str, Any], prefix: str = "") -> Iterator[Tuple[str, Dict[str, Any], str]]:
@@ -153,6 +235,62 @@ def is_complete(path: str) -> bool:
     return g_pathmgr.exists(_join(path, COMPLETE_MARKER))
 
 
+def read_manifest(path: str) -> Optional[Dict[str, ManifestEntry]]:
+    """The manifest of a complete checkpoint (its COMPLETE marker's content): file name ->
+    size and SHA-256. None for a checkpoint saved before manifests ("complete")."""
+    marker = _join(path, COMPLETE_MARKER)
+    try:
+        with g_pathmgr.open(marker, "r") as f:
+            text = f.read()
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {path}: its {COMPLETE_MARKER} marker is unreadable ({e})") from e
+    if text.strip() == "complete":
+        return None
+    try:
+        return check_manifest_format(json.loads(text), marker)
+    except (ValueError, json.JSONDecodeError) as e:  # ManifestError is a ValueError
+        raise CheckpointError(f"{marker}: not a checkpoint manifest (damaged?)") from e
+
+
+def _read_checked(path: str, name: str, manifest: Optional[Dict[str, ManifestEntry]]) -> bytes:
+    """The bytes of one file of the checkpoint, checked against the manifest."""
+    file = _join(path, name)
+    try:
+        with g_pathmgr.open(file, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {path}: {name} is missing or unreadable ({e.strerror or e})") from e
+    if manifest is not None:
+        try:
+            check_bytes(data, file, manifest.get(name))
+        except ManifestError as e:
+            raise CheckpointError(f"checkpoint file {e}") from e
+    return data
+
+
+def check_writable(directory: str) -> None:
+    """Raises CheckpointError unless files can be created in ``directory`` (made if
+    missing), so that a run learns it before training rather than at its first save."""
+    probe = _join(directory, f".write-test-{uuid.uuid4().hex}")
+    try:
+        g_pathmgr.mkdirs(directory)
+        with g_pathmgr.open(probe, "w") as f:
+            f.write("")
+        g_pathmgr.rm(probe)
+    except OSError as e:
+        raise CheckpointError(f"--checkpoint_dir {directory}: cannot write there ({e.strerror or e})") from e
+
+
+def _failure(error: BaseException) -> str:
+    """One line for a failure; a DCP CheckpointException gives its lowest failing rank's."""
+    where = ""
+    if isinstance(error, CheckpointException) and error.failures:
+        rank = min(error.failures)
+        where, error = f" (on rank {rank})", error.failures[rank][0]
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return (lines[0] if lines else type(error).__name__)[:300] + where
+
+
 def complete_checkpoints(directory: str) -> List[str]:
     """Complete checkpoints in ``directory``, oldest first."""
     if not g_pathmgr.exists(directory):
@@ -178,10 +316,10 @@ def read_meta(path: str) -> Dict[str, Any]:
     if not is_complete(path):
         raise CheckpointError(f"checkpoint {path} is incomplete (no {COMPLETE_MARKER} marker): "
                               "its save did not finish")
+    data = _read_checked(path, META_FILE, read_manifest(path))
     try:
-        with g_pathmgr.open(_join(path, META_FILE), "r") as f:
-            meta = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
+        meta = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"checkpoint {path}: {META_FILE} is unreadable ({e})") from e
     if meta.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path}: format version {meta.get('format_version')!r}, "
@@ -223,26 +361,45 @@ class CheckpointManager:
         self.rank = rank
 
     def save(self, step: int, state: Dict[str, Any], meta: Dict[str, Any]) -> str:
+        """Writes the checkpoint of ``step``; returns its path. Collective.
+
+        Raises CheckpointSaveError (one line) when the storage fails, e.g. a full disk:
+        the checkpoint stays incomplete and every complete one is kept.
+        """
         path = _join(self.directory, f"step_{step:09d}")
+        try:
+            self._save(path, step, state, meta)
+        except (OSError, CheckpointException) as e:
+            cause = e.failures[min(e.failures)][0] if isinstance(e, CheckpointException) and e.failures else e
+            if not isinstance(cause, OSError):
+                raise RuntimeError(f"saving checkpoint {path} failed: {e}") from e  # a bug: keep its traceback
+            raise CheckpointSaveError(f"saving checkpoint {path} failed: {_failure(e)}") from e
+        return path
+
+    def _save(self, path: str, step: int, state: Dict[str, Any], meta: Dict[str, Any]) -> None:
         if self.rank == 0:
             g_pathmgr.mkdirs(path)
             if is_complete(path):  # re-saving the same step: invalid until rewritten
                 g_pathmgr.rm(_join(path, COMPLETE_MARKER))
         _barrier()
-        dcp.save(flat_state(state), storage_writer=_IOPathWriter(path), planner=_NoCopySavePlanner())
-        rank_file = _join(path, f"rank_{self.rank}.pt")
-        with g_pathmgr.open(rank_file + ".tmp", "wb") as f:
-            torch.save(_rng_state(), f)
-        g_pathmgr.mv(rank_file + ".tmp", rank_file)
-        _barrier()  # every rank's files are written
+        writer = _IOPathWriter(path)  # hashes each file as its threads write it
+        dcp.save(flat_state(state), storage_writer=writer, planner=_NoCopySavePlanner())
+        writer.fs.raise_write_errors()  # .metadata, written by rank 0 after the collective steps
+        writer.fs.write_file(_join(path, f"rank_{self.rank}.pt"), lambda f: torch.save(_rng_state(), f))
+        files = {name[len(path) + 1:]: entry for name, entry in writer.fs.written.items()}
+        if dist.is_initialized() and dist.get_world_size() > 1:  # every rank's files are written
+            gathered: List[Dict[str, ManifestEntry]] = [{} for _ in range(dist.get_world_size())]
+            dist.all_gather_object(gathered, files)
+            files = {name: entry for rank_files in gathered for name, entry in rank_files.items()}
         if self.rank == 0:
-            with g_pathmgr.open(_join(path, META_FILE), "w") as f:
-                json.dump({"format_version": FORMAT_VERSION, "step": step, **meta}, f, indent=1)
-            with g_pathmgr.open(_join(path, COMPLETE_MARKER), "w") as f:
-                f.write("complete\n")
+            meta_json = json.dumps({"format_version": FORMAT_VERSION, "step": step, **meta}, indent=1).encode()
+            writer.fs.write_file(_join(path, META_FILE), lambda f: f.write(meta_json))
+            files[META_FILE] = entry_of_bytes(meta_json)
+            manifest = json.dumps({"manifest_version": MANIFEST_VERSION, "files": dict(sorted(files.items()))},
+                                  indent=1).encode()
+            writer.fs.write_file(_join(path, COMPLETE_MARKER), lambda f: f.write(manifest))
             self._prune(keep=path)
         _barrier()
-        return path
 
     def _prune(self, keep: str) -> None:
         if self.keep_last_n <= 0:
@@ -277,19 +434,26 @@ def load_checkpoint(path: str, state: Dict[str, Any], rank: int, restore_rng: bo
     """
     leaves = list(_leaves(state))
     flat = {name: container[key] for name, container, key in leaves}
+    manifest = read_manifest(path)
+    if manifest is None and rank == 0:
+        print(f"warning: checkpoint {path} has no manifest (saved before integrity checks): "
+              "its files are loaded unverified", file=sys.stderr, flush=True)
+    # Read here, on every rank before any collective: a missing, damaged or crafted file
+    # fails every rank alike with one line.
+    metadata_file = _join(path, DCP_METADATA_FILE)
     try:
-        dcp.load(flat, storage_reader=_IOPathReader(path))
+        metadata = load_metadata(_read_checked(path, DCP_METADATA_FILE, manifest), metadata_file)
+    except UnsafeMetadataError as e:
+        raise CheckpointError(f"checkpoint file {e}") from e
+    try:
+        dcp.load(flat, storage_reader=_IOPathReader(path, metadata, manifest))
     except (Exception, CheckpointException) as e:  # DCP gathers every rank's failure; report one line
-        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-        reason = lines[-1] if lines else type(e).__name__
-        raise CheckpointError(f"checkpoint {path} could not be loaded: {reason[:200]}") from e
+        raise CheckpointError(f"checkpoint {path} could not be loaded: {_failure(e)}") from e
     for name, container, key in leaves:  # tensors were filled in place; other values replaced
         container[key] = flat[name]
-    if restore_rng:
-        rank_file = _join(path, f"rank_{rank}.pt")
-        if g_pathmgr.exists(rank_file):
-            with g_pathmgr.open(rank_file, "rb") as f:
-                _set_rng_state(torch.load(f, weights_only=True))
+    rank_file = f"rank_{rank}.pt"
+    if restore_rng and (rank_file in manifest if manifest is not None else g_pathmgr.exists(_join(path, rank_file))):
+        _set_rng_state(torch.load(io.BytesIO(_read_checked(path, rank_file, manifest)), weights_only=True))
 
 
 def iter_differences(saved: Any, current: Any, prefix: str = "") -> Iterator[str]:

@@ -14,6 +14,7 @@ sharding plan it was saved with. MODEL_DIR receives:
                    with --dataset_path) and its transforms, each variant's file and size
     vocabulary.npz the preprocessing's vocabulary, when the data was made with a
                    frequency threshold
+    manifest.json  written last: every file's size and SHA-256 (training/model_files.py)
 
 Every variant maps (dense (B, num_dense) float32 transformed, sparse (B, sum of
 hotness) int64 ids: (B, 26) for Criteo) to click probabilities (B,). The directory is written under a temporary name and renamed
@@ -43,6 +44,7 @@ from sharding_plans.report import format_bytes
 from training.checkpoint import META_FILE, CheckpointError, newest_checkpoint
 from training.inference_model import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, INPUTS_FILE, ProbabilityModel,
                                       load_checkpoint_model)
+from training.model_files import write_manifest
 
 FP32_FILE = "fp32.pt2"
 QUANTIZED_DTYPES = {"fp16": torch.float16, "int8": torch.int8}
@@ -180,6 +182,7 @@ def export_model(checkpoint: str, output: str, quantize: List[str]) -> Dict[str,
             inputs["preprocessing"]["vocabulary"] = VOCABULARY_FILE
         with open(os.path.join(tmp, INPUTS_FILE), "w") as f:
             json.dump(inputs, f, indent=1)
+        write_manifest(tmp)  # last: every file's size and SHA-256
         if os.path.exists(output):
             os.rmdir(output)  # empty, checked above
         os.replace(tmp, output)

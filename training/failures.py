@@ -39,6 +39,11 @@ class Terminated(Exception):
     """SIGTERM arrived: a scheduler stops the job, or torchrun the ranks left behind."""
 
 
+class RankError(RuntimeError):
+    """A rank failure whose message says all there is to say (a full disk, say): reported
+    in one line, without a traceback."""
+
+
 @contextlib.contextmanager
 def raise_on_sigterm() -> Iterator[None]:
     """Inside the block, SIGTERM raises ``Terminated`` in the main thread, so that the
@@ -80,7 +85,7 @@ def report_rank_failure(prog: str, rank: int, world_size: int, where: str, error
     if _lost_a_peer(error):
         # The echo of another rank's failure: its traceback says nothing more.
         detail = f"lost contact with another rank, which probably stopped first ({detail})"
-    else:
+    elif not isinstance(error, RankError):
         traceback.print_exception(error, file=sys.stderr)
     return report(prog, f"rank {rank} of {world_size} failed at {where}: {detail}", EXIT_FAILED)
 

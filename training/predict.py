@@ -29,9 +29,11 @@ Python API::
     probabilities = predictor.predict(dense, sparse)  # Criteo: (N, 13) ints, (N, 26) uint32 hashes
 """
 
+import io
 import os
 import re
 import sys
+import zipfile
 from typing import List, Optional, Sequence, TextIO, Tuple
 
 import numpy as np
@@ -42,6 +44,7 @@ from data.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
 from data.criteo_tsv import NUM_CAT, NUM_FIELDS, NUM_INT, parse_criteo_lines
 from data.preprocess_criteo import DaySource, iter_line_chunks, transform_dense, transform_sparse
 from training.inference_model import CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, read_inputs
+from training.model_files import load_model_file, read_file, read_manifest
 
 VARIANTS = ("fp32", "fp16", "int8")
 
@@ -66,15 +69,16 @@ class Predictor:
     """
 
     def __init__(self, model_dir: str, variant: str = "fp32", batch_size: int = 4096) -> None:
-        inputs = read_inputs(model_dir)
+        if not os.path.isdir(model_dir):
+            raise ValueError(f"--model {model_dir}: no such directory")
+        manifest = read_manifest(model_dir)
+        inputs = read_inputs(model_dir, manifest)
         if variant not in inputs["variants"]:
             raise ValueError(f"{model_dir} has no {variant} model (it has {', '.join(inputs['variants'])})")
         if batch_size <= 0:
             raise ValueError(f"--batch_size must be positive, got {batch_size}")
         entry = inputs["variants"][variant]
-        path = os.path.join(model_dir, entry["file"])
-        self.model = (torch.export.load(path).module() if entry["format"] == "torch.export"
-                      else torch.jit.load(path))
+        self.model = load_model_file(model_dir, entry["file"], entry["format"], manifest)
         self.batch_size = batch_size
         self.num_dense = int(inputs["num_dense_features"])
         self.table_sizes = np.asarray(inputs["num_embeddings_per_feature"], dtype=np.int64)
@@ -90,8 +94,13 @@ class Predictor:
         self._modulo = None if modulo is None else np.asarray(modulo, dtype=np.int64)
         self._vocabulary: Optional[List[np.ndarray]] = None
         if preprocessing.get("vocabulary"):
-            with np.load(os.path.join(model_dir, preprocessing["vocabulary"])) as saved:
-                self._vocabulary = [saved[str(f)] for f in range(len(self.table_sizes))]
+            vocabulary = read_file(model_dir, preprocessing["vocabulary"], manifest)
+            try:  # np.load refuses pickled arrays by default
+                with np.load(io.BytesIO(vocabulary)) as saved:
+                    self._vocabulary = [saved[str(f)] for f in range(len(self.table_sizes))]
+            except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+                raise ValueError(f"{os.path.join(model_dir, preprocessing['vocabulary'])}: not the model's "
+                                 f"vocabulary ({type(e).__name__}: {e})") from e
 
     @property
     def num_sparse_columns(self) -> int:

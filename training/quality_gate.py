@@ -21,6 +21,7 @@ from common.cli import OneLineParser
 from data.criteo_binary import CriteoBinaryDataset
 from data.split_binary import SplitBinaryDataset
 from training.inference_model import FEATURE_SPEC_LAYOUT, read_inputs
+from training.model_files import read_manifest
 from training.predict import Predictor
 
 # Largest allowed |AUROC(variant) - AUROC(fp32)|.
@@ -47,7 +48,7 @@ class GateResult:
 def evaluate_variants(model_dir: str, data_dir: Optional[str] = None, limit_rows: Optional[int] = None) -> GateResult:
     """AUROC of every exported variant on the test split of ``data_dir`` (a binary Criteo
     directory, or the feature_spec.yaml of a model trained with --dataset_path)."""
-    inputs = read_inputs(model_dir)
+    inputs = read_inputs(model_dir, read_manifest(model_dir))
     data_dir = data_dir or inputs.get("data_path")
     if not data_dir:
         raise ValueError("--data is needed: the model was trained on random data")

@@ -28,6 +28,7 @@ from training.checkpoint import (
     CheckpointManager,
     RestorePoint,
     check_reshardable,
+    check_writable,
     find_restore_point,
     load_checkpoint,
     sharding_constraints,
@@ -81,6 +82,8 @@ class Trainer:
         # first: bad input fails on every rank alike, before any collective.
         dataset = open_dataset(config.data)
         restore = find_restore_point(config)
+        if config.checkpoint.checkpoint_dir and config.checkpoint.saving:
+            check_writable(config.checkpoint.checkpoint_dir)
         check_pipeline_supported(config.pipeline, env.device)
         # Model: identical dense init on every rank and world size (seeded here),
         # tables on the meta device until sharded.

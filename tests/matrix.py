@@ -422,9 +422,10 @@ def export_difference(checkpoint_dir: str, eager: torch.Tensor, out_dir: str) ->
     """Exports the newest checkpoint's fp32 program and returns its largest difference
     from the eager probabilities on the probe rows."""
     from training.export import FP32_FILE, export_model
+    from training.model_files import load_model_file, read_manifest
     with contextlib.redirect_stderr(io.StringIO()):
         export_model(checkpoint_dir, out_dir, [])
-    program = torch.export.load(os.path.join(out_dir, FP32_FILE)).module()
+    program = load_model_file(out_dir, FP32_FILE, "torch.export", read_manifest(out_dir))  # as predict loads it
     dense, ids = probe_inputs()
     with torch.no_grad():
         exported = program(dense, ids)

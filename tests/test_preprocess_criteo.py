@@ -143,14 +143,16 @@ def test_bad_lines_skip_counts_per_file(raw_days, tmp_path):
 
 def test_parser_reasons():
     good = ["1"] + ["2"] * 13 + ["0000000f"] * 26
-    lines = [good, good[:39], ["x"] + good[1:], good[:3] + ["-"] + good[4:], good[:20] + ["123456789"] + good[21:]]
+    lines = [good, good[:39], ["x"] + good[1:], good[:3] + ["-"] + good[4:], good[:20] + ["123456789"] + good[21:],
+             good[:5] + ["1" * 23] + good[6:]]
     chunk = parse_criteo_lines("".join("\t".join(l) + "\n" for l in lines).encode())
-    assert chunk.num_lines == 5 and len(chunk.labels) == 1
+    assert chunk.num_lines == 6 and len(chunk.labels) == 1
     assert chunk.bad_lines == [
         (1, "expected 40 tab-separated fields, found 39"),
         (2, "label must be 0 or 1"),
         (3, "integer feature 2 is not a decimal integer"),
         (4, "categorical feature 6 is not a hexadecimal hash"),
+        (5, "integer feature 4 is out of range: 23 digits (at most 18)"),
     ]
 
 
@@ -205,7 +207,10 @@ def _reference_parse(data: bytes):
         elif fields[0] not in (b"0", b"1"):
             bad.append((i, "label must be 0 or 1"))
         elif _first_bad(fields[1:14], _INT) is not None:
-            bad.append((i, f"integer feature {_first_bad(fields[1:14], _INT)} is not a decimal integer"))
+            k = _first_bad(fields[1:14], _INT)
+            digits = fields[1 + k].removeprefix(b"-")
+            bad.append((i, f"integer feature {k} is out of range: {len(digits)} digits (at most 18)"
+                        if len(digits) > 18 and digits.isdigit() else f"integer feature {k} is not a decimal integer"))
         elif _first_bad(fields[14:], _HEX) is not None:
             bad.append((i, f"categorical feature {_first_bad(fields[14:], _HEX)} is not a hexadecimal hash"))
         else:

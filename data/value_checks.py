@@ -62,11 +62,12 @@ class ValueFile:
 
 
 def _as_2d(array: np.ndarray) -> np.ndarray:
-    return array.reshape(len(array), -1)
+    """(rows, columns), with bool read as its bytes (a label byte of 2 is not True)."""
+    return (array.view(np.uint8) if array.dtype == np.bool_ else array).reshape(len(array), -1)
 
 
 def _as_unsigned(array: np.ndarray) -> np.ndarray:
-    """The same bytes as unsigned integers (bool as uint8): negatives become huge."""
+    """The same bytes as unsigned integers: negatives become huge."""
     return array.view(np.dtype(f"u{array.dtype.itemsize}"))
 
 
@@ -78,6 +79,7 @@ def _limits(kind: str, cardinalities: Optional[Sequence[int]]) -> Optional[np.nd
 
 def _all_valid(kind: str, array: np.ndarray, limits: Optional[np.ndarray]) -> bool:
     """The fast test of a block: True when every value is valid."""
+    array = _as_2d(array)
     if array.size == 0:
         return True
     if kind == DENSE:
@@ -97,7 +99,7 @@ def _invalid(kind: str, array: np.ndarray, limits: Optional[np.ndarray]) -> np.n
     array = _as_2d(array)
     if kind == DENSE:
         return ~np.isfinite(array.astype(np.float32))
-    values = array.astype(np.int64) if array.dtype != np.bool_ else _as_unsigned(array).astype(np.int64)
+    values = array.astype(np.int64)
     return (values < 0) if limits is None else (values < 0) | (values >= limits)
 
 

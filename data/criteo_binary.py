@@ -30,7 +30,7 @@ from data.criteo_layout import (
 )
 from data.multi_hot import open_npz_arrays
 from data.split_binary import SplitBinaryDataset
-from data.value_checks import DENSE, IDS, LABELS, DataValueError, ValueFile, check_value_files, first_invalid_row
+from data.value_checks import DENSE, IDS, LABELS, BatchValueCheck, DataValueError, ValueFile, check_value_files
 
 Arrays = Tuple[np.ndarray, Sparse, np.ndarray]
 
@@ -281,8 +281,7 @@ class CriteoBinaryLoader:
         self._limit = limit_batches
         self._builder = BatchBuilder(dataset.sparse_feature_names)
         self._modulo = self._modulo_sizes(num_embeddings_per_feature)
-        self._check_batches = mmap_mode
-        self._cardinalities = dataset.num_embeddings_per_feature
+        self._batch_check = BatchValueCheck(dataset.num_embeddings_per_feature) if mmap_mode else None
         self._epoch, self._start_batch = 0, 0
         self._in_memory: Optional[Arrays] = None
         if not mmap_mode:
@@ -308,7 +307,7 @@ class CriteoBinaryLoader:
     def _check_batch(self, batch: int, arrays: Arrays) -> None:
         """Raises DataValueError naming the file, row and column of the first invalid
         value of a batch read from the memory map."""
-        bad = first_invalid_row(*arrays, self._cardinalities)
+        bad = self._batch_check.first_invalid_row(*arrays)  # type: ignore[union-attr]
         if bad is None:
             return
         lo = self._layout.rows(batch)[0] + bad
@@ -342,7 +341,7 @@ class CriteoBinaryLoader:
                 sparse = _map_sparse(sparse, lambda a: a[lo : lo + size])
             else:
                 dense, sparse, labels = self._read_batch(b)
-                if self._check_batches:
+                if self._batch_check is not None:
                     self._check_batch(b, (dense, sparse, labels))
             if self._modulo is not None:
                 if isinstance(sparse, np.ndarray):

@@ -18,7 +18,7 @@ Example::
 """
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -89,7 +89,7 @@ def _all_valid(kind: str, array: np.ndarray, limits: Optional[np.ndarray]) -> bo
     if limits is None:
         return array.dtype.kind == "u" or int(array.min()) >= 0
     unsigned = _as_unsigned(array)
-    if int(limits.max()) <= np.iinfo(unsigned.dtype).max:
+    if limits.dtype != unsigned.dtype and int(limits.max()) <= np.iinfo(unsigned.dtype).max:
         limits = limits.astype(unsigned.dtype)  # compare without widening the block
     return not (unsigned >= limits).any()
 
@@ -135,29 +135,55 @@ def check_value_files(files: Sequence[ValueFile], start: int = 0, stop: Optional
                                  f"{_reason(file.kind, block[row, column], limit, file.declared_by)}")
 
 
-def first_invalid_row(dense: np.ndarray, sparse: Sparse, labels: np.ndarray,
-                      cardinalities: Optional[Sequence[int]]) -> Optional[int]:
-    """The index of the first row of a batch holding an invalid value, or None.
+class BatchValueCheck:
+    """Checks the values of batches as a loader reads them (``--mmap_mode``).
+
+    A batch's ids are compared in one operation: one-hot (rows, features) against the
+    cardinalities, or the per-feature bags, flattened together as int32, against
+    each value's cardinality (cached per batch shape).
 
     Args:
-        dense: (rows, numerical features).
-        sparse: one-hot ids (rows, features), or one (rows, hotness) array per feature.
-        labels: (rows,) or (rows, 1).
         cardinalities: one per feature, or None when the data set declares none.
 
     Example::
 
-        first_invalid_row(dense, sparse, labels, [1000] * 26)  # None: the batch is clean
+        check = BatchValueCheck([1000] * 26)
+        check.first_invalid_row(dense, sparse, labels)  # None: the batch is clean
     """
-    if isinstance(sparse, np.ndarray):
-        parts = [(IDS, sparse, _limits(IDS, cardinalities))]
-    else:
-        parts = [(IDS, part, None if cardinalities is None else np.asarray([c], dtype=np.int64))
-                 for part, c in zip(sparse, cardinalities or [None] * len(sparse))]
-    parts += [(DENSE, dense, None), (LABELS, labels, _limits(LABELS, None))]
-    if all(_all_valid(kind, array, limits) for kind, array, limits in parts):
-        return None
-    bad = np.zeros(len(dense), dtype=bool)
-    for kind, array, limits in parts:
-        bad |= _invalid(kind, array, limits).any(axis=1)
-    return int(np.flatnonzero(bad)[0])
+
+    def __init__(self, cardinalities: Optional[Sequence[int]]) -> None:
+        self._cardinalities = None if cardinalities is None else np.asarray(cardinalities, dtype=np.int64)
+        self._bag_limits: Dict[Tuple[int, ...], np.ndarray] = {}
+
+    def _ids(self, sparse: Sparse) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+        """(ids as one array, their limits) of one-hot ids or per-feature bags."""
+        if isinstance(sparse, np.ndarray) or self._cardinalities is None:
+            ids = sparse if isinstance(sparse, np.ndarray) else np.concatenate(
+                [np.asarray(part, dtype=np.int32).reshape(-1) for part in sparse])
+            return ids, _limits(IDS, self._cardinalities)
+        shape = (len(sparse[0]), *(part.shape[1] for part in sparse))
+        if shape not in self._bag_limits:
+            sizes = [shape[0] * hotness for hotness in shape[1:]]
+            self._bag_limits[shape] = np.repeat(self._cardinalities, sizes).astype(np.uint32)
+        ids = np.concatenate([np.asarray(part, dtype=np.int32).reshape(-1) for part in sparse])
+        return ids, self._bag_limits[shape]
+
+    def first_invalid_row(self, dense: np.ndarray, sparse: Sparse, labels: np.ndarray) -> Optional[int]:
+        """The index of the first row of a batch holding an invalid value, or None.
+
+        Args:
+            dense: (rows, numerical features).
+            sparse: one-hot ids (rows, features), or one (rows, hotness) array per feature.
+            labels: (rows,) or (rows, 1).
+        """
+        ids, limits = self._ids(sparse)
+        parts = [(IDS, ids, limits), (DENSE, dense, None), (LABELS, labels, _limits(LABELS, None))]
+        if all(_all_valid(kind, array, limits) for kind, array, limits in parts):
+            return None
+        bad = _invalid(DENSE, dense, None).any(axis=1) | _invalid(LABELS, labels, parts[2][2]).any(axis=1)
+        if isinstance(sparse, np.ndarray):
+            return int(np.flatnonzero(bad | _invalid(IDS, sparse, limits).any(axis=1))[0])
+        for f, part in enumerate(sparse):
+            bound = None if self._cardinalities is None else self._cardinalities[f : f + 1]
+            bad |= _invalid(IDS, part, bound).any(axis=1)
+        return int(np.flatnonzero(bad)[0])

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -335,3 +336,24 @@ def test_empty_split_and_unfinished_preprocessing_are_refused(tmp_path):
     open(os.path.join(directory, "day_0.done.json"), "w").close()
     with pytest.raises(ValueError, match=r"/d: preprocessing did not finish \(day markers but no metadata.json\)"):
         CriteoBinaryDataset(directory)
+
+
+def test_mmap_mode_stops_at_the_bad_batch_naming_the_file(layouts, tmp_path):
+    """--mmap_mode reads rows only batch by batch: the batch holding a bad id stops the
+    rank with one line naming rank, step, file, row and column (no traceback)."""
+    import shutil
+
+    from tests.launch import run_script
+
+    directory = str(tmp_path / "d")
+    shutil.copytree(layouts["one_hot"], directory)
+    message = _break_value("one_hot", directory, "negative id")
+    proc = run_script(["dlrm_main.py", "--in_memory_binary_criteo_path", directory, "--mmap_mode",
+                       "--batch_size", "100", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
+                       "--over_arch_layer_sizes", "8,1", "--log_path", str(tmp_path / "log.jsonl")])
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("dlrm_main.py: error:")]
+    assert len(errors) == 1 and re.fullmatch(
+        r"dlrm_main.py: error: rank 0 of 1 failed at step \d \(epoch 0, training\): DataValueError: (.*)",
+        errors[0]).group(1) == message, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr

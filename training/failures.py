@@ -29,6 +29,8 @@ from typing import Iterator, Optional
 
 import torch.distributed as dist
 
+from data.value_checks import DataValueError
+
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_NON_FINITE_LOSS = 3
@@ -80,7 +82,7 @@ def report_rank_failure(prog: str, rank: int, world_size: int, where: str, error
     if _lost_a_peer(error):
         # The echo of another rank's failure: its traceback says nothing more.
         detail = f"lost contact with another rank, which probably stopped first ({detail})"
-    else:
+    elif not isinstance(error, DataValueError):  # bad data met mid-run (--mmap_mode): its line says all
         traceback.print_exception(error, file=sys.stderr)
     return report(prog, f"rank {rank} of {world_size} failed at {where}: {detail}", EXIT_FAILED)
 

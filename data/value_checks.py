@@ -159,14 +159,14 @@ class BatchValueCheck:
         """(ids as one array, their limits) of one-hot ids or per-feature bags."""
         if isinstance(sparse, np.ndarray) or self._cardinalities is None:
             ids = sparse if isinstance(sparse, np.ndarray) else np.concatenate(
-                [np.asarray(part, dtype=np.int32).reshape(-1) for part in sparse])
+                [np.asarray(part, dtype=np.int32).reshape(-1) for part in sparse]).reshape(1, -1)
             return ids, _limits(IDS, self._cardinalities)
         shape = (len(sparse[0]), *(part.shape[1] for part in sparse))
         if shape not in self._bag_limits:
             sizes = [shape[0] * hotness for hotness in shape[1:]]
             self._bag_limits[shape] = np.repeat(self._cardinalities, sizes).astype(np.uint32)
         ids = np.concatenate([np.asarray(part, dtype=np.int32).reshape(-1) for part in sparse])
-        return ids, self._bag_limits[shape]
+        return ids.reshape(1, -1), self._bag_limits[shape]  # one row: a limit per value
 
     def first_invalid_row(self, dense: np.ndarray, sparse: Sparse, labels: np.ndarray) -> Optional[int]:
         """The index of the first row of a batch holding an invalid value, or None.

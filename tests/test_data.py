@@ -1,4 +1,4 @@
-"""Synthetic data generator, per-rank batch layout and the binary loader."""
+"""Synthetic data generator, per-rank batch layout, the binary loader, and what a data set must be."""
 
 import json
 import os
@@ -357,3 +357,21 @@ def test_mmap_mode_stops_at_the_bad_batch_naming_the_file(layouts, tmp_path):
         r"dlrm_main.py: error: rank 0 of 1 failed at step \d \(epoch 0, training\): DataValueError: (.*)",
         errors[0]).group(1) == message, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_batch_check_of_bags_with_different_cardinalities():
+    """The bags of a batch are compared at once, each id against its own feature's
+    cardinality: a clean batch passes, and the first bad row is found."""
+    from data.value_checks import BatchValueCheck
+
+    rng = np.random.default_rng(0)
+    cardinalities = [3, 1000, 20]
+    bags = [rng.integers(0, c, size=(64, k)).astype(dtype)
+            for c, k, dtype in zip(cardinalities, (1, 4, 2), (np.int8, np.int16, np.int8))]
+    dense, labels = np.zeros((64, 2), np.float16), np.ones(64, np.bool_)
+    check = BatchValueCheck(cardinalities)
+    assert check.first_invalid_row(dense, bags, labels) is None
+    bags[2][40, 1] = 20
+    bags[1][51, 0] = -1
+    assert check.first_invalid_row(dense, bags, labels) == 40
+    assert BatchValueCheck(None).first_invalid_row(dense, bags, labels) == 51

@@ -11,6 +11,7 @@ from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, SPARSE_F
 from data.multi_hot import MULTI_HOT_DISTRIBUTIONS, MultiHotExpander
 from data.random_data import RandomCriteoLoader
 from data.split_binary import SplitBinaryDataset
+from data.value_checks import check_value_files
 
 DATASET_NAMES = ("criteo_1t", "criteo_kaggle")
 SPLITS = ("train", "validation", "test")
@@ -126,14 +127,29 @@ class DataConfig:
 
 
 def open_dataset(config: DataConfig) -> Optional[Union[CriteoBinaryDataset, SplitBinaryDataset]]:
-    """The binary data set the flags name, or None for random data."""
+    """The binary data set the flags name, or None for random data.
+
+    Checks the files against their layout and what the data set declares (days,
+    rows, non-empty splits); and, unless ``mmap_mode`` (whose loaders check each batch
+    as they read it), every value: labels 0 or 1, finite dense values, ids from 0 to
+    the declared cardinality - 1 (`data.value_checks`). Every rank opens the same
+    files, so bad data fails on every rank alike.
+
+    Raises:
+        ValueError: one line naming the file (and row and column for a bad value).
+    """
+    dataset: Union[CriteoBinaryDataset, SplitBinaryDataset]
     if config.dataset_path is not None:
-        return SplitBinaryDataset(config.dataset_path)
-    if config.synthetic_multi_hot_criteo_path is not None:
-        return CriteoBinaryDataset(config.synthetic_multi_hot_criteo_path, multi_hot=True)
-    if config.in_memory_binary_criteo_path is None:
+        dataset = SplitBinaryDataset(config.dataset_path)
+    elif config.synthetic_multi_hot_criteo_path is not None:
+        dataset = CriteoBinaryDataset(config.synthetic_multi_hot_criteo_path, multi_hot=True)
+    elif config.in_memory_binary_criteo_path is not None:
+        dataset = CriteoBinaryDataset(config.in_memory_binary_criteo_path)
+    else:
         return None
-    return CriteoBinaryDataset(config.in_memory_binary_criteo_path)
+    if not config.mmap_mode:
+        check_value_files(dataset.value_files())
+    return dataset
 
 
 def build_loaders(

@@ -18,14 +18,19 @@ from torchrec.datasets.utils import Batch
 
 from data.batching import BatchBuilder, RankBatchLayout, Sparse
 from data.criteo_layout import (
+    DENSE_FEATURE_NAMES,
+    METADATA_FILE,
     NUM_DENSE_FEATURES,
     NUM_SPARSE_FEATURES,
     SPARSE_FEATURE_NAMES,
     day_file,
+    day_files_from,
+    multi_hot_file,
     read_metadata,
 )
-from data.multi_hot import multi_hot_file, open_npz_arrays
+from data.multi_hot import open_npz_arrays
 from data.split_binary import SplitBinaryDataset
+from data.value_checks import DENSE, IDS, LABELS, BatchValueCheck, DataValueError, ValueFile, check_value_files
 
 Arrays = Tuple[np.ndarray, Sparse, np.ndarray]
 
@@ -66,8 +71,10 @@ class CriteoBinaryDataset:
         self.directory = directory
         self.multi_hot = multi_hot
         self.metadata = read_metadata(directory)
+        listed = self._listed_days()
         self._days: List[Arrays] = []
-        while os.path.exists(day_file(directory, len(self._days), "dense")):
+        while (len(self._days) < listed if listed is not None
+               else os.path.exists(day_file(directory, len(self._days), "dense"))):
             self._days.append(self._open_day(len(self._days)))
         if len(self._days) < 2:
             raise ValueError(
@@ -76,6 +83,38 @@ class CriteoBinaryDataset:
             )
         self.rows_per_day = [d[0].shape[0] for d in self._days]
         self.day_starts = np.concatenate([[0], np.cumsum(self.rows_per_day)])
+        self._check_rows_per_day()
+        for split, (start, stop) in self.split_ranges().items():
+            if start == stop:
+                raise ValueError(f"{directory}: the {split} split has no rows "
+                                 f"(rows per day: {', '.join(map(str, self.rows_per_day))})")
+
+    def _listed_days(self) -> Optional[int]:
+        """The number of days metadata.json lists (None without one); refuses day files
+        beyond them and an unfinished preprocessing."""
+        if self.metadata is None:
+            markers = day_files_from(self.directory, 0)
+            if any(path.endswith(".done.json") for path in markers):
+                raise ValueError(f"{self.directory}: preprocessing did not finish (day markers but no "
+                                 f"{METADATA_FILE}); run it again")
+            return None
+        if "num_days" not in self.metadata:
+            return None
+        listed = int(self.metadata["num_days"])
+        leftovers = day_files_from(self.directory, listed)
+        if leftovers:
+            raise ValueError(f"{leftovers[0]}: not part of the data set ({METADATA_FILE} lists days 0 to "
+                             f"{listed - 1}); a leftover of an earlier data set? remove it")
+        return listed
+
+    def _check_rows_per_day(self) -> None:
+        listed = (self.metadata or {}).get("rows_per_day")
+        if listed is None:
+            return
+        for day, (rows, expected) in enumerate(zip(self.rows_per_day, listed)):
+            if rows != expected:
+                raise ValueError(f"{day_file(self.directory, day, 'dense')}: holds {rows} rows, "
+                                 f"but {METADATA_FILE} says day {day} has {expected}")
 
     def _open_day(self, day: int) -> Arrays:
         expected = {"dense": (np.float32, NUM_DENSE_FEATURES), "labels": (np.int32, 1)}
@@ -84,6 +123,8 @@ class CriteoBinaryDataset:
         arrays = {}
         for kind, (dtype, width) in expected.items():
             path = day_file(self.directory, day, kind)
+            if not os.path.exists(path):
+                raise ValueError(f"{path}: missing (day {day} of the data set)")
             try:
                 array = np.load(path, mmap_mode="r")
             except (OSError, ValueError) as e:
@@ -136,6 +177,24 @@ class CriteoBinaryDataset:
         middle = last_start + (end - last_start) // 2
         return {"train": (0, last_start), "validation": (last_start, middle), "test": (middle, end)}
 
+    def value_files(self) -> List[ValueFile]:
+        """Every day's dense, id and label arrays, with what their values must be."""
+        cardinalities = self.num_embeddings_per_feature
+        files = []
+        for day, (dense, sparse, labels) in enumerate(self._days):
+            first = int(self.day_starts[day])
+            files.append(ValueFile(day_file(self.directory, day, "dense"), dense, DENSE, DENSE_FEATURE_NAMES, first))
+            if isinstance(sparse, np.ndarray):
+                files.append(ValueFile(day_file(self.directory, day, "sparse"), sparse, IDS, SPARSE_FEATURE_NAMES,
+                                       first, cardinalities, f"in {METADATA_FILE}"))
+            else:
+                npz = multi_hot_file(self.directory, day)
+                files += [ValueFile(f"{npz} array '{f}'", part, IDS, [name] * part.shape[1], first,
+                                    None if cardinalities is None else [cardinalities[f]], f"in {METADATA_FILE}")
+                          for f, (name, part) in enumerate(zip(SPARSE_FEATURE_NAMES, sparse))]
+            files.append(ValueFile(day_file(self.directory, day, "labels"), labels, LABELS, ["label"], first))
+        return files
+
     @property
     def hotness(self) -> Optional[List[int]]:
         """Bag size per feature of multi-hot data, None for one-hot."""
@@ -186,7 +245,9 @@ class CriteoBinaryLoader:
             from this seed (identical on every rank): --shuffle_training_set.
         shuffle_batches_seed: when set, the order of batches is shuffled every epoch
             from (seed, epoch), identically on every rank: --shuffle_batches.
-        mmap_mode: read batches lazily from the memory map.
+        mmap_mode: read batches lazily from the memory map, checking each batch's
+            values as it is read (``data.value_checks``; in memory, ``open_dataset``
+            checks every file when the data set is opened).
         num_embeddings_per_feature: ids at or above a table's size are taken modulo it.
         limit_batches: stop after this many batches.
         expand: turns one-hot rows into multi-hot bags (``--multi_hot_sizes``).
@@ -220,6 +281,7 @@ class CriteoBinaryLoader:
         self._limit = limit_batches
         self._builder = BatchBuilder(dataset.sparse_feature_names)
         self._modulo = self._modulo_sizes(num_embeddings_per_feature)
+        self._batch_check = BatchValueCheck(dataset.num_embeddings_per_feature) if mmap_mode else None
         self._epoch, self._start_batch = 0, 0
         self._in_memory: Optional[Arrays] = None
         if not mmap_mode:
@@ -241,6 +303,17 @@ class CriteoBinaryLoader:
         if self._permutation is None:
             return self._dataset.read(self._start + lo, self._start + hi)
         return self._dataset.take(self._permutation[lo:hi])
+
+    def _check_batch(self, batch: int, arrays: Arrays) -> None:
+        """Raises DataValueError naming the file, row and column of the first invalid
+        value of a batch read from the memory map."""
+        bad = self._batch_check.first_invalid_row(*arrays)  # type: ignore[union-attr]
+        if bad is None:
+            return
+        lo = self._layout.rows(batch)[0] + bad
+        row = self._start + lo if self._permutation is None else int(self._permutation[lo])
+        check_value_files(self._dataset.value_files(), row, row + 1)  # raises, naming the file
+        raise DataValueError(f"row {row} of the data set holds an invalid value")
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """Selects the batch order of ``epoch`` (with --shuffle_batches) and where the
@@ -268,6 +341,8 @@ class CriteoBinaryLoader:
                 sparse = _map_sparse(sparse, lambda a: a[lo : lo + size])
             else:
                 dense, sparse, labels = self._read_batch(b)
+                if self._batch_check is not None:
+                    self._check_batch(b, (dense, sparse, labels))
             if self._modulo is not None:
                 if isinstance(sparse, np.ndarray):
                     sparse = np.remainder(sparse, self._modulo)

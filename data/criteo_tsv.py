@@ -184,12 +184,23 @@ def _parse_hex(padded: np.ndarray, words_after: np.ndarray, tabs: np.ndarray,
     return values, ok
 
 
+def _int_reason(buf: np.ndarray, separators: np.ndarray, lengths: np.ndarray, feature: int) -> str:
+    """Why integer feature ``feature`` of a line (its separators and field lengths) was
+    rejected: too many digits for int64, or not a decimal integer at all."""
+    end = int(separators[1 + feature])
+    digits = buf[end - int(lengths[feature]) : end].tobytes().removeprefix(b"-")
+    if len(digits) > MAX_INT_DIGITS and digits.isdigit():
+        return f"integer feature {feature} is out of range: {len(digits)} digits (at most {MAX_INT_DIGITS})"
+    return f"integer feature {feature} is not a decimal integer"
+
+
 def parse_criteo_lines(data: bytes) -> ParsedChunk:
     """Parses whole lines (a missing final newline is allowed).
 
     A line is rejected, with a reason, when it does not have 40 fields, its label is
-    not 0 or 1, an integer feature is not a decimal integer, or a categorical feature
-    is not a hexadecimal hash of at most 8 digits.
+    not 0 or 1, an integer feature is not a decimal integer or has more than 18 digits
+    (out of the int64 range), or a categorical feature is not a hexadecimal hash of at
+    most 8 digits.
     """
     if data and not data.endswith(b"\n"):
         data += b"\n"
@@ -249,7 +260,7 @@ def parse_criteo_lines(data: bytes) -> ParsedChunk:
         return ParsedChunk(dense, sparse, labels, bad, num_lines)
     reasons = [
         (~label_ok, lambda i: "label must be 0 or 1"),
-        (~dense_ok.all(axis=1), lambda i: f"integer feature {int(np.argmin(dense_ok[i]))} is not a decimal integer"),
+        (~dense_ok.all(axis=1), lambda i: _int_reason(buf, line_separators[i], lengths[i], int(np.argmin(dense_ok[i])))),
         (~sparse_ok.all(axis=1), lambda i: f"categorical feature {int(np.argmin(sparse_ok[i]))} is not a hexadecimal hash"),
     ]
     rejected = np.zeros(len(good), dtype=bool)

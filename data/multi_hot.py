@@ -19,12 +19,9 @@ from typing import List, Sequence
 
 import numpy as np
 
+
 MULTI_HOT_DISTRIBUTIONS = ("uniform", "pareto")
 _OFFSET_ROWS = 65536
-
-
-def multi_hot_file(directory: str, day: int) -> str:
-    return os.path.join(directory, f"day_{day}_sparse_multi_hot.npz")
 
 
 class MultiHotExpander:

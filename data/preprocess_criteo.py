@@ -24,7 +24,11 @@ both cases), or else the hash's low 31 bits.
 
 Each output is written under a temporary name and renamed when complete; a day's
 marker ``day_{i}.done.json`` is written last, so a killed run is resumed by running
-the same command again: finished days are skipped.
+the same command again: finished days (same input, same settings, files of the size
+the marker's row count gives) are skipped. A run removes what an earlier run into the
+same directory left and it does not own: metadata.json until it is rewritten at the
+end, day files beyond its own days, and an unused vocabulary. An empty day (no lines,
+or only bad ones) is refused.
 """
 
 import gzip
@@ -36,20 +40,25 @@ import re
 import struct
 import sys
 import time
+import zlib
+from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from common.cli import OneLineParser, int_list
-from data.criteo_layout import METADATA_FILE, NUM_SPARSE_FEATURES, day_file, write_json_atomic
+from data.criteo_layout import (METADATA_FILE, NUM_SPARSE_FEATURES, day_file, done_marker, remove_day_files_from,
+                                write_json_atomic)
 from data.criteo_tsv import NUM_INT, parse_criteo_lines
 
 DATASET_NAMES = ("criteo_1t", "criteo_kaggle")
 DENSE_OFFSET = 3.0
 VOCABULARY_FILE = "vocabulary.npz"
 RAW_ID_MASK = np.uint32(0x7FFF_FFFF)
+RAW_DAY_FILE = re.compile(r"day_(\d+)(\.gz)?")  # criteo_1t input day files
 _NPY_HEADER_BYTES = 128
+_DAY_ARRAYS = {"dense": (np.float32, NUM_INT), "sparse": (np.int32, NUM_SPARSE_FEATURES), "labels": (np.int32, 1)}
 ProgressFn = Callable[[int, int], None]  # (bytes, lines) just processed
 
 
@@ -132,8 +141,23 @@ class DaySource:
                 "first_line": self.first_line, "num_lines": self.num_lines}
 
 
-def _open(path: str):
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+def read_blocks(path: str, block_bytes: int) -> Iterator[bytes]:
+    """The bytes of a file (decompressed when it ends in .gz), a block at a time.
+
+    Raises:
+        ValueError: naming the file, when it cannot be read, is not gzip data, or is
+            a truncated .gz.
+    """
+    try:
+        with gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb") as f:
+            while block := f.read(block_bytes):
+                yield block
+    except EOFError as e:
+        raise ValueError(f"{path}: truncated (the compressed data ends early)") from e
+    except (gzip.BadGzipFile, zlib.error) as e:
+        raise ValueError(f"{path}: not valid gzip data ({e})") from e
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read ({e.strerror or e})") from e
 
 
 def _newline_positions(data: bytes) -> np.ndarray:
@@ -145,9 +169,9 @@ def iter_line_chunks(source: DaySource, chunk_bytes: int) -> Iterator[Tuple[int,
     skip, left = source.first_line, source.num_lines
     line = 0
     carry = b""
-    with _open(source.path) as f:
+    with closing(read_blocks(source.path, chunk_bytes)) as blocks:
         while left is None or left > 0:
-            block = f.read(chunk_bytes)
+            block = next(blocks, b"")
             data = carry + block
             if not block:
                 if data:  # a last line without newline
@@ -179,10 +203,9 @@ def iter_line_chunks(source: DaySource, chunk_bytes: int) -> Iterator[Tuple[int,
 
 def _count_lines(path: str, chunk_bytes: int) -> int:
     count, last = 0, b"\n"
-    with _open(path) as f:
-        while block := f.read(chunk_bytes):
-            count += block.count(b"\n")
-            last = block[-1:]
+    for block in read_blocks(path, chunk_bytes):
+        count += block.count(b"\n")
+        last = block[-1:]
     return count + (last != b"\n")
 
 
@@ -196,11 +219,14 @@ def discover_sources(config: PreprocessConfig) -> List[DaySource]:
         else:
             raise ValueError(f"--input_dir {config.input_dir}: no train.txt or train.txt.gz (criteo_kaggle)")
         total = _count_lines(path, config.chunk_bytes)
+        if total < config.kaggle_days:
+            raise ValueError(f"{path}: {total} lines, fewer than the {config.kaggle_days} days "
+                             "(--kaggle_days) it is cut into")
         bounds = [total * d // config.kaggle_days for d in range(config.kaggle_days + 1)]
         return [DaySource(d, path, bounds[d], bounds[d + 1] - bounds[d], total) for d in range(config.kaggle_days)]
     found: Dict[int, str] = {}
     for name in os.listdir(config.input_dir):
-        match = re.fullmatch(r"day_(\d+)(\.gz)?", name)
+        match = RAW_DAY_FILE.fullmatch(name)
         if match:
             day = int(match.group(1))
             if day in found:
@@ -264,24 +290,47 @@ class _NpyWriter:
 
     def __init__(self, path: str, dtype: np.dtype, width: int) -> None:
         self.path, self.dtype, self.width, self.rows = path, np.dtype(dtype), width, 0
-        self._file = open(path, "wb")
-        self._file.write(self._header())
+        with self._naming_errors():
+            self._file = open(path, "wb")
+            self._file.write(self._header())
+
+    @staticmethod
+    def file_size(rows: int, dtype: np.dtype, width: int) -> int:
+        """Bytes of a complete file of ``rows`` rows."""
+        return _NPY_HEADER_BYTES + rows * width * np.dtype(dtype).itemsize
 
     def _header(self) -> bytes:
         text = "{'descr': %r, 'fortran_order': False, 'shape': (%d, %d), }" % (self.dtype.str, self.rows, self.width)
         text = text.ljust(_NPY_HEADER_BYTES - 10 - 1) + "\n"
         return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode("latin1")
 
+    @contextmanager
+    def _naming_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as e:  # a full disk, say: name the file
+            raise OSError(f"{self.path}: cannot write ({e.strerror or e})") from e
+
     def append(self, rows: np.ndarray) -> None:
-        self._file.write(memoryview(np.ascontiguousarray(rows, dtype=self.dtype)).cast("B"))
+        with self._naming_errors():
+            self._file.write(memoryview(np.ascontiguousarray(rows, dtype=self.dtype)).cast("B"))
         self.rows += len(rows)
 
     def close(self) -> None:
-        self._file.seek(0)
-        self._file.write(self._header())
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        with self._naming_errors():
+            self._file.seek(0)
+            self._file.write(self._header())
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+
+    def discard(self) -> None:
+        """Closes and removes the unfinished file (its unwritten buffer is dropped)."""
+        try:
+            self._file.close()
+        except OSError:
+            pass  # the buffered bytes that could not be written: the file goes anyway
+        os.remove(self.path)
 
 
 def transform_dense(dense_raw: np.ndarray) -> np.ndarray:
@@ -320,11 +369,7 @@ def transform_source(source: DaySource, config: PreprocessConfig, vocabulary: Op
     """Writes one day's three files (temporary names, renamed when complete)."""
     sizes = None if config.num_embeddings_per_feature is None else np.asarray(config.num_embeddings_per_feature)
     finals = {k: day_file(config.output_dir, source.day, k) for k in ("dense", "sparse", "labels")}
-    writers = {
-        "dense": _NpyWriter(finals["dense"] + ".tmp", np.float32, NUM_INT),
-        "sparse": _NpyWriter(finals["sparse"] + ".tmp", np.int32, NUM_SPARSE_FEATURES),
-        "labels": _NpyWriter(finals["labels"] + ".tmp", np.int32, 1),
-    }
+    writers = {kind: _NpyWriter(finals[kind] + ".tmp", dtype, width) for kind, (dtype, width) in _DAY_ARRAYS.items()}
     bad = [0]
     max_ids = np.zeros(NUM_SPARSE_FEATURES, dtype=np.int64)
     try:
@@ -339,32 +384,37 @@ def transform_source(source: DaySource, config: PreprocessConfig, vocabulary: Op
             writer.close()
     except BaseException:
         for writer in writers.values():
-            writer._file.close()
-            os.remove(writer.path)
+            writer.discard()
         raise
+    rows = writers["labels"].rows
+    if rows == 0:
+        for writer in writers.values():
+            os.remove(writer.path)
+        where = source.path if source.num_lines is None else f"{source.path} (day {source.day})"
+        what = f"all {bad[0]} lines are bad (--on_bad_lines skip)" if bad[0] else "no lines"
+        raise ValueError(f"{where}: {what}; every day needs rows (the last one is validation and test)")
     for kind, writer in writers.items():
         os.replace(writer.path, finals[kind])
-    return DayResult(source.day, writers["labels"].rows, bad[0], max_ids.tolist())
+    return DayResult(source.day, rows, bad[0], max_ids.tolist())
 
 
 # ---------------------------------------------------------------- orchestration
 
-def _marker_path(output_dir: str, day: int) -> str:
-    return os.path.join(output_dir, f"day_{day}.done.json")
-
-
 def _finished(config: PreprocessConfig, source: DaySource) -> Optional[DayResult]:
     """The recorded result of a day already written with these settings, if any."""
     try:
-        with open(_marker_path(config.output_dir, source.day)) as f:
+        with open(done_marker(config.output_dir, source.day)) as f:
             marker = json.load(f)
     except (OSError, json.JSONDecodeError):
         return None
     if marker.get("fingerprint") != config.fingerprint() or marker.get("source") != source.signature():
         return None
-    if not all(os.path.exists(day_file(config.output_dir, source.day, k)) for k in ("dense", "sparse", "labels")):
-        return None
-    return DayResult(source.day, marker["rows"], marker["bad_lines"], marker["max_ids"])
+    rows = marker["rows"]
+    for kind, (dtype, width) in _DAY_ARRAYS.items():
+        path = day_file(config.output_dir, source.day, kind)
+        if not os.path.exists(path) or os.path.getsize(path) != _NpyWriter.file_size(rows, dtype, width):
+            return None  # missing or truncated since: written again
+    return DayResult(source.day, rows, marker["bad_lines"], marker["max_ids"])
 
 
 class _Progress:
@@ -463,8 +513,13 @@ def _load_or_build_vocabulary(config: PreprocessConfig, train: List[DaySource]) 
         ids, counts = _merge_counts([day[f] for day in per_day])
         vocabulary.append(ids[counts >= config.frequency_threshold].astype(np.uint32))
     tmp = path + ".tmp.npz"
-    np.savez(tmp, signature=json.dumps(signature), **{str(f): v for f, v in enumerate(vocabulary)})
-    os.replace(tmp, path)
+    try:
+        np.savez(tmp, signature=json.dumps(signature), **{str(f): v for f, v in enumerate(vocabulary)})
+        os.replace(tmp, path)
+    except OSError as e:  # a full disk, say: name the file
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise OSError(f"{path}: cannot write ({e.strerror or e})") from e
     return vocabulary
 
 
@@ -473,6 +528,15 @@ def preprocess(config: PreprocessConfig) -> Dict[str, object]:
     config.validate()
     sources = discover_sources(config)
     os.makedirs(config.output_dir, exist_ok=True)
+    # What an earlier run left that this one will not own: its metadata (rewritten at
+    # the end), the days beyond this run's, and a vocabulary this run does not use.
+    stale = [os.path.join(config.output_dir, METADATA_FILE)]
+    if config.frequency_threshold == 0:
+        stale.append(os.path.join(config.output_dir, VOCABULARY_FILE))
+    for path in stale:
+        if os.path.exists(path):
+            os.remove(path)
+    remove_day_files_from(config.output_dir, len(sources))
     vocabulary = None
     if config.frequency_threshold > 0:
         vocabulary = _load_or_build_vocabulary(config, sources[:-1])  # training days only
@@ -489,7 +553,7 @@ def preprocess(config: PreprocessConfig) -> Dict[str, object]:
                                  "writing day files"):
             results[result.day] = result
             source = sources[result.day]
-            write_json_atomic(_marker_path(config.output_dir, result.day), {
+            write_json_atomic(done_marker(config.output_dir, result.day), {
                 "fingerprint": config.fingerprint(), "source": source.signature(), **asdict(result)})
     ordered = [results[s.day] for s in sources]
     if vocabulary is not None:

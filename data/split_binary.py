@@ -11,7 +11,8 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from data.feature_spec import FeatureSpec
+from data.feature_spec import FeatureSpec, FeatureSpecError
+from data.value_checks import DENSE, IDS, LABELS, ValueFile
 
 Arrays = Tuple[np.ndarray, List[np.ndarray], np.ndarray]
 
@@ -41,6 +42,7 @@ class SplitBinaryDataset:
         self.spec = FeatureSpec.load(spec_path)
         rows = self.spec.check_split_binary_files()
         self._mappings: Dict[str, Dict[str, Tuple[np.ndarray, int]]] = {}
+        self._value_files: List[ValueFile] = []
         for mapping, chunks in self.spec.source_spec.items():
             where: Dict[str, Tuple[np.ndarray, int]] = {}
             for chunk in chunks:
@@ -48,8 +50,29 @@ class SplitBinaryDataset:
                 array = _open(self.spec.file_path(chunk.files[0]), dtype, rows[mapping], width)
                 for column, name in enumerate(chunk.features):
                     where[name] = (array, column)
+                self._value_files.append(self._value_file(chunk.files[0], chunk.features, array,
+                                                          0 if mapping == "train" else rows["train"]))
             self._mappings[mapping] = where
         self._rows = [rows["train"], rows["test"]]
+        for split, (start, stop) in self.split_ranges().items():
+            if start == stop:
+                raise FeatureSpecError(f"{spec_path}: the {split} split has no rows (train mapping: "
+                                       f"{rows['train']} rows, test mapping: {rows['test']}, halved)")
+
+    def _value_file(self, relative: str, features: List[str], array: np.ndarray, first_row: int) -> ValueFile:
+        channel = self.spec.channel_of(features[0])
+        path = self.spec.file_path(relative)
+        if channel == "numerical":
+            return ValueFile(path, array, DENSE, list(features), first_row)
+        if channel == "label":
+            return ValueFile(path, array, LABELS, list(features), first_row)
+        name = features[0]
+        return ValueFile(path, array, IDS, [name] * array.shape[1], first_row,
+                         [int(self.spec.feature_spec[name]["cardinality"])], f"in {self.spec.path}")
+
+    def value_files(self) -> List[ValueFile]:
+        """Every file's array, with what its values must be (``data.value_checks``)."""
+        return list(self._value_files)
 
     @property
     def sparse_feature_names(self) -> List[str]:

@@ -30,7 +30,9 @@ from data.criteo_layout import (
     NUM_DENSE_FEATURES,
     NUM_SPARSE_FEATURES,
     day_file,
+    multi_hot_file,
     read_metadata,
+    remove_day_files_from,
     write_json_atomic,
 )
 
@@ -182,6 +184,21 @@ def write_raw_day(spec: SyntheticCriteoSpec, path: str, day: int) -> int:
     return spec.rows_per_day
 
 
+def write_raw_days(spec: SyntheticCriteoSpec, output_dir: str, suffix: str = "") -> None:
+    """Writes raw day files ``day_0{suffix}`` ... into output_dir, removing the raw day
+    files it holds from an earlier run (more days, or the other compression), which
+    preprocessing would otherwise read as input."""
+    from data.preprocess_criteo import RAW_DAY_FILE
+
+    os.makedirs(output_dir, exist_ok=True)
+    names = {f"day_{day}{suffix}" for day in range(spec.num_days)}
+    for name in os.listdir(output_dir):
+        if RAW_DAY_FILE.fullmatch(name) and name not in names:
+            os.remove(os.path.join(output_dir, name))
+    for day in range(spec.num_days):
+        write_raw_day(spec, os.path.join(output_dir, f"day_{day}{suffix}"), day)
+
+
 def _write_day(spec: SyntheticCriteoSpec, model: _HiddenModel, output_dir: str, day: int) -> int:
     """Writes one day's three files under temporary names, then renames them; returns positives."""
     rng = np.random.default_rng([spec.seed, 1, day])
@@ -208,6 +225,16 @@ def _write_day(spec: SyntheticCriteoSpec, model: _HiddenModel, output_dir: str, 
     return positives
 
 
+def _start_replacing(output_dir: str) -> str:
+    """Removes the directory's metadata.json (the data set there is not complete until
+    it is rewritten); returns its path."""
+    os.makedirs(output_dir, exist_ok=True)
+    metadata_path = os.path.join(output_dir, METADATA_FILE)
+    if os.path.exists(metadata_path):
+        os.remove(metadata_path)
+    return metadata_path
+
+
 def _spec_record(spec: SyntheticCriteoSpec) -> Dict[str, object]:
     return dataclasses.asdict(spec)
 
@@ -231,10 +258,8 @@ def generate_synthetic_criteo(
     existing = read_metadata(output_dir) if os.path.isdir(output_dir) else None
     if existing is not None and existing.get("generator") == _spec_record(spec):
         return existing
-    os.makedirs(output_dir, exist_ok=True)
-    metadata_path = os.path.join(output_dir, METADATA_FILE)
-    if os.path.exists(metadata_path):
-        os.remove(metadata_path)  # the old data set is being replaced: not complete until rewritten
+    metadata_path = _start_replacing(output_dir)
+    remove_day_files_from(output_dir, spec.num_days)  # an earlier, longer data set's days
     model = _hidden_model(spec)
     days = range(spec.num_days)
     if show_progress:
@@ -265,8 +290,11 @@ def generate_multi_hot_criteo(spec: SyntheticCriteoSpec, output_dir: str, hotnes
     bag holds the one-hot data's id first, then ids from `MultiHotExpander`."""
     import shutil
 
-    from data.multi_hot import MultiHotExpander, multi_hot_file, write_multi_hot_npz
+    from data.multi_hot import MultiHotExpander, write_multi_hot_npz
 
+    spec.validate()
+    metadata_path = _start_replacing(output_dir)
+    remove_day_files_from(output_dir, spec.num_days)
     one_hot_dir = os.path.join(output_dir, ".one_hot")
     metadata = generate_synthetic_criteo(spec, one_hot_dir, show_progress=False)
     expand = MultiHotExpander(hotness, spec.cardinalities, distribution, spec.seed)
@@ -277,7 +305,7 @@ def generate_multi_hot_criteo(spec: SyntheticCriteoSpec, output_dir: str, hotnes
             shutil.copyfile(day_file(one_hot_dir, day, kind), day_file(output_dir, day, kind))
     shutil.rmtree(one_hot_dir)
     metadata = {**metadata, "multi_hot_sizes": list(hotness), "multi_hot_distribution_type": distribution}
-    write_json_atomic(os.path.join(output_dir, METADATA_FILE), metadata)
+    write_json_atomic(metadata_path, metadata)
     return metadata
 
 
@@ -314,10 +342,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         if args.format != "binary":
             spec.validate()
-            os.makedirs(args.output_dir, exist_ok=True)
             suffix = ".gz" if args.format == "tsv.gz" else ""
-            for day in range(spec.num_days):
-                write_raw_day(spec, os.path.join(args.output_dir, f"day_{day}{suffix}"), day)
+            write_raw_days(spec, args.output_dir, suffix)
             print(f"raw Criteo TSV: {spec.num_days} days of {spec.rows_per_day} lines at {args.output_dir}")
             return 0
         metadata = generate_synthetic_criteo(spec, args.output_dir)

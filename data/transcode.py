@@ -8,7 +8,9 @@ order, a multi-hot feature of hotness k taking k columns. Files are read in bloc
 written into a temporary directory next to ``--output`` which then replaces it:
 re-running replaces the output instead of appending to it, and a failed run leaves
 the previous output untouched. ``cardinality: auto`` becomes the largest id + 1 over
-both mappings; a declared cardinality at or below an id in the data is an error.
+both mappings; a declared cardinality at or below an id in the data is an error, and
+so are labels other than 0 or 1, numerical values that are NaN, infinite or beyond
+float16's range, and a mapping without rows.
 """
 
 import itertools
@@ -70,7 +72,7 @@ class _Columns:
             values = block[:, column : column + width]
             column += width
             if channel == "numerical":
-                data = values.astype(np.float16)
+                data = self._numerical(name, values, path, line)
             elif channel == "label":
                 bad = np.flatnonzero((values != 0) & (values != 1))
                 if bad.size:
@@ -81,6 +83,20 @@ class _Columns:
                 data = self._ids(name, values, path, line)
             with open(self.part(name), "ab") as f:
                 f.write(np.ascontiguousarray(data).tobytes())
+
+    @staticmethod
+    def _numerical(name: str, values: np.ndarray, path: str, line: int) -> np.ndarray:
+        """float16 values; NaN, infinity and values beyond float16's range are refused."""
+        with np.errstate(over="ignore"):  # an overflow is reported below, with its line
+            data = values.astype(np.float16)
+        bad = np.flatnonzero(~np.isfinite(data).reshape(-1))
+        if bad.size:
+            value = float(values.reshape(-1)[bad[0]])
+            why = (f"is {value}; numerical values must be finite" if not np.isfinite(value) else
+                   f"is {value:g}, beyond float16's range (+-{float(np.finfo(np.float16).max):g}) "
+                   "that split_binary stores")
+            raise TranscodeError(f"{path}: line {line + bad[0]}: feature {name!r} {why}")
+        return data
 
     def _ids(self, name: str, values: np.ndarray, path: str, line: int) -> np.ndarray:
         declared = self.spec.feature_spec[name]["cardinality"]
@@ -108,6 +124,8 @@ def _read_mapping(spec: FeatureSpec, input_dir: str, mapping: str, columns: _Col
             for line, block in csv_blocks(path, block_rows, width):
                 columns.append(chunk, block, path, line)
                 count += block.shape[0]
+        if count == 0:
+            raise TranscodeError(f"{spec.path}: source_spec {mapping} chunk {i}: its files hold no rows")
         if rows is not None and count != rows:
             raise FeatureSpecError(f"{spec.path}: source_spec {mapping} chunk {i} files hold {count} rows "
                                    f"but chunk 0 files hold {rows}")

@@ -281,3 +281,31 @@ def test_bad_csv_line_is_named_exactly(tmp_path, bad, reason):
         transcode(csv_dir, "feature_spec.yaml", str(tmp_path / "bin"), block_rows=100)
     assert str(error.value) == f"{path}: line 150: {reason}"
     assert not os.path.exists(tmp_path / "bin")
+
+
+@pytest.mark.parametrize("bad, reason", [
+    ("nan", "feature 'num_1' is nan; numerical values must be finite"),
+    ("-inf", "feature 'num_1' is -inf; numerical values must be finite"),
+    ("70000", "feature 'num_1' is 70000, beyond float16's range (+-65504) that split_binary stores"),
+])
+def test_numerical_value_split_binary_cannot_hold_is_refused(tmp_path, bad, reason):
+    csv_dir = str(tmp_path / "csv")
+    _write_csv(csv_dir, csv_feature_spec(2, 2, cardinality=500))
+    path = os.path.join(csv_dir, "test", "numerical.csv")
+    lines = open(path).readlines()
+    lines[41] = lines[41].split(",")[0] + f",{bad}\n"
+    with open(path, "w") as f:
+        f.writelines(lines)
+    with pytest.raises(TranscodeError) as error:
+        transcode(csv_dir, "feature_spec.yaml", str(tmp_path / "bin"))
+    assert str(error.value) == f"{path}: line 42: {reason}"
+
+
+def test_empty_mapping_is_refused(tmp_path):
+    csv_dir = str(tmp_path / "csv")
+    _write_csv(csv_dir, csv_feature_spec(2, 2, cardinality=500))
+    for name in ("numerical", "categorical", "label"):
+        open(os.path.join(csv_dir, "test", f"{name}.csv"), "w").close()
+    with pytest.raises(TranscodeError) as error:
+        transcode(csv_dir, "feature_spec.yaml", str(tmp_path / "bin"))
+    assert str(error.value) == f"{csv_dir}/feature_spec.yaml: source_spec test chunk 0: its files hold no rows"

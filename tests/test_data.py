@@ -1,7 +1,8 @@
-"""Synthetic data generator, per-rank batch layout and the binary loader."""
+"""Synthetic data generator, per-rank batch layout, the binary loader, and what a data set must be."""
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -159,3 +160,218 @@ def test_random_loader_is_world_size_independent():
         assert np.array_equal(whole.dense_features.numpy(),
                               np.concatenate([a.dense_features.numpy(), b.dense_features.numpy()]))
     assert len(one) == 3 and open_dataset(config) is None
+
+
+# --- data must be what it claims -------------------------------------------------------
+
+CLAIM_SPEC = SyntheticCriteoSpec(num_days=3, rows_per_day=300, cardinalities=[50] * 26, seed=5)
+LAYOUTS = ("one_hot", "multi_hot", "split_binary")
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory) -> dict:
+    """The same small data set in the three layouts: {layout: directory}."""
+    from data.criteo_feature_spec import criteo_to_split_binary
+    from data.synthetic_criteo import generate_multi_hot_criteo
+
+    root = tmp_path_factory.mktemp("layouts")
+    generate_synthetic_criteo(CLAIM_SPEC, str(root / "one_hot"), show_progress=False)
+    generate_multi_hot_criteo(CLAIM_SPEC, str(root / "multi_hot"), [2] * 26)
+    criteo_to_split_binary(str(root / "one_hot"), str(root / "split_binary"))
+    return {layout: str(root / layout) for layout in LAYOUTS}
+
+
+def _data_config(layout: str, directory: str, **flags) -> DataConfig:
+    path = {"one_hot": "in_memory_binary_criteo_path", "multi_hot": "synthetic_multi_hot_criteo_path",
+            "split_binary": "dataset_path"}[layout]
+    where = os.path.join(directory, "feature_spec.yaml") if layout == "split_binary" else directory
+    return DataConfig(**{path: where}, batch_size=64, **flags)
+
+
+def _rewrite(path: str, change) -> None:
+    """Applies change(array) to an .npy, a split_binary file (viewed with its dtype and
+    row width) or one array of a multi-hot .npz."""
+    import shutil
+
+    from data.multi_hot import write_multi_hot_npz
+
+    if path.endswith(".npy"):
+        array = np.load(path)
+        change(array)
+        np.save(path, array)
+    elif ".npz:" in path:
+        npz, key = path.split(":")
+        with np.load(npz) as saved:
+            arrays = [saved[str(f)] for f in range(26)]
+        change(arrays[int(key)])
+        write_multi_hot_npz(npz + ".new", arrays)
+        shutil.move(npz + ".new", npz)
+    else:
+        dtype, width = {"numerical.bin": (np.float16, 13), "label.bin": (np.uint8, 1)}.get(
+            os.path.basename(path), (np.int8, 1))
+        array = np.fromfile(path, dtype).reshape(-1, width)
+        change(array)
+        array.tofile(path)
+
+
+# Day 1, row 17 of the Criteo layouts is row 317 of the split_binary train files.
+BAD_VALUES = {
+    "id too large": ("sparse", 3, 50, "id 50 is not below the cardinality 50 {declared}"),
+    "negative id": ("sparse", 3, -7, "negative id -7 (ids must be from 0 to the cardinality - 1)"),
+    "label": ("labels", 0, 2, "label 2 (labels must be 0 or 1)"),
+    "nan": ("dense", 4, np.nan, "dense value nan (dense values must be finite)"),
+    "inf": ("dense", 4, -np.inf, "dense value -inf (dense values must be finite)"),
+}
+
+
+def _break_value(layout: str, directory: str, problem: str) -> str:
+    """Writes one bad value; returns the message expected for it."""
+    kind, column, value, reason = BAD_VALUES[problem]
+    names = {"sparse": f"cat_{column}", "labels": "label", "dense": f"int_{column}"}
+    if layout == "split_binary":
+        relative = {"sparse": f"cat_{column}.bin", "labels": "label.bin", "dense": "numerical.bin"}[kind]
+        path, row, where = os.path.join(directory, "train", relative), 317, None
+        col = column if kind == "dense" else 0
+        declared = f"in {os.path.join(directory, 'feature_spec.yaml')}"
+    else:
+        path, row, col = os.path.join(directory, f"day_1_{kind}.npy"), 17, column
+        where, declared = path, "in metadata.json"
+        if layout == "multi_hot" and kind == "sparse":
+            npz = os.path.join(directory, "day_1_sparse_multi_hot.npz")
+            path, where, col = f"{npz}:{column}", f"{npz} array '{column}'", 1
+    _rewrite(path, lambda a: a.__setitem__((row, col), value))
+    return f"{where or path} row {row} column {names[kind]}: {reason.format(declared=declared)}"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("problem", list(BAD_VALUES))
+def test_bad_value_refused_naming_file_row_and_column(layouts, tmp_path, layout, problem):
+    """At open (every file, before any collective), or with --mmap_mode when the batch
+    holding it is read; never handed to FBGEMM or the loss."""
+    import shutil
+
+    from data.value_checks import DataValueError
+
+    directory = str(tmp_path / layout)
+    shutil.copytree(layouts[layout], directory)
+    assert open_dataset(_data_config(layout, directory)) is not None
+    message = _break_value(layout, directory, problem)
+    with pytest.raises(DataValueError) as error:
+        open_dataset(_data_config(layout, directory))
+    assert str(error.value) == message
+    config = _data_config(layout, directory, mmap_mode=True)
+    loaders = build_loaders(config, open_dataset(config), [50] * 26, rank=0, world_size=1)
+    with pytest.raises(DataValueError) as error:
+        for loader in loaders.values():
+            list(loader)
+    assert str(error.value) == message
+
+
+def test_ids_beyond_flag_table_sizes_are_taken_modulo_not_refused(layouts):
+    """Tables smaller than the declared cardinalities (--num_embeddings_per_feature) are
+    a legitimate configuration: the ids are in range of the data set, the loader maps them."""
+    for layout in LAYOUTS:
+        for mmap in (False, True):
+            config = _data_config(layout, layouts[layout], mmap_mode=mmap)
+            batch = next(iter(build_loaders(config, open_dataset(config), [7] * 26, 0, 1)["train"]))
+            assert 0 <= int(batch.sparse_features.values().min()) and int(batch.sparse_features.values().max()) < 7
+
+
+def test_nan_in_test_split_exits_2_on_every_rank_before_training(layouts, tmp_path):
+    import shutil
+
+    import dlrm_main
+    from tests.launch import launch
+
+    directory = str(tmp_path / "d")
+    shutil.copytree(layouts["one_hot"], directory)
+    _rewrite(os.path.join(directory, "day_2_dense.npy"), lambda a: a.__setitem__((250, 0), np.nan))
+    log = str(tmp_path / "log.jsonl")
+    argv = ["--in_memory_binary_criteo_path", directory, "--batch_size", "32", "--embedding_dim", "8",
+            "--dense_arch_layer_sizes", "16,8", "--over_arch_layer_sizes", "8,1", "--log_path", log]
+    assert launch(dlrm_main.main, argv) == {0: 2, 1: 2}
+    assert not os.path.exists(log)  # nothing trained
+
+
+def test_days_are_what_metadata_lists(tmp_path):
+    """A shorter data set written over a longer one: the writers remove the old days; a
+    leftover day (an older writer's, or a copy) is refused by name, as is a day whose
+    row count disagrees with metadata.json."""
+    import shutil
+
+    from data.synthetic_criteo import generate_multi_hot_criteo
+
+    longer = SyntheticCriteoSpec(num_days=4, rows_per_day=100, cardinalities=[50] * 26, seed=1)
+    shorter = SyntheticCriteoSpec(num_days=2, rows_per_day=100, cardinalities=[50] * 26, seed=2)
+    one_hot, multi_hot = str(tmp_path / "one_hot"), str(tmp_path / "multi_hot")
+    generate_synthetic_criteo(longer, one_hot, show_progress=False)
+    generate_synthetic_criteo(shorter, one_hot, show_progress=False)
+    generate_multi_hot_criteo(longer, multi_hot, [2] * 26)
+    generate_multi_hot_criteo(shorter, multi_hot, [2] * 26)
+    for directory in (one_hot, multi_hot):
+        assert not [name for name in os.listdir(directory) if name.startswith(("day_2", "day_3"))]
+    assert CriteoBinaryDataset(one_hot).rows_per_day == [100, 100]
+    shutil.copy(os.path.join(multi_hot, "day_1_sparse_multi_hot.npz"),
+                os.path.join(multi_hot, "day_2_sparse_multi_hot.npz"))
+    with pytest.raises(ValueError) as error:
+        CriteoBinaryDataset(multi_hot, multi_hot=True)
+    assert str(error.value) == (f"{multi_hot}/day_2_sparse_multi_hot.npz: not part of the data set (metadata.json "
+                                "lists days 0 to 1); a leftover of an earlier data set? remove it")
+    for kind in ("dense", "sparse", "labels"):
+        path = os.path.join(one_hot, f"day_1_{kind}.npy")
+        np.save(path, np.load(path)[:99])
+    with pytest.raises(ValueError, match=r"day_1_dense.npy: holds 99 rows, but metadata.json says day 1 has 100"):
+        CriteoBinaryDataset(one_hot)
+
+
+def test_empty_split_and_unfinished_preprocessing_are_refused(tmp_path):
+    directory = str(tmp_path / "d")
+    generate_synthetic_criteo(SyntheticCriteoSpec(num_days=2, rows_per_day=100, seed=1), directory,
+                              show_progress=False)
+    os.remove(os.path.join(directory, "metadata.json"))
+    for kind, width, dtype in (("dense", 13, np.float32), ("sparse", 26, np.int32), ("labels", 1, np.int32)):
+        np.save(os.path.join(directory, f"day_0_{kind}.npy"), np.zeros((0, width), dtype))
+    with pytest.raises(ValueError, match=r"/d: the train split has no rows \(rows per day: 0, 100\)"):
+        CriteoBinaryDataset(directory)
+    open(os.path.join(directory, "day_0.done.json"), "w").close()
+    with pytest.raises(ValueError, match=r"/d: preprocessing did not finish \(day markers but no metadata.json\)"):
+        CriteoBinaryDataset(directory)
+
+
+def test_mmap_mode_stops_at_the_bad_batch_naming_the_file(layouts, tmp_path):
+    """--mmap_mode reads rows only batch by batch: the batch holding a bad id stops the
+    rank with one line naming rank, step, file, row and column (no traceback)."""
+    import shutil
+
+    from tests.launch import run_script
+
+    directory = str(tmp_path / "d")
+    shutil.copytree(layouts["one_hot"], directory)
+    message = _break_value("one_hot", directory, "negative id")
+    proc = run_script(["dlrm_main.py", "--in_memory_binary_criteo_path", directory, "--mmap_mode",
+                       "--batch_size", "100", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
+                       "--over_arch_layer_sizes", "8,1", "--log_path", str(tmp_path / "log.jsonl")])
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("dlrm_main.py: error:")]
+    assert len(errors) == 1 and re.fullmatch(
+        r"dlrm_main.py: error: rank 0 of 1 failed at step \d \(epoch 0, training\): DataValueError: (.*)",
+        errors[0]).group(1) == message, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_batch_check_of_bags_with_different_cardinalities():
+    """The bags of a batch are compared at once, each id against its own feature's
+    cardinality: a clean batch passes, and the first bad row is found."""
+    from data.value_checks import BatchValueCheck
+
+    rng = np.random.default_rng(0)
+    cardinalities = [3, 1000, 20]
+    bags = [rng.integers(0, c, size=(64, k)).astype(dtype)
+            for c, k, dtype in zip(cardinalities, (1, 4, 2), (np.int8, np.int16, np.int8))]
+    dense, labels = np.zeros((64, 2), np.float16), np.ones(64, np.bool_)
+    check = BatchValueCheck(cardinalities)
+    assert check.first_invalid_row(dense, bags, labels) is None
+    bags[2][40, 1] = 20
+    bags[1][51, 0] = -1
+    assert check.first_invalid_row(dense, bags, labels) == 40
+    assert BatchValueCheck(None).first_invalid_row(dense, bags, labels) == 51

@@ -143,14 +143,16 @@ def test_bad_lines_skip_counts_per_file(raw_days, tmp_path):
 
 def test_parser_reasons():
     good = ["1"] + ["2"] * 13 + ["0000000f"] * 26
-    lines = [good, good[:39], ["x"] + good[1:], good[:3] + ["-"] + good[4:], good[:20] + ["123456789"] + good[21:]]
+    lines = [good, good[:39], ["x"] + good[1:], good[:3] + ["-"] + good[4:], good[:20] + ["123456789"] + good[21:],
+             good[:5] + ["1" * 23] + good[6:]]
     chunk = parse_criteo_lines("".join("\t".join(l) + "\n" for l in lines).encode())
-    assert chunk.num_lines == 5 and len(chunk.labels) == 1
+    assert chunk.num_lines == 6 and len(chunk.labels) == 1
     assert chunk.bad_lines == [
         (1, "expected 40 tab-separated fields, found 39"),
         (2, "label must be 0 or 1"),
         (3, "integer feature 2 is not a decimal integer"),
         (4, "categorical feature 6 is not a hexadecimal hash"),
+        (5, "integer feature 4 is out of range: 23 digits (at most 18)"),
     ]
 
 
@@ -205,7 +207,10 @@ def _reference_parse(data: bytes):
         elif fields[0] not in (b"0", b"1"):
             bad.append((i, "label must be 0 or 1"))
         elif _first_bad(fields[1:14], _INT) is not None:
-            bad.append((i, f"integer feature {_first_bad(fields[1:14], _INT)} is not a decimal integer"))
+            k = _first_bad(fields[1:14], _INT)
+            digits = fields[1 + k].removeprefix(b"-")
+            bad.append((i, f"integer feature {k} is out of range: {len(digits)} digits (at most 18)"
+                        if len(digits) > 18 and digits.isdigit() else f"integer feature {k} is not a decimal integer"))
         elif _first_bad(fields[14:], _HEX) is not None:
             bad.append((i, f"categorical feature {_first_bad(fields[14:], _HEX)} is not a hexadecimal hash"))
         else:
@@ -328,3 +333,70 @@ def test_two_ranks_learn_from_preprocessed_raw_logs(tmp_path):
     assert config["model"]["num_embeddings_per_feature"] == metadata["num_embeddings_per_feature"]
     test = eval_record(records, "test")
     assert test["auroc"] > 0.6 and test["num_samples"] == 10_000
+
+
+def _run(raw: str, out: str, capsys, *extra: str):
+    """(exit code, stderr) of the command line on raw/ into out/."""
+    code = main(["--input_dir", raw, "--output_dir", out, "--dataset_name", "criteo_1t", *extra])
+    return code, capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bar
+
+
+def test_damaged_gz_is_one_line_naming_the_file(raw_days, tmp_path, capsys):
+    """Preprocessing and predict (which reads its input through iter_line_chunks)."""
+    from data.preprocess_criteo import DaySource, iter_line_chunks
+
+    raw, _ = raw_days
+    path = os.path.join(raw, "day_1.gz")
+    data = open(path, "rb").read()
+    for broken, reason in ((data[: len(data) // 2], "truncated (the compressed data ends early)"),
+                           (b"plain text, not gzip\n", "not valid gzip data (Not a gzipped file (b'pl'))")):
+        with open(path, "wb") as f:
+            f.write(broken)
+        assert _run(raw, str(tmp_path / "o"), capsys) == (2, f"preprocess_criteo: error: {path}: {reason}")
+        with pytest.raises(ValueError) as error:
+            list(iter_line_chunks(DaySource(0, path), 1024))
+        assert str(error.value) == f"{path}: {reason}"
+
+
+def test_full_disk_names_the_file(raw_days, tmp_path, capsys):
+    raw, _ = raw_days
+    out = tmp_path / "o"
+    out.mkdir()
+    os.symlink("/dev/full", out / "day_0_dense.npy.tmp")  # every write to it fails with ENOSPC
+    code, err = _run(raw, str(out), capsys)
+    assert (code, err) == (2, f"preprocess_criteo: error: {out}/day_0_dense.npy.tmp: cannot write "
+                              "(No space left on device)")
+    assert not [name for name in os.listdir(out) if name.endswith((".tmp", ".npy"))]
+
+
+def test_empty_input_is_refused(raw_days, tmp_path, capsys):
+    raw, _ = raw_days
+    open(os.path.join(raw, "day_2"), "w").close()
+    assert _run(raw, str(tmp_path / "o"), capsys) == (
+        2, f"preprocess_criteo: error: {raw}/day_2: no lines; every day needs rows (the last one is validation "
+           "and test)")
+    assert not os.path.exists(tmp_path / "o" / "metadata.json")
+    kaggle = tmp_path / "kaggle"
+    kaggle.mkdir()
+    write_day(str(kaggle / "train.txt"), [random_line(RNG) for _ in range(3)])
+    code = main(["--input_dir", str(kaggle), "--output_dir", str(tmp_path / "k"), "--dataset_name", "criteo_kaggle"])
+    assert (code, capsys.readouterr().err.strip().splitlines()[-1]) == (
+        2, f"preprocess_criteo: error: {kaggle}/train.txt: 3 lines, fewer than the 7 days (--kaggle_days) it is cut into")
+
+
+def test_rerun_rewrites_a_truncated_day_and_removes_what_it_no_longer_owns(raw_days, tmp_path, capsys):
+    raw, _ = raw_days
+    out = str(tmp_path / "o")
+    assert _run(raw, out, capsys, "--frequency_threshold", "1")[0] == 0
+    clean = _outputs(out)
+    sparse = os.path.join(out, "day_1_sparse.npy")
+    with open(sparse, "r+b") as f:
+        f.truncate(os.path.getsize(sparse) - 104)  # one row short, its done marker intact
+    assert _run(raw, out, capsys, "--frequency_threshold", "1")[0] == 0
+    assert _outputs(out) == clean
+    # Fewer days, no vocabulary: the earlier run's last day and vocabulary go.
+    os.remove(os.path.join(raw, "day_2"))
+    assert _run(raw, out, capsys)[0] == 0
+    assert sorted(os.listdir(out)) == sorted(
+        [f"day_{d}_{k}.npy" for d in range(2) for k in ("dense", "sparse", "labels")]
+        + ["day_0.done.json", "day_1.done.json", "metadata.json"])

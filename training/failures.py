@@ -29,6 +29,8 @@ from typing import Iterator, Optional
 
 import torch.distributed as dist
 
+from data.value_checks import DataValueError
+
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_NON_FINITE_LOSS = 3
@@ -85,7 +87,7 @@ def report_rank_failure(prog: str, rank: int, world_size: int, where: str, error
     if _lost_a_peer(error):
         # The echo of another rank's failure: its traceback says nothing more.
         detail = f"lost contact with another rank, which probably stopped first ({detail})"
-    elif not isinstance(error, RankError):
+    elif not isinstance(error, (RankError, DataValueError)):  # their one line says all (bad data: --mmap_mode)
         traceback.print_exception(error, file=sys.stderr)
     return report(prog, f"rank {rank} of {world_size} failed at {where}: {detail}", EXIT_FAILED)
 

@@ -38,6 +38,35 @@ def autocast_forward(model: nn.Module, device: torch.device) -> Callable[..., Tu
     return forward
 
 
+class AutocastModel:
+    """The model as `TrainPipelineBase` calls it, with its forward under bf16 autocast.
+
+    torchrec's base pipeline accepts ``custom_model_fwd`` but never uses it (its
+    ``progress`` calls the model directly), so the autocast goes into the callable it
+    is given as the model. Only the forward is wrapped: backward and the optimizer
+    step run outside autocast, as in the other pipelines.
+
+    Args:
+        model: the (sharded) model; ``training`` reads its mode.
+        device: where the forward runs.
+
+    Example::
+
+        pipeline = TrainPipelineBase(AutocastModel(dmp, device), optimizer, device)
+    """
+
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        self.module = model
+        self._forward = autocast_forward(model, device)
+
+    @property
+    def training(self) -> bool:
+        return self.module.training
+
+    def __call__(self, batch) -> Tuple[torch.Tensor, object]:
+        return self._forward(batch)
+
+
 def build_pipeline(
     kind: str,
     model: nn.Module,
@@ -54,9 +83,10 @@ def build_pipeline(
         loss, logits, labels = pipeline.progress(iter(loader))
     """
     check_pipeline_supported(kind, device)
-    forward: Optional[Callable] = autocast_forward(model, device) if amp else None
     if kind == "base":
-        return TrainPipelineBase(model, optimizer, device, custom_model_fwd=forward)
+        called = AutocastModel(model, device) if amp else model
+        return TrainPipelineBase(called, optimizer, device)  # type: ignore[arg-type]
+    forward: Optional[Callable] = autocast_forward(model, device) if amp else None
     cls = {"sparse_dist": TrainPipelineSparseDist, "semi_sync": TrainPipelineSemiSync,
            "prefetch": PrefetchTrainPipelineSparseDist}[kind]
     return cls(model, optimizer, device, execute_all_batches=True, custom_model_fwd=forward)

@@ -1,0 +1,86 @@
+"""Decisions the CUDA paths make, tested on CPU: the pipelines' mixed precision, the
+checkpoint's RNG state, the sharders' prefetch parameter, the refusals of cached
+tables under pipelines that cannot keep them consistent, the order of table
+initialisation and the feature-order probe, block-wise table initialisation, and
+the install script's device checks."""
+
+import random
+
+import pytest
+import torch
+from torch import nn
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from training.checkpoint import _rng_state, _set_rng_state
+from training.pipelines import build_pipeline
+
+
+class AutocastProbe(nn.Module):
+    """A one-layer model that records, on each real (untraced) forward, whether CPU
+    autocast was on and the dtype its matmul produced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 1)
+        self.seen = []
+
+    def forward(self, batch: Batch):
+        logits = self.linear(batch.dense_features).squeeze(-1)
+        if isinstance(logits, torch.Tensor):  # not the train pipeline's fx trace
+            self.seen.append((torch.is_autocast_enabled("cpu"), logits.dtype))
+        loss = nn.functional.binary_cross_entropy_with_logits(logits.float(), batch.labels)
+        return loss, (loss.detach(), logits.detach(), batch.labels)
+
+
+def _batches(count: int):
+    for _ in range(count):
+        kjt = KeyedJaggedTensor(keys=["f"], values=torch.zeros(2, dtype=torch.int64),
+                                lengths=torch.ones(2, dtype=torch.int32))
+        yield Batch(dense_features=torch.randn(2, 4), sparse_features=kjt, labels=torch.ones(2))
+
+
+@pytest.mark.parametrize("kind", ["base", "sparse_dist"])
+@pytest.mark.parametrize("amp", [False, True])
+def test_amp_runs_the_forward_under_bf16_autocast_in_every_pipeline(kind, amp):
+    """torchrec's base pipeline ignores custom_model_fwd: --pipeline base --amp must
+    still run the forward under bf16 autocast, and still train (backward + step)."""
+    torch.manual_seed(0)
+    model = AutocastProbe()
+    before = model.linear.weight.detach().clone()
+    pipeline = build_pipeline(kind, model, torch.optim.SGD(model.parameters(), lr=0.1), torch.device("cpu"), amp)
+    batches, steps = _batches(3), 0
+    while True:
+        try:
+            pipeline.progress(batches)
+        except StopIteration:
+            break
+        steps += 1
+    expected = (True, torch.bfloat16) if amp else (False, torch.float32)
+    assert steps == 3 and model.seen == [expected] * 3
+    assert not torch.equal(before, model.linear.weight)
+    assert not torch.is_autocast_enabled("cpu")  # autocast ends with the forward
+
+
+def test_checkpoint_rng_state_holds_this_process_generators_only(tmp_path):
+    """The per-rank RNG file holds the CPU and Python generators, and on CUDA the
+    current device's generator alone (not every visible GPU's): a resume on a host
+    showing fewer GPUs must load it."""
+    state = _rng_state()
+    if torch.cuda.is_available():
+        assert set(state) == {"torch", "python", "cuda"}
+        assert torch.equal(state["cuda"], torch.cuda.get_rng_state())
+    else:
+        assert set(state) == {"torch", "python"}
+    torch.save(state, tmp_path / "rank_0.pt")
+    expected = (torch.rand(3), random.random())
+    _set_rng_state(torch.load(tmp_path / "rank_0.pt", weights_only=True))  # as a resume reads it
+    assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_checkpoint_cuda_rng_state_restores_on_the_current_device():
+    state = _rng_state()
+    expected = torch.rand(3, device="cuda")
+    _set_rng_state(state)
+    assert torch.equal(torch.rand(3, device="cuda"), expected)

@@ -84,3 +84,45 @@ def test_checkpoint_cuda_rng_state_restores_on_the_current_device():
     expected = torch.rand(3, device="cuda")
     _set_rng_state(state)
     assert torch.equal(torch.rand(3, device="cuda"), expected)
+
+
+TINY_RUN = ["--num_embeddings", "50", "--embedding_dim", "4", "--dense_arch_layer_sizes", "8,4",
+            "--over_arch_layer_sizes", "8,1", "--batch_size", "4", "--limit_train_batches", "1",
+            "--limit_val_batches", "1", "--limit_test_batches", "1", "--seed", "3"]
+
+
+@pytest.fixture
+def one_process(monkeypatch):
+    """A single-process run in this process (its own in-memory process group)."""
+    import torch.distributed as dist
+
+    for name in ("MASTER_ADDR", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_feature_order_probe_sees_the_seeded_tables(one_process, monkeypatch):
+    """The probe lookup loads row 0 of every table into a UVM cache: it must run after
+    the seeded initialisation, so the cache never holds torchrec's own init."""
+    import training.trainer as trainer_module
+    from training.distributed import resolve_env
+    from training.embedding_init import _local_pieces, _table_rows
+    from training.flags import parse_config
+
+    config = parse_config(TINY_RUN, "dlrm_main.py", "")
+    rows, dim = config.model.num_embeddings_per_feature[0], config.model.embedding_dim
+    seen = []
+    real_probe = trainer_module.align_to_sharded_embeddings
+
+    def probe_after_init(model, device):
+        weights = {k.split(".")[-2]: v for k, v in model.state_dict().items() if k.endswith(".weight")}
+        first = config.model.table_names[0]
+        (local, _, _), = _local_pieces(weights[first])  # one rank: the whole table
+        seen.append(torch.equal(local, _table_rows(config.seed, 0, rows, dim, 0, rows)))
+        return real_probe(model, device)
+
+    monkeypatch.setattr(trainer_module, "align_to_sharded_embeddings", probe_after_init)
+    trainer_module.Trainer(config, resolve_env("cpu"))
+    assert seen == [True]

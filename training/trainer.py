@@ -124,8 +124,10 @@ class Trainer:
             plan=plan,
             sharders=sharding.sharders,
         )
-        align_to_sharded_embeddings(self.model, env.device)
         init_embedding_tables(self.model, table_shapes, config.seed)
+        # After the seeded init: the probe's lookup loads row 0 into a UVM cache
+        # (fused_uvm_caching), which would otherwise keep serving torchrec's init of it.
+        align_to_sharded_embeddings(self.model, env.device)
         self.optimizer = build_combined_optimizer(self.model, config.optim)
         self.schedule = WarmupPolyDecaySchedule(config.optim)
         self.loaders: Dict[str, BatchLoader] = build_loaders(

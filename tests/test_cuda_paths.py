@@ -9,11 +9,23 @@ import random
 import pytest
 import torch
 from torch import nn
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.datasets.utils import Batch
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
+from torchrec.distributed.types import ShardingEnv, ShardingPlan
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from models import build_dlrm_train
+from sharding_plans import build_sharders
+from sharding_plans.sharders import RowSplitsOnCpuSharder
 from training.checkpoint import _rng_state, _set_rng_state
+from training.config import PIPELINES
+from training.distributed import DistributedEnv
+from training.flags import parse_config
 from training.pipelines import build_pipeline
+from training.sharding import prepare_sharding
 
 
 class AutocastProbe(nn.Module):
@@ -109,7 +121,6 @@ def test_feature_order_probe_sees_the_seeded_tables(one_process, monkeypatch):
     import training.trainer as trainer_module
     from training.distributed import resolve_env
     from training.embedding_init import _local_pieces, _table_block
-    from training.flags import parse_config
 
     config = parse_config(TINY_RUN, "dlrm_main.py", "")
     rows, dim = config.model.num_embeddings_per_feature[0], config.model.embedding_dim  # one block
@@ -148,3 +159,41 @@ def test_table_init_writes_block_by_block_into_the_shard(monkeypatch):
     piece = torch.empty(1700, 8, dtype=torch.float16)
     embedding_init._fill_piece(piece, seed, 0, rows, dim, row=1500, col=4)
     assert torch.equal(piece, table[1500:3200, 4:12].half())
+
+
+CPU_ENV = DistributedEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
+                         device=torch.device("cpu"), backend="gloo")
+
+
+def _ebc_sharder(sharders):
+    (sharder,) = [s for s in sharders if isinstance(s, EmbeddingBagCollectionSharder)]
+    return sharder
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize("row_split", [False, True])
+def test_sharders_lock_cache_lines_under_the_prefetch_pipeline_only(pipeline, row_split):
+    """--pipeline prefetch hands planner and DistributedModelParallel sharders with
+    prefetch_pipeline=True (FBGEMM's cache-line locking); other pipelines don't."""
+    extra = ["--sharding_type", "t_cat_0=row_wise"] if row_split else []
+    config = parse_config(TINY_RUN + ["--pipeline", pipeline, *extra], "dlrm_main.py", "")
+    model = build_dlrm_train(config.model, dense_device=torch.device("cpu"))
+    sharder = _ebc_sharder(prepare_sharding(config, CPU_ENV, model).sharders)
+    assert isinstance(sharder, RowSplitsOnCpuSharder) == row_split
+    assert sharder.fused_params == ({"prefetch_pipeline": True} if pipeline == "prefetch" else None)
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_prefetch_pipeline_reaches_the_fbgemm_kernel(one_process, prefetch):
+    """The sharders' fused parameter is what FBGEMM's kernel is built with."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name="t", embedding_dim=4, num_embeddings=10,
+                                                            feature_names=["f"])], device=torch.device("meta"))
+    plan = construct_module_sharding_plan(ebc, {"t": table_wise(rank=0, compute_kernel="fused")},
+                                          world_size=1, device_type="cpu")
+    dmp = DistributedModelParallel(ebc, device=torch.device("cpu"), env=ShardingEnv.from_process_group(dist.group.WORLD),
+                                   plan=ShardingPlan({"": plan}), sharders=build_sharders(prefetch_pipeline=prefetch))
+    kernels = [m.emb_module for lookup in dmp.module._lookups for m in lookup._emb_modules]
+    assert [k.prefetch_pipeline for k in kernels] == [prefetch]

@@ -18,13 +18,14 @@ from torchrec.distributed.types import ShardingEnv, ShardingPlan
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from models import build_dlrm_train
-from sharding_plans import build_sharders
+from sharding_plans import PlannerConfig, build_sharders, plan_summary
+from sharding_plans.planner import plan_with_estimates
 from sharding_plans.sharders import RowSplitsOnCpuSharder
 from training.checkpoint import _rng_state, _set_rng_state
 from training.config import PIPELINES
 from training.distributed import DistributedEnv
 from training.flags import parse_config
-from training.pipelines import build_pipeline
+from training.pipelines import build_pipeline, check_plan_for_pipeline
 from training.sharding import prepare_sharding
 
 
@@ -197,3 +198,61 @@ def test_prefetch_pipeline_reaches_the_fbgemm_kernel(one_process, prefetch):
                                    plan=ShardingPlan({"": plan}), sharders=build_sharders(prefetch_pipeline=prefetch))
     kernels = [m.emb_module for lookup in dmp.module._lookups for m in lookup._emb_modules]
     assert [k.prefetch_pipeline for k in kernels] == [prefetch]
+
+
+def _plan(**kernels: str) -> dict:
+    return {table: {"sharding_type": "table_wise", "compute_kernel": kernel, "shards": []}
+            for table, kernel in kernels.items()}
+
+
+@pytest.mark.parametrize("pipeline, plan, within_epoch, refusal", [
+    ("semi_sync", _plan(a="fused", b="fused_uvm"), True, None),
+    ("semi_sync", _plan(a="fused", b="fused_uvm_caching", c="fused_uvm_caching"), False,
+     "--pipeline semi_sync runs forward(i+1) before the embedding backward of batch i and needs every table "
+     "on the fused or fused_uvm kernel; the plan has b, c on fused_uvm_caching "
+     "(pass --compute_kernel fused or fused_uvm, or use --pipeline sparse_dist)"),
+    ("semi_sync", _plan(a="dense", b="key_value"), False, "the plan has a on dense; b on key_value"),
+    ("prefetch", _plan(a="fused_uvm_caching", b="dense"), True,
+     "--pipeline prefetch with --validation_freq_within_epoch: validation would run on the cache locations "
+     "prefetched for the next training batch (a on fused_uvm_caching); validate at epoch end only, "
+     "or use --pipeline sparse_dist"),
+    ("prefetch", _plan(a="fused_uvm_caching"), False, None),  # epoch-end validation: the pipeline has drained
+    ("prefetch", _plan(a="fused", b="fused_uvm", c="dense"), True, None),  # no cache
+    ("sparse_dist", _plan(a="fused_uvm_caching"), True, None),
+    ("base", _plan(a="fused_uvm_caching"), True, None),
+])
+def test_pipelines_refuse_plans_whose_caches_they_would_corrupt(pipeline, plan, within_epoch, refusal):
+    if refusal is None:
+        check_plan_for_pipeline(pipeline, plan, within_epoch)
+    else:
+        with pytest.raises(ValueError) as e:
+            check_plan_for_pipeline(pipeline, plan, within_epoch)
+        assert refusal in str(e.value) and "\n" not in str(e.value)
+
+
+def test_semi_sync_refuses_the_cache_the_planner_picks_when_hbm_runs_short():
+    """Planned for 2 GPUs of 64 MiB (a plan for hardware this machine does not have),
+    the 26 tables do not fit in HBM: the planner chooses fused_uvm_caching by itself,
+    which semi_sync refuses; with enough HBM the plan is fused and accepted."""
+    config = parse_config(["--num_embeddings", "100000", "--embedding_dim", "16", "--dense_arch_layer_sizes", "8,16",
+                           "--over_arch_layer_sizes", "8,1"], "dlrm_main.py", "")
+    model = build_dlrm_train(config.model, dense_device=torch.device("meta"))
+    kernels = {}
+    for hbm in (64 * 2**20, 2**30):
+        plan, _ = plan_with_estimates(model, build_sharders(), PlannerConfig(
+            world_size=2, local_world_size=2, compute_device="cuda", batch_size=512, hbm_cap_bytes=hbm))
+        kernels[hbm] = plan_summary(plan)
+    assert "fused_uvm_caching" in {p["compute_kernel"] for p in kernels[64 * 2**20].values()}
+    with pytest.raises(ValueError, match="on fused_uvm_caching"):
+        check_plan_for_pipeline("semi_sync", kernels[64 * 2**20], False)
+    assert {p["compute_kernel"] for p in kernels[2**30].values()} <= {"fused", "dense"}
+
+
+def test_semi_sync_start_batch_flag(capsys):
+    assert parse_config(TINY_RUN, "dlrm_main.py", "").semi_sync_start_batch == 900  # torchrec's default
+    config = parse_config(TINY_RUN + ["--pipeline", "semi_sync", "--semi_sync_start_batch", "0"], "dlrm_main.py", "")
+    assert config.semi_sync_start_batch == 0
+    with pytest.raises(SystemExit) as e:
+        parse_config(TINY_RUN + ["--semi_sync_start_batch", "-1"], "dlrm_main.py", "")
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "dlrm_main.py: error: --semi_sync_start_batch must be 0 or more, got -1\n"

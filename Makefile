@@ -14,7 +14,8 @@ TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.05 --optimizer adag
 install: $(STAMP)
 
 $(STAMP): requirements.txt requirements-cpu.txt requirements-cuda.txt \
-          requirements-torchrec.txt requirements-dev.txt pyproject.toml scripts/install.sh
+          requirements-torchrec.txt requirements-dev.txt pyproject.toml scripts/install.sh \
+          scripts/check_install.py
 	bash scripts/install.sh $(VENV)
 	touch $@
 

@@ -2,29 +2,66 @@
 # Creates or updates the virtual environment given as $1 (default .venv).
 # Picks the CUDA or CPU builds of torch/FBGEMM: CUDA when `nvidia-smi` finds a GPU,
 # unless DEVICE=cpu or DEVICE=cuda says otherwise.
+#
+# Settings (environment):
+#   DEVICE       auto (default), cpu or cuda.
+#   TORCH_INDEX  the package index torch comes from. Default: PyTorch's index for the
+#                build, https://download.pytorch.org/whl/cpu or .../cu130 (fbgemm-gpu
+#                1.8.0 is built for CUDA 13.0; PyPI's torch is a CUDA build, gigabytes
+#                on a CPU host). Skipped when pip's own configuration already finds the
+#                pinned torch (a local wheel folder); TORCH_INDEX= (empty) never uses it.
 set -euo pipefail
 venv="${1:-.venv}"
 device="${DEVICE:-auto}"
+gpu_visible=()
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  gpu_visible=(--gpu-visible)
+fi
 if [ "$device" = auto ]; then
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    device=cuda
-  else
-    device=cpu
-  fi
+  device=$([ ${#gpu_visible[@]} -gt 0 ] && echo cuda || echo cpu)
 fi
 case "$device" in
-  cpu|cuda) ;;
+  cpu) other=cuda; default_index=https://download.pytorch.org/whl/cpu ;;
+  cuda) other=cpu; default_index=https://download.pytorch.org/whl/cu130 ;;
   *) echo "install: DEVICE must be auto, cpu or cuda, not '$device'" >&2; exit 2 ;;
 esac
+
+# The build a venv holds, from its installed packages' metadata (cpu, cuda or none).
+venv_build() {
+  local site
+  for site in "$1"/lib/python3*/site-packages; do
+    if compgen -G "$site/fbgemm_gpu_cpu-*.dist-info" >/dev/null || compgen -G "$site/torch-*+cpu.dist-info" >/dev/null; then
+      echo cpu; return
+    fi
+    if compgen -G "$site/fbgemm_gpu-[0-9]*.dist-info" >/dev/null || compgen -G "$site/torch-[0-9]*.dist-info" >/dev/null; then
+      echo cuda; return
+    fi
+  done
+  echo none
+}
+# fbgemm-gpu and fbgemm-gpu-cpu install the same module: one over the other leaves a
+# mix of both builds' files. A venv changes build only by being made anew.
+if [ "$(venv_build "$venv")" = "$other" ]; then
+  echo "install: $venv holds the $other build of torch/FBGEMM; installing the $device build over it" \
+       "would mix the two: remove it first (rm -r $venv) or give another venv directory" >&2
+  exit 2
+fi
+
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
-echo "install: $device build into $venv"
-"${pip[@]}" install -r "requirements-$device.txt"
+torch_pin="$(grep -E '^torch==' "requirements-$device.txt")"
+index=("--extra-index-url" "${TORCH_INDEX-$default_index}")
+if [ -z "${TORCH_INDEX-$default_index}" ] \
+   || "${pip[@]}" install --dry-run --no-index --no-deps --ignore-installed "$torch_pin" >/dev/null 2>&1; then
+  index=()  # pip's configuration serves torch (this project's machines: a local CPU wheel)
+fi
+echo "install: $device build into $venv${index:+ (torch from ${index[1]})}"
+"${pip[@]}" install "${index[@]}" -r "requirements-$device.txt"
 "${pip[@]}" install --no-deps -r requirements-torchrec.txt
 "${pip[@]}" install -r requirements.txt -r requirements-dev.txt
 # The torchx components, editable: registers `torchx run dlrm|dcnv2|preprocess_criteo`.
 "${pip[@]}" install --no-deps -e .
-"$venv/bin/python" -c "import torch, torchrec, fbgemm_gpu; print('install: torch', torch.__version__, '| torchrec', torchrec.__version__)"
+"$venv/bin/python" scripts/check_install.py "$device" "${gpu_visible[@]}"
 if [ "$device" = cpu ]; then
   echo "install: (pip's complaint that torchrec requires fbgemm-gpu is expected: its CPU build, fbgemm-gpu-cpu, is installed)"
 fi

@@ -32,18 +32,31 @@ class RowSplitsOnCpuSharder(EmbeddingBagCollectionSharder):
         return types
 
 
-def build_sharders(row_splits_on_cpu: bool = False) -> List[ModuleSharder[nn.Module]]:
+def build_sharders(
+    row_splits_on_cpu: bool = False, prefetch_pipeline: bool = False
+) -> List[ModuleSharder[nn.Module]]:
     """torchrec's default sharders, with the EmbeddingBagCollection one replaced by
-    `RowSplitsOnCpuSharder` when ``row_splits_on_cpu``.
+    `RowSplitsOnCpuSharder` when ``row_splits_on_cpu``, and given the fused parameter
+    ``prefetch_pipeline=True`` when ``prefetch_pipeline``.
+
+    A pipeline that prefetches batch i+1 into FBGEMM's UVM cache (`fused_uvm_caching`)
+    between the forward and the backward of batch i needs cache-line locking, or the
+    prefetch can evict or stale rows that backward(i) updates (wrong results; torchrec
+    only warns). ``prefetch_pipeline`` turns the locking on. The planner must be given
+    the same sharders as DistributedModelParallel: it reads the flag too (its
+    estimates of a prefetched cache differ).
 
     Example::
 
         sharders = build_sharders(constraints.row_splits_on_cpu(tables, "cpu"))
+        sharders = build_sharders(prefetch_pipeline=config.pipeline == "prefetch")
     """
     sharders: List[ModuleSharder[nn.Module]] = get_default_sharders()  # type: ignore[assignment]
-    if not row_splits_on_cpu:
+    if not row_splits_on_cpu and not prefetch_pipeline:
         return sharders
+    cls = RowSplitsOnCpuSharder if row_splits_on_cpu else EmbeddingBagCollectionSharder
+    fused_params = {"prefetch_pipeline": True} if prefetch_pipeline else None
     return [
-        RowSplitsOnCpuSharder() if type(s) is EmbeddingBagCollectionSharder else s  # type: ignore[misc]
+        cls(fused_params=fused_params) if type(s) is EmbeddingBagCollectionSharder else s  # type: ignore[misc]
         for s in sharders
     ]

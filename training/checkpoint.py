@@ -328,9 +328,12 @@ def read_meta(path: str) -> Dict[str, Any]:
 
 
 def _rng_state() -> Dict[str, Any]:
+    """This process's generators: CPU, Python, and its own CUDA device's only (a rank
+    uses one device; saving every visible one breaks a resume on a host that shows
+    fewer)."""
     state: Dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()  # the current device (set per rank)
     return state
 
 
@@ -338,7 +341,7 @@ def _set_rng_state(state: Dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 class CheckpointManager:

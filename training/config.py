@@ -12,6 +12,8 @@ DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 DEVICES = ("auto", "cpu", "cuda")
 MODES = ("train", "validate", "test", "inference_benchmark")
 PIPELINES = ("sparse_dist", "semi_sync", "prefetch", "base")
+# torchrec's default: TrainPipelineSemiSync synchronizes every step before this batch.
+SEMI_SYNC_START_BATCH = 900
 
 
 @dataclass
@@ -152,6 +154,8 @@ class TrainConfig:
             (a checkpoint's weights when one is given, else a freshly built model).
         amp: bf16 autocast of the forward (dense part).
         pipeline: sparse_dist, semi_sync, prefetch or base (training/pipelines.py).
+        semi_sync_start_batch: the batch from which semi_sync runs semi-synchronously
+            (before it, it synchronizes every step).
         tensorboard_dir: TensorBoard event files (rank 0).
         sharding_plan: a plan file to use instead of planning.
         sharding_constraints: sharding types and kernels the planner may use.
@@ -174,6 +178,7 @@ class TrainConfig:
     mode: str = "train"
     amp: bool = False
     pipeline: str = "sparse_dist"
+    semi_sync_start_batch: int = SEMI_SYNC_START_BATCH
     tensorboard_dir: Optional[str] = None
     sharding_plan: Optional[str] = None
     sharding_constraints: ShardingConstraints = field(default_factory=ShardingConstraints)
@@ -197,6 +202,8 @@ class TrainConfig:
         self.checkpoint.validate()
         if self.pipeline not in PIPELINES:
             raise ValueError(f"--pipeline must be one of {', '.join(PIPELINES)}, got {self.pipeline!r}")
+        if self.semi_sync_start_batch < 0:
+            raise ValueError(f"--semi_sync_start_batch must be 0 or more, got {self.semi_sync_start_batch}")
         if self.mode not in MODES:
             raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         self.inference_benchmark.validate()

@@ -3,9 +3,9 @@
 TorchRec initialises each shard with the local random generator, so the same seed
 gives different tables on 1 and on 2 ranks, or under another plan. Here every table
 is a fixed function of (seed, table): rows are drawn in blocks, each block from its
-own generator, and each rank draws only the blocks its shards cover. So runs at
-different world sizes or plans start from identical weights, and no rank ever
-materialises a whole large table.
+own generator, and each rank draws only the blocks its shards cover, copying each
+straight into its shard. So runs at different world sizes or plans start from
+identical weights, and no rank ever holds more than one block beside its shards.
 """
 
 from typing import Dict, Iterator, Tuple
@@ -17,23 +17,28 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 ROWS_PER_BLOCK = 65536
 
 
-def _table_rows(
-    seed: int, table_index: int, num_rows: int, dim: int, row_start: int, row_stop: int
-) -> torch.Tensor:
-    """Rows [row_start, row_stop) of the table, uniform in +-sqrt(1 / num_rows) (TorchRec's range)."""
+def _table_block(seed: int, table_index: int, num_rows: int, dim: int, block: int) -> torch.Tensor:
+    """Rows of one block of the table (whole width, on the host), uniform in
+    +-sqrt(1 / num_rows) (TorchRec's range)."""
     bound = (1.0 / num_rows) ** 0.5
-    blocks = []
-    first_block, last_block = row_start // ROWS_PER_BLOCK, (row_stop - 1) // ROWS_PER_BLOCK
-    for block in range(first_block, last_block + 1):
+    rows = min(ROWS_PER_BLOCK, num_rows - block * ROWS_PER_BLOCK)
+    block_seed = ((seed * 1_000_003 + table_index) * 1_000_003 + block) % (2**63)
+    gen = torch.Generator().manual_seed(block_seed)
+    return torch.rand(rows, dim, generator=gen) * (2 * bound) - bound
+
+
+def _fill_piece(
+    local: torch.Tensor, seed: int, table_index: int, num_rows: int, dim: int, row: int, col: int
+) -> None:
+    """Writes the table's values into ``local``, the piece at (row, col): one block at a
+    time, straight into the destination, so neither host nor device ever holds a second
+    copy of the piece (UVM and large table-wise shards would not fit twice)."""
+    row_stop = row + local.shape[0]
+    for block in range(row // ROWS_PER_BLOCK, (row_stop - 1) // ROWS_PER_BLOCK + 1):
         block_start = block * ROWS_PER_BLOCK
-        rows = min(ROWS_PER_BLOCK, num_rows - block_start)
-        block_seed = ((seed * 1_000_003 + table_index) * 1_000_003 + block) % (2**63)
-        gen = torch.Generator().manual_seed(block_seed)
-        values = torch.rand(rows, dim, generator=gen) * (2 * bound) - bound
-        lo = max(row_start, block_start) - block_start
-        hi = min(row_stop, block_start + rows) - block_start
-        blocks.append(values[lo:hi])
-    return torch.cat(blocks)
+        values = _table_block(seed, table_index, num_rows, dim, block)
+        lo, hi = max(row, block_start), min(row_stop, block_start + values.shape[0])
+        local[lo - row : hi - row].copy_(values[lo - block_start : hi - block_start, col : col + local.shape[1]])
 
 
 def _local_pieces(value: torch.Tensor) -> Iterator[Tuple[torch.Tensor, int, int]]:
@@ -72,7 +77,6 @@ def init_embedding_tables(
             for local, row, col in _local_pieces(value):
                 if local.numel() == 0:
                     continue
-                rows = _table_rows(seed, index[table], num_rows, dim, row, row + local.shape[0])
-                local.copy_(rows[:, col : col + local.shape[1]].to(local.device, local.dtype))
+                _fill_piece(local, seed, index[table], num_rows, dim, row, col)
             done.add(table)
     return len(done)

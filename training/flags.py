@@ -21,6 +21,7 @@ from training.config import (
     MODES,
     OPTIMIZERS,
     PIPELINES,
+    SEMI_SYNC_START_BATCH,
     CheckpointConfig,
     InferenceBenchmarkConfig,
     OptimizerConfig,
@@ -111,6 +112,8 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     _store_true(p, "amp", "bf16 autocast of the forward (fast on GPUs; a note says when this CPU is slower in bf16)")
     a("--pipeline", choices=PIPELINES, default="sparse_dist",
       help="train pipeline: sparse_dist (default), base, or the CUDA-only semi_sync and prefetch")
+    a("--semi_sync_start_batch", type=int, default=SEMI_SYNC_START_BATCH,
+      help=f"--pipeline semi_sync synchronizes every step before this batch (default {SEMI_SYNC_START_BATCH}, torchrec's)")
     a("--tensorboard_dir", default=None, help="write TensorBoard event files here (rank 0)")
     # Checkpoints.
     a("--checkpoint_dir", default=None, help="directory of checkpoints (any iopath path)")
@@ -226,6 +229,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             mode=args.mode,
             amp=args.amp,
             pipeline=args.pipeline,
+            semi_sync_start_batch=args.semi_sync_start_batch,
             tensorboard_dir=args.tensorboard_dir,
             sharding_plan=args.sharding_plan,
             sharding_constraints=ShardingConstraints.from_flags(args.sharding_type, args.compute_kernel),

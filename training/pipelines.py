@@ -6,9 +6,12 @@
 - semi_sync: TrainPipelineSemiSync, embeddings one step stale, more overlap (CUDA only).
 - prefetch: PrefetchTrainPipelineSparseDist, prefetches into the UVM embedding cache
   (CUDA only).
+
+`check_plan_for_pipeline` refuses plans whose embedding caches a pipeline would
+leave inconsistent.
 """
 
-from typing import Callable, Optional, Tuple
+from typing import Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
@@ -20,7 +23,18 @@ from torchrec.distributed.train_pipeline.train_pipelines import (
     TrainPipelineSparseDist,
 )
 
+from training.config import SEMI_SYNC_START_BATCH
+
 CUDA_ONLY_PIPELINES = ("semi_sync", "prefetch")
+# Compute kernels without an embedding cache: dense (data parallel) and FBGEMM's
+# fused kernels in HBM or UVM. The others (fused_uvm_caching, key_value, the virtual
+# tables) keep rows in a cache that prefetches and forwards fill.
+UNCACHED_KERNELS = ("dense", "fused", "fused_uvm")
+# Semi-sync runs forward(i+1) before the embedding backward of batch i: only FBGEMM's
+# fused kernels, which apply that backward in place without a cache, keep it exact
+# (data-parallel tables share their weights with the dense optimizer, which torchrec
+# warns may not converge).
+SEMI_SYNC_KERNELS = ("fused", "fused_uvm")
 
 
 def check_pipeline_supported(kind: str, device: torch.device) -> None:
@@ -28,6 +42,57 @@ def check_pipeline_supported(kind: str, device: torch.device) -> None:
     if kind in CUDA_ONLY_PIPELINES and device.type != "cuda":
         raise ValueError(f"--pipeline {kind} needs CUDA (TorchRec runs it on side streams); "
                          f"on {device.type} use sparse_dist or base")
+
+
+def check_plan_for_pipeline(
+    kind: str, plan: Mapping[str, Mapping[str, object]], validation_within_epoch: bool
+) -> None:
+    """One-line ValueError when the plan's kernels make the pipeline train or evaluate
+    wrongly. The plan is the same on every rank, so every rank refuses alike.
+
+    - semi_sync: every table must be on the fused or fused_uvm kernel. With a cache
+      (fused_uvm_caching), forward(i+1) and backward(i) share one set of cache
+      locations.
+    - prefetch with validation within the epoch: after batch i the training pipeline
+      has prefetched batch i+1 into the cache, and FBGEMM hands those cache locations
+      to the next forward it runs, i.e. validation's first batch (wrong rows; the
+      locked cache lines are never released). A flush cannot undo that (FBGEMM's
+      flush writes rows back, its reset forgets the cache, neither drops the queued
+      locations), so such runs are refused; validation at epoch end is safe (the
+      pipeline has drained).
+
+    Args:
+        kind: the pipeline (--pipeline).
+        plan: {table: {"compute_kernel": ..., ...}} (`sharding_plans.plan_summary`).
+        validation_within_epoch: whether --validation_freq_within_epoch is set.
+
+    Example::
+
+        check_plan_for_pipeline("semi_sync", plan_summary(plan), False)
+    """
+    kernels: Dict[str, str] = {table: str(p["compute_kernel"]) for table, p in plan.items()}
+    if kind == "semi_sync":
+        bad = {t: k for t, k in kernels.items() if k not in SEMI_SYNC_KERNELS}
+        if bad:
+            raise ValueError(
+                "--pipeline semi_sync runs forward(i+1) before the embedding backward of batch i and needs "
+                f"every table on the fused or fused_uvm kernel; the plan has {_describe(bad)} "
+                "(pass --compute_kernel fused or fused_uvm, or use --pipeline sparse_dist)")
+    if kind == "prefetch" and validation_within_epoch:
+        cached = {t: k for t, k in kernels.items() if k not in UNCACHED_KERNELS}
+        if cached:
+            raise ValueError(
+                "--pipeline prefetch with --validation_freq_within_epoch: validation would run on the "
+                f"cache locations prefetched for the next training batch ({_describe(cached)}); "
+                "validate at epoch end only, or use --pipeline sparse_dist")
+
+
+def _describe(kernels: Mapping[str, str]) -> str:
+    """Tables grouped by kernel: ``t_cat_0, t_cat_3 on fused_uvm_caching; t_cat_1 on dense``."""
+    by_kernel: Dict[str, list] = {}
+    for table, kernel in kernels.items():
+        by_kernel.setdefault(kernel, []).append(table)
+    return "; ".join(f"{', '.join(tables)} on {kernel}" for kernel, tables in sorted(by_kernel.items()))
 
 
 def autocast_forward(model: nn.Module, device: torch.device) -> Callable[..., Tuple[torch.Tensor, object]]:
@@ -38,15 +103,45 @@ def autocast_forward(model: nn.Module, device: torch.device) -> Callable[..., Tu
     return forward
 
 
+class AutocastModel:
+    """The model as `TrainPipelineBase` calls it, with its forward under bf16 autocast.
+
+    torchrec's base pipeline accepts ``custom_model_fwd`` but never uses it (its
+    ``progress`` calls the model directly), so the autocast goes into the callable it
+    is given as the model. Only the forward is wrapped: backward and the optimizer
+    step run outside autocast, as in the other pipelines.
+
+    Args:
+        model: the (sharded) model; ``training`` reads its mode.
+        device: where the forward runs.
+
+    Example::
+
+        pipeline = TrainPipelineBase(AutocastModel(dmp, device), optimizer, device)
+    """
+
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        self.module = model
+        self._forward = autocast_forward(model, device)
+
+    @property
+    def training(self) -> bool:
+        return self.module.training
+
+    def __call__(self, batch) -> Tuple[torch.Tensor, object]:
+        return self._forward(batch)
+
+
 def build_pipeline(
     kind: str,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     device: torch.device,
     amp: bool = False,
+    semi_sync_start_batch: int = SEMI_SYNC_START_BATCH,
 ) -> TrainPipeline:
     """A pipeline of the given kind over ``model``; with ``amp`` the forward runs under
-    bf16 autocast.
+    bf16 autocast; semi_sync is semi-synchronous from ``semi_sync_start_batch`` on.
 
     Example::
 
@@ -54,11 +149,14 @@ def build_pipeline(
         loss, logits, labels = pipeline.progress(iter(loader))
     """
     check_pipeline_supported(kind, device)
-    forward: Optional[Callable] = autocast_forward(model, device) if amp else None
     if kind == "base":
-        return TrainPipelineBase(model, optimizer, device, custom_model_fwd=forward)
-    cls = {"sparse_dist": TrainPipelineSparseDist, "semi_sync": TrainPipelineSemiSync,
-           "prefetch": PrefetchTrainPipelineSparseDist}[kind]
+        called = AutocastModel(model, device) if amp else model
+        return TrainPipelineBase(called, optimizer, device)  # type: ignore[arg-type]
+    forward: Optional[Callable] = autocast_forward(model, device) if amp else None
+    if kind == "semi_sync":
+        return TrainPipelineSemiSync(model, optimizer, device, execute_all_batches=True,
+                                     start_batch=semi_sync_start_batch, custom_model_fwd=forward)
+    cls = {"sparse_dist": TrainPipelineSparseDist, "prefetch": PrefetchTrainPipelineSparseDist}[kind]
     return cls(model, optimizer, device, execute_all_batches=True, custom_model_fwd=forward)
 
 

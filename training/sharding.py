@@ -54,6 +54,7 @@ def prepare_sharding(config: TrainConfig, env: DistributedEnv, model: nn.Module)
     or constraints the device cannot meet.
     """
     device_type = env.device.type
+    prefetch = config.pipeline == "prefetch"  # the kernels must lock prefetched cache lines
     if config.sharding_plan is not None:
         saved = read_plan(config.sharding_plan)
         check_plan_for_run(saved, config.sharding_plan, embedding_tables(model), env.world_size,
@@ -62,11 +63,11 @@ def prepare_sharding(config: TrainConfig, env: DistributedEnv, model: nn.Module)
             ps.sharding_type in ROW_SHARDING_TYPES
             for module_plan in saved.plan.plan.values() for ps in module_plan.values()  # type: ignore[union-attr]
         )
-        return ShardingSetup(sharders=build_sharders(row_splits), loaded_plan=saved.plan)
+        return ShardingSetup(sharders=build_sharders(row_splits, prefetch), loaded_plan=saved.plan)
     constraints = config.sharding_constraints
     tables = config.model.table_names
     constraints.validate(tables, device_type)
     return ShardingSetup(
-        sharders=build_sharders(constraints.row_splits_on_cpu(tables, device_type)),
+        sharders=build_sharders(constraints.row_splits_on_cpu(tables, device_type), prefetch),
         constraints=constraints.parameter_constraints(tables, config.model.embedding_dim, env.world_size, device_type),
     )

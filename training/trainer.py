@@ -39,7 +39,8 @@ from training.embedding_init import init_embedding_tables
 from training.lr_schedule import WarmupPolyDecaySchedule
 from training.metrics import BinaryClassificationMetrics
 from training.optimizers import attach_fused_embedding_optimizer, build_combined_optimizer
-from training.pipelines import build_pipeline, check_pipeline_supported, cpu_bf16_speed_ratio
+from training.pipelines import (build_pipeline, check_pipeline_supported, check_plan_for_pipeline,
+                                cpu_bf16_speed_ratio)
 from training.run_log import RunLog
 from training.sharding import prepare_sharding
 
@@ -114,6 +115,7 @@ class Trainer:
             self.process_group,
         )
         self.plan = plan_summary(plan)
+        check_plan_for_pipeline(config.pipeline, self.plan, config.validation_freq_within_epoch is not None)
         if restore and restore.full:
             check_reshardable(restore.meta, self.plan, restore.path)
         table_shapes = {t: (rows, config.model.embedding_dim)
@@ -128,8 +130,10 @@ class Trainer:
             plan=plan,
             sharders=sharding.sharders,
         )
-        align_to_sharded_embeddings(self.model, env.device)
         init_embedding_tables(self.model, table_shapes, config.seed)
+        # After the seeded init: the probe's lookup loads row 0 into a UVM cache
+        # (fused_uvm_caching), which would otherwise keep serving torchrec's init of it.
+        align_to_sharded_embeddings(self.model, env.device)
         self.optimizer = build_combined_optimizer(self.model, config.optim)
         self.schedule = WarmupPolyDecaySchedule(config.optim)
         self.loaders: Dict[str, BatchLoader] = build_loaders(
@@ -212,7 +216,8 @@ class Trainer:
         self.log.record("checkpoint", step=self.step, path=path, seconds=seconds)
 
     def _pipeline(self, kind: str) -> TrainPipeline:
-        return build_pipeline(kind, self.model, self.optimizer, self.env.device, self.config.amp)
+        return build_pipeline(kind, self.model, self.optimizer, self.env.device, self.config.amp,
+                              self.config.semi_sync_start_batch)
 
     def _batches(self, loader: BatchLoader) -> Iterator:
         batches: Iterator = iter(loader)

@@ -1,0 +1,258 @@
+"""Decisions the CUDA paths make, tested on CPU: the pipelines' mixed precision, the
+checkpoint's RNG state, the sharders' prefetch parameter, the refusals of cached
+tables under pipelines that cannot keep them consistent, the order of table
+initialisation and the feature-order probe, block-wise table initialisation, and
+the install script's device checks."""
+
+import random
+
+import pytest
+import torch
+from torch import nn
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec.datasets.utils import Batch
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
+from torchrec.distributed.types import ShardingEnv, ShardingPlan
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from models import build_dlrm_train
+from sharding_plans import PlannerConfig, build_sharders, plan_summary
+from sharding_plans.planner import plan_with_estimates
+from sharding_plans.sharders import RowSplitsOnCpuSharder
+from training.checkpoint import _rng_state, _set_rng_state
+from training.config import PIPELINES
+from training.distributed import DistributedEnv
+from training.flags import parse_config
+from training.pipelines import build_pipeline, check_plan_for_pipeline
+from training.sharding import prepare_sharding
+
+
+class AutocastProbe(nn.Module):
+    """A one-layer model that records, on each real (untraced) forward, whether CPU
+    autocast was on and the dtype its matmul produced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 1)
+        self.seen = []
+
+    def forward(self, batch: Batch):
+        logits = self.linear(batch.dense_features).squeeze(-1)
+        if isinstance(logits, torch.Tensor):  # not the train pipeline's fx trace
+            self.seen.append((torch.is_autocast_enabled("cpu"), logits.dtype))
+        loss = nn.functional.binary_cross_entropy_with_logits(logits.float(), batch.labels)
+        return loss, (loss.detach(), logits.detach(), batch.labels)
+
+
+def _batches(count: int):
+    for _ in range(count):
+        kjt = KeyedJaggedTensor(keys=["f"], values=torch.zeros(2, dtype=torch.int64),
+                                lengths=torch.ones(2, dtype=torch.int32))
+        yield Batch(dense_features=torch.randn(2, 4), sparse_features=kjt, labels=torch.ones(2))
+
+
+@pytest.mark.parametrize("kind", ["base", "sparse_dist"])
+@pytest.mark.parametrize("amp", [False, True])
+def test_amp_runs_the_forward_under_bf16_autocast_in_every_pipeline(kind, amp):
+    """torchrec's base pipeline ignores custom_model_fwd: --pipeline base --amp must
+    still run the forward under bf16 autocast, and still train (backward + step)."""
+    torch.manual_seed(0)
+    model = AutocastProbe()
+    before = model.linear.weight.detach().clone()
+    pipeline = build_pipeline(kind, model, torch.optim.SGD(model.parameters(), lr=0.1), torch.device("cpu"), amp)
+    batches, steps = _batches(3), 0
+    while True:
+        try:
+            pipeline.progress(batches)
+        except StopIteration:
+            break
+        steps += 1
+    expected = (True, torch.bfloat16) if amp else (False, torch.float32)
+    assert steps == 3 and model.seen == [expected] * 3
+    assert not torch.equal(before, model.linear.weight)
+    assert not torch.is_autocast_enabled("cpu")  # autocast ends with the forward
+
+
+def test_checkpoint_rng_state_holds_this_process_generators_only(tmp_path):
+    """The per-rank RNG file holds the CPU and Python generators, and on CUDA the
+    current device's generator alone (not every visible GPU's): a resume on a host
+    showing fewer GPUs must load it."""
+    state = _rng_state()
+    if torch.cuda.is_available():
+        assert set(state) == {"torch", "python", "cuda"}
+        assert torch.equal(state["cuda"], torch.cuda.get_rng_state())
+    else:
+        assert set(state) == {"torch", "python"}
+    torch.save(state, tmp_path / "rank_0.pt")
+    expected = (torch.rand(3), random.random())
+    _set_rng_state(torch.load(tmp_path / "rank_0.pt", weights_only=True))  # as a resume reads it
+    assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_checkpoint_cuda_rng_state_restores_on_the_current_device():
+    state = _rng_state()
+    expected = torch.rand(3, device="cuda")
+    _set_rng_state(state)
+    assert torch.equal(torch.rand(3, device="cuda"), expected)
+
+
+TINY_RUN = ["--num_embeddings", "50", "--embedding_dim", "4", "--dense_arch_layer_sizes", "8,4",
+            "--over_arch_layer_sizes", "8,1", "--batch_size", "4", "--limit_train_batches", "1",
+            "--limit_val_batches", "1", "--limit_test_batches", "1", "--seed", "3"]
+
+
+@pytest.fixture
+def one_process(monkeypatch):
+    """A single-process run in this process (its own in-memory process group)."""
+    import torch.distributed as dist
+
+    for name in ("MASTER_ADDR", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_feature_order_probe_sees_the_seeded_tables(one_process, monkeypatch):
+    """The probe lookup loads row 0 of every table into a UVM cache: it must run after
+    the seeded initialisation, so the cache never holds torchrec's own init."""
+    import training.trainer as trainer_module
+    from training.distributed import resolve_env
+    from training.embedding_init import _local_pieces, _table_block
+
+    config = parse_config(TINY_RUN, "dlrm_main.py", "")
+    rows, dim = config.model.num_embeddings_per_feature[0], config.model.embedding_dim  # one block
+    seen = []
+    real_probe = trainer_module.align_to_sharded_embeddings
+
+    def probe_after_init(model, device):
+        weights = {k.split(".")[-2]: v for k, v in model.state_dict().items() if k.endswith(".weight")}
+        first = config.model.table_names[0]
+        (local, _, _), = _local_pieces(weights[first])  # one rank: the whole table
+        seen.append(torch.equal(local, _table_block(config.seed, 0, rows, dim, 0)))
+        return real_probe(model, device)
+
+    monkeypatch.setattr(trainer_module, "align_to_sharded_embeddings", probe_after_init)
+    trainer_module.Trainer(config, resolve_env("cpu"))
+    assert seen == [True]
+
+
+def test_table_init_writes_block_by_block_into_the_shard(monkeypatch):
+    """Table init never builds a second full-size copy of a shard (UVM and large
+    shards would not fit twice): its largest allocation is one block of rows, and
+    the values are those of the whole seeded table, at any row and column offset."""
+    import training.embedding_init as embedding_init
+
+    monkeypatch.setattr(embedding_init, "ROWS_PER_BLOCK", 1000)
+    rows, dim, seed = 3500, 16, 1
+    table = torch.cat([embedding_init._table_block(seed, 0, rows, dim, b) for b in range(4)])
+    model = nn.Module()
+    model.tables = nn.ModuleDict({"t": nn.Embedding(rows, dim)})
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        assert embedding_init.init_embedding_tables(model, {"t": (rows, dim)}, seed) == 1
+    assert torch.equal(model.tables.t.weight.detach(), table)
+    largest = max(event.cpu_memory_usage for event in prof.events())
+    assert largest == 1000 * dim * 4  # one fp32 block; the table is 3.5 blocks
+    # A column shard starting mid-block, in fp16: the table's values, rounded once.
+    piece = torch.empty(1700, 8, dtype=torch.float16)
+    embedding_init._fill_piece(piece, seed, 0, rows, dim, row=1500, col=4)
+    assert torch.equal(piece, table[1500:3200, 4:12].half())
+
+
+CPU_ENV = DistributedEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
+                         device=torch.device("cpu"), backend="gloo")
+
+
+def _ebc_sharder(sharders):
+    (sharder,) = [s for s in sharders if isinstance(s, EmbeddingBagCollectionSharder)]
+    return sharder
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize("row_split", [False, True])
+def test_sharders_lock_cache_lines_under_the_prefetch_pipeline_only(pipeline, row_split):
+    """--pipeline prefetch hands planner and DistributedModelParallel sharders with
+    prefetch_pipeline=True (FBGEMM's cache-line locking); other pipelines don't."""
+    extra = ["--sharding_type", "t_cat_0=row_wise"] if row_split else []
+    config = parse_config(TINY_RUN + ["--pipeline", pipeline, *extra], "dlrm_main.py", "")
+    model = build_dlrm_train(config.model, dense_device=torch.device("cpu"))
+    sharder = _ebc_sharder(prepare_sharding(config, CPU_ENV, model).sharders)
+    assert isinstance(sharder, RowSplitsOnCpuSharder) == row_split
+    assert sharder.fused_params == ({"prefetch_pipeline": True} if pipeline == "prefetch" else None)
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_prefetch_pipeline_reaches_the_fbgemm_kernel(one_process, prefetch):
+    """The sharders' fused parameter is what FBGEMM's kernel is built with."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name="t", embedding_dim=4, num_embeddings=10,
+                                                            feature_names=["f"])], device=torch.device("meta"))
+    plan = construct_module_sharding_plan(ebc, {"t": table_wise(rank=0, compute_kernel="fused")},
+                                          world_size=1, device_type="cpu")
+    dmp = DistributedModelParallel(ebc, device=torch.device("cpu"), env=ShardingEnv.from_process_group(dist.group.WORLD),
+                                   plan=ShardingPlan({"": plan}), sharders=build_sharders(prefetch_pipeline=prefetch))
+    kernels = [m.emb_module for lookup in dmp.module._lookups for m in lookup._emb_modules]
+    assert [k.prefetch_pipeline for k in kernels] == [prefetch]
+
+
+def _plan(**kernels: str) -> dict:
+    return {table: {"sharding_type": "table_wise", "compute_kernel": kernel, "shards": []}
+            for table, kernel in kernels.items()}
+
+
+@pytest.mark.parametrize("pipeline, plan, within_epoch, refusal", [
+    ("semi_sync", _plan(a="fused", b="fused_uvm"), True, None),
+    ("semi_sync", _plan(a="fused", b="fused_uvm_caching", c="fused_uvm_caching"), False,
+     "--pipeline semi_sync runs forward(i+1) before the embedding backward of batch i and needs every table "
+     "on the fused or fused_uvm kernel; the plan has b, c on fused_uvm_caching "
+     "(pass --compute_kernel fused or fused_uvm, or use --pipeline sparse_dist)"),
+    ("semi_sync", _plan(a="dense", b="key_value"), False, "the plan has a on dense; b on key_value"),
+    ("prefetch", _plan(a="fused_uvm_caching", b="dense"), True,
+     "--pipeline prefetch with --validation_freq_within_epoch: validation would run on the cache locations "
+     "prefetched for the next training batch (a on fused_uvm_caching); validate at epoch end only, "
+     "or use --pipeline sparse_dist"),
+    ("prefetch", _plan(a="fused_uvm_caching"), False, None),  # epoch-end validation: the pipeline has drained
+    ("prefetch", _plan(a="fused", b="fused_uvm", c="dense"), True, None),  # no cache
+    ("sparse_dist", _plan(a="fused_uvm_caching"), True, None),
+    ("base", _plan(a="fused_uvm_caching"), True, None),
+])
+def test_pipelines_refuse_plans_whose_caches_they_would_corrupt(pipeline, plan, within_epoch, refusal):
+    if refusal is None:
+        check_plan_for_pipeline(pipeline, plan, within_epoch)
+    else:
+        with pytest.raises(ValueError) as e:
+            check_plan_for_pipeline(pipeline, plan, within_epoch)
+        assert refusal in str(e.value) and "\n" not in str(e.value)
+
+
+def test_semi_sync_refuses_the_cache_the_planner_picks_when_hbm_runs_short():
+    """Planned for 2 GPUs of 64 MiB (a plan for hardware this machine does not have),
+    the 26 tables do not fit in HBM: the planner chooses fused_uvm_caching by itself,
+    which semi_sync refuses; with enough HBM the plan is fused and accepted."""
+    config = parse_config(["--num_embeddings", "100000", "--embedding_dim", "16", "--dense_arch_layer_sizes", "8,16",
+                           "--over_arch_layer_sizes", "8,1"], "dlrm_main.py", "")
+    model = build_dlrm_train(config.model, dense_device=torch.device("meta"))
+    kernels = {}
+    for hbm in (64 * 2**20, 2**30):
+        plan, _ = plan_with_estimates(model, build_sharders(), PlannerConfig(
+            world_size=2, local_world_size=2, compute_device="cuda", batch_size=512, hbm_cap_bytes=hbm))
+        kernels[hbm] = plan_summary(plan)
+    assert "fused_uvm_caching" in {p["compute_kernel"] for p in kernels[64 * 2**20].values()}
+    with pytest.raises(ValueError, match="on fused_uvm_caching"):
+        check_plan_for_pipeline("semi_sync", kernels[64 * 2**20], False)
+    assert {p["compute_kernel"] for p in kernels[2**30].values()} <= {"fused", "dense"}
+
+
+def test_semi_sync_start_batch_flag(capsys):
+    assert parse_config(TINY_RUN, "dlrm_main.py", "").semi_sync_start_batch == 900  # torchrec's default
+    config = parse_config(TINY_RUN + ["--pipeline", "semi_sync", "--semi_sync_start_batch", "0"], "dlrm_main.py", "")
+    assert config.semi_sync_start_batch == 0
+    with pytest.raises(SystemExit) as e:
+        parse_config(TINY_RUN + ["--semi_sync_start_batch", "-1"], "dlrm_main.py", "")
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "dlrm_main.py: error: --semi_sync_start_batch must be 0 or more, got -1\n"

@@ -237,16 +237,17 @@ def case_argv(case: Case, data_dir: str, device: str) -> List[str]:
 def sharded_tolerance(case: Case, device: str) -> Tuple[float, str]:
     """(absolute tolerance on losses and weights, why) for check (a)."""
     if case["amp"]:
-        return 5e-3, ("bf16 autocast: each rank's matmuls round their partial results to bf16 "
-                      "(8 bits of mantissa) before the fp32 all-reduce, the reference rounds whole-batch ones")
+        return 1e-2, ("bf16 autocast: each rank's matmuls round their partial results to bf16 "
+                      "(8 bits of mantissa) before the fp32 all-reduce, the reference rounds whole-batch ones; "
+                      "the adaptive optimizers pass a gradient difference d on as up to lr * d / eps = 5 d")
     if case["optimizer"] == "rowwise_adagrad" and case["world_size"] > 1 and \
             case["sharding"] in COLUMN_SHARDING_TYPES + (MIXED,):
         return 5e-3, ("row-wise Adagrad keeps one accumulator per row of each column shard (the mean "
                       "of that shard's squared gradients), the reference one per whole row: a different "
                       "step size, the same direction")
     if case["precision"] == "fp16":
-        return 1e-3, ("fp16 tables: an update rounds the weight to fp16 (about 1e-3 relative), so a "
-                      "summation-order difference can flip a rounding by one fp16 step")
+        return 2.5e-4, ("fp16 tables: an update rounds each weight to fp16, whose step is 1.2e-4 at the "
+                        "weights' magnitude here, so a summation-order difference can flip a rounding")
     if device == "cuda":
         return 1e-5, "GPU kernels may sum in another order from run to run (atomic adds)"
     if case["optimizer"] in ADAPTIVE or case["dense_optimizer"] in ADAPTIVE:

@@ -15,12 +15,11 @@ once.
 """
 
 import math
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List
 
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec.distributed.types import EnumerableShardingSpec
 
 from models import build_dlrm_train
@@ -31,6 +30,7 @@ from training.embedding_init import init_embedding_tables
 from training.flags import parse_config
 from training.trainer import Trainer
 from tests.launch import launch
+from tests.matrix import assemble_table, local_weights
 
 TOLERANCE = 1e-6
 STEPS = 6
@@ -48,21 +48,8 @@ MIXED = ",".join(f"t_cat_{i}={TYPES[i % len(TYPES)]}" for i in range(26))
 
 
 def _weights(trainer: Trainer) -> Dict[str, Any]:
-    """This rank's pieces of every table {table: [(row, col, tensor)]}, the dense
-    parameters and, per table, the plan's sharding type and shard placements."""
-    tables: Dict[str, List[Tuple[int, int, torch.Tensor]]] = {}
-    dense: Dict[str, torch.Tensor] = {}
-    for key, value in trainer.model.state_dict().items():
-        parts = key.split(".")
-        if "embedding_bags" in parts:
-            table = parts[-2]
-            if isinstance(value, ShardedTensor):
-                tables[table] = [(s.metadata.shard_offsets[0], s.metadata.shard_offsets[1], s.tensor.clone())
-                                 for s in value.local_shards()]
-            else:
-                tables[table] = [(0, 0, value.detach().clone())]
-        else:
-            dense[key] = value.detach().clone()
+    """This rank's pieces of every table, the dense parameters and, per table, the
+    plan's sharding type and shard placements."""
     layout = {}
     for module_plan in trainer.model.plan.plan.values():
         for table, ps in module_plan.items():
@@ -70,7 +57,7 @@ def _weights(trainer: Trainer) -> Dict[str, Any]:
             shards = ([(tuple(s.shard_sizes), s.placement.rank()) for s in spec.shards]
                       if isinstance(spec, EnumerableShardingSpec) else None)
             layout[table] = (ps.sharding_type, shards)
-    return {"tables": tables, "dense": dense, "layout": layout}
+    return {**local_weights(trainer.model), "layout": layout}
 
 
 def _run_variants(variants: List[List[str]]) -> List[Dict[str, Any]]:
@@ -83,19 +70,6 @@ def _run_variants(variants: List[List[str]]) -> List[Dict[str, Any]]:
         results.append({"losses": result.train_losses, **_weights(trainer)})
     dist.destroy_process_group()
     return results
-
-
-def _assemble(per_rank: List[Dict[str, Any]], table: str, rows: int, dim: int) -> torch.Tensor:
-    """The whole table from every rank's pieces; replicas must agree."""
-    full = torch.full((rows, dim), float("nan"))
-    for result in per_rank:
-        for row, col, piece in result["tables"].get(table, []):
-            target = full[row:row + piece.shape[0], col:col + piece.shape[1]]
-            if not torch.isnan(target).any():  # a data-parallel replica: same values on every rank
-                assert torch.allclose(target, piece.float(), rtol=0, atol=TOLERANCE), table
-            target.copy_(piece.float())
-    assert not torch.isnan(full).any(), f"{table}: pieces do not cover the table"
-    return full
 
 
 @pytest.fixture(scope="module")
@@ -140,8 +114,8 @@ def test_sharded_matches_single_process(runs, variant):
         assert math.isclose(a, b, rel_tol=0, abs_tol=TOLERANCE), (reference["losses"], per_rank[0]["losses"])
     for i, rows in enumerate(TABLE_ROWS):
         table = f"t_cat_{i}"
-        expected = _assemble([reference], table, rows, 8)
-        got = _assemble(per_rank, table, rows, 8)
+        expected = assemble_table([reference], table, rows, 8)
+        got = assemble_table(per_rank, table, rows, 8)
         assert torch.allclose(got, expected, rtol=0, atol=TOLERANCE), (table, (got - expected).abs().max())
     assert reference["dense"].keys() == per_rank[0]["dense"].keys()
     for key, expected in reference["dense"].items():
@@ -162,6 +136,6 @@ def test_training_moved_the_weights(runs):
     for key, value in initial.state_dict().items():
         if "embedding_bags" in key:
             table = key.split(".")[-2]
-            moved = (_assemble([reference], table, *shapes[table]) - value).abs().max()
+            moved = (assemble_table([reference], table, *shapes[table]) - value).abs().max()
             assert moved > 50 * TOLERANCE, (table, moved)
     assert reference["losses"][-1] < reference["losses"][0]

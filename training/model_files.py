@@ -35,7 +35,7 @@ from typing import Any, Dict, Iterator, Optional
 
 import torch
 
-from common.manifest import ManifestEntry, ManifestError, check_bytes, check_manifest_format, entry_of_bytes
+from common.manifest import ManifestEntry, check_bytes, check_manifest_format, entry_of_bytes
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1

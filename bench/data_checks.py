@@ -21,6 +21,7 @@ from typing import Callable, Dict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.loader_throughput import loader_rate  # noqa: E402
 from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader  # noqa: E402
 from data.criteo_feature_spec import criteo_to_split_binary  # noqa: E402
 from data.split_binary import SplitBinaryDataset  # noqa: E402
@@ -38,15 +39,6 @@ def best_seconds(fn: Callable[[], object], repeats: int = 3) -> float:
     return min(times)
 
 
-def batches_per_sec(loader: CriteoBinaryLoader, max_batches: int = 600) -> float:
-    start, count = time.perf_counter(), 0
-    for _ in loader:
-        count += 1
-        if count == max_batches:
-            break
-    return count / (time.perf_counter() - start)
-
-
 def measure(name: str, dataset, batch_size: int) -> Dict[str, float]:
     common = dict(batch_size=batch_size, rank=0, world_size=1)
     rows = dataset.num_rows
@@ -55,8 +47,8 @@ def measure(name: str, dataset, batch_size: int) -> Dict[str, float]:
     checked = CriteoBinaryLoader(dataset, "train", mmap_mode=True, **common)
     unchecked = CriteoBinaryLoader(dataset, "train", mmap_mode=True, **common)
     unchecked._batch_check = None  # the same loader without its per-batch check
-    rate_on = max(batches_per_sec(checked) for _ in range(3))
-    rate_off = max(batches_per_sec(unchecked) for _ in range(3))
+    rate_on = max(loader_rate(checked, 600) for _ in range(3))
+    rate_off = max(loader_rate(unchecked, 600) for _ in range(3))
     batch = dataset.read(0, batch_size)
     check = BatchValueCheck(dataset.num_embeddings_per_feature)
     per_batch = best_seconds(lambda: [check.first_invalid_row(*batch) for _ in range(200)]) / 200

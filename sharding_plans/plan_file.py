@@ -369,6 +369,12 @@ def _read_parameter(r: _Reader, value: Any, where: str, table: TableSpec, topolo
     spec = None
     if p["shards"] is not None:
         spec = EnumerableShardingSpec(_read_shards(r, p["shards"], f"{where}.shards", table, topology))
+        # torchrec takes a table-wise table's rank from `ranks` and its shard from the
+        # placements (column-wise: shard i on ranks[i]): they must say the same.
+        placed = [shard.placement.rank() for shard in spec.shards]
+        if ranks != placed:
+            raise r.fail(f"{where}.ranks", f"{json.dumps(ranks)} disagrees with the shards' placements, which are on "
+                                           f"ranks {placed} in shard order")
     elif sharding_type != "data_parallel":
         raise r.fail(f"{where}.shards", f"a {sharding_type} table needs its shards")
     cache = None

@@ -163,6 +163,9 @@ def build_sharding_plan(
         process_group: the job's group (None: plan locally).
         constraints: per-table constraints (see `ShardingConstraints.parameter_constraints`).
 
+    Raises:
+        PlanDoesNotFit: no placement fits the ranks' memory (on every rank alike).
+
     Example::
 
         plan = build_sharding_plan(model, get_default_sharders(),
@@ -170,10 +173,40 @@ def build_sharding_plan(
                                                  compute_device="cpu", batch_size=512))
     """
     planner = _planner(config, constraints, PlanRecorder())
-    with _quiet_planner():
-        if process_group is not None and dist.get_world_size(process_group) > 1:
-            return planner.collective_plan(module, sharders, process_group)
-        return planner.plan(module, sharders)
+    if process_group is None or dist.get_world_size(process_group) == 1:
+        return _plan(planner, module, sharders)
+    # Plan on rank 0 and broadcast, as torchrec's collective_plan does; but broadcast a
+    # failure too, so the other ranks raise it instead of waiting for the plan until
+    # the collective times out.
+    outcome: List[object] = [None]
+    if dist.get_rank(process_group) == 0:
+        try:
+            outcome = [_plan(planner, module, sharders)]
+        except PlanDoesNotFit as e:
+            outcome = [("does not fit", str(e))]
+        except Exception as e:
+            outcome = [("failed", f"rank 0 failed to plan: {type(e).__name__}: {e}")]
+            dist.broadcast_object_list(outcome, group=process_group, group_src=0)
+            raise
+    dist.broadcast_object_list(outcome, group=process_group, group_src=0)
+    if isinstance(outcome[0], tuple):
+        kind, message = outcome[0]
+        raise PlanDoesNotFit(message) if kind == "does not fit" else RuntimeError(message)
+    return outcome[0]  # type: ignore[return-value]
+
+
+def _plan(planner: EmbeddingShardingPlanner, module: nn.Module,
+          sharders: List[ModuleSharder[nn.Module]]) -> ShardingPlan:
+    """The planner's plan; PlanDoesNotFit or a one-line ValueError when it finds none."""
+    try:
+        with _quiet_planner():
+            return planner.plan(module, sharders)
+    except PlannerError as e:
+        if e.error_type == PlannerErrorType.INSUFFICIENT_STORAGE:
+            raise PlanDoesNotFit("the tables need more memory than the ranks have") from e
+        if e.error_type in (PlannerErrorType.STRICT_CONSTRAINTS, PlannerErrorType.PARTITION):
+            raise PlanDoesNotFit("no placement allowed by the constraints fits in the ranks' memory") from e
+        raise ValueError(f"the planner failed: {str(e).strip().splitlines()[0]}") from e
 
 
 def plan_with_estimates(
@@ -195,14 +228,5 @@ def plan_with_estimates(
         print(max(r.hbm_bytes for r in ranks))
     """
     recorder = PlanRecorder()
-    planner = _planner(config, constraints, recorder)
-    try:
-        with _quiet_planner():
-            plan = planner.plan(module, sharders)
-    except PlannerError as e:
-        if e.error_type == PlannerErrorType.INSUFFICIENT_STORAGE:
-            raise PlanDoesNotFit("the tables need more memory than the ranks have") from e
-        if e.error_type in (PlannerErrorType.STRICT_CONSTRAINTS, PlannerErrorType.PARTITION):
-            raise PlanDoesNotFit("no placement allowed by the constraints fits in the ranks' memory") from e
-        raise ValueError(f"the planner failed: {str(e).strip().splitlines()[0]}") from e
+    plan = _plan(_planner(config, constraints, recorder), module, sharders)
     return plan, recorder.rank_estimates(config.world_size)

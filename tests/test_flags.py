@@ -1,5 +1,7 @@
 """Flag parsing and validation: every bad input is one line on stderr and exit code 2."""
 
+import json
+
 import pytest
 
 import dcnv2_main
@@ -99,6 +101,20 @@ def test_table_sizes_come_from_metadata(synthetic_dir):
     config = parse_config(["--in_memory_binary_criteo_path", synthetic_dir, "--num_embeddings", "77"],
                           "dlrm_main.py", "")
     assert config.model.num_embeddings_per_feature == [77] * 26
+
+
+@pytest.mark.parametrize("argv", [["--batch_size", "0"], ["--no_such_flag"]])
+def test_bad_flags_are_said_by_rank_0_of_the_job(capsys, monkeypatch, tmp_path, argv):
+    """Every rank sees the same flags: rank 0 prints the line; every rank exits 2 and
+    records it for torchrun's failure summary."""
+    for rank, printed in (("1", 0), ("0", 1)):
+        error_file = tmp_path / f"rank_{rank}.json"
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+        code, lines = run_main(capsys, dlrm_main.main, argv)
+        assert (code, len(lines)) == (2, printed), lines
+        message = json.loads(error_file.read_text())["message"]
+        assert message.startswith("dlrm_main.py: ") and message.endswith(" (exit code 2)")
 
 
 @pytest.mark.parametrize("module, argv, message", [

@@ -206,7 +206,7 @@ def test_http_endpoint_batches_concurrent_requests(trained):
         assert max(batcher.batch_requests) > 1 and sum(batcher.batch_requests) == 8  # shared forwards
         with pytest.raises(urllib.error.HTTPError) as bad:
             urllib.request.urlopen(urllib.request.Request(url + "/predict", data=lines[0] + b"1\t2\n", method="POST"))
-        assert bad.value.code == 400 and bad.value.read().decode().startswith("error: request line 2: expected 40")
+        assert bad.value.code == 400 and json.loads(bad.value.read())["error"].startswith("request line 2: expected 40")
         assert urllib.request.urlopen(url + "/health").read() == b"ok\n"
 
 

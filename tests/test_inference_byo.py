@@ -2,6 +2,7 @@
 multi-hot feature, the predictor on BYO CSV rows, the quality gate on the test mapping."""
 
 import gzip
+import json
 import os
 import urllib.error
 import urllib.request
@@ -154,4 +155,4 @@ def test_http_endpoint_takes_csv_rows(trained_byo):
         with pytest.raises(urllib.error.HTTPError) as bad:
             urllib.request.urlopen(urllib.request.Request(url, data=body + b"1,2\n", method="POST"))
         assert bad.value.code == 400
-        assert bad.value.read().decode().startswith("error: request line 7: has 2 columns, expected 12")
+        assert json.loads(bad.value.read())["error"].startswith("request line 7: has 2 columns, expected 12")

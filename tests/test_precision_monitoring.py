@@ -112,6 +112,10 @@ def test_tensorboard_peak_memory_and_report(synthetic_dir, tmp_path, capsys):
     assert header[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", header[16:24]) == (1200, 800)
     out = capsys.readouterr().out
     assert out.count("best validation AUROC") == 2 and "at step 10" in out or "at step 5" in out
+    missing = str(tmp_path / "no_such_dir" / "run.png")
+    assert report_main([log, "--output", missing]) == 2
+    assert capsys.readouterr().err == (
+        f"training.report: error: --output {missing}: cannot write it: No such file or directory\n")
 
     bad = str(tmp_path / "bad.jsonl")
     with open(bad, "w") as f:

@@ -111,6 +111,10 @@ def _shards(document, table):
     (lambda d: _shards(d, "t_cat_1")[0].update(placement="rank:7/cuda:1"),
      f"plan.{MODULE}.t_cat_1.shards[0].placement: rank of 'rank:7/cuda:1' is not one of the plan's 4 ranks"),
     (lambda d: _shards(d, "t_cat_1")[0].update(sizes=[5000, 16]), "extends past the 1100 x 16 table"),
+    (lambda d: d["plan"][MODULE]["t_cat_1"].update(ranks=[(k + 1) % 4 for k in d["plan"][MODULE]["t_cat_1"]["ranks"]]),
+     f"plan.{MODULE}.t_cat_1.ranks: [0] disagrees with the shards' placements, which are on ranks [3] in shard order"),
+    (lambda d: d["plan"][MODULE]["t_cat_3"].update(ranks=None),
+     f"plan.{MODULE}.t_cat_3.ranks: null disagrees with the shards' placements"),
     (lambda d: d["plan"][MODULE].update(t_cat_99=d["plan"][MODULE]["t_cat_1"]),
      "t_cat_99: table is not listed under \"tables\""),
 ])

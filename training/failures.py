@@ -65,11 +65,39 @@ def _raise_terminated(signum: int, frame: Optional[FrameType]) -> None:
     raise Terminated("received SIGTERM")
 
 
+def print_whole(text: str) -> None:
+    """Writes ``text`` (whole lines) to stderr in one write, flushed: the ranks of a
+    torchrun job share its stderr, and a line written in pieces is cut by another's."""
+    sys.stderr.write(text if text.endswith("\n") else text + "\n")
+    sys.stderr.flush()
+
+
+def speaks_for_the_job() -> bool:
+    """Whether this process is rank 0 of its job (RANK as torchrun, torchx and Slurm
+    launches set it; a process without RANK is a job of its own)."""
+    return os.environ.get("RANK", "0").strip() == "0"
+
+
 def report(prog: str, message: str, exit_code: int) -> int:
     """Prints ``PROG: error: MESSAGE`` on stderr, records it for torchrun, returns ``exit_code``."""
-    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    print_whole(f"{prog}: error: {message}")
     _record_for_torchrun(f"{prog}: {message} (exit code {exit_code})")
     return exit_code
+
+
+def report_bad_input(prog: str, message: str) -> int:
+    """Reports bad flags or input, which every rank of the job sees alike: rank 0 of the
+    job prints the line (one line for the job, not one per rank), every rank records it
+    for torchrun's failure summary. Returns EXIT_BAD_INPUT, for every rank to exit with.
+
+    Example::
+
+        return report_bad_input("dlrm_main.py", "--batch_size must be positive, got 0")
+    """
+    if speaks_for_the_job():
+        print_whole(f"{prog}: error: {message}")
+    _record_for_torchrun(f"{prog}: {message} (exit code {EXIT_BAD_INPUT})")
+    return EXIT_BAD_INPUT
 
 
 def report_rank_failure(prog: str, rank: int, world_size: int, where: str, error: BaseException) -> int:
@@ -88,7 +116,7 @@ def report_rank_failure(prog: str, rank: int, world_size: int, where: str, error
         # The echo of another rank's failure: its traceback says nothing more.
         detail = f"lost contact with another rank, which probably stopped first ({detail})"
     elif not isinstance(error, (RankError, DataValueError)):  # their one line says all (bad data: --mmap_mode)
-        traceback.print_exception(error, file=sys.stderr)
+        print_whole("".join(traceback.format_exception(error)))
     return report(prog, f"rank {rank} of {world_size} failed at {where}: {detail}", EXIT_FAILED)
 
 

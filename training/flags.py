@@ -6,8 +6,7 @@ Bad input ends in one line on stderr and exit code 2.
 """
 
 import argparse
-import sys
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from common.cli import OneLineParser, int_list
 from data.config import DATASET_NAMES, DataConfig
@@ -27,6 +26,7 @@ from training.config import (
     OptimizerConfig,
     TrainConfig,
 )
+from training.failures import report_bad_input
 
 DEFAULT_NUM_EMBEDDINGS = 100_000
 
@@ -39,9 +39,16 @@ def _store_true(parser: argparse.ArgumentParser, name: str, help: str) -> None:
     parser.add_argument(f"--{name}", action="store_true", help=help)
 
 
+class _JobParser(OneLineParser):
+    """Bad flags are the same on every rank: rank 0 of the job says so, every rank exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise SystemExit(report_bad_input(self.prog, message))
+
+
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The flags of both entry points, with DLRM's defaults (callers may `set_defaults`)."""
-    p = OneLineParser(prog=prog, description=description)
+    p = _JobParser(prog=prog, description=description)
     a = p.add_argument
     # Run length and batching (public example names).
     a("--epochs", type=int, default=1, help="passes over the training split")
@@ -259,5 +266,4 @@ def parse_config(
     try:
         return config_from_args(args)
     except FlagError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(report_bad_input(prog, str(e)))

@@ -2,8 +2,9 @@
 
 Exit codes (training/failures.py): 0 done; 1 a rank failed during setup or
 training (its message names the rank and the step); 2 bad flags or input (one line
-on stderr, on every rank, before any collective where it can be known then, so no
-rank hangs; an unusable checkpoint too); 3 the loss became NaN or infinite; 143
+on stderr, from rank 0 of the job; every rank exits 2 and records the line for
+torchrun's summary; detected before any collective where it can be known then, so no
+rank hangs; an unusable checkpoint and a model that does not fit too); 3 the loss became NaN or infinite; 143
 SIGTERM (the message says where the rank was).
 """
 
@@ -15,7 +16,8 @@ import torch.distributed as dist
 
 from training.config import TrainConfig
 from training.distributed import DistributedEnv, resolve_env
-from training.failures import (EXIT_BAD_INPUT, EXIT_NON_FINITE_LOSS, raise_on_sigterm, report,
+from sharding_plans import PlanDoesNotFit
+from training.failures import (EXIT_BAD_INPUT, EXIT_NON_FINITE_LOSS, raise_on_sigterm, report, report_bad_input,
                                report_rank_failure)
 from training.flags import parse_config
 from training.inference_benchmark import run_inference_benchmark
@@ -53,7 +55,10 @@ def _run(config: TrainConfig, prog: str, env: DistributedEnv) -> int:
     try:
         trainer = Trainer(config, env)
     except ValueError as e:  # bad input, including an unusable checkpoint
-        return report(prog, str(e), EXIT_BAD_INPUT)
+        return report_bad_input(prog, str(e))
+    except PlanDoesNotFit as e:  # planned on rank 0, raised on every rank
+        return report_bad_input(prog, f"the model does not fit: {e} ({env.world_size} {env.device.type} "
+                                      "rank(s)); python -m sharding_plans plan tells how many it needs")
     except Exception as e:
         return report_rank_failure(prog, env.rank, env.world_size, "setup", e)
     try:

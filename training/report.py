@@ -110,9 +110,13 @@ def draw(runs: Sequence[Run], output: str) -> None:
     axes.flat[0].legend(fontsize="small")
     fig.tight_layout()
     tmp = output + ".tmp.png"
-    fig.savefig(tmp, dpi=FIGURE_DPI)
-    plt.close(fig)
-    os.replace(tmp, output)
+    try:
+        fig.savefig(tmp, dpi=FIGURE_DPI)
+        os.replace(tmp, output)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -125,7 +129,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except LogError as e:
         print(f"training.report: error: {e}", file=sys.stderr)
         return 2
-    draw(runs, args.output)
+    try:
+        draw(runs, args.output)
+    except OSError as e:
+        print(f"training.report: error: --output {args.output}: cannot write it: {e.strerror}", file=sys.stderr)
+        return 2
     for run in runs:
         s = run.summary()
         auroc = "n/a" if s["best_validation_auroc"] is None else f"{s['best_validation_auroc']:.4f} at step {s['best_step']}"

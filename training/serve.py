@@ -1,34 +1,46 @@
-"""A minimal HTTP endpoint for an exported model, batching concurrent requests.
+"""An HTTP endpoint for an exported model, batching concurrent requests.
 
     python -m training.serve --model MODEL_DIR [--host 127.0.0.1] [--port 8080]
         [--variant fp32|fp16|int8] [--max_batch_rows 4096] [--max_batch_delay_ms 2] [--num_threads N]
+        [--max_body_bytes 67108864] [--request_timeout_s 30] [--max_connections 256] [--parse_threads 2]
 
 ``POST /predict`` with lines in the model's input layout as the body (as ``python -m
 training.predict`` reads them: raw Criteo lines, or BYO CSV rows for a model trained
-with --dataset_path; labelled or not) answers ``200`` with one
-probability per line, or ``400`` with one line naming the bad request line. ``GET
-/health`` answers ``ok``. Each request is parsed and transformed in its own thread;
-one model thread runs the waiting requests' rows together: it takes what is queued,
-waits at most --max_batch_delay_ms for more, up to --max_batch_rows rows, and runs one
-forward for all of them.
+with --dataset_path; labelled or not; with a Content-Length or chunked) answers ``200``
+with one probability per line. Errors are JSON ``{"error": "..."}``: ``400`` for a bad
+request line (named) or an unparseable HTTP request (a Content-Length that is no
+number, say), ``413`` for a body above --max_body_bytes, ``408`` for a request not
+received whole within --request_timeout_s, ``503`` (uvicorn's) beyond
+--max_connections. ``GET /health`` answers ``ok``.
+
+uvicorn (its h11 protocol) does the HTTP framing on one event-loop thread, so a slow or
+stalled client holds a socket, not a thread. Bodies are parsed and transformed on
+--parse_threads threads; one model thread runs the waiting requests' rows together: it
+takes what is queued, waits at most --max_batch_delay_ms for more, up to
+--max_batch_rows rows, and runs one forward for all of them.
 
 Example::
 
     curl --data-binary @day_23.tsv http://127.0.0.1:8080/predict
 """
 
+import asyncio
 import contextlib
+import json
 import queue
+import socket
 import sys
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Awaitable, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+import h11
 import numpy as np
 import torch
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from common.cli import OneLineParser
 from training.predict import VARIANTS, MalformedLineError, Predictor
@@ -71,9 +83,13 @@ class BatchingPredictor:
 
     def submit(self, dense: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """Probabilities of prepared rows (see `Predictor.prepare`); blocks until done."""
+        return self.enqueue(dense, ids).result()
+
+    def enqueue(self, dense: np.ndarray, ids: np.ndarray) -> Future:
+        """Queues prepared rows; the future's result is their probabilities."""
         request = _Request(dense, ids, Future())
         self._queue.put(request)
-        return request.result.result()
+        return request.result
 
     def close(self) -> None:
         self._queue.put(None)
@@ -119,45 +135,242 @@ class BatchingPredictor:
                 start += len(request.dense)
 
 
-def make_server(batcher: BatchingPredictor, host: str, port: int) -> ThreadingHTTPServer:
-    """An HTTP server (not yet serving) answering /predict and /health with ``batcher``."""
+@dataclass
+class HttpLimits:
+    """What one client may take of the server.
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                self._reply(200, b"ok\n")
-            else:
-                self._reply(404, b"not found: GET /health or POST /predict\n")
+    Args:
+        max_body_bytes: largest request body accepted (413 above it).
+        request_timeout_s: a request (headers and body) must arrive whole within this
+            many seconds of the connection opening or of the previous answer on it (408
+            and the connection closed otherwise).
+        max_connections: open connections at most; requests beyond get 503.
+        parse_threads: threads parsing and transforming request bodies.
 
-        def do_POST(self) -> None:
-            if self.path != "/predict":
-                self._reply(404, b"not found: POST /predict\n")
+    Example::
+
+        HttpLimits(max_body_bytes=1 << 20, request_timeout_s=5).validate()
+    """
+
+    max_body_bytes: int = 64 << 20
+    request_timeout_s: float = 30.0
+    max_connections: int = 256
+    parse_threads: int = 2
+
+    def validate(self) -> None:
+        for name in ("max_body_bytes", "max_connections", "parse_threads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"--request_timeout_s must be positive, got {self.request_timeout_s}")
+
+
+class HttpError(Exception):
+    """An answer other than 200: its status and the one-line reason sent as JSON."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def error_body(message: str) -> bytes:
+    """The JSON body of every error answer."""
+    return json.dumps({"error": message}).encode() + b"\n"
+
+
+def _closing_answer(status: int, reason: str, message: str) -> bytes:
+    """A whole HTTP/1.1 error answer, for the protocol to write just before it closes."""
+    body = error_body(message)
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+
+
+class _Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline for receiving each request whole (uvicorn
+    has none: its keep-alive timer stops at a request's first byte, so a client
+    trickling bytes would hold the connection forever) and a JSON 400 for requests h11
+    cannot parse. Relies on H11Protocol's attributes as of the pinned uvicorn."""
+
+    request_timeout_s = 30.0  # set per server by a subclass (see _protocol_class)
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._deadline: Optional[asyncio.TimerHandle] = None
+        self._arm_deadline()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.ERROR):
+            self._disarm_deadline()  # the request is whole (or refused): the app may take its time
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm_deadline()  # the next request on this connection
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._disarm_deadline()
+        super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        self.transport.write(_closing_answer(400, "Bad Request", "malformed HTTP request: its request line, "
+                                             "headers or body framing (Content-Length, chunks) do not parse"))
+        self.transport.close()
+
+    def _arm_deadline(self) -> None:
+        self._disarm_deadline()
+        self._deadline = self.loop.call_later(self.request_timeout_s, self._deadline_passed)
+
+    def _disarm_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _deadline_passed(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing() or self.conn.their_state is h11.DONE:
+            return  # closed meanwhile, or a pipelined request already whole
+        if self.conn.our_state is h11.IDLE or (self.conn.our_state is h11.SEND_RESPONSE
+                                                and not self.cycle.response_started):
+            self.transport.write(_closing_answer(
+                408, "Request Timeout", f"request not received whole within {self.request_timeout_s:g} s"))
+        self.transport.close()
+
+
+def _protocol_class(request_timeout_s: float) -> type:
+    return type("Protocol", (_Protocol,), {"request_timeout_s": request_timeout_s})
+
+
+class PredictApp:
+    """The ASGI application: ``POST /predict`` through ``batcher``, ``GET /health``.
+
+    Args:
+        batcher: runs the prepared rows.
+        limits: body size and parsing threads (the other limits are the server's).
+
+    Example::
+
+        app = PredictApp(BatchingPredictor(Predictor("model_dir")), HttpLimits())
+        uvicorn.run(app)  # or see serving_in_background
+    """
+
+    def __init__(self, batcher: BatchingPredictor, limits: HttpLimits) -> None:
+        self.batcher = batcher
+        self.limits = limits
+        self._parsers = ThreadPoolExecutor(limits.parse_threads, thread_name_prefix="parse")
+
+    def close(self) -> None:
+        self._parsers.shutdown()
+
+    async def __call__(self, scope: Dict[str, Any], receive: Callable[[], Awaitable[Dict[str, Any]]],
+                       send: Callable[[Dict[str, Any]], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            return
+        try:
+            if scope["path"] == "/health" and scope["method"] == "GET":
+                await _answer(send, 200, b"ok\n")
                 return
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            try:
-                dense, ids = batcher.predictor.prepare_lines(body, "request")
-            except MalformedLineError as e:
-                self._reply(400, f"error: {e}\n".encode())
-                return
-            probabilities = batcher.submit(dense, ids) if len(dense) else np.zeros(0, np.float32)
-            self._reply(200, "".join(f"{p:.7g}\n" for p in probabilities).encode())
+            if scope["path"] != "/predict" or scope["method"] != "POST":
+                raise HttpError(404, "not found: GET /health or POST /predict")
+            body = await self._read_body(scope, receive)
+            loop = asyncio.get_running_loop()
+            dense, ids = await loop.run_in_executor(self._parsers, self.batcher.predictor.prepare_lines, body,
+                                                    "request")
+            probabilities = (await asyncio.wrap_future(self.batcher.enqueue(dense, ids)) if len(dense)
+                             else np.zeros(0, np.float32))
+        except MalformedLineError as e:
+            await _answer(send, 400, error_body(str(e)))
+        except HttpError as e:
+            await _answer(send, e.status, error_body(str(e)))
+        else:
+            await _answer(send, 200, "".join(f"{p:.7g}\n" for p in probabilities).encode())
 
-        def _reply(self, status: int, payload: bytes) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", "text/plain")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+    async def _read_body(self, scope: Dict[str, Any], receive: Callable[[], Awaitable[Dict[str, Any]]]) -> bytes:
+        limit = self.limits.max_body_bytes
+        too_large = HttpError(413, f"request body above --max_body_bytes {limit}")
+        declared = dict(scope["headers"]).get(b"content-length")  # h11 checked it is a number
+        if declared is not None and int(declared) > limit:
+            raise too_large  # before reading a byte of it
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise HttpError(400, "client disconnected before the body ended")  # nobody reads it
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > limit:
+                raise too_large
+            if not message.get("more_body", False):
+                return b"".join(chunks)
 
-        def log_message(self, format: str, *args) -> None:  # one line per request is noise here
-            pass
 
-    return _Server((host, port), Handler)
+async def _answer(send: Callable[[Dict[str, Any]], Awaitable[None]], status: int, body: bytes) -> None:
+    headers = [(b"content-length", str(len(body)).encode())]
+    if status == 200:
+        headers.append((b"content-type", b"text/plain"))
+    else:  # JSON; and the connection closes, as the body may not have been read
+        headers += [(b"content-type", b"application/json"), (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` and listening (port 0: a free one); one-line
+    ValueError/OSError when it cannot be."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port {port}: not a TCP port (0 to 65535)")
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as e:
+        raise ValueError(f"--host {host}: {e.strerror}") from None
+    try:
+        return socket.create_server((host, port), family=family, backlog=1024)
+    except OSError as e:
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+
+
+class Server:
+    """uvicorn serving ``PredictApp`` on an already listening socket.
+
+    Args:
+        batcher: runs the prepared rows.
+        sock: from `listening_socket`.
+        limits: what one client may take.
+
+    Example::
+
+        server = Server(batcher, listening_socket("127.0.0.1", 0), HttpLimits())
+        threading.Thread(target=server.run).start(); ...; server.stop()
+    """
+
+    def __init__(self, batcher: BatchingPredictor, sock: socket.socket, limits: HttpLimits) -> None:
+        limits.validate()
+        self.sock = sock
+        self.app = PredictApp(batcher, limits)
+        self._uvicorn = uvicorn.Server(uvicorn.Config(
+            self.app, http=_protocol_class(limits.request_timeout_s), lifespan="off", log_config=None,
+            access_log=False, limit_concurrency=limits.max_connections, timeout_graceful_shutdown=1))
+
+    @property
+    def port(self) -> int:
+        return self.sock.getsockname()[1]
+
+    def run(self) -> None:
+        """Serves until `stop` (or SIGINT/SIGTERM when run on the main thread)."""
+        try:
+            self._uvicorn.run(sockets=[self.sock])
+        finally:
+            self.app.close()
+            self.sock.close()
+
+    def stop(self) -> None:
+        self._uvicorn.should_exit = True
 
 
 @contextlib.contextmanager
 def serving_in_background(predictor: Predictor, max_batch_delay_ms: float = 2.0, max_batch_rows: int = 4096,
-                          host: str = "127.0.0.1", port: int = 0) -> Iterator[Tuple[str, BatchingPredictor]]:
+                          host: str = "127.0.0.1", port: int = 0,
+                          limits: Optional[HttpLimits] = None) -> Iterator[Tuple[str, BatchingPredictor]]:
     """Serves ``predictor`` from a background thread for the duration of a ``with``
     block (port 0: a free one); yields the base URL and the batcher, stops both after.
 
@@ -167,20 +380,17 @@ def serving_in_background(predictor: Predictor, max_batch_delay_ms: float = 2.0,
             urllib.request.urlopen(url + "/health")
     """
     batcher = BatchingPredictor(predictor, max_batch_rows, max_batch_delay_ms)
-    server = make_server(batcher, host, port)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://{host}:{server.server_address[1]}", batcher
+        server = Server(batcher, listening_socket(host, port), limits or HttpLimits())
+        thread = threading.Thread(target=server.run, name="http", daemon=True)
+        thread.start()
+        try:
+            yield f"http://{host}:{server.port}", batcher
+        finally:
+            server.stop()
+            thread.join()
     finally:
-        server.shutdown()
-        server.server_close()
         batcher.close()
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    # The default backlog of 5 makes the 6th simultaneous client wait for a SYN resend (1 s).
-    request_queue_size = 128
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -194,22 +404,38 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="how long a request waits for others to share its forward")
     parser.add_argument("--num_threads", type=int, default=None,
                         help="torch intra-op threads (default torch's; 1 is much faster for small batches on a busy host)")
+    defaults = HttpLimits()
+    parser.add_argument("--max_body_bytes", type=int, default=defaults.max_body_bytes,
+                        help="largest request body accepted (413 above)")
+    parser.add_argument("--request_timeout_s", type=float, default=defaults.request_timeout_s,
+                        help="seconds a request may take to arrive whole (408 after)")
+    parser.add_argument("--max_connections", type=int, default=defaults.max_connections,
+                        help="open connections at most (503 beyond)")
+    parser.add_argument("--parse_threads", type=int, default=defaults.parse_threads,
+                        help="threads parsing request bodies")
     args = parser.parse_args(argv)
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
+    limits = HttpLimits(args.max_body_bytes, args.request_timeout_s, args.max_connections, args.parse_threads)
     try:
-        batcher = BatchingPredictor(Predictor(args.model, args.variant), args.max_batch_rows, args.max_batch_delay_ms)
-        server = make_server(batcher, args.host, args.port)
+        limits.validate()
+        sock = listening_socket(args.host, args.port)
     except (ValueError, OSError) as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
-    print(f"serving {args.model} ({args.variant}) on http://{args.host}:{server.server_address[1]}/predict", flush=True)
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
+        batcher = BatchingPredictor(Predictor(args.model, args.variant), args.max_batch_rows, args.max_batch_delay_ms)
+    except (ValueError, OSError) as e:
+        sock.close()
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
+    server = Server(batcher, sock, limits)
+    print(f"serving {args.model} ({args.variant}) on http://{args.host}:{server.port}/predict", flush=True)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn stops gracefully, then re-raises the signal
         pass
     finally:
-        server.server_close()
         batcher.close()
     return 0
 

@@ -51,8 +51,10 @@ def plan_records(spec: SweepSpec, commands: Dict[str, List[str]]) -> List[RunRec
     return records
 
 
-def dryrun(spec: SweepSpec, records: List[RunRecord], out: TextIO = sys.stdout) -> None:
-    """Prints every job's command and scheduler request; launches and writes nothing."""
+def dryrun(spec: SweepSpec, records: List[RunRecord], out: Optional[TextIO] = None) -> None:
+    """Prints every job's command and scheduler request (to ``out``, default stdout);
+    launches and writes nothing."""
+    out = out or sys.stdout
     runner = get_runner()
     try:
         for record in records:
@@ -72,17 +74,17 @@ class SweepRunner:
         spec: the sweep.
         records: its runs (``plan_records``).
         max_parallel: jobs in flight at once (None: 1 on local_cwd, all elsewhere).
-        out: where progress lines go.
+        out: where progress lines go (default stdout).
     """
 
     def __init__(self, spec: SweepSpec, records: List[RunRecord], max_parallel: Optional[int] = None,
-                 out: TextIO = sys.stdout) -> None:
+                 out: Optional[TextIO] = None) -> None:
         self.spec = spec
         self.records = records
         default = 1 if spec.scheduler == "local_cwd" else len(records)
         self.max_parallel = max_parallel or default
         self.poll_seconds = POLL_SECONDS.get(spec.scheduler, DEFAULT_POLL_SECONDS)
-        self.out = out
+        self.out = out or sys.stdout
         self._apps: Dict[str, specs.AppDef] = {}
 
     def _say(self, record: RunRecord, message: str) -> None:

@@ -9,7 +9,7 @@ TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.05 --optimizer adag
 	--validation_freq_within_epoch 400 --log_every_n_steps 100 --seed 0 \
 	--log_path runs/make_train.jsonl
 
-.PHONY: install data train train-dcnv2 test test-matrix bench clean
+.PHONY: install data train train-dcnv2 sweep-example test test-matrix bench clean
 
 install: $(STAMP)
 
@@ -31,6 +31,10 @@ train-dcnv2: data
 		--in_memory_binary_criteo_path $(DATA_DIR) $(TRAIN_FLAGS) \
 		--embedding_dim 64 --dense_arch_layer_sizes 256,64 --over_arch_layer_sizes 256,128,1 \
 		--dcn_low_rank_dim 128
+
+# The README's table-size sweep (4 short runs through torchx local_cwd, a few minutes).
+sweep-example: data
+	$(PYTHON) -m sweeps run examples/sweeps/table_sizes.yaml
 
 test: install
 	$(PYTHON) -m pytest -q tests

@@ -24,6 +24,8 @@ def run_main(capsys, main, argv):
     (["--num_embeddings_per_feature", "10,20"], "--num_embeddings_per_feature has 2 values but the data has 26"),
     (["--num_embeddings_per_feature", ",".join(["10"] * 25 + ["0"])], "value 25 (cat_25) must be positive"),
     (["--num_embeddings", "-5"], "--num_embeddings must be positive, got -5"),
+    (["--max_table_rows", "0"], "--max_table_rows must be positive, got 0"),
+    (["--max_table_rows", "1k"], "argument --max_table_rows: invalid int value: '1k'"),
     (["--embedding_dim", "0", "--dense_arch_layer_sizes", "512,0"], "--embedding_dim must be positive"),
     (["--dense_arch_layer_sizes", "512,-1,64"], "--dense_arch_layer_sizes sizes must be positive"),
     (["--dense_arch_layer_sizes", "512,,64"], "malformed list '512,,64'"),
@@ -115,6 +117,41 @@ def test_bad_flags_are_said_by_rank_0_of_the_job(capsys, monkeypatch, tmp_path, 
         assert (code, len(lines)) == (2, printed), lines
         message = json.loads(error_file.read_text())["message"]
         assert message.startswith("dlrm_main.py: ") and message.endswith(" (exit code 2)")
+
+
+@pytest.mark.parametrize("main", [dlrm_main.main, dcnv2_main.main])
+def test_max_table_rows_caps_every_table_however_sized(synthetic_dir, main):
+    """The cap applies to the data's cardinalities and to explicit sizes alike, in both
+    entry points; the loaders then take the data's ids modulo the capped tables."""
+    from data.config import build_loaders, open_dataset
+    from tests.conftest import SMALL_SPEC
+
+    prog = "dlrm_main.py" if main is dlrm_main.main else "dcnv2_main.py"
+    defaults = None if main is dlrm_main.main else dcnv2_main.DCNV2_DEFAULTS
+    data = ["--in_memory_binary_criteo_path", synthetic_dir]
+    config = parse_config([*data, "--max_table_rows", "100"], prog, "", defaults)
+    assert config.model.num_embeddings_per_feature == [min(c, 100) for c in SMALL_SPEC.cardinalities]
+    assert max(SMALL_SPEC.cardinalities) > 100 and min(SMALL_SPEC.cardinalities) < 100
+    assert config.max_table_rows == 100
+    sizes = [5, 500] * 13
+    config = parse_config([*data, "--num_embeddings_per_feature", ",".join(map(str, sizes)),
+                           "--max_table_rows", "100"], prog, "", defaults)
+    assert config.model.num_embeddings_per_feature == [5, 100] * 13
+    config = parse_config([*data, "--num_embeddings", "50", "--max_table_rows", "100"], prog, "", defaults)
+    assert config.model.num_embeddings_per_feature == [50] * 26
+    uncapped = parse_config(data, prog, "", defaults)
+    assert uncapped.max_table_rows is None and uncapped.model.num_embeddings_per_feature == SMALL_SPEC.cardinalities
+
+    config = parse_config([*data, "--max_table_rows", "100", "--batch_size", "512", "--limit_train_batches", "4"],
+                          prog, "", defaults)
+    loader = build_loaders(config.data, open_dataset(config.data), config.model.num_embeddings_per_feature,
+                           rank=0, world_size=1)["train"]
+    seen = [0] * 26
+    for batch in loader:
+        for f, name in enumerate(config.model.sparse_feature_names):
+            seen[f] = max(seen[f], int(batch.sparse_features[name].values().max()))
+    assert all(s < rows for s, rows in zip(seen, config.model.num_embeddings_per_feature))
+    assert max(seen) == 99  # the data's larger ids, folded into the capped tables
 
 
 @pytest.mark.parametrize("module, argv, message", [

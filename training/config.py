@@ -141,6 +141,8 @@ class TrainConfig:
         data: data source and batching.
         optim: optimizers and LR schedule.
         epochs: passes over the training split.
+        max_table_rows: the cap every table's rows were taken down to (model's sizes
+            already capped; the loaders take ids modulo them), or None.
         seed: seeds model init, data order and random data.
         validation_freq_within_epoch: validate every N training steps (and at epoch end).
         log_every_n_steps: steps per progress line and JSON record.
@@ -166,6 +168,7 @@ class TrainConfig:
     data: DataConfig
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
     epochs: int = 1
+    max_table_rows: Optional[int] = None
     seed: int = 0
     validation_freq_within_epoch: Optional[int] = None
     log_every_n_steps: int = 100

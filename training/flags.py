@@ -79,6 +79,9 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
       help=f"rows of every table when --num_embeddings_per_feature is not given (default "
            f"{DEFAULT_NUM_EMBEDDINGS}, or the data's metadata.json cardinalities)")
     a("--num_embeddings_per_feature", type=int_list, default=None, help="rows of each table, comma-separated (26 values)")
+    # Table-size sweeps (python -m sweeps): one cap for every table, however it was sized.
+    a("--max_table_rows", type=int, default=None,
+      help="cap every table at N rows; ids at or above a table's size are taken modulo it (default: no cap)")
     a("--embedding_dim", type=int, default=64, help="width of every embedding table")
     a("--dense_arch_layer_sizes", type=int_list, default=[512, 256, 64], help="bottom MLP sizes")
     a("--over_arch_layer_sizes", type=int_list, default=[512, 512, 256, 1], help="top MLP sizes (end in 1)")
@@ -150,6 +153,13 @@ def _feature_layout(args: argparse.Namespace) -> Tuple[List[str], int, Optional[
 
 
 def _table_sizes(args: argparse.Namespace, num_tables: int, cardinalities: Optional[List[int]]) -> List[int]:
+    sizes = _uncapped_table_sizes(args, num_tables, cardinalities)
+    if args.max_table_rows is None:
+        return sizes
+    return [min(rows, args.max_table_rows) for rows in sizes]
+
+
+def _uncapped_table_sizes(args: argparse.Namespace, num_tables: int, cardinalities: Optional[List[int]]) -> List[int]:
     if args.num_embeddings_per_feature is not None:
         return list(args.num_embeddings_per_feature)
     if args.num_embeddings is not None:
@@ -167,6 +177,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """Builds and validates the config; raises FlagError naming the flag."""
     if args.num_embeddings is not None and args.num_embeddings <= 0:
         raise FlagError(f"--num_embeddings must be positive, got {args.num_embeddings}")
+    if args.max_table_rows is not None and args.max_table_rows <= 0:
+        raise FlagError(f"--max_table_rows must be positive, got {args.max_table_rows}")
     if args.adagrad and args.optimizer not in (None, "adagrad"):
         raise FlagError(f"--adagrad contradicts --optimizer {args.optimizer}")
     seed = 0 if args.seed is None else args.seed
@@ -217,6 +229,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                 lr_decay_floor=args.lr_decay_floor,
             ),
             epochs=args.epochs,
+            max_table_rows=args.max_table_rows,
             seed=seed,
             validation_freq_within_epoch=args.validation_freq_within_epoch,
             log_every_n_steps=args.log_every_n_steps,

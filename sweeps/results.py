@@ -1,0 +1,186 @@
+"""A sweep's results: one row per run from its JSON-lines log and its table memory,
+written as ``results.md``, ``results.csv`` and ``results.png`` in the sweep directory.
+
+The columns follow the public TorchRec DLRM example's results table (ranks instead of
+GPUs), plus the log loss, the peak memory of the largest rank and the run's state.
+Every file is written under a temporary name and renamed when complete.
+
+Example::
+
+    rows = collect_rows(read_runs("sweeps/table_sizes"))
+    write_results("sweeps/table_sizes", rows)
+"""
+
+import csv
+import io
+import json
+import os
+import shlex
+from typing import Any, Dict, List, Optional, Sequence
+
+from sweeps.run_state import FAILED, RunRecord
+from sweeps.spec import value_text
+from sweeps.table_memory import table_memory
+
+GIB = 1024**3
+COLUMNS = ("run", "state", "table_gib", "planner_gib", "ranks", "local_batch_size", "global_batch_size",
+           "val_auroc", "test_auroc", "test_log_loss", "records_per_sec", "train_seconds", "peak_memory_bytes",
+           "flags")
+# results.md headings (the public example's wording where it has one).
+_HEADINGS = {"run": "Run", "state": "State", "table_gib": "Size of embedding tables (GiB)",
+             "planner_gib": "Planner estimate (GiB)", "ranks": "Ranks", "local_batch_size": "Local batch size",
+             "global_batch_size": "Global batch size", "val_auroc": "AUROC over val set",
+             "test_auroc": "AUROC over test set", "test_log_loss": "Test log loss",
+             "records_per_sec": "Train records/second", "train_seconds": "Time to train (s)",
+             "peak_memory_bytes": "Peak memory per rank (GiB)", "flags": "Unique flags"}
+FIGURE_INCHES = (12.0, 5.0)
+FIGURE_DPI = 100
+
+
+class ResultsError(ValueError):
+    """A run's log is not one the trainer wrote; the message names the file and line."""
+
+
+def read_log(path: str) -> List[Dict[str, Any]]:
+    """The records of the last attempt in a run's log (a restarted job appends a new
+    ``run_id``); empty when there is no log yet."""
+    if not os.path.exists(path):
+        return []
+    records = []
+    with open(path) as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ResultsError(f"{path} line {number}: not JSON ({e.msg})") from None
+            if not isinstance(record, dict) or "event" not in record or "run_id" not in record:
+                raise ResultsError(f"{path} line {number}: not a training log record (no \"event\" or \"run_id\")")
+            records.append(record)
+    configs = [r for r in records if r["event"] == "config"]
+    if not configs:
+        return []
+    last = configs[-1]["run_id"]
+    return [r for r in records if r["run_id"] == last]
+
+
+def _last(records: List[Dict[str, Any]], event: str, stage: Optional[str] = None) -> Optional[Dict[str, Any]]:
+    matching = [r for r in records if r["event"] == event and (stage is None or r.get("stage") == stage)]
+    return matching[-1] if matching else None
+
+
+def _flags_text(record: RunRecord) -> str:
+    return shlex.join([part for name, value in record.grid_values.items() for part in (f"--{name}", value_text(value))])
+
+
+def collect_row(record: RunRecord) -> Dict[str, Any]:
+    """One results row: what the run's log says (blank where it says nothing yet)."""
+    records = read_log(record.log_path)
+    row: Dict[str, Any] = {c: None for c in COLUMNS}
+    row.update(run=record.name, state=record.state, ranks=record.ranks, flags=_flags_text(record))
+    config = _last(records, "config")
+    if config is not None:
+        memory = table_memory(config, record.ranks_per_node, record.directory)
+        row.update(table_gib=memory.weight_bytes / GIB, planner_gib=memory.planner_bytes / GIB,
+                   ranks=config["world_size"], local_batch_size=config["data"]["batch_size"],
+                   global_batch_size=config["data"]["batch_size"] * config["world_size"])
+    validation, test = _last(records, "eval", "validation"), _last(records, "eval", "test")
+    if validation is not None:
+        row["val_auroc"] = validation.get("auroc")
+    if test is not None:
+        row.update(test_auroc=test.get("auroc"), test_log_loss=test.get("log_loss"))
+    summary = _last(records, "summary")
+    if summary is not None:
+        row.update(records_per_sec=summary.get("records_per_sec"), train_seconds=summary.get("train_seconds"),
+                   peak_memory_bytes=max(summary.get("peak_memory_bytes") or [0]) or None)
+    return row
+
+
+def collect_rows(records: Sequence[RunRecord]) -> List[Dict[str, Any]]:
+    return [collect_row(r) for r in records]
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", newline="") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _cell(column: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if column in ("table_gib", "planner_gib"):
+        return f"{value:.4g}"
+    if column in ("val_auroc", "test_auroc", "test_log_loss"):
+        return f"{value:.4f}"
+    if column == "records_per_sec":
+        return f"{value:,.0f}"
+    if column == "train_seconds":
+        return f"{value:.1f}"
+    if column == "peak_memory_bytes":
+        return f"{value / GIB:.2f}"
+    if column == "flags":
+        return f"`{value}`" if value else "-"
+    return str(value)
+
+
+def format_markdown(rows: Sequence[Dict[str, Any]], records: Sequence[RunRecord]) -> str:
+    """The results table, then one line per failed run (exit code and error)."""
+    lines = ["| " + " | ".join(_HEADINGS[c] for c in COLUMNS) + " |",
+             "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    lines += ["| " + " | ".join(_cell(c, row[c]).replace("|", "\\|") for c in COLUMNS) + " |" for row in rows]
+    failures = [r for r in records if r.state == FAILED]
+    if failures:
+        lines.append("")
+        lines += [f"- {r.name} failed (exit code {r.exit_code if r.exit_code is not None else 'unknown'}): {r.error}"
+                  for r in failures]
+    return "\n".join(lines) + "\n"
+
+
+def format_csv(rows: Sequence[Dict[str, Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({c: "" if row[c] is None else row[c] for c in COLUMNS})
+    return buffer.getvalue()
+
+
+def draw(rows: Sequence[Dict[str, Any]], path: str, title: str) -> None:
+    """Test AUROC and records/s against total table memory (GiB, log scale), one
+    labelled point per run that has both numbers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
+    for ax, column, label in ((axes[0], "test_auroc", "test AUROC"), (axes[1], "records_per_sec", "train records/s")):
+        points = [(row["table_gib"], row[column], row["run"]) for row in rows
+                  if row["table_gib"] and row[column] is not None]
+        ax.plot([p[0] for p in points], [p[1] for p in points], "o")
+        for x, y, name in points:
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize="small")
+        ax.set_xscale("log")
+        ax.margins(x=0.25)  # room for the labels of the outermost points
+        ax.set_xlabel("embedding tables, all ranks (GiB, log scale)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, which="both")
+    fig.suptitle(title)
+    fig.tight_layout()
+    tmp = f"{path}.tmp-{os.getpid()}.png"
+    fig.savefig(tmp, dpi=FIGURE_DPI)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def write_results(output_dir: str, records: Sequence[RunRecord], title: str = "") -> str:
+    """Writes results.md, results.csv and results.png; returns the markdown table."""
+    rows = collect_rows(records)
+    markdown = format_markdown(rows, records)
+    _write_atomic(os.path.join(output_dir, "results.md"), markdown)
+    _write_atomic(os.path.join(output_dir, "results.csv"), format_csv(rows))
+    draw(rows, os.path.join(output_dir, "results.png"), title or os.path.basename(output_dir.rstrip("/")))
+    return markdown

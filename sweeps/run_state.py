@@ -1,0 +1,106 @@
+"""What a sweep knows about each of its runs: ``OUTPUT_DIR/RUN/run.json``.
+
+Written (under a temporary name, then renamed) when the sweep starts, when the run
+is submitted and when it ends, so ``python -m sweeps status`` and ``report`` read the
+same facts from another process. States: pending, submitted, running, succeeded,
+failed, cancelled.
+
+Example::
+
+    record = RunRecord.read(os.path.join(output_dir, "max_table_rows=100"))
+    print(record.state, record.exit_code, record.error)
+"""
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+RUN_FILE = "run.json"
+LOG_FILE = "log.jsonl"
+PENDING, SUBMITTED, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
+    "pending", "submitted", "running", "succeeded", "failed", "cancelled")
+TERMINAL = (SUCCEEDED, FAILED, CANCELLED)
+
+
+class RunStateError(ValueError):
+    """A run.json that is not one this tool wrote; the message names the file."""
+
+
+def write_json_atomic(path: str, payload: Any) -> None:
+    """Writes ``payload`` as JSON to ``path`` via a temporary name and a rename."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+@dataclass
+class RunRecord:
+    """One run of a sweep.
+
+    Args:
+        index: position in the sweep's grid.
+        name: the run's directory name.
+        directory: absolute path of the run directory.
+        grid_values: the run's own flags (its grid values).
+        argv: the training flags it runs with (``--log_path`` included).
+        scheduler: torchx scheduler name.
+        ranks: nodes x processes per node.
+        ranks_per_node: processes per node.
+        state: one of the states above.
+        app_handle: torchx's handle once submitted.
+        exit_code: the failing rank's exit code (or the job's), when it failed.
+        error: the last error line of its output, or the scheduler's reason.
+        submitted, finished: seconds since the epoch.
+    """
+
+    index: int
+    name: str
+    directory: str
+    grid_values: Dict[str, Any]
+    argv: List[str]
+    scheduler: str
+    ranks: int
+    ranks_per_node: int
+    state: str = PENDING
+    app_handle: Optional[str] = None
+    exit_code: Optional[int] = None
+    error: Optional[str] = None
+    submitted: Optional[float] = None
+    finished: Optional[float] = None
+
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self.directory, LOG_FILE)
+
+    def write(self) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        write_json_atomic(os.path.join(self.directory, RUN_FILE), dataclasses.asdict(self))
+
+    @classmethod
+    def read(cls, directory: str) -> "RunRecord":
+        path = os.path.join(directory, RUN_FILE)
+        try:
+            with open(path) as f:
+                payload = json.load(f)
+            return cls(**payload)
+        except (OSError, json.JSONDecodeError, TypeError) as e:
+            raise RunStateError(f"{path}: not a run record of python -m sweeps ({e})") from None
+
+
+def read_runs(output_dir: str) -> List[RunRecord]:
+    """Every run recorded under ``output_dir``, in grid order.
+
+    Raises:
+        RunStateError: the directory holds no runs, or a damaged run.json.
+    """
+    if not os.path.isdir(output_dir):
+        raise RunStateError(f"{output_dir}: no such directory")
+    records = [RunRecord.read(os.path.join(output_dir, d)) for d in sorted(os.listdir(output_dir))
+               if os.path.isfile(os.path.join(output_dir, d, RUN_FILE))]
+    if not records:
+        raise RunStateError(f"{output_dir}: no sweep runs here (no */{RUN_FILE})")
+    return sorted(records, key=lambda r: r.index)

@@ -1,0 +1,126 @@
+"""A sweep's flags, checked against the entry points' own parser, as command lines.
+
+The training parser lives beside the trainer (``training.flags``) and importing it
+imports torch: it is imported here, when a sweep is checked, and nowhere else in
+``sweeps`` but the planner's memory estimate.
+
+Example::
+
+    commands = run_commands(load_sweep("sweep.yaml"))   # {run name: ["--batch_size", "512", ...]}
+"""
+
+import argparse
+from typing import Any, Dict, List
+
+from sweeps.spec import SCALE_KEY, RunSpec, SweepSpec
+
+
+def training_parser(script: str) -> argparse.ArgumentParser:
+    """The parser of ``script`` (``dlrm_main.py`` or ``dcnv2_main.py``) with its defaults."""
+    from training.flags import build_parser
+
+    parser = build_parser(script, "")
+    if script == "dcnv2_main.py":
+        from dcnv2_main import DCNV2_DEFAULTS
+
+        parser.set_defaults(**DCNV2_DEFAULTS)
+    return parser
+
+
+def _store_true_flags(parser: argparse.ArgumentParser) -> Dict[str, bool]:
+    """{flag name without dashes: whether it is an on/off switch} of every training flag."""
+    flags = {}
+    for action in parser._actions:
+        for option in action.option_strings:
+            if option.startswith("--") and option != "--help":
+                flags[option[2:]] = isinstance(action, argparse._StoreTrueAction)
+    return flags
+
+
+def flags_to_argv(flags: Dict[str, Any], switches: Dict[str, bool]) -> List[str]:
+    """Training flags as a command line: true switches as ``--name``, false ones and
+    nulls left out (the flag's default), lists comma-joined.
+
+    Example::
+
+        flags_to_argv({"batch_size": 512, "mmap_mode": True, "max_table_rows": None},
+                      {"batch_size": False, "mmap_mode": True, "max_table_rows": False})
+        # ["--batch_size", "512", "--mmap_mode"]
+    """
+    argv: List[str] = []
+    for name, value in flags.items():
+        if switches[name]:
+            if value:
+                argv.append(f"--{name}")
+        elif value is not None:
+            text = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
+            argv += [f"--{name}", text]
+    return argv
+
+
+class _Refusal(Exception):
+    pass
+
+
+def _raise(message: str) -> None:
+    raise _Refusal(message)
+
+
+def _scaled_sizes(spec: SweepSpec, run: RunSpec, parser: argparse.ArgumentParser,
+                  switches: Dict[str, bool]) -> List[int]:
+    """The data's own table sizes (what the run would use without sizes, scale or
+    cap), each times the run's scale factor."""
+    from training.flags import FlagError, config_from_args
+
+    where = f"grid.{SCALE_KEY}" if SCALE_KEY in spec.grid else f"flags.{SCALE_KEY}"
+    scale = run.flags[SCALE_KEY]
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        raise spec.error(where, f"expected a positive number, got {scale!r}")
+    sized = [k for k in ("num_embeddings_per_feature", "num_embeddings") if run.flags.get(k) is not None]
+    if sized:
+        raise spec.error(where, f"scales the data's cardinalities: do not also give {sized[0]}")
+    base = {k: v for k, v in run.flags.items() if k not in (SCALE_KEY, "max_table_rows")}
+    try:
+        config = config_from_args(parser.parse_args(flags_to_argv(base, switches)))
+    except (FlagError, _Refusal) as e:
+        raise spec.error(where, f"cannot read the data's cardinalities: {e}") from None
+    return [max(1, round(rows * scale)) for rows in config.model.num_embeddings_per_feature]
+
+
+def run_commands(spec: SweepSpec) -> Dict[str, List[str]]:
+    """{run name: training flags as argv} for every run, each checked by the training
+    parser: names, values, and on ``local_cwd`` (where the data is on this machine) the
+    whole configuration, as the entry point would check it.
+
+    Raises:
+        SweepError: one line naming the file and the key (or the run).
+    """
+    from training.flags import FlagError, config_from_args
+
+    parser = training_parser(spec.script)
+    parser.error = _raise  # type: ignore[method-assign]  # refuse, do not exit
+    switches = _store_true_flags(parser)
+    for section, names in (("flags", spec.flags), ("grid", spec.grid)):
+        for name in names:
+            if name != SCALE_KEY and name not in switches:
+                raise spec.error(f"{section}.{name}", f"unknown training flag "
+                                                       f"(python {spec.script} --help lists them)")
+    commands = {}
+    for run in spec.runs():
+        flags = dict(run.flags)
+        if SCALE_KEY in flags:
+            flags["num_embeddings_per_feature"] = _scaled_sizes(spec, run, parser, switches)
+            del flags[SCALE_KEY]
+        for name, value in flags.items():
+            if switches[name] and not isinstance(value, bool):
+                section = "grid" if name in spec.grid else "flags"
+                raise spec.error(f"{section}.{name}", f"an on/off flag: expected true or false, got {value!r}")
+        argv = flags_to_argv(flags, switches)
+        try:
+            args = parser.parse_args(argv)
+            if spec.scheduler == "local_cwd":
+                config_from_args(args)
+        except (FlagError, _Refusal) as e:
+            raise spec.error(f"run {run.name}", str(e)) from None
+        commands[run.name] = argv
+    return commands

@@ -1,0 +1,219 @@
+"""python -m sweeps for real: a 3-configuration sweep through torchx local_cwd (2 ranks
+each), reruns, a failing configuration, Slurm and Kubernetes dry runs, bad sweep files."""
+
+import csv
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from sweeps.run_state import read_runs
+from tests.launch import REPO, eval_record, read_log
+from tests.torchx_cli import BIN, kubernetes_job, option, sbatch_groups, torchrun_argv
+
+TINY_FLAGS = {
+    "batch_size": 256, "embedding_dim": 8, "dense_arch_layer_sizes": [16, 8], "over_arch_layer_sizes": [16, 1],
+    "optimizer": "adagrad", "max_table_rows": 100, "limit_train_batches": 6, "limit_val_batches": 1,
+    "limit_test_batches": 1,
+}
+
+
+def sweeps(args, timeout=600):
+    """`python -m sweeps ARGS` from the repository root, as a user runs it."""
+    env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
+    return subprocess.run([sys.executable, "-m", "sweeps", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def sweeps_in_process(capsys, args):
+    """(exit code, stdout, stderr) of ``sweeps.cli.main(args)`` in this process (no
+    launch: checks and dry runs)."""
+    from sweeps.cli import main
+
+    code = main(args)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def write_sweep(path, **keys):
+    document = {"name": "tiny", "script": "dlrm_main.py", "scheduler": "local_cwd", "scheduler_args": {},
+                "nnodes": 1, "nproc_per_node": 2, "output_dir": str(path.parent / "out"),
+                "flags": dict(TINY_FLAGS), "grid": {"learning_rate": [0.05, 0.1]}}
+    document.update(keys)
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return str(path)
+
+
+def test_local_sweep_trains_reports_skips_finished_runs_and_reports_a_failure(synthetic_dir, tmp_path):
+    # learning rate 1e30: the loss is NaN at the first step (exit code 3), after the
+    # sweep's checks, which cannot know.
+    sweep = write_sweep(tmp_path / "sweep.yaml",
+                        flags={**TINY_FLAGS, "in_memory_binary_criteo_path": synthetic_dir},
+                        grid={"learning_rate": [0.05, 1.0e30, 0.1]})
+    out = str(tmp_path / "out")
+    proc = sweeps(["run", sweep])
+    assert proc.returncode == 1, proc.stderr[-3000:]  # one run failed
+    lines = proc.stdout.splitlines()
+    failed = [line for line in lines if line.startswith("[2/3] learning_rate=1e+30: failed")]
+    assert failed == [line for line in failed if "(exit code 3): dlrm_main.py: error: training loss is nan" in line]
+    assert len(failed) == 1, proc.stdout
+    # The failure did not stop the run after it.
+    assert "[3/3] learning_rate=0.1: succeeded" in proc.stdout, proc.stdout
+
+    with open(os.path.join(out, "results.csv")) as f:
+        rows = {row["run"]: row for row in csv.DictReader(f)}
+    assert list(rows) == ["learning_rate=0.05", "learning_rate=1e+30", "learning_rate=0.1"]
+    for name in ("learning_rate=0.05", "learning_rate=0.1"):
+        row = rows[name]
+        log = read_log(os.path.join(out, name, "log.jsonl"))
+        config, summary = log[0], [r for r in log if r["event"] == "summary"][-1]
+        assert row["state"] == "succeeded"
+        assert config["optim"]["learning_rate"] == float(name.split("=")[1])
+        sizes = config["model"]["num_embeddings_per_feature"]
+        assert max(sizes) == 100  # --max_table_rows 100
+        assert float(row["table_gib"]) == pytest.approx(sum(sizes) * 8 * 4 / 2**30)
+        assert float(row["planner_gib"]) > float(row["table_gib"])  # plus optimizer state and buffers
+        assert (int(row["ranks"]), int(row["local_batch_size"]), int(row["global_batch_size"])) == (2, 256, 512)
+        assert float(row["val_auroc"]) == eval_record(log, "validation")["auroc"]
+        assert float(row["test_auroc"]) == eval_record(log, "test")["auroc"]
+        assert float(row["test_log_loss"]) == eval_record(log, "test")["log_loss"]
+        assert float(row["records_per_sec"]) == summary["records_per_sec"]
+        assert float(row["train_seconds"]) == summary["train_seconds"]
+        assert int(row["peak_memory_bytes"]) == max(summary["peak_memory_bytes"])
+        assert row["flags"] == f"--learning_rate {name.split('=')[1]}"
+    assert rows["learning_rate=1e+30"]["state"] == "failed" and rows["learning_rate=1e+30"]["test_auroc"] == ""
+    markdown = open(os.path.join(out, "results.md")).read()
+    assert markdown.startswith("| Run | State | Size of embedding tables (GiB) |")
+    assert "- learning_rate=1e+30 failed (exit code 3): dlrm_main.py: error: training loss is nan" in markdown
+    with open(os.path.join(out, "results.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert not [n for n in os.listdir(out) if ".tmp" in n]
+
+    # Rerun: the finished runs are skipped, the failed one runs (and fails) again.
+    logs_before = {n: open(os.path.join(out, n, "log.jsonl")).read() for n in ("learning_rate=0.05", "learning_rate=0.1")}
+    proc = sweeps(["run", sweep])
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "[1/3] learning_rate=0.05: finished before: skipped" in proc.stdout
+    assert "[3/3] learning_rate=0.1: finished before: skipped" in proc.stdout
+    assert len(re.findall(r"submitted local_cwd://", proc.stdout)) == 1, proc.stdout
+    assert logs_before == {n: open(os.path.join(out, n, "log.jsonl")).read() for n in logs_before}
+
+    status = sweeps(["status", out])
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.splitlines()[-1] == "2 succeeded, 1 failed"
+    assert re.search(r"^learning_rate=1e\+30 +failed .* exit code 3: dlrm_main.py: error:", status.stdout, re.M)
+    assert [r.state for r in read_runs(out)] == ["succeeded", "failed", "succeeded"]
+
+
+def _jobs(stdout):
+    """{run name: (command, scheduler request)} from `sweeps run --dryrun`."""
+    parts = re.split(r"^=== JOB \d+/\d+: (\S+) ===\n", stdout, flags=re.M)[1:]
+    jobs = {}
+    for name, body in zip(parts[::2], parts[1::2]):
+        command, request = body.split("\n=== SCHEDULER REQUEST ===\n", 1)
+        jobs[name] = (command, request)
+    return jobs
+
+
+def _training_flags(argv, script):
+    return argv[argv.index(script) + 1:]
+
+
+def test_slurm_and_kubernetes_dryruns_list_every_job_with_its_flags(tmp_path, capsys):
+    grid = {"max_table_rows": [1000, None], "embedding_dim": [16, 64]}
+    flags = {"in_memory_binary_criteo_path": "/fsx/criteo", "batch_size": 2048, "mmap_mode": True}
+    sweep = write_sweep(tmp_path / "slurm.yaml", scheduler="slurm", nnodes=2, nproc_per_node=8,
+                        scheduler_args={"partition": "train", "time": "1:00:00"},
+                        component_args={"h": "a100x8"}, checkpoints=True, flags=flags, grid=grid)
+    code, stdout, stderr = sweeps_in_process(capsys, ["run", "--dryrun", sweep])
+    assert code == 0, stderr[-3000:]
+    jobs = _jobs(stdout)
+    assert list(jobs) == ["max_table_rows=1000,embedding_dim=16", "max_table_rows=1000,embedding_dim=64",
+                          "max_table_rows=none,embedding_dim=16", "max_table_rows=none,embedding_dim=64"]
+    out = tmp_path / "out"
+    for (name, (_, request)), (rows, dim) in zip(jobs.items(), [(1000, 16), (1000, 64), (None, 16), (None, 64)]):
+        groups = sbatch_groups(request)
+        assert len(groups) == 2  # one group per node
+        for group in groups:
+            assert {"--partition=train", "--time=1:00:00", "--cpus-per-task=96"} <= set(group["options"])
+            argv = group["torchrun"]
+            assert option(argv, "--nnodes") == "2" and option(argv, "--nproc_per_node") == "8"
+            expected = ["--checkpoint_dir", str(out / name / "checkpoints"), "--resume",
+                        "--in_memory_binary_criteo_path", "/fsx/criteo", "--batch_size", "2048", "--mmap_mode",
+                        *(["--max_table_rows", str(rows)] if rows else []), "--embedding_dim", str(dim),
+                        "--log_path", str(out / name / "log.jsonl")]
+            assert _training_flags(argv, "dlrm_main.py") == expected
+    assert not out.exists()  # a dry run writes nothing
+
+    sweep = write_sweep(tmp_path / "k8s.yaml", scheduler="kubernetes", script="dcnv2_main.py",
+                        scheduler_args={"namespace": "recsys"},
+                        component_args={"h": "aws_p4d", "image": "registry.example/dlrm:1"},
+                        flags=flags, grid={"num_embeddings_per_feature": [[10] * 26, [20] * 26]})
+    code, stdout, stderr = sweeps_in_process(capsys, ["run", "--dryrun", sweep])
+    assert code == 0, stderr[-3000:]
+    jobs = _jobs(stdout)
+    assert list(jobs) == ["num_embeddings_per_feature=v1", "num_embeddings_per_feature=v2"]
+    for (name, (_, request)), rows in zip(jobs.items(), (10, 20)):
+        job = kubernetes_job(request)
+        assert job["spec"]["queue"] == "default"  # the repository's .torchxconfig
+        (task,) = job["spec"]["tasks"]
+        (container,) = task["template"]["spec"]["containers"]
+        assert container["image"] == "registry.example/dlrm:1"
+        argv = torchrun_argv(container["command"])
+        assert _training_flags(argv, "dcnv2_main.py") == [
+            "--in_memory_binary_criteo_path", "/fsx/criteo", "--batch_size", "2048", "--mmap_mode",
+            "--num_embeddings_per_feature", ",".join([str(rows)] * 26), "--log_path", str(out / name / "log.jsonl")]
+
+
+def test_num_embeddings_scale_scales_the_datas_cardinalities(synthetic_dir, tmp_path, capsys):
+    from tests.conftest import SMALL_SPEC
+
+    sweep = write_sweep(tmp_path / "scale.yaml", scheduler="slurm",
+                        flags={"in_memory_binary_criteo_path": synthetic_dir, "max_table_rows": 1500},
+                        grid={"num_embeddings_scale": [0.5, 1.0]})
+    code, stdout, stderr = sweeps_in_process(capsys, ["run", "--dryrun", sweep])
+    assert code == 0, stderr[-3000:]
+    jobs = _jobs(stdout)
+    assert list(jobs) == ["num_embeddings_scale=0.5", "num_embeddings_scale=1.0"]
+    for (command, _), scale in zip(jobs.values(), (0.5, 1.0)):
+        sizes = re.search(r"--num_embeddings_per_feature ([\d,]+)", command).group(1)
+        assert sizes == ",".join(str(max(1, round(c * scale))) for c in SMALL_SPEC.cardinalities)
+        assert "--max_table_rows 1500" in command  # the cap still applies, after scaling
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"grid": {"no_such_flag": [1, 2]}},
+     "grid.no_such_flag: unknown training flag (python dlrm_main.py --help lists them)"),
+    ({"flags": {"batchsize": 512}}, "flags.batchsize: unknown training flag"),
+    ({"grid": {}}, "grid: empty: give at least one training flag with a list of values"),
+    ({"grid": {"learning_rate": []}}, "grid.learning_rate: expected a non-empty list of values, got []"),
+    ({"scheduler": "lsf"}, "scheduler: unknown scheduler 'lsf' (use one of local_cwd, slurm, kubernetes)"),
+    ({"scheduler_args": {"partitionn": "train"}, "scheduler": "slurm"},
+     "scheduler_args.partitionn: not an option of the slurm scheduler"),
+    ({"grid": {"learning_rate": [0.05, -1]}}, "run learning_rate=-1: --learning_rate must be positive, got -1"),
+    ({"grid": {"seed": ["big"]}}, "run seed=big: argument --seed: invalid int value: 'big'"),
+    ({"grid": {"log_path": ["a.jsonl"]}}, "grid.log_path: set by the sweep for every run"),
+    ({"component_args": {"cpus": 2}}, "component_args.cpus: not a parameter of the dlrm_main.py component"),
+    ({"component_args": {"h": "tpu"}}, "component_args: -h tpu: unknown machine"),
+    ({"grid": {"num_embeddings_scale": [0.5]}, "flags": {**TINY_FLAGS, "num_embeddings": 10}},
+     "grid.num_embeddings_scale: scales the data's cardinalities: do not also give num_embeddings"),
+])
+def test_bad_sweep_files_are_refused_in_one_line_and_launch_nothing(tmp_path, capsys, change, message):
+    sweep = write_sweep(tmp_path / "bad.yaml", **change)
+    code, stdout, stderr = sweeps_in_process(capsys, ["run", sweep])
+    assert code == 2
+    (line,) = stderr.splitlines()
+    assert line.startswith(f"python -m sweeps: error: {sweep}: ") and message in line, line
+    assert stdout == "" and not (tmp_path / "out").exists()
+
+
+def test_malformed_yaml_is_refused_naming_line_and_column(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: tiny\ngrid: {learning_rate: [0.05, 0.1]\nscript: dlrm_main.py\n")
+    proc = sweeps(["run", str(path)])  # as a user runs it: exits 2 before importing torch
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"python -m sweeps: error: {path}: line 3 column 1: malformed YAML: "
+                                        "expected ',' or '}', but got '<scalar>'"], proc.stderr

@@ -4,7 +4,8 @@ Only rank 0 prints and writes. The JSON-lines log is appended to, one object per
 line, every record carrying the run's ``run_id``:
 ``{"event": "config", ...}`` once, ``{"event": "train", "step", "epoch", "loss", "lr",
 "records_per_sec", ...}`` per interval and ``{"event": "eval", "stage", "step",
-"auroc", "log_loss", "accuracy", "num_samples"}`` per evaluation; every record also has
+"auroc", "log_loss", "accuracy", "ne", "calibration", "positive_rate", "num_samples"}``
+per evaluation (training/metrics.py says what each means); every record also has
 ``time`` (seconds since the epoch). With a TensorBoard directory the same scalars go
 to event files too.
 """
@@ -18,9 +19,11 @@ from typing import Any, Optional
 
 from tqdm import tqdm
 
+from training.metrics import METRIC_NAMES
+
 
 # JSON record keys also written to TensorBoard, as "<train|validation|test>/<key>".
-TENSORBOARD_SCALARS = {"train": ("loss", "lr", "records_per_sec"), "eval": ("auroc", "log_loss", "accuracy")}
+TENSORBOARD_SCALARS = {"train": ("loss", "lr", "records_per_sec"), "eval": METRIC_NAMES}
 
 
 class RunLog:

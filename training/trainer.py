@@ -340,7 +340,8 @@ class Trainer:
         values = metrics.compute()
         self.log.print(
             f"{stage}: AUROC {values['auroc']:.4f} | log loss {values['log_loss']:.4f} | "
-            f"accuracy {values['accuracy']:.4f} | {values['num_samples']} samples (step {self.step})"
+            f"accuracy {values['accuracy']:.4f} | NE {values['ne']:.4f} | calibration {values['calibration']:.4f} | "
+            f"positive rate {values['positive_rate']:.4f} | {values['num_samples']} samples (step {self.step})"
         )
         self.log.record("eval", stage=stage, step=self.step, **values)
         self.stage = "training"

@@ -107,6 +107,39 @@ class CheckpointConfig:
             raise ValueError("give --resume (full state) or --restore_checkpoint_path (weights only), not both")
 
 
+EARLY_STOPPING_METRICS = ("auroc", "log_loss", "ne")
+
+
+@dataclass
+class EarlyStoppingConfig:
+    """Stopping when validation stops improving, and keeping the best model.
+
+    Args:
+        patience: validations without improvement before training stops (None: never
+            stop early, and no best model is kept; 0 stops at the first one).
+        metric: the monitored validation metric: auroc (higher is better), log_loss or
+            ne (lower is better).
+        min_delta: how much the metric must beat the best so far to count as improved.
+    """
+
+    patience: Optional[int] = None
+    metric: str = "auroc"
+    min_delta: float = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.patience is not None
+
+    def validate(self) -> None:
+        if self.patience is not None and self.patience < 0:
+            raise ValueError(f"--early_stopping_patience must not be negative, got {self.patience}")
+        if self.metric not in EARLY_STOPPING_METRICS:
+            raise ValueError(f"--early_stopping_metric must be one of {', '.join(EARLY_STOPPING_METRICS)}, "
+                             f"got {self.metric!r}")
+        if not self.min_delta >= 0:
+            raise ValueError(f"--early_stopping_min_delta must not be negative, got {self.min_delta}")
+
+
 @dataclass
 class InferenceBenchmarkConfig:
     """--mode inference_benchmark: forward-only timing per batch size.
@@ -156,6 +189,7 @@ class TrainConfig:
         sharding_plan: a plan file to use instead of planning.
         sharding_constraints: sharding types and kernels the planner may use.
         inference_benchmark: batch sizes and iterations of --mode inference_benchmark.
+        early_stopping: stop when validation stops improving; test the best model.
     """
 
     model: ModelConfig
@@ -178,6 +212,7 @@ class TrainConfig:
     sharding_plan: Optional[str] = None
     sharding_constraints: ShardingConstraints = field(default_factory=ShardingConstraints)
     inference_benchmark: InferenceBenchmarkConfig = field(default_factory=InferenceBenchmarkConfig)
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
 
     def validate(self) -> None:
         """Raises ValueError with one line naming the offending flag."""
@@ -200,6 +235,10 @@ class TrainConfig:
         if self.mode not in MODES:
             raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         self.inference_benchmark.validate()
+        self.early_stopping.validate()
+        if self.early_stopping.enabled and self.data.limit_val_batches == 0:
+            raise ValueError("--early_stopping_patience watches validation: it cannot be combined with "
+                             "--limit_val_batches 0")
         if self.mode in ("validate", "test") and not (self.checkpoint.restore_checkpoint_path or self.checkpoint.checkpoint_dir):
             raise ValueError(f"--mode {self.mode} evaluates a checkpoint: give --restore_checkpoint_path, "
                              "or --checkpoint_dir for its newest one")

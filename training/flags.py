@@ -21,7 +21,9 @@ from training.config import (
     MODES,
     OPTIMIZERS,
     PIPELINES,
+    EARLY_STOPPING_METRICS,
     CheckpointConfig,
+    EarlyStoppingConfig,
     InferenceBenchmarkConfig,
     OptimizerConfig,
     TrainConfig,
@@ -112,6 +114,13 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     a("--pipeline", choices=PIPELINES, default="sparse_dist",
       help="train pipeline: sparse_dist (default), base, or the CUDA-only semi_sync and prefetch")
     a("--tensorboard_dir", default=None, help="write TensorBoard event files here (rank 0)")
+    # Early stopping and the best model.
+    a("--early_stopping_patience", type=int, default=None,
+      help="stop after N validations without improvement; test (and mark in --checkpoint_dir) the best model")
+    a("--early_stopping_metric", choices=EARLY_STOPPING_METRICS, default=None,
+      help="validation metric early stopping watches: auroc (default; higher is better), log_loss or ne")
+    a("--early_stopping_min_delta", type=float, default=None,
+      help="how much the metric must beat the best so far to count as an improvement (default 0)")
     # Checkpoints.
     a("--checkpoint_dir", default=None, help="directory of checkpoints (any iopath path)")
     a("--checkpoint_every_n_steps", type=int, default=None, help="save a checkpoint every N steps")
@@ -159,6 +168,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise FlagError(f"--num_embeddings must be positive, got {args.num_embeddings}")
     if args.adagrad and args.optimizer not in (None, "adagrad"):
         raise FlagError(f"--adagrad contradicts --optimizer {args.optimizer}")
+    for flag in ("early_stopping_metric", "early_stopping_min_delta"):
+        if getattr(args, flag) is not None and args.early_stopping_patience is None:
+            raise FlagError(f"--{flag} needs --early_stopping_patience")
     seed = 0 if args.seed is None else args.seed
     sparse_names, num_dense, cardinalities = _feature_layout(args)
     try:
@@ -233,6 +245,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                 batch_sizes=args.inference_benchmark_batch_sizes,
                 iterations=args.inference_benchmark_iterations,
                 warmup=args.inference_benchmark_warmup,
+            ),
+            early_stopping=EarlyStoppingConfig(
+                patience=args.early_stopping_patience,
+                metric=args.early_stopping_metric or "auroc",
+                min_delta=args.early_stopping_min_delta or 0.0,
             ),
         )
         config.validate()

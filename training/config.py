@@ -190,6 +190,13 @@ class TrainConfig:
         sharding_constraints: sharding types and kernels the planner may use.
         inference_benchmark: batch sizes and iterations of --mode inference_benchmark.
         early_stopping: stop when validation stops improving; test the best model.
+        validation_auroc: stop at the first validation whose AUROC reaches this (MLPerf's
+            convergence target), reporting the time and records it took.
+        validate_at_epoch_end: validate after every epoch.
+        test_at_end: evaluate the test split when training ends.
+        print_progress: show the progress bar even when stderr is not a terminal.
+        collect_multi_hot_freqs_stats: count every table's ids in the training batches
+            and write the counts per rank (training/id_frequencies.py).
     """
 
     model: ModelConfig
@@ -213,6 +220,11 @@ class TrainConfig:
     sharding_constraints: ShardingConstraints = field(default_factory=ShardingConstraints)
     inference_benchmark: InferenceBenchmarkConfig = field(default_factory=InferenceBenchmarkConfig)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    validation_auroc: Optional[float] = None
+    validate_at_epoch_end: bool = True
+    test_at_end: bool = True
+    print_progress: bool = False
+    collect_multi_hot_freqs_stats: bool = False
 
     def validate(self) -> None:
         """Raises ValueError with one line naming the offending flag."""
@@ -236,9 +248,16 @@ class TrainConfig:
             raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         self.inference_benchmark.validate()
         self.early_stopping.validate()
-        if self.early_stopping.enabled and self.data.limit_val_batches == 0:
-            raise ValueError("--early_stopping_patience watches validation: it cannot be combined with "
-                             "--limit_val_batches 0")
+        if self.validation_auroc is not None and not 0.0 < self.validation_auroc <= 1.0:
+            raise ValueError(f"--validation_auroc must be in (0, 1], got {self.validation_auroc}")
+        watchers = [flag for flag, on in (("--early_stopping_patience", self.early_stopping.enabled),
+                                          ("--validation_auroc", self.validation_auroc is not None)) if on]
+        for flag in watchers:
+            if self.data.limit_val_batches == 0:
+                raise ValueError(f"{flag} watches validation: it cannot be combined with --limit_val_batches 0")
+            if not self.validate_at_epoch_end and self.validation_freq_within_epoch is None:
+                raise ValueError(f"{flag} watches validation, which never runs: give --evaluate_on_epoch_end "
+                                 "or --validation_freq_within_epoch")
         if self.mode in ("validate", "test") and not (self.checkpoint.restore_checkpoint_path or self.checkpoint.checkpoint_dir):
             raise ValueError(f"--mode {self.mode} evaluates a checkpoint: give --restore_checkpoint_path, "
                              "or --checkpoint_dir for its newest one")

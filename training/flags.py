@@ -121,6 +121,16 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
       help="validation metric early stopping watches: auroc (default; higher is better), log_loss or ne")
     a("--early_stopping_min_delta", type=float, default=None,
       help="how much the metric must beat the best so far to count as an improvement (default 0)")
+    # The MLPerf DLRM-DCNv2 reference's flags (README: "MLPerf reference flags").
+    a("--validation_auroc", type=float, default=None,
+      help="stop at the first validation whose AUROC reaches this; report the time and records it took")
+    _store_true(p, "evaluate_on_epoch_end",
+                "validate after every epoch; with this or --evaluate_on_training_end, the reference's "
+                "schedule applies (default without either: validate after every epoch and test at the end)")
+    _store_true(p, "evaluate_on_training_end", "evaluate the test split when training ends (see above)")
+    _store_true(p, "print_progress", "show the progress bar even when stderr is not a terminal")
+    _store_true(p, "collect_multi_hot_freqs_stats",
+                "count every table's ids in the training batches; write multi_hot_freqs_rank_<r>.npz per rank")
     # Checkpoints.
     a("--checkpoint_dir", default=None, help="directory of checkpoints (any iopath path)")
     a("--checkpoint_every_n_steps", type=int, default=None, help="save a checkpoint every N steps")
@@ -172,6 +182,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         if getattr(args, flag) is not None and args.early_stopping_patience is None:
             raise FlagError(f"--{flag} needs --early_stopping_patience")
     seed = 0 if args.seed is None else args.seed
+    reference_schedule = args.evaluate_on_epoch_end or args.evaluate_on_training_end
     sparse_names, num_dense, cardinalities = _feature_layout(args)
     try:
         config = TrainConfig(
@@ -246,6 +257,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                 iterations=args.inference_benchmark_iterations,
                 warmup=args.inference_benchmark_warmup,
             ),
+            validation_auroc=args.validation_auroc,
+            # The reference validates at epoch end and tests only when asked; ours does
+            # both unless either of its flags is given.
+            validate_at_epoch_end=args.evaluate_on_epoch_end or not reference_schedule,
+            test_at_end=args.evaluate_on_training_end or not reference_schedule,
+            print_progress=args.print_progress,
+            collect_multi_hot_freqs_stats=args.collect_multi_hot_freqs_stats,
             early_stopping=EarlyStoppingConfig(
                 patience=args.early_stopping_patience,
                 metric=args.early_stopping_metric or "auroc",

@@ -32,10 +32,14 @@ class RunLog:
     Args:
         enabled: True on rank 0.
         log_path: JSON-lines file (its directory is created), or None.
+        tensorboard_dir: TensorBoard event files, or None.
+        progress: show the progress bar (on rank 0).
     """
 
-    def __init__(self, enabled: bool, log_path: Optional[str], tensorboard_dir: Optional[str] = None) -> None:
+    def __init__(self, enabled: bool, log_path: Optional[str], tensorboard_dir: Optional[str] = None,
+                 progress: bool = True) -> None:
         self.enabled = enabled
+        self.progress = progress
         self.run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
         self._file = None
         self._bar: Optional[tqdm] = None
@@ -73,7 +77,7 @@ class RunLog:
             print(line, flush=True)
 
     def start_progress(self, total: int, description: str, initial: int = 0) -> None:
-        if self.enabled:
+        if self.enabled and self.progress:
             self.close_progress()
             self._bar = tqdm(total=total, initial=initial, desc=description, unit="step", dynamic_ncols=True,
                              file=sys.stderr, mininterval=1.0)

@@ -7,6 +7,8 @@ runs the epochs, `evaluate` runs a split through its own pipeline.
 
 import dataclasses
 import itertools
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional
@@ -35,6 +37,7 @@ from training.checkpoint import (
 from training.config import TrainConfig
 from training.distributed import DistributedEnv, gather_peak_memory, init_process_group
 from training.early_stopping import BestModel
+from training.id_frequencies import IdFrequencies
 from training.embedding_init import init_embedding_tables
 from training.lr_schedule import WarmupPolyDecaySchedule
 from training.metrics import BinaryClassificationMetrics
@@ -64,6 +67,9 @@ class RunResult:
     best_step: Optional[int] = None  # early stopping: the step whose weights were tested
     best_validation: Optional[Dict[str, float]] = None
     stopped_early: bool = False
+    target_reached: Optional[bool] = None  # --validation_auroc: None without a target
+    time_to_target_s: Optional[float] = None  # from the start of training, evaluation included
+    records_to_target: Optional[int] = None  # training records (all ranks) until then
 
 
 class Trainer:
@@ -95,7 +101,8 @@ class Trainer:
         sharding.constraints = self._planner_constraints(sharding.constraints, restore)
 
         self.process_group = init_process_group(env)
-        self.log = RunLog(env.is_main, config.log_path, config.tensorboard_dir)
+        self.log = RunLog(env.is_main, config.log_path, config.tensorboard_dir,
+                          progress=config.print_progress or sys.stderr.isatty())
         if config.amp and env.device.type == "cpu":
             ratio = cpu_bf16_speed_ratio()
             if ratio < 1.0:
@@ -142,6 +149,11 @@ class Trainer:
         self._saved_step = -1
         self._saved_path = ""
         self._validated_step = -1
+        self._stop_training = False  # early stopping or the AUROC target ended training
+        self._fit_start = 0.0
+        self.frequencies = (IdFrequencies(config.model.sparse_feature_names, config.model.table_names,
+                                          config.model.num_embeddings_per_feature)
+                            if config.collect_multi_hot_freqs_stats else None)
         self.epoch = 0
         self.stage = "training"  # or the split being evaluated
         self._train_seconds = 0.0
@@ -235,6 +247,9 @@ class Trainer:
         self.log.record("config", world_size=self.env.world_size, resolved_device=str(self.env.device),
                         **dataclasses.asdict(config))
         result = RunResult(steps=0)
+        self._fit_start = time.perf_counter()
+        if config.validation_auroc is not None:
+            result.target_reached = False
         train_loader = self.loaders["train"]
         for epoch in range(self.start_epoch, config.epochs):
             if self.best.stopping.should_stop:  # resumed from a run that had stopped early
@@ -244,20 +259,25 @@ class Trainer:
             first_batch = self.start_batch if epoch == self.start_epoch else 0
             train_loader.set_epoch(epoch, first_batch)
             result.train_losses += self._train_epoch(epoch, first_batch, train_loader, result)
-            if self.best.stopped_early:
+            if self._stop_training:
                 break
             # Validation before the checkpoint, so the checkpoint records what it decided.
-            stop = self._validate(result, epoch + 1, 0) if self._validated_step != self.step else False
+            if config.validate_at_epoch_end and self._validated_step != self.step:
+                self._validate(result, epoch + 1, 0)
             if self.checkpoints and config.checkpoint.checkpoint_at_epoch_end and self._saved_step != self.step:
                 self.save_checkpoint(epoch + 1, 0)
-            if stop:
+            if self._stop_training:
                 break
+        if self.frequencies is not None:
+            path = self.frequencies.save(os.getcwd(), self.env.rank)
+            self.log.print(f"id frequencies of the training batches: {path} (one file per rank)")
         result.best_step, result.best_validation = self.best.stopping.best_step, self.best.stopping.best_validation
         result.stopped_early = self.best.stopped_early
         if self.best.restore(self.model, self.step):
             self.log.print(f"testing the best weights: step {result.best_step} (validation "
                            f"{config.early_stopping.metric} {self.best.stopping.best_value:.4f})")
-        result.test = self.evaluate("test", weights_step=result.best_step)
+        if config.test_at_end:
+            result.test = self.evaluate("test", weights_step=result.best_step)
         result.steps = self.step
         self._summary(result)
         self.log.close()
@@ -268,6 +288,8 @@ class Trainer:
         every = config.checkpoint.checkpoint_every_n_steps
         self.model.train()
         batches = self._batches(loader)
+        if self.frequencies is not None:
+            batches = self.frequencies.counting(batches)
         self.log.start_progress(len(loader), f"epoch {epoch}", initial=first_batch)
         losses: List[float] = []
         pending: List[torch.Tensor] = []  # this interval's per-step losses, not yet synced
@@ -293,12 +315,12 @@ class Trainer:
                 seconds = time.perf_counter() - interval_start
                 losses += self._log_interval(epoch, pending, lr, interval_records, seconds)
                 pending, interval_records = [], 0
-                stop = at_validation and self._validate(result, epoch, step_in_epoch + 1)
                 if at_validation:
+                    self._validate(result, epoch, step_in_epoch + 1)
                     self.model.train()
                 if at_checkpoint and self._saved_step != self.step:
                     self.save_checkpoint(epoch, step_in_epoch + 1)
-                if stop:
+                if self._stop_training:
                     break
                 interval_start = time.perf_counter()
         if pending:
@@ -340,22 +362,31 @@ class Trainer:
                         peak_memory_bytes=peaks)
         return values
 
-    def _validate(self, result: RunResult, epoch: int, batch_in_epoch: int) -> bool:
-        """Validates, keeps the best model; True when early stopping ends training.
-        (epoch, batch_in_epoch) is where a checkpoint saved now continues. Collective."""
+    def _validate(self, result: RunResult, epoch: int, batch_in_epoch: int) -> None:
+        """Validates, keeps the best model, and ends training (``_stop_training``) on
+        early stopping or the AUROC target. (epoch, batch_in_epoch) is where a
+        checkpoint saved now continues. Collective."""
         values = self.evaluate("validation")
         self._validated_step = self.step
         if values is None:
-            return False
+            return
         result.validation = values
+        target = self.config.validation_auroc
+        if target is not None and values["auroc"] >= target:
+            result.target_reached = True
+            result.time_to_target_s = time.perf_counter() - self._fit_start
+            result.records_to_target = self._train_records
+            self._stop_training = True
+            self.log.print(f"validation AUROC {values['auroc']:.5f} reached the target {target} at step {self.step}: "
+                           f"{result.time_to_target_s:.1f} s and {result.records_to_target} training records")
         stop = self.best.observe(self.step, values, self.model,
                                  save=lambda: self._saved_path if self._saved_step == self.step
                                  else self.save_checkpoint(epoch, batch_in_epoch))
         if stop:
+            self._stop_training = True
             self.log.print(f"early stopping at step {self.step}: validation {self.config.early_stopping.metric} "
                            f"has not improved for {self.best.stopping.validations_without_improvement} validations "
                            f"(best {self.best.stopping.best_value:.4f} at step {self.best.stopping.best_step})")
-        return stop
 
     def evaluate(self, stage: str, weights_step: Optional[int] = None) -> Optional[Dict[str, float]]:
         """Runs the "validation" or "test" split; None when it has no batches. Collective.
@@ -424,4 +455,6 @@ class Trainer:
         self.log.record("summary", steps=result.steps, train_seconds=self._train_seconds,
                         records_per_sec=rate, validation=result.validation, test=result.test,
                         peak_memory_bytes=peaks, best_step=result.best_step,
-                        best_validation=result.best_validation, stopped_early=result.stopped_early)
+                        best_validation=result.best_validation, stopped_early=result.stopped_early,
+                        target_reached=result.target_reached, time_to_target_s=result.time_to_target_s,
+                        records_to_target=result.records_to_target)

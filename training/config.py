@@ -27,6 +27,9 @@ class OptimizerConfig:
         lr_decay_start: step at which polynomial decay begins (0 with lr_decay_steps 0: none).
         lr_decay_steps: steps of polynomial (power 2) decay down to lr_decay_floor.
         lr_decay_floor: learning rate after the decay, as a fraction of the base.
+        weight_decay: L2 weight decay of the dense optimizer (wd * w added to the gradient).
+        embedding_weight_decay: L2 weight decay of the embedding optimizer, applied to
+            the rows a batch looks up (FBGEMM's L2 mode; rowwise_adagrad only).
     """
 
     optimizer: str = "sgd"
@@ -37,6 +40,8 @@ class OptimizerConfig:
     lr_decay_start: int = 0
     lr_decay_steps: int = 0
     lr_decay_floor: float = 0.0
+    weight_decay: float = 0.0
+    embedding_weight_decay: float = 0.0
 
     @property
     def resolved_dense_optimizer(self) -> str:
@@ -66,6 +71,12 @@ class OptimizerConfig:
             )
         if not 0.0 <= self.lr_decay_floor <= 1.0:
             raise ValueError(f"--lr_decay_floor must be in [0, 1], got {self.lr_decay_floor}")
+        for flag in ("weight_decay", "embedding_weight_decay"):
+            if not getattr(self, flag) >= 0.0:
+                raise ValueError(f"--{flag} must not be negative, got {getattr(self, flag)}")
+        if self.embedding_weight_decay > 0 and self.optimizer != "rowwise_adagrad":
+            raise ValueError(f"--embedding_weight_decay: FBGEMM's fused {self.optimizer} kernel has no weight decay "
+                             "(of the CPU and GPU kernels only rowwise_adagrad has one): use --optimizer rowwise_adagrad")
 
 
 @dataclass
@@ -197,6 +208,7 @@ class TrainConfig:
         print_progress: show the progress bar even when stderr is not a terminal.
         collect_multi_hot_freqs_stats: count every table's ids in the training batches
             and write the counts per rank (training/id_frequencies.py).
+        dropout: dropout after the over arch's hidden layers in training (0: none).
     """
 
     model: ModelConfig
@@ -225,6 +237,7 @@ class TrainConfig:
     test_at_end: bool = True
     print_progress: bool = False
     collect_multi_hot_freqs_stats: bool = False
+    dropout: float = 0.0
 
     def validate(self) -> None:
         """Raises ValueError with one line naming the offending flag."""
@@ -248,6 +261,8 @@ class TrainConfig:
             raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         self.inference_benchmark.validate()
         self.early_stopping.validate()
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.validation_auroc is not None and not 0.0 < self.validation_auroc <= 1.0:
             raise ValueError(f"--validation_auroc must be in (0, 1], got {self.validation_auroc}")
         watchers = [flag for flag, on in (("--early_stopping_patience", self.early_stopping.enabled),

@@ -95,6 +95,10 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     a("--lr_decay_start", type=int, default=0, help="step at which polynomial decay starts")
     a("--lr_decay_steps", type=int, default=0, help="steps of power-2 polynomial decay (0: none)")
     a("--lr_decay_floor", type=float, default=0.0, help="final LR after decay, as a fraction of --learning_rate")
+    a("--weight_decay", type=float, default=0.0, help="L2 weight decay of the dense (MLP) optimizer")
+    a("--embedding_weight_decay", type=float, default=0.0,
+      help="L2 weight decay of the looked-up embedding rows (FBGEMM's L2 mode; --optimizer rowwise_adagrad)")
+    a("--dropout", type=float, default=0.0, help="dropout after the over arch's hidden layers in training")
     # Run.
     a("--seed", type=int, default=None, help="seeds model init, data order and random data (default 0)")
     a("--validation_freq_within_epoch", type=int, default=None, help="validate every N training steps")
@@ -228,6 +232,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                 lr_decay_start=args.lr_decay_start,
                 lr_decay_steps=args.lr_decay_steps,
                 lr_decay_floor=args.lr_decay_floor,
+                weight_decay=args.weight_decay,
+                embedding_weight_decay=args.embedding_weight_decay,
             ),
             epochs=args.epochs,
             seed=seed,
@@ -264,6 +270,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             test_at_end=args.evaluate_on_training_end or not reference_schedule,
             print_progress=args.print_progress,
             collect_multi_hot_freqs_stats=args.collect_multi_hot_freqs_stats,
+            dropout=args.dropout,
             early_stopping=EarlyStoppingConfig(
                 patience=args.early_stopping_patience,
                 metric=args.early_stopping_metric or "auroc",

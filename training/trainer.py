@@ -41,7 +41,8 @@ from training.id_frequencies import IdFrequencies
 from training.embedding_init import init_embedding_tables
 from training.lr_schedule import WarmupPolyDecaySchedule
 from training.metrics import BinaryClassificationMetrics
-from training.optimizers import attach_fused_embedding_optimizer, build_combined_optimizer
+from training.optimizers import (attach_fused_embedding_optimizer, build_combined_optimizer,
+                                 check_embedding_weight_decay)
 from training.pipelines import build_pipeline, check_pipeline_supported, cpu_bf16_speed_ratio
 from training.run_log import RunLog
 from training.sharding import prepare_sharding
@@ -95,7 +96,7 @@ class Trainer:
         # Model: identical dense init on every rank and world size (seeded here),
         # tables on the meta device until sharded.
         torch.manual_seed(config.seed)
-        model = build_dlrm_train(config.model, dense_device=env.device)
+        model = build_dlrm_train(config.model, dense_device=env.device, dropout=config.dropout)
         attach_fused_embedding_optimizer(model.model.sparse_arch, config.optim)
         sharding = prepare_sharding(config, env, model)
         sharding.constraints = self._planner_constraints(sharding.constraints, restore)
@@ -122,6 +123,7 @@ class Trainer:
             self.process_group,
         )
         self.plan = plan_summary(plan)
+        check_embedding_weight_decay(self.plan, env.device, config.optim)  # every rank has the plan
         if restore and restore.full:
             check_reshardable(restore.meta, self.plan, restore.path)
         table_shapes = {t: (rows, config.model.embedding_dim)

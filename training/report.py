@@ -102,7 +102,7 @@ def draw(runs: Sequence[Run], output: str) -> None:
     fig, axes = plt.subplots(2, 3, figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
     panels = [("loss", "training loss"), ("lr", "learning rate"), ("records_per_sec", "records/s"),
               ("validation_auroc", "validation AUROC"), ("validation_ne", "validation normalized entropy"),
-              ("validation_calibration", "validation calibration (predicted / actual clicks)")]
+              ("validation_calibration", "validation calibration (predicted / clicks)")]
     for ax, (attr, title) in zip(axes.flat, panels):
         for run in runs:
             points = getattr(run, attr)

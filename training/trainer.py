@@ -37,8 +37,8 @@ from training.checkpoint import (
 from training.config import TrainConfig
 from training.distributed import DistributedEnv, gather_peak_memory, init_process_group
 from training.early_stopping import BestModel
-from training.id_frequencies import IdFrequencies
 from training.embedding_init import init_embedding_tables
+from training.id_frequencies import IdFrequencies
 from training.lr_schedule import WarmupPolyDecaySchedule
 from training.metrics import BinaryClassificationMetrics
 from training.optimizers import (attach_fused_embedding_optimizer, build_combined_optimizer,

@@ -4,9 +4,10 @@ Tables stay on the meta device so that no rank ever allocates a full table: the
 sharder materialises only each rank's shards.
 """
 
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
+from torch import nn
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain
 from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
@@ -32,10 +33,36 @@ def build_embedding_bag_configs(config: ModelConfig) -> List[EmbeddingBagConfig]
     ]
 
 
+class ActivationThenDropout(nn.Module):
+    """A layer's activation followed by dropout (identity in eval mode).
+
+    Args:
+        activation: the layer's activation (torch.relu in torchrec's MLPs).
+        p: probability of zeroing an element in training.
+    """
+
+    def __init__(self, activation: Callable[[torch.Tensor], torch.Tensor], p: float) -> None:
+        super().__init__()
+        self.activation = activation
+        self.dropout = nn.Dropout(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.activation(x))
+
+
+def add_over_arch_dropout(dlrm: DLRM, p: float) -> None:
+    """Dropout after every hidden layer of the over arch (never on the logit). The
+    parameters and their names do not change, so checkpoints load either way."""
+    hidden_layers = dlrm.over_arch.model[0]._mlp  # OverArch: Sequential(MLP(hidden sizes), Linear(-> 1))
+    for perceptron in hidden_layers:
+        perceptron._activation_fn = ActivationThenDropout(perceptron._activation_fn, p)
+
+
 def build_dlrm_train(
     config: ModelConfig,
     dense_device: Optional[torch.device] = None,
     embedding_device: torch.device = torch.device("meta"),
+    dropout: float = 0.0,
 ) -> DLRMTrain:
     """Builds the model wrapped with its BCE-with-logits loss.
 
@@ -44,6 +71,8 @@ def build_dlrm_train(
         dense_device: where the MLPs are created (None: the default device).
         embedding_device: where the tables are created; "meta" (the default) for
             sharding, a real device for an unsharded model.
+        dropout: dropout probability after the over arch's hidden layers in training
+            (0: none, the model is unchanged).
 
     Returns:
         a `DLRMTrain` whose forward takes a torchrec `Batch` and returns
@@ -81,4 +110,6 @@ def build_dlrm_train(
         dlrm.inter_arch = DotInteraction(len(config.sparse_feature_names))
     # Same parameters and names, fewer copies (see models/interaction.py).
     dlrm.sparse_arch = PooledSparseArch(ebc)  # type: ignore[assignment]
+    if dropout > 0:
+        add_over_arch_dropout(dlrm, dropout)
     return DLRMTrain(dlrm)

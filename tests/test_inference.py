@@ -25,6 +25,7 @@ from data.preprocess_criteo import PreprocessConfig, preprocess
 from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day
 from tests.launch import eval_record, launch, read_log
 from training import export, predict, quality_gate, serve
+from training.checkpoint import checkpoint_to_load
 from training.flags import parse_config
 from training.inference_model import ProbabilityModel, load_checkpoint_model, read_inputs
 from training.quality_gate import evaluate_variants
@@ -152,7 +153,7 @@ def test_inference_benchmark_two_ranks_on_a_checkpoint(trained):
     log = str(trained["root"] / "bench.jsonl")
     assert launch(dlrm_main.main, ["--in_memory_binary_criteo_path", trained["data"], *MODEL_FLAGS,
                                    "--mode", "inference_benchmark", "--restore_checkpoint_path",
-                                   export.resolve_checkpoint(trained["ckpt"]), "--inference_benchmark_batch_sizes",
+                                   checkpoint_to_load(trained["ckpt"], "--checkpoint"), "--inference_benchmark_batch_sizes",
                                    "1,64,512", "--inference_benchmark_iterations", "4", "--log_path", log]) == {0: 0, 1: 0}
     records = read_log(log)
     assert not [r for r in records if r["event"] in ("train", "eval")]  # forward-only

@@ -7,6 +7,7 @@ import pytest
 
 import dlrm_main
 from tests.launch import eval_record, launch, read_log, step_losses
+from training.metrics import binary_entropy
 from training.report import main as report_main
 
 SMALL = ["--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,1",
@@ -95,9 +96,13 @@ def test_tensorboard_peak_memory_and_report(synthetic_dir, tmp_path, capsys):
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"train/loss", "train/lr", "train/records_per_sec", "train/peak_memory_gib", "validation/auroc",
-            "validation/log_loss", "test/auroc", "test/accuracy"} <= tags
+            "validation/log_loss", "test/auroc", "test/accuracy", "validation/ne", "validation/calibration",
+            "validation/positive_rate", "test/ne", "test/calibration", "test/positive_rate"} <= tags
     assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 11))
     records = read_log(log)
+    test = eval_record(records, "test")  # the JSON record carries the CTR metrics beside AUROC
+    assert test["ne"] == pytest.approx(test["log_loss"] / binary_entropy(test["positive_rate"]), rel=1e-12)
+    assert 0.0 < test["positive_rate"] < 1.0 and test["calibration"] > 0.0
     peaks = [r["peak_memory_bytes"] for r in records if r["event"] == "train"]
     assert all(len(p) == 2 and min(p) > 50 * 2**20 for p in peaks)  # both ranks, RSS of a torch process
 

@@ -9,13 +9,14 @@ Layout of ``--checkpoint_dir``::
         meta.json                               step, data position, config, plan
         COMPLETE                                written last, once every rank is done: the
                                                 manifest (every file's size and SHA-256)
+    best.json                                   which checkpoint is the best (early stopping)
 
 A checkpoint counts only once COMPLETE exists, so a run killed mid-save leaves the
 previous complete checkpoint as the newest one. Older checkpoints are pruned only
-after a newer one is complete. Files are hashed as they are written; a load checks
-each file against the manifest before using it and refuses a damaged one by name.
-Checkpoints saved before manifests existed (COMPLETE holds "complete") load with a
-warning, unverified.
+after a newer one is complete; the one best.json names is never pruned. Files are
+hashed as they are written; a load checks each file against the manifest before using
+it and refuses a damaged one by name. Checkpoints saved before manifests existed
+(COMPLETE holds "complete") load with a warning, unverified.
 
 Nothing here runs code from a file: ``.metadata`` goes through a restricted unpickler
 (training/dcp_metadata.py), tensors come back through DCP's ``torch.load(weights_only=True)``,
@@ -56,6 +57,7 @@ COMPLETE_MARKER = "COMPLETE"
 META_FILE = "meta.json"
 DCP_METADATA_FILE = ".metadata"
 MANIFEST_VERSION = 1
+BEST_FILE = "best.json"
 _STEP_DIR = re.compile(r"step_(\d+)$")
 # dtypes Tensor.numpy() accepts (not bfloat16 and the like: DCP copies those).
 _NUMPY_DTYPES = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
@@ -147,6 +149,10 @@ class IOPathFileSystem(FileSystemBase):
 
 def _is_local(path: str) -> bool:
     return "://" not in path or path.startswith("file://")
+
+
+def _local(path: str) -> str:
+    return path.replace("file://", "", 1)
 
 
 class _IOPathWriter(FileSystemWriter):
@@ -309,6 +315,34 @@ def newest_checkpoint(directory: str) -> Optional[str]:
     return complete[-1] if complete else None
 
 
+def best_checkpoint(directory: str) -> Optional[str]:
+    """The checkpoint best.json marks in ``directory``; None when none is marked."""
+    pointer = _join(directory, BEST_FILE)
+    if not g_pathmgr.exists(pointer):
+        return None
+    try:
+        with g_pathmgr.open(pointer, "r") as f:
+            name = json.load(f)["checkpoint"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{pointer} is unreadable ({e})") from e
+    path = _join(directory, str(name))
+    if not _STEP_DIR.match(str(name)) or not is_complete(path):
+        raise CheckpointError(f"{pointer} marks {name!r} as best, which is not a complete checkpoint of {directory}")
+    return path
+
+
+def checkpoint_to_load(path: str, flag: str, prefer_best: bool = True) -> str:
+    """``path`` when it is a checkpoint; for a directory of checkpoints, the one marked
+    best (unless ``prefer_best`` is False), else the newest complete one. ``flag`` names
+    the path in the error when there is none."""
+    if g_pathmgr.exists(_join(path, META_FILE)) or _STEP_DIR.match(os.path.basename(path.rstrip("/"))):
+        return path
+    chosen = (best_checkpoint(path) if prefer_best and g_pathmgr.exists(path) else None) or newest_checkpoint(path)
+    if chosen is None:
+        raise CheckpointError(f"{flag} {path}: neither a checkpoint nor a directory holding a complete one")
+    return chosen
+
+
 def read_meta(path: str) -> Dict[str, Any]:
     """The checkpoint's meta.json; CheckpointError when absent, incomplete or unreadable."""
     if not g_pathmgr.exists(path):
@@ -404,11 +438,28 @@ class CheckpointManager:
             self._prune(keep=path)
         _barrier()
 
+    def mark_best(self, path: str, info: Dict[str, Any]) -> None:
+        """Names the complete checkpoint ``path`` in best.json (replaced atomically),
+        then prunes what it kept. Collective."""
+        if self.rank == 0:
+            pointer = _join(self.directory, BEST_FILE)
+            with g_pathmgr.open(pointer + ".tmp", "w") as f:
+                json.dump({"checkpoint": os.path.basename(path), **info}, f, indent=1)
+            if _is_local(pointer):
+                os.replace(_local(pointer + ".tmp"), _local(pointer))
+            else:  # iopath's mv does not overwrite
+                if g_pathmgr.exists(pointer):
+                    g_pathmgr.rm(pointer)
+                g_pathmgr.mv(pointer + ".tmp", pointer)
+            self._prune(keep=path)
+        _barrier()
+
     def _prune(self, keep: str) -> None:
         if self.keep_last_n <= 0:
             return
         complete = complete_checkpoints(self.directory)
-        doomed = complete[: -self.keep_last_n]
+        best = best_checkpoint(self.directory)
+        doomed = [path for path in complete[: -self.keep_last_n] if path != best]
         # Leftovers of interrupted saves older than the newest complete checkpoint.
         for name in g_pathmgr.ls(self.directory):
             path = _join(self.directory, name)
@@ -427,7 +478,7 @@ def _remove_checkpoint(path: str) -> None:
     for name in g_pathmgr.ls(path):
         g_pathmgr.rm(_join(path, name))
     if _is_local(path):
-        os.rmdir(path.replace("file://", "", 1))
+        os.rmdir(_local(path))
 
 
 def load_checkpoint(path: str, state: Dict[str, Any], rank: int, restore_rng: bool) -> None:
@@ -492,10 +543,14 @@ def find_restore_point(config: TrainConfig) -> Optional[RestorePoint]:
     full = flags.resume and config.mode == "train"
     if flags.restore_checkpoint_path:
         path: Optional[str] = flags.restore_checkpoint_path
+        if g_pathmgr.exists(path):  # a missing path: read_meta says so
+            path = checkpoint_to_load(path, "--restore_checkpoint_path")  # type: ignore[arg-type]
     else:
         if not (flags.resume or config.mode != "train") or not flags.checkpoint_dir:
             return None  # inference_benchmark without a checkpoint: a freshly built model
-        path = newest_checkpoint(flags.checkpoint_dir)  # type: ignore[arg-type]
+        # Resuming continues from the newest; evaluating takes the best when one is marked.
+        path = (newest_checkpoint(flags.checkpoint_dir) if full  # type: ignore[arg-type]
+                else best_checkpoint(flags.checkpoint_dir) or newest_checkpoint(flags.checkpoint_dir))
         if path is None:
             if config.mode != "train":
                 raise CheckpointError(f"--checkpoint_dir {flags.checkpoint_dir}: no complete checkpoint to evaluate")

@@ -29,6 +29,9 @@ class OptimizerConfig:
         lr_decay_start: step at which polynomial decay begins (0 with lr_decay_steps 0: none).
         lr_decay_steps: steps of polynomial (power 2) decay down to lr_decay_floor.
         lr_decay_floor: learning rate after the decay, as a fraction of the base.
+        weight_decay: L2 weight decay of the dense optimizer (wd * w added to the gradient).
+        embedding_weight_decay: L2 weight decay of the embedding optimizer, applied to
+            the rows a batch looks up (FBGEMM's L2 mode; rowwise_adagrad only).
     """
 
     optimizer: str = "sgd"
@@ -39,6 +42,8 @@ class OptimizerConfig:
     lr_decay_start: int = 0
     lr_decay_steps: int = 0
     lr_decay_floor: float = 0.0
+    weight_decay: float = 0.0
+    embedding_weight_decay: float = 0.0
 
     @property
     def resolved_dense_optimizer(self) -> str:
@@ -68,6 +73,12 @@ class OptimizerConfig:
             )
         if not 0.0 <= self.lr_decay_floor <= 1.0:
             raise ValueError(f"--lr_decay_floor must be in [0, 1], got {self.lr_decay_floor}")
+        for flag in ("weight_decay", "embedding_weight_decay"):
+            if not getattr(self, flag) >= 0.0:
+                raise ValueError(f"--{flag} must not be negative, got {getattr(self, flag)}")
+        if self.embedding_weight_decay > 0 and self.optimizer != "rowwise_adagrad":
+            raise ValueError(f"--embedding_weight_decay: FBGEMM's fused {self.optimizer} kernel has no weight decay "
+                             "(of the CPU and GPU kernels only rowwise_adagrad has one): use --optimizer rowwise_adagrad")
 
 
 @dataclass
@@ -107,6 +118,39 @@ class CheckpointConfig:
                 raise ValueError(f"--{flag} needs --checkpoint_dir")
         if self.resume and self.restore_checkpoint_path:
             raise ValueError("give --resume (full state) or --restore_checkpoint_path (weights only), not both")
+
+
+EARLY_STOPPING_METRICS = ("auroc", "log_loss", "ne")
+
+
+@dataclass
+class EarlyStoppingConfig:
+    """Stopping when validation stops improving, and keeping the best model.
+
+    Args:
+        patience: validations without improvement before training stops (None: never
+            stop early, and no best model is kept; 0 stops at the first one).
+        metric: the monitored validation metric: auroc (higher is better), log_loss or
+            ne (lower is better).
+        min_delta: how much the metric must beat the best so far to count as improved.
+    """
+
+    patience: Optional[int] = None
+    metric: str = "auroc"
+    min_delta: float = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.patience is not None
+
+    def validate(self) -> None:
+        if self.patience is not None and self.patience < 0:
+            raise ValueError(f"--early_stopping_patience must not be negative, got {self.patience}")
+        if self.metric not in EARLY_STOPPING_METRICS:
+            raise ValueError(f"--early_stopping_metric must be one of {', '.join(EARLY_STOPPING_METRICS)}, "
+                             f"got {self.metric!r}")
+        if not self.min_delta >= 0:
+            raise ValueError(f"--early_stopping_min_delta must not be negative, got {self.min_delta}")
 
 
 @dataclass
@@ -162,6 +206,15 @@ class TrainConfig:
         sharding_plan: a plan file to use instead of planning.
         sharding_constraints: sharding types and kernels the planner may use.
         inference_benchmark: batch sizes and iterations of --mode inference_benchmark.
+        early_stopping: stop when validation stops improving; test the best model.
+        validation_auroc: stop at the first validation whose AUROC reaches this (MLPerf's
+            convergence target), reporting the time and records it took.
+        validate_at_epoch_end: validate after every epoch.
+        test_at_end: evaluate the test split when training ends.
+        print_progress: show the progress bar even when stderr is not a terminal.
+        collect_multi_hot_freqs_stats: count every table's ids in the training batches
+            and write the counts per rank (training/id_frequencies.py).
+        dropout: dropout after the over arch's hidden layers in training (0: none).
     """
 
     model: ModelConfig
@@ -186,6 +239,13 @@ class TrainConfig:
     sharding_plan: Optional[str] = None
     sharding_constraints: ShardingConstraints = field(default_factory=ShardingConstraints)
     inference_benchmark: InferenceBenchmarkConfig = field(default_factory=InferenceBenchmarkConfig)
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    validation_auroc: Optional[float] = None
+    validate_at_epoch_end: bool = True
+    test_at_end: bool = True
+    print_progress: bool = False
+    collect_multi_hot_freqs_stats: bool = False
+    dropout: float = 0.0
 
     def validate(self) -> None:
         """Raises ValueError with one line naming the offending flag."""
@@ -210,6 +270,19 @@ class TrainConfig:
         if self.mode not in MODES:
             raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         self.inference_benchmark.validate()
+        self.early_stopping.validate()
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
+        if self.validation_auroc is not None and not 0.0 < self.validation_auroc <= 1.0:
+            raise ValueError(f"--validation_auroc must be in (0, 1], got {self.validation_auroc}")
+        watchers = [flag for flag, on in (("--early_stopping_patience", self.early_stopping.enabled),
+                                          ("--validation_auroc", self.validation_auroc is not None)) if on]
+        for flag in watchers:
+            if self.data.limit_val_batches == 0:
+                raise ValueError(f"{flag} watches validation: it cannot be combined with --limit_val_batches 0")
+            if not self.validate_at_epoch_end and self.validation_freq_within_epoch is None:
+                raise ValueError(f"{flag} watches validation, which never runs: give --evaluate_on_epoch_end "
+                                 "or --validation_freq_within_epoch")
         if self.mode in ("validate", "test") and not (self.checkpoint.restore_checkpoint_path or self.checkpoint.checkpoint_dir):
             raise ValueError(f"--mode {self.mode} evaluates a checkpoint: give --restore_checkpoint_path, "
                              "or --checkpoint_dir for its newest one")

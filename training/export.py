@@ -2,8 +2,9 @@
 
     python -m training.export --checkpoint CKPT --output MODEL_DIR [--quantize fp16,int8]
 
-CKPT is one checkpoint (``.../step_000000100``) or a ``--checkpoint_dir`` (its newest
-complete checkpoint). It is loaded in this one process, whatever the world size and
+CKPT is one checkpoint (``.../step_000000100``) or a ``--checkpoint_dir``: the checkpoint
+its best.json marks (early stopping's best model), else (or with ``--newest``) its newest
+complete one. It is loaded in this one process, whatever the world size and
 sharding plan it was saved with. MODEL_DIR receives:
 
     fp32.pt2       torch.export program, dynamic batch dimension
@@ -41,7 +42,7 @@ from data.feature_spec import FeatureSpec, FeatureSpecError
 from data.preprocess_criteo import DENSE_OFFSET, VOCABULARY_FILE
 from models.config import ModelConfig
 from sharding_plans.report import format_bytes
-from training.checkpoint import META_FILE, CheckpointError, newest_checkpoint
+from training.checkpoint import checkpoint_to_load
 from training.inference_model import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, INPUTS_FILE, ProbabilityModel,
                                       load_checkpoint_model)
 from training.model_files import write_manifest
@@ -49,16 +50,6 @@ from training.model_files import write_manifest
 FP32_FILE = "fp32.pt2"
 QUANTIZED_DTYPES = {"fp16": torch.float16, "int8": torch.int8}
 INPUTS_FORMAT_VERSION = 1
-
-
-def resolve_checkpoint(path: str) -> str:
-    """A checkpoint directory, or the newest complete one of a --checkpoint_dir."""
-    if os.path.exists(os.path.join(path, META_FILE)):
-        return path
-    newest = newest_checkpoint(path)
-    if newest is None:
-        raise CheckpointError(f"--checkpoint {path}: neither a checkpoint nor a directory holding a complete one")
-    return newest
 
 
 def export_fp32(model: ProbabilityModel, example: Sequence[torch.Tensor], path: str) -> None:
@@ -147,9 +138,9 @@ def _describe_feature_spec(model_config: ModelConfig, spec_path: str) -> Dict[st
     }
 
 
-def export_model(checkpoint: str, output: str, quantize: List[str]) -> Dict[str, Any]:
+def export_model(checkpoint: str, output: str, quantize: List[str], newest: bool = False) -> Dict[str, Any]:
     """Writes the model directory (see the module docstring); returns its inputs.json."""
-    path = resolve_checkpoint(checkpoint)
+    path = checkpoint_to_load(checkpoint, "--checkpoint", prefer_best=not newest)
     if os.path.exists(output) and os.listdir(output):
         raise ValueError(f"--output {output} exists and is not empty: choose a new directory")
     train_model, meta = load_checkpoint_model(path)
@@ -208,7 +199,10 @@ def _quantize_list(text: str) -> List[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = OneLineParser(prog="python -m training.export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", required=True, help="a checkpoint, or a --checkpoint_dir (its newest)")
+    parser.add_argument("--checkpoint", required=True,
+                        help="a checkpoint, or a --checkpoint_dir (the checkpoint marked best, else the newest)")
+    parser.add_argument("--newest", action="store_true",
+                        help="with a --checkpoint_dir, its newest checkpoint even when one is marked best")
     parser.add_argument("--output", required=True, help="the model directory to create")
     parser.add_argument("--quantize", type=_quantize_list, default=["fp16", "int8"],
                         help="quantized variants to write: fp16,int8 (default), fp16, int8 or none")
@@ -217,7 +211,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for message in ("torch.distributed is disabled", "The TorchScript type system", "TorchScript will treat"):
         warnings.filterwarnings("ignore", message=message)
     try:
-        inputs = export_model(args.checkpoint, args.output, args.quantize)
+        inputs = export_model(args.checkpoint, args.output, args.quantize, args.newest)
     except ValueError as e:  # CheckpointError included
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2

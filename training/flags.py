@@ -21,7 +21,9 @@ from training.config import (
     OPTIMIZERS,
     PIPELINES,
     SEMI_SYNC_START_BATCH,
+    EARLY_STOPPING_METRICS,
     CheckpointConfig,
+    EarlyStoppingConfig,
     InferenceBenchmarkConfig,
     OptimizerConfig,
     TrainConfig,
@@ -104,6 +106,10 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     a("--lr_decay_start", type=int, default=0, help="step at which polynomial decay starts")
     a("--lr_decay_steps", type=int, default=0, help="steps of power-2 polynomial decay (0: none)")
     a("--lr_decay_floor", type=float, default=0.0, help="final LR after decay, as a fraction of --learning_rate")
+    a("--weight_decay", type=float, default=0.0, help="L2 weight decay of the dense (MLP) optimizer")
+    a("--embedding_weight_decay", type=float, default=0.0,
+      help="L2 weight decay of the looked-up embedding rows (FBGEMM's L2 mode; --optimizer rowwise_adagrad)")
+    a("--dropout", type=float, default=0.0, help="dropout after the over arch's hidden layers in training")
     # Run.
     a("--seed", type=int, default=None, help="seeds model init, data order and random data (default 0)")
     a("--validation_freq_within_epoch", type=int, default=None, help="validate every N training steps")
@@ -125,6 +131,23 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     a("--semi_sync_start_batch", type=int, default=SEMI_SYNC_START_BATCH,
       help=f"--pipeline semi_sync synchronizes every step before this batch (default {SEMI_SYNC_START_BATCH}, torchrec's)")
     a("--tensorboard_dir", default=None, help="write TensorBoard event files here (rank 0)")
+    # Early stopping and the best model.
+    a("--early_stopping_patience", type=int, default=None,
+      help="stop after N validations without improvement; test (and mark in --checkpoint_dir) the best model")
+    a("--early_stopping_metric", choices=EARLY_STOPPING_METRICS, default=None,
+      help="validation metric early stopping watches: auroc (default; higher is better), log_loss or ne")
+    a("--early_stopping_min_delta", type=float, default=None,
+      help="how much the metric must beat the best so far to count as an improvement (default 0)")
+    # The MLPerf DLRM-DCNv2 reference's flags (README: "MLPerf reference flags").
+    a("--validation_auroc", type=float, default=None,
+      help="stop at the first validation whose AUROC reaches this; report the time and records it took")
+    _store_true(p, "evaluate_on_epoch_end",
+                "validate after every epoch; with this or --evaluate_on_training_end, the reference's "
+                "schedule applies (default without either: validate after every epoch and test at the end)")
+    _store_true(p, "evaluate_on_training_end", "evaluate the test split when training ends (see above)")
+    _store_true(p, "print_progress", "show the progress bar even when stderr is not a terminal")
+    _store_true(p, "collect_multi_hot_freqs_stats",
+                "count every table's ids in the training batches; write multi_hot_freqs_rank_<r>.npz per rank")
     # Checkpoints.
     a("--checkpoint_dir", default=None, help="directory of checkpoints (any iopath path)")
     a("--checkpoint_every_n_steps", type=int, default=None, help="save a checkpoint every N steps")
@@ -181,7 +204,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise FlagError(f"--max_table_rows must be positive, got {args.max_table_rows}")
     if args.adagrad and args.optimizer not in (None, "adagrad"):
         raise FlagError(f"--adagrad contradicts --optimizer {args.optimizer}")
+    for flag in ("early_stopping_metric", "early_stopping_min_delta"):
+        if getattr(args, flag) is not None and args.early_stopping_patience is None:
+            raise FlagError(f"--{flag} needs --early_stopping_patience")
     seed = 0 if args.seed is None else args.seed
+    reference_schedule = args.evaluate_on_epoch_end or args.evaluate_on_training_end
     sparse_names, num_dense, cardinalities = _feature_layout(args)
     try:
         config = TrainConfig(
@@ -227,6 +254,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                 lr_decay_start=args.lr_decay_start,
                 lr_decay_steps=args.lr_decay_steps,
                 lr_decay_floor=args.lr_decay_floor,
+                weight_decay=args.weight_decay,
+                embedding_weight_decay=args.embedding_weight_decay,
             ),
             epochs=args.epochs,
             max_table_rows=args.max_table_rows,
@@ -257,6 +286,19 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                 batch_sizes=args.inference_benchmark_batch_sizes,
                 iterations=args.inference_benchmark_iterations,
                 warmup=args.inference_benchmark_warmup,
+            ),
+            validation_auroc=args.validation_auroc,
+            # The reference validates at epoch end and tests only when asked; ours does
+            # both unless either of its flags is given.
+            validate_at_epoch_end=args.evaluate_on_epoch_end or not reference_schedule,
+            test_at_end=args.evaluate_on_training_end or not reference_schedule,
+            print_progress=args.print_progress,
+            collect_multi_hot_freqs_stats=args.collect_multi_hot_freqs_stats,
+            dropout=args.dropout,
+            early_stopping=EarlyStoppingConfig(
+                patience=args.early_stopping_patience,
+                metric=args.early_stopping_metric or "auroc",
+                min_delta=args.early_stopping_min_delta or 0.0,
             ),
         )
         config.validate()

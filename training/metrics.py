@@ -1,5 +1,7 @@
-"""Evaluation metrics over all ranks: AUROC, log loss and accuracy."""
+"""Evaluation metrics over all ranks: AUROC, log loss, accuracy, normalized entropy,
+calibration and the positive rate."""
 
+import math
 from typing import Dict
 
 import torch
@@ -7,47 +9,71 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torchmetrics.classification import BinaryAUROC
 
+# Keys of `BinaryClassificationMetrics.compute`, in the order the console prints them.
+METRIC_NAMES = ("auroc", "log_loss", "accuracy", "ne", "calibration", "positive_rate")
+
+
+def binary_entropy(rate: float) -> float:
+    """Entropy in nats of a Bernoulli(rate): the log loss of always predicting ``rate``."""
+    if rate <= 0.0 or rate >= 1.0:
+        return 0.0
+    return -(rate * math.log(rate) + (1.0 - rate) * math.log(1.0 - rate))
+
 
 class BinaryClassificationMetrics:
     """Accumulates one evaluation's predictions on this rank; `compute` combines all ranks.
 
     AUROC is torchmetrics' exact BinaryAUROC, synced over the process group (it equals
-    the AUROC of all ranks' data gathered). Log loss is the mean binary cross-entropy
-    and accuracy thresholds the probability at 0.5.
+    the AUROC of all ranks' data gathered). Every other figure comes from sums that are
+    all-reduced once, so it is exact for the whole split, not a windowed estimate:
+    log loss is the mean binary cross-entropy, accuracy thresholds the probability at
+    0.5, the positive rate is the split's click rate, normalized entropy (NE) is the
+    log loss divided by the entropy of that click rate (below 1 beats predicting the
+    click rate for every row; NaN when the split has only one class) and calibration
+    is the sum of predicted probabilities over the number of clicks (1 is calibrated;
+    NaN without clicks).
 
     Example::
 
         metrics = BinaryClassificationMetrics(torch.device("cpu"))
         metrics.update(logits, labels)
-        metrics.compute()  # {"auroc": ..., "log_loss": ..., "accuracy": ..., "num_samples": ...}
+        metrics.compute()  # {"auroc": ..., "log_loss": ..., "ne": ..., "num_samples": ...}
     """
 
     def __init__(self, device: torch.device) -> None:
         self._auroc = BinaryAUROC().to(device)
-        # [sum of log loss, correct predictions, samples]
-        self._sums = torch.zeros(3, dtype=torch.float64, device=device)
+        # [sum of log loss, correct predictions, samples, sum of probabilities, clicks]
+        self._sums = torch.zeros(5, dtype=torch.float64, device=device)
 
     def update(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
         logits = logits.detach().float().reshape(-1)
         labels = labels.detach().reshape(-1)
-        self._auroc.update(torch.sigmoid(logits), labels.int())
+        probabilities = torch.sigmoid(logits)
+        self._auroc.update(probabilities, labels.int())
         target = labels.float()
         self._sums[0] += F.binary_cross_entropy_with_logits(logits, target, reduction="sum").double()
         self._sums[1] += ((logits >= 0).float() == target).sum().double()
         self._sums[2] += labels.numel()
+        self._sums[3] += probabilities.double().sum()
+        self._sums[4] += target.double().sum()
 
     def compute(self) -> Dict[str, float]:
         """Collective: every rank must call it."""
         sums = self._sums.clone()
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(sums)
-        samples = int(sums[2].item())
+        log_loss_sum, correct, samples, probability_sum, clicks = sums.tolist()
         if samples == 0:
-            return {"auroc": float("nan"), "log_loss": float("nan"), "accuracy": float("nan"),
-                    "num_samples": 0}
+            return {**{name: float("nan") for name in METRIC_NAMES}, "num_samples": 0}
+        log_loss = log_loss_sum / samples
+        positive_rate = clicks / samples
+        entropy = binary_entropy(positive_rate)
         return {
             "auroc": float(self._auroc.compute().item()),
-            "log_loss": float(sums[0].item() / samples),
-            "accuracy": float(sums[1].item() / samples),
-            "num_samples": samples,
+            "log_loss": log_loss,
+            "accuracy": correct / samples,
+            "ne": log_loss / entropy if entropy > 0 else float("nan"),
+            "calibration": probability_sum / clicks if clicks > 0 else float("nan"),
+            "positive_rate": positive_rate,
+            "num_samples": int(samples),
         }

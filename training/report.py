@@ -2,8 +2,8 @@
 
     python -m training.report runs/a.jsonl [runs/b.jsonl ...] --output run.png
 
-Draws training loss, learning rate, records/s and validation AUROC over steps, one
-line per run (a log holds every run appended to it, told apart by ``run_id``), and
+Draws training loss, learning rate, records/s and validation AUROC, normalized entropy
+(NE) and calibration over steps, one line per run (a log holds every run appended to it, told apart by ``run_id``), and
 prints per run: best validation AUROC and its step, mean records/s without the first
 (warm-up) interval, and the wall time from first to last record. A malformed log is
 reported as one line naming the file and line, exit code 2.
@@ -35,6 +35,8 @@ class Run:
     lr: List[Tuple[int, float]] = field(default_factory=list)
     records_per_sec: List[Tuple[int, float]] = field(default_factory=list)
     validation_auroc: List[Tuple[int, float]] = field(default_factory=list)
+    validation_ne: List[Tuple[int, float]] = field(default_factory=list)
+    validation_calibration: List[Tuple[int, float]] = field(default_factory=list)
     first_time: Optional[float] = None
     last_time: Optional[float] = None
 
@@ -81,23 +83,26 @@ def read_runs(path: str) -> List[Run]:
             run.loss.append((step, float(record["loss"])))
             run.lr.append((step, float(record["lr"])))
             run.records_per_sec.append((step, float(record["records_per_sec"])))
-        elif event == "eval" and record["stage"] == "validation" and record.get("auroc") is not None:
-            run.validation_auroc.append((int(record["step"]), float(record["auroc"])))
+        elif event == "eval" and record["stage"] == "validation":
+            for key in ("auroc", "ne", "calibration"):  # null when not finite; older logs have no NE
+                if record.get(key) is not None:
+                    getattr(run, f"validation_{key}").append((int(record["step"]), float(record[key])))
     if not runs:
         raise LogError(f"{path}: no records")
     return list(runs.values())
 
 
 def draw(runs: Sequence[Run], output: str) -> None:
-    """Writes a 2 x 2 chart to ``output`` (PNG), under a temporary name first."""
+    """Writes a 2 x 3 chart to ``output`` (PNG), under a temporary name first."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
+    fig, axes = plt.subplots(2, 3, figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
     panels = [("loss", "training loss"), ("lr", "learning rate"), ("records_per_sec", "records/s"),
-              ("validation_auroc", "validation AUROC")]
+              ("validation_auroc", "validation AUROC"), ("validation_ne", "validation normalized entropy"),
+              ("validation_calibration", "validation calibration (predicted / clicks)")]
     for ax, (attr, title) in zip(axes.flat, panels):
         for run in runs:
             points = getattr(run, attr)

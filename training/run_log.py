@@ -4,7 +4,8 @@ Only rank 0 prints and writes. The JSON-lines log is appended to, one object per
 line, every record carrying the run's ``run_id``:
 ``{"event": "config", ...}`` once, ``{"event": "train", "step", "epoch", "loss", "lr",
 "records_per_sec", ...}`` per interval and ``{"event": "eval", "stage", "step",
-"auroc", "log_loss", "accuracy", "num_samples"}`` per evaluation; every record also has
+"auroc", "log_loss", "accuracy", "ne", "calibration", "positive_rate", "num_samples"}``
+per evaluation (training/metrics.py says what each means); every record also has
 ``time`` (seconds since the epoch). With a TensorBoard directory the same scalars go
 to event files too.
 """
@@ -18,9 +19,11 @@ from typing import Any, Optional
 
 from tqdm import tqdm
 
+from training.metrics import METRIC_NAMES
+
 
 # JSON record keys also written to TensorBoard, as "<train|validation|test>/<key>".
-TENSORBOARD_SCALARS = {"train": ("loss", "lr", "records_per_sec"), "eval": ("auroc", "log_loss", "accuracy")}
+TENSORBOARD_SCALARS = {"train": ("loss", "lr", "records_per_sec"), "eval": METRIC_NAMES}
 
 
 class RunLog:
@@ -29,10 +32,14 @@ class RunLog:
     Args:
         enabled: True on rank 0.
         log_path: JSON-lines file (its directory is created), or None.
+        tensorboard_dir: TensorBoard event files, or None.
+        progress: show the progress bar (on rank 0).
     """
 
-    def __init__(self, enabled: bool, log_path: Optional[str], tensorboard_dir: Optional[str] = None) -> None:
+    def __init__(self, enabled: bool, log_path: Optional[str], tensorboard_dir: Optional[str] = None,
+                 progress: bool = True) -> None:
         self.enabled = enabled
+        self.progress = progress
         self.run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
         self._file = None
         self._bar: Optional[tqdm] = None
@@ -70,7 +77,7 @@ class RunLog:
             print(line, flush=True)
 
     def start_progress(self, total: int, description: str, initial: int = 0) -> None:
-        if self.enabled:
+        if self.enabled and self.progress:
             self.close_progress()
             self._bar = tqdm(total=total, initial=initial, desc=description, unit="step", dynamic_ncols=True,
                              file=sys.stderr, mininterval=1.0)

@@ -7,6 +7,8 @@ runs the epochs, `evaluate` runs a split through its own pipeline.
 
 import dataclasses
 import itertools
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional
@@ -35,10 +37,13 @@ from training.checkpoint import (
 )
 from training.config import TrainConfig
 from training.distributed import DistributedEnv, gather_peak_memory, init_process_group
+from training.early_stopping import BestModel
 from training.embedding_init import init_embedding_tables
+from training.id_frequencies import IdFrequencies
 from training.lr_schedule import WarmupPolyDecaySchedule
 from training.metrics import BinaryClassificationMetrics
-from training.optimizers import attach_fused_embedding_optimizer, build_combined_optimizer
+from training.optimizers import (attach_fused_embedding_optimizer, build_combined_optimizer,
+                                 check_embedding_weight_decay)
 from training.pipelines import (build_pipeline, check_pipeline_supported, check_plan_for_pipeline,
                                 cpu_bf16_speed_ratio)
 from training.run_log import RunLog
@@ -62,6 +67,12 @@ class RunResult:
     validation: Optional[Dict[str, float]] = None
     test: Optional[Dict[str, float]] = None
     records_per_sec: float = 0.0  # training records (all ranks) per second, evaluation excluded
+    best_step: Optional[int] = None  # early stopping: the step whose weights were tested
+    best_validation: Optional[Dict[str, float]] = None
+    stopped_early: bool = False
+    target_reached: Optional[bool] = None  # --validation_auroc: None without a target
+    time_to_target_s: Optional[float] = None  # from the start of training, evaluation included
+    records_to_target: Optional[int] = None  # training records (all ranks) until then
 
 
 class Trainer:
@@ -89,13 +100,14 @@ class Trainer:
         # Model: identical dense init on every rank and world size (seeded here),
         # tables on the meta device until sharded.
         torch.manual_seed(config.seed)
-        model = build_dlrm_train(config.model, dense_device=env.device)
+        model = build_dlrm_train(config.model, dense_device=env.device, dropout=config.dropout)
         attach_fused_embedding_optimizer(model.model.sparse_arch, config.optim)
         sharding = prepare_sharding(config, env, model)
         sharding.constraints = self._planner_constraints(sharding.constraints, restore)
 
         self.process_group = init_process_group(env)
-        self.log = RunLog(env.is_main, config.log_path, config.tensorboard_dir)
+        self.log = RunLog(env.is_main, config.log_path, config.tensorboard_dir,
+                          progress=config.print_progress or sys.stderr.isatty())
         if config.amp and env.device.type == "cpu":
             ratio = cpu_bf16_speed_ratio()
             if ratio < 1.0:
@@ -116,6 +128,7 @@ class Trainer:
         )
         self.plan = plan_summary(plan)
         check_plan_for_pipeline(config.pipeline, self.plan, config.validation_freq_within_epoch is not None)
+        check_embedding_weight_decay(self.plan, env.device, config.optim)  # every rank has the plan
         if restore and restore.full:
             check_reshardable(restore.meta, self.plan, restore.path)
         table_shapes = {t: (rows, config.model.embedding_dim)
@@ -143,13 +156,21 @@ class Trainer:
         self.step = 0
         self.start_epoch, self.start_batch = 0, 0  # where training (re)starts in the data
         self._saved_step = -1
+        self._saved_path = ""
+        self._validated_step = -1
+        self._stop_training = False  # early stopping or the AUROC target ended training
+        self._fit_start = 0.0
+        self.frequencies = (IdFrequencies(config.model.sparse_feature_names, config.model.table_names,
+                                          config.model.num_embeddings_per_feature)
+                            if config.collect_multi_hot_freqs_stats else None)
         self.epoch = 0
         self.stage = "training"  # or the split being evaluated
         self._train_seconds = 0.0
         self._train_records = 0
         flags = config.checkpoint
         self.checkpoints = (CheckpointManager(flags.checkpoint_dir, flags.keep_last_n_checkpoints, env.rank)
-                            if flags.checkpoint_dir and flags.saving else None)
+                            if flags.checkpoint_dir and (flags.saving or config.early_stopping.enabled) else None)
+        self.best = BestModel(config.early_stopping, self.checkpoints, env.rank)
         if restore is not None:
             self.restore_from(restore)
 
@@ -189,11 +210,14 @@ class Trainer:
                              f"{meta['global_batch_size']} rows, this run has {global_batch}: "
                              "the data position cannot carry over")
         self.step, self.start_epoch, self.start_batch = meta["step"], meta["epoch"], meta["batch_in_epoch"]
+        if meta.get("early_stopping"):
+            self.best.stopping.load_state_dict(meta["early_stopping"])
         self.log.print(f"resumed from {restore.path}: step {self.step}, epoch {self.start_epoch}, "
                        f"batch {self.start_batch}")
 
-    def save_checkpoint(self, epoch: int, batch_in_epoch: int) -> None:
-        """Saves everything needed to continue at (epoch, batch_in_epoch). Collective."""
+    def save_checkpoint(self, epoch: int, batch_in_epoch: int) -> str:
+        """Saves everything needed to continue at (epoch, batch_in_epoch); returns its
+        path. Collective."""
         assert self.checkpoints is not None
         start = time.perf_counter()
         meta = {
@@ -207,13 +231,15 @@ class Trainer:
             "config": dataclasses.asdict(self.config),
             "plan": self.plan,
             "run_id": self.log.run_id,
+            "early_stopping": self.best.stopping.state_dict(),
         }
         state = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
         path = self.checkpoints.save(self.step, state, meta)
-        self._saved_step = self.step
+        self._saved_step, self._saved_path = self.step, path
         seconds = time.perf_counter() - start
         self.log.print(f"checkpoint {path} saved in {seconds:.1f} s (step {self.step})")
         self.log.record("checkpoint", step=self.step, path=path, seconds=seconds)
+        return path
 
     def _pipeline(self, kind: str) -> TrainPipeline:
         return build_pipeline(kind, self.model, self.optimizer, self.env.device, self.config.amp,
@@ -231,16 +257,37 @@ class Trainer:
         self.log.record("config", world_size=self.env.world_size, resolved_device=str(self.env.device),
                         **dataclasses.asdict(config))
         result = RunResult(steps=0)
+        self._fit_start = time.perf_counter()
+        if config.validation_auroc is not None:
+            result.target_reached = False
         train_loader = self.loaders["train"]
         for epoch in range(self.start_epoch, config.epochs):
+            if self.best.stopping.should_stop:  # resumed from a run that had stopped early
+                self.best.stopped_early = True
+                break
             self.epoch = epoch
             first_batch = self.start_batch if epoch == self.start_epoch else 0
             train_loader.set_epoch(epoch, first_batch)
             result.train_losses += self._train_epoch(epoch, first_batch, train_loader, result)
+            if self._stop_training:
+                break
+            # Validation before the checkpoint, so the checkpoint records what it decided.
+            if config.validate_at_epoch_end and self._validated_step != self.step:
+                self._validate(result, epoch + 1, 0)
             if self.checkpoints and config.checkpoint.checkpoint_at_epoch_end and self._saved_step != self.step:
                 self.save_checkpoint(epoch + 1, 0)
-            result.validation = self.evaluate("validation") or result.validation
-        result.test = self.evaluate("test")
+            if self._stop_training:
+                break
+        if self.frequencies is not None:
+            path = self.frequencies.save(os.getcwd(), self.env.rank)
+            self.log.print(f"id frequencies of the training batches: {path} (one file per rank)")
+        result.best_step, result.best_validation = self.best.stopping.best_step, self.best.stopping.best_validation
+        result.stopped_early = self.best.stopped_early
+        if self.best.restore(self.model, self.step):
+            self.log.print(f"testing the best weights: step {result.best_step} (validation "
+                           f"{config.early_stopping.metric} {self.best.stopping.best_value:.4f})")
+        if config.test_at_end:
+            result.test = self.evaluate("test", weights_step=result.best_step)
         result.steps = self.step
         self._summary(result)
         self.log.close()
@@ -251,6 +298,8 @@ class Trainer:
         every = config.checkpoint.checkpoint_every_n_steps
         self.model.train()
         batches = self._batches(loader)
+        if self.frequencies is not None:
+            batches = self.frequencies.counting(batches)
         self.log.start_progress(len(loader), f"epoch {epoch}", initial=first_batch)
         losses: List[float] = []
         pending: List[torch.Tensor] = []  # this interval's per-step losses, not yet synced
@@ -276,11 +325,13 @@ class Trainer:
                 seconds = time.perf_counter() - interval_start
                 losses += self._log_interval(epoch, pending, lr, interval_records, seconds)
                 pending, interval_records = [], 0
-                if at_checkpoint:
-                    self.save_checkpoint(epoch, step_in_epoch + 1)
                 if at_validation:
-                    result.validation = self.evaluate("validation") or result.validation
+                    self._validate(result, epoch, step_in_epoch + 1)
                     self.model.train()
+                if at_checkpoint and self._saved_step != self.step:
+                    self.save_checkpoint(epoch, step_in_epoch + 1)
+                if self._stop_training:
+                    break
                 interval_start = time.perf_counter()
         if pending:
             seconds = time.perf_counter() - interval_start
@@ -321,8 +372,36 @@ class Trainer:
                         peak_memory_bytes=peaks)
         return values
 
-    def evaluate(self, stage: str) -> Optional[Dict[str, float]]:
-        """Runs the "validation" or "test" split; None when it has no batches. Collective."""
+    def _validate(self, result: RunResult, epoch: int, batch_in_epoch: int) -> None:
+        """Validates, keeps the best model, and ends training (``_stop_training``) on
+        early stopping or the AUROC target. (epoch, batch_in_epoch) is where a
+        checkpoint saved now continues. Collective."""
+        values = self.evaluate("validation")
+        self._validated_step = self.step
+        if values is None:
+            return
+        result.validation = values
+        target = self.config.validation_auroc
+        if target is not None and values["auroc"] >= target:
+            result.target_reached = True
+            result.time_to_target_s = time.perf_counter() - self._fit_start
+            result.records_to_target = self._train_records
+            self._stop_training = True
+            self.log.print(f"validation AUROC {values['auroc']:.5f} reached the target {target} at step {self.step}: "
+                           f"{result.time_to_target_s:.1f} s and {result.records_to_target} training records")
+        stop = self.best.observe(self.step, values, self.model,
+                                 save=lambda: self._saved_path if self._saved_step == self.step
+                                 else self.save_checkpoint(epoch, batch_in_epoch))
+        if stop:
+            self._stop_training = True
+            self.log.print(f"early stopping at step {self.step}: validation {self.config.early_stopping.metric} "
+                           f"has not improved for {self.best.stopping.validations_without_improvement} validations "
+                           f"(best {self.best.stopping.best_value:.4f} at step {self.best.stopping.best_step})")
+
+    def evaluate(self, stage: str, weights_step: Optional[int] = None) -> Optional[Dict[str, float]]:
+        """Runs the "validation" or "test" split; None when it has no batches. Collective.
+
+        ``weights_step``: the step the model's weights are from, when not the current one."""
         loader = self.loaders[stage]
         if len(loader) == 0:
             return None
@@ -346,11 +425,13 @@ class Trainer:
             pipeline.detach()  # type: ignore[attr-defined]
             self.train_pipeline.attach(self.model)  # type: ignore[attr-defined]
         values = metrics.compute()
+        step = self.step if weights_step is None else weights_step
         self.log.print(
             f"{stage}: AUROC {values['auroc']:.4f} | log loss {values['log_loss']:.4f} | "
-            f"accuracy {values['accuracy']:.4f} | {values['num_samples']} samples (step {self.step})"
+            f"accuracy {values['accuracy']:.4f} | NE {values['ne']:.4f} | calibration {values['calibration']:.4f} | "
+            f"positive rate {values['positive_rate']:.4f} | {values['num_samples']} samples (step {step})"
         )
-        self.log.record("eval", stage=stage, step=self.step, **values)
+        self.log.record("eval", stage=stage, step=step, **values)
         self.stage = "training"
         return values
 
@@ -377,6 +458,13 @@ class Trainer:
             f"{self._train_seconds:.1f} s of training ({rate:,.0f} records/s, evaluation excluded); "
             "peak memory " + ", ".join(f"rank {r}: {format_bytes(b)}" for r, b in enumerate(peaks))
         )
+        if result.best_step is not None:
+            metric = self.config.early_stopping.metric
+            self.log.print(f"best validation {metric} {self.best.stopping.best_value:.4f} at step {result.best_step}"
+                           f"{' (stopped early)' if result.stopped_early else ''}: the test split used its weights")
         self.log.record("summary", steps=result.steps, train_seconds=self._train_seconds,
                         records_per_sec=rate, validation=result.validation, test=result.test,
-                        peak_memory_bytes=peaks)
+                        peak_memory_bytes=peaks, best_step=result.best_step,
+                        best_validation=result.best_validation, stopped_early=result.stopped_early,
+                        target_reached=result.target_reached, time_to_target_s=result.time_to_target_s,
+                        records_to_target=result.records_to_target)

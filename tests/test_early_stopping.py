@@ -1,0 +1,141 @@
+"""Early stopping and the best model on real 2-rank runs: the stop, the test on the
+best weights (checkpointed or kept in memory), pruning, export, resume, bad flags."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+import dlrm_main
+from tests.launch import eval_record, launch, read_log
+from training import export
+from training.config import EarlyStoppingConfig
+from training.early_stopping import EarlyStopping
+
+METRICS = ("auroc", "log_loss", "accuracy", "ne", "calibration", "positive_rate", "num_samples")
+STEPS_PER_EPOCH = 4
+PATIENCE = 2
+
+
+def flags(data_dir: str, log: str, *extra: str) -> list:
+    """A run that overfits 4 training batches: validation log loss is lowest after a few
+    epochs (its AUROC creeps up by 1e-4 for long after)."""
+    return ["--in_memory_binary_criteo_path", data_dir, "--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16",
+            "--over_arch_layer_sizes", "64,32,1", "--optimizer", "adagrad", "--learning_rate", "0.1",
+            "--batch_size", "128", "--limit_train_batches", str(STEPS_PER_EPOCH), "--limit_val_batches", "4",
+            "--limit_test_batches", "2", "--epochs", "12", "--log_every_n_steps", "4", "--seed", "1",
+            "--early_stopping_patience", str(PATIENCE), "--early_stopping_metric", "log_loss", "--log_path", log,
+            *extra]
+
+
+def summary(log: str) -> dict:
+    return [r for r in read_log(log) if r["event"] == "summary"][-1]
+
+
+def validations(log: str) -> list:
+    return [(r["step"], r["log_loss"]) for r in read_log(log) if r["event"] == "eval" and r["stage"] == "validation"]
+
+
+@pytest.fixture(scope="module")
+def stopped(synthetic_dir, tmp_path_factory):
+    """A 2-rank run with checkpoints at every epoch end, keeping the last 2."""
+    root = tmp_path_factory.mktemp("early_stopping")
+    ckpt, log = str(root / "ckpt"), str(root / "run.jsonl")
+    assert launch(dlrm_main.main, flags(synthetic_dir, log, "--checkpoint_dir", ckpt, "--checkpoint_at_epoch_end",
+                                        "--keep_last_n_checkpoints", "2")) == {0: 0, 1: 0}
+    return root, ckpt, log
+
+
+def test_stops_after_patience_and_tests_the_best_checkpoint(stopped, synthetic_dir, tmp_path):
+    root, ckpt, log = stopped
+    seen = validations(log)
+    best_step, best_loss = min(seen, key=lambda v: v[1])
+    last_step = seen[-1][0]
+    # The metric peaked early, then PATIENCE validations without improvement ended the run.
+    assert best_step < last_step == best_step + PATIENCE * STEPS_PER_EPOCH < 12 * STEPS_PER_EPOCH
+    assert [s for s, _ in seen] == list(range(STEPS_PER_EPOCH, last_step + 1, STEPS_PER_EPOCH))
+    record = summary(log)
+    assert record["stopped_early"] is True and record["steps"] == last_step
+    assert record["best_step"] == best_step and record["best_validation"]["log_loss"] == best_loss
+    # The best checkpoint survived pruning (keep 2: the two newest), and best.json names it.
+    assert sorted(os.listdir(ckpt)) == ["best.json"] + [f"step_{s:09d}" for s in
+                                                        (best_step, last_step - STEPS_PER_EPOCH, last_step)]
+    with open(os.path.join(ckpt, "best.json")) as f:
+        assert json.load(f) == {"checkpoint": f"step_{best_step:09d}", "step": best_step, "metric": "log_loss",
+                                "value": best_loss}
+    # The test figures are those of the best step's checkpoint, evaluated on its own:
+    # --mode test with the checkpoint directory takes the checkpoint marked best.
+    test = eval_record(read_log(log), "test")
+    assert test["step"] == best_step
+    evaluated = str(tmp_path / "evaluated.jsonl")
+    assert launch(dlrm_main.main, flags(synthetic_dir, evaluated, "--mode", "test",
+                                        "--restore_checkpoint_path", ckpt)) == {0: 0, 1: 0}
+    assert [eval_record(read_log(evaluated), "test")[k] for k in METRICS] == [test[k] for k in METRICS]
+    # training.export on the directory exports the best checkpoint; --newest the last one.
+    assert export.main(["--checkpoint", ckpt, "--output", str(tmp_path / "best"), "--quantize", "none"]) == 0
+    with open(tmp_path / "best" / "inputs.json") as f:
+        assert json.load(f)["step"] == best_step
+    assert export.main(["--checkpoint", ckpt, "--output", str(tmp_path / "newest"), "--quantize", "none",
+                        "--newest"]) == 0
+    with open(tmp_path / "newest" / "inputs.json") as f:
+        assert json.load(f)["step"] == last_step
+
+
+def test_best_weights_in_memory_without_a_checkpoint_dir(stopped, synthetic_dir, tmp_path):
+    """Each rank keeps its own shards of the best step: the test figures are the same."""
+    _, _, log = stopped
+    memory = str(tmp_path / "memory.jsonl")
+    assert launch(dlrm_main.main, flags(synthetic_dir, memory)) == {0: 0, 1: 0}
+    expected, got = eval_record(read_log(log), "test"), eval_record(read_log(memory), "test")
+    assert [got[k] for k in METRICS + ("step",)] == [expected[k] for k in METRICS + ("step",)]
+    assert {k: summary(memory)[k] for k in ("best_step", "best_validation", "stopped_early")} == \
+        {k: summary(log)[k] for k in ("best_step", "best_validation", "stopped_early")}
+
+
+def test_resumed_run_keeps_best_and_patience(stopped, synthetic_dir, tmp_path):
+    """Resumed one epoch after the best (one validation without improvement counted),
+    the run stops after one more validation, not PATIENCE more, and tests the best step."""
+    _, ckpt, log = stopped
+    best_step, last_step = summary(log)["best_step"], summary(log)["steps"]
+    copy = str(tmp_path / "ckpt")
+    shutil.copytree(ckpt, copy)
+    shutil.rmtree(os.path.join(copy, f"step_{last_step:09d}"))  # the newest is now best + 1 epoch
+    resumed = str(tmp_path / "resumed.jsonl")
+    assert launch(dlrm_main.main, flags(synthetic_dir, resumed, "--checkpoint_dir", copy,
+                                        "--checkpoint_at_epoch_end", "--resume")) == {0: 0, 1: 0}
+    assert [s for s, _ in validations(resumed)] == [last_step]
+    assert {k: summary(resumed)[k] for k in ("steps", "best_step", "best_validation", "stopped_early")} == \
+        {k: summary(log)[k] for k in ("steps", "best_step", "best_validation", "stopped_early")}
+    assert eval_record(read_log(resumed), "test") == {**eval_record(read_log(log), "test"),
+                                                      "run_id": eval_record(read_log(resumed), "test")["run_id"],
+                                                      "time": eval_record(read_log(resumed), "test")["time"]}
+    assert best_step == summary(resumed)["best_step"]
+
+
+@pytest.mark.parametrize("metric, values, stop_after", [
+    ("auroc", [0.70, 0.71, 0.709, 0.7105], 4),  # 0.7105 does not beat 0.71 by min_delta 0.001
+    ("log_loss", [0.50, 0.49, 0.495, 0.48], None),
+    ("ne", [0.90, float("nan"), 0.95], 3),  # NaN never improves
+])
+def test_improvement_rules(metric, values, stop_after):
+    stopping = EarlyStopping(EarlyStoppingConfig(patience=2, metric=metric, min_delta=0.001))
+    stops = [stopping.update(step, {metric: v}) is False and stopping.should_stop for step, v in enumerate(values, 1)]
+    assert (stops.index(True) + 1 if True in stops else None) == stop_after
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--early_stopping_patience", "-1"], "--early_stopping_patience must not be negative, got -1"),
+    (["--early_stopping_patience", "2", "--early_stopping_metric", "accuracy"],
+     "argument --early_stopping_metric: invalid choice: 'accuracy' (choose from 'auroc', 'log_loss', 'ne')"),
+    (["--early_stopping_metric", "ne"], "--early_stopping_metric needs --early_stopping_patience"),
+    (["--early_stopping_patience", "2", "--early_stopping_min_delta", "-0.1"],
+     "--early_stopping_min_delta must not be negative, got -0.1"),
+    (["--early_stopping_patience", "2", "--limit_val_batches", "0"],
+     "--early_stopping_patience watches validation: it cannot be combined with --limit_val_batches 0"),
+])
+def test_bad_early_stopping_flags_are_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        dlrm_main.main(["--num_embeddings", "100", *argv])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == f"dlrm_main.py: error: {message}"

@@ -35,7 +35,7 @@ from training.checkpoint import (
 )
 from training.config import TrainConfig
 from training.distributed import DistributedEnv, gather_peak_memory, init_process_group
-from training.embedding_init import init_embedding_tables
+from training.embedding_init import init_embedding_tables, torchrec_table_init_skipped
 from training.lr_schedule import WarmupPolyDecaySchedule
 from training.metrics import BinaryClassificationMetrics
 from training.optimizers import attach_fused_embedding_optimizer, build_combined_optimizer
@@ -123,14 +123,18 @@ class Trainer:
         if config.print_sharding_plan:
             self.log.print(format_sharding_plan(plan, env.world_size, table_shapes,
                                                 config.model.embedding_bytes_per_element))
-        self.model = DistributedModelParallel(
-            module=model,
-            device=env.device,
-            env=ShardingEnv.from_process_group(self.process_group),
-            plan=plan,
-            sharders=sharding.sharders,
-        )
-        init_embedding_tables(self.model, table_shapes, config.seed)
+        # TorchRec's two draws of every shard are skipped: the tables are overwritten
+        # next, by the seeded init or by the checkpoint.
+        with torchrec_table_init_skipped():
+            self.model = DistributedModelParallel(
+                module=model,
+                device=env.device,
+                env=ShardingEnv.from_process_group(self.process_group),
+                plan=plan,
+                sharders=sharding.sharders,
+            )
+        if restore is None and init_embedding_tables(self.model, table_shapes, config.seed) != len(table_shapes):
+            raise RuntimeError("the seeded init did not find every embedding table in the sharded model")
         # After the seeded init: the probe's lookup loads row 0 into a UVM cache
         # (fused_uvm_caching), which would otherwise keep serving torchrec's init of it.
         align_to_sharded_embeddings(self.model, env.device)

@@ -1,11 +1,13 @@
 """Evaluation metrics over all ranks: AUROC, log loss and accuracy."""
 
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torchmetrics.classification import BinaryAUROC
+
+from training.binned_auroc import BinnedAUROC
 
 
 class BinaryClassificationMetrics:
@@ -13,7 +15,9 @@ class BinaryClassificationMetrics:
 
     AUROC is torchmetrics' exact BinaryAUROC, synced over the process group (it equals
     the AUROC of all ranks' data gathered). Log loss is the mean binary cross-entropy
-    and accuracy thresholds the probability at 0.5.
+    and accuracy thresholds the probability at 0.5. With ``auroc_bins`` the AUROC comes
+    from a histogram instead (`BinnedAUROC`: fixed memory, and ``auroc_error_bound``
+    beside the value).
 
     Example::
 
@@ -22,8 +26,8 @@ class BinaryClassificationMetrics:
         metrics.compute()  # {"auroc": ..., "log_loss": ..., "accuracy": ..., "num_samples": ...}
     """
 
-    def __init__(self, device: torch.device) -> None:
-        self._auroc = BinaryAUROC().to(device)
+    def __init__(self, device: torch.device, auroc_bins: Optional[int] = None) -> None:
+        self._auroc = BinaryAUROC().to(device) if auroc_bins is None else BinnedAUROC(auroc_bins, device)
         # [sum of log loss, correct predictions, samples]
         self._sums = torch.zeros(3, dtype=torch.float64, device=device)
 
@@ -45,8 +49,14 @@ class BinaryClassificationMetrics:
         if samples == 0:
             return {"auroc": float("nan"), "log_loss": float("nan"), "accuracy": float("nan"),
                     "num_samples": 0}
+        if isinstance(self._auroc, BinnedAUROC):
+            auroc, bound = self._auroc.compute()
+            extra = {"auroc_error_bound": bound}
+        else:
+            auroc, extra = float(self._auroc.compute().item()), {}
         return {
-            "auroc": float(self._auroc.compute().item()),
+            "auroc": auroc,
+            **extra,
             "log_loss": float(sums[0].item() / samples),
             "accuracy": float(sums[1].item() / samples),
             "num_samples": samples,

@@ -337,7 +337,7 @@ class Trainer:
         if handover:
             self.train_pipeline.detach()
         pipeline = self._pipeline("base" if self.config.pipeline == "base" else "sparse_dist")
-        metrics = BinaryClassificationMetrics(self.env.device)
+        metrics = BinaryClassificationMetrics(self.env.device, self.config.auroc_bins)
         batches = self._batches(loader)
         with torch.no_grad():
             while True:
@@ -350,8 +350,9 @@ class Trainer:
             pipeline.detach()  # type: ignore[attr-defined]
             self.train_pipeline.attach(self.model)  # type: ignore[attr-defined]
         values = metrics.compute()
+        binned = f" (binned, within {values['auroc_error_bound']:.1e})" if "auroc_error_bound" in values else ""
         self.log.print(
-            f"{stage}: AUROC {values['auroc']:.4f} | log loss {values['log_loss']:.4f} | "
+            f"{stage}: AUROC {values['auroc']:.4f}{binned} | log loss {values['log_loss']:.4f} | "
             f"accuracy {values['accuracy']:.4f} | {values['num_samples']} samples (step {self.step})"
         )
         self.log.record("eval", stage=stage, step=self.step, **values)

@@ -32,10 +32,10 @@ def _weights(model: nn.Module) -> dict:
 
 
 def test_values_do_not_depend_on_threads_or_task_size(monkeypatch):
-    """1 thread, 3 threads, and tasks of 1000 or 7 rows write identical tables."""
+    """1 thread, 3 threads, and tasks of about 1000 or 7 rows write identical tables."""
     runs = []
-    for threads, rows_per_task in ((1, 1000), (3, 1000), (3, 7), (2, 4096)):
-        monkeypatch.setattr(embedding_init, "ROWS_PER_TASK", rows_per_task)
+    for threads, task_values in ((1, 16000), (3, 16000), (3, 112), (2, 1 << 17)):
+        monkeypatch.setattr(embedding_init, "TASK_VALUES", task_values)
         model = _tables()
         assert init_embedding_tables(model, SIZES, seed=11, threads=threads) == 2
         runs.append(_weights(model))
@@ -46,9 +46,9 @@ def test_values_do_not_depend_on_threads_or_task_size(monkeypatch):
 
 
 def test_a_piece_holds_the_tables_values_at_its_offset(monkeypatch):
-    """A column piece starting mid-task, in fp16, and a row piece hold exactly the
+    """A column piece (tasks of 2000 rows of 8) starting mid-task, in fp16, and a row piece hold exactly the
     whole table's values there (rounded once for fp16)."""
-    monkeypatch.setattr(embedding_init, "ROWS_PER_TASK", 1000)
+    monkeypatch.setattr(embedding_init, "TASK_VALUES", 16000)  # 1000 rows of 16
     rows, dim, seed = 3500, 16, 1
     table = table_values(seed, 0, rows, (0, rows), (0, dim))
     key, bound = embedding_init.table_key(seed, 0), (1 / rows) ** 0.5
@@ -80,7 +80,7 @@ def test_values_are_uniform_in_torchrecs_range():
 def test_init_writes_into_the_shard_without_a_second_copy(monkeypatch):
     """The largest memory the init takes beside the tables is a few tasks' worth of
     scratch, not a copy of a table (UVM and large shards would not fit twice)."""
-    monkeypatch.setattr(embedding_init, "ROWS_PER_TASK", 1000)
+    monkeypatch.setattr(embedding_init, "TASK_VALUES", 16000)  # 1000 rows of 16
     rows, dim = 20000, 16
     model = nn.Module()
     model.tables = nn.ModuleDict({"t": nn.Embedding(rows, dim)})

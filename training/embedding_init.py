@@ -4,7 +4,7 @@ TorchRec initialises each shard with the local random generator, so the same see
 gives different tables on 1 and on 2 ranks, or under another plan. Here every value
 is a pure function of (seed, table, row, column): a 64-bit hash of (seed, table, row)
 per row, mixed with the column by a 32-bit integer hash, scaled to TorchRec's range.
-Each rank computes only the rows its shards hold, a few thousand rows at a time per
+Each rank computes only the rows its shards hold, about 128k values at a time per
 thread, straight into the shard: no rank ever holds a second copy of a shard, and
 neither the sharding, the world size nor the number of threads changes a value.
 
@@ -25,8 +25,9 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec.distributed.batched_embedding_kernel import BaseBatchedEmbeddingBag
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 
-# Rows one thread computes at a time: its scratch stays in cache. Values do not depend on it.
-ROWS_PER_TASK = 4096
+# Values one thread computes at a time (a task is this many values' worth of whole rows):
+# its scratch (three arrays of 512 KB) stays in a core's cache. Values do not depend on it.
+TASK_VALUES = 1 << 17
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN64 = 0x9E3779B97F4A7C15
@@ -105,9 +106,9 @@ def _as_float32_array(tensor: torch.Tensor) -> Optional[np.ndarray]:
     return tensor.detach().numpy()
 
 
-def _fill_task(local: torch.Tensor, key: int, bound: float, row: int, col: int, start: int) -> None:
-    """Rows ``start .. start + ROWS_PER_TASK`` of the piece ``local`` at (row, col)."""
-    target = local[start : start + ROWS_PER_TASK]
+def _fill_task(local: torch.Tensor, key: int, bound: float, row: int, col: int, start: int, stop: int) -> None:
+    """Rows ``start .. stop`` of the piece ``local`` at (row, col)."""
+    target = local[start:stop]
     direct = _as_float32_array(target)
     if direct is not None:
         _values_into(direct, key, bound, row + start, col)
@@ -134,7 +135,9 @@ def table_values(seed: int, table_index: int, num_rows: int,
 
 def _piece_tasks(local: torch.Tensor, key: int, bound: float, row: int, col: int) -> List[tuple]:
     """The fill tasks of the piece ``local`` at (row, col) of a table."""
-    return [(local, key, bound, row, col, start) for start in range(0, local.shape[0], ROWS_PER_TASK)]
+    rows = max(1, TASK_VALUES // max(1, local.shape[1]))
+    return [(local, key, bound, row, col, start, min(start + rows, local.shape[0]))
+            for start in range(0, local.shape[0], rows)]
 
 
 def _run_tasks(tasks: List[tuple], threads: int) -> None:

@@ -80,3 +80,26 @@ def test_the_flag_is_checked_and_reaches_the_config(capsys):
         parse_config(["--auroc_bins", "1"], "dlrm_main.py", "")
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == "dlrm_main.py: error: --auroc_bins must be at least 2, got 1\n"
+
+
+def test_a_run_with_the_flag_reports_the_binned_auroc_and_its_bound(tmp_path, capsys, monkeypatch):
+    """Through the entry point (one process): the evaluation line and record carry the
+    bound, and the same run without the flag (exact AUROC) lies within it."""
+    import dlrm_main
+    from tests.launch import read_log
+
+    for name in ("MASTER_ADDR", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    argv = ["--num_embeddings", "50", "--embedding_dim", "4", "--dense_arch_layer_sizes", "8,4",
+            "--over_arch_layer_sizes", "8,1", "--batch_size", "64", "--limit_train_batches", "2",
+            "--limit_val_batches", "0", "--limit_test_batches", "4", "--learning_rate", "0.01"]
+    tests = []
+    for extra in (["--auroc_bins", "100000"], []):
+        log = str(tmp_path / f"run{len(tests)}.jsonl")
+        assert dlrm_main.main(argv + extra + ["--log_path", log]) == 0
+        tests += [r for r in read_log(log) if r["event"] == "eval"]
+    binned, exact = tests
+    assert "auroc_error_bound" not in exact and binned["num_samples"] == exact["num_samples"] == 256
+    assert abs(binned["auroc"] - exact["auroc"]) <= binned["auroc_error_bound"] < 0.01
+    out = capsys.readouterr().out
+    assert f"test: AUROC {binned['auroc']:.4f} (binned, within {binned['auroc_error_bound']:.1e})" in out

@@ -16,7 +16,8 @@ SGD, random data), each size in fresh processes:
 For training data growing by 10x (synthetic binary Criteo days), one rank's
 memory-mapped loader (--mmap_mode, rank 0 of 2, 1024 rows per batch) against a
 sequential read of the same files, both with the files first evicted from the page
-cache (posix_fadvise, our files only).
+cache (posix_fadvise, our files only), and the loader's peak RSS (in a fresh process;
+mapped file pages count while resident).
 
     python bench/scaling.py [--rows 10000,100000,1000000] [--data_rows 100000,1000000,10000000]
         [--dir /some/disk]
@@ -24,12 +25,14 @@ cache (posix_fadvise, our files only).
 
 import argparse
 import json
+import multiprocessing
 import os
 import resource
 import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -173,9 +176,18 @@ def measure_tables(rows: int, root: str) -> Dict[str, Any]:
     }
 
 
+def _mmap_loader_run(directory: str, cardinalities: List[int]) -> Dict[str, float]:
+    """In a fresh process: one rank's memory-mapped loader over its whole training share."""
+    from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
+
+    loader = CriteoBinaryLoader(CriteoBinaryDataset(directory), "train", batch_size=BATCH, rank=0, world_size=2,
+                                num_embeddings_per_feature=cardinalities, mmap_mode=True)
+    rate = loader_rate(loader, max_batches=len(loader))
+    return {"rate": rate, "peak_rss": _peak_rss()}
+
+
 def measure_data(rows_per_day: int, root: str) -> Dict[str, Any]:
     """The memory-mapped loader against a sequential read, on 2 training days + 1 eval day."""
-    from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
     from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
 
     work = tempfile.mkdtemp(dir=root)
@@ -187,19 +199,18 @@ def measure_data(rows_per_day: int, root: str) -> Dict[str, Any]:
         _evict(files)
         read_seconds = _sequential_read_seconds(files)
         _evict(files)
-        loader = CriteoBinaryLoader(CriteoBinaryDataset(work), "train", batch_size=BATCH, rank=0, world_size=2,
-                                    num_embeddings_per_feature=spec.cardinalities, mmap_mode=True)
-        batches = len(loader)
-        rate = loader_rate(loader, max_batches=batches)
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            run = pool.submit(_mmap_loader_run, work, spec.cardinalities).result()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     read_batches_per_sec = (data_bytes / read_seconds) / (data_bytes / (3 * rows_per_day) * BATCH)
     return {
         "rows_per_day": rows_per_day, "data_gb": round(data_bytes / GB, 3),
-        "mmap_batches_per_sec": round(rate, 1),
+        "mmap_batches_per_sec": round(run["rate"], 1),
         "read_mb_per_sec": round(data_bytes / read_seconds / 1e6, 1),
         "read_batches_per_sec": round(read_batches_per_sec, 1),
-        "mmap_vs_read": round(rate / read_batches_per_sec, 2),
+        "mmap_vs_read": round(run["rate"] / read_batches_per_sec, 2),
+        "loader_peak_rss_gb": round(run["peak_rss"] / GB, 3),
     }
 
 
@@ -225,11 +236,12 @@ def main() -> int:
               f"{t['copy_s_per_gb']} | {t['save_vs_copy']} | {t['load_vs_copy']} | "
               f"{t['eval_records_per_sec']:,} / {t['train_records_per_sec']:,} = {t['eval_vs_train']} |")
     if data:
-        print("\n| data | mmap loader batches/s | sequential read MB/s (as batches/s) | ratio |")
-        print("| --- " * 4 + "|")
+        print("\n| data | mmap loader batches/s | sequential read MB/s (as batches/s) | ratio | peak RSS GB |")
+        print("| --- " * 5 + "|")
         for d in data:
             print(f"| 3 x {d['rows_per_day']:,} rows ({d['data_gb']} GB) | {d['mmap_batches_per_sec']} | "
-                  f"{d['read_mb_per_sec']} ({d['read_batches_per_sec']}) | {d['mmap_vs_read']} |")
+                  f"{d['read_mb_per_sec']} ({d['read_batches_per_sec']}) | {d['mmap_vs_read']} | "
+                  f"{d['loader_peak_rss_gb']} |")
     print(json.dumps({"tables": tables, "data": data}))
     return 0
 

@@ -1,8 +1,7 @@
 """Decisions the CUDA paths make, tested on CPU: the pipelines' mixed precision, the
 checkpoint's RNG state, the sharders' prefetch parameter, the refusals of cached
 tables under pipelines that cannot keep them consistent, the order of table
-initialisation and the feature-order probe, block-wise table initialisation, and
-the install script's device checks."""
+initialisation and the feature-order probe, and the install script's device checks."""
 
 import random
 
@@ -121,10 +120,10 @@ def test_feature_order_probe_sees_the_seeded_tables(one_process, monkeypatch):
     the seeded initialisation, so the cache never holds torchrec's own init."""
     import training.trainer as trainer_module
     from training.distributed import resolve_env
-    from training.embedding_init import _local_pieces, _table_block
+    from training.embedding_init import _local_pieces, table_values
 
     config = parse_config(TINY_RUN, "dlrm_main.py", "")
-    rows, dim = config.model.num_embeddings_per_feature[0], config.model.embedding_dim  # one block
+    rows, dim = config.model.num_embeddings_per_feature[0], config.model.embedding_dim
     seen = []
     real_probe = trainer_module.align_to_sharded_embeddings
 
@@ -132,34 +131,12 @@ def test_feature_order_probe_sees_the_seeded_tables(one_process, monkeypatch):
         weights = {k.split(".")[-2]: v for k, v in model.state_dict().items() if k.endswith(".weight")}
         first = config.model.table_names[0]
         (local, _, _), = _local_pieces(weights[first])  # one rank: the whole table
-        seen.append(torch.equal(local, _table_block(config.seed, 0, rows, dim, 0)))
+        seen.append(torch.equal(local, table_values(config.seed, 0, rows, (0, rows), (0, dim))))
         return real_probe(model, device)
 
     monkeypatch.setattr(trainer_module, "align_to_sharded_embeddings", probe_after_init)
     trainer_module.Trainer(config, resolve_env("cpu"))
     assert seen == [True]
-
-
-def test_table_init_writes_block_by_block_into_the_shard(monkeypatch):
-    """Table init never builds a second full-size copy of a shard (UVM and large
-    shards would not fit twice): its largest allocation is one block of rows, and
-    the values are those of the whole seeded table, at any row and column offset."""
-    import training.embedding_init as embedding_init
-
-    monkeypatch.setattr(embedding_init, "ROWS_PER_BLOCK", 1000)
-    rows, dim, seed = 3500, 16, 1
-    table = torch.cat([embedding_init._table_block(seed, 0, rows, dim, b) for b in range(4)])
-    model = nn.Module()
-    model.tables = nn.ModuleDict({"t": nn.Embedding(rows, dim)})
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        assert embedding_init.init_embedding_tables(model, {"t": (rows, dim)}, seed) == 1
-    assert torch.equal(model.tables.t.weight.detach(), table)
-    largest = max(event.cpu_memory_usage for event in prof.events())
-    assert largest == 1000 * dim * 4  # one fp32 block; the table is 3.5 blocks
-    # A column shard starting mid-block, in fp16: the table's values, rounded once.
-    piece = torch.empty(1700, 8, dtype=torch.float16)
-    embedding_init._fill_piece(piece, seed, 0, rows, dim, row=1500, col=4)
-    assert torch.equal(piece, table[1500:3200, 4:12].half())
 
 
 CPU_ENV = DistributedEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,

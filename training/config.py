@@ -190,6 +190,8 @@ class TrainConfig:
         seed: seeds model init, data order and random data.
         validation_freq_within_epoch: validate every N training steps (and at epoch end).
         log_every_n_steps: steps per progress line and JSON record.
+        auroc_bins: evaluate the AUROC from a histogram of this many bins
+            (training/binned_auroc.py); None: the exact AUROC.
         log_path: JSON-lines log file (rank 0 writes it).
         print_lr: print the learning rate every step.
         print_sharding_plan: print the plan and per-rank memory.
@@ -225,6 +227,7 @@ class TrainConfig:
     seed: int = 0
     validation_freq_within_epoch: Optional[int] = None
     log_every_n_steps: int = 100
+    auroc_bins: Optional[int] = None
     log_path: Optional[str] = None
     print_lr: bool = False
     print_sharding_plan: bool = False
@@ -260,6 +263,8 @@ class TrainConfig:
             )
         if self.log_every_n_steps <= 0:
             raise ValueError(f"--log_every_n_steps must be positive, got {self.log_every_n_steps}")
+        if self.auroc_bins is not None and self.auroc_bins < 2:
+            raise ValueError(f"--auroc_bins must be at least 2, got {self.auroc_bins}")
         if self.device not in DEVICES:
             raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         self.checkpoint.validate()

@@ -1,44 +1,154 @@
 """Initialises sharded embedding tables to values that do not depend on the sharding.
 
 TorchRec initialises each shard with the local random generator, so the same seed
-gives different tables on 1 and on 2 ranks, or under another plan. Here every table
-is a fixed function of (seed, table): rows are drawn in blocks, each block from its
-own generator, and each rank draws only the blocks its shards cover, copying each
-straight into its shard. So runs at different world sizes or plans start from
-identical weights, and no rank ever holds more than one block beside its shards.
+gives different tables on 1 and on 2 ranks, or under another plan. Here every value
+is a pure function of (seed, table, row, column): a 64-bit hash of (seed, table, row)
+per row, mixed with the column by a 32-bit integer hash, scaled to TorchRec's range.
+Each rank computes only the rows its shards hold, about 128k values at a time per
+thread, straight into the shard: no rank ever holds a second copy of a shard, and
+neither the sharding, the world size nor the number of threads changes a value.
+
+TorchRec's own initialisation of the same shards (FBGEMM's kernels draw every shard
+uniformly, then the sharded collection draws it again with each table's ``init_fn``)
+is skipped with `torchrec_table_init_skipped`: both are overwritten here.
 """
 
-from typing import Dict, Iterator, Tuple
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Dict, Iterator, List, Optional, Tuple
 
+import numpy as np
 import torch
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torchrec.distributed.batched_embedding_kernel import BaseBatchedEmbeddingBag
+from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 
-ROWS_PER_BLOCK = 65536
+# Values one thread computes at a time (a task is this many values' worth of whole rows):
+# its scratch (three arrays of 512 KB) stays in a core's cache. Values do not depend on it.
+TASK_VALUES = 1 << 17
 
-
-def _table_block(seed: int, table_index: int, num_rows: int, dim: int, block: int) -> torch.Tensor:
-    """Rows of one block of the table (whole width, on the host), uniform in
-    +-sqrt(1 / num_rows) (TorchRec's range)."""
-    bound = (1.0 / num_rows) ** 0.5
-    rows = min(ROWS_PER_BLOCK, num_rows - block * ROWS_PER_BLOCK)
-    block_seed = ((seed * 1_000_003 + table_index) * 1_000_003 + block) % (2**63)
-    gen = torch.Generator().manual_seed(block_seed)
-    return torch.rand(rows, dim, generator=gen) * (2 * bound) - bound
+_MASK64 = (1 << 64) - 1
+_GOLDEN64 = 0x9E3779B97F4A7C15
+_GOLDEN32 = np.uint32(0x9E3779B9)
 
 
-def _fill_piece(
-    local: torch.Tensor, seed: int, table_index: int, num_rows: int, dim: int, row: int, col: int
-) -> None:
-    """Writes the table's values into ``local``, the piece at (row, col): one block at a
-    time, straight into the destination, so neither host nor device ever holds a second
-    copy of the piece (UVM and large table-wise shards would not fit twice)."""
-    row_stop = row + local.shape[0]
-    for block in range(row // ROWS_PER_BLOCK, (row_stop - 1) // ROWS_PER_BLOCK + 1):
-        block_start = block * ROWS_PER_BLOCK
-        values = _table_block(seed, table_index, num_rows, dim, block)
-        lo, hi = max(row, block_start), min(row_stop, block_start + values.shape[0])
-        local[lo - row : hi - row].copy_(values[lo - block_start : hi - block_start, col : col + local.shape[1]])
+def _splitmix64(value: int) -> int:
+    """SplitMix64's finaliser on one integer (a bijection of 64-bit words)."""
+    z = (value + _GOLDEN64) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def table_key(seed: int, table_index: int) -> int:
+    """The 64-bit key of one table of one run."""
+    return _splitmix64(_splitmix64(seed & _MASK64) ^ table_index)
+
+
+def _row_hashes(key: int, row_start: int, num_rows: int) -> np.ndarray:
+    """32 bits per row, the SplitMix64 hash of (key, row) for rows
+    ``row_start .. row_start + num_rows``."""
+    z = np.arange(row_start, row_start + num_rows, dtype=np.uint64)
+    z *= np.uint64(_GOLDEN64)
+    z += np.uint64(key)
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return (z >> np.uint64(32)).astype(np.uint32)
+
+
+class _Scratch(threading.local):
+    """Each thread's working arrays, reused from task to task."""
+
+    def arrays(self, shape: Tuple[int, int]) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if getattr(self, "shape", None) != shape:
+            self.shape = shape
+            self.bits = np.empty(shape, np.uint32)
+            self.shifted = np.empty(shape, np.uint32)
+            self.values = np.empty(shape, np.float32)
+        return self.bits, self.shifted, self.values
+
+
+_SCRATCH = _Scratch()
+
+
+def _values_into(out: np.ndarray, key: int, bound: float, row: int, col: int) -> None:
+    """Writes the table's values of rows ``row ..`` and columns ``col ..`` (as many as
+    ``out`` has) into ``out`` (float32), uniform in [-bound, bound]."""
+    bits, shifted, _ = _SCRATCH.arrays(out.shape)
+    columns = np.arange(col, col + out.shape[1], dtype=np.uint32) * _GOLDEN32
+    np.add(_row_hashes(key, row, out.shape[0])[:, None], columns[None, :], out=bits)
+    # A 32-bit integer hash (xorshift-multiply, two rounds) of row hash + column.
+    for shift, multiplier in ((16, 0x7FEB352D), (15, 0x846CA68B)):
+        np.right_shift(bits, shift, out=shifted)
+        np.bitwise_xor(bits, shifted, out=bits)
+        np.multiply(bits, np.uint32(multiplier), out=bits)
+    np.right_shift(bits, 16, out=shifted)
+    np.bitwise_xor(bits, shifted, out=bits)
+    # As signed 32-bit integers the bits are uniform in [-2^31, 2^31): scale to the bound.
+    np.copyto(out, bits.view(np.int32), casting="unsafe")
+    np.multiply(out, np.float32(bound / 2**31), out=out)
+
+
+def _bound(num_rows: int) -> float:
+    """TorchRec's default range: uniform in +-sqrt(1 / num_rows)."""
+    return (1.0 / num_rows) ** 0.5
+
+
+def _as_float32_array(tensor: torch.Tensor) -> Optional[np.ndarray]:
+    """A numpy view of ``tensor`` when it is a contiguous fp32 host tensor, else None."""
+    if tensor.device.type != "cpu" or tensor.dtype != torch.float32 or not tensor.is_contiguous():
+        return None
+    return tensor.detach().numpy()
+
+
+def _fill_task(local: torch.Tensor, key: int, bound: float, row: int, col: int, start: int, stop: int) -> None:
+    """Rows ``start .. stop`` of the piece ``local`` at (row, col)."""
+    target = local[start:stop]
+    direct = _as_float32_array(target)
+    if direct is not None:
+        _values_into(direct, key, bound, row + start, col)
+        return
+    # fp16, device or strided shards: through this thread's fp32 scratch, one task at a time.
+    _, _, values = _SCRATCH.arrays(tuple(target.shape))
+    _values_into(values, key, bound, row + start, col)
+    target.copy_(torch.from_numpy(values))
+
+
+def table_values(seed: int, table_index: int, num_rows: int,
+                 rows: Tuple[int, int], cols: Tuple[int, int]) -> torch.Tensor:
+    """The initial values of rows ``[rows[0], rows[1])`` and columns ``[cols[0], cols[1])``
+    of a table, as a new fp32 tensor (what `init_embedding_tables` writes there).
+
+    Example::
+
+        table_values(seed=0, table_index=3, num_rows=1000, rows=(0, 10), cols=(0, 64))
+    """
+    out = torch.empty(rows[1] - rows[0], cols[1] - cols[0])
+    _run_tasks(_piece_tasks(out, table_key(seed, table_index), _bound(num_rows), rows[0], cols[0]), threads=1)
+    return out
+
+
+def _piece_tasks(local: torch.Tensor, key: int, bound: float, row: int, col: int) -> List[tuple]:
+    """The fill tasks of the piece ``local`` at (row, col) of a table."""
+    rows = max(1, TASK_VALUES // max(1, local.shape[1]))
+    return [(local, key, bound, row, col, start, min(start + rows, local.shape[0]))
+            for start in range(0, local.shape[0], rows)]
+
+
+def _run_tasks(tasks: List[tuple], threads: int) -> None:
+    """Runs the fill tasks on ``threads`` threads (numpy releases the GIL in its loops)."""
+    if threads <= 1 or len(tasks) <= 1:
+        for task in tasks:
+            _fill_task(*task)
+        return
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        for done in pool.map(lambda task: _fill_task(*task), tasks):
+            del done
 
 
 def _local_pieces(value: torch.Tensor) -> Iterator[Tuple[torch.Tensor, int, int]]:
@@ -52,7 +162,7 @@ def _local_pieces(value: torch.Tensor) -> Iterator[Tuple[torch.Tensor, int, int]
 
 
 def init_embedding_tables(
-    model: nn.Module, table_sizes: Dict[str, Tuple[int, int]], seed: int
+    model: nn.Module, table_sizes: Dict[str, Tuple[int, int]], seed: int, threads: Optional[int] = None
 ) -> int:
     """Overwrites every local shard of the named tables; returns how many tables were set.
 
@@ -60,6 +170,8 @@ def init_embedding_tables(
         model: the sharded model (its state dict holds the shards as views).
         table_sizes: {table name: (rows, dim)} in the order that numbers the tables.
         seed: the run's seed.
+        threads: threads that fill the shards (default: torch's intra-op threads).
+            The values do not depend on it.
 
     Example::
 
@@ -67,16 +179,44 @@ def init_embedding_tables(
     """
     index = {name: i for i, name in enumerate(table_sizes)}
     done = set()
+    tasks: List[tuple] = []
     with torch.no_grad():
         for key, value in model.state_dict().items():
             parts = key.split(".")
             if len(parts) < 2 or parts[-1] != "weight" or parts[-2] not in index:
                 continue
             table = parts[-2]
-            num_rows, dim = table_sizes[table]
+            num_rows, _ = table_sizes[table]
             for local, row, col in _local_pieces(value):
-                if local.numel() == 0:
-                    continue
-                _fill_piece(local, seed, index[table], num_rows, dim, row, col)
+                if local.numel():
+                    tasks += _piece_tasks(local, table_key(seed, index[table]), _bound(num_rows), row, col)
             done.add(table)
+        _run_tasks(tasks, threads or torch.get_num_threads())
     return len(done)
+
+
+def _skip_init(self: nn.Module) -> None:
+    """Leaves the freshly allocated (zeroed) weights as they are."""
+
+
+@contextmanager
+def torchrec_table_init_skipped() -> Iterator[None]:
+    """While open, sharding an embedding-bag collection leaves its tables' weights as
+    allocated instead of drawing them twice (the kernels' `init_parameters`, then the
+    collection's `reset_parameters` with each table's ``init_fn`` and, for data-parallel
+    tables, a broadcast from rank 0). Only for weights that are overwritten afterwards
+    (`init_embedding_tables` or a checkpoint).
+
+    Example::
+
+        with torchrec_table_init_skipped():
+            dmp = DistributedModelParallel(model, ...)
+        init_embedding_tables(dmp, table_sizes, seed)
+    """
+    saved = (BaseBatchedEmbeddingBag.init_parameters, ShardedEmbeddingBagCollection.reset_parameters)
+    BaseBatchedEmbeddingBag.init_parameters = _skip_init  # type: ignore[method-assign]
+    ShardedEmbeddingBagCollection.reset_parameters = _skip_init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        BaseBatchedEmbeddingBag.init_parameters, ShardedEmbeddingBagCollection.reset_parameters = saved  # type: ignore[method-assign]

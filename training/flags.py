@@ -114,6 +114,9 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     a("--seed", type=int, default=None, help="seeds model init, data order and random data (default 0)")
     a("--validation_freq_within_epoch", type=int, default=None, help="validate every N training steps")
     a("--log_every_n_steps", type=int, default=100, help="steps per progress line / JSON record")
+    a("--auroc_bins", type=int, default=None,
+      help="AUROC from a histogram of this many probability bins, with its error bound "
+           "(default: exact, keeping every prediction)")
     a("--log_path", default=None, help="JSON-lines log file written by rank 0")
     _store_true(p, "print_lr", "print the learning rate every step")
     _store_true(p, "print_sharding_plan", "print the sharding plan and per-rank memory")
@@ -262,6 +265,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             seed=seed,
             validation_freq_within_epoch=args.validation_freq_within_epoch,
             log_every_n_steps=args.log_every_n_steps,
+            auroc_bins=args.auroc_bins,
             log_path=args.log_path,
             print_lr=args.print_lr,
             print_sharding_plan=args.print_sharding_plan,

@@ -2,12 +2,14 @@
 calibration and the positive rate."""
 
 import math
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torchmetrics.classification import BinaryAUROC
+
+from training.binned_auroc import BinnedAUROC
 
 # Keys of `BinaryClassificationMetrics.compute`, in the order the console prints them.
 METRIC_NAMES = ("auroc", "log_loss", "accuracy", "ne", "calibration", "positive_rate")
@@ -32,6 +34,8 @@ class BinaryClassificationMetrics:
     click rate for every row; NaN when the split has only one class) and calibration
     is the sum of predicted probabilities over the number of clicks (1 is calibrated;
     NaN without clicks).
+    With ``auroc_bins`` the AUROC comes from a histogram instead (`BinnedAUROC`: fixed
+    memory, and ``auroc_error_bound`` beside the value).
 
     Example::
 
@@ -40,8 +44,8 @@ class BinaryClassificationMetrics:
         metrics.compute()  # {"auroc": ..., "log_loss": ..., "ne": ..., "num_samples": ...}
     """
 
-    def __init__(self, device: torch.device) -> None:
-        self._auroc = BinaryAUROC().to(device)
+    def __init__(self, device: torch.device, auroc_bins: Optional[int] = None) -> None:
+        self._auroc = BinaryAUROC().to(device) if auroc_bins is None else BinnedAUROC(auroc_bins, device)
         # [sum of log loss, correct predictions, samples, sum of probabilities, clicks]
         self._sums = torch.zeros(5, dtype=torch.float64, device=device)
 
@@ -68,8 +72,14 @@ class BinaryClassificationMetrics:
         log_loss = log_loss_sum / samples
         positive_rate = clicks / samples
         entropy = binary_entropy(positive_rate)
+        if isinstance(self._auroc, BinnedAUROC):
+            auroc, bound = self._auroc.compute()
+            extra = {"auroc_error_bound": bound}
+        else:
+            auroc, extra = float(self._auroc.compute().item()), {}
         return {
-            "auroc": float(self._auroc.compute().item()),
+            "auroc": auroc,
+            **extra,
             "log_loss": log_loss,
             "accuracy": correct / samples,
             "ne": log_loss / entropy if entropy > 0 else float("nan"),

@@ -38,7 +38,7 @@ from training.checkpoint import (
 from training.config import TrainConfig
 from training.distributed import DistributedEnv, gather_peak_memory, init_process_group
 from training.early_stopping import BestModel
-from training.embedding_init import init_embedding_tables
+from training.embedding_init import init_embedding_tables, torchrec_table_init_skipped
 from training.id_frequencies import IdFrequencies
 from training.lr_schedule import WarmupPolyDecaySchedule
 from training.metrics import BinaryClassificationMetrics
@@ -136,14 +136,18 @@ class Trainer:
         if config.print_sharding_plan:
             self.log.print(format_sharding_plan(plan, env.world_size, table_shapes,
                                                 config.model.embedding_bytes_per_element))
-        self.model = DistributedModelParallel(
-            module=model,
-            device=env.device,
-            env=ShardingEnv.from_process_group(self.process_group),
-            plan=plan,
-            sharders=sharding.sharders,
-        )
-        init_embedding_tables(self.model, table_shapes, config.seed)
+        # TorchRec's two draws of every shard are skipped: the tables are overwritten
+        # next, by the seeded init or by the checkpoint.
+        with torchrec_table_init_skipped():
+            self.model = DistributedModelParallel(
+                module=model,
+                device=env.device,
+                env=ShardingEnv.from_process_group(self.process_group),
+                plan=plan,
+                sharders=sharding.sharders,
+            )
+        if restore is None and init_embedding_tables(self.model, table_shapes, config.seed) != len(table_shapes):
+            raise RuntimeError("the seeded init did not find every embedding table in the sharded model")
         # After the seeded init: the probe's lookup loads row 0 into a UVM cache
         # (fused_uvm_caching), which would otherwise keep serving torchrec's init of it.
         align_to_sharded_embeddings(self.model, env.device)
@@ -412,7 +416,7 @@ class Trainer:
         if handover:
             self.train_pipeline.detach()
         pipeline = self._pipeline("base" if self.config.pipeline == "base" else "sparse_dist")
-        metrics = BinaryClassificationMetrics(self.env.device)
+        metrics = BinaryClassificationMetrics(self.env.device, self.config.auroc_bins)
         batches = self._batches(loader)
         with torch.no_grad():
             while True:
@@ -426,8 +430,9 @@ class Trainer:
             self.train_pipeline.attach(self.model)  # type: ignore[attr-defined]
         values = metrics.compute()
         step = self.step if weights_step is None else weights_step
+        binned = f" (binned, within {values['auroc_error_bound']:.1e})" if "auroc_error_bound" in values else ""
         self.log.print(
-            f"{stage}: AUROC {values['auroc']:.4f} | log loss {values['log_loss']:.4f} | "
+            f"{stage}: AUROC {values['auroc']:.4f}{binned} | log loss {values['log_loss']:.4f} | "
             f"accuracy {values['accuracy']:.4f} | NE {values['ne']:.4f} | calibration {values['calibration']:.4f} | "
             f"positive rate {values['positive_rate']:.4f} | {values['num_samples']} samples (step {step})"
         )

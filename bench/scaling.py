@@ -37,6 +37,7 @@ from typing import Any, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.checkpoint_throughput import plain_copy_seconds  # noqa: E402
 from bench.loader_throughput import loader_rate  # noqa: E402
 from bench.train_throughput import BOTTOM, DIM, TOP  # noqa: E402
 from tests.launch import launch, read_log  # noqa: E402
@@ -124,16 +125,6 @@ def _sequential_read_seconds(paths: List[str]) -> float:
     return time.perf_counter() - start
 
 
-def _copy_seconds(source: str, target: str) -> float:
-    os.makedirs(target)
-    start = time.perf_counter()
-    for name in os.listdir(source):
-        shutil.copyfile(os.path.join(source, name), os.path.join(target, name))
-        with open(os.path.join(target, name), "rb+") as f:
-            os.fsync(f.fileno())  # the checkpoint's files are fsynced too
-    return time.perf_counter() - start
-
-
 def measure_tables(rows: int, root: str) -> Dict[str, Any]:
     """Every table figure for 26 tables of ``rows`` rows."""
     table_bytes = TABLES * rows * DIM * 4
@@ -151,7 +142,7 @@ def measure_tables(rows: int, root: str) -> Dict[str, Any]:
         run = launch(_train, argv, nproc=1)[0]
         step_dir = os.path.join(ckpt, sorted(os.listdir(ckpt))[-1])
         ckpt_bytes = sum(os.path.getsize(os.path.join(step_dir, f)) for f in os.listdir(step_dir))
-        copy_seconds = _copy_seconds(step_dir, os.path.join(work, "copy"))
+        copy_seconds = plain_copy_seconds(step_dir, os.path.join(work, "copy"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     gb = table_bytes / GB

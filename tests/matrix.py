@@ -86,7 +86,8 @@ class Refusal:
     devices: Tuple[str, ...] = ("cpu", "cuda")
 
     def matches(self, case: Case, device: str) -> bool:
-        return device in self.devices and all(case.get(d) == v for d, v in self.choices)
+        """Whether ``case`` (or a partial one) holds every choice of this combination."""
+        return device in self.devices and all(d in case and case[d] == v for d, v in self.choices)
 
 
 REFUSALS: Tuple[Refusal, ...] = (
@@ -120,8 +121,8 @@ class MatrixSpec:
         return next((r for r in self.refusals if r.matches(case, self.device)), None)
 
     def forbidden(self, partial: Dict[str, Any]) -> bool:
-        return any(self.device in r.devices and all(partial.get(d, object()) == v for d, v in r.choices)
-                   for r in self.refusals)
+        """Whether the (possibly partial) choices already make a refused combination."""
+        return self.refusal_for(partial) is not None
 
     def complete(self, choices: Dict[str, Any]) -> Case:
         return {**self.defaults, **choices}

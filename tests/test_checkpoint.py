@@ -151,6 +151,23 @@ def test_two_ranks_to_one_and_back(reference, synthetic_dir, tmp_path):
     assert step_loss_map(back_log)[16] == pytest.approx(expected[16], abs=1e-6)
 
 
+def one_error_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if "error" in line]
+    assert len(lines) == 1, stderr[-3000:]
+    return lines[0]
+
+
+def refusal_line(capsys, argv: list) -> str:
+    """Runs the entry point in this process; it must exit 2 with one error line."""
+    try:
+        code = dlrm_main.main(argv)
+    except SystemExit as e:
+        code = e.code
+    assert code == 2
+    return one_error_line(capsys.readouterr().err)
+
+
 def test_mismatched_and_corrupted_checkpoints(reference, synthetic_dir, tmp_path, capsys):
     ckpt, _ = reference
     copy = str(tmp_path / "ckpt")
@@ -158,14 +175,7 @@ def test_mismatched_and_corrupted_checkpoints(reference, synthetic_dir, tmp_path
     log = str(tmp_path / "log.jsonl")
 
     def run(*extra: str) -> str:
-        try:
-            code = dlrm_main.main(flags(synthetic_dir, copy, log, *extra, batch=256))
-        except SystemExit as e:
-            code = e.code
-        assert code == 2
-        lines = [l for l in capsys.readouterr().err.splitlines() if "error" in l]
-        assert len(lines) == 1, lines
-        return lines[0]
+        return refusal_line(capsys, flags(synthetic_dir, copy, log, *extra, batch=256))
 
     line = run("--resume", "--embedding_dim", "8", "--dense_arch_layer_sizes", "64,8")
     assert "step_000000016 does not match this run" in line and "embedding_dim is 16 in the checkpoint, 8 now" in line
@@ -271,13 +281,6 @@ class _CreatesFile:
         return exec, (f"open({self.path!r}, 'w').close()",)
 
 
-def one_error_line(stderr: str) -> str:
-    assert "Traceback" not in stderr, stderr[-3000:]
-    lines = [line for line in stderr.splitlines() if "error" in line]
-    assert len(lines) == 1, stderr[-3000:]
-    return lines[0]
-
-
 def test_checkpoint_files_are_checked_and_never_run_code(reference, synthetic_dir, tmp_path, capsys):
     """A crafted .metadata (even with a manifest that matches it) runs nothing on
     --resume, --mode test or export; a bit-flipped shard and a missing .metadata are
@@ -289,12 +292,7 @@ def test_checkpoint_files_are_checked_and_never_run_code(reference, synthetic_di
     log = str(tmp_path / "log.jsonl")
 
     def run(*extra: str) -> str:
-        try:
-            code = dlrm_main.main(flags(synthetic_dir, copy, log, *extra, batch=256))
-        except SystemExit as e:
-            code = e.code
-        assert code == 2
-        return one_error_line(capsys.readouterr().err)
+        return refusal_line(capsys, flags(synthetic_dir, copy, log, *extra, batch=256))
 
     created = tmp_path / "payload_ran"
     with open(os.path.join(step16, ".metadata"), "wb") as f:

@@ -359,3 +359,9 @@ def test_storage_failures_are_one_line(synthetic_dir, tmp_path, capsys):
     assert code == 2
     assert f"--checkpoint_dir {read_only}: cannot write there" in one_error_line(capsys.readouterr().err)
     assert not os.path.exists(ro_log)  # refused before the run started
+    # Early stopping saves its best checkpoints there too, without a saving flag.
+    argv = flags(synthetic_dir, read_only, ro_log, "--early_stopping_patience", "1")
+    del argv[argv.index("--checkpoint_every_n_steps"):argv.index("--checkpoint_every_n_steps") + 2]
+    argv.remove("--checkpoint_at_epoch_end")
+    assert f"--checkpoint_dir {read_only}: cannot write there" in refusal_line(capsys, argv)
+    assert not os.path.exists(ro_log)

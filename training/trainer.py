@@ -94,8 +94,11 @@ class Trainer:
         # first: bad input fails on every rank alike, before any collective.
         dataset = open_dataset(config.data)
         restore = find_restore_point(config)
-        if config.checkpoint.checkpoint_dir and config.checkpoint.saving:
-            check_writable(config.checkpoint.checkpoint_dir)
+        flags = config.checkpoint
+        # Early stopping saves its best checkpoints there even without a saving flag.
+        saves_checkpoints = bool(flags.checkpoint_dir) and (flags.saving or config.early_stopping.enabled)
+        if saves_checkpoints:
+            check_writable(flags.checkpoint_dir)  # type: ignore[arg-type]
         check_pipeline_supported(config.pipeline, env.device)
         # Model: identical dense init on every rank and world size (seeded here),
         # tables on the meta device until sharded.
@@ -171,9 +174,8 @@ class Trainer:
         self.stage = "training"  # or the split being evaluated
         self._train_seconds = 0.0
         self._train_records = 0
-        flags = config.checkpoint
-        self.checkpoints = (CheckpointManager(flags.checkpoint_dir, flags.keep_last_n_checkpoints, env.rank)
-                            if flags.checkpoint_dir and (flags.saving or config.early_stopping.enabled) else None)
+        self.checkpoints = (CheckpointManager(flags.checkpoint_dir, flags.keep_last_n_checkpoints, env.rank)  # type: ignore[arg-type]
+                            if saves_checkpoints else None)
         self.best = BestModel(config.early_stopping, self.checkpoints, env.rank)
         if restore is not None:
             self.restore_from(restore)

@@ -46,6 +46,7 @@ from torch.distributed.tensor import DTensor
 from models.config import EMBEDDING_PRECISIONS, INTERACTION_TYPES
 from sharding_plans.constraints import COLUMN_SHARDING_TYPES, SHARDING_TYPES
 from training.config import DENSE_OPTIMIZERS, OPTIMIZERS, PIPELINES
+from training.optimizers import TABLE_PARAMETER
 from training.pipelines import CUDA_ONLY_PIPELINES
 
 MIXED = "mixed"  # every sharding type at once, cycling over the tables
@@ -267,7 +268,7 @@ def local_weights(model: torch.nn.Module) -> Dict[str, Any]:
     dense: Dict[str, torch.Tensor] = {}
     for key, value in model.state_dict().items():
         parts = key.split(".")
-        if "embedding_bags" in parts:
+        if TABLE_PARAMETER in parts:
             if isinstance(value, DTensor):
                 value = value.to_local()
             if isinstance(value, ShardedTensor):

@@ -22,6 +22,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 import yaml
 
+from common.yaml_file import load_yaml
+
 CHANNELS = ("categorical", "numerical", "label")
 MAPPINGS = ("train", "test")
 CHUNK_TYPES = ("csv", "split_binary")
@@ -93,13 +95,7 @@ class FeatureSpec:
             path: the YAML.
             allow_auto: accept ``cardinality: auto`` (transcoder input).
         """
-        try:
-            with open(path) as f:
-                raw = yaml.safe_load(f)
-        except OSError as e:
-            raise FeatureSpecError(f"{path}: cannot read ({e.strerror})") from e
-        except yaml.YAMLError as e:
-            raise FeatureSpecError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from e
+        raw = load_yaml(path, FeatureSpecError)
         return cls.from_dict(raw, os.path.dirname(os.path.abspath(path)), path, allow_auto)
 
     @classmethod

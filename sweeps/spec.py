@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-import yaml
+from common.yaml_file import load_yaml
 
 SCRIPTS = ("dlrm_main.py", "dcnv2_main.py")
 SCHEDULERS = ("local_cwd", "slurm", "kubernetes")
@@ -226,14 +226,5 @@ def load_sweep(path: str) -> SweepSpec:
     Raises:
         SweepError: unreadable or malformed file (with line and column), or a bad key.
     """
-    try:
-        with open(path) as f:
-            document = yaml.safe_load(f)
-    except OSError as e:
-        raise SweepError(f"{path}: cannot read ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise SweepError(f"{path}:{where}: malformed YAML: {problem}") from None
+    document = load_yaml(path, SweepError)
     return parse_sweep(document, path)

@@ -13,11 +13,11 @@ Example::
 
 import csv
 import io
-import json
 import os
 import shlex
 from typing import Any, Dict, List, Optional, Sequence
 
+from common.run_log_file import log_records
 from sweeps.run_state import FAILED, RunRecord
 from sweeps.spec import value_text
 from sweeps.table_memory import table_memory
@@ -46,18 +46,7 @@ def read_log(path: str) -> List[Dict[str, Any]]:
     ``run_id``); empty when there is no log yet."""
     if not os.path.exists(path):
         return []
-    records = []
-    with open(path) as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ResultsError(f"{path} line {number}: not JSON ({e.msg})") from None
-            if not isinstance(record, dict) or "event" not in record or "run_id" not in record:
-                raise ResultsError(f"{path} line {number}: not a training log record (no \"event\" or \"run_id\")")
-            records.append(record)
+    records = [record for _, record in log_records(path, ResultsError, required=("event", "run_id"))]
     configs = [r for r in records if r["event"] == "config"]
     if not configs:
         return []

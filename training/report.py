@@ -9,13 +9,13 @@ prints per run: best validation AUROC and its step, mean records/s without the f
 reported as one line naming the file and line, exit code 2.
 """
 
-import json
 import os
 import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from common.cli import OneLineParser
+from common.run_log_file import log_records
 
 FIGURE_INCHES = (12.0, 8.0)
 FIGURE_DPI = 100  # so the PNG is 1200 x 800 pixels
@@ -56,19 +56,7 @@ class Run:
 def read_runs(path: str) -> List[Run]:
     """The runs of one log file, in the order they first appear."""
     runs: Dict[str, Run] = {}
-    try:
-        lines = open(path).read().splitlines()
-    except OSError as e:
-        raise LogError(f"{path}: cannot read ({e.strerror})") from e
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise LogError(f"{path} line {number}: not JSON ({e.msg})") from e
-        if not isinstance(record, dict) or "event" not in record:
-            raise LogError(f"{path} line {number}: not a log record (no \"event\")")
+    for number, record in log_records(path, LogError):
         event = record["event"]
         missing = [k for k in _REQUIRED.get(event, ()) if record.get(k) is None]
         if missing:

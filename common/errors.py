@@ -1,0 +1,16 @@
+"""The one exception type for bad input.
+
+``BadInput`` (and its subclasses) means: what the user handed us (a flag, a file, a
+line of data) is wrong, the message says what and where, and a retry will not help.
+Every CLI turns it into one line on stderr and exit code 2. Any other exception,
+a ``ValueError`` from inside torch or torchrec included, is a failure and is
+reported with its traceback.
+
+Example::
+
+    raise BadInput(f"{path}:{line}:{column}: expected an integer, got {text!r}")
+"""
+
+
+class BadInput(Exception):
+    """What the user handed us is wrong; the message says what and where."""

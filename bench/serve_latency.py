@@ -1,6 +1,6 @@
 """Latency of the HTTP endpoint under load from local clients, with and without batching.
 
-Serves an exported model with `training.serve` on a free local port and runs
+Serves an exported model with `serving.serve` on a free local port and runs
 ``--clients`` threads that each send ``--requests`` POSTs of ``--rows`` lines (drawn
 from ``--input``: raw Criteo lines, or BYO CSV rows for a feature-spec model) back to
 back. Prints request latency p50/p90/p99, records/s and the mean number of requests per forward, for
@@ -23,8 +23,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from training.predict import Predictor  # noqa: E402
-from training.serve import serving_in_background  # noqa: E402
+from serving.predict import Predictor  # noqa: E402
+from serving.serve import serving_in_background  # noqa: E402
 
 
 def run_load(predictor: Predictor, lines: List[bytes], clients: int, requests: int, rows: int,

@@ -1,7 +1,7 @@
 """Headerless comma-separated rows of numbers (the BYO CSV layout), parsed a block at a
 time, and the checks of categorical ids; problems name the exact line.
 
-Both the transcoder (``data/transcode.py``) and the predictor (``training/predict.py``)
+Both the transcoder (``data/transcode.py``) and the predictor (``serving/predict.py``)
 read such rows; each formats the line number into its own messages.
 
 Example::

@@ -31,7 +31,6 @@ end, day files beyond its own days, and an unused vocabulary. An empty day (no l
 or only bad ones) is refused.
 """
 
-import gzip
 import hashlib
 import json
 import multiprocessing as mp
@@ -40,8 +39,7 @@ import re
 import struct
 import sys
 import time
-import zlib
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -50,12 +48,12 @@ import numpy as np
 from common.cli import OneLineParser, int_list
 from data.criteo_layout import (METADATA_FILE, NUM_SPARSE_FEATURES, day_file, done_marker, remove_day_files_from,
                                 write_json_atomic)
+from data.criteo_transforms import (DENSE_OFFSET, VOCABULARY_FILE, read_vocabulary, transform_dense, transform_sparse,
+                                    vocabulary_arrays)
 from data.criteo_tsv import NUM_INT, parse_criteo_lines
+from data.text_lines import DaySource, iter_line_chunks, read_blocks
 
 DATASET_NAMES = ("criteo_1t", "criteo_kaggle")
-DENSE_OFFSET = 3.0
-VOCABULARY_FILE = "vocabulary.npz"
-RAW_ID_MASK = np.uint32(0x7FFF_FFFF)
 RAW_DAY_FILE = re.compile(r"day_(\d+)(\.gz)?")  # criteo_1t input day files
 _NPY_HEADER_BYTES = 128
 _DAY_ARRAYS = {"dense": (np.float32, NUM_INT), "sparse": (np.int32, NUM_SPARSE_FEATURES), "labels": (np.int32, 1)}
@@ -119,86 +117,6 @@ class PreprocessConfig:
         relevant = {k: getattr(self, k) for k in
                     ("dataset_name", "frequency_threshold", "num_embeddings_per_feature", "on_bad_lines", "kaggle_days")}
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class DaySource:
-    """The lines of one output day: a whole file, or a line range of the Kaggle file."""
-
-    day: int
-    path: str
-    first_line: int = 0  # 0-based line number of the day's first line in the file
-    num_lines: Optional[int] = None  # None: to the end of the file
-    file_lines: Optional[int] = None  # lines of the whole file, when cut into days
-
-    @property
-    def name(self) -> str:
-        return os.path.basename(self.path)
-
-    def signature(self) -> Dict[str, object]:
-        stat = os.stat(self.path)
-        return {"path": os.path.abspath(self.path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-                "first_line": self.first_line, "num_lines": self.num_lines}
-
-
-def read_blocks(path: str, block_bytes: int) -> Iterator[bytes]:
-    """The bytes of a file (decompressed when it ends in .gz), a block at a time.
-
-    Raises:
-        ValueError: naming the file, when it cannot be read, is not gzip data, or is
-            a truncated .gz.
-    """
-    try:
-        with gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb") as f:
-            while block := f.read(block_bytes):
-                yield block
-    except EOFError as e:
-        raise ValueError(f"{path}: truncated (the compressed data ends early)") from e
-    except (gzip.BadGzipFile, zlib.error) as e:
-        raise ValueError(f"{path}: not valid gzip data ({e})") from e
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read ({e.strerror or e})") from e
-
-
-def _newline_positions(data: bytes) -> np.ndarray:
-    return np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
-
-
-def iter_line_chunks(source: DaySource, chunk_bytes: int) -> Iterator[Tuple[int, int, bytes]]:
-    """Yields (0-based line number of the first line, bytes read, whole lines) of a source."""
-    skip, left = source.first_line, source.num_lines
-    line = 0
-    carry = b""
-    with closing(read_blocks(source.path, chunk_bytes)) as blocks:
-        while left is None or left > 0:
-            block = next(blocks, b"")
-            data = carry + block
-            if not block:
-                if data:  # a last line without newline
-                    data += b"\n"
-                else:
-                    break
-            cut = data.rfind(b"\n") + 1
-            lines, carry = data[:cut], data[cut:]
-            if not block:
-                carry = b""
-            if not lines:
-                continue
-            count = lines.count(b"\n")
-            if skip:
-                if skip >= count:
-                    skip, line = skip - count, line + count
-                    continue
-                lines = lines[_newline_positions(lines)[skip - 1] + 1 :]
-                count, line, skip = count - skip, line + skip, 0
-            if left is not None and count > left:
-                lines, count = lines[: _newline_positions(lines)[left - 1] + 1], left
-            yield line, len(block), lines
-            line += count
-            if left is not None:
-                left -= count
-            if not block:
-                break
 
 
 def _count_lines(path: str, chunk_bytes: int) -> int:
@@ -331,29 +249,6 @@ class _NpyWriter:
         except OSError:
             pass  # the buffered bytes that could not be written: the file goes anyway
         os.remove(self.path)
-
-
-def transform_dense(dense_raw: np.ndarray) -> np.ndarray:
-    """log(max(x, 0) + 3) as float32; missing values arrive as 0."""
-    return np.log(np.maximum(dense_raw, 0).astype(np.float64) + DENSE_OFFSET).astype(np.float32)
-
-
-def transform_sparse(sparse_hash: np.ndarray, vocabulary: Optional[List[np.ndarray]],
-                     sizes: Optional[np.ndarray]) -> np.ndarray:
-    """Hashes -> int32 ids: vocabulary positions (+1, 0 for the rest), else low 31 bits;
-    then modulo the table sizes when given."""
-    if vocabulary is not None:
-        ids = np.empty(sparse_hash.shape, dtype=np.int64)
-        for f, vocab in enumerate(vocabulary):
-            pos = np.searchsorted(vocab, sparse_hash[:, f])
-            found = pos < len(vocab)
-            found[found] = vocab[pos[found]] == sparse_hash[found, f]
-            ids[:, f] = np.where(found, pos + 1, 0)
-    else:
-        ids = (sparse_hash & RAW_ID_MASK).view(np.int32)  # < 2**31: same bits as int32
-    if sizes is not None:
-        ids = ids % sizes
-    return ids.astype(np.int32, copy=False)
 
 
 @dataclass
@@ -505,8 +400,9 @@ def _load_or_build_vocabulary(config: PreprocessConfig, train: List[DaySource]) 
     signature = {"fingerprint": config.fingerprint(), "sources": [s.signature() for s in train]}
     if os.path.exists(path):
         with np.load(path) as saved:
-            if json.loads(str(saved["signature"])) == signature:
-                return [saved[str(f)] for f in range(NUM_SPARSE_FEATURES)]
+            unchanged = json.loads(str(saved["signature"])) == signature
+        if unchanged:
+            return read_vocabulary(path, NUM_SPARSE_FEATURES)
     per_day = list(_run_tasks(count_source, [(s, config) for s in train], config, "counting categorical values"))
     vocabulary = []
     for f in range(NUM_SPARSE_FEATURES):
@@ -514,7 +410,7 @@ def _load_or_build_vocabulary(config: PreprocessConfig, train: List[DaySource]) 
         vocabulary.append(ids[counts >= config.frequency_threshold].astype(np.uint32))
     tmp = path + ".tmp.npz"
     try:
-        np.savez(tmp, signature=json.dumps(signature), **{str(f): v for f, v in enumerate(vocabulary)})
+        np.savez(tmp, signature=json.dumps(signature), **vocabulary_arrays(vocabulary))
         os.replace(tmp, path)
     except OSError as e:  # a full disk, say: name the file
         if os.path.exists(tmp):

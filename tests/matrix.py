@@ -12,7 +12,7 @@ choices appears in at least one case. Each case trains a tiny model and checks:
 (b) resume == uninterrupted: the run is stopped at its step-`STOP` checkpoint and
     resumed in a new trainer; the losses after the stop, the validation and test
     metrics and every rank's final weights are identical, bit for bit;
-(c) export == eager: the fp32 program `training.export` writes from the final
+(c) export == eager: the fp32 program `serving.export` writes from the final
     checkpoint gives the trained (sharded) model's probabilities on a probe batch.
 
 A combination that cannot be right must be refused before training, on every rank,
@@ -425,8 +425,8 @@ def _identical(a: Sequence[Dict[str, Any]], b: Sequence[Dict[str, Any]], steps_f
 def export_difference(checkpoint_dir: str, eager: torch.Tensor, out_dir: str) -> float:
     """Exports the newest checkpoint's fp32 program and returns its largest difference
     from the eager probabilities on the probe rows."""
-    from training.export import FP32_FILE, export_model
-    from training.model_files import load_model_file, read_manifest
+    from serving.export import FP32_FILE, export_model
+    from serving.model_files import load_model_file, read_manifest
     with contextlib.redirect_stderr(io.StringIO()):
         export_model(checkpoint_dir, out_dir, [])
     program = load_model_file(out_dir, FP32_FILE, "torch.export", read_manifest(out_dir))  # as predict loads it

@@ -302,12 +302,12 @@ def test_checkpoint_files_are_checked_and_never_run_code(reference, synthetic_di
         line = run(*extra)
         assert not created.exists()
         assert f"{step16}/.metadata: refused: it asks to load builtins.exec" in line, line
-    export = subprocess.run([sys.executable, "-m", "training.export", "--checkpoint", step16, "--output",
+    export = subprocess.run([sys.executable, "-m", "serving.export", "--checkpoint", step16, "--output",
                              str(tmp_path / "model"), "--quantize", "none"], cwd=REPO, capture_output=True, text=True)
     assert export.returncode == 2 and not created.exists()
     assert f"{step16}/.metadata: refused" in one_error_line(export.stderr)
     os.remove(os.path.join(step16, ".metadata"))
-    export = subprocess.run([sys.executable, "-m", "training.export", "--checkpoint", step16, "--output",
+    export = subprocess.run([sys.executable, "-m", "serving.export", "--checkpoint", step16, "--output",
                              str(tmp_path / "model"), "--quantize", "none"], cwd=REPO, capture_output=True, text=True)
     assert export.returncode == 2
     assert "step_000000016: .metadata is missing or unreadable" in one_error_line(export.stderr)
@@ -322,7 +322,7 @@ def test_checkpoint_files_are_checked_and_never_run_code(reference, synthetic_di
     line = run("--mode", "test", "--restore_checkpoint_path", step15)
     assert f"{shard}: its SHA-256 differs from the manifest's: the file is damaged" in line, line
 
-    from training.inference_model import load_checkpoint_model
+    from serving.inference_model import load_checkpoint_model
     step10 = os.path.join(copy, "step_000000010")
     with open(os.path.join(step10, "COMPLETE"), "w") as f:
         f.write("complete\n")  # what checkpoints saved before manifests hold

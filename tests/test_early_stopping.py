@@ -9,7 +9,7 @@ import pytest
 
 import dlrm_main
 from tests.launch import eval_record, launch, read_log
-from training import export
+from serving import export
 from training.config import EarlyStoppingConfig
 from training.early_stopping import EarlyStopping
 
@@ -72,7 +72,7 @@ def test_stops_after_patience_and_tests_the_best_checkpoint(stopped, synthetic_d
     assert launch(dlrm_main.main, flags(synthetic_dir, evaluated, "--mode", "test",
                                         "--restore_checkpoint_path", ckpt)) == {0: 0, 1: 0}
     assert [eval_record(read_log(evaluated), "test")[k] for k in METRICS] == [test[k] for k in METRICS]
-    # training.export on the directory exports the best checkpoint; --newest the last one.
+    # serving.export on the directory exports the best checkpoint; --newest the last one.
     assert export.main(["--checkpoint", ckpt, "--output", str(tmp_path / "best"), "--quantize", "none"]) == 0
     with open(tmp_path / "best" / "inputs.json") as f:
         assert json.load(f)["step"] == best_step

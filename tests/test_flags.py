@@ -167,13 +167,13 @@ def test_max_table_rows_caps_every_table_however_sized(synthetic_dir, main):
      "comma-separated integers"),
     ("data.synthetic_csv", ["--output", "x", "--seed", "a"],
      "python -m data.synthetic_csv: error: argument --seed: invalid int value: 'a'"),
-    ("training.predict", ["--model", "m"], "python -m training.predict: error: the following arguments are "
+    ("serving.predict", ["--model", "m"], "python -m serving.predict: error: the following arguments are "
                                            "required: --input"),
-    ("training.export", ["--checkpoint", "c", "--output", "o", "--quantize", "int4"],
-     "python -m training.export: error: argument --quantize: unknown table precision 'int4': use fp16, int8, "
+    ("serving.export", ["--checkpoint", "c", "--output", "o", "--quantize", "int4"],
+     "python -m serving.export: error: argument --quantize: unknown table precision 'int4': use fp16, int8, "
      "fp16,int8 or none"),
-    ("training.serve", ["--model", "m", "--port", "http"],
-     "python -m training.serve: error: argument --port: invalid int value: 'http'"),
+    ("serving.serve", ["--model", "m", "--port", "http"],
+     "python -m serving.serve: error: argument --port: invalid int value: 'http'"),
     ("training.report", [], "training.report: error: the following arguments are required: logs"),
 ])
 def test_every_cli_reports_a_bad_flag_in_one_line(capsys, module, argv, message):

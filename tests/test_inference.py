@@ -24,11 +24,11 @@ from data.criteo_binary import CriteoBinaryDataset
 from data.preprocess_criteo import PreprocessConfig, preprocess
 from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day
 from tests.launch import eval_record, launch, read_log
-from training import export, predict, quality_gate, serve
+from serving import export, predict, quality_gate, serve
 from training.checkpoint import checkpoint_to_load
 from training.flags import parse_config
-from training.inference_model import ProbabilityModel, load_checkpoint_model, read_inputs
-from training.quality_gate import evaluate_variants
+from serving.inference_model import ProbabilityModel, load_checkpoint_model, read_inputs
+from serving.quality_gate import evaluate_variants
 
 SPEC = SyntheticCriteoSpec(num_days=3, rows_per_day=8_000, seed=5,
                            cardinalities=[min(c, 1000) for c in SyntheticCriteoSpec().cardinalities])
@@ -142,7 +142,7 @@ def test_malformed_lines_name_the_line(trained, tmp_path, capsys, bad_line, mess
     output = tmp_path / "out.csv"
     assert predict.main(["--model", trained["model"], "--input", str(source), "--output", str(output)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"python -m training.predict: error: {source} {message}"
+    assert err == f"python -m serving.predict: error: {source} {message}"
     assert not os.path.exists(output) and os.listdir(tmp_path) == ["in.tsv"]
 
 
@@ -218,7 +218,7 @@ def test_http_endpoint_batches_concurrent_requests(trained):
 def test_export_bad_input_is_one_line(trained, tmp_path, capsys):
     assert export.main(["--checkpoint", str(tmp_path / "nowhere"), "--output", str(tmp_path / "m")]) == 2
     assert capsys.readouterr().err.strip() == (
-        f"python -m training.export: error: --checkpoint {tmp_path / 'nowhere'}: neither a checkpoint "
+        f"python -m serving.export: error: --checkpoint {tmp_path / 'nowhere'}: neither a checkpoint "
         "nor a directory holding a complete one")
     assert export.main(["--checkpoint", trained["ckpt"], "--output", trained["model"]]) == 2
     assert "exists and is not empty" in capsys.readouterr().err

@@ -18,9 +18,9 @@ from data.split_binary import SplitBinaryDataset
 from data.synthetic_csv import csv_feature_spec, generate_csv
 from data.transcode import transcode
 from tests.launch import eval_record, launch, read_log
-from training import export, predict, serve
-from training.inference_model import FEATURE_SPEC_LAYOUT, ProbabilityModel, load_checkpoint_model, read_inputs
-from training.quality_gate import evaluate_variants
+from serving import export, predict, serve
+from serving.inference_model import FEATURE_SPEC_LAYOUT, ProbabilityModel, load_checkpoint_model, read_inputs
+from serving.quality_gate import evaluate_variants
 
 ROWS = {"train": 8192, "test": 1024}
 TABLE_SIZES = [50, 300, 64, 300]  # cat_2's table is smaller than its ids: modulo at load and at serving
@@ -130,7 +130,7 @@ def test_malformed_csv_rows_name_the_line(trained_byo, tmp_path, capsys, edit, m
     output = tmp_path / "out.txt"
     assert predict.main(["--model", trained_byo["model"], "--input", str(source), "--output", str(output)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"python -m training.predict: error: {source} line 4: {message}"), err
+    assert err.startswith(f"python -m serving.predict: error: {source} line 4: {message}"), err
     assert os.listdir(tmp_path) == ["in.csv"]  # no output, not even a partial one
 
 
@@ -139,7 +139,7 @@ def test_first_row_of_neither_layout(trained_byo, tmp_path, capsys):
     source.write_text("1,2,3\n" + trained_byo["rows"][0] + "\n")
     assert predict.main(["--model", trained_byo["model"], "--input", str(source)]) == 2
     assert capsys.readouterr().err.strip() == (
-        f"python -m training.predict: error: {source} line 1: has 3 columns, expected 12 (label, 5 numerical, "
+        f"python -m serving.predict: error: {source} line 1: has 3 columns, expected 12 (label, 5 numerical, "
         "6 categorical ids) or 11 without the label")
 
 

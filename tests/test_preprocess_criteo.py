@@ -343,7 +343,7 @@ def _run(raw: str, out: str, capsys, *extra: str):
 
 def test_damaged_gz_is_one_line_naming_the_file(raw_days, tmp_path, capsys):
     """Preprocessing and predict (which reads its input through iter_line_chunks)."""
-    from data.preprocess_criteo import DaySource, iter_line_chunks
+    from data.text_lines import DaySource, iter_line_chunks
 
     raw, _ = raw_days
     path = os.path.join(raw, "day_1.gz")

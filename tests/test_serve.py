@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.test_inference import raw_test_lines, trained  # noqa: F401 (the module's trained model)
-from training import predict, serve
+from serving import predict, serve
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +139,6 @@ def test_stalled_connections_time_out_and_hold_no_thread(trained, predictor):  #
 
 def test_flags_of_the_limits(tmp_path, capsys):
     assert serve.main(["--model", str(tmp_path), "--port", "99999"]) == 2
-    assert capsys.readouterr().err == "python -m training.serve: error: --port 99999: not a TCP port (0 to 65535)\n"
+    assert capsys.readouterr().err == "python -m serving.serve: error: --port 99999: not a TCP port (0 to 65535)\n"
     assert serve.main(["--model", str(tmp_path), "--max_body_bytes", "0"]) == 2
-    assert capsys.readouterr().err == "python -m training.serve: error: --max_body_bytes must be positive, got 0\n"
+    assert capsys.readouterr().err == "python -m serving.serve: error: --max_body_bytes must be positive, got 0\n"

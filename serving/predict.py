@@ -1,6 +1,6 @@
 """Click probabilities for raw Criteo lines or BYO CSV rows, from an exported model directory.
 
-    python -m training.predict --model MODEL_DIR --input day_23.tsv|rows.csv [--output preds.csv]
+    python -m serving.predict --model MODEL_DIR --input day_23.tsv|rows.csv [--output preds.csv]
         [--variant fp32|fp16|int8] [--batch_size 4096]
 
 The input layout is the model's (inputs.json "layout"):
@@ -8,7 +8,7 @@ The input layout is the model's (inputs.json "layout"):
 - Models trained on Criteo's binary layout read raw Criteo lines (plain or .gz),
   tab-separated: label, 13 integer features, 26 hexadecimal hashes (40 fields), or the
   same without the label (39 fields, as Criteo's unlabeled test files); any feature may
-  be empty. The transforms are preprocessing's (data/preprocess_criteo.py): dense
+  be empty. The transforms are preprocessing's (data/criteo_transforms.py): dense
   log(max(x, 0) + 3), hashes through the vocabulary or the low 31 bits, modulo the
   table sizes.
 - Models trained with --dataset_path (a feature spec) read BYO CSV rows (plain or
@@ -39,12 +39,13 @@ from typing import List, Optional, Sequence, TextIO, Tuple
 import numpy as np
 import torch
 
-from common.cli import OneLineParser
-from data.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
+from data.criteo_transforms import read_vocabulary, transform_dense, transform_sparse
 from data.criteo_tsv import NUM_CAT, NUM_FIELDS, NUM_INT, parse_criteo_lines
-from data.preprocess_criteo import DaySource, iter_line_chunks, transform_dense, transform_sparse
-from training.inference_model import CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, read_inputs
-from training.model_files import load_model_file, read_file, read_manifest
+from data.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
+from data.text_lines import DaySource, iter_line_chunks
+from serving.cli import serving_parser
+from serving.inference_model import CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, read_inputs
+from serving.model_files import load_model_file, read_file, read_manifest
 
 VARIANTS = ("fp32", "fp16", "int8")
 
@@ -57,7 +58,7 @@ class Predictor:
     """Loads one variant of an exported model and predicts click probabilities.
 
     Args:
-        model_dir: a directory written by ``python -m training.export``.
+        model_dir: a directory written by ``python -m serving.export``.
         variant: fp32 (the torch.export program), fp16 or int8 (quantized tables).
         batch_size: rows per forward.
 
@@ -96,8 +97,7 @@ class Predictor:
         if preprocessing.get("vocabulary"):
             vocabulary = read_file(model_dir, preprocessing["vocabulary"], manifest)
             try:  # np.load refuses pickled arrays by default
-                with np.load(io.BytesIO(vocabulary)) as saved:
-                    self._vocabulary = [saved[str(f)] for f in range(len(self.table_sizes))]
+                self._vocabulary = read_vocabulary(io.BytesIO(vocabulary), len(self.table_sizes))
             except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
                 raise ValueError(f"{os.path.join(model_dir, preprocessing['vocabulary'])}: not the model's "
                                  f"vocabulary ({type(e).__name__}: {e})") from e
@@ -262,9 +262,10 @@ def predict_file(predictor: Predictor, path: str, out: TextIO, chunk_bytes: int 
     return lines
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog="python -m training.predict", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="a directory written by python -m training.export")
+def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
+    """The command line; ``alias``: run as ``python -m training.predict`` (its old name)."""
+    parser = serving_parser("predict", __doc__, alias)
+    parser.add_argument("--model", required=True, help="a directory written by python -m serving.export")
     parser.add_argument("--input", required=True,
                         help="raw Criteo lines (.tsv/.txt), or BYO CSV rows for a --dataset_path model; or .gz")
     parser.add_argument("--output", default=None, help="one probability per line (default stdout)")

@@ -1,11 +1,11 @@
 """An HTTP endpoint for an exported model, batching concurrent requests.
 
-    python -m training.serve --model MODEL_DIR [--host 127.0.0.1] [--port 8080]
+    python -m serving.serve --model MODEL_DIR [--host 127.0.0.1] [--port 8080]
         [--variant fp32|fp16|int8] [--max_batch_rows 4096] [--max_batch_delay_ms 2] [--num_threads N]
         [--max_body_bytes 67108864] [--request_timeout_s 30] [--max_connections 256] [--parse_threads 2]
 
 ``POST /predict`` with lines in the model's input layout as the body (as ``python -m
-training.predict`` reads them: raw Criteo lines, or BYO CSV rows for a model trained
+serving.predict`` reads them: raw Criteo lines, or BYO CSV rows for a model trained
 with --dataset_path; labelled or not; with a Content-Length or chunked) answers ``200``
 with one probability per line. Errors are JSON ``{"error": "..."}``: ``400`` for a bad
 request line (named) or an unparseable HTTP request (a Content-Length that is no
@@ -42,8 +42,8 @@ import torch
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from common.cli import OneLineParser
-from training.predict import VARIANTS, MalformedLineError, Predictor
+from serving.cli import serving_parser
+from serving.predict import VARIANTS, MalformedLineError, Predictor
 
 
 @dataclass
@@ -393,9 +393,10 @@ def serving_in_background(predictor: Predictor, max_batch_delay_ms: float = 2.0,
         batcher.close()
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog="python -m training.serve", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="a directory written by python -m training.export")
+def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
+    """The command line; ``alias``: run as ``python -m training.serve`` (its old name)."""
+    parser = serving_parser("serve", __doc__, alias)
+    parser.add_argument("--model", required=True, help="a directory written by python -m serving.export")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8080, help="port to listen on")
     parser.add_argument("--variant", choices=VARIANTS, default="fp32", help="which exported model to serve")

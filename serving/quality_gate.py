@@ -1,6 +1,6 @@
 """Quality gate of an exported model: AUROC of each variant on the test split.
 
-    python -m training.quality_gate --model MODEL_DIR [--data DIR] [--limit_rows N]
+    python -m serving.quality_gate --model MODEL_DIR [--data DIR] [--limit_rows N]
 
 DIR is the data the model was trained on (default: the one recorded at export): a
 binary Criteo directory, or PATH/feature_spec.yaml for a --dataset_path model. The test
@@ -17,12 +17,12 @@ import numpy as np
 import torch
 from torchmetrics.functional.classification import binary_auroc
 
-from common.cli import OneLineParser
 from data.criteo_binary import CriteoBinaryDataset
 from data.split_binary import SplitBinaryDataset
-from training.inference_model import FEATURE_SPEC_LAYOUT, read_inputs
-from training.model_files import read_manifest
-from training.predict import Predictor
+from serving.cli import serving_parser
+from serving.inference_model import FEATURE_SPEC_LAYOUT, read_inputs
+from serving.model_files import read_manifest
+from serving.predict import Predictor
 
 # Largest allowed |AUROC(variant) - AUROC(fp32)|.
 AUROC_TOLERANCE = {"fp16": 0.001, "int8": 0.003}
@@ -69,9 +69,10 @@ def evaluate_variants(model_dir: str, data_dir: Optional[str] = None, limit_rows
     return GateResult(auroc, stop - start)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog="python -m training.quality_gate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="a directory written by python -m training.export")
+def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
+    """The command line; ``alias``: run as ``python -m training.quality_gate`` (its old name)."""
+    parser = serving_parser("quality_gate", __doc__, alias)
+    parser.add_argument("--model", required=True, help="a directory written by python -m serving.export")
     parser.add_argument("--data", default=None,
                         help="binary Criteo directory or PATH/feature_spec.yaml (default: the training data)")
     parser.add_argument("--limit_rows", type=int, default=None, help="test rows to use at most")

@@ -1,6 +1,6 @@
 """An exported model directory's files: their manifest, and loading them without running code.
 
-``python -m training.export`` writes ``manifest.json`` last (each file's size and
+``python -m serving.export`` writes ``manifest.json`` last (each file's size and
 SHA-256); loaders check every file they read against it, so a damaged file is refused
 by name. A manifest does not stop someone who writes the whole directory, so the model
 files are also inspected before torch loads them, as torch's loaders would run code

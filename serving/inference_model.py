@@ -26,7 +26,7 @@ from common.manifest import ManifestEntry
 from models import build_dlrm_train
 from models.config import ModelConfig
 from training.checkpoint import load_checkpoint, read_meta
-from training.model_files import read_file
+from serving.model_files import read_file
 
 
 @torch.fx.wrap

@@ -1,6 +1,6 @@
 """Exports a (sharded) training checkpoint as single-host inference models.
 
-    python -m training.export --checkpoint CKPT --output MODEL_DIR [--quantize fp16,int8]
+    python -m serving.export --checkpoint CKPT --output MODEL_DIR [--quantize fp16,int8]
 
 CKPT is one checkpoint (``.../step_000000100``) or a ``--checkpoint_dir``: the checkpoint
 its best.json marks (early stopping's best model), else (or with ``--newest``) its newest
@@ -15,7 +15,7 @@ sharding plan it was saved with. MODEL_DIR receives:
                    with --dataset_path) and its transforms, each variant's file and size
     vocabulary.npz the preprocessing's vocabulary, when the data was made with a
                    frequency threshold
-    manifest.json  written last: every file's size and SHA-256 (training/model_files.py)
+    manifest.json  written last: every file's size and SHA-256 (serving/model_files.py)
 
 Every variant maps (dense (B, num_dense) float32 transformed, sparse (B, sum of
 hotness) int64 ids: (B, 26) for Criteo) to click probabilities (B,). The directory is written under a temporary name and renamed
@@ -36,16 +36,16 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTable
 from torchrec.fx import symbolic_trace
 from torchrec.inference.modules import quantize_inference_model
 
-from common.cli import OneLineParser
 from data.criteo_layout import DENSE_FEATURE_NAMES, read_metadata
+from data.criteo_transforms import DENSE_OFFSET, VOCABULARY_FILE
 from data.feature_spec import FeatureSpec, FeatureSpecError
-from data.preprocess_criteo import DENSE_OFFSET, VOCABULARY_FILE
 from models.config import ModelConfig
 from sharding_plans.report import format_bytes
-from training.checkpoint import checkpoint_to_load
-from training.inference_model import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, INPUTS_FILE, ProbabilityModel,
+from serving.cli import serving_parser
+from serving.inference_model import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, INPUTS_FILE, ProbabilityModel,
                                       load_checkpoint_model)
-from training.model_files import write_manifest
+from serving.model_files import write_manifest
+from training.checkpoint import checkpoint_to_load
 
 FP32_FILE = "fp32.pt2"
 QUANTIZED_DTYPES = {"fp16": torch.float16, "int8": torch.int8}
@@ -197,8 +197,9 @@ def _quantize_list(text: str) -> List[str]:
     return names
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog="python -m training.export", description=__doc__.split("\n\n")[0])
+def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
+    """The command line; ``alias``: run as ``python -m training.export`` (its old name)."""
+    parser = serving_parser("export", __doc__, alias)
     parser.add_argument("--checkpoint", required=True,
                         help="a checkpoint, or a --checkpoint_dir (the checkpoint marked best, else the newest)")
     parser.add_argument("--newest", action="store_true",

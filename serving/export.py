@@ -10,9 +10,10 @@ sharding plan it was saved with. MODEL_DIR receives:
     fp32.pt2       torch.export program, dynamic batch dimension
     fp16.pt        TorchScript, fp16 embedding tables (torchrec inference quantization)
     int8.pt        TorchScript, int8 row-wise quantized embedding tables
-    inputs.json    feature names, table sizes, dense count, the input layout of the
+    inputs.json    feature names, hotness and table sizes, the input layout of the
                    predictor (raw Criteo lines, or BYO CSV rows for a model trained
                    with --dataset_path) and its transforms, each variant's file and size
+                   (serving/model_inputs.py)
     vocabulary.npz the preprocessing's vocabulary, when the data was made with a
                    frequency threshold
     manifest.json  written last: every file's size and SHA-256 (serving/model_files.py)
@@ -24,32 +25,32 @@ when complete. Bad input: one line on stderr, exit 2.
 
 import argparse
 import copy
-import json
 import os
 import shutil
 import sys
 import warnings
-from typing import Any, Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTableBatchedEmbeddingBagsCodegen
 from torchrec.fx import symbolic_trace
 from torchrec.inference.modules import quantize_inference_model
 
+from common.errors import BadInput
 from data.criteo_layout import DENSE_FEATURE_NAMES, read_metadata
-from data.criteo_transforms import DENSE_OFFSET, VOCABULARY_FILE
+from data.criteo_transforms import VOCABULARY_FILE
 from data.feature_spec import FeatureSpec, FeatureSpecError
 from models.config import ModelConfig
 from sharding_plans.report import format_bytes
 from serving.cli import serving_parser
-from serving.inference_model import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, INPUTS_FILE, ProbabilityModel,
-                                      load_checkpoint_model)
+from serving.inference_model import ProbabilityModel, load_checkpoint_model
+from serving.model_inputs import INPUTS_FILE, CriteoPreprocessing, FeatureSpecColumns, ModelInputs, Variant
 from serving.model_files import write_manifest
 from training.checkpoint import checkpoint_to_load
+from training.checkpoint_meta import CheckpointMeta
 
 FP32_FILE = "fp32.pt2"
 QUANTIZED_DTYPES = {"fp16": torch.float16, "int8": torch.int8}
-INPUTS_FORMAT_VERSION = 1
 
 
 def export_fp32(model: ProbabilityModel, example: Sequence[torch.Tensor], path: str) -> None:
@@ -71,45 +72,27 @@ def export_quantized(model: ProbabilityModel, dtype: torch.dtype, path: str) -> 
     torch.jit.save(torch.jit.script(traced), path)
 
 
-def describe_inputs(model_config: ModelConfig, data: Dict[str, Any]) -> Dict[str, Any]:
+def describe_inputs(model_config: ModelConfig, meta: CheckpointMeta, checkpoint: str) -> ModelInputs:
     """inputs.json without the variants: what a predictor needs to turn input lines into
-    the model's inputs, for the data the model was trained on (``data``: the run's
-    data config from the checkpoint's meta.json)."""
-    inputs: Dict[str, Any] = {
-        "format_version": INPUTS_FORMAT_VERSION,
-        "num_dense_features": model_config.dense_in_features,
-        "sparse_feature_names": list(model_config.sparse_feature_names),
-        "table_names": model_config.table_names,
-        "num_embeddings_per_feature": list(model_config.num_embeddings_per_feature),
-        "embedding_dim": model_config.embedding_dim,
-        "interaction_type": model_config.interaction_type,
-        "output": "float32 (B,) click probability",
-    }
-    if data.get("dataset_path"):
-        inputs.update(_describe_feature_spec(model_config, data["dataset_path"]))
-        return inputs
-    data_path = data.get("in_memory_binary_criteo_path")
+    the model's inputs, for the data the checkpoint (``meta``) was trained on."""
+    if meta.dataset_path:
+        return _describe_feature_spec(model_config, meta.dataset_path, meta.step, checkpoint)
+    data_path = meta.binary_criteo_path
     metadata = (read_metadata(data_path) if data_path else None) or {}
-    inputs.update({
-        "layout": CRITEO_LAYOUT,
-        "dense_feature_names": list(DENSE_FEATURE_NAMES),
-        "sparse_hotness": [1] * len(model_config.sparse_feature_names),
-        "inputs": {"dense": "float32 (B, num_dense_features), transformed",
-                   "sparse": "int64 (B, 26), one id per feature, below its table size"},
-        "preprocessing": {
-            "dense_offset": DENSE_OFFSET,
-            "frequency_threshold": int(metadata.get("frequency_threshold") or 0),
-            "modulo_num_embeddings_per_feature": metadata.get("modulo_num_embeddings_per_feature"),
-            "vocabulary": None,
-        },
-        "data_path": data_path,
-    })
-    return inputs
+    return ModelInputs(
+        dense_feature_names=list(DENSE_FEATURE_NAMES),
+        sparse_feature_names=list(model_config.sparse_feature_names),
+        sparse_hotness=[1] * len(model_config.sparse_feature_names),
+        num_embeddings_per_feature=list(model_config.num_embeddings_per_feature),
+        preprocessing=CriteoPreprocessing(
+            frequency_threshold=int(metadata.get("frequency_threshold") or 0),
+            modulo_num_embeddings_per_feature=metadata.get("modulo_num_embeddings_per_feature")),
+        data_path=data_path, checkpoint=checkpoint, step=meta.step)
 
 
-def _describe_feature_spec(model_config: ModelConfig, spec_path: str) -> Dict[str, Any]:
+def _describe_feature_spec(model_config: ModelConfig, spec_path: str, step: int, checkpoint: str) -> ModelInputs:
     """The inputs of a model trained with --dataset_path: the spec's features, their
-    hotness and cardinalities, and the column order of the predictor's CSV rows."""
+    hotness and cardinalities (the predictor's CSV rows follow the spec's order)."""
     try:
         spec = FeatureSpec.load(spec_path)
     except FeatureSpecError as e:
@@ -119,43 +102,31 @@ def _describe_feature_spec(model_config: ModelConfig, spec_path: str) -> Dict[st
             len(spec.numerical) != model_config.dense_in_features:
         raise ValueError(f"{spec_path} no longer describes the checkpoint's features "
                          f"({len(spec.numerical)} numerical, {spec.categorical} categorical)")
-    hotness = [spec.hotness(n) for n in spec.categorical]
-    id_columns = [name if h == 1 else f"{name}[{i}]" for name, h in zip(spec.categorical, hotness) for i in range(h)]
-    return {
-        "layout": FEATURE_SPEC_LAYOUT,
-        "dense_feature_names": list(spec.numerical),
-        "sparse_hotness": hotness,
-        "cardinalities": spec.cardinalities,
-        "label_name": spec.label,
-        # The predictor's CSV rows: these columns, the label first and optional.
-        "csv_columns": [spec.label] + list(spec.numerical) + id_columns,
-        "inputs": {"dense": "float32 (B, num_dense_features), the numerical values rounded to float16",
-                   "sparse": "int64 (B, sum of sparse_hotness), feature f taking sparse_hotness[f] columns, "
-                             "ids below the table sizes"},
-        "preprocessing": {"numerical": "rounded to float16, as the transcoder stores them",
-                          "categorical": "ids as given (checked against cardinalities), modulo the table sizes"},
-        "data_path": spec_path,
-    }
+    return ModelInputs(
+        dense_feature_names=list(spec.numerical),
+        sparse_feature_names=list(spec.categorical),
+        sparse_hotness=[spec.hotness(n) for n in spec.categorical],
+        num_embeddings_per_feature=list(model_config.num_embeddings_per_feature),
+        preprocessing=FeatureSpecColumns(label_name=spec.label, cardinalities=spec.cardinalities),
+        data_path=spec_path, checkpoint=checkpoint, step=step)
 
 
-def export_model(checkpoint: str, output: str, quantize: List[str], newest: bool = False) -> Dict[str, Any]:
+def export_model(checkpoint: str, output: str, quantize: List[str], newest: bool = False) -> ModelInputs:
     """Writes the model directory (see the module docstring); returns its inputs.json."""
     path = checkpoint_to_load(checkpoint, "--checkpoint", prefer_best=not newest)
     if os.path.exists(output) and os.listdir(output):
         raise ValueError(f"--output {output} exists and is not empty: choose a new directory")
     train_model, meta = load_checkpoint_model(path)
-    model_config = ModelConfig(**meta["model"])
-    inputs = describe_inputs(model_config, meta.get("config", {}).get("data", {}))
-    model = ProbabilityModel(train_model.model, model_config.sparse_feature_names, inputs["sparse_hotness"]).eval()
-    data_path = inputs["data_path"]
-    inputs.update(checkpoint=path, step=meta.get("step"), variants={})
+    model_config = meta.model
+    inputs = describe_inputs(model_config, meta, path)
+    model = ProbabilityModel(train_model.model, model_config.sparse_feature_names, inputs.sparse_hotness).eval()
 
     tmp = f"{output.rstrip('/')}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
         example = (torch.zeros(4, model_config.dense_in_features),
-                   torch.zeros(4, sum(inputs["sparse_hotness"]), dtype=torch.int64))
+                   torch.zeros(4, sum(inputs.sparse_hotness), dtype=torch.int64))
         with torch.no_grad():
             export_fp32(model, example, os.path.join(tmp, FP32_FILE))
             for name in quantize:
@@ -163,16 +134,17 @@ def export_model(checkpoint: str, output: str, quantize: List[str], newest: bool
         files = {"fp32": (FP32_FILE, "torch.export")}
         files.update({name: (f"{name}.pt", "torchscript") for name in quantize})
         for name, (file, fmt) in files.items():
-            inputs["variants"][name] = {"file": file, "format": fmt,
-                                        "bytes": os.path.getsize(os.path.join(tmp, file))}
+            inputs.variants[name] = Variant(file, fmt, os.path.getsize(os.path.join(tmp, file)))
         # Criteo data made with a frequency threshold: raw hashes go through its vocabulary.
-        vocabulary = (os.path.join(data_path, VOCABULARY_FILE)
-                      if inputs["layout"] == CRITEO_LAYOUT and data_path else None)
-        if vocabulary and inputs["preprocessing"]["frequency_threshold"] > 0 and os.path.exists(vocabulary):
-            shutil.copyfile(vocabulary, os.path.join(tmp, VOCABULARY_FILE))
-            inputs["preprocessing"]["vocabulary"] = VOCABULARY_FILE
-        with open(os.path.join(tmp, INPUTS_FILE), "w") as f:
-            json.dump(inputs, f, indent=1)
+        preprocessing = inputs.preprocessing
+        if isinstance(preprocessing, CriteoPreprocessing) and inputs.data_path and \
+                preprocessing.frequency_threshold > 0:
+            vocabulary = os.path.join(inputs.data_path, VOCABULARY_FILE)
+            if os.path.exists(vocabulary):
+                shutil.copyfile(vocabulary, os.path.join(tmp, VOCABULARY_FILE))
+                preprocessing.vocabulary = VOCABULARY_FILE
+        with open(os.path.join(tmp, INPUTS_FILE), "wb") as f:  # the directory is renamed whole below
+            f.write(inputs.to_json())
         write_manifest(tmp)  # last: every file's size and SHA-256
         if os.path.exists(output):
             os.rmdir(output)  # empty, checked above
@@ -183,10 +155,10 @@ def export_model(checkpoint: str, output: str, quantize: List[str], newest: bool
     return inputs
 
 
-def format_sizes(inputs: Dict[str, Any]) -> str:
+def format_sizes(inputs: ModelInputs) -> str:
     """One line per variant: name, file, format, size on disk."""
-    return "\n".join(f"{name:>5}  {v['file']:<9} {v['format']:<13} {format_bytes(v['bytes']):>10}"
-                     for name, v in inputs["variants"].items())
+    return "\n".join(f"{name:>5}  {v.file:<9} {v.format:<13} {format_bytes(v.bytes):>10}"
+                     for name, v in inputs.variants.items())
 
 
 def _quantize_list(text: str) -> List[str]:
@@ -213,10 +185,10 @@ def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
         warnings.filterwarnings("ignore", message=message)
     try:
         inputs = export_model(args.checkpoint, args.output, args.quantize, args.newest)
-    except ValueError as e:  # CheckpointError included
+    except (ValueError, BadInput) as e:  # CheckpointError included
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
-    print(f"exported {inputs['checkpoint']} (step {inputs['step']}) to {args.output}:\n" + format_sizes(inputs))
+    print(f"exported {inputs.checkpoint} (step {inputs.step}) to {args.output}:\n" + format_sizes(inputs))
     return 0
 
 

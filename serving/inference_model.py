@@ -10,23 +10,19 @@ unsharded model from a (sharded) checkpoint in one process.
 Example::
 
     model, meta = load_checkpoint_model("ckpt/step_000000100")
-    probabilities = ProbabilityModel(model.model, meta["model"]["sparse_feature_names"])(dense, sparse)
+    probabilities = ProbabilityModel(model.model, meta.model.sparse_feature_names)(dense, sparse)
 """
 
-import json
-import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import nn
 from torchrec.models.dlrm import DLRMTrain
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from common.manifest import ManifestEntry
 from models import build_dlrm_train
-from models.config import ModelConfig
 from training.checkpoint import load_checkpoint, read_meta
-from serving.model_files import read_file
+from training.checkpoint_meta import CheckpointMeta
 
 
 @torch.fx.wrap
@@ -80,14 +76,14 @@ class ProbabilityModel(nn.Module):
         return torch.sigmoid(logits.squeeze(-1))
 
 
-def load_checkpoint_model(path: str) -> Tuple[DLRMTrain, Dict[str, Any]]:
+def load_checkpoint_model(path: str) -> Tuple[DLRMTrain, CheckpointMeta]:
     """The unsharded fp32 model of a checkpoint (any world size and plan), in eval mode,
     and the checkpoint's meta.json. Needs no process group.
 
     Raises CheckpointError when the checkpoint is missing, incomplete or unreadable.
     """
     meta = read_meta(path)
-    model_config = ModelConfig(**meta["model"])
+    model_config = meta.model
     # fp32 tables whatever the training precision: DCP casts fp16 weights on load, and
     # quantization starts from fp32.
     model_config.embedding_precision = "fp32"
@@ -97,65 +93,3 @@ def load_checkpoint_model(path: str) -> Tuple[DLRMTrain, Dict[str, Any]]:
     model.load_state_dict(state["model"])
     return model.eval(), meta
 
-
-INPUTS_FILE = "inputs.json"
-# inputs.json "layout": what the predictor reads. Raw Criteo lines for models trained on
-# Criteo's binary layout; BYO CSV rows for models trained with --dataset_path.
-CRITEO_LAYOUT = "criteo_raw"
-FEATURE_SPEC_LAYOUT = "feature_spec_csv"
-
-
-def read_inputs(model_dir: str, manifest: Optional[Dict[str, ManifestEntry]] = None) -> Dict[str, Any]:
-    """An exported model directory's inputs.json, checked against ``manifest`` (when
-    given) and for the fields loaders use; ValueError naming the file otherwise."""
-    path = os.path.join(model_dir, INPUTS_FILE)
-    try:
-        inputs = json.loads(read_file(model_dir, INPUTS_FILE, manifest))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not an exported model's inputs description ({e})") from e
-    check_inputs(inputs, path)
-    return inputs
-
-
-def check_inputs(inputs: Any, path: str) -> None:
-    """Raises ValueError naming ``path`` and the field when inputs.json lacks a field the
-    loaders use or has one of the wrong type or length."""
-    def fail(field: str, expected: str) -> None:
-        value = inputs.get(field) if isinstance(inputs, dict) else inputs
-        raise ValueError(f"{path}: {field} must be {expected}, got {json.dumps(value)[:60]} "
-                         "(not an exported model's inputs description)")
-
-    def int_list(value: Any, length: int, minimum: int) -> bool:
-        return (isinstance(value, list) and len(value) == length
-                and all(isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in value))
-
-    if not isinstance(inputs, dict):
-        fail("the content", "a JSON object")
-    names = inputs.get("sparse_feature_names")
-    if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
-        fail("sparse_feature_names", "a non-empty list of names")
-    count = len(names)
-    dense = inputs.get("num_dense_features")
-    if not (isinstance(dense, int) and not isinstance(dense, bool) and dense >= 0):
-        fail("num_dense_features", "a count")
-    if not int_list(inputs.get("num_embeddings_per_feature"), count, 1):
-        fail("num_embeddings_per_feature", f"{count} positive integers")
-    if inputs.get("sparse_hotness") is not None and not int_list(inputs["sparse_hotness"], count, 1):
-        fail("sparse_hotness", f"{count} positive integers")
-    if inputs.get("cardinalities") is not None and not int_list(inputs["cardinalities"], count, 0):
-        fail("cardinalities", f"{count} integers")
-    if inputs.get("layout", CRITEO_LAYOUT) not in (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT):
-        fail("layout", f"{CRITEO_LAYOUT} or {FEATURE_SPEC_LAYOUT}")
-    variants = inputs.get("variants")
-    if not (isinstance(variants, dict) and variants and all(
-            isinstance(v, dict) and isinstance(v.get("file"), str) and isinstance(v.get("format"), str)
-            for v in variants.values())):
-        fail("variants", "an object of {\"file\": ..., \"format\": ...} per variant")
-    preprocessing = inputs.get("preprocessing") or {}
-    if not isinstance(preprocessing, dict):
-        fail("preprocessing", "an object")
-    modulo = preprocessing.get("modulo_num_embeddings_per_feature")
-    if modulo is not None and not int_list(modulo, count, 1):
-        fail("preprocessing", f"an object whose modulo_num_embeddings_per_feature has {count} positive integers")
-    if not isinstance(preprocessing.get("vocabulary") or "", str):
-        fail("preprocessing", "an object whose vocabulary is a file name")

@@ -17,11 +17,12 @@ import numpy as np
 import torch
 from torchmetrics.functional.classification import binary_auroc
 
+from common.errors import BadInput
 from data.criteo_binary import CriteoBinaryDataset
 from data.split_binary import SplitBinaryDataset
 from serving.cli import serving_parser
-from serving.inference_model import FEATURE_SPEC_LAYOUT, read_inputs
 from serving.model_files import read_manifest
+from serving.model_inputs import FEATURE_SPEC_LAYOUT, read_inputs
 from serving.predict import Predictor
 
 # Largest allowed |AUROC(variant) - AUROC(fp32)|.
@@ -49,11 +50,11 @@ def evaluate_variants(model_dir: str, data_dir: Optional[str] = None, limit_rows
     """AUROC of every exported variant on the test split of ``data_dir`` (a binary Criteo
     directory, or the feature_spec.yaml of a model trained with --dataset_path)."""
     inputs = read_inputs(model_dir, read_manifest(model_dir))
-    data_dir = data_dir or inputs.get("data_path")
+    data_dir = data_dir or inputs.data_path
     if not data_dir:
         raise ValueError("--data is needed: the model was trained on random data")
     dataset: Union[CriteoBinaryDataset, SplitBinaryDataset] = (
-        SplitBinaryDataset(data_dir) if inputs.get("layout") == FEATURE_SPEC_LAYOUT else CriteoBinaryDataset(data_dir))
+        SplitBinaryDataset(data_dir) if inputs.layout == FEATURE_SPEC_LAYOUT else CriteoBinaryDataset(data_dir))
     start, stop = dataset.split_ranges()["test"]
     if limit_rows is not None:
         stop = min(stop, start + limit_rows)
@@ -62,7 +63,7 @@ def evaluate_variants(model_dir: str, data_dir: Optional[str] = None, limit_rows
         sparse = np.concatenate(sparse, axis=1)
     target = torch.as_tensor(np.asarray(labels).reshape(-1).astype(np.int64))
     auroc = {}
-    for variant in inputs["variants"]:
+    for variant in inputs.variants:
         predictor = Predictor(model_dir, variant)
         probabilities = predictor.predict_transformed(dense, predictor.ids_in_tables(sparse))
         auroc[variant] = float(binary_auroc(torch.as_tensor(probabilities), target))
@@ -79,7 +80,7 @@ def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
     args = parser.parse_args(argv)
     try:
         result = evaluate_variants(args.model, args.data, args.limit_rows)
-    except ValueError as e:
+    except (ValueError, BadInput) as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
     print(f"test split, {result.rows} rows:")

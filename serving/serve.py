@@ -42,8 +42,10 @@ import torch
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from common.errors import BadInput
 from serving.cli import serving_parser
-from serving.predict import VARIANTS, MalformedLineError, Predictor
+from serving.input_layouts import MalformedLineError
+from serving.predict import VARIANTS, Predictor
 
 
 @dataclass
@@ -426,7 +428,7 @@ def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
         return 2
     try:
         batcher = BatchingPredictor(Predictor(args.model, args.variant), args.max_batch_rows, args.max_batch_delay_ms)
-    except (ValueError, OSError) as e:
+    except (ValueError, BadInput, OSError) as e:
         sock.close()
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import dlrm_main
 from tests.launch import REPO, eval_record, free_port, launch, read_log
+from training.checkpoint import read_meta
 
 STEPS = 16
 
@@ -77,12 +78,12 @@ def test_checkpoint_layout(reference):
     assert sorted(os.listdir(ckpt)) == [f"step_{s:09d}" for s in (5, 10, 15, 16)]
     step10 = os.path.join(ckpt, "step_000000010")
     assert {"COMPLETE", "meta.json", ".metadata", "rank_0.pt", "rank_1.pt"} <= set(os.listdir(step10))
-    meta = json.load(open(os.path.join(step10, "meta.json")))
-    assert (meta["step"], meta["epoch"], meta["batch_in_epoch"], meta["world_size"]) == (10, 0, 10, 2)
-    assert meta["model"]["embedding_dim"] == 16 and meta["optim"]["optimizer"] == "adagrad"
-    assert set(meta["plan"]) == {f"t_cat_{i}" for i in range(26)}
-    end = json.load(open(os.path.join(ckpt, "step_000000016", "meta.json")))
-    assert (end["epoch"], end["batch_in_epoch"]) == (1, 0)
+    meta = read_meta(step10)
+    assert (meta.step, meta.epoch, meta.batch_in_epoch, meta.world_size) == (10, 0, 10, 2)
+    assert meta.model.embedding_dim == 16 and meta.optimizer.optimizer == "adagrad"
+    assert set(meta.plan) == {f"t_cat_{i}" for i in range(26)}
+    end = read_meta(os.path.join(ckpt, "step_000000016"))
+    assert (end.epoch, end.batch_in_epoch) == (1, 0)
 
 
 def test_resume_equals_uninterrupted(reference, synthetic_dir, tmp_path):

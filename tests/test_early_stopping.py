@@ -8,8 +8,9 @@ import shutil
 import pytest
 
 import dlrm_main
-from tests.launch import eval_record, launch, read_log
 from serving import export
+from serving.model_inputs import read_inputs
+from tests.launch import eval_record, launch, read_log
 from training.config import EarlyStoppingConfig
 from training.early_stopping import EarlyStopping
 
@@ -74,12 +75,10 @@ def test_stops_after_patience_and_tests_the_best_checkpoint(stopped, synthetic_d
     assert [eval_record(read_log(evaluated), "test")[k] for k in METRICS] == [test[k] for k in METRICS]
     # serving.export on the directory exports the best checkpoint; --newest the last one.
     assert export.main(["--checkpoint", ckpt, "--output", str(tmp_path / "best"), "--quantize", "none"]) == 0
-    with open(tmp_path / "best" / "inputs.json") as f:
-        assert json.load(f)["step"] == best_step
+    assert read_inputs(str(tmp_path / "best")).step == best_step
     assert export.main(["--checkpoint", ckpt, "--output", str(tmp_path / "newest"), "--quantize", "none",
                         "--newest"]) == 0
-    with open(tmp_path / "newest" / "inputs.json") as f:
-        assert json.load(f)["step"] == last_step
+    assert read_inputs(str(tmp_path / "newest")).step == last_step
 
 
 def test_best_weights_in_memory_without_a_checkpoint_dir(stopped, synthetic_dir, tmp_path):

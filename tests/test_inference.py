@@ -27,7 +27,8 @@ from tests.launch import eval_record, launch, read_log
 from serving import export, predict, quality_gate, serve
 from training.checkpoint import checkpoint_to_load
 from training.flags import parse_config
-from serving.inference_model import ProbabilityModel, load_checkpoint_model, read_inputs
+from serving.inference_model import ProbabilityModel, load_checkpoint_model
+from serving.model_inputs import read_inputs
 from serving.quality_gate import evaluate_variants
 
 SPEC = SyntheticCriteoSpec(num_days=3, rows_per_day=8_000, seed=5,
@@ -66,16 +67,16 @@ def load_test_split(data: str, sizes):
 def test_export_matches_the_training_model(trained):
     inputs = read_inputs(trained["model"])
     metadata = json.load(open(os.path.join(trained["data"], "metadata.json")))
-    assert inputs["num_embeddings_per_feature"] == metadata["num_embeddings_per_feature"]
-    assert inputs["sparse_feature_names"] == [f"cat_{i}" for i in range(26)] and inputs["num_dense_features"] == 13
-    assert inputs["preprocessing"]["vocabulary"] == "vocabulary.npz"
+    assert inputs.num_embeddings_per_feature == metadata["num_embeddings_per_feature"]
+    assert inputs.sparse_feature_names == [f"cat_{i}" for i in range(26)] and inputs.num_dense_features == 13
+    assert inputs.preprocessing.vocabulary == "vocabulary.npz"
     for variant in ("fp32", "fp16", "int8"):
-        entry = inputs["variants"][variant]
-        assert entry["bytes"] == os.path.getsize(os.path.join(trained["model"], entry["file"])) > 0
+        entry = inputs.variants[variant]
+        assert entry.bytes == os.path.getsize(os.path.join(trained["model"], entry.file)) > 0
 
-    dense, sparse, labels = load_test_split(trained["data"], inputs["num_embeddings_per_feature"])
-    model, _ = load_checkpoint_model(inputs["checkpoint"])
-    eager_model = ProbabilityModel(model.model, inputs["sparse_feature_names"])
+    dense, sparse, labels = load_test_split(trained["data"], inputs.num_embeddings_per_feature)
+    model, _ = load_checkpoint_model(inputs.checkpoint)
+    eager_model = ProbabilityModel(model.model, inputs.sparse_feature_names)
     with torch.no_grad():
         eager = torch.cat([eager_model(torch.as_tensor(dense[i:i + 1000]), torch.as_tensor(sparse[i:i + 1000]))
                            for i in range(0, len(dense), 1000)]).numpy()

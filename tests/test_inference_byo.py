@@ -19,7 +19,8 @@ from data.synthetic_csv import csv_feature_spec, generate_csv
 from data.transcode import transcode
 from tests.launch import eval_record, launch, read_log
 from serving import export, predict, serve
-from serving.inference_model import FEATURE_SPEC_LAYOUT, ProbabilityModel, load_checkpoint_model, read_inputs
+from serving.inference_model import ProbabilityModel, load_checkpoint_model
+from serving.model_inputs import FEATURE_SPEC_LAYOUT, read_inputs
 from serving.quality_gate import evaluate_variants
 
 ROWS = {"train": 8192, "test": 1024}
@@ -56,13 +57,13 @@ def trained_byo(tmp_path_factory):
 
 def test_export_describes_the_csv_layout(trained_byo):
     inputs = read_inputs(trained_byo["model"])
-    assert inputs["layout"] == FEATURE_SPEC_LAYOUT and inputs["data_path"] == trained_byo["spec"]
-    assert inputs["sparse_hotness"] == [1, 3, 1, 1]
-    assert inputs["num_embeddings_per_feature"] == TABLE_SIZES
-    assert inputs["cardinalities"] == SplitBinaryDataset(trained_byo["spec"]).num_embeddings_per_feature
-    assert inputs["csv_columns"] == (["label"] + [f"num_{i}" for i in range(5)]
+    assert inputs.layout == FEATURE_SPEC_LAYOUT and inputs.data_path == trained_byo["spec"]
+    assert inputs.sparse_hotness == [1, 3, 1, 1]
+    assert inputs.num_embeddings_per_feature == TABLE_SIZES
+    assert inputs.preprocessing.cardinalities == SplitBinaryDataset(trained_byo["spec"]).num_embeddings_per_feature
+    assert inputs.csv_columns == (["label"] + [f"num_{i}" for i in range(5)]
                                      + ["cat_0", "cat_1[0]", "cat_1[1]", "cat_1[2]", "cat_2", "cat_3"])
-    assert sorted(inputs["variants"]) == ["fp16", "fp32", "int8"]
+    assert sorted(inputs.variants) == ["fp16", "fp32", "int8"]
 
 
 def test_predictor_on_csv_rows_matches_the_training_model(trained_byo, tmp_path):
@@ -83,9 +84,9 @@ def test_predictor_on_csv_rows_matches_the_training_model(trained_byo, tmp_path)
     dense, sparse, labels = dataset.read(ROWS["train"], ROWS["train"] + ROWS["test"])
     ids = np.remainder(np.concatenate(sparse, axis=1).astype(np.int64), np.repeat(TABLE_SIZES, [1, 3, 1, 1]))
     inputs = read_inputs(trained_byo["model"])
-    model, _ = load_checkpoint_model(inputs["checkpoint"])
+    model, _ = load_checkpoint_model(inputs.checkpoint)
     with torch.no_grad():
-        eager = ProbabilityModel(model.model, inputs["sparse_feature_names"], inputs["sparse_hotness"])(
+        eager = ProbabilityModel(model.model, inputs.sparse_feature_names, inputs.sparse_hotness)(
             torch.as_tensor(dense.astype(np.float32)), torch.as_tensor(ids)).numpy()
     np.testing.assert_allclose(got, eager, rtol=1e-6)  # printed with 7 digits
     predictor = predict.Predictor(trained_byo["model"])

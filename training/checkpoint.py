@@ -7,6 +7,7 @@ Layout of ``--checkpoint_dir``::
         .metadata                               DCP: model shards, optimizer state (two files a rank)
         rank_0.pt, rank_1.pt                    each rank's RNG states (tensors only)
         meta.json                               step, data position, config, plan
+                                                (training/checkpoint_meta.py)
         COMPLETE                                written last, once every rank is done: the
                                                 manifest (every file's size and SHA-256)
     best.json                                   which checkpoint is the best (early stopping)
@@ -48,11 +49,11 @@ from torchrec.distributed.planner.types import ParameterConstraints
 
 from common.manifest import (HashingStream, ManifestEntry, ManifestError, check_bytes, check_manifest_format,
                              check_stream, entry_of_bytes)
-from training.config import TrainConfig
+from training.checkpoint_meta import CheckpointMeta
+from training.config import OptimizerConfig, TrainConfig
 from training.dcp_metadata import UnsafeMetadataError, load_metadata
 from training.failures import RankError
 
-FORMAT_VERSION = 1
 COMPLETE_MARKER = "COMPLETE"
 META_FILE = "meta.json"
 DCP_METADATA_FILE = ".metadata"
@@ -343,22 +344,15 @@ def checkpoint_to_load(path: str, flag: str, prefer_best: bool = True) -> str:
     return chosen
 
 
-def read_meta(path: str) -> Dict[str, Any]:
-    """The checkpoint's meta.json; CheckpointError when absent, incomplete or unreadable."""
+def read_meta(path: str) -> CheckpointMeta:
+    """The checkpoint's meta.json; CheckpointError when absent, incomplete or unreadable,
+    FileFieldError (naming the field) when malformed or newer than this code."""
     if not g_pathmgr.exists(path):
         raise CheckpointError(f"checkpoint {path}: no such directory")
     if not is_complete(path):
         raise CheckpointError(f"checkpoint {path} is incomplete (no {COMPLETE_MARKER} marker): "
                               "its save did not finish")
-    data = _read_checked(path, META_FILE, read_manifest(path))
-    try:
-        meta = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"checkpoint {path}: {META_FILE} is unreadable ({e})") from e
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {path}: format version {meta.get('format_version')!r}, "
-                              f"this code reads {FORMAT_VERSION}")
-    return meta
+    return CheckpointMeta.from_json(_read_checked(path, META_FILE, read_manifest(path)), _join(path, META_FILE))
 
 
 def _rng_state() -> Dict[str, Any]:
@@ -389,7 +383,7 @@ class CheckpointManager:
     Example::
 
         manager = CheckpointManager("ckpt", keep_last_n=2, rank=0)
-        manager.save(120, {"model": dmp.state_dict()}, {"epoch": 0})
+        manager.save({"model": dmp.state_dict()}, meta)  # meta: a CheckpointMeta of step 120
     """
 
     def __init__(self, directory: str, keep_last_n: int, rank: int) -> None:
@@ -397,15 +391,15 @@ class CheckpointManager:
         self.keep_last_n = keep_last_n
         self.rank = rank
 
-    def save(self, step: int, state: Dict[str, Any], meta: Dict[str, Any]) -> str:
-        """Writes the checkpoint of ``step``; returns its path. Collective.
+    def save(self, state: Dict[str, Any], meta: CheckpointMeta) -> str:
+        """Writes the checkpoint of ``meta.step``; returns its path. Collective.
 
         Raises CheckpointSaveError (one line) when the storage fails, e.g. a full disk:
         the checkpoint stays incomplete and every complete one is kept.
         """
-        path = _join(self.directory, f"step_{step:09d}")
+        path = _join(self.directory, f"step_{meta.step:09d}")
         try:
-            self._save(path, step, state, meta)
+            self._save(path, state, meta)
         except (OSError, CheckpointException) as e:
             cause = e.failures[min(e.failures)][0] if isinstance(e, CheckpointException) and e.failures else e
             if not isinstance(cause, OSError):
@@ -413,7 +407,7 @@ class CheckpointManager:
             raise CheckpointSaveError(f"saving checkpoint {path} failed: {_failure(e)}") from e
         return path
 
-    def _save(self, path: str, step: int, state: Dict[str, Any], meta: Dict[str, Any]) -> None:
+    def _save(self, path: str, state: Dict[str, Any], meta: CheckpointMeta) -> None:
         if self.rank == 0:
             g_pathmgr.mkdirs(path)
             if is_complete(path):  # re-saving the same step: invalid until rewritten
@@ -429,7 +423,7 @@ class CheckpointManager:
             dist.all_gather_object(gathered, files)
             files = {name: entry for rank_files in gathered for name, entry in rank_files.items()}
         if self.rank == 0:
-            meta_json = json.dumps({"format_version": FORMAT_VERSION, "step": step, **meta}, indent=1).encode()
+            meta_json = meta.to_json()
             writer.fs.write_file(_join(path, META_FILE), lambda f: f.write(meta_json))
             files[META_FILE] = entry_of_bytes(meta_json)
             manifest = json.dumps({"manifest_version": MANIFEST_VERSION, "files": dict(sorted(files.items()))},
@@ -529,7 +523,7 @@ class RestorePoint:
     """A checkpoint a run starts from: weights only, or everything (``full``)."""
 
     path: str
-    meta: Dict[str, Any]
+    meta: CheckpointMeta
     full: bool
 
 
@@ -556,28 +550,31 @@ def find_restore_point(config: TrainConfig) -> Optional[RestorePoint]:
                 raise CheckpointError(f"--checkpoint_dir {flags.checkpoint_dir}: no complete checkpoint to evaluate")
             return None
     meta = read_meta(path)  # type: ignore[arg-type]
-    differences = list(iter_differences(meta.get("model"), asdict(config.model)))
+    differences = list(iter_differences(asdict(meta.model), asdict(config.model)))
     if full:
-        saved_optim = {k: meta.get("optim", {}).get(k) for k in ("optimizer", "dense_optimizer")}
-        current = {"optimizer": config.optim.optimizer, "dense_optimizer": config.optim.resolved_dense_optimizer}
-        differences += list(iter_differences(saved_optim, current, "optim."))
+        differences += list(iter_differences(_optimizers(meta.optimizer), _optimizers(config.optim), "optim."))
     if differences:
         more = f" (and {len(differences) - 3} more differences)" if len(differences) > 3 else ""
         raise CheckpointError(f"checkpoint {path} does not match this run: {'; '.join(differences[:3])}{more}")
     return RestorePoint(path, meta, full)  # type: ignore[arg-type]
 
 
-def sharding_constraints(meta: Dict[str, Any]) -> Dict[str, ParameterConstraints]:
+def _optimizers(optim: OptimizerConfig) -> Dict[str, str]:
+    """The optimizers whose state a checkpoint holds (a resume needs the same ones)."""
+    return {"optimizer": optim.optimizer, "dense_optimizer": optim.resolved_dense_optimizer}
+
+
+def sharding_constraints(meta: CheckpointMeta) -> Dict[str, ParameterConstraints]:
     """Keeps every table's sharding type of the checkpoint, whatever the new world size,
     so that its optimizer state can be resharded."""
     return {table: ParameterConstraints(sharding_types=[entry["sharding_type"]])
-            for table, entry in meta["plan"].items()}
+            for table, entry in meta.plan.items()}
 
 
-def check_reshardable(meta: Dict[str, Any], plan: Dict[str, Dict[str, Any]], path: str) -> None:
+def check_reshardable(meta: CheckpointMeta, plan: Dict[str, Dict[str, Any]], path: str) -> None:
     """Raises CheckpointError, before anything is loaded, where TorchRec cannot move a
     table's optimizer state to the new plan."""
-    for table, saved in sorted(meta["plan"].items()):
+    for table, saved in sorted(meta.plan.items()):
         now = plan.get(table)
         if now is None:
             raise CheckpointError(f"checkpoint {path}: table {table} is not in this model")

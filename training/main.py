@@ -14,6 +14,7 @@ from typing import Any, Dict, Optional, Sequence
 
 import torch.distributed as dist
 
+from common.errors import BadInput
 from training.config import TrainConfig
 from training.distributed import DistributedEnv, resolve_env
 from sharding_plans import PlanDoesNotFit
@@ -54,7 +55,7 @@ def _train(config: TrainConfig, prog: str) -> int:
 def _run(config: TrainConfig, prog: str, env: DistributedEnv) -> int:
     try:
         trainer = Trainer(config, env)
-    except ValueError as e:  # bad input, including an unusable checkpoint
+    except (ValueError, BadInput) as e:  # bad input, including an unusable checkpoint
         return report_bad_input(prog, str(e))
     except PlanDoesNotFit as e:  # planned on rank 0, raised on every rank
         return report_bad_input(prog, f"the model does not fit: {e} ({env.world_size} {env.device.type} "

@@ -35,6 +35,7 @@ from training.checkpoint import (
     load_checkpoint,
     sharding_constraints,
 )
+from training.checkpoint_meta import CheckpointMeta
 from training.config import TrainConfig
 from training.distributed import DistributedEnv, gather_peak_memory, init_process_group
 from training.early_stopping import BestModel
@@ -211,13 +212,13 @@ class Trainer:
         self.optimizer.load_state_dict(state["optim"])
         meta = restore.meta
         global_batch = self.config.data.batch_size * self.env.world_size
-        if meta["global_batch_size"] != global_batch:
+        if meta.global_batch_size != global_batch:
             raise ValueError(f"checkpoint {restore.path} was trained with a global batch of "
-                             f"{meta['global_batch_size']} rows, this run has {global_batch}: "
+                             f"{meta.global_batch_size} rows, this run has {global_batch}: "
                              "the data position cannot carry over")
-        self.step, self.start_epoch, self.start_batch = meta["step"], meta["epoch"], meta["batch_in_epoch"]
-        if meta.get("early_stopping"):
-            self.best.stopping.load_state_dict(meta["early_stopping"])
+        self.step, self.start_epoch, self.start_batch = meta.step, meta.epoch, meta.batch_in_epoch
+        if meta.early_stopping:
+            self.best.stopping.load_state_dict(meta.early_stopping)
         self.log.print(f"resumed from {restore.path}: step {self.step}, epoch {self.start_epoch}, "
                        f"batch {self.start_batch}")
 
@@ -226,21 +227,11 @@ class Trainer:
         path. Collective."""
         assert self.checkpoints is not None
         start = time.perf_counter()
-        meta = {
-            "epoch": epoch,
-            "batch_in_epoch": batch_in_epoch,
-            "global_batch_size": self.config.data.batch_size * self.env.world_size,
-            "world_size": self.env.world_size,
-            "model": dataclasses.asdict(self.config.model),
-            "optim": {**dataclasses.asdict(self.config.optim),
-                      "dense_optimizer": self.config.optim.resolved_dense_optimizer},
-            "config": dataclasses.asdict(self.config),
-            "plan": self.plan,
-            "run_id": self.log.run_id,
-            "early_stopping": self.best.stopping.state_dict(),
-        }
+        meta = CheckpointMeta(step=self.step, epoch=epoch, batch_in_epoch=batch_in_epoch,
+                              world_size=self.env.world_size, config=dataclasses.asdict(self.config), plan=self.plan,
+                              run_id=self.log.run_id, early_stopping=self.best.stopping.state_dict())
         state = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
-        path = self.checkpoints.save(self.step, state, meta)
+        path = self.checkpoints.save(state, meta)
         self._saved_step, self._saved_path = self.step, path
         seconds = time.perf_counter() - start
         self.log.print(f"checkpoint {path} saved in {seconds:.1f} s (step {self.step})")

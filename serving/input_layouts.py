@@ -1,0 +1,203 @@
+"""The predictor's input layouts: how whole input lines become a model's features.
+
+One class per layout an export can name (inputs.json "layout"), with one interface:
+`InputLayout.is_labelled` judges a file by its first line, `parse` turns whole lines
+into the data's features (refusing a malformed line by file and line number), and
+`transform` applies the training data's transforms.
+
+- `CriteoLines`: raw Criteo lines, tab-separated: label, 13 integer features, 26
+  hexadecimal hashes (40 fields), or the same without the label (39 fields); any
+  feature may be empty. Transforms: preprocessing's (data/criteo_transforms.py).
+- `CsvRows`: BYO CSV rows of a feature-spec model: headerless, comma-separated, the
+  label (optional), the numerical values, then each feature's ids (a feature of
+  hotness k takes k columns). Transforms: the transcoder's (values rounded to float16,
+  ids checked against the cardinalities).
+
+Example::
+
+    layout = load_layout(inputs, "model_dir", manifest)
+    dense, sparse = layout.parse(b"1\\t5\\t...\\n", "in.tsv", first_line=1, labelled=True)
+    dense, ids = layout.transform(dense, sparse)  # ids before the modulo of the table sizes
+"""
+
+import io
+import os
+import re
+import zipfile
+from abc import ABC, abstractmethod
+from typing import Dict, List, Optional, Tuple, Type
+
+import numpy as np
+
+from common.errors import BadInput
+from common.manifest import ManifestEntry
+from data.criteo_transforms import read_vocabulary, transform_dense, transform_sparse
+from data.criteo_tsv import NUM_CAT, NUM_FIELDS, NUM_INT, parse_criteo_lines
+from data.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
+from serving.model_files import read_file
+from serving.model_inputs import CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, CriteoPreprocessing, FeatureSpecColumns, ModelInputs
+
+Features = Tuple[np.ndarray, np.ndarray]
+
+
+class MalformedLineError(BadInput):
+    """An input line not in the model's input layout; the message names the file and line."""
+
+
+class InputLayout(ABC):
+    """Whole lines of one layout -> the data's features -> the model's inputs.
+
+    Args:
+        inputs: the export's inputs.json.
+    """
+
+    def __init__(self, inputs: ModelInputs) -> None:
+        self.num_dense = inputs.num_dense_features
+        self.num_sparse_columns = int(sum(inputs.sparse_hotness))
+
+    @classmethod
+    def load(cls, inputs: ModelInputs, model_dir: str, manifest: Optional[Dict[str, ManifestEntry]]) -> "InputLayout":
+        """The layout of an exported model directory (reading the files it needs)."""
+        return cls(inputs)
+
+    @abstractmethod
+    def is_labelled(self, data: bytes) -> bool:
+        """Whether lines carry a label, judged by the first line of ``data``."""
+
+    @abstractmethod
+    def parse(self, data: bytes, source: str, first_line: int, labelled: bool) -> Features:
+        """The features of whole lines: dense (N, num_dense) and sparse (N, sum of hotness).
+
+        Args:
+            data: whole lines.
+            source, first_line: the file and 1-based number of the first line, for errors.
+            labelled: whether lines start with a label.
+
+        Raises MalformedLineError naming ``source`` and the line of the first bad line.
+        """
+
+    def find_bad_row(self, sparse: np.ndarray) -> Optional[Tuple[int, str]]:
+        """(row, reason) of the first row of features whose ids the training data could
+        not hold, or None."""
+        return None
+
+    @abstractmethod
+    def transform(self, dense: np.ndarray, sparse: np.ndarray) -> Features:
+        """Features (checked) -> dense float32 and int64 ids as the training data holds them."""
+
+
+class CriteoLines(InputLayout):
+    """Raw Criteo lines (see the module docstring).
+
+    Args:
+        inputs: the export's inputs.json (its preprocessing a `CriteoPreprocessing`).
+        vocabulary: each feature's kept hashes, for data made with a frequency threshold.
+    """
+
+    def __init__(self, inputs: ModelInputs, vocabulary: Optional[List[np.ndarray]] = None) -> None:
+        super().__init__(inputs)
+        preprocessing = inputs.preprocessing
+        assert isinstance(preprocessing, CriteoPreprocessing)
+        modulo = preprocessing.modulo_num_embeddings_per_feature
+        self._modulo = None if modulo is None else np.asarray(modulo, dtype=np.int64)
+        self._vocabulary = vocabulary
+
+    @classmethod
+    def load(cls, inputs: ModelInputs, model_dir: str, manifest: Optional[Dict[str, ManifestEntry]]) -> "CriteoLines":
+        name = inputs.preprocessing.vocabulary  # type: ignore[union-attr]
+        if not name:
+            return cls(inputs)
+        data = read_file(model_dir, name, manifest)
+        try:  # np.load refuses pickled arrays by default
+            return cls(inputs, read_vocabulary(io.BytesIO(data), len(inputs.sparse_feature_names)))
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+            raise BadInput(f"{os.path.join(model_dir, name)}: not the model's vocabulary "
+                           f"({type(e).__name__}: {e})") from e
+
+    def is_labelled(self, data: bytes) -> bool:
+        return data.split(b"\n", 1)[0].count(b"\t") != NUM_FIELDS - 2
+
+    def parse(self, data: bytes, source: str, first_line: int, labelled: bool) -> Features:
+        if not labelled:  # give every line a dummy label: one parser for both layouts
+            data = b"0\t" + data.replace(b"\n", b"\n0\t")
+            data = data[:-2] if data.endswith(b"\n0\t") else data
+        chunk = parse_criteo_lines(data)
+        if chunk.bad_lines:
+            index, reason = chunk.bad_lines[0]
+            raise MalformedLineError(f"{source} line {first_line + index}: {self._reason(reason, labelled)}")
+        return chunk.dense_raw, chunk.sparse_hash
+
+    @staticmethod
+    def _reason(reason: str, labelled: bool) -> str:
+        """The parser's reason, in the terms of the input's own layout."""
+        match = re.match(r"expected \d+ tab-separated fields, found (\d+)", reason)
+        if match:
+            found = int(match.group(1)) - (not labelled)
+            return (f"expected {NUM_FIELDS} tab-separated fields (label, {NUM_INT} integer, {NUM_CAT} categorical) "
+                    f"or {NUM_FIELDS - 1} without the label, found {found}")
+        return reason
+
+    def transform(self, dense: np.ndarray, sparse: np.ndarray) -> Features:
+        ids = transform_sparse(sparse.astype(np.uint32), self._vocabulary, self._modulo).astype(np.int64)
+        return transform_dense(dense.astype(np.int64)), ids
+
+
+class CsvRows(InputLayout):
+    """BYO CSV rows of a feature-spec model (see the module docstring).
+
+    Args:
+        inputs: the export's inputs.json (its preprocessing a `FeatureSpecColumns`).
+    """
+
+    def __init__(self, inputs: ModelInputs) -> None:
+        super().__init__(inputs)
+        columns = inputs.preprocessing
+        assert isinstance(columns, FeatureSpecColumns)
+        self._features = list(zip(inputs.sparse_feature_names, inputs.sparse_hotness, columns.cardinalities))
+
+    def is_labelled(self, data: bytes) -> bool:
+        return data.split(b"\n", 1)[0].count(b",") == self.num_dense + self.num_sparse_columns
+
+    def parse(self, data: bytes, source: str, first_line: int, labelled: bool) -> Features:
+        width = self.num_dense + self.num_sparse_columns
+        features = f"{self.num_dense} numerical, {self.num_sparse_columns} categorical ids"
+        lines = data.decode("utf-8", errors="replace").splitlines()
+        first_columns = lines[0].count(",") + 1 if lines and lines[0].strip() else None
+        if first_line == 1 and first_columns not in (None, width, width + 1):
+            raise MalformedLineError(f"{source} line 1: has {first_columns} columns, expected "
+                                     f"{width + 1} (label, {features}) or {width} without the label")
+        expected = (f"{width + 1} (label, {features}) as the first line" if labelled
+                    else f"{width} ({features}, no label) as the first line")
+        try:
+            rows = parse_csv_rows(lines, first_line, width + labelled, expected)
+        except CsvRowsError as e:
+            raise MalformedLineError(f"{source} line {e.line}: {e.reason}") from None
+        dense, sparse = rows[:, int(labelled) : int(labelled) + self.num_dense], rows[:, int(labelled) + self.num_dense :]
+        bad = self.find_bad_row(sparse)
+        if bad is not None:
+            raise MalformedLineError(f"{source} line {first_line + bad[0]}: {bad[1]}")
+        return dense, sparse
+
+    def find_bad_row(self, sparse: np.ndarray) -> Optional[Tuple[int, str]]:
+        """The first row holding an id the transcoder would refuse: not an integer, or
+        not below its feature's cardinality."""
+        start = 0
+        found: Optional[Tuple[int, str]] = None
+        for name, hotness, cardinality in self._features:
+            bad = find_bad_id(name, sparse[:, start : start + hotness], int(cardinality))
+            if bad is not None and (found is None or bad[0] < found[0]):
+                found = bad
+            start += hotness
+        return found
+
+    def transform(self, dense: np.ndarray, sparse: np.ndarray) -> Features:
+        # The transcoder stores numerical values as float16: round them the same way.
+        return dense.astype(np.float16).astype(np.float32), sparse.astype(np.int64)
+
+
+LAYOUTS: Dict[str, Type[InputLayout]] = {CRITEO_LAYOUT: CriteoLines, FEATURE_SPEC_LAYOUT: CsvRows}
+
+
+def load_layout(inputs: ModelInputs, model_dir: str, manifest: Optional[Dict[str, ManifestEntry]]) -> InputLayout:
+    """The input layout an exported model directory names, ready to parse lines."""
+    return LAYOUTS[inputs.layout].load(inputs, model_dir, manifest)

@@ -1,0 +1,234 @@
+"""The typed files (a checkpoint's meta.json, an export's inputs.json), the predictor's
+input layouts, and the ``python -m training.X`` aliases of the serving commands."""
+
+import dataclasses
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from common.json_fields import FileFieldError
+from common.manifest import entry_of_bytes
+from data.criteo_transforms import transform_dense, transform_sparse
+from serving import export, predict, quality_gate, serve
+from serving.input_layouts import CriteoLines, CsvRows, MalformedLineError
+from serving.model_inputs import (CriteoPreprocessing, FeatureSpecColumns, ModelInputs, Variant, read_inputs)
+from tests.launch import REPO
+from training.checkpoint import read_meta
+from training.checkpoint_meta import CheckpointMeta
+from training.flags import parse_config
+
+PLAN = {"t_cat_0": {"sharding_type": "table_wise", "compute_kernel": "fused", "shards": [[0, 0, 10, 8, 1]]}}
+EARLY_STOPPING = {"metric": "auroc", "best_step": 4, "best_validation": {"auroc": 0.7},
+                  "validations_without_improvement": 0}
+
+
+def train_config():
+    return parse_config(["--num_embeddings", "10", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
+                         "--over_arch_layer_sizes", "16,1", "--batch_size", "32",
+                         "--optimizer", "rowwise_adagrad"], "dlrm_main.py", "")
+
+
+def version_1_meta(config) -> dict:
+    """meta.json as the trainer wrote it before CheckpointMeta (format_version 1)."""
+    return {"format_version": 1, "step": 12, "epoch": 1, "batch_in_epoch": 2,
+            "global_batch_size": config.data.batch_size * 2, "world_size": 2,
+            "model": dataclasses.asdict(config.model),
+            "optim": {**dataclasses.asdict(config.optim), "dense_optimizer": config.optim.resolved_dense_optimizer},
+            "config": dataclasses.asdict(config), "plan": PLAN, "run_id": "r1", "early_stopping": EARLY_STOPPING}
+
+
+def write_checkpoint_meta(directory, data: bytes) -> str:
+    """A checkpoint directory holding just meta.json and its manifest."""
+    os.makedirs(directory)
+    open(os.path.join(directory, "meta.json"), "wb").write(data)
+    json.dump({"manifest_version": 1, "files": {"meta.json": entry_of_bytes(data)}},
+              open(os.path.join(directory, "COMPLETE"), "w"))
+    return str(directory)
+
+
+def test_checkpoint_meta_round_trips_and_version_1_still_loads(tmp_path):
+    config = train_config()
+    meta = CheckpointMeta(step=12, epoch=1, batch_in_epoch=2, world_size=2, config=dataclasses.asdict(config),
+                          plan=PLAN, run_id="r1", early_stopping=EARLY_STOPPING)
+    saved = read_meta(write_checkpoint_meta(tmp_path / "v2", meta.to_json()))
+    assert saved == meta
+    document = json.loads(meta.to_json())
+    assert list(document)[0] == "version" and document["version"] == 2
+    assert not {"model", "optim", "global_batch_size"} & set(document)  # stored once, in config
+
+    old = read_meta(write_checkpoint_meta(tmp_path / "v1", json.dumps(version_1_meta(config), indent=1).encode()))
+    assert old == meta
+    assert old.model == config.model and old.optimizer == config.optim
+    assert old.global_batch_size == 64 and old.binary_criteo_path == config.data.in_memory_binary_criteo_path
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.update(format_version=3), "format_version is 3, newer than this code reads (2)"),
+    (lambda d: d.update(step="12"), 'step must be a count, got "12"'),
+    (lambda d: d.pop("plan"), "plan is missing"),
+    (lambda d: d["plan"]["t_cat_0"].update(shards=[[0, 0, 10]]), "plan.t_cat_0.shards must be a list of"),
+    (lambda d: d["config"]["data"].update(batch_size=0), "config.data.batch_size must be a positive integer, got 0"),
+    (lambda d: d["config"]["model"].update(embeding_dim=8), "config.model does not describe a ModelConfig"),
+    (lambda d: d.update(config=[]), "config must be an object, got []"),
+])
+def test_bad_checkpoint_meta_is_one_line_naming_the_file_and_field(tmp_path, change, message):
+    document = version_1_meta(train_config())
+    change(document)
+    path = write_checkpoint_meta(tmp_path / "ckpt", json.dumps(document).encode())
+    with pytest.raises(FileFieldError) as error:
+        read_meta(path)
+    assert str(error.value).startswith(f"{path}/meta.json: {message}"), str(error.value)
+    assert "\n" not in str(error.value)
+
+
+CRITEO_INPUTS = ModelInputs(
+    dense_feature_names=[f"int_{i}" for i in range(13)], sparse_feature_names=["cat_0", "cat_1"],
+    sparse_hotness=[1, 1], num_embeddings_per_feature=[7, 50],
+    preprocessing=CriteoPreprocessing(frequency_threshold=0, modulo_num_embeddings_per_feature=[7, 1000]),
+    data_path="/data/criteo", checkpoint="/ckpt/step_000000012", step=12,
+    variants={"fp32": Variant("fp32.pt2", "torch.export", 1000), "int8": Variant("int8.pt", "torchscript", 300)})
+CSV_INPUTS = ModelInputs(
+    dense_feature_names=["num_0", "num_1"], sparse_feature_names=["cat_0", "cat_1"], sparse_hotness=[1, 2],
+    num_embeddings_per_feature=[5, 300], preprocessing=FeatureSpecColumns(label_name="label", cardinalities=[5, 400]),
+    data_path="/data/spec.yaml", checkpoint="/ckpt/step_000000012", step=12,
+    variants={"fp32": Variant("fp32.pt2", "torch.export", 1000)})
+
+
+def version_1_inputs(inputs: ModelInputs) -> dict:
+    """inputs.json as export wrote it before ModelInputs (format_version 1)."""
+    document = {"format_version": 1, "num_dense_features": inputs.num_dense_features,
+                "sparse_feature_names": inputs.sparse_feature_names,
+                "table_names": [f"t_{n}" for n in inputs.sparse_feature_names],
+                "num_embeddings_per_feature": inputs.num_embeddings_per_feature, "embedding_dim": 8,
+                "interaction_type": "original", "output": "float32 (B,) click probability",
+                "layout": inputs.layout, "dense_feature_names": inputs.dense_feature_names,
+                "sparse_hotness": inputs.sparse_hotness, "inputs": {"dense": "...", "sparse": "..."},
+                "data_path": inputs.data_path, "checkpoint": inputs.checkpoint, "step": inputs.step,
+                "variants": {name: dataclasses.asdict(v) for name, v in inputs.variants.items()}}
+    if isinstance(inputs.preprocessing, FeatureSpecColumns):
+        document.update(cardinalities=inputs.preprocessing.cardinalities, label_name=inputs.preprocessing.label_name,
+                        csv_columns=inputs.csv_columns, preprocessing={"numerical": "...", "categorical": "..."})
+    else:
+        document["preprocessing"] = {"dense_offset": 3.0, **dataclasses.asdict(inputs.preprocessing)}
+    return document
+
+
+def write_inputs(directory, data: bytes) -> str:
+    os.makedirs(directory)
+    open(os.path.join(directory, "inputs.json"), "wb").write(data)
+    return str(directory)
+
+
+@pytest.mark.parametrize("inputs", [CRITEO_INPUTS, CSV_INPUTS], ids=["criteo", "feature_spec"])
+def test_model_inputs_round_trip_and_version_1_still_loads(tmp_path, inputs):
+    assert read_inputs(write_inputs(tmp_path / "v2", inputs.to_json())) == inputs
+    old = read_inputs(write_inputs(tmp_path / "v1", json.dumps(version_1_inputs(inputs)).encode()))
+    assert old == inputs
+    # The oldest exports: Criteo without a layout, hotness or dense names.
+    if inputs is CRITEO_INPUTS:
+        document = version_1_inputs(inputs)
+        for key in ("layout", "sparse_hotness", "dense_feature_names"):
+            del document[key]
+        assert read_inputs(write_inputs(tmp_path / "v0", json.dumps(document).encode())) == inputs
+
+
+def test_csv_columns_name_each_id_column():
+    assert CSV_INPUTS.csv_columns == ["label", "num_0", "num_1", "cat_0", "cat_1[0]", "cat_1[1]"]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.update(version=3), "version is 3, newer than this code reads (2)"),
+    (lambda d: d.update(num_embeddings_per_feature=[7]), "num_embeddings_per_feature must be 2 positive integers"),
+    (lambda d: d.update(layout="parquet"), 'layout must be criteo_raw or feature_spec_csv, got "parquet"'),
+    (lambda d: d["variants"]["fp32"].update(format="onnx"), "variants.fp32.format must be torch.export or torchscript"),
+    (lambda d: d["preprocessing"].pop("frequency_threshold"), "preprocessing.frequency_threshold is missing"),
+    (lambda d: d.pop("step"), "step is missing"),
+])
+def test_bad_model_inputs_are_one_line_naming_the_file_and_field(tmp_path, change, message):
+    document = json.loads(CRITEO_INPUTS.to_json())
+    change(document)
+    model_dir = write_inputs(tmp_path / "model", json.dumps(document).encode())
+    with pytest.raises(FileFieldError) as error:
+        read_inputs(model_dir)
+    assert str(error.value).startswith(f"{model_dir}/inputs.json: {message}"), str(error.value)
+
+
+def criteo_line(label: bool, ints, hashes) -> bytes:
+    fields = ([b"1"] if label else []) + [b"" if v is None else str(v).encode() for v in ints]
+    return b"\t".join(fields + [b"" if h is None else b"%x" % h for h in hashes]) + b"\n"
+
+
+def test_criteo_lines_parse_both_layouts_and_apply_the_preprocessing():
+    layout = CriteoLines(dataclasses.replace(CRITEO_INPUTS, sparse_feature_names=[f"cat_{i}" for i in range(26)],
+                                             sparse_hotness=[1] * 26, num_embeddings_per_feature=[7] * 26,
+                                             preprocessing=CriteoPreprocessing()))
+    ints = [5, None, -3] + list(range(10))
+    hashes = [0xDEADBEEF, None] + list(range(1, 25))
+    labelled = criteo_line(True, ints, hashes) * 2
+    unlabelled = criteo_line(False, ints, hashes) * 2
+    assert layout.is_labelled(labelled) and not layout.is_labelled(unlabelled)
+    dense, sparse = layout.parse(labelled, "in.tsv", 1, True)
+    same = layout.parse(unlabelled, "in.tsv", 1, False)
+    assert np.array_equal(dense, same[0]) and np.array_equal(sparse, same[1])
+    assert dense[0].tolist() == [5, 0, -3] + list(range(10)) and sparse[0, :2].tolist() == [0xDEADBEEF, 0]
+    dense_in, ids = layout.transform(dense, sparse)
+    assert np.array_equal(dense_in, transform_dense(np.asarray(dense, np.int64)))
+    assert np.array_equal(ids, transform_sparse(sparse.astype(np.uint32), None, None))
+    assert ids[0, 0] == 0xDEADBEEF & 0x7FFF_FFFF
+
+    bad = criteo_line(True, ints, hashes).replace(b"\tdeadbeef\t", b"\tzz\t")
+    with pytest.raises(MalformedLineError) as error:
+        layout.parse(labelled + bad, "in.tsv", 7, True)
+    assert str(error.value) == "in.tsv line 9: categorical feature 0 is not a hexadecimal hash"
+    with pytest.raises(MalformedLineError) as error:
+        layout.parse(b"1\t2\n", "in.tsv", 1, True)
+    assert str(error.value) == ("in.tsv line 1: expected 40 tab-separated fields (label, 13 integer, 26 categorical) "
+                                "or 39 without the label, found 2")
+
+
+def test_csv_rows_parse_check_ids_and_round_like_the_transcoder():
+    layout = CsvRows(CSV_INPUTS)
+    rows = b"1,0.1,2.5,4,7,8\n0,3,4,0,399,1\n"
+    assert layout.is_labelled(rows) and not layout.is_labelled(b"0.1,2.5,4,7,8\n")
+    dense, sparse = layout.parse(rows, "rows.csv", 1, True)
+    assert sparse.tolist() == [[4, 7, 8], [0, 399, 1]]
+    dense_in, ids = layout.transform(dense, sparse)
+    assert dense_in.dtype == np.float32 and dense_in[0, 0] == np.float32(np.float16(0.1)) != np.float32(0.1)
+    assert ids.dtype == np.int64 and ids.tolist() == sparse.tolist()
+    for line, reason in ((b"1,0.1,x,4,7,8\n", "column 3 is not a number: 'x'"),
+                         (b"1,0.1,2,5,7,8\n", "feature 'cat_0' has id 5, but its declared cardinality is 5 (ids 0..4)"),
+                         (b"1,0.1,2,4,7.5,8\n", "feature 'cat_1' has id 7.5; ids must be integers from 0 to 2^31 - 1"),
+                         (b"1,2\n", "has 2 columns, expected 6 (label, 2 numerical, 3 categorical ids) as the first line")):
+        with pytest.raises(MalformedLineError) as error:
+            layout.parse(rows + line, "rows.csv", 1, True)
+        assert str(error.value) == f"rows.csv line 3: {reason}"
+
+
+@pytest.mark.parametrize("module", [export, predict, quality_gate, serve])
+def test_each_alias_help_names_the_new_home(module, capsys):
+    command = module.__name__.split(".")[-1]
+    with pytest.raises(SystemExit) as done:
+        module.main(["--help"], alias=True)
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: python -m training.{command} ")
+    assert f"moved to python -m serving.{command}; this alias goes away in the next release" in " ".join(out.split())
+
+
+@pytest.mark.slow
+def test_the_aliases_run_as_modules(tmp_path):
+    help_text = subprocess.run([sys.executable, "-m", "training.export", "--help"], cwd=REPO, capture_output=True,
+                               text=True, check=True).stdout
+    assert "moved to python -m serving.export" in " ".join(help_text.split())
+    lines = tmp_path / "in.tsv.gz"
+    with gzip.open(lines, "wb") as f:
+        f.write(b"1" + b"\t1" * 13 + b"\tab" * 26 + b"\n")
+    run = subprocess.run([sys.executable, "-m", "training.predict", "--model", str(tmp_path / "none"),
+                          "--input", str(lines)], cwd=REPO, capture_output=True, text=True)
+    assert (run.returncode, run.stderr) == (
+        2, f"python -m training.predict: error: --model {tmp_path / 'none'}: no such directory\n")

@@ -1,0 +1,120 @@
+"""A checkpoint's ``meta.json``: what a run needs besides the tensors to continue, evaluate or export.
+
+Written by `CheckpointMeta.to_json` (the checkpoint manager writes it under a temporary
+name, hashes it into the manifest and renames it) and read only by
+`CheckpointMeta.from_json`; everything else uses its attributes. Version 2 stores each
+fact once: the model and optimizer flags live in ``config`` (version 1 also kept
+copies of them, and the global batch size, at the top level; such files still load).
+
+Example::
+
+    meta = CheckpointMeta(step=120, epoch=0, batch_in_epoch=120, world_size=2,
+                          config=dataclasses.asdict(train_config), plan=plan_summary(plan))
+    assert CheckpointMeta.from_json(meta.to_json(), "meta.json") == meta
+"""
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Optional
+
+from common.json_fields import INTEGER, OBJECT, TEXT, FileFieldError, JsonObject, Kind, integer, optional
+from models.config import ModelConfig
+from training.config import OptimizerConfig
+
+META_VERSION = 2
+_WHAT = "a checkpoint's meta.json"
+_SHARDS = Kind(lambda v: isinstance(v, list) and all(
+    isinstance(s, list) and len(s) == 5 and all(isinstance(i, int) and not isinstance(i, bool) for i in s)
+    for s in v), "a list of [row, column, rows, columns, rank] shards")
+
+
+@dataclass
+class CheckpointMeta:
+    """The contents of a checkpoint's meta.json.
+
+    Args:
+        step: optimizer steps taken when it was saved.
+        epoch: the epoch training continues in.
+        batch_in_epoch: the batch of that epoch training continues at.
+        world_size: ranks of the run that saved it.
+        config: the run's TrainConfig as ``dataclasses.asdict`` gives it (model,
+            optim, data, ... sections); read through the properties below.
+        plan: each table's sharding (``sharding_plans.report.plan_summary``).
+        run_id: the run log's id.
+        early_stopping: the early-stopping state (``EarlyStopping.state_dict``).
+        version: the file format.
+    """
+
+    step: int
+    epoch: int
+    batch_in_epoch: int
+    world_size: int
+    config: Dict[str, Any]
+    plan: Dict[str, Dict[str, Any]]
+    run_id: Optional[str] = None
+    early_stopping: Optional[Dict[str, Any]] = None
+    version: int = META_VERSION
+
+    @property
+    def model(self) -> ModelConfig:
+        """The model the checkpoint holds."""
+        return ModelConfig(**self.config["model"])
+
+    @property
+    def optimizer(self) -> OptimizerConfig:
+        """The optimizers its state belongs to."""
+        return OptimizerConfig(**self.config["optim"])
+
+    @property
+    def global_batch_size(self) -> int:
+        """Rows per step over all ranks: the unit of its data position."""
+        return int(self.config["data"]["batch_size"]) * self.world_size
+
+    @property
+    def dataset_path(self) -> Optional[str]:
+        """The feature spec it was trained on (--dataset_path), if any."""
+        return self.config["data"].get("dataset_path")
+
+    @property
+    def binary_criteo_path(self) -> Optional[str]:
+        """The Criteo binary directory it was trained on (--in_memory_binary_criteo_path), if any."""
+        return self.config["data"].get("in_memory_binary_criteo_path")
+
+    def to_json(self) -> bytes:
+        """The file's bytes (version first)."""
+        document = asdict(self)
+        return json.dumps({"version": document.pop("version"), **document}, indent=1).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, path: str) -> "CheckpointMeta":
+        """Reads the bytes of ``path`` (version 1 or 2).
+
+        Raises:
+            FileFieldError: one line naming ``path`` and the field that is missing,
+                malformed or of a newer version.
+        """
+        document = JsonObject.parse(data, path, _WHAT)
+        document.version(META_VERSION, legacy_key="format_version")
+        config = document.object("config")
+        for section in ("model", "optim", "data"):
+            config.get(section, OBJECT)
+        config.object("data").get("batch_size", integer(1))
+        for name, make in (("model", ModelConfig), ("optim", OptimizerConfig)):
+            try:
+                make(**config.value[name])
+            except TypeError as e:  # a field this code does not know, or one missing
+                raise FileFieldError(f"{path}: config.{name} does not describe a {make.__name__} ({e})") from e
+        for table in document.objects("plan").values():
+            table.get("sharding_type", TEXT)
+            table.get("shards", _SHARDS)
+        return cls(
+            step=document.get("step", INTEGER),
+            epoch=document.get("epoch", INTEGER),
+            batch_in_epoch=document.get("batch_in_epoch", INTEGER),
+            world_size=document.get("world_size", integer(1)),
+            config=config.value,
+            plan=document.get("plan", OBJECT),
+            run_id=document.get("run_id", optional(TEXT), None),
+            early_stopping=document.get("early_stopping", optional(OBJECT), None),
+        )
+

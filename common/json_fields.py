@@ -7,15 +7,14 @@ taken, and a missing, malformed or newer-version field is a `FileFieldError`
 
 Example::
 
-    document = JsonObject.parse(data, "model/inputs.json", "an exported model's inputs description")
-    version = document.version(current=2, legacy_key="format_version")
+    document, version = JsonObject.versioned(data, "model/inputs.json", "an exported model's inputs", current=2)
     step = document.get("step", INTEGER)
     sizes = document.get("num_embeddings_per_feature", int_list(26, minimum=1))
 """
 
 import json
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from common.errors import BadInput
 
@@ -135,6 +134,13 @@ class JsonObject:
         return {key: JsonObject(value, self.path, f"{self._name(field)}.{key}", self.what)
                 for key, value in self.get(field, OBJECT).items()}
 
+    @classmethod
+    def versioned(cls, data: bytes, path: str, what: str, current: int) -> Tuple["JsonObject", int]:
+        """The document of a file written by `versioned_json` and its version (files
+        of version 1 named it ``format_version``); refused when newer than ``current``."""
+        document = cls.parse(data, path, what)
+        return document, document.version(current, legacy_key="format_version")
+
     def version(self, current: int, legacy_key: Optional[str] = None) -> int:
         """The document's format version (under ``legacy_key`` in older files); refused
         when it is not a positive integer or is newer than ``current``."""
@@ -145,3 +151,9 @@ class JsonObject:
                                  "use the release that wrote it or a newer one")
         return version
 
+
+def versioned_json(record: Any, **leading: Any) -> bytes:
+    """A dataclass with a ``version`` field as indented JSON: the version first, then
+    ``leading`` (derived values written for readers), then the fields."""
+    document = asdict(record)
+    return json.dumps({"version": document.pop("version"), **leading, **document}, indent=1).encode()

@@ -35,7 +35,8 @@ from data.criteo_transforms import read_vocabulary, transform_dense, transform_s
 from data.criteo_tsv import NUM_CAT, NUM_FIELDS, NUM_INT, parse_criteo_lines
 from data.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
 from serving.model_files import read_file
-from serving.model_inputs import CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, CriteoPreprocessing, FeatureSpecColumns, ModelInputs
+from serving.model_inputs import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, CriteoPreprocessing, FeatureSpecColumns,
+                                  ModelInputs)
 
 Features = Tuple[np.ndarray, np.ndarray]
 
@@ -172,7 +173,8 @@ class CsvRows(InputLayout):
             rows = parse_csv_rows(lines, first_line, width + labelled, expected)
         except CsvRowsError as e:
             raise MalformedLineError(f"{source} line {e.line}: {e.reason}") from None
-        dense, sparse = rows[:, int(labelled) : int(labelled) + self.num_dense], rows[:, int(labelled) + self.num_dense :]
+        first = int(labelled)  # the first feature's column
+        dense, sparse = rows[:, first : first + self.num_dense], rows[:, first + self.num_dense :]
         bad = self.find_bad_row(sparse)
         if bad is not None:
             raise MalformedLineError(f"{source} line {first_line + bad[0]}: {bad[1]}")

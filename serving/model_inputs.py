@@ -18,13 +18,12 @@ Example::
     inputs.layout, inputs.num_dense_features, inputs.variants["int8"].file
 """
 
-import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import ClassVar, Dict, List, Optional, Union
 
 from common.json_fields import (INTEGER, REQUIRED, TEXT, FileFieldError, JsonObject, int_list, one_of, optional,
-                                text_list)
+                                text_list, versioned_json)
 from common.manifest import ManifestEntry
 from data.criteo_layout import DENSE_FEATURE_NAMES
 from serving.model_files import FORMATS, read_file
@@ -125,29 +124,25 @@ class ModelInputs:
 
     def to_json(self) -> bytes:
         """The file's bytes (version and layout first)."""
-        document = asdict(self)
-        return json.dumps({"version": document.pop("version"), "layout": self.layout, **document}, indent=1).encode()
+        return versioned_json(self, layout=self.layout)
 
     @classmethod
     def from_json(cls, data: bytes, path: str) -> "ModelInputs":
-        """Reads the bytes of ``path`` (version 1 or 2).
-
-        Raises:
-            FileFieldError: one line naming ``path`` and the field that is missing,
-                malformed or of a newer version.
-        """
-        document = JsonObject.parse(data, path, _WHAT)
-        version = document.version(INPUTS_VERSION, legacy_key="format_version")
+        """Reads the bytes of ``path`` (version 1 or 2); FileFieldError naming the file
+        and the field that is missing, malformed or newer."""
+        document, version = JsonObject.versioned(data, path, _WHAT, INPUTS_VERSION)
         legacy = version == 1  # defaults of files from before the BYO layout existed: Criteo, one id a feature
         names = document.get("sparse_feature_names", text_list())
         count = len(names)
-        layout = document.get("layout", one_of(CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT), CRITEO_LAYOUT if legacy else REQUIRED)
-        dense_names = document.get("dense_feature_names", text_list(), list(DENSE_FEATURE_NAMES) if legacy else REQUIRED)
+        layout = document.get("layout", one_of(CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT),
+                              CRITEO_LAYOUT if legacy else REQUIRED)
+        dense_names = document.get("dense_feature_names", text_list(),
+                                   list(DENSE_FEATURE_NAMES) if legacy else REQUIRED)
         if legacy and document.get("num_dense_features", INTEGER) != len(dense_names):
             raise FileFieldError(f"{path}: num_dense_features is {document.value['num_dense_features']}, "
                                  f"but dense_feature_names has {len(dense_names)} names")
         hotness = document.get("sparse_hotness", int_list(count, minimum=1), [1] * count if legacy else REQUIRED)
-        preprocessing = _read_preprocessing(document, layout, version, count)
+        preprocessing = _read_preprocessing(document, layout, legacy, count)
         return cls(
             dense_feature_names=dense_names,
             sparse_feature_names=names,
@@ -161,18 +156,18 @@ class ModelInputs:
         )
 
 
-def _read_preprocessing(document: JsonObject, layout: str, version: int, count: int) -> Preprocessing:
+def _read_preprocessing(document: JsonObject, layout: str, legacy: bool, count: int) -> Preprocessing:
+    """The layout's preprocessing; ``legacy``: of a version-1 file, which kept the
+    feature-spec fields at the top level and left out Criteo's when they were unused."""
     if layout == FEATURE_SPEC_LAYOUT:
-        # Version 1 kept these at the top level and prose under "preprocessing".
-        source = document if version == 1 else document.object("preprocessing")
+        source = document if legacy else document.object("preprocessing")
         return FeatureSpecColumns(label_name=source.get("label_name", TEXT),
                                   cardinalities=source.get("cardinalities", int_list(count, minimum=0)))
-    legacy = version == 1  # version 1 left out what it did not use
     source = document.object("preprocessing", {}) if legacy else document.object("preprocessing")
     return CriteoPreprocessing(
         frequency_threshold=source.get("frequency_threshold", INTEGER, 0 if legacy else REQUIRED),
-        modulo_num_embeddings_per_feature=source.get("modulo_num_embeddings_per_feature",
-                                                     optional(int_list(count, minimum=1)), None if legacy else REQUIRED),
+        modulo_num_embeddings_per_feature=source.get(
+            "modulo_num_embeddings_per_feature", optional(int_list(count, minimum=1)), None if legacy else REQUIRED),
         vocabulary=source.get("vocabulary", optional(TEXT), None if legacy else REQUIRED) or None,
     )
 

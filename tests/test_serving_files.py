@@ -16,7 +16,7 @@ from common.manifest import entry_of_bytes
 from data.criteo_transforms import transform_dense, transform_sparse
 from serving import export, predict, quality_gate, serve
 from serving.input_layouts import CriteoLines, CsvRows, MalformedLineError
-from serving.model_inputs import (CriteoPreprocessing, FeatureSpecColumns, ModelInputs, Variant, read_inputs)
+from serving.model_inputs import CriteoPreprocessing, FeatureSpecColumns, ModelInputs, Variant, read_inputs
 from tests.launch import REPO
 from training.checkpoint import read_meta
 from training.checkpoint_meta import CheckpointMeta
@@ -203,7 +203,8 @@ def test_csv_rows_parse_check_ids_and_round_like_the_transcoder():
     for line, reason in ((b"1,0.1,x,4,7,8\n", "column 3 is not a number: 'x'"),
                          (b"1,0.1,2,5,7,8\n", "feature 'cat_0' has id 5, but its declared cardinality is 5 (ids 0..4)"),
                          (b"1,0.1,2,4,7.5,8\n", "feature 'cat_1' has id 7.5; ids must be integers from 0 to 2^31 - 1"),
-                         (b"1,2\n", "has 2 columns, expected 6 (label, 2 numerical, 3 categorical ids) as the first line")):
+                         (b"1,2\n", "has 2 columns, expected 6 (label, 2 numerical, 3 categorical ids) as the "
+                                    "first line")):
         with pytest.raises(MalformedLineError) as error:
             layout.parse(rows + line, "rows.csv", 1, True)
         assert str(error.value) == f"rows.csv line 3: {reason}"

@@ -13,11 +13,11 @@ Example::
     assert CheckpointMeta.from_json(meta.to_json(), "meta.json") == meta
 """
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
-from common.json_fields import INTEGER, OBJECT, TEXT, FileFieldError, JsonObject, Kind, integer, optional
+from common.json_fields import (INTEGER, OBJECT, TEXT, FileFieldError, JsonObject, Kind, integer, optional,
+                                versioned_json)
 from models.config import ModelConfig
 from training.config import OptimizerConfig
 
@@ -82,8 +82,7 @@ class CheckpointMeta:
 
     def to_json(self) -> bytes:
         """The file's bytes (version first)."""
-        document = asdict(self)
-        return json.dumps({"version": document.pop("version"), **document}, indent=1).encode()
+        return versioned_json(self)
 
     @classmethod
     def from_json(cls, data: bytes, path: str) -> "CheckpointMeta":
@@ -93,8 +92,7 @@ class CheckpointMeta:
             FileFieldError: one line naming ``path`` and the field that is missing,
                 malformed or of a newer version.
         """
-        document = JsonObject.parse(data, path, _WHAT)
-        document.version(META_VERSION, legacy_key="format_version")
+        document, _ = JsonObject.versioned(data, path, _WHAT, META_VERSION)
         config = document.object("config")
         for section in ("model", "optim", "data"):
             config.get(section, OBJECT)

@@ -14,7 +14,7 @@ Example::
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, NoReturn, Optional, Tuple
 
 from common.errors import BadInput
 
@@ -107,7 +107,7 @@ class JsonObject:
     def _name(self, field: str) -> str:
         return f"{self.where}.{field}" if self.where else field
 
-    def _fail(self, name: str, expected: str, value: Any) -> None:
+    def _fail(self, name: str, expected: str, value: Any) -> NoReturn:
         raise FileFieldError(f"{self.path}: {name} must be {expected}, got {self._short(value)}")
 
     def has(self, field: str) -> bool:

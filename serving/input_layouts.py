@@ -2,8 +2,9 @@
 
 One class per layout an export can name (inputs.json "layout"), with one interface:
 `InputLayout.is_labelled` judges a file by its first line, `parse` turns whole lines
-into the data's features (refusing a malformed line by file and line number), and
-`transform` applies the training data's transforms.
+into the data's features (refusing a malformed line by file and line number),
+`transform` applies the training data's transforms, and `training_data` opens the
+binary data set such models train on (for the quality gate).
 
 - `CriteoLines`: raw Criteo lines, tab-separated: label, 13 integer features, 26
   hexadecimal hashes (40 fields), or the same without the label (39 fields); any
@@ -25,15 +26,17 @@ import os
 import re
 import zipfile
 from abc import ABC, abstractmethod
-from typing import Dict, List, Optional, Tuple, Type
+from typing import Dict, List, Optional, Tuple, Type, Union
 
 import numpy as np
 
 from common.errors import BadInput
 from common.manifest import ManifestEntry
+from data.criteo_binary import CriteoBinaryDataset
 from data.criteo_transforms import read_vocabulary, transform_dense, transform_sparse
 from data.criteo_tsv import NUM_CAT, NUM_FIELDS, NUM_INT, parse_criteo_lines
 from data.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
+from data.split_binary import SplitBinaryDataset
 from serving.model_files import read_file
 from serving.model_inputs import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, CriteoPreprocessing, FeatureSpecColumns,
                                   ModelInputs)
@@ -60,6 +63,11 @@ class InputLayout(ABC):
     def load(cls, inputs: ModelInputs, model_dir: str, manifest: Optional[Dict[str, ManifestEntry]]) -> "InputLayout":
         """The layout of an exported model directory (reading the files it needs)."""
         return cls(inputs)
+
+    @staticmethod
+    @abstractmethod
+    def training_data(path: str) -> Union[CriteoBinaryDataset, SplitBinaryDataset]:
+        """The binary data set at ``path`` that models of this layout train on."""
 
     @abstractmethod
     def is_labelled(self, data: bytes) -> bool:
@@ -115,6 +123,10 @@ class CriteoLines(InputLayout):
             raise BadInput(f"{os.path.join(model_dir, name)}: not the model's vocabulary "
                            f"({type(e).__name__}: {e})") from e
 
+    @staticmethod
+    def training_data(path: str) -> CriteoBinaryDataset:
+        return CriteoBinaryDataset(path)
+
     def is_labelled(self, data: bytes) -> bool:
         return data.split(b"\n", 1)[0].count(b"\t") != NUM_FIELDS - 2
 
@@ -155,6 +167,10 @@ class CsvRows(InputLayout):
         columns = inputs.preprocessing
         assert isinstance(columns, FeatureSpecColumns)
         self._features = list(zip(inputs.sparse_feature_names, inputs.sparse_hotness, columns.cardinalities))
+
+    @staticmethod
+    def training_data(path: str) -> SplitBinaryDataset:
+        return SplitBinaryDataset(path)
 
     def is_labelled(self, data: bytes) -> bool:
         return data.split(b"\n", 1)[0].count(b",") == self.num_dense + self.num_sparse_columns

@@ -11,18 +11,17 @@ gate passes when the fp16 model's AUROC is within 0.001 of fp32's and int8's wit
 
 import sys
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Union
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 import torch
 from torchmetrics.functional.classification import binary_auroc
 
 from common.errors import BadInput
-from data.criteo_binary import CriteoBinaryDataset
-from data.split_binary import SplitBinaryDataset
 from serving.cli import serving_parser
+from serving.input_layouts import LAYOUTS
 from serving.model_files import read_manifest
-from serving.model_inputs import FEATURE_SPEC_LAYOUT, read_inputs
+from serving.model_inputs import read_inputs
 from serving.predict import Predictor
 
 # Largest allowed |AUROC(variant) - AUROC(fp32)|.
@@ -53,8 +52,7 @@ def evaluate_variants(model_dir: str, data_dir: Optional[str] = None, limit_rows
     data_dir = data_dir or inputs.data_path
     if not data_dir:
         raise ValueError("--data is needed: the model was trained on random data")
-    dataset: Union[CriteoBinaryDataset, SplitBinaryDataset] = (
-        SplitBinaryDataset(data_dir) if inputs.layout == FEATURE_SPEC_LAYOUT else CriteoBinaryDataset(data_dir))
+    dataset = LAYOUTS[inputs.layout].training_data(data_dir)
     start, stop = dataset.split_ranges()["test"]
     if limit_rows is not None:
         stop = min(stop, start + limit_rows)

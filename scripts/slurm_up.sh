@@ -58,7 +58,11 @@ wait_for() {
   local what="$1"; shift
   local deadline=$((SECONDS + TIMEOUT))
   until "$@" >/dev/null 2>&1; do
-    [ "$SECONDS" -lt "$deadline" ] || die "$what: not ready after ${TIMEOUT} s"
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      local why
+      why="$("$@" 2>&1 | tail -n 1)" || true  # what the last try says
+      die "$what: not ready after ${TIMEOUT} s${why:+ ($why)}"
+    fi
     sleep 1
   done
 }

@@ -177,6 +177,15 @@ def _rank_pids(marker, local_rank):
     return pids
 
 
+def _released_or_ended(job_id):
+    """Whether the job ended; releases it when Slurm holds it after a requeue (for
+    its credentials' lifetime, 120 s) instead of waiting."""
+    info = _scontrol(job_id)
+    if info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime":
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True, timeout=60)
+    return _sacct_states(job_id)[-1] in ("COMPLETED", "FAILED")
+
+
 def test_killed_rank_requeues_the_job_which_resumes_from_its_checkpoint(node_cpus, torchx_env, synthetic_dir,
                                                                          tmp_path):
     """The dlrm component with --max_retries 1 and a checkpoint directory: rank 1 is
@@ -196,14 +205,13 @@ def test_killed_rank_requeues_the_job_which_resumes_from_its_checkpoint(node_cpu
         _wait_until("the first checkpoint", lambda: os.path.exists(first), every=0.1)
         (pid,) = _rank_pids(log_path, local_rank=1)
         os.kill(pid, 9)
-        # The job script requeues the job; Slurm holds a requeued job for its
-        # credentials' lifetime (120 s): release it now.
-        _wait_until("the job requeued", lambda: _scontrol(job_id).get("Restarts") == "1")
+        # The job script requeues the job, pending again once its first run is over.
+        _wait_until("the job requeued", lambda: _scontrol(job_id).get("JobState") == "PENDING")
+        assert _scontrol(job_id)["Restarts"] == "1"
         # Every rank of the first run is gone: its newest complete checkpoint is final.
         newest = max(int(name[len("step_"):]) for name in os.listdir(ckpt)
                      if os.path.exists(os.path.join(ckpt, name, "COMPLETE")))
-        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True, timeout=60)
-        _wait_until("the requeued job's end", lambda: _sacct_states(job_id)[-1:] in (["COMPLETED"], ["FAILED"]))
+        _wait_until("the requeued job's end", lambda: _released_or_ended(job_id))
     finally:
         subprocess.run(["scancel", job_id], timeout=60)  # nothing left behind when a wait failed
         move_slurm_logs(job_id, str(tmp_path), submit_dir=REPO)

@@ -106,9 +106,9 @@ def test_dlrm_component_trains_on_slurm(node_cpus, torchx_env, synthetic_dir, tm
     proc = torchx(["run", "--wait", "-s", "slurm", "dlrm", "-j", "1x2", "--cpu", str(node_cpus),
                    "--data_dir", synthetic_dir, "--", *SMALL_TRAINING_FLAGS, "--log_path", log_path],
                   torchx_env, timeout=JOB_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
     job_id = _job_id(proc.stdout.strip().splitlines()[-1])
     move_slurm_logs(job_id, str(tmp_path), submit_dir=REPO)
-    assert proc.returncode == 0, proc.stderr[-4000:]
     assert "Job finished: SUCCEEDED" in proc.stderr, proc.stderr[-4000:]
     assert _sacct_states(job_id) == ["COMPLETED"]
     log = read_log(log_path)

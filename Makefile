@@ -9,7 +9,7 @@ TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.05 --optimizer adag
 	--validation_freq_within_epoch 400 --log_every_n_steps 100 --seed 0 \
 	--log_path runs/make_train.jsonl
 
-.PHONY: install data train train-dcnv2 sweep-example test test-matrix bench clean
+.PHONY: install data train train-dcnv2 sweep-example slurm-up test test-matrix bench clean
 
 install: $(STAMP)
 
@@ -35,6 +35,10 @@ train-dcnv2: data
 # The README's table-size sweep (4 short runs through torchx local_cwd, a few minutes).
 sweep-example: data
 	$(PYTHON) -m sweeps run examples/sweeps/table_sizes.yaml
+
+# A one-node Slurm cluster with accounting on this machine (root; docs/slurm.md).
+slurm-up:
+	bash scripts/slurm_up.sh
 
 test: install
 	$(PYTHON) -m pytest -q tests

@@ -11,6 +11,7 @@ Example::
     info = get_runner().dryrun(app, spec.scheduler, scheduler_cfg(runner, spec, record))
 """
 
+import glob
 import inspect
 import os
 import re
@@ -34,8 +35,9 @@ COMPONENTS: Dict[str, Callable[..., specs.AppDef]] = {"dlrm_main.py": dlrm, "dcn
 # Component parameters the sweep sets itself.
 SWEEP_COMPONENT_ARGS = ("j", "name", "checkpoint_dir")
 # Slurm pending reasons that never clear by waiting: the request exceeds what the
-# partition can ever give (e.g. more CPUs per node than a node has).
-SLURM_HOPELESS_REASONS = ("PartitionConfig",)
+# partition can ever give (more CPUs per node than a node has, more nodes or time than
+# the partition allows, a feature no node has).
+SLURM_HOPELESS_REASONS = ("PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints")
 # What torchrun's failure summary says about each failed rank.
 _EXIT_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 # A rank stopped by SIGTERM: killed (-15), or reporting where it was (128 + 15).
@@ -152,3 +154,15 @@ def slurm_pending_reason(app_id: str) -> Optional[str]:
                           capture_output=True, text=True, timeout=60)
     reasons = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
     return reasons[0] if proc.returncode == 0 and reasons else None
+
+
+def move_slurm_logs(app_id: str, directory: str, submit_dir: str = ".") -> List[str]:
+    """Moves a finished Slurm job's output files (``slurm-ID.out`` of its batch script
+    and ``slurm-ID-ROLE-NODE.out/.err`` of its nodes, which Slurm writes in the
+    directory the job was submitted from) into ``directory``; returns their new paths."""
+    patterns = (f"slurm-{app_id}.out", f"slurm-{app_id}-*.out", f"slurm-{app_id}-*.err")
+    sources = sorted(path for pattern in patterns for path in glob.glob(os.path.join(submit_dir, pattern)))
+    targets = [os.path.join(directory, os.path.basename(path)) for path in sources]
+    for source, target in zip(sources, targets):
+        os.replace(source, target)
+    return targets

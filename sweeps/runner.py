@@ -3,7 +3,11 @@ each in its own directory, finished runs skipped when the sweep is run again.
 
 A local (``local_cwd``) job belongs to the process that started it: ``sweeps run``
 waits for its jobs. Remote jobs (Slurm, Kubernetes) are followed through torchx's
-status; a rerun picks up runs still in flight instead of submitting them twice.
+status; a rerun picks up runs still in flight instead of submitting them twice. A
+Slurm job held pending for a reason that never clears (``PartitionConfig``: more CPUs
+than a node has) is cancelled and reported failed with that reason, where
+``torchx run --wait`` would wait forever; a finished Slurm job's output files move
+from the submit directory into its run directory.
 
 Example::
 
@@ -20,7 +24,7 @@ from torchx.runner import Runner, get_runner
 from torchx.specs.api import AppState, parse_app_handle
 
 from sweeps.launch import (SLURM_HOPELESS_REASONS, build_app, failure_from_output, job_command, job_output,
-                           scheduler_cfg, slurm_pending_reason)
+                           move_slurm_logs, scheduler_cfg, slurm_pending_reason)
 from sweeps.run_state import (CANCELLED, FAILED, PENDING, RUNNING, SUBMITTED, SUCCEEDED, TERMINAL, RunRecord,
                               RunStateError)
 from sweeps.spec import SweepSpec
@@ -152,14 +156,17 @@ class SweepRunner:
             if reason in SLURM_HOPELESS_REASONS:
                 runner.cancel(record.app_handle)
                 record.state = FAILED
-                record.error = (f"Slurm holds the job pending with reason {reason}: it asks for more than "
-                                "a node of the partition has (size the component's -h/--cpu/--memMB)")
+                record.error = (f"Slurm holds the job pending with reason {reason}, which waiting never clears: "
+                                "it asks for more than the partition gives (size component_args h/cpu/memMB "
+                                "to the partition's nodes, see sinfo -o '%P %c %m')")
         elif status.state in _STATES:
             record.state = _STATES[status.state]
         if record.state == FAILED and record.exit_code is None and record.error is None:
             app = self._apps.get(record.name) or build_app(self.spec, record)
             record.exit_code, record.error = failure_from_output(job_output(runner, record.app_handle, app))
         if record.state in TERMINAL:
+            if self.spec.scheduler == "slurm":  # its output beside its log, not in the submit directory
+                move_slurm_logs(parse_app_handle(record.app_handle)[2], record.directory)
             record.finished = time.time()
             seconds = record.finished - (record.submitted or record.finished)
             detail = "" if record.state != FAILED else (

@@ -47,6 +47,34 @@ def write_sweep(path, **keys):
     return str(path)
 
 
+def read_results(out):
+    """{run name: row} of the sweep's results.csv."""
+    with open(os.path.join(out, "results.csv")) as f:
+        return {row["run"]: row for row in csv.DictReader(f)}
+
+
+def assert_row_matches_log(row, log_path):
+    """A succeeded run of a ``TINY_FLAGS`` sweep over ``learning_rate`` on 2 ranks: its
+    results row says what its own JSON-lines log says."""
+    log = read_log(log_path)
+    config, summary = log[0], [r for r in log if r["event"] == "summary"][-1]
+    learning_rate = row["run"].split("=")[1]
+    assert row["state"] == "succeeded"
+    assert config["optim"]["learning_rate"] == float(learning_rate)
+    sizes = config["model"]["num_embeddings_per_feature"]
+    assert max(sizes) == 100  # --max_table_rows 100
+    assert float(row["table_gib"]) == pytest.approx(sum(sizes) * 8 * 4 / 2**30)
+    assert float(row["planner_gib"]) > float(row["table_gib"])  # plus optimizer state and buffers
+    assert (int(row["ranks"]), int(row["local_batch_size"]), int(row["global_batch_size"])) == (2, 256, 512)
+    assert float(row["val_auroc"]) == eval_record(log, "validation")["auroc"]
+    assert float(row["test_auroc"]) == eval_record(log, "test")["auroc"]
+    assert float(row["test_log_loss"]) == eval_record(log, "test")["log_loss"]
+    assert float(row["records_per_sec"]) == summary["records_per_sec"]
+    assert float(row["train_seconds"]) == summary["train_seconds"]
+    assert int(row["peak_memory_bytes"]) == max(summary["peak_memory_bytes"])
+    assert row["flags"] == f"--learning_rate {learning_rate}"
+
+
 def test_local_sweep_trains_reports_skips_finished_runs_and_reports_a_failure(synthetic_dir, tmp_path):
     # learning rate 1e30: the loss is NaN at the first step (exit code 3), after the
     # sweep's checks, which cannot know.
@@ -63,27 +91,10 @@ def test_local_sweep_trains_reports_skips_finished_runs_and_reports_a_failure(sy
     # The failure did not stop the run after it.
     assert "[3/3] learning_rate=0.1: succeeded" in proc.stdout, proc.stdout
 
-    with open(os.path.join(out, "results.csv")) as f:
-        rows = {row["run"]: row for row in csv.DictReader(f)}
+    rows = read_results(out)
     assert list(rows) == ["learning_rate=0.05", "learning_rate=1e+30", "learning_rate=0.1"]
     for name in ("learning_rate=0.05", "learning_rate=0.1"):
-        row = rows[name]
-        log = read_log(os.path.join(out, name, "log.jsonl"))
-        config, summary = log[0], [r for r in log if r["event"] == "summary"][-1]
-        assert row["state"] == "succeeded"
-        assert config["optim"]["learning_rate"] == float(name.split("=")[1])
-        sizes = config["model"]["num_embeddings_per_feature"]
-        assert max(sizes) == 100  # --max_table_rows 100
-        assert float(row["table_gib"]) == pytest.approx(sum(sizes) * 8 * 4 / 2**30)
-        assert float(row["planner_gib"]) > float(row["table_gib"])  # plus optimizer state and buffers
-        assert (int(row["ranks"]), int(row["local_batch_size"]), int(row["global_batch_size"])) == (2, 256, 512)
-        assert float(row["val_auroc"]) == eval_record(log, "validation")["auroc"]
-        assert float(row["test_auroc"]) == eval_record(log, "test")["auroc"]
-        assert float(row["test_log_loss"]) == eval_record(log, "test")["log_loss"]
-        assert float(row["records_per_sec"]) == summary["records_per_sec"]
-        assert float(row["train_seconds"]) == summary["train_seconds"]
-        assert int(row["peak_memory_bytes"]) == max(summary["peak_memory_bytes"])
-        assert row["flags"] == f"--learning_rate {name.split('=')[1]}"
+        assert_row_matches_log(rows[name], os.path.join(out, name, "log.jsonl"))
     assert rows["learning_rate=1e+30"]["state"] == "failed" and rows["learning_rate=1e+30"]["test_auroc"] == ""
     markdown = open(os.path.join(out, "results.md")).read()
     assert markdown.startswith("| Run | State | Size of embedding tables (GiB) |")

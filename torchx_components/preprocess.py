@@ -39,9 +39,9 @@ def preprocess_criteo(
         output_dir: where the binary layout is written; mounted read-write at the same path
         dataset_name: criteo_1t or criteo_kaggle
         workers: day files processed in parallel (default: the node's CPUs, at most 24)
-        h: machine preset of the node: cpu, cpu_large, ... (as for dlrm)
-        cpu: CPUs, replacing the preset's
-        memMB: memory in MB, replacing the preset's (0.96 x its RAM)
+        h: machine preset of the node: cpu, cpu_large, ... (as for dlrm); the request must fit one node (see dlrm's h: on Slurm more CPUs than a node has stays pending forever)
+        cpu: CPUs, replacing the preset's; at most a node's CPUs
+        memMB: memory in MB, replacing the preset's (0.96 x its RAM); at most a node's memory
         image: container image holding this repository (ignored by local_cwd and Slurm)
         name: job name
         env: environment variables

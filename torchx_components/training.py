@@ -14,17 +14,19 @@ from typing import Dict, List, Optional
 import torchx.specs as specs
 
 from torchx_components.launch import DEFAULT_IMAGE, LaunchOptions, trainer_app
+from torchx_components.machines import machine_resource
 
-TRAINING_PARAMETERS = """
+_DEFAULT_NODE = machine_resource("cpu")
+TRAINING_PARAMETERS = f"""
 Args:
     script_args: training flags, passed to the entry point unchanged (after --)
     j: NODESxPROCS: nodes, and processes (ranks) per node; on GPU machines at most one per GPU
-    h: machine preset of each node: cpu, cpu_large, a100x1, a100x8, h100x8, aws_p4d, aws_p4de, aws_p5 or a torchx named resource
-    cpu: CPUs per node, replacing the preset's
+    h: machine preset of each node: cpu, cpu_large, a100x1, a100x8, h100x8, aws_p4d, aws_p4de, aws_p5 or a torchx named resource. The request must fit one node: on Slurm a job asking more CPUs than a node has stays pending forever (reason PartitionConfig; torchx run --wait never returns) and one asking more memory is refused, so size it with sinfo -o '%P %c %m' (CPUs and MB per node), e.g. --cpu 2 on 2-CPU nodes (the cpu preset asks {_DEFAULT_NODE.cpu} CPUs, {_DEFAULT_NODE.memMB} MB)
+    cpu: CPUs per node, replacing the preset's; at most a node's CPUs (see h)
     gpu: GPUs per node, replacing the preset's
-    memMB: memory per node in MB, replacing the preset's (0.96 x its RAM)
+    memMB: memory per node in MB, replacing the preset's (0.96 x its RAM); at most a node's memory (see h)
     image: container image holding this repository (Kubernetes, AWS Batch, Docker; ignored by local_cwd and Slurm)
-    name: job name, {experiment}/{run} or {run}
+    name: job name, {{experiment}}/{{run}} or {{run}}
     env: environment variables for every rank, e.g. NCCL_DEBUG=INFO,LOGLEVEL=INFO
     data_dir: data directory on a filesystem every node sees; mounted read-only at the same path and passed as --in_memory_binary_criteo_path unless the flags give a data path
     checkpoint_dir: checkpoint directory on a filesystem every node sees; mounted read-write at the same path and passed as --checkpoint_dir DIR --resume unless the flags name one (add --checkpoint_every_n_steps N to the flags)

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from common.cli import OneLineParser, positive_int
+from common.errors import BadInput
 from data.criteo_binary import CriteoBinaryDataset
 from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES
 from data.feature_spec import DEFAULT_SPEC_NAME, Chunk, FeatureSpec, smallest_id_dtype
@@ -54,7 +55,7 @@ def _write(dataset: CriteoBinaryDataset, cardinalities: List[int], staging: str,
                 too_large = np.flatnonzero((sparse >= np.asarray(cardinalities)).any(axis=0))
                 if too_large.size:
                     f = int(too_large[0])
-                    raise ValueError(f"{dataset.directory}: feature {SPARSE_FEATURE_NAMES[f]} has id "
+                    raise BadInput(f"{dataset.directory}: feature {SPARSE_FEATURE_NAMES[f]} has id "
                                      f"{int(sparse[:, f].max())}, but metadata.json gives it cardinality "
                                      f"{cardinalities[f]}")
                 files[0].write(dense.astype(np.float16).tobytes())

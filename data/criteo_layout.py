@@ -15,6 +15,8 @@ import os
 import re
 from typing import Any, Dict, List, Optional
 
+from common.errors import BadInput
+
 NUM_DENSE_FEATURES = 13
 NUM_SPARSE_FEATURES = 26
 DENSE_FEATURE_NAMES: List[str] = [f"int_{i}" for i in range(NUM_DENSE_FEATURES)]
@@ -72,7 +74,7 @@ def read_metadata(directory: str) -> Optional[Dict[str, Any]]:
         with open(path) as f:
             return json.load(f)
     except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not a readable metadata JSON ({e})") from e
+        raise BadInput(f"{path}: not a readable metadata JSON ({e})") from e
 
 
 def write_json_atomic(path: str, payload: Dict[str, Any]) -> None:

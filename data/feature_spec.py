@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 import yaml
 
+from common.errors import BadInput
 from common.yaml_file import load_yaml
 
 CHANNELS = ("categorical", "numerical", "label")
@@ -32,7 +33,7 @@ AUTO = "auto"
 DEFAULT_SPEC_NAME = "feature_spec.yaml"
 
 
-class FeatureSpecError(ValueError):
+class FeatureSpecError(BadInput):
     """One problem of a spec, named with the spec's path."""
 
 
@@ -46,7 +47,7 @@ def smallest_id_dtype(cardinality: int) -> str:
     for name in ID_DTYPES:
         if cardinality - 1 <= np.iinfo(name).max:
             return name
-    raise ValueError(f"cardinality {cardinality} does not fit int32 ids")
+    raise BadInput(f"cardinality {cardinality} does not fit int32 ids")
 
 
 @dataclass

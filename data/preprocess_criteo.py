@@ -48,6 +48,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from common.cli import OneLineParser, int_list
+from common.errors import BadInput
 from data.criteo_layout import (METADATA_FILE, NUM_SPARSE_FEATURES, day_file, done_marker, remove_day_files_from,
                                 write_json_atomic)
 from data.criteo_tsv import NUM_INT, parse_criteo_lines
@@ -62,7 +63,7 @@ _DAY_ARRAYS = {"dense": (np.float32, NUM_INT), "sparse": (np.int32, NUM_SPARSE_F
 ProgressFn = Callable[[int, int], None]  # (bytes, lines) just processed
 
 
-class BadLineError(ValueError):
+class BadLineError(BadInput):
     """A malformed input line under --on_bad_lines error."""
 
 
@@ -94,25 +95,25 @@ class PreprocessConfig:
 
     def validate(self) -> None:
         if self.dataset_name not in DATASET_NAMES:
-            raise ValueError(f"--dataset_name must be one of {', '.join(DATASET_NAMES)}, got {self.dataset_name!r}")
+            raise BadInput(f"--dataset_name must be one of {', '.join(DATASET_NAMES)}, got {self.dataset_name!r}")
         if not os.path.isdir(self.input_dir):
-            raise ValueError(f"--input_dir {self.input_dir}: no such directory")
+            raise BadInput(f"--input_dir {self.input_dir}: no such directory")
         if self.frequency_threshold < 0:
-            raise ValueError(f"--frequency_threshold must not be negative, got {self.frequency_threshold}")
+            raise BadInput(f"--frequency_threshold must not be negative, got {self.frequency_threshold}")
         sizes = self.num_embeddings_per_feature
         if sizes is not None:
             if len(sizes) != NUM_SPARSE_FEATURES:
-                raise ValueError(f"--num_embeddings_per_feature needs {NUM_SPARSE_FEATURES} values, got {len(sizes)}")
+                raise BadInput(f"--num_embeddings_per_feature needs {NUM_SPARSE_FEATURES} values, got {len(sizes)}")
             if min(sizes) <= 0 or max(sizes) > np.iinfo(np.int32).max:
-                raise ValueError("--num_embeddings_per_feature values must be positive int32 numbers")
+                raise BadInput("--num_embeddings_per_feature values must be positive int32 numbers")
         if self.workers <= 0:
-            raise ValueError(f"--workers must be positive, got {self.workers}")
+            raise BadInput(f"--workers must be positive, got {self.workers}")
         if self.on_bad_lines not in ("error", "skip"):
-            raise ValueError(f"--on_bad_lines must be error or skip, got {self.on_bad_lines!r}")
+            raise BadInput(f"--on_bad_lines must be error or skip, got {self.on_bad_lines!r}")
         if self.chunk_bytes < 1024:
-            raise ValueError(f"--chunk_bytes must be at least 1024, got {self.chunk_bytes}")
+            raise BadInput(f"--chunk_bytes must be at least 1024, got {self.chunk_bytes}")
         if self.kaggle_days < 2:
-            raise ValueError(f"--kaggle_days must be at least 2, got {self.kaggle_days}")
+            raise BadInput(f"--kaggle_days must be at least 2, got {self.kaggle_days}")
 
     def fingerprint(self) -> str:
         """Identifies the settings that change output values (not workers or chunking)."""
@@ -153,11 +154,11 @@ def read_blocks(path: str, block_bytes: int) -> Iterator[bytes]:
             while block := f.read(block_bytes):
                 yield block
     except EOFError as e:
-        raise ValueError(f"{path}: truncated (the compressed data ends early)") from e
+        raise BadInput(f"{path}: truncated (the compressed data ends early)") from e
     except (gzip.BadGzipFile, zlib.error) as e:
-        raise ValueError(f"{path}: not valid gzip data ({e})") from e
+        raise BadInput(f"{path}: not valid gzip data ({e})") from e
     except OSError as e:
-        raise ValueError(f"{path}: cannot read ({e.strerror or e})") from e
+        raise BadInput(f"{path}: cannot read ({e.strerror or e})") from e
 
 
 def _newline_positions(data: bytes) -> np.ndarray:
@@ -217,10 +218,10 @@ def discover_sources(config: PreprocessConfig) -> List[DaySource]:
             if os.path.exists(path):
                 break
         else:
-            raise ValueError(f"--input_dir {config.input_dir}: no train.txt or train.txt.gz (criteo_kaggle)")
+            raise BadInput(f"--input_dir {config.input_dir}: no train.txt or train.txt.gz (criteo_kaggle)")
         total = _count_lines(path, config.chunk_bytes)
         if total < config.kaggle_days:
-            raise ValueError(f"{path}: {total} lines, fewer than the {config.kaggle_days} days "
+            raise BadInput(f"{path}: {total} lines, fewer than the {config.kaggle_days} days "
                              "(--kaggle_days) it is cut into")
         bounds = [total * d // config.kaggle_days for d in range(config.kaggle_days + 1)]
         return [DaySource(d, path, bounds[d], bounds[d + 1] - bounds[d], total) for d in range(config.kaggle_days)]
@@ -230,16 +231,16 @@ def discover_sources(config: PreprocessConfig) -> List[DaySource]:
         if match:
             day = int(match.group(1))
             if day in found:
-                raise ValueError(f"--input_dir {config.input_dir}: day {day} is there both plain and .gz")
+                raise BadInput(f"--input_dir {config.input_dir}: day {day} is there both plain and .gz")
             found[day] = os.path.join(config.input_dir, name)
     if not found:
-        raise ValueError(f"--input_dir {config.input_dir}: no day_<N> or day_<N>.gz files (criteo_1t)")
+        raise BadInput(f"--input_dir {config.input_dir}: no day_<N> or day_<N>.gz files (criteo_1t)")
     missing = [d for d in range(max(found) + 1) if d not in found]
     if missing:
-        raise ValueError(f"--input_dir {config.input_dir}: day files must be day_0 .. day_N; "
+        raise BadInput(f"--input_dir {config.input_dir}: day files must be day_0 .. day_N; "
                          f"day_{missing[0]} is missing")
     if config.frequency_threshold > 0 and len(found) < 2:
-        raise ValueError("--frequency_threshold counts the training days (all but the last): "
+        raise BadInput("--frequency_threshold counts the training days (all but the last): "
                          "it needs at least two day files")
     return [DaySource(d, found[d]) for d in sorted(found)]
 
@@ -392,7 +393,7 @@ def transform_source(source: DaySource, config: PreprocessConfig, vocabulary: Op
             os.remove(writer.path)
         where = source.path if source.num_lines is None else f"{source.path} (day {source.day})"
         what = f"all {bad[0]} lines are bad (--on_bad_lines skip)" if bad[0] else "no lines"
-        raise ValueError(f"{where}: {what}; every day needs rows (the last one is validation and test)")
+        raise BadInput(f"{where}: {what}; every day needs rows (the last one is validation and test)")
     for kind, writer in writers.items():
         os.replace(writer.path, finals[kind])
     return DayResult(source.day, rows, bad[0], max_ids.tolist())

@@ -25,6 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from common.cli import OneLineParser, int_list
+from common.errors import BadInput
 from data.criteo_layout import (
     METADATA_FILE,
     NUM_DENSE_FEATURES,
@@ -69,17 +70,17 @@ class SyntheticCriteoSpec:
 
     def validate(self) -> None:
         if self.num_days < 2:
-            raise ValueError(f"--num_days must be at least 2 (train + eval), got {self.num_days}")
+            raise BadInput(f"--num_days must be at least 2 (train + eval), got {self.num_days}")
         if self.rows_per_day < 2:
-            raise ValueError(f"--rows_per_day must be at least 2, got {self.rows_per_day}")
+            raise BadInput(f"--rows_per_day must be at least 2, got {self.rows_per_day}")
         if len(self.cardinalities) != NUM_SPARSE_FEATURES:
-            raise ValueError(
+            raise BadInput(
                 f"--cardinalities needs {NUM_SPARSE_FEATURES} values, got {len(self.cardinalities)}"
             )
         if min(self.cardinalities) <= 0 or max(self.cardinalities) > np.iinfo(np.int32).max:
-            raise ValueError("--cardinalities must be positive int32 values")
+            raise BadInput("--cardinalities must be positive int32 values")
         if self.id_skew <= 0:
-            raise ValueError(f"--id_skew must be positive, got {self.id_skew}")
+            raise BadInput(f"--id_skew must be positive, got {self.id_skew}")
 
 
 @dataclass
@@ -336,7 +337,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.format == "multi_hot":
             if args.multi_hot_sizes is None or len(args.multi_hot_sizes) != NUM_SPARSE_FEATURES:
-                raise ValueError(f"--format multi_hot needs --multi_hot_sizes with {NUM_SPARSE_FEATURES} values")
+                raise BadInput(f"--format multi_hot needs --multi_hot_sizes with {NUM_SPARSE_FEATURES} values")
             generate_multi_hot_criteo(spec, args.output_dir, args.multi_hot_sizes, args.multi_hot_distribution_type)
             print(f"multi-hot synthetic Criteo data at {args.output_dir}")
             return 0

@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from common.cli import OneLineParser
+from common.errors import BadInput
 from data.feature_spec import AUTO, DEFAULT_SPEC_NAME, FeatureSpec
 
 BLOCK_ROWS = 65536
@@ -90,7 +91,7 @@ def generate_csv(spec: FeatureSpec, output_dir: str, rows: Dict[str, int], seed:
         handles = {}
         for chunk in chunks:
             if chunk.type != "csv" or len(chunk.files) != 1:
-                raise ValueError(f"{spec.path}: the generator writes csv chunks of one file each")
+                raise BadInput(f"{spec.path}: the generator writes csv chunks of one file each")
             path = os.path.join(output_dir, chunk.files[0])
             os.makedirs(os.path.dirname(path), exist_ok=True)
             handles[id(chunk)] = open(path, "w")

@@ -21,6 +21,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from common.cli import OneLineParser, positive_int
+from common.errors import BadInput
 from data.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
 from data.feature_spec import AUTO, DEFAULT_SPEC_NAME, Chunk, FeatureSpec, FeatureSpecError, smallest_id_dtype
 from data.output_dir import build_output_dir
@@ -28,7 +29,7 @@ from data.output_dir import build_output_dir
 DEFAULT_CHUNK_ROWS = 65536
 
 
-class TranscodeError(ValueError):
+class TranscodeError(BadInput):
     """Bad input data; the message names the file and line."""
 
 

@@ -1,5 +1,6 @@
 """A PNG chart of a plan's memory per rank (matplotlib, no display needed)."""
 
+from common.errors import BadInput
 from sharding_plans.plan_file import SavedPlan, atomic_output
 from sharding_plans.report import largest_rank
 
@@ -19,7 +20,7 @@ def write_memory_chart(saved: SavedPlan, path: str, title: str = "") -> None:
         write_memory_chart(read_plan("plan.json"), "memory.png")
     """
     if not saved.estimates:
-        raise ValueError("the plan has no per-rank estimates to chart (it was not made by the planner here)")
+        raise BadInput("the plan has no per-rank estimates to chart (it was not made by the planner here)")
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on servers

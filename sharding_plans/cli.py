@@ -17,6 +17,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
+from common.errors import BadInput
 from models.config import EMBEDDING_PRECISIONS
 from sharding_plans.chart import write_memory_chart
 from sharding_plans.constraints import ShardingConstraints
@@ -118,7 +119,7 @@ def _pick(value: Any, preset: Optional[Preset], attribute: str, default: Any) ->
 
 def _positive(value: Optional[float], flag: str) -> None:
     if value is not None and not value > 0:
-        raise ValueError(f"{flag} must be positive, got {value:g}")
+        raise BadInput(f"{flag} must be positive, got {value:g}")
 
 
 def _table_sets(args: argparse.Namespace, preset: Optional[Preset]) -> List[Tuple[str, List[str], List[int]]]:
@@ -127,7 +128,7 @@ def _table_sets(args: argparse.Namespace, preset: Optional[Preset]) -> List[Tupl
                                       ("--num_embeddings", args.num_embeddings),
                                       ("--feature_spec", args.feature_spec)) if value is not None]
     if len(given) > 1:
-        raise ValueError(f"give only one of {' and '.join(given)}")
+        raise BadInput(f"give only one of {' and '.join(given)}")
     sweep = args.command == "sweep"
     if args.num_embeddings_per_feature is not None:
         lists = args.num_embeddings_per_feature if sweep else [args.num_embeddings_per_feature]
@@ -143,7 +144,7 @@ def _table_sets(args: argparse.Namespace, preset: Optional[Preset]) -> List[Tupl
         rows = list(preset.num_embeddings_per_feature)
         sets = [(preset.title, [f"cat_{k}" for k in range(len(rows))], rows)]
     else:
-        raise ValueError("say which tables: --preset, --num_embeddings_per_feature, --num_embeddings or --feature_spec")
+        raise BadInput("say which tables: --preset, --num_embeddings_per_feature, --num_embeddings or --feature_spec")
     factors = getattr(args, "scale_factors", None)
     if not factors:
         return sets
@@ -158,7 +159,7 @@ def _topology(args: argparse.Namespace, preset: Optional[Preset], world_size: in
     local = args.local_world_size
     _positive(local, "--local_world_size")
     if local is not None and local > world_size:
-        raise ValueError(f"--local_world_size ({local}) must not exceed the world size ({world_size})")
+        raise BadInput(f"--local_world_size ({local}) must not exceed the world size ({world_size})")
     if local is None:
         local = min(_pick(None, preset, "local_world_size", DEFAULT_LOCAL_WORLD_SIZE), world_size)
     hbm_gb = args.hbm_gb
@@ -176,9 +177,9 @@ def _topology(args: argparse.Namespace, preset: Optional[Preset], world_size: in
         elif torch.cuda.is_available():
             hbm_bytes = torch.cuda.get_device_properties(0).total_memory
         else:
-            raise ValueError("--hbm_gb is needed for --compute_device cuda on a machine without a GPU")
+            raise BadInput("--hbm_gb is needed for --compute_device cuda on a machine without a GPU")
     elif hbm_gb is not None:
-        raise ValueError("--hbm_gb is for --compute_device cuda; with cpu the tables live in --ddr_gb")
+        raise BadInput("--hbm_gb is for --compute_device cuda; with cpu the tables live in --ddr_gb")
     ddr_gb = _pick(args.ddr_gb, preset, "ddr_gb", None)
     ddr_bytes = int(ddr_gb * _GIB) if ddr_gb is not None else host_memory_bytes() // local
     return PlannerConfig(

@@ -43,6 +43,7 @@ from torchrec.distributed.types import (
 )
 from torchrec.modules.embedding_configs import DataType
 
+from common.errors import BadInput
 from sharding_plans.constraints import COMPUTE_KERNELS, SHARDING_TYPES
 from sharding_plans.estimates import RankEstimate
 from sharding_plans.planner import PlannerConfig
@@ -56,7 +57,7 @@ _LINE_WIDTH = 100
 _CACHE_FIELDS = ("algorithm", "load_factor", "reserved_memory", "precision", "prefetch_pipeline")
 
 
-class PlanFileError(ValueError):
+class PlanFileError(BadInput):
     """A plan file is unreadable or malformed; the message names the file and the place."""
 
 

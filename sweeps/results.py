@@ -17,6 +17,7 @@ import os
 import shlex
 from typing import Any, Dict, List, Optional, Sequence
 
+from common.errors import BadInput
 from common.run_log_file import log_records
 from sweeps.run_state import FAILED, RunRecord
 from sweeps.spec import value_text
@@ -37,7 +38,7 @@ FIGURE_INCHES = (12.0, 5.0)
 FIGURE_DPI = 100
 
 
-class ResultsError(ValueError):
+class ResultsError(BadInput):
     """A run's log is not one the trainer wrote; the message names the file and line."""
 
 

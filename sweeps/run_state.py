@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from common.errors import BadInput
+
 RUN_FILE = "run.json"
 LOG_FILE = "log.jsonl"
 PENDING, SUBMITTED, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
@@ -24,7 +26,7 @@ PENDING, SUBMITTED, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
 TERMINAL = (SUCCEEDED, FAILED, CANCELLED)
 
 
-class RunStateError(ValueError):
+class RunStateError(BadInput):
     """A run.json that is not one this tool wrote; the message names the file."""
 
 

@@ -46,6 +46,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torchrec.distributed.planner.types import ParameterConstraints
 
+from common.errors import BadInput
 from common.manifest import (HashingStream, ManifestEntry, ManifestError, check_bytes, check_manifest_format,
                              check_stream, entry_of_bytes)
 from training.config import TrainConfig
@@ -64,7 +65,7 @@ _NUMPY_DTYPES = {torch.float64, torch.float32, torch.float16, torch.int64, torch
                  torch.int8, torch.uint8, torch.bool}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(BadInput):
     """A checkpoint cannot be used: missing, incomplete, corrupted or for another model."""
 
 

@@ -37,6 +37,7 @@ from torchrec.fx import symbolic_trace
 from torchrec.inference.modules import quantize_inference_model
 
 from common.cli import OneLineParser
+from common.errors import BadInput
 from data.criteo_layout import DENSE_FEATURE_NAMES, read_metadata
 from data.feature_spec import FeatureSpec, FeatureSpecError
 from data.preprocess_criteo import DENSE_OFFSET, VOCABULARY_FILE
@@ -113,11 +114,11 @@ def _describe_feature_spec(model_config: ModelConfig, spec_path: str) -> Dict[st
     try:
         spec = FeatureSpec.load(spec_path)
     except FeatureSpecError as e:
-        raise ValueError(f"the checkpoint was trained with --dataset_path {spec_path}, whose spec export "
+        raise BadInput(f"the checkpoint was trained with --dataset_path {spec_path}, whose spec export "
                          f"reads for the features' hotness: {e}") from e
     if spec.categorical != list(model_config.sparse_feature_names) or \
             len(spec.numerical) != model_config.dense_in_features:
-        raise ValueError(f"{spec_path} no longer describes the checkpoint's features "
+        raise BadInput(f"{spec_path} no longer describes the checkpoint's features "
                          f"({len(spec.numerical)} numerical, {spec.categorical} categorical)")
     hotness = [spec.hotness(n) for n in spec.categorical]
     id_columns = [name if h == 1 else f"{name}[{i}]" for name, h in zip(spec.categorical, hotness) for i in range(h)]
@@ -142,7 +143,7 @@ def export_model(checkpoint: str, output: str, quantize: List[str], newest: bool
     """Writes the model directory (see the module docstring); returns its inputs.json."""
     path = checkpoint_to_load(checkpoint, "--checkpoint", prefer_best=not newest)
     if os.path.exists(output) and os.listdir(output):
-        raise ValueError(f"--output {output} exists and is not empty: choose a new directory")
+        raise BadInput(f"--output {output} exists and is not empty: choose a new directory")
     train_model, meta = load_checkpoint_model(path)
     model_config = ModelConfig(**meta["model"])
     inputs = describe_inputs(model_config, meta.get("config", {}).get("data", {}))

@@ -9,6 +9,7 @@ import argparse
 from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from common.cli import OneLineParser, int_list
+from common.errors import BadInput
 from data.config import DATASET_NAMES, DataConfig
 from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES, read_metadata
 from data.feature_spec import FeatureSpec
@@ -33,7 +34,7 @@ from training.failures import report_bad_input
 DEFAULT_NUM_EMBEDDINGS = 100_000
 
 
-class FlagError(ValueError):
+class FlagError(BadInput):
     """A flag's value is wrong; the message names the flag."""
 
 

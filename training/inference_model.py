@@ -22,6 +22,7 @@ from torch import nn
 from torchrec.models.dlrm import DLRMTrain
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from common.errors import BadInput
 from common.manifest import ManifestEntry
 from models import build_dlrm_train
 from models.config import ModelConfig
@@ -112,7 +113,7 @@ def read_inputs(model_dir: str, manifest: Optional[Dict[str, ManifestEntry]] = N
     try:
         inputs = json.loads(read_file(model_dir, INPUTS_FILE, manifest))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not an exported model's inputs description ({e})") from e
+        raise BadInput(f"{path}: not an exported model's inputs description ({e})") from e
     check_inputs(inputs, path)
     return inputs
 
@@ -122,7 +123,7 @@ def check_inputs(inputs: Any, path: str) -> None:
     loaders use or has one of the wrong type or length."""
     def fail(field: str, expected: str) -> None:
         value = inputs.get(field) if isinstance(inputs, dict) else inputs
-        raise ValueError(f"{path}: {field} must be {expected}, got {json.dumps(value)[:60]} "
+        raise BadInput(f"{path}: {field} must be {expected}, got {json.dumps(value)[:60]} "
                          "(not an exported model's inputs description)")
 
     def int_list(value: Any, length: int, minimum: int) -> bool:

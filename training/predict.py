@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from common.cli import OneLineParser
+from common.errors import BadInput
 from data.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
 from data.criteo_tsv import NUM_CAT, NUM_FIELDS, NUM_INT, parse_criteo_lines
 from data.preprocess_criteo import DaySource, iter_line_chunks, transform_dense, transform_sparse
@@ -49,7 +50,7 @@ from training.model_files import load_model_file, read_file, read_manifest
 VARIANTS = ("fp32", "fp16", "int8")
 
 
-class MalformedLineError(ValueError):
+class MalformedLineError(BadInput):
     """An input line not in the model's input layout; the message names the file and line."""
 
 
@@ -70,13 +71,13 @@ class Predictor:
 
     def __init__(self, model_dir: str, variant: str = "fp32", batch_size: int = 4096) -> None:
         if not os.path.isdir(model_dir):
-            raise ValueError(f"--model {model_dir}: no such directory")
+            raise BadInput(f"--model {model_dir}: no such directory")
         manifest = read_manifest(model_dir)
         inputs = read_inputs(model_dir, manifest)
         if variant not in inputs["variants"]:
-            raise ValueError(f"{model_dir} has no {variant} model (it has {', '.join(inputs['variants'])})")
+            raise BadInput(f"{model_dir} has no {variant} model (it has {', '.join(inputs['variants'])})")
         if batch_size <= 0:
-            raise ValueError(f"--batch_size must be positive, got {batch_size}")
+            raise BadInput(f"--batch_size must be positive, got {batch_size}")
         entry = inputs["variants"][variant]
         self.model = load_model_file(model_dir, entry["file"], entry["format"], manifest)
         self.batch_size = batch_size
@@ -99,7 +100,7 @@ class Predictor:
                 with np.load(io.BytesIO(vocabulary)) as saved:
                     self._vocabulary = [saved[str(f)] for f in range(len(self.table_sizes))]
             except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-                raise ValueError(f"{os.path.join(model_dir, preprocessing['vocabulary'])}: not the model's "
+                raise BadInput(f"{os.path.join(model_dir, preprocessing['vocabulary'])}: not the model's "
                                  f"vocabulary ({type(e).__name__}: {e})") from e
 
     @property
@@ -124,13 +125,13 @@ class Predictor:
         dense = np.asarray(dense)
         sparse = np.asarray(sparse)
         if dense.ndim != 2 or dense.shape[1] != self.num_dense:
-            raise ValueError(f"dense must have shape (N, {self.num_dense}), got {dense.shape}")
+            raise BadInput(f"dense must have shape (N, {self.num_dense}), got {dense.shape}")
         if sparse.shape != (dense.shape[0], self.num_sparse_columns):
-            raise ValueError(f"sparse must have shape ({dense.shape[0]}, {self.num_sparse_columns}), got {sparse.shape}")
+            raise BadInput(f"sparse must have shape ({dense.shape[0]}, {self.num_sparse_columns}), got {sparse.shape}")
         if self.layout == FEATURE_SPEC_LAYOUT:
             bad = self.find_bad_id(sparse)
             if bad is not None:
-                raise ValueError(f"row {bad[0]}: {bad[1]}")
+                raise BadInput(f"row {bad[0]}: {bad[1]}")
         return self._transform(dense, sparse)
 
     def _transform(self, dense: np.ndarray, sparse: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -251,7 +252,7 @@ def _reason(reason: str, labelled: bool) -> str:
 def predict_file(predictor: Predictor, path: str, out: TextIO, chunk_bytes: int = 1 << 22) -> int:
     """Writes one probability per line of ``path`` to ``out``; returns the line count."""
     if not os.path.exists(path):
-        raise ValueError(f"--input {path}: no such file")
+        raise BadInput(f"--input {path}: no such file")
     lines = 0
     labelled = None  # decided once, by the file's first line
     for first_line, _, data in iter_line_chunks(DaySource(0, path), chunk_bytes):

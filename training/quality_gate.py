@@ -18,6 +18,7 @@ import torch
 from torchmetrics.functional.classification import binary_auroc
 
 from common.cli import OneLineParser
+from common.errors import BadInput
 from data.criteo_binary import CriteoBinaryDataset
 from data.split_binary import SplitBinaryDataset
 from training.inference_model import FEATURE_SPEC_LAYOUT, read_inputs
@@ -51,7 +52,7 @@ def evaluate_variants(model_dir: str, data_dir: Optional[str] = None, limit_rows
     inputs = read_inputs(model_dir, read_manifest(model_dir))
     data_dir = data_dir or inputs.get("data_path")
     if not data_dir:
-        raise ValueError("--data is needed: the model was trained on random data")
+        raise BadInput("--data is needed: the model was trained on random data")
     dataset: Union[CriteoBinaryDataset, SplitBinaryDataset] = (
         SplitBinaryDataset(data_dir) if inputs.get("layout") == FEATURE_SPEC_LAYOUT else CriteoBinaryDataset(data_dir))
     start, stop = dataset.split_ranges()["test"]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from common.cli import OneLineParser
+from common.errors import BadInput
 from common.run_log_file import log_records
 
 FIGURE_INCHES = (12.0, 8.0)
@@ -22,7 +23,7 @@ FIGURE_DPI = 100  # so the PNG is 1200 x 800 pixels
 _REQUIRED = {"train": ("step", "loss", "lr", "records_per_sec"), "eval": ("stage", "step")}
 
 
-class LogError(ValueError):
+class LogError(BadInput):
     """A log line is not a record this tool understands."""
 
 

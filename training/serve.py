@@ -43,6 +43,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from common.cli import OneLineParser
+from common.errors import BadInput
 from training.predict import VARIANTS, MalformedLineError, Predictor
 
 
@@ -70,9 +71,9 @@ class BatchingPredictor:
 
     def __init__(self, predictor: Predictor, max_batch_rows: int = 4096, max_batch_delay_ms: float = 2.0) -> None:
         if max_batch_rows <= 0:
-            raise ValueError(f"--max_batch_rows must be positive, got {max_batch_rows}")
+            raise BadInput(f"--max_batch_rows must be positive, got {max_batch_rows}")
         if max_batch_delay_ms < 0:
-            raise ValueError(f"--max_batch_delay_ms must not be negative, got {max_batch_delay_ms}")
+            raise BadInput(f"--max_batch_delay_ms must not be negative, got {max_batch_delay_ms}")
         self.predictor = predictor
         self.max_batch_rows = max_batch_rows
         self.max_batch_delay = max_batch_delay_ms / 1e3
@@ -160,9 +161,9 @@ class HttpLimits:
     def validate(self) -> None:
         for name in ("max_body_bytes", "max_connections", "parse_threads"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
+                raise BadInput(f"--{name} must be positive, got {getattr(self, name)}")
         if not self.request_timeout_s > 0:
-            raise ValueError(f"--request_timeout_s must be positive, got {self.request_timeout_s}")
+            raise BadInput(f"--request_timeout_s must be positive, got {self.request_timeout_s}")
 
 
 class HttpError(Exception):
@@ -318,11 +319,11 @@ def listening_socket(host: str, port: int) -> socket.socket:
     """A socket bound to ``host:port`` and listening (port 0: a free one); one-line
     ValueError/OSError when it cannot be."""
     if not 0 <= port <= 65535:
-        raise ValueError(f"--port {port}: not a TCP port (0 to 65535)")
+        raise BadInput(f"--port {port}: not a TCP port (0 to 65535)")
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     except socket.gaierror as e:
-        raise ValueError(f"--host {host}: {e.strerror}") from None
+        raise BadInput(f"--host {host}: {e.strerror}") from None
     try:
         return socket.create_server((host, port), family=family, backlog=1024)
     except OSError as e:

@@ -77,7 +77,7 @@ class DataConfig:
         return self.test_batch_size or self.batch_size
 
     def validate(self) -> None:
-        """Raises ValueError with one line naming the offending flag."""
+        """Raises BadInput with one line naming the offending flag."""
         if self.dataset_name not in DATASET_NAMES:
             raise BadInput(
                 f"--dataset_name must be one of {', '.join(DATASET_NAMES)}, got {self.dataset_name!r}"
@@ -137,7 +137,7 @@ def open_dataset(config: DataConfig) -> Optional[Union[CriteoBinaryDataset, Spli
     files, so bad data fails on every rank alike.
 
     Raises:
-        ValueError: one line naming the file (and row and column for a bad value).
+        BadInput: one line naming the file (and row and column for a bad value).
     """
     dataset: Union[CriteoBinaryDataset, SplitBinaryDataset]
     if config.dataset_path is not None:

@@ -57,7 +57,7 @@ class CriteoBinaryDataset:
         multi_hot: read ``day_{i}_sparse_multi_hot.npz`` instead of the sparse .npy.
 
     Raises:
-        ValueError: one line naming the file when the layout is wrong.
+        BadInput: one line naming the file when the layout is wrong.
 
     Example::
 

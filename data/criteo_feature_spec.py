@@ -13,12 +13,11 @@ largest id + 1). Only the one-hot layout is converted.
 """
 
 import os
-import sys
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from common.cli import OneLineParser, positive_int
+from common.cli import OneLineParser, cli_main, positive_int
 from common.errors import BadInput
 from data.criteo_binary import CriteoBinaryDataset
 from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES
@@ -103,17 +102,17 @@ def criteo_to_split_binary(input_dir: str, output_dir: str, block_rows: int = DE
     return spec
 
 
+PROG = "python -m data.criteo_feature_spec"
+
+
+@cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog="python -m data.criteo_feature_spec", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--input", required=True, help="directory of day_{i}_{dense,sparse,labels}.npy")
     parser.add_argument("--output", required=True, help="output directory (replaced)")
     parser.add_argument("--chunk_size", type=positive_int, default=DEFAULT_BLOCK_ROWS, help="rows per block")
     args = parser.parse_args(argv)
-    try:
-        spec = criteo_to_split_binary(args.input, args.output, args.chunk_size)
-    except ValueError as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
+    spec = criteo_to_split_binary(args.input, args.output, args.chunk_size)
     rows = spec.check_split_binary_files()
     print(f"wrote {spec.path}: {rows['train']} train rows, {rows['test']} test rows")
     return 0

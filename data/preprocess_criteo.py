@@ -47,7 +47,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from common.cli import OneLineParser, int_list
+from common.cli import OneLineParser, cli_main, int_list
 from common.errors import BadInput
 from data.criteo_layout import (METADATA_FILE, NUM_SPARSE_FEATURES, day_file, done_marker, remove_day_files_from,
                                 write_json_atomic)
@@ -146,7 +146,7 @@ def read_blocks(path: str, block_bytes: int) -> Iterator[bytes]:
     """The bytes of a file (decompressed when it ends in .gz), a block at a time.
 
     Raises:
-        ValueError: naming the file, when it cannot be read, is not gzip data, or is
+        BadInput: naming the file, when it cannot be read, is not gzip data, or is
             a truncated .gz.
     """
     try:
@@ -588,8 +588,12 @@ def preprocess(config: PreprocessConfig) -> Dict[str, object]:
     return metadata
 
 
+PROG = "preprocess_criteo"
+
+
+@cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog="preprocess_criteo", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--input_dir", required=True)
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--dataset_name", required=True, choices=DATASET_NAMES)
@@ -603,9 +607,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     config = PreprocessConfig(**vars(args))
     try:
         metadata = preprocess(config)
-    except (ValueError, OSError) as e:
-        print(f"preprocess_criteo: error: {e}", file=sys.stderr)
-        return 2
+    except OSError as e:  # a full disk, say: the message names the file
+        raise BadInput(str(e)) from e
     rows = metadata["rows_per_day"]
     print(f"wrote {sum(rows)} rows in {len(rows)} days to {config.output_dir}; "  # type: ignore[arg-type]
           f"bad lines skipped: {sum(metadata['bad_lines'].values())}")  # type: ignore[union-attr]

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from common.cli import OneLineParser, int_list
+from common.cli import OneLineParser, cli_main, int_list
 from common.errors import BadInput
 from data.criteo_layout import (
     METADATA_FILE,
@@ -310,8 +310,12 @@ def generate_multi_hot_criteo(spec: SyntheticCriteoSpec, output_dir: str, hotnes
     return metadata
 
 
+PROG = "python -m data.synthetic_criteo"
+
+
+@cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog="python -m data.synthetic_criteo", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--output_dir", required=True, help="directory to write the day files to")
     parser.add_argument("--num_days", type=int, default=SyntheticCriteoSpec.num_days)
     parser.add_argument("--rows_per_day", type=int, default=SyntheticCriteoSpec.rows_per_day)
@@ -348,9 +352,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"raw Criteo TSV: {spec.num_days} days of {spec.rows_per_day} lines at {args.output_dir}")
             return 0
         metadata = generate_synthetic_criteo(spec, args.output_dir)
-    except (ValueError, OSError) as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
+    except OSError as e:  # a full disk, say: the message names the file
+        raise BadInput(str(e)) from e
     rows = sum(metadata["rows_per_day"])  # type: ignore[arg-type]
     print(
         f"synthetic Criteo data: {rows} rows in {metadata['num_days']} days at {args.output_dir} "

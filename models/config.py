@@ -71,7 +71,7 @@ class ModelConfig:
         return [f"t_{name}" for name in self.sparse_feature_names]
 
     def validate(self) -> None:
-        """Raises ValueError with one line naming the offending flag."""
+        """Raises BadInput with one line naming the offending flag."""
         if self.interaction_type not in INTERACTION_TYPES:
             raise BadInput(
                 f"--interaction_type must be one of {', '.join(INTERACTION_TYPES)}, "

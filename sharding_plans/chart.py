@@ -13,7 +13,7 @@ def write_memory_chart(saved: SavedPlan, path: str, title: str = "") -> None:
 
     Written under a temporary name and renamed when complete.
 
-    Raises ValueError when the plan has no estimates.
+    Raises BadInput when the plan has no estimates.
 
     Example::
 

@@ -28,7 +28,7 @@ from sharding_plans.planner import PlanDoesNotFit, PlannerConfig, host_memory_by
 from sharding_plans.presets import PRESETS, Preset, find_preset
 from sharding_plans.report import format_bytes, format_plan_report, largest_rank, memory_imbalance
 from training.config import OPTIMIZERS
-from common.cli import OneLineParser, int_list
+from common.cli import OneLineParser, int_list, run_cli
 
 PROG = "python -m sharding_plans"
 _GIB = 1024**3
@@ -36,7 +36,6 @@ DEFAULT_EMBEDDING_DIM = 64  # dlrm_main.py's
 DEFAULT_BATCH_SIZE = 32  # the entry points'
 DEFAULT_LOCAL_WORLD_SIZE = 8  # GPUs per host of the common 8-GPU servers
 EXIT_DOES_NOT_FIT = 1
-EXIT_BAD_INPUT = 2
 
 
 def float_list(text: str) -> List[float]:
@@ -314,8 +313,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """
     args = build_parser().parse_args(argv)
     command = {"plan": _plan, "inspect": _inspect, "sweep": _sweep}[args.command]
-    try:
-        return command(args)
-    except ValueError as e:  # bad flags, files or constraints: the message says which
-        print(f"{PROG} {args.command}: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    return run_cli(lambda: command(args), f"{PROG} {args.command}")

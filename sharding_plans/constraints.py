@@ -35,7 +35,7 @@ ALL_TABLES = "*"
 
 
 def check_table_precision(table: str, sharding_type: Optional[str], precision: str, source: str) -> None:
-    """Raises ValueError (one line starting with ``source``) for an fp16 table that is
+    """Raises BadInput (one line starting with ``source``) for an fp16 table that is
     data-parallel: FBGEMM's dense kernel has no fp16 backward, its updates are wrong."""
     if precision == "fp16" and sharding_type == "data_parallel":
         raise BadInput(f"{source}: table {table} is data_parallel with fp16 weights, and FBGEMM's dense "
@@ -46,7 +46,7 @@ def check_table_precision(table: str, sharding_type: Optional[str], precision: s
 def parse_table_choices(text: str, flag: str, choices: Sequence[str]) -> Dict[str, str]:
     """Parses ``VALUE`` / ``TABLE=VALUE,...`` / ``VALUE,TABLE=VALUE,...``.
 
-    Returns {table or "*": value}. Raises ValueError naming the flag on an empty item,
+    Returns {table or "*": value}. Raises BadInput naming the flag on an empty item,
     a repeated table or a value not in ``choices``.
 
     Example::
@@ -112,7 +112,7 @@ class ShardingConstraints:
         return self.compute_kernels.get(table, self.compute_kernels.get(ALL_TABLES))
 
     def validate(self, table_names: Sequence[str], compute_device: Optional[str] = None) -> None:
-        """Raises ValueError (one line naming the flag) for unknown tables and for
+        """Raises BadInput (one line naming the flag) for unknown tables and for
         choices that cannot work together or on ``compute_device`` (None: skip those)."""
         known = set(table_names)
         for flag, given in (("--sharding_type", self.sharding_types), ("--compute_kernel", self.compute_kernels)):

@@ -294,7 +294,7 @@ def _read_topology(r: _Reader, value: Any) -> PlannerConfig:
     )
     try:
         config.validate()
-    except ValueError as e:
+    except BadInput as e:
         raise r.fail("topology", str(e))
     return config
 

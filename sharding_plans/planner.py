@@ -198,7 +198,7 @@ def build_sharding_plan(
 
 def _plan(planner: EmbeddingShardingPlanner, module: nn.Module,
           sharders: List[ModuleSharder[nn.Module]]) -> ShardingPlan:
-    """The planner's plan; PlanDoesNotFit or a one-line ValueError when it finds none."""
+    """The planner's plan; PlanDoesNotFit or a one-line BadInput when it finds none."""
     try:
         with _quiet_planner():
             return planner.plan(module, sharders)
@@ -221,7 +221,7 @@ def plan_with_estimates(
 
     Raises:
         PlanDoesNotFit: no placement fits the ranks' memory.
-        ValueError: the constraints cannot be met (one line).
+        BadInput: the constraints cannot be met (one line).
 
     Example::
 

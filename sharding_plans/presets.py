@@ -79,7 +79,7 @@ PRESETS: Dict[str, Preset] = {
 def find_preset(name: str) -> Preset:
     """A preset by name, ignoring case and accepting spaces for underscores ("Full Size").
 
-    Raises ValueError listing the names when there is no such preset.
+    Raises BadInput listing the names when there is no such preset.
     """
     key = name.strip().lower().replace(" ", "_").replace("-", "_")
     if key not in PRESETS:

@@ -255,7 +255,7 @@ def read_manifest(path: str) -> Optional[Dict[str, ManifestEntry]]:
         return None
     try:
         return check_manifest_format(json.loads(text), marker)
-    except (ValueError, json.JSONDecodeError) as e:  # ManifestError is a ValueError
+    except (BadInput, json.JSONDecodeError) as e:  # a ManifestError, or not JSON
         raise CheckpointError(f"{marker}: not a checkpoint manifest (damaged?)") from e
 
 

@@ -252,7 +252,7 @@ class TrainConfig:
     dropout: float = 0.0
 
     def validate(self) -> None:
-        """Raises ValueError with one line naming the offending flag."""
+        """Raises BadInput with one line naming the offending flag."""
         self.model.validate()
         self.data.validate()
         self.optim.validate()

@@ -47,7 +47,7 @@ def _env_int(name: str, default: int) -> int:
 def resolve_env(device_flag: str) -> DistributedEnv:
     """Reads torchrun's variables (defaults: one process) and picks the device.
 
-    Raises ValueError (one line) when CUDA is asked for but missing, or when
+    Raises BadInput (one line) when CUDA is asked for but missing, or when
     LOCAL_RANK has no GPU of its own.
     """
     world_size = _env_int("WORLD_SIZE", 1)

@@ -36,7 +36,8 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTable
 from torchrec.fx import symbolic_trace
 from torchrec.inference.modules import quantize_inference_model
 
-from common.cli import OneLineParser
+from common.atomic import atomic_dir
+from common.cli import OneLineParser, cli_main
 from common.errors import BadInput
 from data.criteo_layout import DENSE_FEATURE_NAMES, read_metadata
 from data.feature_spec import FeatureSpec, FeatureSpecError
@@ -151,10 +152,7 @@ def export_model(checkpoint: str, output: str, quantize: List[str], newest: bool
     data_path = inputs["data_path"]
     inputs.update(checkpoint=path, step=meta.get("step"), variants={})
 
-    tmp = f"{output.rstrip('/')}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    try:
+    with atomic_dir(output, replace=False) as tmp:  # an empty --output is replaced, checked above
         example = (torch.zeros(4, model_config.dense_in_features),
                    torch.zeros(4, sum(inputs["sparse_hotness"]), dtype=torch.int64))
         with torch.no_grad():
@@ -175,12 +173,6 @@ def export_model(checkpoint: str, output: str, quantize: List[str], newest: bool
         with open(os.path.join(tmp, INPUTS_FILE), "w") as f:
             json.dump(inputs, f, indent=1)
         write_manifest(tmp)  # last: every file's size and SHA-256
-        if os.path.exists(output):
-            os.rmdir(output)  # empty, checked above
-        os.replace(tmp, output)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return inputs
 
 
@@ -198,8 +190,12 @@ def _quantize_list(text: str) -> List[str]:
     return names
 
 
+PROG = "python -m training.export"
+
+
+@cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog="python -m training.export", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True,
                         help="a checkpoint, or a --checkpoint_dir (the checkpoint marked best, else the newest)")
     parser.add_argument("--newest", action="store_true",
@@ -211,11 +207,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # Library notices that every export prints and that say nothing about this model.
     for message in ("torch.distributed is disabled", "The TorchScript type system", "TorchScript will treat"):
         warnings.filterwarnings("ignore", message=message)
-    try:
-        inputs = export_model(args.checkpoint, args.output, args.quantize, args.newest)
-    except ValueError as e:  # CheckpointError included
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
+    inputs = export_model(args.checkpoint, args.output, args.quantize, args.newest)
     print(f"exported {inputs['checkpoint']} (step {inputs['step']}) to {args.output}:\n" + format_sizes(inputs))
     return 0
 

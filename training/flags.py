@@ -174,7 +174,7 @@ def _feature_layout(args: argparse.Namespace) -> Tuple[List[str], int, Optional[
         return list(SPARSE_FEATURE_NAMES), len(DENSE_FEATURE_NAMES), None
     try:
         spec = FeatureSpec.load(args.dataset_path)
-    except ValueError as e:
+    except BadInput as e:
         raise FlagError(f"--dataset_path: {e}") from e
     return list(spec.categorical), len(spec.numerical), spec.cardinalities
 
@@ -307,7 +307,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             ),
         )
         config.validate()
-    except ValueError as e:
+    except BadInput as e:
         raise FlagError(str(e)) from e
     return config
 

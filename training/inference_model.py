@@ -108,7 +108,7 @@ FEATURE_SPEC_LAYOUT = "feature_spec_csv"
 
 def read_inputs(model_dir: str, manifest: Optional[Dict[str, ManifestEntry]] = None) -> Dict[str, Any]:
     """An exported model directory's inputs.json, checked against ``manifest`` (when
-    given) and for the fields loaders use; ValueError naming the file otherwise."""
+    given) and for the fields loaders use; BadInput naming the file otherwise."""
     path = os.path.join(model_dir, INPUTS_FILE)
     try:
         inputs = json.loads(read_file(model_dir, INPUTS_FILE, manifest))
@@ -119,7 +119,7 @@ def read_inputs(model_dir: str, manifest: Optional[Dict[str, ManifestEntry]] = N
 
 
 def check_inputs(inputs: Any, path: str) -> None:
-    """Raises ValueError naming ``path`` and the field when inputs.json lacks a field the
+    """Raises BadInput naming ``path`` and the field when inputs.json lacks a field the
     loaders use or has one of the wrong type or length."""
     def fail(field: str, expected: str) -> None:
         value = inputs.get(field) if isinstance(inputs, dict) else inputs

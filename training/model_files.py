@@ -69,12 +69,12 @@ def read_manifest(model_dir: str) -> Optional[Dict[str, ManifestEntry]]:
     try:
         with open(path, "rb") as f:
             return check_manifest_format(json.loads(f.read()), path)
-    except (OSError, ValueError) as e:  # JSONDecodeError and ManifestError are ValueErrors
+    except (OSError, ValueError, BadInput) as e:  # unreadable, not JSON (a ValueError), or a ManifestError
         raise BadInput(f"{path}: not a model manifest ({e})") from e
 
 
 def read_file(model_dir: str, name: str, manifest: Optional[Dict[str, ManifestEntry]]) -> bytes:
-    """One file of the directory, checked against the manifest (ValueError naming it)."""
+    """One file of the directory, checked against the manifest (BadInput naming it)."""
     path = os.path.join(model_dir, name)
     if os.path.basename(name) != name:
         raise BadInput(f"{model_dir}: file name {name!r} is not a plain name in the directory")
@@ -84,13 +84,13 @@ def read_file(model_dir: str, name: str, manifest: Optional[Dict[str, ManifestEn
     except OSError as e:
         raise BadInput(f"{path}: missing or unreadable ({e.strerror or e})") from e
     if manifest is not None:
-        check_bytes(data, path, manifest.get(name))  # ManifestError is a ValueError
+        check_bytes(data, path, manifest.get(name))  # ManifestError: bad input
     return data
 
 
 def load_model_file(model_dir: str, name: str, fmt: str, manifest: Optional[Dict[str, ManifestEntry]]) -> Any:
     """The callable model in ``name`` (a torch.export program or TorchScript), after the
-    manifest and the safety checks (module docstring). ValueError naming the file otherwise."""
+    manifest and the safety checks (module docstring). BadInput naming the file otherwise."""
     data = read_file(model_dir, name, manifest)
     path = os.path.join(model_dir, name)
     if fmt not in FORMATS:

@@ -39,7 +39,7 @@ SEMI_SYNC_KERNELS = ("fused", "fused_uvm")
 
 
 def check_pipeline_supported(kind: str, device: torch.device) -> None:
-    """One-line ValueError for a pipeline TorchRec cannot run on this device."""
+    """One-line BadInput for a pipeline TorchRec cannot run on this device."""
     if kind in CUDA_ONLY_PIPELINES and device.type != "cuda":
         raise BadInput(f"--pipeline {kind} needs CUDA (TorchRec runs it on side streams); "
                          f"on {device.type} use sparse_dist or base")
@@ -48,7 +48,7 @@ def check_pipeline_supported(kind: str, device: torch.device) -> None:
 def check_plan_for_pipeline(
     kind: str, plan: Mapping[str, Mapping[str, object]], validation_within_epoch: bool
 ) -> None:
-    """One-line ValueError when the plan's kernels make the pipeline train or evaluate
+    """One-line BadInput when the plan's kernels make the pipeline train or evaluate
     wrongly. The plan is the same on every rank, so every rank refuses alike.
 
     - semi_sync: every table must be on the fused or fused_uvm kernel. With a cache

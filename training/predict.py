@@ -39,7 +39,8 @@ from typing import List, Optional, Sequence, TextIO, Tuple
 import numpy as np
 import torch
 
-from common.cli import OneLineParser
+from common.atomic import atomic_path
+from common.cli import OneLineParser, cli_main
 from common.errors import BadInput
 from data.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
 from data.criteo_tsv import NUM_CAT, NUM_FIELDS, NUM_INT, parse_criteo_lines
@@ -119,7 +120,7 @@ class Predictor:
         Returns:
             dense (N, num_dense) float32 and ids (N, sum of hotness) int64 below the table sizes.
 
-        Raises ValueError on wrong shapes, and for a feature-spec model on an id that is not
+        Raises BadInput on wrong shapes, and for a feature-spec model on an id that is not
         an integer below its feature's cardinality (naming the row).
         """
         dense = np.asarray(dense)
@@ -263,8 +264,12 @@ def predict_file(predictor: Predictor, path: str, out: TextIO, chunk_bytes: int 
     return lines
 
 
+PROG = "python -m training.predict"
+
+
+@cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog="python -m training.predict", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a directory written by python -m training.export")
     parser.add_argument("--input", required=True,
                         help="raw Criteo lines (.tsv/.txt), or BYO CSV rows for a --dataset_path model; or .gz")
@@ -272,21 +277,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--variant", choices=VARIANTS, default="fp32", help="which exported model to use")
     parser.add_argument("--batch_size", type=int, default=4096, help="rows per forward")
     args = parser.parse_args(argv)
-    tmp = None if args.output is None else f"{args.output}.tmp-{os.getpid()}"
-    try:
-        predictor = Predictor(args.model, args.variant, args.batch_size)
-        if tmp is None:
-            predict_file(predictor, args.input, sys.stdout)
-        else:
-            with open(tmp, "w") as out:
-                predict_file(predictor, args.input, out)
-            os.replace(tmp, args.output)
-    except ValueError as e:  # MalformedLineError included
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.remove(tmp)
+    predictor = Predictor(args.model, args.variant, args.batch_size)
+    if args.output is None:
+        predict_file(predictor, args.input, sys.stdout)
+    else:
+        with atomic_path(args.output) as tmp, open(tmp, "w") as out:
+            predict_file(predictor, args.input, out)
     return 0
 
 

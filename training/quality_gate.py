@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torchmetrics.functional.classification import binary_auroc
 
-from common.cli import OneLineParser
+from common.cli import OneLineParser, cli_main
 from common.errors import BadInput
 from data.criteo_binary import CriteoBinaryDataset
 from data.split_binary import SplitBinaryDataset
@@ -70,18 +70,18 @@ def evaluate_variants(model_dir: str, data_dir: Optional[str] = None, limit_rows
     return GateResult(auroc, stop - start)
 
 
+PROG = "python -m training.quality_gate"
+
+
+@cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog="python -m training.quality_gate", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a directory written by python -m training.export")
     parser.add_argument("--data", default=None,
                         help="binary Criteo directory or PATH/feature_spec.yaml (default: the training data)")
     parser.add_argument("--limit_rows", type=int, default=None, help="test rows to use at most")
     args = parser.parse_args(argv)
-    try:
-        result = evaluate_variants(args.model, args.data, args.limit_rows)
-    except ValueError as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
+    result = evaluate_variants(args.model, args.data, args.limit_rows)
     print(f"test split, {result.rows} rows:")
     for variant, value in result.auroc.items():
         tolerance = AUROC_TOLERANCE.get(variant)

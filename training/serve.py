@@ -42,7 +42,7 @@ import torch
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from common.cli import OneLineParser
+from common.cli import OneLineParser, cli_main
 from common.errors import BadInput
 from training.predict import VARIANTS, MalformedLineError, Predictor
 
@@ -317,7 +317,7 @@ async def _answer(send: Callable[[Dict[str, Any]], Awaitable[None]], status: int
 
 def listening_socket(host: str, port: int) -> socket.socket:
     """A socket bound to ``host:port`` and listening (port 0: a free one); one-line
-    ValueError/OSError when it cannot be."""
+    BadInput/OSError when it cannot be."""
     if not 0 <= port <= 65535:
         raise BadInput(f"--port {port}: not a TCP port (0 to 65535)")
     try:
@@ -394,8 +394,12 @@ def serving_in_background(predictor: Predictor, max_batch_delay_ms: float = 2.0,
         batcher.close()
 
 
+PROG = "python -m training.serve"
+
+
+@cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog="python -m training.serve", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a directory written by python -m training.export")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8080, help="port to listen on")
@@ -418,18 +422,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
     limits = HttpLimits(args.max_body_bytes, args.request_timeout_s, args.max_connections, args.parse_threads)
+    limits.validate()
     try:
-        limits.validate()
         sock = listening_socket(args.host, args.port)
-    except (ValueError, OSError) as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
+    except OSError as e:  # the port is taken, say
+        raise BadInput(str(e)) from e
     try:
         batcher = BatchingPredictor(Predictor(args.model, args.variant), args.max_batch_rows, args.max_batch_delay_ms)
-    except (ValueError, OSError) as e:
+    except (BadInput, OSError) as e:
         sock.close()
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
+        raise BadInput(str(e)) from e
     server = Server(batcher, sock, limits)
     print(f"serving {args.model} ({args.variant}) on http://{args.host}:{server.port}/predict", flush=True)
     try:

@@ -1,14 +1,14 @@
 """Writing a file or a directory so that it appears complete or not at all.
 
-The content goes to a temporary name in the target's directory (so the rename stays
-on one file system), is flushed to disk (fsync of the file, then of the directory
+The content goes to a temporary name beside the target (so the rename stays on one
+file system), is flushed to disk (fsync of the file, then of the directory
 after the rename) and takes the target's name only when complete. A failure leaves
 the target as it was and no temporary behind.
 
 Example::
 
     write_json("out/metadata.json", {"rows": 10})
-    with atomic_path("run.png") as tmp:        # a file another library writes
+    with atomic_path("run.png", suffix=".tmp.png") as tmp:  # a file another library writes
         figure.savefig(tmp)
     with atomic_dir("model", replace=False) as staging:
         write_text(os.path.join(staging, "a.txt"), "...")
@@ -37,32 +37,45 @@ def _fsync(path: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str) -> Iterator[str]:
-    """Yields a temporary name beside ``path`` (with the same extension, for writers
-    that go by it); renames it to ``path`` when the block completes, removes it when
-    the block fails.
+def atomic_path(path: str, suffix: str = ".tmp") -> Iterator[str]:
+    """Yields the temporary name ``path + suffix``; renames it to ``path`` when the
+    block completes, removes it when the block fails. The name is fixed, so that a
+    run killed midway leaves one leftover, which the next run overwrites.
 
     Args:
         path: the file to (re)write.
+        suffix: ends the temporary name; writers that go by the extension need it
+            (np.savez adds ".npz" to a name without it, matplotlib picks the format).
 
     Example::
 
-        with atomic_path("counts.npz") as tmp:
+        with atomic_path("counts.npz", suffix=".tmp.npz") as tmp:
             np.savez(tmp, ids=ids)
     """
-    folder = os.path.dirname(os.path.abspath(path))
-    base = os.path.basename(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp" + os.path.splitext(base)[1], dir=folder)
-    os.close(fd)
+    tmp = path + suffix
     try:
         yield tmp
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; the output is an ordinary file
         _fsync(tmp)
         os.replace(tmp, path)
-        _fsync(folder)
+        _fsync(os.path.dirname(os.path.abspath(path)))
     finally:
-        if os.path.exists(tmp):
+        if os.path.lexists(tmp):
             os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def naming_write_errors(path: str) -> Iterator[None]:
+    """An OSError inside the block (a full disk, say) becomes one naming ``path``.
+
+    Example::
+
+        with naming_write_errors("out/a.npz"), atomic_path("out/a.npz", ".tmp.npz") as tmp:
+            np.savez(tmp, a=a)
+    """
+    try:
+        yield
+    except OSError as e:
+        raise OSError(f"{path}: cannot write ({e.strerror or e})") from e
 
 
 def write_bytes(path: str, data: bytes) -> None:
@@ -72,11 +85,8 @@ def write_bytes(path: str, data: bytes) -> None:
 
         write_bytes("model/weights.bin", blob)
     """
-    try:
-        with atomic_path(path) as tmp, open(tmp, "wb") as f:
-            f.write(data)
-    except OSError as e:
-        raise OSError(f"{path}: cannot write ({e.strerror or e})") from e
+    with naming_write_errors(path), atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
 
 
 def write_text(path: str, text: str) -> None:
@@ -122,7 +132,10 @@ def atomic_dir(path: str, replace: bool = True) -> Iterator[str]:
     os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it private; the output is an ordinary directory
     try:
         yield staging
-        _fsync(staging)
+        for folder, _, names in os.walk(staging):
+            for name in names:
+                _fsync(os.path.join(folder, name))
+            _fsync(folder)
         if os.path.isdir(target) and not os.listdir(target):
             os.rmdir(target)
         if os.path.exists(target) and replace:

@@ -17,12 +17,12 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from common.atomic import atomic_dir
 from common.cli import OneLineParser, cli_main, positive_int
 from common.errors import BadInput
 from data.criteo_binary import CriteoBinaryDataset
 from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES
 from data.feature_spec import DEFAULT_SPEC_NAME, Chunk, FeatureSpec, smallest_id_dtype
-from data.output_dir import build_output_dir
 
 LABEL = "label"
 DEFAULT_BLOCK_ROWS = 1 << 20
@@ -97,7 +97,8 @@ def criteo_to_split_binary(input_dir: str, output_dir: str, block_rows: int = DE
     """
     dataset = CriteoBinaryDataset(input_dir)
     cardinalities = _cardinalities(dataset, block_rows)
-    spec = build_output_dir(output_dir, lambda staging: _write(dataset, cardinalities, staging, block_rows))
+    with atomic_dir(output_dir, replace=True) as staging:
+        spec = _write(dataset, cardinalities, staging, block_rows)
     spec.base_dir, spec.path = os.path.abspath(output_dir), os.path.join(output_dir, DEFAULT_SPEC_NAME)
     return spec
 

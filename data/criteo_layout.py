@@ -75,17 +75,3 @@ def read_metadata(directory: str) -> Optional[Dict[str, Any]]:
             return json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise BadInput(f"{path}: not a readable metadata JSON ({e})") from e
-
-
-def write_json_atomic(path: str, payload: Dict[str, Any]) -> None:
-    """Writes JSON under a temporary name and renames it, so readers never see half a file."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(payload, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except OSError as e:  # a full disk, say: name the file
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise OSError(f"{path}: cannot write ({e.strerror or e})") from e

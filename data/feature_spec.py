@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 import yaml
 
+from common.atomic import write_text
 from common.errors import BadInput
 from common.yaml_file import load_yaml
 
@@ -286,7 +287,4 @@ class FeatureSpec:
 
     def write(self, path: str) -> None:
         """Writes the YAML under a temporary name and renames it."""
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            yaml.safe_dump(self.to_dict(), f, sort_keys=False)
-        os.replace(tmp, path)
+        write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))

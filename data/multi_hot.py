@@ -13,12 +13,12 @@ usual ``day_{i}_dense.npy`` and ``day_{i}_labels.npy``. Members stored without
 compression are memory-mapped; compressed ones are read whole.
 """
 
-import os
 import zipfile
 from typing import List, Sequence
 
 import numpy as np
 
+from common.atomic import atomic_path
 from common.errors import BadInput
 
 
@@ -101,6 +101,5 @@ def open_npz_arrays(path: str, keys: Sequence[str]) -> List[np.ndarray]:
 
 def write_multi_hot_npz(path: str, bags: Sequence[np.ndarray]) -> None:
     """Writes 26 (N, k_f) int32 arrays under keys "0".."25", uncompressed, atomically."""
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, **{str(f): np.ascontiguousarray(b, dtype=np.int32) for f, b in enumerate(bags)})
-    os.replace(tmp, path)
+    with atomic_path(path, suffix=".tmp.npz") as tmp:
+        np.savez(tmp, **{str(f): np.ascontiguousarray(b, dtype=np.int32) for f, b in enumerate(bags)})

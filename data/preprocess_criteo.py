@@ -41,16 +41,16 @@ import struct
 import sys
 import time
 import zlib
-from contextlib import closing, contextmanager
+from contextlib import ExitStack, closing
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from common.atomic import atomic_path, naming_write_errors, write_json
 from common.cli import OneLineParser, cli_main, int_list
 from common.errors import BadInput
-from data.criteo_layout import (METADATA_FILE, NUM_SPARSE_FEATURES, day_file, done_marker, remove_day_files_from,
-                                write_json_atomic)
+from data.criteo_layout import METADATA_FILE, NUM_SPARSE_FEATURES, day_file, done_marker, remove_day_files_from
 from data.criteo_tsv import NUM_INT, parse_criteo_lines
 
 DATASET_NAMES = ("criteo_1t", "criteo_kaggle")
@@ -291,7 +291,7 @@ class _NpyWriter:
 
     def __init__(self, path: str, dtype: np.dtype, width: int) -> None:
         self.path, self.dtype, self.width, self.rows = path, np.dtype(dtype), width, 0
-        with self._naming_errors():
+        with naming_write_errors(self.path):
             self._file = open(path, "wb")
             self._file.write(self._header())
 
@@ -305,20 +305,13 @@ class _NpyWriter:
         text = text.ljust(_NPY_HEADER_BYTES - 10 - 1) + "\n"
         return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode("latin1")
 
-    @contextmanager
-    def _naming_errors(self) -> Iterator[None]:
-        try:
-            yield
-        except OSError as e:  # a full disk, say: name the file
-            raise OSError(f"{self.path}: cannot write ({e.strerror or e})") from e
-
     def append(self, rows: np.ndarray) -> None:
-        with self._naming_errors():
+        with naming_write_errors(self.path):
             self._file.write(memoryview(np.ascontiguousarray(rows, dtype=self.dtype)).cast("B"))
         self.rows += len(rows)
 
     def close(self) -> None:
-        with self._naming_errors():
+        with naming_write_errors(self.path):
             self._file.seek(0)
             self._file.write(self._header())
             self._file.flush()
@@ -326,12 +319,11 @@ class _NpyWriter:
             self._file.close()
 
     def discard(self) -> None:
-        """Closes and removes the unfinished file (its unwritten buffer is dropped)."""
+        """Closes the unfinished file (its unwritten buffer is dropped; atomic_path removes it)."""
         try:
             self._file.close()
         except OSError:
             pass  # the buffered bytes that could not be written: the file goes anyway
-        os.remove(self.path)
 
 
 def transform_dense(dense_raw: np.ndarray) -> np.ndarray:
@@ -368,9 +360,17 @@ class DayResult:
 def transform_source(source: DaySource, config: PreprocessConfig, vocabulary: Optional[List[np.ndarray]],
                      progress: Optional[ProgressFn] = None) -> DayResult:
     """Writes one day's three files (temporary names, renamed when complete)."""
+    with ExitStack() as renamed_when_complete:
+        tmp = {kind: renamed_when_complete.enter_context(atomic_path(day_file(config.output_dir, source.day, kind)))
+               for kind in _DAY_ARRAYS}
+        writers = {kind: _NpyWriter(tmp[kind], dtype, width) for kind, (dtype, width) in _DAY_ARRAYS.items()}
+        return _transform_into(source, config, vocabulary, progress, writers)
+
+
+def _transform_into(source: DaySource, config: PreprocessConfig, vocabulary: Optional[List[np.ndarray]],
+                    progress: Optional[ProgressFn], writers: Dict[str, "_NpyWriter"]) -> DayResult:
+    """Fills the day's writers; BadInput when no line gives a row."""
     sizes = None if config.num_embeddings_per_feature is None else np.asarray(config.num_embeddings_per_feature)
-    finals = {k: day_file(config.output_dir, source.day, k) for k in ("dense", "sparse", "labels")}
-    writers = {kind: _NpyWriter(finals[kind] + ".tmp", dtype, width) for kind, (dtype, width) in _DAY_ARRAYS.items()}
     bad = [0]
     max_ids = np.zeros(NUM_SPARSE_FEATURES, dtype=np.int64)
     try:
@@ -389,13 +389,9 @@ def transform_source(source: DaySource, config: PreprocessConfig, vocabulary: Op
         raise
     rows = writers["labels"].rows
     if rows == 0:
-        for writer in writers.values():
-            os.remove(writer.path)
         where = source.path if source.num_lines is None else f"{source.path} (day {source.day})"
         what = f"all {bad[0]} lines are bad (--on_bad_lines skip)" if bad[0] else "no lines"
         raise BadInput(f"{where}: {what}; every day needs rows (the last one is validation and test)")
-    for kind, writer in writers.items():
-        os.replace(writer.path, finals[kind])
     return DayResult(source.day, rows, bad[0], max_ids.tolist())
 
 
@@ -513,14 +509,8 @@ def _load_or_build_vocabulary(config: PreprocessConfig, train: List[DaySource]) 
     for f in range(NUM_SPARSE_FEATURES):
         ids, counts = _merge_counts([day[f] for day in per_day])
         vocabulary.append(ids[counts >= config.frequency_threshold].astype(np.uint32))
-    tmp = path + ".tmp.npz"
-    try:
+    with naming_write_errors(path), atomic_path(path, suffix=".tmp.npz") as tmp:
         np.savez(tmp, signature=json.dumps(signature), **{str(f): v for f, v in enumerate(vocabulary)})
-        os.replace(tmp, path)
-    except OSError as e:  # a full disk, say: name the file
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise OSError(f"{path}: cannot write ({e.strerror or e})") from e
     return vocabulary
 
 
@@ -554,7 +544,7 @@ def preprocess(config: PreprocessConfig) -> Dict[str, object]:
                                  "writing day files"):
             results[result.day] = result
             source = sources[result.day]
-            write_json_atomic(done_marker(config.output_dir, result.day), {
+            write_json(done_marker(config.output_dir, result.day), {
                 "fingerprint": config.fingerprint(), "source": source.signature(), **asdict(result)})
     ordered = [results[s.day] for s in sources]
     if vocabulary is not None:
@@ -584,7 +574,7 @@ def preprocess(config: PreprocessConfig) -> Dict[str, object]:
         "bad_lines": bad_lines,
         "split": "days 0..N-2 train; day N-1: first half validation, second half test",
     }
-    write_json_atomic(os.path.join(config.output_dir, METADATA_FILE), metadata)
+    write_json(os.path.join(config.output_dir, METADATA_FILE), metadata)
     return metadata
 
 

@@ -16,6 +16,7 @@ Usage::
     python -m data.synthetic_criteo --output_dir data_cache/synthetic_criteo --seed 0
 """
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -24,6 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from common.atomic import atomic_path, write_json
 from common.cli import OneLineParser, cli_main, int_list
 from common.errors import BadInput
 from data.criteo_layout import (
@@ -34,7 +36,6 @@ from data.criteo_layout import (
     multi_hot_file,
     read_metadata,
     remove_day_files_from,
-    write_json_atomic,
 )
 
 # Table sizes from 4 to 40k rows: a spread like Criteo's, small enough to train in minutes.
@@ -171,8 +172,7 @@ def write_raw_day(spec: SyntheticCriteoSpec, path: str, day: int) -> int:
 
     model = _hidden_model(spec)
     rng = np.random.default_rng([spec.seed, 1, day])
-    tmp = path + ".tmp"
-    with (gzip.open(tmp, "wb", compresslevel=1) if path.endswith(".gz") else open(tmp, "wb")) as f:
+    with atomic_path(path) as tmp, (gzip.open(tmp, "wb", compresslevel=1) if path.endswith(".gz") else open(tmp, "wb")) as f:
         for start in range(0, spec.rows_per_day, _CHUNK_ROWS):
             n = min(_CHUNK_ROWS, spec.rows_per_day - start)
             raw, missing, ids, labels = _draw_raw_rows(spec, model, rng, n)
@@ -181,7 +181,6 @@ def write_raw_day(spec: SyntheticCriteoSpec, path: str, day: int) -> int:
             hex_rows = hex_text.astype(str).reshape(n, NUM_SPARSE_FEATURES).tolist()
             lines = ["\t".join([str(l), *d, *h]) for l, d, h in zip(labels[:, 0].tolist(), dense_text, hex_rows)]
             f.write(("\n".join(lines) + "\n").encode())
-    os.replace(tmp, path)
     return spec.rows_per_day
 
 
@@ -203,10 +202,18 @@ def write_raw_days(spec: SyntheticCriteoSpec, output_dir: str, suffix: str = "")
 def _write_day(spec: SyntheticCriteoSpec, model: _HiddenModel, output_dir: str, day: int) -> int:
     """Writes one day's three files under temporary names, then renames them; returns positives."""
     rng = np.random.default_rng([spec.seed, 1, day])
-    n = spec.rows_per_day
     shapes = {"dense": (np.float32, NUM_DENSE_FEATURES), "sparse": (np.int32, NUM_SPARSE_FEATURES),
               "labels": (np.int32, 1)}
-    tmp_paths = {k: day_file(output_dir, day, k) + ".tmp.npy" for k in shapes}
+    with contextlib.ExitStack() as renamed_when_complete:
+        tmp_paths = {k: renamed_when_complete.enter_context(atomic_path(day_file(output_dir, day, k), ".tmp.npy"))
+                     for k in shapes}
+        return _fill_day(spec, model, rng, tmp_paths, shapes)
+
+
+def _fill_day(spec: SyntheticCriteoSpec, model: _HiddenModel, rng: np.random.Generator, tmp_paths: Dict[str, str],
+              shapes: Dict[str, Tuple[type, int]]) -> int:
+    """Fills the day's arrays (memory-mapped .npy files at tmp_paths); returns the positives."""
+    n = spec.rows_per_day
     arrays = {
         k: np.lib.format.open_memmap(tmp_paths[k], mode="w+", dtype=dtype, shape=(n, width))
         for k, (dtype, width) in shapes.items()
@@ -219,10 +226,8 @@ def _write_day(spec: SyntheticCriteoSpec, model: _HiddenModel, output_dir: str, 
         arrays["sparse"][start:stop] = sparse
         arrays["labels"][start:stop] = labels
         positives += int(labels.sum())
-    for k, array in arrays.items():
+    for array in arrays.values():
         array.flush()
-        del array
-        os.replace(tmp_paths[k], day_file(output_dir, day, k))
     return positives
 
 
@@ -280,7 +285,7 @@ def generate_synthetic_criteo(
         "positive_rate": positives / total,
         "generator": _spec_record(spec),
     }
-    write_json_atomic(metadata_path, metadata)
+    write_json(metadata_path, metadata)
     return metadata
 
 
@@ -306,7 +311,7 @@ def generate_multi_hot_criteo(spec: SyntheticCriteoSpec, output_dir: str, hotnes
             shutil.copyfile(day_file(one_hot_dir, day, kind), day_file(output_dir, day, kind))
     shutil.rmtree(one_hot_dir)
     metadata = {**metadata, "multi_hot_sizes": list(hotness), "multi_hot_distribution_type": distribution}
-    write_json_atomic(metadata_path, metadata)
+    write_json(metadata_path, metadata)
     return metadata
 
 

@@ -19,11 +19,11 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from common.atomic import atomic_dir
 from common.cli import OneLineParser, cli_main, positive_int
 from common.errors import BadInput
 from data.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
 from data.feature_spec import AUTO, DEFAULT_SPEC_NAME, Chunk, FeatureSpec, FeatureSpecError, smallest_id_dtype
-from data.output_dir import build_output_dir
 
 DEFAULT_CHUNK_ROWS = 65536
 
@@ -175,8 +175,8 @@ def transcode(input_dir: str, spec_in: str, output_dir: str, spec_out: str = DEF
     spec = FeatureSpec.load(os.path.join(input_dir, spec_in), allow_auto=True)
     if os.path.abspath(output_dir) == os.path.abspath(input_dir):
         raise TranscodeError(f"--output {output_dir} is the input directory; give another directory")
-    out = build_output_dir(output_dir, lambda staging: _transcode_into(spec, input_dir, staging, spec_out,
-                                                                        block_rows))
+    with atomic_dir(output_dir, replace=True) as staging:
+        out = _transcode_into(spec, input_dir, staging, spec_out, block_rows)
     out.base_dir, out.path = os.path.abspath(output_dir), os.path.join(output_dir, spec_out)
     return out
 

@@ -1,7 +1,8 @@
 """A PNG chart of a plan's memory per rank (matplotlib, no display needed)."""
 
+from common.atomic import atomic_path
 from common.errors import BadInput
-from sharding_plans.plan_file import SavedPlan, atomic_output
+from sharding_plans.plan_file import SavedPlan
 from sharding_plans.report import largest_rank
 
 _GIB = 1024**3
@@ -51,7 +52,7 @@ def write_memory_chart(saved: SavedPlan, path: str, title: str = "") -> None:
     ax.legend(loc="upper right", fontsize="small")
     fig.tight_layout()
     try:
-        with atomic_output(path) as tmp:
+        with atomic_path(path, suffix=".tmp.png") as tmp:
             fig.savefig(tmp, format="png", dpi=100)
     finally:
         plt.close(fig)

@@ -46,6 +46,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torchrec.distributed.planner.types import ParameterConstraints
 
+from common.atomic import write_json
 from common.errors import BadInput
 from common.manifest import (HashingStream, ManifestEntry, ManifestError, check_bytes, check_manifest_format,
                              check_stream, entry_of_bytes)
@@ -444,11 +445,12 @@ class CheckpointManager:
         then prunes what it kept. Collective."""
         if self.rank == 0:
             pointer = _join(self.directory, BEST_FILE)
-            with g_pathmgr.open(pointer + ".tmp", "w") as f:
-                json.dump({"checkpoint": os.path.basename(path), **info}, f, indent=1)
+            best = {"checkpoint": os.path.basename(path), **info}
             if _is_local(pointer):
-                os.replace(_local(pointer + ".tmp"), _local(pointer))
+                write_json(_local(pointer), best, indent=1)
             else:  # iopath's mv does not overwrite
+                with g_pathmgr.open(pointer + ".tmp", "w") as f:
+                    json.dump(best, f, indent=1)
                 if g_pathmgr.exists(pointer):
                     g_pathmgr.rm(pointer)
                 g_pathmgr.mv(pointer + ".tmp", pointer)

@@ -105,7 +105,7 @@ def draw(runs: Sequence[Run], output: str) -> None:
     axes.flat[0].legend(fontsize="small")
     fig.tight_layout()
     try:
-        with atomic_path(output) as tmp:
+        with atomic_path(output, suffix=".tmp.png") as tmp:
             fig.savefig(tmp, dpi=FIGURE_DPI)
     finally:
         plt.close(fig)

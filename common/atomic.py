@@ -134,7 +134,8 @@ def atomic_dir(path: str, replace: bool = True) -> Iterator[str]:
         yield staging
         for folder, _, names in os.walk(staging):
             for name in names:
-                _fsync(os.path.join(folder, name))
+                if not os.path.islink(os.path.join(folder, name)):
+                    _fsync(os.path.join(folder, name))
             _fsync(folder)
         if os.path.isdir(target) and not os.listdir(target):
             os.rmdir(target)

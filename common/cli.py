@@ -1,6 +1,9 @@
 """Command-line helpers shared by every CLI of the project (data, training, plans).
 
-Bad flags are one line on stderr and exit code 2, never a usage dump:
+Every CLI's main goes through ``run_cli`` (or its decorator form ``cli_main``): bad
+input (``common.errors.BadInput``) becomes one line ``PROG: error: MESSAGE`` on
+stderr and exit code 2; any other exception keeps its traceback (exit 1).
+Bad flags are one line on stderr and exit code 2 too, never a usage dump:
 
     parser = OneLineParser(prog="python -m data.transcode")
     parser.add_argument("--chunk_size", type=positive_int, default=65536)
@@ -9,14 +12,66 @@ Bad flags are one line on stderr and exit code 2, never a usage dump:
 """
 
 import argparse
-from typing import List, NoReturn
+import functools
+import sys
+from typing import Callable, List, NoReturn, Optional, Sequence
+
+from common.errors import EXIT_BAD_INPUT, BadInput
+
+# Reports bad input of program PROG with MESSAGE; returns the exit code.
+BadInputReporter = Callable[[str, str], int]
+MainFn = Callable[[Optional[Sequence[str]]], int]
+
+
+def print_bad_input(prog: str, message: str) -> int:
+    """Prints ``PROG: error: MESSAGE`` on stderr; returns EXIT_BAD_INPUT."""
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    return EXIT_BAD_INPUT
+
+
+def run_cli(body: Callable[[], int], prog: str, report: BadInputReporter = print_bad_input) -> int:
+    """Runs a CLI's ``body``, returning its exit code; ``BadInput`` from it becomes
+    ``report(prog, message)`` (by default one line on stderr and exit code 2).
+
+    Args:
+        body: the command's work; returns its exit code.
+        prog: the program name the line starts with.
+        report: how to say it (the training entry points print on rank 0 only).
+
+    Example::
+
+        return run_cli(lambda: command(args), "python -m sweeps run")
+    """
+    try:
+        return body()
+    except BadInput as e:
+        return report(prog, str(e))
+
+
+def cli_main(prog: str, report: BadInputReporter = print_bad_input) -> Callable[[MainFn], MainFn]:
+    """Decorates a CLI's ``main(argv)`` so that it goes through ``run_cli``.
+
+    Example::
+
+        @cli_main("python -m data.transcode")
+        def main(argv=None) -> int: ...
+    """
+
+    def decorate(main: MainFn) -> MainFn:
+        @functools.wraps(main)
+        def wrapped(argv: Optional[Sequence[str]] = None) -> int:
+            return run_cli(lambda: main(argv), prog, report)
+
+        return wrapped
+
+    return decorate
 
 
 class OneLineParser(argparse.ArgumentParser):
     """Reports bad flags as one line (no usage dump) and exits with 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        raise SystemExit(print_bad_input(self.prog, message))
 
 
 def int_list(text: str) -> List[int]:

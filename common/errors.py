@@ -11,6 +11,9 @@ Example::
     raise BadInput(f"{path}:{line}:{column}: expected an integer, got {text!r}")
 """
 
+# The exit code of bad input (see training/failures.py for all of them).
+EXIT_BAD_INPUT = 2
+
 
 class BadInput(Exception):
     """What the user handed us is wrong; the message says what and where."""

@@ -21,11 +21,13 @@ import hashlib
 import io
 from typing import Any, BinaryIO, Dict, Optional
 
+from common.errors import BadInput
+
 ManifestEntry = Dict[str, Any]
 _READ_CHUNK = 8 << 20
 
 
-class ManifestError(ValueError):
+class ManifestError(BadInput):
     """A file is missing, or differs from its manifest entry; the message names the file."""
 
 

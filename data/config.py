@@ -6,6 +6,7 @@ from typing import Dict, Iterator, List, Optional, Protocol, Union
 
 from torchrec.datasets.utils import Batch
 
+from common.errors import BadInput
 from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
 from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, SPARSE_FEATURE_NAMES
 from data.multi_hot import MULTI_HOT_DISTRIBUTIONS, MultiHotExpander
@@ -76,49 +77,49 @@ class DataConfig:
         return self.test_batch_size or self.batch_size
 
     def validate(self) -> None:
-        """Raises ValueError with one line naming the offending flag."""
+        """Raises BadInput with one line naming the offending flag."""
         if self.dataset_name not in DATASET_NAMES:
-            raise ValueError(
+            raise BadInput(
                 f"--dataset_name must be one of {', '.join(DATASET_NAMES)}, got {self.dataset_name!r}"
             )
         if self.batch_size <= 0:
-            raise ValueError(f"--batch_size must be positive, got {self.batch_size}")
+            raise BadInput(f"--batch_size must be positive, got {self.batch_size}")
         if self.test_batch_size is not None and self.test_batch_size <= 0:
-            raise ValueError(f"--test_batch_size must be positive, got {self.test_batch_size}")
+            raise BadInput(f"--test_batch_size must be positive, got {self.test_batch_size}")
         for flag, value in (
             ("limit_train_batches", self.limit_train_batches),
             ("limit_val_batches", self.limit_val_batches),
             ("limit_test_batches", self.limit_test_batches),
         ):
             if value is not None and value < 0:
-                raise ValueError(f"--{flag} must not be negative, got {value}")
+                raise BadInput(f"--{flag} must not be negative, got {value}")
         for flag, path in (("in_memory_binary_criteo_path", self.in_memory_binary_criteo_path),
                            ("synthetic_multi_hot_criteo_path", self.synthetic_multi_hot_criteo_path)):
             if path is not None and not os.path.isdir(path):
-                raise ValueError(f"--{flag} {path}: no such directory")
+                raise BadInput(f"--{flag} {path}: no such directory")
         if self.dataset_path is not None and not os.path.isfile(self.dataset_path):
-            raise ValueError(f"--dataset_path {self.dataset_path}: no such file (give PATH/feature_spec.yaml)")
+            raise BadInput(f"--dataset_path {self.dataset_path}: no such file (give PATH/feature_spec.yaml)")
         given = [flag for flag, path in (("--in_memory_binary_criteo_path", self.in_memory_binary_criteo_path),
                                          ("--synthetic_multi_hot_criteo_path", self.synthetic_multi_hot_criteo_path),
                                          ("--dataset_path", self.dataset_path)) if path]
         if len(given) > 1:
-            raise ValueError(f"give one data path, not {' and '.join(given)}")
+            raise BadInput(f"give one data path, not {' and '.join(given)}")
         if self.multi_hot_sizes is not None and self.dataset_path:
-            raise ValueError("--multi_hot_sizes expands Criteo data; with --dataset_path give hotness in the spec")
+            raise BadInput("--multi_hot_sizes expands Criteo data; with --dataset_path give hotness in the spec")
         if self.multi_hot_sizes is not None:
             if self.synthetic_multi_hot_criteo_path:
-                raise ValueError("--multi_hot_sizes expands one-hot data; "
+                raise BadInput("--multi_hot_sizes expands one-hot data; "
                                  "--synthetic_multi_hot_criteo_path data is multi-hot already")
             if len(self.multi_hot_sizes) != NUM_SPARSE_FEATURES:
-                raise ValueError(f"--multi_hot_sizes has {len(self.multi_hot_sizes)} values but the data has "
+                raise BadInput(f"--multi_hot_sizes has {len(self.multi_hot_sizes)} values but the data has "
                                  f"{NUM_SPARSE_FEATURES} categorical features")
             if min(self.multi_hot_sizes) <= 0:
-                raise ValueError(f"--multi_hot_sizes values must be positive, got {min(self.multi_hot_sizes)}")
+                raise BadInput(f"--multi_hot_sizes values must be positive, got {min(self.multi_hot_sizes)}")
         elif self.multi_hot_distribution_type is not None:
-            raise ValueError("--multi_hot_distribution_type needs --multi_hot_sizes")
+            raise BadInput("--multi_hot_distribution_type needs --multi_hot_sizes")
         if (self.multi_hot_distribution_type is not None
                 and self.multi_hot_distribution_type not in MULTI_HOT_DISTRIBUTIONS):
-            raise ValueError(f"--multi_hot_distribution_type must be uniform or pareto, "
+            raise BadInput(f"--multi_hot_distribution_type must be uniform or pareto, "
                              f"got {self.multi_hot_distribution_type!r}")
 
     def limit(self, split: str) -> Optional[int]:
@@ -136,7 +137,7 @@ def open_dataset(config: DataConfig) -> Optional[Union[CriteoBinaryDataset, Spli
     files, so bad data fails on every rank alike.
 
     Raises:
-        ValueError: one line naming the file (and row and column for a bad value).
+        BadInput: one line naming the file (and row and column for a bad value).
     """
     dataset: Union[CriteoBinaryDataset, SplitBinaryDataset]
     if config.dataset_path is not None:

@@ -16,6 +16,7 @@ from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 from torchrec.datasets.utils import Batch
 
+from common.errors import BadInput
 from data.batching import BatchBuilder, RankBatchLayout, Sparse
 from data.criteo_layout import (
     DENSE_FEATURE_NAMES,
@@ -56,7 +57,7 @@ class CriteoBinaryDataset:
         multi_hot: read ``day_{i}_sparse_multi_hot.npz`` instead of the sparse .npy.
 
     Raises:
-        ValueError: one line naming the file when the layout is wrong.
+        BadInput: one line naming the file when the layout is wrong.
 
     Example::
 
@@ -67,7 +68,7 @@ class CriteoBinaryDataset:
     def __init__(self, directory: str, multi_hot: bool = False) -> None:
         flag = "--synthetic_multi_hot_criteo_path" if multi_hot else "--in_memory_binary_criteo_path"
         if not os.path.isdir(directory):
-            raise ValueError(f"{flag} {directory}: no such directory")
+            raise BadInput(f"{flag} {directory}: no such directory")
         self.directory = directory
         self.multi_hot = multi_hot
         self.metadata = read_metadata(directory)
@@ -77,7 +78,7 @@ class CriteoBinaryDataset:
                else os.path.exists(day_file(directory, len(self._days), "dense"))):
             self._days.append(self._open_day(len(self._days)))
         if len(self._days) < 2:
-            raise ValueError(
+            raise BadInput(
                 f"{directory}: needs at least two day files (day_0_dense.npy, day_1_dense.npy, "
                 f"...; the last day is validation + test), found {len(self._days)}"
             )
@@ -86,7 +87,7 @@ class CriteoBinaryDataset:
         self._check_rows_per_day()
         for split, (start, stop) in self.split_ranges().items():
             if start == stop:
-                raise ValueError(f"{directory}: the {split} split has no rows "
+                raise BadInput(f"{directory}: the {split} split has no rows "
                                  f"(rows per day: {', '.join(map(str, self.rows_per_day))})")
 
     def _listed_days(self) -> Optional[int]:
@@ -95,7 +96,7 @@ class CriteoBinaryDataset:
         if self.metadata is None:
             markers = day_files_from(self.directory, 0)
             if any(path.endswith(".done.json") for path in markers):
-                raise ValueError(f"{self.directory}: preprocessing did not finish (day markers but no "
+                raise BadInput(f"{self.directory}: preprocessing did not finish (day markers but no "
                                  f"{METADATA_FILE}); run it again")
             return None
         if "num_days" not in self.metadata:
@@ -103,7 +104,7 @@ class CriteoBinaryDataset:
         listed = int(self.metadata["num_days"])
         leftovers = day_files_from(self.directory, listed)
         if leftovers:
-            raise ValueError(f"{leftovers[0]}: not part of the data set ({METADATA_FILE} lists days 0 to "
+            raise BadInput(f"{leftovers[0]}: not part of the data set ({METADATA_FILE} lists days 0 to "
                              f"{listed - 1}); a leftover of an earlier data set? remove it")
         return listed
 
@@ -113,7 +114,7 @@ class CriteoBinaryDataset:
             return
         for day, (rows, expected) in enumerate(zip(self.rows_per_day, listed)):
             if rows != expected:
-                raise ValueError(f"{day_file(self.directory, day, 'dense')}: holds {rows} rows, "
+                raise BadInput(f"{day_file(self.directory, day, 'dense')}: holds {rows} rows, "
                                  f"but {METADATA_FILE} says day {day} has {expected}")
 
     def _open_day(self, day: int) -> Arrays:
@@ -124,13 +125,13 @@ class CriteoBinaryDataset:
         for kind, (dtype, width) in expected.items():
             path = day_file(self.directory, day, kind)
             if not os.path.exists(path):
-                raise ValueError(f"{path}: missing (day {day} of the data set)")
+                raise BadInput(f"{path}: missing (day {day} of the data set)")
             try:
                 array = np.load(path, mmap_mode="r")
             except (OSError, ValueError) as e:
-                raise ValueError(f"{path}: cannot read as .npy ({e})") from e
+                raise BadInput(f"{path}: cannot read as .npy ({e})") from e
             if array.ndim != 2 or array.shape[1] != width or array.dtype != dtype:
-                raise ValueError(
+                raise BadInput(
                     f"{path}: expected {np.dtype(dtype).name} of shape (N, {width}), "
                     f"found {array.dtype} {array.shape}"
                 )
@@ -142,16 +143,16 @@ class CriteoBinaryDataset:
             try:
                 sparse = open_npz_arrays(path, [str(f) for f in range(NUM_SPARSE_FEATURES)])
             except (OSError, zipfile.BadZipFile) as e:
-                raise ValueError(f"{path}: cannot read as .npz ({e})") from e
+                raise BadInput(f"{path}: cannot read as .npz ({e})") from e
             for f, part in enumerate(sparse):
                 if part.ndim != 2 or part.dtype != np.int32:
-                    raise ValueError(f"{path}: array {f} must be int32 of shape (N, hotness), "
+                    raise BadInput(f"{path}: array {f} must be int32 of shape (N, hotness), "
                                      f"found {part.dtype} {part.shape}")
             counts += [part.shape[0] for part in sparse]
         else:
             counts.append(sparse.shape[0])  # type: ignore[union-attr]
         if len(set(counts)) != 1:
-            raise ValueError(
+            raise BadInput(
                 f"{self.directory}: day {day} files disagree on the row count ({', '.join(map(str, counts))})"
             )
         return arrays["dense"], sparse, arrays["labels"]

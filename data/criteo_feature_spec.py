@@ -13,16 +13,16 @@ largest id + 1). Only the one-hot layout is converted.
 """
 
 import os
-import sys
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from common.cli import OneLineParser, positive_int
+from common.atomic import atomic_dir
+from common.cli import OneLineParser, cli_main, positive_int
+from common.errors import BadInput
 from data.criteo_binary import CriteoBinaryDataset
 from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES
 from data.feature_spec import DEFAULT_SPEC_NAME, Chunk, FeatureSpec, smallest_id_dtype
-from data.output_dir import build_output_dir
 
 LABEL = "label"
 DEFAULT_BLOCK_ROWS = 1 << 20
@@ -54,7 +54,7 @@ def _write(dataset: CriteoBinaryDataset, cardinalities: List[int], staging: str,
                 too_large = np.flatnonzero((sparse >= np.asarray(cardinalities)).any(axis=0))
                 if too_large.size:
                     f = int(too_large[0])
-                    raise ValueError(f"{dataset.directory}: feature {SPARSE_FEATURE_NAMES[f]} has id "
+                    raise BadInput(f"{dataset.directory}: feature {SPARSE_FEATURE_NAMES[f]} has id "
                                      f"{int(sparse[:, f].max())}, but metadata.json gives it cardinality "
                                      f"{cardinalities[f]}")
                 files[0].write(dense.astype(np.float16).tobytes())
@@ -97,22 +97,23 @@ def criteo_to_split_binary(input_dir: str, output_dir: str, block_rows: int = DE
     """
     dataset = CriteoBinaryDataset(input_dir)
     cardinalities = _cardinalities(dataset, block_rows)
-    spec = build_output_dir(output_dir, lambda staging: _write(dataset, cardinalities, staging, block_rows))
+    with atomic_dir(output_dir, replace=True) as staging:
+        spec = _write(dataset, cardinalities, staging, block_rows)
     spec.base_dir, spec.path = os.path.abspath(output_dir), os.path.join(output_dir, DEFAULT_SPEC_NAME)
     return spec
 
 
+PROG = "python -m data.criteo_feature_spec"
+
+
+@cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog="python -m data.criteo_feature_spec", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--input", required=True, help="directory of day_{i}_{dense,sparse,labels}.npy")
     parser.add_argument("--output", required=True, help="output directory (replaced)")
     parser.add_argument("--chunk_size", type=positive_int, default=DEFAULT_BLOCK_ROWS, help="rows per block")
     args = parser.parse_args(argv)
-    try:
-        spec = criteo_to_split_binary(args.input, args.output, args.chunk_size)
-    except ValueError as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
+    spec = criteo_to_split_binary(args.input, args.output, args.chunk_size)
     rows = spec.check_split_binary_files()
     print(f"wrote {spec.path}: {rows['train']} train rows, {rows['test']} test rows")
     return 0

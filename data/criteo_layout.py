@@ -15,6 +15,8 @@ import os
 import re
 from typing import Any, Dict, List, Optional
 
+from common.errors import BadInput
+
 NUM_DENSE_FEATURES = 13
 NUM_SPARSE_FEATURES = 26
 DENSE_FEATURE_NAMES: List[str] = [f"int_{i}" for i in range(NUM_DENSE_FEATURES)]
@@ -72,18 +74,4 @@ def read_metadata(directory: str) -> Optional[Dict[str, Any]]:
         with open(path) as f:
             return json.load(f)
     except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not a readable metadata JSON ({e})") from e
-
-
-def write_json_atomic(path: str, payload: Dict[str, Any]) -> None:
-    """Writes JSON under a temporary name and renames it, so readers never see half a file."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(payload, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except OSError as e:  # a full disk, say: name the file
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise OSError(f"{path}: cannot write ({e.strerror or e})") from e
+        raise BadInput(f"{path}: not a readable metadata JSON ({e})") from e

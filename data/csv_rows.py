@@ -14,10 +14,12 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
+from common.errors import BadInput
+
 MAX_ID = np.iinfo(np.int32).max  # split_binary ids are at most int32
 
 
-class CsvRowsError(ValueError):
+class CsvRowsError(BadInput):
     """A bad line: ``line`` is its 1-based number in the file, ``reason`` what is wrong."""
 
     def __init__(self, line: int, reason: str) -> None:

@@ -22,6 +22,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 import yaml
 
+from common.atomic import write_text
+from common.errors import BadInput
 from common.yaml_file import load_yaml
 
 CHANNELS = ("categorical", "numerical", "label")
@@ -32,7 +34,7 @@ AUTO = "auto"
 DEFAULT_SPEC_NAME = "feature_spec.yaml"
 
 
-class FeatureSpecError(ValueError):
+class FeatureSpecError(BadInput):
     """One problem of a spec, named with the spec's path."""
 
 
@@ -46,7 +48,7 @@ def smallest_id_dtype(cardinality: int) -> str:
     for name in ID_DTYPES:
         if cardinality - 1 <= np.iinfo(name).max:
             return name
-    raise ValueError(f"cardinality {cardinality} does not fit int32 ids")
+    raise BadInput(f"cardinality {cardinality} does not fit int32 ids")
 
 
 @dataclass
@@ -285,7 +287,4 @@ class FeatureSpec:
 
     def write(self, path: str) -> None:
         """Writes the YAML under a temporary name and renames it."""
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            yaml.safe_dump(self.to_dict(), f, sort_keys=False)
-        os.replace(tmp, path)
+        write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))

@@ -13,11 +13,13 @@ usual ``day_{i}_dense.npy`` and ``day_{i}_labels.npy``. Members stored without
 compression are memory-mapped; compressed ones are read whole.
 """
 
-import os
 import zipfile
 from typing import List, Sequence
 
 import numpy as np
+
+from common.atomic import atomic_path
+from common.errors import BadInput
 
 
 MULTI_HOT_DISTRIBUTIONS = ("uniform", "pareto")
@@ -42,7 +44,7 @@ class MultiHotExpander:
     def __init__(self, hotness: Sequence[int], num_embeddings_per_feature: Sequence[int],
                  distribution: str, seed: int) -> None:
         if distribution not in MULTI_HOT_DISTRIBUTIONS:
-            raise ValueError(f"--multi_hot_distribution_type must be uniform or pareto, got {distribution!r}")
+            raise BadInput(f"--multi_hot_distribution_type must be uniform or pareto, got {distribution!r}")
         self.hotness = list(hotness)
         self.sizes = np.asarray(num_embeddings_per_feature, dtype=np.int64)
         self._offsets: List[np.ndarray] = []
@@ -76,7 +78,7 @@ def open_npz_arrays(path: str, keys: Sequence[str]) -> List[np.ndarray]:
             try:
                 info = archive.getinfo(name)
             except KeyError:
-                raise ValueError(f"{path}: no array {key!r} (expected keys 0..{len(keys) - 1})")
+                raise BadInput(f"{path}: no array {key!r} (expected keys 0..{len(keys) - 1})")
             if info.compress_type != zipfile.ZIP_STORED:
                 with archive.open(info) as member:
                     arrays.append(np.lib.format.read_array(member))
@@ -92,13 +94,12 @@ def open_npz_arrays(path: str, keys: Sequence[str]) -> List[np.ndarray]:
                 shape, fortran, dtype = read_header(f)
                 offset = f.tell()
             if fortran:
-                raise ValueError(f"{path}: array {key!r} is Fortran-ordered; expected C order")
+                raise BadInput(f"{path}: array {key!r} is Fortran-ordered; expected C order")
             arrays.append(np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape))
     return arrays
 
 
 def write_multi_hot_npz(path: str, bags: Sequence[np.ndarray]) -> None:
     """Writes 26 (N, k_f) int32 arrays under keys "0".."25", uncompressed, atomically."""
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, **{str(f): np.ascontiguousarray(b, dtype=np.int32) for f, b in enumerate(bags)})
-    os.replace(tmp, path)
+    with atomic_path(path, suffix=".tmp.npz") as tmp:
+        np.savez(tmp, **{str(f): np.ascontiguousarray(b, dtype=np.int32) for f, b in enumerate(bags)})

@@ -39,15 +39,16 @@ import re
 import struct
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from common.cli import OneLineParser, int_list
-from data.criteo_layout import (METADATA_FILE, NUM_SPARSE_FEATURES, day_file, done_marker, remove_day_files_from,
-                                write_json_atomic)
+from common.atomic import atomic_path, naming_write_errors, write_json
+from common.cli import OneLineParser, cli_main, int_list
+from common.errors import BadInput
+from data.criteo_layout import METADATA_FILE, NUM_SPARSE_FEATURES, day_file, done_marker, remove_day_files_from
 from data.criteo_transforms import (DENSE_OFFSET, VOCABULARY_FILE, read_vocabulary, transform_dense, transform_sparse,
                                     vocabulary_arrays)
 from data.criteo_tsv import NUM_INT, parse_criteo_lines
@@ -60,7 +61,7 @@ _DAY_ARRAYS = {"dense": (np.float32, NUM_INT), "sparse": (np.int32, NUM_SPARSE_F
 ProgressFn = Callable[[int, int], None]  # (bytes, lines) just processed
 
 
-class BadLineError(ValueError):
+class BadLineError(BadInput):
     """A malformed input line under --on_bad_lines error."""
 
 
@@ -92,25 +93,25 @@ class PreprocessConfig:
 
     def validate(self) -> None:
         if self.dataset_name not in DATASET_NAMES:
-            raise ValueError(f"--dataset_name must be one of {', '.join(DATASET_NAMES)}, got {self.dataset_name!r}")
+            raise BadInput(f"--dataset_name must be one of {', '.join(DATASET_NAMES)}, got {self.dataset_name!r}")
         if not os.path.isdir(self.input_dir):
-            raise ValueError(f"--input_dir {self.input_dir}: no such directory")
+            raise BadInput(f"--input_dir {self.input_dir}: no such directory")
         if self.frequency_threshold < 0:
-            raise ValueError(f"--frequency_threshold must not be negative, got {self.frequency_threshold}")
+            raise BadInput(f"--frequency_threshold must not be negative, got {self.frequency_threshold}")
         sizes = self.num_embeddings_per_feature
         if sizes is not None:
             if len(sizes) != NUM_SPARSE_FEATURES:
-                raise ValueError(f"--num_embeddings_per_feature needs {NUM_SPARSE_FEATURES} values, got {len(sizes)}")
+                raise BadInput(f"--num_embeddings_per_feature needs {NUM_SPARSE_FEATURES} values, got {len(sizes)}")
             if min(sizes) <= 0 or max(sizes) > np.iinfo(np.int32).max:
-                raise ValueError("--num_embeddings_per_feature values must be positive int32 numbers")
+                raise BadInput("--num_embeddings_per_feature values must be positive int32 numbers")
         if self.workers <= 0:
-            raise ValueError(f"--workers must be positive, got {self.workers}")
+            raise BadInput(f"--workers must be positive, got {self.workers}")
         if self.on_bad_lines not in ("error", "skip"):
-            raise ValueError(f"--on_bad_lines must be error or skip, got {self.on_bad_lines!r}")
+            raise BadInput(f"--on_bad_lines must be error or skip, got {self.on_bad_lines!r}")
         if self.chunk_bytes < 1024:
-            raise ValueError(f"--chunk_bytes must be at least 1024, got {self.chunk_bytes}")
+            raise BadInput(f"--chunk_bytes must be at least 1024, got {self.chunk_bytes}")
         if self.kaggle_days < 2:
-            raise ValueError(f"--kaggle_days must be at least 2, got {self.kaggle_days}")
+            raise BadInput(f"--kaggle_days must be at least 2, got {self.kaggle_days}")
 
     def fingerprint(self) -> str:
         """Identifies the settings that change output values (not workers or chunking)."""
@@ -135,10 +136,10 @@ def discover_sources(config: PreprocessConfig) -> List[DaySource]:
             if os.path.exists(path):
                 break
         else:
-            raise ValueError(f"--input_dir {config.input_dir}: no train.txt or train.txt.gz (criteo_kaggle)")
+            raise BadInput(f"--input_dir {config.input_dir}: no train.txt or train.txt.gz (criteo_kaggle)")
         total = _count_lines(path, config.chunk_bytes)
         if total < config.kaggle_days:
-            raise ValueError(f"{path}: {total} lines, fewer than the {config.kaggle_days} days "
+            raise BadInput(f"{path}: {total} lines, fewer than the {config.kaggle_days} days "
                              "(--kaggle_days) it is cut into")
         bounds = [total * d // config.kaggle_days for d in range(config.kaggle_days + 1)]
         return [DaySource(d, path, bounds[d], bounds[d + 1] - bounds[d], total) for d in range(config.kaggle_days)]
@@ -148,16 +149,16 @@ def discover_sources(config: PreprocessConfig) -> List[DaySource]:
         if match:
             day = int(match.group(1))
             if day in found:
-                raise ValueError(f"--input_dir {config.input_dir}: day {day} is there both plain and .gz")
+                raise BadInput(f"--input_dir {config.input_dir}: day {day} is there both plain and .gz")
             found[day] = os.path.join(config.input_dir, name)
     if not found:
-        raise ValueError(f"--input_dir {config.input_dir}: no day_<N> or day_<N>.gz files (criteo_1t)")
+        raise BadInput(f"--input_dir {config.input_dir}: no day_<N> or day_<N>.gz files (criteo_1t)")
     missing = [d for d in range(max(found) + 1) if d not in found]
     if missing:
-        raise ValueError(f"--input_dir {config.input_dir}: day files must be day_0 .. day_N; "
+        raise BadInput(f"--input_dir {config.input_dir}: day files must be day_0 .. day_N; "
                          f"day_{missing[0]} is missing")
     if config.frequency_threshold > 0 and len(found) < 2:
-        raise ValueError("--frequency_threshold counts the training days (all but the last): "
+        raise BadInput("--frequency_threshold counts the training days (all but the last): "
                          "it needs at least two day files")
     return [DaySource(d, found[d]) for d in sorted(found)]
 
@@ -208,7 +209,7 @@ class _NpyWriter:
 
     def __init__(self, path: str, dtype: np.dtype, width: int) -> None:
         self.path, self.dtype, self.width, self.rows = path, np.dtype(dtype), width, 0
-        with self._naming_errors():
+        with naming_write_errors(self.path):
             self._file = open(path, "wb")
             self._file.write(self._header())
 
@@ -222,20 +223,13 @@ class _NpyWriter:
         text = text.ljust(_NPY_HEADER_BYTES - 10 - 1) + "\n"
         return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode("latin1")
 
-    @contextmanager
-    def _naming_errors(self) -> Iterator[None]:
-        try:
-            yield
-        except OSError as e:  # a full disk, say: name the file
-            raise OSError(f"{self.path}: cannot write ({e.strerror or e})") from e
-
     def append(self, rows: np.ndarray) -> None:
-        with self._naming_errors():
+        with naming_write_errors(self.path):
             self._file.write(memoryview(np.ascontiguousarray(rows, dtype=self.dtype)).cast("B"))
         self.rows += len(rows)
 
     def close(self) -> None:
-        with self._naming_errors():
+        with naming_write_errors(self.path):
             self._file.seek(0)
             self._file.write(self._header())
             self._file.flush()
@@ -243,12 +237,11 @@ class _NpyWriter:
             self._file.close()
 
     def discard(self) -> None:
-        """Closes and removes the unfinished file (its unwritten buffer is dropped)."""
+        """Closes the unfinished file (its unwritten buffer is dropped; atomic_path removes it)."""
         try:
             self._file.close()
         except OSError:
             pass  # the buffered bytes that could not be written: the file goes anyway
-        os.remove(self.path)
 
 
 @dataclass
@@ -262,9 +255,17 @@ class DayResult:
 def transform_source(source: DaySource, config: PreprocessConfig, vocabulary: Optional[List[np.ndarray]],
                      progress: Optional[ProgressFn] = None) -> DayResult:
     """Writes one day's three files (temporary names, renamed when complete)."""
+    with ExitStack() as renamed_when_complete:
+        tmp = {kind: renamed_when_complete.enter_context(atomic_path(day_file(config.output_dir, source.day, kind)))
+               for kind in _DAY_ARRAYS}
+        writers = {kind: _NpyWriter(tmp[kind], dtype, width) for kind, (dtype, width) in _DAY_ARRAYS.items()}
+        return _transform_into(source, config, vocabulary, progress, writers)
+
+
+def _transform_into(source: DaySource, config: PreprocessConfig, vocabulary: Optional[List[np.ndarray]],
+                    progress: Optional[ProgressFn], writers: Dict[str, "_NpyWriter"]) -> DayResult:
+    """Fills the day's writers; BadInput when no line gives a row."""
     sizes = None if config.num_embeddings_per_feature is None else np.asarray(config.num_embeddings_per_feature)
-    finals = {k: day_file(config.output_dir, source.day, k) for k in ("dense", "sparse", "labels")}
-    writers = {kind: _NpyWriter(finals[kind] + ".tmp", dtype, width) for kind, (dtype, width) in _DAY_ARRAYS.items()}
     bad = [0]
     max_ids = np.zeros(NUM_SPARSE_FEATURES, dtype=np.int64)
     try:
@@ -283,13 +284,9 @@ def transform_source(source: DaySource, config: PreprocessConfig, vocabulary: Op
         raise
     rows = writers["labels"].rows
     if rows == 0:
-        for writer in writers.values():
-            os.remove(writer.path)
         where = source.path if source.num_lines is None else f"{source.path} (day {source.day})"
         what = f"all {bad[0]} lines are bad (--on_bad_lines skip)" if bad[0] else "no lines"
-        raise ValueError(f"{where}: {what}; every day needs rows (the last one is validation and test)")
-    for kind, writer in writers.items():
-        os.replace(writer.path, finals[kind])
+        raise BadInput(f"{where}: {what}; every day needs rows (the last one is validation and test)")
     return DayResult(source.day, rows, bad[0], max_ids.tolist())
 
 
@@ -408,14 +405,8 @@ def _load_or_build_vocabulary(config: PreprocessConfig, train: List[DaySource]) 
     for f in range(NUM_SPARSE_FEATURES):
         ids, counts = _merge_counts([day[f] for day in per_day])
         vocabulary.append(ids[counts >= config.frequency_threshold].astype(np.uint32))
-    tmp = path + ".tmp.npz"
-    try:
+    with naming_write_errors(path), atomic_path(path, suffix=".tmp.npz") as tmp:
         np.savez(tmp, signature=json.dumps(signature), **vocabulary_arrays(vocabulary))
-        os.replace(tmp, path)
-    except OSError as e:  # a full disk, say: name the file
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise OSError(f"{path}: cannot write ({e.strerror or e})") from e
     return vocabulary
 
 
@@ -449,7 +440,7 @@ def preprocess(config: PreprocessConfig) -> Dict[str, object]:
                                  "writing day files"):
             results[result.day] = result
             source = sources[result.day]
-            write_json_atomic(done_marker(config.output_dir, result.day), {
+            write_json(done_marker(config.output_dir, result.day), {
                 "fingerprint": config.fingerprint(), "source": source.signature(), **asdict(result)})
     ordered = [results[s.day] for s in sources]
     if vocabulary is not None:
@@ -479,12 +470,16 @@ def preprocess(config: PreprocessConfig) -> Dict[str, object]:
         "bad_lines": bad_lines,
         "split": "days 0..N-2 train; day N-1: first half validation, second half test",
     }
-    write_json_atomic(os.path.join(config.output_dir, METADATA_FILE), metadata)
+    write_json(os.path.join(config.output_dir, METADATA_FILE), metadata)
     return metadata
 
 
+PROG = "preprocess_criteo"
+
+
+@cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog="preprocess_criteo", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--input_dir", required=True)
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--dataset_name", required=True, choices=DATASET_NAMES)
@@ -498,9 +493,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     config = PreprocessConfig(**vars(args))
     try:
         metadata = preprocess(config)
-    except (ValueError, OSError) as e:
-        print(f"preprocess_criteo: error: {e}", file=sys.stderr)
-        return 2
+    except OSError as e:  # a full disk, say: the message names the file
+        raise BadInput(str(e)) from e
     rows = metadata["rows_per_day"]
     print(f"wrote {sum(rows)} rows in {len(rows)} days to {config.output_dir}; "  # type: ignore[arg-type]
           f"bad lines skipped: {sum(metadata['bad_lines'].values())}")  # type: ignore[union-attr]

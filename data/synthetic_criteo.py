@@ -16,6 +16,7 @@ Usage::
     python -m data.synthetic_criteo --output_dir data_cache/synthetic_criteo --seed 0
 """
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -24,7 +25,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from common.cli import OneLineParser, int_list
+from common.atomic import atomic_path, write_json
+from common.cli import OneLineParser, cli_main, int_list
+from common.errors import BadInput
 from data.criteo_layout import (
     METADATA_FILE,
     NUM_DENSE_FEATURES,
@@ -33,7 +36,6 @@ from data.criteo_layout import (
     multi_hot_file,
     read_metadata,
     remove_day_files_from,
-    write_json_atomic,
 )
 
 # Table sizes from 4 to 40k rows: a spread like Criteo's, small enough to train in minutes.
@@ -69,17 +71,17 @@ class SyntheticCriteoSpec:
 
     def validate(self) -> None:
         if self.num_days < 2:
-            raise ValueError(f"--num_days must be at least 2 (train + eval), got {self.num_days}")
+            raise BadInput(f"--num_days must be at least 2 (train + eval), got {self.num_days}")
         if self.rows_per_day < 2:
-            raise ValueError(f"--rows_per_day must be at least 2, got {self.rows_per_day}")
+            raise BadInput(f"--rows_per_day must be at least 2, got {self.rows_per_day}")
         if len(self.cardinalities) != NUM_SPARSE_FEATURES:
-            raise ValueError(
+            raise BadInput(
                 f"--cardinalities needs {NUM_SPARSE_FEATURES} values, got {len(self.cardinalities)}"
             )
         if min(self.cardinalities) <= 0 or max(self.cardinalities) > np.iinfo(np.int32).max:
-            raise ValueError("--cardinalities must be positive int32 values")
+            raise BadInput("--cardinalities must be positive int32 values")
         if self.id_skew <= 0:
-            raise ValueError(f"--id_skew must be positive, got {self.id_skew}")
+            raise BadInput(f"--id_skew must be positive, got {self.id_skew}")
 
 
 @dataclass
@@ -170,8 +172,7 @@ def write_raw_day(spec: SyntheticCriteoSpec, path: str, day: int) -> int:
 
     model = _hidden_model(spec)
     rng = np.random.default_rng([spec.seed, 1, day])
-    tmp = path + ".tmp"
-    with (gzip.open(tmp, "wb", compresslevel=1) if path.endswith(".gz") else open(tmp, "wb")) as f:
+    with atomic_path(path) as tmp, (gzip.open(tmp, "wb", compresslevel=1) if path.endswith(".gz") else open(tmp, "wb")) as f:
         for start in range(0, spec.rows_per_day, _CHUNK_ROWS):
             n = min(_CHUNK_ROWS, spec.rows_per_day - start)
             raw, missing, ids, labels = _draw_raw_rows(spec, model, rng, n)
@@ -180,7 +181,6 @@ def write_raw_day(spec: SyntheticCriteoSpec, path: str, day: int) -> int:
             hex_rows = hex_text.astype(str).reshape(n, NUM_SPARSE_FEATURES).tolist()
             lines = ["\t".join([str(l), *d, *h]) for l, d, h in zip(labels[:, 0].tolist(), dense_text, hex_rows)]
             f.write(("\n".join(lines) + "\n").encode())
-    os.replace(tmp, path)
     return spec.rows_per_day
 
 
@@ -202,10 +202,18 @@ def write_raw_days(spec: SyntheticCriteoSpec, output_dir: str, suffix: str = "")
 def _write_day(spec: SyntheticCriteoSpec, model: _HiddenModel, output_dir: str, day: int) -> int:
     """Writes one day's three files under temporary names, then renames them; returns positives."""
     rng = np.random.default_rng([spec.seed, 1, day])
-    n = spec.rows_per_day
     shapes = {"dense": (np.float32, NUM_DENSE_FEATURES), "sparse": (np.int32, NUM_SPARSE_FEATURES),
               "labels": (np.int32, 1)}
-    tmp_paths = {k: day_file(output_dir, day, k) + ".tmp.npy" for k in shapes}
+    with contextlib.ExitStack() as renamed_when_complete:
+        tmp_paths = {k: renamed_when_complete.enter_context(atomic_path(day_file(output_dir, day, k), ".tmp.npy"))
+                     for k in shapes}
+        return _fill_day(spec, model, rng, tmp_paths, shapes)
+
+
+def _fill_day(spec: SyntheticCriteoSpec, model: _HiddenModel, rng: np.random.Generator, tmp_paths: Dict[str, str],
+              shapes: Dict[str, Tuple[type, int]]) -> int:
+    """Fills the day's arrays (memory-mapped .npy files at tmp_paths); returns the positives."""
+    n = spec.rows_per_day
     arrays = {
         k: np.lib.format.open_memmap(tmp_paths[k], mode="w+", dtype=dtype, shape=(n, width))
         for k, (dtype, width) in shapes.items()
@@ -218,10 +226,8 @@ def _write_day(spec: SyntheticCriteoSpec, model: _HiddenModel, output_dir: str, 
         arrays["sparse"][start:stop] = sparse
         arrays["labels"][start:stop] = labels
         positives += int(labels.sum())
-    for k, array in arrays.items():
+    for array in arrays.values():
         array.flush()
-        del array
-        os.replace(tmp_paths[k], day_file(output_dir, day, k))
     return positives
 
 
@@ -279,7 +285,7 @@ def generate_synthetic_criteo(
         "positive_rate": positives / total,
         "generator": _spec_record(spec),
     }
-    write_json_atomic(metadata_path, metadata)
+    write_json(metadata_path, metadata)
     return metadata
 
 
@@ -305,12 +311,16 @@ def generate_multi_hot_criteo(spec: SyntheticCriteoSpec, output_dir: str, hotnes
             shutil.copyfile(day_file(one_hot_dir, day, kind), day_file(output_dir, day, kind))
     shutil.rmtree(one_hot_dir)
     metadata = {**metadata, "multi_hot_sizes": list(hotness), "multi_hot_distribution_type": distribution}
-    write_json_atomic(metadata_path, metadata)
+    write_json(metadata_path, metadata)
     return metadata
 
 
+PROG = "python -m data.synthetic_criteo"
+
+
+@cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog="python -m data.synthetic_criteo", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--output_dir", required=True, help="directory to write the day files to")
     parser.add_argument("--num_days", type=int, default=SyntheticCriteoSpec.num_days)
     parser.add_argument("--rows_per_day", type=int, default=SyntheticCriteoSpec.rows_per_day)
@@ -336,7 +346,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.format == "multi_hot":
             if args.multi_hot_sizes is None or len(args.multi_hot_sizes) != NUM_SPARSE_FEATURES:
-                raise ValueError(f"--format multi_hot needs --multi_hot_sizes with {NUM_SPARSE_FEATURES} values")
+                raise BadInput(f"--format multi_hot needs --multi_hot_sizes with {NUM_SPARSE_FEATURES} values")
             generate_multi_hot_criteo(spec, args.output_dir, args.multi_hot_sizes, args.multi_hot_distribution_type)
             print(f"multi-hot synthetic Criteo data at {args.output_dir}")
             return 0
@@ -347,9 +357,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"raw Criteo TSV: {spec.num_days} days of {spec.rows_per_day} lines at {args.output_dir}")
             return 0
         metadata = generate_synthetic_criteo(spec, args.output_dir)
-    except (ValueError, OSError) as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
+    except OSError as e:  # a full disk, say: the message names the file
+        raise BadInput(str(e)) from e
     rows = sum(metadata["rows_per_day"])  # type: ignore[arg-type]
     print(
         f"synthetic Criteo data: {rows} rows in {metadata['num_days']} days at {args.output_dir} "

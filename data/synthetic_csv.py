@@ -15,12 +15,12 @@ ids below ``--auto_cardinality``.
 """
 
 import os
-import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from common.cli import OneLineParser
+from common.cli import OneLineParser, cli_main
+from common.errors import BadInput
 from data.feature_spec import AUTO, DEFAULT_SPEC_NAME, FeatureSpec
 
 BLOCK_ROWS = 65536
@@ -90,7 +90,7 @@ def generate_csv(spec: FeatureSpec, output_dir: str, rows: Dict[str, int], seed:
         handles = {}
         for chunk in chunks:
             if chunk.type != "csv" or len(chunk.files) != 1:
-                raise ValueError(f"{spec.path}: the generator writes csv chunks of one file each")
+                raise BadInput(f"{spec.path}: the generator writes csv chunks of one file each")
             path = os.path.join(output_dir, chunk.files[0])
             os.makedirs(os.path.dirname(path), exist_ok=True)
             handles[id(chunk)] = open(path, "w")
@@ -116,8 +116,20 @@ def generate_csv(spec: FeatureSpec, output_dir: str, rows: Dict[str, int], seed:
     spec.write(os.path.join(output_dir, DEFAULT_SPEC_NAME))
 
 
+def _cardinality(text: str) -> int:
+    """--cardinality's value: an integer, or auto (handled by the caller)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise BadInput(f"--cardinality: expected an integer or {AUTO}, got {text!r}") from None
+
+
+PROG = "python -m data.synthetic_csv"
+
+
+@cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog="python -m data.synthetic_csv", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--output", required=True, help="directory of the CSV files and feature_spec.yaml")
     parser.add_argument("--feature_spec", default=None, help="spec whose csv chunks to write (else one is made)")
     parser.add_argument("--num_numerical", type=int, default=13, help="numerical features of the made spec")
@@ -128,18 +140,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--test_rows", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    try:
-        if args.feature_spec:
-            spec = FeatureSpec.load(args.feature_spec, allow_auto=True)
-        else:
-            cardinality = args.cardinality if args.cardinality == AUTO else int(args.cardinality)
-            spec = FeatureSpec.from_dict(csv_feature_spec(args.num_numerical, args.num_categorical, cardinality),
-                                         args.output, os.path.join(args.output, DEFAULT_SPEC_NAME), allow_auto=True)
-        generate_csv(spec, args.output, {"train": args.train_rows, "test": args.test_rows}, args.seed,
-                     args.auto_cardinality)
-    except ValueError as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
+    if args.feature_spec:
+        spec = FeatureSpec.load(args.feature_spec, allow_auto=True)
+    else:
+        cardinality = args.cardinality if args.cardinality == AUTO else _cardinality(args.cardinality)
+        spec = FeatureSpec.from_dict(csv_feature_spec(args.num_numerical, args.num_categorical, cardinality),
+                                     args.output, os.path.join(args.output, DEFAULT_SPEC_NAME), allow_auto=True)
+    generate_csv(spec, args.output, {"train": args.train_rows, "test": args.test_rows}, args.seed,
+                 args.auto_cardinality)
     print(f"wrote {args.train_rows} train and {args.test_rows} test rows to {args.output}")
     return 0
 

@@ -19,6 +19,8 @@ from typing import Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
+from common.errors import BadInput
+
 
 @dataclass(frozen=True)
 class DaySource:
@@ -44,7 +46,7 @@ def read_blocks(path: str, block_bytes: int) -> Iterator[bytes]:
     """The bytes of a file (decompressed when it ends in .gz), a block at a time.
 
     Raises:
-        ValueError: naming the file, when it cannot be read, is not gzip data, or is
+        BadInput: naming the file, when it cannot be read, is not gzip data, or is
             a truncated .gz.
     """
     try:
@@ -52,11 +54,11 @@ def read_blocks(path: str, block_bytes: int) -> Iterator[bytes]:
             while block := f.read(block_bytes):
                 yield block
     except EOFError as e:
-        raise ValueError(f"{path}: truncated (the compressed data ends early)") from e
+        raise BadInput(f"{path}: truncated (the compressed data ends early)") from e
     except (gzip.BadGzipFile, zlib.error) as e:
-        raise ValueError(f"{path}: not valid gzip data ({e})") from e
+        raise BadInput(f"{path}: not valid gzip data ({e})") from e
     except OSError as e:
-        raise ValueError(f"{path}: cannot read ({e.strerror or e})") from e
+        raise BadInput(f"{path}: cannot read ({e.strerror or e})") from e
 
 
 def _newline_positions(data: bytes) -> np.ndarray:

@@ -15,20 +15,20 @@ float16's range, and a mapping without rows.
 
 import itertools
 import os
-import sys
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from common.cli import OneLineParser, positive_int
+from common.atomic import atomic_dir
+from common.cli import OneLineParser, cli_main, positive_int
+from common.errors import BadInput
 from data.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
 from data.feature_spec import AUTO, DEFAULT_SPEC_NAME, Chunk, FeatureSpec, FeatureSpecError, smallest_id_dtype
-from data.output_dir import build_output_dir
 
 DEFAULT_CHUNK_ROWS = 65536
 
 
-class TranscodeError(ValueError):
+class TranscodeError(BadInput):
     """Bad input data; the message names the file and line."""
 
 
@@ -175,8 +175,8 @@ def transcode(input_dir: str, spec_in: str, output_dir: str, spec_out: str = DEF
     spec = FeatureSpec.load(os.path.join(input_dir, spec_in), allow_auto=True)
     if os.path.abspath(output_dir) == os.path.abspath(input_dir):
         raise TranscodeError(f"--output {output_dir} is the input directory; give another directory")
-    out = build_output_dir(output_dir, lambda staging: _transcode_into(spec, input_dir, staging, spec_out,
-                                                                        block_rows))
+    with atomic_dir(output_dir, replace=True) as staging:
+        out = _transcode_into(spec, input_dir, staging, spec_out, block_rows)
     out.base_dir, out.path = os.path.abspath(output_dir), os.path.join(output_dir, spec_out)
     return out
 
@@ -220,8 +220,12 @@ def _transcode_into(spec: FeatureSpec, input_dir: str, staging: str, spec_out: s
     return out
 
 
+PROG = "python -m data.transcode"
+
+
+@cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog="python -m data.transcode", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--input", required=True, help="directory of the CSV files")
     parser.add_argument("--feature_spec_in", default=DEFAULT_SPEC_NAME,
                         help="input spec (a path, or a name inside --input)")
@@ -229,11 +233,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--feature_spec_out", default=DEFAULT_SPEC_NAME, help="output spec name inside --output")
     parser.add_argument("--chunk_size", type=positive_int, default=DEFAULT_CHUNK_ROWS, help="rows per block read")
     args = parser.parse_args(argv)
-    try:
-        spec = transcode(args.input, args.feature_spec_in, args.output, args.feature_spec_out, args.chunk_size)
-    except ValueError as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
+    spec = transcode(args.input, args.feature_spec_in, args.output, args.feature_spec_out, args.chunk_size)
     rows = spec.check_split_binary_files()
     print(f"wrote {spec.path}: {rows['train']} train rows, {rows['test']} test rows, "
           f"{len(spec.numerical)} numerical and {len(spec.categorical)} categorical features")

@@ -22,6 +22,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from common.errors import BadInput
+
 DENSE, IDS, LABELS = "dense", "ids", "labels"
 CHECK_BLOCK_ROWS = 1 << 18
 _LABEL_LIMIT = 2  # labels are ids below 2
@@ -29,7 +31,7 @@ _LABEL_LIMIT = 2  # labels are ids below 2
 Sparse = Union[np.ndarray, List[np.ndarray]]
 
 
-class DataValueError(ValueError):
+class DataValueError(BadInput):
     """A value a data set must not hold; the message names the file, row and column."""
 
 

@@ -3,16 +3,18 @@
 from dataclasses import dataclass, field
 from typing import List
 
+from common.errors import BadInput
+
 INTERACTION_TYPES = ("original", "dcn", "projection")
 EMBEDDING_PRECISIONS = ("fp32", "fp16")
 
 
 def _check_layer_sizes(name: str, sizes: List[int]) -> None:
     if not sizes:
-        raise ValueError(f"--{name} must list at least one layer size")
+        raise BadInput(f"--{name} must list at least one layer size")
     bad = [s for s in sizes if s <= 0]
     if bad:
-        raise ValueError(f"--{name} sizes must be positive, got {bad[0]} in {sizes}")
+        raise BadInput(f"--{name} sizes must be positive, got {bad[0]} in {sizes}")
 
 
 @dataclass
@@ -69,51 +71,51 @@ class ModelConfig:
         return [f"t_{name}" for name in self.sparse_feature_names]
 
     def validate(self) -> None:
-        """Raises ValueError with one line naming the offending flag."""
+        """Raises BadInput with one line naming the offending flag."""
         if self.interaction_type not in INTERACTION_TYPES:
-            raise ValueError(
+            raise BadInput(
                 f"--interaction_type must be one of {', '.join(INTERACTION_TYPES)}, "
                 f"got {self.interaction_type!r}"
             )
         if self.embedding_precision not in EMBEDDING_PRECISIONS:
-            raise ValueError(
+            raise BadInput(
                 f"--embedding_precision must be one of {', '.join(EMBEDDING_PRECISIONS)}, "
                 f"got {self.embedding_precision!r}"
             )
         if self.embedding_dim <= 0:
-            raise ValueError(f"--embedding_dim must be positive, got {self.embedding_dim}")
+            raise BadInput(f"--embedding_dim must be positive, got {self.embedding_dim}")
         if self.dense_in_features <= 0:
-            raise ValueError(
+            raise BadInput(
                 f"the data must have at least one numerical feature, got {self.dense_in_features}"
             )
         if len(self.num_embeddings_per_feature) != len(self.sparse_feature_names):
-            raise ValueError(
+            raise BadInput(
                 f"--num_embeddings_per_feature has {len(self.num_embeddings_per_feature)} "
                 f"values but the data has {len(self.sparse_feature_names)} categorical features"
             )
         for i, rows in enumerate(self.num_embeddings_per_feature):
             if rows <= 0:
-                raise ValueError(
+                raise BadInput(
                     f"--num_embeddings_per_feature value {i} ({self.sparse_feature_names[i]}) "
                     f"must be positive, got {rows}"
                 )
         _check_layer_sizes("dense_arch_layer_sizes", self.dense_arch_layer_sizes)
         _check_layer_sizes("over_arch_layer_sizes", self.over_arch_layer_sizes)
         if self.over_arch_layer_sizes[-1] != 1:
-            raise ValueError(
+            raise BadInput(
                 "--over_arch_layer_sizes must end in 1 (one logit per example), "
                 f"got {self.over_arch_layer_sizes}"
             )
         if self.dense_arch_layer_sizes[-1] != self.embedding_dim:
-            raise ValueError(
+            raise BadInput(
                 f"the last --dense_arch_layer_sizes value ({self.dense_arch_layer_sizes[-1]}) "
                 f"must equal --embedding_dim ({self.embedding_dim})"
             )
         if self.interaction_type == "dcn":
             if self.dcn_num_layers <= 0:
-                raise ValueError(f"--dcn_num_layers must be positive, got {self.dcn_num_layers}")
+                raise BadInput(f"--dcn_num_layers must be positive, got {self.dcn_num_layers}")
             if self.dcn_low_rank_dim <= 0:
-                raise ValueError(
+                raise BadInput(
                     f"--dcn_low_rank_dim must be positive, got {self.dcn_low_rank_dim}"
                 )
         if self.interaction_type == "projection":
@@ -123,7 +125,7 @@ class ModelConfig:
             ):
                 _check_layer_sizes(name, sizes)
                 if sizes[-1] % self.embedding_dim != 0:
-                    raise ValueError(
+                    raise BadInput(
                         f"the last --{name} value ({sizes[-1]}) must be a multiple of "
                         f"--embedding_dim ({self.embedding_dim})"
                     )

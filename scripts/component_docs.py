@@ -21,6 +21,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import aws_component  # noqa: E402
+from common.atomic import write_text  # noqa: E402
 from torchx_components.machines import AWS_ALIASES, MACHINES, machine_resource  # noqa: E402
 from torchx_components.preprocess import preprocess_criteo  # noqa: E402
 from torchx_components.training import dcnv2, dlrm  # noqa: E402
@@ -113,9 +114,7 @@ def main() -> int:
                   file=sys.stderr)
             return 1
         return 0
-    with open(README + ".tmp", "w") as f:
-        f.write(updated)
-    os.replace(README + ".tmp", README)
+    write_text(README, updated)
     return 0
 
 

@@ -36,6 +36,8 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTable
 from torchrec.fx import symbolic_trace
 from torchrec.inference.modules import quantize_inference_model
 
+from common.atomic import atomic_dir
+from common.cli import run_cli
 from common.errors import BadInput
 from data.criteo_layout import DENSE_FEATURE_NAMES, read_metadata
 from data.criteo_transforms import VOCABULARY_FILE
@@ -96,11 +98,11 @@ def _describe_feature_spec(model_config: ModelConfig, spec_path: str, step: int,
     try:
         spec = FeatureSpec.load(spec_path)
     except FeatureSpecError as e:
-        raise ValueError(f"the checkpoint was trained with --dataset_path {spec_path}, whose spec export "
+        raise BadInput(f"the checkpoint was trained with --dataset_path {spec_path}, whose spec export "
                          f"reads for the features' hotness: {e}") from e
     if spec.categorical != list(model_config.sparse_feature_names) or \
             len(spec.numerical) != model_config.dense_in_features:
-        raise ValueError(f"{spec_path} no longer describes the checkpoint's features "
+        raise BadInput(f"{spec_path} no longer describes the checkpoint's features "
                          f"({len(spec.numerical)} numerical, {spec.categorical} categorical)")
     return ModelInputs(
         dense_feature_names=list(spec.numerical),
@@ -115,16 +117,13 @@ def export_model(checkpoint: str, output: str, quantize: List[str], newest: bool
     """Writes the model directory (see the module docstring); returns its inputs.json."""
     path = checkpoint_to_load(checkpoint, "--checkpoint", prefer_best=not newest)
     if os.path.exists(output) and os.listdir(output):
-        raise ValueError(f"--output {output} exists and is not empty: choose a new directory")
+        raise BadInput(f"--output {output} exists and is not empty: choose a new directory")
     train_model, meta = load_checkpoint_model(path)
     model_config = meta.model
     inputs = describe_inputs(model_config, meta, path)
     model = ProbabilityModel(train_model.model, model_config.sparse_feature_names, inputs.sparse_hotness).eval()
 
-    tmp = f"{output.rstrip('/')}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    try:
+    with atomic_dir(output, replace=False) as tmp:  # an empty --output is replaced, checked above
         example = (torch.zeros(4, model_config.dense_in_features),
                    torch.zeros(4, sum(inputs.sparse_hotness), dtype=torch.int64))
         with torch.no_grad():
@@ -146,12 +145,6 @@ def export_model(checkpoint: str, output: str, quantize: List[str], newest: bool
         with open(os.path.join(tmp, INPUTS_FILE), "wb") as f:  # the directory is renamed whole below
             f.write(inputs.to_json())
         write_manifest(tmp)  # last: every file's size and SHA-256
-        if os.path.exists(output):
-            os.rmdir(output)  # empty, checked above
-        os.replace(tmp, output)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return inputs
 
 
@@ -183,11 +176,11 @@ def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
     # Library notices that every export prints and that say nothing about this model.
     for message in ("torch.distributed is disabled", "The TorchScript type system", "TorchScript will treat"):
         warnings.filterwarnings("ignore", message=message)
-    try:
-        inputs = export_model(args.checkpoint, args.output, args.quantize, args.newest)
-    except (ValueError, BadInput) as e:  # CheckpointError included
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
+    return run_cli(lambda: _export(args), parser.prog)
+
+
+def _export(args: argparse.Namespace) -> int:
+    inputs = export_model(args.checkpoint, args.output, args.quantize, args.newest)
     print(f"exported {inputs.checkpoint} (step {inputs.step}) to {args.output}:\n" + format_sizes(inputs))
     return 0
 

@@ -35,6 +35,7 @@ from typing import Any, Dict, Iterator, Optional
 
 import torch
 
+from common.errors import BadInput
 from common.manifest import ManifestEntry, check_bytes, check_manifest_format, entry_of_bytes
 
 MANIFEST_FILE = "manifest.json"
@@ -42,7 +43,7 @@ MANIFEST_VERSION = 1
 FORMATS = ("torch.export", "torchscript")
 
 
-class UnsafeModelError(ValueError):
+class UnsafeModelError(BadInput):
     """A model file torch would load by running code it holds; the message names the file."""
 
 
@@ -68,36 +69,36 @@ def read_manifest(model_dir: str) -> Optional[Dict[str, ManifestEntry]]:
     try:
         with open(path, "rb") as f:
             return check_manifest_format(json.loads(f.read()), path)
-    except (OSError, ValueError) as e:  # JSONDecodeError and ManifestError are ValueErrors
-        raise ValueError(f"{path}: not a model manifest ({e})") from e
+    except (OSError, ValueError, BadInput) as e:  # unreadable, not JSON (a ValueError), or a ManifestError
+        raise BadInput(f"{path}: not a model manifest ({e})") from e
 
 
 def read_file(model_dir: str, name: str, manifest: Optional[Dict[str, ManifestEntry]]) -> bytes:
-    """One file of the directory, checked against the manifest (ValueError naming it)."""
+    """One file of the directory, checked against the manifest (BadInput naming it)."""
     path = os.path.join(model_dir, name)
     if os.path.basename(name) != name:
-        raise ValueError(f"{model_dir}: file name {name!r} is not a plain name in the directory")
+        raise BadInput(f"{model_dir}: file name {name!r} is not a plain name in the directory")
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
-        raise ValueError(f"{path}: missing or unreadable ({e.strerror or e})") from e
+        raise BadInput(f"{path}: missing or unreadable ({e.strerror or e})") from e
     if manifest is not None:
-        check_bytes(data, path, manifest.get(name))  # ManifestError is a ValueError
+        check_bytes(data, path, manifest.get(name))  # ManifestError: bad input
     return data
 
 
 def load_model_file(model_dir: str, name: str, fmt: str, manifest: Optional[Dict[str, ManifestEntry]]) -> Any:
     """The callable model in ``name`` (a torch.export program or TorchScript), after the
-    manifest and the safety checks (module docstring). ValueError naming the file otherwise."""
+    manifest and the safety checks (module docstring). BadInput naming the file otherwise."""
     data = read_file(model_dir, name, manifest)
     path = os.path.join(model_dir, name)
     if fmt not in FORMATS:
-        raise ValueError(f"{path}: unknown model format {fmt!r} (expected one of {', '.join(FORMATS)})")
+        raise BadInput(f"{path}: unknown model format {fmt!r} (expected one of {', '.join(FORMATS)})")
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
     except zipfile.BadZipFile as e:
-        raise ValueError(f"{path}: not a model archive (truncated or damaged?)") from e
+        raise BadInput(f"{path}: not a model archive (truncated or damaged?)") from e
     with archive:
         check = check_exported_program if fmt == "torch.export" else check_torchscript
         check(archive, path)
@@ -107,7 +108,7 @@ def load_model_file(model_dir: str, name: str, fmt: str, manifest: Optional[Dict
         return torch.jit.load(io.BytesIO(data))
     except Exception as e:  # torch raises many types for a file it cannot read
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ValueError(f"{path}: cannot be loaded ({type(e).__name__}: {first[:200]})") from e
+        raise BadInput(f"{path}: cannot be loaded ({type(e).__name__}: {first[:200]})") from e
 
 
 # ---------------------------------------------------------------- torch.export archives

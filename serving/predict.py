@@ -29,6 +29,7 @@ Python API::
     probabilities = predictor.predict(dense, sparse)  # Criteo: (N, 13) ints, (N, 26) uint32 hashes
 """
 
+import argparse
 import os
 import sys
 from typing import Optional, Sequence, TextIO, Tuple
@@ -36,6 +37,8 @@ from typing import Optional, Sequence, TextIO, Tuple
 import numpy as np
 import torch
 
+from common.atomic import atomic_path
+from common.cli import run_cli
 from common.errors import BadInput
 from data.text_lines import DaySource, iter_line_chunks
 from serving.cli import serving_parser
@@ -63,13 +66,13 @@ class Predictor:
 
     def __init__(self, model_dir: str, variant: str = "fp32", batch_size: int = 4096) -> None:
         if not os.path.isdir(model_dir):
-            raise ValueError(f"--model {model_dir}: no such directory")
+            raise BadInput(f"--model {model_dir}: no such directory")
         manifest = read_manifest(model_dir)
         self.inputs = read_inputs(model_dir, manifest)
         if variant not in self.inputs.variants:
-            raise ValueError(f"{model_dir} has no {variant} model (it has {', '.join(self.inputs.variants)})")
+            raise BadInput(f"{model_dir} has no {variant} model (it has {', '.join(self.inputs.variants)})")
         if batch_size <= 0:
-            raise ValueError(f"--batch_size must be positive, got {batch_size}")
+            raise BadInput(f"--batch_size must be positive, got {batch_size}")
         entry = self.inputs.variants[variant]
         self.model = load_model_file(model_dir, entry.file, entry.format, manifest)
         self.batch_size = batch_size
@@ -90,19 +93,19 @@ class Predictor:
         Returns:
             dense (N, num_dense) float32 and ids (N, sum of hotness) int64 below the table sizes.
 
-        Raises ValueError on wrong shapes, and for a feature-spec model on an id that is not
+        Raises BadInput on wrong shapes, and for a feature-spec model on an id that is not
         an integer below its feature's cardinality (naming the row).
         """
         dense = np.asarray(dense)
         sparse = np.asarray(sparse)
         num_dense, num_sparse = self.layout.num_dense, self.layout.num_sparse_columns
         if dense.ndim != 2 or dense.shape[1] != num_dense:
-            raise ValueError(f"dense must have shape (N, {num_dense}), got {dense.shape}")
+            raise BadInput(f"dense must have shape (N, {num_dense}), got {dense.shape}")
         if sparse.shape != (dense.shape[0], num_sparse):
-            raise ValueError(f"sparse must have shape ({dense.shape[0]}, {num_sparse}), got {sparse.shape}")
+            raise BadInput(f"sparse must have shape ({dense.shape[0]}, {num_sparse}), got {sparse.shape}")
         bad = self.layout.find_bad_row(sparse)
         if bad is not None:
-            raise ValueError(f"row {bad[0]}: {bad[1]}")
+            raise BadInput(f"row {bad[0]}: {bad[1]}")
         return self._transform(dense, sparse)
 
     def _transform(self, dense: np.ndarray, sparse: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -157,7 +160,7 @@ class Predictor:
 def predict_file(predictor: Predictor, path: str, out: TextIO, chunk_bytes: int = 1 << 22) -> int:
     """Writes one probability per line of ``path`` to ``out``; returns the line count."""
     if not os.path.exists(path):
-        raise ValueError(f"--input {path}: no such file")
+        raise BadInput(f"--input {path}: no such file")
     lines = 0
     labelled = None  # decided once, by the file's first line
     for first_line, _, data in iter_line_chunks(DaySource(0, path), chunk_bytes):
@@ -178,21 +181,16 @@ def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
     parser.add_argument("--variant", choices=VARIANTS, default="fp32", help="which exported model to use")
     parser.add_argument("--batch_size", type=int, default=4096, help="rows per forward")
     args = parser.parse_args(argv)
-    tmp = None if args.output is None else f"{args.output}.tmp-{os.getpid()}"
-    try:
-        predictor = Predictor(args.model, args.variant, args.batch_size)
-        if tmp is None:
-            predict_file(predictor, args.input, sys.stdout)
-        else:
-            with open(tmp, "w") as out:
-                predict_file(predictor, args.input, out)
-            os.replace(tmp, args.output)
-    except (ValueError, BadInput) as e:  # MalformedLineError included
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.remove(tmp)
+    return run_cli(lambda: _predict(args), parser.prog)
+
+
+def _predict(args: argparse.Namespace) -> int:
+    predictor = Predictor(args.model, args.variant, args.batch_size)
+    if args.output is None:
+        predict_file(predictor, args.input, sys.stdout)
+    else:
+        with atomic_path(args.output) as tmp, open(tmp, "w") as out:
+            predict_file(predictor, args.input, out)
     return 0
 
 

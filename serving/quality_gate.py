@@ -9,6 +9,7 @@ gate passes when the fp16 model's AUROC is within 0.001 of fp32's and int8's wit
 0.003; the three values are printed. Exit 0 on a pass, 1 on a failure, 2 on bad input.
 """
 
+import argparse
 import sys
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 from torchmetrics.functional.classification import binary_auroc
 
+from common.cli import run_cli
 from common.errors import BadInput
 from serving.cli import serving_parser
 from serving.input_layouts import LAYOUTS
@@ -51,7 +53,7 @@ def evaluate_variants(model_dir: str, data_dir: Optional[str] = None, limit_rows
     inputs = read_inputs(model_dir, read_manifest(model_dir))
     data_dir = data_dir or inputs.data_path
     if not data_dir:
-        raise ValueError("--data is needed: the model was trained on random data")
+        raise BadInput("--data is needed: the model was trained on random data")
     dataset = LAYOUTS[inputs.layout].training_data(data_dir)
     start, stop = dataset.split_ranges()["test"]
     if limit_rows is not None:
@@ -76,11 +78,11 @@ def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
                         help="binary Criteo directory or PATH/feature_spec.yaml (default: the training data)")
     parser.add_argument("--limit_rows", type=int, default=None, help="test rows to use at most")
     args = parser.parse_args(argv)
-    try:
-        result = evaluate_variants(args.model, args.data, args.limit_rows)
-    except (ValueError, BadInput) as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
+    return run_cli(lambda: _gate(args), parser.prog)
+
+
+def _gate(args: argparse.Namespace) -> int:
+    result = evaluate_variants(args.model, args.data, args.limit_rows)
     print(f"test split, {result.rows} rows:")
     for variant, value in result.auroc.items():
         tolerance = AUROC_TOLERANCE.get(variant)

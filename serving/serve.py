@@ -24,6 +24,7 @@ Example::
     curl --data-binary @day_23.tsv http://127.0.0.1:8080/predict
 """
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -42,6 +43,7 @@ import torch
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from common.cli import run_cli
 from common.errors import BadInput
 from serving.cli import serving_parser
 from serving.input_layouts import MalformedLineError
@@ -72,9 +74,9 @@ class BatchingPredictor:
 
     def __init__(self, predictor: Predictor, max_batch_rows: int = 4096, max_batch_delay_ms: float = 2.0) -> None:
         if max_batch_rows <= 0:
-            raise ValueError(f"--max_batch_rows must be positive, got {max_batch_rows}")
+            raise BadInput(f"--max_batch_rows must be positive, got {max_batch_rows}")
         if max_batch_delay_ms < 0:
-            raise ValueError(f"--max_batch_delay_ms must not be negative, got {max_batch_delay_ms}")
+            raise BadInput(f"--max_batch_delay_ms must not be negative, got {max_batch_delay_ms}")
         self.predictor = predictor
         self.max_batch_rows = max_batch_rows
         self.max_batch_delay = max_batch_delay_ms / 1e3
@@ -162,9 +164,9 @@ class HttpLimits:
     def validate(self) -> None:
         for name in ("max_body_bytes", "max_connections", "parse_threads"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
+                raise BadInput(f"--{name} must be positive, got {getattr(self, name)}")
         if not self.request_timeout_s > 0:
-            raise ValueError(f"--request_timeout_s must be positive, got {self.request_timeout_s}")
+            raise BadInput(f"--request_timeout_s must be positive, got {self.request_timeout_s}")
 
 
 class HttpError(Exception):
@@ -318,13 +320,13 @@ async def _answer(send: Callable[[Dict[str, Any]], Awaitable[None]], status: int
 
 def listening_socket(host: str, port: int) -> socket.socket:
     """A socket bound to ``host:port`` and listening (port 0: a free one); one-line
-    ValueError/OSError when it cannot be."""
+    BadInput/OSError when it cannot be."""
     if not 0 <= port <= 65535:
-        raise ValueError(f"--port {port}: not a TCP port (0 to 65535)")
+        raise BadInput(f"--port {port}: not a TCP port (0 to 65535)")
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     except socket.gaierror as e:
-        raise ValueError(f"--host {host}: {e.strerror}") from None
+        raise BadInput(f"--host {host}: {e.strerror}") from None
     try:
         return socket.create_server((host, port), family=family, backlog=1024)
     except OSError as e:
@@ -417,21 +419,23 @@ def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
     parser.add_argument("--parse_threads", type=int, default=defaults.parse_threads,
                         help="threads parsing request bodies")
     args = parser.parse_args(argv)
+    return run_cli(lambda: _serve(args), parser.prog)
+
+
+def _serve(args: argparse.Namespace) -> int:
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
     limits = HttpLimits(args.max_body_bytes, args.request_timeout_s, args.max_connections, args.parse_threads)
+    limits.validate()
     try:
-        limits.validate()
         sock = listening_socket(args.host, args.port)
-    except (ValueError, OSError) as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
+    except OSError as e:  # the port is taken, say
+        raise BadInput(str(e)) from e
     try:
         batcher = BatchingPredictor(Predictor(args.model, args.variant), args.max_batch_rows, args.max_batch_delay_ms)
-    except (ValueError, BadInput, OSError) as e:
+    except (BadInput, OSError) as e:
         sock.close()
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
+        raise BadInput(str(e)) from e
     server = Server(batcher, sock, limits)
     print(f"serving {args.model} ({args.variant}) on http://{args.host}:{server.port}/predict", flush=True)
     try:

@@ -1,6 +1,8 @@
 """A PNG chart of a plan's memory per rank (matplotlib, no display needed)."""
 
-from sharding_plans.plan_file import SavedPlan, atomic_output
+from common.atomic import atomic_path
+from common.errors import BadInput
+from sharding_plans.plan_file import SavedPlan
 from sharding_plans.report import largest_rank
 
 _GIB = 1024**3
@@ -12,14 +14,14 @@ def write_memory_chart(saved: SavedPlan, path: str, title: str = "") -> None:
 
     Written under a temporary name and renamed when complete.
 
-    Raises ValueError when the plan has no estimates.
+    Raises BadInput when the plan has no estimates.
 
     Example::
 
         write_memory_chart(read_plan("plan.json"), "memory.png")
     """
     if not saved.estimates:
-        raise ValueError("the plan has no per-rank estimates to chart (it was not made by the planner here)")
+        raise BadInput("the plan has no per-rank estimates to chart (it was not made by the planner here)")
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on servers
@@ -50,7 +52,7 @@ def write_memory_chart(saved: SavedPlan, path: str, title: str = "") -> None:
     ax.legend(loc="upper right", fontsize="small")
     fig.tight_layout()
     try:
-        with atomic_output(path) as tmp:
+        with atomic_path(path, suffix=".tmp.png") as tmp:
             fig.savefig(tmp, format="png", dpi=100)
     finally:
         plt.close(fig)

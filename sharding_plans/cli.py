@@ -17,6 +17,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
+from common.errors import BadInput
 from models.config import EMBEDDING_PRECISIONS
 from sharding_plans.chart import write_memory_chart
 from sharding_plans.constraints import ShardingConstraints
@@ -27,7 +28,7 @@ from sharding_plans.planner import PlanDoesNotFit, PlannerConfig, host_memory_by
 from sharding_plans.presets import PRESETS, Preset, find_preset
 from sharding_plans.report import format_bytes, format_plan_report, largest_rank, memory_imbalance
 from training.config import OPTIMIZERS
-from common.cli import OneLineParser, int_list
+from common.cli import OneLineParser, int_list, run_cli
 
 PROG = "python -m sharding_plans"
 _GIB = 1024**3
@@ -35,7 +36,6 @@ DEFAULT_EMBEDDING_DIM = 64  # dlrm_main.py's
 DEFAULT_BATCH_SIZE = 32  # the entry points'
 DEFAULT_LOCAL_WORLD_SIZE = 8  # GPUs per host of the common 8-GPU servers
 EXIT_DOES_NOT_FIT = 1
-EXIT_BAD_INPUT = 2
 
 
 def float_list(text: str) -> List[float]:
@@ -118,7 +118,7 @@ def _pick(value: Any, preset: Optional[Preset], attribute: str, default: Any) ->
 
 def _positive(value: Optional[float], flag: str) -> None:
     if value is not None and not value > 0:
-        raise ValueError(f"{flag} must be positive, got {value:g}")
+        raise BadInput(f"{flag} must be positive, got {value:g}")
 
 
 def _table_sets(args: argparse.Namespace, preset: Optional[Preset]) -> List[Tuple[str, List[str], List[int]]]:
@@ -127,7 +127,7 @@ def _table_sets(args: argparse.Namespace, preset: Optional[Preset]) -> List[Tupl
                                       ("--num_embeddings", args.num_embeddings),
                                       ("--feature_spec", args.feature_spec)) if value is not None]
     if len(given) > 1:
-        raise ValueError(f"give only one of {' and '.join(given)}")
+        raise BadInput(f"give only one of {' and '.join(given)}")
     sweep = args.command == "sweep"
     if args.num_embeddings_per_feature is not None:
         lists = args.num_embeddings_per_feature if sweep else [args.num_embeddings_per_feature]
@@ -143,7 +143,7 @@ def _table_sets(args: argparse.Namespace, preset: Optional[Preset]) -> List[Tupl
         rows = list(preset.num_embeddings_per_feature)
         sets = [(preset.title, [f"cat_{k}" for k in range(len(rows))], rows)]
     else:
-        raise ValueError("say which tables: --preset, --num_embeddings_per_feature, --num_embeddings or --feature_spec")
+        raise BadInput("say which tables: --preset, --num_embeddings_per_feature, --num_embeddings or --feature_spec")
     factors = getattr(args, "scale_factors", None)
     if not factors:
         return sets
@@ -158,7 +158,7 @@ def _topology(args: argparse.Namespace, preset: Optional[Preset], world_size: in
     local = args.local_world_size
     _positive(local, "--local_world_size")
     if local is not None and local > world_size:
-        raise ValueError(f"--local_world_size ({local}) must not exceed the world size ({world_size})")
+        raise BadInput(f"--local_world_size ({local}) must not exceed the world size ({world_size})")
     if local is None:
         local = min(_pick(None, preset, "local_world_size", DEFAULT_LOCAL_WORLD_SIZE), world_size)
     hbm_gb = args.hbm_gb
@@ -176,9 +176,9 @@ def _topology(args: argparse.Namespace, preset: Optional[Preset], world_size: in
         elif torch.cuda.is_available():
             hbm_bytes = torch.cuda.get_device_properties(0).total_memory
         else:
-            raise ValueError("--hbm_gb is needed for --compute_device cuda on a machine without a GPU")
+            raise BadInput("--hbm_gb is needed for --compute_device cuda on a machine without a GPU")
     elif hbm_gb is not None:
-        raise ValueError("--hbm_gb is for --compute_device cuda; with cpu the tables live in --ddr_gb")
+        raise BadInput("--hbm_gb is for --compute_device cuda; with cpu the tables live in --ddr_gb")
     ddr_gb = _pick(args.ddr_gb, preset, "ddr_gb", None)
     ddr_bytes = int(ddr_gb * _GIB) if ddr_gb is not None else host_memory_bytes() // local
     return PlannerConfig(
@@ -313,8 +313,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """
     args = build_parser().parse_args(argv)
     command = {"plan": _plan, "inspect": _inspect, "sweep": _sweep}[args.command]
-    try:
-        return command(args)
-    except ValueError as e:  # bad flags, files or constraints: the message says which
-        print(f"{PROG} {args.command}: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    return run_cli(lambda: command(args), f"{PROG} {args.command}")

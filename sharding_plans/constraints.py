@@ -12,6 +12,8 @@ from typing import Dict, List, Optional, Sequence
 
 from torchrec.distributed.planner.types import ParameterConstraints
 
+from common.errors import BadInput
+
 SHARDING_TYPES = (
     "data_parallel",
     "table_wise",
@@ -33,10 +35,10 @@ ALL_TABLES = "*"
 
 
 def check_table_precision(table: str, sharding_type: Optional[str], precision: str, source: str) -> None:
-    """Raises ValueError (one line starting with ``source``) for an fp16 table that is
+    """Raises BadInput (one line starting with ``source``) for an fp16 table that is
     data-parallel: FBGEMM's dense kernel has no fp16 backward, its updates are wrong."""
     if precision == "fp16" and sharding_type == "data_parallel":
-        raise ValueError(f"{source}: table {table} is data_parallel with fp16 weights, and FBGEMM's dense "
+        raise BadInput(f"{source}: table {table} is data_parallel with fp16 weights, and FBGEMM's dense "
                          "kernel has no fp16 backward (its updates are wrong): give it a fused sharding "
                          "type, or keep fp32 tables")
 
@@ -44,7 +46,7 @@ def check_table_precision(table: str, sharding_type: Optional[str], precision: s
 def parse_table_choices(text: str, flag: str, choices: Sequence[str]) -> Dict[str, str]:
     """Parses ``VALUE`` / ``TABLE=VALUE,...`` / ``VALUE,TABLE=VALUE,...``.
 
-    Returns {table or "*": value}. Raises ValueError naming the flag on an empty item,
+    Returns {table or "*": value}. Raises BadInput naming the flag on an empty item,
     a repeated table or a value not in ``choices``.
 
     Example::
@@ -56,17 +58,17 @@ def parse_table_choices(text: str, flag: str, choices: Sequence[str]) -> Dict[st
     for item in text.split(","):
         item = item.strip()
         if not item:
-            raise ValueError(f"{flag}: malformed list {text!r}: empty item")
+            raise BadInput(f"{flag}: malformed list {text!r}: empty item")
         table, sep, value = item.rpartition("=")
         table = table.strip() if sep else ALL_TABLES
         value = value.strip()
         if sep and not table:
-            raise ValueError(f"{flag}: malformed item {item!r}: expected TABLE=VALUE")
+            raise BadInput(f"{flag}: malformed item {item!r}: expected TABLE=VALUE")
         if value not in choices:
-            raise ValueError(f"{flag}: unknown value {value!r} (choose from {', '.join(choices)})")
+            raise BadInput(f"{flag}: unknown value {value!r} (choose from {', '.join(choices)})")
         if table in result:
             what = "a default for every table" if table == ALL_TABLES else f"table {table}"
-            raise ValueError(f"{flag}: {what} is given twice in {text!r}")
+            raise BadInput(f"{flag}: {what} is given twice in {text!r}")
         result[table] = value
     return result
 
@@ -110,21 +112,21 @@ class ShardingConstraints:
         return self.compute_kernels.get(table, self.compute_kernels.get(ALL_TABLES))
 
     def validate(self, table_names: Sequence[str], compute_device: Optional[str] = None) -> None:
-        """Raises ValueError (one line naming the flag) for unknown tables and for
+        """Raises BadInput (one line naming the flag) for unknown tables and for
         choices that cannot work together or on ``compute_device`` (None: skip those)."""
         known = set(table_names)
         for flag, given in (("--sharding_type", self.sharding_types), ("--compute_kernel", self.compute_kernels)):
             for table in given:
                 if table != ALL_TABLES and table not in known:
-                    raise ValueError(f"{flag}: unknown table {table!r} (tables: {_describe_tables(table_names)})")
+                    raise BadInput(f"{flag}: unknown table {table!r} (tables: {_describe_tables(table_names)})")
         for table in table_names:
             sharding, kernel = self.sharding_type(table), self.compute_kernel(table)
             if sharding == "data_parallel" and kernel not in (None, "dense"):
-                raise ValueError(f"--compute_kernel: table {table} is data_parallel, which needs the dense kernel, not {kernel}")
+                raise BadInput(f"--compute_kernel: table {table} is data_parallel, which needs the dense kernel, not {kernel}")
             if kernel == "dense" and sharding not in (None, "data_parallel"):
-                raise ValueError(f"--compute_kernel: the dense kernel is for data_parallel tables only, {table} is {sharding}")
+                raise BadInput(f"--compute_kernel: the dense kernel is for data_parallel tables only, {table} is {sharding}")
             if compute_device == "cpu" and kernel in CUDA_ONLY_KERNELS:
-                raise ValueError(f"--compute_kernel: {kernel} ({table}) needs CUDA, the compute device is cpu")
+                raise BadInput(f"--compute_kernel: {kernel} ({table}) needs CUDA, the compute device is cpu")
 
     def row_splits_on_cpu(self, table_names: Sequence[str], compute_device: str) -> bool:
         """True when some table asks for a row split the stock CPU sharder does not offer."""

@@ -74,7 +74,7 @@ class PlanRequest:
                 for name, rows in zip(config.table_names, self.num_embeddings_per_feature)}
 
     def validate(self) -> None:
-        """Raises ValueError (one line naming the flag) for bad tables or constraints."""
+        """Raises BadInput (one line naming the flag) for bad tables or constraints."""
         self.model_config.validate()
         OptimizerConfig(optimizer=self.optimizer).validate()
         self.topology.validate()
@@ -99,7 +99,7 @@ def plan_request(request: PlanRequest) -> SavedPlan:
 
     Raises:
         PlanDoesNotFit: no placement fits the ranks' memory under the constraints.
-        ValueError: bad request (one line).
+        BadInput: bad request (one line).
     """
     request.validate()
     table_names = request.model_config.table_names

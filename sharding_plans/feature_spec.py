@@ -12,8 +12,10 @@ from typing import Any, List, Tuple
 
 import yaml
 
+from common.errors import BadInput
 
-class FeatureSpecError(ValueError):
+
+class FeatureSpecError(BadInput):
     """The feature spec is unreadable or malformed; the message names the file."""
 
 

@@ -7,11 +7,12 @@ from torch import nn
 from torchrec.modules.embedding_configs import DataType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from common.errors import BadInput
 from sharding_plans.constraints import check_table_precision
 from sharding_plans.plan_file import SavedPlan, TableSpec
 
 
-class PlanMismatchError(ValueError):
+class PlanMismatchError(BadInput):
     """The plan was made for other tables, another number of ranks or another device."""
 
 

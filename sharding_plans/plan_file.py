@@ -23,13 +23,10 @@ planner's per-rank estimates::
 Files are written under a temporary name and renamed when complete.
 """
 
-import contextlib
 import dataclasses
 import json
-import os
-import tempfile
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode, CacheAlgorithm
 from torch.distributed._shard.metadata import ShardMetadata
@@ -43,6 +40,8 @@ from torchrec.distributed.types import (
 )
 from torchrec.modules.embedding_configs import DataType
 
+from common.atomic import write_text
+from common.errors import BadInput
 from sharding_plans.constraints import COMPUTE_KERNELS, SHARDING_TYPES
 from sharding_plans.estimates import RankEstimate
 from sharding_plans.planner import PlannerConfig
@@ -56,7 +55,7 @@ _LINE_WIDTH = 100
 _CACHE_FIELDS = ("algorithm", "load_factor", "reserved_memory", "precision", "prefetch_pipeline")
 
 
-class PlanFileError(ValueError):
+class PlanFileError(BadInput):
     """A plan file is unreadable or malformed; the message names the file and the place."""
 
 
@@ -187,35 +186,7 @@ def write_plan(path: str, saved: SavedPlan) -> None:
 
         write_plan("plan.json", saved)
     """
-    text = plan_to_json(saved)
-    with atomic_output(path) as tmp:
-        with open(tmp, "w") as f:
-            f.write(text)
-
-
-@contextlib.contextmanager
-def atomic_output(path: str) -> Iterator[str]:
-    """Yields a temporary name beside ``path``; renames it to ``path`` when the block
-    completes, removes it when the block fails (``path`` is then left as it was).
-
-    Example::
-
-        with atomic_output("chart.png") as tmp:
-            figure.savefig(tmp, format="png")
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    os.close(fd)
-    try:
-        yield tmp
-        # mkstemp creates the file private; give it the permissions of a plain open().
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_text(path, plan_to_json(saved))
 
 
 # ---------------------------------------------------------------- reading
@@ -293,7 +264,7 @@ def _read_topology(r: _Reader, value: Any) -> PlannerConfig:
     )
     try:
         config.validate()
-    except ValueError as e:
+    except BadInput as e:
         raise r.fail("topology", str(e))
     return config
 

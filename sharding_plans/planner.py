@@ -28,6 +28,7 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
+from common.errors import BadInput
 from sharding_plans.estimates import PlanRecorder, RankEstimate
 
 # Share of each device's memory kept free for dense parameters, activations and buffers.
@@ -71,15 +72,15 @@ class PlannerConfig:
 
     def validate(self) -> None:
         if self.compute_device not in ("cuda", "cpu"):
-            raise ValueError(f"compute device must be cuda or cpu, got {self.compute_device!r}")
+            raise BadInput(f"compute device must be cuda or cpu, got {self.compute_device!r}")
         if self.world_size <= 0 or self.local_world_size <= 0:
-            raise ValueError("world size and local world size must be positive")
+            raise BadInput("world size and local world size must be positive")
         for name, value in (("hbm", self.hbm_cap_bytes), ("ddr", self.ddr_cap_bytes)):
             if value is not None and value <= 0:
-                raise ValueError(f"{name} capacity must be positive, got {value}")
+                raise BadInput(f"{name} capacity must be positive, got {value}")
         for name, bandwidth in (("intra-host", self.intra_host_bw_gib_s), ("inter-host", self.inter_host_bw_gib_s)):
             if bandwidth is not None and not bandwidth > 0:
-                raise ValueError(f"{name} bandwidth must be positive, got {bandwidth}")
+                raise BadInput(f"{name} bandwidth must be positive, got {bandwidth}")
 
     @property
     def usable_fraction(self) -> float:
@@ -197,7 +198,7 @@ def build_sharding_plan(
 
 def _plan(planner: EmbeddingShardingPlanner, module: nn.Module,
           sharders: List[ModuleSharder[nn.Module]]) -> ShardingPlan:
-    """The planner's plan; PlanDoesNotFit or a one-line ValueError when it finds none."""
+    """The planner's plan; PlanDoesNotFit or a one-line BadInput when it finds none."""
     try:
         with _quiet_planner():
             return planner.plan(module, sharders)
@@ -206,7 +207,7 @@ def _plan(planner: EmbeddingShardingPlanner, module: nn.Module,
             raise PlanDoesNotFit("the tables need more memory than the ranks have") from e
         if e.error_type in (PlannerErrorType.STRICT_CONSTRAINTS, PlannerErrorType.PARTITION):
             raise PlanDoesNotFit("no placement allowed by the constraints fits in the ranks' memory") from e
-        raise ValueError(f"the planner failed: {str(e).strip().splitlines()[0]}") from e
+        raise BadInput(f"the planner failed: {str(e).strip().splitlines()[0]}") from e
 
 
 def plan_with_estimates(
@@ -220,7 +221,7 @@ def plan_with_estimates(
 
     Raises:
         PlanDoesNotFit: no placement fits the ranks' memory.
-        ValueError: the constraints cannot be met (one line).
+        BadInput: the constraints cannot be met (one line).
 
     Example::
 

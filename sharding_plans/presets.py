@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Dict, Tuple
 
+from common.errors import BadInput
+
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
 
 _MLPERF_SIZES = (
@@ -77,9 +79,9 @@ PRESETS: Dict[str, Preset] = {
 def find_preset(name: str) -> Preset:
     """A preset by name, ignoring case and accepting spaces for underscores ("Full Size").
 
-    Raises ValueError listing the names when there is no such preset.
+    Raises BadInput listing the names when there is no such preset.
     """
     key = name.strip().lower().replace(" ", "_").replace("-", "_")
     if key not in PRESETS:
-        raise ValueError(f"--preset: unknown preset {name!r} (choose from {', '.join(PRESETS)})")
+        raise BadInput(f"--preset: unknown preset {name!r} (choose from {', '.join(PRESETS)})")
     return PRESETS[key]

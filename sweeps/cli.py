@@ -12,17 +12,15 @@ start the entry points from the current directory, as ``torchx run`` does).
 """
 
 import argparse
-import sys
 from typing import List, Optional, Sequence
 
-from common.cli import OneLineParser, positive_int
-from sweeps.results import ResultsError, write_results
-from sweeps.run_state import TERMINAL, RunRecord, RunStateError, read_runs
-from sweeps.spec import SweepError, SweepSpec, load_sweep
+from common.cli import OneLineParser, positive_int, run_cli
+from sweeps.results import write_results
+from sweeps.run_state import TERMINAL, RunRecord, read_runs
+from sweeps.spec import SweepSpec, load_sweep
 
 PROG = "python -m sweeps"
 EXIT_FAILED_RUN = 1
-EXIT_BAD_INPUT = 2
 
 
 def build_parser() -> OneLineParser:
@@ -116,8 +114,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs a subcommand; returns the exit code (bad input: one line on stderr, 2)."""
     args = build_parser().parse_args(argv)
     command = {"run": _run, "report": _report, "status": _status}[args.command]
-    try:
-        return command(args)
-    except (SweepError, RunStateError, ResultsError) as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    return run_cli(lambda: command(args), PROG)

@@ -17,6 +17,8 @@ import os
 import shlex
 from typing import Any, Dict, List, Optional, Sequence
 
+from common.atomic import atomic_path, write_text
+from common.errors import BadInput
 from common.run_log_file import log_records
 from sweeps.run_state import FAILED, RunRecord
 from sweeps.spec import value_text
@@ -37,7 +39,7 @@ FIGURE_INCHES = (12.0, 5.0)
 FIGURE_DPI = 100
 
 
-class ResultsError(ValueError):
+class ResultsError(BadInput):
     """A run's log is not one the trainer wrote; the message names the file and line."""
 
 
@@ -88,13 +90,6 @@ def collect_row(record: RunRecord) -> Dict[str, Any]:
 
 def collect_rows(records: Sequence[RunRecord]) -> List[Dict[str, Any]]:
     return [collect_row(r) for r in records]
-
-
-def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", newline="") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _cell(column: str, value: Any) -> str:
@@ -159,17 +154,18 @@ def draw(rows: Sequence[Dict[str, Any]], path: str, title: str) -> None:
         ax.grid(alpha=0.3, which="both")
     fig.suptitle(title)
     fig.tight_layout()
-    tmp = f"{path}.tmp-{os.getpid()}.png"
-    fig.savefig(tmp, dpi=FIGURE_DPI)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with atomic_path(path, suffix=".tmp.png") as tmp:
+            fig.savefig(tmp, dpi=FIGURE_DPI)
+    finally:
+        plt.close(fig)
 
 
 def write_results(output_dir: str, records: Sequence[RunRecord], title: str = "") -> str:
     """Writes results.md, results.csv and results.png; returns the markdown table."""
     rows = collect_rows(records)
     markdown = format_markdown(rows, records)
-    _write_atomic(os.path.join(output_dir, "results.md"), markdown)
-    _write_atomic(os.path.join(output_dir, "results.csv"), format_csv(rows))
+    write_text(os.path.join(output_dir, "results.md"), markdown)
+    write_text(os.path.join(output_dir, "results.csv"), format_csv(rows))
     draw(rows, os.path.join(output_dir, "results.png"), title or os.path.basename(output_dir.rstrip("/")))
     return markdown

@@ -17,6 +17,9 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from common.atomic import write_json
+from common.errors import BadInput
+
 RUN_FILE = "run.json"
 LOG_FILE = "log.jsonl"
 PENDING, SUBMITTED, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
@@ -24,17 +27,8 @@ PENDING, SUBMITTED, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
 TERMINAL = (SUCCEEDED, FAILED, CANCELLED)
 
 
-class RunStateError(ValueError):
+class RunStateError(BadInput):
     """A run.json that is not one this tool wrote; the message names the file."""
-
-
-def write_json_atomic(path: str, payload: Any) -> None:
-    """Writes ``payload`` as JSON to ``path`` via a temporary name and a rename."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 @dataclass
@@ -78,7 +72,7 @@ class RunRecord:
 
     def write(self) -> None:
         os.makedirs(self.directory, exist_ok=True)
-        write_json_atomic(os.path.join(self.directory, RUN_FILE), dataclasses.asdict(self))
+        write_json(os.path.join(self.directory, RUN_FILE), dataclasses.asdict(self))
 
     @classmethod
     def read(cls, directory: str) -> "RunRecord":

@@ -32,6 +32,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from common.errors import BadInput
 from common.yaml_file import load_yaml
 
 SCRIPTS = ("dlrm_main.py", "dcnv2_main.py")
@@ -48,7 +49,7 @@ _MAX_NAME_VALUE = 24
 Scalar = (str, int, float, bool, type(None))
 
 
-class SweepError(ValueError):
+class SweepError(BadInput):
     """A sweep file is unusable; the message names the file and the key."""
 
 

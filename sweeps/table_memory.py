@@ -17,7 +17,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Dict
 
-from sweeps.run_state import write_json_atomic
+from common.atomic import write_json
 
 CACHE_FILE = "table_memory.json"
 # Plan as if every rank had this much memory: the estimate, not the fit, is wanted.
@@ -71,5 +71,5 @@ def table_memory(config: Dict[str, Any], ranks_per_node: int, cache_dir: str) ->
     assert estimates is not None
     memory = TableMemory(weight_bytes=sum(t.num_bytes for t in request.tables.values()),
                          planner_bytes=sum(e.total_bytes for e in estimates))
-    write_json_atomic(cache, {"key": key, **asdict(memory)})
+    write_json(cache, {"key": key, **asdict(memory)})
     return memory

@@ -16,6 +16,7 @@ from torchrec.distributed.sharding_plan import construct_module_sharding_plan, t
 from torchrec.distributed.types import ShardingEnv, ShardingPlan
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from common.errors import BadInput
 from models import build_dlrm_train
 from sharding_plans import PlannerConfig, build_sharders, plan_summary
 from sharding_plans.planner import plan_with_estimates
@@ -202,7 +203,7 @@ def test_pipelines_refuse_plans_whose_caches_they_would_corrupt(pipeline, plan, 
     if refusal is None:
         check_plan_for_pipeline(pipeline, plan, within_epoch)
     else:
-        with pytest.raises(ValueError) as e:
+        with pytest.raises(BadInput) as e:
             check_plan_for_pipeline(pipeline, plan, within_epoch)
         assert refusal in str(e.value) and "\n" not in str(e.value)
 
@@ -220,7 +221,7 @@ def test_semi_sync_refuses_the_cache_the_planner_picks_when_hbm_runs_short():
             world_size=2, local_world_size=2, compute_device="cuda", batch_size=512, hbm_cap_bytes=hbm))
         kernels[hbm] = plan_summary(plan)
     assert "fused_uvm_caching" in {p["compute_kernel"] for p in kernels[64 * 2**20].values()}
-    with pytest.raises(ValueError, match="on fused_uvm_caching"):
+    with pytest.raises(BadInput, match="on fused_uvm_caching"):
         check_plan_for_pipeline("semi_sync", kernels[64 * 2**20], False)
     assert {p["compute_kernel"] for p in kernels[2**30].values()} <= {"fused", "dense"}
 

@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 
+from common.errors import BadInput
 from data.batching import RankBatchLayout
 from data.config import DataConfig, build_loaders, open_dataset
 from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
@@ -143,11 +144,11 @@ def test_modulo_applied_when_tables_are_smaller(synthetic_dir):
 
 
 def test_bad_layout_is_one_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="needs at least two day files"):
+    with pytest.raises(BadInput, match="needs at least two day files"):
         CriteoBinaryDataset(str(tmp_path))
     generate_synthetic_criteo(SPEC, str(tmp_path / "d"), show_progress=False)
     np.save(str(tmp_path / "d" / "day_1_dense.npy"), np.zeros((1000, 12), np.float32))
-    with pytest.raises(ValueError, match=r"day_1_dense.npy: expected float32 of shape \(N, 13\)"):
+    with pytest.raises(BadInput, match=r"day_1_dense.npy: expected float32 of shape \(N, 13\)"):
         CriteoBinaryDataset(str(tmp_path / "d"))
 
 
@@ -313,14 +314,14 @@ def test_days_are_what_metadata_lists(tmp_path):
     assert CriteoBinaryDataset(one_hot).rows_per_day == [100, 100]
     shutil.copy(os.path.join(multi_hot, "day_1_sparse_multi_hot.npz"),
                 os.path.join(multi_hot, "day_2_sparse_multi_hot.npz"))
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(BadInput) as error:
         CriteoBinaryDataset(multi_hot, multi_hot=True)
     assert str(error.value) == (f"{multi_hot}/day_2_sparse_multi_hot.npz: not part of the data set (metadata.json "
                                 "lists days 0 to 1); a leftover of an earlier data set? remove it")
     for kind in ("dense", "sparse", "labels"):
         path = os.path.join(one_hot, f"day_1_{kind}.npy")
         np.save(path, np.load(path)[:99])
-    with pytest.raises(ValueError, match=r"day_1_dense.npy: holds 99 rows, but metadata.json says day 1 has 100"):
+    with pytest.raises(BadInput, match=r"day_1_dense.npy: holds 99 rows, but metadata.json says day 1 has 100"):
         CriteoBinaryDataset(one_hot)
 
 
@@ -331,10 +332,10 @@ def test_empty_split_and_unfinished_preprocessing_are_refused(tmp_path):
     os.remove(os.path.join(directory, "metadata.json"))
     for kind, width, dtype in (("dense", 13, np.float32), ("sparse", 26, np.int32), ("labels", 1, np.int32)):
         np.save(os.path.join(directory, f"day_0_{kind}.npy"), np.zeros((0, width), dtype))
-    with pytest.raises(ValueError, match=r"/d: the train split has no rows \(rows per day: 0, 100\)"):
+    with pytest.raises(BadInput, match=r"/d: the train split has no rows \(rows per day: 0, 100\)"):
         CriteoBinaryDataset(directory)
     open(os.path.join(directory, "day_0.done.json"), "w").close()
-    with pytest.raises(ValueError, match=r"/d: preprocessing did not finish \(day markers but no metadata.json\)"):
+    with pytest.raises(BadInput, match=r"/d: preprocessing did not finish \(day markers but no metadata.json\)"):
         CriteoBinaryDataset(directory)
 
 

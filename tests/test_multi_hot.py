@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import dlrm_main
+from common.errors import BadInput
 from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
 from data.multi_hot import MultiHotExpander, open_npz_arrays
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_multi_hot_criteo
@@ -47,7 +48,7 @@ def test_npz_members_memory_mapped_or_loaded(tmp_path):
     assert all(isinstance(a, np.memmap) for a in plain)
     for key, a, b in zip("012", plain, packed):
         assert np.array_equal(a, arrays[key]) and np.array_equal(b, arrays[key])
-    with pytest.raises(ValueError, match="no array '3'"):
+    with pytest.raises(BadInput, match="no array '3'"):
         open_npz_arrays(str(tmp_path / "plain.npz"), ["3"])
 
 

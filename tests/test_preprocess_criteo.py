@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from common.errors import BadInput
 from data.criteo_tsv import parse_criteo_lines
 from data.preprocess_criteo import PreprocessConfig, main, preprocess
 from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day
@@ -353,7 +354,7 @@ def test_damaged_gz_is_one_line_naming_the_file(raw_days, tmp_path, capsys):
         with open(path, "wb") as f:
             f.write(broken)
         assert _run(raw, str(tmp_path / "o"), capsys) == (2, f"preprocess_criteo: error: {path}: {reason}")
-        with pytest.raises(ValueError) as error:
+        with pytest.raises(BadInput) as error:
             list(iter_line_chunks(DaySource(0, path), 1024))
         assert str(error.value) == f"{path}: {reason}"
 

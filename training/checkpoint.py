@@ -47,6 +47,8 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torchrec.distributed.planner.types import ParameterConstraints
 
+from common.atomic import write_json
+from common.errors import BadInput
 from common.manifest import (HashingStream, ManifestEntry, ManifestError, check_bytes, check_manifest_format,
                              check_stream, entry_of_bytes)
 from training.checkpoint_meta import CheckpointMeta
@@ -65,7 +67,7 @@ _NUMPY_DTYPES = {torch.float64, torch.float32, torch.float16, torch.int64, torch
                  torch.int8, torch.uint8, torch.bool}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(BadInput):
     """A checkpoint cannot be used: missing, incomplete, corrupted or for another model."""
 
 
@@ -255,7 +257,7 @@ def read_manifest(path: str) -> Optional[Dict[str, ManifestEntry]]:
         return None
     try:
         return check_manifest_format(json.loads(text), marker)
-    except (ValueError, json.JSONDecodeError) as e:  # ManifestError is a ValueError
+    except (BadInput, json.JSONDecodeError) as e:  # a ManifestError, or not JSON
         raise CheckpointError(f"{marker}: not a checkpoint manifest (damaged?)") from e
 
 
@@ -437,11 +439,12 @@ class CheckpointManager:
         then prunes what it kept. Collective."""
         if self.rank == 0:
             pointer = _join(self.directory, BEST_FILE)
-            with g_pathmgr.open(pointer + ".tmp", "w") as f:
-                json.dump({"checkpoint": os.path.basename(path), **info}, f, indent=1)
+            best = {"checkpoint": os.path.basename(path), **info}
             if _is_local(pointer):
-                os.replace(_local(pointer + ".tmp"), _local(pointer))
+                write_json(_local(pointer), best, indent=1)
             else:  # iopath's mv does not overwrite
+                with g_pathmgr.open(pointer + ".tmp", "w") as f:
+                    json.dump(best, f, indent=1)
                 if g_pathmgr.exists(pointer):
                     g_pathmgr.rm(pointer)
                 g_pathmgr.mv(pointer + ".tmp", pointer)

@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from common.errors import BadInput
 from data.config import DataConfig
 from models.config import ModelConfig
 from sharding_plans.constraints import ShardingConstraints, check_table_precision
@@ -53,31 +54,31 @@ class OptimizerConfig:
 
     def validate(self) -> None:
         if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+            raise BadInput(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.dense_optimizer is not None and self.dense_optimizer not in DENSE_OPTIMIZERS:
-            raise ValueError(
+            raise BadInput(
                 f"--dense_optimizer must be one of {', '.join(DENSE_OPTIMIZERS)}, "
                 f"got {self.dense_optimizer!r}"
             )
         if not self.learning_rate > 0:
-            raise ValueError(f"--learning_rate must be positive, got {self.learning_rate}")
+            raise BadInput(f"--learning_rate must be positive, got {self.learning_rate}")
         if not self.eps > 0:
-            raise ValueError(f"--eps must be positive, got {self.eps}")
+            raise BadInput(f"--eps must be positive, got {self.eps}")
         for flag in ("lr_warmup_steps", "lr_decay_start", "lr_decay_steps"):
             if getattr(self, flag) < 0:
-                raise ValueError(f"--{flag} must not be negative, got {getattr(self, flag)}")
+                raise BadInput(f"--{flag} must not be negative, got {getattr(self, flag)}")
         if self.lr_decay_steps > 0 and self.lr_decay_start < self.lr_warmup_steps:
-            raise ValueError(
+            raise BadInput(
                 f"--lr_decay_start ({self.lr_decay_start}) must not come before the end of "
                 f"warm-up (--lr_warmup_steps {self.lr_warmup_steps})"
             )
         if not 0.0 <= self.lr_decay_floor <= 1.0:
-            raise ValueError(f"--lr_decay_floor must be in [0, 1], got {self.lr_decay_floor}")
+            raise BadInput(f"--lr_decay_floor must be in [0, 1], got {self.lr_decay_floor}")
         for flag in ("weight_decay", "embedding_weight_decay"):
             if not getattr(self, flag) >= 0.0:
-                raise ValueError(f"--{flag} must not be negative, got {getattr(self, flag)}")
+                raise BadInput(f"--{flag} must not be negative, got {getattr(self, flag)}")
         if self.embedding_weight_decay > 0 and self.optimizer != "rowwise_adagrad":
-            raise ValueError(f"--embedding_weight_decay: FBGEMM's fused {self.optimizer} kernel has no weight decay "
+            raise BadInput(f"--embedding_weight_decay: FBGEMM's fused {self.optimizer} kernel has no weight decay "
                              "(of the CPU and GPU kernels only rowwise_adagrad has one): use --optimizer rowwise_adagrad")
 
 
@@ -108,16 +109,16 @@ class CheckpointConfig:
 
     def validate(self) -> None:
         if self.checkpoint_every_n_steps is not None and self.checkpoint_every_n_steps <= 0:
-            raise ValueError(f"--checkpoint_every_n_steps must be positive, got {self.checkpoint_every_n_steps}")
+            raise BadInput(f"--checkpoint_every_n_steps must be positive, got {self.checkpoint_every_n_steps}")
         if self.keep_last_n_checkpoints < 0:
-            raise ValueError(f"--keep_last_n_checkpoints must not be negative, got {self.keep_last_n_checkpoints}")
+            raise BadInput(f"--keep_last_n_checkpoints must not be negative, got {self.keep_last_n_checkpoints}")
         for flag, needed in (("checkpoint_every_n_steps", self.checkpoint_every_n_steps is not None),
                              ("checkpoint_at_epoch_end", self.checkpoint_at_epoch_end),
                              ("resume", self.resume)):
             if needed and not self.checkpoint_dir:
-                raise ValueError(f"--{flag} needs --checkpoint_dir")
+                raise BadInput(f"--{flag} needs --checkpoint_dir")
         if self.resume and self.restore_checkpoint_path:
-            raise ValueError("give --resume (full state) or --restore_checkpoint_path (weights only), not both")
+            raise BadInput("give --resume (full state) or --restore_checkpoint_path (weights only), not both")
 
 
 EARLY_STOPPING_METRICS = ("auroc", "log_loss", "ne")
@@ -145,12 +146,12 @@ class EarlyStoppingConfig:
 
     def validate(self) -> None:
         if self.patience is not None and self.patience < 0:
-            raise ValueError(f"--early_stopping_patience must not be negative, got {self.patience}")
+            raise BadInput(f"--early_stopping_patience must not be negative, got {self.patience}")
         if self.metric not in EARLY_STOPPING_METRICS:
-            raise ValueError(f"--early_stopping_metric must be one of {', '.join(EARLY_STOPPING_METRICS)}, "
+            raise BadInput(f"--early_stopping_metric must be one of {', '.join(EARLY_STOPPING_METRICS)}, "
                              f"got {self.metric!r}")
         if not self.min_delta >= 0:
-            raise ValueError(f"--early_stopping_min_delta must not be negative, got {self.min_delta}")
+            raise BadInput(f"--early_stopping_min_delta must not be negative, got {self.min_delta}")
 
 
 @dataclass
@@ -169,11 +170,11 @@ class InferenceBenchmarkConfig:
 
     def validate(self) -> None:
         if not self.batch_sizes or min(self.batch_sizes) <= 0:
-            raise ValueError(f"--inference_benchmark_batch_sizes must be positive, got {self.batch_sizes}")
+            raise BadInput(f"--inference_benchmark_batch_sizes must be positive, got {self.batch_sizes}")
         if self.iterations <= 0:
-            raise ValueError(f"--inference_benchmark_iterations must be positive, got {self.iterations}")
+            raise BadInput(f"--inference_benchmark_iterations must be positive, got {self.iterations}")
         if self.warmup < 0:
-            raise ValueError(f"--inference_benchmark_warmup must not be negative, got {self.warmup}")
+            raise BadInput(f"--inference_benchmark_warmup must not be negative, got {self.warmup}")
 
 
 @dataclass
@@ -251,45 +252,45 @@ class TrainConfig:
     dropout: float = 0.0
 
     def validate(self) -> None:
-        """Raises ValueError with one line naming the offending flag."""
+        """Raises BadInput with one line naming the offending flag."""
         self.model.validate()
         self.data.validate()
         self.optim.validate()
         if self.epochs <= 0:
-            raise ValueError(f"--epochs must be positive, got {self.epochs}")
+            raise BadInput(f"--epochs must be positive, got {self.epochs}")
         if self.validation_freq_within_epoch is not None and self.validation_freq_within_epoch <= 0:
-            raise ValueError(
+            raise BadInput(
                 f"--validation_freq_within_epoch must be positive, got {self.validation_freq_within_epoch}"
             )
         if self.log_every_n_steps <= 0:
-            raise ValueError(f"--log_every_n_steps must be positive, got {self.log_every_n_steps}")
+            raise BadInput(f"--log_every_n_steps must be positive, got {self.log_every_n_steps}")
         if self.auroc_bins is not None and self.auroc_bins < 2:
-            raise ValueError(f"--auroc_bins must be at least 2, got {self.auroc_bins}")
+            raise BadInput(f"--auroc_bins must be at least 2, got {self.auroc_bins}")
         if self.device not in DEVICES:
-            raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+            raise BadInput(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         self.checkpoint.validate()
         if self.pipeline not in PIPELINES:
-            raise ValueError(f"--pipeline must be one of {', '.join(PIPELINES)}, got {self.pipeline!r}")
+            raise BadInput(f"--pipeline must be one of {', '.join(PIPELINES)}, got {self.pipeline!r}")
         if self.semi_sync_start_batch < 0:
-            raise ValueError(f"--semi_sync_start_batch must be 0 or more, got {self.semi_sync_start_batch}")
+            raise BadInput(f"--semi_sync_start_batch must be 0 or more, got {self.semi_sync_start_batch}")
         if self.mode not in MODES:
-            raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+            raise BadInput(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         self.inference_benchmark.validate()
         self.early_stopping.validate()
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
+            raise BadInput(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.validation_auroc is not None and not 0.0 < self.validation_auroc <= 1.0:
-            raise ValueError(f"--validation_auroc must be in (0, 1], got {self.validation_auroc}")
+            raise BadInput(f"--validation_auroc must be in (0, 1], got {self.validation_auroc}")
         watchers = [flag for flag, on in (("--early_stopping_patience", self.early_stopping.enabled),
                                           ("--validation_auroc", self.validation_auroc is not None)) if on]
         for flag in watchers:
             if self.data.limit_val_batches == 0:
-                raise ValueError(f"{flag} watches validation: it cannot be combined with --limit_val_batches 0")
+                raise BadInput(f"{flag} watches validation: it cannot be combined with --limit_val_batches 0")
             if not self.validate_at_epoch_end and self.validation_freq_within_epoch is None:
-                raise ValueError(f"{flag} watches validation, which never runs: give --evaluate_on_epoch_end "
+                raise BadInput(f"{flag} watches validation, which never runs: give --evaluate_on_epoch_end "
                                  "or --validation_freq_within_epoch")
         if self.mode in ("validate", "test") and not (self.checkpoint.restore_checkpoint_path or self.checkpoint.checkpoint_dir):
-            raise ValueError(f"--mode {self.mode} evaluates a checkpoint: give --restore_checkpoint_path, "
+            raise BadInput(f"--mode {self.mode} evaluates a checkpoint: give --restore_checkpoint_path, "
                              "or --checkpoint_dir for its newest one")
         self.sharding_constraints.validate(self.model.table_names)
         for table in self.model.table_names:
@@ -298,4 +299,4 @@ class TrainConfig:
                                   self.sharding_constraints.sharding_type(table),
                                   self.model.embedding_precision, "--embedding_precision")
         if self.sharding_plan is not None and not self.sharding_constraints.empty:
-            raise ValueError("--sharding_plan fixes the plan: it cannot be combined with --sharding_type or --compute_kernel")
+            raise BadInput("--sharding_plan fixes the plan: it cannot be combined with --sharding_type or --compute_kernel")

@@ -23,8 +23,10 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata
 
+from common.errors import BadInput
 
-class UnsafeMetadataError(ValueError):
+
+class UnsafeMetadataError(BadInput):
     """The file is not plain DCP metadata; the message names the file and what it asked for."""
 
 

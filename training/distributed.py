@@ -8,6 +8,8 @@ from typing import List
 import torch
 import torch.distributed as dist
 
+from common.errors import BadInput
+
 
 @dataclass(frozen=True)
 class DistributedEnv:
@@ -39,13 +41,13 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not an integer")
+        raise BadInput(f"environment variable {name}={value!r} is not an integer")
 
 
 def resolve_env(device_flag: str) -> DistributedEnv:
     """Reads torchrun's variables (defaults: one process) and picks the device.
 
-    Raises ValueError (one line) when CUDA is asked for but missing, or when
+    Raises BadInput (one line) when CUDA is asked for but missing, or when
     LOCAL_RANK has no GPU of its own.
     """
     world_size = _env_int("WORLD_SIZE", 1)
@@ -56,9 +58,9 @@ def resolve_env(device_flag: str) -> DistributedEnv:
     if use_cuda:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
-            raise ValueError("--device cuda: no CUDA device is available on this host")
+            raise BadInput("--device cuda: no CUDA device is available on this host")
         if local_rank >= count:
-            raise ValueError(
+            raise BadInput(
                 f"LOCAL_RANK {local_rank} has no GPU: this host has {count} "
                 f"(run at most {count} processes per node)"
             )
@@ -90,7 +92,7 @@ def init_process_group(env: DistributedEnv) -> dist.ProcessGroup:
             # Plain `python dlrm_main.py`: no rendezvous needed, no port to pick.
             dist.init_process_group(env.backend, store=dist.HashStore(), rank=0, world_size=1)
         else:
-            raise ValueError(
+            raise BadInput(
                 f"WORLD_SIZE is {env.world_size} but MASTER_ADDR is not set: launch with torchrun"
             )
     assert dist.group.WORLD is not None

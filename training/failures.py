@@ -17,7 +17,6 @@ the rank and the signal, and the ranks left behind report the step they were at.
 """
 
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -29,10 +28,11 @@ from typing import Iterator, Optional
 
 import torch.distributed as dist
 
+from common.atomic import write_json
+from common.errors import EXIT_BAD_INPUT
 from data.value_checks import DataValueError
 
 EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
 EXIT_NON_FINITE_LOSS = 3
 EXIT_TERMINATED = 128 + signal.SIGTERM
 
@@ -137,8 +137,6 @@ def _record_for_torchrun(message: str) -> None:
         return
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path + ".tmp", "w") as f:
-            json.dump({"message": message, "timestamp": int(time.time())}, f)
-        os.replace(path + ".tmp", path)
+        write_json(path, {"message": message, "timestamp": int(time.time())})
     except OSError:
         pass  # the message is on stderr already; a missing summary line is not worth a crash

@@ -9,6 +9,7 @@ import argparse
 from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from common.cli import OneLineParser, int_list
+from common.errors import BadInput
 from data.config import DATASET_NAMES, DataConfig
 from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES, read_metadata
 from data.feature_spec import FeatureSpec
@@ -33,7 +34,7 @@ from training.failures import report_bad_input
 DEFAULT_NUM_EMBEDDINGS = 100_000
 
 
-class FlagError(ValueError):
+class FlagError(BadInput):
     """A flag's value is wrong; the message names the flag."""
 
 
@@ -173,7 +174,7 @@ def _feature_layout(args: argparse.Namespace) -> Tuple[List[str], int, Optional[
         return list(SPARSE_FEATURE_NAMES), len(DENSE_FEATURE_NAMES), None
     try:
         spec = FeatureSpec.load(args.dataset_path)
-    except ValueError as e:
+    except BadInput as e:
         raise FlagError(f"--dataset_path: {e}") from e
     return list(spec.categorical), len(spec.numerical), spec.cardinalities
 
@@ -306,7 +307,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             ),
         )
         config.validate()
-    except ValueError as e:
+    except BadInput as e:
         raise FlagError(str(e)) from e
     return config
 

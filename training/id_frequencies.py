@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from common.atomic import atomic_path
+
 
 def frequencies_file(rank: int) -> str:
     return f"multi_hot_freqs_rank_{rank}.npz"
@@ -67,7 +69,6 @@ class IdFrequencies:
 
     def save(self, directory: str, rank: int) -> str:
         path = os.path.join(directory, frequencies_file(rank))
-        tmp = path + ".tmp.npz"
-        np.savez(tmp, **self.counts)
-        os.replace(tmp, path)
+        with atomic_path(path, suffix=".tmp.npz") as tmp:
+            np.savez(tmp, **self.counts)
         return path

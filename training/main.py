@@ -14,6 +14,7 @@ from typing import Any, Dict, Optional, Sequence
 
 import torch.distributed as dist
 
+from common.cli import run_cli
 from common.errors import BadInput
 from training.config import TrainConfig
 from training.distributed import DistributedEnv, resolve_env
@@ -41,9 +42,9 @@ def run_training(
 def _train(config: TrainConfig, prog: str) -> int:
     try:
         env = resolve_env(config.device)
-    except ValueError as e:
+    except BadInput as e:  # this host's environment (RANK, CUDA), which may differ by rank: every rank says it
         return report(prog, str(e), EXIT_BAD_INPUT)
-    code = _run(config, prog, env)
+    code = run_cli(lambda: _run(config, prog, env), prog, report_bad_input)
     # Tear the process group down unless a rank failed: then a peer may be gone, and
     # gloo's teardown would block this rank and keep torchrun from restarting the job.
     # (Bad input and a non-finite loss are seen by every rank alike.)
@@ -55,12 +56,12 @@ def _train(config: TrainConfig, prog: str) -> int:
 def _run(config: TrainConfig, prog: str, env: DistributedEnv) -> int:
     try:
         trainer = Trainer(config, env)
-    except (ValueError, BadInput) as e:  # bad input, including an unusable checkpoint
-        return report_bad_input(prog, str(e))
+    except BadInput:  # bad input, including an unusable checkpoint: run_cli reports it
+        raise
     except PlanDoesNotFit as e:  # planned on rank 0, raised on every rank
-        return report_bad_input(prog, f"the model does not fit: {e} ({env.world_size} {env.device.type} "
-                                      "rank(s)); python -m sharding_plans plan tells how many it needs")
-    except Exception as e:
+        raise BadInput(f"the model does not fit: {e} ({env.world_size} {env.device.type} "
+                       "rank(s)); python -m sharding_plans plan tells how many it needs") from e
+    except Exception as e:  # a ValueError inside torch included: a failure, with its traceback
         return report_rank_failure(prog, env.rank, env.world_size, "setup", e)
     try:
         if config.mode == "train":

@@ -10,6 +10,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+from common.errors import BadInput
 from training.config import OptimizerConfig
 
 # The path component of every embedding table's parameters (EmbeddingBagCollection's
@@ -64,7 +65,7 @@ def check_embedding_weight_decay(plan: Dict[str, Dict[str, Any]], device: torch.
         return
     fused = sorted(table for table, entry in plan.items() if entry["sharding_type"] != "data_parallel")
     if fused:
-        raise ValueError(f"--embedding_weight_decay: table {fused[0]} is {plan[fused[0]]['sharding_type']} on "
+        raise BadInput(f"--embedding_weight_decay: table {fused[0]} is {plan[fused[0]]['sharding_type']} on "
                          f"FBGEMM's fused CPU kernel, which ignores weight decay; on CPU make the tables "
                          "data-parallel (--sharding_type data_parallel)")
 

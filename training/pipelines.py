@@ -23,6 +23,7 @@ from torchrec.distributed.train_pipeline.train_pipelines import (
     TrainPipelineSparseDist,
 )
 
+from common.errors import BadInput
 from training.config import SEMI_SYNC_START_BATCH
 
 CUDA_ONLY_PIPELINES = ("semi_sync", "prefetch")
@@ -38,16 +39,16 @@ SEMI_SYNC_KERNELS = ("fused", "fused_uvm")
 
 
 def check_pipeline_supported(kind: str, device: torch.device) -> None:
-    """One-line ValueError for a pipeline TorchRec cannot run on this device."""
+    """One-line BadInput for a pipeline TorchRec cannot run on this device."""
     if kind in CUDA_ONLY_PIPELINES and device.type != "cuda":
-        raise ValueError(f"--pipeline {kind} needs CUDA (TorchRec runs it on side streams); "
+        raise BadInput(f"--pipeline {kind} needs CUDA (TorchRec runs it on side streams); "
                          f"on {device.type} use sparse_dist or base")
 
 
 def check_plan_for_pipeline(
     kind: str, plan: Mapping[str, Mapping[str, object]], validation_within_epoch: bool
 ) -> None:
-    """One-line ValueError when the plan's kernels make the pipeline train or evaluate
+    """One-line BadInput when the plan's kernels make the pipeline train or evaluate
     wrongly. The plan is the same on every rank, so every rank refuses alike.
 
     - semi_sync: every table must be on the fused or fused_uvm kernel. With a cache
@@ -74,14 +75,14 @@ def check_plan_for_pipeline(
     if kind == "semi_sync":
         bad = {t: k for t, k in kernels.items() if k not in SEMI_SYNC_KERNELS}
         if bad:
-            raise ValueError(
+            raise BadInput(
                 "--pipeline semi_sync runs forward(i+1) before the embedding backward of batch i and needs "
                 f"every table on the fused or fused_uvm kernel; the plan has {_describe(bad)} "
                 "(pass --compute_kernel fused or fused_uvm, or use --pipeline sparse_dist)")
     if kind == "prefetch" and validation_within_epoch:
         cached = {t: k for t, k in kernels.items() if k not in UNCACHED_KERNELS}
         if cached:
-            raise ValueError(
+            raise BadInput(
                 "--pipeline prefetch with --validation_freq_within_epoch: validation would run on the "
                 f"cache locations prefetched for the next training batch ({_describe(cached)}); "
                 "validate at epoch end only, or use --pipeline sparse_dist")

@@ -14,7 +14,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from common.cli import OneLineParser
+from common.atomic import atomic_path
+from common.cli import OneLineParser, cli_main
+from common.errors import BadInput
 from common.run_log_file import log_records
 
 FIGURE_INCHES = (12.0, 8.0)
@@ -22,7 +24,7 @@ FIGURE_DPI = 100  # so the PNG is 1200 x 800 pixels
 _REQUIRED = {"train": ("step", "loss", "lr", "records_per_sec"), "eval": ("stage", "step")}
 
 
-class LogError(ValueError):
+class LogError(BadInput):
     """A log line is not a record this tool understands."""
 
 
@@ -102,31 +104,27 @@ def draw(runs: Sequence[Run], output: str) -> None:
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize="small")
     fig.tight_layout()
-    tmp = output + ".tmp.png"
     try:
-        fig.savefig(tmp, dpi=FIGURE_DPI)
-        os.replace(tmp, output)
+        with atomic_path(output, suffix=".tmp.png") as tmp:
+            fig.savefig(tmp, dpi=FIGURE_DPI)
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
+PROG = "training.report"
+
+
+@cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog="training.report", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("logs", nargs="+", help="JSON-lines logs written with --log_path")
     parser.add_argument("--output", default="run.png", help="PNG to write (1200 x 800)")
     args = parser.parse_args(argv)
-    try:
-        runs = [run for path in args.logs for run in read_runs(path)]
-    except LogError as e:
-        print(f"training.report: error: {e}", file=sys.stderr)
-        return 2
+    runs = [run for path in args.logs for run in read_runs(path)]
     try:
         draw(runs, args.output)
     except OSError as e:
-        print(f"training.report: error: --output {args.output}: cannot write it: {e.strerror}", file=sys.stderr)
-        return 2
+        raise BadInput(f"--output {args.output}: cannot write it: {e.strerror}") from e
     for run in runs:
         s = run.summary()
         auroc = "n/a" if s["best_validation_auroc"] is None else f"{s['best_validation_auroc']:.4f} at step {s['best_step']}"

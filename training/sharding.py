@@ -50,7 +50,7 @@ class ShardingSetup:
 def prepare_sharding(config: TrainConfig, env: DistributedEnv, model: nn.Module) -> ShardingSetup:
     """Reads and checks ``--sharding_plan``, or checks the constraints for this device.
 
-    Raises ValueError (one line) on a plan that does not match the model or the job,
+    Raises BadInput (one line) on a plan that does not match the model or the job,
     or constraints the device cannot meet.
     """
     device_type = env.device.type

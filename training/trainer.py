@@ -21,6 +21,7 @@ from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.train_pipeline.train_pipelines import TrainPipeline
 from torchrec.distributed.types import ShardingEnv
 
+from common.errors import BadInput
 from data.config import BatchLoader, build_loaders, open_dataset
 from models import build_dlrm_train
 from models.interaction import align_to_sharded_embeddings
@@ -213,7 +214,7 @@ class Trainer:
         meta = restore.meta
         global_batch = self.config.data.batch_size * self.env.world_size
         if meta.global_batch_size != global_batch:
-            raise ValueError(f"checkpoint {restore.path} was trained with a global batch of "
+            raise BadInput(f"checkpoint {restore.path} was trained with a global batch of "
                              f"{meta.global_batch_size} rows, this run has {global_batch}: "
                              "the data position cannot carry over")
         self.step, self.start_epoch, self.start_batch = meta.step, meta.epoch, meta.batch_in_epoch

@@ -1,0 +1,151 @@
+"""Writing a file or a directory so that it appears complete or not at all.
+
+The content goes to a temporary name beside the target (so the rename stays on one
+file system), is flushed to disk (fsync of the file, then of the directory
+after the rename) and takes the target's name only when complete. A failure leaves
+the target as it was and no temporary behind.
+
+Example::
+
+    write_json("out/metadata.json", {"rows": 10})
+    with atomic_path("run.png", suffix=".tmp.png") as tmp:  # a file another library writes
+        figure.savefig(tmp)
+    with atomic_dir("model", replace=False) as staging:
+        write_text(os.path.join(staging, "a.txt"), "...")
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from typing import Any, Iterator
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str, suffix: str = ".tmp") -> Iterator[str]:
+    """Yields the temporary name ``path + suffix``; renames it to ``path`` when the
+    block completes, removes it when the block fails. The name is fixed, so that a
+    run killed midway leaves one leftover, which the next run overwrites.
+
+    Args:
+        path: the file to (re)write.
+        suffix: ends the temporary name; writers that go by the extension need it
+            (np.savez adds ".npz" to a name without it, matplotlib picks the format).
+
+    Example::
+
+        with atomic_path("counts.npz", suffix=".tmp.npz") as tmp:
+            np.savez(tmp, ids=ids)
+    """
+    tmp = path + suffix
+    try:
+        yield tmp
+        _fsync(tmp)
+        os.replace(tmp, path)
+        _fsync(os.path.dirname(os.path.abspath(path)))
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def naming_write_errors(path: str) -> Iterator[None]:
+    """An OSError inside the block (a full disk, say) becomes one naming ``path``.
+
+    Example::
+
+        with naming_write_errors("out/a.npz"), atomic_path("out/a.npz", ".tmp.npz") as tmp:
+            np.savez(tmp, a=a)
+    """
+    try:
+        yield
+    except OSError as e:
+        raise OSError(f"{path}: cannot write ({e.strerror or e})") from e
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Writes ``data`` to ``path`` atomically; an OSError (a full disk, say) names ``path``.
+
+    Example::
+
+        write_bytes("model/weights.bin", blob)
+    """
+    with naming_write_errors(path), atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+
+
+def write_text(path: str, text: str) -> None:
+    """Writes ``text`` (UTF-8, newlines as given) to ``path`` atomically.
+
+    Example::
+
+        write_text("results.csv", "a,b\\n1,2\\n")
+    """
+    write_bytes(path, text.encode())
+
+
+def write_json(path: str, payload: Any, indent: int = 2) -> None:
+    """Writes ``payload`` as indented JSON with a final newline to ``path`` atomically.
+
+    Example::
+
+        write_json("run.json", {"state": "done"})
+    """
+    write_text(path, json.dumps(payload, indent=indent) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str, replace: bool = True) -> Iterator[str]:
+    """Yields a fresh staging directory beside ``path``; puts it in ``path``'s place
+    when the block completes, removes it when the block fails (``path`` untouched).
+
+    Args:
+        path: the directory to create.
+        replace: True: an existing ``path`` is replaced (never appended to). False: only
+            an empty one is (a non-empty one fails with OSError at the rename); callers
+            refusing an existing output say so before the work starts.
+
+    Example::
+
+        with atomic_dir("out") as staging:
+            write_text(os.path.join(staging, "a.txt"), "a")
+    """
+    target = os.path.abspath(path)
+    parent = os.path.dirname(target)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.tmp", dir=parent)
+    os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it private; the output is an ordinary directory
+    try:
+        yield staging
+        for folder, _, names in os.walk(staging):
+            for name in names:
+                if not os.path.islink(os.path.join(folder, name)):
+                    _fsync(os.path.join(folder, name))
+            _fsync(folder)
+        if os.path.isdir(target) and not os.listdir(target):
+            os.rmdir(target)
+        if os.path.exists(target) and replace:
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.old", dir=parent)
+            os.replace(target, os.path.join(old, "previous"))
+            os.replace(staging, target)
+            shutil.rmtree(old)
+        else:
+            os.rename(staging, target)  # fails on an existing non-empty directory: never merged
+        _fsync(parent)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

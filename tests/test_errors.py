@@ -1,0 +1,125 @@
+"""Bad input against failures: every CLI turns BadInput into one line and exit code 2
+(common.cli.run_cli); any other exception, a ValueError from inside torch included,
+is a failure with its traceback (exit 1)."""
+
+import os
+import re
+import runpy
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import dlrm_main
+from common.errors import EXIT_BAD_INPUT
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLI_PACKAGES = ("data", "serving", "sharding_plans", "sweeps", "training")
+MISSING = "/nonexistent/errors_test"
+
+# One bad flag value per CLI that argparse accepts and the command refuses: it reaches
+# run_cli as BadInput. (module or script, argv, text the line must hold)
+BAD_FLAG_VALUES = {
+    "dlrm_main.py": (["--sharding_plan", f"{MISSING}/plan.json"], f"{MISSING}/plan.json"),
+    "dcnv2_main.py": (["--sharding_plan", f"{MISSING}/plan.json"], f"{MISSING}/plan.json"),
+    "data.criteo_feature_spec": (["--input", MISSING, "--output", "{tmp}/out"], MISSING),
+    "data.preprocess_criteo": (["--input_dir", MISSING, "--output_dir", "{tmp}/out", "--dataset_name", "criteo_1t"],
+                               MISSING),
+    "data.synthetic_criteo": (["--output_dir", "{tmp}/out", "--num_days", "1"], "--num_days"),
+    "data.synthetic_csv": (["--output", "{tmp}/out", "--cardinality", "many"], "--cardinality"),
+    "data.transcode": (["--input", MISSING, "--output", "{tmp}/out"], MISSING),
+    "sharding_plans": (["plan", "--preset", "no_such_preset"], "no_such_preset"),
+    "sweeps": (["run", f"{MISSING}/sweep.yaml"], f"{MISSING}/sweep.yaml"),
+    "serving.export": (["--checkpoint", MISSING, "--output", "{tmp}/model"], MISSING),
+    "serving.predict": (["--model", MISSING, "--input", "{tmp}/rows.tsv"], MISSING),
+    "serving.quality_gate": (["--model", MISSING], MISSING),
+    "serving.serve": (["--model", MISSING, "--port", "70000"], "--port 70000"),
+    "training.report": ([f"{MISSING}/log.jsonl", "--output", "{tmp}/run.png"], f"{MISSING}/log.jsonl"),
+}
+# The one-release aliases (python -m training.export etc.) take the same bad values.
+BAD_FLAG_VALUES.update({f"training.{name}": BAD_FLAG_VALUES[f"serving.{name}"]
+                        for name in ("export", "predict", "quality_gate", "serve")})
+
+
+def cli_modules():
+    """The project's CLIs: modules of the CLI packages with a ``__main__`` block (a
+    package's ``__main__.py`` names the package) and the top-level entry points."""
+    found = {name for name in os.listdir(REPO) if name.endswith("_main.py")}
+    for package in CLI_PACKAGES:
+        for name in sorted(os.listdir(os.path.join(REPO, package))):
+            if os.path.isfile(os.path.join(REPO, package, name, "__main__.py")):  # a subpackage run with -m
+                found.add(f"{package}.{name}")
+            if not name.endswith(".py"):
+                continue
+            with open(os.path.join(REPO, package, name)) as f:
+                text = f.read()
+            if name == "__main__.py":
+                found.add(package)
+            elif re.search(r'^if __name__ == "__main__":', text, re.MULTILINE):
+                found.add(f"{package}.{name[:-3]}")
+    return sorted(found)
+
+
+def run_as_main(target, argv, monkeypatch):
+    """Runs ``python -m target`` (or ``python target``) in this process; returns the exit code."""
+    monkeypatch.setattr(sys, "argv", [target, *argv])
+    try:
+        if target.endswith(".py"):
+            runpy.run_path(os.path.join(REPO, target), run_name="__main__")
+        else:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+def test_every_cli_has_a_bad_flag_case():
+    """A new CLI must join the list below (and so be checked to go through the wrapper)."""
+    assert cli_modules() == sorted(BAD_FLAG_VALUES)
+
+
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")  # runpy re-runs imported modules
+@pytest.mark.parametrize("target", sorted(BAD_FLAG_VALUES))
+def test_bad_flag_value_is_one_line_and_exit_2(target, tmp_path, monkeypatch, capsys):
+    argv, expected = BAD_FLAG_VALUES[target]
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    code = run_as_main(target, [a.replace("{tmp}", str(tmp_path)) for a in argv], monkeypatch)
+    err = capsys.readouterr().err
+    assert code == EXIT_BAD_INPUT, err
+    lines = err.splitlines()
+    assert len(lines) == 1 and ": error: " in lines[0] and expected in lines[0], err
+    assert "Traceback" not in err
+
+
+def test_value_error_inside_torch_during_setup_is_a_failure_with_traceback(monkeypatch, capsys):
+    """A ValueError that torch raises while the trainer is set up is not the user's bad
+    input: exit 1, the traceback, and the one line that names the rank and the stage."""
+
+    def seed_fails(seed):
+        raise ValueError("raised inside torch.manual_seed")
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    monkeypatch.setattr(torch, "manual_seed", seed_fails)  # the trainer seeds the model's init with it
+    try:
+        code = dlrm_main.main(["--num_embeddings", "100", "--limit_train_batches", "1"])
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "Traceback (most recent call last)" in err and "ValueError: raised inside torch.manual_seed" in err
+    assert err.splitlines()[-1] == ("dlrm_main.py: error: rank 0 of 1 failed at setup: "
+                                    "ValueError: raised inside torch.manual_seed")
+
+
+def test_bad_input_during_setup_is_one_line_and_exit_2(monkeypatch, capsys):
+    """The same stage with bad input (a plan file that is not there): exit 2, one line, no traceback."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    code = dlrm_main.main(["--num_embeddings", "100", "--sharding_plan", f"{MISSING}/plan.json"])
+    err = capsys.readouterr().err
+    assert code == EXIT_BAD_INPUT and len(err.splitlines()) == 1, err
+    assert err.startswith("dlrm_main.py: error: ") and f"{MISSING}/plan.json" in err

@@ -7,6 +7,7 @@ import pytest
 import dcnv2_main
 import dlrm_main
 from training.flags import parse_config
+from training.recipes import DCNV2
 
 
 def run_main(capsys, main, argv):
@@ -76,17 +77,16 @@ def test_public_example_flags_parse():
 
 
 def test_dcnv2_defaults_and_overrides():
-    from dcnv2_main import DCNV2_DEFAULTS
-    from training.flags import build_parser
+    from training.flags import config_from_args, entry_point_parser
 
-    parser = build_parser("dcnv2_main.py", "")
-    parser.set_defaults(**DCNV2_DEFAULTS)
-    args = parser.parse_args([])
+    parser = entry_point_parser("dcnv2_main.py")
+    args = config_from_args(parser.parse_args([])).model
     assert args.interaction_type == "dcn" and args.embedding_dim == 128
     assert args.dense_arch_layer_sizes == [512, 256, 128]
     assert args.over_arch_layer_sizes == [1024, 1024, 512, 256, 1]
     assert (args.dcn_num_layers, args.dcn_low_rank_dim) == (3, 512)
-    args = parser.parse_args(["--embedding_dim", "64", "--dense_arch_layer_sizes", "128,64", "--dcn_num_layers", "1"])
+    args = config_from_args(parser.parse_args(["--embedding_dim", "64", "--dense_arch_layer_sizes", "128,64",
+                                               "--dcn_num_layers", "1"])).model
     assert (args.embedding_dim, args.dense_arch_layer_sizes, args.dcn_num_layers) == (64, [128, 64], 1)
 
 
@@ -127,7 +127,7 @@ def test_max_table_rows_caps_every_table_however_sized(synthetic_dir, main):
     from tests.conftest import SMALL_SPEC
 
     prog = "dlrm_main.py" if main is dlrm_main.main else "dcnv2_main.py"
-    defaults = None if main is dlrm_main.main else dcnv2_main.DCNV2_DEFAULTS
+    defaults = None if main is dlrm_main.main else DCNV2
     data = ["--in_memory_binary_criteo_path", synthetic_dir]
     config = parse_config([*data, "--max_table_rows", "100"], prog, "", defaults)
     assert config.model.num_embeddings_per_feature == [min(c, 100) for c in SMALL_SPEC.cardinalities]

@@ -21,6 +21,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import aws_component  # noqa: E402
+from scripts.generated_docs import replace_block, update_file  # noqa: E402
 from torchx_components.machines import AWS_ALIASES, MACHINES, machine_resource  # noqa: E402
 from torchx_components.preprocess import preprocess_criteo  # noqa: E402
 from torchx_components.training import dcnv2, dlrm  # noqa: E402
@@ -88,11 +89,7 @@ def component_tables() -> str:
 
 def readme_with_tables(readme: str) -> str:
     """``readme`` with the text between the markers replaced by the current tables."""
-    if BEGIN not in readme or END not in readme:
-        raise ValueError(f"README.md lacks the markers {BEGIN!r} ... {END!r}")
-    head, rest = readme.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{component_tables()}\n{END}{tail}"
+    return replace_block(readme, BEGIN, END, component_tables())
 
 
 def main() -> int:
@@ -104,19 +101,8 @@ def main() -> int:
     if not (args.write or args.check):
         print(component_tables())
         return 0
-    with open(README) as f:
-        current = f.read()
-    updated = readme_with_tables(current)
-    if args.check:
-        if updated != current:
-            print("component_docs: README.md is out of date: run python scripts/component_docs.py --write",
-                  file=sys.stderr)
-            return 1
-        return 0
-    with open(README + ".tmp", "w") as f:
-        f.write(updated)
-    os.replace(README + ".tmp", README)
-    return 0
+    return update_file(README, BEGIN, END, component_tables(), check=args.check,
+                       command="python scripts/component_docs.py --write")
 
 
 if __name__ == "__main__":

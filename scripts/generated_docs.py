@@ -1,0 +1,38 @@
+"""Generated blocks in documentation files: text between two marker lines that a
+script writes and a test checks.
+
+    text = replace_block(text, BEGIN, END, tables())
+    sys.exit(update_file(path, BEGIN, END, tables(), check=True))   # 1 when out of date
+"""
+
+import os
+import sys
+
+
+def replace_block(text: str, begin: str, end: str, content: str) -> str:
+    """``text`` with what lies between the markers replaced by ``content``.
+
+    Raises ValueError when a marker is missing.
+    """
+    if begin not in text or end not in text:
+        raise ValueError(f"the markers {begin!r} ... {end!r} are missing")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{content}\n{end}{tail}"
+
+
+def update_file(path: str, begin: str, end: str, content: str, check: bool, command: str = "") -> int:
+    """Writes the block into ``path`` (through a temporary file), or with ``check``
+    only compares; returns 1 when the file is out of date under ``check``, else 0."""
+    with open(path) as f:
+        current = f.read()
+    updated = replace_block(current, begin, end, content)
+    if check:
+        if updated != current:
+            print(f"{path} is out of date: run {command}", file=sys.stderr)
+            return 1
+        return 0
+    with open(path + ".tmp", "w") as f:
+        f.write(updated)
+    os.replace(path + ".tmp", path)
+    return 0

@@ -26,7 +26,7 @@ import argparse
 import dataclasses
 import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Type
 
 from common.cli import int_list
 from common.errors import BadInput
@@ -240,13 +240,3 @@ def config_values(config_class: Type[Any], args: argparse.Namespace,
             value = aliased
         values[item.field.name] = default_of(item, overrides, config_class) if value is argparse.SUPPRESS else value
     return values
-
-
-def iter_flag_classes(config_class: Type[Any]) -> Iterator[Type[Any]]:
-    """The class and, depth first, the config classes of its fields (nested configs)."""
-    yield config_class
-    hints = typing.get_type_hints(config_class)
-    for f in dataclasses.fields(config_class):
-        nested = _without_optional(hints[f.name])
-        if dataclasses.is_dataclass(nested):
-            yield from iter_flag_classes(nested)  # type: ignore[arg-type]

@@ -32,7 +32,7 @@ class TableSizes:
 
     Example::
 
-        TableSizes(max_table_rows=100).resolve(26, data_sizes=[5, 500] * 13)  # [5, 100] * 13
+        TableSizes(max_table_rows=100).resolve(2, data_sizes=[5, 500])  # [5, 100]
     """
 
     num_embeddings_per_feature: Optional[List[int]] = flag(

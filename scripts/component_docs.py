@@ -9,7 +9,6 @@ The help comes from torchx's own docstring parser, so the README says what
 table; a default that differs between them reads `a / b`.
 """
 
-import argparse
 import inspect
 import os
 import sys
@@ -21,7 +20,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import aws_component  # noqa: E402
-from scripts.generated_docs import replace_block, update_file  # noqa: E402
+from scripts import generated_docs  # noqa: E402
+from scripts.generated_docs import replace_block  # noqa: E402
 from torchx_components.machines import AWS_ALIASES, MACHINES, machine_resource  # noqa: E402
 from torchx_components.preprocess import preprocess_criteo  # noqa: E402
 from torchx_components.training import dcnv2, dlrm  # noqa: E402
@@ -93,16 +93,7 @@ def readme_with_tables(readme: str) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="update README.md")
-    mode.add_argument("--check", action="store_true", help="exit 1 if README.md is out of date")
-    args = parser.parse_args()
-    if not (args.write or args.check):
-        print(component_tables())
-        return 0
-    return update_file(README, BEGIN, END, component_tables(), check=args.check,
-                       command="python scripts/component_docs.py --write")
+    return generated_docs.main(__doc__.splitlines()[0], README, BEGIN, END, component_tables, "python scripts/component_docs.py --write")
 
 
 if __name__ == "__main__":

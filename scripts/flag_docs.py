@@ -17,7 +17,7 @@ from typing import List, Optional
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from scripts.generated_docs import update_file  # noqa: E402
+from scripts import generated_docs  # noqa: E402
 from sharding_plans.cli import build_parser as plan_parser  # noqa: E402
 from training.flags import entry_point_parser  # noqa: E402
 
@@ -76,16 +76,7 @@ def flag_tables() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="update docs/flags.md")
-    mode.add_argument("--check", action="store_true", help="exit 1 if docs/flags.md is out of date")
-    args = parser.parse_args()
-    if not (args.write or args.check):
-        print(flag_tables())
-        return 0
-    return update_file(FLAGS_DOC, BEGIN, END, flag_tables(), check=args.check,
-                       command="python scripts/flag_docs.py --write")
+    return generated_docs.main(__doc__.splitlines()[0], FLAGS_DOC, BEGIN, END, flag_tables, "python scripts/flag_docs.py --write")
 
 
 if __name__ == "__main__":

@@ -2,11 +2,13 @@
 script writes and a test checks.
 
     text = replace_block(text, BEGIN, END, tables())
-    sys.exit(update_file(path, BEGIN, END, tables(), check=True))   # 1 when out of date
+    sys.exit(main("docs tables", path, BEGIN, END, tables, "python scripts/x.py --write"))
 """
 
+import argparse
 import os
 import sys
+from typing import Callable
 
 
 def replace_block(text: str, begin: str, end: str, content: str) -> str:
@@ -36,3 +38,17 @@ def update_file(path: str, begin: str, end: str, content: str, check: bool, comm
         f.write(updated)
     os.replace(path + ".tmp", path)
     return 0
+
+
+def main(description: str, path: str, begin: str, end: str, generate: Callable[[], str], command: str) -> int:
+    """The generators' command line: print the block, ``--write`` it into ``path`` or
+    ``--check`` it (exit 1 when out of date)."""
+    parser = argparse.ArgumentParser(description=description)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help=f"update {os.path.basename(path)}")
+    mode.add_argument("--check", action="store_true", help=f"exit 1 if {os.path.basename(path)} is out of date")
+    args = parser.parse_args()
+    if not (args.write or args.check):
+        print(generate())
+        return 0
+    return update_file(path, begin, end, generate(), check=args.check, command=command)

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence
 
 from torchrec.distributed.planner.types import ParameterConstraints
 
-from common.config_flags import FlagError, flag
+from common.config_flags import FlagError, flag, option
 
 SHARDING_TYPES = (
     "data_parallel",
@@ -92,6 +92,9 @@ class ShardingFlags:
         return ShardingConstraints.from_flags(self.sharding_type, self.compute_kernel)
 
 
+_SHARDING_TYPE, _COMPUTE_KERNEL = option(ShardingFlags, "sharding_type"), option(ShardingFlags, "compute_kernel")
+
+
 @dataclass
 class ShardingConstraints:
     """Which sharding types and compute kernels the planner may use, per table.
@@ -114,9 +117,9 @@ class ShardingConstraints:
     def from_flags(cls, sharding_type: Optional[str], compute_kernel: Optional[str]) -> "ShardingConstraints":
         """From the texts of --sharding_type and --compute_kernel (None: not given)."""
         return cls(
-            sharding_types=parse_table_choices(sharding_type, "--sharding_type", SHARDING_TYPES)
+            sharding_types=parse_table_choices(sharding_type, _SHARDING_TYPE, SHARDING_TYPES)
             if sharding_type else {},
-            compute_kernels=parse_table_choices(compute_kernel, "--compute_kernel", COMPUTE_KERNELS)
+            compute_kernels=parse_table_choices(compute_kernel, _COMPUTE_KERNEL, COMPUTE_KERNELS)
             if compute_kernel else {},
         )
 
@@ -134,18 +137,18 @@ class ShardingConstraints:
         """Raises FlagError (one line naming the flag) for unknown tables and for
         choices that cannot work together or on ``compute_device`` (None: skip those)."""
         known = set(table_names)
-        for flag, given in (("--sharding_type", self.sharding_types), ("--compute_kernel", self.compute_kernels)):
+        for name, given in ((_SHARDING_TYPE, self.sharding_types), (_COMPUTE_KERNEL, self.compute_kernels)):
             for table in given:
                 if table != ALL_TABLES and table not in known:
-                    raise FlagError(f"{flag}: unknown table {table!r} (tables: {_describe_tables(table_names)})")
+                    raise FlagError(f"{name}: unknown table {table!r} (tables: {_describe_tables(table_names)})")
         for table in table_names:
             sharding, kernel = self.sharding_type(table), self.compute_kernel(table)
             if sharding == "data_parallel" and kernel not in (None, "dense"):
-                raise FlagError(f"--compute_kernel: table {table} is data_parallel, which needs the dense kernel, not {kernel}")
+                raise FlagError(f"{_COMPUTE_KERNEL}: table {table} is data_parallel, which needs the dense kernel, not {kernel}")
             if kernel == "dense" and sharding not in (None, "data_parallel"):
-                raise FlagError(f"--compute_kernel: the dense kernel is for data_parallel tables only, {table} is {sharding}")
+                raise FlagError(f"{_COMPUTE_KERNEL}: the dense kernel is for data_parallel tables only, {table} is {sharding}")
             if compute_device == "cpu" and kernel in CUDA_ONLY_KERNELS:
-                raise FlagError(f"--compute_kernel: {kernel} ({table}) needs CUDA, the compute device is cpu")
+                raise FlagError(f"{_COMPUTE_KERNEL}: {kernel} ({table}) needs CUDA, the compute device is cpu")
 
     def check_precision(self, table_names: Sequence[str], precision: str, source: str) -> None:
         """Raises FlagError (starting with ``source``) when a table with ``precision``

@@ -3,13 +3,13 @@ recipes' precedence, docs/flags.md against the parsers, the plan CLI taking the
 training flags, and the packages' import direction."""
 
 import ast
-import dataclasses
 import os
 from typing import List
 
 import pytest
 
 from common.config_flags import config_values, flags_of
+from data.criteo_layout import NUM_SPARSE_FEATURES
 from sharding_plans import cli as plan_cli
 from training.flags import FLAG_GROUPS, config_from_args, entry_point_parser
 from training.recipes import DCNV2, RECIPES
@@ -111,7 +111,7 @@ def test_the_plan_cli_takes_the_training_command_line(capsys):
     assert plan_cli.main(PLAN + TRAINING) == 0
     out = capsys.readouterr().out
     assert "t_cat_25" in out and "100    16" in out  # the capped rows and the width of the training run
-    assert config.model.num_embeddings_per_feature == [100] * 26
+    assert config.model.num_embeddings_per_feature == [100] * NUM_SPARSE_FEATURES
     assert plan_cli.main(PLAN + TRAINING + ["--dense_arch_layer_sizes", "32,8"]) == 2
     err = capsys.readouterr().err
     assert "the last --dense_arch_layer_sizes value (8) must equal --embedding_dim (16)" in err

@@ -26,7 +26,7 @@ from models.embedding_optimizer import attach_fused_embedding_optimizer
 from models.interaction import align_to_sharded_embeddings
 from sharding_plans import PlannerConfig, format_sharding_plan, plan_summary
 from sharding_plans.report import format_bytes
-from sharding_plans.rules import check_embedding_weight_decay, check_reshardable, planner_constraints
+from sharding_plans.rules import check_embedding_weight_decay, check_reshardable
 from training.checkpoint import CheckpointManager, RestorePoint, check_writable, find_restore_point, load_checkpoint
 from training.config import TrainConfig
 from training.distributed import DistributedEnv, gather_peak_memory, init_process_group
@@ -93,10 +93,8 @@ class Trainer:
         torch.manual_seed(config.seed)
         model = build_dlrm_train(config.model, dense_device=env.device, dropout=config.dropout)
         attach_fused_embedding_optimizer(model.model.sparse_arch, config.optim)
-        sharding = prepare_sharding(config, env, model)
         resumed_plan = restore.meta["plan"] if restore and restore.full else None
-        sharding.constraints = planner_constraints(sharding.constraints, config.model.table_names,
-                                                   config.model.embedding_precision, resumed_plan)
+        sharding = prepare_sharding(config, env, model, resumed_plan)
 
         self.process_group = init_process_group(env)
         self.log = RunLog(env.is_main, config.log_path, config.tensorboard_dir,

@@ -11,7 +11,7 @@ from common.config_flags import FlagError, check_choices, flag, option
 from data.config import DataConfig
 from models.config import ModelConfig, TableSizes
 from models.embedding_optimizer import EMBEDDING_OPTIMIZERS, EmbeddingOptimizerConfig
-from sharding_plans.constraints import ShardingConstraints
+from sharding_plans.constraints import ShardingConstraints, ShardingFlags
 
 OPTIMIZERS = EMBEDDING_OPTIMIZERS
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
@@ -316,7 +316,7 @@ class TrainConfig:
                                 f"{option(ReferenceEvaluation, 'evaluate_on_epoch_end')} "
                                 f"or {option(self, 'validation_freq_within_epoch')}")
         if self.mode in ("validate", "test") and not (self.checkpoint.restore_checkpoint_path or self.checkpoint.checkpoint_dir):
-            raise FlagError(f"--mode {self.mode} evaluates a checkpoint: give "
+            raise FlagError(f"{option(self, 'mode')} {self.mode} evaluates a checkpoint: give "
                             f"{option(self.checkpoint, 'restore_checkpoint_path')}, "
                             f"or {option(self.checkpoint, 'checkpoint_dir')} for its newest one")
         self.sharding_constraints.validate(self.model.table_names)
@@ -324,4 +324,4 @@ class TrainConfig:
                                                   option(self.model, "embedding_precision"))
         if self.sharding_plan is not None and not self.sharding_constraints.empty:
             raise FlagError(f"{option(self, 'sharding_plan')} fixes the plan: it cannot be combined with "
-                            "--sharding_type or --compute_kernel")
+                            f"{option(ShardingFlags, 'sharding_type')} or {option(ShardingFlags, 'compute_kernel')}")

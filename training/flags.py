@@ -98,7 +98,8 @@ def _feature_layout(data: DataConfig) -> Tuple[List[str], int, Optional[List[int
 
 def _layers(args: argparse.Namespace) -> Tuple[Overrides, ...]:
     """The recipes' overrides, the entry point's first (the later wins)."""
-    recipes = [DCNV2 if getattr(args, _ENTRY_DEST, None) == DCNV2.name else None, RECIPES.get(args.recipe or "")]
+    entry = {r.name: r for r in ENTRY_POINT_RECIPES.values() if r}.get(getattr(args, _ENTRY_DEST, None) or "")
+    recipes = [entry, RECIPES.get(args.recipe or "")]
     return tuple(layer for recipe in recipes if recipe for layer in recipe.overrides)
 
 

@@ -73,6 +73,9 @@ def test_command_line_beats_recipe_beats_entry_point_default():
     dlrm = config_from_args(entry_point_parser("dlrm_main.py").parse_args(["--recipe", "small_data"]))
     assert dlrm.model.interaction_type == "original" and dlrm.model.embedding_dim == 16
     assert config_from_args(dcnv2.parse_args([])).recipe is None
+    # The recipe's patience counts for the flags that need one.
+    assert config_from_args(dcnv2.parse_args(["--recipe", "small_data", "--early_stopping_metric", "ne"])
+                            ).early_stopping.metric == "ne"
 
 
 def test_recipes_size_models_and_never_change_their_kind():

@@ -83,17 +83,29 @@ def entry_point_parser(script: str) -> argparse.ArgumentParser:
 
 
 def _feature_layout(data: DataConfig) -> Tuple[List[str], int, Optional[List[int]]]:
-    """(categorical names, numerical count, the data's cardinalities or None)."""
+    """(categorical names, numerical count, the spec's cardinalities) of the data;
+    Criteo's names and no cardinalities without a feature spec."""
     if data.dataset_path is None:
-        path = data.in_memory_binary_criteo_path or data.synthetic_multi_hot_criteo_path
-        metadata = read_metadata(path) if path else None
-        sizes = metadata.get("num_embeddings_per_feature") if metadata else None
-        return list(SPARSE_FEATURE_NAMES), NUM_DENSE_FEATURES, [int(v) for v in sizes] if sizes else None
+        return list(SPARSE_FEATURE_NAMES), NUM_DENSE_FEATURES, None
     try:
         spec = FeatureSpec.load(data.dataset_path)
     except ValueError as e:
         raise FlagError(f"{option(data, 'dataset_path')}: {e}") from e
     return list(spec.categorical), len(spec.numerical), spec.cardinalities
+
+
+def _metadata_table_sizes(data: DataConfig) -> Optional[List[int]]:
+    """The cardinalities a Criteo directory's metadata.json records, or None."""
+    for name in ("in_memory_binary_criteo_path", "synthetic_multi_hot_criteo_path"):
+        path = getattr(data, name)
+        if path:
+            try:
+                metadata = read_metadata(path)
+            except ValueError as e:
+                raise FlagError(f"{option(data, name)}: {e}") from e
+            sizes = (metadata or {}).get("num_embeddings_per_feature")
+            return [int(v) for v in sizes] if sizes else None
+    return None
 
 
 def _layers(args: argparse.Namespace) -> Tuple[Overrides, ...]:
@@ -110,14 +122,17 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     def values(config_class: Type) -> dict:
         return config_values(config_class, args, layers)
 
+    early_stopping = EarlyStoppingConfig(**values(EarlyStoppingConfig))
     for name in ("metric", "min_delta"):
-        if given(args, EarlyStoppingConfig, name) and not given(args, EarlyStoppingConfig, "patience"):
+        if given(args, EarlyStoppingConfig, name) and not early_stopping.enabled:
             raise FlagError(f"{option(EarlyStoppingConfig, name)} needs {option(EarlyStoppingConfig, 'patience')}")
     tables = TableSizes(**values(TableSizes))
     tables.validate()
     run = values(TrainConfig)
     data = DataConfig(**values(DataConfig), seed=run["seed"])
     sparse_names, num_dense, cardinalities = _feature_layout(data)
+    if cardinalities is None and tables.num_embeddings_per_feature is None and tables.num_embeddings is None:
+        cardinalities = _metadata_table_sizes(data)
     validate_at_epoch_end, test_at_end = ReferenceEvaluation(**values(ReferenceEvaluation)).schedule()
     recipe = RECIPES.get(args.recipe or "")
     config = TrainConfig(
@@ -129,7 +144,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         checkpoint=CheckpointConfig(**values(CheckpointConfig)),
         sharding_constraints=ShardingFlags(**values(ShardingFlags)).constraints(),
         inference_benchmark=InferenceBenchmarkConfig(**values(InferenceBenchmarkConfig)),
-        early_stopping=EarlyStoppingConfig(**values(EarlyStoppingConfig)),
+        early_stopping=early_stopping,
         validate_at_epoch_end=validate_at_epoch_end,
         test_at_end=test_at_end,
         recipe=recipe.name if recipe else None,

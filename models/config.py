@@ -124,11 +124,11 @@ class ModelConfig:
         if self.dense_in_features <= 0:
             raise FlagError(f"the data must have at least one numerical feature, got {self.dense_in_features}")
         if len(self.num_embeddings_per_feature) != len(self.sparse_feature_names):
-            raise FlagError(f"--num_embeddings_per_feature has {len(self.num_embeddings_per_feature)} "
+            raise FlagError(f"{option(TableSizes, 'num_embeddings_per_feature')} has {len(self.num_embeddings_per_feature)} "
                             f"values but the data has {len(self.sparse_feature_names)} categorical features")
         for i, rows in enumerate(self.num_embeddings_per_feature):
             if rows <= 0:
-                raise FlagError(f"--num_embeddings_per_feature value {i} ({self.sparse_feature_names[i]}) "
+                raise FlagError(f"{option(TableSizes, 'num_embeddings_per_feature')} value {i} ({self.sparse_feature_names[i]}) "
                                 f"must be positive, got {rows}")
         _check_layer_sizes(self, "dense_arch_layer_sizes", self.dense_arch_layer_sizes)
         _check_layer_sizes(self, "over_arch_layer_sizes", self.over_arch_layer_sizes)

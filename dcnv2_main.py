@@ -1,29 +1,19 @@
-"""Trains DCNv2: DLRM's trainer with DCNv2 defaults (every one can be overridden).
+"""Trains DCNv2: DLRM's trainer with DCNv2's defaults (`training.recipes.DCNV2`; every
+one can be overridden, and ``--recipe`` resizes the model, still DCNv2).
 
     torchrun --nproc_per_node 2 dcnv2_main.py --in_memory_binary_criteo_path DIR ...
 """
 
 import sys
-from typing import Any, Dict, List, Optional
+from typing import List, Optional
 
 from training.main import run_training
-
-# The DCNv2 recipe: low-rank cross net over 128-wide embeddings.
-DCNV2_DEFAULTS: Dict[str, Any] = {
-    "interaction_type": "dcn",
-    "embedding_dim": 128,
-    "dense_arch_layer_sizes": [512, 256, 128],
-    "over_arch_layer_sizes": [1024, 1024, 512, 256, 1],
-    "dcn_num_layers": 3,
-    "dcn_low_rank_dim": 512,
-}
+from training.recipes import DCNV2
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Runs training with DCNv2's defaults; returns the exit code."""
-    return run_training(
-        argv, prog="dcnv2_main.py", description="Train DCNv2 with TorchRec.", defaults=DCNV2_DEFAULTS
-    )
+    return run_training(argv, prog="dcnv2_main.py", description="Train DCNv2 with TorchRec.", entry_recipe=DCNV2)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from typing import Dict, Iterator, List, Optional, Protocol, Union
 
 from torchrec.datasets.utils import Batch
 
-from common.errors import BadInput
+from common.config_flags import FlagError, check_choices, flag, option
 from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
 from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, SPARSE_FEATURE_NAMES
 from data.multi_hot import MULTI_HOT_DISTRIBUTIONS, MultiHotExpander
@@ -54,73 +54,71 @@ class DataConfig:
         multi_hot_distribution_type: uniform (default) or pareto offsets for the bags.
     """
 
-    in_memory_binary_criteo_path: Optional[str] = None
-    synthetic_multi_hot_criteo_path: Optional[str] = None
-    dataset_path: Optional[str] = None
-    dataset_name: str = "criteo_1t"
-    batch_size: int = 32
-    test_batch_size: Optional[int] = None
-    drop_last_training_batch: bool = False
-    limit_train_batches: Optional[int] = None
-    limit_val_batches: Optional[int] = None
-    limit_test_batches: Optional[int] = None
-    shuffle_batches: bool = False
-    shuffle_training_set: bool = False
-    mmap_mode: bool = False
-    pin_memory: bool = False
+    in_memory_binary_criteo_path: Optional[str] = flag(
+        None, help="directory of day_{i}_{dense,sparse,labels}.npy files; without it, uniform random data")
+    synthetic_multi_hot_criteo_path: Optional[str] = flag(
+        None, help="directory of the MLPerf DLRM-DCNv2 multi-hot layout (day_{i}_sparse_multi_hot.npz)")
+    dataset_path: Optional[str] = flag(
+        None, help="PATH/feature_spec.yaml of a split_binary data set (any numbers of numerical and "
+                   "categorical features)")
+    dataset_name: str = flag("criteo_1t", choices=DATASET_NAMES, help="which Criteo data set the files are")
+    batch_size: int = flag(32, help="training rows per rank per step")
+    test_batch_size: Optional[int] = flag(None, help="validation/test rows per rank (default --batch_size)")
+    drop_last_training_batch: bool = flag(False, help="drop the last partial training batch")
+    limit_train_batches: Optional[int] = flag(None, help="training batches per epoch at most")
+    limit_val_batches: Optional[int] = flag(None, help="validation batches at most")
+    limit_test_batches: Optional[int] = flag(None, help="test batches at most")
+    shuffle_batches: bool = flag(False, help="shuffle the order of training batches every epoch")
+    shuffle_training_set: bool = flag(False, help="visit training rows in one random order (same on every rank)")
+    mmap_mode: bool = flag(False, help="read batches lazily from memory-mapped files instead of loading this "
+                                       "rank's rows")
+    pin_memory: bool = flag(False, help="pin host batches (CUDA)")
     seed: int = 0
-    multi_hot_sizes: Optional[List[int]] = None
-    multi_hot_distribution_type: Optional[str] = None
+    multi_hot_sizes: Optional[List[int]] = flag(
+        None, help=f"expand one-hot data into multi-hot bags of these sizes ({NUM_SPARSE_FEATURES} values)")
+    multi_hot_distribution_type: Optional[str] = flag(
+        None, choices=MULTI_HOT_DISTRIBUTIONS, help="offsets of the extra ids in a bag (default uniform)")
 
     @property
     def eval_batch_size(self) -> int:
         return self.test_batch_size or self.batch_size
 
     def validate(self) -> None:
-        """Raises BadInput with one line naming the offending flag."""
-        if self.dataset_name not in DATASET_NAMES:
-            raise BadInput(
-                f"--dataset_name must be one of {', '.join(DATASET_NAMES)}, got {self.dataset_name!r}"
-            )
-        if self.batch_size <= 0:
-            raise BadInput(f"--batch_size must be positive, got {self.batch_size}")
-        if self.test_batch_size is not None and self.test_batch_size <= 0:
-            raise BadInput(f"--test_batch_size must be positive, got {self.test_batch_size}")
-        for flag, value in (
-            ("limit_train_batches", self.limit_train_batches),
-            ("limit_val_batches", self.limit_val_batches),
-            ("limit_test_batches", self.limit_test_batches),
-        ):
+        """Raises FlagError with one line naming the offending flag."""
+        check_choices(self)
+        for name in ("batch_size", "test_batch_size"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise FlagError(f"{option(self, name)} must be positive, got {value}")
+        for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
+            value = getattr(self, name)
             if value is not None and value < 0:
-                raise BadInput(f"--{flag} must not be negative, got {value}")
-        for flag, path in (("in_memory_binary_criteo_path", self.in_memory_binary_criteo_path),
-                           ("synthetic_multi_hot_criteo_path", self.synthetic_multi_hot_criteo_path)):
+                raise FlagError(f"{option(self, name)} must not be negative, got {value}")
+        for name in ("in_memory_binary_criteo_path", "synthetic_multi_hot_criteo_path"):
+            path = getattr(self, name)
             if path is not None and not os.path.isdir(path):
-                raise BadInput(f"--{flag} {path}: no such directory")
+                raise FlagError(f"{option(self, name)} {path}: no such directory")
         if self.dataset_path is not None and not os.path.isfile(self.dataset_path):
-            raise BadInput(f"--dataset_path {self.dataset_path}: no such file (give PATH/feature_spec.yaml)")
-        given = [flag for flag, path in (("--in_memory_binary_criteo_path", self.in_memory_binary_criteo_path),
-                                         ("--synthetic_multi_hot_criteo_path", self.synthetic_multi_hot_criteo_path),
-                                         ("--dataset_path", self.dataset_path)) if path]
+            raise FlagError(f"{option(self, 'dataset_path')} {self.dataset_path}: no such file "
+                            "(give PATH/feature_spec.yaml)")
+        given = [option(self, name) for name in ("in_memory_binary_criteo_path", "synthetic_multi_hot_criteo_path",
+                                                 "dataset_path") if getattr(self, name)]
         if len(given) > 1:
-            raise BadInput(f"give one data path, not {' and '.join(given)}")
+            raise FlagError(f"give one data path, not {' and '.join(given)}")
+        sizes, distribution = option(self, "multi_hot_sizes"), option(self, "multi_hot_distribution_type")
         if self.multi_hot_sizes is not None and self.dataset_path:
-            raise BadInput("--multi_hot_sizes expands Criteo data; with --dataset_path give hotness in the spec")
+            raise FlagError(f"{sizes} expands Criteo data; with --dataset_path give hotness in the spec")
         if self.multi_hot_sizes is not None:
             if self.synthetic_multi_hot_criteo_path:
-                raise BadInput("--multi_hot_sizes expands one-hot data; "
-                                 "--synthetic_multi_hot_criteo_path data is multi-hot already")
+                raise FlagError(f"{sizes} expands one-hot data; "
+                                "--synthetic_multi_hot_criteo_path data is multi-hot already")
             if len(self.multi_hot_sizes) != NUM_SPARSE_FEATURES:
-                raise BadInput(f"--multi_hot_sizes has {len(self.multi_hot_sizes)} values but the data has "
-                                 f"{NUM_SPARSE_FEATURES} categorical features")
+                raise FlagError(f"{sizes} has {len(self.multi_hot_sizes)} values but the data has "
+                                f"{NUM_SPARSE_FEATURES} categorical features")
             if min(self.multi_hot_sizes) <= 0:
-                raise BadInput(f"--multi_hot_sizes values must be positive, got {min(self.multi_hot_sizes)}")
+                raise FlagError(f"{sizes} values must be positive, got {min(self.multi_hot_sizes)}")
         elif self.multi_hot_distribution_type is not None:
-            raise BadInput("--multi_hot_distribution_type needs --multi_hot_sizes")
-        if (self.multi_hot_distribution_type is not None
-                and self.multi_hot_distribution_type not in MULTI_HOT_DISTRIBUTIONS):
-            raise BadInput(f"--multi_hot_distribution_type must be uniform or pareto, "
-                             f"got {self.multi_hot_distribution_type!r}")
+            raise FlagError(f"{distribution} needs {sizes}")
 
     def limit(self, split: str) -> Optional[int]:
         return {"train": self.limit_train_batches, "validation": self.limit_val_batches,

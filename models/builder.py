@@ -80,7 +80,7 @@ def build_dlrm_train(
 
     Example::
 
-        model = build_dlrm_train(ModelConfig(num_embeddings_per_feature=[100] * 26))
+        model = build_dlrm_train(ModelConfig(num_embeddings_per_feature=[100] * NUM_SPARSE_FEATURES))
     """
     config.validate()
     ebc = EmbeddingBagCollection(

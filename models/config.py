@@ -1,20 +1,69 @@
 """The model's configuration: architecture sizes and table sizes, checked by `validate()`."""
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
-from common.errors import BadInput
+from common.config_flags import FlagError, check_choices, flag, option
+from data.criteo_layout import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES
+
 
 INTERACTION_TYPES = ("original", "dcn", "projection")
 EMBEDDING_PRECISIONS = ("fp32", "fp16")
+# Rows of every table when neither the flags nor the data size them.
+DEFAULT_NUM_EMBEDDINGS = 100_000
 
 
-def _check_layer_sizes(name: str, sizes: List[int]) -> None:
+def _check_layer_sizes(config: object, name: str, sizes: List[int]) -> None:
     if not sizes:
-        raise BadInput(f"--{name} must list at least one layer size")
+        raise FlagError(f"{option(config, name)} must list at least one layer size")
     bad = [s for s in sizes if s <= 0]
     if bad:
-        raise BadInput(f"--{name} sizes must be positive, got {bad[0]} in {sizes}")
+        raise FlagError(f"{option(config, name)} sizes must be positive, got {bad[0]} in {sizes}")
+
+
+@dataclass
+class TableSizes:
+    """How many rows each table gets: the flags', else the data's, capped.
+
+    Args:
+        num_embeddings_per_feature: rows of each table.
+        num_embeddings: rows of every table (when the sizes per feature are not given).
+        max_table_rows: cap of every table, however it was sized (ids at or above a
+            table's size are taken modulo it).
+
+    Example::
+
+        TableSizes(max_table_rows=100).resolve(2, data_sizes=[5, 500])  # [5, 100]
+    """
+
+    num_embeddings_per_feature: Optional[List[int]] = flag(
+        None, help="rows of each table, comma-separated (one value per categorical feature)")
+    num_embeddings: Optional[int] = flag(
+        None, help=f"rows of every table when --num_embeddings_per_feature is not given (default "
+                   f"{DEFAULT_NUM_EMBEDDINGS}, or the data's metadata.json cardinalities)")
+    max_table_rows: Optional[int] = flag(
+        None, help="cap every table at N rows; ids at or above a table's size are taken modulo it (default: no cap)")
+
+    def validate(self) -> None:
+        """Raises FlagError naming the flag."""
+        for name in ("num_embeddings", "max_table_rows"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise FlagError(f"{option(self, name)} must be positive, got {value}")
+
+    def resolve(self, num_tables: int, data_sizes: Optional[List[int]]) -> List[int]:
+        """Rows of each of ``num_tables`` tables; ``data_sizes``: the data's own (or None)."""
+        if self.num_embeddings_per_feature is not None:
+            sizes = list(self.num_embeddings_per_feature)
+        elif self.num_embeddings is not None:
+            sizes = [self.num_embeddings] * num_tables
+        elif data_sizes is not None:
+            sizes = list(data_sizes)
+        else:
+            sizes = [DEFAULT_NUM_EMBEDDINGS] * num_tables
+        if self.max_table_rows is None:
+            return sizes
+        return [min(rows, self.max_table_rows) for rows in sizes]
 
 
 @dataclass
@@ -38,29 +87,27 @@ class ModelConfig:
         interaction_branch1_layer_sizes: projection branch 1 (interaction_type
             "projection"); its last size must be a multiple of embedding_dim.
         interaction_branch2_layer_sizes: projection branch 2, likewise.
-        embedding_precision: "fp32" or "fp16" table weights (fp16 halves table memory).
 
     Example::
 
-        config = ModelConfig(num_embeddings_per_feature=[100] * 26)
+        config = ModelConfig(num_embeddings_per_feature=[100] * len(SPARSE_FEATURE_NAMES))
         config.validate()
     """
 
     num_embeddings_per_feature: List[int]
-    sparse_feature_names: List[str] = field(
-        default_factory=lambda: [f"cat_{i}" for i in range(26)]
-    )
-    dense_in_features: int = 13
-    embedding_dim: int = 64
-    embedding_precision: str = "fp32"
-    interaction_type: str = "original"
-    dense_arch_layer_sizes: List[int] = field(default_factory=lambda: [512, 256, 64])
-    over_arch_layer_sizes: List[int] = field(default_factory=lambda: [512, 512, 256, 1])
-    dcn_num_layers: int = 3
-    dcn_low_rank_dim: int = 512
-    interaction_branch1_layer_sizes: List[int] = field(default_factory=lambda: [2048, 2048])
-    interaction_branch2_layer_sizes: List[int] = field(default_factory=lambda: [2048, 2048])
-    embedding_precision: str = "fp32"
+    sparse_feature_names: List[str] = field(default_factory=lambda: list(SPARSE_FEATURE_NAMES))
+    dense_in_features: int = NUM_DENSE_FEATURES
+    embedding_dim: int = flag(64, help="width of every embedding table")
+    embedding_precision: str = flag("fp32", choices=EMBEDDING_PRECISIONS,
+                                    help="table weights in fp32 or fp16 (fp16 halves table memory)")
+    interaction_type: str = flag("original", choices=INTERACTION_TYPES,
+                                 help="original (DLRM dot products), dcn (DCNv2 cross net) or projection")
+    dense_arch_layer_sizes: List[int] = flag([512, 256, 64], help="bottom MLP sizes")
+    over_arch_layer_sizes: List[int] = flag([512, 512, 256, 1], help="top MLP sizes (end in 1)")
+    dcn_num_layers: int = flag(3, help="DCN cross layers")
+    dcn_low_rank_dim: int = flag(512, help="rank of each DCN cross layer")
+    interaction_branch1_layer_sizes: List[int] = flag([2048, 2048], help="projection branch 1 sizes")
+    interaction_branch2_layer_sizes: List[int] = flag([2048, 2048], help="projection branch 2 sizes")
 
     @property
     def embedding_bytes_per_element(self) -> int:
@@ -71,61 +118,36 @@ class ModelConfig:
         return [f"t_{name}" for name in self.sparse_feature_names]
 
     def validate(self) -> None:
-        """Raises BadInput with one line naming the offending flag."""
-        if self.interaction_type not in INTERACTION_TYPES:
-            raise BadInput(
-                f"--interaction_type must be one of {', '.join(INTERACTION_TYPES)}, "
-                f"got {self.interaction_type!r}"
-            )
-        if self.embedding_precision not in EMBEDDING_PRECISIONS:
-            raise BadInput(
-                f"--embedding_precision must be one of {', '.join(EMBEDDING_PRECISIONS)}, "
-                f"got {self.embedding_precision!r}"
-            )
+        """Raises FlagError with one line naming the offending flag."""
+        check_choices(self)
         if self.embedding_dim <= 0:
-            raise BadInput(f"--embedding_dim must be positive, got {self.embedding_dim}")
+            raise FlagError(f"{option(self, 'embedding_dim')} must be positive, got {self.embedding_dim}")
         if self.dense_in_features <= 0:
-            raise BadInput(
-                f"the data must have at least one numerical feature, got {self.dense_in_features}"
-            )
+            raise FlagError(f"the data must have at least one numerical feature, got {self.dense_in_features}")
         if len(self.num_embeddings_per_feature) != len(self.sparse_feature_names):
-            raise BadInput(
-                f"--num_embeddings_per_feature has {len(self.num_embeddings_per_feature)} "
-                f"values but the data has {len(self.sparse_feature_names)} categorical features"
-            )
+            raise FlagError(f"{option(TableSizes, 'num_embeddings_per_feature')} has {len(self.num_embeddings_per_feature)} "
+                            f"values but the data has {len(self.sparse_feature_names)} categorical features")
         for i, rows in enumerate(self.num_embeddings_per_feature):
             if rows <= 0:
-                raise BadInput(
-                    f"--num_embeddings_per_feature value {i} ({self.sparse_feature_names[i]}) "
-                    f"must be positive, got {rows}"
-                )
-        _check_layer_sizes("dense_arch_layer_sizes", self.dense_arch_layer_sizes)
-        _check_layer_sizes("over_arch_layer_sizes", self.over_arch_layer_sizes)
+                raise FlagError(f"{option(TableSizes, 'num_embeddings_per_feature')} value {i} ({self.sparse_feature_names[i]}) "
+                                f"must be positive, got {rows}")
+        _check_layer_sizes(self, "dense_arch_layer_sizes", self.dense_arch_layer_sizes)
+        _check_layer_sizes(self, "over_arch_layer_sizes", self.over_arch_layer_sizes)
         if self.over_arch_layer_sizes[-1] != 1:
-            raise BadInput(
-                "--over_arch_layer_sizes must end in 1 (one logit per example), "
-                f"got {self.over_arch_layer_sizes}"
-            )
+            raise FlagError(f"{option(self, 'over_arch_layer_sizes')} must end in 1 (one logit per example), "
+                            f"got {self.over_arch_layer_sizes}")
         if self.dense_arch_layer_sizes[-1] != self.embedding_dim:
-            raise BadInput(
-                f"the last --dense_arch_layer_sizes value ({self.dense_arch_layer_sizes[-1]}) "
-                f"must equal --embedding_dim ({self.embedding_dim})"
-            )
+            raise FlagError(f"the last {option(self, 'dense_arch_layer_sizes')} value "
+                            f"({self.dense_arch_layer_sizes[-1]}) must equal {option(self, 'embedding_dim')} "
+                            f"({self.embedding_dim})")
         if self.interaction_type == "dcn":
-            if self.dcn_num_layers <= 0:
-                raise BadInput(f"--dcn_num_layers must be positive, got {self.dcn_num_layers}")
-            if self.dcn_low_rank_dim <= 0:
-                raise BadInput(
-                    f"--dcn_low_rank_dim must be positive, got {self.dcn_low_rank_dim}"
-                )
+            for name in ("dcn_num_layers", "dcn_low_rank_dim"):
+                if getattr(self, name) <= 0:
+                    raise FlagError(f"{option(self, name)} must be positive, got {getattr(self, name)}")
         if self.interaction_type == "projection":
-            for name, sizes in (
-                ("interaction_branch1_layer_sizes", self.interaction_branch1_layer_sizes),
-                ("interaction_branch2_layer_sizes", self.interaction_branch2_layer_sizes),
-            ):
-                _check_layer_sizes(name, sizes)
+            for name in ("interaction_branch1_layer_sizes", "interaction_branch2_layer_sizes"):
+                sizes = getattr(self, name)
+                _check_layer_sizes(self, name, sizes)
                 if sizes[-1] % self.embedding_dim != 0:
-                    raise BadInput(
-                        f"the last --{name} value ({sizes[-1]}) must be a multiple of "
-                        f"--embedding_dim ({self.embedding_dim})"
-                    )
+                    raise FlagError(f"the last {option(self, name)} value ({sizes[-1]}) must be a multiple of "
+                                    f"{option(self, 'embedding_dim')} ({self.embedding_dim})")

@@ -9,7 +9,6 @@ The help comes from torchx's own docstring parser, so the README says what
 table; a default that differs between them reads `a / b`.
 """
 
-import argparse
 import inspect
 import os
 import sys
@@ -21,7 +20,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import aws_component  # noqa: E402
-from common.atomic import write_text  # noqa: E402
+from scripts import generated_docs  # noqa: E402
+from scripts.generated_docs import replace_block  # noqa: E402
 from torchx_components.machines import AWS_ALIASES, MACHINES, machine_resource  # noqa: E402
 from torchx_components.preprocess import preprocess_criteo  # noqa: E402
 from torchx_components.training import dcnv2, dlrm  # noqa: E402
@@ -89,33 +89,11 @@ def component_tables() -> str:
 
 def readme_with_tables(readme: str) -> str:
     """``readme`` with the text between the markers replaced by the current tables."""
-    if BEGIN not in readme or END not in readme:
-        raise ValueError(f"README.md lacks the markers {BEGIN!r} ... {END!r}")
-    head, rest = readme.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{component_tables()}\n{END}{tail}"
+    return replace_block(readme, BEGIN, END, component_tables())
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="update README.md")
-    mode.add_argument("--check", action="store_true", help="exit 1 if README.md is out of date")
-    args = parser.parse_args()
-    if not (args.write or args.check):
-        print(component_tables())
-        return 0
-    with open(README) as f:
-        current = f.read()
-    updated = readme_with_tables(current)
-    if args.check:
-        if updated != current:
-            print("component_docs: README.md is out of date: run python scripts/component_docs.py --write",
-                  file=sys.stderr)
-            return 1
-        return 0
-    write_text(README, updated)
-    return 0
+    return generated_docs.main(__doc__.splitlines()[0], README, BEGIN, END, component_tables, "python scripts/component_docs.py --write")
 
 
 if __name__ == "__main__":

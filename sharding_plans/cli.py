@@ -17,23 +17,29 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
-from common.errors import BadInput
-from models.config import EMBEDDING_PRECISIONS
+from common.config_flags import add_flags, config_values, flag_of, flags_of, given
+from data.config import DataConfig
+from data.criteo_layout import NUM_SPARSE_FEATURES, SPARSE_FEATURE_NAMES
+from models.config import ModelConfig, TableSizes
+from models.embedding_optimizer import EmbeddingOptimizerConfig
 from sharding_plans.chart import write_memory_chart
-from sharding_plans.constraints import ShardingConstraints
+from sharding_plans.constraints import ShardingFlags
 from sharding_plans.dry_run import PlanRequest, plan_request, rank_capacity_bytes, smallest_fitting_world_size
 from sharding_plans.feature_spec import read_feature_spec
 from sharding_plans.plan_file import SavedPlan, read_plan, write_plan
 from sharding_plans.planner import PlanDoesNotFit, PlannerConfig, host_memory_bytes
 from sharding_plans.presets import PRESETS, Preset, find_preset
 from sharding_plans.report import format_bytes, format_plan_report, largest_rank, memory_imbalance
-from training.config import OPTIMIZERS
 from common.cli import OneLineParser, int_list, run_cli
+from common.errors import BadInput
 
 PROG = "python -m sharding_plans"
 _GIB = 1024**3
-DEFAULT_EMBEDDING_DIM = 64  # dlrm_main.py's
-DEFAULT_BATCH_SIZE = 32  # the entry points'
+DEFAULT_EMBEDDING_DIM = flag_of(ModelConfig, "embedding_dim").default  # dlrm_main.py's
+DEFAULT_BATCH_SIZE = flag_of(DataConfig, "batch_size").default  # the entry points'
+# The model flags that do not change a plan: checked as training would check them.
+_DENSE_FLAGS = tuple(f.field.name for f in flags_of(ModelConfig) if f.field.name not in
+                     ("embedding_dim", "embedding_precision"))
 DEFAULT_LOCAL_WORLD_SIZE = 8  # GPUs per host of the common 8-GPU servers
 EXIT_DOES_NOT_FIT = 1
 
@@ -47,20 +53,21 @@ def float_list(text: str) -> List[float]:
 
 
 def _add_table_flags(p: argparse.ArgumentParser, sweep: bool) -> None:
+    """The training command line's model, table-size and embedding-optimizer flags
+    (the same parser pieces), the preset, and the batch size."""
     a = p.add_argument
     a("--preset", default=None,
       help=f"a published TorchRec DLRM configuration: {', '.join(PRESETS)} (flags given override it)")
+    add_flags(p.add_argument_group("model (the training flags; the MLPs do not change the plan)"), ModelConfig)
+    tables = p.add_argument_group("table sizes (the training flags)")
     if sweep:
-        a("--num_embeddings_per_feature", type=int_list, action="append", default=None,
-          help="rows of each table; repeat the flag for several configurations")
-    else:
-        a("--num_embeddings_per_feature", type=int_list, default=None, help="rows of each table, comma-separated")
-    a("--num_embeddings", type=int, default=None, help="rows of every one of the 26 tables")
+        tables.add_argument("--num_embeddings_per_feature", type=int_list, action="append", default=argparse.SUPPRESS,
+                            help="rows of each table; repeat the flag for several configurations")
+    add_flags(tables, TableSizes, exclude=("num_embeddings_per_feature",) if sweep else ())
     a("--feature_spec", default=None,
       help="JSON/YAML file with num_embeddings_per_feature (e.g. the data's metadata.json) or features: {name: rows}")
-    a("--embedding_dim", type=int, default=None, help=f"width of every table (default {DEFAULT_EMBEDDING_DIM})")
-    a("--embedding_precision", choices=EMBEDDING_PRECISIONS, default="fp32", help="table weights' data type")
-    a("--optimizer", choices=OPTIMIZERS, default="sgd", help="fused embedding optimizer (its state takes memory)")
+    add_flags(p.add_argument_group("embedding optimizer (the training flags; its state takes memory)"),
+              EmbeddingOptimizerConfig)
     a("--batch_size", type=int, default=None, help=f"training rows per rank per step (default {DEFAULT_BATCH_SIZE})")
 
 
@@ -78,10 +85,7 @@ def _add_topology_flags(p: argparse.ArgumentParser, sweep: bool) -> None:
       help="GiB of host memory per rank (default: this machine's memory / --local_world_size)")
     a("--intra_node_bandwidth", type=float, default=None, help="GiB/s between ranks of a host (default torchrec's)")
     a("--inter_node_bandwidth", type=float, default=None, help="GiB/s between hosts, per rank (default torchrec's)")
-    a("--sharding_type", default=None,
-      help="data_parallel|table_wise|row_wise|column_wise|table_row_wise|table_column_wise, for every table "
-           "or per table: t_cat_0=row_wise,t_cat_1=table_wise")
-    a("--compute_kernel", default=None, help="dense|fused|fused_uvm|fused_uvm_caching, for every table or per table")
+    add_flags(p, ShardingFlags)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,35 +126,44 @@ def _positive(value: Optional[float], flag: str) -> None:
 
 
 def _table_sets(args: argparse.Namespace, preset: Optional[Preset]) -> List[Tuple[str, List[str], List[int]]]:
-    """[(label, feature names, rows)]: one set, or one per sweep configuration."""
-    given = [flag for flag, value in (("--num_embeddings_per_feature", args.num_embeddings_per_feature),
-                                      ("--num_embeddings", args.num_embeddings),
-                                      ("--feature_spec", args.feature_spec)) if value is not None]
-    if len(given) > 1:
-        raise BadInput(f"give only one of {' and '.join(given)}")
+    """[(label, feature names, rows)]: one set, or one per sweep configuration, capped
+    at --max_table_rows."""
+    tables = TableSizes(**config_values(TableSizes, args, exclude=("num_embeddings_per_feature",)))
+    tables.validate()
+    per_feature = getattr(args, "num_embeddings_per_feature", None)
+    given_sizes = [name for name, value in (("--num_embeddings_per_feature", per_feature),
+                                            ("--num_embeddings", tables.num_embeddings),
+                                            ("--feature_spec", args.feature_spec)) if value is not None]
+    if len(given_sizes) > 1:
+        raise BadInput(f"give only one of {' and '.join(given_sizes)}")
     sweep = args.command == "sweep"
-    if args.num_embeddings_per_feature is not None:
-        lists = args.num_embeddings_per_feature if sweep else [args.num_embeddings_per_feature]
-        sets = [(f"sizes {i + 1}" if len(lists) > 1 else "sizes", [f"cat_{k}" for k in range(len(rows))], rows)
+    if per_feature is not None:
+        lists = per_feature if sweep else [per_feature]
+        sets = [(f"sizes {i + 1}" if len(lists) > 1 else "sizes", _feature_names(len(rows)), rows)
                 for i, rows in enumerate(lists)]
-    elif args.num_embeddings is not None:
-        _positive(args.num_embeddings, "--num_embeddings")
-        sets = [(f"26 x {args.num_embeddings}", [f"cat_{k}" for k in range(26)], [args.num_embeddings] * 26)]
+    elif tables.num_embeddings is not None:
+        sets = [(f"{NUM_SPARSE_FEATURES} x {tables.num_embeddings}", list(SPARSE_FEATURE_NAMES),
+                 tables.resolve(NUM_SPARSE_FEATURES, None))]
     elif args.feature_spec is not None:
         names, rows = read_feature_spec(args.feature_spec)
         sets = [(args.feature_spec, names, rows)]
     elif preset is not None:
         rows = list(preset.num_embeddings_per_feature)
-        sets = [(preset.title, [f"cat_{k}" for k in range(len(rows))], rows)]
+        sets = [(preset.title, _feature_names(len(rows)), rows)]
     else:
         raise BadInput("say which tables: --preset, --num_embeddings_per_feature, --num_embeddings or --feature_spec")
     factors = getattr(args, "scale_factors", None)
-    if not factors:
-        return sets
-    for factor in factors:
+    for factor in factors or []:
         _positive(factor, "--scale_factors")
-    return [(f"{label} x{f:g}", names, [max(1, round(r * f)) for r in rows])
-            for label, names, rows in sets for f in factors]
+    if factors:
+        sets = [(f"{label} x{f:g}", names, [max(1, round(r * f)) for r in rows])
+                for label, names, rows in sets for f in factors]
+    cap = TableSizes(max_table_rows=tables.max_table_rows)
+    return [(label, names, cap.resolve(len(rows), rows)) for label, names, rows in sets]
+
+
+def _feature_names(count: int) -> List[str]:
+    return [f"cat_{k}" for k in range(count)]
 
 
 def _topology(args: argparse.Namespace, preset: Optional[Preset], world_size: int) -> PlannerConfig:
@@ -195,14 +208,21 @@ def _requests(args: argparse.Namespace) -> List[Tuple[str, PlanRequest]]:
         world_sizes = args.world_sizes or [_pick(None, preset, "world_size", 1)]
     else:
         world_sizes = [_pick(args.world_size, preset, "world_size", 1)]
-    constraints = ShardingConstraints.from_flags(args.sharding_type, args.compute_kernel)
-    embedding_dim = _pick(args.embedding_dim, preset, "embedding_dim", DEFAULT_EMBEDDING_DIM)
+    constraints = ShardingFlags(**config_values(ShardingFlags, args)).constraints()
+    model = config_values(ModelConfig, args)
+    model["embedding_dim"] = _pick(getattr(args, "embedding_dim", None), preset, "embedding_dim",
+                                   DEFAULT_EMBEDDING_DIM)
+    optimizer = EmbeddingOptimizerConfig(**config_values(EmbeddingOptimizerConfig, args))
+    optimizer.validate()
     requests = []
     for label, names, rows in _table_sets(args, preset):
+        if any(given(args, ModelConfig, name) for name in _DENSE_FLAGS):
+            # The training command line's MLPs: refused here as training would refuse them.
+            ModelConfig(num_embeddings_per_feature=rows, sparse_feature_names=names, **model).validate()
         for world_size in world_sizes:
             request = PlanRequest(
-                feature_names=names, num_embeddings_per_feature=rows, embedding_dim=embedding_dim,
-                embedding_precision=args.embedding_precision, optimizer=args.optimizer,
+                feature_names=names, num_embeddings_per_feature=rows, embedding_dim=model["embedding_dim"],
+                embedding_precision=model["embedding_precision"], optimizer=optimizer.optimizer,
                 topology=_topology(args, preset, world_size), constraints=constraints,
             )
             request.validate()

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence
 
 from torchrec.distributed.planner.types import ParameterConstraints
 
-from common.errors import BadInput
+from common.config_flags import FlagError, flag, option
 
 SHARDING_TYPES = (
     "data_parallel",
@@ -29,16 +29,18 @@ CPU_SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "table_colum
 ROW_SHARDING_TYPES = ("row_wise", "table_row_wise")
 COLUMN_SHARDING_TYPES = ("column_wise", "table_column_wise")
 CUDA_ONLY_KERNELS = ("fused_uvm", "fused_uvm_caching")
+# Every sharding type but data_parallel: these run the fused FBGEMM kernels.
+FUSED_SHARDING_TYPES = tuple(t for t in SHARDING_TYPES if t != "data_parallel")
 # torchrec keeps column shards at least this wide unless told otherwise.
 TORCHREC_MIN_COLUMN_SHARD = 32
 ALL_TABLES = "*"
 
 
 def check_table_precision(table: str, sharding_type: Optional[str], precision: str, source: str) -> None:
-    """Raises BadInput (one line starting with ``source``) for an fp16 table that is
+    """Raises FlagError (one line starting with ``source``) for an fp16 table that is
     data-parallel: FBGEMM's dense kernel has no fp16 backward, its updates are wrong."""
     if precision == "fp16" and sharding_type == "data_parallel":
-        raise BadInput(f"{source}: table {table} is data_parallel with fp16 weights, and FBGEMM's dense "
+        raise FlagError(f"{source}: table {table} is data_parallel with fp16 weights, and FBGEMM's dense "
                          "kernel has no fp16 backward (its updates are wrong): give it a fused sharding "
                          "type, or keep fp32 tables")
 
@@ -46,7 +48,7 @@ def check_table_precision(table: str, sharding_type: Optional[str], precision: s
 def parse_table_choices(text: str, flag: str, choices: Sequence[str]) -> Dict[str, str]:
     """Parses ``VALUE`` / ``TABLE=VALUE,...`` / ``VALUE,TABLE=VALUE,...``.
 
-    Returns {table or "*": value}. Raises BadInput naming the flag on an empty item,
+    Returns {table or "*": value}. Raises FlagError naming the flag on an empty item,
     a repeated table or a value not in ``choices``.
 
     Example::
@@ -58,19 +60,39 @@ def parse_table_choices(text: str, flag: str, choices: Sequence[str]) -> Dict[st
     for item in text.split(","):
         item = item.strip()
         if not item:
-            raise BadInput(f"{flag}: malformed list {text!r}: empty item")
+            raise FlagError(f"{flag}: malformed list {text!r}: empty item")
         table, sep, value = item.rpartition("=")
         table = table.strip() if sep else ALL_TABLES
         value = value.strip()
         if sep and not table:
-            raise BadInput(f"{flag}: malformed item {item!r}: expected TABLE=VALUE")
+            raise FlagError(f"{flag}: malformed item {item!r}: expected TABLE=VALUE")
         if value not in choices:
-            raise BadInput(f"{flag}: unknown value {value!r} (choose from {', '.join(choices)})")
+            raise FlagError(f"{flag}: unknown value {value!r} (choose from {', '.join(choices)})")
         if table in result:
             what = "a default for every table" if table == ALL_TABLES else f"table {table}"
-            raise BadInput(f"{flag}: {what} is given twice in {text!r}")
+            raise FlagError(f"{flag}: {what} is given twice in {text!r}")
         result[table] = value
     return result
+
+
+@dataclass
+class ShardingFlags:
+    """The constraint flags as given (the training and the plan command lines share them).
+
+    Args:
+        sharding_type: ``VALUE`` / ``TABLE=VALUE,...`` / ``VALUE,TABLE=VALUE,...``.
+        compute_kernel: likewise.
+    """
+
+    sharding_type: Optional[str] = flag(
+        None, help=f"{'|'.join(SHARDING_TYPES)}, for every table or per table: t_cat_0=row_wise,t_cat_1=table_wise")
+    compute_kernel: Optional[str] = flag(None, help=f"{'|'.join(COMPUTE_KERNELS)}, for every table or per table")
+
+    def constraints(self) -> "ShardingConstraints":
+        return ShardingConstraints.from_flags(self.sharding_type, self.compute_kernel)
+
+
+_SHARDING_TYPE, _COMPUTE_KERNEL = option(ShardingFlags, "sharding_type"), option(ShardingFlags, "compute_kernel")
 
 
 @dataclass
@@ -95,9 +117,9 @@ class ShardingConstraints:
     def from_flags(cls, sharding_type: Optional[str], compute_kernel: Optional[str]) -> "ShardingConstraints":
         """From the texts of --sharding_type and --compute_kernel (None: not given)."""
         return cls(
-            sharding_types=parse_table_choices(sharding_type, "--sharding_type", SHARDING_TYPES)
+            sharding_types=parse_table_choices(sharding_type, _SHARDING_TYPE, SHARDING_TYPES)
             if sharding_type else {},
-            compute_kernels=parse_table_choices(compute_kernel, "--compute_kernel", COMPUTE_KERNELS)
+            compute_kernels=parse_table_choices(compute_kernel, _COMPUTE_KERNEL, COMPUTE_KERNELS)
             if compute_kernel else {},
         )
 
@@ -112,21 +134,29 @@ class ShardingConstraints:
         return self.compute_kernels.get(table, self.compute_kernels.get(ALL_TABLES))
 
     def validate(self, table_names: Sequence[str], compute_device: Optional[str] = None) -> None:
-        """Raises BadInput (one line naming the flag) for unknown tables and for
+        """Raises FlagError (one line naming the flag) for unknown tables and for
         choices that cannot work together or on ``compute_device`` (None: skip those)."""
         known = set(table_names)
-        for flag, given in (("--sharding_type", self.sharding_types), ("--compute_kernel", self.compute_kernels)):
+        for name, given in ((_SHARDING_TYPE, self.sharding_types), (_COMPUTE_KERNEL, self.compute_kernels)):
             for table in given:
                 if table != ALL_TABLES and table not in known:
-                    raise BadInput(f"{flag}: unknown table {table!r} (tables: {_describe_tables(table_names)})")
+                    raise FlagError(f"{name}: unknown table {table!r} (tables: {_describe_tables(table_names)})")
         for table in table_names:
             sharding, kernel = self.sharding_type(table), self.compute_kernel(table)
             if sharding == "data_parallel" and kernel not in (None, "dense"):
-                raise BadInput(f"--compute_kernel: table {table} is data_parallel, which needs the dense kernel, not {kernel}")
+                raise FlagError(f"{_COMPUTE_KERNEL}: table {table} is data_parallel, which needs the dense kernel, not {kernel}")
             if kernel == "dense" and sharding not in (None, "data_parallel"):
-                raise BadInput(f"--compute_kernel: the dense kernel is for data_parallel tables only, {table} is {sharding}")
+                raise FlagError(f"{_COMPUTE_KERNEL}: the dense kernel is for data_parallel tables only, {table} is {sharding}")
             if compute_device == "cpu" and kernel in CUDA_ONLY_KERNELS:
-                raise BadInput(f"--compute_kernel: {kernel} ({table}) needs CUDA, the compute device is cpu")
+                raise FlagError(f"{_COMPUTE_KERNEL}: {kernel} ({table}) needs CUDA, the compute device is cpu")
+
+    def check_precision(self, table_names: Sequence[str], precision: str, source: str) -> None:
+        """Raises FlagError (starting with ``source``) when a table with ``precision``
+        weights would be data-parallel under these constraints (`check_table_precision`)."""
+        for table in table_names:
+            kernel = self.compute_kernel(table)
+            check_table_precision(table, "data_parallel" if kernel == "dense" else self.sharding_type(table),
+                                  precision, source)
 
     def row_splits_on_cpu(self, table_names: Sequence[str], compute_device: str) -> bool:
         """True when some table asks for a row split the stock CPU sharder does not offer."""

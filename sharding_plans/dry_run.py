@@ -15,12 +15,11 @@ from torch import nn
 
 from models import build_dlrm_train
 from models.config import ModelConfig
+from models.embedding_optimizer import EmbeddingOptimizerConfig, attach_fused_embedding_optimizer
 from sharding_plans.constraints import ShardingConstraints
 from sharding_plans.plan_file import SavedPlan, TableSpec
 from sharding_plans.planner import PlanDoesNotFit, PlannerConfig, plan_with_estimates
 from sharding_plans.sharders import build_sharders
-from training.config import OptimizerConfig
-from training.optimizers import attach_fused_embedding_optimizer
 
 # Give up looking for a world size that fits after this many planner runs.
 MAX_SEARCH_PLANS = 8
@@ -76,7 +75,7 @@ class PlanRequest:
     def validate(self) -> None:
         """Raises BadInput (one line naming the flag) for bad tables or constraints."""
         self.model_config.validate()
-        OptimizerConfig(optimizer=self.optimizer).validate()
+        EmbeddingOptimizerConfig(optimizer=self.optimizer).validate()
         self.topology.validate()
         self.constraints.validate(self.model_config.table_names, self.topology.compute_device)
 
@@ -90,7 +89,7 @@ class PlanRequest:
 
 def _planning_model(request: PlanRequest) -> nn.Module:
     model = build_dlrm_train(request.model_config, dense_device=torch.device("meta"))
-    attach_fused_embedding_optimizer(model.model.sparse_arch, OptimizerConfig(optimizer=request.optimizer))
+    attach_fused_embedding_optimizer(model.model.sparse_arch, EmbeddingOptimizerConfig(optimizer=request.optimizer))
     return model
 
 

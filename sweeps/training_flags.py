@@ -17,14 +17,9 @@ from sweeps.spec import SCALE_KEY, RunSpec, SweepSpec
 
 def training_parser(script: str) -> argparse.ArgumentParser:
     """The parser of ``script`` (``dlrm_main.py`` or ``dcnv2_main.py``) with its defaults."""
-    from training.flags import build_parser
+    from training.flags import entry_point_parser
 
-    parser = build_parser(script, "")
-    if script == "dcnv2_main.py":
-        from dcnv2_main import DCNV2_DEFAULTS
-
-        parser.set_defaults(**DCNV2_DEFAULTS)
-    return parser
+    return entry_point_parser(script)
 
 
 def _store_true_flags(parser: argparse.ArgumentParser) -> Dict[str, bool]:

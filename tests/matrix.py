@@ -45,6 +45,7 @@ from torch.distributed.tensor import DTensor
 
 from models.config import EMBEDDING_PRECISIONS, INTERACTION_TYPES
 from sharding_plans.constraints import COLUMN_SHARDING_TYPES, SHARDING_TYPES
+from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
 from training.config import DENSE_OPTIMIZERS, OPTIMIZERS, PIPELINES
 from training.optimizers import TABLE_PARAMETER
 from training.pipelines import CUDA_ONLY_PIPELINES
@@ -64,7 +65,7 @@ DIMENSIONS: Dict[str, Tuple[Any, ...]] = {
 ADAPTIVE = ("adagrad", "rowwise_adagrad", "adam")
 
 # The tiny model every case trains: 26 tables of 40..115 rows, dim 8.
-TABLE_ROWS = [40 + 3 * i for i in range(26)]
+TABLE_ROWS = [40 + 3 * i for i in range(NUM_SPARSE_FEATURES)]
 EMBEDDING_DIM = 8
 GLOBAL_BATCH = 64
 STEPS, STOP = 4, 2  # train 4 steps; the resumed run starts from the step-2 checkpoint
@@ -310,7 +311,7 @@ def probe_batch(rank: int, world_size: int, device: torch.device):
 
 def probe_inputs() -> Tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(11)
-    dense = torch.rand(PROBE_ROWS, 13, generator=gen) * 5
+    dense = torch.rand(PROBE_ROWS, NUM_DENSE_FEATURES, generator=gen) * 5
     ids = torch.stack([torch.randint(0, rows, (PROBE_ROWS,), generator=gen) for rows in TABLE_ROWS], dim=1)
     return dense, ids
 

@@ -8,7 +8,6 @@ import pytest
 import yaml
 
 import dlrm_main
-from dcnv2_main import DCNV2_DEFAULTS
 from data import transcode as transcode_cli
 from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
 from data.feature_spec import FeatureSpec, FeatureSpecError
@@ -17,6 +16,7 @@ from data.synthetic_csv import csv_feature_spec, generate_csv
 from data.transcode import TranscodeError, transcode
 from tests.launch import eval_record, launch, read_log, step_losses
 from training.flags import parse_config
+from training.recipes import DCNV2
 
 ROWS = {"train": 700, "test": 301}
 
@@ -219,7 +219,7 @@ def test_each_spec_problem_is_one_clear_error(binary_spec, tmp_path, capsys, pro
 
 
 def test_both_entry_points_take_feature_counts_from_the_spec(binary_spec):
-    for prog, defaults in (("dlrm_main.py", None), ("dcnv2_main.py", DCNV2_DEFAULTS)):
+    for prog, defaults in (("dlrm_main.py", None), ("dcnv2_main.py", DCNV2)):
         config = parse_config(["--dataset_path", binary_spec], prog, "", defaults)
         assert config.model.sparse_feature_names == ["cat_0", "cat_1"]
         assert config.model.dense_in_features == 2

@@ -16,6 +16,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import dlrm_main
+from data.criteo_layout import NUM_SPARSE_FEATURES
 from tests.launch import REPO, eval_record, free_port, launch, read_log
 from training.checkpoint import read_meta
 
@@ -81,7 +82,7 @@ def test_checkpoint_layout(reference):
     meta = read_meta(step10)
     assert (meta.step, meta.epoch, meta.batch_in_epoch, meta.world_size) == (10, 0, 10, 2)
     assert meta.model.embedding_dim == 16 and meta.optimizer.optimizer == "adagrad"
-    assert set(meta.plan) == {f"t_cat_{i}" for i in range(26)}
+    assert set(meta.plan) == {f"t_cat_{i}" for i in range(NUM_SPARSE_FEATURES)}
     end = read_meta(os.path.join(ckpt, "step_000000016"))
     assert (end.epoch, end.batch_in_epoch) == (1, 0)
 

@@ -11,6 +11,7 @@ from common.errors import BadInput
 from data.batching import RankBatchLayout
 from data.config import DataConfig, build_loaders, open_dataset
 from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
+from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
 from tests.conftest import SMALL_SPEC
 
@@ -24,8 +25,8 @@ def test_generator_layout_and_metadata(tmp_path):
         dense = np.load(os.path.join(out, f"day_{day}_dense.npy"))
         sparse = np.load(os.path.join(out, f"day_{day}_sparse.npy"))
         labels = np.load(os.path.join(out, f"day_{day}_labels.npy"))
-        assert dense.dtype == np.float32 and dense.shape == (1000, 13)
-        assert sparse.dtype == np.int32 and sparse.shape == (1000, 26)
+        assert dense.dtype == np.float32 and dense.shape == (1000, NUM_DENSE_FEATURES)
+        assert sparse.dtype == np.int32 and sparse.shape == (1000, NUM_SPARSE_FEATURES)
         assert labels.dtype == np.int32 and labels.shape == (1000, 1)
         assert dense.min() >= np.log(3.0) - 1e-6  # log(x + 3) of counts >= 0
         assert (sparse >= 0).all() and (sparse < np.asarray(SPEC.cardinalities)).all()
@@ -60,7 +61,7 @@ def test_labels_depend_on_features():
     rng = np.random.default_rng(0)
     dense, sparse, labels = generate_rows(SPEC, _hidden_model(SPEC), rng, 20000)
     effect = _hidden_model(SPEC).id_effects
-    score = sum(effect[f][sparse[:, f]] for f in range(26))
+    score = sum(effect[f][sparse[:, f]] for f in range(NUM_SPARSE_FEATURES))
     y = labels[:, 0]
     order = np.argsort(score)
     ranks = np.empty(len(order))
@@ -112,7 +113,7 @@ def test_splits_ranks_and_mmap(synthetic_dir):
         assert np.array_equal(d1[:100], all_dense[2 * n + 100: 2 * n + 200])
         assert len(d0) + len(d1) == n // 2  # 12288 rows split without remainder
         kjt = b0[0].sparse_features
-        assert kjt.keys()[0] == "cat_0" and kjt.values().numel() == 26 * 100
+        assert kjt.keys()[0] == "cat_0" and kjt.values().numel() == NUM_SPARSE_FEATURES * 100
 
 
 def test_shuffling_is_identical_across_ranks_and_covers_rows(synthetic_dir):
@@ -148,15 +149,15 @@ def test_bad_layout_is_one_clear_error(tmp_path):
         CriteoBinaryDataset(str(tmp_path))
     generate_synthetic_criteo(SPEC, str(tmp_path / "d"), show_progress=False)
     np.save(str(tmp_path / "d" / "day_1_dense.npy"), np.zeros((1000, 12), np.float32))
-    with pytest.raises(BadInput, match=r"day_1_dense.npy: expected float32 of shape \(N, 13\)"):
+    with pytest.raises(BadInput, match=rf"day_1_dense.npy: expected float32 of shape \(N, {NUM_DENSE_FEATURES}\)"):
         CriteoBinaryDataset(str(tmp_path / "d"))
 
 
 def test_random_loader_is_world_size_independent():
     config = DataConfig(batch_size=8, limit_train_batches=3, seed=4)
-    one = build_loaders(config, None, [100] * 26, 0, 1)["train"]
+    one = build_loaders(config, None, [100] * NUM_SPARSE_FEATURES, 0, 1)["train"]
     config.batch_size = 4
-    halves = [build_loaders(config, None, [100] * 26, r, 2)["train"] for r in range(2)]
+    halves = [build_loaders(config, None, [100] * NUM_SPARSE_FEATURES, r, 2)["train"] for r in range(2)]
     for whole, a, b in zip(one, *halves):
         assert np.array_equal(whole.dense_features.numpy(),
                               np.concatenate([a.dense_features.numpy(), b.dense_features.numpy()]))
@@ -165,7 +166,7 @@ def test_random_loader_is_world_size_independent():
 
 # --- data must be what it claims -------------------------------------------------------
 
-CLAIM_SPEC = SyntheticCriteoSpec(num_days=3, rows_per_day=300, cardinalities=[50] * 26, seed=5)
+CLAIM_SPEC = SyntheticCriteoSpec(num_days=3, rows_per_day=300, cardinalities=[50] * NUM_SPARSE_FEATURES, seed=5)
 LAYOUTS = ("one_hot", "multi_hot", "split_binary")
 
 
@@ -177,7 +178,7 @@ def layouts(tmp_path_factory) -> dict:
 
     root = tmp_path_factory.mktemp("layouts")
     generate_synthetic_criteo(CLAIM_SPEC, str(root / "one_hot"), show_progress=False)
-    generate_multi_hot_criteo(CLAIM_SPEC, str(root / "multi_hot"), [2] * 26)
+    generate_multi_hot_criteo(CLAIM_SPEC, str(root / "multi_hot"), [2] * NUM_SPARSE_FEATURES)
     criteo_to_split_binary(str(root / "one_hot"), str(root / "split_binary"))
     return {layout: str(root / layout) for layout in LAYOUTS}
 
@@ -203,12 +204,12 @@ def _rewrite(path: str, change) -> None:
     elif ".npz:" in path:
         npz, key = path.split(":")
         with np.load(npz) as saved:
-            arrays = [saved[str(f)] for f in range(26)]
+            arrays = [saved[str(f)] for f in range(NUM_SPARSE_FEATURES)]
         change(arrays[int(key)])
         write_multi_hot_npz(npz + ".new", arrays)
         shutil.move(npz + ".new", npz)
     else:
-        dtype, width = {"numerical.bin": (np.float16, 13), "label.bin": (np.uint8, 1)}.get(
+        dtype, width = {"numerical.bin": (np.float16, NUM_DENSE_FEATURES), "label.bin": (np.uint8, 1)}.get(
             os.path.basename(path), (np.int8, 1))
         array = np.fromfile(path, dtype).reshape(-1, width)
         change(array)
@@ -274,7 +275,7 @@ def test_ids_beyond_flag_table_sizes_are_taken_modulo_not_refused(layouts):
     for layout in LAYOUTS:
         for mmap in (False, True):
             config = _data_config(layout, layouts[layout], mmap_mode=mmap)
-            batch = next(iter(build_loaders(config, open_dataset(config), [7] * 26, 0, 1)["train"]))
+            batch = next(iter(build_loaders(config, open_dataset(config), [7] * NUM_SPARSE_FEATURES, 0, 1)["train"]))
             assert 0 <= int(batch.sparse_features.values().min()) and int(batch.sparse_features.values().max()) < 7
 
 
@@ -302,12 +303,12 @@ def test_days_are_what_metadata_lists(tmp_path):
 
     from data.synthetic_criteo import generate_multi_hot_criteo
 
-    longer = SyntheticCriteoSpec(num_days=4, rows_per_day=100, cardinalities=[50] * 26, seed=1)
-    shorter = SyntheticCriteoSpec(num_days=2, rows_per_day=100, cardinalities=[50] * 26, seed=2)
+    longer = SyntheticCriteoSpec(num_days=4, rows_per_day=100, cardinalities=[50] * NUM_SPARSE_FEATURES, seed=1)
+    shorter = SyntheticCriteoSpec(num_days=2, rows_per_day=100, cardinalities=[50] * NUM_SPARSE_FEATURES, seed=2)
     one_hot, multi_hot = str(tmp_path / "one_hot"), str(tmp_path / "multi_hot")
     generate_synthetic_criteo(longer, one_hot, show_progress=False)
     generate_synthetic_criteo(shorter, one_hot, show_progress=False)
-    generate_multi_hot_criteo(longer, multi_hot, [2] * 26)
+    generate_multi_hot_criteo(longer, multi_hot, [2] * NUM_SPARSE_FEATURES)
     generate_multi_hot_criteo(shorter, multi_hot, [2] * 26)
     for directory in (one_hot, multi_hot):
         assert not [name for name in os.listdir(directory) if name.startswith(("day_2", "day_3"))]

@@ -6,7 +6,9 @@ import pytest
 
 import dcnv2_main
 import dlrm_main
+from data.criteo_layout import NUM_SPARSE_FEATURES
 from training.flags import parse_config
+from training.recipes import DCNV2
 
 
 def run_main(capsys, main, argv):
@@ -21,8 +23,8 @@ def run_main(capsys, main, argv):
 @pytest.mark.parametrize("argv, message", [
     (["--dense_arch_layer_sizes", "512,256,32"], "last --dense_arch_layer_sizes value (32) must equal --embedding_dim (64)"),
     (["--over_arch_layer_sizes", "512,2"], "--over_arch_layer_sizes must end in 1"),
-    (["--num_embeddings_per_feature", "10,20"], "--num_embeddings_per_feature has 2 values but the data has 26"),
-    (["--num_embeddings_per_feature", ",".join(["10"] * 25 + ["0"])], "value 25 (cat_25) must be positive"),
+    (["--num_embeddings_per_feature", "10,20"], f"--num_embeddings_per_feature has 2 values but the data has {NUM_SPARSE_FEATURES}"),
+    (["--num_embeddings_per_feature", ",".join(["10"] * (NUM_SPARSE_FEATURES - 1) + ["0"])], "value 25 (cat_25) must be positive"),
     (["--num_embeddings", "-5"], "--num_embeddings must be positive, got -5"),
     (["--max_table_rows", "0"], "--max_table_rows must be positive, got 0"),
     (["--max_table_rows", "1k"], "argument --max_table_rows: invalid int value: '1k'"),
@@ -37,8 +39,8 @@ def run_main(capsys, main, argv):
     (["--interaction_type", "projection", "--interaction_branch1_layer_sizes", "100,30"],
      "must be a multiple of --embedding_dim"),
     (["--in_memory_binary_criteo_path", "/no/such/dir"], "/no/such/dir: no such directory"),
-    (["--multi_hot_sizes", "3,3"], "--multi_hot_sizes has 2 values but the data has 26"),
-    (["--multi_hot_sizes", ",".join(["2"] * 25 + ["0"])], "--multi_hot_sizes values must be positive"),
+    (["--multi_hot_sizes", "3,3"], f"--multi_hot_sizes has 2 values but the data has {NUM_SPARSE_FEATURES}"),
+    (["--multi_hot_sizes", ",".join(["2"] * (NUM_SPARSE_FEATURES - 1) + ["0"])], "--multi_hot_sizes values must be positive"),
     (["--multi_hot_distribution_type", "pareto"], "--multi_hot_distribution_type needs --multi_hot_sizes"),
     (["--synthetic_multi_hot_criteo_path", "/no/such/mh"], "--synthetic_multi_hot_criteo_path /no/such/mh: no such directory"),
     (["--no_such_flag"], "unrecognized arguments: --no_such_flag"),
@@ -67,7 +69,7 @@ def test_public_example_flags_parse():
         "--lr_warmup_steps", "1", "--lr_decay_start", "2", "--lr_decay_steps", "3", "--print_lr",
         "--allow_tf32", "--print_sharding_plan",
     ], "dlrm_main.py", "")
-    assert config.model.num_embeddings_per_feature == [50] * 26
+    assert config.model.num_embeddings_per_feature == [50] * NUM_SPARSE_FEATURES
     assert config.model.interaction_type == "projection"
     assert config.optim.optimizer == "adagrad" and config.optim.resolved_dense_optimizer == "adagrad"
     assert config.data.eval_batch_size == 128 and config.data.limit("test") == 7
@@ -76,17 +78,16 @@ def test_public_example_flags_parse():
 
 
 def test_dcnv2_defaults_and_overrides():
-    from dcnv2_main import DCNV2_DEFAULTS
-    from training.flags import build_parser
+    from training.flags import config_from_args, entry_point_parser
 
-    parser = build_parser("dcnv2_main.py", "")
-    parser.set_defaults(**DCNV2_DEFAULTS)
-    args = parser.parse_args([])
+    parser = entry_point_parser("dcnv2_main.py")
+    args = config_from_args(parser.parse_args([])).model
     assert args.interaction_type == "dcn" and args.embedding_dim == 128
     assert args.dense_arch_layer_sizes == [512, 256, 128]
     assert args.over_arch_layer_sizes == [1024, 1024, 512, 256, 1]
     assert (args.dcn_num_layers, args.dcn_low_rank_dim) == (3, 512)
-    args = parser.parse_args(["--embedding_dim", "64", "--dense_arch_layer_sizes", "128,64", "--dcn_num_layers", "1"])
+    args = config_from_args(parser.parse_args(["--embedding_dim", "64", "--dense_arch_layer_sizes", "128,64",
+                                               "--dcn_num_layers", "1"])).model
     assert (args.embedding_dim, args.dense_arch_layer_sizes, args.dcn_num_layers) == (64, [128, 64], 1)
 
 
@@ -102,7 +103,7 @@ def test_table_sizes_come_from_metadata(synthetic_dir):
     assert config.model.num_embeddings_per_feature == SMALL_SPEC.cardinalities
     config = parse_config(["--in_memory_binary_criteo_path", synthetic_dir, "--num_embeddings", "77"],
                           "dlrm_main.py", "")
-    assert config.model.num_embeddings_per_feature == [77] * 26
+    assert config.model.num_embeddings_per_feature == [77] * NUM_SPARSE_FEATURES
 
 
 @pytest.mark.parametrize("argv", [["--batch_size", "0"], ["--no_such_flag"]])
@@ -127,18 +128,18 @@ def test_max_table_rows_caps_every_table_however_sized(synthetic_dir, main):
     from tests.conftest import SMALL_SPEC
 
     prog = "dlrm_main.py" if main is dlrm_main.main else "dcnv2_main.py"
-    defaults = None if main is dlrm_main.main else dcnv2_main.DCNV2_DEFAULTS
+    defaults = None if main is dlrm_main.main else DCNV2
     data = ["--in_memory_binary_criteo_path", synthetic_dir]
     config = parse_config([*data, "--max_table_rows", "100"], prog, "", defaults)
     assert config.model.num_embeddings_per_feature == [min(c, 100) for c in SMALL_SPEC.cardinalities]
     assert max(SMALL_SPEC.cardinalities) > 100 and min(SMALL_SPEC.cardinalities) < 100
     assert config.max_table_rows == 100
-    sizes = [5, 500] * 13
+    sizes = [5, 500] * (NUM_SPARSE_FEATURES // 2)
     config = parse_config([*data, "--num_embeddings_per_feature", ",".join(map(str, sizes)),
                            "--max_table_rows", "100"], prog, "", defaults)
-    assert config.model.num_embeddings_per_feature == [5, 100] * 13
+    assert config.model.num_embeddings_per_feature == [5, 100] * (NUM_SPARSE_FEATURES // 2)
     config = parse_config([*data, "--num_embeddings", "50", "--max_table_rows", "100"], prog, "", defaults)
-    assert config.model.num_embeddings_per_feature == [50] * 26
+    assert config.model.num_embeddings_per_feature == [50] * NUM_SPARSE_FEATURES
     uncapped = parse_config(data, prog, "", defaults)
     assert uncapped.max_table_rows is None and uncapped.model.num_embeddings_per_feature == SMALL_SPEC.cardinalities
 
@@ -146,7 +147,7 @@ def test_max_table_rows_caps_every_table_however_sized(synthetic_dir, main):
                           prog, "", defaults)
     loader = build_loaders(config.data, open_dataset(config.data), config.model.num_embeddings_per_feature,
                            rank=0, world_size=1)["train"]
-    seen = [0] * 26
+    seen = [0] * NUM_SPARSE_FEATURES
     for batch in loader:
         for f, name in enumerate(config.model.sparse_feature_names):
             seen[f] = max(seen[f], int(batch.sparse_features[name].values().max()))

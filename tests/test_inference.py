@@ -20,6 +20,7 @@ from torchmetrics.functional.classification import binary_auroc
 
 import dcnv2_main
 import dlrm_main
+from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
 from data.criteo_binary import CriteoBinaryDataset
 from data.preprocess_criteo import PreprocessConfig, preprocess
 from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day
@@ -68,7 +69,8 @@ def test_export_matches_the_training_model(trained):
     inputs = read_inputs(trained["model"])
     metadata = json.load(open(os.path.join(trained["data"], "metadata.json")))
     assert inputs.num_embeddings_per_feature == metadata["num_embeddings_per_feature"]
-    assert inputs.sparse_feature_names == [f"cat_{i}" for i in range(26)] and inputs.num_dense_features == 13
+    assert inputs.sparse_feature_names == [f"cat_{i}" for i in range(NUM_SPARSE_FEATURES)]
+    assert inputs.num_dense_features == NUM_DENSE_FEATURES
     assert inputs.preprocessing.vocabulary == "vocabulary.npz"
     for variant in ("fp32", "fp16", "int8"):
         entry = inputs.variants[variant]
@@ -124,7 +126,7 @@ def test_predictor_on_raw_lines_applies_the_preprocessing(trained, tmp_path):
     expected = predictor.predict_transformed(dense[:300], sparse[:300])
     np.testing.assert_allclose(got[:300], expected, rtol=1e-6)
     # A row with every feature missing: zeros in, id 0 (rare or missing) everywhere.
-    np.testing.assert_allclose(got[300], predictor.predict(np.zeros((1, 13)), np.zeros((1, 26)))[0], rtol=1e-6)
+    np.testing.assert_allclose(got[300], predictor.predict(np.zeros((1, NUM_DENSE_FEATURES)), np.zeros((1, NUM_SPARSE_FEATURES)))[0], rtol=1e-6)
 
 
 @pytest.mark.parametrize("bad_line, message", [
@@ -317,8 +319,8 @@ def test_model_files_are_checked_and_never_run_code(trained, tmp_path, capsys):
     assert f"{fp32}: missing or unreadable" in refused("--input", lines)
     inputs = os.path.join(model, "inputs.json")
     json.dump({**json.load(open(inputs)), "num_embeddings_per_feature": [10, 20]}, open(inputs, "w"))
-    assert f"{inputs}: num_embeddings_per_feature must be 26 positive integers" in refused("--input", lines)
-    assert f"{inputs}: num_embeddings_per_feature must be 26" in refused(module=quality_gate)
-    assert f"{inputs}: num_embeddings_per_feature must be 26" in refused("--port", "0", module=serve)
+    assert f"{inputs}: num_embeddings_per_feature must be {NUM_SPARSE_FEATURES} positive integers" in refused("--input", lines)
+    assert f"{inputs}: num_embeddings_per_feature must be {NUM_SPARSE_FEATURES}" in refused(module=quality_gate)
+    assert f"{inputs}: num_embeddings_per_feature must be {NUM_SPARSE_FEATURES}" in refused("--port", "0", module=serve)
     open(inputs, "w").write("[1, 2")
     assert f"{inputs}: not an exported model's inputs description" in refused("--input", lines)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import dlrm_main
+from data.criteo_layout import NUM_SPARSE_FEATURES
 from tests.launch import launch, read_log
 
 BATCH = 256
@@ -82,7 +83,7 @@ def test_print_progress_and_id_frequencies(synthetic_dir, tmp_path, monkeypatch,
     totals = {}
     for rank in range(2):
         with np.load(tmp_path / f"multi_hot_freqs_rank_{rank}.npz") as counts:
-            assert len(counts.files) == 2 * 26
+            assert len(counts.files) == 2 * NUM_SPARSE_FEATURES
             for key in ("t_cat_0", "t_cat_0.first", "t_cat_1", "t_cat_1.first"):
                 totals[key] = totals.get(key, 0) + counts[key]
     for f, table in enumerate(("t_cat_0", "t_cat_1")):

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from data.batching import BatchBuilder
-from data.criteo_layout import SPARSE_FEATURE_NAMES
+from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, SPARSE_FEATURE_NAMES
 from models import ModelConfig, build_dlrm_train
 
-ROWS = [10 + i for i in range(26)]
+ROWS = [10 + i for i in range(NUM_SPARSE_FEATURES)]
 
 
 def mlp_params(in_features: int, sizes: list) -> int:
@@ -59,16 +59,16 @@ def test_parameter_count(name):
 
 def test_public_default_architecture_count():
     """The public example's default: dim 64, bottom 512-256-64, top 512-512-256-1."""
-    config = ModelConfig([100_000] * 26)
+    config = ModelConfig([100_000] * NUM_SPARSE_FEATURES)
     model = build_dlrm_train(config)
     dense = sum(p.numel() for n, p in model.named_parameters() if "embedding_bags" not in n)
-    assert dense == mlp_params(13, [512, 256, 64]) + mlp_params(64 + 325 + 26, [512, 512, 256, 1])
+    assert dense == mlp_params(NUM_DENSE_FEATURES, [512, 256, 64]) + mlp_params(64 + 325 + NUM_SPARSE_FEATURES, [512, 512, 256, 1])
 
 
 def test_tables_are_on_meta_device():
     model = build_dlrm_train(CONFIGS["original"])
     tables = [p for n, p in model.named_parameters() if "embedding_bags" in n]
-    assert len(tables) == 26 and all(t.is_meta for t in tables)
+    assert len(tables) == NUM_SPARSE_FEATURES and all(t.is_meta for t in tables)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -77,8 +77,8 @@ def test_forward_shapes(name):
     model = build_dlrm_train(CONFIGS[name], embedding_device=torch.device("cpu"))
     rng = np.random.default_rng(0)
     batch = BatchBuilder(SPARSE_FEATURE_NAMES)(
-        rng.random((5, 13), dtype=np.float32),
-        (rng.random((5, 26)) * np.asarray(ROWS)).astype(np.int32),
+        rng.random((5, NUM_DENSE_FEATURES), dtype=np.float32),
+        (rng.random((5, NUM_SPARSE_FEATURES)) * np.asarray(ROWS)).astype(np.int32),
         rng.integers(0, 2, (5, 1), dtype=np.int32),
     )
     loss, (loss_again, logits, labels) = model(batch)
@@ -94,9 +94,9 @@ def test_fast_blocks_match_torchrec():
 
     torch.manual_seed(0)
     dense = torch.randn(6, 8, requires_grad=True)
-    sparse = torch.randn(6, 26, 8, requires_grad=True)
-    ours, theirs = DotInteraction(26)(dense, sparse), InteractionArch(26)(dense, sparse)
-    assert ours.shape == theirs.shape == (6, 8 + 26 + 325)
+    sparse = torch.randn(6, NUM_SPARSE_FEATURES, 8, requires_grad=True)
+    ours, theirs = DotInteraction(NUM_SPARSE_FEATURES)(dense, sparse), InteractionArch(NUM_SPARSE_FEATURES)(dense, sparse)
+    assert ours.shape == theirs.shape == (6, 8 + NUM_SPARSE_FEATURES + 325)
     assert torch.allclose(ours, theirs, atol=1e-6)
     weight = torch.randn_like(ours)
     grads_ours = torch.autograd.grad((ours * weight).sum(), (dense, sparse))
@@ -108,6 +108,6 @@ def test_fast_blocks_match_torchrec():
     ebc = model.model.sparse_arch.embedding_bag_collection
     rng = np.random.default_rng(1)
     kjt = BatchBuilder(SPARSE_FEATURE_NAMES)(
-        rng.random((4, 13), dtype=np.float32), (rng.random((4, 26)) * np.asarray(ROWS)).astype(np.int32),
+        rng.random((4, NUM_DENSE_FEATURES), dtype=np.float32), (rng.random((4, NUM_SPARSE_FEATURES)) * np.asarray(ROWS)).astype(np.int32),
         np.zeros((4, 1), np.int32)).sparse_features
     assert torch.equal(PooledSparseArch(ebc)(kjt), SparseArch(ebc)(kjt))

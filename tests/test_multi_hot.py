@@ -7,18 +7,19 @@ import pytest
 
 import dlrm_main
 from common.errors import BadInput
+from data.criteo_layout import NUM_SPARSE_FEATURES
 from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
 from data.multi_hot import MultiHotExpander, open_npz_arrays
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_multi_hot_criteo
 from tests.launch import eval_record, launch, read_log, step_losses
 
 HOTNESS = [1, 2, 3] + [2] * 23
-SIZES = [50] * 13 + [100000] * 13
+SIZES = [50] * (NUM_SPARSE_FEATURES // 2) + [100000] * (NUM_SPARSE_FEATURES // 2)
 
 
 @pytest.mark.parametrize("distribution", ["uniform", "pareto"])
 def test_expansion_is_a_fixed_function_of_the_id(distribution):
-    ids = np.random.default_rng(0).integers(0, 50, size=(200, 26)).astype(np.int32)
+    ids = np.random.default_rng(0).integers(0, 50, size=(200, NUM_SPARSE_FEATURES)).astype(np.int32)
     expand = MultiHotExpander(HOTNESS, SIZES, distribution, seed=3)
     bags = expand(ids)
     assert [b.shape for b in bags] == [(200, k) for k in HOTNESS]
@@ -33,9 +34,9 @@ def test_expansion_is_a_fixed_function_of_the_id(distribution):
 
 
 def test_pareto_bags_stay_near_the_id():
-    ids = np.zeros((2000, 26), np.int32)
-    uniform = MultiHotExpander([4] * 26, [100000] * 26, "uniform", 0)(ids)[0][:, 1:]
-    pareto = MultiHotExpander([4] * 26, [100000] * 26, "pareto", 0)(ids)[0][:, 1:]
+    ids = np.zeros((2000, NUM_SPARSE_FEATURES), np.int32)
+    uniform = MultiHotExpander([4] * NUM_SPARSE_FEATURES, [100000] * NUM_SPARSE_FEATURES, "uniform", 0)(ids)[0][:, 1:]
+    pareto = MultiHotExpander([4] * NUM_SPARSE_FEATURES, [100000] * NUM_SPARSE_FEATURES, "pareto", 0)(ids)[0][:, 1:]
     assert np.median(pareto) < np.median(uniform) / 10
 
 

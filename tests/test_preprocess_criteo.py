@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from common.errors import BadInput
+from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
 from data.criteo_tsv import parse_criteo_lines
 from data.preprocess_criteo import PreprocessConfig, main, preprocess
 from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day
@@ -22,8 +23,8 @@ RNG = np.random.default_rng(11)
 
 
 def random_line(rng, hashes=None) -> list:
-    ints = [("" if rng.random() < 0.2 else str(int(rng.integers(-3, 5000)))) for _ in range(13)]
-    cats = hashes or [("" if rng.random() < 0.1 else "%08x" % int(rng.integers(0, 2**32))) for _ in range(26)]
+    ints = [("" if rng.random() < 0.2 else str(int(rng.integers(-3, 5000)))) for _ in range(NUM_DENSE_FEATURES)]
+    cats = hashes or [("" if rng.random() < 0.1 else "%08x" % int(rng.integers(0, 2**32))) for _ in range(NUM_SPARSE_FEATURES)]
     return [str(int(rng.integers(0, 2)))] + ints + cats
 
 
@@ -64,7 +65,7 @@ def test_values_match_the_documented_transforms(raw_days, tmp_path):
     out = str(tmp_path / "out")
     metadata = preprocess(PreprocessConfig(raw, out, "criteo_1t", chunk_bytes=1024))
     assert metadata["rows_per_day"] == [50, 37, 20]
-    max_ids = np.zeros(26, np.int64)
+    max_ids = np.zeros(NUM_SPARSE_FEATURES, np.int64)
     for day, lines in enumerate(days):
         dense, sparse, labels = load_day(out, day)
         assert dense.dtype == np.float32 and sparse.dtype == np.int32 and labels.shape == (len(lines), 1)
@@ -98,14 +99,14 @@ def test_frequency_threshold_and_modulo_on_known_counts(tmp_path):
     vocabulary = np.load(os.path.join(out, "vocabulary.npz"))
     assert vocabulary["0"].tolist() == [0xA, 0xC00]
 
-    sizes = [7] * 26
+    sizes = [7] * NUM_SPARSE_FEATURES
     out = str(tmp_path / "mod")
     metadata = preprocess(PreprocessConfig(str(raw), out, "criteo_1t", num_embeddings_per_feature=sizes))
     assert load_day(out, 2)[1][:, 0].tolist() == [0xA % 7, 0xB0 % 7, 0xC00 % 7, 0xD000 % 7]
     assert metadata["num_embeddings_per_feature"] == sizes
     out = str(tmp_path / "both")
     metadata = preprocess(PreprocessConfig(str(raw), out, "criteo_1t", frequency_threshold=2,
-                                           num_embeddings_per_feature=[2] * 26))
+                                           num_embeddings_per_feature=[2] * NUM_SPARSE_FEATURES))
     assert load_day(out, 0)[1][:, 0].tolist() == [1, 0, 0]  # ids 1, 0, 2 modulo 2
     assert metadata["num_embeddings_per_feature"][0] == 2
 
@@ -143,7 +144,7 @@ def test_bad_lines_skip_counts_per_file(raw_days, tmp_path):
 
 
 def test_parser_reasons():
-    good = ["1"] + ["2"] * 13 + ["0000000f"] * 26
+    good = ["1"] + ["2"] * NUM_DENSE_FEATURES + ["0000000f"] * NUM_SPARSE_FEATURES
     lines = [good, good[:39], ["x"] + good[1:], good[:3] + ["-"] + good[4:], good[:20] + ["123456789"] + good[21:],
              good[:5] + ["1" * 23] + good[6:]]
     chunk = parse_criteo_lines("".join("\t".join(l) + "\n" for l in lines).encode())
@@ -184,7 +185,7 @@ def _random_raw_line(rng, p_odd: float) -> bytes:
     """A line whose fields are each odd with probability p_odd, which has a wrong field
     count with probability p_odd, and ends in CRLF 1 time in 10."""
     fields = [str(int(rng.integers(0, 2))).encode()]
-    fields += [_random_int_field(rng) for _ in range(13)] + [_random_hex_field(rng) for _ in range(26)]
+    fields += [_random_int_field(rng) for _ in range(NUM_DENSE_FEATURES)] + [_random_hex_field(rng) for _ in range(NUM_SPARSE_FEATURES)]
     fields = [_ODD_FIELDS[int(rng.integers(len(_ODD_FIELDS)))] if rng.random() < p_odd else f for f in fields]
     if rng.random() < p_odd:
         fields = fields[: int(rng.integers(0, 40))] if rng.random() < 0.5 else fields + [b"1"]
@@ -218,7 +219,7 @@ def _reference_parse(data: bytes):
             labels.append(int(fields[0]))
             dense.append([int(v or b"0") for v in fields[1:14]])
             hashes.append([int(v or b"0", 16) for v in fields[14:]])
-    return (np.array(dense, np.int64).reshape(-1, 13), np.array(hashes, np.uint32).reshape(-1, 26),
+    return (np.array(dense, np.int64).reshape(-1, NUM_DENSE_FEATURES), np.array(hashes, np.uint32).reshape(-1, NUM_SPARSE_FEATURES),
             np.array(labels, np.int32), bad)
 
 

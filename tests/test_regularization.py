@@ -6,6 +6,7 @@ import torch
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
 import dlrm_main
+from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, SPARSE_FEATURE_NAMES
 from models import build_dlrm_train
 from models.config import ModelConfig
 from tests.launch import launch, read_log, step_losses
@@ -107,7 +108,7 @@ def test_bad_regularization_flags_are_one_line(argv, message, capsys):
 
 @pytest.mark.parametrize("interaction", ["original", "dcn", "projection"])
 def test_dropout_acts_in_training_only_and_keeps_parameter_names(interaction):
-    config = ModelConfig(num_embeddings_per_feature=[50] * 26, embedding_dim=8, dense_arch_layer_sizes=[16, 8],
+    config = ModelConfig(num_embeddings_per_feature=[50] * NUM_SPARSE_FEATURES, embedding_dim=8, dense_arch_layer_sizes=[16, 8],
                          over_arch_layer_sizes=[32, 16, 1], interaction_type=interaction, dcn_num_layers=1,
                          dcn_low_rank_dim=4, interaction_branch1_layer_sizes=[16, 16],
                          interaction_branch2_layer_sizes=[16, 16])
@@ -120,10 +121,9 @@ def test_dropout_acts_in_training_only_and_keeps_parameter_names(interaction):
     assert plain.state_dict().keys() == dropped.state_dict().keys()  # checkpoints load either way
     dropped.load_state_dict(plain.state_dict())
     from data.random_data import RandomCriteoLoader
-    from data.criteo_layout import SPARSE_FEATURE_NAMES
     batch = next(iter(RandomCriteoLoader(num_batches=1, batch_size=64, rank=0, world_size=1,
-                                         num_embeddings_per_feature=[50] * 26,
-                                         sparse_feature_names=SPARSE_FEATURE_NAMES, num_dense_features=13,
+                                         num_embeddings_per_feature=[50] * NUM_SPARSE_FEATURES,
+                                         sparse_feature_names=SPARSE_FEATURE_NAMES, num_dense_features=NUM_DENSE_FEATURES,
                                          seed=0, stream=0)))
     with torch.no_grad():
         plain.eval(), dropped.eval()

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torchrec.distributed.types import EnumerableShardingSpec
 
+from data.criteo_layout import NUM_SPARSE_FEATURES
 from models import build_dlrm_train
 from models.config import ModelConfig
 from sharding_plans import cli
@@ -34,7 +35,7 @@ from tests.matrix import assemble_table, local_weights
 
 TOLERANCE = 1e-6
 STEPS = 6
-TABLE_ROWS = [40 + 3 * i for i in range(26)]
+TABLE_ROWS = [40 + 3 * i for i in range(NUM_SPARSE_FEATURES)]
 MODEL = [
     "--num_embeddings_per_feature", ",".join(map(str, TABLE_ROWS)), "--embedding_dim", "8",
     "--dense_arch_layer_sizes", "16,8", "--over_arch_layer_sizes", "16,1",
@@ -44,7 +45,7 @@ RUN = ["--limit_train_batches", str(STEPS), "--limit_val_batches", "0", "--limit
        "--log_every_n_steps", "100", "--device", "cpu"]
 # All six types at once, per table (the types cycle over the tables).
 TYPES = ["data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise"]
-MIXED = ",".join(f"t_cat_{i}={TYPES[i % len(TYPES)]}" for i in range(26))
+MIXED = ",".join(f"t_cat_{i}={TYPES[i % len(TYPES)]}" for i in range(NUM_SPARSE_FEATURES))
 
 
 def _weights(trainer: Trainer) -> Dict[str, Any]:
@@ -97,7 +98,7 @@ def test_sharded_matches_single_process(runs, variant):
     # The plan really is of the asked type: row splits over both ranks, column
     # splits in two (table-column-wise may keep both on one rank), and the tables
     # spread over both ranks.
-    for i in range(26):
+    for i in range(NUM_SPARSE_FEATURES):
         table = f"t_cat_{i}"
         wanted = variant if variant in TYPES else TYPES[i % len(TYPES)]
         sharding_type, shards = layout[table]

@@ -6,6 +6,7 @@ import pytest
 
 import dcnv2_main
 import dlrm_main
+from data.criteo_layout import NUM_SPARSE_FEATURES
 from tests.launch import eval_record, launch, read_log, run_script, step_losses
 
 SMALL_MODEL = [
@@ -84,7 +85,7 @@ def test_plain_python_single_process(synthetic_dir, log_path):
     from tests.conftest import SMALL_SPEC
 
     plan_lines = [l for l in proc.stdout.splitlines() if " t_cat_" in l]
-    assert len(plan_lines) == 26
+    assert len(plan_lines) == NUM_SPARSE_FEATURES
     table_bytes = sum(SMALL_SPEC.cardinalities) * 16 * 4
     assert f"embedding weights per rank: rank 0: {table_bytes / 2**20:.2f} MiB" in proc.stdout
     records = read_log(log_path)

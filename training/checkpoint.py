@@ -45,7 +45,6 @@ from iopath.common.file_io import g_pathmgr
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
-from torchrec.distributed.planner.types import ParameterConstraints
 
 from common.atomic import write_json
 from common.errors import BadInput
@@ -565,31 +564,3 @@ def find_restore_point(config: TrainConfig) -> Optional[RestorePoint]:
 def _optimizers(optim: OptimizerConfig) -> Dict[str, str]:
     """The optimizers whose state a checkpoint holds (a resume needs the same ones)."""
     return {"optimizer": optim.optimizer, "dense_optimizer": optim.resolved_dense_optimizer}
-
-
-def sharding_constraints(meta: CheckpointMeta) -> Dict[str, ParameterConstraints]:
-    """Keeps every table's sharding type of the checkpoint, whatever the new world size,
-    so that its optimizer state can be resharded."""
-    return {table: ParameterConstraints(sharding_types=[entry["sharding_type"]])
-            for table, entry in meta.plan.items()}
-
-
-def check_reshardable(meta: CheckpointMeta, plan: Dict[str, Dict[str, Any]], path: str) -> None:
-    """Raises CheckpointError, before anything is loaded, where TorchRec cannot move a
-    table's optimizer state to the new plan."""
-    for table, saved in sorted(meta.plan.items()):
-        now = plan.get(table)
-        if now is None:
-            raise CheckpointError(f"checkpoint {path}: table {table} is not in this model")
-        was_dp, is_dp = saved["sharding_type"] == "data_parallel", now["sharding_type"] == "data_parallel"
-        if was_dp != is_dp:
-            raise CheckpointError(
-                f"checkpoint {path}: table {table} was {saved['sharding_type']} and is {now['sharding_type']} "
-                "now; optimizer state cannot move between a data-parallel and a fused table. "
-                "Load weights only with --restore_checkpoint_path")
-        column_shards = lambda entry: len({s[1] for s in entry["shards"]})  # noqa: E731
-        if "column" in saved["sharding_type"] and column_shards(saved) != column_shards(now):
-            raise CheckpointError(
-                f"checkpoint {path}: table {table} has {column_shards(saved)} column shards in the checkpoint "
-                f"and {column_shards(now)} now; its per-shard optimizer state cannot be resharded. "
-                "Resume with the same world size, or load weights only with --restore_checkpoint_path")

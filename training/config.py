@@ -1,14 +1,19 @@
-"""The one configuration object a training run is driven by."""
+"""The one configuration object a training run is driven by.
+
+Every flag of the entry points is a field here (or in the model's, data's and
+sharding's configs), declared once with its default and help (`common.config_flags`).
+"""
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-from common.errors import BadInput
+from common.config_flags import FlagError, check_choices, flag, option
 from data.config import DataConfig
-from models.config import ModelConfig
-from sharding_plans.constraints import ShardingConstraints, check_table_precision
+from models.config import ModelConfig, TableSizes
+from models.embedding_optimizer import EMBEDDING_OPTIMIZERS, EmbeddingOptimizerConfig
+from sharding_plans.constraints import ShardingConstraints, ShardingFlags
 
-OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
+OPTIMIZERS = EMBEDDING_OPTIMIZERS
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 DEVICES = ("auto", "cpu", "cuda")
 MODES = ("train", "validate", "test", "inference_benchmark")
@@ -18,33 +23,26 @@ SEMI_SYNC_START_BATCH = 900
 
 
 @dataclass
-class OptimizerConfig:
-    """Optimizers and learning-rate schedule.
+class OptimizerConfig(EmbeddingOptimizerConfig):
+    """Optimizers and learning-rate schedule: the fused embedding optimizer's flags
+    (`EmbeddingOptimizerConfig`) and these.
 
     Args:
-        optimizer: the fused embedding optimizer: sgd, adagrad or rowwise_adagrad.
         dense_optimizer: optimizer of the MLPs (None: sgd for sgd, adagrad otherwise).
-        learning_rate: base learning rate, shared by both optimizers.
-        eps: epsilon of the Adagrad variants (and Adam).
         lr_warmup_steps: linear warm-up from base/W to base over W steps.
         lr_decay_start: step at which polynomial decay begins (0 with lr_decay_steps 0: none).
         lr_decay_steps: steps of polynomial (power 2) decay down to lr_decay_floor.
         lr_decay_floor: learning rate after the decay, as a fraction of the base.
         weight_decay: L2 weight decay of the dense optimizer (wd * w added to the gradient).
-        embedding_weight_decay: L2 weight decay of the embedding optimizer, applied to
-            the rows a batch looks up (FBGEMM's L2 mode; rowwise_adagrad only).
     """
 
-    optimizer: str = "sgd"
-    dense_optimizer: Optional[str] = None
-    learning_rate: float = 15.0
-    eps: float = 1e-8
-    lr_warmup_steps: int = 0
-    lr_decay_start: int = 0
-    lr_decay_steps: int = 0
-    lr_decay_floor: float = 0.0
-    weight_decay: float = 0.0
-    embedding_weight_decay: float = 0.0
+    dense_optimizer: Optional[str] = flag(None, choices=DENSE_OPTIMIZERS,
+                                          help="MLP optimizer (default: sgd with --optimizer sgd, else adagrad)")
+    lr_warmup_steps: int = flag(0, help="linear warm-up steps")
+    lr_decay_start: int = flag(0, help="step at which polynomial decay starts")
+    lr_decay_steps: int = flag(0, help="steps of power-2 polynomial decay (0: none)")
+    lr_decay_floor: float = flag(0.0, help="final LR after decay, as a fraction of --learning_rate")
+    weight_decay: float = flag(0.0, help="L2 weight decay of the dense (MLP) optimizer")
 
     @property
     def resolved_dense_optimizer(self) -> str:
@@ -53,33 +51,19 @@ class OptimizerConfig:
         return "sgd" if self.optimizer == "sgd" else "adagrad"
 
     def validate(self) -> None:
-        if self.optimizer not in OPTIMIZERS:
-            raise BadInput(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
-        if self.dense_optimizer is not None and self.dense_optimizer not in DENSE_OPTIMIZERS:
-            raise BadInput(
-                f"--dense_optimizer must be one of {', '.join(DENSE_OPTIMIZERS)}, "
-                f"got {self.dense_optimizer!r}"
-            )
-        if not self.learning_rate > 0:
-            raise BadInput(f"--learning_rate must be positive, got {self.learning_rate}")
-        if not self.eps > 0:
-            raise BadInput(f"--eps must be positive, got {self.eps}")
-        for flag in ("lr_warmup_steps", "lr_decay_start", "lr_decay_steps"):
-            if getattr(self, flag) < 0:
-                raise BadInput(f"--{flag} must not be negative, got {getattr(self, flag)}")
+        super().validate()
+        for name in ("lr_warmup_steps", "lr_decay_start", "lr_decay_steps"):
+            if getattr(self, name) < 0:
+                raise FlagError(f"{option(self, name)} must not be negative, got {getattr(self, name)}")
         if self.lr_decay_steps > 0 and self.lr_decay_start < self.lr_warmup_steps:
-            raise BadInput(
-                f"--lr_decay_start ({self.lr_decay_start}) must not come before the end of "
-                f"warm-up (--lr_warmup_steps {self.lr_warmup_steps})"
+            raise FlagError(
+                f"{option(self, 'lr_decay_start')} ({self.lr_decay_start}) must not come before the end of "
+                f"warm-up ({option(self, 'lr_warmup_steps')} {self.lr_warmup_steps})"
             )
         if not 0.0 <= self.lr_decay_floor <= 1.0:
-            raise BadInput(f"--lr_decay_floor must be in [0, 1], got {self.lr_decay_floor}")
-        for flag in ("weight_decay", "embedding_weight_decay"):
-            if not getattr(self, flag) >= 0.0:
-                raise BadInput(f"--{flag} must not be negative, got {getattr(self, flag)}")
-        if self.embedding_weight_decay > 0 and self.optimizer != "rowwise_adagrad":
-            raise BadInput(f"--embedding_weight_decay: FBGEMM's fused {self.optimizer} kernel has no weight decay "
-                             "(of the CPU and GPU kernels only rowwise_adagrad has one): use --optimizer rowwise_adagrad")
+            raise FlagError(f"{option(self, 'lr_decay_floor')} must be in [0, 1], got {self.lr_decay_floor}")
+        if not self.weight_decay >= 0.0:
+            raise FlagError(f"{option(self, 'weight_decay')} must not be negative, got {self.weight_decay}")
 
 
 @dataclass
@@ -96,12 +80,12 @@ class CheckpointConfig:
         restore_checkpoint_path: load only the weights of this checkpoint.
     """
 
-    checkpoint_dir: Optional[str] = None
-    checkpoint_every_n_steps: Optional[int] = None
-    checkpoint_at_epoch_end: bool = False
-    keep_last_n_checkpoints: int = 0
-    resume: bool = False
-    restore_checkpoint_path: Optional[str] = None
+    checkpoint_dir: Optional[str] = flag(None, help="directory of checkpoints (any iopath path)")
+    checkpoint_every_n_steps: Optional[int] = flag(None, help="save a checkpoint every N steps")
+    checkpoint_at_epoch_end: bool = flag(False, help="save a checkpoint after every epoch")
+    keep_last_n_checkpoints: int = flag(0, help="complete checkpoints to keep (0: all)")
+    resume: bool = flag(False, help="continue from the newest complete checkpoint in --checkpoint_dir")
+    restore_checkpoint_path: Optional[str] = flag(None, help="load only the weights of this checkpoint")
 
     @property
     def saving(self) -> bool:
@@ -109,16 +93,19 @@ class CheckpointConfig:
 
     def validate(self) -> None:
         if self.checkpoint_every_n_steps is not None and self.checkpoint_every_n_steps <= 0:
-            raise BadInput(f"--checkpoint_every_n_steps must be positive, got {self.checkpoint_every_n_steps}")
+            raise FlagError(f"{option(self, 'checkpoint_every_n_steps')} must be positive, "
+                            f"got {self.checkpoint_every_n_steps}")
         if self.keep_last_n_checkpoints < 0:
-            raise BadInput(f"--keep_last_n_checkpoints must not be negative, got {self.keep_last_n_checkpoints}")
-        for flag, needed in (("checkpoint_every_n_steps", self.checkpoint_every_n_steps is not None),
+            raise FlagError(f"{option(self, 'keep_last_n_checkpoints')} must not be negative, "
+                            f"got {self.keep_last_n_checkpoints}")
+        for name, needed in (("checkpoint_every_n_steps", self.checkpoint_every_n_steps is not None),
                              ("checkpoint_at_epoch_end", self.checkpoint_at_epoch_end),
                              ("resume", self.resume)):
             if needed and not self.checkpoint_dir:
-                raise BadInput(f"--{flag} needs --checkpoint_dir")
+                raise FlagError(f"{option(self, name)} needs {option(self, 'checkpoint_dir')}")
         if self.resume and self.restore_checkpoint_path:
-            raise BadInput("give --resume (full state) or --restore_checkpoint_path (weights only), not both")
+            raise FlagError(f"give {option(self, 'resume')} (full state) or {option(self, 'restore_checkpoint_path')} "
+                            "(weights only), not both")
 
 
 EARLY_STOPPING_METRICS = ("auroc", "log_loss", "ne")
@@ -136,22 +123,24 @@ class EarlyStoppingConfig:
         min_delta: how much the metric must beat the best so far to count as improved.
     """
 
-    patience: Optional[int] = None
-    metric: str = "auroc"
-    min_delta: float = 0.0
+    patience: Optional[int] = flag(
+        None, name="early_stopping_patience",
+        help="stop after N validations without improvement; test (and mark in --checkpoint_dir) the best model")
+    metric: str = flag("auroc", choices=EARLY_STOPPING_METRICS, name="early_stopping_metric",
+                       help="validation metric early stopping watches: auroc (higher is better), log_loss or ne")
+    min_delta: float = flag(0.0, name="early_stopping_min_delta",
+                            help="how much the metric must beat the best so far to count as an improvement")
 
     @property
     def enabled(self) -> bool:
         return self.patience is not None
 
     def validate(self) -> None:
+        check_choices(self)
         if self.patience is not None and self.patience < 0:
-            raise BadInput(f"--early_stopping_patience must not be negative, got {self.patience}")
-        if self.metric not in EARLY_STOPPING_METRICS:
-            raise BadInput(f"--early_stopping_metric must be one of {', '.join(EARLY_STOPPING_METRICS)}, "
-                             f"got {self.metric!r}")
+            raise FlagError(f"{option(self, 'patience')} must not be negative, got {self.patience}")
         if not self.min_delta >= 0:
-            raise BadInput(f"--early_stopping_min_delta must not be negative, got {self.min_delta}")
+            raise FlagError(f"{option(self, 'min_delta')} must not be negative, got {self.min_delta}")
 
 
 @dataclass
@@ -164,17 +153,40 @@ class InferenceBenchmarkConfig:
         warmup: untimed forwards before them.
     """
 
-    batch_sizes: List[int] = field(default_factory=lambda: [1, 64, 4096])
-    iterations: int = 20
-    warmup: int = 3
+    batch_sizes: List[int] = flag([1, 64, 4096], name="inference_benchmark_batch_sizes",
+                                  help="rows per rank of each batch size timed by --mode inference_benchmark")
+    iterations: int = flag(20, name="inference_benchmark_iterations", help="timed forwards per batch size")
+    warmup: int = flag(3, name="inference_benchmark_warmup", help="untimed forwards before them")
 
     def validate(self) -> None:
         if not self.batch_sizes or min(self.batch_sizes) <= 0:
-            raise BadInput(f"--inference_benchmark_batch_sizes must be positive, got {self.batch_sizes}")
+            raise FlagError(f"{option(self, 'batch_sizes')} must be positive, got {self.batch_sizes}")
         if self.iterations <= 0:
-            raise BadInput(f"--inference_benchmark_iterations must be positive, got {self.iterations}")
+            raise FlagError(f"{option(self, 'iterations')} must be positive, got {self.iterations}")
         if self.warmup < 0:
-            raise BadInput(f"--inference_benchmark_warmup must not be negative, got {self.warmup}")
+            raise FlagError(f"{option(self, 'warmup')} must not be negative, got {self.warmup}")
+
+
+@dataclass
+class ReferenceEvaluation:
+    """The MLPerf DLRM-DCNv2 reference's evaluation switches. Without either, this
+    project validates after every epoch and tests at the end; with one, the
+    reference's schedule applies: only what is asked for.
+
+    Args:
+        evaluate_on_epoch_end: validate after every epoch.
+        evaluate_on_training_end: test when training ends.
+    """
+
+    evaluate_on_epoch_end: bool = flag(
+        False, help="validate after every epoch; with this or --evaluate_on_training_end, the reference's "
+                    "schedule applies (default without either: validate after every epoch and test at the end)")
+    evaluate_on_training_end: bool = flag(False, help="evaluate the test split when training ends (see above)")
+
+    def schedule(self) -> Tuple[bool, bool]:
+        """(validate at epoch end, test at the end)."""
+        reference = self.evaluate_on_epoch_end or self.evaluate_on_training_end
+        return self.evaluate_on_epoch_end or not reference, self.evaluate_on_training_end or not reference
 
 
 @dataclass
@@ -186,8 +198,8 @@ class TrainConfig:
         data: data source and batching.
         optim: optimizers and LR schedule.
         epochs: passes over the training split.
-        max_table_rows: the cap every table's rows were taken down to (model's sizes
-            already capped; the loaders take ids modulo them), or None.
+        tables: the table-size flags (the model's sizes are already resolved and
+            capped from them; the loaders take ids modulo the capped sizes).
         seed: seeds model init, data order and random data.
         validation_freq_within_epoch: validate every N training steps (and at epoch end).
         log_every_n_steps: steps per progress line and JSON record.
@@ -218,85 +230,98 @@ class TrainConfig:
         collect_multi_hot_freqs_stats: count every table's ids in the training batches
             and write the counts per rank (training/id_frequencies.py).
         dropout: dropout after the over arch's hidden layers in training (0: none).
+        recipe: the ``--recipe`` the run was given, or None.
+        recipe_settings: {flag: value} of what the recipe set (the command line's
+            flags win over it).
     """
 
     model: ModelConfig
     data: DataConfig
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
-    epochs: int = 1
-    max_table_rows: Optional[int] = None
-    seed: int = 0
-    validation_freq_within_epoch: Optional[int] = None
-    log_every_n_steps: int = 100
-    auroc_bins: Optional[int] = None
-    log_path: Optional[str] = None
-    print_lr: bool = False
-    print_sharding_plan: bool = False
-    allow_tf32: bool = False
-    device: str = "auto"
+    epochs: int = flag(1, help="passes over the training split")
+    tables: TableSizes = field(default_factory=TableSizes)
+    seed: int = flag(0, help="seeds model init, data order and random data")
+    validation_freq_within_epoch: Optional[int] = flag(None, help="validate every N training steps")
+    log_every_n_steps: int = flag(100, help="steps per progress line / JSON record")
+    auroc_bins: Optional[int] = flag(None, help="AUROC from a histogram of this many probability bins, with its "
+                                                "error bound (default: exact, keeping every prediction)")
+    log_path: Optional[str] = flag(None, help="JSON-lines log file written by rank 0")
+    print_lr: bool = flag(False, help="print the learning rate every step")
+    print_sharding_plan: bool = flag(False, help="print the sharding plan and per-rank memory")
+    allow_tf32: bool = flag(False, help="allow TF32 matmuls (CUDA Ampere or newer)")
+    device: str = flag("auto", choices=DEVICES, help="cuda when available with auto")
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    mode: str = "train"
-    amp: bool = False
-    pipeline: str = "sparse_dist"
-    semi_sync_start_batch: int = SEMI_SYNC_START_BATCH
-    tensorboard_dir: Optional[str] = None
-    sharding_plan: Optional[str] = None
+    mode: str = flag("train", choices=MODES,
+                     help="train, evaluate a checkpoint on validation/test data, or inference_benchmark")
+    amp: bool = flag(False, help="bf16 autocast of the forward (fast on GPUs; a note says when this CPU is "
+                                 "slower in bf16)")
+    pipeline: str = flag("sparse_dist", choices=PIPELINES,
+                         help="train pipeline: sparse_dist (default), base, or the CUDA-only semi_sync and prefetch")
+    semi_sync_start_batch: int = flag(SEMI_SYNC_START_BATCH,
+                                      help="--pipeline semi_sync synchronizes every step before this batch "
+                                           "(torchrec's default)")
+    tensorboard_dir: Optional[str] = flag(None, help="write TensorBoard event files here (rank 0)")
+    sharding_plan: Optional[str] = flag(
+        None, help="use this plan file (python -m sharding_plans plan --output) instead of planning")
     sharding_constraints: ShardingConstraints = field(default_factory=ShardingConstraints)
     inference_benchmark: InferenceBenchmarkConfig = field(default_factory=InferenceBenchmarkConfig)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
-    validation_auroc: Optional[float] = None
+    validation_auroc: Optional[float] = flag(
+        None, help="stop at the first validation whose AUROC reaches this; report the time and records it took")
     validate_at_epoch_end: bool = True
     test_at_end: bool = True
-    print_progress: bool = False
-    collect_multi_hot_freqs_stats: bool = False
-    dropout: float = 0.0
+    print_progress: bool = flag(False, help="show the progress bar even when stderr is not a terminal")
+    collect_multi_hot_freqs_stats: bool = flag(
+        False, help="count every table's ids in the training batches; write multi_hot_freqs_rank_<r>.npz per rank")
+    dropout: float = flag(0.0, help="dropout after the over arch's hidden layers in training")
+    recipe: Optional[str] = None
+    recipe_settings: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def max_table_rows(self) -> Optional[int]:
+        return self.tables.max_table_rows
 
     def validate(self) -> None:
-        """Raises BadInput with one line naming the offending flag."""
+        """Raises FlagError with one line naming the offending flag."""
         self.model.validate()
         self.data.validate()
         self.optim.validate()
-        if self.epochs <= 0:
-            raise BadInput(f"--epochs must be positive, got {self.epochs}")
-        if self.validation_freq_within_epoch is not None and self.validation_freq_within_epoch <= 0:
-            raise BadInput(
-                f"--validation_freq_within_epoch must be positive, got {self.validation_freq_within_epoch}"
-            )
-        if self.log_every_n_steps <= 0:
-            raise BadInput(f"--log_every_n_steps must be positive, got {self.log_every_n_steps}")
+        self.tables.validate()
+        check_choices(self)
+        for name in ("epochs", "validation_freq_within_epoch", "log_every_n_steps"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise FlagError(f"{option(self, name)} must be positive, got {value}")
         if self.auroc_bins is not None and self.auroc_bins < 2:
-            raise BadInput(f"--auroc_bins must be at least 2, got {self.auroc_bins}")
-        if self.device not in DEVICES:
-            raise BadInput(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+            raise FlagError(f"{option(self, 'auroc_bins')} must be at least 2, got {self.auroc_bins}")
         self.checkpoint.validate()
-        if self.pipeline not in PIPELINES:
-            raise BadInput(f"--pipeline must be one of {', '.join(PIPELINES)}, got {self.pipeline!r}")
         if self.semi_sync_start_batch < 0:
-            raise BadInput(f"--semi_sync_start_batch must be 0 or more, got {self.semi_sync_start_batch}")
-        if self.mode not in MODES:
-            raise BadInput(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+            raise FlagError(f"{option(self, 'semi_sync_start_batch')} must be 0 or more, "
+                            f"got {self.semi_sync_start_batch}")
         self.inference_benchmark.validate()
         self.early_stopping.validate()
         if not 0.0 <= self.dropout < 1.0:
-            raise BadInput(f"--dropout must be in [0, 1), got {self.dropout}")
+            raise FlagError(f"{option(self, 'dropout')} must be in [0, 1), got {self.dropout}")
+        auroc = option(self, "validation_auroc")
         if self.validation_auroc is not None and not 0.0 < self.validation_auroc <= 1.0:
-            raise BadInput(f"--validation_auroc must be in (0, 1], got {self.validation_auroc}")
-        watchers = [flag for flag, on in (("--early_stopping_patience", self.early_stopping.enabled),
-                                          ("--validation_auroc", self.validation_auroc is not None)) if on]
-        for flag in watchers:
+            raise FlagError(f"{auroc} must be in (0, 1], got {self.validation_auroc}")
+        watchers = [name for name, on in ((option(self.early_stopping, "patience"), self.early_stopping.enabled),
+                                          (auroc, self.validation_auroc is not None)) if on]
+        for name in watchers:
             if self.data.limit_val_batches == 0:
-                raise BadInput(f"{flag} watches validation: it cannot be combined with --limit_val_batches 0")
+                raise FlagError(f"{name} watches validation: it cannot be combined with "
+                                f"{option(self.data, 'limit_val_batches')} 0")
             if not self.validate_at_epoch_end and self.validation_freq_within_epoch is None:
-                raise BadInput(f"{flag} watches validation, which never runs: give --evaluate_on_epoch_end "
-                                 "or --validation_freq_within_epoch")
+                raise FlagError(f"{name} watches validation, which never runs: give "
+                                f"{option(ReferenceEvaluation, 'evaluate_on_epoch_end')} "
+                                f"or {option(self, 'validation_freq_within_epoch')}")
         if self.mode in ("validate", "test") and not (self.checkpoint.restore_checkpoint_path or self.checkpoint.checkpoint_dir):
-            raise BadInput(f"--mode {self.mode} evaluates a checkpoint: give --restore_checkpoint_path, "
-                             "or --checkpoint_dir for its newest one")
+            raise FlagError(f"{option(self, 'mode')} {self.mode} evaluates a checkpoint: give "
+                            f"{option(self.checkpoint, 'restore_checkpoint_path')}, "
+                            f"or {option(self.checkpoint, 'checkpoint_dir')} for its newest one")
         self.sharding_constraints.validate(self.model.table_names)
-        for table in self.model.table_names:
-            kernel = self.sharding_constraints.compute_kernel(table)
-            check_table_precision(table, "data_parallel" if kernel == "dense" else
-                                  self.sharding_constraints.sharding_type(table),
-                                  self.model.embedding_precision, "--embedding_precision")
+        self.sharding_constraints.check_precision(self.model.table_names, self.model.embedding_precision,
+                                                  option(self.model, "embedding_precision"))
         if self.sharding_plan is not None and not self.sharding_constraints.empty:
-            raise BadInput("--sharding_plan fixes the plan: it cannot be combined with --sharding_type or --compute_kernel")
+            raise FlagError(f"{option(self, 'sharding_plan')} fixes the plan: it cannot be combined with "
+                            f"{option(ShardingFlags, 'sharding_type')} or {option(ShardingFlags, 'compute_kernel')}")

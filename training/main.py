@@ -10,7 +10,7 @@ SIGTERM (the message says where the rank was).
 
 import logging
 import warnings
-from typing import Any, Dict, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch.distributed as dist
 
@@ -22,6 +22,7 @@ from sharding_plans import PlanDoesNotFit
 from training.failures import (EXIT_BAD_INPUT, EXIT_NON_FINITE_LOSS, raise_on_sigterm, report, report_bad_input,
                                report_rank_failure)
 from training.flags import parse_config
+from training.recipes import Recipe
 from training.inference_benchmark import run_inference_benchmark
 from training.trainer import NonFiniteLossError, Trainer
 
@@ -30,11 +31,11 @@ def run_training(
     argv: Optional[Sequence[str]],
     prog: str,
     description: str,
-    defaults: Optional[Dict[str, Any]] = None,
+    entry_recipe: Optional[Recipe] = None,
 ) -> int:
-    """Parses ``argv`` with the given flag defaults, trains, returns the exit code."""
+    """Parses ``argv`` with the entry point's recipe as defaults, trains, returns the exit code."""
     _quiet_known_library_noise()
-    config = parse_config(argv, prog, description, defaults)
+    config = parse_config(argv, prog, description, entry_recipe)
     with raise_on_sigterm():
         return _train(config, prog)
 

@@ -1,73 +1,19 @@
-"""Optimizers: fused (in-backward) embedding optimizers and the dense optimizer."""
+"""The optimizers of a sharded model: the fused embedding optimizer (attached before
+sharding, `models.embedding_optimizer`), the data-parallel tables' and the MLPs'."""
 
-from typing import Any, Callable, Dict, List, Mapping, Tuple, Type
+from typing import Any, Callable, List, Mapping
 
 import torch
-from fbgemm_gpu.tbe.config import WeightDecayMode
 from torch import nn
-from torchrec.optim import RowWiseAdagrad
-from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from common.errors import BadInput
+from models.embedding_optimizer import optimizer_class
 from training.config import OptimizerConfig
 
 # The path component of every embedding table's parameters (EmbeddingBagCollection's
 # ModuleDict), e.g. model.sparse_arch.embedding_bag_collection.embedding_bags.t_cat_0.weight.
 TABLE_PARAMETER = "embedding_bags"
-
-
-def _optimizer_class(name: str, config: OptimizerConfig,
-                     weight_decay: float = 0.0) -> Tuple[Type[torch.optim.Optimizer], Dict[str, Any]]:
-    decay = {"weight_decay": weight_decay} if weight_decay else {}
-    if name == "sgd":
-        return torch.optim.SGD, {"lr": config.learning_rate, **decay}
-    if name == "adagrad":
-        return torch.optim.Adagrad, {"lr": config.learning_rate, "eps": config.eps, **decay}
-    if name == "rowwise_adagrad":
-        return RowWiseAdagrad, {"lr": config.learning_rate, "eps": config.eps, **decay}
-    if name == "adam":
-        return torch.optim.Adam, {"lr": config.learning_rate, "eps": config.eps, **decay}
-    raise ValueError(f"unknown optimizer {name!r}")
-
-
-def attach_fused_embedding_optimizer(embedding_module: nn.Module, config: OptimizerConfig) -> None:
-    """Marks the (unsharded) embedding parameters for an optimizer fused into the backward.
-
-    FBGEMM maps SGD, Adagrad and RowWiseAdagrad to its exact fused kernels; it runs the
-    update inside the backward pass, so embedding gradients are never materialised.
-    Weight decay goes to FBGEMM in its L2 mode (``weight_decay_mode``; without it FBGEMM
-    ignores ``weight_decay``): the looked-up rows' gradients get ``wd * w`` added, as
-    FBGEMM documents for its row-wise Adagrad kernel (CUDA; see
-    `check_embedding_weight_decay` for CPU).
-    """
-    cls, kwargs = _optimizer_class(config.optimizer, config, config.embedding_weight_decay)
-    if config.embedding_weight_decay:
-        kwargs["weight_decay_mode"] = WeightDecayMode.L2
-    # torchrec adds keys to the dict it is given: pass a copy.
-    apply_optimizer_in_backward(cls, embedding_module.parameters(), dict(kwargs))
-
-
-def check_embedding_weight_decay(plan: Dict[str, Dict[str, Any]], device: torch.device,
-                                 config: OptimizerConfig) -> None:
-    """Refuses --embedding_weight_decay where it would be silently ignored: FBGEMM's
-    fused CPU kernels (fbgemm-gpu-cpu 1.8) accept ``weight_decay`` and its modes but
-    never apply them (measured: rowwise Adagrad's update is the same with L2, decoupled
-    or no decay). Data-parallel tables (`LookedUpRowsL2`) and the CUDA kernel apply it.
-
-    Args:
-        plan: the sharding plan summary, {table: {"sharding_type", "compute_kernel", ...}}.
-        device: where the tables train.
-        config: the optimizer flags.
-    """
-    if not config.embedding_weight_decay or device.type == "cuda":
-        return
-    fused = sorted(table for table, entry in plan.items() if entry["sharding_type"] != "data_parallel")
-    if fused:
-        raise BadInput(f"--embedding_weight_decay: table {fused[0]} is {plan[fused[0]]['sharding_type']} on "
-                         f"FBGEMM's fused CPU kernel, which ignores weight decay; on CPU make the tables "
-                         "data-parallel (--sharding_type data_parallel)")
 
 
 class LookedUpRowsL2(KeyedOptimizerWrapper):
@@ -109,11 +55,12 @@ def build_combined_optimizer(sharded_model: nn.Module, config: OptimizerConfig) 
     mlps = {name: p for name, p in unfused.items() if name not in tables}
     optimizers: List[KeyedOptimizer] = [sharded_model.fused_optimizer]  # type: ignore[list-item]
     if tables:
-        cls, kwargs = _optimizer_class(config.optimizer, config)
+        cls, kwargs = optimizer_class(config.optimizer, config.learning_rate, config.eps)
         factory = lambda ps, cls=cls, kwargs=kwargs: cls(ps, **kwargs)  # noqa: E731
         optimizers.append(LookedUpRowsL2(tables, factory, config.embedding_weight_decay)
                           if config.embedding_weight_decay else KeyedOptimizerWrapper(tables, factory))
     if mlps:
-        cls, kwargs = _optimizer_class(config.resolved_dense_optimizer, config, config.weight_decay)
+        cls, kwargs = optimizer_class(config.resolved_dense_optimizer, config.learning_rate, config.eps,
+                                      config.weight_decay)
         optimizers.append(KeyedOptimizerWrapper(mlps, lambda ps, cls=cls, kwargs=kwargs: cls(ps, **kwargs)))
     return CombinedOptimizer(optimizers)

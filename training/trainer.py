@@ -17,25 +17,18 @@ import torch
 import torch.distributed as dist
 from torchrec.distributed import TrainPipelineSparseDist
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.train_pipeline.train_pipelines import TrainPipeline
 from torchrec.distributed.types import ShardingEnv
 
 from common.errors import BadInput
 from data.config import BatchLoader, build_loaders, open_dataset
 from models import build_dlrm_train
+from models.embedding_optimizer import attach_fused_embedding_optimizer
 from models.interaction import align_to_sharded_embeddings
 from sharding_plans import PlannerConfig, format_sharding_plan, plan_summary
 from sharding_plans.report import format_bytes
-from training.checkpoint import (
-    CheckpointManager,
-    RestorePoint,
-    check_reshardable,
-    check_writable,
-    find_restore_point,
-    load_checkpoint,
-    sharding_constraints,
-)
+from sharding_plans.rules import check_embedding_weight_decay, check_reshardable
+from training.checkpoint import CheckpointManager, RestorePoint, check_writable, find_restore_point, load_checkpoint
 from training.checkpoint_meta import CheckpointMeta
 from training.config import TrainConfig
 from training.distributed import DistributedEnv, gather_peak_memory, init_process_group
@@ -44,16 +37,11 @@ from training.embedding_init import init_embedding_tables, torchrec_table_init_s
 from training.id_frequencies import IdFrequencies
 from training.lr_schedule import WarmupPolyDecaySchedule
 from training.metrics import BinaryClassificationMetrics
-from training.optimizers import (attach_fused_embedding_optimizer, build_combined_optimizer,
-                                 check_embedding_weight_decay)
+from training.optimizers import build_combined_optimizer
 from training.pipelines import (build_pipeline, check_pipeline_supported, check_plan_for_pipeline,
                                 cpu_bf16_speed_ratio)
 from training.run_log import RunLog
 from training.sharding import prepare_sharding
-
-
-# Every sharding type but data_parallel: these run the fused FBGEMM kernels.
-FUSED_SHARDING_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -107,8 +95,8 @@ class Trainer:
         torch.manual_seed(config.seed)
         model = build_dlrm_train(config.model, dense_device=env.device, dropout=config.dropout)
         attach_fused_embedding_optimizer(model.model.sparse_arch, config.optim)
-        sharding = prepare_sharding(config, env, model)
-        sharding.constraints = self._planner_constraints(sharding.constraints, restore)
+        resumed_plan = restore.meta.plan if restore and restore.full else None
+        sharding = prepare_sharding(config, env, model, resumed_plan)
 
         self.process_group = init_process_group(env)
         self.log = RunLog(env.is_main, config.log_path, config.tensorboard_dir,
@@ -133,9 +121,9 @@ class Trainer:
         )
         self.plan = plan_summary(plan)
         check_plan_for_pipeline(config.pipeline, self.plan, config.validation_freq_within_epoch is not None)
-        check_embedding_weight_decay(self.plan, env.device, config.optim)  # every rank has the plan
-        if restore and restore.full:
-            check_reshardable(restore.meta, self.plan, restore.path)
+        check_embedding_weight_decay(self.plan, env.device, config.optim.embedding_weight_decay)  # every rank has the plan
+        if resumed_plan is not None:
+            check_reshardable(resumed_plan, self.plan, f"checkpoint {restore.path}")  # type: ignore[union-attr]
         table_shapes = {t: (rows, config.model.embedding_dim)
                         for t, rows in zip(config.model.table_names, config.model.num_embeddings_per_feature)}
         if config.print_sharding_plan:
@@ -181,23 +169,6 @@ class Trainer:
         self.best = BestModel(config.early_stopping, self.checkpoints, env.rank)
         if restore is not None:
             self.restore_from(restore)
-
-    def _planner_constraints(
-        self, constraints: Optional[Dict[str, ParameterConstraints]], restore: Optional[RestorePoint]
-    ) -> Optional[Dict[str, ParameterConstraints]]:
-        """The flags' planner constraints, plus: a resumed run keeps the checkpoint's
-        sharding types; fp16 tables are never data-parallel (FBGEMM's dense
-        data-parallel kernel has no fp16 backward, so they stay on the fused kernels)."""
-        merged = dict(constraints or {})
-        if restore and restore.full:
-            for table, kept in sharding_constraints(restore.meta).items():
-                merged.setdefault(table, ParameterConstraints()).sharding_types = kept.sharding_types
-        if self.config.model.embedding_precision == "fp16":
-            for table in self.config.model.table_names:
-                constraint = merged.setdefault(table, ParameterConstraints())
-                if not constraint.sharding_types:
-                    constraint.sharding_types = list(FUSED_SHARDING_TYPES)
-        return merged or None
 
     def restore_from(self, restore: RestorePoint) -> None:
         """Loads weights, and with ``full`` the optimizer state, step and data position."""

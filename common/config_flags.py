@@ -1,0 +1,242 @@
+"""Command-line flags declared once, on the config dataclasses' fields.
+
+A config field is a flag when it is declared with `flag`: its default, help text and
+choices are in the field's metadata, and `add_flags` builds the parser's options from
+them (``--<field>`` unless the metadata names the flag otherwise; ``bool`` fields
+are switches, ``List[int]`` fields take ``512,256,64``). `Overrides` holds values for
+some fields of one config class (a recipe's), checked against its fields.
+
+Flags are added without parser defaults, so the parsed namespace holds exactly what
+the command line gave; `config_values` fills in the rest, the command line winning
+over the overrides, and the overrides over the fields' defaults:
+
+    @dataclass
+    class RunConfig:
+        epochs: int = flag(1, help="passes over the training split")
+        sizes: List[int] = flag([512, 64], help="layer sizes", name="layer_sizes")
+
+    parser = OneLineParser()
+    add_flags(parser, RunConfig)
+    args = parser.parse_args(["--layer_sizes", "8,4"])
+    RunConfig(**config_values(RunConfig, args, [Overrides(RunConfig, epochs=3)]))
+    # RunConfig(epochs=3, sizes=[8, 4])
+"""
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Type
+
+from common.cli import int_list
+from common.errors import BadInput
+
+_FLAG = "flag"
+
+
+class FlagError(BadInput):
+    """A flag's value is wrong; the message names the flag."""
+
+
+@dataclass(frozen=True)
+class FlagSpec:
+    """What the parser and the documentation say of one config field.
+
+    Args:
+        help: one line saying what the flag does.
+        choices: the values it accepts (None: any of its type).
+        name: the flag's name when it is not the field's (``--adagrad`` style names of
+            the public example).
+        alias: (switch name, value): a switch that sets the field to the value
+            (``--adagrad`` for ``--optimizer adagrad``); giving both with another
+            value is refused.
+    """
+
+    help: str
+    choices: Optional[Tuple[Any, ...]] = None
+    name: Optional[str] = None
+    alias: Optional[Tuple[str, Any]] = None
+
+
+def flag(default: Any = dataclasses.MISSING, *, help: str, choices: Optional[Sequence[Any]] = None,
+         name: Optional[str] = None, alias: Optional[Tuple[str, Any]] = None) -> Any:
+    """A dataclass field that is a command-line flag (a list default is copied per instance).
+
+    Example::
+
+        embedding_dim: int = flag(64, help="width of every embedding table")
+    """
+    metadata = {_FLAG: FlagSpec(help, tuple(choices) if choices is not None else None, name, alias)}
+    if isinstance(default, list):
+        frozen = tuple(default)
+        return dataclasses.field(default_factory=lambda: list(frozen), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flag of a config class: its field, its spec and the value type it parses."""
+
+    field: dataclasses.Field
+    spec: FlagSpec
+    value_type: Any  # int, float, str, bool or List[int] (Optional removed)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name or self.field.name
+
+    @property
+    def option(self) -> str:
+        return f"--{self.name}"
+
+    @property
+    def default(self) -> Any:
+        if self.field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            return self.field.default_factory()  # type: ignore[misc]
+        return None if self.field.default is dataclasses.MISSING else self.field.default
+
+    @property
+    def is_switch(self) -> bool:
+        return self.value_type is bool
+
+    def parse_type(self) -> Callable[[str], Any]:
+        return int_list if self.value_type == List[int] else self.value_type
+
+
+def _without_optional(annotation: Any) -> Any:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is typing.Union and len(args) == 1:
+        return args[0]
+    return annotation
+
+
+def flags_of(config_class: Type[Any]) -> List[Flag]:
+    """The flags of a config class, in field order."""
+    hints = typing.get_type_hints(config_class)
+    return [Flag(f, f.metadata[_FLAG], _without_optional(hints[f.name]))
+            for f in dataclasses.fields(config_class) if _FLAG in f.metadata]
+
+
+def flag_of(config_class: Type[Any], field_name: str) -> Flag:
+    """The flag of one field; KeyError when the field is not a flag."""
+    for item in flags_of(config_class):
+        if item.field.name == field_name:
+            return item
+    raise KeyError(f"{config_class.__name__}.{field_name} is not a flag")
+
+
+def option(config: Any, field_name: str) -> str:
+    """``--name`` of a config's field, for messages: ``option(self, "embedding_dim")``."""
+    return flag_of(config if isinstance(config, type) else type(config), field_name).option
+
+
+def check_choices(config: Any) -> None:
+    """Raises FlagError for a flag field whose value is not one of its choices (None
+    passes: an optional flag not given)."""
+    for item in flags_of(type(config)):
+        value = getattr(config, item.field.name)
+        choices = item.spec.choices
+        if choices is not None and value is not None and value not in choices:
+            raise FlagError(f"{item.option} must be one of {', '.join(map(str, choices))}, got {value!r}")
+
+
+class Overrides:
+    """Values for some flag fields of one config class (a recipe's part of it).
+
+    Args:
+        config_class: the config dataclass.
+        values: field name -> value; every name must be a flag of the class and every
+            choice one of the flag's.
+
+    Example::
+
+        Overrides(ModelConfig, embedding_dim=16, dense_arch_layer_sizes=[64, 16])
+    """
+
+    def __init__(self, config_class: Type[Any], **values: Any) -> None:
+        flags = {f.field.name: f for f in flags_of(config_class)}
+        for field_name, value in values.items():
+            if field_name not in flags:
+                raise TypeError(f"{config_class.__name__} has no flag field {field_name!r}")
+            choices = flags[field_name].spec.choices
+            if choices is not None and value not in choices:
+                raise TypeError(f"{config_class.__name__}.{field_name}: {value!r} is not one of {choices}")
+        self.config_class = config_class
+        self.values: Mapping[str, Any] = dict(values)
+
+    def __contains__(self, field_name: str) -> bool:
+        return field_name in self.values
+
+    def options(self) -> Dict[str, Any]:
+        """{``--flag``: value} of what these overrides set."""
+        return {flag_of(self.config_class, name).option: value for name, value in self.values.items()}
+
+
+def _describe(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def default_of(item: Flag, overrides: Sequence[Overrides], config_class: Type[Any]) -> Any:
+    """The flag's value when the command line does not give it: the last override
+    that sets it, else the field's default."""
+    for layer in reversed(overrides):
+        if layer.config_class is config_class and item.field.name in layer:
+            return layer.values[item.field.name]
+    return item.default
+
+
+def add_flags(parser: Any, config_class: Type[Any], overrides: Sequence[Overrides] = (),
+              exclude: Sequence[str] = ()) -> None:
+    """Adds the class's flags to ``parser`` (or an argument group), without parser
+    defaults; the help ends with the default ``overrides`` give it.
+
+    Args:
+        parser: an ``argparse`` parser or argument group.
+        config_class: the config dataclass.
+        overrides: the defaults' layers (an entry point's recipe), last one winning.
+        exclude: field names not to add.
+    """
+    for item in flags_of(config_class):
+        if item.field.name in exclude:
+            continue
+        default = default_of(item, overrides, config_class)
+        shown = "" if default is None or item.is_switch else f" (default {_describe(default)})"
+        common = dict(dest=item.field.name, default=argparse.SUPPRESS, help=item.spec.help + shown)
+        if item.is_switch:
+            parser.add_argument(item.option, action="store_true", **common)
+        else:
+            parser.add_argument(item.option, type=item.parse_type(), choices=item.spec.choices,
+                                metavar=item.name.upper() if item.spec.choices is None else None, **common)
+        if item.spec.alias is not None:
+            switch, value = item.spec.alias
+            parser.add_argument(f"--{switch}", action="store_true", default=argparse.SUPPRESS,
+                                dest=_alias_dest(item), help=f"the same as {item.option} {value}")
+
+
+def _alias_dest(item: Flag) -> str:
+    return f"{item.field.name}__alias"
+
+
+def given(args: argparse.Namespace, config_class: Type[Any], field_name: str) -> bool:
+    """Whether the command line gave the field's flag (or its alias)."""
+    item = flag_of(config_class, field_name)
+    return hasattr(args, item.field.name) or hasattr(args, _alias_dest(item))
+
+
+def config_values(config_class: Type[Any], args: argparse.Namespace,
+                  overrides: Sequence[Overrides] = (), exclude: Sequence[str] = ()) -> Dict[str, Any]:
+    """{field: value} of the class's flags: the command line's, else the overrides',
+    else the field's default. Raises FlagError when a switch alias contradicts its flag
+    (``--adagrad --optimizer sgd``)."""
+    values = {}
+    for item in flags_of(config_class):
+        if item.field.name in exclude:
+            continue
+        value = getattr(args, item.field.name, argparse.SUPPRESS)
+        if item.spec.alias is not None and getattr(args, _alias_dest(item), False):
+            switch, aliased = item.spec.alias
+            if value is not argparse.SUPPRESS and value != aliased:
+                raise FlagError(f"--{switch} contradicts {item.option} {value}")
+            value = aliased
+        values[item.field.name] = default_of(item, overrides, config_class) if value is argparse.SUPPRESS else value
+    return values

@@ -1,0 +1,95 @@
+"""Where a run's plan comes from: a saved plan file, or the planner under constraints.
+
+`prepare_sharding` does everything that can fail on bad input (reading the plan
+file and checking it against the model and the job, checking the constraints
+against the device) before any process-group work, so every rank fails alike and
+none waits on another. `ShardingSetup.plan` then plans (collectively) or returns the
+loaded plan.
+"""
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.types import ModuleSharder, ShardingPlan
+
+from sharding_plans.constraints import ROW_SHARDING_TYPES, ShardingConstraints
+from sharding_plans.plan_check import check_plan_for_run, embedding_tables
+from sharding_plans.plan_file import read_plan
+from sharding_plans.planner import PlannerConfig, build_sharding_plan
+from sharding_plans.rules import PlanSummary, planner_constraints
+from sharding_plans.sharders import build_sharders
+
+
+@dataclass
+class ShardingSetup:
+    """The sharders for DistributedModelParallel and either a loaded plan or the
+    planner's constraints.
+
+    Example::
+
+        setup = prepare_sharding(model, ...)   # before the process group
+        plan = setup.plan(model, planner_config, process_group)
+    """
+
+    sharders: List[ModuleSharder[nn.Module]]
+    loaded_plan: Optional[ShardingPlan] = None
+    constraints: Optional[Dict[str, ParameterConstraints]] = None
+
+    def plan(self, model: nn.Module, planner_config: PlannerConfig,
+             process_group: Optional[dist.ProcessGroup]) -> ShardingPlan:
+        """The loaded plan, or the planner's (made on rank 0 and broadcast). Collective
+        when planning on several ranks."""
+        if self.loaded_plan is not None:
+            return self.loaded_plan
+        return build_sharding_plan(model, self.sharders, planner_config, process_group, self.constraints)
+
+
+def prepare_sharding(
+    model: nn.Module,
+    table_names: Sequence[str],
+    embedding_dim: int,
+    embedding_precision: str,
+    device: torch.device,
+    world_size: int,
+    local_world_size: int,
+    plan_path: Optional[str] = None,
+    constraints: Optional[ShardingConstraints] = None,
+    prefetch_pipeline: bool = False,
+    resumed_plan: Optional[PlanSummary] = None,
+) -> ShardingSetup:
+    """Reads and checks the plan file ``plan_path``, or checks the constraints for this
+    device and adds the run's own (`sharding_plans.rules.planner_constraints`).
+
+    Args:
+        model: the unsharded model (tables on the meta device).
+        table_names, embedding_dim, embedding_precision: its tables.
+        device, world_size, local_world_size: the job.
+        plan_path: a saved plan to use instead of planning.
+        constraints: the flags' constraints (without a plan file).
+        prefetch_pipeline: the kernels must lock prefetched cache lines.
+        resumed_plan: the plan summary of the checkpoint a run resumes.
+
+    Raises:
+        BadInput or ValueError: one line, on a plan that does not match the model or
+            the job, or constraints the device cannot meet.
+    """
+    if plan_path is not None:
+        saved = read_plan(plan_path)
+        check_plan_for_run(saved, plan_path, embedding_tables(model), world_size, local_world_size, device)
+        row_splits = device.type == "cpu" and any(
+            ps.sharding_type in ROW_SHARDING_TYPES
+            for module_plan in saved.plan.plan.values() for ps in module_plan.values()  # type: ignore[union-attr]
+        )
+        return ShardingSetup(sharders=build_sharders(row_splits, prefetch_pipeline), loaded_plan=saved.plan)
+    constraints = constraints or ShardingConstraints()
+    constraints.validate(table_names, device.type)
+    return ShardingSetup(
+        sharders=build_sharders(constraints.row_splits_on_cpu(table_names, device.type), prefetch_pipeline),
+        constraints=planner_constraints(
+            constraints.parameter_constraints(table_names, embedding_dim, world_size, device.type),
+            table_names, embedding_precision, resumed_plan),
+    )

@@ -12,6 +12,7 @@ from typing import List, NoReturn, Optional, Sequence, Tuple, Type
 
 from common.cli import OneLineParser
 from common.config_flags import FlagError, Overrides, add_flags, config_values, given, option
+from common.errors import BadInput
 from data.config import DataConfig
 from data.criteo_layout import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES, read_metadata
 from data.feature_spec import FeatureSpec
@@ -89,7 +90,7 @@ def _feature_layout(data: DataConfig) -> Tuple[List[str], int, Optional[List[int
         return list(SPARSE_FEATURE_NAMES), NUM_DENSE_FEATURES, None
     try:
         spec = FeatureSpec.load(data.dataset_path)
-    except ValueError as e:
+    except BadInput as e:
         raise FlagError(f"{option(data, 'dataset_path')}: {e}") from e
     return list(spec.categorical), len(spec.numerical), spec.cardinalities
 
@@ -101,7 +102,7 @@ def _metadata_table_sizes(data: DataConfig) -> Optional[List[int]]:
         if path:
             try:
                 metadata = read_metadata(path)
-            except ValueError as e:
+            except BadInput as e:
                 raise FlagError(f"{option(data, name)}: {e}") from e
             sizes = (metadata or {}).get("num_embeddings_per_feature")
             return [int(v) for v in sizes] if sizes else None

@@ -1,4 +1,4 @@
-"""The torchx components' parameters, errors and README tables (in-process, no launch)."""
+"""The torchx components' parameters, errors and docs/launching.md tables (in-process, no launch)."""
 
 import subprocess
 import sys
@@ -110,8 +110,8 @@ def test_components_import_no_torch():
     assert proc.stdout.strip() == "[]"
 
 
-def test_readme_component_tables_match_the_docstrings():
-    with open(component_docs.README) as f:
-        readme = f.read()
-    assert component_docs.readme_with_tables(readme) == readme, (
-        "README.md is out of date: run python scripts/component_docs.py --write")
+def test_launching_page_component_tables_match_the_docstrings():
+    with open(component_docs.PAGE) as f:
+        page = f.read()
+    assert component_docs.page_with_tables(page) == page, (
+        "docs/launching.md is out of date: run python scripts/component_docs.py --write")

@@ -6,7 +6,7 @@ On a CUDA host it generates cases covering every pair (or, with ``--strength 3``
 every triple) of: pipeline (sparse_dist, base, semi_sync, prefetch), compute kernel
 (fused, fused_uvm, fused_uvm_caching), sharding type, fused optimizer, bf16 autocast,
 TF32, and world size (1, and 2 when the host has two GPUs), over NCCL. Each case runs
-the checks of `tests/matrix.py` against the sparse_dist / fused run of the same
+the checks of `tests/support/matrix.py` against the sparse_dist / fused run of the same
 choices: (a) equal to it, (b) resume bit-exact, (c) the exported fp32 program equal to
 the trained model; combinations the application refuses (semi_sync with cached
 tables) must be refused with one line. It prints one table with pass/fail and
@@ -20,17 +20,14 @@ one-step-stale algorithm that no reference run reproduces.
 """
 
 import argparse
-import os
 import sys
 from typing import Optional, Sequence
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from sharding_plans.constraints import CUDA_ONLY_KERNELS  # noqa: E402
-from tests import matrix  # noqa: E402
-from training.config import OPTIMIZERS, PIPELINES  # noqa: E402
+from sharding_plans.constraints import CUDA_ONLY_KERNELS
+from tests.support import matrix
+from training.config import OPTIMIZERS, PIPELINES
 
 
 def gpu_matrix(num_gpus: int) -> matrix.MatrixSpec:

@@ -27,7 +27,7 @@ def log_path(tmp_path) -> str:
 
 def pytest_terminal_summary(terminalreporter):
     """The correctness matrix's table of cases, when it ran."""
-    from tests import matrix
+    from tests.support import matrix
     for title, table in matrix.REPORTS:
         terminalreporter.write_sep("=", title)
         terminalreporter.write_line(table)

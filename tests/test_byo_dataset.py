@@ -15,7 +15,7 @@ from data.feature_spec import FeatureSpec, FeatureSpecError
 from data.split_binary import SplitBinaryDataset
 from data.synthetic_csv import csv_feature_spec, generate_csv
 from data.transcode import TranscodeError, transcode
-from tests.launch import eval_record, launch, read_log, step_losses
+from tests.support.launch import eval_record, launch, read_log, step_losses
 from training.flags import parse_config
 
 ROWS = {"train": 700, "test": 301}

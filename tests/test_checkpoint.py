@@ -16,7 +16,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import dlrm_main
-from tests.launch import REPO, eval_record, free_port, launch, read_log
+from tests.support.launch import REPO, eval_record, free_port, launch, read_log
 
 STEPS = 16
 

@@ -281,7 +281,7 @@ def test_nan_in_test_split_exits_2_on_every_rank_before_training(layouts, tmp_pa
     import shutil
 
     import dlrm_main
-    from tests.launch import launch
+    from tests.support.launch import launch
 
     directory = str(tmp_path / "d")
     shutil.copytree(layouts["one_hot"], directory)
@@ -343,7 +343,7 @@ def test_mmap_mode_stops_at_the_bad_batch_naming_the_file(layouts, tmp_path):
     rank with one line naming rank, step, file, row and column (no traceback)."""
     import shutil
 
-    from tests.launch import run_script
+    from tests.support.launch import run_script
 
     directory = str(tmp_path / "d")
     shutil.copytree(layouts["one_hot"], directory)

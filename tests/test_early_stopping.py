@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 import dlrm_main
-from tests.launch import eval_record, launch, read_log
+from tests.support.launch import eval_record, launch, read_log
 from training import export
 from training.config import EarlyStoppingConfig
 from training.early_stopping import EarlyStopping

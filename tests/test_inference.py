@@ -23,7 +23,7 @@ import dlrm_main
 from data.criteo_binary import CriteoBinaryDataset
 from data.preprocess_criteo import PreprocessConfig, preprocess
 from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day
-from tests.launch import eval_record, launch, read_log
+from tests.support.launch import eval_record, launch, read_log
 from training import export, predict, quality_gate, serve
 from training.checkpoint import checkpoint_to_load
 from training.flags import parse_config

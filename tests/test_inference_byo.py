@@ -17,7 +17,7 @@ from data.feature_spec import FeatureSpec
 from data.split_binary import SplitBinaryDataset
 from data.synthetic_csv import csv_feature_spec, generate_csv
 from data.transcode import transcode
-from tests.launch import eval_record, launch, read_log
+from tests.support.launch import eval_record, launch, read_log
 from training import export, predict, serve
 from training.inference_model import FEATURE_SPEC_LAYOUT, ProbabilityModel, load_checkpoint_model, read_inputs
 from training.quality_gate import evaluate_variants

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.launch import REPO
+from tests.support.launch import REPO
 
 INSTALL = os.path.join(REPO, "scripts", "install.sh")
 

@@ -1,4 +1,4 @@
-"""The correctness matrix's all-pairs subset (tests/matrix.py says what each case
+"""The correctness matrix's all-pairs subset (tests/support/matrix.py says what each case
 checks); `make test-matrix` runs every triple. The table of cases is printed at the
 end of the pytest run."""
 
@@ -7,8 +7,8 @@ import itertools
 import pytest
 
 from bench.gpu_check import gpu_matrix
-from tests import matrix
-from tests.launch import launch, run_script
+from tests.support import matrix
+from tests.support.launch import launch, run_script
 from training.flags import parse_config
 
 SPEC = matrix.CPU_MATRIX

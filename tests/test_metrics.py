@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.launch import launch
+from tests.support.launch import launch
 from training.metrics import BinaryClassificationMetrics
 
 ROWS = 1000

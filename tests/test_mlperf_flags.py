@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import dlrm_main
-from tests.launch import launch, read_log
+from tests.support.launch import launch, read_log
 
 BATCH = 256
 SMALL = ["--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,32,1",

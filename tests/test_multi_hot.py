@@ -9,7 +9,7 @@ import dlrm_main
 from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
 from data.multi_hot import MultiHotExpander, open_npz_arrays
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_multi_hot_criteo
-from tests.launch import eval_record, launch, read_log, step_losses
+from tests.support.launch import eval_record, launch, read_log, step_losses
 
 HOTNESS = [1, 2, 3] + [2] * 23
 SIZES = [50] * 13 + [100000] * 13

@@ -8,7 +8,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 import dlrm_main
 from models import build_dlrm_train
 from models.config import ModelConfig
-from tests.launch import launch, read_log, step_losses
+from tests.support.launch import launch, read_log, step_losses
 
 LR, EPS, WD, EMB_WD = 0.1, 0.01, 0.3, 0.2
 TABLES = ("t_cat_0", "t_cat_20")  # 1000 and 4 rows: most rows untouched, all rows touched

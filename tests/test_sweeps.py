@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from sweeps.run_state import read_runs
-from tests.launch import REPO, eval_record, read_log
-from tests.torchx_cli import BIN, kubernetes_job, option, sbatch_groups, torchrun_argv
+from tests.support.launch import REPO, eval_record, read_log
+from tests.support.torchx_cli import BIN, kubernetes_job, option, sbatch_groups, torchrun_argv
 
 TINY_FLAGS = {
     "batch_size": 256, "embedding_dim": 8, "dense_arch_layer_sizes": [16, 8], "over_arch_layer_sizes": [16, 1],

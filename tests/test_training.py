@@ -6,7 +6,7 @@ import pytest
 
 import dcnv2_main
 import dlrm_main
-from tests.launch import eval_record, launch, read_log, run_script, step_losses
+from tests.support.launch import eval_record, launch, read_log, run_script, step_losses
 
 SMALL_MODEL = [
     "--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16",

@@ -19,7 +19,7 @@ A combination that cannot be right must be refused before training, on every ran
 with one line: `REFUSALS` lists them, and each one becomes a case of its own that
 checks the refusal (exit code 2, one ``error:`` line naming the reason).
 
-Run the larger set with ``python -m tests.matrix --strength 3`` (``make test-matrix``).
+Run the larger set with ``python -m tests.support.matrix --strength 3`` (``make test-matrix``).
 """
 
 import argparse
@@ -578,7 +578,7 @@ def run(spec: MatrixSpec, strength: int, only: str = "", list_only: bool = False
         return 0
     from data.synthetic_criteo import generate_synthetic_criteo
     from tests.conftest import SMALL_SPEC
-    from tests.launch import launch
+    from tests.support.launch import launch
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="matrix-") as work:
         data_dir = os.path.join(work, "data")
@@ -591,7 +591,7 @@ def run(spec: MatrixSpec, strength: int, only: str = "", list_only: bool = False
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.matrix", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.support.matrix", description=__doc__.split("\n\n")[0])
     parser.add_argument("--strength", type=int, default=3, help="cover every pair (2) or triple (3) of choices")
     parser.add_argument("--list", action="store_true", help="print the cases without running them")
     parser.add_argument("--only", default="", help="run only the cases whose name contains this text")

@@ -60,6 +60,7 @@ def _two_ranks(argv):
     return values
 
 
+@pytest.mark.slow
 def test_two_ranks_sum_their_histograms():
     """Over 2 ranks (real gloo all-reduce) the value is that of all the data on one."""
     per_rank = launch(_two_ranks, ["500"], nproc=2)

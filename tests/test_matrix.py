@@ -37,18 +37,21 @@ def results(synthetic_dir, tmp_path_factory):
     return {matrix.case_name(r.case): r for r in outcome}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [matrix.case_name(c) for c in CASES + REFUSALS])
 def test_case(results, name):
     result = results[name]
     assert result.passed, result.checks
 
 
+@pytest.mark.slow
 def test_gpu_check_says_there_is_no_gpu():
     result = run_script(["-m", "bench.gpu_check"])
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("gpu_check: no CUDA device on this host"), result.stdout
 
 
+@pytest.mark.slow
 def test_gpu_check_cases_are_valid_command_lines(synthetic_dir):
     """The GPU matrix covers every pair of its choices, and each case (and its
     reference) is a command line the flags accept; refusing happens on the GPU host,

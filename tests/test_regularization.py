@@ -60,6 +60,7 @@ def _rowwise_adagrad_l2(w0, grad, weight_decay):
     return torch.where(rows, w0 - LR * decayed / (state.sqrt() + EPS), w0)
 
 
+@pytest.mark.slow
 def test_weight_decay_follows_the_optimizers_formulas(synthetic_dir):
     data = ["--in_memory_binary_criteo_path", synthetic_dir, *SMALL]
     decay = ["--weight_decay", str(WD), "--embedding_weight_decay", str(EMB_WD)]
@@ -79,6 +80,7 @@ def test_weight_decay_follows_the_optimizers_formulas(synthetic_dir):
             assert not torch.allclose(dp[key], w - LR * dp_grads[key])
 
 
+@pytest.mark.slow
 def test_fused_cpu_tables_refuse_embedding_weight_decay(synthetic_dir, capfd):
     """FBGEMM's fused CPU kernels ignore weight decay: refused on every rank, exit 2."""
     argv = ["--in_memory_binary_criteo_path", synthetic_dir, *SMALL, "--embedding_weight_decay", "0.1",
@@ -132,6 +134,7 @@ def test_dropout_acts_in_training_only_and_keeps_parameter_names(interaction):
         assert not torch.equal(plain(batch)[1][1], dropped(batch)[1][1])
 
 
+@pytest.mark.slow
 def test_dropout_zero_reproduces_todays_losses(synthetic_dir, tmp_path):
     logs = {name: str(tmp_path / f"{name}.jsonl") for name in ("default", "zero", "half")}
     common = ["--in_memory_binary_criteo_path", synthetic_dir, *SMALL, "--limit_train_batches", "6",

@@ -32,6 +32,8 @@ from training.trainer import Trainer
 from tests.support.launch import launch
 from tests.support.matrix import assemble_table, local_weights
 
+pytestmark = pytest.mark.slow  # every test uses the module's launched runs
+
 TOLERANCE = 1e-6
 STEPS = 6
 TABLE_ROWS = [40 + 3 * i for i in range(26)]

@@ -289,6 +289,7 @@ def test_inspect_bad_file_exit_2(capsys, tmp_path):
                                  "version 1, the file is version 99"]
 
 
+@pytest.mark.slow
 def test_module_entry_point(tmp_path):
     """`python -m sharding_plans` runs as a command (the rest runs in-process)."""
     from tests.support.launch import run_script

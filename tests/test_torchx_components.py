@@ -101,6 +101,7 @@ def test_preprocess_component():
         preprocess_criteo(input_dir="/raw", output_dir="/out", workers="0")
 
 
+@pytest.mark.slow
 def test_components_import_no_torch():
     """The torchx CLI imports the components on the submitting machine, which need not have torch."""
     code = ("import sys, aws_component, torchx_components.training, torchx_components.preprocess; "

@@ -19,7 +19,6 @@ beyond the few steps of a case): from its start batch it trains a different,
 one-step-stale algorithm that no reference run reproduces.
 """
 
-import argparse
 import sys
 from typing import Optional, Sequence
 
@@ -51,11 +50,7 @@ def gpu_matrix(num_gpus: int) -> matrix.MatrixSpec:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--strength", type=int, default=2, help="cover every pair (2) or triple (3) of choices")
-    parser.add_argument("--only", default="", help="run only the cases whose name contains this text")
-    parser.add_argument("--list", action="store_true", help="print the cases without running them")
-    args = parser.parse_args(argv)
+    args = matrix.matrix_parser("python -m bench.gpu_check", __doc__.split("\n\n")[0], strength=2).parse_args(argv)
     if not torch.cuda.is_available():
         print(f"gpu_check: no CUDA device on this host (torch {torch.__version__}): nothing to check")
         return 0

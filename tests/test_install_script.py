@@ -66,9 +66,9 @@ def test_install_check_verifies_the_build_asked_for():
 
 def test_a_new_venv_imports_the_packages_from_any_directory(tmp_path):
     """The install is editable and holds every package: from outside the repository the
-    new venv imports this checkout's code, the entry points and the test helpers the
+    new venv imports this checkout's packages, entry points and the test helpers the
     benchmarks use. Its dependencies are this venv's (a .pth line), which pip finds
-    installed, so the script only installs the project itself."""
+    installed, so the script installs only the project itself."""
     target = str(tmp_path / "venv")
     create_venv(target, with_pip=True)
     site = sysconfig.get_path("purelib", vars={"base": target, "platbase": target})
@@ -80,9 +80,14 @@ def test_a_new_venv_imports_the_packages_from_any_directory(tmp_path):
     assert "install: torch 2.13.0" in result.stdout and "(CPU build)" in result.stdout
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    code = ("import training, data, models, sharding_plans, common, sweeps, torchx_components, aws_component, "
-            "dlrm_main, dcnv2_main, tests.support.launch, bench.train_throughput; print(training.__file__)")
+    # The packages whose __init__ imports no torch, and where the entry-point modules are.
+    code = ("import importlib.util, bench, common, data, sweeps, tests.support, torchx_components, training\n"
+            "for name in ('training', 'dlrm_main', 'dcnv2_main', 'aws_component', 'models', 'sharding_plans'):\n"
+            "    print(importlib.util.find_spec(name).origin)")
     imported = subprocess.run([os.path.join(target, "bin", "python"), "-c", code], cwd=elsewhere,
                               capture_output=True, text=True, timeout=300)
     assert imported.returncode == 0, imported.stderr[-3000:]
-    assert imported.stdout == os.path.join(REPO, "training", "__init__.py") + "\n"
+    assert imported.stdout.splitlines() == [
+        os.path.join(REPO, "training", "__init__.py"), os.path.join(REPO, "dlrm_main.py"),
+        os.path.join(REPO, "dcnv2_main.py"), os.path.join(REPO, "aws_component.py"),
+        os.path.join(REPO, "models", "__init__.py"), os.path.join(REPO, "sharding_plans", "__init__.py")]

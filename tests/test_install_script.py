@@ -70,7 +70,7 @@ def test_a_new_venv_imports_the_packages_from_any_directory(tmp_path):
     benchmarks use. Its dependencies are this venv's (a .pth line), which pip finds
     installed, so the script installs only the project itself."""
     target = str(tmp_path / "venv")
-    create_venv(target, with_pip=True)
+    create_venv(target)  # pip too is borrowed
     site = sysconfig.get_path("purelib", vars={"base": target, "platbase": target})
     with open(os.path.join(site, "borrowed_dependencies.pth"), "w") as f:
         f.write(sysconfig.get_path("purelib") + "\n")

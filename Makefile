@@ -1,5 +1,6 @@
 # One-command set-up: `make train` trains DLRM on the generated default data,
-# `make test` runs the test suite. Both install into .venv first (idempotent).
+# `make test` runs the test suite (`make test-fast`: the tests that start no process).
+# Both install into .venv first (idempotent).
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -9,13 +10,14 @@ TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.05 --optimizer adag
 	--validation_freq_within_epoch 400 --log_every_n_steps 100 --seed 0 \
 	--log_path runs/make_train.jsonl
 
-.PHONY: install data train train-dcnv2 sweep-example slurm-up test test-matrix bench clean
+.PHONY: install data train train-dcnv2 sweep-example slurm-up test test-fast test-matrix bench clean
 
 install: $(STAMP)
 
+# The project's packages are installed editable: a new package folder reinstalls.
 $(STAMP): requirements.txt requirements-cpu.txt requirements-cuda.txt \
           requirements-torchrec.txt requirements-dev.txt pyproject.toml scripts/install.sh \
-          scripts/check_install.py
+          scripts/check_install.py $(wildcard */__init__.py)
 	bash scripts/install.sh $(VENV)
 	touch $@
 
@@ -43,9 +45,12 @@ slurm-up:
 test: install
 	$(PYTHON) -m pytest -q tests
 
+test-fast: install
+	$(PYTHON) -m pytest -q -m "not slow" tests
+
 # The correctness matrix over every triple of choices (make test runs every pair).
 test-matrix: install
-	$(PYTHON) -m tests.matrix --strength 3
+	$(PYTHON) -m tests.support.matrix --strength 3
 
 bench: install
 	$(PYTHON) bench/train_throughput.py

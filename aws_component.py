@@ -8,21 +8,14 @@ must be a multiple of 8). Everything else is the `dlrm` component
 (torchx_components/training.py).
 """
 
-import os
-import sys
 from typing import Dict, List, Optional
 
 import torchx.specs as specs
 
-try:
-    from torchx_components.launch import DEFAULT_IMAGE
-    from torchx_components.training import dlrm
-except ModuleNotFoundError:
-    # torchx runs this file by path without adding its folder to sys.path; `make install`
-    # puts the repository there, and without it the working directory is the repository.
-    sys.path.insert(0, os.getcwd())
-    from torchx_components.launch import DEFAULT_IMAGE
-    from torchx_components.training import dlrm
+# torchx loads this file by path, without its folder on sys.path: the components come
+# from the installed package (`make install`).
+from torchx_components.launch import DEFAULT_IMAGE
+from torchx_components.training import dlrm
 
 TRAINERS_PER_NODE = 8
 

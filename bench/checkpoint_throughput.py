@@ -18,10 +18,8 @@ import tempfile
 import time
 from typing import Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.train_throughput import BOTTOM, DIM, ROWS, TOP  # noqa: E402
-from tests.launch import launch  # noqa: E402
+from bench.train_throughput import BOTTOM, DIM, ROWS, TOP
+from tests.support.launch import launch
 
 
 def plain_copy_seconds(source: str, target: str) -> float:

@@ -19,14 +19,12 @@ import tempfile
 import time
 from typing import Callable, Dict
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.loader_throughput import loader_rate  # noqa: E402
-from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader  # noqa: E402
-from data.criteo_feature_spec import criteo_to_split_binary  # noqa: E402
-from data.split_binary import SplitBinaryDataset  # noqa: E402
-from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo  # noqa: E402
-from data.value_checks import BatchValueCheck, check_value_files  # noqa: E402
+from bench.loader_throughput import loader_rate
+from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
+from data.criteo_feature_spec import criteo_to_split_binary
+from data.split_binary import SplitBinaryDataset
+from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
+from data.value_checks import BatchValueCheck, check_value_files
 
 
 def best_seconds(fn: Callable[[], object], repeats: int = 3) -> float:

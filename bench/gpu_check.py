@@ -6,7 +6,7 @@ On a CUDA host it generates cases covering every pair (or, with ``--strength 3``
 every triple) of: pipeline (sparse_dist, base, semi_sync, prefetch), compute kernel
 (fused, fused_uvm, fused_uvm_caching), sharding type, fused optimizer, bf16 autocast,
 TF32, and world size (1, and 2 when the host has two GPUs), over NCCL. Each case runs
-the checks of `tests/matrix.py` against the sparse_dist / fused run of the same
+the checks of `tests/support/matrix.py` against the sparse_dist / fused run of the same
 choices: (a) equal to it, (b) resume bit-exact, (c) the exported fp32 program equal to
 the trained model; combinations the application refuses (semi_sync with cached
 tables) must be refused with one line. It prints one table with pass/fail and
@@ -19,18 +19,14 @@ beyond the few steps of a case): from its start batch it trains a different,
 one-step-stale algorithm that no reference run reproduces.
 """
 
-import argparse
-import os
 import sys
 from typing import Optional, Sequence
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from sharding_plans.constraints import CUDA_ONLY_KERNELS  # noqa: E402
-from tests import matrix  # noqa: E402
-from training.config import OPTIMIZERS, PIPELINES  # noqa: E402
+from sharding_plans.constraints import CUDA_ONLY_KERNELS
+from tests.support import matrix
+from training.config import OPTIMIZERS, PIPELINES
 
 
 def gpu_matrix(num_gpus: int) -> matrix.MatrixSpec:
@@ -54,11 +50,7 @@ def gpu_matrix(num_gpus: int) -> matrix.MatrixSpec:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--strength", type=int, default=2, help="cover every pair (2) or triple (3) of choices")
-    parser.add_argument("--only", default="", help="run only the cases whose name contains this text")
-    parser.add_argument("--list", action="store_true", help="print the cases without running them")
-    args = parser.parse_args(argv)
+    args = matrix.matrix_parser("python -m bench.gpu_check", __doc__.split("\n\n")[0], strength=2).parse_args(argv)
     if not torch.cuda.is_available():
         print(f"gpu_check: no CUDA device on this host (torch {torch.__version__}): nothing to check")
         return 0

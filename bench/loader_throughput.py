@@ -17,14 +17,12 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import dlrm_main  # noqa: E402
-from bench.train_throughput import BOTTOM, DIM, ROWS, TOP  # noqa: E402
-from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader  # noqa: E402
-from data.multi_hot import MultiHotExpander  # noqa: E402
-from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo  # noqa: E402
-from tests.launch import launch, read_log  # noqa: E402
+import dlrm_main
+from bench.train_throughput import BOTTOM, DIM, ROWS, TOP
+from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
+from data.multi_hot import MultiHotExpander
+from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
+from tests.support.launch import launch, read_log
 
 BATCH = 1024
 

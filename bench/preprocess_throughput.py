@@ -21,9 +21,7 @@ import tempfile
 import time
 from typing import Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day  # noqa: E402
+from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -35,12 +35,10 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.checkpoint_throughput import plain_copy_seconds  # noqa: E402
-from bench.loader_throughput import loader_rate  # noqa: E402
-from bench.train_throughput import BOTTOM, DIM, TOP  # noqa: E402
-from tests.launch import launch, read_log  # noqa: E402
+from bench.checkpoint_throughput import plain_copy_seconds
+from bench.loader_throughput import loader_rate
+from bench.train_throughput import BOTTOM, DIM, TOP
+from tests.support.launch import launch, read_log
 
 TABLES, BATCH, TRAIN_STEPS, EVAL_BATCHES = 26, 1024, 40, 40
 GB = 1e9

@@ -11,8 +11,6 @@ back. Prints request latency p50/p90/p99, records/s and the mean number of reque
 
 import argparse
 import json
-import os
-import sys
 import threading
 import time
 import urllib.request
@@ -21,10 +19,8 @@ from typing import Dict, List
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from serving.predict import Predictor  # noqa: E402
-from serving.serve import serving_in_background  # noqa: E402
+from serving.predict import Predictor
+from serving.serve import serving_in_background
 
 
 def run_load(predictor: Predictor, lines: List[bytes], clients: int, requests: int, rows: int,

@@ -20,10 +20,8 @@ from typing import List
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import dlrm_main  # noqa: E402
-from tests.launch import launch, read_log  # noqa: E402
+import dlrm_main
+from tests.support.launch import launch, read_log
 
 BOTTOM = [512, 256, 64]
 TOP = [512, 512, 256, 1]

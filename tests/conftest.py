@@ -1,8 +1,11 @@
+import multiprocessing.process
 import os
+import subprocess
 
 import pytest
 
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
+from tests.support.exported_model import train_and_export
 
 # Small enough to train in seconds, large enough to learn from.
 SMALL_SPEC = SyntheticCriteoSpec(
@@ -20,6 +23,13 @@ def synthetic_dir(tmp_path_factory) -> str:
     return path
 
 
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory) -> dict:
+    """A model trained and exported once for the inference and serving tests
+    (tests/support/exported_model.py)."""
+    return train_and_export(tmp_path_factory.mktemp("inference"))
+
+
 @pytest.fixture
 def log_path(tmp_path) -> str:
     return os.path.join(str(tmp_path), "log.jsonl")
@@ -27,7 +37,26 @@ def log_path(tmp_path) -> str:
 
 def pytest_terminal_summary(terminalreporter):
     """The correctness matrix's table of cases, when it ran."""
-    from tests import matrix
+    from tests.support import matrix
     for title, table in matrix.REPORTS:
         terminalreporter.write_sep("=", title)
         terminalreporter.write_line(table)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    """In a test not marked slow, starting a process (a subprocess, a torch elastic
+    launch, a process pool) fails, in its fixtures and its body: the fast tier
+    (`pytest -m "not slow"`) starts none."""
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"{item.nodeid} starts a process: mark it @pytest.mark.slow")
+
+    patch = pytest.MonkeyPatch()
+    if item.get_closest_marker("slow") is None:
+        patch.setattr(subprocess.Popen, "_execute_child", refuse)
+        patch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    yield
+    patch.undo()
+
+
+pytest_runtest_call = pytest_runtest_setup

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torchmetrics.functional.classification import binary_auroc
 
-from tests.launch import launch
+from tests.support.launch import launch
 from training.binned_auroc import BinnedAUROC
 from training.flags import parse_config
 from training.metrics import BinaryClassificationMetrics
@@ -60,6 +60,7 @@ def _two_ranks(argv):
     return values
 
 
+@pytest.mark.slow
 def test_two_ranks_sum_their_histograms():
     """Over 2 ranks (real gloo all-reduce) the value is that of all the data on one."""
     per_rank = launch(_two_ranks, ["500"], nproc=2)
@@ -86,7 +87,7 @@ def test_a_run_with_the_flag_reports_the_binned_auroc_and_its_bound(tmp_path, ca
     """Through the entry point (one process): the evaluation line and record carry the
     bound, and the same run without the flag (exact AUROC) lies within it."""
     import dlrm_main
-    from tests.launch import read_log
+    from tests.support.launch import read_log
 
     for name in ("MASTER_ADDR", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)

@@ -14,7 +14,7 @@ from data.feature_spec import FeatureSpec, FeatureSpecError
 from data.split_binary import SplitBinaryDataset
 from data.synthetic_csv import csv_feature_spec, generate_csv
 from data.transcode import TranscodeError, transcode
-from tests.launch import eval_record, launch, read_log, step_losses
+from tests.support.launch import eval_record, launch, read_log, step_losses
 from training.flags import parse_config
 from training.recipes import DCNV2
 
@@ -226,6 +226,7 @@ def test_both_entry_points_take_feature_counts_from_the_spec(binary_spec):
         assert config.model.num_embeddings_per_feature == [300, 300]
 
 
+@pytest.mark.slow
 def test_two_ranks_learn_from_byo_data(tmp_path):
     csv_dir, out_dir, log = str(tmp_path / "csv"), str(tmp_path / "bin"), str(tmp_path / "log.jsonl")
     raw = csv_feature_spec(7, 5, cardinality="auto", hotness={2: 3})

@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import dlrm_main
 from data.criteo_layout import NUM_SPARSE_FEATURES
-from tests.launch import REPO, eval_record, free_port, launch, read_log
+from tests.support.launch import REPO, eval_record, free_port, launch, read_log
 from training.checkpoint import read_meta
 
 STEPS = 16
@@ -74,6 +74,7 @@ def reference(synthetic_dir, tmp_path_factory):
     return ckpt, log
 
 
+@pytest.mark.slow
 def test_checkpoint_layout(reference):
     ckpt, _ = reference
     assert sorted(os.listdir(ckpt)) == [f"step_{s:09d}" for s in (5, 10, 15, 16)]
@@ -87,6 +88,7 @@ def test_checkpoint_layout(reference):
     assert (end.epoch, end.batch_in_epoch) == (1, 0)
 
 
+@pytest.mark.slow
 def test_resume_equals_uninterrupted(reference, synthetic_dir, tmp_path):
     """Interrupted after step 10 (its checkpoint is what such a run leaves) and resumed."""
     ckpt, log = reference
@@ -105,6 +107,7 @@ def test_resume_equals_uninterrupted(reference, synthetic_dir, tmp_path):
         [eval_record(read_log(log), "test")[k] for k in metrics]
 
 
+@pytest.mark.slow
 def test_save_killed_before_completion_is_ignored(reference, synthetic_dir, tmp_path):
     ckpt, log = reference
     resumed = str(tmp_path / "ckpt")
@@ -121,6 +124,7 @@ def test_save_killed_before_completion_is_ignored(reference, synthetic_dir, tmp_
                       flat_state(os.path.join(resumed, "step_000000016"), tmp_path))
 
 
+@pytest.mark.slow
 def test_two_ranks_to_one_and_back(reference, synthetic_dir, tmp_path):
     ckpt, log = reference
     final = os.path.join(ckpt, "step_000000016")
@@ -170,6 +174,7 @@ def refusal_line(capsys, argv: list) -> str:
     return one_error_line(capsys.readouterr().err)
 
 
+@pytest.mark.slow
 def test_mismatched_and_corrupted_checkpoints(reference, synthetic_dir, tmp_path, capsys):
     ckpt, _ = reference
     copy = str(tmp_path / "ckpt")
@@ -203,6 +208,7 @@ def test_mismatched_and_corrupted_checkpoints(reference, synthetic_dir, tmp_path
         "--mode", "test", "--restore_checkpoint_path", str(tmp_path / "nowhere"))
 
 
+@pytest.mark.slow
 def test_keep_last_n_prunes_after_completion(synthetic_dir, tmp_path):
     ckpt = str(tmp_path / "ckpt")
     assert launch(dlrm_main.main, flags(synthetic_dir, ckpt, str(tmp_path / "l.jsonl"), "--keep_last_n_checkpoints",
@@ -210,6 +216,7 @@ def test_keep_last_n_prunes_after_completion(synthetic_dir, tmp_path):
     assert sorted(os.listdir(ckpt)) == ["step_000000015", "step_000000016"]
 
 
+@pytest.mark.slow
 def test_torchrun_restart_after_a_killed_rank(reference, synthetic_dir, tmp_path):
     """torchrun --max_restarts: rank 1 is killed by SIGKILL mid-training; the job
     restarts, resumes from the newest checkpoint and ends with the reference's weights."""
@@ -236,6 +243,7 @@ def test_torchrun_restart_after_a_killed_rank(reference, synthetic_dir, tmp_path
                       flat_state(os.path.join(run_ckpt, "step_000000016"), tmp_path))
 
 
+@pytest.mark.slow
 def test_default_optimizer_resumes(tmp_path):
     """The public example's defaults (fused SGD, dense SGD: optimizers with no state)
     on 2 ranks: stopped at step 20, resumed to step 40, identical to a run that never
@@ -283,6 +291,7 @@ class _CreatesFile:
         return exec, (f"open({self.path!r}, 'w').close()",)
 
 
+@pytest.mark.slow
 def test_checkpoint_files_are_checked_and_never_run_code(reference, synthetic_dir, tmp_path, capsys):
     """A crafted .metadata (even with a manifest that matches it) runs nothing on
     --resume, --mode test or export; a bit-flipped shard and a missing .metadata are
@@ -332,6 +341,7 @@ def test_checkpoint_files_are_checked_and_never_run_code(reference, synthetic_di
     assert f"warning: checkpoint {step10} has no manifest" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_storage_failures_are_one_line(synthetic_dir, tmp_path, capsys):
     """A full disk at a save: one line naming the rank and step, exit 1, earlier
     checkpoints kept. A --checkpoint_dir that cannot be written: exit 2 before training."""

@@ -279,11 +279,12 @@ def test_ids_beyond_flag_table_sizes_are_taken_modulo_not_refused(layouts):
             assert 0 <= int(batch.sparse_features.values().min()) and int(batch.sparse_features.values().max()) < 7
 
 
+@pytest.mark.slow
 def test_nan_in_test_split_exits_2_on_every_rank_before_training(layouts, tmp_path):
     import shutil
 
     import dlrm_main
-    from tests.launch import launch
+    from tests.support.launch import launch
 
     directory = str(tmp_path / "d")
     shutil.copytree(layouts["one_hot"], directory)
@@ -340,12 +341,13 @@ def test_empty_split_and_unfinished_preprocessing_are_refused(tmp_path):
         CriteoBinaryDataset(directory)
 
 
+@pytest.mark.slow
 def test_mmap_mode_stops_at_the_bad_batch_naming_the_file(layouts, tmp_path):
     """--mmap_mode reads rows only batch by batch: the batch holding a bad id stops the
     rank with one line naming rank, step, file, row and column (no traceback)."""
     import shutil
 
-    from tests.launch import run_script
+    from tests.support.launch import run_script
 
     directory = str(tmp_path / "d")
     shutil.copytree(layouts["one_hot"], directory)

@@ -10,7 +10,7 @@ import pytest
 import dlrm_main
 from serving import export
 from serving.model_inputs import read_inputs
-from tests.launch import eval_record, launch, read_log
+from tests.support.launch import eval_record, launch, read_log
 from training.config import EarlyStoppingConfig
 from training.early_stopping import EarlyStopping
 
@@ -48,6 +48,7 @@ def stopped(synthetic_dir, tmp_path_factory):
     return root, ckpt, log
 
 
+@pytest.mark.slow
 def test_stops_after_patience_and_tests_the_best_checkpoint(stopped, synthetic_dir, tmp_path):
     root, ckpt, log = stopped
     seen = validations(log)
@@ -81,6 +82,7 @@ def test_stops_after_patience_and_tests_the_best_checkpoint(stopped, synthetic_d
     assert read_inputs(str(tmp_path / "newest")).step == last_step
 
 
+@pytest.mark.slow
 def test_best_weights_in_memory_without_a_checkpoint_dir(stopped, synthetic_dir, tmp_path):
     """Each rank keeps its own shards of the best step: the test figures are the same."""
     _, _, log = stopped
@@ -92,6 +94,7 @@ def test_best_weights_in_memory_without_a_checkpoint_dir(stopped, synthetic_dir,
         {k: summary(log)[k] for k in ("best_step", "best_validation", "stopped_early")}
 
 
+@pytest.mark.slow
 def test_resumed_run_keeps_best_and_patience(stopped, synthetic_dir, tmp_path):
     """Resumed one epoch after the best (one validation without improvement counted),
     the run stops after one more validation, not PATIENCE more, and tests the best step."""

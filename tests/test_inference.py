@@ -22,41 +22,14 @@ import dcnv2_main
 import dlrm_main
 from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
 from data.criteo_binary import CriteoBinaryDataset
-from data.preprocess_criteo import PreprocessConfig, preprocess
-from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day
-from tests.launch import eval_record, launch, read_log
+from tests.support.exported_model import MODEL_FLAGS, raw_test_lines
+from tests.support.launch import eval_record, launch, read_log
 from serving import export, predict, quality_gate, serve
 from training.checkpoint import checkpoint_to_load
 from training.flags import parse_config
 from serving.inference_model import ProbabilityModel, load_checkpoint_model
 from serving.model_inputs import read_inputs
 from serving.quality_gate import evaluate_variants
-
-SPEC = SyntheticCriteoSpec(num_days=3, rows_per_day=8_000, seed=5,
-                           cardinalities=[min(c, 1000) for c in SyntheticCriteoSpec().cardinalities])
-MODEL_FLAGS = ["--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,32,1"]
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """Raw TSV -> preprocessing with a frequency threshold -> 2-rank training with a
-    checkpoint -> export. Returns the paths and the training log."""
-    root = tmp_path_factory.mktemp("inference")
-    raw = root / "raw"
-    raw.mkdir()
-    for day in range(SPEC.num_days):
-        write_raw_day(SPEC, str(raw / f"day_{day}"), day)
-    data = str(root / "data")
-    preprocess(PreprocessConfig(str(raw), data, "criteo_1t", frequency_threshold=2))
-    ckpt, log = str(root / "ckpt"), str(root / "log.jsonl")
-    assert launch(dlrm_main.main, ["--in_memory_binary_criteo_path", data, "--batch_size", "256", *MODEL_FLAGS,
-                                   "--optimizer", "adagrad", "--learning_rate", "0.05", "--seed", "1",
-                                   "--checkpoint_dir", ckpt, "--checkpoint_at_epoch_end", "--log_path", log,
-                                   "--sharding_type", "table_wise"]) == {0: 0, 1: 0}
-    model_dir = str(root / "model")
-    assert export.main(["--checkpoint", ckpt, "--output", model_dir]) == 0
-    return {"raw": str(raw), "data": data, "ckpt": ckpt, "model": model_dir, "log": read_log(log), "root": root}
-
 
 def load_test_split(data: str, sizes):
     dataset = CriteoBinaryDataset(data)
@@ -65,6 +38,7 @@ def load_test_split(data: str, sizes):
     return dense, np.remainder(sparse.astype(np.int64), np.asarray(sizes)), labels.reshape(-1)
 
 
+@pytest.mark.slow
 def test_export_matches_the_training_model(trained):
     inputs = read_inputs(trained["model"])
     metadata = json.load(open(os.path.join(trained["data"], "metadata.json")))
@@ -100,12 +74,7 @@ def test_export_matches_the_training_model(trained):
     assert gate.passed
 
 
-def raw_test_lines(trained, count: int) -> list:
-    with open(os.path.join(trained["raw"], "day_2"), "rb") as f:
-        lines = f.read().splitlines(keepends=True)
-    return lines[len(lines) // 2:][:count]  # the test split: second half of the last day
-
-
+@pytest.mark.slow
 def test_predictor_on_raw_lines_applies_the_preprocessing(trained, tmp_path):
     lines = raw_test_lines(trained, 300)
     assert any(b"\t\t" in line for line in lines)  # missing fields
@@ -129,6 +98,7 @@ def test_predictor_on_raw_lines_applies_the_preprocessing(trained, tmp_path):
     np.testing.assert_allclose(got[300], predictor.predict(np.zeros((1, NUM_DENSE_FEATURES)), np.zeros((1, NUM_SPARSE_FEATURES)))[0], rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad_line, message", [
     (b"1\t2\t3\n", "line 3: expected 40 tab-separated fields (label, 13 integer, 26 categorical) or 39 "
                    "without the label, found 3"),
@@ -156,6 +126,7 @@ def check_benchmark_record(record: dict, batch_sizes: list, world_size: int) -> 
         assert r["records_per_sec"] > 0 and 0 < r["latency_p50_ms"] <= r["latency_p90_ms"] <= r["latency_p99_ms"]
 
 
+@pytest.mark.slow
 def test_inference_benchmark_two_ranks_on_a_checkpoint(trained):
     log = str(trained["root"] / "bench.jsonl")
     assert launch(dlrm_main.main, ["--in_memory_binary_criteo_path", trained["data"], *MODEL_FLAGS,
@@ -193,6 +164,7 @@ def test_inference_benchmark_flags(capsys):
         "dlrm_main.py: error: --inference_benchmark_batch_sizes must be positive, got [64, 0]")
 
 
+@pytest.mark.slow
 def test_http_endpoint_batches_concurrent_requests(trained):
     predictor = predict.Predictor(trained["model"], "int8")
     lines = raw_test_lines(trained, 40)
@@ -218,6 +190,7 @@ def test_http_endpoint_batches_concurrent_requests(trained):
         assert urllib.request.urlopen(url + "/health").read() == b"ok\n"
 
 
+@pytest.mark.slow
 def test_export_bad_input_is_one_line(trained, tmp_path, capsys):
     assert export.main(["--checkpoint", str(tmp_path / "nowhere"), "--output", str(tmp_path / "m")]) == 2
     assert capsys.readouterr().err.strip() == (
@@ -254,6 +227,7 @@ def _one_line(stderr: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_model_files_are_checked_and_never_run_code(trained, tmp_path, capsys):
     """The manifest refuses damaged files by name; a crafted fp32.pt2 (whose manifest
     matches) runs nothing; missing or truncated model files and a malformed inputs.json

@@ -17,7 +17,7 @@ from data.feature_spec import FeatureSpec
 from data.split_binary import SplitBinaryDataset
 from data.synthetic_csv import csv_feature_spec, generate_csv
 from data.transcode import transcode
-from tests.launch import eval_record, launch, read_log
+from tests.support.launch import eval_record, launch, read_log
 from serving import export, predict, serve
 from serving.inference_model import ProbabilityModel, load_checkpoint_model
 from serving.model_inputs import FEATURE_SPEC_LAYOUT, read_inputs
@@ -55,6 +55,7 @@ def trained_byo(tmp_path_factory):
     return {"spec": spec_path, "model": model_dir, "log": read_log(log), "rows": rows, "root": root}
 
 
+@pytest.mark.slow
 def test_export_describes_the_csv_layout(trained_byo):
     inputs = read_inputs(trained_byo["model"])
     assert inputs.layout == FEATURE_SPEC_LAYOUT and inputs.data_path == trained_byo["spec"]
@@ -66,6 +67,7 @@ def test_export_describes_the_csv_layout(trained_byo):
     assert sorted(inputs.variants) == ["fp16", "fp32", "int8"]
 
 
+@pytest.mark.slow
 def test_predictor_on_csv_rows_matches_the_training_model(trained_byo, tmp_path):
     labelled = tmp_path / "labelled.csv"
     labelled.write_text("\n".join(trained_byo["rows"]) + "\n")
@@ -102,6 +104,7 @@ def test_predictor_on_csv_rows_matches_the_training_model(trained_byo, tmp_path)
     assert auroc == pytest.approx(test["auroc"], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_quality_gate_on_the_test_mapping(trained_byo):
     gate = evaluate_variants(trained_byo["model"])
     assert gate.rows == ROWS["test"] // 2
@@ -111,6 +114,7 @@ def test_quality_gate_on_the_test_mapping(trained_byo):
     assert gate.passed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edit, message", [
     (lambda row: row + ",7", "has 13 columns, expected 12 (label, 5 numerical, 6 categorical ids) as the "
                              "first line"),
@@ -135,6 +139,7 @@ def test_malformed_csv_rows_name_the_line(trained_byo, tmp_path, capsys, edit, m
     assert os.listdir(tmp_path) == ["in.csv"]  # no output, not even a partial one
 
 
+@pytest.mark.slow
 def test_first_row_of_neither_layout(trained_byo, tmp_path, capsys):
     source = tmp_path / "in.csv"
     source.write_text("1,2,3\n" + trained_byo["rows"][0] + "\n")
@@ -144,6 +149,7 @@ def test_first_row_of_neither_layout(trained_byo, tmp_path, capsys):
         "6 categorical ids) or 11 without the label")
 
 
+@pytest.mark.slow
 def test_http_endpoint_takes_csv_rows(trained_byo):
     predictor = predict.Predictor(trained_byo["model"], "int8")
     body = "".join(row + "\n" for row in trained_byo["rows"][:6]).encode()

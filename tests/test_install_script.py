@@ -1,15 +1,20 @@
 """scripts/install.sh's refusals and scripts/check_install.py's verdicts, run against
-fake venv directories: nothing is installed."""
+fake venv directories, and one install into a new venv that borrows this venv's
+dependencies (nothing is downloaded)."""
 
 import os
 import subprocess
 import sys
+import sysconfig
+from venv import create as create_venv
 
 import pytest
 
-from tests.launch import REPO
+from tests.support.launch import REPO
 
 INSTALL = os.path.join(REPO, "scripts", "install.sh")
+
+pytestmark = pytest.mark.slow  # each test runs the install script or its check
 
 
 def fake_venv(root, *dist_infos: str) -> str:
@@ -57,3 +62,32 @@ def test_install_check_verifies_the_build_asked_for():
     cuda = subprocess.run(check + ["cuda", "--gpu-visible"], capture_output=True, text=True, timeout=120)
     assert cuda.returncode == 1
     assert cuda.stderr == "install: check failed: DEVICE=cuda installed a CPU build of torch (2.13.0+cpu)\n"
+
+
+def test_a_new_venv_imports_the_packages_from_any_directory(tmp_path):
+    """The install is editable and holds every package: from outside the repository the
+    new venv imports this checkout's packages, entry points and the test helpers the
+    benchmarks use. Its dependencies are this venv's (a .pth line), which pip finds
+    installed, so the script installs only the project itself."""
+    target = str(tmp_path / "venv")
+    create_venv(target)  # pip too is borrowed
+    site = sysconfig.get_path("purelib", vars={"base": target, "platbase": target})
+    with open(os.path.join(site, "borrowed_dependencies.pth"), "w") as f:
+        f.write(sysconfig.get_path("purelib") + "\n")
+    result = subprocess.run(["bash", INSTALL, target], cwd=REPO, env={**os.environ, "DEVICE": "cpu"},
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "install: torch 2.13.0" in result.stdout and "(CPU build)" in result.stdout
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    # The packages whose __init__ imports no torch, and where the entry-point modules are.
+    code = ("import importlib.util, bench, common, data, sweeps, tests.support, torchx_components, training\n"
+            "for name in ('training', 'dlrm_main', 'dcnv2_main', 'aws_component', 'models', 'sharding_plans'):\n"
+            "    print(importlib.util.find_spec(name).origin)")
+    imported = subprocess.run([os.path.join(target, "bin", "python"), "-c", code], cwd=elsewhere,
+                              capture_output=True, text=True, timeout=300)
+    assert imported.returncode == 0, imported.stderr[-3000:]
+    assert imported.stdout.splitlines() == [
+        os.path.join(REPO, "training", "__init__.py"), os.path.join(REPO, "dlrm_main.py"),
+        os.path.join(REPO, "dcnv2_main.py"), os.path.join(REPO, "aws_component.py"),
+        os.path.join(REPO, "models", "__init__.py"), os.path.join(REPO, "sharding_plans", "__init__.py")]

@@ -1,4 +1,4 @@
-"""The correctness matrix's all-pairs subset (tests/matrix.py says what each case
+"""The correctness matrix's all-pairs subset (tests/support/matrix.py says what each case
 checks); `make test-matrix` runs every triple. The table of cases is printed at the
 end of the pytest run."""
 
@@ -7,8 +7,8 @@ import itertools
 import pytest
 
 from bench.gpu_check import gpu_matrix
-from tests import matrix
-from tests.launch import launch, run_script
+from tests.support import matrix
+from tests.support.launch import launch, run_script
 from training.flags import parse_config
 
 SPEC = matrix.CPU_MATRIX
@@ -37,18 +37,21 @@ def results(synthetic_dir, tmp_path_factory):
     return {matrix.case_name(r.case): r for r in outcome}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [matrix.case_name(c) for c in CASES + REFUSALS])
 def test_case(results, name):
     result = results[name]
     assert result.passed, result.checks
 
 
+@pytest.mark.slow
 def test_gpu_check_says_there_is_no_gpu():
     result = run_script(["-m", "bench.gpu_check"])
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("gpu_check: no CUDA device on this host"), result.stdout
 
 
+@pytest.mark.slow
 def test_gpu_check_cases_are_valid_command_lines(synthetic_dir):
     """The GPU matrix covers every pair of its choices, and each case (and its
     reference) is a command line the flags accept; refusing happens on the GPU host,

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.launch import launch
+from tests.support.launch import launch
 from training.metrics import BinaryClassificationMetrics
 
 ROWS = 1000
@@ -45,6 +45,7 @@ def _numpy_reference(seed: int) -> dict:
             "positive_rate": rate, "accuracy": float(np.mean((p >= 0.5) == (labels == 1)))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_ne_calibration_positive_rate_equal_numpy_over_gathered_predictions(nproc):
     results = launch(_evaluate_on_ranks, 11, nproc=nproc)

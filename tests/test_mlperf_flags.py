@@ -8,7 +8,7 @@ import pytest
 
 import dlrm_main
 from data.criteo_layout import NUM_SPARSE_FEATURES
-from tests.launch import launch, read_log
+from tests.support.launch import launch, read_log
 
 BATCH = 256
 SMALL = ["--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,32,1",
@@ -30,6 +30,7 @@ def summary(records: list) -> dict:
     return [r for r in records if r["event"] == "summary"][-1]
 
 
+@pytest.mark.slow
 def test_validation_auroc_stops_at_the_first_validation_reaching_it(synthetic_dir, tmp_path):
     common = ["--limit_train_batches", "20", "--limit_val_batches", "4", "--limit_test_batches", "2",
               "--validation_freq_within_epoch", "4"]
@@ -52,6 +53,7 @@ def test_validation_auroc_stops_at_the_first_validation_reaching_it(synthetic_di
             unreached["records_to_target"]) == (10, False, None, None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags, validation_steps, tested", [
     (["--evaluate_on_epoch_end"], [3, 6], False),  # the reference's schedule: no test unless asked
     (["--evaluate_on_training_end"], [], True),
@@ -65,6 +67,7 @@ def test_evaluation_schedule(synthetic_dir, tmp_path, flags, validation_steps, t
     assert bool(evals(records, "test")) is tested
 
 
+@pytest.mark.slow
 def test_print_progress_and_id_frequencies(synthetic_dir, tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)  # the frequency files go to the current directory, as in the reference
     hotness = [1, 3] + [2] * 24

@@ -11,7 +11,7 @@ from data.criteo_layout import NUM_SPARSE_FEATURES
 from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
 from data.multi_hot import MultiHotExpander, open_npz_arrays
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_multi_hot_criteo
-from tests.launch import eval_record, launch, read_log, step_losses
+from tests.support.launch import eval_record, launch, read_log, step_losses
 
 HOTNESS = [1, 2, 3] + [2] * 23
 SIZES = [50] * (NUM_SPARSE_FEATURES // 2) + [100000] * (NUM_SPARSE_FEATURES // 2)
@@ -73,6 +73,7 @@ def test_multi_hot_loader_rows_and_kjt(multi_hot_dir):
     assert np.array_equal(f2, bags["2"][64:128])  # rank 1 holds rows 64..127 of the split
 
 
+@pytest.mark.slow
 def test_two_ranks_train_on_multi_hot_files(multi_hot_dir, tmp_path):
     log = str(tmp_path / "log.jsonl")
     assert launch(dlrm_main.main, [
@@ -82,6 +83,7 @@ def test_two_ranks_train_on_multi_hot_files(multi_hot_dir, tmp_path):
     assert eval_record(read_log(log), "test")["auroc"] > 0.6
 
 
+@pytest.mark.slow
 def test_on_the_fly_multi_hot_is_deterministic(synthetic_dir, tmp_path):
     logs = [str(tmp_path / f"{i}.jsonl") for i in range(2)]
     for log in logs:

@@ -6,7 +6,7 @@ import struct
 import pytest
 
 import dlrm_main
-from tests.launch import eval_record, launch, read_log, step_losses
+from tests.support.launch import eval_record, launch, read_log, step_losses
 from training.metrics import binary_entropy
 from training.report import main as report_main
 
@@ -35,6 +35,7 @@ def _inspect_tables(argv):
     return {"dtypes": sorted(dtypes), "bytes": local_bytes, "kinds": sorted(kinds)}
 
 
+@pytest.mark.slow
 def test_fp16_tables_are_half_the_memory(synthetic_dir):
     argv = ["--in_memory_binary_criteo_path", synthetic_dir, *SMALL, "--batch_size", "128"]
     fp32 = launch(_inspect_tables, argv)
@@ -45,6 +46,7 @@ def test_fp16_tables_are_half_the_memory(synthetic_dir):
     assert "data_parallel" not in fp16[0]["kinds"]  # fp16 tables stay on the fused kernels
 
 
+@pytest.mark.slow
 def test_fp16_run_learns(synthetic_dir, tmp_path):
     log = str(tmp_path / "fp16.jsonl")
     assert launch(dlrm_main.main, ["--in_memory_binary_criteo_path", synthetic_dir, *SMALL, "--batch_size", "256",
@@ -52,6 +54,7 @@ def test_fp16_run_learns(synthetic_dir, tmp_path):
     assert eval_record(read_log(log), "test")["auroc"] > 0.65
 
 
+@pytest.mark.slow
 def test_amp_losses_stay_close_to_fp32(synthetic_dir, tmp_path):
     """bf16 autocast on CPU: per-step losses within 0.002 of fp32 over 12 SGD steps
     (measured: 3e-5). With Adagrad the first steps move every weight by about the
@@ -67,6 +70,7 @@ def test_amp_losses_stay_close_to_fp32(synthetic_dir, tmp_path):
     assert max(abs(a - b) for a, b in zip(fp32, amp)) < 0.002
 
 
+@pytest.mark.slow
 def test_base_pipeline_matches_sparse_dist(synthetic_dir, tmp_path):
     logs = [str(tmp_path / f"{kind}.jsonl") for kind in ("sparse_dist", "base")]
     for kind, log in zip(("sparse_dist", "base"), logs):
@@ -84,6 +88,7 @@ def test_cuda_only_pipelines_fail_clearly_on_cpu(kind, capsys):
                      "on cpu use sparse_dist or base"]
 
 
+@pytest.mark.slow
 def test_tensorboard_peak_memory_and_report(synthetic_dir, tmp_path, capsys):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

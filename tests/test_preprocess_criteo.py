@@ -17,7 +17,7 @@ from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
 from data.criteo_tsv import parse_criteo_lines
 from data.preprocess_criteo import PreprocessConfig, main, preprocess
 from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day
-from tests.launch import REPO
+from tests.support.launch import REPO
 
 RNG = np.random.default_rng(11)
 
@@ -262,6 +262,7 @@ def _outputs(directory: str) -> dict:
             for name in sorted(os.listdir(directory)) if name.endswith(".npy") or name == "metadata.json"}
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_identical_files(tmp_path):
     spec = SyntheticCriteoSpec(num_days=4, rows_per_day=60_000, seed=5)
     raw = tmp_path / "raw"
@@ -304,6 +305,7 @@ def test_bad_arguments_are_one_line(tmp_path, capsys):
     assert e.value.code == 2
 
 
+@pytest.mark.slow
 def test_parallel_workers_write_the_same_files(raw_days, tmp_path):
     raw, _ = raw_days
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
@@ -312,10 +314,11 @@ def test_parallel_workers_write_the_same_files(raw_days, tmp_path):
     assert _outputs(one) == _outputs(two)
 
 
+@pytest.mark.slow
 def test_two_ranks_learn_from_preprocessed_raw_logs(tmp_path):
     """Raw TSV of the learnable generator -> preprocessing with a threshold -> 2-rank run."""
     import dlrm_main
-    from tests.launch import eval_record, launch, read_log
+    from tests.support.launch import eval_record, launch, read_log
 
     spec = SyntheticCriteoSpec(num_days=3, rows_per_day=20_000, seed=9,
                                cardinalities=[min(c, 1000) for c in SyntheticCriteoSpec().cardinalities])

@@ -9,7 +9,7 @@ import dlrm_main
 from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, SPARSE_FEATURE_NAMES
 from models import build_dlrm_train
 from models.config import ModelConfig
-from tests.launch import launch, read_log, step_losses
+from tests.support.launch import launch, read_log, step_losses
 
 LR, EPS, WD, EMB_WD = 0.1, 0.01, 0.3, 0.2
 TABLES = ("t_cat_0", "t_cat_20")  # 1000 and 4 rows: most rows untouched, all rows touched
@@ -61,6 +61,7 @@ def _rowwise_adagrad_l2(w0, grad, weight_decay):
     return torch.where(rows, w0 - LR * decayed / (state.sqrt() + EPS), w0)
 
 
+@pytest.mark.slow
 def test_weight_decay_follows_the_optimizers_formulas(synthetic_dir):
     data = ["--in_memory_binary_criteo_path", synthetic_dir, *SMALL]
     decay = ["--weight_decay", str(WD), "--embedding_weight_decay", str(EMB_WD)]
@@ -80,6 +81,7 @@ def test_weight_decay_follows_the_optimizers_formulas(synthetic_dir):
             assert not torch.allclose(dp[key], w - LR * dp_grads[key])
 
 
+@pytest.mark.slow
 def test_fused_cpu_tables_refuse_embedding_weight_decay(synthetic_dir, capfd):
     """FBGEMM's fused CPU kernels ignore weight decay: refused on every rank, exit 2."""
     argv = ["--in_memory_binary_criteo_path", synthetic_dir, *SMALL, "--embedding_weight_decay", "0.1",
@@ -132,6 +134,7 @@ def test_dropout_acts_in_training_only_and_keeps_parameter_names(interaction):
         assert not torch.equal(plain(batch)[1][1], dropped(batch)[1][1])
 
 
+@pytest.mark.slow
 def test_dropout_zero_reproduces_todays_losses(synthetic_dir, tmp_path):
     logs = {name: str(tmp_path / f"{name}.jsonl") for name in ("default", "zero", "half")}
     common = ["--in_memory_binary_criteo_path", synthetic_dir, *SMALL, "--limit_train_batches", "6",

@@ -11,12 +11,12 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 
-from tests.test_inference import raw_test_lines, trained  # noqa: F401 (the module's trained model)
+from tests.support.exported_model import raw_test_lines
 from serving import predict, serve
 
 
 @pytest.fixture(scope="module")
-def predictor(trained):  # noqa: F811
+def predictor(trained):
     return predict.Predictor(trained["model"], "int8")
 
 
@@ -43,7 +43,8 @@ def read_until_closed(s: socket.socket) -> bytes:
         chunks.append(chunk)
 
 
-def test_chunked_body_is_read_whole(trained, predictor):  # noqa: F811
+@pytest.mark.slow
+def test_chunked_body_is_read_whole(trained, predictor):
     lines = raw_test_lines(trained, 7)
     with serve.serving_in_background(predictor, max_batch_delay_ms=0) as (url, _):
         connection = http.client.HTTPConnection(*address(url), timeout=60)
@@ -59,6 +60,7 @@ def test_chunked_body_is_read_whole(trained, predictor):  # noqa: F811
     np.testing.assert_allclose(answer, predictor.predict_lines(body), rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("length", ["abc", "-5", "1e3", "12, 13"])
 def test_bad_content_length_is_400(predictor, length):
     with serve.serving_in_background(predictor) as (url, _):
@@ -68,7 +70,8 @@ def test_bad_content_length_is_400(predictor, length):
         assert exchange(url, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n") == (200, b"ok\n")
 
 
-def test_body_above_the_limit_is_413(trained, predictor):  # noqa: F811
+@pytest.mark.slow
+def test_body_above_the_limit_is_413(trained, predictor):
     limits = serve.HttpLimits(max_body_bytes=1000)
     with serve.serving_in_background(predictor, limits=limits) as (url, _):
         # Declared: refused before a byte of the body is read (1 TiB is never allocated).
@@ -90,6 +93,7 @@ def test_body_above_the_limit_is_413(trained, predictor):  # noqa: F811
         connection.close()
 
 
+@pytest.mark.slow
 def test_bad_request_line_and_unknown_paths_answer_json(predictor):
     with serve.serving_in_background(predictor) as (url, _):
         status, body = exchange(url, b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n1\t2\n")
@@ -98,7 +102,8 @@ def test_bad_request_line_and_unknown_paths_answer_json(predictor):
         assert (status, json.loads(body)) == (404, {"error": "not found: GET /health or POST /predict"})
 
 
-def test_stalled_connections_time_out_and_hold_no_thread(trained, predictor):  # noqa: F811
+@pytest.mark.slow
+def test_stalled_connections_time_out_and_hold_no_thread(trained, predictor):
     """Clients that stop before their request is whole (nothing sent, half the headers,
     half the body) are answered 408 and closed after --request_timeout_s; while they
     stall they hold sockets, not threads; beyond --max_connections, 503."""

@@ -30,8 +30,10 @@ from training.distributed import resolve_env
 from training.embedding_init import init_embedding_tables
 from training.flags import parse_config
 from training.trainer import Trainer
-from tests.launch import launch
-from tests.matrix import assemble_table, local_weights
+from tests.support.launch import launch
+from tests.support.matrix import assemble_table, local_weights
+
+pytestmark = pytest.mark.slow  # every test uses the module's launched runs
 
 TOLERANCE = 1e-6
 STEPS = 6

@@ -7,7 +7,7 @@ import dcnv2_main
 import dlrm_main
 from sharding_plans import cli
 from sharding_plans.presets import PRESETS
-from tests.launch import run_script
+from tests.support.launch import run_script
 
 SMALL = ["--num_embeddings", "100", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
          "--over_arch_layer_sizes", "8,1", "--device", "cpu", "--limit_train_batches", "2",
@@ -61,6 +61,7 @@ def test_plan_of_other_tables_is_refused(capsys, cpu_plans):
         f"dlrm_main.py: error: {cpu_plans[1]}: table t_cat_0 is 100 x 8 fp32 in the plan, 120 x 8 fp32 in the model"]
 
 
+@pytest.mark.slow
 def test_mismatched_plan_exits_2_on_every_rank(cpu_plans):
     """Under torchrun the plan check fails on both ranks before the process group, so
     neither waits for the other: both exit 2; rank 0 prints the line for the job (unless

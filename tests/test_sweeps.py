@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from sweeps.run_state import read_runs
-from tests.launch import REPO, eval_record, read_log
-from tests.torchx_cli import BIN, kubernetes_job, option, sbatch_groups, torchrun_argv
+from tests.support.launch import REPO, eval_record, read_log
+from tests.support.torchx_cli import BIN, kubernetes_job, option, sbatch_groups, torchrun_argv
 
 TINY_FLAGS = {
     "batch_size": 256, "embedding_dim": 8, "dense_arch_layer_sizes": [16, 8], "over_arch_layer_sizes": [16, 1],
@@ -75,6 +75,7 @@ def assert_row_matches_log(row, log_path):
     assert row["flags"] == f"--learning_rate {learning_rate}"
 
 
+@pytest.mark.slow
 def test_local_sweep_trains_reports_skips_finished_runs_and_reports_a_failure(synthetic_dir, tmp_path):
     # learning rate 1e30: the loss is NaN at the first step (exit code 3), after the
     # sweep's checks, which cannot know.
@@ -133,6 +134,7 @@ def _training_flags(argv, script):
     return argv[argv.index(script) + 1:]
 
 
+@pytest.mark.slow
 def test_slurm_and_kubernetes_dryruns_list_every_job_with_its_flags(tmp_path, capsys):
     grid = {"max_table_rows": [1000, None], "embedding_dim": [16, 64]}
     flags = {"in_memory_binary_criteo_path": "/fsx/criteo", "batch_size": 2048, "mmap_mode": True}
@@ -179,6 +181,7 @@ def test_slurm_and_kubernetes_dryruns_list_every_job_with_its_flags(tmp_path, ca
             "--num_embeddings_per_feature", ",".join([str(rows)] * 26), "--log_path", str(out / name / "log.jsonl")]
 
 
+@pytest.mark.slow
 def test_num_embeddings_scale_scales_the_datas_cardinalities(synthetic_dir, tmp_path, capsys):
     from tests.conftest import SMALL_SPEC
 
@@ -221,6 +224,7 @@ def test_bad_sweep_files_are_refused_in_one_line_and_launch_nothing(tmp_path, ca
     assert stdout == "" and not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_malformed_yaml_is_refused_naming_line_and_column(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("name: tiny\ngrid: {learning_rate: [0.05, 0.1]\nscript: dlrm_main.py\n")

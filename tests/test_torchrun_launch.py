@@ -10,8 +10,12 @@ import time
 import uuid
 from typing import List
 
-from tests.launch import REPO, eval_record, free_port, read_log, step_losses
-from tests.torchx_cli import BIN
+import pytest
+
+from tests.support.launch import REPO, eval_record, free_port, read_log, step_losses
+from tests.support.torchx_cli import BIN
+
+pytestmark = pytest.mark.slow  # every test starts torchrun
 
 FLAGS = ["--batch_size", "256", "--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16",
          "--over_arch_layer_sizes", "64,32,1", "--optimizer", "sgd", "--learning_rate", "0.5",

@@ -7,7 +7,7 @@ import pytest
 
 import aws_component
 from scripts import component_docs
-from tests.launch import REPO
+from tests.support.launch import REPO
 from torchx_components.machines import machine_resource
 from torchx_components.preprocess import preprocess_criteo
 from torchx_components.training import dcnv2, dlrm
@@ -101,6 +101,7 @@ def test_preprocess_component():
         preprocess_criteo(input_dir="/raw", output_dir="/out", workers="0")
 
 
+@pytest.mark.slow
 def test_components_import_no_torch():
     """The torchx CLI imports the components on the submitting machine, which need not have torch."""
     code = ("import sys, aws_component, torchx_components.training, torchx_components.preprocess; "

@@ -4,9 +4,11 @@ import re
 
 import pytest
 
-from tests.launch import eval_record, read_log
-from tests.torchx_cli import (SMALL_TRAINING_FLAGS, install_components, kubernetes_job, option,
-                              sbatch_groups, scheduler_request, torchrun_argv, torchx)
+from tests.support.launch import eval_record, read_log
+from tests.support.torchx_cli import (SMALL_TRAINING_FLAGS, install_components, kubernetes_job, option,
+                                      sbatch_groups, scheduler_request, torchrun_argv, torchx)
+
+pytestmark = pytest.mark.slow  # every test runs the torchx CLI
 
 TRAINING_FLAGS = ["--batch_size", "2048", "--epochs", "1", "--learning_rate", "15.0"]
 

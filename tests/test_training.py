@@ -7,7 +7,7 @@ import pytest
 import dcnv2_main
 import dlrm_main
 from data.criteo_layout import NUM_SPARSE_FEATURES
-from tests.launch import eval_record, launch, read_log, run_script, step_losses
+from tests.support.launch import eval_record, launch, read_log, run_script, step_losses
 
 SMALL_MODEL = [
     "--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16",
@@ -20,6 +20,7 @@ def _flags(data_dir: str, log_path: str, *extra: str) -> list:
             "--log_every_n_steps", "1", "--seed", "3", *SMALL_MODEL, *extra]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry, extra", [
     (dlrm_main.main, []),
     (dcnv2_main.main, ["--interaction_type", "dcn", "--dcn_num_layers", "2", "--dcn_low_rank_dim", "16"]),
@@ -38,6 +39,7 @@ def test_two_ranks_learn(synthetic_dir, log_path, entry, extra):
     assert 0.0 < test["log_loss"] < 0.69 and 0.5 < test["accuracy"] <= 1.0
 
 
+@pytest.mark.slow
 def test_world_size_one_and_two_agree(synthetic_dir, tmp_path):
     """Same seed and global batch: the per-step losses match to 1e-6 (the runs sum
     gradients in a different order). SGD keeps float rounding from growing; Adagrad's
@@ -55,6 +57,7 @@ def test_world_size_one_and_two_agree(synthetic_dir, tmp_path):
         assert math.isclose(a, b, rel_tol=0, abs_tol=1e-6), (losses_one, losses_two)
 
 
+@pytest.mark.slow
 def test_validation_inside_epoch_does_not_change_training(synthetic_dir, tmp_path):
     plain, validated = str(tmp_path / "plain.jsonl"), str(tmp_path / "validated.jsonl")
     common = ["--batch_size", "256", "--limit_train_batches", "12", "--limit_val_batches", "3",
@@ -67,6 +70,7 @@ def test_validation_inside_epoch_does_not_change_training(synthetic_dir, tmp_pat
     assert [r["step"] for r in evals] == [5, 10, 12]
 
 
+@pytest.mark.slow
 def test_same_seed_same_losses(synthetic_dir, tmp_path):
     a, b = str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")
     common = ["--batch_size", "256", "--limit_train_batches", "8", "--limit_val_batches", "0",
@@ -76,6 +80,7 @@ def test_same_seed_same_losses(synthetic_dir, tmp_path):
     assert step_losses(read_log(a)) == step_losses(read_log(b))
 
 
+@pytest.mark.slow
 def test_plain_python_single_process(synthetic_dir, log_path):
     proc = run_script(["dlrm_main.py", *_flags(synthetic_dir, log_path, "--batch_size", "512",
                                               "--limit_train_batches", "10", "--limit_val_batches", "2",
@@ -93,6 +98,7 @@ def test_plain_python_single_process(synthetic_dir, log_path):
     assert len(step_losses(records)) == 10
 
 
+@pytest.mark.slow
 def test_random_data_when_no_path(log_path):
     """Without a data path the run uses uniform random data (the public example's default)."""
     proc = run_script(["dlrm_main.py", "--log_path", log_path, *SMALL_MODEL, "--num_embeddings", "1000",
@@ -103,6 +109,7 @@ def test_random_data_when_no_path(log_path):
     assert test["num_samples"] == 256 and abs(test["auroc"] - 0.5) < 0.15
 
 
+@pytest.mark.slow
 def test_bad_flag_under_torchrun_exits_2_on_every_rank(synthetic_dir):
     proc = run_script(["dlrm_main.py", "--in_memory_binary_criteo_path", synthetic_dir,
                        "--dense_arch_layer_sizes", "512,256,32"], torchrun_nproc=2, timeout=120)
@@ -115,6 +122,7 @@ def test_bad_flag_under_torchrun_exits_2_on_every_rank(synthetic_dir):
     assert f"{summary} (exit code 2)" in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_model_that_does_not_fit_is_one_line_on_every_rank():
     """The planner fails on rank 0 only (it plans, then broadcasts): every rank learns
     it, without waiting on the broadcast, and exits 2."""
@@ -122,6 +130,7 @@ def test_model_that_does_not_fit_is_one_line_on_every_rank():
                                    "--limit_train_batches", "1"]) == {0: 2, 1: 2}
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_with_step(synthetic_dir, log_path):
     proc = run_script(["dlrm_main.py", *_flags(synthetic_dir, log_path, "--batch_size", "256",
                                               "--limit_train_batches", "30"),

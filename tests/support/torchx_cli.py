@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Sequence
 
 import yaml
 
-from tests.launch import REPO
+from tests.support.launch import REPO
 
 BIN = os.path.dirname(sys.executable)
 

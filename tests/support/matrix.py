@@ -19,7 +19,7 @@ A combination that cannot be right must be refused before training, on every ran
 with one line: `REFUSALS` lists them, and each one becomes a case of its own that
 checks the refusal (exit code 2, one ``error:`` line naming the reason).
 
-Run the larger set with ``python -m tests.matrix --strength 3`` (``make test-matrix``).
+Run the larger set with ``python -m tests.support.matrix --strength 3`` (``make test-matrix``).
 """
 
 import argparse
@@ -579,7 +579,7 @@ def run(spec: MatrixSpec, strength: int, only: str = "", list_only: bool = False
         return 0
     from data.synthetic_criteo import generate_synthetic_criteo
     from tests.conftest import SMALL_SPEC
-    from tests.launch import launch
+    from tests.support.launch import launch
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="matrix-") as work:
         data_dir = os.path.join(work, "data")
@@ -591,12 +591,28 @@ def run(spec: MatrixSpec, strength: int, only: str = "", list_only: bool = False
     return 0 if all(r.passed for r in results) else 1
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.matrix", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--strength", type=int, default=3, help="cover every pair (2) or triple (3) of choices")
-    parser.add_argument("--list", action="store_true", help="print the cases without running them")
+def matrix_parser(prog: str, description: str, strength: int) -> argparse.ArgumentParser:
+    """The flags of a matrix CLI (this one's and bench/gpu_check.py's): --strength,
+    --only, --list.
+
+    Args:
+        prog: the command that runs the CLI.
+        description: its one-line description.
+        strength: the default --strength.
+
+    Example::
+
+        args = matrix_parser("python -m tests.support.matrix", "The matrix.", 3).parse_args(["--list"])
+    """
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--strength", type=int, default=strength, help="cover every pair (2) or triple (3) of choices")
     parser.add_argument("--only", default="", help="run only the cases whose name contains this text")
-    args = parser.parse_args(argv)
+    parser.add_argument("--list", action="store_true", help="print the cases without running them")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = matrix_parser("python -m tests.support.matrix", __doc__.split("\n\n")[0], strength=3).parse_args(argv)
     return run(CPU_MATRIX, args.strength, args.only, args.list)
 
 

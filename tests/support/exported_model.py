@@ -1,0 +1,52 @@
+"""A small DLRM trained from raw synthetic Criteo logs and exported, shared by the
+inference and serving tests (the `trained` fixture of tests/conftest.py builds it
+once per session)."""
+
+import os
+from pathlib import Path
+from typing import Any, Dict, List
+
+import dlrm_main
+from data.preprocess_criteo import PreprocessConfig, preprocess
+from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day
+from tests.support.launch import launch, read_log
+from serving import export
+
+SPEC = SyntheticCriteoSpec(num_days=3, rows_per_day=8_000, seed=5,
+                           cardinalities=[min(c, 1000) for c in SyntheticCriteoSpec().cardinalities])
+MODEL_FLAGS = ["--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,32,1"]
+
+
+def train_and_export(root: Path) -> Dict[str, Any]:
+    """Raw TSV -> preprocessing with a frequency threshold -> 2-rank training with a
+    checkpoint -> export, under ``root``. Returns the paths and the training log.
+
+    Args:
+        root: an empty directory.
+
+    Example::
+
+        trained = train_and_export(tmp_path)
+        predict.Predictor(trained["model"]).predict_lines(b"".join(raw_test_lines(trained, 3)))
+    """
+    raw = root / "raw"
+    raw.mkdir()
+    for day in range(SPEC.num_days):
+        write_raw_day(SPEC, str(raw / f"day_{day}"), day)
+    data = str(root / "data")
+    preprocess(PreprocessConfig(str(raw), data, "criteo_1t", frequency_threshold=2))
+    ckpt, log = str(root / "ckpt"), str(root / "log.jsonl")
+    assert launch(dlrm_main.main, ["--in_memory_binary_criteo_path", data, "--batch_size", "256", *MODEL_FLAGS,
+                                   "--optimizer", "adagrad", "--learning_rate", "0.05", "--seed", "1",
+                                   "--checkpoint_dir", ckpt, "--checkpoint_at_epoch_end", "--log_path", log,
+                                   "--sharding_type", "table_wise"]) == {0: 0, 1: 0}
+    model_dir = str(root / "model")
+    assert export.main(["--checkpoint", ckpt, "--output", model_dir]) == 0
+    return {"raw": str(raw), "data": data, "ckpt": ckpt, "model": model_dir, "log": read_log(log), "root": root}
+
+
+def raw_test_lines(trained: Dict[str, Any], count: int) -> List[bytes]:
+    """The first ``count`` raw lines of the test split (the second half of the last day)."""
+    with open(os.path.join(trained["raw"], "day_2"), "rb") as f:
+        lines = f.read().splitlines(keepends=True)
+    return lines[len(lines) // 2:][:count]

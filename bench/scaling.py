@@ -197,7 +197,8 @@ def measure_loader(directory: str) -> Dict[str, Any]:
     _evict(files)
     read_seconds = _sequential_read_seconds(files)
     read_batches_per_sec = (data_bytes / read_seconds) / (data_bytes / rows * BATCH)
-    result: Dict[str, Any] = {"data_gb": round(data_bytes / GB, 3), "read_mb_per_sec": round(data_bytes / read_seconds / 1e6, 1),
+    result: Dict[str, Any] = {"data_gb": round(data_bytes / GB, 3),
+                              "read_mb_per_sec": round(data_bytes / read_seconds / 1e6, 1),
                               "read_batches_per_sec": round(read_batches_per_sec, 1)}
     for name, shuffled, release in LOADER_RUNS:
         _evict(files)

@@ -407,7 +407,10 @@ def _mmap_loader_rss_growth_and_digest(directory: str, release: bool):
                                 release_every_bytes=RELEASE_EVERY_BYTES if release else None)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets the peak RSS (VmHWM) to the current RSS
-    status = lambda key: int(re.search(rf"{key}:\s+(\d+) kB", open("/proc/self/status").read()).group(1)) << 10  # noqa: E731
+    def status(key: str) -> int:
+        with open("/proc/self/status") as f:
+            return int(re.search(rf"{key}:\s+(\d+) kB", f.read()).group(1)) << 10
+
     before, digest = status("VmRSS"), hashlib.sha256()
     for batch in loader:
         for tensor in (batch.dense_features, batch.sparse_features.values(), batch.labels):

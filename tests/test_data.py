@@ -407,6 +407,7 @@ def _mmap_loader_rss_growth_and_digest(directory: str, release: bool):
                                 release_every_bytes=RELEASE_EVERY_BYTES if release else None)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets the peak RSS (VmHWM) to the current RSS
+
     def status(key: str) -> int:
         with open("/proc/self/status") as f:
             return int(re.search(rf"{key}:\s+(\d+) kB", f.read()).group(1)) << 10

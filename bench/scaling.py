@@ -20,7 +20,8 @@ rows per batch) over the whole training split against a sequential read of the s
 files, each with the files first evicted from the page cache (posix_fadvise, our
 files only), and the loader's peak RSS (in a fresh process; mapped file pages count
 while resident): in order with the pages read released (the default), in order with
-them kept mapped (the peer), and in shuffled batch order (--shuffle_batches).
+them kept mapped (the peer), and in shuffled batch order (--shuffle_batches; the
+first 20,000 batches).
 
     python bench/scaling.py [--rows 10000,100000,1000000] [--data_rows 100000,1000000,10000000]
         [--dir /some/disk] [--data_dir /an/existing/data_set]
@@ -171,17 +172,19 @@ def measure_tables(rows: int, root: str) -> Dict[str, Any]:
 
 
 def _mmap_loader_run(directory: str, shuffled: bool, release: bool) -> Dict[str, float]:
-    """In a fresh process: one rank's memory-mapped loader over the whole training split."""
+    """In a fresh process: one rank's memory-mapped loader over the training split (in
+    shuffled order its first SHUFFLED_BATCHES batches: random reads are slower)."""
     from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
     from data.mapped_pages import RELEASE_EVERY_BYTES
 
     loader = CriteoBinaryLoader(CriteoBinaryDataset(directory), "train", batch_size=BATCH, rank=0, world_size=1,
                                 mmap_mode=True, shuffle_batches_seed=0 if shuffled else None,
                                 release_every_bytes=RELEASE_EVERY_BYTES if release else None)
-    rate = loader_rate(loader, max_batches=len(loader))
+    rate = loader_rate(loader, max_batches=min(len(loader), SHUFFLED_BATCHES) if shuffled else len(loader))
     return {"rate": rate, "peak_rss": _peak_rss()}
 
 
+SHUFFLED_BATCHES = 20_000
 # The loader runs measured: (name, batches in shuffled order, pages read released).
 LOADER_RUNS = [("sequential", False, True), ("sequential_kept", False, False), ("shuffled", True, True)]
 
@@ -207,6 +210,8 @@ def measure_loader(directory: str) -> Dict[str, Any]:
         result[f"{name}_batches_per_sec"] = round(run["rate"], 1)
         result[f"{name}_vs_read"] = round(run["rate"] / read_batches_per_sec, 2)
         result[f"{name}_peak_rss_gb"] = round(run["peak_rss"] / GB, 3)
+        print(f"{directory}: {name} loader {run['rate']:.0f} batches/s, peak RSS {run['peak_rss'] / GB:.2f} GB; "
+              f"sequential read {read_batches_per_sec:.0f} batches/s", file=sys.stderr, flush=True)
     return result
 
 

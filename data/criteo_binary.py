@@ -29,7 +29,7 @@ from data.criteo_layout import (
     multi_hot_file,
     read_metadata,
 )
-from data.mapped_pages import RELEASE_EVERY_BYTES, MappedPageRelease
+from data.mapped_pages import RELEASE_EVERY_BYTES, MappedPageRelease, prefetch_rows
 from data.multi_hot import open_npz_arrays
 from data.split_binary import SplitBinaryDataset
 from data.value_checks import DENSE, IDS, LABELS, BatchValueCheck, DataValueError, ValueFile, check_value_files
@@ -211,6 +211,8 @@ class CriteoBinaryDataset:
             day_stop = int(self.day_starts[day + 1])
             lo, hi = start - int(self.day_starts[day]), min(stop, day_stop) - int(self.day_starts[day])
             dense, sparse, labels = self._days[day]
+            for array in (dense, labels, *([sparse] if isinstance(sparse, np.ndarray) else sparse)):
+                prefetch_rows(array, lo, hi)  # every file's request at once, before the copies wait on them
             parts.append((np.array(dense[lo:hi]), _map_sparse(sparse, lambda a: np.array(a[lo:hi])),
                           np.array(labels[lo:hi])))
             start, day = min(stop, day_stop), day + 1
@@ -293,7 +295,9 @@ class CriteoBinaryLoader:
         self._epoch, self._start_batch = 0, 0
         self._in_memory: Optional[Arrays] = None
         self._release = (None if release_every_bytes is None else
-                         MappedPageRelease([f.array for f in dataset.value_files()], release_every_bytes))
+                         MappedPageRelease([f.array for f in dataset.value_files()], release_every_bytes,
+                                           random_order=mmap_mode and (shuffle_batches_seed is not None
+                                                                       or row_permutation_seed is not None)))
         if not mmap_mode:
             # This rank's rows of every batch it may visit, batch after batch, in one block.
             visited = len(self._layout) if shuffle_batches_seed is not None else len(self)

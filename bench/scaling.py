@@ -80,9 +80,9 @@ def _train(argv: List[str]) -> Dict[str, Any]:
     eval_seconds: Dict[str, float] = {}
     evaluate = trainer.evaluate
 
-    def timed_evaluate(stage: str) -> Any:
+    def timed_evaluate(stage: str, *args: Any, **kwargs: Any) -> Any:
         began = time.perf_counter()
-        values = evaluate(stage)
+        values = evaluate(stage, *args, **kwargs)
         eval_seconds[stage] = time.perf_counter() - began
         return values
 

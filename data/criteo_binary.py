@@ -41,6 +41,12 @@ def _map_sparse(sparse: Sparse, fn: Callable[[np.ndarray], np.ndarray]) -> Spars
     return fn(sparse) if isinstance(sparse, np.ndarray) else [fn(part) for part in sparse]
 
 
+def _every_array(arrays: Arrays) -> List[np.ndarray]:
+    """The arrays of a day or a batch, each sparse array apart."""
+    dense, sparse, labels = arrays
+    return [dense, labels, *([sparse] if isinstance(sparse, np.ndarray) else sparse)]
+
+
 def _concat_arrays(parts: Sequence[Arrays]) -> Arrays:
     dense = np.concatenate([p[0] for p in parts])
     labels = np.concatenate([p[2] for p in parts])
@@ -213,8 +219,9 @@ class CriteoBinaryDataset:
             day_stop = int(self.day_starts[day + 1])
             lo, hi = start - int(self.day_starts[day]), min(stop, day_stop) - int(self.day_starts[day])
             dense, sparse, labels = self._days[day]
-            for array in (dense, labels, *([sparse] if isinstance(sparse, np.ndarray) else sparse)) if prefetch else ():
-                prefetch_rows(array, lo, hi)  # every file's request at once, before the copies wait on them
+            if prefetch:
+                for array in _every_array(self._days[day]):
+                    prefetch_rows(array, lo, hi)  # every file's request at once, before the copies wait on them
             parts.append((np.array(dense[lo:hi]), _map_sparse(sparse, lambda a: np.array(a[lo:hi])),
                           np.array(labels[lo:hi])))
             start, day = min(stop, day_stop), day + 1
@@ -327,11 +334,10 @@ class CriteoBinaryLoader:
     def _mapped_bytes(self, arrays: Arrays) -> int:
         """About how many bytes of file pages reading ``arrays`` mapped: their own bytes
         for consecutive rows, a page per row and array for rows scattered by a permutation."""
-        dense, sparse, labels = arrays
-        parts = [dense, labels, *([sparse] if isinstance(sparse, np.ndarray) else sparse)]
+        parts = _every_array(arrays)
         if self._permutation is None:
             return sum(part.nbytes for part in parts)
-        return len(parts) * dense.shape[0] * mmap.PAGESIZE
+        return len(parts) * arrays[0].shape[0] * mmap.PAGESIZE
 
     def _check_batch(self, batch: int, arrays: Arrays) -> None:
         """Raises DataValueError naming the file, row and column of the first invalid

@@ -13,14 +13,18 @@ SGD, random data), each size in fresh processes:
   the checkpoint's files with fsync;
 - evaluation records/s against training records/s (the same batches' size and model).
 
-For training data growing by 10x (synthetic binary Criteo days), one rank's
-memory-mapped loader (--mmap_mode, rank 0 of 2, 1024 rows per batch) against a
-sequential read of the same files, both with the files first evicted from the page
-cache (posix_fadvise, our files only), and the loader's peak RSS (in a fresh process;
-mapped file pages count while resident).
+For training data growing by 10x (synthetic binary Criteo days), and for an
+existing data set (--data_dir, e.g. one larger than memory), the memory-mapped loader
+(--mmap_mode, one rank, so that it reads every byte the sequential read reads; 1024
+rows per batch) over the whole training split against a sequential read of the same
+files, each with the files first evicted from the page cache (posix_fadvise, our
+files only), and the loader's peak RSS (in a fresh process; mapped file pages count
+while resident): in order with the pages read released (the default), in order with
+them kept mapped (the peer), and in shuffled batch order (--shuffle_batches; the
+first 20,000 batches).
 
     python bench/scaling.py [--rows 10000,100000,1000000] [--data_rows 100000,1000000,10000000]
-        [--dir /some/disk]
+        [--dir /some/disk] [--data_dir /an/existing/data_set]
 """
 
 import argparse
@@ -74,9 +78,9 @@ def _train(argv: List[str]) -> Dict[str, Any]:
     eval_seconds: Dict[str, float] = {}
     evaluate = trainer.evaluate
 
-    def timed_evaluate(stage: str) -> Any:
+    def timed_evaluate(stage: str, *args: Any, **kwargs: Any) -> Any:
         began = time.perf_counter()
-        values = evaluate(stage)
+        values = evaluate(stage, *args, **kwargs)
         eval_seconds[stage] = time.perf_counter() - began
         return values
 
@@ -165,42 +169,61 @@ def measure_tables(rows: int, root: str) -> Dict[str, Any]:
     }
 
 
-def _mmap_loader_run(directory: str, cardinalities: List[int]) -> Dict[str, float]:
-    """In a fresh process: one rank's memory-mapped loader over its whole training share."""
+def _mmap_loader_run(directory: str, shuffled: bool, release: bool) -> Dict[str, float]:
+    """In a fresh process: one rank's memory-mapped loader over the training split (in
+    shuffled order its first SHUFFLED_BATCHES batches: random reads are slower)."""
     from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
+    from data.mapped_pages import RELEASE_EVERY_BYTES
 
-    loader = CriteoBinaryLoader(CriteoBinaryDataset(directory), "train", batch_size=BATCH, rank=0, world_size=2,
-                                num_embeddings_per_feature=cardinalities, mmap_mode=True)
-    rate = loader_rate(loader, max_batches=len(loader))
+    loader = CriteoBinaryLoader(CriteoBinaryDataset(directory), "train", batch_size=BATCH, rank=0, world_size=1,
+                                mmap_mode=True, shuffle_batches_seed=0 if shuffled else None,
+                                release_every_bytes=RELEASE_EVERY_BYTES if release else None)
+    rate = loader_rate(loader, max_batches=min(len(loader), SHUFFLED_BATCHES) if shuffled else len(loader))
     return {"rate": rate, "peak_rss": _peak_rss()}
 
 
+SHUFFLED_BATCHES = 20_000
+# The loader runs measured: (name, batches in shuffled order, pages read released).
+LOADER_RUNS = [("sequential", False, True), ("sequential_kept", False, False), ("shuffled", True, True)]
+
+
+def measure_loader(directory: str) -> Dict[str, Any]:
+    """The memory-mapped loader against a sequential read of the data set's files, each
+    run from the disk (the files evicted from the page cache first)."""
+    from data.criteo_binary import CriteoBinaryDataset
+
+    files = [os.path.join(directory, f) for f in sorted(os.listdir(directory)) if f.endswith(".npy")]
+    data_bytes = sum(os.path.getsize(f) for f in files)
+    rows = CriteoBinaryDataset(directory).num_rows
+    _evict(files)
+    read_seconds = _sequential_read_seconds(files)
+    read_batches_per_sec = (data_bytes / read_seconds) / (data_bytes / rows * BATCH)
+    result: Dict[str, Any] = {"data_gb": round(data_bytes / GB, 3),
+                              "read_mb_per_sec": round(data_bytes / read_seconds / 1e6, 1),
+                              "read_batches_per_sec": round(read_batches_per_sec, 1)}
+    for name, shuffled, release in LOADER_RUNS:
+        _evict(files)
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            run = pool.submit(_mmap_loader_run, directory, shuffled, release).result()
+        result[f"{name}_batches_per_sec"] = round(run["rate"], 1)
+        result[f"{name}_vs_read"] = round(run["rate"] / read_batches_per_sec, 2)
+        result[f"{name}_peak_rss_gb"] = round(run["peak_rss"] / GB, 3)
+        print(f"{directory}: {name} loader {run['rate']:.0f} batches/s, peak RSS {run['peak_rss'] / GB:.2f} GB; "
+              f"sequential read {read_batches_per_sec:.0f} batches/s", file=sys.stderr, flush=True)
+    return result
+
+
 def measure_data(rows_per_day: int, root: str) -> Dict[str, Any]:
-    """The memory-mapped loader against a sequential read, on 2 training days + 1 eval day."""
+    """The memory-mapped loader on a generated data set: 2 training days + 1 eval day."""
     from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
 
     work = tempfile.mkdtemp(dir=root)
     try:
-        spec = SyntheticCriteoSpec(num_days=3, rows_per_day=rows_per_day, seed=2)
-        generate_synthetic_criteo(spec, work, show_progress=False)
-        files = [os.path.join(work, f) for f in sorted(os.listdir(work)) if f.endswith(".npy")]
-        data_bytes = sum(os.path.getsize(f) for f in files)
-        _evict(files)
-        read_seconds = _sequential_read_seconds(files)
-        _evict(files)
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            run = pool.submit(_mmap_loader_run, work, spec.cardinalities).result()
+        generate_synthetic_criteo(SyntheticCriteoSpec(num_days=3, rows_per_day=rows_per_day, seed=2), work,
+                                  show_progress=False)
+        return {"data": f"3 x {rows_per_day:,} rows", **measure_loader(work)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    read_batches_per_sec = (data_bytes / read_seconds) / (data_bytes / (3 * rows_per_day) * BATCH)
-    return {
-        "rows_per_day": rows_per_day, "data_gb": round(data_bytes / GB, 3),
-        "mmap_batches_per_sec": round(run["rate"], 1),
-        "read_mb_per_sec": round(data_bytes / read_seconds / 1e6, 1),
-        "read_batches_per_sec": round(read_batches_per_sec, 1),
-        "mmap_vs_read": round(run["rate"] / read_batches_per_sec, 2),
-        "loader_peak_rss_gb": round(run["peak_rss"] / GB, 3),
-    }
 
 
 def main() -> int:
@@ -208,11 +231,15 @@ def main() -> int:
     parser.add_argument("--rows", default="10000,100000,1000000", help="rows per table, comma-separated")
     parser.add_argument("--data_rows", default="100000,1000000,10000000", help="rows per synthetic day")
     parser.add_argument("--dir", default=None, help="where checkpoints and data go (default: a temporary directory)")
+    parser.add_argument("--data_dir", default=None,
+                        help="also measure the loader on this existing binary Criteo data set (left in place)")
     args = parser.parse_args()
     root = tempfile.mkdtemp(dir=args.dir)
     try:
         tables = [measure_tables(int(r), root) for r in args.rows.split(",") if r]
         data = [measure_data(int(r), root) for r in args.data_rows.split(",") if r]
+        if args.data_dir:
+            data.append({"data": args.data_dir, **measure_loader(args.data_dir)})
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print("| tables | first step s/GB | fill s/GB | ratio | RSS/GB at step 1 | (RSS - base)/GB | "
@@ -225,12 +252,13 @@ def main() -> int:
               f"{t['copy_s_per_gb']} | {t['save_vs_copy']} | {t['load_vs_copy']} | "
               f"{t['eval_records_per_sec']:,} / {t['train_records_per_sec']:,} = {t['eval_vs_train']} |")
     if data:
-        print("\n| data | mmap loader batches/s | sequential read MB/s (as batches/s) | ratio | peak RSS GB |")
-        print("| --- " * 5 + "|")
+        print("\n| data | sequential read MB/s (as batches/s) | "
+              + " | ".join(f"{name}: batches/s, ratio, peak RSS GB" for name, _, _ in LOADER_RUNS) + " |")
+        print("| --- " * (2 + len(LOADER_RUNS)) + "|")
         for d in data:
-            print(f"| 3 x {d['rows_per_day']:,} rows ({d['data_gb']} GB) | {d['mmap_batches_per_sec']} | "
-                  f"{d['read_mb_per_sec']} ({d['read_batches_per_sec']}) | {d['mmap_vs_read']} | "
-                  f"{d['loader_peak_rss_gb']} |")
+            print(f"| {d['data']} ({d['data_gb']} GB) | {d['read_mb_per_sec']} ({d['read_batches_per_sec']}) | "
+                  + " | ".join(f"{d[name + '_batches_per_sec']}, {d[name + '_vs_read']}, {d[name + '_peak_rss_gb']}"
+                               for name, _, _ in LOADER_RUNS) + " |")
     print(json.dumps({"tables": tables, "data": data}))
     return 0
 

@@ -9,6 +9,7 @@ Sparse features are one (N, 26) int32 array per day (one-hot), or, for the MLPer
 multi-hot layout, 26 arrays of shape (N, k_f); `Sparse` covers both.
 """
 
+import mmap
 import os
 import zipfile
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -29,6 +30,7 @@ from data.criteo_layout import (
     multi_hot_file,
     read_metadata,
 )
+from data.mapped_pages import RELEASE_EVERY_BYTES, MappedPageRelease, prefetch_rows
 from data.multi_hot import open_npz_arrays
 from data.split_binary import SplitBinaryDataset
 from data.value_checks import DENSE, IDS, LABELS, BatchValueCheck, DataValueError, ValueFile, check_value_files
@@ -38,6 +40,12 @@ Arrays = Tuple[np.ndarray, Sparse, np.ndarray]
 
 def _map_sparse(sparse: Sparse, fn: Callable[[np.ndarray], np.ndarray]) -> Sparse:
     return fn(sparse) if isinstance(sparse, np.ndarray) else [fn(part) for part in sparse]
+
+
+def _every_array(arrays: Arrays) -> List[np.ndarray]:
+    """The arrays of a day or a batch, each sparse array apart."""
+    dense, sparse, labels = arrays
+    return [dense, labels, *([sparse] if isinstance(sparse, np.ndarray) else sparse)]
 
 
 def _concat_arrays(parts: Sequence[Arrays]) -> Arrays:
@@ -202,14 +210,19 @@ class CriteoBinaryDataset:
         sparse = self._days[0][1]
         return None if isinstance(sparse, np.ndarray) else [part.shape[1] for part in sparse]
 
-    def read(self, start: int, stop: int) -> Arrays:
-        """Rows [start, stop) across day boundaries, copied into memory."""
+    def read(self, start: int, stop: int, prefetch: bool = False) -> Arrays:
+        """Rows [start, stop) across day boundaries, copied into memory; with ``prefetch``
+        each file's rows are first requested from the disk at once (for reads in random
+        order: in order, the kernel's read-ahead is faster)."""
         parts = []
         day = int(np.searchsorted(self.day_starts, start, side="right")) - 1
         while start < stop:
             day_stop = int(self.day_starts[day + 1])
             lo, hi = start - int(self.day_starts[day]), min(stop, day_stop) - int(self.day_starts[day])
             dense, sparse, labels = self._days[day]
+            if prefetch:
+                for array in _every_array(self._days[day]):
+                    prefetch_rows(array, lo, hi)  # every file's request at once, before the copies wait on them
             parts.append((np.array(dense[lo:hi]), _map_sparse(sparse, lambda a: np.array(a[lo:hi])),
                           np.array(labels[lo:hi])))
             start, day = min(stop, day_stop), day + 1
@@ -234,7 +247,10 @@ class CriteoBinaryLoader:
     """Iterates one rank's batches of one split.
 
     Without ``mmap_mode`` the rank's rows (and only those) are read into memory up
-    front; with it they are read from the memory-mapped files batch by batch.
+    front; with it they are read from the memory-mapped files batch by batch. Either
+    way the file pages read are unmapped again (`data.mapped_pages`): up front once
+    the rows are in memory, batch by batch every ``release_every_bytes``, so the RSS
+    of a loader over data larger than memory stays bounded.
 
     Args:
         dataset: the day files, or a feature-spec data set (``--dataset_path``).
@@ -252,6 +268,8 @@ class CriteoBinaryLoader:
         num_embeddings_per_feature: ids at or above a table's size are taken modulo it.
         limit_batches: stop after this many batches.
         expand: turns one-hot rows into multi-hot bags (``--multi_hot_sizes``).
+        release_every_bytes: mapped bytes read between two releases of the pages
+            read; None keeps them mapped (the batches are the same).
     """
 
     def __init__(
@@ -268,6 +286,7 @@ class CriteoBinaryLoader:
         num_embeddings_per_feature: Optional[Sequence[int]] = None,
         limit_batches: Optional[int] = None,
         expand: Optional[Callable[[np.ndarray], List[np.ndarray]]] = None,
+        release_every_bytes: Optional[int] = RELEASE_EVERY_BYTES,
     ) -> None:
         self._dataset = dataset
         self._expand = expand
@@ -285,11 +304,17 @@ class CriteoBinaryLoader:
         self._batch_check = BatchValueCheck(dataset.num_embeddings_per_feature) if mmap_mode else None
         self._epoch, self._start_batch = 0, 0
         self._in_memory: Optional[Arrays] = None
+        random_order = mmap_mode and (shuffle_batches_seed is not None or row_permutation_seed is not None)
+        self._release = (None if release_every_bytes is None else
+                         MappedPageRelease([f.array for f in dataset.value_files()], release_every_bytes, random_order))
+        self._prefetch = random_order and isinstance(dataset, CriteoBinaryDataset)
         if not mmap_mode:
             # This rank's rows of every batch it may visit, batch after batch, in one block.
             visited = len(self._layout) if shuffle_batches_seed is not None else len(self)
             blocks = [self._read_batch(b) for b in range(visited)]
             self._in_memory = _concat_arrays(blocks) if blocks else None
+            if self._release is not None:
+                self._release.release()  # the rows are in memory: their file pages (and the value check's) can go
 
     def _modulo_sizes(self, sizes: Optional[Sequence[int]]) -> Optional[np.ndarray]:
         if sizes is None:
@@ -301,9 +326,19 @@ class CriteoBinaryLoader:
 
     def _read_batch(self, batch: int) -> Arrays:
         lo, hi = self._layout.rows(batch)
+        if self._prefetch and self._permutation is None:
+            return self._dataset.read(self._start + lo, self._start + hi, prefetch=True)  # type: ignore[call-arg]
         if self._permutation is None:
             return self._dataset.read(self._start + lo, self._start + hi)
         return self._dataset.take(self._permutation[lo:hi])
+
+    def _mapped_bytes(self, arrays: Arrays) -> int:
+        """About how many bytes of file pages reading ``arrays`` mapped: their own bytes
+        for consecutive rows, a page per row and array for rows scattered by a permutation."""
+        parts = _every_array(arrays)
+        if self._permutation is None:
+            return sum(part.nbytes for part in parts)
+        return len(parts) * arrays[0].shape[0] * mmap.PAGESIZE
 
     def _check_batch(self, batch: int, arrays: Arrays) -> None:
         """Raises DataValueError naming the file, row and column of the first invalid
@@ -342,6 +377,8 @@ class CriteoBinaryLoader:
                 sparse = _map_sparse(sparse, lambda a: a[lo : lo + size])
             else:
                 dense, sparse, labels = self._read_batch(b)
+                if self._release is not None:
+                    self._release.count(self._mapped_bytes((dense, sparse, labels)))
                 if self._batch_check is not None:
                     self._check_batch(b, (dense, sparse, labels))
             if self._modulo is not None:

@@ -10,18 +10,25 @@ neither the sharding, the world size nor the number of threads changes a value.
 
 TorchRec's own initialisation of the same shards (FBGEMM's kernels draw every shard
 uniformly, then the sharded collection draws it again with each table's ``init_fn``)
-is skipped with `torchrec_table_init_skipped`: both are overwritten here.
+is skipped with `torchrec_table_init_skipped`: both are overwritten here. So is the
+zero fill of the host weights FBGEMM allocates (a full pass over the tables' memory,
+its page faults included, that cost more than this initialisation): they are mapped
+fresh from the kernel instead, zeros that no one has written, and their pages are
+first touched when this module's threads write the values.
 """
 
+import inspect
+import mmap
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
+from fbgemm_gpu import split_table_batched_embeddings_ops_training as fbgemm_tbe
 from torchrec.distributed.batched_embedding_kernel import BaseBatchedEmbeddingBag
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 
@@ -140,14 +147,19 @@ def _piece_tasks(local: torch.Tensor, key: int, bound: float, row: int, col: int
             for start in range(0, local.shape[0], rows)]
 
 
+def _fill_tasks(tasks: List[tuple]) -> None:
+    for task in tasks:
+        _fill_task(*task)
+
+
 def _run_tasks(tasks: List[tuple], threads: int) -> None:
-    """Runs the fill tasks on ``threads`` threads (numpy releases the GIL in its loops)."""
+    """Runs the fill tasks on ``threads`` threads (numpy releases the GIL in its loops),
+    each thread every ``threads``-th task: one pool job per thread, not per task."""
     if threads <= 1 or len(tasks) <= 1:
-        for task in tasks:
-            _fill_task(*task)
+        _fill_tasks(tasks)
         return
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        for done in pool.map(lambda task: _fill_task(*task), tasks):
+        for done in pool.map(_fill_tasks, [tasks[first::threads] for first in range(threads)]):
             del done
 
 
@@ -196,15 +208,39 @@ def init_embedding_tables(
 
 
 def _skip_init(self: nn.Module) -> None:
-    """Leaves the freshly allocated (zeroed) weights as they are."""
+    """Leaves the freshly allocated weights as they are."""
+
+
+_APPLY_SPLIT = fbgemm_tbe.apply_split_helper
+_APPLY_SPLIT_SIGNATURE = inspect.signature(_APPLY_SPLIT)
+
+
+def _fresh_zeros(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A host tensor of zeros in a private anonymous mapping: the kernel's zero pages,
+    not written until used (torch.zeros writes every byte first)."""
+    size = numel * torch.empty(0, dtype=dtype).element_size()
+    return torch.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), dtype=dtype)
+
+
+def _apply_split_weights_unwritten(*args: Any, **kwargs: Any) -> None:
+    """FBGEMM's `apply_split_helper`, but the host weights come from `_fresh_zeros`
+    (through its ``preallocated_host_buffer``); other buffers (optimizer state) as before."""
+    call = _APPLY_SPLIT_SIGNATURE.bind(*args, **kwargs)
+    named = call.arguments
+    on_host = torch.device(named["current_device"]).type == "cpu"
+    if (named["prefix"] == "weights" and on_host and named["split"].host_size > 0
+            and named.get("preallocated_host_buffer") is None):
+        named["preallocated_host_buffer"] = _fresh_zeros(named["split"].host_size, named["dtype"])
+    _APPLY_SPLIT(*call.args, **call.kwargs)
 
 
 @contextmanager
 def torchrec_table_init_skipped() -> Iterator[None]:
     """While open, sharding an embedding-bag collection leaves its tables' weights as
-    allocated instead of drawing them twice (the kernels' `init_parameters`, then the
-    collection's `reset_parameters` with each table's ``init_fn`` and, for data-parallel
-    tables, a broadcast from rank 0). Only for weights that are overwritten afterwards
+    allocated (the fused kernels' host weights: zero pages, never written) instead of
+    drawing them twice (the kernels' `init_parameters`, then the collection's
+    `reset_parameters` with each table's ``init_fn`` and, for data-parallel tables, a
+    broadcast from rank 0). Only for weights that are overwritten afterwards
     (`init_embedding_tables` or a checkpoint).
 
     Example::
@@ -216,7 +252,9 @@ def torchrec_table_init_skipped() -> Iterator[None]:
     saved = (BaseBatchedEmbeddingBag.init_parameters, ShardedEmbeddingBagCollection.reset_parameters)
     BaseBatchedEmbeddingBag.init_parameters = _skip_init  # type: ignore[method-assign]
     ShardedEmbeddingBagCollection.reset_parameters = _skip_init  # type: ignore[method-assign]
+    fbgemm_tbe.apply_split_helper = _apply_split_weights_unwritten
     try:
         yield
     finally:
         BaseBatchedEmbeddingBag.init_parameters, ShardedEmbeddingBagCollection.reset_parameters = saved  # type: ignore[method-assign]
+        fbgemm_tbe.apply_split_helper = _APPLY_SPLIT

@@ -15,8 +15,8 @@ Layout of ``--checkpoint_dir``::
 A checkpoint counts only once COMPLETE exists, so a run killed mid-save leaves the
 previous complete checkpoint as the newest one. Older checkpoints are pruned only
 after a newer one is complete; the one best.json names is never pruned. Files are
-hashed as they are written; a load hashes each file while reading it and refuses a
-damaged one by name before the load returns. Checkpoints saved before manifests existed
+hashed as they are written; a load checks each file against the manifest before using
+it and refuses a damaged one by name. Checkpoints saved before manifests existed
 (COMPLETE holds "complete") load with a warning, unverified.
 
 Nothing here runs code from a file: ``.metadata`` goes through a restricted unpickler
@@ -32,7 +32,6 @@ import random
 import re
 import sys
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Generator, Iterator, List, Optional, Tuple, Union
 
@@ -189,15 +188,7 @@ class _NoCopySavePlanner(DefaultSavePlanner):
 
 class _IOPathReader(FileSystemReader):
     """DCP's reader with the metadata read beforehand (`_read_dcp_metadata`, no code
-    runs) and each data file checked against the manifest while DCP reads it.
-
-    Hashing is the slow part of a load (SHA-256 runs at about the speed a file is read
-    and copied), so each file is hashed on a thread of its own (hashlib and file reads
-    release the GIL) while DCP reads the values into place, and the digests are checked
-    before ``read_data`` returns: a damaged file fails the load (every rank) before
-    ``load_checkpoint`` returns, and its values, which may already be in the state's
-    tensors, are never trained on (every caller ends the run on a CheckpointError).
-    """
+    runs) and each data file checked against the manifest before it is read."""
 
     def __init__(self, path: str, metadata: Metadata, manifest: Optional[Dict[str, ManifestEntry]]) -> None:
         super().__init__(path)
@@ -212,23 +203,13 @@ class _IOPathReader(FileSystemReader):
         self.metadata.storage_meta.load_id = self.load_id
         return self.metadata
 
-    def _check_file(self, name: str) -> None:
-        file = _join(self.path, name)
-        with g_pathmgr.open(file, "rb") as stream:
-            check_stream(stream, file, self.manifest.get(name))  # type: ignore[union-attr]
-
     def read_data(self, plan: LoadPlan, planner: LoadPlanner):
-        if self.manifest is None:
-            return super().read_data(plan, planner)
-        names = sorted({self.storage_data[item.storage_index].relative_path for item in plan.items})
-        with ThreadPoolExecutor(max(1, len(names))) as pool:
-            checks = [pool.submit(self._check_file, name) for name in names]
-            try:
-                read = super().read_data(plan, planner)
-            finally:  # a damaged file is reported as such, also when reading its values failed
-                for check in checks:
-                    check.result()
-        return read
+        if self.manifest is not None:
+            for name in sorted({self.storage_data[item.storage_index].relative_path for item in plan.items}):
+                file = _join(self.path, name)
+                with g_pathmgr.open(file, "rb") as stream:
+                    check_stream(stream, file, self.manifest.get(name))
+        return super().read_data(plan, planner)
 
 
 def _leaves(tree: Dict[str, Any], prefix: str = "") -> Iterator[Tuple[str, Dict[str, Any], str]]:
@@ -499,8 +480,7 @@ def _remove_checkpoint(path: str) -> None:
 def load_checkpoint(path: str, state: Dict[str, Any], rank: int, restore_rng: bool) -> None:
     """Fills ``state`` (tensors and sharded tensors, in place) from the checkpoint at path.
 
-    Raises CheckpointError when the files are missing or corrupted (on every rank);
-    the tensors of ``state`` may then hold part of the damaged values: do not use them.
+    Raises CheckpointError when the files are missing or corrupted (on every rank).
     """
     leaves = list(_leaves(state))
     flat = {name: container[key] for name, container, key in leaves}

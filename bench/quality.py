@@ -60,7 +60,7 @@ SMALL_DATA_RECIPE: Dict[str, str] = {
     "dcn_low_rank_dim": "16",
     "optimizer": "adagrad",
     "learning_rate": "0.05",
-    "batch_size": "1024",
+    "batch_size": "256",
     "weight_decay": "0",
     "dropout": "0",
     "epochs": "8",

@@ -91,8 +91,10 @@ def fetch_wheel(cache_dir: str) -> str:
     path = os.path.join(cache_dir, WHEEL_NAME)
     if not os.path.exists(path):
         os.makedirs(cache_dir, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-                        "--quiet", WHEEL_REQUIREMENT, "-d", cache_dir], check=True)
+        with tempfile.TemporaryDirectory(dir=cache_dir) as staging:  # no partial wheel under the real name
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                            "--quiet", WHEEL_REQUIREMENT, "-d", staging], check=True)
+            os.replace(os.path.join(staging, WHEEL_NAME), path)
     with open(path, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
     if digest != WHEEL_SHA256:

@@ -56,14 +56,17 @@ class EmbeddingOptimizerConfig:
                             "and GPU kernels only rowwise_adagrad has one): use --optimizer rowwise_adagrad")
 
 
-def optimizer_class(name: str, learning_rate: float, eps: float,
-                    weight_decay: float = 0.0) -> Tuple[Type[torch.optim.Optimizer], Dict[str, Any]]:
-    """(optimizer class, its keyword arguments) of sgd, adagrad, rowwise_adagrad or adam."""
+def optimizer_class(name: str, learning_rate: float, eps: float, weight_decay: float = 0.0,
+                    initial_accumulator: float = 0.0) -> Tuple[Type[torch.optim.Optimizer], Dict[str, Any]]:
+    """(optimizer class, its keyword arguments) of sgd, adagrad, rowwise_adagrad or adam;
+    ``initial_accumulator``: Adagrad's starting sum of squares (the MLPs'; FBGEMM's
+    fused kernels have no such setting)."""
     decay = {"weight_decay": weight_decay} if weight_decay else {}
     if name == "sgd":
         return torch.optim.SGD, {"lr": learning_rate, **decay}
     if name == "adagrad":
-        return torch.optim.Adagrad, {"lr": learning_rate, "eps": eps, **decay}
+        start = {"initial_accumulator_value": initial_accumulator} if initial_accumulator else {}
+        return torch.optim.Adagrad, {"lr": learning_rate, "eps": eps, **decay, **start}
     if name == "rowwise_adagrad":
         return RowWiseAdagrad, {"lr": learning_rate, "eps": eps, **decay}
     if name == "adam":

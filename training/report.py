@@ -2,7 +2,8 @@
 
     python -m training.report runs/a.jsonl [runs/b.jsonl ...] --output run.png
 
-Draws training loss, learning rate, records/s and validation AUROC, normalized entropy
+Draws training loss (its range set by the bulk of the losses, so one early spike cannot
+flatten it), learning rate, records/s and validation AUROC, normalized entropy
 (NE) and calibration over steps, one line per run (a log holds every run appended to it, told apart by ``run_id``), and
 prints per run: best validation AUROC and its step, mean records/s without the first
 (warm-up) interval, and the wall time from first to last record. A malformed log is
@@ -10,6 +11,7 @@ reported as one line naming the file and line, exit code 2.
 """
 
 import os
+import statistics
 import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -21,6 +23,10 @@ from common.run_log_file import log_records
 
 FIGURE_INCHES = (12.0, 8.0)
 FIGURE_DPI = 100  # so the PNG is 1200 x 800 pixels
+# A loss farther than this from the middle half of the losses is off the loss panel's range
+# (in inter-quartile ranges, or in fractions of the median when the losses are flat).
+OUTLIER_IQRS = 3.0
+OUTLIER_MEDIAN_FRACTION = 0.5
 _REQUIRED = {"train": ("step", "loss", "lr", "records_per_sec"), "eval": ("stage", "step")}
 
 
@@ -82,6 +88,39 @@ def read_runs(path: str) -> List[Run]:
     return list(runs.values())
 
 
+def robust_range(values: Sequence[float]) -> Optional[Tuple[float, float]]:
+    """The y-range of the values that are not outliers, padded by 5%; None when no value is
+    an outlier (the plot's own range is right then).
+
+    A value is an outlier when it lies more than ``max(OUTLIER_IQRS * IQR,
+    OUTLIER_MEDIAN_FRACTION * |median|)`` beyond the quartiles, so one early spike of
+    4e4 cannot flatten a loss curve near 0.6, while a curve falling from 0.69 to 0.45
+    keeps its every point.
+
+    Args:
+        values: the plotted values (all runs of a panel).
+
+    Example::
+
+        robust_range([0.7, 42355.0, 0.65, 0.62, 0.6])  # about (0.595, 0.705)
+    """
+    if len(values) < 4:
+        return None
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    reach = max(OUTLIER_IQRS * (q3 - q1), OUTLIER_MEDIAN_FRACTION * abs(median))
+    bulk = [v for v in values if q1 - reach <= v <= q3 + reach]
+    if len(bulk) == len(values):
+        return None
+    low, high = min(bulk), max(bulk)
+    pad = 0.05 * (high - low) or 0.05 * abs(high) or 0.05
+    return low - pad, high + pad
+
+
+def loss_limits(runs: Sequence[Run]) -> Optional[Tuple[float, float]]:
+    """The loss panel's y-range over every run (`robust_range` of all their losses)."""
+    return robust_range([loss for run in runs for _, loss in run.loss])
+
+
 def draw(runs: Sequence[Run], output: str) -> None:
     """Writes a 2 x 3 chart to ``output`` (PNG), under a temporary name first."""
     import matplotlib
@@ -93,6 +132,7 @@ def draw(runs: Sequence[Run], output: str) -> None:
     panels = [("loss", "training loss"), ("lr", "learning rate"), ("records_per_sec", "records/s"),
               ("validation_auroc", "validation AUROC"), ("validation_ne", "validation normalized entropy"),
               ("validation_calibration", "validation calibration (predicted / clicks)")]
+    limits = loss_limits(runs)
     for ax, (attr, title) in zip(axes.flat, panels):
         for run in runs:
             points = getattr(run, attr)
@@ -100,6 +140,9 @@ def draw(runs: Sequence[Run], output: str) -> None:
                 ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None,
                         label=run.label)
         ax.set_title(title)
+        if attr == "loss" and limits is not None:
+            ax.set_ylim(*limits)
+            ax.set_title(f"{title} (outliers off the range)")
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize="small")

@@ -12,7 +12,7 @@ from common.config_flags import config_values, flags_of
 from data.criteo_layout import NUM_SPARSE_FEATURES
 from sharding_plans import cli as plan_cli
 from training.flags import FLAG_GROUPS, config_from_args, entry_point_parser
-from training.recipes import DCNV2, RECIPES
+from training.recipes import DCNV2, RECIPES, SMALL_DATA
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("dlrm_main.py", "dcnv2_main.py")
@@ -60,16 +60,20 @@ def test_the_adagrad_alias():
 def test_command_line_beats_recipe_beats_entry_point_default():
     dcnv2 = entry_point_parser("dcnv2_main.py")
     small = config_from_args(dcnv2.parse_args(["--recipe", "small_data"]))
+    settings = SMALL_DATA.options()
     assert small.model.interaction_type == "dcn"  # the entry point's kind stays
-    assert small.model.dcn_low_rank_dim == 512  # the entry point's default, the recipe does not set it
-    assert (small.model.embedding_dim, small.model.dense_arch_layer_sizes) == (16, [64, 16])  # recipe > entry point
-    assert (small.optim.optimizer, small.optim.learning_rate, small.dropout, small.epochs) == ("adagrad", 0.02, 0.1, 10)
-    assert small.early_stopping.patience == 3
+    assert (small.model.embedding_dim, small.model.dense_arch_layer_sizes, small.model.dcn_low_rank_dim) == (
+        settings["--embedding_dim"], settings["--dense_arch_layer_sizes"], settings["--dcn_low_rank_dim"])  # > entry point
+    assert (small.optim.optimizer, small.optim.learning_rate, small.dropout, small.epochs) == (
+        settings["--optimizer"], settings["--learning_rate"], settings["--dropout"], settings["--epochs"])
+    assert (small.early_stopping.patience, small.data.batch_size) == (
+        settings["--early_stopping_patience"], settings["--batch_size"])
     given = config_from_args(dcnv2.parse_args(["--recipe", "small_data", "--embedding_dim", "32",
                                                "--dense_arch_layer_sizes", "64,32", "--optimizer", "sgd"]))
     assert (given.model.embedding_dim, given.optim.optimizer) == (32, "sgd")  # command line > recipe
     assert given.recipe == "small_data"
-    assert "--embedding_dim" not in given.recipe_settings and given.recipe_settings["--dropout"] == 0.1
+    assert "--embedding_dim" not in given.recipe_settings
+    assert given.recipe_settings["--dropout"] == settings["--dropout"]
     dlrm = config_from_args(entry_point_parser("dlrm_main.py").parse_args(["--recipe", "small_data"]))
     assert dlrm.model.interaction_type == "original" and dlrm.model.embedding_dim == 16
     assert config_from_args(dcnv2.parse_args([])).recipe is None

@@ -53,7 +53,6 @@ DCNV2 = Recipe("dcnv2", "DCNv2: a low-rank cross net over 128-wide embeddings", 
               over_arch_layer_sizes=[1024, 1024, 512, 256, 1], dcn_num_layers=3, dcn_low_rank_dim=512),
 ))
 
-# Provisional values, to be replaced by the measured ones (one place).
 # Measured on MovieLens 100K against a logistic-regression baseline (bench/quality.py;
 # the runs tried are in docs/quality.md): batch 256 gave the best validation AUROC and
 # NE; a higher rate, wider tables, dropout and weight decay did not help at that size.

@@ -21,7 +21,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from common.config_flags import FlagError
 from data.criteo_binary import CriteoBinaryLoader
 from data.feature_spec import FeatureSpec, FeatureSpecError
 from data.split_binary import SplitBinaryDataset
@@ -149,13 +148,20 @@ def test_model_interacts_over_the_embeddings_alone(interaction):
     torch.testing.assert_close(probabilities, expected_probabilities, rtol=0, atol=1e-6)
 
 
-def test_original_interaction_needs_two_features():
-    config = _config("original")
-    config.sparse_feature_names, config.num_embeddings_per_feature = ["cat_0"], [10]
-    with pytest.raises(FlagError, match="^--interaction_type original on data without numerical features "
-                                        "multiplies pairs of embeddings and needs at least two categorical "
-                                        "features, the data has 1: use dcn or projection$"):
-        config.validate()
+def test_original_interaction_needs_two_features(tmp_path, capsys):
+    """One categorical feature has no pair to multiply: one line, exit 2, from the flags."""
+    csv_dir, bin_dir = str(tmp_path / "csv"), str(tmp_path / "bin")
+    spec = FeatureSpec.from_dict(csv_feature_spec(0, 1, cardinality=10), csv_dir, "spec.yaml")
+    generate_csv(spec, csv_dir, {"train": 20, "test": 10})
+    transcode(csv_dir, "feature_spec.yaml", bin_dir)
+    argv = ["--dataset_path", os.path.join(bin_dir, "feature_spec.yaml")]
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(argv, "dlrm_main.py", "")
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        "dlrm_main.py: error: --interaction_type original on data without numerical features multiplies pairs of "
+        "embeddings and needs at least two categorical features, the data has 1: use dcn or projection")
+    assert parse_config(argv + ["--interaction_type", "dcn"], "dlrm_main.py", "").model.dense_in_features == 0
 
 
 # --- end to end ------------------------------------------------------------------

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from torchmetrics.functional.classification import binary_auroc
 
 from data.criteo_binary import CriteoBinaryLoader
 from data.feature_spec import FeatureSpec, FeatureSpecError
@@ -31,6 +32,7 @@ from models.categorical_only import CategoricalOnlyDLRM
 from serving import export, predict, serve
 from serving.inference_model import ProbabilityModel, load_checkpoint_model
 from serving.model_inputs import read_inputs
+from serving.quality_gate import evaluate_variants
 from tests.support.launch import launch
 from tests.support.matrix import assemble_table, local_weights
 from tests.test_checkpoint import assert_same_state, flat_state
@@ -262,14 +264,15 @@ def _csv_rows(csv_dir: str) -> List[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("interaction", list(INTERACTIONS))
 def test_exported_model_equals_eager(trained, interaction, tmp_path):
-    """The exported program on CSV rows of ids only gives the eager model's
-    probabilities, on the 2-rank checkpoint loaded in one process."""
+    """The exported program gives the eager model's probabilities (the 2-rank
+    checkpoint loaded in one process), through the quality gate and from CSV rows of
+    ids only."""
     model_dir = trained["runs"][interaction]["model"]
     inputs = read_inputs(model_dir)
     assert inputs.dense_feature_names == [] and inputs.sparse_hotness == HOTNESS
     assert inputs.csv_columns == ["label", "cat_0", "cat_1[0]", "cat_1[1]", "cat_2", "cat_3"]
     dataset = SplitBinaryDataset(trained["paths"]["spec"])
-    dense, sparse, _ = dataset.read(ROWS["train"], ROWS["train"] + ROWS["test"])
+    dense, sparse, labels = dataset.read(ROWS["train"], ROWS["train"] + ROWS["test"])
     ids = np.concatenate(sparse, axis=1).astype(np.int64)
     model, _ = load_checkpoint_model(inputs.checkpoint)
     with torch.no_grad():
@@ -278,6 +281,13 @@ def test_exported_model_equals_eager(trained, interaction, tmp_path):
     assert eager.std() > 100 * 1e-6  # rows differ by far more than the tolerance below
     predictor = predict.Predictor(model_dir)
     np.testing.assert_allclose(predictor.predict_transformed(dense, ids), eager, rtol=0, atol=1e-6)
+
+    # The quality gate reads the test split (second half of the test mapping) the same way.
+    half = ROWS["test"] // 2
+    gate = evaluate_variants(model_dir)
+    assert gate.rows == half
+    assert gate.auroc["fp32"] == pytest.approx(
+        float(binary_auroc(torch.as_tensor(eager[half:]), torch.as_tensor(labels[half:].astype(np.int64)))), abs=1e-6)
 
     rows = _csv_rows(trained["paths"]["csv"])
     labelled, unlabelled = tmp_path / "labelled.csv", tmp_path / "unlabelled.csv"

@@ -104,7 +104,8 @@ class ModelConfig:
                                     help="table weights in fp32 or fp16 (fp16 halves table memory)")
     interaction_type: str = flag("original", choices=INTERACTION_TYPES,
                                  help="original (DLRM dot products), dcn (DCNv2 cross net) or projection")
-    dense_arch_layer_sizes: List[int] = flag([512, 256, 64], help="bottom MLP sizes")
+    dense_arch_layer_sizes: List[int] = flag([512, 256, 64],
+                                             help="bottom MLP sizes (not used for data without numerical features)")
     over_arch_layer_sizes: List[int] = flag([512, 512, 256, 1], help="top MLP sizes (end in 1)")
     dcn_num_layers: int = flag(3, help="DCN cross layers")
     dcn_low_rank_dim: int = flag(512, help="rank of each DCN cross layer")

@@ -49,11 +49,12 @@ def int_list(length: Optional[int] = None, minimum: int = 0) -> Kind:
                 f"{length} {words}" if length is not None else f"a list of {words}")
 
 
-def text_list(length: Optional[int] = None) -> Kind:
-    """A non-empty list of strings (``length`` of them when given)."""
-    return Kind(lambda v: isinstance(v, list) and bool(v) and (length is None or len(v) == length)
+def text_list(length: Optional[int] = None, allow_empty: bool = False) -> Kind:
+    """A list of strings (``length`` of them when given), non-empty unless ``allow_empty``."""
+    return Kind(lambda v: isinstance(v, list) and (allow_empty or bool(v)) and (length is None or len(v) == length)
                 and all(isinstance(s, str) for s in v),
-                f"{length} names" if length is not None else "a non-empty list of names")
+                f"{length} names" if length is not None else
+                "a list of names" if allow_empty else "a non-empty list of names")
 
 
 def one_of(*choices: str) -> Kind:

@@ -12,7 +12,8 @@ A spec has four keys:
 In split_binary files (headerless, row-major) a chunk of numerical features is one
 float16 file of shape (N, features), the label one bool file of shape (N,), and each
 categorical feature its own file of shape (N, hotness) in the smallest of
-int8/int16/int32 that holds its ids.
+int8/int16/int32 that holds its ids. The numerical channel may be empty (data of
+categorical features only: no numerical chunk); the categorical one may not.
 """
 
 import os
@@ -165,9 +166,9 @@ class FeatureSpec:
 
         if len(self.channel_spec["label"]) != 1:
             raise fail(f"channel_spec label must list exactly one feature, got {len(self.channel_spec['label'])}")
-        for channel in ("numerical", "categorical"):
-            if not self.channel_spec[channel]:
-                raise fail(f"channel_spec {channel} lists no feature (the model needs at least one)")
+        # The numerical channel may be empty (click logs of ids only); the model needs embeddings.
+        if not self.categorical:
+            raise fail("channel_spec categorical lists no feature (the model needs at least one)")
         seen: Dict[str, str] = {}
         for channel in CHANNELS:
             for name in self.channel_spec[channel]:
@@ -184,6 +185,8 @@ class FeatureSpec:
                 where = f"source_spec {mapping} chunk {i}"
                 if not chunk.files:
                     raise fail(f"{where} lists no files")
+                if not chunk.features:
+                    raise fail(f"{where} lists no features")
                 for name in chunk.features:
                     if name not in seen:
                         raise fail(f"{where} lists unknown feature {name!r} (not in channel_spec)")

@@ -35,7 +35,8 @@ class SplitBinaryDataset:
     Example::
 
         dataset = SplitBinaryDataset("byo/feature_spec.yaml")
-        dense, sparse, labels = dataset.read(0, 10)  # float16 (10, n), [ids (10, hotness)], bool (10,)
+        dense, sparse, labels = dataset.read(0, 10)  # float16 (10, n), [ids (10, hotness)], bool (10,);
+                                                     # n may be 0 (categorical features only)
     """
 
     def __init__(self, spec_path: str) -> None:
@@ -94,10 +95,13 @@ class SplitBinaryDataset:
 
     def _rows_of(self, mapping: str, index) -> Arrays:
         where = self._mappings[mapping]
-        dense = np.stack([where[n][0][index, where[n][1]] for n in self.spec.numerical], axis=1)
-        sparse = [np.array(where[n][0][index]) for n in self.spec.categorical]
         array, _ = where[self.spec.label]
-        return dense, sparse, np.array(array[index]).reshape(-1)
+        labels = np.array(array[index]).reshape(-1)
+        # Categorical features only: dense is (rows, 0), so every batch still knows its size.
+        dense = (np.stack([where[n][0][index, where[n][1]] for n in self.spec.numerical], axis=1)
+                 if self.spec.numerical else np.zeros((len(labels), 0), dtype=np.float16))
+        sparse = [np.array(where[n][0][index]) for n in self.spec.categorical]
+        return dense, sparse, labels
 
     def read(self, start: int, stop: int) -> Arrays:
         """Rows [start, stop) (global numbers, across the train/test boundary), in memory."""

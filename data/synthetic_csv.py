@@ -28,8 +28,8 @@ BLOCK_ROWS = 65536
 
 def csv_feature_spec(num_numerical: int, num_categorical: int, cardinality: Any = AUTO,
                      hotness: Optional[Dict[int, int]] = None) -> Dict[str, Any]:
-    """A spec dict of CSV files: per mapping numerical.csv, categorical.csv (all
-    categorical features in one file) and label.csv.
+    """A spec dict of CSV files: per mapping numerical.csv (none without numerical
+    features), categorical.csv (all categorical features in one file) and label.csv.
 
     Args:
         num_numerical, num_categorical: feature counts.
@@ -50,7 +50,9 @@ def csv_feature_spec(num_numerical: int, num_categorical: int, cardinality: Any 
     features["label"] = {"dtype": "bool"}
 
     def chunks(mapping: str) -> List[Dict[str, Any]]:
-        out = [{"type": "csv", "features": numerical, "files": [f"{mapping}/numerical.csv"]}]
+        out = []
+        if numerical:
+            out.append({"type": "csv", "features": numerical, "files": [f"{mapping}/numerical.csv"]})
         if categorical:
             out.append({"type": "csv", "features": categorical, "files": [f"{mapping}/categorical.csv"]})
         out.append({"type": "csv", "features": ["label"], "files": [f"{mapping}/label.csv"]})

@@ -195,13 +195,15 @@ def _transcode_into(spec: FeatureSpec, input_dir: str, staging: str, spec_out: s
             features[name]["hotness"] = spec.hotness(name)
     sources: Dict[str, List[Chunk]] = {}
     for mapping, cols in columns.items():
-        numerical = f"{mapping}/numerical.bin"
-        _interleave([cols.part(n) for n in spec.numerical], os.path.join(staging, numerical), rows[mapping],
-                    block_rows)
+        chunks = []
+        if spec.numerical:  # data of categorical features only has no numerical file
+            numerical = f"{mapping}/numerical.bin"
+            _interleave([cols.part(n) for n in spec.numerical], os.path.join(staging, numerical), rows[mapping],
+                        block_rows)
+            chunks.append(Chunk("split_binary", list(spec.numerical), [numerical]))
         label = f"{mapping}/label.bin"
         os.replace(cols.part(spec.label), os.path.join(staging, label))
-        chunks = [Chunk("split_binary", list(spec.numerical), [numerical]),
-                  Chunk("split_binary", [spec.label], [label])]
+        chunks.append(Chunk("split_binary", [spec.label], [label]))
         for i, name in enumerate(spec.categorical):
             relative = f"{mapping}/cat_{i}.bin"
             _copy_converted(cols.part(name), os.path.join(staging, relative), np.dtype(np.int32),

@@ -12,6 +12,7 @@ from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain
 from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from models.categorical_only import build_categorical_only_dlrm
 from models.config import ModelConfig
 from models.interaction import DotInteraction, OverlappedDLRM, PooledSparseArch
 
@@ -50,7 +51,7 @@ class ActivationThenDropout(nn.Module):
         return self.dropout(self.activation(x))
 
 
-def add_over_arch_dropout(dlrm: DLRM, p: float) -> None:
+def add_over_arch_dropout(dlrm: nn.Module, p: float) -> None:
     """Dropout after every hidden layer of the over arch (never on the logit). The
     parameters and their names do not change, so checkpoints load either way."""
     hidden_layers = dlrm.over_arch.model[0]._mlp  # OverArch: Sequential(MLP(hidden sizes), Linear(-> 1))
@@ -86,6 +87,17 @@ def build_dlrm_train(
     ebc = EmbeddingBagCollection(
         tables=build_embedding_bag_configs(config), device=embedding_device
     )
+    dlrm = build_categorical_only_dlrm(config, PooledSparseArch(ebc), dense_device) \
+        if config.dense_in_features == 0 else _build_torchrec_dlrm(config, ebc, dense_device)
+    if dropout > 0:
+        add_over_arch_dropout(dlrm, dropout)
+    return DLRMTrain(dlrm)  # type: ignore[arg-type]
+
+
+def _build_torchrec_dlrm(config: ModelConfig, ebc: EmbeddingBagCollection,
+                         dense_device: Optional[torch.device]) -> DLRM:
+    """torchrec's DLRM, DLRM_DCN or DLRM_Projection, with the faster blocks of
+    models/interaction.py."""
     common = dict(
         embedding_bag_collection=ebc,
         dense_in_features=config.dense_in_features,
@@ -110,6 +122,4 @@ def build_dlrm_train(
         dlrm.inter_arch = DotInteraction(len(config.sparse_feature_names))
     # Same parameters and names, fewer copies (see models/interaction.py).
     dlrm.sparse_arch = PooledSparseArch(ebc)  # type: ignore[assignment]
-    if dropout > 0:
-        add_over_arch_dropout(dlrm, dropout)
-    return DLRMTrain(dlrm)
+    return dlrm

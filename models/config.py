@@ -75,12 +75,14 @@ class ModelConfig:
             order of `sparse_feature_names`.
         sparse_feature_names: names of the categorical features (KJT keys); table i is
             named ``t_<name>``.
-        dense_in_features: number of numerical features.
+        dense_in_features: number of numerical features; 0 for data with categorical
+            features only, whose models have no bottom MLP (models/categorical_only.py).
         embedding_dim: width of every embedding table.
         embedding_precision: data type of the table weights, "fp32" or "fp16".
         interaction_type: "original" (DLRM dot products), "dcn" (DCNv2 low-rank cross
             net) or "projection" (DLRM with two projection MLPs).
-        dense_arch_layer_sizes: bottom MLP; its last size must equal embedding_dim.
+        dense_arch_layer_sizes: bottom MLP; its last size must equal embedding_dim. Not
+            used (nor checked) without numerical features.
         over_arch_layer_sizes: top MLP; its last size must be 1 (one logit).
         dcn_num_layers: cross layers (interaction_type "dcn").
         dcn_low_rank_dim: rank of each cross layer's weight (interaction_type "dcn").
@@ -102,7 +104,8 @@ class ModelConfig:
                                     help="table weights in fp32 or fp16 (fp16 halves table memory)")
     interaction_type: str = flag("original", choices=INTERACTION_TYPES,
                                  help="original (DLRM dot products), dcn (DCNv2 cross net) or projection")
-    dense_arch_layer_sizes: List[int] = flag([512, 256, 64], help="bottom MLP sizes")
+    dense_arch_layer_sizes: List[int] = flag([512, 256, 64],
+                                             help="bottom MLP sizes (not used for data without numerical features)")
     over_arch_layer_sizes: List[int] = flag([512, 512, 256, 1], help="top MLP sizes (end in 1)")
     dcn_num_layers: int = flag(3, help="DCN cross layers")
     dcn_low_rank_dim: int = flag(512, help="rank of each DCN cross layer")
@@ -114,6 +117,11 @@ class ModelConfig:
         return 2 if self.embedding_precision == "fp16" else 4
 
     @property
+    def has_dense_arch(self) -> bool:
+        """Whether the model has a bottom MLP: the data has numerical features."""
+        return self.dense_in_features > 0
+
+    @property
     def table_names(self) -> List[str]:
         return [f"t_{name}" for name in self.sparse_feature_names]
 
@@ -122,8 +130,12 @@ class ModelConfig:
         check_choices(self)
         if self.embedding_dim <= 0:
             raise FlagError(f"{option(self, 'embedding_dim')} must be positive, got {self.embedding_dim}")
-        if self.dense_in_features <= 0:
-            raise FlagError(f"the data must have at least one numerical feature, got {self.dense_in_features}")
+        if self.dense_in_features < 0:
+            raise FlagError(f"the number of numerical features cannot be negative, got {self.dense_in_features}")
+        if not self.has_dense_arch and self.interaction_type == "original" and len(self.sparse_feature_names) < 2:
+            raise FlagError(f"{option(self, 'interaction_type')} original on data without numerical features "
+                            f"multiplies pairs of embeddings and needs at least two categorical features, the data "
+                            f"has {len(self.sparse_feature_names)}: use dcn or projection")
         if len(self.num_embeddings_per_feature) != len(self.sparse_feature_names):
             raise FlagError(f"{option(TableSizes, 'num_embeddings_per_feature')} has {len(self.num_embeddings_per_feature)} "
                             f"values but the data has {len(self.sparse_feature_names)} categorical features")
@@ -131,12 +143,14 @@ class ModelConfig:
             if rows <= 0:
                 raise FlagError(f"{option(TableSizes, 'num_embeddings_per_feature')} value {i} ({self.sparse_feature_names[i]}) "
                                 f"must be positive, got {rows}")
-        _check_layer_sizes(self, "dense_arch_layer_sizes", self.dense_arch_layer_sizes)
+        # Without numerical features there is no bottom MLP: its sizes are not used.
+        if self.has_dense_arch:
+            _check_layer_sizes(self, "dense_arch_layer_sizes", self.dense_arch_layer_sizes)
         _check_layer_sizes(self, "over_arch_layer_sizes", self.over_arch_layer_sizes)
         if self.over_arch_layer_sizes[-1] != 1:
             raise FlagError(f"{option(self, 'over_arch_layer_sizes')} must end in 1 (one logit per example), "
                             f"got {self.over_arch_layer_sizes}")
-        if self.dense_arch_layer_sizes[-1] != self.embedding_dim:
+        if self.has_dense_arch and self.dense_arch_layer_sizes[-1] != self.embedding_dim:
             raise FlagError(f"the last {option(self, 'dense_arch_layer_sizes')} value "
                             f"({self.dense_arch_layer_sizes[-1]}) must equal {option(self, 'embedding_dim')} "
                             f"({self.embedding_dim})")

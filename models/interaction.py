@@ -88,13 +88,14 @@ class PooledSparseArch(nn.Module):
         return self.arrange(self.lookup(features))
 
 
-def _gram_pairs(x: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
+def gram_pairs(x: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
+    """The cells ``flat_index`` of each row's Gram matrix x x^T (x: (B, n, D)), flattened."""
     return torch.bmm(x, x.transpose(1, 2)).flatten(1).index_select(1, flat_index)
 
 
 def _interact(dense: torch.Tensor, sparse: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
     combined = torch.cat((dense.unsqueeze(1), sparse), dim=1)
-    return torch.cat((dense, _gram_pairs(combined, flat_index)), dim=1)
+    return torch.cat((dense, gram_pairs(combined, flat_index)), dim=1)
 
 
 class _DotInteractionFunction(torch.autograd.Function):
@@ -105,7 +106,7 @@ class _DotInteractionFunction(torch.autograd.Function):
                 symmetric_index: torch.Tensor) -> torch.Tensor:
         combined = torch.cat((dense.unsqueeze(1), sparse), dim=1)
         ctx.save_for_backward(combined, symmetric_index)
-        return torch.cat((dense, _gram_pairs(combined, flat_index)), dim=1)
+        return torch.cat((dense, gram_pairs(combined, flat_index)), dim=1)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
@@ -209,14 +210,16 @@ class OverlappedDLRM(DLRM):
 
 
 def align_to_sharded_embeddings(model: nn.Module, device: torch.device) -> int:
-    """Adapts every DLRM in ``model`` to the feature order of its sharded embeddings.
+    """Adapts every DLRM in ``model`` (any module whose ``sparse_arch`` is a
+    `PooledSparseArch`, the categorical-only models included) to the feature order of
+    its sharded embeddings.
 
     Call once after sharding, on every rank (collective). Returns how many DLRM
     modules needed a reordering.
     """
     reordered = 0
     for module in model.modules():
-        if not (isinstance(module, DLRM) and isinstance(module.sparse_arch, PooledSparseArch)):
+        if not isinstance(getattr(module, "sparse_arch", None), PooledSparseArch):
             continue
         order = module.sparse_arch.probe_output_order(device)
         reordered += order is not None

@@ -18,8 +18,9 @@ sharding plan it was saved with. MODEL_DIR receives:
                    frequency threshold
     manifest.json  written last: every file's size and SHA-256 (serving/model_files.py)
 
-Every variant maps (dense (B, num_dense) float32 transformed, sparse (B, sum of
-hotness) int64 ids: (B, 26) for Criteo) to click probabilities (B,). The directory is written under a temporary name and renamed
+Every variant maps (dense (B, num_dense) float32 transformed, (B, 0) for data of
+categorical features only; sparse (B, sum of hotness) int64 ids: (B, 26) for Criteo)
+to click probabilities (B,). The directory is written under a temporary name and renamed
 when complete. Bad input: one line on stderr, exit 2.
 """
 

@@ -10,8 +10,8 @@ binary data set such models train on (for the quality gate).
   hexadecimal hashes (40 fields), or the same without the label (39 fields); any
   feature may be empty. Transforms: preprocessing's (data/criteo_transforms.py).
 - `CsvRows`: BYO CSV rows of a feature-spec model: headerless, comma-separated, the
-  label (optional), the numerical values, then each feature's ids (a feature of
-  hotness k takes k columns). Transforms: the transcoder's (values rounded to float16,
+  label (optional), the numerical values (none for data of categorical features
+  only), then each feature's ids (a feature of hotness k takes k columns). Transforms: the transcoder's (values rounded to float16,
   ids checked against the cardinalities).
 
 Example::
@@ -177,7 +177,8 @@ class CsvRows(InputLayout):
 
     def parse(self, data: bytes, source: str, first_line: int, labelled: bool) -> Features:
         width = self.num_dense + self.num_sparse_columns
-        features = f"{self.num_dense} numerical, {self.num_sparse_columns} categorical ids"
+        numerical = f"{self.num_dense} numerical, " if self.num_dense else ""  # none: ids only
+        features = f"{numerical}{self.num_sparse_columns} categorical ids"
         lines = data.decode("utf-8", errors="replace").splitlines()
         first_columns = lines[0].count(",") + 1 if lines and lines[0].strip() else None
         if first_line == 1 and first_columns not in (None, width, width + 1):

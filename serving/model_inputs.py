@@ -82,7 +82,8 @@ class ModelInputs:
     """The contents of inputs.json.
 
     Args:
-        dense_feature_names: the dense inputs, in column order.
+        dense_feature_names: the dense inputs, in column order (none for a model of
+            categorical features only).
         sparse_feature_names: the categorical features (the KJT keys), in column order.
         sparse_hotness: ids per row of each categorical feature.
         num_embeddings_per_feature: the table sizes (ids are taken modulo them).
@@ -136,7 +137,7 @@ class ModelInputs:
         count = len(names)
         layout = document.get("layout", one_of(CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT),
                               CRITEO_LAYOUT if legacy else REQUIRED)
-        dense_names = document.get("dense_feature_names", text_list(),
+        dense_names = document.get("dense_feature_names", text_list(allow_empty=True),  # empty: ids only
                                    list(DENSE_FEATURE_NAMES) if legacy else REQUIRED)
         if legacy and document.get("num_dense_features", INTEGER) != len(dense_names):
             raise FileFieldError(f"{path}: num_dense_features is {document.value['num_dense_features']}, "

@@ -17,7 +17,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from data.criteo_layout import NUM_DENSE_FEATURES
 from data.multi_hot import MultiHotExpander
 from data.random_data import RandomCriteoLoader
 
@@ -96,7 +95,7 @@ def run_inference_benchmark(trainer) -> List[InferenceBenchmarkResult]:
     results = []
     for batch_size in bench.batch_sizes:
         loader = RandomCriteoLoader(1, batch_size, env.rank, env.world_size, sizes,
-                                    config.model.sparse_feature_names, NUM_DENSE_FEATURES,
+                                    config.model.sparse_feature_names, config.model.dense_in_features,
                                     seed=config.seed, stream=3, expand=expand)
         batch = next(iter(loader)).to(env.device)
 

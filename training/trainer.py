@@ -101,6 +101,10 @@ class Trainer:
         self.process_group = init_process_group(env)
         self.log = RunLog(env.is_main, config.log_path, config.tensorboard_dir,
                           progress=config.print_progress or sys.stderr.isatty())
+        if not config.model.has_dense_arch:
+            self.log.print(f"the data has no numerical features: no bottom MLP (--dense_arch_layer_sizes is not "
+                           f"used), the {config.model.interaction_type} interaction runs over the "
+                           f"{len(config.model.sparse_feature_names)} embeddings alone")
         if config.amp and env.device.type == "cpu":
             ratio = cpu_bf16_speed_ratio()
             if ratio < 1.0:

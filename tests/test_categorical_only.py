@@ -35,8 +35,7 @@ from serving.model_inputs import read_inputs
 from serving.quality_gate import evaluate_variants
 from tests.support.launch import launch
 from tests.support.matrix import assemble_table, local_weights
-from tests.test_checkpoint import assert_same_state, flat_state
-from tests.test_models import mlp_params
+from tests.support.model_state import assert_same_state, flat_state, mlp_params
 from training.distributed import resolve_env
 from training.flags import parse_config
 from training.trainer import Trainer

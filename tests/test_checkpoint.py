@@ -12,12 +12,11 @@ import sys
 import time
 
 import pytest
-import torch
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import dlrm_main
 from data.criteo_layout import NUM_SPARSE_FEATURES
 from tests.support.launch import REPO, eval_record, free_port, launch, read_log
+from tests.support.model_state import assert_same_state, flat_state
 from training.checkpoint import read_meta
 
 STEPS = 16
@@ -40,29 +39,6 @@ def step_loss_map(path: str) -> dict:
             except json.JSONDecodeError:  # a line cut by a killed process
                 pass
     return {r["step"]: r["loss"] for r in records if r["event"] == "train"}
-
-
-def flat_state(checkpoint: str, tmp_path) -> dict:
-    out = str(tmp_path / (os.path.basename(checkpoint) + f"-{time.monotonic_ns()}.pt"))
-    dcp_to_torch_save(checkpoint, out)
-    state = torch.load(out, weights_only=True)
-
-    def flatten(d, prefix=""):
-        for k, v in d.items():
-            if isinstance(v, dict):
-                yield from flatten(v, f"{prefix}{k}.")
-            else:
-                yield prefix + k, v
-    return dict(flatten(state))
-
-
-def assert_same_state(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        if torch.is_tensor(a[key]):
-            assert torch.equal(a[key], b[key]), key
-        else:
-            assert a[key] == b[key], key
 
 
 @pytest.fixture(scope="module")

@@ -9,16 +9,9 @@ import torch
 from data.batching import BatchBuilder
 from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, SPARSE_FEATURE_NAMES
 from models import ModelConfig, build_dlrm_train
+from tests.support.model_state import mlp_params
 
 ROWS = [10 + i for i in range(NUM_SPARSE_FEATURES)]
-
-
-def mlp_params(in_features: int, sizes: list) -> int:
-    total = 0
-    for out in sizes:
-        total += in_features * out + out
-        in_features = out
-    return total
 
 
 def expected_params(config: ModelConfig) -> int:

@@ -1,78 +1,15 @@
 """python -m sweeps for real: a 3-configuration sweep through torchx local_cwd (2 ranks
 each), reruns, a failing configuration, Slurm and Kubernetes dry runs, bad sweep files."""
 
-import csv
 import os
 import re
-import subprocess
-import sys
 
 import pytest
-import yaml
 
 from sweeps.run_state import read_runs
-from tests.support.launch import REPO, eval_record, read_log
-from tests.support.torchx_cli import BIN, kubernetes_job, option, sbatch_groups, torchrun_argv
-
-TINY_FLAGS = {
-    "batch_size": 256, "embedding_dim": 8, "dense_arch_layer_sizes": [16, 8], "over_arch_layer_sizes": [16, 1],
-    "optimizer": "adagrad", "max_table_rows": 100, "limit_train_batches": 6, "limit_val_batches": 1,
-    "limit_test_batches": 1,
-}
-
-
-def sweeps(args, timeout=600):
-    """`python -m sweeps ARGS` from the repository root, as a user runs it."""
-    env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
-    return subprocess.run([sys.executable, "-m", "sweeps", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def sweeps_in_process(capsys, args):
-    """(exit code, stdout, stderr) of ``sweeps.cli.main(args)`` in this process (no
-    launch: checks and dry runs)."""
-    from sweeps.cli import main
-
-    code = main(args)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def write_sweep(path, **keys):
-    document = {"name": "tiny", "script": "dlrm_main.py", "scheduler": "local_cwd", "scheduler_args": {},
-                "nnodes": 1, "nproc_per_node": 2, "output_dir": str(path.parent / "out"),
-                "flags": dict(TINY_FLAGS), "grid": {"learning_rate": [0.05, 0.1]}}
-    document.update(keys)
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
-    return str(path)
-
-
-def read_results(out):
-    """{run name: row} of the sweep's results.csv."""
-    with open(os.path.join(out, "results.csv")) as f:
-        return {row["run"]: row for row in csv.DictReader(f)}
-
-
-def assert_row_matches_log(row, log_path):
-    """A succeeded run of a ``TINY_FLAGS`` sweep over ``learning_rate`` on 2 ranks: its
-    results row says what its own JSON-lines log says."""
-    log = read_log(log_path)
-    config, summary = log[0], [r for r in log if r["event"] == "summary"][-1]
-    learning_rate = row["run"].split("=")[1]
-    assert row["state"] == "succeeded"
-    assert config["optim"]["learning_rate"] == float(learning_rate)
-    sizes = config["model"]["num_embeddings_per_feature"]
-    assert max(sizes) == 100  # --max_table_rows 100
-    assert float(row["table_gib"]) == pytest.approx(sum(sizes) * 8 * 4 / 2**30)
-    assert float(row["planner_gib"]) > float(row["table_gib"])  # plus optimizer state and buffers
-    assert (int(row["ranks"]), int(row["local_batch_size"]), int(row["global_batch_size"])) == (2, 256, 512)
-    assert float(row["val_auroc"]) == eval_record(log, "validation")["auroc"]
-    assert float(row["test_auroc"]) == eval_record(log, "test")["auroc"]
-    assert float(row["test_log_loss"]) == eval_record(log, "test")["log_loss"]
-    assert float(row["records_per_sec"]) == summary["records_per_sec"]
-    assert float(row["train_seconds"]) == summary["train_seconds"]
-    assert int(row["peak_memory_bytes"]) == max(summary["peak_memory_bytes"])
-    assert row["flags"] == f"--learning_rate {learning_rate}"
+from tests.support.sweeps import (TINY_FLAGS, assert_row_matches_log, read_results, sweeps, sweeps_in_process,
+                                  write_sweep)
+from tests.support.torchx_cli import kubernetes_job, option, sbatch_groups, torchrun_argv
 
 
 @pytest.mark.slow

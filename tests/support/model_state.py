@@ -1,0 +1,39 @@
+"""Helpers shared by test modules: a DCP checkpoint as one flat dict of tensors, exact
+comparison of two such states, and an MLP's parameter count from first principles."""
+
+import os
+import time
+
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+
+def flat_state(checkpoint: str, tmp_path) -> dict:
+    out = str(tmp_path / (os.path.basename(checkpoint) + f"-{time.monotonic_ns()}.pt"))
+    dcp_to_torch_save(checkpoint, out)
+    state = torch.load(out, weights_only=True)
+
+    def flatten(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from flatten(v, f"{prefix}{k}.")
+            else:
+                yield prefix + k, v
+    return dict(flatten(state))
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        if torch.is_tensor(a[key]):
+            assert torch.equal(a[key], b[key]), key
+        else:
+            assert a[key] == b[key], key
+
+
+def mlp_params(in_features: int, sizes: list) -> int:
+    total = 0
+    for out in sizes:
+        total += in_features * out + out
+        in_features = out
+    return total

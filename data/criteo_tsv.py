@@ -20,9 +20,9 @@ from typing import List, Tuple
 
 import numpy as np
 
-NUM_INT = 13
-NUM_CAT = 26
-NUM_FIELDS = 1 + NUM_INT + NUM_CAT
+from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
+
+NUM_FIELDS = 1 + NUM_DENSE_FEATURES + NUM_SPARSE_FEATURES
 MAX_INT_DIGITS = 18  # fits int64 (and three 8-digit groups)
 MAX_HEX_DIGITS = 8  # 32-bit hashes
 
@@ -216,7 +216,7 @@ def parse_criteo_lines(data: bytes) -> ParsedChunk:
         kinds = buf[separators]
     is_newline = kinds == 10
     num_lines = int(np.count_nonzero(is_newline))
-    empty = ParsedChunk(np.zeros((0, NUM_INT), np.int64), np.zeros((0, NUM_CAT), np.uint32),
+    empty = ParsedChunk(np.zeros((0, NUM_DENSE_FEATURES), np.int64), np.zeros((0, NUM_SPARSE_FEATURES), np.uint32),
                         np.zeros(0, np.int32), [], num_lines)
     if num_lines == 0:
         return empty
@@ -251,10 +251,10 @@ def parse_criteo_lines(data: bytes) -> ParsedChunk:
     label_char = buf[line_starts] - np.uint8(48)
     label_ok = (line_separators[:, 0] - line_starts == 1) & (label_char <= 1)
     labels = label_char.astype(np.int32)
-    dense, dense_ok = _parse_ints(padded, _byte_words(padded, _PAD - 8), line_separators[:, 1 : 1 + NUM_INT],
-                                  lengths[:, :NUM_INT])
-    sparse, sparse_ok = _parse_hex(padded, _byte_words(padded, _PAD + 1), line_separators[:, NUM_INT:-1],
-                                   lengths[:, NUM_INT:])
+    dense, dense_ok = _parse_ints(padded, _byte_words(padded, _PAD - 8), line_separators[:, 1 : 1 + NUM_DENSE_FEATURES],
+                                  lengths[:, :NUM_DENSE_FEATURES])
+    sparse, sparse_ok = _parse_hex(padded, _byte_words(padded, _PAD + 1), line_separators[:, NUM_DENSE_FEATURES:-1],
+                                   lengths[:, NUM_DENSE_FEATURES:])
 
     if label_ok.all() and dense_ok.all() and sparse_ok.all():  # the usual chunk: nothing to reject
         return ParsedChunk(dense, sparse, labels, bad, num_lines)

@@ -48,16 +48,17 @@ import numpy as np
 from common.atomic import atomic_path, naming_write_errors, write_json
 from common.cli import OneLineParser, cli_main, int_list
 from common.errors import BadInput
-from data.criteo_layout import METADATA_FILE, NUM_SPARSE_FEATURES, day_file, done_marker, remove_day_files_from
+from data.criteo_layout import (METADATA_FILE, NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, day_file, done_marker,
+                                remove_day_files_from)
 from data.criteo_transforms import (DENSE_OFFSET, VOCABULARY_FILE, read_vocabulary, transform_dense, transform_sparse,
                                     vocabulary_arrays)
-from data.criteo_tsv import NUM_INT, parse_criteo_lines
+from data.criteo_tsv import parse_criteo_lines
 from data.text_lines import DaySource, iter_line_chunks, read_blocks
 
 DATASET_NAMES = ("criteo_1t", "criteo_kaggle")
 RAW_DAY_FILE = re.compile(r"day_(\d+)(\.gz)?")  # criteo_1t input day files
 _NPY_HEADER_BYTES = 128
-_DAY_ARRAYS = {"dense": (np.float32, NUM_INT), "sparse": (np.int32, NUM_SPARSE_FEATURES), "labels": (np.int32, 1)}
+_DAY_ARRAYS = {"dense": (np.float32, NUM_DENSE_FEATURES), "sparse": (np.int32, NUM_SPARSE_FEATURES), "labels": (np.int32, 1)}
 ProgressFn = Callable[[int, int], None]  # (bytes, lines) just processed
 
 
@@ -461,7 +462,7 @@ def preprocess(config: PreprocessConfig) -> Dict[str, object]:
         "dataset_name": config.dataset_name,
         "num_days": len(sources),
         "rows_per_day": [r.rows for r in ordered],
-        "num_dense_features": NUM_INT,
+        "num_dense_features": NUM_DENSE_FEATURES,
         "num_sparse_features": NUM_SPARSE_FEATURES,
         "num_embeddings_per_feature": [int(c) for c in cardinalities],
         "dense_transform": f"log(max(x, 0) + {DENSE_OFFSET:g})",

@@ -21,6 +21,7 @@ import numpy as np
 
 from common.cli import OneLineParser, cli_main
 from common.errors import BadInput
+from data.criteo_layout import NUM_DENSE_FEATURES
 from data.feature_spec import AUTO, DEFAULT_SPEC_NAME, FeatureSpec
 
 BLOCK_ROWS = 65536
@@ -134,7 +135,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--output", required=True, help="directory of the CSV files and feature_spec.yaml")
     parser.add_argument("--feature_spec", default=None, help="spec whose csv chunks to write (else one is made)")
-    parser.add_argument("--num_numerical", type=int, default=13, help="numerical features of the made spec")
+    parser.add_argument("--num_numerical", type=int, default=NUM_DENSE_FEATURES, help="numerical features of the made spec")
     parser.add_argument("--num_categorical", type=int, default=26, help="categorical features of the made spec")
     parser.add_argument("--cardinality", default=AUTO, help="cardinality of the made spec's features (int or auto)")
     parser.add_argument("--auto_cardinality", type=int, default=1000, help="id range of cardinality: auto features")

@@ -34,7 +34,8 @@ from common.errors import BadInput
 from common.manifest import ManifestEntry
 from data.criteo_binary import CriteoBinaryDataset
 from data.criteo_transforms import read_vocabulary, transform_dense, transform_sparse
-from data.criteo_tsv import NUM_CAT, NUM_FIELDS, NUM_INT, parse_criteo_lines
+from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
+from data.criteo_tsv import NUM_FIELDS, parse_criteo_lines
 from data.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
 from data.split_binary import SplitBinaryDataset
 from serving.model_files import read_file
@@ -146,7 +147,7 @@ class CriteoLines(InputLayout):
         match = re.match(r"expected \d+ tab-separated fields, found (\d+)", reason)
         if match:
             found = int(match.group(1)) - (not labelled)
-            return (f"expected {NUM_FIELDS} tab-separated fields (label, {NUM_INT} integer, {NUM_CAT} categorical) "
+            return (f"expected {NUM_FIELDS} tab-separated fields (label, {NUM_DENSE_FEATURES} integer, {NUM_SPARSE_FEATURES} categorical) "
                     f"or {NUM_FIELDS - 1} without the label, found {found}")
         return reason
 

@@ -211,6 +211,10 @@ def test_killed_rank_requeues_the_job_which_resumes_from_its_checkpoint(node_cpu
         # Every rank of the first run is gone: its newest complete checkpoint is final.
         newest = max(int(name[len("step_"):]) for name in os.listdir(ckpt)
                      if os.path.exists(os.path.join(ckpt, name, "COMPLETE")))
+        # slurmd compares a launch credential with the job's revocation to the second: a
+        # release in the second of the requeue is refused ("Job credential revoked") and
+        # the job ends FAILED without running. Seen once in CI.
+        time.sleep(2)
         _wait_until("the requeued job's end", lambda: _released_or_ended(job_id))
     finally:
         subprocess.run(["scancel", job_id], timeout=60)  # nothing left behind when a wait failed

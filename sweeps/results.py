@@ -17,7 +17,8 @@ import os
 import shlex
 from typing import Any, Dict, List, Optional, Sequence
 
-from common.atomic import atomic_path, write_text
+from common.atomic import write_text
+from common.png_figure import png_figure
 from common.errors import BadInput
 from common.run_log_file import log_records
 from sweeps.run_state import FAILED, RunRecord
@@ -135,30 +136,19 @@ def format_csv(rows: Sequence[Dict[str, Any]]) -> str:
 def draw(rows: Sequence[Dict[str, Any]], path: str, title: str) -> None:
     """Test AUROC and records/s against total table memory (GiB, log scale), one
     labelled point per run that has both numbers."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
-    for ax, column, label in ((axes[0], "test_auroc", "test AUROC"), (axes[1], "records_per_sec", "train records/s")):
-        points = [(row["table_gib"], row[column], row["run"]) for row in rows
-                  if row["table_gib"] and row[column] is not None]
-        ax.plot([p[0] for p in points], [p[1] for p in points], "o")
-        for x, y, name in points:
-            ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize="small")
-        ax.set_xscale("log")
-        ax.margins(x=0.25)  # room for the labels of the outermost points
-        ax.set_xlabel("embedding tables, all ranks (GiB, log scale)")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3, which="both")
-    fig.suptitle(title)
-    fig.tight_layout()
-    try:
-        with atomic_path(path, suffix=".tmp.png") as tmp:
-            fig.savefig(tmp, dpi=FIGURE_DPI)
-    finally:
-        plt.close(fig)
+    with png_figure(path, 1, 2, figsize=FIGURE_INCHES, dpi=FIGURE_DPI) as (fig, axes):
+        for ax, column, label in ((axes[0], "test_auroc", "test AUROC"), (axes[1], "records_per_sec", "train records/s")):
+            points = [(row["table_gib"], row[column], row["run"]) for row in rows
+                      if row["table_gib"] and row[column] is not None]
+            ax.plot([p[0] for p in points], [p[1] for p in points], "o")
+            for x, y, name in points:
+                ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize="small")
+            ax.set_xscale("log")
+            ax.margins(x=0.25)  # room for the labels of the outermost points
+            ax.set_xlabel("embedding tables, all ranks (GiB, log scale)")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3, which="both")
+        fig.suptitle(title)
 
 
 def write_results(output_dir: str, records: Sequence[RunRecord], title: str = "") -> str:

@@ -16,9 +16,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from common.atomic import atomic_path
 from common.cli import OneLineParser, cli_main
 from common.errors import BadInput
+from common.png_figure import png_figure
 from common.run_log_file import log_records
 
 FIGURE_INCHES = (12.0, 8.0)
@@ -123,35 +123,24 @@ def loss_limits(runs: Sequence[Run]) -> Optional[Tuple[float, float]]:
 
 def draw(runs: Sequence[Run], output: str) -> None:
     """Writes a 2 x 3 chart to ``output`` (PNG), under a temporary name first."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 3, figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
     panels = [("loss", "training loss"), ("lr", "learning rate"), ("records_per_sec", "records/s"),
               ("validation_auroc", "validation AUROC"), ("validation_ne", "validation normalized entropy"),
               ("validation_calibration", "validation calibration (predicted / clicks)")]
     limits = loss_limits(runs)
-    for ax, (attr, title) in zip(axes.flat, panels):
-        for run in runs:
-            points = getattr(run, attr)
-            if points:
-                ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None,
-                        label=run.label)
-        ax.set_title(title)
-        if attr == "loss" and limits is not None:
-            ax.set_ylim(*limits)
-            ax.set_title(f"{title} (outliers off the range)")
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    axes.flat[0].legend(fontsize="small")
-    fig.tight_layout()
-    try:
-        with atomic_path(output, suffix=".tmp.png") as tmp:
-            fig.savefig(tmp, dpi=FIGURE_DPI)
-    finally:
-        plt.close(fig)
+    with png_figure(output, 2, 3, figsize=FIGURE_INCHES, dpi=FIGURE_DPI) as (_, axes):
+        for ax, (attr, title) in zip(axes.flat, panels):
+            for run in runs:
+                points = getattr(run, attr)
+                if points:
+                    ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None,
+                            label=run.label)
+            ax.set_title(title)
+            if attr == "loss" and limits is not None:
+                ax.set_ylim(*limits)
+                ax.set_title(f"{title} (outliers off the range)")
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+        axes.flat[0].legend(fontsize="small")
 
 
 PROG = "training.report"

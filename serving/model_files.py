@@ -4,19 +4,24 @@
 SHA-256); loaders check every file they read against it, so a damaged file is refused
 by name. A manifest does not stop someone who writes the whole directory, so the model
 files are also inspected before torch loads them, as torch's loaders would run code
-from a crafted file:
+from a crafted file. What an archive may use is what our own export emits, listed in
+``exported_operators.json`` (scripts/exported_operators.py exports every model variant
+and collects it; a test fails when the list drifts from the exporter):
 
 - ``fp32.pt2`` (torch.export): ``torch.export.load`` unpickles payloads marked as
   pickled with ``weights_only=False``, retries sample inputs the same way, loads
   compiled AOTInductor libraries, evaluates symbolic shapes with sympy (``eval``) and
   executes the guards' code, and a graph node may name any attribute of ``torch``. The
-  archive is refused unless it holds only raw tensors, sample inputs that load with
-  ``weights_only=True``, shape expressions and guards of a plain arithmetic grammar,
-  and graph nodes calling ATen/FBGEMM operators or Python's arithmetic operators.
+  archive is refused unless it holds only the members torch.export.save writes, raw
+  tensors, sample inputs that load with ``weights_only=True``, shape expressions and
+  guards of a plain arithmetic grammar, and graph nodes calling only operators of
+  the list; and, given the directory's inputs.json, unless its inputs have the
+  columns inputs.json describes (a program of another model).
 - ``fp16.pt``/``int8.pt`` (TorchScript): no Python runs, but the scripted code may call
-  operators that read or write files (``aten::from_file``). The archive is refused
-  unless its pickles name only TorchScript classes, tensors and storages, and its code
-  calls no such operator and uses only FBGEMM's inference helper classes.
+  any operator (``aten::save`` writes a file, ``aten::from_file`` reads one). The
+  archive is refused unless it holds only the members torch.jit.save writes, its
+  pickles name only TorchScript classes, tensors and storages, and its code (parsed,
+  never run) uses only operators, builtins, attributes and C++ classes of the list.
 
 Example::
 

@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.errors import BadInput
+from common.manifest import entry_of_bytes
 from serving.export import FP32_FILE, export_model
 from serving.model_files import (MANIFEST_FILE, allowed_references, load_model_file, read_manifest,
                                  torchscript_references, write_manifest)
@@ -227,3 +228,87 @@ def test_an_fp32_program_of_another_model_is_refused_at_load(exported, tmp_path)
     with pytest.raises(BadInput, match="takes inputs of 13 dense columns and 26 sparse columns, the directory's "
                                        "inputs.json describes 5 dense columns and 26 sparse columns"):
         load_model_file(model_dir, FP32_FILE, "torch.export", manifest, {"dense": 5, "sparse": 26})
+
+
+# ---------------------------------------------------------------- meta.json, inputs.json
+
+def test_a_meta_json_declaring_huge_tables_is_refused_before_allocation(exported, tmp_path):
+    """Item 8: a checkpoint's meta.json claiming 10^11-row tables (with a manifest
+    rewritten to match) is refused by export with one line, nothing allocated or written."""
+    ckpt = str(tmp_path / "step_000000001")
+    shutil.copytree(exported["ckpt"], ckpt)
+    meta = json.loads(open(os.path.join(ckpt, META_FILE)).read())
+    meta["config"]["model"]["num_embeddings_per_feature"][0] = 10 ** 11
+    data = json.dumps(meta).encode()
+    open(os.path.join(ckpt, META_FILE), "wb").write(data)
+    manifest = json.loads(open(os.path.join(ckpt, "COMPLETE")).read())
+    manifest["files"][META_FILE] = entry_of_bytes(data)
+    open(os.path.join(ckpt, "COMPLETE"), "w").write(json.dumps(manifest))
+    with pytest.raises(BadInput, match=r"meta.json describes model.model.sparse_arch.embedding_bag_collection"
+                                       r".embedding_bags.t_cat_0.weight as \[100000000000, 4\], its .metadata "
+                                       r"stores \[10, 4\]"):
+        export_model(ckpt, str(tmp_path / "out"), ["int8"])
+    assert not os.path.exists(tmp_path / "out")
+
+
+# Mutations of one inputs.json field: (field path, hostile values).
+INPUT_LIES = {
+    ("dense_feature_names",): [[], ["x"] * 14, "int_0", None],
+    ("sparse_feature_names",): [["cat_0"], [], 7],
+    ("sparse_hotness",): [[2] * 26, [0] * 26, [10 ** 11] * 26, "1"],
+    ("num_embeddings_per_feature",): [[0] * 26, [-1] * 26, [10] * 25, None],
+    ("variants", "int8", "file"): ["../int8.pt", "/etc/hostname", "fp32.pt2", "missing.pt", ""],
+    ("variants", "int8", "format"): ["torch.export", "pickle", 3],
+    ("variants", "fp32", "file"): ["int8.pt", "../../model/fp32.pt2"],
+    ("preprocessing", "vocabulary"): ["../../../etc/passwd", "/etc/passwd", "inputs.json", 5],
+    ("preprocessing", "modulo_num_embeddings_per_feature"): [[0] * 26, [1] * 3, "x"],
+    ("layout",): ["feature_spec_csv", "pickle", None],
+    ("version",): [3, "2", None],
+}
+
+
+@HOSTILE
+@given(case=st.sampled_from([(field, value) for field, values in INPUT_LIES.items() for value in values]),
+       variant=st.sampled_from(list(VARIANTS)))
+def test_an_inputs_json_that_lies_is_refused_with_one_line(exported, tmp_path_factory, case, variant):
+    field, value = case
+    variant = field[1] if field[0] == "variants" else variant  # a lie about the variant loaded
+    tmp_path = tmp_path_factory.mktemp("inputs")
+    model_dir = copy_model(exported, tmp_path)
+    path = os.path.join(model_dir, INPUTS_FILE)
+    document = json.loads(open(path).read())
+    place = document
+    for key in field[:-1]:
+        place = place[key]
+    place[field[-1]] = value
+    open(path, "w").write(json.dumps(document))
+    rewrite_manifest(model_dir)
+    assert_refused(model_dir, variant, str(tmp_path / "none"))
+
+
+@pytest.mark.slow
+def test_the_allow_list_is_what_the_exporter_emits():
+    """serving/exported_operators.json is exactly the union over every model variant
+    and format of what the export writes (regenerate it after changing the export)."""
+    from scripts import exported_operators
+    with open(exported_operators.ALLOWED_REFERENCES_FILE) as f:
+        assert f.read() == exported_operators.file_text(exported_operators.emitted_references()), (
+            "serving/exported_operators.json is out of date: run python scripts/exported_operators.py --write")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module, args", [("serving.predict", ["--variant", "int8", "--input", "{input}"]),
+                                          ("serving.quality_gate", ["--data", "{input}"])])
+def test_the_clis_refuse_a_hostile_archive_with_one_line_and_exit_2(exported, tmp_path, module, args):
+    marker = str(tmp_path / "written_by_the_model")
+    model_dir = copy_model(exported, tmp_path)
+    rewrite_archive(os.path.join(model_dir, "int8.pt"), inject(f"_save = torch.save(dense, {marker!r})"))
+    rewrite_manifest(model_dir)
+    lines = tmp_path / "lines.tsv"
+    lines.write_text("1" + "\t1" * 13 + "\ta1" * 26 + "\n")
+    argv = [a.format(input=lines) for a in args]
+    result = subprocess.run([sys.executable, "-m", module, "--model", model_dir, *argv], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "refused: its code uses torch.save" in result.stderr
+    assert not os.path.exists(marker)

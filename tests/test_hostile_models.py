@@ -6,7 +6,7 @@ inputs.json; a checkpoint's meta.json), rewrites the manifest to match (an attac
 writes the whole directory), and asserts the loaders refuse it with one line
 (BadInput), run none of its code (no marker file appears) and write nothing.
 
-Hypothesis draws the cases: HOSTILE_EXAMPLES (default 25) per property; `make
+Hypothesis draws the cases: HOSTILE_EXAMPLES (default 10) per property; `make
 test-hostile` runs more.
 """
 
@@ -38,7 +38,7 @@ from training.checkpoint import META_FILE, CheckpointManager
 from training.checkpoint_meta import CheckpointMeta
 from training.flags import parse_config
 
-EXAMPLES = int(os.environ.get("HOSTILE_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("HOSTILE_EXAMPLES", "10"))
 HOSTILE = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 VARIANTS = {"fp32": FP32_FILE, "fp16": "fp16.pt", "int8": "int8.pt"}
@@ -298,15 +298,15 @@ def test_the_allow_list_is_what_the_exporter_emits():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("module, args", [("serving.predict", ["--variant", "int8", "--input", "{input}"]),
-                                          ("serving.quality_gate", ["--data", "{input}"])])
-def test_the_clis_refuse_a_hostile_archive_with_one_line_and_exit_2(exported, tmp_path, module, args):
+                                          ("serving.quality_gate", ["--data", "{data}", "--limit_rows", "64"])])
+def test_the_clis_refuse_a_hostile_archive_with_one_line_and_exit_2(exported, synthetic_dir, tmp_path, module, args):
     marker = str(tmp_path / "written_by_the_model")
     model_dir = copy_model(exported, tmp_path)
     rewrite_archive(os.path.join(model_dir, "int8.pt"), inject(f"_save = torch.save(dense, {marker!r})"))
     rewrite_manifest(model_dir)
     lines = tmp_path / "lines.tsv"
     lines.write_text("1" + "\t1" * 13 + "\ta1" * 26 + "\n")
-    argv = [a.format(input=lines) for a in args]
+    argv = [a.format(input=lines, data=synthetic_dir) for a in args]
     result = subprocess.run([sys.executable, "-m", module, "--model", model_dir, *argv], cwd=REPO,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stderr

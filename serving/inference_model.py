@@ -21,7 +21,7 @@ from torchrec.models.dlrm import DLRMTrain
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from models import build_dlrm_train
-from training.checkpoint import load_checkpoint, read_meta
+from training.checkpoint import check_stored_shapes, load_checkpoint, read_meta
 from training.checkpoint_meta import CheckpointMeta
 
 
@@ -87,6 +87,9 @@ def load_checkpoint_model(path: str) -> Tuple[DLRMTrain, CheckpointMeta]:
     # fp32 tables whatever the training precision: DCP casts fp16 weights on load, and
     # quantization starts from fp32.
     model_config.embedding_precision = "fp32"
+    # The tables meta.json declares, checked against what is stored before any is allocated.
+    on_meta = build_dlrm_train(model_config, dense_device=torch.device("meta"), embedding_device=torch.device("meta"))
+    check_stored_shapes(path, {"model": on_meta.state_dict()})
     model = build_dlrm_train(model_config, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"))
     state = {"model": model.state_dict()}
     load_checkpoint(path, state, rank=0, restore_rng=False)

@@ -4,19 +4,24 @@
 SHA-256); loaders check every file they read against it, so a damaged file is refused
 by name. A manifest does not stop someone who writes the whole directory, so the model
 files are also inspected before torch loads them, as torch's loaders would run code
-from a crafted file:
+from a crafted file. What an archive may use is what our own export emits, listed in
+``exported_operators.json`` (scripts/exported_operators.py exports every model variant
+and collects it; a test fails when the list drifts from the exporter):
 
 - ``fp32.pt2`` (torch.export): ``torch.export.load`` unpickles payloads marked as
   pickled with ``weights_only=False``, retries sample inputs the same way, loads
   compiled AOTInductor libraries, evaluates symbolic shapes with sympy (``eval``) and
   executes the guards' code, and a graph node may name any attribute of ``torch``. The
-  archive is refused unless it holds only raw tensors, sample inputs that load with
-  ``weights_only=True``, shape expressions and guards of a plain arithmetic grammar,
-  and graph nodes calling ATen/FBGEMM operators or Python's arithmetic operators.
+  archive is refused unless it holds only the members torch.export.save writes, raw
+  tensors, sample inputs that load with ``weights_only=True``, shape expressions and
+  guards of a plain arithmetic grammar, and graph nodes calling only operators of
+  the list; and, given the directory's inputs.json, unless its inputs have the
+  columns inputs.json describes (a program of another model).
 - ``fp16.pt``/``int8.pt`` (TorchScript): no Python runs, but the scripted code may call
-  operators that read or write files (``aten::from_file``). The archive is refused
-  unless its pickles name only TorchScript classes, tensors and storages, and its code
-  calls no such operator and uses only FBGEMM's inference helper classes.
+  any operator (``aten::save`` writes a file, ``aten::from_file`` reads one). The
+  archive is refused unless it holds only the members torch.jit.save writes, its
+  pickles name only TorchScript classes, tensors and storages, and its code (parsed,
+  never run) uses only operators, builtins, attributes and C++ classes of the list.
 
 Example::
 
@@ -24,6 +29,8 @@ Example::
     module = load_model_file("model_dir", "fp32.pt2", "torch.export", manifest)
 """
 
+import ast
+import functools
 import io
 import json
 import os
@@ -31,7 +38,7 @@ import pickletools
 import re
 import sys
 import zipfile
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, FrozenSet, Iterator, Optional, Set, Tuple
 
 import torch
 
@@ -41,6 +48,10 @@ from common.manifest import ManifestEntry, check_bytes, check_manifest_format, e
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
 FORMATS = ("torch.export", "torchscript")
+# Every operator, builtin and attribute the models this project exports use, by format:
+# written by scripts/exported_operators.py from fresh exports of every supported model
+# variant (a test fails when it drifts from what the exporter emits).
+ALLOWED_REFERENCES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exported_operators.json")
 
 
 class UnsafeModelError(BadInput):
@@ -88,9 +99,16 @@ def read_file(model_dir: str, name: str, manifest: Optional[Dict[str, ManifestEn
     return data
 
 
-def load_model_file(model_dir: str, name: str, fmt: str, manifest: Optional[Dict[str, ManifestEntry]]) -> Any:
+def load_model_file(model_dir: str, name: str, fmt: str, manifest: Optional[Dict[str, ManifestEntry]],
+                    input_columns: Optional[Dict[str, int]] = None) -> Any:
     """The callable model in ``name`` (a torch.export program or TorchScript), after the
-    manifest and the safety checks (module docstring). BadInput naming the file otherwise."""
+    manifest and the safety checks (module docstring). BadInput naming the file otherwise.
+
+    Args:
+        input_columns: the columns of each input (``{"dense": 13, "sparse": 26}``) the
+            directory's inputs.json describes; a torch.export program taking others
+            (a file of another model) is refused before it is loaded.
+    """
     data = read_file(model_dir, name, manifest)
     path = os.path.join(model_dir, name)
     if fmt not in FORMATS:
@@ -102,6 +120,11 @@ def load_model_file(model_dir: str, name: str, fmt: str, manifest: Optional[Dict
     with archive:
         check = check_exported_program if fmt == "torch.export" else check_torchscript
         check(archive, path)
+        if fmt == "torch.export" and input_columns is not None:
+            taken = program_input_columns(archive, path)
+            if taken != input_columns:
+                raise BadInput(f"{path} takes inputs of {_columns(taken)}, the directory's inputs.json describes "
+                               f"{_columns(input_columns)}: the file is another model's")
     try:
         if fmt == "torch.export":
             return torch.export.load(io.BytesIO(data)).module()
@@ -111,17 +134,19 @@ def load_model_file(model_dir: str, name: str, fmt: str, manifest: Optional[Dict
         raise BadInput(f"{path}: cannot be loaded ({type(e).__name__}: {first[:200]})") from e
 
 
+@functools.lru_cache(maxsize=None)
+def allowed_references() -> Dict[str, FrozenSet[str]]:
+    """Format -> what its archives may use (``ALLOWED_REFERENCES_FILE``)."""
+    with open(ALLOWED_REFERENCES_FILE) as f:
+        return {fmt: frozenset(names) for fmt, names in json.load(f).items() if fmt in FORMATS}
+
+
 # ---------------------------------------------------------------- torch.export archives
 
 # Archive members (below the archive's root folder) torch.export.save writes for us.
 _PT2_MEMBER = re.compile(r"(archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id"
                          r"|models/\w+\.json|data/sample_inputs/\w+\.pt|data/weights/\w+(\.json)?"
                          r"|data/constants/\w+(\.json)?)")
-# Graph node targets: ATen and FBGEMM operators, Python's arithmetic and comparisons.
-_OPERATOR_TARGET = re.compile(r"torch\.ops\.(aten|fbgemm)\.\w+\.\w+|_operator\.(add|sub|mul|floordiv|truediv|mod"
-                              r"|neg|pow|eq|ne|le|lt|ge|gt|getitem|and_|or_|not_)")
-# Operators that touch files: never in a model we export.
-_FILE_OPERATORS = re.compile(r"\b(from_file|debugprims|load_tensor)\b")
 # Symbolic shapes, as sympy constructor calls: sympy evaluates them with eval().
 _SYMPY_TOKEN = re.compile(r"\s*(?:(?P<word>[A-Za-z_]\w*)|'[a-z]\w*'|-?\d+|[(),=])")
 _SYMPY_WORDS = frozenset({"Add", "Mul", "Pow", "Integer", "Rational", "Symbol", "Max", "Min", "Mod", "FloorDiv",
@@ -159,10 +184,11 @@ def _strings(tree: Any, key: Optional[str] = None) -> Iterator[tuple]:
 
 
 def _check_program_json(program: Any, member: str, path: str) -> None:
+    allowed = allowed_references()["torch.export"]
     for key, text in _strings(program):
         bad = None
-        if key == "target" and (not _OPERATOR_TARGET.fullmatch(text) or _FILE_OPERATORS.search(text)):
-            bad = f"a graph node calls {text}"
+        if key == "target" and text not in allowed:
+            bad = f"a graph node calls {text}, which no model exported by this project calls"
         elif key == "expr_str" and not _tokens_match(text, _SYMPY_TOKEN, _SYMPY_WORDS):
             bad = f"a shape expression is not plain arithmetic: {text[:80]!r}"
         elif key == "guards_code" and not _tokens_match(text, _GUARD_TOKEN):
@@ -173,12 +199,46 @@ def _check_program_json(program: Any, member: str, path: str) -> None:
             raise UnsafeModelError(f"{path}: refused: {bad} ({member}); only code-free exports are loaded")
 
 
-def check_exported_program(archive: zipfile.ZipFile, path: str) -> None:
-    """Raises UnsafeModelError unless loading this torch.export archive can run no code."""
+def _members(archive: zipfile.ZipFile) -> Iterator[Tuple[str, str]]:
+    """(name, member) of each file of the archive: member is the name below the
+    archive's root folder (torch's savers put everything in one)."""
     names = archive.namelist()
     root = names[0].split("/", 1)[0] if names else ""
     for name in names:
-        member = name[len(root) + 1:] if name.startswith(root + "/") else name
+        yield name, name[len(root) + 1:] if name.startswith(root + "/") else name
+
+
+def program_targets(archive: zipfile.ZipFile) -> Set[str]:
+    """Every graph node target (operator) of a torch.export archive's programs."""
+    return {text for name, member in _members(archive) if member.startswith("models/")
+            for key, text in _strings(json.loads(archive.read(name))) if key == "target"}
+
+
+def program_input_columns(archive: zipfile.ZipFile, path: str) -> Dict[str, int]:
+    """Input name -> columns (size of dimension 1) of the program's inputs, from its
+    signature; UnsafeModelError when the archive has no readable signature."""
+    columns = {}
+    try:
+        for name, member in _members(archive):
+            if member.startswith("models/"):
+                module = json.loads(archive.read(name))["graph_module"]
+                values = module["graph"]["tensor_values"]
+                for spec in module["signature"]["input_specs"]:
+                    if "user_input" in spec:
+                        value = spec["user_input"]["arg"]["as_tensor"]["name"]
+                        columns[value] = values[value]["sizes"][1]["as_int"]
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise UnsafeModelError(f"{path}: its program has no readable input signature ({type(e).__name__}: {e})") from e
+    return columns
+
+
+def _columns(columns: Dict[str, int]) -> str:
+    return " and ".join(f"{count} {name} columns" for name, count in sorted(columns.items()))
+
+
+def check_exported_program(archive: zipfile.ZipFile, path: str) -> None:
+    """Raises UnsafeModelError unless loading this torch.export archive can run no code."""
+    for name, member in _members(archive):
         if not _PT2_MEMBER.fullmatch(member):
             raise UnsafeModelError(f"{path}: refused: unexpected archive member {name!r} "
                                    "(compiled code, pickles or a legacy format)")
@@ -203,17 +263,88 @@ def check_exported_program(archive: zipfile.ZipFile, path: str) -> None:
 
 # ---------------------------------------------------------------- TorchScript archives
 
-_SCRIPT_GLOBAL = re.compile(r"__torch__\.(?!torch\.classes\.)[\w.]+ \w+|__torch__\.torch\.classes\.fbgemm "
-                            r"(AtomicCounter|TensorQueue)|collections OrderedDict|torch \w+Storage|torch device"
+# Archive members (below the archive's root folder) torch.jit.save writes for us: the
+# pickled module and constants, tensor storages, the scripted code and its debug info.
+_SCRIPT_MEMBER = re.compile(r"(data\.pkl|constants\.pkl|version|byteorder|\.data/version|\.data/serialization_id"
+                            r"|data/\d+|code/__torch__(/\w+)*\.py(\.debug_pkl)?)")
+_SCRIPT_GLOBAL = re.compile(r"__torch__\.(?!torch\.classes\.)[\w.]+ \w+|__torch__\.torch\.classes\.\w+ \w+"
+                            r"|collections OrderedDict|torch \w+Storage|torch device"
                             r"|torch\._utils _rebuild_\w+|torch\.jit\._pickle \w+")
-_SCRIPT_CLASSES = re.compile(r"torch\.classes\.([\w.]+)")
+_CUSTOM_CLASSES = "__torch__.torch.classes."
 
 
-def check_torchscript(archive: zipfile.ZipFile, path: str) -> None:
-    """Raises UnsafeModelError unless this TorchScript archive names only TorchScript
-    classes, tensors and FBGEMM's inference helpers, and calls no file operator."""
-    for name in archive.namelist():
-        if name.endswith(".pkl"):
+class _ScriptScope(ast.NodeVisitor):
+    """Collects what one function (or class body) of TorchScript code refers to
+    outside itself: dotted names rooted at a name it does not bind (``torch.add``: an
+    ATen operator; ``ops.fbgemm.bounds_check_indices``; ``len``), and ``.attr`` for
+    every attribute taken of a value (a module's field, a method: on a tensor,
+    ``x.name(...)`` is the ATen operator ``name`` too)."""
+
+    def __init__(self, bound: Set[str]) -> None:
+        self.bound = bound
+        self.references: Set[str] = set()
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+        arguments += [a for a in (node.args.vararg, node.args.kwarg) if a is not None]
+        inner = _ScriptScope({a.arg for a in arguments} |
+                             {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and
+                              isinstance(n.ctx, (ast.Store, ast.Del))})
+        for child in node.decorator_list + node.args.defaults + node.args.kw_defaults + node.body:
+            if child is not None:
+                inner.visit(child)
+        for argument in arguments:
+            if argument.annotation is not None:
+                inner.visit(argument.annotation)
+        if node.returns is not None:
+            inner.visit(node.returns)
+        self.references |= inner.references
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        parts = [node.attr]
+        value = node.value
+        while isinstance(value, ast.Attribute):
+            parts.append(value.attr)
+            value = value.value
+        if isinstance(value, ast.Name) and value.id not in self.bound:
+            self.references.add(".".join([value.id, *reversed(parts)]))
+        else:
+            self.references.add("." + node.attr)
+            self.visit(node.value)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        # getattr(value, "name") is value.name; a submodule of a sequence is named by its index.
+        if isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") and \
+                node.func.id not in self.bound:
+            name = node.args[1] if len(node.args) > 1 else None
+            if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                self.references.add(".<index>" if name.value.isdigit() else "." + name.value)
+            else:
+                self.references.add(f"{node.func.id} of a computed name")
+        self.generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if isinstance(node.ctx, ast.Load) and node.id not in self.bound:
+            self.references.add(node.id)
+
+    def generic_visit(self, node: ast.AST) -> None:
+        if isinstance(node, (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal, ast.Lambda, ast.AsyncFunctionDef)):
+            self.references.add(type(node).__name__)  # never in scripted code; refused as unknown
+        super().generic_visit(node)
+
+
+def torchscript_references(archive: zipfile.ZipFile, path: str) -> Iterator[Tuple[str, str]]:
+    """(reference, member) of every name the archive's code and pickles use from outside
+    the archive: ATen, prim and FBGEMM operators, TorchScript builtins, attributes, and
+    custom C++ classes. Names of the archive's own code (``__torch__.x.y``, which torch
+    resolves to ``code/__torch__/x/y.py``) are left out: that code is read here too.
+    Reads the archive only; UnsafeModelError for a member torch.jit.save does not write."""
+    modules = {member[len("code/"):-len(".py")].replace("/", ".")
+               for _, member in _members(archive) if member.startswith("code/") and member.endswith(".py")}
+    for name, member in _members(archive):
+        if not _SCRIPT_MEMBER.fullmatch(member):
+            raise UnsafeModelError(f"{path}: refused: unexpected archive member {name!r} (not written by torch.jit.save)")
+        if member.endswith(".pkl"):
             try:
                 opcodes = list(pickletools.genops(archive.read(name)))
             except Exception as e:
@@ -223,10 +354,45 @@ def check_torchscript(archive: zipfile.ZipFile, path: str) -> None:
                                                     not _SCRIPT_GLOBAL.fullmatch(str(argument))):
                     what = argument if opcode.name == "GLOBAL" else "a computed name"
                     raise UnsafeModelError(f"{path}: refused: {name} loads {what}")
-        elif name.endswith(".py"):
-            code = archive.read(name).decode("utf-8", errors="replace")
-            found = _FILE_OPERATORS.search(code)
-            classes = set(_SCRIPT_CLASSES.findall(code)) - {"fbgemm.AtomicCounter", "fbgemm.TensorQueue"}
-            if found or classes:
-                what = found.group(0) if found else f"torch.classes.{sorted(classes)[0]}"
-                raise UnsafeModelError(f"{path}: refused: its code uses {what} ({name})")
+                if opcode.name == "GLOBAL" and str(argument).startswith(_CUSTOM_CLASSES):
+                    yield str(argument).replace(" ", "."), name
+        elif member.endswith(".py"):
+            try:
+                tree = ast.parse(archive.read(name).decode("utf-8"), name)
+            except (SyntaxError, UnicodeDecodeError, ValueError) as e:
+                raise UnsafeModelError(f"{path}: {name} is not TorchScript code (damaged?)") from e
+            scope = _ScriptScope({target.id for target in _top_level_targets(tree)})
+            scope.visit(tree)
+            for reference in scope.references:
+                if reference.startswith("__torch__.") and not reference.startswith(_CUSTOM_CLASSES) and \
+                        any(reference.startswith(module + ".") for module in modules):
+                    continue
+                yield _CONSTANT.sub("CONSTANTS.c", reference), name
+
+
+# A constant of the archive's constants.pkl, by number: which number depends on the model.
+_CONSTANT = re.compile(r"^CONSTANTS\.c\d+$")
+
+
+def _top_level_targets(tree: ast.Module) -> Set[ast.AST]:
+    """Names bound outside functions: class attributes (``__parameters__``, fields)."""
+    found: Set[ast.AST] = set()
+    bodies = [tree.body]
+    while bodies:
+        for node in bodies.pop():
+            if isinstance(node, ast.ClassDef):
+                bodies.append(node.body)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                found.update(t for t in targets if isinstance(t, ast.Name))
+    return found
+
+
+def check_torchscript(archive: zipfile.ZipFile, path: str) -> None:
+    """Raises UnsafeModelError unless every operator, builtin, attribute and C++ class
+    this TorchScript archive uses is one our own export emits (``exported_operators.json``)."""
+    allowed = allowed_references()["torchscript"]
+    for reference, member in torchscript_references(archive, path):
+        if reference not in allowed:
+            raise UnsafeModelError(f"{path}: refused: its code uses {reference} ({member}), which no model "
+                                   "exported by this project uses")

@@ -74,7 +74,8 @@ class Predictor:
         if batch_size <= 0:
             raise BadInput(f"--batch_size must be positive, got {batch_size}")
         entry = self.inputs.variants[variant]
-        self.model = load_model_file(model_dir, entry.file, entry.format, manifest)
+        self.model = load_model_file(model_dir, entry.file, entry.format, manifest,
+                                     {"dense": self.inputs.num_dense_features, "sparse": sum(self.inputs.sparse_hotness)})
         self.batch_size = batch_size
         self.layout: InputLayout = load_layout(self.inputs, model_dir, manifest)
         self.table_sizes = np.asarray(self.inputs.num_embeddings_per_feature, dtype=np.int64)

@@ -477,6 +477,53 @@ def _remove_checkpoint(path: str) -> None:
         os.rmdir(_local(path))
 
 
+def _read_dcp_metadata(path: str, manifest: Optional[Dict[str, ManifestEntry]]) -> Metadata:
+    """The checkpoint's .metadata, read without running code; CheckpointError naming it."""
+    try:
+        return load_metadata(_read_checked(path, DCP_METADATA_FILE, manifest), _join(path, DCP_METADATA_FILE))
+    except UnsafeMetadataError as e:
+        raise CheckpointError(f"checkpoint file {e}") from e
+
+
+def check_stored_shapes(path: str, state: Dict[str, Any]) -> None:
+    """Raises CheckpointError unless the checkpoint stores every tensor of ``state``
+    with its shape, in data files large enough to hold them. Reads .metadata and the
+    files' sizes only, so ``state`` may live on the meta device: a meta.json declaring
+    tables other than those stored is refused before the model is allocated."""
+    manifest = read_manifest(path)
+    metadata = _read_dcp_metadata(path, manifest)
+    needed = 0
+    for name, value in flat_state(state).items():
+        if not torch.is_tensor(value):
+            continue
+        stored = metadata.state_dict_metadata.get(name)
+        size = getattr(stored, "size", None)
+        if size is None:
+            raise CheckpointError(f"checkpoint {path} stores no tensor {name}: its meta.json describes another model")
+        if list(size) != list(value.shape):
+            raise CheckpointError(f"checkpoint {path}: its meta.json describes {name} as {list(value.shape)}, "
+                                  f"its .metadata stores {list(size)}")
+        needed += value.numel() * stored.properties.dtype.itemsize
+    sizes = [_file_size(path, str(name), manifest)
+             for name in {info.relative_path for info in metadata.storage_data.values()}]
+    held = sum(size for size in sizes if size is not None)
+    if None not in sizes and needed > held:
+        raise CheckpointError(f"checkpoint {path}: its tensors need {needed} bytes, its data files hold {held}: "
+                              "meta.json and .metadata describe more than is stored")
+
+
+def _file_size(path: str, name: str, manifest: Optional[Dict[str, ManifestEntry]]) -> Optional[int]:
+    """The size of one file of a checkpoint: on disk for a local one, else its
+    manifest's (None: unknown, an old remote checkpoint)."""
+    if _is_local(path):
+        try:
+            return os.path.getsize(os.path.join(_local(path), os.path.basename(name)))
+        except OSError as e:
+            raise CheckpointError(f"checkpoint {path}: {name} is missing or unreadable ({e.strerror or e})") from e
+    entry = (manifest or {}).get(os.path.basename(name))
+    return int(entry["bytes"]) if entry else None
+
+
 def load_checkpoint(path: str, state: Dict[str, Any], rank: int, restore_rng: bool) -> None:
     """Fills ``state`` (tensors and sharded tensors, in place) from the checkpoint at path.
 
@@ -490,11 +537,7 @@ def load_checkpoint(path: str, state: Dict[str, Any], rank: int, restore_rng: bo
               "its files are loaded unverified", file=sys.stderr, flush=True)
     # Read here, on every rank before any collective: a missing, damaged or crafted file
     # fails every rank alike with one line.
-    metadata_file = _join(path, DCP_METADATA_FILE)
-    try:
-        metadata = load_metadata(_read_checked(path, DCP_METADATA_FILE, manifest), metadata_file)
-    except UnsafeMetadataError as e:
-        raise CheckpointError(f"checkpoint file {e}") from e
+    metadata = _read_dcp_metadata(path, manifest)
     try:
         dcp.load(flat, storage_reader=_IOPathReader(path, metadata, manifest))
     except (Exception, CheckpointException) as e:  # DCP gathers every rank's failure; report one line

@@ -1,0 +1,104 @@
+"""Writes serving/exported_operators.json: what the models this project exports use.
+
+    python scripts/exported_operators.py           # prints the lists
+    python scripts/exported_operators.py --write   # replaces serving/exported_operators.json
+    python scripts/exported_operators.py --check   # exit 1 when it is out of date
+
+Exports a tiny model of every variant a user can train (each interaction, with and
+without numerical features, one-hot and multi-hot features) in every format
+``python -m serving.export`` writes (fp32 torch.export, fp16 and int8 TorchScript),
+and collects, without loading them, the graph nodes' operators of the torch.export
+programs and the operators, builtins, attributes and C++ classes of the TorchScript
+code (serving/model_files.py reads archives the same way). The loaders refuse an
+archive that uses anything else: the list follows the exporter, not the attacks seen.
+"""
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import tempfile
+import warnings
+import zipfile
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+import torch
+
+from models import build_dlrm_train
+from models.config import INTERACTION_TYPES, ModelConfig
+from serving.export import QUANTIZED_DTYPES, export_fp32, export_quantized
+from serving.inference_model import ProbabilityModel
+from serving.model_files import ALLOWED_REFERENCES_FILE, program_targets, torchscript_references
+
+# Three features: enough for every interaction; hotness 1, 3, 2 for the multi-hot variant.
+FEATURES = ["a", "b", "c"]
+HOTNESS = {"one-hot": [1, 1, 1], "multi-hot": [1, 3, 2]}
+DENSE_FEATURES = (2, 0)  # with numerical features, and categorical features only
+
+
+def variant_models() -> Dict[str, Tuple[ProbabilityModel, int]]:
+    """A tiny model of every variant and its number of numerical features, by a name
+    saying which variant."""
+    models = {}
+    for interaction, dense, (hot_name, hotness) in itertools.product(INTERACTION_TYPES, DENSE_FEATURES,
+                                                                     HOTNESS.items()):
+        config = ModelConfig(num_embeddings_per_feature=[10, 20, 30], sparse_feature_names=FEATURES,
+                             dense_in_features=dense, embedding_dim=4, dense_arch_layer_sizes=[8, 4],
+                             over_arch_layer_sizes=[8, 1], interaction_type=interaction, dcn_num_layers=1,
+                             dcn_low_rank_dim=2, interaction_branch1_layer_sizes=[8, 8],
+                             interaction_branch2_layer_sizes=[8, 8])
+        torch.manual_seed(0)
+        train = build_dlrm_train(config, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"))
+        name = f"{interaction}, {'dense' if dense else 'no dense'}, {hot_name}"
+        models[name] = (ProbabilityModel(train.model, FEATURES, hotness).eval(), dense)
+    return models
+
+
+def emitted_references() -> Dict[str, List[str]]:
+    """Format -> the sorted names every exported variant uses (the file's contents)."""
+    found: Dict[str, Set[str]] = {"torch.export": set(), "torchscript": set()}
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TorchScript's and torchrec's notices, every export
+        for model, dense in variant_models().values():
+            example = (torch.zeros(4, dense), torch.zeros(4, sum(model.hotness), dtype=torch.int64))
+            program = os.path.join(tmp, "fp32.pt2")
+            export_fp32(model, example, program)
+            with zipfile.ZipFile(program) as archive:
+                found["torch.export"] |= program_targets(archive)
+            for dtype in QUANTIZED_DTYPES.values():
+                script = os.path.join(tmp, "quantized.pt")
+                export_quantized(model, dtype, script)
+                with zipfile.ZipFile(script) as archive:
+                    found["torchscript"] |= {name for name, _ in torchscript_references(archive, script)}
+    return {fmt: sorted(names) for fmt, names in found.items()}
+
+
+def file_text(references: Dict[str, List[str]]) -> str:
+    """The JSON file: one name a line, so that a change reads as a diff of names."""
+    return json.dumps(references, indent=1) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--write", action="store_true", help=f"replace {ALLOWED_REFERENCES_FILE}")
+    action.add_argument("--check", action="store_true", help="exit 1 when the file is out of date")
+    args = parser.parse_args(argv)
+    text = file_text(emitted_references())
+    if args.write:
+        with open(ALLOWED_REFERENCES_FILE, "w") as f:
+            f.write(text)
+    elif args.check:
+        with open(ALLOWED_REFERENCES_FILE) as f:
+            if f.read() != text:
+                print(f"{ALLOWED_REFERENCES_FILE} is out of date: run python scripts/exported_operators.py --write",
+                      file=sys.stderr)
+                return 1
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""Generated hostile model directories: a real export, mutated as an attacker would.
+
+Each case starts from a model this project exported (a checkpoint saved and exported
+in this process), changes one thing (an archive's code, members or graph; a field of
+inputs.json; a checkpoint's meta.json), rewrites the manifest to match (an attacker
+writes the whole directory), and asserts the loaders refuse it with one line
+(BadInput), run none of its code (no marker file appears) and write nothing.
+
+Hypothesis draws the cases: HOSTILE_EXAMPLES (default 10) per property; `make
+test-hostile` runs more.
+"""
+
+import dataclasses
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from common.errors import BadInput
+from common.manifest import entry_of_bytes
+from serving.export import FP32_FILE, export_model
+from serving.model_files import (MANIFEST_FILE, allowed_references, load_model_file, read_manifest,
+                                 torchscript_references, write_manifest)
+from serving.model_inputs import INPUTS_FILE
+from serving.predict import Predictor
+from tests.support.launch import REPO
+from training.checkpoint import META_FILE, CheckpointManager
+from training.checkpoint_meta import CheckpointMeta
+from training.flags import parse_config
+
+EXAMPLES = int(os.environ.get("HOSTILE_EXAMPLES", "10"))
+HOSTILE = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+                   suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+VARIANTS = {"fp32": FP32_FILE, "fp16": "fp16.pt", "int8": "int8.pt"}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> dict:
+    """A tiny Criteo model's checkpoint (saved in this process) and its export."""
+    root = tmp_path_factory.mktemp("hostile")
+    config = parse_config(["--num_embeddings", "10", "--embedding_dim", "4", "--dense_arch_layer_sizes", "8,4",
+                           "--over_arch_layer_sizes", "8,1"], "dlrm_main.py", "")
+    from models import build_dlrm_train  # the model the config describes, as training builds it
+    model = build_dlrm_train(config.model, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"))
+    meta = CheckpointMeta(step=1, epoch=0, batch_in_epoch=1, world_size=1, config=dataclasses.asdict(config),
+                          plan={}, run_id="hostile")
+    ckpt = CheckpointManager(str(root / "ckpt"), keep_last_n=0, rank=0).save({"model": model.state_dict()}, meta)
+    export_model(ckpt, str(root / "model"), ["fp16", "int8"])
+    return {"ckpt": ckpt, "model": str(root / "model"), "root": root}
+
+
+def copy_model(exported: dict, tmp_path) -> str:
+    target = str(tmp_path / "model")
+    if os.path.exists(target):
+        shutil.rmtree(target)
+    shutil.copytree(exported["model"], target)
+    return target
+
+
+def rewrite_manifest(model_dir: str) -> None:
+    """What an attacker who writes the whole directory does: a manifest matching the files."""
+    os.remove(os.path.join(model_dir, MANIFEST_FILE))
+    write_manifest(model_dir)
+
+
+def rewrite_archive(path: str, change) -> None:
+    """Replaces the zip archive at ``path`` by ``change(members)`` ({name: bytes} -> same)."""
+    with zipfile.ZipFile(path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    members = change(members)
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+
+
+def files_under(directory) -> set:
+    return {os.path.join(d, f) for d, _, files in os.walk(directory) for f in files}
+
+
+def assert_refused(model_dir: str, variant: str, marker: str, *match: str) -> str:
+    """Loading and running ``variant`` raises BadInput with a one-line message and no
+    marker appears; returns the message."""
+    before = files_under(os.path.dirname(model_dir))
+    with pytest.raises(BadInput) as raised:
+        predictor = Predictor(model_dir, variant)
+        predictor.predict(np.zeros((2, 13), np.int64), np.zeros((2, 26), np.uint32))
+    message = str(raised.value)
+    assert "\n" not in message and len(message) < 600, message
+    for text in match:
+        assert text in message, message
+    assert not os.path.exists(marker), "the archive's code ran"
+    assert files_under(os.path.dirname(model_dir)) == before, "something was written"
+    return message
+
+
+def test_the_export_loads_and_uses_only_what_the_list_allows(exported):
+    """The unchanged export passes every check (the list covers it) and predicts."""
+    for variant in VARIANTS:
+        p = Predictor(exported["model"], variant).predict(np.zeros((2, 13), np.int64), np.zeros((2, 26), np.uint32))
+        assert p.shape == (2,) and np.all((p > 0) & (p < 1))
+
+
+# ---------------------------------------------------------------- TorchScript code
+
+def forward_file(members: dict) -> str:
+    """The code file of the archive's top module (whose forward predict calls)."""
+    return next(name for name in members if name.endswith(".py") and b"    dense: Tensor," in members[name])
+
+
+def inject(statement: str):
+    """A change of the top module's forward: ``statement`` (using ``dense``) runs first."""
+    def change(members: dict) -> dict:
+        name = forward_file(members)
+        code = members[name].decode()
+        head = re.search(r"  def forward\(self[^\n]*\n(?:[^\n]*\n)*?[^\n]*-> Tensor:\n", code)
+        assert head, code
+        members[name] = (code[:head.end()] + f"    {statement}\n" + code[head.end():]).encode()
+        return members
+    return change
+
+
+def test_a_forward_calling_torch_save_is_refused_before_it_runs(exported, tmp_path):
+    """Item 3 of issue 22: an int8 variant whose forward calls torch.save(x, PATH)."""
+    marker = str(tmp_path / "written_by_the_model")
+    model_dir = copy_model(exported, tmp_path)
+    rewrite_archive(os.path.join(model_dir, "int8.pt"), inject(f"_save = torch.save(dense, {marker!r})"))
+    rewrite_manifest(model_dir)
+    assert_refused(model_dir, "int8", marker, "int8.pt: refused: its code uses torch.save")
+
+
+def test_the_injected_forward_does_run_without_the_check(exported, tmp_path):
+    """The case above is real: torch.jit.load of that archive writes the marker."""
+    marker = str(tmp_path / "written_by_the_model")
+    model_dir = copy_model(exported, tmp_path)
+    path = os.path.join(model_dir, "int8.pt")
+    rewrite_archive(path, inject(f"_save = torch.save(dense, {marker!r})"))
+    torch.jit.load(path)(torch.zeros(2, 13), torch.zeros(2, 26, dtype=torch.int64))
+    assert os.path.exists(marker)
+
+
+# Forms of calling an operator from TorchScript code: the namespace, ops.aten, a method.
+CALL_FORMS = ["_x = torch.{op}(dense)", "_x = ops.aten.{op}(dense)", "_x = dense.{op}()",
+              "_x = getattr(dense, \"{op}\")()", "_f = torch.{op}"]
+ATEN_OPERATORS = sorted(name for name in dir(torch.ops.aten) if not name.startswith("_") and name.isidentifier())
+
+
+@HOSTILE
+@given(op=st.sampled_from(ATEN_OPERATORS), form=st.sampled_from(CALL_FORMS),
+       variant=st.sampled_from(["fp16", "int8"]))
+def test_code_using_anything_the_export_does_not_is_refused(exported, tmp_path_factory, op, form, variant):
+    """Any ATen operator our export does not call, in any form, is refused; one it
+    does call passes the check (what follows then fails or not, but no code is foreign)."""
+    tmp_path = tmp_path_factory.mktemp("code")
+    model_dir = copy_model(exported, tmp_path)
+    statement = form.format(op=op)
+    rewrite_archive(os.path.join(model_dir, VARIANTS[variant]), inject(statement))
+    rewrite_manifest(model_dir)
+    path = os.path.join(model_dir, VARIANTS[variant])
+    with zipfile.ZipFile(path) as archive:
+        used = {reference for reference, _ in torchscript_references(archive, path)}
+    foreign = used - allowed_references()["torchscript"]
+    if foreign:
+        assert_refused(model_dir, variant, str(tmp_path / "none"), "refused: its code uses", sorted(foreign)[0])
+    else:  # only names of the list: the statement is of the kinds our own export writes
+        assert statement.split("=", 1)[1].strip().startswith(("torch.", "dense."))
+
+
+@HOSTILE
+@given(member=st.sampled_from(["extra/evil.txt", "code/__torch__/evil.so", "data/evil.pkl", "bytecode.pkl",
+                               "code/__torch__/x/../../../etc.py", "constants/0"]),
+       variant=st.sampled_from(["fp16", "int8"]))
+def test_archive_members_torch_does_not_write_are_refused(exported, tmp_path_factory, member, variant):
+    tmp_path = tmp_path_factory.mktemp("member")
+    model_dir = copy_model(exported, tmp_path)
+
+    def add(members: dict) -> dict:
+        root = next(iter(members)).split("/", 1)[0]
+        members[f"{root}/{member}"] = b"payload"
+        return members
+    rewrite_archive(os.path.join(model_dir, VARIANTS[variant]), add)
+    rewrite_manifest(model_dir)
+    assert_refused(model_dir, variant, str(tmp_path / "none"), "refused: unexpected archive member")
+
+
+# ---------------------------------------------------------------- torch.export graph
+
+@HOSTILE
+@given(op=st.sampled_from(ATEN_OPERATORS))
+def test_a_graph_node_calling_an_operator_the_export_does_not_is_refused(exported, tmp_path_factory, op):
+    tmp_path = tmp_path_factory.mktemp("graph")
+    model_dir = copy_model(exported, tmp_path)
+    target = f"torch.ops.aten.{op}.default"
+
+    def retarget(members: dict) -> dict:
+        name = next(n for n in members if "/models/" in n and n.endswith(".json"))
+        program = json.loads(members[name])
+        node = next(n for n in program["graph_module"]["graph"]["nodes"] if n["target"].startswith("torch.ops.aten"))
+        node["target"] = target
+        members[name] = json.dumps(program).encode()
+        return members
+    rewrite_archive(os.path.join(model_dir, FP32_FILE), retarget)
+    rewrite_manifest(model_dir)
+    if target in allowed_references()["torch.export"]:
+        return  # an operator our export calls: allowed (the graph is then wrong, not foreign)
+    assert_refused(model_dir, "fp32", str(tmp_path / "none"), f"a graph node calls {target}")
+
+
+def test_an_fp32_program_of_another_model_is_refused_at_load(exported, tmp_path):
+    """Item 8: a program taking other inputs than inputs.json says (before: a guard
+    failure at the first call)."""
+    model_dir = copy_model(exported, tmp_path)
+    inputs = json.loads(open(os.path.join(model_dir, INPUTS_FILE)).read())
+    inputs["dense_feature_names"] = inputs["dense_feature_names"][:5]
+    with open(os.path.join(model_dir, INPUTS_FILE), "w") as f:
+        json.dump(inputs, f)
+    rewrite_manifest(model_dir)
+    manifest = read_manifest(model_dir)
+    with pytest.raises(BadInput, match="takes inputs of 13 dense columns and 26 sparse columns, the directory's "
+                                       "inputs.json describes 5 dense columns and 26 sparse columns"):
+        load_model_file(model_dir, FP32_FILE, "torch.export", manifest, {"dense": 5, "sparse": 26})
+
+
+# ---------------------------------------------------------------- meta.json, inputs.json
+
+def test_a_meta_json_declaring_huge_tables_is_refused_before_allocation(exported, tmp_path):
+    """Item 8: a checkpoint's meta.json claiming 10^11-row tables (with a manifest
+    rewritten to match) is refused by export with one line, nothing allocated or written."""
+    ckpt = str(tmp_path / "step_000000001")
+    shutil.copytree(exported["ckpt"], ckpt)
+    meta = json.loads(open(os.path.join(ckpt, META_FILE)).read())
+    meta["config"]["model"]["num_embeddings_per_feature"][0] = 10 ** 11
+    data = json.dumps(meta).encode()
+    open(os.path.join(ckpt, META_FILE), "wb").write(data)
+    manifest = json.loads(open(os.path.join(ckpt, "COMPLETE")).read())
+    manifest["files"][META_FILE] = entry_of_bytes(data)
+    open(os.path.join(ckpt, "COMPLETE"), "w").write(json.dumps(manifest))
+    with pytest.raises(BadInput, match=r"meta.json describes model.model.sparse_arch.embedding_bag_collection"
+                                       r".embedding_bags.t_cat_0.weight as \[100000000000, 4\], its .metadata "
+                                       r"stores \[10, 4\]"):
+        export_model(ckpt, str(tmp_path / "out"), ["int8"])
+    assert not os.path.exists(tmp_path / "out")
+
+
+# Mutations of one inputs.json field: (field path, hostile values).
+INPUT_LIES = {
+    ("dense_feature_names",): [[], ["x"] * 14, "int_0", None],
+    ("sparse_feature_names",): [["cat_0"], [], 7],
+    ("sparse_hotness",): [[2] * 26, [0] * 26, [10 ** 11] * 26, "1"],
+    ("num_embeddings_per_feature",): [[0] * 26, [-1] * 26, [10] * 25, None],
+    ("variants", "int8", "file"): ["../int8.pt", "/etc/hostname", "fp32.pt2", "missing.pt", ""],
+    ("variants", "int8", "format"): ["torch.export", "pickle", 3],
+    ("variants", "fp32", "file"): ["int8.pt", "../../model/fp32.pt2"],
+    ("preprocessing", "vocabulary"): ["../../../etc/passwd", "/etc/passwd", "inputs.json", 5],
+    ("preprocessing", "modulo_num_embeddings_per_feature"): [[0] * 26, [1] * 3, "x"],
+    ("layout",): ["feature_spec_csv", "pickle", None],
+    ("version",): [3, "2", None],
+}
+
+
+@HOSTILE
+@given(case=st.sampled_from([(field, value) for field, values in INPUT_LIES.items() for value in values]),
+       variant=st.sampled_from(list(VARIANTS)))
+def test_an_inputs_json_that_lies_is_refused_with_one_line(exported, tmp_path_factory, case, variant):
+    field, value = case
+    variant = field[1] if field[0] == "variants" else variant  # a lie about the variant loaded
+    tmp_path = tmp_path_factory.mktemp("inputs")
+    model_dir = copy_model(exported, tmp_path)
+    path = os.path.join(model_dir, INPUTS_FILE)
+    document = json.loads(open(path).read())
+    place = document
+    for key in field[:-1]:
+        place = place[key]
+    place[field[-1]] = value
+    open(path, "w").write(json.dumps(document))
+    rewrite_manifest(model_dir)
+    assert_refused(model_dir, variant, str(tmp_path / "none"))
+
+
+@pytest.mark.slow
+def test_the_allow_list_is_what_the_exporter_emits():
+    """serving/exported_operators.json is exactly the union over every model variant
+    and format of what the export writes (regenerate it after changing the export)."""
+    from scripts import exported_operators
+    with open(exported_operators.ALLOWED_REFERENCES_FILE) as f:
+        assert f.read() == exported_operators.file_text(exported_operators.emitted_references()), (
+            "serving/exported_operators.json is out of date: run python scripts/exported_operators.py --write")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module, args", [("serving.predict", ["--variant", "int8", "--input", "{input}"]),
+                                          ("serving.quality_gate", ["--data", "{data}", "--limit_rows", "64"])])
+def test_the_clis_refuse_a_hostile_archive_with_one_line_and_exit_2(exported, synthetic_dir, tmp_path, module, args):
+    marker = str(tmp_path / "written_by_the_model")
+    model_dir = copy_model(exported, tmp_path)
+    rewrite_archive(os.path.join(model_dir, "int8.pt"), inject(f"_save = torch.save(dense, {marker!r})"))
+    rewrite_manifest(model_dir)
+    lines = tmp_path / "lines.tsv"
+    lines.write_text("1" + "\t1" * 13 + "\ta1" * 26 + "\n")
+    argv = [a.format(input=lines, data=synthetic_dir) for a in args]
+    result = subprocess.run([sys.executable, "-m", module, "--model", model_dir, *argv], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "refused: its code uses torch.save" in result.stderr
+    assert not os.path.exists(marker)

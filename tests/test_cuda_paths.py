@@ -387,3 +387,14 @@ def test_amp_evaluation_metrics_are_those_of_fp32_logits(one_process):
     in_fp32 = trainer.evaluate("validation")
     assert with_amp is not None and in_fp32 is not None and with_amp["num_samples"] == 16
     assert with_amp == pytest.approx(in_fp32, rel=1e-9, abs=1e-12)
+
+
+def test_install_check_runs_fbgemm_table_batched_lookup_and_update():
+    """scripts/check_install.py checks FBGEMM's training kernel, not only a sparse op:
+    a table-batched lookup's sums and its fused SGD update against torch, on the GPU
+    when there is one (the check the install script makes there), else on the CPU."""
+    from scripts.check_install import table_batched_lookup_and_update
+
+    table_batched_lookup_and_update(torch.device("cpu"))
+    if torch.cuda.is_available():
+        table_batched_lookup_and_update(torch.device("cuda", 0))

@@ -7,6 +7,7 @@ initialisation and the feature-order probe, and the install script's device chec
 
 import dataclasses
 import inspect
+import os
 import random
 
 import pytest
@@ -398,3 +399,22 @@ def test_install_check_runs_fbgemm_table_batched_lookup_and_update():
     table_batched_lookup_and_update(torch.device("cpu"))
     if torch.cuda.is_available():
         table_batched_lookup_and_update(torch.device("cuda", 0))
+
+
+def test_process_group_binds_the_rank_gpu_on_cuda_only():
+    """init_process_group gets device_id = the rank's GPU on CUDA, nothing on CPU (gloo)."""
+    from training.distributed import group_device
+
+    cuda_env = dataclasses.replace(CPU_ENV, rank=3, world_size=4, local_rank=1, local_world_size=2,
+                                   device=torch.device("cuda", 1), backend="nccl")
+    assert group_device(cuda_env) == torch.device("cuda", 1)
+    assert group_device(CPU_ENV) is None
+
+
+def test_table_init_uses_the_rank_share_of_the_cores_not_torchrun_one_thread():
+    """torchrun sets OMP_NUM_THREADS=1; the tables are filled on the rank's share of the
+    cores it may run on (its affinity), whatever torch's thread count is."""
+    from training.distributed import rank_cpu_share, usable_cores
+
+    assert [rank_cpu_share(n, cores=16) for n in (1, 2, 8, 16, 32)] == [16, 8, 2, 1, 1]
+    assert usable_cores() == len(os.sched_getaffinity(0)) and rank_cpu_share(1) == usable_cores()

@@ -31,7 +31,7 @@ from sharding_plans.rules import check_embedding_weight_decay, check_reshardable
 from training.checkpoint import CheckpointManager, RestorePoint, check_writable, find_restore_point, load_checkpoint
 from training.checkpoint_meta import CheckpointMeta
 from training.config import TrainConfig
-from training.distributed import DistributedEnv, gather_peak_memory, init_process_group
+from training.distributed import DistributedEnv, gather_peak_memory, init_process_group, rank_cpu_share
 from training.early_stopping import BestModel
 from training.embedding_init import init_embedding_tables, torchrec_table_init_skipped
 from training.id_frequencies import IdFrequencies
@@ -143,7 +143,11 @@ class Trainer:
                 plan=plan,
                 sharders=sharding.sharders,
             )
-        if restore is None and init_embedding_tables(self.model, table_shapes, config.seed) != len(table_shapes):
+        # The rank's share of the cores, not torch's threads: torchrun sets OMP_NUM_THREADS=1,
+        # which on CUDA (no CPU thread setting) would fill the tables on one core.
+        init_threads = rank_cpu_share(env.local_world_size)
+        if restore is None and init_embedding_tables(self.model, table_shapes, config.seed,
+                                                     init_threads) != len(table_shapes):
             raise RuntimeError("the seeded init did not find every embedding table in the sharded model")
         # After the seeded init: the probe's lookup loads row 0 into a UVM cache
         # (fused_uvm_caching), which would otherwise keep serving torchrec's init of it.

@@ -1,5 +1,6 @@
-"""The install script's last step: the installed torch, FBGEMM and torchrec load, and on
-a host with a GPU the CUDA build really runs on it.
+"""The install script's last step: the installed torch, FBGEMM and torchrec load, and
+FBGEMM's table-batched embedding (the kernel training uses) looks rows up and applies
+its fused SGD update correctly: on the GPU on a host with one, else on the CPU.
 
     python scripts/check_install.py cpu|cuda [--gpu-visible]
 
@@ -12,6 +13,46 @@ Exit 1 with one line when a check fails.
 
 import argparse
 import sys
+
+# The check's table: 10 rows of width 8; two bags, {1} and {3, 3, 7}; SGD at this rate.
+_ROWS, _DIM, _LEARNING_RATE = 10, 8, 0.5
+_INDICES, _OFFSETS = [1, 3, 3, 7], [0, 1, 4]
+
+
+def table_batched_lookup_and_update(device) -> None:
+    """One FBGEMM table-batched embedding lookup (sum pooling) forward and backward with
+    its fused exact SGD on ``device``, checked against the same arithmetic in torch;
+    raises RuntimeError (one line) on a wrong result.
+
+    Example::
+
+        table_batched_lookup_and_update(torch.device("cpu"))
+    """
+    import torch
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (ComputeDevice,
+                                                                        SplitTableBatchedEmbeddingBagsCodegen)
+
+    on_gpu = device.type == "cuda"
+    table = SplitTableBatchedEmbeddingBagsCodegen(
+        [(_ROWS, _DIM, EmbeddingLocation.DEVICE if on_gpu else EmbeddingLocation.HOST,
+          ComputeDevice.CUDA if on_gpu else ComputeDevice.CPU)],
+        optimizer=EmbOptimType.EXACT_SGD, learning_rate=_LEARNING_RATE, device=device)
+    initial = torch.arange(_ROWS * _DIM, dtype=torch.float32).reshape(_ROWS, _DIM) / (_ROWS * _DIM)
+    with torch.no_grad():
+        table.split_embedding_weights()[0].copy_(initial)
+    pooled = table(torch.tensor(_INDICES, device=device), torch.tensor(_OFFSETS, device=device))
+    expected = torch.stack([initial[1], 2 * initial[3] + initial[7]])
+    where = f"on {torch.cuda.get_device_name(device) if on_gpu else 'the CPU'}"
+    if not torch.allclose(pooled.detach().cpu(), expected, rtol=0, atol=1e-6):
+        raise RuntimeError(f"FBGEMM's table-batched embedding lookup gives wrong sums {where}")
+    pooled.sum().backward()  # each row's gradient is how often its bags used it
+    updated = initial.clone()
+    for row, uses in ((1, 1), (3, 2), (7, 1)):
+        updated[row] -= _LEARNING_RATE * uses
+    if not torch.allclose(table.split_embedding_weights()[0].detach().cpu(), updated, rtol=0, atol=1e-6):
+        raise RuntimeError(f"FBGEMM's table-batched embedding backward (fused SGD) gives wrong rows {where}")
 
 
 def check(device: str, gpu_visible: bool) -> str:
@@ -31,7 +72,8 @@ def check(device: str, gpu_visible: bool) -> str:
         if torch.version.cuda is not None:
             raise RuntimeError(f"DEVICE=cpu installed a CUDA build of torch ({torch.__version__}): "
                                "it should come from PyTorch's CPU index (TORCH_INDEX)")
-        return f"{versions} (CPU build)"
+        table_batched_lookup_and_update(torch.device("cpu"))
+        return f"{versions} (CPU build; FBGEMM lookup and update checked)"
     if torch.version.cuda is None:
         raise RuntimeError(f"DEVICE=cuda installed a CPU build of torch ({torch.__version__})")
     if not gpu_visible:
@@ -39,11 +81,10 @@ def check(device: str, gpu_visible: bool) -> str:
     if not torch.cuda.is_available():
         raise RuntimeError(f"torch {torch.__version__} (CUDA {torch.version.cuda}) cannot use this host's GPU "
                            "(driver too old for this CUDA version?): --device auto would train on the CPU")
-    # One FBGEMM kernel on the GPU: its CUDA build loads and matches torch's.
-    cumsum = torch.ops.fbgemm.asynchronous_complete_cumsum(torch.tensor([1, 2, 3], device="cuda"))
-    if cumsum.cpu().tolist() != [0, 1, 3, 6]:
-        raise RuntimeError(f"FBGEMM's CUDA kernels give wrong results on {torch.cuda.get_device_name()}")
-    return f"{versions} (CUDA {torch.version.cuda} on {torch.cuda.device_count()} x {torch.cuda.get_device_name()})"
+    # FBGEMM's CUDA build loads, matches torch's, and its training kernels run here.
+    table_batched_lookup_and_update(torch.device("cuda", 0))
+    return (f"{versions} (CUDA {torch.version.cuda} on {torch.cuda.device_count()} x {torch.cuda.get_device_name()}; "
+            "FBGEMM lookup and update checked)")
 
 
 def main(argv=None) -> int:

@@ -4,15 +4,30 @@
 # unless DEVICE=cpu or DEVICE=cuda says otherwise.
 #
 # Settings (environment):
-#   DEVICE       auto (default), cpu or cuda.
-#   TORCH_INDEX  the package index torch comes from. Default: PyTorch's index for the
-#                build, https://download.pytorch.org/whl/cpu or .../cu130 (fbgemm-gpu
-#                1.8.0 is built for CUDA 13.0; PyPI's torch is a CUDA build, gigabytes
-#                on a CPU host). Skipped when pip's own configuration already finds the
-#                pinned torch (a local wheel folder); TORCH_INDEX= (empty) never uses it.
+#   DEVICE        auto (default), cpu or cuda.
+#   CUDA_VARIANT  the CUDA build of torch and FBGEMM together: cu130 (default) or cu126,
+#                 the two torch 2.13 and fbgemm-gpu 1.8.0 are published for (no cu128).
+#                 cu130 needs an NVIDIA driver R580 or newer, cu126 R525 or newer: with a
+#                 GPU visible, an older driver is refused before anything is installed.
+#   TORCH_INDEX   the package index torch and FBGEMM come from. Default: PyTorch's index
+#                 for the build, https://download.pytorch.org/whl/cpu or .../$CUDA_VARIANT
+#                 (PyPI's torch is a CUDA build, gigabytes on a CPU host; PyPI's
+#                 fbgemm-gpu is the cu130 build only). Skipped when pip's own configuration
+#                 already finds the pinned torch (a local wheel folder); TORCH_INDEX=
+#                 (empty) never uses it.
+#   DRY_RUN       1: print the build, the pins and the index, install nothing.
 set -euo pipefail
 venv="${1:-.venv}"
 device="${DEVICE:-auto}"
+# The oldest driver branch each CUDA build runs on (CUDA 13.0: R580; CUDA 12.x: R525,
+# through CUDA's minor-version compatibility).
+case "${CUDA_VARIANT:=cu130}" in
+  cu130) min_driver=580; older_variant=" or install with CUDA_VARIANT=cu126 (R525 or newer)" ;;
+  cu126) min_driver=525; older_variant="" ;;
+  *) echo "install: CUDA_VARIANT must be cu130 or cu126 (the CUDA builds of torch 2.13 and fbgemm-gpu 1.8.0)," \
+          "not '$CUDA_VARIANT'" >&2; exit 2 ;;
+esac
+export CUDA_VARIANT  # requirements-cuda.txt pins torch and fbgemm-gpu with it
 gpu_visible=()
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   gpu_visible=(--gpu-visible)
@@ -22,7 +37,7 @@ if [ "$device" = auto ]; then
 fi
 case "$device" in
   cpu) other=cuda; default_index=https://download.pytorch.org/whl/cpu ;;
-  cuda) other=cpu; default_index=https://download.pytorch.org/whl/cu130 ;;
+  cuda) other=cpu; default_index=https://download.pytorch.org/whl/$CUDA_VARIANT ;;
   *) echo "install: DEVICE must be auto, cpu or cuda, not '$device'" >&2; exit 2 ;;
 esac
 
@@ -47,9 +62,24 @@ if [ "$(venv_build "$venv")" = "$other" ]; then
   exit 2
 fi
 
+if [ "$device" = cuda ] && [ ${#gpu_visible[@]} -gt 0 ]; then
+  driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)"
+  if [[ "$driver" =~ ^[0-9]+ ]] && [ "${BASH_REMATCH[0]}" -lt "$min_driver" ]; then
+    echo "install: PyTorch's +$CUDA_VARIANT builds need an NVIDIA driver R$min_driver or newer; this host's is" \
+         "$driver: upgrade the driver$older_variant" >&2
+    exit 2
+  fi
+fi
+# The build's pins, with CUDA_VARIANT in place (pip expands it in the file the same way).
+pins=$(grep -E '^[a-z]' "requirements-$device.txt" | sed "s/\${CUDA_VARIANT}/$CUDA_VARIANT/g")
+torch_pin="$(grep -E '^torch==' <<<"$pins")"
+if [ "${DRY_RUN:-0}" = 1 ]; then
+  echo "install: dry run: $device build${gpu_visible:+ (GPU visible)}:" $pins "from ${TORCH_INDEX-$default_index}"
+  exit 0
+fi
+
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
-torch_pin="$(grep -E '^torch==' "requirements-$device.txt")"
 index=("--extra-index-url" "${TORCH_INDEX-$default_index}")
 if [ -z "${TORCH_INDEX-$default_index}" ] \
    || "${pip[@]}" install --dry-run --no-index --no-deps --ignore-installed "$torch_pin" >/dev/null 2>&1; then

@@ -29,6 +29,10 @@ CPU_SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "table_colum
 ROW_SHARDING_TYPES = ("row_wise", "table_row_wise")
 COLUMN_SHARDING_TYPES = ("column_wise", "table_column_wise")
 CUDA_ONLY_KERNELS = ("fused_uvm", "fused_uvm_caching")
+# Compute kernels without an embedding cache: dense (data parallel) and FBGEMM's
+# fused kernels in HBM or UVM. The others (fused_uvm_caching, key_value, the virtual
+# tables) keep rows in a cache that prefetches and forwards fill.
+UNCACHED_KERNELS = ("dense", "fused", "fused_uvm")
 # Every sharding type but data_parallel: these run the fused FBGEMM kernels.
 FUSED_SHARDING_TYPES = tuple(t for t in SHARDING_TYPES if t != "data_parallel")
 # torchrec keeps column shards at least this wide unless told otherwise.

@@ -8,7 +8,7 @@ from torchrec.modules.embedding_configs import DataType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from common.errors import BadInput
-from sharding_plans.constraints import check_table_precision
+from sharding_plans.constraints import UNCACHED_KERNELS, check_table_precision
 from sharding_plans.plan_file import SavedPlan, TableSpec
 
 
@@ -93,3 +93,25 @@ def check_plan_for_run(
     extra_modules = [p for p in saved.plan.plan if p not in model_tables]
     if extra_modules:
         raise PlanMismatchError(f"{source} plans module {extra_modules[0]!r}, which the model does not have")
+
+
+def check_plan_locks_cache_lines(saved: SavedPlan, source: str) -> None:
+    """Raises PlanMismatchError (one line starting with ``source``) when the plan turns
+    off cache-line locking on a cached table: a plan's ``cache_params.prefetch_pipeline``
+    replaces the sharders' fused parameter (torchrec ``distributed/utils.py``), and a
+    pipeline that prefetches the next batch into the cache needs the locking, or the
+    prefetch can evict rows the current backward updates (wrong results, torchrec only
+    warns). Unset (null) or true is fine; kernels without a cache ignore it.
+
+    Example::
+
+        check_plan_locks_cache_lines(read_plan(path), path)   # under --pipeline prefetch
+    """
+    for module_plan in saved.plan.plan.values():
+        for table, ps in module_plan.items():  # type: ignore[union-attr]
+            if (ps.compute_kernel not in UNCACHED_KERNELS and ps.cache_params is not None
+                    and ps.cache_params.prefetch_pipeline is False):
+                raise PlanMismatchError(
+                    f"{source}: table {table} ({ps.compute_kernel}) sets cache_params.prefetch_pipeline false, "
+                    "which turns off the cache-line locking the prefetch pipeline needs: "
+                    "set it true or remove it")

@@ -17,7 +17,7 @@ from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from sharding_plans.constraints import ROW_SHARDING_TYPES, ShardingConstraints
-from sharding_plans.plan_check import check_plan_for_run, embedding_tables
+from sharding_plans.plan_check import check_plan_for_run, check_plan_locks_cache_lines, embedding_tables
 from sharding_plans.plan_file import read_plan
 from sharding_plans.planner import PlannerConfig, build_sharding_plan
 from sharding_plans.rules import PlanSummary, planner_constraints
@@ -70,7 +70,8 @@ def prepare_sharding(
         device, world_size, local_world_size: the job.
         plan_path: a saved plan to use instead of planning.
         constraints: the flags' constraints (without a plan file).
-        prefetch_pipeline: the kernels must lock prefetched cache lines.
+        prefetch_pipeline: the kernels must lock prefetched cache lines (a plan file
+            that turns the locking off is refused).
         resumed_plan: the plan summary of the checkpoint a run resumes.
 
     Raises:
@@ -80,6 +81,8 @@ def prepare_sharding(
     if plan_path is not None:
         saved = read_plan(plan_path)
         check_plan_for_run(saved, plan_path, embedding_tables(model), world_size, local_world_size, device)
+        if prefetch_pipeline:
+            check_plan_locks_cache_lines(saved, plan_path)
         row_splits = device.type == "cpu" and any(
             ps.sharding_type in ROW_SHARDING_TYPES
             for module_plan in saved.plan.plan.values() for ps in module_plan.values()  # type: ignore[union-attr]

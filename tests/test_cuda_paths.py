@@ -1,8 +1,13 @@
 """Decisions the CUDA paths make, tested on CPU: the pipelines' mixed precision, the
 checkpoint's RNG state, the sharders' prefetch parameter, the refusals of cached
-tables under pipelines that cannot keep them consistent, the order of table
+tables under pipelines that cannot keep them consistent, the cache-line locks no-grad
+forwards leave, the prefetch pipeline's stream order, plan files that turn locking
+off, semi_sync on resume, fp32 evaluation under --amp, the order of table
 initialisation and the feature-order probe, and the install script's device checks."""
 
+import dataclasses
+import inspect
+import os
 import random
 
 import pytest
@@ -13,19 +18,25 @@ from torchrec.datasets.utils import Batch
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
-from torchrec.distributed.types import ShardingEnv, ShardingPlan
+from torchrec.distributed.train_pipeline.train_pipelines import PrefetchTrainPipelineSparseDist
+from torchrec.distributed.types import CacheParams, ShardingEnv, ShardingPlan
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from common.errors import BadInput
 from models import build_dlrm_train
 from sharding_plans import PlannerConfig, build_sharders, plan_summary
+from sharding_plans.dry_run import PlanRequest, plan_request
+from sharding_plans.plan_check import PlanMismatchError
+from sharding_plans.plan_file import write_plan
 from sharding_plans.planner import plan_with_estimates
+from sharding_plans.setup import prepare_sharding as prepare_sharding_setup
 from sharding_plans.sharders import RowSplitsOnCpuSharder
 from training.checkpoint import _rng_state, _set_rng_state
 from training.config import PIPELINES
 from training.distributed import DistributedEnv
 from training.flags import parse_config
-from training.pipelines import build_pipeline, check_plan_for_pipeline
+from training.pipelines import (FencedPrefetchPipeline, build_pipeline, check_plan_for_pipeline,
+                                release_cache_line_locks, semi_sync_start_after)
 from training.sharding import prepare_sharding
 
 
@@ -162,9 +173,9 @@ def test_sharders_lock_cache_lines_under_the_prefetch_pipeline_only(pipeline, ro
     assert sharder.fused_params == ({"prefetch_pipeline": True} if pipeline == "prefetch" else None)
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_prefetch_pipeline_reaches_the_fbgemm_kernel(one_process, prefetch):
-    """The sharders' fused parameter is what FBGEMM's kernel is built with."""
+def _sharded_ebc(prefetch: bool) -> DistributedModelParallel:
+    """One fused table, sharded on CPU with the sharders a run with or without
+    --pipeline prefetch gets (needs the process group of `one_process`)."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -172,10 +183,33 @@ def test_prefetch_pipeline_reaches_the_fbgemm_kernel(one_process, prefetch):
                                                             feature_names=["f"])], device=torch.device("meta"))
     plan = construct_module_sharding_plan(ebc, {"t": table_wise(rank=0, compute_kernel="fused")},
                                           world_size=1, device_type="cpu")
-    dmp = DistributedModelParallel(ebc, device=torch.device("cpu"), env=ShardingEnv.from_process_group(dist.group.WORLD),
-                                   plan=ShardingPlan({"": plan}), sharders=build_sharders(prefetch_pipeline=prefetch))
-    kernels = [m.emb_module for lookup in dmp.module._lookups for m in lookup._emb_modules]
-    assert [k.prefetch_pipeline for k in kernels] == [prefetch]
+    return DistributedModelParallel(ebc, device=torch.device("cpu"), env=ShardingEnv.from_process_group(dist.group.WORLD),
+                                    plan=ShardingPlan({"": plan}), sharders=build_sharders(prefetch_pipeline=prefetch))
+
+
+def _kernels(dmp: DistributedModelParallel) -> list:
+    return [m.emb_module for lookup in dmp.module._lookups for m in lookup._emb_modules]
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_prefetch_pipeline_reaches_the_fbgemm_kernel(one_process, prefetch):
+    """The sharders' fused parameter is what FBGEMM's kernel is built with."""
+    assert [k.prefetch_pipeline for k in _kernels(_sharded_ebc(prefetch))] == [prefetch]
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_cache_lines_locked_by_no_grad_forwards_are_released(one_process, prefetch):
+    """FBGEMM has no cache on CPU (its locking counter is empty here): the counter is
+    set to what a CUDA kernel with a cache holds after evaluation batches (lines
+    locked by forwards that had no backward). The locking kernel's counter is zeroed;
+    a kernel that does not lock is left alone; a kernel without a cache is skipped."""
+    dmp = _sharded_ebc(prefetch)
+    (kernel,) = _kernels(dmp)
+    assert kernel.lxu_cache_locking_counter.numel() == 0
+    assert release_cache_line_locks(dmp) == 0
+    kernel.lxu_cache_locking_counter = torch.full((4, 32), 3, dtype=torch.int32)  # 4 cache sets of 32 ways
+    assert release_cache_line_locks(dmp) == int(prefetch)
+    assert torch.equal(kernel.lxu_cache_locking_counter, torch.full((4, 32), 0 if prefetch else 3, dtype=torch.int32))
 
 
 def _plan(**kernels: str) -> dict:
@@ -234,3 +268,153 @@ def test_semi_sync_start_batch_flag(capsys):
         parse_config(TINY_RUN + ["--semi_sync_start_batch", "-1"], "dlrm_main.py", "")
     assert e.value.code == 2
     assert capsys.readouterr().err == "dlrm_main.py: error: --semi_sync_start_batch must be 0 or more, got -1\n"
+
+
+def _tiny_plan_file(tmp_path, device: str, kernel: str, prefetch_pipeline) -> str:
+    """A plan file for TINY_RUN's tables on one rank of ``device``: every table
+    table-wise on ``kernel``, with ``cache_params.prefetch_pipeline`` set to
+    ``prefetch_pipeline`` (None: no cache_params)."""
+    model = parse_config(TINY_RUN, "dlrm_main.py", "").model
+    saved = plan_request(PlanRequest(
+        model.sparse_feature_names, model.num_embeddings_per_feature, model.embedding_dim, "fp32", "sgd",
+        PlannerConfig(world_size=1, local_world_size=1, compute_device=device, batch_size=4,
+                      hbm_cap_bytes=2**30, ddr_cap_bytes=2**32)))
+    for ps in next(iter(saved.plan.plan.values())).values():  # type: ignore[union-attr]
+        ps.compute_kernel = kernel
+        ps.cache_params = None if prefetch_pipeline is None else CacheParams(prefetch_pipeline=prefetch_pipeline)
+    path = str(tmp_path / "plan.json")
+    write_plan(path, saved)
+    return path
+
+
+def test_evaluation_releases_the_cache_lines_it_locks(one_process, tmp_path):
+    """A plan file that asks for cache-line locking gives kernels that lock (on CPU
+    too, minus the cache). Each locking kernel's counter is set to what CUDA forwards
+    without backward leave; after an evaluation every one is back to 0."""
+    import training.trainer as trainer_module
+    from training.distributed import resolve_env
+
+    config = parse_config(TINY_RUN + ["--sharding_plan", _tiny_plan_file(tmp_path, "cpu", "fused", True)],
+                          "dlrm_main.py", "")
+    trainer = trainer_module.Trainer(config, resolve_env("cpu"))
+    kernels = [k for lookup in trainer.model.module.model.sparse_arch.embedding_bag_collection._lookups
+               for k in lookup.modules() if getattr(k, "prefetch_pipeline", False)]
+    assert kernels
+    for kernel in kernels:
+        kernel.lxu_cache_locking_counter = torch.full((4, 32), 2, dtype=torch.int32)
+    trainer.evaluate("validation")
+    assert all(not k.lxu_cache_locking_counter.any() for k in kernels)
+
+
+@pytest.mark.parametrize("prefetch_pipeline, pipeline_prefetches, refused", [
+    (False, True, True),
+    (False, False, False),  # no prefetching pipeline: locking is not needed
+    (True, True, False),
+    (None, True, False),  # unset: the sharders' prefetch_pipeline=True holds
+])
+def test_plan_file_cannot_turn_cache_line_locking_off_under_prefetch(tmp_path, prefetch_pipeline,
+                                                                     pipeline_prefetches, refused):
+    """A plan's cache_params.prefetch_pipeline replaces the sharders' fused parameter
+    (torchrec distributed/utils.py): false would switch locking off under --pipeline
+    prefetch, so such a plan file is refused, one line naming the file and table."""
+    path = _tiny_plan_file(tmp_path, "cuda", "fused_uvm_caching", prefetch_pipeline)
+    config = parse_config(TINY_RUN, "dlrm_main.py", "")
+    model = build_dlrm_train(config.model, dense_device=torch.device("meta"))
+
+    def prepare():
+        return prepare_sharding_setup(model, config.model.table_names, 4, "fp32", torch.device("cuda"), 1, 1,
+                                      plan_path=path, prefetch_pipeline=pipeline_prefetches)
+
+    if not refused:
+        assert prepare().loaded_plan is not None
+        return
+    with pytest.raises(PlanMismatchError) as e:
+        prepare()
+    assert str(e.value) == (f"{path}: table t_cat_0 (fused_uvm_caching) sets cache_params.prefetch_pipeline false, "
+                            "which turns off the cache-line locking the prefetch pipeline needs: set it true or "
+                            "remove it")
+
+
+def test_prefetch_pipeline_orders_input_dist_after_prefetch_while_torchrec_does_not():
+    """torchrec 1.8.0's prefetch pipeline starts the input dist of batch i+2 with no
+    wait on the prefetch stream (upstream PR 4191, open): --pipeline prefetch uses
+    `FencedPrefetchPipeline`. This is the one place that checks the pinned torchrec:
+    when it fails, torchrec orders the streams itself and the subclass can go."""
+    upstream = inspect.getsource(PrefetchTrainPipelineSparseDist)
+    assert "wait_stream(self._prefetch_stream)" not in upstream and "_fence_prefetch" not in upstream
+    fenced = inspect.getsource(FencedPrefetchPipeline.start_sparse_data_dist)
+    assert "self._data_dist_stream.wait_stream(self._prefetch_stream)" in fenced
+    assert "FencedPrefetchPipeline}[kind]" in inspect.getsource(build_pipeline)
+
+
+def test_fenced_prefetch_pipeline_without_streams_trains_as_torchrec():
+    """On CPU (no streams) the fence is skipped: same steps and weights as torchrec's."""
+    weights = []
+    for cls in (PrefetchTrainPipelineSparseDist, FencedPrefetchPipeline):
+        torch.manual_seed(0)
+        model = AutocastProbe()
+        pipeline = cls(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.device("cpu"))
+        batches = _batches(3)
+        torch.manual_seed(1)
+        while True:
+            try:
+                pipeline.progress(batches)
+            except StopIteration:
+                break
+        weights.append((len(model.seen), model.linear.weight.detach().clone()))
+    assert weights[0][0] == weights[1][0] == 3 and torch.equal(weights[0][1], weights[1][1])
+
+
+@pytest.mark.parametrize("start_batch, steps_done, expected", [
+    (900, 0, 900), (900, 300, 600), (900, 900, 0), (900, 5000, 0), (0, 7, 0),
+])
+def test_semi_sync_resumed_run_synchronizes_only_the_remaining_steps(start_batch, steps_done, expected):
+    """A new pipeline counts batches from 0; --semi_sync_start_batch counts the run's
+    steps, so a run resumed at step s passes what is left."""
+    assert semi_sync_start_after(start_batch, steps_done) == expected
+
+
+def test_amp_evaluation_metrics_are_those_of_fp32_logits(one_process):
+    """--amp trains under bf16 autocast; evaluation runs in fp32, so its metrics equal
+    an fp32 evaluation of the same weights (bf16 logits would not: 8 significant bits)."""
+    import training.trainer as trainer_module
+    from training.distributed import resolve_env
+
+    config = parse_config(TINY_RUN + ["--amp", "--limit_val_batches", "4"], "dlrm_main.py", "")
+    trainer = trainer_module.Trainer(config, resolve_env("cpu"))
+    trainer.fit()
+    with_amp = trainer.evaluate("validation")
+    trainer.config = dataclasses.replace(config, amp=False)
+    in_fp32 = trainer.evaluate("validation")
+    assert with_amp is not None and in_fp32 is not None and with_amp["num_samples"] == 16
+    assert with_amp == pytest.approx(in_fp32, rel=1e-9, abs=1e-12)
+
+
+def test_install_check_runs_fbgemm_table_batched_lookup_and_update():
+    """scripts/check_install.py checks FBGEMM's training kernel, not only a sparse op:
+    a table-batched lookup's sums and its fused SGD update against torch, on the GPU
+    when there is one (the check the install script makes there), else on the CPU."""
+    from scripts.check_install import table_batched_lookup_and_update
+
+    table_batched_lookup_and_update(torch.device("cpu"))
+    if torch.cuda.is_available():
+        table_batched_lookup_and_update(torch.device("cuda", 0))
+
+
+def test_process_group_binds_the_rank_gpu_on_cuda_only():
+    """init_process_group gets device_id = the rank's GPU on CUDA, nothing on CPU (gloo)."""
+    from training.distributed import group_device
+
+    cuda_env = dataclasses.replace(CPU_ENV, rank=3, world_size=4, local_rank=1, local_world_size=2,
+                                   device=torch.device("cuda", 1), backend="nccl")
+    assert group_device(cuda_env) == torch.device("cuda", 1)
+    assert group_device(CPU_ENV) is None
+
+
+def test_table_init_uses_the_rank_share_of_the_cores_not_torchrun_one_thread():
+    """torchrun sets OMP_NUM_THREADS=1; the tables are filled on the rank's share of the
+    cores it may run on (its affinity), whatever torch's thread count is."""
+    from training.distributed import rank_cpu_share, usable_cores
+
+    assert [rank_cpu_share(n, cores=16) for n in (1, 2, 8, 16, 32)] == [16, 8, 2, 1, 1]
+    assert usable_cores() == len(os.sched_getaffinity(0)) and rank_cpu_share(1) == usable_cores()

@@ -1,6 +1,7 @@
-"""scripts/install.sh's refusals and scripts/check_install.py's verdicts, run against
-fake venv directories, and one install into a new venv that borrows this venv's
-dependencies (nothing is downloaded)."""
+"""scripts/install.sh's refusals, its CUDA build choice (CUDA_VARIANT, the driver check
+against a stand-in nvidia-smi, printed by DRY_RUN) and scripts/check_install.py's
+verdicts, run against fake venv directories, and one install into a new venv that
+borrows this venv's dependencies (nothing is downloaded)."""
 
 import os
 import subprocess
@@ -26,9 +27,60 @@ def fake_venv(root, *dist_infos: str) -> str:
     return venv
 
 
-def install(venv: str, device: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DEVICE": device}
+def install(venv: str, device: str, **settings: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DEVICE": device, **settings}
     return subprocess.run(["bash", INSTALL, venv], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+
+
+def path_with_gpu(root, driver: str) -> str:
+    """PATH with an `nvidia-smi` first that lists one GPU on the given driver version
+    (the two queries install.sh makes)."""
+    bin_dir = os.path.join(root, "bin")
+    os.makedirs(bin_dir)
+    script = os.path.join(bin_dir, "nvidia-smi")
+    with open(script, "w") as f:
+        f.write('#!/bin/sh\ncase "$*" in\n  -L) echo "GPU 0: NVIDIA H200 (UUID: GPU-0)" ;;\n'
+                f'  *driver_version*) echo "{driver}" ;;\n  *) exit 9 ;;\nesac\n')
+    os.chmod(script, 0o755)
+    return bin_dir + os.pathsep + os.environ["PATH"]
+
+
+@pytest.mark.parametrize("variant, pins", [
+    (None, "torch==2.13.0+cu130 fbgemm-gpu==1.8.0+cu130 from https://download.pytorch.org/whl/cu130"),
+    ("cu126", "torch==2.13.0+cu126 fbgemm-gpu==1.8.0+cu126 from https://download.pytorch.org/whl/cu126"),
+])
+def test_cuda_variant_switches_torch_and_fbgemm_together(tmp_path, variant, pins):
+    settings = {"DRY_RUN": "1", **({"CUDA_VARIANT": variant} if variant else {})}
+    result = install(str(tmp_path / "venv"), "cuda", **settings)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"install: dry run: cuda build: {pins}\n"
+    assert not os.path.exists(tmp_path / "venv")
+
+
+def test_install_refuses_a_cuda_variant_torch_does_not_publish(tmp_path):
+    result = install(str(tmp_path / "venv"), "cuda", CUDA_VARIANT="cu128")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == ("install: CUDA_VARIANT must be cu130 or cu126 (the CUDA builds of torch 2.13 and "
+                             "fbgemm-gpu 1.8.0), not 'cu128'\n")
+
+
+@pytest.mark.parametrize("driver, variant, refusal", [
+    ("570.86.15", "cu130", "install: PyTorch's +cu130 builds need an NVIDIA driver R580 or newer; this host's is "
+                           "570.86.15: upgrade the driver or install with CUDA_VARIANT=cu126 (R525 or newer)\n"),
+    ("570.86.15", "cu126", None),
+    ("580.65.06", "cu130", None),
+    ("470.256.02", "cu126", "install: PyTorch's +cu126 builds need an NVIDIA driver R525 or newer; this host's is "
+                            "470.256.02: upgrade the driver\n"),
+])
+def test_install_refuses_a_driver_too_old_for_the_cuda_build(tmp_path, driver, variant, refusal):
+    """With a GPU visible (DEVICE auto picks cuda), the driver nvidia-smi reports is
+    checked against the build before anything is installed."""
+    result = install(str(tmp_path / "venv"), "auto", CUDA_VARIANT=variant, DRY_RUN="1",
+                     PATH=path_with_gpu(str(tmp_path), driver))
+    if refusal is None:
+        assert result.returncode == 0 and result.stdout.startswith("install: dry run: cuda build (GPU visible): ")
+    else:
+        assert result.returncode == 2 and result.stdout == "" and result.stderr == refusal
 
 
 @pytest.mark.parametrize("held, dist_infos, device", [
@@ -58,7 +110,8 @@ def test_install_check_verifies_the_build_asked_for():
     line instead of letting --device auto train on the CPU."""
     check = [sys.executable, os.path.join(REPO, "scripts", "check_install.py")]
     cpu = subprocess.run(check + ["cpu"], capture_output=True, text=True, timeout=120)
-    assert cpu.returncode == 0 and cpu.stdout.startswith("install: torch 2.13.0") and "(CPU build)" in cpu.stdout
+    assert cpu.returncode == 0 and cpu.stdout.startswith("install: torch 2.13.0")
+    assert "(CPU build; FBGEMM lookup and update checked)" in cpu.stdout
     cuda = subprocess.run(check + ["cuda", "--gpu-visible"], capture_output=True, text=True, timeout=120)
     assert cuda.returncode == 1
     assert cuda.stderr == "install: check failed: DEVICE=cuda installed a CPU build of torch (2.13.0+cpu)\n"
@@ -77,7 +130,7 @@ def test_a_new_venv_imports_the_packages_from_any_directory(tmp_path):
     result = subprocess.run(["bash", INSTALL, target], cwd=REPO, env={**os.environ, "DEVICE": "cpu"},
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "install: torch 2.13.0" in result.stdout and "(CPU build)" in result.stdout
+    assert "install: torch 2.13.0" in result.stdout and "(CPU build; FBGEMM lookup and update checked)" in result.stdout
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     # The packages whose __init__ imports no torch, and where the entry-point modules are.

@@ -3,7 +3,7 @@
 import os
 import resource
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
@@ -69,6 +69,22 @@ def resolve_env(device_flag: str) -> DistributedEnv:
     return DistributedEnv(rank, world_size, local_rank, local_world_size, torch.device("cpu"), "gloo")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which Slurm and containers narrow)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def rank_cpu_share(local_world_size: int, cores: Optional[int] = None) -> int:
+    """This rank's equal share (at least 1) of ``cores`` (default: `usable_cores`)."""
+    return max(1, (usable_cores() if cores is None else cores) // local_world_size)
+
+
+def group_device(env: DistributedEnv) -> Optional[torch.device]:
+    """The ``device_id`` for `init_process_group`: the rank's GPU on CUDA (NCCL binds its
+    communicator to it at once instead of guessing the device on first use), none on CPU."""
+    return env.device if env.device.type == "cuda" else None
+
+
 def init_process_group(env: DistributedEnv) -> dist.ProcessGroup:
     """Starts the default process group (an in-memory store for a single process).
 
@@ -78,7 +94,7 @@ def init_process_group(env: DistributedEnv) -> dist.ProcessGroup:
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)
     else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
+        torch.set_num_threads(rank_cpu_share(env.local_world_size))
     if not dist.is_initialized():
         if "MASTER_ADDR" in os.environ:
             store, _, _ = next(dist.rendezvous("env://", rank=env.rank, world_size=env.world_size))
@@ -87,10 +103,11 @@ def init_process_group(env: DistributedEnv) -> dist.ProcessGroup:
             # addresses and hang or be refused: give every attempt keys of its own.
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
             dist.init_process_group(env.backend, store=dist.PrefixStore(f"attempt_{attempt}", store),
-                                    rank=env.rank, world_size=env.world_size)
+                                    rank=env.rank, world_size=env.world_size, device_id=group_device(env))
         elif env.world_size == 1:
             # Plain `python dlrm_main.py`: no rendezvous needed, no port to pick.
-            dist.init_process_group(env.backend, store=dist.HashStore(), rank=0, world_size=1)
+            dist.init_process_group(env.backend, store=dist.HashStore(), rank=0, world_size=1,
+                                    device_id=group_device(env))
         else:
             raise BadInput(
                 f"WORLD_SIZE is {env.world_size} but MASTER_ADDR is not set: launch with torchrun"

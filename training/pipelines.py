@@ -5,16 +5,19 @@
 - base: TrainPipelineBase, no overlap (a reference, and for debugging).
 - semi_sync: TrainPipelineSemiSync, embeddings one step stale, more overlap (CUDA only).
 - prefetch: PrefetchTrainPipelineSparseDist, prefetches into the UVM embedding cache
-  (CUDA only).
+  (CUDA only), with the stream order torchrec 1.8 lacks (`FencedPrefetchPipeline`).
 
 `check_plan_for_pipeline` refuses plans whose embedding caches a pipeline would
-leave inconsistent.
+leave inconsistent; `release_cache_line_locks` frees the cache lines no-grad forwards
+leave locked.
 """
 
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
 import torch
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 from torch import nn
+from torchrec.distributed.train_pipeline.pipeline_context import PrefetchTrainPipelineContext, TrainPipelineContext
 from torchrec.distributed.train_pipeline.train_pipelines import (
     PrefetchTrainPipelineSparseDist,
     TrainPipeline,
@@ -24,13 +27,10 @@ from torchrec.distributed.train_pipeline.train_pipelines import (
 )
 
 from common.errors import BadInput
+from sharding_plans.constraints import UNCACHED_KERNELS
 from training.config import SEMI_SYNC_START_BATCH
 
 CUDA_ONLY_PIPELINES = ("semi_sync", "prefetch")
-# Compute kernels without an embedding cache: dense (data parallel) and FBGEMM's
-# fused kernels in HBM or UVM. The others (fused_uvm_caching, key_value, the virtual
-# tables) keep rows in a cache that prefetches and forwards fill.
-UNCACHED_KERNELS = ("dense", "fused", "fused_uvm")
 # Semi-sync runs forward(i+1) before the embedding backward of batch i: only FBGEMM's
 # fused kernels, which apply that backward in place without a cache, keep it exact
 # (data-parallel tables share their weights with the dense optimizer, which torchrec
@@ -96,6 +96,82 @@ def _describe(kernels: Mapping[str, str]) -> str:
     return "; ".join(f"{', '.join(tables)} on {kernel}" for kernel, tables in sorted(by_kernel.items()))
 
 
+def release_cache_line_locks(model: nn.Module) -> int:
+    """Unlocks every cache line of the FBGEMM kernels in ``model`` that lock them
+    (built with ``prefetch_pipeline=True``, with a UVM cache); returns how many kernels.
+
+    Such a kernel locks the cache lines a forward hits or fills
+    (``lxu_cache_locking_counter`` + 1) and only its backward pre-hook unlocks them.
+    A forward without backward (evaluation, the feature-order probe) leaves them
+    locked for good: after a few evaluations the cache is frozen and training reads
+    UVM, silently. Call it when no training batch is between its forward and its
+    backward, i.e. after such forwards, with the train pipeline drained or not
+    prefetching ahead (`check_plan_for_pipeline` refuses the one plan where it would
+    be: prefetch, a cache and validation within the epoch). torchrec resets the same
+    counter this way when it restores a stashed cache (``memory_stashing.py``).
+
+    Example::
+
+        trainer.evaluate("validation")
+        release_cache_line_locks(dmp)
+    """
+    released = 0
+    for module in model.modules():
+        # A sharded collection keeps its lookups (and their FBGEMM kernels) in a plain
+        # list, out of ``modules()``.
+        for lookup in getattr(module, "_lookups", ()):
+            for kernel in lookup.modules():
+                if (isinstance(kernel, SplitTableBatchedEmbeddingBagsCodegen) and kernel.prefetch_pipeline
+                        and kernel.lxu_cache_locking_counter.numel() > 0):
+                    kernel.lxu_cache_locking_counter.zero_()
+                    released += 1
+    return released
+
+
+class FencedPrefetchPipeline(PrefetchTrainPipelineSparseDist):
+    """torchrec's prefetch pipeline with each input dist ordered after the prefetch
+    queued before it.
+
+    torchrec 1.8.0 starts the input all-to-all of batch i+2 (of batch 1 while filling)
+    on the data-dist stream while the prefetch of batch i+1 may still run on the
+    prefetch stream, and tells the allocator only about the prefetch and forward
+    streams' use of the prefetched inputs: garbage embeddings or an illegal memory
+    access on UVM-cached tables (upstream fix: torchrec PR 4191, not in a release).
+    Here the data-dist stream waits for the prefetch stream (a GPU-side dependency,
+    no host wait) and the prefetched inputs are recorded on the data-dist stream.
+    Without streams (CPU) it is torchrec's pipeline unchanged.
+
+    Example::
+
+        pipeline = FencedPrefetchPipeline(dmp, optimizer, torch.device("cuda", 0))
+    """
+
+    def start_sparse_data_dist(self, batch, context: TrainPipelineContext) -> None:
+        if self._prefetch_stream is not None and self._data_dist_stream is not None:
+            self._data_dist_stream.wait_stream(self._prefetch_stream)  # type: ignore[attr-defined]
+        super().start_sparse_data_dist(batch, context)
+
+    def _prefetch(self, context: PrefetchTrainPipelineContext) -> None:
+        super()._prefetch(context)
+        if self._data_dist_stream is None:
+            return
+        for prefetched in (*context.module_input_post_prefetch.values(),
+                           *context.module_contexts_post_prefetch.values()):
+            prefetched.record_stream(self._data_dist_stream)  # type: ignore[arg-type]
+
+
+def semi_sync_start_after(start_batch: int, steps_done: int) -> int:
+    """The start batch to give a new semi_sync pipeline when ``steps_done`` training
+    steps have run (a resumed run): its batch count starts at 0, ``--semi_sync_start_batch``
+    counts the run's steps.
+
+    Example::
+
+        semi_sync_start_after(900, 1000)  # 0: semi-synchronous from the first step
+    """
+    return max(0, start_batch - steps_done)
+
+
 def autocast_forward(model: nn.Module, device: torch.device) -> Callable[..., Tuple[torch.Tensor, object]]:
     """The model's forward under bf16 autocast: matmuls in bf16, the loss in fp32."""
     def forward(batch):
@@ -157,7 +233,7 @@ def build_pipeline(
     if kind == "semi_sync":
         return TrainPipelineSemiSync(model, optimizer, device, execute_all_batches=True,
                                      start_batch=semi_sync_start_batch, custom_model_fwd=forward)
-    cls = {"sparse_dist": TrainPipelineSparseDist, "prefetch": PrefetchTrainPipelineSparseDist}[kind]
+    cls = {"sparse_dist": TrainPipelineSparseDist, "prefetch": FencedPrefetchPipeline}[kind]
     return cls(model, optimizer, device, execute_all_batches=True, custom_model_fwd=forward)
 
 

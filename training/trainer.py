@@ -31,7 +31,7 @@ from sharding_plans.rules import check_embedding_weight_decay, check_reshardable
 from training.checkpoint import CheckpointManager, RestorePoint, check_writable, find_restore_point, load_checkpoint
 from training.checkpoint_meta import CheckpointMeta
 from training.config import TrainConfig
-from training.distributed import DistributedEnv, gather_peak_memory, init_process_group
+from training.distributed import DistributedEnv, gather_peak_memory, init_process_group, rank_cpu_share
 from training.early_stopping import BestModel
 from training.embedding_init import init_embedding_tables, torchrec_table_init_skipped
 from training.id_frequencies import IdFrequencies
@@ -39,7 +39,7 @@ from training.lr_schedule import WarmupPolyDecaySchedule
 from training.metrics import BinaryClassificationMetrics
 from training.optimizers import build_combined_optimizer
 from training.pipelines import (build_pipeline, check_pipeline_supported, check_plan_for_pipeline,
-                                cpu_bf16_speed_ratio)
+                                cpu_bf16_speed_ratio, release_cache_line_locks, semi_sync_start_after)
 from training.run_log import RunLog
 from training.sharding import prepare_sharding
 
@@ -143,17 +143,21 @@ class Trainer:
                 plan=plan,
                 sharders=sharding.sharders,
             )
-        if restore is None and init_embedding_tables(self.model, table_shapes, config.seed) != len(table_shapes):
+        # The rank's share of the cores, not torch's threads: torchrun sets OMP_NUM_THREADS=1,
+        # which on CUDA (no CPU thread setting) would fill the tables on one core.
+        init_threads = rank_cpu_share(env.local_world_size)
+        if restore is None and init_embedding_tables(self.model, table_shapes, config.seed,
+                                                     init_threads) != len(table_shapes):
             raise RuntimeError("the seeded init did not find every embedding table in the sharded model")
         # After the seeded init: the probe's lookup loads row 0 into a UVM cache
         # (fused_uvm_caching), which would otherwise keep serving torchrec's init of it.
         align_to_sharded_embeddings(self.model, env.device)
+        release_cache_line_locks(self.model)  # the probe's lookup had no backward
         self.optimizer = build_combined_optimizer(self.model, config.optim)
         self.schedule = WarmupPolyDecaySchedule(config.optim)
         self.loaders: Dict[str, BatchLoader] = build_loaders(
             config.data, dataset, config.model.num_embeddings_per_feature, env.rank, env.world_size
         )
-        self.train_pipeline = self._pipeline(config.pipeline)
         self.step = 0
         self.start_epoch, self.start_batch = 0, 0  # where training (re)starts in the data
         self._saved_step = -1
@@ -173,6 +177,7 @@ class Trainer:
         self.best = BestModel(config.early_stopping, self.checkpoints, env.rank)
         if restore is not None:
             self.restore_from(restore)
+        self.train_pipeline = self._pipeline(config.pipeline, config.amp)  # after the restored step
 
     def restore_from(self, restore: RestorePoint) -> None:
         """Loads weights, and with ``full`` the optimizer state, step and data position."""
@@ -214,9 +219,9 @@ class Trainer:
         self.log.record("checkpoint", step=self.step, path=path, seconds=seconds)
         return path
 
-    def _pipeline(self, kind: str) -> TrainPipeline:
-        return build_pipeline(kind, self.model, self.optimizer, self.env.device, self.config.amp,
-                              self.config.semi_sync_start_batch)
+    def _pipeline(self, kind: str, amp: bool) -> TrainPipeline:
+        return build_pipeline(kind, self.model, self.optimizer, self.env.device, amp,
+                              semi_sync_start_after(self.config.semi_sync_start_batch, self.step))
 
     def _batches(self, loader: BatchLoader) -> Iterator:
         batches: Iterator = iter(loader)
@@ -384,7 +389,9 @@ class Trainer:
         handover = isinstance(self.train_pipeline, TrainPipelineSparseDist)
         if handover:
             self.train_pipeline.detach()
-        pipeline = self._pipeline("base" if self.config.pipeline == "base" else "sparse_dist")
+        # In fp32 with --amp too: bf16 logits (8 significant bits) would tie AUROC
+        # ranks, coarsen the log loss and round what --validation_auroc decides on.
+        pipeline = self._pipeline("base" if self.config.pipeline == "base" else "sparse_dist", amp=False)
         metrics = BinaryClassificationMetrics(self.env.device, self.config.auroc_bins)
         batches = self._batches(loader)
         with torch.no_grad():
@@ -397,6 +404,7 @@ class Trainer:
         if handover:
             pipeline.detach()  # type: ignore[attr-defined]
             self.train_pipeline.attach(self.model)  # type: ignore[attr-defined]
+        release_cache_line_locks(self.model)  # evaluation's forwards had no backward
         values = metrics.compute()
         step = self.step if weights_step is None else weights_step
         binned = f" (binned, within {values['auroc_error_bound']:.1e})" if "auroc_error_bound" in values else ""

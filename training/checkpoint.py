@@ -20,14 +20,18 @@ it and refuses a damaged one by name. Checkpoints saved before manifests existed
 (COMPLETE holds "complete") load with a warning, unverified.
 
 Nothing here runs code from a file: ``.metadata`` goes through a restricted unpickler
-(training/dcp_metadata.py), tensors come back through DCP's ``torch.load(weights_only=True)``,
-the rest is JSON.
+and is checked against the state being loaded before any data file is opened
+(training/dcp_metadata.py: tensors only, the live keys, shapes and dtypes, data files
+of the directory), tensors come back through DCP's ``torch.load(weights_only=True)``,
+the rest is JSON. A checkpoint without a manifest goes through the same checks.
 """
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
+import pickle
 import random
 import re
 import sys
@@ -39,8 +43,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-from torch.distributed.checkpoint.planner import WriteItem
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.planner import ReadItem, WriteItem
+from torch.futures import Future
 from iopath.common.file_io import g_pathmgr
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -52,7 +57,7 @@ from common.manifest import (HashingStream, ManifestEntry, ManifestError, check_
                              check_stream, entry_of_bytes)
 from training.checkpoint_meta import CheckpointMeta
 from training.config import OptimizerConfig, TrainConfig
-from training.dcp_metadata import UnsafeMetadataError, load_metadata
+from training.dcp_metadata import UnsafeMetadataError, check_metadata, load_metadata
 from training.failures import RankError
 
 COMPLETE_MARKER = "COMPLETE"
@@ -187,8 +192,10 @@ class _NoCopySavePlanner(DefaultSavePlanner):
 
 
 class _IOPathReader(FileSystemReader):
-    """DCP's reader with the metadata read beforehand (`_read_dcp_metadata`, no code
-    runs) and each data file checked against the manifest before it is read."""
+    """DCP's reader with the metadata read and checked beforehand (`load_checkpoint`: no
+    code runs, no file outside the checkpoint is named), each data file checked against
+    the manifest before it is read, and a file that holds anything but tensors refused
+    by name."""
 
     def __init__(self, path: str, metadata: Metadata, manifest: Optional[Dict[str, ManifestEntry]]) -> None:
         super().__init__(path)
@@ -203,13 +210,33 @@ class _IOPathReader(FileSystemReader):
         self.metadata.storage_meta.load_id = self.load_id
         return self.metadata
 
-    def read_data(self, plan: LoadPlan, planner: LoadPlanner):
-        if self.manifest is not None:
-            for name in sorted({self.storage_data[item.storage_index].relative_path for item in plan.items}):
-                file = _join(self.path, name)
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
+        per_file: Dict[str, List[ReadItem]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        for name, items in sorted(per_file.items()):
+            file = _join(self.path, name)
+            if self.manifest is not None:
                 with g_pathmgr.open(file, "rb") as stream:
                     check_stream(stream, file, self.manifest.get(name))
-        return super().read_data(plan, planner)
+            try:
+                super().read_data(dataclasses.replace(plan, items=items), planner)
+            except pickle.UnpicklingError as e:  # torch.load(weights_only=True) met something else
+                raise CheckpointError(f"{file}: holds objects other than tensors, which the project never "
+                                      "writes there: refused unread") from e
+        done: Future = Future()
+        done.set_result(None)
+        return done
+
+
+class _TensorLoadPlanner(DefaultLoadPlanner):
+    """DCP's load planner without its ``torch.load(weights_only=False)`` of bytes entries
+    (torch 2.13): the project saves tensors only, and `check_metadata` refuses a bytes
+    entry before loading starts; this refuses one that got past it."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        raise CheckpointError(f"{read_item.dest_index.fqn} is stored as pickled bytes, where the project saves a "
+                              "tensor: refused unread")
 
 
 def _leaves(tree: Dict[str, Any], prefix: str = "") -> Iterator[Tuple[str, Dict[str, Any], str]]:
@@ -490,20 +517,28 @@ def load_checkpoint(path: str, state: Dict[str, Any], rank: int, restore_rng: bo
               "its files are loaded unverified", file=sys.stderr, flush=True)
     # Read here, on every rank before any collective: a missing, damaged or crafted file
     # fails every rank alike with one line.
+    # Every entry is checked against the state it fills before DCP opens a data file:
+    # the manifest cannot vouch for anything (whoever crafts the files rewrites it too).
     metadata_file = _join(path, DCP_METADATA_FILE)
     try:
         metadata = load_metadata(_read_checked(path, DCP_METADATA_FILE, manifest), metadata_file)
+        check_metadata(metadata, flat, metadata_file, set(manifest) if manifest is not None else None)
     except UnsafeMetadataError as e:
         raise CheckpointError(f"checkpoint file {e}") from e
     try:
-        dcp.load(flat, storage_reader=_IOPathReader(path, metadata, manifest))
+        dcp.load(flat, storage_reader=_IOPathReader(path, metadata, manifest), planner=_TensorLoadPlanner())
     except (Exception, CheckpointException) as e:  # DCP gathers every rank's failure; report one line
         raise CheckpointError(f"checkpoint {path} could not be loaded: {_failure(e)}") from e
     for name, container, key in leaves:  # tensors were filled in place; other values replaced
         container[key] = flat[name]
     rank_file = f"rank_{rank}.pt"
     if restore_rng and (rank_file in manifest if manifest is not None else g_pathmgr.exists(_join(path, rank_file))):
-        _set_rng_state(torch.load(io.BytesIO(_read_checked(path, rank_file, manifest)), weights_only=True))
+        data = _read_checked(path, rank_file, manifest)
+        try:
+            _set_rng_state(torch.load(io.BytesIO(data), weights_only=True))
+        except (pickle.UnpicklingError, RuntimeError, KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"checkpoint file {_join(path, rank_file)}: not the random-generator state "
+                                  "the project saves (tensors and plain values): refused") from e
 
 
 def iter_differences(saved: Any, current: Any, prefix: str = "") -> Iterator[str]:

@@ -10,7 +10,7 @@ TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.05 --optimizer adag
 	--validation_freq_within_epoch 400 --log_every_n_steps 100 --seed 0 \
 	--log_path runs/make_train.jsonl
 
-.PHONY: install data train train-dcnv2 sweep-example slurm-up test test-fast test-matrix bench clean
+.PHONY: install data train train-dcnv2 sweep-example slurm-up test test-fast test-matrix test-hostile bench clean
 
 install: $(STAMP)
 
@@ -47,6 +47,11 @@ test: install
 
 test-fast: install
 	$(PYTHON) -m pytest -q -m "not slow" tests
+
+# The generated hostile-input suites with more cases than make test's (25 a property).
+HOSTILE_EXAMPLES ?= 500
+test-hostile: install
+	HOSTILE_EXAMPLES=$(HOSTILE_EXAMPLES) $(PYTHON) -m pytest -q tests/test_hostile_*.py
 
 # The correctness matrix over every triple of choices (make test runs every pair).
 test-matrix: install

@@ -66,6 +66,9 @@ DCP_METADATA_FILE = ".metadata"
 MANIFEST_VERSION = 1
 BEST_FILE = "best.json"
 _STEP_DIR = re.compile(r"step_(\d+)$")
+# The section of a checkpoint's state that every rank holds whole (a sharded table as a
+# sharded tensor of all its rows); a rank's optimizer state covers only its own tables.
+_WHOLE_ON_EVERY_RANK = ("model",)
 # dtypes Tensor.numpy() accepts (not bfloat16 and the like: DCP copies those).
 _NUMPY_DTYPES = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
                  torch.int8, torch.uint8, torch.bool}
@@ -239,9 +242,9 @@ class _TensorLoadPlanner(DefaultLoadPlanner):
                               "tensor: refused unread")
 
 
-def _leaves(tree: Dict[str, Any], prefix: str = "") -> Iterator[Tuple[str, Dict[str, Any], str]]:
-    """(dotted key, container, key in container) of every value of a nested dict that
-    is not itself a dict. Empty dicts hold no leaves, so they contribute nothing.
+def _leaves(tree: Dict[str, Any], prefix: str = "") -> Iterator[Tuple[str, Any]]:
+    """(dotted key, value) of every value of a nested dict that is not itself a dict.
+    Empty dicts hold no leaves, so they contribute nothing.
 
     DCP is handed these leaves, never the nested dicts: its loader turns a dict whose
     values are all empty (a stateless optimizer such as SGD: {"state": {p: {}}})
@@ -253,12 +256,13 @@ def _leaves(tree: Dict[str, Any], prefix: str = "") -> Iterator[Tuple[str, Dict[
         if isinstance(value, dict):
             yield from _leaves(value, name + ".")
         else:
-            yield name, tree, key
+            yield name, value
 
 
 def flat_state(state: Dict[str, Any]) -> Dict[str, Any]:
-    """The leaves of a nested state dict under their dotted keys (what DCP stores)."""
-    return {name: container[key] for name, container, key in _leaves(state)}
+    """The leaves of a nested state dict under their dotted keys (what DCP stores;
+    loading fills them in place)."""
+    return dict(_leaves(state))
 
 
 def _barrier() -> None:
@@ -507,36 +511,35 @@ def _remove_checkpoint(path: str) -> None:
 def load_checkpoint(path: str, state: Dict[str, Any], rank: int, restore_rng: bool) -> None:
     """Fills ``state`` (tensors and sharded tensors, in place) from the checkpoint at path.
 
-    Raises CheckpointError when the files are missing or corrupted (on every rank).
+    Raises CheckpointError when the files are missing, corrupted, or not what the
+    project writes for ``state`` (on every rank).
     """
-    leaves = list(_leaves(state))
-    flat = {name: container[key] for name, container, key in leaves}
+    flat = flat_state(state)
     manifest = read_manifest(path)
     if manifest is None and rank == 0:
         print(f"warning: checkpoint {path} has no manifest (saved before integrity checks): "
               "its files are loaded unverified", file=sys.stderr, flush=True)
-    # Read here, on every rank before any collective: a missing, damaged or crafted file
-    # fails every rank alike with one line.
-    # Every entry is checked against the state it fills before DCP opens a data file:
-    # the manifest cannot vouch for anything (whoever crafts the files rewrites it too).
+    # Read and checked against the state it fills here, on every rank before any
+    # collective and before DCP opens a data file: a missing, damaged or crafted file
+    # fails every rank alike with one line. With or without a manifest: whoever crafts
+    # the files can rewrite it too.
     metadata_file = _join(path, DCP_METADATA_FILE)
     try:
         metadata = load_metadata(_read_checked(path, DCP_METADATA_FILE, manifest), metadata_file)
-        check_metadata(metadata, flat, metadata_file, set(manifest) if manifest is not None else None)
+        check_metadata(metadata, flat, metadata_file, set(manifest) if manifest is not None else None,
+                       _WHOLE_ON_EVERY_RANK)
     except UnsafeMetadataError as e:
         raise CheckpointError(f"checkpoint file {e}") from e
     try:
         dcp.load(flat, storage_reader=_IOPathReader(path, metadata, manifest), planner=_TensorLoadPlanner())
     except (Exception, CheckpointException) as e:  # DCP gathers every rank's failure; report one line
         raise CheckpointError(f"checkpoint {path} could not be loaded: {_failure(e)}") from e
-    for name, container, key in leaves:  # tensors were filled in place; other values replaced
-        container[key] = flat[name]
     rank_file = f"rank_{rank}.pt"
     if restore_rng and (rank_file in manifest if manifest is not None else g_pathmgr.exists(_join(path, rank_file))):
         data = _read_checked(path, rank_file, manifest)
         try:
             _set_rng_state(torch.load(io.BytesIO(data), weights_only=True))
-        except (pickle.UnpicklingError, RuntimeError, KeyError, TypeError, ValueError) as e:
+        except (pickle.UnpicklingError, RuntimeError, LookupError, TypeError, ValueError) as e:
             raise CheckpointError(f"checkpoint file {_join(path, rank_file)}: not the random-generator state "
                                   "the project saves (tensors and plain values): refused") from e
 

@@ -19,7 +19,7 @@ Example::
 
     with open("ckpt/step_000000100/.metadata", "rb") as f:
         metadata = load_metadata(f.read(), "ckpt/step_000000100/.metadata")
-    check_metadata(metadata, flat_state, "ckpt/step_000000100/.metadata", manifest_names)
+    check_metadata(metadata, flat_state, "ckpt/step_000000100/.metadata", manifest_names, {"model"})
 """
 
 import collections
@@ -171,7 +171,7 @@ def _check_chunks(key: str, entry: TensorStorageMetadata, stored: Set[Tuple[str,
 
 
 def check_metadata(metadata: Metadata, state: Mapping[str, Any], source: str,
-                   listed: Optional[Collection[str]]) -> None:
+                   listed: Optional[Collection[str]], whole_sections: Collection[str]) -> None:
     """Raises UnsafeMetadataError (one line naming ``source`` and the entry) unless
     ``metadata`` describes what the project writes for ``state`` (a flat state dict:
     dotted keys to tensors, sharded or not).
@@ -180,9 +180,10 @@ def check_metadata(metadata: Metadata, state: Mapping[str, Any], source: str,
     files named as DCP names them (and in ``listed``, the manifest's file names, unless
     None: a checkpoint saved before manifests). Every key of ``state`` must have an
     entry of its shape and dtype (or another floating dtype: DCP casts on load, which is
-    how fp16-trained tables load into an fp32 model); an entry of a section ``state``
-    loads ("model", "optim") that ``state`` lacks means another model. Entries of other
-    sections are not read.
+    how fp16-trained tables load into an fp32 model). In ``whole_sections`` (the first
+    component of a key: "model"), which every rank holds whole, an entry that ``state``
+    lacks means another model; elsewhere it may be another rank's (a rank's optimizer
+    state covers the tables it holds), and this rank does not read it.
     """
     entries = getattr(metadata, "state_dict_metadata", None)
     storage = getattr(metadata, "storage_data", None)
@@ -203,9 +204,8 @@ def check_metadata(metadata: Metadata, state: Mapping[str, Any], source: str,
         saved = entry.properties.dtype
         if saved != dtype and not (saved.is_floating_point and dtype.is_floating_point):
             raise UnsafeMetadataError(f"{source}: {key} has dtype {saved} there, {dtype} in this model")
-    sections = {key.split(".", 1)[0] for key in state}
     for key in tensors:
-        if key not in state and key.split(".", 1)[0] in sections:
+        if key not in state and key.split(".", 1)[0] in whole_sections:
             raise UnsafeMetadataError(f"{source}: {key} is not part of this model's state "
                                       "(a checkpoint of another model?)")
     stored = {(index.fqn, index.offset) for index in storage}

@@ -20,14 +20,18 @@ it and refuses a damaged one by name. Checkpoints saved before manifests existed
 (COMPLETE holds "complete") load with a warning, unverified.
 
 Nothing here runs code from a file: ``.metadata`` goes through a restricted unpickler
-(training/dcp_metadata.py), tensors come back through DCP's ``torch.load(weights_only=True)``,
-the rest is JSON.
+and is checked against the state being loaded before any data file is opened
+(training/dcp_metadata.py: tensors only, the live keys, shapes and dtypes, data files
+of the directory), tensors come back through DCP's ``torch.load(weights_only=True)``,
+the rest is JSON. A checkpoint without a manifest goes through the same checks.
 """
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
+import pickle
 import random
 import re
 import sys
@@ -39,8 +43,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-from torch.distributed.checkpoint.planner import WriteItem
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.planner import ReadItem, WriteItem
+from torch.futures import Future
 from iopath.common.file_io import g_pathmgr
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -52,7 +57,7 @@ from common.manifest import (HashingStream, ManifestEntry, ManifestError, check_
                              check_stream, entry_of_bytes)
 from training.checkpoint_meta import CheckpointMeta
 from training.config import OptimizerConfig, TrainConfig
-from training.dcp_metadata import UnsafeMetadataError, load_metadata
+from training.dcp_metadata import UnsafeMetadataError, check_metadata, load_metadata
 from training.failures import RankError
 
 COMPLETE_MARKER = "COMPLETE"
@@ -61,6 +66,9 @@ DCP_METADATA_FILE = ".metadata"
 MANIFEST_VERSION = 1
 BEST_FILE = "best.json"
 _STEP_DIR = re.compile(r"step_(\d+)$")
+# The section of a checkpoint's state that every rank holds whole (a sharded table as a
+# sharded tensor of all its rows); a rank's optimizer state covers only its own tables.
+_WHOLE_ON_EVERY_RANK = ("model",)
 # dtypes Tensor.numpy() accepts (not bfloat16 and the like: DCP copies those).
 _NUMPY_DTYPES = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
                  torch.int8, torch.uint8, torch.bool}
@@ -187,8 +195,10 @@ class _NoCopySavePlanner(DefaultSavePlanner):
 
 
 class _IOPathReader(FileSystemReader):
-    """DCP's reader with the metadata read beforehand (`_read_dcp_metadata`, no code
-    runs) and each data file checked against the manifest before it is read."""
+    """DCP's reader with the metadata read and checked beforehand (`load_checkpoint`: no
+    code runs, no file outside the checkpoint is named), each data file checked against
+    the manifest before it is read, and a file that holds anything but tensors refused
+    by name."""
 
     def __init__(self, path: str, metadata: Metadata, manifest: Optional[Dict[str, ManifestEntry]]) -> None:
         super().__init__(path)
@@ -203,18 +213,38 @@ class _IOPathReader(FileSystemReader):
         self.metadata.storage_meta.load_id = self.load_id
         return self.metadata
 
-    def read_data(self, plan: LoadPlan, planner: LoadPlanner):
-        if self.manifest is not None:
-            for name in sorted({self.storage_data[item.storage_index].relative_path for item in plan.items}):
-                file = _join(self.path, name)
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
+        per_file: Dict[str, List[ReadItem]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        for name, items in sorted(per_file.items()):
+            file = _join(self.path, name)
+            if self.manifest is not None:
                 with g_pathmgr.open(file, "rb") as stream:
                     check_stream(stream, file, self.manifest.get(name))
-        return super().read_data(plan, planner)
+            try:
+                super().read_data(dataclasses.replace(plan, items=items), planner)
+            except pickle.UnpicklingError as e:  # torch.load(weights_only=True) met something else
+                raise CheckpointError(f"{file}: holds objects other than tensors, which the project never "
+                                      "writes there: refused unread") from e
+        done: Future = Future()
+        done.set_result(None)
+        return done
 
 
-def _leaves(tree: Dict[str, Any], prefix: str = "") -> Iterator[Tuple[str, Dict[str, Any], str]]:
-    """(dotted key, container, key in container) of every value of a nested dict that
-    is not itself a dict. Empty dicts hold no leaves, so they contribute nothing.
+class _TensorLoadPlanner(DefaultLoadPlanner):
+    """DCP's load planner without its ``torch.load(weights_only=False)`` of bytes entries
+    (torch 2.13): the project saves tensors only, and `check_metadata` refuses a bytes
+    entry before loading starts; this refuses one that got past it."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        raise CheckpointError(f"{read_item.dest_index.fqn} is stored as pickled bytes, where the project saves a "
+                              "tensor: refused unread")
+
+
+def _leaves(tree: Dict[str, Any], prefix: str = "") -> Iterator[Tuple[str, Any]]:
+    """(dotted key, value) of every value of a nested dict that is not itself a dict.
+    Empty dicts hold no leaves, so they contribute nothing.
 
     DCP is handed these leaves, never the nested dicts: its loader turns a dict whose
     values are all empty (a stateless optimizer such as SGD: {"state": {p: {}}})
@@ -226,12 +256,13 @@ def _leaves(tree: Dict[str, Any], prefix: str = "") -> Iterator[Tuple[str, Dict[
         if isinstance(value, dict):
             yield from _leaves(value, name + ".")
         else:
-            yield name, tree, key
+            yield name, value
 
 
 def flat_state(state: Dict[str, Any]) -> Dict[str, Any]:
-    """The leaves of a nested state dict under their dotted keys (what DCP stores)."""
-    return {name: container[key] for name, container, key in _leaves(state)}
+    """The leaves of a nested state dict under their dotted keys (what DCP stores;
+    loading fills them in place)."""
+    return dict(_leaves(state))
 
 
 def _barrier() -> None:
@@ -492,18 +523,14 @@ def check_stored_shapes(path: str, state: Dict[str, Any]) -> None:
     tables other than those stored is refused before the model is allocated."""
     manifest = read_manifest(path)
     metadata = _read_dcp_metadata(path, manifest)
-    needed = 0
-    for name, value in flat_state(state).items():
-        if not torch.is_tensor(value):
-            continue
-        stored = metadata.state_dict_metadata.get(name)
-        size = getattr(stored, "size", None)
-        if size is None:
-            raise CheckpointError(f"checkpoint {path} stores no tensor {name}: its meta.json describes another model")
-        if list(size) != list(value.shape):
-            raise CheckpointError(f"checkpoint {path}: its meta.json describes {name} as {list(value.shape)}, "
-                                  f"its .metadata stores {list(size)}")
-        needed += value.numel() * stored.properties.dtype.itemsize
+    flat = {name: value for name, value in flat_state(state).items() if torch.is_tensor(value)}
+    try:
+        check_metadata(metadata, flat, _join(path, DCP_METADATA_FILE),
+                       set(manifest) if manifest is not None else None, _WHOLE_ON_EVERY_RANK)
+    except UnsafeMetadataError as e:
+        raise CheckpointError(f"checkpoint file {e} (its meta.json describes another model)") from e
+    needed = sum(value.numel() * metadata.state_dict_metadata[name].properties.dtype.itemsize
+                 for name, value in flat.items())
     sizes = [_file_size(path, str(name), manifest)
              for name in {info.relative_path for info in metadata.storage_data.values()}]
     held = sum(size for size in sizes if size is not None)
@@ -527,26 +554,36 @@ def _file_size(path: str, name: str, manifest: Optional[Dict[str, ManifestEntry]
 def load_checkpoint(path: str, state: Dict[str, Any], rank: int, restore_rng: bool) -> None:
     """Fills ``state`` (tensors and sharded tensors, in place) from the checkpoint at path.
 
-    Raises CheckpointError when the files are missing or corrupted (on every rank).
+    Raises CheckpointError when the files are missing, corrupted, or not what the
+    project writes for ``state`` (on every rank).
     """
-    leaves = list(_leaves(state))
-    flat = {name: container[key] for name, container, key in leaves}
+    flat = flat_state(state)
     manifest = read_manifest(path)
     if manifest is None and rank == 0:
         print(f"warning: checkpoint {path} has no manifest (saved before integrity checks): "
               "its files are loaded unverified", file=sys.stderr, flush=True)
-    # Read here, on every rank before any collective: a missing, damaged or crafted file
-    # fails every rank alike with one line.
+    # Read and checked against the state it fills here, on every rank before any
+    # collective and before DCP opens a data file: a missing, damaged or crafted file
+    # fails every rank alike with one line. With or without a manifest: whoever crafts
+    # the files can rewrite it too.
     metadata = _read_dcp_metadata(path, manifest)
     try:
-        dcp.load(flat, storage_reader=_IOPathReader(path, metadata, manifest))
+        check_metadata(metadata, flat, _join(path, DCP_METADATA_FILE),
+                       set(manifest) if manifest is not None else None, _WHOLE_ON_EVERY_RANK)
+    except UnsafeMetadataError as e:
+        raise CheckpointError(f"checkpoint file {e}") from e
+    try:
+        dcp.load(flat, storage_reader=_IOPathReader(path, metadata, manifest), planner=_TensorLoadPlanner())
     except (Exception, CheckpointException) as e:  # DCP gathers every rank's failure; report one line
         raise CheckpointError(f"checkpoint {path} could not be loaded: {_failure(e)}") from e
-    for name, container, key in leaves:  # tensors were filled in place; other values replaced
-        container[key] = flat[name]
     rank_file = f"rank_{rank}.pt"
     if restore_rng and (rank_file in manifest if manifest is not None else g_pathmgr.exists(_join(path, rank_file))):
-        _set_rng_state(torch.load(io.BytesIO(_read_checked(path, rank_file, manifest)), weights_only=True))
+        data = _read_checked(path, rank_file, manifest)
+        try:
+            _set_rng_state(torch.load(io.BytesIO(data), weights_only=True))
+        except (pickle.UnpicklingError, RuntimeError, LookupError, TypeError, ValueError) as e:
+            raise CheckpointError(f"checkpoint file {_join(path, rank_file)}: not the random-generator state "
+                                  "the project saves (tensors and plain values): refused") from e
 
 
 def iter_differences(saved: Any, current: Any, prefix: str = "") -> Iterator[str]:

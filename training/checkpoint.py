@@ -528,7 +528,7 @@ def check_stored_shapes(path: str, state: Dict[str, Any]) -> None:
         check_metadata(metadata, flat, _join(path, DCP_METADATA_FILE),
                        set(manifest) if manifest is not None else None, _WHOLE_ON_EVERY_RANK)
     except UnsafeMetadataError as e:
-        raise CheckpointError(f"checkpoint file {e} (its meta.json describes another model)") from e
+        raise CheckpointError(f"checkpoint file {e}") from e
     needed = sum(value.numel() * metadata.state_dict_metadata[name].properties.dtype.itemsize
                  for name, value in flat.items())
     sizes = [_file_size(path, str(name), manifest)

@@ -1,62 +1,365 @@
-"""Verifies a GPU host in one command: the correctness matrix on the CUDA-only choices.
+"""Verifies a GPU host in one command: the correctness matrix on the CUDA choices.
 
-    python -m bench.gpu_check [--strength 2] [--only TEXT] [--list]
+    python -m bench.gpu_check [--strength 2] [--only TEXT] [--list] [--gpus N] [--device cpu]
 
-On a CUDA host it generates cases covering every pair (or, with ``--strength 3``,
-every triple) of: pipeline (sparse_dist, base, semi_sync, prefetch), compute kernel
-(fused, fused_uvm, fused_uvm_caching), sharding type, fused optimizer, bf16 autocast,
-TF32, and world size (1, and 2 when the host has two GPUs), over NCCL. Each case runs
-the checks of `tests/support/matrix.py` against the sparse_dist / fused run of the same
-choices: (a) equal to it, (b) resume bit-exact, (c) the exported fp32 program equal to
-the trained model; combinations the application refuses (semi_sync with cached
-tables) must be refused with one line. It prints one table with pass/fail and
-records/s per case, and exits 1 when a case fails.
+Cases cover every pair (``--strength 3``: every triple) of the choices in
+`gpu_matrix`: pipeline, compute kernel, sharding type (data-parallel and a mixed
+plan included), fused and MLP optimizers, fp16 tables, multi-hot bags, interaction,
+bf16 autocast, TF32, one or two epochs, validation inside the epoch, and world sizes
+1, 2 and every GPU of the host, over NCCL. Each case is checked against
 
-On a host without CUDA it says so and exits 0: there is nothing to check.
+- a CPU reference (`cpu_reference`: gloo, one rank, table_wise, fused kernel, the
+  sparse_dist pipeline, no TF32), which no fault shared by every GPU run can pass;
+- the sparse_dist pipeline on the fused kernel at the case's own placement (the
+  pipelines and UVM kernels, to GPU precision); semi_sync cases, which start their
+  semi-synchronous phase at batch 1 and so have no synchronous reference, against a
+  semi_sync run of another placement (`placement_reference`);
 
-semi_sync runs its synchronous phase here (its start batch, 900 by default, lies
-beyond the few steps of a case): from its start batch it trains a different,
-one-step-stale algorithm that no reference run reproduces.
+to the tolerance `reference_tolerance` gives and explains; and, as in
+`tests/support/matrix.py`, resume bit-exact and the exported fp32 program equal to the
+eager model (with TF32 off). Combinations the application refuses must be refused on
+every rank with one ``error:`` line from rank 0. It prints which network NCCL uses,
+then one table with pass/fail and records/s per case, and exits 1 when a case fails.
+
+``--list`` prints the cases, their references and tolerances without running them (no
+CUDA needed; ``--gpus`` sets the GPUs to plan for). ``--device cpu`` runs the cases
+the CPU can (sparse_dist and base pipelines, fused kernel, no TF32) on gloo, to
+exercise the check itself. On a host without CUDA, a plain run says so and exits 0.
 """
 
+import argparse
+import math
+import multiprocessing
+import os
+import re
+import subprocess
 import sys
-from typing import Optional, Sequence
+import tempfile
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from sharding_plans.constraints import CUDA_ONLY_KERNELS
+from models.config import EMBEDDING_PRECISIONS, INTERACTION_TYPES
+from sharding_plans.constraints import CUDA_ONLY_KERNELS, SHARDING_TYPES
 from tests.support import matrix
-from training.config import OPTIMIZERS, PIPELINES
+from tests.support.matrix import MIXED, Case, CaseResult, MatrixSpec, Refusal
+from training.config import DENSE_OPTIMIZERS, OPTIMIZERS, PIPELINES
+from training.pipelines import CUDA_ONLY_PIPELINES
+
+SEMI_SYNC_START_BATCH = 1  # semi_sync cases run their semi-synchronous phase from the second batch
+
+# Refused on CUDA after planning (training/pipelines.py `check_plan_for_pipeline`):
+# the plan's kernels are only known then, so these run with the process group up.
+GPU_REFUSALS: Tuple[Refusal, ...] = (
+    *matrix.REFUSALS,
+    Refusal((("pipeline", "semi_sync"), ("compute_kernel", "fused_uvm_caching")), "--pipeline semi_sync",
+            devices=("cuda",)),
+    Refusal((("pipeline", "semi_sync"), ("sharding", "data_parallel")), "--pipeline semi_sync", devices=("cuda",)),
+    Refusal((("pipeline", "semi_sync"), ("sharding", MIXED)), "--pipeline semi_sync", devices=("cuda",)),
+    Refusal((("pipeline", "prefetch"), ("validation_within_epoch", True), ("compute_kernel", "fused_uvm_caching")),
+            "--pipeline prefetch with --validation_freq_within_epoch", devices=("cuda",)),
+)
+
+# TF32 rounds a matmul's inputs to 10 bits of mantissa (2^-11 relative), bf16 to 8
+# (2^-9): a quarter of the bf16 autocast tolerance of `matrix.sharded_tolerance`.
+TF32_TOLERANCE = 2.5e-3
+# FBGEMM rounds fp16 table updates stochastically on CUDA (its default): each update
+# may end one fp16 step (1.2e-4 at these weights) above or below the reference's.
+FP16_STEP = 1.25e-4
 
 
-def gpu_matrix(num_gpus: int) -> matrix.MatrixSpec:
-    """The GPU kinds, compared with the sparse_dist pipeline on the fused kernel."""
-    return matrix.MatrixSpec(
+def world_sizes(num_gpus: int) -> Tuple[int, ...]:
+    """1, 2 and every GPU of the host; a count that does not divide the global batch and
+    the probe rows evenly is lowered to the largest that does."""
+    largest = max(n for n in range(1, max(num_gpus, 1) + 1)
+                  if matrix.GLOBAL_BATCH % n == 0 and matrix.PROBE_ROWS % n == 0)
+    return tuple(sorted({1, min(2, largest), largest}))
+
+
+def gpu_matrix(num_gpus: int, device: str = "cuda") -> MatrixSpec:
+    """The GPU check's dimensions on ``num_gpus`` GPUs (``device`` cpu: the choices
+    the CPU runs, on 1 and 2 gloo ranks)."""
+    cuda = device == "cuda"
+    return MatrixSpec(
         dimensions={
-            "pipeline": PIPELINES,
-            "compute_kernel": ("fused",) + CUDA_ONLY_KERNELS,
-            "sharding": ("table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise"),
+            "pipeline": PIPELINES if cuda else tuple(p for p in PIPELINES if p not in CUDA_ONLY_PIPELINES),
+            "compute_kernel": ("fused",) + (CUDA_ONLY_KERNELS if cuda else ()),
+            "sharding": SHARDING_TYPES + (MIXED,),
             "optimizer": OPTIMIZERS,
+            "dense_optimizer": DENSE_OPTIMIZERS,
+            "precision": EMBEDDING_PRECISIONS,
+            "interaction": INTERACTION_TYPES,
+            "multi_hot": (False, True),
             "amp": (False, True),
-            "allow_tf32": (False, True),
-            "world_size": (1, 2) if num_gpus >= 2 else (1,),
+            "allow_tf32": (False, True) if cuda else (False,),
+            "epochs": (1, 2),
+            "validation_within_epoch": (False, True),
+            "world_size": world_sizes(num_gpus) if cuda else (1, 2),
         },
         reference={"pipeline": "sparse_dist", "compute_kernel": "fused"},
-        refusals=(matrix.Refusal((("pipeline", "semi_sync"), ("compute_kernel", "fused_uvm_caching")),
-                                 "--pipeline semi_sync"),),
-        device="cuda",
-        defaults={"dense_optimizer": "sgd", "precision": "fp32", "interaction": "original", "multi_hot": False},
+        refusals=GPU_REFUSALS,
+        device=device,
     )
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = matrix.matrix_parser("python -m bench.gpu_check", __doc__.split("\n\n")[0], strength=2).parse_args(argv)
-    if not torch.cuda.is_available():
-        print(f"gpu_check: no CUDA device on this host (torch {torch.__version__}): nothing to check")
+# ------------------------------------------------------------------ references of a case
+
+def refusal_cases(spec: MatrixSpec) -> List[Case]:
+    """`matrix.refusal_cases` over table_wise tables: the compute kernel applies to them
+    (data-parallel tables always take the dense kernel), so each case is refused for
+    its own combination."""
+    return matrix.refusal_cases(spec, base={"sharding": "table_wise"})
+
+
+def cpu_reference(case: Case) -> Optional[Case]:
+    """The case on one CPU rank: whole tables on the fused kernel, the sparse_dist
+    pipeline, fp32 matmuls; the same optimizers, precision, model, epochs and
+    validation. None for semi_sync: no synchronous run reproduces its stale lookups."""
+    if case["pipeline"] == "semi_sync":
+        return None
+    return {**case, "pipeline": "sparse_dist", "compute_kernel": "fused", "sharding": "table_wise",
+            "world_size": 1, "allow_tf32": False}
+
+
+# Placements a semi_sync case is compared with: the first that is not its own.
+SEMI_SYNC_PLACEMENTS = ({"sharding": "table_wise", "world_size": 1, "compute_kernel": "fused"},
+                        {"sharding": "row_wise", "world_size": 2, "compute_kernel": "fused_uvm"})
+
+
+def placement_reference(case: Case, spec: MatrixSpec) -> Optional[Case]:
+    """The GPU run a case is compared with on its own device: the sparse_dist pipeline
+    on the fused kernel at the case's placement, or for semi_sync a semi_sync run of
+    another placement (on the world sizes the host has). None when the case is its
+    own reference."""
+    if case["pipeline"] == "semi_sync":
+        placement = next(p for p in SEMI_SYNC_PLACEMENTS if any(case[d] != v for d, v in p.items()))
+        world_size = min(placement["world_size"], max(spec.dimensions["world_size"]))
+        return {**case, **placement, "world_size": world_size}
+    reference = {**case, **spec.reference}
+    return None if reference == case else reference
+
+
+def reference_tolerance(case: Case) -> Tuple[float, str]:
+    """(absolute tolerance on losses and weights, why) of a GPU case against its
+    references: `matrix.sharded_tolerance` on CUDA, or TF32's or fp16's where larger."""
+    candidates = [matrix.sharded_tolerance(case, "cuda")]
+    if case.get("allow_tf32"):
+        candidates.append((TF32_TOLERANCE, "TF32 matmuls round their inputs to 10 bits of mantissa; the CPU "
+                           "reference does not, another placement rounds slightly different inputs"))
+    if case["precision"] == "fp16":
+        steps = matrix.STEPS
+        candidates.append((steps * FP16_STEP, f"FBGEMM's CUDA kernels round fp16 updates stochastically: each "
+                           f"of {steps} updates may leave a weight one fp16 step ({FP16_STEP:g}) from the reference"))
+    return max(candidates)
+
+
+def resumable(case: Case) -> Optional[str]:
+    """None when check (b) applies; else why not."""
+    if case["pipeline"] == "semi_sync":
+        return ("n/a: a semi_sync checkpoint cannot hold the next batch's embeddings, looked up before "
+                "the saved step's update")
+    return None
+
+
+def case_argv(case: Case, data_dir: str, device: str) -> List[str]:
+    """`matrix.case_argv`, with semi_sync's semi-synchronous phase from `SEMI_SYNC_START_BATCH`."""
+    argv = matrix.case_argv(case, data_dir, device)
+    if case["pipeline"] == "semi_sync":
+        argv += ["--semi_sync_start_batch", str(SEMI_SYNC_START_BATCH)]
+    return argv
+
+
+# ------------------------------------------------------------------ running and checking
+
+Launcher = Callable[[Callable, List[Dict[str, Any]], int], Dict[int, Any]]
+
+
+def evaluate(spec: MatrixSpec, cases: List[Case], refusals: List[Case], data_dir: str, work_dir: str,
+             launcher: Launcher) -> List[CaseResult]:
+    """Runs every case, its references and every refusal (one launch per device and
+    world size; refusals first in each), then checks them."""
+    jobs: Dict[Tuple[str, int], List[Dict[str, Any]]] = {}
+    index: Dict[str, Dict[str, Any]] = {}
+
+    def add(kind: str, case: Case, device: str, resume: bool = False) -> str:
+        key = f"{kind}:{device}:{matrix.case_name(case)}"
+        if key not in index:
+            index[key] = {"kind": kind, "key": key, "argv": case_argv(case, data_dir, device), "device": device,
+                          "dir": os.path.join(work_dir, f"run{len(index)}"), "resume": resume}
+            jobs.setdefault((device, case["world_size"]), []).append(index[key])
+        index[key]["resume"] |= resume
+        return key
+
+    refusal_keys = [add("refusal", c, spec.device) for c in refusals]
+    planned = []
+    for case in cases:
+        cpu, placement = cpu_reference(case), placement_reference(case, spec)
+        planned.append((case, add("train", case, spec.device, resume=resumable(case) is None),
+                        add("train", cpu, "cpu") if cpu else None,
+                        add("train", placement, spec.device) if placement else None))
+    outcomes: Dict[str, List[Dict[str, Any]]] = {}
+    for (_, world_size), group in sorted(jobs.items()):
+        per_rank = launcher(matrix.run_jobs, group, world_size)
+        for rank in sorted(per_rank):
+            for result in per_rank[rank]:
+                outcomes.setdefault(result["key"], []).append(result)
+
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        exports: Dict[str, Future] = {}
+        for _, key, _, _ in planned:
+            if all("error" not in o for o in outcomes[key]):
+                exports[key] = pool.submit(matrix.export_difference, outcomes[key][0]["checkpoint_dir"],
+                                           torch.cat([o["probe"] for o in outcomes[key]]),
+                                           os.path.join(work_dir, "exports", f"run{len(exports)}"))
+        results = [matrix._check_refusal(spec, case, outcomes[key]) for case, key in zip(refusals, refusal_keys)]
+        for case, key, cpu_key, placement_key in planned:
+            results.append(check_case(case, outcomes[key], outcomes.get(cpu_key), outcomes.get(placement_key),
+                                      exports.get(key)))
+    return results
+
+
+def _compare(result: CaseResult, check: str, runs: Sequence[Dict[str, Any]],
+             reference: Sequence[Dict[str, Any]], tolerance: float, why: str) -> None:
+    diff, where = matrix._max_difference(runs, reference)
+    text = f"{diff:.2g} <= {tolerance:g}" + (f" ({where})" if diff > 0 else "")
+    if diff <= tolerance:
+        result.checks[check] = "ok " + text
+    else:
+        result.fail(check, text.replace("<=", ">") + f"; tolerance because {why}")
+
+
+def check_case(case: Case, per_rank: List[Dict[str, Any]], cpu: Optional[List[Dict[str, Any]]],
+               placement: Optional[List[Dict[str, Any]]], export: Optional[Future]) -> CaseResult:
+    """The checks of one case against its runs: the CPU reference, the placement
+    reference, resume, export."""
+    result = CaseResult(case, seconds=max(o["seconds"] for o in per_rank))
+    for name, outcome in (("case", per_rank), ("cpu reference", cpu), ("placement reference", placement)):
+        failed = [o["error"] for o in outcome or () if "error" in o]
+        if failed:
+            result.fail("ran", f"{name}: {failed[0]}")
+            return result
+    whole = [o["uninterrupted"] for o in per_rank]
+    result.records_per_sec = whole[0]["records_per_sec"]
+    tolerance, why = reference_tolerance(case)
+    if cpu is None:
+        result.checks["=cpu"] = "n/a: semi_sync (see =placement)"
+    else:
+        _compare(result, "=cpu", whole, [o["uninterrupted"] for o in cpu], tolerance, why)
+    if placement is None:
+        result.checks["=placement"] = "n/a: the case is sparse_dist on the fused kernel"
+    else:
+        _compare(result, "=placement", whole, [o["uninterrupted"] for o in placement], tolerance, why)
+    not_resumable = resumable(case)
+    if not_resumable:
+        result.checks["resume=uninterrupted"] = not_resumable
+    else:
+        mismatch = matrix._identical(whole, [o["resumed"] for o in per_rank], matrix.STOP)
+        if mismatch is None:
+            result.checks["resume=uninterrupted"] = "ok bit-exact"
+        else:
+            result.fail("resume=uninterrupted", mismatch)
+    try:
+        diff = export.result() if export else math.inf
+        text = f"{diff:.2g} <= {matrix.EXPORT_TOLERANCE:g}"
+        if diff <= matrix.EXPORT_TOLERANCE:
+            result.checks["export=eager"] = "ok " + text
+        else:
+            result.fail("export=eager", text.replace("<=", ">"))
+    except Exception as e:
+        result.fail("export=eager", f"{type(e).__name__}: {e}")
+    return result
+
+
+def format_plan(spec: MatrixSpec, cases: List[Case], refusals: List[Case]) -> str:
+    """What ``--list`` prints: each case, what it is compared with and to what tolerance."""
+    lines = []
+    for case in cases:
+        cpu, placement = cpu_reference(case), placement_reference(case, spec)
+        tolerance, _ = reference_tolerance(case)
+        lines.append(f"{matrix.case_name(case)}  =cpu: {'yes' if cpu else 'n/a'}  "
+                     f"=placement: {matrix.case_name(placement) if placement else 'itself'}  tolerance {tolerance:g}")
+    lines += [f"{matrix.case_name(c)}  refused: {spec.refusal_for(c).message}" for c in refusals]  # type: ignore[union-attr]
+    lines.append(f"{len(cases)} cases, {len(refusals)} refusals on world sizes {spec.dimensions['world_size']}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ NCCL's network
+
+def nccl_network(log: str) -> str:
+    """The network NCCL chose, from its ``NCCL_DEBUG=INFO`` output: its ``Using network``
+    line (``Socket``, ``IB``, or a plugin's name such as ``AWS Libfabric``), with its
+    ``NET/Plugin`` lines (whether libnccl-net.so loaded, and which)."""
+    chosen = re.findall(r"NCCL INFO Using network (.+)", log)
+    plugin = [line.split("NCCL INFO ", 1)[1].strip() for line in log.splitlines()
+              if "NCCL INFO NET/Plugin" in line]
+    name = chosen[0].strip() if chosen else "unknown (NCCL printed no 'Using network' line)"
+    return name + (f" ({'; '.join(dict.fromkeys(plugin))})" if plugin else "")
+
+
+def probe_nccl_network() -> str:
+    """Starts a one-rank NCCL communicator in a subprocess with NCCL_DEBUG=INFO and
+    returns `nccl_network` of what it printed. NCCL loads its network plugin at the
+    first communicator, whatever its size."""
+    code = ("import torch, torch.distributed as dist; "
+            "dist.init_process_group('nccl', store=dist.HashStore(), rank=0, world_size=1); "
+            "t = torch.ones(1, device='cuda'); dist.all_reduce(t); torch.cuda.synchronize(); "
+            "dist.destroy_process_group()")
+    env = {**os.environ, "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    return nccl_network(done.stdout + done.stderr)
+
+
+# ------------------------------------------------------------------ the command
+
+def run(spec: MatrixSpec, strength: int, only: str, list_only: bool, launcher: Optional[Launcher] = None) -> int:
+    """Generates the cases of ``spec``, runs them (over freshly generated data), prints
+    the table; 0 when every case passed."""
+    cases = [c for c in matrix.covering_cases(spec, strength) if only in matrix.case_name(c)]
+    refusals = [c for c in refusal_cases(spec) if only in matrix.case_name(c)]
+    if list_only:
+        print(format_plan(spec, cases, refusals))
         return 0
-    spec = gpu_matrix(torch.cuda.device_count())
-    print(f"gpu_check: {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
-    return matrix.run(spec, args.strength, args.only, args.list)
+    from data.synthetic_criteo import generate_synthetic_criteo
+    from tests.conftest import SMALL_SPEC
+    from tests.support.launch import launch
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gpu_check-") as work:
+        data_dir = os.path.join(work, "data")
+        generate_synthetic_criteo(SMALL_SPEC, data_dir, show_progress=False)
+        results = evaluate(spec, cases, refusals, data_dir, work,
+                           launcher or (lambda fn, jobs, n: launch(fn, jobs, nproc=n)))
+    print(matrix.format_table(spec, results))
+    print(f"gpu_check on {spec.device}, strength {strength}: {len(cases)} cases and {len(refusals)} refusals "
+          f"in {time.perf_counter() - start:.0f} s")
+    return 0 if all(r.passed for r in results) else 1
+
+
+def parser() -> argparse.ArgumentParser:
+    result = matrix.matrix_parser("python -m bench.gpu_check", __doc__.split("\n\n")[0], strength=2)
+    result.add_argument("--gpus", type=int, default=None,
+                        help="GPUs to plan the world sizes for (default: this host's)")
+    result.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu: run the cases the CPU can, on gloo, to exercise the check itself")
+    return result
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parser().parse_args(argv)
+    present = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    planned = present if args.gpus is None else args.gpus if args.list else min(args.gpus, present)
+    spec = gpu_matrix(planned, args.device)
+    if args.list:
+        return run(spec, args.strength, args.only, list_only=True)
+    if args.device == "cuda":
+        if not present:
+            print(f"gpu_check: no CUDA device on this host (torch {torch.__version__}): nothing to check")
+            return 0
+        print(f"gpu_check: {present} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+              f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}")
+        print(f"nccl network: {probe_nccl_network()}")
+    return run(spec, args.strength, args.only, list_only=False)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,8 @@ import itertools
 
 import pytest
 
-from bench.gpu_check import gpu_matrix
 from tests.support import matrix
-from tests.support.launch import launch, run_script
-from training.flags import parse_config
+from tests.support.launch import launch
 
 SPEC = matrix.CPU_MATRIX
 CASES = matrix.covering_cases(SPEC, 2)
@@ -42,28 +40,3 @@ def results(synthetic_dir, tmp_path_factory):
 def test_case(results, name):
     result = results[name]
     assert result.passed, result.checks
-
-
-@pytest.mark.slow
-def test_gpu_check_says_there_is_no_gpu():
-    result = run_script(["-m", "bench.gpu_check"])
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.startswith("gpu_check: no CUDA device on this host"), result.stdout
-
-
-@pytest.mark.slow
-def test_gpu_check_cases_are_valid_command_lines(synthetic_dir):
-    """The GPU matrix covers every pair of its choices, and each case (and its
-    reference) is a command line the flags accept; refusing happens on the GPU host,
-    after planning."""
-    spec = gpu_matrix(num_gpus=2)
-    cases = matrix.covering_cases(spec, 2)
-    for (d1, c1), (d2, c2) in itertools.combinations(spec.dimensions.items(), 2):
-        for v1, v2 in itertools.product(c1, c2):
-            if not spec.forbidden({d1: v1, d2: v2}):
-                assert any(case[d1] == v1 and case[d2] == v2 for case in cases), (d1, v1, d2, v2)
-    for case in cases + matrix.refusal_cases(spec):
-        for run in (case, {**case, **spec.reference}):
-            config = parse_config(matrix.case_argv(run, synthetic_dir, "cuda"), "gpu_check", "")
-            assert (config.pipeline, config.amp, config.allow_tf32) == (run["pipeline"], run["amp"], run["allow_tf32"])
-            assert config.sharding_constraints.compute_kernel("t_cat_0") == run["compute_kernel"]

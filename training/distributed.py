@@ -1,5 +1,6 @@
 """Device selection and the process group, for torchrun and for a plain `python` run."""
 
+import itertools
 import os
 import resource
 from dataclasses import dataclass
@@ -69,6 +70,11 @@ def resolve_env(device_flag: str) -> DistributedEnv:
     return DistributedEnv(rank, world_size, local_rank, local_world_size, torch.device("cpu"), "gloo")
 
 
+# How many times this process has started the default group: each start gets store
+# keys of its own (see init_process_group).
+_group_starts = itertools.count()
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity, which Slurm and containers narrow)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -101,8 +107,15 @@ def init_process_group(env: DistributedEnv) -> dist.ProcessGroup:
             # torchrun's agent keeps one store across restarts (torch 2.13, c10d
             # rendezvous), so a restarted attempt would read the last attempt's gloo
             # addresses and hang or be refused: give every attempt keys of its own.
+            # Within an attempt, a job that ends (a refusal after planning destroys
+            # the group) and the next job in the same worker (bench/gpu_check.py, the
+            # matrix) meet the same way: c10d names the new group as it named the old
+            # one, so a rank could read the dead group's address or NCCL id before its
+            # peer rewrites it. Every rank starts the group once per job, so the
+            # count agrees across ranks.
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            dist.init_process_group(env.backend, store=dist.PrefixStore(f"attempt_{attempt}", store),
+            prefix = f"attempt_{attempt}/start_{next(_group_starts)}"
+            dist.init_process_group(env.backend, store=dist.PrefixStore(prefix, store),
                                     rank=env.rank, world_size=env.world_size, device_id=group_device(env))
         elif env.world_size == 1:
             # Plain `python dlrm_main.py`: no rendezvous needed, no port to pick.

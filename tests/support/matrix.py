@@ -178,11 +178,12 @@ def covering_cases(spec: MatrixSpec, strength: int, seed: int = 0, candidates: i
     return cases
 
 
-def refusal_cases(spec: MatrixSpec) -> List[Case]:
-    """One case per refused combination: its choices, the rest the first choices (and
-    the most ranks, so that every rank is seen refusing)."""
+def refusal_cases(spec: MatrixSpec, base: Optional[Case] = None) -> List[Case]:
+    """One case per refused combination: its choices, the rest those of ``base`` or
+    else the first choices (and the most ranks, so that every rank is seen refusing)."""
     first = {d: max(choices) if d == "world_size" else choices[0] for d, choices in spec.dimensions.items()}
-    return [spec.complete({**first, **dict(r.choices)}) for r in spec.refusals if spec.device in r.devices]
+    return [spec.complete({**first, **(base or {}), **dict(r.choices)})
+            for r in spec.refusals if spec.device in r.devices]
 
 
 def case_name(case: Case) -> str:
@@ -232,10 +233,20 @@ def case_argv(case: Case, data_dir: str, device: str) -> List[str]:
     if case["amp"]:
         argv.append("--amp")
     if case.get("compute_kernel"):
-        argv += ["--compute_kernel", case["compute_kernel"]]
+        argv += ["--compute_kernel", compute_kernel_flag(case)]
     if case.get("allow_tf32"):
         argv.append("--allow_tf32")
     return argv
+
+
+def compute_kernel_flag(case: Case) -> str:
+    """--compute_kernel of a case: its kernel for the fused tables; data-parallel
+    tables (all of them, or MIXED's share) run the dense kernel, the only one they have."""
+    if case["sharding"] == "data_parallel":
+        return "dense"
+    dense = [f"t_cat_{i}=dense" for i in range(len(TABLE_ROWS))
+             if case["sharding"] == MIXED and SHARDING_TYPES[i % len(SHARDING_TYPES)] == "data_parallel"]
+    return ",".join([case["compute_kernel"]] + dense)
 
 
 def sharded_tolerance(case: Case, device: str) -> Tuple[float, str]:
@@ -327,9 +338,22 @@ def _eager_probabilities(trainer: Any) -> torch.Tensor:
     if hasattr(pipeline, "detach"):
         pipeline.detach()
     trainer.model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), tf32_off():
         _, (_, logits, _) = trainer.model(probe_batch(trainer.env.rank, trainer.env.world_size, trainer.env.device))
     return torch.sigmoid(logits.squeeze(-1).float()).cpu()
+
+
+@contextlib.contextmanager
+def tf32_off():
+    """fp32 matmuls on CUDA for a while, whatever --allow_tf32 set: check (c) compares
+    the eager model with the fp32 export, not TF32's rounding (10 bits of mantissa)
+    with fp32's."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def _refusal_outcome(argv: List[str]) -> Dict[str, Any]:
@@ -499,21 +523,23 @@ def evaluate(spec: MatrixSpec, cases: List[Case], refusals: List[Case], data_dir
 
 
 def _check_refusal(spec: MatrixSpec, case: Case, per_rank: List[Dict[str, Any]]) -> CaseResult:
-    """Every rank exits 2 before training; the job prints one line, from rank 0."""
+    """Every rank exits 2 before training; the job prints one ``error:`` line, from
+    rank 0. Other lines are not counted: on CUDA the same window holds the warnings of
+    NCCL and of the planner."""
     result = CaseResult(case, seconds=max(o["seconds"] for o in per_rank))
     refusal = spec.refusal_for(case)
     assert refusal is not None
-    lines = [[line for line in o.get("stderr", "").splitlines() if line.strip()] for o in per_rank]
+    errors = [[line for line in o.get("stderr", "").splitlines() if ": error: " in line] for o in per_rank]
     for rank, outcome in enumerate(per_rank):
         if "error" in outcome:
             result.fail("refused", f"rank {rank}: {outcome['error']}")
         elif outcome["code"] != 2:
-            result.fail("refused", f"rank {rank}: exit {outcome['code']}, stderr {lines[rank][-3:]}")
+            result.fail("refused", f"rank {rank}: exit {outcome['code']}, stderr {outcome['stderr'][-500:]!r}")
     if result.passed:
-        if len(lines[0]) != 1 or refusal.message not in lines[0][0] or any(lines[1:]):
-            result.fail("refused", f"expected one line from rank 0 naming {refusal.message!r}, got {lines}")
+        if len(errors[0]) != 1 or refusal.message not in errors[0][0] or any(errors[1:]):
+            result.fail("refused", f"expected one error line from rank 0 naming {refusal.message!r}, got {errors}")
         else:
-            result.checks["refused"] = f"ok on {len(per_rank)} rank(s): {lines[0][0]}"
+            result.checks["refused"] = f"ok on {len(per_rank)} rank(s): {errors[0][0]}"
     return result
 
 

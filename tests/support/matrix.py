@@ -10,7 +10,8 @@ choices appears in at least one case. Each case trains a tiny model and checks:
     with the same global batch and whole tables (``table_wise`` on one rank), to the
     tolerance `sharded_tolerance` gives and explains;
 (b) resume == uninterrupted: the run is stopped at its step-`STOP` checkpoint (inside
-    its last epoch) and resumed in a new trainer; the losses after the stop, the
+    a single epoch; at the end of the first of two, so the resumed run validates that
+    epoch and crosses into the next) and resumed in a new trainer; the losses after the stop, the
     validation and test metrics and every rank's final weights are identical, bit
     for bit;
 (c) export == eager: the fp32 program `serving.export` writes from the final
@@ -81,7 +82,7 @@ TABLE_ROWS = [40 + 3 * i for i in range(NUM_SPARSE_FEATURES)]
 EMBEDDING_DIM = 8
 GLOBAL_BATCH = 64
 STEPS = 4  # training steps of a case, over all its epochs
-STOP = 3  # the resumed run starts from this step's checkpoint: inside the last epoch, one batch before the end
+STOP = 2  # the resumed run starts from this step's checkpoint
 PROBE_ROWS = 32  # rows of the batch export and eager are compared on
 MIXED_PLAN = ",".join(f"t_cat_{i}={SHARDING_TYPES[i % len(SHARDING_TYPES)]}" for i in range(len(TABLE_ROWS)))
 MULTI_HOT_SIZES = [1 + i % 4 for i in range(len(TABLE_ROWS))]
@@ -246,11 +247,13 @@ def logged_steps(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
 
 def resumed_steps(expected: Dict[str, Any], case: Case) -> Dict[str, Any]:
     """`expected_steps` of the run resumed from step STOP: the rest of its epoch, the
-    later epochs, the validations after the stop, the test."""
+    later epochs, the validations after the stop (and the one at the stop when it
+    ends an epoch: that checkpoint precedes the epoch's validation), the test."""
     per_epoch = batches_per_epoch(case)
     train = {e: n - max(0, min(n, STOP - e * per_epoch)) for e, n in expected["train"].items()}
+    first = STOP if STOP % per_epoch == 0 else STOP + 1
     return {"train": {e: n for e, n in train.items() if n},
-            "validation": [s for s in expected["validation"] if s > STOP], "test": expected["test"]}
+            "validation": [s for s in expected["validation"] if s >= first], "test": expected["test"]}
 
 
 # ------------------------------------------------------------------ flags of a case
@@ -419,10 +422,10 @@ def _train_case(argv: List[str], root: str, device: str, resume: bool) -> Dict[s
     from training.trainer import Trainer
     env = resolve_env(device)
     whole, cut = os.path.join(root, "whole"), os.path.join(root, "cut")
-    # Saves at STOP, where the resumed run starts, and at the end, which is exported.
+    # Saves at STOP, where the resumed run starts, and at the end (STEPS), which is exported.
     log = os.path.join(root, "whole.jsonl")
     trainer = Trainer(parse_config(argv + ["--checkpoint_dir", whole, "--checkpoint_every_n_steps", str(STOP),
-                                           "--checkpoint_at_epoch_end", "--log_path", log], "matrix", "matrix"), env)
+                                           "--log_path", log], "matrix", "matrix"), env)
     outcome = {"uninterrupted": _outcome(trainer, trainer.fit(), log), "checkpoint_dir": whole}
     outcome["probe"] = _eager_probabilities(trainer)
     stop = os.path.join(whole, f"step_{STOP:09d}")

@@ -31,8 +31,10 @@ def run_flags(data_dir: str, pipeline: str) -> List[str]:
             "--epochs", str(EPOCHS), "--limit_train_batches", str(BATCHES), "--limit_val_batches", "2",
             "--limit_test_batches", "2", "--validation_freq_within_epoch", str(VALIDATE_EVERY),
             "--shuffle_batches", "--lr_warmup_steps", "3", "--lr_decay_start", "4", "--lr_decay_steps", "4",
-            "--lr_decay_floor", "0.1", "--early_stopping_patience", "100", "--early_stopping_metric", "auroc",
-            "--log_every_n_steps", "1"]
+            "--lr_decay_floor", "0.1", "--log_every_n_steps", "1",
+            # Only the first validation can improve by 1: early stopping's count of
+            # validations without improvement counts every later one, and never stops.
+            "--early_stopping_patience", "100", "--early_stopping_metric", "auroc", "--early_stopping_min_delta", "1"]
 
 
 @pytest.fixture
@@ -81,6 +83,7 @@ def test_resume_at_each_boundary_equals_the_uninterrupted_run(one_process, synth
     assert trainer.evaluate("validation") == whole["result"].best_validation
     assert trainer.evaluate("test") == whole["result"].test
     stopping = trainer.best.stopping.state_dict()
+    assert (stopping["best_step"], stopping["validations_without_improvement"]) == (2, 3)
 
     # Step 4 ends epoch 0: its checkpoint precedes the epoch's validation, which the
     # resumed run runs (once, as early stopping's state shows). Step 6 is inside

@@ -2,7 +2,8 @@
 
 - sparse_dist: TrainPipelineSparseDist, the default: batch i+1's input all-to-all
   overlaps batch i's compute.
-- base: TrainPipelineBase, no overlap (a reference, and for debugging).
+- base: TrainPipelineBase, no overlap (a reference, and for debugging), started
+  afresh on each new iterator (`RestartingTrainPipelineBase`).
 - semi_sync: TrainPipelineSemiSync, embeddings one step stale, more overlap (CUDA only).
 - prefetch: PrefetchTrainPipelineSparseDist, prefetches into the UVM embedding cache
   (CUDA only), with the stream order torchrec 1.8 lacks (`FencedPrefetchPipeline`).
@@ -12,7 +13,7 @@ leave inconsistent; `release_cache_line_locks` frees the cache lines no-grad for
 leave locked.
 """
 
-from typing import Callable, Dict, Mapping, Optional, Tuple
+from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
@@ -194,7 +195,7 @@ class AutocastModel:
 
     Example::
 
-        pipeline = TrainPipelineBase(AutocastModel(dmp, device), optimizer, device)
+        pipeline = RestartingTrainPipelineBase(AutocastModel(dmp, device), optimizer, device)
     """
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
@@ -207,6 +208,36 @@ class AutocastModel:
 
     def __call__(self, batch) -> Tuple[torch.Tensor, object]:
         return self._forward(batch)
+
+
+class RestartingTrainPipelineBase(TrainPipelineBase):
+    """TorchRec's base pipeline, started afresh whenever it is handed a new iterator.
+
+    `TrainPipelineBase` remembers that its iterator ended, and the batch it fetched
+    ahead, until ``reset()``: handed the next epoch's iterator it raises StopIteration
+    at once, so every epoch after the first trained nothing. `TrainPipelineSparseDist`
+    and its subclasses already start over on a new iterator (their ``_next_batch``
+    compares it with the last one); this does the same, so the trainer treats every
+    pipeline alike. An iterator is never resumed after another one replaced it, so
+    the batch fetched ahead from the old one is dropped with it.
+
+    Example::
+
+        pipeline = RestartingTrainPipelineBase(dmp, optimizer, torch.device("cpu"))
+        for epoch in range(2):
+            batches = iter(loader)
+            ...pipeline.progress(batches) until StopIteration...
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+        super().__init__(model, optimizer, device)
+        self._iterator: Optional[Iterator] = None
+
+    def progress(self, dataloader_iter: Iterator):
+        if dataloader_iter is not self._iterator:
+            self.reset()
+            self._iterator = dataloader_iter
+        return super().progress(dataloader_iter)
 
 
 def build_pipeline(
@@ -228,7 +259,7 @@ def build_pipeline(
     check_pipeline_supported(kind, device)
     if kind == "base":
         called = AutocastModel(model, device) if amp else model
-        return TrainPipelineBase(called, optimizer, device)  # type: ignore[arg-type]
+        return RestartingTrainPipelineBase(called, optimizer, device)  # type: ignore[arg-type]
     forward: Optional[Callable] = autocast_forward(model, device) if amp else None
     if kind == "semi_sync":
         return TrainPipelineSemiSync(model, optimizer, device, execute_all_batches=True,

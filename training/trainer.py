@@ -294,9 +294,14 @@ class Trainer:
             self.log.advance()
             if config.print_lr:
                 self.log.print(f"step {self.step - 1}: lr {lr:.6g}")
+            # The epoch's last batch is validated by the epoch's end, after any
+            # checkpoint of this step: a checkpoint at (epoch, last batch) then never
+            # holds that validation, and a run resumed from it validates once, as the
+            # uninterrupted run did (not a second time, which early stopping would count).
             at_validation = (
                 config.validation_freq_within_epoch is not None
                 and (step_in_epoch + 1) % config.validation_freq_within_epoch == 0
+                and not (config.validate_at_epoch_end and step_in_epoch + 1 == len(loader))
             )
             at_checkpoint = self.checkpoints is not None and every is not None and self.step % every == 0
             if len(pending) == config.log_every_n_steps or at_validation or at_checkpoint:

@@ -9,11 +9,21 @@ choices appears in at least one case. Each case trains a tiny model and checks:
 (a) sharded == unsharded: the case's run at its world size equals one process
     with the same global batch and whole tables (``table_wise`` on one rank), to the
     tolerance `sharded_tolerance` gives and explains;
-(b) resume == uninterrupted: the run is stopped at its step-`STOP` checkpoint and
-    resumed in a new trainer; the losses after the stop, the validation and test
-    metrics and every rank's final weights are identical, bit for bit;
+(b) resume == uninterrupted: the run is stopped at its step-`STOP` checkpoint (inside
+    a single epoch; at the end of the first of two, so the resumed run validates that
+    epoch and crosses into the next) and resumed in a new trainer; the losses after the stop, the
+    validation and test metrics and every rank's final weights are identical, bit
+    for bit;
 (c) export == eager: the fp32 program `serving.export` writes from the final
-    checkpoint gives the trained (sharded) model's probabilities on a probe batch.
+    checkpoint gives the trained (sharded) model's probabilities on a probe batch;
+(d) steps: the run's log shows every epoch training its batches, validation at every
+    point the flags ask for and one test, in both runs of (b): the arithmetic, not
+    the reference, since a fault every pipeline shares passes (a).
+
+The `STEPS` batches are one epoch or two; with ``validation_within_epoch`` the run
+validates in the middle of each epoch (the pipeline holding the next batch) and at
+its end. Each case's reference takes the sparse_dist pipeline, so every pipeline is
+compared with it over epoch boundaries and evaluation points.
 
 A combination that cannot be right must be refused before training, on every rank,
 with one line: `REFUSALS` lists them, and each one becomes a case of its own that
@@ -26,6 +36,7 @@ import argparse
 import contextlib
 import io
 import itertools
+import json
 import math
 import multiprocessing
 import os
@@ -61,6 +72,8 @@ DIMENSIONS: Dict[str, Tuple[Any, ...]] = {
     "multi_hot": (False, True),
     "world_size": (1, 2),
     "amp": (False, True),
+    "epochs": (1, 2),
+    "validation_within_epoch": (False, True),
 }
 ADAPTIVE = ("adagrad", "rowwise_adagrad", "adam")
 
@@ -68,7 +81,8 @@ ADAPTIVE = ("adagrad", "rowwise_adagrad", "adam")
 TABLE_ROWS = [40 + 3 * i for i in range(NUM_SPARSE_FEATURES)]
 EMBEDDING_DIM = 8
 GLOBAL_BATCH = 64
-STEPS, STOP = 4, 2  # train 4 steps; the resumed run starts from the step-2 checkpoint
+STEPS = 4  # training steps of a case, over all its epochs
+STOP = 2  # the resumed run starts from this step's checkpoint
 PROBE_ROWS = 32  # rows of the batch export and eager are compared on
 MIXED_PLAN = ",".join(f"t_cat_{i}={SHARDING_TYPES[i % len(SHARDING_TYPES)]}" for i in range(len(TABLE_ROWS)))
 MULTI_HOT_SIZES = [1 + i % 4 for i in range(len(TABLE_ROWS))]
@@ -131,7 +145,7 @@ class MatrixSpec:
 
 
 # The matrix `make test` and `make test-matrix` run: every flag's choices on the CPU.
-CPU_MATRIX = MatrixSpec(DIMENSIONS, reference={"sharding": "table_wise", "world_size": 1},
+CPU_MATRIX = MatrixSpec(DIMENSIONS, reference={"sharding": "table_wise", "world_size": 1, "pipeline": "sparse_dist"},
                         refusals=REFUSALS, device="cpu")
 
 
@@ -192,7 +206,55 @@ def case_name(case: Case) -> str:
              f"ws{case['world_size']}"] + (["amp"] if case["amp"] else [])
     parts += [case["compute_kernel"]] if case.get("compute_kernel") else []
     parts += ["tf32"] if case.get("allow_tf32") else []
+    parts += [f"{epochs(case)}-epochs"] if epochs(case) > 1 else []
+    parts += [f"validate-every-{validation_every(case)}"] if case.get("validation_within_epoch") else []
     return "/".join(parts)
+
+
+def epochs(case: Case) -> int:
+    """The case's epochs (a matrix without the dimension trains one)."""
+    return case.get("epochs", 1)
+
+
+def batches_per_epoch(case: Case) -> int:
+    return STEPS // epochs(case)
+
+
+def validation_every(case: Case) -> int:
+    """--validation_freq_within_epoch: half an epoch, so the first validation of each
+    epoch lies inside it, the second at its end."""
+    return batches_per_epoch(case) // 2
+
+
+def expected_steps(case: Case) -> Dict[str, Any]:
+    """What the log of the case's uninterrupted run must show: training steps per
+    epoch, the steps validation ran at, and the test's step."""
+    per_epoch = batches_per_epoch(case)
+    every = validation_every(case) if case.get("validation_within_epoch") else per_epoch
+    return {"train": {e: per_epoch for e in range(epochs(case))},
+            "validation": list(range(every, STEPS + 1, every)), "test": [STEPS]}
+
+
+def logged_steps(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """The same figures as `expected_steps`, read from a JSON-lines run log."""
+    train: Dict[int, int] = {}
+    for r in records:
+        if r["event"] == "train":
+            train[r["epoch"]] = train.get(r["epoch"], 0) + len(r["step_losses"])
+    evals = {stage: [r["step"] for r in records if r["event"] == "eval" and r["stage"] == stage]
+             for stage in ("validation", "test")}
+    return {"train": train, **evals}
+
+
+def resumed_steps(expected: Dict[str, Any], case: Case) -> Dict[str, Any]:
+    """`expected_steps` of the run resumed from step STOP: the rest of its epoch, the
+    later epochs, the validations after the stop (and the one at the stop when it
+    ends an epoch: that checkpoint precedes the epoch's validation), the test."""
+    per_epoch = batches_per_epoch(case)
+    train = {e: n - max(0, min(n, STOP - e * per_epoch)) for e, n in expected["train"].items()}
+    first = STOP if STOP % per_epoch == 0 else STOP + 1
+    return {"train": {e: n for e, n in train.items() if n},
+            "validation": [s for s in expected["validation"] if s >= first], "test": expected["test"]}
 
 
 # ------------------------------------------------------------------ flags of a case
@@ -225,9 +287,11 @@ def case_argv(case: Case, data_dir: str, device: str) -> List[str]:
         "--embedding_precision", case["precision"], "--pipeline", case["pipeline"],
         "--sharding_type", MIXED_PLAN if case["sharding"] == MIXED else case["sharding"],
         "--batch_size", str(GLOBAL_BATCH // case["world_size"]),
-        "--limit_train_batches", str(STEPS), "--limit_val_batches", "2", "--limit_test_batches", "2",
-        "--log_every_n_steps", "100",
+        "--limit_train_batches", str(batches_per_epoch(case)), "--epochs", str(epochs(case)),
+        "--limit_val_batches", "2", "--limit_test_batches", "2", "--log_every_n_steps", "100",
     ]
+    if case.get("validation_within_epoch"):
+        argv += ["--validation_freq_within_epoch", str(validation_every(case))]
     if case["multi_hot"]:
         argv += ["--multi_hot_sizes", ",".join(map(str, MULTI_HOT_SIZES))]
     if case["amp"]:
@@ -327,9 +391,17 @@ def probe_inputs() -> Tuple[torch.Tensor, torch.Tensor]:
     return dense, ids
 
 
-def _outcome(trainer: Any, result: Any) -> Dict[str, Any]:
+def _outcome(trainer: Any, result: Any, log_path: str) -> Dict[str, Any]:
+    """What a finished run left: its losses, metrics, this rank's weights and (rank 0,
+    which writes the log) the steps its log shows."""
+    steps = logged_steps(read_records(log_path)) if trainer.env.is_main else None
     return {"losses": list(result.train_losses), "validation": result.validation, "test": result.test,
-            "records_per_sec": result.records_per_sec, **local_weights(trainer.model)}
+            "records_per_sec": result.records_per_sec, "steps": steps, **local_weights(trainer.model)}
+
+
+def read_records(log_path: str) -> List[Dict[str, Any]]:
+    with open(log_path) as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def _eager_probabilities(trainer: Any) -> torch.Tensor:
@@ -374,16 +446,23 @@ def _train_case(argv: List[str], root: str, device: str, resume: bool) -> Dict[s
     from training.trainer import Trainer
     env = resolve_env(device)
     whole, cut = os.path.join(root, "whole"), os.path.join(root, "cut")
-    trainer = Trainer(parse_config(argv + ["--checkpoint_dir", whole, "--checkpoint_every_n_steps", str(STOP)],
-                                   "matrix", "matrix"), env)
-    outcome = {"uninterrupted": _outcome(trainer, trainer.fit()), "checkpoint_dir": whole}
+    # Saves at STOP, where the resumed run starts, and at the end (STEPS), which is exported.
+    log = os.path.join(root, "whole.jsonl")
+    trainer = Trainer(parse_config(argv + ["--checkpoint_dir", whole, "--checkpoint_every_n_steps", str(STOP),
+                                           "--log_path", log], "matrix", "matrix"), env)
+    outcome = {"uninterrupted": _outcome(trainer, trainer.fit(), log), "checkpoint_dir": whole}
     outcome["probe"] = _eager_probabilities(trainer)
-    if resume:
+    stop = os.path.join(whole, f"step_{STOP:09d}")
+    if resume and not os.path.isdir(stop):  # the run ended early: check (d) says how
+        outcome["resumed"] = None
+    elif resume:
         if env.rank == 0:
-            shutil.copytree(os.path.join(whole, f"step_{STOP:09d}"), os.path.join(cut, f"step_{STOP:09d}"))
+            shutil.copytree(stop, os.path.join(cut, f"step_{STOP:09d}"))
         dist.barrier()
-        trainer = Trainer(parse_config(argv + ["--checkpoint_dir", cut, "--resume"], "matrix", "matrix"), env)
-        outcome["resumed"] = _outcome(trainer, trainer.fit())
+        log = os.path.join(root, "cut.jsonl")
+        trainer = Trainer(parse_config(argv + ["--checkpoint_dir", cut, "--resume", "--log_path", log],
+                                       "matrix", "matrix"), env)
+        outcome["resumed"] = _outcome(trainer, trainer.fit(), log)
     return outcome
 
 
@@ -559,11 +638,20 @@ def _check_case(spec: MatrixSpec, case: Case, per_rank: List[Dict[str, Any]], re
         result.checks["sharded=unsharded"] = "ok " + text
     else:
         result.fail("sharded=unsharded", text.replace("<=", ">") + f"; tolerance because {why}")
-    mismatch = _identical(whole, [o["resumed"] for o in per_rank], STOP)
+    resumed = [o["resumed"] for o in per_rank]
+    mismatch = _identical(whole, resumed, STOP) if resumed[0] else f"the run saved no step-{STOP} checkpoint"
     if mismatch is None:
         result.checks["resume=uninterrupted"] = "ok bit-exact"
     else:
         result.fail("resume=uninterrupted", mismatch)
+    expected = expected_steps(case)
+    runs = [("uninterrupted", expected, whole[0]["steps"])]
+    runs += [("resumed", resumed_steps(expected, case), resumed[0]["steps"])] if resumed[0] else []
+    wrong = [f"{run}: expected {want}, the log shows {got}" for run, want, got in runs if got != want]
+    if wrong:
+        result.fail("steps", "; ".join(wrong))
+    else:
+        result.checks["steps"] = f"ok {STEPS} in {epochs(case)} epoch(s), validation at {expected['validation']}"
     try:
         diff = export.result()
         text = f"{diff:.2g} <= {EXPORT_TOLERANCE:g}"

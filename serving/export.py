@@ -7,7 +7,9 @@ its best.json marks (early stopping's best model), else (or with ``--newest``) i
 complete one. It is loaded in this one process, whatever the world size and
 sharding plan it was saved with. MODEL_DIR receives:
 
-    fp32.pt2       torch.export program, dynamic batch dimension
+    fp32.pt2       torch.export program, dynamic batch dimension, every table looked up
+                   by one embedding_bag over their concatenation (a graph of the same
+                   size for any number of features)
     fp16.pt        TorchScript, fp16 embedding tables (torchrec inference quantization)
     int8.pt        TorchScript, int8 row-wise quantized embedding tables
     inputs.json    feature names, hotness and table sizes, the input layout of the
@@ -56,12 +58,19 @@ FP32_FILE = "fp32.pt2"
 QUANTIZED_DTYPES = {"fp16": torch.float16, "int8": torch.int8}
 
 
-def export_fp32(model: ProbabilityModel, example: Sequence[torch.Tensor], path: str) -> None:
-    """torch.export with a dynamic batch dimension (non-strict: TorchRec's KJT is Python)."""
+def export_fp32_program(model: ProbabilityModel, example: Sequence[torch.Tensor]) -> torch.export.ExportedProgram:
+    """torch.export with a dynamic batch dimension, every table looked up at once
+    (`ConcatenatedTables`), so the graph has as many nodes for 500 features as for 26.
+    Holds a copy of the tables while it runs."""
+    batched = ProbabilityModel(model.dlrm, model.sparse_feature_names, model.hotness, concatenated_tables=True)
     batch = torch.export.Dim("batch", min=1, max=1 << 24)
-    program = torch.export.export(model, tuple(example), dynamic_shapes={"dense": {0: batch}, "sparse": {0: batch}},
-                                  strict=False)
-    torch.export.save(program, path)
+    return torch.export.export(batched.eval(), tuple(example),
+                               dynamic_shapes={"dense": {0: batch}, "sparse": {0: batch}}, strict=False)
+
+
+def export_fp32(model: ProbabilityModel, example: Sequence[torch.Tensor], path: str) -> None:
+    """Writes `export_fp32_program` to ``path``."""
+    torch.export.save(export_fp32_program(model, example), path)
 
 
 def export_quantized(model: ProbabilityModel, dtype: torch.dtype, path: str) -> None:

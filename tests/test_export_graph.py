@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from models import ModelConfig, build_dlrm_train
-from serving.export import export_fp32_program
+from serving.export import export_program
 from serving.inference_model import ConcatenatedTables, ProbabilityModel
 
 DIM = 4
@@ -47,7 +47,8 @@ def inputs(dlrm: torch.nn.Module, num_dense: int, hotness: List[int], batch: int
 def export(dlrm: torch.nn.Module, num_dense: int, hotness: List[int]) -> torch.export.ExportedProgram:
     names = dlrm.sparse_arch.sparse_feature_names
     with torch.no_grad():
-        return export_fp32_program(ProbabilityModel(dlrm, names, hotness), inputs(dlrm, num_dense, hotness, 4))
+        return export_program(ProbabilityModel(dlrm, names, hotness, concatenated_tables=True),
+                              inputs(dlrm, num_dense, hotness, 4))
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

@@ -18,6 +18,7 @@ Example::
 """
 
 import copy
+import itertools
 from typing import List, Optional, Tuple
 
 import torch
@@ -92,7 +93,7 @@ class ConcatenatedTables(nn.Module):
         bags = sparse_arch.embedding_bag_collection.embedding_bags
         tables = [config for config in configs for _ in config.feature_names]  # each feature's
         rows = [config.num_embeddings for config in tables]
-        first_row = [sum(rows[:i]) for i in range(len(rows))]  # of each table in the concatenation
+        first_row = list(itertools.accumulate(rows[:-1], initial=0))  # of each table in the concatenation
         self.weight = nn.Parameter(torch.cat([bags[config.name].weight.detach() for config in tables]),
                                    requires_grad=False)
         # Per id column: its table's size and first row. Per feature: its first column.
@@ -100,7 +101,7 @@ class ConcatenatedTables(nn.Module):
                              persistent=False)
         self.register_buffer("column_first_row", torch.tensor(first_row).repeat_interleave(torch.tensor(hotness)),
                              persistent=False)
-        self.register_buffer("feature_first_column", torch.tensor([sum(hotness[:i]) for i in range(len(hotness))]),
+        self.register_buffer("feature_first_column", torch.tensor(list(itertools.accumulate(hotness[:-1], initial=0))),
                              persistent=False)
         self.total_rows = sum(rows)
         self.num_columns = sum(hotness)

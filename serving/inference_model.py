@@ -7,20 +7,28 @@ one column per feature for Criteo (raw lines have one value per feature), a fixe
 number per multi-hot feature of a feature-spec data set. `load_checkpoint_model` rebuilds the
 unsharded model from a (sharded) checkpoint in one process.
 
+The exported fp32 program looks every table up at once (`ConcatenatedTables`: one
+weight, one ``embedding_bag``): TorchRec's collection runs a chain of operators per
+feature, which made a 200-feature program too large for ``torch.export.load``.
+
 Example::
 
     model, meta = load_checkpoint_model("ckpt/step_000000100")
     probabilities = ProbabilityModel(model.model, meta.model.sparse_feature_names)(dense, sparse)
 """
 
+import copy
+import itertools
 from typing import List, Optional, Tuple
 
 import torch
 from torch import nn
+from torchrec.modules.embedding_configs import PoolingType
 from torchrec.models.dlrm import DLRMTrain
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from models import build_dlrm_train
+from models.interaction import PooledSparseArch
 from training.checkpoint import check_stored_shapes, load_checkpoint, read_meta
 from training.checkpoint_meta import CheckpointMeta
 
@@ -54,6 +62,69 @@ def fixed_hot_features(keys: List[str], hotness: List[int], sparse: torch.Tensor
     return KeyedJaggedTensor(keys=keys, values=torch.cat(parts), lengths=lengths, offsets=offsets)
 
 
+class ConcatenatedTables(nn.Module):
+    """The pooled lookups of an unsharded `PooledSparseArch`, all tables at once:
+    rows of ids (B, sum(hotness)) -> (B, F, D), through one weight holding every table
+    one after the other and one ``embedding_bag``. Its graph is the same for any number
+    of features; each bag sums the same rows in the same order as the collection.
+
+    An id outside its feature's table is sent past the last row, so the lookup fails
+    as the collection's own would, never reading a neighbouring table.
+
+    Args:
+        sparse_arch: the tables (copied: the weight is their concatenation).
+        sparse_feature_names: the features in the column order of the ids: the sparse
+            arch's own order (the export's inputs follow the model's feature order).
+        hotness: ids per row of each feature, in that order.
+
+    Example::
+
+        lookup = ConcatenatedTables(dlrm.sparse_arch, ["cat_0", "cat_1"], [1, 3])
+        lookup(torch.tensor([[4, 0, 1, 2]])).shape  # (1, 2, D)
+    """
+
+    def __init__(self, sparse_arch: PooledSparseArch, sparse_feature_names: List[str], hotness: List[int]) -> None:
+        super().__init__()
+        configs = sparse_arch.embedding_bag_collection.embedding_bag_configs()
+        if sparse_arch.output_order is not None or any(c.pooling != PoolingType.SUM for c in configs) or \
+                sparse_feature_names != sparse_arch.sparse_feature_names:
+            raise ValueError("ConcatenatedTables takes an unsharded collection of sum-pooled tables, "
+                             "with the ids' columns in its feature order")
+        bags = sparse_arch.embedding_bag_collection.embedding_bags
+        tables = [config for config in configs for _ in config.feature_names]  # each feature's
+        rows = [config.num_embeddings for config in tables]
+        first_row = list(itertools.accumulate(rows[:-1], initial=0))  # of each table in the concatenation
+        self.weight = nn.Parameter(torch.cat([bags[config.name].weight.detach() for config in tables]),
+                                   requires_grad=False)
+        # Per id column: its table's size and first row. Per feature: its first column.
+        self.register_buffer("column_rows", torch.tensor(rows).repeat_interleave(torch.tensor(hotness)),
+                             persistent=False)
+        self.register_buffer("column_first_row", torch.tensor(first_row).repeat_interleave(torch.tensor(hotness)),
+                             persistent=False)
+        self.register_buffer("feature_first_column", torch.tensor(list(itertools.accumulate(hotness[:-1], initial=0))),
+                             persistent=False)
+        self.total_rows = sum(rows)
+        self.num_columns = sum(hotness)
+        self.F = len(tables)
+        self.D = sparse_arch.D
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        batch = ids.shape[0]
+        in_table = (ids >= 0) & (ids < self.column_rows)
+        rows = torch.where(in_table, ids + self.column_first_row, self.total_rows)
+        bag_starts = (torch.arange(batch, device=ids.device) * self.num_columns).unsqueeze(1) \
+            + self.feature_first_column
+        pooled = nn.functional.embedding_bag(rows.reshape(-1), self.weight, bag_starts.reshape(-1), mode="sum")
+        return pooled.view(batch, self.F, self.D)
+
+    # The two halves of `PooledSparseArch`'s lookup, which `OverlappedDLRM` calls apart.
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        return self(ids)
+
+    def arrange(self, pooled: torch.Tensor) -> torch.Tensor:
+        return pooled
+
+
 class ProbabilityModel(nn.Module):
     """Wraps a DLRM (any interaction) to map (dense, sparse ids) to probabilities (B,).
 
@@ -62,17 +133,31 @@ class ProbabilityModel(nn.Module):
         sparse_feature_names: the KJT keys, in the column order of ``sparse``.
         hotness: ids per row of each feature (default one each): feature f takes
             hotness[f] consecutive columns of ``sparse``.
+        concatenated_tables: look the (unsharded, unquantized) tables up through
+            `ConcatenatedTables`, a copy of them; ``dlrm`` is left as it is. Default:
+            through the model's own collection and a KJT (quantized models: FBGEMM's
+            kernel batches their tables itself).
     """
 
     def __init__(self, dlrm: nn.Module, sparse_feature_names: List[str],
-                 hotness: Optional[List[int]] = None) -> None:
+                 hotness: Optional[List[int]] = None, concatenated_tables: bool = False) -> None:
         super().__init__()
-        self.dlrm = dlrm
         self.sparse_feature_names = list(sparse_feature_names)
         self.hotness = list(hotness) if hotness is not None else [1] * len(self.sparse_feature_names)
+        self.concatenated_tables = concatenated_tables
+        if concatenated_tables:
+            # A shallow copy with its own module table: the same dense layers, another sparse arch.
+            lookup = ConcatenatedTables(dlrm.sparse_arch, self.sparse_feature_names, self.hotness)
+            dlrm = copy.copy(dlrm)
+            dlrm._modules = dict(dlrm._modules)
+            dlrm.sparse_arch = lookup
+        self.dlrm = dlrm
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        logits = self.dlrm(dense, fixed_hot_features(self.sparse_feature_names, self.hotness, sparse))
+        # The DLRMs hand their sparse input to the sparse arch untouched: ids for ConcatenatedTables.
+        features = sparse if self.concatenated_tables else \
+            fixed_hot_features(self.sparse_feature_names, self.hotness, sparse)
+        logits = self.dlrm(dense, features)
         return torch.sigmoid(logits.squeeze(-1))
 
 

@@ -269,7 +269,7 @@ def test_model_files_are_checked_and_never_run_code(trained, tmp_path, capsys):
     _rewrite_member(fp32, "data/weights/model_weights_config.json", pickled_weight)
     _rewrite_member(fp32, "data/weights/weight_0", lambda _: payload)
     rewrite_manifest()
-    assert "fp32.pt2: refused: dlrm.sparse_arch.embedding_bag_collection.embedding_bags.t_cat_0.weight is " \
+    assert "fp32.pt2: refused: dlrm.sparse_arch.weight is " \
            "stored as a pickled object" in refused("--input", lines)
     assert not created.exists()
     open(fp32, "wb").write(original)

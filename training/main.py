@@ -8,6 +8,7 @@ rank hangs; an unusable checkpoint and a model that does not fit too); 3 the los
 SIGTERM (the message says where the rank was).
 """
 
+import gc
 import logging
 import warnings
 from typing import Optional, Sequence
@@ -51,6 +52,11 @@ def _train(config: TrainConfig, prog: str) -> int:
     # (Bad input and a non-finite loss are seen by every rank alike.)
     if code in (0, EXIT_BAD_INPUT, EXIT_NON_FINITE_LOSS) and dist.is_initialized():
         dist.destroy_process_group()
+        # That does not stop gloo's threads (its backend has no shutdown): they stop when
+        # the backend is freed, and the model, pipelines and trainer hold it in reference
+        # cycles. Freed at interpreter shutdown instead, their teardown runs while Python
+        # finalizes, where a gloo thread that needs the GIL can abort the process (SIGABRT).
+        gc.collect()
     return code
 
 

@@ -56,7 +56,7 @@ from common.manifest import (HashingStream, ManifestEntry, ManifestError, check_
 from training.checkpoint_meta import CheckpointMeta
 from training.config import OptimizerConfig, TrainConfig
 from training.dcp_metadata import UnsafeMetadataError, load_metadata
-from training.failures import RankError, Terminated
+from training.failures import RankError, Terminated, sigterm_deferred
 
 COMPLETE_MARKER = "COMPLETE"
 META_FILE = "meta.json"
@@ -171,7 +171,8 @@ class _IOPathWriter(FileSystemWriter):
         self.path = path
 
     def write_data(self, plan, planner):
-        written = super().write_data(plan, planner)
+        with sigterm_deferred():  # until its writer threads are done (SIGTERM then raises Terminated here)
+            written = super().write_data(plan, planner)
         self.fs.raise_write_errors()  # inside DCP's collective step: every rank learns of it
         return written
 

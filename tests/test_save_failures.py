@@ -1,6 +1,6 @@
 """Failures around writing: an output that is the input, the checkpoint directory's
 lock, SIGTERM during a checkpoint save, a full disk during a save and an export,
-concurrent exports, and flags bounded before anything is allocated."""
+and concurrent exports. (--auroc_bins's bound: tests/test_binned_auroc.py.)"""
 
 import contextlib
 import json
@@ -21,7 +21,6 @@ from common.path_lock import LockHeld, PathLock
 from serving import export, predict
 from tests.support.launch import REPO, free_port
 from training.checkpoint import LOCK_FILE, complete_checkpoints, newest_checkpoint, read_manifest
-from training.flags import parse_config
 
 TRAIN_FLAGS = ["--batch_size", "128", "--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16",
                "--over_arch_layer_sizes", "64,1", "--optimizer", "adagrad", "--learning_rate", "0.01",
@@ -85,19 +84,6 @@ def test_export_refuses_an_output_another_export_is_writing(tmp_path, capsys):
                         rf"{re.escape(socket.gethostname())} since \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d .*\(another "
                         r"export to it is running\)\n", err), err
     assert not output.exists() and os.listdir(tmp_path) == []  # the lock went with its holder
-
-
-# ---------------------------------------------------------------- --auroc_bins
-
-
-def test_auroc_bins_is_bounded_at_flag_validation(capsys):
-    assert parse_config(["--auroc_bins", str(1 << 24)], "dlrm_main.py", "").auroc_bins == 1 << 24
-    with pytest.raises(SystemExit) as exit_info:
-        parse_config(["--auroc_bins", "1000000000000"], "dlrm_main.py", "")
-    assert exit_info.value.code == 2
-    assert capsys.readouterr().err == ("dlrm_main.py: error: --auroc_bins must be in [2, 16777216] (2^24 bins are as "
-                                       "fine as float32 probabilities above 0.5, and hold 256 MiB of counts), got "
-                                       "1000000000000\n")
 
 
 # ---------------------------------------------------------------- the lock itself

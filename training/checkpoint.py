@@ -458,12 +458,13 @@ class CheckpointManager:
         try:
             self._save(path, state, meta)
         except (OSError, CheckpointException) as e:
-            failures = e.failures if isinstance(e, CheckpointException) else {self.rank: (e, None)}
-            own = failures.get(self.rank, (None,))[0]
-            if isinstance(own, Terminated):  # DCP's collective steps wrap what they catch
-                raise own
-            rank = min(failures) if failures else self.rank
-            cause = failures[rank][0] if failures else e
+            # Each rank's failure: DCP's collective steps (and _raise_first_error) gather them.
+            failures = {r: f[0] for r, f in e.failures.items()} if isinstance(e, CheckpointException) else {}
+            failures = failures or {self.rank: e}
+            if isinstance(failures.get(self.rank), Terminated):
+                raise failures[self.rank]
+            rank = min(failures)
+            cause = failures[rank]
             if isinstance(cause, Terminated):
                 raise CheckpointSaveError(f"saving checkpoint {path} failed: rank {rank} was stopped "
                                           "(SIGTERM)") from e
@@ -484,8 +485,9 @@ class CheckpointManager:
         writer = _IOPathWriter(path)  # hashes each file as its threads write it
         # Collective: a failure of any rank's writes raises CheckpointException on every rank.
         dcp.save(flat_state(state), storage_writer=writer, planner=_NoCopySavePlanner())
-        error = _first_error(lambda: writer.fs.write_file(_join(path, f"rank_{self.rank}.pt"),
-                                                          lambda f: torch.save(_rng_state(), f)))
+        with sigterm_deferred():  # torch.save would turn Terminated into "unexpected pos": a traceback
+            error = _first_error(lambda: writer.fs.write_file(_join(path, f"rank_{self.rank}.pt"),
+                                                              lambda f: torch.save(_rng_state(), f)))
         files = {name[len(path) + 1:]: entry for name, entry in writer.fs.written.items()}
         gathered = _all_gather((files, error))
         _raise_first_error([rank_error for _, rank_error in gathered])

@@ -68,10 +68,11 @@ def _raise_terminated(signum: int, frame: Optional[FrameType]) -> None:
 @contextlib.contextmanager
 def sigterm_deferred() -> Iterator[None]:
     """Inside the block, a SIGTERM is noted; it takes effect (``Terminated`` inside
-    `raise_on_sigterm`) when the block ends. For a block that waits for threads of
-    its own: an exception raised into ``Thread.join`` marks the running thread as
-    stopped (CPython 3.11), the interpreter exits under it, and the process aborts
-    ("terminate called without an active exception", exit 134). Elsewhere than in
+    `raise_on_sigterm`) when the block ends. For a block where an exception would be
+    mishandled: raised into ``Thread.join``, it marks the running thread as stopped
+    (CPython 3.11), the interpreter exits under it, and the process aborts ("terminate
+    called without an active exception", exit 134); raised inside torch.save's
+    writes, it becomes torch's RuntimeError "unexpected pos A vs B". Elsewhere than in
     the main thread this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield

@@ -95,7 +95,7 @@ class _ErrorKeepingStream(io.RawIOBase):
         try:
             done = 0
             while done < view.nbytes:  # a raw file may write part of it; the rest then fails
-                done += self._stream.write(view[done:]) or 0
+                done += self._stream.write(view[done:])
         except OSError as e:
             self.error = self.error or e
             raise

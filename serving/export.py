@@ -143,10 +143,10 @@ def export_model(checkpoint: str, output: str, quantize: List[str], newest: bool
     # Beside the output, held until the directory is renamed into place: a second
     # export to the same --output refuses (each would write its own staging directory,
     # and the slower one's rename would fail at the very end).
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    lock_file = os.path.join(os.path.dirname(os.path.abspath(output)), f".{os.path.basename(os.path.abspath(output))}.lock")
+    parent, name = os.path.split(os.path.abspath(output))
+    os.makedirs(parent, exist_ok=True)
     try:
-        with PathLock(lock_file, f"--output {output}"):
+        with PathLock(os.path.join(parent, f".{name}.lock"), f"--output {output}"):
             _check_output(output)  # an export that finished just before this one started
             return _write_model_dir(checkpoint, output, quantize, newest)
     except LockHeld as e:

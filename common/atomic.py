@@ -15,11 +15,12 @@ Example::
 """
 
 import contextlib
+import io
 import json
 import os
 import shutil
 import tempfile
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Iterator, Optional
 
 
 def _umask() -> int:
@@ -76,6 +77,66 @@ def naming_write_errors(path: str) -> Iterator[None]:
         yield
     except OSError as e:
         raise OSError(f"{path}: cannot write ({e.strerror or e})") from e
+
+
+class _ErrorKeepingStream(io.RawIOBase):
+    """Writes through to ``stream``, every byte or an OSError, and keeps that OSError."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        super().__init__()
+        self._stream = stream
+        self.error: Optional[OSError] = None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:  # type: ignore[override]
+        view = memoryview(data).cast("B")
+        try:
+            done = 0
+            while done < view.nbytes:  # a raw file may write part of it; the rest then fails
+                done += self._stream.write(view[done:])
+        except OSError as e:
+            self.error = self.error or e
+            raise
+        return done
+
+    def seekable(self) -> bool:
+        return self._stream.seekable()
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self._stream.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._stream.tell()
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+
+@contextlib.contextmanager
+def surfacing_write_errors(stream: BinaryIO) -> Iterator[BinaryIO]:
+    """Yields a file object writing to ``stream`` for torch's writers (torch.save,
+    torch.export.save, torch.jit.save): when a write fails (a full disk), the block
+    raises that OSError. torch's zip writer swallows it and fails later with
+    "unexpected pos A vs B"; given a file name instead of a file object, it aborts the
+    whole process from a destructor.
+
+    Example::
+
+        with naming_write_errors(path), open(path, "wb") as f, surfacing_write_errors(f) as out:
+            torch.export.save(program, out)
+    """
+    keeper = _ErrorKeepingStream(stream)
+    try:
+        yield keeper  # type: ignore[misc]
+    except Exception as e:
+        if keeper.error is None or keeper.error is e:
+            raise
+        raise keeper.error from None  # the RuntimeError it became says nothing more
 
 
 def write_bytes(path: str, data: bytes) -> None:

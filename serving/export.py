@@ -27,21 +27,24 @@ when complete. Bad input: one line on stderr, exit 2.
 """
 
 import argparse
+import contextlib
 import copy
+import errno
 import os
 import shutil
 import sys
 import warnings
-from typing import List, Optional, Sequence
+from typing import BinaryIO, Iterator, List, Optional, Sequence
 
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTableBatchedEmbeddingBagsCodegen
 from torchrec.fx import symbolic_trace
 from torchrec.inference.modules import quantize_inference_model
 
-from common.atomic import atomic_dir
+from common.atomic import atomic_dir, naming_write_errors, surfacing_write_errors
 from common.cli import run_cli
 from common.errors import BadInput
+from common.path_lock import LockHeld, PathLock
 from data.criteo_layout import DENSE_FEATURE_NAMES, read_metadata
 from data.criteo_transforms import VOCABULARY_FILE
 from data.feature_spec import FeatureSpec, FeatureSpecError
@@ -50,12 +53,25 @@ from sharding_plans.report import format_bytes
 from serving.cli import serving_parser
 from serving.inference_model import ProbabilityModel, load_checkpoint_model
 from serving.model_inputs import INPUTS_FILE, CriteoPreprocessing, FeatureSpecColumns, ModelInputs, Variant
-from serving.model_files import write_manifest
+from serving.model_files import MANIFEST_FILE, write_manifest
 from training.checkpoint import checkpoint_to_load
 from training.checkpoint_meta import CheckpointMeta
 
 FP32_FILE = "fp32.pt2"
 QUANTIZED_DTYPES = {"fp16": torch.float16, "int8": torch.int8}
+
+
+class ExportError(BadInput):
+    """The export cannot be written: --output unusable, taken by another export, or
+    the disk full (the partial export is removed)."""
+
+
+@contextlib.contextmanager
+def _model_file(path: str) -> Iterator[BinaryIO]:
+    """A file object for torch's writers at ``path``: a full disk raises its OSError,
+    instead of torch's "unexpected pos" or an abort of the process."""
+    with open(path, "wb") as f, surfacing_write_errors(f) as out:
+        yield out
 
 
 def export_program(model: ProbabilityModel, example: Sequence[torch.Tensor]) -> torch.export.ExportedProgram:
@@ -71,7 +87,9 @@ def export_fp32(model: ProbabilityModel, example: Sequence[torch.Tensor], path: 
     for 26, where TorchRec's collection emits a chain per feature (21,561 nodes at 200
     features, a program torch.export.load did not load in 600 s)."""
     batched = ProbabilityModel(model.dlrm, model.sparse_feature_names, model.hotness, concatenated_tables=True)
-    torch.export.save(export_program(batched, example), path)
+    program = export_program(batched, example)
+    with _model_file(path) as f:
+        torch.export.save(program, f)
 
 
 def export_quantized(model: ProbabilityModel, dtype: torch.dtype, path: str) -> None:
@@ -82,7 +100,9 @@ def export_quantized(model: ProbabilityModel, dtype: torch.dtype, path: str) -> 
                                          per_table_weight_dtype={t: dtype for t in table_names})
     wrapped = ProbabilityModel(quantized, model.sparse_feature_names, model.hotness).eval()
     traced = symbolic_trace(wrapped, leaf_modules=[IntNBitTableBatchedEmbeddingBagsCodegen.__name__])
-    torch.jit.save(torch.jit.script(traced), path)
+    scripted = torch.jit.script(traced)
+    with _model_file(path) as f:
+        torch.jit.save(scripted, f)
 
 
 def describe_inputs(model_config: ModelConfig, meta: CheckpointMeta, checkpoint: str) -> ModelInputs:
@@ -125,10 +145,44 @@ def _describe_feature_spec(model_config: ModelConfig, spec_path: str, step: int,
 
 
 def export_model(checkpoint: str, output: str, quantize: List[str], newest: bool = False) -> ModelInputs:
-    """Writes the model directory (see the module docstring); returns its inputs.json."""
+    """Writes the model directory (see the module docstring); returns its inputs.json.
+
+    Raises ExportError when ``output`` exists (a file, or a directory that is not
+    empty), when another export to it is running, or when the disk fills up.
+    """
+    _check_output(output)
+    # Beside the output, held until the directory is renamed into place: a second
+    # export to the same --output refuses (each would write its own staging directory,
+    # and the slower one's rename would fail at the very end).
+    parent, name = os.path.split(os.path.abspath(output))
+    os.makedirs(parent, exist_ok=True)
+    try:
+        with PathLock(os.path.join(parent, f".{name}.lock"), f"--output {output}"):
+            _check_output(output)  # an export that finished just before this one started
+            return _write_model_dir(checkpoint, output, quantize, newest)
+    except LockHeld as e:
+        raise ExportError(f"{e} (another export to it is running)") from e
+    except OSError as e:
+        if _no_space(e):
+            raise ExportError(f"{e}; the partial export was removed") from e
+        raise
+
+
+def _check_output(output: str) -> None:
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise ExportError(f"--output {output} is an existing file: give the model directory to create")
+    if os.path.isdir(output) and os.listdir(output):
+        raise ExportError(f"--output {output} exists and is not empty: choose a new directory")
+
+
+def _no_space(error: BaseException) -> bool:
+    """Whether ``error`` (or the OSError it names a file for) is a full disk or quota."""
+    causes = (error, error.__cause__)
+    return any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in causes)
+
+
+def _write_model_dir(checkpoint: str, output: str, quantize: List[str], newest: bool) -> ModelInputs:
     path = checkpoint_to_load(checkpoint, "--checkpoint", prefer_best=not newest)
-    if os.path.exists(output) and os.listdir(output):
-        raise BadInput(f"--output {output} exists and is not empty: choose a new directory")
     train_model, meta = load_checkpoint_model(path)
     model_config = meta.model
     inputs = describe_inputs(model_config, meta, path)
@@ -138,9 +192,11 @@ def export_model(checkpoint: str, output: str, quantize: List[str], newest: bool
         example = (torch.zeros(4, model_config.dense_in_features),
                    torch.zeros(4, sum(inputs.sparse_hotness), dtype=torch.int64))
         with torch.no_grad():
-            export_fp32(model, example, os.path.join(tmp, FP32_FILE))
+            with naming_write_errors(os.path.join(output, FP32_FILE)):  # errors name the files as the output will
+                export_fp32(model, example, os.path.join(tmp, FP32_FILE))
             for name in quantize:
-                export_quantized(model, QUANTIZED_DTYPES[name], os.path.join(tmp, f"{name}.pt"))
+                with naming_write_errors(os.path.join(output, f"{name}.pt")):
+                    export_quantized(model, QUANTIZED_DTYPES[name], os.path.join(tmp, f"{name}.pt"))
         files = {"fp32": (FP32_FILE, "torch.export")}
         files.update({name: (f"{name}.pt", "torchscript") for name in quantize})
         for name, (file, fmt) in files.items():
@@ -151,11 +207,15 @@ def export_model(checkpoint: str, output: str, quantize: List[str], newest: bool
                 preprocessing.frequency_threshold > 0:
             vocabulary = os.path.join(inputs.data_path, VOCABULARY_FILE)
             if os.path.exists(vocabulary):
-                shutil.copyfile(vocabulary, os.path.join(tmp, VOCABULARY_FILE))
+                with naming_write_errors(os.path.join(output, VOCABULARY_FILE)):
+                    shutil.copyfile(vocabulary, os.path.join(tmp, VOCABULARY_FILE))
                 preprocessing.vocabulary = VOCABULARY_FILE
-        with open(os.path.join(tmp, INPUTS_FILE), "wb") as f:  # the directory is renamed whole below
+        # The directory is renamed whole below: its files need no temporary names.
+        with naming_write_errors(os.path.join(output, INPUTS_FILE)), \
+                open(os.path.join(tmp, INPUTS_FILE), "wb") as f:
             f.write(inputs.to_json())
-        write_manifest(tmp)  # last: every file's size and SHA-256
+        with naming_write_errors(os.path.join(output, MANIFEST_FILE)):
+            write_manifest(tmp)  # last: every file's size and SHA-256
     return inputs
 
 

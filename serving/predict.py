@@ -185,7 +185,21 @@ def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
     return run_cli(lambda: _predict(args), parser.prog)
 
 
+def check_output(output: str, input_path: str) -> None:
+    """Refuses, before any work, an --output that cannot be written or that is the
+    --input itself (the same file under any name: a symlink, a hard link)."""
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(parent):
+        raise BadInput(f"--output {output}: no such directory {parent}")
+    if os.path.isdir(output):
+        raise BadInput(f"--output {output} is a directory: give the file to write")
+    if os.path.exists(output) and os.path.exists(input_path) and os.path.samefile(output, input_path):
+        raise BadInput(f"--output {output} is the --input {input_path}: writing it would replace the input")
+
+
 def _predict(args: argparse.Namespace) -> int:
+    if args.output is not None:
+        check_output(args.output, args.input)
     predictor = Predictor(args.model, args.variant, args.batch_size)
     if args.output is None:
         predict_file(predictor, args.input, sys.stdout)

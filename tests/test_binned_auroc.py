@@ -77,10 +77,15 @@ def test_two_ranks_sum_their_histograms():
 def test_the_flag_is_checked_and_reaches_the_config(capsys):
     assert parse_config(["--auroc_bins", "1000000"], "dlrm_main.py", "").auroc_bins == 1_000_000
     assert parse_config([], "dlrm_main.py", "").auroc_bins is None
-    with pytest.raises(SystemExit) as exit_info:
-        parse_config(["--auroc_bins", "1"], "dlrm_main.py", "")
-    assert exit_info.value.code == 2
-    assert capsys.readouterr().err == "dlrm_main.py: error: --auroc_bins must be at least 2, got 1\n"
+    assert parse_config(["--auroc_bins", str(1 << 24)], "dlrm_main.py", "").auroc_bins == 1 << 24
+    # Above 2^24, refused with the flags, before any histogram is allocated (1e12 bins: 16 TB).
+    for bins in (1, (1 << 24) + 1, 10 ** 12):
+        with pytest.raises(SystemExit) as exit_info:
+            parse_config(["--auroc_bins", str(bins)], "dlrm_main.py", "")
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err == (f"dlrm_main.py: error: --auroc_bins must be in [2, 16777216] (2^24 bins "
+                                           "are as fine as float32 probabilities above 0.5, and hold 256 MiB of "
+                                           f"counts), got {bins}\n")
 
 
 def test_a_run_with_the_flag_reports_the_binned_auroc_and_its_bound(tmp_path, capsys, monkeypatch):

@@ -328,7 +328,7 @@ def test_storage_failures_are_one_line(synthetic_dir, tmp_path, capsys):
                          capture_output=True, text=True)
     assert run.returncode == 1
     line = one_error_line(run.stderr)
-    assert "rank 0 of 1 failed at step 10 (epoch 0, training): CheckpointSaveError: saving checkpoint" in line
+    assert "rank 0 of 1 failed at step 10 (epoch 0, saving step 10): CheckpointSaveError: saving checkpoint" in line
     assert "No space left on device" in line
     assert os.path.exists(os.path.join(ckpt, "step_000000005", "COMPLETE"))
 

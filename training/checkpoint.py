@@ -11,6 +11,8 @@ Layout of ``--checkpoint_dir``::
         COMPLETE                                written last, once every rank is done: the
                                                 manifest (every file's size and SHA-256)
     best.json                                   which checkpoint is the best (early stopping)
+    .lock                                       held by the training run saving here (its host,
+                                                pid and start time; `lock_checkpoint_dir`)
 
 A checkpoint counts only once COMPLETE exists, so a run killed mid-save leaves the
 previous complete checkpoint as the newest one. Older checkpoints are pruned only
@@ -37,7 +39,7 @@ import re
 import sys
 import uuid
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Generator, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -51,20 +53,22 @@ from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemRe
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 
-from common.atomic import write_json
+from common.atomic import surfacing_write_errors, write_json
 from common.errors import BadInput
+from common.path_lock import LockHeld, PathLock
 from common.manifest import (HashingStream, ManifestEntry, ManifestError, check_bytes, check_manifest_format,
                              check_stream, entry_of_bytes)
 from training.checkpoint_meta import CheckpointMeta
 from training.config import OptimizerConfig, TrainConfig
 from training.dcp_metadata import UnsafeMetadataError, check_metadata, load_metadata
-from training.failures import RankError
+from training.failures import RankError, Terminated, sigterm_deferred
 
 COMPLETE_MARKER = "COMPLETE"
 META_FILE = "meta.json"
 DCP_METADATA_FILE = ".metadata"
 MANIFEST_VERSION = 1
 BEST_FILE = "best.json"
+LOCK_FILE = ".lock"
 _STEP_DIR = re.compile(r"step_(\d+)$")
 # The section of a checkpoint's state that every rank holds whole (a sharded table as a
 # sharded tensor of all its rows); a rank's optimizer state covers only its own tables.
@@ -107,8 +111,8 @@ class IOPathFileSystem(FileSystemBase):
                 yield stream
             return
         try:
-            with g_pathmgr.open(str(path), mode) as stream:
-                hashing = HashingStream(stream)
+            with g_pathmgr.open(str(path), mode) as stream, surfacing_write_errors(stream) as checked:
+                hashing = HashingStream(checked)
                 yield hashing
                 hashing.close()
         except OSError as e:  # a full disk fails at a write or at the close's flush
@@ -175,9 +179,14 @@ class _IOPathWriter(FileSystemWriter):
         self.path = path
 
     def write_data(self, plan, planner):
-        written = super().write_data(plan, planner)
+        with sigterm_deferred():  # until its writer threads are done (SIGTERM then raises Terminated here)
+            written = super().write_data(plan, planner)
         self.fs.raise_write_errors()  # inside DCP's collective step: every rank learns of it
         return written
+
+    def finish(self, metadata, results) -> None:
+        super().finish(metadata, results)
+        self.fs.raise_write_errors()  # .metadata, written by rank 0 inside DCP's last collective step
 
 
 class _NoCopySavePlanner(DefaultSavePlanner):
@@ -265,6 +274,32 @@ def flat_state(state: Dict[str, Any]) -> Dict[str, Any]:
     return dict(_leaves(state))
 
 
+def _all_gather(value: Any) -> List[Any]:
+    """Every rank's ``value``, by rank (collective when several ranks run)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [value]
+    gathered: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def _first_error(write: Callable[[], None]) -> Optional[OSError]:
+    """Runs ``write``; returns its OSError (a full disk) instead of raising it, for the
+    ranks to share before any raises (a rank raising alone leaves the others waiting)."""
+    try:
+        write()
+    except OSError as e:
+        return e
+    return None
+
+
+def _raise_first_error(errors: List[Optional[OSError]]) -> None:
+    """Raises the lowest rank's error, as DCP reports its own (CheckpointException)."""
+    failures = {rank: (error, None) for rank, error in enumerate(errors) if error is not None}
+    if failures:
+        raise CheckpointException("save", failures)  # type: ignore[arg-type]
+
+
 def _barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
@@ -318,6 +353,25 @@ def check_writable(directory: str) -> None:
         g_pathmgr.rm(probe)
     except OSError as e:
         raise CheckpointError(f"--checkpoint_dir {directory}: cannot write there ({e.strerror or e})") from e
+
+
+def lock_checkpoint_dir(directory: str, rank: int) -> Optional[PathLock]:
+    """Rank 0 takes ``directory``'s lock for the run (common/path_lock.py): a second
+    run saving there would prune the first one's saves, and a resume would take the
+    newest of either. Every rank raises LockHeld, naming the holder, when another run
+    holds it. Returns rank 0's lock (None elsewhere, and for a remote iopath directory,
+    which is not locked). Collective."""
+    lock, refusal = None, None
+    if rank == 0 and _is_local(directory):
+        lock = PathLock(_join(_local(directory), LOCK_FILE), f"--checkpoint_dir {directory}")
+        try:
+            lock.acquire()
+        except LockHeld as e:
+            lock, refusal = None, str(e)
+    refusal = _all_gather(refusal)[0]
+    if refusal is not None:
+        raise LockHeld(refusal)
+    return lock
 
 
 def _failure(error: BaseException) -> str:
@@ -426,16 +480,30 @@ class CheckpointManager:
     def save(self, state: Dict[str, Any], meta: CheckpointMeta) -> str:
         """Writes the checkpoint of ``meta.step``; returns its path. Collective.
 
-        Raises CheckpointSaveError (one line) when the storage fails, e.g. a full disk:
-        the checkpoint stays incomplete and every complete one is kept.
+        Raises CheckpointSaveError (one line) on every rank when the storage fails on
+        any, e.g. a full disk: the partial checkpoint is removed and every complete one
+        kept. Raises Terminated when SIGTERM arrives meanwhile: the partial checkpoint
+        stays incomplete (no COMPLETE marker), so a resume takes the previous one.
         """
         path = _join(self.directory, f"step_{meta.step:09d}")
         try:
             self._save(path, state, meta)
         except (OSError, CheckpointException) as e:
-            cause = e.failures[min(e.failures)][0] if isinstance(e, CheckpointException) and e.failures else e
+            # Each rank's failure: DCP's collective steps (and _raise_first_error) gather them.
+            failures = {r: f[0] for r, f in e.failures.items()} if isinstance(e, CheckpointException) else {}
+            failures = failures or {self.rank: e}
+            if isinstance(failures.get(self.rank), Terminated):
+                raise failures[self.rank]
+            rank = min(failures)
+            cause = failures[rank]
+            if isinstance(cause, Terminated):
+                raise CheckpointSaveError(f"saving checkpoint {path} failed: rank {rank} was stopped "
+                                          "(SIGTERM)") from e
             if not isinstance(cause, OSError):
                 raise RuntimeError(f"saving checkpoint {path} failed: {e}") from e  # a bug: keep its traceback
+            if self.rank == 0:  # every rank is past its writes: a failure is collective (see _save)
+                with contextlib.suppress(OSError):  # what is left is incomplete: ignored, pruned later
+                    _remove_checkpoint(path)
             raise CheckpointSaveError(f"saving checkpoint {path} failed: {_failure(e)}") from e
         return path
 
@@ -446,23 +514,30 @@ class CheckpointManager:
                 g_pathmgr.rm(_join(path, COMPLETE_MARKER))
         _barrier()
         writer = _IOPathWriter(path)  # hashes each file as its threads write it
+        # Collective: a failure of any rank's writes raises CheckpointException on every rank.
         dcp.save(flat_state(state), storage_writer=writer, planner=_NoCopySavePlanner())
-        writer.fs.raise_write_errors()  # .metadata, written by rank 0 after the collective steps
-        writer.fs.write_file(_join(path, f"rank_{self.rank}.pt"), lambda f: torch.save(_rng_state(), f))
+        with sigterm_deferred():  # torch.save would turn Terminated into "unexpected pos": a traceback
+            error = _first_error(lambda: writer.fs.write_file(_join(path, f"rank_{self.rank}.pt"),
+                                                              lambda f: torch.save(_rng_state(), f)))
         files = {name[len(path) + 1:]: entry for name, entry in writer.fs.written.items()}
-        if dist.is_initialized() and dist.get_world_size() > 1:  # every rank's files are written
-            gathered: List[Dict[str, ManifestEntry]] = [{} for _ in range(dist.get_world_size())]
-            dist.all_gather_object(gathered, files)
-            files = {name: entry for rank_files in gathered for name, entry in rank_files.items()}
+        gathered = _all_gather((files, error))
+        _raise_first_error([rank_error for _, rank_error in gathered])
+        files = {name: entry for rank_files, _ in gathered for name, entry in rank_files.items()}
         if self.rank == 0:
-            meta_json = meta.to_json()
-            writer.fs.write_file(_join(path, META_FILE), lambda f: f.write(meta_json))
-            files[META_FILE] = entry_of_bytes(meta_json)
-            manifest = json.dumps({"manifest_version": MANIFEST_VERSION, "files": dict(sorted(files.items()))},
-                                  indent=1).encode()
-            writer.fs.write_file(_join(path, COMPLETE_MARKER), lambda f: f.write(manifest))
-            self._prune(keep=path)
-        _barrier()
+            error = _first_error(lambda: self._complete(path, writer.fs, files, meta))
+        _raise_first_error(_all_gather(error))  # also the barrier that ends the save
+
+    def _complete(self, path: str, fs: IOPathFileSystem, files: Dict[str, ManifestEntry],
+                  meta: CheckpointMeta) -> None:
+        """Rank 0, once every rank's files are written: meta.json, the COMPLETE marker
+        (the manifest), then pruning."""
+        meta_json = meta.to_json()
+        fs.write_file(_join(path, META_FILE), lambda f: f.write(meta_json))
+        files[META_FILE] = entry_of_bytes(meta_json)
+        manifest = json.dumps({"manifest_version": MANIFEST_VERSION, "files": dict(sorted(files.items()))},
+                              indent=1).encode()
+        fs.write_file(_join(path, COMPLETE_MARKER), lambda f: f.write(manifest))
+        self._prune(keep=path)
 
     def mark_best(self, path: str, info: Dict[str, Any]) -> None:
         """Names the complete checkpoint ``path`` in best.json (replaced atomically),

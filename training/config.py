@@ -20,6 +20,10 @@ MODES = ("train", "validate", "test", "inference_benchmark")
 PIPELINES = ("sparse_dist", "semi_sync", "prefetch", "base")
 # torchrec's default: TrainPipelineSemiSync synchronizes every step before this batch.
 SEMI_SYNC_START_BATCH = 900
+# float32 probabilities in [0.5, 1) are 2^-24 apart: more bins split no more pairs
+# there, while the histogram (2 x bins int64, training/binned_auroc.py) grows past
+# 256 MiB per rank, and the all-reduce and the AUROC's sums with it.
+MAX_AUROC_BINS = 1 << 24
 
 
 @dataclass
@@ -292,8 +296,9 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise FlagError(f"{option(self, name)} must be positive, got {value}")
-        if self.auroc_bins is not None and self.auroc_bins < 2:
-            raise FlagError(f"{option(self, 'auroc_bins')} must be at least 2, got {self.auroc_bins}")
+        if self.auroc_bins is not None and not 2 <= self.auroc_bins <= MAX_AUROC_BINS:
+            raise FlagError(f"{option(self, 'auroc_bins')} must be in [2, {MAX_AUROC_BINS}] (2^24 bins are as fine "
+                            f"as float32 probabilities above 0.5, and hold 256 MiB of counts), got {self.auroc_bins}")
         self.checkpoint.validate()
         if self.semi_sync_start_batch < 0:
             raise FlagError(f"{option(self, 'semi_sync_start_batch')} must be 0 or more, "

@@ -24,7 +24,7 @@ import threading
 import time
 import traceback
 from types import FrameType
-from typing import Iterator, Optional
+from typing import Iterator, List, Optional
 
 import torch.distributed as dist
 
@@ -63,6 +63,28 @@ def raise_on_sigterm() -> Iterator[None]:
 
 def _raise_terminated(signum: int, frame: Optional[FrameType]) -> None:
     raise Terminated("received SIGTERM")
+
+
+@contextlib.contextmanager
+def sigterm_deferred() -> Iterator[None]:
+    """Inside the block, a SIGTERM is noted; it takes effect (``Terminated`` inside
+    `raise_on_sigterm`) when the block ends. For a block where an exception would be
+    mishandled: raised into ``Thread.join``, it marks the running thread as stopped
+    (CPython 3.11), the interpreter exits under it, and the process aborts ("terminate
+    called without an active exception", exit 134); raised inside torch.save's
+    writes, it becomes torch's RuntimeError "unexpected pos A vs B". Elsewhere than in
+    the main thread this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: List[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if received:
+            signal.raise_signal(signal.SIGTERM)  # to the handler of the block's caller
 
 
 def print_whole(text: str) -> None:

@@ -81,6 +81,8 @@ def _run(config: TrainConfig, prog: str, env: DistributedEnv) -> int:
         return report(prog, str(e), EXIT_NON_FINITE_LOSS)
     except Exception as e:
         return report_rank_failure(prog, env.rank, env.world_size, trainer.position(), e)
+    finally:
+        trainer.release_checkpoint_dir()
     return 0
 
 

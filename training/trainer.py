@@ -28,7 +28,8 @@ from models.interaction import align_to_sharded_embeddings
 from sharding_plans import PlannerConfig, format_sharding_plan, plan_summary
 from sharding_plans.report import format_bytes
 from sharding_plans.rules import check_embedding_weight_decay, check_reshardable
-from training.checkpoint import CheckpointManager, RestorePoint, check_writable, find_restore_point, load_checkpoint
+from training.checkpoint import (CheckpointManager, RestorePoint, check_writable, find_restore_point, load_checkpoint,
+                                 lock_checkpoint_dir)
 from training.checkpoint_meta import CheckpointMeta
 from training.config import TrainConfig
 from training.distributed import DistributedEnv, gather_peak_memory, init_process_group, rank_cpu_share
@@ -169,7 +170,7 @@ class Trainer:
                                           config.model.num_embeddings_per_feature)
                             if config.collect_multi_hot_freqs_stats else None)
         self.epoch = 0
-        self.stage = "training"  # or the split being evaluated
+        self.stage = "training"  # or the split being evaluated, or "saving step N"
         self._train_seconds = 0.0
         self._train_records = 0
         self.checkpoints = (CheckpointManager(flags.checkpoint_dir, flags.keep_last_n_checkpoints, env.rank)  # type: ignore[arg-type]
@@ -178,6 +179,16 @@ class Trainer:
         if restore is not None:
             self.restore_from(restore)
         self.train_pipeline = self._pipeline(config.pipeline, config.amp)  # after the restored step
+        # Last, so that nothing above can fail with the lock held; released by `fit`
+        # (or `release_checkpoint_dir` when it fails).
+        self._checkpoint_lock = (lock_checkpoint_dir(flags.checkpoint_dir, env.rank)  # type: ignore[arg-type]
+                                 if saves_checkpoints and config.mode == "train" else None)
+
+    def release_checkpoint_dir(self) -> None:
+        """Lets another run save into --checkpoint_dir."""
+        if self._checkpoint_lock is not None:
+            self._checkpoint_lock.release()
+            self._checkpoint_lock = None
 
     def restore_from(self, restore: RestorePoint) -> None:
         """Loads weights, and with ``full`` the optimizer state, step and data position."""
@@ -212,7 +223,9 @@ class Trainer:
                               world_size=self.env.world_size, config=dataclasses.asdict(self.config), plan=self.plan,
                               run_id=self.log.run_id, early_stopping=self.best.stopping.state_dict())
         state = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
+        stage, self.stage = self.stage, f"saving step {self.step}"  # what a failure or SIGTERM reports
         path = self.checkpoints.save(state, meta)
+        self.stage = stage
         self._saved_step, self._saved_path = self.step, path
         seconds = time.perf_counter() - start
         self.log.print(f"checkpoint {path} saved in {seconds:.1f} s (step {self.step})")
@@ -269,6 +282,7 @@ class Trainer:
         result.steps = self.step
         self._summary(result)
         self.log.close()
+        self.release_checkpoint_dir()
         return result
 
     def _train_epoch(self, epoch: int, first_batch: int, loader: BatchLoader, result: RunResult) -> List[float]:

@@ -51,8 +51,9 @@ def log_memory_axis(totals: Sequence[float], limit: float) -> bool:
 
 def draw_memory(ax: Any, saved: SavedPlan, title: str = "") -> None:
     """`write_memory_chart`'s drawing on one matplotlib axes: integer rank ticks, the
-    largest rank's bar, outline and tick label (up to `MAX_RANK_TICKS` ranks) in red, each bar's GiB above it for up to
-    `MAX_VALUE_LABELS` ranks, and a log axis when a bar would be too short to see."""
+    largest rank's bar, outline and tick label (up to `MAX_RANK_TICKS` ranks) in red,
+    each bar's GiB above it for up to `MAX_VALUE_LABELS` ranks, and a log axis when a
+    bar would be too short to see."""
     from matplotlib.ticker import MaxNLocator
 
     topo = saved.topology
@@ -86,7 +87,8 @@ def draw_memory(ax: Any, saved: SavedPlan, title: str = "") -> None:
         ax.set_ylabel("estimated embedding memory (GiB)")
     if len(ranks) <= MAX_VALUE_LABELS:
         for rank, total in zip(ranks, totals):
-            ax.annotate(f"{total:.3g}", (rank, total), textcoords="offset points", xytext=(0, 2),
+            # An empty rank's label sits on the axis (a log axis has no 0).
+            ax.annotate(f"{total:.3g}", (rank, max(total, ax.get_ylim()[0])), textcoords="offset points", xytext=(0, 2),
                         ha="center", va="bottom", fontsize="x-small")
     if len(ranks) <= MAX_RANK_TICKS:
         ax.set_xticks(ranks)

@@ -193,3 +193,11 @@ def test_png_figure_writes_the_date(tmp_path):
     with png_figure(str(tmp_path / "a.png"), 1, 1) as (fig, _):
         captured["fig"] = fig
     assert [t.get_text() for t in captured["fig"].texts] == [f"drawn {drawn_date()} (UTC)"]
+
+
+def test_plan_chart_empty_rank_on_a_log_axis_is_labelled_on_the_axis():
+    fig, ax = plt.subplots()
+    draw_memory(ax, _plan([0.0, 0.001, 19.0]))
+    assert ax.get_yscale() == "log"
+    assert ax.texts[0].get_text() == "0" and ax.texts[0].xy[1] == ax.get_ylim()[0]
+    plt.close(fig)

@@ -159,6 +159,18 @@ def test_report_labels_a_dlrm_and_a_dcnv2_run_in_one_log(tmp_path):
     assert runs[1].summary()["test_auroc"] == 0.8 and runs[1].summary()["test_log_loss"] == 0.5
 
 
+def test_report_model_defaults_are_the_model_name_model_flags_named_within_a_model(tmp_path):
+    dlrm, dcnv2, dcnv2_wide = (_log_lines(r, kind, 0.05, 0.7) for r, kind in (("a", "original"), ("b", "dcn"), ("c", "dcn")))
+    dcnv2[0]["model"]["embedding_dim"] = 128
+    dcnv2_wide[0]["model"]["embedding_dim"] = 256
+    log = _write_log(tmp_path / "log.jsonl", dlrm, dcnv2)
+    assert report.run_labels(report.read_runs(log)) == ["DLRM (test AUROC 0.7000)", "DCNv2 (test AUROC 0.7000)"]
+    log = _write_log(tmp_path / "log.jsonl", dlrm, dcnv2, dcnv2_wide)
+    assert report.run_labels(report.read_runs(log)) == [
+        "DLRM embedding_dim=64 (test AUROC 0.7000)", "DCNv2 embedding_dim=128 (test AUROC 0.7000)",
+        "DCNv2 embedding_dim=256 (test AUROC 0.7000)"]
+
+
 def test_report_labels_name_the_flags_that_differ(tmp_path):
     log = _write_log(tmp_path / "log.jsonl", _log_lines("a", "original", 0.05, 0.7), _log_lines("b", "original", 0.1, 0.7),
                      _log_lines("c", "original", 0.1, 0.7))

@@ -174,16 +174,23 @@ def model_name(run: Run) -> str:
 
 def run_labels(runs: Sequence[Run]) -> List[str]:
     """A legend label per run: its model and the flags whose values differ between the
-    runs (``DCNv2 learning_rate=0.1``), then its test AUROC when it has one; runs whose
+    runs (``DCNv2 learning_rate=0.1``; model flags only between runs of one model), then its test AUROC when it has one; runs whose
     labels would be equal are numbered, runs without a config record keep their log's
     name and run id."""
     flats = [_flat(run.config) if run.config is not None else None for run in runs]
-    known = [f for f in flats if f is not None]
-    keys = list(dict.fromkeys(k for f in known for k in f))
-    differing = [k for k in keys if len({repr(f.get(k)) for f in known}) > 1]
+    known = [(model_name(run), f) for run, f in zip(runs, flats) if f is not None]
+    keys = list(dict.fromkeys(k for _, f in known for k in f))
+
+    def differs(key: str, model: Optional[str] = None) -> bool:
+        return len({repr(f.get(key)) for name, f in known if model in (None, name)}) > 1
+
+    # The model sections of a DLRM and a DCNv2 run differ by the entry points' own
+    # defaults: between models the model's name says it, within one model they are named.
+    differing = [k for k in keys if (differs(k) and not k.startswith("model."))
+                 or any(differs(k, name) for name in {name for name, _ in known})]
     # A list that differs (table rows) usually follows from a scalar that differs
     # (max_table_rows): the lists are named only when no scalar differs.
-    scalars = [k for k in differing if not any(isinstance(f.get(k), list) for f in known)]
+    scalars = [k for k in differing if not any(isinstance(f.get(k), list) for _, f in known)]
     differing = scalars or differing
     labels = []
     for run, flat in zip(runs, flats):

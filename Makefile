@@ -10,7 +10,7 @@ TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.05 --optimizer adag
 	--validation_freq_within_epoch 400 --log_every_n_steps 100 --seed 0 \
 	--log_path runs/make_train.jsonl
 
-.PHONY: install data train train-dcnv2 sweep-example slurm-up test test-fast test-matrix test-hostile bench clean
+.PHONY: install data train train-dcnv2 sweep-example docs-figures slurm-up test test-fast test-hostile test-matrix bench clean
 
 install: $(STAMP)
 
@@ -37,6 +37,11 @@ train-dcnv2: data
 # The README's table-size sweep (4 short runs through torchx local_cwd, a few minutes).
 sweep-example: data
 	$(PYTHON) -m sweeps run examples/sweeps/table_sizes.yaml
+
+# Every figure in docs/ from the command that draws it (scripts/docs_figures.py lists
+# them): the sweep above, a plan chart, a DLRM and a DCNv2 run's training.report.
+docs-figures: data
+	$(PYTHON) -m scripts.docs_figures
 
 # A one-node Slurm cluster with accounting on this machine (root; docs/slurm.md).
 slurm-up:

@@ -67,6 +67,18 @@ def cli_main(prog: str, report: BadInputReporter = print_bad_input) -> Callable[
     return decorate
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """--help shows each flag's default, ``(default: 8080)``, unless it has none (None,
+    a required flag, an on/off switch) or its help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, argparse.SUPPRESS) or action.required or action.nargs == 0 \
+                or "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 class OneLineParser(argparse.ArgumentParser):
     """Reports bad flags as one line (no usage dump) and exits with 2."""
 

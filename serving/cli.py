@@ -10,7 +10,7 @@ Example::
     parser = serving_parser("export", __doc__, alias=True)  # python -m training.export
 """
 
-from common.cli import OneLineParser
+from common.cli import DefaultsHelpFormatter, OneLineParser
 
 ALIAS_PACKAGE = "training"
 
@@ -26,6 +26,7 @@ def serving_parser(command: str, doc: str, alias: bool = False) -> OneLineParser
     and with the move note first in its help."""
     summary = doc.split("\n\n")[0]
     if not alias:
-        return OneLineParser(prog=f"python -m serving.{command}", description=summary)
+        return OneLineParser(prog=f"python -m serving.{command}", description=summary,
+                             formatter_class=DefaultsHelpFormatter)
     return OneLineParser(prog=f"python -m {ALIAS_PACKAGE}.{command}",
-                         description=f"{moved_note(command)}. {summary}")
+                         description=f"{moved_note(command)}. {summary}", formatter_class=DefaultsHelpFormatter)

@@ -133,21 +133,66 @@ def format_csv(rows: Sequence[Dict[str, Any]]) -> str:
     return buffer.getvalue()
 
 
-def draw(rows: Sequence[Dict[str, Any]], path: str, title: str) -> None:
-    """Test AUROC and records/s against total table memory (GiB, log scale), one
-    labelled point per run that has both numbers."""
-    with png_figure(path, 1, 2, figsize=FIGURE_INCHES, dpi=FIGURE_DPI) as (fig, axes):
-        for ax, column, label in ((axes[0], "test_auroc", "test AUROC"), (axes[1], "records_per_sec", "train records/s")):
-            points = [(row["table_gib"], row[column], row["run"]) for row in rows
-                      if row["table_gib"] and row[column] is not None]
-            ax.plot([p[0] for p in points], [p[1] for p in points], "o")
-            for x, y, name in points:
-                ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize="small")
+# Table sizes spanning less than this ratio are drawn on a linear axis: a log axis would
+# show no labelled decade between them.
+LOG_AXIS_MIN_RATIO = 10.0
+
+
+def point_label(run_name: str) -> str:
+    """A run's point label: its grid values (or the names the sweep file gives them)
+    without the ``key=`` the axis title already says (``max_table_rows=100`` -> ``100``)."""
+    return ", ".join(part.split("=", 1)[-1] for part in run_name.split(","))
+
+
+def grid_keys(rows: Sequence[Dict[str, Any]]) -> List[str]:
+    """The grid keys the runs' names are made of, in order (``max_table_rows``)."""
+    keys: List[str] = []
+    for row in rows:
+        for part in row["run"].split(","):
+            key = part.split("=", 1)[0]
+            if "=" in part and key not in keys:
+                keys.append(key)
+    return keys
+
+
+def draw_panels(axes: Sequence[Any], rows: Sequence[Dict[str, Any]]) -> None:
+    """Test AUROC and records/s against total table memory, one point per run that has
+    both numbers, named by its grid values.
+
+    The memory axis is logarithmic (decades labelled, no minor labels) when the sizes
+    span `LOG_AXIS_MIN_RATIO` or more, linear otherwise; the records/s axis starts at 0,
+    so the noise of a busy machine does not read as a trend.
+    """
+    import matplotlib.ticker as ticker
+
+    sizes = [row["table_gib"] for row in rows if row["table_gib"]]
+    log_axis = bool(sizes) and max(sizes) / min(sizes) >= LOG_AXIS_MIN_RATIO
+    keys = grid_keys(rows)
+    for ax, column, label in ((axes[0], "test_auroc", "test AUROC"), (axes[1], "records_per_sec", "train records/s")):
+        points = [(row["table_gib"], row[column], point_label(row["run"])) for row in rows
+                  if row["table_gib"] and row[column] is not None]
+        ax.plot([p[0] for p in points], [p[1] for p in points], "o")
+        for x, y, name in points:
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize="small")
+        if log_axis:
             ax.set_xscale("log")
-            ax.margins(x=0.25)  # room for the labels of the outermost points
-            ax.set_xlabel("embedding tables, all ranks (GiB, log scale)")
-            ax.set_ylabel(label)
-            ax.grid(alpha=0.3, which="both")
+            ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.margins(x=0.25)  # room for the labels of the outermost points
+        ax.set_xlabel("embedding tables, all ranks (GiB" + (", log scale)" if log_axis else ")"))
+        ax.set_ylabel(label)
+        if column == "records_per_sec":
+            ax.set_ylim(bottom=0, top=1.15 * max([p[1] for p in points], default=1.0))
+            ax.yaxis.set_major_formatter(ticker.StrMethodFormatter("{x:,.0f}"))
+        if keys:
+            ax.set_title(f"points named by {', '.join(keys)}", fontsize="medium")
+        ax.grid(alpha=0.3, which="major")
+
+
+def draw(rows: Sequence[Dict[str, Any]], path: str, title: str) -> None:
+    """Writes `draw_panels` side by side to ``path`` (PNG), titled ``title``."""
+    with png_figure(path, 1, 2, figsize=FIGURE_INCHES, dpi=FIGURE_DPI) as (fig, axes):
+        draw_panels(axes, rows)
         fig.suptitle(title)
 
 

@@ -10,6 +10,14 @@
     flags: {batch_size: 512}        # shared by every run
     grid: {max_table_rows: [100, 1000, null]}
 
+A grid value may be named, so run names, results and charts show the name instead of
+the value (long values are otherwise named by their position, ``v1``, ``v2``)::
+
+    grid:
+      num_embeddings_per_feature:
+        - {name: small, value: [100, 100, 100]}
+        - {name: large, value: [10000, 10000, 10000]}
+
 Optional keys: ``component_args`` (more parameters of the torchx component, e.g.
 ``{h: cpu, cpu: 2}``) and ``checkpoints`` (true: every run gets its own checkpoint
 directory, which a restarted job resumes from). ``num_embeddings_scale`` may appear in
@@ -30,7 +38,7 @@ import itertools
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from common.errors import BadInput
 from common.yaml_file import load_yaml
@@ -92,6 +100,8 @@ class SweepSpec:
     flags: Dict[str, Any] = field(default_factory=dict)
     component_args: Dict[str, Any] = field(default_factory=dict)
     checkpoints: bool = False
+    # {grid key: [the name the file gives each value, or None]}
+    grid_names: Dict[str, List[Optional[str]]] = field(default_factory=dict)
 
     @property
     def ranks(self) -> int:
@@ -108,9 +118,10 @@ class SweepSpec:
             grid_values = dict(zip(keys, values))
             parts = []
             for key, value in grid_values.items():
-                text = value_text(value)
+                position = self.grid[key].index(value)
+                text = self.grid_names.get(key, [None] * (position + 1))[position] or value_text(value)
                 if len(text) > _MAX_NAME_VALUE:
-                    text = f"v{self.grid[key].index(value) + 1}"
+                    text = f"v{position + 1}"
                 parts.append(f"{key}={text}")
             name = re.sub(r"[^A-Za-z0-9._=,+-]", "_", ",".join(parts))
             runs.append(RunSpec(index, name, grid_values, {**self.flags, **grid_values}))
@@ -128,6 +139,31 @@ def _check_flag_value(spec: SweepSpec, key: str, value: Any) -> None:
     ok = isinstance(value, Scalar) or (isinstance(value, list) and all(isinstance(v, (int, float)) for v in value))
     if not ok:
         raise spec.error(key, f"expected a number, string, boolean, null or list of numbers, got {value!r}")
+
+
+def _split_named_values(path: str, key: str, values: Any) -> Tuple[Any, List[Optional[str]]]:
+    """A grid list whose entries may be ``{name: ..., value: ...}``: (the values, their
+    names or None)."""
+    if not isinstance(values, list):
+        return values, []
+    plain, names = [], []
+    for entry in values:
+        if isinstance(entry, dict):
+            if set(entry) != {"name", "value"}:
+                raise SweepError(f"{path}: grid.{key}: a named value is {{name: ..., value: ...}}, got {entry!r}")
+            name = entry["name"]
+            if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._+-]+", name):
+                raise SweepError(f"{path}: grid.{key}: a value's name is letters, digits, '.', '_', '+' or '-', "
+                                 f"got {name!r}")
+            plain.append(entry["value"])
+            names.append(name)
+        else:
+            plain.append(entry)
+            names.append(None)
+    given = [n for n in names if n is not None]
+    if len(set(given)) != len(given):
+        raise SweepError(f"{path}: grid.{key}: a name is given twice")
+    return plain, names
 
 
 def _check_flag_names(spec: SweepSpec, section: str, names: List[str]) -> None:
@@ -188,6 +224,9 @@ def parse_sweep(document: Any, path: str, base_dir: Optional[str] = None) -> Swe
     grid = document["grid"]
     if not isinstance(grid, dict) or not grid:
         raise SweepError(f"{path}: grid: empty: give at least one training flag with a list of values")
+    grid, grid_names = dict(grid), {}
+    for key in list(grid):
+        grid[key], grid_names[key] = _split_named_values(path, key, grid[key])
     spec = SweepSpec(
         path=path,
         name=name,
@@ -201,6 +240,7 @@ def parse_sweep(document: Any, path: str, base_dir: Optional[str] = None) -> Swe
         flags=_mapping(path, document, "flags"),
         component_args=_mapping(path, document, "component_args"),
         checkpoints=checkpoints,
+        grid_names=grid_names,
     )
     _check_flag_names(spec, "flags", list(spec.flags))
     _check_flag_names(spec, "grid", list(spec.grid))

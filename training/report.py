@@ -4,7 +4,9 @@
 
 Draws training loss (its range set by the bulk of the losses, so one early spike cannot
 flatten it), learning rate, records/s and validation AUROC, normalized entropy
-(NE) and calibration over steps, one line per run (a log holds every run appended to it, told apart by ``run_id``), and
+(NE) and calibration over steps, one line per run (a log holds every run appended to it,
+told apart by ``run_id``), labelled by its model and the flags that differ between the runs,
+with its test AUROC; the legend sits under the panels. It
 prints per run: best validation AUROC and its step, mean records/s without the first
 (warm-up) interval, and the wall time from first to last record. A malformed log is
 reported as one line naming the file and line, exit code 2.
@@ -18,7 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from common.cli import OneLineParser, cli_main
 from common.errors import BadInput
-from common.png_figure import png_figure
+from common.png_figure import FOOTER_HEIGHT, png_figure
 from common.run_log_file import log_records
 
 FIGURE_INCHES = (12.0, 8.0)
@@ -47,6 +49,9 @@ class Run:
     validation_calibration: List[Tuple[int, float]] = field(default_factory=list)
     first_time: Optional[float] = None
     last_time: Optional[float] = None
+    # The run's configuration record (None for a log without one) and its test metrics.
+    config: Optional[Dict[str, object]] = None
+    test: Dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> Dict[str, object]:
         best = max(self.validation_auroc, key=lambda p: p[1], default=None)
@@ -58,6 +63,8 @@ class Run:
             "mean_records_per_sec": sum(rates) / len(rates) if rates else None,
             "total_seconds": (self.last_time - self.first_time) if self.first_time is not None else None,
             "steps": self.loss[-1][0] if self.loss else 0,
+            "test_auroc": self.test.get("auroc"),
+            "test_log_loss": self.test.get("log_loss"),
         }
 
 
@@ -79,6 +86,10 @@ def read_runs(path: str) -> List[Run]:
             run.loss.append((step, float(record["loss"])))
             run.lr.append((step, float(record["lr"])))
             run.records_per_sec.append((step, float(record["records_per_sec"])))
+        elif event == "config":
+            run.config = record
+        elif event == "eval" and record["stage"] == "test":
+            run.test = {k: float(record[k]) for k in ("auroc", "log_loss") if isinstance(record.get(k), (int, float))}
         elif event == "eval" and record["stage"] == "validation":
             for key in ("auroc", "ne", "calibration"):  # null when not finite; older logs have no NE
                 if record.get(key) is not None:
@@ -121,26 +132,120 @@ def loss_limits(runs: Sequence[Run]) -> Optional[Tuple[float, float]]:
     return robust_range([loss for run in runs for _, loss in run.loss])
 
 
-def draw(runs: Sequence[Run], output: str) -> None:
-    """Writes a 2 x 3 chart to ``output`` (PNG), under a temporary name first."""
+# The model each interaction type builds (the config record names no entry point).
+MODEL_NAMES = {"original": "DLRM", "dcn": "DCNv2", "projection": "DLRM (projection)"}
+# Configuration keys that differ between runs without making them different runs.
+_NOT_A_DIFFERENCE = {"run_id", "time", "event", "log_path", "tensorboard_dir", "checkpoint", "interaction_type",
+                     "print_lr", "print_sharding_plan", "print_progress", "resolved_device"}
+# A label shows at most this many differing flags (then "+N more"), values cut at this length.
+MAX_LABEL_FLAGS = 3
+MAX_LABEL_VALUE = 16
+# Legend labels up to this many characters go two to a row, longer ones one.
+TWO_COLUMN_LABEL = 60
+LEGEND_ROW_HEIGHT = 0.035  # of the figure's height
+
+
+def _flat(config: Dict[str, object], prefix: str = "") -> Dict[str, object]:
+    """{leaf key: value} of a nested config record (sections dropped from the keys)."""
+    flat: Dict[str, object] = {}
+    for key, value in config.items():
+        if key in _NOT_A_DIFFERENCE:
+            continue
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _value_text(value: object) -> str:
+    text = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
+    return text if len(text) <= MAX_LABEL_VALUE else text[:MAX_LABEL_VALUE - 1] + "…"
+
+
+def model_name(run: Run) -> str:
+    """DLRM, DCNv2, ... from the run's config record ("run" for a log without one)."""
+    if run.config is None:
+        return "run"
+    model = run.config.get("model")
+    kind = model.get("interaction_type") if isinstance(model, dict) else None
+    return MODEL_NAMES.get(str(kind), str(kind))
+
+
+def run_labels(runs: Sequence[Run]) -> List[str]:
+    """A legend label per run: its model and the flags whose values differ between the
+    runs (``DCNv2 learning_rate=0.1``; model flags only between runs of one model), then its test AUROC when it has one; runs whose
+    labels would be equal are numbered, runs without a config record keep their log's
+    name and run id."""
+    flats = [_flat(run.config) if run.config is not None else None for run in runs]
+    known = [(model_name(run), f) for run, f in zip(runs, flats) if f is not None]
+    keys = list(dict.fromkeys(k for _, f in known for k in f))
+
+    def differs(key: str, model: Optional[str] = None) -> bool:
+        return len({repr(f.get(key)) for name, f in known if model in (None, name)}) > 1
+
+    # The model sections of a DLRM and a DCNv2 run differ by the entry points' own
+    # defaults: between models the model's name says it, within one model they are named.
+    differing = [k for k in keys if (differs(k) and not k.startswith("model."))
+                 or any(differs(k, name) for name in {name for name, _ in known})]
+    # A list that differs (table rows) usually follows from a scalar that differs
+    # (max_table_rows): the lists are named only when no scalar differs.
+    scalars = [k for k in differing if not any(isinstance(f.get(k), list) for _, f in known)]
+    differing = scalars or differing
+    labels = []
+    for run, flat in zip(runs, flats):
+        if flat is None:
+            labels.append(run.label)
+            continue
+        shown = [f"{k.rsplit('.', 1)[-1]}={_value_text(flat.get(k))}" for k in differing[:MAX_LABEL_FLAGS]]
+        if len(differing) > MAX_LABEL_FLAGS:
+            shown.append(f"+{len(differing) - MAX_LABEL_FLAGS} more")
+        labels.append(" ".join([model_name(run)] + shown))
+    for label in set(labels):
+        same = [i for i, other in enumerate(labels) if other == label]
+        if len(same) > 1:
+            for number, i in enumerate(same, 1):
+                labels[i] = f"{label} #{number}"
+    return [label + (f" (test AUROC {run.test['auroc']:.4f})" if "auroc" in run.test else "")
+            for label, run in zip(labels, runs)]
+
+
+def draw_panels(fig: object, axes: object, runs: Sequence[Run]) -> None:
+    """`draw`'s panels on a 2 x 3 grid of axes, with one legend for the figure under them."""
     panels = [("loss", "training loss"), ("lr", "learning rate"), ("records_per_sec", "records/s"),
               ("validation_auroc", "validation AUROC"), ("validation_ne", "validation normalized entropy"),
-              ("validation_calibration", "validation calibration (predicted / clicks)")]
+              ("validation_calibration", "validation calibration\n(predicted / clicks)")]
     limits = loss_limits(runs)
-    with png_figure(output, 2, 3, figsize=FIGURE_INCHES, dpi=FIGURE_DPI) as (_, axes):
-        for ax, (attr, title) in zip(axes.flat, panels):
-            for run in runs:
-                points = getattr(run, attr)
-                if points:
-                    ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None,
-                            label=run.label)
-            ax.set_title(title)
-            if attr == "loss" and limits is not None:
-                ax.set_ylim(*limits)
-                ax.set_title(f"{title} (outliers off the range)")
-            ax.set_xlabel("step")
-            ax.grid(alpha=0.3)
-        axes.flat[0].legend(fontsize="small")
+    labels = run_labels(runs)
+    for ax, (attr, title) in zip(axes.flat, panels):
+        for run, label in zip(runs, labels):
+            points = getattr(run, attr)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None,
+                    label=label)
+        ax.set_title(title, fontsize="medium")
+        if attr == "loss" and limits is not None:
+            ax.set_ylim(*limits)
+            ax.set_title(f"{title}\n(outliers off the range)", fontsize="medium")
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", bbox_to_anchor=(0.5, FOOTER_HEIGHT), ncol=legend_columns(names),
+               fontsize="small", frameon=False)
+
+
+def legend_columns(labels: Sequence[str]) -> int:
+    return 2 if max(map(len, labels), default=0) <= TWO_COLUMN_LABEL else 1
+
+
+def legend_height(labels: Sequence[str]) -> float:
+    """The fraction of the figure's height the legend under the panels takes."""
+    return LEGEND_ROW_HEIGHT * (-(-len(labels) // legend_columns(labels)))
+
+
+def draw(runs: Sequence[Run], output: str) -> None:
+    """Writes a 2 x 3 chart to ``output`` (PNG), under a temporary name first."""
+    with png_figure(output, 2, 3, bottom=legend_height(run_labels(runs)), figsize=FIGURE_INCHES, dpi=FIGURE_DPI) as (fig, axes):
+        draw_panels(fig, axes, runs)
 
 
 PROG = "training.report"

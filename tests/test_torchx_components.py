@@ -31,7 +31,7 @@ def test_aws_component_spreads_trainers_over_nodes_of_8(num_trainers, nodes, per
     assert role.num_replicas == nodes
     args = _torchrun_args(app)
     assert args[args.index("--nproc_per_node") + 1] == str(per_node)
-    assert args[-3:] == ["dlrm_main.py", "--batch_size", "2048"]
+    assert args[-4:] == ["-m", "dlrm_main", "--batch_size", "2048"]
     assert (role.resource.gpu, role.resource.cpu) == (8, 96)  # default machine: aws_p4d
 
 
@@ -89,7 +89,7 @@ def test_data_dir_is_mounted_and_passed_unless_flags_give_a_path(flags, expected
     (role,) = app.roles
     args = _torchrun_args(app)
     # checkpoint_dir also makes a restarted job resume from its newest checkpoint
-    assert args[args.index("dlrm_main.py") + 1:] == ["--checkpoint_dir", "/ckpt", "--resume", *expected]
+    assert args[args.index("dlrm_main") + 1:] == ["--checkpoint_dir", "/ckpt", "--resume", *expected]
     assert [(m.src_path, m.dst_path, m.read_only) for m in role.mounts] == [
         ("/data", "/data", True), ("/ckpt", "/ckpt", False)]
     assert role.max_retries == 2

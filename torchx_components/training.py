@@ -52,7 +52,7 @@ def dlrm(
     max_retries: int = 0,
     rdzv_port: int = 29500,
 ) -> specs.AppDef:
-    return trainer_app("dlrm_main.py", script_args, LaunchOptions(
+    return trainer_app("dlrm_main", script_args, LaunchOptions(
         j=j, h=h, cpu=cpu, gpu=gpu, memMB=memMB, image=image, name=name, env=env or {},
         data_dir=data_dir, checkpoint_dir=checkpoint_dir, mounts=mounts or [],
         max_retries=max_retries, rdzv_port=rdzv_port))
@@ -74,7 +74,7 @@ def dcnv2(
     max_retries: int = 0,
     rdzv_port: int = 29500,
 ) -> specs.AppDef:
-    return trainer_app("dcnv2_main.py", script_args, LaunchOptions(
+    return trainer_app("dcnv2_main", script_args, LaunchOptions(
         j=j, h=h, cpu=cpu, gpu=gpu, memMB=memMB, image=image, name=name, env=env or {},
         data_dir=data_dir, checkpoint_dir=checkpoint_dir, mounts=mounts or [],
         max_retries=max_retries, rdzv_port=rdzv_port))

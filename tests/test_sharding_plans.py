@@ -240,6 +240,19 @@ def test_sweep_table(capsys):
             assert imbalance == pytest.approx(math.ceil(26 / ranks) / (26 / ranks), abs=0.01), row
 
 
+def test_sweep_says_when_a_rank_fits_only_through_uvm(capsys):
+    """26 tables of 1M x 128 (12.4 GiB) on GPUs of 4 GiB (3.4 GiB usable): one rank
+    holds them only by keeping tables in host memory (its largest rank is over the
+    usable HBM), which the row says as `plan` does; four ranks fit in HBM."""
+    code, out, err = run_cli(capsys, ["sweep", "--num_embeddings", "1000000", "--embedding_dim", "128",
+                                      "--world_sizes", "1,4", "--hbm_gb", "4"])
+    assert code == 0, err
+    one_rank, four_ranks = out.splitlines()[1:]
+    assert one_rank.split()[6:8] == ["1", "uvm"]
+    assert one_rank.endswith("25 table(s) partly in host memory through UVM: slower than HBM"), one_rank
+    assert four_ranks.split()[6:8] == ["4", "yes"] and "UVM" not in four_ranks
+
+
 def test_feature_spec_metadata(capsys, tmp_path):
     spec = tmp_path / "metadata.json"
     spec.write_text(json.dumps({"num_embeddings_per_feature": [500, 70], "sparse_feature_names": ["user", "item"]}))

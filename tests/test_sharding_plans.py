@@ -3,6 +3,7 @@ CLI (presets, verdicts, sweep, chart) and its bad input."""
 
 import json
 import math
+import re
 import os
 
 import pytest
@@ -248,9 +249,9 @@ def test_sweep_says_when_a_rank_fits_only_through_uvm(capsys):
                                       "--world_sizes", "1,4", "--hbm_gb", "4"])
     assert code == 0, err
     one_rank, four_ranks = out.splitlines()[1:]
-    assert one_rank.split()[6:8] == ["1", "uvm"]
+    assert re.search(r" 1  uvm +14\.95 GiB +3\.40 GiB ", one_rank), one_rank
     assert one_rank.endswith("25 table(s) partly in host memory through UVM: slower than HBM"), one_rank
-    assert four_ranks.split()[6:8] == ["4", "yes"] and "UVM" not in four_ranks
+    assert re.search(r" 4  yes ", four_ranks) and "UVM" not in four_ranks, four_ranks
 
 
 def test_feature_spec_metadata(capsys, tmp_path):

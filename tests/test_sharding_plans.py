@@ -3,8 +3,8 @@ CLI (presets, verdicts, sweep, chart) and its bad input."""
 
 import json
 import math
-import re
 import os
+import re
 
 import pytest
 import torch

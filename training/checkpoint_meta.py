@@ -83,15 +83,17 @@ class CheckpointMeta:
 
     def flag_values(self, section: str, config_class: Type[Any], path: str) -> Dict[str, Any]:
         """{field: value} of the flags of ``config_class`` that ``config.<section>``
-        records, each checked against its flag's type and choices (``path``: the file,
-        for the error). What ``--mode validate|test`` takes from the checkpoint.
+        records with a value, each checked against its flag's type and choices
+        (``path``: the file, for the error); a null is left out, as it is the default
+        the run had. What ``--mode validate|test`` takes from the checkpoint.
 
         Raises:
             FileFieldError: one line naming ``path`` and the field.
         """
         recorded = JsonObject(self.config.get(section, {}), path, f"config.{section}")
-        return {item.field.name: recorded.get(item.field.name, _flag_kind(item))
-                for item in flags_of(config_class) if recorded.has(item.field.name)}
+        values = {item.field.name: recorded.get(item.field.name, _flag_kind(item))
+                  for item in flags_of(config_class) if recorded.has(item.field.name)}
+        return {name: value for name, value in values.items() if value is not None}
 
     def to_json(self) -> bytes:
         """The file's bytes (version first)."""

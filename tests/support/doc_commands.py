@@ -10,10 +10,14 @@ from tests.support.launch import REPO
 
 def bash_commands(page: str) -> List[List[str]]:
     """Every command of the ```bash blocks of ``page`` (a path relative to the
-    repository root), as argv lists: continuation lines joined, comments dropped,
-    ``a && b`` split into two commands."""
+    repository root), as argv lists (see `markdown_commands`)."""
     with open(os.path.join(REPO, page)) as f:
-        text = f.read()
+        return markdown_commands(f.read())
+
+
+def markdown_commands(text: str) -> List[List[str]]:
+    """Every command of the ```bash blocks of markdown ``text``, as argv lists:
+    continuation lines joined, comments dropped, ``a && b`` split into two commands."""
     commands: List[List[str]] = []
     for block in text.split("```bash\n")[1:]:
         script = block.split("```", 1)[0].replace("\\\n", " ")
@@ -47,3 +51,18 @@ def with_flags(argv: List[str], flags: List[str]) -> List[str]:
         else:
             extra += [name, value]
     return result + extra
+
+
+def without_flags(argv: List[str], *names: str) -> List[str]:
+    """``argv`` without the flags ``names`` and their values (what this machine lacks,
+    such as a GPU's memory)."""
+    kept: List[str] = []
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word in names:
+            skip = True
+        else:
+            kept.append(word)
+    return kept

@@ -132,7 +132,6 @@ class CheckpointMeta:
         )
 
 
-
 _VALUE_KINDS = {
     bool: Kind(lambda v: isinstance(v, bool), "true or false"),
     int: Kind(lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),

@@ -5,9 +5,11 @@ carry the checkpoint's step."""
 import pytest
 
 import dlrm_main
+from common.json_fields import FileFieldError
+from data.config import DataConfig
+from models.config import ModelConfig
 from tests.support.launch import eval_record, launch, read_log
-
-pytestmark = pytest.mark.slow  # training and evaluation runs
+from training.checkpoint_meta import CheckpointMeta
 
 # A model the defaults do not describe (dim 16, small MLPs), 12 steps, 3 test batches.
 TRAINING = ["--batch_size", "128", "--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16",
@@ -15,6 +17,28 @@ TRAINING = ["--batch_size", "128", "--embedding_dim", "16", "--dense_arch_layer_
             "--limit_train_batches", "12", "--limit_val_batches", "2", "--limit_test_batches", "3"]
 
 
+@pytest.mark.parametrize("section, config_class, value, message", [
+    ("data", DataConfig, {"batch_size": "128"}, "ckpt/meta.json: config.data.batch_size must be an integer, got \"128\""),
+    ("model", ModelConfig, {"interaction_type": "exec"},
+     "ckpt/meta.json: config.model.interaction_type must be one of original, dcn, projection, got \"exec\""),
+    ("data", DataConfig, {"dataset_path": ["a"]}, "ckpt/meta.json: config.data.dataset_path must be a string or null"),
+])
+def test_recorded_flags_are_checked_against_their_flags(section, config_class, value, message):
+    """--mode test takes flags from a checkpoint a user hands over: each value must be
+    what its flag parses to, one line naming the file and the field otherwise."""
+    meta = CheckpointMeta(step=1, epoch=0, batch_in_epoch=1, world_size=1, config={section: value}, plan={})
+    with pytest.raises(FileFieldError) as error:
+        meta.flag_values(section, config_class, "ckpt/meta.json")
+    assert str(error.value).startswith(message)
+
+
+def test_recorded_flags_leave_out_nulls():
+    meta = CheckpointMeta(step=1, epoch=0, batch_in_epoch=1, world_size=1, plan={},
+                          config={"data": {"batch_size": 64, "limit_test_batches": None, "seed": 3}})
+    assert meta.flag_values("data", DataConfig, "meta.json") == {"batch_size": 64}  # seed: not a flag
+
+
+@pytest.mark.slow
 def test_mode_test_takes_the_checkpoint_configuration(synthetic_dir, tmp_path):
     ckpt, log = str(tmp_path / "ckpt"), str(tmp_path / "train.jsonl")
     assert launch(dlrm_main.main, ["--in_memory_binary_criteo_path", synthetic_dir, *TRAINING,

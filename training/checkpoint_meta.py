@@ -143,8 +143,11 @@ _VALUE_KINDS = {
 
 
 def _flag_kind(item: Flag) -> Kind:
-    """What a recorded flag value must be: its type (or null), one of its choices."""
-    kind = optional(_VALUE_KINDS[item.value_type])
+    """What a recorded flag value must be: of its type (null where the flag's default
+    is) and one of its choices."""
+    kind = _VALUE_KINDS[item.value_type]
+    if item.default is None:
+        kind = optional(kind)
     choices = item.spec.choices
     if choices is None:
         return kind

@@ -6,6 +6,8 @@ PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DATA_DIR ?= data_cache/synthetic_criteo
 NPROC ?= 2
+# Its optimizer flags are the ones a run diverging with the public defaults advises
+# (training/recipes.py STABLE_OPTIMIZER; tests/test_first_steps.py ties the two).
 TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.05 --optimizer adagrad \
 	--validation_freq_within_epoch 400 --log_every_n_steps 100 --seed 0 \
 	--log_path runs/make_train.jsonl

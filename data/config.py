@@ -30,6 +30,10 @@ class BatchLoader(Protocol):
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None: ...
 
 
+# The flags that name the data (one of them at most).
+DATA_SOURCE_FIELDS = ("in_memory_binary_criteo_path", "synthetic_multi_hot_criteo_path", "dataset_path")
+
+
 @dataclass
 class DataConfig:
     """The data flags.
@@ -101,8 +105,7 @@ class DataConfig:
         if self.dataset_path is not None and not os.path.isfile(self.dataset_path):
             raise FlagError(f"{option(self, 'dataset_path')} {self.dataset_path}: no such file "
                             "(give PATH/feature_spec.yaml)")
-        given = [option(self, name) for name in ("in_memory_binary_criteo_path", "synthetic_multi_hot_criteo_path",
-                                                 "dataset_path") if getattr(self, name)]
+        given = [option(self, name) for name in DATA_SOURCE_FIELDS if getattr(self, name)]
         if len(given) > 1:
             raise FlagError(f"give one data path, not {' and '.join(given)}")
         sizes, distribution = option(self, "multi_hot_sizes"), option(self, "multi_hot_distribution_type")

@@ -3,7 +3,7 @@
     python -m serving.export --checkpoint CKPT --output MODEL_DIR [--quantize fp16,int8]
 
 CKPT is one checkpoint (``.../step_000000100``) or a ``--checkpoint_dir``: the checkpoint
-its best.json marks (early stopping's best model), else (or with ``--newest``) its newest
+its best.json marks (the best validation's model), else (or with ``--newest``) its newest
 complete one. It is loaded in this one process, whatever the world size and
 sharding plan it was saved with. MODEL_DIR receives:
 

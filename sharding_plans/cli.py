@@ -262,13 +262,24 @@ def _does_not_fit(request: PlanRequest, reason: str, search: bool) -> str:
     return "\n".join(lines)
 
 
+def _uvm_tables(saved: SavedPlan) -> List[str]:
+    """The tables a CUDA plan keeps partly in host memory (UVM kernels), sorted."""
+    if saved.topology.compute_device != "cuda":
+        return []
+    return sorted({t for module in saved.plan.plan.values() for t, ps in module.items()  # type: ignore[union-attr]
+                   if ps.compute_kernel in ("fused_uvm", "fused_uvm_caching")})
+
+
+def _through_uvm(uvm: List[str]) -> str:
+    return f"{len(uvm)} table(s) partly in host memory through UVM"
+
+
 def _fits_verdict(saved: SavedPlan) -> str:
     topology = saved.topology
     verdict = f"verdict: fits on {topology.world_size} {_rank_kind(topology)}"
-    uvm = sorted({t for module in saved.plan.plan.values() for t, ps in module.items()  # type: ignore[union-attr]
-                  if ps.compute_kernel in ("fused_uvm", "fused_uvm_caching")})
-    if uvm and topology.compute_device == "cuda":
-        verdict += (f", with {len(uvm)} table(s) partly in host memory through UVM "
+    uvm = _uvm_tables(saved)
+    if uvm:
+        verdict += (f", with {_through_uvm(uvm)} "
                     f"({', '.join(uvm[:4])}{', ...' if len(uvm) > 4 else ''}): slower than HBM")
     return verdict
 
@@ -318,9 +329,11 @@ def _sweep(args: argparse.Namespace) -> int:
         assert saved.estimates is not None
         top = largest_rank(saved.estimates)
         step = max(e.step_time_ms for e in saved.estimates)
-        print(f"{label:<24} {format_bytes(weights):>11} {topology.world_size:>6}  {'yes':<4} "
+        uvm = _uvm_tables(saved)
+        # "uvm": it fits only because tables spill to host memory, slower than HBM.
+        print(f"{label:<24} {format_bytes(weights):>11} {topology.world_size:>6}  {'uvm' if uvm else 'yes':<4} "
               f"{format_bytes(top.total_bytes):>13} {usable:>12} {memory_imbalance(saved.estimates):>9.2f} "
-              f"{step:>10.3f}", flush=True)
+              f"{step:>10.3f}" + (f"  {_through_uvm(uvm)}: slower than HBM" if uvm else ""), flush=True)
     return 0
 
 

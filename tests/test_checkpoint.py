@@ -53,7 +53,8 @@ def reference(synthetic_dir, tmp_path_factory):
 @pytest.mark.slow
 def test_checkpoint_layout(reference):
     ckpt, _ = reference
-    assert sorted(os.listdir(ckpt)) == [f"step_{s:09d}" for s in (5, 10, 15, 16)]
+    # best.json: the end-of-epoch validation, the only one, is the best so far
+    assert sorted(os.listdir(ckpt)) == ["best.json"] + [f"step_{s:09d}" for s in (5, 10, 15, 16)]
     step10 = os.path.join(ckpt, "step_000000010")
     assert {"COMPLETE", "meta.json", ".metadata", "rank_0.pt", "rank_1.pt"} <= set(os.listdir(step10))
     meta = read_meta(step10)
@@ -189,7 +190,7 @@ def test_keep_last_n_prunes_after_completion(synthetic_dir, tmp_path):
     ckpt = str(tmp_path / "ckpt")
     assert launch(dlrm_main.main, flags(synthetic_dir, ckpt, str(tmp_path / "l.jsonl"), "--keep_last_n_checkpoints",
                                         "2", batch=256), nproc=1) == {0: 0}
-    assert sorted(os.listdir(ckpt)) == ["step_000000015", "step_000000016"]
+    assert sorted(os.listdir(ckpt)) == ["best.json", "step_000000015", "step_000000016"]
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ CLI (presets, verdicts, sweep, chart) and its bad input."""
 import json
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -238,6 +239,19 @@ def test_sweep_table(capsys):
         if fits == "yes":
             imbalance = float(row[12])
             assert imbalance == pytest.approx(math.ceil(26 / ranks) / (26 / ranks), abs=0.01), row
+
+
+def test_sweep_says_when_a_rank_fits_only_through_uvm(capsys):
+    """26 tables of 1M x 128 (12.4 GiB) on GPUs of 4 GiB (3.4 GiB usable): one rank
+    holds them only by keeping tables in host memory (its largest rank is over the
+    usable HBM), which the row says as `plan` does; four ranks fit in HBM."""
+    code, out, err = run_cli(capsys, ["sweep", "--num_embeddings", "1000000", "--embedding_dim", "128",
+                                      "--world_sizes", "1,4", "--hbm_gb", "4"])
+    assert code == 0, err
+    one_rank, four_ranks = out.splitlines()[1:]
+    assert re.search(r" 1  uvm +14\.95 GiB +3\.40 GiB ", one_rank), one_rank
+    assert one_rank.endswith("25 table(s) partly in host memory through UVM: slower than HBM"), one_rank
+    assert re.search(r" 4  yes ", four_ranks) and "UVM" not in four_ranks, four_ranks
 
 
 def test_feature_spec_metadata(capsys, tmp_path):

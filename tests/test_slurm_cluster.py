@@ -172,7 +172,7 @@ def _rank_pids(marker, local_rank):
                 environ = f.read().split(b"\0")
         except OSError:  # gone, or not ours to read
             continue
-        if marker.encode() in argv and f"LOCAL_RANK={local_rank}".encode() in environ and b"dlrm_main.py" in argv:
+        if marker.encode() in argv and f"LOCAL_RANK={local_rank}".encode() in environ and b"dlrm_main" in argv:
             pids.append(int(pid))
     return pids
 

@@ -10,6 +10,7 @@ import pytest
 
 import dlrm_main
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
+from tests.support.doc_commands import without_flags
 from tests.support.launch import REPO, launch, read_log, step_losses
 from training.report import loss_limits, main as report_main, read_runs
 
@@ -25,19 +26,6 @@ def make_train_flags() -> list:
     return re.search(r"^TRAIN_FLAGS \?=(.*)$", text, re.MULTILINE).group(1).split()
 
 
-def _without(flags: list, *names: str) -> list:
-    """``flags`` without the given flags and their values."""
-    kept, skip = [], False
-    for flag in flags:
-        if skip:
-            skip = False
-        elif flag in names:
-            skip = True
-        else:
-            kept.append(flag)
-    return kept
-
-
 @pytest.mark.slow
 def test_make_train_flags_start_stably(tmp_path):
     """make train's flags on a small generated data set (make train's generator and
@@ -47,7 +35,7 @@ def test_make_train_flags_start_stably(tmp_path):
     # Two days of 51,200 rows: day 0 is 50 steps of 2 x 512, day 1 validation and test.
     generate_synthetic_criteo(SyntheticCriteoSpec(num_days=2, rows_per_day=51_200, seed=0), data,
                               show_progress=False)
-    flags = _without(make_train_flags(), "--log_path", "--log_every_n_steps", "--validation_freq_within_epoch")
+    flags = without_flags(make_train_flags(), "--log_path", "--log_every_n_steps", "--validation_freq_within_epoch")
     argv = ["--in_memory_binary_criteo_path", data, *flags, "--log_path", log, "--log_every_n_steps", "1",
             "--limit_train_batches", str(EARLY_STEPS), "--limit_val_batches", "1", "--limit_test_batches", "1"]
     assert launch(dlrm_main.main, argv) == {0: 0, 1: 0}

@@ -68,7 +68,8 @@ def _jobs(stdout):
 
 
 def _training_flags(argv, script):
-    return argv[argv.index(script) + 1:]
+    """The flags after the entry point, which the ranks run as a module (-m dlrm_main)."""
+    return argv[argv.index(script.removesuffix(".py")) + 1:]
 
 
 @pytest.mark.slow

@@ -1,9 +1,14 @@
 """The torchx components' parameters, errors and docs/launching.md tables (in-process, no launch)."""
 
+import inspect
+import os
 import subprocess
 import sys
+import tomllib
 
 import pytest
+from torchx.specs.builders import parse_args
+from torchx.specs.finder import CustomComponentsFinder, ModuleComponentsFinder
 
 import aws_component
 from scripts import component_docs
@@ -26,7 +31,7 @@ def test_aws_component_spreads_trainers_over_nodes_of_8(num_trainers, nodes, per
     assert role.num_replicas == nodes
     args = _torchrun_args(app)
     assert args[args.index("--nproc_per_node") + 1] == str(per_node)
-    assert args[-3:] == ["dlrm_main.py", "--batch_size", "2048"]
+    assert args[-4:] == ["-m", "dlrm_main", "--batch_size", "2048"]
     assert (role.resource.gpu, role.resource.cpu) == (8, 96)  # default machine: aws_p4d
 
 
@@ -84,7 +89,7 @@ def test_data_dir_is_mounted_and_passed_unless_flags_give_a_path(flags, expected
     (role,) = app.roles
     args = _torchrun_args(app)
     # checkpoint_dir also makes a restarted job resume from its newest checkpoint
-    assert args[args.index("dlrm_main.py") + 1:] == ["--checkpoint_dir", "/ckpt", "--resume", *expected]
+    assert args[args.index("dlrm_main") + 1:] == ["--checkpoint_dir", "/ckpt", "--resume", *expected]
     assert [(m.src_path, m.dst_path, m.read_only) for m in role.mounts] == [
         ("/data", "/data", True), ("/ckpt", "/ckpt", False)]
     assert role.max_retries == 2
@@ -116,3 +121,32 @@ def test_launching_page_component_tables_match_the_docstrings():
         page = f.read()
     assert component_docs.page_with_tables(page) == page, (
         "docs/launching.md is out of date: run python scripts/component_docs.py --write")
+
+
+def _repository_components():
+    """The components as torchx finds them: the modules of this repository that
+    pyproject.toml registers under `torchx.components` (listed the way `torchx builtins`
+    lists them), and aws_component.py's by file."""
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        registered = tomllib.load(f)["project"]["entry-points"]["torchx.components"]
+    components = [component for group, module in registered.items() if module.startswith("torchx_components")
+                  for component in ModuleComponentsFinder(module, "" if group.startswith("_") else group).find()
+                  if not component.validation_errors]
+    components += CustomComponentsFinder(os.path.join(REPO, "aws_component.py"), "run_dlrm_main").find()
+    return components
+
+
+def test_every_component_renders_its_help(capsys):
+    """`torchx run COMPONENT --help` as torchx renders it: argparse formats each
+    parameter's docstring with %, so a literal % in one crashed the help."""
+    components = _repository_components()
+    assert {"dlrm", "dcnv2", "preprocess_criteo"} <= {c.name for c in components}
+    for component in components:
+        with pytest.raises(SystemExit) as exit_:
+            parse_args(component.fn, ["--help"])
+        assert exit_.value.code == 0, component.name
+        shown = capsys.readouterr().out
+        assert shown.startswith(f"usage: torchx run <run args...> {component.fn_name}"), component.name
+        for parameter in inspect.signature(component.fn).parameters.values():
+            if parameter.kind is not inspect.Parameter.VAR_POSITIONAL:
+                assert f"--{parameter.name}" in shown, (component.name, parameter.name)

@@ -1,10 +1,12 @@
 """The torchx CLI for real: local launches that train, Slurm and Kubernetes dry runs."""
 
+import os
 import re
 
 import pytest
 
-from tests.support.launch import eval_record, read_log
+from tests.support.doc_commands import commands_starting, replaced, with_flags
+from tests.support.launch import REPO, eval_record, read_log
 from tests.support.torchx_cli import (SMALL_TRAINING_FLAGS, install_components, kubernetes_job, option,
                                       sbatch_groups, scheduler_request, torchrun_argv, torchx)
 
@@ -56,6 +58,32 @@ def test_dlrm_component_local_cwd_trains(torchx_env, synthetic_dir, tmp_path):
     assert config["data"]["in_memory_binary_criteo_path"] == synthetic_dir  # from --data_dir
 
 
+def test_documented_default_component_line_trains(torchx_env, synthetic_dir, tmp_path):
+    """docs/launching.md's `torchx run -s local_cwd -- ... -- <flags>` (.torchxconfig's
+    default component): torchx consumes the first `--`, so a single one handed the
+    training flags to dlrm's own parser, which refused them."""
+    (documented,) = commands_starting("docs/launching.md", "torchx", "run", "-s", "local_cwd", "--")
+    argv = replaced(documented, {"data_cache/synthetic_criteo": synthetic_dir})
+    log_path = str(tmp_path / "run.jsonl")
+    argv = with_flags(argv, [*SMALL_TRAINING_FLAGS, "--log_path", log_path])
+    proc = torchx([*argv[1:4], "-cfg", f"log_dir={tmp_path}", *argv[4:]], torchx_env)
+    _assert_trained(proc, log_path)
+
+
+def test_component_runs_from_outside_the_repository(torchx_env, synthetic_dir, tmp_path):
+    """From another directory (no .torchxconfig, no dlrm_main.py there) the ranks find
+    the installed entry point; they ran `dlrm_main.py` relative to the working
+    directory and failed with "can't open file"."""
+    env = dict(torchx_env)
+    # The editable install of `make install` puts the repository on every process's path.
+    env["PYTHONPATH"] = os.pathsep.join([torchx_env["PYTHONPATH"], REPO])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = torchx(["run", "-s", "local_cwd", "-cfg", f"log_dir={tmp_path}", "dlrm", "-j", "1x2",
+                   "--data_dir", synthetic_dir, "--", *SMALL_TRAINING_FLAGS], env, cwd=str(elsewhere))
+    _assert_trained(proc)
+
+
 @pytest.mark.parametrize("component", [
     ["dlrm", "-j", "2x8", "-h", "a100x8", "--data_dir", "/fsx/criteo", "--checkpoint_dir", "/fsx/ckpt",
      "--max_retries", "3"],
@@ -79,7 +107,7 @@ def test_slurm_dryrun(torchx_env, component):
         assert option(argv, "--nnodes") == "2" and option(argv, "--nproc_per_node") == "8"
         assert option(argv, "--rdzv_backend") == "c10d"
         assert option(argv, "--rdzv_endpoint") == "${SLURM_JOB_NODELIST_HET_GROUP_0:=localhost}:29500"
-        script = argv.index("dlrm_main.py")
+        script = argv.index("dlrm_main")
         resume = ["--checkpoint_dir", "/fsx/ckpt", "--resume"] if "--checkpoint_dir" in component else []
         assert argv[script + 1:] == [*resume, "--in_memory_binary_criteo_path", "/fsx/criteo", *TRAINING_FLAGS]
 
@@ -113,7 +141,7 @@ def test_kubernetes_dryrun(torchx_env):
         assert volumes[mounts["/logs"]["name"]]["persistentVolumeClaim"] == {"claimName": "logs-claim"}
         argv = torchrun_argv(container["command"])
         assert option(argv, "--nnodes") == "2" and option(argv, "--nproc_per_node") == "8"
-        script = argv.index("dcnv2_main.py")
+        script = argv.index("dcnv2_main")
         assert argv[script + 1:] == ["--checkpoint_dir", "/fsx/ckpt", "--resume",
                                      "--in_memory_binary_criteo_path", "/fsx/criteo", *TRAINING_FLAGS]
 

@@ -6,7 +6,7 @@ The torchrun command line and its rendezvous come from torchx's own ``dist.ddp``
 
 Example::
 
-    app = trainer_app("dlrm_main.py", ["--batch_size", "2048"],
+    app = trainer_app("dlrm_main", ["--batch_size", "2048"],
                       LaunchOptions(j="2x8", h="a100x8", data_dir="/fsx/criteo"))
 """
 
@@ -121,8 +121,13 @@ def gives_data_path(script_args: Sequence[str]) -> bool:
     return any(arg.split("=", 1)[0] in DATA_PATH_FLAGS for arg in script_args)
 
 
-def trainer_app(script: str, script_args: Sequence[str], options: LaunchOptions) -> specs.AppDef:
-    """One role of NODES torchrun agents, each starting PROCS ranks of ``script``.
+def trainer_app(module: str, script_args: Sequence[str], options: LaunchOptions) -> specs.AppDef:
+    """One role of NODES torchrun agents, each starting PROCS ranks of the entry-point
+    module (``dlrm_main``, ``dcnv2_main``).
+
+    The ranks run it as ``-m MODULE``: the install (`make install`, the image) puts the
+    entry points on the path, so a job starts from any working directory, not only
+    the repository root.
 
     ``data_dir`` adds ``--in_memory_binary_criteo_path DATA_DIR`` unless the flags give
     a data path. ``checkpoint_dir`` is mounted and adds ``--checkpoint_dir DIR --resume``
@@ -138,7 +143,7 @@ def trainer_app(script: str, script_args: Sequence[str], options: LaunchOptions)
     resource = options.resource()
     app = ddp(
         *args,
-        script=script,
+        m=module,
         image=options.image,
         name=options.name,
         cpu=resource.cpu,

@@ -21,7 +21,7 @@ TRAINING_PARAMETERS = f"""
 Args:
     script_args: training flags, passed to the entry point unchanged (after --)
     j: NODESxPROCS: nodes, and processes (ranks) per node; on GPU machines at most one per GPU
-    h: machine preset of each node: cpu, cpu_large, a100x1, a100x8, h100x8, aws_p4d, aws_p4de, aws_p5 or a torchx named resource. The request must fit one node: on Slurm a job asking more CPUs than a node has stays pending forever (reason PartitionConfig; torchx run --wait never returns) and one asking more memory is refused, so size it with sinfo -o '%P %c %m' (CPUs and MB per node), e.g. --cpu 2 on 2-CPU nodes (the cpu preset asks {_DEFAULT_NODE.cpu} CPUs, {_DEFAULT_NODE.memMB} MB)
+    h: machine preset of each node: cpu, cpu_large, a100x1, a100x8, h100x8, aws_p4d, aws_p4de, aws_p5 or a torchx named resource. The request must fit one node: on Slurm a job asking more CPUs than a node has stays pending forever (reason PartitionConfig; torchx run --wait never returns) and one asking more memory is refused, so size it with sinfo -O partition,cpus,memory (CPUs and MB per node), e.g. --cpu 2 on 2-CPU nodes (the cpu preset asks {_DEFAULT_NODE.cpu} CPUs, {_DEFAULT_NODE.memMB} MB)
     cpu: CPUs per node, replacing the preset's; at most a node's CPUs (see h)
     gpu: GPUs per node, replacing the preset's
     memMB: memory per node in MB, replacing the preset's (0.96 x its RAM); at most a node's memory (see h)
@@ -52,7 +52,7 @@ def dlrm(
     max_retries: int = 0,
     rdzv_port: int = 29500,
 ) -> specs.AppDef:
-    return trainer_app("dlrm_main.py", script_args, LaunchOptions(
+    return trainer_app("dlrm_main", script_args, LaunchOptions(
         j=j, h=h, cpu=cpu, gpu=gpu, memMB=memMB, image=image, name=name, env=env or {},
         data_dir=data_dir, checkpoint_dir=checkpoint_dir, mounts=mounts or [],
         max_retries=max_retries, rdzv_port=rdzv_port))
@@ -74,7 +74,7 @@ def dcnv2(
     max_retries: int = 0,
     rdzv_port: int = 29500,
 ) -> specs.AppDef:
-    return trainer_app("dcnv2_main.py", script_args, LaunchOptions(
+    return trainer_app("dcnv2_main", script_args, LaunchOptions(
         j=j, h=h, cpu=cpu, gpu=gpu, memMB=memMB, image=image, name=name, env=env or {},
         data_dir=data_dir, checkpoint_dir=checkpoint_dir, mounts=mounts or [],
         max_retries=max_retries, rdzv_port=rdzv_port))

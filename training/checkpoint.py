@@ -59,7 +59,7 @@ from common.path_lock import LockHeld, PathLock
 from common.manifest import (HashingStream, ManifestEntry, ManifestError, check_bytes, check_manifest_format,
                              check_stream, entry_of_bytes)
 from training.checkpoint_meta import CheckpointMeta
-from training.config import OptimizerConfig, TrainConfig
+from training.config import CheckpointConfig, OptimizerConfig, TrainConfig
 from training.dcp_metadata import UnsafeMetadataError, check_metadata, load_metadata
 from training.failures import RankError, Terminated, sigterm_deferred
 
@@ -684,6 +684,20 @@ class RestorePoint:
     full: bool
 
 
+def checkpoint_to_evaluate(flags: CheckpointConfig) -> str:
+    """The checkpoint whose weights a run loads (--restore_checkpoint_path, or --mode
+    validate|test with --checkpoint_dir): that path, or the best of a directory when
+    one is marked, else its newest."""
+    if flags.restore_checkpoint_path:
+        path = flags.restore_checkpoint_path
+        # A missing path: read_meta says so.
+        return checkpoint_to_load(path, "--restore_checkpoint_path") if g_pathmgr.exists(path) else path
+    path = best_checkpoint(flags.checkpoint_dir) or newest_checkpoint(flags.checkpoint_dir)  # type: ignore[arg-type]
+    if path is None:
+        raise CheckpointError(f"--checkpoint_dir {flags.checkpoint_dir}: no complete checkpoint to evaluate")
+    return path
+
+
 def find_restore_point(config: TrainConfig) -> Optional[RestorePoint]:
     """The checkpoint the flags ask for, checked against the config; None to start fresh.
 
@@ -692,21 +706,15 @@ def find_restore_point(config: TrainConfig) -> Optional[RestorePoint]:
     """
     flags = config.checkpoint
     full = flags.resume and config.mode == "train"
-    if flags.restore_checkpoint_path:
-        path: Optional[str] = flags.restore_checkpoint_path
-        if g_pathmgr.exists(path):  # a missing path: read_meta says so
-            path = checkpoint_to_load(path, "--restore_checkpoint_path")  # type: ignore[arg-type]
-    else:
-        if not (flags.resume or config.mode != "train") or not flags.checkpoint_dir:
-            return None  # inference_benchmark without a checkpoint: a freshly built model
-        # Resuming continues from the newest; evaluating takes the best when one is marked.
-        path = (newest_checkpoint(flags.checkpoint_dir) if full  # type: ignore[arg-type]
-                else best_checkpoint(flags.checkpoint_dir) or newest_checkpoint(flags.checkpoint_dir))
+    if full:
+        path = newest_checkpoint(flags.checkpoint_dir)  # type: ignore[arg-type]
         if path is None:
-            if config.mode != "train":
-                raise CheckpointError(f"--checkpoint_dir {flags.checkpoint_dir}: no complete checkpoint to evaluate")
             return None
-    meta = read_meta(path)  # type: ignore[arg-type]
+    elif flags.restore_checkpoint_path or (config.mode != "train" and flags.checkpoint_dir):
+        path = checkpoint_to_evaluate(flags)
+    else:
+        return None  # inference_benchmark without a checkpoint: a freshly built model
+    meta = read_meta(path)
     differences = list(iter_differences(asdict(meta.model), asdict(config.model)))
     if full:
         differences += list(iter_differences(_optimizers(meta.optimizer), _optimizers(config.optim), "optim."))

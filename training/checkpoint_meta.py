@@ -14,8 +14,9 @@ Example::
 """
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Type
 
+from common.config_flags import Flag, flags_of
 from common.json_fields import (INTEGER, OBJECT, TEXT, FileFieldError, JsonObject, Kind, integer, optional,
                                 versioned_json)
 from models.config import ModelConfig
@@ -80,6 +81,20 @@ class CheckpointMeta:
         """The Criteo binary directory it was trained on (--in_memory_binary_criteo_path), if any."""
         return self.config["data"].get("in_memory_binary_criteo_path")
 
+    def flag_values(self, section: str, config_class: Type[Any], path: str) -> Dict[str, Any]:
+        """{field: value} of the flags of ``config_class`` that ``config.<section>``
+        records with a value, each checked against its flag's type and choices
+        (``path``: the file, for the error); a null is left out, as it is the default
+        the run had. What ``--mode validate|test`` takes from the checkpoint.
+
+        Raises:
+            FileFieldError: one line naming ``path`` and the field.
+        """
+        recorded = JsonObject(self.config.get(section, {}), path, f"config.{section}")
+        values = {item.field.name: recorded.get(item.field.name, _flag_kind(item))
+                  for item in flags_of(config_class) if recorded.has(item.field.name)}
+        return {name: value for name, value in values.items() if value is not None}
+
     def to_json(self) -> bytes:
         """The file's bytes (version first)."""
         return versioned_json(self)
@@ -116,3 +131,25 @@ class CheckpointMeta:
             early_stopping=document.get("early_stopping", optional(OBJECT), None),
         )
 
+
+_VALUE_KINDS = {
+    bool: Kind(lambda v: isinstance(v, bool), "true or false"),
+    int: Kind(lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    float: Kind(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    str: TEXT,
+    List[int]: Kind(lambda v: isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v),
+                    "a list of integers"),
+}
+
+
+def _flag_kind(item: Flag) -> Kind:
+    """What a recorded flag value must be: of its type (null where the flag's default
+    is) and one of its choices."""
+    kind = _VALUE_KINDS[item.value_type]
+    if item.default is None:
+        kind = optional(kind)
+    choices = item.spec.choices
+    if choices is None:
+        return kind
+    return Kind(lambda v: kind.accepts(v) and (v is None or v in choices),
+                f"one of {', '.join(map(str, choices))}")

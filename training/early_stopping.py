@@ -87,12 +87,15 @@ class BestModel:
     """Keeps the best model of a run and tells the run when to stop.
 
     With a checkpoint manager, each new best is saved as a checkpoint (unless the
-    step already has one) and marked in best.json, which pruning respects; without
-    one, every rank copies its own shards to host memory. `restore` puts the best
-    weights back into the model, for the test split.
+    step already has one) and marked in best.json, which pruning respects, whether
+    or not early stopping is on: the directory always names its best checkpoint.
+    With early stopping and no manager, every rank copies its own shards to host
+    memory. `restore` puts the best weights back into the model, for the test split
+    (early stopping only: without it the test split takes the last weights).
 
     Args:
-        config: early stopping's flags (disabled: `observe` never stops, nothing is kept).
+        config: early stopping's flags (disabled: `observe` never stops, and without a
+            checkpoint manager nothing is kept).
         checkpoints: the run's checkpoint manager, or None.
         rank: this process's rank.
 
@@ -116,7 +119,7 @@ class BestModel:
         """Takes one validation (collective); True when training should stop now.
 
         ``save`` writes the current state as a checkpoint and returns its path."""
-        if not self.config.enabled:
+        if not self.config.enabled and self.checkpoints is None:
             return False
         if self.stopping.update(step, validation):
             if self.checkpoints is not None:
@@ -132,7 +135,7 @@ class BestModel:
         """Loads the best weights into ``model`` unless they are the current ones
         (``step``); True when it did. Collective."""
         best = self.stopping.best_step
-        if best is None or best == step:
+        if not self.config.enabled or best is None or best == step:
             return False
         if self.checkpoints is not None:
             path = best_checkpoint(self.checkpoints.directory)

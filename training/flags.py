@@ -11,9 +11,9 @@ import argparse
 from typing import List, NoReturn, Optional, Sequence, Tuple, Type
 
 from common.cli import OneLineParser
-from common.config_flags import FlagError, Overrides, add_flags, config_values, given, option
+from common.config_flags import FlagError, Overrides, add_flags, config_values, flags_of, given, option
 from common.errors import BadInput
-from data.config import DataConfig
+from data.config import DATA_SOURCE_FIELDS, DataConfig
 from data.criteo_layout import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES, read_metadata
 from data.feature_spec import FeatureSpec
 from models.config import ModelConfig, TableSizes
@@ -116,9 +116,38 @@ def _layers(args: argparse.Namespace) -> Tuple[Overrides, ...]:
     return tuple(layer for recipe in recipes if recipe for layer in recipe.overrides)
 
 
+def _checkpoint_layers(args: argparse.Namespace, layers: Tuple[Overrides, ...]) -> Tuple[Overrides, ...]:
+    """--mode validate|test: what the evaluated checkpoint records of its run (model,
+    table sizes, data, optimizers), as defaults that the flags given override.
+    A data path given on the command line replaces the recorded one."""
+    mode = config_values(TrainConfig, args, layers)["mode"]
+    if mode not in ("validate", "test"):
+        return ()
+    flags = CheckpointConfig(**config_values(CheckpointConfig, args, layers))
+    if not (flags.restore_checkpoint_path or flags.checkpoint_dir):
+        return ()  # TrainConfig.validate says what is missing
+    from training.checkpoint import checkpoint_to_evaluate, read_meta  # torch: only when evaluating
+    path = checkpoint_to_evaluate(flags)
+    meta = read_meta(path)
+    where = f"{path}/meta.json"
+    data = meta.flag_values("data", DataConfig, where)
+    if any(given(args, DataConfig, name) for name in DATA_SOURCE_FIELDS):
+        data = {name: value for name, value in data.items() if name not in DATA_SOURCE_FIELDS}
+    # The sizes as training resolved them, unless table-size flags are given.
+    tables = ({} if any(given(args, TableSizes, item.field.name) for item in flags_of(TableSizes))
+              else {"num_embeddings_per_feature": meta.model.num_embeddings_per_feature})
+    return (
+        Overrides(ModelConfig, **meta.flag_values("model", ModelConfig, where)),
+        Overrides(TableSizes, **tables),
+        Overrides(DataConfig, **data),
+        Overrides(OptimizerConfig, **meta.flag_values("optim", OptimizerConfig, where)),
+    )
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """Builds and validates the config; raises FlagError naming the flag."""
+    """Builds and validates the config; raises BadInput (FlagError naming the flag)."""
     layers = _layers(args)
+    layers += _checkpoint_layers(args, layers)
 
     def values(config_class: Type) -> dict:
         return config_values(config_class, args, layers)
@@ -171,5 +200,5 @@ def parse_config(argv: Optional[Sequence[str]], prog: str, description: str,
     args = build_parser(prog, description, entry_recipe).parse_args(argv)
     try:
         return config_from_args(args)
-    except FlagError as e:
+    except BadInput as e:  # a flag, or the checkpoint --mode validate|test reads
         raise SystemExit(report_bad_input(prog, str(e)))

@@ -7,6 +7,7 @@ runs the epochs, `evaluate` runs a split through its own pipeline.
 
 import dataclasses
 import itertools
+import math
 import os
 import sys
 import time
@@ -20,6 +21,7 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.train_pipeline.train_pipelines import TrainPipeline
 from torchrec.distributed.types import ShardingEnv
 
+from common.config_flags import Overrides, flag_of
 from common.errors import BadInput
 from data.config import BatchLoader, build_loaders, open_dataset
 from models import build_dlrm_train
@@ -31,7 +33,7 @@ from sharding_plans.rules import check_embedding_weight_decay, check_reshardable
 from training.checkpoint import (CheckpointManager, RestorePoint, check_writable, find_restore_point, load_checkpoint,
                                  lock_checkpoint_dir)
 from training.checkpoint_meta import CheckpointMeta
-from training.config import TrainConfig
+from training.config import OptimizerConfig, TrainConfig
 from training.distributed import DistributedEnv, gather_peak_memory, init_process_group, rank_cpu_share
 from training.early_stopping import BestModel
 from training.embedding_init import init_embedding_tables, torchrec_table_init_skipped
@@ -41,12 +43,29 @@ from training.metrics import BinaryClassificationMetrics
 from training.optimizers import build_combined_optimizer
 from training.pipelines import (build_pipeline, check_pipeline_supported, check_plan_for_pipeline,
                                 cpu_bf16_speed_ratio, release_cache_line_locks, semi_sync_start_after)
+from training.recipes import STABLE_OPTIMIZER
 from training.run_log import RunLog
 from training.sharding import prepare_sharding
 
 
 class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite."""
+
+
+# Every step's loss is checked over the run's first steps (later, once per logged
+# interval): a diverging start, the usual case, is caught within a few steps.
+DIVERGENCE_WATCH_STEPS = 100
+
+
+def divergence_advice(optim: OptimizerConfig) -> str:
+    """What to do about a non-finite loss: with the public example's optimizer flags
+    left at their defaults, they are the likely cause, and the flags that train."""
+    public = {name: flag_of(OptimizerConfig, name).default for name in STABLE_OPTIMIZER.values}
+    if any(getattr(optim, name) != value for name, value in public.items()):
+        return "lower --learning_rate or check the input data"
+    defaults = " ".join(f"{option} {value}" for option, value in Overrides(OptimizerConfig, **public).options().items())
+    stable = " ".join(f"{option} {value}" for option, value in STABLE_OPTIMIZER.options().items())
+    return f"the likely cause is the public example's defaults ({defaults}); these train: {stable}"
 
 
 @dataclass
@@ -86,8 +105,9 @@ class Trainer:
         dataset = open_dataset(config.data)
         restore = find_restore_point(config)
         flags = config.checkpoint
-        # Early stopping saves its best checkpoints there even without a saving flag.
-        saves_checkpoints = bool(flags.checkpoint_dir) and (flags.saving or config.early_stopping.enabled)
+        # Training with a checkpoint directory always saves there: at the end, at each
+        # new best validation, and at the cadence the saving flags set.
+        saves_checkpoints = bool(flags.checkpoint_dir) and config.mode == "train"
         if saves_checkpoints:
             check_writable(flags.checkpoint_dir)  # type: ignore[arg-type]
         check_pipeline_supported(config.pipeline, env.device)
@@ -165,6 +185,7 @@ class Trainer:
         self._saved_path = ""
         self._validated_step = -1
         self._stop_training = False  # early stopping or the AUROC target ended training
+        self._stop_position = (0, 0)  # (epoch, batch) training continues at after the last validation
         self._fit_start = 0.0
         self.frequencies = (IdFrequencies(config.model.sparse_feature_names, config.model.table_names,
                                           config.model.num_embeddings_per_feature)
@@ -176,8 +197,11 @@ class Trainer:
         self.checkpoints = (CheckpointManager(flags.checkpoint_dir, flags.keep_last_n_checkpoints, env.rank)  # type: ignore[arg-type]
                             if saves_checkpoints else None)
         self.best = BestModel(config.early_stopping, self.checkpoints, env.rank)
+        self.weights_step: Optional[int] = None  # the step of the checkpoint whose weights were loaded
         if restore is not None:
             self.restore_from(restore)
+        elif flags.resume:
+            self.log.print(f"--resume: {flags.checkpoint_dir} holds no complete checkpoint; training starts from scratch")
         self.train_pipeline = self._pipeline(config.pipeline, config.amp)  # after the restored step
         # Last, so that nothing above can fail with the lock held; released by `fit`
         # (or `release_checkpoint_dir` when it fails).
@@ -198,6 +222,7 @@ class Trainer:
             state["optim"] = self.optimizer.state_dict()
         load_checkpoint(restore.path, state, self.env.rank, restore_rng=restore.full)
         self.model.load_state_dict(state["model"])
+        self.weights_step = restore.meta.step
         if not restore.full:
             self.log.print(f"loaded the weights of {restore.path}")
             return
@@ -209,6 +234,7 @@ class Trainer:
                              f"{meta.global_batch_size} rows, this run has {global_batch}: "
                              "the data position cannot carry over")
         self.step, self.start_epoch, self.start_batch = meta.step, meta.epoch, meta.batch_in_epoch
+        self._saved_step, self._saved_path = meta.step, restore.path  # this step needs no new save
         if meta.early_stopping:
             self.best.stopping.load_state_dict(meta.early_stopping)
         self.log.print(f"resumed from {restore.path}: step {self.step}, epoch {self.start_epoch}, "
@@ -269,10 +295,15 @@ class Trainer:
                 self.save_checkpoint(epoch + 1, 0)
             if self._stop_training:
                 break
+        if self.checkpoints and self._saved_step != self.step:
+            # Continues where training stopped: after the last epoch, or at the
+            # validation that stopped it.
+            self.save_checkpoint(*(self._stop_position if self._stop_training else (config.epochs, 0)))
         if self.frequencies is not None:
             path = self.frequencies.save(os.getcwd(), self.env.rank)
             self.log.print(f"id frequencies of the training batches: {path} (one file per rank)")
-        result.best_step, result.best_validation = self.best.stopping.best_step, self.best.stopping.best_validation
+        if config.early_stopping.enabled:  # the test split takes the best weights
+            result.best_step, result.best_validation = self.best.stopping.best_step, self.best.stopping.best_validation
         result.stopped_early = self.best.stopped_early
         if self.best.restore(self.model, self.step):
             self.log.print(f"testing the best weights: step {result.best_step} (validation "
@@ -305,6 +336,8 @@ class Trainer:
             pending.append(loss.detach())
             interval_records += labels.numel() * self.env.world_size
             self.step += 1
+            if self.step <= DIVERGENCE_WATCH_STEPS:
+                self._check_finite(self._mean_over_ranks(pending[-1:]), epoch)
             self.log.advance()
             if config.print_lr:
                 self.log.print(f"step {self.step - 1}: lr {lr:.6g}")
@@ -340,20 +373,8 @@ class Trainer:
         self, epoch: int, pending: List[torch.Tensor], lr: float, records: int, seconds: float
     ) -> List[float]:
         """Averages the interval's losses over ranks, stops on a non-finite one, logs."""
-        step_losses = torch.stack(pending).double()
-        if self.env.world_size > 1:
-            # Embedding gradients are divided by the world size: the loss of the
-            # equivalent single-process run is the mean of the ranks' losses.
-            dist.all_reduce(step_losses)
-            step_losses /= self.env.world_size
-        values = step_losses.cpu().tolist()
-        first_step = self.step - len(values)
-        for offset, value in enumerate(values):
-            if not torch.isfinite(torch.tensor(value)):
-                raise NonFiniteLossError(
-                    f"training loss is {value} at step {first_step + offset} (epoch {epoch}): "
-                    "lower --learning_rate or check the input data"
-                )
+        values = self._mean_over_ranks(pending)
+        self._check_finite(values, epoch)
         self._train_seconds += seconds
         self._train_records += records
         mean_loss = sum(values) / len(values)
@@ -369,12 +390,32 @@ class Trainer:
                         peak_memory_bytes=peaks)
         return values
 
+    def _mean_over_ranks(self, pending: List[torch.Tensor]) -> List[float]:
+        """The losses of the last ``len(pending)`` steps, each the mean over ranks. Collective."""
+        step_losses = torch.stack(pending).double()
+        if self.env.world_size > 1:
+            # Embedding gradients are divided by the world size: the loss of the
+            # equivalent single-process run is the mean of the ranks' losses.
+            dist.all_reduce(step_losses)
+            step_losses /= self.env.world_size
+        return step_losses.cpu().tolist()
+
+    def _check_finite(self, values: List[float], epoch: int) -> None:
+        """Raises NonFiniteLossError for the first non-finite loss of the last
+        ``len(values)`` steps (every rank alike: the values are the ranks' means)."""
+        first_step = self.step - len(values)
+        for offset, value in enumerate(values):
+            if not math.isfinite(value):
+                raise NonFiniteLossError(f"training loss is {value} at step {first_step + offset} (epoch {epoch}): "
+                                         f"{divergence_advice(self.config.optim)}")
+
     def _validate(self, result: RunResult, epoch: int, batch_in_epoch: int) -> None:
         """Validates, keeps the best model, and ends training (``_stop_training``) on
         early stopping or the AUROC target. (epoch, batch_in_epoch) is where a
         checkpoint saved now continues. Collective."""
         values = self.evaluate("validation")
         self._validated_step = self.step
+        self._stop_position = (epoch, batch_in_epoch)
         if values is None:
             return
         result.validation = values
@@ -441,7 +482,7 @@ class Trainer:
         stage = "validation" if self.config.mode == "validate" else "test"
         self.log.record("config", world_size=self.env.world_size, resolved_device=str(self.env.device),
                         **dataclasses.asdict(self.config))
-        values = self.evaluate(stage)
+        values = self.evaluate(stage, weights_step=self.weights_step)
         self.log.close()
         return values
 

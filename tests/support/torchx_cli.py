@@ -43,9 +43,9 @@ def install_components(target: str) -> Dict[str, str]:
     return env
 
 
-def torchx(args: Sequence[str], env: Dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
-    """`torchx ARGS` from the repository root (where .torchxconfig is)."""
-    return subprocess.run([os.path.join(BIN, "torchx"), *args], cwd=REPO, env=env,
+def torchx(args: Sequence[str], env: Dict[str, str], timeout: float = 600, cwd: str = REPO) -> subprocess.CompletedProcess:
+    """`torchx ARGS` from the repository root (where .torchxconfig is), or from ``cwd``."""
+    return subprocess.run([os.path.join(BIN, "torchx"), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

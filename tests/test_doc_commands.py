@@ -1,0 +1,155 @@
+"""The command lines README.md and docs/benchmarks.md show, run as shown: read from the
+pages' ```bash blocks, scaled down by flags the tests set (ranks, tiny data and
+models), and checked for what the page says they do."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from typing import Dict, List
+
+import pytest
+
+from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_days
+from tests.support.doc_commands import bash_commands, markdown_commands, replaced, with_flags, without_flags
+from tests.support.launch import REPO, eval_record, read_log
+
+pytestmark = pytest.mark.slow  # every test runs the commands
+
+# The raw day files behind README's /data/criteo_raw: 3 small days, tables of <= 1000 ids.
+RAW_SPEC = SyntheticCriteoSpec(num_days=3, rows_per_day=6_000, seed=11,
+                               cardinalities=[min(c, 1000) for c in SyntheticCriteoSpec().cardinalities])
+# torchrun's ranks (8 GPUs in the README): one CPU rank keeps the tests light; the
+# multi-rank paths are tested elsewhere.
+RANKS = 1
+# Training scaled down: a small model, a few steps, validation every 5 of them.
+SMALL_RUN = ["--batch_size", "128", "--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16",
+             "--over_arch_layer_sizes", "64,1", "--limit_train_batches", "20", "--validation_freq_within_epoch", "5",
+             "--limit_val_batches", "4", "--limit_test_batches", "4"]
+
+
+def runnable(argv: List[str]) -> List[str]:
+    """A documented command as this machine runs it: this venv's python, torchrun on
+    RANKS CPU ranks with a free rendezvous port, the entry points of this checkout."""
+    scripts = {name: os.path.join(REPO, name) for name in ("dlrm_main.py", "dcnv2_main.py")}
+    if argv[0] == "torchrun":
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                *with_flags(argv[1:], ["--nproc_per_node", str(RANKS)])]
+    elif argv[0] == "python":
+        argv = [sys.executable, *argv[1:]]
+    return replaced(argv, scripts)
+
+
+def run(argv: List[str], cwd: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run(runnable(argv), cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 0, (argv, proc.stdout[-2000:], proc.stderr[-4000:])
+    return proc
+
+
+def readme_commands() -> Dict[int, List[List[str]]]:
+    """README's "Five command lines", by their number (the comment above each)."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        text = f.read()
+    block = text.split("## Five command lines\n\n```bash\n", 1)[1].split("```", 1)[0]
+    numbered: Dict[int, List[List[str]]] = {}
+    for part in re.split(r"^# (\d+)\. .*$", block, flags=re.M)[1:]:
+        if part.isdigit():
+            number = int(part)
+        else:
+            numbered[number] = markdown_commands(f"```bash\n{part}```\n")
+    return numbered
+
+
+@pytest.fixture(scope="module")
+def readme_run(tmp_path_factory):
+    """README commands 3 (preprocess raw days) and 1 (train with --checkpoint_dir ckpt
+    --resume) in one working directory, the raw days in place of /data/criteo_raw."""
+    work = tmp_path_factory.mktemp("readme")
+    raw = str(work / "criteo_raw")
+    write_raw_days(RAW_SPEC, raw)
+    data = str(work / "criteo")
+    paths = {"/data/criteo_raw": raw, "/data/criteo": data, "/data/criteo/metadata.json": f"{data}/metadata.json"}
+    commands = readme_commands()
+    (preprocess,) = commands[3]
+    run(with_flags(replaced(preprocess, paths), ["--workers", "2"]), str(work))
+    (train,) = commands[1]
+    log = str(work / "train.jsonl")
+    proc = run(with_flags(replaced(train, paths), [*SMALL_RUN, "--log_path", log]), str(work))
+    return {"work": str(work), "paths": paths, "commands": commands, "log": read_log(log),
+            "output": proc.stdout + proc.stderr}
+
+
+def test_readme_train_saves_the_best_checkpoint_and_export_takes_it(readme_run):
+    """Command 1 alone (no saving flag) leaves checkpoints; command 5 exports the one
+    with the best validation AUROC. Before, command 1 saved nothing and export failed."""
+    work = readme_run["work"]
+    assert "--resume: ckpt holds no complete checkpoint; training starts from scratch" in readme_run["output"]
+    validations = [r for r in readme_run["log"] if r["event"] == "eval" and r["stage"] == "validation"]
+    assert [r["step"] for r in validations] == [5, 10, 15, 20]
+    best = max(validations, key=lambda r: r["auroc"])  # the first of equals, as early stopping keeps it
+    with open(os.path.join(work, "ckpt", "best.json")) as f:
+        marked = json.load(f)
+    assert (marked["checkpoint"], marked["step"]) == (f"step_{best['step']:09d}", best["step"])
+    assert os.path.isdir(os.path.join(work, "ckpt", "step_000000020"))  # the end of training
+    export = readme_run["commands"][5][0]
+    assert export[:3] == ["python", "-m", "serving.export"]
+    proc = run(export, work)
+    assert f"ckpt/step_{best['step']:09d} (step {best['step']}) to model_dir" in proc.stdout
+
+
+def test_readme_plan_then_train_with_it(readme_run):
+    """Command 4: plan for the preprocessed data's tables (CPU ranks here), then train
+    with the plan."""
+    work, paths = readme_run["work"], readme_run["paths"]
+    plan, train_with_plan = readme_run["commands"][4]
+    cpu_plan = without_flags(replaced(plan, paths), "--hbm_gb")  # GPU memory: this machine plans CPU ranks
+    run(with_flags(cpu_plan, ["--world_size", str(RANKS), "--compute_device", "cpu", "--ddr_gb", "1",
+                              "--embedding_dim", "16", "--batch_size", "128"]), work)
+    log = os.path.join(work, "plan_run.jsonl")
+    run(with_flags(replaced(train_with_plan, paths), [*SMALL_RUN, "--log_path", log]), work)
+    assert eval_record(read_log(log), "test")["num_samples"] == RANKS * 4 * 128
+
+
+def test_readme_laptop_command(synthetic_dir, tmp_path):
+    """Command 2: DCNv2 with the small_data recipe in one process."""
+    (laptop,) = readme_commands()[2]
+    log = str(tmp_path / "log.jsonl")
+    run(with_flags(replaced(laptop, {"data_cache/synthetic_criteo": synthetic_dir}),
+                   ["--epochs", "1", "--limit_train_batches", "20", "--limit_val_batches", "4",
+                    "--limit_test_batches", "4", "--log_path", log]), str(tmp_path))
+    config = read_log(log)[0]
+    assert (config["model"]["interaction_type"], config["recipe"]) == ("dcn", "small_data")
+
+
+def test_benchmarks_quality_gate_lines(tmp_path):
+    """docs/benchmarks.md's quality-gate block: generate, train, export, gate, on a
+    third of the rows and 30 steps. With the public defaults it ended `training loss
+    is nan at step 5`."""
+    block = [argv for argv in bash_commands("docs/benchmarks.md")
+             if argv[:3] == ["python", "-m", "data.synthetic_criteo"] and "small" in argv]
+    assert len(block) == 1
+    start = bash_commands("docs/benchmarks.md").index(block[0])
+    generate, train, export, gate = bash_commands("docs/benchmarks.md")[start:start + 4]
+    assert gate[:3] == ["python", "-m", "serving.quality_gate"]
+    work = str(tmp_path)
+    run(with_flags(generate, ["--rows_per_day", "8192"]), work)
+    run(with_flags(train, ["--limit_train_batches", "30"]), work)
+    run(export, work)
+    proc = run(gate, work)
+    assert re.search(r"AUROC fp32 0\.\d+", proc.stdout) and "quality gate passed" in proc.stdout, proc.stdout
+
+
+def test_every_readme_command_is_run_by_a_test():
+    """Each command line README.md shows is run here or by the test named beside it: a
+    new one needs a test."""
+    run_here = [("torchrun",), ("python", "dcnv2_main.py"), ("python", "-m", "data.preprocess_criteo"),
+                ("python", "-m", "sharding_plans"), ("python", "-m", "serving.export")]
+    run_elsewhere = {
+        ("make", "train"): "test_stable_start.py (its TRAIN_FLAGS on make train's generated data)",
+        ("make", "test"): "CI (.ci/run): the suite itself",
+        ("python", "-m", "serving.serve"): "test_serve.py (serving an exported model over HTTP)",
+    }
+    for argv in bash_commands("README.md"):
+        assert any(tuple(argv[:len(prefix)]) == prefix for prefix in [*run_here, *run_elsewhere]), argv

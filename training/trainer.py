@@ -41,6 +41,7 @@ from training.optimizers import build_combined_optimizer
 from training.pipelines import (build_pipeline, check_pipeline_supported, check_plan_for_pipeline,
                                 cpu_bf16_speed_ratio, release_cache_line_locks, semi_sync_start_after)
 from training.run_log import RunLog
+from training.startup_report import StartupReport
 from training.sharding import prepare_sharding
 
 
@@ -90,6 +91,8 @@ class Trainer:
         if saves_checkpoints:
             check_writable(flags.checkpoint_dir)  # type: ignore[arg-type]
         check_pipeline_supported(config.pipeline, env.device)
+        startup = StartupReport(config, env)
+        startup.before_setup(dataset)  # what is being built, before the seconds (or minutes) it takes
         # Model: identical dense init on every rank and world size (seeded here),
         # tables on the meta device until sharded.
         torch.manual_seed(config.seed)
@@ -178,6 +181,7 @@ class Trainer:
         if restore is not None:
             self.restore_from(restore)
         self.train_pipeline = self._pipeline(config.pipeline, config.amp)  # after the restored step
+        startup.after_setup(self.plan, self.loaders, self.log)
 
     def restore_from(self, restore: RestorePoint) -> None:
         """Loads weights, and with ``full`` the optimizer state, step and data position."""

@@ -8,13 +8,12 @@ rank hangs; an unusable checkpoint and a model that does not fit too); 3 the los
 SIGTERM (the message says where the rank was).
 """
 
-import logging
-import warnings
 from typing import Optional, Sequence
 
 import torch.distributed as dist
 
 from common.cli import run_cli
+from common.library_noise import quiet_benign_library_messages
 from common.errors import BadInput
 from training.config import TrainConfig
 from training.distributed import DistributedEnv, resolve_env
@@ -34,7 +33,7 @@ def run_training(
     entry_recipe: Optional[Recipe] = None,
 ) -> int:
     """Parses ``argv`` with the entry point's recipe as defaults, trains, returns the exit code."""
-    _quiet_known_library_noise()
+    quiet_benign_library_messages()
     config = parse_config(argv, prog, description, entry_recipe)
     with raise_on_sigterm():
         return _train(config, prog)
@@ -77,10 +76,3 @@ def _run(config: TrainConfig, prog: str, env: DistributedEnv) -> int:
         return report_rank_failure(prog, env.rank, env.world_size, trainer.position(), e)
     return 0
 
-
-def _quiet_known_library_noise() -> None:
-    """Silences two messages every rank would print on every run, which say nothing
-    about the run: torchrec wraps the dense part in DDP with a deprecated argument, and
-    fx warns about an API rename when the train pipeline traces the model."""
-    warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)

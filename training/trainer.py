@@ -40,7 +40,7 @@ from training.metrics import BinaryClassificationMetrics
 from training.optimizers import build_combined_optimizer
 from training.pipelines import (build_pipeline, check_pipeline_supported, check_plan_for_pipeline,
                                 cpu_bf16_speed_ratio, release_cache_line_locks, semi_sync_start_after)
-from training.run_log import RunLog
+from training.run_log import RunLog, StepClock, format_metrics
 from training.startup_report import StartupReport
 from training.sharding import prepare_sharding
 
@@ -240,6 +240,7 @@ class Trainer:
                         **dataclasses.asdict(config))
         result = RunResult(steps=0)
         self._fit_start = time.perf_counter()
+        self.clock = StepClock(config.epochs * len(self.loaders["train"]))
         if config.validation_auroc is not None:
             result.target_reached = False
         train_loader = self.loaders["train"]
@@ -345,11 +346,13 @@ class Trainer:
         rate = records / seconds if seconds > 0 else float("nan")
         peaks = gather_peak_memory(self.env)
         top = max(range(len(peaks)), key=peaks.__getitem__)
+        position, eta = self.clock.tick(self.step, len(values), seconds)
         self.log.print(
-            f"epoch {epoch} step {self.step} | loss {mean_loss:.5f} | lr {lr:.6g} | "
+            f"epoch {epoch} {position} | loss {mean_loss:.5f} | lr {lr:.6g} | "
             f"{rate:,.0f} records/s | peak mem {format_bytes(peaks[top])} (rank {top})"
         )
         self.log.record("train", step=self.step, epoch=epoch, loss=mean_loss, lr=lr,
+                        total_steps=self.clock.total_steps, eta_seconds=eta,
                         records_per_sec=rate, records=records, seconds=seconds, step_losses=values,
                         peak_memory_bytes=peaks)
         return values
@@ -398,6 +401,7 @@ class Trainer:
         pipeline = self._pipeline("base" if self.config.pipeline == "base" else "sparse_dist", amp=False)
         metrics = BinaryClassificationMetrics(self.env.device, self.config.auroc_bins)
         batches = self._batches(loader)
+        self.log.start_evaluation_progress(len(loader), stage)
         with torch.no_grad():
             while True:
                 try:
@@ -405,6 +409,8 @@ class Trainer:
                 except StopIteration:
                     break
                 metrics.update(logits, labels)
+                self.log.advance_evaluation()
+        self.log.close_evaluation_progress()
         if handover:
             pipeline.detach()  # type: ignore[attr-defined]
             self.train_pipeline.attach(self.model)  # type: ignore[attr-defined]
@@ -439,15 +445,16 @@ class Trainer:
         rate = self._train_records / self._train_seconds if self._train_seconds > 0 else 0.0
         result.records_per_sec = rate
         peaks = gather_peak_memory(self.env)
+        best = ""
+        if result.best_step is not None:
+            best = (f" | best step {result.best_step} (validation {self.config.early_stopping.metric} "
+                    f"{self.best.stopping.best_value:.4f}{', stopped early' if result.stopped_early else ''}; "
+                    "tested)")
         self.log.print(
-            f"done: {result.steps} steps, {self._train_records} records in "
-            f"{self._train_seconds:.1f} s of training ({rate:,.0f} records/s, evaluation excluded); "
+            f"done: {result.steps} steps, {self._train_records} records in {self._train_seconds:.1f} s of training "
+            f"({rate:,.0f} records/s, evaluation excluded) | {format_metrics('test', result.test)}{best} | "
             "peak memory " + ", ".join(f"rank {r}: {format_bytes(b)}" for r, b in enumerate(peaks))
         )
-        if result.best_step is not None:
-            metric = self.config.early_stopping.metric
-            self.log.print(f"best validation {metric} {self.best.stopping.best_value:.4f} at step {result.best_step}"
-                           f"{' (stopped early)' if result.stopped_early else ''}: the test split used its weights")
         self.log.record("summary", steps=result.steps, train_seconds=self._train_seconds,
                         records_per_sec=rate, validation=result.validation, test=result.test,
                         peak_memory_bytes=peaks, best_step=result.best_step,

@@ -1,6 +1,6 @@
 """What a run prints: the start-up block, interval positions and ETAs, the summary's metrics."""
 
-from data.config import build_loaders
+from data.loaders import build_loaders
 from training.distributed import resolve_env
 from training.flags import parse_config
 from training.run_log import StepClock, format_duration, format_metrics

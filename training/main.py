@@ -8,22 +8,19 @@ rank hangs; an unusable checkpoint and a model that does not fit too); 3 the los
 SIGTERM (the message says where the rank was).
 """
 
-from typing import Optional, Sequence
-
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from common.cli import run_cli
 from common.library_noise import quiet_benign_library_messages
 from common.errors import BadInput
 from training.config import TrainConfig
-from training.distributed import DistributedEnv, resolve_env
-from sharding_plans import PlanDoesNotFit
 from training.failures import (EXIT_BAD_INPUT, EXIT_NON_FINITE_LOSS, raise_on_sigterm, report, report_bad_input,
                                report_rank_failure)
 from training.flags import parse_config
 from training.recipes import Recipe
-from training.inference_benchmark import run_inference_benchmark
-from training.trainer import NonFiniteLossError, Trainer
+
+if TYPE_CHECKING:
+    from training.distributed import DistributedEnv
 
 
 def run_training(
@@ -40,6 +37,12 @@ def run_training(
 
 
 def _train(config: TrainConfig, prog: str) -> int:
+    # torch and torchrec load only now, after the flags: --help and bad flags answer in
+    # a fraction of a second instead of the seconds they take to load.
+    import torch.distributed as dist
+
+    from training.distributed import resolve_env
+
     try:
         env = resolve_env(config.device)
     except BadInput as e:  # this host's environment (RANK, CUDA), which may differ by rank: every rank says it
@@ -53,7 +56,11 @@ def _train(config: TrainConfig, prog: str) -> int:
     return code
 
 
-def _run(config: TrainConfig, prog: str, env: DistributedEnv) -> int:
+def _run(config: TrainConfig, prog: str, env: "DistributedEnv") -> int:
+    from sharding_plans import PlanDoesNotFit
+    from training.inference_benchmark import run_inference_benchmark
+    from training.trainer import NonFiniteLossError, Trainer
+
     try:
         trainer = Trainer(config, env)
     except BadInput:  # bad input, including an unusable checkpoint: run_cli reports it

@@ -21,7 +21,8 @@ from torchrec.distributed.train_pipeline.train_pipelines import TrainPipeline
 from torchrec.distributed.types import ShardingEnv
 
 from common.errors import BadInput
-from data.config import BatchLoader, build_loaders, open_dataset
+from data.config import BatchLoader
+from data.loaders import build_loaders, open_dataset
 from models import build_dlrm_train
 from models.embedding_optimizer import attach_fused_embedding_optimizer
 from models.interaction import align_to_sharded_embeddings

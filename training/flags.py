@@ -82,7 +82,9 @@ def build_parser(prog: str, description: str, entry_recipe: Optional[Recipe] = N
                         help=f"defaults for a situation (flags given win over them): {_recipe_help()}")
     groups: dict = {}
     for title, config_class, fields in FLAG_GROUPS:
-        group = groups.setdefault(title, parser.add_argument_group(title))
+        if title not in groups:
+            groups[title] = parser.add_argument_group(title)
+        group = groups[title]
         exclude = () if fields is None else [f.field.name for f in flags_of(config_class) if f.field.name not in fields]
         add_flags(group, config_class, layers, exclude=exclude)
     parser.set_defaults(**{_ENTRY_DEST: entry_recipe.name if entry_recipe else None})

@@ -11,14 +11,13 @@ from data.split_binary import SplitBinaryDataset
 from data.value_checks import check_value_files
 
 
-def open_dataset(config: DataConfig) -> Optional[Union[CriteoBinaryDataset, SplitBinaryDataset]]:
+def open_dataset(config: DataConfig,
+                 check_values: bool = True) -> Optional[Union[CriteoBinaryDataset, SplitBinaryDataset]]:
     """The binary data set the flags name, or None for random data.
 
     Checks the files against their layout and what the data set declares (days,
-    rows, non-empty splits); and, unless ``mmap_mode`` (whose loaders check each batch
-    as they read it), every value: labels 0 or 1, finite dense values, ids from 0 to
-    the declared cardinality - 1 (`data.value_checks`). Every rank opens the same
-    files, so bad data fails on every rank alike.
+    rows, non-empty splits); and with ``check_values``, `check_dataset_values`.
+    Every rank opens the same files, so bad data fails on every rank alike.
 
     Raises:
         BadInput: one line naming the file (and row and column for a bad value).
@@ -32,9 +31,22 @@ def open_dataset(config: DataConfig) -> Optional[Union[CriteoBinaryDataset, Spli
         dataset = CriteoBinaryDataset(config.in_memory_binary_criteo_path)
     else:
         return None
-    if not config.mmap_mode:
-        check_value_files(dataset.value_files())
+    if check_values:
+        check_dataset_values(config, dataset)
     return dataset
+
+
+def check_dataset_values(config: DataConfig,
+                         dataset: Optional[Union[CriteoBinaryDataset, SplitBinaryDataset]]) -> None:
+    """Unless ``mmap_mode`` (whose loaders check each batch as they read it), checks
+    every value: labels 0 or 1, finite dense values, ids from 0 to the declared
+    cardinality - 1 (`data.value_checks`); it reads every file (minutes on Criteo 1TB).
+
+    Raises:
+        BadInput: one line naming the file, row and column of a bad value.
+    """
+    if dataset is not None and not config.mmap_mode:
+        check_value_files(dataset.value_files())
 
 
 def build_loaders(

@@ -22,7 +22,7 @@ from torchrec.distributed.types import ShardingEnv
 
 from common.errors import BadInput
 from data.config import BatchLoader
-from data.loaders import build_loaders, open_dataset
+from data.loaders import build_loaders, check_dataset_values, open_dataset
 from models import build_dlrm_train
 from models.embedding_optimizer import attach_fused_embedding_optimizer
 from models.interaction import align_to_sharded_embeddings
@@ -84,7 +84,7 @@ class Trainer:
         self.env = env
         # The data set, the checkpoint, the model and the plan file or constraints
         # first: bad input fails on every rank alike, before any collective.
-        dataset = open_dataset(config.data)
+        dataset = open_dataset(config.data, check_values=False)  # after the start-up block: it reads every file
         restore = find_restore_point(config)
         flags = config.checkpoint
         # Early stopping saves its best checkpoints there even without a saving flag.
@@ -94,6 +94,7 @@ class Trainer:
         check_pipeline_supported(config.pipeline, env.device)
         startup = StartupReport(config, env)
         startup.before_setup(dataset)  # what is being built, before the seconds (or minutes) it takes
+        check_dataset_values(config.data, dataset)
         # Model: identical dense init on every rank and world size (seeded here),
         # tables on the meta device until sharded.
         torch.manual_seed(config.seed)

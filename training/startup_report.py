@@ -12,7 +12,7 @@ JSON-lines log gets the same facts once, as ``{"event": "startup", ...}``:
     data: /data/criteo | rows: train 1,000,000, validation 50,000, test 50,000 | batch 512 per rank
     ranks: 2 (2 on this host) | device cpu (gloo) | precision fp32 MLPs, fp32 tables | pipeline sparse_dist
     outputs: JSON log runs/x.jsonl | checkpoints ckpt (at epoch end) | TensorBoard none
-    sharding: 20 table_wise/fused, 6 data_parallel/dense
+    sharding: 6 data_parallel/dense, 20 table_wise/fused
     steps per epoch: train 977, validation 49, test 49 | 1 epoch: 977 training steps
 """
 

@@ -15,6 +15,7 @@ import torchx.specs as specs
 # torchx loads this file by path, without its folder on sys.path: the components come
 # from the installed package (`make install`).
 from torchx_components.launch import DEFAULT_IMAGE
+from torchx_components.machines import ComponentParameterError
 from torchx_components.training import dlrm
 
 TRAINERS_PER_NODE = 8
@@ -47,9 +48,9 @@ def run_dlrm_main(
         max_retries: times the scheduler restarts the job after a failure
     """
     if num_trainers < 1:
-        raise ValueError(f"--num_trainers {num_trainers}: must be at least 1")
+        raise ComponentParameterError(f"--num_trainers {num_trainers}: must be at least 1")
     if num_trainers > TRAINERS_PER_NODE and num_trainers % TRAINERS_PER_NODE != 0:
-        raise ValueError(
+        raise ComponentParameterError(
             f"--num_trainers {num_trainers}: more than {TRAINERS_PER_NODE} trainers span nodes of "
             f"{TRAINERS_PER_NODE} and must be a multiple of {TRAINERS_PER_NODE} "
             f"(e.g. {num_trainers // TRAINERS_PER_NODE * TRAINERS_PER_NODE} or "

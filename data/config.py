@@ -1,18 +1,19 @@
-"""Where the data comes from and how it is batched: `DataConfig` and the loader factory."""
+"""Where the data comes from and how it is batched: `DataConfig` (the data flags).
+
+Imports neither torch nor torchrec, so that the entry points answer --help and bad
+flags before loading them; the loaders are built by data/loaders.py.
+"""
 
 import os
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Protocol, Union
-
-from torchrec.datasets.utils import Batch
+from typing import TYPE_CHECKING, Iterator, List, Optional, Protocol
 
 from common.config_flags import FlagError, check_choices, flag, option
-from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
-from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, SPARSE_FEATURE_NAMES
-from data.multi_hot import MULTI_HOT_DISTRIBUTIONS, MultiHotExpander
-from data.random_data import RandomCriteoLoader
-from data.split_binary import SplitBinaryDataset
-from data.value_checks import check_value_files
+from data.criteo_layout import NUM_SPARSE_FEATURES
+from data.multi_hot import MULTI_HOT_DISTRIBUTIONS
+
+if TYPE_CHECKING:
+    from torchrec.datasets.utils import Batch
 
 DATASET_NAMES = ("criteo_1t", "criteo_kaggle")
 SPLITS = ("train", "validation", "test")
@@ -25,7 +26,7 @@ class BatchLoader(Protocol):
 
     def __len__(self) -> int: ...
 
-    def __iter__(self) -> Iterator[Batch]: ...
+    def __iter__(self) -> Iterator["Batch"]: ...
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None: ...
 
@@ -126,82 +127,3 @@ class DataConfig:
     def limit(self, split: str) -> Optional[int]:
         return {"train": self.limit_train_batches, "validation": self.limit_val_batches,
                 "test": self.limit_test_batches}[split]
-
-
-def open_dataset(config: DataConfig) -> Optional[Union[CriteoBinaryDataset, SplitBinaryDataset]]:
-    """The binary data set the flags name, or None for random data.
-
-    Checks the files against their layout and what the data set declares (days,
-    rows, non-empty splits); and, unless ``mmap_mode`` (whose loaders check each batch
-    as they read it), every value: labels 0 or 1, finite dense values, ids from 0 to
-    the declared cardinality - 1 (`data.value_checks`). Every rank opens the same
-    files, so bad data fails on every rank alike.
-
-    Raises:
-        BadInput: one line naming the file (and row and column for a bad value).
-    """
-    dataset: Union[CriteoBinaryDataset, SplitBinaryDataset]
-    if config.dataset_path is not None:
-        dataset = SplitBinaryDataset(config.dataset_path)
-    elif config.synthetic_multi_hot_criteo_path is not None:
-        dataset = CriteoBinaryDataset(config.synthetic_multi_hot_criteo_path, multi_hot=True)
-    elif config.in_memory_binary_criteo_path is not None:
-        dataset = CriteoBinaryDataset(config.in_memory_binary_criteo_path)
-    else:
-        return None
-    if not config.mmap_mode:
-        check_value_files(dataset.value_files())
-    return dataset
-
-
-def build_loaders(
-    config: DataConfig,
-    dataset: Optional[Union[CriteoBinaryDataset, SplitBinaryDataset]],
-    num_embeddings_per_feature: List[int],
-    rank: int,
-    world_size: int,
-) -> Dict[str, BatchLoader]:
-    """One loader per split ("train", "validation", "test") for this rank.
-
-    Example::
-
-        loaders = build_loaders(DataConfig(batch_size=512), None, [1000] * 26, rank=0, world_size=1)
-    """
-    loaders: Dict[str, BatchLoader] = {}
-    expand = None
-    if config.multi_hot_sizes is not None:
-        expand = MultiHotExpander(config.multi_hot_sizes, num_embeddings_per_feature,
-                                  config.multi_hot_distribution_type or "uniform", config.seed)
-    for stream, split in enumerate(SPLITS):
-        is_train = split == "train"
-        batch_size = config.batch_size if is_train else config.eval_batch_size
-        limit = config.limit(split)
-        if dataset is None:
-            loaders[split] = RandomCriteoLoader(
-                num_batches=RANDOM_DATA_BATCHES[split] if limit is None else limit,
-                batch_size=batch_size,
-                rank=rank,
-                world_size=world_size,
-                num_embeddings_per_feature=num_embeddings_per_feature,
-                sparse_feature_names=SPARSE_FEATURE_NAMES,
-                num_dense_features=NUM_DENSE_FEATURES,
-                seed=config.seed,
-                stream=stream,
-                expand=expand,
-            )
-            continue
-        loaders[split] = CriteoBinaryLoader(
-            dataset,
-            split,
-            batch_size=batch_size,
-            rank=rank,
-            world_size=world_size,
-            drop_last=config.drop_last_training_batch and is_train,
-            row_permutation_seed=config.seed if (is_train and config.shuffle_training_set) else None,
-            shuffle_batches_seed=config.seed if (is_train and config.shuffle_batches) else None,
-            mmap_mode=config.mmap_mode,
-            num_embeddings_per_feature=num_embeddings_per_feature,
-            limit_batches=limit,
-            expand=expand,
-        )
-    return loaders

@@ -481,15 +481,26 @@ PROG = "preprocess_criteo"
 @cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--input_dir", required=True)
-    parser.add_argument("--output_dir", required=True)
-    parser.add_argument("--dataset_name", required=True, choices=DATASET_NAMES)
-    parser.add_argument("--frequency_threshold", type=int, default=0)
-    parser.add_argument("--num_embeddings_per_feature", type=int_list, default=None)
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--on_bad_lines", choices=("error", "skip"), default="error")
-    parser.add_argument("--chunk_bytes", type=int, default=PreprocessConfig.chunk_bytes)
-    parser.add_argument("--kaggle_days", type=int, default=PreprocessConfig.kaggle_days)
+    parser.add_argument("--input_dir", required=True,
+                        help="criteo_1t: directory of day_0 ... day_23 (plain or .gz); criteo_kaggle: the directory "
+                             "holding train.txt (or train.txt.gz)")
+    parser.add_argument("--output_dir", required=True,
+                        help="directory of the binary layout to write (day_{i}_{dense,sparse,labels}.npy, "
+                             "metadata.json); running the same command again resumes it")
+    parser.add_argument("--dataset_name", required=True, choices=DATASET_NAMES, help="which Criteo data set the input is")
+    parser.add_argument("--frequency_threshold", type=int, default=0,
+                        help="contiguous ids by frequency; hashes seen fewer times over the training days map to "
+                             "id 0 (default 0: none)")
+    parser.add_argument("--num_embeddings_per_feature", type=int_list, default=None,
+                        help="table sizes to take the ids modulo, comma-separated (26 values; default: none)")
+    parser.add_argument("--workers", type=int, default=1, help="day files processed in parallel (default 1)")
+    parser.add_argument("--on_bad_lines", choices=("error", "skip"), default="error",
+                        help="error: stop at the first malformed line (default); skip: count and skip them")
+    parser.add_argument("--chunk_bytes", type=int, default=PreprocessConfig.chunk_bytes,
+                        help=f"bytes of text parsed at a time: bounds each worker's memory "
+                             f"(default {PreprocessConfig.chunk_bytes})")
+    parser.add_argument("--kaggle_days", type=int, default=PreprocessConfig.kaggle_days,
+                        help=f"day files the Kaggle train.txt is cut into (default {PreprocessConfig.kaggle_days})")
     args = parser.parse_args(argv)
     config = PreprocessConfig(**vars(args))
     try:

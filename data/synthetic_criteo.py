@@ -322,18 +322,26 @@ PROG = "python -m data.synthetic_criteo"
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--output_dir", required=True, help="directory to write the day files to")
-    parser.add_argument("--num_days", type=int, default=SyntheticCriteoSpec.num_days)
-    parser.add_argument("--rows_per_day", type=int, default=SyntheticCriteoSpec.rows_per_day)
+    parser.add_argument("--num_days", type=int, default=SyntheticCriteoSpec.num_days,
+                        help=f"day files to write; the last becomes validation + test "
+                             f"(default {SyntheticCriteoSpec.num_days})")
+    parser.add_argument("--rows_per_day", type=int, default=SyntheticCriteoSpec.rows_per_day,
+                        help=f"rows in each day file (default {SyntheticCriteoSpec.rows_per_day})")
     parser.add_argument("--cardinalities", type=int_list, default=None,
                         help="26 comma-separated table sizes (default: a spread from 4 to 40k)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--id_skew", type=float, default=SyntheticCriteoSpec.id_skew)
-    parser.add_argument("--signal_scale", type=float, default=SyntheticCriteoSpec.signal_scale)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the hidden model and every sample (default 0)")
+    parser.add_argument("--id_skew", type=float, default=SyntheticCriteoSpec.id_skew,
+                        help=f"ids are floor(cardinality * u ** SKEW): larger puts more rows on a few ids "
+                             f"(default {SyntheticCriteoSpec.id_skew})")
+    parser.add_argument("--signal_scale", type=float, default=SyntheticCriteoSpec.signal_scale,
+                        help=f"multiplies the hidden logit: larger makes labels easier to predict "
+                             f"(default {SyntheticCriteoSpec.signal_scale})")
     parser.add_argument("--format", choices=("binary", "tsv", "tsv.gz", "multi_hot"), default="binary",
                         help="binary: the in-memory layout; tsv / tsv.gz: raw Criteo day files day_<i>[.gz]; "
                              "multi_hot: the MLPerf multi-hot layout (with --multi_hot_sizes)")
     parser.add_argument("--multi_hot_sizes", type=int_list, default=None, help="26 bag sizes (multi_hot)")
-    parser.add_argument("--multi_hot_distribution_type", choices=("uniform", "pareto"), default="uniform")
+    parser.add_argument("--multi_hot_distribution_type", choices=("uniform", "pareto"), default="uniform",
+                        help="offsets of the extra ids in a bag (multi_hot; default uniform)")
     args = parser.parse_args(argv)
     spec = SyntheticCriteoSpec(
         num_days=args.num_days,

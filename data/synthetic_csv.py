@@ -139,9 +139,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--num_categorical", type=int, default=26, help="categorical features of the made spec")
     parser.add_argument("--cardinality", default=AUTO, help="cardinality of the made spec's features (int or auto)")
     parser.add_argument("--auto_cardinality", type=int, default=1000, help="id range of cardinality: auto features")
-    parser.add_argument("--train_rows", type=int, default=100_000)
-    parser.add_argument("--test_rows", type=int, default=20_000)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train_rows", type=int, default=100_000, help="rows of the train split (default 100000)")
+    parser.add_argument("--test_rows", type=int, default=20_000, help="rows of the test split (default 20000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generated values (default 0)")
     args = parser.parse_args(argv)
     if args.feature_spec:
         spec = FeatureSpec.load(args.feature_spec, allow_auto=True)

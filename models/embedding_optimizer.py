@@ -9,7 +9,6 @@ Example::
     attach_fused_embedding_optimizer(model.model.sparse_arch, EmbeddingOptimizerConfig(optimizer="adagrad"))
 """
 
-from dataclasses import dataclass
 from typing import Any, Dict, Tuple, Type
 
 import torch
@@ -18,43 +17,7 @@ from torch import nn
 from torchrec.optim import RowWiseAdagrad
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-from common.config_flags import FlagError, check_choices, flag, option
-
-EMBEDDING_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
-
-
-@dataclass
-class EmbeddingOptimizerConfig:
-    """The fused embedding optimizer.
-
-    Args:
-        optimizer: sgd, adagrad or rowwise_adagrad.
-        learning_rate: base learning rate (the dense optimizer's too).
-        eps: epsilon of the Adagrad variants (and Adam).
-        embedding_weight_decay: L2 weight decay of the rows a batch looks up (FBGEMM's
-            L2 mode; rowwise_adagrad only).
-    """
-
-    optimizer: str = flag("sgd", choices=EMBEDDING_OPTIMIZERS, help="fused embedding optimizer",
-                          alias=("adagrad", "adagrad"))
-    learning_rate: float = flag(15.0, help="base learning rate")
-    eps: float = flag(1e-8, help="epsilon of Adagrad/Adam")
-    embedding_weight_decay: float = flag(
-        0.0, help="L2 weight decay of the looked-up embedding rows (FBGEMM's L2 mode; --optimizer rowwise_adagrad)")
-
-    def validate(self) -> None:
-        """Raises FlagError naming the flag."""
-        check_choices(self)
-        for name in ("learning_rate", "eps"):
-            if not getattr(self, name) > 0:
-                raise FlagError(f"{option(self, name)} must be positive, got {getattr(self, name)}")
-        decay = option(self, "embedding_weight_decay")
-        if not self.embedding_weight_decay >= 0.0:
-            raise FlagError(f"{decay} must not be negative, got {self.embedding_weight_decay}")
-        if self.embedding_weight_decay > 0 and self.optimizer != "rowwise_adagrad":
-            raise FlagError(f"{decay}: FBGEMM's fused {self.optimizer} kernel has no weight decay (of the CPU "
-                            "and GPU kernels only rowwise_adagrad has one): use --optimizer rowwise_adagrad")
-
+from models.embedding_optimizer_config import EmbeddingOptimizerConfig
 
 def optimizer_class(name: str, learning_rate: float, eps: float, weight_decay: float = 0.0,
                     initial_accumulator: float = 0.0) -> Tuple[Type[torch.optim.Optimizer], Dict[str, Any]]:

@@ -33,7 +33,6 @@ import errno
 import os
 import shutil
 import sys
-import warnings
 from typing import BinaryIO, Iterator, List, Optional, Sequence
 
 import torch
@@ -43,6 +42,7 @@ from torchrec.inference.modules import quantize_inference_model
 
 from common.atomic import atomic_dir, naming_write_errors, surfacing_write_errors
 from common.cli import run_cli
+from common.library_noise import quiet_benign_library_messages
 from common.errors import BadInput
 from common.path_lock import LockHeld, PathLock
 from data.criteo_layout import DENSE_FEATURE_NAMES, read_metadata
@@ -244,9 +244,7 @@ def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
     parser.add_argument("--quantize", type=_quantize_list, default=["fp16", "int8"],
                         help="quantized variants to write: fp16,int8 (default), fp16, int8 or none")
     args = parser.parse_args(argv)
-    # Library notices that every export prints and that say nothing about this model.
-    for message in ("torch.distributed is disabled", "The TorchScript type system", "TorchScript will treat"):
-        warnings.filterwarnings("ignore", message=message)
+    quiet_benign_library_messages()  # notices every export prints that say nothing about this model
     return run_cli(lambda: _export(args), parser.prog)
 
 

@@ -205,7 +205,8 @@ def _predict(args: argparse.Namespace) -> int:
         predict_file(predictor, args.input, sys.stdout)
     else:
         with atomic_path(args.output) as tmp, open(tmp, "w") as out:
-            predict_file(predictor, args.input, out)
+            lines = predict_file(predictor, args.input, out)
+        print(f"wrote {args.output}: {lines} probabilities ({args.variant} model {args.model})")
     return 0
 
 

@@ -21,7 +21,7 @@ from common.config_flags import add_flags, config_values, flag_of, flags_of, giv
 from data.config import DataConfig
 from data.criteo_layout import NUM_SPARSE_FEATURES, SPARSE_FEATURE_NAMES
 from models.config import ModelConfig, TableSizes
-from models.embedding_optimizer import EmbeddingOptimizerConfig
+from models.embedding_optimizer_config import EmbeddingOptimizerConfig
 from sharding_plans.chart import write_memory_chart
 from sharding_plans.constraints import ShardingFlags
 from sharding_plans.dry_run import PlanRequest, plan_request, rank_capacity_bytes, smallest_fitting_world_size

@@ -8,11 +8,12 @@ choices for each table.
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
-
-from torchrec.distributed.planner.types import ParameterConstraints
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from common.config_flags import FlagError, flag, option
+
+if TYPE_CHECKING:
+    from torchrec.distributed.planner.types import ParameterConstraints
 
 SHARDING_TYPES = (
     "data_parallel",
@@ -168,7 +169,7 @@ class ShardingConstraints:
 
     def parameter_constraints(
         self, table_names: Sequence[str], embedding_dim: int, world_size: int, compute_device: str
-    ) -> Dict[str, ParameterConstraints]:
+    ) -> Dict[str, "ParameterConstraints"]:
         """The planner's per-table constraints.
 
         A table asked to be column-split may be cut into as many shards as there are
@@ -176,6 +177,9 @@ class ShardingConstraints:
         narrow tables in one piece. When row splits are offered on CPU, tables
         without a constraint keep the stock CPU choices.
         """
+        # Here, not at the top: the flags (this module) load without torchrec, for --help.
+        from torchrec.distributed.planner.types import ParameterConstraints
+
         row_splits_offered = self.row_splits_on_cpu(table_names, compute_device)
         result: Dict[str, ParameterConstraints] = {}
         for table in table_names:

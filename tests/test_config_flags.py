@@ -37,7 +37,8 @@ def _sample(item, default):
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-@pytest.mark.parametrize("config_class, item", [(c, f) for _, c in FLAG_GROUPS for f in flags_of(c)],
+@pytest.mark.parametrize("config_class, item", [(c, f) for c in dict.fromkeys(c for _, c, _ in FLAG_GROUPS)
+                                                 for f in flags_of(c)],
                          ids=lambda v: getattr(v, "option", getattr(v, "__name__", "")))
 def test_every_flag_parses_into_its_field_and_nothing_else(script, config_class, item):
     """Generated over every flag: the command line's value lands in its field, every
@@ -49,6 +50,15 @@ def test_every_flag_parses_into_its_field_and_nothing_else(script, config_class,
     parsed = config_values(config_class, parser.parse_args([item.option, *text]),
                            DCNV2.overrides if script == "dcnv2_main.py" else ())
     assert parsed == {**defaults, item.field.name: value}
+
+
+def test_every_flag_is_in_one_help_section():
+    sections = [(c, name) for _, c, fields in FLAG_GROUPS
+                for name in (fields if fields is not None else [f.field.name for f in flags_of(c)])]
+    every = [(c, f.field.name) for c in dict.fromkeys(c for _, c, _ in FLAG_GROUPS) for f in flags_of(c)]
+    assert sorted(sections, key=str) == sorted(every, key=str)
+    titles = [g.title for g in entry_point_parser("dlrm_main.py")._action_groups]
+    assert titles[2:] == list(dict.fromkeys(title for title, _, _ in FLAG_GROUPS))  # after argparse's own two
 
 
 def test_the_adagrad_alias():

@@ -10,7 +10,8 @@ import torch
 
 from common.errors import BadInput
 from data.batching import RankBatchLayout
-from data.config import DataConfig, build_loaders, open_dataset
+from data.config import DataConfig
+from data.loaders import build_loaders, open_dataset
 from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
 from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo

@@ -1,12 +1,15 @@
 """Flag parsing and validation: every bad input is one line on stderr and exit code 2."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 import dcnv2_main
 import dlrm_main
 from data.criteo_layout import NUM_SPARSE_FEATURES
+from tests.support.launch import REPO
 from training.flags import parse_config
 from training.recipes import DCNV2
 
@@ -124,7 +127,7 @@ def test_bad_flags_are_said_by_rank_0_of_the_job(capsys, monkeypatch, tmp_path, 
 def test_max_table_rows_caps_every_table_however_sized(synthetic_dir, main):
     """The cap applies to the data's cardinalities and to explicit sizes alike, in both
     entry points; the loaders then take the data's ids modulo the capped tables."""
-    from data.config import build_loaders, open_dataset
+    from data.loaders import build_loaders, open_dataset
     from tests.conftest import SMALL_SPEC
 
     prog = "dlrm_main.py" if main is dlrm_main.main else "dcnv2_main.py"
@@ -181,3 +184,19 @@ def test_every_cli_reports_a_bad_flag_in_one_line(capsys, module, argv, message)
     """The data, export, serving and report CLIs share the entry points' one-line parser."""
     main = __import__(module, fromlist=["main"]).main
     assert run_main(capsys, main, argv) == (2, [message])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv, code, says", [
+    (["--help"], 0, "usage: dlrm_main.py"),
+    (["--batch_size", "0"], 2, "dlrm_main.py: error: --batch_size must be positive, got 0"),
+])
+def test_help_and_bad_flags_answer_before_torch_loads(argv, code, says):
+    """Loading torch and torchrec takes seconds: --help and bad flags do not wait for it."""
+    probe = ("import sys, dlrm_main\n"
+             "try:\n    code = dlrm_main.main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
+             "print('torch loaded:', 'torch' in sys.modules, file=sys.stderr)\nsys.exit(code)")
+    proc = subprocess.run([sys.executable, "-c", probe, *argv], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == code and says in proc.stdout + proc.stderr
+    assert proc.stderr.strip().endswith("torch loaded: False")

@@ -75,7 +75,7 @@ def test_export_matches_the_training_model(trained):
 
 
 @pytest.mark.slow
-def test_predictor_on_raw_lines_applies_the_preprocessing(trained, tmp_path):
+def test_predictor_on_raw_lines_applies_the_preprocessing(trained, tmp_path, capsys):
     lines = raw_test_lines(trained, 300)
     assert any(b"\t\t" in line for line in lines)  # missing fields
     empty_line = b"0" + b"\t" * 39 + b"\n"  # every feature missing
@@ -87,6 +87,9 @@ def test_predictor_on_raw_lines_applies_the_preprocessing(trained, tmp_path):
     for source, name in ((labelled, "a.csv"), (unlabelled, "b.csv")):
         assert predict.main(["--model", trained["model"], "--input", str(source),
                              "--output", str(tmp_path / name)]) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert said == [f"wrote {tmp_path / name}: 301 probabilities (fp32 model {trained['model']})"
+                    for name in ("a.csv", "b.csv")]
     got = np.loadtxt(tmp_path / "a.csv", dtype=np.float32)
     assert np.array_equal(got, np.loadtxt(tmp_path / "b.csv", dtype=np.float32))
 

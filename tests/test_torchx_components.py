@@ -150,3 +150,18 @@ def test_every_component_renders_its_help(capsys):
         for parameter in inspect.signature(component.fn).parameters.values():
             if parameter.kind is not inspect.Parameter.VAR_POSITIONAL:
                 assert f"--{parameter.name}" in shown, (component.name, parameter.name)
+
+@pytest.mark.parametrize("component, params, starts", [
+    (dlrm, {"j": "2:4x2"}, "-j 2:4x2: "), (dlrm, {"h": "nosuch"}, "-h nosuch: "),
+    (dcnv2, {"rdzv_port": 0}, "--rdzv_port 0: "),
+    (preprocess_criteo, {"max_retries": -1, "input_dir": "in", "output_dir": "out"}, "--max_retries -1: "),
+    (aws_component.run_dlrm_main, {"num_trainers": 9}, "--num_trainers 9: "),
+])
+def test_parameter_errors_are_what_torchx_prints_as_one_line(component, params, starts):
+    """torchx prints a ComponentValidationException's message alone, any other exception
+    with its traceback."""
+    from torchx.specs.finder import ComponentValidationException
+
+    with pytest.raises(ComponentValidationException) as error:
+        component(**params)
+    assert str(error.value).startswith(starts) and "\n" not in str(error.value)

@@ -94,8 +94,18 @@ def test_plain_python_single_process(synthetic_dir, log_path):
     table_bytes = sum(SMALL_SPEC.cardinalities) * 16 * 4
     assert f"embedding weights per rank: rank 0: {table_bytes / 2**20:.2f} MiB" in proc.stdout
     records = read_log(log_path)
-    assert records[0]["event"] == "config" and records[0]["world_size"] == 1
+    assert [r["event"] for r in records[:2]] == ["startup", "config"] and records[1]["world_size"] == 1
+    assert records[0]["total_steps"] == 10 and records[0]["table_rows"] == sum(SMALL_SPEC.cardinalities)
     assert len(step_losses(records)) == 10
+    # The start-up block comes before the first interval line, which carries step N/M and an ETA.
+    lines = proc.stdout.splitlines()
+    block_end = lines.index("steps per epoch: train 10, validation 2, test 2 | 1 epoch: 10 training steps")
+    assert lines[0] == "starting: --mode train" and block_end < min(
+        i for i, line in enumerate(lines) if line.startswith("epoch 0 step "))
+    assert any(line.startswith("epoch 0 step 10/10 | ETA 0s | loss ") for line in lines)
+    done = [line for line in lines if line.startswith("done: 10 steps")]
+    test = eval_record(records, "test")
+    assert len(done) == 1 and f"test AUROC {test['auroc']:.4f}" in done[0]
 
 
 @pytest.mark.slow

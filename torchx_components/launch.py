@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torchx.specs as specs
 from torchx.components.dist import ddp
 
-from torchx_components.machines import machine_resource
+from torchx_components.machines import ComponentParameterError, machine_resource
 
 # Image built by the repository's Dockerfile; local_cwd and Slurm ignore the image.
 DEFAULT_IMAGE = "dlrm-torchrec:latest"
@@ -68,13 +68,13 @@ class LaunchOptions:
         """Parses ``j``; raises ValueError (one line) unless it is NxM with N, M >= 1."""
         match = re.fullmatch(r"(\d+)x(\d+)", self.j)
         if match is None:
-            raise ValueError(
+            raise ComponentParameterError(
                 f"-j {self.j}: expected NODESxPROCS, e.g. 1x2 or 2x8 (elastic ranges are not "
                 "supported: the sharding plan is made for one world size)"
             )
         nodes, procs = int(match.group(1)), int(match.group(2))
         if nodes < 1 or procs < 1:
-            raise ValueError(f"-j {self.j}: nodes and processes per node must be at least 1")
+            raise ComponentParameterError(f"-j {self.j}: nodes and processes per node must be at least 1")
         return nodes, procs
 
     def resource(self) -> specs.Resource:
@@ -85,14 +85,14 @@ class LaunchOptions:
         _, procs = self.nodes_and_procs()
         resource = self.resource()
         if resource.gpu > 0 and procs > resource.gpu:
-            raise ValueError(
+            raise ComponentParameterError(
                 f"-j {self.j}: {procs} processes per node but machine {self.h} has "
                 f"{resource.gpu} GPUs (one process per GPU)"
             )
         if self.max_retries < 0:
-            raise ValueError(f"--max_retries {self.max_retries}: must be >= 0")
+            raise ComponentParameterError(f"--max_retries {self.max_retries}: must be >= 0")
         if not 0 < self.rdzv_port < 65536:
-            raise ValueError(f"--rdzv_port {self.rdzv_port}: not a TCP port")
+            raise ComponentParameterError(f"--rdzv_port {self.rdzv_port}: not a TCP port")
 
     def mount_tokens(self) -> List[str]:
         return bind_mounts(read_only=[self.data_dir] if self.data_dir else [],

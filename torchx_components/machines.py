@@ -15,6 +15,13 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Union
 
 import torchx.specs as specs
+from torchx.specs.finder import ComponentValidationException
+
+
+class ComponentParameterError(ComponentValidationException, ValueError):
+    """A component parameter is wrong (one line naming it). torchx prints a
+    ComponentValidationException as its message, without the traceback it prints
+    for any other exception."""
 
 # A request for all of a node's memory never fits: the OS and the scheduler's
 # daemons keep some. torchx's AWS presets ask for the same 96%.
@@ -90,7 +97,7 @@ def machine_resource(
         try:
             resource = specs.named_resources[AWS_ALIASES.get(name, name)]
         except KeyError:
-            raise ValueError(
+            raise ComponentParameterError(
                 f"-h {name}: unknown machine; use one of {machine_names()} "
                 "or a torchx named resource such as aws_g5.48xlarge"
             ) from None
@@ -107,7 +114,7 @@ def parse_count(flag: str, value: Union[int, str], minimum: int) -> int:
     try:
         number = int(value)
     except ValueError:
-        raise ValueError(f"--{flag} {value}: not an integer") from None
+        raise ComponentParameterError(f"--{flag} {value}: not an integer") from None
     if number < minimum:
-        raise ValueError(f"--{flag} {value}: must be at least {minimum}")
+        raise ComponentParameterError(f"--{flag} {value}: must be at least {minimum}")
     return number

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 import torchx.specs as specs
 
 from torchx_components.launch import DEFAULT_IMAGE, bind_mounts
-from torchx_components.machines import machine_resource, parse_count
+from torchx_components.machines import ComponentParameterError, machine_resource, parse_count
 
 
 def preprocess_criteo(
@@ -52,7 +52,7 @@ def preprocess_criteo(
     # Criteo 1TB has 24 day files: more workers than that would idle.
     worker_count = min(resource.cpu, 24) if workers is None else parse_count("workers", workers, 1)
     if max_retries < 0:
-        raise ValueError(f"--max_retries {max_retries}: must be >= 0")
+        raise ComponentParameterError(f"--max_retries {max_retries}: must be >= 0")
     args = ["-m", "data.preprocess_criteo", "--input_dir", input_dir, "--output_dir", output_dir,
             "--dataset_name", dataset_name, "--workers", str(worker_count), *script_args]
     return specs.AppDef(

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from common.config_flags import FlagError, check_choices, flag, option
 from data.config import DataConfig
 from models.config import ModelConfig, TableSizes
-from models.embedding_optimizer import EMBEDDING_OPTIMIZERS, EmbeddingOptimizerConfig
+from models.embedding_optimizer_config import EMBEDDING_OPTIMIZERS, EmbeddingOptimizerConfig
 from sharding_plans.constraints import ShardingConstraints, ShardingFlags
 
 OPTIMIZERS = EMBEDDING_OPTIMIZERS

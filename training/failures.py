@@ -26,8 +26,6 @@ import traceback
 from types import FrameType
 from typing import Iterator, List, Optional
 
-import torch.distributed as dist
-
 from common.atomic import write_json
 from common.errors import EXIT_BAD_INPUT
 from data.value_checks import DataValueError
@@ -148,6 +146,9 @@ _PEER_LOST_MARKERS = ("Connection closed by peer", "Connection reset by peer", "
 
 
 def _lost_a_peer(error: BaseException) -> bool:
+    # Here, not at the top: bad flags are reported through this module before torch loads.
+    import torch.distributed as dist
+
     return isinstance(error, dist.DistNetworkError) or any(m in str(error) for m in _PEER_LOST_MARKERS)
 
 

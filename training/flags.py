@@ -33,18 +33,26 @@ from training.recipes import DCNV2, RECIPES, Recipe
 ENTRY_POINT_RECIPES = {"dlrm_main.py": None, "dcnv2_main.py": DCNV2}
 _ENTRY_DEST = "entry_point_recipe"
 
-# (--help section, config class): the parser's flag groups, in --help order.
-FLAG_GROUPS: List[Tuple[str, Type]] = [
-    ("data", DataConfig),
-    ("model", ModelConfig),
-    ("table sizes", TableSizes),
-    ("optimizers", OptimizerConfig),
-    ("run", TrainConfig),
-    ("evaluation (MLPerf reference flags)", ReferenceEvaluation),
-    ("early stopping and the best model", EarlyStoppingConfig),
-    ("inference benchmark", InferenceBenchmarkConfig),
-    ("checkpoints", CheckpointConfig),
-    ("sharding (see python -m sharding_plans plan)", ShardingFlags),
+# The parser's flag groups, in --help order, by what a user decides: (section, config
+# class, its fields in that section; None: all of them). A section may take fields of
+# several classes; every flag is in one section (tests/test_config_flags.py).
+FLAG_GROUPS: List[Tuple[str, Type, Optional[Tuple[str, ...]]]] = [
+    ("what to run", TrainConfig, ("mode", "epochs", "seed", "device")),
+    ("data", DataConfig, None),
+    ("model", ModelConfig, None),
+    ("table sizes", TableSizes, None),
+    ("optimizers and regularization", OptimizerConfig, None),
+    ("optimizers and regularization", TrainConfig, ("dropout",)),
+    ("speed and precision", TrainConfig, ("amp", "allow_tf32", "pipeline", "semi_sync_start_batch")),
+    ("evaluation", TrainConfig, ("validation_freq_within_epoch", "auroc_bins", "validation_auroc")),
+    ("evaluation", ReferenceEvaluation, None),
+    ("early stopping and the best model", EarlyStoppingConfig, None),
+    ("checkpoints", CheckpointConfig, None),
+    ("sharding (see python -m sharding_plans plan)", TrainConfig, ("sharding_plan", "print_sharding_plan")),
+    ("sharding (see python -m sharding_plans plan)", ShardingFlags, None),
+    ("logs and progress", TrainConfig, ("log_path", "log_every_n_steps", "print_progress", "print_lr",
+                                        "tensorboard_dir", "collect_multi_hot_freqs_stats")),
+    ("inference benchmark (--mode inference_benchmark)", InferenceBenchmarkConfig, None),
 ]
 
 
@@ -72,8 +80,13 @@ def build_parser(prog: str, description: str, entry_recipe: Optional[Recipe] = N
     layers = entry_recipe.overrides if entry_recipe else ()
     parser.add_argument("--recipe", choices=list(RECIPES), default=None,
                         help=f"defaults for a situation (flags given win over them): {_recipe_help()}")
-    for title, config_class in FLAG_GROUPS:
-        add_flags(parser.add_argument_group(title), config_class, layers)
+    groups: dict = {}
+    for title, config_class, fields in FLAG_GROUPS:
+        if title not in groups:
+            groups[title] = parser.add_argument_group(title)
+        group = groups[title]
+        exclude = () if fields is None else [f.field.name for f in flags_of(config_class) if f.field.name not in fields]
+        add_flags(group, config_class, layers, exclude=exclude)
     parser.set_defaults(**{_ENTRY_DEST: entry_recipe.name if entry_recipe else None})
     return parser
 

@@ -9,23 +9,19 @@ SIGTERM (the message says where the rank was).
 """
 
 import gc
-import logging
-import warnings
-from typing import Optional, Sequence
-
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from common.cli import run_cli
+from common.library_noise import quiet_benign_library_messages
 from common.errors import BadInput
 from training.config import TrainConfig
-from training.distributed import DistributedEnv, resolve_env
-from sharding_plans import PlanDoesNotFit
 from training.failures import (EXIT_BAD_INPUT, EXIT_NON_FINITE_LOSS, raise_on_sigterm, report, report_bad_input,
                                report_rank_failure)
 from training.flags import parse_config
 from training.recipes import Recipe
-from training.inference_benchmark import run_inference_benchmark
-from training.trainer import NonFiniteLossError, Trainer
+
+if TYPE_CHECKING:
+    from training.distributed import DistributedEnv
 
 
 def run_training(
@@ -35,13 +31,19 @@ def run_training(
     entry_recipe: Optional[Recipe] = None,
 ) -> int:
     """Parses ``argv`` with the entry point's recipe as defaults, trains, returns the exit code."""
-    _quiet_known_library_noise()
+    quiet_benign_library_messages()
     config = parse_config(argv, prog, description, entry_recipe)
     with raise_on_sigterm():
         return _train(config, prog)
 
 
 def _train(config: TrainConfig, prog: str) -> int:
+    # torch and torchrec load only now, after the flags: --help and bad flags answer in
+    # a fraction of a second instead of the seconds they take to load.
+    import torch.distributed as dist
+
+    from training.distributed import resolve_env
+
     try:
         env = resolve_env(config.device)
     except BadInput as e:  # this host's environment (RANK, CUDA), which may differ by rank: every rank says it
@@ -60,7 +62,11 @@ def _train(config: TrainConfig, prog: str) -> int:
     return code
 
 
-def _run(config: TrainConfig, prog: str, env: DistributedEnv) -> int:
+def _run(config: TrainConfig, prog: str, env: "DistributedEnv") -> int:
+    from sharding_plans import PlanDoesNotFit
+    from training.inference_benchmark import run_inference_benchmark
+    from training.trainer import NonFiniteLossError, Trainer
+
     try:
         trainer = Trainer(config, env)
     except BadInput:  # bad input, including an unusable checkpoint: run_cli reports it
@@ -85,10 +91,3 @@ def _run(config: TrainConfig, prog: str, env: DistributedEnv) -> int:
         trainer.release_checkpoint_dir()
     return 0
 
-
-def _quiet_known_library_noise() -> None:
-    """Silences two messages every rank would print on every run, which say nothing
-    about the run: torchrec wraps the dense part in DDP with a deprecated argument, and
-    fx warns about an API rename when the train pipeline traces the model."""
-    warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)

@@ -2,8 +2,8 @@
 
 Only rank 0 prints and writes. The JSON-lines log is appended to, one object per
 line, every record carrying the run's ``run_id``:
-``{"event": "config", ...}`` once, ``{"event": "train", "step", "epoch", "loss", "lr",
-"records_per_sec", ...}`` per interval and ``{"event": "eval", "stage", "step",
+``{"event": "startup", ...}`` (training/startup_report.py) and ``{"event": "config", ...}`` once, ``{"event": "train", "step", "epoch", "loss", "lr",
+"records_per_sec", "total_steps", "eta_seconds", ...}`` per interval and ``{"event": "eval", "stage", "step",
 "auroc", "log_loss", "accuracy", "ne", "calibration", "positive_rate", "num_samples"}``
 per evaluation (training/metrics.py says what each means); every record also has
 ``time`` (seconds since the epoch). With a TensorBoard directory the same scalars go
@@ -15,7 +15,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Tuple
 
 from tqdm import tqdm
 
@@ -24,6 +24,48 @@ from training.metrics import METRIC_NAMES
 
 # JSON record keys also written to TensorBoard, as "<train|validation|test>/<key>".
 TENSORBOARD_SCALARS = {"train": ("loss", "lr", "records_per_sec"), "eval": METRIC_NAMES}
+
+
+def format_duration(seconds: float) -> str:
+    """``45s``, ``3m05s``, ``2h07m``: an ETA's precision."""
+    whole = int(round(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def format_metrics(stage: str, values: Optional[Mapping[str, float]]) -> str:
+    """``test AUROC 0.8012, log loss 0.4501, NE 0.8123`` (``test: none`` without values)."""
+    if not values:
+        return f"{stage}: none"
+    return f"{stage} AUROC {values['auroc']:.4f}, log loss {values['log_loss']:.4f}, NE {values['ne']:.4f}"
+
+
+class StepClock:
+    """Where training is (``step 37/160``) and when it should end, from the training
+    time of the steps this process has run (evaluation and checkpoints excluded, so
+    the ETA does not count them either).
+
+    Args:
+        total_steps: the run's training steps (every epoch), counted from step 0.
+    """
+
+    def __init__(self, total_steps: int) -> None:
+        self.total_steps = total_steps
+        self._steps = 0
+        self._seconds = 0.0
+
+    def tick(self, step: int, steps: int, seconds: float) -> Tuple[str, Optional[float]]:
+        """Adds an interval of ``steps`` steps that took ``seconds``; returns the
+        line's ``step N/M | ETA 3m05s`` and the ETA in seconds (None before any time)."""
+        self._steps += steps
+        self._seconds += seconds
+        if self._seconds <= 0:
+            return f"step {step}/{self.total_steps}", None
+        eta = max(self.total_steps - step, 0) * self._seconds / self._steps
+        return f"step {step}/{self.total_steps} | ETA {format_duration(eta)}", eta
 
 
 class RunLog:
@@ -43,6 +85,7 @@ class RunLog:
         self.run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
         self._file = None
         self._bar: Optional[tqdm] = None
+        self._evaluation_bar: Optional[tqdm] = None
         self._tensorboard = None
         if enabled and log_path:
             os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
@@ -86,12 +129,30 @@ class RunLog:
         if self._bar is not None:
             self._bar.update(steps)
 
+    def start_evaluation_progress(self, total: int, stage: str) -> None:
+        """A bar for an evaluation, under the training bar; it appears only when the
+        evaluation takes more than a few seconds and goes when it ends."""
+        if self.enabled and self.progress:
+            self._evaluation_bar = tqdm(total=total, desc=stage, unit="step", dynamic_ncols=True, file=sys.stderr,
+                                        mininterval=1.0, delay=2.0, leave=False,
+                                        position=1 if self._bar is not None else 0)
+
+    def advance_evaluation(self) -> None:
+        if self._evaluation_bar is not None:
+            self._evaluation_bar.update(1)
+
+    def close_evaluation_progress(self) -> None:
+        if self._evaluation_bar is not None:
+            self._evaluation_bar.close()
+            self._evaluation_bar = None
+
     def close_progress(self) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
 
     def close(self) -> None:
+        self.close_evaluation_progress()
         self.close_progress()
         if self._file is not None:
             self._file.close()

@@ -23,7 +23,8 @@ from torchrec.distributed.types import ShardingEnv
 
 from common.config_flags import Overrides, flag_of
 from common.errors import BadInput
-from data.config import BatchLoader, build_loaders, open_dataset
+from data.config import BatchLoader
+from data.loaders import build_loaders, check_dataset_values, open_dataset
 from models import build_dlrm_train
 from models.embedding_optimizer import attach_fused_embedding_optimizer
 from models.interaction import align_to_sharded_embeddings
@@ -44,7 +45,8 @@ from training.optimizers import build_combined_optimizer
 from training.pipelines import (build_pipeline, check_pipeline_supported, check_plan_for_pipeline,
                                 cpu_bf16_speed_ratio, release_cache_line_locks, semi_sync_start_after)
 from training.recipes import STABLE_OPTIMIZER
-from training.run_log import RunLog
+from training.run_log import RunLog, StepClock, format_metrics
+from training.startup_report import StartupReport
 from training.sharding import prepare_sharding
 
 
@@ -102,7 +104,7 @@ class Trainer:
         self.env = env
         # The data set, the checkpoint, the model and the plan file or constraints
         # first: bad input fails on every rank alike, before any collective.
-        dataset = open_dataset(config.data)
+        dataset = open_dataset(config.data, check_values=False)  # after the start-up block: it reads every file
         restore = find_restore_point(config)
         flags = config.checkpoint
         # Training with a checkpoint directory always saves there: at the end, at each
@@ -111,6 +113,9 @@ class Trainer:
         if saves_checkpoints:
             check_writable(flags.checkpoint_dir)  # type: ignore[arg-type]
         check_pipeline_supported(config.pipeline, env.device)
+        startup = StartupReport(config, env)
+        startup.before_setup(dataset)  # what is being built, before the seconds (or minutes) it takes
+        check_dataset_values(config.data, dataset)
         # Model: identical dense init on every rank and world size (seeded here),
         # tables on the meta device until sharded.
         torch.manual_seed(config.seed)
@@ -203,6 +208,7 @@ class Trainer:
         elif flags.resume:
             self.log.print(f"--resume: {flags.checkpoint_dir} holds no complete checkpoint; training starts from scratch")
         self.train_pipeline = self._pipeline(config.pipeline, config.amp)  # after the restored step
+        startup.after_setup(self.plan, self.loaders, self.log)
         # Last, so that nothing above can fail with the lock held; released by `fit`
         # (or `release_checkpoint_dir` when it fails).
         self._checkpoint_lock = (lock_checkpoint_dir(flags.checkpoint_dir, env.rank)  # type: ignore[arg-type]
@@ -275,6 +281,7 @@ class Trainer:
                         **dataclasses.asdict(config))
         result = RunResult(steps=0)
         self._fit_start = time.perf_counter()
+        self.clock = StepClock(config.epochs * len(self.loaders["train"]))
         if config.validation_auroc is not None:
             result.target_reached = False
         train_loader = self.loaders["train"]
@@ -381,11 +388,13 @@ class Trainer:
         rate = records / seconds if seconds > 0 else float("nan")
         peaks = gather_peak_memory(self.env)
         top = max(range(len(peaks)), key=peaks.__getitem__)
+        position, eta = self.clock.tick(self.step, len(values), seconds)
         self.log.print(
-            f"epoch {epoch} step {self.step} | loss {mean_loss:.5f} | lr {lr:.6g} | "
+            f"epoch {epoch} {position} | loss {mean_loss:.5f} | lr {lr:.6g} | "
             f"{rate:,.0f} records/s | peak mem {format_bytes(peaks[top])} (rank {top})"
         )
         self.log.record("train", step=self.step, epoch=epoch, loss=mean_loss, lr=lr,
+                        total_steps=self.clock.total_steps, eta_seconds=eta,
                         records_per_sec=rate, records=records, seconds=seconds, step_losses=values,
                         peak_memory_bytes=peaks)
         return values
@@ -454,6 +463,7 @@ class Trainer:
         pipeline = self._pipeline("base" if self.config.pipeline == "base" else "sparse_dist", amp=False)
         metrics = BinaryClassificationMetrics(self.env.device, self.config.auroc_bins)
         batches = self._batches(loader)
+        self.log.start_evaluation_progress(len(loader), stage)
         with torch.no_grad():
             while True:
                 try:
@@ -461,6 +471,8 @@ class Trainer:
                 except StopIteration:
                     break
                 metrics.update(logits, labels)
+                self.log.advance_evaluation()
+        self.log.close_evaluation_progress()
         if handover:
             pipeline.detach()  # type: ignore[attr-defined]
             self.train_pipeline.attach(self.model)  # type: ignore[attr-defined]
@@ -495,15 +507,16 @@ class Trainer:
         rate = self._train_records / self._train_seconds if self._train_seconds > 0 else 0.0
         result.records_per_sec = rate
         peaks = gather_peak_memory(self.env)
+        best = ""
+        if result.best_step is not None:
+            best = (f" | best step {result.best_step} (validation {self.config.early_stopping.metric} "
+                    f"{self.best.stopping.best_value:.4f}{', stopped early' if result.stopped_early else ''}; "
+                    "tested)")
         self.log.print(
-            f"done: {result.steps} steps, {self._train_records} records in "
-            f"{self._train_seconds:.1f} s of training ({rate:,.0f} records/s, evaluation excluded); "
+            f"done: {result.steps} steps, {self._train_records} records in {self._train_seconds:.1f} s of training "
+            f"({rate:,.0f} records/s, evaluation excluded) | {format_metrics('test', result.test)}{best} | "
             "peak memory " + ", ".join(f"rank {r}: {format_bytes(b)}" for r, b in enumerate(peaks))
         )
-        if result.best_step is not None:
-            metric = self.config.early_stopping.metric
-            self.log.print(f"best validation {metric} {self.best.stopping.best_value:.4f} at step {result.best_step}"
-                           f"{' (stopped early)' if result.stopped_early else ''}: the test split used its weights")
         self.log.record("summary", steps=result.steps, train_seconds=self._train_seconds,
                         records_per_sec=rate, validation=result.validation, test=result.test,
                         peak_memory_bytes=peaks, best_step=result.best_step,

@@ -55,7 +55,8 @@ def assert_row_matches_log(row, log_path):
     """A succeeded run of a ``TINY_FLAGS`` sweep over ``learning_rate`` on 2 ranks: its
     results row says what its own JSON-lines log says."""
     log = read_log(log_path)
-    config, summary = log[0], [r for r in log if r["event"] == "summary"][-1]
+    config = next(r for r in log if r["event"] == "config")
+    summary = [r for r in log if r["event"] == "summary"][-1]
     learning_rate = row["run"].split("=")[1]
     assert row["state"] == "succeeded"
     assert config["optim"]["learning_rate"] == float(learning_rate)

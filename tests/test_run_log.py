@@ -1,0 +1,54 @@
+"""What a run prints: the start-up block, interval positions and ETAs, the summary's metrics."""
+
+from data.loaders import build_loaders
+from training.distributed import resolve_env
+from training.flags import parse_config
+from training.run_log import StepClock, format_duration, format_metrics
+from training.startup_report import StartupReport
+
+
+def test_format_duration():
+    assert [format_duration(s) for s in (0.4, 45, 185, 7620)] == ["0s", "45s", "3m05s", "2h07m"]
+
+
+def test_step_clock_eta_counts_training_time_of_the_steps_run():
+    clock = StepClock(total_steps=100)
+    assert clock.tick(10, 10, 5.0) == ("step 10/100 | ETA 45s", 45.0)
+    # A resumed run starts at step 50: its ETA comes from the steps it ran itself.
+    resumed = StepClock(total_steps=100)
+    assert resumed.tick(60, 10, 20.0) == ("step 60/100 | ETA 1m20s", 80.0)
+    assert StepClock(5).tick(1, 1, 0.0) == ("step 1/5", None)
+
+
+def test_format_metrics():
+    values = {"auroc": 0.80123, "log_loss": 0.45, "ne": 0.8}
+    assert format_metrics("test", values) == "test AUROC 0.8012, log loss 0.4500, NE 0.8000"
+    assert format_metrics("test", None) == "test: none"
+
+
+def test_startup_block_says_what_the_run_builds(capsys, tmp_path):
+    config = parse_config(["--num_embeddings", "1000", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
+                           "--interaction_type", "dcn", "--dcn_num_layers", "2", "--dcn_low_rank_dim", "4",
+                           "--batch_size", "16", "--limit_train_batches", "7", "--epochs", "3",
+                           "--log_path", str(tmp_path / "run.jsonl"), "--checkpoint_dir", str(tmp_path / "ckpt"),
+                           "--checkpoint_every_n_steps", "5"], "dlrm_main.py", "")
+    env = resolve_env("cpu")
+    report = StartupReport(config, env)
+    before = report.before_setup(None)
+    assert before == [
+        "starting: --mode train",
+        "model: DCNv2 (dcn interaction) | bottom MLP 13-16-8 | 2 cross layers of rank 4 | top MLP 512-512-256-1",
+        "tables: 26 | 26,000 rows x 8 | 0.79 MiB of fp32 weights",
+        "data: random data | rows: train 16,000, validation 1,600, test 1,600 | batch 16 per rank",
+        "ranks: 1 (1 on this host) | device cpu (gloo) | precision fp32 MLPs, fp32 tables | pipeline sparse_dist",
+        f"outputs: JSON log {tmp_path / 'run.jsonl'} | checkpoints {tmp_path / 'ckpt'} (every 5 steps) | "
+        "TensorBoard none",
+    ]
+    loaders = build_loaders(config.data, None, config.model.num_embeddings_per_feature, 0, 1)
+    plan = {f"t_cat_{i}": {"sharding_type": "table_wise" if i % 2 else "data_parallel",
+                           "compute_kernel": "fused" if i % 2 else "dense", "shards": []} for i in range(26)}
+    after = report.after_setup(plan, loaders)
+    assert after == ["sharding: 13 data_parallel/dense, 13 table_wise/fused",
+                     "steps per epoch: train 7, validation 100, test 100 | 3 epochs: 21 training steps"]
+    assert capsys.readouterr().out.splitlines() == before + after
+    assert report.facts["total_steps"] == 21 and report.facts["table_bytes"] == 26_000 * 8 * 4

@@ -26,9 +26,9 @@ New days for a model already trained (scoring day N+1 with ``--mode test``, or
 training on): ``--vocabulary TRAINING_DATA_DIR`` (the --output_dir of the training
 data's run) applies that run's ids: its vocabulary (a hash it did not keep -> id 0),
 its frequency threshold and modulo, and its table sizes in metadata.json, so the
-checkpoint's tables fit. No vocabulary is counted, so one day file is enough (its
-first half is the validation split, its second half the test split). The vocabulary
-is copied into the output, for ``serving.export``.
+checkpoint's tables fit. No vocabulary is counted. The vocabulary is copied into the
+output, for ``serving.export``. (The trainer reads two days at least, the last one
+its validation and test split: put the new day last.)
 
 Each output is written under a temporary name and renamed when complete; a day's
 marker ``day_{i}.done.json`` is written last, so a killed run is resumed by running

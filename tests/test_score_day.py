@@ -3,13 +3,17 @@ trainer's on the same rows, the label passed through, the metrics file's format.
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
 
+import dlrm_main
 from common.json_fields import FileFieldError
-from tests.support.exported_model import raw_test_lines
-from tests.support.launch import eval_record
+from data import preprocess_criteo
+from data.synthetic_criteo import write_raw_day
+from tests.support.exported_model import MODEL_FLAGS, SPEC, raw_test_lines
+from tests.support.launch import eval_record, launch, read_log
 from serving import predict
 
 
@@ -82,3 +86,35 @@ def test_metrics_file_fields_are_checked(tmp_path):
                                 "unseen_ids_by_feature": {}}))
     with pytest.raises(FileFieldError, match=f"^{path}: auroc must be a number or null, got \"high\"$"):
         predict.read_predict_metrics(str(path))
+
+
+@pytest.mark.slow
+def test_train_on_days_then_score_the_next_day_two_ways(trained, tmp_path):
+    """The worked example of docs/serving.md: day 3, never trained on, preprocessed with
+    the training run's vocabulary (after day 2: the trainer's data has two days at least,
+    the last one its validation and test split) and scored by the trainer (--mode test,
+    its second half) gives the AUROC serving.predict gives on the same raw lines."""
+    new_raw = tmp_path / "days_2_3"
+    new_raw.mkdir()
+    shutil.copyfile(os.path.join(trained["raw"], "day_2"), new_raw / "day_0")
+    write_raw_day(SPEC, str(new_raw / "day_1"), 3)
+    scored = str(tmp_path / "day_3_bin")
+    assert preprocess_criteo.main(["--input_dir", str(new_raw), "--output_dir", scored,
+                                   "--dataset_name", "criteo_1t", "--vocabulary", trained["data"]]) == 0
+    log = str(tmp_path / "test.jsonl")
+    step = sorted(name for name in os.listdir(trained["ckpt"]) if name.startswith("step_"))[-1]
+    assert launch(dlrm_main.main, ["--in_memory_binary_criteo_path", scored, "--batch_size", "256", *MODEL_FLAGS,
+                                   "--sharding_type", "table_wise", "--mode", "test", "--log_path", log,
+                                   "--restore_checkpoint_path", os.path.join(trained["ckpt"], step)]) == {0: 0, 1: 0}
+    test = eval_record(read_log(log), "test")
+
+    lines = open(new_raw / "day_1", "rb").read().splitlines(keepends=True)
+    second_half = tmp_path / "second_half.tsv"
+    second_half.write_bytes(b"".join(lines[len(lines) // 2:]))
+    metrics_path = tmp_path / "metrics.json"
+    assert predict.main(["--model", trained["model"], "--input", str(second_half), "--output",
+                         str(tmp_path / "p.txt"), "--metrics_output", str(metrics_path)]) == 0
+    metrics = predict.read_predict_metrics(str(metrics_path))
+    assert metrics.rows == test["num_samples"]
+    assert metrics.auroc == pytest.approx(test["auroc"], abs=1e-5) and metrics.auroc > 0.6
+    assert metrics.ne == pytest.approx(test["ne"], rel=1e-4)

@@ -68,6 +68,9 @@ def optional(kind: Kind) -> Kind:
 
 INTEGER = integer(0)
 TEXT = Kind(lambda v: isinstance(v, str), "a string")
+NUMBER = Kind(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number")
+BOOLEAN = Kind(lambda v: isinstance(v, bool), "true or false")
+COUNTS = Kind(lambda v: isinstance(v, dict) and all(_is_int(n, 0) for n in v.values()), "an object of counts")
 OBJECT = Kind(lambda v: isinstance(v, dict), "an object")
 REQUIRED = object()  # `JsonObject.get` default of a field that must be there
 

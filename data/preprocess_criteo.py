@@ -3,7 +3,7 @@
     python -m data.preprocess_criteo --input_dir RAW --output_dir OUT \\
         --dataset_name criteo_1t|criteo_kaggle [--frequency_threshold T] \\
         [--num_embeddings_per_feature 40000000,39060,...] [--workers N] \\
-        [--on_bad_lines error|skip]
+        [--on_bad_lines error|skip] [--vocabulary TRAINING_DATA_DIR]
 
 Input: criteo_1t, a directory of day files ``day_0`` ... ``day_23`` (each plain or
 ``.gz``); criteo_kaggle, a directory holding ``train.txt`` (or ``train.txt.gz``),
@@ -22,6 +22,14 @@ every file; categorical hex -> integer, then either contiguous ids by frequency
 or never, map to id 0) or modulo ``--num_embeddings_per_feature`` (applied last in
 both cases), or else the hash's low 31 bits.
 
+New days for a model already trained (scoring day N+1 with ``--mode test``, or
+training on): ``--vocabulary TRAINING_DATA_DIR`` (the --output_dir of the training
+data's run) applies that run's ids: its vocabulary (a hash it did not keep -> id 0),
+its frequency threshold and modulo, and its table sizes in metadata.json, so the
+checkpoint's tables fit. No vocabulary is counted. The vocabulary is copied into the
+output, for ``serving.export``. (The trainer reads two days at least, the last one
+its validation and test split: put the new day last.)
+
 Each output is written under a temporary name and renamed when complete; a day's
 marker ``day_{i}.done.json`` is written last, so a killed run is resumed by running
 the same command again: finished days (same input, same settings, files of the size
@@ -31,6 +39,8 @@ end, day files beyond its own days, and an unused vocabulary. An empty day (no l
 or only bad ones) is refused.
 """
 
+import dataclasses
+import functools
 import hashlib
 import json
 import multiprocessing as mp
@@ -39,6 +49,7 @@ import re
 import struct
 import sys
 import time
+import zipfile
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -48,6 +59,7 @@ import numpy as np
 from common.atomic import atomic_path, naming_write_errors, write_json
 from common.cli import OneLineParser, cli_main, int_list
 from common.errors import BadInput
+from common.json_fields import INTEGER, JsonObject, int_list as int_list_kind, optional
 from data.criteo_layout import (METADATA_FILE, NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, day_file, done_marker,
                                 remove_day_files_from)
 from data.criteo_transforms import (DENSE_OFFSET, VOCABULARY_FILE, read_vocabulary, transform_dense, transform_sparse,
@@ -80,6 +92,8 @@ class PreprocessConfig:
         on_bad_lines: "error" stops at the first malformed line; "skip" counts them.
         chunk_bytes: bytes of text parsed at a time (bounds memory per worker).
         kaggle_days: day files the Kaggle train.txt is cut into.
+        vocabulary: the output directory of the training data's run, whose ids to apply
+            (see the module docstring); None: this run's own.
     """
 
     input_dir: str
@@ -91,8 +105,16 @@ class PreprocessConfig:
     on_bad_lines: str = "error"
     chunk_bytes: int = 1 << 20
     kaggle_days: int = 7
+    vocabulary: Optional[str] = None
 
     def validate(self) -> None:
+        if self.vocabulary is not None:
+            if self.frequency_threshold or self.num_embeddings_per_feature is not None:
+                raise BadInput("--vocabulary takes the frequency threshold and table sizes of the training run: "
+                               "do not give --frequency_threshold or --num_embeddings_per_feature with it")
+            if not os.path.isfile(os.path.join(self.vocabulary, METADATA_FILE)):
+                raise BadInput(f"--vocabulary {self.vocabulary}: no {METADATA_FILE}; give the --output_dir of "
+                               "the preprocess_criteo run that made the training data")
         if self.dataset_name not in DATASET_NAMES:
             raise BadInput(f"--dataset_name must be one of {', '.join(DATASET_NAMES)}, got {self.dataset_name!r}")
         if not os.path.isdir(self.input_dir):
@@ -118,7 +140,43 @@ class PreprocessConfig:
         """Identifies the settings that change output values (not workers or chunking)."""
         relevant = {k: getattr(self, k) for k in
                     ("dataset_name", "frequency_threshold", "num_embeddings_per_feature", "on_bad_lines", "kaggle_days")}
+        if self.vocabulary is not None:  # the ids depend on the training run's vocabulary
+            relevant["vocabulary"] = self._training_vocabulary_digest
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+    @functools.cached_property
+    def _training_vocabulary_digest(self) -> str:
+        path = os.path.join(str(self.vocabulary), VOCABULARY_FILE)
+        digest = hashlib.sha256()
+        if os.path.exists(path):
+            for block in read_blocks(path, 1 << 22):
+                digest.update(block)
+        return digest.hexdigest()
+
+
+@dataclass
+class TrainingRun:
+    """What --vocabulary takes from the training data's run (its metadata.json).
+
+    Args:
+        frequency_threshold: 0, or its vocabulary's threshold.
+        modulo: the table sizes its ids were taken modulo, if any.
+        num_embeddings_per_feature: its table sizes (the checkpoint's).
+    """
+
+    frequency_threshold: int
+    modulo: Optional[List[int]]
+    num_embeddings_per_feature: List[int]
+
+    @classmethod
+    def read(cls, directory: str) -> "TrainingRun":
+        path = os.path.join(directory, METADATA_FILE)
+        with open(path, "rb") as f:
+            document, _ = JsonObject.versioned(f.read(), path, "preprocess_criteo's metadata.json", current=1)
+        sizes = int_list_kind(NUM_SPARSE_FEATURES, minimum=1)
+        return cls(document.get("frequency_threshold", INTEGER),
+                   document.get("modulo_num_embeddings_per_feature", optional(sizes), None),
+                   document.get("num_embeddings_per_feature", sizes))
 
 
 def _count_lines(path: str, chunk_bytes: int) -> int:
@@ -158,7 +216,7 @@ def discover_sources(config: PreprocessConfig) -> List[DaySource]:
     if missing:
         raise BadInput(f"--input_dir {config.input_dir}: day files must be day_0 .. day_N; "
                          f"day_{missing[0]} is missing")
-    if config.frequency_threshold > 0 and len(found) < 2:
+    if config.frequency_threshold > 0 and config.vocabulary is None and len(found) < 2:
         raise BadInput("--frequency_threshold counts the training days (all but the last): "
                          "it needs at least two day files")
     return [DaySource(d, found[d]) for d in sorted(found)]
@@ -411,9 +469,28 @@ def _load_or_build_vocabulary(config: PreprocessConfig, train: List[DaySource]) 
     return vocabulary
 
 
+def _copy_training_vocabulary(config: PreprocessConfig) -> List[np.ndarray]:
+    """The training run's vocabulary, copied into the output (for serving.export)."""
+    source = os.path.join(str(config.vocabulary), VOCABULARY_FILE)
+    try:
+        vocabulary = read_vocabulary(source, NUM_SPARSE_FEATURES)
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        raise BadInput(f"--vocabulary {config.vocabulary}: {source} is not a preprocess_criteo vocabulary "
+                       f"({type(e).__name__}: {e})") from e
+    path = os.path.join(config.output_dir, VOCABULARY_FILE)
+    with naming_write_errors(path), atomic_path(path, suffix=".tmp.npz") as tmp:
+        np.savez(tmp, signature=json.dumps({"vocabulary": config.vocabulary}), **vocabulary_arrays(vocabulary))
+    return vocabulary
+
+
 def preprocess(config: PreprocessConfig) -> Dict[str, object]:
     """Runs both passes; returns the metadata written to metadata.json."""
     config.validate()
+    training_run = None
+    if config.vocabulary is not None:
+        training_run = TrainingRun.read(config.vocabulary)
+        config = dataclasses.replace(config, frequency_threshold=training_run.frequency_threshold,
+                                     num_embeddings_per_feature=training_run.modulo)
     sources = discover_sources(config)
     os.makedirs(config.output_dir, exist_ok=True)
     # What an earlier run left that this one will not own: its metadata (rewritten at
@@ -427,7 +504,8 @@ def preprocess(config: PreprocessConfig) -> Dict[str, object]:
     remove_day_files_from(config.output_dir, len(sources))
     vocabulary = None
     if config.frequency_threshold > 0:
-        vocabulary = _load_or_build_vocabulary(config, sources[:-1])  # training days only
+        vocabulary = (_copy_training_vocabulary(config) if config.vocabulary is not None
+                      else _load_or_build_vocabulary(config, sources[:-1]))  # training days only
     results: Dict[int, DayResult] = {}
     todo = []
     for source in sources:
@@ -444,7 +522,9 @@ def preprocess(config: PreprocessConfig) -> Dict[str, object]:
             write_json(done_marker(config.output_dir, result.day), {
                 "fingerprint": config.fingerprint(), "source": source.signature(), **asdict(result)})
     ordered = [results[s.day] for s in sources]
-    if vocabulary is not None:
+    if training_run is not None:
+        cardinalities = training_run.num_embeddings_per_feature
+    elif vocabulary is not None:
         cardinalities = [len(v) + 1 for v in vocabulary]
         if config.num_embeddings_per_feature is not None:
             cardinalities = [min(c, s) for c, s in zip(cardinalities, config.num_embeddings_per_feature)]
@@ -470,6 +550,7 @@ def preprocess(config: PreprocessConfig) -> Dict[str, object]:
         "modulo_num_embeddings_per_feature": config.num_embeddings_per_feature,
         "bad_lines": bad_lines,
         "split": "days 0..N-2 train; day N-1: first half validation, second half test",
+        "vocabulary_from": config.vocabulary,
     }
     write_json(os.path.join(config.output_dir, METADATA_FILE), metadata)
     return metadata
@@ -501,6 +582,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              f"(default {PreprocessConfig.chunk_bytes})")
     parser.add_argument("--kaggle_days", type=int, default=PreprocessConfig.kaggle_days,
                         help=f"day files the Kaggle train.txt is cut into (default {PreprocessConfig.kaggle_days})")
+    parser.add_argument("--vocabulary", default=None, metavar="TRAINING_DATA_DIR",
+                        help="apply the ids of the run that wrote TRAINING_DATA_DIR (its vocabulary, threshold, "
+                             "modulo and table sizes) to new days")
     args = parser.parse_args(argv)
     config = PreprocessConfig(**vars(args))
     try:

@@ -2,23 +2,28 @@
 
 One class per layout an export can name (inputs.json "layout"), with one interface:
 `InputLayout.is_labelled` judges a file by its first line, `parse` turns whole lines
-into the data's features (refusing a malformed line by file and line number),
-`transform` applies the training data's transforms, and `training_data` opens the
-binary data set such models train on (for the quality gate).
+into the data's features and labels (refusing a malformed line by file and line
+number), `transform` applies the training data's transforms, `count_unseen` counts the
+ids the training data never held, `column_names`/`columns` give the input columns a
+caller may pass through to its output, and `training_data` opens the binary data set
+such models train on (for the quality gate).
 
 - `CriteoLines`: raw Criteo lines, tab-separated: label, 13 integer features, 26
   hexadecimal hashes (40 fields), or the same without the label (39 fields); any
   feature may be empty. Transforms: preprocessing's (data/criteo_transforms.py).
 - `CsvRows`: BYO CSV rows of a feature-spec model: headerless, comma-separated, the
   label (optional), the numerical values (none for data of categorical features
-  only), then each feature's ids (a feature of hotness k takes k columns). Transforms: the transcoder's (values rounded to float16,
-  ids checked against the cardinalities).
+  only), then each feature's ids (a feature of hotness k takes k columns). Transforms:
+  the transcoder's (values rounded to float16). An id at or above its feature's
+  cardinality, never in the training data, is not refused: it is counted as unseen
+  and taken modulo its table size, as the training loader takes every id beyond its
+  table (docs/serving.md, "Unseen ids").
 
 Example::
 
     layout = load_layout(inputs, "model_dir", manifest)
-    dense, sparse = layout.parse(b"1\\t5\\t...\\n", "in.tsv", first_line=1, labelled=True)
-    dense, ids = layout.transform(dense, sparse)  # ids before the modulo of the table sizes
+    lines = layout.parse(b"1\\t5\\t...\\n", "in.tsv", first_line=1, labelled=True)
+    dense, ids = layout.transform(lines.dense, lines.sparse)  # ids before the modulo of the table sizes
 """
 
 import io
@@ -26,7 +31,7 @@ import os
 import re
 import zipfile
 from abc import ABC, abstractmethod
-from typing import Dict, List, Optional, Tuple, Type, Union
+from typing import Dict, List, NamedTuple, Optional, Tuple, Type, Union
 
 import numpy as np
 
@@ -43,6 +48,20 @@ from serving.model_inputs import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, CriteoPrep
                                   ModelInputs)
 
 Features = Tuple[np.ndarray, np.ndarray]
+
+
+class ParsedLines(NamedTuple):
+    """Whole lines' features as the data gives them, and their labels.
+
+    Args:
+        dense: (N, num_dense).
+        sparse: (N, sum of hotness).
+        labels: (N,) 0/1, or None for lines without a label.
+    """
+
+    dense: np.ndarray
+    sparse: np.ndarray
+    labels: Optional[np.ndarray]
 
 
 class MalformedLineError(BadInput):
@@ -75,8 +94,8 @@ class InputLayout(ABC):
         """Whether lines carry a label, judged by the first line of ``data``."""
 
     @abstractmethod
-    def parse(self, data: bytes, source: str, first_line: int, labelled: bool) -> Features:
-        """The features of whole lines: dense (N, num_dense) and sparse (N, sum of hotness).
+    def parse(self, data: bytes, source: str, first_line: int, labelled: bool) -> ParsedLines:
+        """The features and labels of whole lines.
 
         Args:
             data: whole lines.
@@ -90,6 +109,30 @@ class InputLayout(ABC):
         """(row, reason) of the first row of features whose ids the training data could
         not hold, or None."""
         return None
+
+    @abstractmethod
+    def count_unseen(self, sparse: np.ndarray) -> np.ndarray:
+        """Per categorical feature, how many of the ids of ``sparse`` (checked) the
+        training data never held (int64, one count per feature)."""
+
+    @abstractmethod
+    def column_names(self) -> List[str]:
+        """The input columns `columns` gives, by name."""
+
+    def columns(self, lines: ParsedLines, names: List[str]) -> np.ndarray:
+        """(N, len(names)) the input's values of the columns ``names`` (of `column_names`).
+
+        Raises BadInput when the label is asked of lines without one."""
+        every = self.column_names()
+        if lines.labels is None and every[0] in names:
+            raise BadInput(f"--keep_columns {every[0]}: the input lines have no label")
+        label = lines.labels if lines.labels is not None else np.zeros(len(lines.dense))
+        values = self._all_columns(label.reshape(-1, 1), lines)
+        return values[:, [every.index(name) for name in names]]
+
+    @abstractmethod
+    def _all_columns(self, label: np.ndarray, lines: ParsedLines) -> np.ndarray:
+        """(N, len(column_names())): the label column (N, 1), then the other columns."""
 
     @abstractmethod
     def transform(self, dense: np.ndarray, sparse: np.ndarray) -> Features:
@@ -111,6 +154,7 @@ class CriteoLines(InputLayout):
         modulo = preprocessing.modulo_num_embeddings_per_feature
         self._modulo = None if modulo is None else np.asarray(modulo, dtype=np.int64)
         self._vocabulary = vocabulary
+        self._num_features = len(inputs.sparse_feature_names)
 
     @classmethod
     def load(cls, inputs: ModelInputs, model_dir: str, manifest: Optional[Dict[str, ManifestEntry]]) -> "CriteoLines":
@@ -139,7 +183,7 @@ class CriteoLines(InputLayout):
         if chunk.bad_lines:
             index, reason = chunk.bad_lines[0]
             raise MalformedLineError(f"{source} line {first_line + index}: {self._reason(reason, labelled)}")
-        return chunk.dense_raw, chunk.sparse_hash
+        return ParsedLines(chunk.dense_raw, chunk.sparse_hash, chunk.labels if labelled else None)
 
     @staticmethod
     def _reason(reason: str, labelled: bool) -> str:
@@ -150,6 +194,22 @@ class CriteoLines(InputLayout):
             return (f"expected {NUM_FIELDS} tab-separated fields (label, {NUM_DENSE_FEATURES} integer, {NUM_SPARSE_FEATURES} categorical) "
                     f"or {NUM_FIELDS - 1} without the label, found {found}")
         return reason
+
+    def count_unseen(self, sparse: np.ndarray) -> np.ndarray:
+        """Hashes missing from the vocabulary (preprocessing maps them to its
+        out-of-vocabulary id 0, and so does the predictor); an empty field (hash 0) is
+        not counted. Without a vocabulary every hash has its id (its low 31 bits, modulo
+        the table size, as in training): none is unseen."""
+        if self._vocabulary is None:
+            return np.zeros(self._num_features, np.int64)
+        return np.array([np.count_nonzero((sparse[:, f] != 0) & ~np.isin(sparse[:, f], vocab))
+                         for f, vocab in enumerate(self._vocabulary)], np.int64)
+
+    def column_names(self) -> List[str]:
+        return ["label"]  # the raw features are hashes: the label is what a scorer keeps
+
+    def _all_columns(self, label: np.ndarray, lines: ParsedLines) -> np.ndarray:
+        return label
 
     def transform(self, dense: np.ndarray, sparse: np.ndarray) -> Features:
         ids = transform_sparse(sparse.astype(np.uint32), self._vocabulary, self._modulo).astype(np.int64)
@@ -168,6 +228,7 @@ class CsvRows(InputLayout):
         columns = inputs.preprocessing
         assert isinstance(columns, FeatureSpecColumns)
         self._features = list(zip(inputs.sparse_feature_names, inputs.sparse_hotness, columns.cardinalities))
+        self._column_names = inputs.csv_columns
 
     @staticmethod
     def training_data(path: str) -> SplitBinaryDataset:
@@ -176,7 +237,7 @@ class CsvRows(InputLayout):
     def is_labelled(self, data: bytes) -> bool:
         return data.split(b"\n", 1)[0].count(b",") == self.num_dense + self.num_sparse_columns
 
-    def parse(self, data: bytes, source: str, first_line: int, labelled: bool) -> Features:
+    def parse(self, data: bytes, source: str, first_line: int, labelled: bool) -> ParsedLines:
         width = self.num_dense + self.num_sparse_columns
         numerical = f"{self.num_dense} numerical, " if self.num_dense else ""  # none: ids only
         features = f"{numerical}{self.num_sparse_columns} categorical ids"
@@ -196,19 +257,34 @@ class CsvRows(InputLayout):
         bad = self.find_bad_row(sparse)
         if bad is not None:
             raise MalformedLineError(f"{source} line {first_line + bad[0]}: {bad[1]}")
-        return dense, sparse
+        return ParsedLines(dense, sparse, rows[:, 0] if labelled else None)
 
     def find_bad_row(self, sparse: np.ndarray) -> Optional[Tuple[int, str]]:
-        """The first row holding an id the transcoder would refuse: not an integer, or
-        not below its feature's cardinality."""
+        """The first row holding a value that is no id: not an integer from 0 to 2^31 - 1
+        (an id at or above the cardinality is unseen, not bad: see `count_unseen`)."""
         start = 0
         found: Optional[Tuple[int, str]] = None
-        for name, hotness, cardinality in self._features:
-            bad = find_bad_id(name, sparse[:, start : start + hotness], int(cardinality))
+        for name, hotness, _ in self._features:
+            bad = find_bad_id(name, sparse[:, start : start + hotness], None)
             if bad is not None and (found is None or bad[0] < found[0]):
                 found = bad
             start += hotness
         return found
+
+    def count_unseen(self, sparse: np.ndarray) -> np.ndarray:
+        """Ids at or above their feature's cardinality (the transcoder refuses them in
+        training data, so no model saw one)."""
+        counts, start = [], 0
+        for _, hotness, cardinality in self._features:
+            counts.append(np.count_nonzero(sparse[:, start : start + hotness] >= cardinality))
+            start += hotness
+        return np.array(counts, np.int64)
+
+    def column_names(self) -> List[str]:
+        return self._column_names
+
+    def _all_columns(self, label: np.ndarray, lines: ParsedLines) -> np.ndarray:
+        return np.concatenate([label, lines.dense, lines.sparse], axis=1)
 
     def transform(self, dense: np.ndarray, sparse: np.ndarray) -> Features:
         # The transcoder stores numerical values as float16: round them the same way.

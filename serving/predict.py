@@ -1,7 +1,8 @@
 """Click probabilities for raw Criteo lines or BYO CSV rows, from an exported model directory.
 
     python -m serving.predict --model MODEL_DIR --input day_23.tsv|rows.csv [--output preds.csv]
-        [--variant fp32|fp16|int8] [--batch_size 4096]
+        [--variant fp32|fp16|int8] [--batch_size 4096] [--metrics_output metrics.json]
+        [--keep_columns label,user_id]
 
 The input layout is the model's (inputs.json "layout"; serving/input_layouts.py):
 
@@ -15,12 +16,18 @@ The input layout is the model's (inputs.json "layout"; serving/input_layouts.py)
   .gz): headerless, comma-separated, the label (optional), the numerical features, then
   the categorical ids, each feature in its channel_spec order and a feature of hotness
   k taking k columns (``ModelInputs.csv_columns``). The transforms are the transcoder's:
-  numerical values rounded to float16, ids checked against the cardinalities, then
-  modulo the table sizes.
+  numerical values rounded to float16, ids modulo the table sizes. An id at or above
+  its feature's cardinality (never in the training data) is counted as unseen and
+  taken modulo its table size like any id beyond its table in training.
 
 Whether lines carry the label is judged by the first line's field count. Output: one
-probability per input line, in order (stdout without --output). A malformed line stops
-the run with its line number (exit 2); the output is written under a temporary name
+probability per input line, in order (stdout without --output); with --keep_columns, a
+CSV with a header line: the named input columns (the label for Criteo lines; any of
+``csv_columns`` for CSV rows), then ``probability``. On labelled lines the run scores
+them with the trainer's figures (AUROC, log loss, accuracy, NE, calibration:
+common/click_metrics.py), printed on stderr in one summary line with the unseen ids,
+and written as JSON by --metrics_output (`PredictMetrics`). A malformed line stops
+the run with its line number (exit 2); outputs are written under a temporary name
 and renamed when complete, so nothing partial is left.
 
 Python API::
@@ -30,19 +37,25 @@ Python API::
 """
 
 import argparse
+import math
 import os
 import sys
-from typing import Optional, Sequence, TextIO, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, TextIO, Tuple
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torchmetrics.classification import BinaryAUROC
 
 from common.atomic import atomic_path
+from common.click_metrics import summary_figures
 from common.cli import run_cli
 from common.errors import BadInput
+from common.json_fields import BOOLEAN, COUNTS, INTEGER, NUMBER, TEXT, JsonObject, optional, versioned_json
 from data.text_lines import DaySource, iter_line_chunks
 from serving.cli import serving_parser
-from serving.input_layouts import InputLayout, load_layout
+from serving.input_layouts import InputLayout, ParsedLines, load_layout
 from serving.model_files import load_model_file, read_manifest
 from serving.model_inputs import read_inputs
 
@@ -95,7 +108,7 @@ class Predictor:
             dense (N, num_dense) float32 and ids (N, sum of hotness) int64 below the table sizes.
 
         Raises BadInput on wrong shapes, and for a feature-spec model on an id that is not
-        an integer below its feature's cardinality (naming the row).
+        an integer from 0 to 2^31 - 1 (naming the row).
         """
         dense = np.asarray(dense)
         sparse = np.asarray(sparse)
@@ -153,23 +166,166 @@ class Predictor:
 
         Raises MalformedLineError naming ``source`` and the line number of the first bad line.
         """
+        prepared = self.read_lines(data, source, first_line, labelled)
+        return prepared.dense, prepared.ids
+
+    def read_lines(self, data: bytes, source: str = "<input>", first_line: int = 1,
+                   labelled: Optional[bool] = None) -> "PreparedLines":
+        """`prepare_lines`, with the labels and the count of unseen ids of each feature."""
         if labelled is None:
             labelled = self.layout.is_labelled(data)
-        return self._transform(*self.layout.parse(data, source, first_line, labelled))
+        lines = self.layout.parse(data, source, first_line, labelled)
+        dense, ids = self._transform(lines.dense, lines.sparse)
+        return PreparedLines(dense, ids, lines, self.layout.count_unseen(lines.sparse))
+
+    def unseen_by_feature(self, counts: np.ndarray) -> Dict[str, int]:
+        """Per-feature counts of unseen ids -> {feature name: count} of those above 0."""
+        return {name: int(n) for name, n in zip(self.inputs.sparse_feature_names, counts) if n}
 
 
-def predict_file(predictor: Predictor, path: str, out: TextIO, chunk_bytes: int = 1 << 22) -> int:
-    """Writes one probability per line of ``path`` to ``out``; returns the line count."""
+@dataclass
+class PreparedLines:
+    """Whole input lines, ready for the model.
+
+    Args:
+        dense, ids: the model's inputs (see `Predictor.prepare`).
+        lines: the features and labels as the lines give them.
+        unseen: per categorical feature, the ids no training row held.
+    """
+
+    dense: np.ndarray
+    ids: np.ndarray
+    lines: ParsedLines
+    unseen: np.ndarray
+
+
+class LabelledScores:
+    """The trainer's evaluation figures for probabilities of labelled rows: AUROC
+    (torchmetrics' exact BinaryAUROC, as training/metrics.py) and the figures of
+    common/click_metrics.py from sums over the rows.
+
+    Example::
+
+        scores = LabelledScores()
+        scores.update(probabilities, labels)
+        scores.compute()  # {"auroc": ..., "log_loss": ..., "ne": ..., "calibration": ..., "num_samples": ...}
+    """
+
+    def __init__(self) -> None:
+        self._auroc = BinaryAUROC()
+        self._sums = np.zeros(5, np.float64)  # as summary_figures takes them
+
+    def update(self, probabilities: np.ndarray, labels: np.ndarray) -> None:
+        p = torch.as_tensor(np.asarray(probabilities, np.float32))
+        y = torch.as_tensor(np.asarray(labels)).reshape(-1)
+        self._auroc.update(p, y.int())
+        target = y.double()
+        self._sums += [F.binary_cross_entropy(p.double(), target, reduction="sum").item(),
+                       ((p >= 0.5).double() == target).sum().item(), len(p), p.double().sum().item(),
+                       target.sum().item()]
+
+    def compute(self) -> Dict[str, float]:
+        samples = int(self._sums[2])
+        auroc = float(self._auroc.compute().item()) if samples else float("nan")
+        return {"auroc": auroc, **summary_figures(*self._sums.tolist()), "num_samples": samples}
+
+
+@dataclass
+class PredictMetrics:
+    """What ``python -m serving.predict --metrics_output`` writes: the input's size, its
+    unseen ids and, for labelled input, the figures of `LabelledScores` (null when not
+    labelled, or when undefined: NE of a single class, calibration without clicks).
+
+    Version 1. Read back with `read_predict_metrics`.
+    """
+
+    model: str
+    variant: str
+    input: str
+    rows: int
+    labelled: bool
+    auroc: Optional[float]
+    log_loss: Optional[float]
+    accuracy: Optional[float]
+    ne: Optional[float]
+    calibration: Optional[float]
+    positive_rate: Optional[float]
+    unseen_ids: int
+    unseen_ids_by_feature: Dict[str, int] = field(default_factory=dict)
+    version: int = 1
+
+    FIGURES = ("auroc", "log_loss", "accuracy", "ne", "calibration", "positive_rate")
+
+    def summary(self) -> str:
+        """The one line predict prints on stderr."""
+        words = [f"{self.rows} rows"]
+        if self.labelled:
+            words.append(", ".join(f"{name} {getattr(self, name):.6g}" if getattr(self, name) is not None
+                                   else f"{name} n/a" for name in self.FIGURES))
+        by_feature = ", ".join(f"{name} {n}" for name, n in self.unseen_ids_by_feature.items())
+        words.append(f"unseen ids {self.unseen_ids}" + (f" ({by_feature})" if by_feature else ""))
+        return "; ".join(words)
+
+
+def _number(value: float) -> str:
+    """An input column's value as the input would write it (an id without ``.0``)."""
+    return np.format_float_positional(value, trim="-")
+
+
+def predict_file(predictor: Predictor, path: str, out: TextIO, chunk_bytes: int = 1 << 22,
+                 keep_columns: Sequence[str] = ()) -> Tuple[int, Optional[LabelledScores], np.ndarray]:
+    """Writes one probability per line of ``path`` to ``out`` (after the ``keep_columns``
+    of the line, as CSV with a header, when some are named).
+
+    Returns the line count, the scores of labelled lines (None for unlabelled input)
+    and the unseen ids per feature.
+    """
     if not os.path.exists(path):
         raise BadInput(f"--input {path}: no such file")
-    lines = 0
+    rows = 0
     labelled = None  # decided once, by the file's first line
+    scores = LabelledScores()
+    unseen = np.zeros(len(predictor.inputs.sparse_feature_names), np.int64)
+    if keep_columns:
+        out.write(",".join([*keep_columns, "probability"]) + "\n")
     for first_line, _, data in iter_line_chunks(DaySource(0, path), chunk_bytes):
         labelled = predictor.layout.is_labelled(data) if labelled is None else labelled
-        probabilities = predictor.predict_lines(data, path, first_line + 1, labelled)
-        out.write("".join(f"{p:.7g}\n" for p in probabilities))
-        lines += len(probabilities)
-    return lines
+        prepared = predictor.read_lines(data, path, first_line + 1, labelled)
+        probabilities = predictor.predict_transformed(prepared.dense, prepared.ids)
+        if keep_columns:
+            kept = predictor.layout.columns(prepared.lines, list(keep_columns))
+            out.write("".join(",".join([*map(_number, row), f"{p:.7g}"]) + "\n"
+                              for row, p in zip(kept, probabilities)))
+        else:
+            out.write("".join(f"{p:.7g}\n" for p in probabilities))
+        if labelled:
+            scores.update(probabilities, prepared.lines.labels)
+        unseen += prepared.unseen
+        rows += len(probabilities)
+    return rows, scores if labelled else None, unseen
+
+
+def read_predict_metrics(path: str) -> PredictMetrics:
+    """A --metrics_output file, every field checked (FileFieldError naming the field)."""
+    with open(path, "rb") as f:
+        document, _ = JsonObject.versioned(f.read(), path, "serving.predict's metrics", current=1)
+    return PredictMetrics(
+        model=document.get("model", TEXT), variant=document.get("variant", TEXT), input=document.get("input", TEXT),
+        rows=document.get("rows", INTEGER), labelled=document.get("labelled", BOOLEAN),
+        **{name: document.get(name, optional(NUMBER)) for name in PredictMetrics.FIGURES},
+        unseen_ids=document.get("unseen_ids", INTEGER),
+        unseen_ids_by_feature=document.get("unseen_ids_by_feature", COUNTS))
+
+
+def file_metrics(predictor: Predictor, args: argparse.Namespace, rows: int, scores: Optional[LabelledScores],
+                 unseen: np.ndarray) -> PredictMetrics:
+    """The metrics of one predict run (figures that are NaN become null: JSON has no NaN)."""
+    figures = scores.compute() if scores is not None else {}
+    defined = {name: (None if name not in figures or math.isnan(figures[name]) else figures[name])
+               for name in PredictMetrics.FIGURES}
+    return PredictMetrics(model=args.model, variant=args.variant, input=args.input, rows=rows,
+                          labelled=scores is not None, **defined, unseen_ids=int(unseen.sum()),
+                          unseen_ids_by_feature=predictor.unseen_by_feature(unseen))
 
 
 def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
@@ -181,32 +337,54 @@ def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
     parser.add_argument("--output", default=None, help="one probability per line (default stdout)")
     parser.add_argument("--variant", choices=VARIANTS, default="fp32", help="which exported model to use")
     parser.add_argument("--batch_size", type=int, default=4096, help="rows per forward")
+    parser.add_argument("--metrics_output", default=None,
+                        help="JSON file for the rows, unseen ids and (labelled input) AUROC, log loss, NE, calibration")
+    parser.add_argument("--keep_columns", type=column_list, default=(),
+                        help="input columns written before each probability, comma-separated: label for "
+                             "Criteo lines; names of the model's CSV columns for CSV rows (output becomes CSV)")
     args = parser.parse_args(argv)
-    return run_cli(lambda: _predict(args), parser.prog)
+    return run_cli(lambda: _predict(args, parser.prog), parser.prog)
 
 
-def check_output(output: str, input_path: str) -> None:
-    """Refuses, before any work, an --output that cannot be written or that is the
-    --input itself (the same file under any name: a symlink, a hard link)."""
+def check_output(output: str, input_path: str, flag: str = "--output") -> None:
+    """Refuses, before any work, an output (given as ``flag``) that cannot be written or
+    that is the --input itself (the same file under any name: a symlink, a hard link)."""
     parent = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(parent):
-        raise BadInput(f"--output {output}: no such directory {parent}")
+        raise BadInput(f"{flag} {output}: no such directory {parent}")
     if os.path.isdir(output):
-        raise BadInput(f"--output {output} is a directory: give the file to write")
+        raise BadInput(f"{flag} {output} is a directory: give the file to write")
     if os.path.exists(output) and os.path.exists(input_path) and os.path.samefile(output, input_path):
-        raise BadInput(f"--output {output} is the --input {input_path}: writing it would replace the input")
+        raise BadInput(f"{flag} {output} is the --input {input_path}: writing it would replace the input")
 
 
-def _predict(args: argparse.Namespace) -> int:
-    if args.output is not None:
-        check_output(args.output, args.input)
+def column_list(text: str) -> List[str]:
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated column names, got {text!r}")
+    return names
+
+
+def _predict(args: argparse.Namespace, prog: str) -> int:
+    for flag, output in (("--output", args.output), ("--metrics_output", args.metrics_output)):
+        if output is not None:
+            check_output(output, args.input, flag)
     predictor = Predictor(args.model, args.variant, args.batch_size)
+    unknown = [name for name in args.keep_columns if name not in predictor.layout.column_names()]
+    if unknown:
+        raise BadInput(f"--keep_columns {','.join(unknown)}: not a column of this model's input "
+                       f"(it has {', '.join(predictor.layout.column_names())})")
     if args.output is None:
-        predict_file(predictor, args.input, sys.stdout)
+        result = predict_file(predictor, args.input, sys.stdout, keep_columns=args.keep_columns)
     else:
         with atomic_path(args.output) as tmp, open(tmp, "w") as out:
-            lines = predict_file(predictor, args.input, out)
-        print(f"wrote {args.output}: {lines} probabilities ({args.variant} model {args.model})")
+            result = predict_file(predictor, args.input, out, keep_columns=args.keep_columns)
+        print(f"wrote {args.output}: {result[0]} probabilities ({args.variant} model {args.model})")
+    metrics = file_metrics(predictor, args, *result)
+    if args.metrics_output is not None:
+        with atomic_path(args.metrics_output) as tmp, open(tmp, "wb") as out:
+            out.write(versioned_json(metrics))
+    print(f"{prog}: {metrics.summary()}", file=sys.stderr, flush=True)
     return 0
 
 

@@ -7,7 +7,10 @@
 ``POST /predict`` with lines in the model's input layout as the body (as ``python -m
 serving.predict`` reads them: raw Criteo lines, or BYO CSV rows for a model trained
 with --dataset_path; labelled or not; with a Content-Length or chunked) answers ``200``
-with one probability per line. Errors are JSON ``{"error": "..."}``: ``400`` for a bad
+with one probability per line, and the count of unseen ids (ids no training row held,
+mapped as serving.predict maps them: docs/serving.md) in the header ``x-unseen-ids``;
+with ``Accept: application/json`` the answer is JSON ``{"probabilities": [...],
+"unseen_ids": N, "unseen_ids_by_feature": {"cat_3": n, ...}}``. Errors are JSON ``{"error": "..."}``: ``400`` for a bad
 request line (named) or an unparseable HTTP request (a Content-Length that is no
 number, say), ``413`` for a body above --max_body_bytes, ``408`` for a request not
 received whole within --request_timeout_s, ``503`` (uvicorn's) beyond
@@ -17,7 +20,8 @@ uvicorn (its h11 protocol) does the HTTP framing on one event-loop thread, so a 
 stalled client holds a socket, not a thread. Bodies are parsed and transformed on
 --parse_threads threads; one model thread runs the waiting requests' rows together: it
 takes what is queued, waits at most --max_batch_delay_ms for more, up to
---max_batch_rows rows, and runs one forward for all of them.
+--max_batch_rows rows, and runs one forward for all of them. When the server stops it
+prints one line: requests, rows and unseen ids by feature.
 
 Example::
 
@@ -262,9 +266,19 @@ class PredictApp:
         self.batcher = batcher
         self.limits = limits
         self._parsers = ThreadPoolExecutor(limits.parse_threads, thread_name_prefix="parse")
+        # Answered requests, their rows and unseen ids per feature (updated on the event loop thread).
+        self.requests, self.rows = 0, 0
+        self.unseen = np.zeros(len(batcher.predictor.inputs.sparse_feature_names), np.int64)
 
     def close(self) -> None:
         self._parsers.shutdown()
+
+    def summary(self) -> str:
+        """The line the server prints when it stops."""
+        by_feature = self.batcher.predictor.unseen_by_feature(self.unseen)
+        named = ", ".join(f"{name} {n}" for name, n in by_feature.items())
+        return (f"answered {self.requests} requests, {self.rows} rows; unseen ids {int(self.unseen.sum())}"
+                + (f" ({named})" if named else ""))
 
     async def __call__(self, scope: Dict[str, Any], receive: Callable[[], Awaitable[Dict[str, Any]]],
                        send: Callable[[Dict[str, Any]], Awaitable[None]]) -> None:
@@ -278,16 +292,24 @@ class PredictApp:
                 raise HttpError(404, "not found: GET /health or POST /predict")
             body = await self._read_body(scope, receive)
             loop = asyncio.get_running_loop()
-            dense, ids = await loop.run_in_executor(self._parsers, self.batcher.predictor.prepare_lines, body,
-                                                    "request")
-            probabilities = (await asyncio.wrap_future(self.batcher.enqueue(dense, ids)) if len(dense)
-                             else np.zeros(0, np.float32))
+            prepared = await loop.run_in_executor(self._parsers, self.batcher.predictor.read_lines, body, "request")
+            probabilities = (await asyncio.wrap_future(self.batcher.enqueue(prepared.dense, prepared.ids))
+                             if len(prepared.dense) else np.zeros(0, np.float32))
         except MalformedLineError as e:
             await _answer(send, 400, error_body(str(e)))
         except HttpError as e:
             await _answer(send, e.status, error_body(str(e)))
         else:
-            await _answer(send, 200, "".join(f"{p:.7g}\n" for p in probabilities).encode())
+            self.requests, self.rows = self.requests + 1, self.rows + len(probabilities)
+            self.unseen += prepared.unseen
+            unseen = int(prepared.unseen.sum())
+            if b"application/json" in dict(scope["headers"]).get(b"accept", b""):
+                await _answer(send, 200, json.dumps({
+                    "probabilities": [float(f"{p:.7g}") for p in probabilities], "unseen_ids": unseen,
+                    "unseen_ids_by_feature": self.batcher.predictor.unseen_by_feature(prepared.unseen)}).encode(),
+                    content_type=b"application/json", unseen_ids=unseen)
+            else:
+                await _answer(send, 200, "".join(f"{p:.7g}\n" for p in probabilities).encode(), unseen_ids=unseen)
 
     async def _read_body(self, scope: Dict[str, Any], receive: Callable[[], Awaitable[Dict[str, Any]]]) -> bytes:
         limit = self.limits.max_body_bytes
@@ -308,10 +330,11 @@ class PredictApp:
                 return b"".join(chunks)
 
 
-async def _answer(send: Callable[[Dict[str, Any]], Awaitable[None]], status: int, body: bytes) -> None:
+async def _answer(send: Callable[[Dict[str, Any]], Awaitable[None]], status: int, body: bytes,
+                  content_type: bytes = b"text/plain", unseen_ids: int = 0) -> None:
     headers = [(b"content-length", str(len(body)).encode())]
     if status == 200:
-        headers.append((b"content-type", b"text/plain"))
+        headers += [(b"content-type", content_type), (b"x-unseen-ids", str(unseen_ids).encode())]
     else:  # JSON; and the connection closes, as the body may not have been read
         headers += [(b"content-type", b"application/json"), (b"connection", b"close")]
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -444,6 +467,7 @@ def _serve(args: argparse.Namespace) -> int:
         pass
     finally:
         batcher.close()
+        print(f"{args.model}: {server.app.summary()}", flush=True)
     return 0
 
 

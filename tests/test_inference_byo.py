@@ -121,8 +121,8 @@ def test_quality_gate_on_the_test_mapping(trained_byo):
     (lambda row: row.split(",", 1)[1], "has 11 columns, expected 12 (label, 5 numerical, 6 categorical ids) as "
                                        "the first line"),
     (lambda row: row.replace(",", ",x", 1), "column 2 is not a number: 'x"),
-    (lambda row: ",".join(row.split(",")[:6] + ["50"] + row.split(",")[7:]),
-     "feature 'cat_0' has id 50, but its declared cardinality is 50 (ids 0..49)"),
+    (lambda row: ",".join(row.split(",")[:6] + ["-1"] + row.split(",")[7:]),
+     "feature 'cat_0' has id -1; ids must be integers from 0 to 2^31 - 1"),
     (lambda row: ",".join(row.split(",")[:7] + ["2.5"] + row.split(",")[8:]),
      "feature 'cat_1' has id 2.5; ids must be integers from 0 to 2^31 - 1"),
     (lambda row: "", "empty line"),
@@ -163,3 +163,55 @@ def test_http_endpoint_takes_csv_rows(trained_byo):
             urllib.request.urlopen(urllib.request.Request(url, data=body + b"1,2\n", method="POST"))
         assert bad.value.code == 400
         assert json.loads(bad.value.read())["error"].startswith("request line 7: has 2 columns, expected 12")
+
+
+def _with_ids(row: str, column: int, value: int) -> str:
+    fields = row.split(",")
+    fields[column] = str(value)
+    return ",".join(fields)
+
+
+CAT_0, CAT_2 = 6, 10  # their columns: the label, 5 numerical, cat_0, cat_1's 3 ids, cat_2, cat_3
+
+
+@pytest.mark.slow
+def test_unseen_ids_are_mapped_modulo_the_table_and_counted(trained_byo, tmp_path, capsys):
+    """cat_0 (cardinality 50, table 50) and cat_2 (table 64, below its cardinality):
+    ids at or above the cardinality are scored as their id modulo the table size, as
+    the training loader maps every id beyond its table, and counted."""
+    rows = trained_byo["rows"][:4]
+    cardinality_2 = read_inputs(trained_byo["model"]).preprocessing.cardinalities[2]
+    unseen = [_with_ids(rows[0], CAT_0, 57), _with_ids(rows[1], CAT_0, 50 * 40 + 3),
+              _with_ids(rows[2], CAT_2, cardinality_2 + 64 * 5 + 1), rows[3]]
+    mapped = [_with_ids(rows[0], CAT_0, 7), _with_ids(rows[1], CAT_0, 3),
+              _with_ids(rows[2], CAT_2, (cardinality_2 + 64 * 5 + 1) % 64), rows[3]]
+    source = tmp_path / "unseen.csv"
+    source.write_text("".join(row + "\n" for row in unseen))
+    output, metrics_path = tmp_path / "out.csv", tmp_path / "metrics.json"
+    assert predict.main(["--model", trained_byo["model"], "--input", str(source), "--output", str(output),
+                         "--metrics_output", str(metrics_path), "--keep_columns", "cat_0,label"]) == 0
+    predictor = predict.Predictor(trained_byo["model"])
+    expected = predictor.predict_lines("".join(row + "\n" for row in mapped).encode())
+    lines = output.read_text().splitlines()
+    assert lines[0] == "cat_0,label,probability"
+    table = [line.split(",") for line in lines[1:]]
+    assert [fields[:2] for fields in table] == [[row.split(",")[CAT_0], row.split(",")[0]] for row in unseen]
+    np.testing.assert_allclose(np.array([fields[2] for fields in table], np.float32), expected, rtol=1e-6)
+    metrics = predict.read_predict_metrics(str(metrics_path))
+    assert (metrics.rows, metrics.unseen_ids, metrics.unseen_ids_by_feature) == (4, 3, {"cat_0": 2, "cat_2": 1})
+    assert capsys.readouterr().err.strip().endswith("; unseen ids 3 (cat_0 2, cat_2 1)")
+
+    # Over HTTP: the same probabilities, the count in the JSON answer and in a header.
+    body = source.read_bytes()
+    with serve.serving_in_background(predictor, max_batch_delay_ms=0) as (base_url, _):
+        request = urllib.request.Request(base_url + "/predict", data=body, method="POST",
+                                         headers={"Accept": "application/json"})
+        with urllib.request.urlopen(request) as r:
+            assert r.headers["content-type"] == "application/json" and r.headers["x-unseen-ids"] == "3"
+            answer = json.loads(r.read())
+        with urllib.request.urlopen(urllib.request.Request(base_url + "/predict", data=body, method="POST")) as r:
+            assert r.headers["x-unseen-ids"] == "3"
+            plain = np.array(r.read().decode().split(), dtype=np.float32)
+    assert (answer["unseen_ids"], answer["unseen_ids_by_feature"]) == (3, {"cat_0": 2, "cat_2": 1})
+    np.testing.assert_allclose(np.array(answer["probabilities"], np.float32), expected, rtol=1e-6)
+    np.testing.assert_allclose(plain, expected, rtol=1e-6)

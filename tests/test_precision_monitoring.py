@@ -7,7 +7,7 @@ import pytest
 
 import dlrm_main
 from tests.support.launch import eval_record, launch, read_log, step_losses
-from training.metrics import binary_entropy
+from common.click_metrics import binary_entropy
 from training.report import main as report_main
 
 SMALL = ["--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,1",

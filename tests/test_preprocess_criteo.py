@@ -14,6 +14,7 @@ import pytest
 
 from common.errors import BadInput
 from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
+from data.criteo_transforms import VOCABULARY_FILE, read_vocabulary
 from data.criteo_tsv import parse_criteo_lines
 from data.preprocess_criteo import PreprocessConfig, main, preprocess
 from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day
@@ -405,3 +406,52 @@ def test_rerun_rewrites_a_truncated_day_and_removes_what_it_no_longer_owns(raw_d
     assert sorted(os.listdir(out)) == sorted(
         [f"day_{d}_{k}.npy" for d in range(2) for k in ("dense", "sparse", "labels")]
         + ["day_0.done.json", "day_1.done.json", "metadata.json"])
+
+
+def test_vocabulary_of_a_training_run_applies_its_ids_to_a_new_day(tmp_path, capsys):
+    rng = np.random.default_rng(3)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for day in range(3):  # hashes from a small pool: most are seen twice and kept
+        write_day(str(raw / f"day_{day}"), [random_line(rng, ["%08x" % (0xA0000000 + int(rng.integers(0, 20)))
+                                                             for _ in range(NUM_SPARSE_FEATURES)]) for _ in range(40)])
+    raw = str(raw)
+    trained = str(tmp_path / "train_bin")
+    sizes = [7] * NUM_SPARSE_FEATURES
+    preprocess(PreprocessConfig(raw, trained, "criteo_1t", frequency_threshold=2, num_embeddings_per_feature=sizes))
+    # The new day: known hashes, hashes never kept, empty fields.
+    vocabulary = read_vocabulary(os.path.join(trained, VOCABULARY_FILE), NUM_SPARSE_FEATURES)
+    new_lines = [random_line(rng, ["%08x" % vocabulary[f][i % len(vocabulary[f])] if len(vocabulary[f]) and i % 3
+                                   else "" if i % 2 else "%08x" % (0xF0000000 + i) for f in range(NUM_SPARSE_FEATURES)])
+                 for i in range(12)]
+    new_raw = tmp_path / "new_raw"
+    new_raw.mkdir()
+    write_day(str(new_raw / "day_0"), new_lines)
+    scored = str(tmp_path / "new_bin")
+    assert main(["--input_dir", str(new_raw), "--output_dir", scored, "--dataset_name", "criteo_1t",
+                 "--vocabulary", trained]) == 0
+    _, sparse, labels = load_day(scored, 0)
+    hashes = np.array([reference(fields)[2] for fields in new_lines], np.uint32)
+    # The training run's ids: vocabulary position + 1 (0 for a hash it did not keep), modulo its sizes.
+    expected = [[(int(np.searchsorted(vocabulary[f], h)) + 1 if h in set(vocabulary[f].tolist()) else 0) % 7
+                 for f, h in enumerate(row)] for row in hashes]
+    assert sparse.tolist() == expected and np.count_nonzero(expected) > 100
+    assert labels[:, 0].tolist() == [reference(fields)[0] for fields in new_lines]
+    new_metadata = json.load(open(os.path.join(scored, "metadata.json")))
+    old_metadata = json.load(open(os.path.join(trained, "metadata.json")))
+    assert new_metadata["num_embeddings_per_feature"] == old_metadata["num_embeddings_per_feature"]
+    assert (new_metadata["frequency_threshold"], new_metadata["vocabulary_from"]) == (2, trained)
+    copied = read_vocabulary(os.path.join(scored, VOCABULARY_FILE), NUM_SPARSE_FEATURES)
+    assert all(np.array_equal(a, b) for a, b in zip(copied, vocabulary))
+    capsys.readouterr()
+
+    # Settings that the training run fixes, or a directory that is not one, are refused in one line.
+    for extra, message in ((["--vocabulary", trained, "--frequency_threshold", "3"],
+                            "--vocabulary takes the frequency threshold and table sizes of the training run: do not "
+                            "give --frequency_threshold or --num_embeddings_per_feature with it"),
+                           (["--vocabulary", str(new_raw)],
+                            f"--vocabulary {new_raw}: no metadata.json; give the --output_dir of the "
+                            "preprocess_criteo run that made the training data")):
+        assert main(["--input_dir", str(new_raw), "--output_dir", str(tmp_path / "x"), "--dataset_name",
+                     "criteo_1t", *extra]) == 2
+        assert capsys.readouterr().err.strip() == f"preprocess_criteo: error: {message}"

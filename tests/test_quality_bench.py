@@ -8,7 +8,7 @@ import pytest
 
 from bench.quality import RECIPE_FLAGS, fetch_wheel, load_movielens, run, split_rows
 from data.split_binary import SplitBinaryDataset
-from training.metrics import binary_entropy
+from common.click_metrics import binary_entropy
 
 ROWS = 4000
 

@@ -3,6 +3,7 @@ oversized and malformed framing, stalled connections, the connection and thread 
 
 import http.client
 import json
+import os
 import socket
 import threading
 from typing import Tuple
@@ -11,6 +12,8 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 
+from data.criteo_layout import NUM_SPARSE_FEATURES
+from data.criteo_transforms import VOCABULARY_FILE, read_vocabulary
 from tests.support.exported_model import raw_test_lines
 from serving import predict, serve
 
@@ -147,3 +150,31 @@ def test_flags_of_the_limits(tmp_path, capsys):
     assert capsys.readouterr().err == "python -m serving.serve: error: --port 99999: not a TCP port (0 to 65535)\n"
     assert serve.main(["--model", str(tmp_path), "--max_body_bytes", "0"]) == 2
     assert capsys.readouterr().err == "python -m serving.serve: error: --max_body_bytes must be positive, got 0\n"
+
+
+@pytest.mark.slow
+def test_hashes_outside_the_vocabulary_are_scored_as_training_did_and_counted(trained, predictor):
+    """A Criteo model made with a vocabulary maps a hash it never kept to id 0, as
+    preprocessing did (an empty field goes there too); the answer counts such hashes."""
+    vocabulary = read_vocabulary(os.path.join(trained["data"], VOCABULARY_FILE), NUM_SPARSE_FEATURES)
+    lines = [line.rstrip(b"\n").split(b"\t") for line in raw_test_lines(trained, 5)]
+    never = next(h for h in range(1, 1 << 20) if h not in set(vocabulary[3].tolist()))
+    lines[1][14 + 3] = f"{never:08x}".encode()  # cat_3 of the second line
+    as_empty = [list(fields) for fields in lines]
+    as_empty[1][14 + 3] = b""
+    body = b"".join(b"\t".join(fields) + b"\n" for fields in lines)
+    # The reference count: non-empty hashes each feature's vocabulary lacks.
+    expected = {f"cat_{f}": n for f in range(NUM_SPARSE_FEATURES)
+                if (n := sum(1 for fields in lines if fields[14 + f] and
+                             int(fields[14 + f], 16) not in set(vocabulary[f].tolist())))}
+    assert expected.get("cat_3", 0) >= 1
+    with serve.serving_in_background(predictor, max_batch_delay_ms=0) as (url, _):
+        connection = http.client.HTTPConnection(*address(url), timeout=60)
+        connection.request("POST", "/predict", body=body, headers={"Accept": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 200 and response.getheader("x-unseen-ids") == str(sum(expected.values()))
+        answer = json.loads(response.read())
+        connection.close()
+    assert answer["unseen_ids_by_feature"] == expected and answer["unseen_ids"] == sum(expected.values())
+    empty_body = b"".join(b"\t".join(fields) + b"\n" for fields in as_empty)
+    np.testing.assert_allclose(answer["probabilities"], predictor.predict_lines(empty_body), rtol=1e-6)

@@ -172,9 +172,12 @@ def test_criteo_lines_parse_both_layouts_and_apply_the_preprocessing():
     labelled = criteo_line(True, ints, hashes) * 2
     unlabelled = criteo_line(False, ints, hashes) * 2
     assert layout.is_labelled(labelled) and not layout.is_labelled(unlabelled)
-    dense, sparse = layout.parse(labelled, "in.tsv", 1, True)
+    dense, sparse, labels = layout.parse(labelled, "in.tsv", 1, True)
     same = layout.parse(unlabelled, "in.tsv", 1, False)
-    assert np.array_equal(dense, same[0]) and np.array_equal(sparse, same[1])
+    assert np.array_equal(dense, same.dense) and np.array_equal(sparse, same.sparse) and same.labels is None
+    assert labels.tolist() == [1, 1]
+    assert layout.columns(layout.parse(labelled, "in.tsv", 1, True), ["label"]).tolist() == [[1], [1]]
+    assert layout.count_unseen(sparse).tolist() == [0] * 26  # no vocabulary: every hash has its id
     assert dense[0].tolist() == [5, 0, -3] + list(range(10)) and sparse[0, :2].tolist() == [0xDEADBEEF, 0]
     dense_in, ids = layout.transform(dense, sparse)
     assert np.array_equal(dense_in, transform_dense(np.asarray(dense, np.int64)))
@@ -195,13 +198,17 @@ def test_csv_rows_parse_check_ids_and_round_like_the_transcoder():
     layout = CsvRows(CSV_INPUTS)
     rows = b"1,0.1,2.5,4,7,8\n0,3,4,0,399,1\n"
     assert layout.is_labelled(rows) and not layout.is_labelled(b"0.1,2.5,4,7,8\n")
-    dense, sparse = layout.parse(rows, "rows.csv", 1, True)
-    assert sparse.tolist() == [[4, 7, 8], [0, 399, 1]]
+    dense, sparse, labels = layout.parse(rows, "rows.csv", 1, True)
+    assert sparse.tolist() == [[4, 7, 8], [0, 399, 1]] and labels.tolist() == [1, 0]
+    # Ids at or above the cardinality are unseen (counted per feature), not refused.
+    unseen = layout.parse(b"1,0.1,2,5,7,8\n0,3,4,9,400,1\n", "rows.csv", 1, True)
+    assert layout.count_unseen(unseen.sparse).tolist() == [2, 1]
+    assert layout.columns(unseen, [CSV_INPUTS.csv_columns[-1], "label"]).tolist() == [[8, 1], [1, 0]]
     dense_in, ids = layout.transform(dense, sparse)
     assert dense_in.dtype == np.float32 and dense_in[0, 0] == np.float32(np.float16(0.1)) != np.float32(0.1)
     assert ids.dtype == np.int64 and ids.tolist() == sparse.tolist()
     for line, reason in ((b"1,0.1,x,4,7,8\n", "column 3 is not a number: 'x'"),
-                         (b"1,0.1,2,5,7,8\n", "feature 'cat_0' has id 5, but its declared cardinality is 5 (ids 0..4)"),
+                         (b"1,0.1,2,-5,7,8\n", "feature 'cat_0' has id -5; ids must be integers from 0 to 2^31 - 1"),
                          (b"1,0.1,2,4,7.5,8\n", "feature 'cat_1' has id 7.5; ids must be integers from 0 to 2^31 - 1"),
                          (b"1,2\n", "has 2 columns, expected 6 (label, 2 numerical, 3 categorical ids) as the "
                                     "first line")):

@@ -1,7 +1,6 @@
 """Evaluation metrics over all ranks: AUROC, log loss, accuracy, normalized entropy,
 calibration and the positive rate."""
 
-import math
 from typing import Dict, Optional
 
 import torch
@@ -9,17 +8,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torchmetrics.classification import BinaryAUROC
 
+from common.click_metrics import summary_figures
 from training.binned_auroc import BinnedAUROC
 
 # Keys of `BinaryClassificationMetrics.compute`, in the order the console prints them.
 METRIC_NAMES = ("auroc", "log_loss", "accuracy", "ne", "calibration", "positive_rate")
-
-
-def binary_entropy(rate: float) -> float:
-    """Entropy in nats of a Bernoulli(rate): the log loss of always predicting ``rate``."""
-    if rate <= 0.0 or rate >= 1.0:
-        return 0.0
-    return -(rate * math.log(rate) + (1.0 - rate) * math.log(1.0 - rate))
 
 
 class BinaryClassificationMetrics:
@@ -27,13 +20,9 @@ class BinaryClassificationMetrics:
 
     AUROC is torchmetrics' exact BinaryAUROC, synced over the process group (it equals
     the AUROC of all ranks' data gathered). Every other figure comes from sums that are
-    all-reduced once, so it is exact for the whole split, not a windowed estimate:
-    log loss is the mean binary cross-entropy, accuracy thresholds the probability at
-    0.5, the positive rate is the split's click rate, normalized entropy (NE) is the
-    log loss divided by the entropy of that click rate (below 1 beats predicting the
-    click rate for every row; NaN when the split has only one class) and calibration
-    is the sum of predicted probabilities over the number of clicks (1 is calibrated;
-    NaN without clicks).
+    all-reduced once, so it is exact for the whole split, not a windowed estimate
+    (`common.click_metrics.summary_figures` defines them: log loss, accuracy, NE,
+    calibration, the positive rate).
     With ``auroc_bins`` the AUROC comes from a histogram instead (`BinnedAUROC`: fixed
     memory, and ``auroc_error_bound`` beside the value).
 
@@ -69,21 +58,10 @@ class BinaryClassificationMetrics:
         log_loss_sum, correct, samples, probability_sum, clicks = sums.tolist()
         if samples == 0:
             return {**{name: float("nan") for name in METRIC_NAMES}, "num_samples": 0}
-        log_loss = log_loss_sum / samples
-        positive_rate = clicks / samples
-        entropy = binary_entropy(positive_rate)
+        figures = summary_figures(log_loss_sum, correct, samples, probability_sum, clicks)
         if isinstance(self._auroc, BinnedAUROC):
             auroc, bound = self._auroc.compute()
             extra = {"auroc_error_bound": bound}
         else:
             auroc, extra = float(self._auroc.compute().item()), {}
-        return {
-            "auroc": auroc,
-            **extra,
-            "log_loss": log_loss,
-            "accuracy": correct / samples,
-            "ne": log_loss / entropy if entropy > 0 else float("nan"),
-            "calibration": probability_sum / clicks if clicks > 0 else float("nan"),
-            "positive_rate": positive_rate,
-            "num_samples": int(samples),
-        }
+        return {"auroc": auroc, **extra, **figures, "num_samples": int(samples)}

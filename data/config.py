@@ -52,6 +52,8 @@ class DataConfig:
         seed: seed of the data order and of random data.
         multi_hot_sizes: bag size per feature, to expand one-hot data into multi-hot.
         multi_hot_distribution_type: uniform (default) or pareto offsets for the bags.
+        weight_column: the column of per-row sample weights (with ``dataset_path``, the
+            spec's channel_spec weight); None trains and evaluates unweighted.
     """
 
     in_memory_binary_criteo_path: Optional[str] = flag(
@@ -78,6 +80,9 @@ class DataConfig:
         None, help=f"expand one-hot data into multi-hot bags of these sizes ({NUM_SPARSE_FEATURES} values)")
     multi_hot_distribution_type: Optional[str] = flag(
         None, choices=MULTI_HOT_DISTRIBUTIONS, help="offsets of the extra ids in a bag (default uniform)")
+    weight_column: Optional[str] = flag(
+        None, help="column of per-row sample weights (with --dataset_path: the spec's channel_spec weight), "
+                   "used in the loss (sum(w*loss)/sum(w)) and the evaluation metrics; default unweighted")
 
     @property
     def eval_batch_size(self) -> int:
@@ -106,6 +111,9 @@ class DataConfig:
         if len(given) > 1:
             raise FlagError(f"give one data path, not {' and '.join(given)}")
         sizes, distribution = option(self, "multi_hot_sizes"), option(self, "multi_hot_distribution_type")
+        if self.weight_column is not None and not self.dataset_path:
+            raise FlagError(f"{option(self, 'weight_column')} needs {option(self, 'dataset_path')} "
+                            "(Criteo and random data have no weights)")
         if self.multi_hot_sizes is not None and self.dataset_path:
             raise FlagError(f"{sizes} expands Criteo data; with --dataset_path give hotness in the spec")
         if self.multi_hot_sizes is not None:
@@ -139,7 +147,7 @@ def open_dataset(config: DataConfig) -> Optional[Union[CriteoBinaryDataset, Spli
     """
     dataset: Union[CriteoBinaryDataset, SplitBinaryDataset]
     if config.dataset_path is not None:
-        dataset = SplitBinaryDataset(config.dataset_path)
+        dataset = SplitBinaryDataset(config.dataset_path, config.weight_column)
     elif config.synthetic_multi_hot_criteo_path is not None:
         dataset = CriteoBinaryDataset(config.synthetic_multi_hot_criteo_path, multi_hot=True)
     elif config.in_memory_binary_criteo_path is not None:

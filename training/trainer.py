@@ -93,7 +93,9 @@ class Trainer:
         # Model: identical dense init on every rank and world size (seeded here),
         # tables on the meta device until sharded.
         torch.manual_seed(config.seed)
-        model = build_dlrm_train(config.model, dense_device=env.device, dropout=config.dropout)
+        self.weighted = config.data.weight_column is not None  # weighted loss and metrics
+        model = build_dlrm_train(config.model, dense_device=env.device, dropout=config.dropout,
+                                 weighted=self.weighted)
         attach_fused_embedding_optimizer(model.model.sparse_arch, config.optim)
         resumed_plan = restore.meta.plan if restore and restore.full else None
         sharding = prepare_sharding(config, env, model, resumed_plan)
@@ -285,7 +287,7 @@ class Trainer:
         for step_in_epoch in itertools.count(first_batch):
             lr = self.schedule.apply(self.optimizer, self.step)
             try:
-                loss, _, labels = self.train_pipeline.progress(batches)
+                loss, _, labels, *_ = self.train_pipeline.progress(batches)  # weighted: and the weights
             except StopIteration:
                 break
             pending.append(loss.detach())
@@ -397,15 +399,15 @@ class Trainer:
         # In fp32 with --amp too: bf16 logits (8 significant bits) would tie AUROC
         # ranks, coarsen the log loss and round what --validation_auroc decides on.
         pipeline = self._pipeline("base" if self.config.pipeline == "base" else "sparse_dist", amp=False)
-        metrics = BinaryClassificationMetrics(self.env.device, self.config.auroc_bins)
+        metrics = BinaryClassificationMetrics(self.env.device, self.config.auroc_bins, self.weighted)
         batches = self._batches(loader)
         with torch.no_grad():
             while True:
                 try:
-                    _, logits, labels = pipeline.progress(batches)
+                    _, logits, labels, *weights = pipeline.progress(batches)
                 except StopIteration:
                     break
-                metrics.update(logits, labels)
+                metrics.update(logits, labels, *weights)
         if handover:
             pipeline.detach()  # type: ignore[attr-defined]
             self.train_pipeline.attach(self.model)  # type: ignore[attr-defined]

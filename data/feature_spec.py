@@ -95,6 +95,10 @@ class FeatureSpec:
     base_dir: str = "."
     path: str = DEFAULT_SPEC_NAME
 
+    def __post_init__(self) -> None:
+        for channel in CHANNELS:  # an optional channel (weight) left out is empty
+            self.channel_spec.setdefault(channel, [])
+
     @classmethod
     def load(cls, path: str, allow_auto: bool = False, weight: Optional[str] = None) -> "FeatureSpec":
         """Reads and validates a YAML spec; raises FeatureSpecError.

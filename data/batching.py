@@ -86,8 +86,8 @@ class WeightedBatch(Batch):
             one rank reading the whole global batch.
     """
 
-    weights: torch.Tensor = None  # type: ignore[assignment]  # (a dataclass field after Batch's)
-    weight_normalizer: torch.Tensor = None  # type: ignore[assignment]
+    weights: torch.Tensor
+    weight_normalizer: torch.Tensor
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "WeightedBatch":
         batch = super().to(device, non_blocking)

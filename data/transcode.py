@@ -110,7 +110,8 @@ class _Columns:
             data = values.astype(np.float32)
         bad = np.flatnonzero(~np.isfinite(data).reshape(-1) | (data.reshape(-1) < 0))
         if bad.size:
-            raise TranscodeError(f"{path}: line {line + bad[0]}: weight {name!r} is {float(values.reshape(-1)[bad[0]])}; "
+            value = float(values.reshape(-1)[bad[0]])
+            raise TranscodeError(f"{path}: line {line + bad[0]}: weight {name!r} is {value}; "
                                  "weights must be finite float32 values, not negative")
         return data
 

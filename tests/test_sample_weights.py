@@ -3,6 +3,7 @@ weighted loss and metrics, bad weights, and 2 ranks against 1 with weights."""
 
 import math
 import os
+import shutil
 from typing import Any, Dict, List
 
 import numpy as np
@@ -17,7 +18,7 @@ from data import transcode as transcode_cli
 from data.batching import BatchBuilder, WeightedBatch
 from data.config import DataConfig, open_dataset
 from data.criteo_binary import CriteoBinaryLoader
-from data.feature_spec import FeatureSpecError
+from data.feature_spec import FeatureSpec, FeatureSpecError
 from data.split_binary import SplitBinaryDataset
 from data.value_checks import DataValueError
 from models import build_dlrm_train
@@ -139,7 +140,7 @@ def test_bad_weight_in_csv_is_one_line_with_file_line_and_column(tmp_path, capsy
 def test_bad_weight_in_split_binary_is_refused_naming_file_row_and_column(weighted_spec, tmp_path, mmap_mode):
     spec_path, _ = weighted_spec
     copy = tmp_path / "bin"
-    os.system(f"cp -r {os.path.dirname(spec_path)} {copy}")
+    shutil.copytree(os.path.dirname(spec_path), copy)
     weights = np.memmap(copy / "train" / "weight.bin", dtype=np.float32, mode="r+")
     weights[37] = np.nan
     weights.flush()
@@ -157,8 +158,8 @@ def test_bad_weight_in_split_binary_is_refused_naming_file_row_and_column(weight
 
 
 def _model_and_batch(weights: List[float]):
-    config = ModelConfig(num_embeddings_per_feature=list(CARDINALITIES.values()), sparse_feature_names=list(CARDINALITIES),
-                         dense_in_features=2, embedding_dim=4, dense_arch_layer_sizes=[8, 4],
+    config = ModelConfig(num_embeddings_per_feature=list(CARDINALITIES.values()),
+                         sparse_feature_names=list(CARDINALITIES), dense_in_features=2, embedding_dim=4, dense_arch_layer_sizes=[8, 4],
                          over_arch_layer_sizes=[8, 1])
     torch.manual_seed(0)
     weighted = build_dlrm_train(config, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"),
@@ -180,7 +181,8 @@ def test_weighted_loss_is_the_weighted_mean_by_hand():
     loss, (_, logits, labels, carried) = weighted(batch)
     p = torch.sigmoid(logits.double())
     y = labels.double()
-    by_hand = sum(w * -(yi * math.log(pi) + (1 - yi) * math.log(1 - pi)) for w, pi, yi in zip(weights, p, y)) / sum(weights)
+    by_hand = sum(w * -(yi * math.log(pi) + (1 - yi) * math.log(1 - pi))
+                  for w, pi, yi in zip(weights, p, y)) / sum(weights)
     assert loss.item() == pytest.approx(float(by_hand), rel=1e-6)
     assert torch.equal(carried, batch.weights)
 
@@ -213,7 +215,8 @@ def test_integer_weights_are_repeated_rows_in_the_metrics():
     for name in ("auroc", "auroc_error_bound", "log_loss", "accuracy", "ne", "calibration", "positive_rate"):
         assert got[name] == pytest.approx(expected[name], rel=1e-6), name  # the unweighted sum is in float32
     target = labels.double()
-    by_hand = (counts * F.binary_cross_entropy_with_logits(logits.double(), target, reduction="none")).sum() / counts.sum()
+    losses = F.binary_cross_entropy_with_logits(logits.double(), target, reduction="none")
+    by_hand = (counts * losses).sum() / counts.sum()
     assert got["log_loss"] == pytest.approx(by_hand.item(), rel=1e-6)
 
 
@@ -252,3 +255,35 @@ def test_two_ranks_with_weights_match_one_rank_and_weight_one_matches_unweighted
     # The weighted metrics sum in float64, the unweighted log loss in float32.
     for name in ("log_loss", "accuracy", "calibration", "positive_rate"):
         assert ones["test"][name] == pytest.approx(unweighted["test"][name], rel=1e-6), name
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda raw: raw["channel_spec"].update(weight=["w", "num_0"]),
+     "channel_spec weight lists at most one feature, got 2"),
+    (lambda raw: raw["feature_spec"]["w"].update(dtype="float16"),
+     "source_spec train chunk 2: split_binary stores weight feature 'w' as float32, but feature_spec gives "
+     "dtype float16"),
+    (lambda raw: raw["channel_spec"].update(label=["w"]),
+     "feature 'w' is in channel_spec label and weight"),
+])
+def test_bad_weight_channel_is_one_clear_error(weighted_spec, tmp_path, change, message):
+    spec_path, _ = weighted_spec
+    raw = yaml.safe_load(open(spec_path))
+    change(raw)
+    with pytest.raises(FeatureSpecError) as error:
+        FeatureSpec.from_dict(raw, os.path.dirname(spec_path), "spec.yaml")
+    assert str(error.value) == f"spec.yaml: {message}"
+
+
+def test_input_spec_may_name_the_weight_itself(tmp_path):
+    csv_dir = str(tmp_path / "csv")
+    data = _write_csv(csv_dir, {"train": 30, "test": 10})
+    raw = yaml.safe_load(open(os.path.join(csv_dir, "feature_spec.yaml")))
+    raw["channel_spec"]["weight"] = ["w"]
+    yaml.safe_dump(raw, open(os.path.join(csv_dir, "feature_spec.yaml"), "w"))
+    assert transcode_cli.main(["--input", csv_dir, "--output", str(tmp_path / "bin")]) == 0
+    dataset = SplitBinaryDataset(str(tmp_path / "bin" / "feature_spec.yaml"), weight_column="w")
+    np.testing.assert_array_equal(dataset.take_weights(np.array([29, 30, 0])),
+                                  np.float32([data["train"][29, 5], data["test"][0, 5], data["train"][0, 5]]))
+    # The flag naming another column than the spec's: refused.
+    assert transcode_cli.main(["--input", csv_dir, "--output", str(tmp_path / "bin2"), "--weight_column", "num_0"]) == 2

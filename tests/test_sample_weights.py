@@ -159,8 +159,8 @@ def test_bad_weight_in_split_binary_is_refused_naming_file_row_and_column(weight
 
 def _model_and_batch(weights: List[float]):
     config = ModelConfig(num_embeddings_per_feature=list(CARDINALITIES.values()),
-                         sparse_feature_names=list(CARDINALITIES), dense_in_features=2, embedding_dim=4, dense_arch_layer_sizes=[8, 4],
-                         over_arch_layer_sizes=[8, 1])
+                         sparse_feature_names=list(CARDINALITIES), dense_in_features=2, embedding_dim=4,
+                         dense_arch_layer_sizes=[8, 4], over_arch_layer_sizes=[8, 1])
     torch.manual_seed(0)
     weighted = build_dlrm_train(config, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"),
                                 weighted=True)

@@ -104,6 +104,29 @@ def test_loader_batches_carry_each_ranks_weights_and_the_global_sum(weighted_spe
     assert isinstance(moved, WeightedBatch) and torch.equal(moved.weights, per_rank[0][0].weights)
 
 
+def test_shuffled_batches_carry_the_same_weights_in_memory_and_mapped(weighted_spec):
+    """Row permutation and batch shuffling: both modes give the same batches, and each
+    normalizer is half the sum of the two ranks' weights of that global batch."""
+    spec_path, data = weighted_spec
+    dataset = SplitBinaryDataset(spec_path, weight_column="w")
+    runs = {}
+    for mmap_mode in (False, True):
+        loaders = [CriteoBinaryLoader(dataset, "train", batch_size=12, rank=r, world_size=2, mmap_mode=mmap_mode,
+                                      row_permutation_seed=7, shuffle_batches_seed=7) for r in (0, 1)]
+        for loader in loaders:
+            loader.set_epoch(1)
+        runs[mmap_mode] = [list(loader) for loader in loaders]
+    for in_memory, mapped in zip(runs[False], runs[True]):
+        for a, b in zip(in_memory, mapped):
+            assert torch.equal(a.weights, b.weights) and torch.equal(a.weight_normalizer, b.weight_normalizer)
+    for first, second in zip(*runs[False]):
+        total = (first.weights.double().sum() + second.weights.double().sum()).item()
+        assert first.weight_normalizer.item() == second.weight_normalizer.item() == pytest.approx(total / 2, rel=1e-6)
+    shown = torch.cat([b.weights for rank in runs[False] for b in rank]).sort().values
+    # 100 rows, global batches of 24: 4 full ones, then 4 rows split 2 + 2: every row once.
+    np.testing.assert_array_equal(shown.numpy(), np.sort(data["train"][:, 5].astype(np.float32)))
+
+
 def test_without_weight_column_batches_are_plain_and_the_weights_unread(weighted_spec):
     spec_path, _ = weighted_spec
     dataset = SplitBinaryDataset(spec_path)

@@ -415,8 +415,9 @@ class Trainer:
         values = metrics.compute()
         step = self.step if weights_step is None else weights_step
         binned = f" (binned, within {values['auroc_error_bound']:.1e})" if "auroc_error_bound" in values else ""
+        weighted = f" (weighted by {self.config.data.weight_column})" if self.weighted else ""
         self.log.print(
-            f"{stage}: AUROC {values['auroc']:.4f}{binned} | log loss {values['log_loss']:.4f} | "
+            f"{stage}{weighted}: AUROC {values['auroc']:.4f}{binned} | log loss {values['log_loss']:.4f} | "
             f"accuracy {values['accuracy']:.4f} | NE {values['ne']:.4f} | calibration {values['calibration']:.4f} | "
             f"positive rate {values['positive_rate']:.4f} | {values['num_samples']} samples (step {step})"
         )

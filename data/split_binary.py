@@ -6,7 +6,7 @@ last day. Rows are numbered train first, then test, so `CriteoBinaryLoader` read
 this data set exactly as it reads day files: each rank only its own rows, with the
 same per-global-batch layout (`data.batching.RankBatchLayout`). A spec's weight
 feature is read (and its values checked) only when training weights by it
-(``weight_column``); otherwise its file is not opened.
+(``weight_column``); otherwise it is neither read nor checked (its size still is).
 """
 
 from typing import Dict, List, Optional, Tuple

@@ -4,10 +4,14 @@ Every loader splits a *global* batch of ``batch_size * world_size`` consecutive 
 (in the split's, possibly shuffled, row order) into one contiguous block per rank.
 So step k on W ranks sees exactly the rows that step k sees on one rank with a W
 times larger batch: runs at different world sizes are comparable step by step.
+
+With sample weights (``--weight_column``) a batch is a `WeightedBatch`: torchrec's
+`Batch` plus each row's weight and the normalizer that makes the ranks' weighted
+losses average to the global batch's weighted mean loss.
 """
 
 from dataclasses import dataclass
-from typing import Dict, List, Tuple, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -62,9 +66,48 @@ class RankBatchLayout:
         first = start + self.rank * per_rank
         return first, first + per_rank
 
+    def global_rows(self, batch: int) -> Tuple[int, int]:
+        """[start, stop) of all ranks' rows of global batch ``batch``, in split order."""
+        start = batch * self.global_batch_size
+        return start, start + self.world_size * (self.rows(batch)[1] - self.rows(batch)[0])
+
+
+@dataclass
+class WeightedBatch(Batch):
+    """A `Batch` with sample weights; Pipelineable like it (``to``, ``record_stream``,
+    ``pin_memory`` carry the weights along).
+
+    Args:
+        weights: float32 (rows,), each row's weight (finite, not negative).
+        weight_normalizer: float32 scalar, the weight sum of the global batch (all
+            ranks' rows) divided by the number of ranks, 1 when that sum is 0. A rank's
+            loss sum(w * l) / weight_normalizer, averaged over the ranks as their
+            gradients are, is the global batch's sum(w * l) / sum(w): the same step as
+            one rank reading the whole global batch.
+    """
+
+    weights: torch.Tensor
+    weight_normalizer: torch.Tensor
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "WeightedBatch":
+        batch = super().to(device, non_blocking)
+        return WeightedBatch(batch.dense_features, batch.sparse_features, batch.labels,
+                             self.weights.to(device=device, non_blocking=non_blocking),
+                             self.weight_normalizer.to(device=device, non_blocking=non_blocking))
+
+    def record_stream(self, stream: torch.Stream) -> None:
+        super().record_stream(stream)
+        self.weights.record_stream(stream)
+        self.weight_normalizer.record_stream(stream)
+
+    def pin_memory(self) -> "WeightedBatch":
+        batch = super().pin_memory()
+        return WeightedBatch(batch.dense_features, batch.sparse_features, batch.labels,
+                             self.weights.pin_memory(), self.weight_normalizer.pin_memory())
+
 
 class BatchBuilder:
-    """Turns (dense, sparse, labels) arrays into a `Batch`.
+    """Turns (dense, sparse, labels) arrays into a `Batch`, with weights a `WeightedBatch`.
 
     The KJT is built feature-major (all rows of feature 0, then feature 1, ...)
     without a Python loop over rows: from one-hot ids (B, F), one id per bag, or from
@@ -88,7 +131,8 @@ class BatchBuilder:
             self._lengths[key] = (lengths, offsets)
         return self._lengths[key]
 
-    def __call__(self, dense: np.ndarray, sparse: Sparse, labels: np.ndarray) -> Batch:
+    def __call__(self, dense: np.ndarray, sparse: Sparse, labels: np.ndarray,
+                 weights: Optional[np.ndarray] = None, weight_normalizer: float = 1.0) -> Batch:
         batch_size = dense.shape[0]
         if isinstance(sparse, np.ndarray):
             hotness: Tuple[int, ...] = (1,) * sparse.shape[1]
@@ -97,10 +141,15 @@ class BatchBuilder:
             hotness = tuple(part.shape[1] for part in sparse)
             values = np.concatenate([np.asarray(part, dtype=np.int32).reshape(-1) for part in sparse])
         lengths, offsets = self._lengths_offsets(batch_size, hotness)
-        return Batch(
+        batch = Batch(
             dense_features=torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)),
             sparse_features=KeyedJaggedTensor(
                 keys=self._keys, values=torch.from_numpy(values), lengths=lengths, offsets=offsets
             ),
             labels=torch.from_numpy(np.ascontiguousarray(labels.reshape(-1), dtype=np.int32)),
         )
+        if weights is None:
+            return batch
+        return WeightedBatch(batch.dense_features, batch.sparse_features, batch.labels,
+                             torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32)),
+                             torch.tensor(weight_normalizer, dtype=torch.float32))

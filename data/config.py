@@ -57,6 +57,8 @@ class DataConfig:
         seed: seed of the data order and of random data.
         multi_hot_sizes: bag size per feature, to expand one-hot data into multi-hot.
         multi_hot_distribution_type: uniform (default) or pareto offsets for the bags.
+        weight_column: the column of per-row sample weights (with ``dataset_path``, the
+            spec's channel_spec weight); None trains and evaluates unweighted.
     """
 
     in_memory_binary_criteo_path: Optional[str] = flag(
@@ -83,6 +85,9 @@ class DataConfig:
         None, help=f"expand one-hot data into multi-hot bags of these sizes ({NUM_SPARSE_FEATURES} values)")
     multi_hot_distribution_type: Optional[str] = flag(
         None, choices=MULTI_HOT_DISTRIBUTIONS, help="offsets of the extra ids in a bag (default uniform)")
+    weight_column: Optional[str] = flag(
+        None, help="column of per-row sample weights (with --dataset_path: the spec's channel_spec weight), "
+                   "used in the loss (sum(w*loss)/sum(w)) and the evaluation metrics; default unweighted")
 
     @property
     def eval_batch_size(self) -> int:
@@ -110,6 +115,9 @@ class DataConfig:
         if len(given) > 1:
             raise FlagError(f"give one data path, not {' and '.join(given)}")
         sizes, distribution = option(self, "multi_hot_sizes"), option(self, "multi_hot_distribution_type")
+        if self.weight_column is not None and not self.dataset_path:
+            raise FlagError(f"{option(self, 'weight_column')} needs {option(self, 'dataset_path')} "
+                            "(Criteo and random data have no weights)")
         if self.multi_hot_sizes is not None and self.dataset_path:
             raise FlagError(f"{sizes} expands Criteo data; with --dataset_path give hotness in the spec")
         if self.multi_hot_sizes is not None:

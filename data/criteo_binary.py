@@ -270,6 +270,10 @@ class CriteoBinaryLoader:
         expand: turns one-hot rows into multi-hot bags (``--multi_hot_sizes``).
         release_every_bytes: mapped bytes read between two releases of the pages
             read; None keeps them mapped (the batches are the same).
+
+    A data set opened with a weight column yields `WeightedBatch` objects: each row's
+    weight, and the weight sum of the whole global batch (every rank reads all its
+    rows' weights, 4 bytes a row, so no collective is needed to normalize the loss).
     """
 
     def __init__(
@@ -304,6 +308,8 @@ class CriteoBinaryLoader:
         self._batch_check = BatchValueCheck(dataset.num_embeddings_per_feature) if mmap_mode else None
         self._epoch, self._start_batch = 0, 0
         self._in_memory: Optional[Arrays] = None
+        self._weighted = isinstance(dataset, SplitBinaryDataset) and dataset.weight_column is not None
+        self._in_memory_weights: Optional[Tuple[np.ndarray, np.ndarray]] = None  # (rank's weights, normalizers)
         random_order = mmap_mode and (shuffle_batches_seed is not None or row_permutation_seed is not None)
         self._release = (None if release_every_bytes is None else
                          MappedPageRelease([f.array for f in dataset.value_files()], release_every_bytes, random_order))
@@ -313,6 +319,10 @@ class CriteoBinaryLoader:
             visited = len(self._layout) if shuffle_batches_seed is not None else len(self)
             blocks = [self._read_batch(b) for b in range(visited)]
             self._in_memory = _concat_arrays(blocks) if blocks else None
+            if self._weighted:
+                weights = [self._read_weights(b) for b in range(visited)]
+                self._in_memory_weights = (np.concatenate([w for w, _ in weights] or [np.zeros(0, np.float32)]),
+                                           np.asarray([n for _, n in weights], dtype=np.float64))
             if self._release is not None:
                 self._release.release()  # the rows are in memory: their file pages (and the value check's) can go
 
@@ -331,6 +341,21 @@ class CriteoBinaryLoader:
         if self._permutation is None:
             return self._dataset.read(self._start + lo, self._start + hi)
         return self._dataset.take(self._permutation[lo:hi])
+
+    def _read_weights(self, batch: int) -> Tuple[np.ndarray, float]:
+        """(this rank's rows' weights, `WeightedBatch.weight_normalizer`) of global batch ``batch``."""
+        lo, hi = self._layout.global_rows(batch)
+        rows = self._start + np.arange(lo, hi) if self._permutation is None else self._permutation[lo:hi]
+        weights = self._dataset.take_weights(rows)  # type: ignore[union-attr]
+        if self._batch_check is not None:  # --mmap_mode: no up-front check of the files
+            bad = np.flatnonzero(~np.isfinite(weights) | (weights < 0))
+            if bad.size:
+                row = int(rows[bad[0]])
+                check_value_files(self._dataset.value_files(), row, row + 1)  # raises, naming the file
+                raise DataValueError(f"row {row} of the data set holds an invalid weight")
+        total = float(weights.sum(dtype=np.float64))
+        mine = slice(*(r - lo for r in self._layout.rows(batch)))
+        return weights[mine], (total / self._layout.world_size if total > 0 else 1.0)
 
     def _mapped_bytes(self, arrays: Arrays) -> int:
         """About how many bytes of file pages reading ``arrays`` mapped: their own bytes
@@ -369,14 +394,20 @@ class CriteoBinaryLoader:
     def __iter__(self) -> Iterator[Batch]:
         full = self._layout.batch_size
         for b in self._batch_order():
+            weights: Optional[np.ndarray] = None
+            normalizer = 1.0
             if self._in_memory is not None:
                 size = self._layout.rows(b)[1] - self._layout.rows(b)[0]
                 lo = b * full  # all batches but the last are full
                 dense, sparse, labels = self._in_memory
                 dense, labels = dense[lo : lo + size], labels[lo : lo + size]
                 sparse = _map_sparse(sparse, lambda a: a[lo : lo + size])
+                if self._in_memory_weights is not None:
+                    weights, normalizer = self._in_memory_weights[0][lo : lo + size], self._in_memory_weights[1][b]
             else:
                 dense, sparse, labels = self._read_batch(b)
+                if self._weighted:
+                    weights, normalizer = self._read_weights(b)
                 if self._release is not None:
                     self._release.count(self._mapped_bytes((dense, sparse, labels)))
                 if self._batch_check is not None:
@@ -388,4 +419,4 @@ class CriteoBinaryLoader:
                     sparse = [np.remainder(part, size) for part, size in zip(sparse, self._modulo)]
             if self._expand is not None:
                 sparse = self._expand(sparse)  # type: ignore[arg-type]
-            yield self._builder(dense, sparse, labels)
+            yield self._builder(dense, sparse, labels, weights, normalizer)

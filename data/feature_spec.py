@@ -3,14 +3,16 @@
 A spec has four keys:
 
 - ``feature_spec``: ``{name: {dtype: numpy dtype, cardinality: int | auto, hotness: int}}``
-- ``channel_spec``: ``{categorical: [names], numerical: [names], label: [one name]}``
+- ``channel_spec``: ``{categorical: [names], numerical: [names], label: [one name]}``,
+  optionally ``weight: [one name]``: each row's sample weight (``--weight_column``).
 - ``source_spec``: ``{train: [chunk, ...], test: [chunk, ...]}``, a chunk being
   ``{type: csv | split_binary, features: [names in file order], files: [paths]}``
   with paths relative to the YAML's directory.
 - ``metadata``: free-form.
 
 In split_binary files (headerless, row-major) a chunk of numerical features is one
-float16 file of shape (N, features), the label one bool file of shape (N,), and each
+float16 file of shape (N, features), the label one bool file of shape (N,), the weight
+(when there is one) one float32 file of shape (N,), and each
 categorical feature its own file of shape (N, hotness) in the smallest of
 int8/int16/int32 that holds its ids. The numerical channel may be empty (data of
 categorical features only: no numerical chunk); the categorical one may not.
@@ -27,7 +29,10 @@ from common.atomic import write_text
 from common.errors import BadInput
 from common.yaml_file import load_yaml
 
-CHANNELS = ("categorical", "numerical", "label")
+CHANNELS = ("categorical", "numerical", "label", "weight")
+# The binary dtype of the channels whose split_binary dtype is fixed; float32 weights:
+# float16 would round them to 3 significant digits.
+FIXED_BINARY_DTYPES = {"numerical": "float16", "label": "bool", "weight": "float32"}
 MAPPINGS = ("train", "test")
 CHUNK_TYPES = ("csv", "split_binary")
 ID_DTYPES = ("int8", "int16", "int32")
@@ -90,19 +95,26 @@ class FeatureSpec:
     base_dir: str = "."
     path: str = DEFAULT_SPEC_NAME
 
+    def __post_init__(self) -> None:
+        for channel in CHANNELS:  # an optional channel (weight) left out is empty
+            self.channel_spec.setdefault(channel, [])
+
     @classmethod
-    def load(cls, path: str, allow_auto: bool = False) -> "FeatureSpec":
+    def load(cls, path: str, allow_auto: bool = False, weight: Optional[str] = None) -> "FeatureSpec":
         """Reads and validates a YAML spec; raises FeatureSpecError.
 
         Args:
             path: the YAML.
             allow_auto: accept ``cardinality: auto`` (transcoder input).
+            weight: a chunk's column to take as the weight channel, when channel_spec
+                does not name it (the transcoder's ``--weight_column``).
         """
         raw = load_yaml(path, FeatureSpecError)
-        return cls.from_dict(raw, os.path.dirname(os.path.abspath(path)), path, allow_auto)
+        return cls.from_dict(raw, os.path.dirname(os.path.abspath(path)), path, allow_auto, weight)
 
     @classmethod
-    def from_dict(cls, raw: Any, base_dir: str, path: str, allow_auto: bool = False) -> "FeatureSpec":
+    def from_dict(cls, raw: Any, base_dir: str, path: str, allow_auto: bool = False,
+                  weight: Optional[str] = None) -> "FeatureSpec":
         def fail(message: str) -> FeatureSpecError:
             return FeatureSpecError(f"{path}: {message}")
 
@@ -113,6 +125,11 @@ class FeatureSpec:
                 raise fail(f"missing or malformed {key}")
         features = {str(k): dict(v or {}) for k, v in raw["feature_spec"].items()}
         channels = {c: [str(n) for n in (raw["channel_spec"].get(c) or [])] for c in CHANNELS}
+        if weight is not None:
+            if channels["weight"] not in ([], [weight]):
+                raise fail(f"weight column {weight!r}: channel_spec weight is {channels['weight']}")
+            channels["weight"] = [weight]
+            features.setdefault(weight, {})  # a weight needs no dtype or cardinality
         sources: Dict[str, List[Chunk]] = {}
         for mapping in MAPPINGS:
             chunks = raw["source_spec"].get(mapping)
@@ -142,6 +159,11 @@ class FeatureSpec:
     def label(self) -> str:
         return self.channel_spec["label"][0]
 
+    @property
+    def weight(self) -> Optional[str]:
+        """The sample-weight feature, or None when the spec declares none."""
+        return self.channel_spec["weight"][0] if self.channel_spec["weight"] else None
+
     def hotness(self, name: str) -> int:
         return int(self.feature_spec[name].get("hotness", 1))
 
@@ -166,6 +188,8 @@ class FeatureSpec:
 
         if len(self.channel_spec["label"]) != 1:
             raise fail(f"channel_spec label must list exactly one feature, got {len(self.channel_spec['label'])}")
+        if len(self.channel_spec["weight"]) > 1:
+            raise fail(f"channel_spec weight lists at most one feature, got {len(self.channel_spec['weight'])}")
         # The numerical channel may be empty (click logs of ids only); the model needs embeddings.
         if not self.categorical:
             raise fail("channel_spec categorical lists no feature (the model needs at least one)")
@@ -228,9 +252,9 @@ class FeatureSpec:
         kinds = {self.channel_of(n) for n in chunk.features}
         if len(kinds) != 1 or (kinds != {"numerical"} and len(chunk.features) != 1):
             raise fail(f"{where}: a split_binary file holds numerical features, or one categorical "
-                       f"feature, or the label, got {chunk.features}")
+                       f"feature, or the label, or the weight, got {chunk.features}")
         for name in chunk.features:
-            fixed = {"numerical": "float16", "label": "bool"}.get(self.channel_of(name))
+            fixed = FIXED_BINARY_DTYPES.get(self.channel_of(name))
             declared = self.feature_spec[name].get("dtype")
             if fixed and declared is not None and str(declared) != fixed:
                 raise fail(f"{where}: split_binary stores {self.channel_of(name)} feature {name!r} as {fixed}, "
@@ -244,10 +268,8 @@ class FeatureSpec:
     def binary_layout(self, chunk: Chunk) -> Tuple[np.dtype, int]:
         """(dtype, values per row) of a split_binary chunk's file."""
         channel = self.channel_of(chunk.features[0])
-        if channel == "numerical":
-            return np.dtype(np.float16), len(chunk.features)
-        if channel == "label":
-            return np.dtype(np.bool_), 1
+        if channel in FIXED_BINARY_DTYPES:
+            return np.dtype(FIXED_BINARY_DTYPES[channel]), len(chunk.features)
         name = chunk.features[0]
         dtype = self.feature_spec[name].get("dtype") or smallest_id_dtype(int(self.feature_spec[name]["cardinality"]))
         return np.dtype(dtype), self.hotness(name)
@@ -283,7 +305,8 @@ class FeatureSpec:
     def to_dict(self) -> Dict[str, Any]:
         return {
             "feature_spec": {k: dict(v) for k, v in self.feature_spec.items()},
-            "channel_spec": {c: list(self.channel_spec[c]) for c in CHANNELS},
+            # No empty weight channel: specs without weights read as they always did.
+            "channel_spec": {c: list(self.channel_spec[c]) for c in CHANNELS if c != "weight" or self.weight},
             "source_spec": {m: [c.to_dict() for c in chunks] for m, chunks in self.source_spec.items()},
             "metadata": dict(self.metadata),
         }

@@ -24,7 +24,7 @@ def open_dataset(config: DataConfig,
     """
     dataset: Union[CriteoBinaryDataset, SplitBinaryDataset]
     if config.dataset_path is not None:
-        dataset = SplitBinaryDataset(config.dataset_path)
+        dataset = SplitBinaryDataset(config.dataset_path, config.weight_column)
     elif config.synthetic_multi_hot_criteo_path is not None:
         dataset = CriteoBinaryDataset(config.synthetic_multi_hot_criteo_path, multi_hot=True)
     elif config.in_memory_binary_criteo_path is not None:

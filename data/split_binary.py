@@ -4,15 +4,17 @@ The train mapping is the training split; the test mapping's first half (rows
 0 .. N/2) is validation and its second half test, as the Criteo loader halves its
 last day. Rows are numbered train first, then test, so `CriteoBinaryLoader` reads
 this data set exactly as it reads day files: each rank only its own rows, with the
-same per-global-batch layout (`data.batching.RankBatchLayout`).
+same per-global-batch layout (`data.batching.RankBatchLayout`). A spec's weight
+feature is read (and its values checked) only when training weights by it
+(``weight_column``); otherwise it is neither read nor checked (its size still is).
 """
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from data.feature_spec import FeatureSpec, FeatureSpecError
-from data.value_checks import DENSE, IDS, LABELS, ValueFile
+from data.value_checks import DENSE, IDS, LABELS, WEIGHTS, ValueFile
 
 Arrays = Tuple[np.ndarray, List[np.ndarray], np.ndarray]
 
@@ -28,6 +30,7 @@ class SplitBinaryDataset:
 
     Args:
         spec_path: the feature_spec.yaml; its files are relative to its directory.
+        weight_column: the spec's weight feature, to read sample weights (`take_weights`).
 
     Raises:
         FeatureSpecError: one line naming the spec and the problem.
@@ -37,10 +40,16 @@ class SplitBinaryDataset:
         dataset = SplitBinaryDataset("byo/feature_spec.yaml")
         dense, sparse, labels = dataset.read(0, 10)  # float16 (10, n), [ids (10, hotness)], bool (10,);
                                                      # n may be 0 (categorical features only)
+        SplitBinaryDataset("byo/feature_spec.yaml", weight_column="w").take_weights(np.arange(10))
     """
 
-    def __init__(self, spec_path: str) -> None:
+    def __init__(self, spec_path: str, weight_column: Optional[str] = None) -> None:
         self.spec = FeatureSpec.load(spec_path)
+        if weight_column is not None and weight_column != self.spec.weight:
+            declared = f"its weight is {self.spec.weight!r}" if self.spec.weight else "it declares no weight"
+            raise FeatureSpecError(f"{spec_path}: weight column {weight_column!r} is not the spec's channel_spec "
+                                   f"weight ({declared})")
+        self.weight_column = weight_column
         rows = self.spec.check_split_binary_files()
         self._mappings: Dict[str, Dict[str, Tuple[np.ndarray, int]]] = {}
         self._value_files: List[ValueFile] = []
@@ -51,6 +60,8 @@ class SplitBinaryDataset:
                 array = _open(self.spec.file_path(chunk.files[0]), dtype, rows[mapping], width)
                 for column, name in enumerate(chunk.features):
                     where[name] = (array, column)
+                if self.spec.channel_of(chunk.features[0]) == "weight" and weight_column is None:
+                    continue  # unweighted training: the weights are neither read nor checked
                 self._value_files.append(self._value_file(chunk.files[0], chunk.features, array,
                                                           0 if mapping == "train" else rows["train"]))
             self._mappings[mapping] = where
@@ -67,6 +78,8 @@ class SplitBinaryDataset:
             return ValueFile(path, array, DENSE, list(features), first_row)
         if channel == "label":
             return ValueFile(path, array, LABELS, list(features), first_row)
+        if channel == "weight":
+            return ValueFile(path, array, WEIGHTS, list(features), first_row)
         name = features[0]
         return ValueFile(path, array, IDS, [name] * array.shape[1], first_row,
                          [int(self.spec.feature_spec[name]["cardinality"])], f"in {self.spec.path}")
@@ -102,6 +115,20 @@ class SplitBinaryDataset:
                  if self.spec.numerical else np.zeros((len(labels), 0), dtype=np.float16))
         sparse = [np.array(where[n][0][index]) for n in self.spec.categorical]
         return dense, sparse, labels
+
+    def take_weights(self, rows: np.ndarray) -> np.ndarray:
+        """float32 sample weights of the rows at the given global numbers (any order);
+        needs ``weight_column``."""
+        assert self.weight_column is not None, "opened without a weight column"
+        rows = np.asarray(rows, dtype=np.int64)
+        train = self._rows[0]
+        in_test = rows >= train
+        weights = np.empty(len(rows), dtype=np.float32)
+        for mapping, chosen, first in (("train", ~in_test, 0), ("test", in_test, train)):
+            if chosen.any():
+                array, _ = self._mappings[mapping][self.weight_column]
+                weights[chosen] = array[rows[chosen] - first].reshape(-1)
+        return weights
 
     def read(self, start: int, stop: int) -> Arrays:
         """Rows [start, stop) (global numbers, across the train/test boundary), in memory."""

@@ -10,7 +10,9 @@ re-running replaces the output instead of appending to it, and a failed run leav
 the previous output untouched. ``cardinality: auto`` becomes the largest id + 1 over
 both mappings; a declared cardinality at or below an id in the data is an error, and
 so are labels other than 0 or 1, numerical values that are NaN, infinite or beyond
-float16's range, and a mapping without rows.
+float16's range, and a mapping without rows. A sample-weight column (the spec's
+channel_spec weight, or the column ``--weight_column`` names) is stored as float32;
+weights that are negative, NaN or infinite are refused.
 """
 
 import itertools
@@ -57,7 +59,8 @@ class _Columns:
         os.makedirs(self.dir)
         self.max_id: Dict[str, int] = {}
         # Staging files are named by position: feature names need not be valid file names.
-        self._index = {name: i for i, name in enumerate(spec.numerical + spec.categorical + [spec.label])}
+        self._index = {name: i for i, name in enumerate(spec.numerical + spec.categorical + [spec.label]
+                                                        + spec.channel_spec["weight"])}
         for name in self._index:
             open(self.part(name), "wb").close()
 
@@ -79,6 +82,8 @@ class _Columns:
                     raise TranscodeError(f"{path}: line {line + bad[0]}: label {name!r} must be 0 or 1, "
                                          f"got {values.reshape(-1)[bad[0]]:g}")
                 data = values.astype(np.bool_)
+            elif channel == "weight":
+                data = self._weights(name, values, path, line)
             else:
                 data = self._ids(name, values, path, line)
             with open(self.part(name), "ab") as f:
@@ -96,6 +101,18 @@ class _Columns:
                    f"is {value:g}, beyond float16's range (+-{float(np.finfo(np.float16).max):g}) "
                    "that split_binary stores")
             raise TranscodeError(f"{path}: line {line + bad[0]}: feature {name!r} {why}")
+        return data
+
+    @staticmethod
+    def _weights(name: str, values: np.ndarray, path: str, line: int) -> np.ndarray:
+        """float32 weights; negative, NaN and infinite ones (or beyond float32) are refused."""
+        with np.errstate(over="ignore"):  # an overflow is reported below, with its line
+            data = values.astype(np.float32)
+        bad = np.flatnonzero(~np.isfinite(data).reshape(-1) | (data.reshape(-1) < 0))
+        if bad.size:
+            value = float(values.reshape(-1)[bad[0]])
+            raise TranscodeError(f"{path}: line {line + bad[0]}: weight {name!r} is {value}; "
+                                 "weights must be finite float32 values, not negative")
         return data
 
     def _ids(self, name: str, values: np.ndarray, path: str, line: int) -> np.ndarray:
@@ -152,7 +169,7 @@ def _interleave(parts: List[str], dst: str, rows: int, block_rows: int) -> None:
 
 
 def transcode(input_dir: str, spec_in: str, output_dir: str, spec_out: str = DEFAULT_SPEC_NAME,
-              block_rows: int = DEFAULT_CHUNK_ROWS) -> FeatureSpec:
+              block_rows: int = DEFAULT_CHUNK_ROWS, weight_column: Optional[str] = None) -> FeatureSpec:
     """Transcodes the CSV data set a spec describes into split_binary files.
 
     Args:
@@ -161,6 +178,8 @@ def transcode(input_dir: str, spec_in: str, output_dir: str, spec_out: str = DEF
         output_dir: replaced by train/, test/ and the output spec.
         spec_out: file name of the output spec inside output_dir.
         block_rows: rows read and written at a time.
+        weight_column: a column of the CSV chunks to store as the sample weight (the
+            output spec's channel_spec weight); the input spec may name it instead.
 
     Returns:
         The output spec.
@@ -172,7 +191,7 @@ def transcode(input_dir: str, spec_in: str, output_dir: str, spec_out: str = DEF
 
         transcode("csv_data", "feature_spec.yaml", "binary_data")
     """
-    spec = FeatureSpec.load(os.path.join(input_dir, spec_in), allow_auto=True)
+    spec = FeatureSpec.load(os.path.join(input_dir, spec_in), allow_auto=True, weight=weight_column)
     if os.path.abspath(output_dir) == os.path.abspath(input_dir):
         raise TranscodeError(f"--output {output_dir} is the input directory; give another directory")
     with atomic_dir(output_dir, replace=True) as staging:
@@ -186,6 +205,8 @@ def _transcode_into(spec: FeatureSpec, input_dir: str, staging: str, spec_out: s
     rows = {m: _read_mapping(spec, input_dir, m, columns[m], block_rows) for m in spec.source_spec}
     features: Dict[str, Dict] = {name: {"dtype": "float16"} for name in spec.numerical}
     features[spec.label] = {"dtype": "bool"}
+    if spec.weight:
+        features[spec.weight] = {"dtype": "float32"}
     for name in spec.categorical:
         declared = spec.feature_spec[name]["cardinality"]
         seen = max(c.max_id.get(name, -1) for c in columns.values()) + 1
@@ -204,6 +225,10 @@ def _transcode_into(spec: FeatureSpec, input_dir: str, staging: str, spec_out: s
         label = f"{mapping}/label.bin"
         os.replace(cols.part(spec.label), os.path.join(staging, label))
         chunks.append(Chunk("split_binary", [spec.label], [label]))
+        if spec.weight:
+            weight = f"{mapping}/weight.bin"
+            os.replace(cols.part(spec.weight), os.path.join(staging, weight))
+            chunks.append(Chunk("split_binary", [spec.weight], [weight]))
         for i, name in enumerate(spec.categorical):
             relative = f"{mapping}/cat_{i}.bin"
             _copy_converted(cols.part(name), os.path.join(staging, relative), np.dtype(np.int32),
@@ -234,11 +259,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--output", required=True, help="output directory (replaced)")
     parser.add_argument("--feature_spec_out", default=DEFAULT_SPEC_NAME, help="output spec name inside --output")
     parser.add_argument("--chunk_size", type=positive_int, default=DEFAULT_CHUNK_ROWS, help="rows per block read")
+    parser.add_argument("--weight_column", default=None,
+                        help="a CSV column (a feature name of the input spec's chunks) holding each row's sample "
+                             "weight; stored as the output spec's weight (default: the input spec's channel_spec "
+                             "weight, if any)")
     args = parser.parse_args(argv)
-    spec = transcode(args.input, args.feature_spec_in, args.output, args.feature_spec_out, args.chunk_size)
+    spec = transcode(args.input, args.feature_spec_in, args.output, args.feature_spec_out, args.chunk_size,
+                     args.weight_column)
     rows = spec.check_split_binary_files()
     print(f"wrote {spec.path}: {rows['train']} train rows, {rows['test']} test rows, "
-          f"{len(spec.numerical)} numerical and {len(spec.categorical)} categorical features")
+          f"{len(spec.numerical)} numerical and {len(spec.categorical)} categorical features"
+          + (f", weight {spec.weight!r}" if spec.weight else ""))
     return 0
 
 

@@ -1,6 +1,7 @@
 """What a data set's values must be, checked before training reads them.
 
-Labels are 0 or 1; dense values are finite (no NaN, no infinity); categorical ids are
+Labels are 0 or 1; dense values are finite (no NaN, no infinity); sample weights are
+finite and not negative (a zero weight leaves a row out); categorical ids are
 from 0 up to, not including, the cardinality the data set declares (its metadata.json
 or feature spec). With no declared cardinality only negative ids are wrong: the loader
 takes ids modulo the table sizes then (``CriteoBinaryLoader``).
@@ -24,7 +25,7 @@ import numpy as np
 
 from common.errors import BadInput
 
-DENSE, IDS, LABELS = "dense", "ids", "labels"
+DENSE, IDS, LABELS, WEIGHTS = "dense", "ids", "labels", "weights"
 CHECK_BLOCK_ROWS = 1 << 18
 _LABEL_LIMIT = 2  # labels are ids below 2
 
@@ -42,7 +43,7 @@ class ValueFile:
     Args:
         path: how messages name the file (a path, or an .npz path and array key).
         array: (rows, columns) or (rows,), usually memory-mapped.
-        kind: DENSE, IDS or LABELS.
+        kind: DENSE, IDS, LABELS or WEIGHTS.
         columns: the name of each column (a multi-hot feature repeats its name).
         first_row: the data set's global number of the array's row 0.
         cardinalities: for IDS, each column's cardinality (ids must be below it), or
@@ -88,6 +89,8 @@ def _all_valid(kind: str, array: np.ndarray, limits: Optional[np.ndarray]) -> bo
         if array.dtype == np.float16:  # numpy's float16 min/max are slow: test the exponent bits
             return not ((array.view(np.uint16) & 0x7C00) == 0x7C00).any()
         return bool(np.isfinite(array.min()) and np.isfinite(array.max()))
+    if kind == WEIGHTS:  # NaN propagates through min, and min >= 0 is False for it
+        return bool(array.min() >= 0 and np.isfinite(array.max()))
     if limits is None:
         return array.dtype.kind == "u" or int(array.min()) >= 0
     unsigned = _as_unsigned(array)
@@ -101,6 +104,8 @@ def _invalid(kind: str, array: np.ndarray, limits: Optional[np.ndarray]) -> np.n
     array = _as_2d(array)
     if kind == DENSE:
         return ~np.isfinite(array.astype(np.float32))
+    if kind == WEIGHTS:
+        return ~np.isfinite(array) | (array < 0)
     values = array.astype(np.int64)
     return (values < 0) if limits is None else (values < 0) | (values >= limits)
 
@@ -108,6 +113,8 @@ def _invalid(kind: str, array: np.ndarray, limits: Optional[np.ndarray]) -> np.n
 def _reason(kind: str, value, limit: Optional[int], declared_by: str) -> str:
     if kind == DENSE:
         return f"dense value {float(value)} (dense values must be finite)"
+    if kind == WEIGHTS:
+        return f"weight {float(value)} (weights must be finite and not negative)"
     if kind == LABELS:
         return f"label {int(value)} (labels must be 0 or 1)"
     if value < 0:

@@ -4,9 +4,10 @@ Tables stay on the meta device so that no rank ever allocates a full table: the
 sharder materialises only each rank's shards.
 """
 
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain
 from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
@@ -59,11 +60,32 @@ def add_over_arch_dropout(dlrm: nn.Module, p: float) -> None:
         perceptron._activation_fn = ActivationThenDropout(perceptron._activation_fn, p)
 
 
+class WeightedDLRMTrain(DLRMTrain):
+    """DLRMTrain whose loss weighs each row: sum(w * bce) / ``batch.weight_normalizer``.
+
+    It reads `data.batching.WeightedBatch` objects. The normalizer is the global
+    batch's weight sum over the number of ranks, so the ranks' losses average to
+    sum(w * bce) / sum(w) over the global batch: a weighted mean, whose scale (and so
+    the effective learning rate) does not change when every weight is scaled, which
+    is 1 everywhere the plain mean, and which makes W ranks take the step one rank
+    takes on the same global batch. Same parameters and names as DLRMTrain
+    (checkpoints load either way); its outputs add the weights for the metrics:
+    ``(loss, (loss, logits, labels, weights))``.
+    """
+
+    def forward(self, batch) -> Tuple[torch.Tensor, Tuple[torch.Tensor, ...]]:  # type: ignore[override]
+        logits = self.model(batch.dense_features, batch.sparse_features).squeeze(-1)
+        losses = F.binary_cross_entropy_with_logits(logits, batch.labels.float(), reduction="none")
+        loss = (batch.weights * losses).sum() / batch.weight_normalizer
+        return loss, (loss.detach(), logits.detach(), batch.labels.detach(), batch.weights.detach())
+
+
 def build_dlrm_train(
     config: ModelConfig,
     dense_device: Optional[torch.device] = None,
     embedding_device: torch.device = torch.device("meta"),
     dropout: float = 0.0,
+    weighted: bool = False,
 ) -> DLRMTrain:
     """Builds the model wrapped with its BCE-with-logits loss.
 
@@ -74,6 +96,7 @@ def build_dlrm_train(
             sharding, a real device for an unsharded model.
         dropout: dropout probability after the over arch's hidden layers in training
             (0: none, the model is unchanged).
+        weighted: a `WeightedDLRMTrain`, for batches with sample weights.
 
     Returns:
         a `DLRMTrain` whose forward takes a torchrec `Batch` and returns
@@ -91,7 +114,7 @@ def build_dlrm_train(
         if config.dense_in_features == 0 else _build_torchrec_dlrm(config, ebc, dense_device)
     if dropout > 0:
         add_over_arch_dropout(dlrm, dropout)
-    return DLRMTrain(dlrm)  # type: ignore[arg-type]
+    return (WeightedDLRMTrain if weighted else DLRMTrain)(dlrm)  # type: ignore[arg-type]
 
 
 def _build_torchrec_dlrm(config: ModelConfig, ebc: EmbeddingBagCollection,

@@ -13,9 +13,13 @@ ties (1/2) where the exact AUROC counts 0, 1/2 or 1, can differ. Hence
     |binned - exact| <= sum_b pos_b * neg_b / (2 * P * N)
 
 computed from the same histogram and reported beside the value (``auroc_error_bound``).
+
+With sample weights the histogram sums weights instead of counting rows: a pair
+(positive i, negative j) counts w_i * w_j, P and N are the classes' weight sums, and
+the bound holds as it stands. (torchmetrics' BinaryAUROC takes no weights.)
 """
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -26,7 +30,8 @@ class BinnedAUROC:
 
     Args:
         bins: equal-width bins of the predicted probability in [0, 1].
-        device: where the histogram lives (2 x bins int64).
+        device: where the histogram lives (2 x bins int64, float64 when weighted).
+        weighted: ``update`` takes each row's weight.
 
     Example::
 
@@ -35,17 +40,22 @@ class BinnedAUROC:
         value, bound = auroc.compute()  # collective
     """
 
-    def __init__(self, bins: int, device: torch.device) -> None:
+    def __init__(self, bins: int, device: torch.device, weighted: bool = False) -> None:
         if bins < 2:
             raise ValueError(f"bins must be at least 2, got {bins}")
         self.bins = bins
-        self._counts = torch.zeros(2, bins, dtype=torch.int64, device=device)  # [negatives, positives]
+        self.weighted = weighted
+        # [negatives, positives]: counts, or weight sums
+        self._counts = torch.zeros(2, bins, dtype=torch.float64 if weighted else torch.int64, device=device)
 
-    def update(self, probabilities: torch.Tensor, labels: torch.Tensor) -> None:
-        """Adds a batch: probabilities in [0, 1], labels 0 or 1."""
+    def update(self, probabilities: torch.Tensor, labels: torch.Tensor, weights: Optional[torch.Tensor] = None) -> None:
+        """Adds a batch: probabilities in [0, 1], labels 0 or 1, and (weighted) each row's weight."""
+        if (weights is not None) != self.weighted:
+            raise ValueError("weights are given exactly when the AUROC is weighted")
         index = (probabilities.detach().reshape(-1) * self.bins).long().clamp_(0, self.bins - 1)
         positive = labels.detach().reshape(-1).long().clamp_(0, 1)
-        self._counts.view(-1).index_add_(0, positive * self.bins + index, torch.ones_like(index))
+        amounts = torch.ones_like(index) if weights is None else weights.detach().reshape(-1).double()
+        self._counts.view(-1).index_add_(0, positive * self.bins + index, amounts)
 
     def compute(self) -> Tuple[float, float]:
         """(AUROC, error bound) over every rank's updates; NaN when a class is absent.

@@ -119,7 +119,9 @@ class Trainer:
         # Model: identical dense init on every rank and world size (seeded here),
         # tables on the meta device until sharded.
         torch.manual_seed(config.seed)
-        model = build_dlrm_train(config.model, dense_device=env.device, dropout=config.dropout)
+        self.weighted = config.data.weight_column is not None  # weighted loss and metrics
+        model = build_dlrm_train(config.model, dense_device=env.device, dropout=config.dropout,
+                                 weighted=self.weighted)
         attach_fused_embedding_optimizer(model.model.sparse_arch, config.optim)
         resumed_plan = restore.meta.plan if restore and restore.full else None
         sharding = prepare_sharding(config, env, model, resumed_plan)
@@ -337,7 +339,7 @@ class Trainer:
         for step_in_epoch in itertools.count(first_batch):
             lr = self.schedule.apply(self.optimizer, self.step)
             try:
-                loss, _, labels = self.train_pipeline.progress(batches)
+                loss, _, labels, *_ = self.train_pipeline.progress(batches)  # weighted: and the weights
             except StopIteration:
                 break
             pending.append(loss.detach())
@@ -461,16 +463,16 @@ class Trainer:
         # In fp32 with --amp too: bf16 logits (8 significant bits) would tie AUROC
         # ranks, coarsen the log loss and round what --validation_auroc decides on.
         pipeline = self._pipeline("base" if self.config.pipeline == "base" else "sparse_dist", amp=False)
-        metrics = BinaryClassificationMetrics(self.env.device, self.config.auroc_bins)
+        metrics = BinaryClassificationMetrics(self.env.device, self.config.auroc_bins, self.weighted)
         batches = self._batches(loader)
         self.log.start_evaluation_progress(len(loader), stage)
         with torch.no_grad():
             while True:
                 try:
-                    _, logits, labels = pipeline.progress(batches)
+                    _, logits, labels, *weights = pipeline.progress(batches)
                 except StopIteration:
                     break
-                metrics.update(logits, labels)
+                metrics.update(logits, labels, *weights)
                 self.log.advance_evaluation()
         self.log.close_evaluation_progress()
         if handover:
@@ -480,8 +482,9 @@ class Trainer:
         values = metrics.compute()
         step = self.step if weights_step is None else weights_step
         binned = f" (binned, within {values['auroc_error_bound']:.1e})" if "auroc_error_bound" in values else ""
+        weighted = f" (weighted by {self.config.data.weight_column})" if self.weighted else ""
         self.log.print(
-            f"{stage}: AUROC {values['auroc']:.4f}{binned} | log loss {values['log_loss']:.4f} | "
+            f"{stage}{weighted}: AUROC {values['auroc']:.4f}{binned} | log loss {values['log_loss']:.4f} | "
             f"accuracy {values['accuracy']:.4f} | NE {values['ne']:.4f} | calibration {values['calibration']:.4f} | "
             f"positive rate {values['positive_rate']:.4f} | {values['num_samples']} samples (step {step})"
         )

@@ -528,11 +528,13 @@ def _identical(a: Sequence[Dict[str, Any]], b: Sequence[Dict[str, Any]], steps_f
 
 def export_difference(checkpoint_dir: str, eager: torch.Tensor, out_dir: str) -> float:
     """Exports the newest checkpoint's fp32 program and returns its largest difference
-    from the eager probabilities on the probe rows."""
+    from the eager probabilities on the probe rows. Named by its step: the directory
+    alone exports the best validation's checkpoint, an earlier step than the eager model's."""
     from serving.export import FP32_FILE, export_model
     from serving.model_files import load_model_file, read_manifest
+    from training.checkpoint import newest_checkpoint
     with contextlib.redirect_stderr(io.StringIO()):
-        export_model(checkpoint_dir, out_dir, [])
+        export_model(newest_checkpoint(checkpoint_dir), out_dir, [])
     program = load_model_file(out_dir, FP32_FILE, "torch.export", read_manifest(out_dir))  # as predict loads it
     dense, ids = probe_inputs()
     with torch.no_grad():

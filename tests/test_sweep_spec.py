@@ -156,3 +156,12 @@ def test_results_md_shows_mean_and_standard_deviation_per_configuration_over_see
         for cell, values in zip(row[2:], zip(*finished)):
             assert cell == f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
     assert [row[0] for row in _table(format_markdown(rows, records), "Run")][:2] == ["lr=0.2,seed=2", "lr=0.2,seed=0"]
+
+
+def test_the_random_search_example_expands_to_six_trials_times_two_seeds():
+    from sweeps.spec import load_sweep
+    from tests.support.launch import REPO
+
+    runs = load_sweep(f"{REPO}/examples/sweeps/random_search.yaml").runs()
+    assert len(runs) == 12 and len({run.config for run in runs}) == 6
+    assert [run.grid_values["seed"] for run in runs] == [0, 1] * 6

@@ -11,7 +11,7 @@ SIGTERM (the message says where the rank was).
 import gc
 import logging
 import warnings
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch.distributed as dist
 
@@ -41,12 +41,30 @@ def run_training(
         return _train(config, prog)
 
 
-def _train(config: TrainConfig, prog: str) -> int:
+def run_with_trainer(config: TrainConfig, prog: str, work: Callable[[Trainer], object]) -> int:
+    """Builds the trainer of ``config`` and runs ``work`` on it, with the entry points'
+    exit codes, SIGTERM handling and teardown (how ``training.lr_finder`` runs)."""
+    _quiet_known_library_noise()
+    with raise_on_sigterm():
+        return _train(config, prog, work)
+
+
+def _by_mode(trainer: Trainer) -> None:
+    mode = trainer.config.mode
+    if mode == "train":
+        trainer.fit()
+    elif mode == "inference_benchmark":
+        run_inference_benchmark(trainer)
+    else:
+        trainer.evaluate_checkpoint()
+
+
+def _train(config: TrainConfig, prog: str, work: Callable[[Trainer], object] = _by_mode) -> int:
     try:
         env = resolve_env(config.device)
     except BadInput as e:  # this host's environment (RANK, CUDA), which may differ by rank: every rank says it
         return report(prog, str(e), EXIT_BAD_INPUT)
-    code = run_cli(lambda: _run(config, prog, env), prog, report_bad_input)
+    code = run_cli(lambda: _run(config, prog, env, work), prog, report_bad_input)
     # Tear the process group down unless a rank failed: then a peer may be gone, and
     # gloo's teardown would block this rank and keep torchrun from restarting the job.
     # (Bad input and a non-finite loss are seen by every rank alike.)
@@ -60,7 +78,7 @@ def _train(config: TrainConfig, prog: str) -> int:
     return code
 
 
-def _run(config: TrainConfig, prog: str, env: DistributedEnv) -> int:
+def _run(config: TrainConfig, prog: str, env: DistributedEnv, work: Callable[[Trainer], object]) -> int:
     try:
         trainer = Trainer(config, env)
     except BadInput:  # bad input, including an unusable checkpoint: run_cli reports it
@@ -71,12 +89,7 @@ def _run(config: TrainConfig, prog: str, env: DistributedEnv) -> int:
     except Exception as e:  # a ValueError inside torch included: a failure, with its traceback
         return report_rank_failure(prog, env.rank, env.world_size, "setup", e)
     try:
-        if config.mode == "train":
-            trainer.fit()
-        elif config.mode == "inference_benchmark":
-            run_inference_benchmark(trainer)
-        else:
-            trainer.evaluate_checkpoint()
+        work(trainer)
     except NonFiniteLossError as e:
         return report(prog, str(e), EXIT_NON_FINITE_LOSS)
     except Exception as e:

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from training.lr_finder import RangeTestResult, exponential_lrs, main, smooth, suggest
+from training.lr_finder import RangeTestResult, exponential_lrs, main, range_config, smooth, suggest
 from tests.support.launch import run_script
 
 TINY = ["--batch_size", "64", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
@@ -31,9 +31,18 @@ def test_a_centred_average_does_not_lag_and_the_suggestion_is_a_tenth_of_the_min
     assert 0.01 < choice["steepest_descent_lr"] < 0.1
 
 
+def test_entry_point_gives_its_defaults_and_flags_given_win():
+    assert range_config(["--entry_point", "dcnv2_main.py"])[1].model.interaction_type == "dcn"
+    assert range_config([])[1].model.interaction_type == "original"
+    config = range_config(["--entry_point", "dcnv2_main.py", "--embedding_dim", "32",
+                           "--dense_arch_layer_sizes", "64,32"])[1]
+    assert (config.model.interaction_type, config.model.embedding_dim) == ("dcn", 32)
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--lr_min", "1", "--lr_max", "0.1"], "--lr_min and --lr_max must satisfy 0 < lr_min < lr_max, got 1.0 and 0.1"),
     (["--lr_steps", "1"], "--lr_steps must be at least 2, got 1"),
+    (["--lr_range_output", "/nonexistent/lr"], "--lr_range_output /nonexistent/lr: no such directory /nonexistent"),
     (["--mode", "inference_benchmark"], "--mode inference_benchmark: the range test trains; leave --mode out"),
 ])
 def test_bad_range_flags_are_one_line_exit_2(synthetic_dir, capsys, flags, message):

@@ -30,9 +30,10 @@ suggestion (rank 0). The model's weights are thrown away; no checkpoint is writt
 import argparse
 import dataclasses
 import math
+import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -41,6 +42,7 @@ from common.atomic import write_bytes
 from common.cli import positive_int
 from common.json_fields import INTEGER, OBJECT, Kind, JsonObject, integer, one_of, versioned_json
 from common.png_figure import png_figure
+from training.config import TrainConfig
 from training.failures import report_bad_input
 from training.flags import ENTRY_POINT_RECIPES, FlagError, build_parser, config_from_args
 from training.lr_schedule import set_lr
@@ -231,23 +233,29 @@ def build_range_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _checked_range(args: argparse.Namespace) -> None:
+def range_config(argv: Optional[Sequence[str]]) -> Tuple[argparse.Namespace, TrainConfig]:
+    """The parsed flags and the training configuration (the ``--entry_point``'s
+    defaults under the flags given). Raises FlagError naming the flag."""
+    args = build_range_parser().parse_args(argv)
+    recipe = ENTRY_POINT_RECIPES[args.entry_point]
+    args.entry_point_recipe = recipe.name if recipe else None
     if not (args.lr_min > 0 and math.isfinite(args.lr_max) and args.lr_max > args.lr_min):
         raise FlagError(f"--lr_min and --lr_max must satisfy 0 < lr_min < lr_max, got {args.lr_min} and {args.lr_max}")
     if args.lr_steps < 2:
         raise FlagError(f"--lr_steps must be at least 2, got {args.lr_steps}")
+    directory = os.path.dirname(os.path.abspath(args.lr_range_output))
+    if not os.path.isdir(directory):  # known before the test trains, not after
+        raise FlagError(f"--lr_range_output {args.lr_range_output}: no such directory {directory}")
+    config = config_from_args(args)
+    if config.mode != "train":
+        raise FlagError(f"--mode {config.mode}: the range test trains; leave --mode out")
+    return args, config
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs the range test; returns the exit code (the entry points' codes)."""
-    args = build_range_parser().parse_args(argv)
-    recipe = ENTRY_POINT_RECIPES[args.entry_point]
-    args.entry_point_recipe = recipe.name if recipe else None
     try:
-        _checked_range(args)
-        config = config_from_args(args)
-        if config.mode != "train":
-            raise FlagError(f"--mode {config.mode}: the range test trains; leave --mode out")
+        args, config = range_config(argv)
     except FlagError as e:
         return report_bad_input(PROG, str(e))
     lrs = exponential_lrs(args.lr_min, args.lr_max, args.lr_steps)

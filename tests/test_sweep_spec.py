@@ -165,3 +165,19 @@ def test_the_random_search_example_expands_to_six_trials_times_two_seeds():
     runs = load_sweep(f"{REPO}/examples/sweeps/random_search.yaml").runs()
     assert len(runs) == 12 and len({run.config for run in runs}) == 6
     assert [run.grid_values["seed"] for run in runs] == [0, 1] * 6
+
+
+def test_a_runs_configuration_survives_run_json_and_groups_the_report(tmp_path):
+    from sweeps.results import collect_rows
+    from sweeps.run_state import read_runs
+    from sweeps.runner import plan_records
+
+    spec = parse_sweep({**BASE, "output_dir": str(tmp_path), "grid": {"learning_rate": [0.05, 0.1]},
+                        "seeds": [0, 1]}, "s.yaml")
+    for record in plan_records(spec, {run.name: ["--seed", str(run.grid_values["seed"])] for run in spec.runs()}):
+        record.write()
+    records = read_runs(str(tmp_path))  # as `python -m sweeps report` reads them, from run.json
+    assert [(r.name, r.config) for r in records] == [
+        (f"learning_rate={lr},seed={seed}", f"learning_rate={lr}") for lr in (0.05, 0.1) for seed in (0, 1)]
+    table = _table(format_markdown(collect_rows(records), records), "Configuration")
+    assert table == [[f"learning_rate={lr}", "0/2", "-", "-", "-"] for lr in (0.05, 0.1)]  # no logs yet

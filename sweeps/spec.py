@@ -392,7 +392,8 @@ def _check_random_search(spec: SweepSpec, document: Dict[str, Any]) -> None:
         raise spec.error("space", "empty: give at least one training flag with a distribution")
     for key, distribution in spec.space.items():
         where = f"space.{key}"
-        if not isinstance(distribution, dict) or len(distribution) != 1 or next(iter(distribution)) not in DISTRIBUTIONS:
+        if not (isinstance(distribution, dict) and len(distribution) == 1
+                and next(iter(distribution)) in DISTRIBUTIONS):
             raise spec.error(where, f"expected one of {{choice: [...]}}, {{uniform: [low, high]}}, "
                                     f"{{log_uniform: [low, high]}}, {{int: [low, high]}}, got {distribution!r}")
         (kind, argument), = distribution.items()

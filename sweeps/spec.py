@@ -62,7 +62,7 @@ DISTRIBUTIONS = ("choice", "uniform", "log_uniform", "int")
 # value it trains with.
 _DRAWN_DIGITS = 4
 # Value names go into directory names.
-_VALUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+_VALUE_NAME = re.compile(r"[A-Za-z0-9._+-]+")
 # Sweep-level knob, not a training flag: scales the data's cardinalities.
 SCALE_KEY = "num_embeddings_scale"
 # Training flags the sweep sets for every run itself.
@@ -363,14 +363,17 @@ def _check_entries(spec: SweepSpec, where: str, entries: Any) -> None:
     for entry in entries:
         if is_named(entry):
             if set(entry) != {"name", "value"}:
-                raise spec.error(where, f"a named value has exactly the keys name and value, got {sorted(entry)}")
+                raise spec.error(where, f"a named value is {{name: ..., value: ...}}, got {entry!r}")
             if not isinstance(entry["name"], str) or not _VALUE_NAME.fullmatch(entry["name"]):
                 raise spec.error(where, f"a value's name is letters, digits, '.', '_', '+' or '-', "
                                         f"got {entry['name']!r}")
         _check_flag_value(spec, where, entry_value(entry))
-    texts = [entry["name"] if is_named(entry) else value_text(entry) for entry in entries]
+    names = [entry["name"] for entry in entries if is_named(entry)]
+    if len(set(names)) != len(names):
+        raise spec.error(where, "a name is given twice")
+    texts = [value_text(entry_value(entry)) for entry in entries]
     if len(set(texts)) != len(texts):
-        raise spec.error(where, "a value (or a value's name) is listed twice")
+        raise spec.error(where, "a value is listed twice")
 
 
 def _number(value: Any) -> bool:

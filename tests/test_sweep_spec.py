@@ -75,11 +75,12 @@ def test_random_search_draws_the_same_trials_from_the_same_file_within_their_dis
 
 @pytest.mark.parametrize("keys, message", [
     ({"grid": {"embedding_dim": [{"name": "a", "value": 8}, {"name": "a", "value": 16}]}},
-     "grid.embedding_dim: a value (or a value's name) is listed twice"),
+     "grid.embedding_dim: a name is given twice"),
+    ({"grid": {"embedding_dim": [{"name": "a", "value": 8}, 8]}}, "grid.embedding_dim: a value is listed twice"),
     ({"grid": {"embedding_dim": [{"name": "a b", "value": 8}]}},
      "grid.embedding_dim: a value's name is letters, digits"),
     ({"grid": {"embedding_dim": [{"name": "a", "val": 8}]}},
-     "grid.embedding_dim: a named value has exactly the keys name and value, got ['name', 'val']"),
+     "grid.embedding_dim: a named value is {name: ..., value: ...}, got {'name': 'a', 'val': 8}"),
     ({"zip": {"learning_rate": [0.1, 0.2], "batch_size": [128]}},
      "zip: its lists vary together and need one length, got learning_rate: 2, batch_size: 1"),
     ({"grid": {"learning_rate": [0.1]}, "zip": {"learning_rate": [0.1]}},

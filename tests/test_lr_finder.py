@@ -42,7 +42,8 @@ def test_entry_point_gives_its_defaults_and_flags_given_win():
 @pytest.mark.parametrize("flags, message", [
     (["--lr_min", "1", "--lr_max", "0.1"], "--lr_min and --lr_max must satisfy 0 < lr_min < lr_max, got 1.0 and 0.1"),
     (["--lr_steps", "1"], "--lr_steps must be at least 2, got 1"),
-    (["--lr_range_output", "/nonexistent/lr"], "--lr_range_output /nonexistent/lr: no such directory /nonexistent"),
+    (["--lr_range_output", "/dev/null/lr"],
+     "--lr_range_output /dev/null/lr: cannot create the directory /dev/null (File exists)"),
     (["--mode", "inference_benchmark"], "--mode inference_benchmark: the range test trains; leave --mode out"),
 ])
 def test_bad_range_flags_are_one_line_exit_2(synthetic_dir, capsys, flags, message):
@@ -52,7 +53,7 @@ def test_bad_range_flags_are_one_line_exit_2(synthetic_dir, capsys, flags, messa
 
 @pytest.mark.slow
 def test_range_test_on_two_ranks_writes_a_monotone_sweep_a_suggestion_in_range_and_a_png(synthetic_dir, tmp_path):
-    output = str(tmp_path / "lr")
+    output = str(tmp_path / "out" / "lr")  # its directory is created
     proc = run_script(["-m", "training.lr_finder", "--in_memory_binary_criteo_path", synthetic_dir, *TINY,
                        "--lr_min", "1e-3", "--lr_max", "1e3", "--lr_steps", "30", "--lr_range_output", output],
                       torchrun_nproc=2)
@@ -71,4 +72,4 @@ def test_range_test_on_two_ranks_writes_a_monotone_sweep_a_suggestion_in_range_a
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert f"suggested --learning_rate {result.suggested_lr:.3g}" in proc.stdout
     assert proc.stdout.count("suggested --learning_rate") == 1  # rank 0 only
-    assert not [n for n in os.listdir(tmp_path) if ".tmp" in n]
+    assert not [n for n in os.listdir(tmp_path / "out") if ".tmp" in n]

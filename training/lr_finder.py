@@ -229,7 +229,8 @@ def build_range_parser() -> argparse.ArgumentParser:
     group.add_argument("--lr_steps", type=positive_int, default=200,
                        help="training steps from --lr_min to --lr_max (at least 2)")
     group.add_argument("--lr_range_output", default="lr_range_test",
-                       help="writes OUTPUT.json (every step's lr and loss, the suggestion) and OUTPUT.png")
+                       help="writes OUTPUT.json (every step's lr and loss, the suggestion) and OUTPUT.png "
+                            "(its directory is created)")
     return parser
 
 
@@ -243,9 +244,6 @@ def range_config(argv: Optional[Sequence[str]]) -> Tuple[argparse.Namespace, Tra
         raise FlagError(f"--lr_min and --lr_max must satisfy 0 < lr_min < lr_max, got {args.lr_min} and {args.lr_max}")
     if args.lr_steps < 2:
         raise FlagError(f"--lr_steps must be at least 2, got {args.lr_steps}")
-    directory = os.path.dirname(os.path.abspath(args.lr_range_output))
-    if not os.path.isdir(directory):  # known before the test trains, not after
-        raise FlagError(f"--lr_range_output {args.lr_range_output}: no such directory {directory}")
     config = config_from_args(args)
     if config.mode != "train":
         raise FlagError(f"--mode {config.mode}: the range test trains; leave --mode out")
@@ -258,6 +256,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args, config = range_config(argv)
     except FlagError as e:
         return report_bad_input(PROG, str(e))
+    directory = os.path.dirname(os.path.abspath(args.lr_range_output))
+    try:  # before the test trains, not after
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        return report_bad_input(PROG, f"--lr_range_output {args.lr_range_output}: cannot create the directory "
+                                      f"{directory} ({e.strerror})")
     lrs = exponential_lrs(args.lr_min, args.lr_max, args.lr_steps)
 
     def work(trainer: Trainer) -> None:

@@ -68,6 +68,11 @@ FIGURES: Dict[str, Figure] = {
                   ("python", "-m", "training.report", REPORT_LOG, "--output", "docs/training_report.png")),
         drawn="docs/training_report.png",
         fresh=(REPORT_LOG,)),
+    "lr_range_test.png": Figure(
+        commands=(("python", "-m", "training.lr_finder", "--in_memory_binary_criteo_path", DATA, "--batch_size", "512",
+                   "--optimizer", "adagrad", "--seed", "0", "--lr_min", "1e-4", "--lr_max", "10", "--lr_steps", "100",
+                   "--lr_range_output", "runs/lr_range_test"),),
+        drawn="runs/lr_range_test.png"),
 }
 
 

@@ -1,5 +1,7 @@
 """A sweep's results: one row per run from its JSON-lines log and its table memory,
 written as ``results.md``, ``results.csv`` and ``results.png`` in the sweep directory.
+results.md ranks the runs by validation AUROC (results.csv keeps the sweep's order);
+with ``seeds`` it first shows each configuration's mean and standard deviation.
 
 The columns follow the public TorchRec DLRM example's results table (ranks instead of
 GPUs), plus the log loss, the peak memory of the largest rank and the run's state.
@@ -15,6 +17,7 @@ import csv
 import io
 import os
 import shlex
+import statistics
 from typing import Any, Dict, List, Optional, Sequence
 
 from common.atomic import write_text
@@ -36,6 +39,10 @@ _HEADINGS = {"run": "Run", "state": "State", "table_gib": "Size of embedding tab
              "test_auroc": "AUROC over test set", "test_log_loss": "Test log loss",
              "records_per_sec": "Train records/second", "train_seconds": "Time to train (s)",
              "peak_memory_bytes": "Peak memory per rank (GiB)", "flags": "Unique flags"}
+# results.md ranks runs (and configurations) by this validation metric, higher first.
+RANK_COLUMN = "val_auroc"
+# The metrics a configuration repeated over seeds shows as mean ± standard deviation.
+SEED_COLUMNS = ("val_auroc", "test_auroc", "test_log_loss")
 FIGURE_INCHES = (12.0, 5.0)
 FIGURE_DPI = 100
 
@@ -111,11 +118,51 @@ def _cell(column: str, value: Any) -> str:
     return str(value)
 
 
+def ranked(rows: Sequence[Dict[str, Any]], column: str = RANK_COLUMN) -> List[Dict[str, Any]]:
+    """Rows by ``column``, highest first; rows without it (failed, unfinished) last, in
+    run order."""
+    return sorted(rows, key=lambda row: (row[column] is None, -(row[column] or 0.0)))
+
+
+def _mean_std(values: List[float]) -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
+
+
+def format_seed_table(rows: Sequence[Dict[str, Any]], records: Sequence[RunRecord]) -> str:
+    """One line per configuration repeated over seeds: how many of its runs have a
+    result, and the mean ± sample standard deviation of each metric over them, ranked
+    by the mean validation AUROC."""
+    configs: Dict[str, List[Dict[str, Any]]] = {}
+    for row, record in zip(rows, records):
+        configs.setdefault(record.config or record.name, []).append(row)
+    summaries = []
+    for config, members in configs.items():
+        values = {c: [row[c] for row in members if row[c] is not None] for c in SEED_COLUMNS}
+        rank_values = values[RANK_COLUMN]
+        summaries.append({"config": config, "runs": f"{len(rank_values)}/{len(members)}",
+                          "rank": statistics.mean(rank_values) if rank_values else None,
+                          "cells": [_mean_std(values[c]) for c in SEED_COLUMNS]})
+    lines = ["| Configuration | Runs with results | " + " | ".join(_HEADINGS[c] + " (mean ± sd)" for c in SEED_COLUMNS)
+             + " |", "|" + "|".join("---" for _ in range(2 + len(SEED_COLUMNS))) + "|"]
+    for summary in ranked(summaries, "rank"):
+        lines.append("| " + " | ".join([summary["config"], summary["runs"], *summary["cells"]]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def format_markdown(rows: Sequence[Dict[str, Any]], records: Sequence[RunRecord]) -> str:
-    """The results table, then one line per failed run (exit code and error)."""
-    lines = ["| " + " | ".join(_HEADINGS[c] for c in COLUMNS) + " |",
-             "|" + "|".join("---" for _ in COLUMNS) + "|"]
-    lines += ["| " + " | ".join(_cell(c, row[c]).replace("|", "\\|") for c in COLUMNS) + " |" for row in rows]
+    """With seeds, the configurations' mean and standard deviation first; then every
+    run, ranked by validation AUROC; then one line per failed run (exit code and error)."""
+    lines = []
+    if any(r.config for r in records):
+        lines += [format_seed_table(rows, records).rstrip("\n"), ""]
+    lines += ["| " + " | ".join(_HEADINGS[c] for c in COLUMNS) + " |",
+              "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    lines += ["| " + " | ".join(_cell(c, row[c]).replace("|", "\\|") for c in COLUMNS) + " |"
+              for row in ranked(rows)]
     failures = [r for r in records if r.state == FAILED]
     if failures:
         lines.append("")

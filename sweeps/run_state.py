@@ -36,7 +36,7 @@ class RunRecord:
     """One run of a sweep.
 
     Args:
-        index: position in the sweep's grid.
+        index: position in the sweep.
         name: the run's directory name.
         directory: absolute path of the run directory.
         grid_values: the run's own flags (its grid values).
@@ -49,6 +49,8 @@ class RunRecord:
         exit_code: the failing rank's exit code (or the job's), when it failed.
         error: the last error line of its output, or the scheduler's reason.
         submitted, finished: seconds since the epoch.
+        config: with the sweep's ``seeds``, the configuration this run repeats with
+            its seed (results.md's mean and standard deviation group by it).
     """
 
     index: int
@@ -65,6 +67,7 @@ class RunRecord:
     error: Optional[str] = None
     submitted: Optional[float] = None
     finished: Optional[float] = None
+    config: Optional[str] = None
 
     @property
     def log_path(self) -> str:

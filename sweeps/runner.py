@@ -44,7 +44,7 @@ def plan_records(spec: SweepSpec, commands: Dict[str, List[str]]) -> List[RunRec
         argv = [*commands[run.name], "--log_path", os.path.join(directory, "log.jsonl")]
         record = RunRecord(index=run.index, name=run.name, directory=directory, grid_values=run.grid_values,
                            argv=argv, scheduler=spec.scheduler, ranks=spec.ranks,
-                           ranks_per_node=spec.nproc_per_node)
+                           ranks_per_node=spec.nproc_per_node, config=run.config)
         try:
             previous: Optional[RunRecord] = RunRecord.read(directory)
         except RunStateError:

@@ -67,7 +67,7 @@ def _scaled_sizes(spec: SweepSpec, run: RunSpec, parser: argparse.ArgumentParser
     cap), each times the run's scale factor."""
     from training.flags import FlagError, config_from_args
 
-    where = f"grid.{SCALE_KEY}" if SCALE_KEY in spec.grid else f"flags.{SCALE_KEY}"
+    where = f"{spec.varied_sections().get(SCALE_KEY, 'flags')}.{SCALE_KEY}"
     scale = run.flags[SCALE_KEY]
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
         raise spec.error(where, f"expected a positive number, got {scale!r}")
@@ -95,11 +95,10 @@ def run_commands(spec: SweepSpec) -> Dict[str, List[str]]:
     parser = training_parser(spec.script)
     parser.error = _raise  # type: ignore[method-assign]  # refuse, do not exit
     switches = _store_true_flags(parser)
-    for section, names in (("flags", spec.flags), ("grid", spec.grid)):
-        for name in names:
-            if name != SCALE_KEY and name not in switches:
-                raise spec.error(f"{section}.{name}", f"unknown training flag "
-                                                       f"(python {spec.script} --help lists them)")
+    varied = spec.varied_sections()
+    for name, section in [*((name, "flags") for name in spec.flags), *varied.items()]:
+        if name != SCALE_KEY and name not in switches:
+            raise spec.error(f"{section}.{name}", f"unknown training flag (python {spec.script} --help lists them)")
     commands = {}
     for run in spec.runs():
         flags = dict(run.flags)
@@ -108,7 +107,7 @@ def run_commands(spec: SweepSpec) -> Dict[str, List[str]]:
             del flags[SCALE_KEY]
         for name, value in flags.items():
             if switches[name] and not isinstance(value, bool):
-                section = "grid" if name in spec.grid else "flags"
+                section = varied.get(name, "flags")
                 raise spec.error(f"{section}.{name}", f"an on/off flag: expected true or false, got {value!r}")
         argv = flags_to_argv(flags, switches)
         try:

@@ -35,6 +35,7 @@ BAD_FLAG_VALUES = {
     "serving.predict": (["--model", MISSING, "--input", "{tmp}/rows.tsv"], MISSING),
     "serving.quality_gate": (["--model", MISSING], MISSING),
     "serving.serve": (["--model", MISSING, "--port", "70000"], "--port 70000"),
+    "training.lr_finder": (["--in_memory_binary_criteo_path", MISSING], MISSING),
     "training.report": ([f"{MISSING}/log.jsonl", "--output", "{tmp}/run.png"], f"{MISSING}/log.jsonl"),
 }
 # The one-release aliases (python -m training.export etc.) take the same bad values.

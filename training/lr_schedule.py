@@ -46,7 +46,13 @@ class WarmupPolyDecaySchedule:
         when the train pipeline calls ``zero_grad``, before the backward that uses it.
         """
         lr = self.lr_at(step)
-        groups: Iterable[dict] = optimizer.param_groups
-        for group in groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         return lr
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Sets ``lr`` on every param group (the fused embedding optimizers' included: they
+    take it at the train pipeline's next ``zero_grad``)."""
+    groups: Iterable[dict] = optimizer.param_groups
+    for group in groups:
+        group["lr"] = lr

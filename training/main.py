@@ -9,7 +9,7 @@ SIGTERM (the message says where the rank was).
 """
 
 import gc
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from common.cli import run_cli
 from common.library_noise import quiet_benign_library_messages
@@ -22,6 +22,7 @@ from training.recipes import Recipe
 
 if TYPE_CHECKING:
     from training.distributed import DistributedEnv
+    from training.trainer import Trainer
 
 
 def run_training(
@@ -37,7 +38,27 @@ def run_training(
         return _train(config, prog)
 
 
-def _train(config: TrainConfig, prog: str) -> int:
+def run_with_trainer(config: TrainConfig, prog: str, work: "Callable[[Trainer], object]") -> int:
+    """Builds the trainer of ``config`` and runs ``work`` on it, with the entry points'
+    exit codes, SIGTERM handling and teardown (how ``training.lr_finder`` runs)."""
+    quiet_benign_library_messages()
+    with raise_on_sigterm():
+        return _train(config, prog, work)
+
+
+def _by_mode(trainer: "Trainer") -> None:
+    from training.inference_benchmark import run_inference_benchmark
+
+    mode = trainer.config.mode
+    if mode == "train":
+        trainer.fit()
+    elif mode == "inference_benchmark":
+        run_inference_benchmark(trainer)
+    else:
+        trainer.evaluate_checkpoint()
+
+
+def _train(config: TrainConfig, prog: str, work: "Callable[[Trainer], object]" = _by_mode) -> int:
     # torch and torchrec load only now, after the flags: --help and bad flags answer in
     # a fraction of a second instead of the seconds they take to load.
     import torch.distributed as dist
@@ -48,7 +69,7 @@ def _train(config: TrainConfig, prog: str) -> int:
         env = resolve_env(config.device)
     except BadInput as e:  # this host's environment (RANK, CUDA), which may differ by rank: every rank says it
         return report(prog, str(e), EXIT_BAD_INPUT)
-    code = run_cli(lambda: _run(config, prog, env), prog, report_bad_input)
+    code = run_cli(lambda: _run(config, prog, env, work), prog, report_bad_input)
     # Tear the process group down unless a rank failed: then a peer may be gone, and
     # gloo's teardown would block this rank and keep torchrun from restarting the job.
     # (Bad input and a non-finite loss are seen by every rank alike.)
@@ -62,9 +83,8 @@ def _train(config: TrainConfig, prog: str) -> int:
     return code
 
 
-def _run(config: TrainConfig, prog: str, env: "DistributedEnv") -> int:
+def _run(config: TrainConfig, prog: str, env: "DistributedEnv", work: "Callable[[Trainer], object]") -> int:
     from sharding_plans import PlanDoesNotFit
-    from training.inference_benchmark import run_inference_benchmark
     from training.trainer import NonFiniteLossError, Trainer
 
     try:
@@ -77,12 +97,7 @@ def _run(config: TrainConfig, prog: str, env: "DistributedEnv") -> int:
     except Exception as e:  # a ValueError inside torch included: a failure, with its traceback
         return report_rank_failure(prog, env.rank, env.world_size, "setup", e)
     try:
-        if config.mode == "train":
-            trainer.fit()
-        elif config.mode == "inference_benchmark":
-            run_inference_benchmark(trainer)
-        else:
-            trainer.evaluate_checkpoint()
+        work(trainer)
     except NonFiniteLossError as e:
         return report(prog, str(e), EXIT_NON_FINITE_LOSS)
     except Exception as e:

@@ -28,7 +28,6 @@ exercise the check itself. On a host without CUDA, a plain run says so and exits
 """
 
 import argparse
-import math
 import multiprocessing
 import os
 import re
@@ -260,15 +259,7 @@ def check_case(case: Case, per_rank: List[Dict[str, Any]], cpu: Optional[List[Di
             result.checks["resume=uninterrupted"] = "ok bit-exact"
         else:
             result.fail("resume=uninterrupted", mismatch)
-    try:
-        diff = export.result() if export else math.inf
-        text = f"{diff:.2g} <= {matrix.EXPORT_TOLERANCE:g}"
-        if diff <= matrix.EXPORT_TOLERANCE:
-            result.checks["export=eager"] = "ok " + text
-        else:
-            result.fail("export=eager", text.replace("<=", ">"))
-    except Exception as e:
-        result.fail("export=eager", f"{type(e).__name__}: {e}")
+    matrix.check_export(result, export)
     return result
 
 

@@ -1,12 +1,11 @@
 """Sharding plans: the planner for the real hardware, plan files, dry runs and reports."""
 
-import importlib
-from typing import Any
+from common.lazy_exports import lazy_exports
 
 # Where each public name lives. Loaded on first use, so that importing
 # sharding_plans.constraints (the flags) does not load torchrec: the entry points
 # answer --help before it.
-_PUBLIC = {
+__getattr__, __all__ = lazy_exports(__name__, {
     "PlanDoesNotFit": "sharding_plans.planner",
     "PlannerConfig": "sharding_plans.planner",
     "ShardingConstraints": "sharding_plans.constraints",
@@ -15,11 +14,4 @@ _PUBLIC = {
     "build_topology": "sharding_plans.planner",
     "format_sharding_plan": "sharding_plans.report",
     "plan_summary": "sharding_plans.report",
-}
-__all__ = sorted(_PUBLIC)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _PUBLIC:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_PUBLIC[name]), name)
+})

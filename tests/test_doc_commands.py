@@ -119,7 +119,7 @@ def test_readme_laptop_command(synthetic_dir, tmp_path):
     run(with_flags(replaced(laptop, {"data_cache/synthetic_criteo": synthetic_dir}),
                    ["--epochs", "1", "--limit_train_batches", "20", "--limit_val_batches", "4",
                     "--limit_test_batches", "4", "--log_path", log]), str(tmp_path))
-    config = read_log(log)[0]
+    config = next(record for record in read_log(log) if record["event"] == "config")
     assert (config["model"]["interaction_type"], config["recipe"]) == ("dcn", "small_data")
 
 

@@ -49,8 +49,11 @@ docs-figures: data
 slurm-up:
 	bash scripts/slurm_up.sh
 
+# Two pytest-xdist workers, whole files each: a test's processes wait on process
+# start-up, rendezvous and I/O, which the other worker fills (13m22s -> 9m42s here).
+TEST_WORKERS ?= 2
 test: install
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 test-fast: install
 	$(PYTHON) -m pytest -q -m "not slow" tests

@@ -43,6 +43,21 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(table)
 
 
+def pytest_sessionfinish(session):
+    """Under pytest-xdist (`make test` runs two workers), a worker hands the matrix
+    tables it made to the controller, which prints them."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        from tests.support import matrix
+        workeroutput["matrix_reports"] = [list(report) for report in matrix.REPORTS]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    from tests.support import matrix
+    matrix.REPORTS.extend(tuple(report) for report in getattr(node, "workeroutput", {}).get("matrix_reports", []))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
     """In a test not marked slow, starting a process (a subprocess, a torch elastic

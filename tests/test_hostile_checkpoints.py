@@ -25,7 +25,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -34,13 +34,11 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
 
 import dlrm_main
 from serving.inference_model import load_checkpoint_model
+from tests.support.hostile import HOSTILE_SETTINGS as GENERATED
 from tests.support.launch import REPO
 from training.checkpoint import (CheckpointError, _IOPathReader, _TensorLoadPlanner, load_checkpoint,
                                  newest_checkpoint)
 
-HOSTILE_EXAMPLES = int(os.environ.get("HOSTILE_EXAMPLES", "10"))
-GENERATED = settings(max_examples=HOSTILE_EXAMPLES, deadline=None, database=None,
-                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 # A tiny model with optimizer state (adagrad) for every parameter.
 MODEL_FLAGS = ["--num_embeddings", "50", "--embedding_dim", "4", "--dense_arch_layer_sizes", "8,4",
                "--over_arch_layer_sizes", "8,1", "--optimizer", "adagrad"]

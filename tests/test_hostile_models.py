@@ -23,7 +23,7 @@ import zipfile
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from common.errors import BadInput
@@ -33,14 +33,12 @@ from serving.model_files import (MANIFEST_FILE, allowed_references, load_model_f
                                  torchscript_references, write_manifest)
 from serving.model_inputs import INPUTS_FILE
 from serving.predict import Predictor
+from tests.support.hostile import HOSTILE_SETTINGS as HOSTILE
 from tests.support.launch import REPO
 from training.checkpoint import META_FILE, CheckpointManager
 from training.checkpoint_meta import CheckpointMeta
 from training.flags import parse_config
 
-EXAMPLES = int(os.environ.get("HOSTILE_EXAMPLES", "10"))
-HOSTILE = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-                   suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 VARIANTS = {"fp32": FP32_FILE, "fp16": "fp16.pt", "int8": "int8.pt"}
 
 

@@ -583,12 +583,18 @@ def _remove_checkpoint(path: str) -> None:
         os.rmdir(_local(path))
 
 
-def _read_dcp_metadata(path: str, manifest: Optional[Dict[str, ManifestEntry]]) -> Metadata:
-    """The checkpoint's .metadata, read without running code; CheckpointError naming it."""
+def _checked_dcp_metadata(path: str, manifest: Optional[Dict[str, ManifestEntry]],
+                          flat: Dict[str, Any]) -> Metadata:
+    """The checkpoint's .metadata, read without running code and checked against the
+    flat state it is to fill (`check_metadata`); CheckpointError naming the file."""
+    source = _join(path, DCP_METADATA_FILE)
     try:
-        return load_metadata(_read_checked(path, DCP_METADATA_FILE, manifest), _join(path, DCP_METADATA_FILE))
+        metadata = load_metadata(_read_checked(path, DCP_METADATA_FILE, manifest), source)
+        check_metadata(metadata, flat, source, set(manifest) if manifest is not None else None,
+                       _WHOLE_ON_EVERY_RANK)
     except UnsafeMetadataError as e:
         raise CheckpointError(f"checkpoint file {e}") from e
+    return metadata
 
 
 def check_stored_shapes(path: str, state: Dict[str, Any]) -> None:
@@ -597,13 +603,8 @@ def check_stored_shapes(path: str, state: Dict[str, Any]) -> None:
     files' sizes only, so ``state`` may live on the meta device: a meta.json declaring
     tables other than those stored is refused before the model is allocated."""
     manifest = read_manifest(path)
-    metadata = _read_dcp_metadata(path, manifest)
     flat = {name: value for name, value in flat_state(state).items() if torch.is_tensor(value)}
-    try:
-        check_metadata(metadata, flat, _join(path, DCP_METADATA_FILE),
-                       set(manifest) if manifest is not None else None, _WHOLE_ON_EVERY_RANK)
-    except UnsafeMetadataError as e:
-        raise CheckpointError(f"checkpoint file {e}") from e
+    metadata = _checked_dcp_metadata(path, manifest, flat)
     needed = sum(value.numel() * metadata.state_dict_metadata[name].properties.dtype.itemsize
                  for name, value in flat.items())
     sizes = [_file_size(path, str(name), manifest)
@@ -641,12 +642,7 @@ def load_checkpoint(path: str, state: Dict[str, Any], rank: int, restore_rng: bo
     # collective and before DCP opens a data file: a missing, damaged or crafted file
     # fails every rank alike with one line. With or without a manifest: whoever crafts
     # the files can rewrite it too.
-    metadata = _read_dcp_metadata(path, manifest)
-    try:
-        check_metadata(metadata, flat, _join(path, DCP_METADATA_FILE),
-                       set(manifest) if manifest is not None else None, _WHOLE_ON_EVERY_RANK)
-    except UnsafeMetadataError as e:
-        raise CheckpointError(f"checkpoint file {e}") from e
+    metadata = _checked_dcp_metadata(path, manifest, flat)
     try:
         dcp.load(flat, storage_reader=_IOPathReader(path, metadata, manifest), planner=_TensorLoadPlanner())
     except (Exception, CheckpointException) as e:  # DCP gathers every rank's failure; report one line

@@ -214,7 +214,7 @@ class Trainer:
         # Last, so that nothing above can fail with the lock held; released by `fit`
         # (or `release_checkpoint_dir` when it fails).
         self._checkpoint_lock = (lock_checkpoint_dir(flags.checkpoint_dir, env.rank)  # type: ignore[arg-type]
-                                 if saves_checkpoints and config.mode == "train" else None)
+                                 if saves_checkpoints else None)
 
     def release_checkpoint_dir(self) -> None:
         """Lets another run save into --checkpoint_dir."""

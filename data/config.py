@@ -12,6 +12,11 @@ from common.config_flags import FlagError, check_choices, flag, option
 from data.criteo_layout import NUM_SPARSE_FEATURES
 from data.multi_hot import MULTI_HOT_DISTRIBUTIONS
 
+# Choices of the Parquet flags (data/parquet_columns.py implements them; that module
+# needs pyarrow, this one must not).
+DENSE_TRANSFORMS = ("log1p", "none")
+ID_HASHING = ("hash", "modulo")
+
 if TYPE_CHECKING:
     from torchrec.datasets.utils import Batch
 
@@ -68,6 +73,33 @@ class DataConfig:
     dataset_path: Optional[str] = flag(
         None, help="PATH/feature_spec.yaml of a split_binary data set (any numbers of numerical and "
                    "categorical features)")
+    parquet_path: Optional[str] = flag(
+        None, help="Parquet click log: a file, a directory (read recursively; Hive partitions such as "
+                   "date=2026-11-01/ become columns) or a glob; local or a URL (s3://, gs://, hdfs://, file://)")
+    label_column: str = flag("label", help="Parquet: the 0/1 label column")
+    dense_columns: Optional[str] = flag(
+        None, help="Parquet: comma list of numerical columns (a prefix pattern such as I* allowed)")
+    sparse_columns: Optional[str] = flag(
+        None, help="Parquet: comma list of categorical columns of raw ids: integers, strings or lists of them "
+                   "(a prefix pattern such as C* allowed)")
+    dense_transform: str = flag("log1p", choices=DENSE_TRANSFORMS,
+                                help="Parquet: log1p (negatives clamped to 0, as Criteo's preprocessing) or none")
+    id_hashing: str = flag("hash", choices=ID_HASHING,
+                           help="Parquet: raw id to embedding row; hash: a stable seeded 64-bit hash modulo the "
+                                "table size (docs/data.md); modulo: integer ids already mapped, taken modulo the "
+                                "table size")
+    hash_seed: int = flag(0, help="Parquet: the seed of --id_hashing hash")
+    max_buffered_row_groups: int = flag(4, help="Parquet: row groups a rank holds in memory at most")
+    time_column: Optional[str] = flag(
+        None, help="Parquet: timestamp, date or integer column (a Hive partition column such as date counts); "
+                   "validation and test are then the latest rows")
+    validation_window: Optional[str] = flag(
+        None, help="with --time_column: the validation split, a duration (1d, 6h) or a fraction (0.1)")
+    test_window: Optional[str] = flag(
+        None, help="with --time_column: the test split, the latest rows: a duration (1d, 6h) or a fraction (0.1)")
+    rolling_windows: Optional[int] = flag(
+        None, help="with --time_column: N+1 consecutive time windows; train on window k, evaluate on k+1, "
+                   "continue on k+1 ...")
     dataset_name: str = flag("criteo_1t", choices=DATASET_NAMES, help="which Criteo data set the files are")
     batch_size: int = flag(32, help="training rows per rank per step")
     test_batch_size: Optional[int] = flag(None, help="validation/test rows per rank (default --batch_size)")

@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type
 
+from common.config_flags import FlagError
 from data.config import BatchLoader, DataConfig
 
 
@@ -91,6 +92,13 @@ class DataSource(ABC):
                 world_size: int) -> Dict[str, BatchLoader]:
         """One loader per split ("train", "validation", "test") for this rank, from
         what `open` returned."""
+
+    def window_loaders(self, dataset: Any, window: int, num_windows: int, num_embeddings_per_feature: List[int],
+                       rank: int, world_size: int) -> Dict[str, BatchLoader]:
+        """``--rolling_windows N`` (``num_windows`` = N + 1 consecutive time windows):
+        {"train": window ``window``, "validation": window ``window + 1``}."""
+        raise FlagError(f"--rolling_windows needs time-ordered data (--parquet_path with --time_column), "
+                        f"not {self.name} data")
 
 
 class RandomData(DataSource):

@@ -20,7 +20,9 @@
 #
 # Settings (environment):
 #   CLUSTER_SUBNET   the bridge's /24 (default 10.213.27.0/24); host i gets .(10+i).
-# What it made is listed in $STATE/hosts ("NAME ADDRESS" per line, controller first):
+# What it made is listed in $STATE/hosts ("NAME ADDRESS BRIDGE_PORT" per line, the
+# controller first; BRIDGE_PORT is the host's veth on the bridge, whose counters say
+# what the host sent and received):
 # scripts/on_host.sh and the tests read it.
 # Exit codes: 0 up (or down); 1 a step failed (one line naming it); 2 bad usage or not root.
 set -euo pipefail
@@ -189,7 +191,7 @@ listing="$(mktemp)"
 for ((i = 0; i < hosts; i++)); do
   address="$SUBNET_PREFIX.$((FIRST_HOST_OCTET + i))"
   add_host "$i" "$address"
-  echo "$(host_name "$i") $address" >>"$listing"
+  echo "$(host_name "$i") $address $(veth_name "$i")" >>"$listing"
 done
 
 {

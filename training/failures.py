@@ -147,8 +147,10 @@ def report_rank_failure(prog: str, rank: int, world_size: int, where: str, error
 _PEER_LOST_MARKERS = ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted")
 
 
-# gloo names the other end of the broken connection: "... by peer [10.0.0.12]:40217".
-_PEER_ADDRESS = re.compile(r"by peer \[([0-9A-Fa-f.:]+)\]:\d+")
+# gloo names the other end of the broken connection, "[ADDRESS]:PORT", in its messages
+# ("Connection closed by peer [10.0.0.12]:40217", "Read error [10.0.0.12]:40217:
+# Connection reset by peer"); its source position, "[.../pair.cc:537]", is no address.
+_PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:\d+")
 
 
 def _lost_peer(message: str) -> str:

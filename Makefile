@@ -12,7 +12,7 @@ TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.05 --optimizer adag
 	--validation_freq_within_epoch 400 --log_every_n_steps 100 --seed 0 \
 	--log_path runs/make_train.jsonl
 
-.PHONY: install data train train-dcnv2 sweep-example docs-figures slurm-up test test-fast test-hostile test-matrix bench clean
+.PHONY: install data train train-dcnv2 sweep-example docs-figures slurm-up cluster-up cluster-down test test-fast test-hostile test-matrix bench clean
 
 install: $(STAMP)
 
@@ -48,6 +48,15 @@ docs-figures: data
 # A one-node Slurm cluster with accounting on this machine (root; docs/slurm.md).
 slurm-up:
 	bash scripts/slurm_up.sh
+
+# Several hosts on this machine: network namespaces on a private bridge, a hostname
+# each (root; docs/multihost.md). CLUSTER_HOSTS=4 for more; cluster-down removes them.
+CLUSTER_HOSTS ?= 3
+cluster-up:
+	bash scripts/cluster_up.sh --hosts $(CLUSTER_HOSTS)
+
+cluster-down:
+	bash scripts/cluster_up.sh --down
 
 # Two pytest-xdist workers, whole files each: a test's processes wait on process
 # start-up, rendezvous and I/O, which the other worker fills (13m22s -> 9m42s here).

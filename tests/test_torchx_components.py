@@ -64,6 +64,7 @@ def test_aws_component_machine_is_a_parameter():
     ({"gpu": "-1"}, r"^--gpu -1: must be at least 0$"),
     ({"memMB": 0}, r"^--memMB 0: must be at least 1$"),
     ({"max_retries": -1}, r"^--max_retries -1: must be >= 0$"),
+    ({"socket_ifname": "eth0 eth1"}, r"^--socket_ifname 'eth0 eth1': expected one network interface name, e\.g\. eth0$"),
 ])
 def test_training_component_errors_name_the_parameter(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -165,3 +166,12 @@ def test_parameter_errors_are_what_torchx_prints_as_one_line(component, params, 
     with pytest.raises(ComponentValidationException) as error:
         component(**params)
     assert str(error.value).startswith(starts) and "\n" not in str(error.value)
+
+
+def test_socket_ifname_sets_both_backends_interface_unless_env_does():
+    (role,) = dlrm("--batch_size", "64", j="2x1", socket_ifname="eth0").roles
+    assert role.env["GLOO_SOCKET_IFNAME"] == role.env["NCCL_SOCKET_IFNAME"] == "eth0"
+    (role,) = dlrm("--batch_size", "64", j="2x1", socket_ifname="eth0", env={"NCCL_SOCKET_IFNAME": "ib"}).roles
+    assert (role.env["GLOO_SOCKET_IFNAME"], role.env["NCCL_SOCKET_IFNAME"]) == ("eth0", "ib")
+    (role,) = dlrm("--batch_size", "64").roles
+    assert "GLOO_SOCKET_IFNAME" not in role.env and "NCCL_SOCKET_IFNAME" not in role.env

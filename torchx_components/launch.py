@@ -27,6 +27,11 @@ DEFAULT_IMAGE = "dlrm-torchrec:latest"
 DATA_PATH_FLAGS = ("--in_memory_binary_criteo_path", "--synthetic_multi_hot_criteo_path", "--dataset_path")
 
 
+# The variables naming the interface each backend's connections between nodes use
+# (training/distributed.py checks them on every rank before connecting).
+SOCKET_IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
 @dataclass
 class LaunchOptions:
     """Where and how a run is launched (the components' parameters).
@@ -43,6 +48,7 @@ class LaunchOptions:
         mounts: more mounts in torchx's form ``type=bind|volume|device,src=...,dst=...[,readonly]``.
         max_retries: times the scheduler restarts the whole job after a failure.
         rdzv_port: port of the c10d rendezvous on the first node (multi-node runs).
+        socket_ifname: interface between the nodes, for gloo and NCCL (``SOCKET_IFNAME_VARIABLES``).
 
     Example::
 
@@ -63,6 +69,7 @@ class LaunchOptions:
     mounts: List[str] = field(default_factory=list)
     max_retries: int = 0
     rdzv_port: int = 29500
+    socket_ifname: Optional[str] = None
 
     def nodes_and_procs(self) -> Tuple[int, int]:
         """Parses ``j``; raises ValueError (one line) unless it is NxM with N, M >= 1."""
@@ -93,6 +100,14 @@ class LaunchOptions:
             raise ComponentParameterError(f"--max_retries {self.max_retries}: must be >= 0")
         if not 0 < self.rdzv_port < 65536:
             raise ComponentParameterError(f"--rdzv_port {self.rdzv_port}: not a TCP port")
+        if self.socket_ifname is not None and not re.fullmatch(r"[\w.:-]+", self.socket_ifname):
+            raise ComponentParameterError(
+                f"--socket_ifname {self.socket_ifname!r}: expected one network interface name, e.g. eth0")
+
+    def rank_env(self) -> Dict[str, str]:
+        """``env``, with the interface variables ``socket_ifname`` sets where ``env`` does not."""
+        interface = {name: self.socket_ifname for name in SOCKET_IFNAME_VARIABLES} if self.socket_ifname else {}
+        return {**interface, **self.env}
 
     def mount_tokens(self) -> List[str]:
         return bind_mounts(read_only=[self.data_dir] if self.data_dir else [],
@@ -150,7 +165,7 @@ def trainer_app(module: str, script_args: Sequence[str], options: LaunchOptions)
         gpu=resource.gpu,
         memMB=resource.memMB,
         j=options.j,
-        env=dict(options.env),
+        env=options.rank_env(),
         max_retries=options.max_retries,
         rdzv_port=options.rdzv_port,
         mounts=options.mount_tokens() or None,

@@ -33,6 +33,7 @@ Args:
     mounts: more mounts: type=bind|volume|device,src=SRC,dst=DST[,readonly]
     max_retries: times the scheduler restarts the job after a failure; with checkpoint_dir a restart resumes from the newest complete checkpoint
     rdzv_port: port of the c10d rendezvous on the first node (multi-node runs)
+    socket_ifname: network interface the ranks of different nodes talk over (multi-node runs), e.g. eth0: sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME unless env sets them; every rank refuses to start when its node lacks it. Unset, gloo uses the address the node's hostname resolves to, and a rank refuses to start when that is a loopback address
 """
 
 
@@ -51,11 +52,12 @@ def dlrm(
     mounts: Optional[List[str]] = None,
     max_retries: int = 0,
     rdzv_port: int = 29500,
+    socket_ifname: Optional[str] = None,
 ) -> specs.AppDef:
     return trainer_app("dlrm_main", script_args, LaunchOptions(
         j=j, h=h, cpu=cpu, gpu=gpu, memMB=memMB, image=image, name=name, env=env or {},
         data_dir=data_dir, checkpoint_dir=checkpoint_dir, mounts=mounts or [],
-        max_retries=max_retries, rdzv_port=rdzv_port))
+        max_retries=max_retries, rdzv_port=rdzv_port, socket_ifname=socket_ifname))
 
 
 def dcnv2(
@@ -73,11 +75,12 @@ def dcnv2(
     mounts: Optional[List[str]] = None,
     max_retries: int = 0,
     rdzv_port: int = 29500,
+    socket_ifname: Optional[str] = None,
 ) -> specs.AppDef:
     return trainer_app("dcnv2_main", script_args, LaunchOptions(
         j=j, h=h, cpu=cpu, gpu=gpu, memMB=memMB, image=image, name=name, env=env or {},
         data_dir=data_dir, checkpoint_dir=checkpoint_dir, mounts=mounts or [],
-        max_retries=max_retries, rdzv_port=rdzv_port))
+        max_retries=max_retries, rdzv_port=rdzv_port, socket_ifname=socket_ifname))
 
 
 # torchx reads a component's help from its docstring (summary + Google-style Args).

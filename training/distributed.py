@@ -1,8 +1,10 @@
 """Device selection and the process group, for torchrun and for a plain `python` run."""
 
+import ipaddress
 import itertools
 import os
 import resource
+import socket
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -65,9 +67,70 @@ def resolve_env(device_flag: str) -> DistributedEnv:
                 f"LOCAL_RANK {local_rank} has no GPU: this host has {count} "
                 f"(run at most {count} processes per node)"
             )
-        return DistributedEnv(rank, world_size, local_rank, local_world_size,
-                              torch.device("cuda", local_rank), "nccl")
-    return DistributedEnv(rank, world_size, local_rank, local_world_size, torch.device("cpu"), "gloo")
+        env = DistributedEnv(rank, world_size, local_rank, local_world_size,
+                             torch.device("cuda", local_rank), "nccl")
+    else:
+        env = DistributedEnv(rank, world_size, local_rank, local_world_size, torch.device("cpu"), "gloo")
+    if world_size > 1:
+        check_network_settings(env.backend, world_size, local_world_size)
+    return env
+
+
+def _interfaces() -> List[str]:
+    return [name for _, name in socket.if_nameindex()]
+
+
+def _resolves_to_loopback(host: str) -> Optional[str]:
+    """The loopback address ``host`` resolves to (also "unresolvable"), or None."""
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        return "no address (it does not resolve)"
+    return address if ipaddress.ip_address(address).is_loopback else None
+
+
+def check_network_settings(backend: str, world_size: int, local_world_size: int) -> None:
+    """Refuses, in one line, a network setting with which this rank could never reach
+    the ranks of other hosts (the first failures of a multi-host job, which otherwise
+    show up as a hang or a refused connection minutes later):
+
+    - ``GLOO_SOCKET_IFNAME`` (gloo: exact names, comma-separated) naming an interface
+      this host does not have; ``NCCL_SOCKET_IFNAME`` (NCCL: name prefixes, ``=`` for
+      exact names, ``^`` to exclude) matching none of its interfaces;
+    - with gloo and no ``GLOO_SOCKET_IFNAME``, in a job across hosts (``MASTER_ADDR``
+      not a loopback address), a hostname that resolves to a loopback address (Debian's
+      127.0.1.1) or not at all: gloo gives the other hosts the address the hostname
+      resolves to, falling back to loopback.
+    """
+    variable = "GLOO_SOCKET_IFNAME" if backend == "gloo" else "NCCL_SOCKET_IFNAME"
+    value = os.environ.get(variable, "")
+    host = socket.gethostname()
+    interfaces = _interfaces()
+    if value and not value.startswith("^"):  # an exclusion list always leaves something to try
+        names = [name for name in value.lstrip("=").split(",") if name]
+        exact = backend == "gloo" or value.startswith("=")
+        found = [name for name in names
+                 if any(i == name if exact else i.startswith(name) for i in interfaces)]
+        missing = [name for name in names if name not in found]
+        if (exact and missing) or not found:
+            raise BadInput(
+                f"{variable}={value}: host {host} has no network interface "
+                f"{'named' if exact else 'starting with'} {', '.join(missing)} "
+                f"(it has {', '.join(interfaces)})"
+            )
+    if backend != "gloo" or value or world_size == local_world_size:
+        return
+    master = os.environ.get("MASTER_ADDR")
+    if master is None or _resolves_to_loopback(master) is not None:
+        return  # every agent of the job is on this host
+    loopback = _resolves_to_loopback(host)
+    if loopback is not None:
+        raise BadInput(
+            f"this job spans hosts (MASTER_ADDR={master}) but this host's name {host} resolves to "
+            f"{loopback}, which gloo would give the other hosts to reach this rank: set "
+            f"GLOO_SOCKET_IFNAME to the interface of the network between the hosts "
+            f"(this host has {', '.join(interfaces)}) or map {host} to that address in /etc/hosts"
+        )
 
 
 # How many times this process has started the default group: each start gets store

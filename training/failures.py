@@ -18,7 +18,9 @@ the rank and the signal, and the ranks left behind report the step they were at.
 
 import contextlib
 import os
+import re
 import signal
+import socket
 import sys
 import threading
 import time
@@ -134,7 +136,7 @@ def report_rank_failure(prog: str, rank: int, world_size: int, where: str, error
         return report(prog, f"rank {rank} of {world_size} stopped at {where}: {error}", EXIT_TERMINATED)
     if _lost_a_peer(error):
         # The echo of another rank's failure: its traceback says nothing more.
-        detail = f"lost contact with another rank, which probably stopped first ({detail})"
+        detail = f"lost contact with {_lost_peer(str(error))}, which probably stopped first ({detail})"
     elif not isinstance(error, (RankError, DataValueError)):  # their one line says all (bad data: --mmap_mode)
         print_whole("".join(traceback.format_exception(error)))
     return report(prog, f"rank {rank} of {world_size} failed at {where}: {detail}", EXIT_FAILED)
@@ -143,6 +145,26 @@ def report_rank_failure(prog: str, rank: int, world_size: int, where: str, error
 # What gloo and NCCL say when the other end of a collective has gone (gloo raises a
 # plain RuntimeError, so the type alone does not tell).
 _PEER_LOST_MARKERS = ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted")
+
+
+# gloo names the other end of the broken connection, "[ADDRESS]:PORT", in its messages
+# ("Connection closed by peer [10.0.0.12]:40217", "Read error [10.0.0.12]:40217:
+# Connection reset by peer"); its source position, "[.../pair.cc:537]", is no address.
+_PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:\d+")
+
+
+def _lost_peer(message: str) -> str:
+    """The ranks whose connection broke, by their host's name and address when gloo's
+    message gives the address: which machine of a multi-host job to look at."""
+    match = _PEER_ADDRESS.search(message)
+    if match is None:
+        return "another rank"
+    address = match.group(1)
+    try:
+        name = socket.gethostbyaddr(address)[0]
+    except OSError:  # no name for it (no /etc/hosts entry, no reverse DNS)
+        return f"the rank(s) on host {address}"
+    return f"the rank(s) on host {name} ({address})"
 
 
 def _lost_a_peer(error: BaseException) -> bool:

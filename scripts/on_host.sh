@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs a command on one host of the cluster scripts/cluster_up.sh made: in the host's
+# network namespace (its address, its loopback) under its hostname (its UTS
+# namespace); files, users and the working directory are the machine's.
+#
+#   scripts/on_host.sh dlrm-node1 torchrun --nnodes 2 ... dlrm_main.py ...
+#
+# Exit codes: the command's; 2 when HOST is not a host of the cluster (or not root).
+set -euo pipefail
+STATE=/run/dlrm_cluster
+if [ $# -lt 2 ]; then
+  echo "on_host: usage: on_host.sh HOST COMMAND [ARGS...]" >&2
+  exit 2
+fi
+host="$1"; shift
+if ! awk -v host="$host" '$1 == host {found = 1} END {exit !found}' "$STATE/hosts" 2>/dev/null; then
+  echo "on_host: '$host' is not a host of the cluster (hosts: $(awk '{printf "%s%s", sep, $1; sep=", "}' "$STATE/hosts" 2>/dev/null || echo "none: sudo make cluster-up"))" >&2
+  exit 2
+fi
+exec nsenter --net="/run/netns/$host" --uts="$STATE/uts/$host" -- "$@"

@@ -1,0 +1,83 @@
+"""The network settings a multi-host job needs, checked before any connection is made
+(training.distributed.check_network_settings), and the host a lost rank ran on named
+in the failure line (training.failures). In-process; the multi-host cluster runs are
+in tests/test_multihost.py."""
+
+import socket
+
+import pytest
+
+from common.errors import BadInput
+from training.distributed import check_network_settings, resolve_env
+from training.failures import report_rank_failure
+
+HOST = socket.gethostname()
+INTERFACES = ", ".join(name for _, name in socket.if_nameindex())
+
+
+@pytest.fixture(autouse=True)
+def _no_settings(monkeypatch):
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_gloo_interface_this_host_lacks_is_refused_naming_host_and_its_interfaces(monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo,ib0")
+    with pytest.raises(BadInput) as refused:
+        check_network_settings("gloo", world_size=2, local_world_size=1)
+    assert str(refused.value) == (f"GLOO_SOCKET_IFNAME=lo,ib0: host {HOST} has no network interface named ib0 "
+                                  f"(it has {INTERFACES})")
+
+
+def test_resolve_env_refuses_it_for_a_multi_rank_job_only(monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ib0")
+    assert resolve_env("cpu").world_size == 1  # one process: no connection to make
+    for name, value in (("WORLD_SIZE", "2"), ("RANK", "1"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2")):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(BadInput, match=r"^GLOO_SOCKET_IFNAME=ib0: host "):
+        resolve_env("cpu")
+
+
+def test_interfaces_this_host_has_pass(monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    check_network_settings("gloo", world_size=2, local_world_size=1)
+    # NCCL's forms: a prefix, an exact name (=), an exclusion list (^) that leaves something.
+    for value in ("l", "=lo", "ib,lo", "^docker,ib"):
+        monkeypatch.setenv("NCCL_SOCKET_IFNAME", value)
+        check_network_settings("nccl", world_size=2, local_world_size=1)
+
+
+@pytest.mark.parametrize("value, what", [("ib", "starting with ib"), ("=l", "named l"),
+                                          ("ib,hsn", "starting with ib, hsn")])
+def test_nccl_setting_that_matches_no_interface_is_refused(monkeypatch, value, what):
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", value)
+    with pytest.raises(BadInput) as refused:
+        check_network_settings("nccl", world_size=2, local_world_size=1)
+    assert str(refused.value) == f"NCCL_SOCKET_IFNAME={value}: host {HOST} has no network interface {what} " \
+                                 f"(it has {INTERFACES})"
+
+
+def test_a_job_on_one_host_never_needs_a_routable_hostname(monkeypatch):
+    """torchrun with a loopback rendezvous endpoint (every agent here), or no MASTER_ADDR:
+    whatever this host's name resolves to, the ranks meet on loopback."""
+    for master in ("127.0.0.1", "localhost", None):
+        if master is None:
+            monkeypatch.delenv("MASTER_ADDR", raising=False)
+        else:
+            monkeypatch.setenv("MASTER_ADDR", master)
+        check_network_settings("gloo", world_size=2, local_world_size=1)
+
+
+@pytest.mark.parametrize("gloo_says", [
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+    "[127.0.0.1]:40217. This is typically caused by a remote worker crashing.",
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:40217: "
+    "Connection reset by peer. This is typically caused by a remote worker hanging"])
+def test_lost_rank_is_named_by_the_host_of_the_broken_connection(capsys, gloo_says):
+    """gloo's message gives the peer's address; the line names its host (/etc/hosts)."""
+    lost = RuntimeError(gloo_says)
+    assert report_rank_failure("dlrm_main.py", 0, 2, "step 3 (epoch 0, training)", lost) == 1
+    name = socket.gethostbyaddr("127.0.0.1")[0]
+    assert capsys.readouterr().err == (
+        f"dlrm_main.py: error: rank 0 of 2 failed at step 3 (epoch 0, training): lost contact with the rank(s) "
+        f"on host {name} (127.0.0.1), which probably stopped first (RuntimeError: {lost})\n")

@@ -107,9 +107,9 @@ class CriteoBinaryDataset:
                 raise BadInput(f"{self.directory}: preprocessing did not finish (day markers but no "
                                  f"{METADATA_FILE}); run it again")
             return None
-        if "num_days" not in self.metadata:
+        listed = self.metadata.num_days
+        if listed is None:
             return None
-        listed = int(self.metadata["num_days"])
         leftovers = day_files_from(self.directory, listed)
         if leftovers:
             raise BadInput(f"{leftovers[0]}: not part of the data set ({METADATA_FILE} lists days 0 to "
@@ -117,7 +117,7 @@ class CriteoBinaryDataset:
         return listed
 
     def _check_rows_per_day(self) -> None:
-        listed = (self.metadata or {}).get("rows_per_day")
+        listed = self.metadata.rows_per_day if self.metadata else None
         if listed is None:
             return
         for day, (rows, expected) in enumerate(zip(self.rows_per_day, listed)):
@@ -176,9 +176,7 @@ class CriteoBinaryDataset:
     @property
     def num_embeddings_per_feature(self) -> Optional[List[int]]:
         """Cardinalities recorded in metadata.json, if any."""
-        if self.metadata and "num_embeddings_per_feature" in self.metadata:
-            return [int(v) for v in self.metadata["num_embeddings_per_feature"]]
-        return None
+        return self.metadata.num_embeddings_per_feature if self.metadata else None
 
     def split_ranges(self) -> dict:
         """{"train" | "validation" | "test": (start, stop)} in global row numbers."""

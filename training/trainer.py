@@ -105,6 +105,7 @@ class Trainer:
         # The data set, the checkpoint, the model and the plan file or constraints
         # first: bad input fails on every rank alike, before any collective.
         source = source_for(config.data)
+        self.data_source, self.data_features = source.name, source.describe()  # what checkpoints record
         dataset = source.open(check_values=False)  # after the start-up block: it reads every file
         restore = find_restore_point(config)
         flags = config.checkpoint
@@ -256,7 +257,8 @@ class Trainer:
         start = time.perf_counter()
         meta = CheckpointMeta(step=self.step, epoch=epoch, batch_in_epoch=batch_in_epoch,
                               world_size=self.env.world_size, config=dataclasses.asdict(self.config), plan=self.plan,
-                              run_id=self.log.run_id, early_stopping=self.best.stopping.state_dict())
+                              run_id=self.log.run_id, early_stopping=self.best.stopping.state_dict(),
+                              data_source=self.data_source, data_features=self.data_features)
         state = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
         stage, self.stage = self.stage, f"saving step {self.step}"  # what a failure or SIGTERM reports
         path = self.checkpoints.save(state, meta)

@@ -45,16 +45,10 @@ class FeatureDescription:
     def num_dense_features(self) -> int:
         return len(self.dense_feature_names)
 
-    def to_dict(self) -> Dict[str, Any]:
-        """As JSON values (a checkpoint's meta.json records it)."""
-        return {"dense_feature_names": list(self.dense_feature_names),
-                "sparse_feature_names": list(self.sparse_feature_names),
-                "cardinalities": None if self.cardinalities is None else list(self.cardinalities),
-                "hotness": None if self.hotness is None else list(self.hotness)}
-
     @classmethod
     def read(cls, recorded: JsonObject) -> "FeatureDescription":
-        """What `to_dict` wrote, checked field by field.
+        """What ``dataclasses.asdict`` of one gave, as JSON (a checkpoint's meta.json
+        records it), checked field by field.
 
         Raises:
             FileFieldError: one line naming the file and the field.

@@ -47,12 +47,12 @@ class CheckpointMeta:
         config: the run's TrainConfig as ``dataclasses.asdict`` gives it (model,
             optim, data, ... sections); read through the properties below.
         plan: each table's sharding (``sharding_plans.report.plan_summary``).
+        data_source: the data source's name (a key of ``data.sources.SOURCES``); read
+            through `source_name`. None only in a file older than version 3.
+        data_features: the data's features as the source described them when the model
+            was built; read through `features`. None only in a file older than version 3.
         run_id: the run log's id.
         early_stopping: the early-stopping state (``EarlyStopping.state_dict``).
-        data_source: the data source's name (a key of ``data.sources.SOURCES``); read
-            through `source_name`.
-        data_features: the data's features as the source described them when the model
-            was built; read through `features`.
         version: the file format.
     """
 
@@ -62,10 +62,10 @@ class CheckpointMeta:
     world_size: int
     config: Dict[str, Any]
     plan: Dict[str, Dict[str, Any]]
+    data_source: Optional[str]
+    data_features: Optional[FeatureDescription]
     run_id: Optional[str] = None
     early_stopping: Optional[Dict[str, Any]] = None
-    data_source: Optional[str] = None
-    data_features: Optional[FeatureDescription] = None
     version: int = META_VERSION
 
     @property

@@ -95,7 +95,7 @@ def entry_point_parser(script: str) -> argparse.ArgumentParser:
     return build_parser(script, "", ENTRY_POINT_RECIPES[script])
 
 
-def describe_data(data: DataConfig) -> FeatureDescription:
+def _describe_data(data: DataConfig) -> FeatureDescription:
     """The features of the data the (validated) flags name; the source's errors (a
     spec or metadata.json) as the flag naming it."""
     source = source_for(data)
@@ -157,7 +157,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     run = values(TrainConfig)
     data = DataConfig(**values(DataConfig), seed=run["seed"])
     data.validate()  # the source's path and flags, before the source describes its features
-    features = describe_data(data)
+    features = _describe_data(data)
     cardinalities = list(features.cardinalities) if features.cardinalities is not None else None
     validate_at_epoch_end, test_at_end = ReferenceEvaluation(**values(ReferenceEvaluation)).schedule()
     recipe = RECIPES.get(args.recipe or "")

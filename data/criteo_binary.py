@@ -93,6 +93,10 @@ class CriteoBinaryDataset:
         self.rows_per_day = [d[0].shape[0] for d in self._days]
         self.day_starts = np.concatenate([[0], np.cumsum(self.rows_per_day)])
         self._check_rows_per_day()
+        listed_hotness = self.metadata.multi_hot_sizes if self.metadata else None
+        if multi_hot and listed_hotness is not None and listed_hotness != self.hotness:
+            raise BadInput(f"{multi_hot_file(directory, 0)}: bags of {self.hotness} ids, but {METADATA_FILE} "
+                           f"says multi_hot_sizes {listed_hotness}")
         for split, (start, stop) in self.split_ranges().items():
             if start == stop:
                 raise BadInput(f"{directory}: the {split} split has no rows "

@@ -234,7 +234,11 @@ class CriteoDays(_BinaryDataSource):
         from data.criteo_layout import read_metadata
         metadata = read_metadata(str(self.path))
         return _criteo_description(metadata.num_embeddings_per_feature if metadata else None,
-                                   self.config.multi_hot_sizes)
+                                   self._hotness(metadata))
+
+    def _hotness(self, metadata: Any) -> Optional[List[int]]:
+        """Ids per row of each feature: --multi_hot_sizes' bags, else one."""
+        return self.config.multi_hot_sizes
 
     def _dataset(self) -> Any:
         from data.criteo_binary import CriteoBinaryDataset
@@ -252,11 +256,9 @@ class CriteoMultiHotDays(CriteoDays):
         raise FlagError(f"{option(self.config, 'multi_hot_sizes')} expands one-hot data; "
                         f"{option(self.config, self.path_field)} data is multi-hot already")
 
-    def describe(self) -> FeatureDescription:
-        from data.criteo_layout import read_metadata
-        metadata = read_metadata(str(self.path))
-        return _criteo_description(metadata.num_embeddings_per_feature if metadata else None,
-                                   metadata.multi_hot_sizes if metadata else None)
+    def _hotness(self, metadata: Any) -> Optional[List[int]]:
+        """The bags' sizes metadata.json records (the dataset checks its files hold them)."""
+        return metadata.multi_hot_sizes if metadata else None
 
 
 class SplitBinarySpec(_BinaryDataSource):

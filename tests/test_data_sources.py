@@ -12,6 +12,7 @@ from typing import Callable, Dict, Optional
 import pytest
 
 from common.config_flags import FlagError, option
+from common.errors import BadInput
 from common.json_fields import FileFieldError, JsonObject
 from data.config import DataConfig
 from data.criteo_layout import (METADATA_VERSION, NUM_SPARSE_FEATURES, SPARSE_FEATURE_NAMES, CriteoMetadata,
@@ -210,6 +211,20 @@ def test_training_and_the_planner_refuse_a_lying_metadata(tmp_path, capsys):
                                        "rows_per_day lists 1 days but num_days is 2\n")
     with pytest.raises(FileFieldError, match=r"rows_per_day lists 1 days but num_days is 2$"):
         read_feature_spec(path)
+
+
+def test_multi_hot_files_must_hold_the_bags_metadata_records(tmp_path):
+    """describe() takes the hotness from metadata.json: opening the files checks it."""
+    directory = _multi_hot_days(str(tmp_path))
+    metadata = read_metadata(directory)
+    lying = [2] * NUM_SPARSE_FEATURES
+    write_metadata(directory, dataclasses.replace(metadata, multi_hot_sizes=lying))
+    source = source_for(DataConfig(synthetic_multi_hot_criteo_path=directory))
+    assert source.describe().hotness == tuple(lying)
+    with pytest.raises(BadInput) as error:
+        source.open()
+    assert str(error.value) == (f"{directory}/day_0_sparse_multi_hot.npz: bags of {MULTI_HOT_SIZES} ids, but "
+                                f"metadata.json says multi_hot_sizes {lying}")
 
 
 def test_the_planner_reads_a_generated_metadata_through_its_reader(tmp_path):

@@ -111,7 +111,7 @@ class PreprocessConfig:
             if self.frequency_threshold or self.num_embeddings_per_feature is not None:
                 raise BadInput("--vocabulary takes the frequency threshold and table sizes of the training run: "
                                "do not give --frequency_threshold or --num_embeddings_per_feature with it")
-            if not os.path.isfile(os.path.join(self.vocabulary, METADATA_FILE)):
+            if not os.path.isfile(metadata_file(self.vocabulary)):
                 raise BadInput(f"--vocabulary {self.vocabulary}: no {METADATA_FILE}; give the --output_dir of "
                                "the preprocess_criteo run that made the training data")
         if self.dataset_name not in DATASET_NAMES:
@@ -479,7 +479,7 @@ def preprocess(config: PreprocessConfig) -> CriteoMetadata:
     os.makedirs(config.output_dir, exist_ok=True)
     # What an earlier run left that this one will not own: its metadata (rewritten at
     # the end), the days beyond this run's, and a vocabulary this run does not use.
-    stale = [os.path.join(config.output_dir, METADATA_FILE)]
+    stale = [metadata_file(config.output_dir)]
     if config.frequency_threshold == 0:
         stale.append(os.path.join(config.output_dir, VOCABULARY_FILE))
     for path in stale:

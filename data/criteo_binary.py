@@ -265,7 +265,7 @@ class CriteoBinaryLoader:
         shuffle_batches_seed: when set, the order of batches is shuffled every epoch
             from (seed, epoch), identically on every rank: --shuffle_batches.
         mmap_mode: read batches lazily from the memory map, checking each batch's
-            values as it is read (``data.value_checks``; in memory, ``open_dataset``
+            values as it is read (``data.value_checks``; in memory, the source's ``check_values``
             checks every file when the data set is opened).
         num_embeddings_per_feature: ids at or above a table's size are taken modulo it.
         limit_batches: stop after this many batches.

@@ -21,6 +21,7 @@ from typing import Dict, List
 
 import torch
 
+from data.criteo_layout import NUM_DENSE_FEATURES
 from models import ModelConfig, build_dlrm_train
 from serving.export import export_program
 from serving.inference_model import ProbabilityModel
@@ -35,7 +36,7 @@ def _int_list(text: str) -> List[int]:
 def measure(num_features: int, rows: int, concatenated_tables: bool, directory: str, repeats: int) -> Dict:
     """Exports one model and loads it ``repeats`` times; returns its figures."""
     names = [f"cat_{f}" for f in range(num_features)]
-    config = ModelConfig([rows] * num_features, sparse_feature_names=names)
+    config = ModelConfig([rows] * num_features, sparse_feature_names=names, dense_in_features=NUM_DENSE_FEATURES)
     dlrm = build_dlrm_train(config, embedding_device=torch.device("cpu")).model
     model = ProbabilityModel(dlrm, names, concatenated_tables=concatenated_tables)
     example = (torch.zeros(4, config.dense_in_features), torch.zeros(4, num_features, dtype=torch.int64))

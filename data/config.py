@@ -4,18 +4,18 @@ Imports neither torch nor torchrec, so that the entry points answer --help and b
 flags before loading them; the loaders are built by data/loaders.py.
 """
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, List, Optional, Protocol
 
 from common.config_flags import FlagError, check_choices, flag, option
 from data.criteo_layout import NUM_SPARSE_FEATURES
-from data.multi_hot import MULTI_HOT_DISTRIBUTIONS
 
 # Choices of the Parquet flags (data/parquet_columns.py implements them; that module
 # needs pyarrow, this one must not).
 DENSE_TRANSFORMS = ("log1p", "none")
 ID_HASHING = ("hash", "modulo")
+# Offsets of the extra ids of --multi_hot_sizes bags (data/multi_hot.py draws them).
+MULTI_HOT_DISTRIBUTIONS = ("uniform", "pareto")
 
 if TYPE_CHECKING:
     from torchrec.datasets.utils import Batch
@@ -34,10 +34,6 @@ class BatchLoader(Protocol):
     def __iter__(self) -> Iterator["Batch"]: ...
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None: ...
-
-
-# The flags that name the data (one of them at most).
-DATA_SOURCE_FIELDS = ("in_memory_binary_criteo_path", "synthetic_multi_hot_criteo_path", "dataset_path")
 
 
 @dataclass
@@ -136,33 +132,12 @@ class DataConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise FlagError(f"{option(self, name)} must not be negative, got {value}")
-        for name in ("in_memory_binary_criteo_path", "synthetic_multi_hot_criteo_path"):
-            path = getattr(self, name)
-            if path is not None and not os.path.isdir(path):
-                raise FlagError(f"{option(self, name)} {path}: no such directory")
-        if self.dataset_path is not None and not os.path.isfile(self.dataset_path):
-            raise FlagError(f"{option(self, 'dataset_path')} {self.dataset_path}: no such file "
-                            "(give PATH/feature_spec.yaml)")
-        given = [option(self, name) for name in DATA_SOURCE_FIELDS if getattr(self, name)]
-        if len(given) > 1:
-            raise FlagError(f"give one data path, not {' and '.join(given)}")
-        sizes, distribution = option(self, "multi_hot_sizes"), option(self, "multi_hot_distribution_type")
-        if self.weight_column is not None and not self.dataset_path:
-            raise FlagError(f"{option(self, 'weight_column')} needs {option(self, 'dataset_path')} "
-                            "(Criteo and random data have no weights)")
-        if self.multi_hot_sizes is not None and self.dataset_path:
-            raise FlagError(f"{sizes} expands Criteo data; with --dataset_path give hotness in the spec")
-        if self.multi_hot_sizes is not None:
-            if self.synthetic_multi_hot_criteo_path:
-                raise FlagError(f"{sizes} expands one-hot data; "
-                                "--synthetic_multi_hot_criteo_path data is multi-hot already")
-            if len(self.multi_hot_sizes) != NUM_SPARSE_FEATURES:
-                raise FlagError(f"{sizes} has {len(self.multi_hot_sizes)} values but the data has "
-                                f"{NUM_SPARSE_FEATURES} categorical features")
-            if min(self.multi_hot_sizes) <= 0:
-                raise FlagError(f"{sizes} values must be positive, got {min(self.multi_hot_sizes)}")
-        elif self.multi_hot_distribution_type is not None:
-            raise FlagError(f"{distribution} needs {sizes}")
+        if self.multi_hot_distribution_type is not None and self.multi_hot_sizes is None:
+            raise FlagError(f"{option(self, 'multi_hot_distribution_type')} needs {option(self, 'multi_hot_sizes')}")
+        # What depends on the source: its path, and the flags it can honour. Imported
+        # here: data.sources imports this module.
+        from data.sources import source_for
+        source_for(self).check_flags()
 
     def limit(self, split: str) -> Optional[int]:
         return {"train": self.limit_train_batches, "validation": self.limit_val_batches,

@@ -93,6 +93,10 @@ class CriteoBinaryDataset:
         self.rows_per_day = [d[0].shape[0] for d in self._days]
         self.day_starts = np.concatenate([[0], np.cumsum(self.rows_per_day)])
         self._check_rows_per_day()
+        listed_hotness = self.metadata.multi_hot_sizes if self.metadata else None
+        if multi_hot and listed_hotness is not None and listed_hotness != self.hotness:
+            raise BadInput(f"{multi_hot_file(directory, 0)}: bags of {self.hotness} ids, but {METADATA_FILE} "
+                           f"says multi_hot_sizes {listed_hotness}")
         for split, (start, stop) in self.split_ranges().items():
             if start == stop:
                 raise BadInput(f"{directory}: the {split} split has no rows "
@@ -107,9 +111,9 @@ class CriteoBinaryDataset:
                 raise BadInput(f"{self.directory}: preprocessing did not finish (day markers but no "
                                  f"{METADATA_FILE}); run it again")
             return None
-        if "num_days" not in self.metadata:
+        listed = self.metadata.num_days
+        if listed is None:
             return None
-        listed = int(self.metadata["num_days"])
         leftovers = day_files_from(self.directory, listed)
         if leftovers:
             raise BadInput(f"{leftovers[0]}: not part of the data set ({METADATA_FILE} lists days 0 to "
@@ -117,7 +121,7 @@ class CriteoBinaryDataset:
         return listed
 
     def _check_rows_per_day(self) -> None:
-        listed = (self.metadata or {}).get("rows_per_day")
+        listed = self.metadata.rows_per_day if self.metadata else None
         if listed is None:
             return
         for day, (rows, expected) in enumerate(zip(self.rows_per_day, listed)):
@@ -176,9 +180,7 @@ class CriteoBinaryDataset:
     @property
     def num_embeddings_per_feature(self) -> Optional[List[int]]:
         """Cardinalities recorded in metadata.json, if any."""
-        if self.metadata and "num_embeddings_per_feature" in self.metadata:
-            return [int(v) for v in self.metadata["num_embeddings_per_feature"]]
-        return None
+        return self.metadata.num_embeddings_per_feature if self.metadata else None
 
     def split_ranges(self) -> dict:
         """{"train" | "validation" | "test": (start, stop)} in global row numbers."""
@@ -263,7 +265,7 @@ class CriteoBinaryLoader:
         shuffle_batches_seed: when set, the order of batches is shuffled every epoch
             from (seed, epoch), identically on every rank: --shuffle_batches.
         mmap_mode: read batches lazily from the memory map, checking each batch's
-            values as it is read (``data.value_checks``; in memory, ``open_dataset``
+            values as it is read (``data.value_checks``; in memory, the source's ``check_values``
             checks every file when the data set is opened).
         num_embeddings_per_feature: ids at or above a table's size are taken modulo it.
         limit_batches: stop after this many batches.

@@ -1,4 +1,5 @@
-"""The data sets and per-rank loaders the data flags (`data.config.DataConfig`) name."""
+"""The per-rank loaders of the binary data sets and of random data (the sources of
+data/sources.py that open them call these)."""
 
 from typing import Dict, List, Optional, Union
 
@@ -9,31 +10,6 @@ from data.multi_hot import MultiHotExpander
 from data.random_data import RandomCriteoLoader
 from data.split_binary import SplitBinaryDataset
 from data.value_checks import check_value_files
-
-
-def open_dataset(config: DataConfig,
-                 check_values: bool = True) -> Optional[Union[CriteoBinaryDataset, SplitBinaryDataset]]:
-    """The binary data set the flags name, or None for random data.
-
-    Checks the files against their layout and what the data set declares (days,
-    rows, non-empty splits); and with ``check_values``, `check_dataset_values`.
-    Every rank opens the same files, so bad data fails on every rank alike.
-
-    Raises:
-        BadInput: one line naming the file (and row and column for a bad value).
-    """
-    dataset: Union[CriteoBinaryDataset, SplitBinaryDataset]
-    if config.dataset_path is not None:
-        dataset = SplitBinaryDataset(config.dataset_path, config.weight_column)
-    elif config.synthetic_multi_hot_criteo_path is not None:
-        dataset = CriteoBinaryDataset(config.synthetic_multi_hot_criteo_path, multi_hot=True)
-    elif config.in_memory_binary_criteo_path is not None:
-        dataset = CriteoBinaryDataset(config.in_memory_binary_criteo_path)
-    else:
-        return None
-    if check_values:
-        check_dataset_values(config, dataset)
-    return dataset
 
 
 def check_dataset_values(config: DataConfig,

@@ -20,9 +20,7 @@ import numpy as np
 
 from common.atomic import atomic_path
 from common.errors import BadInput
-
-
-MULTI_HOT_DISTRIBUTIONS = ("uniform", "pareto")
+from data.config import MULTI_HOT_DISTRIBUTIONS
 _OFFSET_ROWS = 65536
 
 

@@ -59,9 +59,8 @@ import numpy as np
 from common.atomic import atomic_path, naming_write_errors, write_json
 from common.cli import OneLineParser, cli_main, int_list
 from common.errors import BadInput
-from common.json_fields import INTEGER, JsonObject, int_list as int_list_kind, optional
-from data.criteo_layout import (METADATA_FILE, NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, day_file, done_marker,
-                                remove_day_files_from)
+from data.criteo_layout import (METADATA_FILE, NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, CriteoMetadata, day_file,
+                                done_marker, metadata_file, read_metadata, remove_day_files_from, write_metadata)
 from data.criteo_transforms import (DENSE_OFFSET, VOCABULARY_FILE, read_vocabulary, transform_dense, transform_sparse,
                                     vocabulary_arrays)
 from data.criteo_tsv import parse_criteo_lines
@@ -112,7 +111,7 @@ class PreprocessConfig:
             if self.frequency_threshold or self.num_embeddings_per_feature is not None:
                 raise BadInput("--vocabulary takes the frequency threshold and table sizes of the training run: "
                                "do not give --frequency_threshold or --num_embeddings_per_feature with it")
-            if not os.path.isfile(os.path.join(self.vocabulary, METADATA_FILE)):
+            if not os.path.isfile(metadata_file(self.vocabulary)):
                 raise BadInput(f"--vocabulary {self.vocabulary}: no {METADATA_FILE}; give the --output_dir of "
                                "the preprocess_criteo run that made the training data")
         if self.dataset_name not in DATASET_NAMES:
@@ -154,29 +153,14 @@ class PreprocessConfig:
         return digest.hexdigest()
 
 
-@dataclass
-class TrainingRun:
-    """What --vocabulary takes from the training data's run (its metadata.json).
-
-    Args:
-        frequency_threshold: 0, or its vocabulary's threshold.
-        modulo: the table sizes its ids were taken modulo, if any.
-        num_embeddings_per_feature: its table sizes (the checkpoint's).
-    """
-
-    frequency_threshold: int
-    modulo: Optional[List[int]]
-    num_embeddings_per_feature: List[int]
-
-    @classmethod
-    def read(cls, directory: str) -> "TrainingRun":
-        path = os.path.join(directory, METADATA_FILE)
-        with open(path, "rb") as f:
-            document, _ = JsonObject.versioned(f.read(), path, "preprocess_criteo's metadata.json", current=1)
-        sizes = int_list_kind(NUM_SPARSE_FEATURES, minimum=1)
-        return cls(document.get("frequency_threshold", INTEGER),
-                   document.get("modulo_num_embeddings_per_feature", optional(sizes), None),
-                   document.get("num_embeddings_per_feature", sizes))
+def _training_run(directory: str) -> CriteoMetadata:
+    """What --vocabulary takes from the training data's run: its metadata.json's
+    frequency threshold, modulo and table sizes (the checkpoint's)."""
+    metadata = read_metadata(directory)
+    if metadata is None or metadata.num_embeddings_per_feature is None:
+        raise BadInput(f"{metadata_file(directory)}: records no num_embeddings_per_feature; give the --output_dir "
+                       "of the preprocess_criteo run that made the training data")
+    return metadata
 
 
 def _count_lines(path: str, chunk_bytes: int) -> int:
@@ -483,19 +467,19 @@ def _copy_training_vocabulary(config: PreprocessConfig) -> List[np.ndarray]:
     return vocabulary
 
 
-def preprocess(config: PreprocessConfig) -> Dict[str, object]:
+def preprocess(config: PreprocessConfig) -> CriteoMetadata:
     """Runs both passes; returns the metadata written to metadata.json."""
     config.validate()
     training_run = None
     if config.vocabulary is not None:
-        training_run = TrainingRun.read(config.vocabulary)
+        training_run = _training_run(config.vocabulary)
         config = dataclasses.replace(config, frequency_threshold=training_run.frequency_threshold,
-                                     num_embeddings_per_feature=training_run.modulo)
+                                     num_embeddings_per_feature=training_run.modulo_num_embeddings_per_feature)
     sources = discover_sources(config)
     os.makedirs(config.output_dir, exist_ok=True)
     # What an earlier run left that this one will not own: its metadata (rewritten at
     # the end), the days beyond this run's, and a vocabulary this run does not use.
-    stale = [os.path.join(config.output_dir, METADATA_FILE)]
+    stale = [metadata_file(config.output_dir)]
     if config.frequency_threshold == 0:
         stale.append(os.path.join(config.output_dir, VOCABULARY_FILE))
     for path in stale:
@@ -536,23 +520,19 @@ def preprocess(config: PreprocessConfig) -> Dict[str, object]:
     for source, result in zip(sources, ordered):
         key = source.name if config.dataset_name == "criteo_1t" else f"{source.name} (day {source.day})"
         bad_lines[key] = result.bad_lines
-    metadata: Dict[str, object] = {
-        "format": "criteo_binary",
-        "format_version": 1,
-        "dataset_name": config.dataset_name,
-        "num_days": len(sources),
-        "rows_per_day": [r.rows for r in ordered],
-        "num_dense_features": NUM_DENSE_FEATURES,
-        "num_sparse_features": NUM_SPARSE_FEATURES,
-        "num_embeddings_per_feature": [int(c) for c in cardinalities],
-        "dense_transform": f"log(max(x, 0) + {DENSE_OFFSET:g})",
-        "frequency_threshold": config.frequency_threshold,
-        "modulo_num_embeddings_per_feature": config.num_embeddings_per_feature,
-        "bad_lines": bad_lines,
-        "split": "days 0..N-2 train; day N-1: first half validation, second half test",
-        "vocabulary_from": config.vocabulary,
-    }
-    write_json(os.path.join(config.output_dir, METADATA_FILE), metadata)
+    metadata = CriteoMetadata(
+        num_days=len(sources),
+        rows_per_day=[r.rows for r in ordered],
+        num_embeddings_per_feature=[int(c) for c in cardinalities],
+        dataset_name=config.dataset_name,
+        dense_transform=f"log(max(x, 0) + {DENSE_OFFSET:g})",
+        frequency_threshold=config.frequency_threshold,
+        modulo_num_embeddings_per_feature=config.num_embeddings_per_feature,
+        bad_lines=bad_lines,
+        split="days 0..N-2 train; day N-1: first half validation, second half test",
+        vocabulary_from=config.vocabulary,
+    )
+    write_metadata(config.output_dir, metadata)
     return metadata
 
 
@@ -591,10 +571,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         metadata = preprocess(config)
     except OSError as e:  # a full disk, say: the message names the file
         raise BadInput(str(e)) from e
-    rows = metadata["rows_per_day"]
-    print(f"wrote {sum(rows)} rows in {len(rows)} days to {config.output_dir}; "  # type: ignore[arg-type]
-          f"bad lines skipped: {sum(metadata['bad_lines'].values())}")  # type: ignore[union-attr]
-    print("num_embeddings_per_feature: " + ",".join(map(str, metadata["num_embeddings_per_feature"])))  # type: ignore[arg-type]
+    rows, sizes, bad_lines = metadata.rows_per_day or [], metadata.num_embeddings_per_feature or [], metadata.bad_lines or {}
+    print(f"wrote {sum(rows)} rows in {len(rows)} days to {config.output_dir}; "
+          f"bad lines skipped: {sum(bad_lines.values())}")
+    print("num_embeddings_per_feature: " + ",".join(map(str, sizes)))
     return 0
 
 

@@ -12,11 +12,13 @@ This module imports no torch at import time: flags, sweeps and the
 torchx components consult the registry without them.
 """
 
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type
 
-from common.config_flags import FlagError
+from common.config_flags import FlagError, option
+from common.json_fields import FileFieldError, JsonObject, int_list, optional, text_list
 from data.config import BatchLoader, DataConfig
 
 
@@ -43,6 +45,26 @@ class FeatureDescription:
     def num_dense_features(self) -> int:
         return len(self.dense_feature_names)
 
+    @classmethod
+    def read(cls, recorded: JsonObject) -> "FeatureDescription":
+        """What ``dataclasses.asdict`` of one gave, as JSON (a checkpoint's meta.json
+        records it), checked field by field.
+
+        Raises:
+            FileFieldError: one line naming the file and the field.
+        """
+        sparse = recorded.get("sparse_feature_names", text_list())
+        per_feature = optional(int_list(len(sparse), minimum=1))
+        description = cls(tuple(recorded.get("dense_feature_names", text_list(allow_empty=True))), tuple(sparse),
+                          _tuple(recorded.get("cardinalities", per_feature)), _tuple(recorded.get("hotness", per_feature)))
+        if len(set(sparse)) != len(sparse):
+            raise FileFieldError(f"{recorded.path}: {recorded.where}.sparse_feature_names has a name twice")
+        return description
+
+
+def _tuple(values: Optional[List[int]]) -> Optional[Tuple[int, ...]]:
+    return None if values is None else tuple(values)
+
 
 class DataSource(ABC):
     """One kind of data: its flag, its feature description, its files and loaders.
@@ -58,6 +80,8 @@ class DataSource(ABC):
     # The serving input layout (a key of serving.input_layouts.LAYOUTS) of a model
     # trained on it.
     serving_layout: ClassVar[str]
+    # Whether its rows can carry sample weights (--weight_column).
+    has_weights: ClassVar[bool] = False
 
     def __init__(self, config: DataConfig) -> None:
         self.config = config
@@ -67,7 +91,21 @@ class DataSource(ABC):
         return getattr(self.config, self.path_field) if self.path_field else None
 
     def check_flags(self) -> None:
-        """Refuses flag combinations this source cannot honour (FlagError, one line)."""
+        """Refuses flag combinations this source cannot honour (FlagError, one line);
+        `DataConfig.validate` calls it after the checks every source shares. A source
+        checks its path, then calls this."""
+        config = self.config
+        if config.weight_column is not None and not self.has_weights:
+            weighted = " or ".join(option(config, s.path_field) for s in SOURCES.values() if s.has_weights)
+            raise FlagError(f"{option(config, 'weight_column')} needs data with sample weights ({weighted}); "
+                            f"{self.name} data has none")
+        if config.multi_hot_sizes is not None:
+            self.check_multi_hot_sizes()
+
+    def check_multi_hot_sizes(self) -> None:
+        """--multi_hot_sizes is given: refused unless the source expands one-hot ids."""
+        raise FlagError(f"{option(self.config, 'multi_hot_sizes')} expands one-hot Criteo data, "
+                        f"not {self.name} data")
 
     @abstractmethod
     def describe(self) -> FeatureDescription:
@@ -81,10 +119,19 @@ class DataSource(ABC):
     @abstractmethod
     def open(self, check_values: bool = True) -> Any:
         """The data set (files opened and checked against their layout); with
-        ``check_values`` every value is checked where the source can do it up front.
+        ``check_values``, `check_values` too.
 
         Raises:
             BadInput: one line naming the file (and row and column of a bad value).
+        """
+
+    def check_values(self, dataset: Any) -> None:
+        """Checks every value of what `open` returned where the source can do it up
+        front (the trainer calls it after its start-up report: it may read every file);
+        a source that checks values as it reads them does nothing here.
+
+        Raises:
+            BadInput: one line naming the file, row and column of a bad value.
         """
 
     @abstractmethod
@@ -101,6 +148,25 @@ class DataSource(ABC):
                         f"not {self.name} data")
 
 
+def _check_multi_hot_expansion(config: DataConfig) -> None:
+    """--multi_hot_sizes expands one-hot Criteo-shaped data: one positive bag size per
+    categorical feature."""
+    from data.criteo_layout import NUM_SPARSE_FEATURES
+    sizes = option(config, "multi_hot_sizes")
+    assert config.multi_hot_sizes is not None
+    if len(config.multi_hot_sizes) != NUM_SPARSE_FEATURES:
+        raise FlagError(f"{sizes} has {len(config.multi_hot_sizes)} values but the data has "
+                        f"{NUM_SPARSE_FEATURES} categorical features")
+    if min(config.multi_hot_sizes) <= 0:
+        raise FlagError(f"{sizes} values must be positive, got {min(config.multi_hot_sizes)}")
+
+
+def _criteo_description(cardinalities: Optional[List[int]], hotness: Optional[List[int]]) -> FeatureDescription:
+    from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES
+    return FeatureDescription(tuple(DENSE_FEATURE_NAMES), tuple(SPARSE_FEATURE_NAMES), _tuple(cardinalities),
+                              _tuple(hotness))
+
+
 class RandomData(DataSource):
     """Uniform random rows of Criteo's shape (no path flag)."""
 
@@ -108,9 +174,11 @@ class RandomData(DataSource):
     path_field = None
     serving_layout = "criteo_raw"
 
+    def check_multi_hot_sizes(self) -> None:
+        _check_multi_hot_expansion(self.config)
+
     def describe(self) -> FeatureDescription:
-        from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES
-        return FeatureDescription(tuple(DENSE_FEATURE_NAMES), tuple(SPARSE_FEATURE_NAMES))
+        return _criteo_description(None, self.config.multi_hot_sizes)
 
     def open(self, check_values: bool = True) -> Any:
         return None
@@ -122,12 +190,23 @@ class RandomData(DataSource):
 
 
 class _BinaryDataSource(DataSource):
-    """The sources data/loaders.py opens (Criteo day binaries, MLPerf multi-hot,
-    split_binary feature specs)."""
+    """The sources whose files data/criteo_binary.py and data/split_binary.py read and
+    data/loaders.py batches (Criteo day binaries, MLPerf multi-hot, split_binary
+    feature specs)."""
+
+    @abstractmethod
+    def _dataset(self) -> Any:
+        """The files opened and checked against their layout."""
 
     def open(self, check_values: bool = True) -> Any:
-        from data.loaders import open_dataset
-        return open_dataset(self.config, check_values)
+        dataset = self._dataset()
+        if check_values:
+            self.check_values(dataset)
+        return dataset
+
+    def check_values(self, dataset: Any) -> None:
+        from data.loaders import check_dataset_values
+        check_dataset_values(self.config, dataset)
 
     def loaders(self, dataset: Any, num_embeddings_per_feature: List[int], rank: int,
                 world_size: int) -> Dict[str, BatchLoader]:
@@ -141,13 +220,29 @@ class CriteoDays(_BinaryDataSource):
     name = "criteo_binary"
     path_field = "in_memory_binary_criteo_path"
     serving_layout = "criteo_raw"
+    multi_hot = False
+
+    def check_flags(self) -> None:
+        if not os.path.isdir(str(self.path)):
+            raise FlagError(f"{option(self.config, self.path_field)} {self.path}: no such directory")
+        super().check_flags()
+
+    def check_multi_hot_sizes(self) -> None:
+        _check_multi_hot_expansion(self.config)
 
     def describe(self) -> FeatureDescription:
-        from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES, read_metadata
-        metadata = read_metadata(self.path) or {}
-        sizes = metadata.get("num_embeddings_per_feature")
-        return FeatureDescription(tuple(DENSE_FEATURE_NAMES), tuple(SPARSE_FEATURE_NAMES),
-                                  tuple(int(v) for v in sizes) if sizes else None)
+        from data.criteo_layout import read_metadata
+        metadata = read_metadata(str(self.path))
+        return _criteo_description(metadata.num_embeddings_per_feature if metadata else None,
+                                   self._hotness(metadata))
+
+    def _hotness(self, metadata: Any) -> Optional[List[int]]:
+        """Ids per row of each feature: --multi_hot_sizes' bags, else one."""
+        return self.config.multi_hot_sizes
+
+    def _dataset(self) -> Any:
+        from data.criteo_binary import CriteoBinaryDataset
+        return CriteoBinaryDataset(str(self.path), multi_hot=self.multi_hot)
 
 
 class CriteoMultiHotDays(CriteoDays):
@@ -155,6 +250,15 @@ class CriteoMultiHotDays(CriteoDays):
 
     name = "criteo_multi_hot"
     path_field = "synthetic_multi_hot_criteo_path"
+    multi_hot = True
+
+    def check_multi_hot_sizes(self) -> None:
+        raise FlagError(f"{option(self.config, 'multi_hot_sizes')} expands one-hot data; "
+                        f"{option(self.config, self.path_field)} data is multi-hot already")
+
+    def _hotness(self, metadata: Any) -> Optional[List[int]]:
+        """The bags' sizes metadata.json records (the dataset checks its files hold them)."""
+        return metadata.multi_hot_sizes if metadata else None
 
 
 class SplitBinarySpec(_BinaryDataSource):
@@ -163,11 +267,27 @@ class SplitBinarySpec(_BinaryDataSource):
     name = "split_binary"
     path_field = "dataset_path"
     serving_layout = "feature_spec_csv"
+    has_weights = True  # the spec's channel_spec weight
+
+    def check_flags(self) -> None:
+        if not os.path.isfile(str(self.path)):
+            raise FlagError(f"{option(self.config, self.path_field)} {self.path}: no such file "
+                            "(give PATH/feature_spec.yaml)")
+        super().check_flags()
+
+    def check_multi_hot_sizes(self) -> None:
+        raise FlagError(f"{option(self.config, 'multi_hot_sizes')} expands Criteo data; "
+                        f"with {option(self.config, self.path_field)} give hotness in the spec")
 
     def describe(self) -> FeatureDescription:
         from data.feature_spec import FeatureSpec
-        spec = FeatureSpec.load(self.path)
-        return FeatureDescription(tuple(spec.numerical), tuple(spec.categorical), tuple(spec.cardinalities))
+        spec = FeatureSpec.load(str(self.path))
+        return FeatureDescription(tuple(spec.numerical), tuple(spec.categorical), tuple(spec.cardinalities),
+                                  tuple(spec.hotness(name) for name in spec.categorical))
+
+    def _dataset(self) -> Any:
+        from data.split_binary import SplitBinaryDataset
+        return SplitBinaryDataset(str(self.path), self.config.weight_column)
 
 
 SOURCES: Dict[str, Type[DataSource]] = {
@@ -178,8 +298,12 @@ DATA_PATH_FIELDS: Tuple[str, ...] = tuple(s.path_field for s in SOURCES.values()
 
 
 def source_for(config: DataConfig) -> DataSource:
-    """The source the flags name: the one whose path flag is set, else random data."""
-    for source in SOURCES.values():
-        if source.path_field and getattr(config, source.path_field):
-            return source(config)
-    return RandomData(config)
+    """The source the flags name: the one whose path flag is set, else random data.
+
+    Raises:
+        FlagError: when more than one path flag is set.
+    """
+    named = [source for source in SOURCES.values() if source.path_field and getattr(config, source.path_field)]
+    if len(named) > 1:
+        raise FlagError(f"give one data path, not {' and '.join(option(config, s.path_field) for s in named)}")
+    return named[0](config) if named else RandomData(config)

@@ -25,17 +25,19 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from common.atomic import atomic_path, write_json
+from common.atomic import atomic_path
 from common.cli import OneLineParser, cli_main, int_list
 from common.errors import BadInput
 from data.criteo_layout import (
-    METADATA_FILE,
     NUM_DENSE_FEATURES,
     NUM_SPARSE_FEATURES,
+    CriteoMetadata,
     day_file,
+    metadata_file,
     multi_hot_file,
     read_metadata,
     remove_day_files_from,
+    write_metadata,
 )
 
 # Table sizes from 4 to 40k rows: a spread like Criteo's, small enough to train in minutes.
@@ -43,8 +45,6 @@ DEFAULT_CARDINALITIES: List[int] = [
     1000, 500, 20000, 10000, 200, 50, 5000, 300, 100, 30000, 2000, 8000, 20,
     600, 100, 40000, 10, 3000, 1500, 15000, 4, 9000, 12000, 100, 700, 25000,
 ]
-FORMAT_NAME = "criteo_binary"
-FORMAT_VERSION = 1
 _CHUNK_ROWS = 65536
 
 
@@ -231,14 +231,12 @@ def _fill_day(spec: SyntheticCriteoSpec, model: _HiddenModel, rng: np.random.Gen
     return positives
 
 
-def _start_replacing(output_dir: str) -> str:
+def _start_replacing(output_dir: str) -> None:
     """Removes the directory's metadata.json (the data set there is not complete until
-    it is rewritten); returns its path."""
+    it is rewritten)."""
     os.makedirs(output_dir, exist_ok=True)
-    metadata_path = os.path.join(output_dir, METADATA_FILE)
-    if os.path.exists(metadata_path):
-        os.remove(metadata_path)
-    return metadata_path
+    if os.path.exists(metadata_file(output_dir)):
+        os.remove(metadata_file(output_dir))
 
 
 def _spec_record(spec: SyntheticCriteoSpec) -> Dict[str, object]:
@@ -247,14 +245,14 @@ def _spec_record(spec: SyntheticCriteoSpec) -> Dict[str, object]:
 
 def generate_synthetic_criteo(
     spec: SyntheticCriteoSpec, output_dir: str, show_progress: bool = True
-) -> Dict[str, object]:
+) -> CriteoMetadata:
     """Writes the data set to ``output_dir`` unless an identical one is already there.
 
     The metadata file is written last, so a directory with a metadata.json whose
     generator record matches ``spec`` is complete.
 
     Returns:
-        the metadata dictionary (also in ``output_dir/metadata.json``).
+        the metadata (also in ``output_dir/metadata.json``).
 
     Example::
 
@@ -262,9 +260,9 @@ def generate_synthetic_criteo(
     """
     spec.validate()
     existing = read_metadata(output_dir) if os.path.isdir(output_dir) else None
-    if existing is not None and existing.get("generator") == _spec_record(spec):
+    if existing is not None and existing.generator == _spec_record(spec):
         return existing
-    metadata_path = _start_replacing(output_dir)
+    _start_replacing(output_dir)
     remove_day_files_from(output_dir, spec.num_days)  # an earlier, longer data set's days
     model = _hidden_model(spec)
     days = range(spec.num_days)
@@ -274,23 +272,15 @@ def generate_synthetic_criteo(
         days = tqdm(days, desc="generating synthetic Criteo days", unit="day")
     positives = sum(_write_day(spec, model, output_dir, day) for day in days)
     total = spec.num_days * spec.rows_per_day
-    metadata: Dict[str, object] = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "num_days": spec.num_days,
-        "rows_per_day": [spec.rows_per_day] * spec.num_days,
-        "num_dense_features": NUM_DENSE_FEATURES,
-        "num_sparse_features": NUM_SPARSE_FEATURES,
-        "num_embeddings_per_feature": list(spec.cardinalities),
-        "positive_rate": positives / total,
-        "generator": _spec_record(spec),
-    }
-    write_json(metadata_path, metadata)
+    metadata = CriteoMetadata(num_days=spec.num_days, rows_per_day=[spec.rows_per_day] * spec.num_days,
+                              num_embeddings_per_feature=list(spec.cardinalities), positive_rate=positives / total,
+                              generator=_spec_record(spec))
+    write_metadata(output_dir, metadata)
     return metadata
 
 
 def generate_multi_hot_criteo(spec: SyntheticCriteoSpec, output_dir: str, hotness: Sequence[int],
-                              distribution: str = "uniform") -> Dict[str, object]:
+                              distribution: str = "uniform") -> CriteoMetadata:
     """Writes the MLPerf DLRM-DCNv2 multi-hot layout: per day dense and labels .npy and
     ``day_{i}_sparse_multi_hot.npz`` (26 int32 arrays (N, k_f), keys "0".."25"). Each
     bag holds the one-hot data's id first, then ids from `MultiHotExpander`."""
@@ -299,7 +289,7 @@ def generate_multi_hot_criteo(spec: SyntheticCriteoSpec, output_dir: str, hotnes
     from data.multi_hot import MultiHotExpander, write_multi_hot_npz
 
     spec.validate()
-    metadata_path = _start_replacing(output_dir)
+    _start_replacing(output_dir)
     remove_day_files_from(output_dir, spec.num_days)
     one_hot_dir = os.path.join(output_dir, ".one_hot")
     metadata = generate_synthetic_criteo(spec, one_hot_dir, show_progress=False)
@@ -310,8 +300,8 @@ def generate_multi_hot_criteo(spec: SyntheticCriteoSpec, output_dir: str, hotnes
         for kind in ("dense", "labels"):
             shutil.copyfile(day_file(one_hot_dir, day, kind), day_file(output_dir, day, kind))
     shutil.rmtree(one_hot_dir)
-    metadata = {**metadata, "multi_hot_sizes": list(hotness), "multi_hot_distribution_type": distribution}
-    write_json(metadata_path, metadata)
+    metadata = dataclasses.replace(metadata, multi_hot_sizes=list(hotness), multi_hot_distribution_type=distribution)
+    write_metadata(output_dir, metadata)
     return metadata
 
 
@@ -367,10 +357,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         metadata = generate_synthetic_criteo(spec, args.output_dir)
     except OSError as e:  # a full disk, say: the message names the file
         raise BadInput(str(e)) from e
-    rows = sum(metadata["rows_per_day"])  # type: ignore[arg-type]
     print(
-        f"synthetic Criteo data: {rows} rows in {metadata['num_days']} days at {args.output_dir} "
-        f"(positive rate {metadata['positive_rate']:.3f})"
+        f"synthetic Criteo data: {sum(metadata.rows_per_day or [])} rows in {metadata.num_days} days at "
+        f"{args.output_dir} (positive rate {metadata.positive_rate:.3f})"
     )
     return 0
 

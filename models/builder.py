@@ -104,7 +104,8 @@ def build_dlrm_train(
 
     Example::
 
-        model = build_dlrm_train(ModelConfig(num_embeddings_per_feature=[100] * NUM_SPARSE_FEATURES))
+        model = build_dlrm_train(ModelConfig(num_embeddings_per_feature=[100, 200],
+                                             sparse_feature_names=["user", "item"], dense_in_features=13))
     """
     config.validate()
     ebc = EmbeddingBagCollection(

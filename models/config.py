@@ -1,10 +1,9 @@
 """The model's configuration: architecture sizes and table sizes, checked by `validate()`."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional
 
 from common.config_flags import FlagError, check_choices, flag, option
-from data.criteo_layout import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES
 
 
 INTERACTION_TYPES = ("original", "dcn", "projection")
@@ -70,6 +69,9 @@ class TableSizes:
 class ModelConfig:
     """Architecture of a DLRM-family model.
 
+    The features (names, numerical count) are the data's: its source describes them
+    (``data.sources``); the model knows no data set.
+
     Args:
         num_embeddings_per_feature: rows of each categorical feature's table, in the
             order of `sparse_feature_names`.
@@ -92,13 +94,14 @@ class ModelConfig:
 
     Example::
 
-        config = ModelConfig(num_embeddings_per_feature=[100] * len(SPARSE_FEATURE_NAMES))
+        config = ModelConfig(num_embeddings_per_feature=[100, 200], sparse_feature_names=["user", "item"],
+                             dense_in_features=13)
         config.validate()
     """
 
     num_embeddings_per_feature: List[int]
-    sparse_feature_names: List[str] = field(default_factory=lambda: list(SPARSE_FEATURE_NAMES))
-    dense_in_features: int = NUM_DENSE_FEATURES
+    sparse_feature_names: List[str]
+    dense_in_features: int
     embedding_dim: int = flag(64, help="width of every embedding table")
     embedding_precision: str = flag("fp32", choices=EMBEDDING_PRECISIONS,
                                     help="table weights in fp32 or fp16 (fp16 halves table memory)")

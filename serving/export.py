@@ -33,7 +33,7 @@ import errno
 import os
 import shutil
 import sys
-from typing import BinaryIO, Iterator, List, Optional, Sequence
+from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTableBatchedEmbeddingBagsCodegen
@@ -45,14 +45,16 @@ from common.cli import run_cli
 from common.library_noise import quiet_benign_library_messages
 from common.errors import BadInput
 from common.path_lock import LockHeld, PathLock
-from data.criteo_layout import DENSE_FEATURE_NAMES, read_metadata
+from data.criteo_layout import read_metadata
 from data.criteo_transforms import VOCABULARY_FILE
 from data.feature_spec import FeatureSpec, FeatureSpecError
+from data.sources import SOURCES, CriteoDays
 from models.config import ModelConfig
 from sharding_plans.report import format_bytes
 from serving.cli import serving_parser
 from serving.inference_model import ProbabilityModel, load_checkpoint_model
-from serving.model_inputs import INPUTS_FILE, CriteoPreprocessing, FeatureSpecColumns, ModelInputs, Variant
+from serving.model_inputs import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, INPUTS_FILE, CriteoPreprocessing,
+                                  FeatureSpecColumns, ModelInputs, Variant)
 from serving.model_files import MANIFEST_FILE, write_manifest
 from training.checkpoint import checkpoint_to_load
 from training.checkpoint_meta import CheckpointMeta
@@ -107,41 +109,60 @@ def export_quantized(model: ProbabilityModel, dtype: torch.dtype, path: str) -> 
 
 def describe_inputs(model_config: ModelConfig, meta: CheckpointMeta, checkpoint: str) -> ModelInputs:
     """inputs.json without the variants: what a predictor needs to turn input lines into
-    the model's inputs, for the data the checkpoint (``meta``) was trained on."""
-    if meta.dataset_path:
-        return _describe_feature_spec(model_config, meta.dataset_path, meta.step, checkpoint)
-    data_path = meta.binary_criteo_path
-    metadata = (read_metadata(data_path) if data_path else None) or {}
+    the model's inputs, in the serving layout of the data source the checkpoint
+    (``meta``) was trained on."""
+    describe = _INPUT_DESCRIPTIONS[SOURCES[meta.source_name].serving_layout]
+    return describe(model_config, meta, checkpoint)
+
+
+def _describe_criteo_lines(model_config: ModelConfig, meta: CheckpointMeta, checkpoint: str) -> ModelInputs:
+    """Raw Criteo lines (one hash per feature), transformed as the training data's
+    preprocessing did (its metadata.json: frequency threshold, modulo)."""
+    # Only the one-hot day files: the quality gate reads data_path as them.
+    data_path = meta.data_path if meta.source_name == CriteoDays.name else None
+    metadata = read_metadata(data_path) if data_path else None
     return ModelInputs(
-        dense_feature_names=list(DENSE_FEATURE_NAMES),
+        dense_feature_names=list(meta.features.dense_feature_names),
         sparse_feature_names=list(model_config.sparse_feature_names),
         sparse_hotness=[1] * len(model_config.sparse_feature_names),
         num_embeddings_per_feature=list(model_config.num_embeddings_per_feature),
         preprocessing=CriteoPreprocessing(
-            frequency_threshold=int(metadata.get("frequency_threshold") or 0),
-            modulo_num_embeddings_per_feature=metadata.get("modulo_num_embeddings_per_feature")),
+            frequency_threshold=metadata.frequency_threshold if metadata else 0,
+            modulo_num_embeddings_per_feature=metadata.modulo_num_embeddings_per_feature if metadata else None),
         data_path=data_path, checkpoint=checkpoint, step=meta.step)
 
 
-def _describe_feature_spec(model_config: ModelConfig, spec_path: str, step: int, checkpoint: str) -> ModelInputs:
-    """The inputs of a model trained with --dataset_path: the spec's features, their
-    hotness and cardinalities (the predictor's CSV rows follow the spec's order)."""
+def _describe_feature_spec(model_config: ModelConfig, meta: CheckpointMeta, checkpoint: str) -> ModelInputs:
+    """The inputs of a model trained with --dataset_path: the recorded features, their
+    hotness and cardinalities (the predictor's CSV rows follow the spec's order), and
+    the spec's label name."""
+    spec_path = str(meta.data_path)
     try:
         spec = FeatureSpec.load(spec_path)
     except FeatureSpecError as e:
         raise BadInput(f"the checkpoint was trained with --dataset_path {spec_path}, whose spec export "
-                         f"reads for the features' hotness: {e}") from e
+                         f"reads for the label's name: {e}") from e
+    features = meta.features
     if spec.categorical != list(model_config.sparse_feature_names) or \
-            len(spec.numerical) != model_config.dense_in_features:
+            len(spec.numerical) != model_config.dense_in_features or tuple(spec.numerical) != features.dense_feature_names:
         raise BadInput(f"{spec_path} no longer describes the checkpoint's features "
                          f"({len(spec.numerical)} numerical, {spec.categorical} categorical)")
+    assert features.hotness is not None and features.cardinalities is not None  # a spec declares both
     return ModelInputs(
-        dense_feature_names=list(spec.numerical),
-        sparse_feature_names=list(spec.categorical),
-        sparse_hotness=[spec.hotness(n) for n in spec.categorical],
+        dense_feature_names=list(features.dense_feature_names),
+        sparse_feature_names=list(features.sparse_feature_names),
+        sparse_hotness=list(features.hotness),
         num_embeddings_per_feature=list(model_config.num_embeddings_per_feature),
-        preprocessing=FeatureSpecColumns(label_name=spec.label, cardinalities=spec.cardinalities),
-        data_path=spec_path, checkpoint=checkpoint, step=step)
+        preprocessing=FeatureSpecColumns(label_name=spec.label, cardinalities=list(features.cardinalities)),
+        data_path=spec_path, checkpoint=checkpoint, step=meta.step)
+
+
+# inputs.json of a model, by the serving layout (serving/input_layouts.py LAYOUTS) of
+# the source it was trained on.
+_INPUT_DESCRIPTIONS: Dict[str, Callable[[ModelConfig, CheckpointMeta, str], ModelInputs]] = {
+    CRITEO_LAYOUT: _describe_criteo_lines,
+    FEATURE_SPEC_LAYOUT: _describe_feature_spec,
+}
 
 
 def export_model(checkpoint: str, output: str, quantize: List[str], newest: bool = False) -> ModelInputs:

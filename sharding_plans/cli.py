@@ -19,7 +19,7 @@ import torch
 
 from common.config_flags import add_flags, config_values, flag_of, flags_of, given
 from data.config import DataConfig
-from data.criteo_layout import NUM_SPARSE_FEATURES, SPARSE_FEATURE_NAMES
+from data.sources import RandomData
 from models.config import ModelConfig, TableSizes
 from models.embedding_optimizer_config import EmbeddingOptimizerConfig
 from sharding_plans.chart import write_memory_chart
@@ -36,6 +36,9 @@ from common.errors import BadInput
 PROG = "python -m sharding_plans"
 _GIB = 1024**3
 DEFAULT_EMBEDDING_DIM = flag_of(ModelConfig, "embedding_dim").default  # dlrm_main.py's
+# The features of a training run given no data (Criteo-shaped random data): the tables
+# of --num_embeddings, and the numerical features the training MLP flags are checked with.
+_DEFAULT_FEATURES = RandomData(DataConfig()).describe()
 DEFAULT_BATCH_SIZE = flag_of(DataConfig, "batch_size").default  # the entry points'
 # The model flags that do not change a plan: checked as training would check them.
 _DENSE_FLAGS = tuple(f.field.name for f in flags_of(ModelConfig) if f.field.name not in
@@ -142,8 +145,8 @@ def _table_sets(args: argparse.Namespace, preset: Optional[Preset]) -> List[Tupl
         sets = [(f"sizes {i + 1}" if len(lists) > 1 else "sizes", _feature_names(len(rows)), rows)
                 for i, rows in enumerate(lists)]
     elif tables.num_embeddings is not None:
-        sets = [(f"{NUM_SPARSE_FEATURES} x {tables.num_embeddings}", list(SPARSE_FEATURE_NAMES),
-                 tables.resolve(NUM_SPARSE_FEATURES, None))]
+        names = list(_DEFAULT_FEATURES.sparse_feature_names)
+        sets = [(f"{len(names)} x {tables.num_embeddings}", names, tables.resolve(len(names), None))]
     elif args.feature_spec is not None:
         names, rows = read_feature_spec(args.feature_spec)
         sets = [(args.feature_spec, names, rows)]
@@ -218,7 +221,8 @@ def _requests(args: argparse.Namespace) -> List[Tuple[str, PlanRequest]]:
     for label, names, rows in _table_sets(args, preset):
         if any(given(args, ModelConfig, name) for name in _DENSE_FLAGS):
             # The training command line's MLPs: refused here as training would refuse them.
-            ModelConfig(num_embeddings_per_feature=rows, sparse_feature_names=names, **model).validate()
+            ModelConfig(num_embeddings_per_feature=rows, sparse_feature_names=names,
+                        dense_in_features=_DEFAULT_FEATURES.num_dense_features, **model).validate()
         for world_size in world_sizes:
             request = PlanRequest(
                 feature_names=names, num_embeddings_per_feature=rows, embedding_dim=model["embedding_dim"],

@@ -59,6 +59,7 @@ class PlanRequest:
         return ModelConfig(
             num_embeddings_per_feature=list(self.num_embeddings_per_feature),
             sparse_feature_names=list(self.feature_names),
+            dense_in_features=1,
             embedding_dim=self.embedding_dim,
             embedding_precision=self.embedding_precision,
             dense_arch_layer_sizes=[self.embedding_dim],

@@ -3,8 +3,9 @@
 Two forms are accepted:
 
 - ``{"num_embeddings_per_feature": [40000000, 39060, ...]}``, optionally with
-  ``"sparse_feature_names": ["cat_0", ...]``: the data's ``metadata.json`` (written by
-  the preprocessing and the synthetic generator) is such a file;
+  ``"sparse_feature_names": ["cat_0", ...]``; a Criteo directory's ``metadata.json``
+  (written by the preprocessing and the synthetic generator, ``"format":
+  "criteo_binary"``) is read by its own reader (`data.criteo_layout.CriteoMetadata`);
 - ``{"features": {"user_id": 1000000, "item_id": 250000}}``: rows per named feature.
 """
 
@@ -13,6 +14,7 @@ from typing import Any, List, Tuple
 import yaml
 
 from common.errors import BadInput
+from data.criteo_layout import METADATA_FORMAT, SPARSE_FEATURE_NAMES, CriteoMetadata
 
 
 class FeatureSpecError(BadInput):
@@ -36,8 +38,9 @@ def read_feature_spec(path: str) -> Tuple[List[str], List[int]]:
         names, rows = read_feature_spec("data_cache/synthetic_criteo/metadata.json")
     """
     try:
-        with open(path) as f:
-            document = yaml.safe_load(f)  # YAML reads JSON too
+        with open(path, "rb") as f:
+            data = f.read()
+        document = yaml.safe_load(data)  # YAML reads JSON too
     except OSError as e:
         raise FeatureSpecError(f"{path}: cannot read the feature spec: {e.strerror}")
     except yaml.YAMLError as e:
@@ -46,6 +49,11 @@ def read_feature_spec(path: str) -> Tuple[List[str], List[int]]:
         raise FeatureSpecError(f"{path}{where}: not valid JSON or YAML")
     if not isinstance(document, dict):
         raise FeatureSpecError(f"{path}: expected an object with \"num_embeddings_per_feature\" or \"features\"")
+    if "format" in document and document["format"] == METADATA_FORMAT:
+        sizes = CriteoMetadata.from_json(data, path).num_embeddings_per_feature
+        if sizes is None:
+            raise FeatureSpecError(f"{path}: records no num_embeddings_per_feature (the data's table sizes)")
+        return list(SPARSE_FEATURE_NAMES), sizes
     if "features" in document:
         features = document["features"]
         if not isinstance(features, dict) or not features:

@@ -11,9 +11,10 @@ import torch
 from common.errors import BadInput
 from data.batching import RankBatchLayout
 from data.config import DataConfig
-from data.loaders import build_loaders, open_dataset
+from data.loaders import build_loaders
+from data.sources import source_for
 from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
-from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
+from data.criteo_layout import METADATA_VERSION, NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, read_metadata
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
 from tests.conftest import SMALL_SPEC
 
@@ -34,7 +35,8 @@ def test_generator_layout_and_metadata(tmp_path):
         assert (sparse >= 0).all() and (sparse < np.asarray(SPEC.cardinalities)).all()
         assert set(np.unique(labels)) <= {0, 1}
     on_disk = json.load(open(os.path.join(out, "metadata.json")))
-    assert on_disk == metadata
+    assert read_metadata(out) == metadata
+    assert on_disk["version"] == METADATA_VERSION and on_disk["format"] == "criteo_binary"
     assert on_disk["num_embeddings_per_feature"] == SPEC.cardinalities
     assert 0.05 < on_disk["positive_rate"] < 0.95
     assert not [f for f in os.listdir(out) if ".tmp" in f]
@@ -177,7 +179,7 @@ def test_random_loader_is_world_size_independent():
     for whole, a, b in zip(one, *halves):
         assert np.array_equal(whole.dense_features.numpy(),
                               np.concatenate([a.dense_features.numpy(), b.dense_features.numpy()]))
-    assert len(one) == 3 and open_dataset(config) is None
+    assert len(one) == 3 and source_for(config).open() is None
 
 
 # --- data must be what it claims -------------------------------------------------------
@@ -272,13 +274,13 @@ def test_bad_value_refused_naming_file_row_and_column(layouts, tmp_path, layout,
 
     directory = str(tmp_path / layout)
     shutil.copytree(layouts[layout], directory)
-    assert open_dataset(_data_config(layout, directory)) is not None
+    assert source_for(_data_config(layout, directory)).open() is not None
     message = _break_value(layout, directory, problem)
     with pytest.raises(DataValueError) as error:
-        open_dataset(_data_config(layout, directory))
+        source_for(_data_config(layout, directory)).open()
     assert str(error.value) == message
     config = _data_config(layout, directory, mmap_mode=True)
-    loaders = build_loaders(config, open_dataset(config), [50] * 26, rank=0, world_size=1)
+    loaders = build_loaders(config, source_for(config).open(), [50] * 26, rank=0, world_size=1)
     with pytest.raises(DataValueError) as error:
         for loader in loaders.values():
             list(loader)
@@ -291,7 +293,7 @@ def test_ids_beyond_flag_table_sizes_are_taken_modulo_not_refused(layouts):
     for layout in LAYOUTS:
         for mmap in (False, True):
             config = _data_config(layout, layouts[layout], mmap_mode=mmap)
-            batch = next(iter(build_loaders(config, open_dataset(config), [7] * NUM_SPARSE_FEATURES, 0, 1)["train"]))
+            batch = next(iter(build_loaders(config, source_for(config).open(), [7] * NUM_SPARSE_FEATURES, 0, 1)["train"]))
             assert 0 <= int(batch.sparse_features.values().min()) and int(batch.sparse_features.values().max()) < 7
 
 

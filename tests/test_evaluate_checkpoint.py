@@ -26,15 +26,16 @@ TRAINING = ["--batch_size", "128", "--embedding_dim", "16", "--dense_arch_layer_
 def test_recorded_flags_are_checked_against_their_flags(section, config_class, value, message):
     """--mode test takes flags from a checkpoint a user hands over: each value must be
     what its flag parses to, one line naming the file and the field otherwise."""
-    meta = CheckpointMeta(step=1, epoch=0, batch_in_epoch=1, world_size=1, config={section: value}, plan={})
+    meta = CheckpointMeta(step=1, epoch=0, batch_in_epoch=1, world_size=1, config={section: value}, plan={},
+                          data_source=None, data_features=None)
     with pytest.raises(FileFieldError) as error:
         meta.flag_values(section, config_class, "ckpt/meta.json")
     assert str(error.value).startswith(message)
 
 
 def test_recorded_flags_leave_out_nulls():
-    meta = CheckpointMeta(step=1, epoch=0, batch_in_epoch=1, world_size=1, plan={},
-                          config={"data": {"batch_size": 64, "limit_test_batches": None, "seed": 3}})
+    meta = CheckpointMeta(step=1, epoch=0, batch_in_epoch=1, world_size=1, plan={}, data_source=None,
+                          data_features=None, config={"data": {"batch_size": 64, "limit_test_batches": None, "seed": 3}})
     assert meta.flag_values("data", DataConfig, "meta.json") == {"batch_size": 64}  # seed: not a flag
 
 

@@ -127,7 +127,8 @@ def test_bad_flags_are_said_by_rank_0_of_the_job(capsys, monkeypatch, tmp_path, 
 def test_max_table_rows_caps_every_table_however_sized(synthetic_dir, main):
     """The cap applies to the data's cardinalities and to explicit sizes alike, in both
     entry points; the loaders then take the data's ids modulo the capped tables."""
-    from data.loaders import build_loaders, open_dataset
+    from data.loaders import build_loaders
+    from data.sources import source_for
     from tests.conftest import SMALL_SPEC
 
     prog = "dlrm_main.py" if main is dlrm_main.main else "dcnv2_main.py"
@@ -148,7 +149,7 @@ def test_max_table_rows_caps_every_table_however_sized(synthetic_dir, main):
 
     config = parse_config([*data, "--max_table_rows", "100", "--batch_size", "512", "--limit_train_batches", "4"],
                           prog, "", defaults)
-    loader = build_loaders(config.data, open_dataset(config.data), config.model.num_embeddings_per_feature,
+    loader = build_loaders(config.data, source_for(config.data).open(), config.model.num_embeddings_per_feature,
                            rank=0, world_size=1)["train"]
     seen = [0] * NUM_SPARSE_FEATURES
     for batch in loader:

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from common.errors import BadInput
 from common.manifest import entry_of_bytes
+from data.sources import source_for
 from serving.export import FP32_FILE, export_model
 from serving.model_files import (MANIFEST_FILE, allowed_references, load_model_file, read_manifest,
                                  torchscript_references, write_manifest)
@@ -50,8 +51,9 @@ def exported(tmp_path_factory) -> dict:
                            "--over_arch_layer_sizes", "8,1"], "dlrm_main.py", "")
     from models import build_dlrm_train  # the model the config describes, as training builds it
     model = build_dlrm_train(config.model, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"))
+    source = source_for(config.data)
     meta = CheckpointMeta(step=1, epoch=0, batch_in_epoch=1, world_size=1, config=dataclasses.asdict(config),
-                          plan={}, run_id="hostile")
+                          plan={}, data_source=source.name, data_features=source.describe(), run_id="hostile")
     ckpt = CheckpointManager(str(root / "ckpt"), keep_last_n=0, rank=0).save({"model": model.state_dict()}, meta)
     export_model(ckpt, str(root / "model"), ["fp16", "int8"])
     return {"ckpt": ckpt, "model": str(root / "model"), "root": root}

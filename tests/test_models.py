@@ -9,7 +9,7 @@ import torch
 from data.batching import BatchBuilder
 from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, SPARSE_FEATURE_NAMES
 from models import ModelConfig, build_dlrm_train
-from tests.support.model_state import mlp_params
+from tests.support.model_state import criteo_features, mlp_params
 
 ROWS = [10 + i for i in range(NUM_SPARSE_FEATURES)]
 
@@ -32,11 +32,12 @@ def expected_params(config: ModelConfig) -> int:
 
 
 CONFIGS = {
-    "original": ModelConfig(ROWS, embedding_dim=8, dense_arch_layer_sizes=[16, 8],
+    "original": ModelConfig(ROWS, **criteo_features(), embedding_dim=8, dense_arch_layer_sizes=[16, 8],
                             over_arch_layer_sizes=[32, 1]),
-    "dcn": ModelConfig(ROWS, embedding_dim=8, interaction_type="dcn", dense_arch_layer_sizes=[16, 8],
-                       over_arch_layer_sizes=[32, 1], dcn_num_layers=2, dcn_low_rank_dim=4),
-    "projection": ModelConfig(ROWS, embedding_dim=8, interaction_type="projection",
+    "dcn": ModelConfig(ROWS, **criteo_features(), embedding_dim=8, interaction_type="dcn",
+                       dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[32, 1], dcn_num_layers=2,
+                       dcn_low_rank_dim=4),
+    "projection": ModelConfig(ROWS, **criteo_features(), embedding_dim=8, interaction_type="projection",
                               dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[32, 1],
                               interaction_branch1_layer_sizes=[32, 24],
                               interaction_branch2_layer_sizes=[32, 16]),
@@ -52,7 +53,7 @@ def test_parameter_count(name):
 
 def test_public_default_architecture_count():
     """The public example's default: dim 64, bottom 512-256-64, top 512-512-256-1."""
-    config = ModelConfig([100_000] * NUM_SPARSE_FEATURES)
+    config = ModelConfig([100_000] * NUM_SPARSE_FEATURES, **criteo_features())
     model = build_dlrm_train(config)
     dense = sum(p.numel() for n, p in model.named_parameters() if "embedding_bags" not in n)
     assert dense == mlp_params(NUM_DENSE_FEATURES, [512, 256, 64]) + mlp_params(64 + 325 + NUM_SPARSE_FEATURES, [512, 512, 256, 1])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from common.errors import BadInput
-from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
+from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, read_metadata
 from data.criteo_transforms import VOCABULARY_FILE, read_vocabulary
 from data.criteo_tsv import parse_criteo_lines
 from data.preprocess_criteo import PreprocessConfig, main, preprocess
@@ -65,7 +65,7 @@ def test_values_match_the_documented_transforms(raw_days, tmp_path):
     raw, days = raw_days
     out = str(tmp_path / "out")
     metadata = preprocess(PreprocessConfig(raw, out, "criteo_1t", chunk_bytes=1024))
-    assert metadata["rows_per_day"] == [50, 37, 20]
+    assert metadata.rows_per_day == [50, 37, 20]
     max_ids = np.zeros(NUM_SPARSE_FEATURES, np.int64)
     for day, lines in enumerate(days):
         dense, sparse, labels = load_day(out, day)
@@ -76,8 +76,8 @@ def test_values_match_the_documented_transforms(raw_days, tmp_path):
             assert np.array_equal(dense[row], np.asarray(ref_dense, np.float32))
             assert sparse[row].tolist() == [h & 0x7FFFFFFF for h in ref_hashes]
         max_ids = np.maximum(max_ids, sparse.max(axis=0))
-    assert metadata["num_embeddings_per_feature"] == (max_ids + 1).tolist()
-    assert metadata["bad_lines"] == {"day_0": 0, "day_1.gz": 0, "day_2": 0}
+    assert metadata.num_embeddings_per_feature == (max_ids + 1).tolist()
+    assert metadata.bad_lines == {"day_0": 0, "day_1.gz": 0, "day_2": 0}
     assert not [f for f in os.listdir(out) if "tmp" in f]
 
 
@@ -93,10 +93,10 @@ def test_frequency_threshold_and_modulo_on_known_counts(tmp_path):
     out = str(tmp_path / "t2")
     metadata = preprocess(PreprocessConfig(str(raw), out, "criteo_1t", frequency_threshold=2))
     # kept: a and c, numbered by hash order from 1; b (seen once) and d (unseen) -> 0
-    assert metadata["num_embeddings_per_feature"][0] == 3
+    assert metadata.num_embeddings_per_feature[0] == 3
     assert load_day(out, 0)[1][:, 0].tolist() == [1, 0, 2]
     assert load_day(out, 2)[1][:, 0].tolist() == [1, 0, 2, 0]
-    assert metadata["num_embeddings_per_feature"][1] == 2  # "00000001" seen 6 times
+    assert metadata.num_embeddings_per_feature[1] == 2  # "00000001" seen 6 times
     vocabulary = np.load(os.path.join(out, "vocabulary.npz"))
     assert vocabulary["0"].tolist() == [0xA, 0xC00]
 
@@ -104,12 +104,12 @@ def test_frequency_threshold_and_modulo_on_known_counts(tmp_path):
     out = str(tmp_path / "mod")
     metadata = preprocess(PreprocessConfig(str(raw), out, "criteo_1t", num_embeddings_per_feature=sizes))
     assert load_day(out, 2)[1][:, 0].tolist() == [0xA % 7, 0xB0 % 7, 0xC00 % 7, 0xD000 % 7]
-    assert metadata["num_embeddings_per_feature"] == sizes
+    assert metadata.num_embeddings_per_feature == sizes
     out = str(tmp_path / "both")
     metadata = preprocess(PreprocessConfig(str(raw), out, "criteo_1t", frequency_threshold=2,
                                            num_embeddings_per_feature=[2] * NUM_SPARSE_FEATURES))
     assert load_day(out, 0)[1][:, 0].tolist() == [1, 0, 0]  # ids 1, 0, 2 modulo 2
-    assert metadata["num_embeddings_per_feature"][0] == 2
+    assert metadata.num_embeddings_per_feature[0] == 2
 
 
 def test_bad_lines_error_names_file_and_line(raw_days, tmp_path, capsys):
@@ -135,8 +135,8 @@ def test_bad_lines_skip_counts_per_file(raw_days, tmp_path):
     lines[4][30] = "xyz"  # not hex
     write_day(os.path.join(raw, "day_2"), lines)
     metadata = preprocess(PreprocessConfig(raw, str(tmp_path / "o"), "criteo_1t", on_bad_lines="skip"))
-    assert metadata["bad_lines"] == {"day_0": 0, "day_1.gz": 0, "day_2": 3}
-    assert metadata["rows_per_day"][2] == 3
+    assert metadata.bad_lines == {"day_0": 0, "day_1.gz": 0, "day_2": 3}
+    assert metadata.rows_per_day[2] == 3
     kept = [lines[i] for i in (1, 3, 5)]
     dense, sparse, labels = load_day(str(tmp_path / "o"), 2)
     assert labels[:, 0].tolist() == [reference(f)[0] for f in kept]
@@ -253,7 +253,7 @@ def test_kaggle_is_cut_into_consecutive_days(tmp_path):
         write_day(str(raw / name), lines)
         out = str(tmp_path / name)
         metadata = preprocess(PreprocessConfig(str(raw), out, "criteo_kaggle", chunk_bytes=2048))
-        assert metadata["rows_per_day"] == [75 * (d + 1) // 7 - 75 * d // 7 for d in range(7)]
+        assert metadata.rows_per_day == [75 * (d + 1) // 7 - 75 * d // 7 for d in range(7)]
         labels = np.concatenate([load_day(out, d)[2][:, 0] for d in range(7)])
         assert labels.tolist() == [int(l[0]) for l in lines]
 
@@ -336,7 +336,7 @@ def test_two_ranks_learn_from_preprocessed_raw_logs(tmp_path):
         "--learning_rate", "0.05", "--log_path", log, "--seed", "1"]) == {0: 0, 1: 0}
     records = read_log(log)
     config = [r for r in records if r["event"] == "config"][0]
-    assert config["model"]["num_embeddings_per_feature"] == metadata["num_embeddings_per_feature"]
+    assert config["model"]["num_embeddings_per_feature"] == metadata.num_embeddings_per_feature
     test = eval_record(records, "test")
     assert test["auroc"] > 0.6 and test["num_samples"] == 10_000
 
@@ -437,10 +437,9 @@ def test_vocabulary_of_a_training_run_applies_its_ids_to_a_new_day(tmp_path, cap
                  for f, h in enumerate(row)] for row in hashes]
     assert sparse.tolist() == expected and np.count_nonzero(expected) > 100
     assert labels[:, 0].tolist() == [reference(fields)[0] for fields in new_lines]
-    new_metadata = json.load(open(os.path.join(scored, "metadata.json")))
-    old_metadata = json.load(open(os.path.join(trained, "metadata.json")))
-    assert new_metadata["num_embeddings_per_feature"] == old_metadata["num_embeddings_per_feature"]
-    assert (new_metadata["frequency_threshold"], new_metadata["vocabulary_from"]) == (2, trained)
+    new_metadata, old_metadata = read_metadata(scored), read_metadata(trained)
+    assert new_metadata.num_embeddings_per_feature == old_metadata.num_embeddings_per_feature
+    assert (new_metadata.frequency_threshold, new_metadata.vocabulary_from) == (2, trained)
     copied = read_vocabulary(os.path.join(scored, VOCABULARY_FILE), NUM_SPARSE_FEATURES)
     assert all(np.array_equal(a, b) for a, b in zip(copied, vocabulary))
     capsys.readouterr()

@@ -17,7 +17,7 @@ from common.config_flags import FlagError
 from data import transcode as transcode_cli
 from data.batching import BatchBuilder, WeightedBatch
 from data.config import DataConfig
-from data.loaders import open_dataset
+from data.sources import source_for
 from data.criteo_binary import CriteoBinaryLoader
 from data.feature_spec import FeatureSpec, FeatureSpecError
 from data.split_binary import SplitBinaryDataset
@@ -141,7 +141,8 @@ def test_weight_column_must_be_the_specs_weight(weighted_spec, tmp_path):
     with pytest.raises(FeatureSpecError, match=r"weight column 'x' is not the spec's channel_spec weight "
                                                r"\(its weight is 'w'\)"):
         SplitBinaryDataset(spec_path, weight_column="x")
-    with pytest.raises(FlagError, match="--weight_column needs --dataset_path"):
+    with pytest.raises(FlagError, match=r"^--weight_column needs data with sample weights \(--dataset_path\); "
+                                        r"random data has none$"):
         DataConfig(weight_column="w").validate()
 
 
@@ -172,9 +173,9 @@ def test_bad_weight_in_split_binary_is_refused_naming_file_row_and_column(weight
     config = DataConfig(dataset_path=str(copy / "feature_spec.yaml"), weight_column="w", mmap_mode=mmap_mode)
     if not mmap_mode:
         with pytest.raises(DataValueError) as error:
-            open_dataset(config)
+            source_for(config).open()
     else:
-        loader = CriteoBinaryLoader(open_dataset(config), "train", batch_size=16, rank=1, world_size=2,
+        loader = CriteoBinaryLoader(source_for(config).open(), "train", batch_size=16, rank=1, world_size=2,
                                     mmap_mode=True)
         with pytest.raises(DataValueError) as error:
             list(loader)  # row 37 is rank 0's, in the global batch whose weight sum rank 1 needs too

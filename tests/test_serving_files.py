@@ -20,6 +20,7 @@ from serving.model_inputs import CriteoPreprocessing, FeatureSpecColumns, ModelI
 from tests.support.launch import REPO
 from training.checkpoint import read_meta
 from training.checkpoint_meta import CheckpointMeta
+from data.sources import source_for
 from training.flags import parse_config
 
 PLAN = {"t_cat_0": {"sharding_type": "table_wise", "compute_kernel": "fused", "shards": [[0, 0, 10, 8, 1]]}}
@@ -51,24 +52,38 @@ def write_checkpoint_meta(directory, data: bytes) -> str:
     return str(directory)
 
 
-def test_checkpoint_meta_round_trips_and_version_1_still_loads(tmp_path):
+def current_meta(config) -> CheckpointMeta:
+    """What the trainer writes of the run of ``config``."""
+    source = source_for(config.data)
+    return CheckpointMeta(step=12, epoch=1, batch_in_epoch=2, world_size=2, config=dataclasses.asdict(config),
+                          plan=PLAN, run_id="r1", early_stopping=EARLY_STOPPING, data_source=source.name,
+                          data_features=source.describe())
+
+
+def test_checkpoint_meta_round_trips_and_versions_1_and_2_still_load(tmp_path):
     config = train_config()
-    meta = CheckpointMeta(step=12, epoch=1, batch_in_epoch=2, world_size=2, config=dataclasses.asdict(config),
-                          plan=PLAN, run_id="r1", early_stopping=EARLY_STOPPING)
-    saved = read_meta(write_checkpoint_meta(tmp_path / "v2", meta.to_json()))
+    meta = current_meta(config)
+    saved = read_meta(write_checkpoint_meta(tmp_path / "v3", meta.to_json()))
     assert saved == meta
     document = json.loads(meta.to_json())
-    assert list(document)[0] == "version" and document["version"] == 2
+    assert list(document)[0] == "version" and document["version"] == 3
     assert not {"model", "optim", "global_batch_size"} & set(document)  # stored once, in config
+    assert document["data_source"] == "random"
+    assert document["data_features"] == {"dense_feature_names": [f"int_{i}" for i in range(13)],
+                                         "sparse_feature_names": [f"cat_{i}" for i in range(26)],
+                                         "cardinalities": None, "hotness": None}
 
-    old = read_meta(write_checkpoint_meta(tmp_path / "v1", json.dumps(version_1_meta(config), indent=1).encode()))
-    assert old == meta
-    assert old.model == config.model and old.optimizer == config.optim
-    assert old.global_batch_size == 64 and old.binary_criteo_path == config.data.in_memory_binary_criteo_path
+    version_2 = {key: value for key, value in document.items() if key not in ("data_source", "data_features")}
+    for version, old_document in ((1, version_1_meta(config)), (2, {**version_2, "version": 2})):
+        old = read_meta(write_checkpoint_meta(tmp_path / f"v{version}", json.dumps(old_document, indent=1).encode()))
+        assert old == dataclasses.replace(meta, data_source=None, data_features=None, version=version)
+        assert (old.source_name, old.features) == (meta.source_name, meta.features)  # derived from the flags
+        assert old.model == config.model and old.optimizer == config.optim
+        assert old.global_batch_size == 64 and old.data_path is None
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda d: d.update(format_version=3), "format_version is 3, newer than this code reads (2)"),
+    (lambda d: d.update(format_version=4), "format_version is 4, newer than this code reads (3)"),
     (lambda d: d.update(step="12"), 'step must be a count, got "12"'),
     (lambda d: d.pop("plan"), "plan is missing"),
     (lambda d: d["plan"]["t_cat_0"].update(shards=[[0, 0, 10]]), "plan.t_cat_0.shards must be a list of"),

@@ -32,6 +32,7 @@ from training.flags import parse_config
 from training.trainer import Trainer
 from tests.support.launch import launch
 from tests.support.matrix import assemble_table, local_weights
+from tests.support.model_state import criteo_features
 
 pytestmark = pytest.mark.slow  # every test uses the module's launched runs
 
@@ -131,7 +132,7 @@ def test_training_moved_the_weights(runs):
     """Guards the comparison above: the steps moved every table by far more than
     the tolerance (1e-4 to 2e-3 here), and lowered the loss."""
     reference, _ = runs
-    config = ModelConfig(num_embeddings_per_feature=TABLE_ROWS, embedding_dim=8,
+    config = ModelConfig(num_embeddings_per_feature=TABLE_ROWS, **criteo_features(), embedding_dim=8,
                          dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])
     initial = build_dlrm_train(config, embedding_device=torch.device("cpu"))
     shapes = {f"t_cat_{i}": (rows, 8) for i, rows in enumerate(TABLE_ROWS)}

@@ -2,6 +2,7 @@
 ``preprocess_criteo``, registered under the ``torchx.components`` entry point by
 ``pyproject.toml`` (``make install`` installs it), so ``torchx run dlrm ...`` works.
 
-They import only torchx and the standard library: the torchx CLI imports them on
-the submitting machine, which need not have torch.
+They import only torchx, the standard library and the project's torch-free flag
+modules (the data-path flags come from data/sources.py's registry): the torchx CLI
+imports them on the submitting machine, which need not have torch or numpy.
 """

@@ -17,14 +17,18 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torchx.specs as specs
 from torchx.components.dist import ddp
 
+from common.config_flags import option
+from data.config import DataConfig
+from data.sources import DATA_PATH_FIELDS, CriteoDays
 from torchx_components.machines import ComponentParameterError, machine_resource
 
 # Image built by the repository's Dockerfile; local_cwd and Slurm ignore the image.
 DEFAULT_IMAGE = "dlrm-torchrec:latest"
 
-# Flags of dlrm_main.py that name a data directory: `data_dir` adds the first one
-# unless the training flags already give one of them.
-DATA_PATH_FLAGS = ("--in_memory_binary_criteo_path", "--synthetic_multi_hot_criteo_path", "--dataset_path")
+# Flags of dlrm_main.py that name the data (one per data source, data/sources.py):
+# `data_dir` adds the Criteo directory's unless the training flags give one of them.
+DATA_PATH_FLAGS = tuple(option(DataConfig, name) for name in DATA_PATH_FIELDS)
+DATA_DIR_FLAG = option(DataConfig, CriteoDays.path_field)
 
 
 # The variables naming the interface each backend's connections between nodes use
@@ -152,7 +156,7 @@ def trainer_app(module: str, script_args: Sequence[str], options: LaunchOptions)
     options.validate()
     args = list(script_args)
     if options.data_dir and not gives_data_path(args):
-        args = [DATA_PATH_FLAGS[0], options.data_dir, *args]
+        args = [DATA_DIR_FLAG, options.data_dir, *args]
     if options.checkpoint_dir and not any(a.split("=", 1)[0] == "--checkpoint_dir" for a in args):
         args = ["--checkpoint_dir", options.checkpoint_dir, "--resume", *args]
     resource = options.resource()

@@ -5,24 +5,30 @@ name, hashes it into the manifest and renames it) and read only by
 `CheckpointMeta.from_json`; everything else uses its attributes. Version 2 stores each
 fact once: the model and optimizer flags live in ``config`` (version 1 also kept
 copies of them, and the global batch size, at the top level; such files still load).
+Version 3 adds the data it was trained on, typed: the source's name (data/sources.py)
+and its `FeatureDescription`, so an export finds the data's description without the
+data; of older files both are derived from the recorded data flags.
 
 Example::
 
     meta = CheckpointMeta(step=120, epoch=0, batch_in_epoch=120, world_size=2,
-                          config=dataclasses.asdict(train_config), plan=plan_summary(plan))
+                          config=dataclasses.asdict(train_config), plan=plan_summary(plan),
+                          data_source=source.name, data_features=source.describe())
     assert CheckpointMeta.from_json(meta.to_json(), "meta.json") == meta
 """
 
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Type
 
-from common.config_flags import Flag, flags_of
-from common.json_fields import (INTEGER, OBJECT, TEXT, FileFieldError, JsonObject, Kind, integer, optional,
+from common.config_flags import Flag, FlagError, flags_of
+from common.json_fields import (INTEGER, OBJECT, TEXT, FileFieldError, JsonObject, Kind, integer, one_of, optional,
                                 versioned_json)
+from data.config import DataConfig
+from data.sources import SOURCES, FeatureDescription, source_for
 from models.config import ModelConfig
 from training.config import OptimizerConfig
 
-META_VERSION = 2
+META_VERSION = 3
 _WHAT = "a checkpoint's meta.json"
 _SHARDS = Kind(lambda v: isinstance(v, list) and all(
     isinstance(s, list) and len(s) == 5 and all(isinstance(i, int) and not isinstance(i, bool) for i in s)
@@ -41,6 +47,10 @@ class CheckpointMeta:
         config: the run's TrainConfig as ``dataclasses.asdict`` gives it (model,
             optim, data, ... sections); read through the properties below.
         plan: each table's sharding (``sharding_plans.report.plan_summary``).
+        data_source: the data source's name (a key of ``data.sources.SOURCES``); read
+            through `source_name`. None only in a file older than version 3.
+        data_features: the data's features as the source described them when the model
+            was built; read through `features`. None only in a file older than version 3.
         run_id: the run log's id.
         early_stopping: the early-stopping state (``EarlyStopping.state_dict``).
         version: the file format.
@@ -52,6 +62,8 @@ class CheckpointMeta:
     world_size: int
     config: Dict[str, Any]
     plan: Dict[str, Dict[str, Any]]
+    data_source: Optional[str]
+    data_features: Optional[FeatureDescription]
     run_id: Optional[str] = None
     early_stopping: Optional[Dict[str, Any]] = None
     version: int = META_VERSION
@@ -72,14 +84,34 @@ class CheckpointMeta:
         return int(self.config["data"]["batch_size"]) * self.world_size
 
     @property
-    def dataset_path(self) -> Optional[str]:
-        """The feature spec it was trained on (--dataset_path), if any."""
-        return self.config["data"].get("dataset_path")
+    def data(self) -> DataConfig:
+        """The data flags it was trained with (those this code knows; `from_json`
+        checked them)."""
+        recorded = self.config["data"]
+        return DataConfig(**{item.field.name: recorded[item.field.name] for item in flags_of(DataConfig)
+                             if item.field.name in recorded})
 
     @property
-    def binary_criteo_path(self) -> Optional[str]:
-        """The Criteo binary directory it was trained on (--in_memory_binary_criteo_path), if any."""
-        return self.config["data"].get("in_memory_binary_criteo_path")
+    def source_name(self) -> str:
+        """The data source it was trained on (a key of ``data.sources.SOURCES``)."""
+        return self.data_source if self.data_source is not None else source_for(self.data).name
+
+    @property
+    def data_path(self) -> Optional[str]:
+        """What the source's path flag named (None for random data)."""
+        return SOURCES[self.source_name](self.data).path
+
+    @property
+    def features(self) -> FeatureDescription:
+        """The features of the data it was trained on; of a file older than version 3,
+        as the source describes them now (a feature spec read again).
+
+        Raises:
+            BadInput: the source cannot describe its data (one line naming the file).
+        """
+        if self.data_features is not None:
+            return self.data_features
+        return SOURCES[self.source_name](self.data).describe()
 
     def flag_values(self, section: str, config_class: Type[Any], path: str) -> Dict[str, Any]:
         """{field: value} of the flags of ``config_class`` that ``config.<section>``
@@ -101,13 +133,13 @@ class CheckpointMeta:
 
     @classmethod
     def from_json(cls, data: bytes, path: str) -> "CheckpointMeta":
-        """Reads the bytes of ``path`` (version 1 or 2).
+        """Reads the bytes of ``path`` (version 1, 2 or 3).
 
         Raises:
             FileFieldError: one line naming ``path`` and the field that is missing,
                 malformed or of a newer version.
         """
-        document, _ = JsonObject.versioned(data, path, _WHAT, META_VERSION)
+        document, version = JsonObject.versioned(data, path, _WHAT, META_VERSION)
         config = document.object("config")
         for section in ("model", "optim", "data"):
             config.get(section, OBJECT)
@@ -120,7 +152,12 @@ class CheckpointMeta:
         for table in document.objects("plan").values():
             table.get("sharding_type", TEXT)
             table.get("shards", _SHARDS)
-        return cls(
+        if version >= 3:
+            data_source = document.get("data_source", one_of(*SOURCES))
+            data_features = FeatureDescription.read(document.object("data_features"))
+        else:  # derived from the data flags when asked
+            data_source, data_features = None, None
+        meta = cls(
             step=document.get("step", INTEGER),
             epoch=document.get("epoch", INTEGER),
             batch_in_epoch=document.get("batch_in_epoch", INTEGER),
@@ -129,7 +166,15 @@ class CheckpointMeta:
             plan=document.get("plan", OBJECT),
             run_id=document.get("run_id", optional(TEXT), None),
             early_stopping=document.get("early_stopping", optional(OBJECT), None),
+            data_source=data_source,
+            data_features=data_features,
+            version=version,
         )
+        try:  # the recorded data flags, as `data` and the derived properties read them
+            source_for(DataConfig(**meta.flag_values("data", DataConfig, path)))
+        except FlagError as e:
+            raise FileFieldError(f"{path}: config.data: {e}") from e
+        return meta
 
 
 _VALUE_KINDS = {

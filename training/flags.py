@@ -13,9 +13,8 @@ from typing import List, NoReturn, Optional, Sequence, Tuple, Type
 from common.cli import OneLineParser
 from common.config_flags import FlagError, Overrides, add_flags, config_values, flags_of, given, option
 from common.errors import BadInput
-from data.config import DATA_SOURCE_FIELDS, DataConfig
-from data.criteo_layout import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES, read_metadata
-from data.feature_spec import FeatureSpec
+from data.config import DataConfig
+from data.sources import DATA_PATH_FIELDS, FeatureDescription, source_for
 from models.config import ModelConfig, TableSizes
 from sharding_plans.constraints import ShardingFlags
 from training.config import (
@@ -96,30 +95,14 @@ def entry_point_parser(script: str) -> argparse.ArgumentParser:
     return build_parser(script, "", ENTRY_POINT_RECIPES[script])
 
 
-def _feature_layout(data: DataConfig) -> Tuple[List[str], int, Optional[List[int]]]:
-    """(categorical names, numerical count, the spec's cardinalities) of the data;
-    Criteo's names and no cardinalities without a feature spec."""
-    if data.dataset_path is None:
-        return list(SPARSE_FEATURE_NAMES), NUM_DENSE_FEATURES, None
+def _describe_data(data: DataConfig) -> FeatureDescription:
+    """The features of the data the (validated) flags name; the source's errors (a
+    spec or metadata.json) as the flag naming it."""
+    source = source_for(data)
     try:
-        spec = FeatureSpec.load(data.dataset_path)
+        return source.describe()
     except BadInput as e:
-        raise FlagError(f"{option(data, 'dataset_path')}: {e}") from e
-    return list(spec.categorical), len(spec.numerical), spec.cardinalities
-
-
-def _metadata_table_sizes(data: DataConfig) -> Optional[List[int]]:
-    """The cardinalities a Criteo directory's metadata.json records, or None."""
-    for name in ("in_memory_binary_criteo_path", "synthetic_multi_hot_criteo_path"):
-        path = getattr(data, name)
-        if path:
-            try:
-                metadata = read_metadata(path)
-            except BadInput as e:
-                raise FlagError(f"{option(data, name)}: {e}") from e
-            sizes = (metadata or {}).get("num_embeddings_per_feature")
-            return [int(v) for v in sizes] if sizes else None
-    return None
+        raise FlagError(f"{option(data, source.path_field)}: {e}") from e
 
 
 def _layers(args: argparse.Namespace) -> Tuple[Overrides, ...]:
@@ -144,8 +127,8 @@ def _checkpoint_layers(args: argparse.Namespace, layers: Tuple[Overrides, ...]) 
     meta = read_meta(path)
     where = f"{path}/meta.json"
     data = meta.flag_values("data", DataConfig, where)
-    if any(given(args, DataConfig, name) for name in DATA_SOURCE_FIELDS):
-        data = {name: value for name, value in data.items() if name not in DATA_SOURCE_FIELDS}
+    if any(given(args, DataConfig, name) for name in DATA_PATH_FIELDS):
+        data = {name: value for name, value in data.items() if name not in DATA_PATH_FIELDS}
     # The sizes as training resolved them, unless table-size flags are given.
     tables = ({} if any(given(args, TableSizes, item.field.name) for item in flags_of(TableSizes))
               else {"num_embeddings_per_feature": meta.model.num_embeddings_per_feature})
@@ -173,14 +156,15 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     tables.validate()
     run = values(TrainConfig)
     data = DataConfig(**values(DataConfig), seed=run["seed"])
-    sparse_names, num_dense, cardinalities = _feature_layout(data)
-    if cardinalities is None and tables.num_embeddings_per_feature is None and tables.num_embeddings is None:
-        cardinalities = _metadata_table_sizes(data)
+    data.validate()  # the source's path and flags, before the source describes its features
+    features = _describe_data(data)
+    cardinalities = list(features.cardinalities) if features.cardinalities is not None else None
     validate_at_epoch_end, test_at_end = ReferenceEvaluation(**values(ReferenceEvaluation)).schedule()
     recipe = RECIPES.get(args.recipe or "")
     config = TrainConfig(
-        model=ModelConfig(num_embeddings_per_feature=tables.resolve(len(sparse_names), cardinalities),
-                          sparse_feature_names=sparse_names, dense_in_features=num_dense, **values(ModelConfig)),
+        model=ModelConfig(num_embeddings_per_feature=tables.resolve(len(features.sparse_feature_names), cardinalities),
+                          sparse_feature_names=list(features.sparse_feature_names),
+                          dense_in_features=features.num_dense_features, **values(ModelConfig)),
         data=data,
         optim=OptimizerConfig(**values(OptimizerConfig)),
         tables=tables,

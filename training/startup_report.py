@@ -20,6 +20,7 @@ from collections import Counter
 from typing import Any, Dict, List, Mapping, Optional
 
 from data.config import RANDOM_DATA_BATCHES, SPLITS, BatchLoader
+from data.sources import source_for
 from models.config import ModelConfig
 from sharding_plans.report import format_bytes
 from training.config import TrainConfig
@@ -53,9 +54,7 @@ def _table_bytes(model: ModelConfig) -> int:
 
 
 def _data_source(config: TrainConfig) -> str:
-    data = config.data
-    return (data.in_memory_binary_criteo_path or data.synthetic_multi_hot_criteo_path or data.dataset_path
-            or "random data")
+    return source_for(config.data).path or "random data"
 
 
 def split_rows(config: TrainConfig, dataset: Any, world_size: int) -> Dict[str, int]:

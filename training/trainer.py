@@ -24,7 +24,7 @@ from torchrec.distributed.types import ShardingEnv
 from common.config_flags import Overrides, flag_of
 from common.errors import BadInput
 from data.config import BatchLoader
-from data.loaders import build_loaders, check_dataset_values, open_dataset
+from data.sources import source_for
 from models import build_dlrm_train
 from models.embedding_optimizer import attach_fused_embedding_optimizer
 from models.interaction import align_to_sharded_embeddings
@@ -104,7 +104,9 @@ class Trainer:
         self.env = env
         # The data set, the checkpoint, the model and the plan file or constraints
         # first: bad input fails on every rank alike, before any collective.
-        dataset = open_dataset(config.data, check_values=False)  # after the start-up block: it reads every file
+        source = source_for(config.data)
+        self.data_source, self.data_features = source.name, source.describe()  # what checkpoints record
+        dataset = source.open(check_values=False)  # after the start-up block: it reads every file
         restore = find_restore_point(config)
         flags = config.checkpoint
         # Training with a checkpoint directory always saves there: at the end, at each
@@ -115,7 +117,7 @@ class Trainer:
         check_pipeline_supported(config.pipeline, env.device)
         startup = StartupReport(config, env)
         startup.before_setup(dataset)  # what is being built, before the seconds (or minutes) it takes
-        check_dataset_values(config.data, dataset)
+        source.check_values(dataset)
         # Model: identical dense init on every rank and world size (seeded here),
         # tables on the meta device until sharded.
         torch.manual_seed(config.seed)
@@ -183,8 +185,8 @@ class Trainer:
         release_cache_line_locks(self.model)  # the probe's lookup had no backward
         self.optimizer = build_combined_optimizer(self.model, config.optim)
         self.schedule = WarmupPolyDecaySchedule(config.optim)
-        self.loaders: Dict[str, BatchLoader] = build_loaders(
-            config.data, dataset, config.model.num_embeddings_per_feature, env.rank, env.world_size
+        self.loaders: Dict[str, BatchLoader] = source.loaders(
+            dataset, config.model.num_embeddings_per_feature, env.rank, env.world_size
         )
         self.step = 0
         self.start_epoch, self.start_batch = 0, 0  # where training (re)starts in the data
@@ -255,7 +257,8 @@ class Trainer:
         start = time.perf_counter()
         meta = CheckpointMeta(step=self.step, epoch=epoch, batch_in_epoch=batch_in_epoch,
                               world_size=self.env.world_size, config=dataclasses.asdict(self.config), plan=self.plan,
-                              run_id=self.log.run_id, early_stopping=self.best.stopping.state_dict())
+                              run_id=self.log.run_id, early_stopping=self.best.stopping.state_dict(),
+                              data_source=self.data_source, data_features=self.data_features)
         state = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
         stage, self.stage = self.stage, f"saving step {self.step}"  # what a failure or SIGTERM reports
         path = self.checkpoints.save(state, meta)

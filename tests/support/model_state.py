@@ -1,11 +1,24 @@
 """Helpers shared by test modules: a DCP checkpoint as one flat dict of tensors, exact
-comparison of two such states, and an MLP's parameter count from first principles."""
+comparison of two such states, an MLP's parameter count from first principles, and
+the model's feature fields for Criteo-shaped data."""
 
 import os
 import time
+from typing import Any, Dict
 
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from data.config import DataConfig
+from data.sources import RandomData
+
+
+def criteo_features() -> Dict[str, Any]:
+    """ModelConfig's feature fields for Criteo-shaped data, as its source describes
+    them (the model itself knows no data set)."""
+    features = RandomData(DataConfig()).describe()
+    return {"sparse_feature_names": list(features.sparse_feature_names),
+            "dense_in_features": features.num_dense_features}
 
 
 def flat_state(checkpoint: str, tmp_path) -> dict:

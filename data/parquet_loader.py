@@ -130,6 +130,13 @@ class ParquetDataset:
     def num_rows(self, split: str) -> int:
         return sum(s.count for s in self.splits[split])
 
+    def split_ranges(self) -> Dict[str, Tuple[int, int]]:
+        """Each split's rows as consecutive ranges (train, validation, test), for what
+        counts rows (the start-up report); not row numbers of the files."""
+        counts = [self.num_rows(s) for s in ("train", "validation", "test")]
+        starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
+        return {s: (starts[i], starts[i + 1]) for i, s in enumerate(("train", "validation", "test"))}
+
     def describe_splits(self) -> str:
         """One line: each split's rows, and with a time column its time range."""
         parts = []

@@ -24,6 +24,7 @@ class ParquetSource(DataSource):
     name = "parquet"
     path_field = "parquet_path"
     serving_layout = "parquet_columns"
+    has_weights = True  # --weight_column names a column
 
     def check_flags(self) -> None:
         config = self.config
@@ -60,6 +61,7 @@ class ParquetSource(DataSource):
                 raise FlagError(f"{option(config, 'rolling_windows')} evaluates each window on the next one: "
                                 f"{option(config, 'validation_window')} and {option(config, 'test_window')} "
                                 "do not apply")
+        super().check_flags()
 
     def windows(self) -> "tuple[Optional[Window], Optional[Window]]":
         """(validation window, test window) as given; None: the default."""

@@ -9,7 +9,7 @@ it): the flags are checked without them.
 """
 
 import dataclasses
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from common.config_flags import FlagError, option
 from data.config import BatchLoader, DataConfig
@@ -111,6 +111,9 @@ class ParquetSource(DataSource):
         validation, test = self.windows()
         return ParquetDataset(self.config.parquet_path, columns, self.config.time_column,  # type: ignore[arg-type]
                               validation, test)
+
+    def time_ranges(self, dataset: Any) -> Dict[str, Tuple[str, str]]:
+        return dataset.time_ranges()
 
     def loaders(self, dataset: Any, num_embeddings_per_feature: List[int], rank: int,
                 world_size: int) -> Dict[str, BatchLoader]:

@@ -93,6 +93,11 @@ class DataSource(ABC):
         """One loader per split ("train", "validation", "test") for this rank, from
         what `open` returned."""
 
+    def time_ranges(self, dataset: Any) -> Dict[str, Tuple[str, str]]:
+        """{split: (first time, end time exclusive)} of what `open` returned, for data
+        split by time; {} otherwise (the start-up report prints them)."""
+        return {}
+
     def window_loaders(self, dataset: Any, window: int, num_windows: int, num_embeddings_per_feature: List[int],
                        rank: int, world_size: int) -> Dict[str, BatchLoader]:
         """``--rolling_windows N`` (``num_windows`` = N + 1 consecutive time windows):

@@ -85,14 +85,19 @@ class DataConfig:
                                 "table size (docs/data.md); modulo: integer ids already mapped, taken modulo the "
                                 "table size")
     hash_seed: int = flag(0, help="Parquet: the seed of --id_hashing hash")
-    max_buffered_row_groups: int = flag(4, help="Parquet: row groups a rank holds in memory at most")
+    max_buffered_row_groups: int = flag(4, help="Parquet: row groups a rank holds in memory at most (also the "
+                                                "--shuffle_training_set window)")
     time_column: Optional[str] = flag(
         None, help="Parquet: timestamp, date or integer column (a Hive partition column such as date counts); "
                    "validation and test are then the latest rows")
     validation_window: Optional[str] = flag(
-        None, help="with --time_column: the validation split, a duration (1d, 6h) or a fraction (0.1)")
+        None, help="Parquet: the validation split, just before the test split: a duration (1d, 6h; needs "
+                   "--time_column) or a fraction (0.1) of the time range, or of the rows without --time_column "
+                   "(default 1d; 0.1 for an integer time column; 0.05 of the rows without one)")
     test_window: Optional[str] = flag(
-        None, help="with --time_column: the test split, the latest rows: a duration (1d, 6h) or a fraction (0.1)")
+        None, help="Parquet: the test split, the latest rows: a duration (1d, 6h; needs --time_column) or a "
+                   "fraction (0.1) of the time range, or of the rows without --time_column (defaults as "
+                   "--validation_window)")
     rolling_windows: Optional[int] = flag(
         None, help="with --time_column: N+1 consecutive time windows; train on window k, evaluate on k+1, "
                    "continue on k+1 ...")

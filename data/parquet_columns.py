@@ -23,7 +23,7 @@ Example::
 
 import fnmatch
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +31,10 @@ import pyarrow.compute as pc
 
 from common.errors import BadInput
 from data.id_hashing import embedding_rows, integer_keys, string_keys
+
+if TYPE_CHECKING:
+    from data.config import DataConfig
+    from data.sources import FeatureDescription
 
 
 class ColumnValueError(BadInput):
@@ -165,6 +169,17 @@ class ParquetColumns:
     def __post_init__(self) -> None:
         if len(self.table_sizes) != len(self.sparse):
             raise ValueError(f"{len(self.sparse)} sparse columns but {len(self.table_sizes)} table sizes")
+
+    @classmethod
+    def from_flags(cls, config: "DataConfig", description: "FeatureDescription",
+                   table_sizes: Sequence[int]) -> "ParquetColumns":
+        """The columns the data flags name, with the features of ``description``
+        (`data.sources.ParquetSource.describe`: patterns resolved) and the model's
+        table sizes."""
+        return cls(label=config.label_column, dense=tuple(description.dense_feature_names),
+                   sparse=tuple(description.sparse_feature_names), table_sizes=tuple(int(s) for s in table_sizes),
+                   weight=config.weight_column, dense_transform=config.dense_transform,
+                   id_hashing=config.id_hashing, hash_seed=config.hash_seed)
 
     @property
     def names(self) -> Tuple[str, ...]:

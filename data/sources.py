@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type
 
-from common.config_flags import FlagError, option
+from common.config_flags import FlagError, flag_of, option
 from common.json_fields import FileFieldError, JsonObject, int_list, optional, text_list
 from data.config import BatchLoader, DataConfig
 
@@ -82,6 +82,8 @@ class DataSource(ABC):
     serving_layout: ClassVar[str]
     # Whether its rows can carry sample weights (--weight_column).
     has_weights: ClassVar[bool] = False
+    # The DataConfig fields only this source reads: given with another source, refused.
+    own_fields: ClassVar[Tuple[str, ...]] = ()
 
     def __init__(self, config: DataConfig) -> None:
         self.config = config
@@ -95,6 +97,11 @@ class DataSource(ABC):
         `DataConfig.validate` calls it after the checks every source shares. A source
         checks its path, then calls this."""
         config = self.config
+        for other in SOURCES.values():
+            for name in other.own_fields if other is not type(self) else ():
+                if getattr(config, name) != flag_of(DataConfig, name).default:
+                    raise FlagError(f"{option(config, name)} is for {other.name} data: it needs "
+                                    f"{option(config, other.path_field)}")
         if config.weight_column is not None and not self.has_weights:
             weighted = " or ".join(option(config, s.path_field) for s in SOURCES.values() if s.has_weights)
             raise FlagError(f"{option(config, 'weight_column')} needs data with sample weights ({weighted}); "
@@ -139,6 +146,11 @@ class DataSource(ABC):
                 world_size: int) -> Dict[str, BatchLoader]:
         """One loader per split ("train", "validation", "test") for this rank, from
         what `open` returned."""
+
+    def time_ranges(self, dataset: Any) -> Dict[str, Tuple[str, str]]:
+        """{split: (first time, end time exclusive)} of what `open` returned, for data
+        split by time; {} otherwise (the start-up report prints them)."""
+        return {}
 
     def window_loaders(self, dataset: Any, window: int, num_windows: int, num_embeddings_per_feature: List[int],
                        rank: int, world_size: int) -> Dict[str, BatchLoader]:
@@ -290,8 +302,11 @@ class SplitBinarySpec(_BinaryDataSource):
         return SplitBinaryDataset(str(self.path), self.config.weight_column)
 
 
+# Here, after DataSource: its module subclasses it (and imports no pyarrow until used).
+from data.parquet_source import ParquetSource  # noqa: E402
+
 SOURCES: Dict[str, Type[DataSource]] = {
-    source.name: source for source in (RandomData, CriteoDays, CriteoMultiHotDays, SplitBinarySpec)
+    source.name: source for source in (RandomData, CriteoDays, CriteoMultiHotDays, SplitBinarySpec, ParquetSource)
 }
 # The DataConfig fields that name data (one of them at most).
 DATA_PATH_FIELDS: Tuple[str, ...] = tuple(s.path_field for s in SOURCES.values() if s.path_field)

@@ -114,12 +114,13 @@ class StartupReport:
         """Prints (rank 0) and returns the lines known before the model is built."""
         config, model = self.config, self.config.model
         rows = split_rows(config, dataset, self.env.world_size)
+        times = source_for(config.data).time_ranges(dataset)
         table_bytes = _table_bytes(model)
         self.facts = {
             "mode": config.mode, "interaction_type": model.interaction_type,
             "num_tables": len(model.num_embeddings_per_feature), "table_rows": sum(model.num_embeddings_per_feature),
             "embedding_dim": model.embedding_dim, "table_bytes": table_bytes, "data": _data_source(config),
-            "split_rows": rows, "world_size": self.env.world_size, "device": str(self.env.device),
+            "split_rows": rows, "split_times": times, "world_size": self.env.world_size, "device": str(self.env.device),
             "amp": config.amp, "embedding_precision": model.embedding_precision, "pipeline": config.pipeline,
             "log_path": config.log_path, "checkpoint_dir": config.checkpoint.checkpoint_dir,
         }
@@ -130,6 +131,8 @@ class StartupReport:
             f"{model.embedding_dim} | {format_bytes(table_bytes)} of {model.embedding_precision} weights",
             f"data: {_data_source(config)} | rows: " + ", ".join(f"{s} {n:,}" for s, n in rows.items())
             + f" | batch {config.data.batch_size} per rank",
+            *([f"time ranges ({config.data.time_column}): " + ", ".join(
+                f"{s} {first} to before {end}" for s, (first, end) in times.items())] if times else []),
             _precision_line(config, self.env),
             _outputs_line(config),
         ]

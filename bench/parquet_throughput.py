@@ -1,0 +1,102 @@
+"""Parquet loader speed against pyarrow's own read of the same columns (the limit).
+
+Writes two tables, then measures in the same run, on one core (one rank of one):
+- pyarrow's own read: every row group of the table, the same columns, into Arrow
+  (``ParquetFile.read_row_group``), rows/s;
+- our loader: the rows/s the training loader (data.parquet_loader.ParquetLoader:
+  hashing, transform, KJT batches) hands to training.
+Tables: Criteo-shaped (label, 13 dense floats, 26 string ids) and multi-hot (label,
+13 dense, 4 list columns of 1-100 int64 ids). Prints each rate and the ratio (the goal
+is >= 0.7x).
+
+    python bench/parquet_throughput.py [--rows 1000000] [--batch_size 4096]
+"""
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from data.config import DataConfig
+from data.sources import source_for
+
+NUM_DENSE = 13
+NUM_STRING_IDS = 26
+NUM_LISTS = 4
+
+
+def write_table(directory: str, rows: int, multi_hot: bool, row_group_rows: int, seed: int = 0) -> str:
+    """One Parquet file of ``rows`` rows; returns its directory."""
+    rng = np.random.default_rng(seed)
+    columns = {"label": pa.array(rng.integers(0, 2, rows), pa.int8())}
+    for i in range(NUM_DENSE):
+        columns[f"I{i + 1}"] = pa.array(rng.exponential(10, rows).astype(np.float32))
+    if multi_hot:
+        for i in range(NUM_LISTS):
+            lengths = rng.integers(1, 101, rows)
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+            values = rng.integers(0, 2**40, int(offsets[-1]), dtype=np.int64)
+            columns[f"C{i + 1}"] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+    else:
+        for i in range(NUM_STRING_IDS):
+            columns[f"C{i + 1}"] = pa.array([f"{v:08x}" for v in rng.integers(0, 2**31, rows)])
+    os.makedirs(directory, exist_ok=True)
+    pq.write_table(pa.table(columns), os.path.join(directory, "part-0.parquet"), row_group_size=row_group_rows)
+    return directory
+
+
+def pyarrow_rows_per_sec(directory: str, columns: list) -> float:
+    """Rows/s of pyarrow reading every row group of the table's columns."""
+    path = os.path.join(directory, "part-0.parquet")
+    start, rows = time.perf_counter(), 0
+    parquet = pq.ParquetFile(path)
+    for group in range(parquet.num_row_groups):
+        rows += parquet.read_row_group(group, columns=columns).num_rows
+    return rows / (time.perf_counter() - start)
+
+
+def loader_rows_per_sec(directory: str, batch_size: int) -> float:
+    """Rows/s of the training loader's batches (one rank of one)."""
+    config = DataConfig(parquet_path=directory, dense_columns="I*", sparse_columns="C*", batch_size=batch_size,
+                        validation_window="0.01", test_window="0.01")
+    config.validate()
+    source = source_for(config)
+    dataset = source.open()
+    loader = source.loaders(dataset, [1_000_000] * len(source.describe().sparse_feature_names), 0, 1)["train"]
+    start, rows = time.perf_counter(), 0
+    for batch in loader:
+        rows += batch.labels.numel()
+    return rows / (time.perf_counter() - start)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--batch_size", type=int, default=4096)
+    parser.add_argument("--row_group_rows", type=int, default=128 * 1024)
+    args = parser.parse_args()
+    import torch
+    torch.set_num_threads(1)  # one core, as the goal says
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, multi_hot in (("criteo_shaped", False), ("multi_hot", True)):
+            rows = args.rows if not multi_hot else max(1, args.rows // 20)  # ~50 ids a bag: keep the bytes close
+            directory = write_table(os.path.join(tmp, name), rows, multi_hot, args.row_group_rows)
+            columns = pq.ParquetFile(os.path.join(directory, "part-0.parquet")).schema_arrow.names
+            limit = pyarrow_rows_per_sec(directory, columns)
+            ours = loader_rows_per_sec(directory, args.batch_size)
+            results[name] = {"rows": rows, "pyarrow_rows_per_sec": limit, "loader_rows_per_sec": ours,
+                             "ratio": ours / limit}
+            print(f"{name}: pyarrow {limit:,.0f} rows/s, loader {ours:,.0f} rows/s, ratio {ours / limit:.2f}x "
+                  "(goal >= 0.7x)")
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

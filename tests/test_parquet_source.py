@@ -1,0 +1,328 @@
+"""--parquet_path: discovery, splits, the per-rank streaming loader, refusals (in process,
+over small Parquet tables written here)."""
+
+import datetime
+import os
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from common.config_flags import FlagError
+from common.errors import BadInput
+from data.config import DataConfig
+from data.id_collisions import CollisionCounter
+from data.id_hashing import embedding_rows, integer_keys
+from data.parquet_loader import ParquetValueError
+from data.parquet_windows import parse_window
+from data.sources import source_for
+
+# Very different file sizes, and row groups of 1 row among them.
+FILE_ROWS = (1, 57, 3, 0, 23, 9)
+ROW_GROUP_ROWS = (1, 5, 1, 1, 4, 1)
+
+
+def _rows(first: int, n: int, rng: np.random.Generator) -> Dict[str, pa.Array]:
+    return {
+        "label": pa.array(rng.integers(0, 2, n), pa.int64()),
+        "rid": pa.array(np.arange(first, first + n, dtype=np.float64)),  # the row's identity
+        "I2": pa.array(rng.random(n)),
+        "C1": pa.array([f"v{v}" for v in rng.integers(0, 40, n)], pa.string()),
+        "C2": pa.array(rng.integers(0, 10**12, n), pa.int64()),
+        "M1": pa.array([list(rng.integers(0, 100, rng.integers(0, 4))) for _ in range(n)], pa.list_(pa.int64())),
+        "ts": pa.array(np.datetime64("2026-11-01") + rng.integers(0, 10 * 86400, n).astype("timedelta64[s]"),
+                       pa.timestamp("s")),
+    }
+
+
+def _write_table(root: str, file_rows: Sequence[int] = FILE_ROWS, row_groups: Sequence[int] = ROW_GROUP_ROWS,
+                 seed: int = 0) -> int:
+    rng = np.random.default_rng(seed)
+    first = 0
+    for i, (rows, group) in enumerate(zip(file_rows, row_groups)):
+        os.makedirs(root, exist_ok=True)
+        pq.write_table(pa.table(_rows(first, rows, rng)), os.path.join(root, f"part-{i:02d}.parquet"),
+                       row_group_size=group)
+        first += rows
+    return first
+
+
+def _config(path: str, **flags) -> DataConfig:
+    values = dict(parquet_path=path, dense_columns="rid,I2", sparse_columns="C1,C2,M1", dense_transform="none",
+                  batch_size=4)
+    values.update(flags)
+    config = DataConfig(**values)
+    config.validate()
+    return config
+
+
+def _loaders(config: DataConfig, rank: int = 0, world_size: int = 1):
+    source = source_for(config)
+    return source.loaders(source.open(), [97, 1000, 50], rank, world_size)
+
+
+def _rids(batch) -> List[int]:
+    return [int(v) for v in batch.dense_features[:, 0]]
+
+
+def _epoch(loader, epoch: int = 0, start: int = 0) -> List[List[int]]:
+    loader.set_epoch(epoch, start)
+    return [_rids(b) for b in loader]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_see_the_one_rank_global_batch(tmp_path, world_size, shuffle):
+    _write_table(str(tmp_path))
+    one = _epoch(_loaders(_config(str(tmp_path), batch_size=3 * world_size, shuffle_training_set=shuffle))["train"])
+    per_rank = [_epoch(_loaders(_config(str(tmp_path), batch_size=3, shuffle_training_set=shuffle),
+                                rank, world_size)["train"]) for rank in range(world_size)]
+    assert len({len(r) for r in per_rank}) == 1  # every rank the same number of batches
+    # A final global batch of fewer rows than ranks is dropped (data/batching.py).
+    assert all(len(big) < world_size for big in one[len(per_rank[0]):])
+    for step, big in enumerate(one[:len(per_rank[0])]):
+        joined = [rid for rank in per_rank for rid in rank[step]]
+        assert joined == big[:len(joined)]
+        assert len(big) - len(joined) < world_size  # a final partial batch split evenly
+
+
+def test_every_training_row_once_in_file_order(tmp_path):
+    _write_table(str(tmp_path))
+    config = _config(str(tmp_path))
+    rows = [rid for batch in _epoch(_loaders(config)["train"]) for rid in batch]
+    dataset = source_for(config).open()
+    assert rows == list(range(dataset.num_rows("train")))  # files in path order, row groups, rows
+
+
+def test_start_batch_skips_exactly(tmp_path):
+    _write_table(str(tmp_path))
+    loader = _loaders(_config(str(tmp_path), shuffle_training_set=True))["train"]
+    whole = _epoch(loader, epoch=1)
+    assert _epoch(loader, epoch=1, start=5) == whole[5:]
+
+
+def test_shuffle_is_deterministic_and_per_epoch(tmp_path):
+    _write_table(str(tmp_path))
+    first = _epoch(_loaders(_config(str(tmp_path), shuffle_training_set=True))["train"])
+    again = _epoch(_loaders(_config(str(tmp_path), shuffle_training_set=True))["train"])
+    other_epoch = _epoch(_loaders(_config(str(tmp_path), shuffle_training_set=True))["train"], epoch=1)
+    plain = _epoch(_loaders(_config(str(tmp_path)))["train"])
+    assert first == again
+    assert first != other_epoch
+    flat = sorted(r for b in first for r in b)
+    assert flat == sorted(r for b in plain for r in b) and first != plain
+
+
+def test_multi_hot_bags_and_hashing(tmp_path):
+    _write_table(str(tmp_path), file_rows=(6,), row_groups=(6,))
+    table = pq.read_table(str(tmp_path / "part-00.parquet"))
+    batch = next(iter(_loaders(_config(str(tmp_path), validation_window="0.1", test_window="0.1"))["train"]))
+    kjt = batch.sparse_features.to_dict()
+    bags = table.column("M1").to_pylist()[:4]
+    assert kjt["M1"].lengths().tolist() == [len(b) for b in bags]
+    expected = embedding_rows(integer_keys(np.array([v for b in bags for v in b], dtype=np.int64)), 0, 50)
+    assert kjt["M1"].values().tolist() == expected.tolist()
+
+
+def test_time_split_never_leaks(tmp_path):
+    _write_table(str(tmp_path))
+    config = _config(str(tmp_path), time_column="ts", validation_window="2d", test_window="1d")
+    times = pq.read_table(str(tmp_path), columns=["ts"]).column("ts").to_numpy()
+    # Read back with every partition as a column of its own file order.
+    loaders = _loaders(config)
+    dataset = source_for(config).open()
+    ranges = dataset.time_ranges()
+    seen = {split: [r for b in _epoch(loader) for r in b] for split, loader in loaders.items()}
+    order = np.concatenate([pq.read_table(str(tmp_path / f"part-{i:02d}.parquet"), columns=["ts"]).column("ts")
+                            .to_numpy() for i in range(len(FILE_ROWS))])
+    assert len(order) == len(times)
+    validation_start = np.datetime64(ranges["validation"][0])
+    test_start = np.datetime64(ranges["test"][0])
+    assert all(order[r] < validation_start for r in seen["train"])
+    assert all(validation_start <= order[r] < test_start for r in seen["validation"])
+    assert all(order[r] >= test_start for r in seen["test"])
+    assert test_start == np.datetime64(ranges["test"][1]) - np.timedelta64(1, "D")
+    assert sum(len(v) for v in seen.values()) == len(order) - 0  # eval splits keep every row (no drop_last)
+
+
+def test_hive_date_partitions_test_on_the_last_day(tmp_path):
+    rng = np.random.default_rng(1)
+    for day, rows in enumerate((5, 8, 3, 4)):
+        folder = tmp_path / f"date=2026-11-0{day + 1}"
+        folder.mkdir()
+        pq.write_table(pa.table(_rows(day * 100, rows, rng)), str(folder / "part-0.parquet"), row_group_size=2)
+    config = _config(str(tmp_path), time_column="date", batch_size=2)
+    dataset = source_for(config).open()
+    assert dataset.time_ranges() == {"train": ("2026-11-01", "2026-11-03"), "validation": ("2026-11-03", "2026-11-04"),
+                                     "test": ("2026-11-04", "2026-11-05")}
+    assert [dataset.num_rows(s) for s in ("train", "validation", "test")] == [13, 3, 4]
+    test_rows = [r for b in _epoch(_loaders(config)["test"]) for r in b]
+    assert test_rows == [300, 301, 302, 303]
+
+
+def test_glob_single_file_and_file_url(tmp_path):
+    _write_table(str(tmp_path))
+    for path, rows in ((str(tmp_path / "part-0[12].parquet"), 60), (str(tmp_path / "part-01.parquet"), 57),
+                       ("file://" + str(tmp_path), sum(FILE_ROWS))):
+        dataset = source_for(_config(path)).open()
+        assert sum(dataset.num_rows(s) for s in ("train", "validation", "test")) == rows
+
+
+def _bad_type(root):
+    t = pa.table(_rows(0, 4, np.random.default_rng(0))).set_column(3, "C1", pa.array([1.5] * 4))
+    pq.write_table(t, os.path.join(root, "part-00.parquet"))
+    return "part-00.parquet: column C1 is double, but a sparse column holds integer or string ids"
+
+
+def _type_change(root):
+    _write_table(root, file_rows=(4,), row_groups=(4,))
+    t = pa.table(_rows(4, 4, np.random.default_rng(0)))
+    t = t.set_column(4, "C2", pa.array([str(v) for v in t.column("C2").to_pylist()]))
+    pq.write_table(t, os.path.join(root, "part-01.parquet"))
+    return "part-01.parquet: column C2 is string, but"
+
+
+def _missing(root):
+    pq.write_table(pa.table(_rows(0, 4, np.random.default_rng(0))).drop_columns(["label"]),
+                   os.path.join(root, "part-00.parquet"))
+    return "part-00.parquet: no column label (the label column"
+
+
+def _not_parquet(root):
+    _write_table(root, file_rows=(4,), row_groups=(4,))
+    with open(os.path.join(root, "part-01.parquet"), "w") as f:
+        f.write("label,C1\n1,2\n")
+    return "part-01.parquet: not a Parquet file, or truncated"
+
+
+def _truncated(root):
+    _write_table(root, file_rows=(4, 5), row_groups=(4, 5))
+    path = os.path.join(root, "part-01.parquet")
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])
+    return "part-01.parquet: not a Parquet file, or truncated"
+
+
+def _empty(root):
+    _write_table(root, file_rows=(0, 0), row_groups=(1, 1))
+    return "the table has no rows (2 file(s))"
+
+
+def _empty_split(root):
+    _write_table(root, file_rows=(10,), row_groups=(10,))
+    return "the validation split has no rows"
+
+
+@pytest.mark.parametrize("make", [_bad_type, _type_change, _missing, _not_parquet, _truncated, _empty, _empty_split])
+def test_bad_tables_refused_naming_the_file(tmp_path, make):
+    expected = make(str(tmp_path))
+    flags = {"validation_window": "0.01", "test_window": "0.3"} if make is _empty_split else {}
+    with pytest.raises(BadInput, match=None) as caught:
+        source_for(_config(str(tmp_path), **flags)).open()
+    assert expected in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("column, value, what", [
+    ("label", 2, "label 2 is not 0 or 1"),
+    ("I2", float("nan"), "dense value nan is not finite"),
+])
+def test_bad_value_names_file_row_group_row_column(tmp_path, column, value, what):
+    _write_table(str(tmp_path), file_rows=(3, 20), row_groups=(3, 4))
+    path = str(tmp_path / "part-01.parquet")
+    table = pq.read_table(path)
+    values = table.column(column).to_pylist()
+    values[9] = value  # row group 2 (rows 8-11) of the file
+    table = table.set_column(table.schema.get_field_index(column), column,
+                             pa.array(values, table.schema.field(column).type))
+    pq.write_table(table, path, row_group_size=4)
+    with pytest.raises(ParquetValueError) as caught:
+        for split in _loaders(_config(str(tmp_path), validation_window="0.1", test_window="0.1")).values():
+            list(split)
+    assert str(caught.value) == f"{path}: row group 2, row 9, column {column}: {what}"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (dict(sparse_columns=None), "--parquet_path needs --sparse_columns"),
+    (dict(multi_hot_sizes=[2] * 26), "--multi_hot_sizes expands one-hot data; Parquet list columns"),
+    (dict(shuffle_batches=True), "--shuffle_batches reads batches in random order"),
+    (dict(test_window="1d"), "--test_window 1d is a duration, which needs --time_column"),
+    (dict(validation_window="0.5", test_window="0.5"), "leave no training rows"),
+    (dict(test_window="1w"), "--test_window 1w: give a duration (1d, 6h, 30m, 90s) or a fraction (0.1)"),
+    (dict(test_window="1.5"), "--test_window 1.5: a fraction must be between 0 and 1"),
+    (dict(rolling_windows=3), "--rolling_windows needs --time_column"),
+    (dict(max_buffered_row_groups=0), "--max_buffered_row_groups must be at least 1"),
+])
+def test_flag_refusals(tmp_path, flags, message):
+    values = dict(parquet_path=str(tmp_path), sparse_columns="C1")
+    values.update(flags)
+    with pytest.raises(FlagError, match=None) as caught:
+        DataConfig(**values).validate()
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("flags", [dict(sparse_columns="C1"), dict(time_column="ts"), dict(hash_seed=3),
+                                   dict(test_window="0.1")])
+def test_parquet_flags_need_parquet_path(flags):
+    with pytest.raises(FlagError, match="is for Parquet data: it needs --parquet_path"):
+        DataConfig(**flags).validate()
+
+
+def test_weight_column_with_parquet(tmp_path):
+    _write_table(str(tmp_path))
+    config = _config(str(tmp_path), dense_columns="rid", weight_column="I2", batch_size=3)
+    ranks = [_loaders(config, rank, 2)["train"] for rank in range(2)]
+    first = [next(iter(loader)) for loader in ranks]
+    weights = pq.read_table(str(tmp_path), columns=["I2"]).column("I2").to_numpy()[:6]
+    assert np.allclose(first[0].weights.numpy(), weights[:3])
+    assert np.isclose(float(first[1].weight_normalizer), weights.sum() / 2)
+
+
+def test_windows_parse():
+    assert parse_window("1d", "--w").microseconds == 86_400_000_000
+    assert parse_window("6h", "--w").microseconds == 6 * 3_600_000_000
+    assert parse_window("30m", "--w").microseconds == 30 * 60_000_000
+    assert parse_window("0.1", "--w").fraction == 0.1
+
+
+def test_describe_resolves_patterns_with_partitions(tmp_path):
+    folder = tmp_path / "date=2026-11-01"
+    folder.mkdir()
+    pq.write_table(pa.table(_rows(0, 3, np.random.default_rng(0))), str(folder / "part-0.parquet"))
+    description = source_for(_config(str(tmp_path), dense_columns="I*", sparse_columns="C*,date")).describe()
+    assert description.dense_feature_names == ("I2",)
+    assert description.sparse_feature_names == ("C1", "C2", "date")
+    assert description.cardinalities is None
+
+
+def test_collision_counts_exact_and_estimated():
+    keys = np.random.default_rng(0).integers(0, 2**63, 5000, dtype=np.int64).view(np.uint64)
+    exact = CollisionCounter(["f"], [3000], "hash", 7)
+    exact.add([keys[:2000]])
+    exact.add([keys])  # repeats count once
+    rows = embedding_rows(keys, 7, 3000)
+    _, inverse, counts = np.unique(rows, return_inverse=True, return_counts=True)
+    stats = exact.statistics()["f"]
+    assert stats == {"distinct": 5000, "colliding_fraction": float((counts[inverse] > 1).mean()), "exact": True}
+    sampled = CollisionCounter(["f"], [3000], "hash", 7, exact_cap=500)
+    sampled.add([keys])
+    estimate = sampled.statistics()["f"]
+    assert not estimate["exact"] and abs(estimate["distinct"] - 5000) < 1000
+    assert abs(estimate["colliding_fraction"] - stats["colliding_fraction"]) < 0.1
+
+
+def test_training_loader_reports_collisions_and_nulls(tmp_path):
+    _write_table(str(tmp_path), file_rows=(12,), row_groups=(5,))
+    path = str(tmp_path / "part-00.parquet")
+    table = pq.read_table(path)
+    table = table.set_column(2, "I2", pa.array([None, 1.0] * 6, pa.float64()))
+    pq.write_table(table, path)
+    loader = _loaders(_config(str(tmp_path), validation_window="0.1", test_window="0.1"))["train"]
+    list(loader)
+    stats = loader.statistics()
+    assert stats["dense_nulls"] == {"rid": 0, "I2": 5}  # the 10 training rows
+    assert stats["id_collisions"]["C2"]["distinct"] == len(set(table.column("C2").to_pylist()[:10]))

@@ -1,0 +1,105 @@
+"""Training from Parquet on 2 ranks under torchrun: from a local Hive-partitioned
+directory, and from the same table on a local S3 server (moto) with the same losses."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.support.launch import eval_record, free_port, read_log, run_script, step_losses
+
+TINY = ["--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8", "--over_arch_layer_sizes", "16,1",
+        "--num_embeddings", "200", "--batch_size", "16", "--device", "cpu", "--time_column", "date",
+        "--dense_columns", "I*", "--sparse_columns", "C1,C2,M1", "--limit_train_batches", "6"]
+
+
+def write_click_log(root: str) -> None:
+    """4 days of 120 rows, 2 files a day of uneven row groups: string, int64 and list ids."""
+    rng = np.random.default_rng(0)
+    for day in range(4):
+        for part, rows in enumerate((70, 50)):
+            folder = os.path.join(root, f"date=2026-11-0{day + 1}")
+            os.makedirs(folder, exist_ok=True)
+            c1 = rng.integers(0, 30, rows)
+            table = pa.table({
+                "label": pa.array((c1 % 3 == 0).astype(np.int64)),  # learnable from C1
+                "I1": pa.array(rng.exponential(3, rows)),
+                "I2": pa.array([None if i % 7 == 0 else float(i) for i in range(rows)], pa.float64()),
+                "C1": pa.array([f"{v:x}" for v in c1]),
+                "C2": pa.array(rng.integers(0, 5 * 10**9, rows)),
+                "M1": pa.array([list(rng.integers(0, 10**6, rng.integers(0, 5))) for _ in range(rows)],
+                               pa.list_(pa.int64())),
+            })
+            pq.write_table(table, os.path.join(folder, f"part-{part}.parquet"), row_group_size=(13, 50)[part])
+
+
+def train(path: str, log: str) -> subprocess.CompletedProcess:
+    return run_script(["dlrm_main.py", "--parquet_path", path, *TINY, "--log_path", log], torchrun_nproc=2,
+                      timeout=300)
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("parquet")
+    table = str(root / "clicks")
+    write_click_log(table)
+    log = str(root / "local.jsonl")
+    proc = train(table, log)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return table, read_log(log), proc
+
+
+@pytest.mark.slow
+def test_two_ranks_train_and_test_on_the_last_day(local_run):
+    _, records, proc = local_run
+    losses = step_losses(records)
+    assert len(losses) == 6 and all(np.isfinite(losses))
+    assert eval_record(records, "test")  # the test split: the last day
+    assert "time ranges (date): train 2026-11-01 to before 2026-11-03, validation 2026-11-03 to before " \
+           "2026-11-04, test 2026-11-04 to before 2026-11-05" in proc.stdout
+
+
+def _wait_for_port(port: int, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"moto_server did not listen on port {port}")
+
+
+@pytest.mark.slow
+def test_s3_table_trains_as_the_local_copy(local_run, tmp_path, monkeypatch):
+    import boto3
+
+    table, records, _ = local_run
+    port = free_port()
+    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1",
+                               "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for_port(port)
+        for name, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
+                            "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+                            "AWS_EC2_METADATA_DISABLED": "true"}.items():
+            monkeypatch.setenv(name, value)
+        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1")
+        s3.create_bucket(Bucket="clicks")
+        for directory, _, files in os.walk(table):
+            for name in files:
+                path = os.path.join(directory, name)
+                s3.upload_file(path, "clicks", "log/" + os.path.relpath(path, table))
+        log = str(tmp_path / "s3.jsonl")
+        proc = train("s3://clicks/log", log)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert step_losses(read_log(log)) == step_losses(records)
+        assert eval_record(read_log(log), "test")["auroc"] == eval_record(records, "test")["auroc"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -144,6 +144,7 @@ def _checkpoint_layers(args: argparse.Namespace, layers: Tuple[Overrides, ...]) 
     meta = read_meta(path)
     where = f"{path}/meta.json"
     data = meta.flag_values("data", DataConfig, where)
+    data.pop("rolling_windows", None)  # how the checkpoint was trained, not how it is evaluated
     if any(given(args, DataConfig, name) for name in DATA_SOURCE_FIELDS):
         data = {name: value for name, value in data.items() if name not in DATA_SOURCE_FIELDS}
     # The sizes as training resolved them, unless table-size flags are given.

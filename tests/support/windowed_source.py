@@ -10,7 +10,6 @@ registered first (a picklable entry point for `tests.support.launch.launch`).
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from common.config_flags import FlagError
 from data.config import BatchLoader
 from data.criteo_layout import DENSE_FEATURE_NAMES, NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES
 from data.random_data import RandomCriteoLoader
@@ -30,22 +29,28 @@ class WindowedRandomData(DataSource):
     def open(self, check_values: bool = True) -> Any:
         return None
 
+    def _window(self, window: int, batch_size: int, limit: Optional[int], num_embeddings_per_feature: List[int],
+                rank: int, world_size: int) -> RandomCriteoLoader:
+        return RandomCriteoLoader(BATCHES_PER_WINDOW if limit is None else min(limit, BATCHES_PER_WINDOW),
+                                  batch_size, rank, world_size, num_embeddings_per_feature, SPARSE_FEATURE_NAMES,
+                                  NUM_DENSE_FEATURES, seed=1000 * self.config.seed + window)
+
     def loaders(self, dataset: Any, num_embeddings_per_feature: List[int], rank: int,
                 world_size: int) -> Dict[str, BatchLoader]:
-        raise FlagError("the windowed test source serves --rolling_windows only")
+        """Without --rolling_windows: windows 0, 1 and 2 are train, validation and test."""
+        config = self.config
+        return {split: self._window(w, config.batch_size if split == "train" else config.eval_batch_size,
+                                    config.limit(split), num_embeddings_per_feature, rank, world_size)
+                for w, split in enumerate(("train", "validation", "test"))}
 
     def window_loaders(self, dataset: Any, window: int, num_windows: int, num_embeddings_per_feature: List[int],
                        rank: int, world_size: int) -> Dict[str, BatchLoader]:
         assert 0 <= window < num_windows - 1, (window, num_windows)
         config = self.config
-
-        def loader(w: int, batch_size: int, limit: Optional[int]) -> RandomCriteoLoader:
-            return RandomCriteoLoader(BATCHES_PER_WINDOW if limit is None else min(limit, BATCHES_PER_WINDOW),
-                                      batch_size, rank, world_size, num_embeddings_per_feature,
-                                      SPARSE_FEATURE_NAMES, NUM_DENSE_FEATURES, seed=1000 * config.seed + w)
-
-        return {"train": loader(window, config.batch_size, config.limit_train_batches),
-                "validation": loader(window + 1, config.eval_batch_size, config.limit_val_batches)}
+        return {"train": self._window(window, config.batch_size, config.limit_train_batches,
+                                      num_embeddings_per_feature, rank, world_size),
+                "validation": self._window(window + 1, config.eval_batch_size, config.limit_val_batches,
+                                           num_embeddings_per_feature, rank, world_size)}
 
 
 def register() -> None:

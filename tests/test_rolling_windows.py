@@ -153,3 +153,14 @@ def test_combinations_the_protocol_cannot_honour_are_refused(capsys, monkeypatch
     assert refused.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("dlrm_main.py: error: ") and message in lines[0], lines
+
+
+def test_data_without_time_windows_is_refused_before_training(capsys, monkeypatch):
+    """Random data (or any source without time windows): one line, exit 2, before any collective."""
+    monkeypatch.delenv("RANK", raising=False)
+    try:
+        code = dlrm_main.main(["--rolling_windows", "2", "--time_column", "date", "--num_embeddings", "50"])
+    except SystemExit as e:  # refused with the flags, should the data flags say it first
+        code = e.code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "--time_column" in lines[0], lines

@@ -200,6 +200,25 @@ def test_report_legend_under_the_panels_and_dated(tmp_path):
     assert Image.open(output).size == (1200, 800)
 
 
+def test_report_rolling_windows_get_a_row_of_per_window_panels(tmp_path):
+    lines = [line for line in _log_lines("a", "original", 0.05, 0.7) if line["event"] != "eval"]
+    lines += [{"event": "eval", "run_id": "a", "stage": "validation", "step": 10 * w, "window": w,
+               "auroc": 0.6 + w / 100, "ne": 0.9, "calibration": 1.0 + w / 10} for w in (1, 2, 3)]
+    runs = report.read_runs(_write_log(tmp_path / "log.jsonl", lines))
+    assert runs[0].window_auroc == [(1, 0.61), (2, 0.62), (3, 0.63)]
+    assert runs[0].validation_auroc == [(10, 0.61), (20, 0.62), (30, 0.63)]
+    fig, axes = plt.subplots(3, 3)
+    report.draw_panels(fig, axes, runs)
+    window_panel = axes[2][0]
+    assert window_panel.get_title() == "AUROC of each window"
+    assert list(window_panel.lines[0].get_xdata()) == [1, 2, 3]
+    assert window_panel.get_xlabel() == "window (trained on the windows before it)"
+    plt.close(fig)
+    output = str(tmp_path / "run.png")
+    report.draw(runs, output)
+    assert Image.open(output).size == (1200, 1200)
+
+
 def test_png_figure_writes_the_date(tmp_path):
     captured = {}
     with png_figure(str(tmp_path / "a.png"), 1, 1) as (fig, _):

@@ -11,6 +11,7 @@ import pytest
 CLIS = [
     ("dlrm_main", []), ("dcnv2_main", []),
     ("data.preprocess_criteo", []), ("data.synthetic_criteo", []), ("data.synthetic_csv", []),
+    ("data.synthetic_parquet", []),
     ("data.transcode", []), ("data.criteo_feature_spec", []),
     ("serving.export", []), ("serving.predict", []), ("serving.quality_gate", []), ("serving.serve", []),
     ("training.report", []), ("sharding_plans.cli", []), ("sharding_plans.cli", ["plan"]),

@@ -28,6 +28,7 @@ BAD_FLAG_VALUES = {
                                MISSING),
     "data.synthetic_criteo": (["--output_dir", "{tmp}/out", "--num_days", "1"], "--num_days"),
     "data.synthetic_csv": (["--output", "{tmp}/out", "--cardinality", "many"], "--cardinality"),
+    "data.synthetic_parquet": (["--output_dir", "{tmp}/out", "--start_date", "tomorrow"], "--start_date"),
     "data.transcode": (["--input", MISSING, "--output", "{tmp}/out"], MISSING),
     "sharding_plans": (["plan", "--preset", "no_such_preset"], "no_such_preset"),
     "sweeps": (["run", f"{MISSING}/sweep.yaml"], f"{MISSING}/sweep.yaml"),

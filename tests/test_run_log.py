@@ -3,7 +3,7 @@
 from data.loaders import build_loaders
 from training.distributed import resolve_env
 from training.flags import parse_config
-from training.run_log import StepClock, format_duration, format_metrics
+from training.run_log import RunLog, StepClock, format_duration, format_metrics
 from training.startup_report import StartupReport
 
 
@@ -52,3 +52,17 @@ def test_startup_block_says_what_the_run_builds(capsys, tmp_path):
                      "steps per epoch: train 7, validation 100, test 100 | 3 epochs: 21 training steps"]
     assert capsys.readouterr().out.splitlines() == before + after
     assert report.facts["total_steps"] == 21 and report.facts["table_bytes"] == 26_000 * 8 * 4
+
+
+def test_rolling_window_metrics_go_to_tensorboard_over_the_window(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    log = RunLog(True, str(tmp_path / "log.jsonl"), str(tmp_path / "tb"), progress=False)
+    for window, auroc in ((1, 0.61), (2, 0.64)):
+        log.record("eval", stage="validation", step=4 * window, window=window, auroc=auroc, ne=0.9)
+    log.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [(e.step, round(e.value, 4)) for e in events.Scalars("window/auroc")] == [(1, 0.61), (2, 0.64)]
+    assert [e.step for e in events.Scalars("validation/auroc")] == [4, 8]
+    assert [e.step for e in events.Scalars("window/ne")] == [1, 2]

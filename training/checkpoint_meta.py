@@ -41,7 +41,8 @@ class CheckpointMeta:
 
     Args:
         step: optimizer steps taken when it was saved.
-        epoch: the epoch training continues in.
+        epoch: the epoch training continues in (with ``--rolling_windows``: the
+            window, one pass each; `next_window`).
         batch_in_epoch: the batch of that epoch training continues at.
         world_size: ranks of the run that saved it.
         config: the run's TrainConfig as ``dataclasses.asdict`` gives it (model,
@@ -90,6 +91,17 @@ class CheckpointMeta:
         recorded = self.config["data"]
         return DataConfig(**{item.field.name: recorded[item.field.name] for item in flags_of(DataConfig)
                              if item.field.name in recorded})
+
+    @property
+    def rolling_windows(self) -> Optional[int]:
+        """The run's --rolling_windows N, if it trained window by window."""
+        return self.data.rolling_windows
+
+    @property
+    def next_window(self) -> Optional[int]:
+        """With --rolling_windows: the window training continues with (the windows
+        before it are trained, and each evaluated on the next); None without."""
+        return self.epoch if self.rolling_windows is not None else None
 
     @property
     def source_name(self) -> str:

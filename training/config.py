@@ -324,9 +324,43 @@ class TrainConfig:
             raise FlagError(f"{option(self, 'mode')} {self.mode} evaluates a checkpoint: give "
                             f"{option(self.checkpoint, 'restore_checkpoint_path')}, "
                             f"or {option(self.checkpoint, 'checkpoint_dir')} for its newest one")
+        self._check_rolling_windows()
         self.sharding_constraints.validate(self.model.table_names)
         self.sharding_constraints.check_precision(self.model.table_names, self.model.embedding_precision,
                                                   option(self.model, "embedding_precision"))
         if self.sharding_plan is not None and not self.sharding_constraints.empty:
             raise FlagError(f"{option(self, 'sharding_plan')} fixes the plan: it cannot be combined with "
                             f"{option(ShardingFlags, 'sharding_type')} or {option(ShardingFlags, 'compute_kernel')}")
+
+    def _check_rolling_windows(self) -> None:
+        """--rolling_windows N: one pass per window, evaluated once on the next window;
+        refuses what would train or evaluate anything else."""
+        windows = self.data.rolling_windows
+        if windows is None:
+            return
+        flag_name = option(self.data, "rolling_windows")
+        if windows < 1:
+            raise FlagError(f"{flag_name} must be at least 1 (train on window 0, evaluate on window 1), got {windows}")
+        if self.data.time_column is None:
+            raise FlagError(f"{flag_name} splits the data by time: give {option(self.data, 'time_column')}")
+        conflicts = [
+            (self.mode != "train", f"{option(self, 'mode')} {self.mode}",
+             "trains window after window (evaluate a checkpoint without it)"),
+            (self.epochs != 1, f"{option(self, 'epochs')} {self.epochs}", "makes one pass over each window"),
+            (self.data.validation_window is not None or self.data.test_window is not None,
+             f"{option(self.data, 'validation_window')} or {option(self.data, 'test_window')}",
+             "evaluates each window on the next one (there is no separate validation or test split)"),
+            (self.validation_freq_within_epoch is not None, option(self, "validation_freq_within_epoch"),
+             "evaluates each window once, on the next window, when its pass ends"),
+            (self.early_stopping.enabled, option(self.early_stopping, "patience"),
+             "evaluates every window on different data: its metrics do not rank one model against another"),
+            (self.validation_auroc is not None, option(self, "validation_auroc"),
+             "trains every window (a target would end the protocol early)"),
+            (not self.validate_at_epoch_end, f"{option(ReferenceEvaluation, 'evaluate_on_training_end')} alone",
+             "evaluates each window on the next one, and has no test split"),
+            (self.data.limit_val_batches == 0, f"{option(self.data, 'limit_val_batches')} 0",
+             "evaluates each window on the next one"),
+        ]
+        for refused, given, why in conflicts:
+            if refused:
+                raise FlagError(f"{flag_name} cannot be combined with {given}: it {why}")

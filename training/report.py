@@ -4,7 +4,9 @@
 
 Draws training loss (its range set by the bulk of the losses, so one early spike cannot
 flatten it), learning rate, records/s and validation AUROC, normalized entropy
-(NE) and calibration over steps, one line per run (a log holds every run appended to it,
+(NE) and calibration over steps (a run with --rolling_windows gets a third row: the
+same three metrics of each window, evaluated after training on the windows before it),
+one line per run (a log holds every run appended to it,
 told apart by ``run_id``), labelled by its model and the flags that differ between the runs,
 with its test AUROC; the legend sits under the panels. It
 prints per run: best validation AUROC and its step, mean records/s without the first
@@ -23,7 +25,7 @@ from common.errors import BadInput
 from common.png_figure import FOOTER_HEIGHT, png_figure
 from common.run_log_file import log_records
 
-FIGURE_INCHES = (12.0, 8.0)
+FIGURE_INCHES = (12.0, 8.0)  # two rows of panels; a third (rolling windows) adds half the height
 FIGURE_DPI = 100  # so the PNG is 1200 x 800 pixels
 # A loss farther than this from the middle half of the losses is off the loss panel's range
 # (in inter-quartile ranges, or in fractions of the median when the losses are flat).
@@ -47,6 +49,10 @@ class Run:
     validation_auroc: List[Tuple[int, float]] = field(default_factory=list)
     validation_ne: List[Tuple[int, float]] = field(default_factory=list)
     validation_calibration: List[Tuple[int, float]] = field(default_factory=list)
+    # --rolling_windows: (window, value) of each window's evaluation
+    window_auroc: List[Tuple[int, float]] = field(default_factory=list)
+    window_ne: List[Tuple[int, float]] = field(default_factory=list)
+    window_calibration: List[Tuple[int, float]] = field(default_factory=list)
     first_time: Optional[float] = None
     last_time: Optional[float] = None
     # The run's configuration record (None for a log without one) and its test metrics.
@@ -94,6 +100,8 @@ def read_runs(path: str) -> List[Run]:
             for key in ("auroc", "ne", "calibration"):  # null when not finite; older logs have no NE
                 if record.get(key) is not None:
                     getattr(run, f"validation_{key}").append((int(record["step"]), float(record[key])))
+                    if record.get("window") is not None:
+                        getattr(run, f"window_{key}").append((int(record["window"]), float(record[key])))
     if not runs:
         raise LogError(f"{path}: no records")
     return list(runs.values())
@@ -210,11 +218,20 @@ def run_labels(runs: Sequence[Run]) -> List[str]:
             for label, run in zip(labels, runs)]
 
 
+def has_windows(runs: Sequence[Run]) -> bool:
+    """Whether a run evaluated rolling windows (the figure then has a third row)."""
+    return any(run.window_auroc for run in runs)
+
+
 def draw_panels(fig: object, axes: object, runs: Sequence[Run]) -> None:
-    """`draw`'s panels on a 2 x 3 grid of axes, with one legend for the figure under them."""
+    """`draw`'s panels on a 2 x 3 grid of axes (3 x 3 with `has_windows`), with one
+    legend for the figure under them."""
     panels = [("loss", "training loss"), ("lr", "learning rate"), ("records_per_sec", "records/s"),
               ("validation_auroc", "validation AUROC"), ("validation_ne", "validation normalized entropy"),
               ("validation_calibration", "validation calibration\n(predicted / clicks)")]
+    if has_windows(runs):
+        panels += [("window_auroc", "AUROC of each window"), ("window_ne", "NE of each window"),
+                   ("window_calibration", "calibration of each window")]
     limits = loss_limits(runs)
     labels = run_labels(runs)
     for ax, (attr, title) in zip(axes.flat, panels):
@@ -226,7 +243,11 @@ def draw_panels(fig: object, axes: object, runs: Sequence[Run]) -> None:
         if attr == "loss" and limits is not None:
             ax.set_ylim(*limits)
             ax.set_title(f"{title}\n(outliers off the range)", fontsize="medium")
-        ax.set_xlabel("step")
+        if attr.startswith("window_"):
+            ax.set_xlabel("window (trained on the windows before it)")
+            ax.xaxis.get_major_locator().set_params(integer=True)
+        else:
+            ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     handles, names = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, names, loc="lower center", bbox_to_anchor=(0.5, FOOTER_HEIGHT), ncol=legend_columns(names),
@@ -243,8 +264,12 @@ def legend_height(labels: Sequence[str]) -> float:
 
 
 def draw(runs: Sequence[Run], output: str) -> None:
-    """Writes a 2 x 3 chart to ``output`` (PNG), under a temporary name first."""
-    with png_figure(output, 2, 3, bottom=legend_height(run_labels(runs)), figsize=FIGURE_INCHES, dpi=FIGURE_DPI) as (fig, axes):
+    """Writes a 2 x 3 chart (3 x 3 with rolling windows) to ``output`` (PNG), under a
+    temporary name first."""
+    rows = 3 if has_windows(runs) else 2
+    width, height = FIGURE_INCHES
+    with png_figure(output, rows, 3, bottom=legend_height(run_labels(runs)) * 2 / rows,
+                    figsize=(width, height * rows / 2), dpi=FIGURE_DPI) as (fig, axes):
         draw_panels(fig, axes, runs)
 
 
@@ -255,7 +280,7 @@ PROG = "training.report"
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("logs", nargs="+", help="JSON-lines logs written with --log_path")
-    parser.add_argument("--output", default="run.png", help="PNG to write (1200 x 800)")
+    parser.add_argument("--output", default="run.png", help="PNG to write (1200 x 800; 1200 x 1200 with rolling windows)")
     args = parser.parse_args(argv)
     runs = [run for path in args.logs for run in read_runs(path)]
     try:

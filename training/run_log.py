@@ -5,9 +5,10 @@ line, every record carrying the run's ``run_id``:
 ``{"event": "startup", ...}`` (training/startup_report.py) and ``{"event": "config", ...}`` once, ``{"event": "train", "step", "epoch", "loss", "lr",
 "records_per_sec", "total_steps", "eta_seconds", ...}`` per interval and ``{"event": "eval", "stage", "step",
 "auroc", "log_loss", "accuracy", "ne", "calibration", "positive_rate", "num_samples"}``
-per evaluation (training/metrics.py says what each means); every record also has
+per evaluation (training/metrics.py says what each means; with --rolling_windows a
+validation record also has ``window``, the window evaluated); every record also has
 ``time`` (seconds since the epoch). With a TensorBoard directory the same scalars go
-to event files too.
+to event files too, and each window's metrics also as ``window/<key>`` over the window.
 """
 
 import json
@@ -103,6 +104,8 @@ class RunLog:
             for key in TENSORBOARD_SCALARS[event]:
                 if isinstance(fields.get(key), (int, float)):
                     self._tensorboard.add_scalar(f"{prefix}/{key}", fields[key], fields["step"])
+                    if fields.get("window") is not None:  # --rolling_windows: over the window too
+                        self._tensorboard.add_scalar(f"window/{key}", fields[key], fields["window"])
             if "peak_memory_bytes" in fields:
                 self._tensorboard.add_scalar("train/peak_memory_gib", max(fields["peak_memory_bytes"]) / 2**30,
                                              fields["step"])

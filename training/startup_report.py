@@ -145,11 +145,14 @@ class StartupReport:
         ``startup`` record to ``log`` (a `training.run_log.RunLog`)."""
         kinds = Counter(f"{table['sharding_type']}/{table['compute_kernel']}" for table in plan.values())
         steps = {split: len(loader) for split, loader in loaders.items()}
-        epochs = self.config.epochs
+        windows = self.config.data.rolling_windows
+        epochs = windows or self.config.epochs  # --rolling_windows N: one pass over each of N windows
+        passes = (f"{windows} training window{'s' if windows != 1 else ''}: about" if windows
+                  else f"{epochs} epoch{'s' if epochs != 1 else ''}:")
         lines = [
             "sharding: " + ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())),
-            "steps per epoch: " + ", ".join(f"{s} {n:,}" for s, n in steps.items())
-            + f" | {epochs} epoch{'s' if epochs != 1 else ''}: {epochs * steps['train']:,} training steps",
+            ("steps of window 0: " if windows else "steps per epoch: ") + ", ".join(f"{s} {n:,}" for s, n in steps.items())
+            + f" | {passes} {epochs * steps['train']:,} training steps",
         ]
         self._say(lines)
         self.facts.update(sharding={kind: count for kind, count in sorted(kinds.items())}, steps_per_epoch=steps,

@@ -85,6 +85,8 @@ class RunResult:
     target_reached: Optional[bool] = None  # --validation_auroc: None without a target
     time_to_target_s: Optional[float] = None  # from the start of training, evaluation included
     records_to_target: Optional[int] = None  # training records (all ranks) until then
+    # --rolling_windows: {window: its metrics} of the windows this process evaluated
+    windows: Dict[int, Dict[str, float]] = field(default_factory=dict)
 
 
 class Trainer:
@@ -104,9 +106,15 @@ class Trainer:
         self.env = env
         # The data set, the checkpoint, the model and the plan file or constraints
         # first: bad input fails on every rank alike, before any collective.
-        source = source_for(config.data)
-        self.data_source, self.data_features = source.name, source.describe()  # what checkpoints record
-        dataset = source.open(check_values=False)  # after the start-up block: it reads every file
+        self.source = source_for(config.data)
+        self.data_source, self.data_features = self.source.name, self.source.describe()  # what checkpoints record
+        dataset = self.source.open(check_values=False)  # after the start-up block: it reads every file
+        self._dataset = dataset
+        # --rolling_windows N: the loaders of window 0 now, so that a source without
+        # time windows is refused before any collective; `_load_window` moves on.
+        self.rolling_windows = config.data.rolling_windows
+        self._loaded_window: Optional[int] = None
+        window_loaders = self._window_loaders(0) if self.rolling_windows else None
         restore = find_restore_point(config)
         flags = config.checkpoint
         # Training with a checkpoint directory always saves there: at the end, at each
@@ -117,7 +125,7 @@ class Trainer:
         check_pipeline_supported(config.pipeline, env.device)
         startup = StartupReport(config, env)
         startup.before_setup(dataset)  # what is being built, before the seconds (or minutes) it takes
-        source.check_values(dataset)
+        self.source.check_values(dataset)
         # Model: identical dense init on every rank and world size (seeded here),
         # tables on the meta device until sharded.
         torch.manual_seed(config.seed)
@@ -185,9 +193,9 @@ class Trainer:
         release_cache_line_locks(self.model)  # the probe's lookup had no backward
         self.optimizer = build_combined_optimizer(self.model, config.optim)
         self.schedule = WarmupPolyDecaySchedule(config.optim)
-        self.loaders: Dict[str, BatchLoader] = source.loaders(
-            dataset, config.model.num_embeddings_per_feature, env.rank, env.world_size
-        )
+        self.loaders: Dict[str, BatchLoader] = window_loaders or self.source.loaders(
+            dataset, config.model.num_embeddings_per_feature, env.rank, env.world_size)
+        self._loaded_window = 0 if window_loaders else None
         self.step = 0
         self.start_epoch, self.start_batch = 0, 0  # where training (re)starts in the data
         self._saved_step = -1
@@ -243,11 +251,14 @@ class Trainer:
             raise BadInput(f"checkpoint {restore.path} was trained with a global batch of "
                              f"{meta.global_batch_size} rows, this run has {global_batch}: "
                              "the data position cannot carry over")
+        if meta.rolling_windows != self.rolling_windows:
+            raise BadInput(f"checkpoint {restore.path} was trained with --rolling_windows {meta.rolling_windows}, "
+                           f"this run has {self.rolling_windows}: its position in the data cannot carry over")
         self.step, self.start_epoch, self.start_batch = meta.step, meta.epoch, meta.batch_in_epoch
         self._saved_step, self._saved_path = meta.step, restore.path  # this step needs no new save
         if meta.early_stopping:
             self.best.stopping.load_state_dict(meta.early_stopping)
-        self.log.print(f"resumed from {restore.path}: step {self.step}, epoch {self.start_epoch}, "
+        self.log.print(f"resumed from {restore.path}: step {self.step}, {self._pass_name(self.start_epoch)}, "
                        f"batch {self.start_batch}")
 
     def save_checkpoint(self, epoch: int, batch_in_epoch: int) -> str:
@@ -279,6 +290,28 @@ class Trainer:
             batches = (b.pin_memory() for b in batches)
         return batches
 
+    def _pass_name(self, epoch: int) -> str:
+        """``epoch 2``, or with --rolling_windows ``window 2`` (one pass per window)."""
+        return f"{'window' if self.rolling_windows else 'epoch'} {epoch}"
+
+    def _window_loaders(self, window: int) -> Dict[str, BatchLoader]:
+        """--rolling_windows: {"train": window ``window``, "validation": the next one}."""
+        assert self.rolling_windows is not None
+        return self.source.window_loaders(self._dataset, window, self.rolling_windows + 1,
+                                          self.config.model.num_embeddings_per_feature, self.env.rank,
+                                          self.env.world_size)
+
+    def _load_window(self, window: int, first_batch: int) -> None:
+        """Makes window ``window`` the training split and the next one validation; the
+        ETA then assumes the windows left are as long as this one."""
+        if self._loaded_window != window:
+            self.loaders = self._window_loaders(window)
+            self._loaded_window = window
+        assert self.rolling_windows is not None
+        steps = len(self.loaders["train"])
+        self.clock.total_steps = self.step - first_batch + steps * (self.rolling_windows - window)
+        self.log.print(f"window {window}: training on {steps} batches, then evaluating on window {window + 1}")
+
     def fit(self) -> RunResult:
         """Trains every epoch, validates as configured, then tests. Collective."""
         config = self.config
@@ -286,16 +319,20 @@ class Trainer:
                         **dataclasses.asdict(config))
         result = RunResult(steps=0)
         self._fit_start = time.perf_counter()
-        self.clock = StepClock(config.epochs * len(self.loaders["train"]))
+        # --rolling_windows N: pass k trains window k and validates on window k + 1.
+        passes = self.rolling_windows or config.epochs
+        self.clock = StepClock(passes * len(self.loaders["train"]))
         if config.validation_auroc is not None:
             result.target_reached = False
-        train_loader = self.loaders["train"]
-        for epoch in range(self.start_epoch, config.epochs):
+        for epoch in range(self.start_epoch, passes):
             if self.best.stopping.should_stop:  # resumed from a run that had stopped early
                 self.best.stopped_early = True
                 break
             self.epoch = epoch
             first_batch = self.start_batch if epoch == self.start_epoch else 0
+            if self.rolling_windows:
+                self._load_window(epoch, first_batch)
+            train_loader = self.loaders["train"]
             train_loader.set_epoch(epoch, first_batch)
             result.train_losses += self._train_epoch(epoch, first_batch, train_loader, result)
             if self._stop_training:
@@ -303,14 +340,15 @@ class Trainer:
             # Validation before the checkpoint, so the checkpoint records what it decided.
             if config.validate_at_epoch_end and self._validated_step != self.step:
                 self._validate(result, epoch + 1, 0)
-            if self.checkpoints and config.checkpoint.checkpoint_at_epoch_end and self._saved_step != self.step:
+            at_end = config.checkpoint.checkpoint_at_epoch_end or self.rolling_windows  # every window end
+            if self.checkpoints and at_end and self._saved_step != self.step:
                 self.save_checkpoint(epoch + 1, 0)
             if self._stop_training:
                 break
         if self.checkpoints and self._saved_step != self.step:
             # Continues where training stopped: after the last epoch, or at the
             # validation that stopped it.
-            self.save_checkpoint(*(self._stop_position if self._stop_training else (config.epochs, 0)))
+            self.save_checkpoint(*(self._stop_position if self._stop_training else (passes, 0)))
         if self.frequencies is not None:
             path = self.frequencies.save(os.getcwd(), self.env.rank)
             self.log.print(f"id frequencies of the training batches: {path} (one file per rank)")
@@ -320,7 +358,7 @@ class Trainer:
         if self.best.restore(self.model, self.step):
             self.log.print(f"testing the best weights: step {result.best_step} (validation "
                            f"{config.early_stopping.metric} {self.best.stopping.best_value:.4f})")
-        if config.test_at_end:
+        if config.test_at_end and not self.rolling_windows:  # the windows' evaluations are the test
             result.test = self.evaluate("test", weights_step=result.best_step)
         result.steps = self.step
         self._summary(result)
@@ -335,7 +373,7 @@ class Trainer:
         batches = self._batches(loader)
         if self.frequencies is not None:
             batches = self.frequencies.counting(batches)
-        self.log.start_progress(len(loader), f"epoch {epoch}", initial=first_batch)
+        self.log.start_progress(len(loader), self._pass_name(epoch), initial=first_batch)
         losses: List[float] = []
         pending: List[torch.Tensor] = []  # this interval's per-step losses, not yet synced
         interval_records, interval_start = 0, time.perf_counter()
@@ -395,7 +433,7 @@ class Trainer:
         top = max(range(len(peaks)), key=peaks.__getitem__)
         position, eta = self.clock.tick(self.step, len(values), seconds)
         self.log.print(
-            f"epoch {epoch} {position} | loss {mean_loss:.5f} | lr {lr:.6g} | "
+            f"{self._pass_name(epoch)} {position} | loss {mean_loss:.5f} | lr {lr:.6g} | "
             f"{rate:,.0f} records/s | peak mem {format_bytes(peaks[top])} (rank {top})"
         )
         self.log.record("train", step=self.step, epoch=epoch, loss=mean_loss, lr=lr,
@@ -433,6 +471,9 @@ class Trainer:
         if values is None:
             return
         result.validation = values
+        if self.rolling_windows:  # each window is evaluated on other rows: no best model across them
+            result.windows[self.epoch + 1] = values
+            return
         target = self.config.validation_auroc
         if target is not None and values["auroc"] >= target:
             result.target_reached = True
@@ -484,14 +525,16 @@ class Trainer:
         release_cache_line_locks(self.model)  # evaluation's forwards had no backward
         values = metrics.compute()
         step = self.step if weights_step is None else weights_step
+        # --rolling_windows: validation is the window after the one just trained
+        window = {"window": self.epoch + 1} if self.rolling_windows and stage == "validation" else {}
         binned = f" (binned, within {values['auroc_error_bound']:.1e})" if "auroc_error_bound" in values else ""
         weighted = f" (weighted by {self.config.data.weight_column})" if self.weighted else ""
         self.log.print(
-            f"{stage}{weighted}: AUROC {values['auroc']:.4f}{binned} | log loss {values['log_loss']:.4f} | "
+            f"{stage}{''.join(f' (window {w})' for w in window.values())}{weighted}: AUROC {values['auroc']:.4f}{binned} | log loss {values['log_loss']:.4f} | "
             f"accuracy {values['accuracy']:.4f} | NE {values['ne']:.4f} | calibration {values['calibration']:.4f} | "
             f"positive rate {values['positive_rate']:.4f} | {values['num_samples']} samples (step {step})"
         )
-        self.log.record("eval", stage=stage, step=step, **values)
+        self.log.record("eval", stage=stage, step=step, **window, **values)
         self.stage = "training"
         return values
 
@@ -518,9 +561,11 @@ class Trainer:
             best = (f" | best step {result.best_step} (validation {self.config.early_stopping.metric} "
                     f"{self.best.stopping.best_value:.4f}{', stopped early' if result.stopped_early else ''}; "
                     "tested)")
+        evaluated = (" | ".join(format_metrics(f"window {w}", v) for w, v in result.windows.items())
+                     if self.rolling_windows else format_metrics("test", result.test))
         self.log.print(
             f"done: {result.steps} steps, {self._train_records} records in {self._train_seconds:.1f} s of training "
-            f"({rate:,.0f} records/s, evaluation excluded) | {format_metrics('test', result.test)}{best} | "
+            f"({rate:,.0f} records/s, evaluation excluded) | {evaluated or 'no window evaluated'}{best} | "
             "peak memory " + ", ".join(f"rank {r}: {format_bytes(b)}" for r, b in enumerate(peaks))
         )
         self.log.record("summary", steps=result.steps, train_seconds=self._train_seconds,
@@ -528,4 +573,5 @@ class Trainer:
                         peak_memory_bytes=peaks, best_step=result.best_step,
                         best_validation=result.best_validation, stopped_early=result.stopped_early,
                         target_reached=result.target_reached, time_to_target_s=result.time_to_target_s,
-                        records_to_target=result.records_to_target)
+                        records_to_target=result.records_to_target,
+                        windows=[{"window": w, **v} for w, v in result.windows.items()] if self.rolling_windows else None)

@@ -1,0 +1,166 @@
+"""--rolling_windows N: train window k, evaluate window k + 1, checkpoint at each window
+end, resume at any window with the results of the uninterrupted run; refusals.
+
+The protocol runs on `tests.support.windowed_source` (distinct deterministic random data
+per window) until a time-ordered Parquet source serves windows."""
+
+import os
+import shutil
+
+import pytest
+
+import dlrm_main
+from tests.support import windowed_source
+from tests.support.launch import launch, read_log
+from training.checkpoint import read_meta
+
+WINDOWS = 3
+STEPS_PER_WINDOW = windowed_source.BATCHES_PER_WINDOW
+BATCH, EVAL_BATCH, RANKS = 16, 24, 2
+
+
+def flags(root, *extra: str) -> list:
+    return ["--parquet_path", str(root / "clicks"), "--time_column", "date", "--rolling_windows", str(WINDOWS),
+            "--num_embeddings", "50", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
+            "--over_arch_layer_sizes", "16,1", "--batch_size", str(BATCH), "--test_batch_size", str(EVAL_BATCH),
+            "--optimizer", "adagrad", "--learning_rate", "0.05", "--log_every_n_steps", "1", "--seed", "3",
+            "--checkpoint_dir", str(root / "ckpt"), "--checkpoint_every_n_steps", "3",
+            "--log_path", str(root / "log.jsonl"), *extra]
+
+
+def losses(records) -> dict:
+    return {r["step"]: r["loss"] for r in records if r["event"] == "train"}
+
+
+def window_metrics(records) -> dict:
+    return {r["window"]: r for r in records if r["event"] == "eval"}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rolling")
+    assert launch(windowed_source.main, flags(root), nproc=RANKS) == {0: 0, 1: 0}
+    return root, read_log(str(root / "log.jsonl"))
+
+
+@pytest.mark.slow
+def test_each_window_is_trained_once_and_evaluated_on_the_next(uninterrupted):
+    _, records = uninterrupted
+    assert sorted(losses(records)) == list(range(1, WINDOWS * STEPS_PER_WINDOW + 1))
+    assert [r["epoch"] for r in records if r["event"] == "train"] == \
+        [w for w in range(WINDOWS) for _ in range(STEPS_PER_WINDOW)]
+    evaluations = [r for r in records if r["event"] == "eval"]
+    assert [(r["stage"], r["window"], r["step"]) for r in evaluations] == \
+        [("validation", k + 1, (k + 1) * STEPS_PER_WINDOW) for k in range(WINDOWS)]
+    for r in evaluations:
+        assert r["num_samples"] == STEPS_PER_WINDOW * EVAL_BATCH * RANKS
+        assert all(isinstance(r[key], float) for key in ("auroc", "log_loss", "ne", "calibration"))
+    assert len({r["log_loss"] for r in evaluations}) == WINDOWS  # distinct windows, distinct figures
+    summary = [r for r in records if r["event"] == "summary"][-1]
+    assert summary["test"] is None
+    assert [{k: w[k] for k in ("window", "auroc", "log_loss")} for w in summary["windows"]] == \
+        [{"window": r["window"], "auroc": r["auroc"], "log_loss": r["log_loss"]} for r in evaluations]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_at_each_window_end_records_the_window(uninterrupted):
+    root, _ = uninterrupted
+    ckpt = root / "ckpt"
+    steps = sorted(int(name[len("step_"):]) for name in os.listdir(ckpt) if name.startswith("step_"))
+    assert steps == [3, 4, 6, 8, 9, 12]  # every 3 steps, and each window's end (4, 8, 12)
+    positions = {s: (read_meta(str(ckpt / f"step_{s:09d}")).next_window,
+                     read_meta(str(ckpt / f"step_{s:09d}")).batch_in_epoch) for s in steps}
+    # Step 12 is due by the cadence first: saved before its window's evaluation, it
+    # continues at the end of window 2 (and evaluates window 3), as the run did after it.
+    assert positions == {3: (0, 3), 4: (1, 0), 6: (1, 2), 8: (2, 0), 9: (2, 1), 12: (2, 4)}
+    assert not os.path.exists(ckpt / "best.json")  # windows are other rows: no best across them
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", [4, 6], ids=["at_a_window_end", "within_a_window"])
+def test_resume_at_a_window_equals_the_uninterrupted_run(uninterrupted, tmp_path, step):
+    root, records = uninterrupted
+    os.makedirs(tmp_path / "ckpt")
+    name = f"step_{step:09d}"
+    shutil.copytree(root / "ckpt" / name, tmp_path / "ckpt" / name)
+    assert launch(windowed_source.main, flags(tmp_path, "--resume"), nproc=RANKS) == {0: 0, 1: 0}
+    resumed = read_log(str(tmp_path / "log.jsonl"))
+    expected = losses(records)
+    got = losses(resumed)
+    assert sorted(got) == list(range(step + 1, WINDOWS * STEPS_PER_WINDOW + 1))
+    assert all(got[s] == expected[s] for s in got)  # bit-identical, not merely close
+    metrics = ("auroc", "log_loss", "ne", "calibration", "num_samples")
+    first = step // STEPS_PER_WINDOW + 1  # the windows evaluated after the resume
+    assert {w: [r[k] for k in metrics] for w, r in window_metrics(resumed).items()} == \
+        {w: [r[k] for k in metrics] for w, r in window_metrics(records).items() if w >= first}
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_run_with_other_windows(uninterrupted, tmp_path, capsys, monkeypatch):
+    """A rolling checkpoint resumed by a run with another --rolling_windows: one line, exit 2."""
+    root, _ = uninterrupted
+    os.makedirs(tmp_path / "ckpt")
+    shutil.copytree(root / "ckpt" / "step_000000004", tmp_path / "ckpt" / "step_000000004")
+    argv = flags(tmp_path, "--resume", "--batch_size", str(BATCH * RANKS))  # one rank, the same global batch
+    argv[argv.index("--rolling_windows") + 1] = "2"
+    monkeypatch.delenv("RANK", raising=False)
+    windowed_source.register()
+    assert dlrm_main.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"dlrm_main.py: error: checkpoint {tmp_path / 'ckpt' / 'step_000000004'} was trained with "
+                   "--rolling_windows 3, this run has 2: its position in the data cannot carry over")
+
+
+@pytest.mark.slow
+def test_a_rolling_checkpoint_is_evaluated_without_the_protocol(uninterrupted, capsys, monkeypatch):
+    """--mode test of a checkpoint trained window by window evaluates the test split:
+    the recorded --rolling_windows says how it was trained, not how to evaluate it."""
+    root, _ = uninterrupted
+    monkeypatch.delenv("RANK", raising=False)
+    windowed_source.register()
+    log = root / "evaluation.jsonl"
+    assert dlrm_main.main(["--mode", "test", "--checkpoint_dir", str(root / "ckpt"), "--log_path", str(log)]) == 0
+    tested = [r for r in read_log(str(log)) if r["event"] == "eval"]
+    assert [(r["stage"], r["step"], r["num_samples"]) for r in tested] == \
+        [("test", WINDOWS * STEPS_PER_WINDOW, STEPS_PER_WINDOW * EVAL_BATCH)]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--rolling_windows", "0"], "--rolling_windows must be at least 1 (train on window 0, evaluate on window 1), "
+                                 "got 0"),
+    (["--rolling_windows", "2"], "--rolling_windows splits the data by time: give --time_column"),
+    (["--rolling_windows", "2", "--time_column", "date", "--epochs", "2"],
+     "--rolling_windows cannot be combined with --epochs 2: it makes one pass over each window"),
+    (["--rolling_windows", "2", "--time_column", "date", "--mode", "inference_benchmark"],
+     "--rolling_windows cannot be combined with --mode inference_benchmark: it trains window after window"),
+    (["--rolling_windows", "2", "--time_column", "date", "--test_window", "1d"],
+     "--rolling_windows cannot be combined with --validation_window or --test_window"),
+    (["--rolling_windows", "2", "--time_column", "date", "--validation_freq_within_epoch", "5"],
+     "--rolling_windows cannot be combined with --validation_freq_within_epoch: it evaluates each window once"),
+    (["--rolling_windows", "2", "--time_column", "date", "--early_stopping_patience", "1"],
+     "--rolling_windows cannot be combined with --early_stopping_patience"),
+    (["--rolling_windows", "2", "--time_column", "date", "--validation_auroc", "0.8"],
+     "--rolling_windows cannot be combined with --validation_auroc"),
+    (["--rolling_windows", "2", "--time_column", "date", "--evaluate_on_training_end"],
+     "--rolling_windows cannot be combined with --evaluate_on_training_end alone"),
+    (["--rolling_windows", "2", "--time_column", "date", "--limit_val_batches", "0"],
+     "--rolling_windows cannot be combined with --limit_val_batches 0"),
+])
+def test_combinations_the_protocol_cannot_honour_are_refused(capsys, monkeypatch, extra, message):
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(SystemExit) as refused:  # when the flags are parsed, before torch loads
+        dlrm_main.main(["--parquet_path", "clicks", *extra])
+    assert refused.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dlrm_main.py: error: ") and message in lines[0], lines
+
+
+def test_data_without_time_windows_is_refused_before_training(capsys, monkeypatch):
+    """Random data (or any source without time windows): one line, exit 2, before any collective."""
+    monkeypatch.delenv("RANK", raising=False)
+    try:
+        code = dlrm_main.main(["--rolling_windows", "2", "--time_column", "date", "--num_embeddings", "50"])
+    except SystemExit as e:  # refused with the flags, should the data flags say it first
+        code = e.code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "--time_column" in lines[0], lines

@@ -23,7 +23,7 @@ Example::
 
 import fnmatch
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +31,10 @@ import pyarrow.compute as pc
 
 from common.errors import BadInput
 from data.id_hashing import embedding_rows, integer_keys, string_keys
+
+if TYPE_CHECKING:
+    from data.config import DataConfig
+    from data.sources import FeatureDescription
 
 
 class ColumnValueError(BadInput):
@@ -47,7 +51,7 @@ class ConvertedRows:
     """A block of rows as model inputs.
 
     Args:
-        labels: float32 (N,), 0 or 1.
+        labels: float32 (N,), 0 or 1; None for rows converted without their label (serving).
         dense: float32 (N, D), transformed.
         ids: per sparse feature, int64 embedding rows of all its bags, concatenated.
         lengths: int32 (F, N): the bag size of each feature and row.
@@ -57,7 +61,7 @@ class ConvertedRows:
             (what collision statistics count).
     """
 
-    labels: np.ndarray
+    labels: Optional[np.ndarray]
     dense: np.ndarray
     ids: List[np.ndarray]
     lengths: np.ndarray
@@ -67,7 +71,7 @@ class ConvertedRows:
 
     @property
     def num_rows(self) -> int:
-        return len(self.labels)
+        return len(self.dense)
 
 
 def resolve_column_patterns(patterns: Sequence[str], names: Sequence[str], flag: str) -> Tuple[str, ...]:
@@ -91,6 +95,18 @@ def resolve_column_patterns(patterns: Sequence[str], names: Sequence[str], flag:
                 raise BadInput(f"{flag}: column {name} given twice")
             chosen.append(name)
     return tuple(chosen)
+
+
+# What a sparse column holds, as the id hashing sees it (`sparse_value_type`): integers
+# and strings (binary too) hash differently, so serving must read the type training read.
+SPARSE_VALUE_TYPES = ("integer", "string", "integer_list", "string_list")
+
+
+def sparse_value_type(t: pa.DataType) -> str:
+    """The `SPARSE_VALUE_TYPES` entry of a sparse column's Arrow type (one
+    `check_schema` accepts)."""
+    listed = pa.types.is_list(t) or pa.types.is_large_list(t)
+    return ("integer" if _is_integer_id(t) else "string") + ("_list" if listed else "")
 
 
 def _is_number(t: pa.DataType) -> bool:
@@ -166,19 +182,31 @@ class ParquetColumns:
         if len(self.table_sizes) != len(self.sparse):
             raise ValueError(f"{len(self.sparse)} sparse columns but {len(self.table_sizes)} table sizes")
 
+    @classmethod
+    def from_flags(cls, config: "DataConfig", description: "FeatureDescription",
+                   table_sizes: Sequence[int]) -> "ParquetColumns":
+        """The columns of a run's flags: the label, weight, transform and hashing
+        flags, the dense and sparse columns ``description`` resolved from the
+        patterns, and the model's table sizes."""
+        return cls(label=config.label_column, dense=tuple(description.dense_feature_names),
+                   sparse=tuple(description.sparse_feature_names), table_sizes=tuple(table_sizes),
+                   weight=config.weight_column, dense_transform=config.dense_transform,
+                   id_hashing=config.id_hashing, hash_seed=config.hash_seed)
+
     @property
     def names(self) -> Tuple[str, ...]:
         """Every column read, label first."""
         return (self.label,) + self.dense + self.sparse + ((self.weight,) if self.weight else ())
 
-    def check_schema(self, schema: pa.Schema, where: str) -> None:
+    def check_schema(self, schema: pa.Schema, where: str, labelled: bool = True) -> None:
         """Refuses a file whose schema lacks a column or gives one a type it cannot
-        have (``where``: the file, for the message).
+        have (``where``: the file, for the message; without ``labelled`` the label
+        column is not needed).
 
         Raises:
             BadInput: ``"<where>: column C: ..."``.
         """
-        kinds = [(self.label, "label", _is_number, "an integer, boolean or floating 0/1 label")]
+        kinds = [(self.label, "label", _is_number, "an integer, boolean or floating 0/1 label")] if labelled else []
         kinds += [(c, "dense", _is_number, "integers or floats") for c in self.dense]
         kinds += [(c, "sparse", lambda t: _is_id(t) or _is_id_list(t),
                    "integer or string ids, or lists of them") for c in self.sparse]
@@ -198,22 +226,23 @@ class ParquetColumns:
             if not accepts(kind):
                 raise BadInput(f"{where}: column {column} is {kind}, but a {role} column holds {expected}")
 
-    def convert(self, rows: pa.Table) -> ConvertedRows:
-        """The model inputs of a block of rows (a Table or RecordBatch with the columns).
+    def convert(self, rows: pa.Table, labelled: bool = True) -> ConvertedRows:
+        """The model inputs of a block of rows (a Table or RecordBatch with the columns;
+        without ``labelled``, the label column is neither needed nor read).
 
         Raises:
             ColumnValueError: a label not 0/1, a NaN or infinite dense value, a
                 negative or non-finite weight, naming the row within ``rows``.
         """
-        labels = self._labels(rows.column(self.label))
+        labels = self._labels(rows.column(self.label)) if labelled else None
         dense_columns, nulls = [], []
         for name in self.dense:
             values, null_count = self._dense(name, rows.column(name))
             dense_columns.append(values)
             nulls.append(null_count)
         dense = (np.stack(dense_columns, axis=1) if dense_columns
-                 else np.zeros((len(labels), 0), dtype=np.float32))
-        ids, lengths, keys = [], np.zeros((len(self.sparse), len(labels)), dtype=np.int32), []
+                 else np.zeros((rows.num_rows, 0), dtype=np.float32))
+        ids, lengths, keys = [], np.zeros((len(self.sparse), rows.num_rows), dtype=np.int32), []
         for f, (name, size) in enumerate(zip(self.sparse, self.table_sizes)):
             feature_keys, lengths[f] = self._bags(rows.column(name))
             keys.append(feature_keys)

@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, TextIO, Tuple
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 from torchmetrics.classification import BinaryAUROC
@@ -55,9 +57,9 @@ from common.errors import BadInput
 from common.json_fields import BOOLEAN, COUNTS, INTEGER, NUMBER, TEXT, JsonObject, optional, versioned_json
 from data.text_lines import DaySource, iter_line_chunks
 from serving.cli import serving_parser
-from serving.input_layouts import InputLayout, ParsedLines, load_layout
+from serving.input_layouts import InputLayout, ParquetRows, ParsedLines, load_layout
 from serving.model_files import load_model_file, read_manifest
-from serving.model_inputs import read_inputs
+from serving.model_inputs import PADDING_ID, read_inputs
 
 VARIANTS = ("fp32", "fp16", "int8")
 
@@ -129,8 +131,11 @@ class Predictor:
 
     def ids_in_tables(self, ids: np.ndarray) -> np.ndarray:
         """Ids (N, sum of hotness) of the data -> int64 below the table sizes: the training
-        loader takes them modulo the table sizes, and so does serving."""
-        return np.remainder(np.asarray(ids, dtype=np.int64), self._column_tables)
+        loader takes them modulo the table sizes, and so does serving (a padded model's
+        `PADDING_ID` stays as it is)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        in_tables = np.remainder(ids, self._column_tables)
+        return np.where(ids == PADDING_ID, PADDING_ID, in_tables) if self.inputs.padded else in_tables
 
     def predict(self, dense: np.ndarray, sparse: np.ndarray) -> np.ndarray:
         """Probabilities (N,) float32 from the data's features (see `prepare`)."""
@@ -305,6 +310,80 @@ def predict_file(predictor: Predictor, path: str, out: TextIO, chunk_bytes: int 
     return rows, scores if labelled else None, unseen
 
 
+PROBABILITY_COLUMN = "probability"
+
+
+def parquet_files(path: str, flag: str = "--input") -> List[str]:
+    """``path`` itself, or the ``.parquet`` files under the directory ``path``
+    (recursively, in name order; names starting with ``.`` or ``_``, such as Spark's
+    ``_SUCCESS``, left out); ``flag`` names it in errors."""
+    if os.path.isfile(path):
+        return [path]
+    if not os.path.isdir(path):
+        raise BadInput(f"{flag} {path}: no such file or directory")
+    files = sorted(os.path.join(root, name) for root, _, names in os.walk(path) for name in names
+                   if name.endswith(".parquet") and not name.startswith((".", "_")))
+    if not files:
+        raise BadInput(f"{flag} {path}: no .parquet file under the directory")
+    return files
+
+
+def _open_parquet(path: str) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as e:
+        raise BadInput(f"{path}: not a readable Parquet file ({e})") from None
+
+
+def predict_parquet(predictor: Predictor, path: str, output: str,
+                    keep_columns: Sequence[str] = ()) -> Tuple[int, Optional[LabelledScores], np.ndarray]:
+    """Writes ``output`` (Parquet): the ``keep_columns`` of each row of the Parquet
+    file or directory ``path``, then its probability; reads one row group at a time.
+    The input is labelled when its (first) file has the label column.
+
+    Returns the row count, the scores of labelled rows (None for unlabelled input)
+    and the unseen ids per feature (none: hashing gives every value a row).
+    """
+    layout = predictor.layout
+    assert isinstance(layout, ParquetRows)
+    if PROBABILITY_COLUMN in keep_columns:
+        raise BadInput(f"--keep_columns {PROBABILITY_COLUMN}: the output's own column")
+    files = parquet_files(path)
+    first_schema = _open_parquet(files[0]).schema_arrow
+    labelled = layout.columns.label in first_schema.names
+    missing = [name for name in keep_columns if name not in first_schema.names]
+    if missing:
+        raise BadInput(f"--keep_columns {','.join(missing)}: not a column of {files[0]} "
+                       f"(it has {', '.join(first_schema.names)})")
+    columns = layout.columns
+    read = list(dict.fromkeys([*((columns.label,) if labelled else ()), *columns.dense, *columns.sparse,
+                               *keep_columns]))
+    out_schema = pa.schema([first_schema.field(name) for name in keep_columns]
+                           + [pa.field(PROBABILITY_COLUMN, pa.float32())])
+    rows, scores = 0, LabelledScores()
+    with pq.ParquetWriter(output, out_schema) as writer:
+        for file in files:
+            parquet = _open_parquet(file)
+            layout.check_schema(parquet.schema_arrow, file, labelled)
+            for group in range(parquet.num_row_groups):
+                try:
+                    table = parquet.read_row_group(group, columns=read)
+                except (OSError, pa.ArrowException) as e:
+                    raise BadInput(f"{file} row group {group}: not readable ({e})") from None
+                prepared = layout.prepare_table(table, lambda row: f"{file} row group {group} row {row}", labelled)
+                probabilities = predictor.predict_transformed(prepared.dense, prepared.sparse)
+                try:
+                    writer.write_table(pa.Table.from_arrays(
+                        [*(table.column(name) for name in keep_columns), pa.array(probabilities, pa.float32())],
+                        schema=out_schema))
+                except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+                    raise BadInput(f"{file}: a kept column's type differs from {files[0]}'s ({e})") from None
+                if labelled:
+                    scores.update(probabilities, prepared.labels)
+                rows += len(probabilities)
+    return rows, scores if labelled else None, np.zeros(len(predictor.inputs.sparse_feature_names), np.int64)
+
+
 def read_predict_metrics(path: str) -> PredictMetrics:
     """A --metrics_output file, every field checked (FileFieldError naming the field)."""
     with open(path, "rb") as f:
@@ -370,6 +449,13 @@ def _predict(args: argparse.Namespace, prog: str) -> int:
         if output is not None:
             check_output(output, args.input, flag)
     predictor = Predictor(args.model, args.variant, args.batch_size)
+    if isinstance(predictor.layout, ParquetRows):
+        if args.output is None:
+            raise BadInput("--output is needed: a model trained on Parquet writes its predictions as Parquet")
+        with atomic_path(args.output, suffix=".tmp.parquet") as tmp:
+            result = predict_parquet(predictor, args.input, tmp, args.keep_columns)
+        print(f"wrote {args.output}: {result[0]} probabilities ({args.variant} model {args.model})")
+        return _report_metrics(predictor, args, prog, result)
     unknown = [name for name in args.keep_columns if name not in predictor.layout.column_names()]
     if unknown:
         raise BadInput(f"--keep_columns {','.join(unknown)}: not a column of this model's input "
@@ -380,6 +466,12 @@ def _predict(args: argparse.Namespace, prog: str) -> int:
         with atomic_path(args.output) as tmp, open(tmp, "w") as out:
             result = predict_file(predictor, args.input, out, keep_columns=args.keep_columns)
         print(f"wrote {args.output}: {result[0]} probabilities ({args.variant} model {args.model})")
+    return _report_metrics(predictor, args, prog, result)
+
+
+def _report_metrics(predictor: Predictor, args: argparse.Namespace, prog: str,
+                    result: Tuple[int, Optional[LabelledScores], np.ndarray]) -> int:
+    """Writes --metrics_output (when given) and prints the summary line."""
     metrics = file_metrics(predictor, args, *result)
     if args.metrics_output is not None:
         with atomic_path(args.metrics_output) as tmp, open(tmp, "wb") as out:

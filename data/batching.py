@@ -111,8 +111,8 @@ class BatchBuilder:
 
     The KJT is built feature-major (all rows of feature 0, then feature 1, ...)
     without a Python loop over rows: from one-hot ids (B, F), one id per bag, or from
-    one (B, k_f) array per feature, bags of k_f ids. Lengths and offsets are cached
-    per batch shape.
+    one (B, k_f) array per feature, bags of k_f ids; or (`bags`) from bags of any
+    length. Fixed-size lengths and offsets are cached per batch shape.
 
     Args:
         sparse_feature_names: the KJT keys, one per sparse feature.
@@ -141,6 +141,22 @@ class BatchBuilder:
             hotness = tuple(part.shape[1] for part in sparse)
             values = np.concatenate([np.asarray(part, dtype=np.int32).reshape(-1) for part in sparse])
         lengths, offsets = self._lengths_offsets(batch_size, hotness)
+        return self._batch(dense, values, lengths, offsets, labels, weights, weight_normalizer)
+
+    def bags(self, dense: np.ndarray, ids: List[np.ndarray], lengths: np.ndarray, labels: np.ndarray,
+             weights: Optional[np.ndarray] = None, weight_normalizer: float = 1.0) -> Batch:
+        """A batch of bags of any length: ``ids[f]`` holds feature f's ids of every row,
+        row after row, ``lengths`` (F, B) the bag sizes (0 for an empty bag)."""
+        flat_lengths = torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int32).reshape(-1))
+        offsets = torch.zeros(len(flat_lengths) + 1, dtype=torch.int32)
+        torch.cumsum(flat_lengths, 0, out=offsets[1:])
+        values = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+        wide = values.size and int(values.max()) > np.iinfo(np.int32).max
+        values = values.astype(np.int64 if wide else np.int32, copy=False)
+        return self._batch(dense, values, flat_lengths, offsets, labels, weights, weight_normalizer)
+
+    def _batch(self, dense: np.ndarray, values: np.ndarray, lengths: torch.Tensor, offsets: torch.Tensor,
+               labels: np.ndarray, weights: Optional[np.ndarray], weight_normalizer: float) -> Batch:
         batch = Batch(
             dense_features=torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)),
             sparse_features=KeyedJaggedTensor(

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, List, Optional, Protocol
 
-from common.config_flags import FlagError, check_choices, flag, option
+from common.config_flags import FlagError, check_choices, flag, flag_of, option
 from data.criteo_layout import NUM_SPARSE_FEATURES
 from data.multi_hot import MULTI_HOT_DISTRIBUTIONS
 
@@ -37,7 +37,10 @@ class BatchLoader(Protocol):
 
 
 # The flags that name the data (one of them at most).
-DATA_SOURCE_FIELDS = ("in_memory_binary_criteo_path", "synthetic_multi_hot_criteo_path", "dataset_path")
+DATA_SOURCE_FIELDS = ("in_memory_binary_criteo_path", "synthetic_multi_hot_criteo_path", "dataset_path", "parquet_path")
+# The flags only Parquet data reads (data.parquet_source checks them with --parquet_path).
+PARQUET_ONLY_FIELDS = ("label_column", "dense_columns", "sparse_columns", "dense_transform", "id_hashing", "hash_seed",
+                       "max_buffered_row_groups", "time_column", "validation_window", "test_window", "rolling_windows")
 
 
 @dataclass
@@ -147,9 +150,15 @@ class DataConfig:
         if len(given) > 1:
             raise FlagError(f"give one data path, not {' and '.join(given)}")
         sizes, distribution = option(self, "multi_hot_sizes"), option(self, "multi_hot_distribution_type")
-        if self.weight_column is not None and not self.dataset_path:
-            raise FlagError(f"{option(self, 'weight_column')} needs {option(self, 'dataset_path')} "
-                            "(Criteo and random data have no weights)")
+        if self.weight_column is not None and not (self.dataset_path or self.parquet_path):
+            raise FlagError(f"{option(self, 'weight_column')} needs {option(self, 'dataset_path')} or "
+                            f"{option(self, 'parquet_path')} (Criteo and random data have no weights)")
+        if self.parquet_path is None:
+            for name in PARQUET_ONLY_FIELDS:
+                if getattr(self, name) != flag_of(DataConfig, name).default:
+                    raise FlagError(f"{option(self, name)} is for Parquet data: it needs {option(self, 'parquet_path')}")
+        from data.sources import source_for  # here: data.sources imports this module
+        source_for(self).check_flags()
         if self.multi_hot_sizes is not None and self.dataset_path:
             raise FlagError(f"{sizes} expands Criteo data; with --dataset_path give hotness in the spec")
         if self.multi_hot_sizes is not None:

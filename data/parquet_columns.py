@@ -185,11 +185,11 @@ class ParquetColumns:
     @classmethod
     def from_flags(cls, config: "DataConfig", description: "FeatureDescription",
                    table_sizes: Sequence[int]) -> "ParquetColumns":
-        """The columns of a run's flags: the label, weight, transform and hashing
-        flags, the dense and sparse columns ``description`` resolved from the
-        patterns, and the model's table sizes."""
+        """The columns the data flags name, with the features of ``description``
+        (`data.sources.ParquetSource.describe`: patterns resolved) and the model's
+        table sizes."""
         return cls(label=config.label_column, dense=tuple(description.dense_feature_names),
-                   sparse=tuple(description.sparse_feature_names), table_sizes=tuple(table_sizes),
+                   sparse=tuple(description.sparse_feature_names), table_sizes=tuple(int(s) for s in table_sizes),
                    weight=config.weight_column, dense_transform=config.dense_transform,
                    id_hashing=config.id_hashing, hash_seed=config.hash_seed)
 

@@ -170,8 +170,11 @@ class SplitBinarySpec(_BinaryDataSource):
         return FeatureDescription(tuple(spec.numerical), tuple(spec.categorical), tuple(spec.cardinalities))
 
 
+# Here, after DataSource: its module subclasses it (and imports no pyarrow until used).
+from data.parquet_source import ParquetSource  # noqa: E402
+
 SOURCES: Dict[str, Type[DataSource]] = {
-    source.name: source for source in (RandomData, CriteoDays, CriteoMultiHotDays, SplitBinarySpec)
+    source.name: source for source in (RandomData, CriteoDays, CriteoMultiHotDays, SplitBinarySpec, ParquetSource)
 }
 # The DataConfig fields that name data (one of them at most).
 DATA_PATH_FIELDS: Tuple[str, ...] = tuple(s.path_field for s in SOURCES.values() if s.path_field)

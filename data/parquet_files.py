@@ -1,0 +1,221 @@
+"""The files of a Parquet table (``--parquet_path``): discovery, Hive partitions, footers.
+
+``--parquet_path`` is a file, a directory (read recursively) or a glob, local, a
+``file://`` URL or any URL pyarrow's filesystems open (``s3://``, ``gs://``,
+``hdfs://``); other schemes go through fsspec. Files are taken in sorted path order;
+in a directory, names starting with ``_`` or ``.`` (``_SUCCESS``, ``.crc`` files) are
+skipped, as Spark and pyarrow do. Directories named ``key=value`` (Hive partitions,
+such as ``date=2026-11-01/``) give every row of the files below them a column
+``key``: integers when every value of the key is one, dates when every value is an
+ISO date (YYYY-MM-DD), else strings.
+
+Only the footers are read here (schema, rows per row group, statistics): the
+table's rows are read by data/parquet_loader.py, one row group at a time.
+"""
+
+import datetime
+import fnmatch
+import posixpath
+import re
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from common.errors import BadInput
+
+_GLOB_CHARACTERS = re.compile(r"[*?\[]")
+_INTEGER = re.compile(r"-?[0-9]+\Z")
+_ISO_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}\Z")
+
+
+@dataclass(frozen=True)
+class FileFooter:
+    """What the footer of one file says, plus its partition values.
+
+    Args:
+        path: the file, as its filesystem names it (messages name it so).
+        partitions: the Hive partition values of its directories (key -> value).
+        row_group_rows: rows of each row group.
+    """
+
+    path: str
+    partitions: Dict[str, Any]
+    row_group_rows: Tuple[int, ...]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.row_group_rows)
+
+    def first_row(self, row_group: int) -> int:
+        """The row number in the file of the row group's first row."""
+        return sum(self.row_group_rows[:row_group])
+
+
+def _local_or_uri(path: str) -> Tuple[pafs.FileSystem, str, str]:
+    """(filesystem, path inside it, how messages name the root)."""
+    if "://" not in path:
+        return pafs.LocalFileSystem(), posixpath.abspath(path) if not path.startswith("/") else path, path
+    if path.startswith("file://"):
+        return pafs.LocalFileSystem(), urllib.parse.unquote(path[len("file://"):]), path
+    try:
+        filesystem, inner = pafs.FileSystem.from_uri(path)
+        return filesystem, inner, path
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
+        pass  # a scheme pyarrow has no filesystem for
+    except OSError as e:  # pyarrow's filesystem, but it cannot reach the store
+        raise BadInput(f"--parquet_path {path}: cannot open it ({e})") from e
+    try:
+        import fsspec
+        fs, inner = fsspec.core.url_to_fs(path)
+    except (ImportError, ValueError) as e:
+        raise BadInput(f"--parquet_path {path}: no filesystem opens this URL ({e})") from e
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), inner, path
+
+
+def _hidden(relative: str) -> bool:
+    return any(part.startswith(("_", ".")) for part in relative.split("/"))
+
+
+def list_files(path: str) -> Tuple[pafs.FileSystem, str, List[str]]:
+    """(filesystem, root directory, the table's files in sorted path order).
+
+    Raises:
+        BadInput: nothing at ``path``, or no file there.
+    """
+    filesystem, inner, shown = _local_or_uri(path)
+    try:
+        if _GLOB_CHARACTERS.search(inner):
+            base = inner[: _GLOB_CHARACTERS.search(inner).start()]  # type: ignore[union-attr]
+            base = base.rsplit("/", 1)[0] if "/" in base else "."
+            infos = filesystem.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+            files = [i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatchcase(i.path, inner)]
+            root = base
+        else:
+            info = filesystem.get_file_info(inner)
+            if info.type == pafs.FileType.NotFound:
+                raise BadInput(f"--parquet_path {shown}: no such file or directory")
+            if info.type == pafs.FileType.File:
+                return filesystem, posixpath.dirname(inner), [inner]
+            root = inner.rstrip("/")
+            infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
+            files = [i.path for i in infos if i.type == pafs.FileType.File
+                     and not _hidden(i.path[len(root):].lstrip("/"))]
+    except OSError as e:
+        raise BadInput(f"--parquet_path {shown}: cannot list it ({e})") from e
+    if not files:
+        raise BadInput(f"--parquet_path {shown}: no Parquet file there")
+    return filesystem, root, sorted(files)
+
+
+def _partition_parts(root: str, file: str) -> Dict[str, str]:
+    relative = file[len(root):].lstrip("/") if file.startswith(root) else posixpath.basename(file)
+    parts = {}
+    for directory in relative.split("/")[:-1]:
+        if "=" in directory:
+            key, value = directory.split("=", 1)
+            parts[urllib.parse.unquote(key)] = urllib.parse.unquote(value)
+    return parts
+
+
+def column_names(path: str) -> List[str]:
+    """The table's column names: the first file's columns, then its partition keys
+    (only that footer is read)."""
+    filesystem, root, files = list_files(path)
+    names = read_metadata(filesystem, files[0]).schema.to_arrow_schema().names
+    return names + [key for key in _partition_parts(root, files[0]) if key not in names]
+
+
+def partition_type(values: Sequence[str]) -> pa.DataType:
+    """int64 when every value is an integer, date32 when every one is an ISO date, else string."""
+    if all(_INTEGER.match(v) for v in values):
+        return pa.int64()
+    if all(_ISO_DATE.match(v) for v in values):
+        return pa.date32()
+    return pa.string()
+
+
+def _typed(value: str, kind: pa.DataType) -> Any:
+    if kind == pa.int64():
+        return int(value)
+    if kind == pa.date32():
+        return datetime.date.fromisoformat(value)
+    return value
+
+
+def read_footers(filesystem: pafs.FileSystem, root: str,
+                 files: Sequence[str]) -> Tuple[List[FileFooter], List[pq.FileMetaData], pa.Schema]:
+    """Every file's footer, its partitions, and the table's schema (the first file's
+    schema plus the partition columns).
+
+    Raises:
+        BadInput: a file that is not Parquet (or is truncated), files that disagree on
+            their partition keys, a partition key that is also a column.
+    """
+    raw = [_partition_parts(root, f) for f in files]
+    keys = list(raw[0])
+    for file, parts in zip(files, raw):
+        if list(parts) != keys:
+            raise BadInput(f"{file}: partition directories {'/'.join(parts) or '(none)'} differ from "
+                           f"{files[0]}'s ({'/'.join(keys) or 'none'})")
+    kinds = {key: partition_type([parts[key] for parts in raw]) for key in keys}
+    footers, metadata = [], []
+    for file, parts in zip(files, raw):
+        meta = read_metadata(filesystem, file)
+        footers.append(FileFooter(file, {k: _typed(v, kinds[k]) for k, v in parts.items()},
+                                  tuple(meta.row_group(g).num_rows for g in range(meta.num_row_groups))))
+        metadata.append(meta)
+    schema = metadata[0].schema.to_arrow_schema()
+    for key, kind in kinds.items():
+        if key in schema.names:
+            raise BadInput(f"{files[0]}: column {key} is also a partition directory ({key}=...)")
+        schema = schema.append(pa.field(key, kind, nullable=False))
+    return footers, metadata, schema
+
+
+def read_metadata(filesystem: pafs.FileSystem, file: str) -> pq.FileMetaData:
+    """The footer of one file.
+
+    Raises:
+        BadInput: the file cannot be read, is not Parquet or is truncated.
+    """
+    try:
+        with filesystem.open_input_file(file) as handle:
+            return pq.ParquetFile(handle).metadata
+    except (pa.ArrowInvalid, OSError) as e:
+        raise BadInput(f"{file}: not a Parquet file, or truncated ({e})") from e
+
+
+def file_schema(footer: FileFooter, meta: pq.FileMetaData, schema: pa.Schema) -> pa.Schema:
+    """One file's own schema plus the table's partition columns."""
+    own = meta.schema.to_arrow_schema()
+    for key in footer.partitions:
+        own = own.append(schema.field(key))
+    return own
+
+
+def check_same_types(footers: Sequence[FileFooter], metadata: Sequence[pq.FileMetaData], schema: pa.Schema,
+                     columns: Sequence[str]) -> None:
+    """Refuses a file where a column read has another type than in the first file.
+
+    Raises:
+        BadInput: ``"<file>: column C is T, but <first file> has U"``.
+    """
+    for footer, meta in zip(footers[1:], metadata[1:]):
+        own = file_schema(footer, meta, schema)
+        for column in columns:
+            index = own.get_field_index(column)
+            if index < 0:
+                continue  # the column check names the missing column
+            if own.field(index).type != schema.field(column).type:
+                raise BadInput(f"{footer.path}: column {column} is {own.field(index).type}, but "
+                               f"{footers[0].path} has {schema.field(column).type} (a column keeps one type)")
+
+
+def partition_column(value: Any, kind: pa.DataType, rows: int) -> pa.Array:
+    """A partition's value repeated for ``rows`` rows."""
+    return pa.repeat(pa.scalar(value, type=kind), rows)

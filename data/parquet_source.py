@@ -1,0 +1,148 @@
+"""``--parquet_path``: a Parquet click log read in place (the "parquet" data source).
+
+Which columns mean what: data/parquet_columns.py; the files and their partitions:
+data/parquet_files.py; the splits: data/parquet_split.py; the per-rank streaming
+loader: data/parquet_loader.py (docs/data.md tells the whole story).
+
+This module imports neither pyarrow nor torch at import time (data.sources imports
+it): the flags are checked without them.
+"""
+
+import dataclasses
+from typing import Any, Dict, List, Optional
+
+from common.config_flags import FlagError, option
+from data.config import BatchLoader, DataConfig
+from data.parquet_windows import Window, parse_window
+from data.sources import DataSource, FeatureDescription
+
+
+class ParquetSource(DataSource):
+    """A Parquet table: a file, a directory (Hive partitions become columns) or a glob,
+    local or on object storage; raw ids hashed into the tables."""
+
+    name = "parquet"
+    path_field = "parquet_path"
+    serving_layout = "parquet_columns"
+
+    def check_flags(self) -> None:
+        config = self.config
+        if not config.sparse_columns:
+            raise FlagError(f"{option(config, 'parquet_path')} needs {option(config, 'sparse_columns')} "
+                            "(the categorical columns, e.g. C1,C2 or C*)")
+        if config.multi_hot_sizes is not None:
+            raise FlagError(f"{option(config, 'multi_hot_sizes')} expands one-hot data; Parquet list columns "
+                            "are multi-hot already")
+        if config.shuffle_batches:
+            raise FlagError(f"{option(config, 'shuffle_batches')} reads batches in random order, which a Parquet "
+                            f"stream cannot; use {option(config, 'shuffle_training_set')}")
+        if config.mmap_mode:
+            raise FlagError(f"{option(config, 'mmap_mode')} is for binary files; Parquet is always streamed")
+        if config.max_buffered_row_groups < 1:
+            raise FlagError(f"{option(config, 'max_buffered_row_groups')} must be at least 1, "
+                            f"got {config.max_buffered_row_groups}")
+        validation, test = self.windows()
+        if config.time_column is None:
+            for window, name in ((validation, "validation_window"), (test, "test_window")):
+                if window is not None and window.is_duration:
+                    raise FlagError(f"{option(config, name)} {window.text} is a duration, which needs "
+                                    f"{option(config, 'time_column')}; give a fraction of the rows (0.05)")
+            if validation and test and validation.fraction + test.fraction >= 1:  # type: ignore[operator]
+                raise FlagError(f"{option(config, 'validation_window')} + {option(config, 'test_window')} leave "
+                                "no training rows")
+        if config.rolling_windows is not None:
+            if config.time_column is None:
+                raise FlagError(f"{option(config, 'rolling_windows')} needs {option(config, 'time_column')}")
+            if config.rolling_windows < 1:
+                raise FlagError(f"{option(config, 'rolling_windows')} must be at least 1, "
+                                f"got {config.rolling_windows}")
+            if validation is not None or test is not None:
+                raise FlagError(f"{option(config, 'rolling_windows')} evaluates each window on the next one: "
+                                f"{option(config, 'validation_window')} and {option(config, 'test_window')} "
+                                "do not apply")
+
+    def windows(self) -> "tuple[Optional[Window], Optional[Window]]":
+        """(validation window, test window) as given; None: the default."""
+        config = self.config
+        return tuple(None if getattr(config, name) is None  # type: ignore[return-value]
+                     else parse_window(getattr(config, name), option(config, name))
+                     for name in ("validation_window", "test_window"))
+
+    def describe(self) -> FeatureDescription:
+        """Dense and sparse names from the patterns and the first file's columns (and
+        partition keys); cardinalities None: the table-size flags decide.
+
+        Raises:
+            BadInput: a pattern matching no column, a column in two roles, a file
+                that is not Parquet.
+        """
+        from data.parquet_columns import resolve_column_patterns
+        from data.parquet_files import column_names
+
+        config = self.config
+        names = column_names(config.parquet_path)  # type: ignore[arg-type]
+        dense = resolve_column_patterns(_patterns(config.dense_columns), names, option(config, "dense_columns"))
+        sparse = resolve_column_patterns(_patterns(config.sparse_columns), names, option(config, "sparse_columns"))
+        roles = {option(config, "label_column"): config.label_column,
+                 option(config, "weight_column"): config.weight_column,
+                 option(config, "time_column"): config.time_column}
+        for flag_name, column in roles.items():
+            if column is not None and column in dense + sparse:
+                raise FlagError(f"{flag_name} {column} is also a feature column "
+                                f"({option(config, 'dense_columns')}/{option(config, 'sparse_columns')})")
+        both = set(dense) & set(sparse)
+        if both:
+            raise FlagError(f"column {sorted(both)[0]} is both in {option(config, 'dense_columns')} and "
+                            f"{option(config, 'sparse_columns')}")
+        return FeatureDescription(dense, sparse)
+
+    def open(self, check_values: bool = True) -> Any:
+        """The table (`data.parquet_loader.ParquetDataset`): footers read, every file's
+        schema checked, the splits computed. Values are checked as they are read
+        (``check_values`` has nothing to read up front)."""
+        from data.parquet_columns import ParquetColumns
+        from data.parquet_loader import ParquetDataset
+
+        description = self.describe()
+        # The table sizes do not matter to the schema checks; `loaders` sets the model's.
+        columns = ParquetColumns.from_flags(self.config, description, [1] * len(description.sparse_feature_names))
+        validation, test = self.windows()
+        return ParquetDataset(self.config.parquet_path, columns, self.config.time_column,  # type: ignore[arg-type]
+                              validation, test)
+
+    def loaders(self, dataset: Any, num_embeddings_per_feature: List[int], rank: int,
+                world_size: int) -> Dict[str, BatchLoader]:
+        return {split: self._loader(dataset, dataset.splits[split], split, num_embeddings_per_feature,
+                                    rank, world_size) for split in ("train", "validation", "test")}
+
+    def window_loaders(self, dataset: Any, window: int, num_windows: int, num_embeddings_per_feature: List[int],
+                       rank: int, world_size: int) -> Dict[str, BatchLoader]:
+        windows = dataset.windows(num_windows)
+        return {"train": self._loader(dataset, windows[window], "train", num_embeddings_per_feature, rank,
+                                      world_size),
+                "validation": self._loader(dataset, windows[window + 1], "validation", num_embeddings_per_feature,
+                                           rank, world_size)}
+
+    def _loader(self, dataset: Any, segments: Any, split: str, table_sizes: List[int], rank: int,
+                world_size: int) -> BatchLoader:
+        from data.id_collisions import CollisionCounter
+        from data.parquet_loader import ParquetLoader
+
+        config = self.config
+        columns = dataclasses.replace(dataset.columns, table_sizes=tuple(int(s) for s in table_sizes))
+        is_train = split == "train"
+        return ParquetLoader(
+            dataset, segments, columns,
+            batch_size=config.batch_size if is_train else config.eval_batch_size,
+            rank=rank, world_size=world_size,
+            drop_last=config.drop_last_training_batch and is_train,
+            shuffle_seed=config.seed if (is_train and config.shuffle_training_set) else None,
+            limit_batches=config.limit(split),
+            max_buffered_row_groups=config.max_buffered_row_groups,
+            collisions=(CollisionCounter(columns.sparse, columns.table_sizes, columns.id_hashing, columns.hash_seed)
+                        if is_train else None),
+        )
+
+
+def _patterns(text: Optional[str]) -> List[str]:
+    return [p.strip() for p in (text or "").split(",") if p.strip()]

@@ -41,7 +41,6 @@ import sys
 from typing import BinaryIO, Iterator, List, Optional, Sequence
 
 import pyarrow
-import pyarrow.parquet
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTableBatchedEmbeddingBagsCodegen
 from torchrec.fx import symbolic_trace
@@ -57,12 +56,12 @@ from data.criteo_layout import DENSE_FEATURE_NAMES, read_metadata
 from data.criteo_transforms import VOCABULARY_FILE
 from data.feature_spec import FeatureSpec, FeatureSpecError
 from data.parquet_columns import ParquetColumns, sparse_value_type
+from data.parquet_files import list_files, read_footers
 from data.sources import source_for
 from models.config import ModelConfig
 from sharding_plans.report import format_bytes
 from serving.cli import serving_parser
 from serving.inference_model import ProbabilityModel, load_checkpoint_model
-from serving.predict import parquet_files
 from serving.model_inputs import (INPUTS_FILE, PARQUET_LAYOUT, CriteoPreprocessing, FeatureSpecColumns, ModelInputs,
                                   ParquetPreprocessing, Variant)
 from serving.model_files import MANIFEST_FILE, write_manifest
@@ -192,13 +191,9 @@ def _describe_parquet(model_config: ModelConfig, data_config: DataConfig, step: 
 
 
 def _training_schema(path: str) -> pyarrow.Schema:
-    """The schema of the first file of the training table (only its footer is read)."""
-    first = parquet_files(path, flag="--parquet_path")[0]
-    try:
-        return pyarrow.parquet.read_schema(first)
-    except (OSError, pyarrow.ArrowException) as e:
-        raise BadInput(f"the checkpoint was trained with --parquet_path {path}, whose schema export reads for the "
-                       f"sparse columns' value types: {first}: {e}") from None
+    """The schema of the training table (its first file's footer and partitions)."""
+    filesystem, root, files = list_files(path)
+    return read_footers(filesystem, root, files[:1])[2]
 
 
 def export_model(checkpoint: str, output: str, quantize: List[str], newest: bool = False,

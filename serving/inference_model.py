@@ -54,7 +54,7 @@ def fixed_hot_features(keys: List[str], hotness: List[int], sparse: torch.Tensor
         start = 0
         for size in hotness:
             block = sparse[:, start : start + size]
-            present = block != PADDING_ID
+            present = block >= 0  # PADDING_ID is the one negative id (TorchScript reads no global)
             values_parts.append(block[present])  # row by row, each bag's ids in column order
             length_parts.append(present.sum(1).to(torch.int32))
             start += size

@@ -55,6 +55,7 @@ from common.click_metrics import summary_figures
 from common.cli import run_cli
 from common.errors import BadInput
 from common.json_fields import BOOLEAN, COUNTS, INTEGER, NUMBER, TEXT, JsonObject, optional, versioned_json
+from data.parquet_files import check_same_types, file_schema, list_files, read_footers, read_row_group
 from data.text_lines import DaySource, iter_line_chunks
 from serving.cli import serving_parser
 from serving.input_layouts import InputLayout, ParquetRows, ParsedLines, load_layout
@@ -313,33 +314,12 @@ def predict_file(predictor: Predictor, path: str, out: TextIO, chunk_bytes: int 
 PROBABILITY_COLUMN = "probability"
 
 
-def parquet_files(path: str, flag: str = "--input") -> List[str]:
-    """``path`` itself, or the ``.parquet`` files under the directory ``path``
-    (recursively, in name order; names starting with ``.`` or ``_``, such as Spark's
-    ``_SUCCESS``, left out); ``flag`` names it in errors."""
-    if os.path.isfile(path):
-        return [path]
-    if not os.path.isdir(path):
-        raise BadInput(f"{flag} {path}: no such file or directory")
-    files = sorted(os.path.join(root, name) for root, _, names in os.walk(path) for name in names
-                   if name.endswith(".parquet") and not name.startswith((".", "_")))
-    if not files:
-        raise BadInput(f"{flag} {path}: no .parquet file under the directory")
-    return files
-
-
-def _open_parquet(path: str) -> pq.ParquetFile:
-    try:
-        return pq.ParquetFile(path)
-    except (OSError, pa.ArrowException) as e:
-        raise BadInput(f"{path}: not a readable Parquet file ({e})") from None
-
-
 def predict_parquet(predictor: Predictor, path: str, output: str,
                     keep_columns: Sequence[str] = ()) -> Tuple[int, Optional[LabelledScores], np.ndarray]:
     """Writes ``output`` (Parquet): the ``keep_columns`` of each row of the Parquet
-    file or directory ``path``, then its probability; reads one row group at a time.
-    The input is labelled when its (first) file has the label column.
+    table ``path`` (a file, a directory whose Hive partitions become columns, a glob or
+    a URL, as --parquet_path), then its probability; reads one row group at a time.
+    The input is labelled when it has the label column.
 
     Returns the row count, the scores of labelled rows (None for unlabelled input)
     and the unseen ids per feature (none: hashing gives every value a row).
@@ -348,36 +328,31 @@ def predict_parquet(predictor: Predictor, path: str, output: str,
     assert isinstance(layout, ParquetRows)
     if PROBABILITY_COLUMN in keep_columns:
         raise BadInput(f"--keep_columns {PROBABILITY_COLUMN}: the output's own column")
-    files = parquet_files(path)
-    first_schema = _open_parquet(files[0]).schema_arrow
-    labelled = layout.columns.label in first_schema.names
-    missing = [name for name in keep_columns if name not in first_schema.names]
+    filesystem, root, files = list_files(path, "--input")
+    footers, metadata, schema = read_footers(filesystem, root, files)
+    labelled = layout.columns.label in schema.names
+    missing = [name for name in keep_columns if name not in schema.names]
     if missing:
-        raise BadInput(f"--keep_columns {','.join(missing)}: not a column of {files[0]} "
-                       f"(it has {', '.join(first_schema.names)})")
+        raise BadInput(f"--keep_columns {','.join(missing)}: not a column of --input {path} "
+                       f"(it has {', '.join(schema.names)})")
     columns = layout.columns
     read = list(dict.fromkeys([*((columns.label,) if labelled else ()), *columns.dense, *columns.sparse,
                                *keep_columns]))
-    out_schema = pa.schema([first_schema.field(name) for name in keep_columns]
-                           + [pa.field(PROBABILITY_COLUMN, pa.float32())])
+    for footer, meta in zip(footers, metadata):
+        layout.check_schema(file_schema(footer, meta, schema), footer.path, labelled)
+    check_same_types(footers, metadata, schema, read)
+    out_schema = pa.schema([schema.field(name) for name in keep_columns] + [pa.field(PROBABILITY_COLUMN, pa.float32())])
     rows, scores = 0, LabelledScores()
     with pq.ParquetWriter(output, out_schema) as writer:
-        for file in files:
-            parquet = _open_parquet(file)
-            layout.check_schema(parquet.schema_arrow, file, labelled)
-            for group in range(parquet.num_row_groups):
-                try:
-                    table = parquet.read_row_group(group, columns=read)
-                except (OSError, pa.ArrowException) as e:
-                    raise BadInput(f"{file} row group {group}: not readable ({e})") from None
-                prepared = layout.prepare_table(table, lambda row: f"{file} row group {group} row {row}", labelled)
+        for footer in footers:
+            for group in range(len(footer.row_group_rows)):
+                table = read_row_group(filesystem, footer, schema, group, read)
+                prepared = layout.prepare_table(
+                    table, lambda row, file=footer.path, group=group: f"{file} row group {group} row {row}", labelled)
                 probabilities = predictor.predict_transformed(prepared.dense, prepared.sparse)
-                try:
-                    writer.write_table(pa.Table.from_arrays(
-                        [*(table.column(name) for name in keep_columns), pa.array(probabilities, pa.float32())],
-                        schema=out_schema))
-                except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-                    raise BadInput(f"{file}: a kept column's type differs from {files[0]}'s ({e})") from None
+                writer.write_table(pa.Table.from_arrays(
+                    [*(table.column(name) for name in keep_columns), pa.array(probabilities, pa.float32())],
+                    schema=out_schema))
                 if labelled:
                     scores.update(probabilities, prepared.labels)
                 rows += len(probabilities)

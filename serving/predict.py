@@ -1,8 +1,8 @@
-"""Click probabilities for raw Criteo lines or BYO CSV rows, from an exported model directory.
+"""Click probabilities for raw Criteo lines, BYO CSV rows or Parquet, from an exported model directory.
 
-    python -m serving.predict --model MODEL_DIR --input day_23.tsv|rows.csv [--output preds.csv]
-        [--variant fp32|fp16|int8] [--batch_size 4096] [--metrics_output metrics.json]
-        [--keep_columns label,user_id]
+    python -m serving.predict --model MODEL_DIR --input day_23.tsv|rows.csv|x.parquet|DIR
+        [--output preds.csv|preds.parquet] [--variant fp32|fp16|int8] [--batch_size 4096]
+        [--metrics_output metrics.json] [--keep_columns label,user_id]
 
 The input layout is the model's (inputs.json "layout"; serving/input_layouts.py):
 
@@ -19,6 +19,12 @@ The input layout is the model's (inputs.json "layout"; serving/input_layouts.py)
   numerical values rounded to float16, ids modulo the table sizes. An id at or above
   its feature's cardinality (never in the training data) is counted as unseen and
   taken modulo its table size like any id beyond its table in training.
+- Models trained with --parquet_path read Parquet (a file, a directory with Hive
+  partitions, a glob or a URL, as --parquet_path), one row group at a time, and write
+  --output as Parquet: the --keep_columns (any input columns), then ``probability``
+  (`predict_parquet`). The columns are converted by the training's own
+  `data.parquet_columns.ParquetColumns` (transform, id hashing); a bad value stops
+  the run naming the file, row group, row and column.
 
 Whether lines carry the label is judged by the first line's field count. Output: one
 probability per input line, in order (stdout without --output); with --keep_columns, a
@@ -387,15 +393,18 @@ def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
     parser = serving_parser("predict", __doc__, alias)
     parser.add_argument("--model", required=True, help="a directory written by python -m serving.export")
     parser.add_argument("--input", required=True,
-                        help="raw Criteo lines (.tsv/.txt), or BYO CSV rows for a --dataset_path model; or .gz")
-    parser.add_argument("--output", default=None, help="one probability per line (default stdout)")
+                        help="raw Criteo lines (.tsv/.txt), or BYO CSV rows for a --dataset_path model; or .gz; "
+                             "Parquet (file, directory, glob, URL) for a --parquet_path model")
+    parser.add_argument("--output", default=None,
+                        help="one probability per line (default stdout); Parquet for a --parquet_path model (required)")
     parser.add_argument("--variant", choices=VARIANTS, default="fp32", help="which exported model to use")
     parser.add_argument("--batch_size", type=int, default=4096, help="rows per forward")
     parser.add_argument("--metrics_output", default=None,
                         help="JSON file for the rows, unseen ids and (labelled input) AUROC, log loss, NE, calibration")
     parser.add_argument("--keep_columns", type=column_list, default=(),
                         help="input columns written before each probability, comma-separated: label for "
-                             "Criteo lines; names of the model's CSV columns for CSV rows (output becomes CSV)")
+                             "Criteo lines; names of the model's CSV columns for CSV rows (output becomes CSV); "
+                             "any input columns for Parquet")
     args = parser.parse_args(argv)
     return run_cli(lambda: _predict(args, parser.prog), parser.prog)
 

@@ -51,7 +51,7 @@ class ConvertedRows:
     """A block of rows as model inputs.
 
     Args:
-        labels: float32 (N,), 0 or 1.
+        labels: float32 (N,), 0 or 1; None for rows converted without their label (serving).
         dense: float32 (N, D), transformed.
         ids: per sparse feature, int64 embedding rows of all its bags, concatenated.
         lengths: int32 (F, N): the bag size of each feature and row.
@@ -61,7 +61,7 @@ class ConvertedRows:
             (what collision statistics count).
     """
 
-    labels: np.ndarray
+    labels: Optional[np.ndarray]
     dense: np.ndarray
     ids: List[np.ndarray]
     lengths: np.ndarray
@@ -71,7 +71,7 @@ class ConvertedRows:
 
     @property
     def num_rows(self) -> int:
-        return len(self.labels)
+        return len(self.dense)
 
 
 def resolve_column_patterns(patterns: Sequence[str], names: Sequence[str], flag: str) -> Tuple[str, ...]:
@@ -95,6 +95,18 @@ def resolve_column_patterns(patterns: Sequence[str], names: Sequence[str], flag:
                 raise BadInput(f"{flag}: column {name} given twice")
             chosen.append(name)
     return tuple(chosen)
+
+
+# What a sparse column holds, as the id hashing sees it (`sparse_value_type`): integers
+# and strings (binary too) hash differently, so serving must read the type training read.
+SPARSE_VALUE_TYPES = ("integer", "string", "integer_list", "string_list")
+
+
+def sparse_value_type(t: pa.DataType) -> str:
+    """The `SPARSE_VALUE_TYPES` entry of a sparse column's Arrow type (one
+    `check_schema` accepts)."""
+    listed = pa.types.is_list(t) or pa.types.is_large_list(t)
+    return ("integer" if _is_integer_id(t) else "string") + ("_list" if listed else "")
 
 
 def _is_number(t: pa.DataType) -> bool:
@@ -186,14 +198,15 @@ class ParquetColumns:
         """Every column read, label first."""
         return (self.label,) + self.dense + self.sparse + ((self.weight,) if self.weight else ())
 
-    def check_schema(self, schema: pa.Schema, where: str) -> None:
+    def check_schema(self, schema: pa.Schema, where: str, labelled: bool = True) -> None:
         """Refuses a file whose schema lacks a column or gives one a type it cannot
-        have (``where``: the file, for the message).
+        have (``where``: the file, for the message; without ``labelled`` the label
+        column is not needed).
 
         Raises:
             BadInput: ``"<where>: column C: ..."``.
         """
-        kinds = [(self.label, "label", _is_number, "an integer, boolean or floating 0/1 label")]
+        kinds = [(self.label, "label", _is_number, "an integer, boolean or floating 0/1 label")] if labelled else []
         kinds += [(c, "dense", _is_number, "integers or floats") for c in self.dense]
         kinds += [(c, "sparse", lambda t: _is_id(t) or _is_id_list(t),
                    "integer or string ids, or lists of them") for c in self.sparse]
@@ -213,22 +226,23 @@ class ParquetColumns:
             if not accepts(kind):
                 raise BadInput(f"{where}: column {column} is {kind}, but a {role} column holds {expected}")
 
-    def convert(self, rows: pa.Table) -> ConvertedRows:
-        """The model inputs of a block of rows (a Table or RecordBatch with the columns).
+    def convert(self, rows: pa.Table, labelled: bool = True) -> ConvertedRows:
+        """The model inputs of a block of rows (a Table or RecordBatch with the columns;
+        without ``labelled``, the label column is neither needed nor read).
 
         Raises:
             ColumnValueError: a label not 0/1, a NaN or infinite dense value, a
                 negative or non-finite weight, naming the row within ``rows``.
         """
-        labels = self._labels(rows.column(self.label))
+        labels = self._labels(rows.column(self.label)) if labelled else None
         dense_columns, nulls = [], []
         for name in self.dense:
             values, null_count = self._dense(name, rows.column(name))
             dense_columns.append(values)
             nulls.append(null_count)
         dense = (np.stack(dense_columns, axis=1) if dense_columns
-                 else np.zeros((len(labels), 0), dtype=np.float32))
-        ids, lengths, keys = [], np.zeros((len(self.sparse), len(labels)), dtype=np.int32), []
+                 else np.zeros((rows.num_rows, 0), dtype=np.float32))
+        ids, lengths, keys = [], np.zeros((len(self.sparse), rows.num_rows), dtype=np.int32), []
         for f, (name, size) in enumerate(zip(self.sparse, self.table_sizes)):
             feature_keys, lengths[f] = self._bags(rows.column(name))
             keys.append(feature_keys)

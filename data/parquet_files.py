@@ -56,7 +56,7 @@ class FileFooter:
         return sum(self.row_group_rows[:row_group])
 
 
-def _local_or_uri(path: str) -> Tuple[pafs.FileSystem, str, str]:
+def _local_or_uri(path: str, flag: str) -> Tuple[pafs.FileSystem, str, str]:
     """(filesystem, path inside it, how messages name the root)."""
     if "://" not in path:
         return pafs.LocalFileSystem(), posixpath.abspath(path) if not path.startswith("/") else path, path
@@ -68,12 +68,12 @@ def _local_or_uri(path: str) -> Tuple[pafs.FileSystem, str, str]:
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
         pass  # a scheme pyarrow has no filesystem for
     except OSError as e:  # pyarrow's filesystem, but it cannot reach the store
-        raise BadInput(f"--parquet_path {path}: cannot open it ({e})") from e
+        raise BadInput(f"{flag} {path}: cannot open it ({e})") from e
     try:
         import fsspec
         fs, inner = fsspec.core.url_to_fs(path)
     except (ImportError, ValueError) as e:
-        raise BadInput(f"--parquet_path {path}: no filesystem opens this URL ({e})") from e
+        raise BadInput(f"{flag} {path}: no filesystem opens this URL ({e})") from e
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), inner, path
 
 
@@ -81,13 +81,14 @@ def _hidden(relative: str) -> bool:
     return any(part.startswith(("_", ".")) for part in relative.split("/"))
 
 
-def list_files(path: str) -> Tuple[pafs.FileSystem, str, List[str]]:
-    """(filesystem, root directory, the table's files in sorted path order).
+def list_files(path: str, flag: str = "--parquet_path") -> Tuple[pafs.FileSystem, str, List[str]]:
+    """(filesystem, root directory, the table's files in sorted path order); ``flag``
+    names ``path`` in errors.
 
     Raises:
         BadInput: nothing at ``path``, or no file there.
     """
-    filesystem, inner, shown = _local_or_uri(path)
+    filesystem, inner, shown = _local_or_uri(path, flag)
     try:
         if _GLOB_CHARACTERS.search(inner):
             base = inner[: _GLOB_CHARACTERS.search(inner).start()]  # type: ignore[union-attr]
@@ -98,7 +99,7 @@ def list_files(path: str) -> Tuple[pafs.FileSystem, str, List[str]]:
         else:
             info = filesystem.get_file_info(inner)
             if info.type == pafs.FileType.NotFound:
-                raise BadInput(f"--parquet_path {shown}: no such file or directory")
+                raise BadInput(f"{flag} {shown}: no such file or directory")
             if info.type == pafs.FileType.File:
                 return filesystem, posixpath.dirname(inner), [inner]
             root = inner.rstrip("/")
@@ -106,9 +107,9 @@ def list_files(path: str) -> Tuple[pafs.FileSystem, str, List[str]]:
             files = [i.path for i in infos if i.type == pafs.FileType.File
                      and not _hidden(i.path[len(root):].lstrip("/"))]
     except OSError as e:
-        raise BadInput(f"--parquet_path {shown}: cannot list it ({e})") from e
+        raise BadInput(f"{flag} {shown}: cannot list it ({e})") from e
     if not files:
-        raise BadInput(f"--parquet_path {shown}: no Parquet file there")
+        raise BadInput(f"{flag} {shown}: no Parquet file there")
     return filesystem, root, sorted(files)
 
 
@@ -219,3 +220,24 @@ def check_same_types(footers: Sequence[FileFooter], metadata: Sequence[pq.FileMe
 def partition_column(value: Any, kind: pa.DataType, rows: int) -> pa.Array:
     """A partition's value repeated for ``rows`` rows."""
     return pa.repeat(pa.scalar(value, type=kind), rows)
+
+
+def read_row_group(filesystem: pafs.FileSystem, footer: FileFooter, schema: pa.Schema, row_group: int,
+                   names: Sequence[str]) -> pa.Table:
+    """The columns ``names`` of one row group of a file (partition columns made from
+    its path), of the table ``schema``'s types.
+
+    Raises:
+        BadInput: the row group cannot be read.
+    """
+    own = [n for n in names if n not in footer.partitions]
+    try:
+        with filesystem.open_input_file(footer.path) as handle:
+            table = pq.ParquetFile(handle).read_row_group(row_group, columns=own)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise BadInput(f"{footer.path}: row group {row_group} cannot be read ({e})") from e
+    for name in names:
+        if name in footer.partitions:
+            table = table.append_column(schema.field(name), partition_column(
+                footer.partitions[name], schema.field(name).type, table.num_rows))
+    return table.select(list(names)).cast(pa.schema([schema.field(n) for n in names]))

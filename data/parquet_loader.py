@@ -27,14 +27,13 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from torchrec.datasets.utils import Batch
 
 from common.errors import BadInput
 from data.batching import BatchBuilder, RankBatchLayout
 from data.id_collisions import CollisionCounter
 from data.parquet_columns import ColumnValueError, ParquetColumns
-from data.parquet_files import (check_same_types, file_schema, list_files, partition_column, read_footers)
+from data.parquet_files import check_same_types, file_schema, list_files, read_footers, read_row_group
 from data.parquet_split import (DEFAULT_INTEGER_WINDOW, DEFAULT_ROW_FRACTION, DEFAULT_TIME_WINDOW, Segment, TimeIndex,
                                  row_fraction_splits)
 from data.parquet_windows import Window, parse_window
@@ -104,18 +103,7 @@ class ParquetDataset:
 
     def read_row_group(self, file: int, row_group: int, names: Sequence[str]) -> pa.Table:
         """The columns ``names`` of one row group (partition columns made from the path)."""
-        footer = self.footers[file]
-        own = [n for n in names if n not in footer.partitions]
-        try:
-            with self.filesystem.open_input_file(footer.path) as handle:
-                table = pq.ParquetFile(handle).read_row_group(row_group, columns=own)
-        except (pa.ArrowInvalid, OSError) as e:
-            raise BadInput(f"{footer.path}: row group {row_group} cannot be read ({e})") from e
-        for name in names:
-            if name in footer.partitions:
-                table = table.append_column(self.schema.field(name), partition_column(
-                    footer.partitions[name], self.schema.field(name).type, table.num_rows))
-        return table.select(list(names)).cast(pa.schema([self.schema.field(n) for n in names]))
+        return read_row_group(self.filesystem, self.footers[file], self.schema, row_group, names)
 
     def read_segment(self, segment: Segment, names: Sequence[str]) -> pa.Table:
         table = self.read_row_group(segment.file, segment.row_group, names)

@@ -5,7 +5,7 @@
     python scripts/exported_operators.py --check   # exit 1 when it is out of date
 
 Exports a tiny model of every variant a user can train (each interaction, with and
-without numerical features, one-hot and multi-hot features) in every format
+without numerical features, one-hot, multi-hot and padded (Parquet) features) in every format
 ``python -m serving.export`` writes (fp32 torch.export, fp16 and int8 TorchScript),
 and collects, without loading them, the graph nodes' operators of the torch.export
 programs and the operators, builtins, attributes and C++ classes of the TorchScript
@@ -31,9 +31,10 @@ from serving.export import QUANTIZED_DTYPES, export_fp32, export_quantized
 from serving.inference_model import ProbabilityModel
 from serving.model_files import ALLOWED_REFERENCES_FILE, program_targets, torchscript_references
 
-# Three features: enough for every interaction; hotness 1, 3, 2 for the multi-hot variant.
+# Three features: enough for every interaction; hotness 1, 3, 2 for the multi-hot variants
+# (padded: bags of any length up to it, as a model trained on Parquet).
 FEATURES = ["a", "b", "c"]
-HOTNESS = {"one-hot": [1, 1, 1], "multi-hot": [1, 3, 2]}
+HOTNESS = {"one-hot": ([1, 1, 1], False), "multi-hot": ([1, 3, 2], False), "padded": ([1, 3, 2], True)}
 DENSE_FEATURES = (2, 0)  # with numerical features, and categorical features only
 
 
@@ -41,8 +42,8 @@ def variant_models() -> Dict[str, Tuple[ProbabilityModel, int]]:
     """A tiny model of every variant and its number of numerical features, by a name
     saying which variant."""
     models = {}
-    for interaction, dense, (hot_name, hotness) in itertools.product(INTERACTION_TYPES, DENSE_FEATURES,
-                                                                     HOTNESS.items()):
+    for interaction, dense, (hot_name, (hotness, padded)) in itertools.product(INTERACTION_TYPES, DENSE_FEATURES,
+                                                                               HOTNESS.items()):
         config = ModelConfig(num_embeddings_per_feature=[10, 20, 30], sparse_feature_names=FEATURES,
                              dense_in_features=dense, embedding_dim=4, dense_arch_layer_sizes=[8, 4],
                              over_arch_layer_sizes=[8, 1], interaction_type=interaction, dcn_num_layers=1,
@@ -51,7 +52,7 @@ def variant_models() -> Dict[str, Tuple[ProbabilityModel, int]]:
         torch.manual_seed(0)
         train = build_dlrm_train(config, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"))
         name = f"{interaction}, {'dense' if dense else 'no dense'}, {hot_name}"
-        models[name] = (ProbabilityModel(train.model, FEATURES, hotness).eval(), dense)
+        models[name] = (ProbabilityModel(train.model, FEATURES, hotness, padded=padded).eval(), dense)
     return models
 
 

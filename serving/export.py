@@ -13,16 +13,21 @@ sharding plan it was saved with. MODEL_DIR receives:
     fp16.pt        TorchScript, fp16 embedding tables (torchrec inference quantization)
     int8.pt        TorchScript, int8 row-wise quantized embedding tables
     inputs.json    feature names, hotness and table sizes, the input layout of the
-                   predictor (raw Criteo lines, or BYO CSV rows for a model trained
-                   with --dataset_path) and its transforms, each variant's file and size
-                   (serving/model_inputs.py)
+                   predictor (raw Criteo lines, BYO CSV rows for a model trained
+                   with --dataset_path, Parquet rows or JSON objects for a model
+                   trained with --parquet_path) and its transforms (for Parquet: the
+                   columns, dense transform and id hashing), each variant's file and
+                   size (serving/model_inputs.py)
     vocabulary.npz the preprocessing's vocabulary, when the data was made with a
                    frequency threshold
     manifest.json  written last: every file's size and SHA-256 (serving/model_files.py)
 
 Every variant maps (dense (B, num_dense) float32 transformed, (B, 0) for data of
 categorical features only; sparse (B, sum of hotness) int64 ids: (B, 26) for Criteo)
-to click probabilities (B,). The directory is written under a temporary name and renamed
+to click probabilities (B,). A model trained on Parquet takes bags of any length up
+to its hotness: one place for a single-valued column, ``--max_bag_size`` places for a
+list column, the places a bag leaves empty holding -1 (`PADDING_ID`); an empty bag
+adds nothing, as in training. The directory is written under a temporary name and renamed
 when complete. Bad input: one line on stderr, exit 2.
 """
 
@@ -35,31 +40,37 @@ import shutil
 import sys
 from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Sequence
 
+import pyarrow
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTableBatchedEmbeddingBagsCodegen
 from torchrec.fx import symbolic_trace
 from torchrec.inference.modules import quantize_inference_model
 
 from common.atomic import atomic_dir, naming_write_errors, surfacing_write_errors
-from common.cli import run_cli
+from common.cli import positive_int, run_cli
 from common.library_noise import quiet_benign_library_messages
 from common.errors import BadInput
 from common.path_lock import LockHeld, PathLock
 from data.criteo_layout import read_metadata
 from data.criteo_transforms import VOCABULARY_FILE
 from data.feature_spec import FeatureSpec, FeatureSpecError
+from data.parquet_columns import ParquetColumns, sparse_value_type
+from data.parquet_files import list_files, read_footers
 from data.sources import SOURCES, CriteoDays
 from models.config import ModelConfig
 from sharding_plans.report import format_bytes
 from serving.cli import serving_parser
 from serving.inference_model import ProbabilityModel, load_checkpoint_model
-from serving.model_inputs import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, INPUTS_FILE, CriteoPreprocessing,
-                                  FeatureSpecColumns, ModelInputs, Variant)
+from serving.model_inputs import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, INPUTS_FILE, PARQUET_LAYOUT,
+                                  CriteoPreprocessing, FeatureSpecColumns, ModelInputs, ParquetPreprocessing,
+                                  Variant)
 from serving.model_files import MANIFEST_FILE, write_manifest
 from training.checkpoint import checkpoint_to_load
 from training.checkpoint_meta import CheckpointMeta
 
 FP32_FILE = "fp32.pt2"
+# Places of a Parquet list column's bag in the exported model's input, by default.
+DEFAULT_MAX_BAG_SIZE = 64
 QUANTIZED_DTYPES = {"fp16": torch.float16, "int8": torch.int8}
 
 
@@ -88,7 +99,8 @@ def export_fp32(model: ProbabilityModel, example: Sequence[torch.Tensor], path: 
     copy of the tables while it runs): its graph has as many nodes for 500 features as
     for 26, where TorchRec's collection emits a chain per feature (21,561 nodes at 200
     features, a program torch.export.load did not load in 600 s)."""
-    batched = ProbabilityModel(model.dlrm, model.sparse_feature_names, model.hotness, concatenated_tables=True)
+    batched = ProbabilityModel(model.dlrm, model.sparse_feature_names, model.hotness, concatenated_tables=True,
+                               padded=model.padded)
     program = export_program(batched, example)
     with _model_file(path) as f:
         torch.export.save(program, f)
@@ -100,22 +112,25 @@ def export_quantized(model: ProbabilityModel, dtype: torch.dtype, path: str) -> 
     table_names = list(model.dlrm.sparse_arch.embedding_bag_collection.embedding_bags.keys())
     quantized = quantize_inference_model(copy.deepcopy(model.dlrm),
                                          per_table_weight_dtype={t: dtype for t in table_names})
-    wrapped = ProbabilityModel(quantized, model.sparse_feature_names, model.hotness).eval()
+    wrapped = ProbabilityModel(quantized, model.sparse_feature_names, model.hotness, padded=model.padded).eval()
     traced = symbolic_trace(wrapped, leaf_modules=[IntNBitTableBatchedEmbeddingBagsCodegen.__name__])
     scripted = torch.jit.script(traced)
     with _model_file(path) as f:
         torch.jit.save(scripted, f)
 
 
-def describe_inputs(model_config: ModelConfig, meta: CheckpointMeta, checkpoint: str) -> ModelInputs:
+def describe_inputs(model_config: ModelConfig, meta: CheckpointMeta, checkpoint: str,
+                    max_bag_size: int = DEFAULT_MAX_BAG_SIZE) -> ModelInputs:
     """inputs.json without the variants: what a predictor needs to turn input lines into
     the model's inputs, in the serving layout of the data source the checkpoint
-    (``meta``) was trained on."""
+    (``meta``) was trained on (``max_bag_size``: the places of a bag whose length
+    varies, such as a Parquet list column's)."""
     describe = _INPUT_DESCRIPTIONS[SOURCES[meta.source_name].serving_layout]
-    return describe(model_config, meta, checkpoint)
+    return describe(model_config, meta, checkpoint, max_bag_size)
 
 
-def _describe_criteo_lines(model_config: ModelConfig, meta: CheckpointMeta, checkpoint: str) -> ModelInputs:
+def _describe_criteo_lines(model_config: ModelConfig, meta: CheckpointMeta, checkpoint: str,
+                           max_bag_size: int) -> ModelInputs:
     """Raw Criteo lines (one hash per feature), transformed as the training data's
     preprocessing did (its metadata.json: frequency threshold, modulo)."""
     # Only the one-hot day files: the quality gate reads data_path as them.
@@ -132,7 +147,8 @@ def _describe_criteo_lines(model_config: ModelConfig, meta: CheckpointMeta, chec
         data_path=data_path, checkpoint=checkpoint, step=meta.step)
 
 
-def _describe_feature_spec(model_config: ModelConfig, meta: CheckpointMeta, checkpoint: str) -> ModelInputs:
+def _describe_feature_spec(model_config: ModelConfig, meta: CheckpointMeta, checkpoint: str,
+                           max_bag_size: int) -> ModelInputs:
     """The inputs of a model trained with --dataset_path: the recorded features, their
     hotness and cardinalities (the predictor's CSV rows follow the spec's order), and
     the spec's label name."""
@@ -157,15 +173,49 @@ def _describe_feature_spec(model_config: ModelConfig, meta: CheckpointMeta, chec
         data_path=spec_path, checkpoint=checkpoint, step=meta.step)
 
 
+def _describe_parquet(model_config: ModelConfig, meta: CheckpointMeta, checkpoint: str,
+                      max_bag_size: int) -> ModelInputs:
+    """The inputs of a model trained with --parquet_path: its columns, transform and
+    hashing (the checkpoint's data flags and features, the model's table sizes) and
+    each sparse column's value type, read from the training table's schema (the ids'
+    type decides their hash)."""
+    data_config = meta.data
+    columns = ParquetColumns.from_flags(data_config, meta.features, model_config.num_embeddings_per_feature)
+    if list(columns.sparse) != list(model_config.sparse_feature_names) or \
+            len(columns.dense) != model_config.dense_in_features:
+        raise BadInput(f"--parquet_path {data_config.parquet_path} no longer has the checkpoint's features "
+                       f"({len(columns.dense)} dense, sparse {', '.join(columns.sparse)})")
+    schema = _training_schema(data_config.parquet_path or "")
+    columns.check_schema(schema, data_config.parquet_path or "")
+    value_types = [sparse_value_type(schema.field(name).type) for name in columns.sparse]
+    return ModelInputs(
+        dense_feature_names=list(columns.dense),
+        sparse_feature_names=list(columns.sparse),
+        sparse_hotness=[max_bag_size if kind.endswith("_list") else 1 for kind in value_types],
+        num_embeddings_per_feature=list(columns.table_sizes),
+        preprocessing=ParquetPreprocessing(label=columns.label, weight=columns.weight,
+                                           dense_transform=columns.dense_transform, id_hashing=columns.id_hashing,
+                                           hash_seed=columns.hash_seed, sparse_value_types=value_types),
+        data_path=data_config.parquet_path, checkpoint=checkpoint, step=meta.step)
+
+
+def _training_schema(path: str) -> pyarrow.Schema:
+    """The schema of the training table (its first file's footer and partitions)."""
+    filesystem, root, files = list_files(path)
+    return read_footers(filesystem, root, files[:1])[2]
+
+
 # inputs.json of a model, by the serving layout (serving/input_layouts.py LAYOUTS) of
 # the source it was trained on.
-_INPUT_DESCRIPTIONS: Dict[str, Callable[[ModelConfig, CheckpointMeta, str], ModelInputs]] = {
+_INPUT_DESCRIPTIONS: Dict[str, Callable[[ModelConfig, CheckpointMeta, str, int], ModelInputs]] = {
     CRITEO_LAYOUT: _describe_criteo_lines,
     FEATURE_SPEC_LAYOUT: _describe_feature_spec,
+    PARQUET_LAYOUT: _describe_parquet,
 }
 
 
-def export_model(checkpoint: str, output: str, quantize: List[str], newest: bool = False) -> ModelInputs:
+def export_model(checkpoint: str, output: str, quantize: List[str], newest: bool = False,
+                 max_bag_size: int = DEFAULT_MAX_BAG_SIZE) -> ModelInputs:
     """Writes the model directory (see the module docstring); returns its inputs.json.
 
     Raises ExportError when ``output`` exists (a file, or a directory that is not
@@ -180,7 +230,7 @@ def export_model(checkpoint: str, output: str, quantize: List[str], newest: bool
     try:
         with PathLock(os.path.join(parent, f".{name}.lock"), f"--output {output}"):
             _check_output(output)  # an export that finished just before this one started
-            return _write_model_dir(checkpoint, output, quantize, newest)
+            return _write_model_dir(checkpoint, output, quantize, newest, max_bag_size)
     except LockHeld as e:
         raise ExportError(f"{e} (another export to it is running)") from e
     except OSError as e:
@@ -202,12 +252,14 @@ def _no_space(error: BaseException) -> bool:
     return any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in causes)
 
 
-def _write_model_dir(checkpoint: str, output: str, quantize: List[str], newest: bool) -> ModelInputs:
+def _write_model_dir(checkpoint: str, output: str, quantize: List[str], newest: bool,
+                     max_bag_size: int) -> ModelInputs:
     path = checkpoint_to_load(checkpoint, "--checkpoint", prefer_best=not newest)
     train_model, meta = load_checkpoint_model(path)
     model_config = meta.model
-    inputs = describe_inputs(model_config, meta, path)
-    model = ProbabilityModel(train_model.model, model_config.sparse_feature_names, inputs.sparse_hotness).eval()
+    inputs = describe_inputs(model_config, meta, path, max_bag_size)
+    model = ProbabilityModel(train_model.model, model_config.sparse_feature_names, inputs.sparse_hotness,
+                             padded=inputs.padded).eval()
 
     with atomic_dir(output, replace=False) as tmp:  # an empty --output is replaced, checked above
         example = (torch.zeros(4, model_config.dense_in_features),
@@ -264,13 +316,16 @@ def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
     parser.add_argument("--output", required=True, help="the model directory to create")
     parser.add_argument("--quantize", type=_quantize_list, default=["fp16", "int8"],
                         help="quantized variants to write: fp16,int8 (default), fp16, int8 or none")
+    parser.add_argument("--max_bag_size", type=positive_int, default=DEFAULT_MAX_BAG_SIZE,
+                        help="a model trained on Parquet: the ids a list column's bag may hold at serving "
+                             "(a longer bag is refused)")
     args = parser.parse_args(argv)
     quiet_benign_library_messages()  # notices every export prints that say nothing about this model
     return run_cli(lambda: _export(args), parser.prog)
 
 
 def _export(args: argparse.Namespace) -> int:
-    inputs = export_model(args.checkpoint, args.output, args.quantize, args.newest)
+    inputs = export_model(args.checkpoint, args.output, args.quantize, args.newest, args.max_bag_size)
     print(f"exported {inputs.checkpoint} (step {inputs.step}) to {args.output}:\n" + format_sizes(inputs))
     return 0
 

@@ -4,8 +4,11 @@
 types at their boundary: dense features (B, num_dense) float32, already transformed,
 and categorical ids (B, sum of hotness) int64, already mapped into the table ranges:
 one column per feature for Criteo (raw lines have one value per feature), a fixed
-number per multi-hot feature of a feature-spec data set. `load_checkpoint_model` rebuilds the
-unsharded model from a (sharded) checkpoint in one process.
+number per multi-hot feature of a feature-spec data set. A model of Parquet data
+(bags of any length, empty ones too) is exported ``padded``: each feature's columns
+hold its bag's ids, then `PADDING_ID` for the places the bag leaves empty.
+`load_checkpoint_model` rebuilds the unsharded model from a (sharded) checkpoint in
+one process.
 
 The exported fp32 program looks every table up at once (`ConcatenatedTables`: one
 weight, one ``embedding_bag``): TorchRec's collection runs a chain of operators per
@@ -29,20 +32,36 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from models import build_dlrm_train
 from models.interaction import PooledSparseArch
+from serving.model_inputs import PADDING_ID
 from training.checkpoint import check_stored_shapes, load_checkpoint, read_meta
 from training.checkpoint_meta import CheckpointMeta
 
 
 @torch.fx.wrap
-def fixed_hot_features(keys: List[str], hotness: List[int], sparse: torch.Tensor) -> KeyedJaggedTensor:
+def fixed_hot_features(keys: List[str], hotness: List[int], sparse: torch.Tensor, padded: bool) -> KeyedJaggedTensor:
     """Rows of ids (B, sum(hotness)), feature f taking hotness[f] consecutive columns,
-    as a KJT (feature-major values; every bag of feature f has hotness[f] ids).
+    as a KJT (feature-major values; every bag of feature f has hotness[f] ids, or,
+    ``padded``, the ids of its columns that are not `PADDING_ID`).
 
     A leaf for fx tracing, so the quantized model's TorchScript compiles it as is.
     """
     batch = sparse.shape[0]
     num_features = len(hotness)
     device = sparse.device
+    if padded:
+        values_parts: List[torch.Tensor] = []
+        length_parts: List[torch.Tensor] = []
+        start = 0
+        for size in hotness:
+            block = sparse[:, start : start + size]
+            present = block >= 0  # PADDING_ID is the one negative id (TorchScript reads no global)
+            values_parts.append(block[present])  # row by row, each bag's ids in column order
+            length_parts.append(present.sum(1).to(torch.int32))
+            start += size
+        lengths = torch.cat(length_parts)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int32, device=device),
+                             torch.cumsum(lengths, 0, dtype=torch.int32)])
+        return KeyedJaggedTensor(keys=keys, values=torch.cat(values_parts), lengths=lengths, offsets=offsets)
     if hotness == [hotness[0]] * num_features:
         # Every bag the same size (Criteo: one id each): a transpose and ranges, no
         # per-feature ops; this runs on every serving request.
@@ -69,13 +88,16 @@ class ConcatenatedTables(nn.Module):
     of features; each bag sums the same rows in the same order as the collection.
 
     An id outside its feature's table is sent past the last row, so the lookup fails
-    as the collection's own would, never reading a neighbouring table.
+    as the collection's own would, never reading a neighbouring table. ``padded``: a
+    `PADDING_ID` column adds nothing to its bag (it looks up a zero row after the
+    tables, ``embedding_bag``'s ``padding_idx``), so a bag of padding alone is empty.
 
     Args:
         sparse_arch: the tables (copied: the weight is their concatenation).
         sparse_feature_names: the features in the column order of the ids: the sparse
             arch's own order (the export's inputs follow the model's feature order).
         hotness: ids per row of each feature, in that order.
+        padded: whether ids may hold `PADDING_ID` (a model of Parquet data).
 
     Example::
 
@@ -83,7 +105,8 @@ class ConcatenatedTables(nn.Module):
         lookup(torch.tensor([[4, 0, 1, 2]])).shape  # (1, 2, D)
     """
 
-    def __init__(self, sparse_arch: PooledSparseArch, sparse_feature_names: List[str], hotness: List[int]) -> None:
+    def __init__(self, sparse_arch: PooledSparseArch, sparse_feature_names: List[str], hotness: List[int],
+                 padded: bool = False) -> None:
         super().__init__()
         configs = sparse_arch.embedding_bag_collection.embedding_bag_configs()
         if sparse_arch.output_order is not None or any(c.pooling != PoolingType.SUM for c in configs) or \
@@ -94,8 +117,10 @@ class ConcatenatedTables(nn.Module):
         tables = [config for config in configs for _ in config.feature_names]  # each feature's
         rows = [config.num_embeddings for config in tables]
         first_row = list(itertools.accumulate(rows[:-1], initial=0))  # of each table in the concatenation
-        self.weight = nn.Parameter(torch.cat([bags[config.name].weight.detach() for config in tables]),
-                                   requires_grad=False)
+        weights = [bags[config.name].weight.detach() for config in tables]
+        if padded:  # the padding row, after every table
+            weights.append(torch.zeros(1, sparse_arch.D, dtype=weights[0].dtype))
+        self.weight = nn.Parameter(torch.cat(weights), requires_grad=False)
         # Per id column: its table's size and first row. Per feature: its first column.
         self.register_buffer("column_rows", torch.tensor(rows).repeat_interleave(torch.tensor(hotness)),
                              persistent=False)
@@ -104,6 +129,8 @@ class ConcatenatedTables(nn.Module):
         self.register_buffer("feature_first_column", torch.tensor(list(itertools.accumulate(hotness[:-1], initial=0))),
                              persistent=False)
         self.total_rows = sum(rows)
+        self.padding_row: Optional[int] = self.total_rows if padded else None
+        self.outside_row = self.total_rows + int(padded)  # past the last row of the weight
         self.num_columns = sum(hotness)
         self.F = len(tables)
         self.D = sparse_arch.D
@@ -111,10 +138,13 @@ class ConcatenatedTables(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         batch = ids.shape[0]
         in_table = (ids >= 0) & (ids < self.column_rows)
-        rows = torch.where(in_table, ids + self.column_first_row, self.total_rows)
+        rows = torch.where(in_table, ids + self.column_first_row, self.outside_row)
+        if self.padding_row is not None:
+            rows = torch.where(ids == PADDING_ID, self.padding_row, rows)
         bag_starts = (torch.arange(batch, device=ids.device) * self.num_columns).unsqueeze(1) \
             + self.feature_first_column
-        pooled = nn.functional.embedding_bag(rows.reshape(-1), self.weight, bag_starts.reshape(-1), mode="sum")
+        pooled = nn.functional.embedding_bag(rows.reshape(-1), self.weight, bag_starts.reshape(-1), mode="sum",
+                                             padding_idx=self.padding_row)
         return pooled.view(batch, self.F, self.D)
 
     # The two halves of `PooledSparseArch`'s lookup, which `OverlappedDLRM` calls apart.
@@ -137,17 +167,21 @@ class ProbabilityModel(nn.Module):
             `ConcatenatedTables`, a copy of them; ``dlrm`` is left as it is. Default:
             through the model's own collection and a KJT (quantized models: FBGEMM's
             kernel batches their tables itself).
+        padded: ``sparse`` may hold `PADDING_ID` after a bag's ids (bags shorter than
+            their hotness: a model of Parquet data).
     """
 
     def __init__(self, dlrm: nn.Module, sparse_feature_names: List[str],
-                 hotness: Optional[List[int]] = None, concatenated_tables: bool = False) -> None:
+                 hotness: Optional[List[int]] = None, concatenated_tables: bool = False,
+                 padded: bool = False) -> None:
         super().__init__()
         self.sparse_feature_names = list(sparse_feature_names)
         self.hotness = list(hotness) if hotness is not None else [1] * len(self.sparse_feature_names)
         self.concatenated_tables = concatenated_tables
+        self.padded = padded
         if concatenated_tables:
             # A shallow copy with its own module table: the same dense layers, another sparse arch.
-            lookup = ConcatenatedTables(dlrm.sparse_arch, self.sparse_feature_names, self.hotness)
+            lookup = ConcatenatedTables(dlrm.sparse_arch, self.sparse_feature_names, self.hotness, padded)
             dlrm = copy.copy(dlrm)
             dlrm._modules = dict(dlrm._modules)
             dlrm.sparse_arch = lookup
@@ -156,7 +190,7 @@ class ProbabilityModel(nn.Module):
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         # The DLRMs hand their sparse input to the sparse arch untouched: ids for ConcatenatedTables.
         features = sparse if self.concatenated_tables else \
-            fixed_hot_features(self.sparse_feature_names, self.hotness, sparse)
+            fixed_hot_features(self.sparse_feature_names, self.hotness, sparse, self.padded)
         logits = self.dlrm(dense, features)
         return torch.sigmoid(logits.squeeze(-1))
 

@@ -18,6 +18,12 @@ such models train on (for the quality gate).
   cardinality, never in the training data, is not refused: it is counted as unseen
   and taken modulo its table size, as the training loader takes every id beyond its
   table (docs/serving.md, "Unseen ids").
+- `ParquetRows`: rows of a model trained with --parquet_path: Parquet tables (the
+  predictor reads them by row group: `prepare_table`) or, as lines, JSON objects keyed
+  by column name, one per line (the HTTP endpoint; `parse`). Both are converted by
+  the training's own `data.parquet_columns.ParquetColumns.convert` (transform and id
+  hashing), then each feature's bag is laid into its ``sparse_hotness`` places,
+  `PADDING_ID` after its ids. No id is unseen: hashing gives every value a row.
 
 Example::
 
@@ -27,13 +33,15 @@ Example::
 """
 
 import io
+import json
 import os
 import re
 import zipfile
 from abc import ABC, abstractmethod
-from typing import Dict, List, NamedTuple, Optional, Tuple, Type, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Type, Union
 
 import numpy as np
+import pyarrow as pa
 
 from common.errors import BadInput
 from common.manifest import ManifestEntry
@@ -42,10 +50,11 @@ from data.criteo_transforms import read_vocabulary, transform_dense, transform_s
 from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
 from data.criteo_tsv import NUM_FIELDS, parse_criteo_lines
 from data.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
+from data.parquet_columns import ColumnValueError, sparse_value_type
 from data.split_binary import SplitBinaryDataset
 from serving.model_files import read_file
-from serving.model_inputs import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, CriteoPreprocessing, FeatureSpecColumns,
-                                  ModelInputs)
+from serving.model_inputs import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, PADDING_ID, PARQUET_LAYOUT,
+                                  CriteoPreprocessing, FeatureSpecColumns, ModelInputs, ParquetPreprocessing)
 
 Features = Tuple[np.ndarray, np.ndarray]
 
@@ -291,7 +300,169 @@ class CsvRows(InputLayout):
         return dense.astype(np.float16).astype(np.float32), sparse.astype(np.int64)
 
 
-LAYOUTS: Dict[str, Type[InputLayout]] = {CRITEO_LAYOUT: CriteoLines, FEATURE_SPEC_LAYOUT: CsvRows}
+class ParquetRows(InputLayout):
+    """Rows of a model trained with --parquet_path (see the module docstring).
+
+    A JSON row must name every dense and sparse column (null where the value is
+    missing: 0 for a dense column, an empty bag for a sparse one, as a Parquet null in
+    training); other keys (the label, a request id) are ignored. Sparse values must be
+    of the type training read (integers and strings hash differently).
+
+    Args:
+        inputs: the export's inputs.json (its preprocessing a `ParquetPreprocessing`).
+    """
+
+    def __init__(self, inputs: ModelInputs) -> None:
+        super().__init__(inputs)
+        preprocessing = inputs.preprocessing
+        assert isinstance(preprocessing, ParquetPreprocessing)
+        self.columns = inputs.parquet_columns()
+        self._value_types = dict(zip(inputs.sparse_feature_names, preprocessing.sparse_value_types))
+        self._hotness = list(inputs.sparse_hotness)
+        self._starts = np.cumsum([0] + self._hotness[:-1])
+
+    @staticmethod
+    def training_data(path: str) -> Any:
+        raise BadInput("the quality gate reads binary training data; check a Parquet model with "
+                       "python -m serving.predict --metrics_output on a labelled Parquet day")
+
+    def is_labelled(self, data: bytes) -> bool:
+        return False  # JSON rows are scored; a label key is ignored like any other extra key
+
+    def parse(self, data: bytes, source: str, first_line: int, labelled: bool) -> ParsedLines:
+        """JSON objects, one per line (blank lines skipped), keyed by column name."""
+        rows, line_of_row = [], []
+        for index, line in enumerate(data.splitlines()):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:  # UnicodeDecodeError too
+                raise MalformedLineError(f"{source} line {first_line + index}: not JSON ({e})") from None
+            if not isinstance(row, dict):
+                raise MalformedLineError(f"{source} line {first_line + index}: expected a JSON object keyed by "
+                                         f"column name, got {type(row).__name__}")
+            rows.append(row)
+            line_of_row.append(first_line + index)
+        table = self._json_table(rows, lambda row: f"{source} line {line_of_row[row]}")
+        return self.prepare_table(table, lambda row: f"{source} line {line_of_row[row]}", labelled=False)
+
+    def check_schema(self, schema: pa.Schema, where: str, labelled: bool) -> None:
+        """Refuses a Parquet input whose schema lacks a column, gives one a type
+        conversion refuses, or gives a sparse column another value type than training's."""
+        self.columns.check_schema(schema, where, labelled)
+        for name, expected in self._value_types.items():
+            found = sparse_value_type(schema.field(name).type)
+            if found != expected:
+                raise BadInput(f"{where}: column {name} holds {found.replace('_', ' ')} values, but the model "
+                               f"was trained on {expected.replace('_', ' ')} values (they hash to other rows)")
+
+    def prepare_table(self, table: Union[pa.Table, pa.RecordBatch], where: Callable[[int], str],
+                      labelled: bool) -> ParsedLines:
+        """The model's inputs of a block of rows whose schema passed `check_schema`:
+        dense (N, num_dense) float32 transformed, ids (N, sum of hotness) in the tables
+        with `PADDING_ID` after each bag, the labels (``labelled``) or None.
+
+        Args:
+            where: a row of the block -> where it is, for errors ("FILE row group 2 row 5").
+
+        Raises MalformedLineError naming the row and the column: a value conversion
+        refuses, a bag longer than its feature's places.
+        """
+        try:
+            converted = self.columns.convert(table, labelled)
+        except ColumnValueError as e:
+            raise MalformedLineError(f"{where(e.row)} column {e.column}: {e.what}") from None
+        ids = np.full((converted.num_rows, int(sum(self._hotness))), PADDING_ID, dtype=np.int64)
+        for f, (name, places) in enumerate(zip(self.columns.sparse, self._hotness)):
+            lengths = converted.lengths[f]
+            too_long = lengths > places
+            if too_long.any():
+                row = int(np.argmax(too_long))
+                raise MalformedLineError(f"{where(row)} column {name}: a bag of {lengths[row]} ids, more than the "
+                                         f"{places} places the model was exported with (serving.export "
+                                         "--max_bag_size)")
+            row_of_id = np.repeat(np.arange(len(lengths)), lengths)
+            place = np.arange(len(row_of_id)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+            ids[row_of_id, self._starts[f] + place] = converted.ids[f]
+        return ParsedLines(converted.dense, ids, converted.labels)
+
+    def _json_table(self, rows: List[Dict[str, Any]], where: Callable[[int], str]) -> pa.Table:
+        """The Arrow table of JSON rows, each column of the type training read; a
+        missing column or a value of another type is refused naming the row."""
+        arrays = {}
+        for name in self.columns.dense:
+            arrays[name] = pa.array(self._column(rows, name, where, _is_number, "a number or null"), pa.float64())
+        for name in self.columns.sparse:
+            kind = self._value_types[name]
+            single = _is_json_int if kind.startswith("integer") else _is_text
+            words = "an integer id" if kind.startswith("integer") else "a string id"
+            if kind.endswith("_list"):
+                values = self._column(rows, name, where,
+                                      lambda v: isinstance(v, list) and all(x is None or single(x) for x in v),
+                                      f"a list of {words}s, or null")
+            else:
+                values = self._column(rows, name, where, single, f"{words} or null")
+            arrays[name] = pa.array(values, _ARROW_TYPES[kind])
+        return pa.table(arrays)
+
+    @staticmethod
+    def _column(rows: List[Dict[str, Any]], name: str, where: Callable[[int], str],
+                accepts: Callable[[Any], bool], expected: str) -> List[Any]:
+        values = []
+        for row, values_of_row in enumerate(rows):
+            if name not in values_of_row:
+                raise MalformedLineError(f"{where(row)} column {name}: missing (send null for a missing value)")
+            value = values_of_row[name]
+            if value is not None and not accepts(value):
+                raise MalformedLineError(f"{where(row)} column {name}: expected {expected}, "
+                                         f"got {json.dumps(value)[:40]}")
+            values.append(_as_int64(value))
+        return values
+
+    def count_unseen(self, sparse: np.ndarray) -> np.ndarray:
+        """None: the hash gives every value a row (its collisions are training's statistics)."""
+        return np.zeros(len(self._hotness), np.int64)
+
+    def column_names(self) -> List[str]:
+        return []  # Parquet output keeps any input column (serving.predict reads them from the table)
+
+    def _all_columns(self, label: np.ndarray, lines: ParsedLines) -> np.ndarray:
+        return label[:, :0]
+
+    def transform(self, dense: np.ndarray, sparse: np.ndarray) -> Features:
+        return dense, sparse  # `prepare_table` converted the rows as training did
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_json_int(value: Any) -> bool:
+    """An id a Parquet integer column can hold: int64 or uint64 (same 64-bit key)."""
+    return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (1 << 64)
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _as_int64(value: Any) -> Any:
+    """A uint64 id above int64's range as the int64 of the same 64 bits (the hash key
+    of both, data.id_hashing.integer_keys); anything else as it is."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1 << 63:
+        return value - (1 << 64)
+    if isinstance(value, list):
+        return [_as_int64(v) for v in value]
+    return value
+
+
+_ARROW_TYPES = {"integer": pa.int64(), "string": pa.string(), "integer_list": pa.list_(pa.int64()),
+                "string_list": pa.list_(pa.string())}
+
+
+LAYOUTS: Dict[str, Type[InputLayout]] = {CRITEO_LAYOUT: CriteoLines, FEATURE_SPEC_LAYOUT: CsvRows,
+                                         PARQUET_LAYOUT: ParquetRows}
 
 
 def load_layout(inputs: ModelInputs, model_dir: str, manifest: Optional[Dict[str, ManifestEntry]]) -> InputLayout:

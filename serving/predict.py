@@ -1,8 +1,8 @@
-"""Click probabilities for raw Criteo lines or BYO CSV rows, from an exported model directory.
+"""Click probabilities for raw Criteo lines, BYO CSV rows or Parquet, from an exported model directory.
 
-    python -m serving.predict --model MODEL_DIR --input day_23.tsv|rows.csv [--output preds.csv]
-        [--variant fp32|fp16|int8] [--batch_size 4096] [--metrics_output metrics.json]
-        [--keep_columns label,user_id]
+    python -m serving.predict --model MODEL_DIR --input day_23.tsv|rows.csv|x.parquet|DIR
+        [--output preds.csv|preds.parquet] [--variant fp32|fp16|int8] [--batch_size 4096]
+        [--metrics_output metrics.json] [--keep_columns label,user_id]
 
 The input layout is the model's (inputs.json "layout"; serving/input_layouts.py):
 
@@ -19,6 +19,12 @@ The input layout is the model's (inputs.json "layout"; serving/input_layouts.py)
   numerical values rounded to float16, ids modulo the table sizes. An id at or above
   its feature's cardinality (never in the training data) is counted as unseen and
   taken modulo its table size like any id beyond its table in training.
+- Models trained with --parquet_path read Parquet (a file, a directory with Hive
+  partitions, a glob or a URL, as --parquet_path), one row group at a time, and write
+  --output as Parquet: the --keep_columns (any input columns), then ``probability``
+  (`predict_parquet`). The columns are converted by the training's own
+  `data.parquet_columns.ParquetColumns` (transform, id hashing); a bad value stops
+  the run naming the file, row group, row and column.
 
 Whether lines carry the label is judged by the first line's field count. Output: one
 probability per input line, in order (stdout without --output); with --keep_columns, a
@@ -44,6 +50,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, TextIO, Tuple
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 from torchmetrics.classification import BinaryAUROC
@@ -53,11 +61,12 @@ from common.click_metrics import summary_figures
 from common.cli import run_cli
 from common.errors import BadInput
 from common.json_fields import BOOLEAN, COUNTS, INTEGER, NUMBER, TEXT, JsonObject, optional, versioned_json
+from data.parquet_files import check_same_types, file_schema, list_files, read_footers, read_row_group
 from data.text_lines import DaySource, iter_line_chunks
 from serving.cli import serving_parser
-from serving.input_layouts import InputLayout, ParsedLines, load_layout
+from serving.input_layouts import InputLayout, ParquetRows, ParsedLines, load_layout
 from serving.model_files import load_model_file, read_manifest
-from serving.model_inputs import read_inputs
+from serving.model_inputs import PADDING_ID, read_inputs
 
 VARIANTS = ("fp32", "fp16", "int8")
 
@@ -129,8 +138,11 @@ class Predictor:
 
     def ids_in_tables(self, ids: np.ndarray) -> np.ndarray:
         """Ids (N, sum of hotness) of the data -> int64 below the table sizes: the training
-        loader takes them modulo the table sizes, and so does serving."""
-        return np.remainder(np.asarray(ids, dtype=np.int64), self._column_tables)
+        loader takes them modulo the table sizes, and so does serving (a padded model's
+        `PADDING_ID` stays as it is)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        in_tables = np.remainder(ids, self._column_tables)
+        return np.where(ids == PADDING_ID, PADDING_ID, in_tables) if self.inputs.padded else in_tables
 
     def predict(self, dense: np.ndarray, sparse: np.ndarray) -> np.ndarray:
         """Probabilities (N,) float32 from the data's features (see `prepare`)."""
@@ -305,6 +317,54 @@ def predict_file(predictor: Predictor, path: str, out: TextIO, chunk_bytes: int 
     return rows, scores if labelled else None, unseen
 
 
+PROBABILITY_COLUMN = "probability"
+
+
+def predict_parquet(predictor: Predictor, path: str, output: str,
+                    keep_columns: Sequence[str] = ()) -> Tuple[int, Optional[LabelledScores], np.ndarray]:
+    """Writes ``output`` (Parquet): the ``keep_columns`` of each row of the Parquet
+    table ``path`` (a file, a directory whose Hive partitions become columns, a glob or
+    a URL, as --parquet_path), then its probability; reads one row group at a time.
+    The input is labelled when it has the label column.
+
+    Returns the row count, the scores of labelled rows (None for unlabelled input)
+    and the unseen ids per feature (none: hashing gives every value a row).
+    """
+    layout = predictor.layout
+    assert isinstance(layout, ParquetRows)
+    if PROBABILITY_COLUMN in keep_columns:
+        raise BadInput(f"--keep_columns {PROBABILITY_COLUMN}: the output's own column")
+    filesystem, root, files = list_files(path, "--input")
+    footers, metadata, schema = read_footers(filesystem, root, files)
+    labelled = layout.columns.label in schema.names
+    missing = [name for name in keep_columns if name not in schema.names]
+    if missing:
+        raise BadInput(f"--keep_columns {','.join(missing)}: not a column of --input {path} "
+                       f"(it has {', '.join(schema.names)})")
+    columns = layout.columns
+    read = list(dict.fromkeys([*((columns.label,) if labelled else ()), *columns.dense, *columns.sparse,
+                               *keep_columns]))
+    for footer, meta in zip(footers, metadata):
+        layout.check_schema(file_schema(footer, meta, schema), footer.path, labelled)
+    check_same_types(footers, metadata, schema, read)
+    out_schema = pa.schema([schema.field(name) for name in keep_columns] + [pa.field(PROBABILITY_COLUMN, pa.float32())])
+    rows, scores = 0, LabelledScores()
+    with pq.ParquetWriter(output, out_schema) as writer:
+        for footer in footers:
+            for group in range(len(footer.row_group_rows)):
+                table = read_row_group(filesystem, footer, schema, group, read)
+                prepared = layout.prepare_table(
+                    table, lambda row, file=footer.path, group=group: f"{file} row group {group} row {row}", labelled)
+                probabilities = predictor.predict_transformed(prepared.dense, prepared.sparse)
+                writer.write_table(pa.Table.from_arrays(
+                    [*(table.column(name) for name in keep_columns), pa.array(probabilities, pa.float32())],
+                    schema=out_schema))
+                if labelled:
+                    scores.update(probabilities, prepared.labels)
+                rows += len(probabilities)
+    return rows, scores if labelled else None, np.zeros(len(predictor.inputs.sparse_feature_names), np.int64)
+
+
 def read_predict_metrics(path: str) -> PredictMetrics:
     """A --metrics_output file, every field checked (FileFieldError naming the field)."""
     with open(path, "rb") as f:
@@ -333,15 +393,18 @@ def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
     parser = serving_parser("predict", __doc__, alias)
     parser.add_argument("--model", required=True, help="a directory written by python -m serving.export")
     parser.add_argument("--input", required=True,
-                        help="raw Criteo lines (.tsv/.txt), or BYO CSV rows for a --dataset_path model; or .gz")
-    parser.add_argument("--output", default=None, help="one probability per line (default stdout)")
+                        help="raw Criteo lines (.tsv/.txt), or BYO CSV rows for a --dataset_path model; or .gz; "
+                             "Parquet (file, directory, glob, URL) for a --parquet_path model")
+    parser.add_argument("--output", default=None,
+                        help="one probability per line (default stdout); Parquet for a --parquet_path model (required)")
     parser.add_argument("--variant", choices=VARIANTS, default="fp32", help="which exported model to use")
     parser.add_argument("--batch_size", type=int, default=4096, help="rows per forward")
     parser.add_argument("--metrics_output", default=None,
                         help="JSON file for the rows, unseen ids and (labelled input) AUROC, log loss, NE, calibration")
     parser.add_argument("--keep_columns", type=column_list, default=(),
                         help="input columns written before each probability, comma-separated: label for "
-                             "Criteo lines; names of the model's CSV columns for CSV rows (output becomes CSV)")
+                             "Criteo lines; names of the model's CSV columns for CSV rows (output becomes CSV); "
+                             "any input columns for Parquet")
     args = parser.parse_args(argv)
     return run_cli(lambda: _predict(args, parser.prog), parser.prog)
 
@@ -370,6 +433,13 @@ def _predict(args: argparse.Namespace, prog: str) -> int:
         if output is not None:
             check_output(output, args.input, flag)
     predictor = Predictor(args.model, args.variant, args.batch_size)
+    if isinstance(predictor.layout, ParquetRows):
+        if args.output is None:
+            raise BadInput("--output is needed: a model trained on Parquet writes its predictions as Parquet")
+        with atomic_path(args.output, suffix=".tmp.parquet") as tmp:
+            result = predict_parquet(predictor, args.input, tmp, args.keep_columns)
+        print(f"wrote {args.output}: {result[0]} probabilities ({args.variant} model {args.model})")
+        return _report_metrics(predictor, args, prog, result)
     unknown = [name for name in args.keep_columns if name not in predictor.layout.column_names()]
     if unknown:
         raise BadInput(f"--keep_columns {','.join(unknown)}: not a column of this model's input "
@@ -380,6 +450,12 @@ def _predict(args: argparse.Namespace, prog: str) -> int:
         with atomic_path(args.output) as tmp, open(tmp, "w") as out:
             result = predict_file(predictor, args.input, out, keep_columns=args.keep_columns)
         print(f"wrote {args.output}: {result[0]} probabilities ({args.variant} model {args.model})")
+    return _report_metrics(predictor, args, prog, result)
+
+
+def _report_metrics(predictor: Predictor, args: argparse.Namespace, prog: str,
+                    result: Tuple[int, Optional[LabelledScores], np.ndarray]) -> int:
+    """Writes --metrics_output (when given) and prints the summary line."""
     metrics = file_metrics(predictor, args, *result)
     if args.metrics_output is not None:
         with atomic_path(args.metrics_output) as tmp, open(tmp, "wb") as out:

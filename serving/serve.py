@@ -6,7 +6,8 @@
 
 ``POST /predict`` with lines in the model's input layout as the body (as ``python -m
 serving.predict`` reads them: raw Criteo lines, or BYO CSV rows for a model trained
-with --dataset_path; labelled or not; with a Content-Length or chunked) answers ``200``
+with --dataset_path, labelled or not; for a model trained with --parquet_path, JSON
+objects keyed by column name, one per line; with a Content-Length or chunked) answers ``200``
 with one probability per line, and the count of unseen ids (ids no training row held,
 mapped as serving.predict maps them: docs/serving.md) in the header ``x-unseen-ids``;
 with ``Accept: application/json`` the answer is JSON ``{"probabilities": [...],

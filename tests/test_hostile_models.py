@@ -261,7 +261,7 @@ INPUT_LIES = {
     ("variants", "fp32", "file"): ["int8.pt", "../../model/fp32.pt2"],
     ("preprocessing", "vocabulary"): ["../../../etc/passwd", "/etc/passwd", "inputs.json", 5],
     ("preprocessing", "modulo_num_embeddings_per_feature"): [[0] * 26, [1] * 3, "x"],
-    ("layout",): ["feature_spec_csv", "pickle", None],
+    ("layout",): ["feature_spec_csv", "parquet_columns", "pickle", None],
     ("version",): [3, "2", None],
 }
 

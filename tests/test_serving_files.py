@@ -159,7 +159,7 @@ def test_csv_columns_name_each_id_column():
 @pytest.mark.parametrize("change, message", [
     (lambda d: d.update(version=3), "version is 3, newer than this code reads (2)"),
     (lambda d: d.update(num_embeddings_per_feature=[7]), "num_embeddings_per_feature must be 2 positive integers"),
-    (lambda d: d.update(layout="parquet"), 'layout must be criteo_raw or feature_spec_csv, got "parquet"'),
+    (lambda d: d.update(layout="parquet"), 'layout must be criteo_raw or feature_spec_csv or parquet_columns, got "parquet"'),
     (lambda d: d["variants"]["fp32"].update(format="onnx"), "variants.fp32.format must be torch.export or torchscript"),
     (lambda d: d["preprocessing"].pop("frequency_threshold"), "preprocessing.frequency_threshold is missing"),
     (lambda d: d.pop("step"), "step is missing"),

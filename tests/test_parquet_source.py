@@ -268,7 +268,7 @@ def test_flag_refusals(tmp_path, flags, message):
 @pytest.mark.parametrize("flags", [dict(sparse_columns="C1"), dict(time_column="ts"), dict(hash_seed=3),
                                    dict(test_window="0.1")])
 def test_parquet_flags_need_parquet_path(flags):
-    with pytest.raises(FlagError, match="is for Parquet data: it needs --parquet_path"):
+    with pytest.raises(FlagError, match="is for parquet data: it needs --parquet_path"):
         DataConfig(**flags).validate()
 
 

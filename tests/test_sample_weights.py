@@ -141,7 +141,8 @@ def test_weight_column_must_be_the_specs_weight(weighted_spec, tmp_path):
     with pytest.raises(FeatureSpecError, match=r"weight column 'x' is not the spec's channel_spec weight "
                                                r"\(its weight is 'w'\)"):
         SplitBinaryDataset(spec_path, weight_column="x")
-    with pytest.raises(FlagError, match=r"^--weight_column needs data with sample weights \(--dataset_path\); "
+    with pytest.raises(FlagError, match=r"^--weight_column needs data with sample weights \(--dataset_path or "
+                                        r"--parquet_path\); "
                                         r"random data has none$"):
         DataConfig(weight_column="w").validate()
 

@@ -26,10 +26,11 @@ _MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX_2 = np.uint64(0x94D049BB133111EB)
 
 
-def mix(values: np.ndarray) -> np.ndarray:
-    """The splitmix64 finalizer of every element (uint64 in, uint64 out)."""
+def mix(values: np.ndarray, in_place: bool = False) -> np.ndarray:
+    """The splitmix64 finalizer of every element (uint64 in, uint64 out); with
+    ``in_place`` it overwrites ``values`` (uint64) instead of copying them."""
     with np.errstate(over="ignore"):
-        z = values.astype(np.uint64, copy=True)
+        z = values if in_place else values.astype(np.uint64, copy=True)
         z ^= z >> np.uint64(30)
         z *= _MIX_1
         z ^= z >> np.uint64(27)
@@ -47,32 +48,36 @@ def integer_keys(values: np.ndarray) -> np.ndarray:
 
 def string_keys(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """64-bit FNV-1a of each string: value i is ``data[offsets[i]:offsets[i + 1]]``
-    (an Arrow string array's buffers). Folds one byte position of every string still
-    that long per pass, longest strings first, so the work is the total length."""
+    (an Arrow string array's buffers). Strings of one length are folded together as
+    the columns of a (rows, length) byte matrix: a pass per byte position over every
+    string of that length (one group for fixed-width ids such as Criteo's hex strings)."""
     offsets = offsets.astype(np.int64)
     starts, lengths = offsets[:-1], np.diff(offsets)
     keys = np.full(len(lengths), FNV_OFFSET_BASIS, dtype=np.uint64)
     if len(lengths) == 0:
         return keys
-    order = np.argsort(-lengths, kind="stable")
-    sorted_lengths = lengths[order]
-    sorted_starts = starts[order]
-    sorted_keys = keys[order]
-    bytes_ = data.astype(np.uint64)
+    first, last = int(lengths.min()), int(lengths.max())
+    if first == last:  # one length: the strings lie back to back
+        groups = [(slice(None), data[offsets[0]:offsets[0] + len(lengths) * first].reshape(len(lengths), first))]
+    else:
+        groups = []
+        for length in np.unique(lengths):
+            rows = np.flatnonzero(lengths == length)
+            groups.append((rows, data[starts[rows, None] + np.arange(length)]))
     with np.errstate(over="ignore"):
-        for position in range(int(sorted_lengths[0])):
-            # Strings longer than `position`: a prefix of the sorted order.
-            active = int(np.searchsorted(-sorted_lengths, -position, side="left"))
-            sorted_keys[:active] ^= bytes_[sorted_starts[:active] + position]
-            sorted_keys[:active] *= FNV_PRIME
-    keys[order] = sorted_keys
+        for rows, matrix in groups:
+            folded = keys[rows]
+            for position in range(matrix.shape[1]):
+                folded ^= matrix[:, position]
+                folded *= FNV_PRIME
+            keys[rows] = folded
     return keys
 
 
 def hashed(keys: np.ndarray, seed: int) -> np.ndarray:
     """``mix(keys ^ mix(seed))``: the 64-bit hash of each key (uint64)."""
     salt = mix(np.array([seed], dtype=np.uint64))[0]
-    return mix(keys ^ salt)
+    return mix(keys ^ salt, in_place=True)
 
 
 def embedding_rows(keys: np.ndarray, seed: int, table_size: int) -> np.ndarray:
@@ -83,6 +88,8 @@ def embedding_rows(keys: np.ndarray, seed: int, table_size: int) -> np.ndarray:
 
         embedding_rows(integer_keys(np.array([17, 2**40])), seed=0, table_size=1000)
     """
-    if table_size <= 0:
-        raise ValueError(f"table_size must be positive, got {table_size}")
-    return (hashed(keys, seed) % np.uint64(table_size)).astype(np.int64)
+    if not 0 < table_size < 2**63:
+        raise ValueError(f"table_size must be positive and below 2**63, got {table_size}")
+    rows = hashed(keys, seed)
+    rows %= np.uint64(table_size)
+    return rows.view(np.int64)  # below 2**63: the same values

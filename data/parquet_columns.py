@@ -307,10 +307,10 @@ class ParquetColumns:
                 lengths = lengths - np.bincount(row_of[~valid], minlength=len(lengths))
                 flat = flat.filter(pa.array(valid))
             return _keys(flat), lengths.astype(np.int32)
+        if not array.null_count:
+            return _keys(array), np.ones(len(array), dtype=np.int32)
         valid = pc.is_valid(array).to_numpy(zero_copy_only=False)
-        lengths = valid.astype(np.int32)
-        values = array.filter(pa.array(valid)) if not valid.all() else array
-        return _keys(values), lengths
+        return _keys(array.filter(pa.array(valid))), valid.astype(np.int32)
 
 
 def _first_null(column: pa.ChunkedArray) -> int:

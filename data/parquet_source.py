@@ -117,6 +117,14 @@ class ParquetSource(DataSource):
     def time_ranges(self, dataset: Any) -> Dict[str, Tuple[str, str]]:
         return dataset.time_ranges()
 
+    def statistics(self, train_loader: BatchLoader) -> Optional[Tuple[Dict[str, Any], str]]:
+        """The id collisions and dense nulls of this rank's training rows so far
+        (data.parquet_loader.ParquetLoader.statistics), and a line of the features
+        whose values share rows most."""
+        from data.id_collisions import collision_summary
+        statistics = train_loader.statistics()  # type: ignore[attr-defined]
+        return statistics, collision_summary(statistics["id_collisions"])
+
     def loaders(self, dataset: Any, num_embeddings_per_feature: List[int], rank: int,
                 world_size: int) -> Dict[str, BatchLoader]:
         return {split: self._loader(dataset, dataset.splits[split], split, num_embeddings_per_feature,

@@ -152,6 +152,12 @@ class DataSource(ABC):
         split by time; {} otherwise (the start-up report prints them)."""
         return {}
 
+    def statistics(self, train_loader: BatchLoader) -> Optional[Tuple[Dict[str, Any], str]]:
+        """What the trainer logs of the data once per evaluation, from this rank's
+        training loader: (the run log record's fields, one console line); None when
+        the source counts nothing."""
+        return None
+
     def window_loaders(self, dataset: Any, window: int, num_windows: int, num_embeddings_per_feature: List[int],
                        rank: int, world_size: int) -> Dict[str, BatchLoader]:
         """``--rolling_windows N`` (``num_windows`` = N + 1 consecutive time windows):

@@ -63,6 +63,13 @@ def test_two_ranks_train_and_test_on_the_last_day(local_run):
     assert eval_record(records, "test")  # the test split: the last day
     assert "time ranges (date): train 2026-11-01 to before 2026-11-03, validation 2026-11-03 to before " \
            "2026-11-04, test 2026-11-04 to before 2026-11-05" in proc.stdout
+    # Once per evaluation: each feature's distinct values and how many share a row.
+    statistics = [r for r in records if r["event"] == "data_statistics"]
+    assert [r["stage"] for r in statistics] == [r["stage"] for r in records if r["event"] == "eval"]
+    c1 = statistics[-1]["id_collisions"]["C1"]
+    assert 0 < c1["distinct"] <= 30 and c1["exact"] and 0 <= c1["colliding_fraction"] <= 1
+    assert set(statistics[-1]["id_collisions"]) == {"C1", "C2", "M1"}
+    assert "id collisions (share of a feature's distinct values" in proc.stdout
 
 
 def _wait_for_port(port: int, seconds: float = 30) -> None:

@@ -535,6 +535,11 @@ class Trainer:
             f"positive rate {values['positive_rate']:.4f} | {values['num_samples']} samples (step {step})"
         )
         self.log.record("eval", stage=stage, step=step, **window, **values)
+        statistics = self.source.statistics(self.loaders["train"])
+        if statistics is not None:
+            fields, line = statistics
+            self.log.record("data_statistics", stage=stage, step=step, **fields)
+            self.log.print(line)
         self.stage = "training"
         return values
 

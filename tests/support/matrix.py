@@ -49,6 +49,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor import ShardedTensor
@@ -74,6 +75,9 @@ DIMENSIONS: Dict[str, Tuple[Any, ...]] = {
     "amp": (False, True),
     "epochs": (1, 2),
     "validation_within_epoch": (False, True),
+    # The data the case trains on: the Criteo day files, or the same rows as a
+    # Parquet table (`parquet_copy`), read in place by the streaming loader.
+    "data_source": ("criteo_binary", "parquet"),
 }
 ADAPTIVE = ("adagrad", "rowwise_adagrad", "adam")
 
@@ -204,6 +208,7 @@ def case_name(case: Case) -> str:
     parts = [case["optimizer"], f"dense-{case['dense_optimizer']}", case["sharding"], case["precision"],
              case["pipeline"], case["interaction"], "multi-hot" if case["multi_hot"] else "one-hot",
              f"ws{case['world_size']}"] + (["amp"] if case["amp"] else [])
+    parts += ["parquet"] if case.get("data_source") == "parquet" else []
     parts += [case["compute_kernel"]] if case.get("compute_kernel") else []
     parts += ["tf32"] if case.get("allow_tf32") else []
     parts += [f"{epochs(case)}-epochs"] if epochs(case) > 1 else []
@@ -274,10 +279,51 @@ def learning_rate(case: Case) -> float:
 EPS = 1e-2
 
 
+def parquet_copy(data_dir: str, multi_hot: bool) -> str:
+    """The Criteo day files of ``data_dir`` as one Parquet file beside it (written once):
+    ``label``, the dense columns ``int_*`` as they are (already transformed), the ids
+    ``cat_*`` as int64, or with ``multi_hot`` as lists of `MULTI_HOT_SIZES` ids (the id,
+    then its successors). The cases train on it with ``--id_hashing modulo``, so rows
+    hold the ids the binary cases' do."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from data.criteo_binary import CriteoBinaryDataset
+    from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES
+    target = f"{data_dir}-parquet-{'multi' if multi_hot else 'one'}-hot"
+    path = os.path.join(target, "rows.parquet")
+    if os.path.exists(path):
+        return target
+    dataset = CriteoBinaryDataset(data_dir)
+    dense, sparse, labels = dataset.read(0, dataset.num_rows)
+    columns: Dict[str, Any] = {"label": pa.array(labels.reshape(-1).astype(np.int8))}
+    columns.update({name: pa.array(dense[:, i]) for i, name in enumerate(DENSE_FEATURE_NAMES)})
+    for f, name in enumerate(SPARSE_FEATURE_NAMES):
+        ids = sparse[:, f].astype(np.int64)
+        if multi_hot:
+            bags = ids[:, None] + np.arange(MULTI_HOT_SIZES[f])
+            offsets = np.arange(0, bags.size + 1, MULTI_HOT_SIZES[f], dtype=np.int32)
+            columns[name] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(bags.reshape(-1)))
+        else:
+            columns[name] = pa.array(ids)
+    os.makedirs(target, exist_ok=True)
+    pq.write_table(pa.table(columns), path + ".tmp", row_group_size=5000)  # uneven over the batches
+    os.replace(path + ".tmp", path)
+    return target
+
+
+def data_flags(case: Case, data_dir: str) -> List[str]:
+    """The flags naming the case's data (`DIMENSIONS` ``data_source``)."""
+    if case.get("data_source", "criteo_binary") == "criteo_binary":
+        argv = ["--in_memory_binary_criteo_path", data_dir]
+        return argv + (["--multi_hot_sizes", ",".join(map(str, MULTI_HOT_SIZES))] if case["multi_hot"] else [])
+    return ["--parquet_path", parquet_copy(data_dir, case["multi_hot"]), "--dense_columns", "int_*",
+            "--sparse_columns", "cat_*", "--dense_transform", "none", "--id_hashing", "modulo"]
+
+
 def case_argv(case: Case, data_dir: str, device: str) -> List[str]:
     """The training flags of a case (per-rank batch: the global batch over the ranks)."""
     argv = [
-        "--in_memory_binary_criteo_path", data_dir, "--device", device, "--seed", "5",
+        *data_flags(case, data_dir), "--device", device, "--seed", "5",
         "--num_embeddings_per_feature", ",".join(map(str, TABLE_ROWS)), "--embedding_dim", str(EMBEDDING_DIM),
         "--dense_arch_layer_sizes", "16,8", "--over_arch_layer_sizes", "16,1",
         "--interaction_type", case["interaction"], "--dcn_num_layers", "2", "--dcn_low_rank_dim", "4",
@@ -292,8 +338,6 @@ def case_argv(case: Case, data_dir: str, device: str) -> List[str]:
     ]
     if case.get("validation_within_epoch"):
         argv += ["--validation_freq_within_epoch", str(validation_every(case))]
-    if case["multi_hot"]:
-        argv += ["--multi_hot_sizes", ",".join(map(str, MULTI_HOT_SIZES))]
     if case["amp"]:
         argv.append("--amp")
     if case.get("compute_kernel"):
@@ -532,11 +576,17 @@ def export_difference(checkpoint_dir: str, eager: torch.Tensor, out_dir: str) ->
     alone exports the best validation's checkpoint, an earlier step than the eager model's."""
     from serving.export import FP32_FILE, export_model
     from serving.model_files import load_model_file, read_manifest
+    from serving.model_inputs import read_inputs
     from training.checkpoint import newest_checkpoint
     with contextlib.redirect_stderr(io.StringIO()):
         export_model(newest_checkpoint(checkpoint_dir), out_dir, [])
-    program = load_model_file(out_dir, FP32_FILE, "torch.export", read_manifest(out_dir))  # as predict loads it
+    manifest = read_manifest(out_dir)
+    program = load_model_file(out_dir, FP32_FILE, "torch.export", manifest)  # as predict loads it
     dense, ids = probe_inputs()
+    # A bag of varying length (a Parquet list column) has several places, -1 where empty.
+    hotness = read_inputs(out_dir, manifest).sparse_hotness
+    ids = torch.cat([torch.cat([ids[:, f:f + 1], torch.full((len(ids), h - 1), -1, dtype=ids.dtype)], dim=1)
+                     for f, h in enumerate(hotness)], dim=1)
     with torch.no_grad():
         exported = program(dense, ids)
     return (exported - eager).abs().max().item()

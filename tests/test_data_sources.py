@@ -7,7 +7,7 @@ metadata.json's typed reader and writer, and the checkpoint meta's typed descrip
 import dataclasses
 import json
 import os
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import pytest
 
@@ -21,6 +21,7 @@ from data.feature_spec import FeatureSpec
 from data.sources import SOURCES, FeatureDescription, source_for
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_multi_hot_criteo, generate_synthetic_criteo
 from data.synthetic_csv import csv_feature_spec, generate_csv
+from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parquet
 from data.transcode import transcode
 from serving.export import describe_inputs
 from serving.input_layouts import LAYOUTS
@@ -56,13 +57,29 @@ def _feature_spec(directory: str) -> str:
     return os.path.join(out_dir, "feature_spec.yaml")
 
 
-# A tiny data set of every registered source: {source name: writes one under the
-# directory and returns its path flag's value (None: the source takes no path)}.
-TINY_DATA_SETS: Dict[str, Callable[[str], Optional[str]]] = {
-    "random": lambda directory: None,
-    "criteo_binary": _criteo_days,
-    "criteo_multi_hot": _multi_hot_days,
-    "split_binary": _feature_spec,
+def _parquet_log(directory: str) -> str:
+    generate_synthetic_parquet(SyntheticParquetSpec(days=2, rows_per_day=64, files_per_day=1, row_group_rows=32,
+                                                    multi_hot_columns=2, max_bag_size=3, seed=3), directory)
+    return directory
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyDataSet:
+    """A tiny data set of a source: ``write`` writes one under a directory and returns
+    its path flag's value (None: the source takes no path); ``flags``: the other data
+    flags the source needs to read it."""
+
+    write: Callable[[str], Optional[str]]
+    flags: Tuple[str, ...] = ()
+
+
+# {source name: its tiny data set}, of every registered source.
+TINY_DATA_SETS: Dict[str, TinyDataSet] = {
+    "random": TinyDataSet(lambda directory: None),
+    "criteo_binary": TinyDataSet(_criteo_days),
+    "criteo_multi_hot": TinyDataSet(_multi_hot_days),
+    "split_binary": TinyDataSet(_feature_spec),
+    "parquet": TinyDataSet(_parquet_log, ("--dense_columns", "I*", "--sparse_columns", "C*,M*")),
 }
 PATH_SOURCES = [name for name, source in SOURCES.items() if source.path_field]
 
@@ -92,10 +109,11 @@ def test_one_data_path_at_most():
 
 @pytest.mark.parametrize("name", list(SOURCES))
 def test_description_is_what_the_model_is_built_with_and_the_batches_hold(name, tmp_path):
-    path = TINY_DATA_SETS[name](str(tmp_path))
+    data_set = TINY_DATA_SETS[name]
+    path = data_set.write(str(tmp_path))
     field = SOURCES[name].path_field
-    config = parse_config([option(DataConfig, field), path, *SMALL_MODEL] if field else SMALL_MODEL,
-                          "dlrm_main.py", "")
+    path_flags = [option(DataConfig, field), path] if field else []
+    config = parse_config([*path_flags, *data_set.flags, *SMALL_MODEL], "dlrm_main.py", "")
     source = source_for(config.data)
     features = source.describe()
     assert source.name == name and source.path == path

@@ -65,7 +65,8 @@ def parquet_model(tmp_path_factory) -> dict:
                            "--time_column", "date", "--validation_window", "1d", "--test_window", "1d",
                            "--batch_size", "32", "--embedding_dim", "4", "--dense_arch_layer_sizes", "8,4",
                            "--over_arch_layer_sizes", "8,1"], "dlrm_main.py", "")
-    description = source_for(config.data).describe()
+    source = source_for(config.data)
+    description = source.describe()
     # The model of the table's features, as training builds it for --parquet_path.
     config.model = dataclasses.replace(config.model, sparse_feature_names=list(description.sparse_feature_names),
                                        dense_in_features=description.num_dense_features,
@@ -74,7 +75,7 @@ def parquet_model(tmp_path_factory) -> dict:
     torch.manual_seed(3)
     model = build_dlrm_train(config.model, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"))
     meta = CheckpointMeta(step=1, epoch=0, batch_in_epoch=1, world_size=1, config=dataclasses.asdict(config),
-                          plan={}, run_id="serve-parquet")
+                          plan={}, data_source=source.name, data_features=description, run_id="serve-parquet")
     ckpt = CheckpointManager(str(root / "ckpt"), keep_last_n=0, rank=0).save({"model": model.state_dict()}, meta)
     export_model(ckpt, str(root / "model"), ["int8"], max_bag_size=MAX_BAG_SIZE)
     return {"root": root, "data": str(data), "test_day": str(data / f"date={DAYS[-1]}"), "config": config,
@@ -271,8 +272,6 @@ def test_an_inputs_json_lying_about_its_columns_is_refused_with_one_line(field, 
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="the trainer builds a Parquet model of the table's columns through "
-                                       "data.sources on the seam branch: remove this mark when both are merged")
 def test_export_and_predict_on_the_test_day_give_the_trainers_test_auroc(tmp_path):
     """2-rank training on a day-partitioned log (tested on the last day), export, and
     predict on the last day's directory: the trainer's logged test AUROC."""

@@ -112,15 +112,19 @@ def test_readme_plan_then_train_with_it(readme_run):
     assert eval_record(read_log(log), "test")["num_samples"] == RANKS * 4 * 128
 
 
-def test_readme_laptop_command(synthetic_dir, tmp_path):
-    """Command 2: DCNv2 with the small_data recipe in one process."""
-    (laptop,) = readme_commands()[2]
+def test_readme_parquet_commands(tmp_path):
+    """Command 2: generate a day-partitioned Parquet log, train on its past days, test
+    on the last (a smaller log and a few steps)."""
+    generate, train = readme_commands()[2]
+    work = str(tmp_path)
+    run(with_flags(generate, ["--days", "3", "--rows_per_day", "3000", "--row_group_rows", "1000"]), work)
     log = str(tmp_path / "log.jsonl")
-    run(with_flags(replaced(laptop, {"data_cache/synthetic_criteo": synthetic_dir}),
-                   ["--epochs", "1", "--limit_train_batches", "20", "--limit_val_batches", "4",
-                    "--limit_test_batches", "4", "--log_path", log]), str(tmp_path))
-    config = next(record for record in read_log(log) if record["event"] == "config")
-    assert (config["model"]["interaction_type"], config["recipe"]) == ("dcn", "small_data")
+    proc = run(with_flags(train, [*SMALL_RUN, "--log_path", log]), work)
+    records = read_log(log)
+    assert "time ranges (date): train 2026-11-01 to before 2026-11-02" in proc.stdout
+    assert eval_record(records, "test")["num_samples"] > 0
+    startup = next(record for record in records if record["event"] == "startup")
+    assert startup["split_rows"]["test"] == 3000  # the last day
 
 
 def test_benchmarks_quality_gate_lines(tmp_path):
@@ -144,7 +148,7 @@ def test_benchmarks_quality_gate_lines(tmp_path):
 def test_every_readme_command_is_run_by_a_test():
     """Each command line README.md shows is run here or by the test named beside it: a
     new one needs a test."""
-    run_here = [("torchrun",), ("python", "dcnv2_main.py"), ("python", "-m", "data.preprocess_criteo"),
+    run_here = [("torchrun",), ("python", "-m", "data.synthetic_parquet"), ("python", "-m", "data.preprocess_criteo"),
                 ("python", "-m", "sharding_plans"), ("python", "-m", "serving.export")]
     run_elsewhere = {
         ("make", "train"): "test_stable_start.py (its TRAIN_FLAGS on make train's generated data)",

@@ -11,8 +11,13 @@ import pytest
 
 import dlrm_main
 from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parquet
+from data.sources import source_for
+from tests.support.doc_commands import commands_starting, replaced
 from tests.support.launch import launch, read_log
 from training.checkpoint import read_meta
+from training.distributed import resolve_env
+from training.flags import parse_config
+from training.startup_report import StartupReport
 
 WINDOWS = 3
 BATCH, EVAL_BATCH, RANKS = 16, 32, 2
@@ -133,6 +138,53 @@ def test_a_rolling_checkpoint_is_evaluated_without_the_protocol(uninterrupted, c
     tested = [r for r in read_log(str(log)) if r["event"] == "eval"]
     assert [(r["stage"], r["step"], r["num_samples"]) for r in tested] == \
         [("test", WINDOWS * STEPS_PER_WINDOW, ROWS_PER_DAY)]  # the test split: the last day
+
+
+def test_the_startup_block_says_the_windows_the_run_reads(clicks, tmp_path, capsys):
+    """In a rolling run the rows and time ranges printed are the windows', not a
+    train/validation/test split that the run never reads."""
+    config = parse_config(flags(tmp_path, clicks), "dlrm_main.py", "")
+    dataset = source_for(config.data).open(check_values=False)
+    lines = StartupReport(config, resolve_env("cpu")).before_setup(dataset)
+    days = [LOG.day(d).isoformat() for d in range(WINDOWS + 2)]
+    assert lines[3:5] == [
+        f"data: {clicks} | rows: " + ", ".join(f"window {w} {ROWS_PER_DAY}" for w in range(WINDOWS + 1))
+        + f" | batch {BATCH} per rank",
+        "time ranges (date): " + ", ".join(f"window {w} {days[w]} to before {days[w + 1]}" for w in range(WINDOWS + 1)),
+    ]
+    assert capsys.readouterr().out.splitlines() == lines
+
+
+def test_two_days_make_one_rolling_window_and_its_evaluation(tmp_path):
+    """Too short for the default train/validation/test split (1d, 1d): --rolling_windows 1
+    reads its windows only, each day whole."""
+    generate_synthetic_parquet(SyntheticParquetSpec(**{**vars(LOG), "days": 2}), str(tmp_path / "two_days"))
+    argv = flags(tmp_path, tmp_path / "two_days")
+    argv[argv.index("--rolling_windows") + 1] = "1"
+    config = parse_config(argv, "dlrm_main.py", "")
+    source = source_for(config.data)
+    loaders = source.window_loaders(source.open(check_values=False), 0, 2, config.model.num_embeddings_per_feature,
+                                    0, RANKS)
+    assert {split: len(loader) for split, loader in loaders.items()} == \
+        {"train": STEPS_PER_WINDOW, "validation": ROWS_PER_DAY // (EVAL_BATCH * RANKS)}
+
+
+@pytest.mark.parametrize("page", ["docs/training.md", "docs/data.md"])
+def test_the_documented_rolling_command_is_accepted_on_the_documented_log(page, tmp_path):
+    """The page's --rolling_windows command, on a tiny log of the shape its generator
+    command writes (4 days, multi-hot columns): its flags pass and its windows hold rows.
+    Training itself on these flags is the slow tests' (on 2 gloo ranks)."""
+    (generate,) = commands_starting("docs/data.md", "python", "-m", "data.synthetic_parquet")
+    clicks = generate[generate.index("--output_dir") + 1]
+    documented = [argv for argv in commands_starting(page, "torchrun") if "--rolling_windows" in argv]
+    assert documented, f"{page} shows no --rolling_windows command"
+    generate_synthetic_parquet(SyntheticParquetSpec(days=int(generate[generate.index("--days") + 1]),
+                                                    rows_per_day=64, row_group_rows=16), str(tmp_path / "clicks"))
+    for argv in documented:
+        assert argv[:3] == ["torchrun", "--nproc_per_node", "2"] and argv[3] == "dlrm_main.py", argv
+        config = parse_config(replaced(argv[4:], {clicks: str(tmp_path / "clicks")}), "dlrm_main.py", "")
+        dataset = source_for(config.data).open(check_values=False)
+        assert list(dataset.splits) == [f"window {w}" for w in range(config.data.rolling_windows + 1)]
 
 
 @pytest.mark.parametrize("extra, message", [

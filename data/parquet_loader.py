@@ -58,15 +58,18 @@ class ParquetDataset:
         time_column: ``--time_column`` or None.
         validation, test: the windows of the validation and test splits; None: the
             default (data.parquet_split).
+        num_windows: with ``--rolling_windows N``, N + 1: the splits are then the
+            consecutive equal time windows "window 0" ... "window N" instead of train,
+            validation and test (needs ``time_column``).
 
     Raises:
         BadInput: one line naming the file: not Parquet or truncated, a missing column,
             a column of a wrong type or whose type changes between files, an empty
-            table or split, a null time.
+            table, split or window, a null time.
     """
 
     def __init__(self, path: str, columns: ParquetColumns, time_column: Optional[str],
-                 validation: Optional[Window], test: Optional[Window]) -> None:
+                 validation: Optional[Window], test: Optional[Window], num_windows: Optional[int] = None) -> None:
         self.path = path
         self.columns = columns
         self.filesystem, root, files = list_files(path)
@@ -81,8 +84,8 @@ class ParquetDataset:
         if sum(f.num_rows for f in self.footers) == 0:
             raise BadInput(f"--parquet_path {path}: the table has no rows ({len(files)} file(s))")
         self.time: Optional[TimeIndex] = None
-        self._windows: Dict[int, List[List[Segment]]] = {}
         if time_column is None:
+            assert num_windows is None, "rolling windows are time windows"  # refused with the flags
             validation = validation or parse_window(DEFAULT_ROW_FRACTION, "--validation_window")
             test = test or parse_window(DEFAULT_ROW_FRACTION, "--test_window")
             self.splits = row_fraction_splits(self.footers, validation.fraction, test.fraction)  # type: ignore[arg-type]
@@ -90,16 +93,23 @@ class ParquetDataset:
         else:
             self.time = TimeIndex(self.footers, metadata, self.schema, time_column,
                                   lambda f, g: self.read_row_group(f, g, [time_column]).column(time_column))
-            default = DEFAULT_INTEGER_WINDOW if self.time.kind == "integer" else DEFAULT_TIME_WINDOW
-            validation = validation or parse_window(default, "--validation_window")
-            test = test or parse_window(default, "--test_window")
-            test_start = self.time.end - self.time.span(test, "--test_window")
-            validation_start = test_start - self.time.span(validation, "--validation_window")
-            self._boundaries = [self.time.start, validation_start, test_start, self.time.end]
-            self.splits = dict(zip(("train", "validation", "test"), self.time.intervals(self._boundaries)))
+            if num_windows is not None:
+                start, end = self.time.start, self.time.end
+                self._boundaries = [start + (end - start) * i // num_windows for i in range(num_windows + 1)]
+                names = [f"window {i}" for i in range(num_windows)]
+            else:
+                default = DEFAULT_INTEGER_WINDOW if self.time.kind == "integer" else DEFAULT_TIME_WINDOW
+                validation = validation or parse_window(default, "--validation_window")
+                test = test or parse_window(default, "--test_window")
+                test_start = self.time.end - self.time.span(test, "--test_window")
+                validation_start = test_start - self.time.span(validation, "--validation_window")
+                self._boundaries = [self.time.start, validation_start, test_start, self.time.end]
+                names = ["train", "validation", "test"]
+            self.splits = dict(zip(names, self.time.intervals(self._boundaries)))
         for split, segments in self.splits.items():
             if not segments:
-                raise BadInput(f"--parquet_path {path}: the {split} split has no rows ({self.describe_splits()})")
+                what = split if num_windows is not None else f"the {split} split"
+                raise BadInput(f"--parquet_path {path}: {what} has no rows ({self.describe_splits()})")
 
     def read_row_group(self, file: int, row_group: int, names: Sequence[str]) -> pa.Table:
         """The columns ``names`` of one row group (partition columns made from the path)."""
@@ -119,17 +129,17 @@ class ParquetDataset:
         return sum(s.count for s in self.splits[split])
 
     def split_ranges(self) -> Dict[str, Tuple[int, int]]:
-        """Each split's rows as consecutive ranges (train, validation, test), for what
+        """Each split's (or window's) rows as consecutive ranges, in time order, for what
         counts rows (the start-up report); not row numbers of the files."""
-        counts = [self.num_rows(s) for s in ("train", "validation", "test")]
+        counts = [self.num_rows(s) for s in self.splits]
         starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
-        return {s: (starts[i], starts[i + 1]) for i, s in enumerate(("train", "validation", "test"))}
+        return {s: (starts[i], starts[i + 1]) for i, s in enumerate(self.splits)}
 
     def describe_splits(self) -> str:
-        """One line: each split's rows, and with a time column its time range."""
+        """One line: each split's (or window's) rows, and with a time column its time range."""
         parts = []
-        for i, split in enumerate(("train", "validation", "test")):
-            rows = sum(s.count for s in self.splits.get(split, []))
+        for i, split in enumerate(self.splits):
+            rows = self.num_rows(split)
             if self.time is None:
                 parts.append(f"{split} {rows} rows")
             else:
@@ -138,28 +148,11 @@ class ParquetDataset:
         return "; ".join(parts)
 
     def time_ranges(self) -> Dict[str, Tuple[str, str]]:
-        """{split: (first time, end time exclusive)} with a time column, else {}."""
+        """{split or window: (first time, end time exclusive)} with a time column, else {}."""
         if self.time is None:
             return {}
-        names = ("train", "validation", "test")
         return {s: (self.time.format(self._boundaries[i]), self.time.format(self._boundaries[i + 1]))
-                for i, s in enumerate(names)}
-
-    def windows(self, num_windows: int) -> List[List[Segment]]:
-        """``num_windows`` consecutive equal time windows of the whole range."""
-        if self.time is None:
-            raise BadInput("--rolling_windows needs --time_column")
-        if num_windows in self._windows:
-            return self._windows[num_windows]
-        start, end = self.time.start, self.time.end
-        bounds = [start + (end - start) * i // num_windows for i in range(num_windows + 1)]
-        windows = self.time.intervals(bounds)
-        for i, segments in enumerate(windows):
-            if not segments:
-                raise BadInput(f"--parquet_path {self.path}: window {i} of {num_windows} "
-                               f"({self.time.format(bounds[i])} to before {self.time.format(bounds[i + 1])}) has no rows")
-        self._windows[num_windows] = windows
-        return windows
+                for i, s in enumerate(self.splits)}
 
 
 @dataclass(frozen=True)

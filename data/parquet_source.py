@@ -53,14 +53,15 @@ class ParquetSource(DataSource):
             if validation and test and validation.fraction + test.fraction >= 1:  # type: ignore[operator]
                 raise FlagError(f"{option(config, 'validation_window')} + {option(config, 'test_window')} leave "
                                 "no training rows")
-        if config.rolling_windows is not None:
-            if config.time_column is None:
-                raise FlagError(f"{option(config, 'rolling_windows')} needs {option(config, 'time_column')}")
+        if config.rolling_windows is not None:  # what the windows are; training/config.py: how they are run
+            rolling = option(config, "rolling_windows")
             if config.rolling_windows < 1:
-                raise FlagError(f"{option(config, 'rolling_windows')} must be at least 1, "
+                raise FlagError(f"{rolling} must be at least 1 (train on window 0, evaluate on window 1), "
                                 f"got {config.rolling_windows}")
+            if config.time_column is None:
+                raise FlagError(f"{rolling} splits the data by time: give {option(config, 'time_column')}")
             if validation is not None or test is not None:
-                raise FlagError(f"{option(config, 'rolling_windows')} evaluates each window on the next one: "
+                raise FlagError(f"{rolling} evaluates each window on the next one: "
                                 f"{option(config, 'validation_window')} and {option(config, 'test_window')} "
                                 "do not apply")
         super().check_flags()
@@ -102,8 +103,9 @@ class ParquetSource(DataSource):
 
     def open(self, check_values: bool = True) -> Any:
         """The table (`data.parquet_loader.ParquetDataset`): footers read, every file's
-        schema checked, the splits computed. Values are checked as they are read
-        (``check_values`` has nothing to read up front)."""
+        schema checked, the splits (with --rolling_windows N: the N + 1 windows)
+        computed. Values are checked as they are read (``check_values`` has nothing to
+        read up front)."""
         from data.parquet_columns import ParquetColumns
         from data.parquet_loader import ParquetDataset
 
@@ -111,10 +113,13 @@ class ParquetSource(DataSource):
         # The table sizes do not matter to the schema checks; `loaders` sets the model's.
         columns = ParquetColumns.from_flags(self.config, description, [1] * len(description.sparse_feature_names))
         validation, test = self.windows()
+        rolling = self.config.rolling_windows
         return ParquetDataset(self.config.parquet_path, columns, self.config.time_column,  # type: ignore[arg-type]
-                              validation, test)
+                              validation, test, None if rolling is None else rolling + 1)
 
     def time_ranges(self, dataset: Any) -> Dict[str, Tuple[str, str]]:
+        """{"train": ..., "validation": ..., "test": ...}, or with --rolling_windows
+        {"window 0": ..., "window 1": ...}: what the run reads."""
         return dataset.time_ranges()
 
     def statistics(self, train_loader: BatchLoader) -> Optional[Tuple[Dict[str, Any], str]]:
@@ -132,11 +137,9 @@ class ParquetSource(DataSource):
 
     def window_loaders(self, dataset: Any, window: int, num_windows: int, num_embeddings_per_feature: List[int],
                        rank: int, world_size: int) -> Dict[str, BatchLoader]:
-        windows = dataset.windows(num_windows)
-        return {"train": self._loader(dataset, windows[window], "train", num_embeddings_per_feature, rank,
-                                      world_size),
-                "validation": self._loader(dataset, windows[window + 1], "validation", num_embeddings_per_feature,
-                                           rank, world_size)}
+        assert len(dataset.splits) == num_windows, "open() cut the windows of --rolling_windows"
+        return {split: self._loader(dataset, dataset.splits[f"window {w}"], split, num_embeddings_per_feature,
+                                    rank, world_size) for split, w in (("train", window), ("validation", window + 1))}
 
     def _loader(self, dataset: Any, segments: Any, split: str, table_sizes: List[int], rank: int,
                 world_size: int) -> BatchLoader:

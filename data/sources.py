@@ -149,7 +149,8 @@ class DataSource(ABC):
 
     def time_ranges(self, dataset: Any) -> Dict[str, Tuple[str, str]]:
         """{split: (first time, end time exclusive)} of what `open` returned, for data
-        split by time; {} otherwise (the start-up report prints them)."""
+        split by time (with --rolling_windows N the splits are the windows "window 0"
+        ... "window N"); {} otherwise (the start-up report prints them)."""
         return {}
 
     def statistics(self, train_loader: BatchLoader) -> Optional[Tuple[Dict[str, Any], str]]:

@@ -254,7 +254,7 @@ def test_bad_value_names_file_row_group_row_column(tmp_path, column, value, what
     (dict(validation_window="0.5", test_window="0.5"), "leave no training rows"),
     (dict(test_window="1w"), "--test_window 1w: give a duration (1d, 6h, 30m, 90s) or a fraction (0.1)"),
     (dict(test_window="1.5"), "--test_window 1.5: a fraction must be between 0 and 1"),
-    (dict(rolling_windows=3), "--rolling_windows needs --time_column"),
+    (dict(rolling_windows=3), "--rolling_windows splits the data by time: give --time_column"),
     (dict(max_buffered_row_groups=0), "--max_buffered_row_groups must be at least 1"),
 ])
 def test_flag_refusals(tmp_path, flags, message):

@@ -1,8 +1,8 @@
 """--rolling_windows N: train window k, evaluate window k + 1, checkpoint at each window
 end, resume at any window with the results of the uninterrupted run; refusals.
 
-The protocol runs on `tests.support.windowed_source` (distinct deterministic random data
-per window) until a time-ordered Parquet source serves windows."""
+The runs read a tiny day-partitioned log of data.synthetic_parquet through the real
+Parquet source: --rolling_windows 3 over its 4 days makes each day a window."""
 
 import os
 import shutil
@@ -10,17 +10,26 @@ import shutil
 import pytest
 
 import dlrm_main
-from tests.support import windowed_source
+from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parquet
+from data.sources import source_for
+from tests.support.doc_commands import commands_starting, replaced
 from tests.support.launch import launch, read_log
 from training.checkpoint import read_meta
+from training.distributed import resolve_env
+from training.flags import parse_config
+from training.startup_report import StartupReport
 
 WINDOWS = 3
-STEPS_PER_WINDOW = windowed_source.BATCHES_PER_WINDOW
-BATCH, EVAL_BATCH, RANKS = 16, 24, 2
+BATCH, EVAL_BATCH, RANKS = 16, 32, 2
+ROWS_PER_DAY = 4 * BATCH * RANKS  # a window (a day) is 4 training steps
+STEPS_PER_WINDOW = ROWS_PER_DAY // (BATCH * RANKS)
+LOG = SyntheticParquetSpec(days=WINDOWS + 1, rows_per_day=ROWS_PER_DAY, files_per_day=1, row_group_rows=64,
+                           multi_hot_columns=0, seed=3)
 
 
-def flags(root, *extra: str) -> list:
-    return ["--parquet_path", str(root / "clicks"), "--time_column", "date", "--rolling_windows", str(WINDOWS),
+def flags(root, clicks, *extra: str) -> list:
+    return ["--parquet_path", str(clicks), "--time_column", "date", "--dense_columns", "I*", "--sparse_columns", "C*",
+            "--rolling_windows", str(WINDOWS),
             "--num_embeddings", "50", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
             "--over_arch_layer_sizes", "16,1", "--batch_size", str(BATCH), "--test_batch_size", str(EVAL_BATCH),
             "--optimizer", "adagrad", "--learning_rate", "0.05", "--log_every_n_steps", "1", "--seed", "3",
@@ -37,9 +46,17 @@ def window_metrics(records) -> dict:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def clicks(tmp_path_factory):
+    """The log, written in-process (a few milliseconds)."""
+    path = tmp_path_factory.mktemp("log") / "clicks"
+    generate_synthetic_parquet(LOG, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, clicks):
     root = tmp_path_factory.mktemp("rolling")
-    assert launch(windowed_source.main, flags(root), nproc=RANKS) == {0: 0, 1: 0}
+    assert launch(dlrm_main.main, flags(root, clicks), nproc=RANKS) == {0: 0, 1: 0}
     return root, read_log(str(root / "log.jsonl"))
 
 
@@ -53,7 +70,7 @@ def test_each_window_is_trained_once_and_evaluated_on_the_next(uninterrupted):
     assert [(r["stage"], r["window"], r["step"]) for r in evaluations] == \
         [("validation", k + 1, (k + 1) * STEPS_PER_WINDOW) for k in range(WINDOWS)]
     for r in evaluations:
-        assert r["num_samples"] == STEPS_PER_WINDOW * EVAL_BATCH * RANKS
+        assert r["num_samples"] == ROWS_PER_DAY  # the whole next day
         assert all(isinstance(r[key], float) for key in ("auroc", "log_loss", "ne", "calibration"))
     assert len({r["log_loss"] for r in evaluations}) == WINDOWS  # distinct windows, distinct figures
     summary = [r for r in records if r["event"] == "summary"][-1]
@@ -78,12 +95,12 @@ def test_a_checkpoint_at_each_window_end_records_the_window(uninterrupted):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("step", [4, 6], ids=["at_a_window_end", "within_a_window"])
-def test_resume_at_a_window_equals_the_uninterrupted_run(uninterrupted, tmp_path, step):
+def test_resume_at_a_window_equals_the_uninterrupted_run(uninterrupted, clicks, tmp_path, step):
     root, records = uninterrupted
     os.makedirs(tmp_path / "ckpt")
     name = f"step_{step:09d}"
     shutil.copytree(root / "ckpt" / name, tmp_path / "ckpt" / name)
-    assert launch(windowed_source.main, flags(tmp_path, "--resume"), nproc=RANKS) == {0: 0, 1: 0}
+    assert launch(dlrm_main.main, flags(tmp_path, clicks, "--resume"), nproc=RANKS) == {0: 0, 1: 0}
     resumed = read_log(str(tmp_path / "log.jsonl"))
     expected = losses(records)
     got = losses(resumed)
@@ -96,15 +113,14 @@ def test_resume_at_a_window_equals_the_uninterrupted_run(uninterrupted, tmp_path
 
 
 @pytest.mark.slow
-def test_resume_refuses_a_run_with_other_windows(uninterrupted, tmp_path, capsys, monkeypatch):
+def test_resume_refuses_a_run_with_other_windows(uninterrupted, clicks, tmp_path, capsys, monkeypatch):
     """A rolling checkpoint resumed by a run with another --rolling_windows: one line, exit 2."""
     root, _ = uninterrupted
     os.makedirs(tmp_path / "ckpt")
     shutil.copytree(root / "ckpt" / "step_000000004", tmp_path / "ckpt" / "step_000000004")
-    argv = flags(tmp_path, "--resume", "--batch_size", str(BATCH * RANKS))  # one rank, the same global batch
+    argv = flags(tmp_path, clicks, "--resume", "--batch_size", str(BATCH * RANKS))  # one rank, same global batch
     argv[argv.index("--rolling_windows") + 1] = "2"
     monkeypatch.delenv("RANK", raising=False)
-    windowed_source.register()
     assert dlrm_main.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err == (f"dlrm_main.py: error: checkpoint {tmp_path / 'ckpt' / 'step_000000004'} was trained with "
@@ -117,12 +133,58 @@ def test_a_rolling_checkpoint_is_evaluated_without_the_protocol(uninterrupted, c
     the recorded --rolling_windows says how it was trained, not how to evaluate it."""
     root, _ = uninterrupted
     monkeypatch.delenv("RANK", raising=False)
-    windowed_source.register()
     log = root / "evaluation.jsonl"
     assert dlrm_main.main(["--mode", "test", "--checkpoint_dir", str(root / "ckpt"), "--log_path", str(log)]) == 0
     tested = [r for r in read_log(str(log)) if r["event"] == "eval"]
     assert [(r["stage"], r["step"], r["num_samples"]) for r in tested] == \
-        [("test", WINDOWS * STEPS_PER_WINDOW, STEPS_PER_WINDOW * EVAL_BATCH)]
+        [("test", WINDOWS * STEPS_PER_WINDOW, ROWS_PER_DAY)]  # the test split: the last day
+
+
+def test_the_startup_block_says_the_windows_the_run_reads(clicks, tmp_path, capsys):
+    """In a rolling run the rows and time ranges printed are the windows', not a
+    train/validation/test split that the run never reads."""
+    config = parse_config(flags(tmp_path, clicks), "dlrm_main.py", "")
+    dataset = source_for(config.data).open(check_values=False)
+    lines = StartupReport(config, resolve_env("cpu")).before_setup(dataset)
+    days = [LOG.day(d).isoformat() for d in range(WINDOWS + 2)]
+    assert lines[3:5] == [
+        f"data: {clicks} | rows: " + ", ".join(f"window {w} {ROWS_PER_DAY}" for w in range(WINDOWS + 1))
+        + f" | batch {BATCH} per rank",
+        "time ranges (date): " + ", ".join(f"window {w} {days[w]} to before {days[w + 1]}" for w in range(WINDOWS + 1)),
+    ]
+    assert capsys.readouterr().out.splitlines() == lines
+
+
+def test_two_days_make_one_rolling_window_and_its_evaluation(tmp_path):
+    """Too short for the default train/validation/test split (1d, 1d): --rolling_windows 1
+    reads its windows only, each day whole."""
+    generate_synthetic_parquet(SyntheticParquetSpec(**{**vars(LOG), "days": 2}), str(tmp_path / "two_days"))
+    argv = flags(tmp_path, tmp_path / "two_days")
+    argv[argv.index("--rolling_windows") + 1] = "1"
+    config = parse_config(argv, "dlrm_main.py", "")
+    source = source_for(config.data)
+    loaders = source.window_loaders(source.open(check_values=False), 0, 2, config.model.num_embeddings_per_feature,
+                                    0, RANKS)
+    assert {split: len(loader) for split, loader in loaders.items()} == \
+        {"train": STEPS_PER_WINDOW, "validation": ROWS_PER_DAY // (EVAL_BATCH * RANKS)}
+
+
+@pytest.mark.parametrize("page", ["docs/training.md", "docs/data.md"])
+def test_the_documented_rolling_command_is_accepted_on_the_documented_log(page, tmp_path):
+    """The page's --rolling_windows command, on a tiny log of the shape its generator
+    command writes (4 days, multi-hot columns): its flags pass and its windows hold rows.
+    Training itself on these flags is the slow tests' (on 2 gloo ranks)."""
+    (generate,) = commands_starting("docs/data.md", "python", "-m", "data.synthetic_parquet")
+    clicks = generate[generate.index("--output_dir") + 1]
+    documented = [argv for argv in commands_starting(page, "torchrun") if "--rolling_windows" in argv]
+    assert documented, f"{page} shows no --rolling_windows command"
+    generate_synthetic_parquet(SyntheticParquetSpec(days=int(generate[generate.index("--days") + 1]),
+                                                    rows_per_day=64, row_group_rows=16), str(tmp_path / "clicks"))
+    for argv in documented:
+        assert argv[:3] == ["torchrun", "--nproc_per_node", "2"] and argv[3] == "dlrm_main.py", argv
+        config = parse_config(replaced(argv[4:], {clicks: str(tmp_path / "clicks")}), "dlrm_main.py", "")
+        dataset = source_for(config.data).open(check_values=False)
+        assert list(dataset.splits) == [f"window {w}" for w in range(config.data.rolling_windows + 1)]
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -134,7 +196,7 @@ def test_a_rolling_checkpoint_is_evaluated_without_the_protocol(uninterrupted, c
     (["--rolling_windows", "2", "--time_column", "date", "--mode", "inference_benchmark"],
      "--rolling_windows cannot be combined with --mode inference_benchmark: it trains window after window"),
     (["--rolling_windows", "2", "--time_column", "date", "--test_window", "1d"],
-     "--rolling_windows cannot be combined with --validation_window or --test_window"),
+     "--rolling_windows evaluates each window on the next one: --validation_window and --test_window do not apply"),
     (["--rolling_windows", "2", "--time_column", "date", "--validation_freq_within_epoch", "5"],
      "--rolling_windows cannot be combined with --validation_freq_within_epoch: it evaluates each window once"),
     (["--rolling_windows", "2", "--time_column", "date", "--early_stopping_patience", "1"],
@@ -146,10 +208,10 @@ def test_a_rolling_checkpoint_is_evaluated_without_the_protocol(uninterrupted, c
     (["--rolling_windows", "2", "--time_column", "date", "--limit_val_batches", "0"],
      "--rolling_windows cannot be combined with --limit_val_batches 0"),
 ])
-def test_combinations_the_protocol_cannot_honour_are_refused(capsys, monkeypatch, extra, message):
+def test_combinations_the_protocol_cannot_honour_are_refused(clicks, capsys, monkeypatch, extra, message):
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(SystemExit) as refused:  # when the flags are parsed, before torch loads
-        dlrm_main.main(["--parquet_path", "clicks", *extra])
+        dlrm_main.main(["--parquet_path", str(clicks), "--sparse_columns", "C*", *extra])
     assert refused.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("dlrm_main.py: error: ") and message in lines[0], lines

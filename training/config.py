@@ -334,22 +334,15 @@ class TrainConfig:
 
     def _check_rolling_windows(self) -> None:
         """--rolling_windows N: one pass per window, evaluated once on the next window;
-        refuses what would train or evaluate anything else."""
-        windows = self.data.rolling_windows
-        if windows is None:
+        refuses what would train or evaluate anything else (what the windows are, the
+        data source's check_flags refuses first)."""
+        if self.data.rolling_windows is None:
             return
         flag_name = option(self.data, "rolling_windows")
-        if windows < 1:
-            raise FlagError(f"{flag_name} must be at least 1 (train on window 0, evaluate on window 1), got {windows}")
-        if self.data.time_column is None:
-            raise FlagError(f"{flag_name} splits the data by time: give {option(self.data, 'time_column')}")
         conflicts = [
             (self.mode != "train", f"{option(self, 'mode')} {self.mode}",
              "trains window after window (evaluate a checkpoint without it)"),
             (self.epochs != 1, f"{option(self, 'epochs')} {self.epochs}", "makes one pass over each window"),
-            (self.data.validation_window is not None or self.data.test_window is not None,
-             f"{option(self.data, 'validation_window')} or {option(self.data, 'test_window')}",
-             "evaluates each window on the next one (there is no separate validation or test split)"),
             (self.validation_freq_within_epoch is not None, option(self, "validation_freq_within_epoch"),
              "evaluates each window once, on the next window, when its pass ends"),
             (self.early_stopping.enabled, option(self.early_stopping, "patience"),

@@ -95,6 +95,7 @@ def gpu_matrix(num_gpus: int, device: str = "cuda") -> MatrixSpec:
             "allow_tf32": (False, True) if cuda else (False,),
             "epochs": (1, 2),
             "validation_within_epoch": (False, True),
+            "data_source": matrix.DIMENSIONS["data_source"],
             "world_size": world_sizes(num_gpus) if cuda else (1, 2),
         },
         reference={"pipeline": "sparse_dist", "compute_kernel": "fused"},

@@ -73,10 +73,11 @@ def test_world_sizes_scale_to_the_gpus_present():
     assert gpu_check.world_sizes(6) == (1, 2, 4)  # 6 ranks cannot split the global batch of 64
 
 
-def test_cases_and_references_are_command_lines_the_flags_accept(tmp_path, capsys):
+def test_cases_and_references_are_command_lines_the_flags_accept(synthetic_dir, capsys):
     """Each trained case and its references parse into their choices (semi_sync from
-    batch 1); each refusal is refused by the flags or, for the plan's kernels, later."""
-    data = str(tmp_path)
+    batch 1); each refusal is refused by the flags or, for the plan's kernels, later.
+    Over the session's data: a Parquet case's table is a copy of it."""
+    data = synthetic_dir
     for case in CASES:
         runs = ((case, "cuda"), (gpu_check.cpu_reference(case), "cpu"),
                 (gpu_check.placement_reference(case, SPEC), "cuda"))

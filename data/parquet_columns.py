@@ -250,6 +250,23 @@ class ParquetColumns:
         weights = self._weights(rows.column(self.weight)) if self.weight else None
         return ConvertedRows(labels, dense, ids, lengths, weights, np.array(nulls, dtype=np.int64), keys)
 
+    def check_values(self, rows: pa.Table) -> None:
+        """The checks of `convert` without the conversion's output: labels, dense values,
+        weights, and (``--id_hashing modulo``) ids not negative.
+
+        Raises:
+            ColumnValueError: as `convert`.
+        """
+        self._labels(rows.column(self.label))
+        for name in self.dense:
+            self._dense(name, rows.column(name))
+        if self.id_hashing == "modulo":
+            for name, size in zip(self.sparse, self.table_sizes):
+                keys, lengths = self._bags(rows.column(name))
+                self._rows(name, keys, lengths, size)
+        if self.weight:
+            self._weights(rows.column(self.weight))
+
     def _rows(self, name: str, keys: np.ndarray, lengths: np.ndarray, table_size: int) -> np.ndarray:
         if self.id_hashing == "hash":
             return embedding_rows(keys, self.hash_seed, table_size)

@@ -46,7 +46,10 @@ _NULLS_REPORTED: Set[str] = set()
 
 
 class ParquetValueError(DataValueError):
-    """A value a column must not hold; the message names the file, row group, row and column."""
+    """A value a column must not hold; the message names the file, row group, row and column.
+    Every rank checks the whole global batch, so every rank raises it at the same batch."""
+
+    seen_by_every_rank = True
 
 
 class ParquetDataset:
@@ -284,16 +287,24 @@ class ParquetLoader:
         weighted = self._columns.weight is not None
         for b in range(start_batch, len(self)):
             lo, hi = self._layout.rows(b)
-            if not weighted:
-                pieces = self._pieces(order, cache, lo, hi)
-                yield self._convert(pieces)
+            if self._layout.world_size == 1:
+                yield self._convert(self._pieces(order, cache, lo, hi))  # its checks see every row
                 continue
-            # The weights of every rank's rows normalize the loss (data/batching.py WeightedBatch).
+            # Every rank checks the values of the whole global batch, so that a bad value
+            # stops every rank at the same batch, before any collective on it (a rank
+            # reads the row groups holding its own rows anyway, mostly the same ones).
             g_lo, g_hi = self._layout.global_rows(b)
             pieces = self._pieces(order, cache, g_lo, g_hi)
             table = pa.concat_tables([p.table for p in pieces])
-            total = float(np.asarray(table.column(self._columns.weight).to_numpy(), dtype=np.float64).sum())
-            normalizer = total / self._layout.world_size if total > 0 else 1.0
+            try:
+                self._columns.check_values(table)
+            except ColumnValueError as e:
+                raise ParquetValueError(f"{self._where(pieces, e.row)}, column {e.column}: {e.what} "
+                                        f"(batch {b} of the split)") from None
+            normalizer = 1.0
+            if weighted:  # every rank's weights normalize the loss (data/batching.py WeightedBatch)
+                total = float(np.asarray(table.column(self._columns.weight).to_numpy(), dtype=np.float64).sum())
+                normalizer = total / self._layout.world_size if total > 0 else 1.0
             yield self._convert(_slice_pieces(pieces, lo - g_lo, hi - g_lo), normalizer)
 
     def _pieces(self, order: _EpochOrder, cache: "OrderedDict[int, pa.Table]", lo: int, hi: int) -> List[_Piece]:

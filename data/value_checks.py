@@ -35,6 +35,10 @@ Sparse = Union[np.ndarray, List[np.ndarray]]
 class DataValueError(BadInput):
     """A value a data set must not hold; the message names the file, row and column."""
 
+    # Whether every rank of the job raises it alike (a loader that checks the whole
+    # global batch on every rank), or only the rank that read the value.
+    seen_by_every_rank = False
+
 
 @dataclass(frozen=True)
 class ValueFile:

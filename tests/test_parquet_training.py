@@ -2,6 +2,7 @@
 directory, and from the same table on a local S3 server (moto) with the same losses."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -110,3 +111,31 @@ def test_s3_table_trains_as_the_local_copy(local_run, tmp_path, monkeypatch):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_a_bad_value_mid_stream_stops_every_rank_at_the_same_batch(tmp_path, capfd):
+    """A NaN in rank 1's rows of step 2: every rank checks the whole global batch, so
+    both stop there with exit 2 and the job prints one line naming file, row group, row
+    and column (before, rank 1 alone failed and rank 0 lost its peer)."""
+    import dlrm_main
+    from tests.support.launch import launch
+
+    table = str(tmp_path / "clicks")
+    write_click_log(table)
+    # Step 2 (global rows 64-95 of 16 + 16): rank 1 reads rows 80-95, the day's second
+    # file's rows 10-25.
+    path = os.path.join(table, "date=2026-11-01", "part-1.parquet")
+    rows = pq.read_table(path)
+    dense = rows.column("I1").to_numpy(zero_copy_only=False).copy()
+    dense[12] = np.nan
+    pq.write_table(rows.set_column(rows.schema.get_field_index("I1"), "I1", pa.array(dense)), path,
+                   row_group_size=50)
+    log = str(tmp_path / "log.jsonl")
+    codes = launch(dlrm_main.main, ["--parquet_path", table, *TINY, "--log_path", log])
+    assert codes == {0: 2, 1: 2}
+    errors = [line for line in capfd.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and re.fullmatch(
+        rf"dlrm_main.py: error: bad data, found at step \d \(epoch 0, training\): {re.escape(path)}: row group 0, "
+        r"row 12, column I1: dense value nan is not finite \(batch 2 of the split\)", errors[0]), errors
+    assert len(step_losses(read_log(log))) <= 2  # nothing trained on batch 2 or after

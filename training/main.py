@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 from common.cli import run_cli
 from common.library_noise import quiet_benign_library_messages
 from common.errors import BadInput
+from data.value_checks import DataValueError
 from training.config import TrainConfig
 from training.failures import (EXIT_BAD_INPUT, EXIT_NON_FINITE_LOSS, raise_on_sigterm, report, report_bad_input,
                                report_rank_failure)
@@ -100,6 +101,11 @@ def _run(config: TrainConfig, prog: str, env: "DistributedEnv", work: "Callable[
         work(trainer)
     except NonFiniteLossError as e:
         return report(prog, str(e), EXIT_NON_FINITE_LOSS)
+    except DataValueError as e:
+        if e.seen_by_every_rank:  # one line for the job, exit 2 on every rank
+            # "found at": the pipeline reads batches ahead of the step it trains
+            return report_bad_input(prog, f"bad data, found at {trainer.position()}: {e}")
+        return report_rank_failure(prog, env.rank, env.world_size, trainer.position(), e)
     except Exception as e:
         return report_rank_failure(prog, env.rank, env.world_size, trainer.position(), e)
     finally:

@@ -259,23 +259,27 @@ class ParquetColumns:
         """
         self._labels(rows.column(self.label))
         for name in self.dense:
-            self._dense(name, rows.column(name))
+            self._finite_dense(name, rows.column(name))
         if self.id_hashing == "modulo":
-            for name, size in zip(self.sparse, self.table_sizes):
-                keys, lengths = self._bags(rows.column(name))
-                self._rows(name, keys, lengths, size)
+            for name in self.sparse:
+                self._check_not_negative(name, *self._bags(rows.column(name)))
         if self.weight:
             self._weights(rows.column(self.weight))
 
     def _rows(self, name: str, keys: np.ndarray, lengths: np.ndarray, table_size: int) -> np.ndarray:
         if self.id_hashing == "hash":
             return embedding_rows(keys, self.hash_seed, table_size)
+        self._check_not_negative(name, keys, lengths)
+        return keys.view(np.int64) % table_size
+
+    @staticmethod
+    def _check_not_negative(name: str, keys: np.ndarray, lengths: np.ndarray) -> None:
+        """--id_hashing modulo: the ids (``keys`` as int64) of the bags are not negative."""
         ids = keys.view(np.int64)
         if len(ids) and ids.min() < 0:
             first = int(np.argmax(ids < 0))
             row = int(np.searchsorted(np.cumsum(lengths), first, side="right"))
             raise ColumnValueError(name, row, f"id {int(ids[first])} is negative (--id_hashing modulo)")
-        return ids % table_size
 
     def _labels(self, column: pa.ChunkedArray) -> np.ndarray:
         if column.null_count:
@@ -288,6 +292,15 @@ class ParquetColumns:
         return values.astype(np.float32)
 
     def _dense(self, name: str, column: pa.ChunkedArray) -> Tuple[np.ndarray, int]:
+        """(float32 values transformed, nulls read as 0)."""
+        values, null_count = self._finite_dense(name, column)
+        if self.dense_transform == "log1p":
+            values = np.log1p(np.maximum(values, 0.0))
+        return values.astype(np.float32), null_count
+
+    @staticmethod
+    def _finite_dense(name: str, column: pa.ChunkedArray) -> Tuple[np.ndarray, int]:
+        """(float64 values with nulls as 0, null count); refuses NaN and infinity."""
         null_count = column.null_count
         values = pc.fill_null(column, 0).to_numpy().astype(np.float64) if null_count else \
             column.to_numpy().astype(np.float64)
@@ -295,9 +308,7 @@ class ParquetColumns:
         if not finite.all():
             row = int(np.argmin(finite))
             raise ColumnValueError(name, row, f"dense value {values[row]} is not finite")
-        if self.dense_transform == "log1p":
-            values = np.log1p(np.maximum(values, 0.0))
-        return values.astype(np.float32), null_count
+        return values, null_count
 
     def _weights(self, column: pa.ChunkedArray) -> np.ndarray:
         assert self.weight is not None

@@ -299,8 +299,7 @@ class ParquetLoader:
             try:
                 self._columns.check_values(table)
             except ColumnValueError as e:
-                raise ParquetValueError(f"{self._where(pieces, e.row)}, column {e.column}: {e.what} "
-                                        f"(batch {b} of the split)") from None
+                raise ParquetValueError(f"{self._value_message(pieces, e)} (batch {b} of the split)") from None
             normalizer = 1.0
             if weighted:  # every rank's weights normalize the loss (data/batching.py WeightedBatch)
                 total = float(np.asarray(table.column(self._columns.weight).to_numpy(), dtype=np.float64).sum())
@@ -341,7 +340,7 @@ class ParquetLoader:
         try:
             rows = self._columns.convert(table)
         except ColumnValueError as e:
-            raise ParquetValueError(f"{self._where(pieces, e.row)}, column {e.column}: {e.what}") from None
+            raise ParquetValueError(self._value_message(pieces, e)) from None
         if rows.dense_nulls.any():
             self._dense_nulls += rows.dense_nulls
             fresh = [n for n, c in zip(self._columns.dense, rows.dense_nulls) if c and n not in _NULLS_REPORTED]
@@ -353,6 +352,10 @@ class ParquetLoader:
             self._collisions.add(rows.keys)
         return self._builder.bags(rows.dense, rows.ids, rows.lengths, rows.labels,
                                   rows.weights, normalizer)
+
+    def _value_message(self, pieces: List[_Piece], error: ColumnValueError) -> str:
+        """``error`` (its row counted in the pieces' rows) naming file, row group, row and column."""
+        return f"{self._where(pieces, error.row)}, column {error.column}: {error.what}"
 
     def _where(self, pieces: List[_Piece], row: int) -> str:
         for piece in pieces:

@@ -73,14 +73,24 @@ class ParquetSource(DataSource):
                      else parse_window(getattr(config, name), option(config, name))
                      for name in ("validation_window", "test_window"))
 
+    # describe()'s answer: the trainer asks it and then opens (which asks it too), and
+    # each asking lists the table (a network round trip on object storage).
+    _description: Optional[FeatureDescription] = None
+
     def describe(self) -> FeatureDescription:
         """Dense and sparse names from the patterns and the first file's columns (and
-        partition keys); cardinalities None: the table-size flags decide.
+        partition keys); cardinalities None: the table-size flags decide. Read once per
+        source object.
 
         Raises:
             BadInput: a pattern matching no column, a column in two roles, a file
                 that is not Parquet.
         """
+        if self._description is None:
+            self._description = self._read_description()
+        return self._description
+
+    def _read_description(self) -> FeatureDescription:
         from data.parquet_columns import resolve_column_patterns
         from data.parquet_files import column_names
 

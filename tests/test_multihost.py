@@ -16,77 +16,22 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Dict, List, NamedTuple
+from typing import Dict, List
 
 import pytest
 
+from tests.support.cluster import ON_HOST, Host, cluster_hosts, compute_hosts, start  # noqa: F401 (fixtures)
 from tests.support.launch import REPO, eval_record, read_log, step_losses
 from tests.support.torchx_cli import BIN
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 
-HOSTS_FILE = "/run/dlrm_cluster/hosts"  # written by scripts/cluster_up.sh
-ON_HOST = os.path.join(REPO, "scripts", "on_host.sh")
 RDZV_PORT = 29400
 # Seconds a run of these tests may take (they train for seconds).
 RUN_TIMEOUT = 300
 FLAGS = ["--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,32,1",
          "--optimizer", "sgd", "--learning_rate", "0.5", "--seed", "3", "--log_every_n_steps", "1",
          "--limit_val_batches", "0", "--limit_test_batches", "2"]
-
-
-class Host(NamedTuple):
-    name: str
-    address: str
-    bridge_port: str  # its veth on the bridge
-
-    def bridge_bytes(self) -> int:
-        """Bytes this host sent and received over the bridge so far."""
-        stats = f"/sys/class/net/{self.bridge_port}/statistics"
-        return sum(int(open(f"{stats}/{kind}_bytes").read()) for kind in ("rx", "tx"))
-
-    def pids(self) -> List[int]:
-        out = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True,
-                             check=True, timeout=30).stdout
-        return [int(pid) for pid in out.split()]
-
-
-@pytest.fixture(scope="module")
-def compute_hosts() -> List[Host]:
-    """The first two compute hosts (the controller is the first line)."""
-    failed = os.environ.get("CLUSTER_UP_FAILED")
-    if failed:
-        pytest.skip(f"no multi-host cluster: {failed}")
-    if os.geteuid() != 0:
-        pytest.skip("entering the cluster's hosts needs root")
-    if not os.path.exists(HOSTS_FILE):
-        pytest.skip("no multi-host cluster: sudo make cluster-up starts one")
-    with open(HOSTS_FILE) as f:
-        hosts = [Host(*line.split()) for line in f if line.strip()]
-    if len(hosts) < 3:
-        pytest.skip(f"the cluster has {len(hosts)} hosts; these tests need a controller and 2 compute hosts")
-    return hosts[1:3]
-
-
-@pytest.fixture
-def start():
-    """Starts a command on a host (scripts/on_host.sh); kills what is left at the end."""
-    started: List[subprocess.Popen] = []
-
-    def on_host(host: Host, argv: List[str], env: Dict[str, str] = None) -> subprocess.Popen:
-        proc = subprocess.Popen([ON_HOST, host.name, *argv], cwd=REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True,
-                                env={**os.environ, **(env or {})})
-        started.append(proc)
-        return proc
-
-    yield on_host
-    for proc in started:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.communicate()
 
 
 def _torchrun(nnodes: int, nproc: int, endpoint: str, rdzv_id: str, args: List[str]) -> List[str]:

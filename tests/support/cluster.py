@@ -1,0 +1,92 @@
+"""The multi-host cluster of network namespaces (scripts/cluster_up.sh) as tests use it.
+
+Every test that runs something on the cluster's hosts takes the `cluster_hosts`
+fixture: it skips with the reason when no cluster is up, and it holds an exclusive lock
+on the cluster for the test's duration. The hosts are one machine's shared state: a
+test that kills a host's processes, or moves its address, must not run beside another
+test's job on that host (pytest-xdist puts different files on different workers, and
+several people may run tests at once).
+"""
+
+import fcntl
+import os
+import signal
+import subprocess
+from typing import Dict, Iterator, List, NamedTuple
+
+import pytest
+
+from tests.support.launch import REPO
+
+STATE = "/run/dlrm_cluster"  # scripts/cluster_up.sh's state directory
+HOSTS_FILE = os.path.join(STATE, "hosts")
+LOCK_FILE = os.path.join(STATE, "test.lock")
+ON_HOST = os.path.join(REPO, "scripts", "on_host.sh")
+
+
+class Host(NamedTuple):
+    name: str
+    address: str
+    bridge_port: str  # its veth on the bridge
+
+    def bridge_bytes(self) -> int:
+        """Bytes this host sent and received over the bridge so far."""
+        stats = f"/sys/class/net/{self.bridge_port}/statistics"
+        return sum(int(open(f"{stats}/{kind}_bytes").read()) for kind in ("rx", "tx"))
+
+    def pids(self) -> List[int]:
+        out = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True,
+                             check=True, timeout=30).stdout
+        return [int(pid) for pid in out.split()]
+
+
+def read_hosts() -> List[Host]:
+    """The cluster's hosts, the controller first; skips the test when there is none."""
+    failed = os.environ.get("CLUSTER_UP_FAILED")
+    if failed:
+        pytest.skip(f"no multi-host cluster: {failed}")
+    if os.geteuid() != 0:
+        pytest.skip("entering the cluster's hosts needs root")
+    if not os.path.exists(HOSTS_FILE):
+        pytest.skip("no multi-host cluster: sudo make cluster-up starts one")
+    with open(HOSTS_FILE) as f:
+        hosts = [Host(*line.split()) for line in f if line.strip()]
+    if len(hosts) < 3:
+        pytest.skip(f"the cluster has {len(hosts)} hosts; these tests need a controller and 2 compute hosts")
+    return hosts
+
+
+@pytest.fixture
+def cluster_hosts() -> Iterator[List[Host]]:
+    """All hosts (the controller first), held exclusively while the test runs."""
+    hosts = read_hosts()
+    with open(LOCK_FILE, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield hosts
+
+
+@pytest.fixture
+def compute_hosts(cluster_hosts: List[Host]) -> List[Host]:
+    """The first two compute hosts, held exclusively while the test runs."""
+    return cluster_hosts[1:3]
+
+
+@pytest.fixture
+def start():
+    """Starts a command on a host (scripts/on_host.sh); kills what is left at the end."""
+    started: List[subprocess.Popen] = []
+
+    def on_host(host: Host, argv: List[str], env: Dict[str, str] = None) -> subprocess.Popen:
+        proc = subprocess.Popen([ON_HOST, host.name, *argv], cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                env={**os.environ, **(env or {})})
+        started.append(proc)
+        return proc
+
+    yield on_host
+    for proc in started:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()

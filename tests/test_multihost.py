@@ -34,9 +34,10 @@ FLAGS = ["--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16", "--over_a
          "--limit_val_batches", "0", "--limit_test_batches", "2"]
 
 
-def _torchrun(nnodes: int, nproc: int, endpoint: str, rdzv_id: str, args: List[str]) -> List[str]:
+def _torchrun(nnodes: int, nproc: int, endpoint: str, rdzv_id: str, args: List[str], restarts: int = 0) -> List[str]:
     return [os.path.join(BIN, "torchrun"), "--nnodes", str(nnodes), "--nproc_per_node", str(nproc),
-            "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", rdzv_id, "dlrm_main.py", *args]
+            "--max_restarts", str(restarts), "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint,
+            "--rdzv_id", rdzv_id, "dlrm_main.py", *args]
 
 
 def _two_hosts(start, hosts: List[Host], args: List[str], env: Dict[str, str]) -> List[subprocess.Popen]:

@@ -21,7 +21,7 @@ from typing import Callable, Dict, Iterator, List
 
 import pytest
 
-from tests.support.cluster import Host, cluster_hosts, compute_hosts, start  # noqa: F401 (fixtures)
+from tests.support.cluster import Host, cluster_hosts, compute_hosts, read_hosts, start  # noqa: F401 (fixtures)
 from tests.support.launch import REPO, eval_record, free_port, read_log
 from tests.test_multihost import FLAGS, RDZV_PORT, RUN_TIMEOUT, _torchrun
 from training.checkpoint import COMPLETE_MARKER, complete_checkpoints
@@ -55,6 +55,7 @@ def uninterrupted(synthetic_dir, tmp_path_factory) -> List[dict]:
     this machine's loopback (no cluster needed). Not one agent with two ranks: each rank
     then gets half the cores for its intra-op threads, and some of the float sums come
     out a last bit apart (11 of 80 steps' losses here)."""
+    read_hosts()  # skips first when there is no cluster: a module fixture is set up before the tests' own
     tmp = tmp_path_factory.mktemp("uninterrupted")
     log = str(tmp / "log.jsonl")
     argv = _torchrun(2, 1, f"127.0.0.1:{free_port()}", uuid.uuid4().hex, _args(synthetic_dir, str(tmp / "ckpt"), log))

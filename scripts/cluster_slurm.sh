@@ -152,6 +152,9 @@ TaskPlugin=task/none
 MpiDefault=none
 ReturnToService=2
 SchedulerType=sched/backfill
+# torchx submits a job of several nodes as a heterogeneous job, which only the backfill
+# scheduler starts: every 2 s rather than its default 30 s.
+SchedulerParameters=bf_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU_Memory
 # torchx reads job states through sacct: accounting through slurmdbd.

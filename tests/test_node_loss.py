@@ -21,9 +21,10 @@ from typing import Callable, Dict, Iterator, List
 
 import pytest
 
-from tests.support.cluster import Host, cluster_hosts, compute_hosts, read_hosts, start  # noqa: F401 (fixtures)
+from tests.support.cluster import Host, cluster_hosts, compute_hosts, start  # noqa: F401 (fixtures)
+from tests.support.cluster import TINY_TRAINING_FLAGS, read_hosts
 from tests.support.launch import REPO, eval_record, free_port, read_log
-from tests.test_multihost import FLAGS, RDZV_PORT, RUN_TIMEOUT, _torchrun
+from tests.test_multihost import RDZV_PORT, RUN_TIMEOUT, _torchrun
 from training.checkpoint import COMPLETE_MARKER, complete_checkpoints
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]
@@ -35,7 +36,7 @@ RESTART_ENV = {"GLOO_SOCKET_IFNAME": "eth0", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE
 
 
 def _args(data: str, ckpt: str, log: str) -> List[str]:
-    return ["--in_memory_binary_criteo_path", data, *FLAGS, "--batch_size", "64", "--limit_train_batches",
+    return ["--in_memory_binary_criteo_path", data, *TINY_TRAINING_FLAGS, "--batch_size", "64", "--limit_train_batches",
             str(STEPS), "--checkpoint_dir", ckpt, "--checkpoint_every_n_steps", str(EVERY), "--resume",
             "--log_path", log]
 
@@ -52,9 +53,9 @@ def _test_metrics(records: List[dict]) -> dict:
 @pytest.fixture(scope="module")
 def uninterrupted(synthetic_dir, tmp_path_factory) -> List[dict]:
     """The same flags never interrupted, by two agents of one rank each meeting on
-    this machine's loopback (no cluster needed). Not one agent with two ranks: each rank
-    then gets half the cores for its intra-op threads, and some of the float sums come
-    out a last bit apart (11 of 80 steps' losses here)."""
+    this machine's loopback (no cluster needed). Not one agent with two ranks: the
+    planner then sees one host of two ranks, not two hosts, and shards differently
+    (2 tables data-parallel instead of 4): 11 of 80 steps' losses come out a last bit apart."""
     read_hosts()  # skips first when there is no cluster: a module fixture is set up before the tests' own
     tmp = tmp_path_factory.mktemp("uninterrupted")
     log = str(tmp / "log.jsonl")

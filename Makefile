@@ -50,7 +50,8 @@ slurm-up:
 	bash scripts/slurm_up.sh
 
 # Several hosts on this machine: network namespaces on a private bridge, a hostname
-# each (root; docs/multihost.md). CLUSTER_HOSTS=4 for more; cluster-down removes them.
+# each, and a Slurm cluster across them (root; docs/multihost.md, docs/slurm.md).
+# CLUSTER_HOSTS=4 for more; cluster-down removes them.
 CLUSTER_HOSTS ?= 3
 cluster-up:
 	bash scripts/cluster_up.sh --hosts $(CLUSTER_HOSTS)

@@ -10,6 +10,10 @@
 #   scripts/cluster_up.sh --down        removes everything it made, whatever N was
 #   scripts/on_host.sh HOST CMD...      runs a command on a host (its network and name)
 #
+# Last, scripts/cluster_slurm.sh starts a Slurm cluster across the hosts (slurmctld
+# and slurmdbd on the controller, a slurmd in each compute host); --down removes it
+# with the hosts. Its failure is this script's (exit 1, its one line).
+#
 # Nothing leaves the machine: the bridge has no address in the machine's own network
 # namespace and no port but the hosts' veths, the hosts have no route but the bridge's
 # subnet (no default route, no NAT, forwarding untouched), and the subnet is checked
@@ -24,7 +28,7 @@
 # controller first; BRIDGE_PORT is the host's veth on the bridge, whose counters say
 # what the host sent and received):
 # scripts/on_host.sh and the tests read it.
-# Exit codes: 0 up (or down); 1 a step failed (one line naming it); 2 bad usage or not root.
+# Exit codes: 0 up (or down); 1 a step failed, Slurm's included (one line naming it); 2 bad usage or not root.
 set -euo pipefail
 
 STATE=/run/dlrm_cluster
@@ -211,3 +215,5 @@ for ((i = 1; i < hosts; i++)); do
     || die "$name cannot reach $CONTROLLER ($controller_address) over $BRIDGE"
 done
 echo "cluster_up: cluster up: $hosts hosts on $BRIDGE ($SUBNET): $(awk '{printf "%s%s", sep, $1; sep=", "}' "$STATE/hosts")"
+# Slurm across the hosts: slurmctld on the controller, a slurmd per compute host.
+bash "$(dirname "$0")/cluster_slurm.sh"

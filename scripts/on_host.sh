@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs a command on one host of the cluster scripts/cluster_up.sh made: in the host's
 # network namespace (its address, its loopback) under its hostname (its UTS
-# namespace); files, users and the working directory are the machine's.
+# namespace); files, users and the working directory are the machine's. On a host,
+# SLURM_CONF names the cluster's Slurm configuration when it has one.
 #
 #   scripts/on_host.sh dlrm-node1 torchrun --nnodes 2 ... dlrm_main.py ...
 #
@@ -17,4 +18,7 @@ if ! awk -v host="$host" '$1 == host {found = 1} END {exit !found}' "$STATE/host
   echo "on_host: '$host' is not a host of the cluster (hosts: $(awk '{printf "%s%s", sep, $1; sep=", "}' "$STATE/hosts" 2>/dev/null || echo "none: sudo make cluster-up"))" >&2
   exit 2
 fi
+# Slurm commands on a host talk to the cluster's Slurm (scripts/cluster_slurm.sh), not
+# to the one-node cluster of this machine's own network, which no host reaches.
+if [ -e "$STATE/slurm/slurm.conf" ]; then export SLURM_CONF="$STATE/slurm/slurm.conf"; fi
 exec nsenter --net="/run/netns/$host" --uts="$STATE/uts/$host" -- "$@"

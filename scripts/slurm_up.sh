@@ -26,12 +26,8 @@ set -euo pipefail
 CLUSTER=dlrm
 PARTITION=main
 DATABASE=slurm_acct_db
-PACKAGES=(slurm-wlm slurmdbd munge mariadb-server)
 LOG="${SLURM_UP_LOG:-/var/log/slurm/slurm_up.log}"
 TIMEOUT="${SLURM_UP_TIMEOUT:-60}"
-# Memory kept from Slurm for the OS and the daemons: 5% of the RAM, at least 1 GiB.
-MARGIN_FRACTION_PERCENT=5
-MARGIN_MIN_MB=1024
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "slurm_up: must run as root (it installs packages and starts daemons): sudo make slurm-up" >&2
@@ -40,33 +36,12 @@ fi
 mkdir -p "$(dirname "$LOG")"
 : >>"$LOG"
 
-say() { echo "slurm_up: $*"; echo "$(date -u +%FT%TZ) $*" >>"$LOG"; }
-die() {
-  echo "slurm_up: error: $* (details: $LOG)" >&2
-  echo "$(date -u +%FT%TZ) error: $*" >>"$LOG"
-  exit 1
-}
-# Runs a command with its output in the log; fails the step with its last line.
-logged() {
-  local what="$1"; shift
-  if ! "$@" >>"$LOG" 2>&1; then
-    die "$what failed: $(tail -n 1 "$LOG")"
-  fi
-}
-# Waits up to $TIMEOUT seconds for a command to succeed (quietly).
-wait_for() {
-  local what="$1"; shift
-  local deadline=$((SECONDS + TIMEOUT))
-  until "$@" >/dev/null 2>&1; do
-    if [ "$SECONDS" -ge "$deadline" ]; then
-      local why
-      why="$("$@" 2>&1 | tail -n 1)" || true  # what the last try says
-      die "$what: not ready after ${TIMEOUT} s${why:+ ($why)}"
-    fi
-    sleep 1
-  done
-}
-running() { pgrep -x "$1" >/dev/null; }
+SCRIPT=slurm_up
+# say, die, logged, wait_for, install_if_changed, install_slurm_packages, start_munge.
+source "$(dirname "$0")/slurm_lib.sh"
+# Only this machine's own network namespace counts: the cluster of scripts/cluster_up.sh
+# runs daemons of the same names in its hosts' namespaces.
+running() { pgrep -x "$1" --ns $$ --nslist net >/dev/null; }
 # Starts a daemon detached from this shell's session (it outlives the script) unless running.
 start() {
   local name="$1"; shift
@@ -88,42 +63,11 @@ stop() {
     sleep 1; waited=$((waited + 1))
   done
 }
-# Installs $2 (a temporary file) as $1 with mode $3; returns 0 when the file changed.
-install_if_changed() {
-  local target="$1" candidate="$2" mode="$3"
-  if [ -f "$target" ] && cmp -s "$target" "$candidate"; then
-    rm -f "$candidate"
-    return 1
-  fi
-  install -m "$mode" -o "${4:-root}" -g "${5:-root}" "$candidate" "$target"
-  rm -f "$candidate"
-  say "wrote $target"
-}
-
 # 1. Packages.
-missing=()
-for package in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  say "installing ${missing[*]}"
-  logged "apt-get update" apt-get update
-  # No daemon starts from the packages' scripts: this script starts them below.
-  logged "apt-get install ${missing[*]}" env DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y --no-install-recommends "${missing[@]}"
-fi
+install_slurm_packages
 
 # 2. Munge: the key every Slurm daemon and command signs its messages with.
-if [ ! -s /etc/munge/munge.key ]; then
-  say "creating the munge key"
-  logged "mungekey" mungekey --create --keyfile=/etc/munge/munge.key
-fi
-chown munge:munge /etc/munge/munge.key
-chmod 0400 /etc/munge/munge.key
-install -d -o munge -g munge -m 0755 /run/munge
-install -d -o munge -g munge -m 0700 /var/lib/munge /var/log/munge
-start munged runuser -u munge -- /usr/sbin/munged
-wait_for "munged" sh -c 'munge -n | unmunge'
+start_munge
 
 # 3. MariaDB and the accounting database.
 install -d -o mysql -g mysql -m 0755 /run/mysqld
@@ -141,10 +85,8 @@ logged "creating the accounting database" mariadb -e "
 # 4. Configuration for this node.
 node="$(hostname -s)"
 cpus="$(nproc)"
-total_mb=$(($(awk '/^MemTotal:/ {print $2}' /proc/meminfo) / 1024))
-margin_mb=$((total_mb * MARGIN_FRACTION_PERCENT / 100))
-[ "$margin_mb" -ge "$MARGIN_MIN_MB" ] || margin_mb=$MARGIN_MIN_MB
-memory_mb=$((total_mb - margin_mb))
+total_mb="$(total_memory_mb)"
+memory_mb="$(usable_memory_mb)"
 install -d -o slurm -g slurm -m 0755 /var/lib/slurm/slurmctld /var/log/slurm
 install -d -m 0755 /var/lib/slurm/slurmd
 

@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from common.errors import BadInput
-from training.distributed import check_network_settings, resolve_env
+from training.distributed import check_network_settings, check_restart_settings, resolve_env
 from training.failures import report_rank_failure
 
 HOST = socket.gethostname()
@@ -17,7 +17,8 @@ INTERFACES = ", ".join(name for _, name in socket.if_nameindex())
 
 @pytest.fixture(autouse=True)
 def _no_settings(monkeypatch):
-    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR"):
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "GROUP_WORLD_SIZE",
+                 "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -81,3 +82,33 @@ def test_lost_rank_is_named_by_the_host_of_the_broken_connection(capsys, gloo_sa
     assert capsys.readouterr().err == (
         f"dlrm_main.py: error: rank 0 of 2 failed at step 3 (epoch 0, training): lost contact with the rank(s) "
         f"on host {name} (127.0.0.1), which probably stopped first (RuntimeError: {lost})\n")
+
+
+def _torchrun_sets(monkeypatch, agents: str, restarts: str, agent_store: str) -> None:
+    for name, value in (("GROUP_WORLD_SIZE", agents), ("TORCHELASTIC_MAX_RESTARTS", restarts),
+                        ("TORCHELASTIC_USE_AGENT_STORE", agent_store)):
+        monkeypatch.setenv(name, value)
+
+
+def test_restarts_across_agents_over_their_shared_store_are_refused(monkeypatch):
+    """A replaced host's agent would restart at attempt 0 beside survivors at 1: refused
+    before anything connects (tests/test_node_loss.py runs the setting that works)."""
+    _torchrun_sets(monkeypatch, agents="2", restarts="3", agent_store="True")
+    for name, value in (("WORLD_SIZE", "2"), ("RANK", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1")):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(BadInput) as refused:
+        resolve_env("cpu")
+    assert str(refused.value) == (
+        "torchrun --max_restarts 3 with 2 agents needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in every agent's "
+        "environment: over the agents' shared store a host replaced after a failure restarts at attempt 0 while "
+        "the others are past it, and the job hangs")
+
+
+@pytest.mark.parametrize("agents, restarts, agent_store", [
+    ("2", "3", "False"),  # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: a store per attempt
+    ("2", "0", "True"),   # no restarts
+    ("1", "3", "True"),   # one agent: all of its ranks restart together, at the same count
+])
+def test_restarts_that_every_agent_counts_alike_pass(monkeypatch, agents, restarts, agent_store):
+    _torchrun_sets(monkeypatch, agents, restarts, agent_store)
+    check_restart_settings()

@@ -65,6 +65,14 @@ def test_aws_component_machine_is_a_parameter():
     ({"memMB": 0}, r"^--memMB 0: must be at least 1$"),
     ({"max_retries": -1}, r"^--max_retries -1: must be >= 0$"),
     ({"socket_ifname": "eth0 eth1"}, r"^--socket_ifname 'eth0 eth1': expected one network interface name, e\.g\. eth0$"),
+    ({"j": "2x1", "socket_ifname": "lo"}, r"^--socket_ifname lo: the loopback interface does not reach the other "
+     r"nodes of a 2x1 job; name the interface of the network between the nodes, e\.g\. eth0$"),
+    ({"j": "2x1", "env": {"NCCL_SOCKET_IFNAME": "=lo"}}, r"^--env NCCL_SOCKET_IFNAME==lo: the loopback interface"),
+    ({"j": "2x1", "env": {"GLOO_SOCKET_IFNAME": "lo,lo"}}, r"^--env GLOO_SOCKET_IFNAME=lo,lo: the loopback"),
+    ({"env": {"MASTER_ADDR": "10.0.0.1"}}, r"^--env MASTER_ADDR=10\.0\.0\.1: torchrun sets MASTER_ADDR of every rank "
+     r"from the rendezvous on the first node \(on Slurm the first host of SLURM_JOB_NODELIST\), so this value "
+     r"would be ignored; remove it \(--rdzv_port sets the rendezvous' port\)$"),
+    ({"j": "2x1", "env": {"MASTER_PORT": "29501"}}, r"^--env MASTER_PORT=29501: torchrun sets MASTER_PORT"),
 ])
 def test_training_component_errors_name_the_parameter(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -176,3 +184,11 @@ def test_socket_ifname_sets_both_backends_interface_unless_env_does():
     assert (role.env["GLOO_SOCKET_IFNAME"], role.env["NCCL_SOCKET_IFNAME"]) == ("eth0", "ib")
     (role,) = dlrm("--batch_size", "64").roles
     assert "GLOO_SOCKET_IFNAME" not in role.env and "NCCL_SOCKET_IFNAME" not in role.env
+
+
+def test_loopback_interface_is_kept_where_it_can_work():
+    """One node (every rank on it), an exclusion list or another interface beside it."""
+    assert dlrm("--batch_size", "64", j="1x2", socket_ifname="lo").roles[0].env["GLOO_SOCKET_IFNAME"] == "lo"
+    for value in ("^lo", "lo,eth0"):
+        (role,) = dlrm("--batch_size", "64", j="2x1", env={"NCCL_SOCKET_IFNAME": value}).roles
+        assert role.env["NCCL_SOCKET_IFNAME"] == value

@@ -34,6 +34,12 @@ DATA_DIR_FLAG = option(DataConfig, CriteoDays.path_field)
 # The variables naming the interface each backend's connections between nodes use
 # (training/distributed.py checks them on every rank before connecting).
 SOCKET_IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+# What torchrun gives every rank from the rendezvous, whatever the job's environment
+# says: the first node's address (on Slurm the first host of the allocation, from
+# SLURM_JOB_NODELIST) and a port of its own; the rendezvous' port is ``rdzv_port``.
+RENDEZVOUS_VARIABLES = ("MASTER_ADDR", "MASTER_PORT")
+# Linux's name of the loopback interface, which reaches no other node.
+LOOPBACK_INTERFACE = "lo"
 
 
 @dataclass
@@ -93,7 +99,7 @@ class LaunchOptions:
 
     def validate(self) -> None:
         """Raises ValueError (one line naming the parameter) on a bad combination."""
-        _, procs = self.nodes_and_procs()
+        nodes, procs = self.nodes_and_procs()
         resource = self.resource()
         if resource.gpu > 0 and procs > resource.gpu:
             raise ComponentParameterError(
@@ -107,6 +113,21 @@ class LaunchOptions:
         if self.socket_ifname is not None and not re.fullmatch(r"[\w.:-]+", self.socket_ifname):
             raise ComponentParameterError(
                 f"--socket_ifname {self.socket_ifname!r}: expected one network interface name, e.g. eth0")
+        for name in RENDEZVOUS_VARIABLES:
+            if name in self.env:
+                raise ComponentParameterError(
+                    f"--env {name}={self.env[name]}: torchrun sets {name} of every rank from the rendezvous on "
+                    "the first node (on Slurm the first host of SLURM_JOB_NODELIST), so this value would be "
+                    "ignored; remove it (--rdzv_port sets the rendezvous' port)")
+        interface_settings = {f"--env {name}={self.env[name]}": self.env[name]
+                              for name in SOCKET_IFNAME_VARIABLES if name in self.env}
+        if self.socket_ifname is not None:
+            interface_settings[f"--socket_ifname {self.socket_ifname}"] = self.socket_ifname
+        for setting, interfaces in interface_settings.items():
+            if nodes > 1 and only_loopback(interfaces):
+                raise ComponentParameterError(
+                    f"{setting}: the loopback interface does not reach the other nodes of a {self.j} job; "
+                    "name the interface of the network between the nodes, e.g. eth0")
 
     def rank_env(self) -> Dict[str, str]:
         """``env``, with the interface variables ``socket_ifname`` sets where ``env`` does not."""
@@ -117,6 +138,16 @@ class LaunchOptions:
         return bind_mounts(read_only=[self.data_dir] if self.data_dir else [],
                            read_write=[self.checkpoint_dir] if self.checkpoint_dir else [],
                            extra=self.mounts)
+
+
+def only_loopback(interfaces: str) -> bool:
+    """Whether a ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` value names the loopback
+    interface alone (comma-separated names; NCCL's ``=`` exact-match prefix; a ``^``
+    exclusion list leaves other interfaces)."""
+    if interfaces.startswith("^"):
+        return False
+    names = [name for name in interfaces.lstrip("=").split(",") if name]
+    return bool(names) and all(name == LOOPBACK_INTERFACE for name in names)
 
 
 def bind_mounts(read_only: Sequence[str], read_write: Sequence[str], extra: Sequence[str]) -> List[str]:

@@ -27,13 +27,13 @@ Args:
     memMB: memory per node in MB, replacing the preset's (0.96 x its RAM); at most a node's memory (see h)
     image: container image holding this repository (Kubernetes, AWS Batch, Docker; ignored by local_cwd and Slurm)
     name: job name, {{experiment}}/{{run}} or {{run}}
-    env: environment variables for every rank, e.g. NCCL_DEBUG=INFO,LOGLEVEL=INFO
+    env: environment variables for every rank, e.g. NCCL_DEBUG=INFO,LOGLEVEL=INFO; not MASTER_ADDR or MASTER_PORT, which torchrun sets from the rendezvous on the first node (on Slurm the first host of SLURM_JOB_NODELIST)
     data_dir: data directory on a filesystem every node sees; mounted read-only at the same path and passed as --in_memory_binary_criteo_path unless the flags give a data path
     checkpoint_dir: checkpoint directory on a filesystem every node sees; mounted read-write at the same path and passed as --checkpoint_dir DIR --resume unless the flags name one (add --checkpoint_every_n_steps N to the flags)
     mounts: more mounts: type=bind|volume|device,src=SRC,dst=DST[,readonly]
     max_retries: times the scheduler restarts the job after a failure; with checkpoint_dir a restart resumes from the newest complete checkpoint
     rdzv_port: port of the c10d rendezvous on the first node (multi-node runs)
-    socket_ifname: network interface the ranks of different nodes talk over (multi-node runs), e.g. eth0: sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME unless env sets them; every rank refuses to start when its node lacks it. Unset, gloo uses the address the node's hostname resolves to, and a rank refuses to start when that is a loopback address
+    socket_ifname: network interface the ranks of different nodes talk over (multi-node runs), e.g. eth0: sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME unless env sets them; every rank refuses to start when its node lacks it; lo (loopback) is refused on several nodes. Unset, gloo uses the address the node's hostname resolves to, and a rank refuses to start when that is a loopback address
 """
 
 

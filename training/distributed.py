@@ -73,6 +73,7 @@ def resolve_env(device_flag: str) -> DistributedEnv:
         env = DistributedEnv(rank, world_size, local_rank, local_world_size, torch.device("cpu"), "gloo")
     if world_size > 1:
         check_network_settings(env.backend, world_size, local_world_size)
+        check_restart_settings()
     return env
 
 
@@ -133,6 +134,31 @@ def check_network_settings(backend: str, world_size: int, local_world_size: int)
         )
 
 
+def _agent_store_outlives_attempts() -> bool:
+    """Whether the ranks' store is torchrun's agent store, which lives as long as the
+    rank-0 agent, across restarts (torch 2.13's default; TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    makes each attempt's rank 0 serve a store of its own on a fresh port)."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
+def check_restart_settings() -> None:
+    """Refuses, in one line, restarts across several torchrun agents over the agents'
+    shared store: a host that is lost and replaced cannot rejoin that way. Its fresh
+    agent starts its ranks at TORCHELASTIC_RESTART_COUNT 0 while the survivors' are at
+    1 or more, so their keys in the kept store disagree and the job hangs until the
+    process group's timeout; and when the lost host's agent was the one serving the
+    store, the survivors keep its old address. With the store per attempt there is
+    nothing to carry over, and a replaced host joins like the others."""
+    agents = _env_int("GROUP_WORLD_SIZE", 1)
+    restarts = _env_int("TORCHELASTIC_MAX_RESTARTS", 0)
+    if agents > 1 and restarts > 0 and _agent_store_outlives_attempts():
+        raise BadInput(
+            f"torchrun --max_restarts {restarts} with {agents} agents needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+            "in every agent's environment: over the agents' shared store a host replaced after a failure "
+            "restarts at attempt 0 while the others are past it, and the job hangs"
+        )
+
+
 # How many times this process has started the default group: each start gets store
 # keys of its own (see init_process_group).
 _group_starts = itertools.count()
@@ -167,17 +193,19 @@ def init_process_group(env: DistributedEnv) -> dist.ProcessGroup:
     if not dist.is_initialized():
         if "MASTER_ADDR" in os.environ:
             store, _, _ = next(dist.rendezvous("env://", rank=env.rank, world_size=env.world_size))
-            # torchrun's agent keeps one store across restarts (torch 2.13, c10d
-            # rendezvous), so a restarted attempt would read the last attempt's gloo
-            # addresses and hang or be refused: give every attempt keys of its own.
+            # torchrun's agent store outlives restarts (`_agent_store_outlives_attempts`),
+            # so a restarted attempt would read the last attempt's gloo addresses and
+            # hang or be refused: there, give every attempt keys of its own (its agents
+            # agree on the count: `check_restart_settings`). A store per attempt is new.
             # Within an attempt, a job that ends (a refusal after planning destroys
             # the group) and the next job in the same worker (bench/gpu_check.py, the
             # matrix) meet the same way: c10d names the new group as it named the old
             # one, so a rank could read the dead group's address or NCCL id before its
             # peer rewrites it. Every rank starts the group once per job, so the
             # count agrees across ranks.
-            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            prefix = f"attempt_{attempt}/start_{next(_group_starts)}"
+            prefix = f"start_{next(_group_starts)}"
+            if _agent_store_outlives_attempts():
+                prefix = f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{prefix}"
             dist.init_process_group(env.backend, store=dist.PrefixStore(prefix, store),
                                     rank=env.rank, world_size=env.world_size, device_id=group_device(env))
         elif env.world_size == 1:

@@ -12,16 +12,24 @@ import fcntl
 import os
 import signal
 import subprocess
-from typing import Dict, Iterator, List, NamedTuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Tuple
 
 import pytest
 
-from tests.support.launch import REPO
+from tests.support.launch import REPO, eval_record, step_losses
 
 STATE = "/run/dlrm_cluster"  # scripts/cluster_up.sh's state directory
 HOSTS_FILE = os.path.join(STATE, "hosts")
 LOCK_FILE = os.path.join(STATE, "test.lock")
 ON_HOST = os.path.join(REPO, "scripts", "on_host.sh")
+CLUSTER_SLURM = os.path.join(REPO, "scripts", "cluster_slurm.sh")
+
+# Training flags of a tiny model for the jobs across hosts (the data path and the
+# steps are each test's): seconds of training, megabytes of collectives.
+TINY_TRAINING_FLAGS = [
+    "--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,32,1",
+    "--optimizer", "sgd", "--learning_rate", "0.5", "--seed", "3", "--log_every_n_steps", "1",
+    "--limit_val_batches", "0", "--limit_test_batches", "2"]
 
 
 class Host(NamedTuple):
@@ -69,6 +77,25 @@ def cluster_hosts() -> Iterator[List[Host]]:
 def compute_hosts(cluster_hosts: List[Host]) -> List[Host]:
     """The first two compute hosts, held exclusively while the test runs."""
     return cluster_hosts[1:3]
+
+
+@pytest.fixture
+def slurm_hosts(cluster_hosts: List[Host]) -> List[Host]:
+    """All hosts, held exclusively, with the cluster's Slurm answering: started again by
+    scripts/cluster_slurm.sh (idempotent, seconds when all is up), since a test that
+    killed a host's processes killed its slurmd. Skips with the script's line when
+    Slurm cannot start (e.g. its packages cannot be installed)."""
+    proc = subprocess.run(["bash", CLUSTER_SLURM], capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines()
+        pytest.skip(f"no Slurm across the hosts: {lines[-1] if lines else f'exit code {proc.returncode}'}")
+    return cluster_hosts
+
+
+def training_results(records: List[Dict[str, Any]]) -> Tuple[List[float], Dict[str, Any]]:
+    """A run's step losses and test metrics (less its run id and time), to compare runs."""
+    test = {k: v for k, v in eval_record(records, "test").items() if k not in ("run_id", "time")}
+    return step_losses(records), test
 
 
 @pytest.fixture

@@ -19,11 +19,12 @@ TINY_FLAGS = {
 }
 
 
-def sweeps(args, timeout=600):
-    """`python -m sweeps ARGS` from the repository root, as a user runs it."""
+def sweeps(args, timeout=600, on_host=()):
+    """`python -m sweeps ARGS` from the repository root, as a user runs it (on a host of
+    the multi-host cluster with ``on_host``: ``[ON_HOST, HOST]``)."""
     env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
-    return subprocess.run([sys.executable, "-m", "sweeps", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run([*on_host, sys.executable, "-m", "sweeps", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def sweeps_in_process(capsys, args):

@@ -150,11 +150,13 @@ def build_sharding_plan(
     config: PlannerConfig,
     process_group: Optional[dist.ProcessGroup] = None,
     constraints: Optional[Dict[str, ParameterConstraints]] = None,
-) -> ShardingPlan:
-    """Plans the sharding of every embedding module in ``module``.
+) -> Tuple[ShardingPlan, List[RankEstimate]]:
+    """Plans the sharding of every embedding module in ``module``; returns the plan
+    and the planner's per-rank estimates.
 
-    With a process group the plan is made on rank 0 and broadcast, so every rank
-    uses the same plan; without one (a dry run, or one process) it is made locally.
+    With a process group the plan is made on rank 0 and broadcast with its
+    estimates, so every rank uses the same plan; without one (a dry run, or one
+    process) it is made locally.
     ``constraints`` maps table names to allowed sharding types / kernels.
 
     Args:
@@ -169,20 +171,22 @@ def build_sharding_plan(
 
     Example::
 
-        plan = build_sharding_plan(model, get_default_sharders(),
+        plan, estimates = build_sharding_plan(model, get_default_sharders(),
                                    PlannerConfig(world_size=2, local_world_size=2,
                                                  compute_device="cpu", batch_size=512))
     """
-    planner = _planner(config, constraints, PlanRecorder())
+    recorder = PlanRecorder()
+    planner = _planner(config, constraints, recorder)
     if process_group is None or dist.get_world_size(process_group) == 1:
-        return _plan(planner, module, sharders)
+        return _plan(planner, module, sharders), recorder.rank_estimates(config.world_size)
     # Plan on rank 0 and broadcast, as torchrec's collective_plan does; but broadcast a
     # failure too, so the other ranks raise it instead of waiting for the plan until
     # the collective times out.
     outcome: List[object] = [None]
     if dist.get_rank(process_group) == 0:
         try:
-            outcome = [_plan(planner, module, sharders)]
+            plan = _plan(planner, module, sharders)
+            outcome = [(plan, recorder.rank_estimates(config.world_size))]
         except PlanDoesNotFit as e:
             outcome = [("does not fit", str(e))]
         except Exception as e:
@@ -190,7 +194,7 @@ def build_sharding_plan(
             dist.broadcast_object_list(outcome, group=process_group, group_src=0)
             raise
     dist.broadcast_object_list(outcome, group=process_group, group_src=0)
-    if isinstance(outcome[0], tuple):
+    if isinstance(outcome[0], tuple) and isinstance(outcome[0][0], str):
         kind, message = outcome[0]
         raise PlanDoesNotFit(message) if kind == "does not fit" else RuntimeError(message)
     return outcome[0]  # type: ignore[return-value]

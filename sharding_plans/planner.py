@@ -15,6 +15,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.constants import DEFAULT_PERF_ESTIMATOR
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.estimator import EmbeddingPerfEstimatorFactory
+from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.planner.types import (
     HardwareConfig,
@@ -29,7 +33,7 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from common.errors import BadInput
-from sharding_plans.estimates import PlanRecorder, RankEstimate
+from sharding_plans.estimates import FullPrecisionOptimizerState, PlanRecorder, RankEstimate
 
 # Share of each device's memory kept free for dense parameters, activations and buffers.
 STORAGE_RESERVATION_PERCENTAGE = 0.15
@@ -117,9 +121,16 @@ def _planner(
     constraints: Optional[Dict[str, ParameterConstraints]],
     recorder: PlanRecorder,
 ) -> EmbeddingShardingPlanner:
+    topology = build_topology(config)
+    # torchrec's own estimators, then the optimizer state it misses on fp16 tables.
+    estimators = [EmbeddingPerfEstimatorFactory.create(DEFAULT_PERF_ESTIMATOR, topology=topology, constraints=constraints),
+                  EmbeddingStorageEstimator(topology=topology, constraints=constraints),
+                  FullPrecisionOptimizerState(topology)]
     return EmbeddingShardingPlanner(
-        topology=build_topology(config),
+        topology=topology,
         batch_size=config.batch_size,
+        enumerator=EmbeddingEnumerator(topology=topology, batch_size=config.batch_size, constraints=constraints,
+                                       estimator=estimators),
         storage_reservation=FixedPercentageStorageReservation(STORAGE_RESERVATION_PERCENTAGE),
         constraints=constraints,
         stats=[recorder],  # instead of torchrec's, which prints its own report

@@ -524,6 +524,7 @@ class Trainer:
         metrics = BinaryClassificationMetrics(self.env.device, self.config.auroc_bins, self.weighted)
         batches = self._batches(loader)
         self.log.start_evaluation_progress(len(loader), stage)
+        started = time.perf_counter()
         with torch.no_grad():
             while True:
                 try:
@@ -538,6 +539,8 @@ class Trainer:
             self.train_pipeline.attach(self.model)  # type: ignore[attr-defined]
         release_cache_line_locks(self.model)  # evaluation's forwards had no backward
         values = metrics.compute()
+        seconds = time.perf_counter() - started  # the pipeline's batches and the metrics' sync included
+        rate = values["num_samples"] / seconds if seconds > 0 else float("nan")
         step = self.step if weights_step is None else weights_step
         # --rolling_windows: validation is the window after the one just trained
         window = {"window": self.epoch + 1} if self.rolling_windows and stage == "validation" else {}
@@ -546,9 +549,10 @@ class Trainer:
         self.log.print(
             f"{stage}{''.join(f' (window {w})' for w in window.values())}{weighted}: AUROC {values['auroc']:.4f}{binned} | log loss {values['log_loss']:.4f} | "
             f"accuracy {values['accuracy']:.4f} | NE {values['ne']:.4f} | calibration {values['calibration']:.4f} | "
-            f"positive rate {values['positive_rate']:.4f} | {values['num_samples']} samples (step {step})"
+            f"positive rate {values['positive_rate']:.4f} | {values['num_samples']} samples (step {step}) | "
+            f"{rate:,.0f} records/s"
         )
-        self.log.record("eval", stage=stage, step=step, **window, **values)
+        self.log.record("eval", stage=stage, step=step, **window, **values, records_per_sec=rate, seconds=seconds)
         statistics = self.source.statistics(self.loaders["train"])
         if statistics is not None:
             fields, line = statistics

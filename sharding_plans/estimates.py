@@ -22,10 +22,12 @@ from torchrec.optim import RowWiseAdagrad
 # momentum2 are float32 unless optimizer_state_dtypes is given, which only the
 # partial row-wise Adam and ensemble row-wise Adagrad accept).
 OPTIMIZER_STATE_BYTES_PER_ELEMENT = 4
-# Kernels whose state lies with the weights: on the GPU for fused, in host memory for
-# fused_uvm. (UVM caching keeps the state in host memory, not in the cache torchrec
-# counts it in; the data-parallel dense kernel's state is the dense optimizer's.)
-_STATE_WITH_WEIGHTS = (EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.FUSED_UVM.value)
+# The fused kernels: their state is on the GPU for fused on CUDA, in host memory
+# otherwise (fused_uvm; and fused_uvm_caching, whose state FBGEMM does not cache:
+# construct_split_state(cacheable=False) places it in UVM). The data-parallel dense
+# kernel's state is the dense optimizer's, at the weights' precision.
+_FUSED_KERNELS = (EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.FUSED_UVM.value,
+                  EmbeddingComputeKernel.FUSED_UVM_CACHING.value)
 
 
 @dataclass
@@ -121,7 +123,7 @@ class FullPrecisionOptimizerState(ShardEstimator):
     def estimate(self, sharding_options: List[ShardingOption], sharder_data_map: SharderDataMap = None) -> None:
         for option in sharding_options:
             narrowing = OPTIMIZER_STATE_BYTES_PER_ELEMENT - option.tensor.element_size()
-            if narrowing <= 0 or option.compute_kernel not in _STATE_WITH_WEIGHTS:
+            if narrowing <= 0 or option.compute_kernel not in _FUSED_KERNELS:
                 continue
             optimizer = getattr(option.tensor, "_optimizer_classes", [None])[0]
             per_weight = _state_values_per_weight(optimizer, option.tensor.shape[-1])

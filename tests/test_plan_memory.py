@@ -2,8 +2,11 @@
 sharding_plans/estimates.py): the run log's plan_memory record, and the fp16
 tables' optimizer state counted as FBGEMM allocates it."""
 
+from typing import Tuple
+
 import pytest
 
+from sharding_plans.constraints import ShardingConstraints
 from sharding_plans.dry_run import PlanRequest, plan_request
 from sharding_plans.planner import PlannerConfig
 from tests.support.launch import read_log
@@ -12,23 +15,30 @@ ROWS, DIM = 150_000, 64
 FEATURES = ["cat_0", "cat_1", "cat_2", "cat_3"]
 
 
-def _estimated_bytes(optimizer: str, precision: str) -> int:
+def _estimated_bytes(optimizer: str, precision: str, device: str, kernel: str) -> Tuple[int, int]:
+    """(HBM, DDR) of the plan, all ranks."""
     request = PlanRequest(FEATURES, [ROWS] * len(FEATURES), DIM, precision, optimizer,
-                          PlannerConfig(world_size=1, local_world_size=1, compute_device="cpu", batch_size=64,
-                                        ddr_cap_bytes=2**40))
+                          PlannerConfig(world_size=2, local_world_size=2, compute_device=device, batch_size=64,
+                                        hbm_cap_bytes=2**40, ddr_cap_bytes=2**40),
+                          ShardingConstraints(compute_kernels={"*": kernel}))
     estimates = plan_request(request).estimates
     assert estimates is not None
-    return sum(e.ddr_bytes for e in estimates)
+    return sum(e.hbm_bytes for e in estimates), sum(e.ddr_bytes for e in estimates)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("optimizer, state_values_per_row", [("adagrad", DIM), ("rowwise_adagrad", 1)])
+@pytest.mark.parametrize("device, kernel, memory", [("cpu", "fused", 1), ("cuda", "fused", 0),
+                                                    ("cuda", "fused_uvm", 1)])
 def test_the_fused_optimizers_state_is_counted_in_fp32_whatever_the_tables_precision(
-        precision, optimizer, state_values_per_row):
+        precision, optimizer, state_values_per_row, device, kernel, memory):
     # Same tables and batch: the estimates differ by the optimizer's state alone, which
-    # FBGEMM allocates in fp32 (torchrec counted an fp16 table's at 2 bytes a value).
-    state = _estimated_bytes(optimizer, precision) - _estimated_bytes("sgd", precision)
-    assert state == len(FEATURES) * ROWS * state_values_per_row * 4
+    # FBGEMM allocates in fp32 beside the weights (torchrec counted an fp16 table's at
+    # 2 bytes a value), in HBM (index 0) or host memory (1).
+    with_state = _estimated_bytes(optimizer, precision, device, kernel)
+    without = _estimated_bytes("sgd", precision, device, kernel)
+    assert with_state[1 - memory] == without[1 - memory]
+    assert with_state[memory] - without[memory] == len(FEATURES) * ROWS * state_values_per_row * 4
 
 
 def test_the_run_log_holds_the_estimate_beside_the_measured_tables(tmp_path):

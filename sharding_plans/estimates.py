@@ -120,7 +120,8 @@ class FullPrecisionOptimizerState(ShardEstimator):
     def __init__(self, topology: Topology, constraints: Optional[Dict[str, ParameterConstraints]] = None) -> None:
         self._on_gpu = topology.compute_device == "cuda"
 
-    def estimate(self, sharding_options: List[ShardingOption], sharder_data_map: SharderDataMap = None) -> None:
+    def estimate(self, sharding_options: List[ShardingOption],
+                 sharder_data_map: Optional[SharderDataMap] = None) -> None:
         for option in sharding_options:
             narrowing = OPTIMIZER_STATE_BYTES_PER_ELEMENT - option.tensor.element_size()
             if narrowing <= 0 or option.compute_kernel not in _FUSED_KERNELS:

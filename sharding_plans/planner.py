@@ -15,6 +15,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.constants import DEFAULT_PERF_ESTIMATOR
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.estimator import EmbeddingPerfEstimatorFactory
+from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.planner.types import (
     HardwareConfig,
@@ -29,7 +33,7 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from common.errors import BadInput
-from sharding_plans.estimates import PlanRecorder, RankEstimate
+from sharding_plans.estimates import FullPrecisionOptimizerState, PlanRecorder, RankEstimate
 
 # Share of each device's memory kept free for dense parameters, activations and buffers.
 STORAGE_RESERVATION_PERCENTAGE = 0.15
@@ -117,9 +121,16 @@ def _planner(
     constraints: Optional[Dict[str, ParameterConstraints]],
     recorder: PlanRecorder,
 ) -> EmbeddingShardingPlanner:
+    topology = build_topology(config)
+    # torchrec's own estimators, then the optimizer state it misses on fp16 tables.
+    estimators = [EmbeddingPerfEstimatorFactory.create(DEFAULT_PERF_ESTIMATOR, topology=topology, constraints=constraints),
+                  EmbeddingStorageEstimator(topology=topology, constraints=constraints),
+                  FullPrecisionOptimizerState(topology)]
     return EmbeddingShardingPlanner(
-        topology=build_topology(config),
+        topology=topology,
         batch_size=config.batch_size,
+        enumerator=EmbeddingEnumerator(topology=topology, batch_size=config.batch_size, constraints=constraints,
+                                       estimator=estimators),
         storage_reservation=FixedPercentageStorageReservation(STORAGE_RESERVATION_PERCENTAGE),
         constraints=constraints,
         stats=[recorder],  # instead of torchrec's, which prints its own report
@@ -150,11 +161,13 @@ def build_sharding_plan(
     config: PlannerConfig,
     process_group: Optional[dist.ProcessGroup] = None,
     constraints: Optional[Dict[str, ParameterConstraints]] = None,
-) -> ShardingPlan:
-    """Plans the sharding of every embedding module in ``module``.
+) -> Tuple[ShardingPlan, List[RankEstimate]]:
+    """Plans the sharding of every embedding module in ``module``; returns the plan
+    and the planner's per-rank estimates.
 
-    With a process group the plan is made on rank 0 and broadcast, so every rank
-    uses the same plan; without one (a dry run, or one process) it is made locally.
+    With a process group the plan is made on rank 0 and broadcast with its
+    estimates, so every rank uses the same plan; without one (a dry run, or one
+    process) it is made locally.
     ``constraints`` maps table names to allowed sharding types / kernels.
 
     Args:
@@ -169,20 +182,22 @@ def build_sharding_plan(
 
     Example::
 
-        plan = build_sharding_plan(model, get_default_sharders(),
+        plan, estimates = build_sharding_plan(model, get_default_sharders(),
                                    PlannerConfig(world_size=2, local_world_size=2,
                                                  compute_device="cpu", batch_size=512))
     """
-    planner = _planner(config, constraints, PlanRecorder())
+    recorder = PlanRecorder()
+    planner = _planner(config, constraints, recorder)
     if process_group is None or dist.get_world_size(process_group) == 1:
-        return _plan(planner, module, sharders)
+        return _plan(planner, module, sharders), recorder.rank_estimates(config.world_size)
     # Plan on rank 0 and broadcast, as torchrec's collective_plan does; but broadcast a
     # failure too, so the other ranks raise it instead of waiting for the plan until
     # the collective times out.
     outcome: List[object] = [None]
     if dist.get_rank(process_group) == 0:
         try:
-            outcome = [_plan(planner, module, sharders)]
+            plan = _plan(planner, module, sharders)
+            outcome = [(plan, recorder.rank_estimates(config.world_size))]
         except PlanDoesNotFit as e:
             outcome = [("does not fit", str(e))]
         except Exception as e:
@@ -190,7 +205,7 @@ def build_sharding_plan(
             dist.broadcast_object_list(outcome, group=process_group, group_src=0)
             raise
     dist.broadcast_object_list(outcome, group=process_group, group_src=0)
-    if isinstance(outcome[0], tuple):
+    if isinstance(outcome[0], tuple) and isinstance(outcome[0][0], str):
         kind, message = outcome[0]
         raise PlanDoesNotFit(message) if kind == "does not fit" else RuntimeError(message)
     return outcome[0]  # type: ignore[return-value]

@@ -8,7 +8,7 @@ loaded plan.
 """
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -17,6 +17,7 @@ from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from sharding_plans.constraints import ROW_SHARDING_TYPES, ShardingConstraints
+from sharding_plans.estimates import RankEstimate
 from sharding_plans.plan_check import check_plan_for_run, check_plan_locks_cache_lines, embedding_tables
 from sharding_plans.plan_file import read_plan
 from sharding_plans.planner import PlannerConfig, build_sharding_plan
@@ -32,19 +33,21 @@ class ShardingSetup:
     Example::
 
         setup = prepare_sharding(model, ...)   # before the process group
-        plan = setup.plan(model, planner_config, process_group)
+        plan, estimates = setup.plan(model, planner_config, process_group)
     """
 
     sharders: List[ModuleSharder[nn.Module]]
     loaded_plan: Optional[ShardingPlan] = None
+    loaded_estimates: Optional[List[RankEstimate]] = None
     constraints: Optional[Dict[str, ParameterConstraints]] = None
 
     def plan(self, model: nn.Module, planner_config: PlannerConfig,
-             process_group: Optional[dist.ProcessGroup]) -> ShardingPlan:
-        """The loaded plan, or the planner's (made on rank 0 and broadcast). Collective
-        when planning on several ranks."""
+             process_group: Optional[dist.ProcessGroup]) -> Tuple[ShardingPlan, Optional[List[RankEstimate]]]:
+        """The loaded plan, or the planner's (made on rank 0 and broadcast), with the
+        planner's per-rank estimates (None for a plan file written without them).
+        Collective when planning on several ranks."""
         if self.loaded_plan is not None:
-            return self.loaded_plan
+            return self.loaded_plan, self.loaded_estimates
         return build_sharding_plan(model, self.sharders, planner_config, process_group, self.constraints)
 
 
@@ -87,7 +90,8 @@ def prepare_sharding(
             ps.sharding_type in ROW_SHARDING_TYPES
             for module_plan in saved.plan.plan.values() for ps in module_plan.values()  # type: ignore[union-attr]
         )
-        return ShardingSetup(sharders=build_sharders(row_splits, prefetch_pipeline), loaded_plan=saved.plan)
+        return ShardingSetup(sharders=build_sharders(row_splits, prefetch_pipeline), loaded_plan=saved.plan,
+                             loaded_estimates=saved.estimates)
     constraints = constraints or ShardingConstraints()
     constraints.validate(table_names, device.type)
     return ShardingSetup(

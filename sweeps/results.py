@@ -4,7 +4,9 @@ results.md ranks the runs by validation AUROC (results.csv keeps the sweep's ord
 with ``seeds`` it first shows each configuration's mean and standard deviation.
 
 The columns follow the public TorchRec DLRM example's results table (ranks instead of
-GPUs), plus the log loss, the peak memory of the largest rank and the run's state.
+GPUs), plus the log loss, the peak memory of the largest rank, the planner's memory
+estimate for the rank it loads most beside what that rank's tables took (the run
+log's ``plan_memory`` record) and the run's state.
 Every file is written under a temporary name and renamed when complete.
 
 Example::
@@ -29,12 +31,14 @@ from sweeps.spec import value_text
 from sweeps.table_memory import table_memory
 
 GIB = 1024**3
-COLUMNS = ("run", "state", "table_gib", "planner_gib", "ranks", "local_batch_size", "global_batch_size",
+COLUMNS = ("run", "state", "table_gib", "planner_gib", "planned_rank_gib", "built_rank_gib", "ranks", "local_batch_size", "global_batch_size",
            "val_auroc", "test_auroc", "test_log_loss", "records_per_sec", "train_seconds", "peak_memory_bytes",
            "flags")
 # results.md headings (the public example's wording where it has one).
 _HEADINGS = {"run": "Run", "state": "State", "table_gib": "Size of embedding tables (GiB)",
-             "planner_gib": "Planner estimate (GiB)", "ranks": "Ranks", "local_batch_size": "Local batch size",
+             "planner_gib": "Planner estimate (GiB)",
+             "planned_rank_gib": "Planner estimate, largest rank (GiB)",
+             "built_rank_gib": "Tables measured, that rank (GiB)", "ranks": "Ranks", "local_batch_size": "Local batch size",
              "global_batch_size": "Global batch size", "val_auroc": "AUROC over val set",
              "test_auroc": "AUROC over test set", "test_log_loss": "Test log loss",
              "records_per_sec": "Train records/second", "train_seconds": "Time to train (s)",
@@ -84,6 +88,12 @@ def collect_row(record: RunRecord) -> Dict[str, Any]:
         row.update(table_gib=memory.weight_bytes / GIB, planner_gib=memory.planner_bytes / GIB,
                    ranks=config["world_size"], local_batch_size=config["data"]["batch_size"],
                    global_batch_size=config["data"]["batch_size"] * config["world_size"])
+    plan_memory = _last(records, "plan_memory")
+    if plan_memory is not None and plan_memory.get("estimated_bytes"):
+        # The rank the plan loads most, and what its tables took (training/plan_memory.py).
+        estimated, built = plan_memory["estimated_bytes"], plan_memory["built_bytes"]
+        largest = max(range(len(estimated)), key=estimated.__getitem__)
+        row.update(planned_rank_gib=estimated[largest] / GIB, built_rank_gib=built[largest] / GIB)
     validation, test = _last(records, "eval", "validation"), _last(records, "eval", "test")
     if validation is not None:
         row["val_auroc"] = validation.get("auroc")
@@ -103,7 +113,7 @@ def collect_rows(records: Sequence[RunRecord]) -> List[Dict[str, Any]]:
 def _cell(column: str, value: Any) -> str:
     if value is None:
         return "-"
-    if column in ("table_gib", "planner_gib"):
+    if column in ("table_gib", "planner_gib", "planned_rank_gib", "built_rank_gib"):
         return f"{value:.4g}"
     if column in ("val_auroc", "test_auroc", "test_log_loss"):
         return f"{value:.4f}"

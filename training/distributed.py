@@ -227,11 +227,24 @@ def local_peak_memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def gather_peak_memory(env: DistributedEnv) -> List[int]:
-    """Every rank's peak memory in bytes, on every rank. Collective."""
-    local = torch.tensor([float(local_peak_memory_bytes(env.device))], dtype=torch.float64, device=env.device)
+def resident_bytes(device: torch.device) -> int:
+    """This process's memory now: allocated on its GPU, else its resident set."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def gather_per_rank(env: DistributedEnv, value: int) -> List[int]:
+    """Every rank's ``value``, in rank order, on every rank. Collective."""
+    local = torch.tensor([float(value)], dtype=torch.float64, device=env.device)
     if env.world_size == 1:
         return [int(local.item())]
     gathered = [torch.zeros_like(local) for _ in range(env.world_size)]
     dist.all_gather(gathered, local)
     return [int(t.item()) for t in gathered]
+
+
+def gather_peak_memory(env: DistributedEnv) -> List[int]:
+    """Every rank's peak memory in bytes, on every rank. Collective."""
+    return gather_per_rank(env, local_peak_memory_bytes(env.device))

@@ -4,8 +4,8 @@ Only rank 0 prints and writes. The JSON-lines log is appended to, one object per
 line, every record carrying the run's ``run_id``:
 ``{"event": "startup", ...}`` (training/startup_report.py) and ``{"event": "config", ...}`` once, ``{"event": "train", "step", "epoch", "loss", "lr",
 "records_per_sec", "total_steps", "eta_seconds", ...}`` per interval and ``{"event": "eval", "stage", "step",
-"auroc", "log_loss", "accuracy", "ne", "calibration", "positive_rate", "num_samples"}``
-per evaluation (training/metrics.py says what each means; with --rolling_windows a
+"auroc", "log_loss", "accuracy", "ne", "calibration", "positive_rate", "num_samples", "records_per_sec",
+"seconds"}`` per evaluation, ``{"event": "plan_memory", ...}`` after the first step (training/plan_memory.py) (training/metrics.py says what each means; with --rolling_windows a
 validation record also has ``window``, the window evaluated); every record also has
 ``time`` (seconds since the epoch). With a TensorBoard directory the same scalars go
 to event files too, and each window's metrics also as ``window/<key>`` over the window.

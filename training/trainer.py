@@ -42,6 +42,7 @@ from training.id_frequencies import IdFrequencies
 from training.lr_schedule import WarmupPolyDecaySchedule
 from training.metrics import BinaryClassificationMetrics
 from training.optimizers import build_combined_optimizer
+from training.plan_memory import PlanMemoryProbe
 from training.pipelines import (build_pipeline, check_pipeline_supported, check_plan_for_pipeline,
                                 cpu_bf16_speed_ratio, release_cache_line_locks, semi_sync_start_after)
 from training.recipes import STABLE_OPTIMIZER
@@ -151,7 +152,7 @@ class Trainer:
         if env.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = config.allow_tf32
             torch.backends.cudnn.allow_tf32 = config.allow_tf32
-        plan = sharding.plan(
+        plan, self.plan_estimates = sharding.plan(
             model,
             PlannerConfig(
                 world_size=env.world_size,
@@ -171,6 +172,9 @@ class Trainer:
         if config.print_sharding_plan:
             self.log.print(format_sharding_plan(plan, env.world_size, table_shapes,
                                                 config.model.embedding_bytes_per_element))
+        # From here to the first step: what the tables and their optimizer state take.
+        plan_memory = PlanMemoryProbe(env.device)
+        self._plan_memory: Optional[PlanMemoryProbe] = plan_memory  # None once logged
         # TorchRec's two draws of every shard are skipped: the tables are overwritten
         # next, by the seeded init or by the checkpoint.
         with torchrec_table_init_skipped():
@@ -192,6 +196,7 @@ class Trainer:
         align_to_sharded_embeddings(self.model, env.device)
         release_cache_line_locks(self.model)  # the probe's lookup had no backward
         self.optimizer = build_combined_optimizer(self.model, config.optim)
+        plan_memory.built()
         self.schedule = WarmupPolyDecaySchedule(config.optim)
         self.loaders: Dict[str, BatchLoader] = window_loaders or self.source.loaders(
             dataset, config.model.num_embeddings_per_feature, env.rank, env.world_size)
@@ -386,6 +391,8 @@ class Trainer:
             pending.append(loss.detach())
             interval_records += labels.numel() * self.env.world_size
             self.step += 1
+            if self._plan_memory is not None:
+                self._log_plan_memory(self._plan_memory)
             if self.step <= DIVERGENCE_WATCH_STEPS:
                 self._check_finite(self._mean_over_ranks(pending[-1:]), epoch)
             self.log.advance()
@@ -441,6 +448,13 @@ class Trainer:
                         records_per_sec=rate, records=records, seconds=seconds, step_losses=values,
                         peak_memory_bytes=peaks)
         return values
+
+    def _log_plan_memory(self, probe: PlanMemoryProbe) -> None:
+        """After the first step: the plan's estimate beside what every rank measured. Collective."""
+        self._plan_memory = None
+        record = probe.measure(self.env, self.plan_estimates)
+        self.log.print(record.line())
+        self.log.record("plan_memory", step=self.step, ratios=record.ratios, **dataclasses.asdict(record))
 
     def _mean_over_ranks(self, pending: List[torch.Tensor]) -> List[float]:
         """The losses of the last ``len(pending)`` steps, each the mean over ranks. Collective."""
@@ -510,6 +524,7 @@ class Trainer:
         metrics = BinaryClassificationMetrics(self.env.device, self.config.auroc_bins, self.weighted)
         batches = self._batches(loader)
         self.log.start_evaluation_progress(len(loader), stage)
+        started = time.perf_counter()
         with torch.no_grad():
             while True:
                 try:
@@ -524,6 +539,8 @@ class Trainer:
             self.train_pipeline.attach(self.model)  # type: ignore[attr-defined]
         release_cache_line_locks(self.model)  # evaluation's forwards had no backward
         values = metrics.compute()
+        seconds = time.perf_counter() - started  # the pipeline's batches and the metrics' sync included
+        rate = values["num_samples"] / seconds if seconds > 0 else float("nan")
         step = self.step if weights_step is None else weights_step
         # --rolling_windows: validation is the window after the one just trained
         window = {"window": self.epoch + 1} if self.rolling_windows and stage == "validation" else {}
@@ -532,9 +549,10 @@ class Trainer:
         self.log.print(
             f"{stage}{''.join(f' (window {w})' for w in window.values())}{weighted}: AUROC {values['auroc']:.4f}{binned} | log loss {values['log_loss']:.4f} | "
             f"accuracy {values['accuracy']:.4f} | NE {values['ne']:.4f} | calibration {values['calibration']:.4f} | "
-            f"positive rate {values['positive_rate']:.4f} | {values['num_samples']} samples (step {step})"
+            f"positive rate {values['positive_rate']:.4f} | {values['num_samples']} samples (step {step}) | "
+            f"{rate:,.0f} records/s"
         )
-        self.log.record("eval", stage=stage, step=step, **window, **values)
+        self.log.record("eval", stage=stage, step=step, **window, **values, records_per_sec=rate, seconds=seconds)
         statistics = self.source.statistics(self.loaders["train"])
         if statistics is not None:
             fields, line = statistics

@@ -65,6 +65,10 @@ def assert_row_matches_log(row, log_path):
     assert max(sizes) == 100  # --max_table_rows 100
     assert float(row["table_gib"]) == pytest.approx(sum(sizes) * 8 * 4 / 2**30)
     assert float(row["planner_gib"]) > float(row["table_gib"])  # plus optimizer state and buffers
+    plan_memory = next(r for r in log if r["event"] == "plan_memory")
+    largest = max(range(2), key=lambda rank: plan_memory["estimated_bytes"][rank])
+    assert float(row["planned_rank_gib"]) == plan_memory["estimated_bytes"][largest] / 2**30
+    assert float(row["built_rank_gib"]) == plan_memory["built_bytes"][largest] / 2**30
     assert (int(row["ranks"]), int(row["local_batch_size"]), int(row["global_batch_size"])) == (2, 256, 512)
     assert float(row["val_auroc"]) == eval_record(log, "validation")["auroc"]
     assert float(row["test_auroc"]) == eval_record(log, "test")["auroc"]

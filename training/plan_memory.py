@@ -1,0 +1,118 @@
+"""The planner's memory estimate beside what the tables really took, for every run.
+
+A plan whose estimate is wrong is how a run first runs out of GPU memory, so each
+run measures, on every rank, what the sharded tables took and logs it beside the
+plan's estimate for that rank (weights, optimizer state and input/output buffers):
+
+- built: from just before DistributedModelParallel is built to just after the
+  optimizers are (the tables, written by the seeded init, and FBGEMM's optimizer
+  state, which it allocates with the tables); the estimate is compared with this.
+- first step: from the same start to the end of the first training step, which adds
+  the lookups' buffers and the dense part's activations, gradients and optimizer
+  state (what the planner's storage reservation keeps room for).
+
+CPU measures the growth of the process's resident memory, compared with the
+planner's DDR estimate (on CPU everything is DDR); CUDA measures
+``torch.cuda.memory_allocated`` (built) and ``max_memory_allocated`` (first step: the
+peak), less what was allocated at the start, compared with the HBM estimate (UVM
+tables live in host memory, which the allocator does not count).
+
+The JSON-lines log gets one ``{"event": "plan_memory", ...}`` record (`PlanMemory`),
+and rank 0 prints ``plan memory per rank: estimated 641.47 MiB, built 644.60 MiB
+(0.99x), 685.01 MiB after the first step on rank 0; ...``.
+"""
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+
+from sharding_plans.estimates import RankEstimate
+from sharding_plans.report import format_bytes
+from training.distributed import DistributedEnv, gather_per_rank, resident_bytes
+
+
+@dataclass
+class PlanMemory:
+    """The ``plan_memory`` record: every rank's embedding memory, estimated and measured.
+
+    Args:
+        estimated_bytes: per rank, the plan's estimate of the memory it measures (CPU:
+            DDR, CUDA: HBM): weights, optimizer state and input/output buffers. None for
+            a plan file written without estimates.
+        built_bytes: per rank, what building the tables and optimizers took.
+        first_step_bytes: per rank, that and the first training step (CUDA: the peak).
+        measured_as: ``rss_growth`` (CPU) or ``allocated`` (CUDA).
+
+    Example::
+
+        PlanMemory(estimated_bytes=[2**30], built_bytes=[2**30], first_step_bytes=[2**30 + 2**25],
+                   measured_as="rss_growth").ratios  # [1.0]
+    """
+
+    estimated_bytes: Optional[List[int]]
+    built_bytes: List[int]
+    first_step_bytes: List[int]
+    measured_as: str
+
+    @property
+    def ratios(self) -> Optional[List[float]]:
+        """Estimate / built per rank (over 1: the plan overestimates)."""
+        if self.estimated_bytes is None:
+            return None
+        return [e / b if b > 0 else float("inf") for e, b in zip(self.estimated_bytes, self.built_bytes)]
+
+    def line(self) -> str:
+        ratios = self.ratios or [None] * len(self.built_bytes)
+        estimates = self.estimated_bytes or [None] * len(self.built_bytes)
+        ranks = []
+        for rank, (estimate, built, step, ratio) in enumerate(zip(estimates, self.built_bytes, self.first_step_bytes,
+                                                                  ratios)):
+            planned = (f"estimated {format_bytes(estimate)}, built {format_bytes(built)} ({ratio:.2f}x)"
+                       if estimate is not None else f"built {format_bytes(built)}")
+            ranks.append(f"{planned}, {format_bytes(step)} after the first step on rank {rank}")
+        return ("plan memory per rank" + ("" if self.estimated_bytes is not None else
+                                          " (the plan file has no estimates)") + ": " + "; ".join(ranks))
+
+
+def estimated_device_bytes(estimates: Optional[List[RankEstimate]], device: torch.device) -> Optional[List[int]]:
+    """Per rank, the part of the plan's estimate that `PlanMemoryProbe` measures on ``device``."""
+    if estimates is None:
+        return None
+    return [e.hbm_bytes if device.type == "cuda" else e.ddr_bytes for e in estimates]
+
+
+class PlanMemoryProbe:
+    """Measures one rank's memory growth from its construction (just before the
+    sharded model is built) to `built` (the optimizers built) and to `measure` (just
+    after the first step).
+
+    Example::
+
+        probe = PlanMemoryProbe(env.device)
+        dmp = DistributedModelParallel(...)
+        optimizer = build_combined_optimizer(dmp, ...)
+        probe.built()
+        ...  # the first training step
+        record = probe.measure(env, estimates)  # collective
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        self._start = resident_bytes(device)
+        self._built = 0
+
+    def built(self) -> None:
+        """The tables and optimizers are built: what they took."""
+        self._built = resident_bytes(self.device) - self._start
+
+    def measure(self, env: DistributedEnv, estimates: Optional[List[RankEstimate]]) -> PlanMemory:
+        """Every rank's growth beside the plan's estimates. Collective."""
+        cuda = self.device.type == "cuda"
+        step = (int(torch.cuda.max_memory_allocated(self.device)) if cuda else resident_bytes(self.device)) - self._start
+        return PlanMemory(estimated_bytes=estimated_device_bytes(estimates, self.device),
+                          built_bytes=gather_per_rank(env, self._built),
+                          first_step_bytes=gather_per_rank(env, step),
+                          measured_as="allocated" if cuda else "rss_growth")

@@ -39,7 +39,7 @@ import re
 import sys
 import uuid
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple, Union
+from typing import IO, Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -49,15 +49,15 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, Def
 from torch.distributed.checkpoint.planner import ReadItem, WriteItem
 from torch.futures import Future
 from iopath.common.file_io import g_pathmgr
-from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, FileSystemWriter, _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 
 from common.atomic import surfacing_write_errors, write_json
 from common.errors import BadInput
 from common.path_lock import LockHeld, PathLock
-from common.manifest import (HashingStream, ManifestEntry, ManifestError, check_bytes, check_manifest_format,
-                             check_stream, entry_of_bytes)
+from common.manifest import (HashingStream, ManifestEntry, ManifestError, check_bytes, check_chunk,
+                             check_manifest_format, check_stream, entry_of_bytes)
 from training.checkpoint_meta import CheckpointMeta
 from training.config import CheckpointConfig, OptimizerConfig, TrainConfig
 from training.dcp_metadata import UnsafeMetadataError, check_metadata, load_metadata
@@ -66,7 +66,10 @@ from training.failures import RankError, Terminated, sigterm_deferred
 COMPLETE_MARKER = "COMPLETE"
 META_FILE = "meta.json"
 DCP_METADATA_FILE = ".metadata"
-MANIFEST_VERSION = 1
+# 2: a data file's entry gives a digest per chunk (each item DCP writes), checked as
+# it is read; 1: one SHA-256 per file, checked in a pass before the file is read.
+MANIFEST_VERSION = 2
+_DATA_FILE_SUFFIX = ".distcp"
 BEST_FILE = "best.json"
 LOCK_FILE = ".lock"
 _STEP_DIR = re.compile(r"step_(\d+)$")
@@ -94,8 +97,8 @@ def _join(path: str, name: str) -> str:
 class IOPathFileSystem(FileSystemBase):
     """DCP storage on any path iopath can open (local files, or a registered remote handler).
 
-    Every file it writes is hashed on its way to disk: ``written`` maps each path (after
-    renames) to its manifest entry. A failed write is kept, not raised, until
+    Every file it writes is hashed on its way to disk (a data file chunk by chunk):
+    ``written`` maps each path (after renames) to its manifest entry. A failed write is kept, not raised, until
     `raise_write_errors`: DCP's writer threads drop exceptions (with a traceback), and
     the checkpoint would then complete without the file.
     """
@@ -112,7 +115,7 @@ class IOPathFileSystem(FileSystemBase):
             return
         try:
             with g_pathmgr.open(str(path), mode) as stream, surfacing_write_errors(stream) as checked:
-                hashing = HashingStream(checked)
+                hashing = HashingStream(checked, chunked=str(path).endswith(_DATA_FILE_SUFFIX))
                 yield hashing
                 hashing.close()
         except OSError as e:  # a full disk fails at a write or at the close's flush
@@ -205,9 +208,10 @@ class _NoCopySavePlanner(DefaultSavePlanner):
 
 class _IOPathReader(FileSystemReader):
     """DCP's reader with the metadata read and checked beforehand (`load_checkpoint`: no
-    code runs, no file outside the checkpoint is named), each data file checked against
-    the manifest before it is read, and a file that holds anything but tensors refused
-    by name."""
+    code runs, no file outside the checkpoint is named), each chunk of a data file
+    checked against its manifest digest as it is read, before torch.load sees it (a
+    version 1 manifest: each file in a pass before it is read), and a file that holds
+    anything but tensors refused by name."""
 
     def __init__(self, path: str, metadata: Metadata, manifest: Optional[Dict[str, ManifestEntry]]) -> None:
         super().__init__(path)
@@ -228,7 +232,7 @@ class _IOPathReader(FileSystemReader):
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
         for name, items in sorted(per_file.items()):
             file = _join(self.path, name)
-            if self.manifest is not None:
+            if self.manifest is not None and "chunks" not in self.manifest.get(name, {}):
                 with g_pathmgr.open(file, "rb") as stream:
                     check_stream(stream, file, self.manifest.get(name))
             try:
@@ -239,6 +243,15 @@ class _IOPathReader(FileSystemReader):
         done: Future = Future()
         done.set_result(None)
         return done
+
+    def _slice_file(self, file, sinfo: _StorageInfo) -> IO[bytes]:
+        entry = self.manifest.get(sinfo.relative_path) if self.manifest is not None else None
+        if entry is None or "chunks" not in entry:  # checked whole in read_data, or no manifest
+            return super()._slice_file(file, sinfo)
+        file.seek(sinfo.offset)
+        data = file.read(sinfo.length)
+        check_chunk(data, _join(self.path, sinfo.relative_path), entry, sinfo.offset)
+        return io.BytesIO(data)
 
 
 class _TensorLoadPlanner(DefaultLoadPlanner):
@@ -321,8 +334,9 @@ def read_manifest(path: str) -> Optional[Dict[str, ManifestEntry]]:
     if text.strip() == "complete":
         return None
     try:
-        return check_manifest_format(json.loads(text), marker)
-    except (BadInput, json.JSONDecodeError) as e:  # a ManifestError, or not JSON
+        manifest = json.loads(text)
+        return check_manifest_format(manifest, marker, chunked=manifest.get("manifest_version") == MANIFEST_VERSION)
+    except (BadInput, json.JSONDecodeError, AttributeError) as e:  # a ManifestError, not JSON, not an object
         raise CheckpointError(f"{marker}: not a checkpoint manifest (damaged?)") from e
 
 

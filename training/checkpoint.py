@@ -28,6 +28,7 @@ of the directory), tensors come back through DCP's ``torch.load(weights_only=Tru
 the rest is JSON. A checkpoint without a manifest goes through the same checks.
 """
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import io
@@ -37,6 +38,8 @@ import pickle
 import random
 import re
 import sys
+import threading
+import time
 import uuid
 from dataclasses import asdict, dataclass
 from typing import IO, Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple, Union
@@ -52,6 +55,7 @@ from iopath.common.file_io import g_pathmgr
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, FileSystemWriter, _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from common.atomic import surfacing_write_errors, write_json
 from common.errors import BadInput
@@ -287,12 +291,12 @@ def flat_state(state: Dict[str, Any]) -> Dict[str, Any]:
     return dict(_leaves(state))
 
 
-def _all_gather(value: Any) -> List[Any]:
+def _all_gather(value: Any, group: Optional[dist.ProcessGroup] = None) -> List[Any]:
     """Every rank's ``value``, by rank (collective when several ranks run)."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return [value]
     gathered: List[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, value)
+    dist.all_gather_object(gathered, value, group=group)
     return gathered
 
 
@@ -313,9 +317,9 @@ def _raise_first_error(errors: List[Optional[OSError]]) -> None:
         raise CheckpointException("save", failures)  # type: ignore[arg-type]
 
 
-def _barrier() -> None:
+def _barrier(group: Optional[dist.ProcessGroup] = None) -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
+        dist.barrier(group=group)
 
 
 def is_complete(path: str) -> bool:
@@ -475,10 +479,20 @@ def _set_rng_state(state: Dict[str, Any]) -> None:
 class CheckpointManager:
     """Saves and finds the checkpoints of one directory. Save and load are collective.
 
+    With ``asynchronous``, `save` copies the state to host memory (DCP's stager) and
+    returns; a background thread writes it, with its collectives on a gloo group of
+    its own (the training step's collectives on the default group run meanwhile, and
+    two threads' collectives on one group would interleave). The thread runs the same
+    save as the blocking one, COMPLETE last once every rank's files are durable. One
+    save is in flight at a time: the next `save`, `mark_best` and `wait` wait for it
+    and raise its error, the blocking save's, on every rank (they all wait).
+
     Args:
         directory: where checkpoints go (any iopath path).
         keep_last_n: complete checkpoints to keep (0: all).
         rank: this process's rank; rank 0 writes meta.json, the marker, and prunes.
+        asynchronous: write in the background (``--async_checkpoint``). Collective
+            when several ranks run (it creates the save's process group).
 
     Example::
 
@@ -486,10 +500,14 @@ class CheckpointManager:
         manager.save({"model": dmp.state_dict()}, meta)  # meta: a CheckpointMeta of step 120
     """
 
-    def __init__(self, directory: str, keep_last_n: int, rank: int) -> None:
+    def __init__(self, directory: str, keep_last_n: int, rank: int, asynchronous: bool = False) -> None:
         self.directory = directory
         self.keep_last_n = keep_last_n
         self.rank = rank
+        self.asynchronous = asynchronous
+        self._group = (dist.new_group(backend="gloo") if asynchronous and dist.is_initialized()
+                       and dist.get_world_size() > 1 else None)
+        self._in_flight: Optional[concurrent.futures.Future] = None
 
     def save(self, state: Dict[str, Any], meta: CheckpointMeta) -> str:
         """Writes the checkpoint of ``meta.step``; returns its path. Collective.
@@ -498,10 +516,46 @@ class CheckpointManager:
         any, e.g. a full disk: the partial checkpoint is removed and every complete one
         kept. Raises Terminated when SIGTERM arrives meanwhile: the partial checkpoint
         stays incomplete (no COMPLETE marker), so a resume takes the previous one.
+        Asynchronous: returns once ``state`` is copied; the previous save's error, if
+        any, is raised first.
         """
         path = _join(self.directory, f"step_{meta.step:09d}")
+        rng = _rng_state()  # now: the background thread runs while training draws more
+        if not self.asynchronous:
+            self._save_or_raise(path, state, meta, rng)
+            return path
+        self.wait()
+        stager = DefaultStager(StagingOptions(False, False, False, False))  # what dcp.async_save stages with
         try:
-            self._save(path, state, meta)
+            staged = stager.stage(flat_state(state))
+        finally:
+            stager.close()
+        self._in_flight = concurrent.futures.Future()
+        threading.Thread(target=self._save_in_background, args=(path, staged, meta, rng, self._in_flight),
+                         name=f"checkpoint step {meta.step}", daemon=True).start()
+        return path
+
+    def _save_in_background(self, path: str, staged: Dict[str, Any], meta: CheckpointMeta, rng: Dict[str, Any],
+                            done: concurrent.futures.Future) -> None:
+        # A daemon thread: a process that ends meanwhile leaves the save without its
+        # COMPLETE marker, which every reader ignores.
+        try:
+            self._save_or_raise(path, staged, meta, rng)
+        except BaseException as e:  # raised by `wait` in the training thread
+            done.set_exception(e)
+        else:
+            done.set_result(path)
+
+    def wait(self) -> None:
+        """Waits for the save in flight, if any; raises its error (as the blocking
+        save would have). Collective in effect: every rank's save ends together."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None:
+            in_flight.result()
+
+    def _save_or_raise(self, path: str, state: Dict[str, Any], meta: CheckpointMeta, rng: Dict[str, Any]) -> None:
+        try:
+            self._save(path, state, meta, rng)
         except (OSError, CheckpointException) as e:
             # Each rank's failure: DCP's collective steps (and _raise_first_error) gather them.
             failures = {r: f[0] for r, f in e.failures.items()} if isinstance(e, CheckpointException) else {}
@@ -521,25 +575,25 @@ class CheckpointManager:
             raise CheckpointSaveError(f"saving checkpoint {path} failed: {_failure(e)}") from e
         return path
 
-    def _save(self, path: str, state: Dict[str, Any], meta: CheckpointMeta) -> None:
+    def _save(self, path: str, state: Dict[str, Any], meta: CheckpointMeta, rng: Dict[str, Any]) -> None:
         if self.rank == 0:
             g_pathmgr.mkdirs(path)
             if is_complete(path):  # re-saving the same step: invalid until rewritten
                 g_pathmgr.rm(_join(path, COMPLETE_MARKER))
-        _barrier()
+        _barrier(self._group)
         writer = _IOPathWriter(path)  # hashes each file as its threads write it
         # Collective: a failure of any rank's writes raises CheckpointException on every rank.
-        dcp.save(flat_state(state), storage_writer=writer, planner=_NoCopySavePlanner())
+        dcp.save(flat_state(state), storage_writer=writer, planner=_NoCopySavePlanner(), process_group=self._group)
         with sigterm_deferred():  # torch.save would turn Terminated into "unexpected pos": a traceback
             error = _first_error(lambda: writer.fs.write_file(_join(path, f"rank_{self.rank}.pt"),
-                                                              lambda f: torch.save(_rng_state(), f)))
+                                                              lambda f: torch.save(rng, f)))
         files = {name[len(path) + 1:]: entry for name, entry in writer.fs.written.items()}
-        gathered = _all_gather((files, error))
+        gathered = _all_gather((files, error), self._group)
         _raise_first_error([rank_error for _, rank_error in gathered])
         files = {name: entry for rank_files, _ in gathered for name, entry in rank_files.items()}
         if self.rank == 0:
             error = _first_error(lambda: self._complete(path, writer.fs, files, meta))
-        _raise_first_error(_all_gather(error))  # also the barrier that ends the save
+        _raise_first_error(_all_gather(error, self._group))  # also the barrier that ends the save
 
     def _complete(self, path: str, fs: IOPathFileSystem, files: Dict[str, ManifestEntry],
                   meta: CheckpointMeta) -> None:
@@ -555,7 +609,8 @@ class CheckpointManager:
 
     def mark_best(self, path: str, info: Dict[str, Any]) -> None:
         """Names the complete checkpoint ``path`` in best.json (replaced atomically),
-        then prunes what it kept. Collective."""
+        then prunes what it kept. Collective; waits for the save in flight (``path``'s)."""
+        self.wait()
         if self.rank == 0:
             pointer = _join(self.directory, BEST_FILE)
             best = {"checkpoint": os.path.basename(path), **info}
@@ -584,6 +639,30 @@ class CheckpointManager:
         for path in doomed:
             if path != keep:
                 _remove_checkpoint(path)
+
+
+class MinuteCadence:
+    """``--checkpoint_every_n_minutes``: whether a save is due at this step. Rank 0's
+    clock decides and broadcasts it, so that every rank saves at the same step (each
+    rank's own clock would now and then disagree by a step, and the save is collective).
+
+    Args:
+        minutes: the interval; it starts at construction and at each `restart` (a save).
+    """
+
+    def __init__(self, minutes: float) -> None:
+        self.seconds = minutes * 60
+        self.restart()
+
+    def restart(self) -> None:
+        self._since = time.monotonic()
+
+    def due(self) -> bool:
+        """Collective: one small broadcast from rank 0."""
+        decision = [time.monotonic() - self._since >= self.seconds]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(decision, src=0)
+        return bool(decision[0])
 
 
 def _remove_checkpoint(path: str) -> None:

@@ -30,6 +30,7 @@ the rest is JSON. A checkpoint without a manifest goes through the same checks.
 
 import concurrent.futures
 import contextlib
+import copy
 import dataclasses
 import io
 import json
@@ -55,7 +56,8 @@ from iopath.common.file_io import g_pathmgr
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, FileSystemWriter, _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
+from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
 from common.atomic import surfacing_write_errors, write_json
 from common.errors import BadInput
@@ -479,8 +481,7 @@ def _set_rng_state(state: Dict[str, Any]) -> None:
 class CheckpointManager:
     """Saves and finds the checkpoints of one directory. Save and load are collective.
 
-    With ``asynchronous``, `save` copies the state to host memory (DCP's stager) and
-    returns; a background thread writes it, with its collectives on a gloo group of
+    With ``asynchronous``, `save` copies the state to host memory and returns; a background thread writes it, with its collectives on a gloo group of
     its own (the training step's collectives on the default group run meanwhile, and
     two threads' collectives on one group would interleave). The thread runs the same
     save as the blocking one, COMPLETE last once every rank's files are durable. One
@@ -525,11 +526,7 @@ class CheckpointManager:
             self._save_or_raise(path, state, meta, rng)
             return path
         self.wait()
-        stager = DefaultStager(StagingOptions(False, False, False, False))  # what dcp.async_save stages with
-        try:
-            staged = stager.stage(flat_state(state))
-        finally:
-            stager.close()
+        staged = {name: _host_copy(value) for name, value in flat_state(state).items()}
         self._in_flight = concurrent.futures.Future()
         threading.Thread(target=self._save_in_background, args=(path, staged, meta, rng, self._in_flight),
                          name=f"checkpoint step {meta.step}", daemon=True).start()
@@ -639,6 +636,25 @@ class CheckpointManager:
         for path in doomed:
             if path != keep:
                 _remove_checkpoint(path)
+
+
+def _host_copy(value: Any) -> Any:
+    """A copy of one state leaf in host memory, which training no longer changes. A CPU
+    sharded tensor (a table) gets its local shards copied once (torch's staging,
+    `_create_cpu_state_dict`, deep-copies it first, then copies again; DCP's
+    StateDictStager refuses a ShardedTensor); anything else goes through torch's own
+    staging functions, as DCP's async save once did."""
+    if isinstance(value, ShardedTensor) and all(s.tensor.device.type == "cpu" for s in value.local_shards()):
+        shards = [Shard(shard.tensor.clone(), shard.metadata) for shard in value.local_shards()]
+        return ShardedTensor._init_from_local_shards_and_global_metadata(shards, value.metadata(),
+                                                                         process_group=value._process_group)
+    if type(value) is torch.Tensor:
+        return value.detach().to("cpu", copy=True)
+    if not torch.is_tensor(value):
+        return copy.deepcopy(value)  # a plain value (an optimizer's step count...)
+    staged = _create_cpu_state_dict({"leaf": value})
+    _copy_state_dict({"leaf": value}, staged)
+    return staged["leaf"]
 
 
 class MinuteCadence:

@@ -205,8 +205,10 @@ def add_flags(parser: Any, config_class: Type[Any], overrides: Sequence[Override
             continue
         default = default_of(item, overrides, config_class)
         shown = "" if default is None or item.is_switch else f" (default {_describe(default)})"
-        common = dict(dest=item.field.name, default=argparse.SUPPRESS, help=item.spec.help + shown)
-        options = [item.option] + [f"--{name}" for name in item.spec.former_names]
+        former = [f"--{name}" for name in item.spec.former_names]
+        also = f" (formerly {', '.join(former)})" if former else ""
+        common = dict(dest=item.field.name, default=argparse.SUPPRESS, help=item.spec.help + also + shown)
+        options = [item.option] + former
         if item.is_switch:
             parser.add_argument(*options, action="store_true", **common)
         else:

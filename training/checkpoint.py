@@ -109,9 +109,9 @@ class IOPathFileSystem(FileSystemBase):
     """DCP storage on any path iopath can open (local files, or a registered remote handler).
 
     Every file it writes is hashed on its way to disk (a data file chunk by chunk):
-    ``written`` maps each path (after renames) to its manifest entry. A failed write is kept, not raised, until
-    `raise_write_errors`: DCP's writer threads drop exceptions (with a traceback), and
-    the checkpoint would then complete without the file.
+    ``written`` maps each path (after renames) to its manifest entry. A failed write is
+    kept, not raised, until `raise_write_errors`: DCP's writer threads drop exceptions
+    (with a traceback), and the checkpoint would then complete without the file.
     """
 
     def __init__(self) -> None:
@@ -489,9 +489,10 @@ def _set_rng_state(state: Dict[str, Any]) -> None:
 class CheckpointManager:
     """Saves and finds the checkpoints of one directory. Save and load are collective.
 
-    With ``asynchronous``, `save` copies the state to host memory and returns; a background thread writes it, with its collectives on a gloo group of
-    its own (the training step's collectives on the default group run meanwhile, and
-    two threads' collectives on one group would interleave). The thread runs the same
+    With ``asynchronous``, `save` copies the state to host memory and returns; a
+    background thread writes it, with its collectives on a gloo group of its own (the
+    training step's collectives on the default group run meanwhile, and two threads'
+    collectives on one group would interleave). The thread runs the same
     save as the blocking one, COMPLETE last once every rank's files are durable. One
     save is in flight at a time: the next `save`, `mark_best` and `wait` wait for it
     and raise its error, the blocking save's, on every rank (they all wait).
@@ -578,7 +579,6 @@ class CheckpointManager:
                 with contextlib.suppress(OSError):  # what is left is incomplete: ignored, pruned later
                     _remove_checkpoint(path)
             raise CheckpointSaveError(f"saving checkpoint {path} failed: {_failure(e)}") from e
-        return path
 
     def _save(self, path: str, state: Dict[str, Any], meta: CheckpointMeta, rng: Dict[str, Any]) -> None:
         if self.rank == 0:

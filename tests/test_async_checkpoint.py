@@ -6,8 +6,10 @@ import os
 import pytest
 import torch
 
-from training.checkpoint import (CheckpointManager, CheckpointSaveError, best_checkpoint, complete_checkpoints,
-                                 load_checkpoint)
+import dlrm_main
+from tests.support.launch import launch
+from training.checkpoint import (CheckpointManager, CheckpointSaveError, MinuteCadence, best_checkpoint,
+                                 complete_checkpoints, load_checkpoint)
 from training.checkpoint_meta import CheckpointMeta
 from training.flags import parse_config
 
@@ -70,3 +72,26 @@ def test_keep_last_n_is_keep_last_n_checkpoints(tmp_path):
     new = parse_config([*common, "--keep_last_n", "3"], "dlrm_main.py", "").checkpoint
     old = parse_config([*common, "--keep_last_n_checkpoints", "3"], "dlrm_main.py", "").checkpoint
     assert new == old and new.keep_last_n_checkpoints == 3 and new.checkpoint_every_n_minutes == 0.5
+
+
+def test_minute_cadence_is_due_once_its_minutes_have_passed():
+    assert MinuteCadence(1e-9).due()
+    cadence = MinuteCadence(60)
+    assert not cadence.due()
+    cadence.seconds = 0.0
+    assert cadence.due()
+
+
+@pytest.mark.slow
+def test_every_n_minutes_saves_at_the_same_step_on_every_rank(synthetic_dir, tmp_path):
+    """A cadence shorter than a step: rank 0 finds a save due after every step and both
+    ranks save together (a rank saving alone would hang the collective save)."""
+    ckpt = str(tmp_path / "ckpt")
+    argv = ["--in_memory_binary_criteo_path", synthetic_dir, "--batch_size", "128", "--embedding_dim", "16",
+            "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,1", "--limit_train_batches", "3",
+            "--limit_val_batches", "0", "--limit_test_batches", "0", "--checkpoint_dir", ckpt,
+            "--checkpoint_every_n_minutes", "1e-9", "--async_checkpoint", "--keep_last_n", "2",
+            "--log_path", str(tmp_path / "log.jsonl")]
+    assert launch(dlrm_main.main, argv) == {0: 0, 1: 0}
+    assert sorted(os.listdir(ckpt)) == ["step_000000002", "step_000000003"]
+    assert [os.path.basename(p) for p in complete_checkpoints(ckpt)] == ["step_000000002", "step_000000003"]

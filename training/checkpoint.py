@@ -669,24 +669,28 @@ class MinuteCadence:
     """``--checkpoint_every_n_minutes``: whether a save is due at this step. Rank 0's
     clock decides and broadcasts it, so that every rank saves at the same step (each
     rank's own clock would now and then disagree by a step, and the save is collective).
+    The broadcast goes through a gloo group of its own: on NCCL it would synchronize
+    the host with the GPU at every step.
 
     Args:
         minutes: the interval; it starts at construction and at each `restart` (a save).
+            Collective when several ranks run (it creates the broadcast's group).
     """
 
     def __init__(self, minutes: float) -> None:
         self.seconds = minutes * 60
+        self._group = dist.new_group(backend="gloo") if dist.is_initialized() and dist.get_world_size() > 1 else None
         self.restart()
 
     def restart(self) -> None:
         self._since = time.monotonic()
 
     def due(self) -> bool:
-        """Collective: one small broadcast from rank 0."""
-        decision = [time.monotonic() - self._since >= self.seconds]
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.broadcast_object_list(decision, src=0)
-        return bool(decision[0])
+        """Collective: one byte broadcast from rank 0."""
+        decision = torch.tensor([time.monotonic() - self._since >= self.seconds], dtype=torch.uint8)
+        if self._group is not None:
+            dist.broadcast(decision, src=0, group=self._group)
+        return bool(decision.item())
 
 
 def _remove_checkpoint(path: str) -> None:

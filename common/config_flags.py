@@ -50,23 +50,27 @@ class FlagSpec:
         alias: (switch name, value): a switch that sets the field to the value
             (``--adagrad`` for ``--optimizer adagrad``); giving both with another
             value is refused.
+        former_names: names the flag had before, still accepted as the same flag.
     """
 
     help: str
     choices: Optional[Tuple[Any, ...]] = None
     name: Optional[str] = None
     alias: Optional[Tuple[str, Any]] = None
+    former_names: Tuple[str, ...] = ()
 
 
 def flag(default: Any = dataclasses.MISSING, *, help: str, choices: Optional[Sequence[Any]] = None,
-         name: Optional[str] = None, alias: Optional[Tuple[str, Any]] = None) -> Any:
+         name: Optional[str] = None, alias: Optional[Tuple[str, Any]] = None,
+         former_names: Sequence[str] = ()) -> Any:
     """A dataclass field that is a command-line flag (a list default is copied per instance).
 
     Example::
 
         embedding_dim: int = flag(64, help="width of every embedding table")
     """
-    metadata = {_FLAG: FlagSpec(help, tuple(choices) if choices is not None else None, name, alias)}
+    metadata = {_FLAG: FlagSpec(help, tuple(choices) if choices is not None else None, name, alias,
+                                tuple(former_names))}
     if isinstance(default, list):
         frozen = tuple(default)
         return dataclasses.field(default_factory=lambda: list(frozen), metadata=metadata)
@@ -201,11 +205,14 @@ def add_flags(parser: Any, config_class: Type[Any], overrides: Sequence[Override
             continue
         default = default_of(item, overrides, config_class)
         shown = "" if default is None or item.is_switch else f" (default {_describe(default)})"
-        common = dict(dest=item.field.name, default=argparse.SUPPRESS, help=item.spec.help + shown)
+        former = [f"--{name}" for name in item.spec.former_names]
+        also = f" (formerly {', '.join(former)})" if former else ""
+        common = dict(dest=item.field.name, default=argparse.SUPPRESS, help=item.spec.help + also + shown)
+        options = [item.option] + former
         if item.is_switch:
-            parser.add_argument(item.option, action="store_true", **common)
+            parser.add_argument(*options, action="store_true", **common)
         else:
-            parser.add_argument(item.option, type=item.parse_type(), choices=item.spec.choices,
+            parser.add_argument(*options, type=item.parse_type(), choices=item.spec.choices,
                                 metavar=item.name.upper() if item.spec.choices is None else None, **common)
         if item.spec.alias is not None:
             switch, value = item.spec.alias

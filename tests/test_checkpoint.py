@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import shutil
 import signal
 import subprocess
@@ -12,6 +13,8 @@ import sys
 import time
 
 import pytest
+import torch
+from torch.distributed.checkpoint import FileSystemReader
 
 import dlrm_main
 from data.criteo_layout import NUM_SPARSE_FEATURES
@@ -302,13 +305,15 @@ def test_checkpoint_files_are_checked_and_never_run_code(reference, synthetic_di
     shutil.rmtree(step16)
 
     shard = os.path.join(step15, "__0_0.distcp")
-    with open(shard, "r+b") as f:  # one bit of a weight
-        f.seek(os.path.getsize(shard) // 2)
+    weights = [info for index, info in FileSystemReader(step15).read_metadata().storage_data.items()
+               if index.fqn.startswith("model.") and info.relative_path == "__0_0.distcp"]
+    with open(shard, "r+b") as f:  # one bit of a weight (a load for testing reads no optimizer state)
+        f.seek(weights[0].offset + weights[0].length // 2)
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x10]))
     line = run("--mode", "test", "--restore_checkpoint_path", step15)
-    assert f"{shard}: its SHA-256 differs from the manifest's: the file is damaged" in line, line
+    assert re.search(rf"{shard} bytes \d+-\d+: its SHA-256 differs from the manifest's: the file is damaged", line), line
 
     from serving.inference_model import load_checkpoint_model
     step10 = os.path.join(copy, "step_000000010")
@@ -354,3 +359,62 @@ def test_storage_failures_are_one_line(synthetic_dir, tmp_path, capsys):
     argv.remove("--checkpoint_at_epoch_end")
     assert f"--checkpoint_dir {read_only}: cannot write there" in refusal_line(capsys, argv)
     assert not os.path.exists(ro_log)
+
+
+@pytest.mark.slow
+def test_async_checkpoints_equal_the_blocking_ones(reference, synthetic_dir, tmp_path):
+    """--async_checkpoint trains the same steps and writes the same checkpoints, bit for
+    bit, as the blocking saves; resuming from one continues exactly."""
+    ckpt, log = reference
+    run_ckpt, run_log = str(tmp_path / "ckpt"), str(tmp_path / "log.jsonl")
+    assert launch(dlrm_main.main, flags(synthetic_dir, run_ckpt, run_log, "--async_checkpoint")) == {0: 0, 1: 0}
+    assert step_loss_map(run_log) == step_loss_map(log)
+    assert sorted(os.listdir(run_ckpt)) == sorted(os.listdir(ckpt))
+    for step in ("step_000000010", "step_000000016"):
+        assert_same_state(flat_state(os.path.join(ckpt, step), tmp_path), flat_state(os.path.join(run_ckpt, step), tmp_path))
+        for rank in (0, 1):  # torch's generator as it was at the step, not when the write ended
+            blocking, background = (torch.load(os.path.join(d, step, f"rank_{rank}.pt"), weights_only=True)
+                                    for d in (ckpt, run_ckpt))
+            assert torch.equal(blocking["torch"], background["torch"])
+    resumed, resumed_log = str(tmp_path / "resumed"), str(tmp_path / "resumed.jsonl")
+    os.makedirs(resumed)
+    shutil.copytree(os.path.join(run_ckpt, "step_000000010"), os.path.join(resumed, "step_000000010"))
+    assert launch(dlrm_main.main, flags(synthetic_dir, resumed, resumed_log, "--resume", "--async_checkpoint")) == \
+        {0: 0, 1: 0}
+    expected, got = step_loss_map(log), step_loss_map(resumed_log)
+    assert sorted(got) == list(range(11, STEPS + 1)) and all(got[s] == expected[s] for s in got)
+    assert_same_state(flat_state(os.path.join(ckpt, "step_000000016"), tmp_path),
+                      flat_state(os.path.join(resumed, "step_000000016"), tmp_path))
+
+
+@pytest.mark.slow
+def test_rank_killed_during_an_async_save(reference, synthetic_dir, tmp_path):
+    """Rank 1's background save of step 10 is held (its data file is a FIFO nobody
+    reads) while training goes on; rank 1 is then killed by SIGKILL. The partial step 10
+    is ignored: torchrun's restart resumes from step 5 and ends with the reference's weights."""
+    ckpt, log = reference
+    run_ckpt, run_log = str(tmp_path / "ckpt"), str(tmp_path / "log.jsonl")
+    held = os.path.join(run_ckpt, "step_000000010", "__1_0.distcp")
+    os.makedirs(os.path.dirname(held))
+    os.mkfifo(held)  # opening it for writing blocks until a reader comes: none does
+    argv = flags(synthetic_dir, run_ckpt, run_log, "--resume", "--async_checkpoint")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+         "--max_restarts", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
+         "dlrm_main.py", *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and max(step_loss_map(run_log) if os.path.exists(run_log) else {}, default=0) < 12:
+        time.sleep(0.01)
+    assert max(step_loss_map(run_log)) >= 12  # training went on while step 10 was being saved
+    assert not os.path.exists(os.path.join(run_ckpt, "step_000000010", "COMPLETE"))
+    workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert len(workers) == 2
+    os.unlink(held)  # the restarted job writes a plain file there
+    os.kill(int(sorted(workers, key=int)[1]), signal.SIGKILL)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output[-3000:]
+    assert f"resumed from {run_ckpt}/step_000000005" in output, output[-3000:]
+    expected, got = step_loss_map(log), step_loss_map(run_log)
+    assert all(got[s] == expected[s] for s in got)
+    assert_same_state(flat_state(os.path.join(ckpt, "step_000000016"), tmp_path),
+                      flat_state(os.path.join(run_ckpt, "step_000000016"), tmp_path))

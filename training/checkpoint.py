@@ -9,7 +9,8 @@ Layout of ``--checkpoint_dir``::
         meta.json                               step, data position, config, plan
                                                 (training/checkpoint_meta.py)
         COMPLETE                                written last, once every rank is done: the
-                                                manifest (every file's size and SHA-256)
+                                                manifest (every file's size and SHA-256; a
+                                                data file's per chunk)
     best.json                                   which checkpoint is the best (early stopping)
     .lock                                       held by the training run saving here (its host,
                                                 pid and start time; `lock_checkpoint_dir`)
@@ -17,9 +18,12 @@ Layout of ``--checkpoint_dir``::
 A checkpoint counts only once COMPLETE exists, so a run killed mid-save leaves the
 previous complete checkpoint as the newest one. Older checkpoints are pruned only
 after a newer one is complete; the one best.json names is never pruned. Files are
-hashed as they are written; a load checks each file against the manifest before using
-it and refuses a damaged one by name. Checkpoints saved before manifests existed
-(COMPLETE holds "complete") load with a warning, unverified.
+hashed as they are written, a data file chunk by chunk (each item DCP writes); a load
+checks each file before parsing it, and each chunk as DCP's reader reads it, before
+torch.load sees it, and refuses a damaged one by name and byte range. Checkpoints saved
+before manifests existed (COMPLETE holds "complete") load with a warning, unverified.
+With ``asynchronous`` (--async_checkpoint) the state is copied to host memory and
+written by a background thread while training goes on.
 
 Nothing here runs code from a file: ``.metadata`` goes through a restricted unpickler
 and is checked against the state being loaded before any data file is opened
@@ -28,7 +32,9 @@ of the directory), tensors come back through DCP's ``torch.load(weights_only=Tru
 the rest is JSON. A checkpoint without a manifest goes through the same checks.
 """
 
+import concurrent.futures
 import contextlib
+import copy
 import dataclasses
 import io
 import json
@@ -37,9 +43,11 @@ import pickle
 import random
 import re
 import sys
+import threading
+import time
 import uuid
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple, Union
+from typing import IO, Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -48,16 +56,19 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.planner import ReadItem, WriteItem
 from torch.futures import Future
+from torch.utils.serialization import config as serialization_config
 from iopath.common.file_io import g_pathmgr
-from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, FileSystemWriter, _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
+from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
 from common.atomic import surfacing_write_errors, write_json
 from common.errors import BadInput
 from common.path_lock import LockHeld, PathLock
-from common.manifest import (HashingStream, ManifestEntry, ManifestError, check_bytes, check_manifest_format,
-                             check_stream, entry_of_bytes)
+from common.manifest import (HashingStream, ManifestEntry, ManifestError, check_bytes, check_chunk,
+                             check_manifest_format, check_stream, entry_of_bytes)
 from training.checkpoint_meta import CheckpointMeta
 from training.config import CheckpointConfig, OptimizerConfig, TrainConfig
 from training.dcp_metadata import UnsafeMetadataError, check_metadata, load_metadata
@@ -66,7 +77,10 @@ from training.failures import RankError, Terminated, sigterm_deferred
 COMPLETE_MARKER = "COMPLETE"
 META_FILE = "meta.json"
 DCP_METADATA_FILE = ".metadata"
-MANIFEST_VERSION = 1
+# 2: a data file's entry gives a digest per chunk (each item DCP writes), checked as
+# it is read; 1: one SHA-256 per file, checked in a pass before the file is read.
+MANIFEST_VERSION = 2
+_DATA_FILE_SUFFIX = ".distcp"
 BEST_FILE = "best.json"
 LOCK_FILE = ".lock"
 _STEP_DIR = re.compile(r"step_(\d+)$")
@@ -94,10 +108,10 @@ def _join(path: str, name: str) -> str:
 class IOPathFileSystem(FileSystemBase):
     """DCP storage on any path iopath can open (local files, or a registered remote handler).
 
-    Every file it writes is hashed on its way to disk: ``written`` maps each path (after
-    renames) to its manifest entry. A failed write is kept, not raised, until
-    `raise_write_errors`: DCP's writer threads drop exceptions (with a traceback), and
-    the checkpoint would then complete without the file.
+    Every file it writes is hashed on its way to disk (a data file chunk by chunk):
+    ``written`` maps each path (after renames) to its manifest entry. A failed write is
+    kept, not raised, until `raise_write_errors`: DCP's writer threads drop exceptions
+    (with a traceback), and the checkpoint would then complete without the file.
     """
 
     def __init__(self) -> None:
@@ -112,7 +126,7 @@ class IOPathFileSystem(FileSystemBase):
             return
         try:
             with g_pathmgr.open(str(path), mode) as stream, surfacing_write_errors(stream) as checked:
-                hashing = HashingStream(checked)
+                hashing = HashingStream(checked, chunked=str(path).endswith(_DATA_FILE_SUFFIX))
                 yield hashing
                 hashing.close()
         except OSError as e:  # a full disk fails at a write or at the close's flush
@@ -179,7 +193,10 @@ class _IOPathWriter(FileSystemWriter):
         self.path = path
 
     def write_data(self, plan, planner):
-        with sigterm_deferred():  # until its writer threads are done (SIGTERM then raises Terminated here)
+        # torch.save's CRC32 of every record is a pass over the bytes as long as the
+        # SHA-256 the manifest keeps (measured: each about as slow as a copy), and torch.load
+        # never checks it: the manifest's chunk digests are the check.
+        with sigterm_deferred(), serialization_config.patch("save.compute_crc32", False):
             written = super().write_data(plan, planner)
         self.fs.raise_write_errors()  # inside DCP's collective step: every rank learns of it
         return written
@@ -205,9 +222,10 @@ class _NoCopySavePlanner(DefaultSavePlanner):
 
 class _IOPathReader(FileSystemReader):
     """DCP's reader with the metadata read and checked beforehand (`load_checkpoint`: no
-    code runs, no file outside the checkpoint is named), each data file checked against
-    the manifest before it is read, and a file that holds anything but tensors refused
-    by name."""
+    code runs, no file outside the checkpoint is named), each chunk of a data file
+    checked against its manifest digest as it is read, before torch.load sees it (a
+    version 1 manifest: each file in a pass before it is read), and a file that holds
+    anything but tensors refused by name."""
 
     def __init__(self, path: str, metadata: Metadata, manifest: Optional[Dict[str, ManifestEntry]]) -> None:
         super().__init__(path)
@@ -228,7 +246,7 @@ class _IOPathReader(FileSystemReader):
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
         for name, items in sorted(per_file.items()):
             file = _join(self.path, name)
-            if self.manifest is not None:
+            if self.manifest is not None and "chunks" not in self.manifest.get(name, {}):
                 with g_pathmgr.open(file, "rb") as stream:
                     check_stream(stream, file, self.manifest.get(name))
             try:
@@ -239,6 +257,15 @@ class _IOPathReader(FileSystemReader):
         done: Future = Future()
         done.set_result(None)
         return done
+
+    def _slice_file(self, file, sinfo: _StorageInfo) -> IO[bytes]:
+        entry = self.manifest.get(sinfo.relative_path) if self.manifest is not None else None
+        if entry is None or "chunks" not in entry:  # checked whole in read_data, or no manifest
+            return super()._slice_file(file, sinfo)
+        file.seek(sinfo.offset)
+        data = file.read(sinfo.length)
+        check_chunk(data, _join(self.path, sinfo.relative_path), entry, sinfo.offset)
+        return io.BytesIO(data)
 
 
 class _TensorLoadPlanner(DefaultLoadPlanner):
@@ -274,12 +301,12 @@ def flat_state(state: Dict[str, Any]) -> Dict[str, Any]:
     return dict(_leaves(state))
 
 
-def _all_gather(value: Any) -> List[Any]:
+def _all_gather(value: Any, group: Optional[dist.ProcessGroup] = None) -> List[Any]:
     """Every rank's ``value``, by rank (collective when several ranks run)."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return [value]
     gathered: List[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, value)
+    dist.all_gather_object(gathered, value, group=group)
     return gathered
 
 
@@ -300,9 +327,9 @@ def _raise_first_error(errors: List[Optional[OSError]]) -> None:
         raise CheckpointException("save", failures)  # type: ignore[arg-type]
 
 
-def _barrier() -> None:
+def _barrier(group: Optional[dist.ProcessGroup] = None) -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
+        dist.barrier(group=group)
 
 
 def is_complete(path: str) -> bool:
@@ -321,8 +348,9 @@ def read_manifest(path: str) -> Optional[Dict[str, ManifestEntry]]:
     if text.strip() == "complete":
         return None
     try:
-        return check_manifest_format(json.loads(text), marker)
-    except (BadInput, json.JSONDecodeError) as e:  # a ManifestError, or not JSON
+        manifest = json.loads(text)
+        return check_manifest_format(manifest, marker, chunked=manifest.get("manifest_version") == MANIFEST_VERSION)
+    except (BadInput, json.JSONDecodeError, AttributeError) as e:  # a ManifestError, not JSON, not an object
         raise CheckpointError(f"{marker}: not a checkpoint manifest (damaged?)") from e
 
 
@@ -461,10 +489,20 @@ def _set_rng_state(state: Dict[str, Any]) -> None:
 class CheckpointManager:
     """Saves and finds the checkpoints of one directory. Save and load are collective.
 
+    With ``asynchronous``, `save` copies the state to host memory and returns; a
+    background thread writes it, with its collectives on a gloo group of its own (the
+    training step's collectives on the default group run meanwhile, and two threads'
+    collectives on one group would interleave). The thread runs the same
+    save as the blocking one, COMPLETE last once every rank's files are durable. One
+    save is in flight at a time: the next `save`, `mark_best` and `wait` wait for it
+    and raise its error, the blocking save's, on every rank (they all wait).
+
     Args:
         directory: where checkpoints go (any iopath path).
         keep_last_n: complete checkpoints to keep (0: all).
         rank: this process's rank; rank 0 writes meta.json, the marker, and prunes.
+        asynchronous: write in the background (``--async_checkpoint``). Collective
+            when several ranks run (it creates the save's process group).
 
     Example::
 
@@ -472,10 +510,14 @@ class CheckpointManager:
         manager.save({"model": dmp.state_dict()}, meta)  # meta: a CheckpointMeta of step 120
     """
 
-    def __init__(self, directory: str, keep_last_n: int, rank: int) -> None:
+    def __init__(self, directory: str, keep_last_n: int, rank: int, asynchronous: bool = False) -> None:
         self.directory = directory
         self.keep_last_n = keep_last_n
         self.rank = rank
+        self.asynchronous = asynchronous
+        self._group = (dist.new_group(backend="gloo") if asynchronous and dist.is_initialized()
+                       and dist.get_world_size() > 1 else None)
+        self._in_flight: Optional[concurrent.futures.Future] = None
 
     def save(self, state: Dict[str, Any], meta: CheckpointMeta) -> str:
         """Writes the checkpoint of ``meta.step``; returns its path. Collective.
@@ -484,10 +526,42 @@ class CheckpointManager:
         any, e.g. a full disk: the partial checkpoint is removed and every complete one
         kept. Raises Terminated when SIGTERM arrives meanwhile: the partial checkpoint
         stays incomplete (no COMPLETE marker), so a resume takes the previous one.
+        Asynchronous: returns once ``state`` is copied; the previous save's error, if
+        any, is raised first.
         """
         path = _join(self.directory, f"step_{meta.step:09d}")
+        self.wait()
+        rng = _rng_state()  # now: the background thread runs while training draws more
+        if not self.asynchronous:
+            self._save_or_raise(path, state, meta, rng)
+            return path
+        staged = {name: _host_copy(value) for name, value in flat_state(state).items()}
+        self._in_flight = concurrent.futures.Future()
+        threading.Thread(target=self._save_in_background, args=(path, staged, meta, rng, self._in_flight),
+                         name=f"checkpoint step {meta.step}", daemon=True).start()
+        return path
+
+    def _save_in_background(self, path: str, staged: Dict[str, Any], meta: CheckpointMeta, rng: Dict[str, Any],
+                            done: concurrent.futures.Future) -> None:
+        # A daemon thread: a process that ends meanwhile leaves the save without its
+        # COMPLETE marker, which every reader ignores.
         try:
-            self._save(path, state, meta)
+            self._save_or_raise(path, staged, meta, rng)
+        except BaseException as e:  # raised by `wait` in the training thread
+            done.set_exception(e)
+        else:
+            done.set_result(path)
+
+    def wait(self) -> None:
+        """Waits for the save in flight, if any; raises its error (as the blocking
+        save would have). Collective in effect: every rank's save ends together."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None:
+            in_flight.result()
+
+    def _save_or_raise(self, path: str, state: Dict[str, Any], meta: CheckpointMeta, rng: Dict[str, Any]) -> None:
+        try:
+            self._save(path, state, meta, rng)
         except (OSError, CheckpointException) as e:
             # Each rank's failure: DCP's collective steps (and _raise_first_error) gather them.
             failures = {r: f[0] for r, f in e.failures.items()} if isinstance(e, CheckpointException) else {}
@@ -505,27 +579,26 @@ class CheckpointManager:
                 with contextlib.suppress(OSError):  # what is left is incomplete: ignored, pruned later
                     _remove_checkpoint(path)
             raise CheckpointSaveError(f"saving checkpoint {path} failed: {_failure(e)}") from e
-        return path
 
-    def _save(self, path: str, state: Dict[str, Any], meta: CheckpointMeta) -> None:
+    def _save(self, path: str, state: Dict[str, Any], meta: CheckpointMeta, rng: Dict[str, Any]) -> None:
         if self.rank == 0:
             g_pathmgr.mkdirs(path)
             if is_complete(path):  # re-saving the same step: invalid until rewritten
                 g_pathmgr.rm(_join(path, COMPLETE_MARKER))
-        _barrier()
+        _barrier(self._group)
         writer = _IOPathWriter(path)  # hashes each file as its threads write it
         # Collective: a failure of any rank's writes raises CheckpointException on every rank.
-        dcp.save(flat_state(state), storage_writer=writer, planner=_NoCopySavePlanner())
+        dcp.save(flat_state(state), storage_writer=writer, planner=_NoCopySavePlanner(), process_group=self._group)
         with sigterm_deferred():  # torch.save would turn Terminated into "unexpected pos": a traceback
             error = _first_error(lambda: writer.fs.write_file(_join(path, f"rank_{self.rank}.pt"),
-                                                              lambda f: torch.save(_rng_state(), f)))
+                                                              lambda f: torch.save(rng, f)))
         files = {name[len(path) + 1:]: entry for name, entry in writer.fs.written.items()}
-        gathered = _all_gather((files, error))
+        gathered = _all_gather((files, error), self._group)
         _raise_first_error([rank_error for _, rank_error in gathered])
         files = {name: entry for rank_files, _ in gathered for name, entry in rank_files.items()}
         if self.rank == 0:
             error = _first_error(lambda: self._complete(path, writer.fs, files, meta))
-        _raise_first_error(_all_gather(error))  # also the barrier that ends the save
+        _raise_first_error(_all_gather(error, self._group))  # also the barrier that ends the save
 
     def _complete(self, path: str, fs: IOPathFileSystem, files: Dict[str, ManifestEntry],
                   meta: CheckpointMeta) -> None:
@@ -541,7 +614,8 @@ class CheckpointManager:
 
     def mark_best(self, path: str, info: Dict[str, Any]) -> None:
         """Names the complete checkpoint ``path`` in best.json (replaced atomically),
-        then prunes what it kept. Collective."""
+        then prunes what it kept. Collective; waits for the save in flight (``path``'s)."""
+        self.wait()
         if self.rank == 0:
             pointer = _join(self.directory, BEST_FILE)
             best = {"checkpoint": os.path.basename(path), **info}
@@ -570,6 +644,53 @@ class CheckpointManager:
         for path in doomed:
             if path != keep:
                 _remove_checkpoint(path)
+
+
+def _host_copy(value: Any) -> Any:
+    """A copy of one state leaf in host memory, which training no longer changes. A CPU
+    sharded tensor (a table) gets its local shards copied once (torch's staging,
+    `_create_cpu_state_dict`, deep-copies it first, then copies again; DCP's
+    StateDictStager refuses a ShardedTensor); anything else goes through torch's own
+    staging functions, as DCP's async save once did."""
+    if isinstance(value, ShardedTensor) and all(s.tensor.device.type == "cpu" for s in value.local_shards()):
+        shards = [Shard(shard.tensor.clone(), shard.metadata) for shard in value.local_shards()]
+        return ShardedTensor._init_from_local_shards_and_global_metadata(shards, value.metadata(),
+                                                                         process_group=value._process_group)
+    if type(value) is torch.Tensor:
+        return value.detach().to("cpu", copy=True)
+    if not torch.is_tensor(value):
+        return copy.deepcopy(value)  # a plain value (an optimizer's step count...)
+    staged = _create_cpu_state_dict({"leaf": value})
+    _copy_state_dict({"leaf": value}, staged)
+    return staged["leaf"]
+
+
+class MinuteCadence:
+    """``--checkpoint_every_n_minutes``: whether a save is due at this step. Rank 0's
+    clock decides and broadcasts it, so that every rank saves at the same step (each
+    rank's own clock would now and then disagree by a step, and the save is collective).
+    The broadcast goes through a gloo group of its own: on NCCL it would synchronize
+    the host with the GPU at every step.
+
+    Args:
+        minutes: the interval; it starts at construction and at each `restart` (a save).
+            Collective when several ranks run (it creates the broadcast's group).
+    """
+
+    def __init__(self, minutes: float) -> None:
+        self.seconds = minutes * 60
+        self._group = dist.new_group(backend="gloo") if dist.is_initialized() and dist.get_world_size() > 1 else None
+        self.restart()
+
+    def restart(self) -> None:
+        self._since = time.monotonic()
+
+    def due(self) -> bool:
+        """Collective: one byte broadcast from rank 0."""
+        decision = torch.tensor([time.monotonic() - self._since >= self.seconds], dtype=torch.uint8)
+        if self._group is not None:
+            dist.broadcast(decision, src=0, group=self._group)
+        return bool(decision.item())
 
 
 def _remove_checkpoint(path: str) -> None:

@@ -77,8 +77,11 @@ class CheckpointConfig:
     Args:
         checkpoint_dir: directory (any iopath path) of step_<N> checkpoints.
         checkpoint_every_n_steps: save every N training steps.
+        checkpoint_every_n_minutes: save at the first step at least M minutes after
+            the previous save (or the start), as rank 0's clock says.
         checkpoint_at_epoch_end: save after every epoch.
-        keep_last_n_checkpoints: complete checkpoints to keep (0: all).
+        keep_last_n_checkpoints: complete checkpoints to keep (0: all), ``--keep_last_n``.
+        async_checkpoint: write checkpoints in the background while training goes on.
         resume: continue from the newest complete checkpoint in checkpoint_dir
             (from scratch when there is none).
         restore_checkpoint_path: load only the weights of this checkpoint.
@@ -86,24 +89,35 @@ class CheckpointConfig:
 
     checkpoint_dir: Optional[str] = flag(None, help="directory of checkpoints (any iopath path)")
     checkpoint_every_n_steps: Optional[int] = flag(None, help="save a checkpoint every N steps")
+    checkpoint_every_n_minutes: Optional[float] = flag(
+        None, help="save a checkpoint at the first step M minutes after the previous one (or the start)")
     checkpoint_at_epoch_end: bool = flag(False, help="save a checkpoint after every epoch")
-    keep_last_n_checkpoints: int = flag(0, help="complete checkpoints to keep (0: all)")
+    keep_last_n_checkpoints: int = flag(0, help="complete checkpoints to keep (0: all; never the best)",
+                                        name="keep_last_n", former_names=("keep_last_n_checkpoints",))
+    async_checkpoint: bool = flag(False, help="write checkpoints in the background while training continues "
+                                  "(staged to host memory, one save in flight)")
     resume: bool = flag(False, help="continue from the newest complete checkpoint in --checkpoint_dir")
     restore_checkpoint_path: Optional[str] = flag(None, help="load only the weights of this checkpoint")
 
     @property
     def saving(self) -> bool:
-        return self.checkpoint_every_n_steps is not None or self.checkpoint_at_epoch_end
+        return (self.checkpoint_every_n_steps is not None or self.checkpoint_every_n_minutes is not None
+                or self.checkpoint_at_epoch_end)
 
     def validate(self) -> None:
         if self.checkpoint_every_n_steps is not None and self.checkpoint_every_n_steps <= 0:
             raise FlagError(f"{option(self, 'checkpoint_every_n_steps')} must be positive, "
                             f"got {self.checkpoint_every_n_steps}")
+        if self.checkpoint_every_n_minutes is not None and not self.checkpoint_every_n_minutes > 0:
+            raise FlagError(f"{option(self, 'checkpoint_every_n_minutes')} must be positive, "
+                            f"got {self.checkpoint_every_n_minutes}")
         if self.keep_last_n_checkpoints < 0:
             raise FlagError(f"{option(self, 'keep_last_n_checkpoints')} must not be negative, "
                             f"got {self.keep_last_n_checkpoints}")
         for name, needed in (("checkpoint_every_n_steps", self.checkpoint_every_n_steps is not None),
+                             ("checkpoint_every_n_minutes", self.checkpoint_every_n_minutes is not None),
                              ("checkpoint_at_epoch_end", self.checkpoint_at_epoch_end),
+                             ("async_checkpoint", self.async_checkpoint),
                              ("resume", self.resume)):
             if needed and not self.checkpoint_dir:
                 raise FlagError(f"{option(self, name)} needs {option(self, 'checkpoint_dir')}")

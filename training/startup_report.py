@@ -69,7 +69,9 @@ def split_rows(config: TrainConfig, dataset: Any, world_size: int) -> Dict[str, 
 def _outputs_line(config: TrainConfig) -> str:
     flags = config.checkpoint
     when = [f"every {flags.checkpoint_every_n_steps} steps"] if flags.checkpoint_every_n_steps else []
+    when += [f"every {flags.checkpoint_every_n_minutes:g} minutes"] if flags.checkpoint_every_n_minutes else []
     when += ["at epoch end"] if flags.checkpoint_at_epoch_end else []
+    when += ["written in the background"] if flags.async_checkpoint else []
     if not flags.checkpoint_dir:
         checkpoints = "none (no --checkpoint_dir)"
     else:

@@ -31,8 +31,8 @@ from models.interaction import align_to_sharded_embeddings
 from sharding_plans import PlannerConfig, format_sharding_plan, plan_summary
 from sharding_plans.report import format_bytes
 from sharding_plans.rules import check_embedding_weight_decay, check_reshardable
-from training.checkpoint import (CheckpointManager, RestorePoint, check_writable, find_restore_point, load_checkpoint,
-                                 lock_checkpoint_dir)
+from training.checkpoint import (CheckpointManager, MinuteCadence, RestorePoint, check_writable, find_restore_point,
+                                 load_checkpoint, lock_checkpoint_dir)
 from training.checkpoint_meta import CheckpointMeta
 from training.config import OptimizerConfig, TrainConfig
 from training.distributed import DistributedEnv, gather_peak_memory, init_process_group, rank_cpu_share
@@ -216,8 +216,10 @@ class Trainer:
         self.stage = "training"  # or the split being evaluated, or "saving step N"
         self._train_seconds = 0.0
         self._train_records = 0
-        self.checkpoints = (CheckpointManager(flags.checkpoint_dir, flags.keep_last_n_checkpoints, env.rank)  # type: ignore[arg-type]
-                            if saves_checkpoints else None)
+        self.checkpoints = (CheckpointManager(flags.checkpoint_dir, flags.keep_last_n_checkpoints, env.rank,  # type: ignore[arg-type]
+                                              flags.async_checkpoint) if saves_checkpoints else None)
+        self.minute_cadence = (MinuteCadence(flags.checkpoint_every_n_minutes)
+                               if saves_checkpoints and flags.checkpoint_every_n_minutes else None)
         self.best = BestModel(config.early_stopping, self.checkpoints, env.rank)
         self.weights_step: Optional[int] = None  # the step of the checkpoint whose weights were loaded
         if restore is not None:
@@ -280,9 +282,13 @@ class Trainer:
         path = self.checkpoints.save(state, meta)
         self.stage = stage
         self._saved_step, self._saved_path = self.step, path
+        if self.minute_cadence is not None:
+            self.minute_cadence.restart()
         seconds = time.perf_counter() - start
-        self.log.print(f"checkpoint {path} saved in {seconds:.1f} s (step {self.step})")
-        self.log.record("checkpoint", step=self.step, path=path, seconds=seconds)
+        done = "staged, writing in the background," if self.checkpoints.asynchronous else "saved"
+        self.log.print(f"checkpoint {path} {done} in {seconds:.1f} s (step {self.step})")
+        self.log.record("checkpoint", step=self.step, path=path, seconds=seconds,
+                        background=self.checkpoints.asynchronous)
         return path
 
     def _pipeline(self, kind: str, amp: bool) -> TrainPipeline:
@@ -354,6 +360,8 @@ class Trainer:
             # Continues where training stopped: after the last epoch, or at the
             # validation that stopped it.
             self.save_checkpoint(*(self._stop_position if self._stop_training else (passes, 0)))
+        if self.checkpoints:
+            self.checkpoints.wait()  # every checkpoint complete before testing (the best) and returning
         if self.frequencies is not None:
             path = self.frequencies.save(os.getcwd(), self.env.rank)
             self.log.print(f"id frequencies of the training batches: {path} (one file per rank)")
@@ -407,7 +415,9 @@ class Trainer:
                 and (step_in_epoch + 1) % config.validation_freq_within_epoch == 0
                 and not (config.validate_at_epoch_end and step_in_epoch + 1 == len(loader))
             )
-            at_checkpoint = self.checkpoints is not None and every is not None and self.step % every == 0
+            at_checkpoint = self.checkpoints is not None and (
+                (every is not None and self.step % every == 0)
+                or (self.minute_cadence is not None and self.minute_cadence.due()))
             if len(pending) == config.log_every_n_steps or at_validation or at_checkpoint:
                 seconds = time.perf_counter() - interval_start
                 losses += self._log_interval(epoch, pending, lr, interval_records, seconds)

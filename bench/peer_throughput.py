@@ -7,12 +7,13 @@ default architecture (dim 64, bottom 512-256-64, top 512-512-256-1), 26 x 100k
 tables, 1024 rows per rank, 2 gloo ranks under torchrun, random data. A rate is the
 records of the extra steps over the extra seconds of a long run against a short one
 (130 and 30 steps), so start-up, sharding, compilation and the one-batch evaluations
-cancel out. Rounds alternate which program goes first; the figure is the ratio of the
-medians. The fp32 and bf16 matmul peaks of the machine (all its cores, best of before
+cancel out. Each ``--ours_flags`` adds a variant of ours (a lever against ours as it
+is, both against the peer); each round starts one program later than the last; the
+figures are the ratios of the medians. The fp32 and bf16 matmul peaks of the machine (all its cores, best of before
 and after) and the load average beside each run are measured in the same run.
 
     python bench/peer_throughput.py --peer /path/to/dlrm/torchrec_dlrm [--rounds 3]
-        [--short_steps 30 --long_steps 130] [--nproc 2] [--batch_size 1024] [--ours_flags "--compile"]
+        [--short_steps 30 --long_steps 130] [--nproc 2] [--batch_size 1024] [--ours_flags "--compile" ...]
 """
 
 import json
@@ -113,26 +114,32 @@ def run_training(entry_point: str, flags: List[str], steps: int, nproc: int, env
     return TimedRun(steps, seconds, load_before, os.getloadavg()[0])
 
 
+def program_name(ours_flags: str) -> str:
+    """How the figures name a variant of ours: "ours", or "ours --compile"."""
+    return f"ours {ours_flags}".strip()
+
+
 def measure(peer: str, rounds: int, short_steps: int, long_steps: int, nproc: int, batch_size: int,
-            ours_flags: List[str], work_dir: str) -> Dict[str, object]:
-    """Alternating rounds of both programs; returns the figures (see `main`)."""
+            ours_variants: List[str], work_dir: str) -> Dict[str, object]:
+    """Rounds of the peer and every variant of ours, each round starting one program
+    later than the last; returns {"rates": {program: [records/s per round]}, "runs": [...]}."""
     # Ours finds its packages through the path; the peer's `data` package would be
     # shadowed by ours, so it runs from its folder without our path.
     ours_env = {**os.environ, "PYTHONPATH": REPO}
     peer_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    programs = {
-        "ours": (os.path.join(REPO, "dlrm_main.py"), ours_flags, ours_env, REPO),
-        "peer": (os.path.join(peer, "dlrm_main.py"), [], peer_env, peer),
-    }
-    rates: Dict[str, List[float]] = {"ours": [], "peer": []}
+    programs = {program_name(flags): (os.path.join(REPO, "dlrm_main.py"), shlex.split(flags), ours_env, REPO)
+                for flags in ours_variants}
+    programs["peer"] = (os.path.join(peer, "dlrm_main.py"), [], peer_env, peer)
+    names = list(programs)
+    rates: Dict[str, List[float]] = {name: [] for name in names}
     runs: List[Dict[str, object]] = []
     for round_index in range(rounds):
-        order = ("ours", "peer") if round_index % 2 == 0 else ("peer", "ours")
-        for name in order:
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
             entry_point, extra, env, cwd = programs[name]
             timed = [
                 run_training(entry_point, common_flags(steps, batch_size) + extra, steps, nproc, env, cwd,
-                             os.path.join(work_dir, f"{name}_{round_index}_{steps}.log"))
+                             os.path.join(work_dir, f"{len(runs)}_{steps}.log"))
                 for steps in (short_steps, long_steps)
             ]
             rate = records_per_sec(*timed, records_per_step=batch_size * nproc)
@@ -156,8 +163,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="training steps of the long run (a smoke run: --short_steps 2 --long_steps 4)")
     parser.add_argument("--nproc", type=positive_int, default=2, help="ranks (torchrun --nproc_per_node)")
     parser.add_argument("--batch_size", type=positive_int, default=1024, help="rows per rank")
-    parser.add_argument("--ours_flags", default="", help="more flags for this repository's run only, "
-                                                         "e.g. \"--compile\"")
+    parser.add_argument("--ours_flags", action="append",
+                        help="a variant of this repository's run with these flags added, e.g. \"--compile\"; "
+                             "repeat to alternate several variants with the peer (default: ours as it is)")
     args = parser.parse_args(argv)
     if args.long_steps <= args.short_steps:
         raise BadInput(f"--long_steps ({args.long_steps}) must be above --short_steps ({args.short_steps}): "
@@ -167,11 +175,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     peaks_before = {dtype: matmul_peak_gflops(threads, dtype=dtype) for dtype in (torch.float32, torch.bfloat16)}
     with tempfile.TemporaryDirectory() as work_dir:
         figures = measure(peer, args.rounds, args.short_steps, args.long_steps, args.nproc, args.batch_size,
-                          shlex.split(args.ours_flags), work_dir)
+                          args.ours_flags or [""], work_dir)
     peaks = {dtype: max(before, matmul_peak_gflops(threads, dtype=dtype)) for dtype, before in peaks_before.items()}
     rates = figures["rates"]
     medians = {name: statistics.median(values) for name, values in rates.items()}  # type: ignore[union-attr]
-    ratio = median_ratio(rates["ours"], rates["peer"])  # type: ignore[index]
+    ratios = {name: median_ratio(values, rates["peer"]) for name, values in rates.items()  # type: ignore
+              if name != "peer"}
     flops = flops_per_record()
     fractions = {name: {str(dtype).removeprefix("torch."): round(rate * flops / 1e9 / peak, 3)
                         for dtype, peak in peaks.items()} for name, rate in medians.items()}
@@ -179,16 +188,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{name}: median {rate:,.0f} records/s, {rate * flops / 1e9:.1f} GFLOP/s = "
               f"{100 * fractions[name]['float32']:.1f}% of the fp32 matmul peak ({peaks[torch.float32]:.0f} GFLOP/s), "
               f"{100 * fractions[name]['bfloat16']:.1f}% of the bf16 peak ({peaks[torch.bfloat16]:.0f} GFLOP/s)")
-    print(f"ours / peer (medians): {ratio:.2f}x")
+    for name, ratio in ratios.items():
+        print(f"{name} / peer (medians): {ratio:.2f}x")
     print(json.dumps({
-        "ratio_of_medians": round(ratio, 3),
+        "ratio_of_medians": {name: round(ratio, 3) for name, ratio in ratios.items()},
         "median_records_per_sec": {name: round(rate) for name, rate in medians.items()},
         "fraction_of_matmul_peak": fractions,
         "matmul_peak_gflops": {str(d).removeprefix("torch."): round(p, 1) for d, p in peaks.items()},
         "threads_for_peak": threads,
         "mflop_per_record": round(flops / 1e6, 3),
         "ranks": args.nproc, "batch_size_per_rank": args.batch_size,
-        "steps": [args.short_steps, args.long_steps], "ours_flags": args.ours_flags,
+        "steps": [args.short_steps, args.long_steps], 
         "runs": figures["runs"],
     }))
     return 0

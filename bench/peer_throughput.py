@@ -13,7 +13,7 @@ figures are the ratios of the medians. The fp32 and bf16 matmul peaks of the mac
 and after) and the load average beside each run are measured in the same run.
 
     python bench/peer_throughput.py --peer /path/to/dlrm/torchrec_dlrm [--rounds 3]
-        [--short_steps 30 --long_steps 130] [--nproc 2] [--batch_size 1024] [--ours_flags "--compile" ...]
+        [--short_steps 30 --long_steps 130] [--nproc 2] [--batch_size 1024] [--ours_flags=--compile ...]
 """
 
 import json
@@ -164,7 +164,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--nproc", type=positive_int, default=2, help="ranks (torchrun --nproc_per_node)")
     parser.add_argument("--batch_size", type=positive_int, default=1024, help="rows per rank")
     parser.add_argument("--ours_flags", action="append",
-                        help="a variant of this repository's run with these flags added, e.g. \"--compile\"; "
+                        help="a variant of this repository's run with these flags added (write --ours_flags=\"--compile ...\": "
+                             "the value starts with a dash); "
                              "repeat to alternate several variants with the peer (default: ours as it is)")
     args = parser.parse_args(argv)
     if args.long_steps <= args.short_steps:

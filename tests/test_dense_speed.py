@@ -10,7 +10,7 @@ import torch.distributed as dist
 from common.errors import BadInput
 from training.distributed import resolve_env
 from training.flags import parse_config
-from training.pipelines import check_dense_precision
+from training.pipelines import check_compile_supported, check_dense_precision
 from training.trainer import Trainer
 
 TINY_RUN = ["--num_embeddings", "50", "--embedding_dim", "4", "--dense_arch_layer_sizes", "8,4",
@@ -37,6 +37,18 @@ def test_bf16_is_refused_on_a_cpu_without_bf16_units():
     check_dense_precision("bf16", cpu, has_bf16_units=True)
     check_dense_precision("bf16", cuda, has_bf16_units=False)  # the CPU's units do not matter on a GPU
     check_dense_precision("fp32", cpu, has_bf16_units=False)
+
+
+@pytest.mark.slow  # Inductor's search runs `g++ --version`
+def test_compile_without_a_cpp_compiler_is_one_line(monkeypatch):
+    import torch._inductor.config as inductor_config
+
+    check_compile_supported(True)  # this machine has g++
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, "/nonexistent/g++"))
+    monkeypatch.delenv("TORCH_INDUCTOR_INSTALL_GXX", raising=False)
+    with pytest.raises(BadInput, match=r"^--compile: torch.compile's Inductor needs a C\+\+ compiler and found none"):
+        check_compile_supported(True)
+    check_compile_supported(False)
 
 
 def test_amp_is_dense_precision_bf16(capsys):

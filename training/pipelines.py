@@ -278,6 +278,22 @@ def cpu_has_bf16_units() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def check_compile_supported(compile: bool) -> None:
+    """One-line BadInput for --compile without the C++ compiler Inductor (torch.compile's
+    backend) builds its CPU kernels with (Triton's launchers on CUDA need one too);
+    without it the first step would fail deep inside the compiler."""
+    if not compile:
+        return
+    from torch._inductor.cpp_builder import get_cpp_compiler
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    try:
+        get_cpp_compiler()
+    except InvalidCxxCompiler:
+        raise BadInput("--compile: torch.compile's Inductor needs a C++ compiler and found none ($CXX, g++, ...): "
+                       "install g++ (the Debian package g++) or leave out --compile") from None
+
+
 def check_dense_precision(precision: str, device: torch.device, has_bf16_units: bool) -> None:
     """One-line BadInput for bf16 autocast on a CPU that would run it slower than fp32.
 

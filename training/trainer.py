@@ -43,7 +43,7 @@ from training.lr_schedule import WarmupPolyDecaySchedule
 from training.metrics import BinaryClassificationMetrics
 from training.optimizers import build_combined_optimizer
 from training.pipelines import (build_pipeline, check_pipeline_supported, check_plan_for_pipeline,
-                                check_dense_precision, cpu_has_bf16_units, release_cache_line_locks,
+                                check_compile_supported, check_dense_precision, cpu_has_bf16_units, release_cache_line_locks,
                                 semi_sync_start_after)
 from training.recipes import STABLE_OPTIMIZER
 from training.run_log import RunLog, StepClock, format_metrics
@@ -125,6 +125,7 @@ class Trainer:
             check_writable(flags.checkpoint_dir)  # type: ignore[arg-type]
         check_pipeline_supported(config.pipeline, env.device)
         check_dense_precision(config.dense_precision, env.device, cpu_has_bf16_units())
+        check_compile_supported(config.compile)
         startup = StartupReport(config, env)
         startup.before_setup(dataset)  # what is being built, before the seconds (or minutes) it takes
         self.source.check_values(dataset)

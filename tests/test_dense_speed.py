@@ -44,10 +44,10 @@ def test_compile_without_a_cpp_compiler_is_one_line(monkeypatch):
     import torch._inductor.config as inductor_config
 
     check_compile_supported(True)  # this machine has g++
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, "/nonexistent/g++"))
     monkeypatch.delenv("TORCH_INDUCTOR_INSTALL_GXX", raising=False)
-    with pytest.raises(BadInput, match=r"^--compile: torch.compile's Inductor needs a C\+\+ compiler and found none"):
-        check_compile_supported(True)
+    with inductor_config.patch({"cpp.cxx": (None, "/nonexistent/g++")}):
+        with pytest.raises(BadInput, match=r"^--compile: torch.compile's Inductor needs a C\+\+ compiler and found none"):
+            check_compile_supported(True)
     check_compile_supported(False)
 
 

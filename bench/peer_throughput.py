@@ -9,8 +9,9 @@ records of the extra steps over the extra seconds of a long run against a short 
 (130 and 30 steps), so start-up, sharding, compilation and the one-batch evaluations
 cancel out. Each ``--ours_flags`` adds a variant of ours (a lever against ours as it
 is, both against the peer); each round starts one program later than the last; the
-figures are the ratios of the medians. The fp32 and bf16 matmul peaks of the machine (all its cores, best of before
-and after) and the load average beside each run are measured in the same run.
+figures are the ratios of the medians. The fp32 and bf16 matmul peaks of the machine
+(all its cores, best of before and after) and the load average beside each run are
+measured in the same run.
 
     python bench/peer_throughput.py --peer /path/to/dlrm/torchrec_dlrm [--rounds 3]
         [--short_steps 30 --long_steps 130] [--nproc 2] [--batch_size 1024] [--ours_flags=--compile ...]

@@ -30,6 +30,9 @@ RUN if [ "$DEVICE" = cuda ]; then \
       && (cd /tmp/aws-efa-installer && ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify) \
       && rm -rf /tmp/aws-efa-installer /var/lib/apt/lists/*; \
     fi
+# --compile: torch.compile's Inductor builds its CPU kernels, and Triton its CUDA
+# launchers, with the system's C/C++ compiler (the slim image has none).
+RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*
 ENV LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib
 WORKDIR /workspace/dlrm
 COPY . .

@@ -28,11 +28,12 @@ TOP = [512, 512, 256, 1]
 DIM, TABLES, ROWS = 64, 26, 100_000
 
 
-def matmul_peak_gflops(threads: int, size: int = 2048, repeats: int = 5) -> float:
-    """Best fp32 GFLOP/s of a size^3 matmul using ``threads`` threads."""
+def matmul_peak_gflops(threads: int, size: int = 2048, repeats: int = 5,
+                       dtype: torch.dtype = torch.float32) -> float:
+    """Best GFLOP/s of a size^3 matmul in ``dtype`` using ``threads`` threads."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     torch.mm(a, b)  # warm-up
     best = 0.0
     for _ in range(repeats):

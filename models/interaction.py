@@ -229,3 +229,25 @@ def align_to_sharded_embeddings(model: nn.Module, device: torch.device) -> int:
         else:
             module.sparse_arch.output_order = order
     return reordered
+
+
+def compile_dense_part(model: nn.Module) -> int:
+    """torch.compile, in place, every block of every DLRM in ``model`` (any module whose
+    ``sparse_arch`` is a `PooledSparseArch`) but the sparse arch: the bottom MLP, the
+    interaction and the over arch. The embeddings stay eager, as torchrec recommends,
+    and so does the DLRM's own forward, which orders the lookup around the bottom MLP.
+
+    ``nn.Module.compile`` keeps the modules, their names and their state dicts, so
+    checkpoints load with or without it, and torchrec's train pipeline, whose fx trace
+    stops at modules without a sharded one inside, finds the sharded embeddings as
+    before. Returns how many blocks were compiled.
+    """
+    compiled = 0
+    for module in model.modules():
+        if not isinstance(getattr(module, "sparse_arch", None), PooledSparseArch):
+            continue
+        for name, block in module.named_children():
+            if name != "sparse_arch":
+                block.compile()
+                compiled += 1
+    return compiled

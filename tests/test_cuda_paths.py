@@ -384,7 +384,7 @@ def test_amp_evaluation_metrics_are_those_of_fp32_logits(one_process):
     trainer = trainer_module.Trainer(config, resolve_env("cpu"))
     trainer.fit()
     with_amp = trainer.evaluate("validation")
-    trainer.config = dataclasses.replace(config, amp=False)
+    trainer.config = dataclasses.replace(config, dense_precision="fp32")
     in_fp32 = trainer.evaluate("validation")
     assert with_amp is not None and in_fp32 is not None and with_amp["num_samples"] == 16
     assert with_amp == pytest.approx(in_fp32, rel=1e-9, abs=1e-12)

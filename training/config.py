@@ -18,6 +18,7 @@ DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 DEVICES = ("auto", "cpu", "cuda")
 MODES = ("train", "validate", "test", "inference_benchmark")
 PIPELINES = ("sparse_dist", "semi_sync", "prefetch", "base")
+DENSE_PRECISIONS = ("fp32", "bf16")
 # torchrec's default: TrainPipelineSemiSync synchronizes every step before this batch.
 SEMI_SYNC_START_BATCH = 900
 # float32 probabilities in [0.5, 1) are 2^-24 apart: more bins split no more pairs
@@ -231,7 +232,10 @@ class TrainConfig:
         checkpoint: checkpoint saving and loading.
         mode: train, validate / test a checkpoint's weights, or inference_benchmark
             (a checkpoint's weights when one is given, else a freshly built model).
-        amp: bf16 autocast of the forward (dense part).
+        dense_precision: fp32, or bf16 autocast of the forward (the dense part; the
+            embeddings keep --embedding_precision); ``--amp`` is its bf16.
+        compile: torch.compile the dense part (every DLRM block but the sharded
+            embeddings, which stay eager).
         pipeline: sparse_dist, semi_sync, prefetch or base (training/pipelines.py).
         semi_sync_start_batch: the batch from which semi_sync runs semi-synchronously
             (before it, it synchronizes every step).
@@ -271,8 +275,11 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     mode: str = flag("train", choices=MODES,
                      help="train, evaluate a checkpoint on validation/test data, or inference_benchmark")
-    amp: bool = flag(False, help="bf16 autocast of the forward (fast on GPUs; a note says when this CPU is "
-                                 "slower in bf16)")
+    dense_precision: str = flag("fp32", choices=DENSE_PRECISIONS, alias=("amp", "bf16"),
+                                help="bf16: autocast of the MLPs and interaction (the tables keep "
+                                     "--embedding_precision); on CPU it needs bf16 units (AVX-512 BF16 or AMX)")
+    compile: bool = flag(False, help="torch.compile the MLPs and interaction (the sharded embeddings stay eager); "
+                                     "the first steps of each batch shape compile")
     pipeline: str = flag("sparse_dist", choices=PIPELINES,
                          help="train pipeline: sparse_dist (default), base, or the CUDA-only semi_sync and prefetch")
     semi_sync_start_batch: int = flag(SEMI_SYNC_START_BATCH,
@@ -294,6 +301,11 @@ class TrainConfig:
     dropout: float = flag(0.0, help="dropout after the over arch's hidden layers in training")
     recipe: Optional[str] = None
     recipe_settings: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def amp(self) -> bool:
+        """Whether the dense part's forward runs under bf16 autocast."""
+        return self.dense_precision == "bf16"
 
     @property
     def max_table_rows(self) -> Optional[int]:

@@ -13,6 +13,7 @@ leave inconsistent; `release_cache_line_locks` frees the cache lines no-grad for
 leave locked.
 """
 
+import platform
 from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 import torch
@@ -268,18 +269,38 @@ def build_pipeline(
     return cls(model, optimizer, device, execute_all_batches=True, custom_model_fwd=forward)
 
 
-def cpu_bf16_speed_ratio(size: int = 512, repeats: int = 5) -> float:
-    """bf16 / fp32 matmul throughput on this CPU (above 1: bf16 is faster)."""
-    import time
+def cpu_has_bf16_units() -> bool:
+    """Whether this CPU does bf16 arithmetic in hardware: AVX-512 BF16 or AMX on x86,
+    the BF16 extension on Arm (oneDNN's own check there). Without them oneDNN emulates
+    bf16 matmuls on fp32 units, slower than fp32 itself."""
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
-    def best(dtype: torch.dtype) -> float:
-        a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-        torch.mm(a, b)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            torch.mm(a, b)
-            times.append(time.perf_counter() - start)
-        return min(times)
 
-    return best(torch.float32) / best(torch.bfloat16)
+def check_compile_supported(compile: bool) -> None:
+    """One-line BadInput for --compile without the C++ compiler Inductor (torch.compile's
+    backend) builds its CPU kernels with (Triton's launchers on CUDA need one too);
+    without it the first step would fail deep inside the compiler."""
+    if not compile:
+        return
+    from torch._inductor.cpp_builder import get_cpp_compiler
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    try:
+        get_cpp_compiler()
+    except InvalidCxxCompiler:
+        raise BadInput("--compile: torch.compile's Inductor needs a C++ compiler and found none ($CXX, g++, ...): "
+                       "install g++ (the Debian package g++) or leave out --compile") from None
+
+
+def check_dense_precision(precision: str, device: torch.device, has_bf16_units: bool) -> None:
+    """One-line BadInput for bf16 autocast on a CPU that would run it slower than fp32.
+
+    Example::
+
+        check_dense_precision(config.dense_precision, env.device, cpu_has_bf16_units())
+    """
+    if precision == "bf16" and device.type == "cpu" and not has_bf16_units:
+        raise BadInput("--dense_precision bf16 (--amp) on a CPU without bf16 units (AVX-512 BF16, AMX or Arm "
+                       "BF16): its bf16 matmuls are emulated and slower than fp32; leave --dense_precision at fp32")

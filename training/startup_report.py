@@ -81,7 +81,9 @@ def _outputs_line(config: TrainConfig) -> str:
 
 
 def _precision_line(config: TrainConfig, env: DistributedEnv) -> str:
-    dense = "bf16 autocast MLPs (--amp)" if config.amp else "fp32 MLPs"
+    dense = "bf16 autocast MLPs (--dense_precision bf16)" if config.amp else "fp32 MLPs"
+    if config.compile:
+        dense += ", compiled (--compile)"
     if env.device.type == "cuda" and config.allow_tf32:
         dense += " with TF32 matmuls"
     return (f"ranks: {env.world_size} ({env.local_world_size} on this host) | device {env.device.type} "
@@ -123,7 +125,7 @@ class StartupReport:
             "num_tables": len(model.num_embeddings_per_feature), "table_rows": sum(model.num_embeddings_per_feature),
             "embedding_dim": model.embedding_dim, "table_bytes": table_bytes, "data": _data_source(config),
             "split_rows": rows, "split_times": times, "world_size": self.env.world_size, "device": str(self.env.device),
-            "amp": config.amp, "embedding_precision": model.embedding_precision, "pipeline": config.pipeline,
+            "amp": config.amp, "compile": config.compile, "embedding_precision": model.embedding_precision, "pipeline": config.pipeline,
             "log_path": config.log_path, "checkpoint_dir": config.checkpoint.checkpoint_dir,
         }
         lines = [

@@ -27,7 +27,7 @@ from data.config import BatchLoader
 from data.sources import source_for
 from models import build_dlrm_train
 from models.embedding_optimizer import attach_fused_embedding_optimizer
-from models.interaction import align_to_sharded_embeddings
+from models.interaction import align_to_sharded_embeddings, compile_dense_part
 from sharding_plans import PlannerConfig, format_sharding_plan, plan_summary
 from sharding_plans.report import format_bytes
 from sharding_plans.rules import check_embedding_weight_decay, check_reshardable
@@ -44,7 +44,8 @@ from training.metrics import BinaryClassificationMetrics
 from training.optimizers import build_combined_optimizer
 from training.plan_memory import PlanMemoryProbe
 from training.pipelines import (build_pipeline, check_pipeline_supported, check_plan_for_pipeline,
-                                cpu_bf16_speed_ratio, release_cache_line_locks, semi_sync_start_after)
+                                check_compile_supported, check_dense_precision, cpu_has_bf16_units, release_cache_line_locks,
+                                semi_sync_start_after)
 from training.recipes import STABLE_OPTIMIZER
 from training.run_log import RunLog, StepClock, format_metrics
 from training.startup_report import StartupReport
@@ -124,6 +125,8 @@ class Trainer:
         if saves_checkpoints:
             check_writable(flags.checkpoint_dir)  # type: ignore[arg-type]
         check_pipeline_supported(config.pipeline, env.device)
+        check_dense_precision(config.dense_precision, env.device, cpu_has_bf16_units())
+        check_compile_supported(config.compile)
         startup = StartupReport(config, env)
         startup.before_setup(dataset)  # what is being built, before the seconds (or minutes) it takes
         self.source.check_values(dataset)
@@ -144,11 +147,6 @@ class Trainer:
             self.log.print(f"the data has no numerical features: no bottom MLP (--dense_arch_layer_sizes is not "
                            f"used), the {config.model.interaction_type} interaction runs over the "
                            f"{len(config.model.sparse_feature_names)} embeddings alone")
-        if config.amp and env.device.type == "cpu":
-            ratio = cpu_bf16_speed_ratio()
-            if ratio < 1.0:
-                self.log.print(f"note: --amp on this CPU: bf16 matmuls run at {ratio:.2f}x the fp32 speed "
-                               "(no fast bf16 units), so training will be slower, not faster")
         if env.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = config.allow_tf32
             torch.backends.cudnn.allow_tf32 = config.allow_tf32
@@ -195,6 +193,8 @@ class Trainer:
         # (fused_uvm_caching), which would otherwise keep serving torchrec's init of it.
         align_to_sharded_embeddings(self.model, env.device)
         release_cache_line_locks(self.model)  # the probe's lookup had no backward
+        if config.compile:
+            compile_dense_part(self.model)  # after the alignment, which changes the interaction's index buffers
         self.optimizer = build_combined_optimizer(self.model, config.optim)
         plan_memory.built()
         self.schedule = WarmupPolyDecaySchedule(config.optim)

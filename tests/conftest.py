@@ -75,3 +75,12 @@ def pytest_runtest_setup(item):
 
 
 pytest_runtest_call = pytest_runtest_setup
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    """The ports the test reserved with tests.support.launch.free_port go back once
+    its fixtures are torn down."""
+    yield
+    from tests.support import launch
+    launch.release_test_ports()

@@ -61,9 +61,10 @@ cluster-down:
 
 # Two pytest-xdist workers, whole files each: a test's processes wait on process
 # start-up, rendezvous and I/O, which the other worker fills (13m22s -> 9m42s here).
+# The files go out in tests/conftest.py's order (the most slow tests first), not xdist's.
 TEST_WORKERS ?= 2
 test: install
-	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 test-fast: install
 	$(PYTHON) -m pytest -q -m "not slow" tests

@@ -1,11 +1,13 @@
+import fcntl
 import multiprocessing.process
 import os
+import shutil
 import subprocess
 
 import pytest
 
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
-from tests.support.exported_model import train_and_export
+from tests.support.exported_model import exported, train_and_export
 
 # Small enough to train in seconds, large enough to learn from.
 SMALL_SPEC = SyntheticCriteoSpec(
@@ -25,14 +27,40 @@ def synthetic_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory) -> dict:
-    """A model trained and exported once for the inference and serving tests
-    (tests/support/exported_model.py)."""
-    return train_and_export(tmp_path_factory.mktemp("inference"))
+    """A model trained and exported once per pytest run for the inference and serving
+    tests (tests/support/exported_model.py). Under pytest-xdist the workers share it:
+    the first to need it builds it in the run's directory under a lock, the other
+    waits for it instead of training the same model again. The tests only read it."""
+    run_dir = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        run_dir = run_dir.parent  # the run's directory, above each worker's own
+    root, built = run_dir / "trained_model", run_dir / "trained_model.built"
+    with open(run_dir / "trained_model.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not built.exists():
+            shutil.rmtree(root, ignore_errors=True)  # what a failed attempt left
+            root.mkdir()
+            train_and_export(root)
+            built.touch()
+    return exported(root)
 
 
 @pytest.fixture
 def log_path(tmp_path) -> str:
     return os.path.join(str(tmp_path), "log.jsonl")
+
+
+def pytest_collection_modifyitems(items):
+    """Files run in the order of how many slow tests they hold, most first, the fast
+    tier's files last (each file's tests keep their order). `make test`'s xdist workers
+    take whole files in this order (--no-loadscope-reorder; xdist's own order puts the
+    files with the most tests first, which are fast, and left a long file to start near
+    the end while the other worker idled): the long files start early and the last ones
+    are short."""
+    slow_tests = {}
+    for item in items:
+        slow_tests[item.path] = slow_tests.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow_tests[item.path])
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -75,3 +103,12 @@ def pytest_runtest_setup(item):
 
 
 pytest_runtest_call = pytest_runtest_setup
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    """The ports the test reserved with tests.support.launch.free_port go back once
+    its fixtures are torn down."""
+    yield
+    from tests.support import launch
+    launch.release_test_ports()

@@ -36,6 +36,7 @@ def results(synthetic_dir, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the first case's limit covers the `results` fixture: every case's training
 @pytest.mark.parametrize("name", [matrix.case_name(c) for c in CASES + REFUSALS])
 def test_case(results, name):
     result = results[name]

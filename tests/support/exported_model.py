@@ -40,9 +40,14 @@ def train_and_export(root: Path) -> Dict[str, Any]:
                                    "--optimizer", "adagrad", "--learning_rate", "0.05", "--seed", "1",
                                    "--checkpoint_dir", ckpt, "--checkpoint_at_epoch_end", "--log_path", log,
                                    "--sharding_type", "table_wise"]) == {0: 0, 1: 0}
-    model_dir = str(root / "model")
-    assert export.main(["--checkpoint", ckpt, "--output", model_dir]) == 0
-    return {"raw": str(raw), "data": data, "ckpt": ckpt, "model": model_dir, "log": read_log(log), "root": root}
+    assert export.main(["--checkpoint", ckpt, "--output", str(root / "model")]) == 0
+    return exported(root)
+
+
+def exported(root: Path) -> Dict[str, Any]:
+    """The paths and the training log `train_and_export` returned for ``root``."""
+    return {"raw": str(root / "raw"), "data": str(root / "data"), "ckpt": str(root / "ckpt"),
+            "model": str(root / "model"), "log": read_log(str(root / "log.jsonl")), "root": root}
 
 
 def raw_test_lines(trained: Dict[str, Any], count: int) -> List[bytes]:

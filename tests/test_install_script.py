@@ -3,6 +3,7 @@ the driver check against a stand-in nvidia-smi, printed by DRY_RUN) and scripts/
 verdicts, run against fake venv directories, and one install into a new venv that
 borrows this venv's dependencies (nothing is downloaded)."""
 
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -25,6 +26,19 @@ def fake_venv(root, *dist_infos: str) -> str:
     for name in dist_infos:
         os.makedirs(os.path.join(site, name))
     return venv
+
+
+def stack_of_this_venv() -> str:
+    """The folder of stacks/ whose torchrec pin is the torchrec this venv holds."""
+    torchrec_pin = f"torchrec=={importlib.metadata.version('torchrec')}"
+    stacks = os.path.join(REPO, "stacks")
+    for stack in sorted(os.listdir(stacks)):
+        pins = os.path.join(stacks, stack, "requirements-torchrec.txt")
+        if os.path.isfile(pins):
+            with open(pins) as f:
+                if torchrec_pin in f.read().split():
+                    return stack
+    raise AssertionError(f"no folder of stacks/ pins {torchrec_pin}")
 
 
 def install(venv: str, device: str, **settings: str) -> subprocess.CompletedProcess:
@@ -171,16 +185,23 @@ def test_a_new_venv_imports_the_packages_from_any_directory(tmp_path):
     """The install is editable and holds every package: from outside the repository the
     new venv imports this checkout's packages, entry points and the test helpers the
     benchmarks use. Its dependencies are this venv's (a .pth line), which pip finds
-    installed, so the script installs only the project itself."""
+    installed, so the script installs only the project itself: the stack asked for is
+    this venv's (found by its torchrec), and a CUDA build of torch is what this venv
+    holds where it holds one (ALLOW_CUDA_TORCH)."""
+    import torch
+
     target = str(tmp_path / "venv")
     create_venv(target)  # pip too is borrowed
     site = sysconfig.get_path("purelib", vars={"base": target, "platbase": target})
     with open(os.path.join(site, "borrowed_dependencies.pth"), "w") as f:
         f.write(sysconfig.get_path("purelib") + "\n")
-    result = subprocess.run(["bash", INSTALL, target], cwd=REPO, env={**os.environ, "DEVICE": "cpu"},
+    settings = {"DEVICE": "cpu", "STACK": stack_of_this_venv(), "TORCH_INDEX": "",
+                "ALLOW_CUDA_TORCH": "1" if torch.version.cuda else "0"}
+    result = subprocess.run(["bash", INSTALL, target], cwd=REPO, env={**os.environ, **settings},
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "install: torch 2.13.0" in result.stdout and "(CPU build; FBGEMM lookup and update checked)" in result.stdout
+    assert f"install: torch {torch.__version__} " in result.stdout
+    assert "build; FBGEMM lookup and update checked)" in result.stdout
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     # The packages whose __init__ imports no torch, and where the entry-point modules are.

@@ -77,7 +77,8 @@ def check(device: str, gpu_visible: bool, allow_cuda_torch: bool = False) -> str
         if torch.version.cuda is not None:
             if not allow_cuda_torch:
                 raise RuntimeError(f"DEVICE=cpu installed a CUDA build of torch ({torch.__version__}): "
-                                   "it should come from PyTorch's CPU index (TORCH_INDEX)")
+                                   "it should come from PyTorch's CPU index (TORCH_INDEX), or set ALLOW_CUDA_TORCH=1 "
+                                   "to run it on the CPU")
             build = f"CUDA {torch.version.cuda} build of torch on the CPU, ALLOW_CUDA_TORCH"
         table_batched_lookup_and_update(torch.device("cpu"))
         return f"{versions} ({build}; FBGEMM lookup and update checked)"

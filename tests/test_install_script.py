@@ -168,7 +168,8 @@ def test_install_check_verifies_the_build_asked_for():
     if torch.version.cuda is not None:
         assert cpu.returncode == 1
         assert cpu.stderr == (f"install: check failed: DEVICE=cpu installed a CUDA build of torch ({torch.__version__}): "
-                              "it should come from PyTorch's CPU index (TORCH_INDEX)\n")
+                              "it should come from PyTorch's CPU index (TORCH_INDEX), or set ALLOW_CUDA_TORCH=1 to run "
+                              "it on the CPU\n")
         allowed = subprocess.run(check + ["cpu", "--allow-cuda-torch"], capture_output=True, text=True, timeout=120)
         assert allowed.returncode == 0 and allowed.stdout.startswith(f"install: torch {torch.__version__} ")
         assert (f"(CUDA {torch.version.cuda} build of torch on the CPU, ALLOW_CUDA_TORCH; "

@@ -41,9 +41,15 @@ def stack_of_this_venv() -> str:
     raise AssertionError(f"no folder of stacks/ pins {torchrec_pin}")
 
 
-def install(venv: str, device: str, **settings: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DEVICE": device, **settings}
-    return subprocess.run(["bash", INSTALL, venv], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+# install.sh's settings: a test gives the ones it means; none comes from the caller's
+# environment (`make test STACK=...` exports STACK to the suite).
+INSTALL_SETTINGS = ("STACK", "DEVICE", "CUDA_VARIANT", "TORCH_INDEX", "ALLOW_CUDA_TORCH", "DRY_RUN")
+
+
+def install(venv: str, device: str, timeout: float = 60, **settings: str) -> subprocess.CompletedProcess:
+    inherited = {name: value for name, value in os.environ.items() if name not in INSTALL_SETTINGS}
+    env = {**inherited, "DEVICE": device, **settings}
+    return subprocess.run(["bash", INSTALL, venv], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def path_with_gpu(root, driver: str) -> str:
@@ -196,10 +202,8 @@ def test_a_new_venv_imports_the_packages_from_any_directory(tmp_path):
     site = sysconfig.get_path("purelib", vars={"base": target, "platbase": target})
     with open(os.path.join(site, "borrowed_dependencies.pth"), "w") as f:
         f.write(sysconfig.get_path("purelib") + "\n")
-    settings = {"DEVICE": "cpu", "STACK": stack_of_this_venv(), "TORCH_INDEX": "",
-                "ALLOW_CUDA_TORCH": "1" if torch.version.cuda else "0"}
-    result = subprocess.run(["bash", INSTALL, target], cwd=REPO, env={**os.environ, **settings},
-                            capture_output=True, text=True, timeout=900)
+    result = install(target, "cpu", timeout=900, STACK=stack_of_this_venv(), TORCH_INDEX="",
+                     ALLOW_CUDA_TORCH="1" if torch.version.cuda else "0")
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"install: torch {torch.__version__} " in result.stdout
     assert "build; FBGEMM lookup and update checked)" in result.stdout

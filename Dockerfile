@@ -3,8 +3,11 @@
 # so neither build below has been run.
 #   docker build -t REGISTRY/dlrm-torchrec:TAG .                      # CUDA torch + fbgemm-gpu + EFA
 #   docker build --build-arg DEVICE=cpu -t REGISTRY/dlrm-torchrec:cpu .
+#   docker build --build-arg STACK=torch2.14 ...                     # another stack of stacks/
 FROM python:3.11-slim
 ARG DEVICE=cuda
+# Empty: the stack stacks/default names.
+ARG STACK=
 # EFA, the network of the aws_* presets (p4d, p5, ...): libfabric with its EFA provider
 # and the aws-ofi-nccl plugin through which NCCL uses it, from AWS's EFA installer
 # (user space only: the kernel module is the host's; no EFA device, and NCCL falls
@@ -36,5 +39,5 @@ RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /
 ENV LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib
 WORKDIR /workspace/dlrm
 COPY . .
-RUN DEVICE=${DEVICE} bash scripts/install.sh /opt/venv
+RUN DEVICE=${DEVICE} STACK=${STACK} bash scripts/install.sh /opt/venv
 ENV PATH=/opt/venv/bin:/opt/amazon/efa/bin:${PATH} PYTHONUNBUFFERED=1

@@ -1,7 +1,12 @@
 # One-command set-up: `make train` trains DLRM on the generated default data,
 # `make test` runs the test suite (`make test-fast`: the tests that start no process).
 # Both install into .venv first (idempotent).
-VENV ?= .venv
+# STACK picks the torch/FBGEMM/torchrec releases: a folder of stacks/ (its pins), default
+# the one stacks/default names. Any other stack gets a venv of its own:
+# `make test-fast STACK=torch2.14` installs into and tests .venv-torch2.14.
+DEFAULT_STACK := $(file < stacks/default)
+STACK ?= $(DEFAULT_STACK)
+VENV ?= $(if $(filter $(DEFAULT_STACK),$(STACK)),.venv,.venv-$(STACK))
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DATA_DIR ?= data_cache/synthetic_criteo
@@ -17,10 +22,9 @@ TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.05 --optimizer adag
 install: $(STAMP)
 
 # The project's packages are installed editable: a new package folder reinstalls.
-$(STAMP): requirements.txt requirements-cpu.txt requirements-cuda.txt \
-          requirements-torchrec.txt requirements-dev.txt pyproject.toml scripts/install.sh \
-          scripts/check_install.py $(wildcard */__init__.py)
-	bash scripts/install.sh $(VENV)
+$(STAMP): requirements.txt requirements-dev.txt $(wildcard stacks/$(STACK)/*) pyproject.toml \
+          scripts/install.sh scripts/check_install.py $(wildcard */__init__.py)
+	STACK=$(STACK) bash scripts/install.sh $(VENV)
 	touch $@
 
 data: install
@@ -80,9 +84,11 @@ HOSTILE_EXAMPLES ?= 200
 test-hostile: install
 	HOSTILE_EXAMPLES=$(HOSTILE_EXAMPLES) $(PYTHON) -m pytest -q tests/test_hostile_*.py
 
-# The correctness matrix over every triple of choices (make test runs every pair).
+# The correctness matrix over every triple of choices (make test runs every pair;
+# MATRIX_STRENGTH=2 runs those pairs alone, as .ci/run does on the second stack).
+MATRIX_STRENGTH ?= 3
 test-matrix: install
-	$(PYTHON) -m tests.support.matrix --strength 3
+	$(PYTHON) -m tests.support.matrix --strength $(MATRIX_STRENGTH)
 
 bench: install
 	$(PYTHON) bench/train_throughput.py

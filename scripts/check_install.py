@@ -2,12 +2,16 @@
 FBGEMM's table-batched embedding (the kernel training uses) looks rows up and applies
 its fused SGD update correctly: on the GPU on a host with one, else on the CPU.
 
-    python scripts/check_install.py cpu|cuda [--gpu-visible]
+    python scripts/check_install.py cpu|cuda [--gpu-visible] [--allow-cuda-torch]
 
 Without this, a CUDA install whose torch cannot reach the GPU (a CPU wheel, a CUDA
 version the driver does not support) would train on the CPU without a word under
 ``--device auto``. ``--gpu-visible`` (nvidia-smi lists a GPU) turns the CUDA check
 on; a CUDA install without a GPU (a container image build) only loads the packages.
+A CPU install refuses a CUDA build of torch (gigabytes of NVIDIA libraries it cannot
+use) unless ``--allow-cuda-torch`` says no CPU build could be reached (the torch 2.14
+stack on the project's machines: PyPI serves only the CUDA build, and the CUDA build
+does not import without its NVIDIA libraries).
 Exit 1 with one line when a check fails.
 """
 
@@ -55,7 +59,7 @@ def table_batched_lookup_and_update(device) -> None:
         raise RuntimeError(f"FBGEMM's table-batched embedding backward (fused SGD) gives wrong rows {where}")
 
 
-def check(device: str, gpu_visible: bool) -> str:
+def check(device: str, gpu_visible: bool, allow_cuda_torch: bool = False) -> str:
     """What was verified, as one line; raises RuntimeError (one line) when the install
     cannot work as asked.
 
@@ -69,11 +73,15 @@ def check(device: str, gpu_visible: bool) -> str:
 
     versions = f"torch {torch.__version__} | fbgemm_gpu {fbgemm_gpu.__version__} | torchrec {torchrec.__version__}"
     if device == "cpu":
+        build = "CPU build"
         if torch.version.cuda is not None:
-            raise RuntimeError(f"DEVICE=cpu installed a CUDA build of torch ({torch.__version__}): "
-                               "it should come from PyTorch's CPU index (TORCH_INDEX)")
+            if not allow_cuda_torch:
+                raise RuntimeError(f"DEVICE=cpu installed a CUDA build of torch ({torch.__version__}): "
+                                   "it should come from PyTorch's CPU index (TORCH_INDEX), or set ALLOW_CUDA_TORCH=1 "
+                                   "to run it on the CPU")
+            build = f"CUDA {torch.version.cuda} build of torch on the CPU, ALLOW_CUDA_TORCH"
         table_batched_lookup_and_update(torch.device("cpu"))
-        return f"{versions} (CPU build; FBGEMM lookup and update checked)"
+        return f"{versions} ({build}; FBGEMM lookup and update checked)"
     if torch.version.cuda is None:
         raise RuntimeError(f"DEVICE=cuda installed a CPU build of torch ({torch.__version__})")
     if not gpu_visible:
@@ -91,9 +99,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("device", choices=("cpu", "cuda"))
     parser.add_argument("--gpu-visible", action="store_true", help="nvidia-smi lists a GPU on this host")
+    parser.add_argument("--allow-cuda-torch", action="store_true",
+                        help="cpu: accept a CUDA build of torch (no CPU build of the stack's torch reachable)")
     args = parser.parse_args(argv)
     try:
-        print(f"install: {check(args.device, args.gpu_visible)}")
+        print(f"install: {check(args.device, args.gpu_visible, args.allow_cuda_torch)}")
     except (RuntimeError, ImportError, OSError) as e:
         print(f"install: check failed: {e}", file=sys.stderr)
         return 1

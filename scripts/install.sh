@@ -1,32 +1,52 @@
 #!/usr/bin/env bash
-# Creates or updates the virtual environment given as $1 (default .venv).
-# Picks the CUDA or CPU builds of torch/FBGEMM: CUDA when `nvidia-smi` finds a GPU,
-# unless DEVICE=cpu or DEVICE=cuda says otherwise.
+# Creates or updates the virtual environment given as $1 (default .venv) with one stack
+# of torch, FBGEMM and torchrec. Picks the CUDA or CPU builds of torch/FBGEMM: CUDA when
+# `nvidia-smi` finds a GPU, unless DEVICE=cpu or DEVICE=cuda says otherwise.
 #
 # Settings (environment):
+#   STACK         the stack: a folder of stacks/ holding its pins (requirements-cpu.txt,
+#                 requirements-cuda.txt, requirements-torchrec.txt) and its CUDA builds
+#                 (cuda-variants). Default: the one stacks/default names.
 #   DEVICE        auto (default), cpu or cuda.
-#   CUDA_VARIANT  the CUDA build of torch and FBGEMM together: cu130 (default) or cu126,
-#                 the two torch 2.13 and fbgemm-gpu 1.8.0 are published for (no cu128).
-#                 cu130 needs an NVIDIA driver R580 or newer, cu126 R525 or newer: with a
-#                 GPU visible, an older driver is refused before anything is installed.
+#   CUDA_VARIANT  the CUDA build of torch and FBGEMM together, one of the stack's
+#                 cuda-variants (default: its first). Each needs an NVIDIA driver branch
+#                 (listed beside it): with a GPU visible, an older driver is refused
+#                 before anything is installed.
 #   TORCH_INDEX   the package index torch and FBGEMM come from. Default: PyTorch's index
 #                 for the build, https://download.pytorch.org/whl/cpu or .../$CUDA_VARIANT
 #                 (PyPI's torch is a CUDA build, gigabytes on a CPU host; PyPI's
 #                 fbgemm-gpu is the cu130 build only). Skipped when pip's own configuration
 #                 already finds the pinned torch (a local wheel folder); TORCH_INDEX=
 #                 (empty) never uses it.
-#   DRY_RUN       1: print the build, the pins and the index, install nothing.
+#   ALLOW_CUDA_TORCH  1: a CPU install accepts a CUDA build of torch (PyPI's; it runs on
+#                 the CPU, its NVIDIA libraries unused) where no CPU build can be reached.
+#   DRY_RUN       1: print the stack, the build, the pins and the index, install nothing.
 set -euo pipefail
 venv="${1:-.venv}"
 device="${DEVICE:-auto}"
-# The oldest driver branch each CUDA build runs on (CUDA 13.0: R580; CUDA 12.x: R525,
-# through CUDA's minor-version compatibility).
-case "${CUDA_VARIANT:=cu130}" in
-  cu130) min_driver=580; older_variant=" or install with CUDA_VARIANT=cu126 (R525 or newer)" ;;
-  cu126) min_driver=525; older_variant="" ;;
-  *) echo "install: CUDA_VARIANT must be cu130 or cu126 (the CUDA builds of torch 2.13 and fbgemm-gpu 1.8.0)," \
-          "not '$CUDA_VARIANT'" >&2; exit 2 ;;
-esac
+stack="${STACK:-$(<stacks/default)}"
+if [ ! -f "stacks/$stack/cuda-variants" ]; then
+  echo "install: STACK must be one of the folders of stacks/ ($(cd stacks && ls -d -- */ | tr -d / | xargs)), not '$stack'" >&2
+  exit 2
+fi
+stack_dir="stacks/$stack"
+# The stack's CUDA builds, "VARIANT MIN_DRIVER" a line; the first is the default.
+variants="$(grep -E '^cu[0-9]+ [0-9]+$' "$stack_dir/cuda-variants")"
+: "${CUDA_VARIANT:=${variants%% *}}"
+min_driver="$(awk -v v="$CUDA_VARIANT" '$1 == v {print $2}' <<<"$variants")"
+if [ -z "$min_driver" ]; then
+  # "torch 2.13.0 and fbgemm-gpu 1.8.0", from the pins
+  releases="$(grep -E '^(torch|fbgemm-gpu)==' "$stack_dir/requirements-cuda.txt" | sed 's/==/ /; s/+.*//' | paste -sd '|')"
+  echo "install: CUDA_VARIANT must be $(cut -d' ' -f1 <<<"$variants" | paste -sd '|' | sed 's/|/ or /g')" \
+       "(the CUDA builds of ${releases/|/ and }), not '$CUDA_VARIANT'" >&2
+  exit 2
+fi
+# The build for the oldest drivers, offered when this host's driver is too old.
+oldest="$(tail -n 1 <<<"$variants")"
+older_variant=""
+if [ "${oldest%% *}" != "$CUDA_VARIANT" ]; then
+  older_variant=" or install with CUDA_VARIANT=${oldest%% *} (R${oldest##* } or newer)"
+fi
 export CUDA_VARIANT  # requirements-cuda.txt pins torch and fbgemm-gpu with it
 gpu_visible=()
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -71,10 +91,10 @@ if [ "$device" = cuda ] && [ ${#gpu_visible[@]} -gt 0 ]; then
   fi
 fi
 # The build's pins, with CUDA_VARIANT in place (pip expands it in the file the same way).
-pins=$(grep -E '^[a-z]' "requirements-$device.txt" | sed "s/\${CUDA_VARIANT}/$CUDA_VARIANT/g")
+pins=$(grep -E '^[a-z]' "$stack_dir/requirements-$device.txt" | sed "s/\${CUDA_VARIANT}/$CUDA_VARIANT/g")
 torch_pin="$(grep -E '^torch==' <<<"$pins")"
 if [ "${DRY_RUN:-0}" = 1 ]; then
-  echo "install: dry run: $device build${gpu_visible:+ (GPU visible)}:" $pins "from ${TORCH_INDEX-$default_index}"
+  echo "install: dry run: $stack stack, $device build${gpu_visible:+ (GPU visible)}:" $pins "from ${TORCH_INDEX-$default_index}"
   exit 0
 fi
 
@@ -85,13 +105,17 @@ if [ -z "${TORCH_INDEX-$default_index}" ] \
    || "${pip[@]}" install --dry-run --no-index --no-deps --ignore-installed "$torch_pin" >/dev/null 2>&1; then
   index=()  # pip's configuration serves torch (this project's machines: a local CPU wheel)
 fi
-echo "install: $device build into $venv${index:+ (torch from ${index[1]})}"
-"${pip[@]}" install "${index[@]}" -r "requirements-$device.txt"
-"${pip[@]}" install --no-deps -r requirements-torchrec.txt
+echo "install: $stack stack, $device build into $venv${index:+ (torch from ${index[1]})}"
+"${pip[@]}" install "${index[@]}" -r "$stack_dir/requirements-$device.txt"
+"${pip[@]}" install --no-deps -r "$stack_dir/requirements-torchrec.txt"
 "${pip[@]}" install -r requirements.txt -r requirements-dev.txt
 # The torchx components, editable: registers `torchx run dlrm|dcnv2|preprocess_criteo`.
 "${pip[@]}" install --no-deps -e .
-"$venv/bin/python" scripts/check_install.py "$device" "${gpu_visible[@]}"
+allow_cuda_torch=()
+if [ "${ALLOW_CUDA_TORCH:-0}" = 1 ]; then
+  allow_cuda_torch=(--allow-cuda-torch)
+fi
+"$venv/bin/python" scripts/check_install.py "$device" "${gpu_visible[@]}" "${allow_cuda_torch[@]}"
 if [ "$device" = cpu ]; then
   echo "install: (pip's complaint that torchrec requires fbgemm-gpu is expected: its CPU build, fbgemm-gpu-cpu, is installed)"
 fi

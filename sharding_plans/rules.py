@@ -71,7 +71,7 @@ def check_reshardable(saved: PlanSummary, plan: PlanSummary, source: str) -> Non
 
 def check_embedding_weight_decay(plan: PlanSummary, device: torch.device, embedding_weight_decay: float) -> None:
     """Refuses --embedding_weight_decay where it would be silently ignored: FBGEMM's
-    fused CPU kernels (fbgemm-gpu-cpu 1.8) accept ``weight_decay`` and its modes but
+    fused CPU kernels (fbgemm-gpu-cpu 1.8 and 1.9) accept ``weight_decay`` and its modes but
     never apply them (measured: rowwise Adagrad's update is the same with L2, decoupled
     or no decay). Data-parallel tables (the trainer's looked-up-rows L2) and the CUDA
     kernel apply it.

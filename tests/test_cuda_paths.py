@@ -336,7 +336,7 @@ def test_plan_file_cannot_turn_cache_line_locking_off_under_prefetch(tmp_path, p
 
 
 def test_prefetch_pipeline_orders_input_dist_after_prefetch_while_torchrec_does_not():
-    """torchrec 1.8.0's prefetch pipeline starts the input dist of batch i+2 with no
+    """torchrec 1.8.0's and 1.9.2's prefetch pipeline starts the input dist of batch i+2 with no
     wait on the prefetch stream (upstream PR 4191, open): --pipeline prefetch uses
     `FencedPrefetchPipeline`. This is the one place that checks the pinned torchrec:
     when it fails, torchrec orders the streams itself and the subclass can go."""

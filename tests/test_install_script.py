@@ -1,8 +1,9 @@
-"""scripts/install.sh's refusals, its CUDA build choice (CUDA_VARIANT, the driver check
-against a stand-in nvidia-smi, printed by DRY_RUN) and scripts/check_install.py's
+"""scripts/install.sh's refusals, its stack and CUDA build choice (STACK, CUDA_VARIANT,
+the driver check against a stand-in nvidia-smi, printed by DRY_RUN) and scripts/check_install.py's
 verdicts, run against fake venv directories, and one install into a new venv that
 borrows this venv's dependencies (nothing is downloaded)."""
 
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -27,9 +28,28 @@ def fake_venv(root, *dist_infos: str) -> str:
     return venv
 
 
-def install(venv: str, device: str, **settings: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DEVICE": device, **settings}
-    return subprocess.run(["bash", INSTALL, venv], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+def stack_of_this_venv() -> str:
+    """The folder of stacks/ whose torchrec pin is the torchrec this venv holds."""
+    torchrec_pin = f"torchrec=={importlib.metadata.version('torchrec')}"
+    stacks = os.path.join(REPO, "stacks")
+    for stack in sorted(os.listdir(stacks)):
+        pins = os.path.join(stacks, stack, "requirements-torchrec.txt")
+        if os.path.isfile(pins):
+            with open(pins) as f:
+                if torchrec_pin in f.read().split():
+                    return stack
+    raise AssertionError(f"no folder of stacks/ pins {torchrec_pin}")
+
+
+# install.sh's settings: a test gives the ones it means; none comes from the caller's
+# environment (`make test STACK=...` exports STACK to the suite).
+INSTALL_SETTINGS = ("STACK", "DEVICE", "CUDA_VARIANT", "TORCH_INDEX", "ALLOW_CUDA_TORCH", "DRY_RUN")
+
+
+def install(venv: str, device: str, timeout: float = 60, **settings: str) -> subprocess.CompletedProcess:
+    inherited = {name: value for name, value in os.environ.items() if name not in INSTALL_SETTINGS}
+    env = {**inherited, "DEVICE": device, **settings}
+    return subprocess.run(["bash", INSTALL, venv], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def path_with_gpu(root, driver: str) -> str:
@@ -53,15 +73,52 @@ def test_cuda_variant_switches_torch_and_fbgemm_together(tmp_path, variant, pins
     settings = {"DRY_RUN": "1", **({"CUDA_VARIANT": variant} if variant else {})}
     result = install(str(tmp_path / "venv"), "cuda", **settings)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == f"install: dry run: cuda build: {pins}\n"
+    assert result.stdout == f"install: dry run: torch2.13 stack, cuda build: {pins}\n"
     assert not os.path.exists(tmp_path / "venv")
 
 
-def test_install_refuses_a_cuda_variant_torch_does_not_publish(tmp_path):
-    result = install(str(tmp_path / "venv"), "cuda", CUDA_VARIANT="cu128")
+@pytest.mark.parametrize("device, pins", [
+    ("cpu", "torch==2.14.1 fbgemm-gpu-cpu==1.9.0 from https://download.pytorch.org/whl/cpu"),
+    ("cuda", "torch==2.14.1+cu130 fbgemm-gpu==1.9.0+cu130 from https://download.pytorch.org/whl/cu130"),
+])
+def test_stack_picks_its_own_pins(tmp_path, device, pins):
+    """STACK=torch2.14 takes torch, FBGEMM and their CUDA builds from its own folder."""
+    result = install(str(tmp_path / "venv"), device, STACK="torch2.14", DRY_RUN="1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"install: dry run: torch2.14 stack, {device} build: {pins}\n"
+
+
+def test_default_stack_is_the_one_stacks_default_names():
+    """The Makefile and install.sh read the default from stacks/default (one place); every
+    stack folder holds the files install.sh reads."""
+    with open(os.path.join(REPO, "stacks", "default")) as f:
+        default = f.read().strip()
+    stacks = sorted(entry.name for entry in os.scandir(os.path.join(REPO, "stacks")) if entry.is_dir())
+    assert default in stacks and len(stacks) >= 2
+    for stack in stacks:
+        assert sorted(os.listdir(os.path.join(REPO, "stacks", stack))) == [
+            "cuda-variants", "requirements-cpu.txt", "requirements-cuda.txt", "requirements-torchrec.txt"]
+
+
+@pytest.mark.parametrize("stack, variant, refusal", [
+    (None, "cu128", "install: CUDA_VARIANT must be cu130 or cu126 (the CUDA builds of torch 2.13.0 and "
+                    "fbgemm-gpu 1.8.0), not 'cu128'\n"),
+    ("torch2.14", "cu126", "install: CUDA_VARIANT must be cu130 (the CUDA builds of torch 2.14.1 and "
+                           "fbgemm-gpu 1.9.0), not 'cu126'\n"),
+])
+def test_install_refuses_a_cuda_variant_torch_does_not_publish(tmp_path, stack, variant, refusal):
+    result = install(str(tmp_path / "venv"), "cuda", CUDA_VARIANT=variant, **({"STACK": stack} if stack else {}))
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr == ("install: CUDA_VARIANT must be cu130 or cu126 (the CUDA builds of torch 2.13 and "
-                             "fbgemm-gpu 1.8.0), not 'cu128'\n")
+    assert result.stderr == refusal
+    assert not os.path.exists(tmp_path / "venv")
+
+
+def test_install_refuses_an_unknown_stack(tmp_path):
+    result = install(str(tmp_path / "venv"), "cpu", STACK="torch9.99")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == ("install: STACK must be one of the folders of stacks/ (torch2.13 torch2.14), "
+                             "not 'torch9.99'\n")
+    assert not os.path.exists(tmp_path / "venv")
 
 
 @pytest.mark.parametrize("driver, variant, refusal", [
@@ -78,7 +135,7 @@ def test_install_refuses_a_driver_too_old_for_the_cuda_build(tmp_path, driver, v
     result = install(str(tmp_path / "venv"), "auto", CUDA_VARIANT=variant, DRY_RUN="1",
                      PATH=path_with_gpu(str(tmp_path), driver))
     if refusal is None:
-        assert result.returncode == 0 and result.stdout.startswith("install: dry run: cuda build (GPU visible): ")
+        assert result.returncode == 0 and result.stdout.startswith("install: dry run: torch2.13 stack, cuda build (GPU visible): ")
     else:
         assert result.returncode == 2 and result.stdout == "" and result.stderr == refusal
 
@@ -106,31 +163,50 @@ def test_install_refuses_an_unknown_device(tmp_path):
 
 
 def test_install_check_verifies_the_build_asked_for():
-    """On this CPU host the CPU build passes, and a CUDA install check fails with one
-    line instead of letting --device auto train on the CPU."""
+    """On this CPU host a CPU build of torch passes, and a CUDA install check fails with
+    one line instead of letting --device auto train on the CPU. A venv holding PyPI's
+    CUDA build of torch (the torch 2.14 stack here) fails the CPU check unless
+    --allow-cuda-torch says so, and then runs FBGEMM's CPU kernels."""
+    import torch
+
     check = [sys.executable, os.path.join(REPO, "scripts", "check_install.py")]
     cpu = subprocess.run(check + ["cpu"], capture_output=True, text=True, timeout=120)
-    assert cpu.returncode == 0 and cpu.stdout.startswith("install: torch 2.13.0")
+    if torch.version.cuda is not None:
+        assert cpu.returncode == 1
+        assert cpu.stderr == (f"install: check failed: DEVICE=cpu installed a CUDA build of torch ({torch.__version__}): "
+                              "it should come from PyTorch's CPU index (TORCH_INDEX), or set ALLOW_CUDA_TORCH=1 to run "
+                              "it on the CPU\n")
+        allowed = subprocess.run(check + ["cpu", "--allow-cuda-torch"], capture_output=True, text=True, timeout=120)
+        assert allowed.returncode == 0 and allowed.stdout.startswith(f"install: torch {torch.__version__} ")
+        assert (f"(CUDA {torch.version.cuda} build of torch on the CPU, ALLOW_CUDA_TORCH; "
+                "FBGEMM lookup and update checked)") in allowed.stdout
+        return
+    assert cpu.returncode == 0 and cpu.stdout.startswith(f"install: torch {torch.__version__} ")
     assert "(CPU build; FBGEMM lookup and update checked)" in cpu.stdout
     cuda = subprocess.run(check + ["cuda", "--gpu-visible"], capture_output=True, text=True, timeout=120)
     assert cuda.returncode == 1
-    assert cuda.stderr == "install: check failed: DEVICE=cuda installed a CPU build of torch (2.13.0+cpu)\n"
+    assert cuda.stderr == f"install: check failed: DEVICE=cuda installed a CPU build of torch ({torch.__version__})\n"
 
 
 def test_a_new_venv_imports_the_packages_from_any_directory(tmp_path):
     """The install is editable and holds every package: from outside the repository the
     new venv imports this checkout's packages, entry points and the test helpers the
     benchmarks use. Its dependencies are this venv's (a .pth line), which pip finds
-    installed, so the script installs only the project itself."""
+    installed, so the script installs only the project itself: the stack asked for is
+    this venv's (found by its torchrec), and a CUDA build of torch is what this venv
+    holds where it holds one (ALLOW_CUDA_TORCH)."""
+    import torch
+
     target = str(tmp_path / "venv")
     create_venv(target)  # pip too is borrowed
     site = sysconfig.get_path("purelib", vars={"base": target, "platbase": target})
     with open(os.path.join(site, "borrowed_dependencies.pth"), "w") as f:
         f.write(sysconfig.get_path("purelib") + "\n")
-    result = subprocess.run(["bash", INSTALL, target], cwd=REPO, env={**os.environ, "DEVICE": "cpu"},
-                            capture_output=True, text=True, timeout=900)
+    result = install(target, "cpu", timeout=900, STACK=stack_of_this_venv(), TORCH_INDEX="",
+                     ALLOW_CUDA_TORCH="1" if torch.version.cuda else "0")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "install: torch 2.13.0" in result.stdout and "(CPU build; FBGEMM lookup and update checked)" in result.stdout
+    assert f"install: torch {torch.__version__} " in result.stdout
+    assert "build; FBGEMM lookup and update checked)" in result.stdout
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     # The packages whose __init__ imports no torch, and where the entry-point modules are.

@@ -6,7 +6,7 @@
   afresh on each new iterator (`RestartingTrainPipelineBase`).
 - semi_sync: TrainPipelineSemiSync, embeddings one step stale, more overlap (CUDA only).
 - prefetch: PrefetchTrainPipelineSparseDist, prefetches into the UVM embedding cache
-  (CUDA only), with the stream order torchrec 1.8 lacks (`FencedPrefetchPipeline`).
+  (CUDA only), with the stream order torchrec 1.8 and 1.9 lack (`FencedPrefetchPipeline`).
 
 `check_plan_for_pipeline` refuses plans whose embedding caches a pipeline would
 leave inconsistent; `release_cache_line_locks` frees the cache lines no-grad forwards
@@ -134,7 +134,7 @@ class FencedPrefetchPipeline(PrefetchTrainPipelineSparseDist):
     """torchrec's prefetch pipeline with each input dist ordered after the prefetch
     queued before it.
 
-    torchrec 1.8.0 starts the input all-to-all of batch i+2 (of batch 1 while filling)
+    torchrec 1.8.0 and 1.9.2 start the input all-to-all of batch i+2 (of batch 1 while filling)
     on the data-dist stream while the prefetch of batch i+1 may still run on the
     prefetch stream, and tells the allocator only about the prefetch and forward
     streams' use of the prefetched inputs: garbage embeddings or an illegal memory

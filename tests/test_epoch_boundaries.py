@@ -12,7 +12,7 @@ from typing import Any, Dict, List
 import pytest
 import torch.distributed as dist
 
-from tests.support.launch import read_log
+from tests.support.launch import eval_metrics, read_log
 from training.distributed import resolve_env
 from training.flags import parse_config
 from training.trainer import Trainer
@@ -61,8 +61,7 @@ def per_step(records: List[Dict[str, Any]]) -> Dict[int, tuple]:
 
 
 def evaluations(records: List[Dict[str, Any]], stage: str) -> List[Dict[str, Any]]:
-    return [{k: v for k, v in r.items() if k not in ("run_id", "time")}
-            for r in records if r["event"] == "eval" and r["stage"] == stage]
+    return [eval_metrics(r) for r in records if r["event"] == "eval" and r["stage"] == stage]
 
 
 @pytest.mark.slow  # eight short trainings (no process)

@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterator, List, NamedTuple, Tuple
 
 import pytest
 
-from tests.support.launch import REPO, eval_record, step_losses
+from tests.support.launch import REPO, eval_metrics, eval_record, step_losses
 
 STATE = "/run/dlrm_cluster"  # scripts/cluster_up.sh's state directory
 HOSTS_FILE = os.path.join(STATE, "hosts")
@@ -94,7 +94,7 @@ def slurm_hosts(cluster_hosts: List[Host]) -> List[Host]:
 
 def training_results(records: List[Dict[str, Any]]) -> Tuple[List[float], Dict[str, Any]]:
     """A run's step losses and test metrics (less its run id and time), to compare runs."""
-    test = {k: v for k, v in eval_record(records, "test").items() if k not in ("run_id", "time")}
+    test = eval_metrics(eval_record(records, "test"))
     return step_losses(records), test
 
 

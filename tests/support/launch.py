@@ -88,3 +88,14 @@ def step_losses(records: List[Dict[str, Any]]) -> List[float]:
 
 def eval_record(records: List[Dict[str, Any]], stage: str) -> Dict[str, Any]:
     return [r for r in records if r["event"] == "eval" and r["stage"] == stage][-1]
+
+
+# What an eval record holds that differs between two identical runs: the run, the clock
+# and the evaluation's speed.
+RUN_SPECIFIC_EVAL_FIELDS = ("run_id", "time", "records_per_sec", "seconds")
+
+
+def eval_metrics(record: Dict[str, Any]) -> Dict[str, Any]:
+    """An eval record less RUN_SPECIFIC_EVAL_FIELDS: what two runs meant to be equal
+    must agree on."""
+    return {k: v for k, v in record.items() if k not in RUN_SPECIFIC_EVAL_FIELDS}

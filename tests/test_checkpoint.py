@@ -196,6 +196,22 @@ def test_keep_last_n_prunes_after_completion(synthetic_dir, tmp_path):
     assert sorted(os.listdir(ckpt)) == ["best.json", "step_000000015", "step_000000016"]
 
 
+def _torchrun_with_restarts(argv: list, max_restarts: int) -> subprocess.Popen:
+    """Two ranks of dlrm_main.py under torchrun, restarted up to ``max_restarts`` times."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+         "--max_restarts", str(max_restarts), "--rdzv_backend", "c10d", "--rdzv_endpoint",
+         f"127.0.0.1:{free_port()}", "dlrm_main.py", *argv],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for_step(run_log: str, step: int, timeout: float) -> None:
+    """Returns once the run log has a training step >= ``step``, or after ``timeout`` seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and max(step_loss_map(run_log) if os.path.exists(run_log) else {}, default=0) < step:
+        time.sleep(0.005)
+
+
 @pytest.mark.slow
 def test_torchrun_restart_after_a_killed_rank(reference, synthetic_dir, tmp_path):
     """torchrun --max_restarts: rank 1 is killed by SIGKILL mid-training; the job
@@ -203,13 +219,8 @@ def test_torchrun_restart_after_a_killed_rank(reference, synthetic_dir, tmp_path
     ckpt, log = reference
     run_ckpt, run_log = str(tmp_path / "ckpt"), str(tmp_path / "log.jsonl")
     argv = flags(synthetic_dir, run_ckpt, run_log, "--resume")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-         "--max_restarts", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
-         "dlrm_main.py", *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 180
-    while time.time() < deadline and max(step_loss_map(run_log) if os.path.exists(run_log) else {}, default=0) < 7:
-        time.sleep(0.005)
+    proc = _torchrun_with_restarts(argv, max_restarts=2)
+    _wait_for_step(run_log, 7, timeout=180)
     workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert len(workers) == 2
     os.kill(int(sorted(workers, key=int)[1]), signal.SIGKILL)
@@ -398,13 +409,8 @@ def test_rank_killed_during_an_async_save(reference, synthetic_dir, tmp_path):
     os.makedirs(os.path.dirname(held))
     os.mkfifo(held)  # opening it for writing blocks until a reader comes: none does
     argv = flags(synthetic_dir, run_ckpt, run_log, "--resume", "--async_checkpoint")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-         "--max_restarts", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
-         "dlrm_main.py", *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 300
-    while time.time() < deadline and max(step_loss_map(run_log) if os.path.exists(run_log) else {}, default=0) < 12:
-        time.sleep(0.01)
+    proc = _torchrun_with_restarts(argv, max_restarts=1)
+    _wait_for_step(run_log, 12, timeout=300)
     assert max(step_loss_map(run_log)) >= 12  # training went on while step 10 was being saved
     assert not os.path.exists(os.path.join(run_ckpt, "step_000000010", "COMPLETE"))
     workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()

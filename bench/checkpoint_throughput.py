@@ -25,7 +25,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Dict, Iterator, List
+from collections.abc import Iterator
 
 from bench.train_throughput import BOTTOM, DIM, ROWS, TOP
 from tests.support.launch import launch
@@ -74,7 +74,7 @@ def _steps_seconds(trainer, batches: Iterator, steps: int) -> float:
     return time.perf_counter() - start
 
 
-def _stall_seconds(trainer, save_seconds: float) -> Dict[str, float]:
+def _stall_seconds(trainer, save_seconds: float) -> dict[str, float]:
     """Steps beside a background save, less the same steps alone (rank 0's count of
     steps, broadcast: every rank runs the same)."""
     import torch.distributed as dist
@@ -97,7 +97,7 @@ def _stall_seconds(trainer, save_seconds: float) -> Dict[str, float]:
     return {"stall_seconds": max(0.0, beside - alone), "stall_steps": steps[0], "step_seconds": alone / steps[0]}
 
 
-def _run(argv: List[str]) -> Dict[str, float]:
+def _run(argv: list[str]) -> dict[str, float]:
     """One rank: build, train 2 steps, save, restore into a fresh trainer, then steps
     beside a background save; times on rank 0."""
     import torch.distributed as dist

@@ -17,7 +17,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Callable, Dict
+from collections.abc import Callable
 
 from bench.loader_throughput import loader_rate
 from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
@@ -37,7 +37,7 @@ def best_seconds(fn: Callable[[], object], repeats: int = 3) -> float:
     return min(times)
 
 
-def measure(name: str, dataset, batch_size: int) -> Dict[str, float]:
+def measure(name: str, dataset, batch_size: int) -> dict[str, float]:
     common = dict(batch_size=batch_size, rank=0, world_size=1)
     rows = dataset.num_rows
     check_open = best_seconds(lambda: check_value_files(dataset.value_files()))

@@ -17,7 +17,6 @@ import os
 import tempfile
 import time
 import zipfile
-from typing import Dict, List
 
 import torch
 
@@ -29,11 +28,11 @@ from serving.inference_model import ProbabilityModel
 LOAD_GOAL_SECONDS = 10.0
 
 
-def _int_list(text: str) -> List[int]:
+def _int_list(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v]
 
 
-def measure(num_features: int, rows: int, concatenated_tables: bool, directory: str, repeats: int) -> Dict:
+def measure(num_features: int, rows: int, concatenated_tables: bool, directory: str, repeats: int) -> dict:
     """Exports one model and loads it ``repeats`` times; returns its figures."""
     names = [f"cat_{f}" for f in range(num_features)]
     config = ModelConfig([rows] * num_features, sparse_feature_names=names, dense_in_features=NUM_DENSE_FEATURES)

@@ -36,7 +36,8 @@ import sys
 import tempfile
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Optional
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -51,7 +52,7 @@ SEMI_SYNC_START_BATCH = 1  # semi_sync cases run their semi-synchronous phase fr
 
 # Refused on CUDA after planning (training/pipelines.py `check_plan_for_pipeline`):
 # the plan's kernels are only known then, so these run with the process group up.
-GPU_REFUSALS: Tuple[Refusal, ...] = (
+GPU_REFUSALS: tuple[Refusal, ...] = (
     *matrix.REFUSALS,
     Refusal((("pipeline", "semi_sync"), ("compute_kernel", "fused_uvm_caching")), "--pipeline semi_sync",
             devices=("cuda",)),
@@ -69,7 +70,7 @@ TF32_TOLERANCE = 2.5e-3
 FP16_STEP = 1.25e-4
 
 
-def world_sizes(num_gpus: int) -> Tuple[int, ...]:
+def world_sizes(num_gpus: int) -> tuple[int, ...]:
     """1, 2 and every GPU of the host; a count that does not divide the global batch and
     the probe rows evenly is lowered to the largest that does."""
     largest = max(n for n in range(1, max(num_gpus, 1) + 1)
@@ -106,7 +107,7 @@ def gpu_matrix(num_gpus: int, device: str = "cuda") -> MatrixSpec:
 
 # ------------------------------------------------------------------ references of a case
 
-def refusal_cases(spec: MatrixSpec) -> List[Case]:
+def refusal_cases(spec: MatrixSpec) -> list[Case]:
     """`matrix.refusal_cases` over table_wise tables: the compute kernel applies to them
     (data-parallel tables always take the dense kernel), so each case is refused for
     its own combination."""
@@ -141,7 +142,7 @@ def placement_reference(case: Case, spec: MatrixSpec) -> Optional[Case]:
     return None if reference == case else reference
 
 
-def reference_tolerance(case: Case) -> Tuple[float, str]:
+def reference_tolerance(case: Case) -> tuple[float, str]:
     """(absolute tolerance on losses and weights, why) of a GPU case against its
     references: `matrix.sharded_tolerance` on CUDA, or TF32's or fp16's where larger."""
     candidates = [matrix.sharded_tolerance(case, "cuda")]
@@ -163,7 +164,7 @@ def resumable(case: Case) -> Optional[str]:
     return None
 
 
-def case_argv(case: Case, data_dir: str, device: str) -> List[str]:
+def case_argv(case: Case, data_dir: str, device: str) -> list[str]:
     """`matrix.case_argv`, with semi_sync's semi-synchronous phase from `SEMI_SYNC_START_BATCH`."""
     argv = matrix.case_argv(case, data_dir, device)
     if case["pipeline"] == "semi_sync":
@@ -173,15 +174,15 @@ def case_argv(case: Case, data_dir: str, device: str) -> List[str]:
 
 # ------------------------------------------------------------------ running and checking
 
-Launcher = Callable[[Callable, List[Dict[str, Any]], int], Dict[int, Any]]
+Launcher = Callable[[Callable, list[dict[str, Any]], int], dict[int, Any]]
 
 
-def evaluate(spec: MatrixSpec, cases: List[Case], refusals: List[Case], data_dir: str, work_dir: str,
-             launcher: Launcher) -> List[CaseResult]:
+def evaluate(spec: MatrixSpec, cases: list[Case], refusals: list[Case], data_dir: str, work_dir: str,
+             launcher: Launcher) -> list[CaseResult]:
     """Runs every case, its references and every refusal (one launch per device and
     world size; refusals first in each), then checks them."""
-    jobs: Dict[Tuple[str, int], List[Dict[str, Any]]] = {}
-    index: Dict[str, Dict[str, Any]] = {}
+    jobs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    index: dict[str, dict[str, Any]] = {}
 
     def add(kind: str, case: Case, device: str, resume: bool = False) -> str:
         key = f"{kind}:{device}:{matrix.case_name(case)}"
@@ -199,7 +200,7 @@ def evaluate(spec: MatrixSpec, cases: List[Case], refusals: List[Case], data_dir
         planned.append((case, add("train", case, spec.device, resume=resumable(case) is None),
                         add("train", cpu, "cpu") if cpu else None,
                         add("train", placement, spec.device) if placement else None))
-    outcomes: Dict[str, List[Dict[str, Any]]] = {}
+    outcomes: dict[str, list[dict[str, Any]]] = {}
     for (_, world_size), group in sorted(jobs.items()):
         per_rank = launcher(matrix.run_jobs, group, world_size)
         for rank in sorted(per_rank):
@@ -207,7 +208,7 @@ def evaluate(spec: MatrixSpec, cases: List[Case], refusals: List[Case], data_dir
                 outcomes.setdefault(result["key"], []).append(result)
 
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        exports: Dict[str, Future] = {}
+        exports: dict[str, Future] = {}
         for _, key, _, _ in planned:
             if all("error" not in o for o in outcomes[key]):
                 exports[key] = pool.submit(matrix.export_difference, outcomes[key][0]["checkpoint_dir"],
@@ -220,8 +221,8 @@ def evaluate(spec: MatrixSpec, cases: List[Case], refusals: List[Case], data_dir
     return results
 
 
-def _compare(result: CaseResult, check: str, runs: Sequence[Dict[str, Any]],
-             reference: Sequence[Dict[str, Any]], tolerance: float, why: str) -> None:
+def _compare(result: CaseResult, check: str, runs: Sequence[dict[str, Any]],
+             reference: Sequence[dict[str, Any]], tolerance: float, why: str) -> None:
     diff, where = matrix._max_difference(runs, reference)
     text = f"{diff:.2g} <= {tolerance:g}" + (f" ({where})" if diff > 0 else "")
     if diff <= tolerance:
@@ -230,8 +231,8 @@ def _compare(result: CaseResult, check: str, runs: Sequence[Dict[str, Any]],
         result.fail(check, text.replace("<=", ">") + f"; tolerance because {why}")
 
 
-def check_case(case: Case, per_rank: List[Dict[str, Any]], cpu: Optional[List[Dict[str, Any]]],
-               placement: Optional[List[Dict[str, Any]]], export: Optional[Future]) -> CaseResult:
+def check_case(case: Case, per_rank: list[dict[str, Any]], cpu: Optional[list[dict[str, Any]]],
+               placement: Optional[list[dict[str, Any]]], export: Optional[Future]) -> CaseResult:
     """The checks of one case against its runs: the CPU reference, the placement
     reference, resume, export."""
     result = CaseResult(case, seconds=max(o["seconds"] for o in per_rank))
@@ -264,7 +265,7 @@ def check_case(case: Case, per_rank: List[Dict[str, Any]], cpu: Optional[List[Di
     return result
 
 
-def format_plan(spec: MatrixSpec, cases: List[Case], refusals: List[Case]) -> str:
+def format_plan(spec: MatrixSpec, cases: list[Case], refusals: list[Case]) -> str:
     """What ``--list`` prints: each case, what it is compared with and to what tolerance."""
     lines = []
     for case in cases:

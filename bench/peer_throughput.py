@@ -26,7 +26,8 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Optional
+from collections.abc import Sequence
 
 import torch
 
@@ -86,7 +87,7 @@ def check_peer(path: str) -> str:
     return os.path.abspath(path)
 
 
-def common_flags(steps: int, batch_size: int) -> List[str]:
+def common_flags(steps: int, batch_size: int) -> list[str]:
     """The flags both programs get: the public example's defaults spelled out, random data,
     one batch of validation and of test (both run lengths pay them alike)."""
     return [
@@ -98,7 +99,7 @@ def common_flags(steps: int, batch_size: int) -> List[str]:
     ]
 
 
-def run_training(entry_point: str, flags: List[str], steps: int, nproc: int, env: Dict[str, str],
+def run_training(entry_point: str, flags: list[str], steps: int, nproc: int, env: dict[str, str],
                  cwd: str, output_path: str) -> TimedRun:
     """Runs ``entry_point`` under torchrun and times the whole process tree."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
@@ -121,7 +122,7 @@ def program_name(ours_flags: str) -> str:
 
 
 def measure(peer: str, rounds: int, short_steps: int, long_steps: int, nproc: int, batch_size: int,
-            ours_variants: List[str], work_dir: str) -> Dict[str, object]:
+            ours_variants: list[str], work_dir: str) -> dict[str, object]:
     """Rounds of the peer and every variant of ours, each round starting one program
     later than the last; returns {"rates": {program: [records/s per round]}, "runs": [...]}."""
     # Ours finds its packages through the path; the peer's `data` package would be
@@ -132,8 +133,8 @@ def measure(peer: str, rounds: int, short_steps: int, long_steps: int, nproc: in
                 for flags in ours_variants}
     programs["peer"] = (os.path.join(peer, "dlrm_main.py"), [], peer_env, peer)
     names = list(programs)
-    rates: Dict[str, List[float]] = {name: [] for name in names}
-    runs: List[Dict[str, object]] = []
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    runs: list[dict[str, object]] = []
     for round_index in range(rounds):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:

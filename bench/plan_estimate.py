@@ -19,7 +19,7 @@ import os
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List
+from typing import Any
 
 import dlrm_main
 from bench.train_throughput import BOTTOM, DIM, TOP
@@ -31,7 +31,7 @@ GOAL = 0.10  # estimate / built within 1 +- GOAL
 BATCH = 1024
 
 
-def measure(rows: int, optimizer: str, precision: str, nproc: int, work: str) -> Dict[str, Any]:
+def measure(rows: int, optimizer: str, precision: str, nproc: int, work: str) -> dict[str, Any]:
     """One step at this point; its plan_memory record, worst rank first."""
     log = os.path.join(work, f"{optimizer}-{precision}-{rows}.jsonl")
     argv = ["--num_embeddings", str(rows), "--embedding_dim", str(DIM),
@@ -63,7 +63,7 @@ def main() -> int:
     grid = [(rows, optimizer, precision) for optimizer in args.optimizers.split(",")
             for precision in args.precisions.split(",") for rows in (int(r) for r in args.rows.split(","))]
 
-    def run(rows: int, optimizer: str, precision: str) -> Dict[str, Any]:
+    def run(rows: int, optimizer: str, precision: str) -> dict[str, Any]:
         point = measure(rows, optimizer, precision, args.nproc, work)
         print(f"{optimizer} {precision} 26 x {rows:,}: estimated {point['estimated_mib']} MiB, built "
               f"{point['built_mib']}, first step {point['first_step_mib']} | estimate / built "
@@ -72,7 +72,7 @@ def main() -> int:
         return point
 
     with tempfile.TemporaryDirectory() as work, ThreadPoolExecutor(args.parallel) as pool:
-        points: List[Dict[str, Any]] = list(pool.map(lambda point: run(*point), grid))
+        points: list[dict[str, Any]] = list(pool.map(lambda point: run(*point), grid))
     print("| optimizer | precision | " + " | ".join(f"26 x {p['rows']:,}" for p in points[:len(args.rows.split(','))])
           + " |")
     print("| --- " * (2 + len(args.rows.split(","))) + "|")

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List
 
 from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day
 
@@ -38,7 +37,7 @@ def _peak_rss_kib(pid: int) -> int:
     return 0
 
 
-def run_measured(cmd: List[str]) -> Dict[str, float]:
+def run_measured(cmd: list[str]) -> dict[str, float]:
     """Wall seconds and peak RSS (MiB) of a child process.
 
     The peak is the child's own VmHWM, polled until it exits (ru_maxrss of a child
@@ -79,7 +78,7 @@ def main() -> int:
             write_raw_day(spec, path, 0)
             mb = os.path.getsize(path) / 1e6
             read_s = min(plain_read_seconds(path) for _ in range(2))
-            row: Dict[str, object] = {"lines": lines, "input_mb": round(mb, 1),
+            row: dict[str, object] = {"lines": lines, "input_mb": round(mb, 1),
                                       "plain_read_mb_s": round(mb / read_s, 1)}
             for name, extra in (("ours_one_pass", []), ("ours_threshold", ["--frequency_threshold", "2"])):
                 if extra:  # counting needs a training day and a last day

@@ -25,7 +25,8 @@ import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Optional
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -51,7 +52,7 @@ NUMERICAL = ["age_years", "release_year_value", "rating_time"]
 
 # The models' flags: the small-data recipe (training/recipes.py; docs/quality.md has
 # the evidence), which a test shortens with "epochs".
-RECIPE_FLAGS: Dict[str, str] = {"recipe": "small_data"}
+RECIPE_FLAGS: dict[str, str] = {"recipe": "small_data"}
 MODELS = {"dlrm": dlrm_main.main, "dcnv2": dcnv2_main.main}
 # Baseline: L2 coefficients tried, LBFGS iterations per fit.
 LR_L2_GRID = (1e-6, 1e-5, 1e-4, 1e-3)
@@ -66,7 +67,7 @@ class Table:
     categorical: np.ndarray
     numerical: np.ndarray
     labels: np.ndarray
-    cardinalities: List[int]
+    cardinalities: list[int]
 
     def take(self, rows: np.ndarray) -> "Table":
         return Table(self.categorical[rows], self.numerical[rows], self.labels[rows], self.cardinalities)
@@ -88,13 +89,13 @@ def fetch_wheel(cache_dir: str) -> str:
     return path
 
 
-def _read_member(wheel: zipfile.ZipFile, table: str) -> List[List[str]]:
+def _read_member(wheel: zipfile.ZipFile, table: str) -> list[list[str]]:
     """The rows of one tab-separated RecBole atomic file, header dropped."""
     lines = wheel.read(MEMBER.format(table)).decode("utf-8").splitlines()
     return [line.split("\t") for line in lines[1:] if line]
 
 
-def _encode(values: Sequence[str]) -> Tuple[np.ndarray, int]:
+def _encode(values: Sequence[str]) -> tuple[np.ndarray, int]:
     """Dense ids 0..n-1 of string values (sorted), and n."""
     vocabulary, ids = np.unique(np.asarray(values), return_inverse=True)
     return ids.astype(np.int64), len(vocabulary)
@@ -106,7 +107,7 @@ def load_movielens(wheel_path: str) -> Table:
         ratings = _read_member(wheel, "inter")  # user_id, item_id, rating, timestamp
         users = {r[0]: r[1:] for r in _read_member(wheel, "user")}  # age, gender, occupation, zip_code
         items = {r[0]: r[1:] for r in _read_member(wheel, "item")}  # title, release_year, genres
-    columns: Dict[str, List[str]] = {name: [] for name in CATEGORICAL}
+    columns: dict[str, list[str]] = {name: [] for name in CATEGORICAL}
     years, times = [], []
     for user_id, item_id, _, timestamp in ratings:
         age, gender, occupation, zip_code = users[user_id]
@@ -126,7 +127,7 @@ def load_movielens(wheel_path: str) -> Table:
                  [size for _, size in encoded])
 
 
-def split_rows(num_rows: int, max_rows: Optional[int] = None) -> Dict[str, np.ndarray]:
+def split_rows(num_rows: int, max_rows: Optional[int] = None) -> dict[str, np.ndarray]:
     """Seeded permutation of the rows (the first ``max_rows`` of it), cut into 80% train
     and equal validation and test parts."""
     order = np.random.default_rng(SPLIT_SEED).permutation(num_rows)[:max_rows]
@@ -136,12 +137,12 @@ def split_rows(num_rows: int, max_rows: Optional[int] = None) -> Dict[str, np.nd
             "test": order[train + half:train + 2 * half]}
 
 
-def _csv_spec(cardinalities: List[int]) -> Dict:
+def _csv_spec(cardinalities: list[int]) -> dict:
     features = {name: {"dtype": "float16"} for name in NUMERICAL}
     features.update({name: {"cardinality": size} for name, size in zip(CATEGORICAL, cardinalities)})
     features["label"] = {"dtype": "bool"}
 
-    def chunks(mapping: str) -> List[Dict]:
+    def chunks(mapping: str) -> list[dict]:
         return [{"type": "csv", "features": NUMERICAL, "files": [f"{mapping}/numerical.csv"]},
                 {"type": "csv", "features": CATEGORICAL, "files": [f"{mapping}/categorical.csv"]},
                 {"type": "csv", "features": ["label"], "files": [f"{mapping}/label.csv"]}]
@@ -153,7 +154,7 @@ def _csv_spec(cardinalities: List[int]) -> Dict:
                          "split_seed": SPLIT_SEED}}
 
 
-def write_dataset(table: Table, splits: Dict[str, np.ndarray], output_dir: str) -> str:
+def write_dataset(table: Table, splits: dict[str, np.ndarray], output_dir: str) -> str:
     """Writes the bring-your-own layout (train mapping: train rows; test mapping:
     validation then test rows, which the loader halves) and returns the spec's path."""
     mappings = {"train": splits["train"], "test": np.concatenate([splits["validation"], splits["test"]])}
@@ -178,7 +179,7 @@ class LogisticRegression(torch.nn.Module):
         num_numerical: numerical features.
     """
 
-    def __init__(self, cardinalities: List[int], num_numerical: int) -> None:
+    def __init__(self, cardinalities: list[int], num_numerical: int) -> None:
         super().__init__()
         self.register_buffer("offsets", torch.tensor(np.cumsum([0] + cardinalities[:-1])))
         self.id_weights = torch.nn.Parameter(torch.zeros(sum(cardinalities)))
@@ -188,11 +189,11 @@ class LogisticRegression(torch.nn.Module):
         return self.id_weights[categorical + self.offsets].sum(dim=1) + self.linear(numerical).squeeze(1)
 
 
-def _tensors(table: Table) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _tensors(table: Table) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.from_numpy(table.categorical), torch.from_numpy(table.numerical), torch.from_numpy(table.labels)
 
 
-def _metrics(model: LogisticRegression, table: Table) -> Dict[str, float]:
+def _metrics(model: LogisticRegression, table: Table) -> dict[str, float]:
     categorical, numerical, labels = _tensors(table)
     metrics = BinaryClassificationMetrics(torch.device("cpu"))
     with torch.no_grad():
@@ -218,7 +219,7 @@ def fit_logistic_regression(train: Table, l2: float) -> LogisticRegression:
     return model
 
 
-def logistic_regression_baseline(table: Table, splits: Dict[str, np.ndarray]) -> Dict[str, float]:
+def logistic_regression_baseline(table: Table, splits: dict[str, np.ndarray]) -> dict[str, float]:
     """Test metrics of the logistic regression whose L2 had the best validation AUROC,
     with that AUROC as ``validation_auroc``."""
     train, validation, test = (table.take(splits[s]) for s in ("train", "validation", "test"))
@@ -229,7 +230,7 @@ def logistic_regression_baseline(table: Table, splits: Dict[str, np.ndarray]) ->
 
 
 def train_model(name: str, spec_path: str, log_path: str, nproc: int,
-                recipe: Dict[str, str] = RECIPE_FLAGS) -> Dict[str, float]:
+                recipe: dict[str, str] = RECIPE_FLAGS) -> dict[str, float]:
     """Trains one entry point with the recipe on the data set; its test metrics, with
     the best validation AUROC as ``validation_auroc``."""
     argv = ["--dataset_path", spec_path, "--log_path", log_path, "--seed", "0", "--log_every_n_steps", "100"]
@@ -244,7 +245,7 @@ def train_model(name: str, spec_path: str, log_path: str, nproc: int,
 
 
 def run(work_dir: str, max_rows: Optional[int] = None, nproc: int = 1,
-        recipe: Dict[str, str] = RECIPE_FLAGS) -> Dict[str, Dict[str, float]]:
+        recipe: dict[str, str] = RECIPE_FLAGS) -> dict[str, dict[str, float]]:
     """Fetches and converts the data, trains the models and the baseline; {model: test metrics}.
 
     Args:

@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Dict, List
+from typing import Any
 
 from bench.checkpoint_throughput import plain_copy_seconds
 from bench.loader_throughput import loader_rate
@@ -52,7 +52,7 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def _fill(argv: List[str]) -> Dict[str, float]:
+def _fill(argv: list[str]) -> dict[str, float]:
     """The limit: a fresh process allocates and fills the tables' bytes."""
     import torch
     import torchrec  # noqa: F401  (the constant RSS of a process that trains)
@@ -63,7 +63,7 @@ def _fill(argv: List[str]) -> Dict[str, float]:
     return {"fill_seconds": time.perf_counter() - start, "base_rss": base_rss}
 
 
-def _train(argv: List[str]) -> Dict[str, Any]:
+def _train(argv: list[str]) -> dict[str, Any]:
     """One rank: build, first step, more steps, evaluation, checkpoint save and load."""
     import torch.distributed as dist
 
@@ -75,7 +75,7 @@ def _train(argv: List[str]) -> Dict[str, Any]:
     config = parse_config(argv, "bench", "")
     start = time.perf_counter()
     trainer = Trainer(config, resolve_env("cpu"))
-    eval_seconds: Dict[str, float] = {}
+    eval_seconds: dict[str, float] = {}
     evaluate = trainer.evaluate
 
     def timed_evaluate(stage: str, *args: Any, **kwargs: Any) -> Any:
@@ -111,14 +111,14 @@ def _train(argv: List[str]) -> Dict[str, Any]:
     }
 
 
-def _evict(paths: List[str]) -> None:
+def _evict(paths: list[str]) -> None:
     """Drops our files from the page cache, so reads come from the disk."""
     for path in paths:
         with open(path, "rb") as f:
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
-def _sequential_read_seconds(paths: List[str]) -> float:
+def _sequential_read_seconds(paths: list[str]) -> float:
     start = time.perf_counter()
     for path in paths:
         with open(path, "rb", buffering=0) as f:
@@ -127,7 +127,7 @@ def _sequential_read_seconds(paths: List[str]) -> float:
     return time.perf_counter() - start
 
 
-def measure_tables(rows: int, root: str) -> Dict[str, Any]:
+def measure_tables(rows: int, root: str) -> dict[str, Any]:
     """Every table figure for 26 tables of ``rows`` rows."""
     table_bytes = TABLES * rows * DIM * 4
     limit = launch(_fill, [str(table_bytes)], nproc=1)[0]
@@ -169,7 +169,7 @@ def measure_tables(rows: int, root: str) -> Dict[str, Any]:
     }
 
 
-def _mmap_loader_run(directory: str, shuffled: bool, release: bool) -> Dict[str, float]:
+def _mmap_loader_run(directory: str, shuffled: bool, release: bool) -> dict[str, float]:
     """In a fresh process: one rank's memory-mapped loader over the training split (in
     shuffled order its first SHUFFLED_BATCHES batches: random reads are slower)."""
     from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
@@ -187,7 +187,7 @@ SHUFFLED_BATCHES = 20_000
 LOADER_RUNS = [("sequential", False, True), ("sequential_kept", False, False), ("shuffled", True, True)]
 
 
-def measure_loader(directory: str) -> Dict[str, Any]:
+def measure_loader(directory: str) -> dict[str, Any]:
     """The memory-mapped loader against a sequential read of the data set's files, each
     run from the disk (the files evicted from the page cache first)."""
     from data.criteo_binary import CriteoBinaryDataset
@@ -198,7 +198,7 @@ def measure_loader(directory: str) -> Dict[str, Any]:
     _evict(files)
     read_seconds = _sequential_read_seconds(files)
     read_batches_per_sec = (data_bytes / read_seconds) / (data_bytes / rows * BATCH)
-    result: Dict[str, Any] = {"data_gb": round(data_bytes / GB, 3),
+    result: dict[str, Any] = {"data_gb": round(data_bytes / GB, 3),
                               "read_mb_per_sec": round(data_bytes / read_seconds / 1e6, 1),
                               "read_batches_per_sec": round(read_batches_per_sec, 1)}
     for name, shuffled, release in LOADER_RUNS:
@@ -213,7 +213,7 @@ def measure_loader(directory: str) -> Dict[str, Any]:
     return result
 
 
-def measure_data(rows_per_day: int, root: str) -> Dict[str, Any]:
+def measure_data(rows_per_day: int, root: str) -> dict[str, Any]:
     """The memory-mapped loader on a generated data set: 2 training days + 1 eval day."""
     from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
 

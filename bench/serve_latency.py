@@ -14,7 +14,6 @@ import json
 import threading
 import time
 import urllib.request
-from typing import Dict, List
 
 import numpy as np
 import torch
@@ -23,10 +22,10 @@ from serving.predict import Predictor
 from serving.serve import serving_in_background
 
 
-def run_load(predictor: Predictor, lines: List[bytes], clients: int, requests: int, rows: int,
-             delay_ms: float) -> Dict[str, float]:
+def run_load(predictor: Predictor, lines: list[bytes], clients: int, requests: int, rows: int,
+             delay_ms: float) -> dict[str, float]:
     """Serves, loads, stops; returns the figures of one configuration."""
-    latencies: List[float] = []
+    latencies: list[float] = []
     lock = threading.Lock()
 
     def client(index: int) -> None:

@@ -18,7 +18,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List
+from typing import Any
 
 from bench.scaling import _fill
 from bench.train_throughput import BOTTOM, DIM, TOP
@@ -29,7 +29,7 @@ GB = 1e9
 GOAL = 1.5  # first step / fill, at most
 
 
-def _first_step(argv: List[str]) -> Dict[str, float]:
+def _first_step(argv: list[str]) -> dict[str, float]:
     """One rank: seconds to build the trainer, and to the end of its first step."""
     import torch.distributed as dist
 
@@ -47,7 +47,7 @@ def _first_step(argv: List[str]) -> Dict[str, float]:
     return {"build_seconds": built, "first_step_seconds": built + first["seconds"]}
 
 
-def _rank_fill(argv: List[str]) -> Dict[str, float]:
+def _rank_fill(argv: list[str]) -> dict[str, float]:
     """`bench.scaling._fill` on this rank's share of the cores (argv: bytes, threads)."""
     import torch
 
@@ -55,7 +55,7 @@ def _rank_fill(argv: List[str]) -> Dict[str, float]:
     return _fill(argv[:1])
 
 
-def measure(rows: int, nproc: int) -> Dict[str, Any]:
+def measure(rows: int, nproc: int) -> dict[str, Any]:
     table_bytes = TABLES * rows * DIM * 4
     threads = max(1, (len(os.sched_getaffinity(0))) // nproc)
     fill = launch(_rank_fill, [str(table_bytes // nproc), str(threads)], nproc=1)[0]["fill_seconds"]

@@ -16,7 +16,6 @@ import os
 import sys
 import tempfile
 import time
-from typing import List
 
 import torch
 
@@ -44,7 +43,7 @@ def matmul_peak_gflops(threads: int, size: int = 2048, repeats: int = 5,
     return best
 
 
-def mlp_macs(in_features: int, sizes: List[int]) -> int:
+def mlp_macs(in_features: int, sizes: list[int]) -> int:
     macs = 0
     for out in sizes:
         macs, in_features = macs + in_features * out, out

@@ -20,7 +20,8 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any, BinaryIO, Iterator, Optional
+from typing import Any, BinaryIO, Optional
+from collections.abc import Iterator
 
 
 def _umask() -> int:

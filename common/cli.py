@@ -14,7 +14,8 @@ Bad flags are one line on stderr and exit code 2 too, never a usage dump:
 import argparse
 import functools
 import sys
-from typing import Callable, List, NoReturn, Optional, Sequence
+from typing import NoReturn, Optional
+from collections.abc import Callable, Sequence
 
 from common.errors import EXIT_BAD_INPUT, BadInput
 
@@ -86,7 +87,7 @@ class OneLineParser(argparse.ArgumentParser):
         raise SystemExit(print_bad_input(self.prog, message))
 
 
-def int_list(text: str) -> List[int]:
+def int_list(text: str) -> list[int]:
     """Parses "512,256,64"; rejects empty items and non-integers."""
     items = text.split(",")
     if any(not item.strip() for item in items):

@@ -9,7 +9,6 @@ Example::
 """
 
 import math
-from typing import Dict
 
 
 def binary_entropy(rate: float) -> float:
@@ -20,7 +19,7 @@ def binary_entropy(rate: float) -> float:
 
 
 def summary_figures(log_loss_sum: float, correct: float, samples: float, probability_sum: float,
-                    clicks: float) -> Dict[str, float]:
+                    clicks: float) -> dict[str, float]:
     """Log loss (mean binary cross-entropy), accuracy (probability thresholded at 0.5),
     NE (the log loss over the entropy of the click rate: below 1 beats predicting the
     click rate for every row; NaN when the rows have one class only), calibration (the

@@ -3,7 +3,7 @@
 A config field is a flag when it is declared with `flag`: its default, help text and
 choices are in the field's metadata, and `add_flags` builds the parser's options from
 them (``--<field>`` unless the metadata names the flag otherwise; ``bool`` fields
-are switches, ``List[int]`` fields take ``512,256,64``). `Overrides` holds values for
+are switches, ``list[int]`` fields take ``512,256,64``). `Overrides` holds values for
 some fields of one config class (a recipe's), checked against its fields.
 
 Flags are added without parser defaults, so the parsed namespace holds exactly what
@@ -13,7 +13,7 @@ over the overrides, and the overrides over the fields' defaults:
     @dataclass
     class RunConfig:
         epochs: int = flag(1, help="passes over the training split")
-        sizes: List[int] = flag([512, 64], help="layer sizes", name="layer_sizes")
+        sizes: list[int] = flag([512, 64], help="layer sizes", name="layer_sizes")
 
     parser = OneLineParser()
     add_flags(parser, RunConfig)
@@ -26,7 +26,8 @@ import argparse
 import dataclasses
 import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Type
+from typing import Any, Optional
+from collections.abc import Callable, Mapping, Sequence
 
 from common.cli import int_list
 from common.errors import BadInput
@@ -54,14 +55,14 @@ class FlagSpec:
     """
 
     help: str
-    choices: Optional[Tuple[Any, ...]] = None
+    choices: Optional[tuple[Any, ...]] = None
     name: Optional[str] = None
-    alias: Optional[Tuple[str, Any]] = None
-    former_names: Tuple[str, ...] = ()
+    alias: Optional[tuple[str, Any]] = None
+    former_names: tuple[str, ...] = ()
 
 
 def flag(default: Any = dataclasses.MISSING, *, help: str, choices: Optional[Sequence[Any]] = None,
-         name: Optional[str] = None, alias: Optional[Tuple[str, Any]] = None,
+         name: Optional[str] = None, alias: Optional[tuple[str, Any]] = None,
          former_names: Sequence[str] = ()) -> Any:
     """A dataclass field that is a command-line flag (a list default is copied per instance).
 
@@ -83,7 +84,7 @@ class Flag:
 
     field: dataclasses.Field
     spec: FlagSpec
-    value_type: Any  # int, float, str, bool or List[int] (Optional removed)
+    value_type: Any  # int, float, str, bool or list[int] (Optional removed)
 
     @property
     def name(self) -> str:
@@ -104,7 +105,7 @@ class Flag:
         return self.value_type is bool
 
     def parse_type(self) -> Callable[[str], Any]:
-        return int_list if self.value_type == List[int] else self.value_type
+        return int_list if self.value_type == list[int] else self.value_type
 
 
 def _without_optional(annotation: Any) -> Any:
@@ -114,14 +115,14 @@ def _without_optional(annotation: Any) -> Any:
     return annotation
 
 
-def flags_of(config_class: Type[Any]) -> List[Flag]:
+def flags_of(config_class: type[Any]) -> list[Flag]:
     """The flags of a config class, in field order."""
     hints = typing.get_type_hints(config_class)
     return [Flag(f, f.metadata[_FLAG], _without_optional(hints[f.name]))
             for f in dataclasses.fields(config_class) if _FLAG in f.metadata]
 
 
-def flag_of(config_class: Type[Any], field_name: str) -> Flag:
+def flag_of(config_class: type[Any], field_name: str) -> Flag:
     """The flag of one field; KeyError when the field is not a flag."""
     for item in flags_of(config_class):
         if item.field.name == field_name:
@@ -157,7 +158,7 @@ class Overrides:
         Overrides(ModelConfig, embedding_dim=16, dense_arch_layer_sizes=[64, 16])
     """
 
-    def __init__(self, config_class: Type[Any], **values: Any) -> None:
+    def __init__(self, config_class: type[Any], **values: Any) -> None:
         flags = {f.field.name: f for f in flags_of(config_class)}
         for field_name, value in values.items():
             if field_name not in flags:
@@ -171,7 +172,7 @@ class Overrides:
     def __contains__(self, field_name: str) -> bool:
         return field_name in self.values
 
-    def options(self) -> Dict[str, Any]:
+    def options(self) -> dict[str, Any]:
         """{``--flag``: value} of what these overrides set."""
         return {flag_of(self.config_class, name).option: value for name, value in self.values.items()}
 
@@ -180,7 +181,7 @@ def _describe(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
-def default_of(item: Flag, overrides: Sequence[Overrides], config_class: Type[Any]) -> Any:
+def default_of(item: Flag, overrides: Sequence[Overrides], config_class: type[Any]) -> Any:
     """The flag's value when the command line does not give it: the last override
     that sets it, else the field's default."""
     for layer in reversed(overrides):
@@ -189,7 +190,7 @@ def default_of(item: Flag, overrides: Sequence[Overrides], config_class: Type[An
     return item.default
 
 
-def add_flags(parser: Any, config_class: Type[Any], overrides: Sequence[Overrides] = (),
+def add_flags(parser: Any, config_class: type[Any], overrides: Sequence[Overrides] = (),
               exclude: Sequence[str] = ()) -> None:
     """Adds the class's flags to ``parser`` (or an argument group), without parser
     defaults; the help ends with the default ``overrides`` give it.
@@ -224,14 +225,14 @@ def _alias_dest(item: Flag) -> str:
     return f"{item.field.name}__alias"
 
 
-def given(args: argparse.Namespace, config_class: Type[Any], field_name: str) -> bool:
+def given(args: argparse.Namespace, config_class: type[Any], field_name: str) -> bool:
     """Whether the command line gave the field's flag (or its alias)."""
     item = flag_of(config_class, field_name)
     return hasattr(args, item.field.name) or hasattr(args, _alias_dest(item))
 
 
-def config_values(config_class: Type[Any], args: argparse.Namespace,
-                  overrides: Sequence[Overrides] = (), exclude: Sequence[str] = ()) -> Dict[str, Any]:
+def config_values(config_class: type[Any], args: argparse.Namespace,
+                  overrides: Sequence[Overrides] = (), exclude: Sequence[str] = ()) -> dict[str, Any]:
     """{field: value} of the class's flags: the command line's, else the overrides',
     else the field's default. Raises FlagError when a switch alias contradicts its flag
     (``--adagrad --optimizer sgd``)."""

@@ -14,7 +14,8 @@ Example::
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, NoReturn, Optional, Tuple
+from typing import Any, NoReturn, Optional
+from collections.abc import Callable
 
 from common.errors import BadInput
 
@@ -92,7 +93,7 @@ class JsonObject:
                 self._fail(where, OBJECT.expected, value)
             raise FileFieldError(f"{path}: the content must be a JSON object, got {self._short(value)} "
                                  f"(not {what})")
-        self.value: Dict[str, Any] = value
+        self.value: dict[str, Any] = value
 
     @classmethod
     def parse(cls, data: bytes, path: str, what: str) -> "JsonObject":
@@ -133,13 +134,13 @@ class JsonObject:
         value = self.value.get(field, default) if default is not REQUIRED else self.get(field, OBJECT)
         return JsonObject(value, self.path, self._name(field), self.what)
 
-    def objects(self, field: str) -> Dict[str, "JsonObject"]:
+    def objects(self, field: str) -> dict[str, "JsonObject"]:
         """An object of objects (``{"fp32": {...}, ...}``), each as a JsonObject."""
         return {key: JsonObject(value, self.path, f"{self._name(field)}.{key}", self.what)
                 for key, value in self.get(field, OBJECT).items()}
 
     @classmethod
-    def versioned(cls, data: bytes, path: str, what: str, current: int) -> Tuple["JsonObject", int]:
+    def versioned(cls, data: bytes, path: str, what: str, current: int) -> tuple["JsonObject", int]:
         """The document of a file written by `versioned_json` and its version (files
         of version 1 named it ``format_version``); refused when newer than ``current``."""
         document = cls.parse(data, path, what)

@@ -10,10 +10,11 @@ Example (in a package's ``__init__.py``)::
 """
 
 import importlib
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any
+from collections.abc import Callable
 
 
-def lazy_exports(package: str, homes: Dict[str, str]) -> Tuple[Callable[[str], Any], List[str]]:
+def lazy_exports(package: str, homes: dict[str, str]) -> tuple[Callable[[str], Any], list[str]]:
     """The ``__getattr__`` and ``__all__`` of ``package``, whose public names live in
     the modules ``homes`` maps them to."""
     def module_getattr(name: str) -> Any:

@@ -12,7 +12,7 @@ import logging
 import re
 import warnings
 from dataclasses import dataclass
-from typing import Optional, Tuple, Type
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class BenignMessage:
 
     text: str
     why: str
-    category: Optional[Type[Warning]] = None
+    category: Optional[type[Warning]] = None
     logger: Optional[str] = None
     then_varies: bool = False
 
@@ -37,7 +37,7 @@ class BenignMessage:
         return re.escape(self.text) + ("" if self.then_varies else r"\Z")
 
 
-BENIGN_MESSAGES: Tuple[BenignMessage, ...] = (
+BENIGN_MESSAGES: tuple[BenignMessage, ...] = (
     BenignMessage(
         "`broadcast_buffers` is deprecated. Use `forward_sync_buffers` instead. IMPORTANT: unlike "
         "`broadcast_buffers=False`, `forward_sync_buffers=False` still syncs buffers at init. If you rely on "
@@ -92,7 +92,7 @@ BENIGN_MESSAGES: Tuple[BenignMessage, ...] = (
 class _DropExactMessages(logging.Filter):
     """Drops a logger's records whose message matches one of ours."""
 
-    def __init__(self, regexes: Tuple[str, ...]) -> None:
+    def __init__(self, regexes: tuple[str, ...]) -> None:
         super().__init__()
         self._regexes = tuple(re.compile(r) for r in regexes)
 

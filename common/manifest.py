@@ -22,11 +22,11 @@ Example::
 
 import hashlib
 import io
-from typing import Any, BinaryIO, Dict, List, Optional
+from typing import Any, BinaryIO, Optional
 
 from common.errors import BadInput
 
-ManifestEntry = Dict[str, Any]
+ManifestEntry = dict[str, Any]
 _READ_CHUNK = 8 << 20
 
 
@@ -54,7 +54,7 @@ class HashingStream(io.RawIOBase):
         self._sha = hashlib.sha256()
         self._bytes = 0
         self._chunk_start = 0
-        self._chunks: List[List[Any]] = []
+        self._chunks: list[list[Any]] = []
 
     def writable(self) -> bool:
         return True
@@ -172,7 +172,7 @@ def _is_entry(entry: Any, chunked: bool) -> bool:
     return chunked and _is_chunk_list(entry.get("chunks"), entry["bytes"])
 
 
-def check_manifest_format(manifest: Any, name: str, chunked: bool = False) -> Dict[str, ManifestEntry]:
+def check_manifest_format(manifest: Any, name: str, chunked: bool = False) -> dict[str, ManifestEntry]:
     """The ``files`` of a parsed manifest, ManifestError naming ``name`` when malformed.
     ``chunked``: entries may give per-chunk digests instead of one for the file."""
     files = manifest.get("files") if isinstance(manifest, dict) else None

@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Optional
 
 from common.errors import BadInput
 
@@ -52,7 +52,7 @@ class PathLock:
         self.what = what
         self.heartbeat_s = heartbeat_s
         self.stale_after_s = stale_after_s
-        self._holder: Dict[str, Any] = {}
+        self._holder: dict[str, Any] = {}
         self._stop = threading.Event()
         self._heartbeat: Optional[threading.Thread] = None
 
@@ -100,7 +100,7 @@ class PathLock:
             with contextlib.suppress(OSError):  # a missed beat: the next one, or staleness, tells
                 os.utime(self.path)
 
-    def _read(self) -> Optional[Dict[str, Any]]:
+    def _read(self) -> Optional[dict[str, Any]]:
         """The holder the lock file names; None when there is no lock file. A file
         being written (or damaged) reads as an empty holder."""
         try:
@@ -159,7 +159,7 @@ def _host() -> str:
 _INITIAL_PID_NAMESPACE = "pid:[4026531836]"  # the kernel's fixed inode number of the initial one
 
 
-def _dead_on_this_host(holder: Dict[str, Any]) -> bool:
+def _dead_on_this_host(holder: dict[str, Any]) -> bool:
     """Whether the holder is a process of this host that no longer exists."""
     if holder.get("host") != _host() or not isinstance(holder.get("pid"), int):
         return False

@@ -9,13 +9,14 @@ Example::
 
 import contextlib
 import datetime
-from typing import Any, Iterator, Tuple
+from typing import Any
+from collections.abc import Iterator
 
 from common.atomic import atomic_path
 
 
 @contextlib.contextmanager
-def png_figure(path: str, nrows: int = 1, ncols: int = 1, bottom: float = 0.0, **subplots: Any) -> Iterator[Tuple[Any, Any]]:
+def png_figure(path: str, nrows: int = 1, ncols: int = 1, bottom: float = 0.0, **subplots: Any) -> Iterator[tuple[Any, Any]]:
     """Yields ``plt.subplots(nrows, ncols, **subplots)``; when the block ends normally the
     figure is dated (`date_footer`), laid out and saved to ``path`` at its own dpi. The
     figure is closed either way.

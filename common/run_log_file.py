@@ -1,11 +1,12 @@
 """Reading the training's JSON-lines log (``--log_path``) with one-line errors."""
 
 import json
-from typing import Any, Dict, Iterator, Sequence, Tuple, Type
+from typing import Any
+from collections.abc import Iterator, Sequence
 
 
-def log_records(path: str, error: Type[Exception],
-                required: Sequence[str] = ("event",)) -> Iterator[Tuple[int, Dict[str, Any]]]:
+def log_records(path: str, error: type[Exception],
+                required: Sequence[str] = ("event",)) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, record) of every non-blank line; raises ``error`` naming the file
     and line for an unreadable file, a line that is not JSON, or a record without the
     ``required`` keys.

@@ -1,12 +1,12 @@
 """Reading a YAML file a user hands in: safely (``yaml.safe_load`` never runs code),
 with one-line errors that say where."""
 
-from typing import Any, Type
+from typing import Any
 
 import yaml
 
 
-def load_yaml(path: str, error: Type[Exception]) -> Any:
+def load_yaml(path: str, error: type[Exception]) -> Any:
     """The document in ``path``; raises ``error`` with one line naming the file (and
     the line and column of a syntax error).
 

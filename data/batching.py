@@ -11,7 +11,7 @@ losses average to the global batch's weighted mean loss.
 """
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Optional, Union
 
 import numpy as np
 import torch
@@ -19,7 +19,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 # One-hot ids (B, F), or one (B, k_f) array of ids per feature for multi-hot bags.
-Sparse = Union[np.ndarray, List[np.ndarray]]
+Sparse = Union[np.ndarray, list[np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -59,14 +59,14 @@ class RankBatchLayout:
             return full
         return full + 1
 
-    def rows(self, batch: int) -> Tuple[int, int]:
+    def rows(self, batch: int) -> tuple[int, int]:
         """[start, stop) of this rank's rows of global batch ``batch``, in split order."""
         start = batch * self.global_batch_size
         per_rank = min(self.batch_size, (self.num_rows - start) // self.world_size)
         first = start + self.rank * per_rank
         return first, first + per_rank
 
-    def global_rows(self, batch: int) -> Tuple[int, int]:
+    def global_rows(self, batch: int) -> tuple[int, int]:
         """[start, stop) of all ranks' rows of global batch ``batch``, in split order."""
         start = batch * self.global_batch_size
         return start, start + self.world_size * (self.rows(batch)[1] - self.rows(batch)[0])
@@ -118,11 +118,11 @@ class BatchBuilder:
         sparse_feature_names: the KJT keys, one per sparse feature.
     """
 
-    def __init__(self, sparse_feature_names: List[str]) -> None:
+    def __init__(self, sparse_feature_names: list[str]) -> None:
         self._keys = list(sparse_feature_names)
-        self._lengths: Dict[Tuple[int, ...], Tuple[torch.Tensor, torch.Tensor]] = {}
+        self._lengths: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def _lengths_offsets(self, batch_size: int, hotness: Tuple[int, ...]) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _lengths_offsets(self, batch_size: int, hotness: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         key = (batch_size, *hotness)
         if key not in self._lengths:
             lengths = torch.from_numpy(np.repeat(np.asarray(hotness, dtype=np.int32), batch_size))
@@ -135,7 +135,7 @@ class BatchBuilder:
                  weights: Optional[np.ndarray] = None, weight_normalizer: float = 1.0) -> Batch:
         batch_size = dense.shape[0]
         if isinstance(sparse, np.ndarray):
-            hotness: Tuple[int, ...] = (1,) * sparse.shape[1]
+            hotness: tuple[int, ...] = (1,) * sparse.shape[1]
             values = np.ascontiguousarray(sparse.T, dtype=np.int32).reshape(-1)
         else:
             hotness = tuple(part.shape[1] for part in sparse)
@@ -143,7 +143,7 @@ class BatchBuilder:
         lengths, offsets = self._lengths_offsets(batch_size, hotness)
         return self._batch(dense, values, lengths, offsets, labels, weights, weight_normalizer)
 
-    def bags(self, dense: np.ndarray, ids: List[np.ndarray], lengths: np.ndarray, labels: np.ndarray,
+    def bags(self, dense: np.ndarray, ids: list[np.ndarray], lengths: np.ndarray, labels: np.ndarray,
              weights: Optional[np.ndarray] = None, weight_normalizer: float = 1.0) -> Batch:
         """A batch of bags of any length: ``ids[f]`` holds feature f's ids of every row,
         row after row, ``lengths`` (F, B) the bag sizes (0 for an empty bag)."""

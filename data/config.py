@@ -5,7 +5,8 @@ flags before loading them; the loaders are built by data/loaders.py.
 """
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, List, Optional, Protocol
+from typing import TYPE_CHECKING, Optional, Protocol
+from collections.abc import Iterator
 
 from common.config_flags import FlagError, check_choices, flag, option
 from data.criteo_layout import NUM_SPARSE_FEATURES
@@ -114,7 +115,7 @@ class DataConfig:
                                        "rank's rows")
     pin_memory: bool = flag(False, help="pin host batches (CUDA)")
     seed: int = 0
-    multi_hot_sizes: Optional[List[int]] = flag(
+    multi_hot_sizes: Optional[list[int]] = flag(
         None, help=f"expand one-hot data into multi-hot bags of these sizes ({NUM_SPARSE_FEATURES} values)")
     multi_hot_distribution_type: Optional[str] = flag(
         None, choices=MULTI_HOT_DISTRIBUTIONS, help="offsets of the extra ids in a bag (default uniform)")

@@ -12,7 +12,8 @@ multi-hot layout, 26 arrays of shape (N, k_f); `Sparse` covers both.
 import mmap
 import os
 import zipfile
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Optional, Union
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 from torchrec.datasets.utils import Batch
@@ -35,14 +36,14 @@ from data.multi_hot import open_npz_arrays
 from data.split_binary import SplitBinaryDataset
 from data.value_checks import DENSE, IDS, LABELS, BatchValueCheck, DataValueError, ValueFile, check_value_files
 
-Arrays = Tuple[np.ndarray, Sparse, np.ndarray]
+Arrays = tuple[np.ndarray, Sparse, np.ndarray]
 
 
 def _map_sparse(sparse: Sparse, fn: Callable[[np.ndarray], np.ndarray]) -> Sparse:
     return fn(sparse) if isinstance(sparse, np.ndarray) else [fn(part) for part in sparse]
 
 
-def _every_array(arrays: Arrays) -> List[np.ndarray]:
+def _every_array(arrays: Arrays) -> list[np.ndarray]:
     """The arrays of a day or a batch, each sparse array apart."""
     dense, sparse, labels = arrays
     return [dense, labels, *([sparse] if isinstance(sparse, np.ndarray) else sparse)]
@@ -81,7 +82,7 @@ class CriteoBinaryDataset:
         self.multi_hot = multi_hot
         self.metadata = read_metadata(directory)
         listed = self._listed_days()
-        self._days: List[Arrays] = []
+        self._days: list[Arrays] = []
         while (len(self._days) < listed if listed is not None
                else os.path.exists(day_file(directory, len(self._days), "dense"))):
             self._days.append(self._open_day(len(self._days)))
@@ -174,11 +175,11 @@ class CriteoBinaryDataset:
         return int(self.day_starts[-1])
 
     @property
-    def sparse_feature_names(self) -> List[str]:
+    def sparse_feature_names(self) -> list[str]:
         return SPARSE_FEATURE_NAMES
 
     @property
-    def num_embeddings_per_feature(self) -> Optional[List[int]]:
+    def num_embeddings_per_feature(self) -> Optional[list[int]]:
         """Cardinalities recorded in metadata.json, if any."""
         return self.metadata.num_embeddings_per_feature if self.metadata else None
 
@@ -188,7 +189,7 @@ class CriteoBinaryDataset:
         middle = last_start + (end - last_start) // 2
         return {"train": (0, last_start), "validation": (last_start, middle), "test": (middle, end)}
 
-    def value_files(self) -> List[ValueFile]:
+    def value_files(self) -> list[ValueFile]:
         """Every day's dense, id and label arrays, with what their values must be."""
         cardinalities = self.num_embeddings_per_feature
         files = []
@@ -207,7 +208,7 @@ class CriteoBinaryDataset:
         return files
 
     @property
-    def hotness(self) -> Optional[List[int]]:
+    def hotness(self) -> Optional[list[int]]:
         """Bag size per feature of multi-hot data, None for one-hot."""
         sparse = self._days[0][1]
         return None if isinstance(sparse, np.ndarray) else [part.shape[1] for part in sparse]
@@ -291,7 +292,7 @@ class CriteoBinaryLoader:
         mmap_mode: bool = False,
         num_embeddings_per_feature: Optional[Sequence[int]] = None,
         limit_batches: Optional[int] = None,
-        expand: Optional[Callable[[np.ndarray], List[np.ndarray]]] = None,
+        expand: Optional[Callable[[np.ndarray], list[np.ndarray]]] = None,
         release_every_bytes: Optional[int] = RELEASE_EVERY_BYTES,
     ) -> None:
         self._dataset = dataset
@@ -311,7 +312,7 @@ class CriteoBinaryLoader:
         self._epoch, self._start_batch = 0, 0
         self._in_memory: Optional[Arrays] = None
         self._weighted = isinstance(dataset, SplitBinaryDataset) and dataset.weight_column is not None
-        self._in_memory_weights: Optional[Tuple[np.ndarray, np.ndarray]] = None  # (rank's weights, normalizers)
+        self._in_memory_weights: Optional[tuple[np.ndarray, np.ndarray]] = None  # (rank's weights, normalizers)
         random_order = mmap_mode and (shuffle_batches_seed is not None or row_permutation_seed is not None)
         self._release = (None if release_every_bytes is None else
                          MappedPageRelease([f.array for f in dataset.value_files()], release_every_bytes, random_order))
@@ -344,7 +345,7 @@ class CriteoBinaryLoader:
             return self._dataset.read(self._start + lo, self._start + hi)
         return self._dataset.take(self._permutation[lo:hi])
 
-    def _read_weights(self, batch: int) -> Tuple[np.ndarray, float]:
+    def _read_weights(self, batch: int) -> tuple[np.ndarray, float]:
         """(this rank's rows' weights, `WeightedBatch.weight_normalizer`) of global batch ``batch``."""
         lo, hi = self._layout.global_rows(batch)
         rows = self._start + np.arange(lo, hi) if self._permutation is None else self._permutation[lo:hi]

@@ -13,7 +13,8 @@ largest id + 1). Only the one-hot layout is converted.
 """
 
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Optional
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -28,7 +29,7 @@ LABEL = "label"
 DEFAULT_BLOCK_ROWS = 1 << 20
 
 
-def _cardinalities(dataset: CriteoBinaryDataset, block_rows: int) -> List[int]:
+def _cardinalities(dataset: CriteoBinaryDataset, block_rows: int) -> list[int]:
     known = dataset.num_embeddings_per_feature
     if known is not None:
         return known
@@ -39,10 +40,10 @@ def _cardinalities(dataset: CriteoBinaryDataset, block_rows: int) -> List[int]:
     return [max(int(v) + 1, 1) for v in largest]
 
 
-def _write(dataset: CriteoBinaryDataset, cardinalities: List[int], staging: str, block_rows: int) -> FeatureSpec:
+def _write(dataset: CriteoBinaryDataset, cardinalities: list[int], staging: str, block_rows: int) -> FeatureSpec:
     dtypes = [np.dtype(smallest_id_dtype(c)) for c in cardinalities]
     last_day = int(dataset.day_starts[-2])
-    sources: Dict[str, List[Chunk]] = {}
+    sources: dict[str, list[Chunk]] = {}
     for mapping, (start, stop) in (("train", (0, last_day)), ("test", (last_day, dataset.num_rows))):
         os.makedirs(os.path.join(staging, mapping))
         names = [f"{mapping}/numerical.bin", f"{mapping}/label.bin"] + [
@@ -67,7 +68,7 @@ def _write(dataset: CriteoBinaryDataset, cardinalities: List[int], staging: str,
         sources[mapping] = [Chunk("split_binary", list(DENSE_FEATURE_NAMES), [names[0]]),
                             Chunk("split_binary", [LABEL], [names[1]])] + [
             Chunk("split_binary", [name], [names[2 + f]]) for f, name in enumerate(SPARSE_FEATURE_NAMES)]
-    features: Dict[str, Dict] = {name: {"dtype": "float16"} for name in DENSE_FEATURE_NAMES}
+    features: dict[str, dict] = {name: {"dtype": "float16"} for name in DENSE_FEATURE_NAMES}
     features[LABEL] = {"dtype": "bool"}
     for name, cardinality, dtype in zip(SPARSE_FEATURE_NAMES, cardinalities, dtypes):
         features[name] = {"dtype": dtype.name, "cardinality": cardinality}

@@ -13,7 +13,7 @@ day with ``day_{i}.done.json``.
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 from common.atomic import write_bytes
 from common.json_fields import (COUNTS, INTEGER, NUMBER, OBJECT, TEXT, FileFieldError, JsonObject, Kind, int_list,
@@ -21,8 +21,8 @@ from common.json_fields import (COUNTS, INTEGER, NUMBER, OBJECT, TEXT, FileField
 
 NUM_DENSE_FEATURES = 13
 NUM_SPARSE_FEATURES = 26
-DENSE_FEATURE_NAMES: List[str] = [f"int_{i}" for i in range(NUM_DENSE_FEATURES)]
-SPARSE_FEATURE_NAMES: List[str] = [f"cat_{i}" for i in range(NUM_SPARSE_FEATURES)]
+DENSE_FEATURE_NAMES: list[str] = [f"int_{i}" for i in range(NUM_DENSE_FEATURES)]
+SPARSE_FEATURE_NAMES: list[str] = [f"cat_{i}" for i in range(NUM_SPARSE_FEATURES)]
 METADATA_FILE = "metadata.json"
 DAY_KINDS = ("dense", "sparse", "labels")
 # Every per-day file name of the layouts above, with its day number.
@@ -44,7 +44,7 @@ def done_marker(directory: str, day: int) -> str:
     return os.path.join(directory, f"day_{day}.done.json")
 
 
-def day_files_from(directory: str, first_day: int) -> List[str]:
+def day_files_from(directory: str, first_day: int) -> list[str]:
     """Paths of the directory's per-day files (any layout, markers too) of days
     ``first_day`` and later, in name order.
 
@@ -104,21 +104,21 @@ class CriteoMetadata:
     """
 
     num_days: Optional[int] = None
-    rows_per_day: Optional[List[int]] = None
-    num_embeddings_per_feature: Optional[List[int]] = None
+    rows_per_day: Optional[list[int]] = None
+    num_embeddings_per_feature: Optional[list[int]] = None
     num_dense_features: int = NUM_DENSE_FEATURES
     num_sparse_features: int = NUM_SPARSE_FEATURES
     dataset_name: Optional[str] = None
     dense_transform: Optional[str] = None
     frequency_threshold: int = 0
-    modulo_num_embeddings_per_feature: Optional[List[int]] = None
-    bad_lines: Optional[Dict[str, int]] = None
+    modulo_num_embeddings_per_feature: Optional[list[int]] = None
+    bad_lines: Optional[dict[str, int]] = None
     split: Optional[str] = None
     vocabulary_from: Optional[str] = None
     positive_rate: Optional[float] = None
-    multi_hot_sizes: Optional[List[int]] = None
+    multi_hot_sizes: Optional[list[int]] = None
     multi_hot_distribution_type: Optional[str] = None
-    generator: Optional[Dict[str, Any]] = None
+    generator: Optional[dict[str, Any]] = None
     version: int = METADATA_VERSION
 
     def to_json(self) -> bytes:

@@ -15,7 +15,7 @@ Example::
     ids = transform_sparse(np.array([[0xDEADBEEF]], np.uint32), read_vocabulary(path, 1), None)
 """
 
-from typing import BinaryIO, Dict, List, Optional, Union
+from typing import BinaryIO, Optional, Union
 
 import numpy as np
 
@@ -29,7 +29,7 @@ def transform_dense(dense_raw: np.ndarray) -> np.ndarray:
     return np.log(np.maximum(dense_raw, 0).astype(np.float64) + DENSE_OFFSET).astype(np.float32)
 
 
-def transform_sparse(sparse_hash: np.ndarray, vocabulary: Optional[List[np.ndarray]],
+def transform_sparse(sparse_hash: np.ndarray, vocabulary: Optional[list[np.ndarray]],
                      sizes: Optional[np.ndarray]) -> np.ndarray:
     """Hashes -> int32 ids: vocabulary positions (+1, 0 for the rest), else low 31 bits;
     then modulo the table sizes when given."""
@@ -51,12 +51,12 @@ def _array_name(feature: int) -> str:
     return str(feature)
 
 
-def vocabulary_arrays(vocabulary: List[np.ndarray]) -> Dict[str, np.ndarray]:
+def vocabulary_arrays(vocabulary: list[np.ndarray]) -> dict[str, np.ndarray]:
     """The arrays of vocabulary.npz: feature f's sorted kept hashes under the name "f"."""
     return {_array_name(f): hashes for f, hashes in enumerate(vocabulary)}
 
 
-def read_vocabulary(file: Union[str, BinaryIO], num_features: int) -> List[np.ndarray]:
+def read_vocabulary(file: Union[str, BinaryIO], num_features: int) -> list[np.ndarray]:
     """Each feature's kept hashes from a vocabulary.npz (pickled arrays are refused).
 
     Raises OSError, ValueError, KeyError or zipfile.BadZipFile when the file is not one.

@@ -16,7 +16,6 @@ Example::
 
 import binascii
 from dataclasses import dataclass
-from typing import List, Tuple
 
 import numpy as np
 
@@ -42,7 +41,7 @@ class ParsedChunk:
     dense_raw: np.ndarray
     sparse_hash: np.ndarray
     labels: np.ndarray
-    bad_lines: List[Tuple[int, str]]
+    bad_lines: list[tuple[int, str]]
     num_lines: int
 
 
@@ -72,14 +71,14 @@ def _windows(padded: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
     return np.lib.stride_tricks.sliding_window_view(padded, width)[at + _PAD]
 
 
-def _right_aligned(padded: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int) -> Tuple[np.ndarray, np.ndarray]:
+def _right_aligned(padded: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
     """Characters of each field right-aligned in ``width`` columns, and which are real."""
     chars = _windows(padded, starts + lengths - width, width)
     valid = np.arange(-width, 0) >= -lengths[..., None]
     return chars, valid
 
 
-def _hex_nibbles(chars: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def _hex_nibbles(chars: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Nibble values of hex characters and whether each is a hex digit (uint8 arithmetic)."""
     digit = chars - np.uint8(48)  # '0'..'9' -> 0..9, everything else wraps above 9
     lower = chars | np.uint8(0x20)
@@ -110,7 +109,7 @@ def _eight_digits(digits: np.ndarray) -> np.ndarray:
 
 
 def _parse_ints(padded: np.ndarray, words_before: np.ndarray, ends: np.ndarray,
-                lengths: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+                lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(values int64, ok bool) for decimal integers with an optional leading '-'.
 
     ``words_before[e]`` holds the 8 bytes before position e: fields of up to 8 digits
@@ -129,7 +128,7 @@ def _parse_ints(padded: np.ndarray, words_before: np.ndarray, ends: np.ndarray,
     return values, ok
 
 
-def _parse_ints_by_chars(padded: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def _parse_ints_by_chars(padded: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(values int64, ok bool) for decimal integers with an optional leading '-', from
     their characters gathered into rows (any length)."""
     lengths = ends - starts
@@ -147,7 +146,7 @@ def _parse_ints_by_chars(padded: np.ndarray, starts: np.ndarray, ends: np.ndarra
 
 
 def _parse_hex(padded: np.ndarray, words_after: np.ndarray, tabs: np.ndarray,
-               lengths: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+               lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(values uint32, ok bool) for hexadecimal hashes of up to 8 digits, each after the
     tab at position ``tabs``.
 
@@ -220,7 +219,7 @@ def parse_criteo_lines(data: bytes) -> ParsedChunk:
                         np.zeros(0, np.int32), [], num_lines)
     if num_lines == 0:
         return empty
-    bad: List[Tuple[int, str]] = []
+    bad: list[tuple[int, str]] = []
     if len(separators) == NUM_FIELDS * num_lines and is_newline[NUM_FIELDS - 1 :: NUM_FIELDS].all():
         # Every line has 40 fields (the usual chunk): no per-line bookkeeping.
         good = np.arange(num_lines)

@@ -10,7 +10,8 @@ Example::
     find_bad_id("cat_0", block[:, 2:], cardinality=5)  # (1, "feature 'cat_0' has id 7, but ...")
 """
 
-from typing import Optional, Sequence, Tuple
+from typing import Optional
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -66,7 +67,7 @@ def parse_csv_rows(lines: Sequence[str], first_line: int, columns: int,
     raise CsvRowsError(first_line, "cannot be read as comma-separated numbers")
 
 
-def find_bad_id(name: str, values: np.ndarray, cardinality: Optional[int]) -> Optional[Tuple[int, str]]:
+def find_bad_id(name: str, values: np.ndarray, cardinality: Optional[int]) -> Optional[tuple[int, str]]:
     """(row, reason) of the first value of ``values`` (rows, hotness) that is not an id
     of feature ``name``: a non-negative integer, below ``cardinality`` when it is known."""
     limit = MAX_ID if cardinality is None else cardinality - 1

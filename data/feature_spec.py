@@ -20,7 +20,8 @@ categorical features only: no numerical chunk); the categorical one may not.
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Optional
+from collections.abc import Callable
 
 import numpy as np
 import yaml
@@ -62,10 +63,10 @@ class Chunk:
     """One source of some features' columns: a CSV file set or one split_binary file."""
 
     type: str
-    features: List[str]
-    files: List[str]
+    features: list[str]
+    files: list[str]
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, "features": list(self.features), "files": list(self.files)}
 
 
@@ -88,10 +89,10 @@ class FeatureSpec:
         spec.cardinalities  # table sizes, in channel order
     """
 
-    feature_spec: Dict[str, Dict[str, Any]]
-    channel_spec: Dict[str, List[str]]
-    source_spec: Dict[str, List[Chunk]]
-    metadata: Dict[str, Any] = field(default_factory=dict)
+    feature_spec: dict[str, dict[str, Any]]
+    channel_spec: dict[str, list[str]]
+    source_spec: dict[str, list[Chunk]]
+    metadata: dict[str, Any] = field(default_factory=dict)
     base_dir: str = "."
     path: str = DEFAULT_SPEC_NAME
 
@@ -130,7 +131,7 @@ class FeatureSpec:
                 raise fail(f"weight column {weight!r}: channel_spec weight is {channels['weight']}")
             channels["weight"] = [weight]
             features.setdefault(weight, {})  # a weight needs no dtype or cardinality
-        sources: Dict[str, List[Chunk]] = {}
+        sources: dict[str, list[Chunk]] = {}
         for mapping in MAPPINGS:
             chunks = raw["source_spec"].get(mapping)
             if not isinstance(chunks, list) or not chunks:
@@ -148,11 +149,11 @@ class FeatureSpec:
     # --- names and sizes -------------------------------------------------------------
 
     @property
-    def categorical(self) -> List[str]:
+    def categorical(self) -> list[str]:
         return self.channel_spec["categorical"]
 
     @property
-    def numerical(self) -> List[str]:
+    def numerical(self) -> list[str]:
         return self.channel_spec["numerical"]
 
     @property
@@ -168,7 +169,7 @@ class FeatureSpec:
         return int(self.feature_spec[name].get("hotness", 1))
 
     @property
-    def cardinalities(self) -> List[int]:
+    def cardinalities(self) -> list[int]:
         """Table sizes of the categorical features, in channel order (all must be known)."""
         return [int(self.feature_spec[n]["cardinality"]) for n in self.categorical]
 
@@ -193,7 +194,7 @@ class FeatureSpec:
         # The numerical channel may be empty (click logs of ids only); the model needs embeddings.
         if not self.categorical:
             raise fail("channel_spec categorical lists no feature (the model needs at least one)")
-        seen: Dict[str, str] = {}
+        seen: dict[str, str] = {}
         for channel in CHANNELS:
             for name in self.channel_spec[channel]:
                 if name not in self.feature_spec:
@@ -204,7 +205,7 @@ class FeatureSpec:
         for name in self.categorical:
             self._check_categorical(name, allow_auto, fail)
         for mapping, chunks in self.source_spec.items():
-            placed: Dict[str, int] = {}
+            placed: dict[str, int] = {}
             for i, chunk in enumerate(chunks):
                 where = f"source_spec {mapping} chunk {i}"
                 if not chunk.files:
@@ -265,7 +266,7 @@ class FeatureSpec:
 
     # --- split_binary files ----------------------------------------------------------
 
-    def binary_layout(self, chunk: Chunk) -> Tuple[np.dtype, int]:
+    def binary_layout(self, chunk: Chunk) -> tuple[np.dtype, int]:
         """(dtype, values per row) of a split_binary chunk's file."""
         channel = self.channel_of(chunk.features[0])
         if channel in FIXED_BINARY_DTYPES:
@@ -274,10 +275,10 @@ class FeatureSpec:
         dtype = self.feature_spec[name].get("dtype") or smallest_id_dtype(int(self.feature_spec[name]["cardinality"]))
         return np.dtype(dtype), self.hotness(name)
 
-    def check_split_binary_files(self) -> Dict[str, int]:
+    def check_split_binary_files(self) -> dict[str, int]:
         """Checks every split_binary file exists and that all files of a mapping hold
         the same number of rows; returns {mapping: rows}."""
-        rows: Dict[str, int] = {}
+        rows: dict[str, int] = {}
         for mapping, chunks in self.source_spec.items():
             first: Optional[str] = None
             for chunk in chunks:
@@ -302,7 +303,7 @@ class FeatureSpec:
                 first = first or chunk.files[0]
         return rows
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "feature_spec": {k: dict(v) for k, v in self.feature_spec.items()},
             # No empty weight channel: specs without weights read as they always did.

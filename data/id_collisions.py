@@ -15,7 +15,7 @@ values spread uniformly over the table: ``1 - (1 - 1/rows)**(distinct - 1)``.
 """
 
 import threading
-from typing import Dict, List, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -53,7 +53,7 @@ class CollisionCounter:
         self._sizes = list(table_sizes)
         self._id_hashing, self._seed, self._cap = id_hashing, hash_seed, exact_cap
         self._kept = [np.zeros(0, dtype=np.uint64) for _ in names]
-        self._pending: List[List[np.ndarray]] = [[] for _ in names]
+        self._pending: list[list[np.ndarray]] = [[] for _ in names]
         self._pending_count = [0] * len(names)
         self._level = [0] * len(names)
         self._lock = threading.Lock()
@@ -88,10 +88,10 @@ class CollisionCounter:
             return embedding_rows(keys, self._seed, self._sizes[f])
         return keys.view(np.int64) % self._sizes[f]
 
-    def statistics(self) -> Dict[str, Dict[str, object]]:
+    def statistics(self) -> dict[str, dict[str, object]]:
         """{feature: {"distinct": values seen, "colliding_fraction": share of them whose
         embedding row another seen value also has, "exact": not estimated}}."""
-        result: Dict[str, Dict[str, object]] = {}
+        result: dict[str, dict[str, object]] = {}
         with self._lock:
             for f, name in enumerate(self._names):
                 self._merge(f)
@@ -107,7 +107,7 @@ class CollisionCounter:
         return result
 
 
-def collision_summary(statistics: Dict[str, Dict[str, object]], shown: int = 3) -> str:
+def collision_summary(statistics: dict[str, dict[str, object]], shown: int = 3) -> str:
     """One line of `CollisionCounter.statistics`: the features whose values share rows
     most, e.g. ``id collisions: C3 41.2% of 1,203,554 values (estimated), C7 ...``."""
     if not statistics:

@@ -1,7 +1,7 @@
 """The per-rank loaders of the binary data sets and of random data (the sources of
 data/sources.py that open them call these)."""
 
-from typing import Dict, List, Optional, Union
+from typing import Optional, Union
 
 from data.config import RANDOM_DATA_BATCHES, SPLITS, BatchLoader, DataConfig
 from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
@@ -28,17 +28,17 @@ def check_dataset_values(config: DataConfig,
 def build_loaders(
     config: DataConfig,
     dataset: Optional[Union[CriteoBinaryDataset, SplitBinaryDataset]],
-    num_embeddings_per_feature: List[int],
+    num_embeddings_per_feature: list[int],
     rank: int,
     world_size: int,
-) -> Dict[str, BatchLoader]:
+) -> dict[str, BatchLoader]:
     """One loader per split ("train", "validation", "test") for this rank.
 
     Example::
 
         loaders = build_loaders(DataConfig(batch_size=512), None, [1000] * 26, rank=0, world_size=1)
     """
-    loaders: Dict[str, BatchLoader] = {}
+    loaders: dict[str, BatchLoader] = {}
     expand = None
     if config.multi_hot_sizes is not None:
         expand = MultiHotExpander(config.multi_hot_sizes, num_embeddings_per_feature,

@@ -17,7 +17,7 @@ Example::
 """
 
 import mmap
-from typing import Dict, List, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -27,10 +27,10 @@ import numpy as np
 RELEASE_EVERY_BYTES = 64 << 20
 
 
-def file_mappings(arrays: Sequence[np.ndarray]) -> List[mmap.mmap]:
+def file_mappings(arrays: Sequence[np.ndarray]) -> list[mmap.mmap]:
     """The distinct memory maps behind ``arrays`` (``np.memmap`` / ``np.load(mmap_mode=...)``
     arrays and views of them); arrays in memory have none."""
-    found: Dict[int, mmap.mmap] = {}
+    found: dict[int, mmap.mmap] = {}
     for array in arrays:
         mapping = getattr(array, "_mmap", None)  # np.memmap keeps its map there, views too
         if mapping is not None:

@@ -14,7 +14,7 @@ compression are memory-mapped; compressed ones are read whole.
 """
 
 import zipfile
-from typing import List, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -45,7 +45,7 @@ class MultiHotExpander:
             raise BadInput(f"--multi_hot_distribution_type must be uniform or pareto, got {distribution!r}")
         self.hotness = list(hotness)
         self.sizes = np.asarray(num_embeddings_per_feature, dtype=np.int64)
-        self._offsets: List[np.ndarray] = []
+        self._offsets: list[np.ndarray] = []
         for f, (k, n) in enumerate(zip(self.hotness, self.sizes)):
             rng = np.random.default_rng([seed, 7919, f])
             shape = (_OFFSET_ROWS, max(k - 1, 0))
@@ -55,7 +55,7 @@ class MultiHotExpander:
                 offsets = 1 + np.floor(rng.pareto(1.0, size=shape) * max(int(n) / 1000, 1.0))
             self._offsets.append(np.minimum(offsets, np.iinfo(np.int64).max // 4).astype(np.int64))
 
-    def __call__(self, sparse: np.ndarray) -> List[np.ndarray]:
+    def __call__(self, sparse: np.ndarray) -> list[np.ndarray]:
         bags = []
         for f, k in enumerate(self.hotness):
             ids = sparse[:, f].astype(np.int64)
@@ -67,7 +67,7 @@ class MultiHotExpander:
         return bags
 
 
-def open_npz_arrays(path: str, keys: Sequence[str]) -> List[np.ndarray]:
+def open_npz_arrays(path: str, keys: Sequence[str]) -> list[np.ndarray]:
     """The named arrays of an .npz: memory-mapped when stored uncompressed, else loaded."""
     arrays = []
     with zipfile.ZipFile(path) as archive:

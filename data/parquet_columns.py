@@ -23,7 +23,8 @@ Example::
 
 import fnmatch
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Optional
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -63,18 +64,18 @@ class ConvertedRows:
 
     labels: Optional[np.ndarray]
     dense: np.ndarray
-    ids: List[np.ndarray]
+    ids: list[np.ndarray]
     lengths: np.ndarray
     weights: Optional[np.ndarray]
     dense_nulls: np.ndarray
-    keys: List[np.ndarray]
+    keys: list[np.ndarray]
 
     @property
     def num_rows(self) -> int:
         return len(self.dense)
 
 
-def resolve_column_patterns(patterns: Sequence[str], names: Sequence[str], flag: str) -> Tuple[str, ...]:
+def resolve_column_patterns(patterns: Sequence[str], names: Sequence[str], flag: str) -> tuple[str, ...]:
     """Column names matching ``patterns`` (exact names, or a prefix ending in ``*``
     such as ``I*``), in the order given, each pattern's matches in schema order.
 
@@ -82,7 +83,7 @@ def resolve_column_patterns(patterns: Sequence[str], names: Sequence[str], flag:
         BadInput: a pattern that matches no column (naming ``flag``), or a column
             named twice.
     """
-    chosen: List[str] = []
+    chosen: list[str] = []
     for pattern in patterns:
         if pattern.endswith("*"):
             matches = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
@@ -170,9 +171,9 @@ class ParquetColumns:
     """
 
     label: str
-    dense: Tuple[str, ...]
-    sparse: Tuple[str, ...]
-    table_sizes: Tuple[int, ...]
+    dense: tuple[str, ...]
+    sparse: tuple[str, ...]
+    table_sizes: tuple[int, ...]
     weight: Optional[str] = None
     dense_transform: str = "log1p"
     id_hashing: str = "hash"
@@ -194,7 +195,7 @@ class ParquetColumns:
                    id_hashing=config.id_hashing, hash_seed=config.hash_seed)
 
     @property
-    def names(self) -> Tuple[str, ...]:
+    def names(self) -> tuple[str, ...]:
         """Every column read, label first."""
         return (self.label,) + self.dense + self.sparse + ((self.weight,) if self.weight else ())
 
@@ -291,7 +292,7 @@ class ParquetColumns:
             raise ColumnValueError(self.label, row, f"label {values[row]:g} is not 0 or 1")
         return values.astype(np.float32)
 
-    def _dense(self, name: str, column: pa.ChunkedArray) -> Tuple[np.ndarray, int]:
+    def _dense(self, name: str, column: pa.ChunkedArray) -> tuple[np.ndarray, int]:
         """(float32 values transformed, nulls read as 0)."""
         values, null_count = self._finite_dense(name, column)
         if self.dense_transform == "log1p":
@@ -299,7 +300,7 @@ class ParquetColumns:
         return values.astype(np.float32), null_count
 
     @staticmethod
-    def _finite_dense(name: str, column: pa.ChunkedArray) -> Tuple[np.ndarray, int]:
+    def _finite_dense(name: str, column: pa.ChunkedArray) -> tuple[np.ndarray, int]:
         """(float64 values with nulls as 0, null count); refuses NaN and infinity."""
         null_count = column.null_count
         values = pc.fill_null(column, 0).to_numpy().astype(np.float64) if null_count else \
@@ -322,7 +323,7 @@ class ParquetColumns:
         return values.astype(np.float32)
 
     @staticmethod
-    def _bags(column: pa.ChunkedArray) -> Tuple[np.ndarray, np.ndarray]:
+    def _bags(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
         """(keys of every id, bag length per row): a null is an empty bag; a list's
         null elements are left out."""
         array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column

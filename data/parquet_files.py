@@ -19,9 +19,9 @@ import posixpath
 import re
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
+from collections.abc import Sequence
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -44,8 +44,8 @@ class FileFooter:
     """
 
     path: str
-    partitions: Dict[str, Any]
-    row_group_rows: Tuple[int, ...]
+    partitions: dict[str, Any]
+    row_group_rows: tuple[int, ...]
 
     @property
     def num_rows(self) -> int:
@@ -56,7 +56,7 @@ class FileFooter:
         return sum(self.row_group_rows[:row_group])
 
 
-def _local_or_uri(path: str, flag: str) -> Tuple[pafs.FileSystem, str, str]:
+def _local_or_uri(path: str, flag: str) -> tuple[pafs.FileSystem, str, str]:
     """(filesystem, path inside it, how messages name the root)."""
     if "://" not in path:
         return pafs.LocalFileSystem(), posixpath.abspath(path) if not path.startswith("/") else path, path
@@ -81,7 +81,7 @@ def _hidden(relative: str) -> bool:
     return any(part.startswith(("_", ".")) for part in relative.split("/"))
 
 
-def list_files(path: str, flag: str = "--parquet_path") -> Tuple[pafs.FileSystem, str, List[str]]:
+def list_files(path: str, flag: str = "--parquet_path") -> tuple[pafs.FileSystem, str, list[str]]:
     """(filesystem, root directory, the table's files in sorted path order); ``flag``
     names ``path`` in errors.
 
@@ -113,7 +113,7 @@ def list_files(path: str, flag: str = "--parquet_path") -> Tuple[pafs.FileSystem
     return filesystem, root, sorted(files)
 
 
-def _partition_parts(root: str, file: str) -> Dict[str, str]:
+def _partition_parts(root: str, file: str) -> dict[str, str]:
     relative = file[len(root):].lstrip("/") if file.startswith(root) else posixpath.basename(file)
     parts = {}
     for directory in relative.split("/")[:-1]:
@@ -123,7 +123,7 @@ def _partition_parts(root: str, file: str) -> Dict[str, str]:
     return parts
 
 
-def column_names(path: str) -> List[str]:
+def column_names(path: str) -> list[str]:
     """The table's column names: the first file's columns, then its partition keys
     (only that footer is read)."""
     filesystem, root, files = list_files(path)
@@ -149,7 +149,7 @@ def _typed(value: str, kind: pa.DataType) -> Any:
 
 
 def read_footers(filesystem: pafs.FileSystem, root: str,
-                 files: Sequence[str]) -> Tuple[List[FileFooter], List[pq.FileMetaData], pa.Schema]:
+                 files: Sequence[str]) -> tuple[list[FileFooter], list[pq.FileMetaData], pa.Schema]:
     """Every file's footer, its partitions, and the table's schema (the first file's
     schema plus the partition columns).
 

@@ -23,7 +23,8 @@ import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Optional
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -42,7 +43,7 @@ from data.value_checks import DataValueError
 # Batches the reading thread prepares ahead of the one training uses.
 PREFETCH_BATCHES = 2
 # Dense columns whose nulls this process has reported (once per column, by rank 0).
-_NULLS_REPORTED: Set[str] = set()
+_NULLS_REPORTED: set[str] = set()
 
 
 class ParquetValueError(DataValueError):
@@ -92,7 +93,7 @@ class ParquetDataset:
             validation = validation or parse_window(DEFAULT_ROW_FRACTION, "--validation_window")
             test = test or parse_window(DEFAULT_ROW_FRACTION, "--test_window")
             self.splits = row_fraction_splits(self.footers, validation.fraction, test.fraction)  # type: ignore[arg-type]
-            self._boundaries: List[int] = []
+            self._boundaries: list[int] = []
         else:
             self.time = TimeIndex(self.footers, metadata, self.schema, time_column,
                                   lambda f, g: self.read_row_group(f, g, [time_column]).column(time_column))
@@ -131,7 +132,7 @@ class ParquetDataset:
     def num_rows(self, split: str) -> int:
         return sum(s.count for s in self.splits[split])
 
-    def split_ranges(self) -> Dict[str, Tuple[int, int]]:
+    def split_ranges(self) -> dict[str, tuple[int, int]]:
         """Each split's (or window's) rows as consecutive ranges, in time order, for what
         counts rows (the start-up report); not row numbers of the files."""
         counts = [self.num_rows(s) for s in self.splits]
@@ -150,7 +151,7 @@ class ParquetDataset:
                              f"to before {self.time.format(self._boundaries[i + 1])}")
         return "; ".join(parts)
 
-    def time_ranges(self) -> Dict[str, Tuple[str, str]]:
+    def time_ranges(self) -> dict[str, tuple[str, str]]:
         """{split or window: (first time, end time exclusive)} with a time column, else {}."""
         if self.time is None:
             return {}
@@ -164,7 +165,7 @@ class _Piece:
     segments end at ``ends`` (cumulative rows)."""
 
     table: pa.Table
-    segments: List[Segment]
+    segments: list[Segment]
     ends: np.ndarray
     positions: np.ndarray
 
@@ -242,11 +243,11 @@ class ParquetLoader:
         the batches before it are skipped without reading their row groups."""
         self._epoch, self._start_batch = epoch, start_batch
 
-    def dense_null_counts(self) -> Dict[str, int]:
+    def dense_null_counts(self) -> dict[str, int]:
         """Nulls read as 0 so far, per dense column (this rank's rows)."""
         return {name: int(n) for name, n in zip(self._columns.dense, self._dense_nulls)}
 
-    def statistics(self) -> Dict[str, Any]:
+    def statistics(self) -> dict[str, Any]:
         """What the trainer logs once per evaluation (this rank's rows so far):
         {"id_collisions": data.id_collisions.CollisionCounter.statistics (training
         loaders), "dense_nulls": `dense_null_counts`}."""
@@ -306,7 +307,7 @@ class ParquetLoader:
                 normalizer = total / self._layout.world_size if total > 0 else 1.0
             yield self._convert(_slice_pieces(pieces, lo - g_lo, hi - g_lo), normalizer)
 
-    def _pieces(self, order: _EpochOrder, cache: "OrderedDict[int, pa.Table]", lo: int, hi: int) -> List[_Piece]:
+    def _pieces(self, order: _EpochOrder, cache: "OrderedDict[int, pa.Table]", lo: int, hi: int) -> list[_Piece]:
         """Rows [lo, hi) of the epoch's order: (table, where each row comes from) per block."""
         pieces = []
         block = int(np.searchsorted(order.starts, lo, side="right")) - 1
@@ -334,7 +335,7 @@ class ParquetLoader:
         cache[index] = table
         return table
 
-    def _convert(self, pieces: List[_Piece], normalizer: float = 1.0) -> Batch:
+    def _convert(self, pieces: list[_Piece], normalizer: float = 1.0) -> Batch:
         tables = [p.table for p in pieces]
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
         try:
@@ -353,11 +354,11 @@ class ParquetLoader:
         return self._builder.bags(rows.dense, rows.ids, rows.lengths, rows.labels,
                                   rows.weights, normalizer)
 
-    def _value_message(self, pieces: List[_Piece], error: ColumnValueError) -> str:
+    def _value_message(self, pieces: list[_Piece], error: ColumnValueError) -> str:
         """``error`` (its row counted in the pieces' rows) naming file, row group, row and column."""
         return f"{self._where(pieces, error.row)}, column {error.column}: {error.what}"
 
-    def _where(self, pieces: List[_Piece], row: int) -> str:
+    def _where(self, pieces: list[_Piece], row: int) -> str:
         for piece in pieces:
             if row < piece.table.num_rows:
                 return piece.where(self._dataset, row)
@@ -365,7 +366,7 @@ class ParquetLoader:
         raise AssertionError(f"row {row} is not in the batch")
 
 
-def _slice_pieces(pieces: List[_Piece], lo: int, hi: int) -> List[_Piece]:
+def _slice_pieces(pieces: list[_Piece], lo: int, hi: int) -> list[_Piece]:
     """Rows [lo, hi) of the pieces' rows, with their origins."""
     result, start = [], 0
     for piece in pieces:

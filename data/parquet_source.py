@@ -9,10 +9,10 @@ it): the flags are checked without them.
 """
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 from common.config_flags import FlagError, option
-from data.config import BatchLoader, DataConfig
+from data.config import BatchLoader
 from data.parquet_windows import Window, parse_window
 from data.sources import DataSource, FeatureDescription
 
@@ -127,12 +127,12 @@ class ParquetSource(DataSource):
         return ParquetDataset(self.config.parquet_path, columns, self.config.time_column,  # type: ignore[arg-type]
                               validation, test, None if rolling is None else rolling + 1)
 
-    def time_ranges(self, dataset: Any) -> Dict[str, Tuple[str, str]]:
+    def time_ranges(self, dataset: Any) -> dict[str, tuple[str, str]]:
         """{"train": ..., "validation": ..., "test": ...}, or with --rolling_windows
         {"window 0": ..., "window 1": ...}: what the run reads."""
         return dataset.time_ranges()
 
-    def statistics(self, train_loader: BatchLoader) -> Optional[Tuple[Dict[str, Any], str]]:
+    def statistics(self, train_loader: BatchLoader) -> Optional[tuple[dict[str, Any], str]]:
         """The id collisions and dense nulls of this rank's training rows so far
         (data.parquet_loader.ParquetLoader.statistics), and a line of the features
         whose values share rows most."""
@@ -140,18 +140,18 @@ class ParquetSource(DataSource):
         statistics = train_loader.statistics()  # type: ignore[attr-defined]
         return statistics, collision_summary(statistics["id_collisions"])
 
-    def loaders(self, dataset: Any, num_embeddings_per_feature: List[int], rank: int,
-                world_size: int) -> Dict[str, BatchLoader]:
+    def loaders(self, dataset: Any, num_embeddings_per_feature: list[int], rank: int,
+                world_size: int) -> dict[str, BatchLoader]:
         return {split: self._loader(dataset, dataset.splits[split], split, num_embeddings_per_feature,
                                     rank, world_size) for split in ("train", "validation", "test")}
 
-    def window_loaders(self, dataset: Any, window: int, num_windows: int, num_embeddings_per_feature: List[int],
-                       rank: int, world_size: int) -> Dict[str, BatchLoader]:
+    def window_loaders(self, dataset: Any, window: int, num_windows: int, num_embeddings_per_feature: list[int],
+                       rank: int, world_size: int) -> dict[str, BatchLoader]:
         assert len(dataset.splits) == num_windows, "open() cut the windows of --rolling_windows"
         return {split: self._loader(dataset, dataset.splits[f"window {w}"], split, num_embeddings_per_feature,
                                     rank, world_size) for split, w in (("train", window), ("validation", window + 1))}
 
-    def _loader(self, dataset: Any, segments: Any, split: str, table_sizes: List[int], rank: int,
+    def _loader(self, dataset: Any, segments: Any, split: str, table_sizes: list[int], rank: int,
                 world_size: int) -> BatchLoader:
         from data.id_collisions import CollisionCounter
         from data.parquet_loader import ParquetLoader
@@ -172,5 +172,5 @@ class ParquetSource(DataSource):
         )
 
 
-def _patterns(text: Optional[str]) -> List[str]:
+def _patterns(text: Optional[str]) -> list[str]:
     return [p.strip() for p in (text or "").split(",") if p.strip()]

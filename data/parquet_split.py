@@ -20,7 +20,8 @@ first rows, then validation, then test, the windows being fractions of the rows
 
 import datetime
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Optional
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -57,13 +58,13 @@ class Segment:
     count: int
 
 
-def row_fraction_splits(footers: Sequence[FileFooter], validation: float, test: float) -> Dict[str, List[Segment]]:
+def row_fraction_splits(footers: Sequence[FileFooter], validation: float, test: float) -> dict[str, list[Segment]]:
     """Splits without a time column: the first rows train, then validation, then test."""
     total = sum(f.num_rows for f in footers)
     num_test = int(round(total * test))
     num_validation = int(round(total * validation))
     bounds = [0, total - num_test - num_validation, total - num_test, total]
-    splits: Dict[str, List[Segment]] = {"train": [], "validation": [], "test": []}
+    splits: dict[str, list[Segment]] = {"train": [], "validation": [], "test": []}
     names = list(splits)
     first = 0
     for f, footer in enumerate(footers):
@@ -126,7 +127,7 @@ class TimeIndex:
         self._footers = footers
         self._read_times = read_times
         self._partition = column in footers[0].partitions
-        self.bounds: List[List[Tuple[int, int]]] = []  # per file, per row group: (min, max)
+        self.bounds: list[list[tuple[int, int]]] = []  # per file, per row group: (min, max)
         for f, (footer, meta) in enumerate(zip(footers, metadata)):
             if self._partition:
                 value = int(time_numbers(pa.chunked_array([pa.array([footer.partitions[column]], self.type)]),
@@ -140,7 +141,7 @@ class TimeIndex:
         self.start = min(lo for lo, _ in every)
         self.end = max(hi for _, hi in every) + self.unit  # exclusive
 
-    def _statistics(self, meta: pq.FileMetaData, row_group: int, index: int) -> Optional[Tuple[int, int]]:
+    def _statistics(self, meta: pq.FileMetaData, row_group: int, index: int) -> Optional[tuple[int, int]]:
         statistics = meta.row_group(row_group).column(index).statistics
         if statistics is None or not statistics.has_min_max or statistics.null_count != 0:
             return None  # no statistics, or nulls: reading the column finds them
@@ -163,17 +164,17 @@ class TimeIndex:
                            f"column {self.column}: the time is null")
         return time_numbers(values, self.kind)
 
-    def _read_bounds(self, file: int, row_group: int) -> Tuple[int, int]:
+    def _read_bounds(self, file: int, row_group: int) -> tuple[int, int]:
         times = self._times(file, row_group)
         if len(times) == 0:
             return (np.iinfo(np.int64).max // 2, np.iinfo(np.int64).min // 2)  # no rows: in no range
         return int(times.min()), int(times.max())
 
-    def intervals(self, boundaries: Sequence[int]) -> List[List[Segment]]:
+    def intervals(self, boundaries: Sequence[int]) -> list[list[Segment]]:
         """The rows with ``boundaries[i] <= time < boundaries[i + 1]``, per interval i;
         reads the time column of the row groups that straddle a boundary."""
         edges = np.asarray(boundaries, dtype=np.int64)
-        result: List[List[Segment]] = [[] for _ in range(len(edges) - 1)]
+        result: list[list[Segment]] = [[] for _ in range(len(edges) - 1)]
         for f, footer in enumerate(self._footers):
             for g, rows in enumerate(footer.row_group_rows):
                 if rows == 0:

@@ -52,7 +52,8 @@ import time
 import zipfile
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Optional
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -99,7 +100,7 @@ class PreprocessConfig:
     output_dir: str
     dataset_name: str
     frequency_threshold: int = 0
-    num_embeddings_per_feature: Optional[List[int]] = None
+    num_embeddings_per_feature: Optional[list[int]] = None
     workers: int = 1
     on_bad_lines: str = "error"
     chunk_bytes: int = 1 << 20
@@ -171,7 +172,7 @@ def _count_lines(path: str, chunk_bytes: int) -> int:
     return count + (last != b"\n")
 
 
-def discover_sources(config: PreprocessConfig) -> List[DaySource]:
+def discover_sources(config: PreprocessConfig) -> list[DaySource]:
     """The output days and the raw lines each is made from."""
     if config.dataset_name == "criteo_kaggle":
         for name in ("train.txt", "train.txt.gz"):
@@ -186,7 +187,7 @@ def discover_sources(config: PreprocessConfig) -> List[DaySource]:
                              "(--kaggle_days) it is cut into")
         bounds = [total * d // config.kaggle_days for d in range(config.kaggle_days + 1)]
         return [DaySource(d, path, bounds[d], bounds[d + 1] - bounds[d], total) for d in range(config.kaggle_days)]
-    found: Dict[int, str] = {}
+    found: dict[int, str] = {}
     for name in os.listdir(config.input_dir):
         match = RAW_DAY_FILE.fullmatch(name)
         if match:
@@ -207,7 +208,7 @@ def discover_sources(config: PreprocessConfig) -> List[DaySource]:
 
 
 def _parse_source(source: DaySource, config: PreprocessConfig, progress: Optional[ProgressFn],
-                  bad_counts: List[int]) -> Iterator:
+                  bad_counts: list[int]) -> Iterator:
     """Parsed chunks of a source; raises BadLineError or counts bad lines."""
     for first_line, nbytes, lines in iter_line_chunks(source, config.chunk_bytes):
         chunk = parse_criteo_lines(lines)
@@ -223,7 +224,7 @@ def _parse_source(source: DaySource, config: PreprocessConfig, progress: Optiona
 
 # ---------------------------------------------------------------- counting pass
 
-def _merge_counts(parts: List[Tuple[np.ndarray, np.ndarray]]) -> Tuple[np.ndarray, np.ndarray]:
+def _merge_counts(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     ids = np.concatenate([p[0] for p in parts])
     counts = np.concatenate([p[1] for p in parts])
     unique, inverse = np.unique(ids, return_inverse=True)
@@ -231,9 +232,9 @@ def _merge_counts(parts: List[Tuple[np.ndarray, np.ndarray]]) -> Tuple[np.ndarra
 
 
 def count_source(source: DaySource, config: PreprocessConfig,
-                 progress: Optional[ProgressFn] = None) -> List[Tuple[np.ndarray, np.ndarray]]:
+                 progress: Optional[ProgressFn] = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """(sorted hashes, counts) of every categorical feature over one source."""
-    state: List[List[Tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(NUM_SPARSE_FEATURES)]
+    state: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(NUM_SPARSE_FEATURES)]
     for n, chunk in enumerate(_parse_source(source, config, progress, [0])):
         for f in range(NUM_SPARSE_FEATURES):
             state[f].append(np.unique(chunk.sparse_hash[:, f], return_counts=True))
@@ -292,10 +293,10 @@ class DayResult:
     day: int
     rows: int
     bad_lines: int
-    max_ids: List[int] = field(default_factory=list)
+    max_ids: list[int] = field(default_factory=list)
 
 
-def transform_source(source: DaySource, config: PreprocessConfig, vocabulary: Optional[List[np.ndarray]],
+def transform_source(source: DaySource, config: PreprocessConfig, vocabulary: Optional[list[np.ndarray]],
                      progress: Optional[ProgressFn] = None) -> DayResult:
     """Writes one day's three files (temporary names, renamed when complete)."""
     with ExitStack() as renamed_when_complete:
@@ -305,8 +306,8 @@ def transform_source(source: DaySource, config: PreprocessConfig, vocabulary: Op
         return _transform_into(source, config, vocabulary, progress, writers)
 
 
-def _transform_into(source: DaySource, config: PreprocessConfig, vocabulary: Optional[List[np.ndarray]],
-                    progress: Optional[ProgressFn], writers: Dict[str, "_NpyWriter"]) -> DayResult:
+def _transform_into(source: DaySource, config: PreprocessConfig, vocabulary: Optional[list[np.ndarray]],
+                    progress: Optional[ProgressFn], writers: dict[str, "_NpyWriter"]) -> DayResult:
     """Fills the day's writers; BadInput when no line gives a row."""
     sizes = None if config.num_embeddings_per_feature is None else np.asarray(config.num_embeddings_per_feature)
     bad = [0]
@@ -395,7 +396,7 @@ def _pool_call(task: tuple):
     return fn(*args, _queue_progress)
 
 
-def _run_tasks(fn: Callable, items: List[tuple], config: PreprocessConfig, description: str) -> Iterator:
+def _run_tasks(fn: Callable, items: list[tuple], config: PreprocessConfig, description: str) -> Iterator:
     """Yields fn(*item, progress) for every item as each finishes, computed here
     (1 worker) or in a process pool, with one progress bar over the input bytes."""
     total = _input_bytes([item[0] for item in items])
@@ -435,7 +436,7 @@ def _input_bytes(sources: Sequence[DaySource]) -> Optional[int]:
     return total
 
 
-def _load_or_build_vocabulary(config: PreprocessConfig, train: List[DaySource]) -> List[np.ndarray]:
+def _load_or_build_vocabulary(config: PreprocessConfig, train: list[DaySource]) -> list[np.ndarray]:
     path = os.path.join(config.output_dir, VOCABULARY_FILE)
     signature = {"fingerprint": config.fingerprint(), "sources": [s.signature() for s in train]}
     if os.path.exists(path):
@@ -453,7 +454,7 @@ def _load_or_build_vocabulary(config: PreprocessConfig, train: List[DaySource]) 
     return vocabulary
 
 
-def _copy_training_vocabulary(config: PreprocessConfig) -> List[np.ndarray]:
+def _copy_training_vocabulary(config: PreprocessConfig) -> list[np.ndarray]:
     """The training run's vocabulary, copied into the output (for serving.export)."""
     source = os.path.join(str(config.vocabulary), VOCABULARY_FILE)
     try:
@@ -490,7 +491,7 @@ def preprocess(config: PreprocessConfig) -> CriteoMetadata:
     if config.frequency_threshold > 0:
         vocabulary = (_copy_training_vocabulary(config) if config.vocabulary is not None
                       else _load_or_build_vocabulary(config, sources[:-1]))  # training days only
-    results: Dict[int, DayResult] = {}
+    results: dict[int, DayResult] = {}
     todo = []
     for source in sources:
         done = _finished(config, source)
@@ -516,7 +517,7 @@ def preprocess(config: PreprocessConfig) -> CriteoMetadata:
         cardinalities = list(config.num_embeddings_per_feature)
     else:
         cardinalities = [max(r.max_ids[f] for r in ordered) + 1 for f in range(NUM_SPARSE_FEATURES)]
-    bad_lines: Dict[str, int] = {}
+    bad_lines: dict[str, int] = {}
     for source, result in zip(sources, ordered):
         key = source.name if config.dataset_name == "criteo_1t" else f"{source.name} (day {source.day})"
         bad_lines[key] = result.bad_lines

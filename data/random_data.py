@@ -6,7 +6,8 @@ A few global batches are generated once and cycled, so generation does not slow
 training down.
 """
 
-from typing import Callable, Iterator, List, Optional, Sequence
+from typing import Optional
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 from torchrec.datasets.utils import Batch
@@ -42,11 +43,11 @@ class RandomCriteoLoader:
         rank: int,
         world_size: int,
         num_embeddings_per_feature: Sequence[int],
-        sparse_feature_names: List[str],
+        sparse_feature_names: list[str],
         num_dense_features: int = 13,
         seed: int = 0,
         stream: int = 0,
-        expand: Optional[Callable[[np.ndarray], List[np.ndarray]]] = None,
+        expand: Optional[Callable[[np.ndarray], list[np.ndarray]]] = None,
     ) -> None:
         self._num_batches = num_batches
         self._start_batch = 0
@@ -55,7 +56,7 @@ class RandomCriteoLoader:
         lo, hi = layout.rows(0)
         build = BatchBuilder(sparse_feature_names)
         sizes = np.asarray(num_embeddings_per_feature, dtype=np.int64)
-        self._batches: List[Batch] = []
+        self._batches: list[Batch] = []
         for b in range(min(num_batches, NUM_GENERATED_BATCHES)):
             # Draw the whole global batch and keep this rank's rows: the same data
             # whatever the world size.

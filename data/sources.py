@@ -15,7 +15,7 @@ torchx components consult the registry without them.
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type
+from typing import Any, ClassVar, Optional
 
 from common.config_flags import FlagError, flag_of, option
 from common.json_fields import FileFieldError, JsonObject, int_list, optional, text_list
@@ -36,10 +36,10 @@ class FeatureDescription:
             or of varying length.
     """
 
-    dense_feature_names: Tuple[str, ...]
-    sparse_feature_names: Tuple[str, ...]
-    cardinalities: Optional[Tuple[int, ...]] = None
-    hotness: Optional[Tuple[int, ...]] = None
+    dense_feature_names: tuple[str, ...]
+    sparse_feature_names: tuple[str, ...]
+    cardinalities: Optional[tuple[int, ...]] = None
+    hotness: Optional[tuple[int, ...]] = None
 
     @property
     def num_dense_features(self) -> int:
@@ -62,7 +62,7 @@ class FeatureDescription:
         return description
 
 
-def _tuple(values: Optional[List[int]]) -> Optional[Tuple[int, ...]]:
+def _tuple(values: Optional[list[int]]) -> Optional[tuple[int, ...]]:
     return None if values is None else tuple(values)
 
 
@@ -83,7 +83,7 @@ class DataSource(ABC):
     # Whether its rows can carry sample weights (--weight_column).
     has_weights: ClassVar[bool] = False
     # The DataConfig fields only this source reads: given with another source, refused.
-    own_fields: ClassVar[Tuple[str, ...]] = ()
+    own_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: DataConfig) -> None:
         self.config = config
@@ -142,25 +142,25 @@ class DataSource(ABC):
         """
 
     @abstractmethod
-    def loaders(self, dataset: Any, num_embeddings_per_feature: List[int], rank: int,
-                world_size: int) -> Dict[str, BatchLoader]:
+    def loaders(self, dataset: Any, num_embeddings_per_feature: list[int], rank: int,
+                world_size: int) -> dict[str, BatchLoader]:
         """One loader per split ("train", "validation", "test") for this rank, from
         what `open` returned."""
 
-    def time_ranges(self, dataset: Any) -> Dict[str, Tuple[str, str]]:
+    def time_ranges(self, dataset: Any) -> dict[str, tuple[str, str]]:
         """{split: (first time, end time exclusive)} of what `open` returned, for data
         split by time (with --rolling_windows N the splits are the windows "window 0"
         ... "window N"); {} otherwise (the start-up report prints them)."""
         return {}
 
-    def statistics(self, train_loader: BatchLoader) -> Optional[Tuple[Dict[str, Any], str]]:
+    def statistics(self, train_loader: BatchLoader) -> Optional[tuple[dict[str, Any], str]]:
         """What the trainer logs of the data once per evaluation, from this rank's
         training loader: (the run log record's fields, one console line); None when
         the source counts nothing."""
         return None
 
-    def window_loaders(self, dataset: Any, window: int, num_windows: int, num_embeddings_per_feature: List[int],
-                       rank: int, world_size: int) -> Dict[str, BatchLoader]:
+    def window_loaders(self, dataset: Any, window: int, num_windows: int, num_embeddings_per_feature: list[int],
+                       rank: int, world_size: int) -> dict[str, BatchLoader]:
         """``--rolling_windows N`` (``num_windows`` = N + 1 consecutive time windows):
         {"train": window ``window``, "validation": window ``window + 1``}."""
         raise FlagError(f"--rolling_windows needs time-ordered data (--parquet_path with --time_column), "
@@ -180,7 +180,7 @@ def _check_multi_hot_expansion(config: DataConfig) -> None:
         raise FlagError(f"{sizes} values must be positive, got {min(config.multi_hot_sizes)}")
 
 
-def _criteo_description(cardinalities: Optional[List[int]], hotness: Optional[List[int]]) -> FeatureDescription:
+def _criteo_description(cardinalities: Optional[list[int]], hotness: Optional[list[int]]) -> FeatureDescription:
     from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES
     return FeatureDescription(tuple(DENSE_FEATURE_NAMES), tuple(SPARSE_FEATURE_NAMES), _tuple(cardinalities),
                               _tuple(hotness))
@@ -202,8 +202,8 @@ class RandomData(DataSource):
     def open(self, check_values: bool = True) -> Any:
         return None
 
-    def loaders(self, dataset: Any, num_embeddings_per_feature: List[int], rank: int,
-                world_size: int) -> Dict[str, BatchLoader]:
+    def loaders(self, dataset: Any, num_embeddings_per_feature: list[int], rank: int,
+                world_size: int) -> dict[str, BatchLoader]:
         from data.loaders import build_loaders
         return build_loaders(self.config, None, num_embeddings_per_feature, rank, world_size)
 
@@ -227,8 +227,8 @@ class _BinaryDataSource(DataSource):
         from data.loaders import check_dataset_values
         check_dataset_values(self.config, dataset)
 
-    def loaders(self, dataset: Any, num_embeddings_per_feature: List[int], rank: int,
-                world_size: int) -> Dict[str, BatchLoader]:
+    def loaders(self, dataset: Any, num_embeddings_per_feature: list[int], rank: int,
+                world_size: int) -> dict[str, BatchLoader]:
         from data.loaders import build_loaders
         return build_loaders(self.config, dataset, num_embeddings_per_feature, rank, world_size)
 
@@ -255,7 +255,7 @@ class CriteoDays(_BinaryDataSource):
         return _criteo_description(metadata.num_embeddings_per_feature if metadata else None,
                                    self._hotness(metadata))
 
-    def _hotness(self, metadata: Any) -> Optional[List[int]]:
+    def _hotness(self, metadata: Any) -> Optional[list[int]]:
         """Ids per row of each feature: --multi_hot_sizes' bags, else one."""
         return self.config.multi_hot_sizes
 
@@ -275,7 +275,7 @@ class CriteoMultiHotDays(CriteoDays):
         raise FlagError(f"{option(self.config, 'multi_hot_sizes')} expands one-hot data; "
                         f"{option(self.config, self.path_field)} data is multi-hot already")
 
-    def _hotness(self, metadata: Any) -> Optional[List[int]]:
+    def _hotness(self, metadata: Any) -> Optional[list[int]]:
         """The bags' sizes metadata.json records (the dataset checks its files hold them)."""
         return metadata.multi_hot_sizes if metadata else None
 
@@ -312,11 +312,11 @@ class SplitBinarySpec(_BinaryDataSource):
 # Here, after DataSource: its module subclasses it (and imports no pyarrow until used).
 from data.parquet_source import ParquetSource  # noqa: E402
 
-SOURCES: Dict[str, Type[DataSource]] = {
+SOURCES: dict[str, type[DataSource]] = {
     source.name: source for source in (RandomData, CriteoDays, CriteoMultiHotDays, SplitBinarySpec, ParquetSource)
 }
 # The DataConfig fields that name data (one of them at most).
-DATA_PATH_FIELDS: Tuple[str, ...] = tuple(s.path_field for s in SOURCES.values() if s.path_field)
+DATA_PATH_FIELDS: tuple[str, ...] = tuple(s.path_field for s in SOURCES.values() if s.path_field)
 
 
 def source_for(config: DataConfig) -> DataSource:

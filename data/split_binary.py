@@ -9,14 +9,14 @@ feature is read (and its values checked) only when training weights by it
 (``weight_column``); otherwise it is neither read nor checked (its size still is).
 """
 
-from typing import Dict, List, Optional, Tuple
+from typing import Optional
 
 import numpy as np
 
 from data.feature_spec import FeatureSpec, FeatureSpecError
 from data.value_checks import DENSE, IDS, LABELS, WEIGHTS, ValueFile
 
-Arrays = Tuple[np.ndarray, List[np.ndarray], np.ndarray]
+Arrays = tuple[np.ndarray, list[np.ndarray], np.ndarray]
 
 
 def _open(path: str, dtype: np.dtype, rows: int, width: int) -> np.ndarray:
@@ -51,10 +51,10 @@ class SplitBinaryDataset:
                                    f"weight ({declared})")
         self.weight_column = weight_column
         rows = self.spec.check_split_binary_files()
-        self._mappings: Dict[str, Dict[str, Tuple[np.ndarray, int]]] = {}
-        self._value_files: List[ValueFile] = []
+        self._mappings: dict[str, dict[str, tuple[np.ndarray, int]]] = {}
+        self._value_files: list[ValueFile] = []
         for mapping, chunks in self.spec.source_spec.items():
-            where: Dict[str, Tuple[np.ndarray, int]] = {}
+            where: dict[str, tuple[np.ndarray, int]] = {}
             for chunk in chunks:
                 dtype, width = self.spec.binary_layout(chunk)
                 array = _open(self.spec.file_path(chunk.files[0]), dtype, rows[mapping], width)
@@ -71,7 +71,7 @@ class SplitBinaryDataset:
                 raise FeatureSpecError(f"{spec_path}: the {split} split has no rows (train mapping: "
                                        f"{rows['train']} rows, test mapping: {rows['test']}, halved)")
 
-    def _value_file(self, relative: str, features: List[str], array: np.ndarray, first_row: int) -> ValueFile:
+    def _value_file(self, relative: str, features: list[str], array: np.ndarray, first_row: int) -> ValueFile:
         channel = self.spec.channel_of(features[0])
         path = self.spec.file_path(relative)
         if channel == "numerical":
@@ -84,16 +84,16 @@ class SplitBinaryDataset:
         return ValueFile(path, array, IDS, [name] * array.shape[1], first_row,
                          [int(self.spec.feature_spec[name]["cardinality"])], f"in {self.spec.path}")
 
-    def value_files(self) -> List[ValueFile]:
+    def value_files(self) -> list[ValueFile]:
         """Every file's array, with what its values must be (``data.value_checks``)."""
         return list(self._value_files)
 
     @property
-    def sparse_feature_names(self) -> List[str]:
+    def sparse_feature_names(self) -> list[str]:
         return list(self.spec.categorical)
 
     @property
-    def num_embeddings_per_feature(self) -> List[int]:
+    def num_embeddings_per_feature(self) -> list[int]:
         return self.spec.cardinalities
 
     @property

@@ -21,7 +21,8 @@ import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Optional
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -41,7 +42,7 @@ from data.criteo_layout import (
 )
 
 # Table sizes from 4 to 40k rows: a spread like Criteo's, small enough to train in minutes.
-DEFAULT_CARDINALITIES: List[int] = [
+DEFAULT_CARDINALITIES: list[int] = [
     1000, 500, 20000, 10000, 200, 50, 5000, 300, 100, 30000, 2000, 8000, 20,
     600, 100, 40000, 10, 3000, 1500, 15000, 4, 9000, 12000, 100, 700, 25000,
 ]
@@ -64,7 +65,7 @@ class SyntheticCriteoSpec:
 
     num_days: int = 4
     rows_per_day: int = 250_000
-    cardinalities: List[int] = field(default_factory=lambda: list(DEFAULT_CARDINALITIES))
+    cardinalities: list[int] = field(default_factory=lambda: list(DEFAULT_CARDINALITIES))
     seed: int = 0
     id_skew: float = 3.0
     signal_scale: float = 1.0
@@ -89,9 +90,9 @@ class _HiddenModel:
     dense_mu: np.ndarray  # log-normal parameters of the raw counts
     dense_sigma: np.ndarray
     dense_weight: np.ndarray
-    id_effects: List[np.ndarray]
-    pairs: List[Tuple[int, int]]
-    pair_vectors: Dict[int, np.ndarray]
+    id_effects: list[np.ndarray]
+    pairs: list[tuple[int, int]]
+    pair_vectors: dict[int, np.ndarray]
     bias: float
 
 
@@ -122,7 +123,7 @@ def _hidden_model(spec: SyntheticCriteoSpec) -> _HiddenModel:
 
 def generate_rows(
     spec: SyntheticCriteoSpec, model: _HiddenModel, rng: np.random.Generator, n: int
-) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Draws n rows: (dense float32 (n,13) after log(x+3), sparse int32 (n,26), labels int32 (n,1))."""
     raw, _, sparse, labels = _draw_raw_rows(spec, model, rng, n)
     return np.log(raw + 3.0).astype(np.float32), sparse, labels
@@ -130,7 +131,7 @@ def generate_rows(
 
 def _draw_raw_rows(
     spec: SyntheticCriteoSpec, model: _HiddenModel, rng: np.random.Generator, n: int
-) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(raw counts float (n,13) with missing as 0, missing mask, ids int32 (n,26), labels int32 (n,1))."""
     raw = np.floor(rng.lognormal(model.dense_mu, model.dense_sigma, size=(n, NUM_DENSE_FEATURES)))
     missing = rng.random((n, NUM_DENSE_FEATURES)) < 0.15
@@ -210,8 +211,8 @@ def _write_day(spec: SyntheticCriteoSpec, model: _HiddenModel, output_dir: str, 
         return _fill_day(spec, model, rng, tmp_paths, shapes)
 
 
-def _fill_day(spec: SyntheticCriteoSpec, model: _HiddenModel, rng: np.random.Generator, tmp_paths: Dict[str, str],
-              shapes: Dict[str, Tuple[type, int]]) -> int:
+def _fill_day(spec: SyntheticCriteoSpec, model: _HiddenModel, rng: np.random.Generator, tmp_paths: dict[str, str],
+              shapes: dict[str, tuple[type, int]]) -> int:
     """Fills the day's arrays (memory-mapped .npy files at tmp_paths); returns the positives."""
     n = spec.rows_per_day
     arrays = {
@@ -239,7 +240,7 @@ def _start_replacing(output_dir: str) -> None:
         os.remove(metadata_file(output_dir))
 
 
-def _spec_record(spec: SyntheticCriteoSpec) -> Dict[str, object]:
+def _spec_record(spec: SyntheticCriteoSpec) -> dict[str, object]:
     return dataclasses.asdict(spec)
 
 

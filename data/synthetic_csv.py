@@ -15,7 +15,8 @@ ids below ``--auto_cardinality``.
 """
 
 import os
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Optional
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -28,7 +29,7 @@ BLOCK_ROWS = 65536
 
 
 def csv_feature_spec(num_numerical: int, num_categorical: int, cardinality: Any = AUTO,
-                     hotness: Optional[Dict[int, int]] = None) -> Dict[str, Any]:
+                     hotness: Optional[dict[int, int]] = None) -> dict[str, Any]:
     """A spec dict of CSV files: per mapping numerical.csv (none without numerical
     features), categorical.csv (all categorical features in one file) and label.csv.
 
@@ -43,14 +44,14 @@ def csv_feature_spec(num_numerical: int, num_categorical: int, cardinality: Any 
     """
     numerical = [f"num_{i}" for i in range(num_numerical)]
     categorical = [f"cat_{i}" for i in range(num_categorical)]
-    features: Dict[str, Dict[str, Any]] = {n: {"dtype": "float16"} for n in numerical}
+    features: dict[str, dict[str, Any]] = {n: {"dtype": "float16"} for n in numerical}
     for i, name in enumerate(categorical):
         features[name] = {"cardinality": cardinality}
         if hotness and hotness.get(i, 1) > 1:
             features[name]["hotness"] = hotness[i]
     features["label"] = {"dtype": "bool"}
 
-    def chunks(mapping: str) -> List[Dict[str, Any]]:
+    def chunks(mapping: str) -> list[dict[str, Any]]:
         out = []
         if numerical:
             out.append({"type": "csv", "features": numerical, "files": [f"{mapping}/numerical.csv"]})
@@ -67,7 +68,7 @@ def csv_feature_spec(num_numerical: int, num_categorical: int, cardinality: Any 
     }
 
 
-def generate_csv(spec: FeatureSpec, output_dir: str, rows: Dict[str, int], seed: int = 0,
+def generate_csv(spec: FeatureSpec, output_dir: str, rows: dict[str, int], seed: int = 0,
                  auto_cardinality: int = 1000) -> None:
     """Writes the CSV files of ``spec``'s csv chunks under output_dir, block by block.
 
@@ -100,7 +101,7 @@ def generate_csv(spec: FeatureSpec, output_dir: str, rows: Dict[str, int], seed:
         try:
             for start in range(0, rows[mapping], BLOCK_ROWS):
                 n = min(BLOCK_ROWS, rows[mapping] - start)
-                values: Dict[str, np.ndarray] = {name: rng.standard_normal((n, 1)) for name in spec.numerical}
+                values: dict[str, np.ndarray] = {name: rng.standard_normal((n, 1)) for name in spec.numerical}
                 score = sum((values[name][:, 0] * w for name, w in zip(spec.numerical, weights)), np.zeros(n))
                 for name in spec.categorical:
                     ids = np.floor(sizes[name] * rng.random((n, spec.hotness(name))) ** 3)

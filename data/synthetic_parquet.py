@@ -36,7 +36,8 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Optional
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -64,7 +65,7 @@ _INT_MULTIPLIER = np.uint64(0x9E3779B97F)
 _INT_ID_BASE = 1_000_000_000
 
 
-def multi_hot_columns(count: int) -> List[str]:
+def multi_hot_columns(count: int) -> list[str]:
     return [f"M{i + 1}" for i in range(count)]
 
 
@@ -179,9 +180,9 @@ class _HiddenModel:
     dense_mu: np.ndarray  # log-normal parameters of the raw counts
     dense_sigma: np.ndarray
     dense_weight: np.ndarray
-    sparse: List[_IdFeature]
-    multi_hot: List[_IdFeature]
-    pairs: List[Tuple[int, int]]
+    sparse: list[_IdFeature]
+    multi_hot: list[_IdFeature]
+    pairs: list[tuple[int, int]]
     bias: float
 
 
@@ -202,7 +203,7 @@ def _hidden_model(spec: SyntheticParquetSpec) -> _HiddenModel:
 
 
 def _bag_column(spec: SyntheticParquetSpec, feature: _IdFeature, rng: np.random.Generator, day: int,
-                n: int) -> Tuple[pa.Array, np.ndarray]:
+                n: int) -> tuple[pa.Array, np.ndarray]:
     """A multi-hot column of n rows and each row's mean effect (0 for an empty or null bag)."""
     lengths = rng.integers(0, spec.max_bag_size + 1, n)
     null = rng.random(n) < feature.null_rate
@@ -220,7 +221,7 @@ def _rows(spec: SyntheticParquetSpec, model: _HiddenModel, rng: np.random.Genera
           seconds: np.ndarray) -> pa.Table:
     """The rows of one row group, at the given seconds of day ``day``."""
     n = len(seconds)
-    columns: Dict[str, pa.Array] = {}
+    columns: dict[str, pa.Array] = {}
     start = np.datetime64(spec.day(day).isoformat(), "ms")
     columns[TIME_COLUMN] = pa.array(start + seconds.astype("timedelta64[s]"), type=pa.timestamp("ms", tz="UTC"))
 
@@ -232,7 +233,7 @@ def _rows(spec: SyntheticParquetSpec, model: _HiddenModel, rng: np.random.Genera
     for j, name in enumerate(DENSE_COLUMNS):
         columns[name] = pa.array(counts[:, j].astype(np.int64), mask=missing[:, j])
 
-    vectors: Dict[int, np.ndarray] = {}
+    vectors: dict[int, np.ndarray] = {}
     for feature, name in zip(model.sparse, SPARSE_COLUMNS):
         ids = feature.draw(spec, rng, day, n)
         null = rng.random(n) < feature.null_rate
@@ -287,7 +288,7 @@ def _write_day(spec: SyntheticParquetSpec, model: _HiddenModel, day_dir: str, da
     return positives
 
 
-def generate_synthetic_parquet(spec: SyntheticParquetSpec, output_dir: str) -> Dict[str, object]:
+def generate_synthetic_parquet(spec: SyntheticParquetSpec, output_dir: str) -> dict[str, object]:
     """Writes the log to ``output_dir``: staged beside it and renamed into place when
     complete, replacing an earlier generated log there.
 

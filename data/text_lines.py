@@ -15,7 +15,8 @@ import os
 import zlib
 from contextlib import closing
 from dataclasses import dataclass
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Optional
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -36,7 +37,7 @@ class DaySource:
     def name(self) -> str:
         return os.path.basename(self.path)
 
-    def signature(self) -> Dict[str, object]:
+    def signature(self) -> dict[str, object]:
         stat = os.stat(self.path)
         return {"path": os.path.abspath(self.path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
                 "first_line": self.first_line, "num_lines": self.num_lines}
@@ -65,7 +66,7 @@ def _newline_positions(data: bytes) -> np.ndarray:
     return np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
 
 
-def iter_line_chunks(source: DaySource, chunk_bytes: int) -> Iterator[Tuple[int, int, bytes]]:
+def iter_line_chunks(source: DaySource, chunk_bytes: int) -> Iterator[tuple[int, int, bytes]]:
     """Yields (0-based line number of the first line, bytes read, whole lines) of a source."""
     skip, left = source.first_line, source.num_lines
     line = 0

@@ -17,7 +17,8 @@ weights that are negative, NaN or infinite are refused.
 
 import itertools
 import os
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Optional
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -34,7 +35,7 @@ class TranscodeError(BadInput):
     """Bad input data; the message names the file and line."""
 
 
-def csv_blocks(path: str, block_rows: int, columns: int) -> Iterator[Tuple[int, np.ndarray]]:
+def csv_blocks(path: str, block_rows: int, columns: int) -> Iterator[tuple[int, np.ndarray]]:
     """(first line number, float64 array (rows, columns)) per block of a headerless CSV."""
     with open(path) as f:
         line = 1
@@ -57,7 +58,7 @@ class _Columns:
         self.spec, self.mapping = spec, mapping
         self.dir = os.path.join(staging, mapping)
         os.makedirs(self.dir)
-        self.max_id: Dict[str, int] = {}
+        self.max_id: dict[str, int] = {}
         # Staging files are named by position: feature names need not be valid file names.
         self._index = {name: i for i, name in enumerate(spec.numerical + spec.categorical + [spec.label]
                                                         + spec.channel_spec["weight"])}
@@ -160,7 +161,7 @@ def _copy_converted(src: str, dst: str, dtype: np.dtype, row_width: int, out_dty
             fout.write(np.frombuffer(raw, dtype=dtype).astype(out_dtype).tobytes())
 
 
-def _interleave(parts: List[str], dst: str, rows: int, block_rows: int) -> None:
+def _interleave(parts: list[str], dst: str, rows: int, block_rows: int) -> None:
     """Writes float16 columns (one staging file each) as one (rows, len(parts)) file."""
     arrays = [np.memmap(p, dtype=np.float16, mode="r") if rows else np.zeros(0, np.float16) for p in parts]
     with open(dst, "wb") as fout:
@@ -203,7 +204,7 @@ def transcode(input_dir: str, spec_in: str, output_dir: str, spec_out: str = DEF
 def _transcode_into(spec: FeatureSpec, input_dir: str, staging: str, spec_out: str, block_rows: int) -> FeatureSpec:
     columns = {m: _Columns(spec, staging, m) for m in spec.source_spec}
     rows = {m: _read_mapping(spec, input_dir, m, columns[m], block_rows) for m in spec.source_spec}
-    features: Dict[str, Dict] = {name: {"dtype": "float16"} for name in spec.numerical}
+    features: dict[str, dict] = {name: {"dtype": "float16"} for name in spec.numerical}
     features[spec.label] = {"dtype": "bool"}
     if spec.weight:
         features[spec.weight] = {"dtype": "float32"}
@@ -214,7 +215,7 @@ def _transcode_into(spec: FeatureSpec, input_dir: str, staging: str, spec_out: s
         features[name] = {"dtype": smallest_id_dtype(cardinality), "cardinality": cardinality}
         if spec.hotness(name) > 1:
             features[name]["hotness"] = spec.hotness(name)
-    sources: Dict[str, List[Chunk]] = {}
+    sources: dict[str, list[Chunk]] = {}
     for mapping, cols in columns.items():
         chunks = []
         if spec.numerical:  # data of categorical features only has no numerical file

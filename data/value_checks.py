@@ -19,7 +19,8 @@ Example::
 """
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Optional, Union
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -29,7 +30,7 @@ DENSE, IDS, LABELS, WEIGHTS = "dense", "ids", "labels", "weights"
 CHECK_BLOCK_ROWS = 1 << 18
 _LABEL_LIMIT = 2  # labels are ids below 2
 
-Sparse = Union[np.ndarray, List[np.ndarray]]
+Sparse = Union[np.ndarray, list[np.ndarray]]
 
 
 class DataValueError(BadInput):
@@ -166,9 +167,9 @@ class BatchValueCheck:
 
     def __init__(self, cardinalities: Optional[Sequence[int]]) -> None:
         self._cardinalities = None if cardinalities is None else np.asarray(cardinalities, dtype=np.int64)
-        self._bag_limits: Dict[Tuple[int, ...], np.ndarray] = {}
+        self._bag_limits: dict[tuple[int, ...], np.ndarray] = {}
 
-    def _ids(self, sparse: Sparse) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    def _ids(self, sparse: Sparse) -> tuple[np.ndarray, Optional[np.ndarray]]:
         """(ids as one array, their limits) of one-hot ids or per-feature bags."""
         if isinstance(sparse, np.ndarray) or self._cardinalities is None:
             ids = sparse if isinstance(sparse, np.ndarray) else np.concatenate(

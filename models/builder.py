@@ -4,7 +4,8 @@ Tables stay on the meta device so that no rank ever allocates a full table: the
 sharder materialises only each rank's shards.
 """
 
-from typing import Callable, List, Optional, Tuple
+from typing import Optional
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +19,7 @@ from models.config import ModelConfig
 from models.interaction import DotInteraction, OverlappedDLRM, PooledSparseArch
 
 
-def build_embedding_bag_configs(config: ModelConfig) -> List[EmbeddingBagConfig]:
+def build_embedding_bag_configs(config: ModelConfig) -> list[EmbeddingBagConfig]:
     """One table per categorical feature, named ``t_<feature>``, in the configured precision."""
     data_type = DataType.FP16 if config.embedding_precision == "fp16" else DataType.FP32
     return [
@@ -73,7 +74,7 @@ class WeightedDLRMTrain(DLRMTrain):
     ``(loss, (loss, logits, labels, weights))``.
     """
 
-    def forward(self, batch) -> Tuple[torch.Tensor, Tuple[torch.Tensor, ...]]:  # type: ignore[override]
+    def forward(self, batch) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:  # type: ignore[override]
         logits = self.model(batch.dense_features, batch.sparse_features).squeeze(-1)
         losses = F.binary_cross_entropy_with_logits(logits, batch.labels.float(), reduction="none")
         loss = (batch.weights * losses).sum() / batch.weight_normalizer

@@ -1,7 +1,7 @@
 """The model's configuration: architecture sizes and table sizes, checked by `validate()`."""
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Optional
 
 from common.config_flags import FlagError, check_choices, flag, option
 
@@ -12,7 +12,7 @@ EMBEDDING_PRECISIONS = ("fp32", "fp16")
 DEFAULT_NUM_EMBEDDINGS = 100_000
 
 
-def _check_layer_sizes(config: object, name: str, sizes: List[int]) -> None:
+def _check_layer_sizes(config: object, name: str, sizes: list[int]) -> None:
     if not sizes:
         raise FlagError(f"{option(config, name)} must list at least one layer size")
     bad = [s for s in sizes if s <= 0]
@@ -35,7 +35,7 @@ class TableSizes:
         TableSizes(max_table_rows=100).resolve(2, data_sizes=[5, 500])  # [5, 100]
     """
 
-    num_embeddings_per_feature: Optional[List[int]] = flag(
+    num_embeddings_per_feature: Optional[list[int]] = flag(
         None, help="rows of each table, comma-separated (one value per categorical feature)")
     num_embeddings: Optional[int] = flag(
         None, help=f"rows of every table when --num_embeddings_per_feature is not given (default "
@@ -50,7 +50,7 @@ class TableSizes:
             if value is not None and value <= 0:
                 raise FlagError(f"{option(self, name)} must be positive, got {value}")
 
-    def resolve(self, num_tables: int, data_sizes: Optional[List[int]]) -> List[int]:
+    def resolve(self, num_tables: int, data_sizes: Optional[list[int]]) -> list[int]:
         """Rows of each of ``num_tables`` tables; ``data_sizes``: the data's own (or None)."""
         if self.num_embeddings_per_feature is not None:
             sizes = list(self.num_embeddings_per_feature)
@@ -99,21 +99,21 @@ class ModelConfig:
         config.validate()
     """
 
-    num_embeddings_per_feature: List[int]
-    sparse_feature_names: List[str]
+    num_embeddings_per_feature: list[int]
+    sparse_feature_names: list[str]
     dense_in_features: int
     embedding_dim: int = flag(64, help="width of every embedding table")
     embedding_precision: str = flag("fp32", choices=EMBEDDING_PRECISIONS,
                                     help="table weights in fp32 or fp16 (fp16 halves table memory)")
     interaction_type: str = flag("original", choices=INTERACTION_TYPES,
                                  help="original (DLRM dot products), dcn (DCNv2 cross net) or projection")
-    dense_arch_layer_sizes: List[int] = flag([512, 256, 64],
+    dense_arch_layer_sizes: list[int] = flag([512, 256, 64],
                                              help="bottom MLP sizes (not used for data without numerical features)")
-    over_arch_layer_sizes: List[int] = flag([512, 512, 256, 1], help="top MLP sizes (end in 1)")
+    over_arch_layer_sizes: list[int] = flag([512, 512, 256, 1], help="top MLP sizes (end in 1)")
     dcn_num_layers: int = flag(3, help="DCN cross layers")
     dcn_low_rank_dim: int = flag(512, help="rank of each DCN cross layer")
-    interaction_branch1_layer_sizes: List[int] = flag([2048, 2048], help="projection branch 1 sizes")
-    interaction_branch2_layer_sizes: List[int] = flag([2048, 2048], help="projection branch 2 sizes")
+    interaction_branch1_layer_sizes: list[int] = flag([2048, 2048], help="projection branch 1 sizes")
+    interaction_branch2_layer_sizes: list[int] = flag([2048, 2048], help="projection branch 2 sizes")
 
     @property
     def embedding_bytes_per_element(self) -> int:
@@ -125,7 +125,7 @@ class ModelConfig:
         return self.dense_in_features > 0
 
     @property
-    def table_names(self) -> List[str]:
+    def table_names(self) -> list[str]:
         return [f"t_{name}" for name in self.sparse_feature_names]
 
     def validate(self) -> None:

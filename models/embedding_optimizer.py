@@ -9,7 +9,7 @@ Example::
     attach_fused_embedding_optimizer(model.model.sparse_arch, EmbeddingOptimizerConfig(optimizer="adagrad"))
 """
 
-from typing import Any, Dict, Tuple, Type
+from typing import Any
 
 import torch
 from fbgemm_gpu.tbe.config import WeightDecayMode
@@ -20,7 +20,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from models.embedding_optimizer_config import EmbeddingOptimizerConfig
 
 def optimizer_class(name: str, learning_rate: float, eps: float, weight_decay: float = 0.0,
-                    initial_accumulator: float = 0.0) -> Tuple[Type[torch.optim.Optimizer], Dict[str, Any]]:
+                    initial_accumulator: float = 0.0) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
     """(optimizer class, its keyword arguments) of sgd, adagrad, rowwise_adagrad or adam;
     ``initial_accumulator``: Adagrad's starting sum of squares (the MLPs'; FBGEMM's
     fused kernels have no such setting)."""

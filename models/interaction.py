@@ -19,7 +19,7 @@ All keep the module names and parameters of the blocks they replace, so state di
 sharding plans and checkpoints are unchanged.
 """
 
-from typing import List, Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import nn
@@ -45,14 +45,14 @@ class PooledSparseArch(nn.Module):
         self.embedding_bag_collection = embedding_bag_collection
         configs = embedding_bag_collection.embedding_bag_configs()
         self.D: int = configs[0].embedding_dim
-        self._sparse_feature_names: List[str] = [n for c in configs for n in c.feature_names]
+        self._sparse_feature_names: list[str] = [n for c in configs for n in c.feature_names]
         self.F: int = len(self._sparse_feature_names)
 
         # Position in the collection's output of each feature, when not the identity.
         self.output_order: Optional[torch.Tensor] = None
 
     @property
-    def sparse_feature_names(self) -> List[str]:
+    def sparse_feature_names(self) -> list[str]:
         return self._sparse_feature_names
 
     @torch.no_grad()
@@ -161,7 +161,7 @@ class DotInteraction(nn.Module):
         self.register_buffer("flat_index", flat_index, persistent=False)
         self.register_buffer("symmetric_index", symmetric_index, persistent=False)
 
-    def _pair_indices(self, sparse_order: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _pair_indices(self, sparse_order: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The flat Gram-matrix cell of each output pair, and for each cell its pair
         (the pair count for the diagonal, which has none)."""
         n = self.F + 1

@@ -20,7 +20,8 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Optional
+from collections.abc import Sequence
 
 from common.atomic import write_text
 from common.png_figure import drawn_date
@@ -48,13 +49,13 @@ class Figure:
         fresh: files removed before the commands run (a log they would append to).
     """
 
-    commands: Tuple[Tuple[str, ...], ...]
+    commands: tuple[tuple[str, ...], ...]
     drawn: str
     table: Optional[str] = None
-    fresh: Tuple[str, ...] = ()
+    fresh: tuple[str, ...] = ()
 
 
-FIGURES: Dict[str, Figure] = {
+FIGURES: dict[str, Figure] = {
     "sweep_table_sizes.png": Figure(
         commands=(("python", "-m", "sweeps", "run", "examples/sweeps/table_sizes.yaml"),),
         drawn="runs/sweeps/table_sizes/results.png",
@@ -86,11 +87,11 @@ def caption(image: str, date: str) -> str:
     return f"_{image}, drawn {date} by `make docs-figures`: `{command_text(FIGURES[image])}`_"
 
 
-def block_markers(image: str) -> Tuple[str, str]:
+def block_markers(image: str) -> tuple[str, str]:
     return f"<!-- docs-figures {image} begin -->", f"<!-- docs-figures {image} end -->"
 
 
-def image_references(text: str) -> List[Tuple[int, str]]:
+def image_references(text: str) -> list[tuple[int, str]]:
     """(line index, image file name) of each markdown image in ``text``."""
     references = []
     for index, line in enumerate(text.splitlines()):

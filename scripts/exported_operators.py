@@ -21,7 +21,8 @@ import sys
 import tempfile
 import warnings
 import zipfile
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Optional
+from collections.abc import Sequence
 
 import torch
 
@@ -38,7 +39,7 @@ HOTNESS = {"one-hot": ([1, 1, 1], False), "multi-hot": ([1, 3, 2], False), "padd
 DENSE_FEATURES = (2, 0)  # with numerical features, and categorical features only
 
 
-def variant_models() -> Dict[str, Tuple[ProbabilityModel, int]]:
+def variant_models() -> dict[str, tuple[ProbabilityModel, int]]:
     """A tiny model of every variant and its number of numerical features, by a name
     saying which variant."""
     models = {}
@@ -56,9 +57,9 @@ def variant_models() -> Dict[str, Tuple[ProbabilityModel, int]]:
     return models
 
 
-def emitted_references() -> Dict[str, List[str]]:
+def emitted_references() -> dict[str, list[str]]:
     """Format -> the sorted names every exported variant uses (the file's contents)."""
-    found: Dict[str, Set[str]] = {"torch.export": set(), "torchscript": set()}
+    found: dict[str, set[str]] = {"torch.export": set(), "torchscript": set()}
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TorchScript's and torchrec's notices, every export
         for model, dense in variant_models().values():
@@ -75,7 +76,7 @@ def emitted_references() -> Dict[str, List[str]]:
     return {fmt: sorted(names) for fmt, names in found.items()}
 
 
-def file_text(references: Dict[str, List[str]]) -> str:
+def file_text(references: dict[str, list[str]]) -> str:
     """The JSON file: one name a line, so that a change reads as a diff of names."""
     return json.dumps(references, indent=1) + "\n"
 

@@ -12,7 +12,7 @@ import argparse
 import os
 import re
 import sys
-from typing import List, Optional
+from typing import Optional
 
 from scripts import generated_docs
 from sharding_plans.cli import build_parser as plan_parser
@@ -41,7 +41,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _options(parser: argparse.ArgumentParser) -> List[argparse.Action]:
+def _options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     return [a for a in parser._actions if a.option_strings and a.option_strings[0] != "-h"]
 
 

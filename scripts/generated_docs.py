@@ -8,7 +8,7 @@ script writes and a test checks.
 import argparse
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from common.atomic import write_text
 from common.errors import BadInput

@@ -38,7 +38,8 @@ import errno
 import os
 import shutil
 import sys
-from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import BinaryIO, Optional
+from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow
 import torch
@@ -207,14 +208,14 @@ def _training_schema(path: str) -> pyarrow.Schema:
 
 # inputs.json of a model, by the serving layout (serving/input_layouts.py LAYOUTS) of
 # the source it was trained on.
-_INPUT_DESCRIPTIONS: Dict[str, Callable[[ModelConfig, CheckpointMeta, str, int], ModelInputs]] = {
+_INPUT_DESCRIPTIONS: dict[str, Callable[[ModelConfig, CheckpointMeta, str, int], ModelInputs]] = {
     CRITEO_LAYOUT: _describe_criteo_lines,
     FEATURE_SPEC_LAYOUT: _describe_feature_spec,
     PARQUET_LAYOUT: _describe_parquet,
 }
 
 
-def export_model(checkpoint: str, output: str, quantize: List[str], newest: bool = False,
+def export_model(checkpoint: str, output: str, quantize: list[str], newest: bool = False,
                  max_bag_size: int = DEFAULT_MAX_BAG_SIZE) -> ModelInputs:
     """Writes the model directory (see the module docstring); returns its inputs.json.
 
@@ -252,7 +253,7 @@ def _no_space(error: BaseException) -> bool:
     return any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in causes)
 
 
-def _write_model_dir(checkpoint: str, output: str, quantize: List[str], newest: bool,
+def _write_model_dir(checkpoint: str, output: str, quantize: list[str], newest: bool,
                      max_bag_size: int) -> ModelInputs:
     path = checkpoint_to_load(checkpoint, "--checkpoint", prefer_best=not newest)
     train_model, meta = load_checkpoint_model(path)
@@ -298,7 +299,7 @@ def format_sizes(inputs: ModelInputs) -> str:
                      for name, v in inputs.variants.items())
 
 
-def _quantize_list(text: str) -> List[str]:
+def _quantize_list(text: str) -> list[str]:
     names = [] if text == "none" else text.split(",")
     bad = [n for n in names if n not in QUANTIZED_DTYPES]
     if bad:

@@ -22,7 +22,7 @@ Example::
 
 import copy
 import itertools
-from typing import List, Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import nn
@@ -38,7 +38,7 @@ from training.checkpoint_meta import CheckpointMeta
 
 
 @torch.fx.wrap
-def fixed_hot_features(keys: List[str], hotness: List[int], sparse: torch.Tensor, padded: bool) -> KeyedJaggedTensor:
+def fixed_hot_features(keys: list[str], hotness: list[int], sparse: torch.Tensor, padded: bool) -> KeyedJaggedTensor:
     """Rows of ids (B, sum(hotness)), feature f taking hotness[f] consecutive columns,
     as a KJT (feature-major values; every bag of feature f has hotness[f] ids, or,
     ``padded``, the ids of its columns that are not `PADDING_ID`).
@@ -49,8 +49,8 @@ def fixed_hot_features(keys: List[str], hotness: List[int], sparse: torch.Tensor
     num_features = len(hotness)
     device = sparse.device
     if padded:
-        values_parts: List[torch.Tensor] = []
-        length_parts: List[torch.Tensor] = []
+        values_parts: list[torch.Tensor] = []
+        length_parts: list[torch.Tensor] = []
         start = 0
         for size in hotness:
             block = sparse[:, start : start + size]
@@ -70,7 +70,7 @@ def fixed_hot_features(keys: List[str], hotness: List[int], sparse: torch.Tensor
         lengths = torch.full([num_features * batch], size, dtype=torch.int32, device=device)
         offsets = torch.arange(num_features * batch + 1, dtype=torch.int32, device=device) * size
         return KeyedJaggedTensor(keys=keys, values=values, lengths=lengths, offsets=offsets)
-    parts: List[torch.Tensor] = []
+    parts: list[torch.Tensor] = []
     start = 0
     for size in hotness:
         parts.append(sparse[:, start : start + size].reshape(-1))
@@ -105,7 +105,7 @@ class ConcatenatedTables(nn.Module):
         lookup(torch.tensor([[4, 0, 1, 2]])).shape  # (1, 2, D)
     """
 
-    def __init__(self, sparse_arch: PooledSparseArch, sparse_feature_names: List[str], hotness: List[int],
+    def __init__(self, sparse_arch: PooledSparseArch, sparse_feature_names: list[str], hotness: list[int],
                  padded: bool = False) -> None:
         super().__init__()
         configs = sparse_arch.embedding_bag_collection.embedding_bag_configs()
@@ -171,8 +171,8 @@ class ProbabilityModel(nn.Module):
             their hotness: a model of Parquet data).
     """
 
-    def __init__(self, dlrm: nn.Module, sparse_feature_names: List[str],
-                 hotness: Optional[List[int]] = None, concatenated_tables: bool = False,
+    def __init__(self, dlrm: nn.Module, sparse_feature_names: list[str],
+                 hotness: Optional[list[int]] = None, concatenated_tables: bool = False,
                  padded: bool = False) -> None:
         super().__init__()
         self.sparse_feature_names = list(sparse_feature_names)
@@ -195,7 +195,7 @@ class ProbabilityModel(nn.Module):
         return torch.sigmoid(logits.squeeze(-1))
 
 
-def load_checkpoint_model(path: str) -> Tuple[DLRMTrain, CheckpointMeta]:
+def load_checkpoint_model(path: str) -> tuple[DLRMTrain, CheckpointMeta]:
     """The unsharded fp32 model of a checkpoint (any world size and plan), in eval mode,
     and the checkpoint's meta.json. Needs no process group.
 

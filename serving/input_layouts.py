@@ -38,7 +38,8 @@ import os
 import re
 import zipfile
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Type, Union
+from typing import Any, NamedTuple, Optional, Union
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -56,7 +57,7 @@ from serving.model_files import read_file
 from serving.model_inputs import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, PADDING_ID, PARQUET_LAYOUT,
                                   CriteoPreprocessing, FeatureSpecColumns, ModelInputs, ParquetPreprocessing)
 
-Features = Tuple[np.ndarray, np.ndarray]
+Features = tuple[np.ndarray, np.ndarray]
 
 
 class ParsedLines(NamedTuple):
@@ -89,7 +90,7 @@ class InputLayout(ABC):
         self.num_sparse_columns = int(sum(inputs.sparse_hotness))
 
     @classmethod
-    def load(cls, inputs: ModelInputs, model_dir: str, manifest: Optional[Dict[str, ManifestEntry]]) -> "InputLayout":
+    def load(cls, inputs: ModelInputs, model_dir: str, manifest: Optional[dict[str, ManifestEntry]]) -> "InputLayout":
         """The layout of an exported model directory (reading the files it needs)."""
         return cls(inputs)
 
@@ -114,7 +115,7 @@ class InputLayout(ABC):
         Raises MalformedLineError naming ``source`` and the line of the first bad line.
         """
 
-    def find_bad_row(self, sparse: np.ndarray) -> Optional[Tuple[int, str]]:
+    def find_bad_row(self, sparse: np.ndarray) -> Optional[tuple[int, str]]:
         """(row, reason) of the first row of features whose ids the training data could
         not hold, or None."""
         return None
@@ -125,10 +126,10 @@ class InputLayout(ABC):
         training data never held (int64, one count per feature)."""
 
     @abstractmethod
-    def column_names(self) -> List[str]:
+    def column_names(self) -> list[str]:
         """The input columns `columns` gives, by name."""
 
-    def columns(self, lines: ParsedLines, names: List[str]) -> np.ndarray:
+    def columns(self, lines: ParsedLines, names: list[str]) -> np.ndarray:
         """(N, len(names)) the input's values of the columns ``names`` (of `column_names`).
 
         Raises BadInput when the label is asked of lines without one."""
@@ -156,7 +157,7 @@ class CriteoLines(InputLayout):
         vocabulary: each feature's kept hashes, for data made with a frequency threshold.
     """
 
-    def __init__(self, inputs: ModelInputs, vocabulary: Optional[List[np.ndarray]] = None) -> None:
+    def __init__(self, inputs: ModelInputs, vocabulary: Optional[list[np.ndarray]] = None) -> None:
         super().__init__(inputs)
         preprocessing = inputs.preprocessing
         assert isinstance(preprocessing, CriteoPreprocessing)
@@ -166,7 +167,7 @@ class CriteoLines(InputLayout):
         self._num_features = len(inputs.sparse_feature_names)
 
     @classmethod
-    def load(cls, inputs: ModelInputs, model_dir: str, manifest: Optional[Dict[str, ManifestEntry]]) -> "CriteoLines":
+    def load(cls, inputs: ModelInputs, model_dir: str, manifest: Optional[dict[str, ManifestEntry]]) -> "CriteoLines":
         name = inputs.preprocessing.vocabulary  # type: ignore[union-attr]
         if not name:
             return cls(inputs)
@@ -214,7 +215,7 @@ class CriteoLines(InputLayout):
         return np.array([np.count_nonzero((sparse[:, f] != 0) & ~np.isin(sparse[:, f], vocab))
                          for f, vocab in enumerate(self._vocabulary)], np.int64)
 
-    def column_names(self) -> List[str]:
+    def column_names(self) -> list[str]:
         return ["label"]  # the raw features are hashes: the label is what a scorer keeps
 
     def _all_columns(self, label: np.ndarray, lines: ParsedLines) -> np.ndarray:
@@ -268,11 +269,11 @@ class CsvRows(InputLayout):
             raise MalformedLineError(f"{source} line {first_line + bad[0]}: {bad[1]}")
         return ParsedLines(dense, sparse, rows[:, 0] if labelled else None)
 
-    def find_bad_row(self, sparse: np.ndarray) -> Optional[Tuple[int, str]]:
+    def find_bad_row(self, sparse: np.ndarray) -> Optional[tuple[int, str]]:
         """The first row holding a value that is no id: not an integer from 0 to 2^31 - 1
         (an id at or above the cardinality is unseen, not bad: see `count_unseen`)."""
         start = 0
-        found: Optional[Tuple[int, str]] = None
+        found: Optional[tuple[int, str]] = None
         for name, hotness, _ in self._features:
             bad = find_bad_id(name, sparse[:, start : start + hotness], None)
             if bad is not None and (found is None or bad[0] < found[0]):
@@ -289,7 +290,7 @@ class CsvRows(InputLayout):
             start += hotness
         return np.array(counts, np.int64)
 
-    def column_names(self) -> List[str]:
+    def column_names(self) -> list[str]:
         return self._column_names
 
     def _all_columns(self, label: np.ndarray, lines: ParsedLines) -> np.ndarray:
@@ -387,7 +388,7 @@ class ParquetRows(InputLayout):
             ids[row_of_id, self._starts[f] + place] = converted.ids[f]
         return ParsedLines(converted.dense, ids, converted.labels)
 
-    def _json_table(self, rows: List[Dict[str, Any]], where: Callable[[int], str]) -> pa.Table:
+    def _json_table(self, rows: list[dict[str, Any]], where: Callable[[int], str]) -> pa.Table:
         """The Arrow table of JSON rows, each column of the type training read; a
         missing column or a value of another type is refused naming the row."""
         arrays = {}
@@ -407,8 +408,8 @@ class ParquetRows(InputLayout):
         return pa.table(arrays)
 
     @staticmethod
-    def _column(rows: List[Dict[str, Any]], name: str, where: Callable[[int], str],
-                accepts: Callable[[Any], bool], expected: str) -> List[Any]:
+    def _column(rows: list[dict[str, Any]], name: str, where: Callable[[int], str],
+                accepts: Callable[[Any], bool], expected: str) -> list[Any]:
         values = []
         for row, values_of_row in enumerate(rows):
             if name not in values_of_row:
@@ -424,7 +425,7 @@ class ParquetRows(InputLayout):
         """None: the hash gives every value a row (its collisions are training's statistics)."""
         return np.zeros(len(self._hotness), np.int64)
 
-    def column_names(self) -> List[str]:
+    def column_names(self) -> list[str]:
         return []  # Parquet output keeps any input column (serving.predict reads them from the table)
 
     def _all_columns(self, label: np.ndarray, lines: ParsedLines) -> np.ndarray:
@@ -461,10 +462,10 @@ _ARROW_TYPES = {"integer": pa.int64(), "string": pa.string(), "integer_list": pa
                 "string_list": pa.list_(pa.string())}
 
 
-LAYOUTS: Dict[str, Type[InputLayout]] = {CRITEO_LAYOUT: CriteoLines, FEATURE_SPEC_LAYOUT: CsvRows,
+LAYOUTS: dict[str, type[InputLayout]] = {CRITEO_LAYOUT: CriteoLines, FEATURE_SPEC_LAYOUT: CsvRows,
                                          PARQUET_LAYOUT: ParquetRows}
 
 
-def load_layout(inputs: ModelInputs, model_dir: str, manifest: Optional[Dict[str, ManifestEntry]]) -> InputLayout:
+def load_layout(inputs: ModelInputs, model_dir: str, manifest: Optional[dict[str, ManifestEntry]]) -> InputLayout:
     """The input layout an exported model directory names, ready to parse lines."""
     return LAYOUTS[inputs.layout].load(inputs, model_dir, manifest)

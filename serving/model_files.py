@@ -38,7 +38,8 @@ import pickletools
 import re
 import sys
 import zipfile
-from typing import Any, Dict, FrozenSet, Iterator, Optional, Set, Tuple
+from typing import Any, Optional
+from collections.abc import Iterator
 
 import torch
 
@@ -58,7 +59,7 @@ class UnsafeModelError(BadInput):
     """A model file torch would load by running code it holds; the message names the file."""
 
 
-def write_manifest(directory: str) -> Dict[str, ManifestEntry]:
+def write_manifest(directory: str) -> dict[str, ManifestEntry]:
     """Hashes every file of ``directory`` into its manifest.json (written last)."""
     files = {}
     for name in sorted(os.listdir(directory)):
@@ -69,7 +70,7 @@ def write_manifest(directory: str) -> Dict[str, ManifestEntry]:
     return files
 
 
-def read_manifest(model_dir: str) -> Optional[Dict[str, ManifestEntry]]:
+def read_manifest(model_dir: str) -> Optional[dict[str, ManifestEntry]]:
     """The directory's manifest; None (with a warning) for an export made before manifests."""
     path = os.path.join(model_dir, MANIFEST_FILE)
     if not os.path.exists(path):
@@ -84,7 +85,7 @@ def read_manifest(model_dir: str) -> Optional[Dict[str, ManifestEntry]]:
         raise BadInput(f"{path}: not a model manifest ({e})") from e
 
 
-def read_file(model_dir: str, name: str, manifest: Optional[Dict[str, ManifestEntry]]) -> bytes:
+def read_file(model_dir: str, name: str, manifest: Optional[dict[str, ManifestEntry]]) -> bytes:
     """One file of the directory, checked against the manifest (BadInput naming it)."""
     path = os.path.join(model_dir, name)
     if os.path.basename(name) != name:
@@ -99,8 +100,8 @@ def read_file(model_dir: str, name: str, manifest: Optional[Dict[str, ManifestEn
     return data
 
 
-def load_model_file(model_dir: str, name: str, fmt: str, manifest: Optional[Dict[str, ManifestEntry]],
-                    input_columns: Optional[Dict[str, int]] = None) -> Any:
+def load_model_file(model_dir: str, name: str, fmt: str, manifest: Optional[dict[str, ManifestEntry]],
+                    input_columns: Optional[dict[str, int]] = None) -> Any:
     """The callable model in ``name`` (a torch.export program or TorchScript), after the
     manifest and the safety checks (module docstring). BadInput naming the file otherwise.
 
@@ -135,7 +136,7 @@ def load_model_file(model_dir: str, name: str, fmt: str, manifest: Optional[Dict
 
 
 @functools.lru_cache(maxsize=None)
-def allowed_references() -> Dict[str, FrozenSet[str]]:
+def allowed_references() -> dict[str, frozenset[str]]:
     """Format -> what its archives may use (``ALLOWED_REFERENCES_FILE``)."""
     with open(ALLOWED_REFERENCES_FILE) as f:
         return {fmt: frozenset(names) for fmt, names in json.load(f).items() if fmt in FORMATS}
@@ -199,7 +200,7 @@ def _check_program_json(program: Any, member: str, path: str) -> None:
             raise UnsafeModelError(f"{path}: refused: {bad} ({member}); only code-free exports are loaded")
 
 
-def _members(archive: zipfile.ZipFile) -> Iterator[Tuple[str, str]]:
+def _members(archive: zipfile.ZipFile) -> Iterator[tuple[str, str]]:
     """(name, member) of each file of the archive: member is the name below the
     archive's root folder (torch's savers put everything in one)."""
     names = archive.namelist()
@@ -208,13 +209,13 @@ def _members(archive: zipfile.ZipFile) -> Iterator[Tuple[str, str]]:
         yield name, name[len(root) + 1:] if name.startswith(root + "/") else name
 
 
-def program_targets(archive: zipfile.ZipFile) -> Set[str]:
+def program_targets(archive: zipfile.ZipFile) -> set[str]:
     """Every graph node target (operator) of a torch.export archive's programs."""
     return {text for name, member in _members(archive) if member.startswith("models/")
             for key, text in _strings(json.loads(archive.read(name))) if key == "target"}
 
 
-def program_input_columns(archive: zipfile.ZipFile, path: str) -> Dict[str, int]:
+def program_input_columns(archive: zipfile.ZipFile, path: str) -> dict[str, int]:
     """Input name -> columns (size of dimension 1) of the program's inputs, from its
     signature; UnsafeModelError when the archive has no readable signature."""
     columns = {}
@@ -232,7 +233,7 @@ def program_input_columns(archive: zipfile.ZipFile, path: str) -> Dict[str, int]
     return columns
 
 
-def _columns(columns: Dict[str, int]) -> str:
+def _columns(columns: dict[str, int]) -> str:
     return " and ".join(f"{count} {name} columns" for name, count in sorted(columns.items()))
 
 
@@ -280,9 +281,9 @@ class _ScriptScope(ast.NodeVisitor):
     every attribute taken of a value (a module's field, a method: on a tensor,
     ``x.name(...)`` is the ATen operator ``name`` too)."""
 
-    def __init__(self, bound: Set[str]) -> None:
+    def __init__(self, bound: set[str]) -> None:
         self.bound = bound
-        self.references: Set[str] = set()
+        self.references: set[str] = set()
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
         arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
@@ -333,7 +334,7 @@ class _ScriptScope(ast.NodeVisitor):
         super().generic_visit(node)
 
 
-def torchscript_references(archive: zipfile.ZipFile, path: str) -> Iterator[Tuple[str, str]]:
+def torchscript_references(archive: zipfile.ZipFile, path: str) -> Iterator[tuple[str, str]]:
     """(reference, member) of every name the archive's code and pickles use from outside
     the archive: ATen, prim and FBGEMM operators, TorchScript builtins, attributes, and
     custom C++ classes. Names of the archive's own code (``__torch__.x.y``, which torch
@@ -374,9 +375,9 @@ def torchscript_references(archive: zipfile.ZipFile, path: str) -> Iterator[Tupl
 _CONSTANT = re.compile(r"^CONSTANTS\.c\d+$")
 
 
-def _top_level_targets(tree: ast.Module) -> Set[ast.AST]:
+def _top_level_targets(tree: ast.Module) -> set[ast.AST]:
     """Names bound outside functions: class attributes (``__parameters__``, fields)."""
-    found: Set[ast.AST] = set()
+    found: set[ast.AST] = set()
     bodies = [tree.body]
     while bodies:
         for node in bodies.pop():

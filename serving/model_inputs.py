@@ -24,7 +24,7 @@ Example::
 
 import os
 from dataclasses import dataclass, field
-from typing import ClassVar, Dict, List, Optional, Union
+from typing import ClassVar, Optional, Union
 
 from common.json_fields import (INTEGER, REQUIRED, TEXT, FileFieldError, JsonObject, Kind, int_list, one_of,
                                 optional, text_list, versioned_json)
@@ -62,7 +62,7 @@ class CriteoPreprocessing:
 
     LAYOUT: ClassVar[str] = "criteo_raw"
     frequency_threshold: int = 0
-    modulo_num_embeddings_per_feature: Optional[List[int]] = None
+    modulo_num_embeddings_per_feature: Optional[list[int]] = None
     vocabulary: Optional[str] = None
 
 
@@ -77,7 +77,7 @@ class FeatureSpecColumns:
 
     LAYOUT: ClassVar[str] = "feature_spec_csv"
     label_name: str
-    cardinalities: List[int]
+    cardinalities: list[int]
 
 
 @dataclass
@@ -104,7 +104,7 @@ class ParquetPreprocessing:
     dense_transform: str
     id_hashing: str
     hash_seed: int
-    sparse_value_types: List[str]
+    sparse_value_types: list[str]
 
 
 CRITEO_LAYOUT = CriteoPreprocessing.LAYOUT
@@ -131,15 +131,15 @@ class ModelInputs:
         version: the file format.
     """
 
-    dense_feature_names: List[str]
-    sparse_feature_names: List[str]
-    sparse_hotness: List[int]
-    num_embeddings_per_feature: List[int]
+    dense_feature_names: list[str]
+    sparse_feature_names: list[str]
+    sparse_hotness: list[int]
+    num_embeddings_per_feature: list[int]
     preprocessing: Preprocessing
     data_path: Optional[str]
     checkpoint: str
     step: int
-    variants: Dict[str, Variant] = field(default_factory=dict)
+    variants: dict[str, Variant] = field(default_factory=dict)
     version: int = INPUTS_VERSION
 
     @property
@@ -151,7 +151,7 @@ class ModelInputs:
         return len(self.dense_feature_names)
 
     @property
-    def csv_columns(self) -> List[str]:
+    def csv_columns(self) -> list[str]:
         """A feature-spec model's CSV columns: the label (optional in rows), the
         numerical values, then each feature's ids (``name[i]`` for a multi-hot one)."""
         assert isinstance(self.preprocessing, FeatureSpecColumns)
@@ -245,8 +245,8 @@ def _value_types(count: int) -> Kind:
                 f"{count} of {', '.join(SPARSE_VALUE_TYPES)}")
 
 
-def _check_parquet_columns(columns: ParquetPreprocessing, dense: List[str], sparse: List[str],
-                           hotness: List[int], path: str) -> None:
+def _check_parquet_columns(columns: ParquetPreprocessing, dense: list[str], sparse: list[str],
+                           hotness: list[int], path: str) -> None:
     """Refuses a Parquet description its own fields contradict: a column named twice
     (the label among the features, a feature twice), a single-valued column given
     more than one place."""
@@ -261,7 +261,7 @@ def _check_parquet_columns(columns: ParquetPreprocessing, dense: List[str], spar
                                  f"{kind}s (one place)")
 
 
-def _read_variants(document: JsonObject) -> Dict[str, Variant]:
+def _read_variants(document: JsonObject) -> dict[str, Variant]:
     variants = document.objects("variants")
     if not variants:
         raise FileFieldError(f"{document.path}: variants must name at least one model file, got {{}}")
@@ -270,7 +270,7 @@ def _read_variants(document: JsonObject) -> Dict[str, Variant]:
             for name, v in variants.items()}
 
 
-def read_inputs(model_dir: str, manifest: Optional[Dict[str, ManifestEntry]] = None) -> ModelInputs:
+def read_inputs(model_dir: str, manifest: Optional[dict[str, ManifestEntry]] = None) -> ModelInputs:
     """An exported model directory's inputs.json, checked against ``manifest`` (when
     given); FileFieldError naming the file and the field when it is malformed."""
     return ModelInputs.from_json(read_file(model_dir, INPUTS_FILE, manifest), os.path.join(model_dir, INPUTS_FILE))

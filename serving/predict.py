@@ -47,7 +47,8 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, TextIO, Tuple
+from typing import Optional, TextIO
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -104,7 +105,7 @@ class Predictor:
         # The table of each column of the sparse input.
         self._column_tables = np.repeat(self.table_sizes, self.inputs.sparse_hotness)
 
-    def prepare(self, dense: np.ndarray, sparse: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    def prepare(self, dense: np.ndarray, sparse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Features as the data gives them -> the model's inputs, with the training data's transforms.
 
         Args:
@@ -131,7 +132,7 @@ class Predictor:
             raise BadInput(f"row {bad[0]}: {bad[1]}")
         return self._transform(dense, sparse)
 
-    def _transform(self, dense: np.ndarray, sparse: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    def _transform(self, dense: np.ndarray, sparse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`prepare` on inputs already checked."""
         dense, ids = self.layout.transform(dense, sparse)
         return dense, self.ids_in_tables(ids)
@@ -167,7 +168,7 @@ class Predictor:
         return self.predict_transformed(*self.prepare_lines(data, source, first_line, labelled))
 
     def prepare_lines(self, data: bytes, source: str = "<input>", first_line: int = 1,
-                      labelled: Optional[bool] = None) -> Tuple[np.ndarray, np.ndarray]:
+                      labelled: Optional[bool] = None) -> tuple[np.ndarray, np.ndarray]:
         """The model's inputs for whole lines in the model's input layout (raw Criteo
         lines or BYO CSV rows, labelled or not; see the module docstring).
 
@@ -190,7 +191,7 @@ class Predictor:
         dense, ids = self._transform(lines.dense, lines.sparse)
         return PreparedLines(dense, ids, lines, self.layout.count_unseen(lines.sparse))
 
-    def unseen_by_feature(self, counts: np.ndarray) -> Dict[str, int]:
+    def unseen_by_feature(self, counts: np.ndarray) -> dict[str, int]:
         """Per-feature counts of unseen ids -> {feature name: count} of those above 0."""
         return {name: int(n) for name, n in zip(self.inputs.sparse_feature_names, counts) if n}
 
@@ -236,7 +237,7 @@ class LabelledScores:
                        ((p >= 0.5).double() == target).sum().item(), len(p), p.double().sum().item(),
                        target.sum().item()]
 
-    def compute(self) -> Dict[str, float]:
+    def compute(self) -> dict[str, float]:
         samples = int(self._sums[2])
         auroc = float(self._auroc.compute().item()) if samples else float("nan")
         return {"auroc": auroc, **summary_figures(*self._sums.tolist()), "num_samples": samples}
@@ -263,7 +264,7 @@ class PredictMetrics:
     calibration: Optional[float]
     positive_rate: Optional[float]
     unseen_ids: int
-    unseen_ids_by_feature: Dict[str, int] = field(default_factory=dict)
+    unseen_ids_by_feature: dict[str, int] = field(default_factory=dict)
     version: int = 1
 
     FIGURES = ("auroc", "log_loss", "accuracy", "ne", "calibration", "positive_rate")
@@ -285,7 +286,7 @@ def _number(value: float) -> str:
 
 
 def predict_file(predictor: Predictor, path: str, out: TextIO, chunk_bytes: int = 1 << 22,
-                 keep_columns: Sequence[str] = ()) -> Tuple[int, Optional[LabelledScores], np.ndarray]:
+                 keep_columns: Sequence[str] = ()) -> tuple[int, Optional[LabelledScores], np.ndarray]:
     """Writes one probability per line of ``path`` to ``out`` (after the ``keep_columns``
     of the line, as CSV with a header, when some are named).
 
@@ -321,7 +322,7 @@ PROBABILITY_COLUMN = "probability"
 
 
 def predict_parquet(predictor: Predictor, path: str, output: str,
-                    keep_columns: Sequence[str] = ()) -> Tuple[int, Optional[LabelledScores], np.ndarray]:
+                    keep_columns: Sequence[str] = ()) -> tuple[int, Optional[LabelledScores], np.ndarray]:
     """Writes ``output`` (Parquet): the ``keep_columns`` of each row of the Parquet
     table ``path`` (a file, a directory whose Hive partitions become columns, a glob or
     a URL, as --parquet_path), then its probability; reads one row group at a time.
@@ -421,7 +422,7 @@ def check_output(output: str, input_path: str, flag: str = "--output") -> None:
         raise BadInput(f"{flag} {output} is the --input {input_path}: writing it would replace the input")
 
 
-def column_list(text: str) -> List[str]:
+def column_list(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",")]
     if not all(names):
         raise argparse.ArgumentTypeError(f"expected comma-separated column names, got {text!r}")
@@ -454,7 +455,7 @@ def _predict(args: argparse.Namespace, prog: str) -> int:
 
 
 def _report_metrics(predictor: Predictor, args: argparse.Namespace, prog: str,
-                    result: Tuple[int, Optional[LabelledScores], np.ndarray]) -> int:
+                    result: tuple[int, Optional[LabelledScores], np.ndarray]) -> int:
     """Writes --metrics_output (when given) and prints the summary line."""
     metrics = file_metrics(predictor, args, *result)
     if args.metrics_output is not None:

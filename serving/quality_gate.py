@@ -12,7 +12,8 @@ gate passes when the fp16 model's AUROC is within 0.001 of fp32's and int8's wit
 import argparse
 import sys
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence
+from typing import Optional
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -34,11 +35,11 @@ AUROC_TOLERANCE = {"fp16": 0.001, "int8": 0.003}
 class GateResult:
     """AUROC per variant and whether every quantized variant is within its tolerance."""
 
-    auroc: Dict[str, float]
+    auroc: dict[str, float]
     rows: int
 
     @property
-    def failures(self) -> Dict[str, float]:
+    def failures(self) -> dict[str, float]:
         return {v: abs(self.auroc[v] - self.auroc["fp32"]) for v, tol in AUROC_TOLERANCE.items()
                 if v in self.auroc and abs(self.auroc[v] - self.auroc["fp32"]) > tol}
 

@@ -40,7 +40,8 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Optional
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 import h11
 import numpy as np
@@ -85,7 +86,7 @@ class BatchingPredictor:
         self.predictor = predictor
         self.max_batch_rows = max_batch_rows
         self.max_batch_delay = max_batch_delay_ms / 1e3
-        self.batch_requests: List[int] = []  # requests per forward, for reports and tests
+        self.batch_requests: list[int] = []  # requests per forward, for reports and tests
         self._queue: "queue.Queue[Optional[_Request]]" = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="model", daemon=True)
         self._thread.start()
@@ -104,7 +105,7 @@ class BatchingPredictor:
         self._queue.put(None)
         self._thread.join()
 
-    def _gather(self, first: _Request) -> Tuple[List[_Request], bool]:
+    def _gather(self, first: _Request) -> tuple[list[_Request], bool]:
         """The first request and those arriving within the delay, up to the row limit;
         and whether closing was asked meanwhile."""
         batch, rows = [first], len(first.dense)
@@ -281,8 +282,8 @@ class PredictApp:
         return (f"answered {self.requests} requests, {self.rows} rows; unseen ids {int(self.unseen.sum())}"
                 + (f" ({named})" if named else ""))
 
-    async def __call__(self, scope: Dict[str, Any], receive: Callable[[], Awaitable[Dict[str, Any]]],
-                       send: Callable[[Dict[str, Any]], Awaitable[None]]) -> None:
+    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
+                       send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
         if scope["type"] != "http":
             return
         try:
@@ -312,7 +313,7 @@ class PredictApp:
             else:
                 await _answer(send, 200, "".join(f"{p:.7g}\n" for p in probabilities).encode(), unseen_ids=unseen)
 
-    async def _read_body(self, scope: Dict[str, Any], receive: Callable[[], Awaitable[Dict[str, Any]]]) -> bytes:
+    async def _read_body(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]]) -> bytes:
         limit = self.limits.max_body_bytes
         too_large = HttpError(413, f"request body above --max_body_bytes {limit}")
         declared = dict(scope["headers"]).get(b"content-length")  # h11 checked it is a number
@@ -331,7 +332,7 @@ class PredictApp:
                 return b"".join(chunks)
 
 
-async def _answer(send: Callable[[Dict[str, Any]], Awaitable[None]], status: int, body: bytes,
+async def _answer(send: Callable[[dict[str, Any]], Awaitable[None]], status: int, body: bytes,
                   content_type: bytes = b"text/plain", unseen_ids: int = 0) -> None:
     headers = [(b"content-length", str(len(body)).encode())]
     if status == 200:
@@ -398,7 +399,7 @@ class Server:
 @contextlib.contextmanager
 def serving_in_background(predictor: Predictor, max_batch_delay_ms: float = 2.0, max_batch_rows: int = 4096,
                           host: str = "127.0.0.1", port: int = 0,
-                          limits: Optional[HttpLimits] = None) -> Iterator[Tuple[str, BatchingPredictor]]:
+                          limits: Optional[HttpLimits] = None) -> Iterator[tuple[str, BatchingPredictor]]:
     """Serves ``predictor`` from a background thread for the duration of a ``with``
     block (port 0: a free one); yields the base URL and the batcher, stops both after.
 

@@ -1,6 +1,7 @@
 """A PNG chart of a plan's memory per rank (matplotlib, no display needed)."""
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from common.errors import BadInput
 from common.png_figure import png_figure

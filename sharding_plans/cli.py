@@ -13,7 +13,8 @@ stderr).
 
 import argparse
 import sys
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Optional
+from collections.abc import Sequence
 
 import torch
 
@@ -47,7 +48,7 @@ DEFAULT_LOCAL_WORLD_SIZE = 8  # GPUs per host of the common 8-GPU servers
 EXIT_DOES_NOT_FIT = 1
 
 
-def float_list(text: str) -> List[float]:
+def float_list(text: str) -> list[float]:
     """Parses "0.5,1,2"."""
     try:
         return [float(item) for item in text.split(",")]
@@ -128,7 +129,7 @@ def _positive(value: Optional[float], flag: str) -> None:
         raise BadInput(f"{flag} must be positive, got {value:g}")
 
 
-def _table_sets(args: argparse.Namespace, preset: Optional[Preset]) -> List[Tuple[str, List[str], List[int]]]:
+def _table_sets(args: argparse.Namespace, preset: Optional[Preset]) -> list[tuple[str, list[str], list[int]]]:
     """[(label, feature names, rows)]: one set, or one per sweep configuration, capped
     at --max_table_rows."""
     tables = TableSizes(**config_values(TableSizes, args, exclude=("num_embeddings_per_feature",)))
@@ -165,7 +166,7 @@ def _table_sets(args: argparse.Namespace, preset: Optional[Preset]) -> List[Tupl
     return [(label, names, cap.resolve(len(rows), rows)) for label, names, rows in sets]
 
 
-def _feature_names(count: int) -> List[str]:
+def _feature_names(count: int) -> list[str]:
     return [f"cat_{k}" for k in range(count)]
 
 
@@ -204,7 +205,7 @@ def _topology(args: argparse.Namespace, preset: Optional[Preset], world_size: in
     )
 
 
-def _requests(args: argparse.Namespace) -> List[Tuple[str, PlanRequest]]:
+def _requests(args: argparse.Namespace) -> list[tuple[str, PlanRequest]]:
     """[(label, request)] for every table set x world size the flags ask for."""
     preset = find_preset(args.preset) if args.preset else None
     if args.command == "sweep":
@@ -266,7 +267,7 @@ def _does_not_fit(request: PlanRequest, reason: str, search: bool) -> str:
     return "\n".join(lines)
 
 
-def _uvm_tables(saved: SavedPlan) -> List[str]:
+def _uvm_tables(saved: SavedPlan) -> list[str]:
     """The tables a CUDA plan keeps partly in host memory (UVM kernels), sorted."""
     if saved.topology.compute_device != "cuda":
         return []
@@ -274,7 +275,7 @@ def _uvm_tables(saved: SavedPlan) -> List[str]:
                    if ps.compute_kernel in ("fused_uvm", "fused_uvm_caching")})
 
 
-def _through_uvm(uvm: List[str]) -> str:
+def _through_uvm(uvm: list[str]) -> str:
     return f"{len(uvm)} table(s) partly in host memory through UVM"
 
 

@@ -8,7 +8,8 @@ choices for each table.
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Optional
+from collections.abc import Sequence
 
 from common.config_flags import FlagError, flag, option
 
@@ -50,7 +51,7 @@ def check_table_precision(table: str, sharding_type: Optional[str], precision: s
                          "type, or keep fp32 tables")
 
 
-def parse_table_choices(text: str, flag: str, choices: Sequence[str]) -> Dict[str, str]:
+def parse_table_choices(text: str, flag: str, choices: Sequence[str]) -> dict[str, str]:
     """Parses ``VALUE`` / ``TABLE=VALUE,...`` / ``VALUE,TABLE=VALUE,...``.
 
     Returns {table or "*": value}. Raises FlagError naming the flag on an empty item,
@@ -61,7 +62,7 @@ def parse_table_choices(text: str, flag: str, choices: Sequence[str]) -> Dict[st
         parse_table_choices("table_wise,t_cat_0=row_wise", "--sharding_type", SHARDING_TYPES)
         # {"*": "table_wise", "t_cat_0": "row_wise"}
     """
-    result: Dict[str, str] = {}
+    result: dict[str, str] = {}
     for item in text.split(","):
         item = item.strip()
         if not item:
@@ -115,8 +116,8 @@ class ShardingConstraints:
         constraints.validate(["t_cat_0", "t_cat_1"], compute_device="cpu")
     """
 
-    sharding_types: Dict[str, str] = field(default_factory=dict)
-    compute_kernels: Dict[str, str] = field(default_factory=dict)
+    sharding_types: dict[str, str] = field(default_factory=dict)
+    compute_kernels: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_flags(cls, sharding_type: Optional[str], compute_kernel: Optional[str]) -> "ShardingConstraints":
@@ -169,7 +170,7 @@ class ShardingConstraints:
 
     def parameter_constraints(
         self, table_names: Sequence[str], embedding_dim: int, world_size: int, compute_device: str
-    ) -> Dict[str, "ParameterConstraints"]:
+    ) -> dict[str, "ParameterConstraints"]:
         """The planner's per-table constraints.
 
         A table asked to be column-split may be cut into as many shards as there are
@@ -181,13 +182,13 @@ class ShardingConstraints:
         from torchrec.distributed.planner.types import ParameterConstraints
 
         row_splits_offered = self.row_splits_on_cpu(table_names, compute_device)
-        result: Dict[str, ParameterConstraints] = {}
+        result: dict[str, ParameterConstraints] = {}
         for table in table_names:
             sharding, kernel = self.sharding_type(table), self.compute_kernel(table)
             if sharding is None and kernel is None and not row_splits_offered:
                 continue
             if sharding is not None:
-                sharding_types: Optional[List[str]] = [sharding]
+                sharding_types: Optional[list[str]] = [sharding]
             elif kernel is not None or row_splits_offered:
                 # The types the kernel can run (the planner warns per table otherwise).
                 offered = CPU_SHARDING_TYPES if compute_device == "cpu" else SHARDING_TYPES

@@ -8,7 +8,8 @@ ranks of the same kind that hold a model that does not fit.
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Optional
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -45,8 +46,8 @@ class PlanRequest:
         saved = plan_request(request)
     """
 
-    feature_names: List[str]
-    num_embeddings_per_feature: List[int]
+    feature_names: list[str]
+    num_embeddings_per_feature: list[int]
     embedding_dim: int
     embedding_precision: str
     optimizer: str
@@ -67,7 +68,7 @@ class PlanRequest:
         )
 
     @property
-    def tables(self) -> Dict[str, TableSpec]:
+    def tables(self) -> dict[str, TableSpec]:
         """{table: TableSpec} in model order."""
         config = self.model_config
         return {name: TableSpec(rows, self.embedding_dim, self.embedding_precision)
@@ -127,7 +128,7 @@ def rank_capacity_bytes(topology: PlannerConfig) -> int:
 
 def smallest_fitting_world_size(
     request: PlanRequest, on_try: Optional[Callable[[int, bool], None]] = None
-) -> Tuple[Optional[int], int]:
+) -> tuple[Optional[int], int]:
     """Looks for the fewest ranks (whole hosts when the request's world size is whole
     hosts) on which the planner finds a plan, in at most `MAX_SEARCH_PLANS` planner runs.
 

@@ -9,7 +9,7 @@ torchrec's estimate of the fused optimizers' state for fp16 tables.
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 import torch
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
@@ -66,17 +66,17 @@ class PlanRecorder(Stats):
     """
 
     def __init__(self) -> None:
-        self.best_plan: Optional[List[ShardingOption]] = None
+        self.best_plan: Optional[list[ShardingOption]] = None
 
     def log(self, sharding_plan: Any, topology: Any, batch_size: int, storage_reservation: Any,
-            num_proposals: int, num_plans: int, run_time: float, best_plan: List[ShardingOption],
+            num_proposals: int, num_plans: int, run_time: float, best_plan: list[ShardingOption],
             **kwargs: Any) -> None:
         # Also called with the last failed proposal (empty plan) just before the
         # planner raises: keep only real plans.
         if sharding_plan.plan:
             self.best_plan = best_plan
 
-    def rank_estimates(self, world_size: int) -> List[RankEstimate]:
+    def rank_estimates(self, world_size: int) -> list[RankEstimate]:
         """Sums the recorded shards' estimates per rank."""
         if self.best_plan is None:
             raise RuntimeError("no plan was recorded")
@@ -117,10 +117,10 @@ class FullPrecisionOptimizerState(ShardEstimator):
                                        FullPrecisionOptimizerState(topology)])
     """
 
-    def __init__(self, topology: Topology, constraints: Optional[Dict[str, ParameterConstraints]] = None) -> None:
+    def __init__(self, topology: Topology, constraints: Optional[dict[str, ParameterConstraints]] = None) -> None:
         self._on_gpu = topology.compute_device == "cuda"
 
-    def estimate(self, sharding_options: List[ShardingOption],
+    def estimate(self, sharding_options: list[ShardingOption],
                  sharder_data_map: Optional[SharderDataMap] = None) -> None:
         for option in sharding_options:
             narrowing = OPTIMIZER_STATE_BYTES_PER_ELEMENT - option.tensor.element_size()

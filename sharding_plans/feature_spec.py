@@ -9,7 +9,7 @@ Two forms are accepted:
 - ``{"features": {"user_id": 1000000, "item_id": 250000}}``: rows per named feature.
 """
 
-from typing import Any, List, Tuple
+from typing import Any
 
 import yaml
 
@@ -21,7 +21,7 @@ class FeatureSpecError(BadInput):
     """The feature spec is unreadable or malformed; the message names the file."""
 
 
-def _positive_ints(values: Any, path: str, key: str) -> List[int]:
+def _positive_ints(values: Any, path: str, key: str) -> list[int]:
     if not isinstance(values, list) or not values:
         raise FeatureSpecError(f"{path}: {key!r} must be a non-empty list of positive integers")
     for i, v in enumerate(values):
@@ -30,7 +30,7 @@ def _positive_ints(values: Any, path: str, key: str) -> List[int]:
     return list(values)
 
 
-def read_feature_spec(path: str) -> Tuple[List[str], List[int]]:
+def read_feature_spec(path: str) -> tuple[list[str], list[int]]:
     """(feature names, rows per feature) from ``path``.
 
     Example::

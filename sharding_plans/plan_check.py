@@ -1,6 +1,5 @@
 """Checks that a saved plan fits the model and the job that is about to use it."""
 
-from typing import Dict
 
 import torch
 from torch import nn
@@ -16,14 +15,14 @@ class PlanMismatchError(BadInput):
     """The plan was made for other tables, another number of ranks or another device."""
 
 
-def embedding_tables(model: nn.Module) -> Dict[str, Dict[str, TableSpec]]:
+def embedding_tables(model: nn.Module) -> dict[str, dict[str, TableSpec]]:
     """{module path: {table: shape}} of every EmbeddingBagCollection in ``model``.
 
     Example::
 
         embedding_tables(model)["model.sparse_arch.embedding_bag_collection"]["t_cat_0"]
     """
-    found: Dict[str, Dict[str, TableSpec]] = {}
+    found: dict[str, dict[str, TableSpec]] = {}
     for path, module in model.named_modules():
         if isinstance(module, EmbeddingBagCollection):
             found[path] = {
@@ -40,7 +39,7 @@ def _shape(spec: TableSpec) -> str:
 def check_plan_for_run(
     saved: SavedPlan,
     source: str,
-    model_tables: Dict[str, Dict[str, TableSpec]],
+    model_tables: dict[str, dict[str, TableSpec]],
     world_size: int,
     local_world_size: int,
     device: torch.device,

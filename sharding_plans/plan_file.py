@@ -26,7 +26,7 @@ Files are written under a temporary name and renamed when complete.
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode, CacheAlgorithm
 from torch.distributed._shard.metadata import ShardMetadata
@@ -89,9 +89,9 @@ class SavedPlan:
     """
 
     topology: PlannerConfig
-    tables: Dict[str, TableSpec]
+    tables: dict[str, TableSpec]
     plan: ShardingPlan
-    estimates: Optional[List[RankEstimate]] = None
+    estimates: Optional[list[RankEstimate]] = None
 
 
 # ---------------------------------------------------------------- writing
@@ -101,10 +101,10 @@ def _enum_name(value: Any) -> Optional[str]:
     return None if value is None else value.name
 
 
-def _parameter_to_json(where: str, ps: ParameterSharding) -> Dict[str, Any]:
+def _parameter_to_json(where: str, ps: ParameterSharding) -> dict[str, Any]:
     if ps.key_value_params is not None:
         raise PlanFileError(f"{where}: key-value (SSD / parameter server) tables cannot be saved in this format")
-    entry: Dict[str, Any] = {
+    entry: dict[str, Any] = {
         "sharding_type": ps.sharding_type,
         "compute_kernel": ps.compute_kernel,
         "ranks": list(ps.ranks) if ps.ranks is not None else None,
@@ -143,9 +143,9 @@ def _parameter_to_json(where: str, ps: ParameterSharding) -> Dict[str, Any]:
     return entry
 
 
-def plan_to_dict(saved: SavedPlan) -> Dict[str, Any]:
+def plan_to_dict(saved: SavedPlan) -> dict[str, Any]:
     """The JSON object of a plan file (see the module docstring)."""
-    plan: Dict[str, Any] = {}
+    plan: dict[str, Any] = {}
     for module_path, module_plan in saved.plan.plan.items():
         plan[module_path] = {
             table: _parameter_to_json(f"plan.{module_path}.{table}", ps)
@@ -201,7 +201,7 @@ class _Reader:
     def fail(self, where: str, what: str) -> PlanFileError:
         return PlanFileError(f"{self.source}: {where}: {what}" if where else f"{self.source}: {what}")
 
-    def obj(self, value: Any, where: str, keys: Tuple[str, ...], optional: Tuple[str, ...] = ()) -> Dict[str, Any]:
+    def obj(self, value: Any, where: str, keys: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise self.fail(where, f"expected an object, got {type(value).__name__}")
         missing = [k for k in keys if k not in value]
@@ -222,7 +222,7 @@ class _Reader:
             raise self.fail(where, f"expected a number >= 0, got {json.dumps(value)}")
         return value
 
-    def choice(self, value: Any, where: str, choices: Tuple[str, ...]) -> str:
+    def choice(self, value: Any, where: str, choices: tuple[str, ...]) -> str:
         if value not in choices:
             raise self.fail(where, f"expected one of {', '.join(choices)}, got {json.dumps(value)}")
         return value
@@ -242,7 +242,7 @@ class _Reader:
             raise self.fail(where, f"unknown {enum_type.__name__} {json.dumps(value)}")
         return enum_type[value]
 
-    def int_list(self, value: Any, where: str, length: Optional[int] = None) -> List[int]:
+    def int_list(self, value: Any, where: str, length: Optional[int] = None) -> list[int]:
         if not isinstance(value, list) or (length is not None and len(value) != length):
             expected = f"a list of {length} integers" if length else "a list of integers"
             raise self.fail(where, f"expected {expected}, got {json.dumps(value)}")
@@ -269,7 +269,7 @@ def _read_topology(r: _Reader, value: Any) -> PlannerConfig:
     return config
 
 
-def _read_tables(r: _Reader, value: Any) -> Dict[str, TableSpec]:
+def _read_tables(r: _Reader, value: Any) -> dict[str, TableSpec]:
     if not isinstance(value, dict) or not value:
         raise r.fail("tables", "expected a non-empty object of tables")
     tables = {}
@@ -284,7 +284,7 @@ def _read_tables(r: _Reader, value: Any) -> Dict[str, TableSpec]:
     return tables
 
 
-def _read_shards(r: _Reader, value: Any, where: str, table: TableSpec, topology: PlannerConfig) -> List[ShardMetadata]:
+def _read_shards(r: _Reader, value: Any, where: str, table: TableSpec, topology: PlannerConfig) -> list[ShardMetadata]:
     if not isinstance(value, list) or not value:
         raise r.fail(where, "expected a non-empty list of shards or null")
     shards = []
@@ -315,7 +315,7 @@ def _read_shards(r: _Reader, value: Any, where: str, table: TableSpec, topology:
     return shards
 
 
-def _any_overlap(shards: List[ShardMetadata]) -> bool:
+def _any_overlap(shards: list[ShardMetadata]) -> bool:
     boxes = sorted((s.shard_offsets[0], s.shard_offsets[1], s.shard_sizes[0], s.shard_sizes[1]) for s in shards)
     for i, (r0, c0, h0, w0) in enumerate(boxes):
         for r1, c1, h1, w1 in boxes[i + 1:]:
@@ -371,7 +371,7 @@ def _read_parameter(r: _Reader, value: Any, where: str, table: TableSpec, topolo
     )
 
 
-def _read_estimates(r: _Reader, value: Any, world_size: int) -> Optional[List[RankEstimate]]:
+def _read_estimates(r: _Reader, value: Any, world_size: int) -> Optional[list[RankEstimate]]:
     if value is None:
         return None
     if not isinstance(value, list) or len(value) != world_size:
@@ -404,7 +404,7 @@ def plan_from_dict(document: Any, source: str) -> SavedPlan:
     tables = _read_tables(r, d["tables"])
     if not isinstance(d["plan"], dict):
         raise r.fail("plan", "expected an object of modules")
-    modules: Dict[str, Any] = {}
+    modules: dict[str, Any] = {}
     for module_path, module_plan in d["plan"].items():
         if not isinstance(module_plan, dict):
             raise r.fail(f"plan.{module_path}", "expected an object of tables")

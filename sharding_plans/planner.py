@@ -9,7 +9,8 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Optional
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -118,7 +119,7 @@ def build_topology(config: PlannerConfig) -> Topology:
 
 def _planner(
     config: PlannerConfig,
-    constraints: Optional[Dict[str, ParameterConstraints]],
+    constraints: Optional[dict[str, ParameterConstraints]],
     recorder: PlanRecorder,
 ) -> EmbeddingShardingPlanner:
     topology = build_topology(config)
@@ -157,11 +158,11 @@ def _quiet_planner() -> Iterator[None]:
 
 def build_sharding_plan(
     module: nn.Module,
-    sharders: List[ModuleSharder[nn.Module]],
+    sharders: list[ModuleSharder[nn.Module]],
     config: PlannerConfig,
     process_group: Optional[dist.ProcessGroup] = None,
-    constraints: Optional[Dict[str, ParameterConstraints]] = None,
-) -> Tuple[ShardingPlan, List[RankEstimate]]:
+    constraints: Optional[dict[str, ParameterConstraints]] = None,
+) -> tuple[ShardingPlan, list[RankEstimate]]:
     """Plans the sharding of every embedding module in ``module``; returns the plan
     and the planner's per-rank estimates.
 
@@ -193,7 +194,7 @@ def build_sharding_plan(
     # Plan on rank 0 and broadcast, as torchrec's collective_plan does; but broadcast a
     # failure too, so the other ranks raise it instead of waiting for the plan until
     # the collective times out.
-    outcome: List[object] = [None]
+    outcome: list[object] = [None]
     if dist.get_rank(process_group) == 0:
         try:
             plan = _plan(planner, module, sharders)
@@ -212,7 +213,7 @@ def build_sharding_plan(
 
 
 def _plan(planner: EmbeddingShardingPlanner, module: nn.Module,
-          sharders: List[ModuleSharder[nn.Module]]) -> ShardingPlan:
+          sharders: list[ModuleSharder[nn.Module]]) -> ShardingPlan:
     """The planner's plan; PlanDoesNotFit or a one-line BadInput when it finds none."""
     try:
         with _quiet_planner():
@@ -227,10 +228,10 @@ def _plan(planner: EmbeddingShardingPlanner, module: nn.Module,
 
 def plan_with_estimates(
     module: nn.Module,
-    sharders: List[ModuleSharder[nn.Module]],
+    sharders: list[ModuleSharder[nn.Module]],
     config: PlannerConfig,
-    constraints: Optional[Dict[str, ParameterConstraints]] = None,
-) -> Tuple[ShardingPlan, List[RankEstimate]]:
+    constraints: Optional[dict[str, ParameterConstraints]] = None,
+) -> tuple[ShardingPlan, list[RankEstimate]]:
     """Plans locally (no process group) and returns the plan with the planner's
     per-rank memory and step-time estimates.
 

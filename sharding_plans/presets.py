@@ -10,7 +10,6 @@ beside this file (`presets/<name>.json`) and re-planned by the tests.
 
 import os
 from dataclasses import dataclass
-from typing import Dict, Tuple
 
 from common.errors import BadInput
 
@@ -52,7 +51,7 @@ class Preset:
 
     name: str
     title: str
-    num_embeddings_per_feature: Tuple[int, ...]
+    num_embeddings_per_feature: tuple[int, ...]
     world_size: int
     batch_size: int
     embedding_dim: int = 128
@@ -66,7 +65,7 @@ class Preset:
         return os.path.join(PRESET_DIR, f"{self.name}.json")
 
 
-PRESETS: Dict[str, Preset] = {
+PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
         Preset("mlperf", "MLPerf", _MLPERF_SIZES, world_size=8, batch_size=8192),

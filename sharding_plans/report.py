@@ -2,7 +2,8 @@
 
 import re
 from collections import defaultdict
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Optional
+from collections.abc import Mapping, Sequence
 
 from torchrec.distributed.types import EnumerableShardingSpec, ParameterSharding, ShardingPlan
 
@@ -20,14 +21,14 @@ def format_bytes(n: int) -> str:
     return f"{n / _GIB:.2f} GiB" if n >= _GIB else f"{n / _MIB:.2f} MiB"
 
 
-def _natural_key(name: str) -> List[object]:
+def _natural_key(name: str) -> list[object]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 def format_sharding_plan(
     plan: ShardingPlan,
     world_size: int,
-    table_shapes: Optional[Mapping[str, Tuple[int, int]]] = None,
+    table_shapes: Optional[Mapping[str, tuple[int, int]]] = None,
     bytes_per_element: int = 4,
 ) -> str:
     """One line per table (sharding type, kernel, ranks, shard shapes), then the
@@ -44,10 +45,10 @@ def format_sharding_plan(
 
         print(format_sharding_plan(plan, world_size=2))
     """
-    lines: List[str] = [
+    lines: list[str] = [
         f"{'module':<40} {'table':<12} {'sharding':<18} {'kernel':<12} ranks: shards (rows x cols)"
     ]
-    per_rank: Dict[int, int] = defaultdict(int)
+    per_rank: dict[int, int] = defaultdict(int)
     for module_path, module_plan in sorted(plan.plan.items()):
         for table, ps in sorted(module_plan.items(), key=lambda kv: _natural_key(kv[0])):  # type: ignore[union-attr]
             shards = []
@@ -74,10 +75,10 @@ def format_sharding_plan(
     return "\n".join(lines)
 
 
-def plan_summary(plan: ShardingPlan) -> Dict[str, Dict[str, object]]:
+def plan_summary(plan: ShardingPlan) -> dict[str, dict[str, object]]:
     """{table: {"sharding_type", "compute_kernel", "shards": [[row, col, rows, cols, rank], ...]}}
     (data-parallel tables have no shards: every rank holds all of them). JSON-ready."""
-    summary: Dict[str, Dict[str, object]] = {}
+    summary: dict[str, dict[str, object]] = {}
     for module_plan in plan.plan.values():
         for table, ps in module_plan.items():  # type: ignore[union-attr]
             shards = []
@@ -91,7 +92,7 @@ def plan_summary(plan: ShardingPlan) -> Dict[str, Dict[str, object]]:
 
 def describe_ranks(ranks: Sequence[int]) -> str:
     """Ranks as runs: [0, 1, 2, 3, 6] -> "0-3, 6"."""
-    runs: List[List[int]] = []
+    runs: list[list[int]] = []
     for rank in sorted(set(ranks)):
         if runs and rank == runs[-1][1] + 1:
             runs[-1][1] = rank
@@ -105,14 +106,14 @@ def describe_shards(ps: ParameterSharding, world_size: int) -> str:
     spec = ps.sharding_spec
     if not isinstance(spec, EnumerableShardingSpec):
         return f"{world_size} replicas"
-    counts: Dict[str, int] = {}
+    counts: dict[str, int] = {}
     for shard in spec.shards:
         shape = "x".join(str(n) for n in shard.shard_sizes)
         counts[shape] = counts.get(shape, 0) + 1
     return ", ".join(shape if n == 1 else f"{n} x {shape}" for shape, n in counts.items())
 
 
-def _rank_of_each_shard(ps: ParameterSharding, world_size: int) -> List[int]:
+def _rank_of_each_shard(ps: ParameterSharding, world_size: int) -> list[int]:
     if isinstance(ps.sharding_spec, EnumerableShardingSpec):
         return [s.placement.rank() for s in ps.sharding_spec.shards]  # type: ignore[union-attr]
     return list(ps.ranks) if ps.ranks else list(range(world_size))

@@ -7,7 +7,8 @@ The trainer applies them; they know nothing of it (plans are given as
 "ranks", "shards"}}).
 """
 
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Optional
+from collections.abc import Sequence
 
 import torch
 from torchrec.distributed.planner.types import ParameterConstraints
@@ -15,7 +16,7 @@ from torchrec.distributed.planner.types import ParameterConstraints
 from common.errors import BadInput
 from sharding_plans.constraints import FUSED_SHARDING_TYPES
 
-PlanSummary = Dict[str, Dict[str, Any]]
+PlanSummary = dict[str, dict[str, Any]]
 
 
 class ReshardError(BadInput):
@@ -23,11 +24,11 @@ class ReshardError(BadInput):
 
 
 def planner_constraints(
-    constraints: Optional[Dict[str, ParameterConstraints]],
+    constraints: Optional[dict[str, ParameterConstraints]],
     table_names: Sequence[str],
     embedding_precision: str,
     resumed_plan: Optional[PlanSummary] = None,
-) -> Optional[Dict[str, ParameterConstraints]]:
+) -> Optional[dict[str, ParameterConstraints]]:
     """The flags' planner constraints, plus: a resumed run keeps the checkpoint's
     sharding types (``resumed_plan``), whatever the new world size, so that its optimizer
     state can be resharded; fp16 tables are never data-parallel (FBGEMM's dense

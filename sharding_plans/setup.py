@@ -8,7 +8,8 @@ loaded plan.
 """
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Optional
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -36,13 +37,13 @@ class ShardingSetup:
         plan, estimates = setup.plan(model, planner_config, process_group)
     """
 
-    sharders: List[ModuleSharder[nn.Module]]
+    sharders: list[ModuleSharder[nn.Module]]
     loaded_plan: Optional[ShardingPlan] = None
-    loaded_estimates: Optional[List[RankEstimate]] = None
-    constraints: Optional[Dict[str, ParameterConstraints]] = None
+    loaded_estimates: Optional[list[RankEstimate]] = None
+    constraints: Optional[dict[str, ParameterConstraints]] = None
 
     def plan(self, model: nn.Module, planner_config: PlannerConfig,
-             process_group: Optional[dist.ProcessGroup]) -> Tuple[ShardingPlan, Optional[List[RankEstimate]]]:
+             process_group: Optional[dist.ProcessGroup]) -> tuple[ShardingPlan, Optional[list[RankEstimate]]]:
         """The loaded plan, or the planner's (made on rank 0 and broadcast), with the
         planner's per-rank estimates (None for a plan file written without them).
         Collective when planning on several ranks."""

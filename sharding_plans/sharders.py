@@ -7,7 +7,6 @@ used only when a constraint asks for a row split on CPU, so default plans are
 unchanged.
 """
 
-from typing import List
 
 from torch import nn
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -25,7 +24,7 @@ class RowSplitsOnCpuSharder(EmbeddingBagCollectionSharder):
         sharders = [RowSplitsOnCpuSharder()]
     """
 
-    def sharding_types(self, compute_device_type: str) -> List[str]:
+    def sharding_types(self, compute_device_type: str) -> list[str]:
         types = super().sharding_types(compute_device_type)
         if compute_device_type == "cpu":
             types += [t for t in ROW_SHARDING_TYPES if t not in types]
@@ -34,7 +33,7 @@ class RowSplitsOnCpuSharder(EmbeddingBagCollectionSharder):
 
 def build_sharders(
     row_splits_on_cpu: bool = False, prefetch_pipeline: bool = False
-) -> List[ModuleSharder[nn.Module]]:
+) -> list[ModuleSharder[nn.Module]]:
     """torchrec's default sharders, with the EmbeddingBagCollection one replaced by
     `RowSplitsOnCpuSharder` when ``row_splits_on_cpu``, and given the fused parameter
     ``prefetch_pipeline=True`` when ``prefetch_pipeline``.
@@ -51,7 +50,7 @@ def build_sharders(
         sharders = build_sharders(constraints.row_splits_on_cpu(tables, "cpu"))
         sharders = build_sharders(prefetch_pipeline=config.pipeline == "prefetch")
     """
-    sharders: List[ModuleSharder[nn.Module]] = get_default_sharders()  # type: ignore[assignment]
+    sharders: list[ModuleSharder[nn.Module]] = get_default_sharders()  # type: ignore[assignment]
     if not row_splits_on_cpu and not prefetch_pipeline:
         return sharders
     cls = RowSplitsOnCpuSharder if row_splits_on_cpu else EmbeddingBagCollectionSharder

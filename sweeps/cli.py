@@ -12,7 +12,8 @@ start the entry points from the current directory, as ``torchx run`` does).
 """
 
 import argparse
-from typing import List, Optional, Sequence
+from typing import Optional
+from collections.abc import Sequence
 
 from common.cli import OneLineParser, positive_int, run_cli
 from sweeps.results import write_results
@@ -41,7 +42,7 @@ def build_parser() -> OneLineParser:
     return parser
 
 
-def _checked_records(spec: SweepSpec) -> List[RunRecord]:
+def _checked_records(spec: SweepSpec) -> list[RunRecord]:
     """Every run's record, after checking everything that can be checked before launching."""
     from torchx.runner import get_runner
 

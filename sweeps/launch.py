@@ -19,7 +19,8 @@ import shlex
 import shutil
 import signal
 import subprocess
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Optional
+from collections.abc import Callable, Iterable
 
 import torchx.specs as specs
 from torchx.runner import Runner
@@ -31,7 +32,7 @@ from torchx_components.training import dcnv2, dlrm
 
 # The repository root: its .torchxconfig holds the scheduler defaults torchx's CLI uses.
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COMPONENTS: Dict[str, Callable[..., specs.AppDef]] = {"dlrm_main.py": dlrm, "dcnv2_main.py": dcnv2}
+COMPONENTS: dict[str, Callable[..., specs.AppDef]] = {"dlrm_main.py": dlrm, "dcnv2_main.py": dcnv2}
 # Component parameters the sweep sets itself.
 SWEEP_COMPONENT_ARGS = ("j", "name", "checkpoint_dir")
 # Slurm pending reasons that never clear by waiting: the request exceeds what the
@@ -70,7 +71,7 @@ def build_app(spec: SweepSpec, record: RunRecord) -> specs.AppDef:
     return COMPONENTS[spec.script](*record.argv, **kwargs)
 
 
-def scheduler_cfg(runner: Runner, spec: SweepSpec, run_dir: Optional[str]) -> Dict[str, specs.CfgVal]:
+def scheduler_cfg(runner: Runner, spec: SweepSpec, run_dir: Optional[str]) -> dict[str, specs.CfgVal]:
     """The scheduler's run config: ``scheduler_args``, then the repository's
     .torchxconfig defaults (as ``torchx run -cfg`` would); local runs write their
     processes' output under ``RUN_DIR/torchx`` unless ``log_dir`` is given.
@@ -79,7 +80,7 @@ def scheduler_cfg(runner: Runner, spec: SweepSpec, run_dir: Optional[str]) -> Di
         SweepError: a key the scheduler does not have, or a value of the wrong type.
     """
     opts = runner.scheduler_run_opts(spec.scheduler)
-    cfg: Dict[str, specs.CfgVal] = {}
+    cfg: dict[str, specs.CfgVal] = {}
     for key, value in spec.scheduler_args.items():
         if opts.get(key) is None:
             raise spec.error(f"scheduler_args.{key}", f"not an option of the {spec.scheduler} scheduler "
@@ -101,7 +102,7 @@ def job_command(app: specs.AppDef) -> str:
     return shlex.join([role.entrypoint, *role.args])
 
 
-def failure_from_output(lines: Iterable[str]) -> Tuple[Optional[int], Optional[str]]:
+def failure_from_output(lines: Iterable[str]) -> tuple[Optional[int], Optional[str]]:
     """(exit code, last error line) from a failed job's output.
 
     The exit code is from torchrun's failure summary (the entry points' codes: 2 bad
@@ -115,7 +116,7 @@ def failure_from_output(lines: Iterable[str]) -> Tuple[Optional[int], Optional[s
         failure_from_output(["dlrm_main.py: error: --batch_size must be positive", "  exitcode  : 2 (pid: 7)"])
         # (2, "dlrm_main.py: error: --batch_size must be positive")
     """
-    codes: List[int] = []
+    codes: list[int] = []
     error, last = None, None
     for raw in lines:
         line = raw.rstrip("\r\n")
@@ -132,10 +133,10 @@ def failure_from_output(lines: Iterable[str]) -> Tuple[Optional[int], Optional[s
     return exit_code, error or last
 
 
-def job_output(runner: Runner, app_handle: str, app: specs.AppDef) -> List[str]:
+def job_output(runner: Runner, app_handle: str, app: specs.AppDef) -> list[str]:
     """The job's output (every node of its role, stderr and stdout as the scheduler
     keeps them); empty when the scheduler has none."""
-    lines: List[str] = []
+    lines: list[str] = []
     role = app.roles[0]
     for node in range(role.num_replicas):
         try:
@@ -156,7 +157,7 @@ def slurm_pending_reason(app_id: str) -> Optional[str]:
     return reasons[0] if proc.returncode == 0 and reasons else None
 
 
-def move_slurm_logs(app_id: str, directory: str, submit_dir: str = ".") -> List[str]:
+def move_slurm_logs(app_id: str, directory: str, submit_dir: str = ".") -> list[str]:
     """Moves a finished Slurm job's output files (``slurm-ID.out`` of its batch script
     and ``slurm-ID-ROLE-NODE.out/.err`` of its nodes, which Slurm writes in the
     directory the job was submitted from) into ``directory``; returns their new paths."""

@@ -20,7 +20,8 @@ import io
 import os
 import shlex
 import statistics
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Optional
+from collections.abc import Sequence
 
 from common.atomic import write_text
 from common.png_figure import png_figure
@@ -55,7 +56,7 @@ class ResultsError(BadInput):
     """A run's log is not one the trainer wrote; the message names the file and line."""
 
 
-def read_log(path: str) -> List[Dict[str, Any]]:
+def read_log(path: str) -> list[dict[str, Any]]:
     """The records of the last attempt in a run's log (a restarted job appends a new
     ``run_id``); empty when there is no log yet."""
     if not os.path.exists(path):
@@ -68,7 +69,7 @@ def read_log(path: str) -> List[Dict[str, Any]]:
     return [r for r in records if r["run_id"] == last]
 
 
-def _last(records: List[Dict[str, Any]], event: str, stage: Optional[str] = None) -> Optional[Dict[str, Any]]:
+def _last(records: list[dict[str, Any]], event: str, stage: Optional[str] = None) -> Optional[dict[str, Any]]:
     matching = [r for r in records if r["event"] == event and (stage is None or r.get("stage") == stage)]
     return matching[-1] if matching else None
 
@@ -77,10 +78,10 @@ def _flags_text(record: RunRecord) -> str:
     return shlex.join([part for name, value in record.grid_values.items() for part in (f"--{name}", value_text(value))])
 
 
-def collect_row(record: RunRecord) -> Dict[str, Any]:
+def collect_row(record: RunRecord) -> dict[str, Any]:
     """One results row: what the run's log says (blank where it says nothing yet)."""
     records = read_log(record.log_path)
-    row: Dict[str, Any] = {c: None for c in COLUMNS}
+    row: dict[str, Any] = {c: None for c in COLUMNS}
     row.update(run=record.name, state=record.state, ranks=record.ranks, flags=_flags_text(record))
     config = _last(records, "config")
     if config is not None:
@@ -106,7 +107,7 @@ def collect_row(record: RunRecord) -> Dict[str, Any]:
     return row
 
 
-def collect_rows(records: Sequence[RunRecord]) -> List[Dict[str, Any]]:
+def collect_rows(records: Sequence[RunRecord]) -> list[dict[str, Any]]:
     return [collect_row(r) for r in records]
 
 
@@ -128,13 +129,13 @@ def _cell(column: str, value: Any) -> str:
     return str(value)
 
 
-def ranked(rows: Sequence[Dict[str, Any]], column: str = RANK_COLUMN) -> List[Dict[str, Any]]:
+def ranked(rows: Sequence[dict[str, Any]], column: str = RANK_COLUMN) -> list[dict[str, Any]]:
     """Rows by ``column``, highest first; rows without it (failed, unfinished) last, in
     run order."""
     return sorted(rows, key=lambda row: (row[column] is None, -(row[column] or 0.0)))
 
 
-def _mean_std(values: List[float]) -> str:
+def _mean_std(values: list[float]) -> str:
     if not values:
         return "-"
     if len(values) == 1:
@@ -142,11 +143,11 @@ def _mean_std(values: List[float]) -> str:
     return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
 
 
-def format_seed_table(rows: Sequence[Dict[str, Any]], records: Sequence[RunRecord]) -> str:
+def format_seed_table(rows: Sequence[dict[str, Any]], records: Sequence[RunRecord]) -> str:
     """One line per configuration repeated over seeds: how many of its runs have a
     result, and the mean ± sample standard deviation of each metric over them, ranked
     by the mean validation AUROC."""
-    configs: Dict[str, List[Dict[str, Any]]] = {}
+    configs: dict[str, list[dict[str, Any]]] = {}
     for row, record in zip(rows, records):
         configs.setdefault(record.config or record.name, []).append(row)
     summaries = []
@@ -163,7 +164,7 @@ def format_seed_table(rows: Sequence[Dict[str, Any]], records: Sequence[RunRecor
     return "\n".join(lines) + "\n"
 
 
-def format_markdown(rows: Sequence[Dict[str, Any]], records: Sequence[RunRecord]) -> str:
+def format_markdown(rows: Sequence[dict[str, Any]], records: Sequence[RunRecord]) -> str:
     """With seeds, the configurations' mean and standard deviation first; then every
     run, ranked by validation AUROC; then one line per failed run (exit code and error)."""
     lines = []
@@ -181,7 +182,7 @@ def format_markdown(rows: Sequence[Dict[str, Any]], records: Sequence[RunRecord]
     return "\n".join(lines) + "\n"
 
 
-def format_csv(rows: Sequence[Dict[str, Any]]) -> str:
+def format_csv(rows: Sequence[dict[str, Any]]) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
@@ -201,9 +202,9 @@ def point_label(run_name: str) -> str:
     return ", ".join(part.split("=", 1)[-1] for part in run_name.split(","))
 
 
-def grid_keys(rows: Sequence[Dict[str, Any]]) -> List[str]:
+def grid_keys(rows: Sequence[dict[str, Any]]) -> list[str]:
     """The grid keys the runs' names are made of, in order (``max_table_rows``)."""
-    keys: List[str] = []
+    keys: list[str] = []
     for row in rows:
         for part in row["run"].split(","):
             key = part.split("=", 1)[0]
@@ -212,7 +213,7 @@ def grid_keys(rows: Sequence[Dict[str, Any]]) -> List[str]:
     return keys
 
 
-def draw_panels(axes: Sequence[Any], rows: Sequence[Dict[str, Any]]) -> None:
+def draw_panels(axes: Sequence[Any], rows: Sequence[dict[str, Any]]) -> None:
     """Test AUROC and records/s against total table memory, one point per run that has
     both numbers, named by its grid values.
 
@@ -246,7 +247,7 @@ def draw_panels(axes: Sequence[Any], rows: Sequence[Dict[str, Any]]) -> None:
         ax.grid(alpha=0.3, which="major")
 
 
-def draw(rows: Sequence[Dict[str, Any]], path: str, title: str) -> None:
+def draw(rows: Sequence[dict[str, Any]], path: str, title: str) -> None:
     """Writes `draw_panels` side by side to ``path`` (PNG), titled ``title``."""
     with png_figure(path, 1, 2, figsize=FIGURE_INCHES, dpi=FIGURE_DPI) as (fig, axes):
         draw_panels(axes, rows)

@@ -15,7 +15,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 from common.atomic import write_json
 from common.errors import BadInput
@@ -56,8 +56,8 @@ class RunRecord:
     index: int
     name: str
     directory: str
-    grid_values: Dict[str, Any]
-    argv: List[str]
+    grid_values: dict[str, Any]
+    argv: list[str]
     scheduler: str
     ranks: int
     ranks_per_node: int
@@ -88,7 +88,7 @@ class RunRecord:
             raise RunStateError(f"{path}: not a run record of python -m sweeps ({e})") from None
 
 
-def read_runs(output_dir: str) -> List[RunRecord]:
+def read_runs(output_dir: str) -> list[RunRecord]:
     """Every run recorded under ``output_dir``, in grid order.
 
     Raises:

@@ -17,7 +17,7 @@ Example::
 import os
 import sys
 import time
-from typing import Dict, List, Optional, TextIO
+from typing import Optional, TextIO
 
 import torchx.specs as specs
 from torchx.runner import Runner, get_runner
@@ -35,7 +35,7 @@ _STATES = {AppState.SUCCEEDED: SUCCEEDED, AppState.FAILED: FAILED, AppState.CANC
            AppState.RUNNING: RUNNING}
 
 
-def plan_records(spec: SweepSpec, commands: Dict[str, List[str]]) -> List[RunRecord]:
+def plan_records(spec: SweepSpec, commands: dict[str, list[str]]) -> list[RunRecord]:
     """One record per run, with its full training command (``--log_path`` in its run
     directory). A run already recorded with the same command keeps its state."""
     records = []
@@ -55,7 +55,7 @@ def plan_records(spec: SweepSpec, commands: Dict[str, List[str]]) -> List[RunRec
     return records
 
 
-def dryrun(spec: SweepSpec, records: List[RunRecord], out: Optional[TextIO] = None) -> None:
+def dryrun(spec: SweepSpec, records: list[RunRecord], out: Optional[TextIO] = None) -> None:
     """Prints every job's command and scheduler request (to ``out``, default stdout);
     launches and writes nothing."""
     out = out or sys.stdout
@@ -81,7 +81,7 @@ class SweepRunner:
         out: where progress lines go (default stdout).
     """
 
-    def __init__(self, spec: SweepSpec, records: List[RunRecord], max_parallel: Optional[int] = None,
+    def __init__(self, spec: SweepSpec, records: list[RunRecord], max_parallel: Optional[int] = None,
                  out: Optional[TextIO] = None) -> None:
         self.spec = spec
         self.records = records
@@ -89,7 +89,7 @@ class SweepRunner:
         self.max_parallel = max_parallel or default
         self.poll_seconds = POLL_SECONDS.get(spec.scheduler, DEFAULT_POLL_SECONDS)
         self.out = out or sys.stdout
-        self._apps: Dict[str, specs.AppDef] = {}
+        self._apps: dict[str, specs.AppDef] = {}
 
     def _say(self, record: RunRecord, message: str) -> None:
         print(f"[{record.index + 1}/{len(self.records)}] {record.name}: {message}", file=self.out, flush=True)

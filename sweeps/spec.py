@@ -46,7 +46,7 @@ import os
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 from common.errors import BadInput
 from common.yaml_file import load_yaml
@@ -95,8 +95,8 @@ class RunSpec:
 
     index: int
     name: str
-    grid_values: Dict[str, Any]
-    flags: Dict[str, Any]
+    grid_values: dict[str, Any]
+    flags: dict[str, Any]
     config: Optional[str] = None
 
 
@@ -116,16 +116,16 @@ class SweepSpec:
     nnodes: int
     nproc_per_node: int
     output_dir: str
-    grid: Dict[str, List[Any]] = field(default_factory=dict)
-    zip: Dict[str, List[Any]] = field(default_factory=dict)
-    seeds: List[int] = field(default_factory=list)
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    zip: dict[str, list[Any]] = field(default_factory=dict)
+    seeds: list[int] = field(default_factory=list)
     search: str = "grid"
     trials: int = 0
     search_seed: int = 0
-    space: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    scheduler_args: Dict[str, Any] = field(default_factory=dict)
-    flags: Dict[str, Any] = field(default_factory=dict)
-    component_args: Dict[str, Any] = field(default_factory=dict)
+    space: dict[str, dict[str, Any]] = field(default_factory=dict)
+    scheduler_args: dict[str, Any] = field(default_factory=dict)
+    flags: dict[str, Any] = field(default_factory=dict)
+    component_args: dict[str, Any] = field(default_factory=dict)
     checkpoints: bool = False
 
     @property
@@ -135,18 +135,18 @@ class SweepSpec:
     def error(self, key: str, message: str) -> SweepError:
         return SweepError(f"{self.path}: {key}: {message}")
 
-    def varied_sections(self) -> Dict[str, str]:
+    def varied_sections(self) -> dict[str, str]:
         """{flag: the section that varies it (``grid``, ``zip``, ``space``, ``seeds``)}."""
         sections = {key: section for section in ("grid", "zip", "space") for key in getattr(self, section)}
         if self.seeds:
             sections["seed"] = "seeds"
         return sections
 
-    def runs(self) -> List[RunSpec]:
+    def runs(self) -> list[RunSpec]:
         """Every run: each configuration (the grid's product in file order, crossed with
         the zipped rows; or the random trials), once per seed when seeds are given."""
         configs = self._random_trials() if self.search == "random" else self._grid_configs()
-        runs: List[RunSpec] = []
+        runs: list[RunSpec] = []
         for parts, values in configs:
             config = _dir_name(parts)
             for seed in self.seeds or [None]:
@@ -158,7 +158,7 @@ class SweepSpec:
                                     config if self.seeds else None))
         return runs
 
-    def _grid_configs(self) -> List[Tuple[List[str], Dict[str, Any]]]:
+    def _grid_configs(self) -> list[tuple[list[str], dict[str, Any]]]:
         axes = [[[(key, i, entry)] for i, entry in enumerate(entries)] for key, entries in self.grid.items()]
         if self.zip:
             length = len(next(iter(self.zip.values())))
@@ -170,10 +170,10 @@ class SweepSpec:
             configs.append((parts, {key: entry_value(entry) for key, _, entry in chosen}))
         return configs
 
-    def _section_of(self, key: str) -> Dict[str, List[Any]]:
+    def _section_of(self, key: str) -> dict[str, list[Any]]:
         return self.grid if key in self.grid else self.zip
 
-    def _random_trials(self) -> List[Tuple[List[str], Dict[str, Any]]]:
+    def _random_trials(self) -> list[tuple[list[str], dict[str, Any]]]:
         # One rng.random() per flag per trial, mapped by hand: Random.random's sequence
         # for a seed is stable across Python versions, unlike some of its helpers.
         rng = random.Random(self.search_seed)
@@ -206,7 +206,7 @@ def _significant(value: float) -> float:
     return float(f"{value:.{_DRAWN_DIGITS}g}")
 
 
-def _dir_name(parts: List[str]) -> str:
+def _dir_name(parts: list[str]) -> str:
     return re.sub(r"[^A-Za-z0-9._=,+-]", "_", ",".join(parts))
 
 
@@ -220,7 +220,7 @@ def entry_value(entry: Any) -> Any:
     return entry["value"] if is_named(entry) else entry
 
 
-def _entry_text(entries: List[Any], index: int, entry: Any) -> str:
+def _entry_text(entries: list[Any], index: int, entry: Any) -> str:
     """How a run name shows a listed value: its name, its text, or its position when
     that text is too long."""
     if is_named(entry):
@@ -242,7 +242,7 @@ def _check_flag_value(spec: SweepSpec, key: str, value: Any) -> None:
         raise spec.error(key, f"expected a number, string, boolean, null or list of numbers, got {value!r}")
 
 
-def _check_flag_names(spec: SweepSpec, section: str, names: List[str]) -> None:
+def _check_flag_names(spec: SweepSpec, section: str, names: list[str]) -> None:
     for name in names:
         if not isinstance(name, str) or not name:
             raise spec.error(f"{section}.{name}", "flag names are strings")
@@ -252,14 +252,14 @@ def _check_flag_names(spec: SweepSpec, section: str, names: List[str]) -> None:
             raise spec.error(f"{section}.{name}", "set by the sweep for every run (in its run directory)")
 
 
-def _positive_int(path: str, document: Dict[str, Any], key: str) -> int:
+def _positive_int(path: str, document: dict[str, Any], key: str) -> int:
     value = document[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise SweepError(f"{path}: {key}: expected a positive integer, got {value!r}")
     return value
 
 
-def _mapping(path: str, document: Dict[str, Any], key: str) -> Dict[str, Any]:
+def _mapping(path: str, document: dict[str, Any], key: str) -> dict[str, Any]:
     value = document.get(key)
     if value is None:
         return {}
@@ -338,7 +338,7 @@ def parse_sweep(document: Any, path: str, base_dir: Optional[str] = None) -> Swe
     if len(set(lengths.values())) > 1:
         raise spec.error("zip", "its lists vary together and need one length, got "
                                 + ", ".join(f"{key}: {n}" for key, n in lengths.items()))
-    seen: Dict[str, str] = {}
+    seen: dict[str, str] = {}
     for key, section in spec.varied_sections().items():
         _check_flag_names(spec, section, [key])
         if key in spec.flags:
@@ -380,7 +380,7 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _check_random_search(spec: SweepSpec, document: Dict[str, Any]) -> None:
+def _check_random_search(spec: SweepSpec, document: dict[str, Any]) -> None:
     for key in ("grid", "zip"):
         if key in document:
             raise spec.error(key, "not with search: random (give every varied flag a distribution in space)")
@@ -414,7 +414,7 @@ def _check_random_search(spec: SweepSpec, document: Dict[str, Any]) -> None:
             raise spec.error(f"{where}.log_uniform", f"expected positive bounds, got {argument!r}")
 
 
-def _seeds(spec: SweepSpec, seeds: Any) -> List[int]:
+def _seeds(spec: SweepSpec, seeds: Any) -> list[int]:
     if not isinstance(seeds, list) or not seeds or not all(
             isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
         raise spec.error("seeds", f"expected a non-empty list of non-negative integers, got {seeds!r}")

@@ -15,7 +15,7 @@ Example::
 import json
 import os
 from dataclasses import asdict, dataclass
-from typing import Any, Dict
+from typing import Any
 
 from common.atomic import write_json
 
@@ -37,7 +37,7 @@ class TableMemory:
     planner_bytes: int
 
 
-def table_memory(config: Dict[str, Any], ranks_per_node: int, cache_dir: str) -> TableMemory:
+def table_memory(config: dict[str, Any], ranks_per_node: int, cache_dir: str) -> TableMemory:
     """The table memory of the run whose log's config record is ``config``."""
     cache = os.path.join(cache_dir, CACHE_FILE)
     key = {"model": config["model"], "world_size": config["world_size"], "optimizer": config["optim"]["optimizer"],

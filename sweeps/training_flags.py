@@ -10,7 +10,7 @@ Example::
 """
 
 import argparse
-from typing import Any, Dict, List
+from typing import Any
 
 from sweeps.spec import SCALE_KEY, RunSpec, SweepSpec
 
@@ -22,7 +22,7 @@ def training_parser(script: str) -> argparse.ArgumentParser:
     return entry_point_parser(script)
 
 
-def _store_true_flags(parser: argparse.ArgumentParser) -> Dict[str, bool]:
+def _store_true_flags(parser: argparse.ArgumentParser) -> dict[str, bool]:
     """{flag name without dashes: whether it is an on/off switch} of every training flag."""
     flags = {}
     for action in parser._actions:
@@ -32,7 +32,7 @@ def _store_true_flags(parser: argparse.ArgumentParser) -> Dict[str, bool]:
     return flags
 
 
-def flags_to_argv(flags: Dict[str, Any], switches: Dict[str, bool]) -> List[str]:
+def flags_to_argv(flags: dict[str, Any], switches: dict[str, bool]) -> list[str]:
     """Training flags as a command line: true switches as ``--name``, false ones and
     nulls left out (the flag's default), lists comma-joined.
 
@@ -42,7 +42,7 @@ def flags_to_argv(flags: Dict[str, Any], switches: Dict[str, bool]) -> List[str]
                       {"batch_size": False, "mmap_mode": True, "max_table_rows": False})
         # ["--batch_size", "512", "--mmap_mode"]
     """
-    argv: List[str] = []
+    argv: list[str] = []
     for name, value in flags.items():
         if switches[name]:
             if value:
@@ -62,7 +62,7 @@ def _raise(message: str) -> None:
 
 
 def _scaled_sizes(spec: SweepSpec, run: RunSpec, parser: argparse.ArgumentParser,
-                  switches: Dict[str, bool]) -> List[int]:
+                  switches: dict[str, bool]) -> list[int]:
     """The data's own table sizes (what the run would use without sizes, scale or
     cap), each times the run's scale factor."""
     from training.flags import FlagError, config_from_args
@@ -82,7 +82,7 @@ def _scaled_sizes(spec: SweepSpec, run: RunSpec, parser: argparse.ArgumentParser
     return [max(1, round(rows * scale)) for rows in config.model.num_embeddings_per_feature]
 
 
-def run_commands(spec: SweepSpec) -> Dict[str, List[str]]:
+def run_commands(spec: SweepSpec) -> dict[str, list[str]]:
     """{run name: training flags as argv} for every run, each checked by the training
     parser: names, values, and on ``local_cwd`` (where the data is on this machine) the
     whole configuration, as the entry point would check it.

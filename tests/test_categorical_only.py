@@ -14,7 +14,7 @@ import os
 import shutil
 import urllib.error
 import urllib.request
-from typing import Any, Dict, List
+from typing import Any
 
 import numpy as np
 import pytest
@@ -54,7 +54,7 @@ INTERACTIONS = {
 }
 
 
-def _make_data(root: str) -> Dict[str, str]:
+def _make_data(root: str) -> dict[str, str]:
     """CSV of categorical features only -> split_binary; returns both directories."""
     csv_dir, bin_dir = os.path.join(root, "csv"), os.path.join(root, "bin")
     raw = csv_feature_spec(0, NUM_CATEGORICAL, cardinality=CARDINALITY, hotness={1: 2})
@@ -168,7 +168,7 @@ def test_original_interaction_needs_two_features(tmp_path, capsys):
 # --- end to end ------------------------------------------------------------------
 
 
-def _flags(spec: str, interaction: str, ckpt: str, batch: int, *extra: str) -> List[str]:
+def _flags(spec: str, interaction: str, ckpt: str, batch: int, *extra: str) -> list[str]:
     return ["--dataset_path", spec, "--interaction_type", interaction, *INTERACTIONS[interaction],
             "--embedding_dim", str(DIM), "--over_arch_layer_sizes", "16,1", "--optimizer", "sgd",
             "--learning_rate", "0.5", "--seed", "5", "--batch_size", str(batch),
@@ -177,7 +177,7 @@ def _flags(spec: str, interaction: str, ckpt: str, batch: int, *extra: str) -> L
             "--checkpoint_every_n_steps", "3", "--checkpoint_at_epoch_end", *extra]
 
 
-def _train_variants(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def _train_variants(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Trains each run in turn on this launch's process group; a run with ``resume``
     (1-rank launches only) first gets a copy of that checkpoint in its own directory.
     Returns per run the losses and this rank's weights."""
@@ -253,7 +253,7 @@ def test_resume_is_bit_identical(trained, interaction, tmp_path):
                       flat_state(os.path.join(run["ckpt"]["resumed"], final), tmp_path))
 
 
-def _csv_rows(csv_dir: str) -> List[str]:
+def _csv_rows(csv_dir: str) -> list[str]:
     """The test mapping as the predictor's rows: label, then the ids."""
     parts = [open(os.path.join(csv_dir, "test", f"{name}.csv")).read().splitlines()
              for name in ("label", "categorical")]

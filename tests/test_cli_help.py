@@ -3,7 +3,6 @@
 import contextlib
 import importlib
 import io
-from typing import List
 
 import pytest
 
@@ -19,7 +18,7 @@ CLIS = [
 ]
 
 
-def options_without_help(help_text: str) -> List[str]:
+def options_without_help(help_text: str) -> list[str]:
     """The options of an argparse --help whose line has no text after them and whose next
     line is no continuation (argparse indents help text well past the options' 2 spaces)."""
     lines = help_text.splitlines()

@@ -4,7 +4,6 @@ training flags, and the packages' import direction."""
 
 import ast
 import os
-from typing import List
 
 import pytest
 
@@ -24,7 +23,7 @@ def _sample(item, default):
         return True, []
     if item.spec.choices is not None:
         value = next(c for c in reversed(item.spec.choices) if c != default)
-    elif item.value_type == List[int]:
+    elif item.value_type == list[int]:
         value = [3, 5, 7]
     elif item.value_type is int:
         value = (default or 0) + 7

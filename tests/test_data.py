@@ -3,7 +3,7 @@
 import json
 import os
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pytest

@@ -7,7 +7,8 @@ metadata.json's typed reader and writer, and the checkpoint meta's typed descrip
 import dataclasses
 import json
 import os
-from typing import Callable, Dict, Optional, Tuple
+from typing import Optional
+from collections.abc import Callable
 
 import pytest
 
@@ -70,11 +71,11 @@ class TinyDataSet:
     flags the source needs to read it."""
 
     write: Callable[[str], Optional[str]]
-    flags: Tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
 
 
 # {source name: its tiny data set}, of every registered source.
-TINY_DATA_SETS: Dict[str, TinyDataSet] = {
+TINY_DATA_SETS: dict[str, TinyDataSet] = {
     "random": TinyDataSet(lambda directory: None),
     "criteo_binary": TinyDataSet(_criteo_days),
     "criteo_multi_hot": TinyDataSet(_multi_hot_days),

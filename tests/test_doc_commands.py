@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-from typing import Dict, List
 
 import pytest
 
@@ -29,7 +28,7 @@ SMALL_RUN = ["--batch_size", "128", "--embedding_dim", "16", "--dense_arch_layer
              "--limit_val_batches", "4", "--limit_test_batches", "4"]
 
 
-def runnable(argv: List[str]) -> List[str]:
+def runnable(argv: list[str]) -> list[str]:
     """A documented command as this machine runs it: this venv's python, torchrun on
     RANKS CPU ranks with a free rendezvous port, the entry points of this checkout."""
     scripts = {name: os.path.join(REPO, name) for name in ("dlrm_main.py", "dcnv2_main.py")}
@@ -41,19 +40,19 @@ def runnable(argv: List[str]) -> List[str]:
     return replaced(argv, scripts)
 
 
-def run(argv: List[str], cwd: str) -> subprocess.CompletedProcess:
+def run(argv: list[str], cwd: str) -> subprocess.CompletedProcess:
     proc = subprocess.run(runnable(argv), cwd=cwd, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": REPO})
     assert proc.returncode == 0, (argv, proc.stdout[-2000:], proc.stderr[-4000:])
     return proc
 
 
-def readme_commands() -> Dict[int, List[List[str]]]:
+def readme_commands() -> dict[int, list[list[str]]]:
     """README's "Five command lines", by their number (the comment above each)."""
     with open(os.path.join(REPO, "README.md")) as f:
         text = f.read()
     block = text.split("## Five command lines\n\n```bash\n", 1)[1].split("```", 1)[0]
-    numbered: Dict[int, List[List[str]]] = {}
+    numbered: dict[int, list[list[str]]] = {}
     for part in re.split(r"^# (\d+)\. .*$", block, flags=re.M)[1:]:
         if part.isdigit():
             number = int(part)

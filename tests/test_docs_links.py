@@ -3,7 +3,7 @@ every `#anchor` at a heading of the page it names (GitHub's heading slugs)."""
 
 import re
 from pathlib import Path
-from typing import Iterator, List, Set, Tuple
+from collections.abc import Iterator
 
 import pytest
 
@@ -21,13 +21,13 @@ def _prose(markdown: str) -> str:
     return FENCE.sub("", markdown)
 
 
-def heading_anchors(markdown: str) -> Set[str]:
+def heading_anchors(markdown: str) -> set[str]:
     """The anchors GitHub gives the page's headings: lower case, punctuation other
     than `-` and `_` dropped, spaces to `-`, repeats suffixed `-1`, `-2`, ...
 
     Example: ``heading_anchors("## `--mode` and more")`` is ``{"--mode-and-more"}``.
     """
-    anchors: Set[str] = set()
+    anchors: set[str] = set()
     for title in HEADING.findall(_prose(markdown)):
         slug = re.sub(r"[^\w\- ]", "", title.replace("`", "").lower()).replace(" ", "-")
         candidate, n = slug, 0
@@ -38,7 +38,7 @@ def heading_anchors(markdown: str) -> Set[str]:
     return anchors
 
 
-def relative_links(page: Path) -> Iterator[Tuple[str, Path, str]]:
+def relative_links(page: Path) -> Iterator[tuple[str, Path, str]]:
     """(link as written, target file, anchor or "") of every relative link on ``page``."""
     text = CODE_SPAN.sub("", _prose(page.read_text()))
     for target in LINK.findall(text):
@@ -48,7 +48,7 @@ def relative_links(page: Path) -> Iterator[Tuple[str, Path, str]]:
         yield target, (page.parent / path).resolve() if path else page, anchor
 
 
-def broken_links() -> List[str]:
+def broken_links() -> list[str]:
     broken = []
     for page in PAGES:
         for target, file, anchor in relative_links(page):

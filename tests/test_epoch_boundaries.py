@@ -5,9 +5,8 @@ exactly as the uninterrupted run; evaluating again after the run gives the figur
 the run reported. (tests/support/matrix.py checks the same boundaries over every
 pipeline, sharding and optimizer, without shuffling or a schedule.)"""
 
-import os
 import shutil
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 import torch.distributed as dist
@@ -24,7 +23,7 @@ VALIDATE_EVERY = 2
 SAVE_EVERY = 2  # checkpoints at steps 2, 4 (an epoch's end, after its validation), 6, 8
 
 
-def run_flags(data_dir: str, pipeline: str) -> List[str]:
+def run_flags(data_dir: str, pipeline: str) -> list[str]:
     return ["--in_memory_binary_criteo_path", data_dir, "--num_embeddings", "60", "--embedding_dim", "4",
             "--dense_arch_layer_sizes", "8,4", "--over_arch_layer_sizes", "8,1", "--batch_size", "32",
             "--optimizer", "adagrad", "--learning_rate", "0.05", "--pipeline", pipeline, "--seed", "4",
@@ -47,7 +46,7 @@ def one_process(monkeypatch):
         dist.destroy_process_group()
 
 
-def fit(argv: List[str], env) -> Dict[str, Any]:
+def fit(argv: list[str], env) -> dict[str, Any]:
     """Trains; returns the run's log records, its result, and the trainer."""
     log = argv[argv.index("--log_path") + 1]
     trainer = Trainer(parse_config(argv, "test", ""), env)
@@ -55,12 +54,12 @@ def fit(argv: List[str], env) -> Dict[str, Any]:
     return {"records": read_log(log), "result": result, "trainer": trainer}
 
 
-def per_step(records: List[Dict[str, Any]]) -> Dict[int, tuple]:
+def per_step(records: list[dict[str, Any]]) -> dict[int, tuple]:
     """{step: (epoch, loss, lr)}: one training record per step (log_every_n_steps 1)."""
     return {r["step"]: (r["epoch"], r["loss"], r["lr"]) for r in records if r["event"] == "train"}
 
 
-def evaluations(records: List[Dict[str, Any]], stage: str) -> List[Dict[str, Any]]:
+def evaluations(records: list[dict[str, Any]], stage: str) -> list[dict[str, Any]]:
     return [eval_metrics(r) for r in records if r["event"] == "eval" and r["stage"] == stage]
 
 

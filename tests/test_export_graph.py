@@ -4,7 +4,6 @@ feature could not be loaded), and the same probabilities as the eager model, for
 every interaction, with and without numerical features, one- and multi-hot."""
 
 import io
-from typing import List
 
 import pytest
 import torch
@@ -31,11 +30,11 @@ def tiny_model(interaction: str, num_dense: int, num_features: int, seed: int = 
     return build_dlrm_train(config, embedding_device=torch.device("cpu")).model.eval()
 
 
-def hotness_of(pattern: List[int], num_features: int) -> List[int]:
+def hotness_of(pattern: list[int], num_features: int) -> list[int]:
     return [pattern[f % len(pattern)] for f in range(num_features)]
 
 
-def inputs(dlrm: torch.nn.Module, num_dense: int, hotness: List[int], batch: int, seed: int = 1):
+def inputs(dlrm: torch.nn.Module, num_dense: int, hotness: list[int], batch: int, seed: int = 1):
     """(dense, ids) with every id inside its feature's table."""
     generator = torch.Generator().manual_seed(seed)
     rows = torch.tensor([c.num_embeddings for c in dlrm.sparse_arch.embedding_bag_collection.embedding_bag_configs()])
@@ -44,7 +43,7 @@ def inputs(dlrm: torch.nn.Module, num_dense: int, hotness: List[int], batch: int
     return torch.randn(batch, num_dense, generator=generator), ids
 
 
-def export(dlrm: torch.nn.Module, num_dense: int, hotness: List[int]) -> torch.export.ExportedProgram:
+def export(dlrm: torch.nn.Module, num_dense: int, hotness: list[int]) -> torch.export.ExportedProgram:
     names = dlrm.sparse_arch.sparse_feature_names
     with torch.no_grad():
         return export_program(ProbabilityModel(dlrm, names, hotness, concatenated_tables=True),

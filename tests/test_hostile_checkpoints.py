@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Callable, Dict, List, Tuple
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -95,17 +95,17 @@ class Crafted:
         shutil.copytree(original, self.path)
         with open(os.path.join(self.path, ".metadata"), "rb") as f:
             self.metadata: Metadata = pickle.load(f)  # the project's own file
-        self.listed: List[str] = []  # names the forged manifest lists besides the directory's files
-        self.unlisted: List[str] = []  # files of the directory it leaves out
+        self.listed: list[str] = []  # names the forged manifest lists besides the directory's files
+        self.unlisted: list[str] = []  # files of the directory it leaves out
 
-    def keys(self, dims: int = 0) -> List[str]:
+    def keys(self, dims: int = 0) -> list[str]:
         return sorted(key for key, entry in self.metadata.state_dict_metadata.items()
                       if isinstance(entry, TensorStorageMetadata) and len(entry.size) >= dims)
 
-    def storage(self, key: str) -> List[MetadataIndex]:
+    def storage(self, key: str) -> list[MetadataIndex]:
         return [index for index in self.metadata.storage_data if index.fqn == key]
 
-    def append(self, name: str, data: bytes) -> Tuple[int, int]:
+    def append(self, name: str, data: bytes) -> tuple[int, int]:
         """Appends ``data`` to the checkpoint file ``name``; its (offset, length) there."""
         file = os.path.join(self.path, name)
         offset = os.path.getsize(file) if os.path.exists(file) else 0
@@ -135,7 +135,7 @@ class Crafted:
 # Each mutation rewrites a Crafted checkpoint through ``draw`` and returns the key it
 # lied about (which the refusal must name) and what else the message must say.
 
-Mutation = Callable[[Crafted, Callable], Tuple[str, str]]
+Mutation = Callable[[Crafted, Callable], tuple[str, str]]
 
 
 def declare_bytes(c: Crafted, key: str, name: str) -> None:
@@ -148,13 +148,13 @@ def declare_bytes(c: Crafted, key: str, name: str) -> None:
     c.metadata.storage_data[MetadataIndex(key)] = _StorageInfo(name, offset, length)
 
 
-def tensor_declared_bytes(c: Crafted, draw) -> Tuple[str, str]:
+def tensor_declared_bytes(c: Crafted, draw) -> tuple[str, str]:
     key = draw(st.sampled_from(c.keys()))
     declare_bytes(c, key, draw(st.sampled_from([DATA_FILE, "__0_7.distcp"])))
     return key, "pickled bytes"
 
 
-def tensor_holding_an_object(c: Crafted, draw) -> Tuple[str, str]:
+def tensor_holding_an_object(c: Crafted, draw) -> tuple[str, str]:
     """A tensor entry whose stored chunk is a torch.save'd object instead of a tensor."""
     key = draw(st.sampled_from(c.keys()))
     offset, length = c.append(DATA_FILE, payload(c.marker))
@@ -189,7 +189,7 @@ def _outside_copy(c: Crafted, draw) -> str:
     return draw(st.sampled_from(["meta.json", "rank_0.pt", ".metadata"]))
 
 
-def path_rewritten(c: Crafted, draw) -> Tuple[str, str]:
+def path_rewritten(c: Crafted, draw) -> tuple[str, str]:
     """Issue 22 item 2: a storage path that is not a plain data file name of the
     checkpoint, listed in the forged manifest."""
     key = draw(st.sampled_from(c.keys()))
@@ -202,7 +202,7 @@ def path_rewritten(c: Crafted, draw) -> Tuple[str, str]:
     return key, repr(name)
 
 
-def path_not_in_manifest(c: Crafted, draw) -> Tuple[str, str]:
+def path_not_in_manifest(c: Crafted, draw) -> tuple[str, str]:
     """A real data file's copy under another data file name that the manifest does not
     list (only with a manifest: without one any data file of the directory is fair)."""
     key = draw(st.sampled_from(c.keys()))
@@ -214,7 +214,7 @@ def path_not_in_manifest(c: Crafted, draw) -> Tuple[str, str]:
     return key, "manifest"
 
 
-def shape_lied_about(c: Crafted, draw) -> Tuple[str, str]:
+def shape_lied_about(c: Crafted, draw) -> tuple[str, str]:
     """The global shape changed: a dimension grown or shrunk, one added or dropped
     (with the chunks made to match, or not)."""
     key = draw(st.sampled_from(c.keys()))
@@ -237,14 +237,14 @@ def shape_lied_about(c: Crafted, draw) -> Tuple[str, str]:
     return key, "shape"
 
 
-def dtype_lied_about(c: Crafted, draw) -> Tuple[str, str]:
+def dtype_lied_about(c: Crafted, draw) -> tuple[str, str]:
     key = draw(st.sampled_from(c.keys()))
     entry = c.metadata.state_dict_metadata[key]
     entry.properties = dataclasses.replace(entry.properties, dtype=draw(st.sampled_from(NOT_FLOATING)))
     return key, "dtype"
 
 
-def chunk_out_of_bounds(c: Crafted, draw) -> Tuple[str, str]:
+def chunk_out_of_bounds(c: Crafted, draw) -> tuple[str, str]:
     """A chunk moved or grown past the tensor's bounds, or given the wrong number of
     dimensions (its storage entry moved along)."""
     key = draw(st.sampled_from(c.keys(dims=1)))
@@ -269,7 +269,7 @@ def chunk_out_of_bounds(c: Crafted, draw) -> Tuple[str, str]:
     return key, "chunk"
 
 
-def chunk_missing(c: Crafted, draw) -> Tuple[str, str]:
+def chunk_missing(c: Crafted, draw) -> tuple[str, str]:
     """A tensor entry without its chunk, or a chunk without its storage entry."""
     key = draw(st.sampled_from(c.keys()))
     entry = c.metadata.state_dict_metadata[key]
@@ -281,7 +281,7 @@ def chunk_missing(c: Crafted, draw) -> Tuple[str, str]:
     return key, "chunk"
 
 
-def extra_entry(c: Crafted, draw) -> Tuple[str, str]:
+def extra_entry(c: Crafted, draw) -> tuple[str, str]:
     """An entry this model does not have: a copy of a real one in the model's section
     (every rank holds the whole model; another rank's optimizer state is fair), or
     bytes anywhere."""
@@ -297,7 +297,7 @@ def extra_entry(c: Crafted, draw) -> Tuple[str, str]:
     return key, "pickled bytes"
 
 
-def entry_missing(c: Crafted, draw) -> Tuple[str, str]:
+def entry_missing(c: Crafted, draw) -> tuple[str, str]:
     key = draw(st.sampled_from(c.keys()))
     del c.metadata.state_dict_metadata[key]
     for index in c.storage(key):
@@ -305,7 +305,7 @@ def entry_missing(c: Crafted, draw) -> Tuple[str, str]:
     return key, "no entry"
 
 
-def storage_transformed(c: Crafted, draw) -> Tuple[str, str]:
+def storage_transformed(c: Crafted, draw) -> tuple[str, str]:
     """A storage entry asking for a stream transform (DCP's extensions, e.g. compression)."""
     key = draw(st.sampled_from(c.keys()))
     for index in c.storage(key):
@@ -314,7 +314,7 @@ def storage_transformed(c: Crafted, draw) -> Tuple[str, str]:
     return key, "transform"
 
 
-def rng_file_replaced(c: Crafted, draw) -> Tuple[str, str]:
+def rng_file_replaced(c: Crafted, draw) -> tuple[str, str]:
     """rank_0.pt (the RNG states a resume restores) replaced by a pickled object, a
     dictionary without the states, or a tensor."""
     data = draw(st.sampled_from(["object", "dictionary", "tensor"]))
@@ -326,12 +326,12 @@ def rng_file_replaced(c: Crafted, draw) -> Tuple[str, str]:
     return "rank_0.pt", "random-generator state"
 
 
-MUTATIONS: List[Mutation] = [tensor_declared_bytes, tensor_holding_an_object, path_rewritten, path_not_in_manifest,
+MUTATIONS: list[Mutation] = [tensor_declared_bytes, tensor_holding_an_object, path_rewritten, path_not_in_manifest,
                              shape_lied_about, dtype_lied_about, chunk_out_of_bounds, chunk_missing, extra_entry,
                              entry_missing, storage_transformed, rng_file_replaced]
 
 
-def live_state(original: str) -> Dict[str, torch.Tensor]:
+def live_state(original: str) -> dict[str, torch.Tensor]:
     """The state a resuming run hands the loader: the keys, shapes and dtypes the
     checkpoint was saved from (model and optimizer)."""
     with open(os.path.join(original, ".metadata"), "rb") as f:
@@ -340,7 +340,7 @@ def live_state(original: str) -> Dict[str, torch.Tensor]:
             for key, entry in metadata.state_dict_metadata.items()}
 
 
-def files_under(root: str) -> Dict[str, Tuple[int, int]]:
+def files_under(root: str) -> dict[str, tuple[int, int]]:
     found = {}
     for directory, _, names in os.walk(root):
         for name in names:

@@ -11,7 +11,6 @@ test-hostile` runs more.
 """
 
 import dataclasses
-import io
 import json
 import os
 import re

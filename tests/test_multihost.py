@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Dict, List
 
 import pytest
 
@@ -32,19 +31,19 @@ RDZV_PORT = 29400
 RUN_TIMEOUT = 300
 
 
-def _torchrun(nnodes: int, nproc: int, endpoint: str, rdzv_id: str, args: List[str], restarts: int = 0) -> List[str]:
+def _torchrun(nnodes: int, nproc: int, endpoint: str, rdzv_id: str, args: list[str], restarts: int = 0) -> list[str]:
     return [os.path.join(BIN, "torchrun"), "--nnodes", str(nnodes), "--nproc_per_node", str(nproc),
             "--max_restarts", str(restarts), "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint,
             "--rdzv_id", rdzv_id, "dlrm_main.py", *args]
 
 
-def _two_hosts(start, hosts: List[Host], args: List[str], env: Dict[str, str]) -> List[subprocess.Popen]:
+def _two_hosts(start, hosts: list[Host], args: list[str], env: dict[str, str]) -> list[subprocess.Popen]:
     """One torchrun agent (one rank) on each host, meeting at the first host's endpoint."""
     endpoint, rdzv_id = f"{hosts[0].name}:{RDZV_PORT}", uuid.uuid4().hex
     return [start(host, _torchrun(2, 1, endpoint, rdzv_id, args), env) for host in hosts]
 
 
-def _results(procs: List[subprocess.Popen]) -> List[tuple]:
+def _results(procs: list[subprocess.Popen]) -> list[tuple]:
     return [(proc.wait(timeout=RUN_TIMEOUT), *proc.communicate()) for proc in procs]
 
 

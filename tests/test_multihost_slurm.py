@@ -11,7 +11,6 @@ the reason, when no cluster is up (``CLUSTER_UP_FAILED``) or its Slurm cannot st
 
 import os
 import subprocess
-from typing import List
 
 import pytest
 
@@ -34,7 +33,7 @@ NODE_CPUS, NODE_MEMORY_MB = 1, 4000
 NODE_REQUEST = ["--cpu", str(NODE_CPUS), "--memMB", str(NODE_MEMORY_MB)]
 
 
-def _args(synthetic_dir: str, log_path: str) -> List[str]:
+def _args(synthetic_dir: str, log_path: str) -> list[str]:
     return ["--in_memory_binary_criteo_path", synthetic_dir, *TINY_TRAINING_FLAGS, "--batch_size", "256",
             "--limit_train_batches", str(STEPS), "--log_path", log_path]
 
@@ -53,12 +52,12 @@ def torchx_env(tmp_path_factory):
     return install_components(str(tmp_path_factory.mktemp("components")))
 
 
-def _torchx_on_controller(hosts: List[Host], args: List[str], env) -> subprocess.CompletedProcess:
+def _torchx_on_controller(hosts: list[Host], args: list[str], env) -> subprocess.CompletedProcess:
     return subprocess.run([ON_HOST, hosts[0].name, os.path.join(BIN, "torchx"), *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=JOB_TIMEOUT)
 
 
-def _job_nodes(hosts: List[Host], job_id: str) -> List[str]:
+def _job_nodes(hosts: list[Host], job_id: str) -> list[str]:
     """The node of each part of a job (torchx submits one heterogeneous component per node)."""
     out = subprocess.run([ON_HOST, hosts[0].name, "sacct", "--noheader", "-X", "--parsable2",
                           "--format=NodeList", "-j", job_id],
@@ -71,7 +70,7 @@ def _job_id(handle: str) -> str:
     return handle.rsplit("/", 1)[1]
 
 
-def _assert_across_both_hosts(hosts: List[Host], job_id: str, bytes_before: List[int]) -> None:
+def _assert_across_both_hosts(hosts: list[Host], job_id: str, bytes_before: list[int]) -> None:
     """One part of the job on each compute host, and megabytes of collectives through
     each one's bridge port (a job that fell back to one host sends kilobytes of Slurm
     messages through them)."""

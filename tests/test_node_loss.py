@@ -17,7 +17,7 @@ import signal
 import subprocess
 import time
 import uuid
-from typing import Callable, Dict, Iterator, List
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -35,23 +35,23 @@ STEPS, EVERY = 50, 10  # one epoch; a checkpoint every 10 steps
 RESTART_ENV = {"GLOO_SOCKET_IFNAME": "eth0", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
-def _args(data: str, ckpt: str, log: str) -> List[str]:
+def _args(data: str, ckpt: str, log: str) -> list[str]:
     return ["--in_memory_binary_criteo_path", data, *TINY_TRAINING_FLAGS, "--batch_size", "64", "--limit_train_batches",
             str(STEPS), "--checkpoint_dir", ckpt, "--checkpoint_every_n_steps", str(EVERY), "--resume",
             "--log_path", log]
 
 
-def _losses(records: List[dict]) -> Dict[int, float]:
+def _losses(records: list[dict]) -> dict[int, float]:
     """Step -> loss; a step trained again after the resume overwrites the first time's."""
     return {r["step"]: r["loss"] for r in records if r["event"] == "train"}
 
 
-def _test_metrics(records: List[dict]) -> dict:
+def _test_metrics(records: list[dict]) -> dict:
     return eval_metrics(eval_record(records, "test"))
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(synthetic_dir, tmp_path_factory) -> List[dict]:
+def uninterrupted(synthetic_dir, tmp_path_factory) -> list[dict]:
     """The same flags never interrupted, by two agents of one rank each meeting on
     this machine's loopback (no cluster needed). Not one agent with two ranks: the
     planner then sees one host of two ranks, not two hosts, and shards differently
@@ -73,8 +73,8 @@ def uninterrupted(synthetic_dir, tmp_path_factory) -> List[dict]:
     return read_log(log)
 
 
-def _lose_and_replace(start, hosts: List[Host], args: List[str], lose_when: Callable[[], bool],
-                      while_down: Callable[[], None]) -> List[tuple]:
+def _lose_and_replace(start, hosts: list[Host], args: list[str], lose_when: Callable[[], bool],
+                      while_down: Callable[[], None]) -> list[tuple]:
     """Starts the job on both hosts (the rendezvous on the first), kills every process
     of the second once ``lose_when()``, runs ``while_down()``, starts the second host's
     agent again; returns (exit code, stdout, stderr) of the survivor and the replacement."""
@@ -93,8 +93,8 @@ def _lose_and_replace(start, hosts: List[Host], args: List[str], lose_when: Call
     return [(proc.wait(timeout=RUN_TIMEOUT), *proc.communicate()) for proc in (agents[0], replacement)]
 
 
-def _assert_resumed_as_uninterrupted(results: List[tuple], lost: Host, resumed_from: str, log: str,
-                                     uninterrupted: List[dict]) -> None:
+def _assert_resumed_as_uninterrupted(results: list[tuple], lost: Host, resumed_from: str, log: str,
+                                     uninterrupted: list[dict]) -> None:
     (code, out, err), (replacement_code, _, replacement_err) = results
     assert code == 0 and replacement_code == 0, (err[-3000:], replacement_err[-3000:])
     # The survivor's rank saw its peer go, named the host, and its agent restarted it.
@@ -136,7 +136,7 @@ def test_a_host_lost_mid_epoch_and_replaced_at_another_address_resumes_as_if_uni
     survivor, lost = compute_hosts
     moved_to = lost.address.rsplit(".", 1)[0] + ".200"  # cluster_up.sh gives hosts .10 to .109
     assert moved_to not in {host.address for host in cluster_hosts}
-    newest: List[str] = []
+    newest: list[str] = []
 
     def past_step_25() -> bool:  # two checkpoints done, the third not begun
         return os.path.exists(log) and max(_losses(read_log(log)), default=0) >= 25

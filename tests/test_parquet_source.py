@@ -1,9 +1,8 @@
 """--parquet_path: discovery, splits, the per-rank streaming loader, refusals (in process,
 over small Parquet tables written here)."""
 
-import datetime
 import os
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +23,7 @@ FILE_ROWS = (1, 57, 3, 0, 23, 9)
 ROW_GROUP_ROWS = (1, 5, 1, 1, 4, 1)
 
 
-def _rows(first: int, n: int, rng: np.random.Generator) -> Dict[str, pa.Array]:
+def _rows(first: int, n: int, rng: np.random.Generator) -> dict[str, pa.Array]:
     return {
         "label": pa.array(rng.integers(0, 2, n), pa.int64()),
         "rid": pa.array(np.arange(first, first + n, dtype=np.float64)),  # the row's identity
@@ -63,11 +62,11 @@ def _loaders(config: DataConfig, rank: int = 0, world_size: int = 1):
     return source.loaders(source.open(), [97, 1000, 50], rank, world_size)
 
 
-def _rids(batch) -> List[int]:
+def _rids(batch) -> list[int]:
     return [int(v) for v in batch.dense_features[:, 0]]
 
 
-def _epoch(loader, epoch: int = 0, start: int = 0) -> List[List[int]]:
+def _epoch(loader, epoch: int = 0, start: int = 0) -> list[list[int]]:
     loader.set_epoch(epoch, start)
     return [_rids(b) for b in loader]
 

@@ -2,7 +2,6 @@
 sharding_plans/estimates.py): the run log's plan_memory record, and the fp16
 tables' optimizer state counted as FBGEMM allocates it."""
 
-from typing import Tuple
 
 import pytest
 
@@ -15,7 +14,7 @@ ROWS, DIM = 150_000, 64
 FEATURES = ["cat_0", "cat_1", "cat_2", "cat_3"]
 
 
-def _estimated_bytes(optimizer: str, precision: str, device: str, kernel: str) -> Tuple[int, int]:
+def _estimated_bytes(optimizer: str, precision: str, device: str, kernel: str) -> tuple[int, int]:
     """(HBM, DDR) of the plan, all ranks."""
     request = PlanRequest(FEATURES, [ROWS] * len(FEATURES), DIM, precision, optimizer,
                           PlannerConfig(world_size=2, local_world_size=2, compute_device=device, batch_size=64,

@@ -6,7 +6,6 @@ import contextlib
 import datetime
 import errno
 import socket
-from typing import Set
 
 from torch.distributed import TCPStore
 
@@ -24,7 +23,7 @@ def _taken(port: int) -> bool:
         return False
 
 
-def _ports_the_kernel_picks(count: int) -> Set[int]:
+def _ports_the_kernel_picks(count: int) -> set[int]:
     """The ports of ``count`` sockets bound to port 0 at once."""
     with contextlib.ExitStack() as sockets:
         picked = set()

@@ -4,7 +4,7 @@ weighted loss and metrics, bad weights, and 2 ranks against 1 with weights."""
 import math
 import os
 import shutil
-from typing import Any, Dict, List
+from typing import Any
 
 import numpy as np
 import pytest
@@ -34,7 +34,7 @@ COLUMNS = ["label", "num_0", "num_1", "cat_0", "cat_1", "w"]
 CARDINALITIES = {"cat_0": 11, "cat_1": 23}
 
 
-def _write_csv(directory: str, rows: Dict[str, int], seed: int = 0, ones: bool = False) -> Dict[str, np.ndarray]:
+def _write_csv(directory: str, rows: dict[str, int], seed: int = 0, ones: bool = False) -> dict[str, np.ndarray]:
     """One CSV chunk per mapping with a weight column ``w`` the input spec does not name
     (the transcoder's --weight_column does); returns each mapping's rows."""
     rng = np.random.default_rng(seed)
@@ -183,7 +183,7 @@ def test_bad_weight_in_split_binary_is_refused_naming_file_row_and_column(weight
     assert str(error.value) == message
 
 
-def _model_and_batch(weights: List[float]):
+def _model_and_batch(weights: list[float]):
     config = ModelConfig(num_embeddings_per_feature=list(CARDINALITIES.values()),
                          sparse_feature_names=list(CARDINALITIES), dense_in_features=2, embedding_dim=4,
                          dense_arch_layer_sizes=[8, 4], over_arch_layer_sizes=[8, 1])
@@ -246,7 +246,7 @@ def test_integer_weights_are_repeated_rows_in_the_metrics():
     assert got["log_loss"] == pytest.approx(by_hand.item(), rel=1e-6)
 
 
-def _train(argv_list: List[List[str]]) -> List[Dict[str, Any]]:
+def _train(argv_list: list[list[str]]) -> list[dict[str, Any]]:
     results = []
     for argv in argv_list:
         result = Trainer(parse_config(argv, "test", "test"), resolve_env("cpu")).fit()

@@ -12,7 +12,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Iterator, List
+from typing import IO
+from collections.abc import Iterator
 
 import pytest
 
@@ -28,7 +29,7 @@ TRAIN_FLAGS = ["--batch_size", "128", "--embedding_dim", "16", "--dense_arch_lay
                "--log_every_n_steps", "1", "--seed", "2"]
 
 
-def error_lines(stderr: str) -> List[str]:
+def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if ": error: " in line]
 
 
@@ -137,11 +138,11 @@ def test_stale_locks_are_taken_over(tmp_path):
 
 
 @contextlib.contextmanager
-def stalled_writes(paths: List[str], timeout: float = 300) -> Iterator[None]:
+def stalled_writes(paths: list[str], timeout: float = 300) -> Iterator[None]:
     """Makes each of ``paths`` a FIFO, so that a checkpoint save writing it stalls there
     (a full pipe blocks its writer) until read. Enters once every path has its writer;
     on leaving, reads each to its end, letting the writers finish or fail."""
-    opened: List[IO[bytes]] = []
+    opened: list[IO[bytes]] = []
     for path in paths:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         os.mkfifo(path)
@@ -168,12 +169,12 @@ def stalled_writes(paths: List[str], timeout: float = 300) -> Iterator[None]:
             f.close()
 
 
-def _train_argv(data_dir: str, ckpt: str, steps: int) -> List[str]:
+def _train_argv(data_dir: str, ckpt: str, steps: int) -> list[str]:
     return ["--in_memory_binary_criteo_path", data_dir, *TRAIN_FLAGS, "--limit_train_batches", str(steps),
             "--checkpoint_dir", ckpt]
 
 
-def _worker_pids(agent_pid: int) -> List[int]:
+def _worker_pids(agent_pid: int) -> list[int]:
     return [int(pid) for pid in subprocess.run(["ps", "-o", "pid=", "--ppid", str(agent_pid)], capture_output=True,
                                                text=True, check=True).stdout.split()]
 

@@ -6,7 +6,6 @@ import json
 import os
 import socket
 import threading
-from typing import Tuple
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -23,12 +22,12 @@ def predictor(trained):
     return predict.Predictor(trained["model"], "int8")
 
 
-def address(url: str) -> Tuple[str, int]:
+def address(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
     return parts.hostname, parts.port
 
 
-def exchange(url: str, request: bytes) -> Tuple[int, bytes]:
+def exchange(url: str, request: bytes) -> tuple[int, bytes]:
     """Sends raw bytes, reads until the server closes; the status and the body."""
     with socket.create_connection(address(url), timeout=60) as s:
         s.sendall(request)

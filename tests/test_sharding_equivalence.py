@@ -15,7 +15,7 @@ once.
 """
 
 import math
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 import torch
@@ -51,7 +51,7 @@ TYPES = ["data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wi
 MIXED = ",".join(f"t_cat_{i}={TYPES[i % len(TYPES)]}" for i in range(NUM_SPARSE_FEATURES))
 
 
-def _weights(trainer: Trainer) -> Dict[str, Any]:
+def _weights(trainer: Trainer) -> dict[str, Any]:
     """This rank's pieces of every table, the dense parameters and, per table, the
     plan's sharding type and shard placements."""
     layout = {}
@@ -64,7 +64,7 @@ def _weights(trainer: Trainer) -> Dict[str, Any]:
     return {**local_weights(trainer.model), "layout": layout}
 
 
-def _run_variants(variants: List[List[str]]) -> List[Dict[str, Any]]:
+def _run_variants(variants: list[list[str]]) -> list[dict[str, Any]]:
     """Trains each argv in turn on this launch's process group; returns per variant
     the losses and this rank's weights."""
     results = []

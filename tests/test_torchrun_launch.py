@@ -8,7 +8,6 @@ import signal
 import subprocess
 import time
 import uuid
-from typing import List
 
 import pytest
 
@@ -22,7 +21,7 @@ FLAGS = ["--batch_size", "256", "--embedding_dim", "16", "--dense_arch_layer_siz
          "--seed", "3", "--log_every_n_steps", "1"]
 
 
-def _torchrun(nnodes: int, nproc: int, port: int, rdzv_id: str, args: List[str]) -> subprocess.Popen:
+def _torchrun(nnodes: int, nproc: int, port: int, rdzv_id: str, args: list[str]) -> subprocess.Popen:
     """The users' torchrun command line (with a free port instead of the default)."""
     cmd = [os.path.join(BIN, "torchrun"), "--nnodes", str(nnodes), "--nproc_per_node", str(nproc),
            "--rdzv_backend", "c10d", "--rdzv_endpoint", f"localhost:{port}", "--rdzv_id", rdzv_id,

@@ -19,7 +19,7 @@ With sample weights the histogram sums weights instead of counting rows: a pair
 the bound holds as it stands. (torchmetrics' BinaryAUROC takes no weights.)
 """
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -57,7 +57,7 @@ class BinnedAUROC:
         amounts = torch.ones_like(index) if weights is None else weights.detach().reshape(-1).double()
         self._counts.view(-1).index_add_(0, positive * self.bins + index, amounts)
 
-    def compute(self) -> Tuple[float, float]:
+    def compute(self) -> tuple[float, float]:
         """(AUROC, error bound) over every rank's updates; NaN when a class is absent.
         Collective when a process group of several ranks is initialised."""
         counts = self._counts.clone()

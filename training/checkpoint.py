@@ -47,7 +47,8 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from typing import IO, Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple, Union
+from typing import IO, Any, Optional, Union
+from collections.abc import Callable, Generator, Iterator
 
 import torch
 import torch.distributed as dist
@@ -115,8 +116,8 @@ class IOPathFileSystem(FileSystemBase):
     """
 
     def __init__(self) -> None:
-        self.written: Dict[str, ManifestEntry] = {}
-        self.write_errors: List[OSError] = []
+        self.written: dict[str, ManifestEntry] = {}
+        self.write_errors: list[OSError] = []
 
     @contextlib.contextmanager
     def create_stream(self, path, mode: str) -> Generator:
@@ -171,7 +172,7 @@ class IOPathFileSystem(FileSystemBase):
     def rm_file(self, path) -> None:
         g_pathmgr.rm(str(path))
 
-    def ls(self, path) -> List[str]:
+    def ls(self, path) -> list[str]:
         return [_join(str(path), name) for name in g_pathmgr.ls(str(path))]
 
 
@@ -227,7 +228,7 @@ class _IOPathReader(FileSystemReader):
     version 1 manifest: each file in a pass before it is read), and a file that holds
     anything but tensors refused by name."""
 
-    def __init__(self, path: str, metadata: Metadata, manifest: Optional[Dict[str, ManifestEntry]]) -> None:
+    def __init__(self, path: str, metadata: Metadata, manifest: Optional[dict[str, ManifestEntry]]) -> None:
         super().__init__(path)
         self.fs = IOPathFileSystem()
         self.path = path
@@ -241,7 +242,7 @@ class _IOPathReader(FileSystemReader):
         return self.metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
-        per_file: Dict[str, List[ReadItem]] = {}
+        per_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
         for name, items in sorted(per_file.items()):
@@ -278,7 +279,7 @@ class _TensorLoadPlanner(DefaultLoadPlanner):
                               "tensor: refused unread")
 
 
-def _leaves(tree: Dict[str, Any], prefix: str = "") -> Iterator[Tuple[str, Any]]:
+def _leaves(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
     """(dotted key, value) of every value of a nested dict that is not itself a dict.
     Empty dicts hold no leaves, so they contribute nothing.
 
@@ -295,17 +296,17 @@ def _leaves(tree: Dict[str, Any], prefix: str = "") -> Iterator[Tuple[str, Any]]
             yield name, value
 
 
-def flat_state(state: Dict[str, Any]) -> Dict[str, Any]:
+def flat_state(state: dict[str, Any]) -> dict[str, Any]:
     """The leaves of a nested state dict under their dotted keys (what DCP stores;
     loading fills them in place)."""
     return dict(_leaves(state))
 
 
-def _all_gather(value: Any, group: Optional[dist.ProcessGroup] = None) -> List[Any]:
+def _all_gather(value: Any, group: Optional[dist.ProcessGroup] = None) -> list[Any]:
     """Every rank's ``value``, by rank (collective when several ranks run)."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return [value]
-    gathered: List[Any] = [None] * dist.get_world_size()
+    gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, value, group=group)
     return gathered
 
@@ -320,7 +321,7 @@ def _first_error(write: Callable[[], None]) -> Optional[OSError]:
     return None
 
 
-def _raise_first_error(errors: List[Optional[OSError]]) -> None:
+def _raise_first_error(errors: list[Optional[OSError]]) -> None:
     """Raises the lowest rank's error, as DCP reports its own (CheckpointException)."""
     failures = {rank: (error, None) for rank, error in enumerate(errors) if error is not None}
     if failures:
@@ -336,7 +337,7 @@ def is_complete(path: str) -> bool:
     return g_pathmgr.exists(_join(path, COMPLETE_MARKER))
 
 
-def read_manifest(path: str) -> Optional[Dict[str, ManifestEntry]]:
+def read_manifest(path: str) -> Optional[dict[str, ManifestEntry]]:
     """The manifest of a complete checkpoint (its COMPLETE marker's content): file name ->
     size and SHA-256. None for a checkpoint saved before manifests ("complete")."""
     marker = _join(path, COMPLETE_MARKER)
@@ -354,7 +355,7 @@ def read_manifest(path: str) -> Optional[Dict[str, ManifestEntry]]:
         raise CheckpointError(f"{marker}: not a checkpoint manifest (damaged?)") from e
 
 
-def _read_checked(path: str, name: str, manifest: Optional[Dict[str, ManifestEntry]]) -> bytes:
+def _read_checked(path: str, name: str, manifest: Optional[dict[str, ManifestEntry]]) -> bytes:
     """The bytes of one file of the checkpoint, checked against the manifest."""
     file = _join(path, name)
     try:
@@ -412,7 +413,7 @@ def _failure(error: BaseException) -> str:
     return (lines[0] if lines else type(error).__name__)[:300] + where
 
 
-def complete_checkpoints(directory: str) -> List[str]:
+def complete_checkpoints(directory: str) -> list[str]:
     """Complete checkpoints in ``directory``, oldest first."""
     if not g_pathmgr.exists(directory):
         return []
@@ -469,17 +470,17 @@ def read_meta(path: str) -> CheckpointMeta:
     return CheckpointMeta.from_json(_read_checked(path, META_FILE, read_manifest(path)), _join(path, META_FILE))
 
 
-def _rng_state() -> Dict[str, Any]:
+def _rng_state() -> dict[str, Any]:
     """This process's generators: CPU, Python, and its own CUDA device's only (a rank
     uses one device; saving every visible one breaks a resume on a host that shows
     fewer)."""
-    state: Dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()  # the current device (set per rank)
     return state
 
 
-def _set_rng_state(state: Dict[str, Any]) -> None:
+def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
@@ -519,7 +520,7 @@ class CheckpointManager:
                        and dist.get_world_size() > 1 else None)
         self._in_flight: Optional[concurrent.futures.Future] = None
 
-    def save(self, state: Dict[str, Any], meta: CheckpointMeta) -> str:
+    def save(self, state: dict[str, Any], meta: CheckpointMeta) -> str:
         """Writes the checkpoint of ``meta.step``; returns its path. Collective.
 
         Raises CheckpointSaveError (one line) on every rank when the storage fails on
@@ -541,7 +542,7 @@ class CheckpointManager:
                          name=f"checkpoint step {meta.step}", daemon=True).start()
         return path
 
-    def _save_in_background(self, path: str, staged: Dict[str, Any], meta: CheckpointMeta, rng: Dict[str, Any],
+    def _save_in_background(self, path: str, staged: dict[str, Any], meta: CheckpointMeta, rng: dict[str, Any],
                             done: concurrent.futures.Future) -> None:
         # A daemon thread: a process that ends meanwhile leaves the save without its
         # COMPLETE marker, which every reader ignores.
@@ -559,7 +560,7 @@ class CheckpointManager:
         if in_flight is not None:
             in_flight.result()
 
-    def _save_or_raise(self, path: str, state: Dict[str, Any], meta: CheckpointMeta, rng: Dict[str, Any]) -> None:
+    def _save_or_raise(self, path: str, state: dict[str, Any], meta: CheckpointMeta, rng: dict[str, Any]) -> None:
         try:
             self._save(path, state, meta, rng)
         except (OSError, CheckpointException) as e:
@@ -580,7 +581,7 @@ class CheckpointManager:
                     _remove_checkpoint(path)
             raise CheckpointSaveError(f"saving checkpoint {path} failed: {_failure(e)}") from e
 
-    def _save(self, path: str, state: Dict[str, Any], meta: CheckpointMeta, rng: Dict[str, Any]) -> None:
+    def _save(self, path: str, state: dict[str, Any], meta: CheckpointMeta, rng: dict[str, Any]) -> None:
         if self.rank == 0:
             g_pathmgr.mkdirs(path)
             if is_complete(path):  # re-saving the same step: invalid until rewritten
@@ -600,7 +601,7 @@ class CheckpointManager:
             error = _first_error(lambda: self._complete(path, writer.fs, files, meta))
         _raise_first_error(_all_gather(error, self._group))  # also the barrier that ends the save
 
-    def _complete(self, path: str, fs: IOPathFileSystem, files: Dict[str, ManifestEntry],
+    def _complete(self, path: str, fs: IOPathFileSystem, files: dict[str, ManifestEntry],
                   meta: CheckpointMeta) -> None:
         """Rank 0, once every rank's files are written: meta.json, the COMPLETE marker
         (the manifest), then pruning."""
@@ -612,7 +613,7 @@ class CheckpointManager:
         fs.write_file(_join(path, COMPLETE_MARKER), lambda f: f.write(manifest))
         self._prune(keep=path)
 
-    def mark_best(self, path: str, info: Dict[str, Any]) -> None:
+    def mark_best(self, path: str, info: dict[str, Any]) -> None:
         """Names the complete checkpoint ``path`` in best.json (replaced atomically),
         then prunes what it kept. Collective; waits for the save in flight (``path``'s)."""
         self.wait()
@@ -704,8 +705,8 @@ def _remove_checkpoint(path: str) -> None:
         os.rmdir(_local(path))
 
 
-def _checked_dcp_metadata(path: str, manifest: Optional[Dict[str, ManifestEntry]],
-                          flat: Dict[str, Any]) -> Metadata:
+def _checked_dcp_metadata(path: str, manifest: Optional[dict[str, ManifestEntry]],
+                          flat: dict[str, Any]) -> Metadata:
     """The checkpoint's .metadata, read without running code and checked against the
     flat state it is to fill (`check_metadata`); CheckpointError naming the file."""
     source = _join(path, DCP_METADATA_FILE)
@@ -718,7 +719,7 @@ def _checked_dcp_metadata(path: str, manifest: Optional[Dict[str, ManifestEntry]
     return metadata
 
 
-def check_stored_shapes(path: str, state: Dict[str, Any]) -> None:
+def check_stored_shapes(path: str, state: dict[str, Any]) -> None:
     """Raises CheckpointError unless the checkpoint stores every tensor of ``state``
     with its shape, in data files large enough to hold them. Reads .metadata and the
     files' sizes only, so ``state`` may live on the meta device: a meta.json declaring
@@ -736,7 +737,7 @@ def check_stored_shapes(path: str, state: Dict[str, Any]) -> None:
                               "meta.json and .metadata describe more than is stored")
 
 
-def _file_size(path: str, name: str, manifest: Optional[Dict[str, ManifestEntry]]) -> Optional[int]:
+def _file_size(path: str, name: str, manifest: Optional[dict[str, ManifestEntry]]) -> Optional[int]:
     """The size of one file of a checkpoint: on disk for a local one, else its
     manifest's (None: unknown, an old remote checkpoint)."""
     if _is_local(path):
@@ -748,7 +749,7 @@ def _file_size(path: str, name: str, manifest: Optional[Dict[str, ManifestEntry]
     return int(entry["bytes"]) if entry else None
 
 
-def load_checkpoint(path: str, state: Dict[str, Any], rank: int, restore_rng: bool) -> None:
+def load_checkpoint(path: str, state: dict[str, Any], rank: int, restore_rng: bool) -> None:
     """Fills ``state`` (tensors and sharded tensors, in place) from the checkpoint at path.
 
     Raises CheckpointError when the files are missing, corrupted, or not what the
@@ -841,6 +842,6 @@ def find_restore_point(config: TrainConfig) -> Optional[RestorePoint]:
     return RestorePoint(path, meta, full)  # type: ignore[arg-type]
 
 
-def _optimizers(optim: OptimizerConfig) -> Dict[str, str]:
+def _optimizers(optim: OptimizerConfig) -> dict[str, str]:
     """The optimizers whose state a checkpoint holds (a resume needs the same ones)."""
     return {"optimizer": optim.optimizer, "dense_optimizer": optim.resolved_dense_optimizer}

@@ -18,7 +18,7 @@ Example::
 """
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Type
+from typing import Any, Optional
 
 from common.config_flags import Flag, FlagError, flags_of
 from common.json_fields import (INTEGER, OBJECT, TEXT, FileFieldError, JsonObject, Kind, integer, one_of, optional,
@@ -61,12 +61,12 @@ class CheckpointMeta:
     epoch: int
     batch_in_epoch: int
     world_size: int
-    config: Dict[str, Any]
-    plan: Dict[str, Dict[str, Any]]
+    config: dict[str, Any]
+    plan: dict[str, dict[str, Any]]
     data_source: Optional[str]
     data_features: Optional[FeatureDescription]
     run_id: Optional[str] = None
-    early_stopping: Optional[Dict[str, Any]] = None
+    early_stopping: Optional[dict[str, Any]] = None
     version: int = META_VERSION
 
     @property
@@ -125,7 +125,7 @@ class CheckpointMeta:
             return self.data_features
         return SOURCES[self.source_name](self.data).describe()
 
-    def flag_values(self, section: str, config_class: Type[Any], path: str) -> Dict[str, Any]:
+    def flag_values(self, section: str, config_class: type[Any], path: str) -> dict[str, Any]:
         """{field: value} of the flags of ``config_class`` that ``config.<section>``
         records with a value, each checked against its flag's type and choices
         (``path``: the file, for the error); a null is left out, as it is the default
@@ -194,7 +194,7 @@ _VALUE_KINDS = {
     int: Kind(lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
     float: Kind(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
     str: TEXT,
-    List[int]: Kind(lambda v: isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v),
+    list[int]: Kind(lambda v: isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v),
                     "a list of integers"),
 }
 

@@ -5,7 +5,7 @@ sharding's configs), declared once with its default and help (`common.config_fla
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 from common.config_flags import FlagError, check_choices, flag, option
 from data.config import DataConfig
@@ -172,7 +172,7 @@ class InferenceBenchmarkConfig:
         warmup: untimed forwards before them.
     """
 
-    batch_sizes: List[int] = flag([1, 64, 4096], name="inference_benchmark_batch_sizes",
+    batch_sizes: list[int] = flag([1, 64, 4096], name="inference_benchmark_batch_sizes",
                                   help="rows per rank of each batch size timed by --mode inference_benchmark")
     iterations: int = flag(20, name="inference_benchmark_iterations", help="timed forwards per batch size")
     warmup: int = flag(3, name="inference_benchmark_warmup", help="untimed forwards before them")
@@ -202,7 +202,7 @@ class ReferenceEvaluation:
                     "schedule applies (default without either: validate after every epoch and test at the end)")
     evaluate_on_training_end: bool = flag(False, help="evaluate the test split when training ends (see above)")
 
-    def schedule(self) -> Tuple[bool, bool]:
+    def schedule(self) -> tuple[bool, bool]:
         """(validate at epoch end, test at the end)."""
         reference = self.evaluate_on_epoch_end or self.evaluate_on_training_end
         return self.evaluate_on_epoch_end or not reference, self.evaluate_on_training_end or not reference
@@ -300,7 +300,7 @@ class TrainConfig:
         False, help="count every table's ids in the training batches; write multi_hot_freqs_rank_<r>.npz per rank")
     dropout: float = flag(0.0, help="dropout after the over arch's hidden layers in training")
     recipe: Optional[str] = None
-    recipe_settings: Dict[str, Any] = field(default_factory=dict)
+    recipe_settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def amp(self) -> bool:

@@ -28,7 +28,8 @@ import math
 import pathlib
 import pickle
 import re
-from typing import Any, Collection, Dict, FrozenSet, Mapping, Optional, Set, Tuple
+from typing import Any, Optional
+from collections.abc import Collection, Mapping
 
 import torch
 from torch.distributed.checkpoint import metadata as dcp_metadata
@@ -46,7 +47,7 @@ class UnsafeMetadataError(BadInput):
 
 # What DCP pickles into .metadata (torch 2.13), by module. torch dtypes are admitted by
 # type in find_class, as there are many of them.
-_ALLOWED: Dict[str, Dict[str, Any]] = {
+_ALLOWED: dict[str, dict[str, Any]] = {
     "torch.distributed.checkpoint.metadata": {
         name: getattr(dcp_metadata, name)
         for name in ("Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata",
@@ -59,7 +60,7 @@ _ALLOWED: Dict[str, Dict[str, Any]] = {
     "pathlib": {"PosixPath": pathlib.PosixPath},  # StorageMeta.checkpoint_id
     "collections": {"OrderedDict": collections.OrderedDict},
 }
-_PLAIN_BUILTINS: FrozenSet[str] = frozenset({"set", "frozenset", "slice", "complex"})
+_PLAIN_BUILTINS: frozenset[str] = frozenset({"set", "frozenset", "slice", "complex"})
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -141,7 +142,7 @@ def _check_storage(index: Any, info: Any, source: str, listed: Optional[Collecti
                                   "integers (a crafted or foreign file)")
 
 
-def _shape_and_dtype(key: str, value: Any) -> Tuple[torch.Size, torch.dtype]:
+def _shape_and_dtype(key: str, value: Any) -> tuple[torch.Size, torch.dtype]:
     """The global shape and dtype of a value of the live state (a sharded table's whole
     table, not this rank's shard)."""
     if isinstance(value, ShardedTensor):
@@ -151,7 +152,7 @@ def _shape_and_dtype(key: str, value: Any) -> Tuple[torch.Size, torch.dtype]:
     raise TypeError(f"{key}: the state to load holds a {type(value).__name__}: checkpoints hold tensors only")
 
 
-def _check_chunks(key: str, entry: TensorStorageMetadata, stored: Set[Tuple[str, torch.Size]],
+def _check_chunks(key: str, entry: TensorStorageMetadata, stored: set[tuple[str, torch.Size]],
                   source: str) -> None:
     """Each chunk inside the tensor, with a storage entry; together as large as the tensor."""
     shape = list(entry.size)

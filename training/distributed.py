@@ -6,7 +6,7 @@ import os
 import resource
 import socket
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -77,7 +77,7 @@ def resolve_env(device_flag: str) -> DistributedEnv:
     return env
 
 
-def _interfaces() -> List[str]:
+def _interfaces() -> list[str]:
     return [name for _, name in socket.if_nameindex()]
 
 
@@ -235,7 +235,7 @@ def resident_bytes(device: torch.device) -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def gather_per_rank(env: DistributedEnv, value: int) -> List[int]:
+def gather_per_rank(env: DistributedEnv, value: int) -> list[int]:
     """Every rank's ``value``, in rank order, on every rank. Collective."""
     local = torch.tensor([float(value)], dtype=torch.float64, device=env.device)
     if env.world_size == 1:
@@ -245,6 +245,6 @@ def gather_per_rank(env: DistributedEnv, value: int) -> List[int]:
     return [int(t.item()) for t in gathered]
 
 
-def gather_peak_memory(env: DistributedEnv) -> List[int]:
+def gather_peak_memory(env: DistributedEnv) -> list[int]:
     """Every rank's peak memory in bytes, on every rank. Collective."""
     return gather_per_rank(env, local_peak_memory_bytes(env.device))

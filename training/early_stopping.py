@@ -2,7 +2,8 @@
 when it stopped improving, and keeps the best step's weights for the test split."""
 
 import math
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Optional
+from collections.abc import Callable
 
 from torch import nn
 
@@ -36,7 +37,7 @@ class EarlyStopping:
     def __init__(self, config: EarlyStoppingConfig) -> None:
         self.config = config
         self.best_step: Optional[int] = None
-        self.best_validation: Optional[Dict[str, Any]] = None
+        self.best_validation: Optional[dict[str, Any]] = None
         self.validations_without_improvement = 0
 
     @property
@@ -53,7 +54,7 @@ class EarlyStopping:
             return value > best + self.config.min_delta
         return value < best - self.config.min_delta
 
-    def update(self, step: int, validation: Dict[str, Any]) -> bool:
+    def update(self, step: int, validation: dict[str, Any]) -> bool:
         """Takes one validation's figures; True when it is the new best."""
         if self.improves(float(validation[self.config.metric])):
             self.best_step, self.best_validation = step, dict(validation)
@@ -69,12 +70,12 @@ class EarlyStopping:
         patience = self.config.patience
         return patience is not None and self.validations_without_improvement >= max(patience, 1)
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """JSON-ready state for a checkpoint's meta.json."""
         return {"metric": self.config.metric, "best_step": self.best_step, "best_validation": self.best_validation,
                 "validations_without_improvement": self.validations_without_improvement}
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from a checkpoint's state; a different metric starts afresh."""
         if state.get("metric") != self.config.metric:
             return
@@ -115,7 +116,7 @@ class BestModel:
         self._snapshot: Optional[HostWeightSnapshot] = None
         self.stopped_early = False
 
-    def observe(self, step: int, validation: Dict[str, Any], model: nn.Module, save: Callable[[], str]) -> bool:
+    def observe(self, step: int, validation: dict[str, Any], model: nn.Module, save: Callable[[], str]) -> bool:
         """Takes one validation (collective); True when training should stop now.
 
         ``save`` writes the current state as a checkpoint and returns its path."""

@@ -22,7 +22,8 @@ import mmap
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Optional
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -71,7 +72,7 @@ def _row_hashes(key: int, row_start: int, num_rows: int) -> np.ndarray:
 class _Scratch(threading.local):
     """Each thread's working arrays, reused from task to task."""
 
-    def arrays(self, shape: Tuple[int, int]) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def arrays(self, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if getattr(self, "shape", None) != shape:
             self.shape = shape
             self.bits = np.empty(shape, np.uint32)
@@ -127,7 +128,7 @@ def _fill_task(local: torch.Tensor, key: int, bound: float, row: int, col: int, 
 
 
 def table_values(seed: int, table_index: int, num_rows: int,
-                 rows: Tuple[int, int], cols: Tuple[int, int]) -> torch.Tensor:
+                 rows: tuple[int, int], cols: tuple[int, int]) -> torch.Tensor:
     """The initial values of rows ``[rows[0], rows[1])`` and columns ``[cols[0], cols[1])``
     of a table, as a new fp32 tensor (what `init_embedding_tables` writes there).
 
@@ -140,19 +141,19 @@ def table_values(seed: int, table_index: int, num_rows: int,
     return out
 
 
-def _piece_tasks(local: torch.Tensor, key: int, bound: float, row: int, col: int) -> List[tuple]:
+def _piece_tasks(local: torch.Tensor, key: int, bound: float, row: int, col: int) -> list[tuple]:
     """The fill tasks of the piece ``local`` at (row, col) of a table."""
     rows = max(1, TASK_VALUES // max(1, local.shape[1]))
     return [(local, key, bound, row, col, start, min(start + rows, local.shape[0]))
             for start in range(0, local.shape[0], rows)]
 
 
-def _fill_tasks(tasks: List[tuple]) -> None:
+def _fill_tasks(tasks: list[tuple]) -> None:
     for task in tasks:
         _fill_task(*task)
 
 
-def _run_tasks(tasks: List[tuple], threads: int) -> None:
+def _run_tasks(tasks: list[tuple], threads: int) -> None:
     """Runs the fill tasks on ``threads`` threads (numpy releases the GIL in its loops),
     each thread every ``threads``-th task: one pool job per thread, not per task."""
     if threads <= 1 or len(tasks) <= 1:
@@ -163,7 +164,7 @@ def _run_tasks(tasks: List[tuple], threads: int) -> None:
             del done
 
 
-def _local_pieces(value: torch.Tensor) -> Iterator[Tuple[torch.Tensor, int, int]]:
+def _local_pieces(value: torch.Tensor) -> Iterator[tuple[torch.Tensor, int, int]]:
     """(local tensor, row offset, column offset) of each piece this rank holds."""
     if isinstance(value, ShardedTensor):
         for shard in value.local_shards():
@@ -174,7 +175,7 @@ def _local_pieces(value: torch.Tensor) -> Iterator[Tuple[torch.Tensor, int, int]
 
 
 def init_embedding_tables(
-    model: nn.Module, table_sizes: Dict[str, Tuple[int, int]], seed: int, threads: Optional[int] = None
+    model: nn.Module, table_sizes: dict[str, tuple[int, int]], seed: int, threads: Optional[int] = None
 ) -> int:
     """Overwrites every local shard of the named tables; returns how many tables were set.
 
@@ -191,7 +192,7 @@ def init_embedding_tables(
     """
     index = {name: i for i, name in enumerate(table_sizes)}
     done = set()
-    tasks: List[tuple] = []
+    tasks: list[tuple] = []
     with torch.no_grad():
         for key, value in model.state_dict().items():
             parts = key.split(".")

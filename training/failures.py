@@ -26,7 +26,8 @@ import threading
 import time
 import traceback
 from types import FrameType
-from typing import Iterator, List, Optional
+from typing import Optional
+from collections.abc import Iterator
 
 from common.atomic import write_json
 from common.errors import EXIT_BAD_INPUT
@@ -77,7 +78,7 @@ def sigterm_deferred() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    received: List[int] = []
+    received: list[int] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
     try:
         yield

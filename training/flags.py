@@ -8,7 +8,8 @@ line. Bad input ends in one line on stderr and exit code 2.
 """
 
 import argparse
-from typing import List, NoReturn, Optional, Sequence, Tuple, Type
+from typing import NoReturn, Optional
+from collections.abc import Sequence
 
 from common.cli import OneLineParser
 from common.config_flags import FlagError, Overrides, add_flags, config_values, flags_of, given, option
@@ -35,7 +36,7 @@ _ENTRY_DEST = "entry_point_recipe"
 # The parser's flag groups, in --help order, by what a user decides: (section, config
 # class, its fields in that section; None: all of them). A section may take fields of
 # several classes; every flag is in one section (tests/test_config_flags.py).
-FLAG_GROUPS: List[Tuple[str, Type, Optional[Tuple[str, ...]]]] = [
+FLAG_GROUPS: list[tuple[str, type, Optional[tuple[str, ...]]]] = [
     ("what to run", TrainConfig, ("mode", "epochs", "seed", "device")),
     ("data", DataConfig, None),
     ("model", ModelConfig, None),
@@ -106,14 +107,14 @@ def _describe_data(data: DataConfig) -> FeatureDescription:
         raise FlagError(f"{option(data, source.path_field)}: {e}") from e
 
 
-def _layers(args: argparse.Namespace) -> Tuple[Overrides, ...]:
+def _layers(args: argparse.Namespace) -> tuple[Overrides, ...]:
     """The recipes' overrides, the entry point's first (the later wins)."""
     entry = {r.name: r for r in ENTRY_POINT_RECIPES.values() if r}.get(getattr(args, _ENTRY_DEST, None) or "")
     recipes = [entry, RECIPES.get(args.recipe or "")]
     return tuple(layer for recipe in recipes if recipe for layer in recipe.overrides)
 
 
-def _checkpoint_layers(args: argparse.Namespace, layers: Tuple[Overrides, ...]) -> Tuple[Overrides, ...]:
+def _checkpoint_layers(args: argparse.Namespace, layers: tuple[Overrides, ...]) -> tuple[Overrides, ...]:
     """--mode validate|test: what the evaluated checkpoint records of its run (model,
     table sizes, data, optimizers), as defaults that the flags given override.
     A data path given on the command line replaces the recorded one."""
@@ -147,7 +148,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     layers = _layers(args)
     layers += _checkpoint_layers(args, layers)
 
-    def values(config_class: Type) -> dict:
+    def values(config_class: type) -> dict:
         return config_values(config_class, args, layers)
 
     early_stopping = EarlyStoppingConfig(**values(EarlyStoppingConfig))

@@ -14,7 +14,7 @@ run; the file is written under a temporary name and renamed when complete.
 """
 
 import os
-from typing import Dict, Iterator, List
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -42,9 +42,9 @@ class IdFrequencies:
         counts.save(".", rank=0)
     """
 
-    def __init__(self, feature_names: List[str], table_names: List[str], num_embeddings: List[int]) -> None:
+    def __init__(self, feature_names: list[str], table_names: list[str], num_embeddings: list[int]) -> None:
         self._tables = dict(zip(feature_names, table_names))
-        self.counts: Dict[str, np.ndarray] = {}
+        self.counts: dict[str, np.ndarray] = {}
         for table, rows in zip(table_names, num_embeddings):
             self.counts[table] = np.zeros(rows, dtype=np.int64)
             self.counts[f"{table}.first"] = np.zeros(rows, dtype=np.int64)

@@ -11,7 +11,7 @@ Example::
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, List
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -44,7 +44,7 @@ class InferenceBenchmarkResult:
     latency_p99_ms: float
 
 
-def time_calls(call: Callable[[], object], warmup: int, iterations: int) -> List[float]:
+def time_calls(call: Callable[[], object], warmup: int, iterations: int) -> list[float]:
     """Seconds of each of ``iterations`` calls, after ``warmup`` untimed ones."""
     for _ in range(warmup):
         call()
@@ -56,7 +56,7 @@ def time_calls(call: Callable[[], object], warmup: int, iterations: int) -> List
     return seconds
 
 
-def summarize(batch_size: int, world_size: int, seconds: List[float]) -> InferenceBenchmarkResult:
+def summarize(batch_size: int, world_size: int, seconds: list[float]) -> InferenceBenchmarkResult:
     """Throughput and latency percentiles of one batch size's timed forwards."""
     p50, p90, p99 = np.percentile(np.asarray(seconds) * 1e3, PERCENTILES)
     global_batch = batch_size * world_size
@@ -71,7 +71,7 @@ def summarize(batch_size: int, world_size: int, seconds: List[float]) -> Inferen
     )
 
 
-def format_table(results: List[InferenceBenchmarkResult]) -> str:
+def format_table(results: list[InferenceBenchmarkResult]) -> str:
     """One row per batch size, aligned columns."""
     header = f"{'batch/rank':>10} {'global':>8} {'records/s':>13} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9}"
     rows = [f"{r.batch_size:>10} {r.global_batch_size:>8} {r.records_per_sec:>13,.0f} "
@@ -79,7 +79,7 @@ def format_table(results: List[InferenceBenchmarkResult]) -> str:
     return "\n".join([header, *rows])
 
 
-def run_inference_benchmark(trainer) -> List[InferenceBenchmarkResult]:
+def run_inference_benchmark(trainer) -> list[InferenceBenchmarkResult]:
     """Times the trainer's model on random batches of every configured size. Collective:
     every rank runs the same forwards; rank 0's timings are reported."""
     config, env = trainer.config, trainer.env

@@ -33,14 +33,14 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Optional
+from collections.abc import Sequence
 
-import torch
 import torch.distributed as dist
 
 from common.atomic import write_bytes
 from common.cli import positive_int
-from common.json_fields import INTEGER, OBJECT, Kind, JsonObject, integer, one_of, versioned_json
+from common.json_fields import OBJECT, Kind, JsonObject, integer, one_of, versioned_json
 from common.png_figure import png_figure
 from training.config import TrainConfig
 from training.failures import report_bad_input
@@ -92,9 +92,9 @@ class RangeTestResult:
     lr_min: float
     lr_max: float
     lr_steps: int
-    lrs: List[float]
-    losses: List[Optional[float]]
-    smoothed_losses: List[Optional[float]]
+    lrs: list[float]
+    losses: list[Optional[float]]
+    smoothed_losses: list[Optional[float]]
     stopped_early: bool
     min_loss_lr: float
     steepest_descent_lr: float
@@ -102,7 +102,7 @@ class RangeTestResult:
     rule: str
     entry_point: str
     world_size: int
-    config: Dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
     version: int = RESULT_VERSION
 
     def to_json(self) -> bytes:
@@ -127,12 +127,12 @@ class RangeTestResult:
         )
 
 
-def exponential_lrs(lr_min: float, lr_max: float, steps: int) -> List[float]:
+def exponential_lrs(lr_min: float, lr_max: float, steps: int) -> list[float]:
     """``steps`` rates from ``lr_min`` to ``lr_max``, each the previous times a constant."""
     return [lr_min * (lr_max / lr_min) ** (i / (steps - 1)) for i in range(steps)]
 
 
-def smooth(losses: Sequence[float]) -> List[float]:
+def smooth(losses: Sequence[float]) -> list[float]:
     """The centred moving average of ``losses``: each the mean of the losses within
     ``WINDOW_FRACTION`` of the steps on either side (fewer at the ends)."""
     half = max(2, round(len(losses) * WINDOW_FRACTION))
@@ -140,7 +140,7 @@ def smooth(losses: Sequence[float]) -> List[float]:
             for i in range(len(losses))]
 
 
-def suggest(lrs: Sequence[float], smoothed: Sequence[float]) -> Dict[str, float]:
+def suggest(lrs: Sequence[float], smoothed: Sequence[float]) -> dict[str, float]:
     """{min_loss_lr, steepest_descent_lr, suggested_lr} of a test's finite smoothed losses."""
     lowest = min(range(len(smoothed)), key=smoothed.__getitem__)
     steepest = 0
@@ -150,7 +150,7 @@ def suggest(lrs: Sequence[float], smoothed: Sequence[float]) -> Dict[str, float]
     return {"min_loss_lr": lrs[lowest], "steepest_descent_lr": lrs[steepest], "suggested_lr": lrs[lowest] / 10}
 
 
-def run_range_test(trainer: Trainer, lrs: Sequence[float]) -> Dict[str, Any]:
+def run_range_test(trainer: Trainer, lrs: Sequence[float]) -> dict[str, Any]:
     """Trains one step per rate of ``lrs`` (the data's epochs repeat when it runs out);
     returns {lrs, losses, smoothed_losses, stopped_early} of the steps run. Collective:
     every rank sees the same averaged losses, so all stop at the same step."""
@@ -161,7 +161,7 @@ def run_range_test(trainer: Trainer, lrs: Sequence[float]) -> Dict[str, Any]:
     epoch = 0
     loader.set_epoch(epoch, 0)
     batches = trainer._batches(loader)
-    losses: List[float] = []
+    losses: list[float] = []
     # A bias-corrected exponential moving average: known while the test runs.
     running, lowest, diverged, non_finite = 0.0, math.inf, False, False
     for step, lr in enumerate(lrs):
@@ -188,8 +188,8 @@ def run_range_test(trainer: Trainer, lrs: Sequence[float]) -> Dict[str, Any]:
         if step >= WARMUP_STEPS and average > DIVERGED * lowest:
             diverged = True
             break
-    smoothed: List[Optional[float]] = list(smooth(losses))
-    tail: List[Optional[float]] = [None] if non_finite else []  # the step whose loss was not finite
+    smoothed: list[Optional[float]] = list(smooth(losses))
+    tail: list[Optional[float]] = [None] if non_finite else []  # the step whose loss was not finite
     return {"lrs": list(lrs[:len(losses) + len(tail)]), "losses": [*losses, *tail],
             "smoothed_losses": [*smoothed, *tail], "stopped_early": diverged}
 
@@ -234,7 +234,7 @@ def build_range_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def range_config(argv: Optional[Sequence[str]]) -> Tuple[argparse.Namespace, TrainConfig]:
+def range_config(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, TrainConfig]:
     """The parsed flags and the training configuration (the ``--entry_point``'s
     defaults under the flags given). Raises FlagError naming the flag."""
     args = build_range_parser().parse_args(argv)

@@ -1,6 +1,6 @@
 """Learning-rate schedule: linear warm-up, constant, then power-2 polynomial decay to a floor."""
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

@@ -9,7 +9,8 @@ SIGTERM (the message says where the rank was).
 """
 
 import gc
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Optional
+from collections.abc import Callable, Sequence
 
 from common.cli import run_cli
 from common.library_noise import quiet_benign_library_messages

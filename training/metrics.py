@@ -1,7 +1,7 @@
 """Evaluation metrics over all ranks: AUROC, log loss, accuracy, normalized entropy,
 calibration and the positive rate."""
 
-from typing import Dict, Optional
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -75,7 +75,7 @@ class BinaryClassificationMetrics:
         self._sums[4] += (w * target.double()).sum()
         self._sums[5] += w.sum()
 
-    def compute(self) -> Dict[str, float]:
+    def compute(self) -> dict[str, float]:
         """Collective: every rank must call it."""
         sums = self._sums.clone()
         if dist.is_initialized() and dist.get_world_size() > 1:

@@ -1,7 +1,8 @@
 """The optimizers of a sharded model: the fused embedding optimizer (attached before
 sharding, `models.embedding_optimizer`), the data-parallel tables' and the MLPs'."""
 
-from typing import Any, Callable, List, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
@@ -58,7 +59,7 @@ def build_combined_optimizer(sharded_model: nn.Module, config: OptimizerConfig) 
     unfused = dict(in_backward_optimizer_filter(sharded_model.named_parameters()))
     tables = {name: p for name, p in unfused.items() if TABLE_PARAMETER in name.split(".")}
     mlps = {name: p for name, p in unfused.items() if name not in tables}
-    optimizers: List[KeyedOptimizer] = [sharded_model.fused_optimizer]  # type: ignore[list-item]
+    optimizers: list[KeyedOptimizer] = [sharded_model.fused_optimizer]  # type: ignore[list-item]
     if tables:
         cls, kwargs = optimizer_class(config.optimizer, config.learning_rate, config.eps)
         factory = lambda ps, cls=cls, kwargs=kwargs: cls(ps, **kwargs)  # noqa: E731

@@ -14,7 +14,8 @@ leave locked.
 """
 
 import platform
-from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple
+from typing import Optional
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
@@ -73,7 +74,7 @@ def check_plan_for_pipeline(
 
         check_plan_for_pipeline("semi_sync", plan_summary(plan), False)
     """
-    kernels: Dict[str, str] = {table: str(p["compute_kernel"]) for table, p in plan.items()}
+    kernels: dict[str, str] = {table: str(p["compute_kernel"]) for table, p in plan.items()}
     if kind == "semi_sync":
         bad = {t: k for t, k in kernels.items() if k not in SEMI_SYNC_KERNELS}
         if bad:
@@ -92,7 +93,7 @@ def check_plan_for_pipeline(
 
 def _describe(kernels: Mapping[str, str]) -> str:
     """Tables grouped by kernel: ``t_cat_0, t_cat_3 on fused_uvm_caching; t_cat_1 on dense``."""
-    by_kernel: Dict[str, list] = {}
+    by_kernel: dict[str, list] = {}
     for table, kernel in kernels.items():
         by_kernel.setdefault(kernel, []).append(table)
     return "; ".join(f"{', '.join(tables)} on {kernel}" for kernel, tables in sorted(by_kernel.items()))
@@ -174,7 +175,7 @@ def semi_sync_start_after(start_batch: int, steps_done: int) -> int:
     return max(0, start_batch - steps_done)
 
 
-def autocast_forward(model: nn.Module, device: torch.device) -> Callable[..., Tuple[torch.Tensor, object]]:
+def autocast_forward(model: nn.Module, device: torch.device) -> Callable[..., tuple[torch.Tensor, object]]:
     """The model's forward under bf16 autocast: matmuls in bf16, the loss in fp32."""
     def forward(batch):
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
@@ -207,7 +208,7 @@ class AutocastModel:
     def training(self) -> bool:
         return self.module.training
 
-    def __call__(self, batch) -> Tuple[torch.Tensor, object]:
+    def __call__(self, batch) -> tuple[torch.Tensor, object]:
         return self._forward(batch)
 
 

@@ -23,7 +23,7 @@ and rank 0 prints ``plan memory per rank: estimated 641.47 MiB, built 644.60 MiB
 """
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Optional
 
 import torch
 
@@ -50,13 +50,13 @@ class PlanMemory:
                    measured_as="rss_growth").ratios  # [1.0]
     """
 
-    estimated_bytes: Optional[List[int]]
-    built_bytes: List[int]
-    first_step_bytes: List[int]
+    estimated_bytes: Optional[list[int]]
+    built_bytes: list[int]
+    first_step_bytes: list[int]
     measured_as: str
 
     @property
-    def ratios(self) -> Optional[List[float]]:
+    def ratios(self) -> Optional[list[float]]:
         """Estimate / built per rank (over 1: the plan overestimates)."""
         if self.estimated_bytes is None:
             return None
@@ -75,7 +75,7 @@ class PlanMemory:
                                           " (the plan file has no estimates)") + ": " + "; ".join(ranks))
 
 
-def estimated_device_bytes(estimates: Optional[List[RankEstimate]], device: torch.device) -> Optional[List[int]]:
+def estimated_device_bytes(estimates: Optional[list[RankEstimate]], device: torch.device) -> Optional[list[int]]:
     """Per rank, the part of the plan's estimate that `PlanMemoryProbe` measures on ``device``."""
     if estimates is None:
         return None
@@ -108,7 +108,7 @@ class PlanMemoryProbe:
         """The tables and optimizers are built: what they took."""
         self._built = resident_bytes(self.device) - self._start
 
-    def measure(self, env: DistributedEnv, estimates: Optional[List[RankEstimate]]) -> PlanMemory:
+    def measure(self, env: DistributedEnv, estimates: Optional[list[RankEstimate]]) -> PlanMemory:
         """Every rank's growth beside the plan's estimates. Collective."""
         cuda = self.device.type == "cuda"
         step = (int(torch.cuda.max_memory_allocated(self.device)) if cuda else resident_bytes(self.device)) - self._start

@@ -11,7 +11,7 @@ Example::
 """
 
 from dataclasses import dataclass
-from typing import Any, Dict, Tuple
+from typing import Any
 
 from common.config_flags import Overrides
 from data.config import DataConfig
@@ -31,9 +31,9 @@ class Recipe:
 
     name: str
     summary: str
-    overrides: Tuple[Overrides, ...]
+    overrides: tuple[Overrides, ...]
 
-    def options(self) -> Dict[str, Any]:
+    def options(self) -> dict[str, Any]:
         """{``--flag``: value} of everything the recipe sets."""
         return {name: value for layer in self.overrides for name, value in layer.options().items()}
 
@@ -71,4 +71,4 @@ SMALL_DATA = Recipe("small_data", "for 10^4-10^6 training rows: a small model, A
 STABLE_OPTIMIZER = Overrides(OptimizerConfig, learning_rate=0.05, optimizer="adagrad")
 
 # What --recipe offers. They size a model, never choose its kind.
-RECIPES: Dict[str, Recipe] = {recipe.name: recipe for recipe in (SMALL_DATA,)}
+RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (SMALL_DATA,)}

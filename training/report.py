@@ -18,7 +18,8 @@ import os
 import statistics
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Optional
+from collections.abc import Sequence
 
 from common.cli import OneLineParser, cli_main
 from common.errors import BadInput
@@ -43,23 +44,23 @@ class Run:
     """The records of one run: (step, value) series and the wall-clock span."""
 
     label: str
-    loss: List[Tuple[int, float]] = field(default_factory=list)
-    lr: List[Tuple[int, float]] = field(default_factory=list)
-    records_per_sec: List[Tuple[int, float]] = field(default_factory=list)
-    validation_auroc: List[Tuple[int, float]] = field(default_factory=list)
-    validation_ne: List[Tuple[int, float]] = field(default_factory=list)
-    validation_calibration: List[Tuple[int, float]] = field(default_factory=list)
+    loss: list[tuple[int, float]] = field(default_factory=list)
+    lr: list[tuple[int, float]] = field(default_factory=list)
+    records_per_sec: list[tuple[int, float]] = field(default_factory=list)
+    validation_auroc: list[tuple[int, float]] = field(default_factory=list)
+    validation_ne: list[tuple[int, float]] = field(default_factory=list)
+    validation_calibration: list[tuple[int, float]] = field(default_factory=list)
     # --rolling_windows: (window, value) of each window's evaluation
-    window_auroc: List[Tuple[int, float]] = field(default_factory=list)
-    window_ne: List[Tuple[int, float]] = field(default_factory=list)
-    window_calibration: List[Tuple[int, float]] = field(default_factory=list)
+    window_auroc: list[tuple[int, float]] = field(default_factory=list)
+    window_ne: list[tuple[int, float]] = field(default_factory=list)
+    window_calibration: list[tuple[int, float]] = field(default_factory=list)
     first_time: Optional[float] = None
     last_time: Optional[float] = None
     # The run's configuration record (None for a log without one) and its test metrics.
-    config: Optional[Dict[str, object]] = None
-    test: Dict[str, float] = field(default_factory=dict)
+    config: Optional[dict[str, object]] = None
+    test: dict[str, float] = field(default_factory=dict)
 
-    def summary(self) -> Dict[str, object]:
+    def summary(self) -> dict[str, object]:
         best = max(self.validation_auroc, key=lambda p: p[1], default=None)
         rates = [r for _, r in self.records_per_sec[1:]] or [r for _, r in self.records_per_sec]
         return {
@@ -74,9 +75,9 @@ class Run:
         }
 
 
-def read_runs(path: str) -> List[Run]:
+def read_runs(path: str) -> list[Run]:
     """The runs of one log file, in the order they first appear."""
-    runs: Dict[str, Run] = {}
+    runs: dict[str, Run] = {}
     for number, record in log_records(path, LogError):
         event = record["event"]
         missing = [k for k in _REQUIRED.get(event, ()) if record.get(k) is None]
@@ -107,7 +108,7 @@ def read_runs(path: str) -> List[Run]:
     return list(runs.values())
 
 
-def robust_range(values: Sequence[float]) -> Optional[Tuple[float, float]]:
+def robust_range(values: Sequence[float]) -> Optional[tuple[float, float]]:
     """The y-range of the values that are not outliers, padded by 5%; None when no value is
     an outlier (the plot's own range is right then).
 
@@ -135,7 +136,7 @@ def robust_range(values: Sequence[float]) -> Optional[Tuple[float, float]]:
     return low - pad, high + pad
 
 
-def loss_limits(runs: Sequence[Run]) -> Optional[Tuple[float, float]]:
+def loss_limits(runs: Sequence[Run]) -> Optional[tuple[float, float]]:
     """The loss panel's y-range over every run (`robust_range` of all their losses)."""
     return robust_range([loss for run in runs for _, loss in run.loss])
 
@@ -153,9 +154,9 @@ TWO_COLUMN_LABEL = 60
 LEGEND_ROW_HEIGHT = 0.035  # of the figure's height
 
 
-def _flat(config: Dict[str, object], prefix: str = "") -> Dict[str, object]:
+def _flat(config: dict[str, object], prefix: str = "") -> dict[str, object]:
     """{leaf key: value} of a nested config record (sections dropped from the keys)."""
-    flat: Dict[str, object] = {}
+    flat: dict[str, object] = {}
     for key, value in config.items():
         if key in _NOT_A_DIFFERENCE:
             continue
@@ -180,7 +181,7 @@ def model_name(run: Run) -> str:
     return MODEL_NAMES.get(str(kind), str(kind))
 
 
-def run_labels(runs: Sequence[Run]) -> List[str]:
+def run_labels(runs: Sequence[Run]) -> list[str]:
     """A legend label per run: its model and the flags whose values differ between the
     runs (``DCNv2 learning_rate=0.1``; model flags only between runs of one model), then its test AUROC when it has one; runs whose
     labels would be equal are numbered, runs without a config record keep their log's

@@ -16,7 +16,8 @@ import math
 import os
 import sys
 import time
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Optional
+from collections.abc import Mapping
 
 from tqdm import tqdm
 
@@ -58,7 +59,7 @@ class StepClock:
         self._steps = 0
         self._seconds = 0.0
 
-    def tick(self, step: int, steps: int, seconds: float) -> Tuple[str, Optional[float]]:
+    def tick(self, step: int, steps: int, seconds: float) -> tuple[str, Optional[float]]:
         """Adds an interval of ``steps`` steps that took ``seconds``; returns the
         line's ``step N/M | ETA 3m05s`` and the ETA in seconds (None before any time)."""
         self._steps += steps

@@ -17,7 +17,8 @@ JSON-lines log gets the same facts once, as ``{"event": "startup", ...}``:
 """
 
 from collections import Counter
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Optional
+from collections.abc import Mapping
 
 from data.config import RANDOM_DATA_BATCHES, SPLITS, BatchLoader
 from data.sources import source_for
@@ -30,7 +31,7 @@ _MODEL_KINDS = {"original": "DLRM (original interaction)", "dcn": "DCNv2 (dcn in
                 "projection": "DLRM (projection interaction)"}
 
 
-def _sizes(sizes: List[int]) -> str:
+def _sizes(sizes: list[int]) -> str:
     return "-".join(str(s) for s in sizes)
 
 
@@ -57,7 +58,7 @@ def _data_source(config: TrainConfig) -> str:
     return source_for(config.data).path or "random data"
 
 
-def split_rows(config: TrainConfig, dataset: Any, world_size: int) -> Dict[str, int]:
+def split_rows(config: TrainConfig, dataset: Any, world_size: int) -> dict[str, int]:
     """Rows of each split in the data (random data: what its batches hold), before
     any --limit_*_batches."""
     if dataset is None:
@@ -108,13 +109,13 @@ class StartupReport:
     def __init__(self, config: TrainConfig, env: DistributedEnv) -> None:
         self.config = config
         self.env = env
-        self.facts: Dict[str, Any] = {}
+        self.facts: dict[str, Any] = {}
 
-    def _say(self, lines: List[str]) -> None:
+    def _say(self, lines: list[str]) -> None:
         if self.env.is_main:
             print("\n".join(lines), flush=True)
 
-    def before_setup(self, dataset: Any) -> List[str]:
+    def before_setup(self, dataset: Any) -> list[str]:
         """Prints (rank 0) and returns the lines known before the model is built."""
         config, model = self.config, self.config.model
         rows = split_rows(config, dataset, self.env.world_size)
@@ -144,7 +145,7 @@ class StartupReport:
         return lines
 
     def after_setup(self, plan: Mapping[str, Mapping[str, Any]], loaders: Mapping[str, BatchLoader],
-                    log: Optional[Any] = None) -> List[str]:
+                    log: Optional[Any] = None) -> list[str]:
         """Prints (rank 0) and returns the sharding and steps lines; writes the
         ``startup`` record to ``log`` (a `training.run_log.RunLog`)."""
         kinds = Counter(f"{table['sharding_type']}/{table['compute_kernel']}" for table in plan.values())

@@ -12,7 +12,8 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional
+from typing import Optional
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -77,18 +78,18 @@ class RunResult:
     """What a finished run reports (rank 0 has the same values as every rank)."""
 
     steps: int
-    train_losses: List[float] = field(default_factory=list)
-    validation: Optional[Dict[str, float]] = None
-    test: Optional[Dict[str, float]] = None
+    train_losses: list[float] = field(default_factory=list)
+    validation: Optional[dict[str, float]] = None
+    test: Optional[dict[str, float]] = None
     records_per_sec: float = 0.0  # training records (all ranks) per second, evaluation excluded
     best_step: Optional[int] = None  # early stopping: the step whose weights were tested
-    best_validation: Optional[Dict[str, float]] = None
+    best_validation: Optional[dict[str, float]] = None
     stopped_early: bool = False
     target_reached: Optional[bool] = None  # --validation_auroc: None without a target
     time_to_target_s: Optional[float] = None  # from the start of training, evaluation included
     records_to_target: Optional[int] = None  # training records (all ranks) until then
     # --rolling_windows: {window: its metrics} of the windows this process evaluated
-    windows: Dict[int, Dict[str, float]] = field(default_factory=dict)
+    windows: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
 class Trainer:
@@ -198,7 +199,7 @@ class Trainer:
         self.optimizer = build_combined_optimizer(self.model, config.optim)
         plan_memory.built()
         self.schedule = WarmupPolyDecaySchedule(config.optim)
-        self.loaders: Dict[str, BatchLoader] = window_loaders or self.source.loaders(
+        self.loaders: dict[str, BatchLoader] = window_loaders or self.source.loaders(
             dataset, config.model.num_embeddings_per_feature, env.rank, env.world_size)
         self._loaded_window = 0 if window_loaders else None
         self.step = 0
@@ -305,7 +306,7 @@ class Trainer:
         """``epoch 2``, or with --rolling_windows ``window 2`` (one pass per window)."""
         return f"{'window' if self.rolling_windows else 'epoch'} {epoch}"
 
-    def _window_loaders(self, window: int) -> Dict[str, BatchLoader]:
+    def _window_loaders(self, window: int) -> dict[str, BatchLoader]:
         """--rolling_windows: {"train": window ``window``, "validation": the next one}."""
         assert self.rolling_windows is not None
         return self.source.window_loaders(self._dataset, window, self.rolling_windows + 1,
@@ -379,7 +380,7 @@ class Trainer:
         self.release_checkpoint_dir()
         return result
 
-    def _train_epoch(self, epoch: int, first_batch: int, loader: BatchLoader, result: RunResult) -> List[float]:
+    def _train_epoch(self, epoch: int, first_batch: int, loader: BatchLoader, result: RunResult) -> list[float]:
         config = self.config
         every = config.checkpoint.checkpoint_every_n_steps
         self.model.train()
@@ -387,8 +388,8 @@ class Trainer:
         if self.frequencies is not None:
             batches = self.frequencies.counting(batches)
         self.log.start_progress(len(loader), self._pass_name(epoch), initial=first_batch)
-        losses: List[float] = []
-        pending: List[torch.Tensor] = []  # this interval's per-step losses, not yet synced
+        losses: list[float] = []
+        pending: list[torch.Tensor] = []  # this interval's per-step losses, not yet synced
         interval_records, interval_start = 0, time.perf_counter()
         for step_in_epoch in itertools.count(first_batch):
             lr = self.schedule.apply(self.optimizer, self.step)
@@ -437,8 +438,8 @@ class Trainer:
         return losses
 
     def _log_interval(
-        self, epoch: int, pending: List[torch.Tensor], lr: float, records: int, seconds: float
-    ) -> List[float]:
+        self, epoch: int, pending: list[torch.Tensor], lr: float, records: int, seconds: float
+    ) -> list[float]:
         """Averages the interval's losses over ranks, stops on a non-finite one, logs."""
         values = self._mean_over_ranks(pending)
         self._check_finite(values, epoch)
@@ -466,7 +467,7 @@ class Trainer:
         self.log.print(record.line())
         self.log.record("plan_memory", step=self.step, ratios=record.ratios, **dataclasses.asdict(record))
 
-    def _mean_over_ranks(self, pending: List[torch.Tensor]) -> List[float]:
+    def _mean_over_ranks(self, pending: list[torch.Tensor]) -> list[float]:
         """The losses of the last ``len(pending)`` steps, each the mean over ranks. Collective."""
         step_losses = torch.stack(pending).double()
         if self.env.world_size > 1:
@@ -476,7 +477,7 @@ class Trainer:
             step_losses /= self.env.world_size
         return step_losses.cpu().tolist()
 
-    def _check_finite(self, values: List[float], epoch: int) -> None:
+    def _check_finite(self, values: list[float], epoch: int) -> None:
         """Raises NonFiniteLossError for the first non-finite loss of the last
         ``len(values)`` steps (every rank alike: the values are the ranks' means)."""
         first_step = self.step - len(values)
@@ -515,7 +516,7 @@ class Trainer:
                            f"has not improved for {self.best.stopping.validations_without_improvement} validations "
                            f"(best {self.best.stopping.best_value:.4f} at step {self.best.stopping.best_step})")
 
-    def evaluate(self, stage: str, weights_step: Optional[int] = None) -> Optional[Dict[str, float]]:
+    def evaluate(self, stage: str, weights_step: Optional[int] = None) -> Optional[dict[str, float]]:
         """Runs the "validation" or "test" split; None when it has no batches. Collective.
 
         ``weights_step``: the step the model's weights are from, when not the current one."""
@@ -571,7 +572,7 @@ class Trainer:
         self.stage = "training"
         return values
 
-    def evaluate_checkpoint(self) -> Optional[Dict[str, float]]:
+    def evaluate_checkpoint(self) -> Optional[dict[str, float]]:
         """--mode validate|test: evaluates the loaded weights on that split. Collective."""
         stage = "validation" if self.config.mode == "validate" else "test"
         self.log.record("config", world_size=self.env.world_size, resolved_device=str(self.env.device),

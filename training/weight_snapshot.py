@@ -1,6 +1,5 @@
 """A copy of a sharded model's weights in host memory: each rank keeps its own shards."""
 
-from typing import Dict, List
 
 import torch
 from torch import nn
@@ -8,7 +7,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor
 
 
-def _local_tensors(value: torch.Tensor) -> List[torch.Tensor]:
+def _local_tensors(value: torch.Tensor) -> list[torch.Tensor]:
     """The tensors this rank holds of one state-dict entry (views, writable in place)."""
     if isinstance(value, ShardedTensor):
         return [shard.tensor for shard in value.local_shards()]
@@ -35,7 +34,7 @@ class HostWeightSnapshot:
 
     def __init__(self, model: nn.Module) -> None:
         with torch.no_grad():
-            self._tensors: Dict[str, List[torch.Tensor]] = {
+            self._tensors: dict[str, list[torch.Tensor]] = {
                 name: [t.detach().to("cpu", copy=True) for t in _local_tensors(value)]
                 for name, value in model.state_dict().items()
             }

@@ -12,7 +12,8 @@ import fcntl
 import os
 import signal
 import subprocess
-from typing import Any, Dict, Iterator, List, NamedTuple, Tuple
+from typing import Any, NamedTuple
+from collections.abc import Iterator
 
 import pytest
 
@@ -42,13 +43,13 @@ class Host(NamedTuple):
         stats = f"/sys/class/net/{self.bridge_port}/statistics"
         return sum(int(open(f"{stats}/{kind}_bytes").read()) for kind in ("rx", "tx"))
 
-    def pids(self) -> List[int]:
+    def pids(self) -> list[int]:
         out = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True,
                              check=True, timeout=30).stdout
         return [int(pid) for pid in out.split()]
 
 
-def read_hosts() -> List[Host]:
+def read_hosts() -> list[Host]:
     """The cluster's hosts, the controller first; skips the test when there is none."""
     failed = os.environ.get("CLUSTER_UP_FAILED")
     if failed:
@@ -65,7 +66,7 @@ def read_hosts() -> List[Host]:
 
 
 @pytest.fixture
-def cluster_hosts() -> Iterator[List[Host]]:
+def cluster_hosts() -> Iterator[list[Host]]:
     """All hosts (the controller first), held exclusively while the test runs."""
     hosts = read_hosts()
     with open(LOCK_FILE, "a") as lock:
@@ -74,13 +75,13 @@ def cluster_hosts() -> Iterator[List[Host]]:
 
 
 @pytest.fixture
-def compute_hosts(cluster_hosts: List[Host]) -> List[Host]:
+def compute_hosts(cluster_hosts: list[Host]) -> list[Host]:
     """The first two compute hosts, held exclusively while the test runs."""
     return cluster_hosts[1:3]
 
 
 @pytest.fixture
-def slurm_hosts(cluster_hosts: List[Host]) -> List[Host]:
+def slurm_hosts(cluster_hosts: list[Host]) -> list[Host]:
     """All hosts, held exclusively, with the cluster's Slurm answering: started again by
     scripts/cluster_slurm.sh (idempotent, seconds when all is up), since a test that
     killed a host's processes killed its slurmd. Skips with the script's line when
@@ -92,7 +93,7 @@ def slurm_hosts(cluster_hosts: List[Host]) -> List[Host]:
     return cluster_hosts
 
 
-def training_results(records: List[Dict[str, Any]]) -> Tuple[List[float], Dict[str, Any]]:
+def training_results(records: list[dict[str, Any]]) -> tuple[list[float], dict[str, Any]]:
     """A run's step losses and test metrics (less its run id and time), to compare runs."""
     test = eval_metrics(eval_record(records, "test"))
     return step_losses(records), test
@@ -101,9 +102,9 @@ def training_results(records: List[Dict[str, Any]]) -> Tuple[List[float], Dict[s
 @pytest.fixture
 def start():
     """Starts a command on a host (scripts/on_host.sh); kills what is left at the end."""
-    started: List[subprocess.Popen] = []
+    started: list[subprocess.Popen] = []
 
-    def on_host(host: Host, argv: List[str], env: Dict[str, str] = None) -> subprocess.Popen:
+    def on_host(host: Host, argv: list[str], env: dict[str, str] = None) -> subprocess.Popen:
         proc = subprocess.Popen([ON_HOST, host.name, *argv], cwd=REPO, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True,
                                 env={**os.environ, **(env or {})})

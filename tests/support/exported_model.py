@@ -4,7 +4,7 @@ once per session)."""
 
 import os
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 import dlrm_main
 from data.preprocess_criteo import PreprocessConfig, preprocess
@@ -17,7 +17,7 @@ SPEC = SyntheticCriteoSpec(num_days=3, rows_per_day=8_000, seed=5,
 MODEL_FLAGS = ["--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,32,1"]
 
 
-def train_and_export(root: Path) -> Dict[str, Any]:
+def train_and_export(root: Path) -> dict[str, Any]:
     """Raw TSV -> preprocessing with a frequency threshold -> 2-rank training with a
     checkpoint -> export, under ``root``. Returns the paths and the training log.
 
@@ -44,13 +44,13 @@ def train_and_export(root: Path) -> Dict[str, Any]:
     return exported(root)
 
 
-def exported(root: Path) -> Dict[str, Any]:
+def exported(root: Path) -> dict[str, Any]:
     """The paths and the training log `train_and_export` returned for ``root``."""
     return {"raw": str(root / "raw"), "data": str(root / "data"), "ckpt": str(root / "ckpt"),
             "model": str(root / "model"), "log": read_log(str(root / "log.jsonl")), "root": root}
 
 
-def raw_test_lines(trained: Dict[str, Any], count: int) -> List[bytes]:
+def raw_test_lines(trained: dict[str, Any], count: int) -> list[bytes]:
     """The first ``count`` raw lines of the test split (the second half of the last day)."""
     with open(os.path.join(trained["raw"], "day_2"), "rb") as f:
         lines = f.read().splitlines(keepends=True)

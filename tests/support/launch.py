@@ -7,7 +7,8 @@ import socket
 import subprocess
 import sys
 import uuid
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Optional
+from collections.abc import Callable, Iterator, Sequence
 
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -47,7 +48,7 @@ def release_test_ports() -> None:
     _test_ports.close()
 
 
-def launch(entrypoint: Callable[..., int], argv: List[str], nproc: int = 2) -> Dict[int, Any]:
+def launch(entrypoint: Callable[..., int], argv: list[str], nproc: int = 2) -> dict[int, Any]:
     """Runs ``entrypoint(argv)`` on ``nproc`` local ranks through torch elastic; returns
     {rank: return value}. Raises ChildFailedError when a rank fails."""
     with reserved_port() as port:
@@ -77,16 +78,16 @@ def run_script(args: Sequence[str], torchrun_nproc: Optional[int] = None,
         return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
-def read_log(path: str) -> List[Dict[str, Any]]:
+def read_log(path: str) -> list[dict[str, Any]]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def step_losses(records: List[Dict[str, Any]]) -> List[float]:
+def step_losses(records: list[dict[str, Any]]) -> list[float]:
     return [loss for r in records if r["event"] == "train" for loss in r["step_losses"]]
 
 
-def eval_record(records: List[Dict[str, Any]], stage: str) -> Dict[str, Any]:
+def eval_record(records: list[dict[str, Any]], stage: str) -> dict[str, Any]:
     return [r for r in records if r["event"] == "eval" and r["stage"] == stage][-1]
 
 
@@ -95,7 +96,7 @@ def eval_record(records: List[Dict[str, Any]], stage: str) -> Dict[str, Any]:
 RUN_SPECIFIC_EVAL_FIELDS = ("run_id", "time", "records_per_sec", "seconds")
 
 
-def eval_metrics(record: Dict[str, Any]) -> Dict[str, Any]:
+def eval_metrics(record: dict[str, Any]) -> dict[str, Any]:
     """An eval record less RUN_SPECIFIC_EVAL_FIELDS: what two runs meant to be equal
     must agree on."""
     return {k: v for k, v in record.items() if k not in RUN_SPECIFIC_EVAL_FIELDS}

@@ -47,7 +47,8 @@ import tempfile
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Optional
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -63,7 +64,7 @@ from training.optimizers import TABLE_PARAMETER
 from training.pipelines import CUDA_ONLY_PIPELINES
 
 MIXED = "mixed"  # every sharding type at once, cycling over the tables
-DIMENSIONS: Dict[str, Tuple[Any, ...]] = {
+DIMENSIONS: dict[str, tuple[Any, ...]] = {
     "optimizer": OPTIMIZERS,
     "dense_optimizer": DENSE_OPTIMIZERS,
     "sharding": SHARDING_TYPES + (MIXED,),
@@ -92,8 +93,8 @@ MIXED_PLAN = ",".join(f"t_cat_{i}={SHARDING_TYPES[i % len(SHARDING_TYPES)]}" for
 MULTI_HOT_SIZES = [1 + i % 4 for i in range(len(TABLE_ROWS))]
 
 
-Case = Dict[str, Any]  # dimension -> choice
-REPORTS: List[Tuple[str, str]] = []  # (title, table) of the runs of this process, printed by pytest
+Case = dict[str, Any]  # dimension -> choice
+REPORTS: list[tuple[str, str]] = []  # (title, table) of the runs of this process, printed by pytest
 
 
 @dataclass(frozen=True)
@@ -101,16 +102,16 @@ class Refusal:
     """A combination that must be refused: the choices that make it, when, and a
     fragment of the one-line message."""
 
-    choices: Tuple[Tuple[str, Any], ...]
+    choices: tuple[tuple[str, Any], ...]
     message: str
-    devices: Tuple[str, ...] = ("cpu", "cuda")
+    devices: tuple[str, ...] = ("cpu", "cuda")
 
     def matches(self, case: Case, device: str) -> bool:
         """Whether ``case`` (or a partial one) holds every choice of this combination."""
         return device in self.devices and all(d in case and case[d] == v for d, v in self.choices)
 
 
-REFUSALS: Tuple[Refusal, ...] = (
+REFUSALS: tuple[Refusal, ...] = (
     # FBGEMM's dense (data-parallel) kernel has no fp16 backward: wrong results, NaN.
     Refusal((("precision", "fp16"), ("sharding", "data_parallel")), "data_parallel"),
     Refusal((("precision", "fp16"), ("sharding", MIXED)), "data_parallel"),
@@ -131,20 +132,20 @@ class MatrixSpec:
         defaults: choices of dimensions the matrix does not vary.
     """
 
-    dimensions: Dict[str, Tuple[Any, ...]]
-    reference: Dict[str, Any]
-    refusals: Tuple[Refusal, ...]
+    dimensions: dict[str, tuple[Any, ...]]
+    reference: dict[str, Any]
+    refusals: tuple[Refusal, ...]
     device: str
-    defaults: Dict[str, Any] = field(default_factory=dict)
+    defaults: dict[str, Any] = field(default_factory=dict)
 
     def refusal_for(self, case: Case) -> Optional[Refusal]:
         return next((r for r in self.refusals if r.matches(case, self.device)), None)
 
-    def forbidden(self, partial: Dict[str, Any]) -> bool:
+    def forbidden(self, partial: dict[str, Any]) -> bool:
         """Whether the (possibly partial) choices already make a refused combination."""
         return self.refusal_for(partial) is not None
 
-    def complete(self, choices: Dict[str, Any]) -> Case:
+    def complete(self, choices: dict[str, Any]) -> Case:
         return {**self.defaults, **choices}
 
 
@@ -155,7 +156,7 @@ CPU_MATRIX = MatrixSpec(DIMENSIONS, reference={"sharding": "table_wise", "world_
 
 # ------------------------------------------------------------------ case generation
 
-def covering_cases(spec: MatrixSpec, strength: int, seed: int = 0, candidates: int = 24) -> List[Case]:
+def covering_cases(spec: MatrixSpec, strength: int, seed: int = 0, candidates: int = 24) -> list[Case]:
     """Trainable cases in which every ``strength``-tuple of allowed choices appears.
 
     Greedy (AETG-style): each new case starts from a tuple not yet covered and fills
@@ -170,13 +171,13 @@ def covering_cases(spec: MatrixSpec, strength: int, seed: int = 0, candidates: i
             if not spec.forbidden(partial):
                 uncovered.add(tuple(zip(group, values)))
     rng = random.Random(seed)
-    cases: List[Case] = []
+    cases: list[Case] = []
 
     def covered(case: Case) -> set:
         return {t for t in uncovered if all(case.get(d, object()) == v for d, v in t)}
 
     while uncovered:
-        best: Optional[Tuple[int, Case]] = None
+        best: Optional[tuple[int, Case]] = None
         pool = sorted(uncovered, key=repr)
         for _ in range(candidates):
             case: Case = dict(rng.choice(pool))
@@ -196,7 +197,7 @@ def covering_cases(spec: MatrixSpec, strength: int, seed: int = 0, candidates: i
     return cases
 
 
-def refusal_cases(spec: MatrixSpec, base: Optional[Case] = None) -> List[Case]:
+def refusal_cases(spec: MatrixSpec, base: Optional[Case] = None) -> list[Case]:
     """One case per refused combination: its choices, the rest those of ``base`` or
     else the first choices (and the most ranks, so that every rank is seen refusing)."""
     first = {d: max(choices) if d == "world_size" else choices[0] for d, choices in spec.dimensions.items()}
@@ -231,7 +232,7 @@ def validation_every(case: Case) -> int:
     return batches_per_epoch(case) // 2
 
 
-def expected_steps(case: Case) -> Dict[str, Any]:
+def expected_steps(case: Case) -> dict[str, Any]:
     """What the log of the case's uninterrupted run must show: training steps per
     epoch, the steps validation ran at, and the test's step."""
     per_epoch = batches_per_epoch(case)
@@ -240,9 +241,9 @@ def expected_steps(case: Case) -> Dict[str, Any]:
             "validation": list(range(every, STEPS + 1, every)), "test": [STEPS]}
 
 
-def logged_steps(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+def logged_steps(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The same figures as `expected_steps`, read from a JSON-lines run log."""
-    train: Dict[int, int] = {}
+    train: dict[int, int] = {}
     for r in records:
         if r["event"] == "train":
             train[r["epoch"]] = train.get(r["epoch"], 0) + len(r["step_losses"])
@@ -251,7 +252,7 @@ def logged_steps(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     return {"train": train, **evals}
 
 
-def resumed_steps(expected: Dict[str, Any], case: Case) -> Dict[str, Any]:
+def resumed_steps(expected: dict[str, Any], case: Case) -> dict[str, Any]:
     """`expected_steps` of the run resumed from step STOP: the rest of its epoch, the
     later epochs, the validations after the stop (and the one at the stop when it
     ends an epoch: that checkpoint precedes the epoch's validation), the test."""
@@ -295,7 +296,7 @@ def parquet_copy(data_dir: str, multi_hot: bool) -> str:
         return target
     dataset = CriteoBinaryDataset(data_dir)
     dense, sparse, labels = dataset.read(0, dataset.num_rows)
-    columns: Dict[str, Any] = {"label": pa.array(labels.reshape(-1).astype(np.int8))}
+    columns: dict[str, Any] = {"label": pa.array(labels.reshape(-1).astype(np.int8))}
     columns.update({name: pa.array(dense[:, i]) for i, name in enumerate(DENSE_FEATURE_NAMES)})
     for f, name in enumerate(SPARSE_FEATURE_NAMES):
         ids = sparse[:, f].astype(np.int64)
@@ -311,7 +312,7 @@ def parquet_copy(data_dir: str, multi_hot: bool) -> str:
     return target
 
 
-def data_flags(case: Case, data_dir: str) -> List[str]:
+def data_flags(case: Case, data_dir: str) -> list[str]:
     """The flags naming the case's data (`DIMENSIONS` ``data_source``)."""
     if case.get("data_source", "criteo_binary") == "criteo_binary":
         argv = ["--in_memory_binary_criteo_path", data_dir]
@@ -320,7 +321,7 @@ def data_flags(case: Case, data_dir: str) -> List[str]:
             "--sparse_columns", "cat_*", "--dense_transform", "none", "--id_hashing", "modulo"]
 
 
-def case_argv(case: Case, data_dir: str, device: str) -> List[str]:
+def case_argv(case: Case, data_dir: str, device: str) -> list[str]:
     """The training flags of a case (per-rank batch: the global batch over the ranks)."""
     argv = [
         *data_flags(case, data_dir), "--device", device, "--seed", "5",
@@ -357,7 +358,7 @@ def compute_kernel_flag(case: Case) -> str:
     return ",".join([case["compute_kernel"]] + dense)
 
 
-def sharded_tolerance(case: Case, device: str) -> Tuple[float, str]:
+def sharded_tolerance(case: Case, device: str) -> tuple[float, str]:
     """(absolute tolerance on losses and weights, why) for check (a)."""
     if case["amp"]:
         return 1e-2, ("bf16 autocast: each rank's matmuls round their partial results to bf16 "
@@ -381,11 +382,11 @@ def sharded_tolerance(case: Case, device: str) -> Tuple[float, str]:
 
 # ------------------------------------------------------------------ one rank's runs
 
-def local_weights(model: torch.nn.Module) -> Dict[str, Any]:
+def local_weights(model: torch.nn.Module) -> dict[str, Any]:
     """This rank's pieces of every table {table: [(row, col, tensor)]} and the dense
     parameters, copied."""
-    tables: Dict[str, List[Tuple[int, int, torch.Tensor]]] = {}
-    dense: Dict[str, torch.Tensor] = {}
+    tables: dict[str, list[tuple[int, int, torch.Tensor]]] = {}
+    dense: dict[str, torch.Tensor] = {}
     for key, value in model.state_dict().items():
         parts = key.split(".")
         if TABLE_PARAMETER in parts:
@@ -401,7 +402,7 @@ def local_weights(model: torch.nn.Module) -> Dict[str, Any]:
     return {"tables": tables, "dense": dense}
 
 
-def assemble_table(per_rank: Sequence[Dict[str, Any]], table: str, rows: int, dim: int) -> torch.Tensor:
+def assemble_table(per_rank: Sequence[dict[str, Any]], table: str, rows: int, dim: int) -> torch.Tensor:
     """A whole table (float32) from every rank's pieces; replicas must agree exactly."""
     full = torch.full((rows, dim), float("nan"))
     for weights in per_rank:
@@ -428,14 +429,14 @@ def probe_batch(rank: int, world_size: int, device: torch.device):
     return Batch(dense_features=dense, sparse_features=kjt, labels=torch.zeros(per_rank)).to(device)
 
 
-def probe_inputs() -> Tuple[torch.Tensor, torch.Tensor]:
+def probe_inputs() -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(11)
     dense = torch.rand(PROBE_ROWS, NUM_DENSE_FEATURES, generator=gen) * 5
     ids = torch.stack([torch.randint(0, rows, (PROBE_ROWS,), generator=gen) for rows in TABLE_ROWS], dim=1)
     return dense, ids
 
 
-def _outcome(trainer: Any, result: Any, log_path: str) -> Dict[str, Any]:
+def _outcome(trainer: Any, result: Any, log_path: str) -> dict[str, Any]:
     """What a finished run left: its losses, metrics, this rank's weights and (rank 0,
     which writes the log) the steps its log shows."""
     steps = logged_steps(read_records(log_path)) if trainer.env.is_main else None
@@ -443,7 +444,7 @@ def _outcome(trainer: Any, result: Any, log_path: str) -> Dict[str, Any]:
             "records_per_sec": result.records_per_sec, "steps": steps, **local_weights(trainer.model)}
 
 
-def read_records(log_path: str) -> List[Dict[str, Any]]:
+def read_records(log_path: str) -> list[dict[str, Any]]:
     with open(log_path) as f:
         return [json.loads(line) for line in f if line.strip()]
 
@@ -472,7 +473,7 @@ def tf32_off():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-def _refusal_outcome(argv: List[str]) -> Dict[str, Any]:
+def _refusal_outcome(argv: list[str]) -> dict[str, Any]:
     """Runs the entry point on a combination that must be refused: exit code and stderr."""
     import dlrm_main
     err = io.StringIO()
@@ -484,7 +485,7 @@ def _refusal_outcome(argv: List[str]) -> Dict[str, Any]:
     return {"code": code, "stderr": err.getvalue()}
 
 
-def _train_case(argv: List[str], root: str, device: str, resume: bool) -> Dict[str, Any]:
+def _train_case(argv: list[str], root: str, device: str, resume: bool) -> dict[str, Any]:
     from training.distributed import resolve_env
     from training.flags import parse_config
     from training.trainer import Trainer
@@ -510,7 +511,7 @@ def _train_case(argv: List[str], root: str, device: str, resume: bool) -> Dict[s
     return outcome
 
 
-def run_jobs(jobs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def run_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One rank's part of a launch: refusals first (before any process group exists,
     as in a fresh run), then the training jobs on the shared process group. A job's
     failure is returned, not raised, so the other jobs still run."""
@@ -533,7 +534,7 @@ def run_jobs(jobs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 # ------------------------------------------------------------------ checks
 
-def _max_difference(a: Sequence[Dict[str, Any]], b: Sequence[Dict[str, Any]]) -> Tuple[float, str]:
+def _max_difference(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> tuple[float, str]:
     """Largest absolute difference between two runs' losses and assembled weights
     (each given as its ranks' outcomes), and where it is."""
     worst = (0.0, "")
@@ -552,7 +553,7 @@ def _max_difference(a: Sequence[Dict[str, Any]], b: Sequence[Dict[str, Any]]) ->
     return worst
 
 
-def _identical(a: Sequence[Dict[str, Any]], b: Sequence[Dict[str, Any]], steps_from: int) -> Optional[str]:
+def _identical(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], steps_from: int) -> Optional[str]:
     """None when the resumed run (b) matches the uninterrupted one (a) bit for bit."""
     if a[0]["losses"][steps_from:] != b[0]["losses"]:
         return f"losses after the stop differ: {a[0]['losses'][steps_from:]} vs {b[0]['losses']}"
@@ -600,7 +601,7 @@ class CaseResult:
     """What one case checked: each check's verdict text, and whether all passed."""
 
     case: Case
-    checks: Dict[str, str] = field(default_factory=dict)
+    checks: dict[str, str] = field(default_factory=dict)
     passed: bool = True
     seconds: float = 0.0
     records_per_sec: Optional[float] = None
@@ -610,11 +611,11 @@ class CaseResult:
         self.passed = False
 
 
-def evaluate(spec: MatrixSpec, cases: List[Case], refusals: List[Case], data_dir: str, work_dir: str,
-             launcher: Callable[[Callable, List[Dict[str, Any]], int], Dict[int, Any]]) -> List[CaseResult]:
+def evaluate(spec: MatrixSpec, cases: list[Case], refusals: list[Case], data_dir: str, work_dir: str,
+             launcher: Callable[[Callable, list[dict[str, Any]], int], dict[int, Any]]) -> list[CaseResult]:
     """Runs every case and refusal (one launch per world size) and checks them."""
-    jobs: Dict[int, List[Dict[str, Any]]] = {1: [], 2: []}
-    keys: Dict[str, Tuple[int, Case]] = {}
+    jobs: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
+    keys: dict[str, tuple[int, Case]] = {}
 
     def add(kind: str, case: Case, resume: bool = False) -> str:
         key = f"{kind}:{case_name(case)}"
@@ -629,7 +630,7 @@ def evaluate(spec: MatrixSpec, cases: List[Case], refusals: List[Case], data_dir
 
     refusal_keys = [add("refusal", c) for c in refusals]
     case_keys = [(add("train", c, resume=True), add("train", {**c, **spec.reference})) for c in cases]
-    outcomes: Dict[str, List[Dict[str, Any]]] = {}
+    outcomes: dict[str, list[dict[str, Any]]] = {}
     for world_size, group in jobs.items():
         if not group:
             continue
@@ -639,7 +640,7 @@ def evaluate(spec: MatrixSpec, cases: List[Case], refusals: List[Case], data_dir
                 outcomes.setdefault(result["key"], []).append(result)
 
     # Exports run two at a time in their own processes (tracing is single-threaded).
-    exports: Dict[str, Any] = {}
+    exports: dict[str, Any] = {}
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         for key, _ in case_keys:
             per_rank = outcomes[key]
@@ -653,7 +654,7 @@ def evaluate(spec: MatrixSpec, cases: List[Case], refusals: List[Case], data_dir
     return results
 
 
-def _check_refusal(spec: MatrixSpec, case: Case, per_rank: List[Dict[str, Any]]) -> CaseResult:
+def _check_refusal(spec: MatrixSpec, case: Case, per_rank: list[dict[str, Any]]) -> CaseResult:
     """Every rank exits 2 before training; the job prints one ``error:`` line, from
     rank 0. Other lines are not counted: on CUDA the same window holds the warnings of
     NCCL and of the planner."""
@@ -674,7 +675,7 @@ def _check_refusal(spec: MatrixSpec, case: Case, per_rank: List[Dict[str, Any]])
     return result
 
 
-def _check_case(spec: MatrixSpec, case: Case, per_rank: List[Dict[str, Any]], reference: List[Dict[str, Any]],
+def _check_case(spec: MatrixSpec, case: Case, per_rank: list[dict[str, Any]], reference: list[dict[str, Any]],
                 export: "Future[float]") -> CaseResult:
     result = CaseResult(case, seconds=max(o["seconds"] for o in per_rank))
     for name, outcome in (("case", per_rank[0]), ("reference", reference[0])):
@@ -722,7 +723,7 @@ def check_export(result: CaseResult, export: "Optional[Future[float]]") -> None:
         result.fail("export=eager", f"{type(e).__name__}: {e}")
 
 
-def format_table(spec: MatrixSpec, results: List[CaseResult]) -> str:
+def format_table(spec: MatrixSpec, results: list[CaseResult]) -> str:
     """One row per case: its choices, pass/fail, seconds, records/s, each check's verdict."""
     header = list(spec.dimensions) + ["result", "seconds", "records/s", "checks"]
     rows = []

@@ -4,7 +4,7 @@ the model's feature fields for Criteo-shaped data."""
 
 import os
 import time
-from typing import Any, Dict
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -13,7 +13,7 @@ from data.config import DataConfig
 from data.sources import RandomData
 
 
-def criteo_features() -> Dict[str, Any]:
+def criteo_features() -> dict[str, Any]:
     """ModelConfig's feature fields for Criteo-shaped data, as its source describes
     them (the model itself knows no data set)."""
     features = RandomData(DataConfig()).describe()

@@ -6,7 +6,8 @@ import shlex
 import shutil
 import subprocess
 import sys
-from typing import Any, Dict, List, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import yaml
 
@@ -22,7 +23,7 @@ SMALL_TRAINING_FLAGS = [
 ]
 
 
-def install_components(target: str) -> Dict[str, str]:
+def install_components(target: str) -> dict[str, str]:
     """Installs this checkout's torchx components (pyproject.toml: the package and its
     `torchx.components` entry point) into ``target``, as `make install` does into the
     venv; returns the environment under which the torchx CLI finds them. Builds from a
@@ -43,7 +44,7 @@ def install_components(target: str) -> Dict[str, str]:
     return env
 
 
-def torchx(args: Sequence[str], env: Dict[str, str], timeout: float = 600, cwd: str = REPO) -> subprocess.CompletedProcess:
+def torchx(args: Sequence[str], env: dict[str, str], timeout: float = 600, cwd: str = REPO) -> subprocess.CompletedProcess:
     """`torchx ARGS` from the repository root (where .torchxconfig is), or from ``cwd``."""
     return subprocess.run([os.path.join(BIN, "torchx"), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -56,7 +57,7 @@ def scheduler_request(stdout: str) -> str:
     return stdout.split(marker, 1)[1]
 
 
-def sbatch_groups(request: str) -> List[Dict[str, Any]]:
+def sbatch_groups(request: str) -> list[dict[str, Any]]:
     """One entry per Slurm heterogeneous-job group (torchx gives each node its own):
     its #SBATCH options and the argv of the torchrun command its srun starts."""
     script = request.split("# SBATCH_SCRIPT\n#----------------\n", 1)[1]
@@ -68,16 +69,16 @@ def sbatch_groups(request: str) -> List[Dict[str, Any]]:
             for opts, cmd in zip(options, commands)]
 
 
-def torchrun_argv(command: List[str]) -> List[str]:
+def torchrun_argv(command: list[str]) -> list[str]:
     """The torchrun argv inside `... bash -c 'torchrun ...'`."""
     payload = command[command.index("-c") + 1]
     return shlex.split(payload)
 
 
-def kubernetes_job(request: str) -> Dict[str, Any]:
+def kubernetes_job(request: str) -> dict[str, Any]:
     return yaml.safe_load(request)
 
 
-def option(argv: List[str], name: str) -> str:
+def option(argv: list[str], name: str) -> str:
     """The value after ``name`` in ``argv``."""
     return argv[argv.index(name) + 1]

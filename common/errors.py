@@ -17,3 +17,8 @@ EXIT_BAD_INPUT = 2
 
 class BadInput(Exception):
     """What the user handed us is wrong; the message says what and where."""
+
+
+class RankError(RuntimeError):
+    """A rank failure whose message says all there is to say (a full disk, say): reported
+    in one line, without a traceback."""

@@ -39,9 +39,6 @@ BAD_FLAG_VALUES = {
     "training.lr_finder": (["--in_memory_binary_criteo_path", MISSING], MISSING),
     "training.report": ([f"{MISSING}/log.jsonl", "--output", "{tmp}/run.png"], f"{MISSING}/log.jsonl"),
 }
-# The one-release aliases (python -m training.export etc.) take the same bad values.
-BAD_FLAG_VALUES.update({f"training.{name}": BAD_FLAG_VALUES[f"serving.{name}"]
-                        for name in ("export", "predict", "quality_gate", "serve")})
 
 
 def cli_modules():

@@ -50,6 +50,7 @@ from torchrec.inference.modules import quantize_inference_model
 from checkpoints.meta import CheckpointMeta
 from checkpoints.store import checkpoint_to_load
 from common.atomic import atomic_dir, naming_write_errors, surfacing_write_errors
+from common.byte_sizes import format_bytes
 from common.cli import positive_int, run_cli
 from common.library_noise import quiet_benign_library_messages
 from common.errors import BadInput
@@ -61,7 +62,6 @@ from data.parquet_columns import ParquetColumns, sparse_value_type
 from data.parquet_files import list_files, read_footers
 from data.sources import SOURCES, CriteoDays
 from models.config import ModelConfig
-from sharding_plans.report import format_bytes
 from serving.cli import serving_parser
 from serving.inference_model import ProbabilityModel, load_checkpoint_model
 from serving.model_inputs import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, INPUTS_FILE, PARQUET_LAYOUT,

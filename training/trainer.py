@@ -24,6 +24,7 @@ from torchrec.distributed.types import ShardingEnv
 
 from checkpoints.meta import CheckpointMeta
 from checkpoints.store import CheckpointManager, check_writable, load_checkpoint, lock_checkpoint_dir
+from common.byte_sizes import format_bytes
 from common.config_flags import Overrides, flag_of
 from common.errors import BadInput
 from data.config import BatchLoader
@@ -32,7 +33,6 @@ from models import build_dlrm_train
 from models.embedding_optimizer import attach_fused_embedding_optimizer
 from models.interaction import align_to_sharded_embeddings, compile_dense_part
 from sharding_plans import PlannerConfig, format_sharding_plan, plan_summary
-from sharding_plans.report import format_bytes
 from sharding_plans.rules import check_embedding_weight_decay, check_reshardable
 from training.checkpoint_policy import MinuteCadence, RestorePoint, find_restore_point
 from training.config import OptimizerConfig, TrainConfig

@@ -133,16 +133,17 @@ def test_the_plan_cli_takes_the_training_command_line(capsys):
     assert "the last --dense_arch_layer_sizes value (8) must equal --embedding_dim (16)" in err
 
 
-# Packages and the packages they must not import: the layers of docs/extending.md.
+# Packages and the packages they must not import, lowest first: the layers of
+# docs/extending.md (whose table `test_docs_extending_md_states_the_layers` checks).
 # Training and serving both stand on the checkpoint format and never on each other.
 FORBIDDEN = {
+    "common": ("data", "models", "checkpoints", "sharding_plans", "training", "serving", "sweeps"),
+    "data": ("models", "checkpoints", "sharding_plans", "training", "serving", "sweeps"),
+    "models": ("checkpoints", "sharding_plans", "training", "serving", "sweeps"),
+    "sharding_plans": ("checkpoints", "training", "serving", "sweeps"),
+    "checkpoints": ("sharding_plans", "training", "serving", "sweeps"),
     "training": ("serving", "sweeps"),
     "serving": ("training", "sweeps"),
-    "checkpoints": ("training", "serving", "sweeps", "sharding_plans"),
-    "sharding_plans": ("training", "serving", "sweeps", "checkpoints"),
-    "models": ("training", "serving", "sweeps", "sharding_plans", "checkpoints"),
-    "data": ("training", "serving", "sweeps", "sharding_plans", "models", "checkpoints"),
-    "common": ("training", "serving", "sweeps", "sharding_plans", "models", "data", "checkpoints"),
     "torchx_components": ("torch",),
     "aws_component.py": ("torch",),
 }
@@ -183,3 +184,10 @@ def test_an_upward_import_is_found(tmp_path):
     (tmp_path / "checkpoints" / "store.py").write_text("from common.errors import BadInput\nfrom serving import cli\n")
     assert _upward_imports(str(tmp_path), "serving") == [(os.path.join("serving", "export.py"), "training.trainer")]
     assert _upward_imports(str(tmp_path), "checkpoints") == [(os.path.join("checkpoints", "store.py"), "serving")]
+
+
+def test_docs_extending_md_states_the_layers():
+    table = "\n".join(["| package | must not import |", "| --- | --- |"] + [
+        f"| `{package}` | {', '.join(f'`{name}`' for name in forbidden)} |" for package, forbidden in FORBIDDEN.items()])
+    with open(os.path.join(REPO, "docs", "extending.md")) as f:
+        assert table in f.read(), f"docs/extending.md's table of the layers is out of date; it is:\n{table}"

@@ -79,7 +79,7 @@ def _stall_seconds(trainer, save_seconds: float) -> dict[str, float]:
     steps, broadcast: every rank runs the same)."""
     import torch.distributed as dist
 
-    from training.checkpoint import CheckpointManager
+    from checkpoints.store import CheckpointManager
 
     batches = _endless_batches(trainer)
     step_seconds = _steps_seconds(trainer, batches, 3) / 3  # also warms the pipeline up
@@ -102,7 +102,7 @@ def _run(argv: list[str]) -> dict[str, float]:
     beside a background save; times on rank 0."""
     import torch.distributed as dist
 
-    from training.checkpoint import find_restore_point
+    from training.checkpoint_policy import find_restore_point
     from training.distributed import resolve_env
     from training.flags import parse_config
     from training.trainer import Trainer

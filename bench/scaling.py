@@ -67,7 +67,7 @@ def _train(argv: list[str]) -> dict[str, Any]:
     """One rank: build, first step, more steps, evaluation, checkpoint save and load."""
     import torch.distributed as dist
 
-    from training.checkpoint import find_restore_point
+    from training.checkpoint_policy import find_restore_point
     from training.distributed import resolve_env
     from training.flags import parse_config
     from training.trainer import Trainer

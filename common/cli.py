@@ -3,7 +3,8 @@
 Every CLI's main goes through ``run_cli`` (or its decorator form ``cli_main``): bad
 input (``common.errors.BadInput``) becomes one line ``PROG: error: MESSAGE`` on
 stderr and exit code 2; any other exception keeps its traceback (exit 1).
-Bad flags are one line on stderr and exit code 2 too, never a usage dump:
+Bad flags are one line on stderr and exit code 2 too, never a usage dump; ``--version``
+prints the release:
 
     parser = OneLineParser(prog="python -m data.transcode")
     parser.add_argument("--chunk_size", type=positive_int, default=65536)
@@ -14,10 +15,11 @@ Bad flags are one line on stderr and exit code 2 too, never a usage dump:
 import argparse
 import functools
 import sys
-from typing import NoReturn, Optional
+from typing import Any, NoReturn, Optional
 from collections.abc import Callable, Sequence
 
 from common.errors import EXIT_BAD_INPUT, BadInput
+from common.version import VERSION
 
 # Reports bad input of program PROG with MESSAGE; returns the exit code.
 BadInputReporter = Callable[[str, str], int]
@@ -81,7 +83,13 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """Reports bad flags as one line (no usage dump) and exits with 2."""
+    """Reports bad flags as one line (no usage dump) and exits with 2; ``--version``
+    prints the program's name and the project's release (its subcommands' parsers are
+    OneLineParsers too, so theirs does as well)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
 
     def error(self, message: str) -> NoReturn:
         raise SystemExit(print_bad_input(self.prog, message))

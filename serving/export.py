@@ -47,7 +47,10 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTable
 from torchrec.fx import symbolic_trace
 from torchrec.inference.modules import quantize_inference_model
 
+from checkpoints.meta import CheckpointMeta
+from checkpoints.store import checkpoint_to_load
 from common.atomic import atomic_dir, naming_write_errors, surfacing_write_errors
+from common.byte_sizes import format_bytes
 from common.cli import positive_int, run_cli
 from common.library_noise import quiet_benign_library_messages
 from common.errors import BadInput
@@ -59,15 +62,12 @@ from data.parquet_columns import ParquetColumns, sparse_value_type
 from data.parquet_files import list_files, read_footers
 from data.sources import SOURCES, CriteoDays
 from models.config import ModelConfig
-from sharding_plans.report import format_bytes
 from serving.cli import serving_parser
 from serving.inference_model import ProbabilityModel, load_checkpoint_model
 from serving.model_inputs import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, INPUTS_FILE, PARQUET_LAYOUT,
                                   CriteoPreprocessing, FeatureSpecColumns, ModelInputs, ParquetPreprocessing,
                                   Variant)
 from serving.model_files import MANIFEST_FILE, write_manifest
-from training.checkpoint import checkpoint_to_load
-from training.checkpoint_meta import CheckpointMeta
 
 FP32_FILE = "fp32.pt2"
 # Places of a Parquet list column's bag in the exported model's input, by default.
@@ -307,9 +307,9 @@ def _quantize_list(text: str) -> list[str]:
     return names
 
 
-def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
-    """The command line; ``alias``: run as ``python -m training.export`` (its old name)."""
-    parser = serving_parser("export", __doc__, alias)
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command line."""
+    parser = serving_parser("export", __doc__)
     parser.add_argument("--checkpoint", required=True,
                         help="a checkpoint, or a --checkpoint_dir (the checkpoint marked best, else the newest)")
     parser.add_argument("--newest", action="store_true",

@@ -30,11 +30,11 @@ from torchrec.modules.embedding_configs import PoolingType
 from torchrec.models.dlrm import DLRMTrain
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from checkpoints.meta import CheckpointMeta
+from checkpoints.store import check_stored_shapes, load_checkpoint, read_meta
 from models import build_dlrm_train
 from models.interaction import PooledSparseArch
 from serving.model_inputs import PADDING_ID
-from training.checkpoint import check_stored_shapes, load_checkpoint, read_meta
-from training.checkpoint_meta import CheckpointMeta
 
 
 @torch.fx.wrap

@@ -389,9 +389,9 @@ def file_metrics(predictor: Predictor, args: argparse.Namespace, rows: int, scor
                           unseen_ids_by_feature=predictor.unseen_by_feature(unseen))
 
 
-def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
-    """The command line; ``alias``: run as ``python -m training.predict`` (its old name)."""
-    parser = serving_parser("predict", __doc__, alias)
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command line."""
+    parser = serving_parser("predict", __doc__)
     parser.add_argument("--model", required=True, help="a directory written by python -m serving.export")
     parser.add_argument("--input", required=True,
                         help="raw Criteo lines (.tsv/.txt), or BYO CSV rows for a --dataset_path model; or .gz; "

@@ -71,9 +71,9 @@ def evaluate_variants(model_dir: str, data_dir: Optional[str] = None, limit_rows
     return GateResult(auroc, stop - start)
 
 
-def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
-    """The command line; ``alias``: run as ``python -m training.quality_gate`` (its old name)."""
-    parser = serving_parser("quality_gate", __doc__, alias)
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command line."""
+    parser = serving_parser("quality_gate", __doc__)
     parser.add_argument("--model", required=True, help="a directory written by python -m serving.export")
     parser.add_argument("--data", default=None,
                         help="binary Criteo directory or PATH/feature_spec.yaml (default: the training data)")

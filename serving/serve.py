@@ -422,9 +422,9 @@ def serving_in_background(predictor: Predictor, max_batch_delay_ms: float = 2.0,
         batcher.close()
 
 
-def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
-    """The command line; ``alias``: run as ``python -m training.serve`` (its old name)."""
-    parser = serving_parser("serve", __doc__, alias)
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command line."""
+    parser = serving_parser("serve", __doc__)
     parser.add_argument("--model", required=True, help="a directory written by python -m serving.export")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8080, help="port to listen on")

@@ -30,7 +30,8 @@ from sharding_plans.feature_spec import read_feature_spec
 from sharding_plans.plan_file import SavedPlan, read_plan, write_plan
 from sharding_plans.planner import PlanDoesNotFit, PlannerConfig, host_memory_bytes
 from sharding_plans.presets import PRESETS, Preset, find_preset
-from sharding_plans.report import format_bytes, format_plan_report, largest_rank, memory_imbalance
+from sharding_plans.report import format_plan_report, largest_rank, memory_imbalance
+from common.byte_sizes import format_bytes
 from common.cli import OneLineParser, int_list, run_cli
 from common.errors import BadInput
 

@@ -7,19 +7,9 @@ from collections.abc import Mapping, Sequence
 
 from torchrec.distributed.types import EnumerableShardingSpec, ParameterSharding, ShardingPlan
 
+from common.byte_sizes import GIB, format_bytes
 from sharding_plans.estimates import RankEstimate
 from sharding_plans.plan_file import SavedPlan
-
-_GIB = 1024**3
-_MIB = 1024**2
-
-
-def format_bytes(n: int) -> str:
-    """GiB from 1 GiB up, else MiB (0 as "0")."""
-    if n == 0:
-        return "0"
-    return f"{n / _GIB:.2f} GiB" if n >= _GIB else f"{n / _MIB:.2f} MiB"
-
 
 def _natural_key(name: str) -> list[object]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
@@ -147,7 +137,7 @@ def format_plan_report(saved: SavedPlan) -> str:
         + (f"{format_bytes(topo.hbm_cap_bytes)} HBM + " if topo.hbm_cap_bytes else "")
         + f"{format_bytes(topo.ddr_cap_bytes or 0)} DDR per rank, {usable:.0%} of it for embeddings; "
         f"batch {topo.batch_size} per rank",
-        f"model: {len(saved.tables)} tables, {total_weights / _GIB:.2f} GiB of embedding weights",
+        f"model: {len(saved.tables)} tables, {total_weights / GIB:.2f} GiB of embedding weights",
         "",
         f"{'table':<12} {'rows':>13} {'dim':>5}  {'sharding':<17} {'kernel':<17} {'ranks':<12} shards (rows x cols)",
     ]

@@ -23,11 +23,14 @@ def training_parser(script: str) -> argparse.ArgumentParser:
 
 
 def _store_true_flags(parser: argparse.ArgumentParser) -> dict[str, bool]:
-    """{flag name without dashes: whether it is an on/off switch} of every training flag."""
+    """{flag name without dashes: whether it is an on/off switch} of every training flag
+    (not --help and --version, which print and exit)."""
     flags = {}
     for action in parser._actions:
+        if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            continue
         for option in action.option_strings:
-            if option.startswith("--") and option != "--help":
+            if option.startswith("--"):
                 flags[option[2:]] = isinstance(action, argparse._StoreTrueAction)
     return flags
 

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 import dlrm_main
+from checkpoints.errors import CheckpointSaveError
+from checkpoints.meta import CheckpointMeta
+from checkpoints.store import CheckpointManager, best_checkpoint, complete_checkpoints, load_checkpoint
 from tests.support.launch import launch
-from training.checkpoint import (CheckpointManager, CheckpointSaveError, MinuteCadence, best_checkpoint,
-                                 complete_checkpoints, load_checkpoint)
-from training.checkpoint_meta import CheckpointMeta
+from training.checkpoint_policy import MinuteCadence
 from training.flags import parse_config
 
 

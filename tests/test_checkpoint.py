@@ -17,10 +17,10 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 
 import dlrm_main
+from checkpoints.store import read_meta
 from data.criteo_layout import NUM_SPARSE_FEATURES
 from tests.support.launch import REPO, eval_metrics, eval_record, free_port, launch, read_log
 from tests.support.model_state import assert_same_state, flat_state
-from training.checkpoint import read_meta
 
 STEPS = 16
 
@@ -62,7 +62,7 @@ def test_checkpoint_layout(reference):
     assert {"COMPLETE", "meta.json", ".metadata", "rank_0.pt", "rank_1.pt"} <= set(os.listdir(step10))
     meta = read_meta(step10)
     assert (meta.step, meta.epoch, meta.batch_in_epoch, meta.world_size) == (10, 0, 10, 2)
-    assert meta.model.embedding_dim == 16 and meta.optimizer.optimizer == "adagrad"
+    assert meta.model.embedding_dim == 16 and meta.config["optim"]["optimizer"] == "adagrad"
     assert set(meta.plan) == {f"t_cat_{i}" for i in range(NUM_SPARSE_FEATURES)}
     end = read_meta(os.path.join(ckpt, "step_000000016"))
     assert (end.epoch, end.batch_in_epoch) == (1, 0)

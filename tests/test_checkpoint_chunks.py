@@ -10,8 +10,9 @@ import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 
-from training.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, read_manifest
-from training.checkpoint_meta import CheckpointMeta
+from checkpoints.errors import CheckpointError
+from checkpoints.meta import CheckpointMeta
+from checkpoints.store import CheckpointManager, load_checkpoint, read_manifest
 
 
 def _state(fill: float = 0.0) -> dict:

@@ -133,12 +133,17 @@ def test_the_plan_cli_takes_the_training_command_line(capsys):
     assert "the last --dense_arch_layer_sizes value (8) must equal --embedding_dim (16)" in err
 
 
-# Packages and the packages they must not import.
+# Packages and the packages they must not import, lowest first: the layers of
+# docs/extending.md (whose table `test_docs_extending_md_states_the_layers` checks).
+# Training and serving both stand on the checkpoint format and never on each other.
 FORBIDDEN = {
-    "sharding_plans": ("training", "serving", "sweeps"),
-    "models": ("training", "serving", "sweeps", "sharding_plans"),
-    "data": ("training", "serving", "sweeps", "sharding_plans", "models"),
-    "common": ("training", "serving", "sweeps", "sharding_plans", "models", "data"),
+    "common": ("data", "models", "checkpoints", "sharding_plans", "training", "serving", "sweeps"),
+    "data": ("models", "checkpoints", "sharding_plans", "training", "serving", "sweeps"),
+    "models": ("checkpoints", "sharding_plans", "training", "serving", "sweeps"),
+    "sharding_plans": ("checkpoints", "training", "serving", "sweeps"),
+    "checkpoints": ("sharding_plans", "training", "serving", "sweeps"),
+    "training": ("serving", "sweeps"),
+    "serving": ("training", "sweeps"),
     "torchx_components": ("torch",),
     "aws_component.py": ("torch",),
 }
@@ -153,12 +158,36 @@ def _imports(path: str):
             yield node.module
 
 
+def _upward_imports(root: str, package: str) -> list[tuple[str, str]]:
+    """(file, module) of every import in ``package`` (under ``root``), at any depth of
+    a file (lazy imports inside functions included), of a package it must not import."""
+    top = os.path.join(root, package)
+    files = [top] if top.endswith(".py") else [os.path.join(d, f) for d, _, fs in os.walk(top)
+                                                 for f in fs if f.endswith(".py")]
+    assert files
+    return [(os.path.relpath(path, root), name) for path in files for name in _imports(path)
+            if name.split(".")[0] in FORBIDDEN[package]]
+
+
 @pytest.mark.parametrize("package", list(FORBIDDEN))
 def test_no_package_imports_upward(package):
-    root = os.path.join(REPO, package)
-    files = [root] if root.endswith(".py") else [os.path.join(d, f) for d, _, fs in os.walk(root)
-                                                   for f in fs if f.endswith(".py")]
-    assert files
-    arrows = [(os.path.relpath(path, REPO), name) for path in files for name in _imports(path)
-              if name.split(".")[0] in FORBIDDEN[package]]
-    assert arrows == []
+    assert _upward_imports(REPO, package) == []
+
+
+def test_an_upward_import_is_found(tmp_path):
+    """The check above finds a lazy import of training inside serving, and of serving
+    inside the checkpoint format, and lets the downward ones be."""
+    (tmp_path / "serving").mkdir()
+    (tmp_path / "serving" / "export.py").write_text(
+        "from checkpoints.store import read_meta\n\ndef main():\n    import training.trainer\n")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "store.py").write_text("from common.errors import BadInput\nfrom serving import cli\n")
+    assert _upward_imports(str(tmp_path), "serving") == [(os.path.join("serving", "export.py"), "training.trainer")]
+    assert _upward_imports(str(tmp_path), "checkpoints") == [(os.path.join("checkpoints", "store.py"), "serving")]
+
+
+def test_docs_extending_md_states_the_layers():
+    table = "\n".join(["| package | must not import |", "| --- | --- |"] + [
+        f"| `{package}` | {', '.join(f'`{name}`' for name in forbidden)} |" for package, forbidden in FORBIDDEN.items()])
+    with open(os.path.join(REPO, "docs", "extending.md")) as f:
+        assert table in f.read(), f"docs/extending.md's table of the layers is out of date; it is:\n{table}"

@@ -22,6 +22,7 @@ from torchrec.distributed.train_pipeline.train_pipelines import PrefetchTrainPip
 from torchrec.distributed.types import CacheParams, ShardingEnv, ShardingPlan
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from checkpoints.store import _rng_state, _set_rng_state
 from common.errors import BadInput
 from models import build_dlrm_train
 from sharding_plans import PlannerConfig, build_sharders, plan_summary
@@ -31,7 +32,6 @@ from sharding_plans.plan_file import write_plan
 from sharding_plans.planner import plan_with_estimates
 from sharding_plans.setup import prepare_sharding as prepare_sharding_setup
 from sharding_plans.sharders import RowSplitsOnCpuSharder
-from training.checkpoint import _rng_state, _set_rng_state
 from training.config import PIPELINES
 from training.distributed import DistributedEnv
 from training.flags import parse_config

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
+from checkpoints.meta import CheckpointMeta
 from common.config_flags import FlagError, option
 from common.errors import BadInput
 from common.json_fields import FileFieldError, JsonObject
@@ -29,7 +30,6 @@ from serving.input_layouts import LAYOUTS
 from sharding_plans.feature_spec import read_feature_spec
 from torchx_components.launch import DATA_DIR_FLAG, DATA_PATH_FLAGS, gives_data_path
 from torchx_components.training import dcnv2, dlrm
-from training.checkpoint_meta import CheckpointMeta
 from training.flags import ENTRY_POINT_RECIPES, entry_point_parser, parse_config
 
 TINY = SyntheticCriteoSpec(num_days=2, rows_per_day=64, cardinalities=[3 + f for f in range(NUM_SPARSE_FEATURES)],

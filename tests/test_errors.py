@@ -2,20 +2,14 @@
 (common.cli.run_cli); any other exception, a ValueError from inside torch included,
 is a failure with its traceback (exit 1)."""
 
-import os
-import re
-import runpy
-import sys
-
 import pytest
 import torch
 import torch.distributed as dist
 
 import dlrm_main
 from common.errors import EXIT_BAD_INPUT
+from tests.support.cli_modules import cli_modules, run_as_main
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLI_PACKAGES = ("data", "serving", "sharding_plans", "sweeps", "training")
 MISSING = "/nonexistent/errors_test"
 
 # One bad flag value per CLI that argparse accepts and the command refuses: it reaches
@@ -39,41 +33,6 @@ BAD_FLAG_VALUES = {
     "training.lr_finder": (["--in_memory_binary_criteo_path", MISSING], MISSING),
     "training.report": ([f"{MISSING}/log.jsonl", "--output", "{tmp}/run.png"], f"{MISSING}/log.jsonl"),
 }
-# The one-release aliases (python -m training.export etc.) take the same bad values.
-BAD_FLAG_VALUES.update({f"training.{name}": BAD_FLAG_VALUES[f"serving.{name}"]
-                        for name in ("export", "predict", "quality_gate", "serve")})
-
-
-def cli_modules():
-    """The project's CLIs: modules of the CLI packages with a ``__main__`` block (a
-    package's ``__main__.py`` names the package) and the top-level entry points."""
-    found = {name for name in os.listdir(REPO) if name.endswith("_main.py")}
-    for package in CLI_PACKAGES:
-        for name in sorted(os.listdir(os.path.join(REPO, package))):
-            if os.path.isfile(os.path.join(REPO, package, name, "__main__.py")):  # a subpackage run with -m
-                found.add(f"{package}.{name}")
-            if not name.endswith(".py"):
-                continue
-            with open(os.path.join(REPO, package, name)) as f:
-                text = f.read()
-            if name == "__main__.py":
-                found.add(package)
-            elif re.search(r'^if __name__ == "__main__":', text, re.MULTILINE):
-                found.add(f"{package}.{name[:-3]}")
-    return sorted(found)
-
-
-def run_as_main(target, argv, monkeypatch):
-    """Runs ``python -m target`` (or ``python target``) in this process; returns the exit code."""
-    monkeypatch.setattr(sys, "argv", [target, *argv])
-    try:
-        if target.endswith(".py"):
-            runpy.run_path(os.path.join(REPO, target), run_name="__main__")
-        else:
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-    except SystemExit as e:
-        return e.code
-    return 0
 
 
 def test_every_cli_has_a_bad_flag_case():

@@ -33,11 +33,12 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
                                                    MetadataIndex, TensorStorageMetadata)
 
 import dlrm_main
+from checkpoints.errors import CheckpointError
+from checkpoints.storage import IOPathReader, TensorLoadPlanner
+from checkpoints.store import load_checkpoint, newest_checkpoint
 from serving.inference_model import load_checkpoint_model
 from tests.support.hostile import HOSTILE_SETTINGS as GENERATED
 from tests.support.launch import REPO
-from training.checkpoint import (CheckpointError, _IOPathReader, _TensorLoadPlanner, load_checkpoint,
-                                 newest_checkpoint)
 
 # A tiny model with optimizer state (adagrad) for every parameter.
 MODEL_FLAGS = ["--num_embeddings", "50", "--embedding_dim", "4", "--dense_arch_layer_sizes", "8,4",
@@ -409,8 +410,8 @@ def test_the_load_planner_never_unpickles_bytes(saved, tmp_path):
     declare_bytes(c, key, DATA_FILE)
     c.save(old_format=True)
     with pytest.raises(CheckpointException) as failed:
-        dcp.load({key: torch.zeros(1)}, storage_reader=_IOPathReader(c.path, c.metadata, None),
-                 planner=_TensorLoadPlanner())
+        dcp.load({key: torch.zeros(1)}, storage_reader=IOPathReader(c.path, c.metadata, None),
+                 planner=TensorLoadPlanner())
     assert not os.path.exists(c.marker)
     assert f"{key} is stored as pickled bytes" in str(failed.value.failures[0][0])
 

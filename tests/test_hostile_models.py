@@ -25,6 +25,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from checkpoints.meta import CheckpointMeta
+from checkpoints.store import META_FILE, CheckpointManager
 from common.errors import BadInput
 from common.manifest import entry_of_bytes
 from data.sources import source_for
@@ -35,8 +37,6 @@ from serving.model_inputs import INPUTS_FILE
 from serving.predict import Predictor
 from tests.support.hostile import HOSTILE_SETTINGS as HOSTILE
 from tests.support.launch import REPO
-from training.checkpoint import META_FILE, CheckpointManager
-from training.checkpoint_meta import CheckpointMeta
 from training.flags import parse_config
 
 VARIANTS = {"fp32": FP32_FILE, "fp16": "fp16.pt", "int8": "int8.pt"}

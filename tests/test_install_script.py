@@ -12,6 +12,7 @@ from venv import create as create_venv
 
 import pytest
 
+from common.version import VERSION
 from tests.support.launch import REPO
 
 INSTALL = os.path.join(REPO, "scripts", "install.sh")
@@ -210,13 +211,17 @@ def test_a_new_venv_imports_the_packages_from_any_directory(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     # The packages whose __init__ imports no torch, and where the entry-point modules are.
-    code = ("import importlib.util, bench, common, data, sweeps, tests.support, torchx_components, training\n"
-            "for name in ('training', 'dlrm_main', 'dcnv2_main', 'aws_component', 'models', 'sharding_plans'):\n"
-            "    print(importlib.util.find_spec(name).origin)")
+    code = ("import importlib.metadata, importlib.util, bench, common, data, sweeps, tests.support, torchx_components, "
+            "training\n"
+            "for name in ('training', 'dlrm_main', 'dcnv2_main', 'aws_component', 'models', 'sharding_plans', "
+            "'checkpoints'):\n"
+            "    print(importlib.util.find_spec(name).origin)\n"
+            "print(importlib.metadata.version('dlrm-torchrec-launch'))")
     imported = subprocess.run([os.path.join(target, "bin", "python"), "-c", code], cwd=elsewhere,
                               capture_output=True, text=True, timeout=300)
     assert imported.returncode == 0, imported.stderr[-3000:]
     assert imported.stdout.splitlines() == [
         os.path.join(REPO, "training", "__init__.py"), os.path.join(REPO, "dlrm_main.py"),
         os.path.join(REPO, "dcnv2_main.py"), os.path.join(REPO, "aws_component.py"),
-        os.path.join(REPO, "models", "__init__.py"), os.path.join(REPO, "sharding_plans", "__init__.py")]
+        os.path.join(REPO, "models", "__init__.py"), os.path.join(REPO, "sharding_plans", "__init__.py"),
+        os.path.join(REPO, "checkpoints", "__init__.py"), VERSION]  # the version pyproject.toml reads from its source

@@ -21,11 +21,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from checkpoints.store import COMPLETE_MARKER, complete_checkpoints
 from tests.support.cluster import Host, cluster_hosts, compute_hosts, start  # noqa: F401 (fixtures)
 from tests.support.cluster import TINY_TRAINING_FLAGS, read_hosts
 from tests.support.launch import REPO, eval_metrics, eval_record, free_port, read_log
 from tests.test_multihost import RDZV_PORT, RUN_TIMEOUT, _torchrun
-from training.checkpoint import COMPLETE_MARKER, complete_checkpoints
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 
@@ -157,7 +157,7 @@ def test_a_host_lost_mid_epoch_and_replaced_at_another_address_resumes_as_if_uni
 def test_a_host_lost_during_a_checkpoint_save_resumes_from_the_previous_one(compute_hosts, start, synthetic_dir,
                                                                             tmp_path, uninterrupted):
     """The save of step 40 blocks on the lost host's rank: its RNG file's temporary
-    name is a FIFO nobody reads (training/checkpoint.py writes rank_R.pt.tmp, then
+    name is a FIFO nobody reads (checkpoints/store.py writes rank_R.pt.tmp, then
     renames it), so the kill lands inside the save whatever the timing."""
     ckpt, log = str(tmp_path / "ckpt"), str(tmp_path / "log.jsonl")
     _, lost = compute_hosts

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from checkpoints.store import LOCK_FILE, complete_checkpoints, newest_checkpoint, read_manifest
 from common.manifest import check_bytes
 from common.path_lock import LockHeld, PathLock
 from serving import export, predict
 from tests.support.launch import REPO, free_port
-from training.checkpoint import LOCK_FILE, complete_checkpoints, newest_checkpoint, read_manifest
 
 TRAIN_FLAGS = ["--batch_size", "128", "--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16",
                "--over_arch_layer_sizes", "64,1", "--optimizer", "adagrad", "--learning_rate", "0.01",

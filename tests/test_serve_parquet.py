@@ -16,6 +16,8 @@ import pytest
 import torch
 from torchmetrics.functional.classification import binary_auroc
 
+from checkpoints.meta import CheckpointMeta
+from checkpoints.store import CheckpointManager
 from common.errors import BadInput
 from common.json_fields import FileFieldError
 from data.sources import source_for
@@ -24,8 +26,6 @@ from serving.export import export_model
 from serving.quality_gate import evaluate_variants
 from serving.model_inputs import (INPUTS_FILE, PARQUET_LAYOUT, ModelInputs, ParquetPreprocessing, Variant,
                                   read_inputs)
-from training.checkpoint import CheckpointManager
-from training.checkpoint_meta import CheckpointMeta
 from training.flags import parse_config
 
 DAYS = ("2026-11-01", "2026-11-02", "2026-11-03")

@@ -1,26 +1,24 @@
-"""The typed files (a checkpoint's meta.json, an export's inputs.json), the predictor's
-input layouts, and the ``python -m training.X`` aliases of the serving commands."""
+"""The typed files (a checkpoint's meta.json, an export's inputs.json) and the
+predictor's input layouts."""
 
+import copy
 import dataclasses
-import gzip
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from checkpoints.meta import CheckpointMeta, meta_section
+from checkpoints.store import read_meta
 from common.json_fields import FileFieldError
 from common.manifest import entry_of_bytes
 from data.criteo_transforms import transform_dense, transform_sparse
-from serving import export, predict, quality_gate, serve
 from serving.input_layouts import CriteoLines, CsvRows, MalformedLineError
 from serving.model_inputs import CriteoPreprocessing, FeatureSpecColumns, ModelInputs, Variant, read_inputs
-from tests.support.launch import REPO
-from training.checkpoint import read_meta
-from training.checkpoint_meta import CheckpointMeta
 from data.sources import source_for
+from training.checkpoint_policy import find_restore_point
+from training.config import OptimizerConfig
 from training.flags import parse_config
 
 PLAN = {"t_cat_0": {"sharding_type": "table_wise", "compute_kernel": "fused", "shards": [[0, 0, 10, 8, 1]]}}
@@ -35,12 +33,13 @@ def train_config():
 
 
 def version_1_meta(config) -> dict:
-    """meta.json as the trainer wrote it before CheckpointMeta (format_version 1)."""
+    """meta.json as the trainer wrote it before CheckpointMeta (format_version 1): a
+    document of its own, which a test may change."""
     return {"format_version": 1, "step": 12, "epoch": 1, "batch_in_epoch": 2,
             "global_batch_size": config.data.batch_size * 2, "world_size": 2,
             "model": dataclasses.asdict(config.model),
             "optim": {**dataclasses.asdict(config.optim), "dense_optimizer": config.optim.resolved_dense_optimizer},
-            "config": dataclasses.asdict(config), "plan": PLAN, "run_id": "r1", "early_stopping": EARLY_STOPPING}
+            "config": dataclasses.asdict(config), "plan": copy.deepcopy(PLAN), "run_id": "r1", "early_stopping": EARLY_STOPPING}
 
 
 def write_checkpoint_meta(directory, data: bytes) -> str:
@@ -78,7 +77,8 @@ def test_checkpoint_meta_round_trips_and_versions_1_and_2_still_load(tmp_path):
         old = read_meta(write_checkpoint_meta(tmp_path / f"v{version}", json.dumps(old_document, indent=1).encode()))
         assert old == dataclasses.replace(meta, data_source=None, data_features=None, version=version)
         assert (old.source_name, old.features) == (meta.source_name, meta.features)  # derived from the flags
-        assert old.model == config.model and old.optimizer == config.optim
+        assert old.model == config.model
+        assert meta_section(old.config, "optim", OptimizerConfig, "meta.json") == config.optim
         assert old.global_batch_size == 64 and old.data_path is None
 
 
@@ -99,6 +99,21 @@ def test_bad_checkpoint_meta_is_one_line_naming_the_file_and_field(tmp_path, cha
         read_meta(path)
     assert str(error.value).startswith(f"{path}/meta.json: {message}"), str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_an_optimizer_section_this_code_does_not_know_is_refused_by_training_only(tmp_path):
+    """The format reads the model's section; training reads its optimizers' (an export
+    needs none), refusing one it does not know before the run builds anything."""
+    config = train_config()
+    document = json.loads(current_meta(config).to_json())
+    document["config"]["optim"]["momentum"] = 0.9
+    path = write_checkpoint_meta(tmp_path / "ckpt", json.dumps(document).encode())
+    assert read_meta(path).step == 12
+    run = dataclasses.replace(config, checkpoint=dataclasses.replace(config.checkpoint, restore_checkpoint_path=path))
+    with pytest.raises(FileFieldError) as error:
+        find_restore_point(run)
+    assert str(error.value).startswith(f"{path}/meta.json: config.optim does not describe a OptimizerConfig ("), \
+        str(error.value)
 
 
 CRITEO_INPUTS = ModelInputs(
@@ -232,26 +247,3 @@ def test_csv_rows_parse_check_ids_and_round_like_the_transcoder():
         assert str(error.value) == f"rows.csv line 3: {reason}"
 
 
-@pytest.mark.parametrize("module", [export, predict, quality_gate, serve])
-def test_each_alias_help_names_the_new_home(module, capsys):
-    command = module.__name__.split(".")[-1]
-    with pytest.raises(SystemExit) as done:
-        module.main(["--help"], alias=True)
-    assert done.value.code == 0
-    out = capsys.readouterr().out
-    assert out.startswith(f"usage: python -m training.{command} ")
-    assert f"moved to python -m serving.{command}; this alias goes away in the next release" in " ".join(out.split())
-
-
-@pytest.mark.slow
-def test_the_aliases_run_as_modules(tmp_path):
-    help_text = subprocess.run([sys.executable, "-m", "training.export", "--help"], cwd=REPO, capture_output=True,
-                               text=True, check=True).stdout
-    assert "moved to python -m serving.export" in " ".join(help_text.split())
-    lines = tmp_path / "in.tsv.gz"
-    with gzip.open(lines, "wb") as f:
-        f.write(b"1" + b"\t1" * 13 + b"\tab" * 26 + b"\n")
-    run = subprocess.run([sys.executable, "-m", "training.predict", "--model", str(tmp_path / "none"),
-                          "--input", str(lines)], cwd=REPO, capture_output=True, text=True)
-    assert (run.returncode, run.stderr) == (
-        2, f"python -m training.predict: error: --model {tmp_path / 'none'}: no such directory\n")

@@ -140,6 +140,7 @@ def test_num_embeddings_scale_scales_the_datas_cardinalities(synthetic_dir, tmp_
     ({"grid": {"no_such_flag": [1, 2]}},
      "grid.no_such_flag: unknown training flag (python dlrm_main.py --help lists them)"),
     ({"flags": {"batchsize": 512}}, "flags.batchsize: unknown training flag"),
+    ({"flags": {"version": "0.2.0"}}, "flags.version: unknown training flag"),  # it would print and exit
     ({"grid": {}}, "grid: empty: give at least one training flag with a list of values"),
     ({"grid": {"learning_rate": []}}, "grid.learning_rate: expected a non-empty list of values, got []"),
     ({"scheduler": "lsf"}, "scheduler: unknown scheduler 'lsf' (use one of local_cwd, slurm, kubernetes)"),

@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 from torch import nn
 
-from training.checkpoint import CheckpointError, CheckpointManager, best_checkpoint, load_checkpoint
+from checkpoints.errors import CheckpointError
+from checkpoints.store import CheckpointManager, best_checkpoint, load_checkpoint
 from training.config import EarlyStoppingConfig
 from training.weight_snapshot import HostWeightSnapshot
 

@@ -20,10 +20,10 @@ from collections import Counter
 from typing import Any, Optional
 from collections.abc import Mapping
 
+from common.byte_sizes import format_bytes
 from data.config import RANDOM_DATA_BATCHES, SPLITS, BatchLoader
 from data.sources import source_for
 from models.config import ModelConfig
-from sharding_plans.report import format_bytes
 from training.config import TrainConfig
 from training.distributed import DistributedEnv
 

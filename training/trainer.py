@@ -22,6 +22,9 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.train_pipeline.train_pipelines import TrainPipeline
 from torchrec.distributed.types import ShardingEnv
 
+from checkpoints.meta import CheckpointMeta
+from checkpoints.store import CheckpointManager, check_writable, load_checkpoint, lock_checkpoint_dir
+from common.byte_sizes import format_bytes
 from common.config_flags import Overrides, flag_of
 from common.errors import BadInput
 from data.config import BatchLoader
@@ -30,11 +33,8 @@ from models import build_dlrm_train
 from models.embedding_optimizer import attach_fused_embedding_optimizer
 from models.interaction import align_to_sharded_embeddings, compile_dense_part
 from sharding_plans import PlannerConfig, format_sharding_plan, plan_summary
-from sharding_plans.report import format_bytes
 from sharding_plans.rules import check_embedding_weight_decay, check_reshardable
-from training.checkpoint import (CheckpointManager, MinuteCadence, RestorePoint, check_writable, find_restore_point,
-                                 load_checkpoint, lock_checkpoint_dir)
-from training.checkpoint_meta import CheckpointMeta
+from training.checkpoint_policy import MinuteCadence, RestorePoint, find_restore_point
 from training.config import OptimizerConfig, TrainConfig
 from training.distributed import DistributedEnv, gather_peak_memory, init_process_group, rank_cpu_share
 from training.early_stopping import BestModel

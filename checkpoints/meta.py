@@ -2,7 +2,9 @@
 
 Written by `CheckpointMeta.to_json` (the checkpoint manager writes it under a temporary
 name, hashes it into the manifest and renames it) and read only by
-`CheckpointMeta.from_json`; everything else uses its attributes. Version 2 stores each
+`CheckpointMeta.from_json`; everything else uses its attributes. The format knows the
+model and data sections of the run's config; training reads its optimizers' section
+through `meta_section` (training/checkpoint_policy.py, `find_restore_point`). Version 2 stores each
 fact once: the model and optimizer flags live in ``config`` (version 1 also kept
 copies of them, and the global batch size, at the top level; such files still load).
 Version 3 adds the data it was trained on, typed: the source's name (data/sources.py)
@@ -26,7 +28,6 @@ from common.json_fields import (INTEGER, OBJECT, TEXT, FileFieldError, JsonObjec
 from data.config import DataConfig
 from data.sources import SOURCES, FeatureDescription, source_for
 from models.config import ModelConfig
-from training.config import OptimizerConfig
 
 META_VERSION = 3
 _WHAT = "a checkpoint's meta.json"
@@ -72,12 +73,7 @@ class CheckpointMeta:
     @property
     def model(self) -> ModelConfig:
         """The model the checkpoint holds."""
-        return ModelConfig(**self.config["model"])
-
-    @property
-    def optimizer(self) -> OptimizerConfig:
-        """The optimizers its state belongs to."""
-        return OptimizerConfig(**self.config["optim"])
+        return ModelConfig(**self.config["model"])  # checked by `from_json`
 
     @property
     def global_batch_size(self) -> int:
@@ -156,11 +152,7 @@ class CheckpointMeta:
         for section in ("model", "optim", "data"):
             config.get(section, OBJECT)
         config.object("data").get("batch_size", integer(1))
-        for name, make in (("model", ModelConfig), ("optim", OptimizerConfig)):
-            try:
-                make(**config.value[name])
-            except TypeError as e:  # a field this code does not know, or one missing
-                raise FileFieldError(f"{path}: config.{name} does not describe a {make.__name__} ({e})") from e
+        meta_section(config.value, "model", ModelConfig, path)
         for table in document.objects("plan").values():
             table.get("sharding_type", TEXT)
             table.get("shards", _SHARDS)
@@ -187,6 +179,21 @@ class CheckpointMeta:
         except FlagError as e:
             raise FileFieldError(f"{path}: config.data: {e}") from e
         return meta
+
+
+def meta_section(config: dict[str, Any], section: str, config_class: type[Any], path: str) -> Any:
+    """``config_class`` built from a meta.json's ``config.<section>``. The format checks
+    the model's section as it reads the file; a section whose class lives above the
+    format (training's optimizers) is checked by its reader through this.
+
+    Raises:
+        FileFieldError: the section has a field the class does not know, or lacks one
+            (one line naming ``path``).
+    """
+    try:
+        return config_class(**config[section])
+    except TypeError as e:
+        raise FileFieldError(f"{path}: config.{section} does not describe a {config_class.__name__} ({e})") from e
 
 
 _VALUE_KINDS = {

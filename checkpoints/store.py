@@ -1,4 +1,5 @@
-"""Sharded, atomic checkpoints with torch.distributed.checkpoint (DCP), through iopath.
+"""The checkpoint store: saves, finds, verifies and loads sharded, atomic checkpoints
+with torch.distributed.checkpoint (DCP), through iopath (checkpoints/storage.py).
 
 Layout of ``--checkpoint_dir``::
 
@@ -7,7 +8,7 @@ Layout of ``--checkpoint_dir``::
         .metadata                               DCP: model shards, optimizer state (two files a rank)
         rank_0.pt, rank_1.pt                    each rank's RNG states (tensors only)
         meta.json                               step, data position, config, plan
-                                                (training/checkpoint_meta.py)
+                                                (checkpoints/meta.py)
         COMPLETE                                written last, once every rank is done: the
                                                 manifest (every file's size and SHA-256; a
                                                 data file's per chunk)
@@ -27,7 +28,7 @@ written by a background thread while training goes on.
 
 Nothing here runs code from a file: ``.metadata`` goes through a restricted unpickler
 and is checked against the state being loaded before any data file is opened
-(training/dcp_metadata.py: tensors only, the live keys, shapes and dtypes, data files
+(checkpoints/dcp_metadata.py: tensors only, the live keys, shapes and dtypes, data files
 of the directory), tensors come back through DCP's ``torch.load(weights_only=True)``,
 the rest is JSON. A checkpoint without a manifest goes through the same checks.
 """
@@ -35,7 +36,6 @@ the rest is JSON. A checkpoint without a manifest goes through the same checks.
 import concurrent.futures
 import contextlib
 import copy
-import dataclasses
 import io
 import json
 import os
@@ -44,36 +44,29 @@ import random
 import re
 import sys
 import threading
-import time
 import uuid
-from dataclasses import asdict, dataclass
-from typing import IO, Any, Optional, Union
-from collections.abc import Callable, Generator, Iterator
+from typing import Any, Optional
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
-from torch.distributed.checkpoint.planner import ReadItem, WriteItem
-from torch.futures import Future
-from torch.utils.serialization import config as serialization_config
 from iopath.common.file_io import g_pathmgr
-from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, FileSystemWriter, _StorageInfo
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
-from common.atomic import surfacing_write_errors, write_json
+from checkpoints.dcp_metadata import UnsafeMetadataError, check_metadata, load_metadata
+from checkpoints.errors import CheckpointError, CheckpointSaveError
+from checkpoints.meta import CheckpointMeta
+from checkpoints.storage import (IOPathFileSystem, IOPathReader, IOPathWriter, NoCopySavePlanner, TensorLoadPlanner,
+                                 is_local, join, local_path)
+from common.atomic import write_json
 from common.errors import BadInput
+from common.manifest import ManifestEntry, ManifestError, check_bytes, check_manifest_format, entry_of_bytes
 from common.path_lock import LockHeld, PathLock
-from common.manifest import (HashingStream, ManifestEntry, ManifestError, check_bytes, check_chunk,
-                             check_manifest_format, check_stream, entry_of_bytes)
-from training.checkpoint_meta import CheckpointMeta
-from training.config import CheckpointConfig, OptimizerConfig, TrainConfig
-from training.dcp_metadata import UnsafeMetadataError, check_metadata, load_metadata
-from training.failures import RankError, Terminated, sigterm_deferred
+from common.sigterm import Terminated, sigterm_deferred
 
 COMPLETE_MARKER = "COMPLETE"
 META_FILE = "meta.json"
@@ -81,202 +74,12 @@ DCP_METADATA_FILE = ".metadata"
 # 2: a data file's entry gives a digest per chunk (each item DCP writes), checked as
 # it is read; 1: one SHA-256 per file, checked in a pass before the file is read.
 MANIFEST_VERSION = 2
-_DATA_FILE_SUFFIX = ".distcp"
 BEST_FILE = "best.json"
 LOCK_FILE = ".lock"
 _STEP_DIR = re.compile(r"step_(\d+)$")
 # The section of a checkpoint's state that every rank holds whole (a sharded table as a
 # sharded tensor of all its rows); a rank's optimizer state covers only its own tables.
 _WHOLE_ON_EVERY_RANK = ("model",)
-# dtypes Tensor.numpy() accepts (not bfloat16 and the like: DCP copies those).
-_NUMPY_DTYPES = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
-                 torch.int8, torch.uint8, torch.bool}
-
-
-class CheckpointError(BadInput):
-    """A checkpoint cannot be used: missing, incomplete, corrupted or for another model."""
-
-
-class CheckpointSaveError(RankError):
-    """A checkpoint could not be written (a full disk, a lost mount); nothing complete was
-    replaced or removed."""
-
-
-def _join(path: str, name: str) -> str:
-    return path.rstrip("/") + "/" + name
-
-
-class IOPathFileSystem(FileSystemBase):
-    """DCP storage on any path iopath can open (local files, or a registered remote handler).
-
-    Every file it writes is hashed on its way to disk (a data file chunk by chunk):
-    ``written`` maps each path (after renames) to its manifest entry. A failed write is
-    kept, not raised, until `raise_write_errors`: DCP's writer threads drop exceptions
-    (with a traceback), and the checkpoint would then complete without the file.
-    """
-
-    def __init__(self) -> None:
-        self.written: dict[str, ManifestEntry] = {}
-        self.write_errors: list[OSError] = []
-
-    @contextlib.contextmanager
-    def create_stream(self, path, mode: str) -> Generator:
-        if "w" not in mode:
-            with g_pathmgr.open(str(path), mode) as stream:
-                yield stream
-            return
-        try:
-            with g_pathmgr.open(str(path), mode) as stream, surfacing_write_errors(stream) as checked:
-                hashing = HashingStream(checked, chunked=str(path).endswith(_DATA_FILE_SUFFIX))
-                yield hashing
-                hashing.close()
-        except OSError as e:  # a full disk fails at a write or at the close's flush
-            self.write_errors.append(OSError(e.errno, e.strerror, str(path)))
-            return
-        self.written[str(path)] = hashing.entry()
-
-    def raise_write_errors(self) -> None:
-        if self.write_errors:
-            raise self.write_errors[0]
-
-    def concat_path(self, path, suffix: str) -> str:
-        return _join(str(path), suffix)
-
-    def rename(self, path, new_path) -> None:
-        if g_pathmgr.exists(str(new_path)):  # iopath refuses to replace a file (it logs and returns)
-            g_pathmgr.rm(str(new_path))
-        g_pathmgr.mv(str(path), str(new_path))
-        if str(path) in self.written:
-            self.written[str(new_path)] = self.written.pop(str(path))
-
-    def write_file(self, path: str, write: Any) -> None:
-        """Writes ``path`` under a temporary name with ``write(stream)``, then renames it."""
-        with self.create_stream(path + ".tmp", "wb") as stream:
-            write(stream)
-        self.raise_write_errors()
-        self.rename(path + ".tmp", path)
-
-    def init_path(self, path) -> str:
-        return str(path)
-
-    def mkdir(self, path) -> None:
-        g_pathmgr.mkdirs(str(path))
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        return True
-
-    def exists(self, path) -> bool:
-        return g_pathmgr.exists(str(path))
-
-    def rm_file(self, path) -> None:
-        g_pathmgr.rm(str(path))
-
-    def ls(self, path) -> list[str]:
-        return [_join(str(path), name) for name in g_pathmgr.ls(str(path))]
-
-
-def _is_local(path: str) -> bool:
-    return "://" not in path or path.startswith("file://")
-
-
-def _local(path: str) -> str:
-    return path.replace("file://", "", 1)
-
-
-class _IOPathWriter(FileSystemWriter):
-    def __init__(self, path: str) -> None:
-        # fsync needs a real file descriptor: only for local files. Two files per rank,
-        # written by two threads: one file's fsync (where the disk write really happens,
-        # as the page cache holds it all until then) overlaps the other's writing.
-        super().__init__(path, sync_files=_is_local(path), thread_count=2)
-        self.fs = IOPathFileSystem()
-        self.path = path
-
-    def write_data(self, plan, planner):
-        # torch.save's CRC32 of every record is a pass over the bytes as long as the
-        # SHA-256 the manifest keeps (measured: each about as slow as a copy), and torch.load
-        # never checks it: the manifest's chunk digests are the check.
-        with sigterm_deferred(), serialization_config.patch("save.compute_crc32", False):
-            written = super().write_data(plan, planner)
-        self.fs.raise_write_errors()  # inside DCP's collective step: every rank learns of it
-        return written
-
-    def finish(self, metadata, results) -> None:
-        super().finish(metadata, results)
-        self.fs.raise_write_errors()  # .metadata, written by rank 0 inside DCP's last collective step
-
-
-class _NoCopySavePlanner(DefaultSavePlanner):
-    """DCP clones every tensor whose storage is larger than the tensor itself, so that
-    torch.save writes only its bytes. A fused table's weights and optimizer state are
-    slices of one flat buffer per TBE module: this planner hands DCP such a slice on a
-    storage of exactly its own bytes (the same memory, no copy) instead."""
-
-    def resolve_data(self, write_item: WriteItem) -> Union[torch.Tensor, io.BytesIO]:
-        data = super().resolve_data(write_item)
-        if (isinstance(data, torch.Tensor) and data.device.type == "cpu" and data.is_contiguous()
-                and data.untyped_storage().nbytes() != data.nbytes and data.dtype in _NUMPY_DTYPES):
-            data = torch.from_numpy(data.detach().numpy())  # a storage of the slice's memory only
-        return data
-
-
-class _IOPathReader(FileSystemReader):
-    """DCP's reader with the metadata read and checked beforehand (`load_checkpoint`: no
-    code runs, no file outside the checkpoint is named), each chunk of a data file
-    checked against its manifest digest as it is read, before torch.load sees it (a
-    version 1 manifest: each file in a pass before it is read), and a file that holds
-    anything but tensors refused by name."""
-
-    def __init__(self, path: str, metadata: Metadata, manifest: Optional[dict[str, ManifestEntry]]) -> None:
-        super().__init__(path)
-        self.fs = IOPathFileSystem()
-        self.path = path
-        self.metadata = metadata
-        self.manifest = manifest
-
-    def read_metadata(self) -> Metadata:  # no **kwargs: DCP then tries no per-rank metadata file
-        if getattr(self.metadata, "storage_meta", None) is None:
-            self.metadata.storage_meta = StorageMeta()
-        self.metadata.storage_meta.load_id = self.load_id
-        return self.metadata
-
-    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
-        per_file: dict[str, list[ReadItem]] = {}
-        for item in plan.items:
-            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
-        for name, items in sorted(per_file.items()):
-            file = _join(self.path, name)
-            if self.manifest is not None and "chunks" not in self.manifest.get(name, {}):
-                with g_pathmgr.open(file, "rb") as stream:
-                    check_stream(stream, file, self.manifest.get(name))
-            try:
-                super().read_data(dataclasses.replace(plan, items=items), planner)
-            except pickle.UnpicklingError as e:  # torch.load(weights_only=True) met something else
-                raise CheckpointError(f"{file}: holds objects other than tensors, which the project never "
-                                      "writes there: refused unread") from e
-        done: Future = Future()
-        done.set_result(None)
-        return done
-
-    def _slice_file(self, file, sinfo: _StorageInfo) -> IO[bytes]:
-        entry = self.manifest.get(sinfo.relative_path) if self.manifest is not None else None
-        if entry is None or "chunks" not in entry:  # checked whole in read_data, or no manifest
-            return super()._slice_file(file, sinfo)
-        file.seek(sinfo.offset)
-        data = file.read(sinfo.length)
-        check_chunk(data, _join(self.path, sinfo.relative_path), entry, sinfo.offset)
-        return io.BytesIO(data)
-
-
-class _TensorLoadPlanner(DefaultLoadPlanner):
-    """DCP's load planner without its ``torch.load(weights_only=False)`` of bytes entries
-    (torch 2.13): the project saves tensors only, and `check_metadata` refuses a bytes
-    entry before loading starts; this refuses one that got past it."""
-
-    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        raise CheckpointError(f"{read_item.dest_index.fqn} is stored as pickled bytes, where the project saves a "
-                              "tensor: refused unread")
 
 
 def _leaves(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -334,13 +137,13 @@ def _barrier(group: Optional[dist.ProcessGroup] = None) -> None:
 
 
 def is_complete(path: str) -> bool:
-    return g_pathmgr.exists(_join(path, COMPLETE_MARKER))
+    return g_pathmgr.exists(join(path, COMPLETE_MARKER))
 
 
 def read_manifest(path: str) -> Optional[dict[str, ManifestEntry]]:
     """The manifest of a complete checkpoint (its COMPLETE marker's content): file name ->
     size and SHA-256. None for a checkpoint saved before manifests ("complete")."""
-    marker = _join(path, COMPLETE_MARKER)
+    marker = join(path, COMPLETE_MARKER)
     try:
         with g_pathmgr.open(marker, "r") as f:
             text = f.read()
@@ -357,7 +160,7 @@ def read_manifest(path: str) -> Optional[dict[str, ManifestEntry]]:
 
 def _read_checked(path: str, name: str, manifest: Optional[dict[str, ManifestEntry]]) -> bytes:
     """The bytes of one file of the checkpoint, checked against the manifest."""
-    file = _join(path, name)
+    file = join(path, name)
     try:
         with g_pathmgr.open(file, "rb") as f:
             data = f.read()
@@ -374,7 +177,7 @@ def _read_checked(path: str, name: str, manifest: Optional[dict[str, ManifestEnt
 def check_writable(directory: str) -> None:
     """Raises CheckpointError unless files can be created in ``directory`` (made if
     missing), so that a run learns it before training rather than at its first save."""
-    probe = _join(directory, f".write-test-{uuid.uuid4().hex}")
+    probe = join(directory, f".write-test-{uuid.uuid4().hex}")
     try:
         g_pathmgr.mkdirs(directory)
         with g_pathmgr.open(probe, "w") as f:
@@ -391,8 +194,8 @@ def lock_checkpoint_dir(directory: str, rank: int) -> Optional[PathLock]:
     holds it. Returns rank 0's lock (None elsewhere, and for a remote iopath directory,
     which is not locked). Collective."""
     lock, refusal = None, None
-    if rank == 0 and _is_local(directory):
-        lock = PathLock(_join(_local(directory), LOCK_FILE), f"--checkpoint_dir {directory}")
+    if rank == 0 and is_local(directory):
+        lock = PathLock(join(local_path(directory), LOCK_FILE), f"--checkpoint_dir {directory}")
         try:
             lock.acquire()
         except LockHeld as e:
@@ -420,7 +223,7 @@ def complete_checkpoints(directory: str) -> list[str]:
     found = []
     for name in g_pathmgr.ls(directory):
         match = _STEP_DIR.match(name)
-        path = _join(directory, name)
+        path = join(directory, name)
         if match and is_complete(path):
             found.append((int(match.group(1)), path))
     return [path for _, path in sorted(found)]
@@ -433,7 +236,7 @@ def newest_checkpoint(directory: str) -> Optional[str]:
 
 def best_checkpoint(directory: str) -> Optional[str]:
     """The checkpoint best.json marks in ``directory``; None when none is marked."""
-    pointer = _join(directory, BEST_FILE)
+    pointer = join(directory, BEST_FILE)
     if not g_pathmgr.exists(pointer):
         return None
     try:
@@ -441,7 +244,7 @@ def best_checkpoint(directory: str) -> Optional[str]:
             name = json.load(f)["checkpoint"]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
         raise CheckpointError(f"{pointer} is unreadable ({e})") from e
-    path = _join(directory, str(name))
+    path = join(directory, str(name))
     if not _STEP_DIR.match(str(name)) or not is_complete(path):
         raise CheckpointError(f"{pointer} marks {name!r} as best, which is not a complete checkpoint of {directory}")
     return path
@@ -451,7 +254,7 @@ def checkpoint_to_load(path: str, flag: str, prefer_best: bool = True) -> str:
     """``path`` when it is a checkpoint; for a directory of checkpoints, the one marked
     best (unless ``prefer_best`` is False), else the newest complete one. ``flag`` names
     the path in the error when there is none."""
-    if g_pathmgr.exists(_join(path, META_FILE)) or _STEP_DIR.match(os.path.basename(path.rstrip("/"))):
+    if g_pathmgr.exists(join(path, META_FILE)) or _STEP_DIR.match(os.path.basename(path.rstrip("/"))):
         return path
     chosen = (best_checkpoint(path) if prefer_best and g_pathmgr.exists(path) else None) or newest_checkpoint(path)
     if chosen is None:
@@ -467,7 +270,7 @@ def read_meta(path: str) -> CheckpointMeta:
     if not is_complete(path):
         raise CheckpointError(f"checkpoint {path} is incomplete (no {COMPLETE_MARKER} marker): "
                               "its save did not finish")
-    return CheckpointMeta.from_json(_read_checked(path, META_FILE, read_manifest(path)), _join(path, META_FILE))
+    return CheckpointMeta.from_json(_read_checked(path, META_FILE, read_manifest(path)), join(path, META_FILE))
 
 
 def _rng_state() -> dict[str, Any]:
@@ -530,7 +333,7 @@ class CheckpointManager:
         Asynchronous: returns once ``state`` is copied; the previous save's error, if
         any, is raised first.
         """
-        path = _join(self.directory, f"step_{meta.step:09d}")
+        path = join(self.directory, f"step_{meta.step:09d}")
         self.wait()
         rng = _rng_state()  # now: the background thread runs while training draws more
         if not self.asynchronous:
@@ -585,13 +388,13 @@ class CheckpointManager:
         if self.rank == 0:
             g_pathmgr.mkdirs(path)
             if is_complete(path):  # re-saving the same step: invalid until rewritten
-                g_pathmgr.rm(_join(path, COMPLETE_MARKER))
+                g_pathmgr.rm(join(path, COMPLETE_MARKER))
         _barrier(self._group)
-        writer = _IOPathWriter(path)  # hashes each file as its threads write it
+        writer = IOPathWriter(path)  # hashes each file as its threads write it
         # Collective: a failure of any rank's writes raises CheckpointException on every rank.
-        dcp.save(flat_state(state), storage_writer=writer, planner=_NoCopySavePlanner(), process_group=self._group)
+        dcp.save(flat_state(state), storage_writer=writer, planner=NoCopySavePlanner(), process_group=self._group)
         with sigterm_deferred():  # torch.save would turn Terminated into "unexpected pos": a traceback
-            error = _first_error(lambda: writer.fs.write_file(_join(path, f"rank_{self.rank}.pt"),
+            error = _first_error(lambda: writer.fs.write_file(join(path, f"rank_{self.rank}.pt"),
                                                               lambda f: torch.save(rng, f)))
         files = {name[len(path) + 1:]: entry for name, entry in writer.fs.written.items()}
         gathered = _all_gather((files, error), self._group)
@@ -606,11 +409,11 @@ class CheckpointManager:
         """Rank 0, once every rank's files are written: meta.json, the COMPLETE marker
         (the manifest), then pruning."""
         meta_json = meta.to_json()
-        fs.write_file(_join(path, META_FILE), lambda f: f.write(meta_json))
+        fs.write_file(join(path, META_FILE), lambda f: f.write(meta_json))
         files[META_FILE] = entry_of_bytes(meta_json)
         manifest = json.dumps({"manifest_version": MANIFEST_VERSION, "files": dict(sorted(files.items()))},
                               indent=1).encode()
-        fs.write_file(_join(path, COMPLETE_MARKER), lambda f: f.write(manifest))
+        fs.write_file(join(path, COMPLETE_MARKER), lambda f: f.write(manifest))
         self._prune(keep=path)
 
     def mark_best(self, path: str, info: dict[str, Any]) -> None:
@@ -618,10 +421,10 @@ class CheckpointManager:
         then prunes what it kept. Collective; waits for the save in flight (``path``'s)."""
         self.wait()
         if self.rank == 0:
-            pointer = _join(self.directory, BEST_FILE)
+            pointer = join(self.directory, BEST_FILE)
             best = {"checkpoint": os.path.basename(path), **info}
-            if _is_local(pointer):
-                write_json(_local(pointer), best, indent=1)
+            if is_local(pointer):
+                write_json(local_path(pointer), best, indent=1)
             else:  # iopath's mv does not overwrite
                 with g_pathmgr.open(pointer + ".tmp", "w") as f:
                     json.dump(best, f, indent=1)
@@ -639,7 +442,7 @@ class CheckpointManager:
         doomed = [path for path in complete[: -self.keep_last_n] if path != best]
         # Leftovers of interrupted saves older than the newest complete checkpoint.
         for name in g_pathmgr.ls(self.directory):
-            path = _join(self.directory, name)
+            path = join(self.directory, name)
             if _STEP_DIR.match(name) and path not in complete and name < os.path.basename(keep):
                 doomed.append(path)
         for path in doomed:
@@ -666,50 +469,22 @@ def _host_copy(value: Any) -> Any:
     return staged["leaf"]
 
 
-class MinuteCadence:
-    """``--checkpoint_every_n_minutes``: whether a save is due at this step. Rank 0's
-    clock decides and broadcasts it, so that every rank saves at the same step (each
-    rank's own clock would now and then disagree by a step, and the save is collective).
-    The broadcast goes through a gloo group of its own: on NCCL it would synchronize
-    the host with the GPU at every step.
-
-    Args:
-        minutes: the interval; it starts at construction and at each `restart` (a save).
-            Collective when several ranks run (it creates the broadcast's group).
-    """
-
-    def __init__(self, minutes: float) -> None:
-        self.seconds = minutes * 60
-        self._group = dist.new_group(backend="gloo") if dist.is_initialized() and dist.get_world_size() > 1 else None
-        self.restart()
-
-    def restart(self) -> None:
-        self._since = time.monotonic()
-
-    def due(self) -> bool:
-        """Collective: one byte broadcast from rank 0."""
-        decision = torch.tensor([time.monotonic() - self._since >= self.seconds], dtype=torch.uint8)
-        if self._group is not None:
-            dist.broadcast(decision, src=0, group=self._group)
-        return bool(decision.item())
-
-
 def _remove_checkpoint(path: str) -> None:
     """Deletes a checkpoint directory: its marker first, so a half-deleted one is never
     taken for complete (iopath removes files, not directories)."""
     if is_complete(path):
-        g_pathmgr.rm(_join(path, COMPLETE_MARKER))
+        g_pathmgr.rm(join(path, COMPLETE_MARKER))
     for name in g_pathmgr.ls(path):
-        g_pathmgr.rm(_join(path, name))
-    if _is_local(path):
-        os.rmdir(_local(path))
+        g_pathmgr.rm(join(path, name))
+    if is_local(path):
+        os.rmdir(local_path(path))
 
 
 def _checked_dcp_metadata(path: str, manifest: Optional[dict[str, ManifestEntry]],
                           flat: dict[str, Any]) -> Metadata:
     """The checkpoint's .metadata, read without running code and checked against the
     flat state it is to fill (`check_metadata`); CheckpointError naming the file."""
-    source = _join(path, DCP_METADATA_FILE)
+    source = join(path, DCP_METADATA_FILE)
     try:
         metadata = load_metadata(_read_checked(path, DCP_METADATA_FILE, manifest), source)
         check_metadata(metadata, flat, source, set(manifest) if manifest is not None else None,
@@ -740,9 +515,9 @@ def check_stored_shapes(path: str, state: dict[str, Any]) -> None:
 def _file_size(path: str, name: str, manifest: Optional[dict[str, ManifestEntry]]) -> Optional[int]:
     """The size of one file of a checkpoint: on disk for a local one, else its
     manifest's (None: unknown, an old remote checkpoint)."""
-    if _is_local(path):
+    if is_local(path):
         try:
-            return os.path.getsize(os.path.join(_local(path), os.path.basename(name)))
+            return os.path.getsize(os.path.join(local_path(path), os.path.basename(name)))
         except OSError as e:
             raise CheckpointError(f"checkpoint {path}: {name} is missing or unreadable ({e.strerror or e})") from e
     entry = (manifest or {}).get(os.path.basename(name))
@@ -766,82 +541,14 @@ def load_checkpoint(path: str, state: dict[str, Any], rank: int, restore_rng: bo
     # the files can rewrite it too.
     metadata = _checked_dcp_metadata(path, manifest, flat)
     try:
-        dcp.load(flat, storage_reader=_IOPathReader(path, metadata, manifest), planner=_TensorLoadPlanner())
+        dcp.load(flat, storage_reader=IOPathReader(path, metadata, manifest), planner=TensorLoadPlanner())
     except (Exception, CheckpointException) as e:  # DCP gathers every rank's failure; report one line
         raise CheckpointError(f"checkpoint {path} could not be loaded: {_failure(e)}") from e
     rank_file = f"rank_{rank}.pt"
-    if restore_rng and (rank_file in manifest if manifest is not None else g_pathmgr.exists(_join(path, rank_file))):
+    if restore_rng and (rank_file in manifest if manifest is not None else g_pathmgr.exists(join(path, rank_file))):
         data = _read_checked(path, rank_file, manifest)
         try:
             _set_rng_state(torch.load(io.BytesIO(data), weights_only=True))
         except (pickle.UnpicklingError, RuntimeError, LookupError, TypeError, ValueError) as e:
-            raise CheckpointError(f"checkpoint file {_join(path, rank_file)}: not the random-generator state "
+            raise CheckpointError(f"checkpoint file {join(path, rank_file)}: not the random-generator state "
                                   "the project saves (tensors and plain values): refused") from e
-
-
-def iter_differences(saved: Any, current: Any, prefix: str = "") -> Iterator[str]:
-    """Describes where two JSON-like values differ (dict keys as dotted paths)."""
-    if isinstance(saved, dict) and isinstance(current, dict):
-        for key in sorted(set(saved) | set(current)):
-            yield from iter_differences(saved.get(key), current.get(key), f"{prefix}{key}.")
-    elif saved != current:
-        def short(v: Any) -> str:
-            text = json.dumps(v)
-            return text if len(text) <= 60 else text[:57] + "..."
-        yield f"{prefix.rstrip('.')} is {short(saved)} in the checkpoint, {short(current)} now"
-
-
-# ---------------------------------------------------------------- what a run loads
-
-@dataclass
-class RestorePoint:
-    """A checkpoint a run starts from: weights only, or everything (``full``)."""
-
-    path: str
-    meta: CheckpointMeta
-    full: bool
-
-
-def checkpoint_to_evaluate(flags: CheckpointConfig) -> str:
-    """The checkpoint whose weights a run loads (--restore_checkpoint_path, or --mode
-    validate|test with --checkpoint_dir): that path, or the best of a directory when
-    one is marked, else its newest."""
-    if flags.restore_checkpoint_path:
-        path = flags.restore_checkpoint_path
-        # A missing path: read_meta says so.
-        return checkpoint_to_load(path, "--restore_checkpoint_path") if g_pathmgr.exists(path) else path
-    path = best_checkpoint(flags.checkpoint_dir) or newest_checkpoint(flags.checkpoint_dir)  # type: ignore[arg-type]
-    if path is None:
-        raise CheckpointError(f"--checkpoint_dir {flags.checkpoint_dir}: no complete checkpoint to evaluate")
-    return path
-
-
-def find_restore_point(config: TrainConfig) -> Optional[RestorePoint]:
-    """The checkpoint the flags ask for, checked against the config; None to start fresh.
-
-    Reads only meta.json, so every rank can call it before any collective and fail
-    with the same one-line CheckpointError.
-    """
-    flags = config.checkpoint
-    full = flags.resume and config.mode == "train"
-    if full:
-        path = newest_checkpoint(flags.checkpoint_dir)  # type: ignore[arg-type]
-        if path is None:
-            return None
-    elif flags.restore_checkpoint_path or (config.mode != "train" and flags.checkpoint_dir):
-        path = checkpoint_to_evaluate(flags)
-    else:
-        return None  # inference_benchmark without a checkpoint: a freshly built model
-    meta = read_meta(path)
-    differences = list(iter_differences(asdict(meta.model), asdict(config.model)))
-    if full:
-        differences += list(iter_differences(_optimizers(meta.optimizer), _optimizers(config.optim), "optim."))
-    if differences:
-        more = f" (and {len(differences) - 3} more differences)" if len(differences) > 3 else ""
-        raise CheckpointError(f"checkpoint {path} does not match this run: {'; '.join(differences[:3])}{more}")
-    return RestorePoint(path, meta, full)  # type: ignore[arg-type]
-
-
-def _optimizers(optim: OptimizerConfig) -> dict[str, str]:
-    """The optimizers whose state a checkpoint holds (a resume needs the same ones)."""
-    return {"optimizer": optim.optimizer, "dense_optimizer": optim.resolved_dense_optimizer}

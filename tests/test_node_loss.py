@@ -254,10 +254,11 @@ def _slurm_output(directory: str, job_id: str, suffix: str) -> str:
 def test_a_host_lost_under_slurm_requeues_the_job_which_resumes_on_it_back_at_another_address(
         slurm_hosts, torchx_env, synthetic_dir, tmp_path, uninterrupted):
     """Slurm marks the silent node down and requeues the job (its `--requeue`); the
-    host comes back at another address (/etc/hosts moved, as for test_a_host_lost_mid_
-    epoch_...): its slurmd registers, the node returns by itself (ReturnToService=2),
-    and slurmctld and srun reach it at its new address (nodes addressed by name,
-    NoAddrCache). The requeued job runs one rank there and resumes from step 20."""
+    host comes back at another address (its address and /etc/hosts line moved, as in
+    the torchrun case above): its slurmd registers, the node returns by itself
+    (ReturnToService=2), and slurmctld and srun reach it at its new address (nodes
+    addressed by name, NoAddrCache). The requeued job runs a rank there and resumes
+    from step 20."""
     ckpt, log = str(tmp_path / "ckpt"), str(tmp_path / "log.jsonl")
     job_id, lost, _ = _submit_and_lose_a_host(slurm_hosts, torchx_env, _args(synthetic_dir, ckpt, log), log,
                                               lose_after_step=25, max_retries=1)

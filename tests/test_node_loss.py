@@ -216,15 +216,16 @@ def _node_state(hosts: list[Host], node: str) -> str:
     return _on_controller(hosts, "sinfo", "--noheader", "-N", "-n", node, "-o", "%t").strip()
 
 
-def _wait_until(what: str, predicate: Callable[[], bool], timeout: float) -> None:
+def _wait_until(what: str, predicate: Callable[[], bool], timeout: float, every: float = 0.5) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, f"{what}: not after {timeout} s"
-        time.sleep(0.5)
+        time.sleep(every)
 
 
 def _submit_and_lose_a_host(hosts: list[Host], torchx_env: dict[str, str], args: list[str], log: str,
-                            lose_after_step: int, max_retries: int, env: dict[str, str] = None) -> tuple:
+                            lose_after_step: int, max_retries: int,
+                            env: dict[str, str] | None = None) -> tuple[str, Host, float]:
     """Submits the dlrm component as a 2-node job (one rank per compute host) from the
     controller; once rank 0 logged ``lose_after_step``, kills every process of the host
     of the job's second part (its rank, its slurmstepd, its slurmd), which is not the
@@ -234,13 +235,17 @@ def _submit_and_lose_a_host(hosts: list[Host], torchx_env: dict[str, str], args:
                                  {**torchx_env, **(env or {})})
     assert proc.returncode == 0, proc.stderr[-3000:]
     job_id = _job_id(proc.stdout.strip().splitlines()[-1])
-    _wait_until(f"step {lose_after_step} of job {job_id}",
-                lambda: os.path.exists(log) and max(_losses(read_log(log)), default=0) >= lose_after_step,
-                RUN_TIMEOUT)
+
+    def past(step: int) -> bool:
+        return os.path.exists(log) and max(_losses(read_log(log)), default=0) >= step
+
+    _wait_until(f"job {job_id} training", lambda: past(1), RUN_TIMEOUT)
     parts = _job_parts(hosts, job_id)
     assert [part["JobState"] for part in parts] == ["RUNNING", "RUNNING"], parts
     (lost,) = [host for host in hosts if host.name == parts[1]["NodeList"]]
     assert lost.name != parts[0]["BatchHost"]
+    # Polled often: a step takes a tenth of a second, and the kill must land before the next checkpoint.
+    _wait_until(f"step {lose_after_step} of job {job_id}", lambda: past(lose_after_step), RUN_TIMEOUT, every=0.05)
     for pid in lost.pids():
         os.kill(pid, signal.SIGKILL)
     return job_id, lost, time.monotonic()

@@ -124,10 +124,11 @@ EOF
 cpus=$(($(nproc) / ${#compute[@]}))
 [ "$cpus" -ge 1 ] || cpus=1
 memory_mb=$(($(usable_memory_mb) / ${#compute[@]}))
+# No NodeAddr: each node is reached by its name, which /etc/hosts resolves (see
+# CommunicationParameters below), so a host back at another address is found there.
 nodes=""
 for host in "${compute[@]}"; do
-  address="$(awk -v host="$host" '$1 == host {print $2}' "$STATE/hosts")"
-  nodes+="NodeName=$host NodeAddr=$address CPUs=$cpus RealMemory=$memory_mb State=UNKNOWN"$'\n'
+  nodes+="NodeName=$host CPUs=$cpus RealMemory=$memory_mb State=UNKNOWN"$'\n'
 done
 candidate="$(mktemp)"
 cat >"$candidate" <<EOF
@@ -146,6 +147,11 @@ SlurmdPidFile=$RUN_DIR/slurmd-%n.pid
 SlurmctldLogFile=$LOG_DIR/slurmctld.log
 SlurmdLogFile=$LOG_DIR/slurmd-%n.log
 SlurmdTimeout=$SLURMD_TIMEOUT
+# Resolve a node's name at every connection, not once per daemon: a host that comes
+# back at another address (its /etc/hosts line changed) is reached there by slurmctld,
+# srun and the other slurmds without a restart. The whole value, nothing beside it:
+# Slurm 22.05 compares the option the wrong way round and misses it in a list.
+CommunicationParameters=NoAddrCache
 # No cgroups in a container: track and bind processes without them.
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none

@@ -16,6 +16,7 @@ import pytest
 
 from sweeps.launch import move_slurm_logs
 from sweeps.run_state import RunRecord
+from tests.support.cluster import parse_sacct_states, sacct_states_argv
 from tests.support.launch import REPO, eval_record, read_log
 from tests.support.sweeps import TINY_FLAGS, assert_row_matches_log, read_results, sweeps, write_sweep
 from tests.support.torchx_cli import SMALL_TRAINING_FLAGS, install_components, torchx
@@ -74,10 +75,8 @@ def _job_id(handle):
 
 
 def _sacct_states(job_id):
-    """Every state the job had in the accounting (``-D``: requeued runs too), in order."""
-    out = subprocess.run(["sacct", "--noheader", "-X", "-D", "--parsable2", "--format=State", "-j", job_id],
-                         capture_output=True, text=True, check=True, timeout=60).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]  # "CANCELLED by 0": CANCELLED
+    out = subprocess.run(sacct_states_argv(job_id), capture_output=True, text=True, check=True, timeout=60).stdout
+    return parse_sacct_states(out)
 
 
 def _scontrol(job_id):

@@ -93,6 +93,15 @@ def slurm_hosts(cluster_hosts: list[Host]) -> list[Host]:
     return cluster_hosts
 
 
+def sacct_states_argv(job_id: str) -> list[str]:
+    """sacct listing every state each part of a job had (``-D``: the requeued runs too), in order."""
+    return ["sacct", "--noheader", "-X", "-D", "--parsable2", "--format=State", "-j", job_id]
+
+
+def parse_sacct_states(out: str) -> list[str]:
+    return [line.split()[0] for line in out.splitlines() if line.strip()]  # "CANCELLED by 0": CANCELLED
+
+
 def training_results(records: list[dict[str, Any]]) -> tuple[list[float], dict[str, Any]]:
     """A run's step losses and test metrics (less its run id and time), to compare runs."""
     test = eval_metrics(eval_record(records, "test"))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import dlrm_main
-from tests.support.launch import launch
+from harness.launch import launch
 from training.checkpoint import (CheckpointManager, CheckpointSaveError, MinuteCadence, best_checkpoint,
                                  complete_checkpoints, load_checkpoint)
 from training.checkpoint_meta import CheckpointMeta

@@ -141,6 +141,8 @@ FORBIDDEN = {
     "models": ("training", "serving", "sweeps", "sharding_plans"),
     "data": ("training", "serving", "sweeps", "sharding_plans", "models"),
     "common": ("training", "serving", "sweeps", "sharding_plans", "models", "data"),
+    "bench": ("tests",),
+    "harness": ("tests", "bench"),
     "torchx_components": ("torch",),
     "aws_component.py": ("torch",),
 }

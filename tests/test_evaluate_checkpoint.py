@@ -8,7 +8,7 @@ import dlrm_main
 from common.json_fields import FileFieldError
 from data.config import DataConfig
 from models.config import ModelConfig
-from tests.support.launch import eval_record, launch, read_log
+from harness.launch import eval_record, launch, read_log
 from training.checkpoint_meta import CheckpointMeta
 
 # A model the defaults do not describe (dim 16, small MLPs), 12 steps, 3 test batches.

@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
 import dlrm_main
 from serving.inference_model import load_checkpoint_model
 from tests.support.hostile import HOSTILE_SETTINGS as GENERATED
-from tests.support.launch import REPO
+from harness.launch import REPO
 from training.checkpoint import (CheckpointError, _IOPathReader, _TensorLoadPlanner, load_checkpoint,
                                  newest_checkpoint)
 

@@ -23,7 +23,7 @@ import pytest
 
 from tests.support.cluster import Host, cluster_hosts, compute_hosts, start  # noqa: F401 (fixtures)
 from tests.support.cluster import TINY_TRAINING_FLAGS, read_hosts
-from tests.support.launch import REPO, eval_metrics, eval_record, free_port, read_log
+from harness.launch import REPO, eval_metrics, eval_record, free_port, read_log
 from tests.test_multihost import RDZV_PORT, RUN_TIMEOUT, _torchrun
 from training.checkpoint import COMPLETE_MARKER, complete_checkpoints
 

@@ -20,7 +20,7 @@ import pytest
 from common.manifest import check_bytes
 from common.path_lock import LockHeld, PathLock
 from serving import export, predict
-from tests.support.launch import REPO, free_port
+from harness.launch import REPO, free_port
 from training.checkpoint import LOCK_FILE, complete_checkpoints, newest_checkpoint, read_manifest
 
 TRAIN_FLAGS = ["--batch_size", "128", "--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16",

@@ -17,7 +17,7 @@ from data.criteo_transforms import transform_dense, transform_sparse
 from serving import export, predict, quality_gate, serve
 from serving.input_layouts import CriteoLines, CsvRows, MalformedLineError
 from serving.model_inputs import CriteoPreprocessing, FeatureSpecColumns, ModelInputs, Variant, read_inputs
-from tests.support.launch import REPO
+from harness.launch import REPO
 from training.checkpoint import read_meta
 from training.checkpoint_meta import CheckpointMeta
 from data.sources import source_for

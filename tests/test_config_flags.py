@@ -6,10 +6,13 @@ import ast
 import os
 import re
 import textwrap
+from dataclasses import dataclass
+from typing import Optional
 
 import pytest
 
-from common.config_flags import config_values, flags_of
+from common.cli import OneLineParser, positive_int
+from common.config_flags import config_values, flag, flags_of, parse_flags
 from data.criteo_layout import NUM_SPARSE_FEATURES
 from sharding_plans import cli as plan_cli
 from training.flags import FLAG_GROUPS, config_from_args, entry_point_parser
@@ -240,3 +243,38 @@ def test_every_flag_is_described_once_by_its_help():
     twice = [(os.path.relpath(path, REPO), cls, name) for path in checked
              for cls, name in flag_fields_described_twice(open(path).read())]
     assert twice == []
+
+
+@dataclass
+class _CopyJob:
+    """A command line of every kind of flag config_flags declares."""
+
+    source: str = flag(help="what to copy", positional=True, metavar="SOURCE_DIR")
+    output: str = flag(help="where the copy goes")
+    chunk_rows: int = flag(64, help="rows per block", parse=positive_int)
+    sizes: Optional[list[int]] = flag(None, help="table sizes")
+    extra_flags: list[str] = flag([], help="a flag passed on (repeat it)", name="extra")
+    dry_run: bool = flag(False, help="print, copy nothing")
+
+
+def test_required_positional_repeated_and_parsed_flags(capsys):
+    job = parse_flags(OneLineParser(prog="copy"), _CopyJob, ["in", "--output", "out", "--extra=--a=1",
+                                                               "--extra=--b", "--sizes", "4,5"])
+    assert job == _CopyJob(source="in", output="out", chunk_rows=64, sizes=[4, 5], extra_flags=["--a=1", "--b"],
+                           dry_run=False)
+    assert parse_flags(OneLineParser(prog="copy"), _CopyJob, ["in", "--output", "out"]).extra_flags == []
+    assert _CopyJob("a", "b").extra_flags == [] and _CopyJob("a", "b").extra_flags is not _CopyJob("a", "b").extra_flags
+    for argv, message in ((["in"], "the following arguments are required: --output"),
+                          (["--output", "out"], "the following arguments are required: SOURCE_DIR"),
+                          (["in", "--output", "out", "--chunk_rows", "0"], "argument --chunk_rows: must be positive, got 0")):
+        with pytest.raises(SystemExit) as exited:
+            parse_flags(OneLineParser(prog="copy"), _CopyJob, argv)
+        assert exited.value.code == 2 and capsys.readouterr().err == f"copy: error: {message}\n"
+    with pytest.raises(SystemExit):
+        parse_flags(OneLineParser(prog="copy"), _CopyJob, ["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "SOURCE_DIR what to copy" in help_text and "--output OUTPUT where the copy goes" in help_text
+    assert "rows per block (default 64)" in help_text and "(repeat it) " in help_text + " "
+    assert "(default )" not in help_text and "(default None)" not in help_text
+    with pytest.raises(TypeError):
+        flag("x", help="a positional argument with a default", positional=True)

@@ -240,7 +240,7 @@ def add_flags(parser: Any, config_class: type[Any], overrides: Sequence[Override
         metavar = item.spec.metavar or (item.name.upper() if item.spec.choices is None else None)
         if item.spec.positional:
             parser.add_argument(item.field.name, type=item.parse_type(), choices=item.spec.choices,
-                                metavar=metavar, help=item.spec.help)
+                                metavar=item.spec.metavar, help=item.spec.help)  # None: argparse's lower case
             continue
         common = dict(dest=item.field.name, default=argparse.SUPPRESS, help=item.spec.help + also + shown)
         options = [item.option] + former

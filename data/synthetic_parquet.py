@@ -309,19 +309,26 @@ def generate_synthetic_parquet(spec: SyntheticParquetSpec, output_dir: str) -> d
 PROG = "python -m data.synthetic_parquet"
 
 
+@dataclass
+class SyntheticParquetOutput:
+    """Where the generated log goes."""
+
+    output_dir: str = flag(help="directory of the log (date=YYYY-MM-DD/part-K.parquet); an earlier generated "
+                                "log there is replaced, anything else refused")
+
+
 @cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output_dir", required=True,
-                        help="directory of the log (date=YYYY-MM-DD/part-K.parquet); an earlier generated "
-                             "log there is replaced, anything else refused")
+    add_flags(parser, SyntheticParquetOutput)
     add_flags(parser, SyntheticParquetSpec)
     args = parser.parse_args(argv)
     spec = SyntheticParquetSpec(**config_values(SyntheticParquetSpec, args))
-    summary = generate_synthetic_parquet(spec, args.output_dir)
+    output_dir = SyntheticParquetOutput(**config_values(SyntheticParquetOutput, args)).output_dir
+    summary = generate_synthetic_parquet(spec, output_dir)
     sparse = "C*,M*" if spec.multi_hot_columns else "C*"
-    print(f"synthetic Parquet log: {summary['rows']} rows in {spec.days} days at {args.output_dir} "
-          f"(positive rate {summary['positive_rate']:.3f}); train with --parquet_path {args.output_dir} "
+    print(f"synthetic Parquet log: {summary['rows']} rows in {spec.days} days at {output_dir} "
+          f"(positive rate {summary['positive_rate']:.3f}); train with --parquet_path {output_dir} "
           f"--time_column {PARTITION_COLUMN} --dense_columns 'I*' --sparse_columns '{sparse}'")
     return 0
 

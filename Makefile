@@ -88,7 +88,7 @@ test-hostile: install
 # MATRIX_STRENGTH=2 runs those pairs alone, as .ci/run does on the second stack).
 MATRIX_STRENGTH ?= 3
 test-matrix: install
-	$(PYTHON) -m tests.support.matrix --strength $(MATRIX_STRENGTH)
+	$(PYTHON) -m harness.matrix --strength $(MATRIX_STRENGTH)
 
 bench: install
 	$(PYTHON) bench/train_throughput.py

@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator
 
 from bench.train_throughput import BOTTOM, DIM, ROWS, TOP
-from tests.support.launch import launch
+from harness.launch import launch
 
 
 def plain_copy_seconds(source: str, target: str) -> float:

@@ -24,7 +24,7 @@ from torchmetrics.classification import BinaryAUROC
 
 import dlrm_main
 from bench.train_throughput import BOTTOM, DIM, ROWS, TOP
-from tests.support.launch import launch, read_log
+from harness.launch import launch, read_log
 
 GOAL = 10.0  # evaluation records/s over training records/s, at least
 BATCH = 1024

@@ -16,7 +16,7 @@ bf16 autocast, TF32, one or two epochs, validation inside the epoch, and world s
   semi_sync run of another placement (`placement_reference`);
 
 to the tolerance `reference_tolerance` gives and explains; and, as in
-`tests/support/matrix.py`, resume bit-exact and the exported fp32 program equal to the
+`harness/matrix.py`, resume bit-exact and the exported fp32 program equal to the
 eager model (with TF32 off). Combinations the application refuses must be refused on
 every rank with one ``error:`` line from rank 0. It prints which network NCCL uses,
 then one table with pass/fail and records/s per case, and exits 1 when a case fails.
@@ -43,8 +43,8 @@ import torch
 
 from models.config import EMBEDDING_PRECISIONS, INTERACTION_TYPES
 from sharding_plans.constraints import CUDA_ONLY_KERNELS, SHARDING_TYPES
-from tests.support import matrix
-from tests.support.matrix import MIXED, Case, CaseResult, MatrixSpec, Refusal
+from harness import matrix
+from harness.matrix import MIXED, Case, CaseResult, MatrixSpec, Refusal
 from training.config import DENSE_OPTIMIZERS, OPTIMIZERS, PIPELINES
 from training.pipelines import CUDA_ONLY_PIPELINES
 
@@ -315,8 +315,8 @@ def run(spec: MatrixSpec, strength: int, only: str, list_only: bool, launcher: O
         print(format_plan(spec, cases, refusals))
         return 0
     from data.synthetic_criteo import generate_synthetic_criteo
-    from tests.conftest import SMALL_SPEC
-    from tests.support.launch import launch
+    from harness.small_data import SMALL_SPEC
+    from harness.launch import launch
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpu_check-") as work:
         data_dir = os.path.join(work, "data")

@@ -22,7 +22,7 @@ from bench.train_throughput import BOTTOM, DIM, ROWS, TOP
 from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
 from data.multi_hot import MultiHotExpander
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
-from tests.support.launch import launch, read_log
+from harness.launch import launch, read_log
 
 BATCH = 1024
 

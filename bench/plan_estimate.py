@@ -23,7 +23,7 @@ from typing import Any
 
 import dlrm_main
 from bench.train_throughput import BOTTOM, DIM, TOP
-from tests.support.launch import launch, read_log
+from harness.launch import launch, read_log
 
 # 10 points, about 1.4x apart: 26 tables of 63 MiB to 1.24 GiB of fp32 weights in all.
 DEFAULT_ROWS = "10000,14000,20000,28000,40000,56000,80000,110000,150000,200000"

@@ -35,7 +35,7 @@ import dcnv2_main
 import dlrm_main
 from data.feature_spec import DEFAULT_SPEC_NAME, FeatureSpec
 from data.transcode import transcode
-from tests.support.launch import eval_record, launch, read_log
+from harness.launch import eval_record, launch, read_log
 from training.metrics import BinaryClassificationMetrics
 from training.recipes import RECIPES
 

@@ -42,7 +42,7 @@ from typing import Any
 from bench.checkpoint_throughput import plain_copy_seconds
 from bench.loader_throughput import loader_rate
 from bench.train_throughput import BOTTOM, DIM, TOP
-from tests.support.launch import launch, read_log
+from harness.launch import launch, read_log
 
 TABLES, BATCH, TRAIN_STEPS, EVAL_BATCHES = 26, 1024, 40, 40
 GB = 1e9

@@ -22,7 +22,7 @@ from typing import Any
 
 from bench.scaling import _fill
 from bench.train_throughput import BOTTOM, DIM, TOP
-from tests.support.launch import launch, read_log
+from harness.launch import launch, read_log
 
 TABLES, BATCH = 26, 1024
 GB = 1e9

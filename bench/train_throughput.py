@@ -20,7 +20,7 @@ import time
 import torch
 
 import dlrm_main
-from tests.support.launch import launch, read_log
+from harness.launch import launch, read_log
 
 BOTTOM = [512, 256, 64]
 TOP = [512, 512, 256, 1]

@@ -3,8 +3,10 @@
 A config field is a flag when it is declared with `flag`: its default, help text and
 choices are in the field's metadata, and `add_flags` builds the parser's options from
 them (``--<field>`` unless the metadata names the flag otherwise; ``bool`` fields
-are switches, ``list[int]`` fields take ``512,256,64``). `Overrides` holds values for
-some fields of one config class (a recipe's), checked against its fields.
+are switches, ``list[int]`` fields take ``512,256,64``, ``list[str]`` fields are
+repeated flags, each one adding an item; a field without a default is a required
+flag, or a positional argument with ``positional=True``). `Overrides` holds values
+for some fields of one config class (a recipe's), checked against its fields.
 
 Flags are added without parser defaults, so the parsed namespace holds exactly what
 the command line gave; `config_values` fills in the rest, the command line winning
@@ -52,6 +54,10 @@ class FlagSpec:
             (``--adagrad`` for ``--optimizer adagrad``); giving both with another
             value is refused.
         former_names: names the flag had before, still accepted as the same flag.
+        metavar: what ``--help`` calls the value (None: the flag's name in capitals).
+        parse: parses the command line's text, raising ``argparse.ArgumentTypeError``
+            (``common.cli.positive_int``); None: the field's type.
+        positional: a positional argument (named by the field) instead of ``--name``.
     """
 
     help: str
@@ -59,19 +65,27 @@ class FlagSpec:
     name: Optional[str] = None
     alias: Optional[tuple[str, Any]] = None
     former_names: tuple[str, ...] = ()
+    metavar: Optional[str] = None
+    parse: Optional[Callable[[str], Any]] = None
+    positional: bool = False
 
 
 def flag(default: Any = dataclasses.MISSING, *, help: str, choices: Optional[Sequence[Any]] = None,
          name: Optional[str] = None, alias: Optional[tuple[str, Any]] = None,
-         former_names: Sequence[str] = ()) -> Any:
-    """A dataclass field that is a command-line flag (a list default is copied per instance).
+         former_names: Sequence[str] = (), metavar: Optional[str] = None,
+         parse: Optional[Callable[[str], Any]] = None, positional: bool = False) -> Any:
+    """A dataclass field that is a command-line flag (a list default is copied per instance);
+    without a default, the command line must give it.
 
     Example::
 
         embedding_dim: int = flag(64, help="width of every embedding table")
+        output_dir: str = flag(help="where the files go")  # required
     """
+    if positional and (default is not dataclasses.MISSING or alias or former_names):
+        raise TypeError("a positional argument has no default, alias or former names")
     metadata = {_FLAG: FlagSpec(help, tuple(choices) if choices is not None else None, name, alias,
-                                tuple(former_names))}
+                                tuple(former_names), metavar, parse, positional)}
     if isinstance(default, list):
         frozen = tuple(default)
         return dataclasses.field(default_factory=lambda: list(frozen), metadata=metadata)
@@ -84,7 +98,7 @@ class Flag:
 
     field: dataclasses.Field
     spec: FlagSpec
-    value_type: Any  # int, float, str, bool or list[int] (Optional removed)
+    value_type: Any  # int, float, str, bool, list[int] or list[str] (Optional removed)
 
     @property
     def name(self) -> str:
@@ -101,11 +115,26 @@ class Flag:
         return None if self.field.default is dataclasses.MISSING else self.field.default
 
     @property
+    def required(self) -> bool:
+        """Whether the field has no default: the command line (or an override) gives it."""
+        return (self.field.default is dataclasses.MISSING
+                and self.field.default_factory is dataclasses.MISSING)  # type: ignore[misc]
+
+    @property
     def is_switch(self) -> bool:
         return self.value_type is bool
 
+    @property
+    def is_repeated(self) -> bool:
+        """A ``list[str]`` field: each ``--name VALUE`` adds an item."""
+        return self.value_type == list[str]
+
     def parse_type(self) -> Callable[[str], Any]:
-        return int_list if self.value_type == list[int] else self.value_type
+        if self.spec.parse is not None:
+            return self.spec.parse
+        if self.value_type == list[int]:
+            return int_list
+        return str if self.is_repeated else self.value_type
 
 
 def _without_optional(annotation: Any) -> Any:
@@ -205,16 +234,23 @@ def add_flags(parser: Any, config_class: type[Any], overrides: Sequence[Override
         if item.field.name in exclude:
             continue
         default = default_of(item, overrides, config_class)
-        shown = "" if default is None or item.is_switch else f" (default {_describe(default)})"
+        shown = "" if default in (None, []) or item.is_switch else f" (default {_describe(default)})"
         former = [f"--{name}" for name in item.spec.former_names]
         also = f" (formerly {', '.join(former)})" if former else ""
+        metavar = item.spec.metavar or (item.name.upper() if item.spec.choices is None else None)
+        if item.spec.positional:
+            parser.add_argument(item.field.name, type=item.parse_type(), choices=item.spec.choices,
+                                metavar=item.spec.metavar, help=item.spec.help)  # None: argparse's lower case
+            continue
         common = dict(dest=item.field.name, default=argparse.SUPPRESS, help=item.spec.help + also + shown)
         options = [item.option] + former
         if item.is_switch:
             parser.add_argument(*options, action="store_true", **common)
         else:
-            parser.add_argument(*options, type=item.parse_type(), choices=item.spec.choices,
-                                metavar=item.name.upper() if item.spec.choices is None else None, **common)
+            parser.add_argument(*options, type=item.parse_type(), choices=item.spec.choices, metavar=metavar,
+                                required=item.required and not any(item.field.name in o for o in overrides
+                                                                   if o.config_class is config_class),
+                                action="append" if item.is_repeated else "store", **common)
         if item.spec.alias is not None:
             switch, value = item.spec.alias
             parser.add_argument(f"--{switch}", action="store_true", default=argparse.SUPPRESS,
@@ -248,3 +284,16 @@ def config_values(config_class: type[Any], args: argparse.Namespace,
             value = aliased
         values[item.field.name] = default_of(item, overrides, config_class) if value is argparse.SUPPRESS else value
     return values
+
+
+def parse_flags(parser: Any, config_class: type[Any], argv: Optional[Sequence[str]] = None) -> Any:
+    """A CLI whose flags are one config class's: adds them to ``parser``, parses ``argv``
+    (None: sys.argv[1:]) and returns the config built from it (bad flags: the parser's
+    error, one line and exit 2 with ``common.cli.OneLineParser``).
+
+    Example::
+
+        config = parse_flags(OneLineParser(prog="python -m data.transcode"), TranscodeConfig, argv)
+    """
+    add_flags(parser, config_class)
+    return config_class(**config_values(config_class, parser.parse_args(argv)))

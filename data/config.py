@@ -39,28 +39,11 @@ class BatchLoader(Protocol):
 
 @dataclass
 class DataConfig:
-    """The data flags.
+    """The data flags: which source (at most one path flag; none: uniform random data),
+    how it is split and batched.
 
     Args:
-        in_memory_binary_criteo_path: directory of day_{i}_*.npy files; None for
-            uniform random data.
-        synthetic_multi_hot_criteo_path: directory of the MLPerf multi-hot layout
-            (day_{i}_sparse_multi_hot.npz + dense + labels).
-        dataset_path: a feature_spec.yaml of split_binary files (any feature counts).
-        dataset_name: criteo_1t or criteo_kaggle.
-        batch_size: training rows per rank per step.
-        test_batch_size: validation/test rows per rank per step (default batch_size).
-        drop_last_training_batch: drop the final partial training batch.
-        limit_train_batches, limit_val_batches, limit_test_batches: cap each split.
-        shuffle_batches: shuffle the order of training batches every epoch.
-        shuffle_training_set: visit training rows in one random order.
-        mmap_mode: read batches lazily from memory-mapped files.
-        pin_memory: pin host batches (CUDA only).
-        seed: seed of the data order and of random data.
-        multi_hot_sizes: bag size per feature, to expand one-hot data into multi-hot.
-        multi_hot_distribution_type: uniform (default) or pareto offsets for the bags.
-        weight_column: the column of per-row sample weights (with ``dataset_path``, the
-            spec's channel_spec weight); None trains and evaluates unweighted.
+        seed: seed of the data order and of random data (the run's ``--seed``).
     """
 
     in_memory_binary_criteo_path: Optional[str] = flag(

@@ -58,7 +58,8 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from common.atomic import atomic_path, naming_write_errors, write_json
-from common.cli import OneLineParser, cli_main, int_list
+from common.cli import OneLineParser, cli_main
+from common.config_flags import flag, parse_flags
 from common.errors import BadInput
 from data.criteo_layout import (METADATA_FILE, NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, CriteoMetadata, day_file,
                                 done_marker, metadata_file, read_metadata, remove_day_files_from, write_metadata)
@@ -68,6 +69,7 @@ from data.criteo_tsv import parse_criteo_lines
 from data.text_lines import DaySource, iter_line_chunks, read_blocks
 
 DATASET_NAMES = ("criteo_1t", "criteo_kaggle")
+BAD_LINE_POLICIES = ("error", "skip")
 RAW_DAY_FILE = re.compile(r"day_(\d+)(\.gz)?")  # criteo_1t input day files
 _NPY_HEADER_BYTES = 128
 _DAY_ARRAYS = {"dense": (np.float32, NUM_DENSE_FEATURES), "sparse": (np.int32, NUM_SPARSE_FEATURES), "labels": (np.int32, 1)}
@@ -80,32 +82,26 @@ class BadLineError(BadInput):
 
 @dataclass
 class PreprocessConfig:
-    """What to preprocess and how; see the module docstring.
+    """What to preprocess and how (the command line's flags); see the module docstring."""
 
-    Args:
-        input_dir: raw day files or the Kaggle train.txt.
-        output_dir: where the binary layout goes.
-        dataset_name: criteo_1t or criteo_kaggle.
-        frequency_threshold: 0 for none; else hashes seen fewer times map to id 0.
-        num_embeddings_per_feature: table sizes to take ids modulo (26 values).
-        workers: day files processed in parallel.
-        on_bad_lines: "error" stops at the first malformed line; "skip" counts them.
-        chunk_bytes: bytes of text parsed at a time (bounds memory per worker).
-        kaggle_days: day files the Kaggle train.txt is cut into.
-        vocabulary: the output directory of the training data's run, whose ids to apply
-            (see the module docstring); None: this run's own.
-    """
-
-    input_dir: str
-    output_dir: str
-    dataset_name: str
-    frequency_threshold: int = 0
-    num_embeddings_per_feature: Optional[list[int]] = None
-    workers: int = 1
-    on_bad_lines: str = "error"
-    chunk_bytes: int = 1 << 20
-    kaggle_days: int = 7
-    vocabulary: Optional[str] = None
+    input_dir: str = flag(help="criteo_1t: directory of day_0 ... day_23 (plain or .gz); criteo_kaggle: the "
+                               "directory holding train.txt (or train.txt.gz)")
+    output_dir: str = flag(help="directory of the binary layout to write (day_{i}_{dense,sparse,labels}.npy, "
+                                "metadata.json); running the same command again resumes it")
+    dataset_name: str = flag(choices=DATASET_NAMES, help="which Criteo data set the input is")
+    frequency_threshold: int = flag(0, help="contiguous ids by frequency; hashes seen fewer times over the "
+                                            "training days map to id 0 (0: none)")
+    num_embeddings_per_feature: Optional[list[int]] = flag(
+        None, help="table sizes to take the ids modulo, comma-separated (26 values; default: none)")
+    workers: int = flag(1, help="day files processed in parallel")
+    on_bad_lines: str = flag("error", choices=BAD_LINE_POLICIES,
+                             help="error: stop at the first malformed line; skip: count and skip them")
+    chunk_bytes: int = flag(1 << 20, help="bytes of text parsed at a time: bounds each worker's memory")
+    kaggle_days: int = flag(7, help="day files the Kaggle train.txt is cut into")
+    # None: this run's own vocabulary.
+    vocabulary: Optional[str] = flag(None, metavar="TRAINING_DATA_DIR",
+                                     help="apply the ids of the run that wrote TRAINING_DATA_DIR (its vocabulary, "
+                                          "threshold, modulo and table sizes) to new days")
 
     def validate(self) -> None:
         if self.vocabulary is not None:
@@ -129,7 +125,7 @@ class PreprocessConfig:
                 raise BadInput("--num_embeddings_per_feature values must be positive int32 numbers")
         if self.workers <= 0:
             raise BadInput(f"--workers must be positive, got {self.workers}")
-        if self.on_bad_lines not in ("error", "skip"):
+        if self.on_bad_lines not in BAD_LINE_POLICIES:
             raise BadInput(f"--on_bad_lines must be error or skip, got {self.on_bad_lines!r}")
         if self.chunk_bytes < 1024:
             raise BadInput(f"--chunk_bytes must be at least 1024, got {self.chunk_bytes}")
@@ -542,32 +538,7 @@ PROG = "preprocess_criteo"
 
 @cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--input_dir", required=True,
-                        help="criteo_1t: directory of day_0 ... day_23 (plain or .gz); criteo_kaggle: the directory "
-                             "holding train.txt (or train.txt.gz)")
-    parser.add_argument("--output_dir", required=True,
-                        help="directory of the binary layout to write (day_{i}_{dense,sparse,labels}.npy, "
-                             "metadata.json); running the same command again resumes it")
-    parser.add_argument("--dataset_name", required=True, choices=DATASET_NAMES, help="which Criteo data set the input is")
-    parser.add_argument("--frequency_threshold", type=int, default=0,
-                        help="contiguous ids by frequency; hashes seen fewer times over the training days map to "
-                             "id 0 (default 0: none)")
-    parser.add_argument("--num_embeddings_per_feature", type=int_list, default=None,
-                        help="table sizes to take the ids modulo, comma-separated (26 values; default: none)")
-    parser.add_argument("--workers", type=int, default=1, help="day files processed in parallel (default 1)")
-    parser.add_argument("--on_bad_lines", choices=("error", "skip"), default="error",
-                        help="error: stop at the first malformed line (default); skip: count and skip them")
-    parser.add_argument("--chunk_bytes", type=int, default=PreprocessConfig.chunk_bytes,
-                        help=f"bytes of text parsed at a time: bounds each worker's memory "
-                             f"(default {PreprocessConfig.chunk_bytes})")
-    parser.add_argument("--kaggle_days", type=int, default=PreprocessConfig.kaggle_days,
-                        help=f"day files the Kaggle train.txt is cut into (default {PreprocessConfig.kaggle_days})")
-    parser.add_argument("--vocabulary", default=None, metavar="TRAINING_DATA_DIR",
-                        help="apply the ids of the run that wrote TRAINING_DATA_DIR (its vocabulary, threshold, "
-                             "modulo and table sizes) to new days")
-    args = parser.parse_args(argv)
-    config = PreprocessConfig(**vars(args))
+    config = parse_flags(OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0]), PreprocessConfig, argv)
     try:
         metadata = preprocess(config)
     except OSError as e:  # a full disk, say: the message names the file

@@ -20,15 +20,17 @@ import contextlib
 import dataclasses
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 from collections.abc import Sequence
 
 import numpy as np
 
 from common.atomic import atomic_path
-from common.cli import OneLineParser, cli_main, int_list
+from common.cli import OneLineParser, cli_main
+from common.config_flags import add_flags, config_values, flag
 from common.errors import BadInput
+from data.config import MULTI_HOT_DISTRIBUTIONS
 from data.criteo_layout import (
     NUM_DENSE_FEATURES,
     NUM_SPARSE_FEATURES,
@@ -51,24 +53,16 @@ _CHUNK_ROWS = 65536
 
 @dataclass
 class SyntheticCriteoSpec:
-    """What to generate.
+    """What to generate: the days, the tables and the hidden model that labels the rows."""
 
-    Args:
-        num_days: day files to write; the last one becomes validation + test.
-        rows_per_day: rows in each day file.
-        cardinalities: ids per categorical feature (26 values).
-        seed: seed of the hidden model and of every sample.
-        id_skew: ids are ``floor(cardinality * u ** id_skew)`` for uniform u;
-            larger is more skewed towards a few frequent ids.
-        signal_scale: multiplies the hidden logit; larger makes labels easier.
-    """
-
-    num_days: int = 4
-    rows_per_day: int = 250_000
-    cardinalities: list[int] = field(default_factory=lambda: list(DEFAULT_CARDINALITIES))
-    seed: int = 0
-    id_skew: float = 3.0
-    signal_scale: float = 1.0
+    num_days: int = flag(4, help="day files to write; the last becomes validation + test")
+    rows_per_day: int = flag(250_000, help="rows in each day file")
+    cardinalities: list[int] = flag(DEFAULT_CARDINALITIES,
+                                    help=f"{NUM_SPARSE_FEATURES} comma-separated table sizes (a spread from 4 to 40k)")
+    seed: int = flag(0, help="seed of the hidden model and every sample")
+    # u is uniform in [0, 1).
+    id_skew: float = flag(3.0, help="ids are floor(cardinality * u ** SKEW): larger puts more rows on a few ids")
+    signal_scale: float = flag(1.0, help="multiplies the hidden logit: larger makes labels easier to predict")
 
     def validate(self) -> None:
         if self.num_days < 2:
@@ -83,6 +77,22 @@ class SyntheticCriteoSpec:
             raise BadInput("--cardinalities must be positive int32 values")
         if self.id_skew <= 0:
             raise BadInput(f"--id_skew must be positive, got {self.id_skew}")
+
+
+SYNTHETIC_FORMATS = ("binary", "tsv", "tsv.gz", "multi_hot")
+
+
+@dataclass
+class SyntheticCriteoOutput:
+    """Where the generated days go and in which layout."""
+
+    output_dir: str = flag(help="directory to write the day files to")
+    format: str = flag("binary", choices=SYNTHETIC_FORMATS,
+                       help="binary: the in-memory layout; tsv / tsv.gz: raw Criteo day files day_<i>[.gz]; "
+                            "multi_hot: the MLPerf multi-hot layout (with --multi_hot_sizes)")
+    multi_hot_sizes: Optional[list[int]] = flag(None, help=f"{NUM_SPARSE_FEATURES} bag sizes (multi_hot)")
+    multi_hot_distribution_type: str = flag("uniform", choices=MULTI_HOT_DISTRIBUTIONS,
+                                            help="offsets of the extra ids in a bag (multi_hot)")
 
 
 @dataclass
@@ -312,55 +322,30 @@ PROG = "python -m data.synthetic_criteo"
 @cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output_dir", required=True, help="directory to write the day files to")
-    parser.add_argument("--num_days", type=int, default=SyntheticCriteoSpec.num_days,
-                        help=f"day files to write; the last becomes validation + test "
-                             f"(default {SyntheticCriteoSpec.num_days})")
-    parser.add_argument("--rows_per_day", type=int, default=SyntheticCriteoSpec.rows_per_day,
-                        help=f"rows in each day file (default {SyntheticCriteoSpec.rows_per_day})")
-    parser.add_argument("--cardinalities", type=int_list, default=None,
-                        help="26 comma-separated table sizes (default: a spread from 4 to 40k)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the hidden model and every sample (default 0)")
-    parser.add_argument("--id_skew", type=float, default=SyntheticCriteoSpec.id_skew,
-                        help=f"ids are floor(cardinality * u ** SKEW): larger puts more rows on a few ids "
-                             f"(default {SyntheticCriteoSpec.id_skew})")
-    parser.add_argument("--signal_scale", type=float, default=SyntheticCriteoSpec.signal_scale,
-                        help=f"multiplies the hidden logit: larger makes labels easier to predict "
-                             f"(default {SyntheticCriteoSpec.signal_scale})")
-    parser.add_argument("--format", choices=("binary", "tsv", "tsv.gz", "multi_hot"), default="binary",
-                        help="binary: the in-memory layout; tsv / tsv.gz: raw Criteo day files day_<i>[.gz]; "
-                             "multi_hot: the MLPerf multi-hot layout (with --multi_hot_sizes)")
-    parser.add_argument("--multi_hot_sizes", type=int_list, default=None, help="26 bag sizes (multi_hot)")
-    parser.add_argument("--multi_hot_distribution_type", choices=("uniform", "pareto"), default="uniform",
-                        help="offsets of the extra ids in a bag (multi_hot; default uniform)")
+    add_flags(parser, SyntheticCriteoOutput)
+    add_flags(parser, SyntheticCriteoSpec)
     args = parser.parse_args(argv)
-    spec = SyntheticCriteoSpec(
-        num_days=args.num_days,
-        rows_per_day=args.rows_per_day,
-        cardinalities=args.cardinalities or list(DEFAULT_CARDINALITIES),
-        seed=args.seed,
-        id_skew=args.id_skew,
-        signal_scale=args.signal_scale,
-    )
+    spec = SyntheticCriteoSpec(**config_values(SyntheticCriteoSpec, args))
+    output = SyntheticCriteoOutput(**config_values(SyntheticCriteoOutput, args))
     try:
-        if args.format == "multi_hot":
-            if args.multi_hot_sizes is None or len(args.multi_hot_sizes) != NUM_SPARSE_FEATURES:
+        if output.format == "multi_hot":
+            if output.multi_hot_sizes is None or len(output.multi_hot_sizes) != NUM_SPARSE_FEATURES:
                 raise BadInput(f"--format multi_hot needs --multi_hot_sizes with {NUM_SPARSE_FEATURES} values")
-            generate_multi_hot_criteo(spec, args.output_dir, args.multi_hot_sizes, args.multi_hot_distribution_type)
-            print(f"multi-hot synthetic Criteo data at {args.output_dir}")
+            generate_multi_hot_criteo(spec, output.output_dir, output.multi_hot_sizes, output.multi_hot_distribution_type)
+            print(f"multi-hot synthetic Criteo data at {output.output_dir}")
             return 0
-        if args.format != "binary":
+        if output.format != "binary":
             spec.validate()
-            suffix = ".gz" if args.format == "tsv.gz" else ""
-            write_raw_days(spec, args.output_dir, suffix)
-            print(f"raw Criteo TSV: {spec.num_days} days of {spec.rows_per_day} lines at {args.output_dir}")
+            suffix = ".gz" if output.format == "tsv.gz" else ""
+            write_raw_days(spec, output.output_dir, suffix)
+            print(f"raw Criteo TSV: {spec.num_days} days of {spec.rows_per_day} lines at {output.output_dir}")
             return 0
-        metadata = generate_synthetic_criteo(spec, args.output_dir)
+        metadata = generate_synthetic_criteo(spec, output.output_dir)
     except OSError as e:  # a full disk, say: the message names the file
         raise BadInput(str(e)) from e
     print(
         f"synthetic Criteo data: {sum(metadata.rows_per_day or [])} rows in {metadata.num_days} days at "
-        f"{args.output_dir} (positive rate {metadata.positive_rate:.3f})"
+        f"{output.output_dir} (positive rate {metadata.positive_rate:.3f})"
     )
     return 0
 

@@ -15,12 +15,14 @@ ids below ``--auto_cardinality``.
 """
 
 import os
+from dataclasses import dataclass
 from typing import Any, Optional
 from collections.abc import Sequence
 
 import numpy as np
 
 from common.cli import OneLineParser, cli_main
+from common.config_flags import flag, parse_flags
 from common.errors import BadInput
 from data.criteo_layout import NUM_DENSE_FEATURES
 from data.feature_spec import AUTO, DEFAULT_SPEC_NAME, FeatureSpec
@@ -131,19 +133,24 @@ def _cardinality(text: str) -> int:
 PROG = "python -m data.synthetic_csv"
 
 
+@dataclass
+class SyntheticCsvFlags:
+    """The command line's flags: the spec (given, or made from the feature counts) and the rows."""
+
+    output: str = flag(help="directory of the CSV files and feature_spec.yaml")
+    feature_spec: Optional[str] = flag(None, help="spec whose csv chunks to write (else one is made)")
+    num_numerical: int = flag(NUM_DENSE_FEATURES, help="numerical features of the made spec")
+    num_categorical: int = flag(26, help="categorical features of the made spec")
+    cardinality: str = flag(AUTO, help="cardinality of the made spec's features (int or auto)")
+    auto_cardinality: int = flag(1000, help="id range of cardinality: auto features")
+    train_rows: int = flag(100_000, help="rows of the train split")
+    test_rows: int = flag(20_000, help="rows of the test split")
+    seed: int = flag(0, help="seed of the generated values")
+
+
 @cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
-    parser.add_argument("--output", required=True, help="directory of the CSV files and feature_spec.yaml")
-    parser.add_argument("--feature_spec", default=None, help="spec whose csv chunks to write (else one is made)")
-    parser.add_argument("--num_numerical", type=int, default=NUM_DENSE_FEATURES, help="numerical features of the made spec")
-    parser.add_argument("--num_categorical", type=int, default=26, help="categorical features of the made spec")
-    parser.add_argument("--cardinality", default=AUTO, help="cardinality of the made spec's features (int or auto)")
-    parser.add_argument("--auto_cardinality", type=int, default=1000, help="id range of cardinality: auto features")
-    parser.add_argument("--train_rows", type=int, default=100_000, help="rows of the train split (default 100000)")
-    parser.add_argument("--test_rows", type=int, default=20_000, help="rows of the test split (default 20000)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the generated values (default 0)")
-    args = parser.parse_args(argv)
+    args = parse_flags(OneLineParser(prog=PROG, description=__doc__.splitlines()[0]), SyntheticCsvFlags, argv)
     if args.feature_spec:
         spec = FeatureSpec.load(args.feature_spec, allow_auto=True)
     else:

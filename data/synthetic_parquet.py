@@ -45,6 +45,7 @@ import pyarrow.parquet as pq
 
 from common.atomic import atomic_dir
 from common.cli import OneLineParser, cli_main, positive_int
+from common.config_flags import add_flags, config_values, flag
 from common.errors import BadInput
 from data.synthetic_criteo import DEFAULT_CARDINALITIES
 
@@ -76,34 +77,22 @@ def _is_string_column(index: int) -> bool:
 
 @dataclass
 class SyntheticParquetSpec:
-    """What to generate (the flags of ``python -m data.synthetic_parquet``).
+    """What to generate (the flags of ``python -m data.synthetic_parquet`` but the output
+    directory): the days and their files, the columns, and the hidden model that labels
+    the rows."""
 
-    Args:
-        days: day partitions to write.
-        rows_per_day: rows of each day.
-        start_date: the first day, YYYY-MM-DD.
-        files_per_day: part files per day (rows split evenly, in time order).
-        row_group_rows: rows per row group.
-        multi_hot_columns: list columns M1 ... (0 for none).
-        max_bag_size: the longest bag of a multi-hot column.
-        new_id_rate: the fraction of a day's values that are ids first seen that day.
-        id_skew: ids of the vocabulary are ``floor(cardinality * u ** id_skew)``;
-            larger puts more rows on a few frequent ids.
-        signal_scale: multiplies the hidden logit; larger makes labels easier.
-        seed: seed of the hidden model and every sample.
-    """
-
-    days: int = 4
-    rows_per_day: int = 100_000
-    start_date: str = "2026-11-01"
-    files_per_day: int = 2
-    row_group_rows: int = 10_000
-    multi_hot_columns: int = 2
-    max_bag_size: int = 20
-    new_id_rate: float = 0.05
-    id_skew: float = 3.0
-    signal_scale: float = 1.0
-    seed: int = 0
+    days: int = flag(4, parse=positive_int, help="day partitions")
+    rows_per_day: int = flag(100_000, parse=positive_int, help="rows of each day")
+    start_date: str = flag("2026-11-01", help="the first day, YYYY-MM-DD")
+    # Rows are split evenly between a day's files.
+    files_per_day: int = flag(2, parse=positive_int, help="part files per day, in time order")
+    row_group_rows: int = flag(10_000, parse=positive_int, help="rows per Parquet row group")
+    multi_hot_columns: int = flag(2, help="list columns M1 ... of multi-hot bags")
+    max_bag_size: int = flag(20, parse=positive_int, help="the longest multi-hot bag")
+    new_id_rate: float = flag(0.05, help="fraction of a day's ids first seen that day")
+    id_skew: float = flag(3.0, help="ids are floor(cardinality * u ** SKEW): larger puts more rows on a few ids")
+    signal_scale: float = flag(1.0, help="multiplies the hidden logit: larger makes labels easier to predict")
+    seed: int = flag(0, help="seed of the hidden model and every sample")
 
     def validate(self) -> None:
         for name in ("days", "rows_per_day", "files_per_day", "row_group_rows", "max_bag_size"):
@@ -320,43 +309,26 @@ def generate_synthetic_parquet(spec: SyntheticParquetSpec, output_dir: str) -> d
 PROG = "python -m data.synthetic_parquet"
 
 
+@dataclass
+class SyntheticParquetOutput:
+    """Where the generated log goes."""
+
+    output_dir: str = flag(help="directory of the log (date=YYYY-MM-DD/part-K.parquet); an earlier generated "
+                                "log there is replaced, anything else refused")
+
+
 @cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    defaults = SyntheticParquetSpec()
     parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output_dir", required=True,
-                        help="directory of the log (date=YYYY-MM-DD/part-K.parquet); an earlier generated "
-                             "log there is replaced, anything else refused")
-    parser.add_argument("--days", type=positive_int, default=defaults.days,
-                        help=f"day partitions (default {defaults.days})")
-    parser.add_argument("--rows_per_day", type=positive_int, default=defaults.rows_per_day,
-                        help=f"rows of each day (default {defaults.rows_per_day})")
-    parser.add_argument("--start_date", default=defaults.start_date,
-                        help=f"the first day, YYYY-MM-DD (default {defaults.start_date})")
-    parser.add_argument("--files_per_day", type=positive_int, default=defaults.files_per_day,
-                        help=f"part files per day, in time order (default {defaults.files_per_day})")
-    parser.add_argument("--row_group_rows", type=positive_int, default=defaults.row_group_rows,
-                        help=f"rows per Parquet row group (default {defaults.row_group_rows})")
-    parser.add_argument("--multi_hot_columns", type=int, default=defaults.multi_hot_columns,
-                        help=f"list columns M1 ... of multi-hot bags (default {defaults.multi_hot_columns})")
-    parser.add_argument("--max_bag_size", type=positive_int, default=defaults.max_bag_size,
-                        help=f"the longest multi-hot bag (default {defaults.max_bag_size})")
-    parser.add_argument("--new_id_rate", type=float, default=defaults.new_id_rate,
-                        help=f"fraction of a day's ids first seen that day (default {defaults.new_id_rate})")
-    parser.add_argument("--id_skew", type=float, default=defaults.id_skew,
-                        help=f"ids are floor(cardinality * u ** SKEW): larger puts more rows on a few ids "
-                             f"(default {defaults.id_skew})")
-    parser.add_argument("--signal_scale", type=float, default=defaults.signal_scale,
-                        help=f"multiplies the hidden logit: larger makes labels easier to predict "
-                             f"(default {defaults.signal_scale})")
-    parser.add_argument("--seed", type=int, default=defaults.seed,
-                        help=f"seed of the hidden model and every sample (default {defaults.seed})")
+    add_flags(parser, SyntheticParquetOutput)
+    add_flags(parser, SyntheticParquetSpec)
     args = parser.parse_args(argv)
-    spec = SyntheticParquetSpec(**{name: getattr(args, name) for name in vars(defaults)})
-    summary = generate_synthetic_parquet(spec, args.output_dir)
+    spec = SyntheticParquetSpec(**config_values(SyntheticParquetSpec, args))
+    output_dir = SyntheticParquetOutput(**config_values(SyntheticParquetOutput, args)).output_dir
+    summary = generate_synthetic_parquet(spec, output_dir)
     sparse = "C*,M*" if spec.multi_hot_columns else "C*"
-    print(f"synthetic Parquet log: {summary['rows']} rows in {spec.days} days at {args.output_dir} "
-          f"(positive rate {summary['positive_rate']:.3f}); train with --parquet_path {args.output_dir} "
+    print(f"synthetic Parquet log: {summary['rows']} rows in {spec.days} days at {output_dir} "
+          f"(positive rate {summary['positive_rate']:.3f}); train with --parquet_path {output_dir} "
           f"--time_column {PARTITION_COLUMN} --dense_columns 'I*' --sparse_columns '{sparse}'")
     return 0
 

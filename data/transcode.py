@@ -17,6 +17,7 @@ weights that are negative, NaN or infinite are refused.
 
 import itertools
 import os
+from dataclasses import dataclass
 from typing import Optional
 from collections.abc import Iterator, Sequence
 
@@ -24,6 +25,7 @@ import numpy as np
 
 from common.atomic import atomic_dir
 from common.cli import OneLineParser, cli_main, positive_int
+from common.config_flags import flag, parse_flags
 from common.errors import BadInput
 from data.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
 from data.feature_spec import AUTO, DEFAULT_SPEC_NAME, Chunk, FeatureSpec, FeatureSpecError, smallest_id_dtype
@@ -251,20 +253,23 @@ def _transcode_into(spec: FeatureSpec, input_dir: str, staging: str, spec_out: s
 PROG = "python -m data.transcode"
 
 
+@dataclass
+class TranscodeFlags:
+    """The command line's flags: `transcode`'s arguments."""
+
+    input: str = flag(help="directory of the CSV files")
+    output: str = flag(help="output directory (replaced)")
+    feature_spec_in: str = flag(DEFAULT_SPEC_NAME, help="input spec (a path, or a name inside --input)")
+    feature_spec_out: str = flag(DEFAULT_SPEC_NAME, help="output spec name inside --output")
+    chunk_size: int = flag(DEFAULT_CHUNK_ROWS, parse=positive_int, help="rows per block read")
+    weight_column: Optional[str] = flag(
+        None, help="a CSV column (a feature name of the input spec's chunks) holding each row's sample weight; "
+                   "stored as the output spec's weight (default: the input spec's channel_spec weight, if any)")
+
+
 @cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
-    parser.add_argument("--input", required=True, help="directory of the CSV files")
-    parser.add_argument("--feature_spec_in", default=DEFAULT_SPEC_NAME,
-                        help="input spec (a path, or a name inside --input)")
-    parser.add_argument("--output", required=True, help="output directory (replaced)")
-    parser.add_argument("--feature_spec_out", default=DEFAULT_SPEC_NAME, help="output spec name inside --output")
-    parser.add_argument("--chunk_size", type=positive_int, default=DEFAULT_CHUNK_ROWS, help="rows per block read")
-    parser.add_argument("--weight_column", default=None,
-                        help="a CSV column (a feature name of the input spec's chunks) holding each row's sample "
-                             "weight; stored as the output spec's weight (default: the input spec's channel_spec "
-                             "weight, if any)")
-    args = parser.parse_args(argv)
+    args = parse_flags(OneLineParser(prog=PROG, description=__doc__.splitlines()[0]), TranscodeFlags, argv)
     spec = transcode(args.input, args.feature_spec_in, args.output, args.feature_spec_out, args.chunk_size,
                      args.weight_column)
     rows = spec.check_split_binary_files()

@@ -11,11 +11,12 @@ succeeded; 1 a run failed; 2 bad input. Run it from the repository root (local j
 start the entry points from the current directory, as ``torchx run`` does).
 """
 
-import argparse
+from dataclasses import dataclass
 from typing import Optional
 from collections.abc import Sequence
 
 from common.cli import OneLineParser, positive_int, run_cli
+from common.config_flags import add_flags, config_values, flag
 from sweeps.results import write_results
 from sweeps.run_state import TERMINAL, RunRecord, read_runs
 from sweeps.spec import SweepSpec, load_sweep
@@ -24,20 +25,37 @@ PROG = "python -m sweeps"
 EXIT_FAILED_RUN = 1
 
 
+@dataclass
+class RunFlags:
+    """``run``: launch every configuration of a sweep file, then report."""
+
+    sweep: str = flag(help="the sweep's YAML file", positional=True)
+    max_parallel: Optional[int] = flag(None, parse=positive_int,
+                                       help="jobs in flight at once (default 1 on local_cwd, every job elsewhere)")
+    dryrun: bool = flag(False, help="print every job's command and scheduler request; launch nothing")
+
+
+@dataclass
+class OutputDirFlags:
+    """``report`` and ``status``: the sweep's runs, found in its output directory."""
+
+    output_dir: str = flag(help="the sweep's output_dir", positional=True)
+
+
+# {subcommand: (its help, its flags)}
+COMMANDS: dict[str, tuple[str, type]] = {
+    "run": ("launch every configuration of a sweep file, then report", RunFlags),
+    "report": ("write results.md/.csv/.png from the runs' logs", OutputDirFlags),
+    "status": ("which runs are pending, running, finished or failed", OutputDirFlags),
+}
+
+
 def build_parser() -> OneLineParser:
     parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="launch every configuration of a sweep file, then report")
-    run.add_argument("sweep", help="the sweep's YAML file")
-    run.add_argument("--max_parallel", type=positive_int, default=None,
-                     help="jobs in flight at once (default 1 on local_cwd, every job elsewhere)")
-    run.add_argument("--dryrun", action="store_true",
-                     help="print every job's command and scheduler request; launch nothing")
-    report = commands.add_parser("report", help="write results.md/.csv/.png from the runs' logs")
-    report.add_argument("output_dir", help="the sweep's output_dir")
-    status = commands.add_parser("status", help="which runs are pending, running, finished or failed")
-    status.add_argument("output_dir", help="the sweep's output_dir")
-    for sub in (run, report, status):
+    for name, (text, flags_class) in COMMANDS.items():
+        sub = commands.add_parser(name, help=text)
+        add_flags(sub, flags_class)
         sub.error = parser.error  # type: ignore[method-assign]  # one line, exit 2
     return parser
 
@@ -62,7 +80,7 @@ def _checked_records(spec: SweepSpec) -> list[RunRecord]:
     return records
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: RunFlags) -> int:
     from sweeps.runner import SweepRunner, dryrun
 
     spec = load_sweep(args.sweep)
@@ -76,7 +94,7 @@ def _run(args: argparse.Namespace) -> int:
     return code
 
 
-def _report(args: argparse.Namespace) -> int:
+def _report(args: OutputDirFlags) -> int:
 
     records = read_runs(args.output_dir)
     print(write_results(args.output_dir, records))
@@ -84,7 +102,7 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _status(args: argparse.Namespace) -> int:
+def _status(args: OutputDirFlags) -> int:
     records = read_runs(args.output_dir)
     remote = [r for r in records if r.state not in TERMINAL and r.app_handle and r.scheduler != "local_cwd"]
     live = {}
@@ -114,5 +132,7 @@ def _status(args: argparse.Namespace) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs a subcommand; returns the exit code (bad input: one line on stderr, 2)."""
     args = build_parser().parse_args(argv)
+    flags_class = COMMANDS[args.command][1]
+    flags = flags_class(**config_values(flags_class, args))
     command = {"run": _run, "report": _report, "status": _status}[args.command]
-    return run_cli(lambda: command(args), PROG)
+    return run_cli(lambda: command(flags), PROG)

@@ -6,16 +6,9 @@ import subprocess
 
 import pytest
 
-from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
+from data.synthetic_criteo import generate_synthetic_criteo
+from harness.small_data import SMALL_SPEC
 from tests.support.exported_model import exported, train_and_export
-
-# Small enough to train in seconds, large enough to learn from.
-SMALL_SPEC = SyntheticCriteoSpec(
-    num_days=3,
-    rows_per_day=24_576,
-    cardinalities=[min(c, 2000) for c in SyntheticCriteoSpec().cardinalities],
-    seed=7,
-)
 
 
 @pytest.fixture(scope="session")
@@ -65,7 +58,7 @@ def pytest_collection_modifyitems(items):
 
 def pytest_terminal_summary(terminalreporter):
     """The correctness matrix's table of cases, when it ran."""
-    from tests.support import matrix
+    from harness import matrix
     for title, table in matrix.REPORTS:
         terminalreporter.write_sep("=", title)
         terminalreporter.write_line(table)
@@ -76,13 +69,13 @@ def pytest_sessionfinish(session):
     tables it made to the controller, which prints them."""
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:
-        from tests.support import matrix
+        from harness import matrix
         workeroutput["matrix_reports"] = [list(report) for report in matrix.REPORTS]
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
-    from tests.support import matrix
+    from harness import matrix
     matrix.REPORTS.extend(tuple(report) for report in getattr(node, "workeroutput", {}).get("matrix_reports", []))
 
 
@@ -107,8 +100,8 @@ pytest_runtest_call = pytest_runtest_setup
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item):
-    """The ports the test reserved with tests.support.launch.free_port go back once
+    """The ports the test reserved with harness.launch.free_port go back once
     its fixtures are torn down."""
     yield
-    from tests.support import launch
+    from harness import launch
     launch.release_test_ports()

@@ -10,7 +10,7 @@ import dlrm_main
 from checkpoints.errors import CheckpointSaveError
 from checkpoints.meta import CheckpointMeta
 from checkpoints.store import CheckpointManager, best_checkpoint, complete_checkpoints, load_checkpoint
-from tests.support.launch import launch
+from harness.launch import launch
 from training.checkpoint_policy import MinuteCadence
 from training.flags import parse_config
 

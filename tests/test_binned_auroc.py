@@ -5,7 +5,7 @@ import pytest
 import torch
 from torchmetrics.functional.classification import binary_auroc
 
-from tests.support.launch import launch
+from harness.launch import launch
 from training.binned_auroc import BinnedAUROC
 from training.flags import parse_config
 from training.metrics import BinaryClassificationMetrics
@@ -92,7 +92,7 @@ def test_a_run_with_the_flag_reports_the_binned_auroc_and_its_bound(tmp_path, ca
     """Through the entry point (one process): the evaluation line and record carry the
     bound, and the same run without the flag (exact AUROC) lies within it."""
     import dlrm_main
-    from tests.support.launch import read_log
+    from harness.launch import read_log
 
     for name in ("MASTER_ADDR", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)

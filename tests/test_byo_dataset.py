@@ -14,7 +14,7 @@ from data.feature_spec import FeatureSpec, FeatureSpecError
 from data.split_binary import SplitBinaryDataset
 from data.synthetic_csv import csv_feature_spec, generate_csv
 from data.transcode import TranscodeError, transcode
-from tests.support.launch import eval_record, launch, read_log, step_losses
+from harness.launch import eval_record, launch, read_log, step_losses
 from training.flags import parse_config
 from training.recipes import DCNV2
 

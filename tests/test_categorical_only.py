@@ -33,8 +33,8 @@ from serving import export, predict, serve
 from serving.inference_model import ProbabilityModel, load_checkpoint_model
 from serving.model_inputs import read_inputs
 from serving.quality_gate import evaluate_variants
-from tests.support.launch import launch
-from tests.support.matrix import assemble_table, local_weights
+from harness.launch import launch
+from harness.matrix import assemble_table, local_weights
 from tests.support.model_state import assert_same_state, flat_state, mlp_params
 from training.distributed import resolve_env
 from training.flags import parse_config

@@ -4,10 +4,15 @@ training flags, and the packages' import direction."""
 
 import ast
 import os
+import re
+import textwrap
+from dataclasses import dataclass
+from typing import Optional
 
 import pytest
 
-from common.config_flags import config_values, flags_of
+from common.cli import OneLineParser, positive_int
+from common.config_flags import config_values, flag, flags_of, parse_flags
 from data.criteo_layout import NUM_SPARSE_FEATURES
 from sharding_plans import cli as plan_cli
 from training.flags import FLAG_GROUPS, config_from_args, entry_point_parser
@@ -144,6 +149,8 @@ FORBIDDEN = {
     "checkpoints": ("sharding_plans", "training", "serving", "sweeps"),
     "training": ("serving", "sweeps"),
     "serving": ("training", "sweeps"),
+    "bench": ("tests",),
+    "harness": ("tests", "bench"),
     "torchx_components": ("torch",),
     "aws_component.py": ("torch",),
 }
@@ -191,3 +198,112 @@ def test_docs_extending_md_states_the_layers():
         f"| `{package}` | {', '.join(f'`{name}`' for name in forbidden)} |" for package, forbidden in FORBIDDEN.items()])
     with open(os.path.join(REPO, "docs", "extending.md")) as f:
         assert table in f.read(), f"docs/extending.md's table of the layers is out of date; it is:\n{table}"
+
+
+# Packages whose config classes may still describe flag fields in their docstrings
+# (their own engineers move the descriptions to help=; the lead empties this after merging).
+DOCSTRING_ARGS_NOT_YET_CHECKED = ("models", "sharding_plans", "serving")
+_ARGS_ENTRY = re.compile(r"^(\s+)([\w, ]+):")
+
+
+def docstring_args(docstring: str) -> set[str]:
+    """The names an ``Args:`` section of a class docstring describes (``a, b: ...`` names two)."""
+    names: set[str] = set()
+    lines = docstring.splitlines()
+    for start, line in enumerate(lines):
+        if line.strip() != "Args:":
+            continue
+        indent = None
+        for entry in lines[start + 1:]:
+            if not entry.strip():
+                break
+            match = _ARGS_ENTRY.match(entry)
+            if indent is None and match:
+                indent = match.group(1)
+            if len(entry) - len(entry.lstrip()) <= len(line) - len(line.lstrip()):
+                break  # the section ended
+            if match and match.group(1) == indent:
+                names.update(name.strip() for name in match.group(2).split(","))
+    return names
+
+
+def flag_fields_described_twice(source: str) -> list[tuple[str, str]]:
+    """(class, field) of the dataclasses in ``source`` whose docstring's ``Args:`` describes
+    a field declared with ``flag(...)``, whose help= already says what it is."""
+    twice = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        flag_fields = {statement.target.id for statement in node.body
+                       if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
+                       and isinstance(statement.value, ast.Call) and isinstance(statement.value.func, ast.Name)
+                       and statement.value.func.id == "flag"}
+        described = docstring_args(ast.get_docstring(node, clean=False) or "")
+        twice += [(node.name, name) for name in sorted(flag_fields & described)]
+    return twice
+
+
+def test_flag_fields_described_twice_finds_them():
+    source = textwrap.dedent('''
+        @dataclass
+        class Run:
+            """A run.
+
+            Args:
+                epochs, seed: passes and seed.
+                model: the architecture.
+            """
+
+            model: int
+            epochs: int = flag(1, help="passes")
+            seed: int = flag(0, help="seed")
+            steps: int = flag(0, help="steps")
+        ''')
+    assert flag_fields_described_twice(source) == [("Run", "epochs"), ("Run", "seed")]
+
+
+def test_every_flag_is_described_once_by_its_help():
+    """A flag field's meaning is its help= (what --help and docs/flags.md show); the class
+    docstring says what the class is for, and describes only the fields that are not flags."""
+    files = [os.path.join(d, f) for d, _, fs in os.walk(REPO) for f in fs if f.endswith(".py")
+             if not {".venv", ".git", "tests"} & set(os.path.relpath(d, REPO).split(os.sep))]
+    checked = [path for path in files
+               if os.path.relpath(path, REPO).split(os.sep)[0] not in DOCSTRING_ARGS_NOT_YET_CHECKED]
+    twice = [(os.path.relpath(path, REPO), cls, name) for path in checked
+             for cls, name in flag_fields_described_twice(open(path).read())]
+    assert twice == []
+
+
+@dataclass
+class _CopyJob:
+    """A command line of every kind of flag config_flags declares."""
+
+    source: str = flag(help="what to copy", positional=True, metavar="SOURCE_DIR")
+    output: str = flag(help="where the copy goes")
+    chunk_rows: int = flag(64, help="rows per block", parse=positive_int)
+    sizes: Optional[list[int]] = flag(None, help="table sizes")
+    extra_flags: list[str] = flag([], help="a flag passed on (repeat it)", name="extra")
+    dry_run: bool = flag(False, help="print, copy nothing")
+
+
+def test_required_positional_repeated_and_parsed_flags(capsys):
+    job = parse_flags(OneLineParser(prog="copy"), _CopyJob, ["in", "--output", "out", "--extra=--a=1",
+                                                               "--extra=--b", "--sizes", "4,5"])
+    assert job == _CopyJob(source="in", output="out", chunk_rows=64, sizes=[4, 5], extra_flags=["--a=1", "--b"],
+                           dry_run=False)
+    assert parse_flags(OneLineParser(prog="copy"), _CopyJob, ["in", "--output", "out"]).extra_flags == []
+    assert _CopyJob("a", "b").extra_flags == [] and _CopyJob("a", "b").extra_flags is not _CopyJob("a", "b").extra_flags
+    for argv, message in ((["in"], "the following arguments are required: --output"),
+                          (["--output", "out"], "the following arguments are required: SOURCE_DIR"),
+                          (["in", "--output", "out", "--chunk_rows", "0"], "argument --chunk_rows: must be positive, got 0")):
+        with pytest.raises(SystemExit) as exited:
+            parse_flags(OneLineParser(prog="copy"), _CopyJob, argv)
+        assert exited.value.code == 2 and capsys.readouterr().err == f"copy: error: {message}\n"
+    with pytest.raises(SystemExit):
+        parse_flags(OneLineParser(prog="copy"), _CopyJob, ["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "SOURCE_DIR what to copy" in help_text and "--output OUTPUT where the copy goes" in help_text
+    assert "rows per block (default 64)" in help_text and "(repeat it) " in help_text + " "
+    assert "(default )" not in help_text and "(default None)" not in help_text
+    with pytest.raises(TypeError):
+        flag("x", help="a positional argument with a default", positional=True)

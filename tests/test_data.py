@@ -17,7 +17,7 @@ from data.sources import source_for
 from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
 from data.criteo_layout import METADATA_VERSION, NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, read_metadata
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
-from tests.conftest import SMALL_SPEC
+from harness.small_data import SMALL_SPEC
 
 SPEC = SyntheticCriteoSpec(num_days=3, rows_per_day=1000, seed=1)
 
@@ -303,7 +303,7 @@ def test_nan_in_test_split_exits_2_on_every_rank_before_training(layouts, tmp_pa
     import shutil
 
     import dlrm_main
-    from tests.support.launch import launch
+    from harness.launch import launch
 
     directory = str(tmp_path / "d")
     shutil.copytree(layouts["one_hot"], directory)
@@ -366,7 +366,7 @@ def test_mmap_mode_stops_at_the_bad_batch_naming_the_file(layouts, tmp_path):
     rank with one line naming rank, step, file, row and column (no traceback)."""
     import shutil
 
-    from tests.support.launch import run_script
+    from harness.launch import run_script
 
     directory = str(tmp_path / "d")
     shutil.copytree(layouts["one_hot"], directory)

@@ -12,7 +12,7 @@ import pytest
 
 from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_days
 from tests.support.doc_commands import bash_commands, markdown_commands, replaced, with_flags, without_flags
-from tests.support.launch import REPO, eval_record, read_log
+from harness.launch import REPO, eval_record, read_log
 
 pytestmark = pytest.mark.slow  # every test runs the commands
 

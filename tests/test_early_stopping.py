@@ -10,7 +10,7 @@ import pytest
 import dlrm_main
 from serving import export
 from serving.model_inputs import read_inputs
-from tests.support.launch import eval_metrics, eval_record, launch, read_log
+from harness.launch import eval_metrics, eval_record, launch, read_log
 from training.config import EarlyStoppingConfig
 from training.early_stopping import EarlyStopping
 

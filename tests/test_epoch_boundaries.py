@@ -2,7 +2,7 @@
 resumed at an epoch's end, inside the second epoch or inside the first, with shuffled
 batches, a warm-up and decay schedule and early stopping's bookkeeping, continues
 exactly as the uninterrupted run; evaluating again after the run gives the figures
-the run reported. (tests/support/matrix.py checks the same boundaries over every
+the run reported. (harness/matrix.py checks the same boundaries over every
 pipeline, sharding and optimizer, without shuffling or a schedule.)"""
 
 import shutil
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from tests.support.launch import eval_metrics, read_log
+from harness.launch import eval_metrics, read_log
 from training.distributed import resolve_env
 from training.flags import parse_config
 from training.trainer import Trainer

@@ -9,7 +9,7 @@ from checkpoints.meta import CheckpointMeta
 from common.json_fields import FileFieldError
 from data.config import DataConfig
 from models.config import ModelConfig
-from tests.support.launch import eval_record, launch, read_log
+from harness.launch import eval_record, launch, read_log
 
 # A model the defaults do not describe (dim 16, small MLPs), 12 steps, 3 test batches.
 TRAINING = ["--batch_size", "128", "--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16",

@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from tests.support.launch import run_script
+from harness.launch import run_script
 from tests.test_stable_start import make_train_flags
 from training.config import OptimizerConfig
 from training.recipes import STABLE_OPTIMIZER

@@ -9,7 +9,7 @@ import pytest
 import dcnv2_main
 import dlrm_main
 from data.criteo_layout import NUM_SPARSE_FEATURES
-from tests.support.launch import REPO
+from harness.launch import REPO
 from training.flags import parse_config
 from training.recipes import DCNV2
 
@@ -100,7 +100,7 @@ def test_dcnv2_entry_point_validates_with_its_defaults(capsys):
 
 
 def test_table_sizes_come_from_metadata(synthetic_dir):
-    from tests.conftest import SMALL_SPEC
+    from harness.small_data import SMALL_SPEC
 
     config = parse_config(["--in_memory_binary_criteo_path", synthetic_dir], "dlrm_main.py", "")
     assert config.model.num_embeddings_per_feature == SMALL_SPEC.cardinalities
@@ -129,7 +129,7 @@ def test_max_table_rows_caps_every_table_however_sized(synthetic_dir, main):
     entry points; the loaders then take the data's ids modulo the capped tables."""
     from data.loaders import build_loaders
     from data.sources import source_for
-    from tests.conftest import SMALL_SPEC
+    from harness.small_data import SMALL_SPEC
 
     prog = "dlrm_main.py" if main is dlrm_main.main else "dcnv2_main.py"
     defaults = None if main is dlrm_main.main else DCNV2

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from bench import gpu_check
-from tests.support import matrix
-from tests.support.launch import launch, run_script
+from harness import matrix
+from harness.launch import launch, run_script
 from training.flags import parse_config
 
 SPEC = gpu_check.gpu_matrix(num_gpus=8)

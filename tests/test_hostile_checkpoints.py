@@ -38,7 +38,7 @@ from checkpoints.storage import IOPathReader, TensorLoadPlanner
 from checkpoints.store import load_checkpoint, newest_checkpoint
 from serving.inference_model import load_checkpoint_model
 from tests.support.hostile import HOSTILE_SETTINGS as GENERATED
-from tests.support.launch import REPO
+from harness.launch import REPO
 
 # A tiny model with optimizer state (adagrad) for every parameter.
 MODEL_FLAGS = ["--num_embeddings", "50", "--embedding_dim", "4", "--dense_arch_layer_sizes", "8,4",

@@ -36,7 +36,7 @@ from serving.model_files import (MANIFEST_FILE, allowed_references, load_model_f
 from serving.model_inputs import INPUTS_FILE
 from serving.predict import Predictor
 from tests.support.hostile import HOSTILE_SETTINGS as HOSTILE
-from tests.support.launch import REPO
+from harness.launch import REPO
 from training.flags import parse_config
 
 VARIANTS = {"fp32": FP32_FILE, "fp16": "fp16.pt", "int8": "int8.pt"}

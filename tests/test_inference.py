@@ -24,7 +24,7 @@ from checkpoints.store import checkpoint_to_load
 from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
 from data.criteo_binary import CriteoBinaryDataset
 from tests.support.exported_model import MODEL_FLAGS, raw_test_lines
-from tests.support.launch import eval_record, launch, read_log
+from harness.launch import eval_record, launch, read_log
 from serving import export, predict, quality_gate, serve
 from training.flags import parse_config
 from serving.inference_model import ProbabilityModel, load_checkpoint_model

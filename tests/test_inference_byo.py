@@ -17,7 +17,7 @@ from data.feature_spec import FeatureSpec
 from data.split_binary import SplitBinaryDataset
 from data.synthetic_csv import csv_feature_spec, generate_csv
 from data.transcode import transcode
-from tests.support.launch import eval_record, launch, read_log
+from harness.launch import eval_record, launch, read_log
 from serving import export, predict, serve
 from serving.inference_model import ProbabilityModel, load_checkpoint_model
 from serving.model_inputs import FEATURE_SPEC_LAYOUT, read_inputs

@@ -13,7 +13,7 @@ from venv import create as create_venv
 import pytest
 
 from common.version import VERSION
-from tests.support.launch import REPO
+from harness.launch import REPO
 
 INSTALL = os.path.join(REPO, "scripts", "install.sh")
 
@@ -191,8 +191,8 @@ def test_install_check_verifies_the_build_asked_for():
 
 def test_a_new_venv_imports_the_packages_from_any_directory(tmp_path):
     """The install is editable and holds every package: from outside the repository the
-    new venv imports this checkout's packages, entry points and the test helpers the
-    benchmarks use. Its dependencies are this venv's (a .pth line), which pip finds
+    new venv imports this checkout's packages, entry points and the harness the
+    benchmarks share with the tests. Its dependencies are this venv's (a .pth line), which pip finds
     installed, so the script installs only the project itself: the stack asked for is
     this venv's (found by its torchrec), and a CUDA build of torch is what this venv
     holds where it holds one (ALLOW_CUDA_TORCH)."""
@@ -211,7 +211,7 @@ def test_a_new_venv_imports_the_packages_from_any_directory(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     # The packages whose __init__ imports no torch, and where the entry-point modules are.
-    code = ("import importlib.metadata, importlib.util, bench, common, data, sweeps, tests.support, torchx_components, "
+    code = ("import importlib.metadata, importlib.util, bench, common, data, harness, sweeps, torchx_components, "
             "training\n"
             "for name in ('training', 'dlrm_main', 'dcnv2_main', 'aws_component', 'models', 'sharding_plans', "
             "'checkpoints'):\n"

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from training.lr_finder import RangeTestResult, exponential_lrs, main, range_config, smooth, suggest
-from tests.support.launch import run_script
+from harness.launch import run_script
 
 TINY = ["--batch_size", "64", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
         "--over_arch_layer_sizes", "16,1", "--max_table_rows", "100", "--optimizer", "adagrad"]

@@ -1,4 +1,4 @@
-"""The correctness matrix's all-pairs subset (tests/support/matrix.py says what each case
+"""The correctness matrix's all-pairs subset (harness/matrix.py says what each case
 checks); `make test-matrix` runs every triple. The table of cases is printed at the
 end of the pytest run."""
 
@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from tests.support import matrix
-from tests.support.launch import launch
+from harness import matrix
+from harness.launch import launch
 
 SPEC = matrix.CPU_MATRIX
 CASES = matrix.covering_cases(SPEC, 2)

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.support.launch import launch
+from harness.launch import launch
 from training.metrics import BinaryClassificationMetrics
 
 ROWS = 1000

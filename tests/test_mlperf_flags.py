@@ -8,7 +8,7 @@ import pytest
 
 import dlrm_main
 from data.criteo_layout import NUM_SPARSE_FEATURES
-from tests.support.launch import launch, read_log
+from harness.launch import launch, read_log
 
 BATCH = 256
 SMALL = ["--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,32,1",

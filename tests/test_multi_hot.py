@@ -11,7 +11,7 @@ from data.criteo_layout import NUM_SPARSE_FEATURES
 from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
 from data.multi_hot import MultiHotExpander, open_npz_arrays
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_multi_hot_criteo
-from tests.support.launch import eval_record, launch, read_log, step_losses
+from harness.launch import eval_record, launch, read_log, step_losses
 
 HOTNESS = [1, 2, 3] + [2] * 23
 SIZES = [50] * (NUM_SPARSE_FEATURES // 2) + [100000] * (NUM_SPARSE_FEATURES // 2)

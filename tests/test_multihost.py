@@ -21,7 +21,7 @@ import pytest
 
 from tests.support.cluster import ON_HOST, Host, cluster_hosts, compute_hosts, start  # noqa: F401 (fixtures)
 from tests.support.cluster import TINY_TRAINING_FLAGS as FLAGS, training_results
-from tests.support.launch import REPO, read_log, step_losses
+from harness.launch import REPO, read_log, step_losses
 from tests.support.torchx_cli import BIN
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]

@@ -18,7 +18,7 @@ from sweeps.launch import move_slurm_logs
 from sweeps.run_state import RunRecord
 from tests.support.cluster import ON_HOST, Host, cluster_hosts, slurm_hosts  # noqa: F401 (fixtures)
 from tests.support.cluster import TINY_TRAINING_FLAGS, training_results
-from tests.support.launch import REPO, read_log, run_script
+from harness.launch import REPO, read_log, run_script
 from tests.support.sweeps import TINY_FLAGS, assert_row_matches_log, read_results, sweeps, write_sweep
 from tests.support.torchx_cli import BIN, install_components
 

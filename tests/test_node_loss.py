@@ -34,7 +34,7 @@ from checkpoints.store import COMPLETE_MARKER, complete_checkpoints
 from sweeps.launch import move_slurm_logs
 from tests.support.cluster import Host, cluster_hosts, compute_hosts, slurm_hosts, start  # noqa: F401 (fixtures)
 from tests.support.cluster import ON_HOST, TINY_TRAINING_FLAGS, parse_sacct_states, read_hosts, sacct_states_argv
-from tests.support.launch import REPO, eval_metrics, eval_record, free_port, read_log
+from harness.launch import REPO, eval_metrics, eval_record, free_port, read_log
 from tests.test_multihost import RDZV_PORT, RUN_TIMEOUT, _torchrun
 from tests.test_multihost_slurm import NODE_REQUEST, _job_id, _torchx_on_controller
 from tests.test_multihost_slurm import torchx_env  # noqa: F401 (fixture)

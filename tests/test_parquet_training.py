@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.support.launch import eval_record, free_port, read_log, run_script, step_losses
+from harness.launch import eval_record, free_port, read_log, run_script, step_losses
 
 TINY = ["--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8", "--over_arch_layer_sizes", "16,1",
         "--num_embeddings", "200", "--batch_size", "16", "--device", "cpu", "--time_column", "date",
@@ -119,7 +119,7 @@ def test_a_bad_value_mid_stream_stops_every_rank_at_the_same_batch(tmp_path, cap
     both stop there with exit 2 and the job prints one line naming file, row group, row
     and column (before, rank 1 alone failed and rank 0 lost its peer)."""
     import dlrm_main
-    from tests.support.launch import launch
+    from harness.launch import launch
 
     table = str(tmp_path / "clicks")
     write_click_log(table)

@@ -8,7 +8,7 @@ import pytest
 from sharding_plans.constraints import ShardingConstraints
 from sharding_plans.dry_run import PlanRequest, plan_request
 from sharding_plans.planner import PlannerConfig
-from tests.support.launch import read_log
+from harness.launch import read_log
 
 ROWS, DIM = 150_000, 64
 FEATURES = ["cat_0", "cat_1", "cat_2", "cat_3"]

@@ -6,7 +6,7 @@ import struct
 import pytest
 
 import dlrm_main
-from tests.support.launch import eval_record, launch, read_log, step_losses
+from harness.launch import eval_record, launch, read_log, step_losses
 from common.click_metrics import binary_entropy
 from training.report import main as report_main
 

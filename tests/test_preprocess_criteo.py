@@ -18,7 +18,7 @@ from data.criteo_transforms import VOCABULARY_FILE, read_vocabulary
 from data.criteo_tsv import parse_criteo_lines
 from data.preprocess_criteo import PreprocessConfig, main, preprocess
 from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day
-from tests.support.launch import REPO
+from harness.launch import REPO
 
 RNG = np.random.default_rng(11)
 
@@ -319,7 +319,7 @@ def test_parallel_workers_write_the_same_files(raw_days, tmp_path):
 def test_two_ranks_learn_from_preprocessed_raw_logs(tmp_path):
     """Raw TSV of the learnable generator -> preprocessing with a threshold -> 2-rank run."""
     import dlrm_main
-    from tests.support.launch import eval_record, launch, read_log
+    from harness.launch import eval_record, launch, read_log
 
     spec = SyntheticCriteoSpec(num_days=3, rows_per_day=20_000, seed=9,
                                cardinalities=[min(c, 1000) for c in SyntheticCriteoSpec().cardinalities])

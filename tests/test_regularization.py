@@ -9,7 +9,7 @@ import dlrm_main
 from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, SPARSE_FEATURE_NAMES
 from models import build_dlrm_train
 from models.config import ModelConfig
-from tests.support.launch import launch, read_log, step_losses
+from harness.launch import launch, read_log, step_losses
 from tests.support.model_state import criteo_features
 
 LR, EPS, WD, EMB_WD = 0.1, 0.01, 0.3, 0.2

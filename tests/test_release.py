@@ -9,7 +9,7 @@ import pytest
 
 from common.version import VERSION
 from tests.support.cli_modules import cli_modules, run_as_main
-from tests.support.launch import REPO
+from harness.launch import REPO
 
 
 def test_pyproject_reads_the_version_from_its_one_source():

@@ -1,6 +1,6 @@
 """The rendezvous ports of the tests' launches are reserved: under pytest-xdist a
 port checked free and closed could go to the other worker's launch, and the two jobs
-met in one store (tests/support/launch.py says how)."""
+met in one store (harness/launch.py says how)."""
 
 import contextlib
 import datetime
@@ -9,7 +9,7 @@ import socket
 
 from torch.distributed import TCPStore
 
-from tests.support.launch import free_port, release_test_ports, reserved_port
+from harness.launch import free_port, release_test_ports, reserved_port
 
 
 def _taken(port: int) -> bool:

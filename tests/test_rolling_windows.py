@@ -14,7 +14,7 @@ from checkpoints.store import read_meta
 from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parquet
 from data.sources import source_for
 from tests.support.doc_commands import commands_starting, replaced
-from tests.support.launch import launch, read_log
+from harness.launch import launch, read_log
 from training.distributed import resolve_env
 from training.flags import parse_config
 from training.startup_report import StartupReport

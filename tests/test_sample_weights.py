@@ -28,7 +28,7 @@ from training.distributed import resolve_env
 from training.flags import parse_config
 from training.metrics import BinaryClassificationMetrics
 from training.trainer import Trainer
-from tests.support.launch import launch
+from harness.launch import launch
 
 COLUMNS = ["label", "num_0", "num_1", "cat_0", "cat_1", "w"]
 CARDINALITIES = {"cat_0": 11, "cat_1": 23}

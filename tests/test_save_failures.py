@@ -21,7 +21,7 @@ from checkpoints.store import LOCK_FILE, complete_checkpoints, newest_checkpoint
 from common.manifest import check_bytes
 from common.path_lock import LockHeld, PathLock
 from serving import export, predict
-from tests.support.launch import REPO, free_port
+from harness.launch import REPO, free_port
 
 TRAIN_FLAGS = ["--batch_size", "128", "--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16",
                "--over_arch_layer_sizes", "64,1", "--optimizer", "adagrad", "--learning_rate", "0.01",

@@ -13,7 +13,7 @@ from common.json_fields import FileFieldError
 from data import preprocess_criteo
 from data.synthetic_criteo import write_raw_day
 from tests.support.exported_model import MODEL_FLAGS, SPEC, raw_test_lines
-from tests.support.launch import eval_record, launch, read_log
+from harness.launch import eval_record, launch, read_log
 from serving import predict
 
 

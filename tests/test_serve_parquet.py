@@ -276,7 +276,7 @@ def test_export_and_predict_on_the_test_day_give_the_trainers_test_auroc(tmp_pat
     """2-rank training on a day-partitioned log (tested on the last day), export, and
     predict on the last day's directory: the trainer's logged test AUROC."""
     import dlrm_main
-    from tests.support.launch import eval_record, launch, read_log
+    from harness.launch import eval_record, launch, read_log
 
     data = tmp_path / "log"
     for day, date in enumerate(DAYS):

@@ -30,8 +30,8 @@ from training.distributed import resolve_env
 from training.embedding_init import init_embedding_tables
 from training.flags import parse_config
 from training.trainer import Trainer
-from tests.support.launch import launch
-from tests.support.matrix import assemble_table, local_weights
+from harness.launch import launch
+from harness.matrix import assemble_table, local_weights
 from tests.support.model_state import criteo_features
 
 pytestmark = pytest.mark.slow  # every test uses the module's launched runs

@@ -7,7 +7,7 @@ import dcnv2_main
 import dlrm_main
 from sharding_plans import cli
 from sharding_plans.presets import PRESETS
-from tests.support.launch import run_script
+from harness.launch import run_script
 
 SMALL = ["--num_embeddings", "100", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
          "--over_arch_layer_sizes", "8,1", "--device", "cpu", "--limit_train_batches", "2",

@@ -306,7 +306,7 @@ def test_inspect_bad_file_exit_2(capsys, tmp_path):
 @pytest.mark.slow
 def test_module_entry_point(tmp_path):
     """`python -m sharding_plans` runs as a command (the rest runs in-process)."""
-    from tests.support.launch import run_script
+    from harness.launch import run_script
 
     proc = run_script(["-m", "sharding_plans", "plan", "--num_embeddings", "1000", "--compute_device", "cpu",
                        "--ddr_gb", "1", "--world_size", "2", "--sharding_type", "row_wise",

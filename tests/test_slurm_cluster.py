@@ -17,7 +17,7 @@ import pytest
 from sweeps.launch import move_slurm_logs
 from sweeps.run_state import RunRecord
 from tests.support.cluster import parse_sacct_states, sacct_states_argv
-from tests.support.launch import REPO, eval_record, read_log
+from harness.launch import REPO, eval_record, read_log
 from tests.support.sweeps import TINY_FLAGS, assert_row_matches_log, read_results, sweeps, write_sweep
 from tests.support.torchx_cli import SMALL_TRAINING_FLAGS, install_components, torchx
 

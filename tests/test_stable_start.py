@@ -11,7 +11,7 @@ import pytest
 import dlrm_main
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
 from tests.support.doc_commands import without_flags
-from tests.support.launch import REPO, launch, read_log, step_losses
+from harness.launch import REPO, launch, read_log, step_losses
 from training.report import loss_limits, main as report_main, read_runs
 
 # The first steps checked, and how far above the first step's loss any of them may go.

@@ -161,7 +161,7 @@ def test_results_md_shows_mean_and_standard_deviation_per_configuration_over_see
 
 def test_the_random_search_example_expands_to_six_trials_times_two_seeds():
     from sweeps.spec import load_sweep
-    from tests.support.launch import REPO
+    from harness.launch import REPO
 
     runs = load_sweep(f"{REPO}/examples/sweeps/random_search.yaml").runs()
     assert len(runs) == 12 and len({run.config for run in runs}) == 6

@@ -121,7 +121,7 @@ def test_slurm_and_kubernetes_dryruns_list_every_job_with_its_flags(tmp_path, ca
 
 @pytest.mark.slow
 def test_num_embeddings_scale_scales_the_datas_cardinalities(synthetic_dir, tmp_path, capsys):
-    from tests.conftest import SMALL_SPEC
+    from harness.small_data import SMALL_SPEC
 
     sweep = write_sweep(tmp_path / "scale.yaml", scheduler="slurm",
                         flags={"in_memory_binary_criteo_path": synthetic_dir, "max_table_rows": 1500},

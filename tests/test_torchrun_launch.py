@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from tests.support.launch import REPO, eval_record, free_port, read_log, step_losses
+from harness.launch import REPO, eval_record, free_port, read_log, step_losses
 from tests.support.torchx_cli import BIN
 
 pytestmark = pytest.mark.slow  # every test starts torchrun

@@ -12,7 +12,7 @@ from torchx.specs.finder import CustomComponentsFinder, ModuleComponentsFinder
 
 import aws_component
 from scripts import component_docs
-from tests.support.launch import REPO
+from harness.launch import REPO
 from torchx_components.machines import machine_resource
 from torchx_components.preprocess import preprocess_criteo
 from torchx_components.training import dcnv2, dlrm

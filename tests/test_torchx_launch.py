@@ -6,7 +6,7 @@ import re
 import pytest
 
 from tests.support.doc_commands import commands_starting, replaced, with_flags
-from tests.support.launch import REPO, eval_record, read_log
+from harness.launch import REPO, eval_record, read_log
 from tests.support.torchx_cli import (SMALL_TRAINING_FLAGS, install_components, kubernetes_job, option,
                                       sbatch_groups, scheduler_request, torchrun_argv, torchx)
 

@@ -7,7 +7,7 @@ import pytest
 import dcnv2_main
 import dlrm_main
 from data.criteo_layout import NUM_SPARSE_FEATURES
-from tests.support.launch import eval_record, launch, read_log, run_script, step_losses
+from harness.launch import eval_record, launch, read_log, run_script, step_losses
 
 SMALL_MODEL = [
     "--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16",
@@ -87,7 +87,7 @@ def test_plain_python_single_process(synthetic_dir, log_path):
                                               "--limit_test_batches", "2", "--print_sharding_plan")])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "test: AUROC" in proc.stdout
-    from tests.conftest import SMALL_SPEC
+    from harness.small_data import SMALL_SPEC
 
     plan_lines = [l for l in proc.stdout.splitlines() if " t_cat_" in l]
     assert len(plan_lines) == NUM_SPARSE_FEATURES

@@ -30,16 +30,8 @@ MAX_AUROC_BINS = 1 << 24
 @dataclass
 class OptimizerConfig(EmbeddingOptimizerConfig):
     """Optimizers and learning-rate schedule: the fused embedding optimizer's flags
-    (`EmbeddingOptimizerConfig`) and these.
-
-    Args:
-        dense_optimizer: optimizer of the MLPs (None: sgd for sgd, adagrad otherwise).
-        lr_warmup_steps: linear warm-up from base/W to base over W steps.
-        lr_decay_start: step at which polynomial decay begins (0 with lr_decay_steps 0: none).
-        lr_decay_steps: steps of polynomial (power 2) decay down to lr_decay_floor.
-        lr_decay_floor: learning rate after the decay, as a fraction of the base.
-        weight_decay: L2 weight decay of the dense optimizer (wd * w added to the gradient).
-    """
+    (`EmbeddingOptimizerConfig`), the dense (MLP) optimizer's and the schedule's
+    (training/lr_schedule.py)."""
 
     dense_optimizer: Optional[str] = flag(None, choices=DENSE_OPTIMIZERS,
                                           help="MLP optimizer (default: sgd with --optimizer sgd, else adagrad)")
@@ -73,31 +65,21 @@ class OptimizerConfig(EmbeddingOptimizerConfig):
 
 @dataclass
 class CheckpointConfig:
-    """Where checkpoints go and what to load.
-
-    Args:
-        checkpoint_dir: directory (any iopath path) of step_<N> checkpoints.
-        checkpoint_every_n_steps: save every N training steps.
-        checkpoint_every_n_minutes: save at the first step at least M minutes after
-            the previous save (or the start), as rank 0's clock says.
-        checkpoint_at_epoch_end: save after every epoch.
-        keep_last_n_checkpoints: complete checkpoints to keep (0: all), ``--keep_last_n``.
-        async_checkpoint: write checkpoints in the background while training goes on.
-        resume: continue from the newest complete checkpoint in checkpoint_dir
-            (from scratch when there is none).
-        restore_checkpoint_path: load only the weights of this checkpoint.
-    """
+    """Where checkpoints go (step_<N> directories), when they are saved, and what a
+    run loads: the full state to resume, or only a checkpoint's weights."""
 
     checkpoint_dir: Optional[str] = flag(None, help="directory of checkpoints (any iopath path)")
     checkpoint_every_n_steps: Optional[int] = flag(None, help="save a checkpoint every N steps")
     checkpoint_every_n_minutes: Optional[float] = flag(
-        None, help="save a checkpoint at the first step M minutes after the previous one (or the start)")
+        None, help="save a checkpoint at the first step M minutes after the previous one (or the start), "
+                   "by rank 0's clock")
     checkpoint_at_epoch_end: bool = flag(False, help="save a checkpoint after every epoch")
     keep_last_n_checkpoints: int = flag(0, help="complete checkpoints to keep (0: all; never the best)",
                                         name="keep_last_n", former_names=("keep_last_n_checkpoints",))
     async_checkpoint: bool = flag(False, help="write checkpoints in the background while training continues "
                                   "(staged to host memory, one save in flight)")
-    resume: bool = flag(False, help="continue from the newest complete checkpoint in --checkpoint_dir")
+    resume: bool = flag(False, help="continue from the newest complete checkpoint in --checkpoint_dir "
+                                        "(from scratch when there is none)")
     restore_checkpoint_path: Optional[str] = flag(None, help="load only the weights of this checkpoint")
 
     @property
@@ -132,15 +114,8 @@ EARLY_STOPPING_METRICS = ("auroc", "log_loss", "ne")
 
 @dataclass
 class EarlyStoppingConfig:
-    """Stopping when validation stops improving, and keeping the best model.
-
-    Args:
-        patience: validations without improvement before training stops (None: never
-            stop early, and no best model is kept; 0 stops at the first one).
-        metric: the monitored validation metric: auroc (higher is better), log_loss or
-            ne (lower is better).
-        min_delta: how much the metric must beat the best so far to count as improved.
-    """
+    """Stopping when validation stops improving, and keeping the best model; without
+    a patience (None) training never stops early and keeps no best model."""
 
     patience: Optional[int] = flag(
         None, name="early_stopping_patience",
@@ -164,13 +139,7 @@ class EarlyStoppingConfig:
 
 @dataclass
 class InferenceBenchmarkConfig:
-    """--mode inference_benchmark: forward-only timing per batch size.
-
-    Args:
-        batch_sizes: rows per rank of each timed batch size.
-        iterations: timed forwards per batch size.
-        warmup: untimed forwards before them.
-    """
+    """--mode inference_benchmark: forward-only timing per batch size."""
 
     batch_sizes: list[int] = flag([1, 64, 4096], name="inference_benchmark_batch_sizes",
                                   help="rows per rank of each batch size timed by --mode inference_benchmark")
@@ -190,12 +159,7 @@ class InferenceBenchmarkConfig:
 class ReferenceEvaluation:
     """The MLPerf DLRM-DCNv2 reference's evaluation switches. Without either, this
     project validates after every epoch and tests at the end; with one, the
-    reference's schedule applies: only what is asked for.
-
-    Args:
-        evaluate_on_epoch_end: validate after every epoch.
-        evaluate_on_training_end: test when training ends.
-    """
+    reference's schedule applies: only what is asked for."""
 
     evaluate_on_epoch_end: bool = flag(
         False, help="validate after every epoch; with this or --evaluate_on_training_end, the reference's "
@@ -210,48 +174,21 @@ class ReferenceEvaluation:
 
 @dataclass
 class TrainConfig:
-    """Everything a run needs: model, data, optimizers and the run's own options.
+    """Everything a run needs: model, data, optimizers and the run's own options (its
+    flag fields' help says what each is).
 
     Args:
         model: the architecture (tables sized from the data when not given).
         data: data source and batching.
         optim: optimizers and LR schedule.
-        epochs: passes over the training split.
         tables: the table-size flags (the model's sizes are already resolved and
             capped from them; the loaders take ids modulo the capped sizes).
-        seed: seeds model init, data order and random data.
-        validation_freq_within_epoch: validate every N training steps (and at epoch end).
-        log_every_n_steps: steps per progress line and JSON record.
-        auroc_bins: evaluate the AUROC from a histogram of this many bins
-            (training/binned_auroc.py); None: the exact AUROC.
-        log_path: JSON-lines log file (rank 0 writes it).
-        print_lr: print the learning rate every step.
-        print_sharding_plan: print the plan and per-rank memory.
-        allow_tf32: TF32 matmuls on CUDA.
-        device: auto, cpu or cuda.
         checkpoint: checkpoint saving and loading.
-        mode: train, validate / test a checkpoint's weights, or inference_benchmark
-            (a checkpoint's weights when one is given, else a freshly built model).
-        dense_precision: fp32, or bf16 autocast of the forward (the dense part; the
-            embeddings keep --embedding_precision); ``--amp`` is its bf16.
-        compile: torch.compile the dense part (every DLRM block but the sharded
-            embeddings, which stay eager).
-        pipeline: sparse_dist, semi_sync, prefetch or base (training/pipelines.py).
-        semi_sync_start_batch: the batch from which semi_sync runs semi-synchronously
-            (before it, it synchronizes every step).
-        tensorboard_dir: TensorBoard event files (rank 0).
-        sharding_plan: a plan file to use instead of planning.
         sharding_constraints: sharding types and kernels the planner may use.
         inference_benchmark: batch sizes and iterations of --mode inference_benchmark.
         early_stopping: stop when validation stops improving; test the best model.
-        validation_auroc: stop at the first validation whose AUROC reaches this (MLPerf's
-            convergence target), reporting the time and records it took.
         validate_at_epoch_end: validate after every epoch.
         test_at_end: evaluate the test split when training ends.
-        print_progress: show the progress bar even when stderr is not a terminal.
-        collect_multi_hot_freqs_stats: count every table's ids in the training batches
-            and write the counts per rank (training/id_frequencies.py).
-        dropout: dropout after the over arch's hidden layers in training (0: none).
         recipe: the ``--recipe`` the run was given, or None.
         recipe_settings: {flag: value} of what the recipe set (the command line's
             flags win over it).

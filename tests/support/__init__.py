@@ -1,2 +1,3 @@
-"""Helpers the tests and benchmarks share: launching the entry points, running the
-torchx CLI, and the correctness matrix (`python -m tests.support.matrix`)."""
+"""Helpers only the tests use: the torchx CLI, the session's exported model, the cluster
+fixtures' helpers and the docs' command lines. What the benchmarks share with the tests
+(launching training, the correctness matrix, the small data set) is the `harness` package."""

@@ -6,7 +6,7 @@ import re
 import runpy
 import sys
 
-from tests.support.launch import REPO
+from harness.launch import REPO
 
 CLI_PACKAGES = ("data", "serving", "sharding_plans", "sweeps", "training")
 

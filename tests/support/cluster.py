@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.launch import REPO, eval_metrics, eval_record, step_losses
+from harness.launch import REPO, eval_metrics, eval_record, step_losses
 
 STATE = "/run/dlrm_cluster"  # scripts/cluster_up.sh's state directory
 HOSTS_FILE = os.path.join(STATE, "hosts")

@@ -4,7 +4,7 @@ what a reader copies (and fail when the docs drift from what works)."""
 import os
 import shlex
 
-from tests.support.launch import REPO
+from harness.launch import REPO
 
 
 def bash_commands(page: str) -> list[list[str]]:

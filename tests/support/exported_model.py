@@ -9,7 +9,7 @@ from typing import Any
 import dlrm_main
 from data.preprocess_criteo import PreprocessConfig, preprocess
 from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day
-from tests.support.launch import launch, read_log
+from harness.launch import launch, read_log
 from serving import export
 
 SPEC = SyntheticCriteoSpec(num_days=3, rows_per_day=8_000, seed=5,

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from tests.support.launch import REPO, eval_record, read_log
+from harness.launch import REPO, eval_record, read_log
 from tests.support.torchx_cli import BIN
 
 TINY_FLAGS = {

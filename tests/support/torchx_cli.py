@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import yaml
 
-from tests.support.launch import REPO
+from harness.launch import REPO
 
 BIN = os.path.dirname(sys.executable)
 

@@ -1,4 +1,4 @@
-"""Helpers that run the real entry points: in-process elastic launches and subprocesses."""
+"""Running the real entry points (in-process elastic launches and subprocesses) and reading their JSON logs."""
 
 import contextlib
 import json
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # The ports `free_port` reserved for the running test (`release_test_ports` frees them).

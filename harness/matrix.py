@@ -29,7 +29,7 @@ A combination that cannot be right must be refused before training, on every ran
 with one line: `REFUSALS` lists them, and each one becomes a case of its own that
 checks the refusal (exit code 2, one ``error:`` line naming the reason).
 
-Run the larger set with ``python -m tests.support.matrix --strength 3`` (``make test-matrix``).
+Run the larger set with ``python -m harness.matrix --strength 3`` (``make test-matrix``).
 """
 
 import argparse
@@ -751,8 +751,8 @@ def run(spec: MatrixSpec, strength: int, only: str = "", list_only: bool = False
         print(f"{len(cases)} cases, {len(refusals)} refusals")
         return 0
     from data.synthetic_criteo import generate_synthetic_criteo
-    from tests.conftest import SMALL_SPEC
-    from tests.support.launch import launch
+    from harness.small_data import SMALL_SPEC
+    from harness.launch import launch
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="matrix-") as work:
         data_dir = os.path.join(work, "data")
@@ -775,7 +775,7 @@ def matrix_parser(prog: str, description: str, strength: int) -> argparse.Argume
 
     Example::
 
-        args = matrix_parser("python -m tests.support.matrix", "The matrix.", 3).parse_args(["--list"])
+        args = matrix_parser("python -m harness.matrix", "The matrix.", 3).parse_args(["--list"])
     """
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--strength", type=int, default=strength, help="cover every pair (2) or triple (3) of choices")
@@ -785,7 +785,7 @@ def matrix_parser(prog: str, description: str, strength: int) -> argparse.Argume
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = matrix_parser("python -m tests.support.matrix", __doc__.split("\n\n")[0], strength=3).parse_args(argv)
+    args = matrix_parser("python -m harness.matrix", __doc__.split("\n\n")[0], strength=3).parse_args(argv)
     return run(CPU_MATRIX, args.strength, args.only, args.list)
 
 

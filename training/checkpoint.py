@@ -66,14 +66,14 @@ from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
 from common.atomic import surfacing_write_errors, write_json
-from common.errors import BadInput
+from common.errors import BadInput, RankError
 from common.path_lock import LockHeld, PathLock
 from common.manifest import (HashingStream, ManifestEntry, ManifestError, check_bytes, check_chunk,
                              check_manifest_format, check_stream, entry_of_bytes)
 from training.checkpoint_meta import CheckpointMeta
 from training.config import CheckpointConfig, OptimizerConfig, TrainConfig
 from training.dcp_metadata import UnsafeMetadataError, check_metadata, load_metadata
-from training.failures import RankError, Terminated, sigterm_deferred
+from training.failures import Terminated, sigterm_deferred
 
 COMPLETE_MARKER = "COMPLETE"
 META_FILE = "meta.json"

@@ -4,13 +4,18 @@ Every entry names the library's message exactly (a regular expression only where
 library appends a build path) and says beside it why it does not apply to our runs, so
 that a message that does matter still shows: a new torch, torchrec or FBGEMM that
 rewords one shows it again instead of hiding something else. The entry points call
-`quiet_benign_library_messages` once at start-up (training/main.py, serving/export.py).
+`quiet_benign_library_messages` once at start-up (training/main.py, serving/export.py);
+tests/conftest.py installs them around every test too, so that a test sees what a user sees.
+Notices that hold only around one call (TorchScript's, the deprecated eager quantization's)
+are quieted around that call alone (`quieted`), wherever it runs, tests included.
 Messages that matter are explained in docs/training.md ("Messages from the libraries").
 """
 
+import contextlib
 import logging
 import re
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Optional
 
@@ -24,7 +29,8 @@ class BenignMessage:
         why: why it is benign for this project.
         category: the warning class, for ``warnings.warn`` messages.
         logger: the logger's name, for ``logging`` messages ("" for the root logger).
-        then_varies: the library appends text that varies by build (a source path).
+        then_varies: the library appends text that varies by build (a source path) or
+            a long migration guide after its first sentence.
     """
 
     text: str
@@ -87,6 +93,45 @@ BENIGN_MESSAGES: tuple[BenignMessage, ...] = (
         why="likewise, about torchrec's annotations",
         category=UserWarning),
 )
+
+
+# TorchScript is deprecated upstream (issue 28 moves serving to torch.export and AOTInductor);
+# what still uses it on purpose (the quantized variants serving.export writes, and their
+# loading by the predictor, the quality gate and the HTTP endpoint) quiets its notices
+# around those calls, so that a refusal there stays one line. torch 2.13 says them as
+# DeprecationWarning, torch 2.14 as FutureWarning.
+TORCHSCRIPT_NOTICES: tuple[BenignMessage, ...] = tuple(
+    BenignMessage(text, why="serving's quantized variants are TorchScript until torch.export takes FBGEMM's "
+                            "inference kernels (serving/export.py)", category=category)
+    for text in ("`torch.jit.script` is deprecated. Please switch to `torch.compile` or `torch.export`.",
+                 "`torch.jit.interface` is deprecated. Please use `torch.compile` instead.",
+                 "`torch.jit.save` is deprecated. Please switch to `torch.export`.",
+                 "`torch.jit.load` is deprecated. Please switch to `torch.export`.")
+    for category in (DeprecationWarning, FutureWarning)
+)
+
+# torchrec's quantize_inference_model (the int8/fp16 variants) calls torch.ao's eager
+# quantize_dynamic, which says it moves to torchao; torchrec 1.8.0 has no other path.
+EAGER_QUANTIZATION_NOTICES: tuple[BenignMessage, ...] = (
+    BenignMessage("torch.ao.quantization is deprecated and will be removed in 2.10. ",
+                  why="torchrec's quantization of the tables calls it; no torchao path in torchrec 1.8.0",
+                  category=DeprecationWarning, then_varies=True),
+)
+
+
+@contextlib.contextmanager
+def quieted(messages: tuple[BenignMessage, ...]) -> Iterator[None]:
+    """Inside the block, the warnings of ``messages`` are not shown (outside, as before).
+
+    Example::
+
+        with quieted(TORCHSCRIPT_NOTICES):
+            model = torch.jit.load(buffer)
+    """
+    with warnings.catch_warnings():
+        for entry in messages:
+            warnings.filterwarnings("ignore", message=entry.regex(), category=entry.category or Warning)
+        yield
 
 
 class _DropExactMessages(logging.Filter):

@@ -15,9 +15,14 @@ import torch
 from fbgemm_gpu.tbe.config import WeightDecayMode
 from torch import nn
 from torchrec.optim import RowWiseAdagrad
-from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
+from common.library_noise import TORCHSCRIPT_NOTICES, quieted
 from models.embedding_optimizer_config import EmbeddingOptimizerConfig
+
+# torch's own, to which torchrec's deprecated `apply_optimizer_in_backward` forwards.
+# Importing torch.distributed.optim scripts its functional optimizers (TorchScript's notices).
+with quieted(TORCHSCRIPT_NOTICES):
+    from torch.distributed.optim import _apply_optimizer_in_backward
 
 def optimizer_class(name: str, learning_rate: float, eps: float, weight_decay: float = 0.0,
                     initial_accumulator: float = 0.0) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
@@ -51,4 +56,4 @@ def attach_fused_embedding_optimizer(embedding_module: nn.Module, config: Embedd
     if config.embedding_weight_decay:
         kwargs["weight_decay_mode"] = WeightDecayMode.L2
     # torchrec adds keys to the dict it is given: pass a copy.
-    apply_optimizer_in_backward(cls, embedding_module.parameters(), dict(kwargs))
+    _apply_optimizer_in_backward(cls, embedding_module.parameters(), dict(kwargs))

@@ -52,7 +52,8 @@ from checkpoints.store import checkpoint_to_load
 from common.atomic import atomic_dir, naming_write_errors, surfacing_write_errors
 from common.byte_sizes import format_bytes
 from common.cli import positive_int, run_cli
-from common.library_noise import quiet_benign_library_messages
+from common.library_noise import (EAGER_QUANTIZATION_NOTICES, TORCHSCRIPT_NOTICES, quiet_benign_library_messages,
+                                  quieted)
 from common.errors import BadInput
 from common.path_lock import LockHeld, PathLock
 from data.criteo_layout import read_metadata
@@ -111,13 +112,14 @@ def export_quantized(model: ProbabilityModel, dtype: torch.dtype, path: str) -> 
     """Quantizes every table to ``dtype``, fx-traces (FBGEMM's kernel module is a leaf)
     and saves TorchScript (torch.export cannot take FBGEMM's inference kernels)."""
     table_names = list(model.dlrm.sparse_arch.embedding_bag_collection.embedding_bags.keys())
-    quantized = quantize_inference_model(copy.deepcopy(model.dlrm),
-                                         per_table_weight_dtype={t: dtype for t in table_names})
-    wrapped = ProbabilityModel(quantized, model.sparse_feature_names, model.hotness, padded=model.padded).eval()
-    traced = symbolic_trace(wrapped, leaf_modules=[IntNBitTableBatchedEmbeddingBagsCodegen.__name__])
-    scripted = torch.jit.script(traced)
-    with _model_file(path) as f:
-        torch.jit.save(scripted, f)
+    with quieted(EAGER_QUANTIZATION_NOTICES + TORCHSCRIPT_NOTICES):
+        quantized = quantize_inference_model(copy.deepcopy(model.dlrm),
+                                             per_table_weight_dtype={t: dtype for t in table_names})
+        wrapped = ProbabilityModel(quantized, model.sparse_feature_names, model.hotness, padded=model.padded).eval()
+        traced = symbolic_trace(wrapped, leaf_modules=[IntNBitTableBatchedEmbeddingBagsCodegen.__name__])
+        scripted = torch.jit.script(traced)
+        with _model_file(path) as f:
+            torch.jit.save(scripted, f)
 
 
 def describe_inputs(model_config: ModelConfig, meta: CheckpointMeta, checkpoint: str,

@@ -44,6 +44,7 @@ from collections.abc import Iterator
 import torch
 
 from common.errors import BadInput
+from common.library_noise import TORCHSCRIPT_NOTICES, quieted
 from common.manifest import ManifestEntry, check_bytes, check_manifest_format, entry_of_bytes
 
 MANIFEST_FILE = "manifest.json"
@@ -129,7 +130,8 @@ def load_model_file(model_dir: str, name: str, fmt: str, manifest: Optional[dict
     try:
         if fmt == "torch.export":
             return torch.export.load(io.BytesIO(data)).module()
-        return torch.jit.load(io.BytesIO(data))
+        with quieted(TORCHSCRIPT_NOTICES):
+            return torch.jit.load(io.BytesIO(data))
     except Exception as e:  # torch raises many types for a file it cannot read
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise BadInput(f"{path}: cannot be loaded ({type(e).__name__}: {first[:200]})") from e

@@ -6,9 +6,18 @@ import subprocess
 
 import pytest
 
+from common.library_noise import quiet_benign_library_messages
 from data.synthetic_criteo import generate_synthetic_criteo
 from harness.small_data import SMALL_SPEC
 from tests.support.exported_model import exported, train_and_export
+
+
+@pytest.fixture(autouse=True)
+def quiet_as_the_entry_points_do():
+    """The library messages the entry points silence (common/library_noise.py) are
+    silenced in in-process tests too, inside pytest's per-test warning filters (so that
+    they win over pytest.ini's, which turn every other deprecation into an error)."""
+    quiet_benign_library_messages()
 
 
 @pytest.fixture(scope="session")

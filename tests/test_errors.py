@@ -7,8 +7,10 @@ import torch
 import torch.distributed as dist
 
 import dlrm_main
-from common.errors import EXIT_BAD_INPUT
+from common.errors import EXIT_BAD_INPUT, BadInput, RankError
+from data.value_checks import DataValueError
 from tests.support.cli_modules import cli_modules, run_as_main
+from training.failures import report_rank_failure
 
 MISSING = "/nonexistent/errors_test"
 
@@ -74,6 +76,27 @@ def test_value_error_inside_torch_during_setup_is_a_failure_with_traceback(monke
     assert "Traceback (most recent call last)" in err and "ValueError: raised inside torch.manual_seed" in err
     assert err.splitlines()[-1] == ("dlrm_main.py: error: rank 0 of 1 failed at setup: "
                                     "ValueError: raised inside torch.manual_seed")
+
+
+@pytest.mark.parametrize("error, one_line", [
+    (RankError("saving checkpoint /ckpt/step_10 failed: [Errno 28] No space left on device"), True),
+    (DataValueError("day_0_labels.npy row 7 column label: label 2 is not 0 or 1"), True),
+    (BadInput("/data/day_1.parquet: not a Parquet file"), True),  # bad input only this rank read
+    (ValueError("raised inside torch"), False),
+])
+def test_a_rank_failure_has_a_traceback_unless_its_message_says_all(monkeypatch, capsys, error, one_line):
+    """A rank's failure is one line when its message says what and where (a RankError,
+    bad input that only this rank found, a data value among it); any other exception
+    comes with its traceback. Exit 1 either way: the other ranks did not see it."""
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    try:
+        raise error
+    except Exception as raised:  # with a traceback, as the trainer's are
+        code = report_rank_failure("dlrm_main.py", 1, 2, "step 37 (epoch 0, training)", raised)
+    err = capsys.readouterr().err
+    line = f"dlrm_main.py: error: rank 1 of 2 failed at step 37 (epoch 0, training): {type(error).__name__}: {error}"
+    assert code == 1 and err.splitlines()[-1] == line
+    assert (err == line + "\n") if one_line else ("Traceback (most recent call last)" in err), err
 
 
 def test_bad_input_during_setup_is_one_line_and_exit_2(monkeypatch, capsys):

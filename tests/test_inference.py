@@ -153,8 +153,11 @@ def test_inference_benchmark_dcnv2_fresh_model_prints_a_table(tmp_path, capsys):
     for row in table:
         rate, p50, p90, p99 = (float(v.replace(",", "")) for v in row.split()[2:6])
         assert rate > 0 and 0 < p50 <= p90 <= p99
-    record = [r for r in read_log(log) if r["event"] == "inference_benchmark"][0]
-    check_benchmark_record(record, [1, 64, 4096], 1)
+    records = read_log(log)
+    # The trainer's one config record, then the benchmark's, which names its stage.
+    assert [r["event"] for r in records] == ["startup", "config", "inference_benchmark"]
+    assert records[1]["mode"] == "inference_benchmark" and records[2]["stage"] == "inference_benchmark"
+    check_benchmark_record(records[2], [1, 64, 4096], 1)
 
 
 def test_inference_benchmark_flags(capsys):

@@ -1,5 +1,9 @@
 """What a run prints: the start-up block, interval positions and ETAs, the summary's metrics."""
 
+import dataclasses
+import json
+import time
+
 from data.loaders import build_loaders
 from training.distributed import resolve_env
 from training.flags import parse_config
@@ -66,3 +70,21 @@ def test_rolling_window_metrics_go_to_tensorboard_over_the_window(tmp_path):
     assert [(e.step, round(e.value, 4)) for e in events.Scalars("window/auroc")] == [(1, 0.61), (2, 0.64)]
     assert [e.step for e in events.Scalars("validation/auroc")] == [4, 8]
     assert [e.step for e in events.Scalars("window/ne")] == [1, 2]
+
+
+def test_config_record_is_the_whole_configuration_with_the_world_size_and_device(tmp_path):
+    """The format sweeps/results.py and training/report.py read: one JSON object, the
+    configuration's fields nested as in training/config.py beside the record's own."""
+    config = parse_config(["--num_embeddings", "1000", "--embedding_dim", "8", "--batch_size", "16",
+                           "--dense_arch_layer_sizes", "16,8"], "dlrm_main.py", "")
+    path = tmp_path / "run.jsonl"
+    log = RunLog(True, str(path), progress=False)
+    before = time.time()
+    log.record_config(config, 2, "cpu")
+    log.close()
+    [line] = path.read_text().splitlines()
+    record = json.loads(line)
+    assert before <= record.pop("time") <= time.time()
+    assert record == {"event": "config", "run_id": log.run_id, "world_size": 2, "resolved_device": "cpu",
+                      **json.loads(json.dumps(dataclasses.asdict(config)))}
+    assert record["model"]["embedding_dim"] == 8 and record["data"]["batch_size"] == 16

@@ -25,9 +25,8 @@ import time
 import traceback
 
 from common.atomic import write_json
-from common.errors import EXIT_BAD_INPUT, RankError
+from common.errors import EXIT_BAD_INPUT, BadInput, RankError
 from common.sigterm import Terminated
-from data.value_checks import DataValueError
 
 EXIT_FAILED = 1
 EXIT_NON_FINITE_LOSS = 3
@@ -84,7 +83,9 @@ def report_rank_failure(prog: str, rank: int, world_size: int, where: str, error
     if _lost_a_peer(error):
         # The echo of another rank's failure: its traceback says nothing more.
         detail = f"lost contact with {_lost_peer(str(error))}, which probably stopped first ({detail})"
-    elif not isinstance(error, (RankError, DataValueError)):  # their one line says all (bad data: --mmap_mode)
+    elif not isinstance(error, (RankError, BadInput)):
+        # Their message says what and where: a RankError, or bad input that only this rank
+        # found (a data value under --mmap_mode, which each rank checks as it reads).
         print_whole("".join(traceback.format_exception(error)))
     return report(prog, f"rank {rank} of {world_size} failed at {where}: {detail}", EXIT_FAILED)
 

@@ -22,6 +22,10 @@ from data.random_data import RandomCriteoLoader
 
 PERCENTILES = (50, 90, 99)
 
+# What a failure during the benchmark reports (``Trainer.position``), and the ``stage`` of
+# every record the benchmark writes to the run's log.
+STAGE = "inference_benchmark"
+
 
 @dataclass
 class InferenceBenchmarkResult:
@@ -89,8 +93,6 @@ def run_inference_benchmark(trainer) -> list[InferenceBenchmarkResult]:
     if config.data.multi_hot_sizes is not None:
         expand = MultiHotExpander(config.data.multi_hot_sizes, sizes,
                                   config.data.multi_hot_distribution_type or "uniform", config.seed)
-    trainer.log.record("config", world_size=env.world_size, resolved_device=str(env.device), **asdict(config))
-    trainer.stage = "inference_benchmark"
     trainer.model.eval()
     results = []
     for batch_size in bench.batch_sizes:
@@ -105,13 +107,14 @@ def run_inference_benchmark(trainer) -> list[InferenceBenchmarkResult]:
             if env.device.type == "cuda":
                 torch.cuda.synchronize()
 
-        if dist.is_initialized() and env.world_size > 1:
-            dist.barrier()
-        results.append(summarize(batch_size, env.world_size, time_calls(forward, bench.warmup, bench.iterations)))
+        with trainer.in_stage(f"{STAGE}, batch size {batch_size}"):
+            if dist.is_initialized() and env.world_size > 1:
+                dist.barrier()
+            seconds = time_calls(forward, bench.warmup, bench.iterations)
+        results.append(summarize(batch_size, env.world_size, seconds))
     trainer.log.print(f"inference benchmark (forward only, {bench.warmup} warm-up forwards excluded, "
                       f"{bench.iterations} timed, {env.world_size} rank(s), {env.device.type}):\n"
                       + format_table(results))
-    trainer.log.record("inference_benchmark", world_size=env.world_size, warmup=bench.warmup,
+    trainer.log.record("inference_benchmark", stage=STAGE, world_size=env.world_size, warmup=bench.warmup,
                        results=[asdict(r) for r in results])
-    trainer.log.close()
     return results

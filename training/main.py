@@ -111,5 +111,6 @@ def _run(config: TrainConfig, prog: str, env: "DistributedEnv", work: "Callable[
         return report_rank_failure(prog, env.rank, env.world_size, trainer.position(), e)
     finally:
         trainer.release_checkpoint_dir()
+        trainer.log.close()  # whatever the work and its end (idempotent: fit closes it too)
     return 0
 

@@ -2,7 +2,8 @@
 
 Only rank 0 prints and writes. The JSON-lines log is appended to, one object per
 line, every record carrying the run's ``run_id``:
-``{"event": "startup", ...}`` (training/startup_report.py) and ``{"event": "config", ...}`` once, ``{"event": "train", "step", "epoch", "loss", "lr",
+``{"event": "startup", ...}`` (training/startup_report.py) and ``{"event": "config", ...}`` (`RunLog.record_config`)
+once, ``{"event": "inference_benchmark", "stage": "inference_benchmark", ...}`` (training/inference_benchmark.py), ``{"event": "train", "step", "epoch", "loss", "lr",
 "records_per_sec", "total_steps", "eta_seconds", ...}`` per interval and ``{"event": "eval", "stage", "step",
 "auroc", "log_loss", "accuracy", "ne", "calibration", "positive_rate", "num_samples", "records_per_sec",
 "seconds"}`` per evaluation, ``{"event": "plan_memory", ...}`` after the first step (training/plan_memory.py) (training/metrics.py says what each means; with --rolling_windows a
@@ -11,17 +12,21 @@ validation record also has ``window``, the window evaluated); every record also 
 to event files too, and each window's metrics also as ``window/<key>`` over the window.
 """
 
+import dataclasses
 import json
 import math
 import os
 import sys
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 from collections.abc import Mapping
 
 from tqdm import tqdm
 
 from training.metrics import METRIC_NAMES
+
+if TYPE_CHECKING:
+    from training.config import TrainConfig
 
 
 # JSON record keys also written to TensorBoard, as "<train|validation|test>/<key>".
@@ -114,6 +119,12 @@ class RunLog:
             return
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in fields.items()}
         self._file.write(json.dumps({"event": event, "run_id": self.run_id, "time": time.time(), **clean}) + "\n")
+
+    def record_config(self, config: "TrainConfig", world_size: int, resolved_device: str) -> None:
+        """The run's one ``config`` record: every field of the configuration, nested as in
+        training/config.py (``dataclasses.asdict``), the job's world size and the device the
+        run resolved (``cuda:0``, ``cpu``)."""
+        self.record("config", world_size=world_size, resolved_device=resolved_device, **dataclasses.asdict(config))
 
     def print(self, line: str) -> None:
         if not self.enabled:

@@ -5,6 +5,7 @@ the meta device -> plan -> DistributedModelParallel -> optimizers -> loaders), `
 runs the epochs, `evaluate` runs a split through its own pipeline.
 """
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -229,6 +230,7 @@ class Trainer:
             self.log.print(f"--resume: {flags.checkpoint_dir} holds no complete checkpoint; training starts from scratch")
         self.train_pipeline = self._pipeline(config.pipeline, config.amp)  # after the restored step
         startup.after_setup(self.plan, self.loaders, self.log)
+        self.log.record_config(config, env.world_size, str(env.device))  # whatever the work (--mode)
         # Last, so that nothing above can fail with the lock held; released by `fit`
         # (or `release_checkpoint_dir` when it fails).
         self._checkpoint_lock = (lock_checkpoint_dir(flags.checkpoint_dir, env.rank)  # type: ignore[arg-type]
@@ -279,9 +281,8 @@ class Trainer:
                               run_id=self.log.run_id, early_stopping=self.best.stopping.state_dict(),
                               data_source=self.data_source, data_features=self.data_features)
         state = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
-        stage, self.stage = self.stage, f"saving step {self.step}"  # what a failure or SIGTERM reports
-        path = self.checkpoints.save(state, meta)
-        self.stage = stage
+        with self.in_stage(f"saving step {self.step}"):
+            path = self.checkpoints.save(state, meta)
         self._saved_step, self._saved_path = self.step, path
         if self.minute_cadence is not None:
             self.minute_cadence.restart()
@@ -327,8 +328,6 @@ class Trainer:
     def fit(self) -> RunResult:
         """Trains every epoch, validates as configured, then tests. Collective."""
         config = self.config
-        self.log.record("config", world_size=self.env.world_size, resolved_device=str(self.env.device),
-                        **dataclasses.asdict(config))
         result = RunResult(steps=0)
         self._fit_start = time.perf_counter()
         # --rolling_windows N: pass k trains window k and validates on window k + 1.
@@ -575,11 +574,18 @@ class Trainer:
     def evaluate_checkpoint(self) -> Optional[dict[str, float]]:
         """--mode validate|test: evaluates the loaded weights on that split. Collective."""
         stage = "validation" if self.config.mode == "validate" else "test"
-        self.log.record("config", world_size=self.env.world_size, resolved_device=str(self.env.device),
-                        **dataclasses.asdict(self.config))
         values = self.evaluate(stage, weights_step=self.weights_step)
         self.log.close()
         return values
+
+    @contextlib.contextmanager
+    def in_stage(self, stage: str) -> Iterator[None]:
+        """Inside the block the run is at ``stage`` (what `position`, so a failure or
+        SIGTERM, reports); after it, at the stage before. An exception leaves the stage
+        as it was when it was raised, for the report."""
+        previous, self.stage = self.stage, stage
+        yield
+        self.stage = previous
 
     def position(self) -> str:
         """Where the run is, for error messages: ``step 37 (epoch 0, training)``, where

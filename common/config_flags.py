@@ -3,7 +3,7 @@
 A config field is a flag when it is declared with `flag`: its default, help text and
 choices are in the field's metadata, and `add_flags` builds the parser's options from
 them (``--<field>`` unless the metadata names the flag otherwise; ``bool`` fields
-are switches, ``list[int]`` fields take ``512,256,64``). `Overrides` holds values for
+are switches, ``list[int]`` fields take ``512,256,64``, ``list[float]`` ones ``0.5,1``). `Overrides` holds values for
 some fields of one config class (a recipe's), checked against its fields.
 
 Flags are added without parser defaults, so the parsed namespace holds exactly what
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 from collections.abc import Callable, Mapping, Sequence
 
-from common.cli import int_list
+from common.cli import float_list, int_list
 from common.errors import BadInput
 
 _FLAG = "flag"
@@ -84,7 +84,7 @@ class Flag:
 
     field: dataclasses.Field
     spec: FlagSpec
-    value_type: Any  # int, float, str, bool or list[int] (Optional removed)
+    value_type: Any  # int, float, str, bool, list[int] or list[float] (Optional removed)
 
     @property
     def name(self) -> str:
@@ -105,7 +105,7 @@ class Flag:
         return self.value_type is bool
 
     def parse_type(self) -> Callable[[str], Any]:
-        return int_list if self.value_type == list[int] else self.value_type
+        return {list[int]: int_list, list[float]: float_list}.get(self.value_type, self.value_type)
 
 
 def _without_optional(annotation: Any) -> Any:

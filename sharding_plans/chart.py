@@ -5,8 +5,8 @@ from collections.abc import Sequence
 
 from common.errors import BadInput
 from common.png_figure import png_figure
-from sharding_plans.plan_file import SavedPlan
 from sharding_plans.report import largest_rank
+from sharding_plans.types import SavedPlan
 
 _GIB = 1024**3
 

@@ -7,8 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from torchrec.distributed.types import EnumerableShardingSpec, ParameterSharding, ShardingPlan
 
-from sharding_plans.estimates import RankEstimate
-from sharding_plans.plan_file import SavedPlan
+from sharding_plans.types import RankEstimate, SavedPlan
 
 _GIB = 1024**3
 _MIB = 1024**2

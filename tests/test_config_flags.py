@@ -10,8 +10,9 @@ import pytest
 from common.config_flags import config_values, flags_of
 from data.criteo_layout import NUM_SPARSE_FEATURES
 from sharding_plans import cli as plan_cli
-from training.flags import FLAG_GROUPS, config_from_args, entry_point_parser
-from training.recipes import DCNV2, RECIPES, SMALL_DATA
+from recipes import RECIPES, SMALL_DATA
+from training.flags import FLAG_GROUPS, config_from_args, entry_point_parser, recipe_overrides
+from training.recipes import DCNV2
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("dlrm_main.py", "dcnv2_main.py")
@@ -44,10 +45,10 @@ def test_every_flag_parses_into_its_field_and_nothing_else(script, config_class,
     other field keeps the entry point's default (the flags' names and list syntax are
     the public example's; tests/test_flags.py checks its command lines end to end)."""
     parser = entry_point_parser(script)
-    defaults = config_values(config_class, parser.parse_args([]), DCNV2.overrides if script == "dcnv2_main.py" else ())
+    layers = recipe_overrides(DCNV2) if script == "dcnv2_main.py" else ()
+    defaults = config_values(config_class, parser.parse_args([]), layers)
     value, text = _sample(item, defaults[item.field.name])
-    parsed = config_values(config_class, parser.parse_args([item.option, *text]),
-                           DCNV2.overrides if script == "dcnv2_main.py" else ())
+    parsed = config_values(config_class, parser.parse_args([item.option, *text]), layers)
     assert parsed == {**defaults, item.field.name: value}
 
 
@@ -93,7 +94,7 @@ def test_command_line_beats_recipe_beats_entry_point_default():
 
 def test_recipes_size_models_and_never_change_their_kind():
     for recipe in RECIPES.values():
-        assert all("interaction_type" not in layer for layer in recipe.overrides), recipe.name
+        assert "interaction_type" not in recipe.settings, recipe.name
 
 
 def test_help_lists_what_each_recipe_sets(capsys):
@@ -101,9 +102,8 @@ def test_help_lists_what_each_recipe_sets(capsys):
         entry_point_parser("dlrm_main.py").parse_args(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     for recipe in RECIPES.values():
-        for option, value in recipe.options().items():
-            text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
-            assert f"{option} {text}" in out
+        assert " ".join(recipe.describe().split()) in out
+        assert all(option in recipe.describe() for option in recipe.options())
 
 
 def test_docs_flags_md_matches_the_parsers():
@@ -136,6 +136,7 @@ def test_the_plan_cli_takes_the_training_command_line(capsys):
 # Packages and the packages they must not import.
 FORBIDDEN = {
     "sharding_plans": ("training", "serving", "sweeps"),
+    "recipes": ("training", "serving", "sweeps", "sharding_plans", "models", "data"),
     "models": ("training", "serving", "sweeps", "sharding_plans"),
     "data": ("training", "serving", "sweeps", "sharding_plans", "models"),
     "common": ("training", "serving", "sweeps", "sharding_plans", "models", "data"),

@@ -210,7 +210,7 @@ def test_a_new_venv_imports_the_packages_from_any_directory(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     # The packages whose __init__ imports no torch, and where the entry-point modules are.
-    code = ("import importlib.util, bench, common, data, sweeps, tests.support, torchx_components, training\n"
+    code = ("import importlib.util, bench, common, data, recipes, sweeps, tests.support, torchx_components, training\n"
             "for name in ('training', 'dlrm_main', 'dcnv2_main', 'aws_component', 'models', 'sharding_plans'):\n"
             "    print(importlib.util.find_spec(name).origin)")
     imported = subprocess.run([os.path.join(target, "bin", "python"), "-c", code], cwd=elsewhere,

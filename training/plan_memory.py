@@ -27,8 +27,8 @@ from typing import Optional
 
 import torch
 
-from sharding_plans.estimates import RankEstimate
 from sharding_plans.report import format_bytes
+from sharding_plans.types import RankEstimate
 from training.distributed import DistributedEnv, gather_per_rank, resident_bytes
 
 

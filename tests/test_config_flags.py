@@ -97,6 +97,26 @@ def test_recipes_size_models_and_never_change_their_kind():
         assert "interaction_type" not in recipe.settings, recipe.name
 
 
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_every_recipe_trains_as_given_and_table_sizes_given_win(name):
+    """Generated over every recipe: each of its flags is a training flag, and the
+    config it gives both entry points is valid; table sizes given on the command line
+    (either flag) replace the recipe's, a cap applies to them."""
+    recipe = RECIPES[name]
+    assert {layer.config_class for layer in recipe_overrides(recipe)}  # every flag typed (TypeError otherwise)
+    for script in SCRIPTS:
+        config = config_from_args(entry_point_parser(script).parse_args(["--recipe", name]))
+        rows = recipe.settings.get("num_embeddings_per_feature")
+        if rows is not None:
+            assert config.model.num_embeddings_per_feature == rows
+            assert config.recipe_settings["--num_embeddings_per_feature"] == rows
+        given = config_from_args(entry_point_parser(script).parse_args(["--recipe", name, "--num_embeddings", "7"]))
+        assert given.model.num_embeddings_per_feature == [7] * NUM_SPARSE_FEATURES
+        assert "--num_embeddings_per_feature" not in given.recipe_settings
+        capped = config_from_args(entry_point_parser(script).parse_args(["--recipe", name, "--max_table_rows", "9"]))
+        assert max(capped.model.num_embeddings_per_feature) <= 9
+
+
 def test_help_lists_what_each_recipe_sets(capsys):
     with pytest.raises(SystemExit):
         entry_point_parser("dlrm_main.py").parse_args(["--help"])

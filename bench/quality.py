@@ -36,8 +36,8 @@ import dlrm_main
 from data.feature_spec import DEFAULT_SPEC_NAME, FeatureSpec
 from data.transcode import transcode
 from harness.launch import eval_record, launch, read_log
+from recipes import RECIPES
 from training.metrics import BinaryClassificationMetrics
-from training.recipes import RECIPES
 
 WHEEL_REQUIREMENT = "recbole==1.2.1"
 WHEEL_NAME = "recbole-1.2.1-py3-none-any.whl"

@@ -106,6 +106,14 @@ def int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"malformed list {text!r}: expected comma-separated integers")
 
 
+def float_list(text: str) -> list[float]:
+    """Parses "0.5,1,2"."""
+    try:
+        return [float(item) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"malformed list {text!r}: expected comma-separated numbers")
+
+
 def positive_int(text: str) -> int:
     """An integer above 0."""
     try:

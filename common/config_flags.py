@@ -3,10 +3,10 @@
 A config field is a flag when it is declared with `flag`: its default, help text and
 choices are in the field's metadata, and `add_flags` builds the parser's options from
 them (``--<field>`` unless the metadata names the flag otherwise; ``bool`` fields
-are switches, ``list[int]`` fields take ``512,256,64``, ``list[str]`` fields are
-repeated flags, each one adding an item; a field without a default is a required
-flag, or a positional argument with ``positional=True``). `Overrides` holds values
-for some fields of one config class (a recipe's), checked against its fields.
+are switches, ``list[int]`` fields take ``512,256,64``, ``list[float]`` ones ``0.5,1``, ``list[str]``
+fields are repeated flags, each one adding an item; a field without a default is a
+required flag, or a positional argument with ``positional=True``). `Overrides` holds
+values for some fields of one config class (a recipe's), checked against its fields.
 
 Flags are added without parser defaults, so the parsed namespace holds exactly what
 the command line gave; `config_values` fills in the rest, the command line winning
@@ -31,8 +31,11 @@ from dataclasses import dataclass
 from typing import Any, Optional
 from collections.abc import Callable, Mapping, Sequence
 
-from common.cli import int_list
+from common.cli import float_list, int_list
 from common.errors import BadInput
+
+# How a list field's one command-line value (``512,256,64``) becomes its value.
+_LIST_PARSERS: dict[Any, Callable[[str], Any]] = {list[int]: int_list, list[float]: float_list}
 
 _FLAG = "flag"
 
@@ -98,7 +101,7 @@ class Flag:
 
     field: dataclasses.Field
     spec: FlagSpec
-    value_type: Any  # int, float, str, bool, list[int] or list[str] (Optional removed)
+    value_type: Any  # int, float, str, bool, list[int], list[float] or list[str] (Optional removed)
 
     @property
     def name(self) -> str:
@@ -132,8 +135,8 @@ class Flag:
     def parse_type(self) -> Callable[[str], Any]:
         if self.spec.parse is not None:
             return self.spec.parse
-        if self.value_type == list[int]:
-            return int_list
+        if self.value_type in _LIST_PARSERS:
+            return _LIST_PARSERS[self.value_type]
         return str if self.is_repeated else self.value_type
 
 

@@ -3,12 +3,11 @@
 from typing import Any
 from collections.abc import Sequence
 
+from common.byte_sizes import GIB
 from common.errors import BadInput
 from common.png_figure import png_figure
-from sharding_plans.plan_file import SavedPlan
 from sharding_plans.report import largest_rank
-
-_GIB = 1024**3
+from sharding_plans.types import SavedPlan
 
 
 def write_memory_chart(saved: SavedPlan, path: str, title: str = "") -> None:
@@ -62,11 +61,11 @@ def draw_memory(ax: Any, saved: SavedPlan, title: str = "") -> None:
     ranks = [e.rank for e in estimates]
     top = largest_rank(estimates).rank
     on_gpu = topo.compute_device == "cuda"
-    device_gib = [(e.hbm_bytes if on_gpu else e.ddr_bytes) / _GIB for e in estimates]
-    host_gib = [e.ddr_bytes / _GIB if on_gpu else 0.0 for e in estimates]
+    device_gib = [(e.hbm_bytes if on_gpu else e.ddr_bytes) / GIB for e in estimates]
+    host_gib = [e.ddr_bytes / GIB if on_gpu else 0.0 for e in estimates]
     totals = [d + h for d, h in zip(device_gib, host_gib)]
     capacity = (topo.hbm_cap_bytes if on_gpu else topo.ddr_cap_bytes) or 0
-    usable_gib = capacity * topo.usable_fraction / _GIB
+    usable_gib = capacity * topo.usable_fraction / GIB
     device_name = "GPU memory (HBM)" if on_gpu else "host memory"
     others = [i for i, r in enumerate(ranks) if r != top]
     mine = ranks.index(top)
@@ -77,7 +76,7 @@ def draw_memory(ax: Any, saved: SavedPlan, title: str = "") -> None:
     # The largest rank's whole bar outlined in red, so it shows even when UVM covers most of it.
     ax.bar([top], [totals[mine]], fill=False, edgecolor=LARGEST_COLOR, linewidth=2)
     ax.axhline(usable_gib, color="black", linestyle="--",
-               label=f"usable per rank ({topo.usable_fraction:.0%} of {capacity / _GIB:.0f} GiB)")
+               label=f"usable per rank ({topo.usable_fraction:.0%} of {capacity / GIB:.0f} GiB)")
     tallest = max(totals + [usable_gib])
     if log_memory_axis(totals, usable_gib):
         ax.set_yscale("log")

@@ -7,90 +7,110 @@
 - ``inspect PLAN.json``: prints (and charts) a saved plan.
 - ``sweep``: several table sizes (or scale factors) x world sizes -> one table.
 
+The flags are declared on config classes (`common.config_flags`): the training
+command line's model, table-size, batch and sharding flags, and this tool's own
+below. Defaults come in layers: the fields', a ``--recipe``'s (or a ``--preset``'s,
+which is a recipe plus a topology), then the command line.
+
 Exit codes: 0 it fits (or done); 1 the plan does not fit; 2 bad input (one line on
 stderr).
 """
 
 import argparse
+import dataclasses
 import sys
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Optional
 from collections.abc import Sequence
 
 import torch
 
-from common.config_flags import add_flags, config_values, flag_of, flags_of, given
+from common.byte_sizes import GIB, format_bytes
+from common.cli import OneLineParser, run_cli
+from common.config_flags import FlagError, Overrides, add_flags, config_values, flag, flag_of, flags_of, given, option
+from common.errors import BadInput
 from data.config import DataConfig
 from data.sources import RandomData
 from models.config import ModelConfig, TableSizes
 from models.embedding_optimizer_config import EmbeddingOptimizerConfig
+from recipes import RECIPES, Recipe
 from sharding_plans.chart import write_memory_chart
-from sharding_plans.constraints import ShardingFlags
-from sharding_plans.dry_run import PlanRequest, plan_request, rank_capacity_bytes, smallest_fitting_world_size
+from sharding_plans.dry_run import plan_request, rank_capacity_bytes, smallest_fitting_world_size
 from sharding_plans.feature_spec import read_feature_spec
-from sharding_plans.plan_file import SavedPlan, read_plan, write_plan
-from sharding_plans.planner import PlanDoesNotFit, PlannerConfig, host_memory_bytes
-from sharding_plans.presets import PRESETS, Preset, find_preset
+from sharding_plans.plan_file import read_plan, write_plan
+from sharding_plans.planner import host_memory_bytes
+from sharding_plans.presets import PRESETS, find_preset
 from sharding_plans.report import format_plan_report, largest_rank, memory_imbalance
-from common.byte_sizes import format_bytes
-from common.cli import OneLineParser, int_list, run_cli
-from common.errors import BadInput
+from sharding_plans.types import (
+    PlanDoesNotFit,
+    PlannerConfig,
+    PlanRequest,
+    Preset,
+    SavedPlan,
+    ShardingFlags,
+    TopologyFlags,
+)
 
 PROG = "python -m sharding_plans"
-_GIB = 1024**3
-DEFAULT_EMBEDDING_DIM = flag_of(ModelConfig, "embedding_dim").default  # dlrm_main.py's
 # The features of a training run given no data (Criteo-shaped random data): the tables
 # of --num_embeddings, and the numerical features the training MLP flags are checked with.
 _DEFAULT_FEATURES = RandomData(DataConfig()).describe()
-DEFAULT_BATCH_SIZE = flag_of(DataConfig, "batch_size").default  # the entry points'
 # The model flags that do not change a plan: checked as training would check them.
 _DENSE_FLAGS = tuple(f.field.name for f in flags_of(ModelConfig) if f.field.name not in
                      ("embedding_dim", "embedding_precision"))
+# The training flags a plan depends on; a recipe's others (epochs, dropout...) do not change it.
+_PLAN_CONFIGS = (ModelConfig, TableSizes, EmbeddingOptimizerConfig, DataConfig)
+_BATCH_ONLY = tuple(f.field.name for f in flags_of(DataConfig) if f.field.name != "batch_size")
 DEFAULT_LOCAL_WORLD_SIZE = 8  # GPUs per host of the common 8-GPU servers
 EXIT_DOES_NOT_FIT = 1
 
 
-def float_list(text: str) -> list[float]:
-    """Parses "0.5,1,2"."""
-    try:
-        return [float(item) for item in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"malformed list {text!r}: expected comma-separated numbers")
+@dataclass
+class TableSourceFlags:
+    """Where the tables come from when the table-size flags do not say."""
+
+    preset: Optional[str] = flag(
+        None, help=f"a published TorchRec DLRM configuration: {', '.join(PRESETS)}: its recipe (the tables, "
+                   "their width, the batch) plus the GPUs it ran on (flags given override it)")
+    recipe: Optional[str] = flag(
+        None, choices=list(RECIPES), help="the training recipe's tables, width and batch (flags given win over them)")
+    feature_spec: Optional[str] = flag(
+        None, help="JSON/YAML file with num_embeddings_per_feature (e.g. the data's metadata.json) or "
+                   "features: {name: rows}")
+
+
+@dataclass
+class PlanOutputFlags:
+    """What ``plan`` writes besides its report (``inspect`` takes --chart)."""
+
+    output: Optional[str] = flag(None, help="write the plan here (JSON), for --sharding_plan")
+    chart: Optional[str] = flag(None, help="write a PNG chart of the memory per rank here")
+    no_search: bool = flag(False, help="when it does not fit, do not look for the number of ranks that would hold it")
+
+
+@dataclass
+class SweepFlags:
+    """What ``sweep`` tries."""
+
+    world_sizes: Optional[list[int]] = flag(None, help="ranks to try, comma-separated (default --preset's)")
+    scale_factors: Optional[list[float]] = flag(None, help="multiply the table sizes by each of these, comma-separated")
 
 
 def _add_table_flags(p: argparse.ArgumentParser, sweep: bool) -> None:
-    """The training command line's model, table-size and embedding-optimizer flags
-    (the same parser pieces), the preset, and the batch size."""
-    a = p.add_argument
-    a("--preset", default=None,
-      help=f"a published TorchRec DLRM configuration: {', '.join(PRESETS)} (flags given override it)")
+    """The training command line's model, table-size, embedding-optimizer and batch
+    flags (the same parser pieces), and where else the tables may come from."""
+    add_flags(p, TableSourceFlags)
     add_flags(p.add_argument_group("model (the training flags; the MLPs do not change the plan)"), ModelConfig)
     tables = p.add_argument_group("table sizes (the training flags)")
     if sweep:
-        tables.add_argument("--num_embeddings_per_feature", type=int_list, action="append", default=argparse.SUPPRESS,
+        # Repeated for several configurations: an append, which a field's flag is not.
+        tables.add_argument("--num_embeddings_per_feature", type=flag_of(TableSizes, "num_embeddings_per_feature")
+                            .parse_type(), action="append", default=argparse.SUPPRESS,
                             help="rows of each table; repeat the flag for several configurations")
     add_flags(tables, TableSizes, exclude=("num_embeddings_per_feature",) if sweep else ())
-    a("--feature_spec", default=None,
-      help="JSON/YAML file with num_embeddings_per_feature (e.g. the data's metadata.json) or features: {name: rows}")
     add_flags(p.add_argument_group("embedding optimizer (the training flags; its state takes memory)"),
               EmbeddingOptimizerConfig)
-    a("--batch_size", type=int, default=None, help=f"training rows per rank per step (default {DEFAULT_BATCH_SIZE})")
-
-
-def _add_topology_flags(p: argparse.ArgumentParser, sweep: bool) -> None:
-    a = p.add_argument
-    if sweep:
-        a("--world_sizes", type=int_list, default=None, help="ranks to try, comma-separated (default --preset's)")
-    else:
-        a("--world_size", type=int, default=None, help="ranks (default 1)")
-    a("--local_world_size", type=int, default=None,
-      help=f"ranks per host (default {DEFAULT_LOCAL_WORLD_SIZE}, at most the world size)")
-    a("--compute_device", choices=("cuda", "cpu"), default="cuda", help="where the tables live")
-    a("--hbm_gb", type=float, default=None, help="GiB of memory per GPU (cuda; default: this machine's GPU)")
-    a("--ddr_gb", type=float, default=None,
-      help="GiB of host memory per rank (default: this machine's memory / --local_world_size)")
-    a("--intra_node_bandwidth", type=float, default=None, help="GiB/s between ranks of a host (default torchrec's)")
-    a("--inter_node_bandwidth", type=float, default=None, help="GiB/s between hosts, per rank (default torchrec's)")
-    add_flags(p, ShardingFlags)
+    add_flags(p, DataConfig, exclude=_BATCH_ONLY)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,49 +119,66 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="{plan,inspect,sweep}")
     plan = sub.add_parser("plan", help="plan tables for a topology", description="Plan tables for a topology.")
     _add_table_flags(plan, sweep=False)
-    _add_topology_flags(plan, sweep=False)
-    plan.add_argument("--output", default=None, help="write the plan here (JSON), for --sharding_plan")
-    plan.add_argument("--chart", default=None, help="write a PNG chart of the memory per rank here")
-    plan.add_argument("--no_search", action="store_true",
-                      help="when it does not fit, do not look for the number of ranks that would hold it")
+    add_flags(plan, TopologyFlags)
+    add_flags(plan, ShardingFlags)
+    add_flags(plan, PlanOutputFlags)
     inspect = sub.add_parser("inspect", help="print a saved plan", description="Print a saved plan.")
     inspect.add_argument("plan_file", help="a plan written by `plan --output`")
-    inspect.add_argument("--chart", default=None, help="write a PNG chart of the memory per rank here")
+    add_flags(inspect, PlanOutputFlags, exclude=("output", "no_search"))
     sweep = sub.add_parser("sweep", help="table sizes x world sizes -> one table",
                            description="Plan several table sizes on several world sizes.")
     _add_table_flags(sweep, sweep=True)
-    _add_topology_flags(sweep, sweep=True)
-    sweep.add_argument("--scale_factors", type=float_list, default=None,
-                       help="multiply the table sizes by each of these, comma-separated")
+    add_flags(sweep, SweepFlags, exclude=("scale_factors",))
+    add_flags(sweep, TopologyFlags, exclude=("world_size",))
+    add_flags(sweep, ShardingFlags)
+    add_flags(sweep, SweepFlags, exclude=("world_sizes",))
     return parser
 
 
-def _pick(value: Any, preset: Optional[Preset], attribute: str, default: Any) -> Any:
-    """The flag if given, else the preset's value, else the default."""
-    if value is not None:
-        return value
-    if preset is not None:
-        return getattr(preset, attribute)
-    return default
+@dataclass
+class _Layers:
+    """The defaults under the command line: the recipe's (typed by this tool's config
+    classes) and the preset's topology."""
+
+    label: Optional[str]
+    recipe: tuple[Overrides, ...]
+    topology: tuple[Overrides, ...]
 
 
-def _positive(value: Optional[float], flag: str) -> None:
+def _layers(args: argparse.Namespace) -> _Layers:
+    source = TableSourceFlags(**config_values(TableSourceFlags, args))
+    if source.preset is not None and source.recipe is not None:
+        raise FlagError("give --preset or --recipe, not both: a preset is its recipe plus a topology "
+                        "(the topology flags change that part)")
+    preset: Optional[Preset] = find_preset(source.preset) if source.preset is not None else None
+    recipe: Optional[Recipe] = preset.recipe if preset is not None else RECIPES.get(source.recipe or "")
+    if recipe is None:
+        return _Layers(None, (), ())
+    layers = recipe.overrides(_PLAN_CONFIGS, only_their_flags=True)
+    if any(getattr(args, name, None) is not None for name in ("num_embeddings_per_feature", "num_embeddings",
+                                                             "feature_spec")):
+        layers = tuple(layer for layer in layers if layer.config_class is not TableSizes)  # the tables given win
+    topology = (Overrides(TopologyFlags, **dataclasses.asdict(preset.topology)),) if preset is not None else ()
+    return _Layers(preset.title if preset is not None else recipe.name, layers, topology)
+
+
+def _positive(value: Optional[float], flag_name: str) -> None:
     if value is not None and not value > 0:
-        raise BadInput(f"{flag} must be positive, got {value:g}")
+        raise BadInput(f"{flag_name} must be positive, got {value:g}")
 
 
-def _table_sets(args: argparse.Namespace, preset: Optional[Preset]) -> list[tuple[str, list[str], list[int]]]:
+def _table_sets(args: argparse.Namespace, layers: _Layers) -> list[tuple[str, list[str], list[int]]]:
     """[(label, feature names, rows)]: one set, or one per sweep configuration, capped
     at --max_table_rows."""
-    tables = TableSizes(**config_values(TableSizes, args, exclude=("num_embeddings_per_feature",)))
-    tables.validate()
-    per_feature = getattr(args, "num_embeddings_per_feature", None)
-    given_sizes = [name for name, value in (("--num_embeddings_per_feature", per_feature),
-                                            ("--num_embeddings", tables.num_embeddings),
-                                            ("--feature_spec", args.feature_spec)) if value is not None]
+    given_sizes = [name for name in ("num_embeddings_per_feature", "num_embeddings", "feature_spec")
+                   if getattr(args, name, None) is not None]
     if len(given_sizes) > 1:
-        raise BadInput(f"give only one of {' and '.join(given_sizes)}")
+        raise BadInput(f"give only one of {' and '.join('--' + name for name in given_sizes)}")
+    tables = TableSizes(**config_values(TableSizes, args, layers.recipe, exclude=("num_embeddings_per_feature",)))
+    tables.validate()
     sweep = args.command == "sweep"
+    per_feature = getattr(args, "num_embeddings_per_feature", None)
+    recipe_rows = config_values(TableSizes, argparse.Namespace(), layers.recipe)["num_embeddings_per_feature"]
     if per_feature is not None:
         lists = per_feature if sweep else [per_feature]
         sets = [(f"sizes {i + 1}" if len(lists) > 1 else "sizes", _feature_names(len(rows)), rows)
@@ -149,14 +186,14 @@ def _table_sets(args: argparse.Namespace, preset: Optional[Preset]) -> list[tupl
     elif tables.num_embeddings is not None:
         names = list(_DEFAULT_FEATURES.sparse_feature_names)
         sets = [(f"{len(names)} x {tables.num_embeddings}", names, tables.resolve(len(names), None))]
-    elif args.feature_spec is not None:
+    elif getattr(args, "feature_spec", None) is not None:
         names, rows = read_feature_spec(args.feature_spec)
         sets = [(args.feature_spec, names, rows)]
-    elif preset is not None:
-        rows = list(preset.num_embeddings_per_feature)
-        sets = [(preset.title, _feature_names(len(rows)), rows)]
+    elif recipe_rows is not None:
+        sets = [(layers.label or "", _feature_names(len(recipe_rows)), list(recipe_rows))]
     else:
-        raise BadInput("say which tables: --preset, --num_embeddings_per_feature, --num_embeddings or --feature_spec")
+        raise BadInput("say which tables: --preset, a --recipe with tables, --num_embeddings_per_feature, "
+                       "--num_embeddings or --feature_spec")
     factors = getattr(args, "scale_factors", None)
     for factor in factors or []:
         _positive(factor, "--scale_factors")
@@ -171,56 +208,51 @@ def _feature_names(count: int) -> list[str]:
     return [f"cat_{k}" for k in range(count)]
 
 
-def _topology(args: argparse.Namespace, preset: Optional[Preset], world_size: int) -> PlannerConfig:
-    _positive(world_size, "--world_sizes" if args.command == "sweep" else "--world_size")
-    local = args.local_world_size
-    _positive(local, "--local_world_size")
-    if local is not None and local > world_size:
-        raise BadInput(f"--local_world_size ({local}) must not exceed the world size ({world_size})")
-    if local is None:
-        local = min(_pick(None, preset, "local_world_size", DEFAULT_LOCAL_WORLD_SIZE), world_size)
-    hbm_gb = args.hbm_gb
-    _positive(hbm_gb, "--hbm_gb")
-    _positive(args.ddr_gb, "--ddr_gb")
-    _positive(args.intra_node_bandwidth, "--intra_node_bandwidth")
-    _positive(args.inter_node_bandwidth, "--inter_node_bandwidth")
-    batch_size = _pick(args.batch_size, preset, "batch_size", DEFAULT_BATCH_SIZE)
-    _positive(batch_size, "--batch_size")
+def _topology(args: argparse.Namespace, layers: _Layers, world_size: int, batch_size: int) -> PlannerConfig:
+    flags = TopologyFlags(**{**config_values(TopologyFlags, args, layers.topology), "world_size": world_size})
+    if not given(args, TopologyFlags, "local_world_size"):
+        # A preset's (or the usual) host size, on a job that may be smaller than a host.
+        flags.local_world_size = min(flags.local_world_size or DEFAULT_LOCAL_WORLD_SIZE, world_size)
+    if flags.compute_device == "cpu" and not given(args, TopologyFlags, "hbm_gb"):
+        flags.hbm_gb = None  # a preset's GPUs: with cpu the tables live in host memory
+    flags.validate()
+    assert flags.local_world_size is not None
     hbm_bytes = None
-    if args.compute_device == "cuda":
-        hbm_gb = _pick(hbm_gb, preset, "hbm_gb", None)
-        if hbm_gb is not None:
-            hbm_bytes = int(hbm_gb * _GIB)
+    if flags.compute_device == "cuda":
+        if flags.hbm_gb is not None:
+            hbm_bytes = int(flags.hbm_gb * GIB)
         elif torch.cuda.is_available():
             hbm_bytes = torch.cuda.get_device_properties(0).total_memory
         else:
             raise BadInput("--hbm_gb is needed for --compute_device cuda on a machine without a GPU")
-    elif hbm_gb is not None:
-        raise BadInput("--hbm_gb is for --compute_device cuda; with cpu the tables live in --ddr_gb")
-    ddr_gb = _pick(args.ddr_gb, preset, "ddr_gb", None)
-    ddr_bytes = int(ddr_gb * _GIB) if ddr_gb is not None else host_memory_bytes() // local
+    ddr_bytes = (int(flags.ddr_gb * GIB) if flags.ddr_gb is not None
+                 else host_memory_bytes() // flags.local_world_size)
     return PlannerConfig(
-        world_size=world_size, local_world_size=local, compute_device=args.compute_device, batch_size=batch_size,
-        hbm_cap_bytes=hbm_bytes, ddr_cap_bytes=ddr_bytes,
-        intra_host_bw_gib_s=args.intra_node_bandwidth, inter_host_bw_gib_s=args.inter_node_bandwidth,
+        world_size=world_size, local_world_size=flags.local_world_size, compute_device=flags.compute_device,
+        batch_size=batch_size, hbm_cap_bytes=hbm_bytes, ddr_cap_bytes=ddr_bytes,
+        intra_host_bw_gib_s=flags.intra_node_bandwidth, inter_host_bw_gib_s=flags.inter_node_bandwidth,
     )
 
 
 def _requests(args: argparse.Namespace) -> list[tuple[str, PlanRequest]]:
     """[(label, request)] for every table set x world size the flags ask for."""
-    preset = find_preset(args.preset) if args.preset else None
+    layers = _layers(args)
     if args.command == "sweep":
-        world_sizes = args.world_sizes or [_pick(None, preset, "world_size", 1)]
+        world_sizes = SweepFlags(**config_values(SweepFlags, args)).world_sizes
+        for world_size in world_sizes or []:
+            _positive(world_size, option(SweepFlags, "world_sizes"))
     else:
-        world_sizes = [_pick(args.world_size, preset, "world_size", 1)]
+        world_sizes = None
+    if not world_sizes:
+        world_sizes = [config_values(TopologyFlags, args, layers.topology)["world_size"]]
     constraints = ShardingFlags(**config_values(ShardingFlags, args)).constraints()
-    model = config_values(ModelConfig, args)
-    model["embedding_dim"] = _pick(getattr(args, "embedding_dim", None), preset, "embedding_dim",
-                                   DEFAULT_EMBEDDING_DIM)
-    optimizer = EmbeddingOptimizerConfig(**config_values(EmbeddingOptimizerConfig, args))
+    model = config_values(ModelConfig, args, layers.recipe)
+    optimizer = EmbeddingOptimizerConfig(**config_values(EmbeddingOptimizerConfig, args, layers.recipe))
     optimizer.validate()
+    batch_size = config_values(DataConfig, args, layers.recipe, exclude=_BATCH_ONLY)["batch_size"]
+    _positive(batch_size, option(DataConfig, "batch_size"))
     requests = []
-    for label, names, rows in _table_sets(args, preset):
+    for label, names, rows in _table_sets(args, layers):
         if any(given(args, ModelConfig, name) for name in _DENSE_FLAGS):
             # The training command line's MLPs: refused here as training would refuse them.
             ModelConfig(num_embeddings_per_feature=rows, sparse_feature_names=names,
@@ -229,7 +261,7 @@ def _requests(args: argparse.Namespace) -> list[tuple[str, PlanRequest]]:
             request = PlanRequest(
                 feature_names=names, num_embeddings_per_feature=rows, embedding_dim=model["embedding_dim"],
                 embedding_precision=model["embedding_precision"], optimizer=optimizer.optimizer,
-                topology=_topology(args, preset, world_size), constraints=constraints,
+                topology=_topology(args, layers, world_size, batch_size), constraints=constraints,
             )
             request.validate()
             requests.append((label, request))
@@ -238,15 +270,15 @@ def _requests(args: argparse.Namespace) -> list[tuple[str, PlanRequest]]:
 
 def _rank_kind(topology: PlannerConfig) -> str:
     if topology.compute_device == "cuda":
-        return f"GPUs of {(topology.hbm_cap_bytes or 0) / _GIB:g} GiB"
-    return f"CPU ranks of {(topology.ddr_cap_bytes or 0) / _GIB:g} GiB"
+        return f"GPUs of {(topology.hbm_cap_bytes or 0) / GIB:g} GiB"
+    return f"CPU ranks of {(topology.ddr_cap_bytes or 0) / GIB:g} GiB"
 
 
 def _does_not_fit(request: PlanRequest, reason: str, search: bool) -> str:
     """The verdict for a plan that does not fit, with the ranks that would hold it."""
     topology = request.topology
-    weights = sum(t.num_bytes for t in request.tables.values()) / _GIB
-    usable = rank_capacity_bytes(topology) * topology.world_size / _GIB
+    weights = sum(t.num_bytes for t in request.tables.values()) / GIB
+    usable = rank_capacity_bytes(topology) * topology.world_size / GIB
     lines = [f"verdict: does NOT fit on {topology.world_size} {_rank_kind(topology)}: {reason} "
              f"(weights alone: {weights:.2f} GiB; {usable:.2f} GiB usable for embeddings in all)"]
     if not search:
@@ -290,30 +322,33 @@ def _fits_verdict(saved: SavedPlan) -> str:
     return verdict
 
 
+def _chart(saved: SavedPlan, outputs: PlanOutputFlags) -> None:
+    if outputs.chart:
+        write_memory_chart(saved, outputs.chart)
+        print(f"chart written to {outputs.chart}")
+
+
 def _plan(args: argparse.Namespace) -> int:
     [(label, request)] = _requests(args)
+    outputs = PlanOutputFlags(**config_values(PlanOutputFlags, args))
     try:
         saved = plan_request(request)
     except PlanDoesNotFit as e:
-        print(_does_not_fit(request, str(e), search=not args.no_search))
+        print(_does_not_fit(request, str(e), search=not outputs.no_search))
         return EXIT_DOES_NOT_FIT
     print(format_plan_report(saved))
     print(_fits_verdict(saved))
-    if args.output:
-        write_plan(args.output, saved)
-        print(f"plan written to {args.output}")
-    if args.chart:
-        write_memory_chart(saved, args.chart)
-        print(f"chart written to {args.chart}")
+    if outputs.output:
+        write_plan(outputs.output, saved)
+        print(f"plan written to {outputs.output}")
+    _chart(saved, outputs)
     return 0
 
 
 def _inspect(args: argparse.Namespace) -> int:
     saved = read_plan(args.plan_file)
     print(format_plan_report(saved))
-    if args.chart:
-        write_memory_chart(saved, args.chart)
-        print(f"chart written to {args.chart}")
+    _chart(saved, PlanOutputFlags(**config_values(PlanOutputFlags, args)))
     return 0
 
 

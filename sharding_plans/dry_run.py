@@ -1,13 +1,11 @@
 """Planning without the hardware: meta-device tables, no GPU, no process group.
 
-`PlanRequest` describes the tables and the hardware; `plan_request` returns the plan
+`sharding_plans.types.PlanRequest` describes the tables and the hardware; `plan_request` returns the plan
 with the planner's estimates, `smallest_fitting_world_size` looks for the fewest
 ranks of the same kind that hold a model that does not fit.
 """
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
 from typing import Optional
 from collections.abc import Callable
 
@@ -15,78 +13,13 @@ import torch
 from torch import nn
 
 from models import build_dlrm_train
-from models.config import ModelConfig
 from models.embedding_optimizer import EmbeddingOptimizerConfig, attach_fused_embedding_optimizer
-from sharding_plans.constraints import ShardingConstraints
-from sharding_plans.plan_file import SavedPlan, TableSpec
-from sharding_plans.planner import PlanDoesNotFit, PlannerConfig, plan_with_estimates
+from sharding_plans.planner import plan_with_estimates
 from sharding_plans.sharders import build_sharders
+from sharding_plans.types import PlanDoesNotFit, PlannerConfig, PlanRequest, SavedPlan
 
 # Give up looking for a world size that fits after this many planner runs.
 MAX_SEARCH_PLANS = 8
-
-
-@dataclass
-class PlanRequest:
-    """Tables, hardware and constraints of one dry-run plan.
-
-    Args:
-        feature_names: categorical features; table i is ``t_<feature_names[i]>``.
-        num_embeddings_per_feature: rows of each table.
-        embedding_dim: width of every table.
-        embedding_precision: "fp32" or "fp16".
-        optimizer: the fused embedding optimizer (its state takes memory too).
-        topology: ranks, device, memory and batch.
-        constraints: sharding types and kernels the planner may use.
-
-    Example::
-
-        request = PlanRequest(["cat_0"], [1000], 64, "fp32", "sgd",
-                              PlannerConfig(2, 2, "cuda", 512, hbm_cap_bytes=2**34, ddr_cap_bytes=2**36))
-        saved = plan_request(request)
-    """
-
-    feature_names: list[str]
-    num_embeddings_per_feature: list[int]
-    embedding_dim: int
-    embedding_precision: str
-    optimizer: str
-    topology: PlannerConfig
-    constraints: ShardingConstraints = field(default_factory=ShardingConstraints)
-
-    @property
-    def model_config(self) -> ModelConfig:
-        # The dense layers do not change the plan: the smallest valid ones.
-        return ModelConfig(
-            num_embeddings_per_feature=list(self.num_embeddings_per_feature),
-            sparse_feature_names=list(self.feature_names),
-            dense_in_features=1,
-            embedding_dim=self.embedding_dim,
-            embedding_precision=self.embedding_precision,
-            dense_arch_layer_sizes=[self.embedding_dim],
-            over_arch_layer_sizes=[1, 1],
-        )
-
-    @property
-    def tables(self) -> dict[str, TableSpec]:
-        """{table: TableSpec} in model order."""
-        config = self.model_config
-        return {name: TableSpec(rows, self.embedding_dim, self.embedding_precision)
-                for name, rows in zip(config.table_names, self.num_embeddings_per_feature)}
-
-    def validate(self) -> None:
-        """Raises BadInput (one line naming the flag) for bad tables or constraints."""
-        self.model_config.validate()
-        EmbeddingOptimizerConfig(optimizer=self.optimizer).validate()
-        self.topology.validate()
-        self.constraints.validate(self.model_config.table_names, self.topology.compute_device)
-
-    def with_world_size(self, world_size: int) -> "PlanRequest":
-        """The same request on ``world_size`` ranks (hosts keep their size, up to the world size)."""
-        topology = dataclasses.replace(
-            self.topology, world_size=world_size, local_world_size=min(self.topology.local_world_size, world_size)
-        )
-        return dataclasses.replace(self, topology=topology)
 
 
 def _planning_model(request: PlanRequest) -> nn.Module:

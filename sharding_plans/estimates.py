@@ -8,7 +8,7 @@ torchrec's estimate of the fused optimizers' state for fp16 tables.
 """
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Optional
 
 import torch
@@ -16,6 +16,8 @@ from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner.types import (ParameterConstraints, SharderDataMap, ShardEstimator, ShardingOption,
                                                 Stats, Topology)
 from torchrec.optim import RowWiseAdagrad
+
+from sharding_plans.types import RankEstimate
 
 # FBGEMM keeps its fused optimizers' state in fp32 whatever the weights' precision
 # (fbgemm_gpu 1.8, split_table_batched_embeddings_ops_training.py: momentum1 and
@@ -28,31 +30,6 @@ OPTIMIZER_STATE_BYTES_PER_ELEMENT = 4
 # kernel's state is the dense optimizer's, at the weights' precision.
 _FUSED_KERNELS = (EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.FUSED_UVM.value,
                   EmbeddingComputeKernel.FUSED_UVM_CACHING.value)
-
-
-@dataclass
-class RankEstimate:
-    """One rank's share of a plan, as the planner estimates it.
-
-    Args:
-        rank: the rank.
-        hbm_bytes: GPU memory of its embedding shards (0 on CPU).
-        ddr_bytes: host memory of its embedding shards (all of it on CPU; UVM on CUDA).
-        step_time_ms: its embedding work per training step, in milliseconds.
-
-    Example::
-
-        RankEstimate(rank=0, hbm_bytes=2**30, ddr_bytes=0, step_time_ms=1.25)
-    """
-
-    rank: int
-    hbm_bytes: int
-    ddr_bytes: int
-    step_time_ms: float
-
-    @property
-    def total_bytes(self) -> int:
-        return self.hbm_bytes + self.ddr_bytes
 
 
 class PlanRecorder(Stats):

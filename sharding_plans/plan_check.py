@@ -8,7 +8,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from common.errors import BadInput
 from sharding_plans.constraints import UNCACHED_KERNELS, check_table_precision
-from sharding_plans.plan_file import SavedPlan, TableSpec
+from sharding_plans.types import SavedPlan, TableSpec
 
 
 class PlanMismatchError(BadInput):

@@ -25,7 +25,6 @@ Files are written under a temporary name and renamed when complete.
 
 import dataclasses
 import json
-from dataclasses import dataclass
 from typing import Any, Optional
 
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode, CacheAlgorithm
@@ -43,8 +42,7 @@ from torchrec.modules.embedding_configs import DataType
 from common.atomic import write_text
 from common.errors import BadInput
 from sharding_plans.constraints import COMPUTE_KERNELS, SHARDING_TYPES
-from sharding_plans.estimates import RankEstimate
-from sharding_plans.planner import PlannerConfig
+from sharding_plans.types import PlannerConfig, RankEstimate, SavedPlan, TableSpec
 
 FORMAT = "torchrec-sharding-plan"
 VERSION = 1
@@ -57,41 +55,6 @@ _CACHE_FIELDS = ("algorithm", "load_factor", "reserved_memory", "precision", "pr
 
 class PlanFileError(BadInput):
     """A plan file is unreadable or malformed; the message names the file and the place."""
-
-
-@dataclass
-class TableSpec:
-    """One embedding table: rows x dim of the given precision ("fp32" or "fp16")."""
-
-    rows: int
-    dim: int
-    precision: str = "fp32"
-
-    @property
-    def num_bytes(self) -> int:
-        return self.rows * self.dim * (2 if self.precision == "fp16" else 4)
-
-
-@dataclass
-class SavedPlan:
-    """A sharding plan with what it was made for.
-
-    Args:
-        topology: ranks, device, memory and batch the plan was made for.
-        tables: {table name: shape}, in model order.
-        plan: torchrec's plan.
-        estimates: the planner's per-rank estimates (None when not planned here).
-
-    Example::
-
-        write_plan("plan.json", SavedPlan(topology, tables, plan, estimates))
-        assert read_plan("plan.json") == SavedPlan(topology, tables, plan, estimates)
-    """
-
-    topology: PlannerConfig
-    tables: dict[str, TableSpec]
-    plan: ShardingPlan
-    estimates: Optional[list[RankEstimate]] = None
 
 
 # ---------------------------------------------------------------- writing

@@ -8,7 +8,6 @@ reserves a fixed share for the dense part and activations.
 import contextlib
 import logging
 import os
-from dataclasses import dataclass
 from typing import Optional
 from collections.abc import Iterator
 
@@ -34,63 +33,16 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from common.errors import BadInput
-from sharding_plans.estimates import FullPrecisionOptimizerState, PlanRecorder, RankEstimate
+from sharding_plans.estimates import FullPrecisionOptimizerState, PlanRecorder
+from sharding_plans.types import STORAGE_RESERVATION_PERCENTAGE, PlanDoesNotFit, PlannerConfig, RankEstimate
 
-# Share of each device's memory kept free for dense parameters, activations and buffers.
-STORAGE_RESERVATION_PERCENTAGE = 0.15
 # torchrec's bandwidths are in bytes per millisecond.
 _GIB_PER_S = 1024**3 / 1000
-
-
-class PlanDoesNotFit(RuntimeError):
-    """The planner found no placement within the memory of the given ranks."""
 
 
 def host_memory_bytes() -> int:
     """Physical memory of this host."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-@dataclass
-class PlannerConfig:
-    """The hardware and batch the plan is made for.
-
-    Args:
-        world_size: ranks in the job.
-        local_world_size: ranks per host.
-        compute_device: "cuda" or "cpu".
-        batch_size: training rows per rank per step.
-        hbm_cap_bytes: memory per GPU (CUDA only; None: queried from the device).
-        ddr_cap_bytes: host memory per rank (None: this host's memory / local_world_size).
-        intra_host_bw_gib_s: bandwidth between ranks of one host, GiB/s (None: torchrec's default).
-        inter_host_bw_gib_s: bandwidth between hosts per rank, GiB/s (None: torchrec's default).
-    """
-
-    world_size: int
-    local_world_size: int
-    compute_device: str
-    batch_size: int
-    hbm_cap_bytes: Optional[int] = None
-    ddr_cap_bytes: Optional[int] = None
-    intra_host_bw_gib_s: Optional[float] = None
-    inter_host_bw_gib_s: Optional[float] = None
-
-    def validate(self) -> None:
-        if self.compute_device not in ("cuda", "cpu"):
-            raise BadInput(f"compute device must be cuda or cpu, got {self.compute_device!r}")
-        if self.world_size <= 0 or self.local_world_size <= 0:
-            raise BadInput("world size and local world size must be positive")
-        for name, value in (("hbm", self.hbm_cap_bytes), ("ddr", self.ddr_cap_bytes)):
-            if value is not None and value <= 0:
-                raise BadInput(f"{name} capacity must be positive, got {value}")
-        for name, bandwidth in (("intra-host", self.intra_host_bw_gib_s), ("inter-host", self.inter_host_bw_gib_s)):
-            if bandwidth is not None and not bandwidth > 0:
-                raise BadInput(f"{name} bandwidth must be positive, got {bandwidth}")
-
-    @property
-    def usable_fraction(self) -> float:
-        """Share of each rank's memory the planner may fill with embeddings."""
-        return 1.0 - STORAGE_RESERVATION_PERCENTAGE
 
 
 def build_topology(config: PlannerConfig) -> Topology:

@@ -8,8 +8,7 @@ from collections.abc import Mapping, Sequence
 from torchrec.distributed.types import EnumerableShardingSpec, ParameterSharding, ShardingPlan
 
 from common.byte_sizes import GIB, format_bytes
-from sharding_plans.estimates import RankEstimate
-from sharding_plans.plan_file import SavedPlan
+from sharding_plans.types import RankEstimate, SavedPlan
 
 def _natural_key(name: str) -> list[object]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]

@@ -7,7 +7,7 @@ The trainer applies them; they know nothing of it (plans are given as
 "ranks", "shards"}}).
 """
 
-from typing import Any, Optional
+from typing import Optional
 from collections.abc import Sequence
 
 import torch
@@ -15,8 +15,7 @@ from torchrec.distributed.planner.types import ParameterConstraints
 
 from common.errors import BadInput
 from sharding_plans.constraints import FUSED_SHARDING_TYPES
-
-PlanSummary = dict[str, dict[str, Any]]
+from sharding_plans.types import PlanSummary
 
 
 class ReshardError(BadInput):

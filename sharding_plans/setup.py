@@ -17,13 +17,13 @@ from torch import nn
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
-from sharding_plans.constraints import ROW_SHARDING_TYPES, ShardingConstraints
-from sharding_plans.estimates import RankEstimate
+from sharding_plans.constraints import ROW_SHARDING_TYPES
 from sharding_plans.plan_check import check_plan_for_run, check_plan_locks_cache_lines, embedding_tables
 from sharding_plans.plan_file import read_plan
-from sharding_plans.planner import PlannerConfig, build_sharding_plan
-from sharding_plans.rules import PlanSummary, planner_constraints
+from sharding_plans.planner import build_sharding_plan
+from sharding_plans.rules import planner_constraints
 from sharding_plans.sharders import build_sharders
+from sharding_plans.types import PlannerConfig, PlanSummary, RankEstimate, ShardingConstraints
 
 
 @dataclass

@@ -24,6 +24,7 @@ from typing import Any, Optional
 from collections.abc import Sequence
 
 from common.atomic import write_text
+from common.byte_sizes import GIB
 from common.png_figure import png_figure
 from common.errors import BadInput
 from common.run_log_file import log_records
@@ -31,7 +32,6 @@ from sweeps.run_state import FAILED, RunRecord
 from sweeps.spec import value_text
 from sweeps.table_memory import table_memory
 
-GIB = 1024**3
 COLUMNS = ("run", "state", "table_gib", "planner_gib", "planned_rank_gib", "built_rank_gib", "ranks", "local_batch_size", "global_batch_size",
            "val_auroc", "test_auroc", "test_log_loss", "records_per_sec", "train_seconds", "peak_memory_bytes",
            "flags")

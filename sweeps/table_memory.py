@@ -49,9 +49,8 @@ def table_memory(config: dict[str, Any], ranks_per_node: int, cache_dir: str) ->
             return TableMemory(int(saved["weight_bytes"]), int(saved["planner_bytes"]))
     except (OSError, ValueError, KeyError, TypeError):
         pass  # no cache yet, or one for other tables: plan again
-    from sharding_plans.constraints import ShardingConstraints
-    from sharding_plans.dry_run import PlanRequest, plan_request
-    from sharding_plans.planner import PlannerConfig
+    from sharding_plans.dry_run import plan_request
+    from sharding_plans.types import PlannerConfig, PlanRequest, ShardingConstraints
 
     model = config["model"]
     device = "cuda" if str(config.get("resolved_device", "cpu")).startswith("cuda") else "cpu"

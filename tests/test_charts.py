@@ -15,9 +15,7 @@ from torchrec.distributed.types import ShardingPlan  # noqa: E402
 
 from common.png_figure import drawn_date, png_figure  # noqa: E402
 from sharding_plans.chart import LARGEST_COLOR, OTHER_COLOR, draw_memory, log_memory_axis  # noqa: E402
-from sharding_plans.estimates import RankEstimate  # noqa: E402
-from sharding_plans.plan_file import SavedPlan  # noqa: E402
-from sharding_plans.planner import PlannerConfig  # noqa: E402
+from sharding_plans.types import PlannerConfig, RankEstimate, SavedPlan  # noqa: E402
 from sweeps import results  # noqa: E402
 from sweeps.spec import SweepError, parse_sweep  # noqa: E402
 from training import report  # noqa: E402

@@ -15,8 +15,9 @@ from common.cli import OneLineParser, positive_int
 from common.config_flags import config_values, flag, flags_of, parse_flags
 from data.criteo_layout import NUM_SPARSE_FEATURES
 from sharding_plans import cli as plan_cli
-from training.flags import FLAG_GROUPS, config_from_args, entry_point_parser
-from training.recipes import DCNV2, RECIPES, SMALL_DATA
+from recipes import RECIPES, SMALL_DATA
+from training.flags import FLAG_GROUPS, config_from_args, entry_point_parser, recipe_overrides
+from training.recipes import DCNV2
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("dlrm_main.py", "dcnv2_main.py")
@@ -49,10 +50,10 @@ def test_every_flag_parses_into_its_field_and_nothing_else(script, config_class,
     other field keeps the entry point's default (the flags' names and list syntax are
     the public example's; tests/test_flags.py checks its command lines end to end)."""
     parser = entry_point_parser(script)
-    defaults = config_values(config_class, parser.parse_args([]), DCNV2.overrides if script == "dcnv2_main.py" else ())
+    layers = recipe_overrides(DCNV2) if script == "dcnv2_main.py" else ()
+    defaults = config_values(config_class, parser.parse_args([]), layers)
     value, text = _sample(item, defaults[item.field.name])
-    parsed = config_values(config_class, parser.parse_args([item.option, *text]),
-                           DCNV2.overrides if script == "dcnv2_main.py" else ())
+    parsed = config_values(config_class, parser.parse_args([item.option, *text]), layers)
     assert parsed == {**defaults, item.field.name: value}
 
 
@@ -98,7 +99,27 @@ def test_command_line_beats_recipe_beats_entry_point_default():
 
 def test_recipes_size_models_and_never_change_their_kind():
     for recipe in RECIPES.values():
-        assert all("interaction_type" not in layer for layer in recipe.overrides), recipe.name
+        assert "interaction_type" not in recipe.settings, recipe.name
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_every_recipe_trains_as_given_and_table_sizes_given_win(name):
+    """Generated over every recipe: each of its flags is a training flag, and the
+    config it gives both entry points is valid; table sizes given on the command line
+    (either flag) replace the recipe's, a cap applies to them."""
+    recipe = RECIPES[name]
+    assert {layer.config_class for layer in recipe_overrides(recipe)}  # every flag typed (TypeError otherwise)
+    for script in SCRIPTS:
+        config = config_from_args(entry_point_parser(script).parse_args(["--recipe", name]))
+        rows = recipe.settings.get("num_embeddings_per_feature")
+        if rows is not None:
+            assert config.model.num_embeddings_per_feature == rows
+            assert config.recipe_settings["--num_embeddings_per_feature"] == rows
+        given = config_from_args(entry_point_parser(script).parse_args(["--recipe", name, "--num_embeddings", "7"]))
+        assert given.model.num_embeddings_per_feature == [7] * NUM_SPARSE_FEATURES
+        assert "--num_embeddings_per_feature" not in given.recipe_settings
+        capped = config_from_args(entry_point_parser(script).parse_args(["--recipe", name, "--max_table_rows", "9"]))
+        assert max(capped.model.num_embeddings_per_feature) <= 9
 
 
 def test_help_lists_what_each_recipe_sets(capsys):
@@ -106,9 +127,8 @@ def test_help_lists_what_each_recipe_sets(capsys):
         entry_point_parser("dlrm_main.py").parse_args(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     for recipe in RECIPES.values():
-        for option, value in recipe.options().items():
-            text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
-            assert f"{option} {text}" in out
+        assert " ".join(recipe.describe().split()) in out
+        assert all(option in recipe.describe() for option in recipe.options())
 
 
 def test_docs_flags_md_matches_the_parsers():
@@ -142,7 +162,8 @@ def test_the_plan_cli_takes_the_training_command_line(capsys):
 # docs/extending.md (whose table `test_docs_extending_md_states_the_layers` checks).
 # Training and serving both stand on the checkpoint format and never on each other.
 FORBIDDEN = {
-    "common": ("data", "models", "checkpoints", "sharding_plans", "training", "serving", "sweeps"),
+    "common": ("recipes", "data", "models", "checkpoints", "sharding_plans", "training", "serving", "sweeps"),
+    "recipes": ("data", "models", "checkpoints", "sharding_plans", "training", "serving", "sweeps"),
     "data": ("models", "checkpoints", "sharding_plans", "training", "serving", "sweeps"),
     "models": ("checkpoints", "sharding_plans", "training", "serving", "sweeps"),
     "sharding_plans": ("checkpoints", "training", "serving", "sweeps"),

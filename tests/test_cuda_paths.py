@@ -26,12 +26,13 @@ from checkpoints.store import _rng_state, _set_rng_state
 from common.errors import BadInput
 from models import build_dlrm_train
 from sharding_plans import PlannerConfig, build_sharders, plan_summary
-from sharding_plans.dry_run import PlanRequest, plan_request
+from sharding_plans.dry_run import plan_request
 from sharding_plans.plan_check import PlanMismatchError
 from sharding_plans.plan_file import write_plan
 from sharding_plans.planner import plan_with_estimates
 from sharding_plans.setup import prepare_sharding as prepare_sharding_setup
 from sharding_plans.sharders import RowSplitsOnCpuSharder
+from sharding_plans.types import PlanRequest
 from training.config import PIPELINES
 from training.distributed import DistributedEnv
 from training.flags import parse_config

@@ -211,7 +211,7 @@ def test_a_new_venv_imports_the_packages_from_any_directory(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     # The packages whose __init__ imports no torch, and where the entry-point modules are.
-    code = ("import importlib.metadata, importlib.util, bench, common, data, harness, sweeps, torchx_components, "
+    code = ("import importlib.metadata, importlib.util, bench, common, data, harness, recipes, sweeps, torchx_components, "
             "training\n"
             "for name in ('training', 'dlrm_main', 'dcnv2_main', 'aws_component', 'models', 'sharding_plans', "
             "'checkpoints'):\n"

@@ -5,9 +5,8 @@ tables' optimizer state counted as FBGEMM allocates it."""
 
 import pytest
 
-from sharding_plans.constraints import ShardingConstraints
-from sharding_plans.dry_run import PlanRequest, plan_request
-from sharding_plans.planner import PlannerConfig
+from sharding_plans.dry_run import plan_request
+from sharding_plans.types import PlannerConfig, PlanRequest, ShardingConstraints
 from harness.launch import read_log
 
 ROWS, DIM = 150_000, 64

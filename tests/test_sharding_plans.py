@@ -13,21 +13,20 @@ from PIL import Image
 from torchrec.distributed.types import CacheParams
 from torchrec.modules.embedding_configs import DataType
 
+from common.config_flags import flags_of
 from sharding_plans import cli
-from sharding_plans.constraints import ShardingConstraints
-from sharding_plans.dry_run import PlanRequest, plan_request
+from sharding_plans.dry_run import plan_request
 from sharding_plans.plan_check import PlanMismatchError, check_plan_for_run
 from sharding_plans.plan_file import (
     PlanFileError,
-    TableSpec,
     plan_from_json,
     plan_to_dict,
     plan_to_json,
     read_plan,
     write_plan,
 )
-from sharding_plans.planner import PlannerConfig
 from sharding_plans.presets import PRESETS
+from sharding_plans.types import PlannerConfig, PlanRequest, ShardingConstraints, TableSpec, TopologyFlags
 
 MODULE = "model.sparse_arch.embedding_bag_collection"
 ROWS = [1000 + 100 * i for i in range(26)]
@@ -190,9 +189,47 @@ def test_presets_replan_to_the_checked_in_plans(capsys, tmp_path, name, publishe
     total = sum(t.num_bytes for t in fresh.tables.values()) / 2**30
     assert round(total, 2) == published_gib
     assert f"model: 26 tables, {published_gib:.2f} GiB of embedding weights" in out
-    assert f"verdict: fits on {preset.world_size} GPUs of 40 GiB" in out
+    assert f"verdict: fits on {preset.topology.world_size} GPUs of 40 GiB" in out
     assert len([line for line in out.splitlines() if line.startswith("t_cat_")]) == 26
     assert len([line for line in out.splitlines() if "<- largest" in line]) == 1
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_a_preset_is_its_recipe_plus_its_topology(capsys, tmp_path, name):
+    """Generated over every preset: ``--recipe NAME`` with the preset's topology given
+    as flags plans what ``--preset NAME`` plans (its checked-in plan, which the test
+    above re-plans from the preset)."""
+    preset = PRESETS[name]
+    assert preset.recipe.name == name
+    topology = [text for item in flags_of(TopologyFlags) if getattr(preset.topology, item.field.name) is not None
+                for text in (item.option, str(getattr(preset.topology, item.field.name)))]
+    out_path = str(tmp_path / "plan.json")
+    code, _, err = run_cli(capsys, ["plan", "--recipe", name, *topology, "--output", out_path])
+    assert code == 0, err
+    fresh, checked_in = read_plan(out_path), read_plan(preset.plan_path)
+    assert (fresh.topology, fresh.tables, fresh.plan) == (checked_in.topology, checked_in.tables, checked_in.plan)
+    assert [(e.rank, e.hbm_bytes, e.ddr_bytes) for e in fresh.estimates] == [
+        (e.rank, e.hbm_bytes, e.ddr_bytes) for e in checked_in.estimates]
+
+
+def _table_row(report: str, table: str) -> list[str]:
+    """The cells after the table's name in a plan report (rows, dim, ...)."""
+    return next(line.split()[1:] for line in report.splitlines() if line.split()[:1] == [table])
+
+
+def test_the_command_line_wins_over_the_recipe(capsys):
+    """A recipe's width, batch and optimizer are defaults: flags given replace them, and
+    table sizes given replace the recipe's tables; its training-only flags (epochs,
+    dropout) do not change a plan."""
+    cpu = ["--compute_device", "cpu", "--ddr_gb", "4", "--no_search"]
+    code, out, err = run_cli(capsys, ["plan", "--recipe", "small_data", "--num_embeddings", "1000", *cpu])
+    assert code == 0, err
+    assert _table_row(out, "t_cat_25")[:2] == ["1,000", "16"] and "batch 256 per rank" in out  # the recipe's width and batch
+    code, out, err = run_cli(capsys, ["plan", "--preset", "mlperf", "--num_embeddings", "1000", "--embedding_dim", "8",
+                                      "--batch_size", "64", *cpu])
+    assert code == 0, err
+    assert _table_row(out, "t_cat_0")[:2] == ["1,000", "8"] and "batch 64 per rank" in out
+    assert "topology: 8 cpu ranks, 8 per host" in out  # the preset's ranks
 
 
 def test_inspect_prints_the_saved_plan(capsys, tmp_path):
@@ -284,6 +321,9 @@ def test_feature_spec_metadata(capsys, tmp_path):
     (["--hbm_gb", "8"], "say which tables"),
     (["--preset", "huge"], "--preset: unknown preset 'huge' (choose from mlperf, mlperfx2, full_size)"),
     (["--feature_spec", "/no/such/spec.json", "--hbm_gb", "8"], "/no/such/spec.json: cannot read the feature spec"),
+    (["--preset", "mlperf", "--recipe", "small_data"], "give --preset or --recipe, not both"),
+    (["--recipe", "small_data", "--hbm_gb", "8"], "say which tables: --preset, a --recipe with tables"),
+    (["--recipe", "no_such_recipe"], "argument --recipe: invalid choice: 'no_such_recipe'"),
     (["--num_embeddings", "100", "--compute_device", "tpu"], "invalid choice: 'tpu'"),
 ])
 def test_bad_input_is_one_line_exit_2(capsys, argv, message):

@@ -11,7 +11,7 @@ from common.config_flags import FlagError, check_choices, flag, option
 from data.config import DataConfig
 from models.config import ModelConfig, TableSizes
 from models.embedding_optimizer_config import EMBEDDING_OPTIMIZERS, EmbeddingOptimizerConfig
-from sharding_plans.constraints import ShardingConstraints, ShardingFlags
+from sharding_plans.types import ShardingConstraints, ShardingFlags
 
 OPTIMIZERS = EMBEDDING_OPTIMIZERS
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")

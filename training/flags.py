@@ -3,8 +3,8 @@
 The parser is built from the config classes' fields (`common.config_flags`): the flag
 names, meanings and list syntax are the public TorchRec DLRM example's, so existing
 command lines keep working. Defaults come in layers: the fields', the entry point's
-recipe (dcnv2_main.py's `training.recipes.DCNV2`), ``--recipe``, then the command
-line. Bad input ends in one line on stderr and exit code 2.
+recipe (dcnv2_main.py's `training.recipes.DCNV2`), ``--recipe`` (the `recipes`
+package, typed here by the config classes below), then the command line. Bad input ends in one line on stderr and exit code 2.
 """
 
 import argparse
@@ -17,7 +17,7 @@ from common.errors import BadInput
 from data.config import DataConfig
 from data.sources import DATA_PATH_FIELDS, FeatureDescription, source_for
 from models.config import ModelConfig, TableSizes
-from sharding_plans.constraints import ShardingFlags
+from sharding_plans.types import ShardingFlags
 from training.config import (
     CheckpointConfig,
     EarlyStoppingConfig,
@@ -27,7 +27,8 @@ from training.config import (
     TrainConfig,
 )
 from training.failures import report_bad_input
-from training.recipes import DCNV2, RECIPES, Recipe
+from recipes import RECIPES, Recipe
+from training.recipes import DCNV2
 
 # The recipe each entry point starts from (its defaults).
 ENTRY_POINT_RECIPES = {"dlrm_main.py": None, "dcnv2_main.py": DCNV2}
@@ -55,6 +56,9 @@ FLAG_GROUPS: list[tuple[str, type, Optional[tuple[str, ...]]]] = [
                                         "tensorboard_dir", "collect_multi_hot_freqs_stats")),
     ("inference benchmark (--mode inference_benchmark)", InferenceBenchmarkConfig, None),
 ]
+_CONFIG_CLASSES = tuple(dict.fromkeys(config_class for _, config_class, _ in FLAG_GROUPS))
+# The flags that size the tables (--max_table_rows caps them, whatever sized them).
+_SIZING_FLAGS = ("num_embeddings_per_feature", "num_embeddings")
 
 
 class _JobParser(OneLineParser):
@@ -62,6 +66,11 @@ class _JobParser(OneLineParser):
 
     def error(self, message: str) -> NoReturn:
         raise SystemExit(report_bad_input(self.prog, message))
+
+
+def recipe_overrides(recipe: Recipe) -> tuple[Overrides, ...]:
+    """A recipe's values typed by the training flags' config classes."""
+    return recipe.overrides(_CONFIG_CLASSES)
 
 
 def _recipe_help() -> str:
@@ -78,7 +87,7 @@ def build_parser(prog: str, description: str, entry_recipe: Optional[Recipe] = N
         config = config_from_args(args)
     """
     parser = _JobParser(prog=prog, description=description)
-    layers = entry_recipe.overrides if entry_recipe else ()
+    layers = recipe_overrides(entry_recipe) if entry_recipe else ()
     parser.add_argument("--recipe", choices=list(RECIPES), default=None,
                         help=f"defaults for a situation (flags given win over them): {_recipe_help()}")
     groups: dict = {}
@@ -110,8 +119,17 @@ def _describe_data(data: DataConfig) -> FeatureDescription:
 def _layers(args: argparse.Namespace) -> tuple[Overrides, ...]:
     """The recipes' overrides, the entry point's first (the later wins)."""
     entry = {r.name: r for r in ENTRY_POINT_RECIPES.values() if r}.get(getattr(args, _ENTRY_DEST, None) or "")
-    recipes = [entry, RECIPES.get(args.recipe or "")]
-    return tuple(layer for recipe in recipes if recipe for layer in recipe.overrides)
+    return (recipe_overrides(entry) if entry else ()) + _chosen_recipe_layers(args)
+
+
+def _chosen_recipe_layers(args: argparse.Namespace) -> tuple[Overrides, ...]:
+    """The ``--recipe``'s overrides; table sizes given on the command line (by either
+    flag) replace the recipe's."""
+    recipe = RECIPES.get(args.recipe or "")
+    if recipe is None:
+        return ()
+    sized = any(given(args, TableSizes, name) for name in _SIZING_FLAGS)
+    return tuple(layer for layer in recipe_overrides(recipe) if not (sized and layer.config_class is TableSizes))
 
 
 def _checkpoint_layers(args: argparse.Namespace, layers: tuple[Overrides, ...]) -> tuple[Overrides, ...]:
@@ -179,18 +197,16 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         validate_at_epoch_end=validate_at_epoch_end,
         test_at_end=test_at_end,
         recipe=recipe.name if recipe else None,
-        recipe_settings=_recipe_settings(recipe, args),
+        recipe_settings=_recipe_settings(args),
         **run,
     )
     config.validate()
     return config
 
 
-def _recipe_settings(recipe: Optional[Recipe], args: argparse.Namespace) -> dict:
-    """{--flag: value} of what the recipe set that the command line did not."""
-    if recipe is None:
-        return {}
-    return {name: value for layer in recipe.overrides for (field_name, value), name
+def _recipe_settings(args: argparse.Namespace) -> dict:
+    """{--flag: value} of what the ``--recipe`` set that the command line did not."""
+    return {name: value for layer in _chosen_recipe_layers(args) for (field_name, value), name
             in zip(layer.values.items(), layer.options())
             if not given(args, layer.config_class, field_name)}
 

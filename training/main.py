@@ -17,10 +17,10 @@ from common.library_noise import quiet_benign_library_messages
 from common.errors import BadInput
 from common.sigterm import raise_on_sigterm
 from data.value_checks import DataValueError
+from recipes import Recipe
 from training.config import TrainConfig
 from training.failures import EXIT_BAD_INPUT, EXIT_NON_FINITE_LOSS, report, report_bad_input, report_rank_failure
 from training.flags import parse_config
-from training.recipes import Recipe
 
 if TYPE_CHECKING:
     from training.distributed import DistributedEnv

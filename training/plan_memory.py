@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 
 from common.byte_sizes import format_bytes
-from sharding_plans.estimates import RankEstimate
+from sharding_plans.types import RankEstimate
 from training.distributed import DistributedEnv, gather_per_rank, resident_bytes
 
 

@@ -4,9 +4,9 @@ from typing import Optional
 
 from torch import nn
 
-from sharding_plans.rules import PlanSummary
 from sharding_plans.setup import ShardingSetup
 from sharding_plans.setup import prepare_sharding as prepare
+from sharding_plans.types import PlanSummary
 from training.config import TrainConfig
 from training.distributed import DistributedEnv
 

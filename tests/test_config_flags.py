@@ -3,11 +3,12 @@ recipes' precedence, docs/flags.md against the parsers, the plan CLI taking the
 training flags, and the packages' import direction."""
 
 import ast
+import dataclasses
 import os
 
 import pytest
 
-from common.config_flags import config_values, flags_of
+from common.config_flags import config_values, flag_of, flags_of, variant_fields
 from data.criteo_layout import NUM_SPARSE_FEATURES
 from sharding_plans import cli as plan_cli
 from training.flags import FLAG_GROUPS, config_from_args, entry_point_parser
@@ -42,13 +43,35 @@ def _sample(item, default):
 def test_every_flag_parses_into_its_field_and_nothing_else(script, config_class, item):
     """Generated over every flag: the command line's value lands in its field, every
     other field keeps the entry point's default (the flags' names and list syntax are
-    the public example's; tests/test_flags.py checks its command lines end to end)."""
+    the public example's; tests/test_flags.py checks its command lines end to end).
+    A variant's flag (an interaction's) is given with the choice of its variant and
+    lands in the variant's config."""
     parser = entry_point_parser(script)
-    defaults = config_values(config_class, parser.parse_args([]), DCNV2.overrides if script == "dcnv2_main.py" else ())
-    value, text = _sample(item, defaults[item.field.name])
-    parsed = config_values(config_class, parser.parse_args([item.option, *text]),
-                           DCNV2.overrides if script == "dcnv2_main.py" else ())
-    assert parsed == {**defaults, item.field.name: value}
+    layers = DCNV2.overrides if script == "dcnv2_main.py" else ()
+    choice = _choosing_variant_of(config_class, item)
+    defaults = config_values(config_class, parser.parse_args(choice), layers)
+    holder = defaults if item.within is None else dataclasses.asdict(defaults[item.within])
+    value, text = _sample(item, holder[item.field.name])
+    parsed = config_values(config_class, parser.parse_args([*choice, item.option, *text]), layers)
+    if item.within is None:
+        chosen_variant = {name: (spec.classes[value] if spec.selector == item.field.name else type(defaults[name]))
+                          for name, spec in variant_fields(config_class)}
+        assert {name: type(parsed[name]) for name in chosen_variant} == chosen_variant
+        assert {**parsed, **dict.fromkeys(chosen_variant)} == {**defaults, item.field.name: value,
+                                                              **dict.fromkeys(chosen_variant)}
+    else:
+        assert parsed == {**defaults, item.within: dataclasses.replace(defaults[item.within], **{item.field.name: value})}
+
+
+def _choosing_variant_of(config_class, item) -> list[str]:
+    """The flags choosing the variant whose class declares ``item`` (none for a flag of
+    the class's own)."""
+    for name, spec in variant_fields(config_class):
+        if item.within == name:
+            variant = next(choice for choice, variant_class in spec.classes.items()
+                           if item.field in dataclasses.fields(variant_class))
+            return [flag_of(config_class, spec.selector).option, variant]
+    return []
 
 
 def test_every_flag_is_in_one_help_section():
@@ -71,7 +94,7 @@ def test_command_line_beats_recipe_beats_entry_point_default():
     small = config_from_args(dcnv2.parse_args(["--recipe", "small_data"]))
     settings = SMALL_DATA.options()
     assert small.model.interaction_type == "dcn"  # the entry point's kind stays
-    assert (small.model.embedding_dim, small.model.dense_arch_layer_sizes, small.model.dcn_low_rank_dim) == (
+    assert (small.model.embedding_dim, small.model.dense_arch_layer_sizes, small.model.interaction.dcn_low_rank_dim) == (
         settings["--embedding_dim"], settings["--dense_arch_layer_sizes"], settings["--dcn_low_rank_dim"])  # > entry point
     assert (small.optim.optimizer, small.optim.learning_rate, small.dropout, small.epochs) == (
         settings["--optimizer"], settings["--learning_rate"], settings["--dropout"], settings["--epochs"])

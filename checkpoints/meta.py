@@ -9,7 +9,10 @@ fact once: the model and optimizer flags live in ``config`` (version 1 also kept
 copies of them, and the global batch size, at the top level; such files still load).
 Version 3 adds the data it was trained on, typed: the source's name (data/sources.py)
 and its `FeatureDescription`, so an export finds the data's description without the
-data; of older files both are derived from the recorded data flags.
+data; of older files both are derived from the recorded data flags. Version 4 records
+the model's interaction sizes in ``config.model.interaction``, the fields of the
+interaction's own config (models/interactions/); versions 1 to 3 kept every
+interaction's at the top of ``config.model``, and are read into that shape.
 
 Example::
 
@@ -22,14 +25,18 @@ Example::
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from common.config_flags import Flag, FlagError, flags_of
+from common.config_flags import Flag, FlagError, config_from_record, flags_of
 from common.json_fields import (INTEGER, OBJECT, TEXT, FileFieldError, JsonObject, Kind, integer, one_of, optional,
                                 versioned_json)
 from data.config import DataConfig
 from data.sources import SOURCES, FeatureDescription, source_for
-from models.config import ModelConfig
+from models.config import INTERACTION_TYPES, ModelConfig
+from models.interactions import INTERACTIONS
 
-META_VERSION = 3
+META_VERSION = 4
+# The interaction fields of config.model before version 4 (every interaction's, flat).
+_FLAT_INTERACTION_FIELDS = ("dcn_num_layers", "dcn_low_rank_dim", "interaction_branch1_layer_sizes",
+                            "interaction_branch2_layer_sizes")
 _WHAT = "a checkpoint's meta.json"
 _SHARDS = Kind(lambda v: isinstance(v, list) and all(
     isinstance(s, list) and len(s) == 5 and all(isinstance(i, int) and not isinstance(i, bool) for i in s)
@@ -47,7 +54,8 @@ class CheckpointMeta:
         batch_in_epoch: the batch of that epoch training continues at.
         world_size: ranks of the run that saved it.
         config: the run's TrainConfig as ``dataclasses.asdict`` gives it (model,
-            optim, data, ... sections); read through the properties below.
+            optim, data, ... sections; of an older version, read into this one's
+            shape); read through the properties below.
         plan: each table's sharding (``sharding_plans.report.plan_summary``).
         data_source: the data source's name (a key of ``data.sources.SOURCES``); read
             through `source_name`. None only in a file older than version 3.
@@ -73,7 +81,7 @@ class CheckpointMeta:
     @property
     def model(self) -> ModelConfig:
         """The model the checkpoint holds."""
-        return ModelConfig(**self.config["model"])  # checked by `from_json`
+        return config_from_record(ModelConfig, self.config["model"])  # checked by `from_json`
 
     @property
     def global_batch_size(self) -> int:
@@ -131,8 +139,13 @@ class CheckpointMeta:
             FileFieldError: one line naming ``path`` and the field.
         """
         recorded = JsonObject(self.config.get(section, {}), path, f"config.{section}")
-        values = {item.field.name: recorded.get(item.field.name, _flag_kind(item))
-                  for item in flags_of(config_class) if recorded.has(item.field.name)}
+        values = {}
+        for item in flags_of(config_class):
+            # A variant's flag (an interaction's) is recorded in its field, where the
+            # chosen variant's are.
+            holder = recorded if item.within is None else recorded.object(item.within, {})
+            if holder.has(item.field.name):
+                values[item.field.name] = holder.get(item.field.name, _flag_kind(item))
         return {name: value for name, value in values.items() if value is not None}
 
     def to_json(self) -> bytes:
@@ -141,7 +154,7 @@ class CheckpointMeta:
 
     @classmethod
     def from_json(cls, data: bytes, path: str) -> "CheckpointMeta":
-        """Reads the bytes of ``path`` (version 1, 2 or 3).
+        """Reads the bytes of ``path`` (version 1 to 4).
 
         Raises:
             FileFieldError: one line naming ``path`` and the field that is missing,
@@ -152,6 +165,11 @@ class CheckpointMeta:
         for section in ("model", "optim", "data"):
             config.get(section, OBJECT)
         config.object("data").get("batch_size", integer(1))
+        if version < 4:
+            config.value["model"] = _nest_interaction(config.value["model"])
+        model = config.object("model")
+        model.get("interaction_type", one_of(*INTERACTION_TYPES))
+        model.get("interaction", OBJECT)
         meta_section(config.value, "model", ModelConfig, path)
         for table in document.objects("plan").values():
             table.get("sharding_type", TEXT)
@@ -191,9 +209,21 @@ def meta_section(config: dict[str, Any], section: str, config_class: type[Any], 
             (one line naming ``path``).
     """
     try:
-        return config_class(**config[section])
-    except TypeError as e:
+        return config_from_record(config_class, config[section])
+    except TypeError as e:  # a field this code does not know, or one missing
         raise FileFieldError(f"{path}: config.{section} does not describe a {config_class.__name__} ({e})") from e
+
+
+def _nest_interaction(model: dict[str, Any]) -> dict[str, Any]:
+    """A config.model of a version before 4 in version 4's shape: of the flat
+    interaction fields, the recorded interaction's go in ``interaction``, the others'
+    are dropped (they built nothing). An unknown interaction_type keeps none, for the
+    check that follows to name it."""
+    kind = model.get("interaction_type")
+    own = {item.field.name for item in flags_of(INTERACTIONS[kind].config)} if kind in INTERACTION_TYPES else set()
+    nested = {name: value for name, value in model.items() if name not in _FLAT_INTERACTION_FIELDS}
+    nested["interaction"] = {name: model[name] for name in _FLAT_INTERACTION_FIELDS if name in own and name in model}
+    return nested
 
 
 _VALUE_KINDS = {

@@ -8,6 +8,12 @@ fields are repeated flags, each one adding an item; a field without a default is
 required flag, or a positional argument with ``positional=True``). `Overrides` holds
 values for some fields of one config class (a recipe's), checked against its fields.
 
+A field declared with `variants` holds the config of one of several classes, the one
+another flag field names (``ModelConfig.interaction``, chosen by ``--interaction_type``).
+The class's flags are then the union of its own and every variant's: one parser, one
+`Overrides` and one `config_values` cover them, and the values of the variants not
+chosen are ignored (the public example's command lines carry them all).
+
 Flags are added without parser defaults, so the parsed namespace holds exactly what
 the command line gave; `config_values` fills in the rest, the command line winning
 over the overrides, and the overrides over the fields' defaults:
@@ -38,6 +44,7 @@ from common.errors import BadInput
 _LIST_PARSERS: dict[Any, Callable[[str], Any]] = {list[int]: int_list, list[float]: float_list}
 
 _FLAG = "flag"
+_VARIANTS = "variants"
 
 
 class FlagError(BadInput):
@@ -96,12 +103,39 @@ def flag(default: Any = dataclasses.MISSING, *, help: str, choices: Optional[Seq
 
 
 @dataclass(frozen=True)
+class VariantsSpec:
+    """A `variants` field: which flag field chooses the class, and the classes by name."""
+
+    selector: str
+    classes: Mapping[str, type[Any]]
+
+
+def variants(selector: str, classes: Mapping[str, type[Any]]) -> Any:
+    """A dataclass field holding the config of one of ``classes``, the one named by the
+    flag field ``selector`` (whose choices are the names). It defaults to None: the
+    class fills in the chosen variant's defaults (``__post_init__``).
+
+    Example::
+
+        interaction: InteractionConfig = variants("interaction_type", {"dcn": DCNConfig, ...})
+    """
+    return dataclasses.field(default=None, metadata={_VARIANTS: VariantsSpec(selector, dict(classes))})
+
+
+def variant_fields(config_class: type[Any]) -> list[tuple[str, VariantsSpec]]:
+    """[(field name, spec)] of the class's `variants` fields."""
+    return [(f.name, f.metadata[_VARIANTS]) for f in dataclasses.fields(config_class) if _VARIANTS in f.metadata]
+
+
+@dataclass(frozen=True)
 class Flag:
-    """One flag of a config class: its field, its spec and the value type it parses."""
+    """One flag of a config class: its field, its spec and the value type it parses.
+    ``within``: the `variants` field whose classes declare it (None: the class's own)."""
 
     field: dataclasses.Field
     spec: FlagSpec
     value_type: Any  # int, float, str, bool, list[int], list[float] or list[str] (Optional removed)
+    within: Optional[str] = None
 
     @property
     def name(self) -> str:
@@ -148,10 +182,17 @@ def _without_optional(annotation: Any) -> Any:
 
 
 def flags_of(config_class: type[Any]) -> list[Flag]:
-    """The flags of a config class, in field order."""
+    """The flags of a config class, in field order; a `variants` field's are every
+    variant's, in the order of its classes."""
     hints = typing.get_type_hints(config_class)
-    return [Flag(f, f.metadata[_FLAG], _without_optional(hints[f.name]))
-            for f in dataclasses.fields(config_class) if _FLAG in f.metadata]
+    flags = []
+    for f in dataclasses.fields(config_class):
+        if _FLAG in f.metadata:
+            flags.append(Flag(f, f.metadata[_FLAG], _without_optional(hints[f.name])))
+        elif _VARIANTS in f.metadata:
+            flags += [dataclasses.replace(item, within=f.name)
+                      for variant in f.metadata[_VARIANTS].classes.values() for item in flags_of(variant)]
+    return flags
 
 
 def flag_of(config_class: type[Any], field_name: str) -> Flag:
@@ -167,10 +208,25 @@ def option(config: Any, field_name: str) -> str:
     return flag_of(config if isinstance(config, type) else type(config), field_name).option
 
 
+def check_layer_sizes(config: Any, field_name: str, sizes: list[int]) -> None:
+    """Raises FlagError unless ``sizes`` (the value of a layer-sizes flag) lists at
+    least one size and only positive ones."""
+    if not sizes:
+        raise FlagError(f"{option(config, field_name)} must list at least one layer size")
+    bad = [s for s in sizes if s <= 0]
+    if bad:
+        raise FlagError(f"{option(config, field_name)} sizes must be positive, got {bad[0]} in {sizes}")
+
+
 def check_choices(config: Any) -> None:
     """Raises FlagError for a flag field whose value is not one of its choices (None
-    passes: an optional flag not given)."""
+    passes: an optional flag not given), the chosen variant's included."""
+    for name, _ in variant_fields(type(config)):
+        if getattr(config, name) is not None:
+            check_choices(getattr(config, name))
     for item in flags_of(type(config)):
+        if item.within is not None:
+            continue
         value = getattr(config, item.field.name)
         choices = item.spec.choices
         if choices is not None and value is not None and value not in choices:
@@ -273,19 +329,15 @@ def given(args: argparse.Namespace, config_class: type[Any], field_name: str) ->
 def config_values(config_class: type[Any], args: argparse.Namespace,
                   overrides: Sequence[Overrides] = (), exclude: Sequence[str] = ()) -> dict[str, Any]:
     """{field: value} of the class's flags: the command line's, else the overrides',
-    else the field's default. Raises FlagError when a switch alias contradicts its flag
-    (``--adagrad --optimizer sgd``)."""
-    values = {}
-    for item in flags_of(config_class):
-        if item.field.name in exclude:
-            continue
-        value = getattr(args, item.field.name, argparse.SUPPRESS)
-        if item.spec.alias is not None and getattr(args, _alias_dest(item), False):
-            switch, aliased = item.spec.alias
-            if value is not argparse.SUPPRESS and value != aliased:
-                raise FlagError(f"--{switch} contradicts {item.option} {value}")
-            value = aliased
-        values[item.field.name] = default_of(item, overrides, config_class) if value is argparse.SUPPRESS else value
+    else the field's default; a `variants` field's value is the chosen class built from
+    its flags so (None when the selector names no class: the class's validate says so).
+    Raises FlagError when a switch alias contradicts its flag (``--adagrad --optimizer sgd``)."""
+    values = {item.field.name: _value(item, args, overrides, config_class)
+              for item in flags_of(config_class) if item.within is None and item.field.name not in exclude}
+    for name, spec in variant_fields(config_class):
+        chosen = spec.classes.get(values[spec.selector])
+        values[name] = None if chosen is None else chosen(
+            **{item.field.name: _value(item, args, overrides, config_class) for item in flags_of(chosen)})
     return values
 
 
@@ -300,3 +352,24 @@ def parse_flags(parser: Any, config_class: type[Any], argv: Optional[Sequence[st
     """
     add_flags(parser, config_class)
     return config_class(**config_values(config_class, parser.parse_args(argv)))
+
+
+def _value(item: Flag, args: argparse.Namespace, overrides: Sequence[Overrides], config_class: type[Any]) -> Any:
+    value = getattr(args, item.field.name, argparse.SUPPRESS)
+    if item.spec.alias is not None and getattr(args, _alias_dest(item), False):
+        switch, aliased = item.spec.alias
+        if value is not argparse.SUPPRESS and value != aliased:
+            raise FlagError(f"--{switch} contradicts {item.option} {value}")
+        value = aliased
+    return default_of(item, overrides, config_class) if value is argparse.SUPPRESS else value
+
+
+def config_from_record(config_class: type[Any], record: Mapping[str, Any]) -> Any:
+    """The config ``dataclasses.asdict`` gave ``record`` of, its `variants` fields
+    rebuilt as the class their selector names. Raises TypeError for a field the class
+    does not know or one missing, KeyError for a selector naming no class."""
+    fields = dict(record)
+    for name, spec in variant_fields(config_class):
+        if name in fields:
+            fields[name] = spec.classes[fields[spec.selector]](**fields[name])
+    return config_class(**fields)

@@ -10,13 +10,13 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain
+from torchrec.models.dlrm import DLRMTrain
 from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from models.categorical_only import build_categorical_only_dlrm
 from models.config import ModelConfig
-from models.interaction import DotInteraction, OverlappedDLRM, PooledSparseArch
+from models.interaction import PooledSparseArch
+from models.interactions import INTERACTIONS
 
 
 def build_embedding_bag_configs(config: ModelConfig) -> list[EmbeddingBagConfig]:
@@ -101,7 +101,8 @@ def build_dlrm_train(
 
     Returns:
         a `DLRMTrain` whose forward takes a torchrec `Batch` and returns
-        ``(loss, (loss, logits, labels))``.
+        ``(loss, (loss, logits, labels))``; its model is what the interaction's
+        registered build function makes (models/interactions/).
 
     Example::
 
@@ -112,39 +113,8 @@ def build_dlrm_train(
     ebc = EmbeddingBagCollection(
         tables=build_embedding_bag_configs(config), device=embedding_device
     )
-    dlrm = build_categorical_only_dlrm(config, PooledSparseArch(ebc), dense_device) \
-        if config.dense_in_features == 0 else _build_torchrec_dlrm(config, ebc, dense_device)
+    dlrm = INTERACTIONS[config.interaction_type].build(config, PooledSparseArch(ebc), dense_device)
     if dropout > 0:
         add_over_arch_dropout(dlrm, dropout)
     return (WeightedDLRMTrain if weighted else DLRMTrain)(dlrm)  # type: ignore[arg-type]
 
-
-def _build_torchrec_dlrm(config: ModelConfig, ebc: EmbeddingBagCollection,
-                         dense_device: Optional[torch.device]) -> DLRM:
-    """torchrec's DLRM, DLRM_DCN or DLRM_Projection, with the faster blocks of
-    models/interaction.py."""
-    common = dict(
-        embedding_bag_collection=ebc,
-        dense_in_features=config.dense_in_features,
-        dense_arch_layer_sizes=config.dense_arch_layer_sizes,
-        over_arch_layer_sizes=config.over_arch_layer_sizes,
-        dense_device=dense_device,
-    )
-    if config.interaction_type == "dcn":
-        dlrm: DLRM = DLRM_DCN(
-            dcn_num_layers=config.dcn_num_layers,
-            dcn_low_rank_dim=config.dcn_low_rank_dim,
-            **common,
-        )
-    elif config.interaction_type == "projection":
-        dlrm = DLRM_Projection(
-            interaction_branch1_layer_sizes=config.interaction_branch1_layer_sizes,
-            interaction_branch2_layer_sizes=config.interaction_branch2_layer_sizes,
-            **common,
-        )
-    else:
-        dlrm = OverlappedDLRM(**common)
-        dlrm.inter_arch = DotInteraction(len(config.sparse_feature_names))
-    # Same parameters and names, fewer copies (see models/interaction.py).
-    dlrm.sparse_arch = PooledSparseArch(ebc)  # type: ignore[assignment]
-    return dlrm

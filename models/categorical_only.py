@@ -9,7 +9,8 @@ and the over arch's input shrinks accordingly:
 - projection: the two branch MLPs over the concatenated embeddings and the product
   of their outputs, (F1 x D) @ (D x F2): F1 * F2 values.
 
-With numerical features the models are torchrec's (``models/builder.py``); these
+Each interaction's build function (models/interactions/) assembles one with
+`categorical_only_dlrm`; with numerical features the models are torchrec's. These
 keep torchrec's module names (``sparse_arch``, ``inter_arch.crossnet``,
 ``inter_arch.interaction_branch1``, ``over_arch``) less the ``dense_arch``.
 """
@@ -18,8 +19,7 @@ from typing import Optional
 
 import torch
 from torch import nn
-from torchrec.models.dlrm import DenseArch, OverArch
-from torchrec.modules.crossnet import LowRankCrossNet
+from torchrec.models.dlrm import OverArch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from models.config import ModelConfig
@@ -94,7 +94,7 @@ class CategoricalOnlyDLRM(nn.Module):
 
     Example::
 
-        model = build_categorical_only_dlrm(config, ebc)
+        model = categorical_only_dlrm(config, sparse_arch, EmbeddingDotInteraction(F), F * (F - 1) // 2, None)
         logits = model(torch.zeros(batch, 0), kjt)  # (B, 1)
     """
 
@@ -108,30 +108,11 @@ class CategoricalOnlyDLRM(nn.Module):
         return self.over_arch(self.inter_arch(self.sparse_arch(sparse_features)))
 
 
-def build_categorical_only_dlrm(config: ModelConfig, sparse_arch: PooledSparseArch,
-                                dense_device: Optional[torch.device] = None) -> CategoricalOnlyDLRM:
-    """The model of ``config`` (``dense_in_features == 0``, validated) over ``sparse_arch``.
-
-    Args:
-        config: the architecture; its dense_arch_layer_sizes are not used.
-        sparse_arch: the embeddings.
-        dense_device: where the MLPs and the cross net are created (None: the default).
-    """
-    num_features, dim = len(config.sparse_feature_names), config.embedding_dim
-    concatenated = num_features * dim
-    if config.interaction_type == "dcn":
-        crossnet = LowRankCrossNet(concatenated, config.dcn_num_layers, config.dcn_low_rank_dim)
-        inter_arch: nn.Module = EmbeddingCrossInteraction(crossnet)
-        over_in = concatenated
-    elif config.interaction_type == "projection":
-        branch1, branch2 = config.interaction_branch1_layer_sizes, config.interaction_branch2_layer_sizes
-        inter_arch = EmbeddingProjectionInteraction(DenseArch(concatenated, branch1, dense_device),
-                                                    DenseArch(concatenated, branch2, dense_device), dim)
-        over_in = (branch1[-1] // dim) * (branch2[-1] // dim)
-    else:
-        inter_arch = EmbeddingDotInteraction(num_features)
-        over_in = num_features * (num_features - 1) // 2
-    over_arch = OverArch(over_in, config.over_arch_layer_sizes, dense_device)
-    if dense_device is not None:  # the cross net and the pair index are made on the default device
+def categorical_only_dlrm(model: ModelConfig, sparse_arch: PooledSparseArch, inter_arch: nn.Module,
+                          inter_width: int, dense_device: Optional[torch.device]) -> CategoricalOnlyDLRM:
+    """The model over ``sparse_arch`` whose ``inter_arch`` gives ``inter_width`` values a
+    row, with ``model``'s top MLP, made on ``dense_device`` (None: the default)."""
+    over_arch = OverArch(inter_width, model.over_arch_layer_sizes, dense_device)
+    if dense_device is not None:  # a cross net and a pair index are made on the default device
         inter_arch = inter_arch.to(dense_device)
     return CategoricalOnlyDLRM(sparse_arch, inter_arch, over_arch)

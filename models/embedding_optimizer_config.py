@@ -11,19 +11,12 @@ EMBEDDING_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
 
 @dataclass
 class EmbeddingOptimizerConfig:
-    """The fused embedding optimizer.
-
-    Args:
-        optimizer: sgd, adagrad or rowwise_adagrad.
-        learning_rate: base learning rate (the dense optimizer's too).
-        eps: epsilon of the Adagrad variants (and Adam).
-        embedding_weight_decay: L2 weight decay of the rows a batch looks up (FBGEMM's
-            L2 mode; rowwise_adagrad only).
-    """
+    """The fused embedding optimizer's flags (the sharding planner counts its state's
+    memory, the trainer attaches it to the tables)."""
 
     optimizer: str = flag("sgd", choices=EMBEDDING_OPTIMIZERS, help="fused embedding optimizer",
                           alias=("adagrad", "adagrad"))
-    learning_rate: float = flag(15.0, help="base learning rate")
+    learning_rate: float = flag(15.0, help="base learning rate (the dense optimizer's too)")
     eps: float = flag(1e-8, help="epsilon of Adagrad/Adam")
     embedding_weight_decay: float = flag(
         0.0, help="L2 weight decay of the looked-up embedding rows (FBGEMM's L2 mode; --optimizer rowwise_adagrad)")

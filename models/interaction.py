@@ -19,13 +19,15 @@ All keep the module names and parameters of the blocks they replace, so state di
 sharding plans and checkpoints are unchanged.
 """
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.models.dlrm import DLRM
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
+
+from models.config import ModelConfig
 
 
 class PooledSparseArch(nn.Module):
@@ -207,6 +209,25 @@ class OverlappedDLRM(DLRM):
         embedded_sparse = self.sparse_arch.arrange(pooled)  # type: ignore[operator]
         concatenated_dense = self.inter_arch(dense_features=embedded_dense, sparse_features=embedded_sparse)
         return self.over_arch(concatenated_dense)
+
+
+def torchrec_dlrm(dlrm_class: type[DLRM], model: ModelConfig, sparse_arch: PooledSparseArch,
+                  dense_device: Optional[torch.device], **interaction_sizes: Any) -> DLRM:
+    """torchrec's ``dlrm_class`` (`DLRM`, a subclass such as ``DLRM_DCN``, or
+    `OverlappedDLRM`) of ``model``'s sizes and ``interaction_sizes`` over the tables of
+    ``sparse_arch``, which replaces torchrec's sparse arch: same parameters and names,
+    fewer copies. Its MLPs are made in torchrec's order, so a seed gives torchrec's
+    weights."""
+    dlrm = dlrm_class(
+        embedding_bag_collection=sparse_arch.embedding_bag_collection,
+        dense_in_features=model.dense_in_features,
+        dense_arch_layer_sizes=model.dense_arch_layer_sizes,
+        over_arch_layer_sizes=model.over_arch_layer_sizes,
+        dense_device=dense_device,
+        **interaction_sizes,
+    )
+    dlrm.sparse_arch = sparse_arch  # type: ignore[assignment]
+    return dlrm
 
 
 def align_to_sharded_embeddings(model: nn.Module, device: torch.device) -> int:

@@ -28,6 +28,8 @@ import torch
 
 from models import build_dlrm_train
 from models.config import INTERACTION_TYPES, ModelConfig
+from models.interactions.dcn import DCNConfig
+from models.interactions.projection import ProjectionConfig
 from serving.export import QUANTIZED_DTYPES, export_fp32, export_quantized
 from serving.inference_model import ProbabilityModel
 from serving.model_files import ALLOWED_REFERENCES_FILE, program_targets, torchscript_references
@@ -37,6 +39,11 @@ from serving.model_files import ALLOWED_REFERENCES_FILE, program_targets, torchs
 FEATURES = ["a", "b", "c"]
 HOTNESS = {"one-hot": ([1, 1, 1], False), "multi-hot": ([1, 3, 2], False), "padded": ([1, 3, 2], True)}
 DENSE_FEATURES = (2, 0)  # with numerical features, and categorical features only
+# Tiny interaction sizes (the operators do not depend on them); an interaction not
+# named here is exported with its defaults.
+TINY_INTERACTIONS = {"dcn": DCNConfig(dcn_num_layers=1, dcn_low_rank_dim=2),
+                     "projection": ProjectionConfig(interaction_branch1_layer_sizes=[8, 8],
+                                                    interaction_branch2_layer_sizes=[8, 8])}
 
 
 def variant_models() -> dict[str, tuple[ProbabilityModel, int]]:
@@ -47,9 +54,8 @@ def variant_models() -> dict[str, tuple[ProbabilityModel, int]]:
                                                                                HOTNESS.items()):
         config = ModelConfig(num_embeddings_per_feature=[10, 20, 30], sparse_feature_names=FEATURES,
                              dense_in_features=dense, embedding_dim=4, dense_arch_layer_sizes=[8, 4],
-                             over_arch_layer_sizes=[8, 1], interaction_type=interaction, dcn_num_layers=1,
-                             dcn_low_rank_dim=2, interaction_branch1_layer_sizes=[8, 8],
-                             interaction_branch2_layer_sizes=[8, 8])
+                             over_arch_layer_sizes=[8, 1], interaction_type=interaction,
+                             interaction=TINY_INTERACTIONS.get(interaction))
         torch.manual_seed(0)
         train = build_dlrm_train(config, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"))
         name = f"{interaction}, {'dense' if dense else 'no dense'}, {hot_name}"

@@ -35,7 +35,7 @@ from serving.model_inputs import read_inputs
 from serving.quality_gate import evaluate_variants
 from harness.launch import launch
 from harness.matrix import assemble_table, local_weights
-from tests.support.model_state import assert_same_state, flat_state, mlp_params
+from tests.support.model_state import assert_same_state, flat_state, interaction_sizes, mlp_params
 from training.distributed import resolve_env
 from training.flags import parse_config
 from training.trainer import Trainer
@@ -105,8 +105,9 @@ def _config(interaction: str, **sizes: Any) -> ModelConfig:
     return ModelConfig([10, 20, 30, 40], sparse_feature_names=[f"cat_{i}" for i in range(4)], dense_in_features=0,
                        embedding_dim=DIM, interaction_type=interaction, over_arch_layer_sizes=[16, 1],
                        dense_arch_layer_sizes=[3, 5],  # not used: no bottom MLP, and not checked
-                       dcn_num_layers=2, dcn_low_rank_dim=4, interaction_branch1_layer_sizes=[16, 16],
-                       interaction_branch2_layer_sizes=[16, 24], **sizes)
+                       interaction=interaction_sizes(interaction, dcn_num_layers=2, dcn_low_rank_dim=4,
+                                                     interaction_branch1_layer_sizes=[16, 16],
+                                                     interaction_branch2_layer_sizes=[16, 24]), **sizes)
 
 
 @pytest.mark.parametrize("interaction", list(INTERACTIONS))

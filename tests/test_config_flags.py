@@ -3,6 +3,7 @@ recipes' precedence, docs/flags.md against the parsers, the plan CLI taking the
 training flags, and the packages' import direction."""
 
 import ast
+import dataclasses
 import os
 import re
 import textwrap
@@ -12,7 +13,7 @@ from typing import Optional
 import pytest
 
 from common.cli import OneLineParser, positive_int
-from common.config_flags import config_values, flag, flags_of, parse_flags
+from common.config_flags import config_values, flag, flag_of, flags_of, parse_flags, variant_fields
 from data.criteo_layout import NUM_SPARSE_FEATURES
 from sharding_plans import cli as plan_cli
 from recipes import RECIPES, SMALL_DATA
@@ -48,13 +49,35 @@ def _sample(item, default):
 def test_every_flag_parses_into_its_field_and_nothing_else(script, config_class, item):
     """Generated over every flag: the command line's value lands in its field, every
     other field keeps the entry point's default (the flags' names and list syntax are
-    the public example's; tests/test_flags.py checks its command lines end to end)."""
+    the public example's; tests/test_flags.py checks its command lines end to end).
+    A variant's flag (an interaction's) is given with the choice of its variant and
+    lands in the variant's config."""
     parser = entry_point_parser(script)
     layers = recipe_overrides(DCNV2) if script == "dcnv2_main.py" else ()
-    defaults = config_values(config_class, parser.parse_args([]), layers)
-    value, text = _sample(item, defaults[item.field.name])
-    parsed = config_values(config_class, parser.parse_args([item.option, *text]), layers)
-    assert parsed == {**defaults, item.field.name: value}
+    choice = _choosing_variant_of(config_class, item)
+    defaults = config_values(config_class, parser.parse_args(choice), layers)
+    holder = defaults if item.within is None else dataclasses.asdict(defaults[item.within])
+    value, text = _sample(item, holder[item.field.name])
+    parsed = config_values(config_class, parser.parse_args([*choice, item.option, *text]), layers)
+    if item.within is None:
+        chosen_variant = {name: (spec.classes[value] if spec.selector == item.field.name else type(defaults[name]))
+                          for name, spec in variant_fields(config_class)}
+        assert {name: type(parsed[name]) for name in chosen_variant} == chosen_variant
+        assert {**parsed, **dict.fromkeys(chosen_variant)} == {**defaults, item.field.name: value,
+                                                              **dict.fromkeys(chosen_variant)}
+    else:
+        assert parsed == {**defaults, item.within: dataclasses.replace(defaults[item.within], **{item.field.name: value})}
+
+
+def _choosing_variant_of(config_class, item) -> list[str]:
+    """The flags choosing the variant whose class declares ``item`` (none for a flag of
+    the class's own)."""
+    for name, spec in variant_fields(config_class):
+        if item.within == name:
+            variant = next(choice for choice, variant_class in spec.classes.items()
+                           if item.field in dataclasses.fields(variant_class))
+            return [flag_of(config_class, spec.selector).option, variant]
+    return []
 
 
 def test_every_flag_is_in_one_help_section():
@@ -77,7 +100,7 @@ def test_command_line_beats_recipe_beats_entry_point_default():
     small = config_from_args(dcnv2.parse_args(["--recipe", "small_data"]))
     settings = SMALL_DATA.options()
     assert small.model.interaction_type == "dcn"  # the entry point's kind stays
-    assert (small.model.embedding_dim, small.model.dense_arch_layer_sizes, small.model.dcn_low_rank_dim) == (
+    assert (small.model.embedding_dim, small.model.dense_arch_layer_sizes, small.model.interaction.dcn_low_rank_dim) == (
         settings["--embedding_dim"], settings["--dense_arch_layer_sizes"], settings["--dcn_low_rank_dim"])  # > entry point
     assert (small.optim.optimizer, small.optim.learning_rate, small.dropout, small.epochs) == (
         settings["--optimizer"], settings["--learning_rate"], settings["--dropout"], settings["--epochs"])
@@ -223,7 +246,7 @@ def test_docs_extending_md_states_the_layers():
 
 # Packages whose config classes may still describe flag fields in their docstrings
 # (their own engineers move the descriptions to help=; the lead empties this after merging).
-DOCSTRING_ARGS_NOT_YET_CHECKED = ("models", "sharding_plans", "serving")
+DOCSTRING_ARGS_NOT_YET_CHECKED = ("serving",)
 _ARGS_ENTRY = re.compile(r"^(\s+)([\w, ]+):")
 
 

@@ -10,6 +10,7 @@ import torch
 
 from models import ModelConfig, build_dlrm_train
 from serving.export import export_program
+from tests.support.model_state import interaction_sizes
 from serving.inference_model import ConcatenatedTables, ProbabilityModel
 
 DIM = 4
@@ -24,9 +25,10 @@ def tiny_model(interaction: str, num_dense: int, num_features: int, seed: int = 
     config = ModelConfig([5 + f % 5 for f in range(num_features)],
                          sparse_feature_names=[f"cat_{f}" for f in range(num_features)],
                          dense_in_features=num_dense, embedding_dim=DIM, interaction_type=interaction,
-                         dense_arch_layer_sizes=[8, DIM], over_arch_layer_sizes=[8, 1], dcn_num_layers=2,
-                         dcn_low_rank_dim=4, interaction_branch1_layer_sizes=[8, 2 * DIM],
-                         interaction_branch2_layer_sizes=[8, 3 * DIM])
+                         dense_arch_layer_sizes=[8, DIM], over_arch_layer_sizes=[8, 1],
+                         interaction=interaction_sizes(interaction, dcn_num_layers=2, dcn_low_rank_dim=4,
+                                                       interaction_branch1_layer_sizes=[8, 2 * DIM],
+                                                       interaction_branch2_layer_sizes=[8, 3 * DIM]))
     return build_dlrm_train(config, embedding_device=torch.device("cpu")).model.eval()
 
 

@@ -88,10 +88,10 @@ def test_dcnv2_defaults_and_overrides():
     assert args.interaction_type == "dcn" and args.embedding_dim == 128
     assert args.dense_arch_layer_sizes == [512, 256, 128]
     assert args.over_arch_layer_sizes == [1024, 1024, 512, 256, 1]
-    assert (args.dcn_num_layers, args.dcn_low_rank_dim) == (3, 512)
+    assert (args.interaction.dcn_num_layers, args.interaction.dcn_low_rank_dim) == (3, 512)
     args = config_from_args(parser.parse_args(["--embedding_dim", "64", "--dense_arch_layer_sizes", "128,64",
                                                "--dcn_num_layers", "1"])).model
-    assert (args.embedding_dim, args.dense_arch_layer_sizes, args.dcn_num_layers) == (64, [128, 64], 1)
+    assert (args.embedding_dim, args.dense_arch_layer_sizes, args.interaction.dcn_num_layers) == (64, [128, 64], 1)
 
 
 def test_dcnv2_entry_point_validates_with_its_defaults(capsys):

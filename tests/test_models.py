@@ -1,4 +1,6 @@
-"""Model builders: parameter counts from first principles and output shapes."""
+"""Model builders: parameter counts from first principles, output shapes, the registry
+of interactions (every one built with and without numerical features; the logits a
+seed gave before the registry), and the interaction flags."""
 
 import math
 
@@ -8,8 +10,14 @@ import torch
 
 from data.batching import BatchBuilder
 from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, SPARSE_FEATURE_NAMES
+from common.config_flags import FlagError
 from models import ModelConfig, build_dlrm_train
+from models.interactions import INTERACTIONS, Interaction, register
+from models.interactions.dcn import DCNConfig
+from models.interactions.dot import DotConfig
+from models.interactions.projection import ProjectionConfig
 from tests.support.model_state import criteo_features, mlp_params
+from training.flags import parse_config
 
 ROWS = [10 + i for i in range(NUM_SPARSE_FEATURES)]
 
@@ -21,11 +29,11 @@ def expected_params(config: ModelConfig) -> int:
     if config.interaction_type == "original":
         interaction, over_in = 0, D + math.comb(F, 2) + F
     elif config.interaction_type == "dcn":
-        width, rank = (F + 1) * D, config.dcn_low_rank_dim
-        interaction = config.dcn_num_layers * (width * rank + rank * width + width)
+        width, rank = (F + 1) * D, config.interaction.dcn_low_rank_dim
+        interaction = config.interaction.dcn_num_layers * (width * rank + rank * width + width)
         over_in = width
     else:
-        b1, b2 = config.interaction_branch1_layer_sizes, config.interaction_branch2_layer_sizes
+        b1, b2 = config.interaction.interaction_branch1_layer_sizes, config.interaction.interaction_branch2_layer_sizes
         interaction = mlp_params((F + 1) * D, b1) + mlp_params((F + 1) * D, b2)
         over_in = D + (b1[-1] // D) * (b2[-1] // D)
     return tables + bottom + interaction + mlp_params(over_in, config.over_arch_layer_sizes)
@@ -35,12 +43,12 @@ CONFIGS = {
     "original": ModelConfig(ROWS, **criteo_features(), embedding_dim=8, dense_arch_layer_sizes=[16, 8],
                             over_arch_layer_sizes=[32, 1]),
     "dcn": ModelConfig(ROWS, **criteo_features(), embedding_dim=8, interaction_type="dcn",
-                       dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[32, 1], dcn_num_layers=2,
-                       dcn_low_rank_dim=4),
+                       dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[32, 1],
+                       interaction=DCNConfig(dcn_num_layers=2, dcn_low_rank_dim=4)),
     "projection": ModelConfig(ROWS, **criteo_features(), embedding_dim=8, interaction_type="projection",
                               dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[32, 1],
-                              interaction_branch1_layer_sizes=[32, 24],
-                              interaction_branch2_layer_sizes=[32, 16]),
+                              interaction=ProjectionConfig(interaction_branch1_layer_sizes=[32, 24],
+                                                           interaction_branch2_layer_sizes=[32, 16])),
 }
 
 
@@ -105,3 +113,87 @@ def test_fast_blocks_match_torchrec():
         rng.random((4, NUM_DENSE_FEATURES), dtype=np.float32), (rng.random((4, NUM_SPARSE_FEATURES)) * np.asarray(ROWS)).astype(np.int32),
         np.zeros((4, 1), np.int32)).sparse_features
     assert torch.equal(PooledSparseArch(ebc)(kjt), SparseArch(ebc)(kjt))
+
+
+# Three features of 7, 8 and 9 rows, width 4, 4 rows; numerical features: 0 or 5.
+REGISTRY_FEATURES = ["a", "b", "c"]
+REGISTRY_SIZES = {"original": DotConfig(), "dcn": DCNConfig(dcn_num_layers=2, dcn_low_rank_dim=3),
+                  "projection": ProjectionConfig(interaction_branch1_layer_sizes=[8, 8],
+                                                 interaction_branch2_layer_sizes=[8, 12])}
+# The logits of `_registry_logits` (seed 3) on main before the interactions registered
+# themselves (commit 4884b54, two if/elif chains): the registry builds the same models.
+LOGITS_BEFORE_THE_REGISTRY = {
+    ("original", 0): [0.008345, 0.020505, 0.015648, 0.018824],
+    ("original", 5): [-0.166389, -0.165159, -0.195257, -0.163796],
+    ("dcn", 0): [-0.264168, -0.188231, -0.184561, -0.246476],
+    ("dcn", 5): [-0.194966, -0.234614, -0.156142, -0.192375],
+    ("projection", 0): [0.111075, 0.110815, 0.110446, 0.1114],
+    ("projection", 5): [-0.183341, -0.182385, -0.192731, -0.170586],
+}
+
+
+def _registry_logits(interaction: str, num_dense: int, sizes=None) -> torch.Tensor:
+    """The eval-mode logits (4,) of the model of ``interaction`` (``sizes``: its config,
+    None: its defaults) built after seeding 3, on a fixed batch."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    torch.manual_seed(3)
+    config = ModelConfig([7, 8, 9], REGISTRY_FEATURES, num_dense, embedding_dim=4, interaction_type=interaction,
+                         dense_arch_layer_sizes=[6, 4], over_arch_layer_sizes=[16, 1], interaction=sizes)
+    model = build_dlrm_train(config, embedding_device=torch.device("cpu")).model.eval()
+    generator = torch.Generator().manual_seed(1)
+    lengths = torch.tensor([1, 2, 0, 1, 1, 3, 2, 1, 1, 1, 0, 2], dtype=torch.int32)
+    ids = torch.randint(0, 7, (int(lengths.sum()),), generator=generator)
+    dense = torch.randn(4, num_dense, generator=generator)
+    with torch.no_grad():
+        return model(dense, KeyedJaggedTensor(keys=REGISTRY_FEATURES, values=ids, lengths=lengths)).squeeze(-1)
+
+
+@pytest.mark.parametrize("interaction, num_dense", list(LOGITS_BEFORE_THE_REGISTRY))
+def test_registry_builds_the_models_of_before(interaction, num_dense):
+    logits = _registry_logits(interaction, num_dense, REGISTRY_SIZES[interaction])
+    torch.testing.assert_close(logits, torch.tensor(LOGITS_BEFORE_THE_REGISTRY[interaction, num_dense]),
+                               rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("interaction, num_dense", [(name, dense) for name in INTERACTIONS for dense in (0, 5)])
+def test_every_registered_interaction_builds_with_and_without_numerical_features(interaction, num_dense):
+    """Over the registry (a new interaction is tested here with its defaults): one logit
+    a row, finite, the same for the same seed, and a model without a bottom MLP when
+    the data has no numerical features."""
+    logits = _registry_logits(interaction, num_dense)
+    assert logits.shape == (4,) and torch.isfinite(logits).all()
+    assert torch.equal(logits, _registry_logits(interaction, num_dense))
+    config = ModelConfig([7, 8, 9], REGISTRY_FEATURES, num_dense, embedding_dim=4, interaction_type=interaction,
+                         dense_arch_layer_sizes=[6, 4], over_arch_layer_sizes=[16, 1])
+    assert isinstance(config.interaction, INTERACTIONS[interaction].config)
+    assert hasattr(build_dlrm_train(config).model, "dense_arch") == (num_dense > 0)
+
+
+def test_interaction_flags_reach_only_their_interaction():
+    """Every interaction's flags parse on every command line (the public example's take
+    them all); the chosen interaction's config holds its own, the others' are ignored
+    (not checked: they build nothing)."""
+    sizes = ["--dcn_num_layers", "0", "--interaction_branch1_layer_sizes", "64", "--interaction_branch2_layer_sizes",
+             "96", "--embedding_dim", "32", "--dense_arch_layer_sizes", "64,32"]
+    assert parse_config(sizes, "dlrm_main.py", "").model.interaction == DotConfig()
+    projection = parse_config(sizes + ["--interaction_type", "projection"], "dlrm_main.py", "").model
+    assert projection.interaction == ProjectionConfig([64], [96])
+    with pytest.raises(SystemExit) as refused:
+        parse_config(sizes + ["--interaction_type", "dcn"], "dlrm_main.py", "")
+    assert refused.value.code == 2
+
+
+def test_interaction_config_must_be_the_type_s():
+    with pytest.raises(TypeError, match="interaction_type 'dcn' takes a DCNConfig, got a ProjectionConfig"):
+        ModelConfig([7], ["a"], 1, interaction_type="dcn", interaction=ProjectionConfig())
+    with pytest.raises(FlagError, match="--interaction_type must be one of original, dcn, projection, got 'x'"):
+        ModelConfig([7], ["a"], 1, interaction_type="x", dense_arch_layer_sizes=[64]).validate()
+
+
+def test_register_refuses_a_name_or_a_flag_already_taken():
+    with pytest.raises(ValueError, match="interaction 'dcn' is already registered"):
+        register(Interaction("dcn", "DCNv2", DCNConfig, INTERACTIONS["dcn"].build))
+    with pytest.raises(ValueError, match="flag --dcn_num_layers is already interaction 'dcn'"):
+        register(Interaction("dcn_copy", "DCNv2", DCNConfig, INTERACTIONS["dcn"].build))
+    assert list(INTERACTIONS) == ["original", "dcn", "projection"]

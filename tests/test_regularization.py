@@ -10,7 +10,7 @@ from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, SPARSE_F
 from models import build_dlrm_train
 from models.config import ModelConfig
 from harness.launch import launch, read_log, step_losses
-from tests.support.model_state import criteo_features
+from tests.support.model_state import criteo_features, interaction_sizes
 
 LR, EPS, WD, EMB_WD = 0.1, 0.01, 0.3, 0.2
 TABLES = ("t_cat_0", "t_cat_20")  # 1000 and 4 rows: most rows untouched, all rows touched
@@ -112,9 +112,10 @@ def test_bad_regularization_flags_are_one_line(argv, message, capsys):
 @pytest.mark.parametrize("interaction", ["original", "dcn", "projection"])
 def test_dropout_acts_in_training_only_and_keeps_parameter_names(interaction):
     config = ModelConfig(num_embeddings_per_feature=[50] * NUM_SPARSE_FEATURES, **criteo_features(), embedding_dim=8, dense_arch_layer_sizes=[16, 8],
-                         over_arch_layer_sizes=[32, 16, 1], interaction_type=interaction, dcn_num_layers=1,
-                         dcn_low_rank_dim=4, interaction_branch1_layer_sizes=[16, 16],
-                         interaction_branch2_layer_sizes=[16, 16])
+                         over_arch_layer_sizes=[32, 16, 1], interaction_type=interaction,
+                         interaction=interaction_sizes(interaction, dcn_num_layers=1, dcn_low_rank_dim=4,
+                                                       interaction_branch1_layer_sizes=[16, 16],
+                                                       interaction_branch2_layer_sizes=[16, 16]))
     cpu = torch.device("cpu")
     torch.manual_seed(0)
     plain = build_dlrm_train(config, dense_device=cpu, embedding_device=cpu)

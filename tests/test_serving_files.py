@@ -5,10 +5,12 @@ import copy
 import dataclasses
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 
+from checkpoints.errors import CheckpointError
 from checkpoints.meta import CheckpointMeta, meta_section
 from checkpoints.store import read_meta
 from common.json_fields import FileFieldError
@@ -37,9 +39,24 @@ def version_1_meta(config) -> dict:
     document of its own, which a test may change."""
     return {"format_version": 1, "step": 12, "epoch": 1, "batch_in_epoch": 2,
             "global_batch_size": config.data.batch_size * 2, "world_size": 2,
-            "model": dataclasses.asdict(config.model),
+            "model": flat_model(config),
             "optim": {**dataclasses.asdict(config.optim), "dense_optimizer": config.optim.resolved_dense_optimizer},
-            "config": dataclasses.asdict(config), "plan": copy.deepcopy(PLAN), "run_id": "r1", "early_stopping": EARLY_STOPPING}
+            "config": {**dataclasses.asdict(config), "model": flat_model(config)}, "plan": copy.deepcopy(PLAN), "run_id": "r1",
+            "early_stopping": EARLY_STOPPING}
+
+
+# config.model's interaction fields before meta version 4: every interaction's, flat,
+# the defaults of those the run did not use.
+FLAT_INTERACTION_DEFAULTS = {"dcn_num_layers": 3, "dcn_low_rank_dim": 512,
+                             "interaction_branch1_layer_sizes": [2048, 2048],
+                             "interaction_branch2_layer_sizes": [2048, 2048]}
+
+
+def flat_model(config) -> dict:
+    """config.model as meta versions 1 to 3 recorded the model of ``config``."""
+    model = dataclasses.asdict(config.model)
+    return {**{name: value for name, value in model.items() if name != "interaction"},
+            **FLAT_INTERACTION_DEFAULTS, **model["interaction"]}
 
 
 def write_checkpoint_meta(directory, data: bytes) -> str:
@@ -59,20 +76,24 @@ def current_meta(config) -> CheckpointMeta:
                           data_features=source.describe())
 
 
-def test_checkpoint_meta_round_trips_and_versions_1_and_2_still_load(tmp_path):
+def test_checkpoint_meta_round_trips_and_versions_1_to_3_still_load(tmp_path):
     config = train_config()
     meta = current_meta(config)
-    saved = read_meta(write_checkpoint_meta(tmp_path / "v3", meta.to_json()))
+    saved = read_meta(write_checkpoint_meta(tmp_path / "v4", meta.to_json()))
     assert saved == meta
     document = json.loads(meta.to_json())
-    assert list(document)[0] == "version" and document["version"] == 3
+    assert list(document)[0] == "version" and document["version"] == 4
+    assert document["config"]["model"]["interaction"] == {}  # DLRM's dot products have no sizes
     assert not {"model", "optim", "global_batch_size"} & set(document)  # stored once, in config
     assert document["data_source"] == "random"
     assert document["data_features"] == {"dense_feature_names": [f"int_{i}" for i in range(13)],
                                          "sparse_feature_names": [f"cat_{i}" for i in range(26)],
                                          "cardinalities": None, "hotness": None}
 
-    version_2 = {key: value for key, value in document.items() if key not in ("data_source", "data_features")}
+    version_3 = {**document, "version": 3, "config": {**document["config"], "model": flat_model(config)}}
+    old = read_meta(write_checkpoint_meta(tmp_path / "v3", json.dumps(version_3, indent=1).encode()))
+    assert old == dataclasses.replace(meta, version=3) and old.model == config.model
+    version_2 = {key: value for key, value in version_3.items() if key not in ("data_source", "data_features")}
     for version, old_document in ((1, version_1_meta(config)), (2, {**version_2, "version": 2})):
         old = read_meta(write_checkpoint_meta(tmp_path / f"v{version}", json.dumps(old_document, indent=1).encode()))
         assert old == dataclasses.replace(meta, data_source=None, data_features=None, version=version)
@@ -82,13 +103,50 @@ def test_checkpoint_meta_round_trips_and_versions_1_and_2_still_load(tmp_path):
         assert old.global_batch_size == 64 and old.data_path is None
 
 
+INTERACTION_FLAGS = ["--dcn_num_layers", "2", "--dcn_low_rank_dim", "4", "--interaction_branch1_layer_sizes", "16,16",
+                     "--interaction_branch2_layer_sizes", "16,24"]
+
+
+@pytest.mark.parametrize("interaction", ["original", "dcn", "projection"])
+def test_version_3_checkpoint_of_each_interaction_resumes_and_evaluates(tmp_path, interaction):
+    """A checkpoint written before the interactions had their own configs (its
+    config.model flat, every interaction's sizes in it) gives its model to a resume
+    (compared with the run's), to --mode test (taken from it) and to export (meta.model)."""
+    checkpoint_dir = str(tmp_path / "ckpt")
+    argv = ["--num_embeddings", "10", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
+            "--over_arch_layer_sizes", "16,1", "--interaction_type", interaction, "--checkpoint_dir", checkpoint_dir]
+    config = parse_config(argv + INTERACTION_FLAGS, "dlrm_main.py", "")
+    document = json.loads(current_meta(config).to_json())
+    document = {**document, "version": 3, "config": {**document["config"], "model": flat_model(config)}}
+    path = write_checkpoint_meta(tmp_path / "ckpt" / "step_000000012", json.dumps(document).encode())
+    assert read_meta(path).model == config.model
+
+    resumed = find_restore_point(parse_config(argv + INTERACTION_FLAGS + ["--resume"], "dlrm_main.py", ""))
+    assert resumed is not None and resumed.path == path and resumed.meta.model == config.model
+    tested = parse_config(["--mode", "test", "--checkpoint_dir", checkpoint_dir], "dlrm_main.py", "")
+    assert tested.model == config.model
+    # Only the run's own interaction sizes are compared: the other interactions' (all
+    # recorded before version 4) built nothing, and may differ (before version 4 a
+    # resume refused them).
+    changed = parse_config(argv + INTERACTION_FLAGS + ["--resume", "--dcn_num_layers", "1",
+                                                       "--interaction_branch1_layer_sizes", "8"], "dlrm_main.py", "")
+    if interaction == "original":
+        assert find_restore_point(changed).meta.model == config.model
+    else:
+        differing = {"dcn": "dcn_num_layers is 2", "projection": "interaction_branch1_layer_sizes is [16, 16]"}
+        with pytest.raises(CheckpointError, match=re.escape(f"does not match this run: interaction.{differing[interaction]}")):
+            find_restore_point(changed)
+
+
 @pytest.mark.parametrize("change, message", [
-    (lambda d: d.update(format_version=4), "format_version is 4, newer than this code reads (3)"),
+    (lambda d: d.update(format_version=5), "format_version is 5, newer than this code reads (4)"),
     (lambda d: d.update(step="12"), 'step must be a count, got "12"'),
     (lambda d: d.pop("plan"), "plan is missing"),
     (lambda d: d["plan"]["t_cat_0"].update(shards=[[0, 0, 10]]), "plan.t_cat_0.shards must be a list of"),
     (lambda d: d["config"]["data"].update(batch_size=0), "config.data.batch_size must be a positive integer, got 0"),
     (lambda d: d["config"]["model"].update(embeding_dim=8), "config.model does not describe a ModelConfig"),
+    (lambda d: d["config"]["model"].update(interaction_type="exec"),
+     'config.model.interaction_type must be original or dcn or projection, got "exec"'),
     (lambda d: d.update(config=[]), "config must be an object, got []"),
 ])
 def test_bad_checkpoint_meta_is_one_line_naming_the_file_and_field(tmp_path, change, message):

@@ -25,6 +25,7 @@ from common.cli import OneLineParser, cli_main
 from common.errors import BadInput
 from common.png_figure import FOOTER_HEIGHT, png_figure
 from common.run_log_file import log_records
+from models.interactions import INTERACTIONS
 
 FIGURE_INCHES = (12.0, 8.0)  # two rows of panels; a third (rolling windows) adds half the height
 FIGURE_DPI = 100  # so the PNG is 1200 x 800 pixels
@@ -141,8 +142,6 @@ def loss_limits(runs: Sequence[Run]) -> Optional[tuple[float, float]]:
     return robust_range([loss for run in runs for _, loss in run.loss])
 
 
-# The model each interaction type builds (the config record names no entry point).
-MODEL_NAMES = {"original": "DLRM", "dcn": "DCNv2", "projection": "DLRM (projection)"}
 # Configuration keys that differ between runs without making them different runs.
 _NOT_A_DIFFERENCE = {"run_id", "time", "event", "log_path", "tensorboard_dir", "checkpoint", "interaction_type",
                      "print_lr", "print_sharding_plan", "print_progress", "resolved_device"}
@@ -178,7 +177,9 @@ def model_name(run: Run) -> str:
         return "run"
     model = run.config.get("model")
     kind = model.get("interaction_type") if isinstance(model, dict) else None
-    return MODEL_NAMES.get(str(kind), str(kind))
+    # The model the interaction builds (the config record names no entry point).
+    entry = INTERACTIONS.get(str(kind))
+    return entry.model_name if entry is not None else str(kind)
 
 
 def run_labels(runs: Sequence[Run]) -> list[str]:

@@ -24,28 +24,22 @@ from common.byte_sizes import format_bytes
 from data.config import RANDOM_DATA_BATCHES, SPLITS, BatchLoader
 from data.sources import source_for
 from models.config import ModelConfig
+from models.interactions import INTERACTIONS
 from training.config import TrainConfig
 from training.distributed import DistributedEnv
-
-_MODEL_KINDS = {"original": "DLRM (original interaction)", "dcn": "DCNv2 (dcn interaction)",
-                "projection": "DLRM (projection interaction)"}
-
 
 def _sizes(sizes: list[int]) -> str:
     return "-".join(str(s) for s in sizes)
 
 
 def _model_line(model: ModelConfig) -> str:
-    parts = [_MODEL_KINDS[model.interaction_type]]
+    parts = [f"{INTERACTIONS[model.interaction_type].model_name} ({model.interaction_type} interaction)"]
     if model.has_dense_arch:
         parts.append(f"bottom MLP {model.dense_in_features}-{_sizes(model.dense_arch_layer_sizes)}")
     else:
         parts.append("no bottom MLP (no numerical features)")
-    if model.interaction_type == "dcn":
-        parts.append(f"{model.dcn_num_layers} cross layers of rank {model.dcn_low_rank_dim}")
-    elif model.interaction_type == "projection":
-        parts.append(f"branches {_sizes(model.interaction_branch1_layer_sizes)} and "
-                     f"{_sizes(model.interaction_branch2_layer_sizes)}")
+    if model.interaction.describe():
+        parts.append(model.interaction.describe())
     parts.append(f"top MLP {_sizes(model.over_arch_layer_sizes)}")
     return "model: " + " | ".join(parts)
 

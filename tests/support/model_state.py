@@ -1,6 +1,7 @@
 """Helpers shared by test modules: a DCP checkpoint as one flat dict of tensors, exact
-comparison of two such states, an MLP's parameter count from first principles, and
-the model's feature fields for Criteo-shaped data."""
+comparison of two such states, an MLP's parameter count from first principles, the
+model's feature fields for Criteo-shaped data, and an interaction's config from the
+interaction flags' values."""
 
 import os
 import time
@@ -9,8 +10,10 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from common.config_flags import flags_of
 from data.config import DataConfig
 from data.sources import RandomData
+from models.interactions import INTERACTIONS
 
 
 def criteo_features() -> dict[str, Any]:
@@ -19,6 +22,14 @@ def criteo_features() -> dict[str, Any]:
     features = RandomData(DataConfig()).describe()
     return {"sparse_feature_names": list(features.sparse_feature_names),
             "dense_in_features": features.num_dense_features}
+
+
+def interaction_sizes(interaction: str, **sizes: Any) -> Any:
+    """The config of ``interaction`` with the values ``sizes`` gives its flags; the
+    values of other interactions' flags are left out, as the command line's are."""
+    config_class = INTERACTIONS[interaction].config
+    own = {item.field.name for item in flags_of(config_class)}
+    return config_class(**{name: value for name, value in sizes.items() if name in own})
 
 
 def flat_state(checkpoint: str, tmp_path) -> dict:

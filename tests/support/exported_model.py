@@ -76,6 +76,7 @@ def tiny_checkpoint(root: Path, run_id: str) -> str:
     """
     config = parse_config(["--num_embeddings", "10", "--embedding_dim", "4", "--dense_arch_layer_sizes", "8,4",
                            "--over_arch_layer_sizes", "8,1"], "dlrm_main.py", "")
+    torch.manual_seed(0)  # the same weights every run
     model = build_dlrm_train(config.model, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"))
     source = source_for(config.data)
     meta = CheckpointMeta(step=1, epoch=0, batch_in_epoch=1, world_size=1, config=dataclasses.asdict(config),

@@ -3,11 +3,14 @@ import multiprocessing.process
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
-from tests.support.exported_model import exported, train_and_export
+from serving.export import export_model
+from serving.model_files import AOTI_FORMAT
+from tests.support.exported_model import exported, tiny_checkpoint, train_and_export
 
 # Small enough to train in seconds, large enough to learn from.
 SMALL_SPEC = SyntheticCriteoSpec(
@@ -43,6 +46,19 @@ def trained(tmp_path_factory) -> dict:
             train_and_export(root)
             built.touch()
     return exported(root)
+
+
+@pytest.fixture(scope="session")
+def aoti_exported(tmp_path_factory) -> dict:
+    """A tiny model exported once per pytest run with --format aoti and every
+    precision: three AOTInductor compilations (tests/test_aoti_export.py). The tests
+    only read it."""
+    root = tmp_path_factory.mktemp("aoti")
+    ckpt = tiny_checkpoint(root, "aoti")
+    started = time.perf_counter()
+    inputs = export_model(ckpt, str(root / "model"), ["fp16", "int8"], fmt=AOTI_FORMAT)
+    return {"model": str(root / "model"), "inputs": inputs, "root": root,
+            "export_seconds": time.perf_counter() - started}
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """serving/cpp's dlrm_predict: built once per session with the system g++ against the
-torch wheel, serving the AOTInductor package of the shared trained model
-(tests/support/aoti_package.py); its probabilities against the Python predictor's, its
-refusals, and the latency bench's record."""
+torch wheel, serving the AOTInductor package of the shared trained model (exported
+again with --format aoti, fp32 only: one compilation); its probabilities against the
+Python predictor's, its refusals, and the latency bench's record."""
 
 import json
 import os
@@ -13,14 +13,15 @@ import numpy as np
 import pytest
 
 from bench.serve_cpp_latency import run as run_latency_bench
+from serving.export import export_model
 from serving.input_layouts import MalformedLineError
-from serving.model_files import MANIFEST_FILE, write_manifest
-from serving.model_inputs import INPUTS_FILE
+from serving.model_files import AOTI_FORMAT, MANIFEST_FILE, write_manifest
+from serving.model_inputs import INPUTS_FILE, aoti_file
 from serving.predict import Predictor
-from tests.support.aoti_package import AOTI_FILE, with_aoti_package
 from tests.support.exported_model import raw_test_lines
 
 CPP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "serving", "cpp")
+AOTI_FILE = aoti_file("fp32")  # the package dlrm_predict loads
 
 
 @pytest.fixture(scope="session")
@@ -34,9 +35,10 @@ def program(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def aoti_model(trained, tmp_path_factory) -> str:
-    """The shared trained model's export, with its AOTInductor package."""
+    """The shared trained model's checkpoint exported with its fp32 AOTInductor package
+    (and the vocabulary of its data's frequency threshold)."""
     model = str(tmp_path_factory.mktemp("aoti") / "model")
-    with_aoti_package(trained["model"], model)
+    export_model(trained["ckpt"], model, [], fmt=AOTI_FORMAT)
     return model
 
 

@@ -42,6 +42,8 @@ constexpr const char* kInputsFile = "inputs.json";
 constexpr const char* kManifestFile = "manifest.json";
 constexpr int64_t kInputsVersion = 2;
 constexpr const char* kCriteoLayout = "criteo_raw";
+// The largest batch of the exported program's dynamic dimension (serving/export.py export_program).
+constexpr int64_t kMaxBatchSize = int64_t(1) << 24;
 constexpr const char* kUsage = "usage: dlrm_predict MODEL_DIR [--batch_size N] [--num_threads N] < lines";
 
 struct Options {
@@ -69,6 +71,10 @@ Options parse_options(int argc, char** argv) {
     if (arg == "--batch_size" || arg == "--num_threads") {
       if (i + 1 >= argc) throw BadInput("argument " + arg + ": expected a value");
       int64_t value = positive_flag(arg, argv[++i]);
+      if (arg == "--batch_size" && value > kMaxBatchSize) {
+        throw BadInput("argument --batch_size: at most " + std::to_string(kMaxBatchSize) +
+                       " (the exported program's largest batch), got " + std::to_string(value));
+      }
       if (arg == "--batch_size") options.batch_size = value;
       else options.num_threads = static_cast<int>(std::min<int64_t>(value, 1 << 16));
     } else if (arg.rfind("--", 0) == 0 || !options.model_dir.empty()) {
@@ -251,13 +257,19 @@ int run(int argc, char** argv) {
   c10::InferenceMode inference;
 
   std::ios::sync_with_stdio(false);
-  std::vector<float> dense(options.batch_size * kNumDenseFeatures);
-  std::vector<int64_t> ids(options.batch_size * kNumSparseFeatures);
+  // Grown as rows arrive: a large --batch_size costs memory only for the rows given.
+  std::vector<float> dense;
+  std::vector<int64_t> ids;
   std::string line;
   int64_t line_number = 0, rows = 0;
   bool labelled = false;
   while (std::getline(std::cin, line)) {
     if (++line_number == 1) labelled = CriteoLines::is_labelled(line);
+    if (static_cast<size_t>(rows) == dense.size() / kNumDenseFeatures) {
+      size_t capacity = std::min<int64_t>(options.batch_size, std::max<int64_t>(1, 2 * rows));
+      dense.resize(capacity * kNumDenseFeatures);
+      ids.resize(capacity * kNumSparseFeatures);
+    }
     layout.read_line(line, labelled, "stdin", line_number, &dense[rows * kNumDenseFeatures], &ids[rows * kNumSparseFeatures]);
     if (++rows == options.batch_size) {
       predict_batch(*package, package_path, dense, ids, rows);

@@ -17,7 +17,7 @@ TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.05 --optimizer adag
 	--validation_freq_within_epoch 400 --log_every_n_steps 100 --seed 0 \
 	--log_path runs/make_train.jsonl
 
-.PHONY: install data train train-dcnv2 sweep-example docs-figures slurm-up cluster-up cluster-down test test-multihost test-fast test-hostile test-matrix bench clean
+.PHONY: install data train train-dcnv2 sweep-example docs-figures slurm-up cluster-up cluster-down test test-multihost test-fast test-hostile test-matrix bench serving-cpp clean
 
 install: $(STAMP)
 
@@ -92,6 +92,10 @@ test-matrix: install
 
 bench: install
 	$(PYTHON) bench/train_throughput.py
+
+# dlrm_predict, the C++ server of AOTInductor packages (docs/serving.md, "Serving from C++").
+serving-cpp: install
+	$(MAKE) -C serving/cpp PYTHON=$(abspath $(PYTHON))
 
 clean:
 	rm -rf data_cache runs

@@ -22,6 +22,15 @@ sharding plan it was saved with. MODEL_DIR receives:
                    frequency threshold
     manifest.json  written last: every file's size and SHA-256 (serving/model_files.py)
 
+With ``--format aoti`` (the default, ``program``, writes the above) it also gets:
+
+    fp32.aoti.pt2  AOTInductor package of the fp32 program (compiled native code, dynamic
+                   batch); fp16.aoti.pt2 and int8.aoti.pt2 of the quantized models (their
+                   torch.export programs, FBGEMM's inference operators included). Loaded
+                   by the predictor, the gate and the endpoint only with --trust_native_code
+    triton/        a model repository for Triton's PyTorch backend, one model a package
+                   (serving/triton_repository.py; untested here)
+
 Every variant maps (dense (B, num_dense) float32 transformed, (B, 0) for data of
 categorical features only; sparse (B, sum of hotness) int64 ids: (B, 26) for Criteo)
 to click probabilities (B,). A model trained on Parquet takes bags of any length up
@@ -67,13 +76,17 @@ from serving.cli import serving_parser
 from serving.inference_model import ProbabilityModel, load_checkpoint_model
 from serving.model_inputs import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, INPUTS_FILE, PARQUET_LAYOUT,
                                   CriteoPreprocessing, FeatureSpecColumns, ModelInputs, ParquetPreprocessing,
-                                  Variant)
-from serving.model_files import MANIFEST_FILE, write_manifest
+                                  Variant, aoti_file, aoti_variant)
+from serving.model_files import AOTI_FORMAT, MANIFEST_FILE, write_manifest
+from serving.triton_repository import write_triton_model
 
 FP32_FILE = "fp32.pt2"
 # Places of a Parquet list column's bag in the exported model's input, by default.
 DEFAULT_MAX_BAG_SIZE = 64
 QUANTIZED_DTYPES = {"fp16": torch.float16, "int8": torch.int8}
+# --format: the code-free files alone, or AOTInductor packages and a Triton repository beside them.
+PROGRAM_FORMAT = "program"
+EXPORT_FORMATS = (PROGRAM_FORMAT, AOTI_FORMAT)
 
 
 class ExportError(BadInput):
@@ -96,30 +109,95 @@ def export_program(model: ProbabilityModel, example: Sequence[torch.Tensor]) -> 
                                dynamic_shapes={"dense": {0: batch}, "sparse": {0: batch}}, strict=False)
 
 
-def export_fp32(model: ProbabilityModel, example: Sequence[torch.Tensor], path: str) -> None:
-    """Writes the fp32 program, every table looked up at once (`ConcatenatedTables`, a
-    copy of the tables while it runs): its graph has as many nodes for 500 features as
-    for 26, where TorchRec's collection emits a chain per feature (21,561 nodes at 200
+def fp32_program(model: ProbabilityModel, example: Sequence[torch.Tensor]) -> torch.export.ExportedProgram:
+    """The fp32 program, every table looked up at once (`ConcatenatedTables`, a copy of
+    the tables while it runs): its graph has as many nodes for 500 features as for 26,
+    where TorchRec's collection emits a chain per feature (21,561 nodes at 200
     features, a program torch.export.load did not load in 600 s)."""
     batched = ProbabilityModel(model.dlrm, model.sparse_feature_names, model.hotness, concatenated_tables=True,
                                padded=model.padded)
-    program = export_program(batched, example)
+    return export_program(batched, example)
+
+
+def save_program(program: torch.export.ExportedProgram, path: str) -> None:
     with _model_file(path) as f:
         torch.export.save(program, f)
 
 
-def export_quantized(model: ProbabilityModel, dtype: torch.dtype, path: str) -> None:
-    """Quantizes every table to ``dtype``, fx-traces (FBGEMM's kernel module is a leaf)
-    and saves TorchScript (torch.export cannot take FBGEMM's inference kernels)."""
+def export_fp32(model: ProbabilityModel, example: Sequence[torch.Tensor], path: str) -> None:
+    """Writes the fp32 program (`fp32_program`)."""
+    save_program(fp32_program(model, example), path)
+
+
+def quantized_model(model: ProbabilityModel, dtype: torch.dtype) -> ProbabilityModel:
+    """``model`` with every table quantized to ``dtype`` (torchrec's inference
+    quantization: FBGEMM's kernel looks them up); ``model`` is left as it is."""
     table_names = list(model.dlrm.sparse_arch.embedding_bag_collection.embedding_bags.keys())
-    with quieted(EAGER_QUANTIZATION_NOTICES + TORCHSCRIPT_NOTICES):
+    with quieted(EAGER_QUANTIZATION_NOTICES):
         quantized = quantize_inference_model(copy.deepcopy(model.dlrm),
                                              per_table_weight_dtype={t: dtype for t in table_names})
-        wrapped = ProbabilityModel(quantized, model.sparse_feature_names, model.hotness, padded=model.padded).eval()
-        traced = symbolic_trace(wrapped, leaf_modules=[IntNBitTableBatchedEmbeddingBagsCodegen.__name__])
+    return ProbabilityModel(quantized, model.sparse_feature_names, model.hotness, padded=model.padded).eval()
+
+
+def export_quantized(model: ProbabilityModel, dtype: torch.dtype, path: str) -> None:
+    """Quantizes every table to ``dtype``, fx-traces (FBGEMM's kernel module is a leaf)
+    and saves TorchScript."""
+    traced = symbolic_trace(quantized_model(model, dtype), leaf_modules=[IntNBitTableBatchedEmbeddingBagsCodegen.__name__])
+    with quieted(TORCHSCRIPT_NOTICES):
         scripted = torch.jit.script(traced)
         with _model_file(path) as f:
             torch.jit.save(scripted, f)
+
+
+class _NoCacheLocations:
+    """Stands in for the TensorQueue of cache locations of an FBGEMM inference kernel
+    without a cache: its forward pops the queue, which, never pushed to, gives back
+    the tensor it was made with."""
+
+    def __init__(self, empty: torch.Tensor) -> None:
+        self.empty = empty
+
+    def pop(self) -> torch.Tensor:
+        return self.empty
+
+
+def quantized_program(model: ProbabilityModel, dtype: torch.dtype,
+                      example: Sequence[torch.Tensor]) -> torch.export.ExportedProgram:
+    """torch.export of ``model`` with its tables quantized to ``dtype``; the graph
+    calls FBGEMM's inference operators (bounds check, lookup).
+
+    torch.export traces every TorchScript object a module holds and has no fake class
+    for FBGEMM's: the kernel's two AtomicCounters serve only prefetching into a UVM
+    cache (removed) and its TensorQueue of cache locations gives an empty tensor on
+    every forward (replaced by `_NoCacheLocations`); CPU kernels have no cache.
+    """
+    quantized = quantized_model(model, dtype)
+    # torchrec's quantized collection caches its feature order on its first call, through a
+    # torch.tensor(data=...) that torch.export cannot trace: one eager call first.
+    quantized(*example)
+    for kernel in quantized.modules():
+        if isinstance(kernel, IntNBitTableBatchedEmbeddingBagsCodegen):
+            if kernel.lxu_cache_weights.numel():
+                raise ValueError("a quantized kernel with a cache cannot be exported (CPU kernels have none)")
+            del kernel.timestep_counter, kernel.timestep_prefetch_size
+            kernel.lxu_cache_locations_list = _NoCacheLocations(kernel.lxu_cache_locations_list.pop())
+    return export_program(quantized, example)
+
+
+def compile_aoti(program: torch.export.ExportedProgram, path: str) -> None:
+    """Compiles ``program`` with AOTInductor into the package ``path`` (a ``.pt2``)."""
+    import torch._inductor  # here: slow to import, and only --format aoti needs it
+    torch._inductor.aoti_compile_and_package(program, package_path=path)
+
+
+def _check_compiler() -> None:
+    """--format aoti compiles C++: refused up front without the compiler inductor uses."""
+    from torch._inductor.cpp_builder import get_cpp_compiler
+    try:
+        get_cpp_compiler()
+    except Exception as e:  # inductor raises its own types when no compiler is found
+        raise ExportError(f"--format {AOTI_FORMAT} compiles C++, and no C++ compiler was found "
+                          f"({type(e).__name__}): install g++ (Debian: apt-get install g++)") from e
 
 
 def describe_inputs(model_config: ModelConfig, meta: CheckpointMeta, checkpoint: str,
@@ -218,13 +296,16 @@ _INPUT_DESCRIPTIONS: dict[str, Callable[[ModelConfig, CheckpointMeta, str, int],
 
 
 def export_model(checkpoint: str, output: str, quantize: list[str], newest: bool = False,
-                 max_bag_size: int = DEFAULT_MAX_BAG_SIZE) -> ModelInputs:
+                 max_bag_size: int = DEFAULT_MAX_BAG_SIZE, fmt: str = PROGRAM_FORMAT) -> ModelInputs:
     """Writes the model directory (see the module docstring); returns its inputs.json.
 
     Raises ExportError when ``output`` exists (a file, or a directory that is not
-    empty), when another export to it is running, or when the disk fills up.
+    empty), when another export to it is running, when the disk fills up, or (``fmt``
+    aoti) without a C++ compiler.
     """
     _check_output(output)
+    if fmt == AOTI_FORMAT:
+        _check_compiler()
     # Beside the output, held until the directory is renamed into place: a second
     # export to the same --output refuses (each would write its own staging directory,
     # and the slower one's rename would fail at the very end).
@@ -233,7 +314,7 @@ def export_model(checkpoint: str, output: str, quantize: list[str], newest: bool
     try:
         with PathLock(os.path.join(parent, f".{name}.lock"), f"--output {output}"):
             _check_output(output)  # an export that finished just before this one started
-            return _write_model_dir(checkpoint, output, quantize, newest, max_bag_size)
+            return _write_model_dir(checkpoint, output, quantize, newest, max_bag_size, fmt)
     except LockHeld as e:
         raise ExportError(f"{e} (another export to it is running)") from e
     except OSError as e:
@@ -256,7 +337,7 @@ def _no_space(error: BaseException) -> bool:
 
 
 def _write_model_dir(checkpoint: str, output: str, quantize: list[str], newest: bool,
-                     max_bag_size: int) -> ModelInputs:
+                     max_bag_size: int, fmt: str) -> ModelInputs:
     path = checkpoint_to_load(checkpoint, "--checkpoint", prefer_best=not newest)
     train_model, meta = load_checkpoint_model(path)
     model_config = meta.model
@@ -267,14 +348,25 @@ def _write_model_dir(checkpoint: str, output: str, quantize: list[str], newest: 
     with atomic_dir(output, replace=False) as tmp:  # an empty --output is replaced, checked above
         example = (torch.zeros(4, model_config.dense_in_features),
                    torch.zeros(4, sum(inputs.sparse_hotness), dtype=torch.int64))
+        files = {"fp32": (FP32_FILE, "torch.export")}
+        files.update({name: (f"{name}.pt", "torchscript") for name in quantize})
         with torch.no_grad():
+            program = fp32_program(model, example)
             with naming_write_errors(os.path.join(output, FP32_FILE)):  # errors name the files as the output will
-                export_fp32(model, example, os.path.join(tmp, FP32_FILE))
+                save_program(program, os.path.join(tmp, FP32_FILE))
             for name in quantize:
                 with naming_write_errors(os.path.join(output, f"{name}.pt")):
                     export_quantized(model, QUANTIZED_DTYPES[name], os.path.join(tmp, f"{name}.pt"))
-        files = {"fp32": (FP32_FILE, "torch.export")}
-        files.update({name: (f"{name}.pt", "torchscript") for name in quantize})
+            if fmt == AOTI_FORMAT:
+                for precision in ["fp32", *quantize]:
+                    compiled = program if precision == "fp32" else \
+                        quantized_program(model, QUANTIZED_DTYPES[precision], example)
+                    package = aoti_file(precision)
+                    with naming_write_errors(os.path.join(output, package)):
+                        compile_aoti(compiled, os.path.join(tmp, package))
+                        write_triton_model(tmp, precision, package, model_config.dense_in_features,
+                                           sum(inputs.sparse_hotness))
+                    files[aoti_variant(precision)] = (package, AOTI_FORMAT)
         for name, (file, fmt) in files.items():
             inputs.variants[name] = Variant(file, fmt, os.path.getsize(os.path.join(tmp, file)))
         # Criteo data made with a frequency threshold: raw hashes go through its vocabulary.
@@ -319,6 +411,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--output", required=True, help="the model directory to create")
     parser.add_argument("--quantize", type=_quantize_list, default=["fp16", "int8"],
                         help="quantized variants to write: fp16,int8 (default), fp16, int8 or none")
+    parser.add_argument("--format", choices=EXPORT_FORMATS, default=PROGRAM_FORMAT,
+                        help=f"{PROGRAM_FORMAT}: the torch.export program and TorchScript variants, loaded without "
+                             f"running code; {AOTI_FORMAT}: also an AOTInductor package of each (compiled native code, "
+                             "for C++ servers and Triton's PyTorch backend: a triton/ model repository beside them)")
     parser.add_argument("--max_bag_size", type=positive_int, default=DEFAULT_MAX_BAG_SIZE,
                         help="a model trained on Parquet: the ids a list column's bag may hold at serving "
                              "(a longer bag is refused)")
@@ -328,7 +424,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    inputs = export_model(args.checkpoint, args.output, args.quantize, args.newest, args.max_bag_size)
+    inputs = export_model(args.checkpoint, args.output, args.quantize, args.newest, args.max_bag_size, args.format)
     print(f"exported {inputs.checkpoint} (step {inputs.step}) to {args.output}:\n" + format_sizes(inputs))
     return 0
 

@@ -22,6 +22,10 @@ and collects it; a test fails when the list drifts from the exporter):
   archive is refused unless it holds only the members torch.jit.save writes, its
   pickles name only TorchScript classes, tensors and storages, and its code (parsed,
   never run) uses only operators, builtins, attributes and C++ classes of the list.
+- ``*.aoti.pt2`` (AOTInductor, ``--format aoti``): a compiled shared library; loading it
+  runs its code by design, so no inspection can make it safe. It is loaded only when
+  the caller says it is trusted (``--trust_native_code``), only from a directory with a
+  manifest, and from the bytes checked against it (`NativeCodeRefused` otherwise).
 
 Example::
 
@@ -49,7 +53,10 @@ from common.manifest import ManifestEntry, check_bytes, check_manifest_format, e
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
-FORMATS = ("torch.export", "torchscript")
+# The format of an AOTInductor package (compiled native code: loaded only when trusted).
+AOTI_FORMAT = "aoti"
+FORMATS = ("torch.export", "torchscript", AOTI_FORMAT)
+TRUST_FLAG = "--trust_native_code"
 # Every operator, builtin and attribute the models this project exports use, by format:
 # written by scripts/exported_operators.py from fresh exports of every supported model
 # variant (a test fails when it drifts from what the exporter emits).
@@ -60,12 +67,21 @@ class UnsafeModelError(BadInput):
     """A model file torch would load by running code it holds; the message names the file."""
 
 
+class NativeCodeRefused(BadInput):
+    """An AOTInductor package asked for without ``--trust_native_code``, or from a
+    directory without a manifest to check it against."""
+
+
 def write_manifest(directory: str) -> dict[str, ManifestEntry]:
-    """Hashes every file of ``directory`` into its manifest.json (written last)."""
+    """Hashes every file of ``directory``, its subdirectories' too (the Triton model
+    repository: ``triton/NAME/1/model.pt2``), into its manifest.json (written last)."""
     files = {}
-    for name in sorted(os.listdir(directory)):
-        with open(os.path.join(directory, name), "rb") as f:
-            files[name] = entry_of_bytes(f.read())
+    for parent, subdirectories, names in os.walk(directory):
+        subdirectories.sort()
+        for name in sorted(names):
+            path = os.path.join(parent, name)
+            with open(path, "rb") as f:
+                files[os.path.relpath(path, directory).replace(os.sep, "/")] = entry_of_bytes(f.read())
     with open(os.path.join(directory, MANIFEST_FILE), "w") as f:
         json.dump({"manifest_version": MANIFEST_VERSION, "files": files}, f, indent=1)
     return files
@@ -102,19 +118,23 @@ def read_file(model_dir: str, name: str, manifest: Optional[dict[str, ManifestEn
 
 
 def load_model_file(model_dir: str, name: str, fmt: str, manifest: Optional[dict[str, ManifestEntry]],
-                    input_columns: Optional[dict[str, int]] = None) -> Any:
-    """The callable model in ``name`` (a torch.export program or TorchScript), after the
-    manifest and the safety checks (module docstring). BadInput naming the file otherwise.
+                    input_columns: Optional[dict[str, int]] = None, trust_native_code: bool = False) -> Any:
+    """The callable model in ``name`` (a torch.export program, TorchScript or, trusted,
+    an AOTInductor package), after the manifest and the safety checks (module
+    docstring). BadInput naming the file otherwise.
 
     Args:
         input_columns: the columns of each input (``{"dense": 13, "sparse": 26}``) the
             directory's inputs.json describes; a torch.export program taking others
             (a file of another model) is refused before it is loaded.
+        trust_native_code: load an AOTInductor package (running its compiled code).
     """
-    data = read_file(model_dir, name, manifest)
     path = os.path.join(model_dir, name)
     if fmt not in FORMATS:
         raise BadInput(f"{path}: unknown model format {fmt!r} (expected one of {', '.join(FORMATS)})")
+    if fmt == AOTI_FORMAT:
+        return _load_aoti_package(model_dir, name, manifest, trust_native_code)
+    data = read_file(model_dir, name, manifest)
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
     except zipfile.BadZipFile as e:
@@ -133,6 +153,26 @@ def load_model_file(model_dir: str, name: str, fmt: str, manifest: Optional[dict
         with quieted(TORCHSCRIPT_NOTICES):
             return torch.jit.load(io.BytesIO(data))
     except Exception as e:  # torch raises many types for a file it cannot read
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise BadInput(f"{path}: cannot be loaded ({type(e).__name__}: {first[:200]})") from e
+
+
+def _load_aoti_package(model_dir: str, name: str, manifest: Optional[dict[str, ManifestEntry]],
+                       trusted: bool) -> Any:
+    """The AOTInductor package ``name``, loaded from the bytes the manifest vouches for
+    (what was exported is what runs, even if the file changes meanwhile)."""
+    path = os.path.join(model_dir, name)
+    if not trusted:
+        raise NativeCodeRefused(f"{path} is an AOTInductor package: compiled native code that runs when it is "
+                                f"loaded; pass {TRUST_FLAG} to load it (only for a model directory you trust)")
+    if manifest is None:
+        raise NativeCodeRefused(f"{path}: an AOTInductor package is loaded only from a model directory with its "
+                                f"{MANIFEST_FILE}, which vouches for its bytes")
+    data = read_file(model_dir, name, manifest)
+    import torch._inductor  # here: slow to import, and only a trusted package needs it
+    try:
+        return torch._inductor.aoti_load_package(io.BytesIO(data))
+    except Exception as e:  # torch raises many types for a package it cannot load
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise BadInput(f"{path}: cannot be loaded ({type(e).__name__}: {first[:200]})") from e
 

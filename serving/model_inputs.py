@@ -32,12 +32,29 @@ from common.manifest import ManifestEntry
 from data.config import DENSE_TRANSFORMS, ID_HASHING
 from data.criteo_layout import DENSE_FEATURE_NAMES
 from data.parquet_columns import SPARSE_VALUE_TYPES, ParquetColumns
-from serving.model_files import FORMATS, read_file
+from serving.model_files import AOTI_FORMAT, FORMATS, read_file
 
 INPUTS_FILE = "inputs.json"
 INPUTS_VERSION = 2
 # In the sparse input of a padded model (Parquet data): a place its bag leaves empty.
 PADDING_ID = -1
+# The table precisions a model is exported in (fp32 always; fp16 and int8 with --quantize).
+PRECISIONS = ("fp32", "fp16", "int8")
+
+
+def aoti_variant(precision: str) -> str:
+    """The variant name of a precision's AOTInductor package (``fp32_aoti``)."""
+    return f"{precision}_{AOTI_FORMAT}"
+
+
+def aoti_file(precision: str) -> str:
+    """The file of a precision's AOTInductor package: ``fp32.aoti.pt2`` (the name the
+    C++ program of serving/cpp loads)."""
+    return f"{precision}.{AOTI_FORMAT}.pt2"
+
+
+# Every variant a model directory may hold: the code-free ones, then the AOTInductor packages.
+VARIANTS = (*PRECISIONS, *(aoti_variant(p) for p in PRECISIONS))
 _WHAT = "an exported model's inputs description"
 
 
@@ -127,7 +144,8 @@ class ModelInputs:
         data_path: the training data (a Criteo directory or a feature spec), if any.
         checkpoint: the checkpoint exported.
         step: its step.
-        variants: the model files by variant name (fp32, fp16, int8).
+        variants: the model files by variant name (fp32, fp16, int8; with
+            ``--format aoti`` also fp32_aoti, fp16_aoti, int8_aoti).
         version: the file format.
     """
 

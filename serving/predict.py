@@ -1,7 +1,8 @@
 """Click probabilities for raw Criteo lines, BYO CSV rows or Parquet, from an exported model directory.
 
     python -m serving.predict --model MODEL_DIR --input day_23.tsv|rows.csv|x.parquet|DIR
-        [--output preds.csv|preds.parquet] [--variant fp32|fp16|int8] [--batch_size 4096]
+        [--output preds.csv|preds.parquet] [--variant fp32|fp16|int8|fp32_aoti|...] [--trust_native_code]
+        [--batch_size 4096]
         [--metrics_output metrics.json] [--keep_columns label,user_id]
 
 The input layout is the model's (inputs.json "layout"; serving/input_layouts.py):
@@ -66,10 +67,12 @@ from data.parquet_files import check_same_types, file_schema, list_files, read_f
 from data.text_lines import DaySource, iter_line_chunks
 from serving.cli import serving_parser
 from serving.input_layouts import InputLayout, ParquetRows, ParsedLines, load_layout
-from serving.model_files import load_model_file, read_manifest
-from serving.model_inputs import PADDING_ID, read_inputs
+from serving.model_files import TRUST_FLAG, load_model_file, read_manifest
+from serving.model_inputs import PADDING_ID, VARIANTS, read_inputs
 
-VARIANTS = ("fp32", "fp16", "int8")
+# What --trust_native_code says in each serving command's --help.
+TRUST_HELP = ("load AOTInductor packages (the *_aoti variants): compiled native code that runs when loaded, so only "
+              "from a model directory you trust; without it only the code-free variants load")
 
 
 class Predictor:
@@ -77,8 +80,11 @@ class Predictor:
 
     Args:
         model_dir: a directory written by ``python -m serving.export``.
-        variant: fp32 (the torch.export program), fp16 or int8 (quantized tables).
+        variant: fp32 (the torch.export program), fp16 or int8 (quantized tables), or
+            one of them compiled by AOTInductor (fp32_aoti, fp16_aoti, int8_aoti).
         batch_size: rows per forward.
+        trust_native_code: load an AOTInductor variant (its compiled code runs);
+            without it such a variant is refused (`NativeCodeRefused`).
 
     Example::
 
@@ -87,7 +93,8 @@ class Predictor:
         p = predictor.predict_lines(b"1\t5\t...\n")  # or CSV rows, for a feature-spec model
     """
 
-    def __init__(self, model_dir: str, variant: str = "fp32", batch_size: int = 4096) -> None:
+    def __init__(self, model_dir: str, variant: str = "fp32", batch_size: int = 4096,
+                 trust_native_code: bool = False) -> None:
         if not os.path.isdir(model_dir):
             raise BadInput(f"--model {model_dir}: no such directory")
         manifest = read_manifest(model_dir)
@@ -98,7 +105,8 @@ class Predictor:
             raise BadInput(f"--batch_size must be positive, got {batch_size}")
         entry = self.inputs.variants[variant]
         self.model = load_model_file(model_dir, entry.file, entry.format, manifest,
-                                     {"dense": self.inputs.num_dense_features, "sparse": sum(self.inputs.sparse_hotness)})
+                                     {"dense": self.inputs.num_dense_features, "sparse": sum(self.inputs.sparse_hotness)},
+                                     trust_native_code)
         self.batch_size = batch_size
         self.layout: InputLayout = load_layout(self.inputs, model_dir, manifest)
         self.table_sizes = np.asarray(self.inputs.num_embeddings_per_feature, dtype=np.int64)
@@ -399,6 +407,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--output", default=None,
                         help="one probability per line (default stdout); Parquet for a --parquet_path model (required)")
     parser.add_argument("--variant", choices=VARIANTS, default="fp32", help="which exported model to use")
+    parser.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     parser.add_argument("--batch_size", type=int, default=4096, help="rows per forward")
     parser.add_argument("--metrics_output", default=None,
                         help="JSON file for the rows, unseen ids and (labelled input) AUROC, log loss, NE, calibration")
@@ -433,7 +442,7 @@ def _predict(args: argparse.Namespace, prog: str) -> int:
     for flag, output in (("--output", args.output), ("--metrics_output", args.metrics_output)):
         if output is not None:
             check_output(output, args.input, flag)
-    predictor = Predictor(args.model, args.variant, args.batch_size)
+    predictor = Predictor(args.model, args.variant, args.batch_size, args.trust_native_code)
     if isinstance(predictor.layout, ParquetRows):
         if args.output is None:
             raise BadInput("--output is needed: a model trained on Parquet writes its predictions as Parquet")

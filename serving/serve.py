@@ -1,7 +1,7 @@
 """An HTTP endpoint for an exported model, batching concurrent requests.
 
     python -m serving.serve --model MODEL_DIR [--host 127.0.0.1] [--port 8080]
-        [--variant fp32|fp16|int8] [--max_batch_rows 4096] [--max_batch_delay_ms 2] [--num_threads N]
+        [--variant fp32|fp16|int8|fp32_aoti|...] [--trust_native_code] [--max_batch_rows 4096] [--max_batch_delay_ms 2] [--num_threads N]
         [--max_body_bytes 67108864] [--request_timeout_s 30] [--max_connections 256] [--parse_threads 2]
 
 ``POST /predict`` with lines in the model's input layout as the body (as ``python -m
@@ -53,7 +53,8 @@ from common.cli import run_cli
 from common.errors import BadInput
 from serving.cli import serving_parser
 from serving.input_layouts import MalformedLineError
-from serving.predict import VARIANTS, Predictor
+from serving.model_files import TRUST_FLAG
+from serving.predict import TRUST_HELP, VARIANTS, Predictor
 
 
 @dataclass
@@ -429,6 +430,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8080, help="port to listen on")
     parser.add_argument("--variant", choices=VARIANTS, default="fp32", help="which exported model to serve")
+    parser.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     parser.add_argument("--max_batch_rows", type=int, default=4096, help="rows per forward at most")
     parser.add_argument("--max_batch_delay_ms", type=float, default=2.0,
                         help="how long a request waits for others to share its forward")
@@ -457,7 +459,7 @@ def _serve(args: argparse.Namespace) -> int:
     except OSError as e:  # the port is taken, say
         raise BadInput(str(e)) from e
     try:
-        batcher = BatchingPredictor(Predictor(args.model, args.variant), args.max_batch_rows, args.max_batch_delay_ms)
+        batcher = BatchingPredictor(Predictor(args.model, args.variant, trust_native_code=args.trust_native_code), args.max_batch_rows, args.max_batch_delay_ms)
     except (BadInput, OSError) as e:
         sock.close()
         raise BadInput(str(e)) from e

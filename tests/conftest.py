@@ -3,13 +3,16 @@ import multiprocessing.process
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
 from common.library_noise import quiet_benign_library_messages
 from data.synthetic_criteo import generate_synthetic_criteo
 from harness.small_data import SMALL_SPEC
-from tests.support.exported_model import exported, train_and_export
+from serving.export import export_model
+from serving.model_files import AOTI_FORMAT
+from tests.support.exported_model import exported, tiny_checkpoint, train_and_export
 
 
 @pytest.fixture(autouse=True)
@@ -45,6 +48,19 @@ def trained(tmp_path_factory) -> dict:
             train_and_export(root)
             built.touch()
     return exported(root)
+
+
+@pytest.fixture(scope="session")
+def aoti_exported(tmp_path_factory) -> dict:
+    """A tiny model exported once per pytest run with --format aoti and every
+    precision: three AOTInductor compilations (tests/test_aoti_export.py). The tests
+    only read it."""
+    root = tmp_path_factory.mktemp("aoti")
+    ckpt = tiny_checkpoint(root, "aoti")
+    started = time.perf_counter()
+    inputs = export_model(ckpt, str(root / "model"), ["fp16", "int8"], fmt=AOTI_FORMAT)
+    return {"model": str(root / "model"), "inputs": inputs, "root": root,
+            "export_seconds": time.perf_counter() - started}
 
 
 @pytest.fixture

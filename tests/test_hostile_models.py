@@ -10,7 +10,6 @@ Hypothesis draws the cases: HOSTILE_EXAMPLES (default 10) per property; `make
 test-hostile` runs more.
 """
 
-import dataclasses
 import json
 import os
 import re
@@ -25,20 +24,18 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from checkpoints.meta import CheckpointMeta
-from checkpoints.store import META_FILE, CheckpointManager
+from checkpoints.store import META_FILE
 from common.errors import BadInput
 from common.library_noise import TORCHSCRIPT_NOTICES, quieted
 from common.manifest import entry_of_bytes
-from data.sources import source_for
 from serving.export import FP32_FILE, export_model
 from serving.model_files import (MANIFEST_FILE, allowed_references, load_model_file, read_manifest,
                                  torchscript_references, write_manifest)
 from serving.model_inputs import INPUTS_FILE
 from serving.predict import Predictor
+from tests.support.exported_model import tiny_checkpoint
 from tests.support.hostile import HOSTILE_SETTINGS as HOSTILE
 from harness.launch import REPO
-from training.flags import parse_config
 
 VARIANTS = {"fp32": FP32_FILE, "fp16": "fp16.pt", "int8": "int8.pt"}
 
@@ -47,14 +44,7 @@ VARIANTS = {"fp32": FP32_FILE, "fp16": "fp16.pt", "int8": "int8.pt"}
 def exported(tmp_path_factory) -> dict:
     """A tiny Criteo model's checkpoint (saved in this process) and its export."""
     root = tmp_path_factory.mktemp("hostile")
-    config = parse_config(["--num_embeddings", "10", "--embedding_dim", "4", "--dense_arch_layer_sizes", "8,4",
-                           "--over_arch_layer_sizes", "8,1"], "dlrm_main.py", "")
-    from models import build_dlrm_train  # the model the config describes, as training builds it
-    model = build_dlrm_train(config.model, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"))
-    source = source_for(config.data)
-    meta = CheckpointMeta(step=1, epoch=0, batch_in_epoch=1, world_size=1, config=dataclasses.asdict(config),
-                          plan={}, data_source=source.name, data_features=source.describe(), run_id="hostile")
-    ckpt = CheckpointManager(str(root / "ckpt"), keep_last_n=0, rank=0).save({"model": model.state_dict()}, meta)
+    ckpt = tiny_checkpoint(root, "hostile")
     export_model(ckpt, str(root / "model"), ["fp16", "int8"])
     return {"ckpt": ckpt, "model": str(root / "model"), "root": root}
 
@@ -258,7 +248,7 @@ INPUT_LIES = {
     ("sparse_hotness",): [[2] * 26, [0] * 26, [10 ** 11] * 26, "1"],
     ("num_embeddings_per_feature",): [[0] * 26, [-1] * 26, [10] * 25, None],
     ("variants", "int8", "file"): ["../int8.pt", "/etc/hostname", "fp32.pt2", "missing.pt", ""],
-    ("variants", "int8", "format"): ["torch.export", "pickle", 3],
+    ("variants", "int8", "format"): ["torch.export", "pickle", 3, "aoti"],
     ("variants", "fp32", "file"): ["int8.pt", "../../model/fp32.pt2"],
     ("preprocessing", "vocabulary"): ["../../../etc/passwd", "/etc/passwd", "inputs.json", 5],
     ("preprocessing", "modulo_num_embeddings_per_feature"): [[0] * 26, [1] * 3, "x"],

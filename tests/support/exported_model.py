@@ -1,16 +1,25 @@
 """A small DLRM trained from raw synthetic Criteo logs and exported, shared by the
 inference and serving tests (the `trained` fixture of tests/conftest.py builds it
-once per session)."""
+once per session); and a tiny untrained one saved as a checkpoint in this process
+(`tiny_checkpoint`), for tests of the export's files."""
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
 
+import torch
+
 import dlrm_main
+from checkpoints.meta import CheckpointMeta
+from checkpoints.store import CheckpointManager
 from data.preprocess_criteo import PreprocessConfig, preprocess
+from data.sources import source_for
 from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day
 from harness.launch import launch, read_log
+from models import build_dlrm_train
 from serving import export
+from training.flags import parse_config
 
 SPEC = SyntheticCriteoSpec(num_days=3, rows_per_day=8_000, seed=5,
                            cardinalities=[min(c, 1000) for c in SyntheticCriteoSpec().cardinalities])
@@ -55,3 +64,21 @@ def raw_test_lines(trained: dict[str, Any], count: int) -> list[bytes]:
     with open(os.path.join(trained["raw"], "day_2"), "rb") as f:
         lines = f.read().splitlines(keepends=True)
     return lines[len(lines) // 2:][:count]
+
+
+def tiny_checkpoint(root: Path, run_id: str) -> str:
+    """A checkpoint of a tiny Criteo model (tables of 10 rows of width 4), saved by
+    this process under ``root / "ckpt"``; returns its path.
+
+    Example::
+
+        export.export_model(tiny_checkpoint(tmp_path, "test"), str(tmp_path / "model"), ["int8"])
+    """
+    config = parse_config(["--num_embeddings", "10", "--embedding_dim", "4", "--dense_arch_layer_sizes", "8,4",
+                           "--over_arch_layer_sizes", "8,1"], "dlrm_main.py", "")
+    torch.manual_seed(0)  # the same weights every run
+    model = build_dlrm_train(config.model, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"))
+    source = source_for(config.data)
+    meta = CheckpointMeta(step=1, epoch=0, batch_in_epoch=1, world_size=1, config=dataclasses.asdict(config),
+                          plan={}, data_source=source.name, data_features=source.describe(), run_id=run_id)
+    return CheckpointManager(str(root / "ckpt"), keep_last_n=0, rank=0).save({"model": model.state_dict()}, meta)

@@ -110,6 +110,18 @@ TORCHSCRIPT_NOTICES: tuple[BenignMessage, ...] = tuple(
     for category in (DeprecationWarning, FutureWarning)
 )
 
+# AOTInductor (serving.export --format aoti, and loading its packages), torch 2.13: importing
+# torch._inductor defines torch.utils.mkldnn's TorchScript modules, which says TorchScript
+# is deprecated; compiling deep-copies pytree specs, whose LeafSpec check is deprecated
+# inside torch. Neither is a use of ours.
+INDUCTOR_NOTICES: tuple[BenignMessage, ...] = tuple(
+    BenignMessage(text, why="torch._inductor's own imports and copies (torch 2.13)", category=category)
+    for text in ("`torch.jit.script_method` is deprecated. Please switch to `torch.compile` or `torch.export`.",
+                 "`isinstance(treespec, LeafSpec)` is deprecated, use `isinstance(treespec, TreeSpec) and "
+                 "treespec.is_leaf()` instead.")
+    for category in (DeprecationWarning, FutureWarning)
+)
+
 # torchrec's quantize_inference_model (the int8/fp16 variants) calls torch.ao's eager
 # quantize_dynamic, which says it moves to torchao; torchrec 1.8.0 has no other path.
 EAGER_QUANTIZATION_NOTICES: tuple[BenignMessage, ...] = (

@@ -61,7 +61,8 @@ from checkpoints.store import checkpoint_to_load
 from common.atomic import atomic_dir, naming_write_errors, surfacing_write_errors
 from common.byte_sizes import format_bytes
 from common.cli import positive_int, run_cli
-from common.library_noise import (EAGER_QUANTIZATION_NOTICES, TORCHSCRIPT_NOTICES, quiet_benign_library_messages,
+from common.library_noise import (EAGER_QUANTIZATION_NOTICES, INDUCTOR_NOTICES, TORCHSCRIPT_NOTICES,
+                                  quiet_benign_library_messages,
                                   quieted)
 from common.errors import BadInput
 from common.path_lock import LockHeld, PathLock
@@ -186,13 +187,15 @@ def quantized_program(model: ProbabilityModel, dtype: torch.dtype,
 
 def compile_aoti(program: torch.export.ExportedProgram, path: str) -> None:
     """Compiles ``program`` with AOTInductor into the package ``path`` (a ``.pt2``)."""
-    import torch._inductor  # here: slow to import, and only --format aoti needs it
-    torch._inductor.aoti_compile_and_package(program, package_path=path)
+    with quieted(INDUCTOR_NOTICES):
+        import torch._inductor  # here: slow to import, and only --format aoti needs it
+        torch._inductor.aoti_compile_and_package(program, package_path=path)
 
 
 def _check_compiler() -> None:
     """--format aoti compiles C++: refused up front without the compiler inductor uses."""
-    from torch._inductor.cpp_builder import get_cpp_compiler
+    with quieted(INDUCTOR_NOTICES):
+        from torch._inductor.cpp_builder import get_cpp_compiler
     try:
         get_cpp_compiler()
     except Exception as e:  # inductor raises its own types when no compiler is found

@@ -48,7 +48,7 @@ from collections.abc import Iterator
 import torch
 
 from common.errors import BadInput
-from common.library_noise import TORCHSCRIPT_NOTICES, quieted
+from common.library_noise import INDUCTOR_NOTICES, TORCHSCRIPT_NOTICES, quieted
 from common.manifest import ManifestEntry, check_bytes, check_manifest_format, entry_of_bytes
 
 MANIFEST_FILE = "manifest.json"
@@ -171,7 +171,8 @@ def _load_aoti_package(model_dir: str, name: str, manifest: Optional[dict[str, M
     data = read_file(model_dir, name, manifest)
     import torch._inductor  # here: slow to import, and only a trusted package needs it
     try:
-        return torch._inductor.aoti_load_package(io.BytesIO(data))
+        with quieted(INDUCTOR_NOTICES):
+            return torch._inductor.aoti_load_package(io.BytesIO(data))
     except Exception as e:  # torch raises many types for a package it cannot load
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise BadInput(f"{path}: cannot be loaded ({type(e).__name__}: {first[:200]})") from e

@@ -75,17 +75,6 @@ BENIGN_MESSAGES: tuple[BenignMessage, ...] = (
         "single process.",
         why="serving.export reads a checkpoint in one process, as intended",
         category=UserWarning),
-    BenignMessage(
-        "The TorchScript type system doesn't support instance-level annotations on empty non-base types in "
-        "`__init__`. Instead, either 1) use a type annotation in the class body, or 2) wrap the type in "
-        "`torch.jit.Attribute`.",
-        why="about torchrec's modules, scripted by serving.export; the scripted model is checked against eager",
-        category=UserWarning),
-    BenignMessage(
-        "TorchScript will treat type annotations of Tensor dtype-specific subtypes as if they are normal Tensors. "
-        "dtype constraints are not enforced in compilation either.",
-        why="likewise, about torchrec's annotations",
-        category=UserWarning),
 )
 
 

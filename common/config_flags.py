@@ -52,6 +52,8 @@ class FlagSpec:
             (``--adagrad`` for ``--optimizer adagrad``); giving both with another
             value is refused.
         former_names: names the flag had before, still accepted as the same flag.
+        parse: turns the flag's text into its value, raising argparse.ArgumentTypeError
+            for a bad one (None: by the field's type).
     """
 
     help: str
@@ -59,19 +61,21 @@ class FlagSpec:
     name: Optional[str] = None
     alias: Optional[tuple[str, Any]] = None
     former_names: tuple[str, ...] = ()
+    parse: Optional[Callable[[str], Any]] = None
 
 
 def flag(default: Any = dataclasses.MISSING, *, help: str, choices: Optional[Sequence[Any]] = None,
          name: Optional[str] = None, alias: Optional[tuple[str, Any]] = None,
-         former_names: Sequence[str] = ()) -> Any:
-    """A dataclass field that is a command-line flag (a list default is copied per instance).
+         former_names: Sequence[str] = (), parse: Optional[Callable[[str], Any]] = None) -> Any:
+    """A dataclass field that is a command-line flag (a list default is copied per
+    instance; without a default, the flag is required).
 
     Example::
 
         embedding_dim: int = flag(64, help="width of every embedding table")
     """
     metadata = {_FLAG: FlagSpec(help, tuple(choices) if choices is not None else None, name, alias,
-                                tuple(former_names))}
+                                tuple(former_names), parse)}
     if isinstance(default, list):
         frozen = tuple(default)
         return dataclasses.field(default_factory=lambda: list(frozen), metadata=metadata)
@@ -104,7 +108,14 @@ class Flag:
     def is_switch(self) -> bool:
         return self.value_type is bool
 
+    @property
+    def required(self) -> bool:
+        return self.field.default is dataclasses.MISSING and \
+            self.field.default_factory is dataclasses.MISSING  # type: ignore[misc]
+
     def parse_type(self) -> Callable[[str], Any]:
+        if self.spec.parse is not None:
+            return self.spec.parse
         return int_list if self.value_type == list[int] else self.value_type
 
 
@@ -191,24 +202,30 @@ def default_of(item: Flag, overrides: Sequence[Overrides], config_class: type[An
 
 
 def add_flags(parser: Any, config_class: type[Any], overrides: Sequence[Overrides] = (),
-              exclude: Sequence[str] = ()) -> None:
+              exclude: Sequence[str] = (), parser_defaults: bool = False) -> None:
     """Adds the class's flags to ``parser`` (or an argument group), without parser
-    defaults; the help ends with the default ``overrides`` give it.
+    defaults; the help ends with the default ``overrides`` give it. A field without
+    a default is a required flag.
 
     Args:
         parser: an ``argparse`` parser or argument group.
         config_class: the config dataclass.
         overrides: the defaults' layers (an entry point's recipe), last one winning.
         exclude: field names not to add.
+        parser_defaults: give the parser the defaults instead (a command without
+            recipes, whose help formatter shows them: the serving CLIs).
     """
     for item in flags_of(config_class):
         if item.field.name in exclude:
             continue
         default = default_of(item, overrides, config_class)
-        shown = "" if default is None or item.is_switch else f" (default {_describe(default)})"
+        shown = "" if default is None or item.is_switch or parser_defaults else f" (default {_describe(default)})"
         former = [f"--{name}" for name in item.spec.former_names]
         also = f" (formerly {', '.join(former)})" if former else ""
-        common = dict(dest=item.field.name, default=argparse.SUPPRESS, help=item.spec.help + also + shown)
+        common = dict(dest=item.field.name, help=item.spec.help + also + shown,
+                      default=default if parser_defaults and not item.required else argparse.SUPPRESS)
+        if item.required:
+            common["required"] = True
         options = [item.option] + former
         if item.is_switch:
             parser.add_argument(*options, action="store_true", **common)

@@ -48,6 +48,7 @@ import errno
 import os
 import shutil
 import sys
+from dataclasses import dataclass
 from typing import BinaryIO, Optional
 from collections.abc import Callable, Iterator, Sequence
 
@@ -59,6 +60,7 @@ from torchrec.inference.modules import quantize_inference_model
 
 from common.atomic import atomic_dir, naming_write_errors, surfacing_write_errors
 from common.cli import positive_int, run_cli
+from common.config_flags import flag
 from common.library_noise import quiet_benign_library_messages
 from common.errors import BadInput
 from common.path_lock import LockHeld, PathLock
@@ -70,7 +72,7 @@ from data.parquet_files import list_files, read_footers
 from data.sources import SOURCES, CriteoDays
 from models.config import ModelConfig
 from sharding_plans.report import format_bytes
-from serving.cli import serving_parser
+from serving.cli import parse_config, serving_parser
 from serving.inference_model import ProbabilityModel, load_checkpoint_model
 from serving.model_inputs import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, INPUTS_FILE, PARQUET_LAYOUT,
                                   CriteoPreprocessing, FeatureSpecColumns, ModelInputs, ParquetPreprocessing,
@@ -400,31 +402,36 @@ def _quantize_list(text: str) -> list[str]:
     return names
 
 
+@dataclass(kw_only=True)
+class ExportConfig:
+    """What ``python -m serving.export`` exports, where to, and in which formats."""
+
+    checkpoint: str = flag(help="a checkpoint, or a --checkpoint_dir (the checkpoint marked best, else the newest)")
+    newest: bool = flag(False, help="with a --checkpoint_dir, its newest checkpoint even when one is marked best")
+    output: str = flag(help="the model directory to create")
+    quantize: list[str] = flag(["fp16", "int8"], parse=_quantize_list,
+                               help="quantized variants to write: fp16,int8 (default), fp16, int8 or none")
+    format: str = flag(PROGRAM_FORMAT, choices=EXPORT_FORMATS,
+                       help=f"{PROGRAM_FORMAT}: the torch.export programs of every precision, loaded without "
+                            f"running code; {AOTI_FORMAT}: also an AOTInductor package of each (compiled native code, "
+                            "for C++ servers and Triton's PyTorch backend: a triton/ model repository beside them)")
+    max_bag_size: int = flag(DEFAULT_MAX_BAG_SIZE, parse=positive_int,
+                             help="a model trained on Parquet: the ids a list column's bag may hold at serving "
+                                  "(a longer bag is refused)")
+
+
 def main(argv: Optional[Sequence[str]] = None, alias: bool = False) -> int:
     """The command line; ``alias``: run as ``python -m training.export`` (its old name)."""
     parser = serving_parser("export", __doc__, alias)
-    parser.add_argument("--checkpoint", required=True,
-                        help="a checkpoint, or a --checkpoint_dir (the checkpoint marked best, else the newest)")
-    parser.add_argument("--newest", action="store_true",
-                        help="with a --checkpoint_dir, its newest checkpoint even when one is marked best")
-    parser.add_argument("--output", required=True, help="the model directory to create")
-    parser.add_argument("--quantize", type=_quantize_list, default=["fp16", "int8"],
-                        help="quantized variants to write: fp16,int8 (default), fp16, int8 or none")
-    parser.add_argument("--format", choices=EXPORT_FORMATS, default=PROGRAM_FORMAT,
-                        help=f"{PROGRAM_FORMAT}: the torch.export programs of every precision, loaded without "
-                             f"running code; {AOTI_FORMAT}: also an AOTInductor package of each (compiled native code, "
-                             "for C++ servers and Triton's PyTorch backend: a triton/ model repository beside them)")
-    parser.add_argument("--max_bag_size", type=positive_int, default=DEFAULT_MAX_BAG_SIZE,
-                        help="a model trained on Parquet: the ids a list column's bag may hold at serving "
-                             "(a longer bag is refused)")
-    args = parser.parse_args(argv)
+    config, = parse_config(parser, [ExportConfig], argv)
     quiet_benign_library_messages()  # notices every export prints that say nothing about this model
-    return run_cli(lambda: _export(args), parser.prog)
+    return run_cli(lambda: _export(config), parser.prog)
 
 
-def _export(args: argparse.Namespace) -> int:
-    inputs = export_model(args.checkpoint, args.output, args.quantize, args.newest, args.max_bag_size, args.format)
-    print(f"exported {inputs.checkpoint} (step {inputs.step}) to {args.output}:\n" + format_sizes(inputs))
+def _export(config: ExportConfig) -> int:
+    inputs = export_model(config.checkpoint, config.output, config.quantize, config.newest, config.max_bag_size,
+                          config.format)
+    print(f"exported {inputs.checkpoint} (step {inputs.step}) to {config.output}:\n" + format_sizes(inputs))
     return 0
 
 

@@ -163,8 +163,9 @@ class Flag:
 
     @property
     def is_repeated(self) -> bool:
-        """A ``list[str]`` field: each ``--name VALUE`` adds an item."""
-        return self.value_type == list[str]
+        """A ``list[str]`` field without its own ``parse``: each ``--name VALUE`` adds an
+        item (with ``parse``, one value gives the whole list: ``--quantize fp16,int8``)."""
+        return self.value_type == list[str] and self.spec.parse is None
 
     def parse_type(self) -> Callable[[str], Any]:
         if self.spec.parse is not None:
@@ -279,21 +280,24 @@ def default_of(item: Flag, overrides: Sequence[Overrides], config_class: type[An
 
 
 def add_flags(parser: Any, config_class: type[Any], overrides: Sequence[Overrides] = (),
-              exclude: Sequence[str] = ()) -> None:
+              exclude: Sequence[str] = (), parser_defaults: bool = False) -> None:
     """Adds the class's flags to ``parser`` (or an argument group), without parser
-    defaults; the help ends with the default ``overrides`` give it.
+    defaults; the help ends with the default ``overrides`` give it. A field without
+    a default is a required flag.
 
     Args:
         parser: an ``argparse`` parser or argument group.
         config_class: the config dataclass.
         overrides: the defaults' layers (an entry point's recipe), last one winning.
         exclude: field names not to add.
+        parser_defaults: give the parser the defaults instead (a command without
+            recipes, whose help formatter shows them: the serving CLIs).
     """
     for item in flags_of(config_class):
         if item.field.name in exclude:
             continue
         default = default_of(item, overrides, config_class)
-        shown = "" if default in (None, []) or item.is_switch else f" (default {_describe(default)})"
+        shown = "" if default in (None, []) or item.is_switch or parser_defaults else f" (default {_describe(default)})"
         former = [f"--{name}" for name in item.spec.former_names]
         also = f" (formerly {', '.join(former)})" if former else ""
         metavar = item.spec.metavar or (item.name.upper() if item.spec.choices is None else None)
@@ -301,7 +305,8 @@ def add_flags(parser: Any, config_class: type[Any], overrides: Sequence[Override
             parser.add_argument(item.field.name, type=item.parse_type(), choices=item.spec.choices,
                                 metavar=item.spec.metavar, help=item.spec.help)  # None: argparse's lower case
             continue
-        common = dict(dest=item.field.name, default=argparse.SUPPRESS, help=item.spec.help + also + shown)
+        common = dict(dest=item.field.name, help=item.spec.help + also + shown,
+                      default=default if parser_defaults and not item.required else argparse.SUPPRESS)
         options = [item.option] + former
         if item.is_switch:
             parser.add_argument(*options, action="store_true", **common)

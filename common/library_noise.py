@@ -81,32 +81,17 @@ BENIGN_MESSAGES: tuple[BenignMessage, ...] = (
         "single process.",
         why="serving.export reads a checkpoint in one process, as intended",
         category=UserWarning),
-    BenignMessage(
-        "The TorchScript type system doesn't support instance-level annotations on empty non-base types in "
-        "`__init__`. Instead, either 1) use a type annotation in the class body, or 2) wrap the type in "
-        "`torch.jit.Attribute`.",
-        why="about torchrec's modules, scripted by serving.export; the scripted model is checked against eager",
-        category=UserWarning),
-    BenignMessage(
-        "TorchScript will treat type annotations of Tensor dtype-specific subtypes as if they are normal Tensors. "
-        "dtype constraints are not enforced in compilation either.",
-        why="likewise, about torchrec's annotations",
-        category=UserWarning),
 )
 
 
-# TorchScript is deprecated upstream (issue 28 moves serving to torch.export and AOTInductor);
-# what still uses it on purpose (the quantized variants serving.export writes, and their
-# loading by the predictor, the quality gate and the HTTP endpoint) quiets its notices
-# around those calls, so that a refusal there stays one line. torch 2.13 says them as
-# DeprecationWarning, torch 2.14 as FutureWarning.
+# TorchScript is deprecated upstream, and nothing of ours uses it any more (serving's
+# variants are torch.export programs); importing torch.distributed.optim still scripts
+# its functional optimizers (models/embedding_optimizer.py), which quiets these around
+# that import. torch 2.13 says them as DeprecationWarning, torch 2.14 as FutureWarning.
 TORCHSCRIPT_NOTICES: tuple[BenignMessage, ...] = tuple(
-    BenignMessage(text, why="serving's quantized variants are TorchScript until torch.export takes FBGEMM's "
-                            "inference kernels (serving/export.py)", category=category)
+    BenignMessage(text, why="torch.distributed.optim's import scripts its functional optimizers", category=category)
     for text in ("`torch.jit.script` is deprecated. Please switch to `torch.compile` or `torch.export`.",
-                 "`torch.jit.interface` is deprecated. Please use `torch.compile` instead.",
-                 "`torch.jit.save` is deprecated. Please switch to `torch.export`.",
-                 "`torch.jit.load` is deprecated. Please switch to `torch.export`.")
+                 "`torch.jit.interface` is deprecated. Please use `torch.compile` instead.")
     for category in (DeprecationWarning, FutureWarning)
 )
 

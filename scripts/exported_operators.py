@@ -5,12 +5,11 @@
     python scripts/exported_operators.py --check   # exit 1 when it is out of date
 
 Exports a tiny model of every variant a user can train (each interaction, with and
-without numerical features, one-hot, multi-hot and padded (Parquet) features) in every format
-``python -m serving.export`` writes (fp32 torch.export, fp16 and int8 TorchScript),
-and collects, without loading them, the graph nodes' operators of the torch.export
-programs and the operators, builtins, attributes and C++ classes of the TorchScript
-code (serving/model_files.py reads archives the same way). The loaders refuse an
-archive that uses anything else: the list follows the exporter, not the attacks seen.
+without numerical features, one-hot, multi-hot and padded (Parquet) features) in every
+precision ``python -m serving.export`` writes (fp32, fp16, int8 torch.export programs),
+and collects, without loading them, the operators their graph nodes call
+(serving/model_files.py reads archives the same way). The loaders refuse a program
+that calls anything else: the list follows the exporter, not the attacks seen.
 """
 
 import argparse
@@ -30,9 +29,9 @@ from models import build_dlrm_train
 from models.config import INTERACTION_TYPES, ModelConfig
 from models.interactions.dcn import DCNConfig
 from models.interactions.projection import ProjectionConfig
-from serving.export import QUANTIZED_DTYPES, export_fp32, export_quantized
+from serving.export import QUANTIZED_DTYPES, fp32_program, quantized_program, save_program
 from serving.inference_model import ProbabilityModel
-from serving.model_files import ALLOWED_REFERENCES_FILE, program_targets, torchscript_references
+from serving.model_files import ALLOWED_REFERENCES_FILE, TORCH_EXPORT_FORMAT, program_targets
 
 # Three features: enough for every interaction; hotness 1, 3, 2 for the multi-hot variants
 # (padded: bags of any length up to it, as a model trained on Parquet).
@@ -65,21 +64,19 @@ def variant_models() -> dict[str, tuple[ProbabilityModel, int]]:
 
 def emitted_references() -> dict[str, list[str]]:
     """Format -> the sorted names every exported variant uses (the file's contents)."""
-    found: dict[str, set[str]] = {"torch.export": set(), "torchscript": set()}
+    found: set[str] = set()
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # TorchScript's and torchrec's notices, every export
+        warnings.simplefilter("ignore")  # torchrec's notices, every export
         for model, dense in variant_models().values():
             example = (torch.zeros(4, dense), torch.zeros(4, sum(model.hotness), dtype=torch.int64))
-            program = os.path.join(tmp, "fp32.pt2")
-            export_fp32(model, example, program)
-            with zipfile.ZipFile(program) as archive:
-                found["torch.export"] |= program_targets(archive)
-            for dtype in QUANTIZED_DTYPES.values():
-                script = os.path.join(tmp, "quantized.pt")
-                export_quantized(model, dtype, script)
-                with zipfile.ZipFile(script) as archive:
-                    found["torchscript"] |= {name for name, _ in torchscript_references(archive, script)}
-    return {fmt: sorted(names) for fmt, names in found.items()}
+            programs = [fp32_program(model, example)]
+            programs += [quantized_program(model, dtype, example) for dtype in QUANTIZED_DTYPES.values()]
+            for program in programs:
+                path = os.path.join(tmp, "program.pt2")
+                save_program(program, path)
+                with zipfile.ZipFile(path) as archive:
+                    found |= program_targets(archive)
+    return {TORCH_EXPORT_FORMAT: sorted(found)}
 
 
 def file_text(references: dict[str, list[str]]) -> str:

@@ -10,8 +10,9 @@ sharding plan it was saved with. MODEL_DIR receives:
     fp32.pt2       torch.export program, dynamic batch dimension, every table looked up
                    by one embedding_bag over their concatenation (a graph of the same
                    size for any number of features)
-    fp16.pt        TorchScript, fp16 embedding tables (torchrec inference quantization)
-    int8.pt        TorchScript, int8 row-wise quantized embedding tables
+    fp16.pt2       torch.export program, fp16 embedding tables (torchrec inference
+                   quantization, looked up by FBGEMM's inference operators)
+    int8.pt2       torch.export program, int8 row-wise quantized embedding tables
     inputs.json    feature names, hotness and table sizes, the input layout of the
                    predictor (raw Criteo lines, BYO CSV rows for a model trained
                    with --dataset_path, Parquet rows or JSON objects for a model
@@ -47,13 +48,14 @@ import errno
 import os
 import shutil
 import sys
+from dataclasses import dataclass
 from typing import BinaryIO, Optional
 from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTableBatchedEmbeddingBagsCodegen
-from torchrec.fx import symbolic_trace
+from torch.fx.experimental.symbolic_shapes import free_symbols
 from torchrec.inference.modules import quantize_inference_model
 
 from checkpoints.meta import CheckpointMeta
@@ -61,8 +63,8 @@ from checkpoints.store import checkpoint_to_load
 from common.atomic import atomic_dir, naming_write_errors, surfacing_write_errors
 from common.byte_sizes import format_bytes
 from common.cli import positive_int, run_cli
-from common.library_noise import (EAGER_QUANTIZATION_NOTICES, INDUCTOR_NOTICES, TORCHSCRIPT_NOTICES,
-                                  quiet_benign_library_messages,
+from common.config_flags import flag
+from common.library_noise import (EAGER_QUANTIZATION_NOTICES, INDUCTOR_NOTICES, quiet_benign_library_messages,
                                   quieted)
 from common.errors import BadInput
 from common.path_lock import LockHeld, PathLock
@@ -73,15 +75,15 @@ from data.parquet_columns import ParquetColumns, sparse_value_type
 from data.parquet_files import list_files, read_footers
 from data.sources import SOURCES, CriteoDays
 from models.config import ModelConfig
-from serving.cli import serving_parser
+from serving.cli import parse_config, serving_parser
 from serving.inference_model import ProbabilityModel, load_checkpoint_model
 from serving.model_inputs import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, INPUTS_FILE, PARQUET_LAYOUT,
                                   CriteoPreprocessing, FeatureSpecColumns, ModelInputs, ParquetPreprocessing,
-                                  Variant, aoti_file, aoti_variant)
-from serving.model_files import AOTI_FORMAT, MANIFEST_FILE, write_manifest
+                                  Variant, aoti_file, aoti_variant, program_file)
+from serving.model_files import AOTI_FORMAT, MANIFEST_FILE, TORCH_EXPORT_FORMAT, write_manifest
 from serving.triton_repository import write_triton_model
 
-FP32_FILE = "fp32.pt2"
+FP32_FILE = program_file("fp32")
 # Places of a Parquet list column's bag in the exported model's input, by default.
 DEFAULT_MAX_BAG_SIZE = 64
 QUANTIZED_DTYPES = {"fp16": torch.float16, "int8": torch.int8}
@@ -125,11 +127,6 @@ def save_program(program: torch.export.ExportedProgram, path: str) -> None:
         torch.export.save(program, f)
 
 
-def export_fp32(model: ProbabilityModel, example: Sequence[torch.Tensor], path: str) -> None:
-    """Writes the fp32 program (`fp32_program`)."""
-    save_program(fp32_program(model, example), path)
-
-
 def quantized_model(model: ProbabilityModel, dtype: torch.dtype) -> ProbabilityModel:
     """``model`` with every table quantized to ``dtype`` (torchrec's inference
     quantization: FBGEMM's kernel looks them up); ``model`` is left as it is."""
@@ -138,16 +135,6 @@ def quantized_model(model: ProbabilityModel, dtype: torch.dtype) -> ProbabilityM
         quantized = quantize_inference_model(copy.deepcopy(model.dlrm),
                                              per_table_weight_dtype={t: dtype for t in table_names})
     return ProbabilityModel(quantized, model.sparse_feature_names, model.hotness, padded=model.padded).eval()
-
-
-def export_quantized(model: ProbabilityModel, dtype: torch.dtype, path: str) -> None:
-    """Quantizes every table to ``dtype``, fx-traces (FBGEMM's kernel module is a leaf)
-    and saves TorchScript."""
-    traced = symbolic_trace(quantized_model(model, dtype), leaf_modules=[IntNBitTableBatchedEmbeddingBagsCodegen.__name__])
-    with quieted(TORCHSCRIPT_NOTICES):
-        scripted = torch.jit.script(traced)
-        with _model_file(path) as f:
-            torch.jit.save(scripted, f)
 
 
 class _NoCacheLocations:
@@ -165,7 +152,8 @@ class _NoCacheLocations:
 def quantized_program(model: ProbabilityModel, dtype: torch.dtype,
                       example: Sequence[torch.Tensor]) -> torch.export.ExportedProgram:
     """torch.export of ``model`` with its tables quantized to ``dtype``; the graph
-    calls FBGEMM's inference operators (bounds check, lookup).
+    calls FBGEMM's inference operators (bounds check, lookup), and reads each
+    feature's bag count as a data-dependent size (u0...).
 
     torch.export traces every TorchScript object a module holds and has no fake class
     for FBGEMM's: the kernel's two AtomicCounters serve only prefetching into a UVM
@@ -176,13 +164,29 @@ def quantized_program(model: ProbabilityModel, dtype: torch.dtype,
     # torchrec's quantized collection caches its feature order on its first call, through a
     # torch.tensor(data=...) that torch.export cannot trace: one eager call first.
     quantized(*example)
+    # Its per-table weights are views of the kernel's, kept for its state_dict (forward reads
+    # the kernel's): torch.export.save would write every table twice.
+    quantized.dlrm.sparse_arch.embedding_bag_collection.embedding_bags = torch.nn.ModuleDict()
     for kernel in quantized.modules():
         if isinstance(kernel, IntNBitTableBatchedEmbeddingBagsCodegen):
             if kernel.lxu_cache_weights.numel():
                 raise ValueError("a quantized kernel with a cache cannot be exported (CPU kernels have none)")
             del kernel.timestep_counter, kernel.timestep_prefetch_size
             kernel.lxu_cache_locations_list = _NoCacheLocations(kernel.lxu_cache_locations_list.pop())
-    return export_program(quantized, example)
+    return _without_unused_symbols(export_program(quantized, example))
+
+
+def _without_unused_symbols(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``program`` without the ranges of data-dependent sizes (u3...) that no graph
+    value has any more: KJT's offsets, read with .item() while tracing and then left
+    unused, keep theirs, and torch.export.load warns "Symbol uN did not appear in the
+    graph" for each."""
+    used = set()
+    for node in program.graph.nodes:
+        used |= free_symbols(node.meta.get("val"))
+    for symbol in [s for s in program.range_constraints if s not in used]:
+        del program.range_constraints[symbol]  # the property gives the program's own dict
+    return program
 
 
 def compile_aoti(program: torch.export.ExportedProgram, path: str) -> None:
@@ -351,25 +355,23 @@ def _write_model_dir(checkpoint: str, output: str, quantize: list[str], newest: 
     with atomic_dir(output, replace=False) as tmp:  # an empty --output is replaced, checked above
         example = (torch.zeros(4, model_config.dense_in_features),
                    torch.zeros(4, sum(inputs.sparse_hotness), dtype=torch.int64))
-        files = {"fp32": (FP32_FILE, "torch.export")}
-        files.update({name: (f"{name}.pt", "torchscript") for name in quantize})
+        files = {}
         with torch.no_grad():
-            program = fp32_program(model, example)
-            with naming_write_errors(os.path.join(output, FP32_FILE)):  # errors name the files as the output will
-                save_program(program, os.path.join(tmp, FP32_FILE))
-            for name in quantize:
-                with naming_write_errors(os.path.join(output, f"{name}.pt")):
-                    export_quantized(model, QUANTIZED_DTYPES[name], os.path.join(tmp, f"{name}.pt"))
-            if fmt == AOTI_FORMAT:
-                for precision in ["fp32", *quantize]:
-                    compiled = program if precision == "fp32" else \
-                        quantized_program(model, QUANTIZED_DTYPES[precision], example)
-                    package = aoti_file(precision)
-                    with naming_write_errors(os.path.join(output, package)):
-                        compile_aoti(compiled, os.path.join(tmp, package))
-                        write_triton_model(tmp, precision, package, model_config.dense_in_features,
-                                           sum(inputs.sparse_hotness))
-                    files[aoti_variant(precision)] = (package, AOTI_FORMAT)
+            for precision in ["fp32", *quantize]:
+                program = fp32_program(model, example) if precision == "fp32" else \
+                    quantized_program(model, QUANTIZED_DTYPES[precision], example)
+                file = program_file(precision)
+                with naming_write_errors(os.path.join(output, file)):  # errors name the files as the output will
+                    save_program(program, os.path.join(tmp, file))
+                files[precision] = (file, TORCH_EXPORT_FORMAT)
+                if fmt != AOTI_FORMAT:
+                    continue
+                package = aoti_file(precision)
+                with naming_write_errors(os.path.join(output, package)):
+                    compile_aoti(program, os.path.join(tmp, package))
+                    write_triton_model(tmp, precision, package, model_config.dense_in_features,
+                                       sum(inputs.sparse_hotness))
+                files[aoti_variant(precision)] = (package, AOTI_FORMAT)
         for name, (file, fmt) in files.items():
             inputs.variants[name] = Variant(file, fmt, os.path.getsize(os.path.join(tmp, file)))
         # Criteo data made with a frequency threshold: raw hashes go through its vocabulary.
@@ -404,31 +406,36 @@ def _quantize_list(text: str) -> list[str]:
     return names
 
 
+@dataclass(kw_only=True)
+class ExportConfig:
+    """What ``python -m serving.export`` exports, where to, and in which formats."""
+
+    checkpoint: str = flag(help="a checkpoint, or a --checkpoint_dir (the checkpoint marked best, else the newest)")
+    newest: bool = flag(False, help="with a --checkpoint_dir, its newest checkpoint even when one is marked best")
+    output: str = flag(help="the model directory to create")
+    quantize: list[str] = flag(["fp16", "int8"], parse=_quantize_list,
+                               help="quantized variants to write: fp16,int8 (default), fp16, int8 or none")
+    format: str = flag(PROGRAM_FORMAT, choices=EXPORT_FORMATS,
+                       help=f"{PROGRAM_FORMAT}: the torch.export programs of every precision, loaded without "
+                            f"running code; {AOTI_FORMAT}: also an AOTInductor package of each (compiled native code, "
+                            "for C++ servers and Triton's PyTorch backend: a triton/ model repository beside them)")
+    max_bag_size: int = flag(DEFAULT_MAX_BAG_SIZE, parse=positive_int,
+                             help="a model trained on Parquet: the ids a list column's bag may hold at serving "
+                                  "(a longer bag is refused)")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line."""
     parser = serving_parser("export", __doc__)
-    parser.add_argument("--checkpoint", required=True,
-                        help="a checkpoint, or a --checkpoint_dir (the checkpoint marked best, else the newest)")
-    parser.add_argument("--newest", action="store_true",
-                        help="with a --checkpoint_dir, its newest checkpoint even when one is marked best")
-    parser.add_argument("--output", required=True, help="the model directory to create")
-    parser.add_argument("--quantize", type=_quantize_list, default=["fp16", "int8"],
-                        help="quantized variants to write: fp16,int8 (default), fp16, int8 or none")
-    parser.add_argument("--format", choices=EXPORT_FORMATS, default=PROGRAM_FORMAT,
-                        help=f"{PROGRAM_FORMAT}: the torch.export program and TorchScript variants, loaded without "
-                             f"running code; {AOTI_FORMAT}: also an AOTInductor package of each (compiled native code, "
-                             "for C++ servers and Triton's PyTorch backend: a triton/ model repository beside them)")
-    parser.add_argument("--max_bag_size", type=positive_int, default=DEFAULT_MAX_BAG_SIZE,
-                        help="a model trained on Parquet: the ids a list column's bag may hold at serving "
-                             "(a longer bag is refused)")
-    args = parser.parse_args(argv)
+    config, = parse_config(parser, [ExportConfig], argv)
     quiet_benign_library_messages()  # notices every export prints that say nothing about this model
-    return run_cli(lambda: _export(args), parser.prog)
+    return run_cli(lambda: _export(config), parser.prog)
 
 
-def _export(args: argparse.Namespace) -> int:
-    inputs = export_model(args.checkpoint, args.output, args.quantize, args.newest, args.max_bag_size, args.format)
-    print(f"exported {inputs.checkpoint} (step {inputs.step}) to {args.output}:\n" + format_sizes(inputs))
+def _export(config: ExportConfig) -> int:
+    inputs = export_model(config.checkpoint, config.output, config.quantize, config.newest, config.max_bag_size,
+                          config.format)
+    print(f"exported {inputs.checkpoint} (step {inputs.step}) to {config.output}:\n" + format_sizes(inputs))
     return 0
 
 

@@ -43,7 +43,8 @@ def fixed_hot_features(keys: list[str], hotness: list[int], sparse: torch.Tensor
     as a KJT (feature-major values; every bag of feature f has hotness[f] ids, or,
     ``padded``, the ids of its columns that are not `PADDING_ID`).
 
-    A leaf for fx tracing, so the quantized model's TorchScript compiles it as is.
+    A leaf for fx tracing, so that TorchScript compiles it as is (the quantized variants of
+    earlier exports; tests/test_quantized_programs.py compares the programs with them).
     """
     batch = sparse.shape[0]
     num_features = len(hotness)

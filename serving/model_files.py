@@ -8,20 +8,20 @@ from a crafted file. What an archive may use is what our own export emits, liste
 ``exported_operators.json`` (scripts/exported_operators.py exports every model variant
 and collects it; a test fails when the list drifts from the exporter):
 
-- ``fp32.pt2`` (torch.export): ``torch.export.load`` unpickles payloads marked as
-  pickled with ``weights_only=False``, retries sample inputs the same way, loads
-  compiled AOTInductor libraries, evaluates symbolic shapes with sympy (``eval``) and
+- ``fp32.pt2``, ``fp16.pt2``, ``int8.pt2`` (torch.export): ``torch.export.load``
+  unpickles payloads marked as pickled with ``weights_only=False``, retries sample
+  inputs the same way, loads compiled AOTInductor libraries, evaluates symbolic shapes with sympy (``eval``) and
   executes the guards' code, and a graph node may name any attribute of ``torch``. The
   archive is refused unless it holds only the members torch.export.save writes, raw
   tensors, sample inputs that load with ``weights_only=True``, shape expressions and
   guards of a plain arithmetic grammar, and graph nodes calling only operators of
-  the list; and, given the directory's inputs.json, unless its inputs have the
-  columns inputs.json describes (a program of another model).
-- ``fp16.pt``/``int8.pt`` (TorchScript): no Python runs, but the scripted code may call
-  any operator (``aten::save`` writes a file, ``aten::from_file`` reads one). The
-  archive is refused unless it holds only the members torch.jit.save writes, its
-  pickles name only TorchScript classes, tensors and storages, and its code (parsed,
-  never run) uses only operators, builtins, attributes and C++ classes of the list.
+  the list (ATen's, and FBGEMM's inference operators for the quantized tables); and,
+  given the directory's inputs.json, unless its inputs have the columns inputs.json
+  describes (a program of another model).
+- ``fp16.pt``/``int8.pt`` (TorchScript, written by exports before the quantized
+  variants became torch.export programs): refused with a line saying to re-export.
+  TorchScript code may call any operator, and what it may call was listed from the
+  exporter's own output, which no longer writes TorchScript.
 - ``*.aoti.pt2`` (AOTInductor, ``--format aoti``): a compiled shared library; loading it
   runs its code by design, so no inspection can make it safe. It is loaded only when
   the caller says it is trusted (``--trust_native_code``), only from a directory with a
@@ -33,12 +33,10 @@ Example::
     module = load_model_file("model_dir", "fp32.pt2", "torch.export", manifest)
 """
 
-import ast
 import functools
 import io
 import json
 import os
-import pickletools
 import re
 import sys
 import zipfile
@@ -48,14 +46,17 @@ from collections.abc import Iterator
 import torch
 
 from common.errors import BadInput
-from common.library_noise import INDUCTOR_NOTICES, TORCHSCRIPT_NOTICES, quieted
+from common.library_noise import INDUCTOR_NOTICES, quieted
 from common.manifest import ManifestEntry, check_bytes, check_manifest_format, entry_of_bytes
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
 # The format of an AOTInductor package (compiled native code: loaded only when trusted).
 AOTI_FORMAT = "aoti"
-FORMATS = ("torch.export", "torchscript", AOTI_FORMAT)
+TORCH_EXPORT_FORMAT = "torch.export"
+# The quantized variants of older exports: recognised, to refuse them with a line saying to re-export.
+TORCHSCRIPT_FORMAT = "torchscript"
+FORMATS = (TORCH_EXPORT_FORMAT, TORCHSCRIPT_FORMAT, AOTI_FORMAT)
 TRUST_FLAG = "--trust_native_code"
 # Every operator, builtin and attribute the models this project exports use, by format:
 # written by scripts/exported_operators.py from fresh exports of every supported model
@@ -65,6 +66,10 @@ ALLOWED_REFERENCES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)
 
 class UnsafeModelError(BadInput):
     """A model file torch would load by running code it holds; the message names the file."""
+
+
+class ReexportNeeded(BadInput):
+    """A model file in a format this version no longer loads (TorchScript)."""
 
 
 class NativeCodeRefused(BadInput):
@@ -119,8 +124,8 @@ def read_file(model_dir: str, name: str, manifest: Optional[dict[str, ManifestEn
 
 def load_model_file(model_dir: str, name: str, fmt: str, manifest: Optional[dict[str, ManifestEntry]],
                     input_columns: Optional[dict[str, int]] = None, trust_native_code: bool = False) -> Any:
-    """The callable model in ``name`` (a torch.export program, TorchScript or, trusted,
-    an AOTInductor package), after the manifest and the safety checks (module
+    """The callable model in ``name`` (a torch.export program or, trusted, an
+    AOTInductor package), after the manifest and the safety checks (module
     docstring). BadInput naming the file otherwise.
 
     Args:
@@ -134,24 +139,24 @@ def load_model_file(model_dir: str, name: str, fmt: str, manifest: Optional[dict
         raise BadInput(f"{path}: unknown model format {fmt!r} (expected one of {', '.join(FORMATS)})")
     if fmt == AOTI_FORMAT:
         return _load_aoti_package(model_dir, name, manifest, trust_native_code)
+    if fmt == TORCHSCRIPT_FORMAT:
+        raise ReexportNeeded(f"{path}: a TorchScript variant of an older export, no longer loaded (the quantized "
+                             "variants are torch.export programs now): export the checkpoint again "
+                             "(python -m serving.export)")
     data = read_file(model_dir, name, manifest)
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
     except zipfile.BadZipFile as e:
         raise BadInput(f"{path}: not a model archive (truncated or damaged?)") from e
     with archive:
-        check = check_exported_program if fmt == "torch.export" else check_torchscript
-        check(archive, path)
-        if fmt == "torch.export" and input_columns is not None:
+        check_exported_program(archive, path)
+        if input_columns is not None:
             taken = program_input_columns(archive, path)
             if taken != input_columns:
                 raise BadInput(f"{path} takes inputs of {_columns(taken)}, the directory's inputs.json describes "
                                f"{_columns(input_columns)}: the file is another model's")
     try:
-        if fmt == "torch.export":
-            return torch.export.load(io.BytesIO(data)).module()
-        with quieted(TORCHSCRIPT_NOTICES):
-            return torch.jit.load(io.BytesIO(data))
+        return torch.export.load(io.BytesIO(data)).module()
     except Exception as e:  # torch raises many types for a file it cannot read
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise BadInput(f"{path}: cannot be loaded ({type(e).__name__}: {first[:200]})") from e
@@ -228,7 +233,7 @@ def _strings(tree: Any, key: Optional[str] = None) -> Iterator[tuple]:
 
 
 def _check_program_json(program: Any, member: str, path: str) -> None:
-    allowed = allowed_references()["torch.export"]
+    allowed = allowed_references()[TORCH_EXPORT_FORMAT]
     for key, text in _strings(program):
         bad = None
         if key == "target" and text not in allowed:
@@ -303,140 +308,3 @@ def check_exported_program(archive: zipfile.ZipFile, path: str) -> None:
                 torch.load(io.BytesIO(archive.read(name)), weights_only=True)
             except Exception as e:  # torch would retry with weights_only=False
                 raise UnsafeModelError(f"{path}: refused: {name} is not plain tensors ({type(e).__name__})") from e
-
-
-# ---------------------------------------------------------------- TorchScript archives
-
-# Archive members (below the archive's root folder) torch.jit.save writes for us: the
-# pickled module and constants, tensor storages, the scripted code and its debug info.
-_SCRIPT_MEMBER = re.compile(r"(data\.pkl|constants\.pkl|version|byteorder|\.data/version|\.data/serialization_id"
-                            r"|data/\d+|code/__torch__(/\w+)*\.py(\.debug_pkl)?)")
-_SCRIPT_GLOBAL = re.compile(r"__torch__\.(?!torch\.classes\.)[\w.]+ \w+|__torch__\.torch\.classes\.\w+ \w+"
-                            r"|collections OrderedDict|torch \w+Storage|torch device"
-                            r"|torch\._utils _rebuild_\w+|torch\.jit\._pickle \w+")
-_CUSTOM_CLASSES = "__torch__.torch.classes."
-
-
-class _ScriptScope(ast.NodeVisitor):
-    """Collects what one function (or class body) of TorchScript code refers to
-    outside itself: dotted names rooted at a name it does not bind (``torch.add``: an
-    ATen operator; ``ops.fbgemm.bounds_check_indices``; ``len``), and ``.attr`` for
-    every attribute taken of a value (a module's field, a method: on a tensor,
-    ``x.name(...)`` is the ATen operator ``name`` too)."""
-
-    def __init__(self, bound: set[str]) -> None:
-        self.bound = bound
-        self.references: set[str] = set()
-
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
-        arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
-        arguments += [a for a in (node.args.vararg, node.args.kwarg) if a is not None]
-        inner = _ScriptScope({a.arg for a in arguments} |
-                             {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and
-                              isinstance(n.ctx, (ast.Store, ast.Del))})
-        for child in node.decorator_list + node.args.defaults + node.args.kw_defaults + node.body:
-            if child is not None:
-                inner.visit(child)
-        for argument in arguments:
-            if argument.annotation is not None:
-                inner.visit(argument.annotation)
-        if node.returns is not None:
-            inner.visit(node.returns)
-        self.references |= inner.references
-
-    def visit_Attribute(self, node: ast.Attribute) -> None:
-        parts = [node.attr]
-        value = node.value
-        while isinstance(value, ast.Attribute):
-            parts.append(value.attr)
-            value = value.value
-        if isinstance(value, ast.Name) and value.id not in self.bound:
-            self.references.add(".".join([value.id, *reversed(parts)]))
-        else:
-            self.references.add("." + node.attr)
-            self.visit(node.value)
-
-    def visit_Call(self, node: ast.Call) -> None:
-        # getattr(value, "name") is value.name; a submodule of a sequence is named by its index.
-        if isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") and \
-                node.func.id not in self.bound:
-            name = node.args[1] if len(node.args) > 1 else None
-            if isinstance(name, ast.Constant) and isinstance(name.value, str):
-                self.references.add(".<index>" if name.value.isdigit() else "." + name.value)
-            else:
-                self.references.add(f"{node.func.id} of a computed name")
-        self.generic_visit(node)
-
-    def visit_Name(self, node: ast.Name) -> None:
-        if isinstance(node.ctx, ast.Load) and node.id not in self.bound:
-            self.references.add(node.id)
-
-    def generic_visit(self, node: ast.AST) -> None:
-        if isinstance(node, (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal, ast.Lambda, ast.AsyncFunctionDef)):
-            self.references.add(type(node).__name__)  # never in scripted code; refused as unknown
-        super().generic_visit(node)
-
-
-def torchscript_references(archive: zipfile.ZipFile, path: str) -> Iterator[tuple[str, str]]:
-    """(reference, member) of every name the archive's code and pickles use from outside
-    the archive: ATen, prim and FBGEMM operators, TorchScript builtins, attributes, and
-    custom C++ classes. Names of the archive's own code (``__torch__.x.y``, which torch
-    resolves to ``code/__torch__/x/y.py``) are left out: that code is read here too.
-    Reads the archive only; UnsafeModelError for a member torch.jit.save does not write."""
-    modules = {member[len("code/"):-len(".py")].replace("/", ".")
-               for _, member in _members(archive) if member.startswith("code/") and member.endswith(".py")}
-    for name, member in _members(archive):
-        if not _SCRIPT_MEMBER.fullmatch(member):
-            raise UnsafeModelError(f"{path}: refused: unexpected archive member {name!r} (not written by torch.jit.save)")
-        if member.endswith(".pkl"):
-            try:
-                opcodes = list(pickletools.genops(archive.read(name)))
-            except Exception as e:
-                raise UnsafeModelError(f"{path}: {name} is not a readable pickle (damaged?)") from e
-            for opcode, argument, _ in opcodes:
-                if opcode.name == "STACK_GLOBAL" or (opcode.name == "GLOBAL" and
-                                                    not _SCRIPT_GLOBAL.fullmatch(str(argument))):
-                    what = argument if opcode.name == "GLOBAL" else "a computed name"
-                    raise UnsafeModelError(f"{path}: refused: {name} loads {what}")
-                if opcode.name == "GLOBAL" and str(argument).startswith(_CUSTOM_CLASSES):
-                    yield str(argument).replace(" ", "."), name
-        elif member.endswith(".py"):
-            try:
-                tree = ast.parse(archive.read(name).decode("utf-8"), name)
-            except (SyntaxError, UnicodeDecodeError, ValueError) as e:
-                raise UnsafeModelError(f"{path}: {name} is not TorchScript code (damaged?)") from e
-            scope = _ScriptScope({target.id for target in _top_level_targets(tree)})
-            scope.visit(tree)
-            for reference in scope.references:
-                if reference.startswith("__torch__.") and not reference.startswith(_CUSTOM_CLASSES) and \
-                        any(reference.startswith(module + ".") for module in modules):
-                    continue
-                yield _CONSTANT.sub("CONSTANTS.c", reference), name
-
-
-# A constant of the archive's constants.pkl, by number: which number depends on the model.
-_CONSTANT = re.compile(r"^CONSTANTS\.c\d+$")
-
-
-def _top_level_targets(tree: ast.Module) -> set[ast.AST]:
-    """Names bound outside functions: class attributes (``__parameters__``, fields)."""
-    found: set[ast.AST] = set()
-    bodies = [tree.body]
-    while bodies:
-        for node in bodies.pop():
-            if isinstance(node, ast.ClassDef):
-                bodies.append(node.body)
-            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                found.update(t for t in targets if isinstance(t, ast.Name))
-    return found
-
-
-def check_torchscript(archive: zipfile.ZipFile, path: str) -> None:
-    """Raises UnsafeModelError unless every operator, builtin, attribute and C++ class
-    this TorchScript archive uses is one our own export emits (``exported_operators.json``)."""
-    allowed = allowed_references()["torchscript"]
-    for reference, member in torchscript_references(archive, path):
-        if reference not in allowed:
-            raise UnsafeModelError(f"{path}: refused: its code uses {reference} ({member}), which no model "
-                                   "exported by this project uses")

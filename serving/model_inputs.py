@@ -42,6 +42,11 @@ PADDING_ID = -1
 PRECISIONS = ("fp32", "fp16", "int8")
 
 
+def program_file(precision: str) -> str:
+    """The file of a precision's torch.export program (``int8.pt2``), loaded code-free."""
+    return f"{precision}.pt2"
+
+
 def aoti_variant(precision: str) -> str:
     """The variant name of a precision's AOTInductor package (``fp32_aoti``)."""
     return f"{precision}_{AOTI_FORMAT}"

@@ -61,11 +61,12 @@ from torchmetrics.classification import BinaryAUROC
 from common.atomic import atomic_path
 from common.click_metrics import summary_figures
 from common.cli import run_cli
+from common.config_flags import flag
 from common.errors import BadInput
 from common.json_fields import BOOLEAN, COUNTS, INTEGER, NUMBER, TEXT, JsonObject, optional, versioned_json
 from data.parquet_files import check_same_types, file_schema, list_files, read_footers, read_row_group
 from data.text_lines import DaySource, iter_line_chunks
-from serving.cli import serving_parser
+from serving.cli import MODEL_DIR_HELP, parse_config, serving_parser
 from serving.input_layouts import InputLayout, ParquetRows, ParsedLines, load_layout
 from serving.model_files import TRUST_FLAG, load_model_file, read_manifest
 from serving.model_inputs import PADDING_ID, VARIANTS, read_inputs
@@ -386,7 +387,34 @@ def read_predict_metrics(path: str) -> PredictMetrics:
         unseen_ids_by_feature=document.get("unseen_ids_by_feature", COUNTS))
 
 
-def file_metrics(predictor: Predictor, args: argparse.Namespace, rows: int, scores: Optional[LabelledScores],
+def column_list(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated column names, got {text!r}")
+    return names
+
+
+@dataclass(kw_only=True)
+class PredictConfig:
+    """What ``python -m serving.predict`` reads, runs and writes."""
+
+    model: str = flag(help=MODEL_DIR_HELP)
+    input: str = flag(help="raw Criteo lines (.tsv/.txt), or BYO CSV rows for a --dataset_path model; or .gz; "
+                           "Parquet (file, directory, glob, URL) for a --parquet_path model")
+    output: Optional[str] = flag(None, help="one probability per line (default stdout); Parquet for a "
+                                            "--parquet_path model (required)")
+    variant: str = flag("fp32", choices=VARIANTS, help="which exported model to use")
+    trust_native_code: bool = flag(False, name=TRUST_FLAG.removeprefix("--"), help=TRUST_HELP)
+    batch_size: int = flag(4096, help="rows per forward")
+    metrics_output: Optional[str] = flag(None, help="JSON file for the rows, unseen ids and (labelled input) AUROC, "
+                                                    "log loss, NE, calibration")
+    keep_columns: Sequence[str] = flag((), parse=column_list,
+                                       help="input columns written before each probability, comma-separated: label "
+                                            "for Criteo lines; names of the model's CSV columns for CSV rows (output "
+                                            "becomes CSV); any input columns for Parquet")
+
+
+def file_metrics(predictor: Predictor, args: PredictConfig, rows: int, scores: Optional[LabelledScores],
                  unseen: np.ndarray) -> PredictMetrics:
     """The metrics of one predict run (figures that are NaN become null: JSON has no NaN)."""
     figures = scores.compute() if scores is not None else {}
@@ -400,23 +428,8 @@ def file_metrics(predictor: Predictor, args: argparse.Namespace, rows: int, scor
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line."""
     parser = serving_parser("predict", __doc__)
-    parser.add_argument("--model", required=True, help="a directory written by python -m serving.export")
-    parser.add_argument("--input", required=True,
-                        help="raw Criteo lines (.tsv/.txt), or BYO CSV rows for a --dataset_path model; or .gz; "
-                             "Parquet (file, directory, glob, URL) for a --parquet_path model")
-    parser.add_argument("--output", default=None,
-                        help="one probability per line (default stdout); Parquet for a --parquet_path model (required)")
-    parser.add_argument("--variant", choices=VARIANTS, default="fp32", help="which exported model to use")
-    parser.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
-    parser.add_argument("--batch_size", type=int, default=4096, help="rows per forward")
-    parser.add_argument("--metrics_output", default=None,
-                        help="JSON file for the rows, unseen ids and (labelled input) AUROC, log loss, NE, calibration")
-    parser.add_argument("--keep_columns", type=column_list, default=(),
-                        help="input columns written before each probability, comma-separated: label for "
-                             "Criteo lines; names of the model's CSV columns for CSV rows (output becomes CSV); "
-                             "any input columns for Parquet")
-    args = parser.parse_args(argv)
-    return run_cli(lambda: _predict(args, parser.prog), parser.prog)
+    config, = parse_config(parser, [PredictConfig], argv)
+    return run_cli(lambda: _predict(config, parser.prog), parser.prog)
 
 
 def check_output(output: str, input_path: str, flag: str = "--output") -> None:
@@ -431,17 +444,10 @@ def check_output(output: str, input_path: str, flag: str = "--output") -> None:
         raise BadInput(f"{flag} {output} is the --input {input_path}: writing it would replace the input")
 
 
-def column_list(text: str) -> list[str]:
-    names = [name.strip() for name in text.split(",")]
-    if not all(names):
-        raise argparse.ArgumentTypeError(f"expected comma-separated column names, got {text!r}")
-    return names
-
-
-def _predict(args: argparse.Namespace, prog: str) -> int:
-    for flag, output in (("--output", args.output), ("--metrics_output", args.metrics_output)):
+def _predict(args: PredictConfig, prog: str) -> int:
+    for option, output in (("--output", args.output), ("--metrics_output", args.metrics_output)):
         if output is not None:
-            check_output(output, args.input, flag)
+            check_output(output, args.input, option)
     predictor = Predictor(args.model, args.variant, args.batch_size, args.trust_native_code)
     if isinstance(predictor.layout, ParquetRows):
         if args.output is None:
@@ -463,7 +469,7 @@ def _predict(args: argparse.Namespace, prog: str) -> int:
     return _report_metrics(predictor, args, prog, result)
 
 
-def _report_metrics(predictor: Predictor, args: argparse.Namespace, prog: str,
+def _report_metrics(predictor: Predictor, args: PredictConfig, prog: str,
                     result: tuple[int, Optional[LabelledScores], np.ndarray]) -> int:
     """Writes --metrics_output (when given) and prints the summary line."""
     metrics = file_metrics(predictor, args, *result)

@@ -12,7 +12,6 @@ gated too, each within its precision's tolerance of fp32's (fp32_aoti: 1e-4); wi
 they are left out and the output says so. Exit 0 on a pass, 1 on a failure, 2 on bad input.
 """
 
-import argparse
 import sys
 from dataclasses import dataclass
 from typing import Optional
@@ -23,8 +22,9 @@ import torch
 from torchmetrics.functional.classification import binary_auroc
 
 from common.cli import run_cli
+from common.config_flags import flag
 from common.errors import BadInput
-from serving.cli import serving_parser
+from serving.cli import MODEL_DIR_HELP, parse_config, serving_parser
 from serving.input_layouts import LAYOUTS
 from serving.model_files import AOTI_FORMAT, TRUST_FLAG, read_manifest
 from serving.model_inputs import aoti_variant, read_inputs
@@ -84,19 +84,25 @@ def evaluate_variants(model_dir: str, data_dir: Optional[str] = None, limit_rows
     return GateResult(auroc, stop - start, untrusted)
 
 
+@dataclass(kw_only=True)
+class GateConfig:
+    """What ``python -m serving.quality_gate`` evaluates, on which data."""
+
+    model: str = flag(help=MODEL_DIR_HELP)
+    data: Optional[str] = flag(None, help="binary Criteo directory or PATH/feature_spec.yaml (default: the training "
+                                          "data)")
+    limit_rows: Optional[int] = flag(None, help="test rows to use at most")
+    trust_native_code: bool = flag(False, name=TRUST_FLAG.removeprefix("--"), help=TRUST_HELP)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line."""
     parser = serving_parser("quality_gate", __doc__)
-    parser.add_argument("--model", required=True, help="a directory written by python -m serving.export")
-    parser.add_argument("--data", default=None,
-                        help="binary Criteo directory or PATH/feature_spec.yaml (default: the training data)")
-    parser.add_argument("--limit_rows", type=int, default=None, help="test rows to use at most")
-    parser.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
-    args = parser.parse_args(argv)
-    return run_cli(lambda: _gate(args), parser.prog)
+    config, = parse_config(parser, [GateConfig], argv)
+    return run_cli(lambda: _gate(config), parser.prog)
 
 
-def _gate(args: argparse.Namespace) -> int:
+def _gate(args: GateConfig) -> int:
     result = evaluate_variants(args.model, args.data, args.limit_rows, args.trust_native_code)
     print(f"test split, {result.rows} rows:")
     for variant, value in result.auroc.items():

@@ -29,7 +29,6 @@ Example::
     curl --data-binary @day_23.tsv http://127.0.0.1:8080/predict
 """
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -50,8 +49,9 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from common.cli import run_cli
+from common.config_flags import flag
 from common.errors import BadInput
-from serving.cli import serving_parser
+from serving.cli import MODEL_DIR_HELP, parse_config, serving_parser
 from serving.input_layouts import MalformedLineError
 from serving.model_files import TRUST_FLAG
 from serving.predict import TRUST_HELP, VARIANTS, Predictor
@@ -148,25 +148,19 @@ class BatchingPredictor:
 
 @dataclass
 class HttpLimits:
-    """What one client may take of the server.
-
-    Args:
-        max_body_bytes: largest request body accepted (413 above it).
-        request_timeout_s: a request (headers and body) must arrive whole within this
-            many seconds of the connection opening or of the previous answer on it (408
-            and the connection closed otherwise).
-        max_connections: open connections at most; requests beyond get 503.
-        parse_threads: threads parsing and transforming request bodies.
+    """What one client may take of the server. A request (headers and body) must arrive
+    whole within request_timeout_s of the connection opening or of the previous answer
+    on it (408 and the connection closed otherwise).
 
     Example::
 
         HttpLimits(max_body_bytes=1 << 20, request_timeout_s=5).validate()
     """
 
-    max_body_bytes: int = 64 << 20
-    request_timeout_s: float = 30.0
-    max_connections: int = 256
-    parse_threads: int = 2
+    max_body_bytes: int = flag(64 << 20, help="largest request body accepted (413 above)")
+    request_timeout_s: float = flag(30.0, help="seconds a request may take to arrive whole (408 after)")
+    max_connections: int = flag(256, help="open connections at most (503 beyond)")
+    parse_threads: int = flag(2, help="threads parsing request bodies")
 
     def validate(self) -> None:
         for name in ("max_body_bytes", "max_connections", "parse_threads"):
@@ -423,36 +417,31 @@ def serving_in_background(predictor: Predictor, max_batch_delay_ms: float = 2.0,
         batcher.close()
 
 
+@dataclass(kw_only=True)
+class ServeConfig:
+    """The model ``python -m serving.serve`` serves, where, and how it batches requests."""
+
+    model: str = flag(help=MODEL_DIR_HELP)
+    host: str = flag("127.0.0.1", help="address to listen on")
+    port: int = flag(8080, help="port to listen on")
+    variant: str = flag("fp32", choices=VARIANTS, help="which exported model to serve")
+    trust_native_code: bool = flag(False, name=TRUST_FLAG.removeprefix("--"), help=TRUST_HELP)
+    max_batch_rows: int = flag(4096, help="rows per forward at most")
+    max_batch_delay_ms: float = flag(2.0, help="how long a request waits for others to share its forward")
+    num_threads: Optional[int] = flag(None, help="torch intra-op threads (default torch's; 1 is much faster for "
+                                                 "small batches on a busy host)")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line."""
     parser = serving_parser("serve", __doc__)
-    parser.add_argument("--model", required=True, help="a directory written by python -m serving.export")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=int, default=8080, help="port to listen on")
-    parser.add_argument("--variant", choices=VARIANTS, default="fp32", help="which exported model to serve")
-    parser.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
-    parser.add_argument("--max_batch_rows", type=int, default=4096, help="rows per forward at most")
-    parser.add_argument("--max_batch_delay_ms", type=float, default=2.0,
-                        help="how long a request waits for others to share its forward")
-    parser.add_argument("--num_threads", type=int, default=None,
-                        help="torch intra-op threads (default torch's; 1 is much faster for small batches on a busy host)")
-    defaults = HttpLimits()
-    parser.add_argument("--max_body_bytes", type=int, default=defaults.max_body_bytes,
-                        help="largest request body accepted (413 above)")
-    parser.add_argument("--request_timeout_s", type=float, default=defaults.request_timeout_s,
-                        help="seconds a request may take to arrive whole (408 after)")
-    parser.add_argument("--max_connections", type=int, default=defaults.max_connections,
-                        help="open connections at most (503 beyond)")
-    parser.add_argument("--parse_threads", type=int, default=defaults.parse_threads,
-                        help="threads parsing request bodies")
-    args = parser.parse_args(argv)
-    return run_cli(lambda: _serve(args), parser.prog)
+    config, limits = parse_config(parser, [ServeConfig, HttpLimits], argv)
+    return run_cli(lambda: _serve(config, limits), parser.prog)
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve(args: ServeConfig, limits: HttpLimits) -> int:
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
-    limits = HttpLimits(args.max_body_bytes, args.request_timeout_s, args.max_connections, args.parse_threads)
     limits.validate()
     try:
         sock = listening_socket(args.host, args.port)

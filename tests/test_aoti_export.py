@@ -41,7 +41,7 @@ def test_each_precision_has_a_package_recorded_in_inputs_and_manifest(aoti_expor
         assert manifest[f"{TRITON_DIR}/{triton_model_name(precision)}/1/{PACKAGE_NAME}"] == manifest[entry.file]
     # The code-free variants are written as by the default format.
     assert {v: e.format for v, e in inputs.variants.items() if e.format != "aoti"} == {
-        "fp32": "torch.export", "fp16": "torchscript", "int8": "torchscript"}
+        "fp32": "torch.export", "fp16": "torch.export", "int8": "torch.export"}
     print(f"export with three AOTInductor compilations: {aoti_exported['export_seconds']:.1f} s")
 
 
@@ -82,7 +82,7 @@ def test_the_gate_leaves_untrusted_packages_out_and_gates_trusted_ones(aoti_expo
     result = quality_gate.evaluate_variants(model, synthetic_dir, 512, trust_native_code=True)
     assert set(result.auroc) == {"fp32", "fp16", "int8", "fp32_aoti", "fp16_aoti", "int8_aoti"}
     assert result.auroc["fp32_aoti"] == pytest.approx(result.auroc["fp32"], abs=1e-4)
-    for precision in ("fp16", "int8"):  # the same FBGEMM kernel as the TorchScript variant's
+    for precision in ("fp16", "int8"):  # compiled from the same program, the same FBGEMM kernel
         assert result.auroc[aoti_variant(precision)] == result.auroc[precision]
 
 

@@ -244,9 +244,6 @@ def test_docs_extending_md_states_the_layers():
         assert table in f.read(), f"docs/extending.md's table of the layers is out of date; it is:\n{table}"
 
 
-# Packages whose config classes may still describe flag fields in their docstrings
-# (their own engineers move the descriptions to help=; the lead empties this after merging).
-DOCSTRING_ARGS_NOT_YET_CHECKED = ("serving",)
 _ARGS_ENTRY = re.compile(r"^(\s+)([\w, ]+):")
 
 
@@ -309,11 +306,11 @@ def test_flag_fields_described_twice_finds_them():
 def test_every_flag_is_described_once_by_its_help():
     """A flag field's meaning is its help= (what --help and docs/flags.md show); the class
     docstring says what the class is for, and describes only the fields that are not flags."""
-    files = [os.path.join(d, f) for d, _, fs in os.walk(REPO) for f in fs if f.endswith(".py")
-             if not {".venv", ".git", "tests"} & set(os.path.relpath(d, REPO).split(os.sep))]
-    checked = [path for path in files
-               if os.path.relpath(path, REPO).split(os.sep)[0] not in DOCSTRING_ARGS_NOT_YET_CHECKED]
-    twice = [(os.path.relpath(path, REPO), cls, name) for path in checked
+    files = []
+    for d, subdirs, fs in os.walk(REPO):
+        subdirs[:] = [s for s in subdirs if not s.startswith(".") and not (d == REPO and s == "tests")]  # .venv*, .git
+        files += [os.path.join(d, f) for f in fs if f.endswith(".py")]
+    twice = [(os.path.relpath(path, REPO), cls, name) for path in files
              for cls, name in flag_fields_described_twice(open(path).read())]
     assert twice == []
 

@@ -285,12 +285,12 @@ def test_model_files_are_checked_and_never_run_code(trained, tmp_path, capsys):
     assert "fp32.pt2: refused: a guard is not a size comparison" in refused("--input", lines)
     assert not created.exists()
 
-    int8 = os.path.join(model, "int8.pt")
-    _rewrite_member(int8, r"fx/graph_module/\w+\.py", lambda code: code.replace(
-        b"def forward(", b"def _unused(self) -> Tensor:\n    return torch.from_file('x', True, 4)\n  def forward(", 1))
+    int8 = os.path.join(model, "int8.pt2")
+    _rewrite_member(int8, r"models/\w+\.json", lambda d: d.replace(
+        b'"torch.ops.aten.linear.default"', b'"torch.ops.aten.from_file.default"', 1))
     rewrite_manifest()
     line = refused("--input", lines, "--variant", "int8")
-    assert "int8.pt: refused: its code uses " in line and "from_file" in line, line
+    assert "int8.pt2: refused: a graph node calls torch.ops.aten.from_file.default" in line, line
 
     open(fp32, "wb").write(original[: len(original) // 2])
     os.remove(os.path.join(model, "manifest.json"))  # an export made before manifests: no size to compare

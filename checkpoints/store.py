@@ -140,15 +140,21 @@ def is_complete(path: str) -> bool:
     return g_pathmgr.exists(join(path, COMPLETE_MARKER))
 
 
+def _read(file: str, mode: str, failure: str) -> Any:
+    """The whole of ``file`` (text or bytes by ``mode``); ``failure`` and the reason, one
+    line, when it cannot be read."""
+    try:
+        with g_pathmgr.open(file, mode) as f:
+            return f.read()
+    except OSError as e:
+        raise CheckpointError(f"{failure} ({e.strerror or e})") from e
+
+
 def read_manifest(path: str) -> Optional[dict[str, ManifestEntry]]:
     """The manifest of a complete checkpoint (its COMPLETE marker's content): file name ->
     size and SHA-256. None for a checkpoint saved before manifests ("complete")."""
     marker = join(path, COMPLETE_MARKER)
-    try:
-        with g_pathmgr.open(marker, "r") as f:
-            text = f.read()
-    except OSError as e:
-        raise CheckpointError(f"checkpoint {path}: its {COMPLETE_MARKER} marker is unreadable ({e})") from e
+    text = _read(marker, "r", f"checkpoint {path}: its {COMPLETE_MARKER} marker is unreadable")
     if text.strip() == "complete":
         return None
     try:
@@ -161,11 +167,7 @@ def read_manifest(path: str) -> Optional[dict[str, ManifestEntry]]:
 def _read_checked(path: str, name: str, manifest: Optional[dict[str, ManifestEntry]]) -> bytes:
     """The bytes of one file of the checkpoint, checked against the manifest."""
     file = join(path, name)
-    try:
-        with g_pathmgr.open(file, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise CheckpointError(f"checkpoint {path}: {name} is missing or unreadable ({e.strerror or e})") from e
+    data = _read(file, "rb", f"checkpoint {path}: {name} is missing or unreadable")
     if manifest is not None:
         try:
             check_bytes(data, file, manifest.get(name))

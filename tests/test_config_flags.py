@@ -16,30 +16,13 @@ from common.cli import OneLineParser, positive_int
 from common.config_flags import config_values, flag, flag_of, flags_of, parse_flags, variant_fields
 from data.criteo_layout import NUM_SPARSE_FEATURES
 from sharding_plans import cli as plan_cli
+from tests.support.flag_values import other_value
 from recipes import RECIPES, SMALL_DATA
 from training.flags import FLAG_GROUPS, config_from_args, entry_point_parser, recipe_overrides
 from training.recipes import DCNV2
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("dlrm_main.py", "dcnv2_main.py")
-
-
-def _sample(item, default):
-    """A value of the flag's type other than its default, and its command-line text."""
-    if item.is_switch:
-        return True, []
-    if item.spec.choices is not None:
-        value = next(c for c in reversed(item.spec.choices) if c != default)
-    elif item.value_type == list[int]:
-        value = [3, 5, 7]
-    elif item.value_type is int:
-        value = (default or 0) + 7
-    elif item.value_type is float:
-        value = (default or 0.0) + 0.25
-    else:
-        value = "some/path"
-    text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
-    return value, [text]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -57,7 +40,7 @@ def test_every_flag_parses_into_its_field_and_nothing_else(script, config_class,
     choice = _choosing_variant_of(config_class, item)
     defaults = config_values(config_class, parser.parse_args(choice), layers)
     holder = defaults if item.within is None else dataclasses.asdict(defaults[item.within])
-    value, text = _sample(item, holder[item.field.name])
+    value, text = other_value(item, holder[item.field.name])
     parsed = config_values(config_class, parser.parse_args([*choice, item.option, *text]), layers)
     if item.within is None:
         chosen_variant = {name: (spec.classes[value] if spec.selector == item.field.name else type(defaults[name]))

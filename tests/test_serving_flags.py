@@ -7,6 +7,7 @@ import pytest
 from common.config_flags import flags_of
 from serving import export, predict, quality_gate, serve
 from serving.cli import parse_config, serving_parser
+from tests.support.flag_values import other_value
 
 # Each command's config classes, in the order its parser adds them.
 COMMANDS = {"export": [export.ExportConfig], "predict": [predict.PredictConfig],
@@ -27,17 +28,7 @@ def _sample(item, default):
     if item.field.name in PARSED:
         text, value = PARSED[item.field.name]
         return value, [text]
-    if item.is_switch:
-        return True, []
-    if item.spec.choices is not None:
-        value = next(c for c in reversed(item.spec.choices) if c != default)
-    elif item.value_type is int:
-        value = (default or 0) + 7
-    elif item.value_type is float:
-        value = (default or 0.0) + 0.25
-    else:
-        value = "some/path"
-    return value, [str(value)]
+    return other_value(item, default)
 
 
 def _parse(command: str, argv: list[str]) -> list:

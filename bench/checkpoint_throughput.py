@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from bench.train_throughput import BOTTOM, DIM, ROWS, TOP
-from harness.launch import launch
 from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
+from harness.launch import launch
 
 
 def plain_copy_seconds(source: str, target: str) -> float:

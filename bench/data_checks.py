@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 from bench.loader_throughput import loader_rate
+from common.cli import OneLineParser
+from common.config_flags import flag, parse_flags
 from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
 from data.criteo_feature_spec import criteo_to_split_binary
 from data.split_binary import SplitBinaryDataset
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
 from data.value_checks import BatchValueCheck, check_value_files
-from common.cli import OneLineParser
-from common.config_flags import flag, parse_flags
 
 
 def best_seconds(fn: Callable[[], object], repeats: int = 3) -> float:

@@ -234,7 +234,8 @@ class ScalingFlags:
     """The flags of ``python bench/scaling.py``: what it measures and how."""
 
     rows: str = flag("10000,100000,1000000", help="rows per table, comma-separated (\"\": no checkpoint runs)")
-    data_rows: str = flag("100000,1000000,10000000", help="rows per synthetic day, comma-separated (\"\": no data runs)")
+    data_rows: str = flag("100000,1000000,10000000",
+                          help="rows per synthetic day, comma-separated (\"\": no data runs)")
     dir: Optional[str] = flag(None, help="where checkpoints and data go (default: a temporary directory)")
     data_dir: Optional[str] = flag(None, help="also measure the loader on this existing binary Criteo data set "
                                               "(left in place)")

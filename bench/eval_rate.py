@@ -23,11 +23,11 @@ from collections.abc import Sequence
 
 import torch
 from torchmetrics.classification import BinaryAUROC
-from common.cli import OneLineParser
-from common.config_flags import flag, parse_flags
 
 import dlrm_main
 from bench.train_throughput import BOTTOM, DIM, ROWS, TOP
+from common.cli import OneLineParser
+from common.config_flags import flag, parse_flags
 from harness.launch import launch, read_log
 
 GOAL = 10.0  # evaluation records/s over training records/s, at least

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
-
 from data.config import DataConfig
 from data.sources import source_for
 

@@ -26,9 +26,9 @@ from typing import Optional
 
 import numpy as np
 import torch
+
 from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
-
 from serving.predict import Predictor
 
 DEFAULT_PROGRAM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

@@ -20,10 +20,10 @@ from typing import Optional
 from collections.abc import Sequence
 
 import torch
-from common.cli import OneLineParser
-from common.config_flags import flag, parse_flags
 
 import dlrm_main
+from common.cli import OneLineParser
+from common.config_flags import flag, parse_flags
 from harness.launch import launch, read_log
 
 BOTTOM = [512, 256, 64]

@@ -16,7 +16,6 @@ trainer and in the same run:
     python bench/checkpoint_throughput.py [--nproc 2] [--dir /some/disk] [--num_embeddings 1000000]
 """
 
-import argparse
 import itertools
 import json
 import math
@@ -25,9 +24,13 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Optional
 
 from bench.train_throughput import BOTTOM, DIM, ROWS, TOP
+from common.cli import OneLineParser
+from common.config_flags import flag, parse_flags
 from harness.launch import launch
 
 
@@ -128,13 +131,17 @@ def _run(argv: list[str]) -> dict[str, float]:
     return {"save_seconds": save_seconds, "load_seconds": load_seconds, **stall}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
-    parser.add_argument("--num_embeddings", type=int, default=ROWS,
-                        help=f"rows of each of the 26 tables (default {ROWS}: 0.67 GB; 1000000: 6.66 GB)")
-    args = parser.parse_args()
+@dataclass
+class CheckpointThroughputFlags:
+    """The flags of ``python bench/checkpoint_throughput.py``: what it measures and how."""
+
+    nproc: int = flag(2, help="ranks (torchrun --nproc_per_node) that save and load")
+    dir: Optional[str] = flag(None, help="where to write (default: a temporary directory)")
+    num_embeddings: int = flag(ROWS, help="rows of each of the 26 tables (1000000: 6.66 GB)")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), CheckpointThroughputFlags, argv)
     root = tempfile.mkdtemp(dir=args.dir)
     try:
         ckpt = os.path.join(root, "ckpt")

@@ -11,15 +11,18 @@ then measures in the same run:
     python bench/data_checks.py [--rows_per_day 500000] [--batch_size 1024]
 """
 
-import argparse
 import json
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Optional
 
 from bench.loader_throughput import loader_rate
+from common.cli import OneLineParser
+from common.config_flags import flag, parse_flags
 from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
 from data.criteo_feature_spec import criteo_to_split_binary
 from data.split_binary import SplitBinaryDataset
@@ -68,11 +71,16 @@ def measure(name: str, dataset, batch_size: int) -> dict[str, float]:
     return result
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows_per_day", type=int, default=500_000)
-    parser.add_argument("--batch_size", type=int, default=1024)
-    args = parser.parse_args()
+@dataclass
+class DataChecksFlags:
+    """The flags of ``python bench/data_checks.py``: what it measures and how."""
+
+    rows_per_day: int = flag(500_000, help="rows of each of the 3 synthetic days read")
+    batch_size: int = flag(1024, help="rows per batch read")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), DataChecksFlags, argv)
     with tempfile.TemporaryDirectory() as tmp:
         criteo, byo = os.path.join(tmp, "criteo"), os.path.join(tmp, "byo")
         generate_synthetic_criteo(SyntheticCriteoSpec(num_days=3, rows_per_day=args.rows_per_day, seed=2), criteo,

@@ -13,17 +13,21 @@ predictions: the resident memory it holds after the updates and its peak during
     python bench/eval_rate.py [--steps 120] [--eval_batches 60] [--nproc 2] [--auroc_rows 8000000]
 """
 
-import argparse
 import json
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
+from typing import Optional
+from collections.abc import Sequence
 
 import torch
 from torchmetrics.classification import BinaryAUROC
 
 import dlrm_main
 from bench.train_throughput import BOTTOM, DIM, ROWS, TOP
+from common.cli import OneLineParser
+from common.config_flags import flag, parse_flags
 from harness.launch import launch, read_log
 
 GOAL = 10.0  # evaluation records/s over training records/s, at least
@@ -52,13 +56,18 @@ def auroc_bytes_per_row(rows: int, batch: int = 16384) -> dict:
     return {"rows": rows, "held_bytes_per_row": round(held / rows, 1), "compute_peak_bytes_per_row": round(peak / rows, 1)}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=120, help="training steps (the first interval is warm-up)")
-    parser.add_argument("--eval_batches", type=int, default=60, help="test batches per rank")
-    parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--auroc_rows", type=int, default=8_000_000)
-    args = parser.parse_args()
+@dataclass
+class EvalRateFlags:
+    """The flags of ``python bench/eval_rate.py``: what it measures and how."""
+
+    steps: int = flag(120, help="training steps (the first interval is warm-up)")
+    eval_batches: int = flag(60, help="test batches per rank")
+    nproc: int = flag(2, help="ranks (torchrun --nproc_per_node)")
+    auroc_rows: int = flag(8_000_000, help="rows fed to an exact AUROC to measure its memory per row")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), EvalRateFlags, argv)
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "bench.jsonl")
         argv = ["--num_embeddings", str(ROWS), "--embedding_dim", str(DIM),

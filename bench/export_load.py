@@ -11,15 +11,19 @@ serve load it) against the 10 s goal. The peer, in the same run: the previous ex
     python bench/export_load.py [--features 26,100,200,500] [--rows 100] [--chain_features 26] [--repeats 3]
 """
 
-import argparse
 import json
 import os
 import tempfile
 import time
 import zipfile
+from dataclasses import dataclass
+from typing import Optional
+from collections.abc import Sequence
 
 import torch
 
+from common.cli import OneLineParser
+from common.config_flags import flag, parse_flags
 from data.criteo_layout import NUM_DENSE_FEATURES
 from models import ModelConfig, build_dlrm_train
 from serving.export import export_program
@@ -29,6 +33,7 @@ LOAD_GOAL_SECONDS = 10.0
 
 
 def _int_list(text: str) -> list[int]:
+    """Parses "26,100"; "" is no counts (``--chain_features ""`` skips the previous way)."""
     return [int(v) for v in text.split(",") if v]
 
 
@@ -60,16 +65,22 @@ def measure(num_features: int, rows: int, concatenated_tables: bool, directory: 
             "export_seconds": export_seconds, "load_seconds": min(load_seconds)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--features", type=_int_list, default=[26, 100, 200, 500])
-    parser.add_argument("--rows", type=int, default=100, help="rows of every table")
-    parser.add_argument("--chain_features", type=_int_list, default=[26],
-                        help="feature counts to export the previous way too (a chain per feature: it loads in "
-                             "minutes from about 100 features)")
-    parser.add_argument("--repeats", type=int, default=3, help="loads per program (the best is reported)")
-    parser.add_argument("--num_threads", type=int, default=1, help="torch intra-op threads")
-    args = parser.parse_args()
+@dataclass
+class ExportLoadFlags:
+    """The flags of ``python bench/export_load.py``: what it measures and how."""
+
+    features: list[int] = flag([26, 100, 200, 500], parse=_int_list,
+                                help="feature counts to export and load, comma-separated")
+    rows: int = flag(100, help="rows of every table")
+    chain_features: list[int] = flag([26], parse=_int_list,
+                                     help="feature counts to export the previous way too (a chain per feature: "
+                                          "it loads in minutes from about 100 features)")
+    repeats: int = flag(3, help="loads per program (the best is reported)")
+    num_threads: int = flag(1, help="torch intra-op threads")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), ExportLoadFlags, argv)
     torch.set_num_threads(args.num_threads)
     runs = [(f, True) for f in args.features] + [(f, False) for f in args.chain_features]
     with tempfile.TemporaryDirectory() as directory:

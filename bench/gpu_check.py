@@ -27,7 +27,6 @@ the CPU can (sparse_dist and base pipelines, fused kernel, no TF32) on gloo, to
 exercise the check itself. On a host without CUDA, a plain run says so and exits 0.
 """
 
-import argparse
 import multiprocessing
 import os
 import re
@@ -36,11 +35,14 @@ import sys
 import tempfile
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Optional
 from collections.abc import Callable, Sequence
 
 import torch
 
+from common.cli import OneLineParser
+from common.config_flags import add_flags, config_values, flag
 from models.config import EMBEDDING_PRECISIONS, INTERACTION_TYPES
 from sharding_plans.constraints import CUDA_ONLY_KERNELS, SHARDING_TYPES
 from harness import matrix
@@ -329,30 +331,39 @@ def run(spec: MatrixSpec, strength: int, only: str, list_only: bool, launcher: O
     return 0 if all(r.passed for r in results) else 1
 
 
-def parser() -> argparse.ArgumentParser:
+@dataclass
+class GpuCheckFlags:
+    """The flags of ``python -m bench.gpu_check`` beyond the matrix's (`harness.matrix.MatrixFlags`)."""
+
+    gpus: Optional[int] = flag(None, help="GPUs to plan the world sizes for (default: this host's)")
+    device: str = flag("cuda", choices=("cuda", "cpu"),
+                       help="cpu: run the cases the CPU can, on gloo, to exercise the check itself")
+
+
+def parser() -> OneLineParser:
     result = matrix.matrix_parser("python -m bench.gpu_check", __doc__.split("\n\n")[0], strength=2)
-    result.add_argument("--gpus", type=int, default=None,
-                        help="GPUs to plan the world sizes for (default: this host's)")
-    result.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="cpu: run the cases the CPU can, on gloo, to exercise the check itself")
+    add_flags(result, GpuCheckFlags, parser_defaults=True)
     return result
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = parser().parse_args(argv)
+    parsed = parser().parse_args(argv)
+    matrix_flags = matrix.MatrixFlags(**config_values(matrix.MatrixFlags, parsed))
+    gpu_flags = GpuCheckFlags(**config_values(GpuCheckFlags, parsed))
     present = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    planned = present if args.gpus is None else args.gpus if args.list else min(args.gpus, present)
-    spec = gpu_matrix(planned, args.device)
-    if args.list:
-        return run(spec, args.strength, args.only, list_only=True)
-    if args.device == "cuda":
+    planned = (present if gpu_flags.gpus is None else gpu_flags.gpus if matrix_flags.list_only
+               else min(gpu_flags.gpus, present))
+    spec = gpu_matrix(planned, gpu_flags.device)
+    if matrix_flags.list_only:
+        return run(spec, matrix_flags.strength, matrix_flags.only, list_only=True)
+    if gpu_flags.device == "cuda":
         if not present:
             print(f"gpu_check: no CUDA device on this host (torch {torch.__version__}): nothing to check")
             return 0
         print(f"gpu_check: {present} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
               f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}")
         print(f"nccl network: {probe_nccl_network()}")
-    return run(spec, args.strength, args.only, list_only=False)
+    return run(spec, matrix_flags.strength, matrix_flags.only, list_only=False)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,14 @@ training rate.
     python bench/loader_throughput.py [--rows_per_day 500000] [--train_steps 120]
 """
 
-import argparse
 import json
 import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from typing import Optional
+from collections.abc import Sequence
 
 import dlrm_main
 from bench.train_throughput import BOTTOM, DIM, ROWS, TOP
@@ -23,6 +25,8 @@ from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
 from data.multi_hot import MultiHotExpander
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
 from harness.launch import launch, read_log
+from common.cli import OneLineParser
+from common.config_flags import flag, parse_flags
 
 BATCH = 1024
 
@@ -52,11 +56,16 @@ def training_steps_per_sec(steps: int) -> float:
     return sum(len(r["step_losses"]) for r in train) / sum(r["seconds"] for r in train)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows_per_day", type=int, default=500_000)
-    parser.add_argument("--train_steps", type=int, default=120)
-    args = parser.parse_args()
+@dataclass
+class LoaderThroughputFlags:
+    """The flags of ``python bench/loader_throughput.py``: what it measures and how."""
+
+    rows_per_day: int = flag(500_000, help="rows of each of the 3 synthetic days read")
+    train_steps: int = flag(120, help="steps of the training run the loader's rate is compared with")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), LoaderThroughputFlags, argv)
     with tempfile.TemporaryDirectory() as tmp:
         spec = SyntheticCriteoSpec(num_days=3, rows_per_day=args.rows_per_day, seed=2)
         generate_synthetic_criteo(spec, tmp, show_progress=False)

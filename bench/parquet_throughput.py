@@ -12,16 +12,20 @@ is >= 0.7x).
     python bench/parquet_throughput.py [--rows 1000000] [--batch_size 4096]
 """
 
-import argparse
 import json
 import os
 import tempfile
 import time
+from dataclasses import dataclass
+from typing import Optional
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from common.cli import OneLineParser
+from common.config_flags import flag, parse_flags
 from data.config import DataConfig
 from data.sources import source_for
 
@@ -76,12 +80,17 @@ def loader_rows_per_sec(directory: str, batch_size: int) -> float:
     return rows / (time.perf_counter() - start)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--batch_size", type=int, default=4096)
-    parser.add_argument("--row_group_rows", type=int, default=128 * 1024)
-    args = parser.parse_args()
+@dataclass
+class ParquetThroughputFlags:
+    """The flags of ``python bench/parquet_throughput.py``: what it measures and how."""
+
+    rows: int = flag(1_000_000, help="rows of the one-hot table (the multi-hot one has a twentieth)")
+    batch_size: int = flag(4096, help="rows per batch read")
+    row_group_rows: int = flag(128 * 1024, help="rows per Parquet row group")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), ParquetThroughputFlags, argv)
     import torch
     torch.set_num_threads(1)  # one core, as the goal says: torch's and Arrow's threads alike
     pa.set_cpu_count(1)

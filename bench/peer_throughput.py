@@ -32,7 +32,8 @@ from collections.abc import Sequence
 import torch
 
 from bench.train_throughput import BOTTOM, DIM, ROWS, TOP, flops_per_record, matmul_peak_gflops
-from common.cli import DefaultsHelpFormatter, OneLineParser, cli_main, positive_int
+from common.cli import OneLineParser, cli_main, positive_int
+from common.config_flags import flag, parse_flags
 from common.errors import BadInput
 from training.distributed import usable_cores
 
@@ -155,21 +156,25 @@ def measure(peer: str, rounds: int, short_steps: int, long_steps: int, nproc: in
     return {"rates": rates, "runs": runs}
 
 
+@dataclass
+class PeerThroughputFlags:
+    """The flags of ``python bench/peer_throughput.py``: what it measures and how."""
+
+    peer: str = flag(help="a checkout of the public example's torchrec_dlrm folder")
+    rounds: int = flag(3, parse=positive_int, help="alternating rounds of both programs")
+    short_steps: int = flag(30, parse=positive_int, help="training steps of the short run")
+    long_steps: int = flag(130, parse=positive_int,
+                           help="training steps of the long run (a smoke run: --short_steps 2 --long_steps 4)")
+    nproc: int = flag(2, parse=positive_int, help="ranks (torchrun --nproc_per_node)")
+    batch_size: int = flag(1024, parse=positive_int, help="rows per rank")
+    ours_flags: list[str] = flag([], help="a variant of this repository's run with these flags added (write "
+                                          "--ours_flags=\"--compile ...\": the value starts with a dash); repeat to "
+                                          "alternate several variants with the peer (default: ours as it is)")
+
+
 @cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter)
-    parser.add_argument("--peer", required=True, help="a checkout of the public example's torchrec_dlrm folder")
-    parser.add_argument("--rounds", type=positive_int, default=3, help="alternating rounds of both programs")
-    parser.add_argument("--short_steps", type=positive_int, default=30, help="training steps of the short run")
-    parser.add_argument("--long_steps", type=positive_int, default=130,
-                        help="training steps of the long run (a smoke run: --short_steps 2 --long_steps 4)")
-    parser.add_argument("--nproc", type=positive_int, default=2, help="ranks (torchrun --nproc_per_node)")
-    parser.add_argument("--batch_size", type=positive_int, default=1024, help="rows per rank")
-    parser.add_argument("--ours_flags", action="append",
-                        help="a variant of this repository's run with these flags added (write --ours_flags=\"--compile ...\": "
-                             "the value starts with a dash); "
-                             "repeat to alternate several variants with the peer (default: ours as it is)")
-    args = parser.parse_args(argv)
+    args = parse_flags(OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0]), PeerThroughputFlags, argv)
     if args.long_steps <= args.short_steps:
         raise BadInput(f"--long_steps ({args.long_steps}) must be above --short_steps ({args.short_steps}): "
                        "the rate is taken from the steps in between")

@@ -13,17 +13,21 @@ Each run is in fresh processes (--nproc ranks), so no freed memory is reused;
         [--precisions fp32,fp16] [--nproc 1] [--parallel 2]
 """
 
-import argparse
 import json
 import os
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from dataclasses import dataclass
+from typing import Optional
+from collections.abc import Sequence
 
 import dlrm_main
 from bench.train_throughput import BOTTOM, DIM, TOP
 from harness.launch import launch, read_log
+from common.cli import OneLineParser
+from common.config_flags import flag, parse_flags
 
 # 10 points, about 1.4x apart: 26 tables of 63 MiB to 1.24 GiB of fp32 weights in all.
 DEFAULT_ROWS = "10000,14000,20000,28000,40000,56000,80000,110000,150000,200000"
@@ -52,14 +56,19 @@ def measure(rows: int, optimizer: str, precision: str, nproc: int, work: str) ->
             "within_goal": all(abs(r - 1) <= GOAL for r in built)}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default=DEFAULT_ROWS, help="rows per table, comma-separated")
-    parser.add_argument("--optimizers", default="sgd,adagrad,rowwise_adagrad")
-    parser.add_argument("--precisions", default="fp32,fp16")
-    parser.add_argument("--nproc", type=int, default=1, help="ranks of each run")
-    parser.add_argument("--parallel", type=int, default=2, help="runs at once")
-    args = parser.parse_args()
+@dataclass
+class PlanEstimateFlags:
+    """The flags of ``python bench/plan_estimate.py``: what it measures and how."""
+
+    rows: str = flag(DEFAULT_ROWS, help="rows per table, comma-separated")
+    optimizers: str = flag("sgd,adagrad,rowwise_adagrad", help="embedding optimizers to measure, comma-separated")
+    precisions: str = flag("fp32,fp16", help="embedding precisions to measure, comma-separated")
+    nproc: int = flag(1, help="ranks of each run")
+    parallel: int = flag(2, help="runs at once")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), PlanEstimateFlags, argv)
     grid = [(rows, optimizer, precision) for optimizer in args.optimizers.split(",")
             for precision in args.precisions.split(",") for rows in (int(r) for r in args.rows.split(","))]
 

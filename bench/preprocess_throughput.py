@@ -11,7 +11,6 @@ and prints MB/s of input and the peak RSS of each process.
     python bench/preprocess_throughput.py [--lines 1000000,2000000] [--skip_torchrec]
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -19,7 +18,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from typing import Optional
+from collections.abc import Sequence
 
+from common.cli import OneLineParser
+from common.config_flags import flag, parse_flags
 from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,11 +66,16 @@ def plain_read_seconds(path: str, chunk: int = 8 << 20) -> float:
     return time.perf_counter() - start
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--lines", default="1000000,2000000", help="comma-separated file sizes in lines")
-    parser.add_argument("--skip_torchrec", action="store_true")
-    args = parser.parse_args()
+@dataclass
+class PreprocessThroughputFlags:
+    """The flags of ``python bench/preprocess_throughput.py``: what it measures and how."""
+
+    lines: str = flag("1000000,2000000", help="comma-separated file sizes in lines")
+    skip_torchrec: bool = flag(False, help="do not also time torchrec's npy_preproc_criteo on the first size")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), PreprocessThroughputFlags, argv)
     sizes = [int(v) for v in args.lines.split(",")]
     results = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -16,7 +16,6 @@ side and one JSON line.
     python bench/quality.py [--work_dir data_cache/quality] [--max_rows 100000] [--nproc 1]
 """
 
-import argparse
 import hashlib
 import json
 import os
@@ -33,6 +32,8 @@ import torch
 
 import dcnv2_main
 import dlrm_main
+from common.cli import OneLineParser
+from common.config_flags import flag, parse_flags
 from data.feature_spec import DEFAULT_SPEC_NAME, FeatureSpec
 from data.transcode import transcode
 from harness.launch import eval_record, launch, read_log
@@ -271,12 +272,17 @@ def run(work_dir: str, max_rows: Optional[int] = None, nproc: int = 1,
     return results
 
 
+@dataclass
+class QualityFlags:
+    """The flags of ``python bench/quality.py``: what it measures and how."""
+
+    work_dir: str = flag("data_cache/quality", help="wheel, converted data and run logs")
+    max_rows: Optional[int] = flag(None, help="use this many rows of the permutation")
+    nproc: int = flag(1, help="ranks of each training run")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work_dir", default="data_cache/quality", help="wheel, converted data and run logs")
-    parser.add_argument("--max_rows", type=int, default=None, help="use this many rows of the permutation")
-    parser.add_argument("--nproc", type=int, default=1, help="ranks of each training run")
-    args = parser.parse_args(argv)
+    args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), QualityFlags, argv)
     results = run(args.work_dir, args.max_rows, args.nproc)
     baseline = results["logistic_regression"]["auroc"]
     print(f"{'model':<20} {'test AUROC':>10} {'vs LR':>7} {'NE':>7} {'calibration':>11} {'rows':>7} "

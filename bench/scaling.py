@@ -27,7 +27,6 @@ first 20,000 batches).
         [--dir /some/disk] [--data_dir /an/existing/data_set]
 """
 
-import argparse
 import json
 import multiprocessing
 import os
@@ -37,11 +36,15 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Optional
+from collections.abc import Sequence
 
 from bench.checkpoint_throughput import plain_copy_seconds
 from bench.loader_throughput import loader_rate
 from bench.train_throughput import BOTTOM, DIM, TOP
+from common.cli import OneLineParser
+from common.config_flags import flag, parse_flags
 from harness.launch import launch, read_log
 
 TABLES, BATCH, TRAIN_STEPS, EVAL_BATCHES = 26, 1024, 40, 40
@@ -226,14 +229,20 @@ def measure_data(rows_per_day: int, root: str) -> dict[str, Any]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default="10000,100000,1000000", help="rows per table, comma-separated")
-    parser.add_argument("--data_rows", default="100000,1000000,10000000", help="rows per synthetic day")
-    parser.add_argument("--dir", default=None, help="where checkpoints and data go (default: a temporary directory)")
-    parser.add_argument("--data_dir", default=None,
-                        help="also measure the loader on this existing binary Criteo data set (left in place)")
-    args = parser.parse_args()
+@dataclass
+class ScalingFlags:
+    """The flags of ``python bench/scaling.py``: what it measures and how."""
+
+    rows: str = flag("10000,100000,1000000", help="rows per table, comma-separated (\"\": no checkpoint runs)")
+    data_rows: str = flag("100000,1000000,10000000",
+                          help="rows per synthetic day, comma-separated (\"\": no data runs)")
+    dir: Optional[str] = flag(None, help="where checkpoints and data go (default: a temporary directory)")
+    data_dir: Optional[str] = flag(None, help="also measure the loader on this existing binary Criteo data set "
+                                              "(left in place)")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), ScalingFlags, argv)
     root = tempfile.mkdtemp(dir=args.dir)
     try:
         tables = [measure_tables(int(r), root) for r in args.rows.split(",") if r]

@@ -16,16 +16,19 @@ MODEL_DIR holds fp32.aoti.pt2 (python -m serving.export --format aoti); build th
 program with ``make serving-cpp``.
 """
 
-import argparse
 import json
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
 
+from common.cli import OneLineParser
+from common.config_flags import flag, parse_flags
 from serving.predict import Predictor
 
 DEFAULT_PROGRAM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -93,15 +96,20 @@ def run(program: str, model: str, lines: list[bytes], batch_sizes: list[int], re
             "results": results}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="an export holding fp32.aoti.pt2")
-    parser.add_argument("--input", required=True, help="labelled raw Criteo lines")
-    parser.add_argument("--program", default=DEFAULT_PROGRAM, help="the built dlrm_predict")
-    parser.add_argument("--batch_sizes", default="1,512", help="rows per request, comma-separated")
-    parser.add_argument("--requests", type=int, default=200, help="timed requests per batch size and server")
-    parser.add_argument("--num_threads", type=int, default=1, help="intra-op threads of both")
-    args = parser.parse_args()
+@dataclass
+class ServeCppLatencyFlags:
+    """The flags of ``python bench/serve_cpp_latency.py``: what it measures and how."""
+
+    model: str = flag(help="an export holding fp32.aoti.pt2")
+    input: str = flag(help="labelled raw Criteo lines")
+    program: str = flag(DEFAULT_PROGRAM, help="the built dlrm_predict")
+    batch_sizes: str = flag("1,512", help="rows per request, comma-separated")
+    requests: int = flag(200, help="timed requests per batch size and server")
+    num_threads: int = flag(1, help="intra-op threads of both")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), ServeCppLatencyFlags, argv)
     with open(args.input, "rb") as f:
         lines = f.read().splitlines(keepends=True)[:100_000]
     record = run(args.program, args.model, lines, [int(b) for b in args.batch_sizes.split(",")], args.requests,

@@ -9,15 +9,19 @@ back. Prints request latency p50/p90/p99, records/s and the mean number of reque
     python bench/serve_latency.py --model model_dir --input day_2 [--clients 16] [--rows 1] [--num_threads 1]
 """
 
-import argparse
 import json
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
+from typing import Optional
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from common.cli import OneLineParser
+from common.config_flags import flag, parse_flags
 from serving.predict import Predictor
 from serving.serve import serving_in_background
 
@@ -55,17 +59,22 @@ def run_load(predictor: Predictor, lines: list[bytes], clients: int, requests: i
             "requests_per_forward": float(np.mean(batcher.batch_requests))}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--input", required=True, help="lines to send: raw Criteo lines, or BYO CSV rows for a feature-spec model")
-    parser.add_argument("--variant", default="fp32")
-    parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--requests", type=int, default=50, help="requests per client")
-    parser.add_argument("--rows", type=int, default=1, help="lines per request")
-    parser.add_argument("--max_batch_delay_ms", type=float, default=2.0)
-    parser.add_argument("--num_threads", type=int, default=1, help="torch intra-op threads")
-    args = parser.parse_args()
+@dataclass
+class ServeLatencyFlags:
+    """The flags of ``python bench/serve_latency.py``: what it measures and how."""
+
+    model: str = flag(help="the export directory to serve")
+    input: str = flag(help="lines to send: raw Criteo lines, or BYO CSV rows for a feature-spec model")
+    variant: str = flag("fp32", help="which of the export's programs serves")
+    clients: int = flag(16, help="clients sending requests at once")
+    requests: int = flag(50, help="requests per client")
+    rows: int = flag(1, help="lines per request")
+    max_batch_delay_ms: float = flag(2.0, help="how long the server waits to batch requests (also measured at 0)")
+    num_threads: int = flag(1, help="torch intra-op threads")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), ServeLatencyFlags, argv)
     torch.set_num_threads(args.num_threads)
     with open(args.input, "rb") as f:
         lines = f.read().splitlines(keepends=True)[:100_000]

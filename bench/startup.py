@@ -12,16 +12,20 @@ rank's share of the cores, as the trainer sets them.
     python bench/startup.py [--rows 100000,300000] [--nproc 1]
 """
 
-import argparse
 import json
 import os
 import sys
 import tempfile
 import time
 from typing import Any
+from dataclasses import dataclass
+from typing import Optional
+from collections.abc import Sequence
 
 from bench.scaling import _fill
 from bench.train_throughput import BOTTOM, DIM, TOP
+from common.cli import OneLineParser
+from common.config_flags import flag, parse_flags
 from harness.launch import launch, read_log
 
 TABLES, BATCH = 26, 1024
@@ -75,11 +79,16 @@ def measure(rows: int, nproc: int) -> dict[str, Any]:
             "first_step_vs_fill": round(slowest["first_step_seconds"] / fill, 2)}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default="100000,300000", help="rows per table, comma-separated")
-    parser.add_argument("--nproc", type=int, default=1)
-    args = parser.parse_args()
+@dataclass
+class StartupFlags:
+    """The flags of ``python bench/startup.py``: what it measures and how."""
+
+    rows: str = flag("100000,300000", help="rows per table, comma-separated")
+    nproc: int = flag(1, help="ranks (torchrun --nproc_per_node)")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), StartupFlags, argv)
     results = [measure(int(r), args.nproc) for r in args.rows.split(",") if r]
     print("| tables | ranks | build s/GB | first step s/GB | fill s/GB | first step / fill |")
     print("| --- " * 6 + "|")

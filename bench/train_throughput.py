@@ -9,17 +9,21 @@ record (forward + backward), the matmul peak and their ratio.
         [--embedding_precision fp32|fp16]
 """
 
-import argparse
 import json
 import math
 import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from typing import Optional
+from collections.abc import Sequence
 
 import torch
 
 import dlrm_main
+from common.cli import OneLineParser
+from common.config_flags import flag, parse_flags
 from harness.launch import launch, read_log
 
 BOTTOM = [512, 256, 64]
@@ -60,13 +64,18 @@ def flops_per_record() -> float:
     return 3 * 2 * forward_macs
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=300, help="training steps (first interval is warm-up)")
-    parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--batch_size", type=int, default=1024, help="rows per rank")
-    parser.add_argument("--embedding_precision", choices=("fp32", "fp16"), default="fp32")
-    args = parser.parse_args()
+@dataclass
+class TrainThroughputFlags:
+    """The flags of ``python bench/train_throughput.py``: what it measures and how."""
+
+    steps: int = flag(300, help="training steps (first interval is warm-up)")
+    nproc: int = flag(2, help="ranks (torchrun --nproc_per_node)")
+    batch_size: int = flag(1024, help="rows per rank")
+    embedding_precision: str = flag("fp32", choices=("fp32", "fp16"), help="the embedding tables' precision")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), TrainThroughputFlags, argv)
     interval = max(1, args.steps // 6)
     threads = os.cpu_count() or 1
     peak_before = matmul_peak_gflops(threads)

@@ -32,7 +32,6 @@ checks the refusal (exit code 2, one ``error:`` line naming the reason).
 Run the larger set with ``python -m harness.matrix --strength 3`` (``make test-matrix``).
 """
 
-import argparse
 import contextlib
 import io
 import itertools
@@ -56,6 +55,8 @@ import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor
 
+from common.cli import DefaultsHelpFormatter, OneLineParser
+from common.config_flags import Overrides, add_flags, config_values, flag
 from models.config import EMBEDDING_PRECISIONS, INTERACTION_TYPES
 from sharding_plans.constraints import COLUMN_SHARDING_TYPES, SHARDING_TYPES
 from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
@@ -764,29 +765,33 @@ def run(spec: MatrixSpec, strength: int, only: str = "", list_only: bool = False
     return 0 if all(r.passed for r in results) else 1
 
 
-def matrix_parser(prog: str, description: str, strength: int) -> argparse.ArgumentParser:
-    """The flags of a matrix CLI (this one's and bench/gpu_check.py's): --strength,
-    --only, --list.
+@dataclass
+class MatrixFlags:
+    """The flags of a matrix CLI: this one's and bench/gpu_check.py's (whose --strength
+    defaults to 2)."""
 
-    Args:
-        prog: the command that runs the CLI.
-        description: its one-line description.
-        strength: the default --strength.
+    strength: int = flag(3, help="cover every pair (2) or triple (3) of choices")
+    only: str = flag("", help="run only the cases whose name contains this text (default: all)")
+    list_only: bool = flag(False, name="list", help="print the cases without running them")
+
+
+def matrix_parser(prog: str, description: str, strength: int) -> OneLineParser:
+    """A parser of `MatrixFlags`, --strength defaulting to ``strength``; it gives every
+    flag its default, so ``MatrixFlags(**config_values(MatrixFlags, args))`` reads them.
 
     Example::
 
         args = matrix_parser("python -m harness.matrix", "The matrix.", 3).parse_args(["--list"])
     """
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--strength", type=int, default=strength, help="cover every pair (2) or triple (3) of choices")
-    parser.add_argument("--only", default="", help="run only the cases whose name contains this text")
-    parser.add_argument("--list", action="store_true", help="print the cases without running them")
+    parser = OneLineParser(prog=prog, description=description, formatter_class=DefaultsHelpFormatter)
+    add_flags(parser, MatrixFlags, [Overrides(MatrixFlags, strength=strength)], parser_defaults=True)
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = matrix_parser("python -m harness.matrix", __doc__.split("\n\n")[0], strength=3).parse_args(argv)
-    return run(CPU_MATRIX, args.strength, args.only, args.list)
+    flags = MatrixFlags(**config_values(MatrixFlags, args))
+    return run(CPU_MATRIX, flags.strength, flags.only, flags.list_only)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.05 --optimizer adag
 	--validation_freq_within_epoch 400 --log_every_n_steps 100 --seed 0 \
 	--log_path runs/make_train.jsonl
 
-.PHONY: install data train train-dcnv2 sweep-example docs-figures slurm-up cluster-up cluster-down test test-multihost test-fast test-hostile test-matrix bench serving-cpp clean
+.PHONY: install data train train-dcnv2 sweep-example docs-figures slurm-up cluster-up cluster-down test test-multihost test-native test-fast test-hostile test-matrix bench serving-cpp clean
 
 install: $(STAMP)
 
@@ -68,13 +68,18 @@ cluster-down:
 # The files go out in tests/conftest.py's order (the most slow tests first), not xdist's.
 TEST_WORKERS ?= 2
 test: install
-	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not multihost" tests
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not multihost and not native" tests
 
 # The tests on the multi-host cluster (make cluster-up, as root): one process, since they
 # take the cluster in turn (tests/support/cluster.py's lock) and would only keep a second
 # worker waiting. .ci/run runs them after make test.
 test-multihost: install
 	$(PYTHON) -m pytest -q -m multihost tests
+
+# What compiles native code (AOTInductor packages, serving/cpp's program): out of make
+# test's 15 minutes; .ci/run runs it after make test (docs/tests.md).
+test-native: install
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m native tests
 
 test-fast: install
 	$(PYTHON) -m pytest -q -m "not slow" tests

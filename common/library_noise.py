@@ -43,6 +43,21 @@ class BenignMessage:
         return re.escape(self.text) + ("" if self.then_varies else r"\Z")
 
 
+# Inductor (training's --compile; serving.export --format aoti and loading its packages),
+# torch 2.13: importing torch._inductor defines torch.utils.mkldnn's TorchScript modules,
+# which says TorchScript is deprecated; compiling deep-copies pytree specs, whose LeafSpec
+# check is deprecated inside torch. Neither is a use of ours. Part of `BENIGN_MESSAGES`;
+# serving also quiets them around its own compile and load, for callers that install no
+# filters (the predictor and server as a library).
+INDUCTOR_NOTICES: tuple[BenignMessage, ...] = tuple(
+    BenignMessage(text, why="torch._inductor's own imports and copies (torch 2.13)", category=category)
+    for text in ("`torch.jit.script_method` is deprecated. Please switch to `torch.compile` or `torch.export`.",
+                 "`isinstance(treespec, LeafSpec)` is deprecated, use `isinstance(treespec, TreeSpec) and "
+                 "treespec.is_leaf()` instead.")
+    for category in (DeprecationWarning, FutureWarning)
+)
+
+
 BENIGN_MESSAGES: tuple[BenignMessage, ...] = (
     BenignMessage(
         "`broadcast_buffers` is deprecated. Use `forward_sync_buffers` instead. IMPORTANT: unlike "
@@ -77,10 +92,23 @@ BENIGN_MESSAGES: tuple[BenignMessage, ...] = (
         why="serving.export traces the model once (seconds), not per request",
         logger=""),
     BenignMessage(
+        "Please use DTensor instead and we are deprecating ShardedTensor.",
+        why="torchrec 1.8 holds a sharded table's state as a ShardedTensor (torch warns on every torch "
+            "function applied to one); the checkpoint format reads and writes it as DCP",
+        category=FutureWarning),
+    BenignMessage(
+        "<class 'torch.autograd.function.Function'> should not be instantiated. Methods on autograd functions "
+        "are all static, so you should invoke them on the class itself. Instantiating an autograd function "
+        "will raise an error in a future version of PyTorch.",
+        why="torch.compile's tracer (torch 2.13) instantiates the dot interaction's autograd.Function as it "
+            "traces --compile; our code calls its .apply",
+        category=DeprecationWarning),
+    BenignMessage(
         "torch.distributed is disabled, unavailable or uninitialized, assuming the intent is to load in a "
         "single process.",
         why="serving.export reads a checkpoint in one process, as intended",
         category=UserWarning),
+    *INDUCTOR_NOTICES,
 )
 
 
@@ -92,18 +120,6 @@ TORCHSCRIPT_NOTICES: tuple[BenignMessage, ...] = tuple(
     BenignMessage(text, why="torch.distributed.optim's import scripts its functional optimizers", category=category)
     for text in ("`torch.jit.script` is deprecated. Please switch to `torch.compile` or `torch.export`.",
                  "`torch.jit.interface` is deprecated. Please use `torch.compile` instead.")
-    for category in (DeprecationWarning, FutureWarning)
-)
-
-# AOTInductor (serving.export --format aoti, and loading its packages), torch 2.13: importing
-# torch._inductor defines torch.utils.mkldnn's TorchScript modules, which says TorchScript
-# is deprecated; compiling deep-copies pytree specs, whose LeafSpec check is deprecated
-# inside torch. Neither is a use of ours.
-INDUCTOR_NOTICES: tuple[BenignMessage, ...] = tuple(
-    BenignMessage(text, why="torch._inductor's own imports and copies (torch 2.13)", category=category)
-    for text in ("`torch.jit.script_method` is deprecated. Please switch to `torch.compile` or `torch.export`.",
-                 "`isinstance(treespec, LeafSpec)` is deprecated, use `isinstance(treespec, TreeSpec) and "
-                 "treespec.is_leaf()` instead.")
     for category in (DeprecationWarning, FutureWarning)
 )
 

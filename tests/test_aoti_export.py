@@ -19,7 +19,7 @@ from serving.model_inputs import PRECISIONS, aoti_file, aoti_variant, read_input
 from serving.predict import Predictor
 from serving.triton_repository import PACKAGE_NAME, TRITON_DIR, triton_model_name
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.native]
 
 
 def criteo_rows(count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

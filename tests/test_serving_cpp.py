@@ -23,6 +23,8 @@ from tests.support.exported_model import raw_test_lines
 CPP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "serving", "cpp")
 AOTI_FILE = aoti_file("fp32")  # the package dlrm_predict loads
 
+pytestmark = pytest.mark.native  # make test-native (compiles the program and an AOTInductor package)
+
 
 @pytest.fixture(scope="session")
 def program(tmp_path_factory) -> str:

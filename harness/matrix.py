@@ -535,16 +535,17 @@ def run_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------ checks
 
-def _max_difference(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> tuple[float, str]:
+def _max_difference(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]],
+                    tables: bool = True) -> tuple[float, str]:
     """Largest absolute difference between two runs' losses and assembled weights
-    (each given as its ranks' outcomes), and where it is."""
+    (each given as its ranks' outcomes; the tables' only with ``tables``), and where it is."""
     worst = (0.0, "")
     la, lb = a[0]["losses"], b[0]["losses"]
     if len(la) != len(lb):
         return math.inf, f"{len(la)} losses vs {len(lb)}"
     for step, (x, y) in enumerate(zip(la, lb)):
         worst = max(worst, (abs(x - y), f"loss of step {step + 1}"))
-    for i, rows in enumerate(TABLE_ROWS):
+    for i, rows in enumerate(TABLE_ROWS if tables else ()):
         table = f"t_cat_{i}"
         diff = (assemble_table(a, table, rows, EMBEDDING_DIM) - assemble_table(b, table, rows, EMBEDDING_DIM))
         worst = max(worst, (diff.abs().max().item(), table))

@@ -81,6 +81,19 @@ class WeightedDLRMTrain(DLRMTrain):
         return loss, (loss.detach(), logits.detach(), batch.labels.detach(), batch.weights.detach())
 
 
+def move_dense_part(dlrm: nn.Module, device: torch.device) -> None:
+    """Moves every parameter and buffer of ``dlrm`` but its tables (``sparse_arch``,
+    which may be on the meta device) to ``device``, in place."""
+    for name, child in dlrm.named_children():
+        if name == "sparse_arch":
+            continue
+        for module in child.modules():
+            for param_name, param in list(module.named_parameters(recurse=False)):
+                setattr(module, param_name, nn.Parameter(param.detach().to(device), param.requires_grad))
+            for buffer_name, buffer in list(module.named_buffers(recurse=False)):
+                setattr(module, buffer_name, buffer.to(device))
+
+
 def build_dlrm_train(
     config: ModelConfig,
     dense_device: Optional[torch.device] = None,
@@ -92,7 +105,8 @@ def build_dlrm_train(
 
     Args:
         config: the architecture; validated here.
-        dense_device: where the MLPs are created (None: the default device).
+        dense_device: where the MLPs are (None: the default device); drawn on the CPU
+            for any other device, so that a seed gives the same weights everywhere.
         embedding_device: where the tables are created; "meta" (the default) for
             sharding, a real device for an unsharded model.
         dropout: dropout probability after the over arch's hidden layers in training
@@ -113,7 +127,14 @@ def build_dlrm_train(
     ebc = EmbeddingBagCollection(
         tables=build_embedding_bag_configs(config), device=embedding_device
     )
-    dlrm = INTERACTIONS[config.interaction_type].build(config, PooledSparseArch(ebc), dense_device)
+    # The MLPs are drawn by the CPU's generator and then moved to ``dense_device``: CUDA's
+    # generator draws other numbers from the same seed, and one seed should give one model
+    # on every device, as the tables' seeded init does.
+    draws_elsewhere = dense_device is not None and dense_device.type not in ("cpu", "meta")
+    dlrm = INTERACTIONS[config.interaction_type].build(
+        config, PooledSparseArch(ebc), torch.device("cpu") if draws_elsewhere else dense_device)
+    if draws_elsewhere:
+        move_dense_part(dlrm, dense_device)  # type: ignore[arg-type]
     if dropout > 0:
         add_over_arch_dropout(dlrm, dropout)
     return (WeightedDLRMTrain if weighted else DLRMTrain)(dlrm)  # type: ignore[arg-type]

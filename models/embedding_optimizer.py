@@ -12,7 +12,7 @@ Example::
 from typing import Any
 
 import torch
-from fbgemm_gpu.tbe.config import WeightDecayMode
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode  # here in FBGEMM 1.6 to 1.9 (1.6 has no tbe.config)
 from torch import nn
 from torchrec.optim import RowWiseAdagrad
 

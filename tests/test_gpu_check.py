@@ -6,10 +6,12 @@ import contextlib
 import faulthandler
 import io
 import itertools
+import math
 import os
 import time
 
 import pytest
+import torch
 
 from bench import gpu_check
 from harness import matrix
@@ -64,6 +66,14 @@ def test_tolerance_per_precision():
     assert tolerance == matrix.STEPS * gpu_check.FP16_STEP and "stochastically" in why
     tolerance, why = gpu_check.reference_tolerance({**fp32, "amp": True, "allow_tf32": True})
     assert tolerance == 1e-2 and "bf16" in why
+
+
+def test_fp16_step_is_the_spacing_of_fp16_values():
+    """Against fp16 itself: the next fp16 value above each weight is one step away."""
+    weights = torch.tensor([3e-7, 7e-5, 2.0 ** -14, 0.1, 0.158, 0.25, 0.3, -0.6, 1.0, 900.0]).half()
+    above = torch.nextafter(weights.abs(), torch.tensor(float("inf"), dtype=torch.half))
+    assert torch.equal(gpu_check.fp16_step(weights.float()), (above - weights.abs()).float())
+    assert gpu_check.FP16_STEP == gpu_check.fp16_step(torch.tensor(1 / math.sqrt(min(matrix.TABLE_ROWS)))).item()
 
 
 def test_world_sizes_scale_to_the_gpus_present():

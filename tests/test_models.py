@@ -12,6 +12,7 @@ from data.batching import BatchBuilder
 from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, SPARSE_FEATURE_NAMES
 from common.config_flags import FlagError
 from models import ModelConfig, build_dlrm_train
+from models.builder import move_dense_part
 from models.interactions import INTERACTIONS, Interaction, register
 from models.interactions.dcn import DCNConfig
 from models.interactions.dot import DotConfig
@@ -71,6 +72,29 @@ def test_tables_are_on_meta_device():
     model = build_dlrm_train(CONFIGS["original"])
     tables = [p for n, p in model.named_parameters() if "embedding_bags" in n]
     assert len(tables) == NUM_SPARSE_FEATURES and all(t.is_meta for t in tables)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_move_dense_part_moves_everything_but_the_tables_in_place(name):
+    """What a CUDA build does after drawing the MLPs on the CPU (CUDA's generator draws
+    other numbers from the same seed): every dense parameter and buffer moves to the
+    device with the values drawn; the tables stay where they are."""
+    torch.manual_seed(0)
+    dlrm = build_dlrm_train(CONFIGS[name], dense_device=torch.device("cpu"),
+                            embedding_device=torch.device("cpu")).model
+    drawn = {n: p.detach().clone() for n, p in dlrm.named_parameters()}
+    buffers = [n for n, _ in dlrm.named_buffers() if not n.startswith("sparse_arch.")]
+    move_dense_part(dlrm, torch.device("meta"))
+    assert [n for n, _ in dlrm.named_parameters()] == list(drawn)
+    for n, p in dlrm.named_parameters():
+        assert p.is_meta != n.startswith("sparse_arch."), n
+        if not p.is_meta:
+            assert torch.equal(p, drawn[n]), n
+    assert all(b.is_meta for n, b in dlrm.named_buffers() if n in buffers)
+    torch.manual_seed(0)
+    again = build_dlrm_train(CONFIGS[name], dense_device=torch.device("cpu"),
+                             embedding_device=torch.device("cpu")).model
+    assert all(torch.equal(p, drawn[n]) for n, p in again.named_parameters()), "the draw depends on the seed alone"
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

@@ -132,7 +132,7 @@ class Trainer:
         startup = StartupReport(config, env)
         startup.before_setup(dataset)  # what is being built, before the seconds (or minutes) it takes
         self.source.check_values(dataset)
-        # Model: identical dense init on every rank and world size (seeded here),
+        # Model: identical dense init on every rank, world size and device (seeded here),
         # tables on the meta device until sharded.
         torch.manual_seed(config.seed)
         self.weighted = config.data.weight_column is not None  # weighted loss and metrics

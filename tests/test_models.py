@@ -97,6 +97,24 @@ def test_move_dense_part_moves_everything_but_the_tables_in_place(name):
     assert all(torch.equal(p, drawn[n]) for n, p in again.named_parameters()), "the draw depends on the seed alone"
 
 
+def test_a_cuda_build_draws_the_same_mlps_as_a_cpu_build(monkeypatch):
+    """The decision a CUDA build makes, checked without CUDA: the MLPs are drawn on the
+    CPU from the seed (the values a CPU build gets) and handed to `move_dense_part` for
+    the GPU; the tables stay on the meta device."""
+    import models.builder
+    moved = []
+    monkeypatch.setattr(models.builder, "move_dense_part", lambda dlrm, device: moved.append((dlrm, device)))
+    torch.manual_seed(0)
+    cuda_build = build_dlrm_train(CONFIGS["dcn"], dense_device=torch.device("cuda", 0))
+    torch.manual_seed(0)
+    cpu_build = build_dlrm_train(CONFIGS["dcn"], dense_device=torch.device("cpu"))
+    assert len(moved) == 1 and moved[0][0] is cuda_build.model and moved[0][1] == torch.device("cuda", 0)
+    for (n, a), (_, b) in zip(cuda_build.named_parameters(), cpu_build.named_parameters()):
+        assert a.is_meta == b.is_meta == ("embedding_bags" in n), n
+        if not a.is_meta:
+            assert torch.equal(a, b), n
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_forward_shapes(name):
     torch.manual_seed(0)

@@ -285,6 +285,24 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
+def _checked_rng_state(state: Any) -> dict[str, Any]:
+    """``state`` if it has the kinds, keys and sizes `_rng_state` writes (the CUDA state,
+    saved on GPU hosts, may be there or not); ValueError naming what differs. Checked
+    whole before any generator is set, so a refused file changes none of them."""
+    if not isinstance(state, dict) or not {"torch", "python"} <= set(state) <= {"torch", "python", "cuda"}:
+        found = sorted(map(repr, state)) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"expected a dictionary of 'torch', 'python' (and 'cuda'), found {found}")
+    for key in [key for key in ("torch", "cuda") if key in state]:
+        value = state[key]
+        if not (isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1):
+            raise ValueError(f"'{key}' is not a 1-D byte tensor")
+    expected_bytes = torch.get_rng_state().numel()
+    if state["torch"].numel() != expected_bytes:
+        raise ValueError(f"'torch' holds {state['torch'].numel()} bytes, not {expected_bytes}")
+    random.Random().setstate(state["python"])  # raises on anything but a generator's state
+    return state
+
+
 def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
@@ -550,7 +568,14 @@ def load_checkpoint(path: str, state: dict[str, Any], rank: int, restore_rng: bo
     if restore_rng and (rank_file in manifest if manifest is not None else g_pathmgr.exists(join(path, rank_file))):
         data = _read_checked(path, rank_file, manifest)
         try:
-            _set_rng_state(torch.load(io.BytesIO(data), weights_only=True))
+            loaded = torch.load(io.BytesIO(data), weights_only=True)
         except (pickle.UnpicklingError, RuntimeError, LookupError, TypeError, ValueError) as e:
             raise CheckpointError(f"checkpoint file {join(path, rank_file)}: not the random-generator state "
                                   "the project saves (tensors and plain values): refused") from e
+        try:
+            generators = _checked_rng_state(loaded)
+        except (TypeError, ValueError) as e:
+            first_line = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise CheckpointError(f"checkpoint file {join(path, rank_file)}: not the random-generator state "
+                                  f"the project saves ({first_line}): refused") from e
+        _set_rng_state(generators)

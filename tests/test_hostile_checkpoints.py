@@ -15,6 +15,7 @@ import io
 import json
 import os
 import pickle
+import random
 import shutil
 import subprocess
 import sys
@@ -317,13 +318,20 @@ def storage_transformed(c: Crafted, draw) -> tuple[str, str]:
 
 def rng_file_replaced(c: Crafted, draw) -> tuple[str, str]:
     """rank_0.pt (the RNG states a resume restores) replaced by a pickled object, a
-    dictionary without the states, or a tensor."""
-    data = draw(st.sampled_from(["object", "dictionary", "tensor"]))
+    dictionary without the states, a tensor, or the states with one of them wrong (a
+    valid CPU state beside a broken Python one: neither may be set)."""
+    data = draw(st.sampled_from(["object", "dictionary", "tensor", "python_state_broken", "torch_state_short",
+                                 "extra_key"]))
+    other_torch_state = torch.Generator().manual_seed(draw(st.integers(0, 2**31))).get_state()
+    states = {"dictionary": {"python": 1}, "tensor": torch.zeros(3),
+              "python_state_broken": {"torch": other_torch_state, "python": (3, (1, 2), None)},
+              "torch_state_short": {"torch": other_torch_state[:100], "python": random.getstate()},
+              "extra_key": {"torch": other_torch_state, "python": random.getstate(), "numpy": 1}}
     with open(os.path.join(c.path, "rank_0.pt"), "wb") as f:
         if data == "object":
             f.write(payload(c.marker))
         else:
-            torch.save({"python": 1} if data == "dictionary" else torch.zeros(3), f)
+            torch.save(states[data], f)
     return "rank_0.pt", "random-generator state"
 
 
@@ -373,8 +381,11 @@ def test_every_lie_is_refused_before_anything_is_read(saved, mutation, old_forma
         c = Crafted(saved, root)
         key, what = mutation(c, data.draw)
         c.save(old_format)
+        generators = torch.get_rng_state(), random.getstate()
         message = refusal(lambda: load_checkpoint(c.path, live_state(saved), rank=0, restore_rng=True), c)
         assert key in message and what in message, message
+        assert torch.equal(torch.get_rng_state(), generators[0]) and random.getstate() == generators[1], \
+            "a refused checkpoint set a random generator"
         if key.startswith("model."):  # what export and --mode test load
             assert refusal(lambda: load_checkpoint_model(c.path), c) == message
 

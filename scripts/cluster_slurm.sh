@@ -121,8 +121,8 @@ GRANT ALL ON $DATABASE.* TO 'slurm'@'127.0.0.1';
 EOF
 
 # 2. The configuration: each compute host's share of this machine's CPUs and memory.
-cpus=$(($(nproc) / ${#compute[@]}))
-[ "$cpus" -ge 1 ] || cpus=1
+# The CPUs are those on_host.sh pins a compute host to (every host gets as many).
+cpus=$("$ON_HOST" "${compute[0]}" nproc)
 memory_mb=$(($(usable_memory_mb) / ${#compute[@]}))
 # No NodeAddr: each node is reached by its name, which /etc/hosts resolves (see
 # CommunicationParameters below), so a host back at another address is found there.

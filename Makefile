@@ -17,7 +17,7 @@ TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.05 --optimizer adag
 	--validation_freq_within_epoch 400 --log_every_n_steps 100 --seed 0 \
 	--log_path runs/make_train.jsonl
 
-.PHONY: install data train train-dcnv2 sweep-example docs-figures slurm-up cluster-up cluster-down test test-multihost test-native test-fast test-hostile test-matrix bench serving-cpp clean
+.PHONY: install data train train-dcnv2 sweep-example docs-figures slurm-up cluster-up cluster-down test test-cluster test-multihost test-native test-fast test-hostile test-matrix bench serving-cpp clean
 
 install: $(STAMP)
 
@@ -68,7 +68,13 @@ cluster-down:
 # The files go out in tests/conftest.py's order (the most slow tests first), not xdist's.
 TEST_WORKERS ?= 2
 test: install
-	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not multihost and not native" tests
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not multihost and not native and not cluster" tests
+
+# The tests on the one-node Slurm cluster (make slurm-up, as root): one process, since
+# their jobs share the node's CPUs and would only queue behind each other. Out of make
+# test's 15 minutes (docs/tests.md); .ci/run runs them after make test.
+test-cluster: install
+	$(PYTHON) -m pytest -q -m cluster tests
 
 # The tests on the multi-host cluster (make cluster-up, as root): one process, since they
 # take the cluster in turn (tests/support/cluster.py's lock) and would only keep a second
@@ -76,8 +82,9 @@ test: install
 test-multihost: install
 	$(PYTHON) -m pytest -q -m multihost tests
 
-# What compiles native code (AOTInductor packages, serving/cpp's program): out of make
-# test's 15 minutes; .ci/run runs it after make test (docs/tests.md).
+# What compiles native code (AOTInductor packages, serving/cpp's program, --compile's
+# Inductor kernels): out of make test's 15 minutes; .ci/run runs it after make test
+# (docs/tests.md).
 test-native: install
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m native tests
 

@@ -76,6 +76,7 @@ COMPILED_LOSS_TOLERANCE = 1e-5
 
 
 @pytest.mark.slow
+@pytest.mark.native  # Inductor compiles C++ kernels: make test-native
 def test_compiled_dense_part_trains_like_eager_and_its_checkpoint_loads_without_it(one_process, tmp_path, caplog):
     """--compile under the sparse-dist pipeline: the pipeline still finds (and pipelines)
     the sharded embeddings, the losses are eager's within COMPILED_LOSS_TOLERANCE, the

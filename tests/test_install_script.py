@@ -207,7 +207,8 @@ def test_a_new_venv_imports_the_packages_from_any_directory(tmp_path):
                      ALLOW_CUDA_TORCH="1" if torch.version.cuda else "0")
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"install: torch {torch.__version__} " in result.stdout
-    assert "build; FBGEMM lookup and update checked)" in result.stdout
+    build = f"CUDA {torch.version.cuda} build of torch on the CPU, ALLOW_CUDA_TORCH" if torch.version.cuda else "CPU build"
+    assert f"({build}; FBGEMM lookup and update checked)" in result.stdout
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     # The packages whose __init__ imports no torch, and where the entry-point modules are.

@@ -150,7 +150,7 @@ def test_a_host_lost_mid_epoch_and_replaced_at_another_address_resumes_as_if_uni
     assert moved_to not in {host.address for host in cluster_hosts}
     newest: list[str] = []
 
-    def past_step_25() -> bool:  # two checkpoints done, the third not begun
+    def past_step_25() -> bool:  # two checkpoints done (a third may complete before the kill lands)
         return os.path.exists(log) and max(_losses(read_log(log)), default=0) >= 25
 
     with contextlib.ExitStack() as moved:
@@ -261,10 +261,11 @@ def test_a_host_lost_under_slurm_requeues_the_job_which_resumes_on_it_back_at_an
     the torchrun case above): its slurmd registers, the node returns by itself
     (ReturnToService=2), and slurmctld and srun reach it at its new address (nodes
     addressed by name, NoAddrCache). The requeued job runs a rank there and resumes
-    from step 20."""
+    from the newest checkpoint the first run completed (step 10 or later: the kill
+    lands some steps after rank 0 logged step 15, as the test polls the log)."""
     ckpt, log = str(tmp_path / "ckpt"), str(tmp_path / "log.jsonl")
     job_id, lost, _ = _submit_and_lose_a_host(slurm_hosts, torchx_env, _args(synthetic_dir, ckpt, log), log,
-                                              lose_after_step=25, max_retries=1)
+                                              lose_after_step=15, max_retries=1)
     moved_to = lost.address.rsplit(".", 1)[0] + ".200"  # cluster_up.sh gives hosts .10 to .109
     try:
         def requeued() -> bool:
@@ -276,7 +277,7 @@ def test_a_host_lost_under_slurm_requeues_the_job_which_resumes_on_it_back_at_an
         assert _node_state(slurm_hosts, lost.name) == "down*"
         # Every rank of the first run is gone: its newest complete checkpoint is final.
         newest = complete_checkpoints(ckpt)[-1]
-        assert newest == os.path.join(ckpt, f"step_{2 * EVERY:09d}")
+        assert os.path.join(ckpt, f"step_{EVERY:09d}") <= newest < os.path.join(ckpt, f"step_{STEPS:09d}")
         with _address_moved(lost, moved_to):
             # The host is back: its slurmd starts (and daemonizes) as at its boot.
             subprocess.run([ON_HOST, lost.name, "/usr/sbin/slurmd"], check=True, timeout=60, stdin=subprocess.DEVNULL,

@@ -96,8 +96,8 @@ HOSTILE_EXAMPLES ?= 200
 test-hostile: install
 	HOSTILE_EXAMPLES=$(HOSTILE_EXAMPLES) $(PYTHON) -m pytest -q tests/test_hostile_*.py
 
-# The correctness matrix over every triple of choices (make test runs every pair;
-# MATRIX_STRENGTH=2 runs those pairs alone, as .ci/run does on the second stack).
+# The correctness matrix over every triple of choices; MATRIX_STRENGTH=2 covers every
+# pair, what .ci/run runs on every stack after the suite (out of make test's 15 minutes).
 MATRIX_STRENGTH ?= 3
 test-matrix: install
 	$(PYTHON) -m harness.matrix --strength $(MATRIX_STRENGTH)

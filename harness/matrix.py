@@ -3,8 +3,8 @@
 Every dimension below takes its choices from the constants the flags are built from,
 so a new choice (an optimizer, a sharding type, a pipeline) joins the matrix by
 itself. A covering-array generator picks cases so that every pair (``strength`` 2,
-what ``make test`` runs) or every triple (``strength`` 3, ``make test-matrix``) of
-choices appears in at least one case. Each case trains a tiny model and checks:
+what ``.ci/run`` runs on every stack) or every triple (``strength`` 3, ``make
+test-matrix``) of choices appears in at least one case. Each case trains a tiny model and checks:
 
 (a) sharded == unsharded: the case's run at its world size equals one process
     with the same global batch and whole tables (``table_wise`` on one rank), to the
@@ -95,7 +95,6 @@ MULTI_HOT_SIZES = [1 + i % 4 for i in range(len(TABLE_ROWS))]
 
 
 Case = dict[str, Any]  # dimension -> choice
-REPORTS: list[tuple[str, str]] = []  # (title, table) of the runs of this process, printed by pytest
 
 
 @dataclass(frozen=True)

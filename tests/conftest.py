@@ -81,29 +81,6 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: -slow_tests[item.path])
 
 
-def pytest_terminal_summary(terminalreporter):
-    """The correctness matrix's table of cases, when it ran."""
-    from harness import matrix
-    for title, table in matrix.REPORTS:
-        terminalreporter.write_sep("=", title)
-        terminalreporter.write_line(table)
-
-
-def pytest_sessionfinish(session):
-    """Under pytest-xdist (`make test` runs two workers), a worker hands the matrix
-    tables it made to the controller, which prints them."""
-    workeroutput = getattr(session.config, "workeroutput", None)
-    if workeroutput is not None:
-        from harness import matrix
-        workeroutput["matrix_reports"] = [list(report) for report in matrix.REPORTS]
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node, error):
-    from harness import matrix
-    matrix.REPORTS.extend(tuple(report) for report in getattr(node, "workeroutput", {}).get("matrix_reports", []))
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
     """In a test not marked slow, starting a process (a subprocess, a torch elastic

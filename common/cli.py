@@ -19,6 +19,7 @@ from typing import Any, NoReturn, Optional
 from collections.abc import Callable, Sequence
 
 from common.errors import EXIT_BAD_INPUT, BadInput
+from common.url_paths import redacted_text
 from common.version import VERSION
 
 # Reports bad input of program PROG with MESSAGE; returns the exit code.
@@ -27,8 +28,9 @@ MainFn = Callable[[Optional[Sequence[str]]], int]
 
 
 def print_bad_input(prog: str, message: str) -> int:
-    """Prints ``PROG: error: MESSAGE`` on stderr; returns EXIT_BAD_INPUT."""
-    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    """Prints ``PROG: error: MESSAGE`` (a URL in it without credentials) on stderr;
+    returns EXIT_BAD_INPUT."""
+    print(f"{prog}: error: {redacted_text(message)}", file=sys.stderr, flush=True)
     return EXIT_BAD_INPUT
 
 

@@ -18,6 +18,7 @@ from typing import Any, NoReturn, Optional
 from collections.abc import Callable
 
 from common.errors import BadInput
+from common.url_paths import redacted_record
 
 
 class FileFieldError(BadInput):
@@ -159,6 +160,7 @@ class JsonObject:
 
 def versioned_json(record: Any, **leading: Any) -> bytes:
     """A dataclass with a ``version`` field as indented JSON: the version first, then
-    ``leading`` (derived values written for readers), then the fields."""
-    document = asdict(record)
+    ``leading`` (derived values written for readers), then the fields; a URL's
+    credentials in any string masked (common/url_paths.py: these files travel with models)."""
+    document = redacted_record(asdict(record))
     return json.dumps({"version": document.pop("version"), **leading, **document}, indent=1).encode()

@@ -27,6 +27,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from common.errors import BadInput
+from common.url_paths import check_url_path, redacted
 
 _GLOB_CHARACTERS = re.compile(r"[*?\[]")
 _INTEGER = re.compile(r"-?[0-9]+\Z")
@@ -57,24 +58,30 @@ class FileFooter:
 
 
 def _local_or_uri(path: str, flag: str) -> tuple[pafs.FileSystem, str, str]:
-    """(filesystem, path inside it, how messages name the root)."""
+    """(filesystem, path inside it, how messages name the root: without secrets).
+
+    Raises:
+        BadInput: a URL with credentials (common/url_paths.py), or one no filesystem opens.
+    """
     if "://" not in path:
         return pafs.LocalFileSystem(), posixpath.abspath(path) if not path.startswith("/") else path, path
+    check_url_path(path, flag)  # every route to a table (training, export, predict) comes here
+    shown = redacted(path)
     if path.startswith("file://"):
-        return pafs.LocalFileSystem(), urllib.parse.unquote(path[len("file://"):]), path
+        return pafs.LocalFileSystem(), urllib.parse.unquote(path[len("file://"):]), shown
     try:
         filesystem, inner = pafs.FileSystem.from_uri(path)
-        return filesystem, inner, path
+        return filesystem, inner, shown
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
         pass  # a scheme pyarrow has no filesystem for
     except OSError as e:  # pyarrow's filesystem, but it cannot reach the store
-        raise BadInput(f"{flag} {path}: cannot open it ({e})") from e
+        raise BadInput(f"{flag} {shown}: cannot open it ({e})") from e
     try:
         import fsspec
         fs, inner = fsspec.core.url_to_fs(path)
     except (ImportError, ValueError) as e:
-        raise BadInput(f"{flag} {path}: no filesystem opens this URL ({e})") from e
-    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), inner, path
+        raise BadInput(f"{flag} {shown}: no filesystem opens this URL ({e})") from e
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), inner, shown
 
 
 def _hidden(relative: str) -> bool:
@@ -222,6 +229,11 @@ def partition_column(value: Any, kind: pa.DataType, rows: int) -> pa.Array:
     return pa.repeat(pa.scalar(value, type=kind), rows)
 
 
+class RowCountError(BadInput):
+    """A row group whose pages hold another number of rows than its footer says: the
+    splits and batches, counted from the footers, would be wrong."""
+
+
 def read_row_group(filesystem: pafs.FileSystem, footer: FileFooter, schema: pa.Schema, row_group: int,
                    names: Sequence[str]) -> pa.Table:
     """The columns ``names`` of one row group of a file (partition columns made from
@@ -229,6 +241,8 @@ def read_row_group(filesystem: pafs.FileSystem, footer: FileFooter, schema: pa.S
 
     Raises:
         BadInput: the row group cannot be read.
+        RowCountError: its pages hold another number of rows than the footer says
+            (pyarrow reads what the pages hold and believes the footer elsewhere).
     """
     own = [n for n in names if n not in footer.partitions]
     try:
@@ -236,6 +250,9 @@ def read_row_group(filesystem: pafs.FileSystem, footer: FileFooter, schema: pa.S
             table = pq.ParquetFile(handle).read_row_group(row_group, columns=own)
     except (pa.ArrowInvalid, OSError) as e:
         raise BadInput(f"{footer.path}: row group {row_group} cannot be read ({e})") from e
+    if own and table.num_rows != footer.row_group_rows[row_group]:  # no column read: no rows counted
+        raise RowCountError(f"{footer.path}: row group {row_group} holds {table.num_rows} rows, but the file's footer "
+                            f"says {footer.row_group_rows[row_group]} (a corrupt or rewritten footer)")
     for name in names:
         if name in footer.partitions:
             table = table.append_column(schema.field(name), partition_column(

@@ -31,10 +31,12 @@ import pyarrow as pa
 from torchrec.datasets.utils import Batch
 
 from common.errors import BadInput
+from common.url_paths import redacted
 from data.batching import BatchBuilder, RankBatchLayout
 from data.id_collisions import CollisionCounter
 from data.parquet_columns import ColumnValueError, ParquetColumns
-from data.parquet_files import check_same_types, file_schema, list_files, read_footers, read_row_group
+from data.parquet_files import (RowCountError, check_same_types, file_schema, list_files, read_footers,
+                                read_row_group)
 from data.parquet_split import (DEFAULT_INTEGER_WINDOW, DEFAULT_ROW_FRACTION, DEFAULT_TIME_WINDOW, Segment, TimeIndex,
                                  row_fraction_splits)
 from data.parquet_windows import Window, parse_window
@@ -86,7 +88,7 @@ class ParquetDataset:
                            f"{', '.join(self.schema.names)})")
         check_same_types(self.footers, metadata, self.schema, read)
         if sum(f.num_rows for f in self.footers) == 0:
-            raise BadInput(f"--parquet_path {path}: the table has no rows ({len(files)} file(s))")
+            raise BadInput(f"--parquet_path {redacted(path)}: the table has no rows ({len(files)} file(s))")
         self.time: Optional[TimeIndex] = None
         if time_column is None:
             assert num_windows is None, "rolling windows are time windows"  # refused with the flags
@@ -113,7 +115,7 @@ class ParquetDataset:
         for split, segments in self.splits.items():
             if not segments:
                 what = split if num_windows is not None else f"the {split} split"
-                raise BadInput(f"--parquet_path {path}: {what} has no rows ({self.describe_splits()})")
+                raise BadInput(f"--parquet_path {redacted(path)}: {what} has no rows ({self.describe_splits()})")
 
     def read_row_group(self, file: int, row_group: int, names: Sequence[str]) -> pa.Table:
         """The columns ``names`` of one row group (partition columns made from the path)."""
@@ -289,13 +291,13 @@ class ParquetLoader:
         for b in range(start_batch, len(self)):
             lo, hi = self._layout.rows(b)
             if self._layout.world_size == 1:
-                yield self._convert(self._pieces(order, cache, lo, hi))  # its checks see every row
+                yield self._convert(self._global_pieces(order, cache, lo, hi, b))  # its checks see every row
                 continue
             # Every rank checks the values of the whole global batch, so that a bad value
             # stops every rank at the same batch, before any collective on it (a rank
             # reads the row groups holding its own rows anyway, mostly the same ones).
             g_lo, g_hi = self._layout.global_rows(b)
-            pieces = self._pieces(order, cache, g_lo, g_hi)
+            pieces = self._global_pieces(order, cache, g_lo, g_hi, b)
             table = pa.concat_tables([p.table for p in pieces])
             try:
                 self._columns.check_values(table)
@@ -306,6 +308,15 @@ class ParquetLoader:
                 total = float(np.asarray(table.column(self._columns.weight).to_numpy(), dtype=np.float64).sum())
                 normalizer = total / self._layout.world_size if total > 0 else 1.0
             yield self._convert(_slice_pieces(pieces, lo - g_lo, hi - g_lo), normalizer)
+
+    def _global_pieces(self, order: _EpochOrder, cache: "OrderedDict[int, pa.Table]", lo: int, hi: int,
+                       batch: int) -> list[_Piece]:
+        """`_pieces` of the global batch ``batch``: every rank reads its row groups, so a
+        row group whose footer lies stops every rank at this batch, as a bad value does."""
+        try:
+            return self._pieces(order, cache, lo, hi)
+        except RowCountError as e:
+            raise ParquetValueError(f"{e} (batch {batch} of the split)") from None
 
     def _pieces(self, order: _EpochOrder, cache: "OrderedDict[int, pa.Table]", lo: int, hi: int) -> list[_Piece]:
         """Rows [lo, hi) of the epoch's order: (table, where each row comes from) per block."""

@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any, Optional
 
 from common.config_flags import FlagError, option
+from common.url_paths import check_url_path
 from data.config import BatchLoader
 from data.parquet_windows import Window, parse_window
 from data.sources import DataSource, FeatureDescription
@@ -30,6 +31,8 @@ class ParquetSource(DataSource):
 
     def check_flags(self) -> None:
         config = self.config
+        # Before anything is written: the path is printed and recorded.
+        check_url_path(config.parquet_path or "", option(config, "parquet_path"), FlagError)
         if not config.sparse_columns:
             raise FlagError(f"{option(config, 'parquet_path')} needs {option(config, 'sparse_columns')} "
                             "(the categorical columns, e.g. C1,C2 or C*)")

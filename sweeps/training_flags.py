@@ -12,6 +12,8 @@ Example::
 import argparse
 from typing import Any
 
+from common.errors import BadInput
+from common.url_paths import check_url_path
 from sweeps.spec import SCALE_KEY, RunSpec, SweepSpec
 
 
@@ -112,6 +114,11 @@ def run_commands(spec: SweepSpec) -> dict[str, list[str]]:
             if switches[name] and not isinstance(value, bool):
                 section = varied.get(name, "flags")
                 raise spec.error(f"{section}.{name}", f"an on/off flag: expected true or false, got {value!r}")
+            if isinstance(value, str):  # run.json keeps the command line: no credentials in it, on any scheduler
+                try:
+                    check_url_path(value, f"--{name}")
+                except BadInput as e:
+                    raise spec.error(f"{varied.get(name, 'flags')}.{name}", str(e)) from None
         argv = flags_to_argv(flags, switches)
         try:
             args = parser.parse_args(argv)

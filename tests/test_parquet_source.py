@@ -245,6 +245,28 @@ def test_bad_value_names_file_row_group_row_column(tmp_path, column, value, what
     assert str(caught.value) == f"{path}: row group 2, row 9, column {column}: {what}"
 
 
+def test_a_footer_that_lies_about_a_row_group_stops_every_rank_at_the_same_batch(tmp_path):
+    """Row group 0 of part-01 holds 10 rows and its footer says 12: pyarrow reads the
+    10 and the splits count 12. Each rank reads the whole global batch's row groups, so
+    both raise the same line at the same batch (training: exit 2 on every rank)."""
+    from tests.support.hostile import rewrite_row_group_rows
+
+    _write_table(str(tmp_path), file_rows=(20, 20), row_groups=(4, 10))
+    path = str(tmp_path / "part-01.parquet")
+    rewrite_row_group_rows(path, 0, 12)
+    config = _config(str(tmp_path), batch_size=2, validation_window="0.05", test_window="0.05")
+    stops = []
+    for rank in range(2):
+        batches = 0
+        with pytest.raises(ParquetValueError) as caught:
+            for _ in _loaders(config, rank, 2)["train"]:
+                batches += 1
+        stops.append((batches, str(caught.value)))
+    # Rows 20-23 (global batch 5) are the first of the lying row group.
+    assert stops == [(5, f"{path}: row group 0 holds 10 rows, but the file's footer says 12 (a corrupt or "
+                         "rewritten footer) (batch 5 of the split)")] * 2
+
+
 @pytest.mark.parametrize("flags, message", [
     (dict(sparse_columns=None), "--parquet_path needs --sparse_columns"),
     (dict(multi_hot_sizes=[2] * 26), "--multi_hot_sizes expands one-hot data; Parquet list columns"),

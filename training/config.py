@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from common.config_flags import FlagError, check_choices, flag, option
+from common.url_paths import check_url_path
 from data.config import DataConfig
 from models.config import ModelConfig, TableSizes
 from models.embedding_optimizer_config import EMBEDDING_OPTIMIZERS, EmbeddingOptimizerConfig
@@ -104,6 +105,8 @@ class CheckpointConfig:
                              ("resume", self.resume)):
             if needed and not self.checkpoint_dir:
                 raise FlagError(f"{option(self, name)} needs {option(self, 'checkpoint_dir')}")
+        for name in ("checkpoint_dir", "restore_checkpoint_path"):  # iopath paths: printed and recorded
+            check_url_path(getattr(self, name) or "", option(self, name), FlagError)
         if self.resume and self.restore_checkpoint_path:
             raise FlagError(f"give {option(self, 'resume')} (full state) or {option(self, 'restore_checkpoint_path')} "
                             "(weights only), not both")

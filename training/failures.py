@@ -27,6 +27,7 @@ import traceback
 from common.atomic import write_json
 from common.errors import EXIT_BAD_INPUT, BadInput, RankError
 from common.sigterm import Terminated
+from common.url_paths import redacted_text
 
 EXIT_FAILED = 1
 EXIT_NON_FINITE_LOSS = 3
@@ -35,7 +36,9 @@ EXIT_TERMINATED = 128 + signal.SIGTERM
 
 def print_whole(text: str) -> None:
     """Writes ``text`` (whole lines) to stderr in one write, flushed: the ranks of a
-    torchrun job share its stderr, and a line written in pieces is cut by another's."""
+    torchrun job share its stderr, and a line written in pieces is cut by another's. A URL
+    in it (a traceback's included) is shown without credentials."""
+    text = redacted_text(text)
     sys.stderr.write(text if text.endswith("\n") else text + "\n")
     sys.stderr.flush()
 
@@ -130,6 +133,6 @@ def _record_for_torchrun(message: str) -> None:
         return
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        write_json(path, {"message": message, "timestamp": int(time.time())})
+        write_json(path, {"message": redacted_text(message), "timestamp": int(time.time())})
     except OSError:
         pass  # the message is on stderr already; a missing summary line is not worth a crash

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 
 from tqdm import tqdm
 
+from common.url_paths import redacted_record, redacted_text
 from training.metrics import METRIC_NAMES
 
 if TYPE_CHECKING:
@@ -118,6 +119,7 @@ class RunLog:
         if self._file is None:
             return
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in fields.items()}
+        clean = redacted_record(clean)  # a URL's credentials, whatever route brought them here
         self._file.write(json.dumps({"event": event, "run_id": self.run_id, "time": time.time(), **clean}) + "\n")
 
     def record_config(self, config: "TrainConfig", world_size: int, resolved_device: str) -> None:
@@ -129,6 +131,7 @@ class RunLog:
     def print(self, line: str) -> None:
         if not self.enabled:
             return
+        line = redacted_text(line)
         if self._bar is not None:
             self._bar.write(line, file=sys.stdout)
         else:

@@ -21,6 +21,7 @@ from typing import Any, Optional
 from collections.abc import Mapping
 
 from common.byte_sizes import format_bytes
+from common.url_paths import redacted
 from data.config import RANDOM_DATA_BATCHES, SPLITS, BatchLoader
 from data.sources import source_for
 from models.config import ModelConfig
@@ -49,7 +50,8 @@ def _table_bytes(model: ModelConfig) -> int:
 
 
 def _data_source(config: TrainConfig) -> str:
-    return source_for(config.data).path or "random data"
+    path = source_for(config.data).path
+    return redacted(path) if path else "random data"
 
 
 def split_rows(config: TrainConfig, dataset: Any, world_size: int) -> dict[str, int]:
@@ -70,9 +72,9 @@ def _outputs_line(config: TrainConfig) -> str:
     if not flags.checkpoint_dir:
         checkpoints = "none (no --checkpoint_dir)"
     else:
-        checkpoints = flags.checkpoint_dir + (f" ({', '.join(when)})" if when else "")
+        checkpoints = redacted(flags.checkpoint_dir) + (f" ({', '.join(when)})" if when else "")
     return (f"outputs: JSON log {config.log_path or 'none (no --log_path)'} | checkpoints {checkpoints} | "
-            f"TensorBoard {config.tensorboard_dir or 'none'}")
+            f"TensorBoard {redacted(config.tensorboard_dir or 'none')}")
 
 
 def _precision_line(config: TrainConfig, env: DistributedEnv) -> str:

@@ -139,3 +139,29 @@ def test_a_bad_value_mid_stream_stops_every_rank_at_the_same_batch(tmp_path, cap
         rf"dlrm_main.py: error: bad data, found at step \d \(epoch 0, training\): {re.escape(path)}: row group 0, "
         r"row 12, column I1: dense value nan is not finite \(batch 2 of the split\)", errors[0]), errors
     assert len(step_losses(read_log(log))) <= 2  # nothing trained on batch 2 or after
+
+
+@pytest.mark.slow
+def test_a_footer_that_lies_stops_every_rank_at_the_same_batch(tmp_path, capfd):
+    """The second file of the first day holds 50 rows in its one row group and its
+    footer (rewritten) says 60: before, the splits counted 60 and training read on into
+    a NaN loss; now both ranks stop at the batch that reads it, exit 2, with one line
+    naming the file and row group."""
+    import dlrm_main
+    from harness.launch import launch
+    from tests.support.hostile import rewrite_row_group_rows
+
+    table = str(tmp_path / "clicks")
+    write_click_log(table)
+    path = os.path.join(table, "date=2026-11-01", "part-1.parquet")
+    rewrite_row_group_rows(path, 0, 60)
+    log = str(tmp_path / "log.jsonl")
+    codes = launch(dlrm_main.main, ["--parquet_path", table, *TINY, "--log_path", log])
+    assert codes == {0: 2, 1: 2}
+    errors = [line for line in capfd.readouterr().err.splitlines() if "error:" in line]
+    # Global batch 2 (rows 64-95) holds the first day's first file's last 6 rows, then this file's.
+    assert len(errors) == 1 and re.fullmatch(
+        rf"dlrm_main.py: error: bad data, found at step \d \(epoch 0, training\): {re.escape(path)}: row group 0 "
+        r"holds 50 rows, but the file's footer says 60 \(a corrupt or rewritten footer\) \(batch 2 of the split\)",
+        errors[0]), errors
+    assert len(step_losses(read_log(log))) <= 2

@@ -4,6 +4,8 @@ import dataclasses
 import json
 import time
 
+import pytest
+
 from data.loaders import build_loaders
 from training.distributed import resolve_env
 from training.flags import parse_config
@@ -88,3 +90,54 @@ def test_config_record_is_the_whole_configuration_with_the_world_size_and_device
     assert record == {"event": "config", "run_id": log.run_id, "world_size": 2, "resolved_device": "cpu",
                       **json.loads(json.dumps(dataclasses.asdict(config)))}
     assert record["model"]["embedding_dim"] == 8 and record["data"]["batch_size"] == 16
+
+
+def _check(path):
+    from common.run_log_file import check_appendable
+    from common.errors import BadInput
+
+    try:
+        check_appendable(str(path))
+    except BadInput as e:
+        return str(e)
+    return None
+
+
+def test_log_path_must_be_a_run_log_new_or_empty(tmp_path):
+    import numpy as np
+
+    log = tmp_path / "run.jsonl"
+    assert _check(log) is None  # a new file
+    log.write_text("")
+    assert _check(log) is None  # an empty one
+    runs = RunLog(True, str(log), progress=False)
+    runs.record("config", world_size=1)
+    runs.close()
+    assert _check(log) is None  # a run log: the next run appends to it
+    np.save(tmp_path / "day_0_dense.npy", np.ones((4, 13), np.float32))
+    refusal = ("holds something other than a training run log (its first line is not a record of one), and a run "
+               "appends to it: give a new file, or a run log to add this run to")
+    assert _check(tmp_path / "day_0_dense.npy") == f"--log_path {tmp_path / 'day_0_dense.npy'}: {refusal}"
+    for name, text in (("notes.txt", "a note\n"), ("other.jsonl", '{"event": "x"}\n'), ("list.json", "[1, 2]\n"),
+                       ("cut.jsonl", '{"event": "config", "run_id": "r", "time": 1')):
+        (tmp_path / name).write_text(text)
+        assert _check(tmp_path / name) == f"--log_path {tmp_path / name}: {refusal}", name
+    assert _check(tmp_path) == f"--log_path {tmp_path} is a directory: give the JSON-lines file to write"
+
+
+@pytest.mark.slow
+def test_a_run_refuses_a_log_path_holding_data_and_leaves_it_as_it_was(tmp_path):
+    import numpy as np
+
+    from harness.launch import run_script
+
+    data = tmp_path / "day_0_dense.npy"
+    np.save(data, np.arange(1000, dtype=np.float32))
+    before = data.read_bytes()
+    proc = run_script(["dlrm_main.py", "--num_embeddings", "100", "--embedding_dim", "8", "--dense_arch_layer_sizes",
+                       "16,8", "--limit_train_batches", "2", "--log_path", str(data)], timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [f"dlrm_main.py: error: --log_path {data}: holds something other than "
+                                                "a training run log (its first line is not a record of one), and a "
+                                                "run appends to it: give a new file, or a run log to add this run to"]
+    assert data.read_bytes() == before

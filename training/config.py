@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from common.config_flags import FlagError, check_choices, flag, option
+from common.run_log_file import check_appendable
 from common.url_paths import check_url_path
 from data.config import DataConfig
 from models.config import ModelConfig, TableSizes
@@ -291,6 +292,8 @@ class TrainConfig:
                             f"{option(self.checkpoint, 'restore_checkpoint_path')}, "
                             f"or {option(self.checkpoint, 'checkpoint_dir')} for its newest one")
         self._check_rolling_windows()
+        if self.log_path:  # before anything is written: a run appends to it
+            check_appendable(self.log_path, option(self, "log_path"), FlagError)
         self.sharding_constraints.validate(self.model.table_names)
         self.sharding_constraints.check_precision(self.model.table_names, self.model.embedding_precision,
                                                   option(self.model, "embedding_precision"))

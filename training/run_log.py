@@ -120,6 +120,7 @@ class RunLog:
             return
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in fields.items()}
         clean = redacted_record(clean)  # a URL's credentials, whatever route brought them here
+        # Every record starts so (common/run_log_file.RECORD_FIELDS: what a file a run appends to must start with).
         self._file.write(json.dumps({"event": event, "run_id": self.run_id, "time": time.time(), **clean}) + "\n")
 
     def record_config(self, config: "TrainConfig", world_size: int, resolved_device: str) -> None:

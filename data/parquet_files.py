@@ -4,7 +4,10 @@
 ``file://`` URL or any URL pyarrow's filesystems open (``s3://``, ``gs://``,
 ``hdfs://``); other schemes go through fsspec. Files are taken in sorted path order;
 in a directory, names starting with ``_`` or ``.`` (``_SUCCESS``, ``.crc`` files) are
-skipped, as Spark and pyarrow do. Directories named ``key=value`` (Hive partitions,
+skipped, as Spark and pyarrow do. A glob has path semantics (`glob_regex`): ``*``, ``?``
+and ``[...]`` match within one path segment, ``**`` any number of segments; it matches
+files, and directories, which are read as a directory is; no wildcard matches a name
+starting with ``_`` or ``.``. Directories named ``key=value`` (Hive partitions,
 such as ``date=2026-11-01/``) give every row of the files below them a column
 ``key``: integers when every value of the key is one, dates when every value is an
 ISO date (YYYY-MM-DD), else strings.
@@ -14,7 +17,6 @@ table's rows are read by data/parquet_loader.py, one row group at a time.
 """
 
 import datetime
-import fnmatch
 import posixpath
 import re
 import urllib.parse
@@ -88,6 +90,71 @@ def _hidden(relative: str) -> bool:
     return any(part.startswith(("_", ".")) for part in relative.split("/"))
 
 
+# A wildcard never matches a hidden name (_SUCCESS, .crc), as a directory read skips them.
+_NOT_HIDDEN = "(?![._])"
+
+
+def _segment_regex(segment: str) -> str:
+    """One path segment of a glob as a regex: ``*`` and ``?`` within the segment, ``[...]``
+    a character class (``[!...]`` negated), anything else literal."""
+    out, i, n = [], 0, len(segment)
+    while i < n:
+        c = segment[i]
+        if c in "*?":
+            out.append((_NOT_HIDDEN if i == 0 else "") + ("[^/]*" if c == "*" else "[^/]"))
+        elif c == "[":
+            j = i + 1
+            j += j < n and segment[j] == "!"
+            j += j < n and segment[j] == "]"  # a ] first is a member: []] or [!]]
+            j = segment.find("]", j)
+            if j < 0:  # no class: a literal [
+                out.append(re.escape(c))
+            else:
+                body = segment[i + 1:j]
+                negated = body.startswith("!")
+                body = (body[1:] if negated else body).replace("\\", "\\\\")
+                out.append(("[^/" if negated else "[\\" if body.startswith("^") else "[") + body + "]")
+                i = j
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+def glob_regex(pattern: str) -> "re.Pattern[str]":
+    """A path glob as a regex over whole paths: ``*``, ``?`` and ``[...]`` within one
+    segment, a ``**`` segment any number of segments (none included).
+
+    Example::
+
+        glob_regex("lake/*/part-*.parquet").fullmatch("lake/date=2026-11-01/part-0.parquet")  # a match
+        glob_regex("lake/*.parquet").fullmatch("lake/date=2026-11-01/part-0.parquet")          # None
+    """
+    regex = ""
+    segments = pattern.rstrip("/").split("/")
+    for k, segment in enumerate(segments):
+        last = k == len(segments) - 1
+        if segment == "**":
+            regex += (f"(?:{_NOT_HIDDEN}[^/]+(?:/{_NOT_HIDDEN}[^/]+)*)?" if last else f"(?:{_NOT_HIDDEN}[^/]+/)*")
+        else:
+            regex += _segment_regex(segment) + ("" if last else "/")
+    return re.compile(regex)
+
+
+def _under_a_match(file: str, pattern: "re.Pattern[str]") -> bool:
+    """Whether the glob matches ``file`` or a directory above it that holds it under no
+    hidden name (a matched directory is read as ``--parquet_path DIRECTORY`` is)."""
+    if pattern.fullmatch(file):
+        return True
+    parts = file.split("/")
+    for k in range(len(parts) - 1, 0, -1):
+        if parts[k].startswith(("_", ".")):
+            return False  # hidden below any directory above this one
+        if pattern.fullmatch("/".join(parts[:k])):
+            return True
+    return False
+
+
 def list_files(path: str, flag: str = "--parquet_path") -> tuple[pafs.FileSystem, str, list[str]]:
     """(filesystem, root directory, the table's files in sorted path order); ``flag``
     names ``path`` in errors.
@@ -99,9 +166,10 @@ def list_files(path: str, flag: str = "--parquet_path") -> tuple[pafs.FileSystem
     try:
         if _GLOB_CHARACTERS.search(inner):
             base = inner[: _GLOB_CHARACTERS.search(inner).start()]  # type: ignore[union-attr]
-            base = base.rsplit("/", 1)[0] if "/" in base else "."
+            base = (base.rsplit("/", 1)[0] or "/") if "/" in base else "."
             infos = filesystem.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-            files = [i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatchcase(i.path, inner)]
+            pattern = glob_regex(inner)
+            files = [i.path for i in infos if i.type == pafs.FileType.File and _under_a_match(i.path, pattern)]
             root = base
         else:
             info = filesystem.get_file_info(inner)

@@ -169,6 +169,36 @@ def test_glob_single_file_and_file_url(tmp_path):
         assert sum(dataset.num_rows(s) for s in ("train", "validation", "test")) == rows
 
 
+def test_globs_have_path_semantics(tmp_path):
+    """``*`` stays within a path segment, ``**`` crosses them, a matched directory is read
+    as a directory is (hidden names skipped), and no wildcard matches a hidden name."""
+    from data.parquet_files import list_files
+
+    lake = tmp_path / "lake"
+    for day in ("2026-11-01", "2026-11-02", "2026-11-03"):
+        _write_table(str(lake / f"date={day}"), file_rows=(3, 4), row_groups=(3, 4))
+    (lake / "date=2026-11-01" / "_SUCCESS").write_text("")
+    (lake / "_tmp").mkdir()
+    pq.write_table(pa.table(_rows(0, 2, np.random.default_rng(1))), str(lake / "_tmp" / "part-00.parquet"))
+    pq.write_table(pa.table(_rows(0, 2, np.random.default_rng(1))), str(lake / "top.parquet"))
+
+    def listed(pattern):
+        return [os.path.relpath(f, lake) for f in list_files(str(lake / pattern))[2]]
+
+    assert listed("*.parquet") == ["top.parquet"]  # fnmatch's * crossed / and read every partition
+    every = [f"date=2026-11-0{d}/part-0{p}.parquet" for d in (1, 2, 3) for p in (0, 1)]
+    assert listed("**/part-*.parquet") == every  # _tmp/ is hidden from wildcards
+    assert listed("date=*") == every  # directories matched: read as directories
+    assert listed("date=2026-11-0[12]/") == every[:4]
+    assert listed("*/part-01.parquet") == every[1::2]
+    assert listed("**") == every + ["top.parquet"]
+    dataset = source_for(_config(str(lake / "date=*"), time_column="date", validation_window="1d",
+                                 test_window="1d")).open()  # the partitions are columns below the glob too
+    assert [f.partitions["date"].isoformat() for f in dataset.footers] == [f"2026-11-0{d}" for d in (1, 1, 2, 2, 3, 3)]
+    with pytest.raises(BadInput, match="no Parquet file there"):
+        list_files(str(lake / "*.csv"))
+
+
 def _bad_type(root):
     t = pa.table(_rows(0, 4, np.random.default_rng(0))).set_column(3, "C1", pa.array([1.5] * 4))
     pq.write_table(t, os.path.join(root, "part-00.parquet"))

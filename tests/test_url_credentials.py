@@ -153,3 +153,15 @@ def test_no_output_of_a_run_holds_the_credentials(tmp_path, monkeypatch):
     needles = [KEY_ID, SECRET, TOKEN]
     assert [n for n in needles if any(n in text for text in console)] == []
     assert _files_holding(str(out), [n.encode() for n in needles]) == []
+
+
+@pytest.mark.parametrize("flag", ["--checkpoint_dir", "--restore_checkpoint_path", "--tensorboard_dir",
+                                  "--parquet_path"])
+def test_every_url_flag_of_training_refuses_credentials(flag, capsys):
+    from training.flags import parse_config
+
+    extra = ["--sparse_columns", "C1"] if flag == "--parquet_path" else []
+    with pytest.raises(SystemExit) as exit_:
+        parse_config([flag, f"s3://{KEY_ID}:{SECRET}@bucket/run", *extra], "dlrm_main.py", "")
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.startswith(f"dlrm_main.py: error: {flag} s3://***@bucket/run: credentials in a URL")

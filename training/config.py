@@ -294,6 +294,7 @@ class TrainConfig:
         self._check_rolling_windows()
         if self.log_path:  # before anything is written: a run appends to it
             check_appendable(self.log_path, option(self, "log_path"), FlagError)
+        check_url_path(self.tensorboard_dir or "", option(self, "tensorboard_dir"), FlagError)  # may be a URL
         self.sharding_constraints.validate(self.model.table_names)
         self.sharding_constraints.check_precision(self.model.table_names, self.model.embedding_precision,
                                                   option(self.model, "embedding_precision"))

@@ -89,6 +89,7 @@ def _files_holding(root: str, needles: list[bytes]) -> list[str]:
 def test_no_output_of_a_run_holds_the_credentials(tmp_path, monkeypatch):
     import boto3
 
+    from tests.support.sweeps import sweeps, write_sweep
     from tests.test_parquet_training import TINY, _wait_for_port, write_click_log
 
     table = str(tmp_path / "table")
@@ -129,6 +130,13 @@ def test_no_output_of_a_run_holds_the_credentials(tmp_path, monkeypatch):
             proc = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=300)
             console += [proc.stdout, proc.stderr]
             assert proc.returncode == 0, proc.stderr[-3000:]
+        # A sweep of one run on the same URL: its run.json, log and results files.
+        sweep = write_sweep(tmp_path / "sweep.yaml", nproc_per_node=1, output_dir=str(out / "sweep"),
+                            flags={"parquet_path": url, **{k[2:]: v for k, v in zip(TINY[::2], TINY[1::2])}},
+                            grid={"learning_rate": [0.05]})
+        proc = sweeps(["run", sweep])
+        console += [proc.stdout, proc.stderr]
+        assert proc.returncode == 0, proc.stderr[-3000:]
         # The same run and predict with the credentials in the URL: refused before anything is written.
         leaky = f"s3://{KEY_ID}:{SECRET}@clicks/log?region=us-east-1&session_token={TOKEN}"
         refused = run_script(["dlrm_main.py", "--parquet_path", leaky, *TINY, "--log_path", str(out / "refused.jsonl"),
@@ -148,7 +156,8 @@ def test_no_output_of_a_run_holds_the_credentials(tmp_path, monkeypatch):
         "GOOGLE_APPLICATION_CREDENTIALS (docs/data.md)"], refused.stderr
     assert predict.returncode == 2 and f"--input {masked}" in predict.stderr.strip().splitlines()[-1]
     assert not any(os.path.exists(out / name) for name in ("refused.jsonl", "refused", "refused.parquet"))
-    assert {"log.jsonl", "ckpt", "model", "scores.parquet", "metrics.json", "run.png"} <= set(os.listdir(out))
+    assert {"log.jsonl", "ckpt", "model", "scores.parquet", "metrics.json", "run.png", "sweep"} <= set(os.listdir(out))
+    assert {"results.md", "results.csv", "results.png"} <= set(os.listdir(out / "sweep"))
     assert read_log(str(out / "log.jsonl"))
     needles = [KEY_ID, SECRET, TOKEN]
     assert [n for n in needles if any(n in text for text in console)] == []

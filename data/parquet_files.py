@@ -112,7 +112,7 @@ def _segment_regex(segment: str) -> str:
             else:
                 body = segment[i + 1:j]
                 negated = body.startswith("!")
-                body = (body[1:] if negated else body).replace("\\", "\\\\")
+                body = re.sub(r"([\\\[&~|])", r"\\\1", body[1:] if negated else body)  # literal in a class
                 out.append(("[^/" if negated else "[\\" if body.startswith("^") else "[") + body + "]")
                 i = j
         else:

@@ -169,6 +169,27 @@ def test_glob_single_file_and_file_url(tmp_path):
         assert sum(dataset.num_rows(s) for s in ("train", "validation", "test")) == rows
 
 
+@pytest.mark.parametrize("pattern, path, matches", [
+    ("lake/*.parquet", "lake/date=2026-11-01/part-0.parquet", False),
+    ("lake/*/part-?.parquet", "lake/date=2026-11-01/part-0.parquet", True),
+    ("lake/**/*.parquet", "lake/a.parquet", True),
+    ("lake/**/*.parquet", "lake/x/y/a.parquet", True),
+    ("lake/**/*.parquet", "lake/x/_tmp/a.parquet", False),
+    ("lake/*", "lake/.crc", False),
+    ("lake/part-0[!12].parquet", "lake/part-01.parquet", False),
+    ("lake/part-0[!12].parquet", "lake/part-03.parquet", True),
+    ("lake/[]x].p", "lake/].p", True),
+    ("lake/[^x].p", "lake/^.p", True),
+    ("lake/[[]x", "lake/[x", True),
+    ("lake/a[b", "lake/a[b", True),
+    ("lake/a.b", "lake/aXb", False),
+])
+def test_glob_regex(pattern, path, matches):
+    from data.parquet_files import glob_regex
+
+    assert bool(glob_regex(pattern).fullmatch(path)) is matches
+
+
 def test_globs_have_path_semantics(tmp_path):
     """``*`` stays within a path segment, ``**`` crosses them, a matched directory is read
     as a directory is (hidden names skipped), and no wildcard matches a hidden name."""

@@ -90,12 +90,12 @@ def redacted_text(text: str) -> str:
 
 def redacted_record(value: Any) -> Any:
     """A JSON value (a log record, a meta.json document) with every string in it
-    `redacted_text`; the same object when nothing changes."""
+    `redacted_text` (a copy of its lists and dicts)."""
     if isinstance(value, str):
         return redacted_text(value)
     if isinstance(value, dict):
         return {key: redacted_record(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
+    if type(value) in (list, tuple):  # not a named tuple, which is built otherwise (and holds no path)
         return type(value)(redacted_record(item) for item in value)
     return value
 

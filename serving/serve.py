@@ -3,6 +3,7 @@
     python -m serving.serve --model MODEL_DIR [--host 127.0.0.1] [--port 8080]
         [--variant fp32|fp16|int8|fp32_aoti|...] [--trust_native_code] [--max_batch_rows 4096] [--max_batch_delay_ms 2] [--num_threads N]
         [--max_body_bytes 67108864] [--request_timeout_s 30] [--max_connections 256] [--parse_threads 2]
+        [--drain_timeout_s 20]
 
 ``POST /predict`` with lines in the model's input layout as the body (as ``python -m
 serving.predict`` reads them: raw Criteo lines, or BYO CSV rows for a model trained
@@ -21,8 +22,12 @@ uvicorn (its h11 protocol) does the HTTP framing on one event-loop thread, so a 
 stalled client holds a socket, not a thread. Bodies are parsed and transformed on
 --parse_threads threads; one model thread runs the waiting requests' rows together: it
 takes what is queued, waits at most --max_batch_delay_ms for more, up to
---max_batch_rows rows, and runs one forward for all of them. When the server stops it
-prints one line: requests, rows and unseen ids by feature.
+--max_batch_rows rows, and runs one forward for all of them.
+
+On SIGTERM (what systemd and Kubernetes send) or SIGINT the server stops accepting
+connections, closes idle ones, lets the requests in flight finish (for at most
+--drain_timeout_s; then they are cancelled), prints one line: requests, rows and unseen
+ids by feature, and exits 0.
 
 Example::
 
@@ -51,6 +56,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from common.cli import run_cli
 from common.config_flags import flag
 from common.errors import BadInput
+from common.sigterm import Terminated, raise_on_sigterm
 from serving.cli import MODEL_DIR_HELP, parse_config, serving_parser
 from serving.input_layouts import MalformedLineError
 from serving.model_files import TRUST_FLAG
@@ -161,6 +167,9 @@ class HttpLimits:
     request_timeout_s: float = flag(30.0, help="seconds a request may take to arrive whole (408 after)")
     max_connections: int = flag(256, help="open connections at most (503 beyond)")
     parse_threads: int = flag(2, help="threads parsing request bodies")
+    # Below Kubernetes' default grace period (30 s), after which it kills the process.
+    drain_timeout_s: float = flag(20.0, help="on SIGTERM or SIGINT, seconds the requests in flight may take to "
+                                             "finish (cancelled after)")
 
     def validate(self) -> None:
         for name in ("max_body_bytes", "max_connections", "parse_threads"):
@@ -168,6 +177,8 @@ class HttpLimits:
                 raise BadInput(f"--{name} must be positive, got {getattr(self, name)}")
         if not self.request_timeout_s > 0:
             raise BadInput(f"--request_timeout_s must be positive, got {self.request_timeout_s}")
+        if not self.drain_timeout_s >= 0:
+            raise BadInput(f"--drain_timeout_s must not be negative, got {self.drain_timeout_s}")
 
 
 class HttpError(Exception):
@@ -338,6 +349,17 @@ async def _answer(send: Callable[[dict[str, Any]], Awaitable[None]], status: int
     await send({"type": "http.response.body", "body": body})
 
 
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server saying, when it starts to stop, how many requests it lets finish."""
+
+    async def shutdown(self, sockets: Optional[list[socket.socket]] = None) -> None:
+        in_flight = len(self.server_state.tasks)
+        if in_flight:
+            print(f"stopping: no new connections; finishing {in_flight} request(s) in flight (at most "
+                  f"--drain_timeout_s {self.config.timeout_graceful_shutdown:g} s)", flush=True)
+        await super().shutdown(sockets)
+
+
 def listening_socket(host: str, port: int) -> socket.socket:
     """A socket bound to ``host:port`` and listening (port 0: a free one); one-line
     BadInput/OSError when it cannot be."""
@@ -371,16 +393,18 @@ class Server:
         limits.validate()
         self.sock = sock
         self.app = PredictApp(batcher, limits)
-        self._uvicorn = uvicorn.Server(uvicorn.Config(
+        self._uvicorn = _Uvicorn(uvicorn.Config(
             self.app, http=_protocol_class(limits.request_timeout_s), lifespan="off", log_config=None,
-            access_log=False, limit_concurrency=limits.max_connections, timeout_graceful_shutdown=1))
+            access_log=False, limit_concurrency=limits.max_connections,
+            timeout_graceful_shutdown=limits.drain_timeout_s))
 
     @property
     def port(self) -> int:
         return self.sock.getsockname()[1]
 
     def run(self) -> None:
-        """Serves until `stop` (or SIGINT/SIGTERM when run on the main thread)."""
+        """Serves until `stop` (or SIGINT/SIGTERM when run on the main thread: after
+        draining, uvicorn raises the signal again, to the handler in place before)."""
         try:
             self._uvicorn.run(sockets=[self.sock])
         finally:
@@ -454,13 +478,16 @@ def _serve(args: ServeConfig, limits: HttpLimits) -> int:
         raise BadInput(str(e)) from e
     server = Server(batcher, sock, limits)
     print(f"serving {args.model} ({args.variant}) on http://{args.host}:{server.port}/predict", flush=True)
-    try:
-        server.run()
-    except KeyboardInterrupt:  # uvicorn stops gracefully, then re-raises the signal
-        pass
-    finally:
-        batcher.close()
-        print(f"{args.model}: {server.app.summary()}", flush=True)
+    # uvicorn drains on either signal, then raises it again: SIGINT's KeyboardInterrupt,
+    # and SIGTERM as Terminated (by default it would kill the process before the summary).
+    with raise_on_sigterm():
+        try:
+            server.run()
+        except (KeyboardInterrupt, Terminated):
+            pass
+        finally:
+            batcher.close()
+            print(f"{args.model}: {server.app.summary()}", flush=True)
     return 0
 
 

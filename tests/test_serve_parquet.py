@@ -191,6 +191,29 @@ def test_unlabelled_input_and_bad_keep_columns(parquet_model, tmp_path, capsys):
         capsys.readouterr().err
 
 
+def test_an_output_named_for_another_format_or_among_the_input_is_refused(parquet_model, tmp_path, capsys):
+    """A Parquet model writes Parquet: ``--output x.csv`` is refused (before, it wrote
+    Parquet bytes into x.csv); so is an output that is one of the input's files (through
+    a glob) or inside the input directory. One line, exit 2, nothing written."""
+    day = click_log_day(2)
+    path = _write_day(tmp_path, day)
+    before = open(path, "rb").read()
+    cases = [
+        (path, str(tmp_path / "x.csv"), f"--output {tmp_path / 'x.csv'}: a .csv name, but --output is written as "
+                                        f"Parquet: name it {tmp_path / 'x.parquet'}"),
+        (str(tmp_path / "d*.parquet"), path, f"--output {path} is {path}, a file of --input "
+                                             f"{tmp_path / 'd*.parquet'}: writing it would replace the input"),
+        (str(tmp_path), str(tmp_path / "preds.parquet"),
+         f"--output {tmp_path / 'preds.parquet'} is in the --input directory {tmp_path}: it would become part of "
+         "the input; write elsewhere"),
+    ]
+    for input_path, output, message in cases:
+        assert predict.main(["--model", parquet_model["model"], "--input", input_path, "--output", output]) == 2
+        assert capsys.readouterr().err == f"python -m serving.predict: error: {message}\n"
+        assert sorted(os.listdir(tmp_path)) == ["day.parquet"]
+        assert open(path, "rb").read() == before
+
+
 def test_the_quality_gate_points_a_parquet_model_to_predict(parquet_model):
     with pytest.raises(BadInput, match="^the quality gate reads binary training data; check a Parquet model with "
                                        "python -m serving.predict --metrics_output on a labelled Parquet day$"):

@@ -193,11 +193,18 @@ class Predictor:
         return prepared.dense, prepared.ids
 
     def read_lines(self, data: bytes, source: str = "<input>", first_line: int = 1,
-                   labelled: Optional[bool] = None) -> "PreparedLines":
-        """`prepare_lines`, with the labels and the count of unseen ids of each feature."""
+                   labelled: Optional[bool] = None, missing_as_null: bool = False) -> "PreparedLines":
+        """`prepare_lines`, with the labels and the count of unseen ids of each feature.
+        ``missing_as_null``: a Parquet model's JSON rows may leave columns out, read as
+        null (`ParquetRows.parse`; only when the caller asks for it explicitly)."""
         if labelled is None:
             labelled = self.layout.is_labelled(data)
-        lines = self.layout.parse(data, source, first_line, labelled)
+        if missing_as_null:
+            if not isinstance(self.layout, ParquetRows):
+                raise BadInput("missing columns read as null only in a Parquet model's JSON rows")
+            lines = self.layout.parse(data, source, first_line, labelled, missing_as_null=True)
+        else:
+            lines = self.layout.parse(data, source, first_line, labelled)
         dense, ids = self._transform(lines.dense, lines.sparse)
         return PreparedLines(dense, ids, lines, self.layout.count_unseen(lines.sparse))
 

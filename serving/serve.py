@@ -8,7 +8,8 @@
 ``POST /predict`` with lines in the model's input layout as the body (as ``python -m
 serving.predict`` reads them: raw Criteo lines, or BYO CSV rows for a model trained
 with --dataset_path, labelled or not; for a model trained with --parquet_path, JSON
-objects keyed by column name, one per line; with a Content-Length or chunked) answers ``200``
+objects keyed by column name, one per line, each naming every column, or, with the query
+``?missing=null``, those it has, the others read as null; with a Content-Length or chunked) answers ``200``
 with one probability per line, and the count of unseen ids (ids no training row held,
 mapped as serving.predict maps them: docs/serving.md) in the header ``x-unseen-ids``;
 with ``Accept: application/json`` the answer is JSON ``{"probabilities": [...],
@@ -36,12 +37,14 @@ Example::
 
 import asyncio
 import contextlib
+import functools
 import json
 import queue
 import socket
 import sys
 import threading
 import time
+import urllib.parse
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -58,7 +61,7 @@ from common.config_flags import flag
 from common.errors import BadInput
 from common.sigterm import Terminated, raise_on_sigterm
 from serving.cli import MODEL_DIR_HELP, parse_config, serving_parser
-from serving.input_layouts import MalformedLineError
+from serving.input_layouts import MalformedLineError, ParquetRows
 from serving.model_files import TRUST_FLAG
 from serving.predict import TRUST_HELP, VARIANTS, Predictor
 
@@ -298,9 +301,11 @@ class PredictApp:
                 return
             if scope["path"] != "/predict" or scope["method"] != "POST":
                 raise HttpError(404, "not found: GET /health or POST /predict")
+            missing_as_null = self._query(scope)
             body = await self._read_body(scope, receive)
             loop = asyncio.get_running_loop()
-            prepared = await loop.run_in_executor(self._parsers, self.batcher.predictor.read_lines, body, "request")
+            prepared = await loop.run_in_executor(self._parsers, functools.partial(
+                self.batcher.predictor.read_lines, body, "request", missing_as_null=missing_as_null))
             probabilities = (await asyncio.wrap_future(self.batcher.enqueue(prepared.dense, prepared.ids))
                              if len(prepared.dense) else np.zeros(0, np.float32))
         except MalformedLineError as e:
@@ -318,6 +323,20 @@ class PredictApp:
                     content_type=b"application/json", unseen_ids=unseen)
             else:
                 await _answer(send, 200, "".join(f"{p:.7g}\n" for p in probabilities).encode(), unseen_ids=unseen)
+
+    def _query(self, scope: dict[str, Any]) -> bool:
+        """Whether the query string asks for missing columns as null (``missing=null``,
+        a Parquet model's only); any other query is refused, so that a misspelt
+        option is not silently ignored."""
+        query = urllib.parse.parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        if not query:
+            return False
+        if query != [("missing", "null")]:
+            raise HttpError(400, f"unknown query {scope['query_string'].decode('latin-1')[:80]!r}: /predict takes "
+                                 "none, or missing=null (a Parquet model's rows may leave columns out, read as null)")
+        if not isinstance(self.batcher.predictor.layout, ParquetRows):
+            raise HttpError(400, "missing=null: only a Parquet model's JSON rows have columns to leave out")
+        return True
 
     async def _read_body(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]]) -> bytes:
         limit = self.limits.max_body_bytes

@@ -220,8 +220,8 @@ def test_the_quality_gate_points_a_parquet_model_to_predict(parquet_model):
         evaluate_variants(parquet_model["model"])
 
 
-def _post(url: str, body: bytes) -> tuple:
-    request = urllib.request.Request(url + "/predict", data=body, headers={"Accept": "application/json"})
+def _post(url: str, body: bytes, query: str = "") -> tuple:
+    request = urllib.request.Request(url + "/predict" + query, data=body, headers={"Accept": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=60) as answer:
             return answer.status, json.loads(answer.read())
@@ -246,10 +246,36 @@ def test_http_endpoint_scores_json_rows_as_predict_scores_parquet(parquet_model,
                                                   'got "40000000280"')
         missing = {k: v for k, v in rows[0].items() if k != "I2"}
         assert _post(url, json.dumps(missing).encode()) == (
-            400, {"error": "request line 1 column I2: missing (send null for a missing value)"})
+            400, {"error": "request line 1 column I2: missing (send null for a missing value, or POST to "
+                           "/predict?missing=null)"})
         nulls = dict(rows[0], I1=None, C1=None, M1=None, M2=[])  # as a Parquet null: 0, empty bags
         status, answer = _post(url, json.dumps(nulls).encode())
         assert status == 200 and 0 < answer["probabilities"][0] < 1
+        # Asked for explicitly, columns left out read as null: the same probability.
+        left_out = {"I2": rows[0]["I2"], "C2": rows[0]["C2"], "user_id": "u"}
+        assert _post(url, json.dumps(left_out).encode(), "?missing=null") == (200, answer)
+        assert _post(url, json.dumps(left_out).encode(), "?missing=nul") == (400, {
+            "error": "unknown query 'missing=nul': /predict takes none, or missing=null (a Parquet model's rows "
+                     "may leave columns out, read as null)"})
+
+
+def test_json_nested_deeper_than_a_row_is_refused_before_it_is_parsed(parquet_model):
+    """A row nests two levels (an object of columns, lists of ids). A line nested
+    100,000 deep made json.loads raise RecursionError: HTTP 500 and a traceback in
+    the log; now 400 and one line, as any line nested deeper than a row, and the
+    server goes on."""
+    rows = click_log_day(2).drop(["label"]).to_pylist()
+    deep = b"[" * 100_000 + b"]" * 100_000
+    nested = dict(rows[1], M1=[[1, 2]], note='"[[[ in a string is text')
+    message = "request line {}: JSON nested deeper than a row (2 levels: an object of columns, lists of ids)"
+    with serve.serving_in_background(predict.Predictor(parquet_model["model"])) as (url, _):
+        assert _post(url, deep) == (400, {"error": message.format(1)})
+        assert _post(url, (json.dumps(rows[0]) + "\n").encode() + deep) == (400, {"error": message.format(2)})
+        assert _post(url, (json.dumps(rows[0]) + "\n" + json.dumps(nested)).encode()) == (
+            400, {"error": message.format(2)})
+        text = dict(rows[0], note='"[[[ {{{ in a string is text \\" [[[')
+        status, answer = _post(url, json.dumps(text).encode())
+        assert status == 200 and len(answer["probabilities"]) == 1
 
 
 def _inputs(**preprocessing) -> ModelInputs:

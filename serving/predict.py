@@ -35,7 +35,10 @@ them with the trainer's figures (AUROC, log loss, accuracy, NE, calibration:
 common/click_metrics.py), printed on stderr in one summary line with the unseen ids,
 and written as JSON by --metrics_output (`PredictMetrics`). A malformed line stops
 the run with its line number (exit 2); outputs are written under a temporary name
-and renamed when complete, so nothing partial is left.
+and renamed when complete, so nothing partial is left. An output that would replace
+what the run reads (the input, a file of the model directory) or whose suffix names
+another format than the one written is refused before anything is written
+(`check_outputs`).
 
 Python API::
 

@@ -14,7 +14,7 @@ with one probability per line, and the count of unseen ids (ids no training row 
 mapped as serving.predict maps them: docs/serving.md) in the header ``x-unseen-ids``;
 with ``Accept: application/json`` the answer is JSON ``{"probabilities": [...],
 "unseen_ids": N, "unseen_ids_by_feature": {"cat_3": n, ...}}``. Errors are JSON ``{"error": "..."}``: ``400`` for a bad
-request line (named) or an unparseable HTTP request (a Content-Length that is no
+request line (named; a JSON line nested deeper than a row too), an unknown query, or an unparseable HTTP request (a Content-Length that is no
 number, say), ``413`` for a body above --max_body_bytes, ``408`` for a request not
 received whole within --request_timeout_s, ``503`` (uvicorn's) beyond
 --max_connections. ``GET /health`` answers ``ok``.

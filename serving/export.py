@@ -80,7 +80,7 @@ from serving.inference_model import ProbabilityModel, load_checkpoint_model
 from serving.model_inputs import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, INPUTS_FILE, PARQUET_LAYOUT,
                                   CriteoPreprocessing, FeatureSpecColumns, ModelInputs, ParquetPreprocessing,
                                   Variant, aoti_file, aoti_variant, program_file)
-from serving.model_files import AOTI_FORMAT, MANIFEST_FILE, TORCH_EXPORT_FORMAT, write_manifest
+from serving.model_files import AOTI_FORMAT, MANIFEST_FILE, TORCH_EXPORT_FORMAT, aoti_metadata, write_manifest
 from serving.triton_repository import write_triton_model
 
 FP32_FILE = program_file("fp32")
@@ -193,7 +193,10 @@ def compile_aoti(program: torch.export.ExportedProgram, path: str) -> None:
     """Compiles ``program`` with AOTInductor into the package ``path`` (a ``.pt2``)."""
     with quieted(INDUCTOR_NOTICES):
         import torch._inductor  # here: slow to import, and only --format aoti needs it
-        torch._inductor.aoti_compile_and_package(program, package_path=path)
+        # The input columns go into the package's metadata: loaders check them against
+        # inputs.json before its compiled code runs (serving/model_files.py).
+        torch._inductor.aoti_compile_and_package(
+            program, package_path=path, inductor_configs={"aot_inductor.metadata": aoti_metadata(program)})
 
 
 def _check_compiler() -> None:

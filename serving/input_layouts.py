@@ -330,12 +330,19 @@ class ParquetRows(InputLayout):
     def is_labelled(self, data: bytes) -> bool:
         return False  # JSON rows are scored; a label key is ignored like any other extra key
 
-    def parse(self, data: bytes, source: str, first_line: int, labelled: bool) -> ParsedLines:
-        """JSON objects, one per line (blank lines skipped), keyed by column name."""
+    def parse(self, data: bytes, source: str, first_line: int, labelled: bool,
+              missing_as_null: bool = False) -> ParsedLines:
+        """JSON objects, one per line (blank lines skipped), keyed by column name; a
+        line nested deeper than a row can be is refused before it is parsed. A row
+        without one of the model's columns is refused, unless ``missing_as_null`` (the
+        caller asked for it explicitly: a misspelt key then reads as null)."""
         rows, line_of_row = [], []
         for index, line in enumerate(data.splitlines()):
             if not line.strip():
                 continue
+            if _nested_deeper(line, _JSON_ROW_DEPTH):
+                raise MalformedLineError(f"{source} line {first_line + index}: JSON nested deeper than a row "
+                                         f"({_JSON_ROW_DEPTH} levels: an object of columns, lists of ids)")
             try:
                 row = json.loads(line)
             except ValueError as e:  # UnicodeDecodeError too
@@ -345,7 +352,7 @@ class ParquetRows(InputLayout):
                                          f"column name, got {type(row).__name__}")
             rows.append(row)
             line_of_row.append(first_line + index)
-        table = self._json_table(rows, lambda row: f"{source} line {line_of_row[row]}")
+        table = self._json_table(rows, lambda row: f"{source} line {line_of_row[row]}", missing_as_null)
         return self.prepare_table(table, lambda row: f"{source} line {line_of_row[row]}", labelled=False)
 
     def check_schema(self, schema: pa.Schema, where: str, labelled: bool) -> None:
@@ -388,12 +395,15 @@ class ParquetRows(InputLayout):
             ids[row_of_id, self._starts[f] + place] = converted.ids[f]
         return ParsedLines(converted.dense, ids, converted.labels)
 
-    def _json_table(self, rows: list[dict[str, Any]], where: Callable[[int], str]) -> pa.Table:
+    def _json_table(self, rows: list[dict[str, Any]], where: Callable[[int], str],
+                    missing_as_null: bool = False) -> pa.Table:
         """The Arrow table of JSON rows, each column of the type training read; a
-        missing column or a value of another type is refused naming the row."""
+        missing column (unless ``missing_as_null``) or a value of another type is
+        refused naming the row."""
         arrays = {}
         for name in self.columns.dense:
-            arrays[name] = pa.array(self._column(rows, name, where, _is_number, "a number or null"), pa.float64())
+            arrays[name] = pa.array(self._column(rows, name, where, _is_number, "a number or null", missing_as_null),
+                                    pa.float64())
         for name in self.columns.sparse:
             kind = self._value_types[name]
             single = _is_json_int if kind.startswith("integer") else _is_text
@@ -401,20 +411,21 @@ class ParquetRows(InputLayout):
             if kind.endswith("_list"):
                 values = self._column(rows, name, where,
                                       lambda v: isinstance(v, list) and all(x is None or single(x) for x in v),
-                                      f"a list of {words}s, or null")
+                                      f"a list of {words}s, or null", missing_as_null)
             else:
-                values = self._column(rows, name, where, single, f"{words} or null")
+                values = self._column(rows, name, where, single, f"{words} or null", missing_as_null)
             arrays[name] = pa.array(values, _ARROW_TYPES[kind])
         return pa.table(arrays)
 
     @staticmethod
     def _column(rows: list[dict[str, Any]], name: str, where: Callable[[int], str],
-                accepts: Callable[[Any], bool], expected: str) -> list[Any]:
+                accepts: Callable[[Any], bool], expected: str, missing_as_null: bool = False) -> list[Any]:
         values = []
         for row, values_of_row in enumerate(rows):
-            if name not in values_of_row:
-                raise MalformedLineError(f"{where(row)} column {name}: missing (send null for a missing value)")
-            value = values_of_row[name]
+            if name not in values_of_row and not missing_as_null:
+                raise MalformedLineError(f"{where(row)} column {name}: missing (send null for a missing value, "
+                                         "or POST to /predict?missing=null)")
+            value = values_of_row.get(name)
             if value is not None and not accepts(value):
                 raise MalformedLineError(f"{where(row)} column {name}: expected {expected}, "
                                          f"got {json.dumps(value)[:40]}")
@@ -433,6 +444,31 @@ class ParquetRows(InputLayout):
 
     def transform(self, dense: np.ndarray, sparse: np.ndarray) -> Features:
         return dense, sparse  # `prepare_table` converted the rows as training did
+
+
+# A JSON row nests two levels: the object of columns, a list column's list of ids.
+_JSON_ROW_DEPTH = 2
+# What nesting depends on: every byte but quotes and brackets goes (after escapes).
+_NOT_STRUCTURE = bytes(sorted(set(range(256)) - set(b'"[]{}')))
+_ESCAPE = re.compile(rb"\\.", re.S)
+_STRING = re.compile(rb'"[^"]*"')
+
+
+def _nested_deeper(line: bytes, limit: int) -> bool:
+    """Whether the brackets of a JSON line, strings aside, nest deeper than ``limit``.
+    json.loads recurses once per level (100,000 nested brackets raise RecursionError),
+    so this is asked before; a few microseconds a row (the line is reduced to its
+    quotes and brackets first)."""
+    if line.count(b"[") + line.count(b"{") <= limit:
+        return False  # too few to nest deeper: a row of single values, at no cost
+    if b"\\" in line:
+        line = _ESCAPE.sub(b"", line)  # an escaped quote does not end its string
+    depth = 0
+    for bracket in _STRING.sub(b"", line.translate(None, _NOT_STRUCTURE)):
+        depth += 1 if bracket in b"[{" else -1
+        if depth > limit:
+            return True
+    return False
 
 
 def _is_number(value: Any) -> bool:

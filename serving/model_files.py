@@ -25,7 +25,10 @@ and collects it; a test fails when the list drifts from the exporter):
 - ``*.aoti.pt2`` (AOTInductor, ``--format aoti``): a compiled shared library; loading it
   runs its code by design, so no inspection can make it safe. It is loaded only when
   the caller says it is trusted (``--trust_native_code``), only from a directory with a
-  manifest, and from the bytes checked against it (`NativeCodeRefused` otherwise).
+  manifest, and from the bytes checked against it (`NativeCodeRefused` otherwise); and,
+  as a program, only when the input columns the export recorded in it (its metadata,
+  `AOTI_INPUTS_KEY`) are those inputs.json describes: a package of another model would
+  otherwise fail inside its compiled code (a C++ assertion) at the first forward.
 
 Example::
 
@@ -58,6 +61,9 @@ TORCH_EXPORT_FORMAT = "torch.export"
 TORCHSCRIPT_FORMAT = "torchscript"
 FORMATS = (TORCH_EXPORT_FORMAT, TORCHSCRIPT_FORMAT, AOTI_FORMAT)
 TRUST_FLAG = "--trust_native_code"
+# The key of an AOTInductor package's metadata (strings only) under which serving.export
+# records the columns of each input of the program it compiled, as JSON.
+AOTI_INPUTS_KEY = "dlrm_input_columns"
 # Every operator, builtin and attribute the models this project exports use, by format:
 # written by scripts/exported_operators.py from fresh exports of every supported model
 # variant (a test fails when it drifts from what the exporter emits).
@@ -138,7 +144,7 @@ def load_model_file(model_dir: str, name: str, fmt: str, manifest: Optional[dict
     if fmt not in FORMATS:
         raise BadInput(f"{path}: unknown model format {fmt!r} (expected one of {', '.join(FORMATS)})")
     if fmt == AOTI_FORMAT:
-        return _load_aoti_package(model_dir, name, manifest, trust_native_code)
+        return _load_aoti_package(model_dir, name, manifest, trust_native_code, input_columns)
     if fmt == TORCHSCRIPT_FORMAT:
         raise ReexportNeeded(f"{path}: a TorchScript variant of an older export, no longer loaded (the quantized "
                              "variants are torch.export programs now): export the checkpoint again "
@@ -151,10 +157,7 @@ def load_model_file(model_dir: str, name: str, fmt: str, manifest: Optional[dict
     with archive:
         check_exported_program(archive, path)
         if input_columns is not None:
-            taken = program_input_columns(archive, path)
-            if taken != input_columns:
-                raise BadInput(f"{path} takes inputs of {_columns(taken)}, the directory's inputs.json describes "
-                               f"{_columns(input_columns)}: the file is another model's")
+            _check_input_columns(program_input_columns(archive, path), input_columns, path)
     try:
         return torch.export.load(io.BytesIO(data)).module()
     except Exception as e:  # torch raises many types for a file it cannot read
@@ -162,10 +165,17 @@ def load_model_file(model_dir: str, name: str, fmt: str, manifest: Optional[dict
         raise BadInput(f"{path}: cannot be loaded ({type(e).__name__}: {first[:200]})") from e
 
 
+def _check_input_columns(taken: dict[str, int], described: dict[str, int], path: str) -> None:
+    if taken != described:
+        raise BadInput(f"{path} takes inputs of {_columns(taken)}, the directory's inputs.json describes "
+                       f"{_columns(described)}: the file is another model's")
+
+
 def _load_aoti_package(model_dir: str, name: str, manifest: Optional[dict[str, ManifestEntry]],
-                       trusted: bool) -> Any:
+                       trusted: bool, input_columns: Optional[dict[str, int]] = None) -> Any:
     """The AOTInductor package ``name``, loaded from the bytes the manifest vouches for
-    (what was exported is what runs, even if the file changes meanwhile)."""
+    (what was exported is what runs, even if the file changes meanwhile), after its
+    recorded input columns are checked against ``input_columns`` (inputs.json's)."""
     path = os.path.join(model_dir, name)
     if not trusted:
         raise NativeCodeRefused(f"{path} is an AOTInductor package: compiled native code that runs when it is "
@@ -174,6 +184,13 @@ def _load_aoti_package(model_dir: str, name: str, manifest: Optional[dict[str, M
         raise NativeCodeRefused(f"{path}: an AOTInductor package is loaded only from a model directory with its "
                                 f"{MANIFEST_FILE}, which vouches for its bytes")
     data = read_file(model_dir, name, manifest)
+    if input_columns is not None:
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                taken = package_input_columns(archive, path)
+        except zipfile.BadZipFile as e:
+            raise BadInput(f"{path}: not an AOTInductor package (truncated or damaged?)") from e
+        _check_input_columns(taken, input_columns, path)
     import torch._inductor  # here: slow to import, and only a trusted package needs it
     try:
         with quieted(INDUCTOR_NOTICES):
@@ -279,6 +296,42 @@ def program_input_columns(archive: zipfile.ZipFile, path: str) -> dict[str, int]
     except (KeyError, IndexError, TypeError, ValueError) as e:
         raise UnsafeModelError(f"{path}: its program has no readable input signature ({type(e).__name__}: {e})") from e
     return columns
+
+
+def exported_input_columns(program: "torch.export.ExportedProgram") -> dict[str, int]:
+    """Input name -> columns of a torch.export program's inputs (what
+    `program_input_columns` reads back from its archive)."""
+    inputs = set(program.graph_signature.user_inputs)
+    return {node.name: int(node.meta["val"].shape[1]) for node in program.graph.nodes
+            if node.op == "placeholder" and node.name in inputs}
+
+
+def aoti_metadata(program: "torch.export.ExportedProgram") -> dict[str, str]:
+    """What serving.export records in the AOTInductor package of ``program``
+    (inductor's ``aot_inductor.metadata``): its input columns, under `AOTI_INPUTS_KEY`."""
+    return {AOTI_INPUTS_KEY: json.dumps(exported_input_columns(program), sort_keys=True)}
+
+
+def package_input_columns(archive: zipfile.ZipFile, path: str) -> dict[str, int]:
+    """Input name -> columns of an AOTInductor package's program, as the export
+    recorded them in its metadata (read from the archive: nothing is loaded).
+    ReexportNeeded for a package without the record (exported before it was kept)."""
+    for name, member in _members(archive):
+        if member.startswith("data/aotinductor/") and member.endswith("_metadata.json"):
+            try:
+                recorded = json.loads(archive.read(name)).get(AOTI_INPUTS_KEY)
+                if recorded is None:
+                    continue
+                columns = json.loads(recorded)
+                if isinstance(columns, dict) and all(isinstance(k, str) and type(v) is int
+                                                     for k, v in columns.items()):
+                    return columns
+            except (ValueError, AttributeError, TypeError):
+                pass  # not the export's record: refused below
+            raise BadInput(f"{path}: its recorded input columns ({name}) do not read as the export writes them")
+    raise ReexportNeeded(f"{path}: an AOTInductor package that does not record its input columns (exported "
+                         "before packages kept them): export the checkpoint again (python -m serving.export "
+                         "--format aoti)")
 
 
 def _columns(columns: dict[str, int]) -> str:

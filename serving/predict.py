@@ -35,7 +35,10 @@ them with the trainer's figures (AUROC, log loss, accuracy, NE, calibration:
 common/click_metrics.py), printed on stderr in one summary line with the unseen ids,
 and written as JSON by --metrics_output (`PredictMetrics`). A malformed line stops
 the run with its line number (exit 2); outputs are written under a temporary name
-and renamed when complete, so nothing partial is left.
+and renamed when complete, so nothing partial is left. An output that would replace
+what the run reads (the input, a file of the model directory) or whose suffix names
+another format than the one written is refused before anything is written
+(`check_outputs`).
 
 Python API::
 
@@ -53,6 +56,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
@@ -192,11 +196,18 @@ class Predictor:
         return prepared.dense, prepared.ids
 
     def read_lines(self, data: bytes, source: str = "<input>", first_line: int = 1,
-                   labelled: Optional[bool] = None) -> "PreparedLines":
-        """`prepare_lines`, with the labels and the count of unseen ids of each feature."""
+                   labelled: Optional[bool] = None, missing_as_null: bool = False) -> "PreparedLines":
+        """`prepare_lines`, with the labels and the count of unseen ids of each feature.
+        ``missing_as_null``: a Parquet model's JSON rows may leave columns out, read as
+        null (`ParquetRows.parse`; only when the caller asks for it explicitly)."""
         if labelled is None:
             labelled = self.layout.is_labelled(data)
-        lines = self.layout.parse(data, source, first_line, labelled)
+        if missing_as_null:
+            if not isinstance(self.layout, ParquetRows):
+                raise BadInput("missing columns read as null only in a Parquet model's JSON rows")
+            lines = self.layout.parse(data, source, first_line, labelled, missing_as_null=True)
+        else:
+            lines = self.layout.parse(data, source, first_line, labelled)
         dense, ids = self._transform(lines.dense, lines.sparse)
         return PreparedLines(dense, ids, lines, self.layout.count_unseen(lines.sparse))
 
@@ -330,12 +341,13 @@ def predict_file(predictor: Predictor, path: str, out: TextIO, chunk_bytes: int 
 PROBABILITY_COLUMN = "probability"
 
 
-def predict_parquet(predictor: Predictor, path: str, output: str,
-                    keep_columns: Sequence[str] = ()) -> tuple[int, Optional[LabelledScores], np.ndarray]:
+def predict_parquet(predictor: Predictor, path: str, output: str, keep_columns: Sequence[str] = (),
+                    final_output: Optional[str] = None) -> tuple[int, Optional[LabelledScores], np.ndarray]:
     """Writes ``output`` (Parquet): the ``keep_columns`` of each row of the Parquet
     table ``path`` (a file, a directory whose Hive partitions become columns, a glob or
     a URL, as --parquet_path), then its probability; reads one row group at a time.
-    The input is labelled when it has the label column.
+    The input is labelled when it has the label column. ``final_output`` (the name
+    ``output`` will take) is refused when it is one of the table's local files.
 
     Returns the row count, the scores of labelled rows (None for unlabelled input)
     and the unseen ids per feature (none: hashing gives every value a row).
@@ -345,6 +357,11 @@ def predict_parquet(predictor: Predictor, path: str, output: str,
     if PROBABILITY_COLUMN in keep_columns:
         raise BadInput(f"--keep_columns {PROBABILITY_COLUMN}: the output's own column")
     filesystem, root, files = list_files(path, "--input")
+    if final_output is not None and isinstance(filesystem, pafs.LocalFileSystem) and os.path.exists(final_output):
+        same = [file for file in files if os.path.exists(file) and os.path.samefile(file, final_output)]
+        if same:
+            raise BadInput(f"--output {final_output} is {same[0]}, a file of --input {path}: writing it would "
+                           "replace the input")
     footers, metadata, schema = read_footers(filesystem, root, files)
     labelled = layout.columns.label in schema.names
     missing = [name for name in keep_columns if name not in schema.names]
@@ -432,28 +449,88 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return run_cli(lambda: _predict(config, parser.prog), parser.prog)
 
 
-def check_output(output: str, input_path: str, flag: str = "--output") -> None:
+# The format a file name's suffix promises, for the suffixes a reader would go by.
+_SUFFIX_FORMATS = {".parquet": "Parquet", ".pq": "Parquet", ".csv": "text", ".tsv": "text", ".txt": "text",
+                   ".json": "JSON", ".jsonl": "JSON", ".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "zstd",
+                   ".zip": "zip", ".npy": "NumPy", ".npz": "NumPy", ".pt2": "a model", ".pt": "a model"}
+_FORMAT_WORDS = {"Parquet": ("Parquet", ".parquet"), "text": ("text (one probability per line, or CSV)", ".csv"),
+                 "JSON": ("JSON", ".json")}
+
+
+def check_output_suffix(output: str, fmt: str, flag: str = "--output") -> None:
+    """Refuses a file name whose suffix promises another format than ``fmt`` (Parquet,
+    text or JSON), which is what will be written: a reader goes by the name. A name
+    without a known suffix is taken as it is."""
+    suffix = os.path.splitext(output)[1].lower()
+    promised = _SUFFIX_FORMATS.get(suffix)
+    if promised is not None and promised != fmt:
+        words, good = _FORMAT_WORDS[fmt]
+        stem = os.path.splitext(output)[0]
+        raise BadInput(f"{flag} {output}: a {suffix} name, but {flag} is written as {words}: name it "
+                       f"{stem if stem.endswith(good) else stem + good}")
+
+
+def _inside(path: str, directory: str) -> bool:
+    """Whether the resolved ``path`` is ``directory`` or below it (both resolved)."""
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def check_output(output: str, input_path: str, flag: str = "--output", model_dir: Optional[str] = None) -> None:
     """Refuses, before any work, an output (given as ``flag``) that cannot be written or
-    that is the --input itself (the same file under any name: a symlink, a hard link)."""
+    that would replace what the run reads: the --input (the same file under any name: a
+    symlink, a hard link), a file of a local --input directory, or anything in the
+    --model directory (its model files and vocabulary; paths compared resolved, through
+    symlinks and ``..``)."""
     parent = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(parent):
         raise BadInput(f"{flag} {output}: no such directory {parent}")
     if os.path.isdir(output):
         raise BadInput(f"{flag} {output} is a directory: give the file to write")
+    resolved = os.path.realpath(output)
+    if model_dir is not None and os.path.isdir(model_dir):
+        if _inside(resolved, os.path.realpath(model_dir)):
+            raise BadInput(f"{flag} {output} is in the --model directory {model_dir}: writing it would change the "
+                           "model being read; write elsewhere")
+        if os.path.exists(output):
+            for parent_dir, _, names in os.walk(model_dir):
+                for name in names:
+                    if os.path.samefile(output, os.path.join(parent_dir, name)):
+                        raise BadInput(f"{flag} {output} is {os.path.join(parent_dir, name)} of the --model "
+                                       "directory (a link to it): writing it would change the model being read")
+    if os.path.isdir(input_path) and _inside(resolved, os.path.realpath(input_path)):
+        raise BadInput(f"{flag} {output} is in the --input directory {input_path}: it would become part of the "
+                       "input; write elsewhere")
     if os.path.exists(output) and os.path.exists(input_path) and os.path.samefile(output, input_path):
         raise BadInput(f"{flag} {output} is the --input {input_path}: writing it would replace the input")
 
 
-def _predict(args: PredictConfig, prog: str) -> int:
+def check_outputs(args: "PredictConfig", parquet: Optional[bool]) -> None:
+    """`check_output` for --output and --metrics_output, and that they differ; with
+    ``parquet`` known (the model's layout), their names' suffixes against the formats
+    written (`check_output_suffix`)."""
     for option, output in (("--output", args.output), ("--metrics_output", args.metrics_output)):
         if output is not None:
-            check_output(output, args.input, option)
+            check_output(output, args.input, option, args.model)
+    if args.output is not None and args.metrics_output is not None and \
+            os.path.realpath(args.output) == os.path.realpath(args.metrics_output):
+        raise BadInput(f"--metrics_output {args.metrics_output} is the --output {args.output}: give two files")
+    if parquet is not None:
+        if args.output is not None:
+            check_output_suffix(args.output, "Parquet" if parquet else "text")
+        if args.metrics_output is not None:
+            check_output_suffix(args.metrics_output, "JSON", "--metrics_output")
+
+
+def _predict(args: PredictConfig, prog: str) -> int:
+    check_outputs(args, None)  # before the model is read
     predictor = Predictor(args.model, args.variant, args.batch_size, args.trust_native_code)
-    if isinstance(predictor.layout, ParquetRows):
+    parquet = isinstance(predictor.layout, ParquetRows)
+    check_outputs(args, parquet)  # again: the model was read meanwhile, and it says the format
+    if parquet:
         if args.output is None:
             raise BadInput("--output is needed: a model trained on Parquet writes its predictions as Parquet")
         with atomic_path(args.output, suffix=".tmp.parquet") as tmp:
-            result = predict_parquet(predictor, args.input, tmp, args.keep_columns)
+            result = predict_parquet(predictor, args.input, tmp, args.keep_columns, final_output=args.output)
         print(f"wrote {args.output}: {result[0]} probabilities ({args.variant} model {args.model})")
         return _report_metrics(predictor, args, prog, result)
     unknown = [name for name in args.keep_columns if name not in predictor.layout.column_names()]

@@ -3,16 +3,18 @@
     python -m serving.serve --model MODEL_DIR [--host 127.0.0.1] [--port 8080]
         [--variant fp32|fp16|int8|fp32_aoti|...] [--trust_native_code] [--max_batch_rows 4096] [--max_batch_delay_ms 2] [--num_threads N]
         [--max_body_bytes 67108864] [--request_timeout_s 30] [--max_connections 256] [--parse_threads 2]
+        [--drain_timeout_s 20]
 
 ``POST /predict`` with lines in the model's input layout as the body (as ``python -m
 serving.predict`` reads them: raw Criteo lines, or BYO CSV rows for a model trained
 with --dataset_path, labelled or not; for a model trained with --parquet_path, JSON
-objects keyed by column name, one per line; with a Content-Length or chunked) answers ``200``
+objects keyed by column name, one per line, each naming every column, or, with the query
+``?missing=null``, those it has, the others read as null; with a Content-Length or chunked) answers ``200``
 with one probability per line, and the count of unseen ids (ids no training row held,
 mapped as serving.predict maps them: docs/serving.md) in the header ``x-unseen-ids``;
 with ``Accept: application/json`` the answer is JSON ``{"probabilities": [...],
 "unseen_ids": N, "unseen_ids_by_feature": {"cat_3": n, ...}}``. Errors are JSON ``{"error": "..."}``: ``400`` for a bad
-request line (named) or an unparseable HTTP request (a Content-Length that is no
+request line (named; a JSON line nested deeper than a row too), an unknown query, or an unparseable HTTP request (a Content-Length that is no
 number, say), ``413`` for a body above --max_body_bytes, ``408`` for a request not
 received whole within --request_timeout_s, ``503`` (uvicorn's) beyond
 --max_connections. ``GET /health`` answers ``ok``.
@@ -21,8 +23,12 @@ uvicorn (its h11 protocol) does the HTTP framing on one event-loop thread, so a 
 stalled client holds a socket, not a thread. Bodies are parsed and transformed on
 --parse_threads threads; one model thread runs the waiting requests' rows together: it
 takes what is queued, waits at most --max_batch_delay_ms for more, up to
---max_batch_rows rows, and runs one forward for all of them. When the server stops it
-prints one line: requests, rows and unseen ids by feature.
+--max_batch_rows rows, and runs one forward for all of them.
+
+On SIGTERM (what systemd and Kubernetes send) or SIGINT the server stops accepting
+connections, closes idle ones, lets the requests in flight finish (for at most
+--drain_timeout_s; then they are cancelled), prints one line: requests, rows and unseen
+ids by feature, and exits 0.
 
 Example::
 
@@ -31,12 +37,14 @@ Example::
 
 import asyncio
 import contextlib
+import functools
 import json
 import queue
 import socket
 import sys
 import threading
 import time
+import urllib.parse
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -51,8 +59,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from common.cli import run_cli
 from common.config_flags import flag
 from common.errors import BadInput
+from common.sigterm import Terminated, raise_on_sigterm
 from serving.cli import MODEL_DIR_HELP, parse_config, serving_parser
-from serving.input_layouts import MalformedLineError
+from serving.input_layouts import MalformedLineError, ParquetRows
 from serving.model_files import TRUST_FLAG
 from serving.predict import TRUST_HELP, VARIANTS, Predictor
 
@@ -161,6 +170,9 @@ class HttpLimits:
     request_timeout_s: float = flag(30.0, help="seconds a request may take to arrive whole (408 after)")
     max_connections: int = flag(256, help="open connections at most (503 beyond)")
     parse_threads: int = flag(2, help="threads parsing request bodies")
+    # Below Kubernetes' default grace period (30 s), after which it kills the process.
+    drain_timeout_s: float = flag(20.0, help="on SIGTERM or SIGINT, seconds the requests in flight may take to "
+                                             "finish (cancelled after)")
 
     def validate(self) -> None:
         for name in ("max_body_bytes", "max_connections", "parse_threads"):
@@ -168,6 +180,8 @@ class HttpLimits:
                 raise BadInput(f"--{name} must be positive, got {getattr(self, name)}")
         if not self.request_timeout_s > 0:
             raise BadInput(f"--request_timeout_s must be positive, got {self.request_timeout_s}")
+        if not self.drain_timeout_s >= 0:
+            raise BadInput(f"--drain_timeout_s must not be negative, got {self.drain_timeout_s}")
 
 
 class HttpError(Exception):
@@ -287,9 +301,11 @@ class PredictApp:
                 return
             if scope["path"] != "/predict" or scope["method"] != "POST":
                 raise HttpError(404, "not found: GET /health or POST /predict")
+            missing_as_null = self._query(scope)
             body = await self._read_body(scope, receive)
             loop = asyncio.get_running_loop()
-            prepared = await loop.run_in_executor(self._parsers, self.batcher.predictor.read_lines, body, "request")
+            prepared = await loop.run_in_executor(self._parsers, functools.partial(
+                self.batcher.predictor.read_lines, body, "request", missing_as_null=missing_as_null))
             probabilities = (await asyncio.wrap_future(self.batcher.enqueue(prepared.dense, prepared.ids))
                              if len(prepared.dense) else np.zeros(0, np.float32))
         except MalformedLineError as e:
@@ -307,6 +323,20 @@ class PredictApp:
                     content_type=b"application/json", unseen_ids=unseen)
             else:
                 await _answer(send, 200, "".join(f"{p:.7g}\n" for p in probabilities).encode(), unseen_ids=unseen)
+
+    def _query(self, scope: dict[str, Any]) -> bool:
+        """Whether the query string asks for missing columns as null (``missing=null``,
+        a Parquet model's only); any other query is refused, so that a misspelt
+        option is not silently ignored."""
+        query = urllib.parse.parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        if not query:
+            return False
+        if query != [("missing", "null")]:
+            raise HttpError(400, f"unknown query {scope['query_string'].decode('latin-1')[:80]!r}: /predict takes "
+                                 "none, or missing=null (a Parquet model's rows may leave columns out, read as null)")
+        if not isinstance(self.batcher.predictor.layout, ParquetRows):
+            raise HttpError(400, "missing=null: only a Parquet model's JSON rows have columns to leave out")
+        return True
 
     async def _read_body(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]]) -> bytes:
         limit = self.limits.max_body_bytes
@@ -336,6 +366,17 @@ async def _answer(send: Callable[[dict[str, Any]], Awaitable[None]], status: int
         headers += [(b"content-type", b"application/json"), (b"connection", b"close")]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server saying, when it starts to stop, how many requests it lets finish."""
+
+    async def shutdown(self, sockets: Optional[list[socket.socket]] = None) -> None:
+        in_flight = len(self.server_state.tasks)
+        if in_flight:
+            print(f"stopping: no new connections; finishing {in_flight} request(s) in flight (at most "
+                  f"--drain_timeout_s {self.config.timeout_graceful_shutdown:g} s)", flush=True)
+        await super().shutdown(sockets)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -371,16 +412,18 @@ class Server:
         limits.validate()
         self.sock = sock
         self.app = PredictApp(batcher, limits)
-        self._uvicorn = uvicorn.Server(uvicorn.Config(
+        self._uvicorn = _Uvicorn(uvicorn.Config(
             self.app, http=_protocol_class(limits.request_timeout_s), lifespan="off", log_config=None,
-            access_log=False, limit_concurrency=limits.max_connections, timeout_graceful_shutdown=1))
+            access_log=False, limit_concurrency=limits.max_connections,
+            timeout_graceful_shutdown=limits.drain_timeout_s))
 
     @property
     def port(self) -> int:
         return self.sock.getsockname()[1]
 
     def run(self) -> None:
-        """Serves until `stop` (or SIGINT/SIGTERM when run on the main thread)."""
+        """Serves until `stop` (or SIGINT/SIGTERM when run on the main thread: after
+        draining, uvicorn raises the signal again, to the handler in place before)."""
         try:
             self._uvicorn.run(sockets=[self.sock])
         finally:
@@ -454,13 +497,16 @@ def _serve(args: ServeConfig, limits: HttpLimits) -> int:
         raise BadInput(str(e)) from e
     server = Server(batcher, sock, limits)
     print(f"serving {args.model} ({args.variant}) on http://{args.host}:{server.port}/predict", flush=True)
-    try:
-        server.run()
-    except KeyboardInterrupt:  # uvicorn stops gracefully, then re-raises the signal
-        pass
-    finally:
-        batcher.close()
-        print(f"{args.model}: {server.app.summary()}", flush=True)
+    # uvicorn drains on either signal, then raises it again: SIGINT's KeyboardInterrupt,
+    # and SIGTERM as Terminated (by default it would kill the process before the summary).
+    with raise_on_sigterm():
+        try:
+            server.run()
+        except (KeyboardInterrupt, Terminated):
+            pass
+        finally:
+            batcher.close()
+            print(f"{args.model}: {server.app.summary()}", flush=True)
     return 0
 
 

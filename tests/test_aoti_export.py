@@ -4,17 +4,20 @@ model repository beside them. One export (three compilations) per pytest run: th
 `aoti_exported` fixture of tests/conftest.py."""
 
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
+import zipfile
 
 import numpy as np
 import pytest
 
 from common.errors import BadInput
 from serving import predict, quality_gate, serve
-from serving.model_files import MANIFEST_FILE, TRUST_FLAG, NativeCodeRefused
+from serving.model_files import (AOTI_INPUTS_KEY, MANIFEST_FILE, TRUST_FLAG, NativeCodeRefused,
+                                 package_input_columns, write_manifest)
 from serving.model_inputs import PRECISIONS, aoti_file, aoti_variant, read_inputs
 from serving.predict import Predictor
 from serving.triton_repository import PACKAGE_NAME, TRITON_DIR, triton_model_name
@@ -39,6 +42,9 @@ def test_each_precision_has_a_package_recorded_in_inputs_and_manifest(aoti_expor
         assert entry.bytes == len(data)
         assert manifest[entry.file] == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         assert manifest[f"{TRITON_DIR}/{triton_model_name(precision)}/1/{PACKAGE_NAME}"] == manifest[entry.file]
+        with zipfile.ZipFile(os.path.join(model, entry.file)) as archive:  # the columns loaders check
+            assert package_input_columns(archive, entry.file) == {
+                "dense": inputs.num_dense_features, "sparse": sum(inputs.sparse_hotness)}
     # The code-free variants are written as by the default format.
     assert {v: e.format for v, e in inputs.variants.items() if e.format != "aoti"} == {
         "fp32": "torch.export", "fp16": "torch.export", "int8": "torch.export"}
@@ -103,6 +109,40 @@ def test_a_package_changed_after_export_is_refused(aoti_exported, tmp_path, chan
         match = "fp32.aoti.pt2: an AOTInductor package is loaded only from a model directory with its manifest.json"
     with pytest.raises(BadInput, match=match):
         Predictor(model, "fp32_aoti", trust_native_code=True)
+
+
+@pytest.mark.parametrize("case", ["another model", "no record"])
+def test_a_package_of_another_model_is_refused_before_its_code_runs(aoti_exported, tmp_path, capsys, case):
+    """A package whose recorded input columns are not those of inputs.json (another
+    model's package put in its place, or, as here, inputs.json of another model), with
+    the manifest rewritten to vouch for the files, is refused in one line before it is
+    loaded; so is a package that records none. Before, the first forward failed inside
+    the compiled code with a C++ ``index_size`` assertion."""
+    model = str(tmp_path / "model")
+    shutil.copytree(aoti_exported["model"], model)
+    path = os.path.join(model, aoti_file("fp32"))
+    if case == "another model":  # its first feature takes two ids: 27 id columns
+        inputs_path = os.path.join(model, "inputs.json")
+        inputs = json.load(open(inputs_path))
+        inputs["sparse_hotness"][0] = 2
+        json.dump(inputs, open(inputs_path, "w"))
+        message = (f"{path} takes inputs of 13 dense columns and 26 sparse columns, the directory's inputs.json "
+                   "describes 13 dense columns and 27 sparse columns: the file is another model's")
+    else:
+        original = open(path, "rb").read()
+        with zipfile.ZipFile(io.BytesIO(original)) as old, zipfile.ZipFile(path, "w") as new:
+            for info in old.infolist():
+                data = old.read(info)
+                if info.filename.endswith("_metadata.json"):
+                    data = json.dumps({k: v for k, v in json.loads(data).items() if k != AOTI_INPUTS_KEY}).encode()
+                new.writestr(info, data)
+        message = (f"{path}: an AOTInductor package that does not record its input columns (exported before "
+                   "packages kept them): export the checkpoint again (python -m serving.export --format aoti)")
+    write_manifest(model)
+    lines = tmp_path / "lines.tsv"
+    lines.write_text("1" + "\t1" * 13 + "\ta1" * 26 + "\n")
+    assert predict.main(["--model", model, "--variant", "fp32_aoti", TRUST_FLAG, "--input", str(lines)]) == 2
+    assert capsys.readouterr().err == f"python -m serving.predict: error: {message}\n"
 
 
 def test_triton_config_describes_the_model_inputs(aoti_exported):

@@ -101,6 +101,70 @@ def test_predictor_on_raw_lines_applies_the_preprocessing(trained, tmp_path, cap
     np.testing.assert_allclose(got[300], predictor.predict(np.zeros((1, NUM_DENSE_FEATURES)), np.zeros((1, NUM_SPARSE_FEATURES)))[0], rtol=1e-6)
 
 
+def _files(directory: str) -> dict[str, bytes]:
+    return {os.path.join(parent, name): open(os.path.join(parent, name), "rb").read()
+            for parent, _, names in os.walk(directory) for name in names}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["model file", "new file", "dot-dot", "directory symlink", "file symlink",
+                                 "hard link", "metrics"])
+def test_predict_refuses_an_output_that_would_change_the_model(trained, tmp_path, capsys, how):
+    """An output in the model directory, under any name (``..``, a symlink to the
+    directory or to one of its files, a hard link), is refused in one line, exit 2,
+    the model and the output untouched. Before, ``--output MODEL/fp32.pt2`` replaced the
+    program being loaded and exited 0."""
+    model = trained["model"]
+    lines = tmp_path / "day.tsv"
+    lines.write_bytes(b"".join(raw_test_lines(trained, 3)))
+    option, output = "--output", {
+        "model file": os.path.join(model, "fp32.pt2"), "new file": os.path.join(model, "preds.csv"),
+        "dot-dot": os.path.join(model, "..", os.path.basename(model), "inputs.json"),
+        "directory symlink": str(tmp_path / "alias" / "preds.csv"), "file symlink": str(tmp_path / "link.csv"),
+        "hard link": str(tmp_path / "hard.csv"), "metrics": os.path.join(model, "manifest.json")}[how]
+    if how == "directory symlink":
+        os.symlink(model, tmp_path / "alias")
+    elif how == "file symlink":
+        os.symlink(os.path.join(model, "inputs.json"), output)
+    elif how == "hard link":
+        os.link(os.path.join(model, "inputs.json"), output)
+    elif how == "metrics":
+        option = "--metrics_output"
+    before = _files(model)
+    outside = {path: open(path, "rb").read() for path in [output] if os.path.exists(output)}
+    assert predict.main(["--model", model, "--input", str(lines), option, output]) == 2
+    why = (f"is {os.path.join(model, 'inputs.json')} of the --model directory (a link to it): writing it would "
+           "change the model being read" if how == "hard link" else
+           f"is in the --model directory {model}: writing it would change the model being read; write elsewhere")
+    assert capsys.readouterr().err == f"python -m serving.predict: error: {option} {output} {why}\n"
+    assert _files(model) == before
+    assert {path: open(path, "rb").read() for path in outside} == outside
+    assert not os.path.exists(output + ".tmp")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags, message", [
+    (["--output", "{tmp}/preds.parquet"], "--output {tmp}/preds.parquet: a .parquet name, but --output is written "
+                                          "as text (one probability per line, or CSV): name it {tmp}/preds.csv"),
+    (["--output", "{tmp}/preds.csv.gz"], "--output {tmp}/preds.csv.gz: a .gz name, but --output is written as "
+                                         "text (one probability per line, or CSV): name it {tmp}/preds.csv"),
+    (["--metrics_output", "{tmp}/m.csv"], "--metrics_output {tmp}/m.csv: a .csv name, but --metrics_output is "
+                                          "written as JSON: name it {tmp}/m.json"),
+    (["--output", "{tmp}/p.csv", "--metrics_output", "{tmp}/../{name}/p.csv"],
+     "--metrics_output {tmp}/../{name}/p.csv is the --output {tmp}/p.csv: give two files"),
+])
+def test_predict_refuses_an_output_name_that_contradicts_its_format(trained, tmp_path, capsys, flags, message):
+    """A reader goes by the name: a suffix of another format than the one written is
+    refused in one line, exit 2, nothing written."""
+    lines = tmp_path / "day.tsv"
+    lines.write_bytes(b"".join(raw_test_lines(trained, 3)))
+    fill = {"tmp": str(tmp_path), "name": tmp_path.name}
+    argv = [flag.format(**fill) for flag in flags]
+    assert predict.main(["--model", trained["model"], "--input", str(lines), *argv]) == 2
+    assert capsys.readouterr().err == f"python -m serving.predict: error: {message.format(**fill)}\n"
+    assert sorted(os.listdir(tmp_path)) == ["day.tsv"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("bad_line, message", [
     (b"1\t2\t3\n", "line 3: expected 40 tab-separated fields (label, 13 integer, 26 categorical) or 39 "

@@ -4,8 +4,13 @@ oversized and malformed framing, stalled connections, the connection and thread 
 import http.client
 import json
 import os
+import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -144,11 +149,53 @@ def test_stalled_connections_time_out_and_hold_no_thread(trained, predictor):
         assert exchange(url, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n") == (200, b"ok\n")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_server_finishes_requests_in_flight_and_prints_its_summary(trained, signum):
+    """systemd and Kubernetes stop a service with SIGTERM, a terminal with SIGINT: on
+    either the server process stops accepting connections, finishes the requests in
+    flight (one still arriving, one waiting for its forward), prints its summary line
+    and exits 0. Before, SIGTERM killed it with no summary, and uvicorn cancelled what
+    had not finished within a second."""
+    lines = b"".join(raw_test_lines(trained, 4))
+    # The forward waits 2 s for company: a request sent whole is in flight that long.
+    proc = subprocess.Popen([sys.executable, "-m", "serving.serve", "--model", trained["model"], "--port", "0",
+                             "--max_batch_delay_ms", "2000", "--num_threads", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = re.search(r"on (http://\S+)/predict", proc.stdout.readline()).group(1)
+        head = f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: {len(lines)}\r\n\r\n".encode()
+        arriving = socket.create_connection(address(url), timeout=60)
+        arriving.sendall(head + lines[:10])
+        waiting = socket.create_connection(address(url), timeout=60)
+        waiting.sendall(head + lines)
+        idle = socket.create_connection(address(url), timeout=60)
+        time.sleep(0.5)  # both requests reach the server
+        proc.send_signal(signum)
+        assert proc.stdout.readline() == ("stopping: no new connections; finishing 2 request(s) in flight "
+                                          "(at most --drain_timeout_s 20 s)\n")
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(address(url), timeout=60)
+        assert read_until_closed(idle) == b""  # closed, as it had no request
+        arriving.sendall(lines[10:])
+        for s in (arriving, waiting):
+            answer = read_until_closed(s)
+            s.close()
+            assert answer.startswith(b"HTTP/1.1 200 ") and answer.partition(b"\r\n\r\n")[2].count(b"\n") == 4
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert out == f"{trained['model']}: answered 2 requests, 8 rows; unseen ids 0\n", (out, err)
+
+
 def test_flags_of_the_limits(tmp_path, capsys):
     assert serve.main(["--model", str(tmp_path), "--port", "99999"]) == 2
     assert capsys.readouterr().err == "python -m serving.serve: error: --port 99999: not a TCP port (0 to 65535)\n"
     assert serve.main(["--model", str(tmp_path), "--max_body_bytes", "0"]) == 2
     assert capsys.readouterr().err == "python -m serving.serve: error: --max_body_bytes must be positive, got 0\n"
+    assert serve.main(["--model", str(tmp_path), "--drain_timeout_s", "-1"]) == 2
+    assert capsys.readouterr().err == "python -m serving.serve: error: --drain_timeout_s must not be negative, got -1.0\n"
 
 
 @pytest.mark.slow

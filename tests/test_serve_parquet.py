@@ -191,14 +191,37 @@ def test_unlabelled_input_and_bad_keep_columns(parquet_model, tmp_path, capsys):
         capsys.readouterr().err
 
 
+def test_an_output_named_for_another_format_or_among_the_input_is_refused(parquet_model, tmp_path, capsys):
+    """A Parquet model writes Parquet: ``--output x.csv`` is refused (before, it wrote
+    Parquet bytes into x.csv); so is an output that is one of the input's files (through
+    a glob) or inside the input directory. One line, exit 2, nothing written."""
+    day = click_log_day(2)
+    path = _write_day(tmp_path, day)
+    before = open(path, "rb").read()
+    cases = [
+        (path, str(tmp_path / "x.csv"), f"--output {tmp_path / 'x.csv'}: a .csv name, but --output is written as "
+                                        f"Parquet: name it {tmp_path / 'x.parquet'}"),
+        (str(tmp_path / "d*.parquet"), path, f"--output {path} is {path}, a file of --input "
+                                             f"{tmp_path / 'd*.parquet'}: writing it would replace the input"),
+        (str(tmp_path), str(tmp_path / "preds.parquet"),
+         f"--output {tmp_path / 'preds.parquet'} is in the --input directory {tmp_path}: it would become part of "
+         "the input; write elsewhere"),
+    ]
+    for input_path, output, message in cases:
+        assert predict.main(["--model", parquet_model["model"], "--input", input_path, "--output", output]) == 2
+        assert capsys.readouterr().err == f"python -m serving.predict: error: {message}\n"
+        assert sorted(os.listdir(tmp_path)) == ["day.parquet"]
+        assert open(path, "rb").read() == before
+
+
 def test_the_quality_gate_points_a_parquet_model_to_predict(parquet_model):
     with pytest.raises(BadInput, match="^the quality gate reads binary training data; check a Parquet model with "
                                        "python -m serving.predict --metrics_output on a labelled Parquet day$"):
         evaluate_variants(parquet_model["model"])
 
 
-def _post(url: str, body: bytes) -> tuple:
-    request = urllib.request.Request(url + "/predict", data=body, headers={"Accept": "application/json"})
+def _post(url: str, body: bytes, query: str = "") -> tuple:
+    request = urllib.request.Request(url + "/predict" + query, data=body, headers={"Accept": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=60) as answer:
             return answer.status, json.loads(answer.read())
@@ -223,10 +246,36 @@ def test_http_endpoint_scores_json_rows_as_predict_scores_parquet(parquet_model,
                                                   'got "40000000280"')
         missing = {k: v for k, v in rows[0].items() if k != "I2"}
         assert _post(url, json.dumps(missing).encode()) == (
-            400, {"error": "request line 1 column I2: missing (send null for a missing value)"})
+            400, {"error": "request line 1 column I2: missing (send null for a missing value, or POST to "
+                           "/predict?missing=null)"})
         nulls = dict(rows[0], I1=None, C1=None, M1=None, M2=[])  # as a Parquet null: 0, empty bags
         status, answer = _post(url, json.dumps(nulls).encode())
         assert status == 200 and 0 < answer["probabilities"][0] < 1
+        # Asked for explicitly, columns left out read as null: the same probability.
+        left_out = {"I2": rows[0]["I2"], "C2": rows[0]["C2"], "user_id": "u"}
+        assert _post(url, json.dumps(left_out).encode(), "?missing=null") == (200, answer)
+        assert _post(url, json.dumps(left_out).encode(), "?missing=nul") == (400, {
+            "error": "unknown query 'missing=nul': /predict takes none, or missing=null (a Parquet model's rows "
+                     "may leave columns out, read as null)"})
+
+
+def test_json_nested_deeper_than_a_row_is_refused_before_it_is_parsed(parquet_model):
+    """A row nests two levels (an object of columns, lists of ids). A line nested
+    100,000 deep made json.loads raise RecursionError: HTTP 500 and a traceback in
+    the log; now 400 and one line, as any line nested deeper than a row, and the
+    server goes on."""
+    rows = click_log_day(2).drop(["label"]).to_pylist()
+    deep = b"[" * 100_000 + b"]" * 100_000
+    nested = dict(rows[1], M1=[[1, 2]], note='"[[[ in a string is text')
+    message = "request line {}: JSON nested deeper than a row (2 levels: an object of columns, lists of ids)"
+    with serve.serving_in_background(predict.Predictor(parquet_model["model"])) as (url, _):
+        assert _post(url, deep) == (400, {"error": message.format(1)})
+        assert _post(url, (json.dumps(rows[0]) + "\n").encode() + deep) == (400, {"error": message.format(2)})
+        assert _post(url, (json.dumps(rows[0]) + "\n" + json.dumps(nested)).encode()) == (
+            400, {"error": message.format(2)})
+        text = dict(rows[0], note='"[[[ {{{ in a string is text \\" [[[')
+        status, answer = _post(url, json.dumps(text).encode())
+        assert status == 200 and len(answer["probabilities"]) == 1
 
 
 def _inputs(**preprocessing) -> ModelInputs:

@@ -93,7 +93,7 @@ class BestModel:
     or not early stopping is on: the directory always names its best checkpoint.
     With early stopping and no manager, every rank copies its own shards to host
     memory. `restore` puts the best weights back into the model, for the test split
-    (early stopping only: without it the test split takes the last weights).
+    (the trainer tests the last weights first, then these).
 
     Args:
         config: early stopping's flags (disabled: `observe` never stops, and without a
@@ -135,9 +135,10 @@ class BestModel:
 
     def restore(self, model: nn.Module, step: int) -> bool:
         """Loads the best weights into ``model`` unless they are the current ones
-        (``step``); True when it did. Collective."""
+        (``step``) or none were kept (no validation; neither early stopping nor a
+        checkpoint manager); True when it did. Collective."""
         best = self.stopping.best_step
-        if not self.config.enabled or best is None or best == step:
+        if best is None or best == step:
             return False
         if self.checkpoints is not None:
             path = best_checkpoint(self.checkpoints.directory)

@@ -5,9 +5,10 @@ with ``seeds`` it first shows each configuration's mean and standard deviation.
 
 The columns follow the public TorchRec DLRM example's results table (ranks instead of
 GPUs), plus the log loss, which model the AUROCs are of (``model``: ``best, step 38, the
-one export takes``, from the run's last test record: the model the run delivers), the peak memory of the largest rank, the planner's memory
-estimate for the rank it loads most beside what that rank's tables took (the run
-log's ``plan_memory`` record) and the run's state.
+one export takes``, from the run's last test record: the model the run delivers), the
+peak memory of the largest rank, the planner's memory estimate for the rank it loads
+most beside what that rank's tables took (the run log's ``plan_memory`` record) and
+the run's state.
 Every file is written under a temporary name and renamed when complete.
 
 Example::

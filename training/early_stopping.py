@@ -16,6 +16,14 @@ from training.weight_snapshot import HostWeightSnapshot
 HIGHER_IS_BETTER = {"auroc": True, "log_loss": False, "ne": False}
 
 
+def load_weights(model: nn.Module, checkpoint: str, rank: int) -> None:
+    """Loads the model weights of ``checkpoint`` (not its optimizer state or RNG) into
+    the (sharded) ``model``. Collective."""
+    state = {"model": model.state_dict()}
+    load_checkpoint(checkpoint, state, rank, restore_rng=False)
+    model.load_state_dict(state["model"])
+
+
 class EarlyStopping:
     """Counts validations since the best one of the monitored metric.
 
@@ -93,7 +101,7 @@ class BestModel:
     or not early stopping is on: the directory always names its best checkpoint.
     With early stopping and no manager, every rank copies its own shards to host
     memory. `restore` puts the best weights back into the model, for the test split
-    (the trainer tests the last weights first, then these).
+    (early stopping only: without it the test split takes the last weights).
 
     Args:
         config: early stopping's flags (disabled: `observe` never stops, and without a
@@ -135,18 +143,15 @@ class BestModel:
 
     def restore(self, model: nn.Module, step: int) -> bool:
         """Loads the best weights into ``model`` unless they are the current ones
-        (``step``) or none were kept (no validation; neither early stopping nor a
-        checkpoint manager); True when it did. Collective."""
+        (``step``); True when it did. Collective."""
         best = self.stopping.best_step
-        if best is None or best == step:
+        if not self.config.enabled or best is None or best == step:
             return False
         if self.checkpoints is not None:
             path = best_checkpoint(self.checkpoints.directory)
             if path is None:
                 raise CheckpointError(f"{self.checkpoints.directory}: the best checkpoint (step {best}) is not marked")
-            state = {"model": model.state_dict()}
-            load_checkpoint(path, state, self.rank, restore_rng=False)
-            model.load_state_dict(state["model"])
+            load_weights(model, path, self.rank)
         else:
             assert self._snapshot is not None, "a best step without its weights"
             self._snapshot.restore(model)

@@ -39,7 +39,7 @@ from sharding_plans.rules import check_embedding_weight_decay, check_reshardable
 from training.checkpoint_policy import MinuteCadence, RestorePoint, find_restore_point
 from training.config import OptimizerConfig, TrainConfig
 from training.distributed import DistributedEnv, gather_peak_memory, init_process_group, rank_cpu_share
-from training.early_stopping import BestModel
+from training.early_stopping import BestModel, load_weights
 from training.embedding_init import init_embedding_tables, torchrec_table_init_skipped
 from training.id_frequencies import IdFrequencies
 from training.lr_schedule import WarmupPolyDecaySchedule
@@ -380,30 +380,39 @@ class Trainer:
         return result
 
     def _test_at_end(self, result: RunResult) -> None:
-        """Tests the final weights and, when the run kept a better model (early
-        stopping's, or the checkpoint best.json marks), that one too, last; each line
-        says which model it is and which one serving.export takes from --checkpoint_dir
-        (`checkpoint_to_load`, the export's own choice). Collective."""
+        """Tests the final weights and, when the run kept a better model, that one too,
+        last: the checkpoint serving.export takes from --checkpoint_dir (the one best.json
+        marks; `checkpoint_to_load`, the export's own choice), or without a directory
+        early stopping's best kept in memory. Each line says which model it is. The
+        model is left as fit always left it: the best weights with early stopping, else
+        the final ones. Collective."""
         stopping = self.best.stopping
         if self.config.early_stopping.enabled or self.checkpoints is not None:
             result.best_step, result.best_validation = stopping.best_step, stopping.best_validation
-        if self.checkpoints is not None:
-            result.export_step = read_meta(checkpoint_to_load(self.checkpoints.directory, "--checkpoint_dir")).step
+        export = checkpoint_to_load(self.checkpoints.directory, "--checkpoint_dir") if self.checkpoints else None
+        if export is not None:
+            result.export_step = read_meta(export).step
         if not self.config.test_at_end or self.rolling_windows:  # the windows' evaluations are the test
             return
-        exported = self.checkpoints is not None
-        final = TestedModel("final", self.step, exported and result.export_step == self.step)
-        best = stopping.best_step
-        if best is None or best == self.step:  # no better model kept: one test, marked only with a checkpoint dir
+        final = TestedModel("final", self.step, result.export_step == self.step)
+        best = result.export_step if export is not None else (
+            stopping.best_step if self.config.early_stopping.enabled else None)
+        if best is None or best == self.step:  # no better model: one test, marked only with a checkpoint dir
             result.test_model = final
-            result.test = self.evaluate("test", model=final if exported else None)
+            result.test = self.evaluate("test", model=final if export is not None else None)
             return
         result.final_test = self.evaluate("test", model=final)
-        self.best.restore(self.model, self.step)
-        self.log.print(f"testing the best weights: step {best} (validation {self.config.early_stopping.metric} "
-                       f"{stopping.best_value:.4f})")
-        result.test_model = TestedModel("best", best, exported and result.export_step == best)
+        if export is not None:
+            load_weights(self.model, export, self.env.rank)
+        else:
+            self.best.restore(self.model, self.step)
+        validation = (f" (validation {self.config.early_stopping.metric} {stopping.best_value:.4f})"
+                      if stopping.best_step == best and stopping.best_value is not None else "")
+        self.log.print(f"testing the best weights: step {best}{validation}")
+        result.test_model = TestedModel("best", best, export is not None)
         result.test = self.evaluate("test", weights_step=best, model=result.test_model)
+        if not self.config.early_stopping.enabled:
+            load_weights(self.model, self._saved_path, self.env.rank)  # the final checkpoint, saved above
 
     def _train_epoch(self, epoch: int, first_batch: int, loader: BatchLoader, result: RunResult) -> list[float]:
         config = self.config
@@ -634,10 +643,11 @@ class Trainer:
         result.records_per_sec = rate
         peaks = gather_peak_memory(self.env)
         best = ""
+        tested = result.test_model is not None and result.test_model.step == result.best_step
         if result.best_step is not None:
             best = (f" | best step {result.best_step} (validation {self.config.early_stopping.metric} "
                     f"{self.best.stopping.best_value:.4f}{', stopped early' if result.stopped_early else ''}"
-                    f"{'; tested' if result.test is not None else ''})")
+                    f"{'; tested' if tested else ''})")
         evaluated = self._closing_figures(result)
         self.log.print(
             f"done: {result.steps} steps, {self._train_records} records in {self._train_seconds:.1f} s of training "
@@ -662,9 +672,10 @@ class Trainer:
         choice (a best model kept, or a checkpoint directory to export from): ``test
         (best, step 38, the one export takes) AUROC ... | test (final, step 57) AUROC ...``."""
         if self.rolling_windows:
-            return " | ".join(format_metrics(f"window {w}" + (f" (step {result.window_steps[w]}, the one export takes)"
-                                                              if result.window_steps[w] == result.export_step else ""), v)
-                              for w, v in result.windows.items())
+            def window(w: int) -> str:
+                exported = result.window_steps[w] == result.export_step
+                return f"window {w}" + (f" (step {result.window_steps[w]}, the one export takes)" if exported else "")
+            return " | ".join(format_metrics(window(w), v) for w, v in result.windows.items())
         tested = result.test_model
         if tested is None or (result.final_test is None and result.export_step is None):
             return format_metrics("test", result.test)

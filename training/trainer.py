@@ -394,6 +394,8 @@ class Trainer:
             result.export_step = read_meta(export).step
         if not self.config.test_at_end or self.rolling_windows:  # the windows' evaluations are the test
             return
+        if len(self.loaders["test"]) == 0:  # --limit_test_batches 0: nothing to test, no model to load
+            return
         final = TestedModel("final", self.step, result.export_step == self.step)
         best = result.export_step if export is not None else (
             stopping.best_step if self.config.early_stopping.enabled else None)

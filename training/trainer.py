@@ -401,7 +401,7 @@ class Trainer:
             stopping.best_step if self.config.early_stopping.enabled else None)
         if best is None or best == self.step:  # no better model: one test, marked only with a checkpoint dir
             result.test_model = final
-            result.test = self.evaluate("test", model=final if export is not None else None)
+            result.test = self.evaluate("test", model=final, say_model=export is not None)
             return
         result.final_test = self.evaluate("test", model=final)
         if export is not None:
@@ -553,13 +553,14 @@ class Trainer:
                            f"has not improved for {self.best.stopping.validations_without_improvement} validations "
                            f"(best {self.best.stopping.best_value:.4f} at step {self.best.stopping.best_step})")
 
-    def evaluate(self, stage: str, weights_step: Optional[int] = None,
-                 model: Optional[TestedModel] = None) -> Optional[dict[str, float]]:
+    def evaluate(self, stage: str, weights_step: Optional[int] = None, model: Optional[TestedModel] = None,
+                 say_model: bool = True) -> Optional[dict[str, float]]:
         """Runs the "validation" or "test" split; None when it has no batches. Collective.
 
         ``weights_step``: the step the model's weights are from, when not the current one;
         ``model``: which model it is, for the line (``test (best, step 38, the one export
-        takes): ...``) and the record's ``model`` and ``exported``."""
+        takes): ...``, unless not ``say_model``: there was no choice) and the record's
+        ``model`` and ``exported``."""
         loader = self.loaders[stage]
         if len(loader) == 0:
             return None
@@ -597,7 +598,7 @@ class Trainer:
         window = {"window": self.epoch + 1} if self.rolling_windows and stage == "validation" else {}
         binned = f" (binned, within {values['auroc_error_bound']:.1e})" if "auroc_error_bound" in values else ""
         weighted = f" (weighted by {self.config.data.weight_column})" if self.weighted else ""
-        which = f" ({model.text()})" if model is not None else ""
+        which = f" ({model.text()})" if model is not None and say_model else ""
         self.log.print(
             f"{stage}{which}{''.join(f' (window {w})' for w in window.values())}{weighted}: AUROC {values['auroc']:.4f}{binned} | log loss {values['log_loss']:.4f} | "
             f"accuracy {values['accuracy']:.4f} | NE {values['ne']:.4f} | calibration {values['calibration']:.4f} | "

@@ -8,8 +8,10 @@ flatten it), learning rate, records/s and validation AUROC, normalized entropy
 same three metrics of each window, evaluated after training on the windows before it),
 one line per run (a log holds every run appended to it,
 told apart by ``run_id``), labelled by its model and the flags that differ between the runs,
-with its test AUROC; the legend sits under the panels. It
-prints per run: best validation AUROC and its step, mean records/s without the first
+with its test AUROC (and which model that is, once there was a choice: ``best, step 38, the
+one export takes``); the legend sits under the panels. It prints per run: best validation
+AUROC and its step, every test AUROC with its model (the delivered one first, then the final
+weights'), with --rolling_windows the window whose model export takes, mean records/s without the first
 (warm-up) interval, and the wall time from first to last record. A malformed log is
 reported as one line naming the file and line, exit code 2.
 """

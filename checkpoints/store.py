@@ -264,6 +264,24 @@ def checkpoint_to_load(path: str, flag: str, prefer_best: bool = True) -> str:
     return chosen
 
 
+def export_role(path: str) -> tuple[str, bool]:
+    """What the checkpoint ``path`` is to its directory, for the lines that say which
+    model a figure is of: ("best", ...) when best.json marks it, ("newest", ...) when
+    none is marked and it is the newest complete one, ("", ...) otherwise; and whether
+    ``serving.export --checkpoint DIR`` takes it (`checkpoint_to_load`, the export's own
+    choice, so the two cannot disagree)."""
+    path = path.rstrip("/")
+    directory = os.path.dirname(path)
+    try:
+        exported = checkpoint_to_load(directory, "--checkpoint").rstrip("/") == path
+        best = best_checkpoint(directory)
+    except (CheckpointError, OSError):  # not in a directory of checkpoints: export takes only what it is given
+        return "", False
+    if best is not None and best.rstrip("/") == path:
+        return "best", exported
+    return ("newest" if exported else ""), exported
+
+
 def read_meta(path: str) -> CheckpointMeta:
     """The checkpoint's meta.json; CheckpointError when absent, incomplete or unreadable,
     FileFieldError (naming the field) when malformed or newer than this code."""

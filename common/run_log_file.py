@@ -1,12 +1,17 @@
-"""Reading the training's JSON-lines log (``--log_path``) with one-line errors, and
-checking that a file a run would append to is one."""
+"""Reading the training's JSON-lines log (``--log_path``) with one-line errors, checking
+that a file a run would append to is one, and what its test records say about the model
+they are of (`TestedModel`)."""
 
 import json
 import os
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Optional
 from collections.abc import Iterator, Sequence
 
 from common.errors import BadInput
+
+# What a test eval record's ``model`` can say (null: a checkpoint that is neither).
+MODEL_KINDS = ("final", "best", "newest")
 
 # The keys and types of every record training/run_log.py's RunLog.record writes.
 RECORD_FIELDS = {"event": str, "run_id": str, "time": (int, float)}
@@ -71,3 +76,39 @@ def log_records(path: str, error: type[Exception],
             keys = " or ".join(f'"{key}"' for key in required)
             raise error(f"{path} line {number}: not a training log record (no {keys})")
         yield number, record
+
+
+@dataclass(frozen=True)
+class TestedModel:
+    """Which model a test figure is of: ``kind`` "final" (the run's last weights), "best"
+    (the best validation's, which best.json marks), "newest" (a directory's newest
+    checkpoint, none marked best) or "" (a checkpoint that is neither); the step its
+    weights are from; and whether ``serving.export --checkpoint DIR`` takes it (the
+    run's --checkpoint_dir, or the directory of the checkpoint evaluated)."""
+
+    kind: str
+    step: int
+    exported: bool
+
+    def text(self) -> str:
+        """``best, step 38, the one export takes``."""
+        return ", ".join([*([self.kind] if self.kind else []), f"step {self.step}",
+                          *(["the one export takes"] if self.exported else [])])
+
+    def fields(self) -> dict[str, Any]:
+        """The eval record's ``model`` (the kind, null for "") and ``exported``."""
+        return {"model": self.kind or None, "exported": self.exported}
+
+    @classmethod
+    def of_record(cls, record: dict[str, Any], error: type[Exception], where: str) -> Optional["TestedModel"]:
+        """The model a test ``eval`` record (or a summary's ``test_model``) is of; None
+        for a log written before records said so (no ``exported``). Raises ``error``
+        naming ``where`` (file and line) when the fields are malformed."""
+        if "exported" not in record:
+            return None
+        kind, step, exported = record.get("model"), record.get("step"), record.get("exported")
+        if not (kind is None or kind in MODEL_KINDS):
+            raise error(f"{where}: \"model\" is {kind!r}, expected one of {', '.join(MODEL_KINDS)} or null")
+        if not isinstance(step, int) or isinstance(step, bool) or not isinstance(exported, bool):
+            raise error(f"{where}: a tested model needs an integer \"step\" and a true/false \"exported\"")
+        return cls(kind or "", step, exported)

@@ -247,7 +247,9 @@ def logged_steps(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for r in records:
         if r["event"] == "train":
             train[r["epoch"]] = train.get(r["epoch"], 0) + len(r["step_losses"])
-    evals = {stage: [r["step"] for r in records if r["event"] == "eval" and r["stage"] == stage]
+    # The final weights' test (a run that kept a better checkpoint tests that one too, after).
+    evals = {stage: [r["step"] for r in records if r["event"] == "eval" and r["stage"] == stage
+                     and r.get("model") in (None, "final")]
              for stage in ("validation", "test")}
     return {"train": train, **evals}
 
@@ -440,7 +442,10 @@ def _outcome(trainer: Any, result: Any, log_path: str) -> dict[str, Any]:
     """What a finished run left: its losses, metrics, this rank's weights and (rank 0,
     which writes the log) the steps its log shows."""
     steps = logged_steps(read_records(log_path)) if trainer.env.is_main else None
-    return {"losses": list(result.train_losses), "validation": result.validation, "test": result.test,
+    # The final weights' test figures: the best checkpoint a run also tests depends on the
+    # checkpoints its directory holds, which the resumed run's (one checkpoint) does not share.
+    test = result.final_test if result.final_test is not None else result.test
+    return {"losses": list(result.train_losses), "validation": result.validation, "test": test,
             "records_per_sec": result.records_per_sec, "steps": steps, **local_weights(trainer.model)}
 
 

@@ -4,9 +4,11 @@ results.md ranks the runs by validation AUROC (results.csv keeps the sweep's ord
 with ``seeds`` it first shows each configuration's mean and standard deviation.
 
 The columns follow the public TorchRec DLRM example's results table (ranks instead of
-GPUs), plus the log loss, the peak memory of the largest rank, the planner's memory
-estimate for the rank it loads most beside what that rank's tables took (the run
-log's ``plan_memory`` record) and the run's state.
+GPUs), plus the log loss, which model the AUROCs are of (``model``: ``best, step 38, the
+one export takes``, from the run's last test record: the model the run delivers), the
+peak memory of the largest rank, the planner's memory estimate for the rank it loads
+most beside what that rank's tables took (the run log's ``plan_memory`` record) and
+the run's state.
 Every file is written under a temporary name and renamed when complete.
 
 Example::
@@ -27,13 +29,13 @@ from common.atomic import write_text
 from common.byte_sizes import GIB
 from common.png_figure import png_figure
 from common.errors import BadInput
-from common.run_log_file import log_records
+from common.run_log_file import TestedModel, log_records
 from sweeps.run_state import FAILED, RunRecord
 from sweeps.spec import value_text
 from sweeps.table_memory import table_memory
 
 COLUMNS = ("run", "state", "table_gib", "planner_gib", "planned_rank_gib", "built_rank_gib", "ranks", "local_batch_size", "global_batch_size",
-           "val_auroc", "test_auroc", "test_log_loss", "records_per_sec", "train_seconds", "peak_memory_bytes",
+           "val_auroc", "test_auroc", "test_log_loss", "model", "records_per_sec", "train_seconds", "peak_memory_bytes",
            "flags")
 # results.md headings (the public example's wording where it has one).
 _HEADINGS = {"run": "Run", "state": "State", "table_gib": "Size of embedding tables (GiB)",
@@ -42,6 +44,7 @@ _HEADINGS = {"run": "Run", "state": "State", "table_gib": "Size of embedding tab
              "built_rank_gib": "Tables measured, that rank (GiB)", "ranks": "Ranks", "local_batch_size": "Local batch size",
              "global_batch_size": "Global batch size", "val_auroc": "AUROC over val set",
              "test_auroc": "AUROC over test set", "test_log_loss": "Test log loss",
+             "model": "Model of these AUROCs",
              "records_per_sec": "Train records/second", "train_seconds": "Time to train (s)",
              "peak_memory_bytes": "Peak memory per rank (GiB)", "flags": "Unique flags"}
 # results.md ranks runs (and configurations) by this validation metric, higher first.
@@ -95,11 +98,19 @@ def collect_row(record: RunRecord) -> dict[str, Any]:
         estimated, built = plan_memory["estimated_bytes"], plan_memory["built_bytes"]
         largest = max(range(len(estimated)), key=estimated.__getitem__)
         row.update(planned_rank_gib=estimated[largest] / GIB, built_rank_gib=built[largest] / GIB)
-    validation, test = _last(records, "eval", "validation"), _last(records, "eval", "test")
+    # The last test is of the model the run delivers (a run that kept a best model tests
+    # it after its final weights); the validation AUROC is that model's too, so the row
+    # ranks the model export takes, and "model" says which it is.
+    test = _last(records, "eval", "test")
+    tested = None if test is None else TestedModel.of_record(test, ResultsError, f"{record.log_path}: its last test")
+    validations = [r for r in records if r["event"] == "eval" and r.get("stage") == "validation"]
+    same_model = [r for r in validations if tested is not None and r.get("step") == tested.step]
+    validation = (same_model or validations or [None])[-1]
     if validation is not None:
         row["val_auroc"] = validation.get("auroc")
     if test is not None:
-        row.update(test_auroc=test.get("auroc"), test_log_loss=test.get("log_loss"))
+        row.update(test_auroc=test.get("auroc"), test_log_loss=test.get("log_loss"),
+                   model=tested.text() if tested is not None else None)
     summary = _last(records, "summary")
     if summary is not None:
         row.update(records_per_sec=summary.get("records_per_sec"), train_seconds=summary.get("train_seconds"),

@@ -178,6 +178,24 @@ def test_report_labels_name_the_flags_that_differ(tmp_path):
                       "DLRM learning_rate=0.1 #2 (test AUROC 0.7000)"]
 
 
+def test_report_names_the_model_of_each_test_figure(tmp_path):
+    """A run that tested its final weights, then the best checkpoint (the one export
+    takes): the legend and the printed figures say which is which."""
+    lines = _log_lines("a", "original", 0.05, 0.7)
+    final = {**lines[-1], "step": 20, "auroc": 0.62, "model": "final", "exported": False}
+    best = {**lines[-1], "step": 10, "auroc": 0.66, "model": "best", "exported": True}
+    (run,) = report.read_runs(_write_log(tmp_path / "log.jsonl", lines[:-1] + [final, best]))
+    assert report.run_labels([run]) == ["DLRM (test AUROC 0.6600, best, step 10, the one export takes)"]
+    assert run.tests_text() == "test AUROC 0.6600 (best, step 10, the one export takes); 0.6200 (final, step 20)"
+    # One test without a choice (no checkpoint directory, no best kept): as before.
+    plain = {**lines[-1], "model": None, "exported": False}
+    (run,) = report.read_runs(_write_log(tmp_path / "plain.jsonl", lines[:-1] + [plain]))
+    assert report.run_labels([run]) == ["DLRM (test AUROC 0.7000)"] and run.tests_text() == "test AUROC 0.7000"
+    bad = {**lines[-1], "model": "latest", "exported": True}
+    with pytest.raises(report.LogError, match=r"plain.jsonl line \d+: \"model\" is 'latest', expected one of final, best, newest or null"):
+        report.read_runs(_write_log(tmp_path / "plain.jsonl", lines[:-1] + [bad]))
+
+
 def test_report_log_without_config_keeps_its_run_id(tmp_path):
     lines = [line for line in _log_lines("a", "original", 0.05, 0.7) if line["event"] != "config"]
     assert report.run_labels(report.read_runs(_write_log(tmp_path / "old.jsonl", lines))) == [

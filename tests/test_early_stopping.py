@@ -10,7 +10,8 @@ import pytest
 import dlrm_main
 from serving import export
 from serving.model_inputs import read_inputs
-from harness.launch import eval_metrics, eval_record, launch, read_log
+from harness.launch import eval_metrics, eval_record, launch, read_log, run_script
+from training import report
 from training.config import EarlyStoppingConfig
 from training.early_stopping import EarlyStopping
 
@@ -70,6 +71,9 @@ def test_stops_after_patience_and_tests_the_best_checkpoint(stopped, synthetic_d
     # --mode test with the checkpoint directory takes the checkpoint marked best.
     test = eval_record(read_log(log), "test")
     assert test["step"] == best_step
+    # The final weights are tested first, then the best, which export takes.
+    assert [(r["model"], r["step"], r["exported"]) for r in tests_of(log)] == \
+        [("final", last_step, False), ("best", best_step, True)]
     evaluated = str(tmp_path / "evaluated.jsonl")
     assert launch(dlrm_main.main, flags(synthetic_dir, evaluated, "--mode", "test",
                                         "--restore_checkpoint_path", ckpt)) == {0: 0, 1: 0}
@@ -90,6 +94,8 @@ def test_best_weights_in_memory_without_a_checkpoint_dir(stopped, synthetic_dir,
     assert launch(dlrm_main.main, flags(synthetic_dir, memory)) == {0: 0, 1: 0}
     expected, got = eval_record(read_log(log), "test"), eval_record(read_log(memory), "test")
     assert [got[k] for k in METRICS + ("step",)] == [expected[k] for k in METRICS + ("step",)]
+    # Nothing to export from without a checkpoint directory: no line says export takes it.
+    assert [(r["model"], r["exported"]) for r in tests_of(memory)] == [("final", False), ("best", False)]
     assert {k: summary(memory)[k] for k in ("best_step", "best_validation", "stopped_early")} == \
         {k: summary(log)[k] for k in ("best_step", "best_validation", "stopped_early")}
 
@@ -139,3 +145,70 @@ def test_bad_early_stopping_flags_are_one_line(argv, message, capsys):
         dlrm_main.main(["--num_embeddings", "100", *argv])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip() == f"dlrm_main.py: error: {message}"
+
+
+def overfitting_flags(data_dir: str, log: str, *extra: str) -> list:
+    """No early stopping: 6 epochs of 4 batches at a high rate overfit, so the best
+    validation AUROC (step 8 with seed 1, which best.json marks) is not the final one."""
+    return ["--in_memory_binary_criteo_path", data_dir, "--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16",
+            "--over_arch_layer_sizes", "64,32,1", "--optimizer", "adagrad", "--learning_rate", "0.1",
+            "--batch_size", "128", "--limit_train_batches", str(STEPS_PER_EPOCH), "--limit_val_batches", "4",
+            "--limit_test_batches", "2", "--epochs", "6", "--log_every_n_steps", "4", "--seed", "1",
+            "--log_path", log, *extra]
+
+
+def tests_of(log: str) -> list:
+    return [r for r in read_log(log) if r["event"] == "eval" and r["stage"] == "test"]
+
+
+@pytest.mark.slow
+def test_the_closing_lines_test_the_model_export_takes(synthetic_dir, tmp_path, capsys):
+    """Without early stopping a run that validated still keeps its best checkpoint, and
+    export takes that one: the run tests its final weights, then the best checkpoint's,
+    each line naming its model; `--mode test` on the directory gives the marked figures."""
+    ckpt, log = str(tmp_path / "ckpt"), str(tmp_path / "run.jsonl")
+    final_step = 6 * STEPS_PER_EPOCH
+    proc = run_script(["dlrm_main.py", *overfitting_flags(synthetic_dir, log, "--checkpoint_dir", ckpt)],
+                      torchrun_nproc=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(os.path.join(ckpt, "best.json")) as f:
+        best = json.load(f)["step"]
+    assert best < final_step  # the run overfit: the best validation is not the last
+    final, marked = tests_of(log)
+    assert [(r["model"], r["step"], r["exported"]) for r in (final, marked)] == \
+        [("final", final_step, False), ("best", best, True)]
+    assert final["log_loss"] > marked["log_loss"]  # the overfit weights are the worse model
+    lines = proc.stdout.splitlines()
+    assert f"test (final, step {final_step}): AUROC {final['auroc']:.4f} | log loss {final['log_loss']:.4f}" in \
+        proc.stdout
+    assert f"test (best, step {best}, the one export takes): AUROC {marked['auroc']:.4f} | log loss " \
+           f"{marked['log_loss']:.4f}" in proc.stdout
+    (done,) = [line for line in lines if line.startswith("done: ")]
+    assert (f"| test (best, step {best}, the one export takes) AUROC {marked['auroc']:.4f}, log loss "
+            f"{marked['log_loss']:.4f}, NE {marked['ne']:.4f} | test (final, step {final_step}) AUROC "
+            f"{final['auroc']:.4f}, log loss {final['log_loss']:.4f}, NE {final['ne']:.4f} | best step {best} ") in done
+    record = summary(log)
+    assert {k: record["test"][k] for k in METRICS} == {k: marked[k] for k in METRICS}
+    assert {k: record["final_test"][k] for k in METRICS} == {k: final[k] for k in METRICS}
+    assert record["test_model"] == {"model": "best", "step": best, "exported": True}
+    assert (record["export_step"], record["best_step"], record["steps"]) == (best, best, final_step)
+    # The references: --mode test on the directory evaluates the checkpoint export takes,
+    # and on the final checkpoint the final weights; each gives the run's figures.
+    evaluated = run_script(["dlrm_main.py", *overfitting_flags(synthetic_dir, str(tmp_path / "best.jsonl"), "--mode",
+                                                               "test", "--restore_checkpoint_path", ckpt)],
+                           torchrun_nproc=2)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    (again,) = tests_of(str(tmp_path / "best.jsonl"))
+    assert [again[k] for k in METRICS + ("step", "model", "exported")] == \
+        [marked[k] for k in METRICS + ("step", "model", "exported")]
+    assert f"test (best, step {best}, the one export takes): AUROC {marked['auroc']:.4f}" in evaluated.stdout
+    last = str(tmp_path / "final.jsonl")
+    assert launch(dlrm_main.main, overfitting_flags(synthetic_dir, last, "--mode", "test", "--restore_checkpoint_path",
+                                                    os.path.join(ckpt, f"step_{final_step:09d}"))) == {0: 0, 1: 0}
+    (again,) = tests_of(last)
+    assert [again[k] for k in METRICS + ("step", "model", "exported")] == \
+        [final[k] for k in METRICS] + [final_step, None, False]  # neither best nor what export takes
+    # The report names the model of each test figure.
+    assert report.main([log, "--output", str(tmp_path / "run.png")]) == 0
+    assert (f"test AUROC {marked['auroc']:.4f} (best, step {best}, the one export takes); {final['auroc']:.4f} "
+            f"(final, step {final_step})") in capsys.readouterr().out

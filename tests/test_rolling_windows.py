@@ -15,6 +15,7 @@ from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parq
 from data.sources import source_for
 from tests.support.doc_commands import commands_starting, replaced
 from harness.launch import launch, read_log
+from training import report
 from training.distributed import resolve_env
 from training.flags import parse_config
 from training.startup_report import StartupReport
@@ -62,7 +63,7 @@ def uninterrupted(tmp_path_factory, clicks):
 
 @pytest.mark.slow
 def test_each_window_is_trained_once_and_evaluated_on_the_next(uninterrupted):
-    _, records = uninterrupted
+    root, records = uninterrupted
     assert sorted(losses(records)) == list(range(1, WINDOWS * STEPS_PER_WINDOW + 1))
     assert [r["epoch"] for r in records if r["event"] == "train"] == \
         [w for w in range(WINDOWS) for _ in range(STEPS_PER_WINDOW)]
@@ -77,6 +78,13 @@ def test_each_window_is_trained_once_and_evaluated_on_the_next(uninterrupted):
     assert summary["test"] is None
     assert [{k: w[k] for k in ("window", "auroc", "log_loss")} for w in summary["windows"]] == \
         [{"window": r["window"], "auroc": r["auroc"], "log_loss": r["log_loss"]} for r in evaluations]
+    # Export takes the newest checkpoint (no best across windows): the model the last
+    # window evaluated, which the summary and the report say.
+    assert [(w["step"], w["exported"]) for w in summary["windows"]] == \
+        [((k + 1) * STEPS_PER_WINDOW, k + 1 == WINDOWS) for k in range(WINDOWS)]
+    assert summary["export_step"] == WINDOWS * STEPS_PER_WINDOW and summary["test_model"] is None
+    (run,) = report.read_runs(str(root / "log.jsonl"))
+    assert run.exported_window == (WINDOWS, WINDOWS * STEPS_PER_WINDOW)
 
 
 @pytest.mark.slow
@@ -138,6 +146,8 @@ def test_a_rolling_checkpoint_is_evaluated_without_the_protocol(uninterrupted, c
     tested = [r for r in read_log(str(log)) if r["event"] == "eval"]
     assert [(r["stage"], r["step"], r["num_samples"]) for r in tested] == \
         [("test", WINDOWS * STEPS_PER_WINDOW, ROWS_PER_DAY)]  # the test split: the last day
+    assert (tested[0]["model"], tested[0]["exported"]) == ("newest", True)  # none marked best
+    assert f"test (newest, step {WINDOWS * STEPS_PER_WINDOW}, the one export takes): AUROC" in capsys.readouterr().out
 
 
 def test_the_startup_block_says_the_windows_the_run_reads(clicks, tmp_path, capsys):

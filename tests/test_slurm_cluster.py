@@ -134,7 +134,8 @@ def test_sweep_on_slurm_reports_what_each_runs_log_says(node_cpus, synthetic_dir
         job_id = _job_id(RunRecord.read(run_dir).app_handle)
         assert _sacct_states(job_id) == ["COMPLETED"]
         # The job's output moved from the submit directory to the run directory.
-        assert f"test: AUROC {float(row['test_auroc']):.4f}" in _output(run_dir, job_id)
+        # With checkpoints the test line names its model (`test (final, step 6, the one export takes): ...`).
+        assert re.search(rf"test( \([^)]*\))?: AUROC {float(row['test_auroc']):.4f}", _output(run_dir, job_id))
         assert not [n for n in os.listdir(REPO) if n.startswith(f"slurm-{job_id}")]
     status = sweeps(["status", out])
     assert status.returncode == 0 and status.stdout.splitlines()[-1] == "2 succeeded", status.stdout

@@ -16,6 +16,14 @@ from training.weight_snapshot import HostWeightSnapshot
 HIGHER_IS_BETTER = {"auroc": True, "log_loss": False, "ne": False}
 
 
+def load_weights(model: nn.Module, checkpoint: str, rank: int) -> None:
+    """Loads the model weights of ``checkpoint`` (not its optimizer state or RNG) into
+    the (sharded) ``model``. Collective."""
+    state = {"model": model.state_dict()}
+    load_checkpoint(checkpoint, state, rank, restore_rng=False)
+    model.load_state_dict(state["model"])
+
+
 class EarlyStopping:
     """Counts validations since the best one of the monitored metric.
 
@@ -143,9 +151,7 @@ class BestModel:
             path = best_checkpoint(self.checkpoints.directory)
             if path is None:
                 raise CheckpointError(f"{self.checkpoints.directory}: the best checkpoint (step {best}) is not marked")
-            state = {"model": model.state_dict()}
-            load_checkpoint(path, state, self.rank, restore_rng=False)
-            model.load_state_dict(state["model"])
+            load_weights(model, path, self.rank)
         else:
             assert self._snapshot is not None, "a best step without its weights"
             self._snapshot.restore(model)

@@ -8,8 +8,10 @@ flatten it), learning rate, records/s and validation AUROC, normalized entropy
 same three metrics of each window, evaluated after training on the windows before it),
 one line per run (a log holds every run appended to it,
 told apart by ``run_id``), labelled by its model and the flags that differ between the runs,
-with its test AUROC; the legend sits under the panels. It
-prints per run: best validation AUROC and its step, mean records/s without the first
+with its test AUROC (and which model that is, once there was a choice: ``best, step 38, the
+one export takes``); the legend sits under the panels. It prints per run: best validation
+AUROC and its step, every test AUROC with its model (the delivered one first, then the final
+weights'), with --rolling_windows the window whose model export takes, mean records/s without the first
 (warm-up) interval, and the wall time from first to last record. A malformed log is
 reported as one line naming the file and line, exit code 2.
 """
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 from common.cli import OneLineParser, cli_main
 from common.errors import BadInput
 from common.png_figure import FOOTER_HEIGHT, png_figure
-from common.run_log_file import log_records
+from common.run_log_file import TestedModel, log_records
 from models.interactions import INTERACTIONS
 
 FIGURE_INCHES = (12.0, 8.0)  # two rows of panels; a third (rolling windows) adds half the height
@@ -57,9 +59,31 @@ class Run:
     window_calibration: list[tuple[int, float]] = field(default_factory=list)
     first_time: Optional[float] = None
     last_time: Optional[float] = None
-    # The run's configuration record (None for a log without one) and its test metrics.
+    # The run's configuration record (None for a log without one) and its test metrics:
+    # those of the last test, which a run that kept a best model tests after its final weights.
     config: Optional[dict[str, object]] = None
     test: dict[str, float] = field(default_factory=dict)
+    # Every test's model (None for logs before records said) and AUROC, in order.
+    tests: list[tuple[Optional[TestedModel], Optional[float]]] = field(default_factory=list)
+    # --rolling_windows: (window, step) of the window evaluation whose model export takes
+    exported_window: Optional[tuple[int, int]] = None
+
+    def _named(self, model: Optional[TestedModel]) -> bool:
+        """Whether a test's model is worth naming: there was a choice (a best model kept,
+        or a checkpoint directory to export from)."""
+        return model is not None and (len(self.tests) > 1 or model.exported or model.kind in ("best", "newest"))
+
+    @property
+    def test_model(self) -> Optional[TestedModel]:
+        """Which model `test` is of, when the log says and it is worth naming."""
+        model = self.tests[-1][0] if self.tests else None
+        return model if self._named(model) else None
+
+    def tests_text(self) -> str:
+        """``test AUROC 0.6605 (best, step 38, the one export takes); 0.6201 (final, step 57)``."""
+        parts = [f"{auroc:.4f}" + (f" ({model.text()})" if model is not None and self._named(model) else "")
+                 for model, auroc in reversed(self.tests) if auroc is not None]
+        return "test AUROC " + ("; ".join(parts) if parts else "n/a")
 
     def summary(self) -> dict[str, object]:
         best = max(self.validation_auroc, key=lambda p: p[1], default=None)
@@ -98,6 +122,11 @@ def read_runs(path: str) -> list[Run]:
             run.config = record
         elif event == "eval" and record["stage"] == "test":
             run.test = {k: float(record[k]) for k in ("auroc", "log_loss") if isinstance(record.get(k), (int, float))}
+            run.tests.append((TestedModel.of_record(record, LogError, f"{path} line {number}"), run.test.get("auroc")))
+        elif event == "summary" and isinstance(record.get("windows"), list):
+            exported = [w for w in record["windows"] if isinstance(w, dict) and w.get("exported") is True]
+            if exported and isinstance(exported[-1].get("window"), int) and isinstance(exported[-1].get("step"), int):
+                run.exported_window = (exported[-1]["window"], exported[-1]["step"])
         elif event == "eval" and record["stage"] == "validation":
             for key in ("auroc", "ne", "calibration"):  # null when not finite; older logs have no NE
                 if record.get(key) is not None:
@@ -216,7 +245,9 @@ def run_labels(runs: Sequence[Run]) -> list[str]:
         if len(same) > 1:
             for number, i in enumerate(same, 1):
                 labels[i] = f"{label} #{number}"
-    return [label + (f" (test AUROC {run.test['auroc']:.4f})" if "auroc" in run.test else "")
+    return [label + (f" (test AUROC {run.test['auroc']:.4f}"
+                     + (f", {run.test_model.text()}" if run.test_model is not None else "") + ")"
+                     if "auroc" in run.test else "")
             for label, run in zip(labels, runs)]
 
 
@@ -294,7 +325,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         auroc = "n/a" if s["best_validation_auroc"] is None else f"{s['best_validation_auroc']:.4f} at step {s['best_step']}"
         rate = "n/a" if s["mean_records_per_sec"] is None else f"{s['mean_records_per_sec']:,.0f}"
         total = "n/a" if s["total_seconds"] is None else f"{s['total_seconds']:.1f} s"
-        print(f"{s['run']}: {s['steps']} steps | best validation AUROC {auroc} | "
+        window = ("" if run.exported_window is None else
+                  f" | the model export takes: window {run.exported_window[0]}'s (step {run.exported_window[1]})")
+        print(f"{s['run']}: {s['steps']} steps | best validation AUROC {auroc} | {run.tests_text()}{window} | "
               f"mean records/s (after warm-up) {rate} | total time {total}")
     print(f"wrote {args.output}")
     return 0

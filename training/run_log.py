@@ -6,7 +6,11 @@ line, every record carrying the run's ``run_id``:
 once, ``{"event": "inference_benchmark", "stage": "inference_benchmark", ...}`` (training/inference_benchmark.py), ``{"event": "train", "step", "epoch", "loss", "lr",
 "records_per_sec", "total_steps", "eta_seconds", ...}`` per interval and ``{"event": "eval", "stage", "step",
 "auroc", "log_loss", "accuracy", "ne", "calibration", "positive_rate", "num_samples", "records_per_sec",
-"seconds"}`` per evaluation, ``{"event": "plan_memory", ...}`` after the first step (training/plan_memory.py) (training/metrics.py says what each means; with --rolling_windows a
+"seconds"}`` per evaluation (a test's also ``model``, ``"final"``, ``"best"``, ``"newest"`` or null, and
+``exported``: see `TestedModel`), ``{"event": "summary", ...}`` at the end of training (``test``: the figures of the
+best model when one was kept, else of the final weights; ``test_model``: which, as ``{"model", "step",
+"exported"}``; ``final_test``: the final weights' figures when the best was tested too, else null;
+``export_step``: the step of the checkpoint serving.export takes, null without --checkpoint_dir), ``{"event": "plan_memory", ...}`` after the first step (training/plan_memory.py) (training/metrics.py says what each means; with --rolling_windows a
 validation record also has ``window``, the window evaluated); every record also has
 ``time`` (seconds since the epoch). With a TensorBoard directory the same scalars go
 to event files too, and each window's metrics also as ``window/<key>`` over the window.
@@ -23,6 +27,7 @@ from collections.abc import Mapping
 
 from tqdm import tqdm
 
+from common.run_log_file import TestedModel  # noqa: F401  (the trainer's, with the log's)
 from common.url_paths import redacted_record, redacted_text
 from training.metrics import METRIC_NAMES
 

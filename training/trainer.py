@@ -24,7 +24,8 @@ from torchrec.distributed.train_pipeline.train_pipelines import TrainPipeline
 from torchrec.distributed.types import ShardingEnv
 
 from checkpoints.meta import CheckpointMeta
-from checkpoints.store import CheckpointManager, check_writable, load_checkpoint, lock_checkpoint_dir
+from checkpoints.store import (CheckpointManager, check_writable, checkpoint_to_load, export_role, load_checkpoint,
+                               lock_checkpoint_dir, read_meta)
 from common.byte_sizes import format_bytes
 from common.config_flags import Overrides, flag_of
 from common.errors import BadInput
@@ -38,7 +39,7 @@ from sharding_plans.rules import check_embedding_weight_decay, check_reshardable
 from training.checkpoint_policy import MinuteCadence, RestorePoint, find_restore_point
 from training.config import OptimizerConfig, TrainConfig
 from training.distributed import DistributedEnv, gather_peak_memory, init_process_group, rank_cpu_share
-from training.early_stopping import BestModel
+from training.early_stopping import BestModel, load_weights
 from training.embedding_init import init_embedding_tables, torchrec_table_init_skipped
 from training.id_frequencies import IdFrequencies
 from training.lr_schedule import WarmupPolyDecaySchedule
@@ -49,7 +50,7 @@ from training.pipelines import (build_pipeline, check_pipeline_supported, check_
                                 check_compile_supported, check_dense_precision, cpu_has_bf16_units, release_cache_line_locks,
                                 semi_sync_start_after)
 from training.recipes import STABLE_OPTIMIZER
-from training.run_log import RunLog, StepClock, format_metrics
+from training.run_log import RunLog, StepClock, TestedModel, format_metrics
 from training.startup_report import StartupReport
 from training.sharding import prepare_sharding
 
@@ -83,7 +84,7 @@ class RunResult:
     validation: Optional[dict[str, float]] = None
     test: Optional[dict[str, float]] = None
     records_per_sec: float = 0.0  # training records (all ranks) per second, evaluation excluded
-    best_step: Optional[int] = None  # early stopping: the step whose weights were tested
+    best_step: Optional[int] = None  # the best validation's step (early stopping, or best.json's)
     best_validation: Optional[dict[str, float]] = None
     stopped_early: bool = False
     target_reached: Optional[bool] = None  # --validation_auroc: None without a target
@@ -91,6 +92,10 @@ class RunResult:
     records_to_target: Optional[int] = None  # training records (all ranks) until then
     # --rolling_windows: {window: its metrics} of the windows this process evaluated
     windows: dict[int, dict[str, float]] = field(default_factory=dict)
+    window_steps: dict[int, int] = field(default_factory=dict)  # {window: the step its model is from}
+    test_model: Optional[TestedModel] = None  # which model `test` is of
+    final_test: Optional[dict[str, float]] = None  # the final weights', when the best was tested too
+    export_step: Optional[int] = None  # the checkpoint serving.export takes from --checkpoint_dir
 
 
 class Trainer:
@@ -224,6 +229,7 @@ class Trainer:
                                if saves_checkpoints and flags.checkpoint_every_n_minutes else None)
         self.best = BestModel(config.early_stopping, self.checkpoints, env.rank)
         self.weights_step: Optional[int] = None  # the step of the checkpoint whose weights were loaded
+        self.weights_path: Optional[str] = None  # and its path
         if restore is not None:
             self.restore_from(restore)
         elif flags.resume:
@@ -250,7 +256,7 @@ class Trainer:
             state["optim"] = self.optimizer.state_dict()
         load_checkpoint(restore.path, state, self.env.rank, restore_rng=restore.full)
         self.model.load_state_dict(state["model"])
-        self.weights_step = restore.meta.step
+        self.weights_step, self.weights_path = restore.meta.step, restore.path
         if not restore.full:
             self.log.print(f"loaded the weights of {restore.path}")
             return
@@ -365,19 +371,50 @@ class Trainer:
         if self.frequencies is not None:
             path = self.frequencies.save(os.getcwd(), self.env.rank)
             self.log.print(f"id frequencies of the training batches: {path} (one file per rank)")
-        if config.early_stopping.enabled:  # the test split takes the best weights
-            result.best_step, result.best_validation = self.best.stopping.best_step, self.best.stopping.best_validation
         result.stopped_early = self.best.stopped_early
-        if self.best.restore(self.model, self.step):
-            self.log.print(f"testing the best weights: step {result.best_step} (validation "
-                           f"{config.early_stopping.metric} {self.best.stopping.best_value:.4f})")
-        if config.test_at_end and not self.rolling_windows:  # the windows' evaluations are the test
-            result.test = self.evaluate("test", weights_step=result.best_step)
+        self._test_at_end(result)
         result.steps = self.step
         self._summary(result)
         self.log.close()
         self.release_checkpoint_dir()
         return result
+
+    def _test_at_end(self, result: RunResult) -> None:
+        """Tests the final weights and, when the run kept a better model, that one too,
+        last: the checkpoint serving.export takes from --checkpoint_dir (the one best.json
+        marks; `checkpoint_to_load`, the export's own choice), or without a directory
+        early stopping's best kept in memory. Each line says which model it is. The
+        model is left as fit always left it: the best weights with early stopping, else
+        the final ones. Collective."""
+        stopping = self.best.stopping
+        if self.config.early_stopping.enabled or self.checkpoints is not None:
+            result.best_step, result.best_validation = stopping.best_step, stopping.best_validation
+        export = checkpoint_to_load(self.checkpoints.directory, "--checkpoint_dir") if self.checkpoints else None
+        if export is not None:
+            result.export_step = read_meta(export).step
+        if not self.config.test_at_end or self.rolling_windows:  # the windows' evaluations are the test
+            return
+        if len(self.loaders["test"]) == 0:  # --limit_test_batches 0: nothing to test, no model to load
+            return
+        final = TestedModel("final", self.step, result.export_step == self.step)
+        best = result.export_step if export is not None else (
+            stopping.best_step if self.config.early_stopping.enabled else None)
+        if best is None or best == self.step:  # no better model: one test, marked only with a checkpoint dir
+            result.test_model = final
+            result.test = self.evaluate("test", model=final, say_model=export is not None)
+            return
+        result.final_test = self.evaluate("test", model=final)
+        if export is not None:
+            load_weights(self.model, export, self.env.rank)
+        else:
+            self.best.restore(self.model, self.step)
+        validation = (f" (validation {self.config.early_stopping.metric} {stopping.best_value:.4f})"
+                      if stopping.best_step == best and stopping.best_value is not None else "")
+        self.log.print(f"testing the best weights: step {best}{validation}")
+        result.test_model = TestedModel("best", best, export is not None)
+        result.test = self.evaluate("test", weights_step=best, model=result.test_model)
+        if not self.config.early_stopping.enabled:
+            load_weights(self.model, self._saved_path, self.env.rank)  # the final checkpoint, saved above
 
     def _train_epoch(self, epoch: int, first_batch: int, loader: BatchLoader, result: RunResult) -> list[float]:
         config = self.config
@@ -497,6 +534,7 @@ class Trainer:
         result.validation = values
         if self.rolling_windows:  # each window is evaluated on other rows: no best model across them
             result.windows[self.epoch + 1] = values
+            result.window_steps[self.epoch + 1] = self.step
             return
         target = self.config.validation_auroc
         if target is not None and values["auroc"] >= target:
@@ -515,10 +553,14 @@ class Trainer:
                            f"has not improved for {self.best.stopping.validations_without_improvement} validations "
                            f"(best {self.best.stopping.best_value:.4f} at step {self.best.stopping.best_step})")
 
-    def evaluate(self, stage: str, weights_step: Optional[int] = None) -> Optional[dict[str, float]]:
+    def evaluate(self, stage: str, weights_step: Optional[int] = None, model: Optional[TestedModel] = None,
+                 say_model: bool = True) -> Optional[dict[str, float]]:
         """Runs the "validation" or "test" split; None when it has no batches. Collective.
 
-        ``weights_step``: the step the model's weights are from, when not the current one."""
+        ``weights_step``: the step the model's weights are from, when not the current one;
+        ``model``: which model it is, for the line (``test (best, step 38, the one export
+        takes): ...``, unless not ``say_model``: there was no choice) and the record's
+        ``model`` and ``exported``."""
         loader = self.loaders[stage]
         if len(loader) == 0:
             return None
@@ -556,13 +598,16 @@ class Trainer:
         window = {"window": self.epoch + 1} if self.rolling_windows and stage == "validation" else {}
         binned = f" (binned, within {values['auroc_error_bound']:.1e})" if "auroc_error_bound" in values else ""
         weighted = f" (weighted by {self.config.data.weight_column})" if self.weighted else ""
+        which = f" ({model.text()})" if model is not None and say_model else ""
         self.log.print(
-            f"{stage}{''.join(f' (window {w})' for w in window.values())}{weighted}: AUROC {values['auroc']:.4f}{binned} | log loss {values['log_loss']:.4f} | "
+            f"{stage}{which}{''.join(f' (window {w})' for w in window.values())}{weighted}: AUROC {values['auroc']:.4f}{binned} | log loss {values['log_loss']:.4f} | "
             f"accuracy {values['accuracy']:.4f} | NE {values['ne']:.4f} | calibration {values['calibration']:.4f} | "
             f"positive rate {values['positive_rate']:.4f} | {values['num_samples']} samples (step {step}) | "
             f"{rate:,.0f} records/s"
         )
-        self.log.record("eval", stage=stage, step=step, **window, **values, records_per_sec=rate, seconds=seconds)
+        tested = ((model or TestedModel("", step, False)).fields() if stage == "test" or model is not None else {})
+        self.log.record("eval", stage=stage, step=step, **window, **tested, **values, records_per_sec=rate,
+                        seconds=seconds)
         statistics = self.source.statistics(self.loaders["train"])
         if statistics is not None:
             fields, line = statistics
@@ -574,7 +619,11 @@ class Trainer:
     def evaluate_checkpoint(self) -> Optional[dict[str, float]]:
         """--mode validate|test: evaluates the loaded weights on that split. Collective."""
         stage = "validation" if self.config.mode == "validate" else "test"
-        values = self.evaluate(stage, weights_step=self.weights_step)
+        model = None
+        if self.weights_path is not None and self.weights_step is not None:
+            kind, exported = export_role(self.weights_path)
+            model = TestedModel(kind, self.weights_step, exported)
+        values = self.evaluate(stage, weights_step=self.weights_step, model=model)
         self.log.close()
         return values
 
@@ -597,12 +646,12 @@ class Trainer:
         result.records_per_sec = rate
         peaks = gather_peak_memory(self.env)
         best = ""
+        tested = result.test_model is not None and result.test_model.step == result.best_step
         if result.best_step is not None:
             best = (f" | best step {result.best_step} (validation {self.config.early_stopping.metric} "
-                    f"{self.best.stopping.best_value:.4f}{', stopped early' if result.stopped_early else ''}; "
-                    "tested)")
-        evaluated = (" | ".join(format_metrics(f"window {w}", v) for w, v in result.windows.items())
-                     if self.rolling_windows else format_metrics("test", result.test))
+                    f"{self.best.stopping.best_value:.4f}{', stopped early' if result.stopped_early else ''}"
+                    f"{'; tested' if tested else ''})")
+        evaluated = self._closing_figures(result)
         self.log.print(
             f"done: {result.steps} steps, {self._train_records} records in {self._train_seconds:.1f} s of training "
             f"({rate:,.0f} records/s, evaluation excluded) | {evaluated or 'no window evaluated'}{best} | "
@@ -614,4 +663,27 @@ class Trainer:
                         best_validation=result.best_validation, stopped_early=result.stopped_early,
                         target_reached=result.target_reached, time_to_target_s=result.time_to_target_s,
                         records_to_target=result.records_to_target,
-                        windows=[{"window": w, **v} for w, v in result.windows.items()] if self.rolling_windows else None)
+                        windows=[{"window": w, **v, "step": result.window_steps[w],
+                                  "exported": result.window_steps[w] == result.export_step}
+                                 for w, v in result.windows.items()] if self.rolling_windows else None,
+                        test_model=(None if result.test_model is None
+                                    else {**result.test_model.fields(), "step": result.test_model.step}),
+                        final_test=result.final_test, export_step=result.export_step)
+
+    def _closing_figures(self, result: RunResult) -> str:
+        """The done line's figures, each saying which model it is once there is a
+        choice (a best model kept, or a checkpoint directory to export from): ``test
+        (best, step 38, the one export takes) AUROC ... | test (final, step 57) AUROC ...``."""
+        if self.rolling_windows:
+            def window(w: int) -> str:
+                exported = result.window_steps[w] == result.export_step
+                return f"window {w}" + (f" (step {result.window_steps[w]}, the one export takes)" if exported else "")
+            return " | ".join(format_metrics(window(w), v) for w, v in result.windows.items())
+        tested = result.test_model
+        if tested is None or (result.final_test is None and result.export_step is None):
+            return format_metrics("test", result.test)
+        line = format_metrics(f"test ({tested.text()})", result.test)
+        if result.final_test is not None:
+            final = TestedModel("final", result.steps, result.export_step == result.steps)
+            line += " | " + format_metrics(f"test ({final.text()})", result.final_test)
+        return line

@@ -70,8 +70,14 @@ def assert_row_matches_log(row, log_path):
     assert float(row["planned_rank_gib"]) == plan_memory["estimated_bytes"][largest] / 2**30
     assert float(row["built_rank_gib"]) == plan_memory["built_bytes"][largest] / 2**30
     assert (int(row["ranks"]), int(row["local_batch_size"]), int(row["global_batch_size"])) == (2, 256, 512)
-    assert float(row["val_auroc"]) == eval_record(log, "validation")["auroc"]
-    assert float(row["test_auroc"]) == eval_record(log, "test")["auroc"]
+    # The AUROCs are of the model the run delivers: its last test's (the one export takes
+    # when the run saved checkpoints), and the validation of that same step.
+    test = eval_record(log, "test")
+    assert summary["test_model"] == {"model": test["model"], "step": test["step"], "exported": test["exported"]}
+    assert row["model"] == f"{test['model']}, step {test['step']}" + (", the one export takes" if test["exported"] else "")
+    assert float(row["val_auroc"]) == [r for r in log if r["event"] == "eval" and r["stage"] == "validation"
+                                       and r["step"] == test["step"]][-1]["auroc"]
+    assert float(row["test_auroc"]) == test["auroc"]
     assert float(row["test_log_loss"]) == eval_record(log, "test")["log_loss"]
     assert float(row["records_per_sec"]) == summary["records_per_sec"]
     assert float(row["train_seconds"]) == summary["train_seconds"]

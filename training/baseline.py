@@ -158,13 +158,16 @@ class HashedLogisticRegression:
     numerical feature and a bias: the logit. Built lazily so that --help needs no torch.
 
     Args:
-        table_rows: rows of each feature's table, in the KJT's key order.
+        table_rows: rows of each feature's table.
         num_dense: numerical features.
+        feature_names: the categorical features, in the order of ``table_rows`` (the
+            batches' keys must come in this order).
     """
 
-    def __init__(self, table_rows: list[int], num_dense: int) -> None:
+    def __init__(self, table_rows: list[int], num_dense: int, feature_names: list[str]) -> None:
         import torch
 
+        self.feature_names = feature_names
         self.offsets = torch.tensor([0, *table_rows[:-1]], dtype=torch.int64).cumsum(0)
         # Zeros: the first logits are 0 (p = 0.5), and an id never seen keeps weight 0.
         self.ids = torch.nn.EmbeddingBag(sum(table_rows), 1, mode="sum", sparse=True)
@@ -184,6 +187,8 @@ class HashedLogisticRegression:
         import torch
 
         kjt = batch.sparse_features
+        if kjt.keys() != self.feature_names:  # the loaders' order is the description's: kept so
+            raise RuntimeError(f"batch features {kjt.keys()} are not the described {self.feature_names}")
         lengths = kjt.lengths()
         rows = len(batch.labels)
         num_features = len(self.offsets)
@@ -281,7 +286,7 @@ def _fit(config: BaselineConfig, loaders: dict[str, Any], log: Any) -> dict[str,
               f"({sum(config.table_rows):,} hashed weights) and {config.num_dense_features} numerical ones, "
               f"{config.flags.optimizer} at {config.flags.learning_rate}, {config.run['epochs']} epoch(s) of "
               f"{len(loaders['train'])} batches")
-    model = HashedLogisticRegression(config.table_rows, config.num_dense_features)
+    model = HashedLogisticRegression(config.table_rows, config.num_dense_features, config.sparse_feature_names)
     optimizers = _optimizers(model, config.flags)
     weighted = config.data.weight_column is not None
     every = config.run["log_every_n_steps"]

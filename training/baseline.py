@@ -21,7 +21,6 @@ checkpoints') is refused in one line, exit 2 (docs/quality.md).
 """
 
 import argparse
-import copy
 import math
 import os
 import sys
@@ -39,6 +38,7 @@ from data.config import DataConfig
 from models.config import TableSizes
 from recipes import RECIPES
 from training.config import TrainConfig
+from training.failures import EXIT_NON_FINITE_LOSS, EXIT_TERMINATED
 
 PROG = "python -m training.baseline"
 OPTIMIZERS = ("adagrad", "sgd")
@@ -46,7 +46,10 @@ OPTIMIZERS = ("adagrad", "sgd")
 RUN_FIELDS = ("epochs", "seed", "auroc_bins", "log_path", "log_every_n_steps", "print_progress")
 # The model's name in the config record (what training.report labels the run with).
 MODEL_NAME = "logistic_regression"
-EXIT_TERMINATED = 143  # 128 + SIGTERM, as the trainer's
+
+
+class NonFiniteLoss(Exception):
+    """The loss became NaN or infinite: exit 3, as the trainer's."""
 
 
 @dataclass
@@ -311,8 +314,8 @@ def _fit(config: BaselineConfig, loaders: dict[str, Any], log: Any) -> dict[str,
             interval_rows += len(batch.labels)
             log.advance()
             if not math.isfinite(loss.item()):
-                raise BadInput(f"training loss is {loss.item()} at step {step}: lower --learning_rate "
-                               f"(now {config.flags.learning_rate})")
+                raise NonFiniteLoss(f"training loss is {loss.item()} at step {step}: lower --learning_rate "
+                                    f"(now {config.flags.learning_rate})")
             if step % every == 0:
                 seconds = time.perf_counter() - interval_start
                 log.record("train", step=step, epoch=epoch, loss=interval_loss / interval_steps,
@@ -361,6 +364,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Terminated as e:
         print(f"{PROG}: error: stopped: {e}", file=sys.stderr, flush=True)
         return EXIT_TERMINATED
+    except NonFiniteLoss as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_NON_FINITE_LOSS
 
 
 if __name__ == "__main__":

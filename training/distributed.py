@@ -196,10 +196,13 @@ def _launched_job() -> Optional[tuple[int, int]]:
 _job_store_cache: dict[tuple[int, int], dist.Store] = {}
 
 
-def _job_store(rank: int, world_size: int) -> dist.Store:
+def _job_store(rank: int, world_size: int, timeout_s: Optional[float] = None) -> dist.Store:
+    """The store, reached (or, on rank 0 without torchrun's agent store, served) within
+    ``timeout_s`` (default: torch's, 30 minutes)."""
     key = (rank, world_size)
     if key not in _job_store_cache:
-        store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size))
+        timeout = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
+        store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, **timeout))
         _job_store_cache[key] = store
     return _job_store_cache[key]
 
@@ -226,7 +229,9 @@ def agree_on_readiness(error: Optional[str], timeout_s: float = READINESS_TIMEOU
     prefix = _attempt_prefix(f"ready_{next(_readiness_rounds)}")
     keys = [f"{prefix}/{r}" for r in range(world_size)]
     try:
-        store = _job_store(rank, world_size)
+        # A failing rank tries for a bounded time only: with no store to reach (its
+        # MASTER_ADDR is down, or wrong) it still stops, with its own line.
+        store = _job_store(rank, world_size, timeout_s if error is not None else None)
         store.set(keys[rank], "" if error is None else f"x{error}")
         try:
             store.wait(keys, datetime.timedelta(seconds=timeout_s))
@@ -242,7 +247,7 @@ def agree_on_readiness(error: Optional[str], timeout_s: float = READINESS_TIMEOU
         deadline = time.monotonic() + timeout_s
         while store.add(f"{prefix}/read", 0) < world_size and time.monotonic() < deadline:
             time.sleep(0.1)
-    except dist.DistError:  # the store itself is unreachable: each rank for itself
+    except (RuntimeError, ValueError):  # no store (torch's DistError is a RuntimeError): each rank for itself
         return error
     return error if error is not None else failed
 

@@ -193,13 +193,13 @@ def _launched_job() -> Optional[tuple[int, int]]:
 
 # The job's rendezvous store, made once per process: the readiness round and the
 # process group use the same one (a rank 0 that serves it must not serve it twice).
-_job_store_cache: dict[tuple[int, int], dist.Store] = {}
+_job_store_cache: dict[tuple[str, str, int, int], dist.Store] = {}
 
 
 def _job_store(rank: int, world_size: int, timeout_s: Optional[float] = None) -> dist.Store:
     """The store, reached (or, on rank 0 without torchrun's agent store, served) within
     ``timeout_s`` (default: torch's, 30 minutes)."""
-    key = (rank, world_size)
+    key = (os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", ""), rank, world_size)
     if key not in _job_store_cache:
         timeout = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
         store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, **timeout))

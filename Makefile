@@ -31,11 +31,11 @@ data: install
 	$(PYTHON) -m data.synthetic_criteo --output_dir $(DATA_DIR) --seed 0
 
 train: data
-	$(VENV)/bin/torchrun --standalone --nproc_per_node $(NPROC) dlrm_main.py \
+	$(PYTHON) -m training.launch --standalone --nproc_per_node $(NPROC) dlrm_main.py \
 		--in_memory_binary_criteo_path $(DATA_DIR) $(TRAIN_FLAGS)
 
 train-dcnv2: data
-	$(VENV)/bin/torchrun --standalone --nproc_per_node $(NPROC) dcnv2_main.py \
+	$(PYTHON) -m training.launch --standalone --nproc_per_node $(NPROC) dcnv2_main.py \
 		--in_memory_binary_criteo_path $(DATA_DIR) $(TRAIN_FLAGS) \
 		--embedding_dim 64 --dense_arch_layer_sizes 256,64 --over_arch_layer_sizes 256,128,1 \
 		--dcn_low_rank_dim 128

@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import socket
+import stat
 import threading
 import time
 import uuid
@@ -71,6 +72,7 @@ class PathLock:
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
+                self._refuse_unless_a_file()
                 self._remove_if_stale()
                 continue
             with os.fdopen(fd, "w") as f:
@@ -111,6 +113,21 @@ class PathLock:
         except (OSError, ValueError):
             return {}
         return holder if isinstance(holder, dict) else {}
+
+    def _refuse_unless_a_file(self) -> None:
+        """Raises LockHeld when the lock's path is something no lock holder creates (a
+        directory, a symbolic link, a FIFO): it is not judged stale and moved aside,
+        since what it holds is not this class's to remove."""
+        try:
+            mode = os.lstat(self.path).st_mode
+        except FileNotFoundError:
+            return  # released meanwhile
+        if stat.S_ISREG(mode):
+            return
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a symbolic link" if stat.S_ISLNK(mode)
+                else "not a regular file")
+        raise LockHeld(f"{self.what}: its lock file {self.path} is {kind}, which no run creates; "
+                       f"remove it (after checking nothing of yours is in it) and run again")
 
     def _remove_if_stale(self) -> None:
         """Removes the lock file when its holder is gone; raises LockHeld otherwise."""

@@ -14,7 +14,7 @@ CLIS = [
     ("data.transcode", []), ("data.criteo_feature_spec", []),
     ("serving.export", []), ("serving.predict", []), ("serving.quality_gate", []), ("serving.serve", []),
     ("training.report", []), ("sharding_plans.cli", []), ("sharding_plans.cli", ["plan"]),
-    ("sweeps.cli", []), ("sweeps.cli", ["run"]), ("scripts.check_install", []),
+    ("sweeps.cli", []), ("sweeps.cli", ["run"]), ("scripts.check_install", []), ("training.baseline", []),
 ]
 
 

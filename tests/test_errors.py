@@ -32,6 +32,8 @@ BAD_FLAG_VALUES = {
     "serving.predict": (["--model", MISSING, "--input", "{tmp}/rows.tsv"], MISSING),
     "serving.quality_gate": (["--model", MISSING], MISSING),
     "serving.serve": (["--model", MISSING, "--port", "70000"], "--port 70000"),
+    "training.baseline": (["--in_memory_binary_criteo_path", MISSING], MISSING),
+    "training.launch": (["--standalone", f"{MISSING}/train.py"], f"{MISSING}/train.py"),
     "training.lr_finder": (["--in_memory_binary_criteo_path", MISSING], MISSING),
     "training.report": ([f"{MISSING}/log.jsonl", "--output", "{tmp}/run.png"], f"{MISSING}/log.jsonl"),
 }

@@ -1,13 +1,15 @@
 """The network settings a multi-host job needs, checked before any connection is made
 (training.distributed.check_network_settings), and the host a lost rank ran on named
 in the failure line (training.failures). In-process; the multi-host cluster runs are
-in tests/test_multihost.py."""
+in tests/test_multihost.py; the readiness ranks exchange (two nodes on localhost) in
+tests/test_torchrun_launch.py."""
 
 import socket
 
 import pytest
 
 from common.errors import BadInput
+from training import distributed
 from training.distributed import check_network_settings, check_restart_settings, resolve_env
 from training.failures import report_rank_failure
 
@@ -112,3 +114,24 @@ def test_restarts_across_agents_over_their_shared_store_are_refused(monkeypatch)
 def test_restarts_that_every_agent_counts_alike_pass(monkeypatch, agents, restarts, agent_store):
     _torchrun_sets(monkeypatch, agents, restarts, agent_store)
     check_restart_settings()
+
+
+def test_a_failing_rank_with_no_store_to_reach_stops_with_its_own_line(monkeypatch):
+    """Readiness (training/distributed.py): a rank that cannot start tells the others
+    through the rendezvous store; when no store answers (MASTER_ADDR's server is down),
+    it gives up within its bound and keeps its own line, instead of torch's 30-minute
+    connection timeout."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    for name, value in {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    assert distributed.agree_on_readiness("GLOO_SOCKET_IFNAME=ib0: ...", timeout_s=2) == "GLOO_SOCKET_IFNAME=ib0: ..."
+
+
+def test_readiness_outside_a_job_is_the_rank_own(monkeypatch):
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert distributed.agree_on_readiness("bad") == "bad"
+    assert distributed.agree_on_readiness(None) is None

@@ -134,6 +134,28 @@ def test_stale_locks_are_taken_over(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("kind", ["directory", "symlink"])
+def test_a_lock_that_is_not_a_file_is_refused_and_kept(tmp_path, kind):
+    """A lock path holding a directory (however old) or a link is no holder's lock: a
+    one-line refusal naming it, and it stays where it was, nothing renamed beside it."""
+    path = tmp_path / ".lock"
+    if kind == "directory":
+        (path / "sub").mkdir(parents=True)
+        (path / "sub" / "notes").write_text("mine")
+    else:
+        (tmp_path / "target").write_text("mine")
+        path.symlink_to(tmp_path / "target")
+    os.utime(path, (0, 0), follow_symlinks=False)  # older than any stale bound
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(LockHeld) as refused:
+        PathLock(str(path), "--checkpoint_dir d").acquire()
+    what = "a directory" if kind == "directory" else "a symbolic link"
+    assert str(refused.value) == (f"--checkpoint_dir d: its lock file {path} is {what}, which no run creates; "
+                                  "remove it (after checking nothing of yours is in it) and run again")
+    assert sorted(os.listdir(tmp_path)) == before
+    assert (path / "sub" / "notes").read_text() == "mine" if kind == "directory" else path.read_text() == "mine"
+
+
 # ---------------------------------------------------------------- processes
 
 
@@ -206,6 +228,23 @@ def test_one_run_per_checkpoint_dir_and_sigterm_while_saving(synthetic_dir, tmp_
     assert "Traceback" not in err
     assert not os.path.exists(os.path.join(ckpt, LOCK_FILE))
     assert newest_checkpoint(ckpt) == os.path.join(ckpt, "step_000000005")  # what --resume takes
+
+
+@pytest.mark.slow
+def test_a_checkpoint_dir_whose_lock_is_a_directory(synthetic_dir, tmp_path):
+    """An old directory named .lock in --checkpoint_dir: one line naming it, exit 2, no
+    traceback, and the directory left as it was (not renamed aside)."""
+    ckpt = tmp_path / "ckpt"
+    (ckpt / LOCK_FILE).mkdir(parents=True)
+    os.utime(ckpt / LOCK_FILE, (0, 0))
+    run = subprocess.run([sys.executable, "dlrm_main.py", *_train_argv(synthetic_dir, str(ckpt), 5)], cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert error_lines(run.stderr) == [f"dlrm_main.py: error: --checkpoint_dir {ckpt}: its lock file "
+                                       f"{ckpt / LOCK_FILE} is a directory, which no run creates; remove it (after "
+                                       "checking nothing of yours is in it) and run again"], run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+    assert os.listdir(ckpt) == [LOCK_FILE] and os.path.isdir(ckpt / LOCK_FILE)
 
 
 @pytest.mark.slow

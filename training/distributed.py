@@ -1,10 +1,12 @@
 """Device selection and the process group, for torchrun and for a plain `python` run."""
 
+import datetime
 import ipaddress
 import itertools
 import os
 import resource
 import socket
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -162,6 +164,92 @@ def check_restart_settings() -> None:
 # How many times this process has started the default group: each start gets store
 # keys of its own (see init_process_group).
 _group_starts = itertools.count()
+# How many readiness rounds this process has taken part in (`agree_on_readiness`).
+_readiness_rounds = itertools.count()
+# How long a rank waits for every rank's readiness, and then for every rank to have
+# read it: a rank whose host cannot take part (a missing GLOO_SOCKET_IFNAME
+# interface) stops the whole job within a minute instead of the peers' collective
+# timeout (30 minutes). A peer that is merely slow to start does not stop the job:
+# after the wait the ranks go on as before.
+READINESS_TIMEOUT_S = 25.0
+
+
+class PeerNotReady(BadInput):
+    """Another rank of the job reported, through the rendezvous store, that it cannot
+    start (its one line is the message)."""
+
+
+def _launched_job() -> Optional[tuple[int, int]]:
+    """(rank, world size) of a multi-process job that meets through MASTER_ADDR's store
+    (torchrun, torchx, Slurm); None for a single process or unreadable variables."""
+    try:
+        world_size, rank = _env_int("WORLD_SIZE", 1), _env_int("RANK", 0)
+    except BadInput:
+        return None
+    if world_size <= 1 or "MASTER_ADDR" not in os.environ:
+        return None
+    return rank, world_size
+
+
+# The job's rendezvous store, made once per process: the readiness round and the
+# process group use the same one (a rank 0 that serves it must not serve it twice).
+_job_store_cache: dict[tuple[str, str, int, int], dist.Store] = {}
+
+
+def _job_store(rank: int, world_size: int, timeout_s: Optional[float] = None) -> dist.Store:
+    """The store, reached (or, on rank 0 without torchrun's agent store, served) within
+    ``timeout_s`` (default: torch's, 30 minutes)."""
+    key = (os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", ""), rank, world_size)
+    if key not in _job_store_cache:
+        timeout = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
+        store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, **timeout))
+        _job_store_cache[key] = store
+    return _job_store_cache[key]
+
+
+def _attempt_prefix(prefix: str) -> str:
+    """``prefix``, under the restart attempt's name where the store outlives attempts."""
+    if _agent_store_outlives_attempts():
+        return f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{prefix}"
+    return prefix
+
+
+def agree_on_readiness(error: Optional[str], timeout_s: float = READINESS_TIMEOUT_S) -> Optional[str]:
+    """Before the job's first collective: publishes this rank's readiness (None, or its
+    one-line ``error``) in the rendezvous store and returns the error every rank acts
+    on: this rank's own, else the lowest failing rank's, else None. Waits at most
+    ``timeout_s`` for every rank's word, then, when the job stops, as long again for
+    every rank to have read it (the store may live in a failing rank's process or its
+    agent). A rank not heard from in time is taken as slow, not failed. Outside a
+    multi-process job, returns ``error``."""
+    job = _launched_job()
+    if job is None:
+        return error
+    rank, world_size = job
+    prefix = _attempt_prefix(f"ready_{next(_readiness_rounds)}")
+    keys = [f"{prefix}/{r}" for r in range(world_size)]
+    try:
+        # A failing rank tries for a bounded time only: with no store to reach (its
+        # MASTER_ADDR is down, or wrong) it still stops, with its own line.
+        store = _job_store(rank, world_size, timeout_s if error is not None else None)
+        store.set(keys[rank], "" if error is None else f"x{error}")
+        try:
+            store.wait(keys, datetime.timedelta(seconds=timeout_s))
+        except dist.DistStoreError:
+            pass  # a slow peer: judge by the words that came
+        words = [store.get(key).decode() if store.check([key]) else "" for key in keys]
+        failed = next((word[1:] for word in words if word), None)
+        if error is None and failed is None:
+            return None
+        # Stopping: let every rank read the words before this one goes (and with it,
+        # perhaps, the store).
+        store.add(f"{prefix}/read", 1)
+        deadline = time.monotonic() + timeout_s
+        while store.add(f"{prefix}/read", 0) < world_size and time.monotonic() < deadline:
+            time.sleep(0.1)
+    except (RuntimeError, ValueError):  # no store (torch's DistError is a RuntimeError): each rank for itself
+        return error
+    return error if error is not None else failed
 
 
 def usable_cores() -> int:
@@ -192,7 +280,11 @@ def init_process_group(env: DistributedEnv) -> dist.ProcessGroup:
         torch.set_num_threads(rank_cpu_share(env.local_world_size))
     if not dist.is_initialized():
         if "MASTER_ADDR" in os.environ:
-            store, _, _ = next(dist.rendezvous("env://", rank=env.rank, world_size=env.world_size))
+            if env.world_size > 1:
+                failed = agree_on_readiness(None)
+                if failed is not None:
+                    raise PeerNotReady(failed)
+            store = _job_store(env.rank, env.world_size)
             # torchrun's agent store outlives restarts (`_agent_store_outlives_attempts`),
             # so a restarted attempt would read the last attempt's gloo addresses and
             # hang or be refused: there, give every attempt keys of its own (its agents
@@ -203,9 +295,7 @@ def init_process_group(env: DistributedEnv) -> dist.ProcessGroup:
             # one, so a rank could read the dead group's address or NCCL id before its
             # peer rewrites it. Every rank starts the group once per job, so the
             # count agrees across ranks.
-            prefix = f"start_{next(_group_starts)}"
-            if _agent_store_outlives_attempts():
-                prefix = f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{prefix}"
+            prefix = _attempt_prefix(f"start_{next(_group_starts)}")
             dist.init_process_group(env.backend, store=dist.PrefixStore(prefix, store),
                                     rank=env.rank, world_size=env.world_size, device_id=group_device(env))
         elif env.world_size == 1:

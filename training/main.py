@@ -65,12 +65,17 @@ def _train(config: TrainConfig, prog: str, work: "Callable[[Trainer], object]" =
     # a fraction of a second instead of the seconds they take to load.
     import torch.distributed as dist
 
-    from training.distributed import resolve_env
+    from training.distributed import agree_on_readiness, resolve_env
 
     try:
         env = resolve_env(config.device)
     except BadInput as e:  # this host's environment (RANK, CUDA), which may differ by rank: every rank says it
-        return report(prog, str(e), EXIT_BAD_INPUT)
+        # after telling the other ranks, which would otherwise wait for this one at their
+        # first collective until its timeout (30 minutes)
+        return report(prog, agree_on_readiness(str(e)) or str(e), EXIT_BAD_INPUT)
+    failed = agree_on_readiness(None)  # another rank's host may not be able to take part
+    if failed is not None:
+        return report(prog, failed, EXIT_BAD_INPUT)
     code = run_cli(lambda: _run(config, prog, env, work), prog, report_bad_input)
     # Tear the process group down unless a rank failed: then a peer may be gone, and
     # gloo's teardown would block this rank and keep torchrun from restarting the job.
@@ -86,12 +91,19 @@ def _train(config: TrainConfig, prog: str, work: "Callable[[Trainer], object]" =
 
 
 def _run(config: TrainConfig, prog: str, env: "DistributedEnv", work: "Callable[[Trainer], object]") -> int:
+    import torch.distributed as dist
+
     from sharding_plans import PlanDoesNotFit
+    from training.distributed import PeerNotReady, agree_on_readiness
     from training.trainer import NonFiniteLossError, Trainer
 
     try:
         trainer = Trainer(config, env)
-    except BadInput:  # bad input, including an unusable checkpoint: run_cli reports it
+    except PeerNotReady as e:  # another rank's line, which its host's log has: this host's too
+        return report(prog, str(e), EXIT_BAD_INPUT)
+    except BadInput as e:  # bad input, including an unusable checkpoint: run_cli reports it
+        if not dist.is_initialized():  # found before the first collective: the other ranks wait there
+            agree_on_readiness(str(e))
         raise
     except PlanDoesNotFit as e:  # planned on rank 0, raised on every rank
         raise BadInput(f"the model does not fit: {e} ({env.world_size} {env.device.type} "

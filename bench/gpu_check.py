@@ -381,6 +381,12 @@ def probe_nccl_network() -> str:
     return nccl_network(done.stdout + done.stderr)
 
 
+def probes_nccl(spec: MatrixSpec) -> bool:
+    """Whether the check probes NCCL's network: only where a case spans several GPUs
+    (with one, no case crosses a network, and the probe costs a process and NCCL's start)."""
+    return max(spec.dimensions["world_size"]) > 1
+
+
 # ------------------------------------------------------------------ the command
 
 VERDICT_VERSION = 1  # of the JSON lines --output holds
@@ -491,8 +497,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         print(f"gpu_check: {present} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
               f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}", flush=True)
-        # NCCL's network only matters between GPUs: with one, no case crosses it.
-        if max(spec.dimensions["world_size"]) > 1:
+        if probes_nccl(spec):
             print(f"nccl network: {probe_nccl_network()}", flush=True)
         else:
             print("nccl network: not probed (one GPU: no case communicates)", flush=True)

@@ -33,9 +33,11 @@ from collections.abc import Sequence
 
 import torch
 
-from common.cli import OneLineParser
+from common.cli import OneLineParser, cli_main
+from common.errors import BadInput
 from common.config_flags import flag, parse_flags
 
+PROG = "python -m bench.dlrmv2_throughput"
 # Published dense peaks of the cards the session runs on: (HBM bytes/s, bf16 dense FLOP/s).
 PEAKS = {
     "H100": (3.35e12, 989e12),  # H100 SXM5 80 GB
@@ -125,9 +127,11 @@ def _cycle(batches: list, steps: int):
         yield batches[step % len(batches)]
 
 
+@cli_main(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = parse_flags(OneLineParser(prog="python -m bench.dlrmv2_throughput", description=__doc__.split("\n\n")[0]),
-                       Dlrmv2Flags, argv)
+    args = parse_flags(OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0]), Dlrmv2Flags, argv)
+    if args.steps <= 0 or args.warmup_steps < 0 or (args.hbm_gb is not None and args.hbm_gb <= 0):
+        raise BadInput("--steps must be positive, --warmup_steps not negative, --hbm_gb positive")
     from models import build_dlrm_train
     from models.embedding_optimizer import attach_fused_embedding_optimizer
     from sharding_plans import PlannerConfig, plan_summary
@@ -148,7 +152,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv_train += ["--multi_hot_sizes", ",".join(["1"] * 26)]
     if args.tiny:
         argv_train += TINY + (["--dense_precision", "fp32"] if args.device == "cpu" else [])
-    config = parse_config(argv_train + shlex.split(args.flags), "python -m bench.dlrmv2_throughput", "",
+    config = parse_config(argv_train + shlex.split(args.flags), PROG, "",
                           entry_recipe=DCNV2)
     env = resolve_env(args.device)
     device = env.device

@@ -146,3 +146,32 @@ def test_killed_session_keeps_the_lines_written(tmp_path):
         assert all(json.loads(line)["version"] == gpu_session.VERSION for line in f)
     with open(os.path.join(output, gpu_session.TABLE_FILE)) as f:
         assert len(f.read().splitlines()) == 2 + len(records)
+
+
+def test_dlrmv2_figures_per_sample_are_the_documented_formulas():
+    """docs/benchmarks.md's DLRMv2 figures: 96.2 MFLOP and 196,112 bytes a sample; at
+    2.0M samples/s on an H200, 8.2% of its HBM bandwidth and 19.5% of its bf16 peak."""
+    from bench import dlrmv2_throughput as bench
+    from recipes import DLRMV2_MULTI_HOT_SIZES
+    flops = bench.flops_per_sample(13, 26, 128, [512, 256, 128], [1024, 1024, 512, 256, 1], 3, 512)
+    forward = (13 * 512 + 512 * 256 + 256 * 128 + 3 * 2 * 3456 * 512
+               + 3456 * 1024 + 1024 * 1024 + 1024 * 512 + 512 * 256 + 256)
+    assert flops == 6 * forward and round(flops / 1e5) == 962
+    moved = bench.traffic(DLRMV2_MULTI_HOT_SIZES, 128, 2, bench.optimizer_state_bytes("rowwise_adagrad", 128))
+    assert moved == 214 * (3 * 128 * 2 + 2 * 4 + 2 * 8) + 26 * 128 * 2 * 4 == 196_112
+    hbm, bf16 = bench.card_peaks("NVIDIA H200")
+    assert (round(2e6 * moved / hbm, 3), round(2e6 * flops / bf16, 3)) == (0.082, 0.195)
+    assert bench.card_peaks("NVIDIA H100 80GB HBM3") == (3.35e12, 989e12) and bench.card_peaks("cpu") is None
+
+
+@pytest.mark.slow
+def test_dlrmv2_bench_trains_the_recipe_tiny_on_cpu_with_its_bags():
+    result = subprocess.run([sys.executable, "-m", "bench.dlrmv2_throughput", "--device", "cpu", "--tiny",
+                             "--steps", "2", "--warmup_steps", "1"], cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["losses_finite"] is True and figures["samples_per_sec"] > 0
+    assert (figures["ids_per_sample"], figures["batch_size"], figures["steps"]) == (214, 64, 2)
+    assert len(figures["kernels"]) == 26 and figures["hbm_share"] is None  # no card, no share
+    assert "(214 a sample in all)" in result.stdout and "why: fused (26 tables" in result.stdout

@@ -357,19 +357,19 @@ def format_plan(plan: Sequence[Step], minutes: float) -> str:
     return "\n".join(lines)
 
 
-def run_session(plan: Sequence[Step], minutes: float, output: str, scale: float = 1.0) -> list[StepResult]:
+def run_session(plan: Sequence[Step], minutes: float, output: str) -> list[StepResult]:
     """Runs the steps in order within ``minutes``; each step's limit is its estimate x
-    `STEP_SLACK` x ``scale``, cut to the time left."""
-    os.makedirs(os.path.join(output, LOG_DIR), exist_ok=True)
+    `STEP_SLACK`, cut to the time left."""
     session_path = os.path.join(output, SESSION_FILE)
     if os.path.exists(session_path):
         raise BadInput(f"--output {output}: it already holds {SESSION_FILE} (a session's results are never "
                        "overwritten): give a new directory")
+    os.makedirs(os.path.join(output, LOG_DIR), exist_ok=True)
     deadline = time.monotonic() + minutes * 60
     results: list[StepResult] = []
     for step in plan:
         left = deadline - time.monotonic()
-        limit = min(step.estimate_s * STEP_SLACK * scale, left)
+        limit = min(step.estimate_s * STEP_SLACK, left)
         print(f"gpu_session: {step.name} (limit {max(limit, 0):.0f} s): {step.what}", flush=True)
         result = run_step(step, limit, os.path.join(output, LOG_DIR, f"{step.name}.log"), output)
         results.append(result)

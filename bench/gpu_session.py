@@ -52,6 +52,9 @@ STATUSES = ("ok", "failed", "timed_out", "skipped")
 # strength-2 cases nearest it (fp16 tables, row-wise Adagrad, UVM caching).
 OPEN_FP16_CASE = "rowwise_adagrad/*/fp16/*fused_uvm_caching*"
 OUTPUT = "{output}"  # in a step's argv: the session's --output directory
+# A GPU check job (4 steps of a tiny model) past this is stuck, not slow: it fails
+# alone and the step's other cases still run.
+GPU_CHECK_JOB_TIMEOUT_S = 60
 # An HBM budget (GiB) that holds about half of DLRMv2's fp16 tables and their state:
 # the planner moves the rest to UVM caching, and uniform ids miss its cache.
 UVM_BUDGET_GB = 30
@@ -93,6 +96,7 @@ def steps(device: str, peer: Optional[str] = None) -> list[Step]:
             return Step(name, what, estimate_s, ["-m", "bench.gpu_check", "--strength", "2", "--device", "cpu",
                                                  "--list", "--only", only])
         return Step(name, what, estimate_s, ["-m", "bench.gpu_check", "--strength", "2", "--only", only,
+                                             "--job_timeout", str(GPU_CHECK_JOB_TIMEOUT_S),
                                              "--output", os.path.join(OUTPUT, f"{name}.jsonl")],
                     verdicts=f"{name}.jsonl")
 

@@ -11,6 +11,7 @@ predictions: the resident memory it holds after the updates and its peak during
 ``compute``, per row (on several ranks every rank gathers every rank's rows first).
 
     python bench/eval_rate.py [--steps 120] [--eval_batches 60] [--nproc 2] [--auroc_rows 8000000]
+        [--num_embeddings 100000]
 """
 
 import json
@@ -64,13 +65,14 @@ class EvalRateFlags:
     eval_batches: int = flag(60, help="test batches per rank")
     nproc: int = flag(2, help="ranks (torchrun --nproc_per_node)")
     auroc_rows: int = flag(8_000_000, help="rows fed to an exact AUROC to measure its memory per row")
+    num_embeddings: int = flag(ROWS, help="rows of every table (smaller: a quick run)")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), EvalRateFlags, argv)
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "bench.jsonl")
-        argv = ["--num_embeddings", str(ROWS), "--embedding_dim", str(DIM),
+        argv = ["--num_embeddings", str(args.num_embeddings), "--embedding_dim", str(DIM),
                 "--dense_arch_layer_sizes", ",".join(map(str, BOTTOM)),
                 "--over_arch_layer_sizes", ",".join(map(str, TOP)),
                 "--batch_size", str(BATCH), "--learning_rate", "0.1",

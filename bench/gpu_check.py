@@ -1,6 +1,7 @@
 """Verifies a GPU host in one command: the correctness matrix on the CUDA choices.
 
     python -m bench.gpu_check [--strength 2] [--only TEXT] [--list] [--gpus N] [--device cpu]
+        [--output FILE] [--job_timeout 300]
 
 Cases cover every pair (``--strength 3``: every triple) of the choices in
 `gpu_matrix`: pipeline, compute kernel, sharding type (data-parallel and a mixed
@@ -18,8 +19,12 @@ bf16 autocast, TF32, one or two epochs, validation inside the epoch, and world s
 to the tolerance `reference_tolerance` gives and explains; and, as in
 `harness/matrix.py`, resume bit-exact and the exported fp32 program equal to the
 eager model (with TF32 off). Combinations the application refuses must be refused on
-every rank with one ``error:`` line from rank 0. It prints which network NCCL uses,
-then one table with pass/fail and records/s per case, and exits 1 when a case fails.
+every rank with one ``error:`` line from rank 0. With more than one GPU it prints which
+network NCCL uses. Built for a short lease: the GPU's jobs run first and the CPU
+references after them; each verdict is printed, and with ``--output FILE`` appended as
+one JSON line, as soon as it is made, so a run cut off keeps what it checked; every
+job stops at ``--job_timeout`` seconds. Then one table with pass/fail and records/s
+per case; exit 1 when a case fails, 2 (one line) when ``--only`` selects nothing.
 
 ``--list`` prints the cases, their references and tolerances without running them (no
 CUDA needed; ``--gpus`` sets the GPUs to plan for). ``--device cpu`` runs the cases
@@ -27,6 +32,7 @@ the CPU can (sparse_dist and base pipelines, fused kernel, no TF32) on gloo, to
 exercise the check itself. On a host without CUDA, a plain run says so and exits 0.
 """
 
+import json
 import multiprocessing
 import os
 import re
@@ -41,7 +47,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from common.cli import OneLineParser
+from common.cli import OneLineParser, cli_main
+from common.errors import BadInput
 from common.config_flags import add_flags, config_values, flag
 from models.config import EMBEDDING_PRECISIONS, INTERACTION_TYPES
 from sharding_plans.constraints import CUDA_ONLY_KERNELS, SHARDING_TYPES
@@ -208,9 +215,18 @@ Launcher = Callable[[Callable, list[dict[str, Any]], int], dict[int, Any]]
 
 
 def evaluate(spec: MatrixSpec, cases: list[Case], refusals: list[Case], data_dir: str, work_dir: str,
-             launcher: Launcher) -> list[CaseResult]:
-    """Runs every case, its references and every refusal (one launch per device and
-    world size; refusals first in each), then checks them."""
+             launcher: Launcher, on_result: Optional[Callable[[CaseResult], None]] = None,
+             job_timeout: Optional[float] = None) -> list[CaseResult]:
+    """Runs every case, its references and every refusal, then checks them; returns
+    the refusals' results, then the cases', in the order given.
+
+    The device's jobs run first (the cases, their placement references and the
+    refusals: one launch per world size), then the CPU references (one launch), so a
+    short lease spends its GPU time on the GPU. A verdict is made, and handed to
+    ``on_result``, as soon as its runs are in: the refusals' and semi_sync's after the
+    device's launches, each other case's after the CPU references. Every job stops at
+    ``job_timeout`` seconds (recorded as its error) and the next one runs.
+    """
     jobs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     index: dict[str, dict[str, Any]] = {}
 
@@ -218,7 +234,8 @@ def evaluate(spec: MatrixSpec, cases: list[Case], refusals: list[Case], data_dir
         key = f"{kind}:{device}:{matrix.case_name(case)}"
         if key not in index:
             index[key] = {"kind": kind, "key": key, "argv": case_argv(case, data_dir, device), "device": device,
-                          "dir": os.path.join(work_dir, f"run{len(index)}"), "resume": resume}
+                          "dir": os.path.join(work_dir, f"run{len(index)}"), "resume": resume,
+                          "timeout_s": job_timeout}
             jobs.setdefault((device, case["world_size"]), []).append(index[key])
         index[key]["resume"] |= resume
         return key
@@ -231,12 +248,24 @@ def evaluate(spec: MatrixSpec, cases: list[Case], refusals: list[Case], data_dir
                         add("train", cpu, "cpu") if cpu else None,
                         add("train", placement, spec.device) if placement else None))
     outcomes: dict[str, list[dict[str, Any]]] = {}
-    for (_, world_size), group in sorted(jobs.items()):
-        per_rank = launcher(matrix.run_jobs, group, world_size)
-        for rank in sorted(per_rank):
-            for result in per_rank[rank]:
-                outcomes.setdefault(result["key"], []).append(result)
 
+    def run_group(device: str) -> None:
+        for (group_device, world_size), group in sorted(jobs.items()):
+            if group_device != device:
+                continue
+            per_rank = launcher(matrix.run_jobs, group, world_size)
+            for rank in sorted(per_rank):
+                for result in per_rank[rank]:
+                    outcomes.setdefault(result["key"], []).append(result)
+
+    results: dict[int, CaseResult] = {}
+
+    def done(position: int, result: CaseResult) -> None:
+        results[position] = result
+        if on_result is not None:
+            on_result(result)
+
+    run_group(spec.device)  # the device's jobs first (on --device cpu, the same kind as the references)
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         exports: dict[str, Future] = {}
         for _, key, _, _ in planned:
@@ -244,11 +273,21 @@ def evaluate(spec: MatrixSpec, cases: list[Case], refusals: list[Case], data_dir
                 exports[key] = pool.submit(matrix.export_difference, outcomes[key][0]["checkpoint_dir"],
                                            torch.cat([o["probe"] for o in outcomes[key]]),
                                            os.path.join(work_dir, "exports", f"run{len(exports)}"))
-        results = [matrix._check_refusal(spec, case, outcomes[key]) for case, key in zip(refusals, refusal_keys)]
-        for case, key, cpu_key, placement_key in planned:
-            results.append(check_case(case, outcomes[key], outcomes.get(cpu_key), outcomes.get(placement_key),
+        for position, (case, key) in enumerate(zip(refusals, refusal_keys)):
+            done(position, matrix._check_refusal(spec, case, outcomes[key]))
+        waiting = []
+        for position, (case, key, cpu_key, placement_key) in enumerate(planned, start=len(refusals)):
+            if cpu_key is None or cpu_key in outcomes:
+                done(position, check_case(case, outcomes[key], outcomes.get(cpu_key), outcomes.get(placement_key),
+                                          exports.get(key)))
+            else:
+                waiting.append((position, case, key, cpu_key, placement_key))
+        if spec.device != "cpu":
+            run_group("cpu")
+        for position, case, key, cpu_key, placement_key in waiting:
+            done(position, check_case(case, outcomes[key], outcomes.get(cpu_key), outcomes.get(placement_key),
                                       exports.get(key)))
-    return results
+    return [results[position] for position in sorted(results)]
 
 
 def _compare(result: CaseResult, check: str, runs: Sequence[dict[str, Any]],
@@ -342,13 +381,62 @@ def probe_nccl_network() -> str:
     return nccl_network(done.stdout + done.stderr)
 
 
+def probes_nccl(spec: MatrixSpec) -> bool:
+    """Whether the check probes NCCL's network: only where a case spans several GPUs
+    (with one, no case crosses a network, and the probe costs a process and NCCL's start)."""
+    return max(spec.dimensions["world_size"]) > 1
+
+
 # ------------------------------------------------------------------ the command
 
-def run(spec: MatrixSpec, strength: int, only: str, list_only: bool, launcher: Optional[Launcher] = None) -> int:
+VERDICT_VERSION = 1  # of the JSON lines --output holds
+
+
+def verdict_record(result: CaseResult) -> dict[str, Any]:
+    """One ``--output`` line: the case, its choices, pass/fail, seconds, records/s and
+    each check's verdict."""
+    return {"version": VERDICT_VERSION, "case": matrix.case_name(result.case), "choices": result.case,
+            "passed": result.passed, "seconds": round(result.seconds, 3), "records_per_sec": result.records_per_sec,
+            "checks": result.checks}
+
+
+def read_verdicts(path: str) -> list[dict[str, Any]]:
+    """The verdicts of an ``--output`` file, each line checked (a cut-off last line,
+    half written, is left out)."""
+    from common.json_fields import BOOLEAN, NUMBER, OBJECT, TEXT, JsonObject, optional
+    verdicts = []
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip() or (number == len(lines) and not line.endswith(b"}")):
+            continue
+        document = JsonObject.parse(line, f"{path}:{number}", "a gpu_check verdict")
+        document.version(VERDICT_VERSION)
+        verdicts.append({"case": document.get("case", TEXT), "choices": document.get("choices", OBJECT),
+                         "passed": document.get("passed", BOOLEAN), "seconds": document.get("seconds", NUMBER),
+                         "records_per_sec": document.get("records_per_sec", optional(NUMBER)),
+                         "checks": document.get("checks", OBJECT)})
+    return verdicts
+
+
+def append_line(path: str, record: dict[str, Any]) -> None:
+    """Appends ``record`` as one JSON line and flushes it to the disk: a run cut off
+    after it keeps it."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def run(spec: MatrixSpec, strength: int, only: str, list_only: bool, launcher: Optional[Launcher] = None,
+        output: Optional[str] = None, job_timeout: Optional[float] = None) -> int:
     """Generates the cases of ``spec``, runs them (over freshly generated data), prints
-    the table; 0 when every case passed."""
-    cases = [c for c in matrix.covering_cases(spec, strength) if only in matrix.case_name(c)]
-    refusals = [c for c in refusal_cases(spec) if only in matrix.case_name(c)]
+    each verdict as it is made (and appends it to ``output``), then the table; 0 when
+    every case passed. BadInput when ``only`` selects nothing."""
+    cases = [c for c in matrix.covering_cases(spec, strength) if matrix.matches_only(matrix.case_name(c), only)]
+    refusals = [c for c in refusal_cases(spec) if matrix.matches_only(matrix.case_name(c), only)]
+    if not cases and not refusals:
+        raise BadInput(f"--only {only}: no case of strength {strength} on {spec.device} matches (--list shows them)")
     if list_only:
         print(format_plan(spec, cases, refusals))
         return 0
@@ -356,11 +444,18 @@ def run(spec: MatrixSpec, strength: int, only: str, list_only: bool, launcher: O
     from harness.small_data import SMALL_SPEC
     from harness.launch import launch
     start = time.perf_counter()
+
+    def verdict(result: CaseResult) -> None:
+        print(f"{'pass' if result.passed else 'FAIL'} {matrix.case_name(result.case)} ({result.seconds:.1f} s): "
+              + "; ".join(f"{k}: {v}" for k, v in result.checks.items()), flush=True)
+        if output:
+            append_line(output, verdict_record(result))
+
     with tempfile.TemporaryDirectory(prefix="gpu_check-") as work:
         data_dir = os.path.join(work, "data")
         generate_synthetic_criteo(SMALL_SPEC, data_dir, show_progress=False)
         results = evaluate(spec, cases, refusals, data_dir, work,
-                           launcher or (lambda fn, jobs, n: launch(fn, jobs, nproc=n)))
+                           launcher or (lambda fn, jobs, n: launch(fn, jobs, nproc=n)), verdict, job_timeout)
     print(matrix.format_table(spec, results))
     print(f"gpu_check on {spec.device}, strength {strength}: {len(cases)} cases and {len(refusals)} refusals "
           f"in {time.perf_counter() - start:.0f} s")
@@ -374,6 +469,9 @@ class GpuCheckFlags:
     gpus: Optional[int] = flag(None, help="GPUs to plan the world sizes for (default: this host's)")
     device: str = flag("cuda", choices=("cuda", "cpu"),
                        help="cpu: run the cases the CPU can, on gloo, to exercise the check itself")
+    output: Optional[str] = flag(None, help="append each verdict here as one JSON line as soon as it is made")
+    job_timeout: float = flag(300.0, help="seconds one training or refusal job may run before it is stopped "
+                                          "and recorded as failed (0: no limit)")
 
 
 def parser() -> OneLineParser:
@@ -382,6 +480,7 @@ def parser() -> OneLineParser:
     return result
 
 
+@cli_main("python -m bench.gpu_check")
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parsed = parser().parse_args(argv)
     matrix_flags = matrix.MatrixFlags(**config_values(matrix.MatrixFlags, parsed))
@@ -397,9 +496,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"gpu_check: no CUDA device on this host (torch {torch.__version__}): nothing to check")
             return 0
         print(f"gpu_check: {present} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
-              f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}")
-        print(f"nccl network: {probe_nccl_network()}")
-    return run(spec, matrix_flags.strength, matrix_flags.only, list_only=False)
+              f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}", flush=True)
+        if probes_nccl(spec):
+            print(f"nccl network: {probe_nccl_network()}", flush=True)
+        else:
+            print("nccl network: not probed (one GPU: no case communicates)", flush=True)
+    return run(spec, matrix_flags.strength, matrix_flags.only, list_only=False, output=gpu_flags.output,
+               job_timeout=gpu_flags.job_timeout or None)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ Run the larger set with ``python -m harness.matrix --strength 3`` (``make test-m
 """
 
 import contextlib
+import fnmatch
 import io
 import itertools
 import json
@@ -41,13 +42,14 @@ import multiprocessing
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Optional
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -55,7 +57,8 @@ import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor
 
-from common.cli import DefaultsHelpFormatter, OneLineParser
+from common.cli import DefaultsHelpFormatter, OneLineParser, cli_main
+from common.errors import BadInput
 from common.config_flags import Overrides, add_flags, config_values, flag
 from models.config import EMBEDDING_PRECISIONS, INTERACTION_TYPES
 from sharding_plans.constraints import COLUMN_SHARDING_TYPES, SHARDING_TYPES
@@ -203,6 +206,20 @@ def refusal_cases(spec: MatrixSpec, base: Optional[Case] = None) -> list[Case]:
     first = {d: max(choices) if d == "world_size" else choices[0] for d, choices in spec.dimensions.items()}
     return [spec.complete({**first, **(base or {}), **dict(r.choices)})
             for r in spec.refusals if spec.device in r.devices]
+
+
+def matches_only(name: str, only: str) -> bool:
+    """Whether a case named ``name`` is selected by ``--only``: empty selects every case;
+    otherwise any of its comma-separated patterns, each a piece of the name, or a
+    glob over the whole name where it has a ``*``.
+
+    Example::
+
+        matches_only("sgd/dense-sgd/table_wise/fp16/prefetch/...", "*/fp16/prefetch/*,/semi_sync/")  # True
+    """
+    if not only:
+        return True
+    return any(fnmatch.fnmatchcase(name, p) if "*" in p else p in name for p in only.split(",") if p)
 
 
 def case_name(case: Case) -> str:
@@ -516,20 +533,49 @@ def _train_case(argv: list[str], root: str, device: str, resume: bool) -> dict[s
     return outcome
 
 
+class JobTimeout(Exception):
+    """A job ran past its ``timeout_s``."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: Optional[float]) -> Iterator[None]:
+    """Raises JobTimeout in the block once ``seconds`` have passed (None: no limit).
+    A signal, so only where Python runs: a job stuck inside one native call is cut
+    when the call returns (a launcher's own timeout is the last resort)."""
+    if not seconds:
+        yield
+        return
+
+    def expired(signum: int, frame: Any) -> None:
+        raise JobTimeout(f"timed out after {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def run_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One rank's part of a launch: refusals first (before any process group exists,
     as in a fresh run), then the training jobs on the shared process group. A job's
-    failure is returned, not raised, so the other jobs still run."""
+    failure, or its running past its ``timeout_s`` (when the job has one), is returned,
+    not raised, so the other jobs still run."""
     results = []
     for job in sorted(jobs, key=lambda j: j["kind"] != "refusal"):
         start = time.perf_counter()
         try:
-            if job["kind"] == "refusal":
-                outcome = _refusal_outcome(job["argv"])
-            else:
-                outcome = _train_case(job["argv"], job["dir"], job["device"], job["resume"])
+            with _deadline(job.get("timeout_s")):
+                if job["kind"] == "refusal":
+                    outcome = _refusal_outcome(job["argv"])
+                else:
+                    outcome = _train_case(job["argv"], job["dir"], job["device"], job["resume"])
         except Exception as e:  # reported in the case's row
             outcome = {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else ''}"}
+            if isinstance(e, JobTimeout) and dist.is_initialized():
+                dist.destroy_process_group()  # the next job starts its own group
         outcome["seconds"] = time.perf_counter() - start
         results.append({"key": job["key"], **outcome})
     if dist.is_initialized():
@@ -750,8 +796,10 @@ def format_table(spec: MatrixSpec, results: list[CaseResult]) -> str:
 def run(spec: MatrixSpec, strength: int, only: str = "", list_only: bool = False) -> int:
     """Generates the cases of ``spec``, runs them on local ranks (one launch per world
     size) over freshly generated data, prints the table; 0 when every case passed."""
-    cases = [c for c in covering_cases(spec, strength) if only in case_name(c)]
-    refusals = [c for c in refusal_cases(spec) if only in case_name(c)]
+    cases = [c for c in covering_cases(spec, strength) if matches_only(case_name(c), only)]
+    refusals = [c for c in refusal_cases(spec) if matches_only(case_name(c), only)]
+    if not cases and not refusals:
+        raise BadInput(f"--only {only}: no case of strength {strength} matches (--list shows them)")
     if list_only:
         print("\n".join(case_name(c) for c in cases + refusals))
         print(f"{len(cases)} cases, {len(refusals)} refusals")
@@ -776,7 +824,8 @@ class MatrixFlags:
     defaults to 2)."""
 
     strength: int = flag(3, help="cover every pair (2) or triple (3) of choices")
-    only: str = flag("", help="run only the cases whose name contains this text (default: all)")
+    only: str = flag("", help="run only the cases whose name contains this text, or matches it as a glob where "
+                               "it has a *; several, comma-separated (default: all)")
     list_only: bool = flag(False, name="list", help="print the cases without running them")
 
 
@@ -793,6 +842,7 @@ def matrix_parser(prog: str, description: str, strength: int) -> OneLineParser:
     return parser
 
 
+@cli_main("python -m harness.matrix")
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = matrix_parser("python -m harness.matrix", __doc__.split("\n\n")[0], strength=3).parse_args(argv)
     flags = MatrixFlags(**config_values(MatrixFlags, args))

@@ -60,7 +60,9 @@ _DENSE_FLAGS = tuple(f.field.name for f in flags_of(ModelConfig) if f.field.name
                      ("embedding_dim", "embedding_precision"))
 # The training flags a plan depends on; a recipe's others (epochs, dropout...) do not change it.
 _PLAN_CONFIGS = (ModelConfig, TableSizes, EmbeddingOptimizerConfig, DataConfig)
-_BATCH_ONLY = tuple(f.field.name for f in flags_of(DataConfig) if f.field.name != "batch_size")
+# The data flags a plan depends on: the batch, and the bags' sizes (each table's ids a sample).
+_PLAN_DATA_FLAGS = ("batch_size", "multi_hot_sizes")
+_BATCH_ONLY = tuple(f.field.name for f in flags_of(DataConfig) if f.field.name not in _PLAN_DATA_FLAGS)
 DEFAULT_LOCAL_WORLD_SIZE = 8  # GPUs per host of the common 8-GPU servers
 EXIT_DOES_NOT_FIT = 1
 
@@ -249,7 +251,8 @@ def _requests(args: argparse.Namespace) -> list[tuple[str, PlanRequest]]:
     model = config_values(ModelConfig, args, layers.recipe)
     optimizer = EmbeddingOptimizerConfig(**config_values(EmbeddingOptimizerConfig, args, layers.recipe))
     optimizer.validate()
-    batch_size = config_values(DataConfig, args, layers.recipe, exclude=_BATCH_ONLY)["batch_size"]
+    data = config_values(DataConfig, args, layers.recipe, exclude=_BATCH_ONLY)
+    batch_size, multi_hot_sizes = data["batch_size"], data["multi_hot_sizes"]
     _positive(batch_size, option(DataConfig, "batch_size"))
     requests = []
     for label, names, rows in _table_sets(args, layers):
@@ -257,11 +260,15 @@ def _requests(args: argparse.Namespace) -> list[tuple[str, PlanRequest]]:
             # The training command line's MLPs: refused here as training would refuse them.
             ModelConfig(num_embeddings_per_feature=rows, sparse_feature_names=names,
                         dense_in_features=_DEFAULT_FEATURES.num_dense_features, **model).validate()
+        if multi_hot_sizes is not None and len(multi_hot_sizes) != len(rows):
+            raise FlagError(f"{option(DataConfig, 'multi_hot_sizes')} has {len(multi_hot_sizes)} values for "
+                            f"{len(rows)} tables")
         for world_size in world_sizes:
             request = PlanRequest(
                 feature_names=names, num_embeddings_per_feature=rows, embedding_dim=model["embedding_dim"],
                 embedding_precision=model["embedding_precision"], optimizer=optimizer.optimizer,
                 topology=_topology(args, layers, world_size, batch_size), constraints=constraints,
+                pooling_factors=[float(n) for n in multi_hot_sizes] if multi_hot_sizes is not None else None,
             )
             request.validate()
             requests.append((label, request))
@@ -336,7 +343,7 @@ def _plan(args: argparse.Namespace) -> int:
     except PlanDoesNotFit as e:
         print(_does_not_fit(request, str(e), search=not outputs.no_search))
         return EXIT_DOES_NOT_FIT
-    print(format_plan_report(saved))
+    print(format_plan_report(saved, request.pooling_factors))
     print(_fits_verdict(saved))
     if outputs.output:
         write_plan(outputs.output, saved)

@@ -15,6 +15,7 @@ from torch import nn
 from models import build_dlrm_train
 from models.embedding_optimizer import EmbeddingOptimizerConfig, attach_fused_embedding_optimizer
 from sharding_plans.planner import plan_with_estimates
+from sharding_plans.rules import planner_constraints
 from sharding_plans.sharders import build_sharders
 from sharding_plans.types import PlanDoesNotFit, PlannerConfig, PlanRequest, SavedPlan
 
@@ -42,9 +43,12 @@ def plan_request(request: PlanRequest) -> SavedPlan:
         _planning_model(request),
         build_sharders(request.constraints.row_splits_on_cpu(table_names, topology.compute_device)),
         topology,
-        request.constraints.parameter_constraints(
-            table_names, request.embedding_dim, topology.world_size, topology.compute_device
-        ),
+        # The training run's own constraints (`training.sharding`): fp16 tables fused,
+        # the bags' sizes as the tables' pooling factors.
+        planner_constraints(
+            request.constraints.parameter_constraints(
+                table_names, request.embedding_dim, topology.world_size, topology.compute_device),
+            table_names, request.embedding_precision, pooling_factors=request.pooling_factors),
     )
     return SavedPlan(topology=topology, tables=request.tables, plan=plan, estimates=estimates)
 

@@ -120,9 +120,48 @@ def largest_rank(estimates: Sequence[RankEstimate]) -> RankEstimate:
     return max(estimates, key=lambda e: (e.total_bytes, -e.rank))
 
 
-def format_plan_report(saved: SavedPlan) -> str:
+# Why the planner puts a table on each kernel: it takes the cheapest placement by
+# its cost model (lookup traffic, the bags' ids a sample, x bandwidth) that fits.
+KERNEL_REASONS = {
+    "fused": "whole in HBM (FBGEMM's fused kernel): the fastest placement, and it fits",
+    "fused_uvm": "rows in host memory read through UVM: HBM could not hold them",
+    "fused_uvm_caching": ("rows in host memory, the hot ones cached in HBM: the tables' weights and "
+                          "optimizer state do not all fit in the usable HBM"),
+    "dense": "data-parallel: a replica on every rank, updated by the dense optimizer",
+}
+
+
+def _cache_share(ps: ParameterSharding) -> str:
+    factor = getattr(ps.cache_params, "load_factor", None) if ps.cache_params is not None else None
+    return f" ({factor:.0%} of rows cached)" if factor else ""
+
+
+def placement_reasons(saved: SavedPlan) -> list[str]:
+    """One line per compute kernel the plan uses: its tables and why they are there
+    (`KERNEL_REASONS`); a table on UVM caching also says what share of its rows the
+    HBM cache holds. Where every table went and why, in a few lines.
+
+    Example::
+
+        placement_reasons(saved)  # ["fused (24 tables: t_cat_0, ...): whole in HBM ...", ...]
+    """
+    by_kernel: dict[str, list[str]] = defaultdict(list)
+    for module_plan in saved.plan.plan.values():
+        for table, ps in module_plan.items():  # type: ignore[union-attr]
+            by_kernel[ps.compute_kernel].append(table + _cache_share(ps))
+    lines = []
+    for kernel, tables in sorted(by_kernel.items()):
+        tables.sort(key=_natural_key)
+        shown = ", ".join(tables) if len(tables) <= 6 else ", ".join(tables[:3]) + f", ... {tables[-1]}"
+        lines.append(f"{kernel} ({len(tables)} table{'s' if len(tables) > 1 else ''}: {shown}): "
+                     f"{KERNEL_REASONS.get(kernel, 'as the planner chose')}")
+    return lines
+
+
+def format_plan_report(saved: SavedPlan, pooling_factors: Optional[Sequence[float]] = None) -> str:
     """The plan as a readable table, then memory and step time per rank (the largest
-    rank marked) and totals.
+    rank marked) and totals. ``pooling_factors``: the ids a sample of each table (in
+    model order) the planner was told, shown beside each table.
 
     Example::
 
@@ -138,16 +177,21 @@ def format_plan_report(saved: SavedPlan) -> str:
         f"batch {topo.batch_size} per rank",
         f"model: {len(saved.tables)} tables, {total_weights / GIB:.2f} GiB of embedding weights",
         "",
-        f"{'table':<12} {'rows':>13} {'dim':>5}  {'sharding':<17} {'kernel':<17} {'ranks':<12} shards (rows x cols)",
+        f"{'table':<12} {'rows':>13} {'dim':>5} {'ids':>4}  {'sharding':<17} {'kernel':<17} {'ranks':<12} "
+        "shards (rows x cols)",
     ]
     model_order = {name: i for i, name in enumerate(saved.tables)}
     for module_plan in saved.plan.plan.values():
         for table, ps in sorted(module_plan.items(), key=lambda kv: model_order[kv[0]]):  # type: ignore[union-attr]
             spec = saved.tables[table]
+            ids = f"{pooling_factors[model_order[table]]:g}" if pooling_factors is not None else "1"
             lines.append(
-                f"{table:<12} {spec.rows:>13,} {spec.dim:>5}  {ps.sharding_type:<17} {ps.compute_kernel:<17} "
+                f"{table:<12} {spec.rows:>13,} {spec.dim:>5} {ids:>4}  {ps.sharding_type:<17} {ps.compute_kernel:<17} "
                 f"{describe_ranks(_rank_of_each_shard(ps, topo.world_size)):<12} {describe_shards(ps, topo.world_size)}"
             )
+    ids_total = sum(pooling_factors) if pooling_factors is not None else len(saved.tables)
+    lines += ["", f"ids: each table's ids a sample, as the planner was told ({ids_total:g} a sample in all)"]
+    lines += ["why: " + line for line in placement_reasons(saved)]
     if not saved.estimates:
         lines += ["", "no planner estimates in this plan (it was not made by the planner here)"]
         return "\n".join(lines)

@@ -64,6 +64,7 @@ def prepare_sharding(
     constraints: Optional[ShardingConstraints] = None,
     prefetch_pipeline: bool = False,
     resumed_plan: Optional[PlanSummary] = None,
+    pooling_factors: Optional[Sequence[float]] = None,
 ) -> ShardingSetup:
     """Reads and checks the plan file ``plan_path``, or checks the constraints for this
     device and adds the run's own (`sharding_plans.rules.planner_constraints`).
@@ -77,6 +78,8 @@ def prepare_sharding(
         prefetch_pipeline: the kernels must lock prefetched cache lines (a plan file
             that turns the locking off is refused).
         resumed_plan: the plan summary of the checkpoint a run resumes.
+        pooling_factors: ids a sample in each table's bags (``--multi_hot_sizes``),
+            for the planner's cost of each table (None: one id).
 
     Raises:
         BadInput or ValueError: one line, on a plan that does not match the model or
@@ -99,5 +102,5 @@ def prepare_sharding(
         sharders=build_sharders(constraints.row_splits_on_cpu(table_names, device.type), prefetch_pipeline),
         constraints=planner_constraints(
             constraints.parameter_constraints(table_names, embedding_dim, world_size, device.type),
-            table_names, embedding_precision, resumed_plan),
+            table_names, embedding_precision, resumed_plan, pooling_factors),
     )

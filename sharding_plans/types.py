@@ -340,6 +340,8 @@ class PlanRequest:
         optimizer: the fused embedding optimizer (its state takes memory too).
         topology: ranks, device, memory and batch.
         constraints: sharding types and kernels the planner may use.
+        pooling_factors: ids a sample in each table's bags (``--multi_hot_sizes``;
+            None: one id), the traffic the planner costs each table by.
 
     Example::
 
@@ -355,6 +357,7 @@ class PlanRequest:
     optimizer: str
     topology: PlannerConfig
     constraints: ShardingConstraints = field(default_factory=ShardingConstraints)
+    pooling_factors: Optional[list[float]] = None
 
     @property
     def model_config(self) -> ModelConfig:

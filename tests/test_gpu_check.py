@@ -16,6 +16,7 @@ import torch
 from bench import gpu_check
 from harness import matrix
 from harness.launch import launch, run_script
+from common.errors import BadInput
 from training.flags import parse_config
 
 SPEC = gpu_check.gpu_matrix(num_gpus=8)
@@ -194,11 +195,73 @@ def test_device_cpu_runs_cases_against_the_cpu_reference(synthetic_dir, tmp_path
     spec = gpu_check.gpu_matrix(2, "cpu")
     case = next(c for c in matrix.covering_cases(spec, 2) if c["world_size"] == 2 and c["pipeline"] == "base")
     refusals = gpu_check.refusal_cases(spec)[:1]
+    made = []
     results = gpu_check.evaluate(spec, [case], refusals, synthetic_dir, str(tmp_path),
-                                 lambda fn, jobs, nproc: launch(fn, jobs, nproc=nproc))
+                                 lambda fn, jobs, nproc: launch(fn, jobs, nproc=nproc), made.append, job_timeout=600)
+    assert sorted(made, key=id) == sorted(results, key=id)  # every verdict handed over as it was made
     table = matrix.format_table(spec, results)
     assert all(r.passed for r in results), table
     checks = results[1].checks
     assert set(checks) == {"=cpu", "=placement", "resume=uninterrupted", "export=eager"}, table
     assert checks["=cpu"].startswith("ok") and checks["=placement"].startswith("ok"), table
     assert table.splitlines()[-1] == "2 of 2 cases passed"
+
+
+def test_one_gpu_does_not_probe_nccl():
+    assert not gpu_check.probes_nccl(gpu_check.gpu_matrix(1))
+    assert gpu_check.probes_nccl(gpu_check.gpu_matrix(2)) and gpu_check.probes_nccl(SPEC)
+
+
+def test_only_selects_by_pieces_globs_and_lists():
+    name = "rowwise_adagrad/dense-sgd/table_wise/fp16/base/dcn/one-hot/ws1/fused_uvm_caching"
+    assert matrix.matches_only(name, "") and matrix.matches_only(name, "/fp16/")
+    assert matrix.matches_only(name, "rowwise_adagrad/*/fp16/*fused_uvm_caching*")
+    assert not matrix.matches_only(name, "rowwise_adagrad/*/fp32/*")
+    assert matrix.matches_only(name, "/prefetch/,/base/") and not matrix.matches_only(name, "/prefetch/,/semi_sync/")
+
+
+def test_only_matching_nothing_is_one_line_and_exit_2(capsys):
+    assert gpu_check.main(["--list", "--gpus", "1", "--only", "no-such-case"]) == 2
+    assert capsys.readouterr().err.strip() == ("python -m bench.gpu_check: error: --only no-such-case: no case of "
+                                               "strength 2 on cuda matches (--list shows them)")
+
+
+def test_verdict_lines_are_read_back_and_a_cut_off_line_is_left_out(tmp_path):
+    path = str(tmp_path / "verdicts.jsonl")
+    case = CASES[0]
+    passed = matrix.CaseResult(case, checks={"=cpu": "ok 0 <= 1e-05"}, seconds=1.5, records_per_sec=100.0)
+    failed = matrix.CaseResult(case, seconds=2.0)
+    failed.fail("=placement", "3e-3 > 1e-05")
+    for result in (passed, failed):
+        gpu_check.append_line(path, gpu_check.verdict_record(result))
+    with open(path, "a") as f:
+        f.write('{"version": 1, "case": "cut')  # the run was killed while writing
+    verdicts = gpu_check.read_verdicts(path)
+    assert [(v["case"], v["passed"], v["checks"]) for v in verdicts] == [
+        (matrix.case_name(case), True, {"=cpu": "ok 0 <= 1e-05"}),
+        (matrix.case_name(case), False, {"=placement": "FAIL 3e-3 > 1e-05"})]
+    with open(path, "a") as f:
+        f.write('x"}\n')  # a whole line now, without its fields
+    with pytest.raises(BadInput, match=r"verdicts.jsonl:3: choices is missing"):
+        gpu_check.read_verdicts(path)
+    newer = str(tmp_path / "newer.jsonl")
+    with open(newer, "w") as f:
+        f.write('{"version": 2, "case": "x"}\n')
+    with pytest.raises(BadInput, match="newer.jsonl:1: version is 2, newer than this code reads"):
+        gpu_check.read_verdicts(newer)
+
+
+@pytest.mark.slow
+def test_a_job_past_its_timeout_is_recorded_and_the_next_job_runs(synthetic_dir, tmp_path):
+    """--job_timeout: a training job stopped mid-way is that job's error; the worker
+    goes on with the next job (on a new process group)."""
+    case = {"optimizer": "sgd", "dense_optimizer": "sgd", "sharding": "table_wise", "precision": "fp32",
+            "pipeline": "sparse_dist", "interaction": "original", "multi_hot": False, "world_size": 1, "amp": False}
+    argv = matrix.case_argv(case, synthetic_dir, "cpu")
+    jobs = [{"kind": "train", "key": "cut", "argv": argv, "device": "cpu", "dir": str(tmp_path / "cut"),
+             "resume": False, "timeout_s": 0.5},
+            {"kind": "train", "key": "whole", "argv": argv, "device": "cpu", "dir": str(tmp_path / "whole"),
+             "resume": False, "timeout_s": 600}]
+    [cut, whole] = launch(matrix.run_jobs, jobs, nproc=1)[0]
+    assert cut["error"] == "JobTimeout: timed out after 0.5 s" and 0.5 <= cut["seconds"] < 30
+    assert "error" not in whole and len(whole["uninterrupted"]["losses"]) == matrix.STEPS

@@ -22,4 +22,4 @@ def prepare_sharding(config: TrainConfig, env: DistributedEnv, model: nn.Module,
     return prepare(model, config.model.table_names, config.model.embedding_dim, config.model.embedding_precision,
                    env.device, env.world_size, env.local_world_size, plan_path=config.sharding_plan,
                    constraints=config.sharding_constraints, prefetch_pipeline=config.pipeline == "prefetch",
-                   resumed_plan=resumed_plan)
+                   resumed_plan=resumed_plan, pooling_factors=config.data.multi_hot_sizes)

@@ -59,9 +59,18 @@ class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite."""
 
 
-# Every step's loss is checked over the run's first steps (later, once per logged
-# interval): a diverging start, the usual case, is caught within a few steps.
+# The losses are checked over the run's first steps more often than once per logged
+# interval: a diverging start, the usual case, is caught within a few steps. On CPU
+# every step; on CUDA every `DIVERGENCE_WATCH_EVERY_CUDA` steps, since each check reads
+# the losses back to the host, a sync that stalls the GPU's queue (at DLRMv2's speed
+# one sync a step cost more than the step).
 DIVERGENCE_WATCH_STEPS = 100
+DIVERGENCE_WATCH_EVERY_CUDA = 10
+
+
+def divergence_watch_every(device: torch.device) -> int:
+    """Steps between two checks of the divergence watch on ``device``."""
+    return DIVERGENCE_WATCH_EVERY_CUDA if device.type == "cuda" else 1
 
 
 def divergence_advice(optim: OptimizerConfig) -> str:
@@ -426,6 +435,8 @@ class Trainer:
         self.log.start_progress(len(loader), self._pass_name(epoch), initial=first_batch)
         losses: list[float] = []
         pending: list[torch.Tensor] = []  # this interval's per-step losses, not yet synced
+        unwatched = 0  # steps of the divergence watch not yet checked
+        watch_every = divergence_watch_every(self.env.device)
         interval_records, interval_start = 0, time.perf_counter()
         for step_in_epoch in itertools.count(first_batch):
             lr = self.schedule.apply(self.optimizer, self.step)
@@ -439,7 +450,10 @@ class Trainer:
             if self._plan_memory is not None:
                 self._log_plan_memory(self._plan_memory)
             if self.step <= DIVERGENCE_WATCH_STEPS:
-                self._check_finite(self._mean_over_ranks(pending[-1:]), epoch)
+                unwatched = min(unwatched + 1, len(pending))  # a logged interval was checked there
+                if unwatched >= watch_every or self.step == DIVERGENCE_WATCH_STEPS:
+                    self._check_finite(self._mean_over_ranks(pending[-unwatched:]), epoch)
+                    unwatched = 0
             self.log.advance()
             if config.print_lr:
                 self.log.print(f"step {self.step - 1}: lr {lr:.6g}")
@@ -458,7 +472,7 @@ class Trainer:
             if len(pending) == config.log_every_n_steps or at_validation or at_checkpoint:
                 seconds = time.perf_counter() - interval_start
                 losses += self._log_interval(epoch, pending, lr, interval_records, seconds)
-                pending, interval_records = [], 0
+                pending, interval_records, unwatched = [], 0, 0
                 if at_validation:
                     self._validate(result, epoch, step_in_epoch + 1)
                     self.model.train()
@@ -570,9 +584,10 @@ class Trainer:
         handover = isinstance(self.train_pipeline, TrainPipelineSparseDist)
         if handover:
             self.train_pipeline.detach()
-        # In fp32 with --amp too: bf16 logits (8 significant bits) would tie AUROC
-        # ranks, coarsen the log loss and round what --validation_auroc decides on.
-        pipeline = self._pipeline("base" if self.config.pipeline == "base" else "sparse_dist", amp=False)
+        # Under the training's autocast (--amp: bf16): an fp32 evaluation of a bf16
+        # model ran at fp32's speed, several times slower at DLRMv2's size. The logits
+        # then carry bf16's 8 significant bits: close scores tie in the AUROC.
+        pipeline = self._pipeline("base" if self.config.pipeline == "base" else "sparse_dist", amp=self.config.amp)
         metrics = BinaryClassificationMetrics(self.env.device, self.config.auroc_bins, self.weighted)
         batches = self._batches(loader)
         self.log.start_evaluation_progress(len(loader), stage)

@@ -51,7 +51,7 @@ def readme_commands() -> dict[int, list[list[str]]]:
     """README's "Five command lines", by their number (the comment above each)."""
     with open(os.path.join(REPO, "README.md")) as f:
         text = f.read()
-    block = text.split("## Five command lines\n\n```bash\n", 1)[1].split("```", 1)[0]
+    block = text.split("## Five command lines\n", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     numbered: dict[int, list[list[str]]] = {}
     for part in re.split(r"^# (\d+)\. .*$", block, flags=re.M)[1:]:
         if part.isdigit():

@@ -30,7 +30,6 @@ first 20,000 batches).
 import json
 import multiprocessing
 import os
-import resource
 import shutil
 import sys
 import tempfile
@@ -52,7 +51,13 @@ GB = 1e9
 
 
 def _peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    """The process's peak RSS, counting what came before the trainer's plan-memory probe
+    started the kernel's peak again (training/distributed.py)."""
+    import torch
+
+    from training.distributed import local_peak_memory_bytes
+
+    return local_peak_memory_bytes(torch.device("cpu"))
 
 
 def _fill(argv: list[str]) -> dict[str, float]:

@@ -358,8 +358,11 @@ class ParquetLoader:
             fresh = [n for n, c in zip(self._columns.dense, rows.dense_nulls) if c and n not in _NULLS_REPORTED]
             if fresh and self._rank == 0:
                 _NULLS_REPORTED.update(fresh)
-                print(f"note: dense column(s) {', '.join(fresh)} hold nulls, read as 0 (counts in the run log)",
-                      file=sys.stderr)
+                # Only the training loader counts for the evaluations' lines (it alone
+                # has a collision counter); --mode test|validate reads no training row.
+                counts = (" (the training rows' counts per column follow each evaluation, and go to the run log "
+                          "with --log_path)" if self._collisions is not None else ", as in training")
+                print(f"note: dense column(s) {', '.join(fresh)} hold nulls, read as 0{counts}", file=sys.stderr)
         if self._collisions is not None:
             self._collisions.add(rows.keys)
         return self._builder.bags(rows.dense, rows.ids, rows.lengths, rows.labels,

@@ -137,11 +137,11 @@ class ParquetSource(DataSource):
 
     def statistics(self, train_loader: BatchLoader) -> Optional[tuple[dict[str, Any], str]]:
         """The id collisions and dense nulls of this rank's training rows so far
-        (data.parquet_loader.ParquetLoader.statistics), and a line of the features
-        whose values share rows most."""
-        from data.id_collisions import collision_summary
+        (data.parquet_loader.ParquetLoader.statistics), and `statistics_lines`; None
+        before any training row was read (--mode test|validate reads none)."""
         statistics = train_loader.statistics()  # type: ignore[attr-defined]
-        return statistics, collision_summary(statistics["id_collisions"])
+        lines = statistics_lines(statistics)
+        return None if lines is None else (statistics, lines)
 
     def loaders(self, dataset: Any, num_embeddings_per_feature: list[int], rank: int,
                 world_size: int) -> dict[str, BatchLoader]:
@@ -173,6 +173,22 @@ class ParquetSource(DataSource):
             collisions=(CollisionCounter(columns.sparse, columns.table_sizes, columns.id_hashing, columns.hash_seed)
                         if is_train else None),
         )
+
+
+def statistics_lines(statistics: dict[str, Any]) -> Optional[str]:
+    """The console's lines of `ParquetLoader.statistics`: the features whose values
+    share rows most, and the dense nulls read as 0 per column, each where something
+    was counted; None where nothing was (no line of "0 values")."""
+    from data.id_collisions import collision_summary
+
+    lines = []
+    if any(int(s["distinct"]) for s in statistics["id_collisions"].values()):
+        lines.append(collision_summary(statistics["id_collisions"]))
+    nulls = {name: count for name, count in statistics["dense_nulls"].items() if count}
+    if nulls:
+        lines.append("dense nulls read as 0 (this rank's training rows): "
+                     + ", ".join(f"{name} {count:,}" for name, count in nulls.items()))
+    return "\n".join(lines) if lines else None
 
 
 def _patterns(text: Optional[str]) -> list[str]:

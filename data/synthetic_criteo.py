@@ -55,7 +55,8 @@ _CHUNK_ROWS = 65536
 class SyntheticCriteoSpec:
     """What to generate: the days, the tables and the hidden model that labels the rows."""
 
-    num_days: int = flag(4, help="day files to write; the last becomes validation + test")
+    num_days: int = flag(4, help="day files to write; the last becomes validation + test "
+                                 "(a raw --format: 1 is enough to score)")
     rows_per_day: int = flag(250_000, help="rows in each day file")
     cardinalities: list[int] = flag(DEFAULT_CARDINALITIES,
                                     help=f"{NUM_SPARSE_FEATURES} comma-separated table sizes (a spread from 4 to 40k)")
@@ -64,9 +65,12 @@ class SyntheticCriteoSpec:
     id_skew: float = flag(3.0, help="ids are floor(cardinality * u ** SKEW): larger puts more rows on a few ids")
     signal_scale: float = flag(1.0, help="multiplies the hidden logit: larger makes labels easier to predict")
 
-    def validate(self) -> None:
-        if self.num_days < 2:
-            raise BadInput(f"--num_days must be at least 2 (train + eval), got {self.num_days}")
+    def validate(self, min_days: int = 2) -> None:
+        """Raises BadInput naming the flag. ``min_days``: 2 for a data set to train on
+        (train + eval); 1 for raw day files, one of which is enough to score."""
+        if self.num_days < min_days:
+            why = " (train + eval)" if min_days == 2 else ""
+            raise BadInput(f"--num_days must be at least {min_days}{why}, got {self.num_days}")
         if self.rows_per_day < 2:
             raise BadInput(f"--rows_per_day must be at least 2, got {self.rows_per_day}")
         if len(self.cardinalities) != NUM_SPARSE_FEATURES:
@@ -335,10 +339,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"multi-hot synthetic Criteo data at {output.output_dir}")
             return 0
         if output.format != "binary":
-            spec.validate()
+            spec.validate(min_days=1)  # one raw day is what serving.predict needs
             suffix = ".gz" if output.format == "tsv.gz" else ""
             write_raw_days(spec, output.output_dir, suffix)
-            print(f"raw Criteo TSV: {spec.num_days} days of {spec.rows_per_day} lines at {output.output_dir}")
+            days = f"{spec.num_days} days" if spec.num_days > 1 else \
+                "1 day (enough to score with serving.predict; training needs 2)"
+            print(f"raw Criteo TSV: {days} of {spec.rows_per_day} lines at {output.output_dir}")
             return 0
         metadata = generate_synthetic_criteo(spec, output.output_dir)
     except OSError as e:  # a full disk, say: the message names the file

@@ -2,7 +2,7 @@
 FBGEMM's table-batched embedding (the kernel training uses) looks rows up and applies
 its fused SGD update correctly: on the GPU on a host with one, else on the CPU.
 
-    python scripts/check_install.py cpu|cuda [--gpu-visible] [--allow-cuda-torch]
+    python scripts/check_install.py cpu|cuda [--gpu-visible] [--allow-cuda-torch] [--pip-check]
 
 Without this, a CUDA install whose torch cannot reach the GPU (a CPU wheel, a CUDA
 version the driver does not support) would train on the CPU without a word under
@@ -13,10 +13,22 @@ use) unless ``--allow-cuda-torch`` says no CPU build could be reached (the torch
 stack on the project's machines: PyPI serves only the CUDA build, and the CUDA build
 does not import without its NVIDIA libraries).
 Exit 1 with one line when a check fails.
+
+``--pip-check`` also runs ``pip check`` and prints its conflicts as warnings, less the
+one a CPU install always has: torchrec's wheel declares the CUDA ``fbgemm-gpu`` (the
+install script installs torchrec ``--no-deps`` and ``fbgemm-gpu-cpu``, which provides
+the same module), so ``torchrec X requires fbgemm-gpu, which is not installed.`` is
+expected there. The script's other pip calls pass ``--no-warn-conflicts`` so that pip
+does not print it as an ``ERROR`` mid-install.
 """
 
 import argparse
+import re
+import subprocess
 import sys
+
+# pip check's line for torchrec's declared CUDA FBGEMM, which a CPU install replaces.
+_CPU_FBGEMM_CONFLICT = re.compile(r"torchrec \S+ requires fbgemm-gpu, which is not installed\.")
 
 # The check's table: 10 rows of width 8; two bags, {1} and {3, 3, 7}; SGD at this rate.
 _ROWS, _DIM, _LEARNING_RATE = 10, 8, 0.5
@@ -95,13 +107,35 @@ def check(device: str, gpu_visible: bool, allow_cuda_torch: bool = False) -> str
             "FBGEMM lookup and update checked)")
 
 
+def unexpected_conflicts(pip_check_output: str, device: str) -> list[str]:
+    """The lines of ``pip check``'s output that say something is wrong: not its all-clear
+    line, and on a CPU install not torchrec's declared fbgemm-gpu (see the module).
+
+    Example::
+
+        unexpected_conflicts("torchrec 1.8.0 requires fbgemm-gpu, which is not installed.\n", "cpu")  # []
+    """
+    lines = [line for line in pip_check_output.splitlines()
+             if line.strip() and line.strip() != "No broken requirements found."]
+    if device == "cpu":
+        lines = [line for line in lines if not _CPU_FBGEMM_CONFLICT.fullmatch(line.strip())]
+    return lines
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("device", choices=("cpu", "cuda"))
     parser.add_argument("--gpu-visible", action="store_true", help="nvidia-smi lists a GPU on this host")
     parser.add_argument("--allow-cuda-torch", action="store_true",
                         help="cpu: accept a CUDA build of torch (no CPU build of the stack's torch reachable)")
+    parser.add_argument("--pip-check", action="store_true",
+                        help="also run pip check and print its conflicts but the CPU build's expected one")
     args = parser.parse_args(argv)
+    if args.pip_check:
+        checked = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "check"],
+                                 capture_output=True, text=True)
+        for line in unexpected_conflicts(checked.stdout + checked.stderr, args.device):
+            print(f"install: warning: pip check: {line}", file=sys.stderr)
     try:
         print(f"install: {check(args.device, args.gpu_visible, args.allow_cuda_torch)}")
     except (RuntimeError, ImportError, OSError) as e:

@@ -462,3 +462,21 @@ def test_mmap_loader_rss_stays_bounded_on_a_large_file(tmp_path):
     assert released < 0.15 * train_bytes, (released, train_bytes)
     assert kept > 0.8 * train_bytes, (kept, train_bytes)
     assert digest == kept_digest
+
+
+def test_one_raw_day_is_written_and_one_binary_day_refused(tmp_path, capsys):
+    """`--format tsv --num_days 1` writes the one raw day a user scores with
+    serving.predict (it was refused as if it were a training set); the binary layout,
+    which the trainer splits into train and eval days, still needs 2."""
+    from data.synthetic_criteo import main
+
+    raw = tmp_path / "raw"
+    assert main(["--format", "tsv", "--num_days", "1", "--rows_per_day", "50", "--output_dir", str(raw)]) == 0
+    assert capsys.readouterr().out == (f"raw Criteo TSV: 1 day (enough to score with serving.predict; "
+                                       f"training needs 2) of 50 lines at {raw}\n")
+    assert os.listdir(raw) == ["day_0"]
+    with open(raw / "day_0") as f:
+        lines = f.read().splitlines()
+    assert len(lines) == 50 and {len(line.split("\t")) for line in lines} == {40}
+    assert main(["--num_days", "1", "--rows_per_day", "50", "--output_dir", str(tmp_path / "bin")]) == 2
+    assert capsys.readouterr().err.strip().endswith("--num_days must be at least 2 (train + eval), got 1")

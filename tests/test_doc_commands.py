@@ -53,7 +53,7 @@ def readme_commands() -> dict[int, list[list[str]]]:
     """README's "Five command lines", by their number (the comment above each)."""
     with open(os.path.join(REPO, "README.md")) as f:
         text = f.read()
-    block = text.split("## Five command lines\n\n```bash\n", 1)[1].split("```", 1)[0]
+    block = text.split("## Five command lines\n", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     numbered: dict[int, list[list[str]]] = {}
     for part in re.split(r"^# (\d+)\. .*$", block, flags=re.M)[1:]:
         if part.isdigit():
@@ -101,16 +101,34 @@ def test_readme_train_saves_the_best_checkpoint_and_export_takes_it(readme_run):
 
 
 def test_readme_plan_then_train_with_it(readme_run):
-    """Command 4: plan for the preprocessed data's tables (CPU ranks here), then train
-    with the plan."""
+    """Command 4: the GPU plan is made on this GPU-less machine as written; then the CPU
+    host's lines, plan for CPU ranks and train with that plan (before, the README had
+    only the GPU pair, whose training a CPU host refuses)."""
     work, paths = readme_run["work"], readme_run["paths"]
-    plan, train_with_plan = readme_run["commands"][4]
-    cpu_plan = without_flags(replaced(plan, paths), "--hbm_gb")  # GPU memory: this machine plans CPU ranks
-    run(with_flags(cpu_plan, ["--world_size", str(RANKS), "--compute_device", "cpu", "--ddr_gb", "1",
-                              "--embedding_dim", "16", "--batch_size", "128"]), work)
+    gpu_plan, _gpu_train, cpu_plan, train_with_plan = readme_run["commands"][4]
+    assert "--hbm_gb" in gpu_plan and ("--compute_device", "cpu") == tuple(cpu_plan[cpu_plan.index("--compute_device"):][:2])
+    run(replaced(gpu_plan, paths), work)
+    with open(os.path.join(work, "plan.json")) as f:
+        assert json.load(f)["topology"]["compute_device"] == "cuda"
+    run(with_flags(replaced(cpu_plan, paths), ["--world_size", str(RANKS), "--embedding_dim", "16",
+                                               "--batch_size", "128"]), work)
     log = os.path.join(work, "plan_run.jsonl")
     run(with_flags(replaced(train_with_plan, paths), [*SMALL_RUN, "--log_path", log]), work)
     assert eval_record(read_log(log), "test")["num_samples"] == RANKS * 4 * 128
+
+
+def test_readme_activates_the_venv_it_runs_in():
+    """The line before the five: `source .venv/bin/activate` puts the venv's python and
+    torchrun first on PATH (the commands after `make train` need them)."""
+    (source,) = [argv for argv in bash_commands("README.md") if argv[0] == "source"]
+    if not os.path.exists(os.path.join(REPO, source[1])):
+        pytest.skip(f"no {source[1]} in this checkout (another STACK's venv runs the tests)")
+    proc = subprocess.run(["bash", "-c", f"source {source[1]} && command -v python torchrun"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    # the venv's own directory (.venv may be a link to it)
+    venv_bin = os.path.realpath(os.path.join(REPO, os.path.dirname(source[1])))
+    assert [os.path.realpath(os.path.dirname(p)) for p in proc.stdout.split()] == [venv_bin] * 2
 
 
 def test_readme_parquet_commands(tmp_path):
@@ -149,7 +167,7 @@ def test_benchmarks_quality_gate_lines(tmp_path):
 def test_every_readme_command_is_run_by_a_test():
     """Each command line README.md shows is run here or by the test named beside it: a
     new one needs a test."""
-    run_here = [("torchrun",), ("python", "-m", "data.synthetic_parquet"), ("python", "-m", "data.preprocess_criteo"),
+    run_here = [("source", ".venv/bin/activate"), ("torchrun",), ("python", "-m", "data.synthetic_parquet"), ("python", "-m", "data.preprocess_criteo"),
                 ("python", "-m", "sharding_plans"), ("python", "-m", "serving.export")]
     run_elsewhere = {
         ("make", "train"): "test_stable_start.py (its TRAIN_FLAGS on make train's generated data)",
@@ -178,3 +196,31 @@ def test_serving_curl_json_example_is_answered_by_the_parquet_model_the_page_bui
     with serving_in_background(Predictor(model)) as (url, _):
         proc = run([word.replace("http://127.0.0.1:8080", url) for word in curl], work)
     assert re.fullmatch(r"0\.\d+\n", proc.stdout), proc.stdout
+
+
+def test_serving_parquet_example_lines(tmp_path):
+    """docs/serving.md's Parquet model block, generate to predict, on a smaller log (7
+    days of 1,500 rows) and a small model: predict scores the last day, the one the
+    run tested on, and finds the trainer's test AUROC. Before, the block read a `log/`
+    that nothing generated."""
+    commands = bash_commands("docs/serving.md")
+    (generate,) = [argv for argv in commands if argv[:3] == ["python", "-m", "data.synthetic_parquet"]]
+    start = commands.index(generate)
+    train, export, predict = commands[start + 1:start + 4]
+    assert (train[0], export[:3], predict[:3]) == ("torchrun", ["python", "-m", "serving.export"],
+                                                   ["python", "-m", "serving.predict"])
+    work = str(tmp_path)
+    run(with_flags(generate, ["--rows_per_day", "1500", "--row_group_rows", "500"]), work)
+    assert sorted(os.listdir(tmp_path / "log")) == [f"date=2026-11-0{d}" for d in range(1, 8)]
+    log = str(tmp_path / "run.jsonl")
+    run(with_flags(train, [*SMALL_RUN, "--log_path", log, "--limit_test_batches", "100"]),
+        work)
+    test = eval_record(read_log(log), "test")
+    run(export, work)
+    run(predict, work)
+    with open(tmp_path / "metrics.json") as f:
+        metrics = json.load(f)
+    assert metrics["rows"] == 1500 == test["num_samples"]
+    assert f"{metrics['auroc']:.4f}" == f"{test['auroc']:.4f}"
+    import pyarrow.parquet as pq
+    assert pq.read_table(tmp_path / "scores.parquet").schema.names == ["ts", "label", "probability"]

@@ -207,6 +207,8 @@ def test_a_new_venv_imports_the_packages_from_any_directory(tmp_path):
                      ALLOW_CUDA_TORCH="1" if torch.version.cuda else "0")
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"install: torch {torch.__version__} " in result.stdout
+    # pip's conflict with torchrec's declared CUDA fbgemm-gpu is neither an ERROR nor explained away
+    assert "requires fbgemm-gpu" not in result.stdout + result.stderr and "ERROR" not in result.stderr
     build = f"CUDA {torch.version.cuda} build of torch on the CPU, ALLOW_CUDA_TORCH" if torch.version.cuda else "CPU build"
     assert f"({build}; FBGEMM lookup and update checked)" in result.stdout
     elsewhere = tmp_path / "elsewhere"
@@ -226,3 +228,21 @@ def test_a_new_venv_imports_the_packages_from_any_directory(tmp_path):
         os.path.join(REPO, "dcnv2_main.py"), os.path.join(REPO, "aws_component.py"),
         os.path.join(REPO, "models", "__init__.py"), os.path.join(REPO, "sharding_plans", "__init__.py"),
         os.path.join(REPO, "checkpoints", "__init__.py"), VERSION]  # the version pyproject.toml reads from its source
+
+
+def test_pip_check_keeps_every_conflict_but_the_cpu_builds_fbgemm():
+    """What pip printed during a CPU install (its conflict check after torchrec's
+    dependencies were installed, torchrec itself --no-deps): the fbgemm-gpu line is
+    expected on CPU (fbgemm-gpu-cpu provides the module) and dropped; every other
+    conflict is kept, and on CUDA the fbgemm-gpu one too."""
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    try:
+        from check_install import unexpected_conflicts
+    finally:
+        sys.path.pop(0)
+    printed = ("torchrec 1.8.0 requires fbgemm-gpu, which is not installed.\n"
+               "torchrec 1.8.0 requires torchmetrics==1.0.3, which is not installed.\n")
+    assert unexpected_conflicts(printed, "cpu") == ["torchrec 1.8.0 requires torchmetrics==1.0.3, which is not installed."]
+    assert unexpected_conflicts(printed, "cuda") == printed.splitlines()
+    assert unexpected_conflicts("No broken requirements found.\n", "cpu") == []
+    assert unexpected_conflicts("torchrec 1.8.0 requires fbgemm-gpu, which is not installed.\n", "cpu") == []

@@ -398,3 +398,29 @@ def test_training_loader_reports_collisions_and_nulls(tmp_path):
     stats = loader.statistics()
     assert stats["dense_nulls"] == {"rid": 0, "I2": 5}  # the 10 training rows
     assert stats["id_collisions"]["C2"]["distinct"] == len(set(table.column("C2").to_pylist()[:10]))
+
+
+def test_statistics_lines_say_what_was_counted_and_nothing_before_a_row(tmp_path, capsys, monkeypatch):
+    """The console's lines after an evaluation: the collisions and the null counts per
+    column of the training rows read; none before any (--mode test printed `id
+    collisions: C1 0.0% of 0 values`), and the nulls printed, not only logged (the
+    note pointed to a run log there may not be)."""
+    from data.parquet_source import statistics_lines
+
+    _write_table(str(tmp_path), file_rows=(12,), row_groups=(5,))
+    path = str(tmp_path / "part-00.parquet")
+    table = pq.read_table(path)
+    pq.write_table(table.set_column(2, "I2", pa.array([None, 1.0] * 6, pa.float64())), path)
+    loaders = _loaders(_config(str(tmp_path), validation_window="0.3", test_window="0.3"))
+    loader = loaders["train"]
+    assert statistics_lines(loader.statistics()) is None
+    monkeypatch.setattr("data.parquet_loader._NULLS_REPORTED", set())  # the note is said once per process
+    list(loaders["test"])  # what --mode test reads: the note says no counts follow
+    assert capsys.readouterr().err == "note: dense column(s) I2 hold nulls, read as 0, as in training\n"
+    monkeypatch.setattr("data.parquet_loader._NULLS_REPORTED", set())
+    list(loader)
+    assert capsys.readouterr().err == ("note: dense column(s) I2 hold nulls, read as 0 (the training rows' counts per "
+                                       "column follow each evaluation, and go to the run log with --log_path)\n")
+    collisions, nulls = statistics_lines(loader.statistics()).split("\n")
+    assert collisions.startswith("id collisions (share of a feature's distinct values on a row another also has")
+    assert nulls.startswith("dense nulls read as 0 (this rank's training rows): I2 ")

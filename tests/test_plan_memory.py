@@ -73,3 +73,30 @@ def test_the_run_log_holds_the_estimate_beside_the_measured_tables(tmp_path):
     [test] = [r for r in records if r["event"] == "eval"]
     assert test["records_per_sec"] == pytest.approx(test["num_samples"] / test["seconds"])
     assert test["num_samples"] == 2 * 64
+
+
+def test_the_first_step_figure_is_a_peak_and_never_negative():
+    """CPU: memory taken and freed again within the first step counts (the peak), and
+    the RSS left below the start cannot make the figure negative: the line printed
+    `-29.03 MiB after the first step` where the first step freed pages."""
+    import numpy as np
+    import torch
+
+    from training.distributed import DistributedEnv, local_peak_memory_bytes
+    from training.plan_memory import PlanMemory, PlanMemoryProbe
+
+    env = DistributedEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cpu"),
+                         backend="gloo")
+    run_peak = local_peak_memory_bytes(env.device)
+    probe = PlanMemoryProbe(env.device)
+    probe.built()
+    block = np.ones(64 * 2**20 // 8)  # 64 MiB written: mapped on its own, unmapped when freed
+    del block
+    memory = probe.measure(env, None)
+    assert memory.measured_as == "rss_growth"
+    assert 60 * 2**20 <= memory.first_step_bytes[0]
+    assert memory.line().startswith("plan memory per rank (the plan file has no estimates): built ")
+    assert local_peak_memory_bytes(env.device) >= run_peak  # the run's peak survives the restart
+    shrunk = PlanMemory(estimated_bytes=None, built_bytes=[2**20], first_step_bytes=[-int(29.03 * 2**20)],
+                        measured_as="rss_growth_now")
+    assert shrunk.line().endswith("29.03 MiB freed by the end of the first step on rank 0")

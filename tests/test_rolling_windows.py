@@ -236,3 +236,19 @@ def test_data_without_time_windows_is_refused_before_training(capsys, monkeypatc
         code = e.code
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "--time_column" in lines[0], lines
+
+
+@pytest.mark.slow
+def test_progress_counts_every_windows_steps_from_the_start(tmp_path):
+    """Windows of different lengths (day 0 holds half the rows of the others): the
+    progress line's total is every window's steps, the same from the first step to the
+    last and in the start-up record. It was recomputed at each window as if the windows
+    left were as long as the current one, so it moved mid-run."""
+    root = tmp_path / "clicks"
+    generate_synthetic_parquet(SyntheticParquetSpec(**{**vars(LOG), "files_per_day": 2}), str(root))
+    os.remove(root / f"date={LOG.day(0).isoformat()}" / "part-1.parquet")  # window 0: half a day
+    assert launch(dlrm_main.main, flags(tmp_path, root), nproc=RANKS) == {0: 0, 1: 0}
+    records = read_log(str(tmp_path / "log.jsonl"))
+    total = STEPS_PER_WINDOW // 2 + (WINDOWS - 1) * STEPS_PER_WINDOW
+    assert sorted(losses(records)) == list(range(1, total + 1))
+    assert {r["total_steps"] for r in records if r["event"] in ("train", "startup")} == {total}

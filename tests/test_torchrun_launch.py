@@ -16,7 +16,9 @@ from typing import Optional
 import pytest
 
 from harness.launch import REPO, eval_record, free_port, read_log, step_losses
+from tests.support.doc_commands import commands_starting, replaced, with_flags
 from tests.support.torchx_cli import BIN
+from training.recipes import STABLE_OPTIMIZER
 
 pytestmark = pytest.mark.slow  # every test starts torchrun
 
@@ -93,6 +95,40 @@ def test_a_node_that_cannot_take_part_stops_every_node_with_its_line(synthetic_d
         assert node.returncode == 1, err[-3000:]  # torchrun's code for a failed rank
         assert [l for l in err.splitlines() if ": error: " in l] == [line], err[-3000:]
         assert re.search(r"exitcode\s+: 2 ", err), err[-3000:]  # the rank's
+
+
+def test_documented_torchrun_lines_train(synthetic_dir, tmp_path):
+    """docs/launching.md's "torchrun by hand" line and the two "nodes on localhost" lines
+    (run together), as written but for the data, the port and a small model: each
+    carries the stable optimizer flags and trains to finite, falling losses. Without
+    those flags (the public example's SGD at 15) they went to NaN."""
+    documented = [argv for argv in commands_starting("docs/launching.md", "torchrun") if "dlrm_main.py" in argv]
+    by_hand, two_nodes = documented[0], documented[1]
+    for argv in documented:
+        for option, value in STABLE_OPTIMIZER.options().items():
+            assert argv[argv.index(option) + 1] == str(value), argv
+    small = ["--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,32,1",
+             "--limit_train_batches", "20", "--limit_val_batches", "0", "--limit_test_batches", "2",
+             "--log_every_n_steps", "1"]
+
+    def start(argv: list[str], endpoint: str, port: int, log: str) -> subprocess.Popen:
+        """``argv`` with this test's data, ``endpoint`` on a free ``port`` and the small run."""
+        argv = replaced(argv, {"data_cache/synthetic_criteo": synthetic_dir, endpoint: f"localhost:{port}"})
+        argv = with_flags([os.path.join(BIN, "torchrun"), *argv[1:]], [*small, "--log_path", log])
+        return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    by_hand_log, two_nodes_log = str(tmp_path / "by_hand.jsonl"), str(tmp_path / "two_nodes.jsonl")
+    port = free_port()
+    runs = [start(by_hand, "localhost", free_port(), by_hand_log),
+            *[start(two_nodes, "localhost:29600", port, two_nodes_log) for _ in range(2)]]
+    for proc in runs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+    for log in (by_hand_log, two_nodes_log):
+        losses = step_losses(read_log(log))
+        assert len(losses) == 20 and all(math.isfinite(loss) for loss in losses), losses
+        assert losses[-1] < losses[0], losses
+        assert eval_record(read_log(log), "test")["auroc"] > 0.55
 
 
 def _worker_with_rank(agent_pid: int, rank: int) -> int:

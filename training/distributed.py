@@ -310,11 +310,41 @@ def init_process_group(env: DistributedEnv) -> dist.ProcessGroup:
     return dist.group.WORLD
 
 
+# The peak RSS before `restart_peak_resident` last started it again: the process's peak
+# stays the larger of this and the kernel's.
+_peak_before_restart = 0
+
+
 def local_peak_memory_bytes(device: torch.device) -> int:
-    """This process's peak: max allocated on its GPU, else its peak RSS."""
+    """This process's peak: max allocated on its GPU, else its peak RSS (since exec,
+    across `restart_peak_resident`)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return max(_peak_before_restart, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # Linux: KiB
+
+
+def restart_peak_resident() -> bool:
+    """Starts this process's peak RSS (``VmHWM``) again from its RSS now, as
+    ``torch.cuda.reset_peak_memory_stats`` does for a GPU, so `peak_resident_bytes` is
+    the peak from here on; `local_peak_memory_bytes` keeps the whole run's. False
+    where the kernel refuses (no ``/proc/self/clear_refs``): the peak is then since exec."""
+    global _peak_before_restart
+    _peak_before_restart = local_peak_memory_bytes(torch.device("cpu"))
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # 5: reset the peak RSS to the current RSS (Linux 4.0+)
+    except OSError:
+        return False
+    return True
+
+
+def peak_resident_bytes() -> int:
+    """This process's peak RSS (``VmHWM``): since exec, or since `restart_peak_resident`."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def resident_bytes(device: torch.device) -> int:

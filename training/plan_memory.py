@@ -11,11 +11,14 @@ plan's estimate for that rank (weights, optimizer state and input/output buffers
   the lookups' buffers and the dense part's activations, gradients and optimizer
   state (what the planner's storage reservation keeps room for).
 
-CPU measures the growth of the process's resident memory, compared with the
-planner's DDR estimate (on CPU everything is DDR); CUDA measures
-``torch.cuda.memory_allocated`` (built) and ``max_memory_allocated`` (first step: the
-peak), less what was allocated at the start, compared with the HBM estimate (UVM
-tables live in host memory, which the allocator does not count).
+CPU measures the process's resident memory (RSS): its growth (built) and its peak
+through the first step (the kernel's ``VmHWM``, started again from the RSS at the
+start), less the RSS at the start, compared with the planner's DDR estimate (on CPU
+everything is DDR). The RSS now after the first step can be below the start (the
+allocator returns freed pages): a peak cannot, so the figure is never negative. CUDA
+measures ``torch.cuda.memory_allocated`` (built) and ``max_memory_allocated`` (first
+step: the peak), less what was allocated at the start, compared with the HBM estimate
+(UVM tables live in host memory, which the allocator does not count).
 
 The JSON-lines log gets one ``{"event": "plan_memory", ...}`` record (`PlanMemory`),
 and rank 0 prints ``plan memory per rank: estimated 641.47 MiB, built 644.60 MiB
@@ -29,7 +32,8 @@ import torch
 
 from common.byte_sizes import format_bytes
 from sharding_plans.types import RankEstimate
-from training.distributed import DistributedEnv, gather_per_rank, resident_bytes
+from training.distributed import (DistributedEnv, gather_per_rank, peak_resident_bytes, resident_bytes,
+                                  restart_peak_resident)
 
 
 @dataclass
@@ -41,8 +45,11 @@ class PlanMemory:
             DDR, CUDA: HBM): weights, optimizer state and input/output buffers. None for
             a plan file written without estimates.
         built_bytes: per rank, what building the tables and optimizers took.
-        first_step_bytes: per rank, that and the first training step (CUDA: the peak).
-        measured_as: ``rss_growth`` (CPU) or ``allocated`` (CUDA).
+        first_step_bytes: per rank, the peak from the start to the end of the first
+            training step, less the start.
+        measured_as: ``rss_growth`` (CPU: built the RSS's growth, first step its
+            peak's), ``rss_growth_now`` (CPU where the peak cannot be started again:
+            the RSS now, which may have shrunk) or ``allocated`` (CUDA).
 
     Example::
 
@@ -70,7 +77,10 @@ class PlanMemory:
                                                                   ratios)):
             planned = (f"estimated {format_bytes(estimate)}, built {format_bytes(built)} ({ratio:.2f}x)"
                        if estimate is not None else f"built {format_bytes(built)}")
-            ranks.append(f"{planned}, {format_bytes(step)} after the first step on rank {rank}")
+            if step >= 0:
+                ranks.append(f"{planned}, {format_bytes(step)} after the first step on rank {rank}")
+            else:  # the RSS now (rss_growth_now) below the start: the first step freed more than it took
+                ranks.append(f"{planned}, {format_bytes(-step)} freed by the end of the first step on rank {rank}")
         return ("plan memory per rank" + ("" if self.estimated_bytes is not None else
                                           " (the plan file has no estimates)") + ": " + "; ".join(ranks))
 
@@ -101,6 +111,9 @@ class PlanMemoryProbe:
         self.device = device
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+            self._peak_restarted = True
+        else:
+            self._peak_restarted = restart_peak_resident()
         self._start = resident_bytes(device)
         self._built = 0
 
@@ -111,8 +124,14 @@ class PlanMemoryProbe:
     def measure(self, env: DistributedEnv, estimates: Optional[list[RankEstimate]]) -> PlanMemory:
         """Every rank's growth beside the plan's estimates. Collective."""
         cuda = self.device.type == "cuda"
-        step = (int(torch.cuda.max_memory_allocated(self.device)) if cuda else resident_bytes(self.device)) - self._start
+        if cuda:
+            peak = int(torch.cuda.max_memory_allocated(self.device))
+        elif self._peak_restarted:
+            peak = max(peak_resident_bytes(), resident_bytes(self.device))
+        else:
+            peak = resident_bytes(self.device)
+        measured_as = "allocated" if cuda else "rss_growth" if self._peak_restarted else "rss_growth_now"
         return PlanMemory(estimated_bytes=estimated_device_bytes(estimates, self.device),
                           built_bytes=gather_per_rank(env, self._built),
-                          first_step_bytes=gather_per_rank(env, step),
-                          measured_as="allocated" if cuda else "rss_growth")
+                          first_step_bytes=gather_per_rank(env, peak - self._start),
+                          measured_as=measured_as)

@@ -141,23 +141,26 @@ class StartupReport:
         return lines
 
     def after_setup(self, plan: Mapping[str, Mapping[str, Any]], loaders: Mapping[str, BatchLoader],
-                    log: Optional[Any] = None) -> list[str]:
+                    log: Optional[Any] = None, total_steps: Optional[int] = None) -> list[str]:
         """Prints (rank 0) and returns the sharding and steps lines; writes the
-        ``startup`` record to ``log`` (a `training.run_log.RunLog`)."""
+        ``startup`` record to ``log`` (a `training.run_log.RunLog`). ``total_steps``:
+        the run's training steps (the trainer counts every window's); default the
+        epochs times the training loader's length."""
         kinds = Counter(f"{table['sharding_type']}/{table['compute_kernel']}" for table in plan.values())
         steps = {split: len(loader) for split, loader in loaders.items()}
         windows = self.config.data.rolling_windows
         epochs = windows or self.config.epochs  # --rolling_windows N: one pass over each of N windows
-        passes = (f"{windows} training window{'s' if windows != 1 else ''}: about" if windows
+        total = epochs * steps["train"] if total_steps is None else total_steps
+        passes = (f"{windows} training window{'s' if windows != 1 else ''}:" if windows
                   else f"{epochs} epoch{'s' if epochs != 1 else ''}:")
         lines = [
             "sharding: " + ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())),
             ("steps of window 0: " if windows else "steps per epoch: ") + ", ".join(f"{s} {n:,}" for s, n in steps.items())
-            + f" | {passes} {epochs * steps['train']:,} training steps",
+            + f" | {passes} {total:,} training steps",
         ]
         self._say(lines)
         self.facts.update(sharding={kind: count for kind, count in sorted(kinds.items())}, steps_per_epoch=steps,
-                          total_steps=epochs * steps["train"])
+                          total_steps=total)
         if log is not None:
             log.record("startup", **self.facts)
         return lines

@@ -244,7 +244,10 @@ class Trainer:
         elif flags.resume:
             self.log.print(f"--resume: {flags.checkpoint_dir} holds no complete checkpoint; training starts from scratch")
         self.train_pipeline = self._pipeline(config.pipeline, config.amp)  # after the restored step
-        startup.after_setup(self.plan, self.loaders, self.log)
+        # Counted once: with --rolling_windows the windows differ in length, and a
+        # denominator recomputed per window moved mid-run.
+        self.total_train_steps = self._total_train_steps()
+        startup.after_setup(self.plan, self.loaders, self.log, total_steps=self.total_train_steps)
         self.log.record_config(config, env.world_size, str(env.device))  # whatever the work (--mode)
         # Last, so that nothing above can fail with the lock held; released by `fit`
         # (or `release_checkpoint_dir` when it fails).
@@ -329,15 +332,19 @@ class Trainer:
                                           self.config.model.num_embeddings_per_feature, self.env.rank,
                                           self.env.world_size)
 
+    def _total_train_steps(self) -> int:
+        """The run's training steps from step 0: every epoch's, or with --rolling_windows
+        N the sum of the N training windows' (each its own length)."""
+        if self.rolling_windows:
+            return sum(len(self._window_loaders(w)["train"]) for w in range(self.rolling_windows))
+        return self.config.epochs * len(self.loaders["train"])
+
     def _load_window(self, window: int, first_batch: int) -> None:
-        """Makes window ``window`` the training split and the next one validation; the
-        ETA then assumes the windows left are as long as this one."""
+        """Makes window ``window`` the training split and the next one validation."""
         if self._loaded_window != window:
             self.loaders = self._window_loaders(window)
             self._loaded_window = window
-        assert self.rolling_windows is not None
         steps = len(self.loaders["train"])
-        self.clock.total_steps = self.step - first_batch + steps * (self.rolling_windows - window)
         self.log.print(f"window {window}: training on {steps} batches, then evaluating on window {window + 1}")
 
     def fit(self) -> RunResult:
@@ -347,7 +354,7 @@ class Trainer:
         self._fit_start = time.perf_counter()
         # --rolling_windows N: pass k trains window k and validates on window k + 1.
         passes = self.rolling_windows or config.epochs
-        self.clock = StepClock(passes * len(self.loaders["train"]))
+        self.clock = StepClock(self.total_train_steps)
         if config.validation_auroc is not None:
             result.target_reached = False
         for epoch in range(self.start_epoch, passes):

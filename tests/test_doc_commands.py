@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_days
-from tests.support.doc_commands import bash_commands, markdown_commands, replaced, with_flags, without_flags
+from tests.support.doc_commands import bash_commands, markdown_commands, replaced, with_flags
 from harness.launch import REPO, eval_record, read_log
 from serving.predict import Predictor
 from serving.serve import serving_in_background

@@ -280,7 +280,6 @@ def run(config: BaselineConfig) -> dict[str, Any]:
 
 
 def _fit(config: BaselineConfig, loaders: dict[str, Any], log: Any) -> dict[str, Any]:
-
     log.record("config", world_size=1, resolved_device="cpu", model={"interaction_type": MODEL_NAME},
                data=_fields(config.data), tables=_fields(config.tables), optim=_fields(config.flags),
                table_rows=config.table_rows, recipe=config.recipe, **config.run)

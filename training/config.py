@@ -232,6 +232,8 @@ class TrainConfig:
         None, help="stop at the first validation whose AUROC reaches this; report the time and records it took")
     validate_at_epoch_end: bool = True
     test_at_end: bool = True
+    allow_divergence: bool = flag(False, help="exit 0 (with a warning) from a run that ends no better than a "
+                                              "constant predictor or whose loss grew 100-fold (else exit code 4)")
     print_progress: bool = flag(False, help="show the progress bar even when stderr is not a terminal")
     collect_multi_hot_freqs_stats: bool = flag(
         False, help="count every table's ids in the training batches; write multi_hot_freqs_rank_<r>.npz per rank")

@@ -37,6 +37,7 @@ from sharding_plans import PlannerConfig, format_sharding_plan, plan_summary
 from sharding_plans.rules import check_embedding_weight_decay, check_reshardable
 from training.checkpoint_policy import MinuteCadence, RestorePoint, find_restore_point
 from training.config import OptimizerConfig, TrainConfig
+from training.divergence import diverged
 from training.distributed import DistributedEnv, gather_peak_memory, init_process_group, rank_cpu_share
 from training.early_stopping import BestModel
 from training.embedding_init import init_embedding_tables, torchrec_table_init_skipped
@@ -56,6 +57,11 @@ from training.sharding import prepare_sharding
 
 class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite."""
+
+
+class DivergedError(RuntimeError):
+    """The run ended with finite figures no better than a constant predictor's, or a
+    training loss grown by orders of magnitude (training/divergence.py)."""
 
 
 # Every step's loss is checked over the run's first steps (later, once per logged
@@ -375,6 +381,7 @@ class Trainer:
             result.test = self.evaluate("test", weights_step=result.best_step)
         result.steps = self.step
         self._summary(result)
+        self._check_divergence(result)
         self.log.close()
         self.release_checkpoint_dir()
         return result
@@ -591,6 +598,24 @@ class Trainer:
         """Where the run is, for error messages: ``step 37 (epoch 0, training)``, where
         step is the number of training steps completed."""
         return f"step {self.step} (epoch {self.epoch}, {self.stage})"
+
+    def _check_divergence(self, result: RunResult) -> None:
+        """Raises DivergedError when the finished run diverged (every rank alike: the
+        losses and metrics are the ranks' means and sums); with --allow_divergence,
+        a warning line instead. Recorded in the run log either way."""
+        final = next(((stage, values) for stage, values in (("test", result.test), ("validation", result.validation))
+                      if values is not None), None)
+        if final is not None and self.rolling_windows and final[0] == "validation":
+            final = (f"window {max(result.windows)}", final[1]) if result.windows else final
+        reason = diverged(result.train_losses, final, self.source.labels_carry_signal)
+        if reason is None:
+            return
+        allowed = self.config.allow_divergence
+        self.log.record("diverged", reason=reason, allowed=allowed)
+        if not allowed:
+            raise DivergedError(f"the run diverged: {reason}: {divergence_advice(self.config.optim)} "
+                                f"({flag_of(TrainConfig, 'allow_divergence').option}: exit 0 with a warning)")
+        self.log.print(f"warning: the run diverged: {reason} ({flag_of(TrainConfig, 'allow_divergence').option})")
 
     def _summary(self, result: RunResult) -> None:
         rate = self._train_records / self._train_seconds if self._train_seconds > 0 else 0.0

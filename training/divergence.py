@@ -38,6 +38,9 @@ CONSTANT_AUROC_MARGIN = 0.01
 LOSS_GROWTH_FACTOR = 100.0
 # The final training loss is the mean of this many last steps (fewer in a short run).
 LOSS_WINDOW = 10
+# How far from 1 the last evaluation's calibration (predicted clicks over clicks) may be
+# before the run's end warns: reasonable runs were seen from 0.88 to 1.21.
+CALIBRATION_TOLERANCE = 0.1
 
 
 def constant_predictor_reason(stage: str, values: dict[str, float]) -> Optional[str]:
@@ -60,6 +63,19 @@ def loss_growth_reason(train_losses: Sequence[float]) -> Optional[str]:
         return (f"training loss grew from {first:.4g} (first step) to {final:.4g} (mean of the last {len(last)} "
                 f"steps), {LOSS_GROWTH_FACTOR:g} times or more")
     return None
+
+
+def miscalibration_warning(stage: str, values: dict[str, float], calibrate: str) -> Optional[str]:
+    """The end-of-run warning when the last evaluation's calibration is more than
+    `CALIBRATION_TOLERANCE` from 1, or None. ``calibrate``: the run's --calibrate."""
+    calibration = values.get("calibration", float("nan"))
+    if not abs(calibration - 1.0) > CALIBRATION_TOLERANCE:  # NaN (no clicks): no warning
+        return None
+    remedy = (f"the figures are the model's own; the export applies --calibrate {calibrate}'s fit"
+              if calibrate != "none" else
+              "--calibrate platt (or isotonic) fits a correction on the validation split that the export applies")
+    return (f"warning: {stage} calibration {calibration:.4f} is more than {CALIBRATION_TOLERANCE} from 1 (the "
+            f"predicted click rate is {calibration:.2f} times the actual one); {remedy}")
 
 
 def diverged(train_losses: Sequence[float], final: Optional[tuple[str, dict[str, float]]],

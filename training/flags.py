@@ -47,7 +47,7 @@ FLAG_GROUPS: list[tuple[str, type, Optional[tuple[str, ...]]]] = [
     ("speed and precision", TrainConfig, ("dense_precision", "compile", "allow_tf32", "pipeline",
                                                     "semi_sync_start_batch")),
     ("evaluation", TrainConfig, ("validation_freq_within_epoch", "auroc_bins", "validation_auroc",
-                                            "allow_divergence")),
+                                            "calibrate", "allow_divergence")),
     ("evaluation", ReferenceEvaluation, None),
     ("early stopping and the best model", EarlyStoppingConfig, None),
     ("checkpoints", CheckpointConfig, None),

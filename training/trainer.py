@@ -26,6 +26,7 @@ from torchrec.distributed.types import ShardingEnv
 from checkpoints.meta import CheckpointMeta
 from checkpoints.store import CheckpointManager, check_writable, load_checkpoint, lock_checkpoint_dir
 from common.byte_sizes import format_bytes
+from common.calibration import Calibration
 from common.config_flags import Overrides, flag_of
 from common.errors import BadInput
 from data.config import BatchLoader
@@ -37,7 +38,8 @@ from sharding_plans import PlannerConfig, format_sharding_plan, plan_summary
 from sharding_plans.rules import check_embedding_weight_decay, check_reshardable
 from training.checkpoint_policy import MinuteCadence, RestorePoint, find_restore_point
 from training.config import OptimizerConfig, TrainConfig
-from training.divergence import diverged
+from training.calibration import LogitHistogram
+from training.divergence import diverged, miscalibration_warning
 from training.distributed import DistributedEnv, gather_peak_memory, init_process_group, rank_cpu_share
 from training.early_stopping import BestModel
 from training.embedding_init import init_embedding_tables, torchrec_table_init_skipped
@@ -214,6 +216,8 @@ class Trainer:
         self._saved_step = -1
         self._saved_path = ""
         self._validated_step = -1
+        # --calibrate: (step, fit) of the last validation; checkpoints of that step store the fit
+        self._calibration: Optional[tuple[int, Optional[Calibration]]] = None
         self._stop_training = False  # early stopping or the AUROC target ended training
         self._stop_position = (0, 0)  # (epoch, batch) training continues at after the last validation
         self._fit_start = 0.0
@@ -285,7 +289,9 @@ class Trainer:
         meta = CheckpointMeta(step=self.step, epoch=epoch, batch_in_epoch=batch_in_epoch,
                               world_size=self.env.world_size, config=dataclasses.asdict(self.config), plan=self.plan,
                               run_id=self.log.run_id, early_stopping=self.best.stopping.state_dict(),
-                              data_source=self.data_source, data_features=self.data_features)
+                              data_source=self.data_source, data_features=self.data_features,
+                              calibration=self._calibration[1] if self._calibration and
+                              self._calibration[0] == self.step else None)
         state = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
         with self.in_stage(f"saving step {self.step}"):
             path = self.checkpoints.save(state, meta)
@@ -381,6 +387,7 @@ class Trainer:
             result.test = self.evaluate("test", weights_step=result.best_step)
         result.steps = self.step
         self._summary(result)
+        self._warn_miscalibration(result)
         self._check_divergence(result)
         self.log.close()
         self.release_checkpoint_dir()
@@ -539,6 +546,8 @@ class Trainer:
         # ranks, coarsen the log loss and round what --validation_auroc decides on.
         pipeline = self._pipeline("base" if self.config.pipeline == "base" else "sparse_dist", amp=False)
         metrics = BinaryClassificationMetrics(self.env.device, self.config.auroc_bins, self.weighted)
+        calibrating = stage == "validation" and self.config.calibrate != "none" and weights_step is None
+        histogram = LogitHistogram(self.env.device) if calibrating else None
         batches = self._batches(loader)
         self.log.start_evaluation_progress(len(loader), stage)
         started = time.perf_counter()
@@ -549,6 +558,8 @@ class Trainer:
                 except StopIteration:
                     break
                 metrics.update(logits, labels, *weights)
+                if histogram is not None:
+                    histogram.update(logits, labels, *weights)
                 self.log.advance_evaluation()
         self.log.close_evaluation_progress()
         if handover:
@@ -570,6 +581,8 @@ class Trainer:
             f"{rate:,.0f} records/s"
         )
         self.log.record("eval", stage=stage, step=step, **window, **values, records_per_sec=rate, seconds=seconds)
+        if histogram is not None:
+            self._fit_calibration(histogram, step)
         statistics = self.source.statistics(self.loaders["train"])
         if statistics is not None:
             fields, line = statistics
@@ -577,6 +590,16 @@ class Trainer:
             self.log.print(line)
         self.stage = "training"
         return values
+
+    def _fit_calibration(self, histogram: LogitHistogram, step: int) -> None:
+        """--calibrate: fits on this validation (collective), for the checkpoints of ``step``."""
+        fitted = histogram.fit(self.config.calibrate, step)
+        self._calibration = (step, fitted)
+        if fitted is None:
+            self.log.print("calibration: the validation split has one class only: nothing fitted")
+            return
+        self.log.print(f"calibration: {fitted.describe()}")
+        self.log.record("calibration", **dataclasses.asdict(fitted))
 
     def evaluate_checkpoint(self) -> Optional[dict[str, float]]:
         """--mode validate|test: evaluates the loaded weights on that split. Collective."""
@@ -599,15 +622,26 @@ class Trainer:
         step is the number of training steps completed."""
         return f"step {self.step} (epoch {self.epoch}, {self.stage})"
 
+    def _final_evaluation(self, result: RunResult) -> Optional[tuple[str, dict[str, float]]]:
+        """(stage, metrics) of the run's last evaluation: the test split, else the last
+        validation (window); None without one."""
+        final = next(((stage, values) for stage, values in (("test", result.test), ("validation", result.validation))
+                      if values is not None), None)
+        if final is not None and self.rolling_windows and result.windows and final[0] == "validation":
+            final = (f"window {max(result.windows)}", final[1])
+        return final
+
+    def _warn_miscalibration(self, result: RunResult) -> None:
+        final = self._final_evaluation(result)
+        warning = miscalibration_warning(*final, self.config.calibrate) if final else None
+        if warning:
+            self.log.print(warning)
+
     def _check_divergence(self, result: RunResult) -> None:
         """Raises DivergedError when the finished run diverged (every rank alike: the
         losses and metrics are the ranks' means and sums); with --allow_divergence,
         a warning line instead. Recorded in the run log either way."""
-        final = next(((stage, values) for stage, values in (("test", result.test), ("validation", result.validation))
-                      if values is not None), None)
-        if final is not None and self.rolling_windows and final[0] == "validation":
-            final = (f"window {max(result.windows)}", final[1]) if result.windows else final
-        reason = diverged(result.train_losses, final, self.source.labels_carry_signal)
+        reason = diverged(result.train_losses, self._final_evaluation(result), self.source.labels_carry_signal)
         if reason is None:
             return
         allowed = self.config.allow_divergence

@@ -82,7 +82,11 @@ def test_checkpoint_meta_round_trips_and_versions_1_to_3_still_load(tmp_path):
     saved = read_meta(write_checkpoint_meta(tmp_path / "v4", meta.to_json()))
     assert saved == meta
     document = json.loads(meta.to_json())
-    assert list(document)[0] == "version" and document["version"] == 4
+    assert list(document)[0] == "version" and document["version"] == 5
+    assert document["calibration"] is None  # without --calibrate
+    version_4 = {**{k: v for k, v in document.items() if k != "calibration"}, "version": 4}
+    assert read_meta(write_checkpoint_meta(tmp_path / "v4old", json.dumps(version_4).encode())) == \
+        dataclasses.replace(meta, version=4)
     assert document["config"]["model"]["interaction"] == {}  # DLRM's dot products have no sizes
     assert not {"model", "optim", "global_batch_size"} & set(document)  # stored once, in config
     assert document["data_source"] == "random"

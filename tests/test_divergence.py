@@ -11,7 +11,7 @@ from sweeps.run_state import FAILED, RunRecord
 from training.divergence import CONSTANT_AUROC_MARGIN, diverged
 from training.failures import EXIT_DIVERGED
 
-GOOD = {"auroc": 0.78, "ne": 0.85}
+GOOD = {"auroc": 0.78, "ne": 0.85, "num_samples": 4096}
 
 
 def test_a_learning_run_has_not_diverged():
@@ -20,9 +20,10 @@ def test_a_learning_run_has_not_diverged():
 
 def test_the_issues_run_diverged_on_both_counts():
     # log loss 1.2e6 over an entropy of 0.57, AUROC 0.5: issue 37's run.
-    reason = diverged([0.69, 3.0, 8e5, 1.2e6], ("test", {"auroc": 0.5, "ne": 1.2e6 / 0.57}), True)
-    assert reason.startswith("training loss grew from 0.69 (first step) to 5e+05 (mean of the last 4 steps), "
-                             "100 times or more; test NE 2.105e+06 >= 1 and AUROC 0.5000 <= 0.51: "), reason
+    reason = diverged([0.69, 3.0, 8e5, 1.2e6], ("test", {"auroc": 0.5, "ne": 1.2e6 / 0.57, "num_samples": 663}), True)
+    assert reason == ("training loss grew from 0.69 (first step) to 5e+05 (mean of the last 4 steps), 100 times or "
+                      "more; test NE 2.105e+06 >= 10: a log loss 2.11e+06 times that of predicting the click rate "
+                      "for every row"), reason
 
 
 @pytest.mark.parametrize("auroc, ne, constant", [
@@ -34,14 +35,19 @@ def test_the_issues_run_diverged_on_both_counts():
     (float("nan"), float("nan"), False),  # one class only: no verdict
 ])
 def test_no_better_than_a_constant_predictor_needs_both_figures(auroc, ne, constant):
-    reason = diverged([0.69, 0.6], ("validation", {"auroc": auroc, "ne": ne}), True)
+    reason = diverged([0.69, 0.6], ("validation", {"auroc": auroc, "ne": ne, "num_samples": 1000}), True)
     assert (reason is not None) == constant, reason
+    # On fewer rows the AUROC's spread is above the margin: no verdict but an absurd NE.
+    assert diverged([0.69, 0.6], ("validation", {"auroc": auroc, "ne": ne, "num_samples": 999}), True) is None
+    assert diverged([0.69, 0.6], ("test", {"auroc": auroc, "ne": 10.0, "num_samples": 64}), True) is not None
 
 
 def test_random_data_is_never_compared_with_a_constant_predictor():
-    assert diverged([0.69, 0.69], ("test", {"auroc": 0.5, "ne": 1.01}), labels_carry_signal=False) is None
-    # ... but its loss may still grow.
-    assert diverged([0.69] + [70.0] * 10, ("test", {"auroc": 0.5, "ne": 100.0}), False).startswith("training loss grew")
+    final = ("test", {"auroc": 0.5, "ne": 1.01, "num_samples": 8192})
+    assert diverged([0.69, 0.69], final, labels_carry_signal=False) is None
+    # ... but its loss may still grow, and its NE be absurd.
+    assert diverged([0.69] + [70.0] * 10, final, False).startswith("training loss grew")
+    assert diverged([0.69], ("test", {"auroc": 0.5, "ne": 12.0, "num_samples": 8192}), False).startswith("test NE 12")
 
 
 def test_loss_growth_is_the_last_steps_mean_against_the_first_step():

@@ -59,7 +59,7 @@ from torch.fx.experimental.symbolic_shapes import free_symbols
 from torchrec.inference.modules import quantize_inference_model
 
 from checkpoints.meta import CheckpointMeta
-from checkpoints.store import checkpoint_to_load
+from checkpoints.store import checkpoint_to_load, read_meta
 from common.atomic import atomic_dir, naming_write_errors, surfacing_write_errors
 from common.byte_sizes import format_bytes
 from common.cli import positive_int, run_cli
@@ -442,6 +442,11 @@ def _export(config: ExportConfig) -> int:
     calibrated = f", calibrated: {inputs.calibration.describe()}" if inputs.calibration else ""
     print(f"exported {inputs.checkpoint} (step {inputs.step}{calibrated}) to {config.output}:\n"
           + format_sizes(inputs))
+    asked = read_meta(inputs.checkpoint).config.get("calibrate", "none")
+    if inputs.calibration is None and asked != "none":
+        # A checkpoint saved at a step without a validation (--newest, a cadence save).
+        print(f"note: the run had --calibrate {asked}, but this checkpoint holds no fit (no validation at its "
+              "step): its probabilities are the model's own")
     return 0
 
 

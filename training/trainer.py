@@ -290,8 +290,7 @@ class Trainer:
                               world_size=self.env.world_size, config=dataclasses.asdict(self.config), plan=self.plan,
                               run_id=self.log.run_id, early_stopping=self.best.stopping.state_dict(),
                               data_source=self.data_source, data_features=self.data_features,
-                              calibration=self._calibration[1] if self._calibration and
-                              self._calibration[0] == self.step else None)
+                              calibration=self._calibration_of_this_step())
         state = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
         with self.in_stage(f"saving step {self.step}"):
             path = self.checkpoints.save(state, meta)
@@ -600,6 +599,13 @@ class Trainer:
             return
         self.log.print(f"calibration: {fitted.describe()}")
         self.log.record("calibration", **dataclasses.asdict(fitted))
+
+    def _calibration_of_this_step(self) -> Optional[Calibration]:
+        """The --calibrate fit of the validation at the current step (the weights it was
+        fitted on), else None: a checkpoint stores only the fit of its own weights."""
+        if self._calibration is None or self._calibration[0] != self.step:
+            return None
+        return self._calibration[1]
 
     def evaluate_checkpoint(self) -> Optional[dict[str, float]]:
         """--mode validate|test: evaluates the loaded weights on that split. Collective."""

@@ -79,7 +79,8 @@ def test_platt_is_the_likelihood_optimum_on_the_bins():
     s = slope * bin_centres() + intercept
     p = 1 / (1 + np.exp(-s))
     residual = (negatives + positives) * p - positives  # the gradient vanishes at the optimum
-    assert abs((residual * bin_centres()).sum()) < 1e-6 * positives.sum() and abs(residual.sum()) < 1e-6 * positives.sum()
+    tolerance = 1e-6 * positives.sum()
+    assert abs((residual * bin_centres()).sum()) < tolerance and abs(residual.sum()) < tolerance
 
 
 def test_a_split_of_one_class_fits_nothing():

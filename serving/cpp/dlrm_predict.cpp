@@ -163,7 +163,8 @@ CriteoLines read_layout(const ModelDirectory& model) {
   int64_t version = member(inputs, "version", path).integer(path, "version");
   if (version < kOldestInputsVersion || version > kInputsVersion) {
     throw BadInput(path + ": version " + std::to_string(version) + ", this program reads versions " +
-                   std::to_string(kOldestInputsVersion) + " to " + std::to_string(kInputsVersion) + " (export the model again with python -m serving.export)");
+                   std::to_string(kOldestInputsVersion) + " to " + std::to_string(kInputsVersion) +
+                   " (export the model again with python -m serving.export)");
   }
   const std::string& layout = member(inputs, "layout", path).text(path, "layout");
   if (layout != kCriteoLayout) {

@@ -12,7 +12,9 @@ and its `FeatureDescription`, so an export finds the data's description without 
 data; of older files both are derived from the recorded data flags. Version 4 records
 the model's interaction sizes in ``config.model.interaction``, the fields of the
 interaction's own config (models/interactions/); versions 1 to 3 kept every
-interaction's at the top of ``config.model``, and are read into that shape.
+interaction's at the top of ``config.model``, and are read into that shape. Version 5
+adds ``calibration``: the ``--calibrate`` fit of the validation at the checkpoint's step
+(common/calibration.py), which the export applies; null without one.
 
 Example::
 
@@ -25,6 +27,7 @@ Example::
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from common.calibration import Calibration
 from common.config_flags import Flag, FlagError, config_from_record, flags_of
 from common.json_fields import (INTEGER, OBJECT, TEXT, FileFieldError, JsonObject, Kind, integer, one_of, optional,
                                 versioned_json)
@@ -33,7 +36,7 @@ from data.sources import SOURCES, FeatureDescription, source_for
 from models.config import INTERACTION_TYPES, ModelConfig
 from models.interactions import INTERACTIONS
 
-META_VERSION = 4
+META_VERSION = 5
 # The interaction fields of config.model before version 4 (every interaction's, flat).
 _FLAT_INTERACTION_FIELDS = ("dcn_num_layers", "dcn_low_rank_dim", "interaction_branch1_layer_sizes",
                             "interaction_branch2_layer_sizes")
@@ -63,6 +66,7 @@ class CheckpointMeta:
             was built; read through `features`. None only in a file older than version 3.
         run_id: the run log's id.
         early_stopping: the early-stopping state (``EarlyStopping.state_dict``).
+        calibration: ``--calibrate``'s fit on the validation at this step, or None.
         version: the file format.
     """
 
@@ -76,6 +80,7 @@ class CheckpointMeta:
     data_features: Optional[FeatureDescription]
     run_id: Optional[str] = None
     early_stopping: Optional[dict[str, Any]] = None
+    calibration: Optional[Calibration] = None
     version: int = META_VERSION
 
     @property
@@ -154,7 +159,7 @@ class CheckpointMeta:
 
     @classmethod
     def from_json(cls, data: bytes, path: str) -> "CheckpointMeta":
-        """Reads the bytes of ``path`` (version 1 to 4).
+        """Reads the bytes of ``path`` (version 1 to 5).
 
         Raises:
             FileFieldError: one line naming ``path`` and the field that is missing,
@@ -190,6 +195,8 @@ class CheckpointMeta:
             early_stopping=document.get("early_stopping", optional(OBJECT), None),
             data_source=data_source,
             data_features=data_features,
+            calibration=(Calibration.read(document.object("calibration"))
+                         if document.get("calibration", optional(OBJECT), None) is not None else None),
             version=version,
         )
         try:  # the recorded data flags, as `data` and the derived properties read them

@@ -87,9 +87,12 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 class OneLineParser(argparse.ArgumentParser):
     """Reports bad flags as one line (no usage dump) and exits with 2; ``--version``
     prints the program's name and the project's release (its subcommands' parsers are
-    OneLineParsers too, so theirs does as well)."""
+    OneLineParsers too, so theirs does as well). A flag is taken by its whole name only:
+    argparse's prefixes would read ``--learning_rat 0.5`` as ``--learning_rate 0.5``
+    (a typo trains), and a new flag would change what an old prefix means."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
 

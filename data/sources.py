@@ -82,6 +82,9 @@ class DataSource(ABC):
     serving_layout: ClassVar[str]
     # Whether its rows can carry sample weights (--weight_column).
     has_weights: ClassVar[bool] = False
+    # Whether its labels can be predicted at all (random data's are coin flips): the
+    # end-of-run divergence check (training/divergence.py) compares with a constant predictor.
+    labels_carry_signal: ClassVar[bool] = True
     # The DataConfig fields only this source reads: given with another source, refused.
     own_fields: ClassVar[tuple[str, ...]] = ()
 
@@ -191,6 +194,7 @@ class RandomData(DataSource):
 
     name = "random"
     path_field = None
+    labels_carry_signal = False
     serving_layout = "criteo_raw"
 
     def check_multi_hot_sizes(self) -> None:

@@ -123,7 +123,7 @@ def unexpected_conflicts(pip_check_output: str, device: str) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("device", choices=("cpu", "cuda"))
     parser.add_argument("--gpu-visible", action="store_true", help="nvidia-smi lists a GPU on this host")
     parser.add_argument("--allow-cuda-torch", action="store_true",

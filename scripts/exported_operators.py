@@ -85,7 +85,8 @@ def file_text(references: dict[str, list[str]]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     action = parser.add_mutually_exclusive_group()
     action.add_argument("--write", action="store_true", help=f"replace {ALLOWED_REFERENCES_FILE}")
     action.add_argument("--check", action="store_true", help="exit 1 when the file is out of date")

@@ -59,7 +59,7 @@ from torch.fx.experimental.symbolic_shapes import free_symbols
 from torchrec.inference.modules import quantize_inference_model
 
 from checkpoints.meta import CheckpointMeta
-from checkpoints.store import checkpoint_to_load
+from checkpoints.store import checkpoint_to_load, read_meta
 from common.atomic import atomic_dir, naming_write_errors, surfacing_write_errors
 from common.byte_sizes import format_bytes
 from common.cli import positive_int, run_cli
@@ -118,7 +118,7 @@ def fp32_program(model: ProbabilityModel, example: Sequence[torch.Tensor]) -> to
     where TorchRec's collection emits a chain per feature (21,561 nodes at 200
     features, a program torch.export.load did not load in 600 s)."""
     batched = ProbabilityModel(model.dlrm, model.sparse_feature_names, model.hotness, concatenated_tables=True,
-                               padded=model.padded)
+                               padded=model.padded, calibration=model.calibration)
     return export_program(batched, example)
 
 
@@ -134,7 +134,8 @@ def quantized_model(model: ProbabilityModel, dtype: torch.dtype) -> ProbabilityM
     with quieted(EAGER_QUANTIZATION_NOTICES):
         quantized = quantize_inference_model(copy.deepcopy(model.dlrm),
                                              per_table_weight_dtype={t: dtype for t in table_names})
-    return ProbabilityModel(quantized, model.sparse_feature_names, model.hotness, padded=model.padded).eval()
+    return ProbabilityModel(quantized, model.sparse_feature_names, model.hotness, padded=model.padded,
+                            calibration=model.calibration).eval()
 
 
 class _NoCacheLocations:
@@ -352,8 +353,11 @@ def _write_model_dir(checkpoint: str, output: str, quantize: list[str], newest: 
     train_model, meta = load_checkpoint_model(path)
     model_config = meta.model
     inputs = describe_inputs(model_config, meta, path, max_bag_size)
+    # --calibrate's fit on the validation that made the checkpoint (its meta.json), applied
+    # inside every exported variant and recorded in inputs.json.
+    inputs.calibration = meta.calibration
     model = ProbabilityModel(train_model.model, model_config.sparse_feature_names, inputs.sparse_hotness,
-                             padded=inputs.padded).eval()
+                             padded=inputs.padded, calibration=meta.calibration).eval()
 
     with atomic_dir(output, replace=False) as tmp:  # an empty --output is replaced, checked above
         example = (torch.zeros(4, model_config.dense_in_features),
@@ -438,7 +442,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _export(config: ExportConfig) -> int:
     inputs = export_model(config.checkpoint, config.output, config.quantize, config.newest, config.max_bag_size,
                           config.format)
-    print(f"exported {inputs.checkpoint} (step {inputs.step}) to {config.output}:\n" + format_sizes(inputs))
+    calibrated = f", calibrated: {inputs.calibration.describe()}" if inputs.calibration else ""
+    print(f"exported {inputs.checkpoint} (step {inputs.step}{calibrated}) to {config.output}:\n"
+          + format_sizes(inputs))
+    asked = read_meta(inputs.checkpoint).config.get("calibrate", "none")
+    if inputs.calibration is None and asked != "none":
+        # A checkpoint saved at a step without a validation (--newest, a cadence save).
+        print(f"note: the run had --calibrate {asked}, but this checkpoint holds no fit (no validation at its "
+              "step): its probabilities are the model's own")
     return 0
 
 

@@ -31,6 +31,7 @@ from torchrec.models.dlrm import DLRMTrain
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from checkpoints.meta import CheckpointMeta
+from common.calibration import Calibration
 from checkpoints.store import check_stored_shapes, load_checkpoint, read_meta
 from models import build_dlrm_train
 from models.interaction import PooledSparseArch
@@ -156,6 +157,27 @@ class ConcatenatedTables(nn.Module):
         return pooled
 
 
+class CalibratedProbability(nn.Module):
+    """Logits (B,) -> the calibrated probabilities of a `Calibration` (common/calibration.py):
+    Platt's sigmoid(slope * logit + intercept), or isotonic's step function (the value
+    of the last block whose threshold is below the logit). Its operators (mul, add,
+    sigmoid; lt, sum, index) are among those serving/exported_operators.json allows."""
+
+    def __init__(self, calibration: Calibration) -> None:
+        super().__init__()
+        self.platt = calibration.method == "platt"
+        self.register_buffer("slope", torch.tensor(calibration.slope, dtype=torch.float32))
+        self.register_buffer("intercept", torch.tensor(calibration.intercept, dtype=torch.float32))
+        self.register_buffer("thresholds", torch.tensor(calibration.thresholds, dtype=torch.float32))
+        self.register_buffer("values", torch.tensor(calibration.values, dtype=torch.float32))
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.platt:
+            return torch.sigmoid(logits * self.slope + self.intercept)
+        below = torch.lt(self.thresholds, logits.unsqueeze(-1)).to(torch.int64).sum(dim=-1)
+        return self.values[below]
+
+
 class ProbabilityModel(nn.Module):
     """Wraps a DLRM (any interaction) to map (dense, sparse ids) to probabilities (B,).
 
@@ -170,12 +192,16 @@ class ProbabilityModel(nn.Module):
             kernel batches their tables itself).
         padded: ``sparse`` may hold `PADDING_ID` after a bag's ids (bags shorter than
             their hotness: a model of Parquet data).
+        calibration: applied to the logits instead of the plain sigmoid (``--calibrate``);
+            None: the model's own probabilities.
     """
 
     def __init__(self, dlrm: nn.Module, sparse_feature_names: list[str],
                  hotness: Optional[list[int]] = None, concatenated_tables: bool = False,
-                 padded: bool = False) -> None:
+                 padded: bool = False, calibration: Optional[Calibration] = None) -> None:
         super().__init__()
+        self.calibration = calibration
+        self.calibrate = CalibratedProbability(calibration) if calibration is not None else None
         self.sparse_feature_names = list(sparse_feature_names)
         self.hotness = list(hotness) if hotness is not None else [1] * len(self.sparse_feature_names)
         self.concatenated_tables = concatenated_tables
@@ -192,8 +218,10 @@ class ProbabilityModel(nn.Module):
         # The DLRMs hand their sparse input to the sparse arch untouched: ids for ConcatenatedTables.
         features = sparse if self.concatenated_tables else \
             fixed_hot_features(self.sparse_feature_names, self.hotness, sparse, self.padded)
-        logits = self.dlrm(dense, features)
-        return torch.sigmoid(logits.squeeze(-1))
+        logits = self.dlrm(dense, features).squeeze(-1)
+        if self.calibrate is not None:
+            return self.calibrate(logits)
+        return torch.sigmoid(logits)
 
 
 def load_checkpoint_model(path: str) -> tuple[DLRMTrain, CheckpointMeta]:

@@ -12,6 +12,8 @@ trained with --parquet_path, Parquet rows and JSON objects keyed by column name
 hashing and each sparse column's value type; with the feature names and table sizes
 they make the training's `data.parquet_columns.ParquetColumns`).
 
+Version 3 adds ``calibration``: the ``--calibrate`` fit the exported model applies
+after its logit (common/calibration.py), null for the model's own probabilities.
 Version 2 stores each fact once; version-1 files (which also held descriptions of
 the tensors, the model's table names, embedding size and interaction, and the CSV
 column list, all derivable or unused) still load.
@@ -26,7 +28,8 @@ import os
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional, Union
 
-from common.json_fields import (INTEGER, REQUIRED, TEXT, FileFieldError, JsonObject, Kind, int_list, one_of,
+from common.calibration import Calibration
+from common.json_fields import (INTEGER, OBJECT, REQUIRED, TEXT, FileFieldError, JsonObject, Kind, int_list, one_of,
                                 optional, text_list, versioned_json)
 from common.manifest import ManifestEntry
 from data.config import DENSE_TRANSFORMS, ID_HASHING
@@ -35,7 +38,7 @@ from data.parquet_columns import SPARSE_VALUE_TYPES, ParquetColumns
 from serving.model_files import AOTI_FORMAT, FORMATS, read_file
 
 INPUTS_FILE = "inputs.json"
-INPUTS_VERSION = 2
+INPUTS_VERSION = 3
 # In the sparse input of a padded model (Parquet data): a place its bag leaves empty.
 PADDING_ID = -1
 # The table precisions a model is exported in (fp32 always; fp16 and int8 with --quantize).
@@ -151,6 +154,7 @@ class ModelInputs:
         step: its step.
         variants: the model files by variant name (fp32, fp16, int8; with
             ``--format aoti`` also fp32_aoti, fp16_aoti, int8_aoti).
+        calibration: the calibration the model files apply (``--calibrate``), or None.
         version: the file format.
     """
 
@@ -163,6 +167,7 @@ class ModelInputs:
     checkpoint: str
     step: int
     variants: dict[str, Variant] = field(default_factory=dict)
+    calibration: Optional[Calibration] = None
     version: int = INPUTS_VERSION
 
     @property
@@ -204,7 +209,7 @@ class ModelInputs:
 
     @classmethod
     def from_json(cls, data: bytes, path: str) -> "ModelInputs":
-        """Reads the bytes of ``path`` (version 1 or 2); FileFieldError naming the file
+        """Reads the bytes of ``path`` (version 1 to 3); FileFieldError naming the file
         and the field that is missing, malformed or newer."""
         document, version = JsonObject.versioned(data, path, _WHAT, INPUTS_VERSION)
         legacy = version == 1  # defaults of files from before the BYO layout existed: Criteo, one id a feature
@@ -231,6 +236,8 @@ class ModelInputs:
             checkpoint=document.get("checkpoint", TEXT),
             step=document.get("step", INTEGER),
             variants=_read_variants(document),
+            calibration=(Calibration.read(document.object("calibration"))
+                         if document.get("calibration", optional(OBJECT), None) is not None else None),
         )
 
 

@@ -31,6 +31,12 @@ from common.png_figure import png_figure
 from common.errors import BadInput
 from common.run_log_file import TestedModel, log_records
 from sweeps.run_state import FAILED, RunRecord
+from training.failures import EXIT_DIVERGED, EXIT_NON_FINITE_LOSS
+
+# A failed run that ended with one of these exit codes diverged (a NaN loss, or figures
+# no better than a constant predictor's): its row's state says so, not "failed".
+DIVERGED = "diverged"
+_DIVERGED_CODES = (EXIT_NON_FINITE_LOSS, EXIT_DIVERGED)
 from sweeps.spec import value_text
 from sweeps.table_memory import table_memory
 
@@ -81,11 +87,16 @@ def _flags_text(record: RunRecord) -> str:
     return shlex.join([part for name, value in record.grid_values.items() for part in (f"--{name}", value_text(value))])
 
 
+def run_state(record: RunRecord) -> str:
+    """The run's state, ``diverged`` for a run that failed by diverging."""
+    return DIVERGED if record.state == FAILED and record.exit_code in _DIVERGED_CODES else record.state
+
+
 def collect_row(record: RunRecord) -> dict[str, Any]:
     """One results row: what the run's log says (blank where it says nothing yet)."""
     records = read_log(record.log_path)
     row: dict[str, Any] = {c: None for c in COLUMNS}
-    row.update(run=record.name, state=record.state, ranks=record.ranks, flags=_flags_text(record))
+    row.update(run=record.name, state=run_state(record), ranks=record.ranks, flags=_flags_text(record))
     config = _last(records, "config")
     if config is not None:
         memory = table_memory(config, record.ranks_per_node, record.directory)
@@ -177,7 +188,8 @@ def format_seed_table(rows: Sequence[dict[str, Any]], records: Sequence[RunRecor
 
 def format_markdown(rows: Sequence[dict[str, Any]], records: Sequence[RunRecord]) -> str:
     """With seeds, the configurations' mean and standard deviation first; then every
-    run, ranked by validation AUROC; then one line per failed run (exit code and error)."""
+    run, ranked by validation AUROC; then one line per failed or diverged run (exit code
+    and error)."""
     lines = []
     if any(r.config for r in records):
         lines += [format_seed_table(rows, records).rstrip("\n"), ""]
@@ -188,8 +200,8 @@ def format_markdown(rows: Sequence[dict[str, Any]], records: Sequence[RunRecord]
     failures = [r for r in records if r.state == FAILED]
     if failures:
         lines.append("")
-        lines += [f"- {r.name} failed (exit code {r.exit_code if r.exit_code is not None else 'unknown'}): {r.error}"
-                  for r in failures]
+        lines += [f"- {r.name} {'diverged' if run_state(r) == DIVERGED else 'failed'} "
+                  f"(exit code {r.exit_code if r.exit_code is not None else 'unknown'}): {r.error}" for r in failures]
     return "\n".join(lines) + "\n"
 
 

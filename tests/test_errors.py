@@ -58,6 +58,29 @@ def test_bad_flag_value_is_one_line_and_exit_2(target, tmp_path, monkeypatch, ca
     assert "Traceback" not in err
 
 
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")  # runpy re-runs imported modules
+@pytest.mark.parametrize("target", cli_modules())
+def test_no_cli_takes_a_prefix_of_a_flag(target, tmp_path, monkeypatch, capsys):
+    """``--versio`` is a prefix of the ``--version`` every CLI has: argparse's default
+    would print the version (as it read ``--learning_rat 0.5`` as ``--learning_rate``).
+    The CLIs are found, not listed; the bad-value cases give their required flags."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in BAD_FLAG_VALUES.get(target, ([], ""))[0]]
+    code = run_as_main(target, [*argv, "--versio"], monkeypatch)
+    out, err = capsys.readouterr()
+    assert code == EXIT_BAD_INPUT and out == "", out
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].endswith("error: unrecognized arguments: --versio"), err
+
+
+def test_a_training_flag_prefix_is_refused(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        dlrm_main.main(["--learning_rat", "0.5"])  # the typo that trained at rate 0.5
+    assert stopped.value.code == EXIT_BAD_INPUT
+    assert "unrecognized arguments: --learning_rat 0.5" in capsys.readouterr().err
+
+
 def test_value_error_inside_torch_during_setup_is_a_failure_with_traceback(monkeypatch, capsys):
     """A ValueError that torch raises while the trainer is set up is not the user's bad
     input: exit 1, the traceback, and the one line that names the rank and the stage."""

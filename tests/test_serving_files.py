@@ -82,7 +82,11 @@ def test_checkpoint_meta_round_trips_and_versions_1_to_3_still_load(tmp_path):
     saved = read_meta(write_checkpoint_meta(tmp_path / "v4", meta.to_json()))
     assert saved == meta
     document = json.loads(meta.to_json())
-    assert list(document)[0] == "version" and document["version"] == 4
+    assert list(document)[0] == "version" and document["version"] == 5
+    assert document["calibration"] is None  # without --calibrate
+    version_4 = {**{k: v for k, v in document.items() if k != "calibration"}, "version": 4}
+    assert read_meta(write_checkpoint_meta(tmp_path / "v4old", json.dumps(version_4).encode())) == \
+        dataclasses.replace(meta, version=4)
     assert document["config"]["model"]["interaction"] == {}  # DLRM's dot products have no sizes
     assert not {"model", "optim", "global_batch_size"} & set(document)  # stored once, in config
     assert document["data_source"] == "random"
@@ -139,7 +143,7 @@ def test_version_3_checkpoint_of_each_interaction_resumes_and_evaluates(tmp_path
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda d: d.update(format_version=5), "format_version is 5, newer than this code reads (4)"),
+    (lambda d: d.update(format_version=6), "format_version is 6, newer than this code reads (5)"),
     (lambda d: d.update(step="12"), 'step must be a count, got "12"'),
     (lambda d: d.pop("plan"), "plan is missing"),
     (lambda d: d["plan"]["t_cat_0"].update(shards=[[0, 0, 10]]), "plan.t_cat_0.shards must be a list of"),
@@ -230,7 +234,7 @@ def test_csv_columns_name_each_id_column():
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda d: d.update(version=3), "version is 3, newer than this code reads (2)"),
+    (lambda d: d.update(version=4), "version is 4, newer than this code reads (3)"),
     (lambda d: d.update(num_embeddings_per_feature=[7]), "num_embeddings_per_feature must be 2 positive integers"),
     (lambda d: d.update(layout="parquet"), 'layout must be criteo_raw or feature_spec_csv or parquet_columns, got "parquet"'),
     (lambda d: d["variants"]["fp32"].update(format="onnx"), "variants.fp32.format must be torch.export or torchscript"),

@@ -33,10 +33,10 @@ def test_local_sweep_trains_reports_skips_finished_runs_and_reports_a_failure(sy
     assert list(rows) == ["learning_rate=0.05", "learning_rate=1e+30", "learning_rate=0.1"]
     for name in ("learning_rate=0.05", "learning_rate=0.1"):
         assert_row_matches_log(rows[name], os.path.join(out, name, "log.jsonl"))
-    assert rows["learning_rate=1e+30"]["state"] == "failed" and rows["learning_rate=1e+30"]["test_auroc"] == ""
+    assert rows["learning_rate=1e+30"]["state"] == "diverged" and rows["learning_rate=1e+30"]["test_auroc"] == ""
     markdown = open(os.path.join(out, "results.md")).read()
     assert markdown.startswith("| Run | State | Size of embedding tables (GiB) |")
-    assert "- learning_rate=1e+30 failed (exit code 3): dlrm_main.py: error: training loss is nan" in markdown
+    assert "- learning_rate=1e+30 diverged (exit code 3): dlrm_main.py: error: training loss is nan" in markdown
     with open(os.path.join(out, "results.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert not [n for n in os.listdir(out) if ".tmp" in n]

@@ -7,6 +7,7 @@ sharding's configs), declared once with its default and help (`common.config_fla
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from common.calibration import CALIBRATION_METHODS
 from common.config_flags import FlagError, check_choices, flag, option
 from common.run_log_file import check_appendable
 from common.url_paths import check_url_path
@@ -236,6 +237,12 @@ class TrainConfig:
         None, help="stop at the first validation whose AUROC reaches this; report the time and records it took")
     validate_at_epoch_end: bool = True
     test_at_end: bool = True
+    calibrate: str = flag("none", choices=CALIBRATION_METHODS,
+                          help="fit a calibration of the probabilities on each validation (platt: a logistic fit "
+                               "on the logit; isotonic: pool-adjacent-violators); the checkpoints store it and "
+                               "the exported model applies it (none: the model's own probabilities)")
+    allow_divergence: bool = flag(False, help="exit 0 (with a warning) from a run that ends no better than a "
+                                              "constant predictor or whose loss grew 100-fold (else exit code 4)")
     print_progress: bool = flag(False, help="show the progress bar even when stderr is not a terminal")
     collect_multi_hot_freqs_stats: bool = flag(
         False, help="count every table's ids in the training batches; write multi_hot_freqs_rank_<r>.npz per rank")

@@ -7,6 +7,9 @@ Exit codes (what Slurm, Kubernetes and AWS Batch retry policies can test):
   collective that failed because another rank stopped first. A retry may succeed.
 - 2: bad flags or input data (reported before any collective). A retry will not help.
 - 3: the training loss became NaN or infinite. A retry with the same flags will not help.
+- 4: the run diverged without a NaN: it ended no better than a constant predictor, or
+  its training loss grew 100-fold (training/divergence.py). Its checkpoints and logs
+  are kept; ``--allow_divergence`` makes it exit 0 with a warning. A retry will not help.
 - 143 (128 + SIGTERM): the rank was asked to stop (preemption, a cancelled job,
   torchrun stopping the ranks left after another failed). It says where it was.
 
@@ -31,6 +34,7 @@ from common.url_paths import redacted_text
 
 EXIT_FAILED = 1
 EXIT_NON_FINITE_LOSS = 3
+EXIT_DIVERGED = 4
 EXIT_TERMINATED = 128 + signal.SIGTERM
 
 

@@ -4,7 +4,8 @@ Exit codes (training/failures.py): 0 done; 1 a rank failed during setup or
 training (its message names the rank and the step); 2 bad flags or input (one line
 on stderr, from rank 0 of the job; every rank exits 2 and records the line for
 torchrun's summary; detected before any collective where it can be known then, so no
-rank hangs; an unusable checkpoint and a model that does not fit too); 3 the loss became NaN or infinite; 143
+rank hangs; an unusable checkpoint and a model that does not fit too); 3 the loss became NaN or infinite;
+4 the run diverged (no better than a constant predictor, or its loss grew 100-fold); 143
 SIGTERM (the message says where the rank was).
 """
 
@@ -19,7 +20,8 @@ from common.sigterm import raise_on_sigterm
 from data.value_checks import DataValueError
 from recipes import Recipe
 from training.config import TrainConfig
-from training.failures import EXIT_BAD_INPUT, EXIT_NON_FINITE_LOSS, report, report_bad_input, report_rank_failure
+from training.failures import (EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_NON_FINITE_LOSS, report, report_bad_input,
+                               report_rank_failure)
 from training.flags import parse_config
 
 if TYPE_CHECKING:
@@ -79,8 +81,8 @@ def _train(config: TrainConfig, prog: str, work: "Callable[[Trainer], object]" =
     code = run_cli(lambda: _run(config, prog, env, work), prog, report_bad_input)
     # Tear the process group down unless a rank failed: then a peer may be gone, and
     # gloo's teardown would block this rank and keep torchrun from restarting the job.
-    # (Bad input and a non-finite loss are seen by every rank alike.)
-    if code in (0, EXIT_BAD_INPUT, EXIT_NON_FINITE_LOSS) and dist.is_initialized():
+    # (Bad input, a non-finite loss and divergence are seen by every rank alike.)
+    if code in (0, EXIT_BAD_INPUT, EXIT_NON_FINITE_LOSS, EXIT_DIVERGED) and dist.is_initialized():
         dist.destroy_process_group()
         # That does not stop gloo's threads (its backend has no shutdown): they stop when
         # the backend is freed, and the model, pipelines and trainer hold it in reference
@@ -95,7 +97,7 @@ def _run(config: TrainConfig, prog: str, env: "DistributedEnv", work: "Callable[
 
     from sharding_plans import PlanDoesNotFit
     from training.distributed import PeerNotReady, agree_on_readiness
-    from training.trainer import NonFiniteLossError, Trainer
+    from training.trainer import DivergedError, NonFiniteLossError, Trainer
 
     try:
         trainer = Trainer(config, env)
@@ -114,6 +116,8 @@ def _run(config: TrainConfig, prog: str, env: "DistributedEnv", work: "Callable[
         work(trainer)
     except NonFiniteLossError as e:
         return report(prog, str(e), EXIT_NON_FINITE_LOSS)
+    except DivergedError as e:
+        return report(prog, str(e), EXIT_DIVERGED)
     except DataValueError as e:
         if e.seen_by_every_rank:  # one line for the job, exit 2 on every rank
             # "found at": the pipeline reads batches ahead of the step it trains

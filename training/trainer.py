@@ -27,6 +27,7 @@ from checkpoints.meta import CheckpointMeta
 from checkpoints.store import (CheckpointManager, check_writable, checkpoint_to_load, export_role, load_checkpoint,
                                lock_checkpoint_dir, read_meta)
 from common.byte_sizes import format_bytes
+from common.calibration import Calibration
 from common.config_flags import Overrides, flag_of
 from common.errors import BadInput
 from data.config import BatchLoader
@@ -38,6 +39,8 @@ from sharding_plans import PlannerConfig, format_sharding_plan, plan_summary
 from sharding_plans.rules import check_embedding_weight_decay, check_reshardable
 from training.checkpoint_policy import MinuteCadence, RestorePoint, find_restore_point
 from training.config import OptimizerConfig, TrainConfig
+from training.calibration import LogitHistogram
+from training.divergence import diverged, miscalibration_warning
 from training.distributed import DistributedEnv, gather_peak_memory, init_process_group, rank_cpu_share
 from training.early_stopping import BestModel, load_weights
 from training.embedding_init import init_embedding_tables, torchrec_table_init_skipped
@@ -57,6 +60,11 @@ from training.sharding import prepare_sharding
 
 class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite."""
+
+
+class DivergedError(RuntimeError):
+    """The run ended with finite figures no better than a constant predictor's, or a
+    training loss grown by orders of magnitude (training/divergence.py)."""
 
 
 # The losses are checked over the run's first steps more often than once per logged
@@ -222,6 +230,8 @@ class Trainer:
         self._saved_step = -1
         self._saved_path = ""
         self._validated_step = -1
+        # --calibrate: (step, fit) of the last validation; checkpoints of that step store the fit
+        self._calibration: Optional[tuple[int, Optional[Calibration]]] = None
         self._stop_training = False  # early stopping or the AUROC target ended training
         self._stop_position = (0, 0)  # (epoch, batch) training continues at after the last validation
         self._fit_start = 0.0
@@ -297,7 +307,8 @@ class Trainer:
         meta = CheckpointMeta(step=self.step, epoch=epoch, batch_in_epoch=batch_in_epoch,
                               world_size=self.env.world_size, config=dataclasses.asdict(self.config), plan=self.plan,
                               run_id=self.log.run_id, early_stopping=self.best.stopping.state_dict(),
-                              data_source=self.data_source, data_features=self.data_features)
+                              data_source=self.data_source, data_features=self.data_features,
+                              calibration=self._calibration_of_this_step())
         state = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
         with self.in_stage(f"saving step {self.step}"):
             path = self.checkpoints.save(state, meta)
@@ -391,6 +402,8 @@ class Trainer:
         self._test_at_end(result)
         result.steps = self.step
         self._summary(result)
+        self._warn_miscalibration(result)
+        self._check_divergence(result)
         self.log.close()
         self.release_checkpoint_dir()
         return result
@@ -596,6 +609,8 @@ class Trainer:
         # then carry bf16's 8 significant bits: close scores tie in the AUROC.
         pipeline = self._pipeline("base" if self.config.pipeline == "base" else "sparse_dist", amp=self.config.amp)
         metrics = BinaryClassificationMetrics(self.env.device, self.config.auroc_bins, self.weighted)
+        calibrating = stage == "validation" and self.config.calibrate != "none" and weights_step is None
+        histogram = LogitHistogram(self.env.device) if calibrating else None
         batches = self._batches(loader)
         self.log.start_evaluation_progress(len(loader), stage)
         started = time.perf_counter()
@@ -606,6 +621,8 @@ class Trainer:
                 except StopIteration:
                     break
                 metrics.update(logits, labels, *weights)
+                if histogram is not None:
+                    histogram.update(logits, labels, *weights)
                 self.log.advance_evaluation()
         self.log.close_evaluation_progress()
         if handover:
@@ -630,6 +647,8 @@ class Trainer:
         tested = ((model or TestedModel("", step, False)).fields() if stage == "test" or model is not None else {})
         self.log.record("eval", stage=stage, step=step, **window, **tested, **values, records_per_sec=rate,
                         seconds=seconds)
+        if histogram is not None:
+            self._fit_calibration(histogram, step)
         statistics = self.source.statistics(self.loaders["train"])
         if statistics is not None:
             fields, line = statistics
@@ -637,6 +656,23 @@ class Trainer:
             self.log.print(line)
         self.stage = "training"
         return values
+
+    def _fit_calibration(self, histogram: LogitHistogram, step: int) -> None:
+        """--calibrate: fits on this validation (collective), for the checkpoints of ``step``."""
+        fitted = histogram.fit(self.config.calibrate, step)
+        self._calibration = (step, fitted)
+        if fitted is None:
+            self.log.print("calibration: the validation split has one class only: nothing fitted")
+            return
+        self.log.print(f"calibration: {fitted.describe()}")
+        self.log.record("calibration", **dataclasses.asdict(fitted))
+
+    def _calibration_of_this_step(self) -> Optional[Calibration]:
+        """The --calibrate fit of the validation at the current step (the weights it was
+        fitted on), else None: a checkpoint stores only the fit of its own weights."""
+        if self._calibration is None or self._calibration[0] != self.step:
+            return None
+        return self._calibration[1]
 
     def evaluate_checkpoint(self) -> Optional[dict[str, float]]:
         """--mode validate|test: evaluates the loaded weights on that split. Collective."""
@@ -662,6 +698,36 @@ class Trainer:
         """Where the run is, for error messages: ``step 37 (epoch 0, training)``, where
         step is the number of training steps completed."""
         return f"step {self.step} (epoch {self.epoch}, {self.stage})"
+
+    def _final_evaluation(self, result: RunResult) -> Optional[tuple[str, dict[str, float]]]:
+        """(stage, metrics) of the run's last evaluation: the test split (of the model export
+        takes, when the final weights were tested too), else the last
+        validation (window); None without one."""
+        final = next(((stage, values) for stage, values in (("test", result.test), ("validation", result.validation))
+                      if values is not None), None)
+        if final is not None and self.rolling_windows and result.windows and final[0] == "validation":
+            final = (f"window {max(result.windows)}", final[1])
+        return final
+
+    def _warn_miscalibration(self, result: RunResult) -> None:
+        final = self._final_evaluation(result)
+        warning = miscalibration_warning(*final, self.config.calibrate) if final else None
+        if warning:
+            self.log.print(warning)
+
+    def _check_divergence(self, result: RunResult) -> None:
+        """Raises DivergedError when the finished run diverged (every rank alike: the
+        losses and metrics are the ranks' means and sums); with --allow_divergence,
+        a warning line instead. Recorded in the run log either way."""
+        reason = diverged(result.train_losses, self._final_evaluation(result), self.source.labels_carry_signal)
+        if reason is None:
+            return
+        allowed = self.config.allow_divergence
+        self.log.record("diverged", reason=reason, allowed=allowed)
+        if not allowed:
+            raise DivergedError(f"the run diverged: {reason}: {divergence_advice(self.config.optim)} "
+                                f"({flag_of(TrainConfig, 'allow_divergence').option}: exit 0 with a warning)")
+        self.log.print(f"warning: the run diverged: {reason} ({flag_of(TrainConfig, 'allow_divergence').option})")
 
     def _summary(self, result: RunResult) -> None:
         rate = self._train_records / self._train_seconds if self._train_seconds > 0 else 0.0

@@ -40,7 +40,9 @@ constexpr const char* kProgram = "dlrm_predict";
 constexpr const char* kPackageFile = "fp32.aoti.pt2";
 constexpr const char* kInputsFile = "inputs.json";
 constexpr const char* kManifestFile = "manifest.json";
-constexpr int64_t kInputsVersion = 2;
+// Version 3 adds the calibration the model files apply themselves: nothing to read here.
+constexpr int64_t kInputsVersion = 3;
+constexpr int64_t kOldestInputsVersion = 2;
 constexpr const char* kCriteoLayout = "criteo_raw";
 // The largest batch of the exported program's dynamic dimension (serving/export.py export_program).
 constexpr int64_t kMaxBatchSize = int64_t(1) << 24;
@@ -159,9 +161,10 @@ CriteoLines read_layout(const ModelDirectory& model) {
   std::string path = model.file_path(kInputsFile);
   JsonValue inputs = JsonValue::parse(model.read(kInputsFile), path);
   int64_t version = member(inputs, "version", path).integer(path, "version");
-  if (version != kInputsVersion) {
-    throw BadInput(path + ": version " + std::to_string(version) + ", this program reads version " +
-                   std::to_string(kInputsVersion) + " (export the model again with python -m serving.export)");
+  if (version < kOldestInputsVersion || version > kInputsVersion) {
+    throw BadInput(path + ": version " + std::to_string(version) + ", this program reads versions " +
+                   std::to_string(kOldestInputsVersion) + " to " + std::to_string(kInputsVersion) +
+                   " (export the model again with python -m serving.export)");
   }
   const std::string& layout = member(inputs, "layout", path).text(path, "layout");
   if (layout != kCriteoLayout) {

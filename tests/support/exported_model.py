@@ -6,13 +6,14 @@ once per session); and a tiny untrained one saved as a checkpoint in this proces
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 import dlrm_main
 from checkpoints.meta import CheckpointMeta
 from checkpoints.store import CheckpointManager
+from common.calibration import Calibration
 from data.preprocess_criteo import PreprocessConfig, preprocess
 from data.sources import source_for
 from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_day
@@ -66,7 +67,7 @@ def raw_test_lines(trained: dict[str, Any], count: int) -> list[bytes]:
     return lines[len(lines) // 2:][:count]
 
 
-def tiny_checkpoint(root: Path, run_id: str) -> str:
+def tiny_checkpoint(root: Path, run_id: str, calibration: Optional[Calibration] = None) -> str:
     """A checkpoint of a tiny Criteo model (tables of 10 rows of width 4), saved by
     this process under ``root / "ckpt"``; returns its path.
 
@@ -80,5 +81,6 @@ def tiny_checkpoint(root: Path, run_id: str) -> str:
     model = build_dlrm_train(config.model, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"))
     source = source_for(config.data)
     meta = CheckpointMeta(step=1, epoch=0, batch_in_epoch=1, world_size=1, config=dataclasses.asdict(config),
-                          plan={}, data_source=source.name, data_features=source.describe(), run_id=run_id)
+                          plan={}, data_source=source.name, data_features=source.describe(), run_id=run_id,
+                          calibration=calibration)
     return CheckpointManager(str(root / "ckpt"), keep_last_n=0, rank=0).save({"model": model.state_dict()}, meta)

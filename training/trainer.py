@@ -700,9 +700,9 @@ class Trainer:
         return f"step {self.step} (epoch {self.epoch}, {self.stage})"
 
     def _final_evaluation(self, result: RunResult) -> Optional[tuple[str, dict[str, float]]]:
-        """(stage, metrics) of the run's last evaluation: the test split (of the model export
-        takes, when the final weights were tested too), else the last
-        validation (window); None without one."""
+        """(stage, metrics) of the run's last evaluation: the test split (the model export
+        takes, when the final weights were tested too), else the last validation
+        (window); None without one."""
         final = next(((stage, values) for stage, values in (("test", result.test), ("validation", result.validation))
                       if values is not None), None)
         if final is not None and self.rolling_windows and result.windows and final[0] == "validation":

@@ -72,7 +72,7 @@ def test_stops_after_patience_and_tests_the_best_checkpoint(stopped, synthetic_d
     test = eval_record(read_log(log), "test")
     assert test["step"] == best_step
     # The final weights are tested first, then the best, which export takes.
-    assert [(r["model"], r["step"], r["exported"]) for r in tests_of(log)] == \
+    assert [(r["model"], r["step"], r["exported"]) for r in _test_records(log)] == \
         [("final", last_step, False), ("best", best_step, True)]
     evaluated = str(tmp_path / "evaluated.jsonl")
     assert launch(dlrm_main.main, flags(synthetic_dir, evaluated, "--mode", "test",
@@ -95,7 +95,7 @@ def test_best_weights_in_memory_without_a_checkpoint_dir(stopped, synthetic_dir,
     expected, got = eval_record(read_log(log), "test"), eval_record(read_log(memory), "test")
     assert [got[k] for k in METRICS + ("step",)] == [expected[k] for k in METRICS + ("step",)]
     # Nothing to export from without a checkpoint directory: no line says export takes it.
-    assert [(r["model"], r["exported"]) for r in tests_of(memory)] == [("final", False), ("best", False)]
+    assert [(r["model"], r["exported"]) for r in _test_records(memory)] == [("final", False), ("best", False)]
     assert {k: summary(memory)[k] for k in ("best_step", "best_validation", "stopped_early")} == \
         {k: summary(log)[k] for k in ("best_step", "best_validation", "stopped_early")}
 
@@ -157,7 +157,7 @@ def overfitting_flags(data_dir: str, log: str, *extra: str) -> list:
             "--log_path", log, *extra]
 
 
-def tests_of(log: str) -> list:
+def _test_records(log: str) -> list:
     return [r for r in read_log(log) if r["event"] == "eval" and r["stage"] == "test"]
 
 
@@ -174,7 +174,7 @@ def test_the_closing_lines_test_the_model_export_takes(synthetic_dir, tmp_path, 
     with open(os.path.join(ckpt, "best.json")) as f:
         best = json.load(f)["step"]
     assert best < final_step  # the run overfit: the best validation is not the last
-    final, marked = tests_of(log)
+    final, marked = _test_records(log)
     assert [(r["model"], r["step"], r["exported"]) for r in (final, marked)] == \
         [("final", final_step, False), ("best", best, True)]
     assert final["log_loss"] > marked["log_loss"]  # the overfit weights are the worse model
@@ -198,14 +198,14 @@ def test_the_closing_lines_test_the_model_export_takes(synthetic_dir, tmp_path, 
                                                                "test", "--restore_checkpoint_path", ckpt)],
                            torchrun_nproc=2)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    (again,) = tests_of(str(tmp_path / "best.jsonl"))
+    (again,) = _test_records(str(tmp_path / "best.jsonl"))
     assert [again[k] for k in METRICS + ("step", "model", "exported")] == \
         [marked[k] for k in METRICS + ("step", "model", "exported")]
     assert f"test (best, step {best}, the one export takes): AUROC {marked['auroc']:.4f}" in evaluated.stdout
     last = str(tmp_path / "final.jsonl")
     assert launch(dlrm_main.main, overfitting_flags(synthetic_dir, last, "--mode", "test", "--restore_checkpoint_path",
                                                     os.path.join(ckpt, f"step_{final_step:09d}"))) == {0: 0, 1: 0}
-    (again,) = tests_of(last)
+    (again,) = _test_records(last)
     assert [again[k] for k in METRICS + ("step", "model", "exported")] == \
         [final[k] for k in METRICS] + [final_step, None, False]  # neither best nor what export takes
     # The report names the model of each test figure.

@@ -2,6 +2,7 @@
 only tens of MiB (docs/launching.md, "Installing offline").
 
     python scripts/trim_fbgemm_wheel.py WHEEL --arch sm_90 --output DIR [--drop NAME ...]
+    python scripts/trim_fbgemm_wheel.py WHEEL --list    # each library's cubins by architecture
 
 FBGEMM 1.6.0's cu130 wheel is 443 MiB (2.5 GB unpacked): its libraries carry device
 code (cubins) for sm_80, sm_90a and sm_100a. A GPU loads only the cubin of its own
@@ -211,13 +212,15 @@ def sha256_of(path: str) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("wheel")
-    parser.add_argument("--arch", required=True, help="the GPU architecture to keep, e.g. sm_90")
-    parser.add_argument("--output", required=True, help="directory for the trimmed wheel")
+    parser.add_argument("wheel", help="FBGEMM's CUDA wheel")
+    parser.add_argument("--arch", help="the GPU architecture to keep, e.g. sm_90")
+    parser.add_argument("--output", help="directory for the trimmed wheel")
     parser.add_argument("--drop", action="append", default=None,
                         help=f"a library (file name) to blank whole; default: {', '.join(TRAINING_UNUSED)}")
     parser.add_argument("--list", action="store_true", help="print each library's architectures and exit")
     args = parser.parse_args(argv)
+    if not args.list and not (args.arch and args.output):
+        parser.error("--arch and --output are needed to trim (or --list)")
     try:
         if args.list:
             with zipfile.ZipFile(args.wheel) as wheel:

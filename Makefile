@@ -17,7 +17,7 @@ TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.05 --optimizer adag
 	--validation_freq_within_epoch 400 --log_every_n_steps 100 --seed 0 \
 	--log_path runs/make_train.jsonl
 
-.PHONY: install data train train-dcnv2 sweep-example docs-figures slurm-up cluster-up cluster-down test test-cluster test-multihost test-native test-fast test-hostile test-matrix bench serving-cpp clean
+.PHONY: wheelhouse install data train train-dcnv2 sweep-example docs-figures slurm-up cluster-up cluster-down test test-cluster test-multihost test-native test-fast test-hostile test-matrix bench serving-cpp clean
 
 install: $(STAMP)
 
@@ -26,6 +26,22 @@ $(STAMP): requirements.txt requirements-dev.txt $(wildcard stacks/$(STACK)/*) py
           scripts/install.sh scripts/check_install.py $(wildcard */__init__.py)
 	STACK=$(STACK) bash scripts/install.sh $(VENV)
 	touch $@
+
+# An offline install's wheels: every wheel the project needs beyond a host's own torch
+# (FBGEMM's CUDA build trimmed to GPU_ARCH, torchrec, the runtime packages), within
+# 60 MiB, for Python PYTHON_VERSION on manylinux x86_64; then, on the host,
+# `scripts/install.sh --wheelhouse DIR --system-torch` (docs/launching.md). Runs with
+# this host's python3 and pip, not the venv's. WHEELHOUSE_DEVICE=cpu: the stack's CPU
+# build; FBGEMM_WHEEL: a downloaded FBGEMM wheel instead of downloading it again.
+WHEELHOUSE ?= wheelhouse
+GPU_ARCH ?= sm_90
+PYTHON_VERSION ?= 3.12
+WHEELHOUSE_DEVICE ?= cuda
+wheelhouse:
+	python3 scripts/wheelhouse.py build --stack $(STACK) --device $(WHEELHOUSE_DEVICE) \
+		$(if $(CUDA_VARIANT),--cuda-variant $(CUDA_VARIANT)) --gpu-arch $(GPU_ARCH) \
+		--python-version $(PYTHON_VERSION) --output $(WHEELHOUSE) \
+		$(if $(FBGEMM_WHEEL),--fbgemm-wheel $(FBGEMM_WHEEL)) $(if $(TORCH_INDEX),--torch-index $(TORCH_INDEX))
 
 data: install
 	$(PYTHON) -m data.synthetic_criteo --output_dir $(DATA_DIR) --seed 0

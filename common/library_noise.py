@@ -129,6 +129,15 @@ EAGER_QUANTIZATION_NOTICES: tuple[BenignMessage, ...] = (
     BenignMessage("torch.ao.quantization is deprecated and will be removed in 2.10. ",
                   why="torchrec's quantization of the tables calls it; no torchao path in torchrec 1.8.0",
                   category=DeprecationWarning, then_varies=True),
+    BenignMessage("guard_size_oblivious will be removed. Consider using explicit unbacked handling     "
+                  "potentially utilizing guard_or_false, guard_or_true, or statically_known_true",
+                  why="torchrec 1.6.1's quantized tables (the torch2.11 stack) call it while torch.export "
+                      "traces them; torch 2.11 deprecates it",
+                  category=FutureWarning),
+    BenignMessage("_check_is_size will be removed in a future PyTorch release along with guard_size_oblivious.     "
+                  "Use _check(i >= 0) instead.",
+                  why="the same: torchrec 1.6.1's quantized tables, traced under torch 2.11",
+                  category=FutureWarning),
 )
 
 

@@ -3,6 +3,12 @@
 # of torch, FBGEMM and torchrec. Picks the CUDA or CPU builds of torch/FBGEMM: CUDA when
 # `nvidia-smi` finds a GPU, unless DEVICE=cpu or DEVICE=cuda says otherwise.
 #
+#   scripts/install.sh --wheelhouse DIR --system-torch [VENV]
+# installs offline, with no package index, from a wheelhouse (`make wheelhouse`,
+# scripts/wheelhouse.py) into an environment that already has the torch it was built
+# for: VENV's (a venv made with --system-site-packages over an image's torch), else
+# that of $PYTHON (default python3). The wheelhouse says the stack and the build.
+#
 # Settings (environment):
 #   STACK         the stack: a folder of stacks/ holding its pins (requirements-cpu.txt,
 #                 requirements-cuda.txt, requirements-torchrec.txt) and its CUDA builds
@@ -22,7 +28,28 @@
 #                 the CPU, its NVIDIA libraries unused) where no CPU build can be reached.
 #   DRY_RUN       1: print the stack, the build, the pins and the index, install nothing.
 set -euo pipefail
-venv="${1:-.venv}"
+wheelhouse=""
+system_torch=0
+positional=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --wheelhouse) [ $# -ge 2 ] || { echo "install: --wheelhouse needs a directory" >&2; exit 2; }
+                  wheelhouse="$2"; shift 2 ;;
+    --wheelhouse=*) wheelhouse="${1#--wheelhouse=}"; shift ;;
+    --system-torch) system_torch=1; shift ;;
+    -*) echo "install: unknown option '$1' (--wheelhouse DIR, --system-torch)" >&2; exit 2 ;;
+    *) positional+=("$1"); shift ;;
+  esac
+done
+if [ -n "$wheelhouse" ] || [ "$system_torch" = 1 ]; then
+  if [ -z "$wheelhouse" ] || [ "$system_torch" = 0 ]; then
+    echo "install: --wheelhouse and --system-torch go together: the wheelhouse holds everything but torch," \
+         "which the environment must already have" >&2
+    exit 2
+  fi
+  exec bash "$(dirname "$0")/install_wheelhouse.sh" "$wheelhouse" "${positional[@]}"
+fi
+venv="${positional[0]:-.venv}"
 device="${DEVICE:-auto}"
 stack="${STACK:-$(<stacks/default)}"
 if [ ! -f "stacks/$stack/cuda-variants" ]; then

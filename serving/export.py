@@ -174,7 +174,8 @@ def quantized_program(model: ProbabilityModel, dtype: torch.dtype,
                 raise ValueError("a quantized kernel with a cache cannot be exported (CPU kernels have none)")
             del kernel.timestep_counter, kernel.timestep_prefetch_size
             kernel.lxu_cache_locations_list = _NoCacheLocations(kernel.lxu_cache_locations_list.pop())
-    return _without_unused_symbols(export_program(quantized, example))
+    with quieted(EAGER_QUANTIZATION_NOTICES):  # torchrec 1.6.1's quantized lookup, traced
+        return _without_unused_symbols(export_program(quantized, example))
 
 
 def _without_unused_symbols(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:

@@ -15,6 +15,7 @@ CLIS = [
     ("serving.export", []), ("serving.predict", []), ("serving.quality_gate", []), ("serving.serve", []),
     ("training.report", []), ("sharding_plans.cli", []), ("sharding_plans.cli", ["plan"]),
     ("sweeps.cli", []), ("sweeps.cli", ["run"]), ("scripts.check_install", []), ("training.baseline", []),
+    ("scripts.wheelhouse", ["build"]), ("scripts.trim_fbgemm_wheel", []),
 ]
 
 

@@ -37,7 +37,8 @@ from sharding_plans.types import PlanRequest
 from training.config import PIPELINES
 from training.distributed import DistributedEnv
 from training.flags import parse_config
-from training.pipelines import (FencedPrefetchPipeline, build_pipeline, check_plan_for_pipeline,
+from training.pipelines import (FencedPrefetchPipeline, ScheduledSemiSyncPipeline, build_pipeline,
+                                check_pipeline_supported, check_plan_for_pipeline, prefetched_context,
                                 release_cache_line_locks, semi_sync_start_after)
 from training.sharding import prepare_sharding
 
@@ -338,15 +339,139 @@ def test_plan_file_cannot_turn_cache_line_locking_off_under_prefetch(tmp_path, p
 
 
 def test_prefetch_pipeline_orders_input_dist_after_prefetch_while_torchrec_does_not():
-    """torchrec 1.8.0's and 1.9.2's prefetch pipeline starts the input dist of batch i+2 with no
-    wait on the prefetch stream (upstream PR 4191, open): --pipeline prefetch uses
-    `FencedPrefetchPipeline`. This is the one place that checks the pinned torchrec:
+    """torchrec 1.6.1's, 1.8.0's and 1.9.2's prefetch pipeline starts the input dist of batch
+    i+2 with no wait on the prefetch stream (upstream PR 4191, open): --pipeline prefetch
+    uses `FencedPrefetchPipeline`. This is the one place that checks the pinned torchrec:
     when it fails, torchrec orders the streams itself and the subclass can go."""
     upstream = inspect.getsource(PrefetchTrainPipelineSparseDist)
     assert "wait_stream(self._prefetch_stream)" not in upstream and "_fence_prefetch" not in upstream
-    fenced = inspect.getsource(FencedPrefetchPipeline.start_sparse_data_dist)
+    fenced = inspect.getsource(FencedPrefetchPipeline._fence_input_dist)
     assert "self._data_dist_stream.wait_stream(self._prefetch_stream)" in fenced
     assert "FencedPrefetchPipeline}[kind]" in inspect.getsource(build_pipeline)
+
+
+class FenceLog(FencedPrefetchPipeline):
+    """The fenced pipeline, logging each fence and each prefetch's recorded context."""
+
+    def __init__(self, *args, log: list, **kwargs) -> None:
+        self.log = log
+        super().__init__(*args, **kwargs)
+
+    def _fence_input_dist(self) -> None:
+        self.log.append("fence")
+        super()._fence_input_dist()
+
+    def _record_prefetched_on_data_dist(self, context) -> None:
+        if context is not None:
+            self.log.append("prefetched")
+        super()._record_prefetched_on_data_dist(context)
+
+
+def test_every_input_dist_of_the_pinned_torchrec_passes_the_fence(monkeypatch):
+    """Whatever hook this torchrec's prefetch pipeline starts an input dist with
+    (1.8, 1.9: ``start_sparse_data_dist(batch, context)``; 1.6: its own
+    ``_start_sparse_data_dist(batch)``), the fence comes first, and every prefetch's
+    inputs are recorded (1.6 passes ``_prefetch`` the batch, 1.8 and 1.9 the context).
+    Run by each stack's CI leg against its own torchrec."""
+    import torchrec.distributed.train_pipeline.train_pipelines as upstream
+
+    log: list = []
+    start_data_dist = upstream._start_data_dist
+
+    def logged_start_data_dist(pipelined_modules, batch, *args, **kwargs):
+        log.append(("input dist", batch))
+        return start_data_dist(pipelined_modules, batch, *args, **kwargs)
+
+    monkeypatch.setattr(upstream, "_start_data_dist", logged_start_data_dist)
+    model = AutocastProbe()
+    pipeline = FenceLog(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.device("cpu"), log=log)
+    batches, steps = _streamless_batches(4), 0
+    while True:
+        try:
+            pipeline.progress(batches)
+        except StopIteration:
+            break
+        steps += 1
+    dists = [at for at, event in enumerate(log) if isinstance(event, tuple)]
+    # every batch's input dist started (1.6.1 starts the first one twice while filling)
+    assert steps == 4 and len({id(log[at][1]) for at in dists}) == 4, log
+    assert all(log[at - 1] == "fence" for at in dists), log
+    assert log.count("prefetched") == 4, log
+
+
+def test_prefetched_context_follows_the_torchrec_layout():
+    """torchrec 1.8/1.9 hand ``_prefetch`` a context, 1.6 a batch (its prefetched inputs
+    in the pipeline's one context) or None past the last batch."""
+    from torchrec.distributed.train_pipeline.pipeline_context import PrefetchTrainPipelineContext
+
+    model = AutocastProbe()
+    pipeline = FencedPrefetchPipeline(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.device("cpu"))
+    own = PrefetchTrainPipelineContext()
+    pipeline._context = own  # 1.6.1's single context (1.8 keeps one too, for its deprecated path)
+    handed = PrefetchTrainPipelineContext()
+    assert prefetched_context(pipeline, handed) is handed
+    assert prefetched_context(pipeline, next(_batches(1))) is own
+    assert prefetched_context(pipeline, None) is None
+
+
+def test_semi_sync_tables_train_at_their_own_step_rate(one_process):
+    """The schedule sets the step's rate before ``progress``; FBGEMM's fused kernels take
+    it at the optimizer's ``zero_grad``/``step``, which semi_sync runs after the
+    embedding backward: `ScheduledSemiSyncPipeline` hands it over just before. (torchrec's
+    semi_sync needs CUDA streams to run whole; its embedding backward is called here.)"""
+    from torchrec.distributed.train_pipeline.pipeline_context import EmbeddingTrainPipelineContext
+    from torchrec.optim.keyed import CombinedOptimizer
+
+    dmp = _sharded_ebc(prefetch=False)
+    (kernel,) = _kernels(dmp)
+    optimizer = CombinedOptimizer([dmp.fused_optimizer])
+    pipeline = ScheduledSemiSyncPipeline(dmp, optimizer, torch.device("cpu"), execute_all_batches=True)
+    for lr in (0.5, 0.125):
+        for group in optimizer.param_groups:
+            group["lr"] = lr  # what training/lr_schedule.py's apply does before the step
+        assert kernel.get_learning_rate() != lr
+        pipeline.embedding_backward(EmbeddingTrainPipelineContext())
+        assert kernel.get_learning_rate() == lr
+    assert "ScheduledSemiSyncPipeline(model" in inspect.getsource(build_pipeline)
+
+
+@pytest.mark.parametrize("torchrec_version, world_size, refused", [
+    ("1.6.1", 2, True), ("1.8.0", 8, True), ("1.8.0", 1, False), ("1.9.2", 8, False),
+    ("1.10.0", 2, False), ("1.9.0.dev20251101+cu130", 2, False),
+])
+def test_semi_sync_above_one_gpu_needs_torchrec_1_9(torchrec_version, world_size, refused):
+    """Before torchrec 1.9 (PR 4497) semi_sync's embedding lookup is not ordered after
+    the input all-to-all it reads: refused above one GPU, in one line."""
+    cuda = torch.device("cuda", 0)
+    if not refused:
+        check_pipeline_supported("semi_sync", cuda, world_size, torchrec_version)
+        check_pipeline_supported("sparse_dist", cuda, world_size, torchrec_version)
+        return
+    with pytest.raises(BadInput) as e:
+        check_pipeline_supported("semi_sync", cuda, world_size, torchrec_version)
+    assert str(e.value) == (f"--pipeline semi_sync on {world_size} GPUs needs torchrec 1.9 or newer (torchrec "
+                            f"{torchrec_version} looks embeddings up before their input all-to-all is done): use "
+                            "the torch2.14 stack, one GPU, or --pipeline sparse_dist")
+    check_pipeline_supported("prefetch", cuda, world_size, torchrec_version)  # only semi_sync
+
+
+class StreamlessBatch(Batch):
+    """A batch that skips CPU streams when recorded on one: torchrec 1.6.1's prefetch
+    pipeline records the batch on the current stream even on CPU, where a tensor's
+    ``record_stream`` refuses a CPU stream (1.8 and 1.9 do not record it there)."""
+
+    def record_stream(self, stream) -> None:
+        if not isinstance(stream, torch.cpu.Stream):
+            super().record_stream(stream)
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "StreamlessBatch":
+        moved = super().to(device, non_blocking)
+        return StreamlessBatch(moved.dense_features, moved.sparse_features, moved.labels)
+
+
+def _streamless_batches(count: int):
+    for batch in _batches(count):
+        yield StreamlessBatch(batch.dense_features, batch.sparse_features, batch.labels)
 
 
 def test_fenced_prefetch_pipeline_without_streams_trains_as_torchrec():
@@ -356,7 +481,7 @@ def test_fenced_prefetch_pipeline_without_streams_trains_as_torchrec():
         torch.manual_seed(0)
         model = AutocastProbe()
         pipeline = cls(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.device("cpu"))
-        batches = _batches(3)
+        batches = _streamless_batches(3)
         torch.manual_seed(1)
         while True:
             try:

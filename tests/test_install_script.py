@@ -4,6 +4,7 @@ verdicts, run against fake venv directories, and one install into a new venv tha
 borrows this venv's dependencies (nothing is downloaded)."""
 
 import importlib.metadata
+import json
 import os
 import subprocess
 import sys
@@ -97,7 +98,8 @@ def test_default_stack_is_the_one_stacks_default_names():
     stacks = sorted(entry.name for entry in os.scandir(os.path.join(REPO, "stacks")) if entry.is_dir())
     assert default in stacks and len(stacks) >= 2
     for stack in stacks:
-        assert sorted(os.listdir(os.path.join(REPO, "stacks", stack))) == [
+        files = set(os.listdir(os.path.join(REPO, "stacks", stack))) - {"trimmed-wheels"}  # optional pins
+        assert sorted(files) == [
             "cuda-variants", "requirements-cpu.txt", "requirements-cuda.txt", "requirements-torchrec.txt"]
 
 
@@ -117,7 +119,7 @@ def test_install_refuses_a_cuda_variant_torch_does_not_publish(tmp_path, stack, 
 def test_install_refuses_an_unknown_stack(tmp_path):
     result = install(str(tmp_path / "venv"), "cpu", STACK="torch9.99")
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr == ("install: STACK must be one of the folders of stacks/ (torch2.13 torch2.14), "
+    assert result.stderr == ("install: STACK must be one of the folders of stacks/ (torch2.11 torch2.13 torch2.14), "
                              "not 'torch9.99'\n")
     assert not os.path.exists(tmp_path / "venv")
 
@@ -246,3 +248,120 @@ def test_pip_check_keeps_every_conflict_but_the_cpu_builds_fbgemm():
     assert unexpected_conflicts(printed, "cuda") == printed.splitlines()
     assert unexpected_conflicts("No broken requirements found.\n", "cpu") == []
     assert unexpected_conflicts("torchrec 1.8.0 requires fbgemm-gpu, which is not installed.\n", "cpu") == []
+
+
+def write_manifest(directory, **fields) -> str:
+    """A wheelhouse.json (no archive) for the refusals that come before unpacking."""
+    manifest = {"version": 1, "stack": "torch2.11", "device": "cuda", "cuda_variant": "cu130", "gpu_arch": "sm_90",
+                "python": "%d.%d" % sys.version_info[:2], "torch": "2.11.0+cu130", "fbgemm": "fbgemm-gpu==1.6.0",
+                "torchrec": "torchrec==1.6.1", "requirements": ["numpy==2.4.6"], "archive_sha256": "0" * 64,
+                **fields}
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "wheelhouse.json"), "w") as f:
+        json.dump({k: v for k, v in manifest.items() if v is not None}, f)
+    return str(directory)
+
+
+def install_offline(wheelhouse: str, *args: str, timeout: float = 60, **settings) -> subprocess.CompletedProcess:
+    inherited = {name: value for name, value in os.environ.items() if name not in INSTALL_SETTINGS}
+    return subprocess.run(["bash", INSTALL, "--wheelhouse", wheelhouse, *args], cwd=REPO,
+                          env={**inherited, "PYTHON": sys.executable, **settings},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_wheelhouse_and_system_torch_go_together(tmp_path):
+    for args in (["--wheelhouse", str(tmp_path)], ["--system-torch"]):
+        result = subprocess.run(["bash", INSTALL, *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr == ("install: --wheelhouse and --system-torch go together: the wheelhouse holds "
+                                 "everything but torch, which the environment must already have\n")
+
+
+@pytest.mark.parametrize("fields, refusal", [
+    ({}, "install: {dir} was built for torch 2.11.0+cu130 (torch2.11 stack); {python} has torch {torch}: build a "
+         "wheelhouse for it (make wheelhouse STACK=...)\n"),
+    ({"python": "3.9"}, "install: {dir} holds wheels for Python 3.9; {python} is Python {ours}: build one with "
+                        "PYTHON_VERSION={ours}\n"),
+    ({"torchrec": None}, "wheelhouse: {dir}/wheelhouse.json: torchrec is missing\n"),
+])
+def test_wheelhouse_install_refuses_another_torch_or_python(tmp_path, fields, refusal):
+    """Before unpacking anything: the environment's torch and Python are the ones the
+    wheelhouse was built for, and its manifest is read field by field."""
+    import torch
+
+    directory = write_manifest(tmp_path / "wheelhouse", **fields)
+    result = install_offline(directory, "--system-torch")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == refusal.format(dir=directory, python=sys.executable, torch=torch.__version__,
+                                           ours="%d.%d" % sys.version_info[:2])
+
+
+def image_environment(root) -> str:
+    """A directory standing in for an image's site-packages: torch, the packages torch
+    requires and pip, linked from this venv, nothing else (no FBGEMM, no torchrec)."""
+    import re
+
+    site = os.path.join(root, "image-site-packages")
+    os.makedirs(site)
+    wanted, seen = ["torch", "pip"], set()
+    while wanted:
+        name = re.sub(r"[-_.]+", "-", wanted.pop()).lower()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue  # an optional extra's, or a marker for another platform
+        for requirement in dist.requires or ():
+            if "extra ==" not in requirement:
+                wanted.append(re.split(r"[ ;<>=!~\[(]", requirement, maxsplit=1)[0])
+        for top in {str(path).split("/")[0] for path in dist.files or ()}:
+            source = os.path.join(str(dist.locate_file("")), top)
+            target = os.path.join(site, top)
+            if top != ".." and os.path.exists(source) and not os.path.exists(target):
+                os.symlink(source, target)
+    return site
+
+
+def test_wheelhouse_installs_offline_over_the_environment_torch(tmp_path):
+    """make wheelhouse's CPU leg end to end: a wheelhouse of this venv's stack (the CPU
+    FBGEMM, torchrec and the packages torchrec imports, downloaded for this Python),
+    installed with --system-torch and no index into a venv whose only packages are an
+    'image's': torch (with its own requirements) and pip, seen through a .pth line as
+    --system-site-packages would show them. pip leaves what lies outside the venv alone."""
+    import torch
+
+    stack = stack_of_this_venv()
+    wheelhouse = str(tmp_path / "wheelhouse")
+    python_version = "%d.%d" % sys.version_info[:2]
+    built = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "wheelhouse.py"), "build", "--stack", stack,
+                            "--device", "cpu", "--python-version", python_version, "--output", wheelhouse,
+                            "--packages", "torchmetrics,tensordict,pyre-extensions,tqdm,iopath,numpy"],
+                           cwd=REPO, capture_output=True, text=True, timeout=900)
+    if built.returncode != 0 and "pip download failed" in built.stderr and "connection" in built.stderr.lower():
+        pytest.skip(f"PyPI cannot be reached: {built.stderr.strip()}")
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert sorted(os.listdir(wheelhouse)) == ["wheelhouse.json", "wheels.tar.xz"]
+    with open(os.path.join(wheelhouse, "wheelhouse.json")) as f:
+        manifest = json.load(f)
+    assert manifest["torch"] == torch.__version__ and manifest["device"] == "cpu" and manifest["stack"] == stack
+    target = str(tmp_path / "venv")
+    create_venv(target)
+    site = sysconfig.get_path("purelib", vars={"base": target, "platbase": target})
+    with open(os.path.join(site, "image.pth"), "w") as f:
+        f.write(image_environment(str(tmp_path)) + "\n")
+    result = install_offline(wheelhouse, "--system-torch", target, timeout=900, PIP_CONFIG_FILE=os.devnull,
+                             ALLOW_CUDA_TORCH="1" if torch.version.cuda else "0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"install: {stack} stack from {wheelhouse} over torch {torch.__version__}" in result.stdout
+    assert "FBGEMM lookup and update checked)" in result.stdout
+    code = ("import importlib.metadata, torch, torchrec, fbgemm_gpu, training\n"
+            "print(torchrec.__file__, fbgemm_gpu.__file__, torch.__file__, training.__file__)")
+    imported = subprocess.run([os.path.join(target, "bin", "python"), "-c", code], cwd=str(tmp_path),
+                              capture_output=True, text=True, timeout=300)
+    assert imported.returncode == 0, imported.stderr[-3000:]
+    torchrec_file, fbgemm_file, torch_file, training_file = imported.stdout.split()
+    assert torchrec_file.startswith(target) and fbgemm_file.startswith(target)  # installed from the wheelhouse
+    assert torch_file.startswith(str(tmp_path / "image-site-packages"))  # the 'image's' torch, untouched
+    assert training_file == os.path.join(REPO, "training", "__init__.py")  # the project, editable

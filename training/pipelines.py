@@ -4,9 +4,10 @@
   overlaps batch i's compute.
 - base: TrainPipelineBase, no overlap (a reference, and for debugging), started
   afresh on each new iterator (`RestartingTrainPipelineBase`).
-- semi_sync: TrainPipelineSemiSync, embeddings one step stale, more overlap (CUDA only).
+- semi_sync: TrainPipelineSemiSync, embeddings one step stale, more overlap (CUDA only;
+  one GPU only before torchrec 1.9, `check_pipeline_supported`).
 - prefetch: PrefetchTrainPipelineSparseDist, prefetches into the UVM embedding cache
-  (CUDA only), with the stream order torchrec 1.8 and 1.9 lack (`FencedPrefetchPipeline`).
+  (CUDA only), with the stream order torchrec 1.6, 1.8 and 1.9 lack (`FencedPrefetchPipeline`).
 
 `check_plan_for_pipeline` refuses plans whose embedding caches a pipeline would
 leave inconsistent; `release_cache_line_locks` frees the cache lines no-grad forwards
@@ -14,10 +15,11 @@ leave locked.
 """
 
 import platform
-from typing import Optional
+from typing import Any, Optional
 from collections.abc import Callable, Iterator, Mapping
 
 import torch
+import torchrec
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 from torch import nn
 from torchrec.distributed.train_pipeline.pipeline_context import PrefetchTrainPipelineContext, TrainPipelineContext
@@ -39,13 +41,36 @@ CUDA_ONLY_PIPELINES = ("semi_sync", "prefetch")
 # (data-parallel tables share their weights with the dense optimizer, which torchrec
 # warns may not converge).
 SEMI_SYNC_KERNELS = ("fused", "fused_uvm")
+# The first torchrec whose semi_sync orders the embedding lookup after the input
+# all-to-all it reads (upstream PR 4497): before it, `start_embedding_lookup` waits for
+# the all-to-all on the data-dist stream and looks up on the default stream with no
+# dependency between the two, so above one GPU it can read ids still in flight.
+SEMI_SYNC_ORDERED_TORCHREC = (1, 9)
 
 
-def check_pipeline_supported(kind: str, device: torch.device) -> None:
-    """One-line BadInput for a pipeline TorchRec cannot run on this device."""
+def _release(version: str) -> tuple[int, int]:
+    """``"1.8.0"``, ``"1.9.0.dev20251101+cu130"`` -> (1, 8), (1, 9)."""
+    major, minor = version.split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def check_pipeline_supported(kind: str, device: torch.device, world_size: int = 1,
+                             torchrec_version: str = torchrec.__version__) -> None:
+    """One-line BadInput for a pipeline TorchRec cannot run here: semi_sync and prefetch
+    off CUDA, semi_sync above one GPU on a torchrec before 1.9 (its lookup races the
+    input all-to-all).
+
+    Example::
+
+        check_pipeline_supported("semi_sync", torch.device("cuda", 0), world_size=8)
+    """
     if kind in CUDA_ONLY_PIPELINES and device.type != "cuda":
         raise BadInput(f"--pipeline {kind} needs CUDA (TorchRec runs it on side streams); "
                          f"on {device.type} use sparse_dist or base")
+    if kind == "semi_sync" and world_size > 1 and _release(torchrec_version) < SEMI_SYNC_ORDERED_TORCHREC:
+        raise BadInput(f"--pipeline semi_sync on {world_size} GPUs needs torchrec 1.9 or newer (torchrec "
+                       f"{torchrec_version} looks embeddings up before their input all-to-all is done): use "
+                       "the torch2.14 stack, one GPU, or --pipeline sparse_dist")
 
 
 def check_plan_for_pipeline(
@@ -131,36 +156,96 @@ def release_cache_line_locks(model: nn.Module) -> int:
     return released
 
 
+def prefetched_context(pipeline: PrefetchTrainPipelineSparseDist, prefetched: Any) -> Optional[Any]:
+    """The context ``pipeline._prefetch(prefetched)`` left the prefetched inputs in, None
+    when it prefetched nothing: torchrec 1.8 and 1.9 hand ``_prefetch`` the batch's
+    context, 1.6 the batch itself (None past the last one) and keep one context,
+    ``pipeline._context``.
+
+    Example::
+
+        prefetched_context(pipeline, context) is context  # torchrec 1.8, 1.9
+    """
+    if isinstance(prefetched, PrefetchTrainPipelineContext):
+        return prefetched
+    if prefetched is None:
+        return None
+    return pipeline._context
+
+
 class FencedPrefetchPipeline(PrefetchTrainPipelineSparseDist):
     """torchrec's prefetch pipeline with each input dist ordered after the prefetch
     queued before it.
 
-    torchrec 1.8.0 and 1.9.2 start the input all-to-all of batch i+2 (of batch 1 while filling)
-    on the data-dist stream while the prefetch of batch i+1 may still run on the
-    prefetch stream, and tells the allocator only about the prefetch and forward
+    torchrec 1.6.1, 1.8.0 and 1.9.2 start the input all-to-all of batch i+2 (of batch 1
+    while filling) on the data-dist stream while the prefetch of batch i+1 may still run
+    on the prefetch stream, and tell the allocator only about the prefetch and forward
     streams' use of the prefetched inputs: garbage embeddings or an illegal memory
     access on UVM-cached tables (upstream fix: torchrec PR 4191, not in a release).
     Here the data-dist stream waits for the prefetch stream (a GPU-side dependency,
     no host wait) and the prefetched inputs are recorded on the data-dist stream.
     Without streams (CPU) it is torchrec's pipeline unchanged.
 
+    The hooks differ by release: 1.8 and 1.9 start an input dist with
+    ``start_sparse_data_dist(batch, context)`` and prefetch with ``_prefetch(context)``;
+    1.6's prefetch pipeline calls its own ``_start_sparse_data_dist(batch)`` and
+    ``_prefetch(batch)``. Both are fenced (a release that routes one through the other
+    fences twice, which orders nothing more).
+
     Example::
 
         pipeline = FencedPrefetchPipeline(dmp, optimizer, torch.device("cuda", 0))
     """
 
-    def start_sparse_data_dist(self, batch, context: TrainPipelineContext) -> None:
+    def _fence_input_dist(self) -> None:
+        """Orders the input dist about to start after every prefetch queued so far."""
         if self._prefetch_stream is not None and self._data_dist_stream is not None:
             self._data_dist_stream.wait_stream(self._prefetch_stream)  # type: ignore[attr-defined]
+
+    def start_sparse_data_dist(self, batch, context: TrainPipelineContext) -> None:  # torchrec >= 1.8
+        self._fence_input_dist()
         super().start_sparse_data_dist(batch, context)
 
-    def _prefetch(self, context: PrefetchTrainPipelineContext) -> None:
-        super()._prefetch(context)
-        if self._data_dist_stream is None:
+    def _start_sparse_data_dist(self, batch) -> None:  # torchrec 1.6's prefetch pipeline
+        self._fence_input_dist()
+        super()._start_sparse_data_dist(batch)
+
+    def _prefetch(self, prefetched) -> None:  # a context (torchrec >= 1.8) or a batch (1.6)
+        super()._prefetch(prefetched)
+        self._record_prefetched_on_data_dist(prefetched_context(self, prefetched))
+
+    def _record_prefetched_on_data_dist(self, context: Optional[Any]) -> None:
+        """The next input dist runs on the data-dist stream while the prefetched inputs
+        wait for their forward: the allocator must not reuse them meanwhile."""
+        if context is None or self._data_dist_stream is None:
             return
         for prefetched in (*context.module_input_post_prefetch.values(),
                            *context.module_contexts_post_prefetch.values()):
             prefetched.record_stream(self._data_dist_stream)  # type: ignore[arg-type]
+
+
+class ScheduledSemiSyncPipeline(TrainPipelineSemiSync):
+    """torchrec's semi_sync pipeline with the tables' fused update at the schedule's
+    rate for its own step.
+
+    FBGEMM's fused optimizers take the param groups' rate when the optimizer's
+    ``zero_grad`` or ``step`` runs (torchrec's ``EmbeddingFusedOptimizer``), and the
+    learning-rate schedule sets it before the step's ``progress``. The other pipelines
+    call ``zero_grad`` first, then backward; semi_sync runs the embedding backward
+    first and ``step``/``zero_grad`` after it, so its tables trained at the previous
+    step's rate. Here the fused optimizers take the rate just before the embedding
+    backward (their ``zero_grad`` touches no gradient).
+
+    Example::
+
+        pipeline = ScheduledSemiSyncPipeline(dmp, optimizer, torch.device("cuda", 0))
+    """
+
+    def embedding_backward(self, context) -> None:
+        fused = getattr(self._model, "fused_optimizer", None)
+        if fused is not None:
+            fused.zero_grad()  # sets each table's learning rate; no gradient is involved
+        super().embedding_backward(context)
 
 
 def semi_sync_start_after(start_batch: int, steps_done: int) -> int:
@@ -264,7 +349,7 @@ def build_pipeline(
         return RestartingTrainPipelineBase(called, optimizer, device)  # type: ignore[arg-type]
     forward: Optional[Callable] = autocast_forward(model, device) if amp else None
     if kind == "semi_sync":
-        return TrainPipelineSemiSync(model, optimizer, device, execute_all_batches=True,
+        return ScheduledSemiSyncPipeline(model, optimizer, device, execute_all_batches=True,
                                      start_batch=semi_sync_start_batch, custom_model_fwd=forward)
     cls = {"sparse_dist": TrainPipelineSparseDist, "prefetch": FencedPrefetchPipeline}[kind]
     return cls(model, optimizer, device, execute_all_batches=True, custom_model_fwd=forward)

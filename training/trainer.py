@@ -148,7 +148,7 @@ class Trainer:
         saves_checkpoints = bool(flags.checkpoint_dir) and config.mode == "train"
         if saves_checkpoints:
             check_writable(flags.checkpoint_dir)  # type: ignore[arg-type]
-        check_pipeline_supported(config.pipeline, env.device)
+        check_pipeline_supported(config.pipeline, env.device, env.world_size)
         check_dense_precision(config.dense_precision, env.device, cpu_has_bf16_units())
         check_compile_supported(config.compile)
         startup = StartupReport(config, env)

@@ -17,7 +17,7 @@ TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.05 --optimizer adag
 	--validation_freq_within_epoch 400 --log_every_n_steps 100 --seed 0 \
 	--log_path runs/make_train.jsonl
 
-.PHONY: wheelhouse install data train train-dcnv2 sweep-example docs-figures slurm-up cluster-up cluster-down test test-cluster test-multihost test-native test-fast test-hostile test-matrix bench serving-cpp clean
+.PHONY: wheelhouse install data train train-dcnv2 sweep-example docs-figures slurm-up cluster-up cluster-down test test-cluster test-multihost test-native test-gpu-host test-fast test-hostile test-matrix bench serving-cpp clean
 
 install: $(STAMP)
 
@@ -84,7 +84,7 @@ cluster-down:
 # The files go out in tests/conftest.py's order (the most slow tests first), not xdist's.
 TEST_WORKERS ?= 2
 test: install
-	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not multihost and not native and not cluster" tests
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not multihost and not native and not cluster and not gpu_host" tests
 
 # The tests on the one-node Slurm cluster (make slurm-up, as root): one process, since
 # their jobs share the node's CPUs and would only queue behind each other. Out of make
@@ -103,6 +103,12 @@ test-multihost: install
 # (docs/tests.md).
 test-native: install
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m native tests
+
+# The CPU rehearsals of a GPU host's session (a wheelhouse built from PyPI and installed
+# offline, bench.gpu_session's steps): 2 minutes each, out of make test's 15 minutes;
+# .ci/run runs them after make test (docs/tests.md).
+test-gpu-host: install
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m gpu_host tests
 
 test-fast: install
 	$(PYTHON) -m pytest -q -m "not slow" tests

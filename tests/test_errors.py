@@ -67,7 +67,9 @@ def test_no_cli_takes_a_prefix_of_a_flag(target, tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
     argv = [a.replace("{tmp}", str(tmp_path)) for a in BAD_FLAG_VALUES.get(target, ([], ""))[0]]
-    code = run_as_main(target, [*argv, "--versio"], monkeypatch)
+    # The launcher's own flags come before its script: what follows is the script's.
+    argv = ["--versio", *argv] if target == "training.launch" else [*argv, "--versio"]
+    code = run_as_main(target, argv, monkeypatch)
     out, err = capsys.readouterr()
     assert code == EXIT_BAD_INPUT and out == "", out
     lines = err.splitlines()

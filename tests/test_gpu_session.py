@@ -88,6 +88,7 @@ def _start_session(output: str, minutes: str) -> subprocess.Popen:
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_host
 def test_cpu_session_writes_one_line_per_step_as_each_ends(tmp_path):
     """--device cpu --minutes 2: the steps in order, each line written when its step
     ended (the file grows while the session runs), every step accounted for within

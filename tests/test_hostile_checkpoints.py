@@ -44,8 +44,10 @@ from harness.launch import REPO
 # A tiny model with optimizer state (adagrad) for every parameter.
 MODEL_FLAGS = ["--num_embeddings", "50", "--embedding_dim", "4", "--dense_arch_layer_sizes", "8,4",
                "--over_arch_layer_sizes", "8,1", "--optimizer", "adagrad"]
+# Two steps at the public example's SGD rate of 15 leave an absurd test loss: the
+# checkpoint is what these tests need, not a model that trains (exit 0, not 4).
 RUN_FLAGS = [*MODEL_FLAGS, "--batch_size", "4", "--limit_train_batches", "2", "--limit_val_batches", "0",
-             "--limit_test_batches", "1", "--seed", "3"]
+             "--limit_test_batches", "1", "--seed", "3", "--allow_divergence"]
 DATA_FILE = "__0_0.distcp"
 NOT_FLOATING = [torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool, torch.complex64]
 

@@ -324,6 +324,7 @@ def image_environment(root) -> str:
     return site
 
 
+@pytest.mark.gpu_host
 def test_wheelhouse_installs_offline_over_the_environment_torch(tmp_path):
     """make wheelhouse's CPU leg end to end: a wheelhouse of this venv's stack (the CPU
     FBGEMM, torchrec and the packages torchrec imports, downloaded for this Python),

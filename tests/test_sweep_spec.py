@@ -138,7 +138,7 @@ def test_results_md_ranks_runs_by_validation_auroc_failed_last():
     markdown = format_markdown(rows, records)
     assert [row[0] for row in _table(markdown, "Run")] == ["c", "d", "a", "b"]
     assert "Configuration" not in markdown  # no seeds: no per-configuration table
-    assert markdown.splitlines()[-1] == "- b failed (exit code 3): nan"
+    assert markdown.splitlines()[-1] == "- b diverged (exit code 3): nan"  # 3: a NaN loss (training/failures.py)
 
 
 def test_results_md_shows_mean_and_standard_deviation_per_configuration_over_seeds():

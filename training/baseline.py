@@ -33,6 +33,7 @@ from common.cli import OneLineParser, print_bad_input, run_cli
 from common.config_flags import FlagError, add_flags, check_choices, config_values, flag, option
 from common.errors import BadInput
 from common.library_noise import quiet_benign_library_messages
+from common.run_log_file import TestedModel
 from common.sigterm import Terminated, raise_on_sigterm
 from data.config import DataConfig
 from models.config import TableSizes
@@ -232,9 +233,10 @@ def _loss(logits: Any, batch: Any, weighted: bool) -> Any:
 
 
 def evaluate(model: HashedLogisticRegression, loader: Any, stage: str, step: int, config: BaselineConfig,
-             log: Any) -> Optional[dict[str, float]]:
+             log: Any, tested: Optional[TestedModel] = None) -> Optional[dict[str, float]]:
     """Runs one split through the trainer's metrics; prints and records them as the
-    trainer's evaluations (an ``eval`` record). None when the split has no batches."""
+    trainer's evaluations (an ``eval`` record, with the ``tested`` model's fields as a
+    test record has them). None when the split has no batches."""
     import torch
 
     from training.metrics import BinaryClassificationMetrics
@@ -253,7 +255,8 @@ def evaluate(model: HashedLogisticRegression, loader: Any, stage: str, step: int
     rate = values["num_samples"] / seconds if seconds > 0 else float("nan")
     log.print(f"{format_metrics(stage, values)}, calibration {values['calibration']:.4f}, "
               f"{values['num_samples']} samples (step {step})")
-    log.record("eval", stage=stage, step=step, **values, records_per_sec=rate, seconds=seconds)
+    log.record("eval", stage=stage, step=step, **(tested.fields() if tested else {}), **values,
+               records_per_sec=rate, seconds=seconds)
     return values
 
 
@@ -328,7 +331,9 @@ def _fit(config: BaselineConfig, loaders: dict[str, Any], log: Any) -> dict[str,
             log.start_progress(config.run["epochs"] * len(loaders["train"]), "baseline", initial=step)
     if best_step is not None:
         model.load(best_state)  # the best validation's epoch, as the trainer's export takes
-    test = evaluate(model, loaders["test"], "test", best_step if best_step is not None else step, config, log)
+    # Nothing is exported: the tested weights are the best validation's, else the last.
+    tested_model = TestedModel("best", best_step, False) if best_step is not None else TestedModel("final", step, False)
+    test = evaluate(model, loaders["test"], "test", tested_model.step, config, log, tested_model)
     summary = dict(steps=step, train_seconds=train_seconds, validation=validation, test=test, best_step=best_step,
                    best_validation=best)
     log.record("summary", **summary)

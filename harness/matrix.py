@@ -540,16 +540,36 @@ class JobTimeout(Exception):
     """A job ran past its ``timeout_s``."""
 
 
+# How soon a deadline that fell inside an import looks again.
+_IMPORT_RETRY_S = 0.05
+
+
+def _inside_import(frame: Any) -> bool:
+    """Whether ``frame`` or a caller of it runs the import machinery (its frozen
+    modules, ``<frozen importlib._bootstrap>`` and ``_bootstrap_external``)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib."):
+            return True
+        frame = frame.f_back
+    return False
+
+
 @contextlib.contextmanager
 def _deadline(seconds: Optional[float]) -> Iterator[None]:
     """Raises JobTimeout in the block once ``seconds`` have passed (None: no limit).
     A signal, so only where Python runs: a job stuck inside one native call is cut
-    when the call returns (a launcher's own timeout is the last resort)."""
+    when the call returns (a launcher's own timeout is the last resort). Never inside
+    an import: a module cut mid-way leaves its finished submodules bound to the dead
+    half-made parent (the next job's `import matplotlib` then lacked get_data_path), so
+    the cut waits until the import is done."""
     if not seconds:
         yield
         return
 
     def expired(signum: int, frame: Any) -> None:
+        if _inside_import(frame):
+            signal.setitimer(signal.ITIMER_REAL, _IMPORT_RETRY_S)
+            return
         raise JobTimeout(f"timed out after {seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, expired)

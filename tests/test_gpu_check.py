@@ -8,6 +8,7 @@ import io
 import itertools
 import math
 import os
+import sys
 import time
 
 import pytest
@@ -265,3 +266,17 @@ def test_a_job_past_its_timeout_is_recorded_and_the_next_job_runs(synthetic_dir,
     [cut, whole] = launch(matrix.run_jobs, jobs, nproc=1)[0]
     assert cut["error"] == "JobTimeout: timed out after 0.5 s" and 0.5 <= cut["seconds"] < 30
     assert "error" not in whole and len(whole["uninterrupted"]["losses"]) == matrix.STEPS
+
+
+def test_a_deadline_never_cuts_an_import(tmp_path, monkeypatch):
+    """A deadline that falls while a module is being imported waits for the import to
+    finish: the module is whole in sys.modules, and the job is cut right after. (A job
+    cut inside matplotlib's import left the next job a matplotlib without its functions.)"""
+    (tmp_path / "slow_to_import.py").write_text("import time\ntime.sleep(0.3)\nDONE = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "slow_to_import", raising=False)
+    with pytest.raises(matrix.JobTimeout):
+        with matrix._deadline(0.05):
+            import slow_to_import  # noqa: F401
+            time.sleep(5)  # where the cut lands
+    assert sys.modules["slow_to_import"].DONE is True

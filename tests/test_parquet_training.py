@@ -3,17 +3,15 @@ directory, and from the same table on a local S3 server (moto) with the same los
 
 import os
 import re
-import socket
 import subprocess
-import sys
-import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from harness.launch import eval_record, free_port, read_log, run_script, step_losses
+from harness.launch import eval_record, read_log, run_script, step_losses
+from tests.support.s3 import s3_serving
 
 TINY = ["--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8", "--over_arch_layer_sizes", "16,1",
         "--num_embeddings", "200", "--batch_size", "16", "--device", "cpu", "--time_column", "date",
@@ -73,44 +71,16 @@ def test_two_ranks_train_and_test_on_the_last_day(local_run):
     assert "id collisions (share of a feature's distinct values" in proc.stdout
 
 
-def _wait_for_port(port: int, seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"moto_server did not listen on port {port}")
-
-
 @pytest.mark.slow
 def test_s3_table_trains_as_the_local_copy(local_run, tmp_path, monkeypatch):
-    import boto3
-
     table, records, _ = local_run
-    port = free_port()
-    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1",
-                               "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_for_port(port)
-        for name, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
-                            "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
-                            "AWS_EC2_METADATA_DISABLED": "true"}.items():
-            monkeypatch.setenv(name, value)
-        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1")
-        s3.create_bucket(Bucket="clicks")
-        for directory, _, files in os.walk(table):
-            for name in files:
-                path = os.path.join(directory, name)
-                s3.upload_file(path, "clicks", "log/" + os.path.relpath(path, table))
+    with s3_serving(table, monkeypatch, {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}) as port:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
         log = str(tmp_path / "s3.jsonl")
         proc = train("s3://clicks/log", log)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert step_losses(read_log(log)) == step_losses(records)
         assert eval_record(read_log(log), "test")["auroc"] == eval_record(records, "test")["auroc"]
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 @pytest.mark.slow

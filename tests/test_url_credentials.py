@@ -12,7 +12,7 @@ import pytest
 
 from common.errors import BadInput
 from common.url_paths import ALLOWED_QUERY, check_url_path, redacted, redacted_record, redacted_text
-from harness.launch import REPO, free_port, read_log, run_script
+from harness.launch import REPO, read_log, run_script
 
 KEY_ID = "AKIAPLANTEDKEY4TEST"
 SECRET = "planted/Secret+Key0987654321abcdefXYZ"
@@ -87,30 +87,17 @@ def _files_holding(root: str, needles: list[bytes]) -> list[str]:
 
 @pytest.mark.slow
 def test_no_output_of_a_run_holds_the_credentials(tmp_path, monkeypatch):
-    import boto3
-
+    from tests.support.s3 import s3_serving
     from tests.support.sweeps import sweeps, write_sweep
-    from tests.test_parquet_training import TINY, _wait_for_port, write_click_log
+    from tests.test_parquet_training import TINY, write_click_log
 
     table = str(tmp_path / "table")
     write_click_log(table)
     out = tmp_path / "out"
     out.mkdir()
-    port = free_port()
-    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1",
-                               "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     console = []
-    try:
-        _wait_for_port(port)
-        for name, value in {"AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_SESSION_TOKEN": TOKEN,
-                            "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
-            monkeypatch.setenv(name, value)
-        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1")
-        s3.create_bucket(Bucket="clicks")
-        for directory, _, files in os.walk(table):
-            for name in files:
-                path = os.path.join(directory, name)
-                s3.upload_file(path, "clicks", "log/" + os.path.relpath(path, table))
+    with s3_serving(table, monkeypatch, {"AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET,
+                                         "AWS_SESSION_TOKEN": TOKEN}) as port:
         # The endpoint in the URL's allowed options; the credentials in the environment.
         url = f"s3://clicks/log?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
         flags = [*TINY, "--log_path", str(out / "log.jsonl"), "--checkpoint_dir", str(out / "ckpt"),
@@ -145,9 +132,6 @@ def test_no_output_of_a_run_holds_the_credentials(tmp_path, monkeypatch):
                                   leaky, "--output", str(out / "refused.parquet")], cwd=REPO, capture_output=True,
                                  text=True, timeout=300)
         console += [refused.stdout, refused.stderr, predict.stdout, predict.stderr]
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     masked = "s3://***@clicks/log?region=us-east-1&session_token=***: credentials in a URL (user-info before @) " \
              "are refused"
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [

@@ -207,6 +207,24 @@ def _job_store(rank: int, world_size: int, timeout_s: Optional[float] = None) ->
     return _job_store_cache[key]
 
 
+def _store_answers(timeout_s: float) -> bool:
+    """Whether something listens at MASTER_ADDR:MASTER_PORT within ``timeout_s``, asked
+    with plain sockets: torch's store client logs each failed try as C++ lines on
+    stderr, which would come before a failing rank's one line."""
+    address, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    if not address or not port.isdigit():
+        return False
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((address, int(port)), timeout=1):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
+
+
 def _attempt_prefix(prefix: str) -> str:
     """``prefix``, under the restart attempt's name where the store outlives attempts."""
     if _agent_store_outlives_attempts():
@@ -228,6 +246,9 @@ def agree_on_readiness(error: Optional[str], timeout_s: float = READINESS_TIMEOU
     rank, world_size = job
     prefix = _attempt_prefix(f"ready_{next(_readiness_rounds)}")
     keys = [f"{prefix}/{r}" for r in range(world_size)]
+    serves_store = rank == 0 and not _agent_store_outlives_attempts()  # env:// rendezvous: rank 0 serves
+    if error is not None and not serves_store and not _store_answers(timeout_s):
+        return error  # nobody to tell (the store's host is down, or MASTER_ADDR wrong)
     try:
         # A failing rank tries for a bounded time only: with no store to reach (its
         # MASTER_ADDR is down, or wrong) it still stops, with its own line.

@@ -60,6 +60,17 @@ class AutocastProbe(nn.Module):
         return loss, (loss.detach(), logits.detach(), batch.labels)
 
 
+def _run_to_end(pipeline, batches) -> int:
+    """Steps ``pipeline`` through ``batches`` to their end; the number of steps."""
+    steps = 0
+    while True:
+        try:
+            pipeline.progress(batches)
+        except StopIteration:
+            return steps
+        steps += 1
+
+
 def _batches(count: int):
     for _ in range(count):
         kjt = KeyedJaggedTensor(keys=["f"], values=torch.zeros(2, dtype=torch.int64),
@@ -76,13 +87,7 @@ def test_amp_runs_the_forward_under_bf16_autocast_in_every_pipeline(kind, amp):
     model = AutocastProbe()
     before = model.linear.weight.detach().clone()
     pipeline = build_pipeline(kind, model, torch.optim.SGD(model.parameters(), lr=0.1), torch.device("cpu"), amp)
-    batches, steps = _batches(3), 0
-    while True:
-        try:
-            pipeline.progress(batches)
-        except StopIteration:
-            break
-        steps += 1
+    steps = _run_to_end(pipeline, _batches(3))
     expected = (True, torch.bfloat16) if amp else (False, torch.float32)
     assert steps == 3 and model.seen == [expected] * 3
     assert not torch.equal(before, model.linear.weight)
@@ -385,13 +390,7 @@ def test_every_input_dist_of_the_pinned_torchrec_passes_the_fence(monkeypatch):
     monkeypatch.setattr(upstream, "_start_data_dist", logged_start_data_dist)
     model = AutocastProbe()
     pipeline = FenceLog(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.device("cpu"), log=log)
-    batches, steps = _streamless_batches(4), 0
-    while True:
-        try:
-            pipeline.progress(batches)
-        except StopIteration:
-            break
-        steps += 1
+    steps = _run_to_end(pipeline, _streamless_batches(4))
     dists = [at for at, event in enumerate(log) if isinstance(event, tuple)]
     # every batch's input dist started (1.6.1 starts the first one twice while filling)
     assert steps == 4 and len({id(log[at][1]) for at in dists}) == 4, log
@@ -483,11 +482,7 @@ def test_fenced_prefetch_pipeline_without_streams_trains_as_torchrec():
         pipeline = cls(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.device("cpu"))
         batches = _streamless_batches(3)
         torch.manual_seed(1)
-        while True:
-            try:
-                pipeline.progress(batches)
-            except StopIteration:
-                break
+        _run_to_end(pipeline, batches)
         weights.append((len(model.seen), model.linear.weight.detach().clone()))
     assert weights[0][0] == weights[1][0] == 3 and torch.equal(weights[0][1], weights[1][1])
 

@@ -79,7 +79,8 @@ def test_the_first_step_figure_is_a_peak_and_never_negative():
     """CPU: memory taken and freed again within the first step counts (the peak), and
     the RSS left below the start cannot make the figure negative: the line printed
     `-29.03 MiB after the first step` where the first step freed pages."""
-    import numpy as np
+    import mmap
+
     import torch
 
     from training.distributed import DistributedEnv, local_peak_memory_bytes
@@ -90,8 +91,12 @@ def test_the_first_step_figure_is_a_peak_and_never_negative():
     run_peak = local_peak_memory_bytes(env.device)
     probe = PlanMemoryProbe(env.device)
     probe.built()
-    block = np.ones(64 * 2**20 // 8)  # 64 MiB written: mapped on its own, unmapped when freed
-    del block
+    # 64 MiB of fresh pages, written, then unmapped: an anonymous mapping of its own, so
+    # the pages are new whatever the allocator kept from the tests before (in one
+    # long-lived process, numpy's 64 MiB came from memory already resident: no growth).
+    block = mmap.mmap(-1, 64 * 2**20)
+    block.write(b"\x01" * len(block))
+    block.close()
     memory = probe.measure(env, None)
     assert memory.measured_as == "rss_growth"
     assert 60 * 2**20 <= memory.first_step_bytes[0]

@@ -83,14 +83,22 @@ def test_s3_table_trains_as_the_local_copy(local_run, tmp_path, monkeypatch):
         assert eval_record(read_log(log), "test")["auroc"] == eval_record(records, "test")["auroc"]
 
 
+def _stopped_two_rank_run(table: str, tmp_path, capfd) -> tuple[list[str], str]:
+    """Trains on ``table`` with 2 ranks, which must both exit 2: the error lines printed
+    and the run log's path."""
+    import dlrm_main
+    from harness.launch import launch
+
+    log = str(tmp_path / "log.jsonl")
+    assert launch(dlrm_main.main, ["--parquet_path", table, *TINY, "--log_path", log]) == {0: 2, 1: 2}
+    return [line for line in capfd.readouterr().err.splitlines() if "error:" in line], log
+
+
 @pytest.mark.slow
 def test_a_bad_value_mid_stream_stops_every_rank_at_the_same_batch(tmp_path, capfd):
     """A NaN in rank 1's rows of step 2: every rank checks the whole global batch, so
     both stop there with exit 2 and the job prints one line naming file, row group, row
     and column (before, rank 1 alone failed and rank 0 lost its peer)."""
-    import dlrm_main
-    from harness.launch import launch
-
     table = str(tmp_path / "clicks")
     write_click_log(table)
     # Step 2 (global rows 64-95 of 16 + 16): rank 1 reads rows 80-95, the day's second
@@ -101,10 +109,7 @@ def test_a_bad_value_mid_stream_stops_every_rank_at_the_same_batch(tmp_path, cap
     dense[12] = np.nan
     pq.write_table(rows.set_column(rows.schema.get_field_index("I1"), "I1", pa.array(dense)), path,
                    row_group_size=50)
-    log = str(tmp_path / "log.jsonl")
-    codes = launch(dlrm_main.main, ["--parquet_path", table, *TINY, "--log_path", log])
-    assert codes == {0: 2, 1: 2}
-    errors = [line for line in capfd.readouterr().err.splitlines() if "error:" in line]
+    errors, log = _stopped_two_rank_run(table, tmp_path, capfd)
     assert len(errors) == 1 and re.fullmatch(
         rf"dlrm_main.py: error: bad data, found at step \d \(epoch 0, training\): {re.escape(path)}: row group 0, "
         r"row 12, column I1: dense value nan is not finite \(batch 2 of the split\)", errors[0]), errors
@@ -117,18 +122,13 @@ def test_a_footer_that_lies_stops_every_rank_at_the_same_batch(tmp_path, capfd):
     footer (rewritten) says 60: before, the splits counted 60 and training read on into
     a NaN loss; now both ranks stop at the batch that reads it, exit 2, with one line
     naming the file and row group."""
-    import dlrm_main
-    from harness.launch import launch
     from tests.support.hostile import rewrite_row_group_rows
 
     table = str(tmp_path / "clicks")
     write_click_log(table)
     path = os.path.join(table, "date=2026-11-01", "part-1.parquet")
     rewrite_row_group_rows(path, 0, 60)
-    log = str(tmp_path / "log.jsonl")
-    codes = launch(dlrm_main.main, ["--parquet_path", table, *TINY, "--log_path", log])
-    assert codes == {0: 2, 1: 2}
-    errors = [line for line in capfd.readouterr().err.splitlines() if "error:" in line]
+    errors, log = _stopped_two_rank_run(table, tmp_path, capfd)
     # Global batch 2 (rows 64-95) holds the first day's first file's last 6 rows, then this file's.
     assert len(errors) == 1 and re.fullmatch(
         rf"dlrm_main.py: error: bad data, found at step \d \(epoch 0, training\): {re.escape(path)}: row group 0 "

@@ -406,12 +406,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         record = IN_PROCESS_STEPS[args.step](args.device)
         print(json.dumps(record), flush=True)
         return 0 if record.get("passed", True) else 1
+    if args.minutes <= 0:  # the plan prints the bound too
+        raise BadInput(f"--minutes must be positive, got {args.minutes:g}")
     plan = steps(args.device, args.peer)
     if args.plan:
         print(format_plan(plan, args.minutes))
         return 0
-    if args.minutes <= 0:
-        raise BadInput(f"--minutes must be positive, got {args.minutes:g}")
     if not args.output:
         raise BadInput("--output: say where the session's results go (a new directory)")
     if args.device == "cuda":

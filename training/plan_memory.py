@@ -25,6 +25,7 @@ and rank 0 prints ``plan memory per rank: estimated 641.47 MiB, built 644.60 MiB
 (0.99x), 685.01 MiB after the first step on rank 0; ...``.
 """
 
+import gc
 from dataclasses import dataclass
 from typing import Optional
 
@@ -109,6 +110,9 @@ class PlanMemoryProbe:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        # Garbage from before (a sweep's earlier trial, a notebook's earlier run) collected
+        # while the tables are built would shrink the RSS inside the window: collect it now.
+        gc.collect()
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
             self._peak_restarted = True

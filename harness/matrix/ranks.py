@@ -4,7 +4,6 @@ and the plan that groups the jobs into one launch per device and world size."""
 
 import contextlib
 import io
-import json
 import os
 import shutil
 import signal
@@ -17,6 +16,7 @@ import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor
 
+from common.run_log_file import read_run_log
 from training.optimizers import TABLE_PARAMETER
 from harness.matrix.cases import PROBE_ROWS, STOP, TABLE_ROWS, Case, case_name, logged_steps, probe_inputs
 
@@ -57,17 +57,12 @@ def probe_batch(rank: int, world_size: int, device: torch.device):
 def _outcome(trainer: Any, result: Any, log_path: str) -> dict[str, Any]:
     """What a finished run left: its losses, metrics, this rank's weights and (rank 0,
     which writes the log) the steps its log shows."""
-    steps = logged_steps(read_records(log_path)) if trainer.env.is_main else None
+    steps = logged_steps(read_run_log(log_path)) if trainer.env.is_main else None
     # The final weights' test figures: the best checkpoint a run also tests depends on the
     # checkpoints its directory holds, which the resumed run's (one checkpoint) does not share.
     test = result.final_test if result.final_test is not None else result.test
     return {"losses": list(result.train_losses), "validation": result.validation, "test": test,
             "records_per_sec": result.records_per_sec, "steps": steps, **local_weights(trainer.model)}
-
-
-def read_records(log_path: str) -> list[dict[str, Any]]:
-    with open(log_path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def _eager_probabilities(trainer: Any) -> torch.Tensor:

@@ -17,7 +17,7 @@ bf16 autocast, TF32, one or two epochs, validation inside the epoch, and world s
   semi_sync run of another placement (`placement_reference`);
 
 to the tolerance `reference_tolerance` gives and explains; and, as in
-`harness/matrix.py`, resume bit-exact and the exported fp32 program equal to the
+`harness/matrix/`, resume bit-exact and the exported fp32 program equal to the
 eager model (with TF32 off). Combinations the application refuses must be refused on
 every rank with one ``error:`` line from rank 0. With more than one GPU it prints which
 network NCCL uses. Built for a short lease: the GPU's jobs run first and the CPU
@@ -33,14 +33,12 @@ exercise the check itself. On a host without CUDA, a plain run says so and exits
 """
 
 import json
-import multiprocessing
 import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Optional
 from collections.abc import Callable, Sequence
@@ -48,12 +46,11 @@ from collections.abc import Callable, Sequence
 import torch
 
 from common.cli import OneLineParser, cli_main
-from common.errors import BadInput
 from common.config_flags import add_flags, config_values, flag
 from models.config import EMBEDDING_PRECISIONS, INTERACTION_TYPES
 from sharding_plans.constraints import CUDA_ONLY_KERNELS, SHARDING_TYPES
 from harness import matrix
-from harness.matrix import MIXED, Case, CaseResult, MatrixSpec, Refusal
+from harness.matrix import MIXED, Case, CaseResult, Launcher, MatrixSpec, Refusal
 from training.config import DENSE_OPTIMIZERS, OPTIMIZERS, PIPELINES
 from training.pipelines import CUDA_ONLY_PIPELINES
 
@@ -211,9 +208,6 @@ def case_argv(case: Case, data_dir: str, device: str) -> list[str]:
 
 # ------------------------------------------------------------------ running and checking
 
-Launcher = Callable[[Callable, list[dict[str, Any]], int], dict[int, Any]]
-
-
 def evaluate(spec: MatrixSpec, cases: list[Case], refusals: list[Case], data_dir: str, work_dir: str,
              launcher: Launcher, on_result: Optional[Callable[[CaseResult], None]] = None,
              job_timeout: Optional[float] = None) -> list[CaseResult]:
@@ -227,37 +221,15 @@ def evaluate(spec: MatrixSpec, cases: list[Case], refusals: list[Case], data_dir
     device's launches, each other case's after the CPU references. Every job stops at
     ``job_timeout`` seconds (recorded as its error) and the next one runs.
     """
-    jobs: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    index: dict[str, dict[str, Any]] = {}
-
-    def add(kind: str, case: Case, device: str, resume: bool = False) -> str:
-        key = f"{kind}:{device}:{matrix.case_name(case)}"
-        if key not in index:
-            index[key] = {"kind": kind, "key": key, "argv": case_argv(case, data_dir, device), "device": device,
-                          "dir": os.path.join(work_dir, f"run{len(index)}"), "resume": resume,
-                          "timeout_s": job_timeout}
-            jobs.setdefault((device, case["world_size"]), []).append(index[key])
-        index[key]["resume"] |= resume
-        return key
-
-    refusal_keys = [add("refusal", c, spec.device) for c in refusals]
+    plan = matrix.JobPlan(data_dir, work_dir, case_argv, job_timeout)
+    refusal_keys = [plan.add("refusal", c, spec.device) for c in refusals]
     planned = []
     for case in cases:
         cpu, placement = cpu_reference(case), placement_reference(case, spec)
-        planned.append((case, add("train", case, spec.device, resume=resumable(case) is None),
-                        add("train", cpu, "cpu") if cpu else None,
-                        add("train", placement, spec.device) if placement else None))
-    outcomes: dict[str, list[dict[str, Any]]] = {}
-
-    def run_group(device: str) -> None:
-        for (group_device, world_size), group in sorted(jobs.items()):
-            if group_device != device:
-                continue
-            per_rank = launcher(matrix.run_jobs, group, world_size)
-            for rank in sorted(per_rank):
-                for result in per_rank[rank]:
-                    outcomes.setdefault(result["key"], []).append(result)
-
+        planned.append((case, plan.add("train", case, spec.device, resume=resumable(case) is None),
+                        plan.add("train", cpu, "cpu") if cpu else None,
+                        plan.add("train", placement, spec.device) if placement else None))
+    outcomes = plan.outcomes
     results: dict[int, CaseResult] = {}
 
     def done(position: int, result: CaseResult) -> None:
@@ -265,16 +237,11 @@ def evaluate(spec: MatrixSpec, cases: list[Case], refusals: list[Case], data_dir
         if on_result is not None:
             on_result(result)
 
-    run_group(spec.device)  # the device's jobs first (on --device cpu, the same kind as the references)
-    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        exports: dict[str, Future] = {}
-        for _, key, _, _ in planned:
-            if all("error" not in o for o in outcomes[key]):
-                exports[key] = pool.submit(matrix.export_difference, outcomes[key][0]["checkpoint_dir"],
-                                           torch.cat([o["probe"] for o in outcomes[key]]),
-                                           os.path.join(work_dir, "exports", f"run{len(exports)}"))
+    plan.launch(launcher, spec.device)  # the device's jobs first (on --device cpu, the same kind as the references)
+    with matrix.export_pool() as pool:
+        exports = matrix.start_exports(pool, outcomes, [key for _, key, _, _ in planned], work_dir)
         for position, (case, key) in enumerate(zip(refusals, refusal_keys)):
-            done(position, matrix._check_refusal(spec, case, outcomes[key]))
+            done(position, matrix.check_refusal(spec, case, outcomes[key]))
         waiting = []
         for position, (case, key, cpu_key, placement_key) in enumerate(planned, start=len(refusals)):
             if cpu_key is None or cpu_key in outcomes:
@@ -283,7 +250,7 @@ def evaluate(spec: MatrixSpec, cases: list[Case], refusals: list[Case], data_dir
             else:
                 waiting.append((position, case, key, cpu_key, placement_key))
         if spec.device != "cpu":
-            run_group("cpu")
+            plan.launch(launcher, "cpu")
         for position, case, key, cpu_key, placement_key in waiting:
             done(position, check_case(case, outcomes[key], outcomes.get(cpu_key), outcomes.get(placement_key),
                                       exports.get(key)))
@@ -295,7 +262,7 @@ def _compare(result: CaseResult, check: str, runs: Sequence[dict[str, Any]],
     """Losses and weights within ``tolerance``; an fp16 case's tables within it or
     within one fp16 step at each weight's own magnitude per update, whichever is larger."""
     fp16 = result.case["precision"] == "fp16"
-    diff, where = matrix._max_difference(runs, reference, tables=not fp16)
+    diff, where = matrix.max_difference(runs, reference, tables=not fp16)
     verdicts = [(diff, tolerance, f"{diff:.2g} {{}} {tolerance:g}" + (f" ({where})" if diff > 0 else ""))]
     if fp16:
         table_diff, allowed, table = _fp16_table_difference(runs, reference, tolerance)
@@ -333,7 +300,7 @@ def check_case(case: Case, per_rank: list[dict[str, Any]], cpu: Optional[list[di
     if not_resumable:
         result.checks["resume=uninterrupted"] = not_resumable
     else:
-        mismatch = matrix._identical(whole, [o["resumed"] for o in per_rank], matrix.STOP)
+        mismatch = matrix.identical(whole, [o["resumed"] for o in per_rank], matrix.STOP)
         if mismatch is None:
             result.checks["resume=uninterrupted"] = "ok bit-exact"
         else:
@@ -433,16 +400,10 @@ def run(spec: MatrixSpec, strength: int, only: str, list_only: bool, launcher: O
     """Generates the cases of ``spec``, runs them (over freshly generated data), prints
     each verdict as it is made (and appends it to ``output``), then the table; 0 when
     every case passed. BadInput when ``only`` selects nothing."""
-    cases = [c for c in matrix.covering_cases(spec, strength) if matrix.matches_only(matrix.case_name(c), only)]
-    refusals = [c for c in refusal_cases(spec) if matrix.matches_only(matrix.case_name(c), only)]
-    if not cases and not refusals:
-        raise BadInput(f"--only {only}: no case of strength {strength} on {spec.device} matches (--list shows them)")
+    cases, refusals = matrix.selected_cases(spec, strength, only, refusal_cases, where=f" on {spec.device}")
     if list_only:
         print(format_plan(spec, cases, refusals))
         return 0
-    from data.synthetic_criteo import generate_synthetic_criteo
-    from harness.small_data import SMALL_SPEC
-    from harness.launch import launch
     start = time.perf_counter()
 
     def verdict(result: CaseResult) -> None:
@@ -451,11 +412,9 @@ def run(spec: MatrixSpec, strength: int, only: str, list_only: bool, launcher: O
         if output:
             append_line(output, verdict_record(result))
 
-    with tempfile.TemporaryDirectory(prefix="gpu_check-") as work:
-        data_dir = os.path.join(work, "data")
-        generate_synthetic_criteo(SMALL_SPEC, data_dir, show_progress=False)
-        results = evaluate(spec, cases, refusals, data_dir, work,
-                           launcher or (lambda fn, jobs, n: launch(fn, jobs, nproc=n)), verdict, job_timeout)
+    with matrix.small_data("gpu_check-") as (work, data_dir):
+        results = evaluate(spec, cases, refusals, data_dir, work, launcher or matrix.local_launcher, verdict,
+                           job_timeout)
     print(matrix.format_table(spec, results))
     print(f"gpu_check on {spec.device}, strength {strength}: {len(cases)} cases and {len(refusals)} refusals "
           f"in {time.perf_counter() - start:.0f} s")

@@ -1,6 +1,11 @@
-"""Reading the training's JSON-lines log (``--log_path``) with one-line errors, checking
-that a file a run would append to is one, and what its test records say about the model
-they are of (`TestedModel`)."""
+"""Reading the training's JSON-lines log (``--log_path``, written by
+training/run_log.py's RunLog) with one-line errors, checking that a file a run would
+append to is one, and what its test records say about the model they are of
+(`TestedModel`).
+
+The one reader of the log: `log_records` (each record with its line number) and
+`read_run_log` (the records); every record is a `RunRecord`. Training, the report, the
+sweeps, the matrix, the benchmarks and the tests all read through it."""
 
 import json
 import os
@@ -49,8 +54,32 @@ def check_appendable(path: str, flag: str = "--log_path", error: type[Exception]
                     "record of one), and a run appends to it: give a new file, or a run log to add this run to")
 
 
-def log_records(path: str, error: type[Exception],
-                required: Sequence[str] = ("event",)) -> Iterator[tuple[int, dict[str, Any]]]:
+class RunRecord(dict[str, Any]):
+    """One record of a run log: the JSON object as a dict (every field as written), with
+    the fields every record has typed (`RECORD_FIELDS`) and the line it was read from."""
+
+    line: int = 0
+
+    @property
+    def event(self) -> str:
+        """``config``, ``train``, ``eval``, ``summary``, ... (training/run_log.py)."""
+        return str(self["event"])
+
+    @property
+    def run_id(self) -> Optional[str]:
+        """The run (attempt) that wrote it: a restarted job appends under a new one."""
+        value = self.get("run_id")
+        return None if value is None else str(value)
+
+    @property
+    def time(self) -> Optional[float]:
+        """Seconds since the epoch when it was written."""
+        value = self.get("time")
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def log_records(path: str, error: type[Exception] = BadInput,
+                required: Sequence[str] = ("event",)) -> Iterator[tuple[int, RunRecord]]:
     """(line number, record) of every non-blank line; raises ``error`` naming the file
     and line for an unreadable file, a line that is not JSON, or a record without the
     ``required`` keys.
@@ -58,7 +87,7 @@ def log_records(path: str, error: type[Exception],
     Example::
 
         for number, record in log_records("run.jsonl", ValueError):
-            print(number, record["event"])
+            print(number, record.event)
     """
     try:
         with open(path) as f:
@@ -69,13 +98,27 @@ def log_records(path: str, error: type[Exception],
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            document = json.loads(line)
         except json.JSONDecodeError as e:
             raise error(f"{path} line {number}: not JSON ({e.msg})") from None
-        if not isinstance(record, dict) or any(key not in record for key in required):
+        if not isinstance(document, dict) or any(key not in document for key in required):
             keys = " or ".join(f'"{key}"' for key in required)
             raise error(f"{path} line {number}: not a training log record (no {keys})")
+        record = RunRecord(document)
+        record.line = number
         yield number, record
+
+
+def read_run_log(path: str, error: type[Exception] = BadInput,
+                 required: Sequence[str] = ("event",)) -> list[RunRecord]:
+    """Every record of the run log at ``path``, in order (`log_records` without the
+    line numbers; each record keeps its ``line``).
+
+    Example::
+
+        losses = [x for r in read_run_log("run.jsonl") if r.event == "train" for x in r["step_losses"]]
+    """
+    return [record for _, record in log_records(path, error, required)]
 
 
 @dataclass(frozen=True)

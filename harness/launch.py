@@ -1,7 +1,6 @@
 """Running the real entry points (in-process elastic launches and subprocesses) and reading their JSON logs."""
 
 import contextlib
-import json
 import os
 import socket
 import subprocess
@@ -11,6 +10,8 @@ from typing import Any, Optional
 from collections.abc import Callable, Iterator, Sequence
 
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from common.run_log_file import read_run_log
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -78,9 +79,8 @@ def run_script(args: Sequence[str], torchrun_nproc: Optional[int] = None,
         return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
-def read_log(path: str) -> list[dict[str, Any]]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+# The run log's one reader (common/run_log_file.py), by the name the tests and benchmarks use.
+read_log = read_run_log
 
 
 def step_losses(records: list[dict[str, Any]]) -> list[float]:

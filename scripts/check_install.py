@@ -22,10 +22,15 @@ expected there. The script's other pip calls pass ``--no-warn-conflicts`` so tha
 does not print it as an ``ERROR`` mid-install.
 """
 
-import argparse
+import os
 import re
 import subprocess
 import sys
+
+# Run as a script (scripts/install.sh): the repository, where common/ is, goes on the path.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from common.cli import OneLineParser  # noqa: E402
 
 # pip check's line for torchrec's declared CUDA FBGEMM, which a CPU install replaces.
 _CPU_FBGEMM_CONFLICT = re.compile(r"torchrec \S+ requires fbgemm-gpu, which is not installed\.")
@@ -123,7 +128,7 @@ def unexpected_conflicts(pip_check_output: str, device: str) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("device", choices=("cpu", "cuda"))
     parser.add_argument("--gpu-visible", action="store_true", help="nvidia-smi lists a GPU on this host")
     parser.add_argument("--allow-cuda-torch", action="store_true",

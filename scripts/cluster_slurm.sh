@@ -47,7 +47,7 @@ install -d -m 0755 "$SLURM_DIR"
 install -d -o slurm -g slurm -m 0755 "$LOG_DIR" "$RUN_DIR" "$SLURM_DIR/ctld" 2>/dev/null \
   || install -d -m 0755 "$LOG_DIR"  # before the packages made the user slurm
 : >>"$LOG"
-# say, die, logged, wait_for, install_if_changed, install_slurm_packages, start_munge.
+# say, die, logged, wait_for, install_if_changed, install_slurm_packages, start_munge, slurm_conf.
 source "$(dirname "$0")/slurm_lib.sh"
 
 install_slurm_packages
@@ -130,47 +130,24 @@ nodes=""
 for host in "${compute[@]}"; do
   nodes+="NodeName=$host CPUs=$cpus RealMemory=$memory_mb State=UNKNOWN"$'\n'
 done
+# The settings slurm_conf writes (scripts/slurm_lib.sh), this cluster's: its own ports,
+# state and logs beside the one-node cluster's, each node's name resolved at every
+# connection, the backfill scheduler every 2 s.
+# shellcheck disable=SC2034  # read by slurm_conf through its name
+declare -A conf=(
+  [header]="# Written by scripts/cluster_slurm.sh: ${#compute[@]} compute hosts of $cpus CPUs and ${memory_mb} MB each,
+# their share of this machine's $(nproc) CPUs and $(total_memory_mb) MB (one kernel for all)."
+  [cluster]=$CLUSTER [controller]="$controller($controller_address)"
+  [ctld_port]=$SLURMCTLD_PORT [slurmd_port]=$SLURMD_PORT
+  [state]="$SLURM_DIR/ctld" [spool]="$SLURM_DIR/spool/%n"
+  [ctld_pid]="$RUN_DIR/slurmctld.pid" [slurmd_pid]="$RUN_DIR/slurmd-%n.pid"
+  [ctld_log]="$LOG_DIR/slurmctld.log" [slurmd_log]="$LOG_DIR/slurmd-%n.log"
+  [slurmd_timeout]=$SLURMD_TIMEOUT [no_addr_cache]=1 [backfill_interval]=2
+  [accounting_host]=$controller [accounting_port]=$SLURMDBD_PORT
+  [nodes]=$nodes [partition]=$PARTITION
+)
 candidate="$(mktemp)"
-cat >"$candidate" <<EOF
-# Written by scripts/cluster_slurm.sh: ${#compute[@]} compute hosts of $cpus CPUs and ${memory_mb} MB each,
-# their share of this machine's $(nproc) CPUs and $(total_memory_mb) MB (one kernel for all).
-ClusterName=$CLUSTER
-SlurmctldHost=$controller($controller_address)
-SlurmctldPort=$SLURMCTLD_PORT
-SlurmdPort=$SLURMD_PORT
-SlurmUser=slurm
-AuthType=auth/munge
-StateSaveLocation=$SLURM_DIR/ctld
-SlurmdSpoolDir=$SLURM_DIR/spool/%n
-SlurmctldPidFile=$RUN_DIR/slurmctld.pid
-SlurmdPidFile=$RUN_DIR/slurmd-%n.pid
-SlurmctldLogFile=$LOG_DIR/slurmctld.log
-SlurmdLogFile=$LOG_DIR/slurmd-%n.log
-SlurmdTimeout=$SLURMD_TIMEOUT
-# Resolve a node's name at every connection, not once per daemon: a host that comes
-# back at another address (its /etc/hosts line changed) is reached there by slurmctld,
-# srun and the other slurmds without a restart. The whole value, nothing beside it:
-# Slurm 22.05 compares the option the wrong way round and misses it in a list.
-CommunicationParameters=NoAddrCache
-# No cgroups in a container: track and bind processes without them.
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-MpiDefault=none
-ReturnToService=2
-SchedulerType=sched/backfill
-# torchx submits a job of several nodes as a heterogeneous job, which only the backfill
-# scheduler starts: every 2 s rather than its default 30 s.
-SchedulerParameters=bf_interval=2
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU_Memory
-# torchx reads job states through sacct: accounting through slurmdbd.
-AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=$controller
-AccountingStoragePort=$SLURMDBD_PORT
-JobAcctGatherType=jobacct_gather/none
-JobCompType=jobcomp/none
-${nodes}PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-EOF
+slurm_conf conf >"$candidate"
 slurm_changed=0
 install_if_changed "$CONF" "$candidate" 0644 && slurm_changed=1
 

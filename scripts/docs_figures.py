@@ -24,6 +24,7 @@ from typing import Optional
 from collections.abc import Sequence
 
 from common.atomic import write_text
+from common.cli import OneLineParser
 from common.png_figure import drawn_date
 from scripts.generated_docs import replace_block
 
@@ -149,7 +150,10 @@ def update_pages(images: Sequence[str], date: str) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    images = list(argv if argv is not None else sys.argv[1:]) or list(FIGURES)
+    parser = OneLineParser(prog="python -m scripts.docs_figures", description=__doc__.split("\n\n")[0])
+    parser.add_argument("figures", nargs="*", metavar="FIGURE",
+                        help=f"the figures to draw, by file name (default: all: {', '.join(FIGURES)})")
+    images = parser.parse_args(argv).figures or list(FIGURES)
     unknown = [image for image in images if image not in FIGURES]
     if unknown:
         print(f"unknown figure {unknown[0]} (known: {', '.join(FIGURES)})", file=sys.stderr)

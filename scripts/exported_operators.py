@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
+from common.cli import OneLineParser
 from models import build_dlrm_train
 from models.config import INTERACTION_TYPES, ModelConfig
 from models.interactions.dcn import DCNConfig
@@ -85,8 +86,7 @@ def file_text(references: dict[str, list[str]]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     action = parser.add_mutually_exclusive_group()
     action.add_argument("--write", action="store_true", help=f"replace {ALLOWED_REFERENCES_FILE}")
     action.add_argument("--check", action="store_true", help="exit 1 when the file is out of date")

@@ -5,12 +5,12 @@ script writes and a test checks.
     sys.exit(main("docs tables", path, BEGIN, END, tables, "python scripts/x.py --write"))
 """
 
-import argparse
 import os
 import sys
 from collections.abc import Callable
 
 from common.atomic import write_text
+from common.cli import OneLineParser
 from common.errors import BadInput
 
 
@@ -44,7 +44,7 @@ def update_file(path: str, begin: str, end: str, content: str, check: bool, comm
 def main(description: str, path: str, begin: str, end: str, generate: Callable[[], str], command: str) -> int:
     """The generators' command line: print the block, ``--write`` it into ``path`` or
     ``--check`` it (exit 1 when out of date)."""
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=description)
+    parser = OneLineParser(description=description)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help=f"update {os.path.basename(path)}")
     mode.add_argument("--check", action="store_true", help=f"exit 1 if {os.path.basename(path)} is out of date")

@@ -1,6 +1,7 @@
 # Shell functions shared by the two Slurm bring-up scripts: scripts/slurm_up.sh (the
 # one-node cluster in this machine's own network) and scripts/cluster_slurm.sh (the
-# cluster across the hosts of scripts/cluster_up.sh). Sourced, not run.
+# cluster across the hosts of scripts/cluster_up.sh), the slurm.conf writer of both
+# (slurm_conf) among them. Sourced, not run.
 #
 # The sourcing script sets, before calling any of them:
 #   SCRIPT    its name, the prefix of every line it prints (slurm_up, cluster_slurm)
@@ -79,6 +80,77 @@ start_munge() {
     setsid -f runuser -u munge -- /usr/sbin/munged >>"$LOG" 2>&1 </dev/null || die "munged did not start"
   fi
   wait_for "munged" sh -c 'munge -n | unmunge'
+}
+
+# The one slurm.conf writer: prints the configuration both clusters share, with the
+# settings of the one whose associative array (declare -A) is named $1. Its keys:
+#   header          the comment lines on top, each starting "# ", no newline at the end
+#   cluster         ClusterName
+#   controller      SlurmctldHost: name(address)
+#   ctld_port, slurmd_port       SlurmctldPort, SlurmdPort (empty or absent: Slurm's own)
+#   state, spool    StateSaveLocation, SlurmdSpoolDir
+#   ctld_pid, slurmd_pid, ctld_log, slurmd_log    the daemons' pid and log files
+#   slurmd_timeout  SlurmdTimeout (absent: Slurm's 300 s)
+#   no_addr_cache   1: CommunicationParameters=NoAddrCache (a node's name resolved anew)
+#   backfill_interval   SchedulerParameters=bf_interval= (absent: Slurm's 30 s)
+#   accounting_host, accounting_port    where slurmdbd answers (port absent: Slurm's)
+#   nodes           the NodeName lines, each ending in a newline
+#   partition       the one partition, every node in it
+# Example:
+#   declare -A conf=([header]="# one node" [cluster]=dlrm ...); slurm_conf conf >"$candidate"
+slurm_conf() {
+  local -n c="$1"
+  printf '%s\n' "${c[header]}" "ClusterName=${c[cluster]}" "SlurmctldHost=${c[controller]}"
+  [ -z "${c[ctld_port]:-}" ] || echo "SlurmctldPort=${c[ctld_port]}"
+  [ -z "${c[slurmd_port]:-}" ] || echo "SlurmdPort=${c[slurmd_port]}"
+  cat <<EOF
+SlurmUser=slurm
+AuthType=auth/munge
+StateSaveLocation=${c[state]}
+SlurmdSpoolDir=${c[spool]}
+SlurmctldPidFile=${c[ctld_pid]}
+SlurmdPidFile=${c[slurmd_pid]}
+SlurmctldLogFile=${c[ctld_log]}
+SlurmdLogFile=${c[slurmd_log]}
+EOF
+  [ -z "${c[slurmd_timeout]:-}" ] || echo "SlurmdTimeout=${c[slurmd_timeout]}"
+  if [ "${c[no_addr_cache]:-}" = 1 ]; then
+    cat <<'EOF'
+# Resolve a node's name at every connection, not once per daemon: a host that comes
+# back at another address (its /etc/hosts line changed) is reached there by slurmctld,
+# srun and the other slurmds without a restart. The whole value, nothing beside it:
+# Slurm 22.05 compares the option the wrong way round and misses it in a list.
+CommunicationParameters=NoAddrCache
+EOF
+  fi
+  cat <<'EOF'
+# No cgroups in a container: track and bind processes without them.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/backfill
+EOF
+  if [ -n "${c[backfill_interval]:-}" ]; then
+    cat <<EOF
+# torchx submits a job of several nodes as a heterogeneous job, which only the backfill
+# scheduler starts: every ${c[backfill_interval]} s rather than its default 30 s.
+SchedulerParameters=bf_interval=${c[backfill_interval]}
+EOF
+  fi
+  cat <<EOF
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU_Memory
+# torchx reads job states through sacct: accounting through slurmdbd.
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=${c[accounting_host]}
+EOF
+  [ -z "${c[accounting_port]:-}" ] || echo "AccountingStoragePort=${c[accounting_port]}"
+  cat <<EOF
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+${c[nodes]}PartitionName=${c[partition]} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+EOF
 }
 
 # This machine's RAM in MB, and what of it Slurm may hand out: the RAM less a margin

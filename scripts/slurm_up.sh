@@ -37,7 +37,7 @@ mkdir -p "$(dirname "$LOG")"
 : >>"$LOG"
 
 SCRIPT=slurm_up
-# say, die, logged, wait_for, install_if_changed, install_slurm_packages, start_munge.
+# say, die, logged, wait_for, install_if_changed, install_slurm_packages, start_munge, slurm_conf.
 source "$(dirname "$0")/slurm_lib.sh"
 # Only this machine's own network namespace counts: the cluster of scripts/cluster_up.sh
 # runs daemons of the same names in its hosts' namespaces.
@@ -90,35 +90,20 @@ memory_mb="$(usable_memory_mb)"
 install -d -o slurm -g slurm -m 0755 /var/lib/slurm/slurmctld /var/log/slurm
 install -d -m 0755 /var/lib/slurm/slurmd
 
+# The settings slurm_conf writes (scripts/slurm_lib.sh), this cluster's.
+# shellcheck disable=SC2034  # read by slurm_conf through its name
+declare -A conf=(
+  [header]="# Written by scripts/slurm_up.sh: one node, $cpus CPUs, ${memory_mb} MB of its ${total_mb} MB."
+  [cluster]=$CLUSTER [controller]="$node(127.0.0.1)"
+  [state]=/var/lib/slurm/slurmctld [spool]=/var/lib/slurm/slurmd
+  [ctld_pid]=/run/slurmctld.pid [slurmd_pid]=/run/slurmd.pid
+  [ctld_log]=/var/log/slurm/slurmctld.log [slurmd_log]=/var/log/slurm/slurmd.log
+  [accounting_host]=localhost
+  [nodes]="NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$memory_mb State=UNKNOWN"$'\n'
+  [partition]=$PARTITION
+)
 candidate="$(mktemp)"
-cat >"$candidate" <<EOF
-# Written by scripts/slurm_up.sh: one node, $cpus CPUs, ${memory_mb} MB of its ${total_mb} MB.
-ClusterName=$CLUSTER
-SlurmctldHost=$node(127.0.0.1)
-SlurmUser=slurm
-AuthType=auth/munge
-StateSaveLocation=/var/lib/slurm/slurmctld
-SlurmdSpoolDir=/var/lib/slurm/slurmd
-SlurmctldPidFile=/run/slurmctld.pid
-SlurmdPidFile=/run/slurmd.pid
-SlurmctldLogFile=/var/log/slurm/slurmctld.log
-SlurmdLogFile=/var/log/slurm/slurmd.log
-# No cgroups in a container: track and bind processes without them.
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-MpiDefault=none
-ReturnToService=2
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU_Memory
-# torchx reads job states through sacct: accounting through slurmdbd.
-AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=localhost
-JobAcctGatherType=jobacct_gather/none
-JobCompType=jobcomp/none
-NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$memory_mb State=UNKNOWN
-PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-EOF
+slurm_conf conf >"$candidate"
 slurm_changed=0
 install_if_changed /etc/slurm/slurm.conf "$candidate" 0644 && slurm_changed=1
 

@@ -19,6 +19,11 @@ import re
 import sys
 import zipfile
 
+# Run as a script: the repository, where common/ is, goes on the path.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from common.cli import OneLineParser  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("torchrec", "fbgemm_gpu")
 TABLE_VERSION = 1
@@ -108,16 +113,19 @@ def record(wheels: list, imports: set[str]) -> dict:
 
 
 def main(argv=None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["imports"]:
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    recorder = commands.add_parser("record", help="print, per release, the project's imports each wheel defines "
+                                   "(the JSON of tests/support/stack_names.json)")
+    recorder.add_argument("wheels", nargs="+", metavar="WHEEL", help="a torchrec or FBGEMM wheel of a stack")
+    commands.add_parser("imports", help="print the project's torchrec and FBGEMM imports, one a line")
+    args = parser.parse_args(argv)
+    if args.command == "imports":
         print("\n".join(sorted(project_imports())))
         return 0
-    if args[:1] == ["record"] and len(args) > 1:
-        json.dump(record(args[1:], project_imports()), sys.stdout, indent=1)
-        sys.stdout.write("\n")
-        return 0
-    print(__doc__, file=sys.stderr)
-    return 2
+    json.dump(record(args.wheels, project_imports()), sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    return 0
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ its digest can be pinned, and xz over the whole wheelhouse compresses the cubins
 better than zip's deflate) with a RECORD of their new digests.
 """
 
-import argparse
 import base64
 import hashlib
 import os
@@ -36,6 +35,7 @@ import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from common.cli import OneLineParser  # noqa: E402
 from models.embedding_optimizer_config import EMBEDDING_OPTIMIZERS  # noqa: E402
 
 FATBIN_MAGIC = 0xBA55ED50
@@ -211,7 +211,7 @@ def sha256_of(path: str) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("wheel", help="FBGEMM's CUDA wheel")
     parser.add_argument("--arch", help="the GPU architecture to keep, e.g. sm_90")
     parser.add_argument("--output", help="directory for the trimmed wheel")

@@ -19,7 +19,6 @@ xz-compressed together) and ``wheelhouse.json`` (the stack, the target, the pins
 the archive's digest); the build fails with one line when DIR exceeds ``--max-mib``.
 """
 
-import argparse
 import base64
 import hashlib
 import json
@@ -35,6 +34,7 @@ from dataclasses import asdict, dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from common.cli import OneLineParser  # noqa: E402
 from common.json_fields import TEXT, FileFieldError, JsonObject, text_list  # noqa: E402
 from scripts.trim_fbgemm_wheel import TrimError, sha256_of, trim_wheel  # noqa: E402
 
@@ -319,7 +319,7 @@ def unpack(directory: str, into: str) -> Wheelhouse:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     make = commands.add_parser("build", help="download, trim and compress into --output")
     make.add_argument("--stack", required=True, help="a folder of stacks/, e.g. torch2.11")

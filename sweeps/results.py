@@ -29,7 +29,7 @@ from common.atomic import write_text
 from common.byte_sizes import GIB
 from common.png_figure import png_figure
 from common.errors import BadInput
-from common.run_log_file import TestedModel, log_records
+from common.run_log_file import TestedModel, read_run_log
 from sweeps.run_state import FAILED, RunRecord
 from training.failures import EXIT_DIVERGED, EXIT_NON_FINITE_LOSS
 
@@ -70,7 +70,7 @@ def read_log(path: str) -> list[dict[str, Any]]:
     ``run_id``); empty when there is no log yet."""
     if not os.path.exists(path):
         return []
-    records = [record for _, record in log_records(path, ResultsError, required=("event", "run_id"))]
+    records = read_run_log(path, ResultsError, required=("event", "run_id"))
     configs = [r for r in records if r["event"] == "config"]
     if not configs:
         return []

@@ -24,7 +24,8 @@ BENCHES = sorted(f"bench.{name[:-3]}" for name in os.listdir(BENCH_DIR)
 # `parse_flags`' (the matrix's give every flag a parser default, --strength its own).
 BORROWED = {"bench.gpu_check": [matrix.MatrixFlags]}
 PARSERS = {"bench.gpu_check": lambda: importlib.import_module("bench.gpu_check").parser(),
-           "harness.matrix": lambda: matrix.matrix_parser("python -m harness.matrix", "The matrix.", strength=3)}
+           "harness.matrix.command": lambda: matrix.matrix_parser("python -m harness.matrix", "The matrix.",
+                                                                  strength=3)}
 _OPTION = re.compile(r"^  (-[-\w]+)")
 
 
@@ -55,7 +56,8 @@ def _required(classes: list[type]) -> list[str]:
             for text in (item.option, f"/some/{item.name}")]
 
 
-CLIS = BENCHES + ["harness.matrix"]
+# The matrix CLI: `python -m harness.matrix` runs the main (and flags) of its command module.
+CLIS = BENCHES + ["harness.matrix.command"]
 
 
 def test_every_bench_declares_its_flags():
@@ -92,7 +94,7 @@ def test_every_bench_flag_parses_into_its_field_and_nothing_else(module_name, co
     assert parse(module_name, [*required, item.option, *text]) == expected
 
 
-@pytest.mark.parametrize("module_name", ["bench.gpu_check", "harness.matrix"])
+@pytest.mark.parametrize("module_name", ["bench.gpu_check", "harness.matrix.command"])
 def test_the_matrix_default_strength_is_the_cli_s(module_name):
     classes = flag_classes(module_name)
     config = parse(module_name, [])[classes.index(matrix.MatrixFlags)]

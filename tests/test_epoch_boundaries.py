@@ -2,7 +2,7 @@
 resumed at an epoch's end, inside the second epoch or inside the first, with shuffled
 batches, a warm-up and decay schedule and early stopping's bookkeeping, continues
 exactly as the uninterrupted run; evaluating again after the run gives the figures
-the run reported. (harness/matrix.py checks the same boundaries over every
+the run reported. (harness/matrix/ checks the same boundaries over every
 pipeline, sharding and optimizer, without shuffling or a schedule.)"""
 
 import shutil

@@ -114,11 +114,11 @@ def test_refusal_is_matched_on_the_error_line_among_library_output():
     line = "dlrm_main.py: error: --pipeline semi_sync runs forward(i+1) before ..."
     noisy = [{"code": 2, "seconds": 1.0, "stderr": f"NCCL INFO Using network Socket\nplanner: 3 tables\n{line}\n"},
              {"code": 2, "seconds": 1.0, "stderr": "UserWarning: something from torchrec\n"}]
-    assert matrix._check_refusal(SPEC, case, noisy).passed
+    assert matrix.check_refusal(SPEC, case, noisy).passed
     two = [noisy[0], {**noisy[1], "stderr": line}]
-    assert not matrix._check_refusal(SPEC, case, two).passed  # only rank 0 reports
+    assert not matrix.check_refusal(SPEC, case, two).passed  # only rank 0 reports
     wrong = [{**noisy[0], "stderr": "dlrm_main.py: error: something else\n"}, noisy[1]]
-    assert not matrix._check_refusal(SPEC, case, wrong).passed
+    assert not matrix.check_refusal(SPEC, case, wrong).passed
 
 
 def test_nccl_network_read_from_nccl_debug_output():
@@ -276,7 +276,7 @@ def test_a_deadline_never_cuts_an_import(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "slow_to_import", raising=False)
     with pytest.raises(matrix.JobTimeout):
-        with matrix._deadline(0.05):
+        with matrix.ranks._deadline(0.05):
             import slow_to_import  # noqa: F401
             time.sleep(5)  # where the cut lands
     assert sys.modules["slow_to_import"].DONE is True

@@ -1,4 +1,4 @@
-"""The correctness matrix's all-pairs set (harness/matrix.py says what each case
+"""The correctness matrix's all-pairs set (harness/matrix/ says what each case
 checks) covers what it must. Its cases train in `make test-matrix MATRIX_STRENGTH=2`,
 which .ci/run runs on every stack after the suite (out of make test's 15 minutes);
 `make test-matrix` runs every triple."""

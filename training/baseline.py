@@ -83,7 +83,7 @@ class BaselineConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", choices=list(RECIPES), default=None,
                         help="the data and table-size flags (and --epochs) of a training recipe; flags given win")
     add_flags(parser.add_argument_group("what to run"), TrainConfig,

@@ -14,6 +14,7 @@ best model when one was kept, else of the final weights; ``test_model``: which, 
 validation record also has ``window``, the window evaluated); every record also has
 ``time`` (seconds since the epoch). With a TensorBoard directory the same scalars go
 to event files too, and each window's metrics also as ``window/<key>`` over the window.
+The log is read back by one reader, common/run_log_file.py's `read_run_log`.
 """
 
 import dataclasses

@@ -1,0 +1,238 @@
+"""The matrix's cases: the dimensions and their choices, the refused combinations,
+the covering-array generator, each case's name and the steps its run must log."""
+
+import fnmatch
+import itertools
+import random
+from dataclasses import dataclass, field
+from typing import Any, Optional
+from collections.abc import Sequence
+
+import torch
+
+from models.config import EMBEDDING_PRECISIONS, INTERACTION_TYPES
+from sharding_plans.constraints import SHARDING_TYPES
+from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
+from training.config import DENSE_OPTIMIZERS, OPTIMIZERS, PIPELINES
+from training.pipelines import CUDA_ONLY_PIPELINES
+
+MIXED = "mixed"  # every sharding type at once, cycling over the tables
+DIMENSIONS: dict[str, tuple[Any, ...]] = {
+    "optimizer": OPTIMIZERS,
+    "dense_optimizer": DENSE_OPTIMIZERS,
+    "sharding": SHARDING_TYPES + (MIXED,),
+    "precision": EMBEDDING_PRECISIONS,
+    "pipeline": PIPELINES,
+    "interaction": INTERACTION_TYPES,
+    "multi_hot": (False, True),
+    "world_size": (1, 2),
+    "amp": (False, True),
+    "epochs": (1, 2),
+    "validation_within_epoch": (False, True),
+    # The data the case trains on: the Criteo day files, or the same rows as a
+    # Parquet table (`parquet_copy`), read in place by the streaming loader.
+    "data_source": ("criteo_binary", "parquet"),
+}
+ADAPTIVE = ("adagrad", "rowwise_adagrad", "adam")
+
+# The tiny model every case trains: 26 tables of 40..115 rows, dim 8.
+TABLE_ROWS = [40 + 3 * i for i in range(NUM_SPARSE_FEATURES)]
+EMBEDDING_DIM = 8
+GLOBAL_BATCH = 64
+STEPS = 4  # training steps of a case, over all its epochs
+STOP = 2  # the resumed run starts from this step's checkpoint
+PROBE_ROWS = 32  # rows of the batch export and eager are compared on
+MIXED_PLAN = ",".join(f"t_cat_{i}={SHARDING_TYPES[i % len(SHARDING_TYPES)]}" for i in range(len(TABLE_ROWS)))
+MULTI_HOT_SIZES = [1 + i % 4 for i in range(len(TABLE_ROWS))]
+
+
+Case = dict[str, Any]  # dimension -> choice
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A combination that must be refused: the choices that make it, when, and a
+    fragment of the one-line message."""
+
+    choices: tuple[tuple[str, Any], ...]
+    message: str
+    devices: tuple[str, ...] = ("cpu", "cuda")
+
+    def matches(self, case: Case, device: str) -> bool:
+        """Whether ``case`` (or a partial one) holds every choice of this combination."""
+        return device in self.devices and all(d in case and case[d] == v for d, v in self.choices)
+
+
+REFUSALS: tuple[Refusal, ...] = (
+    # FBGEMM's dense (data-parallel) kernel has no fp16 backward: wrong results, NaN.
+    Refusal((("precision", "fp16"), ("sharding", "data_parallel")), "data_parallel"),
+    Refusal((("precision", "fp16"), ("sharding", MIXED)), "data_parallel"),
+    *(Refusal((("pipeline", p),), f"--pipeline {p} needs CUDA", devices=("cpu",)) for p in CUDA_ONLY_PIPELINES),
+)
+
+
+@dataclass(frozen=True)
+class MatrixSpec:
+    """What a matrix varies, what it refuses, and what each case is compared with.
+
+    Args:
+        dimensions: {dimension: choices}; a case has one choice of each.
+        reference: the choices the reference run of check (a) takes instead of the
+            case's (the rest are the case's).
+        refusals: the combinations that must be refused.
+        device: cpu or cuda.
+        defaults: choices of dimensions the matrix does not vary.
+    """
+
+    dimensions: dict[str, tuple[Any, ...]]
+    reference: dict[str, Any]
+    refusals: tuple[Refusal, ...]
+    device: str
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+    def refusal_for(self, case: Case) -> Optional[Refusal]:
+        return next((r for r in self.refusals if r.matches(case, self.device)), None)
+
+    def forbidden(self, partial: dict[str, Any]) -> bool:
+        """Whether the (possibly partial) choices already make a refused combination."""
+        return self.refusal_for(partial) is not None
+
+    def complete(self, choices: dict[str, Any]) -> Case:
+        return {**self.defaults, **choices}
+
+
+# The matrix `make test` and `make test-matrix` run: every flag's choices on the CPU.
+CPU_MATRIX = MatrixSpec(DIMENSIONS, reference={"sharding": "table_wise", "world_size": 1, "pipeline": "sparse_dist"},
+                        refusals=REFUSALS, device="cpu")
+
+
+# ------------------------------------------------------------------ case generation
+
+def covering_cases(spec: MatrixSpec, strength: int, seed: int = 0, candidates: int = 24) -> list[Case]:
+    """Trainable cases in which every ``strength``-tuple of allowed choices appears.
+
+    Greedy (AETG-style): each new case starts from a tuple not yet covered and fills
+    the other dimensions with the choice covering the most uncovered tuples; the best
+    of ``candidates`` tries is kept. Deterministic for a seed.
+    """
+    dims = list(spec.dimensions)
+    uncovered = set()
+    for group in itertools.combinations(dims, strength):
+        for values in itertools.product(*(spec.dimensions[d] for d in group)):
+            partial = dict(zip(group, values))
+            if not spec.forbidden(partial):
+                uncovered.add(tuple(zip(group, values)))
+    rng = random.Random(seed)
+    cases: list[Case] = []
+
+    def covered(case: Case) -> set:
+        return {t for t in uncovered if all(case.get(d, object()) == v for d, v in t)}
+
+    while uncovered:
+        best: Optional[tuple[int, Case]] = None
+        pool = sorted(uncovered, key=repr)
+        for _ in range(candidates):
+            case: Case = dict(rng.choice(pool))
+            rest = [d for d in dims if d not in case]
+            rng.shuffle(rest)
+            for d in rest:
+                options = [v for v in spec.dimensions[d] if not spec.forbidden({**case, d: v})]
+                gains = [len(covered({**case, d: v})) for v in options]
+                top = max(gains)
+                case[d] = rng.choice([v for v, g in zip(options, gains) if g == top])
+            score = len(covered(case))
+            if best is None or score > best[0]:
+                best = (score, case)
+        assert best is not None
+        cases.append(spec.complete({d: best[1][d] for d in dims}))
+        uncovered -= covered(best[1])
+    return cases
+
+
+def refusal_cases(spec: MatrixSpec, base: Optional[Case] = None) -> list[Case]:
+    """One case per refused combination: its choices, the rest those of ``base`` or
+    else the first choices (and the most ranks, so that every rank is seen refusing)."""
+    first = {d: max(choices) if d == "world_size" else choices[0] for d, choices in spec.dimensions.items()}
+    return [spec.complete({**first, **(base or {}), **dict(r.choices)})
+            for r in spec.refusals if spec.device in r.devices]
+
+
+def matches_only(name: str, only: str) -> bool:
+    """Whether a case named ``name`` is selected by ``--only``: empty selects every case;
+    otherwise any of its comma-separated patterns, each a piece of the name, or a
+    glob over the whole name where it has a ``*``.
+
+    Example::
+
+        matches_only("sgd/dense-sgd/table_wise/fp16/prefetch/...", "*/fp16/prefetch/*,/semi_sync/")  # True
+    """
+    if not only:
+        return True
+    return any(fnmatch.fnmatchcase(name, p) if "*" in p else p in name for p in only.split(",") if p)
+
+
+def case_name(case: Case) -> str:
+    parts = [case["optimizer"], f"dense-{case['dense_optimizer']}", case["sharding"], case["precision"],
+             case["pipeline"], case["interaction"], "multi-hot" if case["multi_hot"] else "one-hot",
+             f"ws{case['world_size']}"] + (["amp"] if case["amp"] else [])
+    parts += ["parquet"] if case.get("data_source") == "parquet" else []
+    parts += [case["compute_kernel"]] if case.get("compute_kernel") else []
+    parts += ["tf32"] if case.get("allow_tf32") else []
+    parts += [f"{epochs(case)}-epochs"] if epochs(case) > 1 else []
+    parts += [f"validate-every-{validation_every(case)}"] if case.get("validation_within_epoch") else []
+    return "/".join(parts)
+
+
+def epochs(case: Case) -> int:
+    """The case's epochs (a matrix without the dimension trains one)."""
+    return case.get("epochs", 1)
+
+
+def batches_per_epoch(case: Case) -> int:
+    return STEPS // epochs(case)
+
+
+def validation_every(case: Case) -> int:
+    """--validation_freq_within_epoch: half an epoch, so the first validation of each
+    epoch lies inside it, the second at its end."""
+    return batches_per_epoch(case) // 2
+
+
+def expected_steps(case: Case) -> dict[str, Any]:
+    """What the log of the case's uninterrupted run must show: training steps per
+    epoch, the steps validation ran at, and the test's step."""
+    per_epoch = batches_per_epoch(case)
+    every = validation_every(case) if case.get("validation_within_epoch") else per_epoch
+    return {"train": {e: per_epoch for e in range(epochs(case))},
+            "validation": list(range(every, STEPS + 1, every)), "test": [STEPS]}
+
+
+def logged_steps(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The same figures as `expected_steps`, read from a JSON-lines run log."""
+    train: dict[int, int] = {}
+    for r in records:
+        if r["event"] == "train":
+            train[r["epoch"]] = train.get(r["epoch"], 0) + len(r["step_losses"])
+    # The final weights' test (a run that kept a better checkpoint tests that one too, after).
+    evals = {stage: [r["step"] for r in records if r["event"] == "eval" and r["stage"] == stage
+                     and r.get("model") in (None, "final")]
+             for stage in ("validation", "test")}
+    return {"train": train, **evals}
+
+
+def resumed_steps(expected: dict[str, Any], case: Case) -> dict[str, Any]:
+    """`expected_steps` of the run resumed from step STOP: the rest of its epoch, the
+    later epochs, the validations after the stop (and the one at the stop when it
+    ends an epoch: that checkpoint precedes the epoch's validation), the test."""
+    per_epoch = batches_per_epoch(case)
+    train = {e: n - max(0, min(n, STOP - e * per_epoch)) for e, n in expected["train"].items()}
+    first = STOP if STOP % per_epoch == 0 else STOP + 1
+    return {"train": {e: n for e, n in train.items() if n},
+            "validation": [s for s in expected["validation"] if s >= first], "test": expected["test"]}
+
+
+def probe_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(11)
+    dense = torch.rand(PROBE_ROWS, NUM_DENSE_FEATURES, generator=gen) * 5
+    ids = torch.stack([torch.randint(0, rows, (PROBE_ROWS,), generator=gen) for rows in TABLE_ROWS], dim=1)
+    return dense, ids

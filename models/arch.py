@@ -29,7 +29,7 @@ from torchrec.models.dlrm import DLRM, OverArch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from models.interactions.registry import ModelSizes
+from models.model_sizes import ModelSizes
 
 
 class PooledSparseArch(nn.Module):

@@ -10,10 +10,23 @@ interaction's and answer --help before torch loads.
 """
 
 import importlib
+import os
 import pkgutil
+import sys
 
-# Other sys.path entries' models/interactions/ folders join this package.
-__path__ = pkgutil.extend_path(__path__, __name__)
+
+def _plugin_folders(known: list[str]) -> list[str]:
+    """The models/interactions/ folders under the sys.path entries, but ``known``."""
+    folders: list[str] = []
+    for entry in sys.path:
+        folder = os.path.join(entry or os.curdir, "models", "interactions")
+        if os.path.isdir(folder) and not any(os.path.samefile(folder, seen) for seen in known + folders):
+            folders.append(folder)
+    return folders
+
+
+# After this package's own folder, whose modules win a name both have.
+__path__ += _plugin_folders(__path__)
 
 from models.interactions.registry import INTERACTIONS, Interaction, InteractionConfig, register  # noqa: E402
 # --interaction_type's first choices, in this order; each module registers itself.
@@ -21,10 +34,14 @@ from models.interactions import dot  # noqa: E402,F401
 from models.interactions import dcn  # noqa: E402,F401
 from models.interactions import projection  # noqa: E402,F401
 
-# Then every other module, by name (the shared registry and private modules aside).
-for _module in sorted({info.name for info in pkgutil.iter_modules(__path__)}):
-    if _module != "registry" and not _module.startswith("_"):
-        importlib.import_module(f"{__name__}.{_module}")
-del _module
+
+def _import_the_others() -> None:
+    """Every other module, by name (the shared registry and private modules aside)."""
+    for name in sorted({info.name for info in pkgutil.iter_modules(__path__)}):
+        if name != "registry" and not name.startswith("_"):
+            importlib.import_module(f"{__name__}.{name}")
+
+
+_import_the_others()
 
 __all__ = ["INTERACTIONS", "Interaction", "InteractionConfig", "register"]

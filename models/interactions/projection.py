@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from common.config_flags import FlagError, check_layer_sizes, flag, option
-from models.interactions.registry import Interaction, ModelSizes, TorchBlocks, register
+from models.interactions.registry import Interaction, TorchBlocks, register
+from models.model_sizes import ModelSizes
 
 if TYPE_CHECKING:
     import torch

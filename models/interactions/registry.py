@@ -1,7 +1,8 @@
 """The registry of interactions: name -> `Interaction`, and the nouns every interaction
 module shares. It sits below both the package's `__init__` (which imports every
 interaction module) and the interaction modules (which register themselves here), and
-imports neither, nor `models.config`: the package has no import circle.
+imports neither, nor `models.config` (`ModelSizes` names what it offers): models/
+has no import circle.
 
 An interaction is what a DLRM-family model does between its embeddings (and bottom
 MLP) and its top MLP. Each lives in one module of this package: its config dataclass
@@ -18,29 +19,13 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol
 from collections.abc import Callable
 
 from common.config_flags import flags_of
+from models.model_sizes import ModelSizes
 
 if TYPE_CHECKING:  # the build functions' types; this module loads without torch
     import torch
     from torch import nn
 
     from models.arch import PooledSparseArch
-
-
-class ModelSizes(Protocol):
-    """What an interaction reads of the model's config (`models.config.ModelConfig`,
-    which imports this registry for its flags, so it is named here by what it offers)."""
-
-    sparse_feature_names: list[str]
-    dense_in_features: int
-    embedding_dim: int
-    dense_arch_layer_sizes: list[int]
-    over_arch_layer_sizes: list[int]
-    interaction_type: str
-    interaction: Any  # the chosen interaction's config
-
-    @property
-    def has_dense_arch(self) -> bool:
-        """Whether the data has numerical features (and so the model a bottom MLP)."""
 
 
 class InteractionConfig(Protocol):

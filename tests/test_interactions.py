@@ -1,7 +1,8 @@
 """models/interactions/: a new interaction is one file and nothing else. The worked
 example of docs/extending.md (`concat`), written as the one file of a
 models/interactions/ folder on the path, is taken by the flags, trains, checkpoints
-and exports."""
+and exports. The torch blocks a module defines on first use (`TorchBlocks`) are its
+globals, the old paths' aliases the same objects, and an fx leaf stays one call."""
 
 import json
 import os
@@ -9,12 +10,44 @@ import subprocess
 import sys
 
 import pytest
+import torch
+from torchrec.fx import symbolic_trace
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = "<!-- concat interaction: tests/test_interactions.py reads this block -->"
 TINY = ["--num_embeddings", "10", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
         "--over_arch_layer_sizes", "16,1", "--batch_size", "32", "--limit_train_batches", "2",
         "--limit_val_batches", "1", "--limit_test_batches", "1"]
+
+
+def test_blocks_are_module_globals_and_the_old_paths_alias_them():
+    from models import categorical_only, interaction
+    from models.interactions import dcn, dot
+    from models.interactions.dot import DotInteraction
+
+    assert interaction.DotInteraction is DotInteraction is dot.blocks().DotInteraction
+    assert categorical_only.EmbeddingCrossInteraction is dcn.EmbeddingCrossInteraction
+    assert DotInteraction.__module__ == "models.interactions.dot"
+    with pytest.raises(AttributeError, match="module 'models.interactions.dot' has no attribute 'Nothing'"):
+        dot.Nothing
+
+
+def test_the_dot_kernel_is_one_call_in_an_fx_trace():
+    """fx (torchrec's pipeline, the quantized export) keeps `dot_interaction`, whose
+    autograd.Function it cannot trace, as one call: `TorchBlocks`' fx_leaves."""
+    from models.interactions.dot import DotInteraction
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inter_arch = DotInteraction(3)
+
+        def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+            return self.inter_arch(dense, sparse)
+
+    graph = symbolic_trace(Model()).graph
+    calls = [node.target.__name__ for node in graph.nodes if node.op == "call_function"]
+    assert calls == ["dot_interaction"]
 
 
 def documented_interaction() -> str:

@@ -1,5 +1,7 @@
 """Model builders: DLRM (dot interaction), DCNv2 (low-rank cross net) and DLRM-projection;
-without numerical features, the same three without a bottom MLP (models/categorical_only.py)."""
+without numerical features, the same three without a bottom MLP. Each interaction,
+both model shapes included, is one module of models/interactions/; the blocks they
+share are models/arch.py's."""
 
 from common.lazy_exports import lazy_exports
 

@@ -15,7 +15,7 @@ from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from models.config import ModelConfig
-from models.interaction import PooledSparseArch
+from models.arch import PooledSparseArch
 from models.interactions import INTERACTIONS
 
 

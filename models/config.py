@@ -68,7 +68,7 @@ class ModelConfig:
     """
 
     # Rows of each categorical feature's table, in the order of the names; table i is
-    # named t_<name>; 0 numerical features: no bottom MLP (models/categorical_only.py).
+    # named t_<name>; 0 numerical features: no bottom MLP (models/arch.py, CategoricalOnlyDLRM).
     num_embeddings_per_feature: list[int]
     sparse_feature_names: list[str]
     dense_in_features: int

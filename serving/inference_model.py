@@ -34,7 +34,7 @@ from checkpoints.meta import CheckpointMeta
 from common.calibration import Calibration
 from checkpoints.store import check_stored_shapes, load_checkpoint, read_meta
 from models import build_dlrm_train
-from models.interaction import PooledSparseArch
+from models.arch import PooledSparseArch
 from serving.model_inputs import PADDING_ID
 
 

@@ -34,7 +34,7 @@ from data.config import BatchLoader
 from data.sources import source_for
 from models import build_dlrm_train
 from models.embedding_optimizer import attach_fused_embedding_optimizer
-from models.interaction import align_to_sharded_embeddings, compile_dense_part
+from models.arch import align_to_sharded_embeddings, compile_dense_part
 from sharding_plans import PlannerConfig, format_sharding_plan, plan_summary
 from sharding_plans.rules import check_embedding_weight_decay, check_reshardable
 from training.checkpoint_policy import MinuteCadence, RestorePoint, find_restore_point

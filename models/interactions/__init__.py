@@ -1,15 +1,47 @@
 """The interactions of the DLRM family, one module each, registered by name
 (`registry.INTERACTIONS`); importing this package registers them all.
 
-A new interaction is a module here (its config dataclass, its build function, one
-`register` call: docs/extending.md) and its import below. The modules load without
-torch, since the flags list every interaction's and answer --help before torch loads.
+A new interaction is one module (its config dataclass, its torch blocks, its build
+function, one `register` call: docs/extending.md) and nothing else: every module of
+this package is imported here, and so is every module of a ``models/interactions/``
+folder under another ``sys.path`` entry (an interaction kept outside this
+repository). The modules load without torch, since the flags list every
+interaction's and answer --help before torch loads.
 """
 
-from models.interactions.registry import INTERACTIONS, Interaction, InteractionConfig, register
-# Each registers itself; in the order of --interaction_type's choices.
+import importlib
+import os
+import pkgutil
+import sys
+
+
+def _plugin_folders(known: list[str]) -> list[str]:
+    """The models/interactions/ folders under the sys.path entries, but ``known``."""
+    folders: list[str] = []
+    for entry in sys.path:
+        folder = os.path.join(entry or os.curdir, "models", "interactions")
+        if os.path.isdir(folder) and not any(os.path.samefile(folder, seen) for seen in known + folders):
+            folders.append(folder)
+    return folders
+
+
+# After this package's own folder, whose modules win a name both have.
+__path__ += _plugin_folders(__path__)
+
+from models.interactions.registry import INTERACTIONS, Interaction, InteractionConfig, register  # noqa: E402
+# --interaction_type's first choices, in this order; each module registers itself.
 from models.interactions import dot  # noqa: E402,F401
 from models.interactions import dcn  # noqa: E402,F401
 from models.interactions import projection  # noqa: E402,F401
+
+
+def _import_the_others() -> None:
+    """Every other module, by name (the shared registry and private modules aside)."""
+    for name in sorted({info.name for info in pkgutil.iter_modules(__path__)}):
+        if name != "registry" and not name.startswith("_"):
+            importlib.import_module(f"{__name__}.{name}")
+
+
+_import_the_others()
 
 __all__ = ["INTERACTIONS", "Interaction", "InteractionConfig", "register"]

@@ -18,7 +18,7 @@ sharding plan it was saved with. MODEL_DIR receives:
                    with --dataset_path, Parquet rows or JSON objects for a model
                    trained with --parquet_path) and its transforms (for Parquet: the
                    columns, dense transform and id hashing), each variant's file and
-                   size (serving/model_inputs.py)
+                   size (serving/model_inputs.py; each layout: serving/layouts/)
     vocabulary.npz the preprocessing's vocabulary, when the data was made with a
                    frequency threshold
     manifest.json  written last: every file's size and SHA-256 (serving/model_files.py)
@@ -39,6 +39,10 @@ to its hotness: one place for a single-valued column, ``--max_bag_size`` places 
 list column, the places a bag leaves empty holding -1 (`PADDING_ID`); an empty bag
 adds nothing, as in training. The directory is written under a temporary name and renamed
 when complete. Bad input: one line on stderr, exit 2.
+
+The training data is not read: the checkpoint's meta.json records what its layout
+needs of it (version 6). A checkpoint saved before that is described from its data,
+read again (``--training_data``: where it is now).
 """
 
 import argparse

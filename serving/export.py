@@ -77,7 +77,7 @@ from models.config import ModelConfig
 from serving.cli import parse_config, serving_parser
 from serving.inference_model import ProbabilityModel, load_checkpoint_model
 from serving.layouts import LAYOUTS
-from serving.layouts.base import Checkpoint
+from serving.layouts.base import TRAINING_DATA_FLAG, Checkpoint
 from serving.layouts.criteo_lines import CriteoPreprocessing
 from serving.model_inputs import INPUTS_FILE, ModelInputs, Variant, aoti_file, aoti_variant, program_file
 from serving.model_files import AOTI_FORMAT, MANIFEST_FILE, TORCH_EXPORT_FORMAT, aoti_metadata, write_manifest
@@ -279,6 +279,7 @@ def _write_model_dir(checkpoint: str, output: str, quantize: list[str], newest: 
     # --calibrate's fit on the validation that made the checkpoint (its meta.json), applied
     # inside every exported variant and recorded in inputs.json.
     inputs.calibration = meta.calibration
+    vocabulary = _vocabulary(inputs)
     model = ProbabilityModel(train_model.model, model_config.sparse_feature_names, inputs.sparse_hotness,
                              padded=inputs.padded, calibration=meta.calibration).eval()
 
@@ -304,15 +305,10 @@ def _write_model_dir(checkpoint: str, output: str, quantize: list[str], newest: 
                 files[aoti_variant(precision)] = (package, AOTI_FORMAT)
         for name, (file, fmt) in files.items():
             inputs.variants[name] = Variant(file, fmt, os.path.getsize(os.path.join(tmp, file)))
-        # Criteo data made with a frequency threshold: raw hashes go through its vocabulary.
-        preprocessing = inputs.preprocessing
-        if isinstance(preprocessing, CriteoPreprocessing) and inputs.data_path and \
-                preprocessing.frequency_threshold > 0:
-            vocabulary = os.path.join(inputs.data_path, VOCABULARY_FILE)
-            if os.path.exists(vocabulary):
-                with naming_write_errors(os.path.join(output, VOCABULARY_FILE)):
-                    shutil.copyfile(vocabulary, os.path.join(tmp, VOCABULARY_FILE))
-                preprocessing.vocabulary = VOCABULARY_FILE
+        if vocabulary is not None:
+            with naming_write_errors(os.path.join(output, VOCABULARY_FILE)):
+                shutil.copyfile(vocabulary, os.path.join(tmp, VOCABULARY_FILE))
+            inputs.preprocessing.vocabulary = VOCABULARY_FILE  # type: ignore[attr-defined]
         # The directory is renamed whole below: its files need no temporary names.
         with naming_write_errors(os.path.join(output, INPUTS_FILE)), \
                 open(os.path.join(tmp, INPUTS_FILE), "wb") as f:
@@ -320,6 +316,23 @@ def _write_model_dir(checkpoint: str, output: str, quantize: list[str], newest: 
         with naming_write_errors(os.path.join(output, MANIFEST_FILE)):
             write_manifest(tmp)  # last: every file's size and SHA-256
     return inputs
+
+
+def _vocabulary(inputs: ModelInputs) -> Optional[str]:
+    """The vocabulary file of Criteo data made with a frequency threshold (raw hashes go
+    through it), to copy beside the model; None for other data. The one file of the
+    training data an export reads: its absence (the data moved) is refused up front,
+    as serving without it would map every hash to other rows than training did."""
+    preprocessing = inputs.preprocessing
+    if not (isinstance(preprocessing, CriteoPreprocessing) and inputs.data_path
+            and preprocessing.frequency_threshold > 0):
+        return None
+    vocabulary = os.path.join(inputs.data_path, VOCABULARY_FILE)
+    if not os.path.exists(vocabulary):
+        raise BadInput(f"{vocabulary}: no such file; the data was made with frequency threshold "
+                       f"{preprocessing.frequency_threshold}, and serving maps raw hashes through its vocabulary: "
+                       f"pass {TRAINING_DATA_FLAG} with where the Criteo directory is now")
+    return vocabulary
 
 
 def format_sizes(inputs: ModelInputs) -> str:

@@ -32,7 +32,7 @@ from common.manifest import ManifestEntry
 from data.criteo_layout import DENSE_FEATURE_NAMES
 from data.parquet_columns import ParquetColumns
 from serving.layouts import LAYOUTS
-from serving.layouts.base import PADDING_ID, LayoutRecord
+from serving.layouts.base import PADDING_ID, LayoutRecord  # PADDING_ID: its readers import it from here
 from serving.layouts.criteo_lines import CriteoPreprocessing
 from serving.layouts.csv_rows import FeatureSpecColumns, csv_columns
 from serving.layouts.parquet_rows import ParquetPreprocessing, parquet_columns

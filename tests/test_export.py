@@ -69,17 +69,23 @@ def test_a_checkpoint_exports_predicts_and_serves_after_its_table_moved(trained_
             assert json.loads(answer.read())["probabilities"] == pytest.approx(expected, rel=1e-6, abs=1e-7)
 
 
-def _as_version_5(checkpoint: str, target: str) -> str:
-    """A copy of ``checkpoint`` whose meta.json is of version 5 (no record of what
-    serving needs), its manifest entry rewritten to match."""
+def _rewritten(checkpoint: str, target: str, change) -> str:
+    """A copy of ``checkpoint`` whose meta.json ``change`` rewrote (a dict -> a dict), its
+    manifest entry rewritten to match."""
     shutil.copytree(checkpoint, target)
     meta = json.loads(open(os.path.join(target, "meta.json")).read())
-    data = json.dumps({**{k: v for k, v in meta.items() if not k.startswith("serving_")}, "version": 5}).encode()
+    data = json.dumps(change(meta)).encode()
     open(os.path.join(target, "meta.json"), "wb").write(data)
     manifest = json.loads(open(os.path.join(target, "COMPLETE")).read())
     manifest["files"]["meta.json"] = entry_of_bytes(data)
     open(os.path.join(target, "COMPLETE"), "w").write(json.dumps(manifest))
     return target
+
+
+def _as_version_5(checkpoint: str, target: str) -> str:
+    """A copy of ``checkpoint`` whose meta.json is of version 5 (no record of what serving needs)."""
+    return _rewritten(checkpoint, target,
+                      lambda meta: {**{k: v for k, v in meta.items() if not k.startswith("serving_")}, "version": 5})
 
 
 @pytest.mark.slow
@@ -104,3 +110,26 @@ def test_an_older_checkpoint_without_its_table_says_what_to_pass(trained_on_parq
         {k: v for k, v in before.items() if k not in ("checkpoint", "data_path")}
     assert after["data_path"] == str(root / "moved")
     assert _scores(model, trained_on_parquet["rows"], str(tmp_path / "p.parquet")) == trained_on_parquet["scores"]
+
+
+@pytest.mark.slow
+def test_a_criteo_model_made_with_a_threshold_needs_its_vocabulary(trained, tmp_path, capsys):
+    """The one file of the training data an export copies: without it, one line."""
+    ckpt = _checkpoint(trained["ckpt"])
+
+    def moved(meta: dict) -> dict:
+        meta["config"]["data"]["in_memory_binary_criteo_path"] = str(tmp_path / "gone")
+        return meta
+    copy = _rewritten(ckpt, str(tmp_path / "step_moved"), moved)
+    assert json.loads(open(os.path.join(copy, "meta.json")).read())["serving_facts"]["frequency_threshold"] > 0
+    capsys.readouterr()
+    assert export.main(["--checkpoint", copy, "--output", str(tmp_path / "refused"), "--quantize", "none"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and not os.path.exists(tmp_path / "refused")
+    assert f"{tmp_path / 'gone' / 'vocabulary.npz'}: no such file; the data was made with frequency threshold" in error
+    assert "pass --training_data with where the Criteo directory is now" in error
+    model = str(tmp_path / "model")
+    assert export.main(["--checkpoint", copy, "--output", model, "--quantize", "none",
+                        "--training_data", trained["data"]]) == 0
+    assert open(os.path.join(model, "vocabulary.npz"), "rb").read() == \
+        open(os.path.join(trained["data"], "vocabulary.npz"), "rb").read()

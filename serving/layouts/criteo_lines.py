@@ -141,7 +141,8 @@ class CriteoLines(InputLayout):
         match = re.match(r"expected \d+ tab-separated fields, found (\d+)", reason)
         if match:
             found = int(match.group(1)) - (not labelled)
-            return (f"expected {NUM_FIELDS} tab-separated fields (label, {NUM_DENSE_FEATURES} integer, {NUM_SPARSE_FEATURES} categorical) "
+            return (f"expected {NUM_FIELDS} tab-separated fields (label, {NUM_DENSE_FEATURES} integer, "
+                    f"{NUM_SPARSE_FEATURES} categorical) "
                     f"or {NUM_FIELDS - 1} without the label, found {found}")
         return reason
 

@@ -44,7 +44,7 @@ T = TypeVar("T")
 
 
 @dataclass
-class LayoutRecord:
+class LayoutRecord(ABC):
     """inputs.json's ``preprocessing`` of one layout (a dataclass of JSON values)."""
 
     # The layout's name: inputs.json's "layout", a key of serving.layouts.LAYOUTS.

@@ -3,6 +3,7 @@ predicts and serves the same scores after its training table has moved (meta.jso
 records what serving needs); a checkpoint older than that record exports only where its
 data is readable, else says in one line what to pass."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -11,10 +12,46 @@ import urllib.request
 import pyarrow.parquet as pq
 import pytest
 
+from checkpoints.meta import CheckpointMeta
+from common.config_flags import option
+from common.errors import BadInput
 from common.manifest import entry_of_bytes
+from data.config import DataConfig
+from data.sources import SOURCES, source_for
 from harness.launch import run_script
 from serving import export, predict, serve
+from serving.export import describe_inputs
+from tests.test_data_sources import SMALL_MODEL, TINY_DATA_SETS
 from tests.test_parquet_training import TINY, write_click_log
+from training.flags import parse_config
+
+
+@pytest.mark.parametrize("name", [name for name, source in SOURCES.items() if source.path_field])
+def test_every_source_records_what_export_describes_its_inputs_from(tmp_path, name):
+    """What the trainer records (its source's serving layout and facts) describes the
+    model's inputs once the data has gone, as the data itself did; without the record,
+    the data is read again, and where it has gone (a table, a spec) one line says what
+    to pass."""
+    data_set, field = TINY_DATA_SETS[name], SOURCES[name].path_field
+    path = data_set.write(str(tmp_path / "data"))
+    config = parse_config([option(DataConfig, field), path, *data_set.flags, *SMALL_MODEL], "dlrm_main.py", "")
+    source = source_for(config.data)
+    meta = CheckpointMeta(step=3, epoch=0, batch_in_epoch=3, world_size=1, config=dataclasses.asdict(config),
+                          plan={}, data_source=source.name, data_features=source.describe(),
+                          serving_layout=source.serving_layout, serving_facts=source.serving_facts(source.open()))
+    meta = CheckpointMeta.from_json(meta.to_json(), "ckpt/meta.json")
+    old = dataclasses.replace(meta, serving_layout=None, serving_facts=None, version=5)
+    expected = describe_inputs(config.model, old, "ckpt")  # from the data, there
+    shutil.move(str(tmp_path / "data"), str(tmp_path / "moved"))
+    assert describe_inputs(config.model, meta, "ckpt") == expected
+    if name in ("parquet", "split_binary"):
+        with pytest.raises(BadInput, match=r"ckpt/meta.json \(version 5\) predates the record of what serving "
+                                           r"needs, so export reads the training data: pass --training_data with "
+                                           r"where that data is now$"):
+            describe_inputs(config.model, old, "ckpt")
+    moved = path.replace(str(tmp_path / "data"), str(tmp_path / "moved"))
+    again = describe_inputs(config.model, old, "ckpt", training_data=moved)
+    assert dataclasses.replace(again, data_path=expected.data_path) == expected
 
 
 def _checkpoint(ckpt_dir: str) -> str:

@@ -77,7 +77,7 @@ class DataSource(ABC):
     name: ClassVar[str]
     # The DataConfig field whose flag names this source's data; None: needs no path.
     path_field: ClassVar[Optional[str]]
-    # The serving input layout (a key of serving.input_layouts.LAYOUTS) of a model
+    # The serving input layout (a key of serving.layouts.LAYOUTS) of a model
     # trained on it.
     serving_layout: ClassVar[str]
     # Whether its rows can carry sample weights (--weight_column).

@@ -16,7 +16,9 @@ from checkpoints.store import read_meta
 from common.json_fields import FileFieldError
 from common.manifest import entry_of_bytes
 from data.criteo_transforms import transform_dense, transform_sparse
-from serving.input_layouts import CriteoLines, CsvRows, MalformedLineError
+from serving.layouts.base import MalformedLineError
+from serving.layouts.criteo_lines import CriteoLines
+from serving.layouts.csv_rows import CsvRows
 from serving.model_inputs import CriteoPreprocessing, FeatureSpecColumns, ModelInputs, Variant, read_inputs
 from data.sources import source_for
 from training.checkpoint_policy import find_restore_point

@@ -14,13 +14,19 @@ the model's interaction sizes in ``config.model.interaction``, the fields of the
 interaction's own config (models/interactions/); versions 1 to 3 kept every
 interaction's at the top of ``config.model``, and are read into that shape. Version 5
 adds ``calibration``: the ``--calibrate`` fit of the validation at the checkpoint's step
-(common/calibration.py), which the export applies; null without one.
+(common/calibration.py), which the export applies; null without one. Version 6 adds
+``serving_layout`` and ``serving_facts``: the serving input layout of the source
+(serving/layouts/) and what it needs of the data besides the features, recorded at
+training (`DataSource.serving_facts`: a Parquet table's ids' value types, the label's
+name, Criteo's preprocessing), so that export, predict and serve never open the
+training data; an older file's export reads the data again.
 
 Example::
 
     meta = CheckpointMeta(step=120, epoch=0, batch_in_epoch=120, world_size=2,
                           config=dataclasses.asdict(train_config), plan=plan_summary(plan),
-                          data_source=source.name, data_features=source.describe())
+                          data_source=source.name, data_features=source.describe(),
+                          serving_layout=source.serving_layout, serving_facts=source.serving_facts(dataset))
     assert CheckpointMeta.from_json(meta.to_json(), "meta.json") == meta
 """
 
@@ -36,7 +42,7 @@ from data.sources import SOURCES, FeatureDescription, source_for
 from models.config import INTERACTION_TYPES, ModelConfig
 from models.interactions import INTERACTIONS
 
-META_VERSION = 5
+META_VERSION = 6
 # The interaction fields of config.model before version 4 (every interaction's, flat).
 _FLAT_INTERACTION_FIELDS = ("dcn_num_layers", "dcn_low_rank_dim", "interaction_branch1_layer_sizes",
                             "interaction_branch2_layer_sizes")
@@ -67,6 +73,12 @@ class CheckpointMeta:
         run_id: the run log's id.
         early_stopping: the early-stopping state (``EarlyStopping.state_dict``).
         calibration: ``--calibrate``'s fit on the validation at this step, or None.
+        serving_layout: the serving input layout of a model trained on the source (a
+            key of ``serving.layouts.LAYOUTS``). None in a file older than version 6
+            (or one written without a source, as tests do): the export reads the data.
+        serving_facts: what that layout reads of the data at export besides the
+            features (`DataSource.serving_facts`; the layout reads its fields typed), or
+            None as ``serving_layout`` is.
         version: the file format.
     """
 
@@ -81,6 +93,8 @@ class CheckpointMeta:
     run_id: Optional[str] = None
     early_stopping: Optional[dict[str, Any]] = None
     calibration: Optional[Calibration] = None
+    serving_layout: Optional[str] = None
+    serving_facts: Optional[dict[str, Any]] = None
     version: int = META_VERSION
 
     @property
@@ -159,7 +173,7 @@ class CheckpointMeta:
 
     @classmethod
     def from_json(cls, data: bytes, path: str) -> "CheckpointMeta":
-        """Reads the bytes of ``path`` (version 1 to 5).
+        """Reads the bytes of ``path`` (version 1 to 6).
 
         Raises:
             FileFieldError: one line naming ``path`` and the field that is missing,
@@ -197,6 +211,8 @@ class CheckpointMeta:
             data_features=data_features,
             calibration=(Calibration.read(document.object("calibration"))
                          if document.get("calibration", optional(OBJECT), None) is not None else None),
+            serving_layout=document.get("serving_layout", optional(TEXT), None),
+            serving_facts=document.get("serving_facts", optional(OBJECT), None),
             version=version,
         )
         try:  # the recorded data flags, as `data` and the derived properties read them

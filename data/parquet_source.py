@@ -130,6 +130,15 @@ class ParquetSource(DataSource):
         return ParquetDataset(self.config.parquet_path, columns, self.config.time_column,  # type: ignore[arg-type]
                               validation, test, None if rolling is None else rolling + 1)
 
+    def serving_facts(self, dataset: Any) -> dict[str, Any]:
+        """The label column and each sparse column's value type (the ids' type decides
+        their hash), from the schema `open` read: {"label_name": ..., "sparse_value_types":
+        {column: one of data.parquet_columns.SPARSE_VALUE_TYPES}}."""
+        from data.parquet_columns import sparse_value_type
+        return {"label_name": self.config.label_column,
+                "sparse_value_types": {name: sparse_value_type(dataset.schema.field(name).type)
+                                       for name in self.describe().sparse_feature_names}}
+
     def time_ranges(self, dataset: Any) -> dict[str, tuple[str, str]]:
         """{"train": ..., "validation": ..., "test": ...}, or with --rolling_windows
         {"window 0": ..., "window 1": ...}: what the run reads."""

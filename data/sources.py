@@ -77,7 +77,7 @@ class DataSource(ABC):
     name: ClassVar[str]
     # The DataConfig field whose flag names this source's data; None: needs no path.
     path_field: ClassVar[Optional[str]]
-    # The serving input layout (a key of serving.input_layouts.LAYOUTS) of a model
+    # The serving input layout (a key of serving.layouts.LAYOUTS) of a model
     # trained on it.
     serving_layout: ClassVar[str]
     # Whether its rows can carry sample weights (--weight_column).
@@ -125,6 +125,13 @@ class DataSource(ABC):
         Raises:
             BadInput: one line naming the file.
         """
+
+    def serving_facts(self, dataset: Any) -> dict[str, Any]:
+        """What a model trained on this data needs at serving besides `describe`'s
+        features, read from what `open` returned (JSON values): a checkpoint's meta.json
+        records it, so that an export never opens the training data again. Its fields
+        are those the serving input layout (``serving_layout``) reads; {} for none."""
+        return {}
 
     @abstractmethod
     def open(self, check_values: bool = True) -> Any:
@@ -263,6 +270,14 @@ class CriteoDays(_BinaryDataSource):
         """Ids per row of each feature: --multi_hot_sizes' bags, else one."""
         return self.config.multi_hot_sizes
 
+    def serving_facts(self, dataset: Any) -> dict[str, Any]:
+        """The preprocessing that made the day files (its metadata.json), which raw
+        Criteo lines go through at serving: frequency threshold and table-size modulo."""
+        from data.criteo_layout import read_metadata
+        metadata = read_metadata(str(self.path))
+        return {"frequency_threshold": metadata.frequency_threshold if metadata else 0,
+                "modulo_num_embeddings_per_feature": metadata.modulo_num_embeddings_per_feature if metadata else None}
+
     def _dataset(self) -> Any:
         from data.criteo_binary import CriteoBinaryDataset
         return CriteoBinaryDataset(str(self.path), multi_hot=self.multi_hot)
@@ -282,6 +297,10 @@ class CriteoMultiHotDays(CriteoDays):
     def _hotness(self, metadata: Any) -> Optional[list[int]]:
         """The bags' sizes metadata.json records (the dataset checks its files hold them)."""
         return metadata.multi_hot_sizes if metadata else None
+
+    def serving_facts(self, dataset: Any) -> dict[str, Any]:
+        """None: its models serve raw lines without the preprocessing's transforms, as before."""
+        return {}
 
 
 class SplitBinarySpec(_BinaryDataSource):
@@ -307,6 +326,11 @@ class SplitBinarySpec(_BinaryDataSource):
         spec = FeatureSpec.load(str(self.path))
         return FeatureDescription(tuple(spec.numerical), tuple(spec.categorical), tuple(spec.cardinalities),
                                   tuple(spec.hotness(name) for name in spec.categorical))
+
+    def serving_facts(self, dataset: Any) -> dict[str, Any]:
+        """The label column's name (the predictor's CSV rows may start with it)."""
+        from data.feature_spec import FeatureSpec
+        return {"label_name": FeatureSpec.load(str(self.path)).label}
 
     def _dataset(self) -> Any:
         from data.split_binary import SplitBinaryDataset

@@ -18,7 +18,7 @@ sharding plan it was saved with. MODEL_DIR receives:
                    with --dataset_path, Parquet rows or JSON objects for a model
                    trained with --parquet_path) and its transforms (for Parquet: the
                    columns, dense transform and id hashing), each variant's file and
-                   size (serving/model_inputs.py)
+                   size (serving/model_inputs.py; each layout: serving/layouts/)
     vocabulary.npz the preprocessing's vocabulary, when the data was made with a
                    frequency threshold
     manifest.json  written last: every file's size and SHA-256 (serving/model_files.py)
@@ -39,6 +39,10 @@ to its hotness: one place for a single-valued column, ``--max_bag_size`` places 
 list column, the places a bag leaves empty holding -1 (`PADDING_ID`); an empty bag
 adds nothing, as in training. The directory is written under a temporary name and renamed
 when complete. Bad input: one line on stderr, exit 2.
+
+The training data is not read: the checkpoint's meta.json records what its layout
+needs of it (version 6). A checkpoint saved before that is described from its data,
+read again (``--training_data``: where it is now).
 """
 
 import argparse
@@ -50,9 +54,8 @@ import shutil
 import sys
 from dataclasses import dataclass
 from typing import BinaryIO, Optional
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
-import pyarrow
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTableBatchedEmbeddingBagsCodegen
 from torch.fx.experimental.symbolic_shapes import free_symbols
@@ -68,18 +71,15 @@ from common.library_noise import (EAGER_QUANTIZATION_NOTICES, INDUCTOR_NOTICES, 
                                   quieted)
 from common.errors import BadInput
 from common.path_lock import LockHeld, PathLock
-from data.criteo_layout import read_metadata
 from data.criteo_transforms import VOCABULARY_FILE
-from data.feature_spec import FeatureSpec, FeatureSpecError
-from data.parquet_columns import ParquetColumns, sparse_value_type
-from data.parquet_files import list_files, read_footers
-from data.sources import SOURCES, CriteoDays
+from data.sources import SOURCES
 from models.config import ModelConfig
 from serving.cli import parse_config, serving_parser
 from serving.inference_model import ProbabilityModel, load_checkpoint_model
-from serving.model_inputs import (CRITEO_LAYOUT, FEATURE_SPEC_LAYOUT, INPUTS_FILE, PARQUET_LAYOUT,
-                                  CriteoPreprocessing, FeatureSpecColumns, ModelInputs, ParquetPreprocessing,
-                                  Variant, aoti_file, aoti_variant, program_file)
+from serving.layouts import LAYOUTS
+from serving.layouts.base import TRAINING_DATA_FLAG, Checkpoint
+from serving.layouts.criteo_lines import CriteoPreprocessing
+from serving.model_inputs import INPUTS_FILE, ModelInputs, Variant, aoti_file, aoti_variant, program_file
 from serving.model_files import AOTI_FORMAT, MANIFEST_FILE, TORCH_EXPORT_FORMAT, aoti_metadata, write_manifest
 from serving.triton_repository import write_triton_model
 
@@ -213,102 +213,24 @@ def _check_compiler() -> None:
 
 
 def describe_inputs(model_config: ModelConfig, meta: CheckpointMeta, checkpoint: str,
-                    max_bag_size: int = DEFAULT_MAX_BAG_SIZE) -> ModelInputs:
+                    max_bag_size: int = DEFAULT_MAX_BAG_SIZE, training_data: Optional[str] = None) -> ModelInputs:
     """inputs.json without the variants: what a predictor needs to turn input lines into
-    the model's inputs, in the serving layout of the data source the checkpoint
-    (``meta``) was trained on (``max_bag_size``: the places of a bag whose length
-    varies, such as a Parquet list column's)."""
-    describe = _INPUT_DESCRIPTIONS[SOURCES[meta.source_name].serving_layout]
-    return describe(model_config, meta, checkpoint, max_bag_size)
-
-
-def _describe_criteo_lines(model_config: ModelConfig, meta: CheckpointMeta, checkpoint: str,
-                           max_bag_size: int) -> ModelInputs:
-    """Raw Criteo lines (one hash per feature), transformed as the training data's
-    preprocessing did (its metadata.json: frequency threshold, modulo)."""
-    # Only the one-hot day files: the quality gate reads data_path as them.
-    data_path = meta.data_path if meta.source_name == CriteoDays.name else None
-    metadata = read_metadata(data_path) if data_path else None
-    return ModelInputs(
-        dense_feature_names=list(meta.features.dense_feature_names),
-        sparse_feature_names=list(model_config.sparse_feature_names),
-        sparse_hotness=[1] * len(model_config.sparse_feature_names),
-        num_embeddings_per_feature=list(model_config.num_embeddings_per_feature),
-        preprocessing=CriteoPreprocessing(
-            frequency_threshold=metadata.frequency_threshold if metadata else 0,
-            modulo_num_embeddings_per_feature=metadata.modulo_num_embeddings_per_feature if metadata else None),
-        data_path=data_path, checkpoint=checkpoint, step=meta.step)
-
-
-def _describe_feature_spec(model_config: ModelConfig, meta: CheckpointMeta, checkpoint: str,
-                           max_bag_size: int) -> ModelInputs:
-    """The inputs of a model trained with --dataset_path: the recorded features, their
-    hotness and cardinalities (the predictor's CSV rows follow the spec's order), and
-    the spec's label name."""
-    spec_path = str(meta.data_path)
-    try:
-        spec = FeatureSpec.load(spec_path)
-    except FeatureSpecError as e:
-        raise BadInput(f"the checkpoint was trained with --dataset_path {spec_path}, whose spec export "
-                         f"reads for the label's name: {e}") from e
-    features = meta.features
-    if spec.categorical != list(model_config.sparse_feature_names) or \
-            len(spec.numerical) != model_config.dense_in_features or tuple(spec.numerical) != features.dense_feature_names:
-        raise BadInput(f"{spec_path} no longer describes the checkpoint's features "
-                         f"({len(spec.numerical)} numerical, {spec.categorical} categorical)")
-    assert features.hotness is not None and features.cardinalities is not None  # a spec declares both
-    return ModelInputs(
-        dense_feature_names=list(features.dense_feature_names),
-        sparse_feature_names=list(features.sparse_feature_names),
-        sparse_hotness=list(features.hotness),
-        num_embeddings_per_feature=list(model_config.num_embeddings_per_feature),
-        preprocessing=FeatureSpecColumns(label_name=spec.label, cardinalities=list(features.cardinalities)),
-        data_path=spec_path, checkpoint=checkpoint, step=meta.step)
-
-
-def _describe_parquet(model_config: ModelConfig, meta: CheckpointMeta, checkpoint: str,
-                      max_bag_size: int) -> ModelInputs:
-    """The inputs of a model trained with --parquet_path: its columns, transform and
-    hashing (the checkpoint's data flags and features, the model's table sizes) and
-    each sparse column's value type, read from the training table's schema (the ids'
-    type decides their hash)."""
-    data_config = meta.data
-    columns = ParquetColumns.from_flags(data_config, meta.features, model_config.num_embeddings_per_feature)
-    if list(columns.sparse) != list(model_config.sparse_feature_names) or \
-            len(columns.dense) != model_config.dense_in_features:
-        raise BadInput(f"--parquet_path {data_config.parquet_path} no longer has the checkpoint's features "
-                       f"({len(columns.dense)} dense, sparse {', '.join(columns.sparse)})")
-    schema = _training_schema(data_config.parquet_path or "")
-    columns.check_schema(schema, data_config.parquet_path or "")
-    value_types = [sparse_value_type(schema.field(name).type) for name in columns.sparse]
-    return ModelInputs(
-        dense_feature_names=list(columns.dense),
-        sparse_feature_names=list(columns.sparse),
-        sparse_hotness=[max_bag_size if kind.endswith("_list") else 1 for kind in value_types],
-        num_embeddings_per_feature=list(columns.table_sizes),
-        preprocessing=ParquetPreprocessing(label=columns.label, weight=columns.weight,
-                                           dense_transform=columns.dense_transform, id_hashing=columns.id_hashing,
-                                           hash_seed=columns.hash_seed, sparse_value_types=value_types),
-        data_path=data_config.parquet_path, checkpoint=checkpoint, step=meta.step)
-
-
-def _training_schema(path: str) -> pyarrow.Schema:
-    """The schema of the training table (its first file's footer and partitions)."""
-    filesystem, root, files = list_files(path)
-    return read_footers(filesystem, root, files[:1])[2]
-
-
-# inputs.json of a model, by the serving layout (serving/input_layouts.py LAYOUTS) of
-# the source it was trained on.
-_INPUT_DESCRIPTIONS: dict[str, Callable[[ModelConfig, CheckpointMeta, str, int], ModelInputs]] = {
-    CRITEO_LAYOUT: _describe_criteo_lines,
-    FEATURE_SPEC_LAYOUT: _describe_feature_spec,
-    PARQUET_LAYOUT: _describe_parquet,
-}
+    the model's inputs, in the serving layout the checkpoint (``meta``) records (of an
+    older one, its data source's), described by that layout from meta.json alone
+    (serving/layouts/; ``max_bag_size``: the places of a bag whose length varies, such
+    as a Parquet list column's; ``training_data``: where an older checkpoint's training
+    data is now, which its export reads)."""
+    name = meta.serving_layout or SOURCES[meta.source_name].serving_layout
+    if name not in LAYOUTS:
+        raise BadInput(f"{checkpoint}/meta.json: serving_layout is {name}, a layout this code does not serve "
+                       f"({', '.join(LAYOUTS)})")
+    described = LAYOUTS[name].describe(Checkpoint(checkpoint, meta, model_config, max_bag_size, training_data))
+    return ModelInputs(**vars(described), checkpoint=checkpoint, step=meta.step)
 
 
 def export_model(checkpoint: str, output: str, quantize: list[str], newest: bool = False,
-                 max_bag_size: int = DEFAULT_MAX_BAG_SIZE, fmt: str = PROGRAM_FORMAT) -> ModelInputs:
+                 max_bag_size: int = DEFAULT_MAX_BAG_SIZE, fmt: str = PROGRAM_FORMAT,
+                 training_data: Optional[str] = None) -> ModelInputs:
     """Writes the model directory (see the module docstring); returns its inputs.json.
 
     Raises ExportError when ``output`` exists (a file, or a directory that is not
@@ -326,7 +248,7 @@ def export_model(checkpoint: str, output: str, quantize: list[str], newest: bool
     try:
         with PathLock(os.path.join(parent, f".{name}.lock"), f"--output {output}"):
             _check_output(output)  # an export that finished just before this one started
-            return _write_model_dir(checkpoint, output, quantize, newest, max_bag_size, fmt)
+            return _write_model_dir(checkpoint, output, quantize, newest, max_bag_size, fmt, training_data)
     except LockHeld as e:
         raise ExportError(f"{e} (another export to it is running)") from e
     except OSError as e:
@@ -349,14 +271,15 @@ def _no_space(error: BaseException) -> bool:
 
 
 def _write_model_dir(checkpoint: str, output: str, quantize: list[str], newest: bool,
-                     max_bag_size: int, fmt: str) -> ModelInputs:
+                     max_bag_size: int, fmt: str, training_data: Optional[str]) -> ModelInputs:
     path = checkpoint_to_load(checkpoint, "--checkpoint", prefer_best=not newest)
     train_model, meta = load_checkpoint_model(path)
     model_config = meta.model
-    inputs = describe_inputs(model_config, meta, path, max_bag_size)
+    inputs = describe_inputs(model_config, meta, path, max_bag_size, training_data)
     # --calibrate's fit on the validation that made the checkpoint (its meta.json), applied
     # inside every exported variant and recorded in inputs.json.
     inputs.calibration = meta.calibration
+    vocabulary = _vocabulary(inputs)
     model = ProbabilityModel(train_model.model, model_config.sparse_feature_names, inputs.sparse_hotness,
                              padded=inputs.padded, calibration=meta.calibration).eval()
 
@@ -382,15 +305,10 @@ def _write_model_dir(checkpoint: str, output: str, quantize: list[str], newest: 
                 files[aoti_variant(precision)] = (package, AOTI_FORMAT)
         for name, (file, fmt) in files.items():
             inputs.variants[name] = Variant(file, fmt, os.path.getsize(os.path.join(tmp, file)))
-        # Criteo data made with a frequency threshold: raw hashes go through its vocabulary.
-        preprocessing = inputs.preprocessing
-        if isinstance(preprocessing, CriteoPreprocessing) and inputs.data_path and \
-                preprocessing.frequency_threshold > 0:
-            vocabulary = os.path.join(inputs.data_path, VOCABULARY_FILE)
-            if os.path.exists(vocabulary):
-                with naming_write_errors(os.path.join(output, VOCABULARY_FILE)):
-                    shutil.copyfile(vocabulary, os.path.join(tmp, VOCABULARY_FILE))
-                preprocessing.vocabulary = VOCABULARY_FILE
+        if vocabulary is not None:
+            with naming_write_errors(os.path.join(output, VOCABULARY_FILE)):
+                shutil.copyfile(vocabulary, os.path.join(tmp, VOCABULARY_FILE))
+            inputs.preprocessing.vocabulary = VOCABULARY_FILE  # type: ignore[attr-defined]
         # The directory is renamed whole below: its files need no temporary names.
         with naming_write_errors(os.path.join(output, INPUTS_FILE)), \
                 open(os.path.join(tmp, INPUTS_FILE), "wb") as f:
@@ -398,6 +316,23 @@ def _write_model_dir(checkpoint: str, output: str, quantize: list[str], newest: 
         with naming_write_errors(os.path.join(output, MANIFEST_FILE)):
             write_manifest(tmp)  # last: every file's size and SHA-256
     return inputs
+
+
+def _vocabulary(inputs: ModelInputs) -> Optional[str]:
+    """The vocabulary file of Criteo data made with a frequency threshold (raw hashes go
+    through it), to copy beside the model; None for other data. The one file of the
+    training data an export reads: its absence (the data moved) is refused up front,
+    as serving without it would map every hash to other rows than training did."""
+    preprocessing = inputs.preprocessing
+    if not (isinstance(preprocessing, CriteoPreprocessing) and inputs.data_path
+            and preprocessing.frequency_threshold > 0):
+        return None
+    vocabulary = os.path.join(inputs.data_path, VOCABULARY_FILE)
+    if not os.path.exists(vocabulary):
+        raise BadInput(f"{vocabulary}: no such file; the data was made with frequency threshold "
+                       f"{preprocessing.frequency_threshold}, and serving maps raw hashes through its vocabulary: "
+                       f"pass {TRAINING_DATA_FLAG} with where the Criteo directory is now")
+    return vocabulary
 
 
 def format_sizes(inputs: ModelInputs) -> str:
@@ -430,6 +365,9 @@ class ExportConfig:
     max_bag_size: int = flag(DEFAULT_MAX_BAG_SIZE, parse=positive_int,
                              help="a model trained on Parquet: the ids a list column's bag may hold at serving "
                                   "(a longer bag is refused)")
+    training_data: Optional[str] = flag(
+        None, help="a checkpoint older than meta.json version 6, which does not record what serving needs of its "
+                   "data: where its training data (Parquet table, feature_spec.yaml, Criteo directory) is now")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -442,7 +380,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _export(config: ExportConfig) -> int:
     inputs = export_model(config.checkpoint, config.output, config.quantize, config.newest, config.max_bag_size,
-                          config.format)
+                          config.format, config.training_data)
     calibrated = f", calibrated: {inputs.calibration.describe()}" if inputs.calibration else ""
     print(f"exported {inputs.checkpoint} (step {inputs.step}{calibrated}) to {config.output}:\n"
           + format_sizes(inputs))

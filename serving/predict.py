@@ -5,7 +5,7 @@
         [--batch_size 4096]
         [--metrics_output metrics.json] [--keep_columns label,user_id]
 
-The input layout is the model's (inputs.json "layout"; serving/input_layouts.py):
+The input layout is the model's (inputs.json "layout"; serving/layouts/):
 
 - Models trained on Criteo's binary layout read raw Criteo lines (plain or .gz),
   tab-separated: label, 13 integer features, 26 hexadecimal hashes (40 fields), or the
@@ -71,7 +71,9 @@ from common.json_fields import BOOLEAN, COUNTS, INTEGER, NUMBER, TEXT, JsonObjec
 from data.parquet_files import check_same_types, file_schema, list_files, read_footers, read_row_group
 from data.text_lines import DaySource, iter_line_chunks
 from serving.cli import MODEL_DIR_HELP, parse_config, serving_parser
-from serving.input_layouts import InputLayout, ParquetRows, ParsedLines, load_layout
+from serving.layouts import load_layout
+from serving.layouts.base import InputLayout, ParsedLines
+from serving.layouts.parquet_rows import ParquetRows
 from serving.model_files import TRUST_FLAG, load_model_file, read_manifest
 from serving.model_inputs import PADDING_ID, VARIANTS, read_inputs
 

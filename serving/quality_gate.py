@@ -25,7 +25,7 @@ from common.cli import run_cli
 from common.config_flags import flag
 from common.errors import BadInput
 from serving.cli import MODEL_DIR_HELP, parse_config, serving_parser
-from serving.input_layouts import LAYOUTS
+from serving.layouts import LAYOUTS
 from serving.model_files import AOTI_FORMAT, TRUST_FLAG, read_manifest
 from serving.model_inputs import aoti_variant, read_inputs
 from serving.predict import TRUST_HELP, Predictor

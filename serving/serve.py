@@ -61,7 +61,8 @@ from common.config_flags import flag
 from common.errors import BadInput
 from common.sigterm import Terminated, raise_on_sigterm
 from serving.cli import MODEL_DIR_HELP, parse_config, serving_parser
-from serving.input_layouts import MalformedLineError, ParquetRows
+from serving.layouts.base import MalformedLineError
+from serving.layouts.parquet_rows import ParquetRows
 from serving.model_files import TRUST_FLAG
 from serving.predict import TRUST_HELP, VARIANTS, Predictor
 

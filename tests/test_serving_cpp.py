@@ -14,7 +14,7 @@ import pytest
 
 from bench.serve_cpp_latency import run as run_latency_bench
 from serving.export import export_model
-from serving.input_layouts import MalformedLineError
+from serving.layouts.base import MalformedLineError
 from serving.model_files import AOTI_FORMAT, MANIFEST_FILE, write_manifest
 from serving.model_inputs import INPUTS_FILE, aoti_file
 from serving.predict import Predictor

@@ -16,7 +16,9 @@ from checkpoints.store import read_meta
 from common.json_fields import FileFieldError
 from common.manifest import entry_of_bytes
 from data.criteo_transforms import transform_dense, transform_sparse
-from serving.input_layouts import CriteoLines, CsvRows, MalformedLineError
+from serving.layouts.base import MalformedLineError
+from serving.layouts.criteo_lines import CriteoLines
+from serving.layouts.csv_rows import CsvRows
 from serving.model_inputs import CriteoPreprocessing, FeatureSpecColumns, ModelInputs, Variant, read_inputs
 from data.sources import source_for
 from training.checkpoint_policy import find_restore_point
@@ -73,7 +75,8 @@ def current_meta(config) -> CheckpointMeta:
     source = source_for(config.data)
     return CheckpointMeta(step=12, epoch=1, batch_in_epoch=2, world_size=2, config=dataclasses.asdict(config),
                           plan=PLAN, run_id="r1", early_stopping=EARLY_STOPPING, data_source=source.name,
-                          data_features=source.describe())
+                          data_features=source.describe(), serving_layout=source.serving_layout,
+                          serving_facts=source.serving_facts(source.open()))
 
 
 def test_checkpoint_meta_round_trips_and_versions_1_to_3_still_load(tmp_path):
@@ -82,8 +85,14 @@ def test_checkpoint_meta_round_trips_and_versions_1_to_3_still_load(tmp_path):
     saved = read_meta(write_checkpoint_meta(tmp_path / "v4", meta.to_json()))
     assert saved == meta
     document = json.loads(meta.to_json())
-    assert list(document)[0] == "version" and document["version"] == 5
+    assert list(document)[0] == "version" and document["version"] == 6
+    assert (document["serving_layout"], document["serving_facts"]) == ("criteo_raw", {})  # random data: no facts
     assert document["calibration"] is None  # without --calibrate
+    version_5 = {**{k: v for k, v in document.items() if not k.startswith("serving_")}, "version": 5}
+    meta = dataclasses.replace(meta, serving_layout=None, serving_facts=None)  # what older versions read as
+    assert read_meta(write_checkpoint_meta(tmp_path / "v5", json.dumps(version_5).encode())) == \
+        dataclasses.replace(meta, version=5)
+    document = version_5
     version_4 = {**{k: v for k, v in document.items() if k != "calibration"}, "version": 4}
     assert read_meta(write_checkpoint_meta(tmp_path / "v4old", json.dumps(version_4).encode())) == \
         dataclasses.replace(meta, version=4)
@@ -143,7 +152,7 @@ def test_version_3_checkpoint_of_each_interaction_resumes_and_evaluates(tmp_path
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda d: d.update(format_version=6), "format_version is 6, newer than this code reads (5)"),
+    (lambda d: d.update(format_version=7), "format_version is 7, newer than this code reads (6)"),
     (lambda d: d.update(step="12"), 'step must be a count, got "12"'),
     (lambda d: d.pop("plan"), "plan is missing"),
     (lambda d: d["plan"]["t_cat_0"].update(shards=[[0, 0, 10]]), "plan.t_cat_0.shards must be a list of"),

@@ -135,6 +135,8 @@ class Trainer:
         self.source = source_for(config.data)
         self.data_source, self.data_features = self.source.name, self.source.describe()  # what checkpoints record
         dataset = self.source.open(check_values=False)  # after the start-up block: it reads every file
+        # What serving needs of the data, recorded with every checkpoint: an export never opens it.
+        self.serving_layout, self.serving_facts = self.source.serving_layout, self.source.serving_facts(dataset)
         self._dataset = dataset
         # --rolling_windows N: the loaders of window 0 now, so that a source without
         # time windows is refused before any collective; `_load_window` moves on.
@@ -308,6 +310,7 @@ class Trainer:
                               world_size=self.env.world_size, config=dataclasses.asdict(self.config), plan=self.plan,
                               run_id=self.log.run_id, early_stopping=self.best.stopping.state_dict(),
                               data_source=self.data_source, data_features=self.data_features,
+                              serving_layout=self.serving_layout, serving_facts=self.serving_facts,
                               calibration=self._calibration_of_this_step())
         state = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
         with self.in_stage(f"saving step {self.step}"):

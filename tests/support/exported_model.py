@@ -67,9 +67,11 @@ def raw_test_lines(trained: dict[str, Any], count: int) -> list[bytes]:
     return lines[len(lines) // 2:][:count]
 
 
-def tiny_checkpoint(root: Path, run_id: str, calibration: Optional[Calibration] = None) -> str:
+def tiny_checkpoint(root: Path, run_id: str, calibration: Optional[Calibration] = None,
+                    serving_layout: Optional[str] = None, serving_facts: Optional[dict[str, Any]] = None) -> str:
     """A checkpoint of a tiny Criteo model (tables of 10 rows of width 4), saved by
-    this process under ``root / "ckpt"``; returns its path.
+    this process under ``root / "ckpt"``; returns its path. Its meta.json records the
+    serving layout and facts of random data, as the trainer does, unless given.
 
     Example::
 
@@ -82,5 +84,6 @@ def tiny_checkpoint(root: Path, run_id: str, calibration: Optional[Calibration] 
     source = source_for(config.data)
     meta = CheckpointMeta(step=1, epoch=0, batch_in_epoch=1, world_size=1, config=dataclasses.asdict(config),
                           plan={}, data_source=source.name, data_features=source.describe(), run_id=run_id,
-                          calibration=calibration)
+                          calibration=calibration, serving_layout=serving_layout or source.serving_layout,
+                          serving_facts=source.serving_facts(None) if serving_facts is None else serving_facts)
     return CheckpointManager(str(root / "ckpt"), keep_last_n=0, rank=0).save({"model": model.state_dict()}, meta)

@@ -1,0 +1,397 @@
+"""The ``parquet_columns`` layout: rows of a model trained with --parquet_path.
+
+Parquet tables (the predictor reads them by row group: `ParquetRows.prepare_table`) or,
+as lines, JSON objects keyed by column name, one per line (the HTTP endpoint;
+`ParquetRows.parse`). Both are converted by the training's own
+`data.parquet_columns.ParquetColumns.convert` (transform and id hashing), then each
+feature's bag is laid into its ``sparse_hotness`` places, `PADDING_ID` after its ids.
+No id is unseen: hashing gives every value a row.
+"""
+
+import json
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Optional, Union
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from common.errors import BadInput
+from common.json_fields import FileFieldError, JsonObject, Kind, one_of, optional
+from data.config import DENSE_TRANSFORMS, ID_HASHING
+from data.parquet_columns import SPARSE_VALUE_TYPES, ColumnValueError, ParquetColumns, sparse_value_type
+from data.parquet_files import list_files, read_footers
+from serving.layouts.base import (PADDING_ID, Checkpoint, Description, Features, InputLayout, LayoutRecord,
+                                  MalformedLineError, ParsedLines)
+
+if TYPE_CHECKING:
+    from serving.model_inputs import ModelInputs
+
+_COLUMN_NAME = Kind(lambda v: isinstance(v, str) and bool(v), "a column name")
+_HASH_SEED = Kind(lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 64,
+                  "an integer from 0 to 2^64 - 1")
+_VALUE_TYPES_BY_COLUMN = Kind(lambda v: isinstance(v, dict) and all(t in SPARSE_VALUE_TYPES for t in v.values()),
+                              f"an object of column: one of {', '.join(SPARSE_VALUE_TYPES)}")
+
+
+def _value_types(count: int) -> Kind:
+    return Kind(lambda v: isinstance(v, list) and len(v) == count and all(t in SPARSE_VALUE_TYPES for t in v),
+                f"{count} of {', '.join(SPARSE_VALUE_TYPES)}")
+
+
+@dataclass
+class ParquetPreprocessing(LayoutRecord):
+    """Parquet rows (and the HTTP endpoint's JSON objects keyed by column name),
+    converted as training did: through `data.parquet_columns.ParquetColumns` (the
+    dense and sparse columns are the model's feature names, the table sizes its
+    tables'; `parquet_columns`).
+
+    Args:
+        label: the label column.
+        weight: the training's sample weight column, if any (serving does not read it).
+        dense_transform: log1p or none.
+        id_hashing: hash or modulo.
+        hash_seed: the seed of the hash.
+        sparse_value_types: per sparse column, one of `SPARSE_VALUE_TYPES`; a
+            list column's bags are cut into ``sparse_hotness`` places (a longer bag is
+            refused), a single value's into one.
+    """
+
+    LAYOUT: ClassVar[str] = "parquet_columns"
+    PADDED: ClassVar[bool] = True
+    label: str
+    weight: Optional[str]
+    dense_transform: str
+    id_hashing: str
+    hash_seed: int
+    sparse_value_types: list[str]
+
+    @classmethod
+    def read(cls, document: JsonObject, legacy: bool, count: int) -> "ParquetPreprocessing":
+        source = document.object("preprocessing")
+        return cls(
+            label=source.get("label", _COLUMN_NAME), weight=source.get("weight", optional(_COLUMN_NAME)),
+            dense_transform=source.get("dense_transform", one_of(*DENSE_TRANSFORMS)),
+            id_hashing=source.get("id_hashing", one_of(*ID_HASHING)),
+            hash_seed=source.get("hash_seed", _HASH_SEED),
+            sparse_value_types=source.get("sparse_value_types", _value_types(count)))
+
+    def check(self, dense: list[str], sparse: list[str], hotness: list[int], path: str) -> None:
+        """Refuses a description its own fields contradict: a column named twice (the
+        label among the features, a feature twice), a single-valued column given more
+        than one place."""
+        names = [self.label, *dense, *sparse]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise FileFieldError(f"{path}: column {repeated[0]} is named twice among the label, "
+                                 "dense_feature_names and sparse_feature_names")
+        for name, kind, places in zip(sparse, self.sparse_value_types, hotness):
+            if not kind.endswith("_list") and places != 1:
+                raise FileFieldError(f"{path}: sparse_hotness of {name} is {places}, but its values are single "
+                                     f"{kind}s (one place)")
+
+
+def parquet_columns(inputs: "ModelInputs") -> ParquetColumns:
+    """A Parquet model's columns, as its training converted rows (without the weight:
+    serving reads none)."""
+    columns = inputs.preprocessing
+    assert isinstance(columns, ParquetPreprocessing)
+    return ParquetColumns(label=columns.label, dense=tuple(inputs.dense_feature_names),
+                          sparse=tuple(inputs.sparse_feature_names),
+                          table_sizes=tuple(inputs.num_embeddings_per_feature),
+                          dense_transform=columns.dense_transform, id_hashing=columns.id_hashing,
+                          hash_seed=columns.hash_seed)
+
+
+def _training_schema(path: str) -> pa.Schema:
+    """The schema of the training table (its first file's footer and partitions)."""
+    filesystem, root, files = list_files(path)
+    return read_footers(filesystem, root, files[:1])[2]
+
+
+class ParquetRows(InputLayout):
+    """Rows of a model trained with --parquet_path (see the module docstring).
+
+    A JSON row must name every dense and sparse column (null where the value is
+    missing: 0 for a dense column, an empty bag for a sparse one, as a Parquet null in
+    training); other keys (the label, a request id) are ignored. Sparse values must be
+    of the type training read (integers and strings hash differently).
+
+    Args:
+        inputs: the export's inputs.json (its preprocessing a `ParquetPreprocessing`).
+    """
+
+    record = ParquetPreprocessing
+
+    def __init__(self, inputs: "ModelInputs") -> None:
+        super().__init__(inputs)
+        preprocessing = inputs.preprocessing
+        assert isinstance(preprocessing, ParquetPreprocessing)
+        self.columns = parquet_columns(inputs)
+        self._value_types = dict(zip(inputs.sparse_feature_names, preprocessing.sparse_value_types))
+        self._hotness = list(inputs.sparse_hotness)
+        self._starts = np.cumsum([0] + self._hotness[:-1])
+
+    @staticmethod
+    def describe(checkpoint: Checkpoint) -> Description:
+        """Its columns, transform and hashing (the checkpoint's data flags and features,
+        the model's table sizes) and each sparse column's value type (the ids' type
+        decides their hash), which meta.json records; of an older checkpoint, read from
+        the training table's schema again. A list column's bag gets ``max_bag_size``
+        places, a single value one."""
+        meta, model = checkpoint.meta, checkpoint.model
+        data_config = checkpoint.data_config()
+        columns = ParquetColumns.from_flags(data_config, meta.features, model.num_embeddings_per_feature)
+        if list(columns.sparse) != list(model.sparse_feature_names) or len(columns.dense) != model.dense_in_features:
+            raise BadInput(f"--parquet_path {data_config.parquet_path} no longer has the checkpoint's features "
+                           f"({len(columns.dense)} dense, sparse {', '.join(columns.sparse)})")
+        facts = checkpoint.facts()
+        if facts is not None:
+            recorded = facts.get("sparse_value_types", _VALUE_TYPES_BY_COLUMN)
+            missing = [name for name in columns.sparse if name not in recorded]
+            if missing:
+                raise FileFieldError(f"{checkpoint.meta_path}: serving_facts.sparse_value_types has no "
+                                     f"{missing[0]}, a sparse column of the model")
+            value_types = [recorded[name] for name in columns.sparse]
+        else:
+            schema = checkpoint.data_again(lambda data: _training_schema(data.parquet_path or ""))
+            columns.check_schema(schema, data_config.parquet_path or "")
+            value_types = [sparse_value_type(schema.field(name).type) for name in columns.sparse]
+        return Description(
+            dense_feature_names=list(columns.dense),
+            sparse_feature_names=list(columns.sparse),
+            sparse_hotness=[checkpoint.max_bag_size if kind.endswith("_list") else 1 for kind in value_types],
+            num_embeddings_per_feature=list(columns.table_sizes),
+            preprocessing=ParquetPreprocessing(label=columns.label, weight=columns.weight,
+                                               dense_transform=columns.dense_transform,
+                                               id_hashing=columns.id_hashing, hash_seed=columns.hash_seed,
+                                               sparse_value_types=value_types),
+            data_path=data_config.parquet_path)
+
+    @staticmethod
+    def training_data(path: str) -> Any:
+        raise BadInput("the quality gate reads binary training data; check a Parquet model with "
+                       "python -m serving.predict --metrics_output on a labelled Parquet day")
+
+    def is_labelled(self, data: bytes) -> bool:
+        return False  # JSON rows are scored; a label key is ignored like any other extra key
+
+    def parse(self, data: bytes, source: str, first_line: int, labelled: bool,
+              missing_as_null: bool = False) -> ParsedLines:
+        """JSON objects, one per line (blank lines skipped), keyed by column name; a
+        line nested deeper than a row can be is refused before it is parsed. A row
+        without one of the model's columns is refused, unless ``missing_as_null`` (the
+        caller asked for it explicitly: a misspelt key then reads as null)."""
+        rows, line_of_row = [], []
+        for index, line in enumerate(data.splitlines()):
+            if not line.strip():
+                continue
+            if _nested_deeper(line, _JSON_ROW_DEPTH):
+                raise MalformedLineError(f"{source} line {first_line + index}: JSON nested deeper than a row "
+                                         f"({_JSON_ROW_DEPTH} levels: an object of columns, lists of ids)")
+            try:
+                row = json.loads(line)
+            except ValueError as e:  # UnicodeDecodeError too
+                raise MalformedLineError(f"{source} line {first_line + index}: not JSON ({e})") from None
+            if not isinstance(row, dict):
+                raise MalformedLineError(f"{source} line {first_line + index}: expected a JSON object keyed by "
+                                         f"column name, got {type(row).__name__}")
+            rows.append(row)
+            line_of_row.append(first_line + index)
+        table = self._json_table(rows, lambda row: f"{source} line {line_of_row[row]}", missing_as_null)
+        return self.prepare_table(table, lambda row: f"{source} line {line_of_row[row]}", labelled=False)
+
+    def check_schema(self, schema: pa.Schema, where: str, labelled: bool) -> None:
+        """Refuses a Parquet input whose schema lacks a column, gives one a type
+        conversion refuses, or gives a sparse column another value type than training's."""
+        self.columns.check_schema(schema, where, labelled)
+        for name, expected in self._value_types.items():
+            found = sparse_value_type(schema.field(name).type)
+            if found != expected:
+                raise BadInput(f"{where}: column {name} holds {found.replace('_', ' ')} values, but the model "
+                               f"was trained on {expected.replace('_', ' ')} values (they hash to other rows)")
+
+    def prepare_table(self, table: Union[pa.Table, pa.RecordBatch], where: Callable[[int], str],
+                      labelled: bool) -> ParsedLines:
+        """The model's inputs of a block of rows whose schema passed `check_schema`:
+        dense (N, num_dense) float32 transformed, ids (N, sum of hotness) in the tables
+        with `PADDING_ID` after each bag, the labels (``labelled``) or None.
+
+        Args:
+            where: a row of the block -> where it is, for errors ("FILE row group 2 row 5").
+
+        Raises MalformedLineError naming the row and the column: a value conversion
+        refuses, a bag longer than its feature's places.
+        """
+        try:
+            converted = self.columns.convert(table, labelled)
+        except ColumnValueError as e:
+            raise MalformedLineError(f"{where(e.row)} column {e.column}: {e.what}") from None
+        ids = np.full((converted.num_rows, int(sum(self._hotness))), PADDING_ID, dtype=np.int64)
+        for f, (name, places) in enumerate(zip(self.columns.sparse, self._hotness)):
+            lengths = converted.lengths[f]
+            too_long = lengths > places
+            if too_long.any():
+                row = int(np.argmax(too_long))
+                raise MalformedLineError(f"{where(row)} column {name}: a bag of {lengths[row]} ids, more than the "
+                                         f"{places} places the model was exported with (serving.export "
+                                         "--max_bag_size)")
+            row_of_id = np.repeat(np.arange(len(lengths)), lengths)
+            place = np.arange(len(row_of_id)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+            ids[row_of_id, self._starts[f] + place] = converted.ids[f]
+        return ParsedLines(converted.dense, ids, converted.labels)
+
+    def _json_table(self, rows: list[dict[str, Any]], where: Callable[[int], str],
+                    missing_as_null: bool = False) -> pa.Table:
+        """The Arrow table of JSON rows, each column of the type training read; a
+        missing column (unless ``missing_as_null``) or a value of another type is
+        refused naming the row."""
+        arrays = {}
+        for name in self.columns.dense:
+            arrays[name] = pa.array(self._column(rows, name, where, _is_number, "a number or null", missing_as_null),
+                                    pa.float64())
+        for name in self.columns.sparse:
+            kind = self._value_types[name]
+            single = _is_json_int if kind.startswith("integer") else _is_text
+            words = "an integer id" if kind.startswith("integer") else "a string id"
+            if kind.endswith("_list"):
+                values = self._column(rows, name, where,
+                                      lambda v: isinstance(v, list) and all(x is None or single(x) for x in v),
+                                      f"a list of {words}s, or null", missing_as_null)
+            else:
+                values = self._column(rows, name, where, single, f"{words} or null", missing_as_null)
+            arrays[name] = pa.array(values, _ARROW_TYPES[kind])
+        return pa.table(arrays)
+
+    @staticmethod
+    def _column(rows: list[dict[str, Any]], name: str, where: Callable[[int], str],
+                accepts: Callable[[Any], bool], expected: str, missing_as_null: bool = False) -> list[Any]:
+        values = []
+        for row, values_of_row in enumerate(rows):
+            if name not in values_of_row and not missing_as_null:
+                raise MalformedLineError(f"{where(row)} column {name}: missing (send null for a missing value, "
+                                         "or POST to /predict?missing=null)")
+            value = values_of_row.get(name)
+            if value is not None and not accepts(value):
+                raise MalformedLineError(f"{where(row)} column {name}: expected {expected}, "
+                                         f"got {json.dumps(value)[:40]}")
+            values.append(_as_int64(value))
+        return values
+
+    def count_unseen(self, sparse: np.ndarray) -> np.ndarray:
+        """None: the hash gives every value a row (its collisions are training's statistics)."""
+        return np.zeros(len(self._hotness), np.int64)
+
+    def column_names(self) -> list[str]:
+        return []  # Parquet output keeps any input column (serving.predict reads them from the table)
+
+    def _all_columns(self, label: np.ndarray, lines: ParsedLines) -> np.ndarray:
+        return label[:, :0]
+
+    def transform(self, dense: np.ndarray, sparse: np.ndarray) -> Features:
+        return dense, sparse  # `prepare_table` converted the rows as training did
+
+
+# A JSON row nests two levels: the object of columns, a list column's list of ids.
+_JSON_ROW_DEPTH = 2
+# What nesting depends on: every byte but quotes and brackets goes (after escapes).
+_NOT_STRUCTURE = bytes(sorted(set(range(256)) - set(b'"[]{}')))
+_ESCAPE = re.compile(rb"\\.", re.S)
+_STRING = re.compile(rb'"[^"]*"')
+
+
+def _nested_deeper(line: bytes, limit: int) -> bool:
+    """Whether the brackets of a JSON line, strings aside, nest deeper than ``limit``.
+    json.loads recurses once per level (100,000 nested brackets raise RecursionError),
+    so this is asked before; a few microseconds a row (the line is reduced to its
+    quotes and brackets first)."""
+    if line.count(b"[") + line.count(b"{") <= limit:
+        return False  # too few to nest deeper: a row of single values, at no cost
+    if b"\\" in line:
+        line = _ESCAPE.sub(b"", line)  # an escaped quote does not end its string
+    depth = 0
+    for bracket in _STRING.sub(b"", line.translate(None, _NOT_STRUCTURE)):
+        depth += 1 if bracket in b"[{" else -1
+        if depth > limit:
+            return True
+    return False
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_json_int(value: Any) -> bool:
+    """An id a Parquet integer column can hold: int64 or uint64 (same 64-bit key)."""
+    return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (1 << 64)
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _as_int64(value: Any) -> Any:
+    """A uint64 id above int64's range as the int64 of the same 64 bits (the hash key
+    of both, data.id_hashing.integer_keys); anything else as it is."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1 << 63:
+        return value - (1 << 64)
+    if isinstance(value, list):
+        return [_as_int64(v) for v in value]
+    return value
+
+
+_ARROW_TYPES = {"integer": pa.int64(), "string": pa.string(), "integer_list": pa.list_(pa.int64()),
+                "string_list": pa.list_(pa.string())}
+
+
+# A JSON row nests two levels: the object of columns, a list column's list of ids.
+_JSON_ROW_DEPTH = 2
+# What nesting depends on: every byte but quotes and brackets goes (after escapes).
+_NOT_STRUCTURE = bytes(sorted(set(range(256)) - set(b'"[]{}')))
+_ESCAPE = re.compile(rb"\\.", re.S)
+_STRING = re.compile(rb'"[^"]*"')
+
+
+def _nested_deeper(line: bytes, limit: int) -> bool:
+    """Whether the brackets of a JSON line, strings aside, nest deeper than ``limit``.
+    json.loads recurses once per level (100,000 nested brackets raise RecursionError),
+    so this is asked before; a few microseconds a row (the line is reduced to its
+    quotes and brackets first)."""
+    if line.count(b"[") + line.count(b"{") <= limit:
+        return False  # too few to nest deeper: a row of single values, at no cost
+    if b"\\" in line:
+        line = _ESCAPE.sub(b"", line)  # an escaped quote does not end its string
+    depth = 0
+    for bracket in _STRING.sub(b"", line.translate(None, _NOT_STRUCTURE)):
+        depth += 1 if bracket in b"[{" else -1
+        if depth > limit:
+            return True
+    return False
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_json_int(value: Any) -> bool:
+    """An id a Parquet integer column can hold: int64 or uint64 (same 64-bit key)."""
+    return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (1 << 64)
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _as_int64(value: Any) -> Any:
+    """A uint64 id above int64's range as the int64 of the same 64 bits (the hash key
+    of both, data.id_hashing.integer_keys); anything else as it is."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1 << 63:
+        return value - (1 << 64)
+    if isinstance(value, list):
+        return [_as_int64(v) for v in value]
+    return value
+
+
+_ARROW_TYPES = {"integer": pa.int64(), "string": pa.string(), "integer_list": pa.list_(pa.int64()),
+                "string_list": pa.list_(pa.string())}

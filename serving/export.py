@@ -59,7 +59,8 @@ from torch.fx.experimental.symbolic_shapes import free_symbols
 from torchrec.inference.modules import quantize_inference_model
 
 from checkpoints.meta import CheckpointMeta
-from checkpoints.store import checkpoint_to_load, read_meta
+from checkpoints.directory import checkpoint_to_load
+from checkpoints.opened import read_meta
 from common.atomic import atomic_dir, naming_write_errors, surfacing_write_errors
 from common.byte_sizes import format_bytes
 from common.cli import positive_int, run_cli

@@ -32,7 +32,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from checkpoints.meta import CheckpointMeta
 from common.calibration import Calibration
-from checkpoints.store import check_stored_shapes, load_checkpoint, read_meta
+from checkpoints.load import check_stored_shapes, load_checkpoint
+from checkpoints.opened import read_meta
 from models import build_dlrm_train
 from models.interaction import PooledSparseArch
 from serving.model_inputs import PADDING_ID

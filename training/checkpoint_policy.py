@@ -1,7 +1,7 @@
 """What a training run decides about checkpoints: which one it starts from (weights
 only, or everything to resume), checked against its flags, and when a save is due by
-the clock. The checkpoint format itself (saving, finding, verifying, loading) is
-`checkpoints.store`.
+the clock. The checkpoint format itself (saving, finding, verifying, loading) is the
+`checkpoints` package (`directory`, `save`, `opened`, `load`).
 """
 
 import json
@@ -17,7 +17,8 @@ from iopath.common.file_io import g_pathmgr
 from checkpoints.errors import CheckpointError
 from checkpoints.meta import CheckpointMeta, meta_section
 from checkpoints.storage import join
-from checkpoints.store import META_FILE, best_checkpoint, checkpoint_to_load, newest_checkpoint, read_meta
+from checkpoints.directory import META_FILE, best_checkpoint, checkpoint_to_load, newest_checkpoint
+from checkpoints.opened import read_meta
 from training.config import CheckpointConfig, OptimizerConfig, TrainConfig
 
 

@@ -278,7 +278,7 @@ class Trainer:
         if restore.full:
             self.optimizer.init_state()  # lazy optimizer state must exist to load into
             state["optim"] = self.optimizer.state_dict()
-        load_checkpoint(restore.path, state, self.env.rank, restore_rng=restore.full)
+        load_checkpoint(restore.checkpoint, state, self.env.rank, restore_rng=restore.full)
         self.model.load_state_dict(state["model"])
         self.weights_step, self.weights_path = restore.meta.step, restore.path
         if not restore.full:

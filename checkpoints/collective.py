@@ -2,14 +2,14 @@
 rank's failure raised on all of them, and one line for a failure of DCP's collective
 steps. With one process the collectives return at once, without a process group."""
 
-from typing import Any, Optional
 from collections.abc import Callable
+from typing import Any
 
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 
-def all_gather(value: Any, group: Optional[dist.ProcessGroup] = None) -> list[Any]:
+def all_gather(value: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
     """Every rank's ``value``, by rank (collective when several ranks run)."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return [value]
@@ -18,7 +18,7 @@ def all_gather(value: Any, group: Optional[dist.ProcessGroup] = None) -> list[An
     return gathered
 
 
-def first_error(write: Callable[[], None]) -> Optional[OSError]:
+def first_error(write: Callable[[], None]) -> OSError | None:
     """Runs ``write``; returns its OSError (a full disk) instead of raising it, for the
     ranks to share before any raises (a rank raising alone leaves the others waiting)."""
     try:
@@ -28,14 +28,14 @@ def first_error(write: Callable[[], None]) -> Optional[OSError]:
     return None
 
 
-def raise_first_error(errors: list[Optional[OSError]]) -> None:
+def raise_first_error(errors: list[OSError | None]) -> None:
     """Raises the lowest rank's error, as DCP reports its own (CheckpointException)."""
     failures = {rank: (error, None) for rank, error in enumerate(errors) if error is not None}
     if failures:
         raise CheckpointException("save", failures)  # type: ignore[arg-type]
 
 
-def barrier(group: Optional[dist.ProcessGroup] = None) -> None:
+def barrier(group: dist.ProcessGroup | None = None) -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier(group=group)
 

@@ -24,7 +24,6 @@ verified open of one checkpoint checkpoints/opened.py, loading checkpoints/load.
 import json
 import os
 import re
-from typing import Optional
 
 from iopath.common.file_io import g_pathmgr
 
@@ -69,12 +68,12 @@ def complete_checkpoints(directory: str) -> list[str]:
     return [path for _, path in sorted(found)]
 
 
-def newest_checkpoint(directory: str) -> Optional[str]:
+def newest_checkpoint(directory: str) -> str | None:
     complete = complete_checkpoints(directory)
     return complete[-1] if complete else None
 
 
-def best_checkpoint(directory: str) -> Optional[str]:
+def best_checkpoint(directory: str) -> str | None:
     """The checkpoint best.json marks in ``directory``; None when none is marked."""
     pointer = join(directory, BEST_FILE)
     if not g_pathmgr.exists(pointer):

@@ -15,7 +15,7 @@ is JSON. A checkpoint without a manifest goes through the same checks, with a wa
 import io
 import pickle
 import sys
-from typing import Any, Union
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -28,11 +28,11 @@ from checkpoints.state import checked_rng_state, flat_state, set_rng_state
 from checkpoints.storage import IOPathReader, TensorLoadPlanner, join
 
 
-def _opened(checkpoint: Union[str, OpenedCheckpoint]) -> OpenedCheckpoint:
+def _opened(checkpoint: str | OpenedCheckpoint) -> OpenedCheckpoint:
     return checkpoint if isinstance(checkpoint, OpenedCheckpoint) else open_checkpoint(checkpoint)
 
 
-def check_stored_shapes(checkpoint: Union[str, OpenedCheckpoint], state: dict[str, Any]) -> None:
+def check_stored_shapes(checkpoint: str | OpenedCheckpoint, state: dict[str, Any]) -> None:
     """Raises CheckpointError unless the checkpoint stores every tensor of ``state``
     with its shape, in data files large enough to hold them. Reads .metadata and the
     files' sizes only, so ``state`` may live on the meta device: a meta.json declaring
@@ -50,7 +50,7 @@ def check_stored_shapes(checkpoint: Union[str, OpenedCheckpoint], state: dict[st
                               f"{held}: meta.json and .metadata describe more than is stored")
 
 
-def load_checkpoint(checkpoint: Union[str, OpenedCheckpoint], state: dict[str, Any], rank: int,
+def load_checkpoint(checkpoint: str | OpenedCheckpoint, state: dict[str, Any], rank: int,
                     restore_rng: bool) -> None:
     """Fills ``state`` (tensors and sharded tensors, in place) from the checkpoint.
 

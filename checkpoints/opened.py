@@ -23,8 +23,8 @@ Example::
 import functools
 import json
 import os
-from typing import Any, Optional
 from collections.abc import Mapping
+from typing import Any
 
 from iopath.common.file_io import g_pathmgr
 from torch.distributed.checkpoint.metadata import Metadata
@@ -52,7 +52,7 @@ def _read(file: str, mode: str, failure: str) -> Any:
         raise CheckpointError(f"{failure} ({e.strerror or e})") from e
 
 
-def read_manifest(path: str) -> Optional[dict[str, ManifestEntry]]:
+def read_manifest(path: str) -> dict[str, ManifestEntry] | None:
     """The manifest of a complete checkpoint (its COMPLETE marker's content): file name ->
     size and SHA-256. None for a checkpoint saved before manifests ("complete")."""
     marker = join(path, COMPLETE_MARKER)
@@ -78,7 +78,7 @@ class OpenedCheckpoint:
             manifests (its files are then read unverified).
     """
 
-    def __init__(self, path: str, manifest: Optional[dict[str, ManifestEntry]]) -> None:
+    def __init__(self, path: str, manifest: dict[str, ManifestEntry] | None) -> None:
         self.path = path
         self.manifest = manifest
 
@@ -126,7 +126,7 @@ class OpenedCheckpoint:
             raise CheckpointError(f"checkpoint file {e}") from e
         return metadata
 
-    def file_size(self, name: str) -> Optional[int]:
+    def file_size(self, name: str) -> int | None:
         """The size of one file of the checkpoint: on disk for a local one, else its
         manifest's (None: unknown, an old remote checkpoint)."""
         if is_local(self.path):

@@ -16,18 +16,18 @@ import json
 import os
 import threading
 import uuid
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from iopath.common.file_io import g_pathmgr
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
 
 from checkpoints.collective import all_gather, barrier, failure_line, first_error, raise_first_error
-from checkpoints.directory import (BEST_FILE, COMPLETE_MARKER, LOCK_FILE, META_FILE, MANIFEST_VERSION,
+from checkpoints.directory import (BEST_FILE, COMPLETE_MARKER, LOCK_FILE, MANIFEST_VERSION, META_FILE,
                                    best_checkpoint, complete_checkpoints, is_complete, is_step_dir, step_dir_name)
 from checkpoints.errors import CheckpointError, CheckpointSaveError
 from checkpoints.meta import CheckpointMeta
@@ -52,7 +52,7 @@ def check_writable(directory: str) -> None:
         raise CheckpointError(f"--checkpoint_dir {directory}: cannot write there ({e.strerror or e})") from e
 
 
-def lock_checkpoint_dir(directory: str, rank: int) -> Optional[PathLock]:
+def lock_checkpoint_dir(directory: str, rank: int) -> PathLock | None:
     """Rank 0 takes ``directory``'s lock for the run (common/path_lock.py): a second
     run saving there would prune the first one's saves, and a resume would take the
     newest of either. Every rank raises LockHeld, naming the holder, when another run
@@ -103,7 +103,7 @@ class CheckpointManager:
         self.asynchronous = asynchronous
         self._group = (dist.new_group(backend="gloo") if asynchronous and dist.is_initialized()
                        and dist.get_world_size() > 1 else None)
-        self._in_flight: Optional[concurrent.futures.Future] = None
+        self._in_flight: concurrent.futures.Future | None = None
 
     def save(self, state: dict[str, Any], meta: CheckpointMeta) -> str:
         """Writes the checkpoint of ``meta.step``; returns its path. Collective.
@@ -153,7 +153,7 @@ class CheckpointManager:
             failures = {r: f[0] for r, f in e.failures.items()} if isinstance(e, CheckpointException) else {}
             failures = failures or {self.rank: e}
             if isinstance(failures.get(self.rank), Terminated):
-                raise failures[self.rank]
+                raise failures[self.rank] from e
             rank = min(failures)
             cause = failures[rank]
             if isinstance(cause, Terminated):

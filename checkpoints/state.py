@@ -3,8 +3,8 @@ to the leaves DCP stores, and each process's random generators (rank_<r>.pt), ch
 whole before any generator is restored."""
 
 import random
-from typing import Any
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 

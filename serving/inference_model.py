@@ -22,7 +22,7 @@ Example::
 
 import copy
 import itertools
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 from torch import nn
@@ -225,7 +225,7 @@ class ProbabilityModel(nn.Module):
         return torch.sigmoid(logits)
 
 
-def load_checkpoint_model(checkpoint: Union[str, OpenedCheckpoint]) -> tuple[DLRMTrain, CheckpointMeta]:
+def load_checkpoint_model(checkpoint: str | OpenedCheckpoint) -> tuple[DLRMTrain, CheckpointMeta]:
     """The unsharded fp32 model of a checkpoint (a path, or one opened already: any
     world size and plan), in eval mode, and the checkpoint's meta.json. Needs no
     process group.

@@ -12,7 +12,7 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Any, ContextManager
+from typing import Any
 
 import pytest
 import torch
@@ -42,7 +42,7 @@ sys.addaudithook(_audit)  # hooks cannot be removed: this one records only insid
 
 
 @pytest.fixture
-def reads(monkeypatch) -> Callable[[], ContextManager[Counter]]:
+def reads(monkeypatch) -> Callable[[], contextlib.AbstractContextManager[Counter]]:
     """A context that counts, while inside, the opens of each file name and the
     unpicklings of DCP metadata."""
     def unpickling(data: bytes, source: str) -> Metadata:

@@ -82,7 +82,7 @@ def _stall_seconds(trainer, save_seconds: float) -> dict[str, float]:
     steps, broadcast: every rank runs the same)."""
     import torch.distributed as dist
 
-    from checkpoints.store import CheckpointManager
+    from checkpoints.save import CheckpointManager
 
     batches = _endless_batches(trainer)
     step_seconds = _steps_seconds(trainer, batches, 3) / 3  # also warms the pipeline up

@@ -1,5 +1,5 @@
 """torch.distributed.checkpoint (DCP) storage on any path iopath opens: the file system,
-writer, reader and planners `checkpoints.store` saves and loads through.
+writer, reader and planners `checkpoints.save` and `checkpoints.load` go through.
 
 Every file written is hashed on its way to disk (a data file chunk by chunk, each item
 DCP writes) for the manifest; every chunk read is checked against its manifest digest
@@ -155,7 +155,7 @@ class NoCopySavePlanner(DefaultSavePlanner):
 
 
 class IOPathReader(FileSystemReader):
-    """DCP's reader with the metadata read and checked beforehand (`checkpoints.store.load_checkpoint`: no
+    """DCP's reader with the metadata read and checked beforehand (`checkpoints.opened`: no
     code runs, no file outside the checkpoint is named), each chunk of a data file
     checked against its manifest digest as it is read, before torch.load sees it (a
     version 1 manifest: each file in a pass before it is read), and a file that holds

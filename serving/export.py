@@ -62,7 +62,8 @@ from torch.fx.experimental.symbolic_shapes import free_symbols
 from torchrec.inference.modules import quantize_inference_model
 
 from checkpoints.meta import CheckpointMeta
-from checkpoints.store import checkpoint_to_load, read_meta
+from checkpoints.directory import checkpoint_to_load
+from checkpoints.opened import OpenedCheckpoint, open_checkpoint
 from common.atomic import atomic_dir, naming_write_errors, surfacing_write_errors
 from common.byte_sizes import format_bytes
 from common.cli import positive_int, run_cli
@@ -237,6 +238,13 @@ def export_model(checkpoint: str, output: str, quantize: list[str], newest: bool
     empty), when another export to it is running, when the disk fills up, or (``fmt``
     aoti) without a C++ compiler.
     """
+    return _export_checkpoint(checkpoint, output, quantize, newest, max_bag_size, fmt, training_data)[0]
+
+
+def _export_checkpoint(checkpoint: str, output: str, quantize: list[str], newest: bool, max_bag_size: int,
+                       fmt: str, training_data: Optional[str] = None) -> tuple[ModelInputs, OpenedCheckpoint]:
+    """`export_model`, and the checkpoint it opened (once: its manifest, meta.json and
+    .metadata are read by every step of the export from that)."""
     _check_output(output)
     if fmt == AOTI_FORMAT:
         _check_compiler()
@@ -271,9 +279,11 @@ def _no_space(error: BaseException) -> bool:
 
 
 def _write_model_dir(checkpoint: str, output: str, quantize: list[str], newest: bool,
-                     max_bag_size: int, fmt: str, training_data: Optional[str]) -> ModelInputs:
+                     max_bag_size: int, fmt: str,
+                     training_data: Optional[str]) -> tuple[ModelInputs, OpenedCheckpoint]:
     path = checkpoint_to_load(checkpoint, "--checkpoint", prefer_best=not newest)
-    train_model, meta = load_checkpoint_model(path)
+    opened = open_checkpoint(path)
+    train_model, meta = load_checkpoint_model(opened)
     model_config = meta.model
     inputs = describe_inputs(model_config, meta, path, max_bag_size, training_data)
     # --calibrate's fit on the validation that made the checkpoint (its meta.json), applied
@@ -315,7 +325,7 @@ def _write_model_dir(checkpoint: str, output: str, quantize: list[str], newest: 
             f.write(inputs.to_json())
         with naming_write_errors(os.path.join(output, MANIFEST_FILE)):
             write_manifest(tmp)  # last: every file's size and SHA-256
-    return inputs
+    return inputs, opened
 
 
 def _vocabulary(inputs: ModelInputs) -> Optional[str]:
@@ -379,12 +389,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _export(config: ExportConfig) -> int:
-    inputs = export_model(config.checkpoint, config.output, config.quantize, config.newest, config.max_bag_size,
-                          config.format, config.training_data)
+    inputs, opened = _export_checkpoint(config.checkpoint, config.output, config.quantize, config.newest,
+                                        config.max_bag_size, config.format, config.training_data)
     calibrated = f", calibrated: {inputs.calibration.describe()}" if inputs.calibration else ""
     print(f"exported {inputs.checkpoint} (step {inputs.step}{calibrated}) to {config.output}:\n"
           + format_sizes(inputs))
-    asked = read_meta(inputs.checkpoint).config.get("calibrate", "none")
+    asked = opened.meta.config.get("calibrate", "none")
     if inputs.calibration is None and asked != "none":
         # A checkpoint saved at a step without a validation (--newest, a cadence save).
         print(f"note: the run had --calibrate {asked}, but this checkpoint holds no fit (no validation at its "

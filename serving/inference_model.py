@@ -32,7 +32,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from checkpoints.meta import CheckpointMeta
 from common.calibration import Calibration
-from checkpoints.store import check_stored_shapes, load_checkpoint, read_meta
+from checkpoints.load import check_stored_shapes, load_checkpoint
+from checkpoints.opened import OpenedCheckpoint, open_checkpoint
 from models import build_dlrm_train
 from models.arch import PooledSparseArch
 from serving.model_inputs import PADDING_ID
@@ -224,23 +225,25 @@ class ProbabilityModel(nn.Module):
         return torch.sigmoid(logits)
 
 
-def load_checkpoint_model(path: str) -> tuple[DLRMTrain, CheckpointMeta]:
-    """The unsharded fp32 model of a checkpoint (any world size and plan), in eval mode,
-    and the checkpoint's meta.json. Needs no process group.
+def load_checkpoint_model(checkpoint: str | OpenedCheckpoint) -> tuple[DLRMTrain, CheckpointMeta]:
+    """The unsharded fp32 model of a checkpoint (a path, or one opened already: any
+    world size and plan), in eval mode, and the checkpoint's meta.json. Needs no
+    process group.
 
     Raises CheckpointError when the checkpoint is missing, incomplete or unreadable.
     """
-    meta = read_meta(path)
+    opened = checkpoint if isinstance(checkpoint, OpenedCheckpoint) else open_checkpoint(checkpoint)
+    meta = opened.meta
     model_config = meta.model
     # fp32 tables whatever the training precision: DCP casts fp16 weights on load, and
     # quantization starts from fp32.
     model_config.embedding_precision = "fp32"
     # The tables meta.json declares, checked against what is stored before any is allocated.
     on_meta = build_dlrm_train(model_config, dense_device=torch.device("meta"), embedding_device=torch.device("meta"))
-    check_stored_shapes(path, {"model": on_meta.state_dict()})
+    check_stored_shapes(opened, {"model": on_meta.state_dict()})
     model = build_dlrm_train(model_config, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"))
     state = {"model": model.state_dict()}
-    load_checkpoint(path, state, rank=0, restore_rng=False)
+    load_checkpoint(opened, state, rank=0, restore_rng=False)
     model.load_state_dict(state["model"])
     return model.eval(), meta
 

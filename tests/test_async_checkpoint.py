@@ -9,7 +9,9 @@ import torch
 import dlrm_main
 from checkpoints.errors import CheckpointSaveError
 from checkpoints.meta import CheckpointMeta
-from checkpoints.store import CheckpointManager, best_checkpoint, complete_checkpoints, load_checkpoint
+from checkpoints.directory import best_checkpoint, complete_checkpoints
+from checkpoints.load import load_checkpoint
+from checkpoints.save import CheckpointManager
 from harness.launch import launch
 from training.checkpoint_policy import MinuteCadence
 from training.flags import parse_config

@@ -11,7 +11,8 @@ import torch
 
 import dlrm_main
 from checkpoints.meta import CheckpointMeta
-from checkpoints.store import best_checkpoint, read_meta
+from checkpoints.directory import best_checkpoint
+from checkpoints.opened import read_meta
 from common.calibration import (HISTOGRAM_BINS, LOGIT_RANGE, MIN_PROBABILITY, Calibration, bin_centres,
                                 fit_calibration, fit_platt, pool_adjacent_violators)
 from common.json_fields import FileFieldError, JsonObject

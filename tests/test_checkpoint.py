@@ -17,7 +17,7 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 
 import dlrm_main
-from checkpoints.store import read_meta
+from checkpoints.opened import read_meta
 from data.criteo_layout import NUM_SPARSE_FEATURES
 from harness.launch import REPO, eval_metrics, eval_record, free_port, launch, read_log
 from tests.support.model_state import assert_same_state, flat_state

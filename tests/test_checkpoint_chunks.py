@@ -12,7 +12,9 @@ from torch.distributed.checkpoint import FileSystemReader
 
 from checkpoints.errors import CheckpointError
 from checkpoints.meta import CheckpointMeta
-from checkpoints.store import CheckpointManager, load_checkpoint, read_manifest
+from checkpoints.load import load_checkpoint
+from checkpoints.opened import read_manifest
+from checkpoints.save import CheckpointManager
 
 
 def _state(fill: float = 0.0) -> dict:

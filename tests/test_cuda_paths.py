@@ -23,7 +23,7 @@ from torchrec.distributed.train_pipeline.train_pipelines import PrefetchTrainPip
 from torchrec.distributed.types import CacheParams, ShardingEnv, ShardingPlan
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from checkpoints.store import _rng_state, _set_rng_state
+from checkpoints.state import rng_state, set_rng_state
 from common.errors import BadInput
 from models import build_dlrm_train
 from sharding_plans import PlannerConfig, build_sharders, plan_summary
@@ -98,7 +98,7 @@ def test_checkpoint_rng_state_holds_this_process_generators_only(tmp_path):
     """The per-rank RNG file holds the CPU and Python generators, and on CUDA the
     current device's generator alone (not every visible GPU's): a resume on a host
     showing fewer GPUs must load it."""
-    state = _rng_state()
+    state = rng_state()
     if torch.cuda.is_available():
         assert set(state) == {"torch", "python", "cuda"}
         assert torch.equal(state["cuda"], torch.cuda.get_rng_state())
@@ -106,15 +106,15 @@ def test_checkpoint_rng_state_holds_this_process_generators_only(tmp_path):
         assert set(state) == {"torch", "python"}
     torch.save(state, tmp_path / "rank_0.pt")
     expected = (torch.rand(3), random.random())
-    _set_rng_state(torch.load(tmp_path / "rank_0.pt", weights_only=True))  # as a resume reads it
+    set_rng_state(torch.load(tmp_path / "rank_0.pt", weights_only=True))  # as a resume reads it
     assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_checkpoint_cuda_rng_state_restores_on_the_current_device():
-    state = _rng_state()
+    state = rng_state()
     expected = torch.rand(3, device="cuda")
-    _set_rng_state(state)
+    set_rng_state(state)
     assert torch.equal(torch.rand(3, device="cuda"), expected)
 
 

@@ -36,7 +36,8 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
 import dlrm_main
 from checkpoints.errors import CheckpointError
 from checkpoints.storage import IOPathReader, TensorLoadPlanner
-from checkpoints.store import load_checkpoint, newest_checkpoint
+from checkpoints.directory import newest_checkpoint
+from checkpoints.load import load_checkpoint
 from serving.inference_model import load_checkpoint_model
 from tests.support.hostile import HOSTILE_SETTINGS as GENERATED
 from harness.launch import REPO

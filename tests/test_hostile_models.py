@@ -23,7 +23,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from checkpoints.store import META_FILE
+from checkpoints.directory import META_FILE
 from common.errors import BadInput
 from common.manifest import entry_of_bytes
 from serving.export import FP32_FILE, export_model

@@ -20,7 +20,7 @@ from torchmetrics.functional.classification import binary_auroc
 
 import dcnv2_main
 import dlrm_main
-from checkpoints.store import checkpoint_to_load
+from checkpoints.directory import checkpoint_to_load
 from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
 from data.criteo_binary import CriteoBinaryDataset
 from tests.support.exported_model import MODEL_FLAGS, raw_test_lines

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from checkpoints.store import COMPLETE_MARKER, complete_checkpoints
+from checkpoints.directory import COMPLETE_MARKER, complete_checkpoints
 from sweeps.launch import move_slurm_logs
 from tests.support.cluster import Host, cluster_hosts, compute_hosts, slurm_hosts, start  # noqa: F401 (fixtures)
 from tests.support.cluster import ON_HOST, TINY_TRAINING_FLAGS, parse_sacct_states, read_hosts, sacct_states_argv
@@ -169,7 +169,7 @@ def test_a_host_lost_mid_epoch_and_replaced_at_another_address_resumes_as_if_uni
 def test_a_host_lost_during_a_checkpoint_save_resumes_from_the_previous_one(compute_hosts, start, synthetic_dir,
                                                                             tmp_path, uninterrupted):
     """The save of step 40 blocks on the lost host's rank: its RNG file's temporary
-    name is a FIFO nobody reads (checkpoints/store.py writes rank_R.pt.tmp, then
+    name is a FIFO nobody reads (checkpoints/save.py writes rank_R.pt.tmp, then
     renames it), so the kill lands inside the save whatever the timing."""
     ckpt, log = str(tmp_path / "ckpt"), str(tmp_path / "log.jsonl")
     _, lost = compute_hosts

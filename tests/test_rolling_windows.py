@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 import dlrm_main
-from checkpoints.store import read_meta
+from checkpoints.opened import read_meta
 from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parquet
 from data.sources import source_for
 from tests.support.doc_commands import commands_starting, replaced

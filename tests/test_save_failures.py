@@ -17,7 +17,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from checkpoints.store import LOCK_FILE, complete_checkpoints, newest_checkpoint, read_manifest
+from checkpoints.directory import LOCK_FILE, complete_checkpoints, newest_checkpoint
+from checkpoints.opened import read_manifest
 from common.manifest import check_bytes
 from common.path_lock import LockHeld, PathLock
 from serving import export, predict

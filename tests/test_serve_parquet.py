@@ -17,7 +17,7 @@ import torch
 from torchmetrics.functional.classification import binary_auroc
 
 from checkpoints.meta import CheckpointMeta
-from checkpoints.store import CheckpointManager
+from checkpoints.save import CheckpointManager
 from common.errors import BadInput
 from common.json_fields import FileFieldError
 from data.sources import source_for

@@ -12,7 +12,7 @@ import pytest
 
 from checkpoints.errors import CheckpointError
 from checkpoints.meta import CheckpointMeta, meta_section
-from checkpoints.store import read_meta
+from checkpoints.opened import read_meta
 from common.json_fields import FileFieldError
 from common.manifest import entry_of_bytes
 from data.criteo_transforms import transform_dense, transform_sparse

@@ -1,7 +1,7 @@
 """What a training run decides about checkpoints: which one it starts from (weights
 only, or everything to resume), checked against its flags, and when a save is due by
-the clock. The checkpoint format itself (saving, finding, verifying, loading) is
-`checkpoints.store`.
+the clock. The checkpoint format itself (saving, finding, verifying, loading) is the
+`checkpoints` package (`directory`, `save`, `opened`, `load`).
 """
 
 import json
@@ -17,7 +17,8 @@ from iopath.common.file_io import g_pathmgr
 from checkpoints.errors import CheckpointError
 from checkpoints.meta import CheckpointMeta, meta_section
 from checkpoints.storage import join
-from checkpoints.store import META_FILE, best_checkpoint, checkpoint_to_load, newest_checkpoint, read_meta
+from checkpoints.directory import META_FILE, best_checkpoint, checkpoint_to_load, newest_checkpoint
+from checkpoints.opened import OpenedCheckpoint, open_checkpoint
 from training.config import CheckpointConfig, OptimizerConfig, TrainConfig
 
 
@@ -35,11 +36,19 @@ def iter_differences(saved: Any, current: Any, prefix: str = "") -> Iterator[str
 
 @dataclass
 class RestorePoint:
-    """A checkpoint a run starts from: weights only, or everything (``full``)."""
+    """A checkpoint a run starts from: weights only, or everything (``full``), opened
+    once: its meta.json checked here, its tensors loaded from the same opening."""
 
-    path: str
-    meta: CheckpointMeta
+    checkpoint: OpenedCheckpoint
     full: bool
+
+    @property
+    def path(self) -> str:
+        return self.checkpoint.path
+
+    @property
+    def meta(self) -> CheckpointMeta:
+        return self.checkpoint.meta
 
 
 def checkpoint_to_evaluate(flags: CheckpointConfig) -> str:
@@ -72,7 +81,8 @@ def find_restore_point(config: TrainConfig) -> Optional[RestorePoint]:
         path = checkpoint_to_evaluate(flags)
     else:
         return None  # inference_benchmark without a checkpoint: a freshly built model
-    meta = read_meta(path)
+    checkpoint = open_checkpoint(path)
+    meta = checkpoint.meta
     # Read in every mode: a section this code does not know is refused up front.
     recorded = meta_section(meta.config, "optim", OptimizerConfig, join(path, META_FILE))
     differences = list(iter_differences(asdict(meta.model), asdict(config.model)))
@@ -81,7 +91,7 @@ def find_restore_point(config: TrainConfig) -> Optional[RestorePoint]:
     if differences:
         more = f" (and {len(differences) - 3} more differences)" if len(differences) > 3 else ""
         raise CheckpointError(f"checkpoint {path} does not match this run: {'; '.join(differences[:3])}{more}")
-    return RestorePoint(path, meta, full)  # type: ignore[arg-type]
+    return RestorePoint(checkpoint, full)
 
 
 def _optimizers(optim: OptimizerConfig) -> dict[str, str]:

@@ -8,7 +8,9 @@ from collections.abc import Callable
 from torch import nn
 
 from checkpoints.errors import CheckpointError
-from checkpoints.store import CheckpointManager, best_checkpoint, load_checkpoint
+from checkpoints.directory import best_checkpoint
+from checkpoints.load import load_checkpoint
+from checkpoints.save import CheckpointManager
 from training.config import EarlyStoppingConfig
 from training.weight_snapshot import HostWeightSnapshot
 

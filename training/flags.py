@@ -143,7 +143,7 @@ def _checkpoint_layers(args: argparse.Namespace, layers: tuple[Overrides, ...]) 
     flags = CheckpointConfig(**config_values(CheckpointConfig, args, layers))
     if not (flags.restore_checkpoint_path or flags.checkpoint_dir):
         return ()  # TrainConfig.validate says what is missing
-    from checkpoints.store import read_meta  # these two import torch: only when evaluating
+    from checkpoints.opened import read_meta  # these two import torch: only when evaluating
     from training.checkpoint_policy import checkpoint_to_evaluate
     path = checkpoint_to_evaluate(flags)
     meta = read_meta(path)

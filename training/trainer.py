@@ -24,8 +24,10 @@ from torchrec.distributed.train_pipeline.train_pipelines import TrainPipeline
 from torchrec.distributed.types import ShardingEnv
 
 from checkpoints.meta import CheckpointMeta
-from checkpoints.store import (CheckpointManager, check_writable, checkpoint_to_load, export_role, load_checkpoint,
-                               lock_checkpoint_dir, read_meta)
+from checkpoints.directory import checkpoint_to_load, export_role
+from checkpoints.load import load_checkpoint
+from checkpoints.opened import read_meta
+from checkpoints.save import CheckpointManager, check_writable, lock_checkpoint_dir
 from common.byte_sizes import format_bytes
 from common.calibration import Calibration
 from common.config_flags import Overrides, flag_of
@@ -278,7 +280,7 @@ class Trainer:
         if restore.full:
             self.optimizer.init_state()  # lazy optimizer state must exist to load into
             state["optim"] = self.optimizer.state_dict()
-        load_checkpoint(restore.path, state, self.env.rank, restore_rng=restore.full)
+        load_checkpoint(restore.checkpoint, state, self.env.rank, restore_rng=restore.full)
         self.model.load_state_dict(state["model"])
         self.weights_step, self.weights_path = restore.meta.step, restore.path
         if not restore.full:

@@ -97,7 +97,7 @@ def export_difference(checkpoint_dir: str, eager: torch.Tensor, out_dir: str) ->
     from serving.export import FP32_FILE, export_model
     from serving.model_files import load_model_file, read_manifest
     from serving.model_inputs import read_inputs
-    from checkpoints.store import newest_checkpoint
+    from checkpoints.directory import newest_checkpoint
     with contextlib.redirect_stderr(io.StringIO()):
         export_model(newest_checkpoint(checkpoint_dir), out_dir, [])
     manifest = read_manifest(out_dir)

@@ -12,7 +12,7 @@ import torch
 
 import dlrm_main
 from checkpoints.meta import CheckpointMeta
-from checkpoints.store import CheckpointManager
+from checkpoints.save import CheckpointManager
 from common.calibration import Calibration
 from data.preprocess_criteo import PreprocessConfig, preprocess
 from data.sources import source_for

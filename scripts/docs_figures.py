@@ -14,6 +14,7 @@ The sweep reuses the runs a previous `make sweep-example` finished (delete
 runs/sweeps/table_sizes for a fresh one); the training report's log is written anew.
 """
 
+import argparse
 import os
 import shlex
 import shutil
@@ -149,7 +150,10 @@ def update_pages(images: Sequence[str], date: str) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    images = list(argv if argv is not None else sys.argv[1:]) or list(FIGURES)
+    parser = argparse.ArgumentParser(prog="python -m scripts.docs_figures", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("images", nargs="*", help=f"the figures to draw (default: every one): {', '.join(FIGURES)}")
+    images = parser.parse_args(argv).images or list(FIGURES)
     unknown = [image for image in images if image not in FIGURES]
     if unknown:
         print(f"unknown figure {unknown[0]} (known: {', '.join(FIGURES)})", file=sys.stderr)

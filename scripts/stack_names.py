@@ -12,6 +12,7 @@ per release, the project's imports it defines. tests/test_stack_names.py checks 
 import of the project against that table, and the table against the installed release.
 """
 
+import argparse
 import ast
 import json
 import os
@@ -108,16 +109,19 @@ def record(wheels: list, imports: set[str]) -> dict:
 
 
 def main(argv=None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["imports"]:
+    parser = argparse.ArgumentParser(prog="python scripts/stack_names.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("imports", help="print the project's torchrec and FBGEMM imports, one a line")
+    record_command = commands.add_parser("record", help="print the table of the names each wheel's release defines")
+    record_command.add_argument("wheels", nargs="+", metavar="WHEEL", help="a torchrec or FBGEMM wheel")
+    args = parser.parse_args(argv)
+    if args.command == "imports":
         print("\n".join(sorted(project_imports())))
         return 0
-    if args[:1] == ["record"] and len(args) > 1:
-        json.dump(record(args[1:], project_imports()), sys.stdout, indent=1)
-        sys.stdout.write("\n")
-        return 0
-    print(__doc__, file=sys.stderr)
-    return 2
+    json.dump(record(args.wheels, project_imports()), sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    return 0
 
 
 if __name__ == "__main__":

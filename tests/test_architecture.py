@@ -265,3 +265,65 @@ def test_a_first_import_that_fails_is_found(tmp_path, monkeypatch):
     failing = modules_failing_a_first_import(["circle_pkg", "circle_pkg.a", "circle_pkg.b"], ["numpy"])
     assert sorted(failing) == ["circle_pkg.a", "circle_pkg.b"]
     assert "partially initialized module" in failing["circle_pkg.a"]
+
+
+# --- where a test goes -----------------------------------------------------------------
+
+# Folders of tests/ that mirror no package: whole deployments, the docs' pages, helpers.
+TEST_FOLDERS = ("system", "docs", "support")
+
+
+def misplaced_tests(root: str, pending: frozenset = frozenset()) -> list[str]:
+    """The test files under ``root``/tests that break docs/tests.md's rule: the tests of
+    PACKAGE/MODULE.py are tests/PACKAGE/test_MODULE.py or test_MODULE_ASPECT.py (MODULE: any
+    file or folder of the package, or the package's own name for tests of all of it),
+    subpackages mirrored folder by folder; tests/system/ and tests/docs/ take any name;
+    tests/ itself holds the entry points' tests (test_dlrm_main*.py) and
+    test_architecture.py. ``pending``: flat files still to be moved (scripts/arrange_tests.py)."""
+    tests = os.path.join(root, "tests")
+    top_level = {name[:-3] for name in os.listdir(root) if name.endswith(".py")}
+    misplaced = []
+    for folder, subfolders, files in os.walk(tests):
+        subfolders[:] = sorted(s for s in subfolders if s != "__pycache__")
+        parts = os.path.relpath(folder, tests).split(os.sep) if folder != tests else []
+        if parts[:1] in (["support"], ["system"], ["docs"]):
+            continue
+        package = os.path.join(root, *parts)
+        if parts and not os.path.isfile(os.path.join(package, "__init__.py")):
+            misplaced += [os.path.join("tests", *parts, f) for f in sorted(files) if f.startswith("test_")]
+            continue
+        names = top_level | {"architecture"} if not parts else {
+            os.path.splitext(entry)[0] for entry in os.listdir(package) if not entry.startswith(("_", "."))} | {parts[-1]}
+        for file in sorted(f for f in files if f.startswith("test_") and f.endswith(".py")):
+            stem = file[len("test_"):-len(".py")]
+            if not (not parts and file in pending) and not any(stem == n or stem.startswith(n + "_") for n in names):
+                misplaced.append(os.path.join("tests", *parts, file))
+    return misplaced
+
+
+def test_every_test_file_sits_in_the_folder_of_what_it_tests():
+    """Until scripts/arrange_tests.py has run, its MAPPING's flat files are let be; a flat
+    file it does not map (a test added since) fails here with its name."""
+    from scripts.arrange_tests import MAPPING
+
+    assert misplaced_tests(REPO, frozenset(MAPPING)) == []
+
+
+def test_a_misplaced_test_file_is_found(tmp_path):
+    """Positive control: a test named after no module of its folder's package, one in a
+    folder that mirrors no package and a flat one are found; the rule's good places are not."""
+    for folder in ("data/sources", "tests/data/sources", "tests/serving", "tests/system", "tests/nowhere"):
+        (tmp_path / folder).mkdir(parents=True)
+    for package in ("data", "data/sources"):
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "data" / "transcode.py").write_text("")
+    (tmp_path / "data" / "sources" / "parquet.py").write_text("")
+    (tmp_path / "dlrm_main.py").write_text("")
+    good = ["tests/data/test_transcode.py", "tests/data/test_transcode_byo.py", "tests/data/test_sources.py",
+            "tests/data/sources/test_parquet.py", "tests/data/test_data_flags.py", "tests/system/test_anything.py",
+            "tests/test_dlrm_main_teardown.py", "tests/test_architecture.py", "tests/test_pending.py"]
+    bad = ["tests/data/test_transcoder.py", "tests/data/sources/test_transcode.py", "tests/serving/test_serve.py",
+           "tests/nowhere/test_x.py", "tests/test_training.py"]
+    for name in good + bad:
+        (tmp_path / name).write_text("")
+    assert sorted(misplaced_tests(str(tmp_path), frozenset({"test_pending.py"}))) == sorted(bad)

@@ -63,12 +63,21 @@ def test_the_programs_are_found():
     assert not any(name.startswith("tests") or name.endswith("__init__") for name in PROGRAMS)
 
 
+def test_the_subcommands_of_the_tree_are_found(monkeypatch, capsys):
+    """Positive control on the real programs: the subcommands the old list named by hand."""
+    assert {"plan"} <= set(subcommands(help_of("sharding_plans", [], monkeypatch, capsys)))
+    assert {"run"} <= set(subcommands(help_of("sweeps", [], monkeypatch, capsys)))
+    assert {"build"} <= set(subcommands(help_of("scripts.wheelhouse", [], monkeypatch, capsys)))
+
+
 @pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")  # runpy re-runs imported modules
 @pytest.mark.parametrize("target", PROGRAMS)
 def test_every_flag_has_help(target, monkeypatch, capsys):
     """`python -m TARGET --help` (and `TARGET SUB --help` for each of its subcommands)
-    exits 0 with a usage and a meaning for every option."""
-    text = help_of(target, [], monkeypatch, capsys)
-    assert options_without_help(text) == []
-    for sub in subcommands(text):
-        assert options_without_help(help_of(target, [sub], monkeypatch, capsys)) == [], sub
+    exits 0 with a usage and a meaning for every option, and no default shown as None."""
+    texts = {"": help_of(target, [], monkeypatch, capsys)}
+    texts.update((sub, help_of(target, [sub], monkeypatch, capsys)) for sub in subcommands(texts[""]))
+    for sub, text in texts.items():
+        assert options_without_help(text) == [], sub
+        # an option with no default says what happens without it (test_help_defaults.py: serve's)
+        assert "(default: None)" not in " ".join(text.split()), sub

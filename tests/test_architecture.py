@@ -83,7 +83,8 @@ def test_an_upward_import_is_found(tmp_path):
 
 def test_docs_extending_md_states_the_layers():
     table = "\n".join(["| package | must not import |", "| --- | --- |"] + [
-        f"| `{package}` | {', '.join(f'`{name}`' for name in forbidden)} |" for package, forbidden in FORBIDDEN.items()])
+        f"| `{package}` | {', '.join(f'`{name}`' for name in forbidden)} |"
+        for package, forbidden in FORBIDDEN.items()])
     with open(os.path.join(REPO, "docs", "extending.md")) as f:
         assert table in f.read(), f"docs/extending.md's table of the layers is out of date; it is:\n{table}"
 
@@ -292,8 +293,10 @@ def misplaced_tests(root: str, pending: frozenset = frozenset()) -> list[str]:
         if parts and not os.path.isfile(os.path.join(package, "__init__.py")):
             misplaced += [os.path.join("tests", *parts, f) for f in sorted(files) if f.startswith("test_")]
             continue
-        names = top_level | {"architecture"} if not parts else {
-            os.path.splitext(entry)[0] for entry in os.listdir(package) if not entry.startswith(("_", "."))} | {parts[-1]}
+        if parts:  # the package's files and folders by name, and the package itself
+            names = {os.path.splitext(e)[0] for e in os.listdir(package) if not e.startswith(("_", "."))} | {parts[-1]}
+        else:
+            names = top_level | {"architecture"}
         for file in sorted(f for f in files if f.startswith("test_") and f.endswith(".py")):
             stem = file[len("test_"):-len(".py")]
             if not (not parts and file in pending) and not any(stem == n or stem.startswith(n + "_") for n in names):

@@ -326,7 +326,7 @@ def test_a_misplaced_test_file_is_found(tmp_path):
             "tests/data/sources/test_parquet.py", "tests/data/test_data_flags.py", "tests/system/test_anything.py",
             "tests/test_dlrm_main_teardown.py", "tests/test_architecture.py", "tests/test_pending.py"]
     bad = ["tests/data/test_transcoder.py", "tests/data/sources/test_transcode.py", "tests/serving/test_serve.py",
-           "tests/nowhere/test_x.py", "tests/test_training.py"]
+           "tests/nowhere/test_x.py", "tests/test_trainer_flat.py"]
     for name in good + bad:
         (tmp_path / name).write_text("")
     assert sorted(misplaced_tests(str(tmp_path), frozenset({"test_pending.py"}))) == sorted(bad)

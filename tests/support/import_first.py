@@ -21,6 +21,8 @@ def import_in_child(module: str) -> str:
     pid = os.fork()
     if pid == 0:  # the child: report through the pipe and leave without running atexit hooks
         os.close(read_end)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)  # what an import prints is not a report line
         message = ""
         try:
             importlib.import_module(module)

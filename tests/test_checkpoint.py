@@ -19,7 +19,7 @@ from torch.distributed.checkpoint import FileSystemReader
 import dlrm_main
 from checkpoints.opened import read_meta
 from data.criteo_layout import NUM_SPARSE_FEATURES
-from harness.launch import REPO, eval_metrics, eval_record, free_port, launch, read_log
+from harness.launch import REPO, eval_record, free_port, launch, read_log
 from tests.support.model_state import assert_same_state, flat_state
 
 STEPS = 16
@@ -232,31 +232,6 @@ def test_torchrun_restart_after_a_killed_rank(reference, synthetic_dir, tmp_path
     assert all(got[s] == expected[s] for s in got)
     assert_same_state(flat_state(os.path.join(ckpt, "step_000000016"), tmp_path),
                       flat_state(os.path.join(run_ckpt, "step_000000016"), tmp_path))
-
-
-@pytest.mark.slow
-def test_default_optimizer_resumes(tmp_path):
-    """The public example's defaults (fused SGD, dense SGD: optimizers with no state)
-    on 2 ranks: stopped at step 20, resumed to step 40, identical to a run that never
-    stopped. (DCP used to fail on the empty optimizer state: "Missing key ... optim".)"""
-    def argv(ckpt: str, log: str, steps: int, *extra: str) -> list:
-        return ["--num_embeddings", "1000", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
-                "--over_arch_layer_sizes", "16,1", "--limit_train_batches", str(steps), "--checkpoint_dir", ckpt,
-                "--checkpoint_every_n_steps", "10", "--log_every_n_steps", "1", "--log_path", log,
-                "--limit_val_batches", "2", "--limit_test_batches", "2", *extra]
-    whole, whole_log = str(tmp_path / "whole"), str(tmp_path / "whole.jsonl")
-    cut, cut_log = str(tmp_path / "cut"), str(tmp_path / "cut.jsonl")
-    assert launch(dlrm_main.main, argv(whole, whole_log, 40)) == {0: 0, 1: 0}
-    assert launch(dlrm_main.main, argv(cut, cut_log, 20)) == {0: 0, 1: 0}
-    resumed_log = str(tmp_path / "resumed.jsonl")
-    assert launch(dlrm_main.main, argv(cut, resumed_log, 40, "--resume")) == {0: 0, 1: 0}
-    expected, got = step_loss_map(whole_log), step_loss_map(resumed_log)
-    assert sorted(got) == list(range(21, 41))
-    assert all(got[s] == expected[s] for s in got)
-    assert eval_metrics(eval_record(read_log(resumed_log), "test")) == \
-        eval_metrics(eval_record(read_log(whole_log), "test"))
-    assert_same_state(flat_state(os.path.join(whole, "step_000000040"), tmp_path),
-                      flat_state(os.path.join(cut, "step_000000040"), tmp_path))
 
 
 def set_manifest_entry(checkpoint: str, name: str) -> None:

@@ -1,6 +1,6 @@
 """Flags declared once on the config classes: every flag parses into its field, the
-recipes' precedence, docs/flags.md against the parsers, the plan CLI taking the
-training flags, and the packages' import direction."""
+recipes' precedence, docs/flags.md against the parsers and the plan CLI taking the
+training flags (the packages' import direction: tests/test_architecture.py)."""
 
 import ast
 import dataclasses
@@ -162,69 +162,6 @@ def test_the_plan_cli_takes_the_training_command_line(capsys):
     assert plan_cli.main(PLAN + TRAINING + ["--dense_arch_layer_sizes", "32,8"]) == 2
     err = capsys.readouterr().err
     assert "the last --dense_arch_layer_sizes value (8) must equal --embedding_dim (16)" in err
-
-
-# Packages and the packages they must not import, lowest first: the layers of
-# docs/extending.md (whose table `test_docs_extending_md_states_the_layers` checks).
-# Training and serving both stand on the checkpoint format and never on each other.
-FORBIDDEN = {
-    "common": ("recipes", "data", "models", "checkpoints", "sharding_plans", "training", "serving", "sweeps"),
-    "recipes": ("data", "models", "checkpoints", "sharding_plans", "training", "serving", "sweeps"),
-    "data": ("models", "checkpoints", "sharding_plans", "training", "serving", "sweeps"),
-    "models": ("checkpoints", "sharding_plans", "training", "serving", "sweeps"),
-    "sharding_plans": ("checkpoints", "training", "serving", "sweeps"),
-    "checkpoints": ("sharding_plans", "training", "serving", "sweeps"),
-    "training": ("serving", "sweeps"),
-    "serving": ("training", "sweeps"),
-    "bench": ("tests",),
-    "harness": ("tests", "bench"),
-    "torchx_components": ("torch",),
-    "aws_component.py": ("torch",),
-}
-
-
-def _imports(path: str):
-    tree = ast.parse(open(path).read(), path)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            yield node.module
-
-
-def _upward_imports(root: str, package: str) -> list[tuple[str, str]]:
-    """(file, module) of every import in ``package`` (under ``root``), at any depth of
-    a file (lazy imports inside functions included), of a package it must not import."""
-    top = os.path.join(root, package)
-    files = [top] if top.endswith(".py") else [os.path.join(d, f) for d, _, fs in os.walk(top)
-                                                 for f in fs if f.endswith(".py")]
-    assert files
-    return [(os.path.relpath(path, root), name) for path in files for name in _imports(path)
-            if name.split(".")[0] in FORBIDDEN[package]]
-
-
-@pytest.mark.parametrize("package", list(FORBIDDEN))
-def test_no_package_imports_upward(package):
-    assert _upward_imports(REPO, package) == []
-
-
-def test_an_upward_import_is_found(tmp_path):
-    """The check above finds a lazy import of training inside serving, and of serving
-    inside the checkpoint format, and lets the downward ones be."""
-    (tmp_path / "serving").mkdir()
-    (tmp_path / "serving" / "export.py").write_text(
-        "from checkpoints.store import read_meta\n\ndef main():\n    import training.trainer\n")
-    (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "checkpoints" / "store.py").write_text("from common.errors import BadInput\nfrom serving import cli\n")
-    assert _upward_imports(str(tmp_path), "serving") == [(os.path.join("serving", "export.py"), "training.trainer")]
-    assert _upward_imports(str(tmp_path), "checkpoints") == [(os.path.join("checkpoints", "store.py"), "serving")]
-
-
-def test_docs_extending_md_states_the_layers():
-    table = "\n".join(["| package | must not import |", "| --- | --- |"] + [
-        f"| `{package}` | {', '.join(f'`{name}`' for name in forbidden)} |" for package, forbidden in FORBIDDEN.items()])
-    with open(os.path.join(REPO, "docs", "extending.md")) as f:
-        assert table in f.read(), f"docs/extending.md's table of the layers is out of date; it is:\n{table}"
 
 
 _ARGS_ENTRY = re.compile(r"^(\s+)([\w, ]+):")

@@ -47,9 +47,10 @@ def test_generator_is_deterministic_and_skips_identical(tmp_path):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     generate_synthetic_criteo(SPEC, a, show_progress=False)
     generate_synthetic_criteo(SPEC, b, show_progress=False)
-    for name in os.listdir(a):
-        if name.endswith(".npy"):
-            assert np.array_equal(np.load(os.path.join(a, name)), np.load(os.path.join(b, name)))
+    arrays = sorted(name for name in os.listdir(a) if name.endswith(".npy"))
+    assert arrays and arrays == sorted(name for name in os.listdir(b) if name.endswith(".npy"))  # not none compared
+    for name in arrays:
+        assert np.array_equal(np.load(os.path.join(a, name)), np.load(os.path.join(b, name)))
     before = os.stat(os.path.join(a, "day_0_dense.npy")).st_mtime_ns
     generate_synthetic_criteo(SPEC, a, show_progress=False)  # identical spec: nothing rewritten
     assert os.stat(os.path.join(a, "day_0_dense.npy")).st_mtime_ns == before

@@ -109,7 +109,8 @@ def test_tensorboard_peak_memory_and_report(synthetic_dir, tmp_path, capsys):
     assert test["ne"] == pytest.approx(test["log_loss"] / binary_entropy(test["positive_rate"]), rel=1e-12)
     assert 0.0 < test["positive_rate"] < 1.0 and test["calibration"] > 0.0
     peaks = [r["peak_memory_bytes"] for r in records if r["event"] == "train"]
-    assert all(len(p) == 2 and min(p) > 50 * 2**20 for p in peaks)  # both ranks, RSS of a torch process
+    # both ranks, the RSS of a torch process, in at least one record (none would pass all())
+    assert len(peaks) >= 1 and all(len(p) == 2 and min(p) > 50 * 2**20 for p in peaks)
 
     second = str(tmp_path / "second.jsonl")
     with open(second, "w") as f:

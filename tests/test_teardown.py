@@ -8,7 +8,11 @@ mechanism pytorch/pytorch pull request 179291 describes). The abort of a 1 -> 2 
 resume did not reproduce in 80 runs here; what is checked is that no thread is left.
 """
 
+import gc
 import os
+
+import torch
+import torch.distributed as dist
 
 import dlrm_main
 
@@ -33,4 +37,19 @@ def test_a_finished_run_leaves_no_gloo_thread(tmp_path):
                            "--over_arch_layer_sizes", "16,1", "--batch_size", "64", "--limit_train_batches", "2",
                            "--limit_val_batches", "0", "--limit_test_batches", "0",
                            "--log_path", str(tmp_path / "log.jsonl")]) == 0
+    assert gloo_threads() <= before
+
+
+def test_the_count_sees_a_live_group_and_its_end(tmp_path):
+    """Positive control: a gloo group alive in this process shows its threads under the
+    names counted above (a count that saw none would pass the test above vacuously), and
+    freeing the group stops them, which is what a finished run must do."""
+    before = gloo_threads()
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    dist.all_reduce(torch.ones(1))
+    assert gloo_threads() > before
+    dist.destroy_process_group()
+    del store
+    gc.collect()
     assert gloo_threads() <= before

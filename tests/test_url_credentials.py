@@ -85,6 +85,16 @@ def _files_holding(root: str, needles: list[bytes]) -> list[str]:
     return found
 
 
+def test_a_file_holding_a_credential_is_found(tmp_path):
+    """Positive control of the search the test below ends with: a secret deep in a
+    directory tree, inside binary data, is found and named."""
+    (tmp_path / "ckpt" / "0").mkdir(parents=True)
+    (tmp_path / "ckpt" / "0" / "shard.bin").write_bytes(b"\x00\x01" + SECRET.encode() + b"\xff")
+    (tmp_path / "log.jsonl").write_text("{}\n")
+    assert _files_holding(str(tmp_path), [KEY_ID.encode(), SECRET.encode()]) == [
+        f"{tmp_path / 'ckpt' / '0' / 'shard.bin'}: {SECRET.encode()!r}"]
+
+
 @pytest.mark.slow
 def test_no_output_of_a_run_holds_the_credentials(tmp_path, monkeypatch):
     from tests.support.s3 import s3_serving

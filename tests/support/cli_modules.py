@@ -30,6 +30,31 @@ def cli_modules():
     return sorted(found)
 
 
+def main_modules(root: str = REPO) -> list[str]:
+    """Every module of the project that runs as a program, found by its code, at any depth
+    of any package (tests/ aside): a top-level script or package module with an
+    ``if __name__ == "__main__":`` block, and each package with a ``__main__.py``."""
+    found = set()
+    for folder, subfolders, files in os.walk(root):
+        relative = os.path.relpath(folder, root)
+        if relative != ".":
+            if relative.split(os.sep)[0] == "tests" or not os.path.isfile(os.path.join(folder, "__init__.py")):
+                subfolders[:] = []
+                continue
+        subfolders[:] = sorted(s for s in subfolders if not s.startswith("."))
+        package = [] if relative == "." else relative.split(os.sep)
+        for name in files:
+            if not name.endswith(".py") or name == "__init__.py":
+                continue
+            if name == "__main__.py":
+                found.add(".".join(package))
+                continue
+            with open(os.path.join(folder, name)) as f:
+                if re.search(r'^if __name__ == "__main__":', f.read(), re.MULTILINE):
+                    found.add(".".join([*package, name[:-3]]))
+    return sorted(found)
+
+
 def run_as_main(target, argv, monkeypatch):
     """Runs ``python -m target`` (or ``python target``) in this process; returns the exit code."""
     monkeypatch.setattr(sys, "argv", [target, *argv])

@@ -19,7 +19,8 @@ def parsers_built_elsewhere() -> list[str]:
     outside common/cli.py (the torchrun pass-through of training/launch.py aside)."""
     found = []
     for root, dirs, files in os.walk(REPO):
-        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS]
+        # Hidden folders aside: the other stacks' venvs (.venv-torch2.14) live in the checkout.
+        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS and not d.startswith(".")]
         for name in files:
             path = os.path.join(root, name)
             relative = os.path.relpath(path, REPO)

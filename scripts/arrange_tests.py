@@ -18,11 +18,12 @@ folder deeper), and tests/data/lr_range_test.json, whose folder becomes data's t
 CHANGELOG.md is history and keeps the old names.
 """
 
-import argparse
 import os
 import re
 import subprocess
 import sys
+
+from common.cli import OneLineParser
 
 # Old name under tests/ -> new path under tests/.
 MAPPING = {
@@ -231,8 +232,7 @@ def arrange(root: str, dry_run: bool) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scripts.arrange_tests", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="python -m scripts.arrange_tests", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="print the moves and change nothing")
     parser.add_argument("--root", default=REPO, help="the repository to arrange (default: this one)")
     args = parser.parse_args(argv)

@@ -66,7 +66,7 @@ def pyarrow_rows_per_sec(directory: str, columns: list) -> float:
 
 def loader_rows_per_sec(directory: str, batch_size: int) -> float:
     """Rows/s of the training loader's batches in its second pass (one rank of one)."""
-    config = DataConfig(parquet_path=directory, dense_columns="I*", sparse_columns="C*", batch_size=batch_size,
+    config = DataConfig.from_flags(parquet_path=directory, dense_columns="I*", sparse_columns="C*", batch_size=batch_size,
                         validation_window="0.01", test_window="0.01")
     config.validate()
     source = source_for(config)

@@ -1,5 +1,5 @@
 """The per-rank loaders of the binary data sets and of random data (the sources of
-data/sources.py that open them call these)."""
+data/sources/ that open them call these)."""
 
 from typing import Optional, Union
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 from common.byte_sizes import format_bytes
 from common.url_paths import redacted
-from data.config import RANDOM_DATA_BATCHES, SPLITS, BatchLoader
+from data.config import BatchLoader
 from data.sources import source_for
 from models.config import ModelConfig
 from models.interactions import INTERACTIONS
@@ -52,15 +52,6 @@ def _table_bytes(model: ModelConfig) -> int:
 def _data_source(config: TrainConfig) -> str:
     path = source_for(config.data).path
     return redacted(path) if path else "random data"
-
-
-def split_rows(config: TrainConfig, dataset: Any, world_size: int) -> dict[str, int]:
-    """Rows of each split in the data (random data: what its batches hold), before
-    any --limit_*_batches."""
-    if dataset is None:
-        return {split: RANDOM_DATA_BATCHES[split] * world_size
-                * (config.data.batch_size if split == "train" else config.data.eval_batch_size) for split in SPLITS}
-    return {split: stop - start for split, (start, stop) in dataset.split_ranges().items()}
 
 
 def _outputs_line(config: TrainConfig) -> str:
@@ -114,7 +105,7 @@ class StartupReport:
     def before_setup(self, dataset: Any) -> list[str]:
         """Prints (rank 0) and returns the lines known before the model is built."""
         config, model = self.config, self.config.model
-        rows = split_rows(config, dataset, self.env.world_size)
+        rows = source_for(config.data).split_rows(dataset, self.env.world_size)
         times = source_for(config.data).time_ranges(dataset)
         table_bytes = _table_bytes(model)
         self.facts = {
@@ -130,7 +121,8 @@ class StartupReport:
             _model_line(model),
             f"tables: {len(model.num_embeddings_per_feature)} | {sum(model.num_embeddings_per_feature):,} rows x "
             f"{model.embedding_dim} | {format_bytes(table_bytes)} of {model.embedding_precision} weights",
-            f"data: {_data_source(config)} | rows: " + ", ".join(f"{s} {n:,}" for s, n in rows.items())
+            f"data: {_data_source(config)} | rows: "
+            + (", ".join(f"{s} {n:,}" for s, n in rows.items()) or "not known before reading")
             + f" | batch {config.data.batch_size} per rank",
             *([f"time ranges ({config.data.time_column}): " + ", ".join(
                 f"{s} {first} to before {end}" for s, (first, end) in times.items())] if times else []),

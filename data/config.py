@@ -5,6 +5,7 @@ flags before loading them; the loaders are built by data/loaders.py.
 """
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -97,11 +98,16 @@ class DataConfig:
 
     def validate(self) -> DataSource:
         """The source the flags name, its flags checked: the run's one source object
-        (the trainer and its start-up report take it).
+        (the trainer and its start-up report take it). Asked again with the same
+        values (`TrainConfig.validate`), the same object, not checked again.
 
         Raises:
             FlagError: one line naming the offending flag.
         """
+        values = dataclasses.astuple(self)
+        checked = self.__dict__.get("_checked")
+        if checked is not None and checked[0] == values:
+            return checked[1]
         check_choices(self)
         for name in ("batch_size", "test_batch_size"):
             value = getattr(self, name)
@@ -114,7 +120,9 @@ class DataConfig:
         if self.multi_hot_distribution_type is not None and self.multi_hot_sizes is None:
             raise FlagError(f"{option(self, 'multi_hot_distribution_type')} needs {option(self, 'multi_hot_sizes')}")
         # What depends on the source: its path, and the flags it can honour.
-        return check_source_flags(self)
+        source = check_source_flags(self)
+        self.__dict__["_checked"] = (values, source)  # not a field: no flag, not recorded
+        return source
 
     def limit(self, split: str) -> Optional[int]:
         return {"train": self.limit_train_batches, "validation": self.limit_val_batches,

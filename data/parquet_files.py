@@ -21,7 +21,7 @@ import posixpath
 import re
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -198,10 +198,10 @@ def _partition_parts(root: str, file: str) -> dict[str, str]:
     return parts
 
 
-def column_names(path: str) -> list[str]:
+def column_names(path: str, listing: Optional[tuple[pafs.FileSystem, str, list[str]]] = None) -> list[str]:
     """The table's column names: the first file's columns, then its partition keys
-    (only that footer is read)."""
-    filesystem, root, files = list_files(path)
+    (only that footer is read); ``listing``: what `list_files` gave (None: lists it)."""
+    filesystem, root, files = listing or list_files(path)
     names = read_metadata(filesystem, files[0]).schema.to_arrow_schema().names
     return names + [key for key in _partition_parts(root, files[0]) if key not in names]
 

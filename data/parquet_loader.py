@@ -75,10 +75,13 @@ class ParquetDataset:
     """
 
     def __init__(self, path: str, columns: ParquetColumns, time_column: Optional[str],
-                 validation: Optional[Window], test: Optional[Window], num_windows: Optional[int] = None) -> None:
+                 validation: Optional[Window], test: Optional[Window], num_windows: Optional[int] = None,
+                 listing: Optional[tuple[Any, str, list[str]]] = None) -> None:
         self.path = path
         self.columns = columns
-        self.filesystem, root, files = list_files(path)
+        # The source's listing when it has one: on object storage each is a recursive
+        # listing of the table (a round trip per thousand files).
+        self.filesystem, root, files = listing or list_files(path)
         self.footers, metadata, self.schema = read_footers(self.filesystem, root, files)
         read = list(columns.names) + ([time_column] if time_column else [])
         for footer, meta in zip(self.footers, metadata):

@@ -31,7 +31,7 @@ from common.calibration import Calibration
 from common.config_flags import Overrides, flag_of
 from common.errors import BadInput
 from data.config import BatchLoader
-from data.sources import source_for
+from data.sources import DataSource
 from models import build_dlrm_train
 from models.embedding_optimizer import attach_fused_embedding_optimizer
 from models.interaction import align_to_sharded_embeddings, compile_dense_part
@@ -127,12 +127,13 @@ class Trainer:
         result = Trainer(config, resolve_env("auto")).fit()
     """
 
-    def __init__(self, config: TrainConfig, env: DistributedEnv) -> None:
+    def __init__(self, config: TrainConfig, env: DistributedEnv, source: Optional[DataSource] = None) -> None:
         self.config = config
         self.env = env
         # The data set, the checkpoint, the model and the plan file or constraints
-        # first: bad input fails on every rank alike, before any collective.
-        self.source = source_for(config.data)
+        # first: bad input fails on every rank alike, before any collective. The run's
+        # one source: the flags built it (a config checked already gives it back).
+        self.source = source if source is not None else config.data.validate()
         self.data_source, self.data_features = self.source.name, self.source.describe()  # what checkpoints record
         dataset = self.source.open(check_values=False)  # after the start-up block: it reads every file
         self._dataset = dataset
@@ -151,7 +152,7 @@ class Trainer:
         check_pipeline_supported(config.pipeline, env.device, env.world_size)
         check_dense_precision(config.dense_precision, env.device, cpu_has_bf16_units())
         check_compile_supported(config.compile)
-        startup = StartupReport(config, env)
+        startup = StartupReport(config, env, self.source)
         startup.before_setup(dataset)  # what is being built, before the seconds (or minutes) it takes
         self.source.check_values(dataset)
         # Model: identical dense init on every rank, world size and device (seeded here),

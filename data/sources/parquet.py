@@ -118,9 +118,18 @@ class ParquetSource(DataSource):
                      else parse_window(getattr(config, name), option(config, name))
                      for name in ("validation_window", "test_window"))
 
-    # describe()'s answer: the trainer asks it and then opens (which asks it too), and
-    # each asking lists the table (a network round trip on object storage).
+    # describe()'s answer and the table's listing: the flags describe, the trainer
+    # opens (which describes too), and each listing of the table is a recursive one
+    # (round trips on object storage): once per source object, one per run.
     _description: Optional[FeatureDescription] = None
+    _files: Optional[tuple[Any, str, list[str]]] = None
+
+    def _listing(self) -> tuple[Any, str, list[str]]:
+        """(filesystem, root, files) of the table, listed once."""
+        if self._files is None:
+            from data.parquet_files import list_files
+            self._files = list_files(self.config.parquet_path)  # type: ignore[arg-type]
+        return self._files
 
     def describe(self) -> FeatureDescription:
         """Dense and sparse names from the patterns and the first file's columns (and
@@ -140,7 +149,7 @@ class ParquetSource(DataSource):
         from data.parquet_files import column_names
 
         config = self.config
-        names = column_names(config.parquet_path)  # type: ignore[arg-type]
+        names = column_names(config.parquet_path, self._listing())  # type: ignore[arg-type]
         dense = resolve_column_patterns(_patterns(config.dense_columns), names, option(config, "dense_columns"))
         sparse = resolve_column_patterns(_patterns(config.sparse_columns), names, option(config, "sparse_columns"))
         roles = {option(config, "label_column"): config.label_column,
@@ -170,7 +179,7 @@ class ParquetSource(DataSource):
         validation, test = self.windows()
         rolling = self.config.rolling_windows
         return ParquetDataset(self.config.parquet_path, columns, self.config.time_column,  # type: ignore[arg-type]
-                              validation, test, None if rolling is None else rolling + 1)
+                              validation, test, None if rolling is None else rolling + 1, self._listing())
 
     def split_rows(self, dataset: Any, world_size: int) -> dict[str, int]:
         return {split: stop - start for split, (start, stop) in dataset.split_ranges().items()}

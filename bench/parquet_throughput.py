@@ -3,7 +3,7 @@
 Writes two tables, then measures in the same run, on one core (one rank of one):
 - pyarrow's own read: every row group of the table, the same columns, into Arrow
   (``ParquetFile.read_row_group``), rows/s;
-- our loader: the rows/s the training loader (data.parquet_loader.ParquetLoader:
+- our loader: the rows/s the training loader (data.parquet.loader.ParquetLoader:
   hashing, transform, KJT batches) hands to training.
 Tables: Criteo-shaped (label, 13 dense floats, 26 string ids) and multi-hot (label,
 13 dense, 4 list columns of 1-100 int64 ids). Prints each rate and the ratio (the goal

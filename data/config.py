@@ -1,7 +1,7 @@
 """Where the data comes from and how it is batched: `DataConfig` (the data flags).
 
 Imports neither torch nor torchrec, so that the entry points answer --help and bad
-flags before loading them; the loaders are built by data/loaders.py.
+flags before loading them; the loaders are built by data/batching/loaders.py.
 """
 
 import argparse
@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from common.config_flags import FlagError, check_choices, config_values, flag, flags_of, option, variants
-from data.criteo_layout import NUM_SPARSE_FEATURES
+from data.binary.criteo_layout import NUM_SPARSE_FEATURES
 from data.sources import SOURCE_OPTIONS, DEFAULT_SOURCE, check_source_flags, chosen_source, refuse_flag_of_other_source
 from data.sources.parquet import DENSE_TRANSFORMS, ID_HASHING  # noqa: F401  (their old home)
 from data.sources.random import RANDOM_DATA_BATCHES  # noqa: F401  (its old home)
 from data.sources.types import SPLITS, BatchLoader, DataSource  # noqa: F401  (BatchLoader's old home)
 
-# Offsets of the extra ids of --multi_hot_sizes bags (data/multi_hot.py draws them).
+# Offsets of the extra ids of --multi_hot_sizes bags (data/batching/multi_hot.py draws them).
 MULTI_HOT_DISTRIBUTIONS = ("uniform", "pareto")
 
 DATASET_NAMES = ("criteo_1t", "criteo_kaggle")

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from common.errors import BadInput
-from data.batching import RankBatchLayout
+from data.batching.batches import RankBatchLayout
 from data.config import DataConfig
-from data.loaders import build_loaders
+from data.batching.loaders import build_loaders
 from data.sources import source_for
-from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
-from data.criteo_layout import METADATA_VERSION, NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, read_metadata
+from data.binary.criteo import CriteoBinaryDataset, CriteoBinaryLoader
+from data.binary.criteo_layout import METADATA_VERSION, NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, read_metadata
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
 from harness.launch import REPO
 from harness.small_data import SMALL_SPEC
@@ -217,7 +217,7 @@ def _rewrite(path: str, change) -> None:
     row width) or one array of a multi-hot .npz."""
     import shutil
 
-    from data.multi_hot import write_multi_hot_npz
+    from data.batching.multi_hot import write_multi_hot_npz
 
     if path.endswith(".npy"):
         array = np.load(path)
@@ -274,7 +274,7 @@ def test_bad_value_refused_naming_file_row_and_column(layouts, tmp_path, layout,
     holding it is read; never handed to FBGEMM or the loss."""
     import shutil
 
-    from data.value_checks import DataValueError
+    from data.batching.value_checks import DataValueError
 
     directory = str(tmp_path / layout)
     shutil.copytree(layouts[layout], directory)
@@ -388,7 +388,7 @@ def test_mmap_mode_stops_at_the_bad_batch_naming_the_file(layouts, tmp_path):
 def test_batch_check_of_bags_with_different_cardinalities():
     """The bags of a batch are compared at once, each id against its own feature's
     cardinality: a clean batch passes, and the first bad row is found."""
-    from data.value_checks import BatchValueCheck
+    from data.batching.value_checks import BatchValueCheck
 
     rng = np.random.default_rng(0)
     cardinalities = [3, 1000, 20]
@@ -429,7 +429,7 @@ def _mmap_loader_rss_growth_and_digest(directory: str, release: bool):
     reads the whole training split, and a digest of every batch it built."""
     import hashlib
 
-    from data.mapped_pages import RELEASE_EVERY_BYTES
+    from data.binary.mapped_pages import RELEASE_EVERY_BYTES
 
     loader = CriteoBinaryLoader(CriteoBinaryDataset(directory), "train", 4096, 0, 1, mmap_mode=True,
                                 release_every_bytes=RELEASE_EVERY_BYTES if release else None)

@@ -3,8 +3,8 @@ down (the trainer and its start-up report use that object)."""
 
 import pytest
 
-import data.parquet_files
-import data.parquet_loader
+import data.parquet.files
+import data.parquet.loader
 from data.sources import DataSource
 from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parquet
 from training.main import run_training
@@ -18,7 +18,7 @@ SMALL = ["--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8", "--over_arc
 def counted(monkeypatch):
     """{"sources": data sources built, "listings": recursive listings of a Parquet table}."""
     counts = {"sources": 0, "listings": 0}
-    build, list_files = DataSource.__init__, data.parquet_files.list_files
+    build, list_files = DataSource.__init__, data.parquet.files.list_files
 
     def counting_build(self, config):
         counts["sources"] += 1
@@ -29,8 +29,8 @@ def counted(monkeypatch):
         return list_files(*args, **kwargs)
 
     monkeypatch.setattr(DataSource, "__init__", counting_build)
-    monkeypatch.setattr(data.parquet_files, "list_files", counting_listing)
-    monkeypatch.setattr(data.parquet_loader, "list_files", counting_listing)
+    monkeypatch.setattr(data.parquet.files, "list_files", counting_listing)
+    monkeypatch.setattr(data.parquet.loader, "list_files", counting_listing)
     return counts
 
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 def check_multi_hot_expansion(config: "DataConfig") -> None:
     """--multi_hot_sizes expands one-hot Criteo-shaped data: one positive bag size per
     categorical feature."""
-    from data.criteo_layout import NUM_SPARSE_FEATURES
+    from data.binary.criteo_layout import NUM_SPARSE_FEATURES
     sizes = option(config, "multi_hot_sizes")
     assert config.multi_hot_sizes is not None
     if len(config.multi_hot_sizes) != NUM_SPARSE_FEATURES:
@@ -29,7 +29,7 @@ def check_multi_hot_expansion(config: "DataConfig") -> None:
 
 
 def criteo_description(cardinalities: Optional[list[int]], hotness: Optional[list[int]]) -> FeatureDescription:
-    from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES
+    from data.binary.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES
     return FeatureDescription(tuple(DENSE_FEATURE_NAMES), tuple(SPARSE_FEATURE_NAMES), as_tuple(cardinalities),
                               as_tuple(hotness))
 
@@ -64,7 +64,7 @@ class CriteoDays(BinaryFilesSource):
         check_multi_hot_expansion(self.config)
 
     def describe(self) -> FeatureDescription:
-        from data.criteo_layout import read_metadata
+        from data.binary.criteo_layout import read_metadata
         metadata = read_metadata(str(self.path))
         return criteo_description(metadata.num_embeddings_per_feature if metadata else None,
                                   self._hotness(metadata))
@@ -74,7 +74,7 @@ class CriteoDays(BinaryFilesSource):
         return self.config.multi_hot_sizes
 
     def _dataset(self) -> Any:
-        from data.criteo_binary import CriteoBinaryDataset
+        from data.binary.criteo import CriteoBinaryDataset
         return CriteoBinaryDataset(str(self.path), multi_hot=self.multi_hot)
 
 

@@ -1,8 +1,8 @@
 """``--parquet_path``: a Parquet click log read in place (the "parquet" data source).
 
-Which columns mean what: data/parquet_columns.py; the files and their partitions:
-data/parquet_files.py; the splits: data/parquet_split.py; the per-rank streaming
-loader: data/parquet_loader.py (docs/data.md tells the whole story).
+Which columns mean what: data/parquet/columns.py; the files and their partitions:
+data/parquet/files.py; the splits: data/parquet/split.py; the per-rank streaming
+loader: data/parquet/loader.py (docs/data.md tells the whole story).
 
 This module imports neither pyarrow nor torch at import time (the registry imports
 it): the flags are checked without them.
@@ -14,10 +14,10 @@ from typing import Any, Optional
 
 from common.config_flags import FlagError, flag, option
 from common.url_paths import check_url_path
-from data.parquet_windows import Window, parse_window
+from data.parquet.windows import Window, parse_window
 from data.sources.types import BatchLoader, DataSource, FeatureDescription
 
-# Choices of the Parquet flags (data/parquet_columns.py implements them; that module
+# Choices of the Parquet flags (data/parquet/columns.py implements them; that module
 # needs pyarrow, this one must not).
 DENSE_TRANSFORMS = ("log1p", "none")
 ID_HASHING = ("hash", "modulo")
@@ -127,7 +127,7 @@ class ParquetSource(DataSource):
     def _listing(self) -> tuple[Any, str, list[str]]:
         """(filesystem, root, files) of the table, listed once."""
         if self._files is None:
-            from data.parquet_files import list_files
+            from data.parquet.files import list_files
             self._files = list_files(self.config.parquet_path)  # type: ignore[arg-type]
         return self._files
 
@@ -145,8 +145,8 @@ class ParquetSource(DataSource):
         return self._description
 
     def _read_description(self) -> FeatureDescription:
-        from data.parquet_columns import resolve_column_patterns
-        from data.parquet_files import column_names
+        from data.parquet.columns import resolve_column_patterns
+        from data.parquet.files import column_names
 
         config = self.config
         names = column_names(config.parquet_path, self._listing())  # type: ignore[arg-type]
@@ -166,12 +166,12 @@ class ParquetSource(DataSource):
         return FeatureDescription(dense, sparse)
 
     def open(self, check_values: bool = True) -> Any:
-        """The table (`data.parquet_loader.ParquetDataset`): footers read, every file's
+        """The table (`data.parquet.loader.ParquetDataset`): footers read, every file's
         schema checked, the splits (with --rolling_windows N: the N + 1 windows)
         computed. Values are checked as they are read (``check_values`` has nothing to
         read up front)."""
-        from data.parquet_columns import ParquetColumns
-        from data.parquet_loader import ParquetDataset
+        from data.parquet.columns import ParquetColumns
+        from data.parquet.loader import ParquetDataset
 
         description = self.describe()
         # The table sizes do not matter to the schema checks; `loaders` sets the model's.
@@ -191,7 +191,7 @@ class ParquetSource(DataSource):
 
     def statistics(self, train_loader: BatchLoader) -> Optional[tuple[dict[str, Any], str]]:
         """The id collisions and dense nulls of this rank's training rows so far
-        (data.parquet_loader.ParquetLoader.statistics), and `statistics_lines`; None
+        (data.parquet.loader.ParquetLoader.statistics), and `statistics_lines`; None
         before any training row was read (--mode test|validate reads none)."""
         statistics = train_loader.statistics()  # type: ignore[attr-defined]
         lines = statistics_lines(statistics)
@@ -210,8 +210,8 @@ class ParquetSource(DataSource):
 
     def _loader(self, dataset: Any, segments: Any, split: str, table_sizes: list[int], rank: int,
                 world_size: int) -> BatchLoader:
-        from data.id_collisions import CollisionCounter
-        from data.parquet_loader import ParquetLoader
+        from data.parquet.id_collisions import CollisionCounter
+        from data.parquet.loader import ParquetLoader
 
         config = self.config
         columns = dataclasses.replace(dataset.columns, table_sizes=tuple(int(s) for s in table_sizes))
@@ -233,7 +233,7 @@ def statistics_lines(statistics: dict[str, Any]) -> Optional[str]:
     """The console's lines of `ParquetLoader.statistics`: the features whose values
     share rows most, and the dense nulls read as 0 per column, each where something
     was counted; None where nothing was (no line of "0 values")."""
-    from data.id_collisions import collision_summary
+    from data.parquet.id_collisions import collision_summary
 
     lines = []
     if any(int(s["distinct"]) for s in statistics["id_collisions"].values()):

@@ -44,5 +44,5 @@ class RandomData(DataSource):
 
     def loaders(self, dataset: Any, num_embeddings_per_feature: list[int], rank: int,
                 world_size: int) -> dict[str, BatchLoader]:
-        from data.loaders import build_loaders
+        from data.batching.loaders import build_loaders
         return build_loaders(self.config, None, num_embeddings_per_feature, rank, world_size)

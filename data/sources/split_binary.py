@@ -39,11 +39,11 @@ class SplitBinarySpec(BinaryFilesSource):
                         f"with {option(self.config, self.path_field)} give hotness in the spec")
 
     def describe(self) -> FeatureDescription:
-        from data.feature_spec import FeatureSpec
+        from data.binary.feature_spec import FeatureSpec
         spec = FeatureSpec.load(str(self.path))
         return FeatureDescription(tuple(spec.numerical), tuple(spec.categorical), tuple(spec.cardinalities),
                                   tuple(spec.hotness(name) for name in spec.categorical))
 
     def _dataset(self) -> Any:
-        from data.split_binary import SplitBinaryDataset
+        from data.binary.split import SplitBinaryDataset
         return SplitBinaryDataset(str(self.path), self.config.weight_column)

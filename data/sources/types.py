@@ -185,8 +185,8 @@ class DataSource(ABC):
 
 
 class BinaryFilesSource(DataSource):
-    """The sources whose files data/criteo_binary.py and data/split_binary.py read and
-    data/loaders.py batches (Criteo day binaries, MLPerf multi-hot, split_binary
+    """The sources whose files data/binary/criteo.py and data/binary/split.py read and
+    data/batching/loaders.py batches (Criteo day binaries, MLPerf multi-hot, split_binary
     feature specs)."""
 
     @abstractmethod
@@ -203,10 +203,10 @@ class BinaryFilesSource(DataSource):
         return {split: stop - start for split, (start, stop) in dataset.split_ranges().items()}
 
     def check_values(self, dataset: Any) -> None:
-        from data.loaders import check_dataset_values
+        from data.batching.loaders import check_dataset_values
         check_dataset_values(self.config, dataset)
 
     def loaders(self, dataset: Any, num_embeddings_per_feature: list[int], rank: int,
                 world_size: int) -> dict[str, BatchLoader]:
-        from data.loaders import build_loaders
+        from data.batching.loaders import build_loaders
         return build_loaders(self.config, dataset, num_embeddings_per_feature, rank, world_size)

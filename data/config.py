@@ -79,6 +79,11 @@ class DataConfig:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(self.source_options, name, item.default)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The fields only: the checked source (`validate`) stays with this object
+        (it may hold an open file system), not in pickles and copies."""
+        return {name: value for name, value in self.__dict__.items() if name != "_checked"}
+
     @classmethod
     def from_flags(cls, seed: int = 0, **values: Any) -> "DataConfig":
         """The config of these flags' values, given as the command line would ({field:

@@ -7,6 +7,7 @@ metadata.json's typed reader and writer, and the checkpoint meta's typed descrip
 import dataclasses
 import json
 import os
+import pickle
 import subprocess
 import sys
 from typing import Optional
@@ -368,3 +369,23 @@ def test_a_source_in_one_file_is_picked_up_by_the_flags_and_trains(tmp_path):
     refused = run("--toy_path", names, "--parquet_path", str(tmp_path), *SMALL_MODEL)
     assert (refused.returncode, refused.stderr.strip().splitlines()[-1][-50:]) == (
         2, "give one data path, not --parquet_path and --toy_path"[-50:])
+
+
+def test_validate_gives_one_source_until_a_flag_changes(tmp_path):
+    config = DataConfig.from_flags(dataset_path=_feature_spec(str(tmp_path)), batch_size=16)
+    source = config.validate()
+    assert config.validate() is source and source.config is config and source.name == "split_binary"
+    config.batch_size = 8  # another config now: checked again, another source
+    assert config.validate() is not source
+    copied = pickle.loads(pickle.dumps(config))  # the checked source is not pickled with it
+    assert copied == config and "_checked" not in vars(copied)
+
+
+def test_a_source_flag_set_in_code_reads_through_its_options(tmp_path):
+    config = DataConfig.from_flags(parquet_path=str(tmp_path), sparse_columns="C*", hash_seed=7)
+    assert (config.hash_seed, config.source_options.hash_seed, config.in_memory_binary_criteo_path) == (7, 7, None)
+    assert DataConfig().rolling_windows is None  # another source's flag: its default
+    with pytest.raises(AttributeError, match="no attribute 'hash_sed'"):
+        config.hash_sed  # noqa: B018
+    with pytest.raises(TypeError, match="no flag field 'hash_sed'"):
+        DataConfig.from_flags(hash_sed=7)

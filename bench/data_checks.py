@@ -1,4 +1,4 @@
-"""What the data value checks (data/value_checks.py) cost, against the loader's own rate.
+"""What the data value checks (data/batching/value_checks.py) cost, against the loader's own rate.
 
 Writes a synthetic data set (2 training days + 1 eval day) and its split_binary copy,
 then measures in the same run:
@@ -23,11 +23,11 @@ from typing import Optional
 from bench.loader_throughput import loader_rate
 from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
-from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
+from data.binary.criteo import CriteoBinaryDataset, CriteoBinaryLoader
 from data.criteo_feature_spec import criteo_to_split_binary
-from data.split_binary import SplitBinaryDataset
+from data.binary.split import SplitBinaryDataset
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
-from data.value_checks import BatchValueCheck, check_value_files
+from data.batching.value_checks import BatchValueCheck, check_value_files
 
 
 def best_seconds(fn: Callable[[], object], repeats: int = 3) -> float:

@@ -24,7 +24,7 @@ import torch
 
 from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
-from data.criteo_layout import NUM_DENSE_FEATURES
+from data.binary.criteo_layout import NUM_DENSE_FEATURES
 from models import ModelConfig, build_dlrm_train
 from serving.export import export_program
 from serving.inference_model import ProbabilityModel

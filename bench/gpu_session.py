@@ -180,7 +180,7 @@ def export_check(device: str) -> dict[str, Any]:
     TorchScript since serving's program files replaced it)."""
     import tempfile
     import torch
-    from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
+    from data.binary.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
     from models import ModelConfig, build_dlrm_train
     from serving.export import compile_aoti, fp32_program
     from serving.inference_model import ProbabilityModel

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 
 import dlrm_main
 from bench.train_throughput import BOTTOM, DIM, ROWS, TOP
-from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
-from data.multi_hot import MultiHotExpander
+from data.binary.criteo import CriteoBinaryDataset, CriteoBinaryLoader
+from data.batching.multi_hot import MultiHotExpander
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
 from harness.launch import launch, read_log
 from common.cli import OneLineParser

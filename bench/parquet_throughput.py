@@ -3,7 +3,7 @@
 Writes two tables, then measures in the same run, on one core (one rank of one):
 - pyarrow's own read: every row group of the table, the same columns, into Arrow
   (``ParquetFile.read_row_group``), rows/s;
-- our loader: the rows/s the training loader (data.parquet_loader.ParquetLoader:
+- our loader: the rows/s the training loader (data.parquet.loader.ParquetLoader:
   hashing, transform, KJT batches) hands to training.
 Tables: Criteo-shaped (label, 13 dense floats, 26 string ids) and multi-hot (label,
 13 dense, 4 list columns of 1-100 int64 ids). Prints each rate and the ratio (the goal
@@ -66,7 +66,7 @@ def pyarrow_rows_per_sec(directory: str, columns: list) -> float:
 
 def loader_rows_per_sec(directory: str, batch_size: int) -> float:
     """Rows/s of the training loader's batches in its second pass (one rank of one)."""
-    config = DataConfig(parquet_path=directory, dense_columns="I*", sparse_columns="C*", batch_size=batch_size,
+    config = DataConfig.from_flags(parquet_path=directory, dense_columns="I*", sparse_columns="C*", batch_size=batch_size,
                         validation_window="0.01", test_window="0.01")
     config.validate()
     source = source_for(config)

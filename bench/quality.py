@@ -34,7 +34,7 @@ import dcnv2_main
 import dlrm_main
 from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
-from data.feature_spec import DEFAULT_SPEC_NAME, FeatureSpec
+from data.binary.feature_spec import DEFAULT_SPEC_NAME, FeatureSpec
 from data.transcode import transcode
 from harness.launch import eval_record, launch, read_log
 from recipes import RECIPES

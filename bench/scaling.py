@@ -180,8 +180,8 @@ def measure_tables(rows: int, root: str) -> dict[str, Any]:
 def _mmap_loader_run(directory: str, shuffled: bool, release: bool) -> dict[str, float]:
     """In a fresh process: one rank's memory-mapped loader over the training split (in
     shuffled order its first SHUFFLED_BATCHES batches: random reads are slower)."""
-    from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
-    from data.mapped_pages import RELEASE_EVERY_BYTES
+    from data.binary.criteo import CriteoBinaryDataset, CriteoBinaryLoader
+    from data.binary.mapped_pages import RELEASE_EVERY_BYTES
 
     loader = CriteoBinaryLoader(CriteoBinaryDataset(directory), "train", batch_size=BATCH, rank=0, world_size=1,
                                 mmap_mode=True, shuffle_batches_seed=0 if shuffled else None,
@@ -198,7 +198,7 @@ LOADER_RUNS = [("sequential", False, True), ("sequential_kept", False, False), (
 def measure_loader(directory: str) -> dict[str, Any]:
     """The memory-mapped loader against a sequential read of the data set's files, each
     run from the disk (the files evicted from the page cache first)."""
-    from data.criteo_binary import CriteoBinaryDataset
+    from data.binary.criteo import CriteoBinaryDataset
 
     files = [os.path.join(directory, f) for f in sorted(os.listdir(directory)) if f.endswith(".npy")]
     data_bytes = sum(os.path.getsize(f) for f in files)

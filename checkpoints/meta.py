@@ -7,7 +7,7 @@ model and data sections of the run's config; training reads its optimizers' sect
 through `meta_section` (training/checkpoint_policy.py, `find_restore_point`). Version 2 stores each
 fact once: the model and optimizer flags live in ``config`` (version 1 also kept
 copies of them, and the global batch size, at the top level; such files still load).
-Version 3 adds the data it was trained on, typed: the source's name (data/sources.py)
+Version 3 adds the data it was trained on, typed: the source's name (data/sources/)
 and its `FeatureDescription`, so an export finds the data's description without the
 data; of older files both are derived from the recorded data flags. Version 4 records
 the model's interaction sizes in ``config.model.interaction``, the fields of the
@@ -111,9 +111,7 @@ class CheckpointMeta:
     def data(self) -> DataConfig:
         """The data flags it was trained with (those this code knows; `from_json`
         checked them)."""
-        recorded = self.config["data"]
-        return DataConfig(**{item.field.name: recorded[item.field.name] for item in flags_of(DataConfig)
-                             if item.field.name in recorded})
+        return DataConfig.from_flags(**self.flag_values("data", DataConfig, "meta.json"))
 
     @property
     def rolling_windows(self) -> Optional[int]:
@@ -186,6 +184,7 @@ class CheckpointMeta:
         config.object("data").get("batch_size", integer(1))
         if version < 4:
             config.value["model"] = _nest_interaction(config.value["model"])
+        config.value["data"] = _nest_source_options(config.value["data"])
         model = config.object("model")
         model.get("interaction_type", one_of(*INTERACTION_TYPES))
         model.get("interaction", OBJECT)
@@ -216,7 +215,7 @@ class CheckpointMeta:
             version=version,
         )
         try:  # the recorded data flags, as `data` and the derived properties read them
-            source_for(DataConfig(**meta.flag_values("data", DataConfig, path)))
+            DataConfig.from_flags(**meta.flag_values("data", DataConfig, path))
         except FlagError as e:
             raise FileFieldError(f"{path}: config.data: {e}") from e
         return meta
@@ -246,6 +245,18 @@ def _nest_interaction(model: dict[str, Any]) -> dict[str, Any]:
     own = {item.field.name for item in flags_of(INTERACTIONS[kind].config)} if kind in INTERACTION_TYPES else set()
     nested = {name: value for name, value in model.items() if name not in _FLAT_INTERACTION_FIELDS}
     nested["interaction"] = {name: model[name] for name in _FLAT_INTERACTION_FIELDS if name in own and name in model}
+    return nested
+
+
+def _nest_source_options(data: dict[str, Any]) -> dict[str, Any]:
+    """A config.data written before the sources' flags were nested (every source's
+    flags at its top) in today's shape: theirs in ``source_options``, where the
+    reader looks for them (a file holding both keeps what it has)."""
+    if "source_options" in data:
+        return data
+    own = {item.field.name for item in flags_of(DataConfig) if item.within == "source_options"}
+    nested = {name: value for name, value in data.items() if name not in own}
+    nested["source_options"] = {name: value for name, value in data.items() if name in own}
     return nested
 
 

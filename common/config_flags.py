@@ -34,7 +34,7 @@ import argparse
 import dataclasses
 import typing
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 from collections.abc import Callable, Mapping, Sequence
 
 from common.cli import float_list, int_list
@@ -104,22 +104,37 @@ def flag(default: Any = dataclasses.MISSING, *, help: str, choices: Optional[Seq
 
 @dataclass(frozen=True)
 class VariantsSpec:
-    """A `variants` field: which flag field chooses the class, and the classes by name."""
+    """A `variants` field: what chooses the class, and the classes by name.
 
-    selector: str
+    ``selector`` is the flag field whose value names the class, or a function of the
+    flags' values ({field: value}: the class's own and every variant's) returning the
+    name (raising FlagError when they contradict). ``refuse_others``: None, the flags
+    of the variants not chosen are ignored; else a flag of one of them set to other
+    than its default is refused with the line ``refuse_others(variant, flag)`` gives.
+    """
+
+    selector: Union[str, Callable[[Mapping[str, Any]], str]]
     classes: Mapping[str, type[Any]]
+    refuse_others: Optional[Callable[[str, "Flag"], str]] = None
+
+    def chosen(self, values: Mapping[str, Any]) -> Optional[type[Any]]:
+        """The class ``values`` choose (None when the selector names no class)."""
+        key = values[self.selector] if isinstance(self.selector, str) else self.selector(values)
+        return self.classes.get(key)
 
 
-def variants(selector: str, classes: Mapping[str, type[Any]]) -> Any:
+def variants(selector: Union[str, Callable[[Mapping[str, Any]], str]], classes: Mapping[str, type[Any]],
+             refuse_others: Optional[Callable[[str, "Flag"], str]] = None) -> Any:
     """A dataclass field holding the config of one of ``classes``, the one named by the
-    flag field ``selector`` (whose choices are the names). It defaults to None: the
-    class fills in the chosen variant's defaults (``__post_init__``).
+    flag field ``selector`` (whose choices are the names), or by the function
+    ``selector`` of the flags' values (`VariantsSpec`). It defaults to None: the class
+    fills in the chosen variant's defaults (``__post_init__``).
 
     Example::
 
         interaction: InteractionConfig = variants("interaction_type", {"dcn": DCNConfig, ...})
     """
-    return dataclasses.field(default=None, metadata={_VARIANTS: VariantsSpec(selector, dict(classes))})
+    return dataclasses.field(default=None, metadata={_VARIANTS: VariantsSpec(selector, dict(classes), refuse_others)})
 
 
 def variant_fields(config_class: type[Any]) -> list[tuple[str, VariantsSpec]]:
@@ -340,10 +355,21 @@ def config_values(config_class: type[Any], args: argparse.Namespace,
     values = {item.field.name: _value(item, args, overrides, config_class)
               for item in flags_of(config_class) if item.within is None and item.field.name not in exclude}
     for name, spec in variant_fields(config_class):
-        chosen = spec.classes.get(values[spec.selector])
-        values[name] = None if chosen is None else chosen(
-            **{item.field.name: _value(item, args, overrides, config_class) for item in flags_of(chosen)})
+        offered = {variant: {item.field.name: _value(item, args, overrides, config_class)
+                             for item in flags_of(variant_class)}
+                   for variant, variant_class in spec.classes.items()}
+        chosen = spec.chosen({**values, **{k: v for fields in offered.values() for k, v in fields.items()}})
+        if spec.refuse_others is not None:
+            for variant, variant_class in spec.classes.items():
+                for item in flags_of(variant_class) if variant_class is not chosen else ():
+                    if offered[variant][item.field.name] != item.default:
+                        raise FlagError(spec.refuse_others(variant, dataclasses.replace(item, within=name)))
+        values[name] = None if chosen is None else chosen(**offered[_name_of(spec, chosen)])
     return values
+
+
+def _name_of(spec: VariantsSpec, variant_class: type[Any]) -> str:
+    return next(name for name, c in spec.classes.items() if c is variant_class)
 
 
 def parse_flags(parser: Any, config_class: type[Any], argv: Optional[Sequence[str]] = None) -> Any:
@@ -376,5 +402,11 @@ def config_from_record(config_class: type[Any], record: Mapping[str, Any]) -> An
     fields = dict(record)
     for name, spec in variant_fields(config_class):
         if name in fields:
-            fields[name] = spec.classes[fields[spec.selector]](**fields[name])
+            if isinstance(spec.selector, str):
+                chosen = spec.classes[fields[spec.selector]]
+            else:  # a function of the values: the variant's are in its field
+                chosen = spec.chosen({**fields, **fields[name]})
+                if chosen is None:
+                    raise KeyError(f"{config_class.__name__}.{name}: no variant chosen")
+            fields[name] = chosen(**fields[name])
     return config_class(**fields)

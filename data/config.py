@@ -1,40 +1,25 @@
 """Where the data comes from and how it is batched: `DataConfig` (the data flags).
 
 Imports neither torch nor torchrec, so that the entry points answer --help and bad
-flags before loading them; the loaders are built by data/loaders.py.
+flags before loading them; the loaders are built by data/batching/loaders.py.
 """
 
+import argparse
+import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Protocol
-from collections.abc import Iterator
+from typing import Any, Optional
 
-from common.config_flags import FlagError, check_choices, flag, option
-from data.criteo_layout import NUM_SPARSE_FEATURES
+from common.config_flags import FlagError, check_choices, config_values, flag, flags_of, option, variants
+from data.binary.criteo_layout import NUM_SPARSE_FEATURES
+from data.sources import SOURCE_OPTIONS, DEFAULT_SOURCE, check_source_flags, chosen_source, refuse_flag_of_other_source
+from data.sources.parquet import DENSE_TRANSFORMS, ID_HASHING  # noqa: F401  (their old home)
+from data.sources.random import RANDOM_DATA_BATCHES  # noqa: F401  (its old home)
+from data.sources.types import SPLITS, BatchLoader, DataSource  # noqa: F401  (BatchLoader's old home)
 
-# Choices of the Parquet flags (data/parquet_columns.py implements them; that module
-# needs pyarrow, this one must not).
-DENSE_TRANSFORMS = ("log1p", "none")
-ID_HASHING = ("hash", "modulo")
-# Offsets of the extra ids of --multi_hot_sizes bags (data/multi_hot.py draws them).
+# Offsets of the extra ids of --multi_hot_sizes bags (data/batching/multi_hot.py draws them).
 MULTI_HOT_DISTRIBUTIONS = ("uniform", "pareto")
 
-if TYPE_CHECKING:
-    from torchrec.datasets.utils import Batch
-
 DATASET_NAMES = ("criteo_1t", "criteo_kaggle")
-SPLITS = ("train", "validation", "test")
-# Epoch lengths of random data when no --limit_*_batches is given.
-RANDOM_DATA_BATCHES = {"train": 1000, "validation": 100, "test": 100}
-
-
-class BatchLoader(Protocol):
-    """What the trainer needs of a split's loader."""
-
-    def __len__(self) -> int: ...
-
-    def __iter__(self) -> Iterator["Batch"]: ...
-
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None: ...
 
 
 @dataclass
@@ -43,48 +28,19 @@ class DataConfig:
     how it is split and batched.
 
     Args:
+        source_options: the chosen source's flags (its options dataclass, one of
+            ``data.sources.SOURCE_OPTIONS``; its path flag chose it); None: random data's.
+            Another source's flags have no place here: given, they are refused.
         seed: seed of the data order and of random data (the run's ``--seed``).
+
+    Example::
+
+        DataConfig(source_options=ParquetOptions(parquet_path="s3://b/t", sparse_columns="C*"), batch_size=64)
+        DataConfig.from_flags(parquet_path="s3://b/t", sparse_columns="C*", batch_size=64)  # the same
     """
 
-    in_memory_binary_criteo_path: Optional[str] = flag(
-        None, help="directory of day_{i}_{dense,sparse,labels}.npy files; without it, uniform random data")
-    synthetic_multi_hot_criteo_path: Optional[str] = flag(
-        None, help="directory of the MLPerf DLRM-DCNv2 multi-hot layout (day_{i}_sparse_multi_hot.npz)")
-    dataset_path: Optional[str] = flag(
-        None, help="PATH/feature_spec.yaml of a split_binary data set (any numbers of numerical and "
-                   "categorical features)")
-    parquet_path: Optional[str] = flag(
-        None, help="Parquet click log: a file, a directory (read recursively; Hive partitions such as "
-                   "date=2026-11-01/ become columns) or a glob; local or a URL (s3://, gs://, hdfs://, file://)")
-    label_column: str = flag("label", help="Parquet: the 0/1 label column")
-    dense_columns: Optional[str] = flag(
-        None, help="Parquet: comma list of numerical columns (a prefix pattern such as I* allowed)")
-    sparse_columns: Optional[str] = flag(
-        None, help="Parquet: comma list of categorical columns of raw ids: integers, strings or lists of them "
-                   "(a prefix pattern such as C* allowed)")
-    dense_transform: str = flag("log1p", choices=DENSE_TRANSFORMS,
-                                help="Parquet: log1p (negatives clamped to 0, as Criteo's preprocessing) or none")
-    id_hashing: str = flag("hash", choices=ID_HASHING,
-                           help="Parquet: raw id to embedding row; hash: a stable seeded 64-bit hash modulo the "
-                                "table size (docs/data.md); modulo: integer ids already mapped, taken modulo the "
-                                "table size")
-    hash_seed: int = flag(0, help="Parquet: the seed of --id_hashing hash")
-    max_buffered_row_groups: int = flag(4, help="Parquet: row groups a rank holds in memory at most (also the "
-                                                "--shuffle_training_set window)")
-    time_column: Optional[str] = flag(
-        None, help="Parquet: timestamp, date or integer column (a Hive partition column such as date counts); "
-                   "validation and test are then the latest rows")
-    validation_window: Optional[str] = flag(
-        None, help="Parquet: the validation split, just before the test split: a duration (1d, 6h; needs "
-                   "--time_column) or a fraction (0.1) of the time range, or of the rows without --time_column "
-                   "(default 1d; 0.1 for an integer time column; 0.05 of the rows without one)")
-    test_window: Optional[str] = flag(
-        None, help="Parquet: the test split, the latest rows: a duration (1d, 6h; needs --time_column) or a "
-                   "fraction (0.1) of the time range, or of the rows without --time_column (defaults as "
-                   "--validation_window)")
-    rolling_windows: Optional[int] = flag(
-        None, help="with --time_column: N+1 consecutive time windows; train on window k, evaluate on k+1, "
-                   "continue on k+1 ...")
+    # First: the path flags come first in --help.
+    source_options: Any = variants(chosen_source, SOURCE_OPTIONS, refuse_others=refuse_flag_of_other_source)
     dataset_name: str = flag("criteo_1t", choices=DATASET_NAMES, help="which Criteo data set the files are")
     batch_size: int = flag(32, help="training rows per rank per step")
     test_batch_size: Optional[int] = flag(None, help="validation/test rows per rank (default --batch_size)")
@@ -106,12 +62,57 @@ class DataConfig:
         None, help="column of per-row sample weights (with --dataset_path: the spec's channel_spec weight), "
                    "used in the loss (sum(w*loss)/sum(w)) and the evaluation metrics; default unweighted")
 
+    def __post_init__(self) -> None:
+        if self.source_options is None:
+            self.source_options = SOURCE_OPTIONS[DEFAULT_SOURCE]()
+        elif not isinstance(self.source_options, tuple(SOURCE_OPTIONS.values())):
+            raise TypeError(f"source_options takes a data source's options, got a {type(self.source_options).__name__}")
+
+    def __getattr__(self, name: str) -> Any:
+        """A source's flag (``config.parquet_path``, ``config.rolling_windows``): the
+        chosen source's value, else the flag's default (another source's flags are
+        never set). Read only: a source's flags are set through ``source_options``."""
+        if name.startswith("__") or name == "source_options":
+            raise AttributeError(name)
+        item = _SOURCE_FLAGS.get(name)
+        if item is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(self.source_options, name, item.default)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The fields only: the checked source (`validate`) stays with this object
+        (it may hold an open file system), not in pickles and copies."""
+        return {name: value for name, value in self.__dict__.items() if name != "_checked"}
+
+    @classmethod
+    def from_flags(cls, seed: int = 0, **values: Any) -> "DataConfig":
+        """The config of these flags' values, given as the command line would ({field:
+        value}, a source's flags among them; the others their defaults).
+
+        Raises:
+            FlagError: two path flags, or a flag of a source the paths do not choose.
+        """
+        unknown = set(values) - {item.field.name for item in flags_of(cls)}
+        if unknown:
+            raise TypeError(f"DataConfig has no flag field {sorted(unknown)[0]!r}")
+        return cls(**config_values(cls, argparse.Namespace(**values)), seed=seed)
+
     @property
     def eval_batch_size(self) -> int:
         return self.test_batch_size or self.batch_size
 
-    def validate(self) -> None:
-        """Raises FlagError with one line naming the offending flag."""
+    def validate(self) -> DataSource:
+        """The source the flags name, its flags checked: the run's one source object
+        (the trainer and its start-up report take it). Asked again with the same
+        values (`TrainConfig.validate`), the same object, not checked again.
+
+        Raises:
+            FlagError: one line naming the offending flag.
+        """
+        values = dataclasses.astuple(self)
+        checked = self.__dict__.get("_checked")
+        if checked is not None and checked[0] == values:
+            return checked[1]
         check_choices(self)
         for name in ("batch_size", "test_batch_size"):
             value = getattr(self, name)
@@ -123,11 +124,15 @@ class DataConfig:
                 raise FlagError(f"{option(self, name)} must not be negative, got {value}")
         if self.multi_hot_distribution_type is not None and self.multi_hot_sizes is None:
             raise FlagError(f"{option(self, 'multi_hot_distribution_type')} needs {option(self, 'multi_hot_sizes')}")
-        # What depends on the source: its path, and the flags it can honour. Imported
-        # here: data.sources imports this module.
-        from data.sources import source_for
-        source_for(self).check_flags()
+        # What depends on the source: its path, and the flags it can honour.
+        source = check_source_flags(self)
+        self.__dict__["_checked"] = (values, source)  # not a field: no flag, not recorded
+        return source
 
     def limit(self, split: str) -> Optional[int]:
         return {"train": self.limit_train_batches, "validation": self.limit_val_batches,
                 "test": self.limit_test_batches}[split]
+
+
+# The flags of the sources' options, by field name (`DataConfig.__getattr__`).
+_SOURCE_FLAGS = {item.field.name: item for item in flags_of(DataConfig) if item.within == "source_options"}

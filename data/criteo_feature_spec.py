@@ -21,9 +21,9 @@ import numpy as np
 from common.atomic import atomic_dir
 from common.cli import OneLineParser, cli_main, positive_int
 from common.errors import BadInput
-from data.criteo_binary import CriteoBinaryDataset
-from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES
-from data.feature_spec import DEFAULT_SPEC_NAME, Chunk, FeatureSpec, smallest_id_dtype
+from data.binary.criteo import CriteoBinaryDataset
+from data.binary.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES
+from data.binary.feature_spec import DEFAULT_SPEC_NAME, Chunk, FeatureSpec, smallest_id_dtype
 
 LABEL = "label"
 DEFAULT_BLOCK_ROWS = 1 << 20

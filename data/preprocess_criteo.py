@@ -61,12 +61,12 @@ from common.atomic import atomic_path, naming_write_errors, write_json
 from common.cli import OneLineParser, cli_main
 from common.config_flags import flag, parse_flags
 from common.errors import BadInput
-from data.criteo_layout import (METADATA_FILE, NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, CriteoMetadata, day_file,
+from data.binary.criteo_layout import (METADATA_FILE, NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, CriteoMetadata, day_file,
                                 done_marker, metadata_file, read_metadata, remove_day_files_from, write_metadata)
-from data.criteo_transforms import (DENSE_OFFSET, VOCABULARY_FILE, read_vocabulary, transform_dense, transform_sparse,
+from data.preprocess.criteo_transforms import (DENSE_OFFSET, VOCABULARY_FILE, read_vocabulary, transform_dense, transform_sparse,
                                     vocabulary_arrays)
-from data.criteo_tsv import parse_criteo_lines
-from data.text_lines import DaySource, iter_line_chunks, read_blocks
+from data.text.criteo_tsv import parse_criteo_lines
+from data.text.text_lines import DaySource, iter_line_chunks, read_blocks
 
 DATASET_NAMES = ("criteo_1t", "criteo_kaggle")
 BAD_LINE_POLICIES = ("error", "skip")

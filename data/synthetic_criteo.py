@@ -31,7 +31,7 @@ from common.cli import OneLineParser, cli_main
 from common.config_flags import add_flags, config_values, flag
 from common.errors import BadInput
 from data.config import MULTI_HOT_DISTRIBUTIONS
-from data.criteo_layout import (
+from data.binary.criteo_layout import (
     NUM_DENSE_FEATURES,
     NUM_SPARSE_FEATURES,
     CriteoMetadata,
@@ -301,7 +301,7 @@ def generate_multi_hot_criteo(spec: SyntheticCriteoSpec, output_dir: str, hotnes
     bag holds the one-hot data's id first, then ids from `MultiHotExpander`."""
     import shutil
 
-    from data.multi_hot import MultiHotExpander, write_multi_hot_npz
+    from data.batching.multi_hot import MultiHotExpander, write_multi_hot_npz
 
     spec.validate()
     _start_replacing(output_dir)

@@ -24,8 +24,8 @@ import numpy as np
 from common.cli import OneLineParser, cli_main
 from common.config_flags import flag, parse_flags
 from common.errors import BadInput
-from data.criteo_layout import NUM_DENSE_FEATURES
-from data.feature_spec import AUTO, DEFAULT_SPEC_NAME, FeatureSpec
+from data.binary.criteo_layout import NUM_DENSE_FEATURES
+from data.binary.feature_spec import AUTO, DEFAULT_SPEC_NAME, FeatureSpec
 
 BLOCK_ROWS = 65536
 

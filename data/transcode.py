@@ -27,8 +27,8 @@ from common.atomic import atomic_dir
 from common.cli import OneLineParser, cli_main, positive_int
 from common.config_flags import flag, parse_flags
 from common.errors import BadInput
-from data.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
-from data.feature_spec import AUTO, DEFAULT_SPEC_NAME, Chunk, FeatureSpec, FeatureSpecError, smallest_id_dtype
+from data.text.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
+from data.binary.feature_spec import AUTO, DEFAULT_SPEC_NAME, Chunk, FeatureSpec, FeatureSpecError, smallest_id_dtype
 
 DEFAULT_CHUNK_ROWS = 65536
 

@@ -15,6 +15,7 @@ import pytest
 from common.cli import OneLineParser, positive_int
 from common.config_flags import config_values, flag, flag_of, flags_of, parse_flags, variant_fields
 from data.criteo_layout import NUM_SPARSE_FEATURES
+from data.sources import SOURCES
 from sharding_plans import cli as plan_cli
 from tests.support.flag_values import other_value
 from recipes import RECIPES, SMALL_DATA
@@ -59,6 +60,9 @@ def _choosing_variant_of(config_class, item) -> list[str]:
         if item.within == name:
             variant = next(choice for choice, variant_class in spec.classes.items()
                            if item.field in dataclasses.fields(variant_class))
+            if not isinstance(spec.selector, str):  # a data source: chosen by giving its path
+                path_field = SOURCES[variant].path_field
+                return [] if path_field is None else [flag_of(config_class, path_field).option, "/x"]
             return [flag_of(config_class, spec.selector).option, variant]
     return []
 

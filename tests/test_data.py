@@ -3,6 +3,8 @@
 import json
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -10,13 +12,14 @@ import pytest
 import torch
 
 from common.errors import BadInput
-from data.batching import RankBatchLayout
+from data.batching.batches import RankBatchLayout
 from data.config import DataConfig
-from data.loaders import build_loaders
+from data.batching.loaders import build_loaders
 from data.sources import source_for
-from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
-from data.criteo_layout import METADATA_VERSION, NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, read_metadata
+from data.binary.criteo import CriteoBinaryDataset, CriteoBinaryLoader
+from data.binary.criteo_layout import METADATA_VERSION, NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, read_metadata
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
+from harness.launch import REPO
 from harness.small_data import SMALL_SPEC
 
 SPEC = SyntheticCriteoSpec(num_days=3, rows_per_day=1000, seed=1)
@@ -207,7 +210,7 @@ def _data_config(layout: str, directory: str, **flags) -> DataConfig:
     path = {"one_hot": "in_memory_binary_criteo_path", "multi_hot": "synthetic_multi_hot_criteo_path",
             "split_binary": "dataset_path"}[layout]
     where = os.path.join(directory, "feature_spec.yaml") if layout == "split_binary" else directory
-    return DataConfig(**{path: where}, batch_size=64, **flags)
+    return DataConfig.from_flags(**{path: where}, batch_size=64, **flags)
 
 
 def _rewrite(path: str, change) -> None:
@@ -215,7 +218,7 @@ def _rewrite(path: str, change) -> None:
     row width) or one array of a multi-hot .npz."""
     import shutil
 
-    from data.multi_hot import write_multi_hot_npz
+    from data.batching.multi_hot import write_multi_hot_npz
 
     if path.endswith(".npy"):
         array = np.load(path)
@@ -272,7 +275,7 @@ def test_bad_value_refused_naming_file_row_and_column(layouts, tmp_path, layout,
     holding it is read; never handed to FBGEMM or the loss."""
     import shutil
 
-    from data.value_checks import DataValueError
+    from data.batching.value_checks import DataValueError
 
     directory = str(tmp_path / layout)
     shutil.copytree(layouts[layout], directory)
@@ -386,7 +389,7 @@ def test_mmap_mode_stops_at_the_bad_batch_naming_the_file(layouts, tmp_path):
 def test_batch_check_of_bags_with_different_cardinalities():
     """The bags of a batch are compared at once, each id against its own feature's
     cardinality: a clean batch passes, and the first bad row is found."""
-    from data.value_checks import BatchValueCheck
+    from data.batching.value_checks import BatchValueCheck
 
     rng = np.random.default_rng(0)
     cardinalities = [3, 1000, 20]
@@ -427,7 +430,7 @@ def _mmap_loader_rss_growth_and_digest(directory: str, release: bool):
     reads the whole training split, and a digest of every batch it built."""
     import hashlib
 
-    from data.mapped_pages import RELEASE_EVERY_BYTES
+    from data.binary.mapped_pages import RELEASE_EVERY_BYTES
 
     loader = CriteoBinaryLoader(CriteoBinaryDataset(directory), "train", 4096, 0, 1, mmap_mode=True,
                                 release_every_bytes=RELEASE_EVERY_BYTES if release else None)
@@ -481,3 +484,38 @@ def test_one_raw_day_is_written_and_one_binary_day_refused(tmp_path, capsys):
     assert len(lines) == 50 and {len(line.split("\t")) for line in lines} == {40}
     assert main(["--num_days", "1", "--rows_per_day", "50", "--output_dir", str(tmp_path / "bin")]) == 2
     assert capsys.readouterr().err.strip().endswith("--num_days must be at least 2 (train + eval), got 1")
+
+
+# Every module of data/, imported first in a fresh interpreter: an import circle inside
+# the package (a source module importing the registry that imports it) fails here.
+DATA_MODULES = sorted(
+    os.path.relpath(os.path.join(root, name), REPO)[:-3].replace(os.sep, ".").removesuffix(".__init__")
+    for root, _, names in os.walk(os.path.join(REPO, "data")) if "__pycache__" not in root
+    for name in names if name.endswith(".py"))
+
+
+def _import_first(module: str, path: str = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", f"import {module}"], cwd=path, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": path})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", DATA_MODULES)
+def test_each_data_module_imports_first_in_a_fresh_interpreter(module):
+    imported = _import_first(module)
+    assert imported.returncode == 0, imported.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_an_import_circle_fails_when_imported_first(tmp_path):
+    """The positive control: the old data/sources.py's shape (the registry importing a
+    source at its bottom, the source importing the registry) fails imported source first."""
+    package = tmp_path / "circle"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "registry.py").write_text("class Base:\n    pass\n\nfrom circle.source import Source\n")
+    (package / "source.py").write_text("from circle.registry import Base\n\nclass Source(Base):\n    pass\n")
+    assert _import_first("circle.registry", str(tmp_path)).returncode == 0
+    failed = _import_first("circle.source", str(tmp_path))
+    assert failed.returncode == 1 and "ImportError" in failed.stderr
+    assert "data.sources" in DATA_MODULES and "data.sources.parquet" in DATA_MODULES and "data.parquet_source" in DATA_MODULES

@@ -1,4 +1,4 @@
-"""The data-source seam (data/sources.py), generated over every registered source:
+"""The data-source seam (data/sources/), generated over every registered source:
 its path flag reaches both entry points and the torchx components, its description
 is what the model is built with and what its batches hold, a checkpoint records it
 and export describes the model's inputs from it in the source's serving layout. Then
@@ -7,6 +7,9 @@ metadata.json's typed reader and writer, and the checkpoint meta's typed descrip
 import dataclasses
 import json
 import os
+import pickle
+import subprocess
+import sys
 from typing import Optional
 from collections.abc import Callable
 
@@ -25,6 +28,7 @@ from data.synthetic_criteo import SyntheticCriteoSpec, generate_multi_hot_criteo
 from data.synthetic_csv import csv_feature_spec, generate_csv
 from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parquet
 from data.transcode import transcode
+from harness.launch import REPO, read_log, step_losses
 from serving.export import describe_inputs
 from serving.input_layouts import LAYOUTS
 from sharding_plans.feature_spec import read_feature_spec
@@ -103,9 +107,8 @@ def test_path_flag_reaches_both_entry_points_and_the_components(name):
 
 
 def test_one_data_path_at_most():
-    config = DataConfig(**{field: "/x" for field in (SOURCES[name].path_field for name in PATH_SOURCES[:2])})
     with pytest.raises(FlagError, match=r"^give one data path, not --\w+ and --\w+$"):
-        source_for(config)
+        DataConfig.from_flags(**{field: "/x" for field in (SOURCES[name].path_field for name in PATH_SOURCES[:2])})
 
 
 @pytest.mark.parametrize("name", list(SOURCES))
@@ -238,7 +241,7 @@ def test_multi_hot_files_must_hold_the_bags_metadata_records(tmp_path):
     metadata = read_metadata(directory)
     lying = [2] * NUM_SPARSE_FEATURES
     write_metadata(directory, dataclasses.replace(metadata, multi_hot_sizes=lying))
-    source = source_for(DataConfig(synthetic_multi_hot_criteo_path=directory))
+    source = source_for(DataConfig.from_flags(synthetic_multi_hot_criteo_path=directory))
     assert source.describe().hotness == tuple(lying)
     with pytest.raises(BadInput) as error:
         source.open()
@@ -259,8 +262,9 @@ def test_the_planner_reads_a_generated_metadata_through_its_reader(tmp_path):
     (lambda d: d["data_features"].update(hotness=[1, 2]), "data_features.hotness must be 26 positive integers or null"),
     (lambda d: d["data_features"].update(sparse_feature_names=["a"] * 26),
      "data_features.sparse_feature_names has a name twice"),
-    (lambda d: d["config"]["data"].update(dataset_path=7), "config.data.dataset_path must be a string or null, got 7"),
-    (lambda d: d["config"]["data"].update(dataset_path="/s.yaml", in_memory_binary_criteo_path="/d"),
+    (lambda d: d["config"]["data"]["source_options"].update(dataset_path=7),
+     "config.data.source_options.dataset_path must be a string or null, got 7"),
+    (lambda d: d["config"]["data"]["source_options"].update(dataset_path="/s.yaml", in_memory_binary_criteo_path="/d"),
      "config.data: give one data path, not --in_memory_binary_criteo_path and --dataset_path"),
 ])
 def test_bad_data_description_in_checkpoint_meta_is_one_line(change, message):
@@ -279,3 +283,109 @@ def test_feature_description_json_round_trip():
     for description in (FeatureDescription(("a", "b"), ("u", "i"), (10, 20), (1, 3)), FeatureDescription((), ("u",))):
         document = json.loads(json.dumps({"features": dataclasses.asdict(description)}))
         assert FeatureDescription.read(JsonObject(document, "f.json").object("features")) == description
+
+
+# A new source is one file in data/sources/: this one, written into a directory
+# data/sources/ of its own on the path (the registry adds such directories' modules).
+PLUGIN_SOURCE = '''
+import json
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from common.config_flags import FlagError, flag, option
+from data.sources.types import BatchLoader, DataSource, FeatureDescription
+
+
+@dataclass
+class ToyOptions:
+    toy_path: Optional[str] = flag(None, help="toy: a JSON file naming the dense and sparse features")
+    toy_batches: int = flag(2, help="toy: training batches per epoch")
+
+
+class ToySource(DataSource):
+    name = "toy"
+    options = ToyOptions
+    path_field = "toy_path"
+    serving_layout = "criteo_raw"
+
+    def check_flags(self) -> None:
+        if self.config.toy_batches < 1:
+            raise FlagError(f"{option(self.config, 'toy_batches')} must be at least 1")
+        super().check_flags()
+
+    def describe(self) -> FeatureDescription:
+        with open(str(self.path)) as f:
+            names = json.load(f)
+        return FeatureDescription(tuple(names["dense"]), tuple(names["sparse"]))
+
+    def open(self, check_values: bool = True) -> Any:
+        return self.describe()
+
+    def loaders(self, dataset: Any, num_embeddings_per_feature: list[int], rank: int,
+                world_size: int) -> dict[str, BatchLoader]:
+        from data.random_data import RandomCriteoLoader
+        batches = {"train": self.config.toy_batches, "validation": 1, "test": 1}
+        return {split: RandomCriteoLoader(n, self.config.batch_size, rank, world_size, num_embeddings_per_feature,
+                                          list(dataset.sparse_feature_names), dataset.num_dense_features,
+                                          self.config.seed, stream)
+                for stream, (split, n) in enumerate(batches.items())}
+'''
+
+
+def _with_plugin(tmp_path) -> tuple[dict[str, str], str]:
+    """(the environment whose path holds a data/sources/toy.py, the toy's JSON file)."""
+    plugin = tmp_path / "plugins" / "data" / "sources"
+    plugin.mkdir(parents=True)
+    (plugin / "toy.py").write_text(PLUGIN_SOURCE)
+    names = tmp_path / "toy.json"
+    names.write_text(json.dumps({"dense": ["age", "price"], "sparse": ["user", "item", "shop"]}))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, str(tmp_path / "plugins")])}
+    return env, str(names)
+
+
+@pytest.mark.slow
+def test_a_source_in_one_file_is_picked_up_by_the_flags_and_trains(tmp_path):
+    env, names = _with_plugin(tmp_path)
+    log_path = str(tmp_path / "run.jsonl")
+
+    def run(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "dlrm_main.py", *flags], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    assert "--toy_batches" in run("--help").stdout
+    trained = run("--toy_path", names, "--toy_batches", "3", *SMALL_MODEL, "--num_embeddings", "50",
+                  "--log_path", log_path, "--log_every_n_steps", "1")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    records = read_log(log_path)
+    config = next(r for r in records if r["event"] == "config")
+    assert config["model"]["sparse_feature_names"] == ["user", "item", "shop"]
+    assert config["model"]["dense_in_features"] == 2
+    assert config["data"]["source_options"] == {"toy_path": names, "toy_batches": 3}
+    assert len(step_losses(records)) == 3
+    # Its flags are its own: given with other data, refused by the structure.
+    refused = run("--toy_batches", "3", *SMALL_MODEL)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1].endswith("--toy_batches is for toy data: it needs --toy_path")
+    refused = run("--toy_path", names, "--parquet_path", str(tmp_path), *SMALL_MODEL)
+    assert (refused.returncode, refused.stderr.strip().splitlines()[-1][-50:]) == (
+        2, "give one data path, not --parquet_path and --toy_path"[-50:])
+
+
+def test_validate_gives_one_source_until_a_flag_changes(tmp_path):
+    config = DataConfig.from_flags(dataset_path=_feature_spec(str(tmp_path)), batch_size=16)
+    source = config.validate()
+    assert config.validate() is source and source.config is config and source.name == "split_binary"
+    config.batch_size = 8  # another config now: checked again, another source
+    assert config.validate() is not source
+    copied = pickle.loads(pickle.dumps(config))  # the checked source is not pickled with it
+    assert copied == config and "_checked" not in vars(copied)
+
+
+def test_a_source_flag_set_in_code_reads_through_its_options(tmp_path):
+    config = DataConfig.from_flags(parquet_path=str(tmp_path), sparse_columns="C*", hash_seed=7)
+    assert (config.hash_seed, config.source_options.hash_seed, config.in_memory_binary_criteo_path) == (7, 7, None)
+    assert DataConfig().rolling_windows is None  # another source's flag: its default
+    with pytest.raises(AttributeError, match="no attribute 'hash_sed'"):
+        config.hash_sed  # noqa: B018
+    with pytest.raises(TypeError, match="no flag field 'hash_sed'"):
+        DataConfig.from_flags(hash_sed=7)

@@ -21,7 +21,8 @@ TRAINING = ["--batch_size", "128", "--embedding_dim", "16", "--dense_arch_layer_
     ("data", DataConfig, {"batch_size": "128"}, "ckpt/meta.json: config.data.batch_size must be an integer, got \"128\""),
     ("model", ModelConfig, {"interaction_type": "exec"},
      "ckpt/meta.json: config.model.interaction_type must be one of original, dcn, projection, got \"exec\""),
-    ("data", DataConfig, {"dataset_path": ["a"]}, "ckpt/meta.json: config.data.dataset_path must be a string or null"),
+    ("data", DataConfig, {"source_options": {"dataset_path": ["a"]}},
+     "ckpt/meta.json: config.data.source_options.dataset_path must be a string or null"),
 ])
 def test_recorded_flags_are_checked_against_their_flags(section, config_class, value, message):
     """--mode test takes flags from a checkpoint a user hands over: each value must be

@@ -52,7 +52,7 @@ def _config(path: str, **flags) -> DataConfig:
     values = dict(parquet_path=path, dense_columns="rid,I2", sparse_columns="C1,C2,M1", dense_transform="none",
                   batch_size=4)
     values.update(flags)
-    config = DataConfig(**values)
+    config = DataConfig.from_flags(**values)
     config.validate()
     return config
 
@@ -333,7 +333,7 @@ def test_flag_refusals(tmp_path, flags, message):
     values = dict(parquet_path=str(tmp_path), sparse_columns="C1")
     values.update(flags)
     with pytest.raises(FlagError, match=None) as caught:
-        DataConfig(**values).validate()
+        DataConfig.from_flags(**values).validate()
     assert message in str(caught.value)
 
 
@@ -341,7 +341,7 @@ def test_flag_refusals(tmp_path, flags, message):
                                    dict(test_window="0.1")])
 def test_parquet_flags_need_parquet_path(flags):
     with pytest.raises(FlagError, match="is for parquet data: it needs --parquet_path"):
-        DataConfig(**flags).validate()
+        DataConfig.from_flags(**flags).validate()
 
 
 def test_weight_column_with_parquet(tmp_path):
@@ -405,7 +405,7 @@ def test_statistics_lines_say_what_was_counted_and_nothing_before_a_row(tmp_path
     column of the training rows read; none before any (--mode test printed `id
     collisions: C1 0.0% of 0 values`), and the nulls printed, not only logged (the
     note pointed to a run log there may not be)."""
-    from data.parquet_source import statistics_lines
+    from data.sources.parquet import statistics_lines
 
     _write_table(str(tmp_path), file_rows=(12,), row_groups=(5,))
     path = str(tmp_path / "part-00.parquet")

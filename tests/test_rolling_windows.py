@@ -17,7 +17,7 @@ from tests.support.doc_commands import commands_starting, replaced
 from harness.launch import launch, read_log
 from training import report
 from training.distributed import resolve_env
-from training.flags import parse_config
+from training.flags import parse_config, parse_config_and_source
 from training.startup_report import StartupReport
 
 WINDOWS = 3
@@ -153,9 +153,9 @@ def test_a_rolling_checkpoint_is_evaluated_without_the_protocol(uninterrupted, c
 def test_the_startup_block_says_the_windows_the_run_reads(clicks, tmp_path, capsys):
     """In a rolling run the rows and time ranges printed are the windows', not a
     train/validation/test split that the run never reads."""
-    config = parse_config(flags(tmp_path, clicks), "dlrm_main.py", "")
-    dataset = source_for(config.data).open(check_values=False)
-    lines = StartupReport(config, resolve_env("cpu")).before_setup(dataset)
+    config, source = parse_config_and_source(flags(tmp_path, clicks), "dlrm_main.py", "")
+    dataset = source.open(check_values=False)
+    lines = StartupReport(config, resolve_env("cpu"), source).before_setup(dataset)
     days = [LOG.day(d).isoformat() for d in range(WINDOWS + 2)]
     assert lines[3:5] == [
         f"data: {clicks} | rows: " + ", ".join(f"window {w} {ROWS_PER_DAY}" for w in range(WINDOWS + 1))

@@ -8,7 +8,7 @@ import pytest
 
 from data.loaders import build_loaders
 from training.distributed import resolve_env
-from training.flags import parse_config
+from training.flags import parse_config, parse_config_and_source
 from training.run_log import RunLog, StepClock, format_duration, format_metrics
 from training.startup_report import StartupReport
 
@@ -33,13 +33,14 @@ def test_format_metrics():
 
 
 def test_startup_block_says_what_the_run_builds(capsys, tmp_path):
-    config = parse_config(["--num_embeddings", "1000", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
-                           "--interaction_type", "dcn", "--dcn_num_layers", "2", "--dcn_low_rank_dim", "4",
-                           "--batch_size", "16", "--limit_train_batches", "7", "--epochs", "3",
-                           "--log_path", str(tmp_path / "run.jsonl"), "--checkpoint_dir", str(tmp_path / "ckpt"),
-                           "--checkpoint_every_n_steps", "5"], "dlrm_main.py", "")
+    config, source = parse_config_and_source(
+        ["--num_embeddings", "1000", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
+         "--interaction_type", "dcn", "--dcn_num_layers", "2", "--dcn_low_rank_dim", "4",
+         "--batch_size", "16", "--limit_train_batches", "7", "--epochs", "3",
+         "--log_path", str(tmp_path / "run.jsonl"), "--checkpoint_dir", str(tmp_path / "ckpt"),
+         "--checkpoint_every_n_steps", "5"], "dlrm_main.py", "")
     env = resolve_env("cpu")
-    report = StartupReport(config, env)
+    report = StartupReport(config, env, source)
     before = report.before_setup(None)
     assert before == [
         "starting: --mode train",

@@ -171,7 +171,7 @@ def test_bad_weight_in_split_binary_is_refused_naming_file_row_and_column(weight
     weights[37] = np.nan
     weights.flush()
     message = f"{copy}/train/weight.bin row 37 column w: weight nan (weights must be finite and not negative)"
-    config = DataConfig(dataset_path=str(copy / "feature_spec.yaml"), weight_column="w", mmap_mode=mmap_mode)
+    config = DataConfig.from_flags(dataset_path=str(copy / "feature_spec.yaml"), weight_column="w", mmap_mode=mmap_mode)
     if not mmap_mode:
         with pytest.raises(DataValueError) as error:
             source_for(config).open()

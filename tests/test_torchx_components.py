@@ -118,7 +118,7 @@ def test_preprocess_component():
 @pytest.mark.slow
 def test_components_import_no_torch():
     """The torchx CLI imports the components on the submitting machine, which need not
-    have torch or numpy (the data-path flags come from data/sources.py's registry)."""
+    have torch or numpy (the data-path flags come from data/sources/'s registry)."""
     code = ("import sys, aws_component, torchx_components.training, torchx_components.preprocess; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)

@@ -55,7 +55,7 @@ def test_dlrm_component_local_cwd_trains(torchx_env, synthetic_dir, tmp_path):
     _assert_trained(proc, log_path)
     config = next(r for r in read_log(log_path) if r["event"] == "config")
     assert config["world_size"] == 2
-    assert config["data"]["in_memory_binary_criteo_path"] == synthetic_dir  # from --data_dir
+    assert config["data"]["source_options"]["in_memory_binary_criteo_path"] == synthetic_dir  # from --data_dir
 
 
 def test_documented_default_component_line_trains(torchx_env, synthetic_dir, tmp_path):

@@ -3,7 +3,7 @@
 ``pyproject.toml`` (``make install`` installs it), so ``torchx run dlrm ...`` works.
 
 They import only torchx, the standard library and the project's torch-free flag
-modules (the data-path flags come from data/sources.py's registry): the torchx CLI
+modules (the data-path flags come from data/sources/'s registry): the torchx CLI
 imports them on the submitting machine, which need not have torch or numpy.
 
 Their signatures keep ``typing.List``/``Dict`` where the rest of the project writes

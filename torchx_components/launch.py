@@ -25,7 +25,7 @@ from torchx_components.machines import ComponentParameterError, machine_resource
 # Image built by the repository's Dockerfile; local_cwd and Slurm ignore the image.
 DEFAULT_IMAGE = "dlrm-torchrec:latest"
 
-# Flags of dlrm_main.py that name the data (one per data source, data/sources.py):
+# Flags of dlrm_main.py that name the data (one per data source, data/sources/):
 # `data_dir` adds the Criteo directory's unless the training flags give one of them.
 DATA_PATH_FLAGS = tuple(option(DataConfig, name) for name in DATA_PATH_FIELDS)
 DATA_DIR_FLAG = option(DataConfig, CriteoDays.path_field)

@@ -126,7 +126,6 @@ def parse_config(argv: Optional[Sequence[str]]) -> BaselineConfig:
 
 
 def _config(args: argparse.Namespace) -> BaselineConfig:
-    from data.sources import source_for
     from training.flags import _chosen_recipe_layers
 
     layers = _chosen_recipe_layers(args)  # the recipe's values of the flags this parser has
@@ -138,12 +137,11 @@ def _config(args: argparse.Namespace) -> BaselineConfig:
     if data.rolling_windows is not None:
         raise FlagError(f"{option(data, 'rolling_windows')}: the baseline trains once on the training split and "
                         "tests once (run it on each window's data instead)")
-    data.validate()
+    source = data.validate()  # the run's source (asked again below: the same object)
     tables = TableSizes(**config_values(TableSizes, args, layers))
     tables.validate()
     flags = BaselineFlags(**config_values(BaselineFlags, args, layers))
     flags.validate()
-    source = source_for(data)
     try:
         features = source.describe()
     except BadInput as e:
@@ -265,14 +263,13 @@ def run(config: BaselineConfig) -> dict[str, Any]:
     summary record's fields."""
     import torch
 
-    from data.sources import source_for
     from training.run_log import RunLog
 
     torch.manual_seed(config.run["seed"])
     # The sparse gradients' tensors are torch's own, well formed: say so explicitly
     # (Adagrad warns of the unchecked invariants otherwise).
     torch.sparse.check_sparse_tensor_invariants.disable()
-    source = source_for(config.data)
+    source = config.data.validate()  # the one `_config` built and checked
     dataset = source.open(check_values=True)
     loaders = source.loaders(dataset, config.table_rows, 0, 1)
     log = RunLog(True, config.run["log_path"], progress=config.run["print_progress"] or sys.stderr.isatty())

@@ -15,7 +15,7 @@ from common.cli import OneLineParser
 from common.config_flags import FlagError, Overrides, add_flags, config_values, flags_of, given, option
 from common.errors import BadInput
 from data.config import DataConfig
-from data.sources import DATA_PATH_FIELDS, FeatureDescription, source_for
+from data.sources import DATA_PATH_FIELDS, DataSource, FeatureDescription
 from models.config import ModelConfig, TableSizes
 from sharding_plans.types import ShardingFlags
 from training.config import (
@@ -107,10 +107,10 @@ def entry_point_parser(script: str) -> argparse.ArgumentParser:
     return build_parser(script, "", ENTRY_POINT_RECIPES[script])
 
 
-def _describe_data(data: DataConfig) -> FeatureDescription:
+def _describe_data(source: DataSource) -> FeatureDescription:
     """The features of the data the (validated) flags name; the source's errors (a
     spec or metadata.json) as the flag naming it."""
-    source = source_for(data)
+    data = source.config
     try:
         return source.describe()
     except BadInput as e:
@@ -165,6 +165,13 @@ def _checkpoint_layers(args: argparse.Namespace, layers: tuple[Overrides, ...]) 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """Builds and validates the config; raises BadInput (FlagError naming the flag)."""
+    return config_and_source_from_args(args)[0]
+
+
+def config_and_source_from_args(args: argparse.Namespace) -> tuple[TrainConfig, DataSource]:
+    """Builds and validates the config, and the run's data source: built once from the
+    flags, it describes the features here and is handed to the trainer (which opens
+    it) and its start-up report. Raises BadInput (FlagError naming the flag)."""
     layers = _layers(args)
     layers += _checkpoint_layers(args, layers)
 
@@ -179,8 +186,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     tables.validate()
     run = values(TrainConfig)
     data = DataConfig(**values(DataConfig), seed=run["seed"])
-    data.validate()  # the source's path and flags, before the source describes its features
-    features = _describe_data(data)
+    source = data.validate()  # the source's path and flags, before the source describes its features
+    features = _describe_data(source)
     cardinalities = list(features.cardinalities) if features.cardinalities is not None else None
     validate_at_epoch_end, test_at_end = ReferenceEvaluation(**values(ReferenceEvaluation)).schedule()
     recipe = RECIPES.get(args.recipe or "")
@@ -202,7 +209,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         **run,
     )
     config.validate()
-    return config
+    return config, source
 
 
 def _recipe_settings(args: argparse.Namespace) -> dict:
@@ -215,8 +222,14 @@ def _recipe_settings(args: argparse.Namespace) -> dict:
 def parse_config(argv: Optional[Sequence[str]], prog: str, description: str,
                  entry_recipe: Optional[Recipe] = None) -> TrainConfig:
     """Parses argv (None: sys.argv[1:]) into a validated config, or exits 2 with one line."""
+    return parse_config_and_source(argv, prog, description, entry_recipe)[0]
+
+
+def parse_config_and_source(argv: Optional[Sequence[str]], prog: str, description: str,
+                            entry_recipe: Optional[Recipe] = None) -> tuple[TrainConfig, DataSource]:
+    """`parse_config`, and the run's data source (`config_and_source_from_args`)."""
     args = build_parser(prog, description, entry_recipe).parse_args(argv)
     try:
-        return config_from_args(args)
+        return config_and_source_from_args(args)
     except BadInput as e:  # a flag, or the checkpoint --mode validate|test reads
         raise SystemExit(report_bad_input(prog, str(e)))

@@ -22,9 +22,10 @@ from recipes import Recipe
 from training.config import TrainConfig
 from training.failures import (EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_NON_FINITE_LOSS, report, report_bad_input,
                                report_rank_failure)
-from training.flags import parse_config
+from training.flags import parse_config_and_source
 
 if TYPE_CHECKING:
+    from data.sources import DataSource
     from training.distributed import DistributedEnv
     from training.trainer import Trainer
 
@@ -37,9 +38,9 @@ def run_training(
 ) -> int:
     """Parses ``argv`` with the entry point's recipe as defaults, trains, returns the exit code."""
     quiet_benign_library_messages()
-    config = parse_config(argv, prog, description, entry_recipe)
+    config, source = parse_config_and_source(argv, prog, description, entry_recipe)
     with raise_on_sigterm():
-        return _train(config, prog)
+        return _train(config, prog, source=source)
 
 
 def run_with_trainer(config: TrainConfig, prog: str, work: "Callable[[Trainer], object]") -> int:
@@ -62,7 +63,8 @@ def _by_mode(trainer: "Trainer") -> None:
         trainer.evaluate_checkpoint()
 
 
-def _train(config: TrainConfig, prog: str, work: "Callable[[Trainer], object]" = _by_mode) -> int:
+def _train(config: TrainConfig, prog: str, work: "Callable[[Trainer], object]" = _by_mode,
+           source: Optional["DataSource"] = None) -> int:
     # torch and torchrec load only now, after the flags: --help and bad flags answer in
     # a fraction of a second instead of the seconds they take to load.
     import torch.distributed as dist
@@ -78,7 +80,7 @@ def _train(config: TrainConfig, prog: str, work: "Callable[[Trainer], object]" =
     failed = agree_on_readiness(None)  # another rank's host may not be able to take part
     if failed is not None:
         return report(prog, failed, EXIT_BAD_INPUT)
-    code = run_cli(lambda: _run(config, prog, env, work), prog, report_bad_input)
+    code = run_cli(lambda: _run(config, prog, env, work, source), prog, report_bad_input)
     # Tear the process group down unless a rank failed: then a peer may be gone, and
     # gloo's teardown would block this rank and keep torchrun from restarting the job.
     # (Bad input, a non-finite loss and divergence are seen by every rank alike.)
@@ -92,7 +94,8 @@ def _train(config: TrainConfig, prog: str, work: "Callable[[Trainer], object]" =
     return code
 
 
-def _run(config: TrainConfig, prog: str, env: "DistributedEnv", work: "Callable[[Trainer], object]") -> int:
+def _run(config: TrainConfig, prog: str, env: "DistributedEnv", work: "Callable[[Trainer], object]",
+         source: Optional["DataSource"] = None) -> int:
     import torch.distributed as dist
 
     from sharding_plans import PlanDoesNotFit
@@ -100,7 +103,7 @@ def _run(config: TrainConfig, prog: str, env: "DistributedEnv", work: "Callable[
     from training.trainer import DivergedError, NonFiniteLossError, Trainer
 
     try:
-        trainer = Trainer(config, env)
+        trainer = Trainer(config, env, source)
     except PeerNotReady as e:  # another rank's line, which its host's log has: this host's too
         return report(prog, str(e), EXIT_BAD_INPUT)
     except BadInput as e:  # bad input, including an unusable checkpoint: run_cli reports it

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 
 from common.byte_sizes import format_bytes
 from common.url_paths import redacted
-from data.config import RANDOM_DATA_BATCHES, SPLITS, BatchLoader
-from data.sources import source_for
+from data.config import BatchLoader
+from data.sources import DataSource
 from models.config import ModelConfig
 from models.interactions import INTERACTIONS
 from training.config import TrainConfig
@@ -49,18 +49,8 @@ def _table_bytes(model: ModelConfig) -> int:
     return sum(model.num_embeddings_per_feature) * model.embedding_dim * model.embedding_bytes_per_element
 
 
-def _data_source(config: TrainConfig) -> str:
-    path = source_for(config.data).path
-    return redacted(path) if path else "random data"
-
-
-def split_rows(config: TrainConfig, dataset: Any, world_size: int) -> dict[str, int]:
-    """Rows of each split in the data (random data: what its batches hold), before
-    any --limit_*_batches."""
-    if dataset is None:
-        return {split: RANDOM_DATA_BATCHES[split] * world_size
-                * (config.data.batch_size if split == "train" else config.data.eval_batch_size) for split in SPLITS}
-    return {split: stop - start for split, (start, stop) in dataset.split_ranges().items()}
+def _data_source(source: DataSource) -> str:
+    return redacted(source.path) if source.path else "random data"
 
 
 def _outputs_line(config: TrainConfig) -> str:
@@ -94,17 +84,19 @@ class StartupReport:
     Args:
         config: the run's configuration.
         env: this process's rank, world and device.
+        source: the run's data source (the one the trainer opened).
 
     Example::
 
-        report = StartupReport(config, env)
+        report = StartupReport(config, env, source)
         report.before_setup(dataset)           # model, tables, data, ranks, outputs
         report.after_setup(plan, loaders, log)  # sharding and steps; the "startup" record
     """
 
-    def __init__(self, config: TrainConfig, env: DistributedEnv) -> None:
+    def __init__(self, config: TrainConfig, env: DistributedEnv, source: DataSource) -> None:
         self.config = config
         self.env = env
+        self.source = source
         self.facts: dict[str, Any] = {}
 
     def _say(self, lines: list[str]) -> None:
@@ -114,13 +106,13 @@ class StartupReport:
     def before_setup(self, dataset: Any) -> list[str]:
         """Prints (rank 0) and returns the lines known before the model is built."""
         config, model = self.config, self.config.model
-        rows = split_rows(config, dataset, self.env.world_size)
-        times = source_for(config.data).time_ranges(dataset)
+        rows = self.source.split_rows(dataset, self.env.world_size)
+        times = self.source.time_ranges(dataset)
         table_bytes = _table_bytes(model)
         self.facts = {
             "mode": config.mode, "interaction_type": model.interaction_type,
             "num_tables": len(model.num_embeddings_per_feature), "table_rows": sum(model.num_embeddings_per_feature),
-            "embedding_dim": model.embedding_dim, "table_bytes": table_bytes, "data": _data_source(config),
+            "embedding_dim": model.embedding_dim, "table_bytes": table_bytes, "data": _data_source(self.source),
             "split_rows": rows, "split_times": times, "world_size": self.env.world_size, "device": str(self.env.device),
             "amp": config.amp, "compile": config.compile, "embedding_precision": model.embedding_precision, "pipeline": config.pipeline,
             "log_path": config.log_path, "checkpoint_dir": config.checkpoint.checkpoint_dir,
@@ -130,7 +122,8 @@ class StartupReport:
             _model_line(model),
             f"tables: {len(model.num_embeddings_per_feature)} | {sum(model.num_embeddings_per_feature):,} rows x "
             f"{model.embedding_dim} | {format_bytes(table_bytes)} of {model.embedding_precision} weights",
-            f"data: {_data_source(config)} | rows: " + ", ".join(f"{s} {n:,}" for s, n in rows.items())
+            f"data: {_data_source(self.source)} | rows: "
+            + (", ".join(f"{s} {n:,}" for s, n in rows.items()) or "not known before reading")
             + f" | batch {config.data.batch_size} per rank",
             *([f"time ranges ({config.data.time_column}): " + ", ".join(
                 f"{s} {first} to before {end}" for s, (first, end) in times.items())] if times else []),

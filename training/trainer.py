@@ -1,7 +1,8 @@
 """The training loop: build, shard, train with the sparse-dist pipeline, evaluate.
 
-Read top to bottom: `Trainer.__init__` builds everything from the config (model on
-the meta device -> plan -> DistributedModelParallel -> optimizers -> loaders), `fit`
+Read top to bottom: `Trainer.__init__` builds everything from the config in named
+steps (data -> model on the meta device -> process group -> plan ->
+DistributedModelParallel and optimizers -> loaders -> checkpointing), `fit`
 runs the epochs, `evaluate` runs a split through its own pipeline.
 """
 
@@ -13,7 +14,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 from collections.abc import Iterator
 
 import torch
@@ -33,7 +34,7 @@ from common.calibration import Calibration
 from common.config_flags import Overrides, flag_of
 from common.errors import BadInput
 from data.config import BatchLoader
-from data.sources import source_for
+from data.sources import DataSource
 from models import build_dlrm_train
 from models.embedding_optimizer import attach_fused_embedding_optimizer
 from models.arch import align_to_sharded_embeddings, compile_dense_part
@@ -129,45 +130,91 @@ class Trainer:
         result = Trainer(config, resolve_env("auto")).fit()
     """
 
-    def __init__(self, config: TrainConfig, env: DistributedEnv) -> None:
+    def __init__(self, config: TrainConfig, env: DistributedEnv, source: Optional[DataSource] = None) -> None:
         self.config = config
         self.env = env
         # The data set, the checkpoint, the model and the plan file or constraints
-        # first: bad input fails on every rank alike, before any collective.
-        self.source = source_for(config.data)
-        self.data_source, self.data_features = self.source.name, self.source.describe()  # what checkpoints record
-        dataset = self.source.open(check_values=False)  # after the start-up block: it reads every file
-        # What serving needs of the data, recorded with every checkpoint: an export never opens it.
-        self.serving_layout, self.serving_facts = self.source.serving_layout, self.source.serving_facts(dataset)
-        self._dataset = dataset
-        # --rolling_windows N: the loaders of window 0 now, so that a source without
-        # time windows is refused before any collective; `_load_window` moves on.
-        self.rolling_windows = config.data.rolling_windows
-        self._loaded_window: Optional[int] = None
-        window_loaders = self._window_loaders(0) if self.rolling_windows else None
+        # first: bad input fails on every rank alike, before any collective. The run's
+        # one source: the flags built it (a config checked already gives it back).
+        self.source = source if source is not None else config.data.validate()
+        window_loaders = self._open_data()
         restore = find_restore_point(config)
-        flags = config.checkpoint
-        # Training with a checkpoint directory always saves there: at the end, at each
-        # new best validation, and at the cadence the saving flags set.
-        saves_checkpoints = bool(flags.checkpoint_dir) and config.mode == "train"
+        saves_checkpoints = self._check_the_run_can_be_done()
+        startup = StartupReport(config, env, self.source)
+        startup.before_setup(self._dataset)  # what is being built, before the seconds (or minutes) it takes
+        self.source.check_values(self._dataset)
+        model = self._build_model()
+        resumed_plan = restore.meta.plan if restore and restore.full else None
+        sharding = prepare_sharding(config, env, model, resumed_plan)
+        self._join_the_process_group()
+        plan, table_shapes = self._plan_the_sharding(model, sharding, resumed_plan, restore)
+        self._shard_the_model(model, plan, sharding, table_shapes, restore)
+        self.loaders: dict[str, BatchLoader] = window_loaders or self.source.loaders(
+            self._dataset, config.model.num_embeddings_per_feature, env.rank, env.world_size)
+        self._loaded_window = 0 if window_loaders else None
+        self._start_the_counters()
+        self._build_the_checkpointing(saves_checkpoints)
+        if restore is not None:
+            self.restore_from(restore)
+        elif config.checkpoint.resume:
+            self.log.print(f"--resume: {config.checkpoint.checkpoint_dir} holds no complete checkpoint; training "
+                           "starts from scratch")
+        self.train_pipeline = self._pipeline(config.pipeline, config.amp)  # after the restored step
+        # Counted once: with --rolling_windows the windows differ in length, and a
+        # denominator recomputed per window moved mid-run.
+        self.total_train_steps = self._total_train_steps()
+        startup.after_setup(self.plan, self.loaders, self.log, total_steps=self.total_train_steps)
+        self.log.record_config(config, env.world_size, str(env.device))  # whatever the work (--mode)
+        # Last, so that nothing above can fail with the lock held; released by `fit`
+        # (or `release_checkpoint_dir` when it fails).
+        directory = config.checkpoint.checkpoint_dir
+        self._checkpoint_lock = (lock_checkpoint_dir(directory, env.rank)  # type: ignore[arg-type]
+                                 if saves_checkpoints else None)
+
+    # The build steps of `__init__`, in its order.
+
+    def _open_data(self) -> Optional[dict[str, BatchLoader]]:
+        """Describes and opens the data (values are checked after the start-up block:
+        that reads every file); with --rolling_windows N, returns the loaders of
+        window 0, so that a source without time windows is refused before any
+        collective (`_load_window` moves on)."""
+        self.data_source, self.data_features = self.source.name, self.source.describe()  # what checkpoints record
+        self._dataset = self.source.open(check_values=False)
+        # What serving needs of the data, recorded with every checkpoint: an export never opens it.
+        self.serving_layout, self.serving_facts = self.source.serving_layout, self.source.serving_facts(self._dataset)
+        self.rolling_windows = self.config.data.rolling_windows
+        self._loaded_window: Optional[int] = None
+        return self._window_loaders(0) if self.rolling_windows else None
+
+    def _check_the_run_can_be_done(self) -> bool:
+        """Refuses a checkpoint directory it cannot write and a pipeline, precision or
+        compile this device cannot run; returns whether the run saves checkpoints.
+        Training with a checkpoint directory always saves there: at the end, at each
+        new best validation, and at the cadence the saving flags set."""
+        config, env = self.config, self.env
+        saves_checkpoints = bool(config.checkpoint.checkpoint_dir) and config.mode == "train"
         if saves_checkpoints:
-            check_writable(flags.checkpoint_dir)  # type: ignore[arg-type]
+            check_writable(config.checkpoint.checkpoint_dir)  # type: ignore[arg-type]
         check_pipeline_supported(config.pipeline, env.device, env.world_size)
         check_dense_precision(config.dense_precision, env.device, cpu_has_bf16_units())
         check_compile_supported(config.compile)
-        startup = StartupReport(config, env)
-        startup.before_setup(dataset)  # what is being built, before the seconds (or minutes) it takes
-        self.source.check_values(dataset)
-        # Model: identical dense init on every rank, world size and device (seeded here),
-        # tables on the meta device until sharded.
+        return saves_checkpoints
+
+    def _build_model(self) -> torch.nn.Module:
+        """The training model: identical dense init on every rank, world size and
+        device (seeded here), tables on the meta device until sharded."""
+        config = self.config
         torch.manual_seed(config.seed)
         self.weighted = config.data.weight_column is not None  # weighted loss and metrics
-        model = build_dlrm_train(config.model, dense_device=env.device, dropout=config.dropout,
+        model = build_dlrm_train(config.model, dense_device=self.env.device, dropout=config.dropout,
                                  weighted=self.weighted)
         attach_fused_embedding_optimizer(model.model.sparse_arch, config.optim)
-        resumed_plan = restore.meta.plan if restore and restore.full else None
-        sharding = prepare_sharding(config, env, model, resumed_plan)
+        return model
 
+    def _join_the_process_group(self) -> None:
+        """The process group (the first collective), the run log, and the device's
+        matmul settings."""
+        config, env = self.config, self.env
         self.process_group = init_process_group(env)
         self.log = RunLog(env.is_main, config.log_path, config.tensorboard_dir,
                           progress=config.print_progress or sys.stderr.isatty())
@@ -178,6 +225,12 @@ class Trainer:
         if env.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = config.allow_tf32
             torch.backends.cudnn.allow_tf32 = config.allow_tf32
+
+    def _plan_the_sharding(self, model: torch.nn.Module, sharding: Any, resumed_plan: Optional[dict],
+                           restore: Optional[RestorePoint]) -> tuple[Any, dict[str, tuple[int, int]]]:
+        """(the sharding plan, {table: (rows, dim)}); the plan checked against the
+        pipeline, the weight decay and a resumed checkpoint's plan."""
+        config, env = self.config, self.env
         plan, self.plan_estimates = sharding.plan(
             model,
             PlannerConfig(
@@ -190,7 +243,8 @@ class Trainer:
         )
         self.plan = plan_summary(plan)
         check_plan_for_pipeline(config.pipeline, self.plan, config.validation_freq_within_epoch is not None)
-        check_embedding_weight_decay(self.plan, env.device, config.optim.embedding_weight_decay)  # every rank has the plan
+        # every rank has the plan
+        check_embedding_weight_decay(self.plan, env.device, config.optim.embedding_weight_decay)
         if resumed_plan is not None:
             check_reshardable(resumed_plan, self.plan, f"checkpoint {restore.path}")  # type: ignore[union-attr]
         table_shapes = {t: (rows, config.model.embedding_dim)
@@ -198,7 +252,14 @@ class Trainer:
         if config.print_sharding_plan:
             self.log.print(format_sharding_plan(plan, env.world_size, table_shapes,
                                                 config.model.embedding_bytes_per_element))
-        # From here to the first step: what the tables and their optimizer state take.
+        return plan, table_shapes
+
+    def _shard_the_model(self, model: torch.nn.Module, plan: Any, sharding: Any,
+                         table_shapes: dict[str, tuple[int, int]], restore: Optional[RestorePoint]) -> None:
+        """The sharded model, its tables initialised (unless restored), its optimizer
+        and learning-rate schedule; what the tables and their optimizer state take is
+        measured from here to the first step."""
+        config, env = self.config, self.env
         plan_memory = PlanMemoryProbe(env.device)
         self._plan_memory: Optional[PlanMemoryProbe] = plan_memory  # None once logged
         # TorchRec's two draws of every shard are skipped: the tables are overwritten
@@ -226,9 +287,10 @@ class Trainer:
         self.optimizer = build_combined_optimizer(self.model, config.optim)
         plan_memory.built()
         self.schedule = WarmupPolyDecaySchedule(config.optim)
-        self.loaders: dict[str, BatchLoader] = window_loaders or self.source.loaders(
-            dataset, config.model.num_embeddings_per_feature, env.rank, env.world_size)
-        self._loaded_window = 0 if window_loaders else None
+
+    def _start_the_counters(self) -> None:
+        """Where training stands: step, data position, what was saved and validated."""
+        config = self.config
         self.step = 0
         self.start_epoch, self.start_batch = 0, 0  # where training (re)starts in the data
         self._saved_step = -1
@@ -246,27 +308,18 @@ class Trainer:
         self.stage = "training"  # or the split being evaluated, or "saving step N"
         self._train_seconds = 0.0
         self._train_records = 0
-        self.checkpoints = (CheckpointManager(flags.checkpoint_dir, flags.keep_last_n_checkpoints, env.rank,  # type: ignore[arg-type]
-                                              flags.async_checkpoint) if saves_checkpoints else None)
+
+    def _build_the_checkpointing(self, saves_checkpoints: bool) -> None:
+        """The checkpoint manager, the minute cadence and the best model's keeper."""
+        flags, rank = self.config.checkpoint, self.env.rank
+        self.checkpoints = (CheckpointManager(flags.checkpoint_dir,  # type: ignore[arg-type]
+                                              flags.keep_last_n_checkpoints, rank, flags.async_checkpoint)
+                            if saves_checkpoints else None)
         self.minute_cadence = (MinuteCadence(flags.checkpoint_every_n_minutes)
                                if saves_checkpoints and flags.checkpoint_every_n_minutes else None)
-        self.best = BestModel(config.early_stopping, self.checkpoints, env.rank)
+        self.best = BestModel(self.config.early_stopping, self.checkpoints, rank)
         self.weights_step: Optional[int] = None  # the step of the checkpoint whose weights were loaded
         self.weights_path: Optional[str] = None  # and its path
-        if restore is not None:
-            self.restore_from(restore)
-        elif flags.resume:
-            self.log.print(f"--resume: {flags.checkpoint_dir} holds no complete checkpoint; training starts from scratch")
-        self.train_pipeline = self._pipeline(config.pipeline, config.amp)  # after the restored step
-        # Counted once: with --rolling_windows the windows differ in length, and a
-        # denominator recomputed per window moved mid-run.
-        self.total_train_steps = self._total_train_steps()
-        startup.after_setup(self.plan, self.loaders, self.log, total_steps=self.total_train_steps)
-        self.log.record_config(config, env.world_size, str(env.device))  # whatever the work (--mode)
-        # Last, so that nothing above can fail with the lock held; released by `fit`
-        # (or `release_checkpoint_dir` when it fails).
-        self._checkpoint_lock = (lock_checkpoint_dir(flags.checkpoint_dir, env.rank)  # type: ignore[arg-type]
-                                 if saves_checkpoints else None)
 
     def release_checkpoint_dir(self) -> None:
         """Lets another run save into --checkpoint_dir."""

@@ -1,0 +1,347 @@
+"""Which Parquet columns mean what, and how a block of rows becomes model inputs.
+
+One `ParquetColumns` describes a click log's columns (label, dense, sparse, optional
+weight), the dense transform and how raw categorical values become embedding rows.
+The trainer's loader, the export's ``inputs.json``, the predictor and the HTTP endpoint
+all convert rows through `ParquetColumns.convert`, so training and serving cannot
+disagree (no train/serve skew).
+
+Column types accepted (checked on every file's schema by `ParquetColumns.check_schema`):
+- label: integer, boolean or floating; values 0 or 1.
+- dense: integer or floating, nullable (a null is 0, counted).
+- sparse: integers of any width, strings or binary (dictionary-encoded too), or lists of
+  these (multi-hot bags of any length, empty allowed); a null is a bag of length 0, a
+  null inside a list is left out of the bag.
+- weight: integer or floating, finite and not negative.
+
+Example::
+
+    columns = ParquetColumns(label="label", dense=("I1", "I2"), sparse=("C1",),
+                             table_sizes=(1000,))
+    block = columns.convert(pyarrow.parquet.read_table("day.parquet"))
+"""
+
+import fnmatch
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from common.errors import BadInput
+from data.parquet.id_hashing import embedding_rows, integer_keys, string_keys
+
+if TYPE_CHECKING:
+    from data.config import DataConfig
+    from data.sources import FeatureDescription
+
+
+class ColumnValueError(BadInput):
+    """A value the column must not hold. ``row`` is the row within the converted block;
+    the reader turns it into a message naming the file, row group, row and column."""
+
+    def __init__(self, column: str, row: int, what: str) -> None:
+        super().__init__(f"row {row} column {column}: {what}")
+        self.column, self.row, self.what = column, row, what
+
+
+@dataclass(frozen=True)
+class ConvertedRows:
+    """A block of rows as model inputs.
+
+    Args:
+        labels: float32 (N,), 0 or 1; None for rows converted without their label (serving).
+        dense: float32 (N, D), transformed.
+        ids: per sparse feature, int64 embedding rows of all its bags, concatenated.
+        lengths: int32 (F, N): the bag size of each feature and row.
+        weights: float32 (N,) or None.
+        dense_nulls: per dense feature, the nulls read as 0.
+        keys: per sparse feature, the 64-bit keys of its values before the table modulo
+            (what collision statistics count).
+    """
+
+    labels: Optional[np.ndarray]
+    dense: np.ndarray
+    ids: list[np.ndarray]
+    lengths: np.ndarray
+    weights: Optional[np.ndarray]
+    dense_nulls: np.ndarray
+    keys: list[np.ndarray]
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.dense)
+
+
+def resolve_column_patterns(patterns: Sequence[str], names: Sequence[str], flag: str) -> tuple[str, ...]:
+    """Column names matching ``patterns`` (exact names, or a prefix ending in ``*``
+    such as ``I*``), in the order given, each pattern's matches in schema order.
+
+    Raises:
+        BadInput: a pattern that matches no column (naming ``flag``), or a column
+            named twice.
+    """
+    chosen: list[str] = []
+    for pattern in patterns:
+        if pattern.endswith("*"):
+            matches = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        else:
+            matches = [pattern] if pattern in names else []
+        if not matches:
+            raise BadInput(f"{flag} {pattern}: no such column (the table has {', '.join(names)})")
+        for name in matches:
+            if name in chosen:
+                raise BadInput(f"{flag}: column {name} given twice")
+            chosen.append(name)
+    return tuple(chosen)
+
+
+# What a sparse column holds, as the id hashing sees it (`sparse_value_type`): integers
+# and strings (binary too) hash differently, so serving must read the type training read.
+SPARSE_VALUE_TYPES = ("integer", "string", "integer_list", "string_list")
+
+
+def sparse_value_type(t: pa.DataType) -> str:
+    """The `SPARSE_VALUE_TYPES` entry of a sparse column's Arrow type (one
+    `check_schema` accepts)."""
+    listed = pa.types.is_list(t) or pa.types.is_large_list(t)
+    return ("integer" if _is_integer_id(t) else "string") + ("_list" if listed else "")
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+
+def _is_id(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+            or pa.types.is_binary(t) or pa.types.is_large_binary(t))
+
+
+def _is_integer_id(t: pa.DataType) -> bool:
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        t = t.value_type
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return pa.types.is_integer(t)
+
+
+def _is_id_list(t: pa.DataType) -> bool:
+    return (pa.types.is_list(t) or pa.types.is_large_list(t)) and _is_id(t.value_type)
+
+
+def _keys(values: pa.Array) -> np.ndarray:
+    """The 64-bit keys (data.parquet.id_hashing) of a flat array of ids without nulls."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if pa.types.is_dictionary(values.type):
+        return _keys(values.dictionary)[values.indices.to_numpy(zero_copy_only=False)]
+    if pa.types.is_integer(values.type):
+        return integer_keys(values.to_numpy(zero_copy_only=False))
+    if pa.types.is_string(values.type) or pa.types.is_binary(values.type):
+        values = values.cast(pa.large_binary())
+    elif pa.types.is_large_string(values.type):
+        values = values.cast(pa.large_binary())
+    _, offsets, data = values.buffers()
+    offset_array = np.frombuffer(offsets, dtype=np.int64)[values.offset : values.offset + len(values) + 1]
+    data_array = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+    return string_keys(data_array, offset_array)
+
+
+@dataclass(frozen=True)
+class ParquetColumns:
+    """Which columns mean what and how rows become model inputs (the flags
+    ``--label_column``, ``--dense_columns``, ``--sparse_columns``, ``--weight_column``,
+    ``--dense_transform``, ``--id_hashing``, the table sizes), with patterns resolved.
+
+    Args:
+        label: the 0/1 label column.
+        dense: the numerical columns, in model order.
+        sparse: the categorical columns, in model order.
+        table_sizes: embedding rows of each sparse feature (the hash modulo).
+        weight: the per-row sample weight column, or None.
+        dense_transform: "log1p" (negative values clamped to 0 first, as Criteo's
+            preprocessing does) or "none".
+        id_hashing: "hash" (data.parquet.id_hashing) or "modulo" (integer ids, not negative,
+            taken modulo the table size: ids a pipeline has already mapped).
+        hash_seed: the seed of the hash.
+    """
+
+    label: str
+    dense: tuple[str, ...]
+    sparse: tuple[str, ...]
+    table_sizes: tuple[int, ...]
+    weight: Optional[str] = None
+    dense_transform: str = "log1p"
+    id_hashing: str = "hash"
+    hash_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.table_sizes) != len(self.sparse):
+            raise ValueError(f"{len(self.sparse)} sparse columns but {len(self.table_sizes)} table sizes")
+
+    @classmethod
+    def from_flags(cls, config: "DataConfig", description: "FeatureDescription",
+                   table_sizes: Sequence[int]) -> "ParquetColumns":
+        """The columns the data flags name, with the features of ``description``
+        (`data.sources.ParquetSource.describe`: patterns resolved) and the model's
+        table sizes."""
+        return cls(label=config.label_column, dense=tuple(description.dense_feature_names),
+                   sparse=tuple(description.sparse_feature_names), table_sizes=tuple(int(s) for s in table_sizes),
+                   weight=config.weight_column, dense_transform=config.dense_transform,
+                   id_hashing=config.id_hashing, hash_seed=config.hash_seed)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every column read, label first."""
+        return (self.label,) + self.dense + self.sparse + ((self.weight,) if self.weight else ())
+
+    def check_schema(self, schema: pa.Schema, where: str, labelled: bool = True) -> None:
+        """Refuses a file whose schema lacks a column or gives one a type it cannot
+        have (``where``: the file, for the message; without ``labelled`` the label
+        column is not needed).
+
+        Raises:
+            BadInput: ``"<where>: column C: ..."``.
+        """
+        kinds = [(self.label, "label", _is_number, "an integer, boolean or floating 0/1 label")] if labelled else []
+        kinds += [(c, "dense", _is_number, "integers or floats") for c in self.dense]
+        kinds += [(c, "sparse", lambda t: _is_id(t) or _is_id_list(t),
+                   "integer or string ids, or lists of them") for c in self.sparse]
+        if self.weight:
+            kinds.append((self.weight, "weight", _is_number, "integer or floating weights"))
+        for column, role, accepts, expected in kinds:
+            index = schema.get_field_index(column)
+            if index < 0:
+                raise BadInput(f"{where}: no column {column} (the {role} column; the file has "
+                               f"{', '.join(schema.names)})")
+            kind = schema.field(index).type
+            if role == "label" and pa.types.is_boolean(kind):
+                continue
+            if role == "sparse" and self.id_hashing == "modulo" and not _is_integer_id(kind):
+                raise BadInput(f"{where}: column {column} is {kind}, but --id_hashing modulo takes integer ids "
+                               "(use --id_hashing hash for raw values)")
+            if not accepts(kind):
+                raise BadInput(f"{where}: column {column} is {kind}, but a {role} column holds {expected}")
+
+    def convert(self, rows: pa.Table, labelled: bool = True) -> ConvertedRows:
+        """The model inputs of a block of rows (a Table or RecordBatch with the columns;
+        without ``labelled``, the label column is neither needed nor read).
+
+        Raises:
+            ColumnValueError: a label not 0/1, a NaN or infinite dense value, a
+                negative or non-finite weight, naming the row within ``rows``.
+        """
+        labels = self._labels(rows.column(self.label)) if labelled else None
+        dense_columns, nulls = [], []
+        for name in self.dense:
+            values, null_count = self._dense(name, rows.column(name))
+            dense_columns.append(values)
+            nulls.append(null_count)
+        dense = (np.stack(dense_columns, axis=1) if dense_columns
+                 else np.zeros((rows.num_rows, 0), dtype=np.float32))
+        ids, lengths, keys = [], np.zeros((len(self.sparse), rows.num_rows), dtype=np.int32), []
+        for f, (name, size) in enumerate(zip(self.sparse, self.table_sizes)):
+            feature_keys, lengths[f] = self._bags(rows.column(name))
+            keys.append(feature_keys)
+            ids.append(self._rows(name, feature_keys, lengths[f], size))
+        weights = self._weights(rows.column(self.weight)) if self.weight else None
+        return ConvertedRows(labels, dense, ids, lengths, weights, np.array(nulls, dtype=np.int64), keys)
+
+    def check_values(self, rows: pa.Table) -> None:
+        """The checks of `convert` without the conversion's output: labels, dense values,
+        weights, and (``--id_hashing modulo``) ids not negative.
+
+        Raises:
+            ColumnValueError: as `convert`.
+        """
+        self._labels(rows.column(self.label))
+        for name in self.dense:
+            self._finite_dense(name, rows.column(name))
+        if self.id_hashing == "modulo":
+            for name in self.sparse:
+                self._check_not_negative(name, *self._bags(rows.column(name)))
+        if self.weight:
+            self._weights(rows.column(self.weight))
+
+    def _rows(self, name: str, keys: np.ndarray, lengths: np.ndarray, table_size: int) -> np.ndarray:
+        if self.id_hashing == "hash":
+            return embedding_rows(keys, self.hash_seed, table_size)
+        self._check_not_negative(name, keys, lengths)
+        return keys.view(np.int64) % table_size
+
+    @staticmethod
+    def _check_not_negative(name: str, keys: np.ndarray, lengths: np.ndarray) -> None:
+        """--id_hashing modulo: the ids (``keys`` as int64) of the bags are not negative."""
+        ids = keys.view(np.int64)
+        if len(ids) and ids.min() < 0:
+            first = int(np.argmax(ids < 0))
+            row = int(np.searchsorted(np.cumsum(lengths), first, side="right"))
+            raise ColumnValueError(name, row, f"id {int(ids[first])} is negative (--id_hashing modulo)")
+
+    def _labels(self, column: pa.ChunkedArray) -> np.ndarray:
+        if column.null_count:
+            raise ColumnValueError(self.label, _first_null(column), "label is null (labels are 0 or 1)")
+        values = column.to_numpy().astype(np.float64)
+        bad = ~((values == 0) | (values == 1))
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise ColumnValueError(self.label, row, f"label {values[row]:g} is not 0 or 1")
+        return values.astype(np.float32)
+
+    def _dense(self, name: str, column: pa.ChunkedArray) -> tuple[np.ndarray, int]:
+        """(float32 values transformed, nulls read as 0)."""
+        values, null_count = self._finite_dense(name, column)
+        if self.dense_transform == "log1p":
+            values = np.log1p(np.maximum(values, 0.0))
+        return values.astype(np.float32), null_count
+
+    @staticmethod
+    def _finite_dense(name: str, column: pa.ChunkedArray) -> tuple[np.ndarray, int]:
+        """(float64 values with nulls as 0, null count); refuses NaN and infinity."""
+        null_count = column.null_count
+        values = pc.fill_null(column, 0).to_numpy().astype(np.float64) if null_count else \
+            column.to_numpy().astype(np.float64)
+        finite = np.isfinite(values)
+        if not finite.all():
+            row = int(np.argmin(finite))
+            raise ColumnValueError(name, row, f"dense value {values[row]} is not finite")
+        return values, null_count
+
+    def _weights(self, column: pa.ChunkedArray) -> np.ndarray:
+        assert self.weight is not None
+        if column.null_count:
+            raise ColumnValueError(self.weight, _first_null(column), "weight is null")
+        values = column.to_numpy().astype(np.float64)
+        good = np.isfinite(values) & (values >= 0)
+        if not good.all():
+            row = int(np.argmin(good))
+            raise ColumnValueError(self.weight, row, f"weight {values[row]} is not finite and >= 0")
+        return values.astype(np.float32)
+
+    @staticmethod
+    def _bags(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+        """(keys of every id, bag length per row): a null is an empty bag; a list's
+        null elements are left out."""
+        array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
+            lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False)
+            flat = pc.list_flatten(array)  # skips null lists; keeps null elements
+            if flat.null_count:
+                valid = pc.is_valid(flat).to_numpy(zero_copy_only=False)
+                row_of = np.repeat(np.arange(len(lengths)), lengths)
+                lengths = lengths - np.bincount(row_of[~valid], minlength=len(lengths))
+                flat = flat.filter(pa.array(valid))
+            return _keys(flat), lengths.astype(np.int32)
+        if not array.null_count:
+            return _keys(array), np.ones(len(array), dtype=np.int32)
+        valid = pc.is_valid(array).to_numpy(zero_copy_only=False)
+        return _keys(array.filter(pa.array(valid))), valid.astype(np.int32)
+
+
+def _first_null(column: pa.ChunkedArray) -> int:
+    return int(np.argmax(pc.is_null(column).to_numpy(zero_copy_only=False)))
+

@@ -1,0 +1,136 @@
+"""How many raw values each categorical feature has, and how many share an embedding row.
+
+With ``--id_hashing hash`` distinct raw values can land on the same embedding row (a
+hash collision): the model cannot tell them apart. `CollisionCounter` counts, per
+feature, the distinct values seen and the fraction of them that share their row with
+another seen value.
+
+Exact while a feature has at most ``exact_cap`` distinct values (the set of their
+64-bit keys is kept). Beyond it the counter keeps a hash sample: only keys whose
+sampling hash (data.parquet.id_hashing.hashed with `SAMPLING_SEED`) has its top ``level``
+bits 0, ``level`` growing by one each time the sample outgrows the cap; the distinct
+count is then ``sample size * 2**level`` (standard error about
+``1 / sqrt(sample size)``), and the colliding fraction the expected one for that many
+values spread uniformly over the table: ``1 - (1 - 1/rows)**(distinct - 1)``.
+"""
+
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+
+from data.parquet.id_hashing import embedding_rows, hashed
+
+# Distinct values per feature counted exactly (8 bytes each).
+EXACT_DISTINCT_CAP = 1 << 16
+# The seed of the sampling hash (not the embedding hash's, so that the sample is not
+# biased towards some embedding rows).
+SAMPLING_SEED = 0x5A3D1E
+_MERGE_EVERY = 1 << 18  # (sampled) keys buffered before they are merged into the set
+
+
+class CollisionCounter:
+    """Distinct values and colliding fraction per feature (thread-safe: the loader's
+    reading thread adds, the trainer reads).
+
+    Args:
+        names: the sparse features.
+        table_sizes: embedding rows of each.
+        id_hashing: "hash" or "modulo" (data.parquet.columns.ParquetColumns).
+        hash_seed: the seed of the embedding hash.
+        exact_cap: distinct values per feature kept exactly.
+
+    Example::
+
+        counter = CollisionCounter(["C1"], [1000], "hash", 0)
+        counter.add([keys])
+        counter.statistics()  # {"C1": {"distinct": 812, "colliding_fraction": 0.33, "exact": True}}
+    """
+
+    def __init__(self, names: Sequence[str], table_sizes: Sequence[int], id_hashing: str, hash_seed: int,
+                 exact_cap: int = EXACT_DISTINCT_CAP) -> None:
+        self._names = list(names)
+        self._sizes = list(table_sizes)
+        self._id_hashing, self._seed, self._cap = id_hashing, hash_seed, exact_cap
+        self._kept = [np.zeros(0, dtype=np.uint64) for _ in names]
+        self._pending: list[list[np.ndarray]] = [[] for _ in names]
+        self._pending_count = [0] * len(names)
+        self._level = [0] * len(names)
+        self._lock = threading.Lock()
+
+    def add(self, keys: Sequence[np.ndarray]) -> None:
+        """The keys (uint64, data.parquet.id_hashing) of one block of rows, one array per feature."""
+        with self._lock:
+            for f, values in enumerate(keys):
+                # Sampled as they come: past the cap, sorting is paid for the sample only.
+                sample = self._sampled(f, np.asarray(values, dtype=np.uint64))
+                self._pending[f].append(sample)
+                self._pending_count[f] += len(sample)
+                if self._pending_count[f] >= _MERGE_EVERY:
+                    self._merge(f)
+
+    def _sampled(self, f: int, values: np.ndarray) -> np.ndarray:
+        if self._level[f] == 0:
+            return values
+        return values[(hashed(values, SAMPLING_SEED) >> np.uint64(64 - self._level[f])) == 0]
+
+    def _merge(self, f: int) -> None:
+        fresh = [self._kept[f]] + [self._sampled(f, p) for p in self._pending[f]]
+        self._pending[f], self._pending_count[f] = [], 0
+        kept = _distinct(np.concatenate(fresh))
+        while len(kept) > self._cap:
+            self._level[f] += 1
+            kept = self._sampled(f, kept)
+        self._kept[f] = kept
+
+    def _rows(self, f: int, keys: np.ndarray) -> np.ndarray:
+        if self._id_hashing == "hash":
+            return embedding_rows(keys, self._seed, self._sizes[f])
+        return keys.view(np.int64) % self._sizes[f]
+
+    def statistics(self) -> dict[str, dict[str, object]]:
+        """{feature: {"distinct": values seen, "colliding_fraction": share of them whose
+        embedding row another seen value also has, "exact": not estimated}}."""
+        result: dict[str, dict[str, object]] = {}
+        with self._lock:
+            for f, name in enumerate(self._names):
+                self._merge(f)
+                kept, level = self._kept[f], self._level[f]
+                if level == 0:
+                    colliding = _sharing(self._rows(f, kept))
+                    fraction = colliding / len(kept) if len(kept) else 0.0
+                    result[name] = {"distinct": int(len(kept)), "colliding_fraction": fraction, "exact": True}
+                    continue
+                distinct = int(len(kept)) << level
+                fraction = 1.0 - (1.0 - 1.0 / self._sizes[f]) ** (distinct - 1)
+                result[name] = {"distinct": distinct, "colliding_fraction": fraction, "exact": False}
+        return result
+
+
+def collision_summary(statistics: dict[str, dict[str, object]], shown: int = 3) -> str:
+    """One line of `CollisionCounter.statistics`: the features whose values share rows
+    most, e.g. ``id collisions: C3 41.2% of 1,203,554 values (estimated), C7 ...``."""
+    if not statistics:
+        return "id collisions: no categorical values counted yet"
+    worst = sorted(statistics.items(), key=lambda item: -float(item[1]["colliding_fraction"]))[:shown]  # type: ignore[arg-type]
+    parts = [f"{name} {float(s['colliding_fraction']):.1%} of {int(s['distinct']):,} values"  # type: ignore[arg-type]
+             f"{'' if s['exact'] else ' (estimated)'}" for name, s in worst]
+    return (f"id collisions (share of a feature's distinct values on a row another also has; this rank's "
+            f"training rows, highest {len(worst)} of {len(statistics)} features): {', '.join(parts)}")
+
+
+# np.unique hashes before it sorts (numpy 2.4): 15x slower than a sort on 2M uint64 here.
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct values, sorted."""
+    ordered = np.sort(values)
+    return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))] if len(ordered) else ordered
+
+
+def _sharing(rows: np.ndarray) -> int:
+    """How many of ``rows`` (one per distinct value) equal another of them."""
+    ordered = np.sort(rows)
+    same_as_next = ordered[1:] == ordered[:-1]
+    shared = np.zeros(len(ordered), dtype=bool)
+    shared[1:] |= same_as_next
+    shared[:-1] |= same_as_next
+    return int(shared.sum())

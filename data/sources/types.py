@@ -1,0 +1,219 @@
+"""The nouns every data source shares: `DataSource` (what a source is),
+`FeatureDescription` (what its rows hold), `BatchLoader` (what it hands the trainer).
+
+Below the registry (data/sources/__init__.py) and every source module, which import
+it; it imports neither of them, nor data.config (DataConfig, above it, holds the
+sources' flags), nor torch.
+"""
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Optional, Protocol
+
+from common.config_flags import FlagError, option
+from common.json_fields import FileFieldError, JsonObject, int_list, optional, text_list
+
+# The splits every source hands the trainer a loader of.
+SPLITS = ("train", "validation", "test")
+
+if TYPE_CHECKING:
+    from torchrec.datasets.utils import Batch
+
+    from data.config import DataConfig
+
+
+class BatchLoader(Protocol):
+    """What the trainer needs of a split's loader."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator["Batch"]: ...
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None: ...
+
+
+@dataclass(frozen=True)
+class FeatureDescription:
+    """What a source's rows hold, as the model and the export need it.
+
+    Args:
+        dense_feature_names: the numerical features, in column order.
+        sparse_feature_names: the categorical features, in column order.
+        cardinalities: table rows the data's ids need (ids are below them); None when
+            the table-size flags decide (random data, Criteo without metadata.json,
+            hashed raw values).
+        hotness: ids per row of each categorical feature when fixed; None when one-hot
+            or of varying length.
+    """
+
+    dense_feature_names: tuple[str, ...]
+    sparse_feature_names: tuple[str, ...]
+    cardinalities: Optional[tuple[int, ...]] = None
+    hotness: Optional[tuple[int, ...]] = None
+
+    @property
+    def num_dense_features(self) -> int:
+        return len(self.dense_feature_names)
+
+    @classmethod
+    def read(cls, recorded: JsonObject) -> "FeatureDescription":
+        """What ``dataclasses.asdict`` of one gave, as JSON (a checkpoint's meta.json
+        records it), checked field by field.
+
+        Raises:
+            FileFieldError: one line naming the file and the field.
+        """
+        sparse = recorded.get("sparse_feature_names", text_list())
+        per_feature = optional(int_list(len(sparse), minimum=1))
+        description = cls(tuple(recorded.get("dense_feature_names", text_list(allow_empty=True))), tuple(sparse),
+                          as_tuple(recorded.get("cardinalities", per_feature)), as_tuple(recorded.get("hotness", per_feature)))
+        if len(set(sparse)) != len(sparse):
+            raise FileFieldError(f"{recorded.path}: {recorded.where}.sparse_feature_names has a name twice")
+        return description
+
+
+def as_tuple(values: Optional[list[int]]) -> Optional[tuple[int, ...]]:
+    return None if values is None else tuple(values)
+
+
+def as_tuple(values: Optional[list[int]]) -> Optional[tuple[int, ...]]:
+    return None if values is None else tuple(values)
+
+
+class DataSource(ABC):
+    """One kind of data: its flags, its feature description, its files and loaders.
+
+    Args:
+        config: the data flags; ``config.source_options`` is this source's `options`.
+    """
+
+    # Unique key in `SOURCES`.
+    name: ClassVar[str]
+    # Its flags: a dataclass of `common.config_flags.flag` fields, each with a default
+    # (the registry adds them to DataConfig's; given with another source, refused).
+    options: ClassVar[type[Any]]
+    # The field of `options` whose flag names this source's data (giving it chooses
+    # this source); None: chosen when no path is given (random data).
+    path_field: ClassVar[Optional[str]]
+    # The serving input layout (a key of serving.layouts.LAYOUTS) of a model
+    # trained on it.
+    serving_layout: ClassVar[str]
+    # Whether its rows can carry sample weights (--weight_column).
+    has_weights: ClassVar[bool] = False
+    # Whether its labels can be predicted at all (random data's are coin flips): the
+    # end-of-run divergence check (training/divergence.py) compares with a constant predictor.
+    labels_carry_signal: ClassVar[bool] = True
+    def __init__(self, config: "DataConfig") -> None:
+        self.config = config
+
+    @property
+    def path(self) -> Optional[str]:
+        return getattr(self.config.source_options, self.path_field) if self.path_field else None
+
+    def check_flags(self) -> None:
+        """Refuses flag combinations this source cannot honour (FlagError, one line);
+        `DataConfig.validate` calls it after the checks every source shares (another
+        source's flags cannot be set: DataConfig holds this source's only). A source
+        checks its path, then calls this."""
+        config = self.config
+        if config.multi_hot_sizes is not None:
+            self.check_multi_hot_sizes()
+
+    def check_multi_hot_sizes(self) -> None:
+        """--multi_hot_sizes is given: refused unless the source expands one-hot ids."""
+        raise FlagError(f"{option(self.config, 'multi_hot_sizes')} expands one-hot Criteo data, "
+                        f"not {self.name} data")
+
+    def serving_facts(self, dataset: Any) -> dict[str, Any]:
+        """What a model trained on this data needs at serving besides `describe`'s
+        features, read from what `open` returned (JSON values): a checkpoint's meta.json
+        records it, so that an export never opens the training data again. Its fields
+        are those the serving input layout (``serving_layout``) reads; {} for none."""
+        return {}
+
+    @abstractmethod
+    def describe(self) -> FeatureDescription:
+        """The features, from the source's own description (spec, metadata, schema),
+        without reading the data.
+
+        Raises:
+            BadInput: one line naming the file.
+        """
+
+    @abstractmethod
+    def open(self, check_values: bool = True) -> Any:
+        """The data set (files opened and checked against their layout); with
+        ``check_values``, `check_values` too.
+
+        Raises:
+            BadInput: one line naming the file (and row and column of a bad value).
+        """
+
+    def check_values(self, dataset: Any) -> None:
+        """Checks every value of what `open` returned where the source can do it up
+        front (the trainer calls it after its start-up report: it may read every file);
+        a source that checks values as it reads them does nothing here.
+
+        Raises:
+            BadInput: one line naming the file, row and column of a bad value.
+        """
+
+    @abstractmethod
+    def loaders(self, dataset: Any, num_embeddings_per_feature: list[int], rank: int,
+                world_size: int) -> dict[str, BatchLoader]:
+        """One loader per split ("train", "validation", "test") for this rank, from
+        what `open` returned."""
+
+    def split_rows(self, dataset: Any, world_size: int) -> dict[str, int]:
+        """Rows of each split of what `open` returned, before any --limit_*_batches
+        (the start-up report prints them); {} when the source does not know them
+        before reading."""
+        return {}
+
+    def time_ranges(self, dataset: Any) -> dict[str, tuple[str, str]]:
+        """{split: (first time, end time exclusive)} of what `open` returned, for data
+        split by time (with --rolling_windows N the splits are the windows "window 0"
+        ... "window N"); {} otherwise (the start-up report prints them)."""
+        return {}
+
+    def statistics(self, train_loader: BatchLoader) -> Optional[tuple[dict[str, Any], str]]:
+        """What the trainer logs of the data once per evaluation, from this rank's
+        training loader: (the run log record's fields, one console line); None when
+        the source counts nothing."""
+        return None
+
+    def window_loaders(self, dataset: Any, window: int, num_windows: int, num_embeddings_per_feature: list[int],
+                       rank: int, world_size: int) -> dict[str, BatchLoader]:
+        """``--rolling_windows N`` (``num_windows`` = N + 1 consecutive time windows):
+        {"train": window ``window``, "validation": window ``window + 1``}."""
+        raise FlagError(f"--rolling_windows needs time-ordered data (--parquet_path with --time_column), "
+                        f"not {self.name} data")
+
+
+class BinaryFilesSource(DataSource):
+    """The sources whose files data/binary/criteo.py and data/binary/split.py read and
+    data/batching/loaders.py batches (Criteo day binaries, MLPerf multi-hot, split_binary
+    feature specs)."""
+
+    @abstractmethod
+    def _dataset(self) -> Any:
+        """The files opened and checked against their layout."""
+
+    def open(self, check_values: bool = True) -> Any:
+        dataset = self._dataset()
+        if check_values:
+            self.check_values(dataset)
+        return dataset
+
+    def split_rows(self, dataset: Any, world_size: int) -> dict[str, int]:
+        return {split: stop - start for split, (start, stop) in dataset.split_ranges().items()}
+
+    def check_values(self, dataset: Any) -> None:
+        from data.batching.loaders import check_dataset_values
+        check_dataset_values(self.config, dataset)
+
+    def loaders(self, dataset: Any, num_embeddings_per_feature: list[int], rank: int,
+                world_size: int) -> dict[str, BatchLoader]:
+        from data.batching.loaders import build_loaders
+        return build_loaders(self.config, dataset, num_embeddings_per_feature, rank, world_size)

@@ -14,10 +14,10 @@ from data.binary.criteo_layout import NUM_SPARSE_FEATURES
 from data.sources import SOURCE_OPTIONS, DEFAULT_SOURCE, check_source_flags, chosen_source, refuse_flag_of_other_source
 from data.sources.parquet import DENSE_TRANSFORMS, ID_HASHING  # noqa: F401  (their old home)
 from data.sources.random import RANDOM_DATA_BATCHES  # noqa: F401  (its old home)
-from data.sources.types import SPLITS, BatchLoader, DataSource  # noqa: F401  (BatchLoader's old home)
+from data.sources.types import (  # noqa: F401  (BatchLoader's and MULTI_HOT_DISTRIBUTIONS' old home)
+    MULTI_HOT_DISTRIBUTIONS, SPLITS, BatchLoader, DataSource)
 
 # Offsets of the extra ids of --multi_hot_sizes bags (data/batching/multi_hot.py draws them).
-MULTI_HOT_DISTRIBUTIONS = ("uniform", "pareto")
 
 DATASET_NAMES = ("criteo_1t", "criteo_kaggle")
 

@@ -1,18 +1,21 @@
 """The per-rank loaders of the binary data sets and of random data (the sources of
 data/sources/ that open them call these)."""
 
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
-from data.config import RANDOM_DATA_BATCHES, SPLITS, BatchLoader, DataConfig
 from data.binary.criteo import CriteoBinaryDataset, CriteoBinaryLoader
 from data.binary.criteo_layout import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES
 from data.batching.multi_hot import MultiHotExpander
 from data.synthetic.random_data import RandomCriteoLoader
 from data.binary.split import SplitBinaryDataset
 from data.batching.value_checks import check_value_files
+from data.sources.types import RANDOM_DATA_BATCHES, SPLITS, BatchLoader
+
+if TYPE_CHECKING:  # the flags' module imports the sources, whose loaders are these
+    from data.config import DataConfig
 
 
-def check_dataset_values(config: DataConfig,
+def check_dataset_values(config: "DataConfig",
                          dataset: Optional[Union[CriteoBinaryDataset, SplitBinaryDataset]]) -> None:
     """Unless ``mmap_mode`` (whose loaders check each batch as they read it), checks
     every value: labels 0 or 1, finite dense values, ids from 0 to the declared
@@ -26,7 +29,7 @@ def check_dataset_values(config: DataConfig,
 
 
 def build_loaders(
-    config: DataConfig,
+    config: "DataConfig",
     dataset: Optional[Union[CriteoBinaryDataset, SplitBinaryDataset]],
     num_embeddings_per_feature: list[int],
     rank: int,

@@ -20,7 +20,7 @@ import numpy as np
 
 from common.atomic import atomic_path
 from common.errors import BadInput
-from data.config import MULTI_HOT_DISTRIBUTIONS
+from data.sources.types import MULTI_HOT_DISTRIBUTIONS
 _OFFSET_ROWS = 65536
 
 

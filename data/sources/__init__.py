@@ -38,7 +38,8 @@ from data.sources.criteo_binary import CriteoDays, CriteoMultiHotDays
 from data.sources.parquet import ParquetSource
 from data.sources.random import RandomData
 from data.sources.split_binary import SplitBinarySpec
-from data.sources.types import BatchLoader, BinaryFilesSource, DataSource, FeatureDescription
+from data.sources.binary_files import BinaryFilesSource
+from data.sources.types import BatchLoader, DataSource, FeatureDescription
 
 if TYPE_CHECKING:
     from data.config import DataConfig
@@ -60,7 +61,7 @@ def _directories_on_the_path() -> list[str]:
 
 __path__ = [*__path__, *_directories_on_the_path()]
 
-_NOT_SOURCES = ("types",)
+_NOT_SOURCES = ("types", "binary_files")
 
 
 def _sources_of(module: ModuleType) -> list[type[DataSource]]:

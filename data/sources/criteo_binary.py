@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from common.config_flags import FlagError, flag, option
-from data.sources.types import BinaryFilesSource, FeatureDescription, as_tuple
+from data.sources.binary_files import BinaryFilesSource
+from data.sources.types import FeatureDescription, as_tuple
 
 if TYPE_CHECKING:
     from data.config import DataConfig

@@ -7,10 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from data.sources.criteo_binary import check_multi_hot_expansion, criteo_description
-from data.sources.types import SPLITS, BatchLoader, DataSource, FeatureDescription
-
-# Epoch lengths of random data when no --limit_*_batches is given.
-RANDOM_DATA_BATCHES = {"train": 1000, "validation": 100, "test": 100}
+from data.sources.types import RANDOM_DATA_BATCHES, SPLITS, BatchLoader, DataSource, FeatureDescription
 
 
 @dataclass

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from common.config_flags import FlagError, flag, option
-from data.sources.types import BinaryFilesSource, FeatureDescription
+from data.sources.binary_files import BinaryFilesSource
+from data.sources.types import FeatureDescription
 
 
 @dataclass

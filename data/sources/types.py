@@ -17,6 +17,13 @@ from common.json_fields import FileFieldError, JsonObject, int_list, optional, t
 # The splits every source hands the trainer a loader of.
 SPLITS = ("train", "validation", "test")
 
+# Epoch lengths of random data when no --limit_*_batches is given (its source's row
+# counts and data/batching/loaders.py's loaders).
+RANDOM_DATA_BATCHES = {"train": 1000, "validation": 100, "test": 100}
+
+# --multi_hot_sizes' choices of where a bag's extra ids lie (data/batching/multi_hot.py).
+MULTI_HOT_DISTRIBUTIONS = ("uniform", "pareto")
+
 if TYPE_CHECKING:
     from torchrec.datasets.utils import Batch
 
@@ -189,31 +196,3 @@ class DataSource(ABC):
         {"train": window ``window``, "validation": window ``window + 1``}."""
         raise FlagError(f"--rolling_windows needs time-ordered data (--parquet_path with --time_column), "
                         f"not {self.name} data")
-
-
-class BinaryFilesSource(DataSource):
-    """The sources whose files data/binary/criteo.py and data/binary/split.py read and
-    data/batching/loaders.py batches (Criteo day binaries, MLPerf multi-hot, split_binary
-    feature specs)."""
-
-    @abstractmethod
-    def _dataset(self) -> Any:
-        """The files opened and checked against their layout."""
-
-    def open(self, check_values: bool = True) -> Any:
-        dataset = self._dataset()
-        if check_values:
-            self.check_values(dataset)
-        return dataset
-
-    def split_rows(self, dataset: Any, world_size: int) -> dict[str, int]:
-        return {split: stop - start for split, (start, stop) in dataset.split_ranges().items()}
-
-    def check_values(self, dataset: Any) -> None:
-        from data.batching.loaders import check_dataset_values
-        check_dataset_values(self.config, dataset)
-
-    def loaders(self, dataset: Any, num_embeddings_per_feature: list[int], rank: int,
-                world_size: int) -> dict[str, BatchLoader]:
-        from data.batching.loaders import build_loaders
-        return build_loaders(self.config, dataset, num_embeddings_per_feature, rank, world_size)

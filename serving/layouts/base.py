@@ -117,7 +117,8 @@ class Checkpoint:
         field = SOURCES[self.meta.source_name].path_field
         if self.training_data is None or field is None:
             return data
-        return dataclasses.replace(data, **{field: self.training_data})
+        options = dataclasses.replace(data.source_options, **{field: self.training_data})
+        return dataclasses.replace(data, source_options=options)
 
     def data_again(self, read: Callable[[DataConfig], T]) -> T:
         """``read`` of the training data, for a checkpoint whose meta.json records

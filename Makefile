@@ -1,6 +1,7 @@
 # One-command set-up: `make train` trains DLRM on the generated default data,
 # `make test` runs the test suite (`make test-fast`: the tests that start no process).
-# Both install into .venv first (idempotent).
+# Both install into .venv first (idempotent); `make check` runs the linter, formatter
+# and type checker.
 # STACK picks the torch/FBGEMM/torchrec releases: a folder of stacks/ (its pins), default
 # the one stacks/default names. Any other stack gets a venv of its own:
 # `make test-fast STACK=torch2.14` installs into and tests .venv-torch2.14.
@@ -17,7 +18,7 @@ TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.05 --optimizer adag
 	--validation_freq_within_epoch 400 --log_every_n_steps 100 --seed 0 \
 	--log_path runs/make_train.jsonl
 
-.PHONY: wheelhouse install data train train-dcnv2 sweep-example docs-figures slurm-up cluster-up cluster-down test test-cluster test-multihost test-native test-gpu-host test-fast test-hostile test-matrix bench serving-cpp clean
+.PHONY: check release-tag wheelhouse install data train train-dcnv2 sweep-example docs-figures slurm-up cluster-up cluster-down test test-cluster test-multihost test-native test-gpu-host test-fast test-hostile test-matrix bench serving-cpp clean
 
 install: $(STAMP)
 
@@ -26,6 +27,19 @@ $(STAMP): requirements.txt requirements-dev.txt $(wildcard stacks/$(STACK)/*) py
           scripts/install.sh scripts/check_install.py $(wildcard */__init__.py)
 	STACK=$(STACK) bash scripts/install.sh $(VENV)
 	touch $@
+
+# The standard checks, with the versions requirements-dev.txt pins (make install puts
+# them in the venv): lint and import order, format, types (pyproject.toml configures all
+# three; docs/tests.md, "Checks"). Any finding fails it; .ci/run runs it first.
+check: install
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+	$(PYTHON) -m mypy
+
+# Tags HEAD vX.Y.Z, its release (common/version.py's, CHANGELOG.md's newest heading);
+# refuses uncommitted changes and a version already tagged (scripts/release_tag.py).
+release-tag:
+	python3 -m scripts.release_tag tag
 
 # An offline install's wheels: every wheel the project needs beyond a host's own torch
 # (FBGEMM's CUDA build trimmed to GPU_ARCH, torchrec, the runtime packages), within

@@ -15,8 +15,8 @@ prints the release:
 import argparse
 import functools
 import sys
-from typing import Any, NoReturn, Optional
 from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, Protocol
 
 from common.errors import EXIT_BAD_INPUT, BadInput
 from common.url_paths import redacted_text
@@ -24,7 +24,13 @@ from common.version import VERSION
 
 # Reports bad input of program PROG with MESSAGE; returns the exit code.
 BadInputReporter = Callable[[str, str], int]
-MainFn = Callable[[Optional[Sequence[str]]], int]
+
+
+class MainFn(Protocol):
+    """A CLI's ``main(argv=None)``: None reads sys.argv."""
+
+    def __call__(self, argv: Sequence[str] | None = None) -> int: ...
+
 
 
 def print_bad_input(prog: str, message: str) -> int:
@@ -64,7 +70,7 @@ def cli_main(prog: str, report: BadInputReporter = print_bad_input) -> Callable[
 
     def decorate(main: MainFn) -> MainFn:
         @functools.wraps(main)
-        def wrapped(argv: Optional[Sequence[str]] = None) -> int:
+        def wrapped(argv: Sequence[str] | None = None) -> int:
             return run_cli(lambda: main(argv), prog, report)
 
         return wrapped
@@ -108,7 +114,7 @@ def int_list(text: str) -> list[int]:
     try:
         return [int(item) for item in items]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"malformed list {text!r}: expected comma-separated integers")
+        raise argparse.ArgumentTypeError(f"malformed list {text!r}: expected comma-separated integers") from None
 
 
 def float_list(text: str) -> list[float]:
@@ -116,7 +122,7 @@ def float_list(text: str) -> list[float]:
     try:
         return [float(item) for item in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"malformed list {text!r}: expected comma-separated numbers")
+        raise argparse.ArgumentTypeError(f"malformed list {text!r}: expected comma-separated numbers") from None
 
 
 def positive_int(text: str) -> int:
@@ -124,7 +130,7 @@ def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {value}")
     return value

@@ -32,10 +32,11 @@ over the overrides, and the overrides over the fields' defaults:
 
 import argparse
 import dataclasses
+import types
 import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, Union
-from collections.abc import Callable, Mapping, Sequence
 
 from common.cli import float_list, int_list
 from common.errors import BadInput
@@ -71,19 +72,19 @@ class FlagSpec:
     """
 
     help: str
-    choices: Optional[tuple[Any, ...]] = None
-    name: Optional[str] = None
-    alias: Optional[tuple[str, Any]] = None
+    choices: tuple[Any, ...] | None = None
+    name: str | None = None
+    alias: tuple[str, Any] | None = None
     former_names: tuple[str, ...] = ()
-    metavar: Optional[str] = None
-    parse: Optional[Callable[[str], Any]] = None
+    metavar: str | None = None
+    parse: Callable[[str], Any] | None = None
     positional: bool = False
 
 
-def flag(default: Any = dataclasses.MISSING, *, help: str, choices: Optional[Sequence[Any]] = None,
-         name: Optional[str] = None, alias: Optional[tuple[str, Any]] = None,
-         former_names: Sequence[str] = (), metavar: Optional[str] = None,
-         parse: Optional[Callable[[str], Any]] = None, positional: bool = False) -> Any:
+def flag(default: Any = dataclasses.MISSING, *, help: str, choices: Sequence[Any] | None = None,
+         name: str | None = None, alias: tuple[str, Any] | None = None,
+         former_names: Sequence[str] = (), metavar: str | None = None,
+         parse: Callable[[str], Any] | None = None, positional: bool = False) -> Any:
     """A dataclass field that is a command-line flag (a list default is copied per instance);
     without a default, the command line must give it.
 
@@ -147,10 +148,10 @@ class Flag:
     """One flag of a config class: its field, its spec and the value type it parses.
     ``within``: the `variants` field whose classes declare it (None: the class's own)."""
 
-    field: dataclasses.Field
+    field: dataclasses.Field[Any]
     spec: FlagSpec
     value_type: Any  # int, float, str, bool, list[int], list[float] or list[str] (Optional removed)
-    within: Optional[str] = None
+    within: str | None = None
 
     @property
     def name(self) -> str:
@@ -162,15 +163,15 @@ class Flag:
 
     @property
     def default(self) -> Any:
-        if self.field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            return self.field.default_factory()  # type: ignore[misc]
+        if self.field.default_factory is not dataclasses.MISSING:
+            return self.field.default_factory()
         return None if self.field.default is dataclasses.MISSING else self.field.default
 
     @property
     def required(self) -> bool:
         """Whether the field has no default: the command line (or an override) gives it."""
         return (self.field.default is dataclasses.MISSING
-                and self.field.default_factory is dataclasses.MISSING)  # type: ignore[misc]
+                and self.field.default_factory is dataclasses.MISSING)
 
     @property
     def is_switch(self) -> bool:
@@ -192,7 +193,8 @@ class Flag:
 
 def _without_optional(annotation: Any) -> Any:
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if typing.get_origin(annotation) is typing.Union and len(args) == 1:
+    # Optional[X] and `X | None` (types.UnionType) are the same flag
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
         return args[0]
     return annotation
 
@@ -372,7 +374,7 @@ def _name_of(spec: VariantsSpec, variant_class: type[Any]) -> str:
     return next(name for name, c in spec.classes.items() if c is variant_class)
 
 
-def parse_flags(parser: Any, config_class: type[Any], argv: Optional[Sequence[str]] = None) -> Any:
+def parse_flags(parser: Any, config_class: type[Any], argv: Sequence[str] | None = None) -> Any:
     """A CLI whose flags are one config class's: adds them to ``parser``, parses ``argv``
     (None: sys.argv[1:]) and returns the config built from it (bad flags: the parser's
     error, one line and exit 2 with ``common.cli.OneLineParser``).

@@ -58,6 +58,15 @@ def run_dlrm_main(
         )
     nodes = max(num_trainers // TRAINERS_PER_NODE, 1)
     per_node = min(num_trainers, TRAINERS_PER_NODE)
-    return dlrm(*script_args, j=f"{nodes}x{per_node}", h=h, image=image, name=name, env=env,
-                data_dir=data_dir, checkpoint_dir=checkpoint_dir, mounts=mounts,
-                max_retries=max_retries)
+    return dlrm(
+        *script_args,
+        j=f"{nodes}x{per_node}",
+        h=h,
+        image=image,
+        name=name,
+        env=env,
+        data_dir=data_dir,
+        checkpoint_dir=checkpoint_dir,
+        mounts=mounts,
+        max_retries=max_retries,
+    )

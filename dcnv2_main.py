@@ -5,13 +5,12 @@ one can be overridden, and ``--recipe`` resizes the model, still DCNv2).
 """
 
 import sys
-from typing import Optional
 
 from training.main import run_training
 from training.recipes import DCNV2
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Runs training with DCNv2's defaults; returns the exit code."""
     return run_training(argv, prog="dcnv2_main.py", description="Train DCNv2 with TorchRec.", entry_recipe=DCNV2)
 

@@ -7,12 +7,11 @@ Flags follow the public TorchRec DLRM example; `python dlrm_main.py --help` list
 """
 
 import sys
-from typing import Optional
 
 from training.main import run_training
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Runs training with DLRM's defaults; returns the exit code."""
     return run_training(argv, prog="dlrm_main.py", description="Train DLRM with TorchRec.")
 

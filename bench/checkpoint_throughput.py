@@ -26,7 +26,6 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Optional
 
 from bench.train_throughput import BOTTOM, DIM, ROWS, TOP
 from common.cli import OneLineParser
@@ -136,21 +135,40 @@ class CheckpointThroughputFlags:
     """The flags of ``python bench/checkpoint_throughput.py``: what it measures and how."""
 
     nproc: int = flag(2, help="ranks (torchrun --nproc_per_node) that save and load")
-    dir: Optional[str] = flag(None, help="where to write (default: a temporary directory)")
+    dir: str | None = flag(None, help="where to write (default: a temporary directory)")
     num_embeddings: int = flag(ROWS, help="rows of each of the 26 tables (1000000: 6.66 GB)")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), CheckpointThroughputFlags, argv)
     root = tempfile.mkdtemp(dir=args.dir)
     try:
         ckpt = os.path.join(root, "ckpt")
-        argv = ["--num_embeddings", str(args.num_embeddings), "--embedding_dim", str(DIM),
-                "--dense_arch_layer_sizes", ",".join(map(str, BOTTOM)),
-                "--over_arch_layer_sizes", ",".join(map(str, TOP)), "--optimizer", "adagrad",
-                "--learning_rate", "0.01", "--batch_size", "1024", "--limit_train_batches", "2",
-                "--limit_val_batches", "0", "--limit_test_batches", "0", "--checkpoint_dir", ckpt,
-                "--checkpoint_at_epoch_end"]
+        argv = [
+            "--num_embeddings",
+            str(args.num_embeddings),
+            "--embedding_dim",
+            str(DIM),
+            "--dense_arch_layer_sizes",
+            ",".join(map(str, BOTTOM)),
+            "--over_arch_layer_sizes",
+            ",".join(map(str, TOP)),
+            "--optimizer",
+            "adagrad",
+            "--learning_rate",
+            "0.01",
+            "--batch_size",
+            "1024",
+            "--limit_train_batches",
+            "2",
+            "--limit_val_batches",
+            "0",
+            "--limit_test_batches",
+            "0",
+            "--checkpoint_dir",
+            ckpt,
+            "--checkpoint_at_epoch_end",
+        ]
         times = launch(_run, argv, nproc=args.nproc)[0]
         step_dir = os.path.join(ckpt, sorted(name for name in os.listdir(ckpt) if name.startswith("step_"))[0])
         total = sum(os.path.getsize(os.path.join(step_dir, f)) for f in os.listdir(step_dir))
@@ -178,11 +196,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "stall_over_blocking_save": round(stall_ratio, 3),
         "ranks": args.nproc,
     }
-    print(f"checkpoint {mb:.0f} MB: save {times['save_seconds']:.2f} s ({result['save_mb_s']} MB/s), "
-          f"load {times['load_seconds']:.2f} s ({result['load_mb_s']} MB/s), "
-          f"plain copy {copy_seconds:.2f} s ({result['plain_copy_mb_s']} MB/s), plain read {read_seconds:.2f} s")
-    for what, ratio, goal in (("save / plain copy+fsync", save_ratio, 1.5), ("load / plain read", load_ratio, 1.3),
-                              ("async save's stall / blocking save", stall_ratio, 0.2)):
+    print(
+        f"checkpoint {mb:.0f} MB: save {times['save_seconds']:.2f} s ({result['save_mb_s']} MB/s), "
+        f"load {times['load_seconds']:.2f} s ({result['load_mb_s']} MB/s), "
+        f"plain copy {copy_seconds:.2f} s ({result['plain_copy_mb_s']} MB/s), plain read {read_seconds:.2f} s"
+    )
+    for what, ratio, goal in (
+        ("save / plain copy+fsync", save_ratio, 1.5),
+        ("load / plain read", load_ratio, 1.3),
+        ("async save's stall / blocking save", stall_ratio, 0.2),
+    ):
         print(f"{what}: {ratio:.2f} (goal <= {goal}: {'met' if ratio <= goal else 'NOT met'})")
     print(json.dumps(result))
     return 0

@@ -18,16 +18,15 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Optional
 
 from bench.loader_throughput import loader_rate
 from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
-from data.binary.criteo import CriteoBinaryDataset, CriteoBinaryLoader
-from data.criteo_feature_spec import criteo_to_split_binary
-from data.binary.split import SplitBinaryDataset
-from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
 from data.batching.value_checks import BatchValueCheck, check_value_files
+from data.binary.criteo import CriteoBinaryDataset, CriteoBinaryLoader
+from data.binary.split import SplitBinaryDataset
+from data.criteo_feature_spec import criteo_to_split_binary
+from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
 
 
 def best_seconds(fn: Callable[[], object], repeats: int = 3) -> float:
@@ -64,10 +63,14 @@ def measure(name: str, dataset, batch_size: int) -> dict[str, float]:
         "batch_check_us": per_batch * 1e6,
         "batch_check_share_of_batch_interval": per_batch * rate_off,
     }
-    print(f"{name}: {rows:,} rows; at open the check takes {check_open:.3f} s ({rows / check_open / 1e6:.1f} M rows/s) "
-          f"= {check_open / load:.2f} x the in-memory loader's own read ({load:.3f} s, train split)")
-    print(f"{name}: --mmap_mode {rate_on:.0f} batches/s checked vs {rate_off:.0f} unchecked; the check of one "
-          f"{batch_size}-row batch takes {per_batch * 1e6:.0f} us = {per_batch * rate_off:.1%} of a batch interval")
+    print(
+        f"{name}: {rows:,} rows; at open the check takes {check_open:.3f} s ({rows / check_open / 1e6:.1f} M rows/s) "
+        f"= {check_open / load:.2f} x the in-memory loader's own read ({load:.3f} s, train split)"
+    )
+    print(
+        f"{name}: --mmap_mode {rate_on:.0f} batches/s checked vs {rate_off:.0f} unchecked; the check of one "
+        f"{batch_size}-row batch takes {per_batch * 1e6:.0f} us = {per_batch * rate_off:.1%} of a batch interval"
+    )
     return result
 
 
@@ -79,17 +82,19 @@ class DataChecksFlags:
     batch_size: int = flag(1024, help="rows per batch read")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), DataChecksFlags, argv)
     with tempfile.TemporaryDirectory() as tmp:
         criteo, byo = os.path.join(tmp, "criteo"), os.path.join(tmp, "byo")
-        generate_synthetic_criteo(SyntheticCriteoSpec(num_days=3, rows_per_day=args.rows_per_day, seed=2), criteo,
-                                  show_progress=False)
+        generate_synthetic_criteo(
+            SyntheticCriteoSpec(num_days=3, rows_per_day=args.rows_per_day, seed=2), criteo, show_progress=False
+        )
         criteo_to_split_binary(criteo, byo)
         results = {
             "criteo_binary": measure("criteo_binary", CriteoBinaryDataset(criteo), args.batch_size),
-            "split_binary": measure("split_binary", SplitBinaryDataset(os.path.join(byo, "feature_spec.yaml")),
-                                    args.batch_size),
+            "split_binary": measure(
+                "split_binary", SplitBinaryDataset(os.path.join(byo, "feature_spec.yaml")), args.batch_size
+            ),
         }
     print(json.dumps({layout: {k: round(v, 4) for k, v in r.items()} for layout, r in results.items()}))
     return 0

@@ -27,15 +27,14 @@ import math
 import shlex
 import sys
 import time
-from dataclasses import dataclass
-from typing import Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from common.cli import OneLineParser, cli_main
-from common.errors import BadInput
 from common.config_flags import flag, parse_flags
+from common.errors import BadInput
 
 PROG = "python -m bench.dlrmv2_throughput"
 # Published dense peaks of the cards the session runs on: (HBM bytes/s, bf16 dense FLOP/s).
@@ -44,11 +43,23 @@ PEAKS = {
     "H200": (4.8e12, 989e12),
 }
 GENERATED_BATCHES = 4  # distinct device batches cycled through (ids differ between steps)
-TINY = ["--max_table_rows", "1000", "--embedding_dim", "16", "--dense_arch_layer_sizes", "32,16",
-        "--over_arch_layer_sizes", "32,16,1", "--dcn_low_rank_dim", "8", "--batch_size", "64"]
+TINY = [
+    "--max_table_rows",
+    "1000",
+    "--embedding_dim",
+    "16",
+    "--dense_arch_layer_sizes",
+    "32,16",
+    "--over_arch_layer_sizes",
+    "32,16,1",
+    "--dcn_low_rank_dim",
+    "8",
+    "--batch_size",
+    "64",
+]
 
 
-def card_peaks(device_name: str) -> Optional[tuple[float, float]]:
+def card_peaks(device_name: str) -> tuple[float, float] | None:
     """(HBM bytes/s, bf16 FLOP/s) of a card named like ``NVIDIA H200``; None if unknown."""
     return next((peaks for card, peaks in PEAKS.items() if card in device_name.upper()), None)
 
@@ -60,8 +71,9 @@ def mlp_macs(in_features: int, sizes: Sequence[int]) -> int:
     return macs
 
 
-def flops_per_sample(num_dense: int, num_tables: int, dim: int, bottom: Sequence[int], top: Sequence[int],
-                     dcn_layers: int, dcn_rank: int) -> float:
+def flops_per_sample(
+    num_dense: int, num_tables: int, dim: int, bottom: Sequence[int], top: Sequence[int], dcn_layers: int, dcn_rank: int
+) -> float:
     """Training FLOPs of one sample of the DCNv2 model: 2 FLOPs a multiply-add, backward
     twice the forward (its two matmuls a layer). Forward multiply-adds: the bottom MLP,
     each low-rank cross layer's two projections (W -> rank -> W, W = (tables + 1) x dim),
@@ -77,8 +89,9 @@ def optimizer_state_bytes(optimizer: str, dim: int) -> int:
     return {"rowwise_adagrad": 4, "adagrad": 4 * dim, "sgd": 0, "adam": 8 * dim}.get(optimizer, 4 * dim)
 
 
-def traffic(bag_sizes: Sequence[int], dim: int, weight_bytes: int, state_bytes: int,
-            index_bytes: int = 8, pooled_bytes: int = 4) -> float:
+def traffic(
+    bag_sizes: Sequence[int], dim: int, weight_bytes: int, state_bytes: int, index_bytes: int = 8, pooled_bytes: int = 4
+) -> float:
     """HBM bytes one sample's embedding work moves, at least: for every id, its row
     read in the forward, read and written by the fused update, its optimizer state read
     and written, its index read in forward and backward; for every table, the pooled
@@ -95,10 +108,10 @@ class Dlrmv2Flags:
     steps: int = flag(60, help="timed training steps")
     warmup_steps: int = flag(10, help="steps before the timing (kernels' first runs, caches warming)")
     device: str = flag("cuda", choices=("cuda", "cpu"), help="where to train (cpu: with --tiny, a test)")
-    hbm_gb: Optional[float] = flag(None, help="plan as if the GPU had this many GiB (default: its own)")
+    hbm_gb: float | None = flag(None, help="plan as if the GPU had this many GiB (default: its own)")
     one_hot: bool = flag(False, help="one id a table instead of the recipe's bags (DCNv2 at the MLPerf size)")
     tiny: bool = flag(False, help="tiny tables, width, MLPs and batch (a CPU test of the same code)")
-    flags: str = flag("", help="more training flags, after the recipe's (write --flags=\"--batch_size 32768\")")
+    flags: str = flag("", help='more training flags, after the recipe\'s (write --flags="--batch_size 32768")')
 
 
 def device_batches(config, device: torch.device, count: int, seed: int = 0) -> list:
@@ -106,14 +119,19 @@ def device_batches(config, device: torch.device, count: int, seed: int = 0) -> l
     table's bag of its ``--multi_hot_sizes`` ids (one without), fair labels."""
     from torchrec.datasets.utils import Batch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
     generator = torch.Generator(device=device).manual_seed(seed)
     rows = config.data.batch_size
     model = config.model
     bags = config.data.multi_hot_sizes or [1] * len(model.sparse_feature_names)
     batches = []
     for _ in range(count):
-        values = torch.cat([torch.randint(0, n, (rows * h,), device=device, generator=generator)
-                            for n, h in zip(model.num_embeddings_per_feature, bags)])
+        values = torch.cat(
+            [
+                torch.randint(0, n, (rows * h,), device=device, generator=generator)
+                for n, h in zip(model.num_embeddings_per_feature, bags)
+            ]
+        )
         lengths = torch.cat([torch.full((rows,), h, dtype=torch.int32, device=device) for h in bags])
         sparse = KeyedJaggedTensor(keys=list(model.sparse_feature_names), values=values, lengths=lengths)
         dense = torch.rand(rows, model.dense_in_features, device=device, generator=generator)
@@ -128,18 +146,19 @@ def _cycle(batches: list, steps: int):
 
 
 @cli_main(PROG)
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_flags(OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0]), Dlrmv2Flags, argv)
     if args.steps <= 0 or args.warmup_steps < 0 or (args.hbm_gb is not None and args.hbm_gb <= 0):
         raise BadInput("--steps must be positive, --warmup_steps not negative, --hbm_gb positive")
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+
     from models import build_dlrm_train
     from models.embedding_optimizer import attach_fused_embedding_optimizer
     from sharding_plans import PlannerConfig, plan_summary
     from sharding_plans.planner import host_memory_bytes
     from sharding_plans.report import format_plan_report
     from sharding_plans.types import SavedPlan, TableSpec
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.types import ShardingEnv
     from training.distributed import init_process_group, resolve_env
     from training.flags import parse_config
     from training.optimizers import build_combined_optimizer
@@ -152,8 +171,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv_train += ["--multi_hot_sizes", ",".join(["1"] * 26)]
     if args.tiny:
         argv_train += TINY + (["--dense_precision", "fp32"] if args.device == "cpu" else [])
-    config = parse_config(argv_train + shlex.split(args.flags), PROG, "",
-                          entry_recipe=DCNV2)
+    config = parse_config(argv_train + shlex.split(args.flags), PROG, "", entry_recipe=DCNV2)
     env = resolve_env(args.device)
     device = env.device
     torch.manual_seed(config.seed)
@@ -167,17 +185,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     hbm = int(args.hbm_gb * 2**30) if args.hbm_gb else None
     if device.type == "cuda" and hbm is None:
         hbm = torch.cuda.get_device_properties(device).total_memory
-    planner = PlannerConfig(world_size=1, local_world_size=1, compute_device=device.type,
-                            batch_size=config.data.batch_size, hbm_cap_bytes=hbm, ddr_cap_bytes=host_memory_bytes())
+    planner = PlannerConfig(
+        world_size=1,
+        local_world_size=1,
+        compute_device=device.type,
+        batch_size=config.data.batch_size,
+        hbm_cap_bytes=hbm,
+        ddr_cap_bytes=host_memory_bytes(),
+    )
     plan, estimates = sharding.plan(model, planner, group)
     m = config.model
-    tables = {name: TableSpec(rows, m.embedding_dim, m.embedding_precision)
-              for name, rows in zip(m.table_names, m.num_embeddings_per_feature)}
+    tables = {
+        name: TableSpec(rows, m.embedding_dim, m.embedding_precision)
+        for name, rows in zip(m.table_names, m.num_embeddings_per_feature)
+    }
     bags = config.data.multi_hot_sizes or [1] * len(tables)
     print(format_plan_report(SavedPlan(planner, tables, plan, estimates), bags), flush=True)
     # torchrec's own init of the shards, on the device (the seeded init fills them on the host).
-    dmp = DistributedModelParallel(module=model, device=device, env=ShardingEnv.from_process_group(group),
-                                   plan=plan, sharders=sharding.sharders)
+    dmp = DistributedModelParallel(
+        module=model, device=device, env=ShardingEnv.from_process_group(group), plan=plan, sharders=sharding.sharders
+    )
     optimizer = build_combined_optimizer(dmp, config.optim)
     pipeline = build_pipeline(config.pipeline, dmp, optimizer, device, config.amp)
     batches = device_batches(config, device, GENERATED_BATCHES)
@@ -201,17 +228,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     seconds = time.perf_counter() - start
     finite = bool(torch.isfinite(torch.stack(losses)).all())
     samples_per_sec = args.steps * config.data.batch_size / seconds
-    flops = flops_per_sample(m.dense_in_features, len(tables), m.embedding_dim, m.dense_arch_layer_sizes,
-                             m.over_arch_layer_sizes, m.interaction.dcn_num_layers, m.interaction.dcn_low_rank_dim)
-    moved = traffic(bags, m.embedding_dim, 2 if m.embedding_precision == "fp16" else 4,
-                    optimizer_state_bytes(config.optim.optimizer, m.embedding_dim))
+    flops = flops_per_sample(
+        m.dense_in_features,
+        len(tables),
+        m.embedding_dim,
+        m.dense_arch_layer_sizes,
+        m.over_arch_layer_sizes,
+        m.interaction.dcn_num_layers,
+        m.interaction.dcn_low_rank_dim,
+    )
+    moved = traffic(
+        bags,
+        m.embedding_dim,
+        2 if m.embedding_precision == "fp16" else 4,
+        optimizer_state_bytes(config.optim.optimizer, m.embedding_dim),
+    )
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peaks = card_peaks(name)
     summary = plan_summary(plan)
     result = {
-        "device": name, "samples_per_sec": round(samples_per_sec), "steps": args.steps,
-        "batch_size": config.data.batch_size, "seconds": round(seconds, 3), "losses_finite": finite,
-        "ids_per_sample": sum(bags), "embedding_bytes_per_sample": round(moved),
+        "device": name,
+        "samples_per_sec": round(samples_per_sec),
+        "steps": args.steps,
+        "batch_size": config.data.batch_size,
+        "seconds": round(seconds, 3),
+        "losses_finite": finite,
+        "ids_per_sample": sum(bags),
+        "embedding_bytes_per_sample": round(moved),
         "dense_flops_per_sample": round(flops),
         "hbm_share": round(samples_per_sec * moved / peaks[0], 4) if peaks else None,
         "bf16_peak_share": round(samples_per_sec * flops / peaks[1], 4) if peaks else None,
@@ -220,10 +263,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         "planned_step_ms": max(e.step_time_ms for e in estimates) if estimates else None,
     }
-    shares = (f" | lookups {100 * result['hbm_share']:.1f}% of HBM bandwidth, dense "
-              f"{100 * result['bf16_peak_share']:.1f}% of bf16 peak" if peaks else "")
-    print(f"{name}: {samples_per_sec:,.0f} samples/s (batch {config.data.batch_size}, {args.steps} steps in "
-          f"{seconds:.2f} s){shares}; losses finite: {finite}", flush=True)
+    shares = (
+        f" | lookups {100 * result['hbm_share']:.1f}% of HBM bandwidth, dense "
+        f"{100 * result['bf16_peak_share']:.1f}% of bf16 peak"
+        if peaks
+        else ""
+    )
+    print(
+        f"{name}: {samples_per_sec:,.0f} samples/s (batch {config.data.batch_size}, {args.steps} steps in "
+        f"{seconds:.2f} s){shares}; losses finite: {finite}",
+        flush=True,
+    )
     print(json.dumps(result), flush=True)
     return 0 if finite and math.isfinite(samples_per_sec) else 1
 

@@ -18,9 +18,8 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import dataclass
-from typing import Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torchmetrics.classification import BinaryAUROC
@@ -50,11 +49,17 @@ def auroc_bytes_per_row(rows: int, batch: int = 16384) -> dict:
     generator = torch.Generator().manual_seed(0)
     for start in range(0, rows, batch):
         n = min(batch, rows - start)
-        metric.update(torch.rand(n, generator=generator), torch.randint(0, 2, (n,), generator=generator, dtype=torch.int32))
+        metric.update(
+            torch.rand(n, generator=generator), torch.randint(0, 2, (n,), generator=generator, dtype=torch.int32)
+        )
     held = _status_bytes("VmRSS") - before
     metric.compute()
     peak = _status_bytes("VmHWM") - before
-    return {"rows": rows, "held_bytes_per_row": round(held / rows, 1), "compute_peak_bytes_per_row": round(peak / rows, 1)}
+    return {
+        "rows": rows,
+        "held_bytes_per_row": round(held / rows, 1),
+        "compute_peak_bytes_per_row": round(peak / rows, 1),
+    }
 
 
 @dataclass
@@ -68,17 +73,34 @@ class EvalRateFlags:
     num_embeddings: int = flag(ROWS, help="rows of every table (smaller: a quick run)")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), EvalRateFlags, argv)
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "bench.jsonl")
-        argv = ["--num_embeddings", str(args.num_embeddings), "--embedding_dim", str(DIM),
-                "--dense_arch_layer_sizes", ",".join(map(str, BOTTOM)),
-                "--over_arch_layer_sizes", ",".join(map(str, TOP)),
-                "--batch_size", str(BATCH), "--learning_rate", "0.1",
-                "--limit_train_batches", str(args.steps), "--limit_val_batches", "0",
-                "--limit_test_batches", str(args.eval_batches), "--log_every_n_steps", str(max(1, args.steps // 6)),
-                "--log_path", log]
+        argv = [
+            "--num_embeddings",
+            str(args.num_embeddings),
+            "--embedding_dim",
+            str(DIM),
+            "--dense_arch_layer_sizes",
+            ",".join(map(str, BOTTOM)),
+            "--over_arch_layer_sizes",
+            ",".join(map(str, TOP)),
+            "--batch_size",
+            str(BATCH),
+            "--learning_rate",
+            "0.1",
+            "--limit_train_batches",
+            str(args.steps),
+            "--limit_val_batches",
+            "0",
+            "--limit_test_batches",
+            str(args.eval_batches),
+            "--log_every_n_steps",
+            str(max(1, args.steps // 6)),
+            "--log_path",
+            log,
+        ]
         launch(dlrm_main.main, argv, nproc=args.nproc)
         records = read_log(log)
     train = [r for r in records if r["event"] == "train"][1:]
@@ -86,13 +108,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     [test] = [r for r in records if r["event"] == "eval"]
     ratio = test["records_per_sec"] / train_rate
     memory = auroc_bytes_per_row(args.auroc_rows)
-    result = {"train_records_per_sec": round(train_rate), "eval_records_per_sec": round(test["records_per_sec"]),
-              "eval_rows": test["num_samples"], "eval_vs_train": round(ratio, 2), "goal": GOAL,
-              "ranks": args.nproc, "auroc_memory": memory}
-    print(f"evaluation {test['records_per_sec']:,.0f} records/s over {test['num_samples']:,} rows, training "
-          f"{train_rate:,.0f} records/s: {ratio:.1f}x (goal >= {GOAL:g}x) | exact AUROC: "
-          f"{memory['held_bytes_per_row']} bytes per row held, {memory['compute_peak_bytes_per_row']} at its "
-          f"compute's peak ({memory['rows']:,} rows)")
+    result = {
+        "train_records_per_sec": round(train_rate),
+        "eval_records_per_sec": round(test["records_per_sec"]),
+        "eval_rows": test["num_samples"],
+        "eval_vs_train": round(ratio, 2),
+        "goal": GOAL,
+        "ranks": args.nproc,
+        "auroc_memory": memory,
+    }
+    print(
+        f"evaluation {test['records_per_sec']:,.0f} records/s over {test['num_samples']:,} rows, training "
+        f"{train_rate:,.0f} records/s: {ratio:.1f}x (goal >= {GOAL:g}x) | exact AUROC: "
+        f"{memory['held_bytes_per_row']} bytes per row held, {memory['compute_peak_bytes_per_row']} at its "
+        f"compute's peak ({memory['rows']:,} rows)"
+    )
     print(json.dumps(result))
     return 0
 

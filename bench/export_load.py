@@ -16,9 +16,8 @@ import os
 import tempfile
 import time
 import zipfile
-from dataclasses import dataclass
-from typing import Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -59,41 +58,63 @@ def measure(num_features: int, rows: int, concatenated_tables: bool, directory: 
         torch.export.load(path).module()
         load_seconds.append(time.perf_counter() - start)
     os.remove(path)
-    return {"features": num_features, "lookup": "concatenated" if concatenated_tables else "per-feature chain",
-            "graph_nodes": len(program.graph.nodes), "graph_json_bytes": graph_bytes,
-            "file_bytes": file_bytes,
-            "export_seconds": export_seconds, "load_seconds": min(load_seconds)}
+    return {
+        "features": num_features,
+        "lookup": "concatenated" if concatenated_tables else "per-feature chain",
+        "graph_nodes": len(program.graph.nodes),
+        "graph_json_bytes": graph_bytes,
+        "file_bytes": file_bytes,
+        "export_seconds": export_seconds,
+        "load_seconds": min(load_seconds),
+    }
 
 
 @dataclass
 class ExportLoadFlags:
     """The flags of ``python bench/export_load.py``: what it measures and how."""
 
-    features: list[int] = flag([26, 100, 200, 500], parse=_int_list,
-                                help="feature counts to export and load, comma-separated")
+    features: list[int] = flag(
+        [26, 100, 200, 500], parse=_int_list, help="feature counts to export and load, comma-separated"
+    )
     rows: int = flag(100, help="rows of every table")
-    chain_features: list[int] = flag([26], parse=_int_list,
-                                     help="feature counts to export the previous way too (a chain per feature: "
-                                          "it loads in minutes from about 100 features)")
+    chain_features: list[int] = flag(
+        [26],
+        parse=_int_list,
+        help="feature counts to export the previous way too (a chain per feature: "
+        "it loads in minutes from about 100 features)",
+    )
     repeats: int = flag(3, help="loads per program (the best is reported)")
     num_threads: int = flag(1, help="torch intra-op threads")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), ExportLoadFlags, argv)
     torch.set_num_threads(args.num_threads)
     runs = [(f, True) for f in args.features] + [(f, False) for f in args.chain_features]
     with tempfile.TemporaryDirectory() as directory:
         results = [measure(f, args.rows, concatenated, directory, args.repeats) for f, concatenated in runs]
     print(f"fp32 program of the default architecture, tables of {args.rows} rows, best of {args.repeats} loads:")
-    print(f"{'features':>8}  {'lookup':<17} {'nodes':>6} {'graph JSON':>11} {'file':>10} {'export':>8} "
-          f"{'load':>8} {'load / 10 s goal':>16}")
+    print(
+        f"{'features':>8}  {'lookup':<17} {'nodes':>6} {'graph JSON':>11} {'file':>10} {'export':>8} "
+        f"{'load':>8} {'load / 10 s goal':>16}"
+    )
     for r in results:
-        print(f"{r['features']:>8}  {r['lookup']:<17} {r['graph_nodes']:>6} {r['graph_json_bytes'] / 1e6:>8.2f} MB "
-              f"{r['file_bytes'] / 1e6:>7.1f} MB {r['export_seconds']:>7.2f}s {r['load_seconds']:>7.2f}s "
-              f"{r['load_seconds'] / LOAD_GOAL_SECONDS:>16.3f}")
-    print(json.dumps({"benchmark": "export_load", "rows": args.rows, "repeats": args.repeats,
-                      "goal_seconds": LOAD_GOAL_SECONDS, "results": results}))
+        print(
+            f"{r['features']:>8}  {r['lookup']:<17} {r['graph_nodes']:>6} {r['graph_json_bytes'] / 1e6:>8.2f} MB "
+            f"{r['file_bytes'] / 1e6:>7.1f} MB {r['export_seconds']:>7.2f}s {r['load_seconds']:>7.2f}s "
+            f"{r['load_seconds'] / LOAD_GOAL_SECONDS:>16.3f}"
+        )
+    print(
+        json.dumps(
+            {
+                "benchmark": "export_load",
+                "rows": args.rows,
+                "repeats": args.repeats,
+                "goal_seconds": LOAD_GOAL_SECONDS,
+                "results": results,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -38,19 +38,19 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Optional
-from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from common.cli import OneLineParser, cli_main
 from common.config_flags import add_flags, config_values, flag
-from models.config import EMBEDDING_PRECISIONS, INTERACTION_TYPES
-from sharding_plans.constraints import CUDA_ONLY_KERNELS, SHARDING_TYPES
 from harness import matrix
 from harness.matrix import MIXED, Case, CaseResult, Launcher, MatrixSpec, Refusal
+from models.config import EMBEDDING_PRECISIONS, INTERACTION_TYPES
+from sharding_plans.constraints import CUDA_ONLY_KERNELS, SHARDING_TYPES
 from training.config import DENSE_OPTIMIZERS, OPTIMIZERS, PIPELINES
 from training.pipelines import CUDA_ONLY_PIPELINES
 
@@ -60,12 +60,16 @@ SEMI_SYNC_START_BATCH = 1  # semi_sync cases run their semi-synchronous phase fr
 # the plan's kernels are only known then, so these run with the process group up.
 GPU_REFUSALS: tuple[Refusal, ...] = (
     *matrix.REFUSALS,
-    Refusal((("pipeline", "semi_sync"), ("compute_kernel", "fused_uvm_caching")), "--pipeline semi_sync",
-            devices=("cuda",)),
+    Refusal(
+        (("pipeline", "semi_sync"), ("compute_kernel", "fused_uvm_caching")), "--pipeline semi_sync", devices=("cuda",)
+    ),
     Refusal((("pipeline", "semi_sync"), ("sharding", "data_parallel")), "--pipeline semi_sync", devices=("cuda",)),
     Refusal((("pipeline", "semi_sync"), ("sharding", MIXED)), "--pipeline semi_sync", devices=("cuda",)),
-    Refusal((("pipeline", "prefetch"), ("validation_within_epoch", True), ("compute_kernel", "fused_uvm_caching")),
-            "--pipeline prefetch with --validation_freq_within_epoch", devices=("cuda",)),
+    Refusal(
+        (("pipeline", "prefetch"), ("validation_within_epoch", True), ("compute_kernel", "fused_uvm_caching")),
+        "--pipeline prefetch with --validation_freq_within_epoch",
+        devices=("cuda",),
+    ),
 )
 
 # TF32 rounds a matmul's inputs to 10 bits of mantissa (2^-11 relative), bf16 to 8
@@ -76,14 +80,15 @@ TF32_TOLERANCE = 2.5e-3
 # weight (2^-10 of its power of two). FP16_STEP is the step at the tables' largest
 # initial weight (1/sqrt(40 rows) = 0.16), for losses and dense weights; the tables of
 # an fp16 case also get the step at each weight's own magnitude (`fp16_step`).
-FP16_STEP = 2.0 ** -13
+FP16_STEP = 2.0**-13
 
 
 def world_sizes(num_gpus: int) -> tuple[int, ...]:
     """1, 2 and every GPU of the host; a count that does not divide the global batch and
     the probe rows evenly is lowered to the largest that does."""
-    largest = max(n for n in range(1, max(num_gpus, 1) + 1)
-                  if matrix.GLOBAL_BATCH % n == 0 and matrix.PROBE_ROWS % n == 0)
+    largest = max(
+        n for n in range(1, max(num_gpus, 1) + 1) if matrix.GLOBAL_BATCH % n == 0 and matrix.PROBE_ROWS % n == 0
+    )
     return tuple(sorted({1, min(2, largest), largest}))
 
 
@@ -116,6 +121,7 @@ def gpu_matrix(num_gpus: int, device: str = "cuda") -> MatrixSpec:
 
 # ------------------------------------------------------------------ references of a case
 
+
 def refusal_cases(spec: MatrixSpec) -> list[Case]:
     """`matrix.refusal_cases` over table_wise tables: the compute kernel applies to them
     (data-parallel tables always take the dense kernel), so each case is refused for
@@ -123,22 +129,30 @@ def refusal_cases(spec: MatrixSpec) -> list[Case]:
     return matrix.refusal_cases(spec, base={"sharding": "table_wise"})
 
 
-def cpu_reference(case: Case) -> Optional[Case]:
+def cpu_reference(case: Case) -> Case | None:
     """The case on one CPU rank: whole tables on the fused kernel, the sparse_dist
     pipeline, fp32 matmuls; the same optimizers, precision, model, epochs and
     validation. None for semi_sync: no synchronous run reproduces its stale lookups."""
     if case["pipeline"] == "semi_sync":
         return None
-    return {**case, "pipeline": "sparse_dist", "compute_kernel": "fused", "sharding": "table_wise",
-            "world_size": 1, "allow_tf32": False}
+    return {
+        **case,
+        "pipeline": "sparse_dist",
+        "compute_kernel": "fused",
+        "sharding": "table_wise",
+        "world_size": 1,
+        "allow_tf32": False,
+    }
 
 
 # Placements a semi_sync case is compared with: the first that is not its own.
-SEMI_SYNC_PLACEMENTS = ({"sharding": "table_wise", "world_size": 1, "compute_kernel": "fused"},
-                        {"sharding": "row_wise", "world_size": 2, "compute_kernel": "fused_uvm"})
+SEMI_SYNC_PLACEMENTS = (
+    {"sharding": "table_wise", "world_size": 1, "compute_kernel": "fused"},
+    {"sharding": "row_wise", "world_size": 2, "compute_kernel": "fused_uvm"},
+)
 
 
-def placement_reference(case: Case, spec: MatrixSpec) -> Optional[Case]:
+def placement_reference(case: Case, spec: MatrixSpec) -> Case | None:
     """The GPU run a case is compared with on its own device: the sparse_dist pipeline
     on the fused kernel at the case's placement, or for semi_sync a semi_sync run of
     another placement (on the world sizes the host has). None when the case is its
@@ -156,24 +170,35 @@ def reference_tolerance(case: Case) -> tuple[float, str]:
     references: `matrix.sharded_tolerance` on CUDA, or TF32's or fp16's where larger."""
     candidates = [matrix.sharded_tolerance(case, "cuda")]
     if case.get("allow_tf32"):
-        candidates.append((TF32_TOLERANCE, "TF32 matmuls round their inputs to 10 bits of mantissa; the CPU "
-                           "reference does not, another placement rounds slightly different inputs"))
+        candidates.append(
+            (
+                TF32_TOLERANCE,
+                "TF32 matmuls round their inputs to 10 bits of mantissa; the CPU "
+                "reference does not, another placement rounds slightly different inputs",
+            )
+        )
     if case["precision"] == "fp16":
         steps = matrix.STEPS
-        candidates.append((steps * FP16_STEP, f"FBGEMM's CUDA kernels round fp16 updates stochastically: each "
-                           f"of {steps} updates may leave a weight one fp16 step ({FP16_STEP:g} at the initial "
-                           f"weights) from the reference"))
+        candidates.append(
+            (
+                steps * FP16_STEP,
+                f"FBGEMM's CUDA kernels round fp16 updates stochastically: each "
+                f"of {steps} updates may leave a weight one fp16 step ({FP16_STEP:g} at the initial "
+                f"weights) from the reference",
+            )
+        )
     return max(candidates)
 
 
 def fp16_step(weights: torch.Tensor) -> torch.Tensor:
     """The fp16 step at each weight's magnitude: 2^-10 of its power of two (the
     subnormal step below 2^-14)."""
-    return torch.exp2(torch.floor(torch.log2(weights.abs().clamp(min=2.0 ** -14))) - 10)
+    return torch.exp2(torch.floor(torch.log2(weights.abs().clamp(min=2.0**-14))) - 10)
 
 
-def _fp16_table_difference(runs: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]],
-                           tolerance: float) -> tuple[float, float, str]:
+def _fp16_table_difference(
+    runs: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]], tolerance: float
+) -> tuple[float, float, str]:
     """(difference, its allowance, table) at the table weight that uses most of its
     allowance: the case's tolerance, or one fp16 step at the weight's own magnitude per
     update where that is larger."""
@@ -185,16 +210,19 @@ def _fp16_table_difference(runs: Sequence[dict[str, Any]], reference: Sequence[d
         allowed = torch.clamp(matrix.STEPS * fp16_step(torch.maximum(a.abs(), b.abs())), min=tolerance)
         used = (a - b).abs() / allowed
         at = int(used.argmax())
-        worst = max(worst, (used.flatten()[at].item(), (a - b).abs().flatten()[at].item(),
-                            allowed.flatten()[at].item(), table))
+        worst = max(
+            worst, (used.flatten()[at].item(), (a - b).abs().flatten()[at].item(), allowed.flatten()[at].item(), table)
+        )
     return worst[1], worst[2], worst[3]
 
 
-def resumable(case: Case) -> Optional[str]:
+def resumable(case: Case) -> str | None:
     """None when check (b) applies; else why not."""
     if case["pipeline"] == "semi_sync":
-        return ("n/a: a semi_sync checkpoint cannot hold the next batch's embeddings, looked up before "
-                "the saved step's update")
+        return (
+            "n/a: a semi_sync checkpoint cannot hold the next batch's embeddings, looked up before "
+            "the saved step's update"
+        )
     return None
 
 
@@ -208,9 +236,17 @@ def case_argv(case: Case, data_dir: str, device: str) -> list[str]:
 
 # ------------------------------------------------------------------ running and checking
 
-def evaluate(spec: MatrixSpec, cases: list[Case], refusals: list[Case], data_dir: str, work_dir: str,
-             launcher: Launcher, on_result: Optional[Callable[[CaseResult], None]] = None,
-             job_timeout: Optional[float] = None) -> list[CaseResult]:
+
+def evaluate(
+    spec: MatrixSpec,
+    cases: list[Case],
+    refusals: list[Case],
+    data_dir: str,
+    work_dir: str,
+    launcher: Launcher,
+    on_result: Callable[[CaseResult], None] | None = None,
+    job_timeout: float | None = None,
+) -> list[CaseResult]:
     """Runs every case, its references and every refusal, then checks them; returns
     the refusals' results, then the cases', in the order given.
 
@@ -226,9 +262,14 @@ def evaluate(spec: MatrixSpec, cases: list[Case], refusals: list[Case], data_dir
     planned = []
     for case in cases:
         cpu, placement = cpu_reference(case), placement_reference(case, spec)
-        planned.append((case, plan.add("train", case, spec.device, resume=resumable(case) is None),
-                        plan.add("train", cpu, "cpu") if cpu else None,
-                        plan.add("train", placement, spec.device) if placement else None))
+        planned.append(
+            (
+                case,
+                plan.add("train", case, spec.device, resume=resumable(case) is None),
+                plan.add("train", cpu, "cpu") if cpu else None,
+                plan.add("train", placement, spec.device) if placement else None,
+            )
+        )
     outcomes = plan.outcomes
     results: dict[int, CaseResult] = {}
 
@@ -245,20 +286,32 @@ def evaluate(spec: MatrixSpec, cases: list[Case], refusals: list[Case], data_dir
         waiting = []
         for position, (case, key, cpu_key, placement_key) in enumerate(planned, start=len(refusals)):
             if cpu_key is None or cpu_key in outcomes:
-                done(position, check_case(case, outcomes[key], outcomes.get(cpu_key), outcomes.get(placement_key),
-                                          exports.get(key)))
+                done(
+                    position,
+                    check_case(
+                        case, outcomes[key], outcomes.get(cpu_key), outcomes.get(placement_key), exports.get(key)
+                    ),
+                )
             else:
                 waiting.append((position, case, key, cpu_key, placement_key))
         if spec.device != "cpu":
             plan.launch(launcher, "cpu")
         for position, case, key, cpu_key, placement_key in waiting:
-            done(position, check_case(case, outcomes[key], outcomes.get(cpu_key), outcomes.get(placement_key),
-                                      exports.get(key)))
+            done(
+                position,
+                check_case(case, outcomes[key], outcomes.get(cpu_key), outcomes.get(placement_key), exports.get(key)),
+            )
     return [results[position] for position in sorted(results)]
 
 
-def _compare(result: CaseResult, check: str, runs: Sequence[dict[str, Any]],
-             reference: Sequence[dict[str, Any]], tolerance: float, why: str) -> None:
+def _compare(
+    result: CaseResult,
+    check: str,
+    runs: Sequence[dict[str, Any]],
+    reference: Sequence[dict[str, Any]],
+    tolerance: float,
+    why: str,
+) -> None:
     """Losses and weights within ``tolerance``; an fp16 case's tables within it or
     within one fp16 step at each weight's own magnitude per update, whichever is larger."""
     fp16 = result.case["precision"] == "fp16"
@@ -266,8 +319,13 @@ def _compare(result: CaseResult, check: str, runs: Sequence[dict[str, Any]],
     verdicts = [(diff, tolerance, f"{diff:.2g} {{}} {tolerance:g}" + (f" ({where})" if diff > 0 else ""))]
     if fp16:
         table_diff, allowed, table = _fp16_table_difference(runs, reference, tolerance)
-        verdicts.append((table_diff, allowed, f"tables {table_diff:.2g} {{}} {allowed:g}"
-                         + (f" ({table})" if table_diff > 0 else "")))
+        verdicts.append(
+            (
+                table_diff,
+                allowed,
+                f"tables {table_diff:.2g} {{}} {allowed:g}" + (f" ({table})" if table_diff > 0 else ""),
+            )
+        )
     text = ", ".join(form.format(">" if found > limit else "<=") for found, limit, form in verdicts)
     if any(found > limit for found, limit, _ in verdicts):
         result.fail(check, f"{text}; tolerance because {why}")
@@ -275,8 +333,13 @@ def _compare(result: CaseResult, check: str, runs: Sequence[dict[str, Any]],
         result.checks[check] = "ok " + text
 
 
-def check_case(case: Case, per_rank: list[dict[str, Any]], cpu: Optional[list[dict[str, Any]]],
-               placement: Optional[list[dict[str, Any]]], export: Optional[Future]) -> CaseResult:
+def check_case(
+    case: Case,
+    per_rank: list[dict[str, Any]],
+    cpu: list[dict[str, Any]] | None,
+    placement: list[dict[str, Any]] | None,
+    export: Future | None,
+) -> CaseResult:
     """The checks of one case against its runs: the CPU reference, the placement
     reference, resume, export."""
     result = CaseResult(case, seconds=max(o["seconds"] for o in per_rank))
@@ -315,8 +378,10 @@ def format_plan(spec: MatrixSpec, cases: list[Case], refusals: list[Case]) -> st
     for case in cases:
         cpu, placement = cpu_reference(case), placement_reference(case, spec)
         tolerance, _ = reference_tolerance(case)
-        lines.append(f"{matrix.case_name(case)}  =cpu: {'yes' if cpu else 'n/a'}  "
-                     f"=placement: {matrix.case_name(placement) if placement else 'itself'}  tolerance {tolerance:g}")
+        lines.append(
+            f"{matrix.case_name(case)}  =cpu: {'yes' if cpu else 'n/a'}  "
+            f"=placement: {matrix.case_name(placement) if placement else 'itself'}  tolerance {tolerance:g}"
+        )
     lines += [f"{matrix.case_name(c)}  refused: {spec.refusal_for(c).message}" for c in refusals]  # type: ignore[union-attr]
     lines.append(f"{len(cases)} cases, {len(refusals)} refusals on world sizes {spec.dimensions['world_size']}")
     return "\n".join(lines)
@@ -324,13 +389,13 @@ def format_plan(spec: MatrixSpec, cases: list[Case], refusals: list[Case]) -> st
 
 # ------------------------------------------------------------------ NCCL's network
 
+
 def nccl_network(log: str) -> str:
     """The network NCCL chose, from its ``NCCL_DEBUG=INFO`` output: its ``Using network``
     line (``Socket``, ``IB``, or a plugin's name such as ``AWS Libfabric``), with its
     ``NET/Plugin`` lines (whether libnccl-net.so loaded, and which)."""
     chosen = re.findall(r"NCCL INFO Using network (.+)", log)
-    plugin = [line.split("NCCL INFO ", 1)[1].strip() for line in log.splitlines()
-              if "NCCL INFO NET/Plugin" in line]
+    plugin = [line.split("NCCL INFO ", 1)[1].strip() for line in log.splitlines() if "NCCL INFO NET/Plugin" in line]
     name = chosen[0].strip() if chosen else "unknown (NCCL printed no 'Using network' line)"
     return name + (f" ({'; '.join(dict.fromkeys(plugin))})" if plugin else "")
 
@@ -339,10 +404,12 @@ def probe_nccl_network() -> str:
     """Starts a one-rank NCCL communicator in a subprocess with NCCL_DEBUG=INFO and
     returns `nccl_network` of what it printed. NCCL loads its network plugin at the
     first communicator, whatever its size."""
-    code = ("import torch, torch.distributed as dist; "
-            "dist.init_process_group('nccl', store=dist.HashStore(), rank=0, world_size=1); "
-            "t = torch.ones(1, device='cuda'); dist.all_reduce(t); torch.cuda.synchronize(); "
-            "dist.destroy_process_group()")
+    code = (
+        "import torch, torch.distributed as dist; "
+        "dist.init_process_group('nccl', store=dist.HashStore(), rank=0, world_size=1); "
+        "t = torch.ones(1, device='cuda'); dist.all_reduce(t); torch.cuda.synchronize(); "
+        "dist.destroy_process_group()"
+    )
     env = {**os.environ, "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     return nccl_network(done.stdout + done.stderr)
@@ -362,15 +429,22 @@ VERDICT_VERSION = 1  # of the JSON lines --output holds
 def verdict_record(result: CaseResult) -> dict[str, Any]:
     """One ``--output`` line: the case, its choices, pass/fail, seconds, records/s and
     each check's verdict."""
-    return {"version": VERDICT_VERSION, "case": matrix.case_name(result.case), "choices": result.case,
-            "passed": result.passed, "seconds": round(result.seconds, 3), "records_per_sec": result.records_per_sec,
-            "checks": result.checks}
+    return {
+        "version": VERDICT_VERSION,
+        "case": matrix.case_name(result.case),
+        "choices": result.case,
+        "passed": result.passed,
+        "seconds": round(result.seconds, 3),
+        "records_per_sec": result.records_per_sec,
+        "checks": result.checks,
+    }
 
 
 def read_verdicts(path: str) -> list[dict[str, Any]]:
     """The verdicts of an ``--output`` file, each line checked (a cut-off last line,
     half written, is left out)."""
     from common.json_fields import BOOLEAN, NUMBER, OBJECT, TEXT, JsonObject, optional
+
     verdicts = []
     with open(path, "rb") as f:
         lines = f.read().split(b"\n")
@@ -379,10 +453,16 @@ def read_verdicts(path: str) -> list[dict[str, Any]]:
             continue
         document = JsonObject.parse(line, f"{path}:{number}", "a gpu_check verdict")
         document.version(VERDICT_VERSION)
-        verdicts.append({"case": document.get("case", TEXT), "choices": document.get("choices", OBJECT),
-                         "passed": document.get("passed", BOOLEAN), "seconds": document.get("seconds", NUMBER),
-                         "records_per_sec": document.get("records_per_sec", optional(NUMBER)),
-                         "checks": document.get("checks", OBJECT)})
+        verdicts.append(
+            {
+                "case": document.get("case", TEXT),
+                "choices": document.get("choices", OBJECT),
+                "passed": document.get("passed", BOOLEAN),
+                "seconds": document.get("seconds", NUMBER),
+                "records_per_sec": document.get("records_per_sec", optional(NUMBER)),
+                "checks": document.get("checks", OBJECT),
+            }
+        )
     return verdicts
 
 
@@ -395,8 +475,15 @@ def append_line(path: str, record: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def run(spec: MatrixSpec, strength: int, only: str, list_only: bool, launcher: Optional[Launcher] = None,
-        output: Optional[str] = None, job_timeout: Optional[float] = None) -> int:
+def run(
+    spec: MatrixSpec,
+    strength: int,
+    only: str,
+    list_only: bool,
+    launcher: Launcher | None = None,
+    output: str | None = None,
+    job_timeout: float | None = None,
+) -> int:
     """Generates the cases of ``spec``, runs them (over freshly generated data), prints
     each verdict as it is made (and appends it to ``output``), then the table; 0 when
     every case passed. BadInput when ``only`` selects nothing."""
@@ -407,17 +494,23 @@ def run(spec: MatrixSpec, strength: int, only: str, list_only: bool, launcher: O
     start = time.perf_counter()
 
     def verdict(result: CaseResult) -> None:
-        print(f"{'pass' if result.passed else 'FAIL'} {matrix.case_name(result.case)} ({result.seconds:.1f} s): "
-              + "; ".join(f"{k}: {v}" for k, v in result.checks.items()), flush=True)
+        print(
+            f"{'pass' if result.passed else 'FAIL'} {matrix.case_name(result.case)} ({result.seconds:.1f} s): "
+            + "; ".join(f"{k}: {v}" for k, v in result.checks.items()),
+            flush=True,
+        )
         if output:
             append_line(output, verdict_record(result))
 
     with matrix.small_data("gpu_check-") as (work, data_dir):
-        results = evaluate(spec, cases, refusals, data_dir, work, launcher or matrix.local_launcher, verdict,
-                           job_timeout)
+        results = evaluate(
+            spec, cases, refusals, data_dir, work, launcher or matrix.local_launcher, verdict, job_timeout
+        )
     print(matrix.format_table(spec, results))
-    print(f"gpu_check on {spec.device}, strength {strength}: {len(cases)} cases and {len(refusals)} refusals "
-          f"in {time.perf_counter() - start:.0f} s")
+    print(
+        f"gpu_check on {spec.device}, strength {strength}: {len(cases)} cases and {len(refusals)} refusals "
+        f"in {time.perf_counter() - start:.0f} s"
+    )
     return 0 if all(r.passed for r in results) else 1
 
 
@@ -425,12 +518,15 @@ def run(spec: MatrixSpec, strength: int, only: str, list_only: bool, launcher: O
 class GpuCheckFlags:
     """The flags of ``python -m bench.gpu_check`` beyond the matrix's (`harness.matrix.MatrixFlags`)."""
 
-    gpus: Optional[int] = flag(None, help="GPUs to plan the world sizes for (default: this host's)")
-    device: str = flag("cuda", choices=("cuda", "cpu"),
-                       help="cpu: run the cases the CPU can, on gloo, to exercise the check itself")
-    output: Optional[str] = flag(None, help="append each verdict here as one JSON line as soon as it is made")
-    job_timeout: float = flag(300.0, help="seconds one training or refusal job may run before it is stopped "
-                                          "and recorded as failed (0: no limit)")
+    gpus: int | None = flag(None, help="GPUs to plan the world sizes for (default: this host's)")
+    device: str = flag(
+        "cuda", choices=("cuda", "cpu"), help="cpu: run the cases the CPU can, on gloo, to exercise the check itself"
+    )
+    output: str | None = flag(None, help="append each verdict here as one JSON line as soon as it is made")
+    job_timeout: float = flag(
+        300.0,
+        help="seconds one training or refusal job may run before it is stopped and recorded as failed (0: no limit)",
+    )
 
 
 def parser() -> OneLineParser:
@@ -440,13 +536,18 @@ def parser() -> OneLineParser:
 
 
 @cli_main("python -m bench.gpu_check")
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parsed = parser().parse_args(argv)
     matrix_flags = matrix.MatrixFlags(**config_values(matrix.MatrixFlags, parsed))
     gpu_flags = GpuCheckFlags(**config_values(GpuCheckFlags, parsed))
     present = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    planned = (present if gpu_flags.gpus is None else gpu_flags.gpus if matrix_flags.list_only
-               else min(gpu_flags.gpus, present))
+    planned = (
+        present
+        if gpu_flags.gpus is None
+        else gpu_flags.gpus
+        if matrix_flags.list_only
+        else min(gpu_flags.gpus, present)
+    )
     spec = gpu_matrix(planned, gpu_flags.device)
     if matrix_flags.list_only:
         return run(spec, matrix_flags.strength, matrix_flags.only, list_only=True)
@@ -454,14 +555,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not present:
             print(f"gpu_check: no CUDA device on this host (torch {torch.__version__}): nothing to check")
             return 0
-        print(f"gpu_check: {present} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
-              f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}", flush=True)
+        print(
+            f"gpu_check: {present} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+            f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}",
+            flush=True,
+        )
         if probes_nccl(spec):
             print(f"nccl network: {probe_nccl_network()}", flush=True)
         else:
             print("nccl network: not probed (one GPU: no case communicates)", flush=True)
-    return run(spec, matrix_flags.strength, matrix_flags.only, list_only=False, output=gpu_flags.output,
-               job_timeout=gpu_flags.job_timeout or None)
+    return run(
+        spec,
+        matrix_flags.strength,
+        matrix_flags.only,
+        list_only=False,
+        output=gpu_flags.output,
+        job_timeout=gpu_flags.job_timeout or None,
+    )
 
 
 if __name__ == "__main__":

@@ -30,9 +30,9 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any, Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from common.cli import OneLineParser, cli_main
 from common.config_flags import flag, parse_flags
@@ -78,12 +78,12 @@ class Step:
     name: str
     what: str
     estimate_s: float
-    argv: Optional[list[str]]
+    argv: list[str] | None
     skip: str = ""
     verdicts: str = ""
 
 
-def steps(device: str, peer: Optional[str] = None) -> list[Step]:
+def steps(device: str, peer: str | None = None) -> list[Step]:
     """The session's steps in order of value; ``device`` cpu: the same steps, tiny."""
     cuda = device == "cuda"
     own = ["-m", "bench.gpu_session", "--device", device, "--step"]
@@ -93,40 +93,96 @@ def steps(device: str, peer: Optional[str] = None) -> list[Step]:
         # On the GPU its verdicts are appended to OUTPUT/NAME.jsonl as they are made;
         # on CPU (a test of the session) it lists the cases.
         if not cuda:
-            return Step(name, what, estimate_s, ["-m", "bench.gpu_check", "--strength", "2", "--device", "cpu",
-                                                 "--list", "--only", only])
-        return Step(name, what, estimate_s, ["-m", "bench.gpu_check", "--strength", "2", "--only", only,
-                                             "--job_timeout", str(GPU_CHECK_JOB_TIMEOUT_S),
-                                             "--output", os.path.join(OUTPUT, f"{name}.jsonl")],
-                    verdicts=f"{name}.jsonl")
+            return Step(
+                name,
+                what,
+                estimate_s,
+                ["-m", "bench.gpu_check", "--strength", "2", "--device", "cpu", "--list", "--only", only],
+            )
+        return Step(
+            name,
+            what,
+            estimate_s,
+            [
+                "-m",
+                "bench.gpu_check",
+                "--strength",
+                "2",
+                "--only",
+                only,
+                "--job_timeout",
+                str(GPU_CHECK_JOB_TIMEOUT_S),
+                "--output",
+                os.path.join(OUTPUT, f"{name}.jsonl"),
+            ],
+            verdicts=f"{name}.jsonl",
+        )
 
     result = [
         Step("environment", "GPU, driver, CUDA, torch, FBGEMM, torchrec, NCCL", 10, own + ["environment"]),
-        Step("install_check", "FBGEMM's TBE lookup and fused update (forward, backward) = torch's", 20,
-             own + ["install_check"]),
+        Step(
+            "install_check",
+            "FBGEMM's TBE lookup and fused update (forward, backward) = torch's",
+            20,
+            own + ["install_check"],
+        ),
         gpu_check("gpu_check_prefetch", "the GPU check's prefetch cases", 90, "/prefetch/"),
-        gpu_check("gpu_check_open_fp16", "the cases nearest the open fp16 / row-wise Adagrad / DCN / UVM caching one",
-                  45, OPEN_FP16_CASE if cuda else OPEN_FP16_CASE.removesuffix("fused_uvm_caching*")),
+        gpu_check(
+            "gpu_check_open_fp16",
+            "the cases nearest the open fp16 / row-wise Adagrad / DCN / UVM caching one",
+            45,
+            OPEN_FP16_CASE if cuda else OPEN_FP16_CASE.removesuffix("fused_uvm_caching*"),
+        ),
         gpu_check("gpu_check_fp16", "the GPU check's fp16-table cases", 90, "/fp16/"),
-        gpu_check("gpu_check_pipelines", "the GPU check's semi_sync, sparse_dist and base cases", 120,
-                  "/semi_sync/,/sparse_dist/,/base/"),
-        Step("dlrmv2", "DLRMv2 at the MLPerf size on this GPU: samples/s, HBM and bf16 shares", 120,
-             ["-m", "bench.dlrmv2_throughput"] + training),
-        Step("dlrmv2_uvm_caching", f"DLRMv2 planned onto {UVM_BUDGET_GB} GiB of HBM: UVM caching with misses", 90,
-             ["-m", "bench.dlrmv2_throughput", "--hbm_gb", str(UVM_BUDGET_GB), "--steps", "20"] + training),
+        gpu_check(
+            "gpu_check_pipelines",
+            "the GPU check's semi_sync, sparse_dist and base cases",
+            120,
+            "/semi_sync/,/sparse_dist/,/base/",
+        ),
+        Step(
+            "dlrmv2",
+            "DLRMv2 at the MLPerf size on this GPU: samples/s, HBM and bf16 shares",
+            120,
+            ["-m", "bench.dlrmv2_throughput"] + training,
+        ),
+        Step(
+            "dlrmv2_uvm_caching",
+            f"DLRMv2 planned onto {UVM_BUDGET_GB} GiB of HBM: UVM caching with misses",
+            90,
+            ["-m", "bench.dlrmv2_throughput", "--hbm_gb", str(UVM_BUDGET_GB), "--steps", "20"] + training,
+        ),
     ]
-    peer_flags = ["--nproc", "1", "--rounds", "1"] + (["--short_steps", "2", "--long_steps", "4", "--batch_size", "64"]
-                                                      if not cuda else [])
-    result.append(Step("peer", "the public example's small DLRM: ours against the public example, same call", 90,
-                       [os.path.join("bench", "peer_throughput.py"), "--peer", peer, *peer_flags] if peer else None,
-                       skip="no --peer (a checkout of the public example's torchrec_dlrm folder)"))
+    peer_flags = ["--nproc", "1", "--rounds", "1"] + (
+        ["--short_steps", "2", "--long_steps", "4", "--batch_size", "64"] if not cuda else []
+    )
+    result.append(
+        Step(
+            "peer",
+            "the public example's small DLRM: ours against the public example, same call",
+            90,
+            [os.path.join("bench", "peer_throughput.py"), "--peer", peer, *peer_flags] if peer else None,
+            skip="no --peer (a checkout of the public example's torchrec_dlrm folder)",
+        )
+    )
     result += [
-        Step("dcnv2", "DCNv2 at the MLPerf size, one id a table", 90,
-             ["-m", "bench.dlrmv2_throughput", "--one_hot"] + training),
-        Step("eval_rate", "evaluation records/s against training records/s", 60,
-             [os.path.join("bench", "eval_rate.py"), "--nproc", "1"]
-             + (["--steps", "60", "--eval_batches", "60", "--auroc_rows", "1000000"] if cuda else
-                ["--steps", "6", "--eval_batches", "3", "--auroc_rows", "10000", "--num_embeddings", "1000"])),
+        Step(
+            "dcnv2",
+            "DCNv2 at the MLPerf size, one id a table",
+            90,
+            ["-m", "bench.dlrmv2_throughput", "--one_hot"] + training,
+        ),
+        Step(
+            "eval_rate",
+            "evaluation records/s against training records/s",
+            60,
+            [os.path.join("bench", "eval_rate.py"), "--nproc", "1"]
+            + (
+                ["--steps", "60", "--eval_batches", "60", "--auroc_rows", "1000000"]
+                if cuda
+                else ["--steps", "6", "--eval_batches", "3", "--auroc_rows", "10000", "--num_embeddings", "1000"]
+            ),
+        ),
         Step("export", "torch.export and AOTInductor programs on the device = eager", 90, own + ["export"]),
     ]
     return result
@@ -134,8 +190,10 @@ def steps(device: str, peer: Optional[str] = None) -> list[Step]:
 
 # ------------------------------------------------------------------ what runs inside a step
 
-def _versions() -> dict[str, Optional[str]]:
+
+def _versions() -> dict[str, str | None]:
     from importlib import metadata
+
     found = {}
     for name in ("torch", "fbgemm_gpu", "fbgemm-gpu", "fbgemm-gpu-cpu", "torchrec", "torchmetrics"):
         with contextlib.suppress(metadata.PackageNotFoundError):
@@ -146,17 +204,29 @@ def _versions() -> dict[str, Optional[str]]:
 def environment(device: str) -> dict[str, Any]:
     """What the session runs on: the GPU, its driver, CUDA, the packages, NCCL."""
     import torch
+
     record: dict[str, Any] = {"python": sys.version.split()[0], "packages": _versions(), "device": device}
     if device == "cuda":
         properties = torch.cuda.get_device_properties(0)
-        record.update(gpu=torch.cuda.get_device_name(0), gpus=torch.cuda.device_count(),
-                      memory_gib=round(properties.total_memory / 2**30, 2),
-                      capability=f"{properties.major}.{properties.minor}", cuda=torch.version.cuda,
-                      nccl=".".join(map(str, torch.cuda.nccl.version())))
+        record.update(
+            gpu=torch.cuda.get_device_name(0),
+            gpus=torch.cuda.device_count(),
+            memory_gib=round(properties.total_memory / 2**30, 2),
+            capability=f"{properties.major}.{properties.minor}",
+            cuda=torch.version.cuda,
+            nccl=".".join(map(str, torch.cuda.nccl.version())),
+        )
         with contextlib.suppress(OSError, subprocess.SubprocessError):
-            record["driver"] = subprocess.run(
-                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
+            record["driver"] = (
+                subprocess.run(
+                    ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                )
+                .stdout.strip()
+                .splitlines()[0]
+            )
     return record
 
 
@@ -165,7 +235,9 @@ def install_check(device: str) -> dict[str, Any]:
     (`scripts.check_install.table_batched_lookup_and_update`: a table-batched lookup's
     sums and its fused SGD update against torch)."""
     import torch
+
     from scripts.check_install import table_batched_lookup_and_update
+
     start = time.perf_counter()
     try:
         table_batched_lookup_and_update(torch.device(device))
@@ -179,16 +251,24 @@ def export_check(device: str) -> dict[str, Any]:
     torch.export program and its AOTInductor package (the exporter writes no
     TorchScript since serving's program files replaced it)."""
     import tempfile
+
     import torch
+
     from data.binary.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
     from models import ModelConfig, build_dlrm_train
     from serving.export import compile_aoti, fp32_program
     from serving.inference_model import ProbabilityModel
+
     target = torch.device(device)
     names = [f"cat_{f}" for f in range(NUM_SPARSE_FEATURES)]
-    config = ModelConfig([1000] * NUM_SPARSE_FEATURES, sparse_feature_names=names,
-                         dense_in_features=NUM_DENSE_FEATURES, embedding_dim=16,
-                         dense_arch_layer_sizes=[32, 16], over_arch_layer_sizes=[32, 1])
+    config = ModelConfig(
+        [1000] * NUM_SPARSE_FEATURES,
+        sparse_feature_names=names,
+        dense_in_features=NUM_DENSE_FEATURES,
+        embedding_dim=16,
+        dense_arch_layer_sizes=[32, 16],
+        over_arch_layer_sizes=[32, 1],
+    )
     torch.manual_seed(0)
     dlrm = build_dlrm_train(config, embedding_device=target, dense_device=target).model
     model = ProbabilityModel(dlrm, names).to(target).eval()
@@ -215,6 +295,7 @@ IN_PROCESS_STEPS = {"environment": environment, "install_check": install_check, 
 
 # ------------------------------------------------------------------ running the session
 
+
 @dataclass
 class StepResult:
     """What one step left: its status (`STATUSES`), seconds, the last JSON object it
@@ -227,16 +308,25 @@ class StepResult:
     estimate_s: float
     limit_s: float
     command: list[str]
-    result: Optional[dict[str, Any]] = None
+    result: dict[str, Any] | None = None
     detail: str = ""
 
     def record(self) -> dict[str, Any]:
-        return {"version": VERSION, "step": self.step, "what": self.what, "status": self.status,
-                "seconds": round(self.seconds, 2), "estimate_s": self.estimate_s, "limit_s": round(self.limit_s, 1),
-                "command": self.command, "result": self.result, "detail": self.detail}
+        return {
+            "version": VERSION,
+            "step": self.step,
+            "what": self.what,
+            "status": self.status,
+            "seconds": round(self.seconds, 2),
+            "estimate_s": self.estimate_s,
+            "limit_s": round(self.limit_s, 1),
+            "command": self.command,
+            "result": self.result,
+            "detail": self.detail,
+        }
 
 
-def last_json_object(text: str) -> Optional[dict[str, Any]]:
+def last_json_object(text: str) -> dict[str, Any] | None:
     """The last line of ``text`` that is a JSON object (a bench's figures), or None."""
     for line in reversed(text.splitlines()):
         line = line.strip()
@@ -248,15 +338,19 @@ def last_json_object(text: str) -> Optional[dict[str, Any]]:
     return None
 
 
-def gpu_check_summary(path: str) -> Optional[dict[str, Any]]:
+def gpu_check_summary(path: str) -> dict[str, Any] | None:
     """The GPU check's verdicts a step appended (`bench.gpu_check.read_verdicts`), as
     counts and the failed cases; None when it made none."""
     if not os.path.exists(path):
         return None
     from bench.gpu_check import read_verdicts
+
     verdicts = read_verdicts(path)
-    failed = [v["case"] + ": " + "; ".join(c for c in v["checks"].values() if c.startswith("FAIL"))
-              for v in verdicts if not v["passed"]]
+    failed = [
+        v["case"] + ": " + "; ".join(c for c in v["checks"].values() if c.startswith("FAIL"))
+        for v in verdicts
+        if not v["passed"]
+    ]
     return {"cases": len(verdicts), "passed": not failed, "failed": failed, "verdicts": os.path.basename(path)}
 
 
@@ -266,16 +360,28 @@ def run_step(step: Step, limit_s: float, log_path: str, output: str = ".") -> St
     in its argv."""
     command = [sys.executable, *(a.replace(OUTPUT, output) for a in step.argv)] if step.argv else []
     if step.argv is None or limit_s <= 0:
-        return StepResult(step.name, step.what, "skipped", 0.0, step.estimate_s, max(limit_s, 0.0), command,
-                          detail=step.skip or "no time left in --minutes")
+        return StepResult(
+            step.name,
+            step.what,
+            "skipped",
+            0.0,
+            step.estimate_s,
+            max(limit_s, 0.0),
+            command,
+            detail=step.skip or "no time left in --minutes",
+        )
     start = time.perf_counter()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p),
-           "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p),
+        "PYTHONUNBUFFERED": "1",
+    }
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
-            code: Optional[int] = process.wait(timeout=limit_s)
+            code: int | None = process.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
             code = None
             with contextlib.suppress(ProcessLookupError):
@@ -284,8 +390,9 @@ def run_step(step: Step, limit_s: float, log_path: str, output: str = ".") -> St
     seconds = time.perf_counter() - start
     with open(log_path, errors="replace") as log:
         text = log.read()
-    figures = (gpu_check_summary(os.path.join(output, step.verdicts)) if step.verdicts else None) \
-        or last_json_object(text)
+    figures = (gpu_check_summary(os.path.join(output, step.verdicts)) if step.verdicts else None) or last_json_object(
+        text
+    )
     if code is None:
         status, detail = "timed_out", f"killed after {limit_s:.0f} s"
     elif code == 0 and (figures is None or figures.get("passed", True)):
@@ -295,7 +402,7 @@ def run_step(step: Step, limit_s: float, log_path: str, output: str = ".") -> St
     return StepResult(step.name, step.what, status, seconds, step.estimate_s, limit_s, command, figures, detail)
 
 
-def _headline(result: Optional[dict[str, Any]]) -> str:
+def _headline(result: dict[str, Any] | None) -> str:
     """The figure a step's row shows."""
     if not result:
         return ""
@@ -317,8 +424,9 @@ def format_table(results: Sequence[StepResult]) -> str:
     lines = ["| step | status | seconds | limit | figure | detail |", "|---|---|---:|---:|---|---|"]
     for r in results:
         detail = r.detail.replace("|", "/").replace("\n", " ")[:200]
-        lines.append(f"| {r.step} | {r.status} | {r.seconds:.1f} | {r.limit_s:.0f} | {_headline(r.result)} | "
-                     f"{detail} |")
+        lines.append(
+            f"| {r.step} | {r.status} | {r.seconds:.1f} | {r.limit_s:.0f} | {_headline(r.result)} | {detail} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -333,6 +441,7 @@ def append_line(path: str, record: dict[str, Any]) -> None:
 def read_session(path: str) -> list[dict[str, Any]]:
     """The steps of a session.jsonl, each line checked (a cut-off last line is left out)."""
     from common.json_fields import NUMBER, OBJECT, TEXT, JsonObject, one_of, optional, text_list
+
     with open(path, "rb") as f:
         lines = f.read().split(b"\n")
     records = []
@@ -341,10 +450,17 @@ def read_session(path: str) -> list[dict[str, Any]]:
             continue
         document = JsonObject.parse(line, f"{path}:{number}", "a gpu_session step")
         document.version(VERSION)
-        records.append({"step": document.get("step", TEXT), "status": document.get("status", one_of(*STATUSES)),
-                        "seconds": document.get("seconds", NUMBER), "limit_s": document.get("limit_s", NUMBER),
-                        "command": document.get("command", text_list(allow_empty=True)),
-                        "result": document.get("result", optional(OBJECT)), "detail": document.get("detail", TEXT)})
+        records.append(
+            {
+                "step": document.get("step", TEXT),
+                "status": document.get("status", one_of(*STATUSES)),
+                "seconds": document.get("seconds", NUMBER),
+                "limit_s": document.get("limit_s", NUMBER),
+                "command": document.get("command", text_list(allow_empty=True)),
+                "result": document.get("result", optional(OBJECT)),
+                "detail": document.get("detail", TEXT),
+            }
+        )
     return records
 
 
@@ -356,8 +472,10 @@ def format_plan(plan: Sequence[Step], minutes: float) -> str:
         total += step.estimate_s if step.argv else 0
         note = f"  (skipped: {step.skip})" if step.argv is None else ""
         lines.append(f"{step.name:<22} {step.estimate_s:>8.0f}s  {step.what}{note}")
-    lines.append(f"{len(plan)} steps, about {total / 60:.1f} minutes on the GPU; --minutes {minutes:g} bounds the "
-                 "session, each step at most its estimate x " + f"{STEP_SLACK:g}")
+    lines.append(
+        f"{len(plan)} steps, about {total / 60:.1f} minutes on the GPU; --minutes {minutes:g} bounds the "
+        "session, each step at most its estimate x " + f"{STEP_SLACK:g}"
+    )
     return "\n".join(lines)
 
 
@@ -366,8 +484,10 @@ def run_session(plan: Sequence[Step], minutes: float, output: str) -> list[StepR
     `STEP_SLACK`, cut to the time left."""
     session_path = os.path.join(output, SESSION_FILE)
     if os.path.exists(session_path):
-        raise BadInput(f"--output {output}: it already holds {SESSION_FILE} (a session's results are never "
-                       "overwritten): give a new directory")
+        raise BadInput(
+            f"--output {output}: it already holds {SESSION_FILE} (a session's results are never "
+            "overwritten): give a new directory"
+        )
     os.makedirs(os.path.join(output, LOG_DIR), exist_ok=True)
     deadline = time.monotonic() + minutes * 60
     results: list[StepResult] = []
@@ -381,8 +501,9 @@ def run_session(plan: Sequence[Step], minutes: float, output: str) -> list[StepR
         with open(os.path.join(output, TABLE_FILE + ".tmp"), "w") as f:
             f.write(format_table(results))
         os.replace(os.path.join(output, TABLE_FILE + ".tmp"), os.path.join(output, TABLE_FILE))
-        print(f"gpu_session: {step.name} {result.status} in {result.seconds:.1f} s {_headline(result.result)}",
-              flush=True)
+        print(
+            f"gpu_session: {step.name} {result.status} in {result.seconds:.1f} s {_headline(result.result)}", flush=True
+        )
     return results
 
 
@@ -391,16 +512,19 @@ class GpuSessionFlags:
     """The flags of ``python -m bench.gpu_session``."""
 
     minutes: float = flag(9.0, help="the whole session's time; steps left when it runs out are skipped")
-    output: Optional[str] = flag(None, help="a new directory for session.jsonl, session.md and the steps' logs")
+    output: str | None = flag(None, help="a new directory for session.jsonl, session.md and the steps' logs")
     plan: bool = flag(False, help="print the steps and their time estimates, run nothing (no GPU needed)")
     device: str = flag("cuda", choices=("cuda", "cpu"), help="cpu: the same steps on tiny sizes, to test the session")
-    peer: Optional[str] = flag(None, help="a checkout of the public example's torchrec_dlrm folder, for the peer step")
-    step: Optional[str] = flag(None, choices=list(IN_PROCESS_STEPS),
-                               help="run one in-process step and print its JSON (what the session itself calls)")
+    peer: str | None = flag(None, help="a checkout of the public example's torchrec_dlrm folder, for the peer step")
+    step: str | None = flag(
+        None,
+        choices=list(IN_PROCESS_STEPS),
+        help="run one in-process step and print its JSON (what the session itself calls)",
+    )
 
 
 @cli_main(PROG)
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_flags(OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0]), GpuSessionFlags, argv)
     if args.step is not None:
         record = IN_PROCESS_STEPS[args.step](args.device)
@@ -416,13 +540,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise BadInput("--output: say where the session's results go (a new directory)")
     if args.device == "cuda":
         import torch
+
         if not torch.cuda.is_available():
-            raise BadInput("--device cuda: no CUDA device on this host (--plan prints the steps; --device cpu "
-                           "runs them tiny)")
+            raise BadInput(
+                "--device cuda: no CUDA device on this host (--plan prints the steps; --device cpu runs them tiny)"
+            )
     results = run_session(plan, args.minutes, args.output)
     counts = {status: sum(r.status == status for r in results) for status in STATUSES}
-    print(f"gpu_session: {', '.join(f'{n} {s}' for s, n in counts.items() if n)}; results in "
-          f"{os.path.join(args.output, SESSION_FILE)} and {os.path.join(args.output, TABLE_FILE)}")
+    print(
+        f"gpu_session: {', '.join(f'{n} {s}' for s, n in counts.items() if n)}; results in "
+        f"{os.path.join(args.output, SESSION_FILE)} and {os.path.join(args.output, TABLE_FILE)}"
+    )
     return 0 if counts["failed"] == counts["timed_out"] == 0 else 1
 
 

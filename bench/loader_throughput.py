@@ -15,18 +15,17 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
-from typing import Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import dlrm_main
 from bench.train_throughput import BOTTOM, DIM, ROWS, TOP
-from data.binary.criteo import CriteoBinaryDataset, CriteoBinaryLoader
-from data.batching.multi_hot import MultiHotExpander
-from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
-from harness.launch import launch, read_log
 from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
+from data.batching.multi_hot import MultiHotExpander
+from data.binary.criteo import CriteoBinaryDataset, CriteoBinaryLoader
+from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
+from harness.launch import launch, read_log
 
 BATCH = 1024
 
@@ -44,14 +43,33 @@ def loader_rate(loader: CriteoBinaryLoader, max_batches: int = 400) -> float:
 def training_steps_per_sec(steps: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "train.jsonl")
-        launch(dlrm_main.main, [
-            "--num_embeddings", str(ROWS), "--embedding_dim", str(DIM),
-            "--dense_arch_layer_sizes", ",".join(map(str, BOTTOM)),
-            "--over_arch_layer_sizes", ",".join(map(str, TOP)),
-            "--batch_size", str(BATCH), "--limit_train_batches", str(steps), "--limit_val_batches", "0",
-            "--limit_test_batches", "0", "--learning_rate", "0.1", "--log_every_n_steps", str(max(1, steps // 6)),
-            "--log_path", log,
-        ])
+        launch(
+            dlrm_main.main,
+            [
+                "--num_embeddings",
+                str(ROWS),
+                "--embedding_dim",
+                str(DIM),
+                "--dense_arch_layer_sizes",
+                ",".join(map(str, BOTTOM)),
+                "--over_arch_layer_sizes",
+                ",".join(map(str, TOP)),
+                "--batch_size",
+                str(BATCH),
+                "--limit_train_batches",
+                str(steps),
+                "--limit_val_batches",
+                "0",
+                "--limit_test_batches",
+                "0",
+                "--learning_rate",
+                "0.1",
+                "--log_every_n_steps",
+                str(max(1, steps // 6)),
+                "--log_path",
+                log,
+            ],
+        )
         train = [r for r in read_log(log) if r["event"] == "train"][1:]  # drop warm-up interval
     return sum(len(r["step_losses"]) for r in train) / sum(r["seconds"] for r in train)
 
@@ -64,7 +82,7 @@ class LoaderThroughputFlags:
     train_steps: int = flag(120, help="steps of the training run the loader's rate is compared with")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), LoaderThroughputFlags, argv)
     with tempfile.TemporaryDirectory() as tmp:
         spec = SyntheticCriteoSpec(num_days=3, rows_per_day=args.rows_per_day, seed=2)
@@ -76,16 +94,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "mmap": CriteoBinaryLoader(dataset, "train", mmap_mode=True, **common),
             "shuffled_rows_in_memory": CriteoBinaryLoader(dataset, "train", row_permutation_seed=1, **common),
             "multi_hot_20_in_memory": CriteoBinaryLoader(
-                dataset, "train", expand=MultiHotExpander([20] * 26, spec.cardinalities, "uniform", 0), **common),
+                dataset, "train", expand=MultiHotExpander([20] * 26, spec.cardinalities, "uniform", 0), **common
+            ),
         }
         rates = {name: loader_rate(loader) for name, loader in loaders.items()}
     steps = training_steps_per_sec(args.train_steps)
-    result = {"training_steps_per_sec": round(steps, 2),
-              **{f"{k}_batches_per_sec": round(v, 1) for k, v in rates.items()},
-              **{f"{k}_ratio_to_training": round(v / steps, 1) for k, v in rates.items()}}
+    result = {
+        "training_steps_per_sec": round(steps, 2),
+        **{f"{k}_batches_per_sec": round(v, 1) for k, v in rates.items()},
+        **{f"{k}_ratio_to_training": round(v / steps, 1) for k, v in rates.items()},
+    }
     for name, rate in rates.items():
-        print(f"{name:<26} {rate:8.1f} batches/s  = {rate / steps:5.1f} x the training rate "
-              f"({steps:.2f} steps/s, default model, 2 ranks)")
+        print(
+            f"{name:<26} {rate:8.1f} batches/s  = {rate / steps:5.1f} x the training rate "
+            f"({steps:.2f} steps/s, default model, 2 ranks)"
+        )
     print(json.dumps(result))
     return 0
 

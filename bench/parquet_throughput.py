@@ -16,9 +16,8 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import dataclass
-from typing import Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -66,8 +65,14 @@ def pyarrow_rows_per_sec(directory: str, columns: list) -> float:
 
 def loader_rows_per_sec(directory: str, batch_size: int) -> float:
     """Rows/s of the training loader's batches in its second pass (one rank of one)."""
-    config = DataConfig.from_flags(parquet_path=directory, dense_columns="I*", sparse_columns="C*", batch_size=batch_size,
-                        validation_window="0.01", test_window="0.01")
+    config = DataConfig.from_flags(
+        parquet_path=directory,
+        dense_columns="I*",
+        sparse_columns="C*",
+        batch_size=batch_size,
+        validation_window="0.01",
+        test_window="0.01",
+    )
     config.validate()
     source = source_for(config)
     dataset = source.open()
@@ -89,9 +94,10 @@ class ParquetThroughputFlags:
     row_group_rows: int = flag(128 * 1024, help="rows per Parquet row group")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), ParquetThroughputFlags, argv)
     import torch
+
     torch.set_num_threads(1)  # one core, as the goal says: torch's and Arrow's threads alike
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
@@ -103,10 +109,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             columns = pq.ParquetFile(os.path.join(directory, "part-0.parquet")).schema_arrow.names
             limit = pyarrow_rows_per_sec(directory, columns)
             ours = loader_rows_per_sec(directory, args.batch_size)
-            results[name] = {"rows": rows, "pyarrow_rows_per_sec": limit, "loader_rows_per_sec": ours,
-                             "ratio": ours / limit}
-            print(f"{name}: pyarrow {limit:,.0f} rows/s, loader {ours:,.0f} rows/s, ratio {ours / limit:.2f}x "
-                  "(goal >= 0.7x)")
+            results[name] = {
+                "rows": rows,
+                "pyarrow_rows_per_sec": limit,
+                "loader_rows_per_sec": ours,
+                "ratio": ours / limit,
+            }
+            print(
+                f"{name}: pyarrow {limit:,.0f} rows/s, loader {ours:,.0f} rows/s, ratio {ours / limit:.2f}x "
+                "(goal >= 0.7x)"
+            )
     print(json.dumps(results))
     return 0
 

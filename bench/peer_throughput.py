@@ -25,9 +25,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
-from typing import Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -66,9 +66,11 @@ def records_per_sec(short: TimedRun, long: TimedRun, records_per_step: int) -> f
     if extra_steps <= 0:
         raise ValueError(f"the long run ({long.steps} steps) must have more steps than the short one ({short.steps})")
     if extra_seconds <= 0:
-        raise RuntimeError(f"the {long.steps}-step run took {long.seconds:.1f} s, no longer than the "
-                           f"{short.steps}-step run's {short.seconds:.1f} s: the machine's load swamped the "
-                           "difference (use more steps)")
+        raise RuntimeError(
+            f"the {long.steps}-step run took {long.seconds:.1f} s, no longer than the "
+            f"{short.steps}-step run's {short.seconds:.1f} s: the machine's load swamped the "
+            "difference (use more steps)"
+        )
     return extra_steps * records_per_step / extra_seconds
 
 
@@ -82,9 +84,11 @@ def check_peer(path: str) -> str:
     BadInput naming what is missing otherwise."""
     missing = [name for name in PEER_FILES if not os.path.isfile(os.path.join(path, name))]
     if missing:
-        raise BadInput(f"--peer {path}: not a checkout of the public example's torchrec_dlrm folder "
-                       f"(no {' or '.join(missing)}); export it with "
-                       "`git archive HEAD torchrec_dlrm | tar -x` from github.com/facebookresearch/dlrm")
+        raise BadInput(
+            f"--peer {path}: not a checkout of the public example's torchrec_dlrm folder "
+            f"(no {' or '.join(missing)}); export it with "
+            "`git archive HEAD torchrec_dlrm | tar -x` from github.com/facebookresearch/dlrm"
+        )
     return os.path.abspath(path)
 
 
@@ -92,19 +96,43 @@ def common_flags(steps: int, batch_size: int) -> list[str]:
     """The flags both programs get: the public example's defaults spelled out, random data,
     one batch of validation and of test (both run lengths pay them alike)."""
     return [
-        "--num_embeddings", str(ROWS), "--embedding_dim", str(DIM),
-        "--dense_arch_layer_sizes", ",".join(map(str, BOTTOM)),
-        "--over_arch_layer_sizes", ",".join(map(str, TOP)),
-        "--batch_size", str(batch_size), "--learning_rate", "0.1", "--seed", "0",
-        "--limit_train_batches", str(steps), "--limit_val_batches", "1", "--limit_test_batches", "1",
+        "--num_embeddings",
+        str(ROWS),
+        "--embedding_dim",
+        str(DIM),
+        "--dense_arch_layer_sizes",
+        ",".join(map(str, BOTTOM)),
+        "--over_arch_layer_sizes",
+        ",".join(map(str, TOP)),
+        "--batch_size",
+        str(batch_size),
+        "--learning_rate",
+        "0.1",
+        "--seed",
+        "0",
+        "--limit_train_batches",
+        str(steps),
+        "--limit_val_batches",
+        "1",
+        "--limit_test_batches",
+        "1",
     ]
 
 
-def run_training(entry_point: str, flags: list[str], steps: int, nproc: int, env: dict[str, str],
-                 cwd: str, output_path: str) -> TimedRun:
+def run_training(
+    entry_point: str, flags: list[str], steps: int, nproc: int, env: dict[str, str], cwd: str, output_path: str
+) -> TimedRun:
     """Runs ``entry_point`` under torchrun and times the whole process tree."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               entry_point, *flags]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        entry_point,
+        *flags,
+    ]
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
     with open(output_path, "w") as output:
@@ -122,16 +150,26 @@ def program_name(ours_flags: str) -> str:
     return f"ours {ours_flags}".strip()
 
 
-def measure(peer: str, rounds: int, short_steps: int, long_steps: int, nproc: int, batch_size: int,
-            ours_variants: list[str], work_dir: str) -> dict[str, object]:
+def measure(
+    peer: str,
+    rounds: int,
+    short_steps: int,
+    long_steps: int,
+    nproc: int,
+    batch_size: int,
+    ours_variants: list[str],
+    work_dir: str,
+) -> dict[str, Any]:
     """Rounds of the peer and every variant of ours, each round starting one program
     later than the last; returns {"rates": {program: [records/s per round]}, "runs": [...]}."""
     # Ours finds its packages through the path; the peer's `data` package would be
     # shadowed by ours, so it runs from its folder without our path.
     ours_env = {**os.environ, "PYTHONPATH": REPO}
     peer_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    programs = {program_name(flags): (os.path.join(REPO, "dlrm_main.py"), shlex.split(flags), ours_env, REPO)
-                for flags in ours_variants}
+    programs = {
+        program_name(flags): (os.path.join(REPO, "dlrm_main.py"), shlex.split(flags), ours_env, REPO)
+        for flags in ours_variants
+    }
     programs["peer"] = (os.path.join(peer, "dlrm_main.py"), [], peer_env, peer)
     names = list(programs)
     rates: dict[str, list[float]] = {name: [] for name in names}
@@ -141,18 +179,35 @@ def measure(peer: str, rounds: int, short_steps: int, long_steps: int, nproc: in
         for name in names[shift:] + names[:shift]:
             entry_point, extra, env, cwd = programs[name]
             timed = [
-                run_training(entry_point, common_flags(steps, batch_size) + extra, steps, nproc, env, cwd,
-                             os.path.join(work_dir, f"{len(runs)}_{steps}.log"))
+                run_training(
+                    entry_point,
+                    common_flags(steps, batch_size) + extra,
+                    steps,
+                    nproc,
+                    env,
+                    cwd,
+                    os.path.join(work_dir, f"{len(runs)}_{steps}.log"),
+                )
                 for steps in (short_steps, long_steps)
             ]
-            rate = records_per_sec(*timed, records_per_step=batch_size * nproc)
+            short, long = timed
+            rate = records_per_sec(short, long, records_per_step=batch_size * nproc)
             rates[name].append(rate)
-            runs.append({"round": round_index, "program": name, "records_per_sec": round(rate),
-                         "seconds": [round(t.seconds, 2) for t in timed],
-                         "loadavg_1min": [round(v, 2) for t in timed for v in (t.load_before, t.load_after)]})
-            print(f"round {round_index} {name}: {rate:,.0f} records/s "
-                  f"({short_steps} steps {timed[0].seconds:.1f} s, {long_steps} steps {timed[1].seconds:.1f} s, "
-                  f"load {timed[0].load_before:.2f}-{timed[1].load_after:.2f})", flush=True)
+            runs.append(
+                {
+                    "round": round_index,
+                    "program": name,
+                    "records_per_sec": round(rate),
+                    "seconds": [round(t.seconds, 2) for t in timed],
+                    "loadavg_1min": [round(v, 2) for t in timed for v in (t.load_before, t.load_after)],
+                }
+            )
+            print(
+                f"round {round_index} {name}: {rate:,.0f} records/s "
+                f"({short_steps} steps {timed[0].seconds:.1f} s, {long_steps} steps {timed[1].seconds:.1f} s, "
+                f"load {timed[0].load_before:.2f}-{timed[1].load_after:.2f})",
+                flush=True,
+            )
     return {"rates": rates, "runs": runs}
 
 
@@ -163,52 +218,74 @@ class PeerThroughputFlags:
     peer: str = flag(help="a checkout of the public example's torchrec_dlrm folder")
     rounds: int = flag(3, parse=positive_int, help="alternating rounds of both programs")
     short_steps: int = flag(30, parse=positive_int, help="training steps of the short run")
-    long_steps: int = flag(130, parse=positive_int,
-                           help="training steps of the long run (a smoke run: --short_steps 2 --long_steps 4)")
+    long_steps: int = flag(
+        130, parse=positive_int, help="training steps of the long run (a smoke run: --short_steps 2 --long_steps 4)"
+    )
     nproc: int = flag(2, parse=positive_int, help="ranks (torchrun --nproc_per_node)")
     batch_size: int = flag(1024, parse=positive_int, help="rows per rank")
-    ours_flags: list[str] = flag([], help="a variant of this repository's run with these flags added (write "
-                                          "--ours_flags=\"--compile ...\": the value starts with a dash); repeat to "
-                                          "alternate several variants with the peer (default: ours as it is)")
+    ours_flags: list[str] = flag(
+        [],
+        help="a variant of this repository's run with these flags added (write "
+        '--ours_flags="--compile ...": the value starts with a dash); repeat to '
+        "alternate several variants with the peer (default: ours as it is)",
+    )
 
 
 @cli_main(PROG)
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_flags(OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0]), PeerThroughputFlags, argv)
     if args.long_steps <= args.short_steps:
-        raise BadInput(f"--long_steps ({args.long_steps}) must be above --short_steps ({args.short_steps}): "
-                       "the rate is taken from the steps in between")
+        raise BadInput(
+            f"--long_steps ({args.long_steps}) must be above --short_steps ({args.short_steps}): "
+            "the rate is taken from the steps in between"
+        )
     peer = check_peer(args.peer)
     threads = usable_cores()
     peaks_before = {dtype: matmul_peak_gflops(threads, dtype=dtype) for dtype in (torch.float32, torch.bfloat16)}
     with tempfile.TemporaryDirectory() as work_dir:
-        figures = measure(peer, args.rounds, args.short_steps, args.long_steps, args.nproc, args.batch_size,
-                          args.ours_flags or [""], work_dir)
+        figures = measure(
+            peer,
+            args.rounds,
+            args.short_steps,
+            args.long_steps,
+            args.nproc,
+            args.batch_size,
+            args.ours_flags or [""],
+            work_dir,
+        )
     peaks = {dtype: max(before, matmul_peak_gflops(threads, dtype=dtype)) for dtype, before in peaks_before.items()}
     rates = figures["rates"]
-    medians = {name: statistics.median(values) for name, values in rates.items()}  # type: ignore[union-attr]
-    ratios = {name: median_ratio(values, rates["peer"]) for name, values in rates.items()  # type: ignore
-              if name != "peer"}
+    medians = {name: statistics.median(values) for name, values in rates.items()}
+    ratios = {name: median_ratio(values, rates["peer"]) for name, values in rates.items() if name != "peer"}
     flops = flops_per_record()
-    fractions = {name: {str(dtype).removeprefix("torch."): round(rate * flops / 1e9 / peak, 3)
-                        for dtype, peak in peaks.items()} for name, rate in medians.items()}
+    fractions = {
+        name: {str(dtype).removeprefix("torch."): round(rate * flops / 1e9 / peak, 3) for dtype, peak in peaks.items()}
+        for name, rate in medians.items()
+    }
     for name, rate in medians.items():
-        print(f"{name}: median {rate:,.0f} records/s, {rate * flops / 1e9:.1f} GFLOP/s = "
-              f"{100 * fractions[name]['float32']:.1f}% of the fp32 matmul peak ({peaks[torch.float32]:.0f} GFLOP/s), "
-              f"{100 * fractions[name]['bfloat16']:.1f}% of the bf16 peak ({peaks[torch.bfloat16]:.0f} GFLOP/s)")
+        print(
+            f"{name}: median {rate:,.0f} records/s, {rate * flops / 1e9:.1f} GFLOP/s = "
+            f"{100 * fractions[name]['float32']:.1f}% of the fp32 matmul peak ({peaks[torch.float32]:.0f} GFLOP/s), "
+            f"{100 * fractions[name]['bfloat16']:.1f}% of the bf16 peak ({peaks[torch.bfloat16]:.0f} GFLOP/s)"
+        )
     for name, ratio in ratios.items():
         print(f"{name} / peer (medians): {ratio:.2f}x")
-    print(json.dumps({
-        "ratio_of_medians": {name: round(ratio, 3) for name, ratio in ratios.items()},
-        "median_records_per_sec": {name: round(rate) for name, rate in medians.items()},
-        "fraction_of_matmul_peak": fractions,
-        "matmul_peak_gflops": {str(d).removeprefix("torch."): round(p, 1) for d, p in peaks.items()},
-        "threads_for_peak": threads,
-        "mflop_per_record": round(flops / 1e6, 3),
-        "ranks": args.nproc, "batch_size_per_rank": args.batch_size,
-        "steps": [args.short_steps, args.long_steps], 
-        "runs": figures["runs"],
-    }))
+    print(
+        json.dumps(
+            {
+                "ratio_of_medians": {name: round(ratio, 3) for name, ratio in ratios.items()},
+                "median_records_per_sec": {name: round(rate) for name, rate in medians.items()},
+                "fraction_of_matmul_peak": fractions,
+                "matmul_peak_gflops": {str(d).removeprefix("torch."): round(p, 1) for d, p in peaks.items()},
+                "threads_for_peak": threads,
+                "mflop_per_record": round(flops / 1e6, 3),
+                "ranks": args.nproc,
+                "batch_size_per_rank": args.batch_size,
+                "steps": [args.short_steps, args.long_steps],
+                "runs": figures["runs"],
+            }
+        )
+    )
     return 0
 
 

@@ -17,17 +17,16 @@ import json
 import os
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
-from dataclasses import dataclass
-from typing import Optional
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
 
 import dlrm_main
 from bench.train_throughput import BOTTOM, DIM, TOP
-from harness.launch import launch, read_log
 from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
+from harness.launch import launch, read_log
 
 # 10 points, about 1.4x apart: 26 tables of 63 MiB to 1.24 GiB of fp32 weights in all.
 DEFAULT_ROWS = "10000,14000,20000,28000,40000,56000,80000,110000,150000,200000"
@@ -38,22 +37,48 @@ BATCH = 1024
 def measure(rows: int, optimizer: str, precision: str, nproc: int, work: str) -> dict[str, Any]:
     """One step at this point; its plan_memory record, worst rank first."""
     log = os.path.join(work, f"{optimizer}-{precision}-{rows}.jsonl")
-    argv = ["--num_embeddings", str(rows), "--embedding_dim", str(DIM),
-            "--dense_arch_layer_sizes", ",".join(map(str, BOTTOM)), "--over_arch_layer_sizes", ",".join(map(str, TOP)),
-            "--batch_size", str(BATCH), "--limit_train_batches", "1", "--limit_val_batches", "0",
-            "--limit_test_batches", "0", "--optimizer", optimizer, "--learning_rate", "0.01",
-            "--embedding_precision", precision, "--log_path", log]
+    argv = [
+        "--num_embeddings",
+        str(rows),
+        "--embedding_dim",
+        str(DIM),
+        "--dense_arch_layer_sizes",
+        ",".join(map(str, BOTTOM)),
+        "--over_arch_layer_sizes",
+        ",".join(map(str, TOP)),
+        "--batch_size",
+        str(BATCH),
+        "--limit_train_batches",
+        "1",
+        "--limit_val_batches",
+        "0",
+        "--limit_test_batches",
+        "0",
+        "--optimizer",
+        optimizer,
+        "--learning_rate",
+        "0.01",
+        "--embedding_precision",
+        precision,
+        "--log_path",
+        log,
+    ]
     launch(dlrm_main.main, argv, nproc=nproc)
     record = [r for r in read_log(log) if r["event"] == "plan_memory"][-1]
     built = [e / b for e, b in zip(record["estimated_bytes"], record["built_bytes"])]
     step = [e / s for e, s in zip(record["estimated_bytes"], record["first_step_bytes"])]
     worst = max(range(nproc), key=lambda r: abs(built[r] - 1))
-    return {"rows": rows, "optimizer": optimizer, "precision": precision,
-            "estimated_mib": [round(b / 2**20, 1) for b in record["estimated_bytes"]],
-            "built_mib": [round(b / 2**20, 1) for b in record["built_bytes"]],
-            "first_step_mib": [round(b / 2**20, 1) for b in record["first_step_bytes"]],
-            "estimate_vs_built": round(built[worst], 3), "estimate_vs_first_step": round(min(step), 3),
-            "within_goal": all(abs(r - 1) <= GOAL for r in built)}
+    return {
+        "rows": rows,
+        "optimizer": optimizer,
+        "precision": precision,
+        "estimated_mib": [round(b / 2**20, 1) for b in record["estimated_bytes"]],
+        "built_mib": [round(b / 2**20, 1) for b in record["built_bytes"]],
+        "first_step_mib": [round(b / 2**20, 1) for b in record["first_step_bytes"]],
+        "estimate_vs_built": round(built[worst], 3),
+        "estimate_vs_first_step": round(min(step), 3),
+        "within_goal": all(abs(r - 1) <= GOAL for r in built),
+    }
 
 
 @dataclass
@@ -67,33 +92,51 @@ class PlanEstimateFlags:
     parallel: int = flag(2, help="runs at once")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), PlanEstimateFlags, argv)
-    grid = [(rows, optimizer, precision) for optimizer in args.optimizers.split(",")
-            for precision in args.precisions.split(",") for rows in (int(r) for r in args.rows.split(","))]
+    grid = [
+        (rows, optimizer, precision)
+        for optimizer in args.optimizers.split(",")
+        for precision in args.precisions.split(",")
+        for rows in (int(r) for r in args.rows.split(","))
+    ]
 
     def run(rows: int, optimizer: str, precision: str) -> dict[str, Any]:
         point = measure(rows, optimizer, precision, args.nproc, work)
-        print(f"{optimizer} {precision} 26 x {rows:,}: estimated {point['estimated_mib']} MiB, built "
-              f"{point['built_mib']}, first step {point['first_step_mib']} | estimate / built "
-              f"{point['estimate_vs_built']} | estimate / first step {point['estimate_vs_first_step']}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{optimizer} {precision} 26 x {rows:,}: estimated {point['estimated_mib']} MiB, built "
+            f"{point['built_mib']}, first step {point['first_step_mib']} | estimate / built "
+            f"{point['estimate_vs_built']} | estimate / first step {point['estimate_vs_first_step']}",
+            file=sys.stderr,
+            flush=True,
+        )
         return point
 
     with tempfile.TemporaryDirectory() as work, ThreadPoolExecutor(args.parallel) as pool:
         points: list[dict[str, Any]] = list(pool.map(lambda point: run(*point), grid))
-    print("| optimizer | precision | " + " | ".join(f"26 x {p['rows']:,}" for p in points[:len(args.rows.split(','))])
-          + " |")
+    print(
+        "| optimizer | precision | "
+        + " | ".join(f"26 x {p['rows']:,}" for p in points[: len(args.rows.split(","))])
+        + " |"
+    )
     print("| --- " * (2 + len(args.rows.split(","))) + "|")
     for optimizer in args.optimizers.split(","):
         for precision in args.precisions.split(","):
-            cells = [f"{p['estimate_vs_built']:.2f} ({p['estimate_vs_first_step']:.2f})" for p in points
-                     if p["optimizer"] == optimizer and p["precision"] == precision]
+            cells = [
+                f"{p['estimate_vs_built']:.2f} ({p['estimate_vs_first_step']:.2f})"
+                for p in points
+                if p["optimizer"] == optimizer and p["precision"] == precision
+            ]
             print(f"| {optimizer} | {precision} | " + " | ".join(cells) + " |")
     missed = [p for p in points if not p["within_goal"]]
-    print(f"estimate / built within +-{GOAL:.0%} at {len(points) - len(missed)} of {len(points)} points"
-          + (": missed at " + ", ".join(f"{p['optimizer']} {p['precision']} {p['rows']}" for p in missed)
-             if missed else ""))
+    print(
+        f"estimate / built within +-{GOAL:.0%} at {len(points) - len(missed)} of {len(points)} points"
+        + (
+            ": missed at " + ", ".join(f"{p['optimizer']} {p['precision']} {p['rows']}" for p in missed)
+            if missed
+            else ""
+        )
+    )
     print(json.dumps({"points": points, "goal": GOAL}))
     return 0
 

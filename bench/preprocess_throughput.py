@@ -18,9 +18,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
-from typing import Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
@@ -54,7 +53,7 @@ def run_measured(cmd: list[str]) -> dict[str, float]:
         time.sleep(0.02)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.read().decode()[-2000:]}")
+        raise RuntimeError(f"{' '.join(cmd)} failed: {proc.communicate()[1].decode()[-2000:]}")
     return {"seconds": seconds, "peak_rss_mib": peak / 1024}
 
 
@@ -74,7 +73,7 @@ class PreprocessThroughputFlags:
     skip_torchrec: bool = flag(False, help="do not also time torchrec's npy_preproc_criteo on the first size")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), PreprocessThroughputFlags, argv)
     sizes = [int(v) for v in args.lines.split(",")]
     results = []
@@ -87,14 +86,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             write_raw_day(spec, path, 0)
             mb = os.path.getsize(path) / 1e6
             read_s = min(plain_read_seconds(path) for _ in range(2))
-            row: dict[str, object] = {"lines": lines, "input_mb": round(mb, 1),
-                                      "plain_read_mb_s": round(mb / read_s, 1)}
+            row: dict[str, object] = {
+                "lines": lines,
+                "input_mb": round(mb, 1),
+                "plain_read_mb_s": round(mb / read_s, 1),
+            }
             for name, extra in (("ours_one_pass", []), ("ours_threshold", ["--frequency_threshold", "2"])):
                 if extra:  # counting needs a training day and a last day
                     shutil.copy(path, os.path.join(raw, "day_1"))
                 out = os.path.join(tmp, f"out_{lines}_{name}")
-                m = run_measured([sys.executable, "-m", "data.preprocess_criteo", "--input_dir", raw,
-                                  "--output_dir", out, "--dataset_name", "criteo_1t", "--workers", "1", *extra])
+                m = run_measured(
+                    [
+                        sys.executable,
+                        "-m",
+                        "data.preprocess_criteo",
+                        "--input_dir",
+                        raw,
+                        "--output_dir",
+                        out,
+                        "--dataset_name",
+                        "criteo_1t",
+                        "--workers",
+                        "1",
+                        *extra,
+                    ]
+                )
                 input_mb = mb * (2 if extra else 1)
                 row[f"{name}_mb_s"] = round(input_mb / m["seconds"], 1)
                 row[f"{name}_peak_rss_mib"] = round(m["peak_rss_mib"])
@@ -104,8 +120,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if not args.skip_torchrec and lines == sizes[0]:
                 out = os.path.join(tmp, "out_torchrec")
                 os.makedirs(out)
-                m = run_measured([sys.executable, "-m", "torchrec.datasets.scripts.npy_preproc_criteo",
-                                  "--input_dir", raw, "--output_dir", out, "--dataset_name", "criteo_1tb"])
+                m = run_measured(
+                    [
+                        sys.executable,
+                        "-m",
+                        "torchrec.datasets.scripts.npy_preproc_criteo",
+                        "--input_dir",
+                        raw,
+                        "--output_dir",
+                        out,
+                        "--dataset_name",
+                        "criteo_1tb",
+                    ]
+                )
                 row["torchrec_mb_s"] = round(mb / m["seconds"], 1)
                 row["torchrec_peak_rss_mib"] = round(m["peak_rss_mib"])
                 row["speedup_vs_torchrec"] = round(row["ours_one_pass_mb_s"] / row["torchrec_mb_s"], 1)  # type: ignore[operator]
@@ -113,13 +140,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             shutil.rmtree(raw)
             results.append(row)
             print(json.dumps(row), flush=True)
-    print(f"{'lines':>9} {'MB':>7} {'read MB/s':>10} {'ours MB/s':>10} {'RSS MiB':>8} "
-          f"{'thresh MB/s':>12} {'RSS MiB':>8} {'torchrec MB/s':>14} {'RSS MiB':>8}")
+    print(
+        f"{'lines':>9} {'MB':>7} {'read MB/s':>10} {'ours MB/s':>10} {'RSS MiB':>8} "
+        f"{'thresh MB/s':>12} {'RSS MiB':>8} {'torchrec MB/s':>14} {'RSS MiB':>8}"
+    )
     for r in results:
-        print(f"{r['lines']:>9} {r['input_mb']:>7} {r['plain_read_mb_s']:>10} {r['ours_one_pass_mb_s']:>10} "
-              f"{r['ours_one_pass_peak_rss_mib']:>8} {r['ours_threshold_mb_s']:>12} "
-              f"{r['ours_threshold_peak_rss_mib']:>8} {r.get('torchrec_mb_s', '-'):>14} "
-              f"{r.get('torchrec_peak_rss_mib', '-'):>8}")
+        print(
+            f"{r['lines']:>9} {r['input_mb']:>7} {r['plain_read_mb_s']:>10} {r['ours_one_pass_mb_s']:>10} "
+            f"{r['ours_one_pass_peak_rss_mib']:>8} {r['ours_threshold_mb_s']:>12} "
+            f"{r['ours_threshold_peak_rss_mib']:>8} {r.get('torchrec_mb_s', '-'):>14} "
+            f"{r.get('torchrec_peak_rss_mib', '-'):>8}"
+        )
     return 0
 
 

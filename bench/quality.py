@@ -23,9 +23,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
-from typing import Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -80,8 +79,22 @@ def fetch_wheel(cache_dir: str) -> str:
     if not os.path.exists(path):
         os.makedirs(cache_dir, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache_dir) as staging:  # no partial wheel under the real name
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-                            "--quiet", WHEEL_REQUIREMENT, "-d", staging], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--only-binary",
+                    ":all:",
+                    "--quiet",
+                    WHEEL_REQUIREMENT,
+                    "-d",
+                    staging,
+                ],
+                check=True,
+            )
             os.replace(os.path.join(staging, WHEEL_NAME), path)
     with open(path, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
@@ -113,29 +126,43 @@ def load_movielens(wheel_path: str) -> Table:
     for user_id, item_id, _, timestamp in ratings:
         age, gender, occupation, zip_code = users[user_id]
         year, genres = items[item_id][1], items[item_id][2].split()
-        for name, value in zip(CATEGORICAL, (user_id, item_id, age, gender, occupation, zip_code, year,
-                                             genres[0] if genres else "")):
+        for name, value in zip(
+            CATEGORICAL, (user_id, item_id, age, gender, occupation, zip_code, year, genres[0] if genres else "")
+        ):
             columns[name].append(value)
         years.append(float(year) if year.isdigit() else 0.0)  # two films have no year ("unkonwn", "V")
         times.append(float(timestamp))
     encoded = [_encode(columns[name]) for name in CATEGORICAL]
     ages = np.array([float(a) for a in columns["age"]])
     times_arr = np.array(times)
-    numerical = np.stack([ages / 100.0, np.where(np.array(years) > 0, (np.array(years) - 1900.0) / 100.0, 0.0),
-                          (times_arr - times_arr.min()) / (times_arr.max() - times_arr.min())], axis=1)
+    numerical = np.stack(
+        [
+            ages / 100.0,
+            np.where(np.array(years) > 0, (np.array(years) - 1900.0) / 100.0, 0.0),
+            (times_arr - times_arr.min()) / (times_arr.max() - times_arr.min()),
+        ],
+        axis=1,
+    )
     labels = np.array([float(r[2]) >= CLICK_RATING for r in ratings], dtype=np.float32)
-    return Table(np.stack([ids for ids, _ in encoded], axis=1), numerical.astype(np.float32), labels,
-                 [size for _, size in encoded])
+    return Table(
+        np.stack([ids for ids, _ in encoded], axis=1),
+        numerical.astype(np.float32),
+        labels,
+        [size for _, size in encoded],
+    )
 
 
-def split_rows(num_rows: int, max_rows: Optional[int] = None) -> dict[str, np.ndarray]:
+def split_rows(num_rows: int, max_rows: int | None = None) -> dict[str, np.ndarray]:
     """Seeded permutation of the rows (the first ``max_rows`` of it), cut into 80% train
     and equal validation and test parts."""
     order = np.random.default_rng(SPLIT_SEED).permutation(num_rows)[:max_rows]
     train = int(len(order) * TRAIN_FRACTION)
     half = (len(order) - train) // 2
-    return {"train": order[:train], "validation": order[train:train + half],
-            "test": order[train + half:train + 2 * half]}
+    return {
+        "train": order[:train],
+        "validation": order[train : train + half],
+        "test": order[train + half : train + 2 * half],
+    }
 
 
 def _csv_spec(cardinalities: list[int]) -> dict:
@@ -144,15 +171,22 @@ def _csv_spec(cardinalities: list[int]) -> dict:
     features["label"] = {"dtype": "bool"}
 
     def chunks(mapping: str) -> list[dict]:
-        return [{"type": "csv", "features": NUMERICAL, "files": [f"{mapping}/numerical.csv"]},
-                {"type": "csv", "features": CATEGORICAL, "files": [f"{mapping}/categorical.csv"]},
-                {"type": "csv", "features": ["label"], "files": [f"{mapping}/label.csv"]}]
+        return [
+            {"type": "csv", "features": NUMERICAL, "files": [f"{mapping}/numerical.csv"]},
+            {"type": "csv", "features": CATEGORICAL, "files": [f"{mapping}/categorical.csv"]},
+            {"type": "csv", "features": ["label"], "files": [f"{mapping}/label.csv"]},
+        ]
 
-    return {"feature_spec": features,
-            "channel_spec": {"categorical": CATEGORICAL, "numerical": NUMERICAL, "label": ["label"]},
-            "source_spec": {"train": chunks("train"), "test": chunks("test")},
-            "metadata": {"source": f"MovieLens 100K from the {WHEEL_NAME} wheel", "label": "rating >= 4",
-                         "split_seed": SPLIT_SEED}}
+    return {
+        "feature_spec": features,
+        "channel_spec": {"categorical": CATEGORICAL, "numerical": NUMERICAL, "label": ["label"]},
+        "source_spec": {"train": chunks("train"), "test": chunks("test")},
+        "metadata": {
+            "source": f"MovieLens 100K from the {WHEEL_NAME} wheel",
+            "label": "rating >= 4",
+            "split_seed": SPLIT_SEED,
+        },
+    }
 
 
 def write_dataset(table: Table, splits: dict[str, np.ndarray], output_dir: str) -> str:
@@ -167,7 +201,8 @@ def write_dataset(table: Table, splits: dict[str, np.ndarray], output_dir: str) 
             np.savetxt(os.path.join(csv_dir, mapping, "categorical.csv"), part.categorical, fmt="%d", delimiter=",")
             np.savetxt(os.path.join(csv_dir, mapping, "label.csv"), part.labels, fmt="%d")
         FeatureSpec.from_dict(_csv_spec(table.cardinalities), csv_dir, "quality spec").write(
-            os.path.join(csv_dir, DEFAULT_SPEC_NAME))
+            os.path.join(csv_dir, DEFAULT_SPEC_NAME)
+        )
         return transcode(csv_dir, DEFAULT_SPEC_NAME, output_dir).path
 
 
@@ -230,13 +265,14 @@ def logistic_regression_baseline(table: Table, splits: dict[str, np.ndarray]) ->
     return {**_metrics(model, test), "l2": l2, "validation_auroc": validation_auroc}
 
 
-def train_model(name: str, spec_path: str, log_path: str, nproc: int,
-                recipe: dict[str, str] = RECIPE_FLAGS) -> dict[str, float]:
+def train_model(
+    name: str, spec_path: str, log_path: str, nproc: int, recipe: dict[str, str] = RECIPE_FLAGS
+) -> dict[str, float]:
     """Trains one entry point with the recipe on the data set; its test metrics, with
     the best validation AUROC as ``validation_auroc``."""
     argv = ["--dataset_path", spec_path, "--log_path", log_path, "--seed", "0", "--log_every_n_steps", "100"]
-    for flag, value in recipe.items():
-        argv += [f"--{flag}", value]
+    for name, value in recipe.items():
+        argv += [f"--{name}", value]
     results = launch(MODELS[name], argv, nproc=nproc)
     if any(code != 0 for code in results.values()):
         raise RuntimeError(f"{name} training failed: exit codes {results}")
@@ -245,8 +281,9 @@ def train_model(name: str, spec_path: str, log_path: str, nproc: int,
     return {**eval_record(records, "test"), "validation_auroc": best["auroc"]}
 
 
-def run(work_dir: str, max_rows: Optional[int] = None, nproc: int = 1,
-        recipe: dict[str, str] = RECIPE_FLAGS) -> dict[str, dict[str, float]]:
+def run(
+    work_dir: str, max_rows: int | None = None, nproc: int = 1, recipe: dict[str, str] = RECIPE_FLAGS
+) -> dict[str, dict[str, float]]:
     """Fetches and converts the data, trains the models and the baseline; {model: test metrics}.
 
     Args:
@@ -277,25 +314,42 @@ class QualityFlags:
     """The flags of ``python bench/quality.py``: what it measures and how."""
 
     work_dir: str = flag("data_cache/quality", help="wheel, converted data and run logs")
-    max_rows: Optional[int] = flag(None, help="use this many rows of the permutation")
+    max_rows: int | None = flag(None, help="use this many rows of the permutation")
     nproc: int = flag(1, help="ranks of each training run")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), QualityFlags, argv)
     results = run(args.work_dir, args.max_rows, args.nproc)
     baseline = results["logistic_regression"]["auroc"]
-    print(f"{'model':<20} {'test AUROC':>10} {'vs LR':>7} {'NE':>7} {'calibration':>11} {'rows':>7} "
-          f"{'validation AUROC':>16}")
+    print(
+        f"{'model':<20} {'test AUROC':>10} {'vs LR':>7} {'NE':>7} {'calibration':>11} {'rows':>7} "
+        f"{'validation AUROC':>16}"
+    )
     for name, r in results.items():
-        print(f"{name:<20} {r['auroc']:>10.4f} {r['auroc'] - baseline:>+7.4f} {r['ne']:>7.4f} "
-              f"{r['calibration']:>11.4f} {r['num_samples']:>7} {r['validation_auroc']:>16.4f}")
+        print(
+            f"{name:<20} {r['auroc']:>10.4f} {r['auroc'] - baseline:>+7.4f} {r['ne']:>7.4f} "
+            f"{r['calibration']:>11.4f} {r['num_samples']:>7} {r['validation_auroc']:>16.4f}"
+        )
     goal = all(results[name]["auroc"] >= baseline + 0.01 for name in MODELS)
-    print(json.dumps({"event": "quality", "data": "movielens_100k", "flags": RECIPE_FLAGS,
-                      "recipe_settings": RECIPES[RECIPE_FLAGS["recipe"]].options(),
-                      "goal_auroc_margin": 0.01, "goal_met": goal,
-                      **{name: {k: r[k] for k in ("auroc", "ne", "calibration", "log_loss", "num_samples", "validation_auroc")}
-                         for name, r in results.items()}}))
+    print(
+        json.dumps(
+            {
+                "event": "quality",
+                "data": "movielens_100k",
+                "flags": RECIPE_FLAGS,
+                "recipe_settings": RECIPES[RECIPE_FLAGS["recipe"]].options(),
+                "goal_auroc_margin": 0.01,
+                "goal_met": goal,
+                **{
+                    name: {
+                        k: r[k] for k in ("auroc", "ne", "calibration", "log_loss", "num_samples", "validation_auroc")
+                    }
+                    for name, r in results.items()
+                },
+            }
+        )
+    )
     return 0
 
 

@@ -34,10 +34,10 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Optional
-from collections.abc import Sequence
+from typing import Any
 
 from bench.checkpoint_throughput import plain_copy_seconds
 from bench.loader_throughput import loader_rate
@@ -112,10 +112,14 @@ def _train(argv: list[str]) -> dict[str, Any]:
     load_seconds = time.perf_counter() - began
     dist.destroy_process_group()
     return {
-        "build_seconds": built, "first_step_seconds": first_step, "rss_at_first_step": rss_at_first_step,
+        "build_seconds": built,
+        "first_step_seconds": first_step,
+        "rss_at_first_step": rss_at_first_step,
         "train_records_per_sec": sum(r["records"] for r in rest) / sum(r["seconds"] for r in rest),
         "eval_records_per_sec": result.validation["num_samples"] / eval_seconds["validation"],
-        "save_seconds": save_seconds, "load_seconds": load_seconds, "peak_rss": _peak_rss(),
+        "save_seconds": save_seconds,
+        "load_seconds": load_seconds,
+        "peak_rss": _peak_rss(),
     }
 
 
@@ -142,13 +146,34 @@ def measure_tables(rows: int, root: str) -> dict[str, Any]:
     work = tempfile.mkdtemp(dir=root)
     try:
         ckpt, log = os.path.join(work, "ckpt"), os.path.join(work, "log.jsonl")
-        argv = ["--num_embeddings", str(rows), "--embedding_dim", str(DIM),
-                "--dense_arch_layer_sizes", ",".join(map(str, BOTTOM)),
-                "--over_arch_layer_sizes", ",".join(map(str, TOP)), "--learning_rate", "0.1",
-                "--batch_size", str(BATCH), "--limit_train_batches", str(TRAIN_STEPS),
-                "--limit_val_batches", str(EVAL_BATCHES), "--limit_test_batches", "0",
-                "--log_every_n_steps", "1", "--log_path", log, "--checkpoint_dir", ckpt,
-                "--checkpoint_every_n_steps", str(10**9)]  # saving on, but only when asked
+        argv = [
+            "--num_embeddings",
+            str(rows),
+            "--embedding_dim",
+            str(DIM),
+            "--dense_arch_layer_sizes",
+            ",".join(map(str, BOTTOM)),
+            "--over_arch_layer_sizes",
+            ",".join(map(str, TOP)),
+            "--learning_rate",
+            "0.1",
+            "--batch_size",
+            str(BATCH),
+            "--limit_train_batches",
+            str(TRAIN_STEPS),
+            "--limit_val_batches",
+            str(EVAL_BATCHES),
+            "--limit_test_batches",
+            "0",
+            "--log_every_n_steps",
+            "1",
+            "--log_path",
+            log,
+            "--checkpoint_dir",
+            ckpt,
+            "--checkpoint_every_n_steps",
+            str(10**9),
+        ]  # saving on, but only when asked
         run = launch(_train, argv, nproc=1)[0]
         step_dir = os.path.join(ckpt, sorted(os.listdir(ckpt))[-1])
         ckpt_bytes = sum(os.path.getsize(os.path.join(step_dir, f)) for f in os.listdir(step_dir))
@@ -157,7 +182,8 @@ def measure_tables(rows: int, root: str) -> dict[str, Any]:
         shutil.rmtree(work, ignore_errors=True)
     gb = table_bytes / GB
     return {
-        "rows": rows, "table_gb": round(gb, 3),
+        "rows": rows,
+        "table_gb": round(gb, 3),
         "first_step_s_per_gb": round(run["first_step_seconds"] / gb, 3),
         "fill_s_per_gb": round(limit["fill_seconds"] / gb, 3),
         "first_step_vs_fill": round(run["first_step_seconds"] / limit["fill_seconds"], 2),
@@ -183,9 +209,16 @@ def _mmap_loader_run(directory: str, shuffled: bool, release: bool) -> dict[str,
     from data.binary.criteo import CriteoBinaryDataset, CriteoBinaryLoader
     from data.binary.mapped_pages import RELEASE_EVERY_BYTES
 
-    loader = CriteoBinaryLoader(CriteoBinaryDataset(directory), "train", batch_size=BATCH, rank=0, world_size=1,
-                                mmap_mode=True, shuffle_batches_seed=0 if shuffled else None,
-                                release_every_bytes=RELEASE_EVERY_BYTES if release else None)
+    loader = CriteoBinaryLoader(
+        CriteoBinaryDataset(directory),
+        "train",
+        batch_size=BATCH,
+        rank=0,
+        world_size=1,
+        mmap_mode=True,
+        shuffle_batches_seed=0 if shuffled else None,
+        release_every_bytes=RELEASE_EVERY_BYTES if release else None,
+    )
     rate = loader_rate(loader, max_batches=min(len(loader), SHUFFLED_BATCHES) if shuffled else len(loader))
     return {"rate": rate, "peak_rss": _peak_rss()}
 
@@ -206,9 +239,11 @@ def measure_loader(directory: str) -> dict[str, Any]:
     _evict(files)
     read_seconds = _sequential_read_seconds(files)
     read_batches_per_sec = (data_bytes / read_seconds) / (data_bytes / rows * BATCH)
-    result: dict[str, Any] = {"data_gb": round(data_bytes / GB, 3),
-                              "read_mb_per_sec": round(data_bytes / read_seconds / 1e6, 1),
-                              "read_batches_per_sec": round(read_batches_per_sec, 1)}
+    result: dict[str, Any] = {
+        "data_gb": round(data_bytes / GB, 3),
+        "read_mb_per_sec": round(data_bytes / read_seconds / 1e6, 1),
+        "read_batches_per_sec": round(read_batches_per_sec, 1),
+    }
     for name, shuffled, release in LOADER_RUNS:
         _evict(files)
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -216,8 +251,12 @@ def measure_loader(directory: str) -> dict[str, Any]:
         result[f"{name}_batches_per_sec"] = round(run["rate"], 1)
         result[f"{name}_vs_read"] = round(run["rate"] / read_batches_per_sec, 2)
         result[f"{name}_peak_rss_gb"] = round(run["peak_rss"] / GB, 3)
-        print(f"{directory}: {name} loader {run['rate']:.0f} batches/s, peak RSS {run['peak_rss'] / GB:.2f} GB; "
-              f"sequential read {read_batches_per_sec:.0f} batches/s", file=sys.stderr, flush=True)
+        print(
+            f"{directory}: {name} loader {run['rate']:.0f} batches/s, peak RSS {run['peak_rss'] / GB:.2f} GB; "
+            f"sequential read {read_batches_per_sec:.0f} batches/s",
+            file=sys.stderr,
+            flush=True,
+        )
     return result
 
 
@@ -227,8 +266,9 @@ def measure_data(rows_per_day: int, root: str) -> dict[str, Any]:
 
     work = tempfile.mkdtemp(dir=root)
     try:
-        generate_synthetic_criteo(SyntheticCriteoSpec(num_days=3, rows_per_day=rows_per_day, seed=2), work,
-                                  show_progress=False)
+        generate_synthetic_criteo(
+            SyntheticCriteoSpec(num_days=3, rows_per_day=rows_per_day, seed=2), work, show_progress=False
+        )
         return {"data": f"3 x {rows_per_day:,} rows", **measure_loader(work)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -238,15 +278,15 @@ def measure_data(rows_per_day: int, root: str) -> dict[str, Any]:
 class ScalingFlags:
     """The flags of ``python bench/scaling.py``: what it measures and how."""
 
-    rows: str = flag("10000,100000,1000000", help="rows per table, comma-separated (\"\": no checkpoint runs)")
-    data_rows: str = flag("100000,1000000,10000000",
-                          help="rows per synthetic day, comma-separated (\"\": no data runs)")
-    dir: Optional[str] = flag(None, help="where checkpoints and data go (default: a temporary directory)")
-    data_dir: Optional[str] = flag(None, help="also measure the loader on this existing binary Criteo data set "
-                                              "(left in place)")
+    rows: str = flag("10000,100000,1000000", help='rows per table, comma-separated ("": no checkpoint runs)')
+    data_rows: str = flag("100000,1000000,10000000", help='rows per synthetic day, comma-separated ("": no data runs)')
+    dir: str | None = flag(None, help="where checkpoints and data go (default: a temporary directory)")
+    data_dir: str | None = flag(
+        None, help="also measure the loader on this existing binary Criteo data set (left in place)"
+    )
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), ScalingFlags, argv)
     root = tempfile.mkdtemp(dir=args.dir)
     try:
@@ -256,23 +296,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             data.append({"data": args.data_dir, **measure_loader(args.data_dir)})
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print("| tables | first step s/GB | fill s/GB | ratio | RSS/GB at step 1 | (RSS - base)/GB | "
-          "save s/GB | load s/GB | copy s/GB | save/copy | load/copy | eval/train records/s |")
+    print(
+        "| tables | first step s/GB | fill s/GB | ratio | RSS/GB at step 1 | (RSS - base)/GB | "
+        "save s/GB | load s/GB | copy s/GB | save/copy | load/copy | eval/train records/s |"
+    )
     print("| --- " * 12 + "|")
     for t in tables:
-        print(f"| 26 x {t['rows']:,} ({t['table_gb']} GB) | {t['first_step_s_per_gb']} | {t['fill_s_per_gb']} | "
-              f"{t['first_step_vs_fill']} | {t['rss_at_first_step_per_table_gb']} | "
-              f"{t['rss_minus_base_per_table_gb']} | {t['save_s_per_gb']} | {t['load_s_per_gb']} | "
-              f"{t['copy_s_per_gb']} | {t['save_vs_copy']} | {t['load_vs_copy']} | "
-              f"{t['eval_records_per_sec']:,} / {t['train_records_per_sec']:,} = {t['eval_vs_train']} |")
+        print(
+            f"| 26 x {t['rows']:,} ({t['table_gb']} GB) | {t['first_step_s_per_gb']} | {t['fill_s_per_gb']} | "
+            f"{t['first_step_vs_fill']} | {t['rss_at_first_step_per_table_gb']} | "
+            f"{t['rss_minus_base_per_table_gb']} | {t['save_s_per_gb']} | {t['load_s_per_gb']} | "
+            f"{t['copy_s_per_gb']} | {t['save_vs_copy']} | {t['load_vs_copy']} | "
+            f"{t['eval_records_per_sec']:,} / {t['train_records_per_sec']:,} = {t['eval_vs_train']} |"
+        )
     if data:
-        print("\n| data | sequential read MB/s (as batches/s) | "
-              + " | ".join(f"{name}: batches/s, ratio, peak RSS GB" for name, _, _ in LOADER_RUNS) + " |")
+        print(
+            "\n| data | sequential read MB/s (as batches/s) | "
+            + " | ".join(f"{name}: batches/s, ratio, peak RSS GB" for name, _, _ in LOADER_RUNS)
+            + " |"
+        )
         print("| --- " * (2 + len(LOADER_RUNS)) + "|")
         for d in data:
-            print(f"| {d['data']} ({d['data_gb']} GB) | {d['read_mb_per_sec']} ({d['read_batches_per_sec']}) | "
-                  + " | ".join(f"{d[name + '_batches_per_sec']}, {d[name + '_vs_read']}, {d[name + '_peak_rss_gb']}"
-                               for name, _, _ in LOADER_RUNS) + " |")
+            print(
+                f"| {d['data']} ({d['data_gb']} GB) | {d['read_mb_per_sec']} ({d['read_batches_per_sec']}) | "
+                + " | ".join(
+                    f"{d[name + '_batches_per_sec']}, {d[name + '_vs_read']}, {d[name + '_peak_rss_gb']}"
+                    for name, _, _ in LOADER_RUNS
+                )
+                + " |"
+            )
     print(json.dumps({"tables": tables, "data": data}))
     return 0
 

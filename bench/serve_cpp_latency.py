@@ -22,7 +22,6 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import torch
@@ -31,8 +30,9 @@ from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
 from serving.predict import Predictor
 
-DEFAULT_PROGRAM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                               "serving", "cpp", "build", "dlrm_predict")
+DEFAULT_PROGRAM = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "serving", "cpp", "build", "dlrm_predict"
+)
 WARMUP_REQUESTS = 3
 
 
@@ -41,7 +41,7 @@ def _batches(lines: list[bytes], batch_size: int, count: int) -> list[bytes]:
     return [b"".join(lines[(r * batch_size + i) % len(lines)] for i in range(batch_size)) for r in range(count)]
 
 
-def _timed(requests: list[bytes], answer: Callable[[bytes], None]) -> np.ndarray:
+def _timed(requests: list[bytes], answer: Callable[[bytes], object]) -> np.ndarray:
     """Seconds of each request after the warm-up ones."""
     for body in requests[:WARMUP_REQUESTS]:
         answer(body)
@@ -55,15 +55,19 @@ def _timed(requests: list[bytes], answer: Callable[[bytes], None]) -> np.ndarray
 
 def cpp_latencies(program: str, model: str, requests: list[bytes], batch_size: int, num_threads: int) -> np.ndarray:
     """Request seconds through one running dlrm_predict (started, loaded, then timed)."""
-    process = subprocess.Popen([program, model, "--batch_size", str(batch_size), "--num_threads", str(num_threads)],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    process = subprocess.Popen(
+        [program, model, "--batch_size", str(batch_size), "--num_threads", str(num_threads)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     assert process.stdin is not None and process.stdout is not None
+    stdin, stdout = process.stdin, process.stdout
 
     def answer(body: bytes) -> None:
-        process.stdin.write(body)
-        process.stdin.flush()
+        stdin.write(body)
+        stdin.flush()
         for _ in range(batch_size):
-            if not process.stdout.readline():
+            if not stdout.readline():
                 raise RuntimeError(f"{program} stopped answering (exit code {process.wait()})")
 
     try:
@@ -77,8 +81,7 @@ def python_latencies(predictor: Predictor, requests: list[bytes]) -> np.ndarray:
     return _timed(requests, lambda body: predictor.predict_lines(body, labelled=True))
 
 
-def run(program: str, model: str, lines: list[bytes], batch_sizes: list[int], requests: int,
-        num_threads: int) -> dict:
+def run(program: str, model: str, lines: list[bytes], batch_sizes: list[int], requests: int, num_threads: int) -> dict:
     """The figures of every batch size (the record the bench prints)."""
     torch.set_num_threads(num_threads)
     results = []
@@ -87,13 +90,23 @@ def run(program: str, model: str, lines: list[bytes], batch_sizes: list[int], re
         cpp = cpp_latencies(program, model, bodies, batch_size, num_threads)
         python = python_latencies(Predictor(model, batch_size=batch_size), bodies)
         cpp_row, python_row = cpp.mean() / batch_size * 1e3, python.mean() / batch_size * 1e3
-        results.append({"batch_size": batch_size, "requests": requests,
-                        "cpp_request_p50_ms": float(np.median(cpp) * 1e3),
-                        "python_request_p50_ms": float(np.median(python) * 1e3),
-                        "cpp_ms_per_row": float(cpp_row), "python_ms_per_row": float(python_row),
-                        "python_over_cpp": float(python_row / cpp_row)})
-    return {"benchmark": "serve_cpp_latency", "num_threads": num_threads, "load_average": os.getloadavg()[0],
-            "results": results}
+        results.append(
+            {
+                "batch_size": batch_size,
+                "requests": requests,
+                "cpp_request_p50_ms": float(np.median(cpp) * 1e3),
+                "python_request_p50_ms": float(np.median(python) * 1e3),
+                "cpp_ms_per_row": float(cpp_row),
+                "python_ms_per_row": float(python_row),
+                "python_over_cpp": float(python_row / cpp_row),
+            }
+        )
+    return {
+        "benchmark": "serve_cpp_latency",
+        "num_threads": num_threads,
+        "load_average": os.getloadavg()[0],
+        "results": results,
+    }
 
 
 @dataclass
@@ -108,17 +121,20 @@ class ServeCppLatencyFlags:
     num_threads: int = flag(1, help="intra-op threads of both")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), ServeCppLatencyFlags, argv)
     with open(args.input, "rb") as f:
         lines = f.read().splitlines(keepends=True)[:100_000]
-    record = run(args.program, args.model, lines, [int(b) for b in args.batch_sizes.split(",")], args.requests,
-                 args.num_threads)
+    record = run(
+        args.program, args.model, lines, [int(b) for b in args.batch_sizes.split(",")], args.requests, args.num_threads
+    )
     print(f"{args.num_threads} thread(s), load average {record['load_average']:.2f}:")
     for r in record["results"]:
-        print(f"  batch {r['batch_size']:>4}: C++ {r['cpp_ms_per_row']:.4f} ms/row (request p50 "
-              f"{r['cpp_request_p50_ms']:.3f} ms), Python {r['python_ms_per_row']:.4f} ms/row (request p50 "
-              f"{r['python_request_p50_ms']:.3f} ms): Python/C++ {r['python_over_cpp']:.2f}x")
+        print(
+            f"  batch {r['batch_size']:>4}: C++ {r['cpp_ms_per_row']:.4f} ms/row (request p50 "
+            f"{r['cpp_request_p50_ms']:.3f} ms), Python {r['python_ms_per_row']:.4f} ms/row (request p50 "
+            f"{r['python_request_p50_ms']:.3f} ms): Python/C++ {r['python_over_cpp']:.2f}x"
+        )
     print(json.dumps(record))
 
 

@@ -13,9 +13,8 @@ import json
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass
-from typing import Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -26,8 +25,9 @@ from serving.predict import Predictor
 from serving.serve import serving_in_background
 
 
-def run_load(predictor: Predictor, lines: list[bytes], clients: int, requests: int, rows: int,
-             delay_ms: float) -> dict[str, float]:
+def run_load(
+    predictor: Predictor, lines: list[bytes], clients: int, requests: int, rows: int, delay_ms: float
+) -> dict[str, float]:
     """Serves, loads, stops; returns the figures of one configuration."""
     latencies: list[float] = []
     lock = threading.Lock()
@@ -36,7 +36,7 @@ def run_load(predictor: Predictor, lines: list[bytes], clients: int, requests: i
         mine = []
         for r in range(requests):
             start_line = ((index * requests + r) * rows) % max(1, len(lines) - rows)
-            body = b"".join(lines[start_line:start_line + rows])
+            body = b"".join(lines[start_line : start_line + rows])
             start = time.perf_counter()
             with urllib.request.urlopen(urllib.request.Request(url, data=body, method="POST")) as response:
                 response.read()
@@ -54,9 +54,14 @@ def run_load(predictor: Predictor, lines: list[bytes], clients: int, requests: i
             t.join()
         seconds = time.perf_counter() - start
     p50, p90, p99 = np.percentile(np.asarray(latencies) * 1e3, (50, 90, 99))
-    return {"max_batch_delay_ms": delay_ms, "latency_p50_ms": float(p50), "latency_p90_ms": float(p90),
-            "latency_p99_ms": float(p99), "records_per_sec": clients * requests * rows / seconds,
-            "requests_per_forward": float(np.mean(batcher.batch_requests))}
+    return {
+        "max_batch_delay_ms": delay_ms,
+        "latency_p50_ms": float(p50),
+        "latency_p90_ms": float(p90),
+        "latency_p99_ms": float(p99),
+        "records_per_sec": clients * requests * rows / seconds,
+        "requests_per_forward": float(np.mean(batcher.batch_requests)),
+    }
 
 
 @dataclass
@@ -73,22 +78,38 @@ class ServeLatencyFlags:
     num_threads: int = flag(1, help="torch intra-op threads")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), ServeLatencyFlags, argv)
     torch.set_num_threads(args.num_threads)
     with open(args.input, "rb") as f:
         lines = f.read().splitlines(keepends=True)[:100_000]
     predictor = Predictor(args.model, args.variant)
-    results = [run_load(predictor, lines, args.clients, args.requests, args.rows, delay)
-               for delay in (0.0, args.max_batch_delay_ms)]
-    print(f"{args.clients} clients x {args.requests} requests of {args.rows} line(s), {args.variant}, "
-          f"{args.num_threads} torch thread(s):")
+    results = [
+        run_load(predictor, lines, args.clients, args.requests, args.rows, delay)
+        for delay in (0.0, args.max_batch_delay_ms)
+    ]
+    print(
+        f"{args.clients} clients x {args.requests} requests of {args.rows} line(s), {args.variant}, "
+        f"{args.num_threads} torch thread(s):"
+    )
     for r in results:
-        print(f"  delay {r['max_batch_delay_ms']:>4g} ms: p50 {r['latency_p50_ms']:.2f} ms, p90 "
-              f"{r['latency_p90_ms']:.2f} ms, p99 {r['latency_p99_ms']:.2f} ms, {r['records_per_sec']:,.0f} "
-              f"records/s, {r['requests_per_forward']:.1f} requests per forward")
-    print(json.dumps({"benchmark": "serve_latency", "clients": args.clients, "rows": args.rows,
-                      "variant": args.variant, "num_threads": args.num_threads, "results": results}))
+        print(
+            f"  delay {r['max_batch_delay_ms']:>4g} ms: p50 {r['latency_p50_ms']:.2f} ms, p90 "
+            f"{r['latency_p90_ms']:.2f} ms, p99 {r['latency_p99_ms']:.2f} ms, {r['records_per_sec']:,.0f} "
+            f"records/s, {r['requests_per_forward']:.1f} requests per forward"
+        )
+    print(
+        json.dumps(
+            {
+                "benchmark": "serve_latency",
+                "clients": args.clients,
+                "rows": args.rows,
+                "variant": args.variant,
+                "num_threads": args.num_threads,
+                "results": results,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

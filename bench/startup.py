@@ -17,10 +17,9 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any
-from dataclasses import dataclass
-from typing import Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from bench.scaling import _fill
 from bench.train_throughput import BOTTOM, DIM, TOP
@@ -64,19 +63,42 @@ def measure(rows: int, nproc: int) -> dict[str, Any]:
     threads = max(1, (len(os.sched_getaffinity(0))) // nproc)
     fill = launch(_rank_fill, [str(table_bytes // nproc), str(threads)], nproc=1)[0]["fill_seconds"]
     with tempfile.TemporaryDirectory() as work:
-        argv = ["--num_embeddings", str(rows), "--embedding_dim", str(DIM),
-                "--dense_arch_layer_sizes", ",".join(map(str, BOTTOM)), "--over_arch_layer_sizes", ",".join(map(str, TOP)),
-                "--batch_size", str(BATCH), "--learning_rate", "0.1", "--limit_train_batches", "1",
-                "--limit_val_batches", "0", "--limit_test_batches", "0", "--log_every_n_steps", "1",
-                "--log_path", os.path.join(work, "log.jsonl")]
+        argv = [
+            "--num_embeddings",
+            str(rows),
+            "--embedding_dim",
+            str(DIM),
+            "--dense_arch_layer_sizes",
+            ",".join(map(str, BOTTOM)),
+            "--over_arch_layer_sizes",
+            ",".join(map(str, TOP)),
+            "--batch_size",
+            str(BATCH),
+            "--learning_rate",
+            "0.1",
+            "--limit_train_batches",
+            "1",
+            "--limit_val_batches",
+            "0",
+            "--limit_test_batches",
+            "0",
+            "--log_every_n_steps",
+            "1",
+            "--log_path",
+            os.path.join(work, "log.jsonl"),
+        ]
         ranks = launch(_first_step, argv, nproc=nproc)
     slowest = max(ranks.values(), key=lambda r: r["first_step_seconds"])
     gb = table_bytes / GB
-    return {"rows": rows, "table_gb": round(gb, 3), "ranks": nproc,
-            "build_s_per_gb": round(slowest["build_seconds"] / gb, 3),
-            "first_step_s_per_gb": round(slowest["first_step_seconds"] / gb, 3),
-            "fill_s_per_gb": round(fill * nproc / gb, 3),
-            "first_step_vs_fill": round(slowest["first_step_seconds"] / fill, 2)}
+    return {
+        "rows": rows,
+        "table_gb": round(gb, 3),
+        "ranks": nproc,
+        "build_s_per_gb": round(slowest["build_seconds"] / gb, 3),
+        "first_step_s_per_gb": round(slowest["first_step_seconds"] / gb, 3),
+        "fill_s_per_gb": round(fill * nproc / gb, 3),
+        "first_step_vs_fill": round(slowest["first_step_seconds"] / fill, 2),
+    }
 
 
 @dataclass
@@ -87,14 +109,16 @@ class StartupFlags:
     nproc: int = flag(1, help="ranks (torchrun --nproc_per_node)")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), StartupFlags, argv)
     results = [measure(int(r), args.nproc) for r in args.rows.split(",") if r]
     print("| tables | ranks | build s/GB | first step s/GB | fill s/GB | first step / fill |")
     print("| --- " * 6 + "|")
     for r in results:
-        print(f"| 26 x {r['rows']:,} ({r['table_gb']} GB) | {r['ranks']} | {r['build_s_per_gb']} | "
-              f"{r['first_step_s_per_gb']} | {r['fill_s_per_gb']} | {r['first_step_vs_fill']} (goal <= {GOAL}) |")
+        print(
+            f"| 26 x {r['rows']:,} ({r['table_gb']} GB) | {r['ranks']} | {r['build_s_per_gb']} | "
+            f"{r['first_step_s_per_gb']} | {r['fill_s_per_gb']} | {r['first_step_vs_fill']} (goal <= {GOAL}) |"
+        )
     print(json.dumps({"tables": results, "goal": GOAL}))
     return 0
 

@@ -15,9 +15,8 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
-from typing import Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -31,8 +30,7 @@ TOP = [512, 512, 256, 1]
 DIM, TABLES, ROWS = 64, 26, 100_000
 
 
-def matmul_peak_gflops(threads: int, size: int = 2048, repeats: int = 5,
-                       dtype: torch.dtype = torch.float32) -> float:
+def matmul_peak_gflops(threads: int, size: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
     """Best GFLOP/s of a size^3 matmul in ``dtype`` using ``threads`` threads."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -58,9 +56,7 @@ def flops_per_record() -> float:
     """Forward + backward FLOPs of one record: matmuls and the interaction's batched
     matmul, 2 FLOPs a multiply-add, backward twice the forward."""
     interaction_in = DIM + math.comb(TABLES + 1, 2)
-    forward_macs = (
-        mlp_macs(13, BOTTOM) + mlp_macs(interaction_in, TOP) + (TABLES + 1) ** 2 * DIM
-    )
+    forward_macs = mlp_macs(13, BOTTOM) + mlp_macs(interaction_in, TOP) + (TABLES + 1) ** 2 * DIM
     return 3 * 2 * forward_macs
 
 
@@ -74,7 +70,7 @@ class TrainThroughputFlags:
     embedding_precision: str = flag("fp32", choices=("fp32", "fp16"), help="the embedding tables' precision")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), TrainThroughputFlags, argv)
     interval = max(1, args.steps // 6)
     threads = os.cpu_count() or 1
@@ -82,13 +78,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "bench.jsonl")
         argv = [
-            "--num_embeddings", str(ROWS), "--embedding_dim", str(DIM),
-            "--dense_arch_layer_sizes", ",".join(map(str, BOTTOM)),
-            "--over_arch_layer_sizes", ",".join(map(str, TOP)),
-            "--batch_size", str(args.batch_size), "--limit_train_batches", str(args.steps),
-            "--limit_val_batches", "0", "--limit_test_batches", "0", "--learning_rate", "0.1",
-            "--log_every_n_steps", str(interval), "--log_path", log,
-            "--embedding_precision", args.embedding_precision,
+            "--num_embeddings",
+            str(ROWS),
+            "--embedding_dim",
+            str(DIM),
+            "--dense_arch_layer_sizes",
+            ",".join(map(str, BOTTOM)),
+            "--over_arch_layer_sizes",
+            ",".join(map(str, TOP)),
+            "--batch_size",
+            str(args.batch_size),
+            "--limit_train_batches",
+            str(args.steps),
+            "--limit_val_batches",
+            "0",
+            "--limit_test_batches",
+            "0",
+            "--learning_rate",
+            "0.1",
+            "--log_every_n_steps",
+            str(interval),
+            "--log_path",
+            log,
+            "--embedding_precision",
+            args.embedding_precision,
         ]
         launch(dlrm_main.main, argv, nproc=args.nproc)
         train = [r for r in read_log(log) if r["event"] == "train"][1:]  # drop warm-up interval
@@ -112,10 +125,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "batch_size_per_rank": args.batch_size,
         "measured_steps": steps,
     }
-    print(f"{args.embedding_precision} tables {table_bytes / 2**20:,.0f} MiB | "
-          f"records/s {records_per_sec:,.0f} | {flops / 1e6:.2f} MFLOP/record | "
-          f"{achieved:.1f} GFLOP/s achieved | matmul peak {peak:.1f} GFLOP/s "
-          f"({threads} threads) | {100 * achieved / peak:.1f}% of peak")
+    print(
+        f"{args.embedding_precision} tables {table_bytes / 2**20:,.0f} MiB | "
+        f"records/s {records_per_sec:,.0f} | {flops / 1e6:.2f} MFLOP/record | "
+        f"{achieved:.1f} GFLOP/s achieved | matmul peak {peak:.1f} GFLOP/s "
+        f"({threads} threads) | {100 * achieved / peak:.1f}% of peak"
+    )
     print(json.dumps(result))
     return 0
 

@@ -48,4 +48,3 @@ def failure_line(error: BaseException) -> str:
         where, error = f" (on rank {rank})", error.failures[rank][0]
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
     return (lines[0] if lines else type(error).__name__)[:300] + where
-

@@ -28,15 +28,21 @@ import math
 import pathlib
 import pickle
 import re
-from typing import Any, Optional
 from collections.abc import Collection, Mapping
+from typing import Any
 
 import torch
-from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
-                                                   MetadataIndex, TensorProperties, TensorStorageMetadata)
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
 
 from common.errors import BadInput
 
@@ -50,8 +56,16 @@ class UnsafeMetadataError(BadInput):
 _ALLOWED: dict[str, dict[str, Any]] = {
     "torch.distributed.checkpoint.metadata": {
         name: getattr(dcp_metadata, name)
-        for name in ("Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata",
-                     "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING")
+        for name in (
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "_MEM_FORMAT_ENCODING",
+        )
     },
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo": _StorageInfo},
     "torch": {"Size": torch.Size},
@@ -76,8 +90,10 @@ class _MetadataUnpickler(pickle.Unpickler):
         allowed = _ALLOWED.get(module, {})
         if name in allowed:
             return allowed[name]
-        raise UnsafeMetadataError(f"{self.source}: refused: it asks to load {module}.{name}, which is not "
-                                  "distributed-checkpoint metadata (a crafted or foreign file)")
+        raise UnsafeMetadataError(
+            f"{self.source}: refused: it asks to load {module}.{name}, which is not "
+            "distributed-checkpoint metadata (a crafted or foreign file)"
+        )
 
 
 def load_metadata(data: bytes, source: str) -> Metadata:
@@ -107,39 +123,61 @@ def _is_shape(value: Any) -> bool:
 def _tensor_entry(key: Any, entry: Any, source: str) -> TensorStorageMetadata:
     """``entry`` when it is tensor metadata as DCP writes it; UnsafeMetadataError otherwise."""
     if isinstance(entry, BytesStorageMetadata):
-        raise UnsafeMetadataError(f"{source}: {key} is stored as pickled bytes, where the project saves a tensor: "
-                                  "refused (a crafted or foreign file)")
-    if not (isinstance(key, str) and isinstance(entry, TensorStorageMetadata)
-            and _is_shape(getattr(entry, "size", None))
-            and isinstance(getattr(entry, "properties", None), TensorProperties)
-            and isinstance(getattr(entry.properties, "dtype", None), torch.dtype)
-            and isinstance(getattr(entry, "chunks", None), list)
-            and all(isinstance(c, ChunkStorageMetadata) and _is_shape(getattr(c, "offsets", None))
-                    and _is_shape(getattr(c, "sizes", None)) for c in entry.chunks)):
-        raise UnsafeMetadataError(f"{source}: {key!r} is described by a {type(entry).__name__}, not tensor "
-                                  "metadata as the project writes it (a crafted or foreign file)")
+        raise UnsafeMetadataError(
+            f"{source}: {key} is stored as pickled bytes, where the project saves a tensor: "
+            "refused (a crafted or foreign file)"
+        )
+    if not (
+        isinstance(key, str)
+        and isinstance(entry, TensorStorageMetadata)
+        and _is_shape(getattr(entry, "size", None))
+        and isinstance(getattr(entry, "properties", None), TensorProperties)
+        and isinstance(getattr(entry.properties, "dtype", None), torch.dtype)
+        and isinstance(getattr(entry, "chunks", None), list)
+        and all(
+            isinstance(c, ChunkStorageMetadata)
+            and _is_shape(getattr(c, "offsets", None))
+            and _is_shape(getattr(c, "sizes", None))
+            for c in entry.chunks
+        )
+    ):
+        raise UnsafeMetadataError(
+            f"{source}: {key!r} is described by a {type(entry).__name__}, not tensor "
+            "metadata as the project writes it (a crafted or foreign file)"
+        )
     return entry
 
 
-def _check_storage(index: Any, info: Any, source: str, listed: Optional[Collection[str]]) -> None:
+def _check_storage(index: Any, info: Any, source: str, listed: Collection[str] | None) -> None:
     """The storage of one chunk: a data file of the checkpoint, a plain byte range."""
     if not (isinstance(index, MetadataIndex) and isinstance(info, _StorageInfo)):
-        raise UnsafeMetadataError(f"{source}: a storage entry is a {type(info).__name__}, not a file range "
-                                  "(a crafted or foreign file)")
+        raise UnsafeMetadataError(
+            f"{source}: a storage entry is a {type(info).__name__}, not a file range (a crafted or foreign file)"
+        )
     name = getattr(info, "relative_path", None)
     if not isinstance(name, str) or not _DATA_FILE.fullmatch(name):
-        raise UnsafeMetadataError(f"{source}: {index.fqn} is stored in {name!r}, which is not a data file name "
-                                  "of the checkpoint (__R_N.distcp in its directory): refused unread")
+        raise UnsafeMetadataError(
+            f"{source}: {index.fqn} is stored in {name!r}, which is not a data file name "
+            "of the checkpoint (__R_N.distcp in its directory): refused unread"
+        )
     if listed is not None and name not in listed:
-        raise UnsafeMetadataError(f"{source}: {index.fqn} is stored in {name!r}, which the checkpoint's manifest "
-                                  "does not list: refused unread")
+        raise UnsafeMetadataError(
+            f"{source}: {index.fqn} is stored in {name!r}, which the checkpoint's manifest "
+            "does not list: refused unread"
+        )
     if getattr(info, "transform_descriptors", None):  # DCP's stream extensions (compression...)
-        raise UnsafeMetadataError(f"{source}: {index.fqn} is stored through the transforms "
-                                  f"{info.transform_descriptors!r}, which the project never writes")
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
-               for n in (getattr(info, "offset", None), getattr(info, "length", None))):
-        raise UnsafeMetadataError(f"{source}: {index.fqn} has a storage range that is not two non-negative "
-                                  "integers (a crafted or foreign file)")
+        raise UnsafeMetadataError(
+            f"{source}: {index.fqn} is stored through the transforms "
+            f"{info.transform_descriptors!r}, which the project never writes"
+        )
+    if not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0
+        for n in (getattr(info, "offset", None), getattr(info, "length", None))
+    ):
+        raise UnsafeMetadataError(
+            f"{source}: {index.fqn} has a storage range that is not two non-negative "
+            "integers (a crafted or foreign file)"
+        )
 
 
 def _shape_and_dtype(key: str, value: Any) -> tuple[torch.Size, torch.dtype]:
@@ -152,27 +190,36 @@ def _shape_and_dtype(key: str, value: Any) -> tuple[torch.Size, torch.dtype]:
     raise TypeError(f"{key}: the state to load holds a {type(value).__name__}: checkpoints hold tensors only")
 
 
-def _check_chunks(key: str, entry: TensorStorageMetadata, stored: set[tuple[str, torch.Size]],
-                  source: str) -> None:
+def _check_chunks(key: str, entry: TensorStorageMetadata, stored: set[tuple[str, torch.Size]], source: str) -> None:
     """Each chunk inside the tensor, with a storage entry; together as large as the tensor."""
     shape = list(entry.size)
     elements = 0
     for chunk in entry.chunks:
         offsets, sizes = list(chunk.offsets), list(chunk.sizes)
-        if len(offsets) != len(shape) or len(sizes) != len(shape) or any(
-                o < 0 or s < 0 or o + s > n for o, s, n in zip(offsets, sizes, shape)):
-            raise UnsafeMetadataError(f"{source}: {key} has a chunk at offset {offsets} of size {sizes}, "
-                                      f"outside its shape {shape}")
+        if (
+            len(offsets) != len(shape)
+            or len(sizes) != len(shape)
+            or any(o < 0 or s < 0 or o + s > n for o, s, n in zip(offsets, sizes, shape))
+        ):
+            raise UnsafeMetadataError(
+                f"{source}: {key} has a chunk at offset {offsets} of size {sizes}, outside its shape {shape}"
+            )
         if (key, chunk.offsets) not in stored:
             raise UnsafeMetadataError(f"{source}: {key} has a chunk at offset {offsets} without a storage entry")
         elements += math.prod(sizes)
     if elements != math.prod(shape):
-        raise UnsafeMetadataError(f"{source}: {key}'s chunks hold {elements} elements, its shape {shape} "
-                                  f"has {math.prod(shape)}")
+        raise UnsafeMetadataError(
+            f"{source}: {key}'s chunks hold {elements} elements, its shape {shape} has {math.prod(shape)}"
+        )
 
 
-def check_metadata(metadata: Metadata, state: Mapping[str, Any], source: str,
-                   listed: Optional[Collection[str]], whole_sections: Collection[str]) -> None:
+def check_metadata(
+    metadata: Metadata,
+    state: Mapping[str, Any],
+    source: str,
+    listed: Collection[str] | None,
+    whole_sections: Collection[str],
+) -> None:
     """Raises UnsafeMetadataError (one line naming ``source`` and the entry) unless
     ``metadata`` describes what the project writes for ``state`` (a flat state dict:
     dotted keys to tensors, sharded or not).
@@ -196,19 +243,22 @@ def check_metadata(metadata: Metadata, state: Mapping[str, Any], source: str,
     for key, value in state.items():
         entry = tensors.get(key)
         if entry is None:
-            raise UnsafeMetadataError(f"{source}: has no entry {key}, which this model has "
-                                      "(a checkpoint of another model?)")
+            raise UnsafeMetadataError(
+                f"{source}: has no entry {key}, which this model has (a checkpoint of another model?)"
+            )
         shape, dtype = _shape_and_dtype(key, value)
         if entry.size != shape:
-            raise UnsafeMetadataError(f"{source}: {key} has shape {list(entry.size)} there, {list(shape)} in "
-                                      "this model")
+            raise UnsafeMetadataError(
+                f"{source}: {key} has shape {list(entry.size)} there, {list(shape)} in this model"
+            )
         saved = entry.properties.dtype
         if saved != dtype and not (saved.is_floating_point and dtype.is_floating_point):
             raise UnsafeMetadataError(f"{source}: {key} has dtype {saved} there, {dtype} in this model")
     for key in tensors:
         if key not in state and key.split(".", 1)[0] in whole_sections:
-            raise UnsafeMetadataError(f"{source}: {key} is not part of this model's state "
-                                      "(a checkpoint of another model?)")
+            raise UnsafeMetadataError(
+                f"{source}: {key} is not part of this model's state (a checkpoint of another model?)"
+            )
     stored = {(index.fqn, index.offset) for index in storage}
     for key, entry in tensors.items():
         _check_chunks(key, entry, stored, source)

@@ -40,18 +40,19 @@ def check_stored_shapes(checkpoint: str | OpenedCheckpoint, state: dict[str, Any
     opened = _opened(checkpoint)
     flat = {name: value for name, value in flat_state(state).items() if torch.is_tensor(value)}
     metadata = opened.dcp_metadata(flat)
-    needed = sum(value.numel() * metadata.state_dict_metadata[name].properties.dtype.itemsize
-                 for name, value in flat.items())
-    sizes = [opened.file_size(str(name))
-             for name in {info.relative_path for info in metadata.storage_data.values()}]
+    needed = sum(
+        value.numel() * metadata.state_dict_metadata[name].properties.dtype.itemsize for name, value in flat.items()
+    )
+    sizes = [opened.file_size(str(name)) for name in {info.relative_path for info in metadata.storage_data.values()}]
     held = sum(size for size in sizes if size is not None)
     if None not in sizes and needed > held:
-        raise CheckpointError(f"checkpoint {opened.path}: its tensors need {needed} bytes, its data files hold "
-                              f"{held}: meta.json and .metadata describe more than is stored")
+        raise CheckpointError(
+            f"checkpoint {opened.path}: its tensors need {needed} bytes, its data files hold "
+            f"{held}: meta.json and .metadata describe more than is stored"
+        )
 
 
-def load_checkpoint(checkpoint: str | OpenedCheckpoint, state: dict[str, Any], rank: int,
-                    restore_rng: bool) -> None:
+def load_checkpoint(checkpoint: str | OpenedCheckpoint, state: dict[str, Any], rank: int, restore_rng: bool) -> None:
     """Fills ``state`` (tensors and sharded tensors, in place) from the checkpoint.
 
     Raises CheckpointError when the files are missing, corrupted, or not what the
@@ -61,8 +62,12 @@ def load_checkpoint(checkpoint: str | OpenedCheckpoint, state: dict[str, Any], r
     path, manifest = opened.path, opened.manifest
     flat = flat_state(state)
     if manifest is None and rank == 0:
-        print(f"warning: checkpoint {path} has no manifest (saved before integrity checks): "
-              "its files are loaded unverified", file=sys.stderr, flush=True)
+        print(
+            f"warning: checkpoint {path} has no manifest (saved before integrity checks): "
+            "its files are loaded unverified",
+            file=sys.stderr,
+            flush=True,
+        )
     # Read and checked against the state it fills here, on every rank before any
     # collective and before DCP opens a data file: a missing, damaged or crafted file
     # fails every rank alike with one line. With or without a manifest: whoever crafts
@@ -78,12 +83,16 @@ def load_checkpoint(checkpoint: str | OpenedCheckpoint, state: dict[str, Any], r
         try:
             loaded = torch.load(io.BytesIO(data), weights_only=True)
         except (pickle.UnpicklingError, RuntimeError, LookupError, TypeError, ValueError) as e:
-            raise CheckpointError(f"checkpoint file {join(path, rank_file)}: not the random-generator state "
-                                  "the project saves (tensors and plain values): refused") from e
+            raise CheckpointError(
+                f"checkpoint file {join(path, rank_file)}: not the random-generator state "
+                "the project saves (tensors and plain values): refused"
+            ) from e
         try:
             generators = checked_rng_state(loaded)
         except (TypeError, ValueError) as e:
             first_line = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise CheckpointError(f"checkpoint file {join(path, rank_file)}: not the random-generator state "
-                                  f"the project saves ({first_line}): refused") from e
+            raise CheckpointError(
+                f"checkpoint file {join(path, rank_file)}: not the random-generator state "
+                f"the project saves ({first_line}): refused"
+            ) from e
         set_rng_state(generators)

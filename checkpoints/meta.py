@@ -31,12 +31,22 @@ Example::
 """
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from common.calibration import Calibration
 from common.config_flags import Flag, FlagError, config_from_record, flags_of
-from common.json_fields import (INTEGER, OBJECT, TEXT, FileFieldError, JsonObject, Kind, integer, one_of, optional,
-                                versioned_json)
+from common.json_fields import (
+    INTEGER,
+    OBJECT,
+    TEXT,
+    FileFieldError,
+    JsonObject,
+    Kind,
+    integer,
+    one_of,
+    optional,
+    versioned_json,
+)
 from data.config import DataConfig
 from data.sources import SOURCES, FeatureDescription, source_for
 from models.config import INTERACTION_TYPES, ModelConfig
@@ -44,12 +54,23 @@ from models.interactions import INTERACTIONS
 
 META_VERSION = 6
 # The interaction fields of config.model before version 4 (every interaction's, flat).
-_FLAT_INTERACTION_FIELDS = ("dcn_num_layers", "dcn_low_rank_dim", "interaction_branch1_layer_sizes",
-                            "interaction_branch2_layer_sizes")
+_FLAT_INTERACTION_FIELDS = (
+    "dcn_num_layers",
+    "dcn_low_rank_dim",
+    "interaction_branch1_layer_sizes",
+    "interaction_branch2_layer_sizes",
+)
 _WHAT = "a checkpoint's meta.json"
-_SHARDS = Kind(lambda v: isinstance(v, list) and all(
-    isinstance(s, list) and len(s) == 5 and all(isinstance(i, int) and not isinstance(i, bool) for i in s)
-    for s in v), "a list of [row, column, rows, columns, rank] shards")
+_SHARDS = Kind(
+    lambda v: (
+        isinstance(v, list)
+        and all(
+            isinstance(s, list) and len(s) == 5 and all(isinstance(i, int) and not isinstance(i, bool) for i in s)
+            for s in v
+        )
+    ),
+    "a list of [row, column, rows, columns, rank] shards",
+)
 
 
 @dataclass
@@ -88,13 +109,13 @@ class CheckpointMeta:
     world_size: int
     config: dict[str, Any]
     plan: dict[str, dict[str, Any]]
-    data_source: Optional[str]
-    data_features: Optional[FeatureDescription]
-    run_id: Optional[str] = None
-    early_stopping: Optional[dict[str, Any]] = None
-    calibration: Optional[Calibration] = None
-    serving_layout: Optional[str] = None
-    serving_facts: Optional[dict[str, Any]] = None
+    data_source: str | None
+    data_features: FeatureDescription | None
+    run_id: str | None = None
+    early_stopping: dict[str, Any] | None = None
+    calibration: Calibration | None = None
+    serving_layout: str | None = None
+    serving_facts: dict[str, Any] | None = None
     version: int = META_VERSION
 
     @property
@@ -114,12 +135,12 @@ class CheckpointMeta:
         return DataConfig.from_flags(**self.flag_values("data", DataConfig, "meta.json"))
 
     @property
-    def rolling_windows(self) -> Optional[int]:
+    def rolling_windows(self) -> int | None:
         """The run's --rolling_windows N, if it trained window by window."""
         return self.data.rolling_windows
 
     @property
-    def next_window(self) -> Optional[int]:
+    def next_window(self) -> int | None:
         """With --rolling_windows: the window training continues with (the windows
         before it are trained, and each evaluated on the next); None without."""
         return self.epoch if self.rolling_windows is not None else None
@@ -130,7 +151,7 @@ class CheckpointMeta:
         return self.data_source if self.data_source is not None else source_for(self.data).name
 
     @property
-    def data_path(self) -> Optional[str]:
+    def data_path(self) -> str | None:
         """What the source's path flag named (None for random data)."""
         return SOURCES[self.source_name](self.data).path
 
@@ -208,8 +229,11 @@ class CheckpointMeta:
             early_stopping=document.get("early_stopping", optional(OBJECT), None),
             data_source=data_source,
             data_features=data_features,
-            calibration=(Calibration.read(document.object("calibration"))
-                         if document.get("calibration", optional(OBJECT), None) is not None else None),
+            calibration=(
+                Calibration.read(document.object("calibration"))
+                if document.get("calibration", optional(OBJECT), None) is not None
+                else None
+            ),
             serving_layout=document.get("serving_layout", optional(TEXT), None),
             serving_facts=document.get("serving_facts", optional(OBJECT), None),
             version=version,
@@ -265,8 +289,10 @@ _VALUE_KINDS = {
     int: Kind(lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
     float: Kind(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
     str: TEXT,
-    list[int]: Kind(lambda v: isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v),
-                    "a list of integers"),
+    list[int]: Kind(
+        lambda v: isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v),
+        "a list of integers",
+    ),
 }
 
 
@@ -279,5 +305,4 @@ def _flag_kind(item: Flag) -> Kind:
     choices = item.spec.choices
     if choices is None:
         return kind
-    return Kind(lambda v: kind.accepts(v) and (v is None or v in choices),
-                f"one of {', '.join(map(str, choices))}")
+    return Kind(lambda v: kind.accepts(v) and (v is None or v in choices), f"one of {', '.join(map(str, choices))}")

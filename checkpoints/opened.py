@@ -120,8 +120,9 @@ class OpenedCheckpoint:
         metadata = self._unchecked_dcp_metadata
         source = join(self.path, DCP_METADATA_FILE)
         try:
-            check_metadata(metadata, flat, source, set(self.manifest) if self.manifest is not None else None,
-                           _WHOLE_ON_EVERY_RANK)
+            check_metadata(
+                metadata, flat, source, set(self.manifest) if self.manifest is not None else None, _WHOLE_ON_EVERY_RANK
+            )
         except UnsafeMetadataError as e:
             raise CheckpointError(f"checkpoint file {e}") from e
         return metadata
@@ -133,8 +134,9 @@ class OpenedCheckpoint:
             try:
                 return os.path.getsize(os.path.join(local_path(self.path), os.path.basename(name)))
             except OSError as e:
-                raise CheckpointError(f"checkpoint {self.path}: {name} is missing or unreadable "
-                                      f"({e.strerror or e})") from e
+                raise CheckpointError(
+                    f"checkpoint {self.path}: {name} is missing or unreadable ({e.strerror or e})"
+                ) from e
         entry = (self.manifest or {}).get(os.path.basename(name))
         return int(entry["bytes"]) if entry else None
 
@@ -145,8 +147,7 @@ def open_checkpoint(path: str) -> OpenedCheckpoint:
     if not g_pathmgr.exists(path):
         raise CheckpointError(f"checkpoint {path}: no such directory")
     if not is_complete(path):
-        raise CheckpointError(f"checkpoint {path} is incomplete (no {COMPLETE_MARKER} marker): "
-                              "its save did not finish")
+        raise CheckpointError(f"checkpoint {path} is incomplete (no {COMPLETE_MARKER} marker): its save did not finish")
     return OpenedCheckpoint(path, read_manifest(path))
 
 

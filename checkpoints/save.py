@@ -27,8 +27,18 @@ from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_st
 from torch.distributed.checkpoint.api import CheckpointException
 
 from checkpoints.collective import all_gather, barrier, failure_line, first_error, raise_first_error
-from checkpoints.directory import (BEST_FILE, COMPLETE_MARKER, LOCK_FILE, MANIFEST_VERSION, META_FILE,
-                                   best_checkpoint, complete_checkpoints, is_complete, is_step_dir, step_dir_name)
+from checkpoints.directory import (
+    BEST_FILE,
+    COMPLETE_MARKER,
+    LOCK_FILE,
+    MANIFEST_VERSION,
+    META_FILE,
+    best_checkpoint,
+    complete_checkpoints,
+    is_complete,
+    is_step_dir,
+    step_dir_name,
+)
 from checkpoints.errors import CheckpointError, CheckpointSaveError
 from checkpoints.meta import CheckpointMeta
 from checkpoints.state import flat_state, rng_state
@@ -71,7 +81,6 @@ def lock_checkpoint_dir(directory: str, rank: int) -> PathLock | None:
     return lock
 
 
-
 class CheckpointManager:
     """Saves and finds the checkpoints of one directory. Save and load are collective.
 
@@ -101,8 +110,11 @@ class CheckpointManager:
         self.keep_last_n = keep_last_n
         self.rank = rank
         self.asynchronous = asynchronous
-        self._group = (dist.new_group(backend="gloo") if asynchronous and dist.is_initialized()
-                       and dist.get_world_size() > 1 else None)
+        self._group = (
+            dist.new_group(backend="gloo")
+            if asynchronous and dist.is_initialized() and dist.get_world_size() > 1
+            else None
+        )
         self._in_flight: concurrent.futures.Future | None = None
 
     def save(self, state: dict[str, Any], meta: CheckpointMeta) -> str:
@@ -123,12 +135,22 @@ class CheckpointManager:
             return path
         staged = {name: _host_copy(value) for name, value in flat_state(state).items()}
         self._in_flight = concurrent.futures.Future()
-        threading.Thread(target=self._save_in_background, args=(path, staged, meta, rng, self._in_flight),
-                         name=f"checkpoint step {meta.step}", daemon=True).start()
+        threading.Thread(
+            target=self._save_in_background,
+            args=(path, staged, meta, rng, self._in_flight),
+            name=f"checkpoint step {meta.step}",
+            daemon=True,
+        ).start()
         return path
 
-    def _save_in_background(self, path: str, staged: dict[str, Any], meta: CheckpointMeta, rng: dict[str, Any],
-                            done: concurrent.futures.Future) -> None:
+    def _save_in_background(
+        self,
+        path: str,
+        staged: dict[str, Any],
+        meta: CheckpointMeta,
+        rng: dict[str, Any],
+        done: concurrent.futures.Future,
+    ) -> None:
         # A daemon thread: a process that ends meanwhile leaves the save without its
         # COMPLETE marker, which every reader ignores.
         try:
@@ -157,8 +179,7 @@ class CheckpointManager:
             rank = min(failures)
             cause = failures[rank]
             if isinstance(cause, Terminated):
-                raise CheckpointSaveError(f"saving checkpoint {path} failed: rank {rank} was stopped "
-                                          "(SIGTERM)") from e
+                raise CheckpointSaveError(f"saving checkpoint {path} failed: rank {rank} was stopped (SIGTERM)") from e
             if not isinstance(cause, OSError):
                 raise RuntimeError(f"saving checkpoint {path} failed: {e}") from e  # a bug: keep its traceback
             if self.rank == 0:  # every rank is past its writes: a failure is collective (see _save)
@@ -176,9 +197,10 @@ class CheckpointManager:
         # Collective: a failure of any rank's writes raises CheckpointException on every rank.
         dcp.save(flat_state(state), storage_writer=writer, planner=NoCopySavePlanner(), process_group=self._group)
         with sigterm_deferred():  # torch.save would turn Terminated into "unexpected pos": a traceback
-            error = first_error(lambda: writer.fs.write_file(join(path, f"rank_{self.rank}.pt"),
-                                                              lambda f: torch.save(rng, f)))
-        files = {name[len(path) + 1:]: entry for name, entry in writer.fs.written.items()}
+            error = first_error(
+                lambda: writer.fs.write_file(join(path, f"rank_{self.rank}.pt"), lambda f: torch.save(rng, f))
+            )
+        files = {name[len(path) + 1 :]: entry for name, entry in writer.fs.written.items()}
         gathered = all_gather((files, error), self._group)
         raise_first_error([rank_error for _, rank_error in gathered])
         files = {name: entry for rank_files, _ in gathered for name, entry in rank_files.items()}
@@ -186,15 +208,15 @@ class CheckpointManager:
             error = first_error(lambda: self._complete(path, writer.fs, files, meta))
         raise_first_error(all_gather(error, self._group))  # also the barrier that ends the save
 
-    def _complete(self, path: str, fs: IOPathFileSystem, files: dict[str, ManifestEntry],
-                  meta: CheckpointMeta) -> None:
+    def _complete(self, path: str, fs: IOPathFileSystem, files: dict[str, ManifestEntry], meta: CheckpointMeta) -> None:
         """Rank 0, once every rank's files are written: meta.json, the COMPLETE marker
         (the manifest), then pruning."""
         meta_json = meta.to_json()
         fs.write_file(join(path, META_FILE), lambda f: f.write(meta_json))
         files[META_FILE] = entry_of_bytes(meta_json)
-        manifest = json.dumps({"manifest_version": MANIFEST_VERSION, "files": dict(sorted(files.items()))},
-                              indent=1).encode()
+        manifest = json.dumps(
+            {"manifest_version": MANIFEST_VERSION, "files": dict(sorted(files.items()))}, indent=1
+        ).encode()
         fs.write_file(join(path, COMPLETE_MARKER), lambda f: f.write(manifest))
         self._prune(keep=path)
 
@@ -240,8 +262,9 @@ def _host_copy(value: Any) -> Any:
     staging functions, as DCP's async save once did."""
     if isinstance(value, ShardedTensor) and all(s.tensor.device.type == "cpu" for s in value.local_shards()):
         shards = [Shard(shard.tensor.clone(), shard.metadata) for shard in value.local_shards()]
-        return ShardedTensor._init_from_local_shards_and_global_metadata(shards, value.metadata(),
-                                                                         process_group=value._process_group)
+        return ShardedTensor._init_from_local_shards_and_global_metadata(
+            shards, value.metadata(), process_group=value._process_group
+        )
     if type(value) is torch.Tensor:
         return value.detach().to("cpu", copy=True)
     if not torch.is_tensor(value):
@@ -260,4 +283,3 @@ def _remove_checkpoint(path: str) -> None:
         g_pathmgr.rm(join(path, name))
     if is_local(path):
         os.rmdir(local_path(path))
-

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+
 def _leaves(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
     """(dotted key, value) of every value of a nested dict that is not itself a dict.
     Empty dicts hold no leaves, so they contribute nothing.
@@ -64,4 +65,3 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
-

@@ -12,8 +12,8 @@ import contextlib
 import dataclasses
 import io
 import pickle
-from typing import IO, Any, Optional, Union
 from collections.abc import Generator
+from typing import IO, Any
 
 import torch
 from iopath.common.file_io import g_pathmgr
@@ -31,8 +31,17 @@ from common.sigterm import sigterm_deferred
 
 _DATA_FILE_SUFFIX = ".distcp"
 # dtypes Tensor.numpy() accepts (not bfloat16 and the like: DCP copies those).
-_NUMPY_DTYPES = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
-                 torch.int8, torch.uint8, torch.bool}
+_NUMPY_DTYPES = {
+    torch.float64,
+    torch.float32,
+    torch.float16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+}
 
 
 def join(path: str, name: str) -> str:
@@ -146,10 +155,15 @@ class NoCopySavePlanner(DefaultSavePlanner):
     slices of one flat buffer per TBE module: this planner hands DCP such a slice on a
     storage of exactly its own bytes (the same memory, no copy) instead."""
 
-    def resolve_data(self, write_item: WriteItem) -> Union[torch.Tensor, io.BytesIO]:
+    def resolve_data(self, write_item: WriteItem) -> torch.Tensor | io.BytesIO:
         data = super().resolve_data(write_item)
-        if (isinstance(data, torch.Tensor) and data.device.type == "cpu" and data.is_contiguous()
-                and data.untyped_storage().nbytes() != data.nbytes and data.dtype in _NUMPY_DTYPES):
+        if (
+            isinstance(data, torch.Tensor)
+            and data.device.type == "cpu"
+            and data.is_contiguous()
+            and data.untyped_storage().nbytes() != data.nbytes
+            and data.dtype in _NUMPY_DTYPES
+        ):
             data = torch.from_numpy(data.detach().numpy())  # a storage of the slice's memory only
         return data
 
@@ -161,7 +175,7 @@ class IOPathReader(FileSystemReader):
     version 1 manifest: each file in a pass before it is read), and a file that holds
     anything but tensors refused by name."""
 
-    def __init__(self, path: str, metadata: Metadata, manifest: Optional[dict[str, ManifestEntry]]) -> None:
+    def __init__(self, path: str, metadata: Metadata, manifest: dict[str, ManifestEntry] | None) -> None:
         super().__init__(path)
         self.fs = IOPathFileSystem()
         self.path = path
@@ -186,8 +200,9 @@ class IOPathReader(FileSystemReader):
             try:
                 super().read_data(dataclasses.replace(plan, items=items), planner)
             except pickle.UnpicklingError as e:  # torch.load(weights_only=True) met something else
-                raise CheckpointError(f"{file}: holds objects other than tensors, which the project never "
-                                      "writes there: refused unread") from e
+                raise CheckpointError(
+                    f"{file}: holds objects other than tensors, which the project never writes there: refused unread"
+                ) from e
         done: Future = Future()
         done.set_result(None)
         return done
@@ -208,5 +223,6 @@ class TensorLoadPlanner(DefaultLoadPlanner):
     entry before loading starts; this refuses one that got past it."""
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        raise CheckpointError(f"{read_item.dest_index.fqn} is stored as pickled bytes, where the project saves a "
-                              "tensor: refused unread")
+        raise CheckpointError(
+            f"{read_item.dest_index.fqn} is stored as pickled bytes, where the project saves a tensor: refused unread"
+        )

@@ -20,8 +20,8 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any, BinaryIO, Optional
 from collections.abc import Iterator
+from typing import Any, BinaryIO
 
 
 def _umask() -> int:
@@ -86,12 +86,12 @@ class _ErrorKeepingStream(io.RawIOBase):
     def __init__(self, stream: BinaryIO) -> None:
         super().__init__()
         self._stream = stream
-        self.error: Optional[OSError] = None
+        self.error: OSError | None = None
 
     def writable(self) -> bool:
         return True
 
-    def write(self, data: Any) -> int:  # type: ignore[override]
+    def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         try:
             done = 0

@@ -42,8 +42,13 @@ HISTOGRAM_BINS = 4096
 MIN_PROBABILITY = 1e-6
 NEWTON_STEPS = 50
 
-_NUMBERS = Kind(lambda v: isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                      and math.isfinite(x) for x in v), "a list of finite numbers")
+_NUMBERS = Kind(
+    lambda v: (
+        isinstance(v, list)
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)
+    ),
+    "a list of finite numbers",
+)
 
 
 @dataclass
@@ -72,29 +77,41 @@ class Calibration:
         if self.method == "platt":
             return 1.0 / (1.0 + np.exp(-(self.slope * z + self.intercept)))
         index = (np.asarray(self.thresholds)[None, :] < z.reshape(-1, 1)).sum(axis=1)
-        return np.asarray(self.values)[index].reshape(z.shape)
+        calibrated: np.ndarray = np.asarray(self.values)[index].reshape(z.shape)
+        return calibrated
 
     def describe(self) -> str:
         """One phrase for the console: what was fitted, on what."""
-        fitted = (f"slope {self.slope:.4f}, intercept {self.intercept:.4f}" if self.method == "platt"
-                  else f"{len(self.values)} steps from {min(self.values):.4g} to {max(self.values):.4g}")
+        fitted = (
+            f"slope {self.slope:.4f}, intercept {self.intercept:.4f}"
+            if self.method == "platt"
+            else f"{len(self.values)} steps from {min(self.values):.4g} to {max(self.values):.4g}"
+        )
         return f"{self.method} ({fitted}; fitted on {self.rows} validation rows at step {self.step})"
 
     @classmethod
     def read(cls, record: JsonObject) -> "Calibration":
         """Reads what `dataclasses.asdict` wrote; FileFieldError naming the file and field."""
-        calibration = cls(method=record.get("method", one_of("platt", "isotonic")), step=record.get("step", INTEGER),
-                          rows=record.get("rows", INTEGER), slope=float(record.get("slope", NUMBER)),
-                          intercept=float(record.get("intercept", NUMBER)),
-                          thresholds=record.get("thresholds", _NUMBERS), values=record.get("values", _NUMBERS))
+        calibration = cls(
+            method=record.get("method", one_of("platt", "isotonic")),
+            step=record.get("step", INTEGER),
+            rows=record.get("rows", INTEGER),
+            slope=float(record.get("slope", NUMBER)),
+            intercept=float(record.get("intercept", NUMBER)),
+            thresholds=record.get("thresholds", _NUMBERS),
+            values=record.get("values", _NUMBERS),
+        )
         where = f"{record.path}: {record.where}"
         if calibration.method == "isotonic" and not (
-                len(calibration.values) == len(calibration.thresholds) + 1
-                and all(0.0 <= v <= 1.0 for v in calibration.values)
-                and all(a <= b for a, b in zip(calibration.values, calibration.values[1:]))
-                and all(a < b for a, b in zip(calibration.thresholds, calibration.thresholds[1:]))):
-            raise FileFieldError(f"{where}: isotonic values must be non-decreasing probabilities, one more than "
-                                 "the increasing thresholds")
+            len(calibration.values) == len(calibration.thresholds) + 1
+            and all(0.0 <= v <= 1.0 for v in calibration.values)
+            and all(a <= b for a, b in zip(calibration.values, calibration.values[1:]))
+            and all(a < b for a, b in zip(calibration.thresholds, calibration.thresholds[1:]))
+        ):
+            raise FileFieldError(
+                f"{where}: isotonic values must be non-decreasing probabilities, one more than "
+                "the increasing thresholds"
+            )
         if not (math.isfinite(calibration.slope) and math.isfinite(calibration.intercept)):
             raise FileFieldError(f"{where}: slope and intercept must be finite")
         return calibration
@@ -143,8 +160,9 @@ def fit_platt(centres: np.ndarray, negatives: np.ndarray, positives: np.ndarray)
         residual = rows * p - positives
         gradient = np.array([(residual * z).sum(), residual.sum()])
         curvature = rows * p * (1.0 - p)
-        hessian = np.array([[(curvature * z * z).sum(), (curvature * z).sum()],
-                            [(curvature * z).sum(), curvature.sum()]])
+        hessian = np.array(
+            [[(curvature * z * z).sum(), (curvature * z).sum()], [(curvature * z).sum(), curvature.sum()]]
+        )
         try:
             step = np.linalg.solve(hessian + 1e-12 * np.eye(2), gradient)
         except np.linalg.LinAlgError:
@@ -182,5 +200,10 @@ def fit_calibration(method: str, negatives: Any, positives: Any, step: int) -> "
     values, starts = pool_adjacent_violators(positives[filled] / rows[filled], rows[filled])
     lower_edges = -LOGIT_RANGE + (2 * LOGIT_RANGE / HISTOGRAM_BINS) * filled[starts]
     # A block starts at its first bin's lower edge; the first block reaches down to -inf.
-    return Calibration("isotonic", step, count, thresholds=lower_edges[1:].tolist(),
-                       values=np.clip(values, MIN_PROBABILITY, 1.0 - MIN_PROBABILITY).tolist())
+    return Calibration(
+        "isotonic",
+        step,
+        count,
+        thresholds=lower_edges[1:].tolist(),
+        values=np.clip(values, MIN_PROBABILITY, 1.0 - MIN_PROBABILITY).tolist(),
+    )

@@ -32,7 +32,6 @@ class MainFn(Protocol):
     def __call__(self, argv: Sequence[str] | None = None) -> int: ...
 
 
-
 def print_bad_input(prog: str, message: str) -> int:
     """Prints ``PROG: error: MESSAGE`` (a URL in it without credentials) on stderr;
     returns EXIT_BAD_INPUT."""
@@ -84,8 +83,13 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if action.default in (None, argparse.SUPPRESS) or action.required or action.nargs == 0 \
-                or "default" in text or not action.option_strings:
+        if (
+            action.default in (None, argparse.SUPPRESS)
+            or action.required
+            or action.nargs == 0
+            or "default" in text
+            or not action.option_strings
+        ):
             return text
         return f"{text} (default: %(default)s)"
 

@@ -18,8 +18,9 @@ def binary_entropy(rate: float) -> float:
     return -(rate * math.log(rate) + (1.0 - rate) * math.log(1.0 - rate))
 
 
-def summary_figures(log_loss_sum: float, correct: float, samples: float, probability_sum: float,
-                    clicks: float) -> dict[str, float]:
+def summary_figures(
+    log_loss_sum: float, correct: float, samples: float, probability_sum: float, clicks: float
+) -> dict[str, float]:
     """Log loss (mean binary cross-entropy), accuracy (probability thresholded at 0.5),
     NE (the log loss over the entropy of the click rate: below 1 beats predicting the
     click rate for every row; NaN when the rows have one class only), calibration (the

@@ -36,7 +36,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any
 
 from common.cli import float_list, int_list
 from common.errors import BadInput
@@ -81,10 +81,18 @@ class FlagSpec:
     positional: bool = False
 
 
-def flag(default: Any = dataclasses.MISSING, *, help: str, choices: Sequence[Any] | None = None,
-         name: str | None = None, alias: tuple[str, Any] | None = None,
-         former_names: Sequence[str] = (), metavar: str | None = None,
-         parse: Callable[[str], Any] | None = None, positional: bool = False) -> Any:
+def flag(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str,
+    choices: Sequence[Any] | None = None,
+    name: str | None = None,
+    alias: tuple[str, Any] | None = None,
+    former_names: Sequence[str] = (),
+    metavar: str | None = None,
+    parse: Callable[[str], Any] | None = None,
+    positional: bool = False,
+) -> Any:
     """A dataclass field that is a command-line flag (a list default is copied per instance);
     without a default, the command line must give it.
 
@@ -95,8 +103,18 @@ def flag(default: Any = dataclasses.MISSING, *, help: str, choices: Sequence[Any
     """
     if positional and (default is not dataclasses.MISSING or alias or former_names):
         raise TypeError("a positional argument has no default, alias or former names")
-    metadata = {_FLAG: FlagSpec(help, tuple(choices) if choices is not None else None, name, alias,
-                                tuple(former_names), metavar, parse, positional)}
+    metadata = {
+        _FLAG: FlagSpec(
+            help,
+            tuple(choices) if choices is not None else None,
+            name,
+            alias,
+            tuple(former_names),
+            metavar,
+            parse,
+            positional,
+        )
+    }
     if isinstance(default, list):
         frozen = tuple(default)
         return dataclasses.field(default_factory=lambda: list(frozen), metadata=metadata)
@@ -114,18 +132,21 @@ class VariantsSpec:
     than its default is refused with the line ``refuse_others(variant, flag)`` gives.
     """
 
-    selector: Union[str, Callable[[Mapping[str, Any]], str]]
+    selector: str | Callable[[Mapping[str, Any]], str]
     classes: Mapping[str, type[Any]]
-    refuse_others: Optional[Callable[[str, "Flag"], str]] = None
+    refuse_others: Callable[[str, "Flag"], str] | None = None
 
-    def chosen(self, values: Mapping[str, Any]) -> Optional[type[Any]]:
+    def chosen(self, values: Mapping[str, Any]) -> type[Any] | None:
         """The class ``values`` choose (None when the selector names no class)."""
         key = values[self.selector] if isinstance(self.selector, str) else self.selector(values)
         return self.classes.get(key)
 
 
-def variants(selector: Union[str, Callable[[Mapping[str, Any]], str]], classes: Mapping[str, type[Any]],
-             refuse_others: Optional[Callable[[str, "Flag"], str]] = None) -> Any:
+def variants(
+    selector: str | Callable[[Mapping[str, Any]], str],
+    classes: Mapping[str, type[Any]],
+    refuse_others: Callable[[str, "Flag"], str] | None = None,
+) -> Any:
     """A dataclass field holding the config of one of ``classes``, the one named by the
     flag field ``selector`` (whose choices are the names), or by the function
     ``selector`` of the flags' values (`VariantsSpec`). It defaults to None: the class
@@ -170,8 +191,7 @@ class Flag:
     @property
     def required(self) -> bool:
         """Whether the field has no default: the command line (or an override) gives it."""
-        return (self.field.default is dataclasses.MISSING
-                and self.field.default_factory is dataclasses.MISSING)
+        return self.field.default is dataclasses.MISSING and self.field.default_factory is dataclasses.MISSING
 
     @property
     def is_switch(self) -> bool:
@@ -208,8 +228,11 @@ def flags_of(config_class: type[Any]) -> list[Flag]:
         if _FLAG in f.metadata:
             flags.append(Flag(f, f.metadata[_FLAG], _without_optional(hints[f.name])))
         elif _VARIANTS in f.metadata:
-            flags += [dataclasses.replace(item, within=f.name)
-                      for variant in f.metadata[_VARIANTS].classes.values() for item in flags_of(variant)]
+            flags += [
+                dataclasses.replace(item, within=f.name)
+                for variant in f.metadata[_VARIANTS].classes.values()
+                for item in flags_of(variant)
+            ]
     return flags
 
 
@@ -296,8 +319,13 @@ def default_of(item: Flag, overrides: Sequence[Overrides], config_class: type[An
     return item.default
 
 
-def add_flags(parser: Any, config_class: type[Any], overrides: Sequence[Overrides] = (),
-              exclude: Sequence[str] = (), parser_defaults: bool = False) -> None:
+def add_flags(
+    parser: Any,
+    config_class: type[Any],
+    overrides: Sequence[Overrides] = (),
+    exclude: Sequence[str] = (),
+    parser_defaults: bool = False,
+) -> None:
     """Adds the class's flags to ``parser`` (or an argument group), without parser
     defaults; the help ends with the default ``overrides`` give it. A field without
     a default is a required flag.
@@ -319,23 +347,42 @@ def add_flags(parser: Any, config_class: type[Any], overrides: Sequence[Override
         also = f" (formerly {', '.join(former)})" if former else ""
         metavar = item.spec.metavar or (item.name.upper() if item.spec.choices is None else None)
         if item.spec.positional:
-            parser.add_argument(item.field.name, type=item.parse_type(), choices=item.spec.choices,
-                                metavar=item.spec.metavar, help=item.spec.help)  # None: argparse's lower case
+            parser.add_argument(
+                item.field.name,
+                type=item.parse_type(),
+                choices=item.spec.choices,
+                metavar=item.spec.metavar,
+                help=item.spec.help,
+            )  # None: argparse's lower case
             continue
-        common = dict(dest=item.field.name, help=item.spec.help + also + shown,
-                      default=default if parser_defaults and not item.required else argparse.SUPPRESS)
+        common = dict(
+            dest=item.field.name,
+            help=item.spec.help + also + shown,
+            default=default if parser_defaults and not item.required else argparse.SUPPRESS,
+        )
         options = [item.option] + former
         if item.is_switch:
             parser.add_argument(*options, action="store_true", **common)
         else:
-            parser.add_argument(*options, type=item.parse_type(), choices=item.spec.choices, metavar=metavar,
-                                required=item.required and not any(item.field.name in o for o in overrides
-                                                                   if o.config_class is config_class),
-                                action="append" if item.is_repeated else "store", **common)
+            parser.add_argument(
+                *options,
+                type=item.parse_type(),
+                choices=item.spec.choices,
+                metavar=metavar,
+                required=item.required
+                and not any(item.field.name in o for o in overrides if o.config_class is config_class),
+                action="append" if item.is_repeated else "store",
+                **common,
+            )
         if item.spec.alias is not None:
             switch, value = item.spec.alias
-            parser.add_argument(f"--{switch}", action="store_true", default=argparse.SUPPRESS,
-                                dest=_alias_dest(item), help=f"the same as {item.option} {value}")
+            parser.add_argument(
+                f"--{switch}",
+                action="store_true",
+                default=argparse.SUPPRESS,
+                dest=_alias_dest(item),
+                help=f"the same as {item.option} {value}",
+            )
 
 
 def _alias_dest(item: Flag) -> str:
@@ -348,18 +395,23 @@ def given(args: argparse.Namespace, config_class: type[Any], field_name: str) ->
     return hasattr(args, item.field.name) or hasattr(args, _alias_dest(item))
 
 
-def config_values(config_class: type[Any], args: argparse.Namespace,
-                  overrides: Sequence[Overrides] = (), exclude: Sequence[str] = ()) -> dict[str, Any]:
+def config_values(
+    config_class: type[Any], args: argparse.Namespace, overrides: Sequence[Overrides] = (), exclude: Sequence[str] = ()
+) -> dict[str, Any]:
     """{field: value} of the class's flags: the command line's, else the overrides',
     else the field's default; a `variants` field's value is the chosen class built from
     its flags so (None when the selector names no class: the class's validate says so).
     Raises FlagError when a switch alias contradicts its flag (``--adagrad --optimizer sgd``)."""
-    values = {item.field.name: _value(item, args, overrides, config_class)
-              for item in flags_of(config_class) if item.within is None and item.field.name not in exclude}
+    values = {
+        item.field.name: _value(item, args, overrides, config_class)
+        for item in flags_of(config_class)
+        if item.within is None and item.field.name not in exclude
+    }
     for name, spec in variant_fields(config_class):
-        offered = {variant: {item.field.name: _value(item, args, overrides, config_class)
-                             for item in flags_of(variant_class)}
-                   for variant, variant_class in spec.classes.items()}
+        offered = {
+            variant: {item.field.name: _value(item, args, overrides, config_class) for item in flags_of(variant_class)}
+            for variant, variant_class in spec.classes.items()
+        }
         chosen = spec.chosen({**values, **{k: v for fields in offered.values() for k, v in fields.items()}})
         if spec.refuse_others is not None:
             for variant, variant_class in spec.classes.items():
@@ -407,8 +459,9 @@ def config_from_record(config_class: type[Any], record: Mapping[str, Any]) -> An
             if isinstance(spec.selector, str):
                 chosen = spec.classes[fields[spec.selector]]
             else:  # a function of the values: the variant's are in its field
-                chosen = spec.chosen({**fields, **fields[name]})
-                if chosen is None:
+                by_values = spec.chosen({**fields, **fields[name]})
+                if by_values is None:
                     raise KeyError(f"{config_class.__name__}.{name}: no variant chosen")
+                chosen = by_values
             fields[name] = chosen(**fields[name])
     return config_class(**fields)

@@ -13,9 +13,9 @@ Example::
 """
 
 import json
-from dataclasses import asdict, dataclass
-from typing import Any, NoReturn, Optional
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, NoReturn
 
 from common.errors import BadInput
 from common.url_paths import redacted_record
@@ -43,20 +43,26 @@ def integer(minimum: int = 0) -> Kind:
     return Kind(lambda v: _is_int(v, minimum), words)
 
 
-def int_list(length: Optional[int] = None, minimum: int = 0) -> Kind:
+def int_list(length: int | None = None, minimum: int = 0) -> Kind:
     """A list of integers (``length`` of them when given), each at least ``minimum``."""
     words = "positive integers" if minimum == 1 else "integers" if minimum <= 0 else f"integers >= {minimum}"
-    return Kind(lambda v: isinstance(v, list) and (length is None or len(v) == length)
-                and all(_is_int(i, minimum) for i in v),
-                f"{length} {words}" if length is not None else f"a list of {words}")
+    return Kind(
+        lambda v: isinstance(v, list) and (length is None or len(v) == length) and all(_is_int(i, minimum) for i in v),
+        f"{length} {words}" if length is not None else f"a list of {words}",
+    )
 
 
-def text_list(length: Optional[int] = None, allow_empty: bool = False) -> Kind:
+def text_list(length: int | None = None, allow_empty: bool = False) -> Kind:
     """A list of strings (``length`` of them when given), non-empty unless ``allow_empty``."""
-    return Kind(lambda v: isinstance(v, list) and (allow_empty or bool(v)) and (length is None or len(v) == length)
-                and all(isinstance(s, str) for s in v),
-                f"{length} names" if length is not None else
-                "a list of names" if allow_empty else "a non-empty list of names")
+    return Kind(
+        lambda v: (
+            isinstance(v, list)
+            and (allow_empty or bool(v))
+            and (length is None or len(v) == length)
+            and all(isinstance(s, str) for s in v)
+        ),
+        f"{length} names" if length is not None else "a list of names" if allow_empty else "a non-empty list of names",
+    )
 
 
 def one_of(*choices: str) -> Kind:
@@ -92,8 +98,7 @@ class JsonObject:
         if not isinstance(value, dict):
             if where:
                 self._fail(where, OBJECT.expected, value)
-            raise FileFieldError(f"{path}: the content must be a JSON object, got {self._short(value)} "
-                                 f"(not {what})")
+            raise FileFieldError(f"{path}: the content must be a JSON object, got {self._short(value)} (not {what})")
         self.value: dict[str, Any] = value
 
     @classmethod
@@ -137,8 +142,10 @@ class JsonObject:
 
     def objects(self, field: str) -> dict[str, "JsonObject"]:
         """An object of objects (``{"fp32": {...}, ...}``), each as a JsonObject."""
-        return {key: JsonObject(value, self.path, f"{self._name(field)}.{key}", self.what)
-                for key, value in self.get(field, OBJECT).items()}
+        return {
+            key: JsonObject(value, self.path, f"{self._name(field)}.{key}", self.what)
+            for key, value in self.get(field, OBJECT).items()
+        }
 
     @classmethod
     def versioned(cls, data: bytes, path: str, what: str, current: int) -> tuple["JsonObject", int]:
@@ -147,14 +154,16 @@ class JsonObject:
         document = cls.parse(data, path, what)
         return document, document.version(current, legacy_key="format_version")
 
-    def version(self, current: int, legacy_key: Optional[str] = None) -> int:
+    def version(self, current: int, legacy_key: str | None = None) -> int:
         """The document's format version (under ``legacy_key`` in older files); refused
         when it is not a positive integer or is newer than ``current``."""
         key = "version" if self.has("version") or legacy_key is None else legacy_key
-        version = self.get(key, integer(1))
+        version: int = self.get(key, integer(1))
         if version > current:
-            raise FileFieldError(f"{self.path}: {key} is {version}, newer than this code reads ({current}): "
-                                 "use the release that wrote it or a newer one")
+            raise FileFieldError(
+                f"{self.path}: {key} is {version}, newer than this code reads ({current}): "
+                "use the release that wrote it or a newer one"
+            )
         return version
 
 

@@ -10,13 +10,14 @@ Example (in a package's ``__init__.py``)::
 """
 
 import importlib
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 
 def lazy_exports(package: str, homes: dict[str, str]) -> tuple[Callable[[str], Any], list[str]]:
     """The ``__getattr__`` and ``__all__`` of ``package``, whose public names live in
     the modules ``homes`` maps them to."""
+
     def module_getattr(name: str) -> Any:
         if name not in homes:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")

@@ -22,7 +22,7 @@ Example::
 
 import hashlib
 import io
-from typing import Any, BinaryIO, Optional
+from typing import Any, BinaryIO
 
 from common.errors import BadInput
 
@@ -59,7 +59,7 @@ class HashingStream(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, data: Any) -> int:  # type: ignore[override]
+    def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         self._sha.update(view)  # hashlib releases the GIL on large buffers: writer threads overlap
         self._stream.write(view)
@@ -100,21 +100,25 @@ def entry_of_bytes(data: bytes) -> ManifestEntry:
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def _check(name: str, expected: Optional[ManifestEntry], size: int, digest: Optional[str]) -> None:
+_NOT_LISTED = "{name}: not listed in the manifest, refusing to load it"
+
+
+def _check(name: str, expected: ManifestEntry | None, size: int, digest: str | None) -> None:
     if expected is None:
-        raise ManifestError(f"{name}: not listed in the manifest, refusing to load it")
+        raise ManifestError(_NOT_LISTED.format(name=name))
     if size != expected["bytes"]:
-        raise ManifestError(f"{name}: {size} bytes, the manifest says {expected['bytes']}: "
-                            "the file is truncated or damaged")
+        raise ManifestError(
+            f"{name}: {size} bytes, the manifest says {expected['bytes']}: the file is truncated or damaged"
+        )
     if digest is not None and digest != expected["sha256"]:
         raise ManifestError(f"{name}: its SHA-256 differs from the manifest's: the file is damaged")
 
 
-def check_chunk(data: Any, name: str, expected: Optional[ManifestEntry], offset: int) -> None:
+def check_chunk(data: Any, name: str, expected: ManifestEntry | None, offset: int) -> None:
     """Raises ManifestError (naming ``name`` and the byte range) unless ``data``, read at
     ``offset`` of the file, is a piece the chunked entry lists, with its digest."""
     if expected is None:
-        _check(name, None, 0, None)
+        raise ManifestError(_NOT_LISTED.format(name=name))
     where = f"{name} bytes {offset}-{offset + len(data)}"
     if "chunks" not in expected:
         raise ManifestError(f"{name}: the manifest gives it no chunk digests, refusing to load it in pieces")
@@ -125,18 +129,18 @@ def check_chunk(data: Any, name: str, expected: Optional[ManifestEntry], offset:
         raise ManifestError(f"{where}: its SHA-256 differs from the manifest's: the file is damaged")
 
 
-def check_bytes(data: bytes, name: str, expected: Optional[ManifestEntry]) -> None:
+def check_bytes(data: bytes, name: str, expected: ManifestEntry | None) -> None:
     """Raises ManifestError (naming ``name``) unless ``data`` is what the entry describes."""
     if expected is not None and "chunks" in expected:
         _check(name, expected, len(data), None)
         view = memoryview(data)
         for offset, length, _ in expected["chunks"]:
-            check_chunk(view[offset:offset + length], name, expected, offset)
+            check_chunk(view[offset : offset + length], name, expected, offset)
         return
     _check(name, expected, len(data), hashlib.sha256(data).hexdigest())
 
 
-def check_stream(stream: BinaryIO, name: str, expected: Optional[ManifestEntry]) -> None:
+def check_stream(stream: BinaryIO, name: str, expected: ManifestEntry | None) -> None:
     """Reads ``stream`` to its end; raises ManifestError unless it matches the entry."""
     if expected is None:
         _check(name, None, 0, None)
@@ -157,8 +161,14 @@ def _is_chunk_list(chunks: Any, size: int) -> bool:
         return False
     end = 0
     for chunk in chunks:
-        if not (isinstance(chunk, list) and len(chunk) == 3 and chunk[0] == end and isinstance(chunk[1], int)
-                and chunk[1] > 0 and isinstance(chunk[2], str)):
+        if not (
+            isinstance(chunk, list)
+            and len(chunk) == 3
+            and chunk[0] == end
+            and isinstance(chunk[1], int)
+            and chunk[1] > 0
+            and isinstance(chunk[2], str)
+        ):
             return False
         end += chunk[1]
     return end == size

@@ -23,7 +23,7 @@ import stat
 import threading
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any
 
 from common.errors import BadInput
 
@@ -47,15 +47,16 @@ class PathLock:
         stale_after_s: how long an untouched file counts as held.
     """
 
-    def __init__(self, path: str, what: str, heartbeat_s: float = HEARTBEAT_S,
-                 stale_after_s: float = STALE_AFTER_S) -> None:
+    def __init__(
+        self, path: str, what: str, heartbeat_s: float = HEARTBEAT_S, stale_after_s: float = STALE_AFTER_S
+    ) -> None:
         self.path = path
         self.what = what
         self.heartbeat_s = heartbeat_s
         self.stale_after_s = stale_after_s
         self._holder: dict[str, Any] = {}
         self._stop = threading.Event()
-        self._heartbeat: Optional[threading.Thread] = None
+        self._heartbeat: threading.Thread | None = None
 
     def __enter__(self) -> "PathLock":
         self.acquire()
@@ -66,8 +67,12 @@ class PathLock:
 
     def acquire(self) -> None:
         """Takes the lock, or raises LockHeld naming its holder (host, pid, start time)."""
-        holder = {"host": _host(), "pid": os.getpid(),
-                  "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "token": uuid.uuid4().hex}
+        holder = {
+            "host": _host(),
+            "pid": os.getpid(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "token": uuid.uuid4().hex,
+        }
         for _ in range(3):  # a stale lock removed, or a holder gone between two looks
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -102,7 +107,7 @@ class PathLock:
             with contextlib.suppress(OSError):  # a missed beat: the next one, or staleness, tells
                 os.utime(self.path)
 
-    def _read(self) -> Optional[dict[str, Any]]:
+    def _read(self) -> dict[str, Any] | None:
         """The holder the lock file names; None when there is no lock file. A file
         being written (or damaged) reads as an empty holder."""
         try:
@@ -124,10 +129,13 @@ class PathLock:
             return  # released meanwhile
         if stat.S_ISREG(mode):
             return
-        kind = ("a directory" if stat.S_ISDIR(mode) else "a symbolic link" if stat.S_ISLNK(mode)
-                else "not a regular file")
-        raise LockHeld(f"{self.what}: its lock file {self.path} is {kind}, which no run creates; "
-                       f"remove it (after checking nothing of yours is in it) and run again")
+        kind = (
+            "a directory" if stat.S_ISDIR(mode) else "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+        )
+        raise LockHeld(
+            f"{self.what}: its lock file {self.path} is {kind}, which no run creates; "
+            f"remove it (after checking nothing of yours is in it) and run again"
+        )
 
     def _remove_if_stale(self) -> None:
         """Removes the lock file when its holder is gone; raises LockHeld otherwise."""
@@ -140,11 +148,15 @@ class PathLock:
             return
         if age <= self.stale_after_s and not _dead_on_this_host(holder):
             if not holder:  # being written by its creator (a fresh file) or damaged: wait for staleness
-                raise LockHeld(f"{self.what} is in use: {self.path} was created {age:.0f} s ago "
-                               f"(stale after {self.stale_after_s:.0f} s untouched)")
-            raise LockHeld(f"{self.what} is in use by pid {holder.get('pid')} on {holder.get('host')} "
-                           f"since {holder.get('started')} (lock file {self.path}; it is released when that "
-                           f"run ends, and counts as stale {self.stale_after_s:.0f} s after its holder stops)")
+                raise LockHeld(
+                    f"{self.what} is in use: {self.path} was created {age:.0f} s ago "
+                    f"(stale after {self.stale_after_s:.0f} s untouched)"
+                )
+            raise LockHeld(
+                f"{self.what} is in use by pid {holder.get('pid')} on {holder.get('host')} "
+                f"since {holder.get('started')} (lock file {self.path}; it is released when that "
+                f"run ends, and counts as stale {self.stale_after_s:.0f} s after its holder stops)"
+            )
         # Stale. Rename, then check that what was renamed is what was judged stale: two
         # processes taking over at once must not remove the lock the quicker one just took.
         aside = f"{self.path}.stale-{uuid.uuid4().hex}"

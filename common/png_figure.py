@@ -9,14 +9,16 @@ Example::
 
 import contextlib
 import datetime
-from typing import Any
 from collections.abc import Iterator
+from typing import Any
 
 from common.atomic import atomic_path
 
 
 @contextlib.contextmanager
-def png_figure(path: str, nrows: int = 1, ncols: int = 1, bottom: float = 0.0, **subplots: Any) -> Iterator[tuple[Any, Any]]:
+def png_figure(
+    path: str, nrows: int = 1, ncols: int = 1, bottom: float = 0.0, **subplots: Any
+) -> Iterator[tuple[Any, Any]]:
     """Yields ``plt.subplots(nrows, ncols, **subplots)``; when the block ends normally the
     figure is dated (`date_footer`), laid out and saved to ``path`` at its own dpi. The
     figure is closed either way.
@@ -50,7 +52,7 @@ FOOTER_HEIGHT = 0.03
 
 def drawn_date() -> str:
     """Today's date (UTC) as figures and the docs beside them show it."""
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
 
 
 def date_footer(fig: Any) -> None:

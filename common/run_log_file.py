@@ -9,9 +9,9 @@ sweeps, the matrix, the benchmarks and the tests all read through it."""
 
 import json
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
-from collections.abc import Iterator, Sequence
 
 from common.errors import BadInput
 
@@ -19,7 +19,7 @@ from common.errors import BadInput
 MODEL_KINDS = ("final", "best", "newest")
 
 # The keys and types of every record training/run_log.py's RunLog.record writes.
-RECORD_FIELDS = {"event": str, "run_id": str, "time": (int, float)}
+RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {"event": str, "run_id": str, "time": (int, float)}
 # A run log's first record (the start-up facts, the configuration) is a few KiB: a
 # first line longer than this is no run log's.
 _FIRST_LINE_LIMIT = 1 << 20
@@ -50,8 +50,10 @@ def check_appendable(path: str, flag: str = "--log_path", error: type[Exception]
     except ValueError:  # not JSON, or not UTF-8
         record = None
     if not (isinstance(record, dict) and all(isinstance(record.get(key), kind) for key, kind in RECORD_FIELDS.items())):
-        raise error(f"{flag} {path}: holds something other than a training run log (its first line is not a "
-                    "record of one), and a run appends to it: give a new file, or a run log to add this run to")
+        raise error(
+            f"{flag} {path}: holds something other than a training run log (its first line is not a "
+            "record of one), and a run appends to it: give a new file, or a run log to add this run to"
+        )
 
 
 class RunRecord(dict[str, Any]):
@@ -66,20 +68,21 @@ class RunRecord(dict[str, Any]):
         return str(self["event"])
 
     @property
-    def run_id(self) -> Optional[str]:
+    def run_id(self) -> str | None:
         """The run (attempt) that wrote it: a restarted job appends under a new one."""
         value = self.get("run_id")
         return None if value is None else str(value)
 
     @property
-    def time(self) -> Optional[float]:
+    def time(self) -> float | None:
         """Seconds since the epoch when it was written."""
         value = self.get("time")
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def log_records(path: str, error: type[Exception] = BadInput,
-                required: Sequence[str] = ("event",)) -> Iterator[tuple[int, RunRecord]]:
+def log_records(
+    path: str, error: type[Exception] = BadInput, required: Sequence[str] = ("event",)
+) -> Iterator[tuple[int, RunRecord]]:
     """(line number, record) of every non-blank line; raises ``error`` naming the file
     and line for an unreadable file, a line that is not JSON, or a record without the
     ``required`` keys.
@@ -109,8 +112,7 @@ def log_records(path: str, error: type[Exception] = BadInput,
         yield number, record
 
 
-def read_run_log(path: str, error: type[Exception] = BadInput,
-                 required: Sequence[str] = ("event",)) -> list[RunRecord]:
+def read_run_log(path: str, error: type[Exception] = BadInput, required: Sequence[str] = ("event",)) -> list[RunRecord]:
     """Every record of the run log at ``path``, in order (`log_records` without the
     line numbers; each record keeps its ``line``).
 
@@ -135,8 +137,13 @@ class TestedModel:
 
     def text(self) -> str:
         """``best, step 38, the one export takes``."""
-        return ", ".join([*([self.kind] if self.kind else []), f"step {self.step}",
-                          *(["the one export takes"] if self.exported else [])])
+        return ", ".join(
+            [
+                *([self.kind] if self.kind else []),
+                f"step {self.step}",
+                *(["the one export takes"] if self.exported else []),
+            ]
+        )
 
     def fields(self) -> dict[str, Any]:
         """The eval record's ``model`` (the kind, null for "") and ``exported``."""
@@ -151,7 +158,7 @@ class TestedModel:
             return None
         kind, step, exported = record.get("model"), record.get("step"), record.get("exported")
         if not (kind is None or kind in MODEL_KINDS):
-            raise error(f"{where}: \"model\" is {kind!r}, expected one of {', '.join(MODEL_KINDS)} or null")
+            raise error(f'{where}: "model" is {kind!r}, expected one of {", ".join(MODEL_KINDS)} or null')
         if not isinstance(step, int) or isinstance(step, bool) or not isinstance(exported, bool):
-            raise error(f"{where}: a tested model needs an integer \"step\" and a true/false \"exported\"")
+            raise error(f'{where}: a tested model needs an integer "step" and a true/false "exported"')
         return cls(kind or "", step, exported)

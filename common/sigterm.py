@@ -6,9 +6,8 @@ it was stopped at) and by the checkpoint writer (a save stopped mid-write).
 import contextlib
 import signal
 import threading
-from types import FrameType
-from typing import Optional
 from collections.abc import Iterator
+from types import FrameType
 
 
 class Terminated(Exception):
@@ -30,7 +29,7 @@ def raise_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _raise_terminated(signum: int, frame: Optional[FrameType]) -> None:
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     raise Terminated("received SIGTERM")
 
 

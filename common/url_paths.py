@@ -28,16 +28,29 @@ MASK = "***"
 # Query options pyarrow's S3, GCS and HDFS filesystems take from a URL that hold no
 # secret (pyarrow refuses any other; access_key, secret_key, session_token and
 # kerb_ticket are the ones that would be credentials).
-ALLOWED_QUERY = frozenset({
-    "region", "scheme", "endpoint_override", "allow_bucket_creation", "allow_bucket_deletion",
-    "tls_ca_file_path", "retry_limit_seconds", "project_id",
-    "replication", "buffer_size", "default_block_size", "user",
-})
+ALLOWED_QUERY = frozenset(
+    {
+        "region",
+        "scheme",
+        "endpoint_override",
+        "allow_bucket_creation",
+        "allow_bucket_deletion",
+        "tls_ca_file_path",
+        "retry_limit_seconds",
+        "project_id",
+        "replication",
+        "buffer_size",
+        "default_block_size",
+        "user",
+    }
+)
 
 # Where credentials go instead (shown in the refusal).
-CREDENTIALS_HINT = ("give credentials in the environment: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY "
-                    "(AWS_SESSION_TOKEN) or a profile, AWS_PROFILE; GCS: GOOGLE_APPLICATION_CREDENTIALS "
-                    "(docs/data.md)")
+CREDENTIALS_HINT = (
+    "give credentials in the environment: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY "
+    "(AWS_SESSION_TOKEN) or a profile, AWS_PROFILE; GCS: GOOGLE_APPLICATION_CREDENTIALS "
+    "(docs/data.md)"
+)
 
 # A URL inside free text: a scheme, "://", then up to whitespace or a quote, less the
 # punctuation that ends a phrase ("--parquet_path s3://b/x: no such file").
@@ -112,12 +125,17 @@ def check_url_path(path: str, flag: str, error: type[Exception] = BadInput) -> N
         return
     _, userinfo, _, query, fragment = _split(path)
     if userinfo:
-        raise error(f"{flag} {redacted(path)}: credentials in a URL (user-info before @) are refused, "
-                    f"as the URL is printed and recorded; {CREDENTIALS_HINT}")
-    unknown = sorted({urllib.parse.unquote_plus(pair.partition("=")[0]) for pair in query.split("&") if pair}
-                     - ALLOWED_QUERY)
+        raise error(
+            f"{flag} {redacted(path)}: credentials in a URL (user-info before @) are refused, "
+            f"as the URL is printed and recorded; {CREDENTIALS_HINT}"
+        )
+    unknown = sorted(
+        {urllib.parse.unquote_plus(pair.partition("=")[0]) for pair in query.split("&") if pair} - ALLOWED_QUERY
+    )
     if unknown:
-        raise error(f"{flag} {redacted(path)}: query parameter {unknown[0]} is refused (a URL may carry only "
-                    f"non-secret options such as region, endpoint_override, scheme); {CREDENTIALS_HINT}")
+        raise error(
+            f"{flag} {redacted(path)}: query parameter {unknown[0]} is refused (a URL may carry only "
+            f"non-secret options such as region, endpoint_override, scheme); {CREDENTIALS_HINT}"
+        )
     if fragment:
         raise error(f"{flag} {redacted(path)}: a URL with a #fragment is refused (no filesystem reads one)")

@@ -7,15 +7,14 @@ flags before loading them; the loaders are built by data/batching/loaders.py.
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from common.config_flags import FlagError, check_choices, config_values, flag, flags_of, option, variants
 from data.binary.criteo_layout import NUM_SPARSE_FEATURES
-from data.sources import SOURCE_OPTIONS, DEFAULT_SOURCE, check_source_flags, chosen_source, refuse_flag_of_other_source
+from data.sources import DEFAULT_SOURCE, SOURCE_OPTIONS, check_source_flags, chosen_source, refuse_flag_of_other_source
 from data.sources.parquet import DENSE_TRANSFORMS, ID_HASHING  # noqa: F401  (their old home)
 from data.sources.random import RANDOM_DATA_BATCHES  # noqa: F401  (its old home)
-from data.sources.types import (  # noqa: F401  (BatchLoader's and MULTI_HOT_DISTRIBUTIONS' old home)
-    MULTI_HOT_DISTRIBUTIONS, SPLITS, BatchLoader, DataSource)
+from data.sources.types import MULTI_HOT_DISTRIBUTIONS, SPLITS, BatchLoader, DataSource  # noqa: F401  (BatchLoader's and MULTI_HOT_DISTRIBUTIONS' old home)
 
 # Offsets of the extra ids of --multi_hot_sizes bags (data/batching/multi_hot.py draws them).
 
@@ -43,24 +42,29 @@ class DataConfig:
     source_options: Any = variants(chosen_source, SOURCE_OPTIONS, refuse_others=refuse_flag_of_other_source)
     dataset_name: str = flag("criteo_1t", choices=DATASET_NAMES, help="which Criteo data set the files are")
     batch_size: int = flag(32, help="training rows per rank per step")
-    test_batch_size: Optional[int] = flag(None, help="validation/test rows per rank (default --batch_size)")
+    test_batch_size: int | None = flag(None, help="validation/test rows per rank (default --batch_size)")
     drop_last_training_batch: bool = flag(False, help="drop the last partial training batch")
-    limit_train_batches: Optional[int] = flag(None, help="training batches per epoch at most")
-    limit_val_batches: Optional[int] = flag(None, help="validation batches at most")
-    limit_test_batches: Optional[int] = flag(None, help="test batches at most")
+    limit_train_batches: int | None = flag(None, help="training batches per epoch at most")
+    limit_val_batches: int | None = flag(None, help="validation batches at most")
+    limit_test_batches: int | None = flag(None, help="test batches at most")
     shuffle_batches: bool = flag(False, help="shuffle the order of training batches every epoch")
     shuffle_training_set: bool = flag(False, help="visit training rows in one random order (same on every rank)")
-    mmap_mode: bool = flag(False, help="read batches lazily from memory-mapped files instead of loading this "
-                                       "rank's rows")
+    mmap_mode: bool = flag(
+        False, help="read batches lazily from memory-mapped files instead of loading this rank's rows"
+    )
     pin_memory: bool = flag(False, help="pin host batches (CUDA)")
     seed: int = 0
-    multi_hot_sizes: Optional[list[int]] = flag(
-        None, help=f"expand one-hot data into multi-hot bags of these sizes ({NUM_SPARSE_FEATURES} values)")
-    multi_hot_distribution_type: Optional[str] = flag(
-        None, choices=MULTI_HOT_DISTRIBUTIONS, help="offsets of the extra ids in a bag (default uniform)")
-    weight_column: Optional[str] = flag(
-        None, help="column of per-row sample weights (with --dataset_path: the spec's channel_spec weight), "
-                   "used in the loss (sum(w*loss)/sum(w)) and the evaluation metrics; default unweighted")
+    multi_hot_sizes: list[int] | None = flag(
+        None, help=f"expand one-hot data into multi-hot bags of these sizes ({NUM_SPARSE_FEATURES} values)"
+    )
+    multi_hot_distribution_type: str | None = flag(
+        None, choices=MULTI_HOT_DISTRIBUTIONS, help="offsets of the extra ids in a bag (default uniform)"
+    )
+    weight_column: str | None = flag(
+        None,
+        help="column of per-row sample weights (with --dataset_path: the spec's channel_spec weight), "
+        "used in the loss (sum(w*loss)/sum(w)) and the evaluation metrics; default unweighted",
+    )
 
     def __post_init__(self) -> None:
         if self.source_options is None:
@@ -129,9 +133,12 @@ class DataConfig:
         self.__dict__["_checked"] = (values, source)  # not a field: no flag, not recorded
         return source
 
-    def limit(self, split: str) -> Optional[int]:
-        return {"train": self.limit_train_batches, "validation": self.limit_val_batches,
-                "test": self.limit_test_batches}[split]
+    def limit(self, split: str) -> int | None:
+        return {
+            "train": self.limit_train_batches,
+            "validation": self.limit_val_batches,
+            "test": self.limit_test_batches,
+        }[split]
 
 
 # The flags of the sources' options, by field name (`DataConfig.__getattr__`).

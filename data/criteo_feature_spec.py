@@ -13,7 +13,6 @@ largest id + 1). Only the one-hot layout is converted.
 """
 
 import os
-from typing import Optional
 from collections.abc import Sequence
 
 import numpy as np
@@ -47,7 +46,8 @@ def _write(dataset: CriteoBinaryDataset, cardinalities: list[int], staging: str,
     for mapping, (start, stop) in (("train", (0, last_day)), ("test", (last_day, dataset.num_rows))):
         os.makedirs(os.path.join(staging, mapping))
         names = [f"{mapping}/numerical.bin", f"{mapping}/label.bin"] + [
-            f"{mapping}/cat_{f}.bin" for f in range(len(SPARSE_FEATURE_NAMES))]
+            f"{mapping}/cat_{f}.bin" for f in range(len(SPARSE_FEATURE_NAMES))
+        ]
         files = [open(os.path.join(staging, n), "wb") for n in names]
         try:
             for lo in range(start, stop, block_rows):
@@ -55,9 +55,11 @@ def _write(dataset: CriteoBinaryDataset, cardinalities: list[int], staging: str,
                 too_large = np.flatnonzero((sparse >= np.asarray(cardinalities)).any(axis=0))
                 if too_large.size:
                     f = int(too_large[0])
-                    raise BadInput(f"{dataset.directory}: feature {SPARSE_FEATURE_NAMES[f]} has id "
-                                     f"{int(sparse[:, f].max())}, but metadata.json gives it cardinality "
-                                     f"{cardinalities[f]}")
+                    raise BadInput(
+                        f"{dataset.directory}: feature {SPARSE_FEATURE_NAMES[f]} has id "
+                        f"{int(sparse[:, f].max())}, but metadata.json gives it cardinality "
+                        f"{cardinalities[f]}"
+                    )
                 files[0].write(dense.astype(np.float16).tobytes())
                 files[1].write(labels.reshape(-1).astype(np.bool_).tobytes())
                 for f, dtype in enumerate(dtypes):
@@ -65,9 +67,10 @@ def _write(dataset: CriteoBinaryDataset, cardinalities: list[int], staging: str,
         finally:
             for handle in files:
                 handle.close()
-        sources[mapping] = [Chunk("split_binary", list(DENSE_FEATURE_NAMES), [names[0]]),
-                            Chunk("split_binary", [LABEL], [names[1]])] + [
-            Chunk("split_binary", [name], [names[2 + f]]) for f, name in enumerate(SPARSE_FEATURE_NAMES)]
+        sources[mapping] = [
+            Chunk("split_binary", list(DENSE_FEATURE_NAMES), [names[0]]),
+            Chunk("split_binary", [LABEL], [names[1]]),
+        ] + [Chunk("split_binary", [name], [names[2 + f]]) for f, name in enumerate(SPARSE_FEATURE_NAMES)]
     features: dict[str, dict] = {name: {"dtype": "float16"} for name in DENSE_FEATURE_NAMES}
     features[LABEL] = {"dtype": "bool"}
     for name, cardinality, dtype in zip(SPARSE_FEATURE_NAMES, cardinalities, dtypes):
@@ -77,8 +80,12 @@ def _write(dataset: CriteoBinaryDataset, cardinalities: list[int], staging: str,
         features,
         {"categorical": list(SPARSE_FEATURE_NAMES), "numerical": list(DENSE_FEATURE_NAMES), "label": [LABEL]},
         sources,
-        {"source": "criteo in-memory binary days", "input": os.path.abspath(dataset.directory),
-         "days": len(dataset.rows_per_day), "split": "train: all days but the last; test: the last day"},
+        {
+            "source": "criteo in-memory binary days",
+            "input": os.path.abspath(dataset.directory),
+            "days": len(dataset.rows_per_day),
+            "split": "train: all days but the last; test: the last day",
+        },
         staging,
         path,
     )
@@ -108,7 +115,7 @@ PROG = "python -m data.criteo_feature_spec"
 
 
 @cli_main(PROG)
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--input", required=True, help="directory of day_{i}_{dense,sparse,labels}.npy")
     parser.add_argument("--output", required=True, help="output directory (replaced)")

@@ -50,10 +50,9 @@ import struct
 import sys
 import time
 import zipfile
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
-from typing import Optional
-from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -61,10 +60,26 @@ from common.atomic import atomic_path, naming_write_errors, write_json
 from common.cli import OneLineParser, cli_main
 from common.config_flags import flag, parse_flags
 from common.errors import BadInput
-from data.binary.criteo_layout import (METADATA_FILE, NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, CriteoMetadata, day_file,
-                                done_marker, metadata_file, read_metadata, remove_day_files_from, write_metadata)
-from data.preprocess.criteo_transforms import (DENSE_OFFSET, VOCABULARY_FILE, read_vocabulary, transform_dense, transform_sparse,
-                                    vocabulary_arrays)
+from data.binary.criteo_layout import (
+    METADATA_FILE,
+    NUM_DENSE_FEATURES,
+    NUM_SPARSE_FEATURES,
+    CriteoMetadata,
+    day_file,
+    done_marker,
+    metadata_file,
+    read_metadata,
+    remove_day_files_from,
+    write_metadata,
+)
+from data.preprocess.criteo_transforms import (
+    DENSE_OFFSET,
+    VOCABULARY_FILE,
+    read_vocabulary,
+    transform_dense,
+    transform_sparse,
+    vocabulary_arrays,
+)
 from data.text.criteo_tsv import parse_criteo_lines
 from data.text.text_lines import DaySource, iter_line_chunks, read_blocks
 
@@ -72,7 +87,11 @@ DATASET_NAMES = ("criteo_1t", "criteo_kaggle")
 BAD_LINE_POLICIES = ("error", "skip")
 RAW_DAY_FILE = re.compile(r"day_(\d+)(\.gz)?")  # criteo_1t input day files
 _NPY_HEADER_BYTES = 128
-_DAY_ARRAYS = {"dense": (np.float32, NUM_DENSE_FEATURES), "sparse": (np.int32, NUM_SPARSE_FEATURES), "labels": (np.int32, 1)}
+_DAY_ARRAYS = {
+    "dense": (np.float32, NUM_DENSE_FEATURES),
+    "sparse": (np.int32, NUM_SPARSE_FEATURES),
+    "labels": (np.int32, 1),
+}
 ProgressFn = Callable[[int, int], None]  # (bytes, lines) just processed
 
 
@@ -84,33 +103,47 @@ class BadLineError(BadInput):
 class PreprocessConfig:
     """What to preprocess and how (the command line's flags); see the module docstring."""
 
-    input_dir: str = flag(help="criteo_1t: directory of day_0 ... day_23 (plain or .gz); criteo_kaggle: the "
-                               "directory holding train.txt (or train.txt.gz)")
-    output_dir: str = flag(help="directory of the binary layout to write (day_{i}_{dense,sparse,labels}.npy, "
-                                "metadata.json); running the same command again resumes it")
+    input_dir: str = flag(
+        help="criteo_1t: directory of day_0 ... day_23 (plain or .gz); criteo_kaggle: the "
+        "directory holding train.txt (or train.txt.gz)"
+    )
+    output_dir: str = flag(
+        help="directory of the binary layout to write (day_{i}_{dense,sparse,labels}.npy, "
+        "metadata.json); running the same command again resumes it"
+    )
     dataset_name: str = flag(choices=DATASET_NAMES, help="which Criteo data set the input is")
-    frequency_threshold: int = flag(0, help="contiguous ids by frequency; hashes seen fewer times over the "
-                                            "training days map to id 0 (0: none)")
-    num_embeddings_per_feature: Optional[list[int]] = flag(
-        None, help="table sizes to take the ids modulo, comma-separated (26 values; default: none)")
+    frequency_threshold: int = flag(
+        0, help="contiguous ids by frequency; hashes seen fewer times over the training days map to id 0 (0: none)"
+    )
+    num_embeddings_per_feature: list[int] | None = flag(
+        None, help="table sizes to take the ids modulo, comma-separated (26 values; default: none)"
+    )
     workers: int = flag(1, help="day files processed in parallel")
-    on_bad_lines: str = flag("error", choices=BAD_LINE_POLICIES,
-                             help="error: stop at the first malformed line; skip: count and skip them")
+    on_bad_lines: str = flag(
+        "error", choices=BAD_LINE_POLICIES, help="error: stop at the first malformed line; skip: count and skip them"
+    )
     chunk_bytes: int = flag(1 << 20, help="bytes of text parsed at a time: bounds each worker's memory")
     kaggle_days: int = flag(7, help="day files the Kaggle train.txt is cut into")
     # None: this run's own vocabulary.
-    vocabulary: Optional[str] = flag(None, metavar="TRAINING_DATA_DIR",
-                                     help="apply the ids of the run that wrote TRAINING_DATA_DIR (its vocabulary, "
-                                          "threshold, modulo and table sizes) to new days")
+    vocabulary: str | None = flag(
+        None,
+        metavar="TRAINING_DATA_DIR",
+        help="apply the ids of the run that wrote TRAINING_DATA_DIR (its vocabulary, "
+        "threshold, modulo and table sizes) to new days",
+    )
 
     def validate(self) -> None:
         if self.vocabulary is not None:
             if self.frequency_threshold or self.num_embeddings_per_feature is not None:
-                raise BadInput("--vocabulary takes the frequency threshold and table sizes of the training run: "
-                               "do not give --frequency_threshold or --num_embeddings_per_feature with it")
+                raise BadInput(
+                    "--vocabulary takes the frequency threshold and table sizes of the training run: "
+                    "do not give --frequency_threshold or --num_embeddings_per_feature with it"
+                )
             if not os.path.isfile(metadata_file(self.vocabulary)):
-                raise BadInput(f"--vocabulary {self.vocabulary}: no {METADATA_FILE}; give the --output_dir of "
-                               "the preprocess_criteo run that made the training data")
+                raise BadInput(
+                    f"--vocabulary {self.vocabulary}: no {METADATA_FILE}; give the --output_dir of "
+                    "the preprocess_criteo run that made the training data"
+                )
         if self.dataset_name not in DATASET_NAMES:
             raise BadInput(f"--dataset_name must be one of {', '.join(DATASET_NAMES)}, got {self.dataset_name!r}")
         if not os.path.isdir(self.input_dir):
@@ -134,8 +167,16 @@ class PreprocessConfig:
 
     def fingerprint(self) -> str:
         """Identifies the settings that change output values (not workers or chunking)."""
-        relevant = {k: getattr(self, k) for k in
-                    ("dataset_name", "frequency_threshold", "num_embeddings_per_feature", "on_bad_lines", "kaggle_days")}
+        relevant = {
+            k: getattr(self, k)
+            for k in (
+                "dataset_name",
+                "frequency_threshold",
+                "num_embeddings_per_feature",
+                "on_bad_lines",
+                "kaggle_days",
+            )
+        }
         if self.vocabulary is not None:  # the ids depend on the training run's vocabulary
             relevant["vocabulary"] = self._training_vocabulary_digest
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
@@ -155,8 +196,10 @@ def _training_run(directory: str) -> CriteoMetadata:
     frequency threshold, modulo and table sizes (the checkpoint's)."""
     metadata = read_metadata(directory)
     if metadata is None or metadata.num_embeddings_per_feature is None:
-        raise BadInput(f"{metadata_file(directory)}: records no num_embeddings_per_feature; give the --output_dir "
-                       "of the preprocess_criteo run that made the training data")
+        raise BadInput(
+            f"{metadata_file(directory)}: records no num_embeddings_per_feature; give the --output_dir "
+            "of the preprocess_criteo run that made the training data"
+        )
     return metadata
 
 
@@ -179,8 +222,9 @@ def discover_sources(config: PreprocessConfig) -> list[DaySource]:
             raise BadInput(f"--input_dir {config.input_dir}: no train.txt or train.txt.gz (criteo_kaggle)")
         total = _count_lines(path, config.chunk_bytes)
         if total < config.kaggle_days:
-            raise BadInput(f"{path}: {total} lines, fewer than the {config.kaggle_days} days "
-                             "(--kaggle_days) it is cut into")
+            raise BadInput(
+                f"{path}: {total} lines, fewer than the {config.kaggle_days} days (--kaggle_days) it is cut into"
+            )
         bounds = [total * d // config.kaggle_days for d in range(config.kaggle_days + 1)]
         return [DaySource(d, path, bounds[d], bounds[d + 1] - bounds[d], total) for d in range(config.kaggle_days)]
     found: dict[int, str] = {}
@@ -195,16 +239,17 @@ def discover_sources(config: PreprocessConfig) -> list[DaySource]:
         raise BadInput(f"--input_dir {config.input_dir}: no day_<N> or day_<N>.gz files (criteo_1t)")
     missing = [d for d in range(max(found) + 1) if d not in found]
     if missing:
-        raise BadInput(f"--input_dir {config.input_dir}: day files must be day_0 .. day_N; "
-                         f"day_{missing[0]} is missing")
+        raise BadInput(f"--input_dir {config.input_dir}: day files must be day_0 .. day_N; day_{missing[0]} is missing")
     if config.frequency_threshold > 0 and config.vocabulary is None and len(found) < 2:
-        raise BadInput("--frequency_threshold counts the training days (all but the last): "
-                         "it needs at least two day files")
+        raise BadInput(
+            "--frequency_threshold counts the training days (all but the last): it needs at least two day files"
+        )
     return [DaySource(d, found[d]) for d in sorted(found)]
 
 
-def _parse_source(source: DaySource, config: PreprocessConfig, progress: Optional[ProgressFn],
-                  bad_counts: list[int]) -> Iterator:
+def _parse_source(
+    source: DaySource, config: PreprocessConfig, progress: ProgressFn | None, bad_counts: list[int]
+) -> Iterator:
     """Parsed chunks of a source; raises BadLineError or counts bad lines."""
     for first_line, nbytes, lines in iter_line_chunks(source, config.chunk_bytes):
         chunk = parse_criteo_lines(lines)
@@ -220,6 +265,7 @@ def _parse_source(source: DaySource, config: PreprocessConfig, progress: Optiona
 
 # ---------------------------------------------------------------- counting pass
 
+
 def _merge_counts(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     ids = np.concatenate([p[0] for p in parts])
     counts = np.concatenate([p[1] for p in parts])
@@ -227,8 +273,9 @@ def _merge_counts(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarra
     return unique, np.bincount(inverse, weights=counts, minlength=len(unique)).astype(np.int64)
 
 
-def count_source(source: DaySource, config: PreprocessConfig,
-                 progress: Optional[ProgressFn] = None) -> list[tuple[np.ndarray, np.ndarray]]:
+def count_source(
+    source: DaySource, config: PreprocessConfig, progress: ProgressFn | None = None
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """(sorted hashes, counts) of every categorical feature over one source."""
     state: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(NUM_SPARSE_FEATURES)]
     for n, chunk in enumerate(_parse_source(source, config, progress, [0])):
@@ -240,6 +287,7 @@ def count_source(source: DaySource, config: PreprocessConfig,
 
 
 # ---------------------------------------------------------------- transform pass
+
 
 class _NpyWriter:
     """Appends rows to a .npy file whose row count is known only at the end.
@@ -259,7 +307,7 @@ class _NpyWriter:
         return _NPY_HEADER_BYTES + rows * width * np.dtype(dtype).itemsize
 
     def _header(self) -> bytes:
-        text = "{'descr': %r, 'fortran_order': False, 'shape': (%d, %d), }" % (self.dtype.str, self.rows, self.width)
+        text = f"{{'descr': {self.dtype.str!r}, 'fortran_order': False, 'shape': ({self.rows}, {self.width}), }}"
         text = text.ljust(_NPY_HEADER_BYTES - 10 - 1) + "\n"
         return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode("latin1")
 
@@ -292,18 +340,26 @@ class DayResult:
     max_ids: list[int] = field(default_factory=list)
 
 
-def transform_source(source: DaySource, config: PreprocessConfig, vocabulary: Optional[list[np.ndarray]],
-                     progress: Optional[ProgressFn] = None) -> DayResult:
+def transform_source(
+    source: DaySource, config: PreprocessConfig, vocabulary: list[np.ndarray] | None, progress: ProgressFn | None = None
+) -> DayResult:
     """Writes one day's three files (temporary names, renamed when complete)."""
     with ExitStack() as renamed_when_complete:
-        tmp = {kind: renamed_when_complete.enter_context(atomic_path(day_file(config.output_dir, source.day, kind)))
-               for kind in _DAY_ARRAYS}
+        tmp = {
+            kind: renamed_when_complete.enter_context(atomic_path(day_file(config.output_dir, source.day, kind)))
+            for kind in _DAY_ARRAYS
+        }
         writers = {kind: _NpyWriter(tmp[kind], dtype, width) for kind, (dtype, width) in _DAY_ARRAYS.items()}
         return _transform_into(source, config, vocabulary, progress, writers)
 
 
-def _transform_into(source: DaySource, config: PreprocessConfig, vocabulary: Optional[list[np.ndarray]],
-                    progress: Optional[ProgressFn], writers: dict[str, "_NpyWriter"]) -> DayResult:
+def _transform_into(
+    source: DaySource,
+    config: PreprocessConfig,
+    vocabulary: list[np.ndarray] | None,
+    progress: ProgressFn | None,
+    writers: dict[str, "_NpyWriter"],
+) -> DayResult:
     """Fills the day's writers; BadInput when no line gives a row."""
     sizes = None if config.num_embeddings_per_feature is None else np.asarray(config.num_embeddings_per_feature)
     bad = [0]
@@ -332,7 +388,8 @@ def _transform_into(source: DaySource, config: PreprocessConfig, vocabulary: Opt
 
 # ---------------------------------------------------------------- orchestration
 
-def _finished(config: PreprocessConfig, source: DaySource) -> Optional[DayResult]:
+
+def _finished(config: PreprocessConfig, source: DaySource) -> DayResult | None:
     """The recorded result of a day already written with these settings, if any."""
     try:
         with open(done_marker(config.output_dir, source.day)) as f:
@@ -352,7 +409,7 @@ def _finished(config: PreprocessConfig, source: DaySource) -> Optional[DayResult
 class _Progress:
     """tqdm over input bytes with a lines/s figure, fed from this or worker processes."""
 
-    def __init__(self, total_bytes: Optional[int], description: str, queue=None) -> None:
+    def __init__(self, total_bytes: int | None, description: str, queue=None) -> None:
         from tqdm import tqdm
 
         self.queue = queue
@@ -421,7 +478,7 @@ def _run_tasks(fn: Callable, items: list[tuple], config: PreprocessConfig, descr
         progress.close()
 
 
-def _input_bytes(sources: Sequence[DaySource]) -> Optional[int]:
+def _input_bytes(sources: Sequence[DaySource]) -> int | None:
     """Text bytes the sources hold (None for .gz: only the compressed size is known)."""
     if any(s.path.endswith(".gz") for s in sources):
         return None
@@ -456,8 +513,10 @@ def _copy_training_vocabulary(config: PreprocessConfig) -> list[np.ndarray]:
     try:
         vocabulary = read_vocabulary(source, NUM_SPARSE_FEATURES)
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-        raise BadInput(f"--vocabulary {config.vocabulary}: {source} is not a preprocess_criteo vocabulary "
-                       f"({type(e).__name__}: {e})") from e
+        raise BadInput(
+            f"--vocabulary {config.vocabulary}: {source} is not a preprocess_criteo vocabulary "
+            f"({type(e).__name__}: {e})"
+        ) from e
     path = os.path.join(config.output_dir, VOCABULARY_FILE)
     with naming_write_errors(path), atomic_path(path, suffix=".tmp.npz") as tmp:
         np.savez(tmp, signature=json.dumps({"vocabulary": config.vocabulary}), **vocabulary_arrays(vocabulary))
@@ -470,8 +529,11 @@ def preprocess(config: PreprocessConfig) -> CriteoMetadata:
     training_run = None
     if config.vocabulary is not None:
         training_run = _training_run(config.vocabulary)
-        config = dataclasses.replace(config, frequency_threshold=training_run.frequency_threshold,
-                                     num_embeddings_per_feature=training_run.modulo_num_embeddings_per_feature)
+        config = dataclasses.replace(
+            config,
+            frequency_threshold=training_run.frequency_threshold,
+            num_embeddings_per_feature=training_run.modulo_num_embeddings_per_feature,
+        )
     sources = discover_sources(config)
     os.makedirs(config.output_dir, exist_ok=True)
     # What an earlier run left that this one will not own: its metadata (rewritten at
@@ -485,8 +547,11 @@ def preprocess(config: PreprocessConfig) -> CriteoMetadata:
     remove_day_files_from(config.output_dir, len(sources))
     vocabulary = None
     if config.frequency_threshold > 0:
-        vocabulary = (_copy_training_vocabulary(config) if config.vocabulary is not None
-                      else _load_or_build_vocabulary(config, sources[:-1]))  # training days only
+        vocabulary = (
+            _copy_training_vocabulary(config)
+            if config.vocabulary is not None
+            else _load_or_build_vocabulary(config, sources[:-1])
+        )  # training days only
     results: dict[int, DayResult] = {}
     todo = []
     for source in sources:
@@ -496,12 +561,15 @@ def preprocess(config: PreprocessConfig) -> CriteoMetadata:
         else:
             todo.append(source)
     if todo:
-        for result in _run_tasks(transform_source, [(s, config, vocabulary) for s in todo], config,
-                                 "writing day files"):
+        for result in _run_tasks(
+            transform_source, [(s, config, vocabulary) for s in todo], config, "writing day files"
+        ):
             results[result.day] = result
             source = sources[result.day]
-            write_json(done_marker(config.output_dir, result.day), {
-                "fingerprint": config.fingerprint(), "source": source.signature(), **asdict(result)})
+            write_json(
+                done_marker(config.output_dir, result.day),
+                {"fingerprint": config.fingerprint(), "source": source.signature(), **asdict(result)},
+            )
     ordered = [results[s.day] for s in sources]
     if training_run is not None:
         cardinalities = training_run.num_embeddings_per_feature
@@ -537,15 +605,21 @@ PROG = "preprocess_criteo"
 
 
 @cli_main(PROG)
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     config = parse_flags(OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0]), PreprocessConfig, argv)
     try:
         metadata = preprocess(config)
     except OSError as e:  # a full disk, say: the message names the file
         raise BadInput(str(e)) from e
-    rows, sizes, bad_lines = metadata.rows_per_day or [], metadata.num_embeddings_per_feature or [], metadata.bad_lines or {}
-    print(f"wrote {sum(rows)} rows in {len(rows)} days to {config.output_dir}; "
-          f"bad lines skipped: {sum(bad_lines.values())}")
+    rows, sizes, bad_lines = (
+        metadata.rows_per_day or [],
+        metadata.num_embeddings_per_feature or [],
+        metadata.bad_lines or {},
+    )
+    print(
+        f"wrote {sum(rows)} rows in {len(rows)} days to {config.output_dir}; "
+        f"bad lines skipped: {sum(bad_lines.values())}"
+    )
     print("num_embeddings_per_feature: " + ",".join(map(str, sizes)))
     return 0
 

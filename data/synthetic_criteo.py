@@ -20,9 +20,8 @@ import contextlib
 import dataclasses
 import os
 import sys
-from dataclasses import dataclass
-from typing import Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,7 +29,6 @@ from common.atomic import atomic_path
 from common.cli import OneLineParser, cli_main
 from common.config_flags import add_flags, config_values, flag
 from common.errors import BadInput
-from data.config import MULTI_HOT_DISTRIBUTIONS
 from data.binary.criteo_layout import (
     NUM_DENSE_FEATURES,
     NUM_SPARSE_FEATURES,
@@ -42,11 +40,36 @@ from data.binary.criteo_layout import (
     remove_day_files_from,
     write_metadata,
 )
+from data.config import MULTI_HOT_DISTRIBUTIONS
 
 # Table sizes from 4 to 40k rows: a spread like Criteo's, small enough to train in minutes.
 DEFAULT_CARDINALITIES: list[int] = [
-    1000, 500, 20000, 10000, 200, 50, 5000, 300, 100, 30000, 2000, 8000, 20,
-    600, 100, 40000, 10, 3000, 1500, 15000, 4, 9000, 12000, 100, 700, 25000,
+    1000,
+    500,
+    20000,
+    10000,
+    200,
+    50,
+    5000,
+    300,
+    100,
+    30000,
+    2000,
+    8000,
+    20,
+    600,
+    100,
+    40000,
+    10,
+    3000,
+    1500,
+    15000,
+    4,
+    9000,
+    12000,
+    100,
+    700,
+    25000,
 ]
 _CHUNK_ROWS = 65536
 
@@ -55,11 +78,13 @@ _CHUNK_ROWS = 65536
 class SyntheticCriteoSpec:
     """What to generate: the days, the tables and the hidden model that labels the rows."""
 
-    num_days: int = flag(4, help="day files to write; the last becomes validation + test "
-                                 "(a raw --format: 1 is enough to score)")
+    num_days: int = flag(
+        4, help="day files to write; the last becomes validation + test (a raw --format: 1 is enough to score)"
+    )
     rows_per_day: int = flag(250_000, help="rows in each day file")
-    cardinalities: list[int] = flag(DEFAULT_CARDINALITIES,
-                                    help=f"{NUM_SPARSE_FEATURES} comma-separated table sizes (a spread from 4 to 40k)")
+    cardinalities: list[int] = flag(
+        DEFAULT_CARDINALITIES, help=f"{NUM_SPARSE_FEATURES} comma-separated table sizes (a spread from 4 to 40k)"
+    )
     seed: int = flag(0, help="seed of the hidden model and every sample")
     # u is uniform in [0, 1).
     id_skew: float = flag(3.0, help="ids are floor(cardinality * u ** SKEW): larger puts more rows on a few ids")
@@ -74,9 +99,7 @@ class SyntheticCriteoSpec:
         if self.rows_per_day < 2:
             raise BadInput(f"--rows_per_day must be at least 2, got {self.rows_per_day}")
         if len(self.cardinalities) != NUM_SPARSE_FEATURES:
-            raise BadInput(
-                f"--cardinalities needs {NUM_SPARSE_FEATURES} values, got {len(self.cardinalities)}"
-            )
+            raise BadInput(f"--cardinalities needs {NUM_SPARSE_FEATURES} values, got {len(self.cardinalities)}")
         if min(self.cardinalities) <= 0 or max(self.cardinalities) > np.iinfo(np.int32).max:
             raise BadInput("--cardinalities must be positive int32 values")
         if self.id_skew <= 0:
@@ -91,12 +114,16 @@ class SyntheticCriteoOutput:
     """Where the generated days go and in which layout."""
 
     output_dir: str = flag(help="directory to write the day files to")
-    format: str = flag("binary", choices=SYNTHETIC_FORMATS,
-                       help="binary: the in-memory layout; tsv / tsv.gz: raw Criteo day files day_<i>[.gz]; "
-                            "multi_hot: the MLPerf multi-hot layout (with --multi_hot_sizes)")
-    multi_hot_sizes: Optional[list[int]] = flag(None, help=f"{NUM_SPARSE_FEATURES} bag sizes (multi_hot)")
-    multi_hot_distribution_type: str = flag("uniform", choices=MULTI_HOT_DISTRIBUTIONS,
-                                            help="offsets of the extra ids in a bag (multi_hot)")
+    format: str = flag(
+        "binary",
+        choices=SYNTHETIC_FORMATS,
+        help="binary: the in-memory layout; tsv / tsv.gz: raw Criteo day files day_<i>[.gz]; "
+        "multi_hot: the MLPerf multi-hot layout (with --multi_hot_sizes)",
+    )
+    multi_hot_sizes: list[int] | None = flag(None, help=f"{NUM_SPARSE_FEATURES} bag sizes (multi_hot)")
+    multi_hot_distribution_type: str = flag(
+        "uniform", choices=MULTI_HOT_DISTRIBUTIONS, help="offsets of the extra ids in a bag (multi_hot)"
+    )
 
 
 @dataclass
@@ -120,9 +147,7 @@ def _hidden_model(spec: SyntheticCriteoSpec) -> _HiddenModel:
     order = rng.permutation(NUM_SPARSE_FEATURES)
     pairs = [(int(order[2 * i]), int(order[2 * i + 1])) for i in range(4)]
     pair_vectors = {
-        f: rng.normal(0.0, 0.6, size=(spec.cardinalities[f], 4)).astype(np.float32)
-        for pair in pairs
-        for f in pair
+        f: rng.normal(0.0, 0.6, size=(spec.cardinalities[f], 4)).astype(np.float32) for pair in pairs for f in pair
     }
     return _HiddenModel(
         dense_mu=rng.uniform(0.0, 4.0, NUM_DENSE_FEATURES),
@@ -161,9 +186,7 @@ def _draw_raw_rows(
     for f in range(NUM_SPARSE_FEATURES):
         logit += model.id_effects[f][sparse[:, f]]
     for f, g in model.pairs:
-        logit += np.einsum(
-            "nk,nk->n", model.pair_vectors[f][sparse[:, f]], model.pair_vectors[g][sparse[:, g]]
-        )
+        logit += np.einsum("nk,nk->n", model.pair_vectors[f][sparse[:, f]], model.pair_vectors[g][sparse[:, g]])
     prob = 1.0 / (1.0 + np.exp(-spec.signal_scale * logit))
     labels = (rng.random(n) < prob).astype(np.int32).reshape(n, 1)
     return raw, missing, sparse, labels
@@ -187,14 +210,19 @@ def write_raw_day(spec: SyntheticCriteoSpec, path: str, day: int) -> int:
 
     model = _hidden_model(spec)
     rng = np.random.default_rng([spec.seed, 1, day])
-    with atomic_path(path) as tmp, (gzip.open(tmp, "wb", compresslevel=1) if path.endswith(".gz") else open(tmp, "wb")) as f:
+    with (
+        atomic_path(path) as tmp,
+        gzip.open(tmp, "wb", compresslevel=1) if path.endswith(".gz") else open(tmp, "wb") as f,
+    ):
         for start in range(0, spec.rows_per_day, _CHUNK_ROWS):
             n = min(_CHUNK_ROWS, spec.rows_per_day - start)
             raw, missing, ids, labels = _draw_raw_rows(spec, model, rng, n)
             dense_text = np.where(missing, "", raw.astype(np.int64).astype(str)).tolist()
             hex_text = np.frombuffer(id_hashes(ids, spec.seed).astype(">u4").tobytes().hex().encode(), dtype="S8")
             hex_rows = hex_text.astype(str).reshape(n, NUM_SPARSE_FEATURES).tolist()
-            lines = ["\t".join([str(l), *d, *h]) for l, d, h in zip(labels[:, 0].tolist(), dense_text, hex_rows)]
+            lines = [
+                "\t".join([str(label), *d, *h]) for label, d, h in zip(labels[:, 0].tolist(), dense_text, hex_rows)
+            ]
             f.write(("\n".join(lines) + "\n").encode())
     return spec.rows_per_day
 
@@ -217,16 +245,26 @@ def write_raw_days(spec: SyntheticCriteoSpec, output_dir: str, suffix: str = "")
 def _write_day(spec: SyntheticCriteoSpec, model: _HiddenModel, output_dir: str, day: int) -> int:
     """Writes one day's three files under temporary names, then renames them; returns positives."""
     rng = np.random.default_rng([spec.seed, 1, day])
-    shapes = {"dense": (np.float32, NUM_DENSE_FEATURES), "sparse": (np.int32, NUM_SPARSE_FEATURES),
-              "labels": (np.int32, 1)}
+    shapes = {
+        "dense": (np.float32, NUM_DENSE_FEATURES),
+        "sparse": (np.int32, NUM_SPARSE_FEATURES),
+        "labels": (np.int32, 1),
+    }
     with contextlib.ExitStack() as renamed_when_complete:
-        tmp_paths = {k: renamed_when_complete.enter_context(atomic_path(day_file(output_dir, day, k), ".tmp.npy"))
-                     for k in shapes}
+        tmp_paths = {
+            k: renamed_when_complete.enter_context(atomic_path(day_file(output_dir, day, k), ".tmp.npy"))
+            for k in shapes
+        }
         return _fill_day(spec, model, rng, tmp_paths, shapes)
 
 
-def _fill_day(spec: SyntheticCriteoSpec, model: _HiddenModel, rng: np.random.Generator, tmp_paths: dict[str, str],
-              shapes: dict[str, tuple[type, int]]) -> int:
+def _fill_day(
+    spec: SyntheticCriteoSpec,
+    model: _HiddenModel,
+    rng: np.random.Generator,
+    tmp_paths: dict[str, str],
+    shapes: dict[str, tuple[type, int]],
+) -> int:
     """Fills the day's arrays (memory-mapped .npy files at tmp_paths); returns the positives."""
     n = spec.rows_per_day
     arrays = {
@@ -258,9 +296,7 @@ def _spec_record(spec: SyntheticCriteoSpec) -> dict[str, object]:
     return dataclasses.asdict(spec)
 
 
-def generate_synthetic_criteo(
-    spec: SyntheticCriteoSpec, output_dir: str, show_progress: bool = True
-) -> CriteoMetadata:
+def generate_synthetic_criteo(spec: SyntheticCriteoSpec, output_dir: str, show_progress: bool = True) -> CriteoMetadata:
     """Writes the data set to ``output_dir`` unless an identical one is already there.
 
     The metadata file is written last, so a directory with a metadata.json whose
@@ -287,15 +323,20 @@ def generate_synthetic_criteo(
         days = tqdm(days, desc="generating synthetic Criteo days", unit="day")
     positives = sum(_write_day(spec, model, output_dir, day) for day in days)
     total = spec.num_days * spec.rows_per_day
-    metadata = CriteoMetadata(num_days=spec.num_days, rows_per_day=[spec.rows_per_day] * spec.num_days,
-                              num_embeddings_per_feature=list(spec.cardinalities), positive_rate=positives / total,
-                              generator=_spec_record(spec))
+    metadata = CriteoMetadata(
+        num_days=spec.num_days,
+        rows_per_day=[spec.rows_per_day] * spec.num_days,
+        num_embeddings_per_feature=list(spec.cardinalities),
+        positive_rate=positives / total,
+        generator=_spec_record(spec),
+    )
     write_metadata(output_dir, metadata)
     return metadata
 
 
-def generate_multi_hot_criteo(spec: SyntheticCriteoSpec, output_dir: str, hotness: Sequence[int],
-                              distribution: str = "uniform") -> CriteoMetadata:
+def generate_multi_hot_criteo(
+    spec: SyntheticCriteoSpec, output_dir: str, hotness: Sequence[int], distribution: str = "uniform"
+) -> CriteoMetadata:
     """Writes the MLPerf DLRM-DCNv2 multi-hot layout: per day dense and labels .npy and
     ``day_{i}_sparse_multi_hot.npz`` (26 int32 arrays (N, k_f), keys "0".."25"). Each
     bag holds the one-hot data's id first, then ids from `MultiHotExpander`."""
@@ -324,7 +365,7 @@ PROG = "python -m data.synthetic_criteo"
 
 
 @cli_main(PROG)
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     add_flags(parser, SyntheticCriteoOutput)
     add_flags(parser, SyntheticCriteoSpec)
@@ -335,15 +376,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if output.format == "multi_hot":
             if output.multi_hot_sizes is None or len(output.multi_hot_sizes) != NUM_SPARSE_FEATURES:
                 raise BadInput(f"--format multi_hot needs --multi_hot_sizes with {NUM_SPARSE_FEATURES} values")
-            generate_multi_hot_criteo(spec, output.output_dir, output.multi_hot_sizes, output.multi_hot_distribution_type)
+            generate_multi_hot_criteo(
+                spec, output.output_dir, output.multi_hot_sizes, output.multi_hot_distribution_type
+            )
             print(f"multi-hot synthetic Criteo data at {output.output_dir}")
             return 0
         if output.format != "binary":
             spec.validate(min_days=1)  # one raw day is what serving.predict needs
             suffix = ".gz" if output.format == "tsv.gz" else ""
             write_raw_days(spec, output.output_dir, suffix)
-            days = f"{spec.num_days} days" if spec.num_days > 1 else \
-                "1 day (enough to score with serving.predict; training needs 2)"
+            days = (
+                f"{spec.num_days} days"
+                if spec.num_days > 1
+                else "1 day (enough to score with serving.predict; training needs 2)"
+            )
             print(f"raw Criteo TSV: {days} of {spec.rows_per_day} lines at {output.output_dir}")
             return 0
         metadata = generate_synthetic_criteo(spec, output.output_dir)

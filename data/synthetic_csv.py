@@ -15,9 +15,9 @@ ids below ``--auto_cardinality``.
 """
 
 import os
-from dataclasses import dataclass
-from typing import Any, Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -30,8 +30,9 @@ from data.binary.feature_spec import AUTO, DEFAULT_SPEC_NAME, FeatureSpec
 BLOCK_ROWS = 65536
 
 
-def csv_feature_spec(num_numerical: int, num_categorical: int, cardinality: Any = AUTO,
-                     hotness: Optional[dict[int, int]] = None) -> dict[str, Any]:
+def csv_feature_spec(
+    num_numerical: int, num_categorical: int, cardinality: Any = AUTO, hotness: dict[int, int] | None = None
+) -> dict[str, Any]:
     """A spec dict of CSV files: per mapping numerical.csv (none without numerical
     features), categorical.csv (all categorical features in one file) and label.csv.
 
@@ -70,8 +71,9 @@ def csv_feature_spec(num_numerical: int, num_categorical: int, cardinality: Any 
     }
 
 
-def generate_csv(spec: FeatureSpec, output_dir: str, rows: dict[str, int], seed: int = 0,
-                 auto_cardinality: int = 1000) -> None:
+def generate_csv(
+    spec: FeatureSpec, output_dir: str, rows: dict[str, int], seed: int = 0, auto_cardinality: int = 1000
+) -> None:
     """Writes the CSV files of ``spec``'s csv chunks under output_dir, block by block.
 
     Args:
@@ -87,8 +89,10 @@ def generate_csv(spec: FeatureSpec, output_dir: str, rows: dict[str, int], seed:
                      {"train": 10000, "test": 2000})
     """
     rng = np.random.default_rng(seed)
-    sizes = {n: auto_cardinality if spec.feature_spec[n]["cardinality"] == AUTO
-             else int(spec.feature_spec[n]["cardinality"]) for n in spec.categorical}
+    sizes = {
+        n: auto_cardinality if spec.feature_spec[n]["cardinality"] == AUTO else int(spec.feature_spec[n]["cardinality"])
+        for n in spec.categorical
+    }
     weights = rng.normal(0, 1 / np.sqrt(max(len(spec.numerical), 1)), len(spec.numerical))
     effects = {n: rng.normal(0, 1 / np.sqrt(max(len(spec.categorical), 1)), sizes[n]) for n in spec.categorical}
     os.makedirs(output_dir, exist_ok=True)
@@ -112,9 +116,11 @@ def generate_csv(spec: FeatureSpec, output_dir: str, rows: dict[str, int], seed:
                 values[spec.label] = (rng.random((n, 1)) < 1 / (1 + np.exp(-2 * score[:, None]))).astype(float)
                 for chunk in chunks:
                     block = np.concatenate([values[name] for name in chunk.features], axis=1)
-                    formats = ["%.6g" if spec.channel_of(name) == "numerical" else "%d"
-                               for name in chunk.features
-                               for _ in range(values[name].shape[1])]
+                    formats = [
+                        "%.6g" if spec.channel_of(name) == "numerical" else "%d"
+                        for name in chunk.features
+                        for _ in range(values[name].shape[1])
+                    ]
                     np.savetxt(handles[id(chunk)], block, fmt=formats, delimiter=",")
         finally:
             for f in handles.values():
@@ -138,7 +144,7 @@ class SyntheticCsvFlags:
     """The command line's flags: the spec (given, or made from the feature counts) and the rows."""
 
     output: str = flag(help="directory of the CSV files and feature_spec.yaml")
-    feature_spec: Optional[str] = flag(None, help="spec whose csv chunks to write (else one is made)")
+    feature_spec: str | None = flag(None, help="spec whose csv chunks to write (else one is made)")
     num_numerical: int = flag(NUM_DENSE_FEATURES, help="numerical features of the made spec")
     num_categorical: int = flag(26, help="categorical features of the made spec")
     cardinality: str = flag(AUTO, help="cardinality of the made spec's features (int or auto)")
@@ -149,16 +155,21 @@ class SyntheticCsvFlags:
 
 
 @cli_main(PROG)
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_flags(OneLineParser(prog=PROG, description=__doc__.splitlines()[0]), SyntheticCsvFlags, argv)
     if args.feature_spec:
         spec = FeatureSpec.load(args.feature_spec, allow_auto=True)
     else:
         cardinality = args.cardinality if args.cardinality == AUTO else _cardinality(args.cardinality)
-        spec = FeatureSpec.from_dict(csv_feature_spec(args.num_numerical, args.num_categorical, cardinality),
-                                     args.output, os.path.join(args.output, DEFAULT_SPEC_NAME), allow_auto=True)
-    generate_csv(spec, args.output, {"train": args.train_rows, "test": args.test_rows}, args.seed,
-                 args.auto_cardinality)
+        spec = FeatureSpec.from_dict(
+            csv_feature_spec(args.num_numerical, args.num_categorical, cardinality),
+            args.output,
+            os.path.join(args.output, DEFAULT_SPEC_NAME),
+            allow_auto=True,
+        )
+    generate_csv(
+        spec, args.output, {"train": args.train_rows, "test": args.test_rows}, args.seed, args.auto_cardinality
+    )
     print(f"wrote {args.train_rows} train and {args.test_rows} test rows to {args.output}")
     return 0
 

@@ -35,9 +35,8 @@ import datetime
 import os
 import re
 import sys
-from dataclasses import dataclass
-from typing import Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -129,7 +128,7 @@ class _IdFeature:
     effects: np.ndarray  # (base + days * new_per_day,)
     null_rate: float
     as_strings: bool
-    vectors: Optional[np.ndarray] = None  # (ids, 4) when the feature is in an interaction pair
+    vectors: np.ndarray | None = None  # (ids, 4) when the feature is in an interaction pair
 
     def draw(self, spec: SyntheticParquetSpec, rng: np.random.Generator, day: int, n: int) -> np.ndarray:
         """n ids of day ``day``: power-law ids of the base vocabulary, or (at
@@ -138,29 +137,39 @@ class _IdFeature:
         new_ids = self.base + day * self.new_per_day + rng.integers(0, self.new_per_day, n)
         return np.where(rng.random(n) < spec.new_id_rate, new_ids, base_ids)
 
-    def raw_values(self, ids: np.ndarray, null: Optional[np.ndarray] = None) -> pa.Array:
+    def raw_values(self, ids: np.ndarray, null: np.ndarray | None = None) -> pa.Array:
         """The values a log shows for ids (null where ``null``): 8 hex digits, or an
         int64 in the billions."""
         with np.errstate(over="ignore"):
-            mixed = ids.astype(np.uint64) * (_HEX_MULTIPLIER if self.as_strings else _INT_MULTIPLIER) \
-                + np.uint64(self.index * 7919)
+            mixed = ids.astype(np.uint64) * (_HEX_MULTIPLIER if self.as_strings else _INT_MULTIPLIER) + np.uint64(
+                self.index * 7919
+            )
         if self.as_strings:
             hex_bytes = (mixed & np.uint64(0xFFFF_FFFF)).astype(">u4").tobytes().hex().encode()
             return pa.array(np.frombuffer(hex_bytes, dtype="S8"), mask=null).cast(pa.string())
         return pa.array((mixed & np.uint64((1 << 40) - 1)).astype(np.int64) + _INT_ID_BASE, mask=null)
 
 
-def _id_feature(spec: SyntheticParquetSpec, index: int, cardinality: int, effect_scale: float,
-                null_rate: float, as_strings: bool, with_vectors: bool) -> _IdFeature:
+def _id_feature(
+    spec: SyntheticParquetSpec,
+    index: int,
+    cardinality: int,
+    effect_scale: float,
+    null_rate: float,
+    as_strings: bool,
+    with_vectors: bool,
+) -> _IdFeature:
     new_per_day = max(1, cardinality // 10)
     # The base vocabulary and each day's new ids draw from their own seeds: day d's ids
     # and effects do not depend on --days.
     blocks = [np.random.default_rng([spec.seed, 2, index])] + [
-        np.random.default_rng([spec.seed, 3, index, day]) for day in range(spec.days)]
+        np.random.default_rng([spec.seed, 3, index, day]) for day in range(spec.days)
+    ]
     sizes = [cardinality] + [new_per_day] * spec.days
     effects = np.concatenate([rng.normal(0.0, effect_scale, size) for rng, size in zip(blocks, sizes)])
-    vectors = np.concatenate([rng.normal(0.0, 0.6, (size, 4)) for rng, size in zip(blocks, sizes)]) \
-        if with_vectors else None
+    vectors = (
+        np.concatenate([rng.normal(0.0, 0.6, (size, 4)) for rng, size in zip(blocks, sizes)]) if with_vectors else None
+    )
     return _IdFeature(index, cardinality, new_per_day, effects, null_rate, as_strings, vectors)
 
 
@@ -184,15 +193,28 @@ def _hidden_model(spec: SyntheticParquetSpec) -> _HiddenModel:
     null_rates = rng.uniform(0.0, 0.08, NUM_SPARSE)
     dense_mu, dense_sigma = rng.uniform(0.0, 4.0, NUM_DENSE), rng.uniform(0.5, 1.5, NUM_DENSE)
     dense_weight = rng.normal(0.0, 0.5, NUM_DENSE)
-    sparse = [_id_feature(spec, f, DEFAULT_CARDINALITIES[f], 0.9 if f in strong else 0.2, float(null_rates[f]),
-                          _is_string_column(f), f in paired) for f in range(NUM_SPARSE)]
-    multi_hot = [_id_feature(spec, NUM_SPARSE + m, MULTI_HOT_CARDINALITY, 1.2, 0.05, not _is_string_column(m),
-                             False) for m in range(spec.multi_hot_columns)]
+    sparse = [
+        _id_feature(
+            spec,
+            f,
+            DEFAULT_CARDINALITIES[f],
+            0.9 if f in strong else 0.2,
+            float(null_rates[f]),
+            _is_string_column(f),
+            f in paired,
+        )
+        for f in range(NUM_SPARSE)
+    ]
+    multi_hot = [
+        _id_feature(spec, NUM_SPARSE + m, MULTI_HOT_CARDINALITY, 1.2, 0.05, not _is_string_column(m), False)
+        for m in range(spec.multi_hot_columns)
+    ]
     return _HiddenModel(dense_mu, dense_sigma, dense_weight, sparse, multi_hot, pairs, bias=-1.2)
 
 
-def _bag_column(spec: SyntheticParquetSpec, feature: _IdFeature, rng: np.random.Generator, day: int,
-                n: int) -> tuple[pa.Array, np.ndarray]:
+def _bag_column(
+    spec: SyntheticParquetSpec, feature: _IdFeature, rng: np.random.Generator, day: int, n: int
+) -> tuple[pa.Array, np.ndarray]:
     """A multi-hot column of n rows and each row's mean effect (0 for an empty or null bag)."""
     lengths = rng.integers(0, spec.max_bag_size + 1, n)
     null = rng.random(n) < feature.null_rate
@@ -206,8 +228,9 @@ def _bag_column(spec: SyntheticParquetSpec, feature: _IdFeature, rng: np.random.
     return column, mean_effect
 
 
-def _rows(spec: SyntheticParquetSpec, model: _HiddenModel, rng: np.random.Generator, day: int,
-          seconds: np.ndarray) -> pa.Table:
+def _rows(
+    spec: SyntheticParquetSpec, model: _HiddenModel, rng: np.random.Generator, day: int, seconds: np.ndarray
+) -> pa.Table:
     """The rows of one row group, at the given seconds of day ``day``."""
     n = len(seconds)
     columns: dict[str, pa.Array] = {}
@@ -253,8 +276,10 @@ def _check_replaceable(output_dir: str) -> None:
         inside = os.path.join(output_dir, entry)
         parts = os.listdir(inside) if os.path.isdir(inside) and _PARTITION_DIR.fullmatch(entry) else None
         if parts is None or not all(_PART_FILE.fullmatch(p) for p in parts):
-            raise BadInput(f"--output_dir {output_dir}: holds {entry}, which is no part of a generated log "
-                           "(the directory is replaced as a whole: give a new or empty one)")
+            raise BadInput(
+                f"--output_dir {output_dir}: holds {entry}, which is no part of a generated log "
+                "(the directory is replaced as a whole: give a new or empty one)"
+            )
 
 
 def _write_day(spec: SyntheticParquetSpec, model: _HiddenModel, day_dir: str, day: int) -> int:
@@ -265,9 +290,9 @@ def _write_day(spec: SyntheticParquetSpec, model: _HiddenModel, day_dir: str, da
     positives = 0
     bounds = np.linspace(0, spec.rows_per_day, spec.files_per_day + 1).astype(np.int64)
     for part, (first, end) in enumerate(zip(bounds[:-1], bounds[1:])):
-        writer: Optional[pq.ParquetWriter] = None
+        writer: pq.ParquetWriter | None = None
         for start in range(int(first), int(end), spec.row_group_rows):
-            table = _rows(spec, model, rng, day, seconds[start:min(int(end), start + spec.row_group_rows)])
+            table = _rows(spec, model, rng, day, seconds[start : min(int(end), start + spec.row_group_rows)])
             if writer is None:
                 writer = pq.ParquetWriter(os.path.join(day_dir, f"part-{part}.parquet"), table.schema)
             writer.write_table(table, row_group_size=spec.row_group_rows)
@@ -313,12 +338,14 @@ PROG = "python -m data.synthetic_parquet"
 class SyntheticParquetOutput:
     """Where the generated log goes."""
 
-    output_dir: str = flag(help="directory of the log (date=YYYY-MM-DD/part-K.parquet); an earlier generated "
-                                "log there is replaced, anything else refused")
+    output_dir: str = flag(
+        help="directory of the log (date=YYYY-MM-DD/part-K.parquet); an earlier generated "
+        "log there is replaced, anything else refused"
+    )
 
 
 @cli_main(PROG)
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     add_flags(parser, SyntheticParquetOutput)
     add_flags(parser, SyntheticParquetSpec)
@@ -327,9 +354,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     output_dir = SyntheticParquetOutput(**config_values(SyntheticParquetOutput, args)).output_dir
     summary = generate_synthetic_parquet(spec, output_dir)
     sparse = "C*,M*" if spec.multi_hot_columns else "C*"
-    print(f"synthetic Parquet log: {summary['rows']} rows in {spec.days} days at {output_dir} "
-          f"(positive rate {summary['positive_rate']:.3f}); train with --parquet_path {output_dir} "
-          f"--time_column {PARTITION_COLUMN} --dense_columns 'I*' --sparse_columns '{sparse}'")
+    print(
+        f"synthetic Parquet log: {summary['rows']} rows in {spec.days} days at {output_dir} "
+        f"(positive rate {summary['positive_rate']:.3f}); train with --parquet_path {output_dir} "
+        f"--time_column {PARTITION_COLUMN} --dense_columns 'I*' --sparse_columns '{sparse}'"
+    )
     return 0
 
 

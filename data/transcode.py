@@ -17,9 +17,8 @@ weights that are negative, NaN or infinite are refused.
 
 import itertools
 import os
-from dataclasses import dataclass
-from typing import Optional
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,8 +26,8 @@ from common.atomic import atomic_dir
 from common.cli import OneLineParser, cli_main, positive_int
 from common.config_flags import flag, parse_flags
 from common.errors import BadInput
-from data.text.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
 from data.binary.feature_spec import AUTO, DEFAULT_SPEC_NAME, Chunk, FeatureSpec, FeatureSpecError, smallest_id_dtype
+from data.text.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
 
 DEFAULT_CHUNK_ROWS = 65536
 
@@ -62,8 +61,10 @@ class _Columns:
         os.makedirs(self.dir)
         self.max_id: dict[str, int] = {}
         # Staging files are named by position: feature names need not be valid file names.
-        self._index = {name: i for i, name in enumerate(spec.numerical + spec.categorical + [spec.label]
-                                                        + spec.channel_spec["weight"])}
+        self._index = {
+            name: i
+            for i, name in enumerate(spec.numerical + spec.categorical + [spec.label] + spec.channel_spec["weight"])
+        }
         for name in self._index:
             open(self.part(name), "wb").close()
 
@@ -82,8 +83,10 @@ class _Columns:
             elif channel == "label":
                 bad = np.flatnonzero((values != 0) & (values != 1))
                 if bad.size:
-                    raise TranscodeError(f"{path}: line {line + bad[0]}: label {name!r} must be 0 or 1, "
-                                         f"got {values.reshape(-1)[bad[0]]:g}")
+                    raise TranscodeError(
+                        f"{path}: line {line + bad[0]}: label {name!r} must be 0 or 1, "
+                        f"got {values.reshape(-1)[bad[0]]:g}"
+                    )
                 data = values.astype(np.bool_)
             elif channel == "weight":
                 data = self._weights(name, values, path, line)
@@ -100,9 +103,12 @@ class _Columns:
         bad = np.flatnonzero(~np.isfinite(data).reshape(-1))
         if bad.size:
             value = float(values.reshape(-1)[bad[0]])
-            why = (f"is {value}; numerical values must be finite" if not np.isfinite(value) else
-                   f"is {value:g}, beyond float16's range (+-{float(np.finfo(np.float16).max):g}) "
-                   "that split_binary stores")
+            why = (
+                f"is {value}; numerical values must be finite"
+                if not np.isfinite(value)
+                else f"is {value:g}, beyond float16's range (+-{float(np.finfo(np.float16).max):g}) "
+                "that split_binary stores"
+            )
             raise TranscodeError(f"{path}: line {line + bad[0]}: feature {name!r} {why}")
         return data
 
@@ -114,8 +120,10 @@ class _Columns:
         bad = np.flatnonzero(~np.isfinite(data).reshape(-1) | (data.reshape(-1) < 0))
         if bad.size:
             value = float(values.reshape(-1)[bad[0]])
-            raise TranscodeError(f"{path}: line {line + bad[0]}: weight {name!r} is {value}; "
-                                 "weights must be finite float32 values, not negative")
+            raise TranscodeError(
+                f"{path}: line {line + bad[0]}: weight {name!r} is {value}; "
+                "weights must be finite float32 values, not negative"
+            )
         return data
 
     def _ids(self, name: str, values: np.ndarray, path: str, line: int) -> np.ndarray:
@@ -130,11 +138,12 @@ class _Columns:
 
 def _read_mapping(spec: FeatureSpec, input_dir: str, mapping: str, columns: _Columns, block_rows: int) -> int:
     """Streams every CSV chunk of a mapping into staging files; returns its row count."""
-    rows: Optional[int] = None
+    rows: int | None = None
     for i, chunk in enumerate(spec.source_spec[mapping]):
         if chunk.type != "csv":
-            raise FeatureSpecError(f"{spec.path}: source_spec {mapping} chunk {i} is {chunk.type}; "
-                                   "the transcoder reads csv chunks")
+            raise FeatureSpecError(
+                f"{spec.path}: source_spec {mapping} chunk {i} is {chunk.type}; the transcoder reads csv chunks"
+            )
         width = sum(spec.hotness(n) if spec.channel_of(n) == "categorical" else 1 for n in chunk.features)
         count = 0
         for relative in chunk.files:
@@ -147,8 +156,9 @@ def _read_mapping(spec: FeatureSpec, input_dir: str, mapping: str, columns: _Col
         if count == 0:
             raise TranscodeError(f"{spec.path}: source_spec {mapping} chunk {i}: its files hold no rows")
         if rows is not None and count != rows:
-            raise FeatureSpecError(f"{spec.path}: source_spec {mapping} chunk {i} files hold {count} rows "
-                                   f"but chunk 0 files hold {rows}")
+            raise FeatureSpecError(
+                f"{spec.path}: source_spec {mapping} chunk {i} files hold {count} rows but chunk 0 files hold {rows}"
+            )
         rows = count
     return rows or 0
 
@@ -171,8 +181,14 @@ def _interleave(parts: list[str], dst: str, rows: int, block_rows: int) -> None:
             fout.write(np.stack([a[start : start + block_rows] for a in arrays], axis=1).tobytes())
 
 
-def transcode(input_dir: str, spec_in: str, output_dir: str, spec_out: str = DEFAULT_SPEC_NAME,
-              block_rows: int = DEFAULT_CHUNK_ROWS, weight_column: Optional[str] = None) -> FeatureSpec:
+def transcode(
+    input_dir: str,
+    spec_in: str,
+    output_dir: str,
+    spec_out: str = DEFAULT_SPEC_NAME,
+    block_rows: int = DEFAULT_CHUNK_ROWS,
+    weight_column: str | None = None,
+) -> FeatureSpec:
     """Transcodes the CSV data set a spec describes into split_binary files.
 
     Args:
@@ -222,8 +238,9 @@ def _transcode_into(spec: FeatureSpec, input_dir: str, staging: str, spec_out: s
         chunks = []
         if spec.numerical:  # data of categorical features only has no numerical file
             numerical = f"{mapping}/numerical.bin"
-            _interleave([cols.part(n) for n in spec.numerical], os.path.join(staging, numerical), rows[mapping],
-                        block_rows)
+            _interleave(
+                [cols.part(n) for n in spec.numerical], os.path.join(staging, numerical), rows[mapping], block_rows
+            )
             chunks.append(Chunk("split_binary", list(spec.numerical), [numerical]))
         label = f"{mapping}/label.bin"
         os.replace(cols.part(spec.label), os.path.join(staging, label))
@@ -234,16 +251,28 @@ def _transcode_into(spec: FeatureSpec, input_dir: str, staging: str, spec_out: s
             chunks.append(Chunk("split_binary", [spec.weight], [weight]))
         for i, name in enumerate(spec.categorical):
             relative = f"{mapping}/cat_{i}.bin"
-            _copy_converted(cols.part(name), os.path.join(staging, relative), np.dtype(np.int32),
-                            spec.hotness(name), np.dtype(features[name]["dtype"]), block_rows)
+            _copy_converted(
+                cols.part(name),
+                os.path.join(staging, relative),
+                np.dtype(np.int32),
+                spec.hotness(name),
+                np.dtype(features[name]["dtype"]),
+                block_rows,
+            )
             chunks.append(Chunk("split_binary", [name], [relative]))
         for name in spec.numerical + spec.categorical:
             part = cols.part(name)
             if os.path.exists(part):
                 os.remove(part)
         sources[mapping] = chunks
-    out = FeatureSpec(features, {c: list(v) for c, v in spec.channel_spec.items()}, sources,
-                      dict(spec.metadata), staging, os.path.join(staging, spec_out))
+    out = FeatureSpec(
+        features,
+        {c: list(v) for c, v in spec.channel_spec.items()},
+        sources,
+        dict(spec.metadata),
+        staging,
+        os.path.join(staging, spec_out),
+    )
     out.validate()
     out.check_split_binary_files()
     out.write(os.path.join(staging, spec_out))
@@ -262,20 +291,25 @@ class TranscodeFlags:
     feature_spec_in: str = flag(DEFAULT_SPEC_NAME, help="input spec (a path, or a name inside --input)")
     feature_spec_out: str = flag(DEFAULT_SPEC_NAME, help="output spec name inside --output")
     chunk_size: int = flag(DEFAULT_CHUNK_ROWS, parse=positive_int, help="rows per block read")
-    weight_column: Optional[str] = flag(
-        None, help="a CSV column (a feature name of the input spec's chunks) holding each row's sample weight; "
-                   "stored as the output spec's weight (default: the input spec's channel_spec weight, if any)")
+    weight_column: str | None = flag(
+        None,
+        help="a CSV column (a feature name of the input spec's chunks) holding each row's sample weight; "
+        "stored as the output spec's weight (default: the input spec's channel_spec weight, if any)",
+    )
 
 
 @cli_main(PROG)
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_flags(OneLineParser(prog=PROG, description=__doc__.splitlines()[0]), TranscodeFlags, argv)
-    spec = transcode(args.input, args.feature_spec_in, args.output, args.feature_spec_out, args.chunk_size,
-                     args.weight_column)
+    spec = transcode(
+        args.input, args.feature_spec_in, args.output, args.feature_spec_out, args.chunk_size, args.weight_column
+    )
     rows = spec.check_split_binary_files()
-    print(f"wrote {spec.path}: {rows['train']} train rows, {rows['test']} test rows, "
-          f"{len(spec.numerical)} numerical and {len(spec.categorical)} categorical features"
-          + (f", weight {spec.weight!r}" if spec.weight else ""))
+    print(
+        f"wrote {spec.path}: {rows['train']} train rows, {rows['test']} test rows, "
+        f"{len(spec.numerical)} numerical and {len(spec.categorical)} categorical features"
+        + (f", weight {spec.weight!r}" if spec.weight else "")
+    )
     return 0
 
 

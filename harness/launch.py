@@ -6,8 +6,8 @@ import socket
 import subprocess
 import sys
 import uuid
-from typing import Any, Optional
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -66,16 +66,28 @@ def launch(entrypoint: Callable[..., int], argv: list[str], nproc: int = 2) -> d
         return elastic_launch(config, entrypoint)(argv)
 
 
-def run_script(args: Sequence[str], torchrun_nproc: Optional[int] = None,
-               timeout: float = 600) -> subprocess.CompletedProcess:
+def run_script(
+    args: Sequence[str], torchrun_nproc: int | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
     """Runs `python ARGS` (or `torchrun --nproc_per_node N ARGS`) from the repo root."""
     with contextlib.ExitStack() as reservation:
         cmd = [sys.executable, *args]
         if torchrun_nproc is not None:
             port = reservation.enter_context(reserved_port())
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-                   "--nproc_per_node", str(torchrun_nproc), "--rdzv_backend", "c10d",
-                   "--rdzv_endpoint", f"127.0.0.1:{port}", *args]
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "1",
+                "--nproc_per_node",
+                str(torchrun_nproc),
+                "--rdzv_backend",
+                "c10d",
+                "--rdzv_endpoint",
+                f"127.0.0.1:{port}",
+                *args,
+            ]
         return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 

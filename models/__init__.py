@@ -7,9 +7,12 @@ from common.lazy_exports import lazy_exports
 
 # Where each public name lives. Loaded on first use, so that importing models.config
 # (the flags) does not load torch: the entry points answer --help before it.
-__getattr__, __all__ = lazy_exports(__name__, {
-    "INTERACTION_TYPES": "models.config",
-    "ModelConfig": "models.config",
-    "build_dlrm_train": "models.builder",
-    "build_embedding_bag_configs": "models.builder",
-})
+__getattr__, __all__ = lazy_exports(
+    __name__,
+    {
+        "INTERACTION_TYPES": "models.config",
+        "ModelConfig": "models.config",
+        "build_dlrm_train": "models.builder",
+        "build_embedding_bag_configs": "models.builder",
+    },
+)

@@ -21,7 +21,7 @@ Each interaction's own blocks and both of its model shapes are in its module of
 blocks they replace, so state dicts, sharding plans and checkpoints are unchanged.
 """
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -53,14 +53,14 @@ class PooledSparseArch(nn.Module):
         self.F: int = len(self._sparse_feature_names)
 
         # Position in the collection's output of each feature, when not the identity.
-        self.output_order: Optional[torch.Tensor] = None
+        self.output_order: torch.Tensor | None = None
 
     @property
     def sparse_feature_names(self) -> list[str]:
         return self._sparse_feature_names
 
     @torch.no_grad()
-    def probe_output_order(self, device: torch.device) -> Optional[torch.Tensor]:
+    def probe_output_order(self, device: torch.device) -> torch.Tensor | None:
         """Where the (sharded) collection puts each feature in its output; None when in order.
 
         Runs one lookup of a one-row batch, so on a sharded collection every rank must
@@ -92,8 +92,13 @@ class PooledSparseArch(nn.Module):
         return self.arrange(self.lookup(features))
 
 
-def torchrec_dlrm(dlrm_class: type[DLRM], model: ModelSizes, sparse_arch: PooledSparseArch,
-                  dense_device: Optional[torch.device], **interaction_sizes: Any) -> DLRM:
+def torchrec_dlrm(
+    dlrm_class: type[DLRM],
+    model: ModelSizes,
+    sparse_arch: PooledSparseArch,
+    dense_device: torch.device | None,
+    **interaction_sizes: Any,
+) -> DLRM:
     """torchrec's ``dlrm_class`` (`DLRM`, a subclass such as ``DLRM_DCN``, or the dot
     interaction's `OverlappedDLRM`) of ``model``'s sizes and ``interaction_sizes`` over
     the tables of ``sparse_arch``, which replaces torchrec's sparse arch: same
@@ -138,8 +143,13 @@ class CategoricalOnlyDLRM(nn.Module):
         return self.over_arch(self.inter_arch(self.sparse_arch(sparse_features)))
 
 
-def categorical_only_dlrm(model: ModelSizes, sparse_arch: PooledSparseArch, inter_arch: nn.Module,
-                          inter_width: int, dense_device: Optional[torch.device]) -> CategoricalOnlyDLRM:
+def categorical_only_dlrm(
+    model: ModelSizes,
+    sparse_arch: PooledSparseArch,
+    inter_arch: nn.Module,
+    inter_width: int,
+    dense_device: torch.device | None,
+) -> CategoricalOnlyDLRM:
     """The model over ``sparse_arch`` whose ``inter_arch`` gives ``inter_width`` values a
     row, with ``model``'s top MLP, made on ``dense_device`` (None: the default)."""
     over_arch = OverArch(inter_width, model.over_arch_layer_sizes, dense_device)

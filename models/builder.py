@@ -4,7 +4,6 @@ Tables stay on the meta device so that no rank ever allocates a full table: the
 sharder materialises only each rank's shards.
 """
 
-from typing import Optional
 from collections.abc import Callable
 
 import torch
@@ -14,8 +13,8 @@ from torchrec.models.dlrm import DLRMTrain
 from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from models.config import ModelConfig
 from models.arch import PooledSparseArch
+from models.config import ModelConfig
 from models.interactions import INTERACTIONS
 
 
@@ -96,7 +95,7 @@ def move_dense_part(dlrm: nn.Module, device: torch.device) -> None:
 
 def build_dlrm_train(
     config: ModelConfig,
-    dense_device: Optional[torch.device] = None,
+    dense_device: torch.device | None = None,
     embedding_device: torch.device = torch.device("meta"),
     dropout: float = 0.0,
     weighted: bool = False,
@@ -124,18 +123,16 @@ def build_dlrm_train(
                                              sparse_feature_names=["user", "item"], dense_in_features=13))
     """
     config.validate()
-    ebc = EmbeddingBagCollection(
-        tables=build_embedding_bag_configs(config), device=embedding_device
-    )
+    ebc = EmbeddingBagCollection(tables=build_embedding_bag_configs(config), device=embedding_device)
     # The MLPs are drawn by the CPU's generator and then moved to ``dense_device``: CUDA's
     # generator draws other numbers from the same seed, and one seed should give one model
     # on every device, as the tables' seeded init does.
     draws_elsewhere = dense_device is not None and dense_device.type not in ("cpu", "meta")
     dlrm = INTERACTIONS[config.interaction_type].build(
-        config, PooledSparseArch(ebc), torch.device("cpu") if draws_elsewhere else dense_device)
+        config, PooledSparseArch(ebc), torch.device("cpu") if draws_elsewhere else dense_device
+    )
     if draws_elsewhere:
         move_dense_part(dlrm, dense_device)  # type: ignore[arg-type]
     if dropout > 0:
         add_over_arch_dropout(dlrm, dropout)
     return (WeightedDLRMTrain if weighted else DLRMTrain)(dlrm)  # type: ignore[arg-type]
-

@@ -1,7 +1,6 @@
 """The model's configuration: architecture sizes and table sizes, checked by `validate()`."""
 
 from dataclasses import dataclass
-from typing import Optional
 
 from common.config_flags import FlagError, check_choices, check_layer_sizes, flag, option, variants
 from models.interactions import INTERACTIONS, InteractionConfig
@@ -21,13 +20,17 @@ class TableSizes:
         TableSizes(max_table_rows=100).resolve(2, data_sizes=[5, 500])  # [5, 100]
     """
 
-    num_embeddings_per_feature: Optional[list[int]] = flag(
-        None, help="rows of each table, comma-separated (one value per categorical feature)")
-    num_embeddings: Optional[int] = flag(
-        None, help=f"rows of every table when --num_embeddings_per_feature is not given (default "
-                   f"{DEFAULT_NUM_EMBEDDINGS}, or the data's metadata.json cardinalities)")
-    max_table_rows: Optional[int] = flag(
-        None, help="cap every table at N rows; ids at or above a table's size are taken modulo it (default: no cap)")
+    num_embeddings_per_feature: list[int] | None = flag(
+        None, help="rows of each table, comma-separated (one value per categorical feature)"
+    )
+    num_embeddings: int | None = flag(
+        None,
+        help=f"rows of every table when --num_embeddings_per_feature is not given (default "
+        f"{DEFAULT_NUM_EMBEDDINGS}, or the data's metadata.json cardinalities)",
+    )
+    max_table_rows: int | None = flag(
+        None, help="cap every table at N rows; ids at or above a table's size are taken modulo it (default: no cap)"
+    )
 
     def validate(self) -> None:
         """Raises FlagError naming the flag."""
@@ -36,7 +39,7 @@ class TableSizes:
             if value is not None and value <= 0:
                 raise FlagError(f"{option(self, name)} must be positive, got {value}")
 
-    def resolve(self, num_tables: int, data_sizes: Optional[list[int]]) -> list[int]:
+    def resolve(self, num_tables: int, data_sizes: list[int] | None) -> list[int]:
         """Rows of each of ``num_tables`` tables; ``data_sizes``: the data's own (or None)."""
         if self.num_embeddings_per_feature is not None:
             sizes = list(self.num_embeddings_per_feature)
@@ -73,15 +76,19 @@ class ModelConfig:
     sparse_feature_names: list[str]
     dense_in_features: int
     embedding_dim: int = flag(64, help="width of every embedding table")
-    embedding_precision: str = flag("fp32", choices=EMBEDDING_PRECISIONS,
-                                    help="table weights in fp32 or fp16 (fp16 halves table memory)")
-    interaction_type: str = flag("original", choices=INTERACTION_TYPES,
-                                 help="original (DLRM dot products), dcn (DCNv2 cross net) or projection")
-    dense_arch_layer_sizes: list[int] = flag([512, 256, 64],
-                                             help="bottom MLP sizes (not used for data without numerical features)")
+    embedding_precision: str = flag(
+        "fp32", choices=EMBEDDING_PRECISIONS, help="table weights in fp32 or fp16 (fp16 halves table memory)"
+    )
+    interaction_type: str = flag(
+        "original", choices=INTERACTION_TYPES, help="original (DLRM dot products), dcn (DCNv2 cross net) or projection"
+    )
+    dense_arch_layer_sizes: list[int] = flag(
+        [512, 256, 64], help="bottom MLP sizes (not used for data without numerical features)"
+    )
     over_arch_layer_sizes: list[int] = flag([512, 512, 256, 1], help="top MLP sizes (end in 1)")
     interaction: InteractionConfig = variants(
-        "interaction_type", {name: entry.config for name, entry in INTERACTIONS.items()})
+        "interaction_type", {name: entry.config for name, entry in INTERACTIONS.items()}
+    )
 
     def __post_init__(self) -> None:
         entry = INTERACTIONS.get(self.interaction_type)  # None: validate() names the flag
@@ -90,8 +97,10 @@ class ModelConfig:
         if self.interaction is None:
             self.interaction = entry.config()
         elif not isinstance(self.interaction, entry.config):
-            raise TypeError(f"interaction_type {self.interaction_type!r} takes a {entry.config.__name__}, "
-                            f"got a {type(self.interaction).__name__}")
+            raise TypeError(
+                f"interaction_type {self.interaction_type!r} takes a {entry.config.__name__}, "
+                f"got a {type(self.interaction).__name__}"
+            )
 
     @property
     def embedding_bytes_per_element(self) -> int:
@@ -114,21 +123,29 @@ class ModelConfig:
         if self.dense_in_features < 0:
             raise FlagError(f"the number of numerical features cannot be negative, got {self.dense_in_features}")
         if len(self.num_embeddings_per_feature) != len(self.sparse_feature_names):
-            raise FlagError(f"{option(TableSizes, 'num_embeddings_per_feature')} has {len(self.num_embeddings_per_feature)} "
-                            f"values but the data has {len(self.sparse_feature_names)} categorical features")
+            raise FlagError(
+                f"{option(TableSizes, 'num_embeddings_per_feature')} has {len(self.num_embeddings_per_feature)} "
+                f"values but the data has {len(self.sparse_feature_names)} categorical features"
+            )
         for i, rows in enumerate(self.num_embeddings_per_feature):
             if rows <= 0:
-                raise FlagError(f"{option(TableSizes, 'num_embeddings_per_feature')} value {i} ({self.sparse_feature_names[i]}) "
-                                f"must be positive, got {rows}")
+                raise FlagError(
+                    f"{option(TableSizes, 'num_embeddings_per_feature')} value {i} ({self.sparse_feature_names[i]}) "
+                    f"must be positive, got {rows}"
+                )
         # Without numerical features there is no bottom MLP: its sizes are not used.
         if self.has_dense_arch:
             check_layer_sizes(self, "dense_arch_layer_sizes", self.dense_arch_layer_sizes)
         check_layer_sizes(self, "over_arch_layer_sizes", self.over_arch_layer_sizes)
         if self.over_arch_layer_sizes[-1] != 1:
-            raise FlagError(f"{option(self, 'over_arch_layer_sizes')} must end in 1 (one logit per example), "
-                            f"got {self.over_arch_layer_sizes}")
+            raise FlagError(
+                f"{option(self, 'over_arch_layer_sizes')} must end in 1 (one logit per example), "
+                f"got {self.over_arch_layer_sizes}"
+            )
         if self.has_dense_arch and self.dense_arch_layer_sizes[-1] != self.embedding_dim:
-            raise FlagError(f"the last {option(self, 'dense_arch_layer_sizes')} value "
-                            f"({self.dense_arch_layer_sizes[-1]}) must equal {option(self, 'embedding_dim')} "
-                            f"({self.embedding_dim})")
+            raise FlagError(
+                f"the last {option(self, 'dense_arch_layer_sizes')} value "
+                f"({self.dense_arch_layer_sizes[-1]}) must equal {option(self, 'embedding_dim')} "
+                f"({self.embedding_dim})"
+            )
         self.interaction.validate(self)

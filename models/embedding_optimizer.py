@@ -12,7 +12,9 @@ Example::
 from typing import Any
 
 import torch
-from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode  # here in FBGEMM 1.6 to 1.9 (1.6 has no tbe.config)
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+    WeightDecayMode,  # here in FBGEMM 1.6 to 1.9 (1.6 has no tbe.config)
+)
 from torch import nn
 from torchrec.optim import RowWiseAdagrad
 
@@ -24,8 +26,10 @@ from models.embedding_optimizer_config import EmbeddingOptimizerConfig
 with quieted(TORCHSCRIPT_NOTICES):
     from torch.distributed.optim import _apply_optimizer_in_backward
 
-def optimizer_class(name: str, learning_rate: float, eps: float, weight_decay: float = 0.0,
-                    initial_accumulator: float = 0.0) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+
+def optimizer_class(
+    name: str, learning_rate: float, eps: float, weight_decay: float = 0.0, initial_accumulator: float = 0.0
+) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
     """(optimizer class, its keyword arguments) of sgd, adagrad, rowwise_adagrad or adam;
     ``initial_accumulator``: Adagrad's starting sum of squares (the MLPs'; FBGEMM's
     fused kernels have no such setting)."""

@@ -4,8 +4,7 @@ The shared blocks are in `models.arch`, the dot interaction's in
 `models.interactions.dot` (one module per interaction, with both model shapes).
 """
 
-from models.arch import (PooledSparseArch, align_to_sharded_embeddings, compile_dense_part,  # noqa: F401
-                         torchrec_dlrm)
+from models.arch import PooledSparseArch, align_to_sharded_embeddings, compile_dense_part, torchrec_dlrm
 from models.interactions import dot as _dot
 
 _blocks = _dot.blocks()
@@ -14,5 +13,13 @@ OverlappedDLRM = _blocks.OverlappedDLRM
 dot_interaction = _blocks.dot_interaction
 gram_pairs = _blocks.gram_pairs
 
-__all__ = ["DotInteraction", "OverlappedDLRM", "PooledSparseArch", "align_to_sharded_embeddings",
-           "compile_dense_part", "dot_interaction", "gram_pairs", "torchrec_dlrm"]
+__all__ = [
+    "DotInteraction",
+    "OverlappedDLRM",
+    "PooledSparseArch",
+    "align_to_sharded_embeddings",
+    "compile_dense_part",
+    "dot_interaction",
+    "gram_pairs",
+    "torchrec_dlrm",
+]

@@ -160,13 +160,17 @@ def deepen(text: str, depth: int) -> str:
     if depth == 0:
         return text
     up = "os.path.dirname(" * depth
-    text = text.replace("os.path.dirname(os.path.dirname(os.path.abspath(__file__)))",
-                        f"{up}os.path.dirname(os.path.dirname(os.path.abspath(__file__))){')' * depth}")
-    text = re.sub(r"Path\(__file__\)\.resolve\(\)\.parents\[1\]", f"Path(__file__).resolve().parents[{1 + depth}]",
-                  text)
+    text = text.replace(
+        "os.path.dirname(os.path.dirname(os.path.abspath(__file__)))",
+        f"{up}os.path.dirname(os.path.dirname(os.path.abspath(__file__))){')' * depth}",
+    )
+    text = re.sub(
+        r"Path\(__file__\)\.resolve\(\)\.parents\[1\]", f"Path(__file__).resolve().parents[{1 + depth}]", text
+    )
     # the recorded range test moves beside its test (DATA_FILES)
-    return text.replace('os.path.dirname(__file__), "data", "lr_range_test.json"',
-                        'os.path.dirname(__file__), "lr_range_test.json"')
+    return text.replace(
+        'os.path.dirname(__file__), "data", "lr_range_test.json"', 'os.path.dirname(__file__), "lr_range_test.json"'
+    )
 
 
 def tracked_text_files(root: str) -> list[str]:

@@ -30,7 +30,7 @@ import sys
 # Run as a script (scripts/install.sh): the repository, where common/ is, goes on the path.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.cli import OneLineParser  # noqa: E402
+from common.cli import OneLineParser
 
 # pip check's line for torchrec's declared CUDA FBGEMM, which a CPU install replaces.
 _CPU_FBGEMM_CONFLICT = re.compile(r"torchrec \S+ requires fbgemm-gpu, which is not installed\.")
@@ -52,14 +52,25 @@ def table_batched_lookup_and_update(device) -> None:
     import torch
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
-    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (ComputeDevice,
-                                                                        SplitTableBatchedEmbeddingBagsCodegen)
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
 
     on_gpu = device.type == "cuda"
     table = SplitTableBatchedEmbeddingBagsCodegen(
-        [(_ROWS, _DIM, EmbeddingLocation.DEVICE if on_gpu else EmbeddingLocation.HOST,
-          ComputeDevice.CUDA if on_gpu else ComputeDevice.CPU)],
-        optimizer=EmbOptimType.EXACT_SGD, learning_rate=_LEARNING_RATE, device=device)
+        [
+            (
+                _ROWS,
+                _DIM,
+                EmbeddingLocation.DEVICE if on_gpu else EmbeddingLocation.HOST,
+                ComputeDevice.CUDA if on_gpu else ComputeDevice.CPU,
+            )
+        ],
+        optimizer=EmbOptimType.EXACT_SGD,
+        learning_rate=_LEARNING_RATE,
+        device=device,
+    )
     initial = torch.arange(_ROWS * _DIM, dtype=torch.float32).reshape(_ROWS, _DIM) / (_ROWS * _DIM)
     with torch.no_grad():
         table.split_embedding_weights()[0].copy_(initial)
@@ -93,9 +104,11 @@ def check(device: str, gpu_visible: bool, allow_cuda_torch: bool = False) -> str
         build = "CPU build"
         if torch.version.cuda is not None:
             if not allow_cuda_torch:
-                raise RuntimeError(f"DEVICE=cpu installed a CUDA build of torch ({torch.__version__}): "
-                                   "it should come from PyTorch's CPU index (TORCH_INDEX), or set ALLOW_CUDA_TORCH=1 "
-                                   "to run it on the CPU")
+                raise RuntimeError(
+                    f"DEVICE=cpu installed a CUDA build of torch ({torch.__version__}): "
+                    "it should come from PyTorch's CPU index (TORCH_INDEX), or set ALLOW_CUDA_TORCH=1 "
+                    "to run it on the CPU"
+                )
             build = f"CUDA {torch.version.cuda} build of torch on the CPU, ALLOW_CUDA_TORCH"
         table_batched_lookup_and_update(torch.device("cpu"))
         return f"{versions} ({build}; FBGEMM lookup and update checked)"
@@ -104,12 +117,16 @@ def check(device: str, gpu_visible: bool, allow_cuda_torch: bool = False) -> str
     if not gpu_visible:
         return f"{versions} (CUDA {torch.version.cuda} build; no GPU visible here, CUDA not exercised)"
     if not torch.cuda.is_available():
-        raise RuntimeError(f"torch {torch.__version__} (CUDA {torch.version.cuda}) cannot use this host's GPU "
-                           "(driver too old for this CUDA version?): --device auto would train on the CPU")
+        raise RuntimeError(
+            f"torch {torch.__version__} (CUDA {torch.version.cuda}) cannot use this host's GPU "
+            "(driver too old for this CUDA version?): --device auto would train on the CPU"
+        )
     # FBGEMM's CUDA build loads, matches torch's, and its training kernels run here.
     table_batched_lookup_and_update(torch.device("cuda", 0))
-    return (f"{versions} (CUDA {torch.version.cuda} on {torch.cuda.device_count()} x {torch.cuda.get_device_name()}; "
-            "FBGEMM lookup and update checked)")
+    return (
+        f"{versions} (CUDA {torch.version.cuda} on {torch.cuda.device_count()} x {torch.cuda.get_device_name()}; "
+        "FBGEMM lookup and update checked)"
+    )
 
 
 def unexpected_conflicts(pip_check_output: str, device: str) -> list[str]:
@@ -120,8 +137,11 @@ def unexpected_conflicts(pip_check_output: str, device: str) -> list[str]:
 
         unexpected_conflicts("torchrec 1.8.0 requires fbgemm-gpu, which is not installed.\n", "cpu")  # []
     """
-    lines = [line for line in pip_check_output.splitlines()
-             if line.strip() and line.strip() != "No broken requirements found."]
+    lines = [
+        line
+        for line in pip_check_output.splitlines()
+        if line.strip() and line.strip() != "No broken requirements found."
+    ]
     if device == "cpu":
         lines = [line for line in lines if not _CPU_FBGEMM_CONFLICT.fullmatch(line.strip())]
     return lines
@@ -131,14 +151,21 @@ def main(argv=None) -> int:
     parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("device", choices=("cpu", "cuda"))
     parser.add_argument("--gpu-visible", action="store_true", help="nvidia-smi lists a GPU on this host")
-    parser.add_argument("--allow-cuda-torch", action="store_true",
-                        help="cpu: accept a CUDA build of torch (no CPU build of the stack's torch reachable)")
-    parser.add_argument("--pip-check", action="store_true",
-                        help="also run pip check and print its conflicts but the CPU build's expected one")
+    parser.add_argument(
+        "--allow-cuda-torch",
+        action="store_true",
+        help="cpu: accept a CUDA build of torch (no CPU build of the stack's torch reachable)",
+    )
+    parser.add_argument(
+        "--pip-check",
+        action="store_true",
+        help="also run pip check and print its conflicts but the CPU build's expected one",
+    )
     args = parser.parse_args(argv)
     if args.pip_check:
-        checked = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "check"],
-                                 capture_output=True, text=True)
+        checked = subprocess.run(
+            [sys.executable, "-m", "pip", "--disable-pip-version-check", "check"], capture_output=True, text=True
+        )
         for line in unexpected_conflicts(checked.stdout + checked.stderr, args.device):
             print(f"install: warning: pip check: {line}", file=sys.stderr)
     try:

@@ -53,13 +53,15 @@ def _flag(parameter: inspect.Parameter) -> str:
 def machine_table() -> str:
     """The machine presets (`-h`) and what one node asks for."""
     lines = ["| `-h` | machine | CPUs | GPUs | memory requested |", "| --- | --- | --- | --- | --- |"]
-    described = {**{name: m.description for name, m in MACHINES.items()},
-                 **{alias: f"torchx's `{target}` (EKS node selector, EFA devices)"
-                    for alias, target in AWS_ALIASES.items()}}
+    described = {
+        **{name: m.description for name, m in MACHINES.items()},
+        **{alias: f"torchx's `{target}` (EKS node selector, EFA devices)" for alias, target in AWS_ALIASES.items()},
+    }
     for name, description in described.items():
         resource = machine_resource(name)
-        lines.append(f"| `{name}` | {description} | {resource.cpu} | {resource.gpu} | "
-                     f"{resource.memMB / 1024:.0f} GiB |")
+        lines.append(
+            f"| `{name}` | {description} | {resource.cpu} | {resource.gpu} | {resource.memMB / 1024:.0f} GiB |"
+        )
     return "\n".join(lines)
 
 
@@ -73,8 +75,7 @@ def component_tables() -> str:
     for members in groups.values():
         names = ", ".join(f"`{name}`" for name, _ in members)
         summaries = [get_fn_docstring(fn)[0].splitlines()[0] for _, fn in members]
-        lines = [f"{names}: " + " / ".join(summaries), "",
-                 "| parameter | default | meaning |", "| --- | --- | --- |"]
+        lines = [f"{names}: " + " / ".join(summaries), "", "| parameter | default | meaning |", "| --- | --- | --- |"]
         helps = get_fn_docstring(members[0][1])[1]
         for pname, parameter in inspect.signature(members[0][1]).parameters.items():
             defaults = [_default(inspect.signature(fn).parameters[pname]) for _, fn in members]
@@ -91,8 +92,9 @@ def page_with_tables(page: str) -> str:
 
 
 def main() -> int:
-    return generated_docs.main(__doc__.splitlines()[0], PAGE, BEGIN, END, component_tables,
-                               "python scripts/component_docs.py --write")
+    return generated_docs.main(
+        __doc__.splitlines()[0], PAGE, BEGIN, END, component_tables, "python scripts/component_docs.py --write"
+    )
 
 
 if __name__ == "__main__":

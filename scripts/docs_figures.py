@@ -19,9 +19,8 @@ import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
-from typing import Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from common.atomic import write_text
 from common.cli import OneLineParser
@@ -32,10 +31,30 @@ DOCS = "docs"
 DATA = "data_cache/synthetic_criteo"
 REPORT_LOG = "runs/docs_figures/dlrm_and_dcnv2.jsonl"
 # Two short single-process runs on the default data (`make data`) written to one log.
-_REPORT_RUN_FLAGS = ("--in_memory_binary_criteo_path", DATA, "--batch_size", "512", "--learning_rate", "0.05",
-                     "--optimizer", "adagrad", "--seed", "0", "--limit_train_batches", "200",
-                     "--validation_freq_within_epoch", "50", "--limit_val_batches", "20",
-                     "--limit_test_batches", "20", "--log_every_n_steps", "20", "--log_path", REPORT_LOG)
+_REPORT_RUN_FLAGS = (
+    "--in_memory_binary_criteo_path",
+    DATA,
+    "--batch_size",
+    "512",
+    "--learning_rate",
+    "0.05",
+    "--optimizer",
+    "adagrad",
+    "--seed",
+    "0",
+    "--limit_train_batches",
+    "200",
+    "--validation_freq_within_epoch",
+    "50",
+    "--limit_val_batches",
+    "20",
+    "--limit_test_batches",
+    "20",
+    "--log_every_n_steps",
+    "20",
+    "--log_path",
+    REPORT_LOG,
+)
 
 
 @dataclass(frozen=True)
@@ -52,7 +71,7 @@ class Figure:
 
     commands: tuple[tuple[str, ...], ...]
     drawn: str
-    table: Optional[str] = None
+    table: str | None = None
     fresh: tuple[str, ...] = ()
 
 
@@ -60,21 +79,47 @@ FIGURES: dict[str, Figure] = {
     "sweep_table_sizes.png": Figure(
         commands=(("python", "-m", "sweeps", "run", "examples/sweeps/table_sizes.yaml"),),
         drawn="runs/sweeps/table_sizes/results.png",
-        table="runs/sweeps/table_sizes/results.md"),
+        table="runs/sweeps/table_sizes/results.md",
+    ),
     "plan_memory.png": Figure(
         commands=(("python", "-m", "sharding_plans", "plan", "--preset", "mlperf", "--chart", "docs/plan_memory.png"),),
-        drawn="docs/plan_memory.png"),
+        drawn="docs/plan_memory.png",
+    ),
     "training_report.png": Figure(
-        commands=(("python", "dlrm_main.py") + _REPORT_RUN_FLAGS,
-                  ("python", "dcnv2_main.py") + _REPORT_RUN_FLAGS,
-                  ("python", "-m", "training.report", REPORT_LOG, "--output", "docs/training_report.png")),
+        commands=(
+            ("python", "dlrm_main.py") + _REPORT_RUN_FLAGS,
+            ("python", "dcnv2_main.py") + _REPORT_RUN_FLAGS,
+            ("python", "-m", "training.report", REPORT_LOG, "--output", "docs/training_report.png"),
+        ),
         drawn="docs/training_report.png",
-        fresh=(REPORT_LOG,)),
+        fresh=(REPORT_LOG,),
+    ),
     "lr_range_test.png": Figure(
-        commands=(("python", "-m", "training.lr_finder", "--in_memory_binary_criteo_path", DATA, "--batch_size", "512",
-                   "--optimizer", "adagrad", "--seed", "0", "--lr_min", "1e-4", "--lr_max", "10", "--lr_steps", "100",
-                   "--lr_range_output", "runs/lr_range_test"),),
-        drawn="runs/lr_range_test.png"),
+        commands=(
+            (
+                "python",
+                "-m",
+                "training.lr_finder",
+                "--in_memory_binary_criteo_path",
+                DATA,
+                "--batch_size",
+                "512",
+                "--optimizer",
+                "adagrad",
+                "--seed",
+                "0",
+                "--lr_min",
+                "1e-4",
+                "--lr_max",
+                "10",
+                "--lr_steps",
+                "100",
+                "--lr_range_output",
+                "runs/lr_range_test",
+            ),
+        ),
+        drawn="runs/lr_range_test.png",
+    ),
 }
 
 
@@ -98,7 +143,7 @@ def image_references(text: str) -> list[tuple[int, str]]:
     for index, line in enumerate(text.splitlines()):
         start = line.find("](")
         if line.lstrip().startswith("![") and start != -1 and line.rstrip().endswith(")"):
-            references.append((index, line.rstrip()[start + 2:-1]))
+            references.append((index, line.rstrip()[start + 2 : -1]))
     return references
 
 
@@ -149,10 +194,14 @@ def update_pages(images: Sequence[str], date: str) -> None:
             write_text(path, updated)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m scripts.docs_figures", description=__doc__.split("\n\n")[0])
-    parser.add_argument("figures", nargs="*", metavar="FIGURE",
-                        help=f"the figures to draw, by file name (default: all: {', '.join(FIGURES)})")
+    parser.add_argument(
+        "figures",
+        nargs="*",
+        metavar="FIGURE",
+        help=f"the figures to draw, by file name (default: all: {', '.join(FIGURES)})",
+    )
     images = parser.parse_args(argv).figures or list(FIGURES)
     unknown = [image for image in images if image not in FIGURES]
     if unknown:

@@ -20,7 +20,6 @@ import sys
 import tempfile
 import warnings
 import zipfile
-from typing import Optional
 from collections.abc import Sequence
 
 import torch
@@ -41,21 +40,29 @@ HOTNESS = {"one-hot": ([1, 1, 1], False), "multi-hot": ([1, 3, 2], False), "padd
 DENSE_FEATURES = (2, 0)  # with numerical features, and categorical features only
 # Tiny interaction sizes (the operators do not depend on them); an interaction not
 # named here is exported with its defaults.
-TINY_INTERACTIONS = {"dcn": DCNConfig(dcn_num_layers=1, dcn_low_rank_dim=2),
-                     "projection": ProjectionConfig(interaction_branch1_layer_sizes=[8, 8],
-                                                    interaction_branch2_layer_sizes=[8, 8])}
+TINY_INTERACTIONS = {
+    "dcn": DCNConfig(dcn_num_layers=1, dcn_low_rank_dim=2),
+    "projection": ProjectionConfig(interaction_branch1_layer_sizes=[8, 8], interaction_branch2_layer_sizes=[8, 8]),
+}
 
 
 def variant_models() -> dict[str, tuple[ProbabilityModel, int]]:
     """A tiny model of every variant and its number of numerical features, by a name
     saying which variant."""
     models = {}
-    for interaction, dense, (hot_name, (hotness, padded)) in itertools.product(INTERACTION_TYPES, DENSE_FEATURES,
-                                                                               HOTNESS.items()):
-        config = ModelConfig(num_embeddings_per_feature=[10, 20, 30], sparse_feature_names=FEATURES,
-                             dense_in_features=dense, embedding_dim=4, dense_arch_layer_sizes=[8, 4],
-                             over_arch_layer_sizes=[8, 1], interaction_type=interaction,
-                             interaction=TINY_INTERACTIONS.get(interaction))
+    for interaction, dense, (hot_name, (hotness, padded)) in itertools.product(
+        INTERACTION_TYPES, DENSE_FEATURES, HOTNESS.items()
+    ):
+        config = ModelConfig(
+            num_embeddings_per_feature=[10, 20, 30],
+            sparse_feature_names=FEATURES,
+            dense_in_features=dense,
+            embedding_dim=4,
+            dense_arch_layer_sizes=[8, 4],
+            over_arch_layer_sizes=[8, 1],
+            interaction_type=interaction,
+            interaction=TINY_INTERACTIONS.get(interaction),
+        )
         torch.manual_seed(0)
         train = build_dlrm_train(config, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"))
         name = f"{interaction}, {'dense' if dense else 'no dense'}, {hot_name}"
@@ -85,7 +92,7 @@ def file_text(references: dict[str, list[str]]) -> str:
     return json.dumps(references, indent=1) + "\n"
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     action = parser.add_mutually_exclusive_group()
     action.add_argument("--write", action="store_true", help=f"replace {ALLOWED_REFERENCES_FILE}")
@@ -98,8 +105,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     elif args.check:
         with open(ALLOWED_REFERENCES_FILE) as f:
             if f.read() != text:
-                print(f"{ALLOWED_REFERENCES_FILE} is out of date: run python scripts/exported_operators.py --write",
-                      file=sys.stderr)
+                print(
+                    f"{ALLOWED_REFERENCES_FILE} is out of date: run python scripts/exported_operators.py --write",
+                    file=sys.stderr,
+                )
                 return 1
     else:
         sys.stdout.write(text)

@@ -12,7 +12,6 @@ import argparse
 import os
 import re
 import sys
-from typing import Optional
 
 from scripts import generated_docs
 from sharding_plans.cli import build_parser as plan_parser
@@ -31,7 +30,7 @@ def _split_help(action: argparse.Action) -> "tuple[str, str]":
     text = action.help or ""
     match = _DEFAULT.search(text)
     if match:
-        return text[:match.start()], match.group(1)
+        return text[: match.start()], match.group(1)
     if isinstance(action, argparse._StoreTrueAction) or action.default in (None, argparse.SUPPRESS):
         return text, ""
     return text, str(action.default)
@@ -45,7 +44,7 @@ def _options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     return [a for a in parser._actions if a.option_strings and a.option_strings[0] != "-h"]
 
 
-def _table(parser: argparse.ArgumentParser, other: Optional[argparse.ArgumentParser], other_name: str) -> str:
+def _table(parser: argparse.ArgumentParser, other: argparse.ArgumentParser | None, other_name: str) -> str:
     header = ["flag", "default"] + ([other_name] if other else []) + ["meaning"]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     others = {a.option_strings[0]: _split_help(a)[1] for a in _options(other)} if other else {}
@@ -65,16 +64,20 @@ def _table(parser: argparse.ArgumentParser, other: Optional[argparse.ArgumentPar
 def flag_tables() -> str:
     """The markdown of both tables."""
     subcommands = next(a for a in plan_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return "\n\n".join([
-        "### `dlrm_main.py` and `dcnv2_main.py`",
-        _table(entry_point_parser("dlrm_main.py"), entry_point_parser("dcnv2_main.py"), "dcnv2_main.py"),
-        "### `python -m sharding_plans plan`",
-        _table(subcommands.choices["plan"], None, ""),
-    ])
+    return "\n\n".join(
+        [
+            "### `dlrm_main.py` and `dcnv2_main.py`",
+            _table(entry_point_parser("dlrm_main.py"), entry_point_parser("dcnv2_main.py"), "dcnv2_main.py"),
+            "### `python -m sharding_plans plan`",
+            _table(subcommands.choices["plan"], None, ""),
+        ]
+    )
 
 
 def main() -> int:
-    return generated_docs.main(__doc__.splitlines()[0], FLAGS_DOC, BEGIN, END, flag_tables, "python scripts/flag_docs.py --write")
+    return generated_docs.main(
+        __doc__.splitlines()[0], FLAGS_DOC, BEGIN, END, flag_tables, "python scripts/flag_docs.py --write"
+    )
 
 
 if __name__ == "__main__":

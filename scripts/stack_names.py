@@ -22,7 +22,7 @@ import zipfile
 # Run as a script: the repository, where common/ is, goes on the path.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.cli import OneLineParser  # noqa: E402
+from common.cli import OneLineParser
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("torchrec", "fbgemm_gpu")
@@ -42,8 +42,12 @@ def project_imports(repo: str = REPO) -> set[str]:
             with open(os.path.join(root, name), encoding="utf-8") as f:
                 tree = ast.parse(f.read())
             for node in ast.walk(tree):
-                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
-                        and node.module.split(".")[0] in PACKAGES:
+                if (
+                    isinstance(node, ast.ImportFrom)
+                    and node.module
+                    and node.level == 0
+                    and node.module.split(".")[0] in PACKAGES
+                ):
                     found.update(f"{node.module}:{alias.name}" for alias in node.names)
                 elif isinstance(node, ast.Import):
                     found.update(f"{alias.name}:" for alias in node.names if alias.name.split(".")[0] in PACKAGES)
@@ -75,6 +79,7 @@ def _top_level_names(tree: ast.Module) -> set[str]:
                     visit(handler.body)
                 visit(node.orelse)
                 visit(node.finalbody)
+
     visit(tree.body)
     return names
 
@@ -106,8 +111,11 @@ def record(wheels: list, imports: set[str]) -> dict:
     for wheel in wheels:
         package, release = wheel_release(wheel)
         with zipfile.ZipFile(wheel) as archive:
-            sources = {name: archive.read(name).decode("utf-8") for name in archive.namelist()
-                       if name.startswith(package + "/") and name.endswith(".py")}
+            sources = {
+                name: archive.read(name).decode("utf-8")
+                for name in archive.namelist()
+                if name.startswith(package + "/") and name.endswith(".py")
+            }
         table[package][release] = sorted(e for e in imports if e.startswith(package) and defined(sources, e))
     return table
 
@@ -115,8 +123,11 @@ def record(wheels: list, imports: set[str]) -> dict:
 def main(argv=None) -> int:
     parser = OneLineParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    recorder = commands.add_parser("record", help="print, per release, the project's imports each wheel defines "
-                                   "(the JSON of tests/support/stack_names.json)")
+    recorder = commands.add_parser(
+        "record",
+        help="print, per release, the project's imports each wheel defines "
+        "(the JSON of tests/support/stack_names.json)",
+    )
     recorder.add_argument("wheels", nargs="+", metavar="WHEEL", help="a torchrec or FBGEMM wheel of a stack")
     commands.add_parser("imports", help="print the project's torchrec and FBGEMM imports, one a line")
     args = parser.parse_args(argv)

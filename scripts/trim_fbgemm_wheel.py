@@ -35,8 +35,8 @@ import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.cli import OneLineParser  # noqa: E402
-from models.embedding_optimizer_config import EMBEDDING_OPTIMIZERS  # noqa: E402
+from common.cli import OneLineParser
+from models.embedding_optimizer_config import EMBEDDING_OPTIMIZERS
 
 FATBIN_MAGIC = 0xBA55ED50
 ELF_MAGIC = b"\x7fELF"
@@ -48,8 +48,11 @@ _ENTRY = struct.Struct("<HHIQ")
 _ARCH_OFFSET = 28
 # FBGEMM 1.6's libraries that training never launches (inference, variable batch size
 # per feature, global weight decay).
-TRAINING_UNUSED = ("fbgemm_gpu_tbe_inference.so", "fbgemm_gpu_tbe_training_backward_vbe.so",
-                   "fbgemm_gpu_tbe_training_backward_gwd.so")
+TRAINING_UNUSED = (
+    "fbgemm_gpu_tbe_inference.so",
+    "fbgemm_gpu_tbe_training_backward_vbe.so",
+    "fbgemm_gpu_tbe_training_backward_gwd.so",
+)
 
 
 # FBGEMM's backward kernels name their optimizer: split_embedding_backward_codegen_<optimizer>_
@@ -82,12 +85,12 @@ def fatbin_section(elf: bytes) -> tuple[int, int] | None:
     """(offset, size) of a 64-bit little-endian ELF's ``.nv_fatbin`` section, None without one."""
     if elf[:4] != ELF_MAGIC or elf[4] != 2 or elf[5] != 1:
         raise TrimError("not a 64-bit little-endian ELF file")
-    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    (shoff,) = struct.unpack_from("<Q", elf, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
 
     def section(index: int) -> tuple[int, int, int]:  # name offset, file offset, size
         base = shoff + index * shentsize
-        name, = struct.unpack_from("<I", elf, base)
+        (name,) = struct.unpack_from("<I", elf, base)
         offset, size = struct.unpack_from("<QQ", elf, base + 0x18)
         return name, offset, size
 
@@ -95,7 +98,7 @@ def fatbin_section(elf: bytes) -> tuple[int, int] | None:
     for index in range(shnum):
         name, offset, size = section(index)
         end = elf.index(b"\0", names_at + name)
-        if elf[names_at + name:end] == b".nv_fatbin":
+        if elf[names_at + name : end] == b".nv_fatbin":
             return offset, size
     return None
 
@@ -117,7 +120,7 @@ def entries(elf: bytes, start: int, size: int):
             raise TrimError(f"fatbin container at byte {at} runs past .nv_fatbin")
         while entry < body_end:
             kind, _, entry_header, payload = _ENTRY.unpack_from(elf, entry)
-            arch, = struct.unpack_from("<I", elf, entry + _ARCH_OFFSET)
+            (arch,) = struct.unpack_from("<I", elf, entry + _ARCH_OFFSET)
             if entry_header < _ARCH_OFFSET + 4 or entry + entry_header + payload > body_end:
                 raise TrimError(f"fatbin entry at byte {entry} runs past its container")
             yield entry, entry_header, payload, kind, arch
@@ -134,11 +137,14 @@ def trim_library(elf: bytearray, keep_arch: int | None, kept_optimizers=KEPT_OPT
     if found is None:
         return counts
     for entry, header, payload, _, arch in list(entries(elf, *found)):
-        if keep_arch is not None and arch == keep_arch and not unused_optimizer_cubin(
-                bytes(elf[entry + header:entry + header + payload]), kept_optimizers):
+        if (
+            keep_arch is not None
+            and arch == keep_arch
+            and not unused_optimizer_cubin(bytes(elf[entry + header : entry + header + payload]), kept_optimizers)
+        ):
             counts["kept"] += 1
             continue
-        elf[entry + header:entry + header + payload] = bytes(payload)
+        elf[entry + header : entry + header + payload] = bytes(payload)
         struct.pack_into("<I", elf, entry + _ARCH_OFFSET, 0)
         counts["blanked"] += 1
         counts["bytes_blanked"] += payload
@@ -196,9 +202,11 @@ def trim_wheel(wheel: str, arch: str, output_dir: str, drop=TRAINING_UNUSED, log
         member.external_attr = source.getinfo(record_name).external_attr
         out.writestr(member, "\n".join(record_lines) + "\n")
     os.replace(target + ".part", target)
-    log(f"trim: {os.path.basename(wheel)}: kept {totals['kept']} {arch} cubins, blanked {totals['blanked']} "
+    log(
+        f"trim: {os.path.basename(wheel)}: kept {totals['kept']} {arch} cubins, blanked {totals['blanked']} "
         f"entries ({totals['bytes_blanked'] / 2**20:.0f} MiB), {len(drop)} libraries blanked whole, backward "
-        f"kernels for {', '.join(KEPT_OPTIMIZERS)} only")
+        f"kernels for {', '.join(KEPT_OPTIMIZERS)} only"
+    )
     return target
 
 
@@ -215,8 +223,12 @@ def main(argv=None) -> int:
     parser.add_argument("wheel", help="FBGEMM's CUDA wheel")
     parser.add_argument("--arch", help="the GPU architecture to keep, e.g. sm_90")
     parser.add_argument("--output", help="directory for the trimmed wheel")
-    parser.add_argument("--drop", action="append", default=None,
-                        help=f"a library (file name) to blank whole; default: {', '.join(TRAINING_UNUSED)}")
+    parser.add_argument(
+        "--drop",
+        action="append",
+        default=None,
+        help=f"a library (file name) to blank whole; default: {', '.join(TRAINING_UNUSED)}",
+    )
     parser.add_argument("--list", action="store_true", help="print each library's architectures and exit")
     args = parser.parse_args(argv)
     if not args.list and not (args.arch and args.output):

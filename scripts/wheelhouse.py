@@ -34,9 +34,9 @@ from dataclasses import asdict, dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.cli import OneLineParser  # noqa: E402
-from common.json_fields import TEXT, FileFieldError, JsonObject, text_list  # noqa: E402
-from scripts.trim_fbgemm_wheel import TrimError, sha256_of, trim_wheel  # noqa: E402
+from common.cli import OneLineParser
+from common.json_fields import TEXT, FileFieldError, JsonObject, text_list
+from scripts.trim_fbgemm_wheel import TrimError, sha256_of, trim_wheel
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WHEELHOUSE_VERSION = 1
@@ -60,6 +60,7 @@ class WheelhouseError(Exception):
 @dataclass
 class Wheelhouse:
     """wheelhouse.json: what the archive holds and for which host."""
+
     version: int
     stack: str
     device: str  # cpu or cuda
@@ -79,12 +80,25 @@ class Wheelhouse:
             with open(path, "rb") as f:
                 data = f.read()
         except OSError as e:
-            raise WheelhouseError(f"{path}: cannot read the wheelhouse's manifest ({e.strerror}): "
-                                  "is this a directory `make wheelhouse` wrote?") from None
+            raise WheelhouseError(
+                f"{path}: cannot read the wheelhouse's manifest ({e.strerror}): "
+                "is this a directory `make wheelhouse` wrote?"
+            ) from None
         document, version = JsonObject.versioned(data, path, "a wheelhouse manifest", WHEELHOUSE_VERSION)
-        fields = {name: document.get(name, TEXT) for name in
-                  ("stack", "device", "cuda_variant", "gpu_arch", "python", "torch", "fbgemm", "torchrec",
-                   "archive_sha256")}
+        fields = {
+            name: document.get(name, TEXT)
+            for name in (
+                "stack",
+                "device",
+                "cuda_variant",
+                "gpu_arch",
+                "python",
+                "torch",
+                "fbgemm",
+                "torchrec",
+                "archive_sha256",
+            )
+        }
         return cls(version=version, requirements=document.get("requirements", text_list()), **fields)
 
 
@@ -99,8 +113,13 @@ def stack_pins(stack: str, device: str, cuda_variant: str) -> dict[str, str]:
             for line in f:
                 line = line.strip().replace("${CUDA_VARIANT}", cuda_variant)
                 if line and not line.startswith("#"):
-                    key = "torch" if line.startswith("torch==") else "torchrec" if line.startswith("torchrec==") \
+                    key = (
+                        "torch"
+                        if line.startswith("torch==")
+                        else "torchrec"
+                        if line.startswith("torchrec==")
                         else "fbgemm"
+                    )
                     pins[key] = line
     return pins
 
@@ -115,7 +134,9 @@ def check_variant(stack: str, cuda_variant: str) -> str:
     if not cuda_variant:
         return variants[0]
     if cuda_variant not in variants:
-        raise WheelhouseError(f"CUDA_VARIANT must be {' or '.join(variants)} for the {stack} stack, not '{cuda_variant}'")
+        raise WheelhouseError(
+            f"CUDA_VARIANT must be {' or '.join(variants)} for the {stack} stack, not '{cuda_variant}'"
+        )
     return cuda_variant
 
 
@@ -148,9 +169,11 @@ def stand_in_torch(directory: str, version: str) -> str:
     """A wheel named torch at ``version`` with no files and no dependencies: offered to
     pip's resolver so that the host's torch satisfies every ``torch`` requirement."""
     dist_info = f"torch-{version}.dist-info"
-    files = {f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n",
-             f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nGenerator: wheelhouse.py\nRoot-Is-Purelib: true\n"
-                                   "Tag: py3-none-any\n"}
+    files = {
+        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n",
+        f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nGenerator: wheelhouse.py\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
     path = os.path.join(directory, f"torch-{version}-py3-none-any.whl")
     record = []
     with zipfile.ZipFile(path, "w") as wheel:
@@ -174,8 +197,9 @@ def _target(python: str) -> list:
     return flags
 
 
-def download(requirements: list, python: str, into: str, links: list, constraint: str, index: list, log,
-             no_deps: bool = False) -> None:
+def download(
+    requirements: list, python: str, into: str, links: list, constraint: str, index: list, log, no_deps: bool = False
+) -> None:
     """pip download for the target; a requirement with no wheel (only a source archive)
     is built into a pure-Python wheel in ``links[0]`` and the download retried."""
     for _ in range(20):
@@ -189,19 +213,34 @@ def download(requirements: list, python: str, into: str, links: list, constraint
         if not missing:
             raise WheelhouseError(f"pip download failed: {result.stderr.strip().splitlines()[-1]}")
         built = _pip(["wheel", "-q", "--no-deps", "-w", links[0], missing.group(1)], log)
-        wheels = [w for w in os.listdir(links[0]) if w.lower().startswith(
-            re.split(r"[<>=!~]", missing.group(1))[0].lower().replace("-", "_"))]
+        wheels = [
+            w
+            for w in os.listdir(links[0])
+            if w.lower().startswith(re.split(r"[<>=!~]", missing.group(1))[0].lower().replace("-", "_"))
+        ]
         if built.returncode != 0 or not wheels or not all(w.endswith("-py3-none-any.whl") for w in wheels):
-            raise WheelhouseError(f"{missing.group(1)} has no wheel for Python {python} on manylinux x86_64 "
-                                  "and does not build into a pure-Python one here")
+            raise WheelhouseError(
+                f"{missing.group(1)} has no wheel for Python {python} on manylinux x86_64 "
+                "and does not build into a pure-Python one here"
+            )
         log(f"wheelhouse: {missing.group(1)} is published as a source archive only: built {', '.join(wheels)}")
     raise WheelhouseError("pip download kept failing")
 
 
-def build(stack: str, device: str, cuda_variant: str, gpu_arch: str, python: str, output: str,
-          fbgemm_wheel: str = "", torch_index: str = "", max_mib: float = 60.0,
-          requirements_path: str = os.path.join(REPO, "requirements.txt"), packages=WHEELHOUSE_PACKAGES,
-          log=print) -> Wheelhouse:
+def build(
+    stack: str,
+    device: str,
+    cuda_variant: str,
+    gpu_arch: str,
+    python: str,
+    output: str,
+    fbgemm_wheel: str = "",
+    torch_index: str = "",
+    max_mib: float = 60.0,
+    requirements_path: str = os.path.join(REPO, "requirements.txt"),
+    packages=WHEELHOUSE_PACKAGES,
+    log=print,
+) -> Wheelhouse:
     """Writes the wheelhouse into ``output`` (created; must be empty); returns its manifest."""
     if device == "cuda":
         cuda_variant = check_variant(stack, cuda_variant)
@@ -239,10 +278,14 @@ def build(stack: str, device: str, cuda_variant: str, gpu_arch: str, python: str
             trimmed_sha = sha256_of(trimmed)
             pinned = [p for p in trimmed_pins(stack) if p[0] == downloaded and p[1] == gpu_arch and p[2] == source_sha]
             if pinned and pinned[0][3] != trimmed_sha:
-                raise WheelhouseError(f"trimming {downloaded} to {gpu_arch} gave sha256 {trimmed_sha}, not the "
-                                      f"{pinned[0][3]} stacks/{stack}/trimmed-wheels pins")
-            log(f"wheelhouse: {downloaded} trimmed to {gpu_arch}: sha256 {trimmed_sha}"
-                + (" (as pinned)" if pinned else f" (not pinned in stacks/{stack}/trimmed-wheels)"))
+                raise WheelhouseError(
+                    f"trimming {downloaded} to {gpu_arch} gave sha256 {trimmed_sha}, not the "
+                    f"{pinned[0][3]} stacks/{stack}/trimmed-wheels pins"
+                )
+            log(
+                f"wheelhouse: {downloaded} trimmed to {gpu_arch}: sha256 {trimmed_sha}"
+                + (" (as pinned)" if pinned else f" (not pinned in stacks/{stack}/trimmed-wheels)")
+            )
         else:
             shutil.move(source, wheels)
         log(f"wheelhouse: downloading {pins['torchrec']} and {len(carried)} runtime packages with their dependencies")
@@ -254,19 +297,29 @@ def build(stack: str, device: str, cuda_variant: str, gpu_arch: str, python: str
         archive = os.path.join(output, ARCHIVE)
         log(f"wheelhouse: compressing {len(os.listdir(wheels))} wheels into {archive}")
         _compress(wheels, archive)
-    manifest = Wheelhouse(version=WHEELHOUSE_VERSION, stack=stack, device=device, cuda_variant=cuda_variant,
-                          gpu_arch=gpu_arch, python=python, torch=torch_version,
-                          fbgemm=fbgemm_pin.split("+", 1)[0] if device == "cuda" and not torch_index else fbgemm_pin,
-                          torchrec=pins["torchrec"], requirements=carried + [BUILD_REQUIREMENT],
-                          archive_sha256=sha256_of(archive))
+    manifest = Wheelhouse(
+        version=WHEELHOUSE_VERSION,
+        stack=stack,
+        device=device,
+        cuda_variant=cuda_variant,
+        gpu_arch=gpu_arch,
+        python=python,
+        torch=torch_version,
+        fbgemm=fbgemm_pin.split("+", 1)[0] if device == "cuda" and not torch_index else fbgemm_pin,
+        torchrec=pins["torchrec"],
+        requirements=carried + [BUILD_REQUIREMENT],
+        archive_sha256=sha256_of(archive),
+    )
     with open(os.path.join(output, MANIFEST), "w") as f:
         json.dump(asdict(manifest), f, indent=1)
         f.write("\n")
     size = sum(os.path.getsize(os.path.join(output, name)) for name in os.listdir(output)) / 2**20
     if size > max_mib:
         raise WheelhouseError(f"{output} holds {size:.1f} MiB, over the {max_mib:g} MiB that can be carried")
-    log(f"wheelhouse: {output}: {size:.1f} MiB for {stack} ({device}{' ' + cuda_variant if cuda_variant else ''}"
-        f"{', ' + gpu_arch if gpu_arch else ''}), Python {python}, over torch {torch_version}")
+    log(
+        f"wheelhouse: {output}: {size:.1f} MiB for {stack} ({device}{' ' + cuda_variant if cuda_variant else ''}"
+        f"{', ' + gpu_arch if gpu_arch else ''}), Python {python}, over torch {torch_version}"
+    )
     return manifest
 
 
@@ -311,8 +364,10 @@ def unpack(directory: str, into: str) -> Wheelhouse:
     manifest = Wheelhouse.read(directory)
     archive = os.path.join(directory, ARCHIVE)
     if not os.path.isfile(archive) or sha256_of(archive) != manifest.archive_sha256:
-        raise WheelhouseError(f"{archive} is missing or not the archive {MANIFEST} describes (sha256 differs): "
-                              "copy the whole wheelhouse directory again")
+        raise WheelhouseError(
+            f"{archive} is missing or not the archive {MANIFEST} describes (sha256 differs): "
+            "copy the whole wheelhouse directory again"
+        )
     with tarfile.open(archive, "r:xz") as tar:
         tar.extractall(into, filter="data")
     return manifest
@@ -323,8 +378,12 @@ def main(argv=None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     make = commands.add_parser("build", help="download, trim and compress into --output")
     make.add_argument("--stack", required=True, help="a folder of stacks/, e.g. torch2.11")
-    make.add_argument("--device", choices=("cpu", "cuda"), default="cuda",
-                      help="the stack's CUDA build (FBGEMM trimmed to --gpu-arch) or its CPU build")
+    make.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cuda",
+        help="the stack's CUDA build (FBGEMM trimmed to --gpu-arch) or its CPU build",
+    )
     make.add_argument("--cuda-variant", default="", help="one of the stack's cuda-variants (default: its first)")
     make.add_argument("--gpu-arch", default="", help="keep only this architecture's FBGEMM cubins, e.g. sm_90")
     make.add_argument("--python-version", default="3.12", help="the target host's Python, e.g. 3.12")
@@ -332,10 +391,16 @@ def main(argv=None) -> int:
     make.add_argument("--fbgemm-wheel", default="", help="a downloaded FBGEMM wheel to use instead of downloading")
     make.add_argument("--torch-index", default="", help="an extra index for FBGEMM (PyTorch's); default PyPI only")
     make.add_argument("--max-mib", type=float, default=60.0, help="refuse a wheelhouse larger than this")
-    make.add_argument("--requirements", default=os.path.join(REPO, "requirements.txt"),
-                      help="where the carried packages' pins are read")
-    make.add_argument("--packages", default=",".join(WHEELHOUSE_PACKAGES),
-                      help="the packages of --requirements to carry, comma-separated (default: what training imports)")
+    make.add_argument(
+        "--requirements",
+        default=os.path.join(REPO, "requirements.txt"),
+        help="where the carried packages' pins are read",
+    )
+    make.add_argument(
+        "--packages",
+        default=",".join(WHEELHOUSE_PACKAGES),
+        help="the packages of --requirements to carry, comma-separated (default: what training imports)",
+    )
     show = commands.add_parser("show", help="print a field of DIR's manifest (requirements: one a line)")
     show.add_argument("directory")
     show.add_argument("field", choices=sorted(Wheelhouse.__dataclass_fields__))
@@ -345,8 +410,19 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
-            build(args.stack, args.device, args.cuda_variant, args.gpu_arch, args.python_version, args.output,
-                  args.fbgemm_wheel, args.torch_index, args.max_mib, args.requirements, args.packages.split(","))
+            build(
+                args.stack,
+                args.device,
+                args.cuda_variant,
+                args.gpu_arch,
+                args.python_version,
+                args.output,
+                args.fbgemm_wheel,
+                args.torch_index,
+                args.max_mib,
+                args.requirements,
+                args.packages.split(","),
+            )
         elif args.command == "show":
             value = getattr(Wheelhouse.read(args.directory), args.field)
             print("\n".join(value) if isinstance(value, list) else value)

@@ -8,8 +8,8 @@ Example::
     config, = parse_config(parser, [ExportConfig], argv)
 """
 
-from typing import Any, Optional
 from collections.abc import Sequence
+from typing import Any
 
 from common.cli import DefaultsHelpFormatter, OneLineParser
 from common.config_flags import add_flags, config_values
@@ -21,12 +21,12 @@ MODEL_DIR_HELP = "a directory written by python -m serving.export"
 def serving_parser(command: str, doc: str) -> OneLineParser:
     """A one-line-error parser for ``python -m serving.<command>`` described by the
     first paragraph of ``doc``."""
-    return OneLineParser(prog=f"python -m serving.{command}", description=doc.split("\n\n")[0],
-                         formatter_class=DefaultsHelpFormatter)
+    return OneLineParser(
+        prog=f"python -m serving.{command}", description=doc.split("\n\n")[0], formatter_class=DefaultsHelpFormatter
+    )
 
 
-def parse_config(parser: OneLineParser, config_classes: Sequence[type[Any]],
-                 argv: Optional[Sequence[str]]) -> list[Any]:
+def parse_config(parser: OneLineParser, config_classes: Sequence[type[Any]], argv: Sequence[str] | None) -> list[Any]:
     """Adds the flags of ``config_classes`` (`common.config_flags`, their defaults shown
     by the parser's help), parses ``argv`` and gives back one config a class."""
     for config_class in config_classes:

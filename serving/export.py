@@ -52,27 +52,26 @@ import errno
 import os
 import shutil
 import sys
-from dataclasses import dataclass
-from typing import BinaryIO, Optional
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import BinaryIO
 
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTableBatchedEmbeddingBagsCodegen
 from torch.fx.experimental.symbolic_shapes import free_symbols
 from torchrec.inference.modules import quantize_inference_model
 
-from checkpoints.meta import CheckpointMeta
 from checkpoints.directory import checkpoint_to_load
+from checkpoints.meta import CheckpointMeta
 from checkpoints.opened import OpenedCheckpoint, open_checkpoint
 from common.atomic import atomic_dir, naming_write_errors, surfacing_write_errors
 from common.byte_sizes import format_bytes
 from common.cli import positive_int, run_cli
 from common.config_flags import flag
-from common.library_noise import (EAGER_QUANTIZATION_NOTICES, INDUCTOR_NOTICES, quiet_benign_library_messages,
-                                  quieted)
 from common.errors import BadInput
+from common.library_noise import EAGER_QUANTIZATION_NOTICES, INDUCTOR_NOTICES, quiet_benign_library_messages, quieted
 from common.path_lock import LockHeld, PathLock
-from data.criteo_transforms import VOCABULARY_FILE
+from data.preprocess.criteo_transforms import VOCABULARY_FILE
 from data.sources import SOURCES
 from models.config import ModelConfig
 from serving.cli import parse_config, serving_parser
@@ -80,8 +79,8 @@ from serving.inference_model import ProbabilityModel, load_checkpoint_model
 from serving.layouts import LAYOUTS
 from serving.layouts.base import TRAINING_DATA_FLAG, Checkpoint
 from serving.layouts.criteo_lines import CriteoPreprocessing
-from serving.model_inputs import INPUTS_FILE, ModelInputs, Variant, aoti_file, aoti_variant, program_file
 from serving.model_files import AOTI_FORMAT, MANIFEST_FILE, TORCH_EXPORT_FORMAT, aoti_metadata, write_manifest
+from serving.model_inputs import INPUTS_FILE, ModelInputs, Variant, aoti_file, aoti_variant, program_file
 from serving.triton_repository import write_triton_model
 
 FP32_FILE = program_file("fp32")
@@ -109,8 +108,9 @@ def _model_file(path: str) -> Iterator[BinaryIO]:
 def export_program(model: ProbabilityModel, example: Sequence[torch.Tensor]) -> torch.export.ExportedProgram:
     """torch.export with a dynamic batch dimension (non-strict: TorchRec's KJT is Python)."""
     batch = torch.export.Dim("batch", min=1, max=1 << 24)
-    return torch.export.export(model.eval(), tuple(example),
-                               dynamic_shapes={"dense": {0: batch}, "sparse": {0: batch}}, strict=False)
+    return torch.export.export(
+        model.eval(), tuple(example), dynamic_shapes={"dense": {0: batch}, "sparse": {0: batch}}, strict=False
+    )
 
 
 def fp32_program(model: ProbabilityModel, example: Sequence[torch.Tensor]) -> torch.export.ExportedProgram:
@@ -118,8 +118,14 @@ def fp32_program(model: ProbabilityModel, example: Sequence[torch.Tensor]) -> to
     the tables while it runs): its graph has as many nodes for 500 features as for 26,
     where TorchRec's collection emits a chain per feature (21,561 nodes at 200
     features, a program torch.export.load did not load in 600 s)."""
-    batched = ProbabilityModel(model.dlrm, model.sparse_feature_names, model.hotness, concatenated_tables=True,
-                               padded=model.padded, calibration=model.calibration)
+    batched = ProbabilityModel(
+        model.dlrm,
+        model.sparse_feature_names,
+        model.hotness,
+        concatenated_tables=True,
+        padded=model.padded,
+        calibration=model.calibration,
+    )
     return export_program(batched, example)
 
 
@@ -133,10 +139,12 @@ def quantized_model(model: ProbabilityModel, dtype: torch.dtype) -> ProbabilityM
     quantization: FBGEMM's kernel looks them up); ``model`` is left as it is."""
     table_names = list(model.dlrm.sparse_arch.embedding_bag_collection.embedding_bags.keys())
     with quieted(EAGER_QUANTIZATION_NOTICES):
-        quantized = quantize_inference_model(copy.deepcopy(model.dlrm),
-                                             per_table_weight_dtype={t: dtype for t in table_names})
-    return ProbabilityModel(quantized, model.sparse_feature_names, model.hotness, padded=model.padded,
-                            calibration=model.calibration).eval()
+        quantized = quantize_inference_model(
+            copy.deepcopy(model.dlrm), per_table_weight_dtype={t: dtype for t in table_names}
+        )
+    return ProbabilityModel(
+        quantized, model.sparse_feature_names, model.hotness, padded=model.padded, calibration=model.calibration
+    ).eval()
 
 
 class _NoCacheLocations:
@@ -151,8 +159,9 @@ class _NoCacheLocations:
         return self.empty
 
 
-def quantized_program(model: ProbabilityModel, dtype: torch.dtype,
-                      example: Sequence[torch.Tensor]) -> torch.export.ExportedProgram:
+def quantized_program(
+    model: ProbabilityModel, dtype: torch.dtype, example: Sequence[torch.Tensor]
+) -> torch.export.ExportedProgram:
     """torch.export of ``model`` with its tables quantized to ``dtype``; the graph
     calls FBGEMM's inference operators (bounds check, lookup), and reads each
     feature's bag count as a data-dependent size (u0...).
@@ -196,10 +205,12 @@ def compile_aoti(program: torch.export.ExportedProgram, path: str) -> None:
     """Compiles ``program`` with AOTInductor into the package ``path`` (a ``.pt2``)."""
     with quieted(INDUCTOR_NOTICES):
         import torch._inductor  # here: slow to import, and only --format aoti needs it
+
         # The input columns go into the package's metadata: loaders check them against
         # inputs.json before its compiled code runs (serving/model_files.py).
         torch._inductor.aoti_compile_and_package(
-            program, package_path=path, inductor_configs={"aot_inductor.metadata": aoti_metadata(program)})
+            program, package_path=path, inductor_configs={"aot_inductor.metadata": aoti_metadata(program)}
+        )
 
 
 def _check_compiler() -> None:
@@ -209,12 +220,19 @@ def _check_compiler() -> None:
     try:
         get_cpp_compiler()
     except Exception as e:  # inductor raises its own types when no compiler is found
-        raise ExportError(f"--format {AOTI_FORMAT} compiles C++, and no C++ compiler was found "
-                          f"({type(e).__name__}): install g++ (Debian: apt-get install g++)") from e
+        raise ExportError(
+            f"--format {AOTI_FORMAT} compiles C++, and no C++ compiler was found "
+            f"({type(e).__name__}): install g++ (Debian: apt-get install g++)"
+        ) from e
 
 
-def describe_inputs(model_config: ModelConfig, meta: CheckpointMeta, checkpoint: str,
-                    max_bag_size: int = DEFAULT_MAX_BAG_SIZE, training_data: Optional[str] = None) -> ModelInputs:
+def describe_inputs(
+    model_config: ModelConfig,
+    meta: CheckpointMeta,
+    checkpoint: str,
+    max_bag_size: int = DEFAULT_MAX_BAG_SIZE,
+    training_data: str | None = None,
+) -> ModelInputs:
     """inputs.json without the variants: what a predictor needs to turn input lines into
     the model's inputs, in the serving layout the checkpoint (``meta``) records (of an
     older one, its data source's), described by that layout from meta.json alone
@@ -223,15 +241,23 @@ def describe_inputs(model_config: ModelConfig, meta: CheckpointMeta, checkpoint:
     data is now, which its export reads)."""
     name = meta.serving_layout or SOURCES[meta.source_name].serving_layout
     if name not in LAYOUTS:
-        raise BadInput(f"{checkpoint}/meta.json: serving_layout is {name}, a layout this code does not serve "
-                       f"({', '.join(LAYOUTS)})")
+        raise BadInput(
+            f"{checkpoint}/meta.json: serving_layout is {name}, a layout this code does not serve "
+            f"({', '.join(LAYOUTS)})"
+        )
     described = LAYOUTS[name].describe(Checkpoint(checkpoint, meta, model_config, max_bag_size, training_data))
     return ModelInputs(**vars(described), checkpoint=checkpoint, step=meta.step)
 
 
-def export_model(checkpoint: str, output: str, quantize: list[str], newest: bool = False,
-                 max_bag_size: int = DEFAULT_MAX_BAG_SIZE, fmt: str = PROGRAM_FORMAT,
-                 training_data: Optional[str] = None) -> ModelInputs:
+def export_model(
+    checkpoint: str,
+    output: str,
+    quantize: list[str],
+    newest: bool = False,
+    max_bag_size: int = DEFAULT_MAX_BAG_SIZE,
+    fmt: str = PROGRAM_FORMAT,
+    training_data: str | None = None,
+) -> ModelInputs:
     """Writes the model directory (see the module docstring); returns its inputs.json.
 
     Raises ExportError when ``output`` exists (a file, or a directory that is not
@@ -241,8 +267,15 @@ def export_model(checkpoint: str, output: str, quantize: list[str], newest: bool
     return _export_checkpoint(checkpoint, output, quantize, newest, max_bag_size, fmt, training_data)[0]
 
 
-def _export_checkpoint(checkpoint: str, output: str, quantize: list[str], newest: bool, max_bag_size: int,
-                       fmt: str, training_data: Optional[str] = None) -> tuple[ModelInputs, OpenedCheckpoint]:
+def _export_checkpoint(
+    checkpoint: str,
+    output: str,
+    quantize: list[str],
+    newest: bool,
+    max_bag_size: int,
+    fmt: str,
+    training_data: str | None = None,
+) -> tuple[ModelInputs, OpenedCheckpoint]:
     """`export_model`, and the checkpoint it opened (once: its manifest, meta.json and
     .metadata are read by every step of the export from that)."""
     _check_output(output)
@@ -278,9 +311,15 @@ def _no_space(error: BaseException) -> bool:
     return any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in causes)
 
 
-def _write_model_dir(checkpoint: str, output: str, quantize: list[str], newest: bool,
-                     max_bag_size: int, fmt: str,
-                     training_data: Optional[str]) -> tuple[ModelInputs, OpenedCheckpoint]:
+def _write_model_dir(
+    checkpoint: str,
+    output: str,
+    quantize: list[str],
+    newest: bool,
+    max_bag_size: int,
+    fmt: str,
+    training_data: str | None,
+) -> tuple[ModelInputs, OpenedCheckpoint]:
     path = checkpoint_to_load(checkpoint, "--checkpoint", prefer_best=not newest)
     opened = open_checkpoint(path)
     train_model, meta = load_checkpoint_model(opened)
@@ -290,17 +329,27 @@ def _write_model_dir(checkpoint: str, output: str, quantize: list[str], newest: 
     # inside every exported variant and recorded in inputs.json.
     inputs.calibration = meta.calibration
     vocabulary = _vocabulary(inputs)
-    model = ProbabilityModel(train_model.model, model_config.sparse_feature_names, inputs.sparse_hotness,
-                             padded=inputs.padded, calibration=meta.calibration).eval()
+    model = ProbabilityModel(
+        train_model.model,
+        model_config.sparse_feature_names,
+        inputs.sparse_hotness,
+        padded=inputs.padded,
+        calibration=meta.calibration,
+    ).eval()
 
     with atomic_dir(output, replace=False) as tmp:  # an empty --output is replaced, checked above
-        example = (torch.zeros(4, model_config.dense_in_features),
-                   torch.zeros(4, sum(inputs.sparse_hotness), dtype=torch.int64))
+        example = (
+            torch.zeros(4, model_config.dense_in_features),
+            torch.zeros(4, sum(inputs.sparse_hotness), dtype=torch.int64),
+        )
         files = {}
         with torch.no_grad():
             for precision in ["fp32", *quantize]:
-                program = fp32_program(model, example) if precision == "fp32" else \
-                    quantized_program(model, QUANTIZED_DTYPES[precision], example)
+                program = (
+                    fp32_program(model, example)
+                    if precision == "fp32"
+                    else quantized_program(model, QUANTIZED_DTYPES[precision], example)
+                )
                 file = program_file(precision)
                 with naming_write_errors(os.path.join(output, file)):  # errors name the files as the output will
                     save_program(program, os.path.join(tmp, file))
@@ -310,8 +359,9 @@ def _write_model_dir(checkpoint: str, output: str, quantize: list[str], newest: 
                 package = aoti_file(precision)
                 with naming_write_errors(os.path.join(output, package)):
                     compile_aoti(program, os.path.join(tmp, package))
-                    write_triton_model(tmp, precision, package, model_config.dense_in_features,
-                                       sum(inputs.sparse_hotness))
+                    write_triton_model(
+                        tmp, precision, package, model_config.dense_in_features, sum(inputs.sparse_hotness)
+                    )
                 files[aoti_variant(precision)] = (package, AOTI_FORMAT)
         for name, (file, fmt) in files.items():
             inputs.variants[name] = Variant(file, fmt, os.path.getsize(os.path.join(tmp, file)))
@@ -320,35 +370,38 @@ def _write_model_dir(checkpoint: str, output: str, quantize: list[str], newest: 
                 shutil.copyfile(vocabulary, os.path.join(tmp, VOCABULARY_FILE))
             inputs.preprocessing.vocabulary = VOCABULARY_FILE  # type: ignore[attr-defined]
         # The directory is renamed whole below: its files need no temporary names.
-        with naming_write_errors(os.path.join(output, INPUTS_FILE)), \
-                open(os.path.join(tmp, INPUTS_FILE), "wb") as f:
+        with naming_write_errors(os.path.join(output, INPUTS_FILE)), open(os.path.join(tmp, INPUTS_FILE), "wb") as f:
             f.write(inputs.to_json())
         with naming_write_errors(os.path.join(output, MANIFEST_FILE)):
             write_manifest(tmp)  # last: every file's size and SHA-256
     return inputs, opened
 
 
-def _vocabulary(inputs: ModelInputs) -> Optional[str]:
+def _vocabulary(inputs: ModelInputs) -> str | None:
     """The vocabulary file of Criteo data made with a frequency threshold (raw hashes go
     through it), to copy beside the model; None for other data. The one file of the
     training data an export reads: its absence (the data moved) is refused up front,
     as serving without it would map every hash to other rows than training did."""
     preprocessing = inputs.preprocessing
-    if not (isinstance(preprocessing, CriteoPreprocessing) and inputs.data_path
-            and preprocessing.frequency_threshold > 0):
+    if not (
+        isinstance(preprocessing, CriteoPreprocessing) and inputs.data_path and preprocessing.frequency_threshold > 0
+    ):
         return None
     vocabulary = os.path.join(inputs.data_path, VOCABULARY_FILE)
     if not os.path.exists(vocabulary):
-        raise BadInput(f"{vocabulary}: no such file; the data was made with frequency threshold "
-                       f"{preprocessing.frequency_threshold}, and serving maps raw hashes through its vocabulary: "
-                       f"pass {TRAINING_DATA_FLAG} with where the Criteo directory is now")
+        raise BadInput(
+            f"{vocabulary}: no such file; the data was made with frequency threshold "
+            f"{preprocessing.frequency_threshold}, and serving maps raw hashes through its vocabulary: "
+            f"pass {TRAINING_DATA_FLAG} with where the Criteo directory is now"
+        )
     return vocabulary
 
 
 def format_sizes(inputs: ModelInputs) -> str:
     """One line per variant: name, file, format, size on disk."""
-    return "\n".join(f"{name:>5}  {v.file:<9} {v.format:<13} {format_bytes(v.bytes):>10}"
-                     for name, v in inputs.variants.items())
+    return "\n".join(
+        f"{name:>5}  {v.file:<9} {v.format:<13} {format_bytes(v.bytes):>10}" for name, v in inputs.variants.items()
+    )
 
 
 def _quantize_list(text: str) -> list[str]:
@@ -366,39 +419,57 @@ class ExportConfig:
     checkpoint: str = flag(help="a checkpoint, or a --checkpoint_dir (the checkpoint marked best, else the newest)")
     newest: bool = flag(False, help="with a --checkpoint_dir, its newest checkpoint even when one is marked best")
     output: str = flag(help="the model directory to create")
-    quantize: list[str] = flag(["fp16", "int8"], parse=_quantize_list,
-                               help="quantized variants to write: fp16,int8 (default), fp16, int8 or none")
-    format: str = flag(PROGRAM_FORMAT, choices=EXPORT_FORMATS,
-                       help=f"{PROGRAM_FORMAT}: the torch.export programs of every precision, loaded without "
-                            f"running code; {AOTI_FORMAT}: also an AOTInductor package of each (compiled native code, "
-                            "for C++ servers and Triton's PyTorch backend: a triton/ model repository beside them)")
-    max_bag_size: int = flag(DEFAULT_MAX_BAG_SIZE, parse=positive_int,
-                             help="a model trained on Parquet: the ids a list column's bag may hold at serving "
-                                  "(a longer bag is refused)")
-    training_data: Optional[str] = flag(
-        None, help="a checkpoint older than meta.json version 6, which does not record what serving needs of its "
-                   "data: where its training data (Parquet table, feature_spec.yaml, Criteo directory) is now")
+    quantize: list[str] = flag(
+        ["fp16", "int8"],
+        parse=_quantize_list,
+        help="quantized variants to write: fp16,int8 (default), fp16, int8 or none",
+    )
+    format: str = flag(
+        PROGRAM_FORMAT,
+        choices=EXPORT_FORMATS,
+        help=f"{PROGRAM_FORMAT}: the torch.export programs of every precision, loaded without "
+        f"running code; {AOTI_FORMAT}: also an AOTInductor package of each (compiled native code, "
+        "for C++ servers and Triton's PyTorch backend: a triton/ model repository beside them)",
+    )
+    max_bag_size: int = flag(
+        DEFAULT_MAX_BAG_SIZE,
+        parse=positive_int,
+        help="a model trained on Parquet: the ids a list column's bag may hold at serving (a longer bag is refused)",
+    )
+    training_data: str | None = flag(
+        None,
+        help="a checkpoint older than meta.json version 6, which does not record what serving needs of its "
+        "data: where its training data (Parquet table, feature_spec.yaml, Criteo directory) is now",
+    )
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """The command line."""
     parser = serving_parser("export", __doc__)
-    config, = parse_config(parser, [ExportConfig], argv)
+    (config,) = parse_config(parser, [ExportConfig], argv)
     quiet_benign_library_messages()  # notices every export prints that say nothing about this model
     return run_cli(lambda: _export(config), parser.prog)
 
 
 def _export(config: ExportConfig) -> int:
-    inputs, opened = _export_checkpoint(config.checkpoint, config.output, config.quantize, config.newest,
-                                        config.max_bag_size, config.format, config.training_data)
+    inputs, opened = _export_checkpoint(
+        config.checkpoint,
+        config.output,
+        config.quantize,
+        config.newest,
+        config.max_bag_size,
+        config.format,
+        config.training_data,
+    )
     calibrated = f", calibrated: {inputs.calibration.describe()}" if inputs.calibration else ""
-    print(f"exported {inputs.checkpoint} (step {inputs.step}{calibrated}) to {config.output}:\n"
-          + format_sizes(inputs))
+    print(f"exported {inputs.checkpoint} (step {inputs.step}{calibrated}) to {config.output}:\n" + format_sizes(inputs))
     asked = opened.meta.config.get("calibrate", "none")
     if inputs.calibration is None and asked != "none":
         # A checkpoint saved at a step without a validation (--newest, a cadence save).
-        print(f"note: the run had --calibrate {asked}, but this checkpoint holds no fit (no validation at its "
-              "step): its probabilities are the model's own")
+        print(
+            f"note: the run had --calibrate {asked}, but this checkpoint holds no fit (no validation at its "
+            "step): its probabilities are the model's own"
+        )
     return 0
 
 

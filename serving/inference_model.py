@@ -22,18 +22,17 @@ Example::
 
 import copy
 import itertools
-from typing import Optional
 
 import torch
 from torch import nn
-from torchrec.modules.embedding_configs import PoolingType
 from torchrec.models.dlrm import DLRMTrain
+from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from checkpoints.meta import CheckpointMeta
-from common.calibration import Calibration
 from checkpoints.load import check_stored_shapes, load_checkpoint
+from checkpoints.meta import CheckpointMeta
 from checkpoints.opened import OpenedCheckpoint, open_checkpoint
+from common.calibration import Calibration
 from models import build_dlrm_train
 from models.arch import PooledSparseArch
 from serving.model_inputs import PADDING_ID
@@ -62,8 +61,9 @@ def fixed_hot_features(keys: list[str], hotness: list[int], sparse: torch.Tensor
             length_parts.append(present.sum(1).to(torch.int32))
             start += size
         lengths = torch.cat(length_parts)
-        offsets = torch.cat([torch.zeros(1, dtype=torch.int32, device=device),
-                             torch.cumsum(lengths, 0, dtype=torch.int32)])
+        offsets = torch.cat(
+            [torch.zeros(1, dtype=torch.int32, device=device), torch.cumsum(lengths, 0, dtype=torch.int32)]
+        )
         return KeyedJaggedTensor(keys=keys, values=torch.cat(values_parts), lengths=lengths, offsets=offsets)
     if hotness == [hotness[0]] * num_features:
         # Every bag the same size (Criteo: one id each): a transpose and ranges, no
@@ -79,8 +79,7 @@ def fixed_hot_features(keys: list[str], hotness: list[int], sparse: torch.Tensor
         parts.append(sparse[:, start : start + size].reshape(-1))
         start += size
     lengths = torch.repeat_interleave(torch.tensor(hotness, dtype=torch.int32, device=device), batch)
-    offsets = torch.cat([torch.zeros(1, dtype=torch.int32, device=device),
-                         torch.cumsum(lengths, 0, dtype=torch.int32)])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int32, device=device), torch.cumsum(lengths, 0, dtype=torch.int32)])
     return KeyedJaggedTensor(keys=keys, values=torch.cat(parts), lengths=lengths, offsets=offsets)
 
 
@@ -108,14 +107,20 @@ class ConcatenatedTables(nn.Module):
         lookup(torch.tensor([[4, 0, 1, 2]])).shape  # (1, 2, D)
     """
 
-    def __init__(self, sparse_arch: PooledSparseArch, sparse_feature_names: list[str], hotness: list[int],
-                 padded: bool = False) -> None:
+    def __init__(
+        self, sparse_arch: PooledSparseArch, sparse_feature_names: list[str], hotness: list[int], padded: bool = False
+    ) -> None:
         super().__init__()
         configs = sparse_arch.embedding_bag_collection.embedding_bag_configs()
-        if sparse_arch.output_order is not None or any(c.pooling != PoolingType.SUM for c in configs) or \
-                sparse_feature_names != sparse_arch.sparse_feature_names:
-            raise ValueError("ConcatenatedTables takes an unsharded collection of sum-pooled tables, "
-                             "with the ids' columns in its feature order")
+        if (
+            sparse_arch.output_order is not None
+            or any(c.pooling != PoolingType.SUM for c in configs)
+            or sparse_feature_names != sparse_arch.sparse_feature_names
+        ):
+            raise ValueError(
+                "ConcatenatedTables takes an unsharded collection of sum-pooled tables, "
+                "with the ids' columns in its feature order"
+            )
         bags = sparse_arch.embedding_bag_collection.embedding_bags
         tables = [config for config in configs for _ in config.feature_names]  # each feature's
         rows = [config.num_embeddings for config in tables]
@@ -125,14 +130,17 @@ class ConcatenatedTables(nn.Module):
             weights.append(torch.zeros(1, sparse_arch.D, dtype=weights[0].dtype))
         self.weight = nn.Parameter(torch.cat(weights), requires_grad=False)
         # Per id column: its table's size and first row. Per feature: its first column.
-        self.register_buffer("column_rows", torch.tensor(rows).repeat_interleave(torch.tensor(hotness)),
-                             persistent=False)
-        self.register_buffer("column_first_row", torch.tensor(first_row).repeat_interleave(torch.tensor(hotness)),
-                             persistent=False)
-        self.register_buffer("feature_first_column", torch.tensor(list(itertools.accumulate(hotness[:-1], initial=0))),
-                             persistent=False)
+        self.register_buffer(
+            "column_rows", torch.tensor(rows).repeat_interleave(torch.tensor(hotness)), persistent=False
+        )
+        self.register_buffer(
+            "column_first_row", torch.tensor(first_row).repeat_interleave(torch.tensor(hotness)), persistent=False
+        )
+        self.register_buffer(
+            "feature_first_column", torch.tensor(list(itertools.accumulate(hotness[:-1], initial=0))), persistent=False
+        )
         self.total_rows = sum(rows)
-        self.padding_row: Optional[int] = self.total_rows if padded else None
+        self.padding_row: int | None = self.total_rows if padded else None
         self.outside_row = self.total_rows + int(padded)  # past the last row of the weight
         self.num_columns = sum(hotness)
         self.F = len(tables)
@@ -144,10 +152,12 @@ class ConcatenatedTables(nn.Module):
         rows = torch.where(in_table, ids + self.column_first_row, self.outside_row)
         if self.padding_row is not None:
             rows = torch.where(ids == PADDING_ID, self.padding_row, rows)
-        bag_starts = (torch.arange(batch, device=ids.device) * self.num_columns).unsqueeze(1) \
-            + self.feature_first_column
-        pooled = nn.functional.embedding_bag(rows.reshape(-1), self.weight, bag_starts.reshape(-1), mode="sum",
-                                             padding_idx=self.padding_row)
+        bag_starts = (torch.arange(batch, device=ids.device) * self.num_columns).unsqueeze(
+            1
+        ) + self.feature_first_column
+        pooled = nn.functional.embedding_bag(
+            rows.reshape(-1), self.weight, bag_starts.reshape(-1), mode="sum", padding_idx=self.padding_row
+        )
         return pooled.view(batch, self.F, self.D)
 
     # The two halves of `PooledSparseArch`'s lookup, which `OverlappedDLRM` calls apart.
@@ -197,9 +207,15 @@ class ProbabilityModel(nn.Module):
             None: the model's own probabilities.
     """
 
-    def __init__(self, dlrm: nn.Module, sparse_feature_names: list[str],
-                 hotness: Optional[list[int]] = None, concatenated_tables: bool = False,
-                 padded: bool = False, calibration: Optional[Calibration] = None) -> None:
+    def __init__(
+        self,
+        dlrm: nn.Module,
+        sparse_feature_names: list[str],
+        hotness: list[int] | None = None,
+        concatenated_tables: bool = False,
+        padded: bool = False,
+        calibration: Calibration | None = None,
+    ) -> None:
         super().__init__()
         self.calibration = calibration
         self.calibrate = CalibratedProbability(calibration) if calibration is not None else None
@@ -217,8 +233,11 @@ class ProbabilityModel(nn.Module):
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         # The DLRMs hand their sparse input to the sparse arch untouched: ids for ConcatenatedTables.
-        features = sparse if self.concatenated_tables else \
-            fixed_hot_features(self.sparse_feature_names, self.hotness, sparse, self.padded)
+        features = (
+            sparse
+            if self.concatenated_tables
+            else fixed_hot_features(self.sparse_feature_names, self.hotness, sparse, self.padded)
+        )
         logits = self.dlrm(dense, features).squeeze(-1)
         if self.calibrate is not None:
             return self.calibrate(logits)
@@ -246,4 +265,3 @@ def load_checkpoint_model(checkpoint: str | OpenedCheckpoint) -> tuple[DLRMTrain
     load_checkpoint(opened, state, rank=0, restore_rng=False)
     model.load_state_dict(state["model"])
     return model.eval(), meta
-

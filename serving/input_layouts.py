@@ -7,5 +7,14 @@ from serving.layouts.criteo_lines import CriteoLines
 from serving.layouts.csv_rows import CsvRows
 from serving.layouts.parquet_rows import ParquetRows
 
-__all__ = ["LAYOUTS", "CriteoLines", "CsvRows", "Features", "InputLayout", "MalformedLineError", "ParquetRows",
-           "ParsedLines", "load_layout"]
+__all__ = [
+    "LAYOUTS",
+    "CriteoLines",
+    "CsvRows",
+    "Features",
+    "InputLayout",
+    "MalformedLineError",
+    "ParquetRows",
+    "ParsedLines",
+    "load_layout",
+]

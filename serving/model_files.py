@@ -43,8 +43,8 @@ import os
 import re
 import sys
 import zipfile
-from typing import Any, Optional
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -98,13 +98,17 @@ def write_manifest(directory: str) -> dict[str, ManifestEntry]:
     return files
 
 
-def read_manifest(model_dir: str) -> Optional[dict[str, ManifestEntry]]:
+def read_manifest(model_dir: str) -> dict[str, ManifestEntry] | None:
     """The directory's manifest; None (with a warning) for an export made before manifests."""
     path = os.path.join(model_dir, MANIFEST_FILE)
     if not os.path.exists(path):
         if os.path.isdir(model_dir):
-            print(f"warning: {model_dir} has no {MANIFEST_FILE} (exported before integrity checks): "
-                  "its files are loaded unverified", file=sys.stderr, flush=True)
+            print(
+                f"warning: {model_dir} has no {MANIFEST_FILE} (exported before integrity checks): "
+                "its files are loaded unverified",
+                file=sys.stderr,
+                flush=True,
+            )
         return None
     try:
         with open(path, "rb") as f:
@@ -113,7 +117,7 @@ def read_manifest(model_dir: str) -> Optional[dict[str, ManifestEntry]]:
         raise BadInput(f"{path}: not a model manifest ({e})") from e
 
 
-def read_file(model_dir: str, name: str, manifest: Optional[dict[str, ManifestEntry]]) -> bytes:
+def read_file(model_dir: str, name: str, manifest: dict[str, ManifestEntry] | None) -> bytes:
     """One file of the directory, checked against the manifest (BadInput naming it)."""
     path = os.path.join(model_dir, name)
     if os.path.basename(name) != name:
@@ -128,8 +132,14 @@ def read_file(model_dir: str, name: str, manifest: Optional[dict[str, ManifestEn
     return data
 
 
-def load_model_file(model_dir: str, name: str, fmt: str, manifest: Optional[dict[str, ManifestEntry]],
-                    input_columns: Optional[dict[str, int]] = None, trust_native_code: bool = False) -> Any:
+def load_model_file(
+    model_dir: str,
+    name: str,
+    fmt: str,
+    manifest: dict[str, ManifestEntry] | None,
+    input_columns: dict[str, int] | None = None,
+    trust_native_code: bool = False,
+) -> Any:
     """The callable model in ``name`` (a torch.export program or, trusted, an
     AOTInductor package), after the manifest and the safety checks (module
     docstring). BadInput naming the file otherwise.
@@ -146,9 +156,11 @@ def load_model_file(model_dir: str, name: str, fmt: str, manifest: Optional[dict
     if fmt == AOTI_FORMAT:
         return _load_aoti_package(model_dir, name, manifest, trust_native_code, input_columns)
     if fmt == TORCHSCRIPT_FORMAT:
-        raise ReexportNeeded(f"{path}: a TorchScript variant of an older export, no longer loaded (the quantized "
-                             "variants are torch.export programs now): export the checkpoint again "
-                             "(python -m serving.export)")
+        raise ReexportNeeded(
+            f"{path}: a TorchScript variant of an older export, no longer loaded (the quantized "
+            "variants are torch.export programs now): export the checkpoint again "
+            "(python -m serving.export)"
+        )
     data = read_file(model_dir, name, manifest)
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
@@ -167,22 +179,33 @@ def load_model_file(model_dir: str, name: str, fmt: str, manifest: Optional[dict
 
 def _check_input_columns(taken: dict[str, int], described: dict[str, int], path: str) -> None:
     if taken != described:
-        raise BadInput(f"{path} takes inputs of {_columns(taken)}, the directory's inputs.json describes "
-                       f"{_columns(described)}: the file is another model's")
+        raise BadInput(
+            f"{path} takes inputs of {_columns(taken)}, the directory's inputs.json describes "
+            f"{_columns(described)}: the file is another model's"
+        )
 
 
-def _load_aoti_package(model_dir: str, name: str, manifest: Optional[dict[str, ManifestEntry]],
-                       trusted: bool, input_columns: Optional[dict[str, int]] = None) -> Any:
+def _load_aoti_package(
+    model_dir: str,
+    name: str,
+    manifest: dict[str, ManifestEntry] | None,
+    trusted: bool,
+    input_columns: dict[str, int] | None = None,
+) -> Any:
     """The AOTInductor package ``name``, loaded from the bytes the manifest vouches for
     (what was exported is what runs, even if the file changes meanwhile), after its
     recorded input columns are checked against ``input_columns`` (inputs.json's)."""
     path = os.path.join(model_dir, name)
     if not trusted:
-        raise NativeCodeRefused(f"{path} is an AOTInductor package: compiled native code that runs when it is "
-                                f"loaded; pass {TRUST_FLAG} to load it (only for a model directory you trust)")
+        raise NativeCodeRefused(
+            f"{path} is an AOTInductor package: compiled native code that runs when it is "
+            f"loaded; pass {TRUST_FLAG} to load it (only for a model directory you trust)"
+        )
     if manifest is None:
-        raise NativeCodeRefused(f"{path}: an AOTInductor package is loaded only from a model directory with its "
-                                f"{MANIFEST_FILE}, which vouches for its bytes")
+        raise NativeCodeRefused(
+            f"{path}: an AOTInductor package is loaded only from a model directory with its "
+            f"{MANIFEST_FILE}, which vouches for its bytes"
+        )
     data = read_file(model_dir, name, manifest)
     if input_columns is not None:
         try:
@@ -192,6 +215,7 @@ def _load_aoti_package(model_dir: str, name: str, manifest: Optional[dict[str, M
             raise BadInput(f"{path}: not an AOTInductor package (truncated or damaged?)") from e
         _check_input_columns(taken, input_columns, path)
     import torch._inductor  # here: slow to import, and only a trusted package needs it
+
     try:
         with quieted(INDUCTOR_NOTICES):
             return torch._inductor.aoti_load_package(io.BytesIO(data))
@@ -200,7 +224,7 @@ def _load_aoti_package(model_dir: str, name: str, manifest: Optional[dict[str, M
         raise BadInput(f"{path}: cannot be loaded ({type(e).__name__}: {first[:200]})") from e
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def allowed_references() -> dict[str, frozenset[str]]:
     """Format -> what its archives may use (``ALLOWED_REFERENCES_FILE``)."""
     with open(ALLOWED_REFERENCES_FILE) as f:
@@ -210,22 +234,63 @@ def allowed_references() -> dict[str, frozenset[str]]:
 # ---------------------------------------------------------------- torch.export archives
 
 # Archive members (below the archive's root folder) torch.export.save writes for us.
-_PT2_MEMBER = re.compile(r"(archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id"
-                         r"|models/\w+\.json|data/sample_inputs/\w+\.pt|data/weights/\w+(\.json)?"
-                         r"|data/constants/\w+(\.json)?)")
+_PT2_MEMBER = re.compile(
+    r"(archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id"
+    r"|models/\w+\.json|data/sample_inputs/\w+\.pt|data/weights/\w+(\.json)?"
+    r"|data/constants/\w+(\.json)?)"
+)
 # Symbolic shapes, as sympy constructor calls: sympy evaluates them with eval().
 _SYMPY_TOKEN = re.compile(r"\s*(?:(?P<word>[A-Za-z_]\w*)|'[a-z]\w*'|-?\d+|[(),=])")
-_SYMPY_WORDS = frozenset({"Add", "Mul", "Pow", "Integer", "Rational", "Symbol", "Max", "Min", "Mod", "FloorDiv",
-                          "PythonMod", "CleanDiv", "CeilToInt", "FloorToInt", "TruncToInt", "IntTrueDiv",
-                          "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "Equality", "Unequality", "GreaterThan",
-                          "LessThan", "StrictGreaterThan", "StrictLessThan", "And", "Or", "Not", "True", "False",
-                          "positive", "integer", "nonnegative", "real", "finite"})
+_SYMPY_WORDS = frozenset(
+    {
+        "Add",
+        "Mul",
+        "Pow",
+        "Integer",
+        "Rational",
+        "Symbol",
+        "Max",
+        "Min",
+        "Mod",
+        "FloorDiv",
+        "PythonMod",
+        "CleanDiv",
+        "CeilToInt",
+        "FloorToInt",
+        "TruncToInt",
+        "IntTrueDiv",
+        "Eq",
+        "Ne",
+        "Lt",
+        "Le",
+        "Gt",
+        "Ge",
+        "Equality",
+        "Unequality",
+        "GreaterThan",
+        "LessThan",
+        "StrictGreaterThan",
+        "StrictLessThan",
+        "And",
+        "Or",
+        "Not",
+        "True",
+        "False",
+        "positive",
+        "integer",
+        "nonnegative",
+        "real",
+        "finite",
+    }
+)
 # Guards (executed as Python): sizes and strides of the inputs, compared and combined.
-_GUARD_TOKEN = re.compile(r"\s*(?:L\['\w+'\]|\.size\(\)|\.stride\(\)|\[\d+\]|-?\d+|==|!=|<=|>=|//|[-+*%<>()]"
-                          r"|\b(and|or|not)\b)")
+_GUARD_TOKEN = re.compile(
+    r"\s*(?:L\['\w+'\]|\.size\(\)|\.stride\(\)|\[\d+\]|-?\d+|==|!=|<=|>=|//|[-+*%<>()]"
+    r"|\b(and|or|not)\b)"
+)
 
 
-def _tokens_match(text: str, token: "re.Pattern[str]", words: Optional[frozenset] = None) -> bool:
+def _tokens_match(text: str, token: "re.Pattern[str]", words: frozenset | None = None) -> bool:
     position = 0
     while position < len(text.rstrip()):
         match = token.match(text, position)
@@ -237,7 +302,7 @@ def _tokens_match(text: str, token: "re.Pattern[str]", words: Optional[frozenset
     return True
 
 
-def _strings(tree: Any, key: Optional[str] = None) -> Iterator[tuple]:
+def _strings(tree: Any, key: str | None = None) -> Iterator[tuple]:
     """(key, string) of every string of a JSON tree, under the nearest dict key."""
     if isinstance(tree, dict):
         for k, v in tree.items():
@@ -271,13 +336,18 @@ def _members(archive: zipfile.ZipFile) -> Iterator[tuple[str, str]]:
     names = archive.namelist()
     root = names[0].split("/", 1)[0] if names else ""
     for name in names:
-        yield name, name[len(root) + 1:] if name.startswith(root + "/") else name
+        yield name, name[len(root) + 1 :] if name.startswith(root + "/") else name
 
 
 def program_targets(archive: zipfile.ZipFile) -> set[str]:
     """Every graph node target (operator) of a torch.export archive's programs."""
-    return {text for name, member in _members(archive) if member.startswith("models/")
-            for key, text in _strings(json.loads(archive.read(name))) if key == "target"}
+    return {
+        text
+        for name, member in _members(archive)
+        if member.startswith("models/")
+        for key, text in _strings(json.loads(archive.read(name)))
+        if key == "target"
+    }
 
 
 def program_input_columns(archive: zipfile.ZipFile, path: str) -> dict[str, int]:
@@ -302,8 +372,11 @@ def exported_input_columns(program: "torch.export.ExportedProgram") -> dict[str,
     """Input name -> columns of a torch.export program's inputs (what
     `program_input_columns` reads back from its archive)."""
     inputs = set(program.graph_signature.user_inputs)
-    return {node.name: int(node.meta["val"].shape[1]) for node in program.graph.nodes
-            if node.op == "placeholder" and node.name in inputs}
+    return {
+        node.name: int(node.meta["val"].shape[1])
+        for node in program.graph.nodes
+        if node.op == "placeholder" and node.name in inputs
+    }
 
 
 def aoti_metadata(program: "torch.export.ExportedProgram") -> dict[str, str]:
@@ -323,15 +396,16 @@ def package_input_columns(archive: zipfile.ZipFile, path: str) -> dict[str, int]
                 if recorded is None:
                     continue
                 columns = json.loads(recorded)
-                if isinstance(columns, dict) and all(isinstance(k, str) and type(v) is int
-                                                     for k, v in columns.items()):
+                if isinstance(columns, dict) and all(isinstance(k, str) and type(v) is int for k, v in columns.items()):
                     return columns
             except (ValueError, AttributeError, TypeError):
                 pass  # not the export's record: refused below
             raise BadInput(f"{path}: its recorded input columns ({name}) do not read as the export writes them")
-    raise ReexportNeeded(f"{path}: an AOTInductor package that does not record its input columns (exported "
-                         "before packages kept them): export the checkpoint again (python -m serving.export "
-                         "--format aoti)")
+    raise ReexportNeeded(
+        f"{path}: an AOTInductor package that does not record its input columns (exported "
+        "before packages kept them): export the checkpoint again (python -m serving.export "
+        "--format aoti)"
+    )
 
 
 def _columns(columns: dict[str, int]) -> str:
@@ -342,8 +416,9 @@ def check_exported_program(archive: zipfile.ZipFile, path: str) -> None:
     """Raises UnsafeModelError unless loading this torch.export archive can run no code."""
     for name, member in _members(archive):
         if not _PT2_MEMBER.fullmatch(member):
-            raise UnsafeModelError(f"{path}: refused: unexpected archive member {name!r} "
-                                   "(compiled code, pickles or a legacy format)")
+            raise UnsafeModelError(
+                f"{path}: refused: unexpected archive member {name!r} (compiled code, pickles or a legacy format)"
+            )
         if member.endswith(".json"):
             try:
                 content = json.loads(archive.read(name))
@@ -353,8 +428,9 @@ def check_exported_program(archive: zipfile.ZipFile, path: str) -> None:
                 _check_program_json(content, name, path)
             else:  # weights and constants: raw tensors only, never pickles or script objects
                 for fqn, payload in (content.get("config") or {}).items():
-                    if payload.get("use_pickle") or not re.fullmatch(r"(weight|tensor)_\d+",
-                                                                     str(payload.get("path_name"))):
+                    if payload.get("use_pickle") or not re.fullmatch(
+                        r"(weight|tensor)_\d+", str(payload.get("path_name"))
+                    ):
                         raise UnsafeModelError(f"{path}: refused: {fqn} is stored as a pickled object ({name})")
         elif member.startswith("data/sample_inputs/"):
             try:

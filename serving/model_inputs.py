@@ -23,16 +23,26 @@ Example::
 
 import os
 from dataclasses import dataclass, field
-from typing import Optional
 
 from common.calibration import Calibration
-from common.json_fields import (INTEGER, OBJECT, REQUIRED, TEXT, FileFieldError, JsonObject, int_list, one_of,
-                                optional, text_list, versioned_json)
+from common.json_fields import (
+    INTEGER,
+    OBJECT,
+    REQUIRED,
+    TEXT,
+    FileFieldError,
+    JsonObject,
+    int_list,
+    one_of,
+    optional,
+    text_list,
+    versioned_json,
+)
 from common.manifest import ManifestEntry
-from data.criteo_layout import DENSE_FEATURE_NAMES
-from data.parquet_columns import ParquetColumns
+from data.binary.criteo_layout import DENSE_FEATURE_NAMES
+from data.parquet.columns import ParquetColumns
 from serving.layouts import LAYOUTS
-from serving.layouts.base import PADDING_ID, LayoutRecord  # PADDING_ID: its readers import it from here
+from serving.layouts.base import PADDING_ID, LayoutRecord  # noqa: F401  (PADDING_ID: its readers import it from here)
 from serving.layouts.criteo_lines import CriteoPreprocessing
 from serving.layouts.csv_rows import FeatureSpecColumns, csv_columns
 from serving.layouts.parquet_rows import ParquetPreprocessing, parquet_columns
@@ -106,11 +116,11 @@ class ModelInputs:
     sparse_hotness: list[int]
     num_embeddings_per_feature: list[int]
     preprocessing: Preprocessing
-    data_path: Optional[str]
+    data_path: str | None
     checkpoint: str
     step: int
     variants: dict[str, Variant] = field(default_factory=dict)
-    calibration: Optional[Calibration] = None
+    calibration: Calibration | None = None
     version: int = INPUTS_VERSION
 
     @property
@@ -148,11 +158,16 @@ class ModelInputs:
         names = document.get("sparse_feature_names", text_list())
         count = len(names)
         layout = document.get("layout", one_of(*LAYOUTS), CRITEO_LAYOUT if legacy else REQUIRED)
-        dense_names = document.get("dense_feature_names", text_list(allow_empty=True),  # empty: ids only
-                                   list(DENSE_FEATURE_NAMES) if legacy else REQUIRED)
+        dense_names = document.get(
+            "dense_feature_names",
+            text_list(allow_empty=True),  # empty: ids only
+            list(DENSE_FEATURE_NAMES) if legacy else REQUIRED,
+        )
         if legacy and document.get("num_dense_features", INTEGER) != len(dense_names):
-            raise FileFieldError(f"{path}: num_dense_features is {document.value['num_dense_features']}, "
-                                 f"but dense_feature_names has {len(dense_names)} names")
+            raise FileFieldError(
+                f"{path}: num_dense_features is {document.value['num_dense_features']}, "
+                f"but dense_feature_names has {len(dense_names)} names"
+            )
         hotness = document.get("sparse_hotness", int_list(count, minimum=1), [1] * count if legacy else REQUIRED)
         preprocessing = LAYOUTS[layout].record.read(document, legacy, count)
         preprocessing.check(dense_names, names, hotness, path)
@@ -166,8 +181,11 @@ class ModelInputs:
             checkpoint=document.get("checkpoint", TEXT),
             step=document.get("step", INTEGER),
             variants=_read_variants(document),
-            calibration=(Calibration.read(document.object("calibration"))
-                         if document.get("calibration", optional(OBJECT), None) is not None else None),
+            calibration=(
+                Calibration.read(document.object("calibration"))
+                if document.get("calibration", optional(OBJECT), None) is not None
+                else None
+            ),
         )
 
 
@@ -175,13 +193,13 @@ def _read_variants(document: JsonObject) -> dict[str, Variant]:
     variants = document.objects("variants")
     if not variants:
         raise FileFieldError(f"{document.path}: variants must name at least one model file, got {{}}")
-    return {name: Variant(file=v.get("file", TEXT), format=v.get("format", one_of(*FORMATS)),
-                          bytes=v.get("bytes", INTEGER))
-            for name, v in variants.items()}
+    return {
+        name: Variant(file=v.get("file", TEXT), format=v.get("format", one_of(*FORMATS)), bytes=v.get("bytes", INTEGER))
+        for name, v in variants.items()
+    }
 
 
-def read_inputs(model_dir: str, manifest: Optional[dict[str, ManifestEntry]] = None) -> ModelInputs:
+def read_inputs(model_dir: str, manifest: dict[str, ManifestEntry] | None = None) -> ModelInputs:
     """An exported model directory's inputs.json, checked against ``manifest`` (when
     given); FileFieldError naming the file and the field when it is malformed."""
     return ModelInputs.from_json(read_file(model_dir, INPUTS_FILE, manifest), os.path.join(model_dir, INPUTS_FILE))
-

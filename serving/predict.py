@@ -50,9 +50,9 @@ import argparse
 import math
 import os
 import sys
-from dataclasses import dataclass, field
-from typing import Optional, TextIO
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TextIO
 
 import numpy as np
 import pyarrow as pa
@@ -63,13 +63,13 @@ import torch.nn.functional as F
 from torchmetrics.classification import BinaryAUROC
 
 from common.atomic import atomic_path
-from common.click_metrics import summary_figures
 from common.cli import run_cli
+from common.click_metrics import summary_figures
 from common.config_flags import flag
 from common.errors import BadInput
 from common.json_fields import BOOLEAN, COUNTS, INTEGER, NUMBER, TEXT, JsonObject, optional, versioned_json
-from data.parquet_files import check_same_types, file_schema, list_files, read_footers, read_row_group
-from data.text_lines import DaySource, iter_line_chunks
+from data.parquet.files import check_same_types, file_schema, list_files, read_footers, read_row_group
+from data.text.text_lines import DaySource, iter_line_chunks
 from serving.cli import MODEL_DIR_HELP, parse_config, serving_parser
 from serving.layouts import load_layout
 from serving.layouts.base import InputLayout, ParsedLines
@@ -78,8 +78,10 @@ from serving.model_files import TRUST_FLAG, load_model_file, read_manifest
 from serving.model_inputs import PADDING_ID, VARIANTS, read_inputs
 
 # What --trust_native_code says in each serving command's --help.
-TRUST_HELP = ("load AOTInductor packages (the *_aoti variants): compiled native code that runs when loaded, so only "
-              "from a model directory you trust; without it only the code-free variants load")
+TRUST_HELP = (
+    "load AOTInductor packages (the *_aoti variants): compiled native code that runs when loaded, so only "
+    "from a model directory you trust; without it only the code-free variants load"
+)
 
 
 class Predictor:
@@ -100,8 +102,9 @@ class Predictor:
         p = predictor.predict_lines(b"1\t5\t...\n")  # or CSV rows, for a feature-spec model
     """
 
-    def __init__(self, model_dir: str, variant: str = "fp32", batch_size: int = 4096,
-                 trust_native_code: bool = False) -> None:
+    def __init__(
+        self, model_dir: str, variant: str = "fp32", batch_size: int = 4096, trust_native_code: bool = False
+    ) -> None:
         if not os.path.isdir(model_dir):
             raise BadInput(f"--model {model_dir}: no such directory")
         manifest = read_manifest(model_dir)
@@ -111,9 +114,14 @@ class Predictor:
         if batch_size <= 0:
             raise BadInput(f"--batch_size must be positive, got {batch_size}")
         entry = self.inputs.variants[variant]
-        self.model = load_model_file(model_dir, entry.file, entry.format, manifest,
-                                     {"dense": self.inputs.num_dense_features, "sparse": sum(self.inputs.sparse_hotness)},
-                                     trust_native_code)
+        self.model = load_model_file(
+            model_dir,
+            entry.file,
+            entry.format,
+            manifest,
+            {"dense": self.inputs.num_dense_features, "sparse": sum(self.inputs.sparse_hotness)},
+            trust_native_code,
+        )
         self.batch_size = batch_size
         self.layout: InputLayout = load_layout(self.inputs, model_dir, manifest)
         self.table_sizes = np.asarray(self.inputs.num_embeddings_per_feature, dtype=np.int64)
@@ -177,13 +185,15 @@ class Predictor:
                 out.append(self.model(dense_t[start:stop], sparse_t[start:stop]).float().numpy())
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 
-    def predict_lines(self, data: bytes, source: str = "<input>", first_line: int = 1,
-                      labelled: Optional[bool] = None) -> np.ndarray:
+    def predict_lines(
+        self, data: bytes, source: str = "<input>", first_line: int = 1, labelled: bool | None = None
+    ) -> np.ndarray:
         """Probabilities of whole input lines (see `prepare_lines`)."""
         return self.predict_transformed(*self.prepare_lines(data, source, first_line, labelled))
 
-    def prepare_lines(self, data: bytes, source: str = "<input>", first_line: int = 1,
-                      labelled: Optional[bool] = None) -> tuple[np.ndarray, np.ndarray]:
+    def prepare_lines(
+        self, data: bytes, source: str = "<input>", first_line: int = 1, labelled: bool | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The model's inputs for whole lines in the model's input layout (raw Criteo
         lines or BYO CSV rows, labelled or not; see the module docstring).
 
@@ -197,8 +207,14 @@ class Predictor:
         prepared = self.read_lines(data, source, first_line, labelled)
         return prepared.dense, prepared.ids
 
-    def read_lines(self, data: bytes, source: str = "<input>", first_line: int = 1,
-                   labelled: Optional[bool] = None, missing_as_null: bool = False) -> "PreparedLines":
+    def read_lines(
+        self,
+        data: bytes,
+        source: str = "<input>",
+        first_line: int = 1,
+        labelled: bool | None = None,
+        missing_as_null: bool = False,
+    ) -> "PreparedLines":
         """`prepare_lines`, with the labels and the count of unseen ids of each feature.
         ``missing_as_null``: a Parquet model's JSON rows may leave columns out, read as
         null (`ParquetRows.parse`; only when the caller asks for it explicitly)."""
@@ -255,9 +271,13 @@ class LabelledScores:
         y = torch.as_tensor(np.asarray(labels)).reshape(-1)
         self._auroc.update(p, y.int())
         target = y.double()
-        self._sums += [F.binary_cross_entropy(p.double(), target, reduction="sum").item(),
-                       ((p >= 0.5).double() == target).sum().item(), len(p), p.double().sum().item(),
-                       target.sum().item()]
+        self._sums += [
+            F.binary_cross_entropy(p.double(), target, reduction="sum").item(),
+            ((p >= 0.5).double() == target).sum().item(),
+            len(p),
+            p.double().sum().item(),
+            target.sum().item(),
+        ]
 
     def compute(self) -> dict[str, float]:
         samples = int(self._sums[2])
@@ -279,12 +299,12 @@ class PredictMetrics:
     input: str
     rows: int
     labelled: bool
-    auroc: Optional[float]
-    log_loss: Optional[float]
-    accuracy: Optional[float]
-    ne: Optional[float]
-    calibration: Optional[float]
-    positive_rate: Optional[float]
+    auroc: float | None
+    log_loss: float | None
+    accuracy: float | None
+    ne: float | None
+    calibration: float | None
+    positive_rate: float | None
     unseen_ids: int
     unseen_ids_by_feature: dict[str, int] = field(default_factory=dict)
     version: int = 1
@@ -295,8 +315,12 @@ class PredictMetrics:
         """The one line predict prints on stderr."""
         words = [f"{self.rows} rows"]
         if self.labelled:
-            words.append(", ".join(f"{name} {getattr(self, name):.6g}" if getattr(self, name) is not None
-                                   else f"{name} n/a" for name in self.FIGURES))
+            words.append(
+                ", ".join(
+                    f"{name} {getattr(self, name):.6g}" if getattr(self, name) is not None else f"{name} n/a"
+                    for name in self.FIGURES
+                )
+            )
         by_feature = ", ".join(f"{name} {n}" for name, n in self.unseen_ids_by_feature.items())
         words.append(f"unseen ids {self.unseen_ids}" + (f" ({by_feature})" if by_feature else ""))
         return "; ".join(words)
@@ -307,8 +331,9 @@ def _number(value: float) -> str:
     return np.format_float_positional(value, trim="-")
 
 
-def predict_file(predictor: Predictor, path: str, out: TextIO, chunk_bytes: int = 1 << 22,
-                 keep_columns: Sequence[str] = ()) -> tuple[int, Optional[LabelledScores], np.ndarray]:
+def predict_file(
+    predictor: Predictor, path: str, out: TextIO, chunk_bytes: int = 1 << 22, keep_columns: Sequence[str] = ()
+) -> tuple[int, LabelledScores | None, np.ndarray]:
     """Writes one probability per line of ``path`` to ``out`` (after the ``keep_columns``
     of the line, as CSV with a header, when some are named).
 
@@ -329,8 +354,7 @@ def predict_file(predictor: Predictor, path: str, out: TextIO, chunk_bytes: int 
         probabilities = predictor.predict_transformed(prepared.dense, prepared.ids)
         if keep_columns:
             kept = predictor.layout.columns(prepared.lines, list(keep_columns))
-            out.write("".join(",".join([*map(_number, row), f"{p:.7g}"]) + "\n"
-                              for row, p in zip(kept, probabilities)))
+            out.write("".join(",".join([*map(_number, row), f"{p:.7g}"]) + "\n" for row, p in zip(kept, probabilities)))
         else:
             out.write("".join(f"{p:.7g}\n" for p in probabilities))
         if labelled:
@@ -343,8 +367,9 @@ def predict_file(predictor: Predictor, path: str, out: TextIO, chunk_bytes: int 
 PROBABILITY_COLUMN = "probability"
 
 
-def predict_parquet(predictor: Predictor, path: str, output: str, keep_columns: Sequence[str] = (),
-                    final_output: Optional[str] = None) -> tuple[int, Optional[LabelledScores], np.ndarray]:
+def predict_parquet(
+    predictor: Predictor, path: str, output: str, keep_columns: Sequence[str] = (), final_output: str | None = None
+) -> tuple[int, LabelledScores | None, np.ndarray]:
     """Writes ``output`` (Parquet): the ``keep_columns`` of each row of the Parquet
     table ``path`` (a file, a directory whose Hive partitions become columns, a glob or
     a URL, as --parquet_path), then its probability; reads one row group at a time.
@@ -362,17 +387,20 @@ def predict_parquet(predictor: Predictor, path: str, output: str, keep_columns: 
     if final_output is not None and isinstance(filesystem, pafs.LocalFileSystem) and os.path.exists(final_output):
         same = [file for file in files if os.path.exists(file) and os.path.samefile(file, final_output)]
         if same:
-            raise BadInput(f"--output {final_output} is {same[0]}, a file of --input {path}: writing it would "
-                           "replace the input")
+            raise BadInput(
+                f"--output {final_output} is {same[0]}, a file of --input {path}: writing it would replace the input"
+            )
     footers, metadata, schema = read_footers(filesystem, root, files)
     labelled = layout.columns.label in schema.names
     missing = [name for name in keep_columns if name not in schema.names]
     if missing:
-        raise BadInput(f"--keep_columns {','.join(missing)}: not a column of --input {path} "
-                       f"(it has {', '.join(schema.names)})")
+        raise BadInput(
+            f"--keep_columns {','.join(missing)}: not a column of --input {path} (it has {', '.join(schema.names)})"
+        )
     columns = layout.columns
-    read = list(dict.fromkeys([*((columns.label,) if labelled else ()), *columns.dense, *columns.sparse,
-                               *keep_columns]))
+    read = list(
+        dict.fromkeys([*((columns.label,) if labelled else ()), *columns.dense, *columns.sparse, *keep_columns])
+    )
     for footer, meta in zip(footers, metadata):
         layout.check_schema(file_schema(footer, meta, schema), footer.path, labelled)
     check_same_types(footers, metadata, schema, read)
@@ -383,11 +411,15 @@ def predict_parquet(predictor: Predictor, path: str, output: str, keep_columns: 
             for group in range(len(footer.row_group_rows)):
                 table = read_row_group(filesystem, footer, schema, group, read)
                 prepared = layout.prepare_table(
-                    table, lambda row, file=footer.path, group=group: f"{file} row group {group} row {row}", labelled)
+                    table, lambda row, file=footer.path, group=group: f"{file} row group {group} row {row}", labelled
+                )
                 probabilities = predictor.predict_transformed(prepared.dense, prepared.sparse)
-                writer.write_table(pa.Table.from_arrays(
-                    [*(table.column(name) for name in keep_columns), pa.array(probabilities, pa.float32())],
-                    schema=out_schema))
+                writer.write_table(
+                    pa.Table.from_arrays(
+                        [*(table.column(name) for name in keep_columns), pa.array(probabilities, pa.float32())],
+                        schema=out_schema,
+                    )
+                )
                 if labelled:
                     scores.update(probabilities, prepared.labels)
                 rows += len(probabilities)
@@ -399,11 +431,15 @@ def read_predict_metrics(path: str) -> PredictMetrics:
     with open(path, "rb") as f:
         document, _ = JsonObject.versioned(f.read(), path, "serving.predict's metrics", current=1)
     return PredictMetrics(
-        model=document.get("model", TEXT), variant=document.get("variant", TEXT), input=document.get("input", TEXT),
-        rows=document.get("rows", INTEGER), labelled=document.get("labelled", BOOLEAN),
+        model=document.get("model", TEXT),
+        variant=document.get("variant", TEXT),
+        input=document.get("input", TEXT),
+        rows=document.get("rows", INTEGER),
+        labelled=document.get("labelled", BOOLEAN),
         **{name: document.get(name, optional(NUMBER)) for name in PredictMetrics.FIGURES},
         unseen_ids=document.get("unseen_ids", INTEGER),
-        unseen_ids_by_feature=document.get("unseen_ids_by_feature", COUNTS))
+        unseen_ids_by_feature=document.get("unseen_ids_by_feature", COUNTS),
+    )
 
 
 def column_list(text: str) -> list[str]:
@@ -418,45 +454,80 @@ class PredictConfig:
     """What ``python -m serving.predict`` reads, runs and writes."""
 
     model: str = flag(help=MODEL_DIR_HELP)
-    input: str = flag(help="raw Criteo lines (.tsv/.txt), or BYO CSV rows for a --dataset_path model; or .gz; "
-                           "Parquet (file, directory, glob, URL) for a --parquet_path model")
-    output: Optional[str] = flag(None, help="one probability per line (default stdout); Parquet for a "
-                                            "--parquet_path model (required)")
+    input: str = flag(
+        help="raw Criteo lines (.tsv/.txt), or BYO CSV rows for a --dataset_path model; or .gz; "
+        "Parquet (file, directory, glob, URL) for a --parquet_path model"
+    )
+    output: str | None = flag(
+        None, help="one probability per line (default stdout); Parquet for a --parquet_path model (required)"
+    )
     variant: str = flag("fp32", choices=VARIANTS, help="which exported model to use")
     trust_native_code: bool = flag(False, name=TRUST_FLAG.removeprefix("--"), help=TRUST_HELP)
     batch_size: int = flag(4096, help="rows per forward")
-    metrics_output: Optional[str] = flag(None, help="JSON file for the rows, unseen ids and (labelled input) AUROC, "
-                                                    "log loss, NE, calibration")
-    keep_columns: Sequence[str] = flag((), parse=column_list,
-                                       help="input columns written before each probability, comma-separated: label "
-                                            "for Criteo lines; names of the model's CSV columns for CSV rows (output "
-                                            "becomes CSV); any input columns for Parquet")
+    metrics_output: str | None = flag(
+        None, help="JSON file for the rows, unseen ids and (labelled input) AUROC, log loss, NE, calibration"
+    )
+    keep_columns: Sequence[str] = flag(
+        (),
+        parse=column_list,
+        help="input columns written before each probability, comma-separated: label "
+        "for Criteo lines; names of the model's CSV columns for CSV rows (output "
+        "becomes CSV); any input columns for Parquet",
+    )
 
 
-def file_metrics(predictor: Predictor, args: PredictConfig, rows: int, scores: Optional[LabelledScores],
-                 unseen: np.ndarray) -> PredictMetrics:
+def file_metrics(
+    predictor: Predictor, args: PredictConfig, rows: int, scores: LabelledScores | None, unseen: np.ndarray
+) -> PredictMetrics:
     """The metrics of one predict run (figures that are NaN become null: JSON has no NaN)."""
     figures = scores.compute() if scores is not None else {}
-    defined = {name: (None if name not in figures or math.isnan(figures[name]) else figures[name])
-               for name in PredictMetrics.FIGURES}
-    return PredictMetrics(model=args.model, variant=args.variant, input=args.input, rows=rows,
-                          labelled=scores is not None, **defined, unseen_ids=int(unseen.sum()),
-                          unseen_ids_by_feature=predictor.unseen_by_feature(unseen))
+    defined = {
+        name: (None if name not in figures or math.isnan(figures[name]) else figures[name])
+        for name in PredictMetrics.FIGURES
+    }
+    return PredictMetrics(
+        model=args.model,
+        variant=args.variant,
+        input=args.input,
+        rows=rows,
+        labelled=scores is not None,
+        **defined,
+        unseen_ids=int(unseen.sum()),
+        unseen_ids_by_feature=predictor.unseen_by_feature(unseen),
+    )
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """The command line."""
     parser = serving_parser("predict", __doc__)
-    config, = parse_config(parser, [PredictConfig], argv)
+    (config,) = parse_config(parser, [PredictConfig], argv)
     return run_cli(lambda: _predict(config, parser.prog), parser.prog)
 
 
 # The format a file name's suffix promises, for the suffixes a reader would go by.
-_SUFFIX_FORMATS = {".parquet": "Parquet", ".pq": "Parquet", ".csv": "text", ".tsv": "text", ".txt": "text",
-                   ".json": "JSON", ".jsonl": "JSON", ".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "zstd",
-                   ".zip": "zip", ".npy": "NumPy", ".npz": "NumPy", ".pt2": "a model", ".pt": "a model"}
-_FORMAT_WORDS = {"Parquet": ("Parquet", ".parquet"), "text": ("text (one probability per line, or CSV)", ".csv"),
-                 "JSON": ("JSON", ".json")}
+_SUFFIX_FORMATS = {
+    ".parquet": "Parquet",
+    ".pq": "Parquet",
+    ".csv": "text",
+    ".tsv": "text",
+    ".txt": "text",
+    ".json": "JSON",
+    ".jsonl": "JSON",
+    ".gz": "gzip",
+    ".bz2": "bzip2",
+    ".xz": "xz",
+    ".zst": "zstd",
+    ".zip": "zip",
+    ".npy": "NumPy",
+    ".npz": "NumPy",
+    ".pt2": "a model",
+    ".pt": "a model",
+}
+_FORMAT_WORDS = {
+    "Parquet": ("Parquet", ".parquet"),
+    "text": ("text (one probability per line, or CSV)", ".csv"),
+    "JSON": ("JSON", ".json"),
+}
 
 
 def check_output_suffix(output: str, fmt: str, flag: str = "--output") -> None:
@@ -468,8 +539,10 @@ def check_output_suffix(output: str, fmt: str, flag: str = "--output") -> None:
     if promised is not None and promised != fmt:
         words, good = _FORMAT_WORDS[fmt]
         stem = os.path.splitext(output)[0]
-        raise BadInput(f"{flag} {output}: a {suffix} name, but {flag} is written as {words}: name it "
-                       f"{stem if stem.endswith(good) else stem + good}")
+        raise BadInput(
+            f"{flag} {output}: a {suffix} name, but {flag} is written as {words}: name it "
+            f"{stem if stem.endswith(good) else stem + good}"
+        )
 
 
 def _inside(path: str, directory: str) -> bool:
@@ -477,7 +550,7 @@ def _inside(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
 
 
-def check_output(output: str, input_path: str, flag: str = "--output", model_dir: Optional[str] = None) -> None:
+def check_output(output: str, input_path: str, flag: str = "--output", model_dir: str | None = None) -> None:
     """Refuses, before any work, an output (given as ``flag``) that cannot be written or
     that would replace what the run reads: the --input (the same file under any name: a
     symlink, a hard link), a file of a local --input directory, or anything in the
@@ -491,30 +564,39 @@ def check_output(output: str, input_path: str, flag: str = "--output", model_dir
     resolved = os.path.realpath(output)
     if model_dir is not None and os.path.isdir(model_dir):
         if _inside(resolved, os.path.realpath(model_dir)):
-            raise BadInput(f"{flag} {output} is in the --model directory {model_dir}: writing it would change the "
-                           "model being read; write elsewhere")
+            raise BadInput(
+                f"{flag} {output} is in the --model directory {model_dir}: writing it would change the "
+                "model being read; write elsewhere"
+            )
         if os.path.exists(output):
             for parent_dir, _, names in os.walk(model_dir):
                 for name in names:
                     if os.path.samefile(output, os.path.join(parent_dir, name)):
-                        raise BadInput(f"{flag} {output} is {os.path.join(parent_dir, name)} of the --model "
-                                       "directory (a link to it): writing it would change the model being read")
+                        raise BadInput(
+                            f"{flag} {output} is {os.path.join(parent_dir, name)} of the --model "
+                            "directory (a link to it): writing it would change the model being read"
+                        )
     if os.path.isdir(input_path) and _inside(resolved, os.path.realpath(input_path)):
-        raise BadInput(f"{flag} {output} is in the --input directory {input_path}: it would become part of the "
-                       "input; write elsewhere")
+        raise BadInput(
+            f"{flag} {output} is in the --input directory {input_path}: it would become part of the "
+            "input; write elsewhere"
+        )
     if os.path.exists(output) and os.path.exists(input_path) and os.path.samefile(output, input_path):
         raise BadInput(f"{flag} {output} is the --input {input_path}: writing it would replace the input")
 
 
-def check_outputs(args: "PredictConfig", parquet: Optional[bool]) -> None:
+def check_outputs(args: "PredictConfig", parquet: bool | None) -> None:
     """`check_output` for --output and --metrics_output, and that they differ; with
     ``parquet`` known (the model's layout), their names' suffixes against the formats
     written (`check_output_suffix`)."""
     for option, output in (("--output", args.output), ("--metrics_output", args.metrics_output)):
         if output is not None:
             check_output(output, args.input, option, args.model)
-    if args.output is not None and args.metrics_output is not None and \
-            os.path.realpath(args.output) == os.path.realpath(args.metrics_output):
+    if (
+        args.output is not None
+        and args.metrics_output is not None
+        and os.path.realpath(args.output) == os.path.realpath(args.metrics_output)
+    ):
         raise BadInput(f"--metrics_output {args.metrics_output} is the --output {args.output}: give two files")
     if parquet is not None:
         if args.output is not None:
@@ -537,8 +619,10 @@ def _predict(args: PredictConfig, prog: str) -> int:
         return _report_metrics(predictor, args, prog, result)
     unknown = [name for name in args.keep_columns if name not in predictor.layout.column_names()]
     if unknown:
-        raise BadInput(f"--keep_columns {','.join(unknown)}: not a column of this model's input "
-                       f"(it has {', '.join(predictor.layout.column_names())})")
+        raise BadInput(
+            f"--keep_columns {','.join(unknown)}: not a column of this model's input "
+            f"(it has {', '.join(predictor.layout.column_names())})"
+        )
     if args.output is None:
         result = predict_file(predictor, args.input, sys.stdout, keep_columns=args.keep_columns)
     else:
@@ -548,8 +632,9 @@ def _predict(args: PredictConfig, prog: str) -> int:
     return _report_metrics(predictor, args, prog, result)
 
 
-def _report_metrics(predictor: Predictor, args: PredictConfig, prog: str,
-                    result: tuple[int, Optional[LabelledScores], np.ndarray]) -> int:
+def _report_metrics(
+    predictor: Predictor, args: PredictConfig, prog: str, result: tuple[int, LabelledScores | None, np.ndarray]
+) -> int:
     """Writes --metrics_output (when given) and prints the summary line."""
     metrics = file_metrics(predictor, args, *result)
     if args.metrics_output is not None:

@@ -13,9 +13,8 @@ they are left out and the output says so. Exit 0 on a pass, 1 on a failure, 2 on
 """
 
 import sys
-from dataclasses import dataclass
-from typing import Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -33,8 +32,11 @@ from serving.predict import TRUST_HELP, Predictor
 # Largest allowed |AUROC(variant) - AUROC(fp32)|; an AOTInductor package's, its precision's
 # (fp32's: its compiled kernels may round differently from the program's).
 _QUANTIZED_TOLERANCE = {"fp16": 0.001, "int8": 0.003}
-AUROC_TOLERANCE = {**_QUANTIZED_TOLERANCE, aoti_variant("fp32"): 1e-4,
-                   **{aoti_variant(p): tolerance for p, tolerance in _QUANTIZED_TOLERANCE.items()}}
+AUROC_TOLERANCE = {
+    **_QUANTIZED_TOLERANCE,
+    aoti_variant("fp32"): 1e-4,
+    **{aoti_variant(p): tolerance for p, tolerance in _QUANTIZED_TOLERANCE.items()},
+}
 
 
 @dataclass
@@ -48,16 +50,20 @@ class GateResult:
 
     @property
     def failures(self) -> dict[str, float]:
-        return {v: abs(self.auroc[v] - self.auroc["fp32"]) for v, tol in AUROC_TOLERANCE.items()
-                if v in self.auroc and abs(self.auroc[v] - self.auroc["fp32"]) > tol}
+        return {
+            v: abs(self.auroc[v] - self.auroc["fp32"])
+            for v, tol in AUROC_TOLERANCE.items()
+            if v in self.auroc and abs(self.auroc[v] - self.auroc["fp32"]) > tol
+        }
 
     @property
     def passed(self) -> bool:
         return not self.failures
 
 
-def evaluate_variants(model_dir: str, data_dir: Optional[str] = None, limit_rows: Optional[int] = None,
-                      trust_native_code: bool = False) -> GateResult:
+def evaluate_variants(
+    model_dir: str, data_dir: str | None = None, limit_rows: int | None = None, trust_native_code: bool = False
+) -> GateResult:
     """AUROC of every exported variant on the test split of ``data_dir`` (a binary Criteo
     directory, or the feature_spec.yaml of a model trained with --dataset_path); the
     AOTInductor variants only with ``trust_native_code``."""
@@ -74,7 +80,9 @@ def evaluate_variants(model_dir: str, data_dir: Optional[str] = None, limit_rows
         sparse = np.concatenate(sparse, axis=1)
     target = torch.as_tensor(np.asarray(labels).reshape(-1).astype(np.int64))
     auroc = {}
-    untrusted = tuple(v for v, entry in inputs.variants.items() if entry.format == AOTI_FORMAT and not trust_native_code)
+    untrusted = tuple(
+        v for v, entry in inputs.variants.items() if entry.format == AOTI_FORMAT and not trust_native_code
+    )
     for variant in inputs.variants:
         if variant in untrusted:
             continue
@@ -89,16 +97,15 @@ class GateConfig:
     """What ``python -m serving.quality_gate`` evaluates, on which data."""
 
     model: str = flag(help=MODEL_DIR_HELP)
-    data: Optional[str] = flag(None, help="binary Criteo directory or PATH/feature_spec.yaml (default: the training "
-                                          "data)")
-    limit_rows: Optional[int] = flag(None, help="test rows to use at most")
+    data: str | None = flag(None, help="binary Criteo directory or PATH/feature_spec.yaml (default: the training data)")
+    limit_rows: int | None = flag(None, help="test rows to use at most")
     trust_native_code: bool = flag(False, name=TRUST_FLAG.removeprefix("--"), help=TRUST_HELP)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """The command line."""
     parser = serving_parser("quality_gate", __doc__)
-    config, = parse_config(parser, [GateConfig], argv)
+    (config,) = parse_config(parser, [GateConfig], argv)
     return run_cli(lambda: _gate(config), parser.prog)
 
 

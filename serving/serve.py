@@ -45,10 +45,10 @@ import sys
 import threading
 import time
 import urllib.parse
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Optional
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any
 
 import h11
 import numpy as np
@@ -98,7 +98,7 @@ class BatchingPredictor:
         self.max_batch_rows = max_batch_rows
         self.max_batch_delay = max_batch_delay_ms / 1e3
         self.batch_requests: list[int] = []  # requests per forward, for reports and tests
-        self._queue: "queue.Queue[Optional[_Request]]" = queue.Queue()
+        self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="model", daemon=True)
         self._thread.start()
 
@@ -144,7 +144,8 @@ class BatchingPredictor:
             batch, closing = self._gather(first)
             try:
                 probabilities = self.predictor.predict_transformed(
-                    np.concatenate([r.dense for r in batch]), np.concatenate([r.ids for r in batch]))
+                    np.concatenate([r.dense for r in batch]), np.concatenate([r.ids for r in batch])
+                )
             except Exception as e:  # the model failed: every waiting request learns why
                 for request in batch:
                     request.result.set_exception(e)
@@ -152,7 +153,7 @@ class BatchingPredictor:
             self.batch_requests.append(len(batch))
             start = 0
             for request in batch:
-                request.result.set_result(probabilities[start:start + len(request.dense)])
+                request.result.set_result(probabilities[start : start + len(request.dense)])
                 start += len(request.dense)
 
 
@@ -172,8 +173,9 @@ class HttpLimits:
     max_connections: int = flag(256, help="open connections at most (503 beyond)")
     parse_threads: int = flag(2, help="threads parsing request bodies")
     # Below Kubernetes' default grace period (30 s), after which it kills the process.
-    drain_timeout_s: float = flag(20.0, help="on SIGTERM or SIGINT, seconds the requests in flight may take to "
-                                             "finish (cancelled after)")
+    drain_timeout_s: float = flag(
+        20.0, help="on SIGTERM or SIGINT, seconds the requests in flight may take to finish (cancelled after)"
+    )
 
     def validate(self) -> None:
         for name in ("max_body_bytes", "max_connections", "parse_threads"):
@@ -201,8 +203,10 @@ def error_body(message: str) -> bytes:
 def _closing_answer(status: int, reason: str, message: str) -> bytes:
     """A whole HTTP/1.1 error answer, for the protocol to write just before it closes."""
     body = error_body(message)
-    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+    return (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode() + body
 
 
 class _Protocol(H11Protocol):
@@ -215,7 +219,7 @@ class _Protocol(H11Protocol):
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._deadline: Optional[asyncio.TimerHandle] = None
+        self._deadline: asyncio.TimerHandle | None = None
         self._arm_deadline()
 
     def data_received(self, data: bytes) -> None:
@@ -228,13 +232,19 @@ class _Protocol(H11Protocol):
         if not self.transport.is_closing():
             self._arm_deadline()  # the next request on this connection
 
-    def connection_lost(self, exc: Optional[Exception]) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_deadline()
         super().connection_lost(exc)
 
     def send_400_response(self, msg: str) -> None:
-        self.transport.write(_closing_answer(400, "Bad Request", "malformed HTTP request: its request line, "
-                                             "headers or body framing (Content-Length, chunks) do not parse"))
+        self.transport.write(
+            _closing_answer(
+                400,
+                "Bad Request",
+                "malformed HTTP request: its request line, "
+                "headers or body framing (Content-Length, chunks) do not parse",
+            )
+        )
         self.transport.close()
 
     def _arm_deadline(self) -> None:
@@ -250,10 +260,14 @@ class _Protocol(H11Protocol):
         self._deadline = None
         if self.transport.is_closing() or self.conn.their_state is h11.DONE:
             return  # closed meanwhile, or a pipelined request already whole
-        if self.conn.our_state is h11.IDLE or (self.conn.our_state is h11.SEND_RESPONSE
-                                                and not self.cycle.response_started):
-            self.transport.write(_closing_answer(
-                408, "Request Timeout", f"request not received whole within {self.request_timeout_s:g} s"))
+        if self.conn.our_state is h11.IDLE or (
+            self.conn.our_state is h11.SEND_RESPONSE and not self.cycle.response_started
+        ):
+            self.transport.write(
+                _closing_answer(
+                    408, "Request Timeout", f"request not received whole within {self.request_timeout_s:g} s"
+                )
+            )
         self.transport.close()
 
 
@@ -289,11 +303,16 @@ class PredictApp:
         """The line the server prints when it stops."""
         by_feature = self.batcher.predictor.unseen_by_feature(self.unseen)
         named = ", ".join(f"{name} {n}" for name, n in by_feature.items())
-        return (f"answered {self.requests} requests, {self.rows} rows; unseen ids {int(self.unseen.sum())}"
-                + (f" ({named})" if named else ""))
+        return f"answered {self.requests} requests, {self.rows} rows; unseen ids {int(self.unseen.sum())}" + (
+            f" ({named})" if named else ""
+        )
 
-    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
-                       send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+    async def __call__(
+        self,
+        scope: dict[str, Any],
+        receive: Callable[[], Awaitable[dict[str, Any]]],
+        send: Callable[[dict[str, Any]], Awaitable[None]],
+    ) -> None:
         if scope["type"] != "http":
             return
         try:
@@ -305,10 +324,15 @@ class PredictApp:
             missing_as_null = self._query(scope)
             body = await self._read_body(scope, receive)
             loop = asyncio.get_running_loop()
-            prepared = await loop.run_in_executor(self._parsers, functools.partial(
-                self.batcher.predictor.read_lines, body, "request", missing_as_null=missing_as_null))
-            probabilities = (await asyncio.wrap_future(self.batcher.enqueue(prepared.dense, prepared.ids))
-                             if len(prepared.dense) else np.zeros(0, np.float32))
+            prepared = await loop.run_in_executor(
+                self._parsers,
+                functools.partial(self.batcher.predictor.read_lines, body, "request", missing_as_null=missing_as_null),
+            )
+            probabilities = (
+                await asyncio.wrap_future(self.batcher.enqueue(prepared.dense, prepared.ids))
+                if len(prepared.dense)
+                else np.zeros(0, np.float32)
+            )
         except MalformedLineError as e:
             await _answer(send, 400, error_body(str(e)))
         except HttpError as e:
@@ -318,10 +342,19 @@ class PredictApp:
             self.unseen += prepared.unseen
             unseen = int(prepared.unseen.sum())
             if b"application/json" in dict(scope["headers"]).get(b"accept", b""):
-                await _answer(send, 200, json.dumps({
-                    "probabilities": [float(f"{p:.7g}") for p in probabilities], "unseen_ids": unseen,
-                    "unseen_ids_by_feature": self.batcher.predictor.unseen_by_feature(prepared.unseen)}).encode(),
-                    content_type=b"application/json", unseen_ids=unseen)
+                await _answer(
+                    send,
+                    200,
+                    json.dumps(
+                        {
+                            "probabilities": [float(f"{p:.7g}") for p in probabilities],
+                            "unseen_ids": unseen,
+                            "unseen_ids_by_feature": self.batcher.predictor.unseen_by_feature(prepared.unseen),
+                        }
+                    ).encode(),
+                    content_type=b"application/json",
+                    unseen_ids=unseen,
+                )
             else:
                 await _answer(send, 200, "".join(f"{p:.7g}\n" for p in probabilities).encode(), unseen_ids=unseen)
 
@@ -333,8 +366,11 @@ class PredictApp:
         if not query:
             return False
         if query != [("missing", "null")]:
-            raise HttpError(400, f"unknown query {scope['query_string'].decode('latin-1')[:80]!r}: /predict takes "
-                                 "none, or missing=null (a Parquet model's rows may leave columns out, read as null)")
+            raise HttpError(
+                400,
+                f"unknown query {scope['query_string'].decode('latin-1')[:80]!r}: /predict takes "
+                "none, or missing=null (a Parquet model's rows may leave columns out, read as null)",
+            )
         if not isinstance(self.batcher.predictor.layout, ParquetRows):
             raise HttpError(400, "missing=null: only a Parquet model's JSON rows have columns to leave out")
         return True
@@ -358,8 +394,13 @@ class PredictApp:
                 return b"".join(chunks)
 
 
-async def _answer(send: Callable[[dict[str, Any]], Awaitable[None]], status: int, body: bytes,
-                  content_type: bytes = b"text/plain", unseen_ids: int = 0) -> None:
+async def _answer(
+    send: Callable[[dict[str, Any]], Awaitable[None]],
+    status: int,
+    body: bytes,
+    content_type: bytes = b"text/plain",
+    unseen_ids: int = 0,
+) -> None:
     headers = [(b"content-length", str(len(body)).encode())]
     if status == 200:
         headers += [(b"content-type", content_type), (b"x-unseen-ids", str(unseen_ids).encode())]
@@ -372,11 +413,14 @@ async def _answer(send: Callable[[dict[str, Any]], Awaitable[None]], status: int
 class _Uvicorn(uvicorn.Server):
     """uvicorn's server saying, when it starts to stop, how many requests it lets finish."""
 
-    async def shutdown(self, sockets: Optional[list[socket.socket]] = None) -> None:
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         in_flight = len(self.server_state.tasks)
         if in_flight:
-            print(f"stopping: no new connections; finishing {in_flight} request(s) in flight (at most "
-                  f"--drain_timeout_s {self.config.timeout_graceful_shutdown:g} s)", flush=True)
+            print(
+                f"stopping: no new connections; finishing {in_flight} request(s) in flight (at most "
+                f"--drain_timeout_s {self.config.timeout_graceful_shutdown:g} s)",
+                flush=True,
+            )
         await super().shutdown(sockets)
 
 
@@ -413,10 +457,17 @@ class Server:
         limits.validate()
         self.sock = sock
         self.app = PredictApp(batcher, limits)
-        self._uvicorn = _Uvicorn(uvicorn.Config(
-            self.app, http=_protocol_class(limits.request_timeout_s), lifespan="off", log_config=None,
-            access_log=False, limit_concurrency=limits.max_connections,
-            timeout_graceful_shutdown=limits.drain_timeout_s))
+        self._uvicorn = _Uvicorn(
+            uvicorn.Config(
+                self.app,
+                http=_protocol_class(limits.request_timeout_s),
+                lifespan="off",
+                log_config=None,
+                access_log=False,
+                limit_concurrency=limits.max_connections,
+                timeout_graceful_shutdown=limits.drain_timeout_s,
+            )
+        )
 
     @property
     def port(self) -> int:
@@ -436,9 +487,14 @@ class Server:
 
 
 @contextlib.contextmanager
-def serving_in_background(predictor: Predictor, max_batch_delay_ms: float = 2.0, max_batch_rows: int = 4096,
-                          host: str = "127.0.0.1", port: int = 0,
-                          limits: Optional[HttpLimits] = None) -> Iterator[tuple[str, BatchingPredictor]]:
+def serving_in_background(
+    predictor: Predictor,
+    max_batch_delay_ms: float = 2.0,
+    max_batch_rows: int = 4096,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    limits: HttpLimits | None = None,
+) -> Iterator[tuple[str, BatchingPredictor]]:
     """Serves ``predictor`` from a background thread for the duration of a ``with``
     block (port 0: a free one); yields the base URL and the batcher, stops both after.
 
@@ -472,11 +528,12 @@ class ServeConfig:
     trust_native_code: bool = flag(False, name=TRUST_FLAG.removeprefix("--"), help=TRUST_HELP)
     max_batch_rows: int = flag(4096, help="rows per forward at most")
     max_batch_delay_ms: float = flag(2.0, help="how long a request waits for others to share its forward")
-    num_threads: Optional[int] = flag(None, help="torch intra-op threads (default torch's; 1 is much faster for "
-                                                 "small batches on a busy host)")
+    num_threads: int | None = flag(
+        None, help="torch intra-op threads (default torch's; 1 is much faster for small batches on a busy host)"
+    )
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """The command line."""
     parser = serving_parser("serve", __doc__)
     config, limits = parse_config(parser, [ServeConfig, HttpLimits], argv)
@@ -492,7 +549,11 @@ def _serve(args: ServeConfig, limits: HttpLimits) -> int:
     except OSError as e:  # the port is taken, say
         raise BadInput(str(e)) from e
     try:
-        batcher = BatchingPredictor(Predictor(args.model, args.variant, trust_native_code=args.trust_native_code), args.max_batch_rows, args.max_batch_delay_ms)
+        batcher = BatchingPredictor(
+            Predictor(args.model, args.variant, trust_native_code=args.trust_native_code),
+            args.max_batch_rows,
+            args.max_batch_delay_ms,
+        )
     except (BadInput, OSError) as e:
         sock.close()
         raise BadInput(str(e)) from e

@@ -1,7 +1,7 @@
 """A PNG chart of a plan's memory per rank (matplotlib, no display needed)."""
 
-from typing import Any
 from collections.abc import Sequence
+from typing import Any
 
 from common.byte_sizes import GIB
 from common.errors import BadInput
@@ -75,8 +75,12 @@ def draw_memory(ax: Any, saved: SavedPlan, title: str = "") -> None:
         ax.bar(ranks, host_gib, bottom=device_gib, color=HOST_COLOR, label="host memory (UVM)")
     # The largest rank's whole bar outlined in red, so it shows even when UVM covers most of it.
     ax.bar([top], [totals[mine]], fill=False, edgecolor=LARGEST_COLOR, linewidth=2)
-    ax.axhline(usable_gib, color="black", linestyle="--",
-               label=f"usable per rank ({topo.usable_fraction:.0%} of {capacity / GIB:.0f} GiB)")
+    ax.axhline(
+        usable_gib,
+        color="black",
+        linestyle="--",
+        label=f"usable per rank ({topo.usable_fraction:.0%} of {capacity / GIB:.0f} GiB)",
+    )
     tallest = max(totals + [usable_gib])
     if log_memory_axis(totals, usable_gib):
         ax.set_yscale("log")
@@ -88,14 +92,22 @@ def draw_memory(ax: Any, saved: SavedPlan, title: str = "") -> None:
     if len(ranks) <= MAX_VALUE_LABELS:
         for rank, total in zip(ranks, totals):
             # An empty rank's label sits on the axis (a log axis has no 0).
-            ax.annotate(f"{total:.3g}", (rank, max(total, ax.get_ylim()[0])), textcoords="offset points", xytext=(0, 2),
-                        ha="center", va="bottom", fontsize="x-small")
+            ax.annotate(
+                f"{total:.3g}",
+                (rank, max(total, ax.get_ylim()[0])),
+                textcoords="offset points",
+                xytext=(0, 2),
+                ha="center",
+                va="bottom",
+                fontsize="x-small",
+            )
     if len(ranks) <= MAX_RANK_TICKS:
         ax.set_xticks(ranks)
         ax.get_xticklabels()[mine].set_color(LARGEST_COLOR)
     else:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("rank")
-    ax.set_title(title or f"{topo.world_size} {topo.compute_device} ranks: memory per rank "
-                 f"(largest: rank {top}, in red)")
+    ax.set_title(
+        title or f"{topo.world_size} {topo.compute_device} ranks: memory per rank (largest: rank {top}, in red)"
+    )
     ax.legend(loc="upper right", fontsize="small")

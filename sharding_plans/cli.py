@@ -19,9 +19,8 @@ stderr).
 import argparse
 import dataclasses
 import sys
-from dataclasses import dataclass
-from typing import Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -56,8 +55,9 @@ PROG = "python -m sharding_plans"
 # of --num_embeddings, and the numerical features the training MLP flags are checked with.
 _DEFAULT_FEATURES = RandomData(DataConfig()).describe()
 # The model flags that do not change a plan: checked as training would check them.
-_DENSE_FLAGS = tuple(f.field.name for f in flags_of(ModelConfig) if f.field.name not in
-                     ("embedding_dim", "embedding_precision"))
+_DENSE_FLAGS = tuple(
+    f.field.name for f in flags_of(ModelConfig) if f.field.name not in ("embedding_dim", "embedding_precision")
+)
 # The training flags a plan depends on; a recipe's others (epochs, dropout...) do not change it.
 _PLAN_CONFIGS = (ModelConfig, TableSizes, EmbeddingOptimizerConfig, DataConfig)
 # The data flags a plan depends on: the batch, and the bags' sizes (each table's ids a sample).
@@ -71,22 +71,26 @@ EXIT_DOES_NOT_FIT = 1
 class TableSourceFlags:
     """Where the tables come from when the table-size flags do not say."""
 
-    preset: Optional[str] = flag(
-        None, help=f"a published TorchRec DLRM configuration: {', '.join(PRESETS)}: its recipe (the tables, "
-                   "their width, the batch) plus the GPUs it ran on (flags given override it)")
-    recipe: Optional[str] = flag(
-        None, choices=list(RECIPES), help="the training recipe's tables, width and batch (flags given win over them)")
-    feature_spec: Optional[str] = flag(
-        None, help="JSON/YAML file with num_embeddings_per_feature (e.g. the data's metadata.json) or "
-                   "features: {name: rows}")
+    preset: str | None = flag(
+        None,
+        help=f"a published TorchRec DLRM configuration: {', '.join(PRESETS)}: its recipe (the tables, "
+        "their width, the batch) plus the GPUs it ran on (flags given override it)",
+    )
+    recipe: str | None = flag(
+        None, choices=list(RECIPES), help="the training recipe's tables, width and batch (flags given win over them)"
+    )
+    feature_spec: str | None = flag(
+        None,
+        help="JSON/YAML file with num_embeddings_per_feature (e.g. the data's metadata.json) or features: {name: rows}",
+    )
 
 
 @dataclass
 class PlanOutputFlags:
     """What ``plan`` writes besides its report (``inspect`` takes --chart)."""
 
-    output: Optional[str] = flag(None, help="write the plan here (JSON), for --sharding_plan")
-    chart: Optional[str] = flag(None, help="write a PNG chart of the memory per rank here")
+    output: str | None = flag(None, help="write the plan here (JSON), for --sharding_plan")
+    chart: str | None = flag(None, help="write a PNG chart of the memory per rank here")
     no_search: bool = flag(False, help="when it does not fit, do not look for the number of ranks that would hold it")
 
 
@@ -94,8 +98,8 @@ class PlanOutputFlags:
 class SweepFlags:
     """What ``sweep`` tries."""
 
-    world_sizes: Optional[list[int]] = flag(None, help="ranks to try, comma-separated (default --preset's)")
-    scale_factors: Optional[list[float]] = flag(None, help="multiply the table sizes by each of these, comma-separated")
+    world_sizes: list[int] | None = flag(None, help="ranks to try, comma-separated (default --preset's)")
+    scale_factors: list[float] | None = flag(None, help="multiply the table sizes by each of these, comma-separated")
 
 
 def _add_table_flags(p: argparse.ArgumentParser, sweep: bool) -> None:
@@ -106,12 +110,18 @@ def _add_table_flags(p: argparse.ArgumentParser, sweep: bool) -> None:
     tables = p.add_argument_group("table sizes (the training flags)")
     if sweep:
         # Repeated for several configurations: an append, which a field's flag is not.
-        tables.add_argument("--num_embeddings_per_feature", type=flag_of(TableSizes, "num_embeddings_per_feature")
-                            .parse_type(), action="append", default=argparse.SUPPRESS,
-                            help="rows of each table; repeat the flag for several configurations")
+        tables.add_argument(
+            "--num_embeddings_per_feature",
+            type=flag_of(TableSizes, "num_embeddings_per_feature").parse_type(),
+            action="append",
+            default=argparse.SUPPRESS,
+            help="rows of each table; repeat the flag for several configurations",
+        )
     add_flags(tables, TableSizes, exclude=("num_embeddings_per_feature",) if sweep else ())
-    add_flags(p.add_argument_group("embedding optimizer (the training flags; its state takes memory)"),
-              EmbeddingOptimizerConfig)
+    add_flags(
+        p.add_argument_group("embedding optimizer (the training flags; its state takes memory)"),
+        EmbeddingOptimizerConfig,
+    )
     add_flags(p, DataConfig, exclude=_BATCH_ONLY)
 
 
@@ -127,8 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", help="print a saved plan", description="Print a saved plan.")
     inspect.add_argument("plan_file", help="a plan written by `plan --output`")
     add_flags(inspect, PlanOutputFlags, exclude=("output", "no_search"))
-    sweep = sub.add_parser("sweep", help="table sizes x world sizes -> one table",
-                           description="Plan several table sizes on several world sizes.")
+    sweep = sub.add_parser(
+        "sweep",
+        help="table sizes x world sizes -> one table",
+        description="Plan several table sizes on several world sizes.",
+    )
     _add_table_flags(sweep, sweep=True)
     add_flags(sweep, SweepFlags, exclude=("scale_factors",))
     add_flags(sweep, TopologyFlags, exclude=("world_size",))
@@ -142,7 +155,7 @@ class _Layers:
     """The defaults under the command line: the recipe's (typed by this tool's config
     classes) and the preset's topology."""
 
-    label: Optional[str]
+    label: str | None
     recipe: tuple[Overrides, ...]
     topology: tuple[Overrides, ...]
 
@@ -150,21 +163,25 @@ class _Layers:
 def _layers(args: argparse.Namespace) -> _Layers:
     source = TableSourceFlags(**config_values(TableSourceFlags, args))
     if source.preset is not None and source.recipe is not None:
-        raise FlagError("give --preset or --recipe, not both: a preset is its recipe plus a topology "
-                        "(the topology flags change that part)")
-    preset: Optional[Preset] = find_preset(source.preset) if source.preset is not None else None
-    recipe: Optional[Recipe] = preset.recipe if preset is not None else RECIPES.get(source.recipe or "")
+        raise FlagError(
+            "give --preset or --recipe, not both: a preset is its recipe plus a topology "
+            "(the topology flags change that part)"
+        )
+    preset: Preset | None = find_preset(source.preset) if source.preset is not None else None
+    recipe: Recipe | None = preset.recipe if preset is not None else RECIPES.get(source.recipe or "")
     if recipe is None:
         return _Layers(None, (), ())
     layers = recipe.overrides(_PLAN_CONFIGS, only_their_flags=True)
-    if any(getattr(args, name, None) is not None for name in ("num_embeddings_per_feature", "num_embeddings",
-                                                             "feature_spec")):
+    if any(
+        getattr(args, name, None) is not None
+        for name in ("num_embeddings_per_feature", "num_embeddings", "feature_spec")
+    ):
         layers = tuple(layer for layer in layers if layer.config_class is not TableSizes)  # the tables given win
     topology = (Overrides(TopologyFlags, **dataclasses.asdict(preset.topology)),) if preset is not None else ()
     return _Layers(preset.title if preset is not None else recipe.name, layers, topology)
 
 
-def _positive(value: Optional[float], flag_name: str) -> None:
+def _positive(value: float | None, flag_name: str) -> None:
     if value is not None and not value > 0:
         raise BadInput(f"{flag_name} must be positive, got {value:g}")
 
@@ -172,8 +189,11 @@ def _positive(value: Optional[float], flag_name: str) -> None:
 def _table_sets(args: argparse.Namespace, layers: _Layers) -> list[tuple[str, list[str], list[int]]]:
     """[(label, feature names, rows)]: one set, or one per sweep configuration, capped
     at --max_table_rows."""
-    given_sizes = [name for name in ("num_embeddings_per_feature", "num_embeddings", "feature_spec")
-                   if getattr(args, name, None) is not None]
+    given_sizes = [
+        name
+        for name in ("num_embeddings_per_feature", "num_embeddings", "feature_spec")
+        if getattr(args, name, None) is not None
+    ]
     if len(given_sizes) > 1:
         raise BadInput(f"give only one of {' and '.join('--' + name for name in given_sizes)}")
     tables = TableSizes(**config_values(TableSizes, args, layers.recipe, exclude=("num_embeddings_per_feature",)))
@@ -183,8 +203,10 @@ def _table_sets(args: argparse.Namespace, layers: _Layers) -> list[tuple[str, li
     recipe_rows = config_values(TableSizes, argparse.Namespace(), layers.recipe)["num_embeddings_per_feature"]
     if per_feature is not None:
         lists = per_feature if sweep else [per_feature]
-        sets = [(f"sizes {i + 1}" if len(lists) > 1 else "sizes", _feature_names(len(rows)), rows)
-                for i, rows in enumerate(lists)]
+        sets = [
+            (f"sizes {i + 1}" if len(lists) > 1 else "sizes", _feature_names(len(rows)), rows)
+            for i, rows in enumerate(lists)
+        ]
     elif tables.num_embeddings is not None:
         names = list(_DEFAULT_FEATURES.sparse_feature_names)
         sets = [(f"{len(names)} x {tables.num_embeddings}", names, tables.resolve(len(names), None))]
@@ -194,14 +216,19 @@ def _table_sets(args: argparse.Namespace, layers: _Layers) -> list[tuple[str, li
     elif recipe_rows is not None:
         sets = [(layers.label or "", _feature_names(len(recipe_rows)), list(recipe_rows))]
     else:
-        raise BadInput("say which tables: --preset, a --recipe with tables, --num_embeddings_per_feature, "
-                       "--num_embeddings or --feature_spec")
+        raise BadInput(
+            "say which tables: --preset, a --recipe with tables, --num_embeddings_per_feature, "
+            "--num_embeddings or --feature_spec"
+        )
     factors = getattr(args, "scale_factors", None)
     for factor in factors or []:
         _positive(factor, "--scale_factors")
     if factors:
-        sets = [(f"{label} x{f:g}", names, [max(1, round(r * f)) for r in rows])
-                for label, names, rows in sets for f in factors]
+        sets = [
+            (f"{label} x{f:g}", names, [max(1, round(r * f)) for r in rows])
+            for label, names, rows in sets
+            for f in factors
+        ]
     cap = TableSizes(max_table_rows=tables.max_table_rows)
     return [(label, names, cap.resolve(len(rows), rows)) for label, names, rows in sets]
 
@@ -227,12 +254,16 @@ def _topology(args: argparse.Namespace, layers: _Layers, world_size: int, batch_
             hbm_bytes = torch.cuda.get_device_properties(0).total_memory
         else:
             raise BadInput("--hbm_gb is needed for --compute_device cuda on a machine without a GPU")
-    ddr_bytes = (int(flags.ddr_gb * GIB) if flags.ddr_gb is not None
-                 else host_memory_bytes() // flags.local_world_size)
+    ddr_bytes = int(flags.ddr_gb * GIB) if flags.ddr_gb is not None else host_memory_bytes() // flags.local_world_size
     return PlannerConfig(
-        world_size=world_size, local_world_size=flags.local_world_size, compute_device=flags.compute_device,
-        batch_size=batch_size, hbm_cap_bytes=hbm_bytes, ddr_cap_bytes=ddr_bytes,
-        intra_host_bw_gib_s=flags.intra_node_bandwidth, inter_host_bw_gib_s=flags.inter_node_bandwidth,
+        world_size=world_size,
+        local_world_size=flags.local_world_size,
+        compute_device=flags.compute_device,
+        batch_size=batch_size,
+        hbm_cap_bytes=hbm_bytes,
+        ddr_cap_bytes=ddr_bytes,
+        intra_host_bw_gib_s=flags.intra_node_bandwidth,
+        inter_host_bw_gib_s=flags.inter_node_bandwidth,
     )
 
 
@@ -258,16 +289,25 @@ def _requests(args: argparse.Namespace) -> list[tuple[str, PlanRequest]]:
     for label, names, rows in _table_sets(args, layers):
         if any(given(args, ModelConfig, name) for name in _DENSE_FLAGS):
             # The training command line's MLPs: refused here as training would refuse them.
-            ModelConfig(num_embeddings_per_feature=rows, sparse_feature_names=names,
-                        dense_in_features=_DEFAULT_FEATURES.num_dense_features, **model).validate()
+            ModelConfig(
+                num_embeddings_per_feature=rows,
+                sparse_feature_names=names,
+                dense_in_features=_DEFAULT_FEATURES.num_dense_features,
+                **model,
+            ).validate()
         if multi_hot_sizes is not None and len(multi_hot_sizes) != len(rows):
-            raise FlagError(f"{option(DataConfig, 'multi_hot_sizes')} has {len(multi_hot_sizes)} values for "
-                            f"{len(rows)} tables")
+            raise FlagError(
+                f"{option(DataConfig, 'multi_hot_sizes')} has {len(multi_hot_sizes)} values for {len(rows)} tables"
+            )
         for world_size in world_sizes:
             request = PlanRequest(
-                feature_names=names, num_embeddings_per_feature=rows, embedding_dim=model["embedding_dim"],
-                embedding_precision=model["embedding_precision"], optimizer=optimizer.optimizer,
-                topology=_topology(args, layers, world_size, batch_size), constraints=constraints,
+                feature_names=names,
+                num_embeddings_per_feature=rows,
+                embedding_dim=model["embedding_dim"],
+                embedding_precision=model["embedding_precision"],
+                optimizer=optimizer.optimizer,
+                topology=_topology(args, layers, world_size, batch_size),
+                constraints=constraints,
                 pooling_factors=[float(n) for n in multi_hot_sizes] if multi_hot_sizes is not None else None,
             )
             request.validate()
@@ -286,8 +326,10 @@ def _does_not_fit(request: PlanRequest, reason: str, search: bool) -> str:
     topology = request.topology
     weights = sum(t.num_bytes for t in request.tables.values()) / GIB
     usable = rank_capacity_bytes(topology) * topology.world_size / GIB
-    lines = [f"verdict: does NOT fit on {topology.world_size} {_rank_kind(topology)}: {reason} "
-             f"(weights alone: {weights:.2f} GiB; {usable:.2f} GiB usable for embeddings in all)"]
+    lines = [
+        f"verdict: does NOT fit on {topology.world_size} {_rank_kind(topology)}: {reason} "
+        f"(weights alone: {weights:.2f} GiB; {usable:.2f} GiB usable for embeddings in all)"
+    ]
     if not search:
         return "\n".join(lines)
 
@@ -311,8 +353,14 @@ def _uvm_tables(saved: SavedPlan) -> list[str]:
     """The tables a CUDA plan keeps partly in host memory (UVM kernels), sorted."""
     if saved.topology.compute_device != "cuda":
         return []
-    return sorted({t for module in saved.plan.plan.values() for t, ps in module.items()  # type: ignore[union-attr]
-                   if ps.compute_kernel in ("fused_uvm", "fused_uvm_caching")})
+    return sorted(
+        {
+            t
+            for module in saved.plan.plan.values()
+            for t, ps in module.items()
+            if ps.compute_kernel in ("fused_uvm", "fused_uvm_caching")
+        }
+    )
 
 
 def _through_uvm(uvm: list[str]) -> str:
@@ -324,8 +372,9 @@ def _fits_verdict(saved: SavedPlan) -> str:
     verdict = f"verdict: fits on {topology.world_size} {_rank_kind(topology)}"
     uvm = _uvm_tables(saved)
     if uvm:
-        verdict += (f", with {_through_uvm(uvm)} "
-                    f"({', '.join(uvm[:4])}{', ...' if len(uvm) > 4 else ''}): slower than HBM")
+        verdict += (
+            f", with {_through_uvm(uvm)} ({', '.join(uvm[:4])}{', ...' if len(uvm) > 4 else ''}): slower than HBM"
+        )
     return verdict
 
 
@@ -361,8 +410,10 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     requests = _requests(args)
-    header = (f"{'tables':<24} {'weights':>11} {'ranks':>6}  {'fits':<4} {'largest rank':>13} "
-              f"{'usable/rank':>12} {'imbalance':>9} {'step (ms)':>10}")
+    header = (
+        f"{'tables':<24} {'weights':>11} {'ranks':>6}  {'fits':<4} {'largest rank':>13} "
+        f"{'usable/rank':>12} {'imbalance':>9} {'step (ms)':>10}"
+    )
     print(header)
     for label, request in requests:
         weights = sum(t.num_bytes for t in request.tables.values())
@@ -371,21 +422,27 @@ def _sweep(args: argparse.Namespace) -> int:
         try:
             saved = plan_request(request)
         except PlanDoesNotFit:
-            print(f"{label:<24} {format_bytes(weights):>11} {topology.world_size:>6}  {'no':<4} {'-':>13} "
-                  f"{usable:>12} {'-':>9} {'-':>10}", flush=True)
+            print(
+                f"{label:<24} {format_bytes(weights):>11} {topology.world_size:>6}  {'no':<4} {'-':>13} "
+                f"{usable:>12} {'-':>9} {'-':>10}",
+                flush=True,
+            )
             continue
         assert saved.estimates is not None
         top = largest_rank(saved.estimates)
         step = max(e.step_time_ms for e in saved.estimates)
         uvm = _uvm_tables(saved)
         # "uvm": it fits only because tables spill to host memory, slower than HBM.
-        print(f"{label:<24} {format_bytes(weights):>11} {topology.world_size:>6}  {'uvm' if uvm else 'yes':<4} "
-              f"{format_bytes(top.total_bytes):>13} {usable:>12} {memory_imbalance(saved.estimates):>9.2f} "
-              f"{step:>10.3f}" + (f"  {_through_uvm(uvm)}: slower than HBM" if uvm else ""), flush=True)
+        print(
+            f"{label:<24} {format_bytes(weights):>11} {topology.world_size:>6}  {'uvm' if uvm else 'yes':<4} "
+            f"{format_bytes(top.total_bytes):>13} {usable:>12} {memory_imbalance(saved.estimates):>9.2f} "
+            f"{step:>10.3f}" + (f"  {_through_uvm(uvm)}: slower than HBM" if uvm else ""),
+            flush=True,
+        )
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Runs a subcommand; returns the exit code (bad input: one line on stderr, 2).
 
     Example::

@@ -7,7 +7,6 @@ assignments (``t_cat_0=row_wise,t_cat_3=table_wise``), or both (a default first:
 choices for each table.
 """
 
-from typing import Optional
 from collections.abc import Sequence
 
 from common.config_flags import FlagError
@@ -38,13 +37,15 @@ TORCHREC_MIN_COLUMN_SHARD = 32
 ALL_TABLES = "*"
 
 
-def check_table_precision(table: str, sharding_type: Optional[str], precision: str, source: str) -> None:
+def check_table_precision(table: str, sharding_type: str | None, precision: str, source: str) -> None:
     """Raises FlagError (one line starting with ``source``) for an fp16 table that is
     data-parallel: FBGEMM's dense kernel has no fp16 backward, its updates are wrong."""
     if precision == "fp16" and sharding_type == "data_parallel":
-        raise FlagError(f"{source}: table {table} is data_parallel with fp16 weights, and FBGEMM's dense "
-                         "kernel has no fp16 backward (its updates are wrong): give it a fused sharding "
-                         "type, or keep fp32 tables")
+        raise FlagError(
+            f"{source}: table {table} is data_parallel with fp16 weights, and FBGEMM's dense "
+            "kernel has no fp16 backward (its updates are wrong): give it a fused sharding "
+            "type, or keep fp32 tables"
+        )
 
 
 def parse_table_choices(text: str, flag: str, choices: Sequence[str]) -> dict[str, str]:

@@ -6,7 +6,6 @@ ranks of the same kind that hold a model that does not fit.
 """
 
 import math
-from typing import Optional
 from collections.abc import Callable
 
 import torch
@@ -47,8 +46,12 @@ def plan_request(request: PlanRequest) -> SavedPlan:
         # the bags' sizes as the tables' pooling factors.
         planner_constraints(
             request.constraints.parameter_constraints(
-                table_names, request.embedding_dim, topology.world_size, topology.compute_device),
-            table_names, request.embedding_precision, pooling_factors=request.pooling_factors),
+                table_names, request.embedding_dim, topology.world_size, topology.compute_device
+            ),
+            table_names,
+            request.embedding_precision,
+            pooling_factors=request.pooling_factors,
+        ),
     )
     return SavedPlan(topology=topology, tables=request.tables, plan=plan, estimates=estimates)
 
@@ -64,8 +67,8 @@ def rank_capacity_bytes(topology: PlannerConfig) -> int:
 
 
 def smallest_fitting_world_size(
-    request: PlanRequest, on_try: Optional[Callable[[int, bool], None]] = None
-) -> tuple[Optional[int], int]:
+    request: PlanRequest, on_try: Callable[[int, bool], None] | None = None
+) -> tuple[int | None, int]:
     """Looks for the fewest ranks (whole hosts when the request's world size is whole
     hosts) on which the planner finds a plan, in at most `MAX_SEARCH_PLANS` planner runs.
 

@@ -9,12 +9,18 @@ torchrec's estimate of the fused optimizers' state for fp16 tables.
 
 import math
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-from torchrec.distributed.planner.types import (ParameterConstraints, SharderDataMap, ShardEstimator, ShardingOption,
-                                                Stats, Topology)
+from torchrec.distributed.planner.types import (
+    ParameterConstraints,
+    SharderDataMap,
+    ShardEstimator,
+    ShardingOption,
+    Stats,
+    Topology,
+)
 from torchrec.optim import RowWiseAdagrad
 
 from sharding_plans.types import RankEstimate
@@ -28,8 +34,11 @@ OPTIMIZER_STATE_BYTES_PER_ELEMENT = 4
 # otherwise (fused_uvm; and fused_uvm_caching, whose state FBGEMM does not cache:
 # construct_split_state(cacheable=False) places it in UVM). The data-parallel dense
 # kernel's state is the dense optimizer's, at the weights' precision.
-_FUSED_KERNELS = (EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.FUSED_UVM.value,
-                  EmbeddingComputeKernel.FUSED_UVM_CACHING.value)
+_FUSED_KERNELS = (
+    EmbeddingComputeKernel.FUSED.value,
+    EmbeddingComputeKernel.FUSED_UVM.value,
+    EmbeddingComputeKernel.FUSED_UVM_CACHING.value,
+)
 
 
 class PlanRecorder(Stats):
@@ -43,11 +52,20 @@ class PlanRecorder(Stats):
     """
 
     def __init__(self) -> None:
-        self.best_plan: Optional[list[ShardingOption]] = None
+        self.best_plan: list[ShardingOption] | None = None
 
-    def log(self, sharding_plan: Any, topology: Any, batch_size: int, storage_reservation: Any,
-            num_proposals: int, num_plans: int, run_time: float, best_plan: list[ShardingOption],
-            **kwargs: Any) -> None:
+    def log(
+        self,
+        sharding_plan: Any,
+        topology: Any,
+        batch_size: int,
+        storage_reservation: Any,
+        num_proposals: int,
+        num_plans: int,
+        run_time: float,
+        best_plan: list[ShardingOption],
+        **kwargs: Any,
+    ) -> None:
         # Also called with the last failed proposal (empty plan) just before the
         # planner raises: keep only real plans.
         if sharding_plan.plan:
@@ -60,7 +78,7 @@ class PlanRecorder(Stats):
         ranks = [RankEstimate(rank=r, hbm_bytes=0, ddr_bytes=0, step_time_ms=0.0) for r in range(world_size)]
         for option in self.best_plan:
             for shard in option.shards:
-                estimate = ranks[shard.rank]  # type: ignore[index]
+                estimate = ranks[shard.rank]
                 if shard.storage is not None:
                     estimate.hbm_bytes += int(shard.storage.hbm)
                     estimate.ddr_bytes += int(shard.storage.ddr)
@@ -69,7 +87,7 @@ class PlanRecorder(Stats):
         return ranks
 
 
-def _state_values_per_weight(optimizer: Optional[type], embedding_dim: int) -> float:
+def _state_values_per_weight(optimizer: type | None, embedding_dim: int) -> float:
     """The fused optimizer's state values per weight, as torchrec counts them."""
     if optimizer is None or issubclass(optimizer, torch.optim.SGD):
         return 0.0
@@ -94,11 +112,10 @@ class FullPrecisionOptimizerState(ShardEstimator):
                                        FullPrecisionOptimizerState(topology)])
     """
 
-    def __init__(self, topology: Topology, constraints: Optional[dict[str, ParameterConstraints]] = None) -> None:
+    def __init__(self, topology: Topology, constraints: dict[str, ParameterConstraints] | None = None) -> None:
         self._on_gpu = topology.compute_device == "cuda"
 
-    def estimate(self, sharding_options: list[ShardingOption],
-                 sharder_data_map: Optional[SharderDataMap] = None) -> None:
+    def estimate(self, sharding_options: list[ShardingOption], sharder_data_map: SharderDataMap | None = None) -> None:
         for option in sharding_options:
             narrowing = OPTIMIZER_STATE_BYTES_PER_ELEMENT - option.tensor.element_size()
             if narrowing <= 0 or option.compute_kernel not in _FUSED_KERNELS:
@@ -110,5 +127,8 @@ class FullPrecisionOptimizerState(ShardEstimator):
                 if shard.storage is None:
                     continue
                 missing = math.ceil(per_weight * math.prod(shard.size) * narrowing)
-                shard.storage = (replace(shard.storage, hbm=shard.storage.hbm + missing) if in_hbm
-                                 else replace(shard.storage, ddr=shard.storage.ddr + missing))
+                shard.storage = (
+                    replace(shard.storage, hbm=shard.storage.hbm + missing)
+                    if in_hbm
+                    else replace(shard.storage, ddr=shard.storage.ddr + missing)
+                )

@@ -5,7 +5,7 @@ Two forms are accepted:
 - ``{"num_embeddings_per_feature": [40000000, 39060, ...]}``, optionally with
   ``"sparse_feature_names": ["cat_0", ...]``; a Criteo directory's ``metadata.json``
   (written by the preprocessing and the synthetic generator, ``"format":
-  "criteo_binary"``) is read by its own reader (`data.criteo_layout.CriteoMetadata`);
+  "criteo_binary"``) is read by its own reader (`data.binary.criteo_layout.CriteoMetadata`);
 - ``{"features": {"user_id": 1000000, "item_id": 250000}}``: rows per named feature.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from common.errors import BadInput
-from data.criteo_layout import METADATA_FORMAT, SPARSE_FEATURE_NAMES, CriteoMetadata
+from data.binary.criteo_layout import METADATA_FORMAT, SPARSE_FEATURE_NAMES, CriteoMetadata
 
 
 class FeatureSpecError(BadInput):
@@ -42,13 +42,13 @@ def read_feature_spec(path: str) -> tuple[list[str], list[int]]:
             data = f.read()
         document = yaml.safe_load(data)  # YAML reads JSON too
     except OSError as e:
-        raise FeatureSpecError(f"{path}: cannot read the feature spec: {e.strerror}")
+        raise FeatureSpecError(f"{path}: cannot read the feature spec: {e.strerror}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        raise FeatureSpecError(f"{path}{where}: not valid JSON or YAML")
+        raise FeatureSpecError(f"{path}{where}: not valid JSON or YAML") from None
     if not isinstance(document, dict):
-        raise FeatureSpecError(f"{path}: expected an object with \"num_embeddings_per_feature\" or \"features\"")
+        raise FeatureSpecError(f'{path}: expected an object with "num_embeddings_per_feature" or "features"')
     if "format" in document and document["format"] == METADATA_FORMAT:
         sizes = CriteoMetadata.from_json(data, path).num_embeddings_per_feature
         if sizes is None:
@@ -57,7 +57,7 @@ def read_feature_spec(path: str) -> tuple[list[str], list[int]]:
     if "features" in document:
         features = document["features"]
         if not isinstance(features, dict) or not features:
-            raise FeatureSpecError(f"{path}: \"features\" must map feature names to row counts")
+            raise FeatureSpecError(f'{path}: "features" must map feature names to row counts')
         names = [str(name) for name in features]
         return names, _positive_ints(list(features.values()), path, "features")
     if "num_embeddings_per_feature" in document:
@@ -66,7 +66,7 @@ def read_feature_spec(path: str) -> tuple[list[str], list[int]]:
         names = document.get("sparse_feature_names", [f"cat_{i}" for i in range(len(rows))])
         if not isinstance(names, list) or len(names) != len(rows) or len(set(map(str, names))) != len(names):
             raise FeatureSpecError(
-                f"{path}: \"sparse_feature_names\" must list {len(rows)} distinct names, one per table"
+                f'{path}: "sparse_feature_names" must list {len(rows)} distinct names, one per table'
             )
         return [str(n) for n in names], rows
-    raise FeatureSpecError(f"{path}: expected an object with \"num_embeddings_per_feature\" or \"features\"")
+    raise FeatureSpecError(f'{path}: expected an object with "num_embeddings_per_feature" or "features"')

@@ -1,6 +1,5 @@
 """Checks that a saved plan fits the model and the job that is about to use it."""
 
-
 import torch
 from torch import nn
 from torchrec.modules.embedding_configs import DataType
@@ -78,15 +77,14 @@ def check_plan_for_run(
         if planned is None:
             raise PlanMismatchError(f"{source} has no plan for the model's embedding module {path!r}")
         for table, spec in tables.items():
-            if table not in planned:  # type: ignore[operator]
+            if table not in planned:
                 raise PlanMismatchError(f"{source} does not place the model's table {table}")
-            check_table_precision(table, planned[table].sharding_type, spec.precision, source)  # type: ignore[index]
+            check_table_precision(table, planned[table].sharding_type, spec.precision, source)
             if saved.tables[table] != spec:
                 raise PlanMismatchError(
-                    f"{source}: table {table} is {_shape(saved.tables[table])} in the plan, "
-                    f"{_shape(spec)} in the model"
+                    f"{source}: table {table} is {_shape(saved.tables[table])} in the plan, {_shape(spec)} in the model"
                 )
-        extra = [t for t in planned if t not in tables]  # type: ignore[union-attr]
+        extra = [t for t in planned if t not in tables]
         if extra:
             raise PlanMismatchError(f"{source} places table {extra[0]}, which the model does not have")
     extra_modules = [p for p in saved.plan.plan if p not in model_tables]
@@ -107,10 +105,14 @@ def check_plan_locks_cache_lines(saved: SavedPlan, source: str) -> None:
         check_plan_locks_cache_lines(read_plan(path), path)   # under --pipeline prefetch
     """
     for module_plan in saved.plan.plan.values():
-        for table, ps in module_plan.items():  # type: ignore[union-attr]
-            if (ps.compute_kernel not in UNCACHED_KERNELS and ps.cache_params is not None
-                    and ps.cache_params.prefetch_pipeline is False):
+        for table, ps in module_plan.items():
+            if (
+                ps.compute_kernel not in UNCACHED_KERNELS
+                and ps.cache_params is not None
+                and ps.cache_params.prefetch_pipeline is False
+            ):
                 raise PlanMismatchError(
                     f"{source}: table {table} ({ps.compute_kernel}) sets cache_params.prefetch_pipeline false, "
                     "which turns off the cache-line locking the prefetch pipeline needs: "
-                    "set it true or remove it")
+                    "set it true or remove it"
+                )

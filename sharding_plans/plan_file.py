@@ -25,7 +25,7 @@ Files are written under a temporary name and renamed when complete.
 
 import dataclasses
 import json
-from typing import Any, Optional
+from typing import Any
 
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode, CacheAlgorithm
 from torch.distributed._shard.metadata import ShardMetadata
@@ -60,7 +60,7 @@ class PlanFileError(BadInput):
 # ---------------------------------------------------------------- writing
 
 
-def _enum_name(value: Any) -> Optional[str]:
+def _enum_name(value: Any) -> str | None:
     return None if value is None else value.name
 
 
@@ -92,8 +92,11 @@ def _parameter_to_json(where: str, ps: ParameterSharding) -> dict[str, Any]:
         entry["output_dtype"] = ps.output_dtype.name
     if ps.cache_params is not None:
         cache = ps.cache_params
-        unsupported = [f.name for f in dataclasses.fields(cache)
-                       if f.name not in _CACHE_FIELDS and getattr(cache, f.name) is not None]
+        unsupported = [
+            f.name
+            for f in dataclasses.fields(cache)
+            if f.name not in _CACHE_FIELDS and getattr(cache, f.name) is not None
+        ]
         if unsupported:
             raise PlanFileError(f"{where}: cache parameter {unsupported[0]} cannot be saved in this format")
         entry["cache_params"] = {
@@ -111,8 +114,7 @@ def plan_to_dict(saved: SavedPlan) -> dict[str, Any]:
     plan: dict[str, Any] = {}
     for module_path, module_plan in saved.plan.plan.items():
         plan[module_path] = {
-            table: _parameter_to_json(f"plan.{module_path}.{table}", ps)
-            for table, ps in module_plan.items()  # type: ignore[union-attr]
+            table: _parameter_to_json(f"plan.{module_path}.{table}", ps) for table, ps in module_plan.items()
         }
     return {
         "format": FORMAT,
@@ -205,7 +207,7 @@ class _Reader:
             raise self.fail(where, f"unknown {enum_type.__name__} {json.dumps(value)}")
         return enum_type[value]
 
-    def int_list(self, value: Any, where: str, length: Optional[int] = None) -> list[int]:
+    def int_list(self, value: Any, where: str, length: int | None = None) -> list[int]:
         if not isinstance(value, list) or (length is not None and len(value) != length):
             expected = f"a list of {length} integers" if length else "a list of integers"
             raise self.fail(where, f"expected {expected}, got {json.dumps(value)}")
@@ -228,7 +230,7 @@ def _read_topology(r: _Reader, value: Any) -> PlannerConfig:
     try:
         config.validate()
     except BadInput as e:
-        raise r.fail("topology", str(e))
+        raise r.fail("topology", str(e)) from None
     return config
 
 
@@ -264,10 +266,12 @@ def _read_shards(r: _Reader, value: Any, where: str, table: TableSpec, topology:
         try:
             placement = _remote_device(s["placement"])
         except (ValueError, RuntimeError) as e:
-            raise r.fail(f"{at}.placement", f"bad placement {s['placement']!r}: {e}")
+            raise r.fail(f"{at}.placement", f"bad placement {s['placement']!r}: {e}") from None
         rank = placement.rank()
         if rank is None or not 0 <= rank < topology.world_size:
-            raise r.fail(f"{at}.placement", f"rank of {s['placement']!r} is not one of the plan's {topology.world_size} ranks")
+            raise r.fail(
+                f"{at}.placement", f"rank of {s['placement']!r} is not one of the plan's {topology.world_size} ranks"
+            )
         if placement.device().type != topology.compute_device:
             raise r.fail(f"{at}.placement", f"{s['placement']!r} is not a {topology.compute_device} device")
         covered += sizes[0] * sizes[1]
@@ -281,7 +285,7 @@ def _read_shards(r: _Reader, value: Any, where: str, table: TableSpec, topology:
 def _any_overlap(shards: list[ShardMetadata]) -> bool:
     boxes = sorted((s.shard_offsets[0], s.shard_offsets[1], s.shard_sizes[0], s.shard_sizes[1]) for s in shards)
     for i, (r0, c0, h0, w0) in enumerate(boxes):
-        for r1, c1, h1, w1 in boxes[i + 1:]:
+        for r1, c1, h1, w1 in boxes[i + 1 :]:
             if r1 >= r0 + h0:
                 break
             if r0 < r1 + h1 and c0 < c1 + w1 and c1 < c0 + w0:
@@ -307,8 +311,11 @@ def _read_parameter(r: _Reader, value: Any, where: str, table: TableSpec, topolo
         # placements (column-wise: shard i on ranks[i]): they must say the same.
         placed = [shard.placement.rank() for shard in spec.shards]
         if ranks != placed:
-            raise r.fail(f"{where}.ranks", f"{json.dumps(ranks)} disagrees with the shards' placements, which are on "
-                                           f"ranks {placed} in shard order")
+            raise r.fail(
+                f"{where}.ranks",
+                f"{json.dumps(ranks)} disagrees with the shards' placements, which are on "
+                f"ranks {placed} in shard order",
+            )
     elif sharding_type != "data_parallel":
         raise r.fail(f"{where}.shards", f"a {sharding_type} table needs its shards")
     cache = None
@@ -334,7 +341,7 @@ def _read_parameter(r: _Reader, value: Any, where: str, table: TableSpec, topolo
     )
 
 
-def _read_estimates(r: _Reader, value: Any, world_size: int) -> Optional[list[RankEstimate]]:
+def _read_estimates(r: _Reader, value: Any, world_size: int) -> list[RankEstimate] | None:
     if value is None:
         return None
     if not isinstance(value, list) or len(value) != world_size:
@@ -345,12 +352,14 @@ def _read_estimates(r: _Reader, value: Any, world_size: int) -> Optional[list[Ra
         e = r.obj(item, where, ("rank", "hbm_bytes", "ddr_bytes", "step_time_ms"))
         if e["rank"] != i:
             raise r.fail(f"{where}.rank", f"expected {i}, got {json.dumps(e['rank'])}")
-        estimates.append(RankEstimate(
-            rank=i,
-            hbm_bytes=r.integer(e["hbm_bytes"], f"{where}.hbm_bytes"),
-            ddr_bytes=r.integer(e["ddr_bytes"], f"{where}.ddr_bytes"),
-            step_time_ms=r.number(e["step_time_ms"], f"{where}.step_time_ms"),
-        ))
+        estimates.append(
+            RankEstimate(
+                rank=i,
+                hbm_bytes=r.integer(e["hbm_bytes"], f"{where}.hbm_bytes"),
+                ddr_bytes=r.integer(e["ddr_bytes"], f"{where}.ddr_bytes"),
+                step_time_ms=r.number(e["step_time_ms"], f"{where}.step_time_ms"),
+            )
+        )
     return estimates
 
 
@@ -358,7 +367,7 @@ def plan_from_dict(document: Any, source: str) -> SavedPlan:
     """Checks and converts a decoded plan file; ``source`` names it in errors."""
     r = _Reader(source)
     if not isinstance(document, dict) or document.get("format") != FORMAT:
-        raise r.fail("", f"not a sharding plan file (no \"format\": \"{FORMAT}\")")
+        raise r.fail("", f'not a sharding plan file (no "format": "{FORMAT}")')
     version = document.get("version")
     if version != VERSION:
         raise r.fail("version", f"this reader reads version {VERSION}, the file is version {json.dumps(version)}")
@@ -374,11 +383,15 @@ def plan_from_dict(document: Any, source: str) -> SavedPlan:
         parameters = EmbeddingModuleShardingPlan()
         for table, value in module_plan.items():
             if table not in tables:
-                raise r.fail(f"plan.{module_path}.{table}", "table is not listed under \"tables\"")
+                raise r.fail(f"plan.{module_path}.{table}", 'table is not listed under "tables"')
             parameters[table] = _read_parameter(r, value, f"plan.{module_path}.{table}", tables[table], topology)
         modules[module_path] = parameters
-    return SavedPlan(topology=topology, tables=tables, plan=ShardingPlan(modules),
-                     estimates=_read_estimates(r, d["estimates"], topology.world_size))
+    return SavedPlan(
+        topology=topology,
+        tables=tables,
+        plan=ShardingPlan(modules),
+        estimates=_read_estimates(r, d["estimates"], topology.world_size),
+    )
 
 
 def plan_from_json(text: str, source: str) -> SavedPlan:
@@ -386,7 +399,7 @@ def plan_from_json(text: str, source: str) -> SavedPlan:
     try:
         document = json.loads(text)
     except json.JSONDecodeError as e:
-        raise PlanFileError(f"{source} line {e.lineno} column {e.colno}: not valid JSON: {e.msg}")
+        raise PlanFileError(f"{source} line {e.lineno} column {e.colno}: not valid JSON: {e.msg}") from None
     return plan_from_dict(document, source)
 
 
@@ -403,5 +416,5 @@ def read_plan(path: str) -> SavedPlan:
         with open(path) as f:
             text = f.read()
     except OSError as e:
-        raise PlanFileError(f"{path}: cannot read the plan file: {e.strerror}")
+        raise PlanFileError(f"{path}: cannot read the plan file: {e.strerror}") from None
     return plan_from_json(text, path)

@@ -8,7 +8,6 @@ reserves a fixed share for the dense part and activations.
 import contextlib
 import logging
 import os
-from typing import Optional
 from collections.abc import Iterator
 
 import torch
@@ -71,19 +70,22 @@ def build_topology(config: PlannerConfig) -> Topology:
 
 def _planner(
     config: PlannerConfig,
-    constraints: Optional[dict[str, ParameterConstraints]],
+    constraints: dict[str, ParameterConstraints] | None,
     recorder: PlanRecorder,
 ) -> EmbeddingShardingPlanner:
     topology = build_topology(config)
     # torchrec's own estimators, then the optimizer state it misses on fp16 tables.
-    estimators = [EmbeddingPerfEstimatorFactory.create(DEFAULT_PERF_ESTIMATOR, topology=topology, constraints=constraints),
-                  EmbeddingStorageEstimator(topology=topology, constraints=constraints),
-                  FullPrecisionOptimizerState(topology)]
+    estimators = [
+        EmbeddingPerfEstimatorFactory.create(DEFAULT_PERF_ESTIMATOR, topology=topology, constraints=constraints),
+        EmbeddingStorageEstimator(topology=topology, constraints=constraints),
+        FullPrecisionOptimizerState(topology),
+    ]
     return EmbeddingShardingPlanner(
         topology=topology,
         batch_size=config.batch_size,
-        enumerator=EmbeddingEnumerator(topology=topology, batch_size=config.batch_size, constraints=constraints,
-                                       estimator=estimators),
+        enumerator=EmbeddingEnumerator(
+            topology=topology, batch_size=config.batch_size, constraints=constraints, estimator=estimators
+        ),
         storage_reservation=FixedPercentageStorageReservation(STORAGE_RESERVATION_PERCENTAGE),
         constraints=constraints,
         stats=[recorder],  # instead of torchrec's, which prints its own report
@@ -112,8 +114,8 @@ def build_sharding_plan(
     module: nn.Module,
     sharders: list[ModuleSharder[nn.Module]],
     config: PlannerConfig,
-    process_group: Optional[dist.ProcessGroup] = None,
-    constraints: Optional[dict[str, ParameterConstraints]] = None,
+    process_group: dist.ProcessGroup | None = None,
+    constraints: dict[str, ParameterConstraints] | None = None,
 ) -> tuple[ShardingPlan, list[RankEstimate]]:
     """Plans the sharding of every embedding module in ``module``; returns the plan
     and the planner's per-rank estimates.
@@ -164,8 +166,9 @@ def build_sharding_plan(
     return outcome[0]  # type: ignore[return-value]
 
 
-def _plan(planner: EmbeddingShardingPlanner, module: nn.Module,
-          sharders: list[ModuleSharder[nn.Module]]) -> ShardingPlan:
+def _plan(
+    planner: EmbeddingShardingPlanner, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]
+) -> ShardingPlan:
     """The planner's plan; PlanDoesNotFit or a one-line BadInput when it finds none."""
     try:
         with _quiet_planner():
@@ -182,7 +185,7 @@ def plan_with_estimates(
     module: nn.Module,
     sharders: list[ModuleSharder[nn.Module]],
     config: PlannerConfig,
-    constraints: Optional[dict[str, ParameterConstraints]] = None,
+    constraints: dict[str, ParameterConstraints] | None = None,
 ) -> tuple[ShardingPlan, list[RankEstimate]]:
     """Plans locally (no process group) and returns the plan with the planner's
     per-rank memory and step-time estimates.

@@ -2,13 +2,13 @@
 
 import re
 from collections import defaultdict
-from typing import Optional
 from collections.abc import Mapping, Sequence
 
 from torchrec.distributed.types import EnumerableShardingSpec, ParameterSharding, ShardingPlan
 
 from common.byte_sizes import GIB, format_bytes
 from sharding_plans.types import RankEstimate, SavedPlan
+
 
 def _natural_key(name: str) -> list[object]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
@@ -17,7 +17,7 @@ def _natural_key(name: str) -> list[object]:
 def format_sharding_plan(
     plan: ShardingPlan,
     world_size: int,
-    table_shapes: Optional[Mapping[str, tuple[int, int]]] = None,
+    table_shapes: Mapping[str, tuple[int, int]] | None = None,
     bytes_per_element: int = 4,
 ) -> str:
     """One line per table (sharding type, kernel, ranks, shard shapes), then the
@@ -34,17 +34,15 @@ def format_sharding_plan(
 
         print(format_sharding_plan(plan, world_size=2))
     """
-    lines: list[str] = [
-        f"{'module':<40} {'table':<12} {'sharding':<18} {'kernel':<12} ranks: shards (rows x cols)"
-    ]
+    lines: list[str] = [f"{'module':<40} {'table':<12} {'sharding':<18} {'kernel':<12} ranks: shards (rows x cols)"]
     per_rank: dict[int, int] = defaultdict(int)
     for module_path, module_plan in sorted(plan.plan.items()):
-        for table, ps in sorted(module_plan.items(), key=lambda kv: _natural_key(kv[0])):  # type: ignore[union-attr]
+        for table, ps in sorted(module_plan.items(), key=lambda kv: _natural_key(kv[0])):
             shards = []
             spec = ps.sharding_spec
             if isinstance(spec, EnumerableShardingSpec):
                 for shard in spec.shards:
-                    rank = shard.placement.rank()  # type: ignore[union-attr]
+                    rank = shard.placement.rank()
                     rows, cols = shard.shard_sizes
                     per_rank[rank] += rows * cols * bytes_per_element
                     shards.append(f"{rank}: {rows}x{cols}")
@@ -58,9 +56,10 @@ def format_sharding_plan(
                 f"{module_path or '<root>':<40} {table:<12} {ps.sharding_type:<18} "
                 f"{ps.compute_kernel:<12} {', '.join(shards)}"
             )
-    lines.append("embedding weights per rank: " + ", ".join(
-        f"rank {r}: {format_bytes(per_rank.get(r, 0))}" for r in range(world_size)
-    ))
+    lines.append(
+        "embedding weights per rank: "
+        + ", ".join(f"rank {r}: {format_bytes(per_rank.get(r, 0))}" for r in range(world_size))
+    )
     return "\n".join(lines)
 
 
@@ -69,13 +68,14 @@ def plan_summary(plan: ShardingPlan) -> dict[str, dict[str, object]]:
     (data-parallel tables have no shards: every rank holds all of them). JSON-ready."""
     summary: dict[str, dict[str, object]] = {}
     for module_plan in plan.plan.values():
-        for table, ps in module_plan.items():  # type: ignore[union-attr]
+        for table, ps in module_plan.items():
             shards = []
             if isinstance(ps.sharding_spec, EnumerableShardingSpec):
-                shards = [[*shard.shard_offsets, *shard.shard_sizes, shard.placement.rank()]  # type: ignore[union-attr]
-                          for shard in ps.sharding_spec.shards]
-            summary[table] = {"sharding_type": ps.sharding_type, "compute_kernel": ps.compute_kernel,
-                              "shards": shards}
+                shards = [
+                    [*shard.shard_offsets, *shard.shard_sizes, shard.placement.rank()]
+                    for shard in ps.sharding_spec.shards
+                ]
+            summary[table] = {"sharding_type": ps.sharding_type, "compute_kernel": ps.compute_kernel, "shards": shards}
     return summary
 
 
@@ -104,7 +104,7 @@ def describe_shards(ps: ParameterSharding, world_size: int) -> str:
 
 def _rank_of_each_shard(ps: ParameterSharding, world_size: int) -> list[int]:
     if isinstance(ps.sharding_spec, EnumerableShardingSpec):
-        return [s.placement.rank() for s in ps.sharding_spec.shards]  # type: ignore[union-attr]
+        return [s.placement.rank() for s in ps.sharding_spec.shards]
     return list(ps.ranks) if ps.ranks else list(range(world_size))
 
 
@@ -125,8 +125,10 @@ def largest_rank(estimates: Sequence[RankEstimate]) -> RankEstimate:
 KERNEL_REASONS = {
     "fused": "whole in HBM (FBGEMM's fused kernel): the fastest placement, and it fits",
     "fused_uvm": "rows in host memory read through UVM: HBM could not hold them",
-    "fused_uvm_caching": ("rows in host memory, the hot ones cached in HBM: the tables' weights and "
-                          "optimizer state do not all fit in the usable HBM"),
+    "fused_uvm_caching": (
+        "rows in host memory, the hot ones cached in HBM: the tables' weights and "
+        "optimizer state do not all fit in the usable HBM"
+    ),
     "dense": "data-parallel: a replica on every rank, updated by the dense optimizer",
 }
 
@@ -147,18 +149,20 @@ def placement_reasons(saved: SavedPlan) -> list[str]:
     """
     by_kernel: dict[str, list[str]] = defaultdict(list)
     for module_plan in saved.plan.plan.values():
-        for table, ps in module_plan.items():  # type: ignore[union-attr]
+        for table, ps in module_plan.items():
             by_kernel[ps.compute_kernel].append(table + _cache_share(ps))
     lines = []
     for kernel, tables in sorted(by_kernel.items()):
         tables.sort(key=_natural_key)
         shown = ", ".join(tables) if len(tables) <= 6 else ", ".join(tables[:3]) + f", ... {tables[-1]}"
-        lines.append(f"{kernel} ({len(tables)} table{'s' if len(tables) > 1 else ''}: {shown}): "
-                     f"{KERNEL_REASONS.get(kernel, 'as the planner chose')}")
+        lines.append(
+            f"{kernel} ({len(tables)} table{'s' if len(tables) > 1 else ''}: {shown}): "
+            f"{KERNEL_REASONS.get(kernel, 'as the planner chose')}"
+        )
     return lines
 
 
-def format_plan_report(saved: SavedPlan, pooling_factors: Optional[Sequence[float]] = None) -> str:
+def format_plan_report(saved: SavedPlan, pooling_factors: Sequence[float] | None = None) -> str:
     """The plan as a readable table, then memory and step time per rank (the largest
     rank marked) and totals. ``pooling_factors``: the ids a sample of each table (in
     model order) the planner was told, shown beside each table.
@@ -182,7 +186,7 @@ def format_plan_report(saved: SavedPlan, pooling_factors: Optional[Sequence[floa
     ]
     model_order = {name: i for i, name in enumerate(saved.tables)}
     for module_plan in saved.plan.plan.values():
-        for table, ps in sorted(module_plan.items(), key=lambda kv: model_order[kv[0]]):  # type: ignore[union-attr]
+        for table, ps in sorted(module_plan.items(), key=lambda kv: model_order[kv[0]]):
             spec = saved.tables[table]
             ids = f"{pooling_factors[model_order[table]]:g}" if pooling_factors is not None else "1"
             lines.append(
@@ -199,8 +203,9 @@ def format_plan_report(saved: SavedPlan, pooling_factors: Optional[Sequence[floa
     lines += ["", f"{'rank':>5} {'HBM':>12} {'DDR':>12} {'step (ms)':>10}"]
     for e in saved.estimates:
         mark = "  <- largest" if e.rank == top.rank else ""
-        lines.append(f"{e.rank:>5} {format_bytes(e.hbm_bytes):>12} {format_bytes(e.ddr_bytes):>12} "
-                     f"{e.step_time_ms:>10.3f}{mark}")
+        lines.append(
+            f"{e.rank:>5} {format_bytes(e.hbm_bytes):>12} {format_bytes(e.ddr_bytes):>12} {e.step_time_ms:>10.3f}{mark}"
+        )
     capacity = (topo.hbm_cap_bytes if topo.compute_device == "cuda" else topo.ddr_cap_bytes) or 0
     in_hbm = topo.compute_device == "cuda"
     held = top.hbm_bytes if in_hbm else top.ddr_bytes

@@ -7,7 +7,6 @@ The trainer applies them; they know nothing of it (plans are given as
 "ranks", "shards"}}).
 """
 
-from typing import Optional
 from collections.abc import Sequence
 
 import torch
@@ -23,12 +22,12 @@ class ReshardError(BadInput):
 
 
 def planner_constraints(
-    constraints: Optional[dict[str, ParameterConstraints]],
+    constraints: dict[str, ParameterConstraints] | None,
     table_names: Sequence[str],
     embedding_precision: str,
-    resumed_plan: Optional[PlanSummary] = None,
-    pooling_factors: Optional[Sequence[float]] = None,
-) -> Optional[dict[str, ParameterConstraints]]:
+    resumed_plan: PlanSummary | None = None,
+    pooling_factors: Sequence[float] | None = None,
+) -> dict[str, ParameterConstraints] | None:
     """The flags' planner constraints, plus: a resumed run keeps the checkpoint's
     sharding types (``resumed_plan``), whatever the new world size, so that its optimizer
     state can be resharded; fp16 tables are never data-parallel (FBGEMM's dense
@@ -70,13 +69,15 @@ def check_reshardable(saved: PlanSummary, plan: PlanSummary, source: str) -> Non
             raise ReshardError(
                 f"{source}: table {table} was {was['sharding_type']} and is {now['sharding_type']} "
                 "now; optimizer state cannot move between a data-parallel and a fused table. "
-                "Load weights only with --restore_checkpoint_path")
-        column_shards = lambda entry: len({s[1] for s in entry["shards"]})  # noqa: E731
+                "Load weights only with --restore_checkpoint_path"
+            )
+        column_shards = lambda entry: len({s[1] for s in entry["shards"]})
         if "column" in was["sharding_type"] and column_shards(was) != column_shards(now):
             raise ReshardError(
                 f"{source}: table {table} has {column_shards(was)} column shards in the checkpoint "
                 f"and {column_shards(now)} now; its per-shard optimizer state cannot be resharded. "
-                "Resume with the same world size, or load weights only with --restore_checkpoint_path")
+                "Resume with the same world size, or load weights only with --restore_checkpoint_path"
+            )
 
 
 def check_embedding_weight_decay(plan: PlanSummary, device: torch.device, embedding_weight_decay: float) -> None:
@@ -95,6 +96,8 @@ def check_embedding_weight_decay(plan: PlanSummary, device: torch.device, embedd
         return
     fused = sorted(table for table, entry in plan.items() if entry["sharding_type"] != "data_parallel")
     if fused:
-        raise BadInput(f"--embedding_weight_decay: table {fused[0]} is {plan[fused[0]]['sharding_type']} on "
-                       f"FBGEMM's fused CPU kernel, which ignores weight decay; on CPU make the tables "
-                       "data-parallel (--sharding_type data_parallel)")
+        raise BadInput(
+            f"--embedding_weight_decay: table {fused[0]} is {plan[fused[0]]['sharding_type']} on "
+            f"FBGEMM's fused CPU kernel, which ignores weight decay; on CPU make the tables "
+            "data-parallel (--sharding_type data_parallel)"
+        )

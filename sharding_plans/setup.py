@@ -7,9 +7,8 @@ none waits on another. `ShardingSetup.plan` then plans (collectively) or returns
 loaded plan.
 """
 
-from dataclasses import dataclass
-from typing import Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -38,12 +37,13 @@ class ShardingSetup:
     """
 
     sharders: list[ModuleSharder[nn.Module]]
-    loaded_plan: Optional[ShardingPlan] = None
-    loaded_estimates: Optional[list[RankEstimate]] = None
-    constraints: Optional[dict[str, ParameterConstraints]] = None
+    loaded_plan: ShardingPlan | None = None
+    loaded_estimates: list[RankEstimate] | None = None
+    constraints: dict[str, ParameterConstraints] | None = None
 
-    def plan(self, model: nn.Module, planner_config: PlannerConfig,
-             process_group: Optional[dist.ProcessGroup]) -> tuple[ShardingPlan, Optional[list[RankEstimate]]]:
+    def plan(
+        self, model: nn.Module, planner_config: PlannerConfig, process_group: dist.ProcessGroup | None
+    ) -> tuple[ShardingPlan, list[RankEstimate] | None]:
         """The loaded plan, or the planner's (made on rank 0 and broadcast), with the
         planner's per-rank estimates (None for a plan file written without them).
         Collective when planning on several ranks."""
@@ -60,11 +60,11 @@ def prepare_sharding(
     device: torch.device,
     world_size: int,
     local_world_size: int,
-    plan_path: Optional[str] = None,
-    constraints: Optional[ShardingConstraints] = None,
+    plan_path: str | None = None,
+    constraints: ShardingConstraints | None = None,
     prefetch_pipeline: bool = False,
-    resumed_plan: Optional[PlanSummary] = None,
-    pooling_factors: Optional[Sequence[float]] = None,
+    resumed_plan: PlanSummary | None = None,
+    pooling_factors: Sequence[float] | None = None,
 ) -> ShardingSetup:
     """Reads and checks the plan file ``plan_path``, or checks the constraints for this
     device and adds the run's own (`sharding_plans.rules.planner_constraints`).
@@ -92,15 +92,23 @@ def prepare_sharding(
             check_plan_locks_cache_lines(saved, plan_path)
         row_splits = device.type == "cpu" and any(
             ps.sharding_type in ROW_SHARDING_TYPES
-            for module_plan in saved.plan.plan.values() for ps in module_plan.values()  # type: ignore[union-attr]
+            for module_plan in saved.plan.plan.values()
+            for ps in module_plan.values()
         )
-        return ShardingSetup(sharders=build_sharders(row_splits, prefetch_pipeline), loaded_plan=saved.plan,
-                             loaded_estimates=saved.estimates)
+        return ShardingSetup(
+            sharders=build_sharders(row_splits, prefetch_pipeline),
+            loaded_plan=saved.plan,
+            loaded_estimates=saved.estimates,
+        )
     constraints = constraints or ShardingConstraints()
     constraints.validate(table_names, device.type)
     return ShardingSetup(
         sharders=build_sharders(constraints.row_splits_on_cpu(table_names, device.type), prefetch_pipeline),
         constraints=planner_constraints(
             constraints.parameter_constraints(table_names, embedding_dim, world_size, device.type),
-            table_names, embedding_precision, resumed_plan, pooling_factors),
+            table_names,
+            embedding_precision,
+            resumed_plan,
+            pooling_factors,
+        ),
     )

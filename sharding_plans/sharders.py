@@ -7,7 +7,6 @@ used only when a constraint asks for a row split on CPU, so default plans are
 unchanged.
 """
 
-
 from torch import nn
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import get_default_sharders
@@ -31,9 +30,7 @@ class RowSplitsOnCpuSharder(EmbeddingBagCollectionSharder):
         return types
 
 
-def build_sharders(
-    row_splits_on_cpu: bool = False, prefetch_pipeline: bool = False
-) -> list[ModuleSharder[nn.Module]]:
+def build_sharders(row_splits_on_cpu: bool = False, prefetch_pipeline: bool = False) -> list[ModuleSharder[nn.Module]]:
     """torchrec's default sharders, with the EmbeddingBagCollection one replaced by
     `RowSplitsOnCpuSharder` when ``row_splits_on_cpu``, and given the fused parameter
     ``prefetch_pipeline=True`` when ``prefetch_pipeline``.
@@ -50,12 +47,9 @@ def build_sharders(
         sharders = build_sharders(constraints.row_splits_on_cpu(tables, "cpu"))
         sharders = build_sharders(prefetch_pipeline=config.pipeline == "prefetch")
     """
-    sharders: list[ModuleSharder[nn.Module]] = get_default_sharders()  # type: ignore[assignment]
+    sharders: list[ModuleSharder[nn.Module]] = get_default_sharders()
     if not row_splits_on_cpu and not prefetch_pipeline:
         return sharders
     cls = RowSplitsOnCpuSharder if row_splits_on_cpu else EmbeddingBagCollectionSharder
     fused_params = {"prefetch_pipeline": True} if prefetch_pipeline else None
-    return [
-        cls(fused_params=fused_params) if type(s) is EmbeddingBagCollectionSharder else s  # type: ignore[misc]
-        for s in sharders
-    ]
+    return [cls(fused_params=fused_params) if type(s) is EmbeddingBagCollectionSharder else s for s in sharders]

@@ -20,9 +20,9 @@ annotations only.
 import dataclasses
 import math
 import os
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from common.config_flags import FlagError, flag, option
 from common.errors import BadInput
@@ -62,14 +62,16 @@ class PlanDoesNotFit(RuntimeError):
 
 # ---------------------------------------------------------------- constraints
 
+
 @dataclass
 class ShardingFlags:
     """The constraint flags as given (the training and the plan command lines share
     them): one value for every table, ``TABLE=VALUE,...``, or both (the default first)."""
 
-    sharding_type: Optional[str] = flag(
-        None, help=f"{'|'.join(SHARDING_TYPES)}, for every table or per table: t_cat_0=row_wise,t_cat_1=table_wise")
-    compute_kernel: Optional[str] = flag(None, help=f"{'|'.join(COMPUTE_KERNELS)}, for every table or per table")
+    sharding_type: str | None = flag(
+        None, help=f"{'|'.join(SHARDING_TYPES)}, for every table or per table: t_cat_0=row_wise,t_cat_1=table_wise"
+    )
+    compute_kernel: str | None = flag(None, help=f"{'|'.join(COMPUTE_KERNELS)}, for every table or per table")
 
     def constraints(self) -> "ShardingConstraints":
         return ShardingConstraints.from_flags(self.sharding_type, self.compute_kernel)
@@ -97,26 +99,26 @@ class ShardingConstraints:
     compute_kernels: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_flags(cls, sharding_type: Optional[str], compute_kernel: Optional[str]) -> "ShardingConstraints":
+    def from_flags(cls, sharding_type: str | None, compute_kernel: str | None) -> "ShardingConstraints":
         """From the texts of --sharding_type and --compute_kernel (None: not given)."""
         return cls(
-            sharding_types=parse_table_choices(sharding_type, _SHARDING_TYPE, SHARDING_TYPES)
-            if sharding_type else {},
+            sharding_types=parse_table_choices(sharding_type, _SHARDING_TYPE, SHARDING_TYPES) if sharding_type else {},
             compute_kernels=parse_table_choices(compute_kernel, _COMPUTE_KERNEL, COMPUTE_KERNELS)
-            if compute_kernel else {},
+            if compute_kernel
+            else {},
         )
 
     @property
     def empty(self) -> bool:
         return not self.sharding_types and not self.compute_kernels
 
-    def sharding_type(self, table: str) -> Optional[str]:
+    def sharding_type(self, table: str) -> str | None:
         return self.sharding_types.get(table, self.sharding_types.get(ALL_TABLES))
 
-    def compute_kernel(self, table: str) -> Optional[str]:
+    def compute_kernel(self, table: str) -> str | None:
         return self.compute_kernels.get(table, self.compute_kernels.get(ALL_TABLES))
 
-    def validate(self, table_names: Sequence[str], compute_device: Optional[str] = None) -> None:
+    def validate(self, table_names: Sequence[str], compute_device: str | None = None) -> None:
         """Raises FlagError (one line naming the flag) for unknown tables and for
         choices that cannot work together or on ``compute_device`` (None: skip those)."""
         known = set(table_names)
@@ -127,9 +129,13 @@ class ShardingConstraints:
         for table in table_names:
             sharding, kernel = self.sharding_type(table), self.compute_kernel(table)
             if sharding == "data_parallel" and kernel not in (None, "dense"):
-                raise FlagError(f"{_COMPUTE_KERNEL}: table {table} is data_parallel, which needs the dense kernel, not {kernel}")
+                raise FlagError(
+                    f"{_COMPUTE_KERNEL}: table {table} is data_parallel, which needs the dense kernel, not {kernel}"
+                )
             if kernel == "dense" and sharding not in (None, "data_parallel"):
-                raise FlagError(f"{_COMPUTE_KERNEL}: the dense kernel is for data_parallel tables only, {table} is {sharding}")
+                raise FlagError(
+                    f"{_COMPUTE_KERNEL}: the dense kernel is for data_parallel tables only, {table} is {sharding}"
+                )
             if compute_device == "cpu" and kernel in CUDA_ONLY_KERNELS:
                 raise FlagError(f"{_COMPUTE_KERNEL}: {kernel} ({table}) needs CUDA, the compute device is cpu")
 
@@ -138,8 +144,9 @@ class ShardingConstraints:
         weights would be data-parallel under these constraints (`check_table_precision`)."""
         for table in table_names:
             kernel = self.compute_kernel(table)
-            check_table_precision(table, "data_parallel" if kernel == "dense" else self.sharding_type(table),
-                                  precision, source)
+            check_table_precision(
+                table, "data_parallel" if kernel == "dense" else self.sharding_type(table), precision, source
+            )
 
     def row_splits_on_cpu(self, table_names: Sequence[str], compute_device: str) -> bool:
         """True when some table asks for a row split the stock CPU sharder does not offer."""
@@ -165,7 +172,7 @@ class ShardingConstraints:
             if sharding is None and kernel is None and not row_splits_offered:
                 continue
             if sharding is not None:
-                sharding_types: Optional[list[str]] = [sharding]
+                sharding_types: list[str] | None = [sharding]
             elif kernel is not None or row_splits_offered:
                 # The types the kernel can run (the planner warns per table otherwise).
                 offered = CPU_SHARDING_TYPES if compute_device == "cpu" else SHARDING_TYPES
@@ -199,25 +206,34 @@ class TopologyFlags:
     (`sharding_plans.cli`), a preset sets them all."""
 
     world_size: int = flag(1, help="ranks")
-    local_world_size: Optional[int] = flag(None, help="ranks per host (default 8, at most the world size)")
+    local_world_size: int | None = flag(None, help="ranks per host (default 8, at most the world size)")
     compute_device: str = flag("cuda", choices=("cuda", "cpu"), help="where the tables live")
-    hbm_gb: Optional[float] = flag(None, help="GiB of memory per GPU (cuda; default: this machine's GPU)")
-    ddr_gb: Optional[float] = flag(None, help="GiB of host memory per rank (default: this machine's memory "
-                                              "/ --local_world_size)")
-    intra_node_bandwidth: Optional[float] = flag(None, help="GiB/s between ranks of a host (default torchrec's)")
-    inter_node_bandwidth: Optional[float] = flag(None, help="GiB/s between hosts, per rank (default torchrec's)")
+    hbm_gb: float | None = flag(None, help="GiB of memory per GPU (cuda; default: this machine's GPU)")
+    ddr_gb: float | None = flag(
+        None, help="GiB of host memory per rank (default: this machine's memory / --local_world_size)"
+    )
+    intra_node_bandwidth: float | None = flag(None, help="GiB/s between ranks of a host (default torchrec's)")
+    inter_node_bandwidth: float | None = flag(None, help="GiB/s between hosts, per rank (default torchrec's)")
 
     def validate(self) -> None:
         """Raises FlagError naming the flag: sizes and bandwidths must be positive, a
         host no larger than the job, and --hbm_gb is for cuda."""
-        for name in ("world_size", "local_world_size", "hbm_gb", "ddr_gb", "intra_node_bandwidth",
-                     "inter_node_bandwidth"):
+        for name in (
+            "world_size",
+            "local_world_size",
+            "hbm_gb",
+            "ddr_gb",
+            "intra_node_bandwidth",
+            "inter_node_bandwidth",
+        ):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise FlagError(f"{option(self, name)} must be positive, got {value:g}")
         if self.local_world_size is not None and self.local_world_size > self.world_size:
-            raise FlagError(f"{option(self, 'local_world_size')} ({self.local_world_size}) must not exceed "
-                            f"the world size ({self.world_size})")
+            raise FlagError(
+                f"{option(self, 'local_world_size')} ({self.local_world_size}) must not exceed "
+                f"the world size ({self.world_size})"
+            )
         if self.compute_device == "cpu" and self.hbm_gb is not None:
             raise FlagError("--hbm_gb is for --compute_device cuda; with cpu the tables live in --ddr_gb")
 
@@ -241,10 +257,10 @@ class PlannerConfig:
     local_world_size: int
     compute_device: str
     batch_size: int
-    hbm_cap_bytes: Optional[int] = None
-    ddr_cap_bytes: Optional[int] = None
-    intra_host_bw_gib_s: Optional[float] = None
-    inter_host_bw_gib_s: Optional[float] = None
+    hbm_cap_bytes: int | None = None
+    ddr_cap_bytes: int | None = None
+    intra_host_bw_gib_s: float | None = None
+    inter_host_bw_gib_s: float | None = None
 
     def validate(self) -> None:
         if self.compute_device not in ("cuda", "cpu"):
@@ -325,7 +341,7 @@ class SavedPlan:
     topology: PlannerConfig
     tables: dict[str, TableSpec]
     plan: "ShardingPlan"
-    estimates: Optional[list[RankEstimate]] = None
+    estimates: list[RankEstimate] | None = None
 
 
 @dataclass
@@ -357,7 +373,7 @@ class PlanRequest:
     optimizer: str
     topology: PlannerConfig
     constraints: ShardingConstraints = field(default_factory=ShardingConstraints)
-    pooling_factors: Optional[list[float]] = None
+    pooling_factors: list[float] | None = None
 
     @property
     def model_config(self) -> ModelConfig:
@@ -376,8 +392,10 @@ class PlanRequest:
     def tables(self) -> dict[str, TableSpec]:
         """{table: TableSpec} in model order."""
         config = self.model_config
-        return {name: TableSpec(rows, self.embedding_dim, self.embedding_precision)
-                for name, rows in zip(config.table_names, self.num_embeddings_per_feature)}
+        return {
+            name: TableSpec(rows, self.embedding_dim, self.embedding_precision)
+            for name, rows in zip(config.table_names, self.num_embeddings_per_feature)
+        }
 
     def validate(self) -> None:
         """Raises BadInput (one line naming the flag) for bad tables or constraints."""

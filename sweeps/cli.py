@@ -11,9 +11,9 @@ succeeded; 1 a run failed; 2 bad input. Run it from the repository root (local j
 start the entry points from the current directory, as ``torchx run`` does).
 """
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Optional
-from collections.abc import Sequence
+from typing import Any
 
 from common.cli import OneLineParser, positive_int, run_cli
 from common.config_flags import add_flags, config_values, flag
@@ -30,8 +30,9 @@ class RunFlags:
     """``run``: launch every configuration of a sweep file, then report."""
 
     sweep: str = flag(help="the sweep's YAML file", positional=True)
-    max_parallel: Optional[int] = flag(None, parse=positive_int,
-                                       help="jobs in flight at once (default 1 on local_cwd, every job elsewhere)")
+    max_parallel: int | None = flag(
+        None, parse=positive_int, help="jobs in flight at once (default 1 on local_cwd, every job elsewhere)"
+    )
     dryrun: bool = flag(False, help="print every job's command and scheduler request; launch nothing")
 
 
@@ -123,16 +124,19 @@ def _status(args: OutputDirFlags) -> int:
             code = record.exit_code if record.exit_code is not None else "unknown"
             line += f"  exit code {code}: {record.error}"
         print(line)
-    counts = {s: sum(1 for r in records if live.get(r.name, r.state) == s) for s in
-              ("pending", "submitted", "running", "succeeded", "failed", "cancelled")}
+    counts = {
+        s: sum(1 for r in records if live.get(r.name, r.state) == s)
+        for s in ("pending", "submitted", "running", "succeeded", "failed", "cancelled")
+    }
     print(", ".join(f"{n} {s}" for s, n in counts.items() if n))
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Runs a subcommand; returns the exit code (bad input: one line on stderr, 2)."""
     args = build_parser().parse_args(argv)
     flags_class = COMMANDS[args.command][1]
     flags = flags_class(**config_values(flags_class, args))
-    command = {"run": _run, "report": _report, "status": _status}[args.command]
+    commands: dict[str, Callable[[Any], int]] = {"run": _run, "report": _report, "status": _status}
+    command = commands[args.command]
     return run_cli(lambda: command(flags), PROG)

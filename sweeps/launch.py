@@ -19,7 +19,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-from typing import Optional
 from collections.abc import Callable, Iterable
 
 import torchx.specs as specs
@@ -53,12 +52,14 @@ def check_component_args(spec: SweepSpec) -> None:
     parameters = inspect.signature(COMPONENTS[spec.script]).parameters
     for key in spec.component_args:
         if key in SWEEP_COMPONENT_ARGS:
-            raise spec.error(f"component_args.{key}", "set by the sweep (nnodes x nproc_per_node, run names, "
-                                                       "checkpoints: true)")
+            raise spec.error(
+                f"component_args.{key}", "set by the sweep (nnodes x nproc_per_node, run names, checkpoints: true)"
+            )
         if key not in parameters or parameters[key].kind is inspect.Parameter.VAR_POSITIONAL:
             known = [p for p in parameters if p not in SWEEP_COMPONENT_ARGS and p != "script_args"]
-            raise spec.error(f"component_args.{key}", f"not a parameter of the {spec.script} component "
-                                                       f"(known: {', '.join(known)})")
+            raise spec.error(
+                f"component_args.{key}", f"not a parameter of the {spec.script} component (known: {', '.join(known)})"
+            )
 
 
 def build_app(spec: SweepSpec, record: RunRecord) -> specs.AppDef:
@@ -71,7 +72,7 @@ def build_app(spec: SweepSpec, record: RunRecord) -> specs.AppDef:
     return COMPONENTS[spec.script](*record.argv, **kwargs)
 
 
-def scheduler_cfg(runner: Runner, spec: SweepSpec, run_dir: Optional[str]) -> dict[str, specs.CfgVal]:
+def scheduler_cfg(runner: Runner, spec: SweepSpec, run_dir: str | None) -> dict[str, specs.CfgVal]:
     """The scheduler's run config: ``scheduler_args``, then the repository's
     .torchxconfig defaults (as ``torchx run -cfg`` would); local runs write their
     processes' output under ``RUN_DIR/torchx`` unless ``log_dir`` is given.
@@ -83,8 +84,10 @@ def scheduler_cfg(runner: Runner, spec: SweepSpec, run_dir: Optional[str]) -> di
     cfg: dict[str, specs.CfgVal] = {}
     for key, value in spec.scheduler_args.items():
         if opts.get(key) is None:
-            raise spec.error(f"scheduler_args.{key}", f"not an option of the {spec.scheduler} scheduler "
-                                                       f"(torchx runopts {spec.scheduler} lists them)")
+            raise spec.error(
+                f"scheduler_args.{key}",
+                f"not an option of the {spec.scheduler} scheduler (torchx runopts {spec.scheduler} lists them)",
+            )
         text = str(value).lower() if isinstance(value, bool) else str(value)
         try:
             cfg.update(opts.cfg_from_str(f"{key}={text}"))
@@ -102,7 +105,7 @@ def job_command(app: specs.AppDef) -> str:
     return shlex.join([role.entrypoint, *role.args])
 
 
-def failure_from_output(lines: Iterable[str]) -> tuple[Optional[int], Optional[str]]:
+def failure_from_output(lines: Iterable[str]) -> tuple[int | None, str | None]:
     """(exit code, last error line) from a failed job's output.
 
     The exit code is from torchrun's failure summary (the entry points' codes: 2 bad
@@ -146,13 +149,17 @@ def job_output(runner: Runner, app_handle: str, app: specs.AppDef) -> list[str]:
     return lines
 
 
-def slurm_pending_reason(app_id: str) -> Optional[str]:
+def slurm_pending_reason(app_id: str) -> str | None:
     """Why Slurm holds job ``app_id`` pending (squeue's reason), or None when it is
     not pending or squeue is not there."""
     if shutil.which("squeue") is None:
         return None
-    proc = subprocess.run(["squeue", "--noheader", "--states=PENDING", "--format=%r", "--jobs", app_id],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["squeue", "--noheader", "--states=PENDING", "--format=%r", "--jobs", app_id],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     reasons = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
     return reasons[0] if proc.returncode == 0 and reasons else None
 

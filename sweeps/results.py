@@ -22,37 +22,63 @@ import io
 import os
 import shlex
 import statistics
-from typing import Any, Optional
 from collections.abc import Sequence
+from typing import Any
 
 from common.atomic import write_text
 from common.byte_sizes import GIB
-from common.png_figure import png_figure
 from common.errors import BadInput
+from common.png_figure import png_figure
 from common.run_log_file import TestedModel, read_run_log
 from sweeps.run_state import FAILED, RunRecord
+from sweeps.spec import value_text
+from sweeps.table_memory import table_memory
 from training.failures import EXIT_DIVERGED, EXIT_NON_FINITE_LOSS
 
 # A failed run that ended with one of these exit codes diverged (a NaN loss, or figures
 # no better than a constant predictor's): its row's state says so, not "failed".
 DIVERGED = "diverged"
 _DIVERGED_CODES = (EXIT_NON_FINITE_LOSS, EXIT_DIVERGED)
-from sweeps.spec import value_text
-from sweeps.table_memory import table_memory
 
-COLUMNS = ("run", "state", "table_gib", "planner_gib", "planned_rank_gib", "built_rank_gib", "ranks", "local_batch_size", "global_batch_size",
-           "val_auroc", "test_auroc", "test_log_loss", "model", "records_per_sec", "train_seconds", "peak_memory_bytes",
-           "flags")
+COLUMNS = (
+    "run",
+    "state",
+    "table_gib",
+    "planner_gib",
+    "planned_rank_gib",
+    "built_rank_gib",
+    "ranks",
+    "local_batch_size",
+    "global_batch_size",
+    "val_auroc",
+    "test_auroc",
+    "test_log_loss",
+    "model",
+    "records_per_sec",
+    "train_seconds",
+    "peak_memory_bytes",
+    "flags",
+)
 # results.md headings (the public example's wording where it has one).
-_HEADINGS = {"run": "Run", "state": "State", "table_gib": "Size of embedding tables (GiB)",
-             "planner_gib": "Planner estimate (GiB)",
-             "planned_rank_gib": "Planner estimate, largest rank (GiB)",
-             "built_rank_gib": "Tables measured, that rank (GiB)", "ranks": "Ranks", "local_batch_size": "Local batch size",
-             "global_batch_size": "Global batch size", "val_auroc": "AUROC over val set",
-             "test_auroc": "AUROC over test set", "test_log_loss": "Test log loss",
-             "model": "Model of these AUROCs",
-             "records_per_sec": "Train records/second", "train_seconds": "Time to train (s)",
-             "peak_memory_bytes": "Peak memory per rank (GiB)", "flags": "Unique flags"}
+_HEADINGS = {
+    "run": "Run",
+    "state": "State",
+    "table_gib": "Size of embedding tables (GiB)",
+    "planner_gib": "Planner estimate (GiB)",
+    "planned_rank_gib": "Planner estimate, largest rank (GiB)",
+    "built_rank_gib": "Tables measured, that rank (GiB)",
+    "ranks": "Ranks",
+    "local_batch_size": "Local batch size",
+    "global_batch_size": "Global batch size",
+    "val_auroc": "AUROC over val set",
+    "test_auroc": "AUROC over test set",
+    "test_log_loss": "Test log loss",
+    "model": "Model of these AUROCs",
+    "records_per_sec": "Train records/second",
+    "train_seconds": "Time to train (s)",
+    "peak_memory_bytes": "Peak memory per rank (GiB)",
+    "flags": "Unique flags",
+}
 # results.md ranks runs (and configurations) by this validation metric, higher first.
 RANK_COLUMN = "val_auroc"
 # The metrics a configuration repeated over seeds shows as mean ± standard deviation.
@@ -78,7 +104,7 @@ def read_log(path: str) -> list[dict[str, Any]]:
     return [r for r in records if r["run_id"] == last]
 
 
-def _last(records: list[dict[str, Any]], event: str, stage: Optional[str] = None) -> Optional[dict[str, Any]]:
+def _last(records: list[dict[str, Any]], event: str, stage: str | None = None) -> dict[str, Any] | None:
     matching = [r for r in records if r["event"] == event and (stage is None or r.get("stage") == stage)]
     return matching[-1] if matching else None
 
@@ -100,9 +126,13 @@ def collect_row(record: RunRecord) -> dict[str, Any]:
     config = _last(records, "config")
     if config is not None:
         memory = table_memory(config, record.ranks_per_node, record.directory)
-        row.update(table_gib=memory.weight_bytes / GIB, planner_gib=memory.planner_bytes / GIB,
-                   ranks=config["world_size"], local_batch_size=config["data"]["batch_size"],
-                   global_batch_size=config["data"]["batch_size"] * config["world_size"])
+        row.update(
+            table_gib=memory.weight_bytes / GIB,
+            planner_gib=memory.planner_bytes / GIB,
+            ranks=config["world_size"],
+            local_batch_size=config["data"]["batch_size"],
+            global_batch_size=config["data"]["batch_size"] * config["world_size"],
+        )
     plan_memory = _last(records, "plan_memory")
     if plan_memory is not None and plan_memory.get("estimated_bytes"):
         # The rank the plan loads most, and what its tables took (training/plan_memory.py).
@@ -120,12 +150,18 @@ def collect_row(record: RunRecord) -> dict[str, Any]:
     if validation is not None:
         row["val_auroc"] = validation.get("auroc")
     if test is not None:
-        row.update(test_auroc=test.get("auroc"), test_log_loss=test.get("log_loss"),
-                   model=tested.text() if tested is not None else None)
+        row.update(
+            test_auroc=test.get("auroc"),
+            test_log_loss=test.get("log_loss"),
+            model=tested.text() if tested is not None else None,
+        )
     summary = _last(records, "summary")
     if summary is not None:
-        row.update(records_per_sec=summary.get("records_per_sec"), train_seconds=summary.get("train_seconds"),
-                   peak_memory_bytes=max(summary.get("peak_memory_bytes") or [0]) or None)
+        row.update(
+            records_per_sec=summary.get("records_per_sec"),
+            train_seconds=summary.get("train_seconds"),
+            peak_memory_bytes=max(summary.get("peak_memory_bytes") or [0]) or None,
+        )
     return row
 
 
@@ -176,11 +212,20 @@ def format_seed_table(rows: Sequence[dict[str, Any]], records: Sequence[RunRecor
     for config, members in configs.items():
         values = {c: [row[c] for row in members if row[c] is not None] for c in SEED_COLUMNS}
         rank_values = values[RANK_COLUMN]
-        summaries.append({"config": config, "runs": f"{len(rank_values)}/{len(members)}",
-                          "rank": statistics.mean(rank_values) if rank_values else None,
-                          "cells": [_mean_std(values[c]) for c in SEED_COLUMNS]})
-    lines = ["| Configuration | Runs with results | " + " | ".join(_HEADINGS[c] + " (mean ± sd)" for c in SEED_COLUMNS)
-             + " |", "|" + "|".join("---" for _ in range(2 + len(SEED_COLUMNS))) + "|"]
+        summaries.append(
+            {
+                "config": config,
+                "runs": f"{len(rank_values)}/{len(members)}",
+                "rank": statistics.mean(rank_values) if rank_values else None,
+                "cells": [_mean_std(values[c]) for c in SEED_COLUMNS],
+            }
+        )
+    lines = [
+        "| Configuration | Runs with results | "
+        + " | ".join(_HEADINGS[c] + " (mean ± sd)" for c in SEED_COLUMNS)
+        + " |",
+        "|" + "|".join("---" for _ in range(2 + len(SEED_COLUMNS))) + "|",
+    ]
     for summary in ranked(summaries, "rank"):
         lines.append("| " + " | ".join([summary["config"], summary["runs"], *summary["cells"]]) + " |")
     return "\n".join(lines) + "\n"
@@ -193,15 +238,16 @@ def format_markdown(rows: Sequence[dict[str, Any]], records: Sequence[RunRecord]
     lines = []
     if any(r.config for r in records):
         lines += [format_seed_table(rows, records).rstrip("\n"), ""]
-    lines += ["| " + " | ".join(_HEADINGS[c] for c in COLUMNS) + " |",
-              "|" + "|".join("---" for _ in COLUMNS) + "|"]
-    lines += ["| " + " | ".join(_cell(c, row[c]).replace("|", "\\|") for c in COLUMNS) + " |"
-              for row in ranked(rows)]
+    lines += ["| " + " | ".join(_HEADINGS[c] for c in COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    lines += ["| " + " | ".join(_cell(c, row[c]).replace("|", "\\|") for c in COLUMNS) + " |" for row in ranked(rows)]
     failures = [r for r in records if r.state == FAILED]
     if failures:
         lines.append("")
-        lines += [f"- {r.name} {'diverged' if run_state(r) == DIVERGED else 'failed'} "
-                  f"(exit code {r.exit_code if r.exit_code is not None else 'unknown'}): {r.error}" for r in failures]
+        lines += [
+            f"- {r.name} {'diverged' if run_state(r) == DIVERGED else 'failed'} "
+            f"(exit code {r.exit_code if r.exit_code is not None else 'unknown'}): {r.error}"
+            for r in failures
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -250,8 +296,11 @@ def draw_panels(axes: Sequence[Any], rows: Sequence[dict[str, Any]]) -> None:
     log_axis = bool(sizes) and max(sizes) / min(sizes) >= LOG_AXIS_MIN_RATIO
     keys = grid_keys(rows)
     for ax, column, label in ((axes[0], "test_auroc", "test AUROC"), (axes[1], "records_per_sec", "train records/s")):
-        points = [(row["table_gib"], row[column], point_label(row["run"])) for row in rows
-                  if row["table_gib"] and row[column] is not None]
+        points = [
+            (row["table_gib"], row[column], point_label(row["run"]))
+            for row in rows
+            if row["table_gib"] and row[column] is not None
+        ]
         ax.plot([p[0] for p in points], [p[1] for p in points], "o")
         for x, y, name in points:
             ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize="small")

@@ -15,7 +15,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from common.atomic import write_json
 from common.errors import BadInput
@@ -23,7 +23,13 @@ from common.errors import BadInput
 RUN_FILE = "run.json"
 LOG_FILE = "log.jsonl"
 PENDING, SUBMITTED, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
-    "pending", "submitted", "running", "succeeded", "failed", "cancelled")
+    "pending",
+    "submitted",
+    "running",
+    "succeeded",
+    "failed",
+    "cancelled",
+)
 TERMINAL = (SUCCEEDED, FAILED, CANCELLED)
 
 
@@ -62,12 +68,12 @@ class RunRecord:
     ranks: int
     ranks_per_node: int
     state: str = PENDING
-    app_handle: Optional[str] = None
-    exit_code: Optional[int] = None
-    error: Optional[str] = None
-    submitted: Optional[float] = None
-    finished: Optional[float] = None
-    config: Optional[str] = None
+    app_handle: str | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    submitted: float | None = None
+    finished: float | None = None
+    config: str | None = None
 
     @property
     def log_path(self) -> str:
@@ -96,8 +102,11 @@ def read_runs(output_dir: str) -> list[RunRecord]:
     """
     if not os.path.isdir(output_dir):
         raise RunStateError(f"{output_dir}: no such directory")
-    records = [RunRecord.read(os.path.join(output_dir, d)) for d in sorted(os.listdir(output_dir))
-               if os.path.isfile(os.path.join(output_dir, d, RUN_FILE))]
+    records = [
+        RunRecord.read(os.path.join(output_dir, d))
+        for d in sorted(os.listdir(output_dir))
+        if os.path.isfile(os.path.join(output_dir, d, RUN_FILE))
+    ]
     if not records:
         raise RunStateError(f"{output_dir}: no sweep runs here (no */{RUN_FILE})")
     return sorted(records, key=lambda r: r.index)

@@ -17,22 +17,43 @@ Example::
 import os
 import sys
 import time
-from typing import Optional, TextIO
+from typing import TextIO
 
 import torchx.specs as specs
 from torchx.runner import Runner, get_runner
 from torchx.specs.api import AppState, parse_app_handle
 
-from sweeps.launch import (SLURM_HOPELESS_REASONS, build_app, failure_from_output, job_command, job_output,
-                           move_slurm_logs, scheduler_cfg, slurm_pending_reason)
-from sweeps.run_state import (CANCELLED, FAILED, PENDING, RUNNING, SUBMITTED, SUCCEEDED, TERMINAL, RunRecord,
-                              RunStateError)
+from sweeps.launch import (
+    SLURM_HOPELESS_REASONS,
+    build_app,
+    failure_from_output,
+    job_command,
+    job_output,
+    move_slurm_logs,
+    scheduler_cfg,
+    slurm_pending_reason,
+)
+from sweeps.run_state import (
+    CANCELLED,
+    FAILED,
+    PENDING,
+    RUNNING,
+    SUBMITTED,
+    SUCCEEDED,
+    TERMINAL,
+    RunRecord,
+    RunStateError,
+)
 from sweeps.spec import SweepSpec
 
 POLL_SECONDS = {"local_cwd": 1.0}
 DEFAULT_POLL_SECONDS = 10.0
-_STATES = {AppState.SUCCEEDED: SUCCEEDED, AppState.FAILED: FAILED, AppState.CANCELLED: CANCELLED,
-           AppState.RUNNING: RUNNING}
+_STATES = {
+    AppState.SUCCEEDED: SUCCEEDED,
+    AppState.FAILED: FAILED,
+    AppState.CANCELLED: CANCELLED,
+    AppState.RUNNING: RUNNING,
+}
 
 
 def plan_records(spec: SweepSpec, commands: dict[str, list[str]]) -> list[RunRecord]:
@@ -42,11 +63,19 @@ def plan_records(spec: SweepSpec, commands: dict[str, list[str]]) -> list[RunRec
     for run in spec.runs():
         directory = os.path.join(spec.output_dir, run.name)
         argv = [*commands[run.name], "--log_path", os.path.join(directory, "log.jsonl")]
-        record = RunRecord(index=run.index, name=run.name, directory=directory, grid_values=run.grid_values,
-                           argv=argv, scheduler=spec.scheduler, ranks=spec.ranks,
-                           ranks_per_node=spec.nproc_per_node, config=run.config)
+        record = RunRecord(
+            index=run.index,
+            name=run.name,
+            directory=directory,
+            grid_values=run.grid_values,
+            argv=argv,
+            scheduler=spec.scheduler,
+            ranks=spec.ranks,
+            ranks_per_node=spec.nproc_per_node,
+            config=run.config,
+        )
         try:
-            previous: Optional[RunRecord] = RunRecord.read(directory)
+            previous: RunRecord | None = RunRecord.read(directory)
         except RunStateError:
             previous = None
         if previous is not None and previous.argv == argv and previous.scheduler == spec.scheduler:
@@ -55,7 +84,7 @@ def plan_records(spec: SweepSpec, commands: dict[str, list[str]]) -> list[RunRec
     return records
 
 
-def dryrun(spec: SweepSpec, records: list[RunRecord], out: Optional[TextIO] = None) -> None:
+def dryrun(spec: SweepSpec, records: list[RunRecord], out: TextIO | None = None) -> None:
     """Prints every job's command and scheduler request (to ``out``, default stdout);
     launches and writes nothing."""
     out = out or sys.stdout
@@ -81,8 +110,9 @@ class SweepRunner:
         out: where progress lines go (default stdout).
     """
 
-    def __init__(self, spec: SweepSpec, records: list[RunRecord], max_parallel: Optional[int] = None,
-                 out: Optional[TextIO] = None) -> None:
+    def __init__(
+        self, spec: SweepSpec, records: list[RunRecord], max_parallel: int | None = None, out: TextIO | None = None
+    ) -> None:
         self.spec = spec
         self.records = records
         default = 1 if spec.scheduler == "local_cwd" else len(records)
@@ -123,8 +153,11 @@ class SweepRunner:
 
     def _in_flight_remotely(self, record: RunRecord) -> bool:
         # A local job died with the sweep process that started it.
-        return record.state in (SUBMITTED, RUNNING) and record.app_handle is not None \
+        return (
+            record.state in (SUBMITTED, RUNNING)
+            and record.app_handle is not None
             and self.spec.scheduler != "local_cwd"
+        )
 
     def _submit(self, runner: Runner, record: RunRecord) -> bool:
         log = record.log_path
@@ -132,8 +165,9 @@ class SweepRunner:
             os.replace(log, f"{log}.{int(os.path.getmtime(log))}")
         try:
             app = build_app(self.spec, record)
-            record.app_handle = runner.run(app, self.spec.scheduler, cfg=scheduler_cfg(runner, self.spec,
-                                                                                       record.directory))
+            record.app_handle = runner.run(
+                app, self.spec.scheduler, cfg=scheduler_cfg(runner, self.spec, record.directory)
+            )
         except Exception as e:  # the scheduler refused it (no sbatch, bad queue, ...): the others go on
             record.state, record.error = FAILED, f"not submitted: {type(e).__name__}: {e}".splitlines()[0]
             record.finished = time.time()
@@ -156,9 +190,11 @@ class SweepRunner:
             if reason in SLURM_HOPELESS_REASONS:
                 runner.cancel(record.app_handle)
                 record.state = FAILED
-                record.error = (f"Slurm holds the job pending with reason {reason}, which waiting never clears: "
-                                "it asks for more than the partition gives (size component_args h/cpu/memMB "
-                                "to the partition's nodes, see sinfo -o '%P %c %m')")
+                record.error = (
+                    f"Slurm holds the job pending with reason {reason}, which waiting never clears: "
+                    "it asks for more than the partition gives (size component_args h/cpu/memMB "
+                    "to the partition's nodes, see sinfo -o '%P %c %m')"
+                )
         elif status.state in _STATES:
             record.state = _STATES[status.state]
         if record.state == FAILED and record.exit_code is None and record.error is None:
@@ -169,7 +205,10 @@ class SweepRunner:
                 move_slurm_logs(parse_app_handle(record.app_handle)[2], record.directory)
             record.finished = time.time()
             seconds = record.finished - (record.submitted or record.finished)
-            detail = "" if record.state != FAILED else (
-                f" (exit code {record.exit_code if record.exit_code is not None else 'unknown'}): {record.error}")
+            detail = (
+                ""
+                if record.state != FAILED
+                else (f" (exit code {record.exit_code if record.exit_code is not None else 'unknown'}): {record.error}")
+            )
             self._say(record, f"{record.state} after {seconds:.0f} s{detail}")
         record.write()

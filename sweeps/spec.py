@@ -46,7 +46,7 @@ import os
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from common.errors import BadInput
 from common.yaml_file import load_yaml
@@ -54,8 +54,19 @@ from common.yaml_file import load_yaml
 SCRIPTS = ("dlrm_main.py", "dcnv2_main.py")
 SCHEDULERS = ("local_cwd", "slurm", "kubernetes")
 REQUIRED_KEYS = ("name", "script", "scheduler", "nnodes", "nproc_per_node", "output_dir")
-OPTIONAL_KEYS = ("grid", "zip", "seeds", "search", "trials", "search_seed", "space", "scheduler_args", "flags",
-                 "component_args", "checkpoints")
+OPTIONAL_KEYS = (
+    "grid",
+    "zip",
+    "seeds",
+    "search",
+    "trials",
+    "search_seed",
+    "space",
+    "scheduler_args",
+    "flags",
+    "component_args",
+    "checkpoints",
+)
 SEARCHES = ("grid", "random")
 DISTRIBUTIONS = ("choice", "uniform", "log_uniform", "int")
 # Drawn real values keep this many significant digits: the run's name then shows the
@@ -97,7 +108,7 @@ class RunSpec:
     name: str
     grid_values: dict[str, Any]
     flags: dict[str, Any]
-    config: Optional[str] = None
+    config: str | None = None
 
 
 @dataclass
@@ -149,13 +160,21 @@ class SweepSpec:
         runs: list[RunSpec] = []
         for parts, values in configs:
             config = _dir_name(parts)
-            for seed in self.seeds or [None]:
+            seeds: list[int | None] = [*self.seeds] or [None]
+            for seed in seeds:
                 grid_values, run_parts = dict(values), list(parts)
                 if seed is not None:
                     grid_values["seed"] = seed
                     run_parts.append(f"seed={seed}")
-                runs.append(RunSpec(len(runs), _dir_name(run_parts), grid_values, {**self.flags, **grid_values},
-                                    config if self.seeds else None))
+                runs.append(
+                    RunSpec(
+                        len(runs),
+                        _dir_name(run_parts),
+                        grid_values,
+                        {**self.flags, **grid_values},
+                        config if self.seeds else None,
+                    )
+                )
         return runs
 
     def _grid_configs(self) -> list[tuple[list[str], dict[str, Any]]]:
@@ -182,7 +201,7 @@ class SweepSpec:
         for trial in range(1, self.trials + 1):
             parts, values = [f"trial={trial:0{width}d}"], {}
             for key, distribution in self.space.items():
-                (kind, argument), = distribution.items()
+                ((kind, argument),) = distribution.items()
                 u = rng.random()
                 if kind == "choice":
                     i = min(int(u * len(argument)), len(argument) - 1)
@@ -224,7 +243,8 @@ def _entry_text(entries: list[Any], index: int, entry: Any) -> str:
     """How a run name shows a listed value: its name, its text, or its position when
     that text is too long."""
     if is_named(entry):
-        return entry["name"]
+        name: str = entry["name"]
+        return name
     text = value_text(entry)
     return f"v{index + 1}" if len(text) > _MAX_NAME_VALUE else text
 
@@ -268,7 +288,7 @@ def _mapping(path: str, document: dict[str, Any], key: str) -> dict[str, Any]:
     return value
 
 
-def parse_sweep(document: Any, path: str, base_dir: Optional[str] = None) -> SweepSpec:
+def parse_sweep(document: Any, path: str, base_dir: str | None = None) -> SweepSpec:
     """Checks a loaded YAML document; ``output_dir`` is taken relative to ``base_dir``
     (default: the current directory, where the sweep is launched from).
 
@@ -289,8 +309,9 @@ def parse_sweep(document: Any, path: str, base_dir: Optional[str] = None) -> Swe
     if document["script"] not in SCRIPTS:
         raise SweepError(f"{path}: script: expected one of {', '.join(SCRIPTS)}, got {document['script']!r}")
     if document["scheduler"] not in SCHEDULERS:
-        raise SweepError(f"{path}: scheduler: unknown scheduler {document['scheduler']!r} "
-                         f"(use one of {', '.join(SCHEDULERS)})")
+        raise SweepError(
+            f"{path}: scheduler: unknown scheduler {document['scheduler']!r} (use one of {', '.join(SCHEDULERS)})"
+        )
     output_dir = document["output_dir"]
     if not isinstance(output_dir, str) or not output_dir:
         raise SweepError(f"{path}: output_dir: expected a directory path, got {output_dir!r}")
@@ -324,8 +345,9 @@ def parse_sweep(document: Any, path: str, base_dir: Optional[str] = None) -> Swe
             if key in document:
                 raise spec.error(key, "only with search: random")
         if not spec.grid and not spec.zip:
-            raise spec.error("grid", "empty: give at least one training flag with a list of values "
-                                     "(or zip, or search: random)")
+            raise spec.error(
+                "grid", "empty: give at least one training flag with a list of values (or zip, or search: random)"
+            )
     if "seeds" in document:
         spec.seeds = _seeds(spec, document["seeds"])
     _check_flag_names(spec, "flags", list(spec.flags))
@@ -336,8 +358,11 @@ def parse_sweep(document: Any, path: str, base_dir: Optional[str] = None) -> Swe
             _check_entries(spec, f"{section}.{key}", entries)
     lengths = {key: len(entries) for key, entries in spec.zip.items()}
     if len(set(lengths.values())) > 1:
-        raise spec.error("zip", "its lists vary together and need one length, got "
-                                + ", ".join(f"{key}: {n}" for key, n in lengths.items()))
+        raise spec.error(
+            "zip",
+            "its lists vary together and need one length, got "
+            + ", ".join(f"{key}: {n}" for key, n in lengths.items()),
+        )
     seen: dict[str, str] = {}
     for key, section in spec.varied_sections().items():
         _check_flag_names(spec, section, [key])
@@ -365,8 +390,9 @@ def _check_entries(spec: SweepSpec, where: str, entries: Any) -> None:
             if set(entry) != {"name", "value"}:
                 raise spec.error(where, f"a named value is {{name: ..., value: ...}}, got {entry!r}")
             if not isinstance(entry["name"], str) or not _VALUE_NAME.fullmatch(entry["name"]):
-                raise spec.error(where, f"a value's name is letters, digits, '.', '_', '+' or '-', "
-                                        f"got {entry['name']!r}")
+                raise spec.error(
+                    where, f"a value's name is letters, digits, '.', '_', '+' or '-', got {entry['name']!r}"
+                )
         _check_flag_value(spec, where, entry_value(entry))
     names = [entry["name"] for entry in entries if is_named(entry)]
     if len(set(names)) != len(names):
@@ -395,11 +421,15 @@ def _check_random_search(spec: SweepSpec, document: dict[str, Any]) -> None:
         raise spec.error("space", "empty: give at least one training flag with a distribution")
     for key, distribution in spec.space.items():
         where = f"space.{key}"
-        if not (isinstance(distribution, dict) and len(distribution) == 1
-                and next(iter(distribution)) in DISTRIBUTIONS):
-            raise spec.error(where, f"expected one of {{choice: [...]}}, {{uniform: [low, high]}}, "
-                                    f"{{log_uniform: [low, high]}}, {{int: [low, high]}}, got {distribution!r}")
-        (kind, argument), = distribution.items()
+        if not (
+            isinstance(distribution, dict) and len(distribution) == 1 and next(iter(distribution)) in DISTRIBUTIONS
+        ):
+            raise spec.error(
+                where,
+                f"expected one of {{choice: [...]}}, {{uniform: [low, high]}}, "
+                f"{{log_uniform: [low, high]}}, {{int: [low, high]}}, got {distribution!r}",
+            )
+        ((kind, argument),) = distribution.items()
         if kind == "choice":
             _check_entries(spec, f"{where}.choice", argument)
             continue
@@ -415,8 +445,11 @@ def _check_random_search(spec: SweepSpec, document: dict[str, Any]) -> None:
 
 
 def _seeds(spec: SweepSpec, seeds: Any) -> list[int]:
-    if not isinstance(seeds, list) or not seeds or not all(
-            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)
+    ):
         raise spec.error("seeds", f"expected a non-empty list of non-negative integers, got {seeds!r}")
     if len(set(seeds)) != len(seeds):
         raise spec.error("seeds", "a seed is listed twice")

@@ -40,8 +40,13 @@ class TableMemory:
 def table_memory(config: dict[str, Any], ranks_per_node: int, cache_dir: str) -> TableMemory:
     """The table memory of the run whose log's config record is ``config``."""
     cache = os.path.join(cache_dir, CACHE_FILE)
-    key = {"model": config["model"], "world_size": config["world_size"], "optimizer": config["optim"]["optimizer"],
-           "batch_size": config["data"]["batch_size"], "sharding_constraints": config["sharding_constraints"]}
+    key = {
+        "model": config["model"],
+        "world_size": config["world_size"],
+        "optimizer": config["optim"]["optimizer"],
+        "batch_size": config["data"]["batch_size"],
+        "sharding_constraints": config["sharding_constraints"],
+    }
     try:
         with open(cache) as f:
             saved = json.load(f)
@@ -61,14 +66,21 @@ def table_memory(config: dict[str, Any], ranks_per_node: int, cache_dir: str) ->
         embedding_dim=model["embedding_dim"],
         embedding_precision=model["embedding_precision"],
         optimizer=config["optim"]["optimizer"],
-        topology=PlannerConfig(world_size=world_size, local_world_size=min(ranks_per_node, world_size),
-                               compute_device=device, batch_size=config["data"]["batch_size"],
-                               hbm_cap_bytes=_UNLIMITED_BYTES, ddr_cap_bytes=_UNLIMITED_BYTES),
+        topology=PlannerConfig(
+            world_size=world_size,
+            local_world_size=min(ranks_per_node, world_size),
+            compute_device=device,
+            batch_size=config["data"]["batch_size"],
+            hbm_cap_bytes=_UNLIMITED_BYTES,
+            ddr_cap_bytes=_UNLIMITED_BYTES,
+        ),
         constraints=ShardingConstraints(**config["sharding_constraints"]),
     )
     estimates = plan_request(request).estimates
     assert estimates is not None
-    memory = TableMemory(weight_bytes=sum(t.num_bytes for t in request.tables.values()),
-                         planner_bytes=sum(e.total_bytes for e in estimates))
+    memory = TableMemory(
+        weight_bytes=sum(t.num_bytes for t in request.tables.values()),
+        planner_bytes=sum(e.total_bytes for e in estimates),
+    )
     write_json(cache, {"key": key, **asdict(memory)})
     return memory

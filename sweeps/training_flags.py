@@ -10,7 +10,7 @@ Example::
 """
 
 import argparse
-from typing import Any
+from typing import Any, NoReturn
 
 from common.errors import BadInput
 from common.url_paths import check_url_path
@@ -62,12 +62,13 @@ class _Refusal(Exception):
     pass
 
 
-def _raise(message: str) -> None:
+def _raise(message: str) -> NoReturn:
     raise _Refusal(message)
 
 
-def _scaled_sizes(spec: SweepSpec, run: RunSpec, parser: argparse.ArgumentParser,
-                  switches: dict[str, bool]) -> list[int]:
+def _scaled_sizes(
+    spec: SweepSpec, run: RunSpec, parser: argparse.ArgumentParser, switches: dict[str, bool]
+) -> list[int]:
     """The data's own table sizes (what the run would use without sizes, scale or
     cap), each times the run's scale factor."""
     from training.flags import FlagError, config_from_args

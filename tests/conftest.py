@@ -59,8 +59,12 @@ def aoti_exported(tmp_path_factory) -> dict:
     ckpt = tiny_checkpoint(root, "aoti")
     started = time.perf_counter()
     inputs = export_model(ckpt, str(root / "model"), ["fp16", "int8"], fmt=AOTI_FORMAT)
-    return {"model": str(root / "model"), "inputs": inputs, "root": root,
-            "export_seconds": time.perf_counter() - started}
+    return {
+        "model": str(root / "model"),
+        "inputs": inputs,
+        "root": root,
+        "export_seconds": time.perf_counter() - started,
+    }
 
 
 @pytest.fixture
@@ -86,6 +90,7 @@ def pytest_runtest_setup(item):
     """In a test not marked slow, starting a process (a subprocess, a torch elastic
     launch, a process pool) fails, in its fixtures and its body: the fast tier
     (`pytest -m "not slow"`) starts none."""
+
     def refuse(*args, **kwargs):
         raise RuntimeError(f"{item.nodeid} starts a process: mark it @pytest.mark.slow")
 
@@ -106,4 +111,5 @@ def pytest_runtest_teardown(item):
     its fixtures are torn down."""
     yield
     from harness import launch
+
     launch.release_test_ports()

@@ -16,8 +16,14 @@ import pytest
 
 from common.errors import BadInput
 from serving import predict, quality_gate, serve
-from serving.model_files import (AOTI_INPUTS_KEY, MANIFEST_FILE, TRUST_FLAG, NativeCodeRefused,
-                                 package_input_columns, write_manifest)
+from serving.model_files import (
+    AOTI_INPUTS_KEY,
+    MANIFEST_FILE,
+    TRUST_FLAG,
+    NativeCodeRefused,
+    package_input_columns,
+    write_manifest,
+)
 from serving.model_inputs import PRECISIONS, aoti_file, aoti_variant, read_inputs
 from serving.predict import Predictor
 from serving.triton_repository import PACKAGE_NAME, TRITON_DIR, triton_model_name
@@ -28,7 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.native]
 def criteo_rows(count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Raw Criteo features: (count, 13) integers and (count, 26) hashes."""
     rng = np.random.default_rng(seed)
-    return rng.integers(-2, 1000, (count, 13)), rng.integers(0, 2 ** 32, (count, 26), dtype=np.uint64).astype(np.uint32)
+    return rng.integers(-2, 1000, (count, 13)), rng.integers(0, 2**32, (count, 26), dtype=np.uint64).astype(np.uint32)
 
 
 def test_each_precision_has_a_package_recorded_in_inputs_and_manifest(aoti_exported):
@@ -44,10 +50,15 @@ def test_each_precision_has_a_package_recorded_in_inputs_and_manifest(aoti_expor
         assert manifest[f"{TRITON_DIR}/{triton_model_name(precision)}/1/{PACKAGE_NAME}"] == manifest[entry.file]
         with zipfile.ZipFile(os.path.join(model, entry.file)) as archive:  # the columns loaders check
             assert package_input_columns(archive, entry.file) == {
-                "dense": inputs.num_dense_features, "sparse": sum(inputs.sparse_hotness)}
+                "dense": inputs.num_dense_features,
+                "sparse": sum(inputs.sparse_hotness),
+            }
     # The code-free variants are written as by the default format.
     assert {v: e.format for v, e in inputs.variants.items() if e.format != "aoti"} == {
-        "fp32": "torch.export", "fp16": "torch.export", "int8": "torch.export"}
+        "fp32": "torch.export",
+        "fp16": "torch.export",
+        "int8": "torch.export",
+    }
     print(f"export with three AOTInductor compilations: {aoti_exported['export_seconds']:.1f} s")
 
 
@@ -59,8 +70,9 @@ def test_a_trusted_package_predicts_as_its_program(aoti_exported, precision):
     dense, sparse = criteo_rows(300)
     expected = Predictor(aoti_exported["model"], precision).predict(dense, sparse)
     for batch_size in (7, 300):
-        got = Predictor(aoti_exported["model"], aoti_variant(precision), batch_size,
-                        trust_native_code=True).predict(dense, sparse)
+        got = Predictor(aoti_exported["model"], aoti_variant(precision), batch_size, trust_native_code=True).predict(
+            dense, sparse
+        )
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
 
 
@@ -126,8 +138,10 @@ def test_a_package_of_another_model_is_refused_before_its_code_runs(aoti_exporte
         inputs = json.load(open(inputs_path))
         inputs["sparse_hotness"][0] = 2
         json.dump(inputs, open(inputs_path, "w"))
-        message = (f"{path} takes inputs of 13 dense columns and 26 sparse columns, the directory's inputs.json "
-                   "describes 13 dense columns and 27 sparse columns: the file is another model's")
+        message = (
+            f"{path} takes inputs of 13 dense columns and 26 sparse columns, the directory's inputs.json "
+            "describes 13 dense columns and 27 sparse columns: the file is another model's"
+        )
     else:
         original = open(path, "rb").read()
         with zipfile.ZipFile(io.BytesIO(original)) as old, zipfile.ZipFile(path, "w") as new:
@@ -136,8 +150,10 @@ def test_a_package_of_another_model_is_refused_before_its_code_runs(aoti_exporte
                 if info.filename.endswith("_metadata.json"):
                     data = json.dumps({k: v for k, v in json.loads(data).items() if k != AOTI_INPUTS_KEY}).encode()
                 new.writestr(info, data)
-        message = (f"{path}: an AOTInductor package that does not record its input columns (exported before "
-                   "packages kept them): export the checkpoint again (python -m serving.export --format aoti)")
+        message = (
+            f"{path}: an AOTInductor package that does not record its input columns (exported before "
+            "packages kept them): export the checkpoint again (python -m serving.export --format aoti)"
+        )
     write_manifest(model)
     lines = tmp_path / "lines.tsv"
     lines.write_text("1" + "\t1" * 13 + "\ta1" * 26 + "\n")
@@ -155,8 +171,10 @@ def test_triton_config_describes_the_model_inputs(aoti_exported):
         assert re.search(rf'^name: "{name}"$', text, re.M) and 'platform: "torch_aoti"' in text
         assert re.search(r"^max_batch_size: 0$", text, re.M)
         tensors = re.findall(r'name: "(\w+)"\s+data_type: (\w+)\s+dims: \[ ([-\d, ]+) \]', text)
-        assert tensors == [("INPUT__0", "TYPE_FP32", f"-1, {inputs.num_dense_features}"),
-                           ("INPUT__1", "TYPE_INT64", f"-1, {sum(inputs.sparse_hotness)}"),
-                           ("OUTPUT__0", "TYPE_FP32", "-1")]
+        assert tensors == [
+            ("INPUT__0", "TYPE_FP32", f"-1, {inputs.num_dense_features}"),
+            ("INPUT__1", "TYPE_INT64", f"-1, {sum(inputs.sparse_hotness)}"),
+            ("OUTPUT__0", "TYPE_FP32", "-1"),
+        ]
         package = os.path.join(aoti_exported["model"], TRITON_DIR, name, "1", PACKAGE_NAME)
         assert os.path.samefile(package, os.path.join(aoti_exported["model"], aoti_file(precision)))

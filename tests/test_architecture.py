@@ -52,11 +52,18 @@ def _upward_imports(root: str, package: str) -> list[tuple[str, str]]:
     """(file, module) of every import in ``package`` (under ``root``), at any depth of
     a file (lazy imports inside functions included), of a package it must not import."""
     top = os.path.join(root, package)
-    files = [top] if top.endswith(".py") else [os.path.join(d, f) for d, _, fs in os.walk(top)
-                                                 for f in fs if f.endswith(".py")]
+    files = (
+        [top]
+        if top.endswith(".py")
+        else [os.path.join(d, f) for d, _, fs in os.walk(top) for f in fs if f.endswith(".py")]
+    )
     assert files
-    return [(os.path.relpath(path, root), name) for path in files for name in _imports(path)
-            if name.split(".")[0] in FORBIDDEN[package]]
+    return [
+        (os.path.relpath(path, root), name)
+        for path in files
+        for name in _imports(path)
+        if name.split(".")[0] in FORBIDDEN[package]
+    ]
 
 
 @pytest.mark.parametrize("package", list(FORBIDDEN))
@@ -69,7 +76,8 @@ def test_an_upward_import_is_found(tmp_path):
     inside the checkpoint format, and lets the downward ones be."""
     (tmp_path / "serving").mkdir()
     (tmp_path / "serving" / "export.py").write_text(
-        "from checkpoints.store import read_meta\n\ndef main():\n    import training.trainer\n")
+        "from checkpoints.store import read_meta\n\ndef main():\n    import training.trainer\n"
+    )
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "store.py").write_text("from common.errors import BadInput\nfrom serving import cli\n")
     assert _upward_imports(str(tmp_path), "serving") == [(os.path.join("serving", "export.py"), "training.trainer")]
@@ -77,14 +85,19 @@ def test_an_upward_import_is_found(tmp_path):
 
 
 def test_docs_extending_md_states_the_layers():
-    table = "\n".join(["| package | must not import |", "| --- | --- |"] + [
-        f"| `{package}` | {', '.join(f'`{name}`' for name in forbidden)} |"
-        for package, forbidden in FORBIDDEN.items()])
+    table = "\n".join(
+        ["| package | must not import |", "| --- | --- |"]
+        + [
+            f"| `{package}` | {', '.join(f'`{name}`' for name in forbidden)} |"
+            for package, forbidden in FORBIDDEN.items()
+        ]
+    )
     with open(os.path.join(REPO, "docs", "extending.md")) as f:
         assert table in f.read(), f"docs/extending.md's table of the layers is out of date; it is:\n{table}"
 
 
 # --- import circles -------------------------------------------------------------------
+
 
 def project_modules(root: str) -> dict[str, str]:
     """Module name -> file of every module of the project under ``root``: the top-level
@@ -177,14 +190,18 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 GRAPH = import_graph(REPO)
-PACKAGES = sorted({module.split(".")[0] for module, path in project_modules(REPO).items()
-                   if path.endswith("__init__.py")})
+PACKAGES = sorted(
+    {module.split(".")[0] for module, path in project_modules(REPO).items() if path.endswith("__init__.py")}
+)
 
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_circle_inside_a_package(package):
-    inside = {module: {m for m in edges if m.split(".")[0] == package}
-              for module, edges in GRAPH.items() if module.split(".")[0] == package}
+    inside = {
+        module: {m for m in edges if m.split(".")[0] == package}
+        for module, edges in GRAPH.items()
+        if module.split(".")[0] == package
+    }
     found, known = circles(inside), KNOWN_CIRCLES.get(package, [])
     assert [c for c in found if c not in known] == [], f"new import circles in {package}/"
     assert [c for c in known if c not in found] == [], f"gone from {package}/: delete it from KNOWN_CIRCLES"
@@ -201,7 +218,8 @@ def test_the_graph_has_every_module_and_finds_a_circle(tmp_path):
     through a package's __init__ is found, while one closed under TYPE_CHECKING is not."""
     assert len(PACKAGES) >= 10 and {"data", "models", "training", "serving"} <= set(PACKAGES)
     assert {"training.trainer", "data", "dlrm_main"} <= set(GRAPH) and "data" in GRAPH["training.trainer"] | {
-        m.split(".")[0] for m in GRAPH["training.trainer"]}
+        m.split(".")[0] for m in GRAPH["training.trainer"]
+    }
     (tmp_path / "pkg" / "sub").mkdir(parents=True)
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "sub" / "__init__.py").write_text("from pkg.sub.a import A\n")
@@ -213,6 +231,7 @@ def test_the_graph_has_every_module_and_finds_a_circle(tmp_path):
 
 
 # --- every module imported first -------------------------------------------------------
+
 
 def third_party_imports() -> list[str]:
     """The top-level names the project imports that are neither its own nor the standard
@@ -228,9 +247,17 @@ def modules_failing_a_first_import(modules: list[str], preload: list[str]) -> di
     worker, with the libraries loaded once, forks a clean child per module)."""
     workers = 2
     chunks = [modules[i::workers] for i in range(workers)]
-    runs = [subprocess.Popen([sys.executable, "-m", "tests.support.import_first", "--preload", ",".join(preload),
-                              *chunk], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for chunk in chunks if chunk]
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.support.import_first", "--preload", ",".join(preload), *chunk],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for chunk in chunks
+        if chunk
+    ]
     failing = {}
     for run in runs:
         out, err = run.communicate(timeout=600)
@@ -247,7 +274,6 @@ def test_every_module_imports_first_in_a_fresh_interpreter():
     failing = modules_failing_a_first_import(modules, third_party_imports())
     assert {m: e for m, e in failing.items() if m not in KNOWN_FIRST_IMPORT_FAILURES} == {}
     assert [m for m in KNOWN_FIRST_IMPORT_FAILURES if m not in failing] == [], "delete from KNOWN_FIRST_IMPORT_FAILURES"
-
 
 
 @pytest.mark.slow
@@ -293,7 +319,7 @@ def misplaced_tests(root: str, pending: frozenset = frozenset()) -> list[str]:
         else:
             names = top_level | {"architecture"}
         for file in sorted(f for f in files if f.startswith("test_") and f.endswith(".py")):
-            stem = file[len("test_"):-len(".py")]
+            stem = file[len("test_") : -len(".py")]
             if not (not parts and file in pending) and not any(stem == n or stem.startswith(n + "_") for n in names):
                 misplaced.append(os.path.join("tests", *parts, file))
     return misplaced
@@ -317,11 +343,24 @@ def test_a_misplaced_test_file_is_found(tmp_path):
     (tmp_path / "data" / "transcode.py").write_text("")
     (tmp_path / "data" / "sources" / "parquet.py").write_text("")
     (tmp_path / "dlrm_main.py").write_text("")
-    good = ["tests/data/test_transcode.py", "tests/data/test_transcode_byo.py", "tests/data/test_sources.py",
-            "tests/data/sources/test_parquet.py", "tests/data/test_data_flags.py", "tests/system/test_anything.py",
-            "tests/test_dlrm_main_teardown.py", "tests/test_architecture.py", "tests/test_pending.py"]
-    bad = ["tests/data/test_transcoder.py", "tests/data/sources/test_transcode.py", "tests/serving/test_serve.py",
-           "tests/nowhere/test_x.py", "tests/test_trainer_flat.py"]
+    good = [
+        "tests/data/test_transcode.py",
+        "tests/data/test_transcode_byo.py",
+        "tests/data/test_sources.py",
+        "tests/data/sources/test_parquet.py",
+        "tests/data/test_data_flags.py",
+        "tests/system/test_anything.py",
+        "tests/test_dlrm_main_teardown.py",
+        "tests/test_architecture.py",
+        "tests/test_pending.py",
+    ]
+    bad = [
+        "tests/data/test_transcoder.py",
+        "tests/data/sources/test_transcode.py",
+        "tests/serving/test_serve.py",
+        "tests/nowhere/test_x.py",
+        "tests/test_trainer_flat.py",
+    ]
     for name in good + bad:
         (tmp_path / name).write_text("")
     assert sorted(misplaced_tests(str(tmp_path), frozenset({"test_pending.py"}))) == sorted(bad)

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import dlrm_main
-from checkpoints.errors import CheckpointSaveError
-from checkpoints.meta import CheckpointMeta
 from checkpoints.directory import best_checkpoint, complete_checkpoints
+from checkpoints.errors import CheckpointSaveError
 from checkpoints.load import load_checkpoint
+from checkpoints.meta import CheckpointMeta
 from checkpoints.save import CheckpointManager
 from harness.launch import launch
 from training.checkpoint_policy import MinuteCadence
@@ -18,8 +18,9 @@ from training.flags import parse_config
 
 
 def _meta(step: int) -> CheckpointMeta:
-    return CheckpointMeta(step=step, epoch=0, batch_in_epoch=step, world_size=1, config={}, plan={}, data_source=None,
-                          data_features=None)
+    return CheckpointMeta(
+        step=step, epoch=0, batch_in_epoch=step, world_size=1, config={}, plan={}, data_source=None, data_features=None
+    )
 
 
 def _state(value: float) -> dict:
@@ -53,8 +54,10 @@ def test_async_save_error_is_the_blocking_save_error_raised_at_the_next_save(tmp
         assert [os.path.basename(p) for p in complete_checkpoints(str(directory))] == ["step_000000001"]
         assert not os.path.exists(directory / "step_000000003")
     assert messages[0] == messages[1]
-    assert messages[0] == ("saving checkpoint DIR/step_000000002 failed: [Errno 28] No space left on device: "
-                           "'DIR/step_000000002/__0_0.distcp' (on rank 0)")
+    assert messages[0] == (
+        "saving checkpoint DIR/step_000000002 failed: [Errno 28] No space left on device: "
+        "'DIR/step_000000002/__0_0.distcp' (on rank 0)"
+    )
 
 
 @pytest.mark.parametrize("asynchronous", [False, True])
@@ -90,11 +93,33 @@ def test_every_n_minutes_saves_at_the_same_step_on_every_rank(synthetic_dir, tmp
     """A cadence shorter than a step: rank 0 finds a save due after every step and both
     ranks save together (a rank saving alone would hang the collective save)."""
     ckpt = str(tmp_path / "ckpt")
-    argv = ["--in_memory_binary_criteo_path", synthetic_dir, "--batch_size", "128", "--embedding_dim", "16",
-            "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,1", "--limit_train_batches", "3",
-            "--limit_val_batches", "0", "--limit_test_batches", "0", "--checkpoint_dir", ckpt,
-            "--checkpoint_every_n_minutes", "1e-9", "--async_checkpoint", "--keep_last_n", "2",
-            "--log_path", str(tmp_path / "log.jsonl")]
+    argv = [
+        "--in_memory_binary_criteo_path",
+        synthetic_dir,
+        "--batch_size",
+        "128",
+        "--embedding_dim",
+        "16",
+        "--dense_arch_layer_sizes",
+        "64,16",
+        "--over_arch_layer_sizes",
+        "64,1",
+        "--limit_train_batches",
+        "3",
+        "--limit_val_batches",
+        "0",
+        "--limit_test_batches",
+        "0",
+        "--checkpoint_dir",
+        ckpt,
+        "--checkpoint_every_n_minutes",
+        "1e-9",
+        "--async_checkpoint",
+        "--keep_last_n",
+        "2",
+        "--log_path",
+        str(tmp_path / "log.jsonl"),
+    ]
     assert launch(dlrm_main.main, argv) == {0: 0, 1: 0}
     assert sorted(os.listdir(ckpt)) == ["step_000000002", "step_000000003"]
     assert [os.path.basename(p) for p in complete_checkpoints(ckpt)] == ["step_000000002", "step_000000003"]

@@ -8,8 +8,18 @@ from harness.launch import eval_record, launch, read_log
 from training import baseline
 
 PROG = "python -m training.baseline"
-DATA_FLAGS = ["--batch_size", "256", "--limit_train_batches", "60", "--limit_val_batches", "8",
-              "--limit_test_batches", "8", "--seed", "3"]
+DATA_FLAGS = [
+    "--batch_size",
+    "256",
+    "--limit_train_batches",
+    "60",
+    "--limit_val_batches",
+    "8",
+    "--limit_test_batches",
+    "8",
+    "--seed",
+    "3",
+]
 
 
 def test_deep_model_flags_are_refused_in_one_line(capsys):
@@ -19,17 +29,23 @@ def test_deep_model_flags_are_refused_in_one_line(capsys):
     assert capsys.readouterr().err == (
         f"{PROG}: error: --embedding_dim, --over_arch_layer_sizes: flags of the deep model's training, which the "
         "baseline (a logistic regression on one CPU process) does not have; it takes the data, table-size and run "
-        f"flags ({PROG} --help)\n")
+        f"flags ({PROG} --help)\n"
+    )
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--learning_rat", "0.1"], "unrecognized arguments: --learning_rat 0.1"),  # no prefixes
-    (["--learning_rate", "0"], "--learning_rate must be positive, got 0.0"),
-    (["--epochs", "0"], "--epochs must be positive, got 0"),
-    (["--parquet_path", "p", "--time_column", "t", "--rolling_windows", "3"],
-     "--rolling_windows: the baseline trains once on the training split and tests once (run it on each window's "
-     "data instead)"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--learning_rat", "0.1"], "unrecognized arguments: --learning_rat 0.1"),  # no prefixes
+        (["--learning_rate", "0"], "--learning_rate must be positive, got 0.0"),
+        (["--epochs", "0"], "--epochs must be positive, got 0"),
+        (
+            ["--parquet_path", "p", "--time_column", "t", "--rolling_windows", "3"],
+            "--rolling_windows: the baseline trains once on the training split and tests once (run it on each window's "
+            "data instead)",
+        ),
+    ],
+)
 def test_bad_flags_are_one_line(capsys, argv, message):
     with pytest.raises(SystemExit) as exited:
         baseline.main(argv)
@@ -40,8 +56,9 @@ def test_bad_flags_are_one_line(capsys, argv, message):
 def test_torchrun_is_refused(capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert baseline.main(["--limit_train_batches", "1"]) == 2
-    assert capsys.readouterr().err == (f"{PROG}: error: WORLD_SIZE is 2: the baseline runs in one process (run it "
-                                       "with python, not torchrun)\n")
+    assert capsys.readouterr().err == (
+        f"{PROG}: error: WORLD_SIZE is 2: the baseline runs in one process (run it with python, not torchrun)\n"
+    )
 
 
 @pytest.mark.slow
@@ -50,8 +67,12 @@ def test_baseline_learns_and_logs_what_the_trainer_logs(synthetic_dir, tmp_path,
     margin; its log's eval and summary records have the trainer's keys, on the same
     validation and test rows (a DLRM run with the same data flags for reference)."""
     log = str(tmp_path / "baseline.jsonl")
-    assert baseline.main(["--in_memory_binary_criteo_path", synthetic_dir, *DATA_FLAGS, "--epochs", "2",
-                          "--log_path", log]) == 0
+    assert (
+        baseline.main(
+            ["--in_memory_binary_criteo_path", synthetic_dir, *DATA_FLAGS, "--epochs", "2", "--log_path", log]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     records = read_log(log)
     test = eval_record(records, "test")
@@ -65,10 +86,26 @@ def test_baseline_learns_and_logs_what_the_trainer_logs(synthetic_dir, tmp_path,
     assert "done: 120 steps in " in out and f"(the weights of step {best['step']}, the best validation AUROC)" in out
 
     reference = str(tmp_path / "dlrm.jsonl")
-    assert launch(dlrm_main.main, ["--in_memory_binary_criteo_path", synthetic_dir, *DATA_FLAGS,
-                                   "--limit_train_batches", "2", "--embedding_dim", "8",
-                                   "--dense_arch_layer_sizes", "16,8", "--over_arch_layer_sizes", "16,1",
-                                   "--log_path", reference, "--allow_divergence"], nproc=1) == {0: 0}
+    assert launch(
+        dlrm_main.main,
+        [
+            "--in_memory_binary_criteo_path",
+            synthetic_dir,
+            *DATA_FLAGS,
+            "--limit_train_batches",
+            "2",
+            "--embedding_dim",
+            "8",
+            "--dense_arch_layer_sizes",
+            "16,8",
+            "--over_arch_layer_sizes",
+            "16,1",
+            "--log_path",
+            reference,
+            "--allow_divergence",
+        ],
+        nproc=1,
+    ) == {0: 0}
     trained = read_log(reference)
     for stage in ("validation", "test"):
         theirs, ours = eval_record(trained, stage), eval_record(records, stage)

@@ -18,14 +18,16 @@ from harness import matrix
 from tests.support.flag_values import other_value
 
 BENCH_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
-BENCHES = sorted(f"bench.{name[:-3]}" for name in os.listdir(BENCH_DIR)
-                 if name.endswith(".py") and name != "__init__.py")
+BENCHES = sorted(
+    f"bench.{name[:-3]}" for name in os.listdir(BENCH_DIR) if name.endswith(".py") and name != "__init__.py"
+)
 # Flag classes a CLI takes from another module, and parsers that are not one of
 # `parse_flags`' (the matrix's give every flag a parser default, --strength its own).
 BORROWED = {"bench.gpu_check": [matrix.MatrixFlags]}
-PARSERS = {"bench.gpu_check": lambda: importlib.import_module("bench.gpu_check").parser(),
-           "harness.matrix.command": lambda: matrix.matrix_parser("python -m harness.matrix", "The matrix.",
-                                                                  strength=3)}
+PARSERS = {
+    "bench.gpu_check": lambda: importlib.import_module("bench.gpu_check").parser(),
+    "harness.matrix.command": lambda: matrix.matrix_parser("python -m harness.matrix", "The matrix.", strength=3),
+}
 _OPTION = re.compile(r"^  (-[-\w]+)")
 
 
@@ -33,8 +35,11 @@ def flag_classes(module_name: str) -> list[type]:
     """The config classes whose flags the CLI takes: those it declares (dataclasses
     with flag fields), then those it borrows."""
     module = importlib.import_module(module_name)
-    own = [c for c in vars(module).values() if isinstance(c, type) and dataclasses.is_dataclass(c)
-           and c.__module__ == module_name and flags_of(c)]
+    own = [
+        c
+        for c in vars(module).values()
+        if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == module_name and flags_of(c)
+    ]
     return own + BORROWED.get(module_name, [])
 
 
@@ -52,8 +57,9 @@ def parse(module_name: str, argv: list[str]) -> list:
 
 
 def _required(classes: list[type]) -> list[str]:
-    return [text for c in classes for item in flags_of(c) if item.required
-            for text in (item.option, f"/some/{item.name}")]
+    return [
+        text for c in classes for item in flags_of(c) if item.required for text in (item.option, f"/some/{item.name}")
+    ]
 
 
 # The matrix CLI: `python -m harness.matrix` runs the main (and flags) of its command module.
@@ -77,10 +83,11 @@ def test_help_offers_exactly_the_config_classes_flags(module_name):
     assert offered - {"-h", "--version"} == declared
 
 
-@pytest.mark.parametrize("module_name, config_class, item",
-                         [(name, c, item) for name in CLIS for c in flag_classes(name) for item in flags_of(c)
-                          if not item.required],
-                         ids=lambda v: getattr(v, "option", getattr(v, "__name__", v)))
+@pytest.mark.parametrize(
+    "module_name, config_class, item",
+    [(name, c, item) for name in CLIS for c in flag_classes(name) for item in flags_of(c) if not item.required],
+    ids=lambda v: getattr(v, "option", getattr(v, "__name__", v)),
+)
 def test_every_bench_flag_parses_into_its_field_and_nothing_else(module_name, config_class, item):
     classes = flag_classes(module_name)
     required = _required(classes)

@@ -79,13 +79,15 @@ def test_the_flag_is_checked_and_reaches_the_config(capsys):
     assert parse_config([], "dlrm_main.py", "").auroc_bins is None
     assert parse_config(["--auroc_bins", str(1 << 24)], "dlrm_main.py", "").auroc_bins == 1 << 24
     # Above 2^24, refused with the flags, before any histogram is allocated (1e12 bins: 16 TB).
-    for bins in (1, (1 << 24) + 1, 10 ** 12):
+    for bins in (1, (1 << 24) + 1, 10**12):
         with pytest.raises(SystemExit) as exit_info:
             parse_config(["--auroc_bins", str(bins)], "dlrm_main.py", "")
         assert exit_info.value.code == 2
-        assert capsys.readouterr().err == (f"dlrm_main.py: error: --auroc_bins must be in [2, 16777216] (2^24 bins "
-                                           "are as fine as float32 probabilities above 0.5, and hold 256 MiB of "
-                                           f"counts), got {bins}\n")
+        assert capsys.readouterr().err == (
+            f"dlrm_main.py: error: --auroc_bins must be in [2, 16777216] (2^24 bins "
+            "are as fine as float32 probabilities above 0.5, and hold 256 MiB of "
+            f"counts), got {bins}\n"
+        )
 
 
 def test_a_run_with_the_flag_reports_the_binned_auroc_and_its_bound(tmp_path, capsys, monkeypatch):
@@ -96,9 +98,26 @@ def test_a_run_with_the_flag_reports_the_binned_auroc_and_its_bound(tmp_path, ca
 
     for name in ("MASTER_ADDR", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
-    argv = ["--num_embeddings", "50", "--embedding_dim", "4", "--dense_arch_layer_sizes", "8,4",
-            "--over_arch_layer_sizes", "8,1", "--batch_size", "64", "--limit_train_batches", "2",
-            "--limit_val_batches", "0", "--limit_test_batches", "4", "--learning_rate", "0.01"]
+    argv = [
+        "--num_embeddings",
+        "50",
+        "--embedding_dim",
+        "4",
+        "--dense_arch_layer_sizes",
+        "8,4",
+        "--over_arch_layer_sizes",
+        "8,1",
+        "--batch_size",
+        "64",
+        "--limit_train_batches",
+        "2",
+        "--limit_val_batches",
+        "0",
+        "--limit_test_batches",
+        "4",
+        "--learning_rate",
+        "0.01",
+    ]
     tests = []
     for extra in (["--auroc_bins", "100000"], []):
         log = str(tmp_path / f"run{len(tests)}.jsonl")

@@ -9,9 +9,9 @@ import yaml
 
 import dlrm_main
 from data import transcode as transcode_cli
-from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
-from data.feature_spec import FeatureSpec, FeatureSpecError
-from data.split_binary import SplitBinaryDataset
+from data.binary.criteo import CriteoBinaryDataset, CriteoBinaryLoader
+from data.binary.feature_spec import FeatureSpec, FeatureSpecError
+from data.binary.split import SplitBinaryDataset
 from data.synthetic_csv import csv_feature_spec, generate_csv
 from data.transcode import TranscodeError, transcode
 from harness.launch import eval_record, launch, read_log, step_losses
@@ -30,9 +30,14 @@ def _csv(directory: str, relative: str) -> np.ndarray:
     return np.loadtxt(os.path.join(directory, relative), delimiter=",", ndmin=2)
 
 
-@pytest.mark.parametrize("num_numerical, num_categorical, hotness", [
-    (2, 1, None), (13, 10, {3: 4}), (30, 30, {0: 2, 29: 3}),
-])
+@pytest.mark.parametrize(
+    "num_numerical, num_categorical, hotness",
+    [
+        (2, 1, None),
+        (13, 10, {3: 4}),
+        (30, 30, {0: 2, 29: 3}),
+    ],
+)
 def test_round_trip_csv_transcode_load(tmp_path, num_numerical, num_categorical, hotness):
     """Numerical values come back as the CSV values rounded to the nearest float16
     (relative error at most 2^-11); ids and labels come back exactly."""
@@ -59,14 +64,14 @@ def test_round_trip_csv_transcode_load(tmp_path, num_numerical, num_categorical,
         ids = _csv(csv_dir, f"{mapping}/categorical.csv").astype(np.int64)
         columns = np.cumsum([0] + widths)
         for f, part in enumerate(sparse):
-            np.testing.assert_array_equal(part, ids[:, columns[f]:columns[f + 1]])
+            np.testing.assert_array_equal(part, ids[:, columns[f] : columns[f + 1]])
         np.testing.assert_array_equal(labels, _csv(csv_dir, f"{mapping}/label.csv")[:, 0].astype(bool))
 
     # Cardinalities: declared ones kept, auto ones are the largest id + 1 over both mappings.
     all_ids = np.concatenate([_csv(csv_dir, f"{m}/categorical.csv") for m in ("train", "test")])
     for f, name in enumerate(spec.categorical):
         entry = spec.feature_spec[name]
-        largest = int(all_ids[:, columns[f]:columns[f + 1]].max())
+        largest = int(all_ids[:, columns[f] : columns[f + 1]].max())
         assert entry["cardinality"] == declared.get(f, largest + 1)
         expected_dtype = {100: "int8", 40_000: "int32"}.get(entry["cardinality"], "int16")
         assert entry["dtype"] == expected_dtype
@@ -82,8 +87,11 @@ def test_loader_reads_each_ranks_rows_of_every_global_batch(tmp_path):
     transcode(csv_dir, "feature_spec.yaml", out_dir)
     dataset = SplitBinaryDataset(os.path.join(out_dir, "feature_spec.yaml"))
     batch_size, train, test = 64, ROWS["train"], ROWS["test"]
-    for split, (start, stop) in (("train", (0, train)), ("validation", (train, train + test // 2)),
-                                 ("test", (train + test // 2, train + test))):
+    for split, (start, stop) in (
+        ("train", (0, train)),
+        ("validation", (train, train + test // 2)),
+        ("test", (train + test // 2, train + test)),
+    ):
         ranks = [list(CriteoBinaryLoader(dataset, split, batch_size, rank, 2)) for rank in range(2)]
         assert len(ranks[0]) == len(ranks[1])
         labels = np.concatenate([b.labels.numpy() for pair in zip(*ranks) for b in pair])
@@ -93,13 +101,16 @@ def test_loader_reads_each_ranks_rows_of_every_global_batch(tmp_path):
         np.testing.assert_array_equal(labels, expected_labels)
         np.testing.assert_array_equal(dense, expected_dense.astype(np.float32))
         first = ranks[1][0].sparse_features.to_dict()["cat_1"]
-        np.testing.assert_array_equal(first.values().numpy().reshape(-1, 2),
-                                      expected_sparse[1][batch_size:2 * batch_size])
+        np.testing.assert_array_equal(
+            first.values().numpy().reshape(-1, 2), expected_sparse[1][batch_size : 2 * batch_size]
+        )
     # Lazy reads from the memory map give the in-memory loader's batches, in file
     # order and in a row permutation (scattered reads with `take`).
     for seed in (None, 5):
-        loaders = [CriteoBinaryLoader(dataset, "train", batch_size, 1, 2, row_permutation_seed=seed,
-                                      mmap_mode=mmap) for mmap in (False, True)]
+        loaders = [
+            CriteoBinaryLoader(dataset, "train", batch_size, 1, 2, row_permutation_seed=seed, mmap_mode=mmap)
+            for mmap in (False, True)
+        ]
         for a, b in zip(*loaders):
             assert a.sparse_features.values().tolist() == b.sparse_features.values().tolist()
             assert a.labels.tolist() == b.labels.tolist()
@@ -124,8 +135,11 @@ def test_several_files_per_chunk_and_chunks_of_unequal_length(tmp_path):
     raw["source_spec"]["train"][1]["files"] = ["train/categorical_a.csv"]
     with open(os.path.join(csv_dir, "feature_spec.yaml"), "w") as f:
         yaml.safe_dump(raw, f)
-    with pytest.raises(FeatureSpecError, match=r"source_spec train chunk 1 files hold 250 rows but chunk 0 files "
-                                               r"hold 700$"):
+    with pytest.raises(
+        FeatureSpecError,
+        match=r"source_spec train chunk 1 files hold 250 rows but chunk 0 files "
+        r"hold 700$",
+    ):
         transcode(csv_dir, "feature_spec.yaml", str(tmp_path / "bin"))
 
 
@@ -149,9 +163,11 @@ def test_rerun_replaces_output_and_bad_id_keeps_it(tmp_path, capsys):
     assert transcode_cli.main(argv) == 2
     line = int(np.flatnonzero(ids[:, 1] == ids[:, 1].max())[0]) + 1
     err = capsys.readouterr().err.strip()
-    assert err == (f"python -m data.transcode: error: {csv_dir}/train/categorical.csv: line {line}: feature 'cat_1' "
-                   f"has id {int(ids[:, 1].max())}, but its declared cardinality is {int(ids[:, 1].max())} "
-                   f"(ids 0..{int(ids[:, 1].max()) - 1})")
+    assert err == (
+        f"python -m data.transcode: error: {csv_dir}/train/categorical.csv: line {line}: feature 'cat_1' "
+        f"has id {int(ids[:, 1].max())}, but its declared cardinality is {int(ids[:, 1].max())} "
+        f"(ids 0..{int(ids[:, 1].max()) - 1})"
+    )
     assert SplitBinaryDataset(os.path.join(out_dir, "feature_spec.yaml")).num_rows == 600  # previous output kept
 
 
@@ -184,17 +200,23 @@ def _break_spec(raw: dict, base: str, problem: str) -> None:
         features["num_1"]["dtype"] = "float32"
 
 
-@pytest.mark.parametrize("problem, message", [
-    ("unknown feature", "source_spec train chunk 2 lists unknown feature 'bogus' (not in channel_spec)"),
-    ("feature in no chunk", "feature 'cat_1' is in no chunk of source_spec test"),
-    ("missing cardinality", "categorical feature 'cat_0' has no cardinality"),
-    ("dtype too small", "categorical feature 'cat_0': dtype int8 is too small for cardinality 1000 (needs int16)"),
-    ("file missing", "file train/cat_1.bin of source_spec train is missing"),
-    ("file length", "file test/label.bin holds 302 rows but test/numerical.bin holds 301 (source_spec test)"),
-    ("label size", "channel_spec label must list exactly one feature, got 0"),
-    ("numerical dtype", "source_spec train chunk 0: split_binary stores numerical feature 'num_1' as float16, "
-                        "but feature_spec gives dtype float32"),
-])
+@pytest.mark.parametrize(
+    "problem, message",
+    [
+        ("unknown feature", "source_spec train chunk 2 lists unknown feature 'bogus' (not in channel_spec)"),
+        ("feature in no chunk", "feature 'cat_1' is in no chunk of source_spec test"),
+        ("missing cardinality", "categorical feature 'cat_0' has no cardinality"),
+        ("dtype too small", "categorical feature 'cat_0': dtype int8 is too small for cardinality 1000 (needs int16)"),
+        ("file missing", "file train/cat_1.bin of source_spec train is missing"),
+        ("file length", "file test/label.bin holds 302 rows but test/numerical.bin holds 301 (source_spec test)"),
+        ("label size", "channel_spec label must list exactly one feature, got 0"),
+        (
+            "numerical dtype",
+            "source_spec train chunk 0: split_binary stores numerical feature 'num_1' as float16, "
+            "but feature_spec gives dtype float32",
+        ),
+    ],
+)
 def test_each_spec_problem_is_one_clear_error(binary_spec, tmp_path, capsys, problem, message):
     base = str(tmp_path / "data")
     shutil.copytree(os.path.dirname(binary_spec), base)
@@ -232,10 +254,28 @@ def test_two_ranks_learn_from_byo_data(tmp_path):
     raw = csv_feature_spec(7, 5, cardinality="auto", hotness={2: 3})
     _write_csv(csv_dir, raw, rows={"train": 16_384, "test": 4096}, seed=3)
     transcode(csv_dir, "feature_spec.yaml", out_dir)
-    argv = ["--dataset_path", os.path.join(out_dir, "feature_spec.yaml"), "--log_path", log,
-            "--log_every_n_steps", "1", "--seed", "3", "--batch_size", "128",
-            "--embedding_dim", "16", "--dense_arch_layer_sizes", "32,16", "--over_arch_layer_sizes", "32,1",
-            "--optimizer", "adagrad", "--learning_rate", "0.05"]
+    argv = [
+        "--dataset_path",
+        os.path.join(out_dir, "feature_spec.yaml"),
+        "--log_path",
+        log,
+        "--log_every_n_steps",
+        "1",
+        "--seed",
+        "3",
+        "--batch_size",
+        "128",
+        "--embedding_dim",
+        "16",
+        "--dense_arch_layer_sizes",
+        "32,16",
+        "--over_arch_layer_sizes",
+        "32,1",
+        "--optimizer",
+        "adagrad",
+        "--learning_rate",
+        "0.05",
+    ]
     assert launch(dlrm_main.main, argv) == {0: 0, 1: 0}
     records = read_log(log)
     assert len(step_losses(records)) == 64  # 16384 rows / (128 x 2 ranks)
@@ -262,12 +302,15 @@ def test_criteo_days_through_a_generated_spec(synthetic_dir, tmp_path, capsys):
         np.testing.assert_array_equal(got_labels, labels[:, 0].astype(bool))
 
 
-@pytest.mark.parametrize("bad, reason", [
-    ("3,abc", "column 2 is not a number: 'abc'"),
-    ("3", "has 1 columns, expected 2"),
-    ("", "empty line"),
-    ("#1,2", "column 1 is not a number: '#1'"),
-])
+@pytest.mark.parametrize(
+    "bad, reason",
+    [
+        ("3,abc", "column 2 is not a number: 'abc'"),
+        ("3", "has 1 columns, expected 2"),
+        ("", "empty line"),
+        ("#1,2", "column 1 is not a number: '#1'"),
+    ],
+)
 def test_bad_csv_line_is_named_exactly(tmp_path, bad, reason):
     """The exact line, also in the second block of a file and for a blank line (which
     numpy's reader would skip, shifting every later row)."""
@@ -284,11 +327,14 @@ def test_bad_csv_line_is_named_exactly(tmp_path, bad, reason):
     assert not os.path.exists(tmp_path / "bin")
 
 
-@pytest.mark.parametrize("bad, reason", [
-    ("nan", "feature 'num_1' is nan; numerical values must be finite"),
-    ("-inf", "feature 'num_1' is -inf; numerical values must be finite"),
-    ("70000", "feature 'num_1' is 70000, beyond float16's range (+-65504) that split_binary stores"),
-])
+@pytest.mark.parametrize(
+    "bad, reason",
+    [
+        ("nan", "feature 'num_1' is nan; numerical values must be finite"),
+        ("-inf", "feature 'num_1' is -inf; numerical values must be finite"),
+        ("70000", "feature 'num_1' is 70000, beyond float16's range (+-65504) that split_binary stores"),
+    ],
+)
 def test_numerical_value_split_binary_cannot_hold_is_refused(tmp_path, bad, reason):
     csv_dir = str(tmp_path / "csv")
     _write_csv(csv_dir, csv_feature_spec(2, 2, cardinality=500))

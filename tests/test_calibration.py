@@ -10,11 +10,19 @@ import pytest
 import torch
 
 import dlrm_main
-from checkpoints.meta import CheckpointMeta
 from checkpoints.directory import best_checkpoint
+from checkpoints.meta import CheckpointMeta
 from checkpoints.opened import read_meta
-from common.calibration import (HISTOGRAM_BINS, LOGIT_RANGE, MIN_PROBABILITY, Calibration, bin_centres,
-                                fit_calibration, fit_platt, pool_adjacent_violators)
+from common.calibration import (
+    HISTOGRAM_BINS,
+    LOGIT_RANGE,
+    MIN_PROBABILITY,
+    Calibration,
+    bin_centres,
+    fit_calibration,
+    fit_platt,
+    pool_adjacent_violators,
+)
 from common.json_fields import FileFieldError, JsonObject
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
 from harness.launch import read_log
@@ -97,17 +105,28 @@ def test_logits_beyond_the_range_land_in_the_end_bins():
     assert negatives[0] == 2 and positives[-1] == 2 and negatives.sum() + positives.sum() == 4
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda c: c.update(method="beta"), 'calibration.method must be platt or isotonic, got "beta"'),
-    (lambda c: c.update(values=[0.5, 0.2], thresholds=[0.0]), "isotonic values must be non-decreasing"),
-    (lambda c: c.update(values=[0.5]), "isotonic values must be non-decreasing"),
-    (lambda c: c.update(slope="1"), 'calibration.slope must be a number, got "1"'),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda c: c.update(method="beta"), 'calibration.method must be platt or isotonic, got "beta"'),
+        (lambda c: c.update(values=[0.5, 0.2], thresholds=[0.0]), "isotonic values must be non-decreasing"),
+        (lambda c: c.update(values=[0.5]), "isotonic values must be non-decreasing"),
+        (lambda c: c.update(slope="1"), 'calibration.slope must be a number, got "1"'),
+    ],
+)
 def test_a_malformed_calibration_record_is_one_line(change, message):
-    record = {"method": "isotonic", "step": 3, "rows": 10, "slope": 1.0, "intercept": 0.0,
-              "thresholds": [0.0], "values": [0.2, 0.5]}
+    record = {
+        "method": "isotonic",
+        "step": 3,
+        "rows": 10,
+        "slope": 1.0,
+        "intercept": 0.0,
+        "thresholds": [0.0],
+        "values": [0.2, 0.5],
+    }
     assert Calibration.read(JsonObject(dict(record), "m.json", "calibration")) == Calibration(
-        "isotonic", 3, 10, thresholds=[0.0], values=[0.2, 0.5])
+        "isotonic", 3, 10, thresholds=[0.0], values=[0.2, 0.5]
+    )
     change(record)
     with pytest.raises(FileFieldError, match=message):
         Calibration.read(JsonObject(record, "m.json", "calibration"))
@@ -117,10 +136,13 @@ def test_the_end_of_a_run_warns_when_calibration_is_off_by_more_than_a_tenth():
     assert miscalibration_warning("test", {"calibration": 1.09}, "none") is None
     assert miscalibration_warning("test", {"calibration": float("nan")}, "none") is None
     warning = miscalibration_warning("test", {"calibration": 1.21}, "none")
-    assert warning.startswith("warning: test calibration 1.2100 is more than 0.1 from 1 (the predicted click rate "
-                              "is 1.21 times the actual one); --calibrate platt"), warning
-    assert "the export applies --calibrate isotonic's fit" in miscalibration_warning("test", {"calibration": 0.88},
-                                                                                     "isotonic")
+    assert warning.startswith(
+        "warning: test calibration 1.2100 is more than 0.1 from 1 (the predicted click rate "
+        "is 1.21 times the actual one); --calibrate platt"
+    ), warning
+    assert "the export applies --calibrate isotonic's fit" in miscalibration_warning(
+        "test", {"calibration": 0.88}, "isotonic"
+    )
 
 
 def _inputs(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,17 +203,46 @@ def test_without_calibrate_the_export_is_the_plain_sigmoid(tmp_path):
 def test_training_stores_the_best_validations_fit_with_its_checkpoint(tmp_path):
     data, ckpt, log = str(tmp_path / "data"), str(tmp_path / "ckpt"), str(tmp_path / "log.jsonl")
     generate_synthetic_criteo(SyntheticCriteoSpec(num_days=2, rows_per_day=4096, seed=0), data, show_progress=False)
-    assert dlrm_main.main(["--in_memory_binary_criteo_path", data, "--batch_size", "256", "--optimizer", "adagrad",
-                           "--learning_rate", "0.05", "--num_embeddings", "1000", "--embedding_dim", "8",
-                           "--dense_arch_layer_sizes", "16,8", "--over_arch_layer_sizes", "16,1", "--device", "cpu",
-                           "--validation_freq_within_epoch", "8", "--calibrate", "platt",
-                           "--checkpoint_dir", ckpt, "--log_path", log]) == 0
+    assert (
+        dlrm_main.main(
+            [
+                "--in_memory_binary_criteo_path",
+                data,
+                "--batch_size",
+                "256",
+                "--optimizer",
+                "adagrad",
+                "--learning_rate",
+                "0.05",
+                "--num_embeddings",
+                "1000",
+                "--embedding_dim",
+                "8",
+                "--dense_arch_layer_sizes",
+                "16,8",
+                "--over_arch_layer_sizes",
+                "16,1",
+                "--device",
+                "cpu",
+                "--validation_freq_within_epoch",
+                "8",
+                "--calibrate",
+                "platt",
+                "--checkpoint_dir",
+                ckpt,
+                "--log_path",
+                log,
+            ]
+        )
+        == 0
+    )
     records = read_log(log)
     fits = {r["step"]: r for r in records if r["event"] == "calibration"}
     validations = [r["step"] for r in records if r["event"] == "eval" and r["stage"] == "validation"]
     assert sorted(fits) == validations == [8, 16]
     best = read_meta(best_checkpoint(ckpt))
     assert best.calibration is not None and best.calibration.step == best.step
-    assert best.calibration == Calibration(**{k: v for k, v in fits[best.step].items()
-                                              if k in Calibration.__dataclass_fields__})
+    assert best.calibration == Calibration(
+        **{k: v for k, v in fits[best.step].items() if k in Calibration.__dataclass_fields__}
+    )
     assert best.calibration.rows == 2048 and best.version == CheckpointMeta.version

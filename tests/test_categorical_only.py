@@ -22,19 +22,19 @@ import torch
 import torch.distributed as dist
 from torchmetrics.functional.classification import binary_auroc
 
-from data.criteo_binary import CriteoBinaryLoader
-from data.feature_spec import FeatureSpec, FeatureSpecError
-from data.split_binary import SplitBinaryDataset
+from data.binary.criteo import CriteoBinaryLoader
+from data.binary.feature_spec import FeatureSpec, FeatureSpecError
+from data.binary.split import SplitBinaryDataset
 from data.synthetic_csv import csv_feature_spec, generate_csv
 from data.transcode import transcode
+from harness.launch import launch
+from harness.matrix import assemble_table, local_weights
 from models import ModelConfig, build_dlrm_train
 from models.categorical_only import CategoricalOnlyDLRM
 from serving import export, predict, serve
 from serving.inference_model import ProbabilityModel, load_checkpoint_model
 from serving.model_inputs import read_inputs
 from serving.quality_gate import evaluate_variants
-from harness.launch import launch
-from harness.matrix import assemble_table, local_weights
 from tests.support.model_state import assert_same_state, flat_state, interaction_sizes, mlp_params
 from training.distributed import resolve_env
 from training.flags import parse_config
@@ -69,8 +69,13 @@ def test_spec_generator_transcoder_and_loader(tmp_path):
     assert sorted(os.listdir(os.path.join(paths["csv"], "train"))) == ["categorical.csv", "label.csv"]
     dataset = SplitBinaryDataset(paths["spec"])
     assert dataset.spec.numerical == [] and dataset.sparse_feature_names == [f"cat_{i}" for i in range(4)]
-    assert sorted(os.listdir(os.path.join(os.path.dirname(paths["spec"]), "train"))) == \
-        ["cat_0.bin", "cat_1.bin", "cat_2.bin", "cat_3.bin", "label.bin"]  # no numerical file
+    assert sorted(os.listdir(os.path.join(os.path.dirname(paths["spec"]), "train"))) == [
+        "cat_0.bin",
+        "cat_1.bin",
+        "cat_2.bin",
+        "cat_3.bin",
+        "label.bin",
+    ]  # no numerical file
     for mapping, (start, stop) in (("train", (0, ROWS["train"])), ("test", (ROWS["train"], sum(ROWS.values())))):
         dense, sparse, labels = dataset.read(start, stop)
         assert dense.shape == (stop - start, 0)
@@ -102,12 +107,23 @@ def test_spec_without_categorical_features_is_refused(tmp_path):
 
 
 def _config(interaction: str, **sizes: Any) -> ModelConfig:
-    return ModelConfig([10, 20, 30, 40], sparse_feature_names=[f"cat_{i}" for i in range(4)], dense_in_features=0,
-                       embedding_dim=DIM, interaction_type=interaction, over_arch_layer_sizes=[16, 1],
-                       dense_arch_layer_sizes=[3, 5],  # not used: no bottom MLP, and not checked
-                       interaction=interaction_sizes(interaction, dcn_num_layers=2, dcn_low_rank_dim=4,
-                                                     interaction_branch1_layer_sizes=[16, 16],
-                                                     interaction_branch2_layer_sizes=[16, 24]), **sizes)
+    return ModelConfig(
+        [10, 20, 30, 40],
+        sparse_feature_names=[f"cat_{i}" for i in range(4)],
+        dense_in_features=0,
+        embedding_dim=DIM,
+        interaction_type=interaction,
+        over_arch_layer_sizes=[16, 1],
+        dense_arch_layer_sizes=[3, 5],  # not used: no bottom MLP, and not checked
+        interaction=interaction_sizes(
+            interaction,
+            dcn_num_layers=2,
+            dcn_low_rank_dim=4,
+            interaction_branch1_layer_sizes=[16, 16],
+            interaction_branch2_layer_sizes=[16, 24],
+        ),
+        **sizes,
+    )
 
 
 @pytest.mark.parametrize("interaction", list(INTERACTIONS))
@@ -133,12 +149,15 @@ def test_model_interacts_over_the_embeddings_alone(interaction):
     rng = np.random.default_rng(0)
     ids = torch.as_tensor((rng.random((5, F)) * np.array([10, 20, 30, 40])).astype(np.int64))
     probabilities = ProbabilityModel(dlrm, config.sparse_feature_names)(torch.zeros(5, 0), ids)
-    embeddings = torch.stack([dlrm.sparse_arch.embedding_bag_collection.embedding_bags[f"t_cat_{f}"].weight[ids[:, f]]
-                              for f in range(F)], dim=1)  # (B, F, D)
+    embeddings = torch.stack(
+        [dlrm.sparse_arch.embedding_bag_collection.embedding_bags[f"t_cat_{f}"].weight[ids[:, f]] for f in range(F)],
+        dim=1,
+    )  # (B, F, D)
     flat = embeddings.flatten(1)
     if interaction == "original":
-        over_input = torch.stack([(embeddings[:, i] * embeddings[:, j]).sum(1)
-                                  for i in range(F) for j in range(i + 1, F)], dim=1)
+        over_input = torch.stack(
+            [(embeddings[:, i] * embeddings[:, j]).sum(1) for i in range(F) for j in range(i + 1, F)], dim=1
+        )
     elif interaction == "dcn":
         over_input = dlrm.inter_arch.crossnet(flat)
     else:
@@ -162,7 +181,8 @@ def test_original_interaction_needs_two_features(tmp_path, capsys):
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip() == (
         "dlrm_main.py: error: --interaction_type original on data without numerical features multiplies pairs of "
-        "embeddings and needs at least two categorical features, the data has 1: use dcn or projection")
+        "embeddings and needs at least two categorical features, the data has 1: use dcn or projection"
+    )
     assert parse_config(argv + ["--interaction_type", "dcn"], "dlrm_main.py", "").model.dense_in_features == 0
 
 
@@ -170,12 +190,41 @@ def test_original_interaction_needs_two_features(tmp_path, capsys):
 
 
 def _flags(spec: str, interaction: str, ckpt: str, batch: int, *extra: str) -> list[str]:
-    return ["--dataset_path", spec, "--interaction_type", interaction, *INTERACTIONS[interaction],
-            "--embedding_dim", str(DIM), "--over_arch_layer_sizes", "16,1", "--optimizer", "sgd",
-            "--learning_rate", "0.5", "--seed", "5", "--batch_size", str(batch),
-            "--limit_train_batches", str(STEPS), "--limit_val_batches", "2", "--limit_test_batches", "2",
-            "--log_every_n_steps", "100", "--device", "cpu", "--checkpoint_dir", ckpt,
-            "--checkpoint_every_n_steps", "3", "--checkpoint_at_epoch_end", *extra]
+    return [
+        "--dataset_path",
+        spec,
+        "--interaction_type",
+        interaction,
+        *INTERACTIONS[interaction],
+        "--embedding_dim",
+        str(DIM),
+        "--over_arch_layer_sizes",
+        "16,1",
+        "--optimizer",
+        "sgd",
+        "--learning_rate",
+        "0.5",
+        "--seed",
+        "5",
+        "--batch_size",
+        str(batch),
+        "--limit_train_batches",
+        str(STEPS),
+        "--limit_val_batches",
+        "2",
+        "--limit_test_batches",
+        "2",
+        "--log_every_n_steps",
+        "100",
+        "--device",
+        "cpu",
+        "--checkpoint_dir",
+        ckpt,
+        "--checkpoint_every_n_steps",
+        "3",
+        "--checkpoint_at_epoch_end",
+        *extra,
+    ]
 
 
 def _train_variants(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -201,25 +250,51 @@ def trained(tmp_path_factory):
     at steps 3 and 6, and on 1 rank resumed from its step-3 checkpoint."""
     root = str(tmp_path_factory.mktemp("categorical_only"))
     paths = _make_data(root)
-    ckpt = {(name, kind): os.path.join(root, f"ckpt_{name}_{kind}") for name in INTERACTIONS
-            for kind in ("two", "one", "resumed")}
+    ckpt = {
+        (name, kind): os.path.join(root, f"ckpt_{name}_{kind}")
+        for name in INTERACTIONS
+        for kind in ("two", "one", "resumed")
+    }
     # Table-wise: the sharded tables return their features grouped by rank, which the
     # model must put back in order.
-    two = launch(_train_variants, [{"argv": _flags(paths["spec"], n, ckpt[n, "two"], 64, "--sharding_type",
-                                                   "table_wise")} for n in INTERACTIONS], nproc=2)
+    two = launch(
+        _train_variants,
+        [{"argv": _flags(paths["spec"], n, ckpt[n, "two"], 64, "--sharding_type", "table_wise")} for n in INTERACTIONS],
+        nproc=2,
+    )
     one_runs = []
     for name in INTERACTIONS:
         one_runs.append({"argv": _flags(paths["spec"], name, ckpt[name, "one"], 128)})
-        one_runs.append({"argv": _flags(paths["spec"], name, ckpt[name, "resumed"], 128, "--resume"),
-                         "resume": (os.path.join(ckpt[name, "one"], "step_000000003"), ckpt[name, "resumed"])})
+        one_runs.append(
+            {
+                "argv": _flags(paths["spec"], name, ckpt[name, "resumed"], 128, "--resume"),
+                "resume": (os.path.join(ckpt[name, "one"], "step_000000003"), ckpt[name, "resumed"]),
+            }
+        )
     one = launch(_train_variants, one_runs, nproc=1)[0]
     results = {}
     for i, name in enumerate(INTERACTIONS):
         model_dir = os.path.join(root, f"model_{name}")
-        assert export.main(["--checkpoint", ckpt[name, "two"], "--output", model_dir,
-                            "--quantize", "int8" if name == "original" else "none"]) == 0
-        results[name] = {"two": [two[0][i], two[1][i]], "one": one[2 * i], "resumed": one[2 * i + 1],
-                         "ckpt": {kind: ckpt[name, kind] for kind in ("two", "one", "resumed")}, "model": model_dir}
+        assert (
+            export.main(
+                [
+                    "--checkpoint",
+                    ckpt[name, "two"],
+                    "--output",
+                    model_dir,
+                    "--quantize",
+                    "int8" if name == "original" else "none",
+                ]
+            )
+            == 0
+        )
+        results[name] = {
+            "two": [two[0][i], two[1][i]],
+            "one": one[2 * i],
+            "resumed": one[2 * i + 1],
+            "ckpt": {kind: ckpt[name, kind] for kind in ("two", "one", "resumed")},
+            "model": model_dir,
+        }
     return {"paths": paths, "runs": results}
 
 
@@ -250,14 +325,17 @@ def test_resume_is_bit_identical(trained, interaction, tmp_path):
     run = trained["runs"][interaction]
     assert run["resumed"]["losses"] == run["one"]["losses"][3:]  # steps 4..6, identical
     final = "step_000000006"
-    assert_same_state(flat_state(os.path.join(run["ckpt"]["one"], final), tmp_path),
-                      flat_state(os.path.join(run["ckpt"]["resumed"], final), tmp_path))
+    assert_same_state(
+        flat_state(os.path.join(run["ckpt"]["one"], final), tmp_path),
+        flat_state(os.path.join(run["ckpt"]["resumed"], final), tmp_path),
+    )
 
 
 def _csv_rows(csv_dir: str) -> list[str]:
     """The test mapping as the predictor's rows: label, then the ids."""
-    parts = [open(os.path.join(csv_dir, "test", f"{name}.csv")).read().splitlines()
-             for name in ("label", "categorical")]
+    parts = [
+        open(os.path.join(csv_dir, "test", f"{name}.csv")).read().splitlines() for name in ("label", "categorical")
+    ]
     return [",".join(fields) for fields in zip(*parts)]
 
 
@@ -277,7 +355,8 @@ def test_exported_model_equals_eager(trained, interaction, tmp_path):
     model, _ = load_checkpoint_model(inputs.checkpoint)
     with torch.no_grad():
         eager = ProbabilityModel(model.model, inputs.sparse_feature_names, inputs.sparse_hotness)(
-            torch.as_tensor(dense.astype(np.float32)), torch.as_tensor(ids)).numpy()
+            torch.as_tensor(dense.astype(np.float32)), torch.as_tensor(ids)
+        ).numpy()
     assert eager.std() > 100 * 1e-6  # rows differ by far more than the tolerance below
     predictor = predict.Predictor(model_dir)
     np.testing.assert_allclose(predictor.predict_transformed(dense, ids), eager, rtol=0, atol=1e-6)
@@ -287,7 +366,8 @@ def test_exported_model_equals_eager(trained, interaction, tmp_path):
     gate = evaluate_variants(model_dir)
     assert gate.rows == half
     assert gate.auroc["fp32"] == pytest.approx(
-        float(binary_auroc(torch.as_tensor(eager[half:]), torch.as_tensor(labels[half:].astype(np.int64)))), abs=1e-6)
+        float(binary_auroc(torch.as_tensor(eager[half:]), torch.as_tensor(labels[half:].astype(np.int64)))), abs=1e-6
+    )
 
     rows = _csv_rows(trained["paths"]["csv"])
     labelled, unlabelled = tmp_path / "labelled.csv", tmp_path / "unlabelled.csv"
@@ -315,12 +395,15 @@ def test_http_endpoint_takes_rows_of_ids(trained, capsys, tmp_path):
         with pytest.raises(urllib.error.HTTPError) as bad:
             urllib.request.urlopen(urllib.request.Request(url, data=body + b"1,2\n", method="POST"))
         assert bad.value.code == 400
-        assert json.loads(bad.value.read())["error"] == \
-            "request line 7: has 2 columns, expected 6 (label, 5 categorical ids) as the first line"
+        assert (
+            json.loads(bad.value.read())["error"]
+            == "request line 7: has 2 columns, expected 6 (label, 5 categorical ids) as the first line"
+        )
     # A row with a numerical column too many: the predictor names the layout it expects.
     source = tmp_path / "in.csv"
     source.write_text("0.5," + rows[0] + "\n")
     assert predict.main(["--model", model_dir, "--input", str(source)]) == 2
     assert capsys.readouterr().err.strip() == (
         f"python -m serving.predict: error: {source} line 1: has 7 columns, expected 6 (label, 5 categorical ids) "
-        "or 5 without the label")
+        "or 5 without the label"
+    )

@@ -6,19 +6,19 @@ import json
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
-from matplotlib.colors import to_rgba  # noqa: E402
-from matplotlib.ticker import NullFormatter  # noqa: E402
-from PIL import Image  # noqa: E402
-from torchrec.distributed.types import ShardingPlan  # noqa: E402
+import matplotlib.pyplot as plt
+import pytest
+from matplotlib.colors import to_rgba
+from matplotlib.ticker import NullFormatter
+from PIL import Image
+from torchrec.distributed.types import ShardingPlan
 
-from common.png_figure import drawn_date, png_figure  # noqa: E402
-from sharding_plans.chart import LARGEST_COLOR, OTHER_COLOR, draw_memory, log_memory_axis  # noqa: E402
-from sharding_plans.types import PlannerConfig, RankEstimate, SavedPlan  # noqa: E402
-from sweeps import results  # noqa: E402
-from sweeps.spec import SweepError, parse_sweep  # noqa: E402
-from training import report  # noqa: E402
+from common.png_figure import drawn_date, png_figure
+from sharding_plans.chart import LARGEST_COLOR, OTHER_COLOR, draw_memory, log_memory_axis
+from sharding_plans.types import PlannerConfig, RankEstimate, SavedPlan
+from sweeps import results
+from sweeps.spec import SweepError, parse_sweep
+from training import report
 
 GIB = 2**30
 
@@ -31,8 +31,10 @@ def axes():
 
 
 def _rows(sizes, rates):
-    return [{"run": f"max_table_rows={n}", "table_gib": g, "test_auroc": 0.7 + i / 100, "records_per_sec": r}
-            for i, (n, g, r) in enumerate(zip([100, 1000, 10000, "none"], sizes, rates))]
+    return [
+        {"run": f"max_table_rows={n}", "table_gib": g, "test_auroc": 0.7 + i / 100, "records_per_sec": r}
+        for i, (n, g, r) in enumerate(zip([100, 1000, 10000, "none"], sizes, rates))
+    ]
 
 
 def test_sweep_points_named_by_value_decades_labelled_records_from_zero(axes):
@@ -59,8 +61,18 @@ def test_point_label_drops_the_keys():
 
 
 def _sweep(grid):
-    return parse_sweep({"name": "s", "script": "dlrm_main.py", "scheduler": "local_cwd", "nnodes": 1,
-                        "nproc_per_node": 1, "output_dir": "out", "grid": grid}, "s.yaml")
+    return parse_sweep(
+        {
+            "name": "s",
+            "script": "dlrm_main.py",
+            "scheduler": "local_cwd",
+            "nnodes": 1,
+            "nproc_per_node": 1,
+            "output_dir": "out",
+            "grid": grid,
+        },
+        "s.yaml",
+    )
 
 
 def test_named_grid_values_name_the_runs():
@@ -71,10 +83,16 @@ def test_named_grid_values_name_the_runs():
     assert _sweep({"max_table_rows": [100, None]}).runs()[1].name == "max_table_rows=none"
 
 
-@pytest.mark.parametrize("entry, message", [
-    ({"name": "a"}, "s.yaml: grid.lr: a named value is {name: ..., value: ...}, got {'name': 'a'}"),
-    ({"name": "a b", "value": 1}, "s.yaml: grid.lr: a value's name is letters, digits, '.', '_', '+' or '-', got 'a b'"),
-])
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({"name": "a"}, "s.yaml: grid.lr: a named value is {name: ..., value: ...}, got {'name': 'a'}"),
+        (
+            {"name": "a b", "value": 1},
+            "s.yaml: grid.lr: a value's name is letters, digits, '.', '_', '+' or '-', got 'a b'",
+        ),
+    ],
+)
 def test_bad_named_values(entry, message):
     with pytest.raises(SweepError) as e:
         _sweep({"lr": [entry, 2]})
@@ -87,11 +105,19 @@ def test_a_name_given_twice():
 
 
 def _plan(gib_per_rank, device="cuda", ddr=None):
-    topology = PlannerConfig(world_size=len(gib_per_rank), local_world_size=len(gib_per_rank), compute_device=device,
-                             batch_size=32, hbm_cap_bytes=40 * GIB, ddr_cap_bytes=100 * GIB)
+    topology = PlannerConfig(
+        world_size=len(gib_per_rank),
+        local_world_size=len(gib_per_rank),
+        compute_device=device,
+        batch_size=32,
+        hbm_cap_bytes=40 * GIB,
+        ddr_cap_bytes=100 * GIB,
+    )
     ddr = ddr or [0] * len(gib_per_rank)
-    estimates = [RankEstimate(rank=r, hbm_bytes=int(g * GIB), ddr_bytes=int(d * GIB), step_time_ms=1.0)
-                 for r, (g, d) in enumerate(zip(gib_per_rank, ddr))]
+    estimates = [
+        RankEstimate(rank=r, hbm_bytes=int(g * GIB), ddr_bytes=int(d * GIB), step_time_ms=1.0)
+        for r, (g, d) in enumerate(zip(gib_per_rank, ddr))
+    ]
     return SavedPlan(topology, {}, ShardingPlan(plan={}), estimates)
 
 
@@ -108,8 +134,11 @@ def test_plan_chart_small_bars_log_axis_integer_ticks_largest_red():
     assert filled[3].get_x() + filled[3].get_width() / 2 == 1  # the red bar is rank 1's
     _, names = ax.get_legend_handles_labels()
     legend = ax.get_legend()
-    colours = {t.get_text(): to_rgba(h.get_facecolor()) for t, h in zip(legend.get_texts(), legend.legend_handles)
-               if hasattr(h, "get_facecolor")}
+    colours = {
+        t.get_text(): to_rgba(h.get_facecolor())
+        for t, h in zip(legend.get_texts(), legend.legend_handles)
+        if hasattr(h, "get_facecolor")
+    }
     assert colours["GPU memory (HBM)"] == to_rgba(OTHER_COLOR)  # rank 0 is not the largest: blue in the legend
     assert colours["GPU memory (HBM), largest rank (1)"] == to_rgba(LARGEST_COLOR)
     assert [t.get_text() for t in ax.texts] == ["0.3", "19.2", "19", "0.001"]
@@ -133,13 +162,31 @@ def test_log_memory_axis_threshold():
 
 
 def _log_lines(run_id, interaction, lr, test_auroc):
-    config = {"event": "config", "run_id": run_id, "time": 1.0, "log_path": f"{run_id}.jsonl",
-              "model": {"interaction_type": interaction, "embedding_dim": 64, "num_embeddings_per_feature": [10, 20]},
-              "optim": {"learning_rate": lr}, "checkpoint": {"checkpoint_dir": run_id}}
-    train = [{"event": "train", "run_id": run_id, "time": 1.0 + s, "step": s, "loss": 0.6, "lr": lr,
-              "records_per_sec": 1000.0} for s in (10, 20)]
-    evals = [{"event": "eval", "run_id": run_id, "stage": "validation", "step": 20, "auroc": 0.7},
-             {"event": "eval", "run_id": run_id, "stage": "test", "step": 20, "auroc": test_auroc, "log_loss": 0.5}]
+    config = {
+        "event": "config",
+        "run_id": run_id,
+        "time": 1.0,
+        "log_path": f"{run_id}.jsonl",
+        "model": {"interaction_type": interaction, "embedding_dim": 64, "num_embeddings_per_feature": [10, 20]},
+        "optim": {"learning_rate": lr},
+        "checkpoint": {"checkpoint_dir": run_id},
+    }
+    train = [
+        {
+            "event": "train",
+            "run_id": run_id,
+            "time": 1.0 + s,
+            "step": s,
+            "loss": 0.6,
+            "lr": lr,
+            "records_per_sec": 1000.0,
+        }
+        for s in (10, 20)
+    ]
+    evals = [
+        {"event": "eval", "run_id": run_id, "stage": "validation", "step": 20, "auroc": 0.7},
+        {"event": "eval", "run_id": run_id, "stage": "test", "step": 20, "auroc": test_auroc, "log_loss": 0.5},
+    ]
     return [config] + train + evals
 
 
@@ -158,24 +205,35 @@ def test_report_labels_a_dlrm_and_a_dcnv2_run_in_one_log(tmp_path):
 
 
 def test_report_model_defaults_are_the_model_name_model_flags_named_within_a_model(tmp_path):
-    dlrm, dcnv2, dcnv2_wide = (_log_lines(r, kind, 0.05, 0.7) for r, kind in (("a", "original"), ("b", "dcn"), ("c", "dcn")))
+    dlrm, dcnv2, dcnv2_wide = (
+        _log_lines(r, kind, 0.05, 0.7) for r, kind in (("a", "original"), ("b", "dcn"), ("c", "dcn"))
+    )
     dcnv2[0]["model"]["embedding_dim"] = 128
     dcnv2_wide[0]["model"]["embedding_dim"] = 256
     log = _write_log(tmp_path / "log.jsonl", dlrm, dcnv2)
     assert report.run_labels(report.read_runs(log)) == ["DLRM (test AUROC 0.7000)", "DCNv2 (test AUROC 0.7000)"]
     log = _write_log(tmp_path / "log.jsonl", dlrm, dcnv2, dcnv2_wide)
     assert report.run_labels(report.read_runs(log)) == [
-        "DLRM embedding_dim=64 (test AUROC 0.7000)", "DCNv2 embedding_dim=128 (test AUROC 0.7000)",
-        "DCNv2 embedding_dim=256 (test AUROC 0.7000)"]
+        "DLRM embedding_dim=64 (test AUROC 0.7000)",
+        "DCNv2 embedding_dim=128 (test AUROC 0.7000)",
+        "DCNv2 embedding_dim=256 (test AUROC 0.7000)",
+    ]
 
 
 def test_report_labels_name_the_flags_that_differ(tmp_path):
-    log = _write_log(tmp_path / "log.jsonl", _log_lines("a", "original", 0.05, 0.7), _log_lines("b", "original", 0.1, 0.7),
-                     _log_lines("c", "original", 0.1, 0.7))
+    log = _write_log(
+        tmp_path / "log.jsonl",
+        _log_lines("a", "original", 0.05, 0.7),
+        _log_lines("b", "original", 0.1, 0.7),
+        _log_lines("c", "original", 0.1, 0.7),
+    )
     labels = report.run_labels(report.read_runs(log))
     # log_path and checkpoint_dir differ too but say nothing about the model
-    assert labels == ["DLRM learning_rate=0.05 (test AUROC 0.7000)", "DLRM learning_rate=0.1 #1 (test AUROC 0.7000)",
-                      "DLRM learning_rate=0.1 #2 (test AUROC 0.7000)"]
+    assert labels == [
+        "DLRM learning_rate=0.05 (test AUROC 0.7000)",
+        "DLRM learning_rate=0.1 #1 (test AUROC 0.7000)",
+        "DLRM learning_rate=0.1 #2 (test AUROC 0.7000)",
+    ]
 
 
 def test_report_names_the_model_of_each_test_figure(tmp_path):
@@ -192,14 +250,18 @@ def test_report_names_the_model_of_each_test_figure(tmp_path):
     (run,) = report.read_runs(_write_log(tmp_path / "plain.jsonl", lines[:-1] + [plain]))
     assert report.run_labels([run]) == ["DLRM (test AUROC 0.7000)"] and run.tests_text() == "test AUROC 0.7000"
     bad = {**lines[-1], "model": "latest", "exported": True}
-    with pytest.raises(report.LogError, match=r"plain.jsonl line \d+: \"model\" is 'latest', expected one of final, best, newest or null"):
+    with pytest.raises(
+        report.LogError,
+        match=r"plain.jsonl line \d+: \"model\" is 'latest', expected one of final, best, newest or null",
+    ):
         report.read_runs(_write_log(tmp_path / "plain.jsonl", lines[:-1] + [bad]))
 
 
 def test_report_log_without_config_keeps_its_run_id(tmp_path):
     lines = [line for line in _log_lines("a", "original", 0.05, 0.7) if line["event"] != "config"]
     assert report.run_labels(report.read_runs(_write_log(tmp_path / "old.jsonl", lines))) == [
-        "old.jsonl:a (test AUROC 0.7000)"]
+        "old.jsonl:a (test AUROC 0.7000)"
+    ]
 
 
 def test_report_legend_under_the_panels_and_dated(tmp_path):
@@ -218,8 +280,19 @@ def test_report_legend_under_the_panels_and_dated(tmp_path):
 
 def test_report_rolling_windows_get_a_row_of_per_window_panels(tmp_path):
     lines = [line for line in _log_lines("a", "original", 0.05, 0.7) if line["event"] != "eval"]
-    lines += [{"event": "eval", "run_id": "a", "stage": "validation", "step": 10 * w, "window": w,
-               "auroc": 0.6 + w / 100, "ne": 0.9, "calibration": 1.0 + w / 10} for w in (1, 2, 3)]
+    lines += [
+        {
+            "event": "eval",
+            "run_id": "a",
+            "stage": "validation",
+            "step": 10 * w,
+            "window": w,
+            "auroc": 0.6 + w / 100,
+            "ne": 0.9,
+            "calibration": 1.0 + w / 10,
+        }
+        for w in (1, 2, 3)
+    ]
     runs = report.read_runs(_write_log(tmp_path / "log.jsonl", lines))
     assert runs[0].window_auroc == [(1, 0.61), (2, 0.62), (3, 0.63)]
     assert runs[0].validation_auroc == [(10, 0.61), (20, 0.62), (30, 0.63)]

@@ -18,7 +18,7 @@ from torch.distributed.checkpoint import FileSystemReader
 
 import dlrm_main
 from checkpoints.opened import read_meta
-from data.criteo_layout import NUM_SPARSE_FEATURES
+from data.binary.criteo_layout import NUM_SPARSE_FEATURES
 from harness.launch import REPO, eval_record, free_port, launch, read_log
 from tests.support.model_state import assert_same_state, flat_state
 
@@ -26,11 +26,40 @@ STEPS = 16
 
 
 def flags(data_dir: str, ckpt: str, log: str, *extra: str, batch: int = 128) -> list:
-    return ["--in_memory_binary_criteo_path", data_dir, "--batch_size", str(batch), "--embedding_dim", "16",
-            "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,1", "--optimizer", "adagrad",
-            "--learning_rate", "0.01", "--limit_train_batches", str(STEPS), "--limit_val_batches", "2",
-            "--limit_test_batches", "4", "--checkpoint_dir", ckpt, "--checkpoint_every_n_steps", "5",
-            "--checkpoint_at_epoch_end", "--log_every_n_steps", "1", "--log_path", log, "--seed", "2", *extra]
+    return [
+        "--in_memory_binary_criteo_path",
+        data_dir,
+        "--batch_size",
+        str(batch),
+        "--embedding_dim",
+        "16",
+        "--dense_arch_layer_sizes",
+        "64,16",
+        "--over_arch_layer_sizes",
+        "64,1",
+        "--optimizer",
+        "adagrad",
+        "--learning_rate",
+        "0.01",
+        "--limit_train_batches",
+        str(STEPS),
+        "--limit_val_batches",
+        "2",
+        "--limit_test_batches",
+        "4",
+        "--checkpoint_dir",
+        ckpt,
+        "--checkpoint_every_n_steps",
+        "5",
+        "--checkpoint_at_epoch_end",
+        "--log_every_n_steps",
+        "1",
+        "--log_path",
+        log,
+        "--seed",
+        "2",
+        *extra,
+    ]
 
 
 def step_loss_map(path: str) -> dict:
@@ -80,11 +109,14 @@ def test_resume_equals_uninterrupted(reference, synthetic_dir, tmp_path):
     expected, got = step_loss_map(log), step_loss_map(new_log)
     assert sorted(got) == list(range(11, STEPS + 1))
     assert all(got[s] == expected[s] for s in got)  # identical, not merely close
-    assert_same_state(flat_state(os.path.join(ckpt, "step_000000016"), tmp_path),
-                      flat_state(os.path.join(resumed, "step_000000016"), tmp_path))
+    assert_same_state(
+        flat_state(os.path.join(ckpt, "step_000000016"), tmp_path),
+        flat_state(os.path.join(resumed, "step_000000016"), tmp_path),
+    )
     metrics = ("auroc", "log_loss", "accuracy", "num_samples")
-    assert [eval_record(read_log(new_log), "test")[k] for k in metrics] == \
-        [eval_record(read_log(log), "test")[k] for k in metrics]
+    assert [eval_record(read_log(new_log), "test")[k] for k in metrics] == [
+        eval_record(read_log(log), "test")[k] for k in metrics
+    ]
 
 
 @pytest.mark.slow
@@ -100,8 +132,10 @@ def test_save_killed_before_completion_is_ignored(reference, synthetic_dir, tmp_
     new_log = str(tmp_path / "log.jsonl")
     assert launch(dlrm_main.main, flags(synthetic_dir, resumed, new_log, "--resume")) == {0: 0, 1: 0}
     assert min(step_loss_map(new_log)) == 11  # resumed from step 10, not 15
-    assert_same_state(flat_state(os.path.join(ckpt, "step_000000016"), tmp_path),
-                      flat_state(os.path.join(resumed, "step_000000016"), tmp_path))
+    assert_same_state(
+        flat_state(os.path.join(ckpt, "step_000000016"), tmp_path),
+        flat_state(os.path.join(resumed, "step_000000016"), tmp_path),
+    )
 
 
 @pytest.mark.slow
@@ -111,8 +145,20 @@ def test_two_ranks_to_one_and_back(reference, synthetic_dir, tmp_path):
     reference_test = eval_record(read_log(log), "test")
     # weights of a 2-rank checkpoint evaluated on 1 rank: the same predictions
     one_log = str(tmp_path / "one.jsonl")
-    assert launch(dlrm_main.main, flags(synthetic_dir, str(tmp_path / "unused"), one_log, "--mode", "test",
-                                        "--restore_checkpoint_path", final, batch=256), nproc=1) == {0: 0}
+    assert launch(
+        dlrm_main.main,
+        flags(
+            synthetic_dir,
+            str(tmp_path / "unused"),
+            one_log,
+            "--mode",
+            "test",
+            "--restore_checkpoint_path",
+            final,
+            batch=256,
+        ),
+        nproc=1,
+    ) == {0: 0}
     one = eval_record(read_log(one_log), "test")
     assert one["num_samples"] == reference_test["num_samples"]
     assert one["log_loss"] == pytest.approx(reference_test["log_loss"], abs=1e-6)
@@ -122,8 +168,7 @@ def test_two_ranks_to_one_and_back(reference, synthetic_dir, tmp_path):
     os.makedirs(resumed)
     shutil.copytree(os.path.join(ckpt, "step_000000010"), os.path.join(resumed, "step_000000010"))
     resumed_log = str(tmp_path / "resumed.jsonl")
-    assert launch(dlrm_main.main, flags(synthetic_dir, resumed, resumed_log, "--resume", batch=256),
-                  nproc=1) == {0: 0}
+    assert launch(dlrm_main.main, flags(synthetic_dir, resumed, resumed_log, "--resume", batch=256), nproc=1) == {0: 0}
     expected, got = step_loss_map(log), step_loss_map(resumed_log)
     assert sorted(got) == list(range(11, STEPS + 1))
     for s in got:
@@ -166,7 +211,7 @@ def test_mismatched_and_corrupted_checkpoints(reference, synthetic_dir, tmp_path
 
     line = run("--resume", "--embedding_dim", "8", "--dense_arch_layer_sizes", "64,8")
     assert "step_000000016 does not match this run" in line and "embedding_dim is 16 in the checkpoint, 8 now" in line
-    assert "optim.optimizer is \"adagrad\" in the checkpoint, \"sgd\" now" in run("--resume", "--optimizer", "sgd")
+    assert 'optim.optimizer is "adagrad" in the checkpoint, "sgd" now' in run("--resume", "--optimizer", "sgd")
     # 1 rank with a 2-rank global batch of 256 rows, but batch 128: position cannot carry over
     try:
         dlrm_main.main(flags(synthetic_dir, copy, log, "--resume"))
@@ -183,26 +228,47 @@ def test_mismatched_and_corrupted_checkpoints(reference, synthetic_dir, tmp_path
     assert "step_000000015 could not be loaded" in run("--resume")
     os.remove(os.path.join(copy, "step_000000010", "COMPLETE"))
     assert "step_000000010 is incomplete (no COMPLETE marker)" in run(
-        "--mode", "test", "--restore_checkpoint_path", os.path.join(copy, "step_000000010"))
-    assert "nowhere: no such directory" in run(
-        "--mode", "test", "--restore_checkpoint_path", str(tmp_path / "nowhere"))
+        "--mode", "test", "--restore_checkpoint_path", os.path.join(copy, "step_000000010")
+    )
+    assert "nowhere: no such directory" in run("--mode", "test", "--restore_checkpoint_path", str(tmp_path / "nowhere"))
 
 
 @pytest.mark.slow
 def test_keep_last_n_prunes_after_completion(synthetic_dir, tmp_path):
     ckpt = str(tmp_path / "ckpt")
-    assert launch(dlrm_main.main, flags(synthetic_dir, ckpt, str(tmp_path / "l.jsonl"), "--keep_last_n_checkpoints",
-                                        "2", batch=256), nproc=1) == {0: 0}
+    assert launch(
+        dlrm_main.main,
+        flags(synthetic_dir, ckpt, str(tmp_path / "l.jsonl"), "--keep_last_n_checkpoints", "2", batch=256),
+        nproc=1,
+    ) == {0: 0}
     assert sorted(os.listdir(ckpt)) == ["best.json", "step_000000015", "step_000000016"]
 
 
 def _torchrun_with_restarts(argv: list, max_restarts: int) -> subprocess.Popen:
     """Two ranks of dlrm_main.py under torchrun, restarted up to ``max_restarts`` times."""
     return subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-         "--max_restarts", str(max_restarts), "--rdzv_backend", "c10d", "--rdzv_endpoint",
-         f"127.0.0.1:{free_port()}", "dlrm_main.py", *argv],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc_per_node",
+            "2",
+            "--max_restarts",
+            str(max_restarts),
+            "--rdzv_backend",
+            "c10d",
+            "--rdzv_endpoint",
+            f"127.0.0.1:{free_port()}",
+            "dlrm_main.py",
+            *argv,
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _wait_for_step(run_log: str, step: int, timeout: float) -> None:
@@ -230,8 +296,10 @@ def test_torchrun_restart_after_a_killed_rank(reference, synthetic_dir, tmp_path
     expected, got = step_loss_map(log), step_loss_map(run_log)
     assert sorted(got) == list(range(1, STEPS + 1))
     assert all(got[s] == expected[s] for s in got)
-    assert_same_state(flat_state(os.path.join(ckpt, "step_000000016"), tmp_path),
-                      flat_state(os.path.join(run_ckpt, "step_000000016"), tmp_path))
+    assert_same_state(
+        flat_state(os.path.join(ckpt, "step_000000016"), tmp_path),
+        flat_state(os.path.join(run_ckpt, "step_000000016"), tmp_path),
+    )
 
 
 def set_manifest_entry(checkpoint: str, name: str) -> None:
@@ -279,29 +347,63 @@ def test_checkpoint_files_are_checked_and_never_run_code(reference, synthetic_di
         line = run(*extra)
         assert not created.exists()
         assert f"{step16}/.metadata: refused: it asks to load builtins.exec" in line, line
-    export = subprocess.run([sys.executable, "-m", "serving.export", "--checkpoint", step16, "--output",
-                             str(tmp_path / "model"), "--quantize", "none"], cwd=REPO, capture_output=True, text=True)
+    export = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "serving.export",
+            "--checkpoint",
+            step16,
+            "--output",
+            str(tmp_path / "model"),
+            "--quantize",
+            "none",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert export.returncode == 2 and not created.exists()
     assert f"{step16}/.metadata: refused" in one_error_line(export.stderr)
     os.remove(os.path.join(step16, ".metadata"))
-    export = subprocess.run([sys.executable, "-m", "serving.export", "--checkpoint", step16, "--output",
-                             str(tmp_path / "model"), "--quantize", "none"], cwd=REPO, capture_output=True, text=True)
+    export = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "serving.export",
+            "--checkpoint",
+            step16,
+            "--output",
+            str(tmp_path / "model"),
+            "--quantize",
+            "none",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert export.returncode == 2
     assert "step_000000016: .metadata is missing or unreadable" in one_error_line(export.stderr)
     shutil.rmtree(step16)
 
     shard = os.path.join(step15, "__0_0.distcp")
-    weights = [info for index, info in FileSystemReader(step15).read_metadata().storage_data.items()
-               if index.fqn.startswith("model.") and info.relative_path == "__0_0.distcp"]
+    weights = [
+        info
+        for index, info in FileSystemReader(step15).read_metadata().storage_data.items()
+        if index.fqn.startswith("model.") and info.relative_path == "__0_0.distcp"
+    ]
     with open(shard, "r+b") as f:  # one bit of a weight (a load for testing reads no optimizer state)
         f.seek(weights[0].offset + weights[0].length // 2)
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x10]))
     line = run("--mode", "test", "--restore_checkpoint_path", step15)
-    assert re.search(rf"{shard} bytes \d+-\d+: its SHA-256 differs from the manifest's: the file is damaged", line), line
+    assert re.search(rf"{shard} bytes \d+-\d+: its SHA-256 differs from the manifest's: the file is damaged", line), (
+        line
+    )
 
     from serving.inference_model import load_checkpoint_model
+
     step10 = os.path.join(copy, "step_000000010")
     with open(os.path.join(step10, "COMPLETE"), "w") as f:
         f.write("complete\n")  # what checkpoints saved before manifests hold
@@ -316,8 +418,9 @@ def test_storage_failures_are_one_line(synthetic_dir, tmp_path, capsys):
     ckpt, log = str(tmp_path / "ckpt"), str(tmp_path / "log.jsonl")
     os.makedirs(os.path.join(ckpt, "step_000000010"))
     os.symlink("/dev/full", os.path.join(ckpt, "step_000000010", "__0_0.distcp"))  # writes fail: ENOSPC
-    run = subprocess.run([sys.executable, "dlrm_main.py", *flags(synthetic_dir, ckpt, log)], cwd=REPO,
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "dlrm_main.py", *flags(synthetic_dir, ckpt, log)], cwd=REPO, capture_output=True, text=True
+    )
     assert run.returncode == 1
     line = one_error_line(run.stderr)
     assert "rank 0 of 1 failed at step 10 (epoch 0, saving step 10): CheckpointSaveError: saving checkpoint" in line
@@ -341,7 +444,7 @@ def test_storage_failures_are_one_line(synthetic_dir, tmp_path, capsys):
     assert not os.path.exists(ro_log)  # refused before the run started
     # Early stopping saves its best checkpoints there too, without a saving flag.
     argv = flags(synthetic_dir, read_only, ro_log, "--early_stopping_patience", "1")
-    del argv[argv.index("--checkpoint_every_n_steps"):argv.index("--checkpoint_every_n_steps") + 2]
+    del argv[argv.index("--checkpoint_every_n_steps") : argv.index("--checkpoint_every_n_steps") + 2]
     argv.remove("--checkpoint_at_epoch_end")
     assert f"--checkpoint_dir {read_only}: cannot write there" in refusal_line(capsys, argv)
     assert not os.path.exists(ro_log)
@@ -357,20 +460,27 @@ def test_async_checkpoints_equal_the_blocking_ones(reference, synthetic_dir, tmp
     assert step_loss_map(run_log) == step_loss_map(log)
     assert sorted(os.listdir(run_ckpt)) == sorted(os.listdir(ckpt))
     for step in ("step_000000010", "step_000000016"):
-        assert_same_state(flat_state(os.path.join(ckpt, step), tmp_path), flat_state(os.path.join(run_ckpt, step), tmp_path))
+        assert_same_state(
+            flat_state(os.path.join(ckpt, step), tmp_path), flat_state(os.path.join(run_ckpt, step), tmp_path)
+        )
         for rank in (0, 1):  # torch's generator as it was at the step, not when the write ended
-            blocking, background = (torch.load(os.path.join(d, step, f"rank_{rank}.pt"), weights_only=True)
-                                    for d in (ckpt, run_ckpt))
+            blocking, background = (
+                torch.load(os.path.join(d, step, f"rank_{rank}.pt"), weights_only=True) for d in (ckpt, run_ckpt)
+            )
             assert torch.equal(blocking["torch"], background["torch"])
     resumed, resumed_log = str(tmp_path / "resumed"), str(tmp_path / "resumed.jsonl")
     os.makedirs(resumed)
     shutil.copytree(os.path.join(run_ckpt, "step_000000010"), os.path.join(resumed, "step_000000010"))
-    assert launch(dlrm_main.main, flags(synthetic_dir, resumed, resumed_log, "--resume", "--async_checkpoint")) == \
-        {0: 0, 1: 0}
+    assert launch(dlrm_main.main, flags(synthetic_dir, resumed, resumed_log, "--resume", "--async_checkpoint")) == {
+        0: 0,
+        1: 0,
+    }
     expected, got = step_loss_map(log), step_loss_map(resumed_log)
     assert sorted(got) == list(range(11, STEPS + 1)) and all(got[s] == expected[s] for s in got)
-    assert_same_state(flat_state(os.path.join(ckpt, "step_000000016"), tmp_path),
-                      flat_state(os.path.join(resumed, "step_000000016"), tmp_path))
+    assert_same_state(
+        flat_state(os.path.join(ckpt, "step_000000016"), tmp_path),
+        flat_state(os.path.join(resumed, "step_000000016"), tmp_path),
+    )
 
 
 @pytest.mark.slow
@@ -397,5 +507,7 @@ def test_rank_killed_during_an_async_save(reference, synthetic_dir, tmp_path):
     assert f"resumed from {run_ckpt}/step_000000005" in output, output[-3000:]
     expected, got = step_loss_map(log), step_loss_map(run_log)
     assert all(got[s] == expected[s] for s in got)
-    assert_same_state(flat_state(os.path.join(ckpt, "step_000000016"), tmp_path),
-                      flat_state(os.path.join(run_ckpt, "step_000000016"), tmp_path))
+    assert_same_state(
+        flat_state(os.path.join(ckpt, "step_000000016"), tmp_path),
+        flat_state(os.path.join(run_ckpt, "step_000000016"), tmp_path),
+    )

@@ -11,8 +11,8 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 
 from checkpoints.errors import CheckpointError
-from checkpoints.meta import CheckpointMeta
 from checkpoints.load import load_checkpoint
+from checkpoints.meta import CheckpointMeta
 from checkpoints.opened import read_manifest
 from checkpoints.save import CheckpointManager
 
@@ -27,8 +27,9 @@ def _state(fill: float = 0.0) -> dict:
 
 
 def _save(tmp_path) -> str:
-    meta = CheckpointMeta(step=1, epoch=0, batch_in_epoch=1, world_size=1, config={}, plan={}, data_source=None,
-                          data_features=None)
+    meta = CheckpointMeta(
+        step=1, epoch=0, batch_in_epoch=1, world_size=1, config={}, plan={}, data_source=None, data_features=None
+    )
     return CheckpointManager(str(tmp_path / "ckpt"), keep_last_n=0, rank=0).save(_state(1.0), meta)
 
 
@@ -63,7 +64,7 @@ def test_saved_manifest_has_chunk_digests_covering_each_data_file(tmp_path):
         assert "sha256" not in entry and entry["bytes"] == len(data)
         end = 0
         for offset, length, digest in entry["chunks"]:
-            assert offset == end and hashlib.sha256(data[offset:offset + length]).hexdigest() == digest
+            assert offset == end and hashlib.sha256(data[offset : offset + length]).hexdigest() == digest
             end += length
         assert end == len(data)
     # Every item DCP stored is one chunk: the reader checks what it reads, nothing more.
@@ -84,8 +85,9 @@ def test_damaged_chunk_is_refused_by_file_and_byte_range_before_reaching_the_mod
     loaded = _state()
     with pytest.raises(CheckpointError) as error:
         load_checkpoint(checkpoint, loaded, rank=0, restore_rng=False)
-    assert (f"{shard} bytes {offset}-{offset + length}: its SHA-256 differs from the manifest's: "
-            "the file is damaged") in str(error.value)
+    assert (
+        f"{shard} bytes {offset}-{offset + length}: its SHA-256 differs from the manifest's: the file is damaged"
+    ) in str(error.value)
     assert torch.count_nonzero(loaded["model"][key.split(".", 1)[1]]) == 0  # the damaged values never arrived
 
 

@@ -30,10 +30,14 @@ def parsers_built_elsewhere() -> list[str]:
                 tree = ast.parse(f.read(), path)
             for node in ast.walk(tree):
                 called = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                if called and node.func.attr == "ArgumentParser":
-                    found.append(f"{relative}:{node.lineno}")
-                elif isinstance(node, ast.Attribute) and node.attr == "argv" and \
-                        isinstance(node.value, ast.Name) and node.value.id == "sys":
+                if (
+                    called
+                    and node.func.attr == "ArgumentParser"
+                    or isinstance(node, ast.Attribute)
+                    and node.attr == "argv"
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id == "sys"
+                ):
                     found.append(f"{relative}:{node.lineno}")
     return found
 
@@ -52,8 +56,10 @@ def test_the_scan_finds_a_parser_built_by_hand(tmp_path, monkeypatch):
 def test_a_bad_or_abbreviated_flag_is_one_line_and_exit_2(capsys):
     parser = OneLineParser(prog="tool")
     parser.add_argument("--learning_rate", type=float, default=0.1)
-    for argv, message in ((["--learning_rat", "0.5"], "unrecognized arguments: --learning_rat 0.5"),
-                          (["--learning_rate", "x"], "argument --learning_rate: invalid float value: 'x'")):
+    for argv, message in (
+        (["--learning_rat", "0.5"], "unrecognized arguments: --learning_rat 0.5"),
+        (["--learning_rate", "x"], "argument --learning_rate: invalid float value: 'x'"),
+    ):
         with pytest.raises(SystemExit) as done:
             parser.parse_args(argv)
         assert done.value.code == 2
@@ -61,16 +67,27 @@ def test_a_bad_or_abbreviated_flag_is_one_line_and_exit_2(capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script, argv", [("scripts/stack_names.py", ["imports"]),
-                                          ("scripts/check_install.py", ["cpu"]),
-                                          ("scripts/trim_fbgemm_wheel.py", ["some.whl"]),
-                                          ("scripts/wheelhouse.py", ["show", "dir", "archive_sha256"])])
+@pytest.mark.parametrize(
+    "script, argv",
+    [
+        ("scripts/stack_names.py", ["imports"]),
+        ("scripts/check_install.py", ["cpu"]),
+        ("scripts/trim_fbgemm_wheel.py", ["some.whl"]),
+        ("scripts/wheelhouse.py", ["show", "dir", "archive_sha256"]),
+    ],
+)
 def test_a_script_run_by_path_refuses_a_bad_flag_in_one_line(script, argv):
     """Run as the install scripts and docs run them (by path, the repository not on
     sys.path): the builder still loads, and the refusal is one line, exit 2."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, script, *argv, "--no_such_flag"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, script, *argv, "--no_such_flag"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.splitlines()
     assert line.startswith(f"{os.path.basename(script)}: error: ") and "--no_such_flag" in line

@@ -49,8 +49,10 @@ def test_options_without_help_finds_them():
 
 
 def test_subcommands_are_found():
-    text = ("usage: x [-h] {plan,sweep} ...\n\npositional arguments:\n  {plan,sweep}\n    plan      one\n\n"
-            "options:\n  --format {fp32,aoti}\n")
+    text = (
+        "usage: x [-h] {plan,sweep} ...\n\npositional arguments:\n  {plan,sweep}\n    plan      one\n\n"
+        "options:\n  --format {fp32,aoti}\n"
+    )
     assert subcommands(text) == ["plan", "sweep"]
     assert subcommands("usage: x [-h] [--format {a,b}]\n\noptions:\n  --format {a,b}\n") == []
 
@@ -58,8 +60,18 @@ def test_subcommands_are_found():
 def test_the_programs_are_found():
     """Positive control of the search: the entry points, each package's programs (the
     one a hand-written list once missed among them) and the `python -m PACKAGE` ones."""
-    assert {"dlrm_main", "dcnv2_main", "training.lr_finder", "serving.export", "data.transcode", "sharding_plans",
-            "sweeps", "scripts.wheelhouse", "bench.gpu_check", "harness.matrix"} <= set(PROGRAMS)
+    assert {
+        "dlrm_main",
+        "dcnv2_main",
+        "training.lr_finder",
+        "serving.export",
+        "data.transcode",
+        "sharding_plans",
+        "sweeps",
+        "scripts.wheelhouse",
+        "bench.gpu_check",
+        "harness.matrix",
+    } <= set(PROGRAMS)
     assert not any(name.startswith("tests") or name.endswith("__init__") for name in PROGRAMS)
 
 

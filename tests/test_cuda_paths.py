@@ -37,9 +37,16 @@ from sharding_plans.types import PlanRequest
 from training.config import PIPELINES
 from training.distributed import DistributedEnv
 from training.flags import parse_config
-from training.pipelines import (FencedPrefetchPipeline, ScheduledSemiSyncPipeline, build_pipeline,
-                                check_pipeline_supported, check_plan_for_pipeline, prefetched_context,
-                                release_cache_line_locks, semi_sync_start_after)
+from training.pipelines import (
+    FencedPrefetchPipeline,
+    ScheduledSemiSyncPipeline,
+    build_pipeline,
+    check_pipeline_supported,
+    check_plan_for_pipeline,
+    prefetched_context,
+    release_cache_line_locks,
+    semi_sync_start_after,
+)
 from training.sharding import prepare_sharding
 
 
@@ -73,8 +80,9 @@ def _run_to_end(pipeline, batches) -> int:
 
 def _batches(count: int):
     for _ in range(count):
-        kjt = KeyedJaggedTensor(keys=["f"], values=torch.zeros(2, dtype=torch.int64),
-                                lengths=torch.ones(2, dtype=torch.int32))
+        kjt = KeyedJaggedTensor(
+            keys=["f"], values=torch.zeros(2, dtype=torch.int64), lengths=torch.ones(2, dtype=torch.int32)
+        )
         yield Batch(dense_features=torch.randn(2, 4), sparse_features=kjt, labels=torch.ones(2))
 
 
@@ -118,9 +126,26 @@ def test_checkpoint_cuda_rng_state_restores_on_the_current_device():
     assert torch.equal(torch.rand(3, device="cuda"), expected)
 
 
-TINY_RUN = ["--num_embeddings", "50", "--embedding_dim", "4", "--dense_arch_layer_sizes", "8,4",
-            "--over_arch_layer_sizes", "8,1", "--batch_size", "4", "--limit_train_batches", "1",
-            "--limit_val_batches", "1", "--limit_test_batches", "1", "--seed", "3"]
+TINY_RUN = [
+    "--num_embeddings",
+    "50",
+    "--embedding_dim",
+    "4",
+    "--dense_arch_layer_sizes",
+    "8,4",
+    "--over_arch_layer_sizes",
+    "8,1",
+    "--batch_size",
+    "4",
+    "--limit_train_batches",
+    "1",
+    "--limit_val_batches",
+    "1",
+    "--limit_test_batches",
+    "1",
+    "--seed",
+    "3",
+]
 
 
 @pytest.fixture
@@ -150,7 +175,7 @@ def test_feature_order_probe_sees_the_seeded_tables(one_process, monkeypatch):
     def probe_after_init(model, device):
         weights = {k.split(".")[-2]: v for k, v in model.state_dict().items() if k.endswith(".weight")}
         first = config.model.table_names[0]
-        (local, _, _), = _local_pieces(weights[first])  # one rank: the whole table
+        ((local, _, _),) = _local_pieces(weights[first])  # one rank: the whole table
         seen.append(torch.equal(local, table_values(config.seed, 0, rows, (0, rows), (0, dim))))
         return real_probe(model, device)
 
@@ -159,8 +184,9 @@ def test_feature_order_probe_sees_the_seeded_tables(one_process, monkeypatch):
     assert seen == [True]
 
 
-CPU_ENV = DistributedEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
-                         device=torch.device("cpu"), backend="gloo")
+CPU_ENV = DistributedEnv(
+    rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cpu"), backend="gloo"
+)
 
 
 def _ebc_sharder(sharders):
@@ -187,12 +213,20 @@ def _sharded_ebc(prefetch: bool) -> DistributedModelParallel:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name="t", embedding_dim=4, num_embeddings=10,
-                                                            feature_names=["f"])], device=torch.device("meta"))
-    plan = construct_module_sharding_plan(ebc, {"t": table_wise(rank=0, compute_kernel="fused")},
-                                          world_size=1, device_type="cpu")
-    return DistributedModelParallel(ebc, device=torch.device("cpu"), env=ShardingEnv.from_process_group(dist.group.WORLD),
-                                    plan=ShardingPlan({"": plan}), sharders=build_sharders(prefetch_pipeline=prefetch))
+    ebc = EmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(name="t", embedding_dim=4, num_embeddings=10, feature_names=["f"])],
+        device=torch.device("meta"),
+    )
+    plan = construct_module_sharding_plan(
+        ebc, {"t": table_wise(rank=0, compute_kernel="fused")}, world_size=1, device_type="cpu"
+    )
+    return DistributedModelParallel(
+        ebc,
+        device=torch.device("cpu"),
+        env=ShardingEnv.from_process_group(dist.group.WORLD),
+        plan=ShardingPlan({"": plan}),
+        sharders=build_sharders(prefetch_pipeline=prefetch),
+    )
 
 
 def _kernels(dmp: DistributedModelParallel) -> list:
@@ -221,26 +255,39 @@ def test_cache_lines_locked_by_no_grad_forwards_are_released(one_process, prefet
 
 
 def _plan(**kernels: str) -> dict:
-    return {table: {"sharding_type": "table_wise", "compute_kernel": kernel, "shards": []}
-            for table, kernel in kernels.items()}
+    return {
+        table: {"sharding_type": "table_wise", "compute_kernel": kernel, "shards": []}
+        for table, kernel in kernels.items()
+    }
 
 
-@pytest.mark.parametrize("pipeline, plan, within_epoch, refusal", [
-    ("semi_sync", _plan(a="fused", b="fused_uvm"), True, None),
-    ("semi_sync", _plan(a="fused", b="fused_uvm_caching", c="fused_uvm_caching"), False,
-     "--pipeline semi_sync runs forward(i+1) before the embedding backward of batch i and needs every table "
-     "on the fused or fused_uvm kernel; the plan has b, c on fused_uvm_caching "
-     "(pass --compute_kernel fused or fused_uvm, or use --pipeline sparse_dist)"),
-    ("semi_sync", _plan(a="dense", b="key_value"), False, "the plan has a on dense; b on key_value"),
-    ("prefetch", _plan(a="fused_uvm_caching", b="dense"), True,
-     "--pipeline prefetch with --validation_freq_within_epoch: validation would run on the cache locations "
-     "prefetched for the next training batch (a on fused_uvm_caching); validate at epoch end only, "
-     "or use --pipeline sparse_dist"),
-    ("prefetch", _plan(a="fused_uvm_caching"), False, None),  # epoch-end validation: the pipeline has drained
-    ("prefetch", _plan(a="fused", b="fused_uvm", c="dense"), True, None),  # no cache
-    ("sparse_dist", _plan(a="fused_uvm_caching"), True, None),
-    ("base", _plan(a="fused_uvm_caching"), True, None),
-])
+@pytest.mark.parametrize(
+    "pipeline, plan, within_epoch, refusal",
+    [
+        ("semi_sync", _plan(a="fused", b="fused_uvm"), True, None),
+        (
+            "semi_sync",
+            _plan(a="fused", b="fused_uvm_caching", c="fused_uvm_caching"),
+            False,
+            "--pipeline semi_sync runs forward(i+1) before the embedding backward of batch i and needs every table "
+            "on the fused or fused_uvm kernel; the plan has b, c on fused_uvm_caching "
+            "(pass --compute_kernel fused or fused_uvm, or use --pipeline sparse_dist)",
+        ),
+        ("semi_sync", _plan(a="dense", b="key_value"), False, "the plan has a on dense; b on key_value"),
+        (
+            "prefetch",
+            _plan(a="fused_uvm_caching", b="dense"),
+            True,
+            "--pipeline prefetch with --validation_freq_within_epoch: validation would run on the cache locations "
+            "prefetched for the next training batch (a on fused_uvm_caching); validate at epoch end only, "
+            "or use --pipeline sparse_dist",
+        ),
+        ("prefetch", _plan(a="fused_uvm_caching"), False, None),  # epoch-end validation: the pipeline has drained
+        ("prefetch", _plan(a="fused", b="fused_uvm", c="dense"), True, None),  # no cache
+        ("sparse_dist", _plan(a="fused_uvm_caching"), True, None),
+        ("base", _plan(a="fused_uvm_caching"), True, None),
+    ],
+)
 def test_pipelines_refuse_plans_whose_caches_they_would_corrupt(pipeline, plan, within_epoch, refusal):
     if refusal is None:
         check_plan_for_pipeline(pipeline, plan, within_epoch)
@@ -254,13 +301,28 @@ def test_semi_sync_refuses_the_cache_the_planner_picks_when_hbm_runs_short():
     """Planned for 2 GPUs of 64 MiB (a plan for hardware this machine does not have),
     the 26 tables do not fit in HBM: the planner chooses fused_uvm_caching by itself,
     which semi_sync refuses; with enough HBM the plan is fused and accepted."""
-    config = parse_config(["--num_embeddings", "100000", "--embedding_dim", "16", "--dense_arch_layer_sizes", "8,16",
-                           "--over_arch_layer_sizes", "8,1"], "dlrm_main.py", "")
+    config = parse_config(
+        [
+            "--num_embeddings",
+            "100000",
+            "--embedding_dim",
+            "16",
+            "--dense_arch_layer_sizes",
+            "8,16",
+            "--over_arch_layer_sizes",
+            "8,1",
+        ],
+        "dlrm_main.py",
+        "",
+    )
     model = build_dlrm_train(config.model, dense_device=torch.device("meta"))
     kernels = {}
     for hbm in (64 * 2**20, 2**30):
-        plan, _ = plan_with_estimates(model, build_sharders(), PlannerConfig(
-            world_size=2, local_world_size=2, compute_device="cuda", batch_size=512, hbm_cap_bytes=hbm))
+        plan, _ = plan_with_estimates(
+            model,
+            build_sharders(),
+            PlannerConfig(world_size=2, local_world_size=2, compute_device="cuda", batch_size=512, hbm_cap_bytes=hbm),
+        )
         kernels[hbm] = plan_summary(plan)
     assert "fused_uvm_caching" in {p["compute_kernel"] for p in kernels[64 * 2**20].values()}
     with pytest.raises(BadInput, match="on fused_uvm_caching"):
@@ -283,10 +345,23 @@ def _tiny_plan_file(tmp_path, device: str, kernel: str, prefetch_pipeline) -> st
     table-wise on ``kernel``, with ``cache_params.prefetch_pipeline`` set to
     ``prefetch_pipeline`` (None: no cache_params)."""
     model = parse_config(TINY_RUN, "dlrm_main.py", "").model
-    saved = plan_request(PlanRequest(
-        model.sparse_feature_names, model.num_embeddings_per_feature, model.embedding_dim, "fp32", "sgd",
-        PlannerConfig(world_size=1, local_world_size=1, compute_device=device, batch_size=4,
-                      hbm_cap_bytes=2**30, ddr_cap_bytes=2**32)))
+    saved = plan_request(
+        PlanRequest(
+            model.sparse_feature_names,
+            model.num_embeddings_per_feature,
+            model.embedding_dim,
+            "fp32",
+            "sgd",
+            PlannerConfig(
+                world_size=1,
+                local_world_size=1,
+                compute_device=device,
+                batch_size=4,
+                hbm_cap_bytes=2**30,
+                ddr_cap_bytes=2**32,
+            ),
+        )
+    )
     for ps in next(iter(saved.plan.plan.values())).values():  # type: ignore[union-attr]
         ps.compute_kernel = kernel
         ps.cache_params = None if prefetch_pipeline is None else CacheParams(prefetch_pipeline=prefetch_pipeline)
@@ -302,11 +377,16 @@ def test_evaluation_releases_the_cache_lines_it_locks(one_process, tmp_path):
     import training.trainer as trainer_module
     from training.distributed import resolve_env
 
-    config = parse_config(TINY_RUN + ["--sharding_plan", _tiny_plan_file(tmp_path, "cpu", "fused", True)],
-                          "dlrm_main.py", "")
+    config = parse_config(
+        TINY_RUN + ["--sharding_plan", _tiny_plan_file(tmp_path, "cpu", "fused", True)], "dlrm_main.py", ""
+    )
     trainer = trainer_module.Trainer(config, resolve_env("cpu"))
-    kernels = [k for lookup in trainer.model.module.model.sparse_arch.embedding_bag_collection._lookups
-               for k in lookup.modules() if getattr(k, "prefetch_pipeline", False)]
+    kernels = [
+        k
+        for lookup in trainer.model.module.model.sparse_arch.embedding_bag_collection._lookups
+        for k in lookup.modules()
+        if getattr(k, "prefetch_pipeline", False)
+    ]
     assert kernels
     for kernel in kernels:
         kernel.lxu_cache_locking_counter = torch.full((4, 32), 2, dtype=torch.int32)
@@ -314,14 +394,18 @@ def test_evaluation_releases_the_cache_lines_it_locks(one_process, tmp_path):
     assert all(not k.lxu_cache_locking_counter.any() for k in kernels)
 
 
-@pytest.mark.parametrize("prefetch_pipeline, pipeline_prefetches, refused", [
-    (False, True, True),
-    (False, False, False),  # no prefetching pipeline: locking is not needed
-    (True, True, False),
-    (None, True, False),  # unset: the sharders' prefetch_pipeline=True holds
-])
-def test_plan_file_cannot_turn_cache_line_locking_off_under_prefetch(tmp_path, prefetch_pipeline,
-                                                                     pipeline_prefetches, refused):
+@pytest.mark.parametrize(
+    "prefetch_pipeline, pipeline_prefetches, refused",
+    [
+        (False, True, True),
+        (False, False, False),  # no prefetching pipeline: locking is not needed
+        (True, True, False),
+        (None, True, False),  # unset: the sharders' prefetch_pipeline=True holds
+    ],
+)
+def test_plan_file_cannot_turn_cache_line_locking_off_under_prefetch(
+    tmp_path, prefetch_pipeline, pipeline_prefetches, refused
+):
     """A plan's cache_params.prefetch_pipeline replaces the sharders' fused parameter
     (torchrec distributed/utils.py): false would switch locking off under --pipeline
     prefetch, so such a plan file is refused, one line naming the file and table."""
@@ -330,17 +414,28 @@ def test_plan_file_cannot_turn_cache_line_locking_off_under_prefetch(tmp_path, p
     model = build_dlrm_train(config.model, dense_device=torch.device("meta"))
 
     def prepare():
-        return prepare_sharding_setup(model, config.model.table_names, 4, "fp32", torch.device("cuda"), 1, 1,
-                                      plan_path=path, prefetch_pipeline=pipeline_prefetches)
+        return prepare_sharding_setup(
+            model,
+            config.model.table_names,
+            4,
+            "fp32",
+            torch.device("cuda"),
+            1,
+            1,
+            plan_path=path,
+            prefetch_pipeline=pipeline_prefetches,
+        )
 
     if not refused:
         assert prepare().loaded_plan is not None
         return
     with pytest.raises(PlanMismatchError) as e:
         prepare()
-    assert str(e.value) == (f"{path}: table t_cat_0 (fused_uvm_caching) sets cache_params.prefetch_pipeline false, "
-                            "which turns off the cache-line locking the prefetch pipeline needs: set it true or "
-                            "remove it")
+    assert str(e.value) == (
+        f"{path}: table t_cat_0 (fused_uvm_caching) sets cache_params.prefetch_pipeline false, "
+        "which turns off the cache-line locking the prefetch pipeline needs: set it true or "
+        "remove it"
+    )
 
 
 def test_prefetch_pipeline_orders_input_dist_after_prefetch_while_torchrec_does_not():
@@ -434,10 +529,17 @@ def test_semi_sync_tables_train_at_their_own_step_rate(one_process):
     assert "ScheduledSemiSyncPipeline(model" in inspect.getsource(build_pipeline)
 
 
-@pytest.mark.parametrize("torchrec_version, world_size, refused", [
-    ("1.6.1", 2, True), ("1.8.0", 8, True), ("1.8.0", 1, False), ("1.9.2", 8, False),
-    ("1.10.0", 2, False), ("1.9.0.dev20251101+cu130", 2, False),
-])
+@pytest.mark.parametrize(
+    "torchrec_version, world_size, refused",
+    [
+        ("1.6.1", 2, True),
+        ("1.8.0", 8, True),
+        ("1.8.0", 1, False),
+        ("1.9.2", 8, False),
+        ("1.10.0", 2, False),
+        ("1.9.0.dev20251101+cu130", 2, False),
+    ],
+)
 def test_semi_sync_above_one_gpu_needs_torchrec_1_9(torchrec_version, world_size, refused):
     """Before torchrec 1.9 (PR 4497) semi_sync's embedding lookup is not ordered after
     the input all-to-all it reads: refused above one GPU, in one line."""
@@ -448,9 +550,11 @@ def test_semi_sync_above_one_gpu_needs_torchrec_1_9(torchrec_version, world_size
         return
     with pytest.raises(BadInput) as e:
         check_pipeline_supported("semi_sync", cuda, world_size, torchrec_version)
-    assert str(e.value) == (f"--pipeline semi_sync on {world_size} GPUs needs torchrec 1.9 or newer (torchrec "
-                            f"{torchrec_version} looks embeddings up before their input all-to-all is done): use "
-                            "the torch2.14 stack, one GPU, or --pipeline sparse_dist")
+    assert str(e.value) == (
+        f"--pipeline semi_sync on {world_size} GPUs needs torchrec 1.9 or newer (torchrec "
+        f"{torchrec_version} looks embeddings up before their input all-to-all is done): use "
+        "the torch2.14 stack, one GPU, or --pipeline sparse_dist"
+    )
     check_pipeline_supported("prefetch", cuda, world_size, torchrec_version)  # only semi_sync
 
 
@@ -487,9 +591,16 @@ def test_fenced_prefetch_pipeline_without_streams_trains_as_torchrec():
     assert weights[0][0] == weights[1][0] == 3 and torch.equal(weights[0][1], weights[1][1])
 
 
-@pytest.mark.parametrize("start_batch, steps_done, expected", [
-    (900, 0, 900), (900, 300, 600), (900, 900, 0), (900, 5000, 0), (0, 7, 0),
-])
+@pytest.mark.parametrize(
+    "start_batch, steps_done, expected",
+    [
+        (900, 0, 900),
+        (900, 300, 600),
+        (900, 900, 0),
+        (900, 5000, 0),
+        (0, 7, 0),
+    ],
+)
 def test_semi_sync_resumed_run_synchronizes_only_the_remaining_steps(start_batch, steps_done, expected):
     """A new pipeline counts batches from 0; --semi_sync_start_batch counts the run's
     steps, so a run resumed at step s passes what is left."""
@@ -506,8 +617,11 @@ def test_amp_evaluation_runs_under_the_training_autocast(one_process, monkeypatc
 
     scored = []
     update = BinaryClassificationMetrics.update
-    monkeypatch.setattr(BinaryClassificationMetrics, "update",
-                        lambda self, logits, *rest: (scored.append(logits.dtype), update(self, logits, *rest))[1])
+    monkeypatch.setattr(
+        BinaryClassificationMetrics,
+        "update",
+        lambda self, logits, *rest: (scored.append(logits.dtype), update(self, logits, *rest))[1],
+    )
     config = parse_config(TINY_RUN + ["--amp", "--limit_val_batches", "4"], "dlrm_main.py", "")
     trainer = trainer_module.Trainer(config, resolve_env("cpu"))
     trainer.fit()
@@ -536,8 +650,21 @@ def test_divergence_watch_checks_every_n_steps_on_cuda(one_process, monkeypatch,
     assert trainer_module.divergence_watch_every(torch.device("cpu")) == 1
     assert trainer_module.divergence_watch_every(torch.device("cuda")) == trainer_module.DIVERGENCE_WATCH_EVERY_CUDA > 1
     monkeypatch.setattr(trainer_module, "divergence_watch_every", lambda device: every)
-    config = parse_config(TINY_RUN + ["--limit_train_batches", "12", "--optimizer", "sgd", "--learning_rate", "1e30",
-                                      "--log_every_n_steps", "100"], "dlrm_main.py", "")
+    config = parse_config(
+        TINY_RUN
+        + [
+            "--limit_train_batches",
+            "12",
+            "--optimizer",
+            "sgd",
+            "--learning_rate",
+            "1e30",
+            "--log_every_n_steps",
+            "100",
+        ],
+        "dlrm_main.py",
+        "",
+    )
     trainer = trainer_module.Trainer(config, resolve_env("cpu"))
     with pytest.raises(trainer_module.NonFiniteLossError) as error:
         trainer.fit()
@@ -561,8 +688,9 @@ def test_process_group_binds_the_rank_gpu_on_cuda_only():
     """init_process_group gets device_id = the rank's GPU on CUDA, nothing on CPU (gloo)."""
     from training.distributed import group_device
 
-    cuda_env = dataclasses.replace(CPU_ENV, rank=3, world_size=4, local_rank=1, local_world_size=2,
-                                   device=torch.device("cuda", 1), backend="nccl")
+    cuda_env = dataclasses.replace(
+        CPU_ENV, rank=3, world_size=4, local_rank=1, local_world_size=2, device=torch.device("cuda", 1), backend="nccl"
+    )
     assert group_device(cuda_env) == torch.device("cuda", 1)
     assert group_device(CPU_ENV) is None
 

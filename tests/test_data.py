@@ -13,11 +13,11 @@ import torch
 
 from common.errors import BadInput
 from data.batching.batches import RankBatchLayout
-from data.config import DataConfig
 from data.batching.loaders import build_loaders
-from data.sources import source_for
 from data.binary.criteo import CriteoBinaryDataset, CriteoBinaryLoader
 from data.binary.criteo_layout import METADATA_VERSION, NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, read_metadata
+from data.config import DataConfig
+from data.sources import source_for
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
 from harness.launch import REPO
 from harness.small_data import SMALL_SPEC
@@ -59,8 +59,9 @@ def test_generator_is_deterministic_and_skips_identical(tmp_path):
     assert os.stat(os.path.join(a, "day_0_dense.npy")).st_mtime_ns == before
     other = SyntheticCriteoSpec(num_days=3, rows_per_day=1000, seed=2)
     generate_synthetic_criteo(other, a, show_progress=False)
-    assert not np.array_equal(np.load(os.path.join(a, "day_0_sparse.npy")),
-                              np.load(os.path.join(b, "day_0_sparse.npy")))
+    assert not np.array_equal(
+        np.load(os.path.join(a, "day_0_sparse.npy")), np.load(os.path.join(b, "day_0_sparse.npy"))
+    )
 
 
 def test_labels_depend_on_features():
@@ -80,9 +81,16 @@ def test_labels_depend_on_features():
     assert auroc > 0.75
 
 
-@pytest.mark.parametrize("rows, batch, world, drop_last", [
-    (1000, 64, 2, False), (1000, 64, 2, True), (1001, 50, 4, False), (7, 2, 2, False), (130, 64, 1, False),
-])
+@pytest.mark.parametrize(
+    "rows, batch, world, drop_last",
+    [
+        (1000, 64, 2, False),
+        (1000, 64, 2, True),
+        (1001, 50, 4, False),
+        (7, 2, 2, False),
+        (130, 64, 1, False),
+    ],
+)
 def test_layout_covers_rows_once_with_equal_batches(rows, batch, world, drop_last):
     layouts = [RankBatchLayout(rows, batch, r, world, drop_last) for r in range(world)]
     assert len({len(l) for l in layouts}) == 1
@@ -110,16 +118,19 @@ def _concat(loader):
 def test_splits_ranks_and_mmap(synthetic_dir):
     dataset = CriteoBinaryDataset(synthetic_dir)
     n = SMALL_SPEC.rows_per_day
-    assert dataset.split_ranges() == {"train": (0, 2 * n), "validation": (2 * n, 2 * n + n // 2),
-                                      "test": (2 * n + n // 2, 3 * n)}
+    assert dataset.split_ranges() == {
+        "train": (0, 2 * n),
+        "validation": (2 * n, 2 * n + n // 2),
+        "test": (2 * n + n // 2, 3 * n),
+    }
     all_dense = np.concatenate([np.load(os.path.join(synthetic_dir, f"day_{d}_dense.npy")) for d in range(3)])
     for mmap in (False, True):
         parts = [_concat(CriteoBinaryLoader(dataset, "validation", 100, r, 2, mmap_mode=mmap)) for r in range(2)]
         (b0, d0, _), (b1, d1, _) = parts
         assert len(b0) == len(b1)
         # rank r holds the r-th half of every global batch of 200 rows
-        assert np.array_equal(d0[:100], all_dense[2 * n: 2 * n + 100])
-        assert np.array_equal(d1[:100], all_dense[2 * n + 100: 2 * n + 200])
+        assert np.array_equal(d0[:100], all_dense[2 * n : 2 * n + 100])
+        assert np.array_equal(d1[:100], all_dense[2 * n + 100 : 2 * n + 200])
         assert len(d0) + len(d1) == n // 2  # 12288 rows split without remainder
         kjt = b0[0].sparse_features
         assert kjt.keys()[0] == "cat_0" and kjt.values().numel() == NUM_SPARSE_FEATURES * 100
@@ -127,8 +138,10 @@ def test_splits_ranks_and_mmap(synthetic_dir):
 
 def test_shuffling_is_identical_across_ranks_and_covers_rows(synthetic_dir):
     dataset = CriteoBinaryDataset(synthetic_dir)
-    loaders = [CriteoBinaryLoader(dataset, "train", 128, r, 2, row_permutation_seed=3,
-                                  shuffle_batches_seed=3) for r in range(2)]
+    loaders = [
+        CriteoBinaryLoader(dataset, "train", 128, r, 2, row_permutation_seed=3, shuffle_batches_seed=3)
+        for r in range(2)
+    ]
     labels = [np.concatenate([b.labels.numpy() for b in l]) for l in loaders]
     dense = [np.concatenate([b.dense_features.numpy() for b in l]) for l in loaders]
     train_dense = np.concatenate([np.load(os.path.join(synthetic_dir, f"day_{d}_dense.npy")) for d in range(2)])
@@ -137,8 +150,15 @@ def test_shuffling_is_identical_across_ranks_and_covers_rows(synthetic_dir):
     assert sorted(map(tuple, together)) == sorted(map(tuple, train_dense))
     assert not np.array_equal(dense[0][:128], train_dense[:128])
     # same permutation on both ranks: a new pair of loaders reproduces both streams
-    again = [np.concatenate([b.labels.numpy() for b in CriteoBinaryLoader(
-        dataset, "train", 128, r, 2, row_permutation_seed=3, shuffle_batches_seed=3)]) for r in range(2)]
+    again = [
+        np.concatenate(
+            [
+                b.labels.numpy()
+                for b in CriteoBinaryLoader(dataset, "train", 128, r, 2, row_permutation_seed=3, shuffle_batches_seed=3)
+            ]
+        )
+        for r in range(2)
+    ]
     assert all(np.array_equal(x, y) for x, y in zip(labels, again))
     loaders[0].set_epoch(1)
     assert not np.array_equal(np.concatenate([b.labels.numpy() for b in loaders[0]]), labels[0])
@@ -150,8 +170,9 @@ def test_mmap_loader_in_random_order_equals_in_memory(synthetic_dir, order):
     released every 64 KiB here) give the in-memory loader's batches, across days."""
     dataset = CriteoBinaryDataset(synthetic_dir)
     in_memory = list(CriteoBinaryLoader(dataset, "train", 100, 1, 2, **order))
-    mapped = list(CriteoBinaryLoader(dataset, "train", 100, 1, 2, mmap_mode=True, release_every_bytes=64 << 10,
-                                     **order))
+    mapped = list(
+        CriteoBinaryLoader(dataset, "train", 100, 1, 2, mmap_mode=True, release_every_bytes=64 << 10, **order)
+    )
     assert len(mapped) == len(in_memory) > 1
     for a, b in zip(mapped, in_memory):
         assert torch.equal(a.dense_features, b.dense_features) and torch.equal(a.labels, b.labels)
@@ -163,7 +184,7 @@ def test_modulo_applied_when_tables_are_smaller(synthetic_dir):
     small = [5] * 26
     batch = next(iter(CriteoBinaryLoader(dataset, "test", 64, 0, 1, num_embeddings_per_feature=small)))
     assert int(batch.sparse_features.values().max()) < 5
-    raw = np.load(os.path.join(synthetic_dir, "day_2_sparse.npy"))[SMALL_SPEC.rows_per_day // 2:][:64]
+    raw = np.load(os.path.join(synthetic_dir, "day_2_sparse.npy"))[SMALL_SPEC.rows_per_day // 2 :][:64]
     assert np.array_equal(batch.sparse_features.values().numpy(), (raw % 5).T.reshape(-1))
 
 
@@ -182,8 +203,9 @@ def test_random_loader_is_world_size_independent():
     config.batch_size = 4
     halves = [build_loaders(config, None, [100] * NUM_SPARSE_FEATURES, r, 2)["train"] for r in range(2)]
     for whole, a, b in zip(one, *halves):
-        assert np.array_equal(whole.dense_features.numpy(),
-                              np.concatenate([a.dense_features.numpy(), b.dense_features.numpy()]))
+        assert np.array_equal(
+            whole.dense_features.numpy(), np.concatenate([a.dense_features.numpy(), b.dense_features.numpy()])
+        )
     assert len(one) == 3 and source_for(config).open() is None
 
 
@@ -207,8 +229,11 @@ def layouts(tmp_path_factory) -> dict:
 
 
 def _data_config(layout: str, directory: str, **flags) -> DataConfig:
-    path = {"one_hot": "in_memory_binary_criteo_path", "multi_hot": "synthetic_multi_hot_criteo_path",
-            "split_binary": "dataset_path"}[layout]
+    path = {
+        "one_hot": "in_memory_binary_criteo_path",
+        "multi_hot": "synthetic_multi_hot_criteo_path",
+        "split_binary": "dataset_path",
+    }[layout]
     where = os.path.join(directory, "feature_spec.yaml") if layout == "split_binary" else directory
     return DataConfig.from_flags(**{path: where}, batch_size=64, **flags)
 
@@ -233,7 +258,8 @@ def _rewrite(path: str, change) -> None:
         shutil.move(npz + ".new", npz)
     else:
         dtype, width = {"numerical.bin": (np.float16, NUM_DENSE_FEATURES), "label.bin": (np.uint8, 1)}.get(
-            os.path.basename(path), (np.int8, 1))
+            os.path.basename(path), (np.int8, 1)
+        )
         array = np.fromfile(path, dtype).reshape(-1, width)
         change(array)
         array.tofile(path)
@@ -298,8 +324,10 @@ def test_ids_beyond_flag_table_sizes_are_taken_modulo_not_refused(layouts):
     for layout in LAYOUTS:
         for mmap in (False, True):
             config = _data_config(layout, layouts[layout], mmap_mode=mmap)
-            batch = next(iter(build_loaders(config, source_for(config).open(), [7] * NUM_SPARSE_FEATURES, 0, 1)["train"]))
-            assert 0 <= int(batch.sparse_features.values().min()) and int(batch.sparse_features.values().max()) < 7
+            batch = next(
+                iter(build_loaders(config, source_for(config).open(), [7] * NUM_SPARSE_FEATURES, 0, 1)["train"])
+            )
+            assert int(batch.sparse_features.values().min()) >= 0 and int(batch.sparse_features.values().max()) < 7
 
 
 @pytest.mark.slow
@@ -313,8 +341,20 @@ def test_nan_in_test_split_exits_2_on_every_rank_before_training(layouts, tmp_pa
     shutil.copytree(layouts["one_hot"], directory)
     _rewrite(os.path.join(directory, "day_2_dense.npy"), lambda a: a.__setitem__((250, 0), np.nan))
     log = str(tmp_path / "log.jsonl")
-    argv = ["--in_memory_binary_criteo_path", directory, "--batch_size", "32", "--embedding_dim", "8",
-            "--dense_arch_layer_sizes", "16,8", "--over_arch_layer_sizes", "8,1", "--log_path", log]
+    argv = [
+        "--in_memory_binary_criteo_path",
+        directory,
+        "--batch_size",
+        "32",
+        "--embedding_dim",
+        "8",
+        "--dense_arch_layer_sizes",
+        "16,8",
+        "--over_arch_layer_sizes",
+        "8,1",
+        "--log_path",
+        log,
+    ]
     assert launch(dlrm_main.main, argv) == {0: 2, 1: 2}
     assert not os.path.exists(log)  # nothing trained
 
@@ -337,12 +377,15 @@ def test_days_are_what_metadata_lists(tmp_path):
     for directory in (one_hot, multi_hot):
         assert not [name for name in os.listdir(directory) if name.startswith(("day_2", "day_3"))]
     assert CriteoBinaryDataset(one_hot).rows_per_day == [100, 100]
-    shutil.copy(os.path.join(multi_hot, "day_1_sparse_multi_hot.npz"),
-                os.path.join(multi_hot, "day_2_sparse_multi_hot.npz"))
+    shutil.copy(
+        os.path.join(multi_hot, "day_1_sparse_multi_hot.npz"), os.path.join(multi_hot, "day_2_sparse_multi_hot.npz")
+    )
     with pytest.raises(BadInput) as error:
         CriteoBinaryDataset(multi_hot, multi_hot=True)
-    assert str(error.value) == (f"{multi_hot}/day_2_sparse_multi_hot.npz: not part of the data set (metadata.json "
-                                "lists days 0 to 1); a leftover of an earlier data set? remove it")
+    assert str(error.value) == (
+        f"{multi_hot}/day_2_sparse_multi_hot.npz: not part of the data set (metadata.json "
+        "lists days 0 to 1); a leftover of an earlier data set? remove it"
+    )
     for kind in ("dense", "sparse", "labels"):
         path = os.path.join(one_hot, f"day_1_{kind}.npy")
         np.save(path, np.load(path)[:99])
@@ -352,8 +395,7 @@ def test_days_are_what_metadata_lists(tmp_path):
 
 def test_empty_split_and_unfinished_preprocessing_are_refused(tmp_path):
     directory = str(tmp_path / "d")
-    generate_synthetic_criteo(SyntheticCriteoSpec(num_days=2, rows_per_day=100, seed=1), directory,
-                              show_progress=False)
+    generate_synthetic_criteo(SyntheticCriteoSpec(num_days=2, rows_per_day=100, seed=1), directory, show_progress=False)
     os.remove(os.path.join(directory, "metadata.json"))
     for kind, width, dtype in (("dense", 13, np.float32), ("sparse", 26, np.int32), ("labels", 1, np.int32)):
         np.save(os.path.join(directory, f"day_0_{kind}.npy"), np.zeros((0, width), dtype))
@@ -375,14 +417,33 @@ def test_mmap_mode_stops_at_the_bad_batch_naming_the_file(layouts, tmp_path):
     directory = str(tmp_path / "d")
     shutil.copytree(layouts["one_hot"], directory)
     message = _break_value("one_hot", directory, "negative id")
-    proc = run_script(["dlrm_main.py", "--in_memory_binary_criteo_path", directory, "--mmap_mode",
-                       "--batch_size", "100", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
-                       "--over_arch_layer_sizes", "8,1", "--log_path", str(tmp_path / "log.jsonl")])
+    proc = run_script(
+        [
+            "dlrm_main.py",
+            "--in_memory_binary_criteo_path",
+            directory,
+            "--mmap_mode",
+            "--batch_size",
+            "100",
+            "--embedding_dim",
+            "8",
+            "--dense_arch_layer_sizes",
+            "16,8",
+            "--over_arch_layer_sizes",
+            "8,1",
+            "--log_path",
+            str(tmp_path / "log.jsonl"),
+        ]
+    )
     assert proc.returncode == 1
     errors = [line for line in proc.stderr.splitlines() if line.startswith("dlrm_main.py: error:")]
-    assert len(errors) == 1 and re.fullmatch(
-        r"dlrm_main.py: error: rank 0 of 1 failed at step \d \(epoch 0, training\): DataValueError: (.*)",
-        errors[0]).group(1) == message, proc.stderr[-2000:]
+    assert (
+        len(errors) == 1
+        and re.fullmatch(
+            r"dlrm_main.py: error: rank 0 of 1 failed at step \d \(epoch 0, training\): DataValueError: (.*)", errors[0]
+        ).group(1)
+        == message
+    ), proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 
 
@@ -393,8 +454,10 @@ def test_batch_check_of_bags_with_different_cardinalities():
 
     rng = np.random.default_rng(0)
     cardinalities = [3, 1000, 20]
-    bags = [rng.integers(0, c, size=(64, k)).astype(dtype)
-            for c, k, dtype in zip(cardinalities, (1, 4, 2), (np.int8, np.int16, np.int8))]
+    bags = [
+        rng.integers(0, c, size=(64, k)).astype(dtype)
+        for c, k, dtype in zip(cardinalities, (1, 4, 2), (np.int8, np.int16, np.int8))
+    ]
     dense, labels = np.zeros((64, 2), np.float16), np.ones(64, np.bool_)
     check = BatchValueCheck(cardinalities)
     assert check.first_invalid_row(dense, bags, labels) is None
@@ -410,15 +473,17 @@ def _write_large_days(directory: str, rows_per_day: Sequence[int]) -> int:
     training split (every day but the last)."""
     chunk = 1 << 20
     for day, (day_start, rows_in_day) in enumerate(zip(np.cumsum([0, *rows_per_day]), rows_per_day)):
-        arrays = {kind: np.lib.format.open_memmap(os.path.join(directory, f"day_{day}_{kind}.npy"), mode="w+",
-                                                  dtype=dtype, shape=(rows_in_day, width))
-                  for kind, dtype, width in (("dense", np.float32, 13), ("sparse", np.int32, 26),
-                                             ("labels", np.int32, 1))}
+        arrays = {
+            kind: np.lib.format.open_memmap(
+                os.path.join(directory, f"day_{day}_{kind}.npy"), mode="w+", dtype=dtype, shape=(rows_in_day, width)
+            )
+            for kind, dtype, width in (("dense", np.float32, 13), ("sparse", np.int32, 26), ("labels", np.int32, 1))
+        }
         for lo in range(0, rows_in_day, chunk):
             rows = np.arange(day_start + lo, day_start + min(lo + chunk, rows_in_day))
-            arrays["dense"][lo:lo + len(rows)] = (rows % 997)[:, None] * np.arange(1, 14, dtype=np.float32)
-            arrays["sparse"][lo:lo + len(rows)] = (rows[:, None] * np.arange(7, 33)) % 100_003
-            arrays["labels"][lo:lo + len(rows), 0] = rows % 3 == 0
+            arrays["dense"][lo : lo + len(rows)] = (rows % 997)[:, None] * np.arange(1, 14, dtype=np.float32)
+            arrays["sparse"][lo : lo + len(rows)] = (rows[:, None] * np.arange(7, 33)) % 100_003
+            arrays["labels"][lo : lo + len(rows), 0] = rows % 3 == 0
         for array in arrays.values():
             array.flush()
     last_day = f"day_{len(rows_per_day) - 1}_"
@@ -432,8 +497,15 @@ def _mmap_loader_rss_growth_and_digest(directory: str, release: bool):
 
     from data.binary.mapped_pages import RELEASE_EVERY_BYTES
 
-    loader = CriteoBinaryLoader(CriteoBinaryDataset(directory), "train", 4096, 0, 1, mmap_mode=True,
-                                release_every_bytes=RELEASE_EVERY_BYTES if release else None)
+    loader = CriteoBinaryLoader(
+        CriteoBinaryDataset(directory),
+        "train",
+        4096,
+        0,
+        1,
+        mmap_mode=True,
+        release_every_bytes=RELEASE_EVERY_BYTES if release else None,
+    )
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets the peak RSS (VmHWM) to the current RSS
 
@@ -476,8 +548,9 @@ def test_one_raw_day_is_written_and_one_binary_day_refused(tmp_path, capsys):
 
     raw = tmp_path / "raw"
     assert main(["--format", "tsv", "--num_days", "1", "--rows_per_day", "50", "--output_dir", str(raw)]) == 0
-    assert capsys.readouterr().out == (f"raw Criteo TSV: 1 day (enough to score with serving.predict; "
-                                       f"training needs 2) of 50 lines at {raw}\n")
+    assert capsys.readouterr().out == (
+        f"raw Criteo TSV: 1 day (enough to score with serving.predict; training needs 2) of 50 lines at {raw}\n"
+    )
     assert os.listdir(raw) == ["day_0"]
     with open(raw / "day_0") as f:
         lines = f.read().splitlines()
@@ -490,13 +563,22 @@ def test_one_raw_day_is_written_and_one_binary_day_refused(tmp_path, capsys):
 # the package (a source module importing the registry that imports it) fails here.
 DATA_MODULES = sorted(
     os.path.relpath(os.path.join(root, name), REPO)[:-3].replace(os.sep, ".").removesuffix(".__init__")
-    for root, _, names in os.walk(os.path.join(REPO, "data")) if "__pycache__" not in root
-    for name in names if name.endswith(".py"))
+    for root, _, names in os.walk(os.path.join(REPO, "data"))
+    if "__pycache__" not in root
+    for name in names
+    if name.endswith(".py")
+)
 
 
 def _import_first(module: str, path: str = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", f"import {module}"], cwd=path, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": path})
+    return subprocess.run(
+        [sys.executable, "-c", f"import {module}"],
+        cwd=path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": path},
+    )
 
 
 @pytest.mark.slow
@@ -518,4 +600,8 @@ def test_an_import_circle_fails_when_imported_first(tmp_path):
     assert _import_first("circle.registry", str(tmp_path)).returncode == 0
     failed = _import_first("circle.source", str(tmp_path))
     assert failed.returncode == 1 and "ImportError" in failed.stderr
-    assert "data.sources" in DATA_MODULES and "data.sources.parquet" in DATA_MODULES and "data.parquet_source" in DATA_MODULES
+    assert (
+        "data.sources" in DATA_MODULES
+        and "data.sources.parquet" in DATA_MODULES
+        and "data.parquet_source" in DATA_MODULES
+    )

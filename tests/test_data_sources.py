@@ -10,7 +10,6 @@ import os
 import pickle
 import subprocess
 import sys
-from typing import Optional
 from collections.abc import Callable
 
 import pytest
@@ -19,10 +18,17 @@ from checkpoints.meta import CheckpointMeta
 from common.config_flags import FlagError, option
 from common.errors import BadInput
 from common.json_fields import FileFieldError, JsonObject
+from data.binary.criteo_layout import (
+    METADATA_VERSION,
+    NUM_SPARSE_FEATURES,
+    SPARSE_FEATURE_NAMES,
+    CriteoMetadata,
+    metadata_file,
+    read_metadata,
+    write_metadata,
+)
+from data.binary.feature_spec import FeatureSpec
 from data.config import DataConfig
-from data.criteo_layout import (METADATA_VERSION, NUM_SPARSE_FEATURES, SPARSE_FEATURE_NAMES, CriteoMetadata,
-                                metadata_file, read_metadata, write_metadata)
-from data.feature_spec import FeatureSpec
 from data.sources import SOURCES, FeatureDescription, source_for
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_multi_hot_criteo, generate_synthetic_criteo
 from data.synthetic_csv import csv_feature_spec, generate_csv
@@ -36,11 +42,20 @@ from torchx_components.launch import DATA_DIR_FLAG, DATA_PATH_FLAGS, gives_data_
 from torchx_components.training import dcnv2, dlrm
 from training.flags import ENTRY_POINT_RECIPES, entry_point_parser, parse_config
 
-TINY = SyntheticCriteoSpec(num_days=2, rows_per_day=64, cardinalities=[3 + f for f in range(NUM_SPARSE_FEATURES)],
-                           seed=3)
+TINY = SyntheticCriteoSpec(
+    num_days=2, rows_per_day=64, cardinalities=[3 + f for f in range(NUM_SPARSE_FEATURES)], seed=3
+)
 MULTI_HOT_SIZES = [1 + f % 3 for f in range(NUM_SPARSE_FEATURES)]
-SMALL_MODEL = ["--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8", "--over_arch_layer_sizes", "8,1",
-               "--batch_size", "16"]
+SMALL_MODEL = [
+    "--embedding_dim",
+    "8",
+    "--dense_arch_layer_sizes",
+    "16,8",
+    "--over_arch_layer_sizes",
+    "8,1",
+    "--batch_size",
+    "16",
+]
 
 
 def _criteo_days(directory: str) -> str:
@@ -56,15 +71,23 @@ def _multi_hot_days(directory: str) -> str:
 def _feature_spec(directory: str) -> str:
     csv_dir, out_dir = os.path.join(directory, "csv"), os.path.join(directory, "bin")
     raw = csv_feature_spec(2, 3, cardinality="auto", hotness={1: 2})
-    generate_csv(FeatureSpec.from_dict(raw, csv_dir, os.path.join(csv_dir, "feature_spec.yaml"), allow_auto=True),
-                 csv_dir, {"train": 64, "test": 40}, auto_cardinality=20)
+    generate_csv(
+        FeatureSpec.from_dict(raw, csv_dir, os.path.join(csv_dir, "feature_spec.yaml"), allow_auto=True),
+        csv_dir,
+        {"train": 64, "test": 40},
+        auto_cardinality=20,
+    )
     transcode(csv_dir, "feature_spec.yaml", out_dir)
     return os.path.join(out_dir, "feature_spec.yaml")
 
 
 def _parquet_log(directory: str) -> str:
-    generate_synthetic_parquet(SyntheticParquetSpec(days=2, rows_per_day=64, files_per_day=1, row_group_rows=32,
-                                                    multi_hot_columns=2, max_bag_size=3, seed=3), directory)
+    generate_synthetic_parquet(
+        SyntheticParquetSpec(
+            days=2, rows_per_day=64, files_per_day=1, row_group_rows=32, multi_hot_columns=2, max_bag_size=3, seed=3
+        ),
+        directory,
+    )
     return directory
 
 
@@ -74,7 +97,7 @@ class TinyDataSet:
     its path flag's value (None: the source takes no path); ``flags``: the other data
     flags the source needs to read it."""
 
-    write: Callable[[str], Optional[str]]
+    write: Callable[[str], str | None]
     flags: tuple[str, ...] = ()
 
 
@@ -91,7 +114,8 @@ PATH_SOURCES = [name for name, source in SOURCES.items() if source.path_field]
 
 def test_every_registered_source_is_covered_here():
     assert set(TINY_DATA_SETS) == set(SOURCES), (
-        "a data source without a tiny data set in tests/test_data_sources.py TINY_DATA_SETS: add one")
+        "a data source without a tiny data set in tests/test_data_sources.py TINY_DATA_SETS: add one"
+    )
 
 
 @pytest.mark.parametrize("name", PATH_SOURCES)
@@ -133,18 +157,28 @@ def test_description_is_what_the_model_is_built_with_and_the_batches_hold(name, 
         lengths = ids.lengths().tolist()
         if features.hotness is not None:
             assert lengths == [features.hotness[f]] * 16
-        assert 0 <= int(ids.values().min()) and int(ids.values().max()) < sizes[f]
+        assert int(ids.values().min()) >= 0 and int(ids.values().max()) < sizes[f]
     assert SOURCES[name].serving_layout in LAYOUTS
 
     # A checkpoint records the description; export describes the inputs from it.
-    meta = CheckpointMeta(step=3, epoch=0, batch_in_epoch=3, world_size=1, config=dataclasses.asdict(config),
-                          plan={}, data_source=source.name, data_features=features)
+    meta = CheckpointMeta(
+        step=3,
+        epoch=0,
+        batch_in_epoch=3,
+        world_size=1,
+        config=dataclasses.asdict(config),
+        plan={},
+        data_source=source.name,
+        data_features=features,
+    )
     meta = CheckpointMeta.from_json(meta.to_json(), "meta.json")
     assert (meta.source_name, meta.features, meta.data_path) == (name, features, path)
     inputs = describe_inputs(config.model, meta, "ckpt")
     assert inputs.layout == SOURCES[name].serving_layout
     assert (inputs.dense_feature_names, inputs.sparse_feature_names) == (
-        list(features.dense_feature_names), list(features.sparse_feature_names))
+        list(features.dense_feature_names),
+        list(features.sparse_feature_names),
+    )
     assert inputs.num_embeddings_per_feature == sizes
 
 
@@ -155,8 +189,16 @@ def test_export_reads_the_recorded_description_not_the_spec_again(tmp_path):
     config = parse_config(["--dataset_path", spec_path, *SMALL_MODEL], "dlrm_main.py", "")
     source = source_for(config.data)
     recorded = source.describe()
-    meta = CheckpointMeta(step=3, epoch=0, batch_in_epoch=3, world_size=1, config=dataclasses.asdict(config),
-                          plan={}, data_source=source.name, data_features=recorded)
+    meta = CheckpointMeta(
+        step=3,
+        epoch=0,
+        batch_in_epoch=3,
+        world_size=1,
+        config=dataclasses.asdict(config),
+        plan={},
+        data_source=source.name,
+        data_features=recorded,
+    )
     spec = FeatureSpec.load(spec_path)
     for name in spec.categorical:
         spec.feature_spec[name]["cardinality"] += 5
@@ -171,17 +213,32 @@ def test_export_reads_the_recorded_description_not_the_spec_again(tmp_path):
 
 # metadata.json
 
+
 def _version_1_document() -> dict:
     """metadata.json as the generator wrote it before CriteoMetadata (format_version 1)."""
-    return {"format": "criteo_binary", "format_version": 1, "num_days": 2, "rows_per_day": [5, 6],
-            "num_dense_features": 13, "num_sparse_features": 26, "num_embeddings_per_feature": [7] * 26,
-            "positive_rate": 0.25, "generator": {"seed": 1}}
+    return {
+        "format": "criteo_binary",
+        "format_version": 1,
+        "num_days": 2,
+        "rows_per_day": [5, 6],
+        "num_dense_features": 13,
+        "num_sparse_features": 26,
+        "num_embeddings_per_feature": [7] * 26,
+        "positive_rate": 0.25,
+        "generator": {"seed": 1},
+    }
 
 
 def test_metadata_round_trips_and_older_files_read(tmp_path):
-    metadata = CriteoMetadata(num_days=2, rows_per_day=[5, 6], num_embeddings_per_feature=[7] * 26,
-                              positive_rate=0.25, generator={"seed": 1}, multi_hot_sizes=MULTI_HOT_SIZES,
-                              multi_hot_distribution_type="pareto")
+    metadata = CriteoMetadata(
+        num_days=2,
+        rows_per_day=[5, 6],
+        num_embeddings_per_feature=[7] * 26,
+        positive_rate=0.25,
+        generator={"seed": 1},
+        multi_hot_sizes=MULTI_HOT_SIZES,
+        multi_hot_distribution_type="pareto",
+    )
     write_metadata(str(tmp_path), metadata)
     assert read_metadata(str(tmp_path)) == metadata
     document = json.load(open(metadata_file(str(tmp_path))))
@@ -194,21 +251,29 @@ def test_metadata_round_trips_and_older_files_read(tmp_path):
     assert read_metadata(str(tmp_path / "none")) is None
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda d: d.update(format_version=3), "format_version is 3, newer than this code reads (2)"),
-    (lambda d: d.update(format="parquet"), 'format must be criteo_binary, got "parquet"'),
-    (lambda d: d.pop("num_days"), "num_days is missing"),
-    (lambda d: d.update(num_days="2"), 'num_days must be a positive integer, got "2"'),
-    (lambda d: d.update(num_days=3), "rows_per_day lists 2 days but num_days is 3"),
-    (lambda d: d.update(rows_per_day=[5, -1]), "rows_per_day must be a list of integers, got [5, -1]"),
-    (lambda d: d.update(num_embeddings_per_feature=[7] * 25), "num_embeddings_per_feature must be 26 positive integers"),
-    (lambda d: d.update(num_sparse_features=27), "num_sparse_features must be 26 (the Criteo layout's), got 27"),
-    (lambda d: d.update(frequency_threshold=None), "frequency_threshold must be a count, got null"),
-    (lambda d: d.update(bad_lines={"day_0": -1}), "bad_lines must be an object of counts or null"),
-    (lambda d: d.update(multi_hot_sizes=[0] * 26), "multi_hot_sizes must be 26 positive integers or null"),
-    (lambda d: d.clear() or d.update(num_embeddings_per_feature=[0] * 26),
-     "num_embeddings_per_feature must be 26 positive integers or null"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d.update(format_version=3), "format_version is 3, newer than this code reads (2)"),
+        (lambda d: d.update(format="parquet"), 'format must be criteo_binary, got "parquet"'),
+        (lambda d: d.pop("num_days"), "num_days is missing"),
+        (lambda d: d.update(num_days="2"), 'num_days must be a positive integer, got "2"'),
+        (lambda d: d.update(num_days=3), "rows_per_day lists 2 days but num_days is 3"),
+        (lambda d: d.update(rows_per_day=[5, -1]), "rows_per_day must be a list of integers, got [5, -1]"),
+        (
+            lambda d: d.update(num_embeddings_per_feature=[7] * 25),
+            "num_embeddings_per_feature must be 26 positive integers",
+        ),
+        (lambda d: d.update(num_sparse_features=27), "num_sparse_features must be 26 (the Criteo layout's), got 27"),
+        (lambda d: d.update(frequency_threshold=None), "frequency_threshold must be a count, got null"),
+        (lambda d: d.update(bad_lines={"day_0": -1}), "bad_lines must be an object of counts or null"),
+        (lambda d: d.update(multi_hot_sizes=[0] * 26), "multi_hot_sizes must be 26 positive integers or null"),
+        (
+            lambda d: d.clear() or d.update(num_embeddings_per_feature=[0] * 26),
+            "num_embeddings_per_feature must be 26 positive integers or null",
+        ),
+    ],
+)
 def test_bad_metadata_is_one_line_naming_the_file_and_field(tmp_path, change, message):
     document = _version_1_document()
     change(document)
@@ -229,8 +294,9 @@ def test_training_and_the_planner_refuse_a_lying_metadata(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_code:
         parse_config(["--in_memory_binary_criteo_path", directory, *SMALL_MODEL], "dlrm_main.py", "")
     assert exit_code.value.code == 2
-    assert capsys.readouterr().err == (f"dlrm_main.py: error: --in_memory_binary_criteo_path: {path}: "
-                                       "rows_per_day lists 1 days but num_days is 2\n")
+    assert capsys.readouterr().err == (
+        f"dlrm_main.py: error: --in_memory_binary_criteo_path: {path}: rows_per_day lists 1 days but num_days is 2\n"
+    )
     with pytest.raises(FileFieldError, match=r"rows_per_day lists 1 days but num_days is 2$"):
         read_feature_spec(path)
 
@@ -245,8 +311,10 @@ def test_multi_hot_files_must_hold_the_bags_metadata_records(tmp_path):
     assert source.describe().hotness == tuple(lying)
     with pytest.raises(BadInput) as error:
         source.open()
-    assert str(error.value) == (f"{directory}/day_0_sparse_multi_hot.npz: bags of {MULTI_HOT_SIZES} ids, but "
-                                f"metadata.json says multi_hot_sizes {lying}")
+    assert str(error.value) == (
+        f"{directory}/day_0_sparse_multi_hot.npz: bags of {MULTI_HOT_SIZES} ids, but "
+        f"metadata.json says multi_hot_sizes {lying}"
+    )
 
 
 def test_the_planner_reads_a_generated_metadata_through_its_reader(tmp_path):
@@ -256,22 +324,45 @@ def test_the_planner_reads_a_generated_metadata_through_its_reader(tmp_path):
 
 # The checkpoint meta's description
 
-@pytest.mark.parametrize("change, message", [
-    (lambda d: d.update(data_source="csv"), "data_source must be random or criteo_binary or"),
-    (lambda d: d.pop("data_features"), "data_features is missing"),
-    (lambda d: d["data_features"].update(hotness=[1, 2]), "data_features.hotness must be 26 positive integers or null"),
-    (lambda d: d["data_features"].update(sparse_feature_names=["a"] * 26),
-     "data_features.sparse_feature_names has a name twice"),
-    (lambda d: d["config"]["data"]["source_options"].update(dataset_path=7),
-     "config.data.source_options.dataset_path must be a string or null, got 7"),
-    (lambda d: d["config"]["data"]["source_options"].update(dataset_path="/s.yaml", in_memory_binary_criteo_path="/d"),
-     "config.data: give one data path, not --in_memory_binary_criteo_path and --dataset_path"),
-])
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d.update(data_source="csv"), "data_source must be random or criteo_binary or"),
+        (lambda d: d.pop("data_features"), "data_features is missing"),
+        (
+            lambda d: d["data_features"].update(hotness=[1, 2]),
+            "data_features.hotness must be 26 positive integers or null",
+        ),
+        (
+            lambda d: d["data_features"].update(sparse_feature_names=["a"] * 26),
+            "data_features.sparse_feature_names has a name twice",
+        ),
+        (
+            lambda d: d["config"]["data"]["source_options"].update(dataset_path=7),
+            "config.data.source_options.dataset_path must be a string or null, got 7",
+        ),
+        (
+            lambda d: d["config"]["data"]["source_options"].update(
+                dataset_path="/s.yaml", in_memory_binary_criteo_path="/d"
+            ),
+            "config.data: give one data path, not --in_memory_binary_criteo_path and --dataset_path",
+        ),
+    ],
+)
 def test_bad_data_description_in_checkpoint_meta_is_one_line(change, message):
     config = parse_config(SMALL_MODEL, "dlrm_main.py", "")
     source = source_for(config.data)
-    meta = CheckpointMeta(step=1, epoch=0, batch_in_epoch=1, world_size=1, config=dataclasses.asdict(config),
-                          plan={}, data_source=source.name, data_features=source.describe())
+    meta = CheckpointMeta(
+        step=1,
+        epoch=0,
+        batch_in_epoch=1,
+        world_size=1,
+        config=dataclasses.asdict(config),
+        plan={},
+        data_source=source.name,
+        data_features=source.describe(),
+    )
     document = json.loads(meta.to_json())
     change(document)
     with pytest.raises(FileFieldError) as error:
@@ -287,7 +378,7 @@ def test_feature_description_json_round_trip():
 
 # A new source is one file in data/sources/: this one, written into a directory
 # data/sources/ of its own on the path (the registry adds such directories' modules).
-PLUGIN_SOURCE = '''
+PLUGIN_SOURCE = """
 import json
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -323,13 +414,13 @@ class ToySource(DataSource):
 
     def loaders(self, dataset: Any, num_embeddings_per_feature: list[int], rank: int,
                 world_size: int) -> dict[str, BatchLoader]:
-        from data.random_data import RandomCriteoLoader
+        from data.synthetic.random_data import RandomCriteoLoader
         batches = {"train": self.config.toy_batches, "validation": 1, "test": 1}
         return {split: RandomCriteoLoader(n, self.config.batch_size, rank, world_size, num_embeddings_per_feature,
                                           list(dataset.sparse_feature_names), dataset.num_dense_features,
                                           self.config.seed, stream)
                 for stream, (split, n) in enumerate(batches.items())}
-'''
+"""
 
 
 def _with_plugin(tmp_path) -> tuple[dict[str, str], str]:
@@ -349,12 +440,24 @@ def test_a_source_in_one_file_is_picked_up_by_the_flags_and_trains(tmp_path):
     log_path = str(tmp_path / "run.jsonl")
 
     def run(*flags: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "dlrm_main.py", *flags], cwd=REPO, env=env, capture_output=True,
-                              text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "dlrm_main.py", *flags], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+        )
 
     assert "--toy_batches" in run("--help").stdout
-    trained = run("--toy_path", names, "--toy_batches", "3", *SMALL_MODEL, "--num_embeddings", "50",
-                  "--log_path", log_path, "--log_every_n_steps", "1")
+    trained = run(
+        "--toy_path",
+        names,
+        "--toy_batches",
+        "3",
+        *SMALL_MODEL,
+        "--num_embeddings",
+        "50",
+        "--log_path",
+        log_path,
+        "--log_every_n_steps",
+        "1",
+    )
     assert trained.returncode == 0, trained.stderr[-3000:]
     records = read_log(log_path)
     config = next(r for r in records if r["event"] == "config")
@@ -368,7 +471,9 @@ def test_a_source_in_one_file_is_picked_up_by_the_flags_and_trains(tmp_path):
     assert refused.stderr.strip().splitlines()[-1].endswith("--toy_batches is for toy data: it needs --toy_path")
     refused = run("--toy_path", names, "--parquet_path", str(tmp_path), *SMALL_MODEL)
     assert (refused.returncode, refused.stderr.strip().splitlines()[-1][-50:]) == (
-        2, "give one data path, not --parquet_path and --toy_path"[-50:])
+        2,
+        "give one data path, not --parquet_path and --toy_path"[-50:],
+    )
 
 
 def test_validate_gives_one_source_until_a_flag_changes(tmp_path):
@@ -386,6 +491,6 @@ def test_a_source_flag_set_in_code_reads_through_its_options(tmp_path):
     assert (config.hash_seed, config.source_options.hash_seed, config.in_memory_binary_criteo_path) == (7, 7, None)
     assert DataConfig().rolling_windows is None  # another source's flag: its default
     with pytest.raises(AttributeError, match="no attribute 'hash_sed'"):
-        config.hash_sed  # noqa: B018
+        config.hash_sed
     with pytest.raises(TypeError, match="no flag field 'hash_sed'"):
         DataConfig.from_flags(hash_sed=7)

@@ -13,9 +13,28 @@ from training.flags import parse_config
 from training.pipelines import check_compile_supported, check_dense_precision
 from training.trainer import Trainer
 
-TINY_RUN = ["--num_embeddings", "50", "--embedding_dim", "4", "--dense_arch_layer_sizes", "8,4",
-            "--over_arch_layer_sizes", "8,1", "--batch_size", "8", "--limit_train_batches", "6",
-            "--limit_val_batches", "0", "--limit_test_batches", "2", "--seed", "3", "--learning_rate", "0.5"]
+TINY_RUN = [
+    "--num_embeddings",
+    "50",
+    "--embedding_dim",
+    "4",
+    "--dense_arch_layer_sizes",
+    "8,4",
+    "--over_arch_layer_sizes",
+    "8,1",
+    "--batch_size",
+    "8",
+    "--limit_train_batches",
+    "6",
+    "--limit_val_batches",
+    "0",
+    "--limit_test_batches",
+    "2",
+    "--seed",
+    "3",
+    "--learning_rate",
+    "0.5",
+]
 
 
 @pytest.fixture
@@ -46,7 +65,9 @@ def test_compile_without_a_cpp_compiler_is_one_line(monkeypatch):
     check_compile_supported(True)  # this machine has g++
     monkeypatch.delenv("TORCH_INDUCTOR_INSTALL_GXX", raising=False)
     with inductor_config.patch({"cpp.cxx": (None, "/nonexistent/g++")}):
-        with pytest.raises(BadInput, match=r"^--compile: torch.compile's Inductor needs a C\+\+ compiler and found none"):
+        with pytest.raises(
+            BadInput, match=r"^--compile: torch.compile's Inductor needs a C\+\+ compiler and found none"
+        ):
             check_compile_supported(True)
     check_compile_supported(False)
 
@@ -98,8 +119,10 @@ def test_compiled_dense_part_trains_like_eager_and_its_checkpoint_loads_without_
     torch._dynamo.reset()
     checkpoint = compiled._saved_path  # the checkpoint of its last step
     assert checkpoint.startswith(str(tmp_path / "compiled"))
-    loaded = Trainer(parse_config(TINY_RUN + ["--mode", "test", "--restore_checkpoint_path", checkpoint],
-                                  "dlrm_main.py", ""), resolve_env("cpu"))
+    loaded = Trainer(
+        parse_config(TINY_RUN + ["--mode", "test", "--restore_checkpoint_path", checkpoint], "dlrm_main.py", ""),
+        resolve_env("cpu"),
+    )
     assert loaded.model.module.model.dense_arch._compiled_call_impl is None
     loaded_state = loaded.model.state_dict()
     for name, value in compiled.model.state_dict().items():

@@ -21,19 +21,24 @@ def test_a_learning_run_has_not_diverged():
 def test_the_issues_run_diverged_on_both_counts():
     # log loss 1.2e6 over an entropy of 0.57, AUROC 0.5: issue 37's run.
     reason = diverged([0.69, 3.0, 8e5, 1.2e6], ("test", {"auroc": 0.5, "ne": 1.2e6 / 0.57, "num_samples": 663}), True)
-    assert reason == ("training loss grew from 0.69 (first step) to 5e+05 (mean of the last 4 steps), 100 times or "
-                      "more; test NE 2.105e+06 >= 10: a log loss 2.11e+06 times that of predicting the click rate "
-                      "for every row"), reason
+    assert reason == (
+        "training loss grew from 0.69 (first step) to 5e+05 (mean of the last 4 steps), 100 times or "
+        "more; test NE 2.105e+06 >= 10: a log loss 2.11e+06 times that of predicting the click rate "
+        "for every row"
+    ), reason
 
 
-@pytest.mark.parametrize("auroc, ne, constant", [
-    (0.5, 1.0, True),  # a constant at the split's rate: NE exactly 1
-    (0.5 + CONSTANT_AUROC_MARGIN, 1.3, True),
-    (0.5 + CONSTANT_AUROC_MARGIN + 1e-6, 1.3, False),  # ranks (a little): --calibrate fixes its NE
-    (0.5, 0.999, False),  # learned the rate better than... the rate: not constant
-    (0.75, 1.05, False),  # a good ranker, miscalibrated
-    (float("nan"), float("nan"), False),  # one class only: no verdict
-])
+@pytest.mark.parametrize(
+    "auroc, ne, constant",
+    [
+        (0.5, 1.0, True),  # a constant at the split's rate: NE exactly 1
+        (0.5 + CONSTANT_AUROC_MARGIN, 1.3, True),
+        (0.5 + CONSTANT_AUROC_MARGIN + 1e-6, 1.3, False),  # ranks (a little): --calibrate fixes its NE
+        (0.5, 0.999, False),  # learned the rate better than... the rate: not constant
+        (0.75, 1.05, False),  # a good ranker, miscalibrated
+        (float("nan"), float("nan"), False),  # one class only: no verdict
+    ],
+)
 def test_no_better_than_a_constant_predictor_needs_both_figures(auroc, ne, constant):
     reason = diverged([0.69, 0.6], ("validation", {"auroc": auroc, "ne": ne, "num_samples": 1000}), True)
     assert (reason is not None) == constant, reason
@@ -59,12 +64,28 @@ def test_loss_growth_is_the_last_steps_mean_against_the_first_step():
 
 
 def test_a_sweep_reports_a_diverged_run_as_diverged(tmp_path):
-    records = [RunRecord(index=i, name=f"learning_rate={lr}", directory=str(tmp_path / str(i)), grid_values={},
-                         argv=[], scheduler="local_cwd", ranks=1, ranks_per_node=1, state=FAILED, exit_code=code,
-                         error=f"dlrm_main.py: error: {text}")
-               for i, (lr, code, text) in enumerate([(0.5, EXIT_DIVERGED, "the run diverged: ..."),
-                                                     (1e30, 3, "training loss is nan at step 1"),
-                                                     (0.1, 1, "rank 0 of 1 failed at step 3")])]
+    records = [
+        RunRecord(
+            index=i,
+            name=f"learning_rate={lr}",
+            directory=str(tmp_path / str(i)),
+            grid_values={},
+            argv=[],
+            scheduler="local_cwd",
+            ranks=1,
+            ranks_per_node=1,
+            state=FAILED,
+            exit_code=code,
+            error=f"dlrm_main.py: error: {text}",
+        )
+        for i, (lr, code, text) in enumerate(
+            [
+                (0.5, EXIT_DIVERGED, "the run diverged: ..."),
+                (1e30, 3, "training loss is nan at step 1"),
+                (0.1, 1, "rank 0 of 1 failed at step 3"),
+            ]
+        )
+    ]
     assert [collect_row(r)["state"] for r in records] == ["diverged", "diverged", "failed"]
     markdown = format_markdown([collect_row(r) for r in records], records)
     assert "- learning_rate=0.5 diverged (exit code 4): dlrm_main.py: error: the run diverged: ...\n" in markdown
@@ -78,11 +99,29 @@ def test_a_run_that_learns_nothing_exits_4_unless_allowed(tmp_path, capsys):
     nothing: the test split ends at NE > 1 and AUROC ~0.5 -> exit 4, one line, the run
     log's ``diverged`` record; with --allow_divergence exit 0 and a warning line."""
     data = str(tmp_path / "data")
-    generate_synthetic_criteo(SyntheticCriteoSpec(num_days=2, rows_per_day=4096, seed=0, signal_scale=0.0), data,
-                              show_progress=False)
-    argv = ["--in_memory_binary_criteo_path", data, "--batch_size", "256", "--learning_rate", "1e-9",
-            "--num_embeddings", "1000", "--embedding_dim", "16", "--dense_arch_layer_sizes", "32,16",
-            "--over_arch_layer_sizes", "32,1", "--device", "cpu", "--limit_train_batches", "2"]
+    generate_synthetic_criteo(
+        SyntheticCriteoSpec(num_days=2, rows_per_day=4096, seed=0, signal_scale=0.0), data, show_progress=False
+    )
+    argv = [
+        "--in_memory_binary_criteo_path",
+        data,
+        "--batch_size",
+        "256",
+        "--learning_rate",
+        "1e-9",
+        "--num_embeddings",
+        "1000",
+        "--embedding_dim",
+        "16",
+        "--dense_arch_layer_sizes",
+        "32,16",
+        "--over_arch_layer_sizes",
+        "32,1",
+        "--device",
+        "cpu",
+        "--limit_train_batches",
+        "2",
+    ]
     log = str(tmp_path / "log.jsonl")
     assert dlrm_main.main([*argv, "--log_path", log]) == EXIT_DIVERGED
     out, err = capsys.readouterr()

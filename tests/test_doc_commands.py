@@ -11,23 +11,39 @@ import sys
 import pytest
 
 from data.synthetic_criteo import SyntheticCriteoSpec, write_raw_days
-from tests.support.doc_commands import bash_commands, markdown_commands, replaced, with_flags
 from harness.launch import REPO, eval_record, read_log
 from serving.predict import Predictor
 from serving.serve import serving_in_background
+from tests.support.doc_commands import bash_commands, markdown_commands, replaced, with_flags
 
 pytestmark = pytest.mark.slow  # every test runs the commands
 
 # The raw day files behind README's /data/criteo_raw: 3 small days, tables of <= 1000 ids.
-RAW_SPEC = SyntheticCriteoSpec(num_days=3, rows_per_day=6_000, seed=11,
-                               cardinalities=[min(c, 1000) for c in SyntheticCriteoSpec().cardinalities])
+RAW_SPEC = SyntheticCriteoSpec(
+    num_days=3, rows_per_day=6_000, seed=11, cardinalities=[min(c, 1000) for c in SyntheticCriteoSpec().cardinalities]
+)
 # torchrun's ranks (8 GPUs in the README): one CPU rank keeps the tests light; the
 # multi-rank paths are tested elsewhere.
 RANKS = 1
 # Training scaled down: a small model, a few steps, validation every 5 of them.
-SMALL_RUN = ["--batch_size", "128", "--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16",
-             "--over_arch_layer_sizes", "64,1", "--limit_train_batches", "20", "--validation_freq_within_epoch", "5",
-             "--limit_val_batches", "4", "--limit_test_batches", "4"]
+SMALL_RUN = [
+    "--batch_size",
+    "128",
+    "--embedding_dim",
+    "16",
+    "--dense_arch_layer_sizes",
+    "64,16",
+    "--over_arch_layer_sizes",
+    "64,1",
+    "--limit_train_batches",
+    "20",
+    "--validation_freq_within_epoch",
+    "5",
+    "--limit_val_batches",
+    "4",
+    "--limit_test_batches",
+    "4",
+]
 
 
 def runnable(argv: list[str]) -> list[str]:
@@ -35,16 +51,22 @@ def runnable(argv: list[str]) -> list[str]:
     RANKS CPU ranks with a free rendezvous port, the entry points of this checkout."""
     scripts = {name: os.path.join(REPO, name) for name in ("dlrm_main.py", "dcnv2_main.py")}
     if argv[0] == "torchrun":
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                *with_flags(argv[1:], ["--nproc_per_node", str(RANKS)])]
+        argv = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            *with_flags(argv[1:], ["--nproc_per_node", str(RANKS)]),
+        ]
     elif argv[0] == "python":
         argv = [sys.executable, *argv[1:]]
     return replaced(argv, scripts)
 
 
 def run(argv: list[str], cwd: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run(runnable(argv), cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": REPO})
+    proc = subprocess.run(
+        runnable(argv), cwd=cwd, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": REPO}
+    )
     assert proc.returncode == 0, (argv, proc.stdout[-2000:], proc.stderr[-4000:])
     return proc
 
@@ -78,8 +100,13 @@ def readme_run(tmp_path_factory):
     (train,) = commands[1]
     log = str(work / "train.jsonl")
     proc = run(with_flags(replaced(train, paths), [*SMALL_RUN, "--log_path", log]), str(work))
-    return {"work": str(work), "paths": paths, "commands": commands, "log": read_log(log),
-            "output": proc.stdout + proc.stderr}
+    return {
+        "work": str(work),
+        "paths": paths,
+        "commands": commands,
+        "log": read_log(log),
+        "output": proc.stdout + proc.stderr,
+    }
 
 
 def test_readme_train_saves_the_best_checkpoint_and_export_takes_it(readme_run):
@@ -106,12 +133,19 @@ def test_readme_plan_then_train_with_it(readme_run):
     only the GPU pair, whose training a CPU host refuses)."""
     work, paths = readme_run["work"], readme_run["paths"]
     gpu_plan, _gpu_train, cpu_plan, train_with_plan = readme_run["commands"][4]
-    assert "--hbm_gb" in gpu_plan and ("--compute_device", "cpu") == tuple(cpu_plan[cpu_plan.index("--compute_device"):][:2])
+    assert "--hbm_gb" in gpu_plan and tuple(cpu_plan[cpu_plan.index("--compute_device") :][:2]) == (
+        "--compute_device",
+        "cpu",
+    )
     run(replaced(gpu_plan, paths), work)
     with open(os.path.join(work, "plan.json")) as f:
         assert json.load(f)["topology"]["compute_device"] == "cuda"
-    run(with_flags(replaced(cpu_plan, paths), ["--world_size", str(RANKS), "--embedding_dim", "16",
-                                               "--batch_size", "128"]), work)
+    run(
+        with_flags(
+            replaced(cpu_plan, paths), ["--world_size", str(RANKS), "--embedding_dim", "16", "--batch_size", "128"]
+        ),
+        work,
+    )
     log = os.path.join(work, "plan_run.jsonl")
     run(with_flags(replaced(train_with_plan, paths), [*SMALL_RUN, "--log_path", log]), work)
     assert eval_record(read_log(log), "test")["num_samples"] == RANKS * 4 * 128
@@ -123,8 +157,14 @@ def test_readme_activates_the_venv_it_runs_in():
     (source,) = [argv for argv in bash_commands("README.md") if argv[0] == "source"]
     if not os.path.exists(os.path.join(REPO, source[1])):
         pytest.skip(f"no {source[1]} in this checkout (another STACK's venv runs the tests)")
-    proc = subprocess.run(["bash", "-c", f"source {source[1]} && command -v python torchrun"], cwd=REPO,
-                          capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        ["bash", "-c", f"source {source[1]} && command -v python torchrun"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 0, proc.stderr
     # the venv's own directory (.venv may be a link to it)
     venv_bin = os.path.realpath(os.path.join(REPO, os.path.dirname(source[1])))
@@ -150,11 +190,14 @@ def test_benchmarks_quality_gate_lines(tmp_path):
     """docs/benchmarks.md's quality-gate block: generate, train, export, gate, on a
     third of the rows and 30 steps. With the public defaults it ended `training loss
     is nan at step 5`."""
-    block = [argv for argv in bash_commands("docs/benchmarks.md")
-             if argv[:3] == ["python", "-m", "data.synthetic_criteo"] and "small" in argv]
+    block = [
+        argv
+        for argv in bash_commands("docs/benchmarks.md")
+        if argv[:3] == ["python", "-m", "data.synthetic_criteo"] and "small" in argv
+    ]
     assert len(block) == 1
     start = bash_commands("docs/benchmarks.md").index(block[0])
-    generate, train, export, gate = bash_commands("docs/benchmarks.md")[start:start + 4]
+    generate, train, export, gate = bash_commands("docs/benchmarks.md")[start : start + 4]
     assert gate[:3] == ["python", "-m", "serving.quality_gate"]
     work = str(tmp_path)
     run(with_flags(generate, ["--rows_per_day", "8192"]), work)
@@ -167,15 +210,21 @@ def test_benchmarks_quality_gate_lines(tmp_path):
 def test_every_readme_command_is_run_by_a_test():
     """Each command line README.md shows is run here or by the test named beside it: a
     new one needs a test."""
-    run_here = [("source", ".venv/bin/activate"), ("torchrun",), ("python", "-m", "data.synthetic_parquet"), ("python", "-m", "data.preprocess_criteo"),
-                ("python", "-m", "sharding_plans"), ("python", "-m", "serving.export")]
+    run_here = [
+        ("source", ".venv/bin/activate"),
+        ("torchrun",),
+        ("python", "-m", "data.synthetic_parquet"),
+        ("python", "-m", "data.preprocess_criteo"),
+        ("python", "-m", "sharding_plans"),
+        ("python", "-m", "serving.export"),
+    ]
     run_elsewhere = {
         ("make", "train"): "test_stable_start.py (its TRAIN_FLAGS on make train's generated data)",
         ("make", "test"): "CI (.ci/run): the suite itself",
         ("python", "-m", "serving.serve"): "test_serve.py (serving an exported model over HTTP)",
     }
     for argv in bash_commands("README.md"):
-        assert any(tuple(argv[:len(prefix)]) == prefix for prefix in [*run_here, *run_elsewhere]), argv
+        assert any(tuple(argv[: len(prefix)]) == prefix for prefix in [*run_here, *run_elsewhere]), argv
 
 
 def test_serving_curl_json_example_is_answered_by_the_parquet_model_the_page_builds(tmp_path):
@@ -186,10 +235,24 @@ def test_serving_curl_json_example_is_answered_by_the_parquet_model_the_page_bui
     page = bash_commands("docs/serving.md")
     (curl,) = [argv for argv in page if argv[0] == "curl" and any(word.startswith("{") for word in argv)]
     train = next(argv for argv in page if argv[0] == "torchrun" and "--parquet_path" in argv)
-    export = next(argv for argv in page[page.index(train):] if argv[:3] == ["python", "-m", "serving.export"])
+    export = next(argv for argv in page[page.index(train) :] if argv[:3] == ["python", "-m", "serving.export"])
     work = str(tmp_path)
-    run(["python", "-m", "data.synthetic_parquet", "--output_dir", train[train.index("--parquet_path") + 1],
-         "--days", "3", "--rows_per_day", "3000", "--row_group_rows", "1000"], work)
+    run(
+        [
+            "python",
+            "-m",
+            "data.synthetic_parquet",
+            "--output_dir",
+            train[train.index("--parquet_path") + 1],
+            "--days",
+            "3",
+            "--rows_per_day",
+            "3000",
+            "--row_group_rows",
+            "1000",
+        ],
+        work,
+    )
     run(with_flags(train, [*SMALL_RUN, "--num_embeddings", "1000"]), work)
     run(export, work)
     model = os.path.join(work, export[export.index("--output") + 1])
@@ -206,15 +269,17 @@ def test_serving_parquet_example_lines(tmp_path):
     commands = bash_commands("docs/serving.md")
     (generate,) = [argv for argv in commands if argv[:3] == ["python", "-m", "data.synthetic_parquet"]]
     start = commands.index(generate)
-    train, export, predict = commands[start + 1:start + 4]
-    assert (train[0], export[:3], predict[:3]) == ("torchrun", ["python", "-m", "serving.export"],
-                                                   ["python", "-m", "serving.predict"])
+    train, export, predict = commands[start + 1 : start + 4]
+    assert (train[0], export[:3], predict[:3]) == (
+        "torchrun",
+        ["python", "-m", "serving.export"],
+        ["python", "-m", "serving.predict"],
+    )
     work = str(tmp_path)
     run(with_flags(generate, ["--rows_per_day", "1500", "--row_group_rows", "500"]), work)
     assert sorted(os.listdir(tmp_path / "log")) == [f"date=2026-11-0{d}" for d in range(1, 8)]
     log = str(tmp_path / "run.jsonl")
-    run(with_flags(train, [*SMALL_RUN, "--log_path", log, "--limit_test_batches", "100"]),
-        work)
+    run(with_flags(train, [*SMALL_RUN, "--log_path", log, "--limit_test_batches", "100"]), work)
     test = eval_record(read_log(log), "test")
     run(export, work)
     run(predict, work)
@@ -223,4 +288,5 @@ def test_serving_parquet_example_lines(tmp_path):
     assert metrics["rows"] == 1500 == test["num_samples"]
     assert f"{metrics['auroc']:.4f}" == f"{test['auroc']:.4f}"
     import pyarrow.parquet as pq
+
     assert pq.read_table(tmp_path / "scores.parquet").schema.names == ["ts", "label", "probability"]

@@ -2,8 +2,8 @@
 every `#anchor` at a heading of the page it names (GitHub's heading slugs)."""
 
 import re
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -62,28 +62,45 @@ def broken_links() -> list[str]:
 
 def test_pages_exist():
     names = {page.name for page in PAGES}
-    assert {"README.md", "data.md", "training.md", "sharding_plans.md", "checkpoints.md",
-            "launching.md", "serving.md", "benchmarks.md", "tests.md"} <= names
+    assert {
+        "README.md",
+        "data.md",
+        "training.md",
+        "sharding_plans.md",
+        "checkpoints.md",
+        "launching.md",
+        "serving.md",
+        "benchmarks.md",
+        "tests.md",
+    } <= names
 
 
 def test_every_relative_link_resolves():
     assert broken_links() == []
 
 
-@pytest.mark.parametrize("markdown, anchors", [
-    ("# Data\n## The `--mode inference_benchmark` flag\n", {"data", "the---mode-inference_benchmark-flag"}),
-    ("## Presets\n## Presets\n", {"presets", "presets-1"}),
-    ("## Sweeps: many configurations, one table\n", {"sweeps-many-configurations-one-table"}),
-    ("```\n# not a heading\n```\n## Real\n", {"real"}),
-])
+@pytest.mark.parametrize(
+    "markdown, anchors",
+    [
+        ("# Data\n## The `--mode inference_benchmark` flag\n", {"data", "the---mode-inference_benchmark-flag"}),
+        ("## Presets\n## Presets\n", {"presets", "presets-1"}),
+        ("## Sweeps: many configurations, one table\n", {"sweeps-many-configurations-one-table"}),
+        ("```\n# not a heading\n```\n## Real\n", {"real"}),
+    ],
+)
 def test_heading_anchors(markdown, anchors):
     assert heading_anchors(markdown) == anchors
 
 
 def test_a_missing_file_and_anchor_are_found(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("# Page\n[ok](#page) [gone](missing.md) [bad](#nowhere) `[code](x.md)` "
-                    "[web](https://example.com)\n```\n[fenced](y.md)\n```\n")
+    page.write_text(
+        "# Page\n[ok](#page) [gone](missing.md) [bad](#nowhere) `[code](x.md)` "
+        "[web](https://example.com)\n```\n[fenced](y.md)\n```\n"
+    )
     links = list(relative_links(page))
     assert [(t, f.name, a) for t, f, a in links] == [
-        ("#page", "page.md", "page"), ("missing.md", "missing.md", ""), ("#nowhere", "page.md", "nowhere")]
+        ("#page", "page.md", "page"),
+        ("missing.md", "missing.md", ""),
+        ("#nowhere", "page.md", "nowhere"),
+    ]

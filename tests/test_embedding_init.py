@@ -105,12 +105,20 @@ def one_rank(monkeypatch):
 
 
 def _sharded(process_group) -> DistributedModelParallel:
-    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name="t", embedding_dim=4, num_embeddings=50,
-                                                            feature_names=["f"])], device=torch.device("meta"))
-    plan = construct_module_sharding_plan(ebc, {"t": table_wise(rank=0, compute_kernel="fused")},
-                                          world_size=1, device_type="cpu")
-    return DistributedModelParallel(ebc, device=torch.device("cpu"), env=ShardingEnv.from_process_group(process_group),
-                                    plan=ShardingPlan({"": plan}), sharders=build_sharders())
+    ebc = EmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(name="t", embedding_dim=4, num_embeddings=50, feature_names=["f"])],
+        device=torch.device("meta"),
+    )
+    plan = construct_module_sharding_plan(
+        ebc, {"t": table_wise(rank=0, compute_kernel="fused")}, world_size=1, device_type="cpu"
+    )
+    return DistributedModelParallel(
+        ebc,
+        device=torch.device("cpu"),
+        env=ShardingEnv.from_process_group(process_group),
+        plan=ShardingPlan({"": plan}),
+        sharders=build_sharders(),
+    )
 
 
 def test_torchrec_init_is_skipped_only_inside_the_context(one_rank):
@@ -119,7 +127,7 @@ def test_torchrec_init_is_skipped_only_inside_the_context(one_rank):
     with torchrec_table_init_skipped():
         skipped = _sharded(one_rank)
     drawn = _sharded(one_rank)
-    weight = lambda dmp: dmp.state_dict()["embedding_bags.t.weight"].local_shards()[0].tensor  # noqa: E731
+    weight = lambda dmp: dmp.state_dict()["embedding_bags.t.weight"].local_shards()[0].tensor
     assert torch.count_nonzero(weight(skipped)) == 0
     assert torch.count_nonzero(weight(drawn)) == 50 * 4
     assert init_embedding_tables(skipped, {"t": (50, 4)}, seed=0) == 1

@@ -24,16 +24,57 @@ SAVE_EVERY = 2  # checkpoints at steps 2, 4 (an epoch's end, after its validatio
 
 
 def run_flags(data_dir: str, pipeline: str) -> list[str]:
-    return ["--in_memory_binary_criteo_path", data_dir, "--num_embeddings", "60", "--embedding_dim", "4",
-            "--dense_arch_layer_sizes", "8,4", "--over_arch_layer_sizes", "8,1", "--batch_size", "32",
-            "--optimizer", "adagrad", "--learning_rate", "0.05", "--pipeline", pipeline, "--seed", "4",
-            "--epochs", str(EPOCHS), "--limit_train_batches", str(BATCHES), "--limit_val_batches", "2",
-            "--limit_test_batches", "2", "--validation_freq_within_epoch", str(VALIDATE_EVERY),
-            "--shuffle_batches", "--lr_warmup_steps", "3", "--lr_decay_start", "4", "--lr_decay_steps", "4",
-            "--lr_decay_floor", "0.1", "--log_every_n_steps", "1",
-            # Only the first validation can improve by 1: early stopping's count of
-            # validations without improvement counts every later one, and never stops.
-            "--early_stopping_patience", "100", "--early_stopping_metric", "auroc", "--early_stopping_min_delta", "1"]
+    return [
+        "--in_memory_binary_criteo_path",
+        data_dir,
+        "--num_embeddings",
+        "60",
+        "--embedding_dim",
+        "4",
+        "--dense_arch_layer_sizes",
+        "8,4",
+        "--over_arch_layer_sizes",
+        "8,1",
+        "--batch_size",
+        "32",
+        "--optimizer",
+        "adagrad",
+        "--learning_rate",
+        "0.05",
+        "--pipeline",
+        pipeline,
+        "--seed",
+        "4",
+        "--epochs",
+        str(EPOCHS),
+        "--limit_train_batches",
+        str(BATCHES),
+        "--limit_val_batches",
+        "2",
+        "--limit_test_batches",
+        "2",
+        "--validation_freq_within_epoch",
+        str(VALIDATE_EVERY),
+        "--shuffle_batches",
+        "--lr_warmup_steps",
+        "3",
+        "--lr_decay_start",
+        "4",
+        "--lr_decay_steps",
+        "4",
+        "--lr_decay_floor",
+        "0.1",
+        "--log_every_n_steps",
+        "1",
+        # Only the first validation can improve by 1: early stopping's count of
+        # validations without improvement counts every later one, and never stops.
+        "--early_stopping_patience",
+        "100",
+        "--early_stopping_metric",
+        "auroc",
+        "--early_stopping_min_delta",
+        "1",
+    ]
 
 
 @pytest.fixture
@@ -67,9 +108,18 @@ def evaluations(records: list[dict[str, Any]], stage: str) -> list[dict[str, Any
 @pytest.mark.parametrize("pipeline", ["base", "sparse_dist"])
 def test_resume_at_each_boundary_equals_the_uninterrupted_run(one_process, synthetic_dir, tmp_path, pipeline):
     whole_dir = str(tmp_path / "whole")
-    whole = fit(run_flags(synthetic_dir, pipeline) + [
-        "--checkpoint_dir", whole_dir, "--checkpoint_every_n_steps", str(SAVE_EVERY),
-        "--log_path", str(tmp_path / "whole.jsonl")], one_process)
+    whole = fit(
+        run_flags(synthetic_dir, pipeline)
+        + [
+            "--checkpoint_dir",
+            whole_dir,
+            "--checkpoint_every_n_steps",
+            str(SAVE_EVERY),
+            "--log_path",
+            str(tmp_path / "whole.jsonl"),
+        ],
+        one_process,
+    )
     steps = per_step(whole["records"])
     assert sorted(steps) == list(range(1, EPOCHS * BATCHES + 1))
     assert [e for e, _, _ in steps.values()] == [0] * BATCHES + [1] * BATCHES
@@ -90,10 +140,16 @@ def test_resume_at_each_boundary_equals_the_uninterrupted_run(one_process, synth
     for stop in (4, 6, 2):
         # What a run killed after step `stop` leaves: the checkpoints up to it, best.json.
         cut_dir = str(tmp_path / f"cut{stop}")
-        shutil.copytree(whole_dir, cut_dir, ignore=lambda _, names: [
-            n for n in names if n.startswith("step_") and int(n[len("step_"):]) > stop])
-        resumed = fit(run_flags(synthetic_dir, pipeline) + [
-            "--checkpoint_dir", cut_dir, "--resume", "--log_path", str(tmp_path / f"cut{stop}.jsonl")], one_process)
+        shutil.copytree(
+            whole_dir,
+            cut_dir,
+            ignore=lambda _, names: [n for n in names if n.startswith("step_") and int(n[len("step_") :]) > stop],
+        )
+        resumed = fit(
+            run_flags(synthetic_dir, pipeline)
+            + ["--checkpoint_dir", cut_dir, "--resume", "--log_path", str(tmp_path / f"cut{stop}.jsonl")],
+            one_process,
+        )
         assert per_step(resumed["records"]) == {s: v for s, v in steps.items() if s > stop}, stop
         first = stop if stop % BATCHES == 0 else stop + 1
         assert evaluations(resumed["records"], "validation") == [v for v in validations if v["step"] >= first], stop

@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 import dlrm_main
 from common.errors import EXIT_BAD_INPUT, BadInput, RankError
-from data.value_checks import DataValueError
+from data.batching.value_checks import DataValueError
 from tests.support.cli_modules import cli_modules, run_as_main
 from training.failures import report_rank_failure
 
@@ -20,8 +20,10 @@ BAD_FLAG_VALUES = {
     "dlrm_main.py": (["--sharding_plan", f"{MISSING}/plan.json"], f"{MISSING}/plan.json"),
     "dcnv2_main.py": (["--sharding_plan", f"{MISSING}/plan.json"], f"{MISSING}/plan.json"),
     "data.criteo_feature_spec": (["--input", MISSING, "--output", "{tmp}/out"], MISSING),
-    "data.preprocess_criteo": (["--input_dir", MISSING, "--output_dir", "{tmp}/out", "--dataset_name", "criteo_1t"],
-                               MISSING),
+    "data.preprocess_criteo": (
+        ["--input_dir", MISSING, "--output_dir", "{tmp}/out", "--dataset_name", "criteo_1t"],
+        MISSING,
+    ),
     "data.synthetic_criteo": (["--output_dir", "{tmp}/out", "--num_days", "1"], "--num_days"),
     "data.synthetic_csv": (["--output", "{tmp}/out", "--cardinality", "many"], "--cardinality"),
     "data.synthetic_parquet": (["--output_dir", "{tmp}/out", "--start_date", "tomorrow"], "--start_date"),
@@ -101,16 +103,20 @@ def test_value_error_inside_torch_during_setup_is_a_failure_with_traceback(monke
     err = capsys.readouterr().err
     assert code == 1, err
     assert "Traceback (most recent call last)" in err and "ValueError: raised inside torch.manual_seed" in err
-    assert err.splitlines()[-1] == ("dlrm_main.py: error: rank 0 of 1 failed at setup: "
-                                    "ValueError: raised inside torch.manual_seed")
+    assert err.splitlines()[-1] == (
+        "dlrm_main.py: error: rank 0 of 1 failed at setup: ValueError: raised inside torch.manual_seed"
+    )
 
 
-@pytest.mark.parametrize("error, one_line", [
-    (RankError("saving checkpoint /ckpt/step_10 failed: [Errno 28] No space left on device"), True),
-    (DataValueError("day_0_labels.npy row 7 column label: label 2 is not 0 or 1"), True),
-    (BadInput("/data/day_1.parquet: not a Parquet file"), True),  # bad input only this rank read
-    (ValueError("raised inside torch"), False),
-])
+@pytest.mark.parametrize(
+    "error, one_line",
+    [
+        (RankError("saving checkpoint /ckpt/step_10 failed: [Errno 28] No space left on device"), True),
+        (DataValueError("day_0_labels.npy row 7 column label: label 2 is not 0 or 1"), True),
+        (BadInput("/data/day_1.parquet: not a Parquet file"), True),  # bad input only this rank read
+        (ValueError("raised inside torch"), False),
+    ],
+)
 def test_a_rank_failure_has_a_traceback_unless_its_message_says_all(monkeypatch, capsys, error, one_line):
     """A rank's failure is one line when its message says what and where (a RankError,
     bad input that only this rank found, a data value among it); any other exception

@@ -36,18 +36,30 @@ def test_every_source_records_what_export_describes_its_inputs_from(tmp_path, na
     path = data_set.write(str(tmp_path / "data"))
     config = parse_config([option(DataConfig, field), path, *data_set.flags, *SMALL_MODEL], "dlrm_main.py", "")
     source = source_for(config.data)
-    meta = CheckpointMeta(step=3, epoch=0, batch_in_epoch=3, world_size=1, config=dataclasses.asdict(config),
-                          plan={}, data_source=source.name, data_features=source.describe(),
-                          serving_layout=source.serving_layout, serving_facts=source.serving_facts(source.open()))
+    meta = CheckpointMeta(
+        step=3,
+        epoch=0,
+        batch_in_epoch=3,
+        world_size=1,
+        config=dataclasses.asdict(config),
+        plan={},
+        data_source=source.name,
+        data_features=source.describe(),
+        serving_layout=source.serving_layout,
+        serving_facts=source.serving_facts(source.open()),
+    )
     meta = CheckpointMeta.from_json(meta.to_json(), "ckpt/meta.json")
     old = dataclasses.replace(meta, serving_layout=None, serving_facts=None, version=5)
     expected = describe_inputs(config.model, old, "ckpt")  # from the data, there
     shutil.move(str(tmp_path / "data"), str(tmp_path / "moved"))
     assert describe_inputs(config.model, meta, "ckpt") == expected
     if name in ("parquet", "split_binary"):
-        with pytest.raises(BadInput, match=r"ckpt/meta.json \(version 5\) predates the record of what serving "
-                                           r"needs, so export reads the training data: pass --training_data with "
-                                           r"where that data is now$"):
+        with pytest.raises(
+            BadInput,
+            match=r"ckpt/meta.json \(version 5\) predates the record of what serving "
+            r"needs, so export reads the training data: pass --training_data with "
+            r"where that data is now$",
+        ):
             describe_inputs(config.model, old, "ckpt")
     moved = path.replace(str(tmp_path / "data"), str(tmp_path / "moved"))
     again = describe_inputs(config.model, old, "ckpt", training_data=moved)
@@ -73,13 +85,31 @@ def trained_on_parquet(tmp_path_factory) -> dict:
     write_click_log(table)
     rows = str(root / "rows")  # the rows scored, outside the table
     shutil.copytree(os.path.join(table, "date=2026-11-04"), rows)
-    proc = run_script(["dlrm_main.py", "--parquet_path", table, *TINY, "--log_path", str(root / "log.jsonl"),
-                       "--checkpoint_dir", ckpt_dir, "--checkpoint_at_epoch_end"], torchrun_nproc=1, timeout=300)
+    proc = run_script(
+        [
+            "dlrm_main.py",
+            "--parquet_path",
+            table,
+            *TINY,
+            "--log_path",
+            str(root / "log.jsonl"),
+            "--checkpoint_dir",
+            ckpt_dir,
+            "--checkpoint_at_epoch_end",
+        ],
+        torchrun_nproc=1,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     checkpoint = _checkpoint(ckpt_dir)
     assert export.main(["--checkpoint", checkpoint, "--output", str(root / "before"), "--quantize", "none"]) == 0
-    return {"root": root, "table": table, "checkpoint": checkpoint, "rows": rows,
-            "scores": _scores(str(root / "before"), rows, str(root / "before.parquet"))}
+    return {
+        "root": root,
+        "table": table,
+        "checkpoint": checkpoint,
+        "rows": rows,
+        "scores": _scores(str(root / "before"), rows, str(root / "before.parquet")),
+    }
 
 
 @pytest.mark.slow
@@ -87,8 +117,10 @@ def test_a_checkpoint_exports_predicts_and_serves_after_its_table_moved(trained_
     root, checkpoint = trained_on_parquet["root"], trained_on_parquet["checkpoint"]
     meta = json.loads(open(os.path.join(checkpoint, "meta.json")).read())
     assert meta["version"] == 6 and meta["serving_layout"] == "parquet_columns"
-    assert meta["serving_facts"] == {"label_name": "label", "sparse_value_types": {
-        "C1": "string", "C2": "integer", "M1": "integer_list"}}
+    assert meta["serving_facts"] == {
+        "label_name": "label",
+        "sparse_value_types": {"C1": "string", "C2": "integer", "M1": "integer_list"},
+    }
     shutil.move(trained_on_parquet["table"], str(root / "moved"))  # where a later test finds it
     model = str(tmp_path / "after")
     assert export.main(["--checkpoint", checkpoint, "--output", model, "--quantize", "none"]) == 0
@@ -97,11 +129,13 @@ def test_a_checkpoint_exports_predicts_and_serves_after_its_table_moved(trained_
     expected = trained_on_parquet["scores"]
     assert len(expected) == 120 and _scores(model, trained_on_parquet["rows"], str(tmp_path / "p.parquet")) == expected
     rows = pq.read_table(trained_on_parquet["rows"]).to_pylist()
-    body = "".join(json.dumps({k: v for k, v in row.items() if k in ("I1", "I2", "C1", "C2", "M1")}) + "\n"
-                   for row in rows).encode()
+    body = "".join(
+        json.dumps({k: v for k, v in row.items() if k in ("I1", "I2", "C1", "C2", "M1")}) + "\n" for row in rows
+    ).encode()
     with serve.serving_in_background(predict.Predictor(model)) as (url, _):
-        request = urllib.request.Request(f"{url}/predict", data=body, method="POST",
-                                         headers={"Accept": "application/json"})
+        request = urllib.request.Request(
+            f"{url}/predict", data=body, method="POST", headers={"Accept": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=60) as answer:
             assert json.loads(answer.read())["probabilities"] == pytest.approx(expected, rel=1e-6, abs=1e-7)
 
@@ -121,8 +155,11 @@ def _rewritten(checkpoint: str, target: str, change) -> str:
 
 def _as_version_5(checkpoint: str, target: str) -> str:
     """A copy of ``checkpoint`` whose meta.json is of version 5 (no record of what serving needs)."""
-    return _rewritten(checkpoint, target,
-                      lambda meta: {**{k: v for k, v in meta.items() if not k.startswith("serving_")}, "version": 5})
+    return _rewritten(
+        checkpoint,
+        target,
+        lambda meta: {**{k: v for k, v in meta.items() if not k.startswith("serving_")}, "version": 5},
+    )
 
 
 @pytest.mark.slow
@@ -136,15 +173,22 @@ def test_an_older_checkpoint_without_its_table_says_what_to_pass(trained_on_parq
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and not os.path.exists(tmp_path / "refused")
     assert f"--parquet_path {trained_on_parquet['table']}" in error
-    assert f"{old}/meta.json (version 5) predates the record of what serving needs, so export reads the " \
-           "training data: pass --training_data with where that data is now" in error
+    assert (
+        f"{old}/meta.json (version 5) predates the record of what serving needs, so export reads the "
+        "training data: pass --training_data with where that data is now" in error
+    )
     model = str(tmp_path / "model")
-    assert export.main(["--checkpoint", old, "--output", model, "--quantize", "none",
-                        "--training_data", str(root / "moved")]) == 0
+    assert (
+        export.main(
+            ["--checkpoint", old, "--output", model, "--quantize", "none", "--training_data", str(root / "moved")]
+        )
+        == 0
+    )
     before = json.loads(open(os.path.join(root, "before", "inputs.json")).read())
     after = json.loads(open(os.path.join(model, "inputs.json")).read())
-    assert {k: v for k, v in after.items() if k not in ("checkpoint", "data_path")} == \
-        {k: v for k, v in before.items() if k not in ("checkpoint", "data_path")}
+    assert {k: v for k, v in after.items() if k not in ("checkpoint", "data_path")} == {
+        k: v for k, v in before.items() if k not in ("checkpoint", "data_path")
+    }
     assert after["data_path"] == str(root / "moved")
     assert _scores(model, trained_on_parquet["rows"], str(tmp_path / "p.parquet")) == trained_on_parquet["scores"]
 
@@ -157,6 +201,7 @@ def test_a_criteo_model_made_with_a_threshold_needs_its_vocabulary(trained, tmp_
     def moved(meta: dict) -> dict:
         meta["config"]["data"]["in_memory_binary_criteo_path"] = str(tmp_path / "gone")
         return meta
+
     copy = _rewritten(ckpt, str(tmp_path / "step_moved"), moved)
     assert json.loads(open(os.path.join(copy, "meta.json")).read())["serving_facts"]["frequency_threshold"] > 0
     capsys.readouterr()
@@ -166,7 +211,11 @@ def test_a_criteo_model_made_with_a_threshold_needs_its_vocabulary(trained, tmp_
     assert f"{tmp_path / 'gone' / 'vocabulary.npz'}: no such file; the data was made with frequency threshold" in error
     assert "pass --training_data with where the Criteo directory is now" in error
     model = str(tmp_path / "model")
-    assert export.main(["--checkpoint", copy, "--output", model, "--quantize", "none",
-                        "--training_data", trained["data"]]) == 0
-    assert open(os.path.join(model, "vocabulary.npz"), "rb").read() == \
-        open(os.path.join(trained["data"], "vocabulary.npz"), "rb").read()
+    assert (
+        export.main(["--checkpoint", copy, "--output", model, "--quantize", "none", "--training_data", trained["data"]])
+        == 0
+    )
+    assert (
+        open(os.path.join(model, "vocabulary.npz"), "rb").read()
+        == open(os.path.join(trained["data"], "vocabulary.npz"), "rb").read()
+    )

@@ -10,8 +10,8 @@ import torch
 
 from models import ModelConfig, build_dlrm_train
 from serving.export import export_program
-from tests.support.model_state import interaction_sizes
 from serving.inference_model import ConcatenatedTables, ProbabilityModel
+from tests.support.model_state import interaction_sizes
 
 DIM = 4
 INTERACTIONS = ("original", "dcn", "projection")
@@ -22,13 +22,22 @@ LAYOUTS = {"dense_one_hot": (13, [1]), "categorical_multi_hot": (0, [1, 3, 2])}
 def tiny_model(interaction: str, num_dense: int, num_features: int, seed: int = 0) -> torch.nn.Module:
     """Tables of 5 to 9 rows of width DIM; trained-looking (random) weights."""
     torch.manual_seed(seed)
-    config = ModelConfig([5 + f % 5 for f in range(num_features)],
-                         sparse_feature_names=[f"cat_{f}" for f in range(num_features)],
-                         dense_in_features=num_dense, embedding_dim=DIM, interaction_type=interaction,
-                         dense_arch_layer_sizes=[8, DIM], over_arch_layer_sizes=[8, 1],
-                         interaction=interaction_sizes(interaction, dcn_num_layers=2, dcn_low_rank_dim=4,
-                                                       interaction_branch1_layer_sizes=[8, 2 * DIM],
-                                                       interaction_branch2_layer_sizes=[8, 3 * DIM]))
+    config = ModelConfig(
+        [5 + f % 5 for f in range(num_features)],
+        sparse_feature_names=[f"cat_{f}" for f in range(num_features)],
+        dense_in_features=num_dense,
+        embedding_dim=DIM,
+        interaction_type=interaction,
+        dense_arch_layer_sizes=[8, DIM],
+        over_arch_layer_sizes=[8, 1],
+        interaction=interaction_sizes(
+            interaction,
+            dcn_num_layers=2,
+            dcn_low_rank_dim=4,
+            interaction_branch1_layer_sizes=[8, 2 * DIM],
+            interaction_branch2_layer_sizes=[8, 3 * DIM],
+        ),
+    )
     return build_dlrm_train(config, embedding_device=torch.device("cpu")).model.eval()
 
 
@@ -48,8 +57,9 @@ def inputs(dlrm: torch.nn.Module, num_dense: int, hotness: list[int], batch: int
 def export(dlrm: torch.nn.Module, num_dense: int, hotness: list[int]) -> torch.export.ExportedProgram:
     names = dlrm.sparse_arch.sparse_feature_names
     with torch.no_grad():
-        return export_program(ProbabilityModel(dlrm, names, hotness, concatenated_tables=True),
-                              inputs(dlrm, num_dense, hotness, 4))
+        return export_program(
+            ProbabilityModel(dlrm, names, hotness, concatenated_tables=True), inputs(dlrm, num_dense, hotness, 4)
+        )
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -101,6 +111,7 @@ def test_an_id_outside_its_table_fails_as_in_the_collection():
             loaded(dense, ids)
         assert str(exported_error.value) == str(eager_error.value)
         assert "Expected i < index_size" in str(exported_error.value)
+
 
 def test_lookup_refuses_columns_in_another_order():
     dlrm = tiny_model("original", 13, 3)

@@ -12,8 +12,16 @@ from training.config import OptimizerConfig
 from training.recipes import STABLE_OPTIMIZER
 from training.trainer import DIVERGENCE_WATCH_STEPS, divergence_advice
 
-SMALL_MODEL = ["--batch_size", "256", "--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16",
-               "--over_arch_layer_sizes", "64,1"]
+SMALL_MODEL = [
+    "--batch_size",
+    "256",
+    "--embedding_dim",
+    "16",
+    "--dense_arch_layer_sizes",
+    "64,16",
+    "--over_arch_layer_sizes",
+    "64,1",
+]
 
 
 def test_makefile_train_flags_hold_the_advised_optimizer_flags():
@@ -25,7 +33,8 @@ def test_makefile_train_flags_hold_the_advised_optimizer_flags():
 def test_advice_names_the_public_defaults_only_when_they_are_used():
     assert divergence_advice(OptimizerConfig()) == (
         "the likely cause is the public example's defaults (--learning_rate 15.0 --optimizer sgd); "
-        "these train: --learning_rate 0.05 --optimizer adagrad")
+        "these train: --learning_rate 0.05 --optimizer adagrad"
+    )
     for changed in (OptimizerConfig(learning_rate=1.0), OptimizerConfig(optimizer="adagrad")):
         assert divergence_advice(changed) == "lower --learning_rate or check the input data"
 
@@ -35,13 +44,25 @@ def test_public_defaults_stop_within_a_few_steps(synthetic_dir):
     """docs/benchmarks.md's small model with the public defaults: the loss is NaN at
     step 5; the run stops there (exit 3), not at the end of the first logged interval
     (step 100), and its last line names the defaults and the flags that train."""
-    proc = run_script(["dlrm_main.py", "--in_memory_binary_criteo_path", synthetic_dir, *SMALL_MODEL,
-                       "--limit_train_batches", str(DIVERGENCE_WATCH_STEPS), "--print_lr"])
+    proc = run_script(
+        [
+            "dlrm_main.py",
+            "--in_memory_binary_criteo_path",
+            synthetic_dir,
+            *SMALL_MODEL,
+            "--limit_train_batches",
+            str(DIVERGENCE_WATCH_STEPS),
+            "--print_lr",
+        ]
+    )
     assert proc.returncode == 3, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
-    match = re.fullmatch(r"dlrm_main\.py: error: training loss is (nan|inf|-inf) at step (\d+) \(epoch 0\): "
-                         r"the likely cause is the public example's defaults \(--learning_rate 15\.0 --optimizer sgd\); "
-                         r"these train: (.*)", last)
+    match = re.fullmatch(
+        r"dlrm_main\.py: error: training loss is (nan|inf|-inf) at step (\d+) \(epoch 0\): "
+        r"the likely cause is the public example's defaults \(--learning_rate 15\.0 --optimizer sgd\); "
+        r"these train: (.*)",
+        last,
+    )
     assert match, last
     # --print_lr prints a line after each step that passed the check: none after the bad one.
     assert len(re.findall(r"^step \d+: lr ", proc.stdout + proc.stderr, re.M)) == int(match.group(2))

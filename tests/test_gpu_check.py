@@ -15,18 +15,26 @@ import pytest
 import torch
 
 from bench import gpu_check
+from common.errors import BadInput
 from harness import matrix
 from harness.launch import launch, run_script
-from common.errors import BadInput
 from training.flags import parse_config
 
 SPEC = gpu_check.gpu_matrix(num_gpus=8)
 CASES = matrix.covering_cases(SPEC, 2)
 # What the GPU check adds to what it checked before issue 23: each of these choices is
 # trained in some case.
-NEW_CHOICES = {"sharding": ("data_parallel", matrix.MIXED), "precision": ("fp16",), "multi_hot": (True,),
-               "interaction": ("dcn", "projection"), "dense_optimizer": ("adagrad", "adam"), "epochs": (2,),
-               "validation_within_epoch": (True,), "world_size": (1, 2, 8), "pipeline": ("semi_sync",)}
+NEW_CHOICES = {
+    "sharding": ("data_parallel", matrix.MIXED),
+    "precision": ("fp16",),
+    "multi_hot": (True,),
+    "interaction": ("dcn", "projection"),
+    "dense_optimizer": ("adagrad", "adam"),
+    "epochs": (2,),
+    "validation_within_epoch": (True,),
+    "world_size": (1, 2, 8),
+    "pipeline": ("semi_sync",),
+}
 
 
 def test_cases_cover_every_pair_and_every_new_choice():
@@ -49,8 +57,14 @@ def test_every_case_has_a_cpu_reference_or_a_semi_sync_one_and_a_tolerance_with_
             assert cpu is None and placement is not None and placement["pipeline"] == "semi_sync"
             assert any(placement[d] != case[d] for d in ("sharding", "world_size", "compute_kernel")), case
         else:
-            assert cpu == {**case, "pipeline": "sparse_dist", "compute_kernel": "fused", "sharding": "table_wise",
-                           "world_size": 1, "allow_tf32": False}
+            assert cpu == {
+                **case,
+                "pipeline": "sparse_dist",
+                "compute_kernel": "fused",
+                "sharding": "table_wise",
+                "world_size": 1,
+                "allow_tf32": False,
+            }
             assert placement is None or (placement["pipeline"], placement["compute_kernel"]) == ("sparse_dist", "fused")
         tolerance, why = gpu_check.reference_tolerance(case)
         assert 0 < tolerance <= 1e-2 and why
@@ -59,8 +73,11 @@ def test_every_case_has_a_cpu_reference_or_a_semi_sync_one_and_a_tolerance_with_
 def test_tolerance_per_precision():
     """fp32 at GPU summation-order precision; TF32, fp16 tables and bf16 autocast each
     their own, larger, with the reason."""
-    fp32 = next(c for c in CASES if not c["amp"] and not c["allow_tf32"] and c["precision"] == "fp32"
-                and c["optimizer"] != "rowwise_adagrad")
+    fp32 = next(
+        c
+        for c in CASES
+        if not c["amp"] and not c["allow_tf32"] and c["precision"] == "fp32" and c["optimizer"] != "rowwise_adagrad"
+    )
     assert gpu_check.reference_tolerance(fp32)[0] == 1e-5
     tolerance, why = gpu_check.reference_tolerance({**fp32, "allow_tf32": True})
     assert tolerance == gpu_check.TF32_TOLERANCE and "TF32" in why
@@ -72,10 +89,10 @@ def test_tolerance_per_precision():
 
 def test_fp16_step_is_the_spacing_of_fp16_values():
     """Against fp16 itself: the next fp16 value above each weight is one step away."""
-    weights = torch.tensor([3e-7, 7e-5, 2.0 ** -14, 0.1, 0.158, 0.25, 0.3, -0.6, 1.0, 900.0]).half()
+    weights = torch.tensor([3e-7, 7e-5, 2.0**-14, 0.1, 0.158, 0.25, 0.3, -0.6, 1.0, 900.0]).half()
     above = torch.nextafter(weights.abs(), torch.tensor(float("inf"), dtype=torch.half))
     assert torch.equal(gpu_check.fp16_step(weights.float()), (above - weights.abs()).float())
-    assert gpu_check.FP16_STEP == gpu_check.fp16_step(torch.tensor(1 / math.sqrt(min(matrix.TABLE_ROWS)))).item()
+    assert gpu_check.fp16_step(torch.tensor(1 / math.sqrt(min(matrix.TABLE_ROWS)))).item() == gpu_check.FP16_STEP
 
 
 def test_world_sizes_scale_to_the_gpus_present():
@@ -91,8 +108,11 @@ def test_cases_and_references_are_command_lines_the_flags_accept(synthetic_dir, 
     Over the session's data: a Parquet case's table is a copy of it."""
     data = synthetic_dir
     for case in CASES:
-        runs = ((case, "cuda"), (gpu_check.cpu_reference(case), "cpu"),
-                (gpu_check.placement_reference(case, SPEC), "cuda"))
+        runs = (
+            (case, "cuda"),
+            (gpu_check.cpu_reference(case), "cpu"),
+            (gpu_check.placement_reference(case, SPEC), "cuda"),
+        )
         for run, device in ((run, device) for run, device in runs if run is not None):
             config = parse_config(gpu_check.case_argv(run, data, device), "gpu_check", "")
             assert (config.pipeline, config.amp, config.allow_tf32) == (run["pipeline"], run["amp"], run["allow_tf32"])
@@ -112,8 +132,10 @@ def test_refusal_is_matched_on_the_error_line_among_library_output():
     """Rank 0's stderr on CUDA holds NCCL's and the planner's lines besides the refusal."""
     case = next(c for c in gpu_check.refusal_cases(SPEC) if c["pipeline"] == "semi_sync")
     line = "dlrm_main.py: error: --pipeline semi_sync runs forward(i+1) before ..."
-    noisy = [{"code": 2, "seconds": 1.0, "stderr": f"NCCL INFO Using network Socket\nplanner: 3 tables\n{line}\n"},
-             {"code": 2, "seconds": 1.0, "stderr": "UserWarning: something from torchrec\n"}]
+    noisy = [
+        {"code": 2, "seconds": 1.0, "stderr": f"NCCL INFO Using network Socket\nplanner: 3 tables\n{line}\n"},
+        {"code": 2, "seconds": 1.0, "stderr": "UserWarning: something from torchrec\n"},
+    ]
     assert matrix.check_refusal(SPEC, case, noisy).passed
     two = [noisy[0], {**noisy[1], "stderr": line}]
     assert not matrix.check_refusal(SPEC, case, two).passed  # only rank 0 reports
@@ -122,13 +144,17 @@ def test_refusal_is_matched_on_the_error_line_among_library_output():
 
 
 def test_nccl_network_read_from_nccl_debug_output():
-    socket = ("host:1:1 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so.\n"
-              "host:1:1 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\n"
-              "host:1:1 [0] NCCL INFO Using network Socket\n")
+    socket = (
+        "host:1:1 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so.\n"
+        "host:1:1 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\n"
+        "host:1:1 [0] NCCL INFO Using network Socket\n"
+    )
     assert gpu_check.nccl_network(socket) == "Socket (NET/Plugin: Could not find: libnccl-net.so.)"
-    efa = ("host:1:1 [0] NCCL INFO NET/Plugin: Loaded net plugin Libfabric (v9)\n"
-           "host:1:1 [0] NCCL INFO NET/OFI Selected provider is efa\n"
-           "host:1:1 [0] NCCL INFO Using network Libfabric\n")
+    efa = (
+        "host:1:1 [0] NCCL INFO NET/Plugin: Loaded net plugin Libfabric (v9)\n"
+        "host:1:1 [0] NCCL INFO NET/OFI Selected provider is efa\n"
+        "host:1:1 [0] NCCL INFO Using network Libfabric\n"
+    )
     assert gpu_check.nccl_network(efa).startswith("Libfabric (NET/Plugin: Loaded net plugin")
     assert gpu_check.nccl_network("").startswith("unknown")
 
@@ -171,14 +197,37 @@ def refused_then_trained(jobs):
 def test_job_after_a_refusal_with_the_group_up_runs_in_the_same_workers(synthetic_dir, tmp_path):
     """Before each group start had store keys of its own, rank 1 read rank 0's address
     of the destroyed group and the training job never started (hung)."""
-    case = {"optimizer": "rowwise_adagrad", "dense_optimizer": "sgd", "sharding": "table_wise", "precision": "fp32",
-            "pipeline": "sparse_dist", "interaction": "original", "multi_hot": False, "world_size": 2, "amp": False}
+    case = {
+        "optimizer": "rowwise_adagrad",
+        "dense_optimizer": "sgd",
+        "sharding": "table_wise",
+        "precision": "fp32",
+        "pipeline": "sparse_dist",
+        "interaction": "original",
+        "multi_hot": False,
+        "world_size": 2,
+        "amp": False,
+    }
     argv = matrix.case_argv(case, synthetic_dir, "cpu")
     # FBGEMM's CPU kernels ignore weight decay: refused once the plan shows fused tables.
-    jobs = [{"kind": "refusal", "key": "refused", "argv": argv + ["--embedding_weight_decay", "0.01"],
-             "device": "cpu", "dir": str(tmp_path / "refused"), "resume": False},
-            {"kind": "train", "key": "trained", "argv": argv, "device": "cpu", "dir": str(tmp_path / "trained"),
-             "resume": False}]
+    jobs = [
+        {
+            "kind": "refusal",
+            "key": "refused",
+            "argv": argv + ["--embedding_weight_decay", "0.01"],
+            "device": "cpu",
+            "dir": str(tmp_path / "refused"),
+            "resume": False,
+        },
+        {
+            "kind": "train",
+            "key": "trained",
+            "argv": argv,
+            "device": "cpu",
+            "dir": str(tmp_path / "trained"),
+            "resume": False,
+        },
+    ]
     per_rank = launch(refused_then_trained, jobs, nproc=2)
     refused = [per_rank[r][0] for r in (0, 1)]
     assert [o["code"] for o in refused] == [2, 2], refused
@@ -197,8 +246,16 @@ def test_device_cpu_runs_cases_against_the_cpu_reference(synthetic_dir, tmp_path
     case = next(c for c in matrix.covering_cases(spec, 2) if c["world_size"] == 2 and c["pipeline"] == "base")
     refusals = gpu_check.refusal_cases(spec)[:1]
     made = []
-    results = gpu_check.evaluate(spec, [case], refusals, synthetic_dir, str(tmp_path),
-                                 lambda fn, jobs, nproc: launch(fn, jobs, nproc=nproc), made.append, job_timeout=600)
+    results = gpu_check.evaluate(
+        spec,
+        [case],
+        refusals,
+        synthetic_dir,
+        str(tmp_path),
+        lambda fn, jobs, nproc: launch(fn, jobs, nproc=nproc),
+        made.append,
+        job_timeout=600,
+    )
     assert sorted(made, key=id) == sorted(results, key=id)  # every verdict handed over as it was made
     table = matrix.format_table(spec, results)
     assert all(r.passed for r in results), table
@@ -223,8 +280,10 @@ def test_only_selects_by_pieces_globs_and_lists():
 
 def test_only_matching_nothing_is_one_line_and_exit_2(capsys):
     assert gpu_check.main(["--list", "--gpus", "1", "--only", "no-such-case"]) == 2
-    assert capsys.readouterr().err.strip() == ("python -m bench.gpu_check: error: --only no-such-case: no case of "
-                                               "strength 2 on cuda matches (--list shows them)")
+    assert capsys.readouterr().err.strip() == (
+        "python -m bench.gpu_check: error: --only no-such-case: no case of "
+        "strength 2 on cuda matches (--list shows them)"
+    )
 
 
 def test_verdict_lines_are_read_back_and_a_cut_off_line_is_left_out(tmp_path):
@@ -240,7 +299,8 @@ def test_verdict_lines_are_read_back_and_a_cut_off_line_is_left_out(tmp_path):
     verdicts = gpu_check.read_verdicts(path)
     assert [(v["case"], v["passed"], v["checks"]) for v in verdicts] == [
         (matrix.case_name(case), True, {"=cpu": "ok 0 <= 1e-05"}),
-        (matrix.case_name(case), False, {"=placement": "FAIL 3e-3 > 1e-05"})]
+        (matrix.case_name(case), False, {"=placement": "FAIL 3e-3 > 1e-05"}),
+    ]
     with open(path, "a") as f:
         f.write('x"}\n')  # a whole line now, without its fields
     with pytest.raises(BadInput, match=r"verdicts.jsonl:3: choices is missing"):
@@ -256,13 +316,38 @@ def test_verdict_lines_are_read_back_and_a_cut_off_line_is_left_out(tmp_path):
 def test_a_job_past_its_timeout_is_recorded_and_the_next_job_runs(synthetic_dir, tmp_path):
     """--job_timeout: a training job stopped mid-way is that job's error; the worker
     goes on with the next job (on a new process group)."""
-    case = {"optimizer": "sgd", "dense_optimizer": "sgd", "sharding": "table_wise", "precision": "fp32",
-            "pipeline": "sparse_dist", "interaction": "original", "multi_hot": False, "world_size": 1, "amp": False}
+    case = {
+        "optimizer": "sgd",
+        "dense_optimizer": "sgd",
+        "sharding": "table_wise",
+        "precision": "fp32",
+        "pipeline": "sparse_dist",
+        "interaction": "original",
+        "multi_hot": False,
+        "world_size": 1,
+        "amp": False,
+    }
     argv = matrix.case_argv(case, synthetic_dir, "cpu")
-    jobs = [{"kind": "train", "key": "cut", "argv": argv, "device": "cpu", "dir": str(tmp_path / "cut"),
-             "resume": False, "timeout_s": 0.5},
-            {"kind": "train", "key": "whole", "argv": argv, "device": "cpu", "dir": str(tmp_path / "whole"),
-             "resume": False, "timeout_s": 600}]
+    jobs = [
+        {
+            "kind": "train",
+            "key": "cut",
+            "argv": argv,
+            "device": "cpu",
+            "dir": str(tmp_path / "cut"),
+            "resume": False,
+            "timeout_s": 0.5,
+        },
+        {
+            "kind": "train",
+            "key": "whole",
+            "argv": argv,
+            "device": "cpu",
+            "dir": str(tmp_path / "whole"),
+            "resume": False,
+            "timeout_s": 600,
+        },
+    ]
     [cut, whole] = launch(matrix.run_jobs, jobs, nproc=1)[0]
     assert cut["error"] == "JobTimeout: timed out after 0.5 s" and 0.5 <= cut["seconds"] < 30
     assert "error" not in whole and len(whole["uninterrupted"]["losses"]) == matrix.STEPS
@@ -278,5 +363,6 @@ def test_a_deadline_never_cuts_an_import(tmp_path, monkeypatch):
     with pytest.raises(matrix.JobTimeout):
         with matrix.ranks._deadline(0.05):
             import slow_to_import  # noqa: F401
+
             time.sleep(5)  # where the cut lands
     assert sys.modules["slow_to_import"].DONE is True

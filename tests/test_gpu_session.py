@@ -16,8 +16,20 @@ from bench import gpu_session
 from bench.gpu_session import Step
 from harness.launch import REPO
 
-ORDER = ["environment", "install_check", "gpu_check_prefetch", "gpu_check_open_fp16", "gpu_check_fp16",
-         "gpu_check_pipelines", "dlrmv2", "dlrmv2_uvm_caching", "peer", "dcnv2", "eval_rate", "export"]
+ORDER = [
+    "environment",
+    "install_check",
+    "gpu_check_prefetch",
+    "gpu_check_open_fp16",
+    "gpu_check_fp16",
+    "gpu_check_pipelines",
+    "dlrmv2",
+    "dlrmv2_uvm_caching",
+    "peer",
+    "dcnv2",
+    "eval_rate",
+    "export",
+]
 
 
 def test_plan_prints_the_steps_in_order_of_value_without_a_gpu():
@@ -47,8 +59,9 @@ def test_cpu_steps_are_the_gpu_steps_on_tiny_sizes():
 
 def test_bad_flags_are_one_line(capsys):
     assert gpu_session.main(["--device", "cpu", "--minutes", "1"]) == 2
-    assert capsys.readouterr().err.strip() == ("python -m bench.gpu_session: error: --output: say where the "
-                                               "session's results go (a new directory)")
+    assert capsys.readouterr().err.strip() == (
+        "python -m bench.gpu_session: error: --output: say where the session's results go (a new directory)"
+    )
 
 
 def _children_alive(marker: str) -> list[str]:
@@ -60,8 +73,10 @@ def _children_alive(marker: str) -> list[str]:
 def test_a_step_past_its_limit_is_killed_with_its_children(tmp_path):
     marker = f"sleep_marker_{os.getpid()}"
     # The step starts a grandchild (as torchrun starts ranks): it dies with the step.
-    code = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', "
-            f"'{marker}']); time.sleep(300)")
+    code = (
+        f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', "
+        f"'{marker}']); time.sleep(300)"
+    )
     step = Step("slow", "sleeps", 1, ["-c", code])
     start = time.monotonic()
     result = gpu_session.run_step(step, 2.0, str(tmp_path / "slow.log"))
@@ -69,22 +84,31 @@ def test_a_step_past_its_limit_is_killed_with_its_children(tmp_path):
     assert time.monotonic() - start < 30
     time.sleep(0.5)
     assert not _children_alive(marker)
-    failing = gpu_session.run_step(Step("bad", "exits 1", 1, ["-c", "print('line one'); raise SystemExit(1)"]), 30,
-                                   str(tmp_path / "bad.log"))
+    failing = gpu_session.run_step(
+        Step("bad", "exits 1", 1, ["-c", "print('line one'); raise SystemExit(1)"]), 30, str(tmp_path / "bad.log")
+    )
     assert failing.status == "failed" and failing.detail == "exit 1: line one"
-    figures = gpu_session.run_step(Step("ok", "figures", 1, ["-c", "print('x'); print('{\"samples_per_sec\": 5}')"]),
-                                   30, str(tmp_path / "ok.log"))
+    figures = gpu_session.run_step(
+        Step("ok", "figures", 1, ["-c", "print('x'); print('{\"samples_per_sec\": 5}')"]), 30, str(tmp_path / "ok.log")
+    )
     assert (figures.status, figures.result) == ("ok", {"samples_per_sec": 5})
-    not_passed = gpu_session.run_step(Step("np", "passed false", 1, ["-c", "print('{\"passed\": false}')"]), 30,
-                                      str(tmp_path / "np.log"))
+    not_passed = gpu_session.run_step(
+        Step("np", "passed false", 1, ["-c", "print('{\"passed\": false}')"]), 30, str(tmp_path / "np.log")
+    )
     assert not_passed.status == "failed"
 
 
 def _start_session(output: str, minutes: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": REPO}
-    return subprocess.Popen([sys.executable, "-m", "bench.gpu_session", "--device", "cpu", "--minutes", minutes,
-                             "--output", output], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.gpu_session", "--device", "cpu", "--minutes", minutes, "--output", output],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 @pytest.mark.slow
@@ -122,8 +146,13 @@ def test_cpu_session_writes_one_line_per_step_as_each_ends(tmp_path):
     ran = [r["step"] for r in records if r["status"] != "skipped"]
     assert sorted(os.listdir(os.path.join(output, gpu_session.LOG_DIR))) == sorted(f"{s}.log" for s in ran)
     # The results are never overwritten: a second session into the same directory is refused.
-    again = subprocess.run([sys.executable, "-m", "bench.gpu_session", "--device", "cpu", "--output", output],
-                           cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True)
+    again = subprocess.run(
+        [sys.executable, "-m", "bench.gpu_session", "--device", "cpu", "--output", output],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True,
+        text=True,
+    )
     assert again.returncode == 2 and again.stderr.strip().endswith("give a new directory")
 
 
@@ -142,7 +171,7 @@ def test_killed_session_keeps_the_lines_written(tmp_path):
     process.communicate()
     records = gpu_session.read_session(path)
     assert 2 <= len(records) < len(ORDER)
-    assert [r["step"] for r in records] == ORDER[:len(records)]
+    assert [r["step"] for r in records] == ORDER[: len(records)]
     with open(path) as f:
         assert all(json.loads(line)["version"] == gpu_session.VERSION for line in f)
     with open(os.path.join(output, gpu_session.TABLE_FILE)) as f:
@@ -154,9 +183,11 @@ def test_dlrmv2_figures_per_sample_are_the_documented_formulas():
     2.0M samples/s on an H200, 8.2% of its HBM bandwidth and 19.5% of its bf16 peak."""
     from bench import dlrmv2_throughput as bench
     from recipes import DLRMV2_MULTI_HOT_SIZES
+
     flops = bench.flops_per_sample(13, 26, 128, [512, 256, 128], [1024, 1024, 512, 256, 1], 3, 512)
-    forward = (13 * 512 + 512 * 256 + 256 * 128 + 3 * 2 * 3456 * 512
-               + 3456 * 1024 + 1024 * 1024 + 1024 * 512 + 512 * 256 + 256)
+    forward = (
+        13 * 512 + 512 * 256 + 256 * 128 + 3 * 2 * 3456 * 512 + 3456 * 1024 + 1024 * 1024 + 1024 * 512 + 512 * 256 + 256
+    )
     assert flops == 6 * forward and round(flops / 1e5) == 962
     moved = bench.traffic(DLRMV2_MULTI_HOT_SIZES, 128, 2, bench.optimizer_state_bytes("rowwise_adagrad", 128))
     assert moved == 214 * (3 * 128 * 2 + 2 * 4 + 2 * 8) + 26 * 128 * 2 * 4 == 196_112
@@ -167,9 +198,25 @@ def test_dlrmv2_figures_per_sample_are_the_documented_formulas():
 
 @pytest.mark.slow
 def test_dlrmv2_bench_trains_the_recipe_tiny_on_cpu_with_its_bags():
-    result = subprocess.run([sys.executable, "-m", "bench.dlrmv2_throughput", "--device", "cpu", "--tiny",
-                             "--steps", "2", "--warmup_steps", "1"], cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.dlrmv2_throughput",
+            "--device",
+            "cpu",
+            "--tiny",
+            "--steps",
+            "2",
+            "--warmup_steps",
+            "1",
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["losses_finite"] is True and figures["samples_per_sec"] > 0

@@ -30,25 +30,52 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
-                                                   MetadataIndex, TensorStorageMetadata)
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorStorageMetadata,
+)
 
 import dlrm_main
-from checkpoints.errors import CheckpointError
-from checkpoints.storage import IOPathReader, TensorLoadPlanner
 from checkpoints.directory import newest_checkpoint
+from checkpoints.errors import CheckpointError
 from checkpoints.load import load_checkpoint
+from checkpoints.storage import IOPathReader, TensorLoadPlanner
+from harness.launch import REPO
 from serving.inference_model import load_checkpoint_model
 from tests.support.hostile import HOSTILE_SETTINGS as GENERATED
-from harness.launch import REPO
 
 # A tiny model with optimizer state (adagrad) for every parameter.
-MODEL_FLAGS = ["--num_embeddings", "50", "--embedding_dim", "4", "--dense_arch_layer_sizes", "8,4",
-               "--over_arch_layer_sizes", "8,1", "--optimizer", "adagrad"]
+MODEL_FLAGS = [
+    "--num_embeddings",
+    "50",
+    "--embedding_dim",
+    "4",
+    "--dense_arch_layer_sizes",
+    "8,4",
+    "--over_arch_layer_sizes",
+    "8,1",
+    "--optimizer",
+    "adagrad",
+]
 # Two steps at the public example's SGD rate of 15 leave an absurd test loss: the
 # checkpoint is what these tests need, not a model that trains (exit 0, not 4).
-RUN_FLAGS = [*MODEL_FLAGS, "--batch_size", "4", "--limit_train_batches", "2", "--limit_val_batches", "0",
-             "--limit_test_batches", "1", "--seed", "3", "--allow_divergence"]
+RUN_FLAGS = [
+    *MODEL_FLAGS,
+    "--batch_size",
+    "4",
+    "--limit_train_batches",
+    "2",
+    "--limit_val_batches",
+    "0",
+    "--limit_test_batches",
+    "1",
+    "--seed",
+    "3",
+    "--allow_divergence",
+]
 DATA_FILE = "__0_0.distcp"
 NOT_FLOATING = [torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool, torch.complex64]
 
@@ -61,8 +88,19 @@ def saved(tmp_path_factory) -> str:
         for name in ("MASTER_ADDR", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
             env.delenv(name, raising=False)
         try:
-            assert dlrm_main.main([*RUN_FLAGS, "--checkpoint_dir", str(root / "ckpt"), "--checkpoint_at_epoch_end",
-                                   "--log_path", str(root / "log.jsonl")]) == 0
+            assert (
+                dlrm_main.main(
+                    [
+                        *RUN_FLAGS,
+                        "--checkpoint_dir",
+                        str(root / "ckpt"),
+                        "--checkpoint_at_epoch_end",
+                        "--log_path",
+                        str(root / "log.jsonl"),
+                    ]
+                )
+                == 0
+            )
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -104,8 +142,11 @@ class Crafted:
         self.unlisted: list[str] = []  # files of the directory it leaves out
 
     def keys(self, dims: int = 0) -> list[str]:
-        return sorted(key for key, entry in self.metadata.state_dict_metadata.items()
-                      if isinstance(entry, TensorStorageMetadata) and len(entry.size) >= dims)
+        return sorted(
+            key
+            for key, entry in self.metadata.state_dict_metadata.items()
+            if isinstance(entry, TensorStorageMetadata) and len(entry.size) >= dims
+        )
 
     def storage(self, key: str) -> list[MetadataIndex]:
         return [index for index in self.metadata.storage_data if index.fqn == key]
@@ -237,8 +278,7 @@ def shape_lied_about(c: Crafted, draw) -> tuple[str, str]:
     if draw(st.booleans()) and len(entry.chunks) == 1:  # the chunk claims the new shape too
         entry.chunks = [ChunkStorageMetadata(torch.Size([0] * len(size)), torch.Size(size))]
         for index in c.storage(key):
-            c.metadata.storage_data[MetadataIndex(key, entry.chunks[0].offsets)] = \
-                c.metadata.storage_data.pop(index)
+            c.metadata.storage_data[MetadataIndex(key, entry.chunks[0].offsets)] = c.metadata.storage_data.pop(index)
     return key, "shape"
 
 
@@ -323,13 +363,17 @@ def rng_file_replaced(c: Crafted, draw) -> tuple[str, str]:
     """rank_0.pt (the RNG states a resume restores) replaced by a pickled object, a
     dictionary without the states, a tensor, or the states with one of them wrong (a
     valid CPU state beside a broken Python one: neither may be set)."""
-    data = draw(st.sampled_from(["object", "dictionary", "tensor", "python_state_broken", "torch_state_short",
-                                 "extra_key"]))
+    data = draw(
+        st.sampled_from(["object", "dictionary", "tensor", "python_state_broken", "torch_state_short", "extra_key"])
+    )
     other_torch_state = torch.Generator().manual_seed(draw(st.integers(0, 2**31))).get_state()
-    states = {"dictionary": {"python": 1}, "tensor": torch.zeros(3),
-              "python_state_broken": {"torch": other_torch_state, "python": (3, (1, 2), None)},
-              "torch_state_short": {"torch": other_torch_state[:100], "python": random.getstate()},
-              "extra_key": {"torch": other_torch_state, "python": random.getstate(), "numpy": 1}}
+    states = {
+        "dictionary": {"python": 1},
+        "tensor": torch.zeros(3),
+        "python_state_broken": {"torch": other_torch_state, "python": (3, (1, 2), None)},
+        "torch_state_short": {"torch": other_torch_state[:100], "python": random.getstate()},
+        "extra_key": {"torch": other_torch_state, "python": random.getstate(), "numpy": 1},
+    }
     with open(os.path.join(c.path, "rank_0.pt"), "wb") as f:
         if data == "object":
             f.write(payload(c.marker))
@@ -338,9 +382,20 @@ def rng_file_replaced(c: Crafted, draw) -> tuple[str, str]:
     return "rank_0.pt", "random-generator state"
 
 
-MUTATIONS: list[Mutation] = [tensor_declared_bytes, tensor_holding_an_object, path_rewritten, path_not_in_manifest,
-                             shape_lied_about, dtype_lied_about, chunk_out_of_bounds, chunk_missing, extra_entry,
-                             entry_missing, storage_transformed, rng_file_replaced]
+MUTATIONS: list[Mutation] = [
+    tensor_declared_bytes,
+    tensor_holding_an_object,
+    path_rewritten,
+    path_not_in_manifest,
+    shape_lied_about,
+    dtype_lied_about,
+    chunk_out_of_bounds,
+    chunk_missing,
+    extra_entry,
+    entry_missing,
+    storage_transformed,
+    rng_file_replaced,
+]
 
 
 def live_state(original: str) -> dict[str, torch.Tensor]:
@@ -348,8 +403,10 @@ def live_state(original: str) -> dict[str, torch.Tensor]:
     checkpoint was saved from (model and optimizer)."""
     with open(os.path.join(original, ".metadata"), "rb") as f:
         metadata = pickle.load(f)
-    return {key: torch.zeros(entry.size, dtype=entry.properties.dtype)
-            for key, entry in metadata.state_dict_metadata.items()}
+    return {
+        key: torch.zeros(entry.size, dtype=entry.properties.dtype)
+        for key, entry in metadata.state_dict_metadata.items()
+    }
 
 
 def files_under(root: str) -> dict[str, tuple[int, int]]:
@@ -387,8 +444,9 @@ def test_every_lie_is_refused_before_anything_is_read(saved, mutation, old_forma
         generators = torch.get_rng_state(), random.getstate()
         message = refusal(lambda: load_checkpoint(c.path, live_state(saved), rank=0, restore_rng=True), c)
         assert key in message and what in message, message
-        assert torch.equal(torch.get_rng_state(), generators[0]) and random.getstate() == generators[1], \
+        assert torch.equal(torch.get_rng_state(), generators[0]) and random.getstate() == generators[1], (
             "a refused checkpoint set a random generator"
+        )
         if key.startswith("model."):  # what export and --mode test load
             assert refusal(lambda: load_checkpoint_model(c.path), c) == message
 
@@ -412,8 +470,10 @@ def test_a_tensor_declared_bytes_runs_no_code(saved, tmp_path):
     declare_bytes(c, key, DATA_FILE)
     c.save(old_format=False)
     message = refusal(lambda: load_checkpoint_model(c.path), c)
-    assert message == (f"checkpoint file {c.path}/.metadata: {key} is stored as pickled bytes, "
-                       "where the project saves a tensor: refused (a crafted or foreign file)")
+    assert message == (
+        f"checkpoint file {c.path}/.metadata: {key} is stored as pickled bytes, "
+        "where the project saves a tensor: refused (a crafted or foreign file)"
+    )
 
 
 def test_the_load_planner_never_unpickles_bytes(saved, tmp_path):
@@ -424,8 +484,9 @@ def test_the_load_planner_never_unpickles_bytes(saved, tmp_path):
     declare_bytes(c, key, DATA_FILE)
     c.save(old_format=True)
     with pytest.raises(CheckpointException) as failed:
-        dcp.load({key: torch.zeros(1)}, storage_reader=IOPathReader(c.path, c.metadata, None),
-                 planner=TensorLoadPlanner())
+        dcp.load(
+            {key: torch.zeros(1)}, storage_reader=IOPathReader(c.path, c.metadata, None), planner=TensorLoadPlanner()
+        )
     assert not os.path.exists(c.marker)
     assert f"{key} is stored as pickled bytes" in str(failed.value.failures[0][0])
 
@@ -438,8 +499,9 @@ def test_a_path_outside_the_directory_is_never_opened(saved, tmp_path):
     shutil.copy(os.path.join(c.path, DATA_FILE), outside)
     key = c.keys()[0]
     for index in c.storage(key):
-        c.metadata.storage_data[index] = dataclasses.replace(c.metadata.storage_data[index],
-                                                             relative_path="../../" + DATA_FILE)
+        c.metadata.storage_data[index] = dataclasses.replace(
+            c.metadata.storage_data[index], relative_path="../../" + DATA_FILE
+        )
     c.listed.append("../../" + DATA_FILE)
     c.save(old_format=False)
     os.chmod(outside, 0)
@@ -448,6 +510,7 @@ def test_a_path_outside_the_directory_is_never_opened(saved, tmp_path):
 
 
 # ---------------------------------------------------------------- through the command lines
+
 
 def one_error_line(stderr: str) -> str:
     assert "Traceback" not in stderr, stderr[-3000:]
@@ -467,11 +530,33 @@ def test_command_lines_refuse_a_crafted_checkpoint(saved, tmp_path):
         declare_bytes(c, key, DATA_FILE)
         c.save(old_format)
         ckpt = os.path.dirname(c.path)
-        train = [sys.executable, "dlrm_main.py", *RUN_FLAGS, "--checkpoint_dir", ckpt,
-                 "--log_path", os.path.join(root, "log.jsonl")]
-        runs = ([train + ["--mode", "test", "--restore_checkpoint_path", c.path]] if old_format else
-                [train + ["--resume"], [sys.executable, "-m", "serving.export", "--checkpoint", c.path, "--output",
-                                        os.path.join(root, "model"), "--quantize", "none"]])
+        train = [
+            sys.executable,
+            "dlrm_main.py",
+            *RUN_FLAGS,
+            "--checkpoint_dir",
+            ckpt,
+            "--log_path",
+            os.path.join(root, "log.jsonl"),
+        ]
+        runs = (
+            [train + ["--mode", "test", "--restore_checkpoint_path", c.path]]
+            if old_format
+            else [
+                train + ["--resume"],
+                [
+                    sys.executable,
+                    "-m",
+                    "serving.export",
+                    "--checkpoint",
+                    c.path,
+                    "--output",
+                    os.path.join(root, "model"),
+                    "--quantize",
+                    "none",
+                ],
+            ]
+        )
         for argv in runs:
             before = files_under(ckpt)
             run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -26,14 +26,20 @@ from hypothesis import strategies as st
 from checkpoints.directory import META_FILE
 from common.errors import BadInput
 from common.manifest import entry_of_bytes
+from harness.launch import REPO
 from serving.export import FP32_FILE, export_model
-from serving.model_files import (MANIFEST_FILE, TORCH_EXPORT_FORMAT, allowed_references, load_model_file,
-                                 read_manifest, write_manifest)
+from serving.model_files import (
+    MANIFEST_FILE,
+    TORCH_EXPORT_FORMAT,
+    allowed_references,
+    load_model_file,
+    read_manifest,
+    write_manifest,
+)
 from serving.model_inputs import INPUTS_FILE, PRECISIONS, program_file
 from serving.predict import Predictor
 from tests.support.exported_model import tiny_checkpoint
 from tests.support.hostile import HOSTILE_SETTINGS as HOSTILE
-from harness.launch import REPO
 
 VARIANTS = {precision: program_file(precision) for precision in PRECISIONS}
 
@@ -111,11 +117,14 @@ def program_json(members: dict) -> str:
 def guard_running(marker: str):
     """A change of the program: a guard (Python torch.export.load would execute) that
     creates ``marker``."""
+
     def change(members: dict) -> dict:
         name = program_json(members)
-        members[name] = json.dumps({**json.loads(members[name]),
-                                    "guards_code": [f"open({marker!r}, 'w') and True"]}).encode()
+        members[name] = json.dumps(
+            {**json.loads(members[name]), "guards_code": [f"open({marker!r}, 'w') and True"]}
+        ).encode()
         return members
+
     return change
 
 
@@ -133,6 +142,7 @@ def test_a_graph_node_calling_an_operator_the_export_does_not_is_refused(exporte
         node["target"] = target
         members[name] = json.dumps(program).encode()
         return members
+
     rewrite_archive(os.path.join(model_dir, VARIANTS[variant]), retarget)
     rewrite_manifest(model_dir)
     if target in allowed_references()[TORCH_EXPORT_FORMAT]:
@@ -152,9 +162,20 @@ def test_a_quantized_program_running_code_in_a_guard_is_refused(exported, tmp_pa
 
 
 @HOSTILE
-@given(member=st.sampled_from(["extra/evil.txt", "models/evil.so", "data/evil.pkl", "data/weights/evil.pkl",
-                               "data/aotinductor/model.so", "models/../../etc.json", "constants/0"]),
-       variant=st.sampled_from(list(VARIANTS)))
+@given(
+    member=st.sampled_from(
+        [
+            "extra/evil.txt",
+            "models/evil.so",
+            "data/evil.pkl",
+            "data/weights/evil.pkl",
+            "data/aotinductor/model.so",
+            "models/../../etc.json",
+            "constants/0",
+        ]
+    ),
+    variant=st.sampled_from(list(VARIANTS)),
+)
 def test_archive_members_torch_does_not_write_are_refused(exported, tmp_path_factory, member, variant):
     tmp_path = tmp_path_factory.mktemp("member")
     model_dir = copy_model(exported, tmp_path)
@@ -163,6 +184,7 @@ def test_archive_members_torch_does_not_write_are_refused(exported, tmp_path_fac
         root = next(iter(members)).split("/", 1)[0]
         members[f"{root}/{member}"] = b"payload"
         return members
+
     rewrite_archive(os.path.join(model_dir, VARIANTS[variant]), add)
     rewrite_manifest(model_dir)
     assert_refused(model_dir, variant, str(tmp_path / "none"), "refused: unexpected archive member")
@@ -178,12 +200,16 @@ def test_an_fp32_program_of_another_model_is_refused_at_load(exported, tmp_path)
         json.dump(inputs, f)
     rewrite_manifest(model_dir)
     manifest = read_manifest(model_dir)
-    with pytest.raises(BadInput, match="takes inputs of 13 dense columns and 26 sparse columns, the directory's "
-                                       "inputs.json describes 5 dense columns and 26 sparse columns"):
+    with pytest.raises(
+        BadInput,
+        match="takes inputs of 13 dense columns and 26 sparse columns, the directory's "
+        "inputs.json describes 5 dense columns and 26 sparse columns",
+    ):
         load_model_file(model_dir, FP32_FILE, "torch.export", manifest, {"dense": 5, "sparse": 26})
 
 
 # ---------------------------------------------------------------- meta.json, inputs.json
+
 
 def test_a_meta_json_declaring_huge_tables_is_refused_before_allocation(exported, tmp_path):
     """Item 8: a checkpoint's meta.json claiming 10^11-row tables (with a manifest
@@ -191,14 +217,17 @@ def test_a_meta_json_declaring_huge_tables_is_refused_before_allocation(exported
     ckpt = str(tmp_path / "step_000000001")
     shutil.copytree(exported["ckpt"], ckpt)
     meta = json.loads(open(os.path.join(ckpt, META_FILE)).read())
-    meta["config"]["model"]["num_embeddings_per_feature"][0] = 10 ** 11
+    meta["config"]["model"]["num_embeddings_per_feature"][0] = 10**11
     data = json.dumps(meta).encode()
     open(os.path.join(ckpt, META_FILE), "wb").write(data)
     manifest = json.loads(open(os.path.join(ckpt, "COMPLETE")).read())
     manifest["files"][META_FILE] = entry_of_bytes(data)
     open(os.path.join(ckpt, "COMPLETE"), "w").write(json.dumps(manifest))
-    with pytest.raises(BadInput, match=r"model.model.sparse_arch.embedding_bag_collection.embedding_bags.t_cat_0"
-                                       r".weight has shape \[10, 4\] there, \[100000000000, 4\] in this model"):
+    with pytest.raises(
+        BadInput,
+        match=r"model.model.sparse_arch.embedding_bag_collection.embedding_bags.t_cat_0"
+        r".weight has shape \[10, 4\] there, \[100000000000, 4\] in this model",
+    ):
         export_model(ckpt, str(tmp_path / "out"), ["int8"])
     assert not os.path.exists(tmp_path / "out")
 
@@ -207,7 +236,7 @@ def test_a_meta_json_declaring_huge_tables_is_refused_before_allocation(exported
 INPUT_LIES = {
     ("dense_feature_names",): [[], ["x"] * 14, "int_0", None],
     ("sparse_feature_names",): [["cat_0"], [], 7],
-    ("sparse_hotness",): [[2] * 26, [0] * 26, [10 ** 11] * 26, "1"],
+    ("sparse_hotness",): [[2] * 26, [0] * 26, [10**11] * 26, "1"],
     ("num_embeddings_per_feature",): [[0] * 26, [-1] * 26, [10] * 25, None],
     ("variants", "int8", "file"): ["../int8.pt2", "/etc/hostname", "fp32.pt2", "missing.pt2", ""],
     ("variants", "int8", "format"): ["torchscript", "pickle", 3, "aoti"],
@@ -220,8 +249,10 @@ INPUT_LIES = {
 
 
 @HOSTILE
-@given(case=st.sampled_from([(field, value) for field, values in INPUT_LIES.items() for value in values]),
-       variant=st.sampled_from(list(VARIANTS)))
+@given(
+    case=st.sampled_from([(field, value) for field, values in INPUT_LIES.items() for value in values]),
+    variant=st.sampled_from(list(VARIANTS)),
+)
 def test_an_inputs_json_that_lies_is_refused_with_one_line(exported, tmp_path_factory, case, variant):
     field, value = case
     variant = field[1] if field[0] == "variants" else variant  # a lie about the variant loaded
@@ -243,14 +274,21 @@ def test_the_allow_list_is_what_the_exporter_emits():
     """serving/exported_operators.json is exactly the union over every model variant
     and format of what the export writes (regenerate it after changing the export)."""
     from scripts import exported_operators
+
     with open(exported_operators.ALLOWED_REFERENCES_FILE) as f:
         assert f.read() == exported_operators.file_text(exported_operators.emitted_references()), (
-            "serving/exported_operators.json is out of date: run python scripts/exported_operators.py --write")
+            "serving/exported_operators.json is out of date: run python scripts/exported_operators.py --write"
+        )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("module, args", [("serving.predict", ["--variant", "int8", "--input", "{input}"]),
-                                          ("serving.quality_gate", ["--data", "{data}", "--limit_rows", "64"])])
+@pytest.mark.parametrize(
+    "module, args",
+    [
+        ("serving.predict", ["--variant", "int8", "--input", "{input}"]),
+        ("serving.quality_gate", ["--data", "{data}", "--limit_rows", "64"]),
+    ],
+)
 def test_the_clis_refuse_a_hostile_archive_with_one_line_and_exit_2(exported, synthetic_dir, tmp_path, module, args):
     marker = str(tmp_path / "written_by_the_model")
     model_dir = copy_model(exported, tmp_path)
@@ -259,8 +297,13 @@ def test_the_clis_refuse_a_hostile_archive_with_one_line_and_exit_2(exported, sy
     lines = tmp_path / "lines.tsv"
     lines.write_text("1" + "\t1" * 13 + "\ta1" * 26 + "\n")
     argv = [a.format(input=lines, data=synthetic_dir) for a in args]
-    result = subprocess.run([sys.executable, "-m", module, "--model", model_dir, *argv], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", module, "--model", model_dir, *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().count("\n") == 0 and "refused: a guard is not a size comparison" in result.stderr
     assert not os.path.exists(marker)

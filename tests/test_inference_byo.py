@@ -13,8 +13,8 @@ import torch
 from torchmetrics.functional.classification import binary_auroc
 
 import dlrm_main
-from data.feature_spec import FeatureSpec
-from data.split_binary import SplitBinaryDataset
+from data.binary.feature_spec import FeatureSpec
+from data.binary.split import SplitBinaryDataset
 from data.synthetic_csv import csv_feature_spec, generate_csv
 from data.transcode import transcode
 from harness.launch import eval_record, launch, read_log
@@ -40,17 +40,41 @@ def trained_byo(tmp_path_factory):
     transcode(csv_dir, "feature_spec.yaml", bin_dir)
     spec_path = os.path.join(bin_dir, "feature_spec.yaml")
     ckpt, log = str(root / "ckpt"), str(root / "log.jsonl")
-    assert launch(dlrm_main.main, ["--dataset_path", spec_path, "--batch_size", "256", "--embedding_dim", "8",
-                                   "--dense_arch_layer_sizes", "16,8", "--over_arch_layer_sizes", "16,1",
-                                   "--num_embeddings_per_feature", ",".join(map(str, TABLE_SIZES)),
-                                   "--optimizer", "adagrad", "--learning_rate", "0.05", "--seed", "2",
-                                   "--checkpoint_dir", ckpt, "--checkpoint_at_epoch_end",
-                                   "--log_path", log]) == {0: 0, 1: 0}
+    assert launch(
+        dlrm_main.main,
+        [
+            "--dataset_path",
+            spec_path,
+            "--batch_size",
+            "256",
+            "--embedding_dim",
+            "8",
+            "--dense_arch_layer_sizes",
+            "16,8",
+            "--over_arch_layer_sizes",
+            "16,1",
+            "--num_embeddings_per_feature",
+            ",".join(map(str, TABLE_SIZES)),
+            "--optimizer",
+            "adagrad",
+            "--learning_rate",
+            "0.05",
+            "--seed",
+            "2",
+            "--checkpoint_dir",
+            ckpt,
+            "--checkpoint_at_epoch_end",
+            "--log_path",
+            log,
+        ],
+    ) == {0: 0, 1: 0}
     model_dir = str(root / "model")
     assert export.main(["--checkpoint", ckpt, "--output", model_dir]) == 0
     # The predictor's layout: one file, label first, then numerical values, then ids.
-    parts = [open(os.path.join(csv_dir, "test", f"{name}.csv")).read().splitlines()
-             for name in ("label", "numerical", "categorical")]
+    parts = [
+        open(os.path.join(csv_dir, "test", f"{name}.csv")).read().splitlines()
+        for name in ("label", "numerical", "categorical")
+    ]
     rows = [",".join(fields) for fields in zip(*parts)]
     return {"spec": spec_path, "model": model_dir, "log": read_log(log), "rows": rows, "root": root}
 
@@ -62,8 +86,9 @@ def test_export_describes_the_csv_layout(trained_byo):
     assert inputs.sparse_hotness == [1, 3, 1, 1]
     assert inputs.num_embeddings_per_feature == TABLE_SIZES
     assert inputs.preprocessing.cardinalities == SplitBinaryDataset(trained_byo["spec"]).num_embeddings_per_feature
-    assert inputs.csv_columns == (["label"] + [f"num_{i}" for i in range(5)]
-                                     + ["cat_0", "cat_1[0]", "cat_1[1]", "cat_1[2]", "cat_2", "cat_3"])
+    assert inputs.csv_columns == (
+        ["label"] + [f"num_{i}" for i in range(5)] + ["cat_0", "cat_1[0]", "cat_1[1]", "cat_1[2]", "cat_2", "cat_3"]
+    )
     assert sorted(inputs.variants) == ["fp16", "fp32", "int8"]
 
 
@@ -75,8 +100,10 @@ def test_predictor_on_csv_rows_matches_the_training_model(trained_byo, tmp_path)
     with gzip.open(unlabelled, "wt") as f:
         f.write("".join(row.split(",", 1)[1] + "\n" for row in trained_byo["rows"]))
     for source, name in ((labelled, "a.txt"), (unlabelled, "b.txt")):
-        assert predict.main(["--model", trained_byo["model"], "--input", str(source),
-                             "--output", str(tmp_path / name)]) == 0
+        assert (
+            predict.main(["--model", trained_byo["model"], "--input", str(source), "--output", str(tmp_path / name)])
+            == 0
+        )
     got = np.loadtxt(tmp_path / "a.txt", dtype=np.float32)
     assert len(got) == ROWS["test"]
     assert np.array_equal(got, np.loadtxt(tmp_path / "b.txt", dtype=np.float32))
@@ -89,7 +116,8 @@ def test_predictor_on_csv_rows_matches_the_training_model(trained_byo, tmp_path)
     model, _ = load_checkpoint_model(inputs.checkpoint)
     with torch.no_grad():
         eager = ProbabilityModel(model.model, inputs.sparse_feature_names, inputs.sparse_hotness)(
-            torch.as_tensor(dense.astype(np.float32)), torch.as_tensor(ids)).numpy()
+            torch.as_tensor(dense.astype(np.float32)), torch.as_tensor(ids)
+        ).numpy()
     np.testing.assert_allclose(got, eager, rtol=1e-6)  # printed with 7 digits
     predictor = predict.Predictor(trained_byo["model"])
     assert np.array_equal(predictor.predict_transformed(dense, ids), eager)  # fp32 program: exactly
@@ -115,18 +143,29 @@ def test_quality_gate_on_the_test_mapping(trained_byo):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("edit, message", [
-    (lambda row: row + ",7", "has 13 columns, expected 12 (label, 5 numerical, 6 categorical ids) as the "
-                             "first line"),
-    (lambda row: row.split(",", 1)[1], "has 11 columns, expected 12 (label, 5 numerical, 6 categorical ids) as "
-                                       "the first line"),
-    (lambda row: row.replace(",", ",x", 1), "column 2 is not a number: 'x"),
-    (lambda row: ",".join(row.split(",")[:6] + ["-1"] + row.split(",")[7:]),
-     "feature 'cat_0' has id -1; ids must be integers from 0 to 2^31 - 1"),
-    (lambda row: ",".join(row.split(",")[:7] + ["2.5"] + row.split(",")[8:]),
-     "feature 'cat_1' has id 2.5; ids must be integers from 0 to 2^31 - 1"),
-    (lambda row: "", "empty line"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            lambda row: row + ",7",
+            "has 13 columns, expected 12 (label, 5 numerical, 6 categorical ids) as the first line",
+        ),
+        (
+            lambda row: row.split(",", 1)[1],
+            "has 11 columns, expected 12 (label, 5 numerical, 6 categorical ids) as the first line",
+        ),
+        (lambda row: row.replace(",", ",x", 1), "column 2 is not a number: 'x"),
+        (
+            lambda row: ",".join(row.split(",")[:6] + ["-1"] + row.split(",")[7:]),
+            "feature 'cat_0' has id -1; ids must be integers from 0 to 2^31 - 1",
+        ),
+        (
+            lambda row: ",".join(row.split(",")[:7] + ["2.5"] + row.split(",")[8:]),
+            "feature 'cat_1' has id 2.5; ids must be integers from 0 to 2^31 - 1",
+        ),
+        (lambda row: "", "empty line"),
+    ],
+)
 def test_malformed_csv_rows_name_the_line(trained_byo, tmp_path, capsys, edit, message):
     rows = trained_byo["rows"][:5]
     rows[3] = edit(rows[3])
@@ -146,7 +185,8 @@ def test_first_row_of_neither_layout(trained_byo, tmp_path, capsys):
     assert predict.main(["--model", trained_byo["model"], "--input", str(source)]) == 2
     assert capsys.readouterr().err.strip() == (
         f"python -m serving.predict: error: {source} line 1: has 3 columns, expected 12 (label, 5 numerical, "
-        "6 categorical ids) or 11 without the label")
+        "6 categorical ids) or 11 without the label"
+    )
 
 
 @pytest.mark.slow
@@ -181,15 +221,38 @@ def test_unseen_ids_are_mapped_modulo_the_table_and_counted(trained_byo, tmp_pat
     the training loader maps every id beyond its table, and counted."""
     rows = trained_byo["rows"][:4]
     cardinality_2 = read_inputs(trained_byo["model"]).preprocessing.cardinalities[2]
-    unseen = [_with_ids(rows[0], CAT_0, 57), _with_ids(rows[1], CAT_0, 50 * 40 + 3),
-              _with_ids(rows[2], CAT_2, cardinality_2 + 64 * 5 + 1), rows[3]]
-    mapped = [_with_ids(rows[0], CAT_0, 7), _with_ids(rows[1], CAT_0, 3),
-              _with_ids(rows[2], CAT_2, (cardinality_2 + 64 * 5 + 1) % 64), rows[3]]
+    unseen = [
+        _with_ids(rows[0], CAT_0, 57),
+        _with_ids(rows[1], CAT_0, 50 * 40 + 3),
+        _with_ids(rows[2], CAT_2, cardinality_2 + 64 * 5 + 1),
+        rows[3],
+    ]
+    mapped = [
+        _with_ids(rows[0], CAT_0, 7),
+        _with_ids(rows[1], CAT_0, 3),
+        _with_ids(rows[2], CAT_2, (cardinality_2 + 64 * 5 + 1) % 64),
+        rows[3],
+    ]
     source = tmp_path / "unseen.csv"
     source.write_text("".join(row + "\n" for row in unseen))
     output, metrics_path = tmp_path / "out.csv", tmp_path / "metrics.json"
-    assert predict.main(["--model", trained_byo["model"], "--input", str(source), "--output", str(output),
-                         "--metrics_output", str(metrics_path), "--keep_columns", "cat_0,label"]) == 0
+    assert (
+        predict.main(
+            [
+                "--model",
+                trained_byo["model"],
+                "--input",
+                str(source),
+                "--output",
+                str(output),
+                "--metrics_output",
+                str(metrics_path),
+                "--keep_columns",
+                "cat_0,label",
+            ]
+        )
+        == 0
+    )
     predictor = predict.Predictor(trained_byo["model"])
     expected = predictor.predict_lines("".join(row + "\n" for row in mapped).encode())
     lines = output.read_text().splitlines()
@@ -204,8 +267,9 @@ def test_unseen_ids_are_mapped_modulo_the_table_and_counted(trained_byo, tmp_pat
     # Over HTTP: the same probabilities, the count in the JSON answer and in a header.
     body = source.read_bytes()
     with serve.serving_in_background(predictor, max_batch_delay_ms=0) as (base_url, _):
-        request = urllib.request.Request(base_url + "/predict", data=body, method="POST",
-                                         headers={"Accept": "application/json"})
+        request = urllib.request.Request(
+            base_url + "/predict", data=body, method="POST", headers={"Accept": "application/json"}
+        )
         with urllib.request.urlopen(request) as r:
             assert r.headers["content-type"] == "application/json" and r.headers["x-unseen-ids"] == "3"
             answer = json.loads(r.read())

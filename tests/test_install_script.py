@@ -61,16 +61,21 @@ def path_with_gpu(root, driver: str) -> str:
     os.makedirs(bin_dir)
     script = os.path.join(bin_dir, "nvidia-smi")
     with open(script, "w") as f:
-        f.write('#!/bin/sh\ncase "$*" in\n  -L) echo "GPU 0: NVIDIA H200 (UUID: GPU-0)" ;;\n'
-                f'  *driver_version*) echo "{driver}" ;;\n  *) exit 9 ;;\nesac\n')
+        f.write(
+            '#!/bin/sh\ncase "$*" in\n  -L) echo "GPU 0: NVIDIA H200 (UUID: GPU-0)" ;;\n'
+            f'  *driver_version*) echo "{driver}" ;;\n  *) exit 9 ;;\nesac\n'
+        )
     os.chmod(script, 0o755)
     return bin_dir + os.pathsep + os.environ["PATH"]
 
 
-@pytest.mark.parametrize("variant, pins", [
-    (None, "torch==2.13.0+cu130 fbgemm-gpu==1.8.0+cu130 from https://download.pytorch.org/whl/cu130"),
-    ("cu126", "torch==2.13.0+cu126 fbgemm-gpu==1.8.0+cu126 from https://download.pytorch.org/whl/cu126"),
-])
+@pytest.mark.parametrize(
+    "variant, pins",
+    [
+        (None, "torch==2.13.0+cu130 fbgemm-gpu==1.8.0+cu130 from https://download.pytorch.org/whl/cu130"),
+        ("cu126", "torch==2.13.0+cu126 fbgemm-gpu==1.8.0+cu126 from https://download.pytorch.org/whl/cu126"),
+    ],
+)
 def test_cuda_variant_switches_torch_and_fbgemm_together(tmp_path, variant, pins):
     settings = {"DRY_RUN": "1", **({"CUDA_VARIANT": variant} if variant else {})}
     result = install(str(tmp_path / "venv"), "cuda", **settings)
@@ -79,10 +84,13 @@ def test_cuda_variant_switches_torch_and_fbgemm_together(tmp_path, variant, pins
     assert not os.path.exists(tmp_path / "venv")
 
 
-@pytest.mark.parametrize("device, pins", [
-    ("cpu", "torch==2.14.1 fbgemm-gpu-cpu==1.9.0 from https://download.pytorch.org/whl/cpu"),
-    ("cuda", "torch==2.14.1+cu130 fbgemm-gpu==1.9.0+cu130 from https://download.pytorch.org/whl/cu130"),
-])
+@pytest.mark.parametrize(
+    "device, pins",
+    [
+        ("cpu", "torch==2.14.1 fbgemm-gpu-cpu==1.9.0 from https://download.pytorch.org/whl/cpu"),
+        ("cuda", "torch==2.14.1+cu130 fbgemm-gpu==1.9.0+cu130 from https://download.pytorch.org/whl/cu130"),
+    ],
+)
 def test_stack_picks_its_own_pins(tmp_path, device, pins):
     """STACK=torch2.14 takes torch, FBGEMM and their CUDA builds from its own folder."""
     result = install(str(tmp_path / "venv"), device, STACK="torch2.14", DRY_RUN="1")
@@ -100,15 +108,29 @@ def test_default_stack_is_the_one_stacks_default_names():
     for stack in stacks:
         files = set(os.listdir(os.path.join(REPO, "stacks", stack))) - {"trimmed-wheels"}  # optional pins
         assert sorted(files) == [
-            "cuda-variants", "requirements-cpu.txt", "requirements-cuda.txt", "requirements-torchrec.txt"]
+            "cuda-variants",
+            "requirements-cpu.txt",
+            "requirements-cuda.txt",
+            "requirements-torchrec.txt",
+        ]
 
 
-@pytest.mark.parametrize("stack, variant, refusal", [
-    (None, "cu128", "install: CUDA_VARIANT must be cu130 or cu126 (the CUDA builds of torch 2.13.0 and "
-                    "fbgemm-gpu 1.8.0), not 'cu128'\n"),
-    ("torch2.14", "cu126", "install: CUDA_VARIANT must be cu130 (the CUDA builds of torch 2.14.1 and "
-                           "fbgemm-gpu 1.9.0), not 'cu126'\n"),
-])
+@pytest.mark.parametrize(
+    "stack, variant, refusal",
+    [
+        (
+            None,
+            "cu128",
+            "install: CUDA_VARIANT must be cu130 or cu126 (the CUDA builds of torch 2.13.0 and "
+            "fbgemm-gpu 1.8.0), not 'cu128'\n",
+        ),
+        (
+            "torch2.14",
+            "cu126",
+            "install: CUDA_VARIANT must be cu130 (the CUDA builds of torch 2.14.1 and fbgemm-gpu 1.9.0), not 'cu126'\n",
+        ),
+    ],
+)
 def test_install_refuses_a_cuda_variant_torch_does_not_publish(tmp_path, stack, variant, refusal):
     result = install(str(tmp_path / "venv"), "cuda", CUDA_VARIANT=variant, **({"STACK": stack} if stack else {}))
     assert result.returncode == 2 and result.stdout == ""
@@ -119,42 +141,62 @@ def test_install_refuses_a_cuda_variant_torch_does_not_publish(tmp_path, stack, 
 def test_install_refuses_an_unknown_stack(tmp_path):
     result = install(str(tmp_path / "venv"), "cpu", STACK="torch9.99")
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr == ("install: STACK must be one of the folders of stacks/ (torch2.11 torch2.13 torch2.14), "
-                             "not 'torch9.99'\n")
+    assert result.stderr == (
+        "install: STACK must be one of the folders of stacks/ (torch2.11 torch2.13 torch2.14), not 'torch9.99'\n"
+    )
     assert not os.path.exists(tmp_path / "venv")
 
 
-@pytest.mark.parametrize("driver, variant, refusal", [
-    ("570.86.15", "cu130", "install: PyTorch's +cu130 builds need an NVIDIA driver R580 or newer; this host's is "
-                           "570.86.15: upgrade the driver or install with CUDA_VARIANT=cu126 (R525 or newer)\n"),
-    ("570.86.15", "cu126", None),
-    ("580.65.06", "cu130", None),
-    ("470.256.02", "cu126", "install: PyTorch's +cu126 builds need an NVIDIA driver R525 or newer; this host's is "
-                            "470.256.02: upgrade the driver\n"),
-])
+@pytest.mark.parametrize(
+    "driver, variant, refusal",
+    [
+        (
+            "570.86.15",
+            "cu130",
+            "install: PyTorch's +cu130 builds need an NVIDIA driver R580 or newer; this host's is "
+            "570.86.15: upgrade the driver or install with CUDA_VARIANT=cu126 (R525 or newer)\n",
+        ),
+        ("570.86.15", "cu126", None),
+        ("580.65.06", "cu130", None),
+        (
+            "470.256.02",
+            "cu126",
+            "install: PyTorch's +cu126 builds need an NVIDIA driver R525 or newer; this host's is "
+            "470.256.02: upgrade the driver\n",
+        ),
+    ],
+)
 def test_install_refuses_a_driver_too_old_for_the_cuda_build(tmp_path, driver, variant, refusal):
     """With a GPU visible (DEVICE auto picks cuda), the driver nvidia-smi reports is
     checked against the build before anything is installed."""
-    result = install(str(tmp_path / "venv"), "auto", CUDA_VARIANT=variant, DRY_RUN="1",
-                     PATH=path_with_gpu(str(tmp_path), driver))
+    result = install(
+        str(tmp_path / "venv"), "auto", CUDA_VARIANT=variant, DRY_RUN="1", PATH=path_with_gpu(str(tmp_path), driver)
+    )
     if refusal is None:
-        assert result.returncode == 0 and result.stdout.startswith("install: dry run: torch2.13 stack, cuda build (GPU visible): ")
+        assert result.returncode == 0 and result.stdout.startswith(
+            "install: dry run: torch2.13 stack, cuda build (GPU visible): "
+        )
     else:
         assert result.returncode == 2 and result.stdout == "" and result.stderr == refusal
 
 
-@pytest.mark.parametrize("held, dist_infos, device", [
-    ("cpu", ["torch-2.13.0+cpu.dist-info", "fbgemm_gpu_cpu-1.8.0.dist-info"], "cuda"),
-    ("cpu", ["fbgemm_gpu_cpu-1.8.0.dist-info"], "cuda"),
-    ("cuda", ["torch-2.13.0+cu130.dist-info", "fbgemm_gpu-1.8.0.dist-info"], "cpu"),
-])
+@pytest.mark.parametrize(
+    "held, dist_infos, device",
+    [
+        ("cpu", ["torch-2.13.0+cpu.dist-info", "fbgemm_gpu_cpu-1.8.0.dist-info"], "cuda"),
+        ("cpu", ["fbgemm_gpu_cpu-1.8.0.dist-info"], "cuda"),
+        ("cuda", ["torch-2.13.0+cu130.dist-info", "fbgemm_gpu-1.8.0.dist-info"], "cpu"),
+    ],
+)
 def test_install_refuses_to_switch_a_venv_between_cpu_and_cuda_builds(tmp_path, held, dist_infos, device):
     venv = fake_venv(str(tmp_path), *dist_infos)
     result = install(venv, device)
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr == (f"install: {venv} holds the {held} build of torch/FBGEMM; installing the {device} "
-                             f"build over it would mix the two: remove it first (rm -r {venv}) or give another "
-                             "venv directory\n")
+    assert result.stderr == (
+        f"install: {venv} holds the {held} build of torch/FBGEMM; installing the {device} "
+        f"build over it would mix the two: remove it first (rm -r {venv}) or give another "
+        "venv directory\n"
+    )
     assert not os.path.exists(os.path.join(venv, "bin"))  # nothing was created or installed
 
 
@@ -176,13 +218,16 @@ def test_install_check_verifies_the_build_asked_for():
     cpu = subprocess.run(check + ["cpu"], capture_output=True, text=True, timeout=120)
     if torch.version.cuda is not None:
         assert cpu.returncode == 1
-        assert cpu.stderr == (f"install: check failed: DEVICE=cpu installed a CUDA build of torch ({torch.__version__}): "
-                              "it should come from PyTorch's CPU index (TORCH_INDEX), or set ALLOW_CUDA_TORCH=1 to run "
-                              "it on the CPU\n")
+        assert cpu.stderr == (
+            f"install: check failed: DEVICE=cpu installed a CUDA build of torch ({torch.__version__}): "
+            "it should come from PyTorch's CPU index (TORCH_INDEX), or set ALLOW_CUDA_TORCH=1 to run "
+            "it on the CPU\n"
+        )
         allowed = subprocess.run(check + ["cpu", "--allow-cuda-torch"], capture_output=True, text=True, timeout=120)
         assert allowed.returncode == 0 and allowed.stdout.startswith(f"install: torch {torch.__version__} ")
-        assert (f"(CUDA {torch.version.cuda} build of torch on the CPU, ALLOW_CUDA_TORCH; "
-                "FBGEMM lookup and update checked)") in allowed.stdout
+        assert (
+            f"(CUDA {torch.version.cuda} build of torch on the CPU, ALLOW_CUDA_TORCH; FBGEMM lookup and update checked)"
+        ) in allowed.stdout
         return
     assert cpu.returncode == 0 and cpu.stdout.startswith(f"install: torch {torch.__version__} ")
     assert "(CPU build; FBGEMM lookup and update checked)" in cpu.stdout
@@ -205,31 +250,47 @@ def test_a_new_venv_imports_the_packages_from_any_directory(tmp_path):
     site = sysconfig.get_path("purelib", vars={"base": target, "platbase": target})
     with open(os.path.join(site, "borrowed_dependencies.pth"), "w") as f:
         f.write(sysconfig.get_path("purelib") + "\n")
-    result = install(target, "cpu", timeout=900, STACK=stack_of_this_venv(), TORCH_INDEX="",
-                     ALLOW_CUDA_TORCH="1" if torch.version.cuda else "0")
+    result = install(
+        target,
+        "cpu",
+        timeout=900,
+        STACK=stack_of_this_venv(),
+        TORCH_INDEX="",
+        ALLOW_CUDA_TORCH="1" if torch.version.cuda else "0",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"install: torch {torch.__version__} " in result.stdout
     # pip's conflict with torchrec's declared CUDA fbgemm-gpu is neither an ERROR nor explained away
     assert "requires fbgemm-gpu" not in result.stdout + result.stderr and "ERROR" not in result.stderr
-    build = f"CUDA {torch.version.cuda} build of torch on the CPU, ALLOW_CUDA_TORCH" if torch.version.cuda else "CPU build"
+    build = (
+        f"CUDA {torch.version.cuda} build of torch on the CPU, ALLOW_CUDA_TORCH" if torch.version.cuda else "CPU build"
+    )
     assert f"({build}; FBGEMM lookup and update checked)" in result.stdout
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     # The packages whose __init__ imports no torch, and where the entry-point modules are.
-    code = ("import importlib.metadata, importlib.util, bench, common, data, harness, recipes, sweeps, torchx_components, "
-            "training\n"
-            "for name in ('training', 'dlrm_main', 'dcnv2_main', 'aws_component', 'models', 'sharding_plans', "
-            "'checkpoints'):\n"
-            "    print(importlib.util.find_spec(name).origin)\n"
-            "print(importlib.metadata.version('dlrm-torchrec-launch'))")
-    imported = subprocess.run([os.path.join(target, "bin", "python"), "-c", code], cwd=elsewhere,
-                              capture_output=True, text=True, timeout=300)
+    code = (
+        "import importlib.metadata, importlib.util, bench, common, data, harness, recipes, sweeps, torchx_components, "
+        "training\n"
+        "for name in ('training', 'dlrm_main', 'dcnv2_main', 'aws_component', 'models', 'sharding_plans', "
+        "'checkpoints'):\n"
+        "    print(importlib.util.find_spec(name).origin)\n"
+        "print(importlib.metadata.version('dlrm-torchrec-launch'))"
+    )
+    imported = subprocess.run(
+        [os.path.join(target, "bin", "python"), "-c", code], cwd=elsewhere, capture_output=True, text=True, timeout=300
+    )
     assert imported.returncode == 0, imported.stderr[-3000:]
     assert imported.stdout.splitlines() == [
-        os.path.join(REPO, "training", "__init__.py"), os.path.join(REPO, "dlrm_main.py"),
-        os.path.join(REPO, "dcnv2_main.py"), os.path.join(REPO, "aws_component.py"),
-        os.path.join(REPO, "models", "__init__.py"), os.path.join(REPO, "sharding_plans", "__init__.py"),
-        os.path.join(REPO, "checkpoints", "__init__.py"), VERSION]  # the version pyproject.toml reads from its source
+        os.path.join(REPO, "training", "__init__.py"),
+        os.path.join(REPO, "dlrm_main.py"),
+        os.path.join(REPO, "dcnv2_main.py"),
+        os.path.join(REPO, "aws_component.py"),
+        os.path.join(REPO, "models", "__init__.py"),
+        os.path.join(REPO, "sharding_plans", "__init__.py"),
+        os.path.join(REPO, "checkpoints", "__init__.py"),
+        VERSION,
+    ]  # the version pyproject.toml reads from its source
 
 
 def test_pip_check_keeps_every_conflict_but_the_cpu_builds_fbgemm():
@@ -242,9 +303,13 @@ def test_pip_check_keeps_every_conflict_but_the_cpu_builds_fbgemm():
         from check_install import unexpected_conflicts
     finally:
         sys.path.pop(0)
-    printed = ("torchrec 1.8.0 requires fbgemm-gpu, which is not installed.\n"
-               "torchrec 1.8.0 requires torchmetrics==1.0.3, which is not installed.\n")
-    assert unexpected_conflicts(printed, "cpu") == ["torchrec 1.8.0 requires torchmetrics==1.0.3, which is not installed."]
+    printed = (
+        "torchrec 1.8.0 requires fbgemm-gpu, which is not installed.\n"
+        "torchrec 1.8.0 requires torchmetrics==1.0.3, which is not installed.\n"
+    )
+    assert unexpected_conflicts(printed, "cpu") == [
+        "torchrec 1.8.0 requires torchmetrics==1.0.3, which is not installed."
+    ]
     assert unexpected_conflicts(printed, "cuda") == printed.splitlines()
     assert unexpected_conflicts("No broken requirements found.\n", "cpu") == []
     assert unexpected_conflicts("torchrec 1.8.0 requires fbgemm-gpu, which is not installed.\n", "cpu") == []
@@ -252,10 +317,20 @@ def test_pip_check_keeps_every_conflict_but_the_cpu_builds_fbgemm():
 
 def write_manifest(directory, **fields) -> str:
     """A wheelhouse.json (no archive) for the refusals that come before unpacking."""
-    manifest = {"version": 1, "stack": "torch2.11", "device": "cuda", "cuda_variant": "cu130", "gpu_arch": "sm_90",
-                "python": "%d.%d" % sys.version_info[:2], "torch": "2.11.0+cu130", "fbgemm": "fbgemm-gpu==1.6.0",
-                "torchrec": "torchrec==1.6.1", "requirements": ["numpy==2.4.6"], "archive_sha256": "0" * 64,
-                **fields}
+    manifest = {
+        "version": 1,
+        "stack": "torch2.11",
+        "device": "cuda",
+        "cuda_variant": "cu130",
+        "gpu_arch": "sm_90",
+        "python": "{}.{}".format(*sys.version_info[:2]),
+        "torch": "2.11.0+cu130",
+        "fbgemm": "fbgemm-gpu==1.6.0",
+        "torchrec": "torchrec==1.6.1",
+        "requirements": ["numpy==2.4.6"],
+        "archive_sha256": "0" * 64,
+        **fields,
+    }
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "wheelhouse.json"), "w") as f:
         json.dump({k: v for k, v in manifest.items() if v is not None}, f)
@@ -264,26 +339,42 @@ def write_manifest(directory, **fields) -> str:
 
 def install_offline(wheelhouse: str, *args: str, timeout: float = 60, **settings) -> subprocess.CompletedProcess:
     inherited = {name: value for name, value in os.environ.items() if name not in INSTALL_SETTINGS}
-    return subprocess.run(["bash", INSTALL, "--wheelhouse", wheelhouse, *args], cwd=REPO,
-                          env={**inherited, "PYTHON": sys.executable, **settings},
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        ["bash", INSTALL, "--wheelhouse", wheelhouse, *args],
+        cwd=REPO,
+        env={**inherited, "PYTHON": sys.executable, **settings},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_wheelhouse_and_system_torch_go_together(tmp_path):
     for args in (["--wheelhouse", str(tmp_path)], ["--system-torch"]):
         result = subprocess.run(["bash", INSTALL, *args], cwd=REPO, capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and result.stdout == ""
-        assert result.stderr == ("install: --wheelhouse and --system-torch go together: the wheelhouse holds "
-                                 "everything but torch, which the environment must already have\n")
+        assert result.stderr == (
+            "install: --wheelhouse and --system-torch go together: the wheelhouse holds "
+            "everything but torch, which the environment must already have\n"
+        )
 
 
-@pytest.mark.parametrize("fields, refusal", [
-    ({}, "install: {dir} was built for torch 2.11.0+cu130 (torch2.11 stack); {python} has torch {torch}: build a "
-         "wheelhouse for it (make wheelhouse STACK=...)\n"),
-    ({"python": "3.9"}, "install: {dir} holds wheels for Python 3.9; {python} is Python {ours}: build one with "
-                        "PYTHON_VERSION={ours}\n"),
-    ({"torchrec": None}, "wheelhouse: {dir}/wheelhouse.json: torchrec is missing\n"),
-])
+@pytest.mark.parametrize(
+    "fields, refusal",
+    [
+        (
+            {},
+            "install: {dir} was built for torch 2.11.0+cu130 (torch2.11 stack); {python} has torch {torch}: build a "
+            "wheelhouse for it (make wheelhouse STACK=...)\n",
+        ),
+        (
+            {"python": "3.9"},
+            "install: {dir} holds wheels for Python 3.9; {python} is Python {ours}: build one with "
+            "PYTHON_VERSION={ours}\n",
+        ),
+        ({"torchrec": None}, "wheelhouse: {dir}/wheelhouse.json: torchrec is missing\n"),
+    ],
+)
 def test_wheelhouse_install_refuses_another_torch_or_python(tmp_path, fields, refusal):
     """Before unpacking anything: the environment's torch and Python are the ones the
     wheelhouse was built for, and its manifest is read field by field."""
@@ -292,8 +383,9 @@ def test_wheelhouse_install_refuses_another_torch_or_python(tmp_path, fields, re
     directory = write_manifest(tmp_path / "wheelhouse", **fields)
     result = install_offline(directory, "--system-torch")
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr == refusal.format(dir=directory, python=sys.executable, torch=torch.__version__,
-                                           ours="%d.%d" % sys.version_info[:2])
+    assert result.stderr == refusal.format(
+        dir=directory, python=sys.executable, torch=torch.__version__, ours="{}.{}".format(*sys.version_info[:2])
+    )
 
 
 def image_environment(root) -> str:
@@ -335,11 +427,28 @@ def test_wheelhouse_installs_offline_over_the_environment_torch(tmp_path):
 
     stack = stack_of_this_venv()
     wheelhouse = str(tmp_path / "wheelhouse")
-    python_version = "%d.%d" % sys.version_info[:2]
-    built = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "wheelhouse.py"), "build", "--stack", stack,
-                            "--device", "cpu", "--python-version", python_version, "--output", wheelhouse,
-                            "--packages", "torchmetrics,tensordict,pyre-extensions,tqdm,iopath,numpy"],
-                           cwd=REPO, capture_output=True, text=True, timeout=900)
+    python_version = "{}.{}".format(*sys.version_info[:2])
+    built = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "scripts", "wheelhouse.py"),
+            "build",
+            "--stack",
+            stack,
+            "--device",
+            "cpu",
+            "--python-version",
+            python_version,
+            "--output",
+            wheelhouse,
+            "--packages",
+            "torchmetrics,tensordict,pyre-extensions,tqdm,iopath,numpy",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if built.returncode != 0 and "pip download failed" in built.stderr and "connection" in built.stderr.lower():
         pytest.skip(f"PyPI cannot be reached: {built.stderr.strip()}")
     assert built.returncode == 0, built.stderr[-3000:]
@@ -352,15 +461,28 @@ def test_wheelhouse_installs_offline_over_the_environment_torch(tmp_path):
     site = sysconfig.get_path("purelib", vars={"base": target, "platbase": target})
     with open(os.path.join(site, "image.pth"), "w") as f:
         f.write(image_environment(str(tmp_path)) + "\n")
-    result = install_offline(wheelhouse, "--system-torch", target, timeout=900, PIP_CONFIG_FILE=os.devnull,
-                             ALLOW_CUDA_TORCH="1" if torch.version.cuda else "0")
+    result = install_offline(
+        wheelhouse,
+        "--system-torch",
+        target,
+        timeout=900,
+        PIP_CONFIG_FILE=os.devnull,
+        ALLOW_CUDA_TORCH="1" if torch.version.cuda else "0",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"install: {stack} stack from {wheelhouse} over torch {torch.__version__}" in result.stdout
     assert "FBGEMM lookup and update checked)" in result.stdout
-    code = ("import importlib.metadata, torch, torchrec, fbgemm_gpu, training\n"
-            "print(torchrec.__file__, fbgemm_gpu.__file__, torch.__file__, training.__file__)")
-    imported = subprocess.run([os.path.join(target, "bin", "python"), "-c", code], cwd=str(tmp_path),
-                              capture_output=True, text=True, timeout=300)
+    code = (
+        "import importlib.metadata, torch, torchrec, fbgemm_gpu, training\n"
+        "print(torchrec.__file__, fbgemm_gpu.__file__, torch.__file__, training.__file__)"
+    )
+    imported = subprocess.run(
+        [os.path.join(target, "bin", "python"), "-c", code],
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert imported.returncode == 0, imported.stderr[-3000:]
     torchrec_file, fbgemm_file, torch_file, training_file = imported.stdout.split()
     assert torchrec_file.startswith(target) and fbgemm_file.startswith(target)  # installed from the wheelhouse

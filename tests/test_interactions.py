@@ -15,9 +15,24 @@ from torchrec.fx import symbolic_trace
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = "<!-- concat interaction: tests/test_interactions.py reads this block -->"
-TINY = ["--num_embeddings", "10", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
-        "--over_arch_layer_sizes", "16,1", "--batch_size", "32", "--limit_train_batches", "2",
-        "--limit_val_batches", "1", "--limit_test_batches", "1"]
+TINY = [
+    "--num_embeddings",
+    "10",
+    "--embedding_dim",
+    "8",
+    "--dense_arch_layer_sizes",
+    "16,8",
+    "--over_arch_layer_sizes",
+    "16,1",
+    "--batch_size",
+    "32",
+    "--limit_train_batches",
+    "2",
+    "--limit_val_batches",
+    "1",
+    "--limit_test_batches",
+    "1",
+]
 
 
 def test_blocks_are_module_globals_and_the_old_paths_alias_them():
@@ -55,14 +70,20 @@ def documented_interaction() -> str:
     with open(os.path.join(REPO, "docs", "extending.md")) as f:
         page = f.read()
     assert MARKER in page, "docs/extending.md lost its concat example"
-    block = page[page.index(MARKER) + len(MARKER):].lstrip("\n")
+    block = page[page.index(MARKER) + len(MARKER) :].lstrip("\n")
     assert block.startswith("```python\n")
-    return block[len("```python\n"):block.index("\n```\n") + 1]
+    return block[len("```python\n") : block.index("\n```\n") + 1]
 
 
 def run(argv: list[str], plugins: str, cwd: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([REPO, plugins])})
+    return subprocess.run(
+        [sys.executable, *argv],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([REPO, plugins])},
+    )
 
 
 @pytest.mark.slow
@@ -75,9 +96,21 @@ def test_a_new_interaction_is_one_file(tmp_path):
     help_text = run([os.path.join(REPO, "dlrm_main.py"), "--help"], str(plugins), str(tmp_path)).stdout
     assert "{original,dcn,projection,concat}" in help_text
 
-    trained = run([os.path.join(REPO, "dlrm_main.py"), "--interaction_type", "concat", *TINY,
-                   "--checkpoint_dir", str(ckpt), "--checkpoint_at_epoch_end", "--log_path", str(log)],
-                  str(plugins), str(tmp_path))
+    trained = run(
+        [
+            os.path.join(REPO, "dlrm_main.py"),
+            "--interaction_type",
+            "concat",
+            *TINY,
+            "--checkpoint_dir",
+            str(ckpt),
+            "--checkpoint_at_epoch_end",
+            "--log_path",
+            str(log),
+        ],
+        str(plugins),
+        str(tmp_path),
+    )
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "model: DLRM-concat (concat interaction) | bottom MLP 13-16-8 | top MLP 16-1" in trained.stdout
     [meta_path] = [os.path.join(d, "meta.json") for d, _, files in os.walk(ckpt) if "meta.json" in files]
@@ -85,13 +118,17 @@ def test_a_new_interaction_is_one_file(tmp_path):
         meta = json.load(f)
     assert meta["step"] == 2 and meta["config"]["model"]["interaction_type"] == "concat"
 
-    exported = run(["-m", "serving.export", "--checkpoint", str(ckpt), "--output", str(model)],
-                   str(plugins), str(tmp_path))
+    exported = run(
+        ["-m", "serving.export", "--checkpoint", str(ckpt), "--output", str(model)], str(plugins), str(tmp_path)
+    )
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert {"fp32.pt2", "inputs.json", "manifest.json"} <= set(os.listdir(model))
 
     # Without the file the interaction is not there: the folder on the path is what added it.
-    refused = run([os.path.join(REPO, "dlrm_main.py"), "--interaction_type", "concat", *TINY],
-                  str(tmp_path / "elsewhere"), str(tmp_path))
+    refused = run(
+        [os.path.join(REPO, "dlrm_main.py"), "--interaction_type", "concat", *TINY],
+        str(tmp_path / "elsewhere"),
+        str(tmp_path),
+    )
     assert refused.returncode == 2
     assert "argument --interaction_type: invalid choice: 'concat'" in refused.stderr

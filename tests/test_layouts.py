@@ -44,8 +44,9 @@ class PipeLines(CriteoLines):
         described = CriteoLines.describe(checkpoint)
         facts = checkpoint.facts()
         assert facts is not None
-        described.preprocessing = PipePreprocessing(**vars(described.preprocessing),
-                                                    separator=facts.get("separator", TEXT))
+        described.preprocessing = PipePreprocessing(
+            **vars(described.preprocessing), separator=facts.get("separator", TEXT)
+        )
         return described
 
     def _tabs(self, data: bytes) -> bytes:
@@ -65,15 +66,23 @@ class PipeLines(CriteoLines):
 def criteo_lines(count: int) -> bytes:
     """Raw Criteo lines without labels: 13 counts, 26 hashes."""
     rng = np.random.default_rng(1)
-    return b"".join("\t".join([*(str(v) for v in rng.integers(0, 50, 13)),
-                               *(f"{v:08x}" for v in rng.integers(0, 1 << 32, 26))]).encode() + b"\n"
-                    for _ in range(count))
+    return b"".join(
+        "\t".join(
+            [*(str(v) for v in rng.integers(0, 50, 13)), *(f"{v:08x}" for v in rng.integers(0, 1 << 32, 26))]
+        ).encode()
+        + b"\n"
+        for _ in range(count)
+    )
 
 
 def test_every_layout_is_registered_under_its_records_name_and_the_old_module_aliases_it():
     assert {name: reader.record.LAYOUT for name, reader in LAYOUTS.items()} == {
-        "criteo_raw": "criteo_raw", "feature_spec_csv": "feature_spec_csv", "parquet_columns": "parquet_columns"}
+        "criteo_raw": "criteo_raw",
+        "feature_spec_csv": "feature_spec_csv",
+        "parquet_columns": "parquet_columns",
+    }
     from serving import input_layouts, model_inputs
+
     assert input_layouts.LAYOUTS is LAYOUTS and input_layouts.ParquetRows is LAYOUTS["parquet_columns"]
     assert model_inputs.PARQUET_LAYOUT == "parquet_columns"
 
@@ -81,8 +90,9 @@ def test_every_layout_is_registered_under_its_records_name_and_the_old_module_al
 @pytest.mark.slow  # the endpoint's threads; export writes programs
 def test_a_layout_added_in_one_module_is_picked_up_by_export_predict_and_serve(tmp_path, monkeypatch):
     monkeypatch.setitem(LAYOUTS, PipePreprocessing.LAYOUT, PipeLines)
-    piped = tiny_checkpoint(tmp_path / "piped", "layouts", serving_layout=PipePreprocessing.LAYOUT,
-                            serving_facts={"separator": "|"})
+    piped = tiny_checkpoint(
+        tmp_path / "piped", "layouts", serving_layout=PipePreprocessing.LAYOUT, serving_facts={"separator": "|"}
+    )
     plain = tiny_checkpoint(tmp_path / "plain", "layouts")  # the same weights, in the Criteo layout
     inputs = export_model(piped, str(tmp_path / "piped_model"), [])
     export_model(plain, str(tmp_path / "plain_model"), [])
@@ -94,14 +104,27 @@ def test_a_layout_added_in_one_module_is_picked_up_by_export_predict_and_serve(t
     (tmp_path / "tabs.tsv").write_bytes(lines)
     (tmp_path / "pipes.txt").write_bytes(lines.replace(b"\t", b"|"))
     for model, data in (("plain_model", "tabs.tsv"), ("piped_model", "pipes.txt")):
-        assert predict.main(["--model", str(tmp_path / model), "--input", str(tmp_path / data),
-                             "--output", str(tmp_path / f"{model}.txt")]) == 0
+        assert (
+            predict.main(
+                [
+                    "--model",
+                    str(tmp_path / model),
+                    "--input",
+                    str(tmp_path / data),
+                    "--output",
+                    str(tmp_path / f"{model}.txt"),
+                ]
+            )
+            == 0
+        )
     expected = [float(p) for p in (tmp_path / "plain_model.txt").read_text().split()]
-    assert len(expected) == 20 and (tmp_path / "piped_model.txt").read_text() == \
-        (tmp_path / "plain_model.txt").read_text()
+    assert (
+        len(expected) == 20 and (tmp_path / "piped_model.txt").read_text() == (tmp_path / "plain_model.txt").read_text()
+    )
     with serve.serving_in_background(predict.Predictor(str(tmp_path / "piped_model"))) as (url, _):
-        request = urllib.request.Request(f"{url}/predict", data=lines.replace(b"\t", b"|"), method="POST",
-                                         headers={"Accept": "application/json"})
+        request = urllib.request.Request(
+            f"{url}/predict", data=lines.replace(b"\t", b"|"), method="POST", headers={"Accept": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=60) as answer:
             scored = json.loads(answer.read())["probabilities"]
     np.testing.assert_allclose(scored, expected, rtol=1e-6)

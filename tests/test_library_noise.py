@@ -14,11 +14,12 @@ def test_each_benign_message_is_silenced_and_a_reworded_one_is_not(caplog):
         if entry.category is not None:
             with warnings.catch_warnings(record=True) as caught:
                 # Our filters, then "always" for everything else (instead of the interpreter's once-per-place).
-                warnings.filters[:] = [f for f in warnings.filters if f[0] == "ignore" and f[1] is not None
-                                       and f[1].pattern != ""]
+                warnings.filters[:] = [
+                    f for f in warnings.filters if f[0] == "ignore" and f[1] is not None and f[1].pattern != ""
+                ]
                 warnings.simplefilter("always", append=True)
-                warnings.warn(entry.text + suffix, entry.category)
-                warnings.warn("something else: " + entry.text, entry.category)
+                warnings.warn(entry.text + suffix, entry.category, stacklevel=1)
+                warnings.warn("something else: " + entry.text, entry.category, stacklevel=1)
             assert [str(w.message) for w in caught] == ["something else: " + entry.text], entry.text
         if entry.logger is not None:
             logger = logging.getLogger(entry.logger)

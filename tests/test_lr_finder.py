@@ -6,11 +6,23 @@ import os
 
 import pytest
 
-from training.lr_finder import RangeTestResult, exponential_lrs, main, range_config, smooth, suggest
 from harness.launch import run_script
+from training.lr_finder import RangeTestResult, exponential_lrs, main, range_config, smooth, suggest
 
-TINY = ["--batch_size", "64", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
-        "--over_arch_layer_sizes", "16,1", "--max_table_rows", "100", "--optimizer", "adagrad"]
+TINY = [
+    "--batch_size",
+    "64",
+    "--embedding_dim",
+    "8",
+    "--dense_arch_layer_sizes",
+    "16,8",
+    "--over_arch_layer_sizes",
+    "16,1",
+    "--max_table_rows",
+    "100",
+    "--optimizer",
+    "adagrad",
+]
 
 
 def test_rates_grow_by_a_constant_factor_from_min_to_max():
@@ -22,7 +34,7 @@ def test_rates_grow_by_a_constant_factor_from_min_to_max():
 def test_a_centred_average_does_not_lag_and_the_suggestion_is_the_steepest_descent():
     lrs = exponential_lrs(1e-3, 1.0, 61)
     # A valley whose bottom is at lr 0.1 (step 40), steepest on its way down at lr ~0.03.
-    losses = [0.7 - 0.2 * math.exp(-((math.log10(lr) + 1) / 0.5) ** 2) for lr in lrs]
+    losses = [0.7 - 0.2 * math.exp(-(((math.log10(lr) + 1) / 0.5) ** 2)) for lr in lrs]
     smoothed = smooth(losses)
     assert min(range(61), key=smoothed.__getitem__) == 40
     choice = suggest(lrs, smoothed)
@@ -35,7 +47,7 @@ def test_a_steepest_descent_far_below_the_minimum_is_bounded_by_a_tenth_of_it():
     """A noisy early drop (at lr 0.002) steeper than the valley's: the suggestion stays
     at a tenth of the minimum, the old rule, rather than follow the noise."""
     lrs = exponential_lrs(1e-3, 1.0, 61)
-    smoothed = [0.7 - 0.2 * math.exp(-((math.log10(lr) + 1) / 0.5) ** 2) for lr in lrs]
+    smoothed = [0.7 - 0.2 * math.exp(-(((math.log10(lr) + 1) / 0.5) ** 2)) for lr in lrs]
     smoothed[6] -= 0.05
     smoothed[7:] = [v - 0.05 for v in smoothed[7:]]
     choice = suggest(lrs, smoothed)
@@ -61,18 +73,27 @@ def test_on_the_recorded_curve_the_suggestion_is_a_rate_that_trains():
 def test_entry_point_gives_its_defaults_and_flags_given_win():
     assert range_config(["--entry_point", "dcnv2_main.py"])[1].model.interaction_type == "dcn"
     assert range_config([])[1].model.interaction_type == "original"
-    config = range_config(["--entry_point", "dcnv2_main.py", "--embedding_dim", "32",
-                           "--dense_arch_layer_sizes", "64,32"])[1]
+    config = range_config(
+        ["--entry_point", "dcnv2_main.py", "--embedding_dim", "32", "--dense_arch_layer_sizes", "64,32"]
+    )[1]
     assert (config.model.interaction_type, config.model.embedding_dim) == ("dcn", 32)
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--lr_min", "1", "--lr_max", "0.1"], "--lr_min and --lr_max must satisfy 0 < lr_min < lr_max, got 1.0 and 0.1"),
-    (["--lr_steps", "1"], "--lr_steps must be at least 2, got 1"),
-    (["--lr_range_output", "/dev/null/lr"],
-     "--lr_range_output /dev/null/lr: cannot create the directory /dev/null (File exists)"),
-    (["--mode", "inference_benchmark"], "--mode inference_benchmark: the range test trains; leave --mode out"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--lr_min", "1", "--lr_max", "0.1"],
+            "--lr_min and --lr_max must satisfy 0 < lr_min < lr_max, got 1.0 and 0.1",
+        ),
+        (["--lr_steps", "1"], "--lr_steps must be at least 2, got 1"),
+        (
+            ["--lr_range_output", "/dev/null/lr"],
+            "--lr_range_output /dev/null/lr: cannot create the directory /dev/null (File exists)",
+        ),
+        (["--mode", "inference_benchmark"], "--mode inference_benchmark: the range test trains; leave --mode out"),
+    ],
+)
 def test_bad_range_flags_are_one_line_exit_2(synthetic_dir, capsys, flags, message):
     assert main(["--in_memory_binary_criteo_path", synthetic_dir, *flags]) == 2
     assert capsys.readouterr().err.strip() == f"python -m training.lr_finder: error: {message}"
@@ -81,14 +102,29 @@ def test_bad_range_flags_are_one_line_exit_2(synthetic_dir, capsys, flags, messa
 @pytest.mark.slow
 def test_range_test_on_two_ranks_writes_a_monotone_sweep_a_suggestion_in_range_and_a_png(synthetic_dir, tmp_path):
     output = str(tmp_path / "out" / "lr")  # its directory is created
-    proc = run_script(["-m", "training.lr_finder", "--in_memory_binary_criteo_path", synthetic_dir, *TINY,
-                       "--lr_min", "1e-3", "--lr_max", "1e3", "--lr_steps", "30", "--lr_range_output", output],
-                      torchrun_nproc=2)
+    proc = run_script(
+        [
+            "-m",
+            "training.lr_finder",
+            "--in_memory_binary_criteo_path",
+            synthetic_dir,
+            *TINY,
+            "--lr_min",
+            "1e-3",
+            "--lr_max",
+            "1e3",
+            "--lr_steps",
+            "30",
+            "--lr_range_output",
+            output,
+        ],
+        torchrun_nproc=2,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(f"{output}.json", "rb") as f:
         result = RangeTestResult.from_json(f.read(), f"{output}.json")
     assert result.world_size == 2 and result.lr_steps == 30 and 2 <= len(result.lrs) <= 30
-    assert result.lrs == pytest.approx(exponential_lrs(1e-3, 1e3, 30)[:len(result.lrs)])
+    assert result.lrs == pytest.approx(exponential_lrs(1e-3, 1e3, 30)[: len(result.lrs)])
     assert all(a < b for a, b in zip(result.lrs, result.lrs[1:]))
     assert len(result.losses) == len(result.smoothed_losses) == len(result.lrs)
     finite = [lr for lr, s in zip(result.lrs, result.smoothed_losses) if s is not None]

@@ -5,8 +5,9 @@ from training.lr_schedule import WarmupPolyDecaySchedule
 
 
 def test_warmup_constant_decay_floor():
-    schedule = WarmupPolyDecaySchedule(OptimizerConfig(
-        learning_rate=2.0, lr_warmup_steps=4, lr_decay_start=10, lr_decay_steps=8, lr_decay_floor=0.1))
+    schedule = WarmupPolyDecaySchedule(
+        OptimizerConfig(learning_rate=2.0, lr_warmup_steps=4, lr_decay_start=10, lr_decay_steps=8, lr_decay_floor=0.1)
+    )
     assert [schedule.lr_at(s) for s in range(4)] == [0.5, 1.0, 1.5, 2.0]
     # No dip between warm-up and decay start (the public example sits at (W-1)/W there).
     assert [schedule.lr_at(s) for s in range(4, 11)] == [2.0] * 7

@@ -24,11 +24,11 @@ def test_every_pair_of_choices_is_in_a_case():
                 assert any(case[d1] == v1 and case[d2] == v2 for case in CASES), (d1, v1, d2, v2)
 
 
-
 def test_the_default_optimizers_resume_on_two_ranks_in_a_case():
     """The public example's optimizers (fused SGD, dense SGD: no state) resumed on 2 ranks
     equal the uninterrupted run in check (b) of a trained case: DCP once failed on their
     empty optimizer state ("Missing key ... optim"). This case is that check; it left
     tests/test_checkpoint.py (three 2-rank launches, 40 CPU s of make test) for the matrix."""
-    assert any(case["optimizer"] == "sgd" and case["dense_optimizer"] == "sgd" and case["world_size"] == 2
-               for case in CASES)
+    assert any(
+        case["optimizer"] == "sgd" and case["dense_optimizer"] == "sgd" and case["world_size"] == 2 for case in CASES
+    )

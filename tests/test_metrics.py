@@ -41,8 +41,13 @@ def _numpy_reference(seed: int) -> dict:
     log_loss = float(np.mean(-(labels * np.log(p) + (1 - labels) * np.log(1 - p))))
     rate = float(labels.mean())
     entropy = -(rate * math.log(rate) + (1 - rate) * math.log(1 - rate))
-    return {"log_loss": log_loss, "ne": log_loss / entropy, "calibration": float(p.sum() / labels.sum()),
-            "positive_rate": rate, "accuracy": float(np.mean((p >= 0.5) == (labels == 1)))}
+    return {
+        "log_loss": log_loss,
+        "ne": log_loss / entropy,
+        "calibration": float(p.sum() / labels.sum()),
+        "positive_rate": rate,
+        "accuracy": float(np.mean((p >= 0.5) == (labels == 1))),
+    }
 
 
 @pytest.mark.slow

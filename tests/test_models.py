@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from data.batching import BatchBuilder
-from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, SPARSE_FEATURE_NAMES
 from common.config_flags import FlagError
+from data.batching import BatchBuilder
+from data.binary.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, SPARSE_FEATURE_NAMES
 from models import ModelConfig, build_dlrm_train
 from models.builder import move_dense_part
 from models.interactions import INTERACTIONS, Interaction, register
@@ -41,15 +41,29 @@ def expected_params(config: ModelConfig) -> int:
 
 
 CONFIGS = {
-    "original": ModelConfig(ROWS, **criteo_features(), embedding_dim=8, dense_arch_layer_sizes=[16, 8],
-                            over_arch_layer_sizes=[32, 1]),
-    "dcn": ModelConfig(ROWS, **criteo_features(), embedding_dim=8, interaction_type="dcn",
-                       dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[32, 1],
-                       interaction=DCNConfig(dcn_num_layers=2, dcn_low_rank_dim=4)),
-    "projection": ModelConfig(ROWS, **criteo_features(), embedding_dim=8, interaction_type="projection",
-                              dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[32, 1],
-                              interaction=ProjectionConfig(interaction_branch1_layer_sizes=[32, 24],
-                                                           interaction_branch2_layer_sizes=[32, 16])),
+    "original": ModelConfig(
+        ROWS, **criteo_features(), embedding_dim=8, dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[32, 1]
+    ),
+    "dcn": ModelConfig(
+        ROWS,
+        **criteo_features(),
+        embedding_dim=8,
+        interaction_type="dcn",
+        dense_arch_layer_sizes=[16, 8],
+        over_arch_layer_sizes=[32, 1],
+        interaction=DCNConfig(dcn_num_layers=2, dcn_low_rank_dim=4),
+    ),
+    "projection": ModelConfig(
+        ROWS,
+        **criteo_features(),
+        embedding_dim=8,
+        interaction_type="projection",
+        dense_arch_layer_sizes=[16, 8],
+        over_arch_layer_sizes=[32, 1],
+        interaction=ProjectionConfig(
+            interaction_branch1_layer_sizes=[32, 24], interaction_branch2_layer_sizes=[32, 16]
+        ),
+    ),
 }
 
 
@@ -65,7 +79,9 @@ def test_public_default_architecture_count():
     config = ModelConfig([100_000] * NUM_SPARSE_FEATURES, **criteo_features())
     model = build_dlrm_train(config)
     dense = sum(p.numel() for n, p in model.named_parameters() if "embedding_bags" not in n)
-    assert dense == mlp_params(NUM_DENSE_FEATURES, [512, 256, 64]) + mlp_params(64 + 325 + NUM_SPARSE_FEATURES, [512, 512, 256, 1])
+    assert dense == mlp_params(NUM_DENSE_FEATURES, [512, 256, 64]) + mlp_params(
+        64 + 325 + NUM_SPARSE_FEATURES, [512, 512, 256, 1]
+    )
 
 
 def test_tables_are_on_meta_device():
@@ -80,8 +96,7 @@ def test_move_dense_part_moves_everything_but_the_tables_in_place(name):
     other numbers from the same seed): every dense parameter and buffer moves to the
     device with the values drawn; the tables stay where they are."""
     torch.manual_seed(0)
-    dlrm = build_dlrm_train(CONFIGS[name], dense_device=torch.device("cpu"),
-                            embedding_device=torch.device("cpu")).model
+    dlrm = build_dlrm_train(CONFIGS[name], dense_device=torch.device("cpu"), embedding_device=torch.device("cpu")).model
     drawn = {n: p.detach().clone() for n, p in dlrm.named_parameters()}
     buffers = [n for n, _ in dlrm.named_buffers() if not n.startswith("sparse_arch.")]
     move_dense_part(dlrm, torch.device("meta"))
@@ -92,8 +107,9 @@ def test_move_dense_part_moves_everything_but_the_tables_in_place(name):
             assert torch.equal(p, drawn[n]), n
     assert all(b.is_meta for n, b in dlrm.named_buffers() if n in buffers)
     torch.manual_seed(0)
-    again = build_dlrm_train(CONFIGS[name], dense_device=torch.device("cpu"),
-                             embedding_device=torch.device("cpu")).model
+    again = build_dlrm_train(
+        CONFIGS[name], dense_device=torch.device("cpu"), embedding_device=torch.device("cpu")
+    ).model
     assert all(torch.equal(p, drawn[n]) for n, p in again.named_parameters()), "the draw depends on the seed alone"
 
 
@@ -102,6 +118,7 @@ def test_a_cuda_build_draws_the_same_mlps_as_a_cpu_build(monkeypatch):
     CPU from the seed (the values a CPU build gets) and handed to `move_dense_part` for
     the GPU; the tables stay on the meta device."""
     import models.builder
+
     moved = []
     monkeypatch.setattr(models.builder, "move_dense_part", lambda dlrm, device: moved.append((dlrm, device)))
     torch.manual_seed(0)
@@ -139,7 +156,10 @@ def test_fast_blocks_match_torchrec():
     torch.manual_seed(0)
     dense = torch.randn(6, 8, requires_grad=True)
     sparse = torch.randn(6, NUM_SPARSE_FEATURES, 8, requires_grad=True)
-    ours, theirs = DotInteraction(NUM_SPARSE_FEATURES)(dense, sparse), InteractionArch(NUM_SPARSE_FEATURES)(dense, sparse)
+    ours, theirs = (
+        DotInteraction(NUM_SPARSE_FEATURES)(dense, sparse),
+        InteractionArch(NUM_SPARSE_FEATURES)(dense, sparse),
+    )
     assert ours.shape == theirs.shape == (6, 8 + NUM_SPARSE_FEATURES + 325)
     assert torch.allclose(ours, theirs, atol=1e-6)
     weight = torch.randn_like(ours)
@@ -152,16 +172,20 @@ def test_fast_blocks_match_torchrec():
     ebc = model.model.sparse_arch.embedding_bag_collection
     rng = np.random.default_rng(1)
     kjt = BatchBuilder(SPARSE_FEATURE_NAMES)(
-        rng.random((4, NUM_DENSE_FEATURES), dtype=np.float32), (rng.random((4, NUM_SPARSE_FEATURES)) * np.asarray(ROWS)).astype(np.int32),
-        np.zeros((4, 1), np.int32)).sparse_features
+        rng.random((4, NUM_DENSE_FEATURES), dtype=np.float32),
+        (rng.random((4, NUM_SPARSE_FEATURES)) * np.asarray(ROWS)).astype(np.int32),
+        np.zeros((4, 1), np.int32),
+    ).sparse_features
     assert torch.equal(PooledSparseArch(ebc)(kjt), SparseArch(ebc)(kjt))
 
 
 # Three features of 7, 8 and 9 rows, width 4, 4 rows; numerical features: 0 or 5.
 REGISTRY_FEATURES = ["a", "b", "c"]
-REGISTRY_SIZES = {"original": DotConfig(), "dcn": DCNConfig(dcn_num_layers=2, dcn_low_rank_dim=3),
-                  "projection": ProjectionConfig(interaction_branch1_layer_sizes=[8, 8],
-                                                 interaction_branch2_layer_sizes=[8, 12])}
+REGISTRY_SIZES = {
+    "original": DotConfig(),
+    "dcn": DCNConfig(dcn_num_layers=2, dcn_low_rank_dim=3),
+    "projection": ProjectionConfig(interaction_branch1_layer_sizes=[8, 8], interaction_branch2_layer_sizes=[8, 12]),
+}
 # The logits of `_registry_logits` (seed 3) on main before the interactions registered
 # themselves (commit 4884b54, two if/elif chains): the registry builds the same models.
 LOGITS_BEFORE_THE_REGISTRY = {
@@ -180,8 +204,16 @@ def _registry_logits(interaction: str, num_dense: int, sizes=None) -> torch.Tens
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     torch.manual_seed(3)
-    config = ModelConfig([7, 8, 9], REGISTRY_FEATURES, num_dense, embedding_dim=4, interaction_type=interaction,
-                         dense_arch_layer_sizes=[6, 4], over_arch_layer_sizes=[16, 1], interaction=sizes)
+    config = ModelConfig(
+        [7, 8, 9],
+        REGISTRY_FEATURES,
+        num_dense,
+        embedding_dim=4,
+        interaction_type=interaction,
+        dense_arch_layer_sizes=[6, 4],
+        over_arch_layer_sizes=[16, 1],
+        interaction=sizes,
+    )
     model = build_dlrm_train(config, embedding_device=torch.device("cpu")).model.eval()
     generator = torch.Generator().manual_seed(1)
     lengths = torch.tensor([1, 2, 0, 1, 1, 3, 2, 1, 1, 1, 0, 2], dtype=torch.int32)
@@ -194,8 +226,9 @@ def _registry_logits(interaction: str, num_dense: int, sizes=None) -> torch.Tens
 @pytest.mark.parametrize("interaction, num_dense", list(LOGITS_BEFORE_THE_REGISTRY))
 def test_registry_builds_the_models_of_before(interaction, num_dense):
     logits = _registry_logits(interaction, num_dense, REGISTRY_SIZES[interaction])
-    torch.testing.assert_close(logits, torch.tensor(LOGITS_BEFORE_THE_REGISTRY[interaction, num_dense]),
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        logits, torch.tensor(LOGITS_BEFORE_THE_REGISTRY[interaction, num_dense]), rtol=0, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("interaction, num_dense", [(name, dense) for name in INTERACTIONS for dense in (0, 5)])
@@ -206,8 +239,15 @@ def test_every_registered_interaction_builds_with_and_without_numerical_features
     logits = _registry_logits(interaction, num_dense)
     assert logits.shape == (4,) and torch.isfinite(logits).all()
     assert torch.equal(logits, _registry_logits(interaction, num_dense))
-    config = ModelConfig([7, 8, 9], REGISTRY_FEATURES, num_dense, embedding_dim=4, interaction_type=interaction,
-                         dense_arch_layer_sizes=[6, 4], over_arch_layer_sizes=[16, 1])
+    config = ModelConfig(
+        [7, 8, 9],
+        REGISTRY_FEATURES,
+        num_dense,
+        embedding_dim=4,
+        interaction_type=interaction,
+        dense_arch_layer_sizes=[6, 4],
+        over_arch_layer_sizes=[16, 1],
+    )
     assert isinstance(config.interaction, INTERACTIONS[interaction].config)
     assert hasattr(build_dlrm_train(config).model, "dense_arch") == (num_dense > 0)
 
@@ -216,8 +256,18 @@ def test_interaction_flags_reach_only_their_interaction():
     """Every interaction's flags parse on every command line (the public example's take
     them all); the chosen interaction's config holds its own, the others' are ignored
     (not checked: they build nothing)."""
-    sizes = ["--dcn_num_layers", "0", "--interaction_branch1_layer_sizes", "64", "--interaction_branch2_layer_sizes",
-             "96", "--embedding_dim", "32", "--dense_arch_layer_sizes", "64,32"]
+    sizes = [
+        "--dcn_num_layers",
+        "0",
+        "--interaction_branch1_layer_sizes",
+        "64",
+        "--interaction_branch2_layer_sizes",
+        "96",
+        "--embedding_dim",
+        "32",
+        "--dense_arch_layer_sizes",
+        "64,32",
+    ]
     assert parse_config(sizes, "dlrm_main.py", "").model.interaction == DotConfig()
     projection = parse_config(sizes + ["--interaction_type", "projection"], "dlrm_main.py", "").model
     assert projection.interaction == ProjectionConfig([64], [96])

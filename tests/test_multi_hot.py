@@ -7,9 +7,9 @@ import pytest
 
 import dlrm_main
 from common.errors import BadInput
-from data.criteo_layout import NUM_SPARSE_FEATURES
-from data.criteo_binary import CriteoBinaryDataset, CriteoBinaryLoader
-from data.multi_hot import MultiHotExpander, open_npz_arrays
+from data.batching.multi_hot import MultiHotExpander, open_npz_arrays
+from data.binary.criteo import CriteoBinaryDataset, CriteoBinaryLoader
+from data.binary.criteo_layout import NUM_SPARSE_FEATURES
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_multi_hot_criteo
 from harness.launch import eval_record, launch, read_log, step_losses
 
@@ -56,8 +56,12 @@ def test_npz_members_memory_mapped_or_loaded(tmp_path):
 @pytest.fixture(scope="module")
 def multi_hot_dir(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("multi_hot"))
-    spec = SyntheticCriteoSpec(num_days=3, rows_per_day=16384, seed=4,
-                               cardinalities=[min(c, 2000) for c in SyntheticCriteoSpec().cardinalities])
+    spec = SyntheticCriteoSpec(
+        num_days=3,
+        rows_per_day=16384,
+        seed=4,
+        cardinalities=[min(c, 2000) for c in SyntheticCriteoSpec().cardinalities],
+    )
     generate_multi_hot_criteo(spec, path, HOTNESS)
     return path
 
@@ -76,10 +80,27 @@ def test_multi_hot_loader_rows_and_kjt(multi_hot_dir):
 @pytest.mark.slow
 def test_two_ranks_train_on_multi_hot_files(multi_hot_dir, tmp_path):
     log = str(tmp_path / "log.jsonl")
-    assert launch(dlrm_main.main, [
-        "--synthetic_multi_hot_criteo_path", multi_hot_dir, "--batch_size", "256", "--embedding_dim", "16",
-        "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,32,1", "--optimizer", "adagrad",
-        "--learning_rate", "0.05", "--log_path", log]) == {0: 0, 1: 0}
+    assert launch(
+        dlrm_main.main,
+        [
+            "--synthetic_multi_hot_criteo_path",
+            multi_hot_dir,
+            "--batch_size",
+            "256",
+            "--embedding_dim",
+            "16",
+            "--dense_arch_layer_sizes",
+            "64,16",
+            "--over_arch_layer_sizes",
+            "64,32,1",
+            "--optimizer",
+            "adagrad",
+            "--learning_rate",
+            "0.05",
+            "--log_path",
+            log,
+        ],
+    ) == {0: 0, 1: 0}
     assert eval_record(read_log(log), "test")["auroc"] > 0.6
 
 
@@ -87,11 +108,36 @@ def test_two_ranks_train_on_multi_hot_files(multi_hot_dir, tmp_path):
 def test_on_the_fly_multi_hot_is_deterministic(synthetic_dir, tmp_path):
     logs = [str(tmp_path / f"{i}.jsonl") for i in range(2)]
     for log in logs:
-        assert launch(dlrm_main.main, [
-            "--in_memory_binary_criteo_path", synthetic_dir, "--batch_size", "128", "--embedding_dim", "16",
-            "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,1", "--log_every_n_steps", "1",
-            "--multi_hot_sizes", ",".join(map(str, HOTNESS)), "--multi_hot_distribution_type", "pareto",
-            "--limit_train_batches", "6", "--limit_val_batches", "0", "--limit_test_batches", "1",
-            "--learning_rate", "0.5", "--log_path", log]) == {0: 0, 1: 0}
+        assert launch(
+            dlrm_main.main,
+            [
+                "--in_memory_binary_criteo_path",
+                synthetic_dir,
+                "--batch_size",
+                "128",
+                "--embedding_dim",
+                "16",
+                "--dense_arch_layer_sizes",
+                "64,16",
+                "--over_arch_layer_sizes",
+                "64,1",
+                "--log_every_n_steps",
+                "1",
+                "--multi_hot_sizes",
+                ",".join(map(str, HOTNESS)),
+                "--multi_hot_distribution_type",
+                "pareto",
+                "--limit_train_batches",
+                "6",
+                "--limit_val_batches",
+                "0",
+                "--limit_test_batches",
+                "1",
+                "--learning_rate",
+                "0.5",
+                "--log_path",
+                log,
+            ],
+        ) == {0: 0, 1: 0}
     first, second = step_losses(read_log(logs[0])), step_losses(read_log(logs[1]))
     assert len(first) == 6 and first == second

@@ -14,11 +14,10 @@ import subprocess
 
 import pytest
 
+from harness.launch import REPO, read_log, run_script
 from sweeps.launch import move_slurm_logs
 from sweeps.run_state import RunRecord
-from tests.support.cluster import ON_HOST, Host, cluster_hosts, slurm_hosts  # noqa: F401 (fixtures)
-from tests.support.cluster import TINY_TRAINING_FLAGS, training_results
-from harness.launch import REPO, read_log, run_script
+from tests.support.cluster import ON_HOST, TINY_TRAINING_FLAGS, Host, cluster_hosts, slurm_hosts, training_results  # noqa: F401 (fixtures)
 from tests.support.sweeps import TINY_FLAGS, assert_row_matches_log, read_results, sweeps, write_sweep
 from tests.support.torchx_cli import BIN, install_components
 
@@ -34,8 +33,17 @@ NODE_REQUEST = ["--cpu", str(NODE_CPUS), "--memMB", str(NODE_MEMORY_MB)]
 
 
 def _args(synthetic_dir: str, log_path: str) -> list[str]:
-    return ["--in_memory_binary_criteo_path", synthetic_dir, *TINY_TRAINING_FLAGS, "--batch_size", "256",
-            "--limit_train_batches", str(STEPS), "--log_path", log_path]
+    return [
+        "--in_memory_binary_criteo_path",
+        synthetic_dir,
+        *TINY_TRAINING_FLAGS,
+        "--batch_size",
+        "256",
+        "--limit_train_batches",
+        str(STEPS),
+        "--log_path",
+        log_path,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -53,15 +61,25 @@ def torchx_env(tmp_path_factory):
 
 
 def _torchx_on_controller(hosts: list[Host], args: list[str], env) -> subprocess.CompletedProcess:
-    return subprocess.run([ON_HOST, hosts[0].name, os.path.join(BIN, "torchx"), *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    return subprocess.run(
+        [ON_HOST, hosts[0].name, os.path.join(BIN, "torchx"), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT,
+    )
 
 
 def _job_nodes(hosts: list[Host], job_id: str) -> list[str]:
     """The node of each part of a job (torchx submits one heterogeneous component per node)."""
-    out = subprocess.run([ON_HOST, hosts[0].name, "sacct", "--noheader", "-X", "--parsable2",
-                          "--format=NodeList", "-j", job_id],
-                         capture_output=True, text=True, check=True, timeout=60).stdout
+    out = subprocess.run(
+        [ON_HOST, hosts[0].name, "sacct", "--noheader", "-X", "--parsable2", "--format=NodeList", "-j", job_id],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
     return sorted(out.split())
 
 
@@ -82,19 +100,29 @@ def _assert_across_both_hosts(hosts: list[Host], job_id: str, bytes_before: list
 
 @pytest.mark.parametrize("component", ["dist.ddp", "dlrm"])
 def test_a_job_on_two_slurm_nodes_trains_exactly_as_one_host_with_two_ranks(
-        component, slurm_hosts, one_host_results, torchx_env, synthetic_dir, tmp_path):
+    component, slurm_hosts, one_host_results, torchx_env, synthetic_dir, tmp_path
+):
     """`torchx run -s slurm dist.ddp -j 2x1 --script dlrm_main.py` (the interface set
     through --env) and `dlrm -j 2x1 --socket_ifname eth0`: bit-identical losses and test
     metrics to two ranks on one host (gloo on CPU: the same sums in the same order)."""
     log_path = str(tmp_path / "log.jsonl")
     if component == "dist.ddp":
-        launch = ["dist.ddp", "-j", "2x1", *NODE_REQUEST, "--env", "GLOO_SOCKET_IFNAME=eth0",
-                  "--script", "dlrm_main.py"]
+        launch = [
+            "dist.ddp",
+            "-j",
+            "2x1",
+            *NODE_REQUEST,
+            "--env",
+            "GLOO_SOCKET_IFNAME=eth0",
+            "--script",
+            "dlrm_main.py",
+        ]
     else:
         launch = ["dlrm", "-j", "2x1", *NODE_REQUEST, "--socket_ifname", "eth0"]
     before = [host.bridge_bytes() for host in slurm_hosts[1:3]]
-    proc = _torchx_on_controller(slurm_hosts, ["run", "--wait", "-s", "slurm", *launch, "--",
-                                               *_args(synthetic_dir, log_path)], torchx_env)
+    proc = _torchx_on_controller(
+        slurm_hosts, ["run", "--wait", "-s", "slurm", *launch, "--", *_args(synthetic_dir, log_path)], torchx_env
+    )
     job_id = _job_id(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else None
     if job_id:
         move_slurm_logs(job_id, str(tmp_path), submit_dir=REPO)
@@ -107,10 +135,15 @@ def test_a_job_on_two_slurm_nodes_trains_exactly_as_one_host_with_two_ranks(
 
 
 def test_a_sweep_on_slurm_runs_each_configuration_across_the_nodes(slurm_hosts, synthetic_dir, tmp_path):
-    sweep = write_sweep(tmp_path / "sweep.yaml", scheduler="slurm", nnodes=2, nproc_per_node=1,
-                        component_args={"cpu": NODE_CPUS, "memMB": NODE_MEMORY_MB, "socket_ifname": "eth0"},
-                        flags={**TINY_FLAGS, "in_memory_binary_criteo_path": synthetic_dir},
-                        grid={"learning_rate": [0.05, 0.1]})
+    sweep = write_sweep(
+        tmp_path / "sweep.yaml",
+        scheduler="slurm",
+        nnodes=2,
+        nproc_per_node=1,
+        component_args={"cpu": NODE_CPUS, "memMB": NODE_MEMORY_MB, "socket_ifname": "eth0"},
+        flags={**TINY_FLAGS, "in_memory_binary_criteo_path": synthetic_dir},
+        grid={"learning_rate": [0.05, 0.1]},
+    )
     out = str(tmp_path / "out")
     before = [host.bridge_bytes() for host in slurm_hosts[1:3]]
     proc = sweeps(["run", sweep], timeout=2 * JOB_TIMEOUT, on_host=[ON_HOST, slurm_hosts[0].name])

@@ -19,8 +19,14 @@ INTERFACES = ", ".join(name for _, name in socket.if_nameindex())
 
 @pytest.fixture(autouse=True)
 def _no_settings(monkeypatch):
-    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "GROUP_WORLD_SIZE",
-                 "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE"):
+    for name in (
+        "GLOO_SOCKET_IFNAME",
+        "NCCL_SOCKET_IFNAME",
+        "MASTER_ADDR",
+        "GROUP_WORLD_SIZE",
+        "TORCHELASTIC_MAX_RESTARTS",
+        "TORCHELASTIC_USE_AGENT_STORE",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -28,8 +34,9 @@ def test_gloo_interface_this_host_lacks_is_refused_naming_host_and_its_interface
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo,ib0")
     with pytest.raises(BadInput) as refused:
         check_network_settings("gloo", world_size=2, local_world_size=1)
-    assert str(refused.value) == (f"GLOO_SOCKET_IFNAME=lo,ib0: host {HOST} has no network interface named ib0 "
-                                  f"(it has {INTERFACES})")
+    assert str(refused.value) == (
+        f"GLOO_SOCKET_IFNAME=lo,ib0: host {HOST} has no network interface named ib0 (it has {INTERFACES})"
+    )
 
 
 def test_resolve_env_refuses_it_for_a_multi_rank_job_only(monkeypatch):
@@ -50,14 +57,17 @@ def test_interfaces_this_host_has_pass(monkeypatch):
         check_network_settings("nccl", world_size=2, local_world_size=1)
 
 
-@pytest.mark.parametrize("value, what", [("ib", "starting with ib"), ("=l", "named l"),
-                                          ("ib,hsn", "starting with ib, hsn")])
+@pytest.mark.parametrize(
+    "value, what", [("ib", "starting with ib"), ("=l", "named l"), ("ib,hsn", "starting with ib, hsn")]
+)
 def test_nccl_setting_that_matches_no_interface_is_refused(monkeypatch, value, what):
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", value)
     with pytest.raises(BadInput) as refused:
         check_network_settings("nccl", world_size=2, local_world_size=1)
-    assert str(refused.value) == f"NCCL_SOCKET_IFNAME={value}: host {HOST} has no network interface {what} " \
-                                 f"(it has {INTERFACES})"
+    assert (
+        str(refused.value) == f"NCCL_SOCKET_IFNAME={value}: host {HOST} has no network interface {what} "
+        f"(it has {INTERFACES})"
+    )
 
 
 def test_a_job_on_one_host_never_needs_a_routable_hostname(monkeypatch):
@@ -71,11 +81,15 @@ def test_a_job_on_one_host_never_needs_a_routable_hostname(monkeypatch):
         check_network_settings("gloo", world_size=2, local_world_size=1)
 
 
-@pytest.mark.parametrize("gloo_says", [
-    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
-    "[127.0.0.1]:40217. This is typically caused by a remote worker crashing.",
-    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:40217: "
-    "Connection reset by peer. This is typically caused by a remote worker hanging"])
+@pytest.mark.parametrize(
+    "gloo_says",
+    [
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:40217. This is typically caused by a remote worker crashing.",
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:40217: "
+        "Connection reset by peer. This is typically caused by a remote worker hanging",
+    ],
+)
 def test_lost_rank_is_named_by_the_host_of_the_broken_connection(capsys, gloo_says):
     """gloo's message gives the peer's address; the line names its host (/etc/hosts)."""
     lost = RuntimeError(gloo_says)
@@ -83,12 +97,16 @@ def test_lost_rank_is_named_by_the_host_of_the_broken_connection(capsys, gloo_sa
     name = socket.gethostbyaddr("127.0.0.1")[0]
     assert capsys.readouterr().err == (
         f"dlrm_main.py: error: rank 0 of 2 failed at step 3 (epoch 0, training): lost contact with the rank(s) "
-        f"on host {name} (127.0.0.1), which probably stopped first (RuntimeError: {lost})\n")
+        f"on host {name} (127.0.0.1), which probably stopped first (RuntimeError: {lost})\n"
+    )
 
 
 def _torchrun_sets(monkeypatch, agents: str, restarts: str, agent_store: str) -> None:
-    for name, value in (("GROUP_WORLD_SIZE", agents), ("TORCHELASTIC_MAX_RESTARTS", restarts),
-                        ("TORCHELASTIC_USE_AGENT_STORE", agent_store)):
+    for name, value in (
+        ("GROUP_WORLD_SIZE", agents),
+        ("TORCHELASTIC_MAX_RESTARTS", restarts),
+        ("TORCHELASTIC_USE_AGENT_STORE", agent_store),
+    ):
         monkeypatch.setenv(name, value)
 
 
@@ -103,14 +121,18 @@ def test_restarts_across_agents_over_their_shared_store_are_refused(monkeypatch)
     assert str(refused.value) == (
         "torchrun --max_restarts 3 with 2 agents needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in every agent's "
         "environment: over the agents' shared store a host replaced after a failure restarts at attempt 0 while "
-        "the others are past it, and the job hangs")
+        "the others are past it, and the job hangs"
+    )
 
 
-@pytest.mark.parametrize("agents, restarts, agent_store", [
-    ("2", "3", "False"),  # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: a store per attempt
-    ("2", "0", "True"),   # no restarts
-    ("1", "3", "True"),   # one agent: all of its ranks restart together, at the same count
-])
+@pytest.mark.parametrize(
+    "agents, restarts, agent_store",
+    [
+        ("2", "3", "False"),  # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: a store per attempt
+        ("2", "0", "True"),  # no restarts
+        ("1", "3", "True"),  # one agent: all of its ranks restart together, at the same count
+    ],
+)
 def test_restarts_that_every_agent_counts_alike_pass(monkeypatch, agents, restarts, agent_store):
     _torchrun_sets(monkeypatch, agents, restarts, agent_store)
     check_restart_settings()

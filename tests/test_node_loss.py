@@ -31,13 +31,27 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from checkpoints.directory import COMPLETE_MARKER, complete_checkpoints
-from sweeps.launch import move_slurm_logs
-from tests.support.cluster import Host, cluster_hosts, compute_hosts, slurm_hosts, start  # noqa: F401 (fixtures)
-from tests.support.cluster import ON_HOST, TINY_TRAINING_FLAGS, parse_sacct_states, read_hosts, sacct_states_argv
 from harness.launch import REPO, eval_metrics, eval_record, free_port, read_log
+from sweeps.launch import move_slurm_logs
+from tests.support.cluster import (  # noqa: F401 (fixtures)
+    ON_HOST,
+    TINY_TRAINING_FLAGS,
+    Host,
+    cluster_hosts,
+    compute_hosts,
+    parse_sacct_states,
+    read_hosts,
+    sacct_states_argv,
+    slurm_hosts,
+    start,
+)
 from tests.test_multihost import RDZV_PORT, RUN_TIMEOUT, _torchrun
-from tests.test_multihost_slurm import NODE_REQUEST, _job_id, _torchx_on_controller
-from tests.test_multihost_slurm import torchx_env  # noqa: F401 (fixture)
+from tests.test_multihost_slurm import (
+    NODE_REQUEST,
+    _job_id,
+    _torchx_on_controller,
+    torchx_env,  # noqa: F401 (fixture)
+)
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 
@@ -48,9 +62,22 @@ RESTART_ENV = {"GLOO_SOCKET_IFNAME": "eth0", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE
 
 
 def _args(data: str, ckpt: str, log: str) -> list[str]:
-    return ["--in_memory_binary_criteo_path", data, *TINY_TRAINING_FLAGS, "--batch_size", "64", "--limit_train_batches",
-            str(STEPS), "--checkpoint_dir", ckpt, "--checkpoint_every_n_steps", str(EVERY), "--resume",
-            "--log_path", log]
+    return [
+        "--in_memory_binary_criteo_path",
+        data,
+        *TINY_TRAINING_FLAGS,
+        "--batch_size",
+        "64",
+        "--limit_train_batches",
+        str(STEPS),
+        "--checkpoint_dir",
+        ckpt,
+        "--checkpoint_every_n_steps",
+        str(EVERY),
+        "--resume",
+        "--log_path",
+        log,
+    ]
 
 
 def _losses(records: list[dict]) -> dict[int, float]:
@@ -72,8 +99,12 @@ def uninterrupted(synthetic_dir, tmp_path_factory) -> list[dict]:
     tmp = tmp_path_factory.mktemp("uninterrupted")
     log = str(tmp / "log.jsonl")
     argv = _torchrun(2, 1, f"127.0.0.1:{free_port()}", uuid.uuid4().hex, _args(synthetic_dir, str(tmp / "ckpt"), log))
-    agents = [subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True) for _ in range(2)]
+    agents = [
+        subprocess.Popen(
+            argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        for _ in range(2)
+    ]
     try:
         for agent in agents:
             _, err = agent.communicate(timeout=RUN_TIMEOUT)
@@ -85,8 +116,9 @@ def uninterrupted(synthetic_dir, tmp_path_factory) -> list[dict]:
     return read_log(log)
 
 
-def _lose_and_replace(start, hosts: list[Host], args: list[str], lose_when: Callable[[], bool],
-                      while_down: Callable[[], None]) -> list[tuple]:
+def _lose_and_replace(
+    start, hosts: list[Host], args: list[str], lose_when: Callable[[], bool], while_down: Callable[[], None]
+) -> list[tuple]:
     """Starts the job on both hosts (the rendezvous on the first), kills every process
     of the second once ``lose_when()``, runs ``while_down()``, starts the second host's
     agent again; returns (exit code, stdout, stderr) of the survivor and the replacement."""
@@ -105,8 +137,9 @@ def _lose_and_replace(start, hosts: list[Host], args: list[str], lose_when: Call
     return [(proc.wait(timeout=RUN_TIMEOUT), *proc.communicate()) for proc in (agents[0], replacement)]
 
 
-def _assert_resumed_as_uninterrupted(results: list[tuple], lost: Host, resumed_from: str, log: str,
-                                     uninterrupted: list[dict]) -> None:
+def _assert_resumed_as_uninterrupted(
+    results: list[tuple], lost: Host, resumed_from: str, log: str, uninterrupted: list[dict]
+) -> None:
     (code, out, err), (replacement_code, _, replacement_err) = results
     assert code == 0 and replacement_code == 0, (err[-3000:], replacement_err[-3000:])
     # The survivor's rank saw its peer go, named the host, and its agent restarted it.
@@ -123,8 +156,17 @@ def _address_moved(host: Host, address: str) -> Iterator[None]:
     """Gives ``host`` ``address`` on the bridge instead of its own, and /etc/hosts the
     line cluster_up.sh would write for it (in place: the file may be a bind mount);
     puts both back at the end."""
-    length = subprocess.run(["ip", "-n", host.name, "-4", "-o", "addr", "show", "dev", "eth0"], check=True,
-                            capture_output=True, text=True, timeout=30).stdout.split()[3].split("/")[1]
+    length = (
+        subprocess.run(
+            ["ip", "-n", host.name, "-4", "-o", "addr", "show", "dev", "eth0"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        .stdout.split()[3]
+        .split("/")[1]
+    )
 
     def move(old: str, new: str) -> None:
         subprocess.run(["ip", "-n", host.name, "addr", "del", f"{old}/{length}", "dev", "eth0"], check=True, timeout=30)
@@ -143,7 +185,8 @@ def _address_moved(host: Host, address: str) -> Iterator[None]:
 
 
 def test_a_host_lost_mid_epoch_and_replaced_at_another_address_resumes_as_if_uninterrupted(
-        cluster_hosts, compute_hosts, start, synthetic_dir, tmp_path, uninterrupted):
+    cluster_hosts, compute_hosts, start, synthetic_dir, tmp_path, uninterrupted
+):
     ckpt, log = str(tmp_path / "ckpt"), str(tmp_path / "log.jsonl")
     survivor, lost = compute_hosts
     moved_to = lost.address.rsplit(".", 1)[0] + ".200"  # cluster_up.sh gives hosts .10 to .109
@@ -154,20 +197,23 @@ def test_a_host_lost_mid_epoch_and_replaced_at_another_address_resumes_as_if_uni
         return os.path.exists(log) and max(_losses(read_log(log)), default=0) >= 25
 
     with contextlib.ExitStack() as moved:
+
         def come_back_elsewhere() -> None:
             newest.extend(complete_checkpoints(ckpt)[-1:])  # none completes without the lost rank
             moved.enter_context(_address_moved(lost, moved_to))
 
-        results = _lose_and_replace(start, compute_hosts, _args(synthetic_dir, ckpt, log), past_step_25,
-                                    come_back_elsewhere)
+        results = _lose_and_replace(
+            start, compute_hosts, _args(synthetic_dir, ckpt, log), past_step_25, come_back_elsewhere
+        )
         assert open("/etc/hosts").read().count(f"{moved_to} {lost.name}\n") == 1
     assert newest and newest[0] < os.path.join(ckpt, f"step_{STEPS:09d}")
     _assert_resumed_as_uninterrupted(results, lost, newest[0], log, uninterrupted)
     assert f"{lost.address} {lost.name}\n" in open("/etc/hosts").read()
 
 
-def test_a_host_lost_during_a_checkpoint_save_resumes_from_the_previous_one(compute_hosts, start, synthetic_dir,
-                                                                            tmp_path, uninterrupted):
+def test_a_host_lost_during_a_checkpoint_save_resumes_from_the_previous_one(
+    compute_hosts, start, synthetic_dir, tmp_path, uninterrupted
+):
     """The save of step 40 blocks on the lost host's rank: its RNG file's temporary
     name is a FIFO nobody reads (checkpoints/save.py writes rank_R.pt.tmp, then
     renames it), so the kill lands inside the save whatever the timing."""
@@ -196,8 +242,9 @@ NODE_FAIL_BOUND = 90
 
 
 def _on_controller(hosts: list[Host], *argv: str) -> str:
-    return subprocess.run([ON_HOST, hosts[0].name, *argv], capture_output=True, text=True, check=True,
-                          timeout=60).stdout
+    return subprocess.run(
+        [ON_HOST, hosts[0].name, *argv], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
 
 
 def _job_parts(hosts: list[Host], job_id: str) -> list[dict[str, str]]:
@@ -221,16 +268,38 @@ def _wait_until(what: str, predicate: Callable[[], bool], timeout: float, every:
         time.sleep(every)
 
 
-def _submit_and_lose_a_host(hosts: list[Host], torchx_env: dict[str, str], args: list[str], log: str,
-                            lose_after_step: int, max_retries: int,
-                            env: dict[str, str] | None = None) -> tuple[str, Host, float]:
+def _submit_and_lose_a_host(
+    hosts: list[Host],
+    torchx_env: dict[str, str],
+    args: list[str],
+    log: str,
+    lose_after_step: int,
+    max_retries: int,
+    env: dict[str, str] | None = None,
+) -> tuple[str, Host, float]:
     """Submits the dlrm component as a 2-node job (one rank per compute host) from the
     controller; once rank 0 logged ``lose_after_step``, kills every process of the host
     of the job's second part (its rank, its slurmstepd, its slurmd), which is not the
     host running the batch script. Returns (job id, lost host, time of the kill)."""
-    proc = _torchx_on_controller(hosts, ["run", "-s", "slurm", "dlrm", "-j", "2x1", *NODE_REQUEST,
-                                         "--socket_ifname", "eth0", "--max_retries", str(max_retries), "--", *args],
-                                 {**torchx_env, **(env or {})})
+    proc = _torchx_on_controller(
+        hosts,
+        [
+            "run",
+            "-s",
+            "slurm",
+            "dlrm",
+            "-j",
+            "2x1",
+            *NODE_REQUEST,
+            "--socket_ifname",
+            "eth0",
+            "--max_retries",
+            str(max_retries),
+            "--",
+            *args,
+        ],
+        {**torchx_env, **(env or {})},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     job_id = _job_id(proc.stdout.strip().splitlines()[-1])
 
@@ -255,7 +324,8 @@ def _slurm_output(directory: str, job_id: str, suffix: str) -> str:
 
 
 def test_a_host_lost_under_slurm_requeues_the_job_which_resumes_on_it_back_at_another_address(
-        slurm_hosts, torchx_env, synthetic_dir, tmp_path, uninterrupted):
+    slurm_hosts, torchx_env, synthetic_dir, tmp_path, uninterrupted
+):
     """Slurm marks the silent node down and requeues the job (its `--requeue`); the
     host comes back at another address (its address and /etc/hosts line moved, as in
     the torchrun case above): its slurmd registers, the node returns by itself
@@ -264,10 +334,12 @@ def test_a_host_lost_under_slurm_requeues_the_job_which_resumes_on_it_back_at_an
     from the newest checkpoint the first run completed (step 10 or later: the kill
     lands some steps after rank 0 logged step 15, as the test polls the log)."""
     ckpt, log = str(tmp_path / "ckpt"), str(tmp_path / "log.jsonl")
-    job_id, lost, _ = _submit_and_lose_a_host(slurm_hosts, torchx_env, _args(synthetic_dir, ckpt, log), log,
-                                              lose_after_step=15, max_retries=1)
+    job_id, lost, _ = _submit_and_lose_a_host(
+        slurm_hosts, torchx_env, _args(synthetic_dir, ckpt, log), log, lose_after_step=15, max_retries=1
+    )
     moved_to = lost.address.rsplit(".", 1)[0] + ".200"  # cluster_up.sh gives hosts .10 to .109
     try:
+
         def requeued() -> bool:
             parts = _job_parts(slurm_hosts, job_id)
             return all(part["JobState"] == "PENDING" and part["Restarts"] == "1" for part in parts)
@@ -280,8 +352,14 @@ def test_a_host_lost_under_slurm_requeues_the_job_which_resumes_on_it_back_at_an
         assert os.path.join(ckpt, f"step_{EVERY:09d}") <= newest < os.path.join(ckpt, f"step_{STEPS:09d}")
         with _address_moved(lost, moved_to):
             # The host is back: its slurmd starts (and daemonizes) as at its boot.
-            subprocess.run([ON_HOST, lost.name, "/usr/sbin/slurmd"], check=True, timeout=60, stdin=subprocess.DEVNULL,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(
+                [ON_HOST, lost.name, "/usr/sbin/slurmd"],
+                check=True,
+                timeout=60,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             _wait_until(f"{lost.name} idle again", lambda: _node_state(slurm_hosts, lost.name) == "idle", 60)
             before = lost.bridge_bytes()
             # Slurm holds a requeued job for its credentials' lifetime (120 s): released at
@@ -289,16 +367,23 @@ def test_a_host_lost_under_slurm_requeues_the_job_which_resumes_on_it_back_at_an
             # credential's to the second ("Job credential revoked": the job ends FAILED unrun).
             time.sleep(max(0.0, requeued_at + 2 - time.monotonic()))
             _on_controller(slurm_hosts, "scontrol", "update", f"JobId={job_id}", "StartTime=now")
-            _wait_until("the requeued job's end",
-                        lambda: _sacct_states(slurm_hosts, job_id)[-1] in ("COMPLETED", "FAILED"), RUN_TIMEOUT)
+            _wait_until(
+                "the requeued job's end",
+                lambda: _sacct_states(slurm_hosts, job_id)[-1] in ("COMPLETED", "FAILED"),
+                RUN_TIMEOUT,
+            )
             # Its rank's collectives crossed the host's bridge port, the host having no address but moved_to.
             assert lost.bridge_bytes() - before > 1_000_000
     finally:
         subprocess.run([ON_HOST, slurm_hosts[0].name, "scancel", job_id], timeout=60)
         move_slurm_logs(job_id, str(tmp_path), submit_dir=REPO)
     assert _sacct_states(slurm_hosts, job_id) == ["NODE_FAIL", "NODE_FAIL", "COMPLETED", "COMPLETED"]
-    assert lost.name in _on_controller(slurm_hosts, "sacct", "--noheader", "-X", "--parsable2", "--format=NodeList",
-                                       "-j", job_id).split()
+    assert (
+        lost.name
+        in _on_controller(
+            slurm_hosts, "sacct", "--noheader", "-X", "--parsable2", "--format=NodeList", "-j", job_id
+        ).split()
+    )
     assert f"{lost.address} {lost.name}\n" in open("/etc/hosts").read()
     out = _slurm_output(str(tmp_path), job_id, "-*.out")
     assert out.count("resumed from ") == 1 and f"resumed from {newest}: " in out, out[-3000:]
@@ -308,17 +393,25 @@ def test_a_host_lost_under_slurm_requeues_the_job_which_resumes_on_it_back_at_an
 
 
 def test_a_host_lost_under_slurm_without_requeue_fails_the_job_in_bounded_time_naming_it(
-        slurm_hosts, torchx_env, synthetic_dir, tmp_path):
+    slurm_hosts, torchx_env, synthetic_dir, tmp_path
+):
     """SBATCH_NO_REQUEUE=1 overrides the `--requeue` of torchx's batch script: the job
     ends NODE_FAIL within NODE_FAIL_BOUND of the loss, srun names the node and the
     surviving rank names the host and its address."""
     ckpt, log = str(tmp_path / "ckpt"), str(tmp_path / "log.jsonl")
-    job_id, lost, killed_at = _submit_and_lose_a_host(slurm_hosts, torchx_env, _args(synthetic_dir, ckpt, log), log,
-                                                      lose_after_step=5, max_retries=0,
-                                                      env={"SBATCH_NO_REQUEUE": "1"})
+    job_id, lost, killed_at = _submit_and_lose_a_host(
+        slurm_hosts,
+        torchx_env,
+        _args(synthetic_dir, ckpt, log),
+        log,
+        lose_after_step=5,
+        max_retries=0,
+        env={"SBATCH_NO_REQUEUE": "1"},
+    )
     try:
-        _wait_until("the job's end", lambda: _sacct_states(slurm_hosts, job_id) == ["NODE_FAIL", "NODE_FAIL"],
-                    NODE_FAIL_BOUND)
+        _wait_until(
+            "the job's end", lambda: _sacct_states(slurm_hosts, job_id) == ["NODE_FAIL", "NODE_FAIL"], NODE_FAIL_BOUND
+        )
         assert time.monotonic() - killed_at < NODE_FAIL_BOUND
         assert [part["Restarts"] for part in _job_parts(slurm_hosts, job_id)] == ["0", "0"]
     finally:

@@ -45,6 +45,7 @@ sys.addaudithook(_audit)  # hooks cannot be removed: this one records only insid
 def reads(monkeypatch) -> Callable[[], contextlib.AbstractContextManager[Counter]]:
     """A context that counts, while inside, the opens of each file name and the
     unpicklings of DCP metadata."""
+
     def unpickling(data: bytes, source: str) -> Metadata:
         if _recording:
             _recording[-1]["unpickle .metadata"] += 1
@@ -60,6 +61,7 @@ def reads(monkeypatch) -> Callable[[], contextlib.AbstractContextManager[Counter
             yield counts
         finally:
             _recording.pop()
+
     return counting
 
 
@@ -70,8 +72,11 @@ def checkpoint(tmp_path_factory) -> str:
 
 def test_the_probe_sees_every_reading(checkpoint, reads):
     """Positive control: two readers started from the path each read the files again."""
-    state = {"model": build_dlrm_train(read_meta(checkpoint).model, dense_device=torch.device("cpu"),
-                                       embedding_device=torch.device("cpu")).state_dict()}
+    state = {
+        "model": build_dlrm_train(
+            read_meta(checkpoint).model, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu")
+        ).state_dict()
+    }
     with reads() as counts:
         check_stored_shapes(checkpoint, state)
         load_checkpoint(checkpoint, state, rank=0, restore_rng=False)
@@ -83,8 +88,7 @@ def test_the_probe_sees_every_reading(checkpoint, reads):
 def test_one_export_reads_the_manifest_and_the_metadata_once(checkpoint, tmp_path, capsys, reads):
     """Issue 39: the export opened COMPLETE four times and unpickled .metadata twice."""
     with reads() as counts:
-        assert export.main(["--checkpoint", checkpoint, "--output", str(tmp_path / "model"),
-                            "--quantize", "none"]) == 0
+        assert export.main(["--checkpoint", checkpoint, "--output", str(tmp_path / "model"), "--quantize", "none"]) == 0
     assert f"exported {checkpoint} (step 1)" in capsys.readouterr().out
     assert counts[("open", COMPLETE_MARKER)] == 1
     assert counts[("open", META_FILE)] == 1
@@ -97,8 +101,9 @@ def test_readers_share_one_opening(checkpoint, reads):
     still checks .metadata against the state it is handed."""
     with reads() as counts:
         opened = open_checkpoint(checkpoint)
-        model = build_dlrm_train(opened.meta.model, dense_device=torch.device("cpu"),
-                                 embedding_device=torch.device("cpu"))
+        model = build_dlrm_train(
+            opened.meta.model, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu")
+        )
         state = {"model": model.state_dict()}
         check_stored_shapes(opened, state)
         load_checkpoint(opened, state, rank=0, restore_rng=False)

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.errors import BadInput
-from data.id_hashing import embedding_rows, integer_keys
-from data.parquet_columns import ColumnValueError, ParquetColumns, resolve_column_patterns
+from data.parquet.columns import ColumnValueError, ParquetColumns, resolve_column_patterns
+from data.parquet.id_hashing import embedding_rows, integer_keys
 
 MASK = 2**64 - 1
 
@@ -52,8 +52,9 @@ def test_integer_ids_follow_the_recipe(values, seed, size):
 @pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "uint8", "uint32"])
 def test_an_integer_hashes_alike_in_every_width(dtype):
     values = np.array([0, 1, 7, 100], dtype=dtype)
-    assert (embedding_rows(integer_keys(values), 3, 97)
-            == embedding_rows(integer_keys(values.astype(np.int64)), 3, 97)).all()
+    assert (
+        embedding_rows(integer_keys(values), 3, 97) == embedding_rows(integer_keys(values.astype(np.int64)), 3, 97)
+    ).all()
 
 
 def _bags(rows):
@@ -74,11 +75,14 @@ columns_of_ids = st.one_of(
     st.lists(st.one_of(st.none(), ints), min_size=1, max_size=8).map(lambda v: pa.array(v, pa.int64())),
     st.lists(st.one_of(st.none(), texts), min_size=1, max_size=8).map(lambda v: pa.array(v, pa.string())),
     st.lists(st.one_of(st.none(), texts), min_size=1, max_size=8).map(
-        lambda v: pa.array(v, pa.string()).dictionary_encode()),
+        lambda v: pa.array(v, pa.string()).dictionary_encode()
+    ),
     st.lists(st.one_of(st.none(), st.lists(st.one_of(st.none(), ints), max_size=4)), min_size=1, max_size=8).map(
-        lambda v: pa.array(v, pa.list_(pa.int64()))),
+        lambda v: pa.array(v, pa.list_(pa.int64()))
+    ),
     st.lists(st.one_of(st.none(), st.lists(texts, max_size=4)), min_size=1, max_size=8).map(
-        lambda v: pa.array(v, pa.large_list(pa.large_string()))),
+        lambda v: pa.array(v, pa.large_list(pa.large_string()))
+    ),
 )
 
 
@@ -98,8 +102,14 @@ def test_sparse_columns_become_the_recipes_bags(column, seed, size, split):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.one_of(st.none(), st.floats(min_value=-1e6, max_value=1e6), st.integers(-1000, 10**6)),
-                min_size=1, max_size=10), st.sampled_from(["log1p", "none"]))
+@given(
+    st.lists(
+        st.one_of(st.none(), st.floats(min_value=-1e6, max_value=1e6), st.integers(-1000, 10**6)),
+        min_size=1,
+        max_size=10,
+    ),
+    st.sampled_from(["log1p", "none"]),
+)
 def test_dense_values_nulls_and_transform(values, transform):
     column = pa.array([None if v is None else float(v) for v in values], pa.float64())
     table = pa.table({"label": pa.array([1] * len(values), pa.int64()), "x": column})
@@ -112,13 +122,16 @@ def test_dense_values_nulls_and_transform(values, transform):
     assert converted.dense_nulls.tolist() == [sum(v is None for v in values)]
 
 
-@pytest.mark.parametrize("column, values, message", [
-    ("label", [0, 2, 1], "row 1 column label: label 2 is not 0 or 1"),
-    ("label", [0, None, 1], "row 1 column label: label is null"),
-    ("x", [1.0, 2.0, float("nan")], "row 2 column x: dense value nan is not finite"),
-    ("x", [float("inf"), 2.0, 1.0], "row 0 column x: dense value inf is not finite"),
-    ("w", [1.0, -1.0, 1.0], "row 1 column w: weight -1.0 is not finite and >= 0"),
-])
+@pytest.mark.parametrize(
+    "column, values, message",
+    [
+        ("label", [0, 2, 1], "row 1 column label: label 2 is not 0 or 1"),
+        ("label", [0, None, 1], "row 1 column label: label is null"),
+        ("x", [1.0, 2.0, float("nan")], "row 2 column x: dense value nan is not finite"),
+        ("x", [float("inf"), 2.0, 1.0], "row 0 column x: dense value inf is not finite"),
+        ("w", [1.0, -1.0, 1.0], "row 1 column w: weight -1.0 is not finite and >= 0"),
+    ],
+)
 def test_bad_values_name_the_row_and_column(column, values, message):
     data = {"label": [0, 1, 1], "x": [1.0, 2.0, 3.0], "w": [1.0, 1.0, 1.0], "c": ["a", "b", "c"]}
     data[column] = values
@@ -136,11 +149,14 @@ def test_negative_ids_refused_when_taken_modulo():
     assert spec.convert(ok).ids[0].tolist() == [3, 1, 2]
 
 
-@pytest.mark.parametrize("kind, role, message", [
-    (pa.float64(), "sparse", "column c is double, but a sparse column holds integer or string ids"),
-    (pa.string(), "dense", "column x is string, but a dense column holds integers or floats"),
-    (pa.string(), "label", "column label is string, but a label column holds"),
-])
+@pytest.mark.parametrize(
+    "kind, role, message",
+    [
+        (pa.float64(), "sparse", "column c is double, but a sparse column holds integer or string ids"),
+        (pa.string(), "dense", "column x is string, but a dense column holds integers or floats"),
+        (pa.string(), "label", "column label is string, but a label column holds"),
+    ],
+)
 def test_schemas_with_a_wrong_type_are_refused(kind, role, message):
     fields = {"label": pa.int64(), "x": pa.float32(), "c": pa.string()}
     fields[{"sparse": "c", "dense": "x", "label": "label"}[role]] = kind

@@ -12,10 +12,10 @@ import pytest
 from common.config_flags import FlagError
 from common.errors import BadInput
 from data.config import DataConfig
-from data.id_collisions import CollisionCounter
-from data.id_hashing import embedding_rows, integer_keys
-from data.parquet_loader import ParquetValueError
-from data.parquet_windows import parse_window
+from data.parquet.id_collisions import CollisionCounter
+from data.parquet.id_hashing import embedding_rows, integer_keys
+from data.parquet.loader import ParquetValueError
+from data.parquet.windows import parse_window
 from data.sources import source_for
 
 # Very different file sizes, and row groups of 1 row among them.
@@ -31,26 +31,30 @@ def _rows(first: int, n: int, rng: np.random.Generator) -> dict[str, pa.Array]:
         "C1": pa.array([f"v{v}" for v in rng.integers(0, 40, n)], pa.string()),
         "C2": pa.array(rng.integers(0, 10**12, n), pa.int64()),
         "M1": pa.array([list(rng.integers(0, 100, rng.integers(0, 4))) for _ in range(n)], pa.list_(pa.int64())),
-        "ts": pa.array(np.datetime64("2026-11-01") + rng.integers(0, 10 * 86400, n).astype("timedelta64[s]"),
-                       pa.timestamp("s")),
+        "ts": pa.array(
+            np.datetime64("2026-11-01") + rng.integers(0, 10 * 86400, n).astype("timedelta64[s]"), pa.timestamp("s")
+        ),
     }
 
 
-def _write_table(root: str, file_rows: Sequence[int] = FILE_ROWS, row_groups: Sequence[int] = ROW_GROUP_ROWS,
-                 seed: int = 0) -> int:
+def _write_table(
+    root: str, file_rows: Sequence[int] = FILE_ROWS, row_groups: Sequence[int] = ROW_GROUP_ROWS, seed: int = 0
+) -> int:
     rng = np.random.default_rng(seed)
     first = 0
     for i, (rows, group) in enumerate(zip(file_rows, row_groups)):
         os.makedirs(root, exist_ok=True)
-        pq.write_table(pa.table(_rows(first, rows, rng)), os.path.join(root, f"part-{i:02d}.parquet"),
-                       row_group_size=group)
+        pq.write_table(
+            pa.table(_rows(first, rows, rng)), os.path.join(root, f"part-{i:02d}.parquet"), row_group_size=group
+        )
         first += rows
     return first
 
 
 def _config(path: str, **flags) -> DataConfig:
-    values = dict(parquet_path=path, dense_columns="rid,I2", sparse_columns="C1,C2,M1", dense_transform="none",
-                  batch_size=4)
+    values = dict(
+        parquet_path=path, dense_columns="rid,I2", sparse_columns="C1,C2,M1", dense_transform="none", batch_size=4
+    )
     values.update(flags)
     config = DataConfig.from_flags(**values)
     config.validate()
@@ -76,14 +80,16 @@ def _epoch(loader, epoch: int = 0, start: int = 0) -> list[list[int]]:
 def test_ranks_see_the_one_rank_global_batch(tmp_path, world_size, shuffle):
     _write_table(str(tmp_path))
     one = _epoch(_loaders(_config(str(tmp_path), batch_size=3 * world_size, shuffle_training_set=shuffle))["train"])
-    per_rank = [_epoch(_loaders(_config(str(tmp_path), batch_size=3, shuffle_training_set=shuffle),
-                                rank, world_size)["train"]) for rank in range(world_size)]
+    per_rank = [
+        _epoch(_loaders(_config(str(tmp_path), batch_size=3, shuffle_training_set=shuffle), rank, world_size)["train"])
+        for rank in range(world_size)
+    ]
     assert len({len(r) for r in per_rank}) == 1  # every rank the same number of batches
     # A final global batch of fewer rows than ranks is dropped (data/batching.py).
-    assert all(len(big) < world_size for big in one[len(per_rank[0]):])
-    for step, big in enumerate(one[:len(per_rank[0])]):
+    assert all(len(big) < world_size for big in one[len(per_rank[0]) :])
+    for step, big in enumerate(one[: len(per_rank[0])]):
         joined = [rid for rank in per_rank for rid in rank[step]]
-        assert joined == big[:len(joined)]
+        assert joined == big[: len(joined)]
         assert len(big) - len(joined) < world_size  # a final partial batch split evenly
 
 
@@ -134,8 +140,12 @@ def test_time_split_never_leaks(tmp_path):
     dataset = source_for(config).open()
     ranges = dataset.time_ranges()
     seen = {split: [r for b in _epoch(loader) for r in b] for split, loader in loaders.items()}
-    order = np.concatenate([pq.read_table(str(tmp_path / f"part-{i:02d}.parquet"), columns=["ts"]).column("ts")
-                            .to_numpy() for i in range(len(FILE_ROWS))])
+    order = np.concatenate(
+        [
+            pq.read_table(str(tmp_path / f"part-{i:02d}.parquet"), columns=["ts"]).column("ts").to_numpy()
+            for i in range(len(FILE_ROWS))
+        ]
+    )
     assert len(order) == len(times)
     validation_start = np.datetime64(ranges["validation"][0])
     test_start = np.datetime64(ranges["test"][0])
@@ -154,8 +164,11 @@ def test_hive_date_partitions_test_on_the_last_day(tmp_path):
         pq.write_table(pa.table(_rows(day * 100, rows, rng)), str(folder / "part-0.parquet"), row_group_size=2)
     config = _config(str(tmp_path), time_column="date", batch_size=2)
     dataset = source_for(config).open()
-    assert dataset.time_ranges() == {"train": ("2026-11-01", "2026-11-03"), "validation": ("2026-11-03", "2026-11-04"),
-                                     "test": ("2026-11-04", "2026-11-05")}
+    assert dataset.time_ranges() == {
+        "train": ("2026-11-01", "2026-11-03"),
+        "validation": ("2026-11-03", "2026-11-04"),
+        "test": ("2026-11-04", "2026-11-05"),
+    }
     assert [dataset.num_rows(s) for s in ("train", "validation", "test")] == [13, 3, 4]
     test_rows = [r for b in _epoch(_loaders(config)["test"]) for r in b]
     assert test_rows == [300, 301, 302, 303]
@@ -163,29 +176,35 @@ def test_hive_date_partitions_test_on_the_last_day(tmp_path):
 
 def test_glob_single_file_and_file_url(tmp_path):
     _write_table(str(tmp_path))
-    for path, rows in ((str(tmp_path / "part-0[12].parquet"), 60), (str(tmp_path / "part-01.parquet"), 57),
-                       ("file://" + str(tmp_path), sum(FILE_ROWS))):
+    for path, rows in (
+        (str(tmp_path / "part-0[12].parquet"), 60),
+        (str(tmp_path / "part-01.parquet"), 57),
+        ("file://" + str(tmp_path), sum(FILE_ROWS)),
+    ):
         dataset = source_for(_config(path)).open()
         assert sum(dataset.num_rows(s) for s in ("train", "validation", "test")) == rows
 
 
-@pytest.mark.parametrize("pattern, path, matches", [
-    ("lake/*.parquet", "lake/date=2026-11-01/part-0.parquet", False),
-    ("lake/*/part-?.parquet", "lake/date=2026-11-01/part-0.parquet", True),
-    ("lake/**/*.parquet", "lake/a.parquet", True),
-    ("lake/**/*.parquet", "lake/x/y/a.parquet", True),
-    ("lake/**/*.parquet", "lake/x/_tmp/a.parquet", False),
-    ("lake/*", "lake/.crc", False),
-    ("lake/part-0[!12].parquet", "lake/part-01.parquet", False),
-    ("lake/part-0[!12].parquet", "lake/part-03.parquet", True),
-    ("lake/[]x].p", "lake/].p", True),
-    ("lake/[^x].p", "lake/^.p", True),
-    ("lake/[[]x", "lake/[x", True),
-    ("lake/a[b", "lake/a[b", True),
-    ("lake/a.b", "lake/aXb", False),
-])
+@pytest.mark.parametrize(
+    "pattern, path, matches",
+    [
+        ("lake/*.parquet", "lake/date=2026-11-01/part-0.parquet", False),
+        ("lake/*/part-?.parquet", "lake/date=2026-11-01/part-0.parquet", True),
+        ("lake/**/*.parquet", "lake/a.parquet", True),
+        ("lake/**/*.parquet", "lake/x/y/a.parquet", True),
+        ("lake/**/*.parquet", "lake/x/_tmp/a.parquet", False),
+        ("lake/*", "lake/.crc", False),
+        ("lake/part-0[!12].parquet", "lake/part-01.parquet", False),
+        ("lake/part-0[!12].parquet", "lake/part-03.parquet", True),
+        ("lake/[]x].p", "lake/].p", True),
+        ("lake/[^x].p", "lake/^.p", True),
+        ("lake/[[]x", "lake/[x", True),
+        ("lake/a[b", "lake/a[b", True),
+        ("lake/a.b", "lake/aXb", False),
+    ],
+)
 def test_glob_regex(pattern, path, matches):
-    from data.parquet_files import glob_regex
+    from data.parquet.files import glob_regex
 
     assert bool(glob_regex(pattern).fullmatch(path)) is matches
 
@@ -193,7 +212,7 @@ def test_glob_regex(pattern, path, matches):
 def test_globs_have_path_semantics(tmp_path):
     """``*`` stays within a path segment, ``**`` crosses them, a matched directory is read
     as a directory is (hidden names skipped), and no wildcard matches a hidden name."""
-    from data.parquet_files import list_files
+    from data.parquet.files import list_files
 
     lake = tmp_path / "lake"
     for day in ("2026-11-01", "2026-11-02", "2026-11-03"):
@@ -213,8 +232,9 @@ def test_globs_have_path_semantics(tmp_path):
     assert listed("date=2026-11-0[12]/") == every[:4]
     assert listed("*/part-01.parquet") == every[1::2]
     assert listed("**") == every + ["top.parquet"]
-    dataset = source_for(_config(str(lake / "date=*"), time_column="date", validation_window="1d",
-                                 test_window="1d")).open()  # the partitions are columns below the glob too
+    dataset = source_for(
+        _config(str(lake / "date=*"), time_column="date", validation_window="1d", test_window="1d")
+    ).open()  # the partitions are columns below the glob too
     assert [f.partitions["date"].isoformat() for f in dataset.footers] == [f"2026-11-0{d}" for d in (1, 1, 2, 2, 3, 3)]
     with pytest.raises(BadInput, match="no Parquet file there"):
         list_files(str(lake / "*.csv"))
@@ -235,8 +255,9 @@ def _type_change(root):
 
 
 def _missing(root):
-    pq.write_table(pa.table(_rows(0, 4, np.random.default_rng(0))).drop_columns(["label"]),
-                   os.path.join(root, "part-00.parquet"))
+    pq.write_table(
+        pa.table(_rows(0, 4, np.random.default_rng(0))).drop_columns(["label"]), os.path.join(root, "part-00.parquet")
+    )
     return "part-00.parquet: no column label (the label column"
 
 
@@ -277,18 +298,22 @@ def test_bad_tables_refused_naming_the_file(tmp_path, make):
     assert "\n" not in str(caught.value)
 
 
-@pytest.mark.parametrize("column, value, what", [
-    ("label", 2, "label 2 is not 0 or 1"),
-    ("I2", float("nan"), "dense value nan is not finite"),
-])
+@pytest.mark.parametrize(
+    "column, value, what",
+    [
+        ("label", 2, "label 2 is not 0 or 1"),
+        ("I2", float("nan"), "dense value nan is not finite"),
+    ],
+)
 def test_bad_value_names_file_row_group_row_column(tmp_path, column, value, what):
     _write_table(str(tmp_path), file_rows=(3, 20), row_groups=(3, 4))
     path = str(tmp_path / "part-01.parquet")
     table = pq.read_table(path)
     values = table.column(column).to_pylist()
     values[9] = value  # row group 2 (rows 8-11) of the file
-    table = table.set_column(table.schema.get_field_index(column), column,
-                             pa.array(values, table.schema.field(column).type))
+    table = table.set_column(
+        table.schema.get_field_index(column), column, pa.array(values, table.schema.field(column).type)
+    )
     pq.write_table(table, path, row_group_size=4)
     with pytest.raises(ParquetValueError) as caught:
         for split in _loaders(_config(str(tmp_path), validation_window="0.1", test_window="0.1")).values():
@@ -314,21 +339,33 @@ def test_a_footer_that_lies_about_a_row_group_stops_every_rank_at_the_same_batch
                 batches += 1
         stops.append((batches, str(caught.value)))
     # Rows 20-23 (global batch 5) are the first of the lying row group.
-    assert stops == [(5, f"{path}: row group 0 holds 10 rows, but the file's footer says 12 (a corrupt or "
-                         "rewritten footer) (batch 5 of the split)")] * 2
+    assert (
+        stops
+        == [
+            (
+                5,
+                f"{path}: row group 0 holds 10 rows, but the file's footer says 12 (a corrupt or "
+                "rewritten footer) (batch 5 of the split)",
+            )
+        ]
+        * 2
+    )
 
 
-@pytest.mark.parametrize("flags, message", [
-    (dict(sparse_columns=None), "--parquet_path needs --sparse_columns"),
-    (dict(multi_hot_sizes=[2] * 26), "--multi_hot_sizes expands one-hot data; Parquet list columns"),
-    (dict(shuffle_batches=True), "--shuffle_batches reads batches in random order"),
-    (dict(test_window="1d"), "--test_window 1d is a duration, which needs --time_column"),
-    (dict(validation_window="0.5", test_window="0.5"), "leave no training rows"),
-    (dict(test_window="1w"), "--test_window 1w: give a duration (1d, 6h, 30m, 90s) or a fraction (0.1)"),
-    (dict(test_window="1.5"), "--test_window 1.5: a fraction must be between 0 and 1"),
-    (dict(rolling_windows=3), "--rolling_windows splits the data by time: give --time_column"),
-    (dict(max_buffered_row_groups=0), "--max_buffered_row_groups must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (dict(sparse_columns=None), "--parquet_path needs --sparse_columns"),
+        (dict(multi_hot_sizes=[2] * 26), "--multi_hot_sizes expands one-hot data; Parquet list columns"),
+        (dict(shuffle_batches=True), "--shuffle_batches reads batches in random order"),
+        (dict(test_window="1d"), "--test_window 1d is a duration, which needs --time_column"),
+        (dict(validation_window="0.5", test_window="0.5"), "leave no training rows"),
+        (dict(test_window="1w"), "--test_window 1w: give a duration (1d, 6h, 30m, 90s) or a fraction (0.1)"),
+        (dict(test_window="1.5"), "--test_window 1.5: a fraction must be between 0 and 1"),
+        (dict(rolling_windows=3), "--rolling_windows splits the data by time: give --time_column"),
+        (dict(max_buffered_row_groups=0), "--max_buffered_row_groups must be at least 1"),
+    ],
+)
 def test_flag_refusals(tmp_path, flags, message):
     values = dict(parquet_path=str(tmp_path), sparse_columns="C1")
     values.update(flags)
@@ -337,8 +374,9 @@ def test_flag_refusals(tmp_path, flags, message):
     assert message in str(caught.value)
 
 
-@pytest.mark.parametrize("flags", [dict(sparse_columns="C1"), dict(time_column="ts"), dict(hash_seed=3),
-                                   dict(test_window="0.1")])
+@pytest.mark.parametrize(
+    "flags", [dict(sparse_columns="C1"), dict(time_column="ts"), dict(hash_seed=3), dict(test_window="0.1")]
+)
 def test_parquet_flags_need_parquet_path(flags):
     with pytest.raises(FlagError, match="is for parquet data: it needs --parquet_path"):
         DataConfig.from_flags(**flags).validate()
@@ -419,8 +457,10 @@ def test_statistics_lines_say_what_was_counted_and_nothing_before_a_row(tmp_path
     assert capsys.readouterr().err == "note: dense column(s) I2 hold nulls, read as 0, as in training\n"
     monkeypatch.setattr("data.parquet_loader._NULLS_REPORTED", set())
     list(loader)
-    assert capsys.readouterr().err == ("note: dense column(s) I2 hold nulls, read as 0 (the training rows' counts per "
-                                       "column follow each evaluation, and go to the run log with --log_path)\n")
+    assert capsys.readouterr().err == (
+        "note: dense column(s) I2 hold nulls, read as 0 (the training rows' counts per "
+        "column follow each evaluation, and go to the run log with --log_path)\n"
+    )
     collisions, nulls = statistics_lines(loader.statistics()).split("\n")
     assert collisions.startswith("id collisions (share of a feature's distinct values on a row another also has")
     assert nulls.startswith("dense nulls read as 0 (this rank's training rows): I2 ")

@@ -13,9 +13,28 @@ import pytest
 from harness.launch import eval_record, read_log, run_script, step_losses
 from tests.support.s3 import s3_serving
 
-TINY = ["--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8", "--over_arch_layer_sizes", "16,1",
-        "--num_embeddings", "200", "--batch_size", "16", "--device", "cpu", "--time_column", "date",
-        "--dense_columns", "I*", "--sparse_columns", "C1,C2,M1", "--limit_train_batches", "6"]
+TINY = [
+    "--embedding_dim",
+    "8",
+    "--dense_arch_layer_sizes",
+    "16,8",
+    "--over_arch_layer_sizes",
+    "16,1",
+    "--num_embeddings",
+    "200",
+    "--batch_size",
+    "16",
+    "--device",
+    "cpu",
+    "--time_column",
+    "date",
+    "--dense_columns",
+    "I*",
+    "--sparse_columns",
+    "C1,C2,M1",
+    "--limit_train_batches",
+    "6",
+]
 
 
 def write_click_log(root: str) -> None:
@@ -26,21 +45,23 @@ def write_click_log(root: str) -> None:
             folder = os.path.join(root, f"date=2026-11-0{day + 1}")
             os.makedirs(folder, exist_ok=True)
             c1 = rng.integers(0, 30, rows)
-            table = pa.table({
-                "label": pa.array((c1 % 3 == 0).astype(np.int64)),  # learnable from C1
-                "I1": pa.array(rng.exponential(3, rows)),
-                "I2": pa.array([None if i % 7 == 0 else float(i) for i in range(rows)], pa.float64()),
-                "C1": pa.array([f"{v:x}" for v in c1]),
-                "C2": pa.array(rng.integers(0, 5 * 10**9, rows)),
-                "M1": pa.array([list(rng.integers(0, 10**6, rng.integers(0, 5))) for _ in range(rows)],
-                               pa.list_(pa.int64())),
-            })
+            table = pa.table(
+                {
+                    "label": pa.array((c1 % 3 == 0).astype(np.int64)),  # learnable from C1
+                    "I1": pa.array(rng.exponential(3, rows)),
+                    "I2": pa.array([None if i % 7 == 0 else float(i) for i in range(rows)], pa.float64()),
+                    "C1": pa.array([f"{v:x}" for v in c1]),
+                    "C2": pa.array(rng.integers(0, 5 * 10**9, rows)),
+                    "M1": pa.array(
+                        [list(rng.integers(0, 10**6, rng.integers(0, 5))) for _ in range(rows)], pa.list_(pa.int64())
+                    ),
+                }
+            )
             pq.write_table(table, os.path.join(folder, f"part-{part}.parquet"), row_group_size=(13, 50)[part])
 
 
 def train(path: str, log: str) -> subprocess.CompletedProcess:
-    return run_script(["dlrm_main.py", "--parquet_path", path, *TINY, "--log_path", log], torchrun_nproc=2,
-                      timeout=300)
+    return run_script(["dlrm_main.py", "--parquet_path", path, *TINY, "--log_path", log], torchrun_nproc=2, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +81,10 @@ def test_two_ranks_train_and_test_on_the_last_day(local_run):
     losses = step_losses(records)
     assert len(losses) == 6 and all(np.isfinite(losses))
     assert eval_record(records, "test")  # the test split: the last day
-    assert "time ranges (date): train 2026-11-01 to before 2026-11-03, validation 2026-11-03 to before " \
-           "2026-11-04, test 2026-11-04 to before 2026-11-05" in proc.stdout
+    assert (
+        "time ranges (date): train 2026-11-01 to before 2026-11-03, validation 2026-11-03 to before "
+        "2026-11-04, test 2026-11-04 to before 2026-11-05" in proc.stdout
+    )
     # Once per evaluation: each feature's distinct values and how many share a row.
     statistics = [r for r in records if r["event"] == "data_statistics"]
     assert [r["stage"] for r in statistics] == [r["stage"] for r in records if r["event"] == "eval"]
@@ -107,12 +130,13 @@ def test_a_bad_value_mid_stream_stops_every_rank_at_the_same_batch(tmp_path, cap
     rows = pq.read_table(path)
     dense = rows.column("I1").to_numpy(zero_copy_only=False).copy()
     dense[12] = np.nan
-    pq.write_table(rows.set_column(rows.schema.get_field_index("I1"), "I1", pa.array(dense)), path,
-                   row_group_size=50)
+    pq.write_table(rows.set_column(rows.schema.get_field_index("I1"), "I1", pa.array(dense)), path, row_group_size=50)
     errors, log = _stopped_two_rank_run(table, tmp_path, capfd)
     assert len(errors) == 1 and re.fullmatch(
         rf"dlrm_main.py: error: bad data, found at step \d \(epoch 0, training\): {re.escape(path)}: row group 0, "
-        r"row 12, column I1: dense value nan is not finite \(batch 2 of the split\)", errors[0]), errors
+        r"row 12, column I1: dense value nan is not finite \(batch 2 of the split\)",
+        errors[0],
+    ), errors
     assert len(step_losses(read_log(log))) <= 2  # nothing trained on batch 2 or after
 
 
@@ -133,5 +157,6 @@ def test_a_footer_that_lies_stops_every_rank_at_the_same_batch(tmp_path, capfd):
     assert len(errors) == 1 and re.fullmatch(
         rf"dlrm_main.py: error: bad data, found at step \d \(epoch 0, training\): {re.escape(path)}: row group 0 "
         r"holds 50 rows, but the file's footer says 60 \(a corrupt or rewritten footer\) \(batch 2 of the split\)",
-        errors[0]), errors
+        errors[0],
+    ), errors
     assert len(step_losses(read_log(log))) <= 2

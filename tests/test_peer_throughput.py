@@ -27,8 +27,10 @@ def test_a_missing_peer_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["--peer", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert err.startswith(f"python bench/peer_throughput.py: error: --peer {tmp_path}: not a checkout of the public "
-                          f"example's torchrec_dlrm folder (no {os.path.join('data', 'dlrm_dataloader.py')})")
+    assert err.startswith(
+        f"python bench/peer_throughput.py: error: --peer {tmp_path}: not a checkout of the public "
+        f"example's torchrec_dlrm folder (no {os.path.join('data', 'dlrm_dataloader.py')})"
+    )
 
 
 def exit_code(argv):
@@ -39,10 +41,13 @@ def exit_code(argv):
         return exit.code
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--short_steps", "30", "--long_steps", "30"], "--long_steps (30) must be above --short_steps (30)"),
-    (["--rounds", "0"], "argument --rounds: must be positive, got 0"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--short_steps", "30", "--long_steps", "30"], "--long_steps (30) must be above --short_steps (30)"),
+        (["--rounds", "0"], "argument --rounds: must be positive, got 0"),
+    ],
+)
 def test_step_and_round_counts_are_checked_before_anything_runs(tmp_path, capsys, argv, message):
     # The peer is missing too: the counts are checked first, before the peer and any run.
     assert exit_code(["--peer", str(tmp_path), *argv]) == 2

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from bench.quality import RECIPE_FLAGS, fetch_wheel, load_movielens, run, split_rows
-from data.split_binary import SplitBinaryDataset
 from common.click_metrics import binary_entropy
+from data.binary.split import SplitBinaryDataset
 
 ROWS = 4000
 

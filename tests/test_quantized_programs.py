@@ -17,7 +17,7 @@ from torchrec.fx import symbolic_trace
 from serving import predict
 from serving.export import QUANTIZED_DTYPES, export_model, quantized_model
 from serving.inference_model import ProbabilityModel, load_checkpoint_model
-from serving.model_files import TORCH_EXPORT_FORMAT, TORCHSCRIPT_FORMAT, ReexportNeeded, write_manifest, MANIFEST_FILE
+from serving.model_files import MANIFEST_FILE, TORCH_EXPORT_FORMAT, TORCHSCRIPT_FORMAT, ReexportNeeded, write_manifest
 from serving.model_inputs import INPUTS_FILE, program_file, read_inputs
 from serving.predict import Predictor
 from tests.support.exported_model import tiny_checkpoint
@@ -38,8 +38,11 @@ def torchscript_reference(ckpt: str, dtype: torch.dtype) -> torch.jit.ScriptModu
     model = ProbabilityModel(train_model.model, meta.model.sparse_feature_names, [1] * 26).eval()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TorchScript's deprecation notice
-        return torch.jit.script(symbolic_trace(quantized_model(model, dtype),
-                                               leaf_modules=[IntNBitTableBatchedEmbeddingBagsCodegen.__name__]))
+        return torch.jit.script(
+            symbolic_trace(
+                quantized_model(model, dtype), leaf_modules=[IntNBitTableBatchedEmbeddingBagsCodegen.__name__]
+            )
+        )
 
 
 @pytest.mark.parametrize("precision", list(QUANTIZED_DTYPES))
@@ -51,11 +54,12 @@ def test_a_quantized_program_predicts_as_its_torchscript_did(exported, precision
     rng = np.random.default_rng(0)
     predictor = Predictor(exported["model"], precision)  # one batch of 300: another size than the export's
     dense = rng.normal(size=(300, 13)).astype(np.float32)
-    ids = predictor.ids_in_tables(rng.integers(0, 2 ** 32, (300, 26), dtype=np.uint64).astype(np.uint32))
+    ids = predictor.ids_in_tables(rng.integers(0, 2**32, (300, 26), dtype=np.uint64).astype(np.uint32))
     got = predictor.predict_transformed(dense, ids)
     with torch.no_grad():
         expected = torchscript_reference(exported["ckpt"], QUANTIZED_DTYPES[precision])(
-            torch.as_tensor(dense), torch.as_tensor(ids)).numpy()
+            torch.as_tensor(dense), torch.as_tensor(ids)
+        ).numpy()
     np.testing.assert_array_equal(got, expected)
 
 

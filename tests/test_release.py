@@ -8,8 +8,8 @@ import tomllib
 import pytest
 
 from common.version import VERSION
-from tests.support.cli_modules import cli_modules, run_as_main
 from harness.launch import REPO
+from tests.support.cli_modules import cli_modules, run_as_main
 
 
 def test_pyproject_reads_the_version_from_its_one_source():

@@ -11,10 +11,10 @@ import pytest
 
 import dlrm_main
 from checkpoints.opened import read_meta
-from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parquet
 from data.sources import source_for
-from tests.support.doc_commands import commands_starting, replaced
+from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parquet
 from harness.launch import launch, read_log
+from tests.support.doc_commands import commands_starting, replaced
 from training import report
 from training.distributed import resolve_env
 from training.flags import parse_config, parse_config_and_source
@@ -24,18 +24,51 @@ WINDOWS = 3
 BATCH, EVAL_BATCH, RANKS = 16, 32, 2
 ROWS_PER_DAY = 4 * BATCH * RANKS  # a window (a day) is 4 training steps
 STEPS_PER_WINDOW = ROWS_PER_DAY // (BATCH * RANKS)
-LOG = SyntheticParquetSpec(days=WINDOWS + 1, rows_per_day=ROWS_PER_DAY, files_per_day=1, row_group_rows=64,
-                           multi_hot_columns=0, seed=3)
+LOG = SyntheticParquetSpec(
+    days=WINDOWS + 1, rows_per_day=ROWS_PER_DAY, files_per_day=1, row_group_rows=64, multi_hot_columns=0, seed=3
+)
 
 
 def flags(root, clicks, *extra: str) -> list:
-    return ["--parquet_path", str(clicks), "--time_column", "date", "--dense_columns", "I*", "--sparse_columns", "C*",
-            "--rolling_windows", str(WINDOWS),
-            "--num_embeddings", "50", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
-            "--over_arch_layer_sizes", "16,1", "--batch_size", str(BATCH), "--test_batch_size", str(EVAL_BATCH),
-            "--optimizer", "adagrad", "--learning_rate", "0.05", "--log_every_n_steps", "1", "--seed", "3",
-            "--checkpoint_dir", str(root / "ckpt"), "--checkpoint_every_n_steps", "3",
-            "--log_path", str(root / "log.jsonl"), *extra]
+    return [
+        "--parquet_path",
+        str(clicks),
+        "--time_column",
+        "date",
+        "--dense_columns",
+        "I*",
+        "--sparse_columns",
+        "C*",
+        "--rolling_windows",
+        str(WINDOWS),
+        "--num_embeddings",
+        "50",
+        "--embedding_dim",
+        "8",
+        "--dense_arch_layer_sizes",
+        "16,8",
+        "--over_arch_layer_sizes",
+        "16,1",
+        "--batch_size",
+        str(BATCH),
+        "--test_batch_size",
+        str(EVAL_BATCH),
+        "--optimizer",
+        "adagrad",
+        "--learning_rate",
+        "0.05",
+        "--log_every_n_steps",
+        "1",
+        "--seed",
+        "3",
+        "--checkpoint_dir",
+        str(root / "ckpt"),
+        "--checkpoint_every_n_steps",
+        "3",
+        "--log_path",
+        str(root / "log.jsonl"),
+        *extra,
+    ]
 
 
 def losses(records) -> dict:
@@ -65,23 +98,27 @@ def uninterrupted(tmp_path_factory, clicks):
 def test_each_window_is_trained_once_and_evaluated_on_the_next(uninterrupted):
     root, records = uninterrupted
     assert sorted(losses(records)) == list(range(1, WINDOWS * STEPS_PER_WINDOW + 1))
-    assert [r["epoch"] for r in records if r["event"] == "train"] == \
-        [w for w in range(WINDOWS) for _ in range(STEPS_PER_WINDOW)]
+    assert [r["epoch"] for r in records if r["event"] == "train"] == [
+        w for w in range(WINDOWS) for _ in range(STEPS_PER_WINDOW)
+    ]
     evaluations = [r for r in records if r["event"] == "eval"]
-    assert [(r["stage"], r["window"], r["step"]) for r in evaluations] == \
-        [("validation", k + 1, (k + 1) * STEPS_PER_WINDOW) for k in range(WINDOWS)]
+    assert [(r["stage"], r["window"], r["step"]) for r in evaluations] == [
+        ("validation", k + 1, (k + 1) * STEPS_PER_WINDOW) for k in range(WINDOWS)
+    ]
     for r in evaluations:
         assert r["num_samples"] == ROWS_PER_DAY  # the whole next day
         assert all(isinstance(r[key], float) for key in ("auroc", "log_loss", "ne", "calibration"))
     assert len({r["log_loss"] for r in evaluations}) == WINDOWS  # distinct windows, distinct figures
     summary = [r for r in records if r["event"] == "summary"][-1]
     assert summary["test"] is None
-    assert [{k: w[k] for k in ("window", "auroc", "log_loss")} for w in summary["windows"]] == \
-        [{"window": r["window"], "auroc": r["auroc"], "log_loss": r["log_loss"]} for r in evaluations]
+    assert [{k: w[k] for k in ("window", "auroc", "log_loss")} for w in summary["windows"]] == [
+        {"window": r["window"], "auroc": r["auroc"], "log_loss": r["log_loss"]} for r in evaluations
+    ]
     # Export takes the newest checkpoint (no best across windows): the model the last
     # window evaluated, which the summary and the report say.
-    assert [(w["step"], w["exported"]) for w in summary["windows"]] == \
-        [((k + 1) * STEPS_PER_WINDOW, k + 1 == WINDOWS) for k in range(WINDOWS)]
+    assert [(w["step"], w["exported"]) for w in summary["windows"]] == [
+        ((k + 1) * STEPS_PER_WINDOW, k + 1 == WINDOWS) for k in range(WINDOWS)
+    ]
     assert summary["export_step"] == WINDOWS * STEPS_PER_WINDOW and summary["test_model"] is None
     (run,) = report.read_runs(str(root / "log.jsonl"))
     assert run.exported_window == (WINDOWS, WINDOWS * STEPS_PER_WINDOW)
@@ -91,10 +128,12 @@ def test_each_window_is_trained_once_and_evaluated_on_the_next(uninterrupted):
 def test_a_checkpoint_at_each_window_end_records_the_window(uninterrupted):
     root, _ = uninterrupted
     ckpt = root / "ckpt"
-    steps = sorted(int(name[len("step_"):]) for name in os.listdir(ckpt) if name.startswith("step_"))
+    steps = sorted(int(name[len("step_") :]) for name in os.listdir(ckpt) if name.startswith("step_"))
     assert steps == [3, 4, 6, 8, 9, 12]  # every 3 steps, and each window's end (4, 8, 12)
-    positions = {s: (read_meta(str(ckpt / f"step_{s:09d}")).next_window,
-                     read_meta(str(ckpt / f"step_{s:09d}")).batch_in_epoch) for s in steps}
+    positions = {
+        s: (read_meta(str(ckpt / f"step_{s:09d}")).next_window, read_meta(str(ckpt / f"step_{s:09d}")).batch_in_epoch)
+        for s in steps
+    }
     # Step 12 is due by the cadence first: saved before its window's evaluation, it
     # continues at the end of window 2 (and evaluates window 3), as the run did after it.
     assert positions == {3: (0, 3), 4: (1, 0), 6: (1, 2), 8: (2, 0), 9: (2, 1), 12: (2, 4)}
@@ -116,8 +155,9 @@ def test_resume_at_a_window_equals_the_uninterrupted_run(uninterrupted, clicks, 
     assert all(got[s] == expected[s] for s in got)  # bit-identical, not merely close
     metrics = ("auroc", "log_loss", "ne", "calibration", "num_samples")
     first = step // STEPS_PER_WINDOW + 1  # the windows evaluated after the resume
-    assert {w: [r[k] for k in metrics] for w, r in window_metrics(resumed).items()} == \
-        {w: [r[k] for k in metrics] for w, r in window_metrics(records).items() if w >= first}
+    assert {w: [r[k] for k in metrics] for w, r in window_metrics(resumed).items()} == {
+        w: [r[k] for k in metrics] for w, r in window_metrics(records).items() if w >= first
+    }
 
 
 @pytest.mark.slow
@@ -131,8 +171,10 @@ def test_resume_refuses_a_run_with_other_windows(uninterrupted, clicks, tmp_path
     monkeypatch.delenv("RANK", raising=False)
     assert dlrm_main.main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"dlrm_main.py: error: checkpoint {tmp_path / 'ckpt' / 'step_000000004'} was trained with "
-                   "--rolling_windows 3, this run has 2: its position in the data cannot carry over")
+    assert err == (
+        f"dlrm_main.py: error: checkpoint {tmp_path / 'ckpt' / 'step_000000004'} was trained with "
+        "--rolling_windows 3, this run has 2: its position in the data cannot carry over"
+    )
 
 
 @pytest.mark.slow
@@ -144,8 +186,9 @@ def test_a_rolling_checkpoint_is_evaluated_without_the_protocol(uninterrupted, c
     log = root / "evaluation.jsonl"
     assert dlrm_main.main(["--mode", "test", "--checkpoint_dir", str(root / "ckpt"), "--log_path", str(log)]) == 0
     tested = [r for r in read_log(str(log)) if r["event"] == "eval"]
-    assert [(r["stage"], r["step"], r["num_samples"]) for r in tested] == \
-        [("test", WINDOWS * STEPS_PER_WINDOW, ROWS_PER_DAY)]  # the test split: the last day
+    assert [(r["stage"], r["step"], r["num_samples"]) for r in tested] == [
+        ("test", WINDOWS * STEPS_PER_WINDOW, ROWS_PER_DAY)
+    ]  # the test split: the last day
     assert (tested[0]["model"], tested[0]["exported"]) == ("newest", True)  # none marked best
     assert f"test (newest, step {WINDOWS * STEPS_PER_WINDOW}, the one export takes): AUROC" in capsys.readouterr().out
 
@@ -158,7 +201,8 @@ def test_the_startup_block_says_the_windows_the_run_reads(clicks, tmp_path, caps
     lines = StartupReport(config, resolve_env("cpu"), source).before_setup(dataset)
     days = [LOG.day(d).isoformat() for d in range(WINDOWS + 2)]
     assert lines[3:5] == [
-        f"data: {clicks} | rows: " + ", ".join(f"window {w} {ROWS_PER_DAY}" for w in range(WINDOWS + 1))
+        f"data: {clicks} | rows: "
+        + ", ".join(f"window {w} {ROWS_PER_DAY}" for w in range(WINDOWS + 1))
         + f" | batch {BATCH} per rank",
         "time ranges (date): " + ", ".join(f"window {w} {days[w]} to before {days[w + 1]}" for w in range(WINDOWS + 1)),
     ]
@@ -173,10 +217,13 @@ def test_two_days_make_one_rolling_window_and_its_evaluation(tmp_path):
     argv[argv.index("--rolling_windows") + 1] = "1"
     config = parse_config(argv, "dlrm_main.py", "")
     source = source_for(config.data)
-    loaders = source.window_loaders(source.open(check_values=False), 0, 2, config.model.num_embeddings_per_feature,
-                                    0, RANKS)
-    assert {split: len(loader) for split, loader in loaders.items()} == \
-        {"train": STEPS_PER_WINDOW, "validation": ROWS_PER_DAY // (EVAL_BATCH * RANKS)}
+    loaders = source.window_loaders(
+        source.open(check_values=False), 0, 2, config.model.num_embeddings_per_feature, 0, RANKS
+    )
+    assert {split: len(loader) for split, loader in loaders.items()} == {
+        "train": STEPS_PER_WINDOW,
+        "validation": ROWS_PER_DAY // (EVAL_BATCH * RANKS),
+    }
 
 
 @pytest.mark.parametrize("page", ["docs/training.md", "docs/data.md"])
@@ -188,8 +235,10 @@ def test_the_documented_rolling_command_is_accepted_on_the_documented_log(page, 
     clicks = generate[generate.index("--output_dir") + 1]
     documented = [argv for argv in commands_starting(page, "torchrun") if "--rolling_windows" in argv]
     assert documented, f"{page} shows no --rolling_windows command"
-    generate_synthetic_parquet(SyntheticParquetSpec(days=int(generate[generate.index("--days") + 1]),
-                                                    rows_per_day=64, row_group_rows=16), str(tmp_path / "clicks"))
+    generate_synthetic_parquet(
+        SyntheticParquetSpec(days=int(generate[generate.index("--days") + 1]), rows_per_day=64, row_group_rows=16),
+        str(tmp_path / "clicks"),
+    )
     for argv in documented:
         assert argv[:3] == ["torchrun", "--nproc_per_node", "2"] and argv[3] == "dlrm_main.py", argv
         config = parse_config(replaced(argv[4:], {clicks: str(tmp_path / "clicks")}), "dlrm_main.py", "")
@@ -197,27 +246,48 @@ def test_the_documented_rolling_command_is_accepted_on_the_documented_log(page, 
         assert list(dataset.splits) == [f"window {w}" for w in range(config.data.rolling_windows + 1)]
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--rolling_windows", "0"], "--rolling_windows must be at least 1 (train on window 0, evaluate on window 1), "
-                                 "got 0"),
-    (["--rolling_windows", "2"], "--rolling_windows splits the data by time: give --time_column"),
-    (["--rolling_windows", "2", "--time_column", "date", "--epochs", "2"],
-     "--rolling_windows cannot be combined with --epochs 2: it makes one pass over each window"),
-    (["--rolling_windows", "2", "--time_column", "date", "--mode", "inference_benchmark"],
-     "--rolling_windows cannot be combined with --mode inference_benchmark: it trains window after window"),
-    (["--rolling_windows", "2", "--time_column", "date", "--test_window", "1d"],
-     "--rolling_windows evaluates each window on the next one: --validation_window and --test_window do not apply"),
-    (["--rolling_windows", "2", "--time_column", "date", "--validation_freq_within_epoch", "5"],
-     "--rolling_windows cannot be combined with --validation_freq_within_epoch: it evaluates each window once"),
-    (["--rolling_windows", "2", "--time_column", "date", "--early_stopping_patience", "1"],
-     "--rolling_windows cannot be combined with --early_stopping_patience"),
-    (["--rolling_windows", "2", "--time_column", "date", "--validation_auroc", "0.8"],
-     "--rolling_windows cannot be combined with --validation_auroc"),
-    (["--rolling_windows", "2", "--time_column", "date", "--evaluate_on_training_end"],
-     "--rolling_windows cannot be combined with --evaluate_on_training_end alone"),
-    (["--rolling_windows", "2", "--time_column", "date", "--limit_val_batches", "0"],
-     "--rolling_windows cannot be combined with --limit_val_batches 0"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            ["--rolling_windows", "0"],
+            "--rolling_windows must be at least 1 (train on window 0, evaluate on window 1), got 0",
+        ),
+        (["--rolling_windows", "2"], "--rolling_windows splits the data by time: give --time_column"),
+        (
+            ["--rolling_windows", "2", "--time_column", "date", "--epochs", "2"],
+            "--rolling_windows cannot be combined with --epochs 2: it makes one pass over each window",
+        ),
+        (
+            ["--rolling_windows", "2", "--time_column", "date", "--mode", "inference_benchmark"],
+            "--rolling_windows cannot be combined with --mode inference_benchmark: it trains window after window",
+        ),
+        (
+            ["--rolling_windows", "2", "--time_column", "date", "--test_window", "1d"],
+            "--rolling_windows evaluates each window on the next one: --validation_window and --test_window do not apply",
+        ),
+        (
+            ["--rolling_windows", "2", "--time_column", "date", "--validation_freq_within_epoch", "5"],
+            "--rolling_windows cannot be combined with --validation_freq_within_epoch: it evaluates each window once",
+        ),
+        (
+            ["--rolling_windows", "2", "--time_column", "date", "--early_stopping_patience", "1"],
+            "--rolling_windows cannot be combined with --early_stopping_patience",
+        ),
+        (
+            ["--rolling_windows", "2", "--time_column", "date", "--validation_auroc", "0.8"],
+            "--rolling_windows cannot be combined with --validation_auroc",
+        ),
+        (
+            ["--rolling_windows", "2", "--time_column", "date", "--evaluate_on_training_end"],
+            "--rolling_windows cannot be combined with --evaluate_on_training_end alone",
+        ),
+        (
+            ["--rolling_windows", "2", "--time_column", "date", "--limit_val_batches", "0"],
+            "--rolling_windows cannot be combined with --limit_val_batches 0",
+        ),
+    ],
+)
 def test_combinations_the_protocol_cannot_honour_are_refused(clicks, capsys, monkeypatch, extra, message):
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(SystemExit) as refused:  # when the flags are parsed, before torch loads

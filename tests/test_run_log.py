@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from data.loaders import build_loaders
+from data.batching.loaders import build_loaders
 from training.distributed import resolve_env
 from training.flags import parse_config, parse_config_and_source
 from training.run_log import RunLog, StepClock, format_duration, format_metrics
@@ -34,11 +34,35 @@ def test_format_metrics():
 
 def test_startup_block_says_what_the_run_builds(capsys, tmp_path):
     config, source = parse_config_and_source(
-        ["--num_embeddings", "1000", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
-         "--interaction_type", "dcn", "--dcn_num_layers", "2", "--dcn_low_rank_dim", "4",
-         "--batch_size", "16", "--limit_train_batches", "7", "--epochs", "3",
-         "--log_path", str(tmp_path / "run.jsonl"), "--checkpoint_dir", str(tmp_path / "ckpt"),
-         "--checkpoint_every_n_steps", "5"], "dlrm_main.py", "")
+        [
+            "--num_embeddings",
+            "1000",
+            "--embedding_dim",
+            "8",
+            "--dense_arch_layer_sizes",
+            "16,8",
+            "--interaction_type",
+            "dcn",
+            "--dcn_num_layers",
+            "2",
+            "--dcn_low_rank_dim",
+            "4",
+            "--batch_size",
+            "16",
+            "--limit_train_batches",
+            "7",
+            "--epochs",
+            "3",
+            "--log_path",
+            str(tmp_path / "run.jsonl"),
+            "--checkpoint_dir",
+            str(tmp_path / "ckpt"),
+            "--checkpoint_every_n_steps",
+            "5",
+        ],
+        "dlrm_main.py",
+        "",
+    )
     env = resolve_env("cpu")
     report = StartupReport(config, env, source)
     before = report.before_setup(None)
@@ -52,11 +76,19 @@ def test_startup_block_says_what_the_run_builds(capsys, tmp_path):
         "TensorBoard none",
     ]
     loaders = build_loaders(config.data, None, config.model.num_embeddings_per_feature, 0, 1)
-    plan = {f"t_cat_{i}": {"sharding_type": "table_wise" if i % 2 else "data_parallel",
-                           "compute_kernel": "fused" if i % 2 else "dense", "shards": []} for i in range(26)}
+    plan = {
+        f"t_cat_{i}": {
+            "sharding_type": "table_wise" if i % 2 else "data_parallel",
+            "compute_kernel": "fused" if i % 2 else "dense",
+            "shards": [],
+        }
+        for i in range(26)
+    }
     after = report.after_setup(plan, loaders)
-    assert after == ["sharding: 13 data_parallel/dense, 13 table_wise/fused",
-                     "steps per epoch: train 7, validation 100, test 100 | 3 epochs: 21 training steps"]
+    assert after == [
+        "sharding: 13 data_parallel/dense, 13 table_wise/fused",
+        "steps per epoch: train 7, validation 100, test 100 | 3 epochs: 21 training steps",
+    ]
     assert capsys.readouterr().out.splitlines() == before + after
     assert report.facts["total_steps"] == 21 and report.facts["table_bytes"] == 26_000 * 8 * 4
 
@@ -78,8 +110,11 @@ def test_rolling_window_metrics_go_to_tensorboard_over_the_window(tmp_path):
 def test_config_record_is_the_whole_configuration_with_the_world_size_and_device(tmp_path):
     """The format sweeps/results.py and training/report.py read: one JSON object, the
     configuration's fields nested as in training/config.py beside the record's own."""
-    config = parse_config(["--num_embeddings", "1000", "--embedding_dim", "8", "--batch_size", "16",
-                           "--dense_arch_layer_sizes", "16,8"], "dlrm_main.py", "")
+    config = parse_config(
+        ["--num_embeddings", "1000", "--embedding_dim", "8", "--batch_size", "16", "--dense_arch_layer_sizes", "16,8"],
+        "dlrm_main.py",
+        "",
+    )
     path = tmp_path / "run.jsonl"
     log = RunLog(True, str(path), progress=False)
     before = time.time()
@@ -88,14 +123,19 @@ def test_config_record_is_the_whole_configuration_with_the_world_size_and_device
     [line] = path.read_text().splitlines()
     record = json.loads(line)
     assert before <= record.pop("time") <= time.time()
-    assert record == {"event": "config", "run_id": log.run_id, "world_size": 2, "resolved_device": "cpu",
-                      **json.loads(json.dumps(dataclasses.asdict(config)))}
+    assert record == {
+        "event": "config",
+        "run_id": log.run_id,
+        "world_size": 2,
+        "resolved_device": "cpu",
+        **json.loads(json.dumps(dataclasses.asdict(config))),
+    }
     assert record["model"]["embedding_dim"] == 8 and record["data"]["batch_size"] == 16
 
 
 def _check(path):
-    from common.run_log_file import check_appendable
     from common.errors import BadInput
+    from common.run_log_file import check_appendable
 
     try:
         check_appendable(str(path))
@@ -116,11 +156,17 @@ def test_log_path_must_be_a_run_log_new_or_empty(tmp_path):
     runs.close()
     assert _check(log) is None  # a run log: the next run appends to it
     np.save(tmp_path / "day_0_dense.npy", np.ones((4, 13), np.float32))
-    refusal = ("holds something other than a training run log (its first line is not a record of one), and a run "
-               "appends to it: give a new file, or a run log to add this run to")
+    refusal = (
+        "holds something other than a training run log (its first line is not a record of one), and a run "
+        "appends to it: give a new file, or a run log to add this run to"
+    )
     assert _check(tmp_path / "day_0_dense.npy") == f"--log_path {tmp_path / 'day_0_dense.npy'}: {refusal}"
-    for name, text in (("notes.txt", "a note\n"), ("other.jsonl", '{"event": "x"}\n'), ("list.json", "[1, 2]\n"),
-                       ("cut.jsonl", '{"event": "config", "run_id": "r", "time": 1')):
+    for name, text in (
+        ("notes.txt", "a note\n"),
+        ("other.jsonl", '{"event": "x"}\n'),
+        ("list.json", "[1, 2]\n"),
+        ("cut.jsonl", '{"event": "config", "run_id": "r", "time": 1'),
+    ):
         (tmp_path / name).write_text(text)
         assert _check(tmp_path / name) == f"--log_path {tmp_path / name}: {refusal}", name
     assert _check(tmp_path) == f"--log_path {tmp_path} is a directory: give the JSON-lines file to write"
@@ -135,10 +181,26 @@ def test_a_run_refuses_a_log_path_holding_data_and_leaves_it_as_it_was(tmp_path)
     data = tmp_path / "day_0_dense.npy"
     np.save(data, np.arange(1000, dtype=np.float32))
     before = data.read_bytes()
-    proc = run_script(["dlrm_main.py", "--num_embeddings", "100", "--embedding_dim", "8", "--dense_arch_layer_sizes",
-                       "16,8", "--limit_train_batches", "2", "--log_path", str(data)], timeout=300)
+    proc = run_script(
+        [
+            "dlrm_main.py",
+            "--num_embeddings",
+            "100",
+            "--embedding_dim",
+            "8",
+            "--dense_arch_layer_sizes",
+            "16,8",
+            "--limit_train_batches",
+            "2",
+            "--log_path",
+            str(data),
+        ],
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines() == [f"dlrm_main.py: error: --log_path {data}: holds something other than "
-                                                "a training run log (its first line is not a record of one), and a "
-                                                "run appends to it: give a new file, or a run log to add this run to"]
+    assert proc.stderr.strip().splitlines() == [
+        f"dlrm_main.py: error: --log_path {data}: holds something other than "
+        "a training run log (its first line is not a record of one), and a "
+        "run appends to it: give a new file, or a run log to add this run to"
+    ]
     assert data.read_bytes() == before

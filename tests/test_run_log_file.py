@@ -25,11 +25,14 @@ def test_what_run_log_writes_reads_back_as_typed_records(tmp_path):
     assert [(n, r.event) for n, r in log_records(str(path))] == [(1, "config"), (2, "eval")]
 
 
-@pytest.mark.parametrize("text, message", [
-    ('{"event": "config"}\n{"event": "train", ', "line 2: not JSON"),
-    ('{"event": "config"}\n[1, 2]\n', 'line 2: not a training log record (no "event")'),
-    ('{"step": 1}\n', 'line 1: not a training log record (no "event")'),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"event": "config"}\n{"event": "train", ', "line 2: not JSON"),
+        ('{"event": "config"}\n[1, 2]\n', 'line 2: not a training log record (no "event")'),
+        ('{"step": 1}\n', 'line 1: not a training log record (no "event")'),
+    ],
+)
 def test_a_broken_line_is_one_error_naming_the_file_and_line(tmp_path, text, message):
     path = tmp_path / "run.jsonl"
     path.write_text(text)

@@ -16,19 +16,19 @@ import yaml
 from common.config_flags import FlagError
 from data import transcode as transcode_cli
 from data.batching import BatchBuilder, WeightedBatch
+from data.batching.value_checks import DataValueError
+from data.binary.criteo import CriteoBinaryLoader
+from data.binary.feature_spec import FeatureSpec, FeatureSpecError
+from data.binary.split import SplitBinaryDataset
 from data.config import DataConfig
 from data.sources import source_for
-from data.criteo_binary import CriteoBinaryLoader
-from data.feature_spec import FeatureSpec, FeatureSpecError
-from data.split_binary import SplitBinaryDataset
-from data.value_checks import DataValueError
+from harness.launch import launch
 from models import build_dlrm_train
 from models.config import ModelConfig
 from training.distributed import resolve_env
 from training.flags import parse_config
 from training.metrics import BinaryClassificationMetrics
 from training.trainer import Trainer
-from harness.launch import launch
 
 COLUMNS = ["label", "num_0", "num_1", "cat_0", "cat_1", "w"]
 CARDINALITIES = {"cat_0": 11, "cat_1": 23}
@@ -49,8 +49,13 @@ def _write_csv(directory: str, rows: dict[str, int], seed: int = 0, ones: bool =
         data[mapping] = np.column_stack([labels, dense, ids, weights])
         np.savetxt(os.path.join(directory, f"{mapping}.csv"), data[mapping], delimiter=",", fmt="%.6g")
     spec = {
-        "feature_spec": {"label": {}, "num_0": {}, "num_1": {}, "w": {},
-                         **{name: {"cardinality": c} for name, c in CARDINALITIES.items()}},
+        "feature_spec": {
+            "label": {},
+            "num_0": {},
+            "num_1": {},
+            "w": {},
+            **{name: {"cardinality": c} for name, c in CARDINALITIES.items()},
+        },
         "channel_spec": {"label": ["label"], "numerical": ["num_0", "num_1"], "categorical": list(CARDINALITIES)},
         "source_spec": {m: [{"type": "csv", "features": COLUMNS, "files": [f"{m}.csv"]}] for m in rows},
     }
@@ -63,8 +68,12 @@ def _write_csv(directory: str, rows: dict[str, int], seed: int = 0, ones: bool =
 def weighted_spec(tmp_path_factory):
     root = tmp_path_factory.mktemp("weighted")
     data = _write_csv(str(root / "csv"), {"train": 100, "test": 40})
-    assert transcode_cli.main(["--input", str(root / "csv"), "--output", str(root / "bin"),
-                               "--weight_column", "w", "--chunk_size", "30"]) == 0
+    assert (
+        transcode_cli.main(
+            ["--input", str(root / "csv"), "--output", str(root / "bin"), "--weight_column", "w", "--chunk_size", "30"]
+        )
+        == 0
+    )
     return str(root / "bin" / "feature_spec.yaml"), data
 
 
@@ -75,8 +84,9 @@ def test_transcoder_stores_the_weight_column_as_float32(weighted_spec):
     assert written["feature_spec"]["w"] == {"dtype": "float32"}
     base = os.path.dirname(spec_path)
     for mapping in ("train", "test"):
-        assert {"type": "split_binary", "features": ["w"], "files": [f"{mapping}/weight.bin"]} \
-            in written["source_spec"][mapping]
+        assert {"type": "split_binary", "features": ["w"], "files": [f"{mapping}/weight.bin"]} in written[
+            "source_spec"
+        ][mapping]
         stored = np.fromfile(os.path.join(base, mapping, "weight.bin"), dtype=np.float32)
         np.testing.assert_array_equal(stored, data[mapping][:, 5].astype(np.float32))
         labels = np.fromfile(os.path.join(base, mapping, "label.bin"), dtype=np.bool_)
@@ -89,8 +99,10 @@ def test_loader_batches_carry_each_ranks_weights_and_the_global_sum(weighted_spe
     dataset = SplitBinaryDataset(spec_path, weight_column="w")
     weights = data["train"][:, 5].astype(np.float32)
     # 100 rows, global batches of 2 x 16: three full ones, then 4 rows split 2 + 2.
-    per_rank = [list(CriteoBinaryLoader(dataset, "train", batch_size=16, rank=r, world_size=2, mmap_mode=mmap_mode))
-                for r in (0, 1)]
+    per_rank = [
+        list(CriteoBinaryLoader(dataset, "train", batch_size=16, rank=r, world_size=2, mmap_mode=mmap_mode))
+        for r in (0, 1)
+    ]
     assert [len(batches) for batches in per_rank] == [4, 4]
     for b, (start, size) in enumerate([(0, 16), (32, 16), (64, 16), (96, 2)]):
         total = weights[start : start + 2 * size].sum(dtype=np.float64)
@@ -112,8 +124,19 @@ def test_shuffled_batches_carry_the_same_weights_in_memory_and_mapped(weighted_s
     dataset = SplitBinaryDataset(spec_path, weight_column="w")
     runs = {}
     for mmap_mode in (False, True):
-        loaders = [CriteoBinaryLoader(dataset, "train", batch_size=12, rank=r, world_size=2, mmap_mode=mmap_mode,
-                                      row_permutation_seed=7, shuffle_batches_seed=7) for r in (0, 1)]
+        loaders = [
+            CriteoBinaryLoader(
+                dataset,
+                "train",
+                batch_size=12,
+                rank=r,
+                world_size=2,
+                mmap_mode=mmap_mode,
+                row_permutation_seed=7,
+                shuffle_batches_seed=7,
+            )
+            for r in (0, 1)
+        ]
         for loader in loaders:
             loader.set_epoch(1)
         runs[mmap_mode] = [list(loader) for loader in loaders]
@@ -138,12 +161,18 @@ def test_without_weight_column_batches_are_plain_and_the_weights_unread(weighted
 
 def test_weight_column_must_be_the_specs_weight(weighted_spec, tmp_path):
     spec_path, _ = weighted_spec
-    with pytest.raises(FeatureSpecError, match=r"weight column 'x' is not the spec's channel_spec weight "
-                                               r"\(its weight is 'w'\)"):
+    with pytest.raises(
+        FeatureSpecError,
+        match=r"weight column 'x' is not the spec's channel_spec weight "
+        r"\(its weight is 'w'\)",
+    ):
         SplitBinaryDataset(spec_path, weight_column="x")
-    with pytest.raises(FlagError, match=r"^--weight_column needs data with sample weights \(--dataset_path or "
-                                        r"--parquet_path\); "
-                                        r"random data has none$"):
+    with pytest.raises(
+        FlagError,
+        match=r"^--weight_column needs data with sample weights \(--dataset_path or "
+        r"--parquet_path\); "
+        r"random data has none$",
+    ):
         DataConfig(weight_column="w").validate()
 
 
@@ -158,7 +187,8 @@ def test_bad_weight_in_csv_is_one_line_with_file_line_and_column(tmp_path, capsy
     assert transcode_cli.main(["--input", csv_dir, "--output", str(tmp_path / "bin"), "--weight_column", "w"]) == 2
     assert capsys.readouterr().err.strip() == (
         f"python -m data.transcode: error: {path}: line 13: weight 'w' is {float(bad)}; "
-        "weights must be finite float32 values, not negative")
+        "weights must be finite float32 values, not negative"
+    )
     assert not os.path.exists(tmp_path / "bin")
 
 
@@ -176,26 +206,36 @@ def test_bad_weight_in_split_binary_is_refused_naming_file_row_and_column(weight
         with pytest.raises(DataValueError) as error:
             source_for(config).open()
     else:
-        loader = CriteoBinaryLoader(source_for(config).open(), "train", batch_size=16, rank=1, world_size=2,
-                                    mmap_mode=True)
+        loader = CriteoBinaryLoader(
+            source_for(config).open(), "train", batch_size=16, rank=1, world_size=2, mmap_mode=True
+        )
         with pytest.raises(DataValueError) as error:
             list(loader)  # row 37 is rank 0's, in the global batch whose weight sum rank 1 needs too
     assert str(error.value) == message
 
 
 def _model_and_batch(weights: list[float]):
-    config = ModelConfig(num_embeddings_per_feature=list(CARDINALITIES.values()),
-                         sparse_feature_names=list(CARDINALITIES), dense_in_features=2, embedding_dim=4,
-                         dense_arch_layer_sizes=[8, 4], over_arch_layer_sizes=[8, 1])
+    config = ModelConfig(
+        num_embeddings_per_feature=list(CARDINALITIES.values()),
+        sparse_feature_names=list(CARDINALITIES),
+        dense_in_features=2,
+        embedding_dim=4,
+        dense_arch_layer_sizes=[8, 4],
+        over_arch_layer_sizes=[8, 1],
+    )
     torch.manual_seed(0)
-    weighted = build_dlrm_train(config, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"),
-                                weighted=True)
+    weighted = build_dlrm_train(
+        config, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"), weighted=True
+    )
     plain = build_dlrm_train(config, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"))
     plain.load_state_dict(weighted.state_dict())
     rng = np.random.default_rng(1)
     n = len(weights)
-    arrays = (rng.random((n, 2)), np.stack([rng.integers(0, c, n) for c in CARDINALITIES.values()], axis=1),
-              rng.integers(0, 2, n))
+    arrays = (
+        rng.random((n, 2)),
+        np.stack([rng.integers(0, c, n) for c in CARDINALITIES.values()], axis=1),
+        rng.integers(0, 2, n),
+    )
     build = BatchBuilder(list(CARDINALITIES))
     w = np.asarray(weights, dtype=np.float32)
     return weighted, plain, build(*arrays), build(*arrays, weights=w, weight_normalizer=float(w.sum()))
@@ -207,8 +247,9 @@ def test_weighted_loss_is_the_weighted_mean_by_hand():
     loss, (_, logits, labels, carried) = weighted(batch)
     p = torch.sigmoid(logits.double())
     y = labels.double()
-    by_hand = sum(w * -(yi * math.log(pi) + (1 - yi) * math.log(1 - pi))
-                  for w, pi, yi in zip(weights, p, y)) / sum(weights)
+    by_hand = sum(w * -(yi * math.log(pi) + (1 - yi) * math.log(1 - pi)) for w, pi, yi in zip(weights, p, y)) / sum(
+        weights
+    )
     assert loss.item() == pytest.approx(float(by_hand), rel=1e-6)
     assert torch.equal(carried, batch.weights)
 
@@ -260,17 +301,46 @@ def test_two_ranks_with_weights_match_one_rank_and_weight_one_matches_unweighted
     specs = {}
     for name, ones in (("weighted", False), ("ones", True)):
         _write_csv(str(tmp_path / name), {"train": 512, "test": 256}, seed=4, ones=ones)
-        assert transcode_cli.main(["--input", str(tmp_path / name), "--output", str(tmp_path / f"{name}_bin"),
-                                   "--weight_column", "w"]) == 0
+        assert (
+            transcode_cli.main(
+                ["--input", str(tmp_path / name), "--output", str(tmp_path / f"{name}_bin"), "--weight_column", "w"]
+            )
+            == 0
+        )
         specs[name] = str(tmp_path / f"{name}_bin" / "feature_spec.yaml")
-    common = ["--embedding_dim", "4", "--dense_arch_layer_sizes", "8,4", "--over_arch_layer_sizes", "8,1",
-              "--optimizer", "adagrad", "--learning_rate", "0.05", "--seed", "3", "--log_every_n_steps", "100",
-              "--limit_val_batches", "0", "--device", "cpu", "--auroc_bins", "1000"]
+    common = [
+        "--embedding_dim",
+        "4",
+        "--dense_arch_layer_sizes",
+        "8,4",
+        "--over_arch_layer_sizes",
+        "8,1",
+        "--optimizer",
+        "adagrad",
+        "--learning_rate",
+        "0.05",
+        "--seed",
+        "3",
+        "--log_every_n_steps",
+        "100",
+        "--limit_val_batches",
+        "0",
+        "--device",
+        "cpu",
+        "--auroc_bins",
+        "1000",
+    ]
     weighted = ["--dataset_path", specs["weighted"], "--weight_column", "w", *common]
     two = launch(_train, [[*weighted, "--batch_size", "32"]], nproc=2)
-    one = launch(_train, [[*weighted, "--batch_size", "64"],
-                          ["--dataset_path", specs["ones"], "--weight_column", "w", *common, "--batch_size", "64"],
-                          ["--dataset_path", specs["ones"], *common, "--batch_size", "64"]], nproc=1)
+    one = launch(
+        _train,
+        [
+            [*weighted, "--batch_size", "64"],
+            ["--dataset_path", specs["ones"], "--weight_column", "w", *common, "--batch_size", "64"],
+            ["--dataset_path", specs["ones"], *common, "--batch_size", "64"],
+        ],
+        nproc=1,
+    )
     sharded, reference = two[0][0], one[0][0]
     assert len(reference["losses"]) == 8
     np.testing.assert_allclose(sharded["losses"], reference["losses"], rtol=1e-5)
@@ -283,15 +353,21 @@ def test_two_ranks_with_weights_match_one_rank_and_weight_one_matches_unweighted
         assert ones["test"][name] == pytest.approx(unweighted["test"][name], rel=1e-6), name
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda raw: raw["channel_spec"].update(weight=["w", "num_0"]),
-     "channel_spec weight lists at most one feature, got 2"),
-    (lambda raw: raw["feature_spec"]["w"].update(dtype="float16"),
-     "source_spec train chunk 2: split_binary stores weight feature 'w' as float32, but feature_spec gives "
-     "dtype float16"),
-    (lambda raw: raw["channel_spec"].update(label=["w"]),
-     "feature 'w' is in channel_spec label and weight"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            lambda raw: raw["channel_spec"].update(weight=["w", "num_0"]),
+            "channel_spec weight lists at most one feature, got 2",
+        ),
+        (
+            lambda raw: raw["feature_spec"]["w"].update(dtype="float16"),
+            "source_spec train chunk 2: split_binary stores weight feature 'w' as float32, but feature_spec gives "
+            "dtype float16",
+        ),
+        (lambda raw: raw["channel_spec"].update(label=["w"]), "feature 'w' is in channel_spec label and weight"),
+    ],
+)
 def test_bad_weight_channel_is_one_clear_error(weighted_spec, tmp_path, change, message):
     spec_path, _ = weighted_spec
     raw = yaml.safe_load(open(spec_path))
@@ -309,7 +385,9 @@ def test_input_spec_may_name_the_weight_itself(tmp_path):
     yaml.safe_dump(raw, open(os.path.join(csv_dir, "feature_spec.yaml"), "w"))
     assert transcode_cli.main(["--input", csv_dir, "--output", str(tmp_path / "bin")]) == 0
     dataset = SplitBinaryDataset(str(tmp_path / "bin" / "feature_spec.yaml"), weight_column="w")
-    np.testing.assert_array_equal(dataset.take_weights(np.array([29, 30, 0])),
-                                  np.float32([data["train"][29, 5], data["test"][0, 5], data["train"][0, 5]]))
+    np.testing.assert_array_equal(
+        dataset.take_weights(np.array([29, 30, 0])),
+        np.float32([data["train"][29, 5], data["test"][0, 5], data["train"][0, 5]]),
+    )
     # The flag naming another column than the spec's: refused.
     assert transcode_cli.main(["--input", csv_dir, "--output", str(tmp_path / "bin2"), "--weight_column", "num_0"]) == 2

@@ -12,8 +12,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO
 from collections.abc import Iterator
+from typing import IO
 
 import pytest
 
@@ -21,13 +21,33 @@ from checkpoints.directory import LOCK_FILE, complete_checkpoints, newest_checkp
 from checkpoints.opened import read_manifest
 from common.manifest import check_bytes
 from common.path_lock import LockHeld, PathLock
-from serving import export, predict
 from harness.launch import REPO, free_port
+from serving import export, predict
 
-TRAIN_FLAGS = ["--batch_size", "128", "--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16",
-               "--over_arch_layer_sizes", "64,1", "--optimizer", "adagrad", "--learning_rate", "0.01",
-               "--limit_val_batches", "2", "--limit_test_batches", "2", "--checkpoint_every_n_steps", "5",
-               "--log_every_n_steps", "1", "--seed", "2"]
+TRAIN_FLAGS = [
+    "--batch_size",
+    "128",
+    "--embedding_dim",
+    "16",
+    "--dense_arch_layer_sizes",
+    "64,16",
+    "--over_arch_layer_sizes",
+    "64,1",
+    "--optimizer",
+    "adagrad",
+    "--learning_rate",
+    "0.01",
+    "--limit_val_batches",
+    "2",
+    "--limit_test_batches",
+    "2",
+    "--checkpoint_every_n_steps",
+    "5",
+    "--log_every_n_steps",
+    "1",
+    "--seed",
+    "2",
+]
 
 
 def error_lines(stderr: str) -> list[str]:
@@ -48,8 +68,10 @@ def test_predict_refuses_an_output_that_is_its_input(tmp_path, capsys, how):
         os.link(lines, output)
     # No model needed: the refusal comes before the model is read.
     assert predict.main(["--model", str(tmp_path / "model"), "--input", str(lines), "--output", str(output)]) == 2
-    assert capsys.readouterr().err == (f"python -m serving.predict: error: --output {output} is the --input {lines}: "
-                                       "writing it would replace the input\n")
+    assert capsys.readouterr().err == (
+        f"python -m serving.predict: error: --output {output} is the --input {lines}: "
+        "writing it would replace the input\n"
+    )
     assert lines.read_bytes() == b"1\t5\n" * 3
 
 
@@ -58,8 +80,9 @@ def test_predict_refuses_an_output_in_a_missing_directory(tmp_path, capsys):
     lines.write_bytes(b"1\t5\n")
     output = tmp_path / "missing" / "p.csv"
     assert predict.main(["--model", str(tmp_path / "model"), "--input", str(lines), "--output", str(output)]) == 2
-    assert capsys.readouterr().err == (f"python -m serving.predict: error: --output {output}: no such directory "
-                                       f"{tmp_path / 'missing'}\n")
+    assert capsys.readouterr().err == (
+        f"python -m serving.predict: error: --output {output}: no such directory {tmp_path / 'missing'}\n"
+    )
 
 
 # ---------------------------------------------------------------- export --output
@@ -69,8 +92,10 @@ def test_export_refuses_an_output_that_is_a_file(tmp_path, capsys):
     existing = tmp_path / "model"
     existing.write_text("mine")
     assert export.main(["--checkpoint", str(tmp_path / "ckpt"), "--output", str(existing)]) == 2
-    assert capsys.readouterr().err == (f"python -m serving.export: error: --output {existing} is an existing file: "
-                                       "give the model directory to create\n")
+    assert capsys.readouterr().err == (
+        f"python -m serving.export: error: --output {existing} is an existing file: "
+        "give the model directory to create\n"
+    )
     assert existing.read_text() == "mine"
 
 
@@ -82,9 +107,12 @@ def test_export_refuses_an_output_another_export_is_writing(tmp_path, capsys):
     with PathLock(str(tmp_path / ".model.lock"), "--output"):
         assert export.main(["--checkpoint", str(tmp_path / "ckpt"), "--output", str(output)]) == 2
     err = capsys.readouterr().err
-    assert re.fullmatch(rf"python -m serving\.export: error: --output {output} is in use by pid {os.getpid()} on "
-                        rf"{re.escape(socket.gethostname())} since \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d .*\(another "
-                        r"export to it is running\)\n", err), err
+    assert re.fullmatch(
+        rf"python -m serving\.export: error: --output {output} is in use by pid {os.getpid()} on "
+        rf"{re.escape(socket.gethostname())} since \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d .*\(another "
+        r"export to it is running\)\n",
+        err,
+    ), err
     assert not output.exists() and os.listdir(tmp_path) == []  # the lock went with its holder
 
 
@@ -151,8 +179,10 @@ def test_a_lock_that_is_not_a_file_is_refused_and_kept(tmp_path, kind):
     with pytest.raises(LockHeld) as refused:
         PathLock(str(path), "--checkpoint_dir d").acquire()
     what = "a directory" if kind == "directory" else "a symbolic link"
-    assert str(refused.value) == (f"--checkpoint_dir d: its lock file {path} is {what}, which no run creates; "
-                                  "remove it (after checking nothing of yours is in it) and run again")
+    assert str(refused.value) == (
+        f"--checkpoint_dir d: its lock file {path} is {what}, which no run creates; "
+        "remove it (after checking nothing of yours is in it) and run again"
+    )
     assert sorted(os.listdir(tmp_path)) == before
     assert (path / "sub" / "notes").read_text() == "mine" if kind == "directory" else path.read_text() == "mine"
 
@@ -193,13 +223,24 @@ def stalled_writes(paths: list[str], timeout: float = 300) -> Iterator[None]:
 
 
 def _train_argv(data_dir: str, ckpt: str, steps: int) -> list[str]:
-    return ["--in_memory_binary_criteo_path", data_dir, *TRAIN_FLAGS, "--limit_train_batches", str(steps),
-            "--checkpoint_dir", ckpt]
+    return [
+        "--in_memory_binary_criteo_path",
+        data_dir,
+        *TRAIN_FLAGS,
+        "--limit_train_batches",
+        str(steps),
+        "--checkpoint_dir",
+        ckpt,
+    ]
 
 
 def _worker_pids(agent_pid: int) -> list[int]:
-    return [int(pid) for pid in subprocess.run(["ps", "-o", "pid=", "--ppid", str(agent_pid)], capture_output=True,
-                                               text=True, check=True).stdout.split()]
+    return [
+        int(pid)
+        for pid in subprocess.run(
+            ["ps", "-o", "pid=", "--ppid", str(agent_pid)], capture_output=True, text=True, check=True
+        ).stdout.split()
+    ]
 
 
 @pytest.mark.slow
@@ -209,23 +250,36 @@ def test_one_run_per_checkpoint_dir_and_sigterm_while_saving(synthetic_dir, tmp_
     no traceback, the lock released, and the newest complete checkpoint is step 5."""
     ckpt = str(tmp_path / "ckpt")
     step10 = os.path.join(ckpt, "step_000000010")
-    holder = subprocess.Popen([sys.executable, "dlrm_main.py", *_train_argv(synthetic_dir, ckpt, 20)], cwd=REPO,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "dlrm_main.py", *_train_argv(synthetic_dir, ckpt, 20)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         with stalled_writes([os.path.join(step10, "__0_0.distcp")]):
-            second = subprocess.run([sys.executable, "dlrm_main.py", *_train_argv(synthetic_dir, ckpt, 20)],
-                                    cwd=REPO, capture_output=True, text=True, timeout=600)
+            second = subprocess.run(
+                [sys.executable, "dlrm_main.py", *_train_argv(synthetic_dir, ckpt, 20)],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             assert second.returncode == 2, second.stderr[-3000:]
-            assert re.fullmatch(rf"dlrm_main\.py: error: --checkpoint_dir {ckpt} is in use by pid {holder.pid} on "
-                                rf"{re.escape(socket.gethostname())} since \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d .*",
-                                "\n".join(error_lines(second.stderr))), second.stderr[-3000:]
+            assert re.fullmatch(
+                rf"dlrm_main\.py: error: --checkpoint_dir {ckpt} is in use by pid {holder.pid} on "
+                rf"{re.escape(socket.gethostname())} since \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d .*",
+                "\n".join(error_lines(second.stderr)),
+            ), second.stderr[-3000:]
             holder.send_signal(signal.SIGTERM)
         _, err = holder.communicate(timeout=300)
     finally:
         holder.kill()
     assert holder.returncode == 143, err[-3000:]
-    assert error_lines(err) == ["dlrm_main.py: error: rank 0 of 1 stopped at step 10 (epoch 0, saving step 10): "
-                                "received SIGTERM"], err[-3000:]
+    assert error_lines(err) == [
+        "dlrm_main.py: error: rank 0 of 1 stopped at step 10 (epoch 0, saving step 10): received SIGTERM"
+    ], err[-3000:]
     assert "Traceback" not in err
     assert not os.path.exists(os.path.join(ckpt, LOCK_FILE))
     assert newest_checkpoint(ckpt) == os.path.join(ckpt, "step_000000005")  # what --resume takes
@@ -238,12 +292,19 @@ def test_a_checkpoint_dir_whose_lock_is_a_directory(synthetic_dir, tmp_path):
     ckpt = tmp_path / "ckpt"
     (ckpt / LOCK_FILE).mkdir(parents=True)
     os.utime(ckpt / LOCK_FILE, (0, 0))
-    run = subprocess.run([sys.executable, "dlrm_main.py", *_train_argv(synthetic_dir, str(ckpt), 5)], cwd=REPO,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, "dlrm_main.py", *_train_argv(synthetic_dir, str(ckpt), 5)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 2, run.stderr[-3000:]
-    assert error_lines(run.stderr) == [f"dlrm_main.py: error: --checkpoint_dir {ckpt}: its lock file "
-                                       f"{ckpt / LOCK_FILE} is a directory, which no run creates; remove it (after "
-                                       "checking nothing of yours is in it) and run again"], run.stderr[-3000:]
+    assert error_lines(run.stderr) == [
+        f"dlrm_main.py: error: --checkpoint_dir {ckpt}: its lock file "
+        f"{ckpt / LOCK_FILE} is a directory, which no run creates; remove it (after "
+        "checking nothing of yours is in it) and run again"
+    ], run.stderr[-3000:]
     assert "Traceback" not in run.stderr
     assert os.listdir(ckpt) == [LOCK_FILE] and os.path.isdir(ckpt / LOCK_FILE)
 
@@ -255,10 +316,27 @@ def test_sigterm_while_saving_on_two_ranks(synthetic_dir, tmp_path):
     stays the newest complete checkpoint."""
     ckpt = str(tmp_path / "ckpt")
     step10 = os.path.join(ckpt, "step_000000010")
-    agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node",
-                              "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
-                              "dlrm_main.py", *_train_argv(synthetic_dir, ckpt, 20)],
-                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc_per_node",
+            "2",
+            "--rdzv_backend",
+            "c10d",
+            "--rdzv_endpoint",
+            f"127.0.0.1:{free_port()}",
+            "dlrm_main.py",
+            *_train_argv(synthetic_dir, ckpt, 20),
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         with stalled_writes([os.path.join(step10, f"__{rank}_0.distcp") for rank in (0, 1)]):
             for pid in _worker_pids(agent.pid):
@@ -268,13 +346,16 @@ def test_sigterm_while_saving_on_two_ranks(synthetic_dir, tmp_path):
         agent.kill()
     assert sorted(line for line in error_lines(err) if line.startswith("dlrm_main.py")) == [
         f"dlrm_main.py: error: rank {rank} of 2 stopped at step 10 (epoch 0, saving step 10): received SIGTERM"
-        for rank in (0, 1)], err[-3000:]
+        for rank in (0, 1)
+    ], err[-3000:]
     assert os.path.join(REPO, "training") not in err  # no traceback of ours (torchrun prints its own)
     # torchrun's summary: each rank's line from its error file, with the code it exited
     # with (a rank still exiting when torchrun stops it shows SIGTERM's -15 instead).
     for rank in (0, 1):
-        assert (f"traceback : dlrm_main.py: rank {rank} of 2 stopped at step 10 (epoch 0, saving step 10): "
-                "received SIGTERM (exit code 143)") in err, err[-3000:]
+        assert (
+            f"traceback : dlrm_main.py: rank {rank} of 2 stopped at step 10 (epoch 0, saving step 10): "
+            "received SIGTERM (exit code 143)"
+        ) in err, err[-3000:]
     assert re.search(r"exitcode\s+: 143 ", err), err[-3000:]
     assert complete_checkpoints(ckpt) == [os.path.join(ckpt, "step_000000005")]
 
@@ -285,8 +366,9 @@ def tiny_file_system(path: str, size: str) -> Iterator[str]:
     if os.geteuid() != 0:
         pytest.skip("mounting a small file system needs root")
     os.makedirs(path)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True,
-                             text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
@@ -301,14 +383,21 @@ def test_full_disk_during_a_save_and_an_export(synthetic_dir, tmp_path):
     the partial checkpoint removed, the previous one intact. An export that fills it:
     one line naming the file, exit 2, no temporary left."""
     with tiny_file_system(str(tmp_path / "ckpt"), "6m") as ckpt:  # one checkpoint (4.1 MB) fits
-        run = subprocess.run([sys.executable, "dlrm_main.py", *_train_argv(synthetic_dir, ckpt, 10)], cwd=REPO,
-                             capture_output=True, text=True, timeout=600)
+        run = subprocess.run(
+            [sys.executable, "dlrm_main.py", *_train_argv(synthetic_dir, ckpt, 10)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert run.returncode == 1, run.stderr[-3000:]
         step5, step10 = os.path.join(ckpt, "step_000000005"), os.path.join(ckpt, "step_000000010")
-        assert re.fullmatch(rf"dlrm_main\.py: error: rank 0 of 1 failed at step 10 \(epoch 0, saving step 10\): "
-                            rf"CheckpointSaveError: saving checkpoint {step10} failed: \[Errno 28\] No space left on "
-                            rf"device: '{step10}/__0_[01]\.distcp' \(on rank 0\)",
-                            "\n".join(error_lines(run.stderr))), run.stderr[-3000:]
+        assert re.fullmatch(
+            rf"dlrm_main\.py: error: rank 0 of 1 failed at step 10 \(epoch 0, saving step 10\): "
+            rf"CheckpointSaveError: saving checkpoint {step10} failed: \[Errno 28\] No space left on "
+            rf"device: '{step10}/__0_[01]\.distcp' \(on rank 0\)",
+            "\n".join(error_lines(run.stderr)),
+        ), run.stderr[-3000:]
         assert "Traceback" not in run.stderr
         assert sorted(os.listdir(ckpt)) == ["step_000000005"]  # no partial, no lock
         for name, entry in read_manifest(step5).items():
@@ -317,11 +406,26 @@ def test_full_disk_during_a_save_and_an_export(synthetic_dir, tmp_path):
 
         with tiny_file_system(str(tmp_path / "out"), "1m") as out:  # fp32.pt2 holds 3.3 MB of tables
             model = os.path.join(out, "model")
-            exported = subprocess.run([sys.executable, "-m", "serving.export", "--checkpoint", step5, "--output",
-                                       model, "--quantize", "none"], cwd=REPO, capture_output=True, text=True,
-                                      timeout=600)
+            exported = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "serving.export",
+                    "--checkpoint",
+                    step5,
+                    "--output",
+                    model,
+                    "--quantize",
+                    "none",
+                ],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             assert exported.returncode == 2, exported.stderr[-3000:]
             assert error_lines(exported.stderr) == [
                 f"python -m serving.export: error: {model}/fp32.pt2: cannot write (No space left on device); "
-                "the partial export was removed"], exported.stderr[-3000:]
+                "the partial export was removed"
+            ], exported.stderr[-3000:]
             assert os.listdir(out) == []

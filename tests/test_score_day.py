@@ -12,9 +12,9 @@ import dlrm_main
 from common.json_fields import FileFieldError
 from data import preprocess_criteo
 from data.synthetic_criteo import write_raw_day
-from tests.support.exported_model import MODEL_FLAGS, SPEC, raw_test_lines
 from harness.launch import eval_record, launch, read_log
 from serving import predict
+from tests.support.exported_model import MODEL_FLAGS, SPEC, raw_test_lines
 
 
 def _test_day(trained, path) -> bytes:
@@ -28,13 +28,32 @@ def _test_day(trained, path) -> bytes:
 def test_predict_scores_a_labelled_day_as_the_trainer_did(trained, tmp_path, capsys):
     source, output, metrics_path = tmp_path / "day.tsv", tmp_path / "scores.csv", tmp_path / "metrics.json"
     lines = _test_day(trained, source)
-    assert predict.main(["--model", trained["model"], "--input", str(source), "--output", str(output),
-                         "--metrics_output", str(metrics_path), "--keep_columns", "label"]) == 0
+    assert (
+        predict.main(
+            [
+                "--model",
+                trained["model"],
+                "--input",
+                str(source),
+                "--output",
+                str(output),
+                "--metrics_output",
+                str(metrics_path),
+                "--keep_columns",
+                "label",
+            ]
+        )
+        == 0
+    )
     # The trainer's evaluation of the test split, from the same weights (the checkpoint exported).
     test = eval_record(trained["log"], "test")
     metrics = predict.read_predict_metrics(str(metrics_path))
     assert (metrics.rows, metrics.labelled, metrics.input, metrics.variant) == (
-        test["num_samples"], True, str(source), "fp32")
+        test["num_samples"],
+        True,
+        str(source),
+        "fp32",
+    )
     assert metrics.auroc == pytest.approx(test["auroc"], abs=1e-5) and metrics.auroc > 0.6
     # The trainer's log loss comes from logits, predict's from the exported probabilities.
     for name in ("log_loss", "ne", "calibration"):
@@ -63,28 +82,72 @@ def test_unlabelled_lines_have_no_figures_and_no_label_to_keep(trained, tmp_path
     source, metrics_path = tmp_path / "day.tsv", tmp_path / "metrics.json"
     lines = [line.split(b"\t", 1)[1] for line in raw_test_lines(trained, 20)]
     source.write_bytes(b"".join(lines))
-    assert predict.main(["--model", trained["model"], "--input", str(source), "--output", str(tmp_path / "p"),
-                         "--metrics_output", str(metrics_path)]) == 0
+    assert (
+        predict.main(
+            [
+                "--model",
+                trained["model"],
+                "--input",
+                str(source),
+                "--output",
+                str(tmp_path / "p"),
+                "--metrics_output",
+                str(metrics_path),
+            ]
+        )
+        == 0
+    )
     metrics = predict.read_predict_metrics(str(metrics_path))
     assert (metrics.rows, metrics.labelled, metrics.auroc, metrics.ne) == (20, False, None, None)
     capsys.readouterr()
-    assert predict.main(["--model", trained["model"], "--input", str(source), "--output", str(tmp_path / "q"),
-                         "--keep_columns", "label"]) == 2
+    assert (
+        predict.main(
+            [
+                "--model",
+                trained["model"],
+                "--input",
+                str(source),
+                "--output",
+                str(tmp_path / "q"),
+                "--keep_columns",
+                "label",
+            ]
+        )
+        == 2
+    )
     assert capsys.readouterr().err.strip() == (
-        "python -m serving.predict: error: --keep_columns label: the input lines have no label")
+        "python -m serving.predict: error: --keep_columns label: the input lines have no label"
+    )
     assert not os.path.exists(tmp_path / "q")
     assert predict.main(["--model", trained["model"], "--input", str(source), "--keep_columns", "user"]) == 2
-    assert capsys.readouterr().err.strip() == ("python -m serving.predict: error: --keep_columns user: not a column "
-                                               "of this model's input (it has label)")
+    assert capsys.readouterr().err.strip() == (
+        "python -m serving.predict: error: --keep_columns user: not a column of this model's input (it has label)"
+    )
 
 
 def test_metrics_file_fields_are_checked(tmp_path):
     path = tmp_path / "metrics.json"
-    path.write_text(json.dumps({"version": 1, "model": "m", "variant": "fp32", "input": "i", "rows": 3,
-                                "labelled": True, "auroc": "high", "log_loss": 0.5, "accuracy": 1, "ne": None,
-                                "calibration": 1.0, "positive_rate": 0.3, "unseen_ids": 0,
-                                "unseen_ids_by_feature": {}}))
-    with pytest.raises(FileFieldError, match=f"^{path}: auroc must be a number or null, got \"high\"$"):
+    path.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "model": "m",
+                "variant": "fp32",
+                "input": "i",
+                "rows": 3,
+                "labelled": True,
+                "auroc": "high",
+                "log_loss": 0.5,
+                "accuracy": 1,
+                "ne": None,
+                "calibration": 1.0,
+                "positive_rate": 0.3,
+                "unseen_ids": 0,
+                "unseen_ids_by_feature": {},
+            }
+        )
+    )
+    with pytest.raises(FileFieldError, match=f'^{path}: auroc must be a number or null, got "high"$'):
         predict.read_predict_metrics(str(path))
 
 
@@ -99,21 +162,62 @@ def test_train_on_days_then_score_the_next_day_two_ways(trained, tmp_path):
     shutil.copyfile(os.path.join(trained["raw"], "day_2"), new_raw / "day_0")
     write_raw_day(SPEC, str(new_raw / "day_1"), 3)
     scored = str(tmp_path / "day_3_bin")
-    assert preprocess_criteo.main(["--input_dir", str(new_raw), "--output_dir", scored,
-                                   "--dataset_name", "criteo_1t", "--vocabulary", trained["data"]]) == 0
+    assert (
+        preprocess_criteo.main(
+            [
+                "--input_dir",
+                str(new_raw),
+                "--output_dir",
+                scored,
+                "--dataset_name",
+                "criteo_1t",
+                "--vocabulary",
+                trained["data"],
+            ]
+        )
+        == 0
+    )
     log = str(tmp_path / "test.jsonl")
     step = sorted(name for name in os.listdir(trained["ckpt"]) if name.startswith("step_"))[-1]
-    assert launch(dlrm_main.main, ["--in_memory_binary_criteo_path", scored, "--batch_size", "256", *MODEL_FLAGS,
-                                   "--sharding_type", "table_wise", "--mode", "test", "--log_path", log,
-                                   "--restore_checkpoint_path", os.path.join(trained["ckpt"], step)]) == {0: 0, 1: 0}
+    assert launch(
+        dlrm_main.main,
+        [
+            "--in_memory_binary_criteo_path",
+            scored,
+            "--batch_size",
+            "256",
+            *MODEL_FLAGS,
+            "--sharding_type",
+            "table_wise",
+            "--mode",
+            "test",
+            "--log_path",
+            log,
+            "--restore_checkpoint_path",
+            os.path.join(trained["ckpt"], step),
+        ],
+    ) == {0: 0, 1: 0}
     test = eval_record(read_log(log), "test")
 
     lines = open(new_raw / "day_1", "rb").read().splitlines(keepends=True)
     second_half = tmp_path / "second_half.tsv"
-    second_half.write_bytes(b"".join(lines[len(lines) // 2:]))
+    second_half.write_bytes(b"".join(lines[len(lines) // 2 :]))
     metrics_path = tmp_path / "metrics.json"
-    assert predict.main(["--model", trained["model"], "--input", str(second_half), "--output",
-                         str(tmp_path / "p.txt"), "--metrics_output", str(metrics_path)]) == 0
+    assert (
+        predict.main(
+            [
+                "--model",
+                trained["model"],
+                "--input",
+                str(second_half),
+                "--output",
+                str(tmp_path / "p.txt"),
+                "--metrics_output",
+                str(metrics_path),
+            ]
+        )
+        == 0
+    )
     metrics = predict.read_predict_metrics(str(metrics_path))
     assert metrics.rows == test["num_samples"]
     assert metrics.auroc == pytest.approx(test["auroc"], abs=1e-5) and metrics.auroc > 0.6

@@ -16,10 +16,10 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 
-from data.criteo_layout import NUM_SPARSE_FEATURES
-from data.criteo_transforms import VOCABULARY_FILE, read_vocabulary
-from tests.support.exported_model import raw_test_lines
+from data.binary.criteo_layout import NUM_SPARSE_FEATURES
+from data.preprocess.criteo_transforms import VOCABULARY_FILE, read_vocabulary
 from serving import predict, serve
+from tests.support.exported_model import raw_test_lines
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +57,7 @@ def test_chunked_body_is_read_whole(trained, predictor):
         connection = http.client.HTTPConnection(*address(url), timeout=60)
         # Chunks cut lines in the middle: the body is what counts, not its pieces.
         body = b"".join(lines)
-        connection.request("POST", "/predict", body=iter([body[:50], body[50:1000], body[1000:]]),
-                           encode_chunked=True)
+        connection.request("POST", "/predict", body=iter([body[:50], body[50:1000], body[1000:]]), encode_chunked=True)
         response = connection.getresponse()
         assert response.status == 200
         answer = np.array(response.read().decode().split(), dtype=np.float32)
@@ -72,8 +71,13 @@ def test_chunked_body_is_read_whole(trained, predictor):
 def test_bad_content_length_is_400(predictor, length):
     with serve.serving_in_background(predictor) as (url, _):
         status, body = exchange(url, f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode())
-        assert (status, json.loads(body)) == (400, {"error": "malformed HTTP request: its request line, headers or "
-                                                             "body framing (Content-Length, chunks) do not parse"})
+        assert (status, json.loads(body)) == (
+            400,
+            {
+                "error": "malformed HTTP request: its request line, headers or "
+                "body framing (Content-Length, chunks) do not parse"
+            },
+        )
         assert exchange(url, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n") == (200, b"ok\n")
 
 
@@ -87,12 +91,13 @@ def test_body_above_the_limit_is_413(trained, predictor):
         # Chunked: refused once the chunks pass the limit.
         chunk = b"x" * 600
         chunked = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(3)) + b"0\r\n\r\n"
-        status, body = exchange(url, b"POST /predict HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-                                + chunked)
+        status, body = exchange(
+            url, b"POST /predict HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked
+        )
         assert (status, json.loads(body)) == (413, {"error": "request body above --max_body_bytes 1000"})
         # At the limit: answered.
         lines = b"".join(raw_test_lines(trained, 20))
-        fitting = lines[:lines.rindex(b"\n", 0, 1000) + 1]
+        fitting = lines[: lines.rindex(b"\n", 0, 1000) + 1]
         connection = http.client.HTTPConnection(*address(url), timeout=60)
         connection.request("POST", "/predict", body=fitting)
         response = connection.getresponse()
@@ -114,8 +119,11 @@ def test_stalled_connections_time_out_and_hold_no_thread(trained, predictor):
     """Clients that stop before their request is whole (nothing sent, half the headers,
     half the body) are answered 408 and closed after --request_timeout_s; while they
     stall they hold sockets, not threads; beyond --max_connections, 503."""
-    stalls = [b"", b"POST /predict HTTP/1.1\r\nHost: x\r\n",
-              b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n1\t2"]
+    stalls = [
+        b"",
+        b"POST /predict HTTP/1.1\r\nHost: x\r\n",
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n1\t2",
+    ]
     limits = serve.HttpLimits(request_timeout_s=1.0, max_connections=60)
     timed_out = {"error": "request not received whole within 1 s"}
     lines = b"".join(raw_test_lines(trained, 3))
@@ -159,9 +167,24 @@ def test_a_stopped_server_finishes_requests_in_flight_and_prints_its_summary(tra
     had not finished within a second."""
     lines = b"".join(raw_test_lines(trained, 4))
     # The forward waits 2 s for company: a request sent whole is in flight that long.
-    proc = subprocess.Popen([sys.executable, "-m", "serving.serve", "--model", trained["model"], "--port", "0",
-                             "--max_batch_delay_ms", "2000", "--num_threads", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "serving.serve",
+            "--model",
+            trained["model"],
+            "--port",
+            "0",
+            "--max_batch_delay_ms",
+            "2000",
+            "--num_threads",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = re.search(r"on (http://\S+)/predict", proc.stdout.readline()).group(1)
         head = f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: {len(lines)}\r\n\r\n".encode()
@@ -172,8 +195,9 @@ def test_a_stopped_server_finishes_requests_in_flight_and_prints_its_summary(tra
         idle = socket.create_connection(address(url), timeout=60)
         time.sleep(0.5)  # both requests reach the server
         proc.send_signal(signum)
-        assert proc.stdout.readline() == ("stopping: no new connections; finishing 2 request(s) in flight "
-                                          "(at most --drain_timeout_s 20 s)\n")
+        assert proc.stdout.readline() == (
+            "stopping: no new connections; finishing 2 request(s) in flight (at most --drain_timeout_s 20 s)\n"
+        )
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(address(url), timeout=60)
         assert read_until_closed(idle) == b""  # closed, as it had no request
@@ -195,7 +219,9 @@ def test_flags_of_the_limits(tmp_path, capsys):
     assert serve.main(["--model", str(tmp_path), "--max_body_bytes", "0"]) == 2
     assert capsys.readouterr().err == "python -m serving.serve: error: --max_body_bytes must be positive, got 0\n"
     assert serve.main(["--model", str(tmp_path), "--drain_timeout_s", "-1"]) == 2
-    assert capsys.readouterr().err == "python -m serving.serve: error: --drain_timeout_s must not be negative, got -1.0\n"
+    assert (
+        capsys.readouterr().err == "python -m serving.serve: error: --drain_timeout_s must not be negative, got -1.0\n"
+    )
 
 
 @pytest.mark.slow
@@ -210,9 +236,15 @@ def test_hashes_outside_the_vocabulary_are_scored_as_training_did_and_counted(tr
     as_empty[1][14 + 3] = b""
     body = b"".join(b"\t".join(fields) + b"\n" for fields in lines)
     # The reference count: non-empty hashes each feature's vocabulary lacks.
-    expected = {f"cat_{f}": n for f in range(NUM_SPARSE_FEATURES)
-                if (n := sum(1 for fields in lines if fields[14 + f] and
-                             int(fields[14 + f], 16) not in set(vocabulary[f].tolist())))}
+    expected = {
+        f"cat_{f}": n
+        for f in range(NUM_SPARSE_FEATURES)
+        if (
+            n := sum(
+                1 for fields in lines if fields[14 + f] and int(fields[14 + f], 16) not in set(vocabulary[f].tolist())
+            )
+        )
+    }
     assert expected.get("cat_3", 0) >= 1
     with serve.serving_in_background(predictor, max_batch_delay_ms=0) as (url, _):
         connection = http.client.HTTPConnection(*address(url), timeout=60)

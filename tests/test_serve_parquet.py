@@ -23,9 +23,8 @@ from common.json_fields import FileFieldError
 from data.sources import source_for
 from serving import predict, serve
 from serving.export import export_model
+from serving.model_inputs import INPUTS_FILE, PARQUET_LAYOUT, ModelInputs, ParquetPreprocessing, Variant, read_inputs
 from serving.quality_gate import evaluate_variants
-from serving.model_inputs import (INPUTS_FILE, PARQUET_LAYOUT, ModelInputs, ParquetPreprocessing, Variant,
-                                  read_inputs)
 from training.flags import parse_config
 
 DAYS = ("2026-11-01", "2026-11-02", "2026-11-03")
@@ -38,18 +37,24 @@ def click_log_day(day: int, rows: int = 200) -> pa.Table:
     billion-range int64 ids, multi-hot lists (empty and null bags too), a key column."""
     rng = np.random.default_rng(day)
     bag_lengths = rng.integers(0, 5, rows)
-    return pa.table({
-        "label": (rng.random(rows) < 0.3).astype(np.int8),
-        "I1": pa.array([None if rng.random() < 0.1 else int(v) for v in rng.integers(0, 100, rows)], pa.int64()),
-        "I2": rng.random(rows) * 10,
-        "C1": pa.array([None if rng.random() < 0.05 else f"{v:08x}" for v in rng.integers(0, 30, rows)]),
-        "C2": rng.integers(0, 40, rows) * 1_000_000_007,
-        "M1": pa.array([None if n == 4 else [int(v) for v in rng.integers(0, 10 ** 10, n)] for n in bag_lengths],
-                       pa.list_(pa.int64())),
-        "M2": pa.array([[f"{v:x}" for v in rng.integers(0, 50, rng.integers(0, MAX_BAG_SIZE + 1))]
-                        for _ in range(rows)], pa.list_(pa.string())),
-        "user_id": [f"u{day}_{i}" for i in range(rows)],
-    })
+    return pa.table(
+        {
+            "label": (rng.random(rows) < 0.3).astype(np.int8),
+            "I1": pa.array([None if rng.random() < 0.1 else int(v) for v in rng.integers(0, 100, rows)], pa.int64()),
+            "I2": rng.random(rows) * 10,
+            "C1": pa.array([None if rng.random() < 0.05 else f"{v:08x}" for v in rng.integers(0, 30, rows)]),
+            "C2": rng.integers(0, 40, rows) * 1_000_000_007,
+            "M1": pa.array(
+                [None if n == 4 else [int(v) for v in rng.integers(0, 10**10, n)] for n in bag_lengths],
+                pa.list_(pa.int64()),
+            ),
+            "M2": pa.array(
+                [[f"{v:x}" for v in rng.integers(0, 50, rng.integers(0, MAX_BAG_SIZE + 1))] for _ in range(rows)],
+                pa.list_(pa.string()),
+            ),
+            "user_id": [f"u{day}_{i}" for i in range(rows)],
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,25 +66,66 @@ def parquet_model(tmp_path_factory) -> dict:
     for day, date in enumerate(DAYS):
         (data / f"date={date}").mkdir(parents=True)
         pq.write_table(click_log_day(day), str(data / f"date={date}" / "part-0.parquet"), row_group_size=64)
-    config = parse_config(["--parquet_path", str(data), "--dense_columns", "I*", "--sparse_columns", "C*,M*",
-                           "--time_column", "date", "--validation_window", "1d", "--test_window", "1d",
-                           "--batch_size", "32", "--embedding_dim", "4", "--dense_arch_layer_sizes", "8,4",
-                           "--over_arch_layer_sizes", "8,1"], "dlrm_main.py", "")
+    config = parse_config(
+        [
+            "--parquet_path",
+            str(data),
+            "--dense_columns",
+            "I*",
+            "--sparse_columns",
+            "C*,M*",
+            "--time_column",
+            "date",
+            "--validation_window",
+            "1d",
+            "--test_window",
+            "1d",
+            "--batch_size",
+            "32",
+            "--embedding_dim",
+            "4",
+            "--dense_arch_layer_sizes",
+            "8,4",
+            "--over_arch_layer_sizes",
+            "8,1",
+        ],
+        "dlrm_main.py",
+        "",
+    )
     source = source_for(config.data)
     description = source.describe()
     # The model of the table's features, as training builds it for --parquet_path.
-    config.model = dataclasses.replace(config.model, sparse_feature_names=list(description.sparse_feature_names),
-                                       dense_in_features=description.num_dense_features,
-                                       num_embeddings_per_feature=TABLE_SIZES)
+    config.model = dataclasses.replace(
+        config.model,
+        sparse_feature_names=list(description.sparse_feature_names),
+        dense_in_features=description.num_dense_features,
+        num_embeddings_per_feature=TABLE_SIZES,
+    )
     from models import build_dlrm_train
+
     torch.manual_seed(3)
     model = build_dlrm_train(config.model, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"))
-    meta = CheckpointMeta(step=1, epoch=0, batch_in_epoch=1, world_size=1, config=dataclasses.asdict(config),
-                          plan={}, data_source=source.name, data_features=description, run_id="serve-parquet")
+    meta = CheckpointMeta(
+        step=1,
+        epoch=0,
+        batch_in_epoch=1,
+        world_size=1,
+        config=dataclasses.asdict(config),
+        plan={},
+        data_source=source.name,
+        data_features=description,
+        run_id="serve-parquet",
+    )
     ckpt = CheckpointManager(str(root / "ckpt"), keep_last_n=0, rank=0).save({"model": model.state_dict()}, meta)
     export_model(ckpt, str(root / "model"), ["int8"], max_bag_size=MAX_BAG_SIZE)
-    return {"root": root, "data": str(data), "test_day": str(data / f"date={DAYS[-1]}"), "config": config,
-            "model": str(root / "model"), "dlrm": model.model.eval()}
+    return {
+        "root": root,
+        "data": str(data),
+        "test_day": str(data / f"date={DAYS[-1]}"),
+        "config": config,
+        "model": str(root / "model"),
+        "dlrm": model.model.eval(),
+    }
 
 
 def test_export_records_the_columns_transform_and_hashing(parquet_model):
@@ -89,8 +135,13 @@ def test_export_records_the_columns_transform_and_hashing(parquet_model):
     assert inputs.sparse_hotness == [1, 1, MAX_BAG_SIZE, MAX_BAG_SIZE]
     assert inputs.num_embeddings_per_feature == TABLE_SIZES
     assert inputs.preprocessing == ParquetPreprocessing(
-        label="label", weight=None, dense_transform="log1p", id_hashing="hash", hash_seed=0,
-        sparse_value_types=["string", "integer", "integer_list", "string_list"])
+        label="label",
+        weight=None,
+        dense_transform="log1p",
+        id_hashing="hash",
+        hash_seed=0,
+        sparse_value_types=["string", "integer", "integer_list", "string_list"],
+    )
 
 
 def _training_test_split(parquet_model) -> tuple:
@@ -111,8 +162,23 @@ def _training_test_split(parquet_model) -> tuple:
 def test_predict_on_the_test_day_gives_the_training_loaders_probabilities_and_auroc(parquet_model, tmp_path, capsys):
     expected, labels = _training_test_split(parquet_model)
     output, metrics = str(tmp_path / "preds.parquet"), str(tmp_path / "m.json")
-    assert predict.main(["--model", parquet_model["model"], "--input", parquet_model["test_day"], "--output", output,
-                         "--keep_columns", "user_id,label", "--metrics_output", metrics]) == 0
+    assert (
+        predict.main(
+            [
+                "--model",
+                parquet_model["model"],
+                "--input",
+                parquet_model["test_day"],
+                "--output",
+                output,
+                "--keep_columns",
+                "user_id,label",
+                "--metrics_output",
+                metrics,
+            ]
+        )
+        == 0
+    )
     table = pq.read_table(output)
     assert table.schema.names == ["user_id", "label", "probability"]
     assert table.column("user_id").to_pylist() == click_log_day(2).column("user_id").to_pylist()
@@ -123,8 +189,21 @@ def test_predict_on_the_test_day_gives_the_training_loaders_probabilities_and_au
     assert written.auroc == pytest.approx(float(binary_auroc(expected, labels.int())), abs=1e-6)
     assert written.unseen_ids == 0
     # The quantized variant reads the same rows (bags of every length, empty and null ones).
-    assert predict.main(["--model", parquet_model["model"], "--input", parquet_model["test_day"], "--output",
-                         str(tmp_path / "int8.parquet"), "--variant", "int8"]) == 0
+    assert (
+        predict.main(
+            [
+                "--model",
+                parquet_model["model"],
+                "--input",
+                parquet_model["test_day"],
+                "--output",
+                str(tmp_path / "int8.parquet"),
+                "--variant",
+                "int8",
+            ]
+        )
+        == 0
+    )
     int8 = pq.read_table(str(tmp_path / "int8.parquet")).column("probability").to_numpy()
     assert np.abs(int8 - expected.numpy()).max() < 0.05
 
@@ -141,8 +220,10 @@ def _set(table: pa.Table, name: str, values) -> pa.Table:
 
 def _failing_predict(parquet_model, tmp_path, capsys, table: pa.Table) -> str:
     output = str(tmp_path / "preds.parquet")
-    assert predict.main(["--model", parquet_model["model"], "--input", _write_day(tmp_path, table),
-                         "--output", output]) == 2
+    assert (
+        predict.main(["--model", parquet_model["model"], "--input", _write_day(tmp_path, table), "--output", output])
+        == 2
+    )
     assert not os.path.exists(output) and os.listdir(tmp_path) == ["day.parquet"]  # nothing partial left
     message = capsys.readouterr().err.strip()
     assert "\n" not in message
@@ -161,34 +242,62 @@ def test_a_bag_longer_than_the_export_allows_is_refused(parquet_model, tmp_path,
     day = click_log_day(2)
     bags = day.column("M2").to_pylist()
     bags[5] = [str(i) for i in range(MAX_BAG_SIZE + 1)]
-    message = _failing_predict(parquet_model, tmp_path, capsys,
-                               _set(day, "M2", pa.array(bags, pa.list_(pa.string()))))
-    assert message.endswith(f"day.parquet row group 0 row 5 column M2: a bag of {MAX_BAG_SIZE + 1} ids, more than "
-                            f"the {MAX_BAG_SIZE} places the model was exported with (serving.export --max_bag_size)")
+    message = _failing_predict(parquet_model, tmp_path, capsys, _set(day, "M2", pa.array(bags, pa.list_(pa.string()))))
+    assert message.endswith(
+        f"day.parquet row group 0 row 5 column M2: a bag of {MAX_BAG_SIZE + 1} ids, more than "
+        f"the {MAX_BAG_SIZE} places the model was exported with (serving.export --max_bag_size)"
+    )
 
 
 def test_ids_of_another_type_than_trainings_are_refused(parquet_model, tmp_path, capsys):
     day = click_log_day(2)
     as_text = pa.array([str(v) for v in day.column("C2").to_pylist()])  # "40000000280" hashes apart from 40000000280
     message = _failing_predict(parquet_model, tmp_path, capsys, _set(day, "C2", as_text))
-    assert message.endswith("day.parquet: column C2 holds string values, but the model was trained on "
-                            "integer values (they hash to other rows)")
+    assert message.endswith(
+        "day.parquet: column C2 holds string values, but the model was trained on "
+        "integer values (they hash to other rows)"
+    )
 
 
 def test_unlabelled_input_and_bad_keep_columns(parquet_model, tmp_path, capsys):
     day = click_log_day(2).drop(["label"])
     path, output = _write_day(tmp_path, day), str(tmp_path / "preds.parquet")
-    assert predict.main(["--model", parquet_model["model"], "--input", path, "--output", output,
-                         "--metrics_output", str(tmp_path / "m.json")]) == 0
+    assert (
+        predict.main(
+            [
+                "--model",
+                parquet_model["model"],
+                "--input",
+                path,
+                "--output",
+                output,
+                "--metrics_output",
+                str(tmp_path / "m.json"),
+            ]
+        )
+        == 0
+    )
     assert pq.read_table(output).schema.names == ["probability"]
     assert not predict.read_predict_metrics(str(tmp_path / "m.json")).labelled
     capsys.readouterr()
-    assert predict.main(["--model", parquet_model["model"], "--input", path, "--output", output,
-                         "--keep_columns", "user_id,session"]) == 2
+    assert (
+        predict.main(
+            [
+                "--model",
+                parquet_model["model"],
+                "--input",
+                path,
+                "--output",
+                output,
+                "--keep_columns",
+                "user_id,session",
+            ]
+        )
+        == 2
+    )
     assert "--keep_columns session: not a column of --input" in capsys.readouterr().err
     assert predict.main(["--model", parquet_model["model"], "--input", path]) == 2
-    assert "--output is needed: a model trained on Parquet writes its predictions as Parquet" in \
-        capsys.readouterr().err
+    assert "--output is needed: a model trained on Parquet writes its predictions as Parquet" in capsys.readouterr().err
 
 
 def test_an_output_named_for_another_format_or_among_the_input_is_refused(parquet_model, tmp_path, capsys):
@@ -199,13 +308,24 @@ def test_an_output_named_for_another_format_or_among_the_input_is_refused(parque
     path = _write_day(tmp_path, day)
     before = open(path, "rb").read()
     cases = [
-        (path, str(tmp_path / "x.csv"), f"--output {tmp_path / 'x.csv'}: a .csv name, but --output is written as "
-                                        f"Parquet: name it {tmp_path / 'x.parquet'}"),
-        (str(tmp_path / "d*.parquet"), path, f"--output {path} is {path}, a file of --input "
-                                             f"{tmp_path / 'd*.parquet'}: writing it would replace the input"),
-        (str(tmp_path), str(tmp_path / "preds.parquet"),
-         f"--output {tmp_path / 'preds.parquet'} is in the --input directory {tmp_path}: it would become part of "
-         "the input; write elsewhere"),
+        (
+            path,
+            str(tmp_path / "x.csv"),
+            f"--output {tmp_path / 'x.csv'}: a .csv name, but --output is written as "
+            f"Parquet: name it {tmp_path / 'x.parquet'}",
+        ),
+        (
+            str(tmp_path / "d*.parquet"),
+            path,
+            f"--output {path} is {path}, a file of --input "
+            f"{tmp_path / 'd*.parquet'}: writing it would replace the input",
+        ),
+        (
+            str(tmp_path),
+            str(tmp_path / "preds.parquet"),
+            f"--output {tmp_path / 'preds.parquet'} is in the --input directory {tmp_path}: it would become part of "
+            "the input; write elsewhere",
+        ),
     ]
     for input_path, output, message in cases:
         assert predict.main(["--model", parquet_model["model"], "--input", input_path, "--output", output]) == 2
@@ -215,8 +335,11 @@ def test_an_output_named_for_another_format_or_among_the_input_is_refused(parque
 
 
 def test_the_quality_gate_points_a_parquet_model_to_predict(parquet_model):
-    with pytest.raises(BadInput, match="^the quality gate reads binary training data; check a Parquet model with "
-                                       "python -m serving.predict --metrics_output on a labelled Parquet day$"):
+    with pytest.raises(
+        BadInput,
+        match="^the quality gate reads binary training data; check a Parquet model with "
+        "python -m serving.predict --metrics_output on a labelled Parquet day$",
+    ):
         evaluate_variants(parquet_model["model"])
 
 
@@ -231,8 +354,9 @@ def _post(url: str, body: bytes, query: str = "") -> tuple:
 
 def test_http_endpoint_scores_json_rows_as_predict_scores_parquet(parquet_model, tmp_path):
     output = str(tmp_path / "preds.parquet")
-    assert predict.main(["--model", parquet_model["model"], "--input", parquet_model["test_day"],
-                         "--output", output]) == 0
+    assert (
+        predict.main(["--model", parquet_model["model"], "--input", parquet_model["test_day"], "--output", output]) == 0
+    )
     expected = pq.read_table(output).column("probability").to_numpy()
     rows = click_log_day(2).drop(["label"]).to_pylist()  # JSON objects keyed by column name
     body = "".join(json.dumps(row) + "\n" for row in rows[:50]).encode()
@@ -241,22 +365,34 @@ def test_http_endpoint_scores_json_rows_as_predict_scores_parquet(parquet_model,
         assert status == 200 and answer["unseen_ids"] == 0
         np.testing.assert_allclose(answer["probabilities"], expected[:50], rtol=1e-6, atol=1e-7)
         wrong = dict(rows[2], C2="40000000280")
-        status, answer = _post(url, (json.dumps(rows[0]) + "\n" + json.dumps(rows[1]) + "\n" + json.dumps(wrong)).encode())
-        assert (status, answer["error"]) == (400, 'request line 3 column C2: expected an integer id or null, '
-                                                  'got "40000000280"')
+        status, answer = _post(
+            url, (json.dumps(rows[0]) + "\n" + json.dumps(rows[1]) + "\n" + json.dumps(wrong)).encode()
+        )
+        assert (status, answer["error"]) == (
+            400,
+            'request line 3 column C2: expected an integer id or null, got "40000000280"',
+        )
         missing = {k: v for k, v in rows[0].items() if k != "I2"}
         assert _post(url, json.dumps(missing).encode()) == (
-            400, {"error": "request line 1 column I2: missing (send null for a missing value, or POST to "
-                           "/predict?missing=null)"})
+            400,
+            {
+                "error": "request line 1 column I2: missing (send null for a missing value, or POST to "
+                "/predict?missing=null)"
+            },
+        )
         nulls = dict(rows[0], I1=None, C1=None, M1=None, M2=[])  # as a Parquet null: 0, empty bags
         status, answer = _post(url, json.dumps(nulls).encode())
         assert status == 200 and 0 < answer["probabilities"][0] < 1
         # Asked for explicitly, columns left out read as null: the same probability.
         left_out = {"I2": rows[0]["I2"], "C2": rows[0]["C2"], "user_id": "u"}
         assert _post(url, json.dumps(left_out).encode(), "?missing=null") == (200, answer)
-        assert _post(url, json.dumps(left_out).encode(), "?missing=nul") == (400, {
-            "error": "unknown query 'missing=nul': /predict takes none, or missing=null (a Parquet model's rows "
-                     "may leave columns out, read as null)"})
+        assert _post(url, json.dumps(left_out).encode(), "?missing=nul") == (
+            400,
+            {
+                "error": "unknown query 'missing=nul': /predict takes none, or missing=null (a Parquet model's rows "
+                "may leave columns out, read as null)"
+            },
+        )
 
 
 def test_json_nested_deeper_than_a_row_is_refused_before_it_is_parsed(parquet_model):
@@ -272,20 +408,35 @@ def test_json_nested_deeper_than_a_row_is_refused_before_it_is_parsed(parquet_mo
         assert _post(url, deep) == (400, {"error": message.format(1)})
         assert _post(url, (json.dumps(rows[0]) + "\n").encode() + deep) == (400, {"error": message.format(2)})
         assert _post(url, (json.dumps(rows[0]) + "\n" + json.dumps(nested)).encode()) == (
-            400, {"error": message.format(2)})
+            400,
+            {"error": message.format(2)},
+        )
         text = dict(rows[0], note='"[[[ {{{ in a string is text \\" [[[')
         status, answer = _post(url, json.dumps(text).encode())
         assert status == 200 and len(answer["probabilities"]) == 1
 
 
 def _inputs(**preprocessing) -> ModelInputs:
-    columns = dict(label="label", weight="w", dense_transform="none", id_hashing="modulo", hash_seed=7,
-                   sparse_value_types=["string", "integer_list"])
+    columns = dict(
+        label="label",
+        weight="w",
+        dense_transform="none",
+        id_hashing="modulo",
+        hash_seed=7,
+        sparse_value_types=["string", "integer_list"],
+    )
     columns.update(preprocessing)
-    return ModelInputs(dense_feature_names=["I1"], sparse_feature_names=["C1", "M1"], sparse_hotness=[1, 4],
-                       num_embeddings_per_feature=[10, 20], preprocessing=ParquetPreprocessing(**columns),
-                       data_path="s3://bucket/log", checkpoint="ckpt", step=3,
-                       variants={"fp32": Variant("fp32.pt2", "torch.export", 1)})
+    return ModelInputs(
+        dense_feature_names=["I1"],
+        sparse_feature_names=["C1", "M1"],
+        sparse_hotness=[1, 4],
+        num_embeddings_per_feature=[10, 20],
+        preprocessing=ParquetPreprocessing(**columns),
+        data_path="s3://bucket/log",
+        checkpoint="ckpt",
+        step=3,
+        variants={"fp32": Variant("fp32.pt2", "torch.export", 1)},
+    )
 
 
 def test_the_parquet_record_reads_back_as_written():
@@ -293,7 +444,12 @@ def test_the_parquet_record_reads_back_as_written():
     assert ModelInputs.from_json(inputs.to_json(), "inputs.json") == inputs
     columns = inputs.parquet_columns()
     assert (columns.dense, columns.sparse, columns.table_sizes, columns.weight, columns.hash_seed) == (
-        ("I1",), ("C1", "M1"), (10, 20), None, 7)
+        ("I1",),
+        ("C1", "M1"),
+        (10, 20),
+        None,
+        7,
+    )
 
 
 # Lies about the record: (field, value, what the one line says).
@@ -330,21 +486,64 @@ def test_export_and_predict_on_the_test_day_give_the_trainers_test_auroc(tmp_pat
     data = tmp_path / "log"
     for day, date in enumerate(DAYS):
         (data / f"date={date}").mkdir(parents=True)
-        pq.write_table(click_log_day(day, rows=512), str(data / f"date={date}" / "part-0.parquet"),
-                       row_group_size=100)
+        pq.write_table(click_log_day(day, rows=512), str(data / f"date={date}" / "part-0.parquet"), row_group_size=100)
     ckpt, log = str(tmp_path / "ckpt"), str(tmp_path / "log.jsonl")
-    assert launch(dlrm_main.main, [
-        "--parquet_path", str(data), "--time_column", "date", "--validation_window", "1d", "--test_window", "1d",
-        "--dense_columns", "I*", "--sparse_columns", "C*,M*", "--num_embeddings_per_feature",
-        ",".join(map(str, TABLE_SIZES)), "--batch_size", "32", "--embedding_dim", "4",
-        "--dense_arch_layer_sizes", "8,4", "--over_arch_layer_sizes", "8,1", "--optimizer", "adagrad",
-        "--learning_rate", "0.05", "--seed", "1", "--checkpoint_dir", ckpt, "--checkpoint_at_epoch_end",
-        "--log_path", log]) == {0: 0, 1: 0}
+    assert launch(
+        dlrm_main.main,
+        [
+            "--parquet_path",
+            str(data),
+            "--time_column",
+            "date",
+            "--validation_window",
+            "1d",
+            "--test_window",
+            "1d",
+            "--dense_columns",
+            "I*",
+            "--sparse_columns",
+            "C*,M*",
+            "--num_embeddings_per_feature",
+            ",".join(map(str, TABLE_SIZES)),
+            "--batch_size",
+            "32",
+            "--embedding_dim",
+            "4",
+            "--dense_arch_layer_sizes",
+            "8,4",
+            "--over_arch_layer_sizes",
+            "8,1",
+            "--optimizer",
+            "adagrad",
+            "--learning_rate",
+            "0.05",
+            "--seed",
+            "1",
+            "--checkpoint_dir",
+            ckpt,
+            "--checkpoint_at_epoch_end",
+            "--log_path",
+            log,
+        ],
+    ) == {0: 0, 1: 0}
     model = str(tmp_path / "model")
     assert export_model(ckpt, model, []).layout == PARQUET_LAYOUT
     metrics = str(tmp_path / "m.json")
-    assert predict.main(["--model", model, "--input", str(data / f"date={DAYS[-1]}"),
-                         "--output", str(tmp_path / "p.parquet"), "--metrics_output", metrics]) == 0
+    assert (
+        predict.main(
+            [
+                "--model",
+                model,
+                "--input",
+                str(data / f"date={DAYS[-1]}"),
+                "--output",
+                str(tmp_path / "p.parquet"),
+                "--metrics_output",
+                metrics,
+            ]
+        )
+        == 0
+    )
     written, test = predict.read_predict_metrics(metrics), eval_record(read_log(log), "test")
     assert written.rows == test["num_samples"] == 512
     assert written.auroc == pytest.approx(test["auroc"], abs=1e-5)

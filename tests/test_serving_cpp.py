@@ -75,8 +75,9 @@ def test_probabilities_equal_the_python_predictors(program, aoti_model, trained)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("field, value", [(0, b"2"), (5, b"1x"), (6, b"1234567890123456789"), (20, b"123456789"),
-                                          (39, b"g0"), (None, None)])
+@pytest.mark.parametrize(
+    "field, value", [(0, b"2"), (5, b"1x"), (6, b"1234567890123456789"), (20, b"123456789"), (39, b"g0"), (None, None)]
+)
 def test_a_malformed_line_is_refused_as_the_python_predictor_refuses_it(program, aoti_model, trained, field, value):
     lines = raw_test_lines(trained, 5)
     fields = lines[3].rstrip(b"\n").split(b"\t")
@@ -118,12 +119,16 @@ def test_a_model_it_cannot_serve_is_refused_in_one_line(program, aoti_model, tmp
     cases = {
         damaged: f"{damaged}/{AOTI_FILE}: its SHA-256 differs from the manifest's: the file is damaged",
         other_layout: f"{other_layout}: its input layout is feature_spec_csv; dlrm_predict reads raw Criteo lines "
-                      "(criteo_raw) only: serve this model with python -m serving.predict",
+        "(criteo_raw) only: serve this model with python -m serving.predict",
         no_package: f"{no_package} has no {AOTI_FILE}: export it with python -m serving.export --format aoti",
     }
     for model, message in cases.items():
         result = _predict(program, model, line)
-        assert (result.returncode, result.stderr.decode(), result.stdout) == (2, f"dlrm_predict: error: {message}\n", b"")
+        assert (result.returncode, result.stderr.decode(), result.stdout) == (
+            2,
+            f"dlrm_predict: error: {message}\n",
+            b"",
+        )
     bad_flag = _predict(program, aoti_model, line, "--batch_size", "0")
     assert bad_flag.stderr.decode() == "dlrm_predict: error: argument --batch_size: must be a positive integer, got 0\n"
     assert bad_flag.returncode == 2

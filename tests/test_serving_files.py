@@ -15,68 +15,113 @@ from checkpoints.meta import CheckpointMeta, meta_section
 from checkpoints.opened import read_meta
 from common.json_fields import FileFieldError
 from common.manifest import entry_of_bytes
-from data.criteo_transforms import transform_dense, transform_sparse
+from data.preprocess.criteo_transforms import transform_dense, transform_sparse
+from data.sources import source_for
 from serving.layouts.base import MalformedLineError
 from serving.layouts.criteo_lines import CriteoLines
 from serving.layouts.csv_rows import CsvRows
 from serving.model_inputs import CriteoPreprocessing, FeatureSpecColumns, ModelInputs, Variant, read_inputs
-from data.sources import source_for
 from training.checkpoint_policy import find_restore_point
 from training.config import OptimizerConfig
 from training.flags import parse_config
 
 PLAN = {"t_cat_0": {"sharding_type": "table_wise", "compute_kernel": "fused", "shards": [[0, 0, 10, 8, 1]]}}
-EARLY_STOPPING = {"metric": "auroc", "best_step": 4, "best_validation": {"auroc": 0.7},
-                  "validations_without_improvement": 0}
+EARLY_STOPPING = {
+    "metric": "auroc",
+    "best_step": 4,
+    "best_validation": {"auroc": 0.7},
+    "validations_without_improvement": 0,
+}
 
 
 def train_config():
-    return parse_config(["--num_embeddings", "10", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
-                         "--over_arch_layer_sizes", "16,1", "--batch_size", "32",
-                         "--optimizer", "rowwise_adagrad"], "dlrm_main.py", "")
+    return parse_config(
+        [
+            "--num_embeddings",
+            "10",
+            "--embedding_dim",
+            "8",
+            "--dense_arch_layer_sizes",
+            "16,8",
+            "--over_arch_layer_sizes",
+            "16,1",
+            "--batch_size",
+            "32",
+            "--optimizer",
+            "rowwise_adagrad",
+        ],
+        "dlrm_main.py",
+        "",
+    )
 
 
 def version_1_meta(config) -> dict:
     """meta.json as the trainer wrote it before CheckpointMeta (format_version 1): a
     document of its own, which a test may change."""
-    return {"format_version": 1, "step": 12, "epoch": 1, "batch_in_epoch": 2,
-            "global_batch_size": config.data.batch_size * 2, "world_size": 2,
-            "model": flat_model(config),
-            "optim": {**dataclasses.asdict(config.optim), "dense_optimizer": config.optim.resolved_dense_optimizer},
-            "config": {**dataclasses.asdict(config), "model": flat_model(config)}, "plan": copy.deepcopy(PLAN), "run_id": "r1",
-            "early_stopping": EARLY_STOPPING}
+    return {
+        "format_version": 1,
+        "step": 12,
+        "epoch": 1,
+        "batch_in_epoch": 2,
+        "global_batch_size": config.data.batch_size * 2,
+        "world_size": 2,
+        "model": flat_model(config),
+        "optim": {**dataclasses.asdict(config.optim), "dense_optimizer": config.optim.resolved_dense_optimizer},
+        "config": {**dataclasses.asdict(config), "model": flat_model(config)},
+        "plan": copy.deepcopy(PLAN),
+        "run_id": "r1",
+        "early_stopping": EARLY_STOPPING,
+    }
 
 
 # config.model's interaction fields before meta version 4: every interaction's, flat,
 # the defaults of those the run did not use.
-FLAT_INTERACTION_DEFAULTS = {"dcn_num_layers": 3, "dcn_low_rank_dim": 512,
-                             "interaction_branch1_layer_sizes": [2048, 2048],
-                             "interaction_branch2_layer_sizes": [2048, 2048]}
+FLAT_INTERACTION_DEFAULTS = {
+    "dcn_num_layers": 3,
+    "dcn_low_rank_dim": 512,
+    "interaction_branch1_layer_sizes": [2048, 2048],
+    "interaction_branch2_layer_sizes": [2048, 2048],
+}
 
 
 def flat_model(config) -> dict:
     """config.model as meta versions 1 to 3 recorded the model of ``config``."""
     model = dataclasses.asdict(config.model)
-    return {**{name: value for name, value in model.items() if name != "interaction"},
-            **FLAT_INTERACTION_DEFAULTS, **model["interaction"]}
+    return {
+        **{name: value for name, value in model.items() if name != "interaction"},
+        **FLAT_INTERACTION_DEFAULTS,
+        **model["interaction"],
+    }
 
 
 def write_checkpoint_meta(directory, data: bytes) -> str:
     """A checkpoint directory holding just meta.json and its manifest."""
     os.makedirs(directory)
     open(os.path.join(directory, "meta.json"), "wb").write(data)
-    json.dump({"manifest_version": 1, "files": {"meta.json": entry_of_bytes(data)}},
-              open(os.path.join(directory, "COMPLETE"), "w"))
+    json.dump(
+        {"manifest_version": 1, "files": {"meta.json": entry_of_bytes(data)}},
+        open(os.path.join(directory, "COMPLETE"), "w"),
+    )
     return str(directory)
 
 
 def current_meta(config) -> CheckpointMeta:
     """What the trainer writes of the run of ``config``."""
     source = source_for(config.data)
-    return CheckpointMeta(step=12, epoch=1, batch_in_epoch=2, world_size=2, config=dataclasses.asdict(config),
-                          plan=PLAN, run_id="r1", early_stopping=EARLY_STOPPING, data_source=source.name,
-                          data_features=source.describe(), serving_layout=source.serving_layout,
-                          serving_facts=source.serving_facts(source.open()))
+    return CheckpointMeta(
+        step=12,
+        epoch=1,
+        batch_in_epoch=2,
+        world_size=2,
+        config=dataclasses.asdict(config),
+        plan=PLAN,
+        run_id="r1",
+        early_stopping=EARLY_STOPPING,
+        data_source=source.name,
+        data_features=source.describe(),
+        serving_layout=source.serving_layout,
+        serving_facts=source.serving_facts(source.open()),
+    )
 
 
 def test_checkpoint_meta_round_trips_and_versions_1_to_3_still_load(tmp_path):
@@ -90,18 +135,23 @@ def test_checkpoint_meta_round_trips_and_versions_1_to_3_still_load(tmp_path):
     assert document["calibration"] is None  # without --calibrate
     version_5 = {**{k: v for k, v in document.items() if not k.startswith("serving_")}, "version": 5}
     meta = dataclasses.replace(meta, serving_layout=None, serving_facts=None)  # what older versions read as
-    assert read_meta(write_checkpoint_meta(tmp_path / "v5", json.dumps(version_5).encode())) == \
-        dataclasses.replace(meta, version=5)
+    assert read_meta(write_checkpoint_meta(tmp_path / "v5", json.dumps(version_5).encode())) == dataclasses.replace(
+        meta, version=5
+    )
     document = version_5
     version_4 = {**{k: v for k, v in document.items() if k != "calibration"}, "version": 4}
-    assert read_meta(write_checkpoint_meta(tmp_path / "v4old", json.dumps(version_4).encode())) == \
-        dataclasses.replace(meta, version=4)
+    assert read_meta(write_checkpoint_meta(tmp_path / "v4old", json.dumps(version_4).encode())) == dataclasses.replace(
+        meta, version=4
+    )
     assert document["config"]["model"]["interaction"] == {}  # DLRM's dot products have no sizes
     assert not {"model", "optim", "global_batch_size"} & set(document)  # stored once, in config
     assert document["data_source"] == "random"
-    assert document["data_features"] == {"dense_feature_names": [f"int_{i}" for i in range(13)],
-                                         "sparse_feature_names": [f"cat_{i}" for i in range(26)],
-                                         "cardinalities": None, "hotness": None}
+    assert document["data_features"] == {
+        "dense_feature_names": [f"int_{i}" for i in range(13)],
+        "sparse_feature_names": [f"cat_{i}" for i in range(26)],
+        "cardinalities": None,
+        "hotness": None,
+    }
 
     version_3 = {**document, "version": 3, "config": {**document["config"], "model": flat_model(config)}}
     old = read_meta(write_checkpoint_meta(tmp_path / "v3", json.dumps(version_3, indent=1).encode()))
@@ -116,8 +166,16 @@ def test_checkpoint_meta_round_trips_and_versions_1_to_3_still_load(tmp_path):
         assert old.global_batch_size == 64 and old.data_path is None
 
 
-INTERACTION_FLAGS = ["--dcn_num_layers", "2", "--dcn_low_rank_dim", "4", "--interaction_branch1_layer_sizes", "16,16",
-                     "--interaction_branch2_layer_sizes", "16,24"]
+INTERACTION_FLAGS = [
+    "--dcn_num_layers",
+    "2",
+    "--dcn_low_rank_dim",
+    "4",
+    "--interaction_branch1_layer_sizes",
+    "16,16",
+    "--interaction_branch2_layer_sizes",
+    "16,24",
+]
 
 
 @pytest.mark.parametrize("interaction", ["original", "dcn", "projection"])
@@ -126,8 +184,20 @@ def test_version_3_checkpoint_of_each_interaction_resumes_and_evaluates(tmp_path
     config.model flat, every interaction's sizes in it) gives its model to a resume
     (compared with the run's), to --mode test (taken from it) and to export (meta.model)."""
     checkpoint_dir = str(tmp_path / "ckpt")
-    argv = ["--num_embeddings", "10", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
-            "--over_arch_layer_sizes", "16,1", "--interaction_type", interaction, "--checkpoint_dir", checkpoint_dir]
+    argv = [
+        "--num_embeddings",
+        "10",
+        "--embedding_dim",
+        "8",
+        "--dense_arch_layer_sizes",
+        "16,8",
+        "--over_arch_layer_sizes",
+        "16,1",
+        "--interaction_type",
+        interaction,
+        "--checkpoint_dir",
+        checkpoint_dir,
+    ]
     config = parse_config(argv + INTERACTION_FLAGS, "dlrm_main.py", "")
     document = json.loads(current_meta(config).to_json())
     document = {**document, "version": 3, "config": {**document["config"], "model": flat_model(config)}}
@@ -141,27 +211,40 @@ def test_version_3_checkpoint_of_each_interaction_resumes_and_evaluates(tmp_path
     # Only the run's own interaction sizes are compared: the other interactions' (all
     # recorded before version 4) built nothing, and may differ (before version 4 a
     # resume refused them).
-    changed = parse_config(argv + INTERACTION_FLAGS + ["--resume", "--dcn_num_layers", "1",
-                                                       "--interaction_branch1_layer_sizes", "8"], "dlrm_main.py", "")
+    changed = parse_config(
+        argv + INTERACTION_FLAGS + ["--resume", "--dcn_num_layers", "1", "--interaction_branch1_layer_sizes", "8"],
+        "dlrm_main.py",
+        "",
+    )
     if interaction == "original":
         assert find_restore_point(changed).meta.model == config.model
     else:
         differing = {"dcn": "dcn_num_layers is 2", "projection": "interaction_branch1_layer_sizes is [16, 16]"}
-        with pytest.raises(CheckpointError, match=re.escape(f"does not match this run: interaction.{differing[interaction]}")):
+        with pytest.raises(
+            CheckpointError, match=re.escape(f"does not match this run: interaction.{differing[interaction]}")
+        ):
             find_restore_point(changed)
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda d: d.update(format_version=7), "format_version is 7, newer than this code reads (6)"),
-    (lambda d: d.update(step="12"), 'step must be a count, got "12"'),
-    (lambda d: d.pop("plan"), "plan is missing"),
-    (lambda d: d["plan"]["t_cat_0"].update(shards=[[0, 0, 10]]), "plan.t_cat_0.shards must be a list of"),
-    (lambda d: d["config"]["data"].update(batch_size=0), "config.data.batch_size must be a positive integer, got 0"),
-    (lambda d: d["config"]["model"].update(embeding_dim=8), "config.model does not describe a ModelConfig"),
-    (lambda d: d["config"]["model"].update(interaction_type="exec"),
-     'config.model.interaction_type must be original or dcn or projection, got "exec"'),
-    (lambda d: d.update(config=[]), "config must be an object, got []"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d.update(format_version=7), "format_version is 7, newer than this code reads (6)"),
+        (lambda d: d.update(step="12"), 'step must be a count, got "12"'),
+        (lambda d: d.pop("plan"), "plan is missing"),
+        (lambda d: d["plan"]["t_cat_0"].update(shards=[[0, 0, 10]]), "plan.t_cat_0.shards must be a list of"),
+        (
+            lambda d: d["config"]["data"].update(batch_size=0),
+            "config.data.batch_size must be a positive integer, got 0",
+        ),
+        (lambda d: d["config"]["model"].update(embeding_dim=8), "config.model does not describe a ModelConfig"),
+        (
+            lambda d: d["config"]["model"].update(interaction_type="exec"),
+            'config.model.interaction_type must be original or dcn or projection, got "exec"',
+        ),
+        (lambda d: d.update(config=[]), "config must be an object, got []"),
+    ],
+)
 def test_bad_checkpoint_meta_is_one_line_naming_the_file_and_field(tmp_path, change, message):
     document = version_1_meta(train_config())
     change(document)
@@ -183,37 +266,62 @@ def test_an_optimizer_section_this_code_does_not_know_is_refused_by_training_onl
     run = dataclasses.replace(config, checkpoint=dataclasses.replace(config.checkpoint, restore_checkpoint_path=path))
     with pytest.raises(FileFieldError) as error:
         find_restore_point(run)
-    assert str(error.value).startswith(f"{path}/meta.json: config.optim does not describe a OptimizerConfig ("), \
-        str(error.value)
+    assert str(error.value).startswith(f"{path}/meta.json: config.optim does not describe a OptimizerConfig ("), str(
+        error.value
+    )
 
 
 CRITEO_INPUTS = ModelInputs(
-    dense_feature_names=[f"int_{i}" for i in range(13)], sparse_feature_names=["cat_0", "cat_1"],
-    sparse_hotness=[1, 1], num_embeddings_per_feature=[7, 50],
+    dense_feature_names=[f"int_{i}" for i in range(13)],
+    sparse_feature_names=["cat_0", "cat_1"],
+    sparse_hotness=[1, 1],
+    num_embeddings_per_feature=[7, 50],
     preprocessing=CriteoPreprocessing(frequency_threshold=0, modulo_num_embeddings_per_feature=[7, 1000]),
-    data_path="/data/criteo", checkpoint="/ckpt/step_000000012", step=12,
-    variants={"fp32": Variant("fp32.pt2", "torch.export", 1000), "int8": Variant("int8.pt", "torchscript", 300)})
+    data_path="/data/criteo",
+    checkpoint="/ckpt/step_000000012",
+    step=12,
+    variants={"fp32": Variant("fp32.pt2", "torch.export", 1000), "int8": Variant("int8.pt", "torchscript", 300)},
+)
 CSV_INPUTS = ModelInputs(
-    dense_feature_names=["num_0", "num_1"], sparse_feature_names=["cat_0", "cat_1"], sparse_hotness=[1, 2],
-    num_embeddings_per_feature=[5, 300], preprocessing=FeatureSpecColumns(label_name="label", cardinalities=[5, 400]),
-    data_path="/data/spec.yaml", checkpoint="/ckpt/step_000000012", step=12,
-    variants={"fp32": Variant("fp32.pt2", "torch.export", 1000)})
+    dense_feature_names=["num_0", "num_1"],
+    sparse_feature_names=["cat_0", "cat_1"],
+    sparse_hotness=[1, 2],
+    num_embeddings_per_feature=[5, 300],
+    preprocessing=FeatureSpecColumns(label_name="label", cardinalities=[5, 400]),
+    data_path="/data/spec.yaml",
+    checkpoint="/ckpt/step_000000012",
+    step=12,
+    variants={"fp32": Variant("fp32.pt2", "torch.export", 1000)},
+)
 
 
 def version_1_inputs(inputs: ModelInputs) -> dict:
     """inputs.json as export wrote it before ModelInputs (format_version 1)."""
-    document = {"format_version": 1, "num_dense_features": inputs.num_dense_features,
-                "sparse_feature_names": inputs.sparse_feature_names,
-                "table_names": [f"t_{n}" for n in inputs.sparse_feature_names],
-                "num_embeddings_per_feature": inputs.num_embeddings_per_feature, "embedding_dim": 8,
-                "interaction_type": "original", "output": "float32 (B,) click probability",
-                "layout": inputs.layout, "dense_feature_names": inputs.dense_feature_names,
-                "sparse_hotness": inputs.sparse_hotness, "inputs": {"dense": "...", "sparse": "..."},
-                "data_path": inputs.data_path, "checkpoint": inputs.checkpoint, "step": inputs.step,
-                "variants": {name: dataclasses.asdict(v) for name, v in inputs.variants.items()}}
+    document = {
+        "format_version": 1,
+        "num_dense_features": inputs.num_dense_features,
+        "sparse_feature_names": inputs.sparse_feature_names,
+        "table_names": [f"t_{n}" for n in inputs.sparse_feature_names],
+        "num_embeddings_per_feature": inputs.num_embeddings_per_feature,
+        "embedding_dim": 8,
+        "interaction_type": "original",
+        "output": "float32 (B,) click probability",
+        "layout": inputs.layout,
+        "dense_feature_names": inputs.dense_feature_names,
+        "sparse_hotness": inputs.sparse_hotness,
+        "inputs": {"dense": "...", "sparse": "..."},
+        "data_path": inputs.data_path,
+        "checkpoint": inputs.checkpoint,
+        "step": inputs.step,
+        "variants": {name: dataclasses.asdict(v) for name, v in inputs.variants.items()},
+    }
     if isinstance(inputs.preprocessing, FeatureSpecColumns):
-        document.update(cardinalities=inputs.preprocessing.cardinalities, label_name=inputs.preprocessing.label_name,
-                        csv_columns=inputs.csv_columns, preprocessing={"numerical": "...", "categorical": "..."})
+        document.update(
+            cardinalities=inputs.preprocessing.cardinalities,
+            label_name=inputs.preprocessing.label_name,
+            csv_columns=inputs.csv_columns,
+            preprocessing={"numerical": "...", "categorical": "..."},
+        )
     else:
         document["preprocessing"] = {"dense_offset": 3.0, **dataclasses.asdict(inputs.preprocessing)}
     return document
@@ -242,14 +350,23 @@ def test_csv_columns_name_each_id_column():
     assert CSV_INPUTS.csv_columns == ["label", "num_0", "num_1", "cat_0", "cat_1[0]", "cat_1[1]"]
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda d: d.update(version=4), "version is 4, newer than this code reads (3)"),
-    (lambda d: d.update(num_embeddings_per_feature=[7]), "num_embeddings_per_feature must be 2 positive integers"),
-    (lambda d: d.update(layout="parquet"), 'layout must be criteo_raw or feature_spec_csv or parquet_columns, got "parquet"'),
-    (lambda d: d["variants"]["fp32"].update(format="onnx"), "variants.fp32.format must be torch.export or torchscript"),
-    (lambda d: d["preprocessing"].pop("frequency_threshold"), "preprocessing.frequency_threshold is missing"),
-    (lambda d: d.pop("step"), "step is missing"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d.update(version=4), "version is 4, newer than this code reads (3)"),
+        (lambda d: d.update(num_embeddings_per_feature=[7]), "num_embeddings_per_feature must be 2 positive integers"),
+        (
+            lambda d: d.update(layout="parquet"),
+            'layout must be criteo_raw or feature_spec_csv or parquet_columns, got "parquet"',
+        ),
+        (
+            lambda d: d["variants"]["fp32"].update(format="onnx"),
+            "variants.fp32.format must be torch.export or torchscript",
+        ),
+        (lambda d: d["preprocessing"].pop("frequency_threshold"), "preprocessing.frequency_threshold is missing"),
+        (lambda d: d.pop("step"), "step is missing"),
+    ],
+)
 def test_bad_model_inputs_are_one_line_naming_the_file_and_field(tmp_path, change, message):
     document = json.loads(CRITEO_INPUTS.to_json())
     change(document)
@@ -265,9 +382,15 @@ def criteo_line(label: bool, ints, hashes) -> bytes:
 
 
 def test_criteo_lines_parse_both_layouts_and_apply_the_preprocessing():
-    layout = CriteoLines(dataclasses.replace(CRITEO_INPUTS, sparse_feature_names=[f"cat_{i}" for i in range(26)],
-                                             sparse_hotness=[1] * 26, num_embeddings_per_feature=[7] * 26,
-                                             preprocessing=CriteoPreprocessing()))
+    layout = CriteoLines(
+        dataclasses.replace(
+            CRITEO_INPUTS,
+            sparse_feature_names=[f"cat_{i}" for i in range(26)],
+            sparse_hotness=[1] * 26,
+            num_embeddings_per_feature=[7] * 26,
+            preprocessing=CriteoPreprocessing(),
+        )
+    )
     ints = [5, None, -3] + list(range(10))
     hashes = [0xDEADBEEF, None] + list(range(1, 25))
     labelled = criteo_line(True, ints, hashes) * 2
@@ -291,8 +414,10 @@ def test_criteo_lines_parse_both_layouts_and_apply_the_preprocessing():
     assert str(error.value) == "in.tsv line 9: categorical feature 0 is not a hexadecimal hash"
     with pytest.raises(MalformedLineError) as error:
         layout.parse(b"1\t2\n", "in.tsv", 1, True)
-    assert str(error.value) == ("in.tsv line 1: expected 40 tab-separated fields (label, 13 integer, 26 categorical) "
-                                "or 39 without the label, found 2")
+    assert str(error.value) == (
+        "in.tsv line 1: expected 40 tab-separated fields (label, 13 integer, 26 categorical) "
+        "or 39 without the label, found 2"
+    )
 
 
 def test_csv_rows_parse_check_ids_and_round_like_the_transcoder():
@@ -308,13 +433,12 @@ def test_csv_rows_parse_check_ids_and_round_like_the_transcoder():
     dense_in, ids = layout.transform(dense, sparse)
     assert dense_in.dtype == np.float32 and dense_in[0, 0] == np.float32(np.float16(0.1)) != np.float32(0.1)
     assert ids.dtype == np.int64 and ids.tolist() == sparse.tolist()
-    for line, reason in ((b"1,0.1,x,4,7,8\n", "column 3 is not a number: 'x'"),
-                         (b"1,0.1,2,-5,7,8\n", "feature 'cat_0' has id -5; ids must be integers from 0 to 2^31 - 1"),
-                         (b"1,0.1,2,4,7.5,8\n", "feature 'cat_1' has id 7.5; ids must be integers from 0 to 2^31 - 1"),
-                         (b"1,2\n", "has 2 columns, expected 6 (label, 2 numerical, 3 categorical ids) as the "
-                                    "first line")):
+    for line, reason in (
+        (b"1,0.1,x,4,7,8\n", "column 3 is not a number: 'x'"),
+        (b"1,0.1,2,-5,7,8\n", "feature 'cat_0' has id -5; ids must be integers from 0 to 2^31 - 1"),
+        (b"1,0.1,2,4,7.5,8\n", "feature 'cat_1' has id 7.5; ids must be integers from 0 to 2^31 - 1"),
+        (b"1,2\n", "has 2 columns, expected 6 (label, 2 numerical, 3 categorical ids) as the first line"),
+    ):
         with pytest.raises(MalformedLineError) as error:
             layout.parse(rows + line, "rows.csv", 1, True)
         assert str(error.value) == f"rows.csv line 3: {reason}"
-
-

@@ -10,17 +10,25 @@ from serving.cli import parse_config, serving_parser
 from tests.support.flag_values import other_value
 
 # Each command's config classes, in the order its parser adds them.
-COMMANDS = {"export": [export.ExportConfig], "predict": [predict.PredictConfig],
-            "quality_gate": [quality_gate.GateConfig], "serve": [serve.ServeConfig, serve.HttpLimits]}
+COMMANDS = {
+    "export": [export.ExportConfig],
+    "predict": [predict.PredictConfig],
+    "quality_gate": [quality_gate.GateConfig],
+    "serve": [serve.ServeConfig, serve.HttpLimits],
+}
 # Flags parsed by a function of their own: (command-line text, value).
-PARSED = {"quantize": ("int8", ["int8"]), "keep_columns": ("label,cat_3", ["label", "cat_3"]),
-          "max_bag_size": ("9", 9)}
+PARSED = {"quantize": ("int8", ["int8"]), "keep_columns": ("label,cat_3", ["label", "cat_3"]), "max_bag_size": ("9", 9)}
 
 
 def _required(config_classes) -> list[str]:
     """Command-line values for every required flag (a path: they all take one)."""
-    return [text for c in config_classes for item in flags_of(c) if item.required
-            for text in (item.option, f"/some/{item.name}")]
+    return [
+        text
+        for c in config_classes
+        for item in flags_of(c)
+        if item.required
+        for text in (item.option, f"/some/{item.name}")
+    ]
 
 
 def _sample(item, default):
@@ -35,16 +43,24 @@ def _parse(command: str, argv: list[str]) -> list:
     return parse_config(serving_parser(command, f"python -m serving.{command}"), COMMANDS[command], argv)
 
 
-@pytest.mark.parametrize("command, config_class, item",
-                         [(command, c, item) for command, classes in COMMANDS.items() for c in classes
-                          for item in flags_of(c) if not item.required],
-                         ids=lambda v: getattr(v, "option", getattr(v, "__name__", v)))
+@pytest.mark.parametrize(
+    "command, config_class, item",
+    [
+        (command, c, item)
+        for command, classes in COMMANDS.items()
+        for c in classes
+        for item in flags_of(c)
+        if not item.required
+    ],
+    ids=lambda v: getattr(v, "option", getattr(v, "__name__", v)),
+)
 def test_every_serving_flag_parses_into_its_field_and_nothing_else(command, config_class, item):
     required = _required(COMMANDS[command])
     defaults = _parse(command, required)
     index = COMMANDS[command].index(config_class)
-    assert defaults[index] == config_class(**{f.field.name: getattr(defaults[index], f.field.name)
-                                              for f in flags_of(config_class) if f.required})  # the fields' defaults
+    assert defaults[index] == config_class(
+        **{f.field.name: getattr(defaults[index], f.field.name) for f in flags_of(config_class) if f.required}
+    )  # the fields' defaults
     value, text = _sample(item, getattr(defaults[index], item.field.name))
     parsed = _parse(command, [*required, item.option, *text])
     expected = list(defaults)

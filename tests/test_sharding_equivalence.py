@@ -22,17 +22,17 @@ import torch
 import torch.distributed as dist
 from torchrec.distributed.types import EnumerableShardingSpec
 
-from data.criteo_layout import NUM_SPARSE_FEATURES
+from data.binary.criteo_layout import NUM_SPARSE_FEATURES
+from harness.launch import launch
+from harness.matrix import assemble_table, local_weights
 from models import build_dlrm_train
 from models.config import ModelConfig
 from sharding_plans import cli
+from tests.support.model_state import criteo_features
 from training.distributed import resolve_env
 from training.embedding_init import init_embedding_tables
 from training.flags import parse_config
 from training.trainer import Trainer
-from harness.launch import launch
-from harness.matrix import assemble_table, local_weights
-from tests.support.model_state import criteo_features
 
 pytestmark = pytest.mark.slow  # every test uses the module's launched runs
 
@@ -40,12 +40,33 @@ TOLERANCE = 1e-6
 STEPS = 6
 TABLE_ROWS = [40 + 3 * i for i in range(NUM_SPARSE_FEATURES)]
 MODEL = [
-    "--num_embeddings_per_feature", ",".join(map(str, TABLE_ROWS)), "--embedding_dim", "8",
-    "--dense_arch_layer_sizes", "16,8", "--over_arch_layer_sizes", "16,1",
-    "--optimizer", "sgd", "--learning_rate", "0.5", "--seed", "5",
+    "--num_embeddings_per_feature",
+    ",".join(map(str, TABLE_ROWS)),
+    "--embedding_dim",
+    "8",
+    "--dense_arch_layer_sizes",
+    "16,8",
+    "--over_arch_layer_sizes",
+    "16,1",
+    "--optimizer",
+    "sgd",
+    "--learning_rate",
+    "0.5",
+    "--seed",
+    "5",
 ]
-RUN = ["--limit_train_batches", str(STEPS), "--limit_val_batches", "0", "--limit_test_batches", "0",
-       "--log_every_n_steps", "100", "--device", "cpu"]
+RUN = [
+    "--limit_train_batches",
+    str(STEPS),
+    "--limit_val_batches",
+    "0",
+    "--limit_test_batches",
+    "0",
+    "--log_every_n_steps",
+    "100",
+    "--device",
+    "cpu",
+]
 # All six types at once, per table (the types cycle over the tables).
 TYPES = ["data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise"]
 MIXED = ",".join(f"t_cat_{i}={TYPES[i % len(TYPES)]}" for i in range(NUM_SPARSE_FEATURES))
@@ -58,8 +79,11 @@ def _weights(trainer: Trainer) -> dict[str, Any]:
     for module_plan in trainer.model.plan.plan.values():
         for table, ps in module_plan.items():
             spec = ps.sharding_spec
-            shards = ([(tuple(s.shard_sizes), s.placement.rank()) for s in spec.shards]
-                      if isinstance(spec, EnumerableShardingSpec) else None)
+            shards = (
+                [(tuple(s.shard_sizes), s.placement.rank()) for s in spec.shards]
+                if isinstance(spec, EnumerableShardingSpec)
+                else None
+            )
             layout[table] = (ps.sharding_type, shards)
     return {**local_weights(trainer.model), "layout": layout}
 
@@ -82,8 +106,27 @@ def runs(synthetic_dir, tmp_path_factory):
     data = ["--in_memory_binary_criteo_path", synthetic_dir]
     plan_path = str(tmp_path_factory.mktemp("plans") / "mixed.json")
     # The same mixed plan, made by the CLI and reused through --sharding_plan.
-    assert cli.main(["plan", *MODEL[:4], "--world_size", "2", "--compute_device", "cpu", "--ddr_gb", "4",
-                     "--batch_size", "64", "--sharding_type", MIXED, "--output", plan_path]) == 0
+    assert (
+        cli.main(
+            [
+                "plan",
+                *MODEL[:4],
+                "--world_size",
+                "2",
+                "--compute_device",
+                "cpu",
+                "--ddr_gb",
+                "4",
+                "--batch_size",
+                "64",
+                "--sharding_type",
+                MIXED,
+                "--output",
+                plan_path,
+            ]
+        )
+        == 0
+    )
     variants = {t: ["--sharding_type", t] for t in TYPES}
     variants["mixed"] = ["--sharding_type", MIXED]
     variants["plan file"] = ["--sharding_plan", plan_path]
@@ -132,8 +175,13 @@ def test_training_moved_the_weights(runs):
     """Guards the comparison above: the steps moved every table by far more than
     the tolerance (1e-4 to 2e-3 here), and lowered the loss."""
     reference, _ = runs
-    config = ModelConfig(num_embeddings_per_feature=TABLE_ROWS, **criteo_features(), embedding_dim=8,
-                         dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])
+    config = ModelConfig(
+        num_embeddings_per_feature=TABLE_ROWS,
+        **criteo_features(),
+        embedding_dim=8,
+        dense_arch_layer_sizes=[16, 8],
+        over_arch_layer_sizes=[16, 1],
+    )
     initial = build_dlrm_train(config, embedding_device=torch.device("cpu"))
     shapes = {f"t_cat_{i}": (rows, 8) for i, rows in enumerate(TABLE_ROWS)}
     init_embedding_tables(initial, shapes, seed=5)

@@ -14,10 +14,10 @@ import time
 
 import pytest
 
+from harness.launch import REPO, eval_record, read_log
 from sweeps.launch import move_slurm_logs
 from sweeps.run_state import RunRecord
 from tests.support.cluster import parse_sacct_states, sacct_states_argv
-from harness.launch import REPO, eval_record, read_log
 from tests.support.sweeps import TINY_FLAGS, assert_row_matches_log, read_results, sweeps, write_sweep
 from tests.support.torchx_cli import SMALL_TRAINING_FLAGS, install_components, torchx
 
@@ -52,8 +52,11 @@ def _cluster_cpus():
         _, problem = _answer(["sacct", "--noheader", "-X"])
     if problem is not None:
         pytest.skip(f"no Slurm cluster ({problem}): sudo make slurm-up starts one")
-    cpus = [int(c) for state, c in (line.split() for line in nodes.splitlines())
-            if state.rstrip("*") in ("idle", "mix", "alloc", "comp")]
+    cpus = [
+        int(c)
+        for state, c in (line.split() for line in nodes.splitlines())
+        if state.rstrip("*") in ("idle", "mix", "alloc", "comp")
+    ]
     if not cpus:
         pytest.skip(f"no usable Slurm node (sinfo: {' | '.join(nodes.splitlines())})")
     return min(cpus)
@@ -102,9 +105,27 @@ def test_dlrm_component_trains_on_slurm(node_cpus, torchx_env, synthetic_dir, tm
     """`torchx run --wait -s slurm dlrm -j 1x2 --cpu N`: the job ends SUCCEEDED, its
     printed test AUROC is its JSON log's."""
     log_path = str(tmp_path / "run.jsonl")
-    proc = torchx(["run", "--wait", "-s", "slurm", "dlrm", "-j", "1x2", "--cpu", str(node_cpus),
-                   "--data_dir", synthetic_dir, "--", *SMALL_TRAINING_FLAGS, "--log_path", log_path],
-                  torchx_env, timeout=JOB_TIMEOUT)
+    proc = torchx(
+        [
+            "run",
+            "--wait",
+            "-s",
+            "slurm",
+            "dlrm",
+            "-j",
+            "1x2",
+            "--cpu",
+            str(node_cpus),
+            "--data_dir",
+            synthetic_dir,
+            "--",
+            *SMALL_TRAINING_FLAGS,
+            "--log_path",
+            log_path,
+        ],
+        torchx_env,
+        timeout=JOB_TIMEOUT,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     job_id = _job_id(proc.stdout.strip().splitlines()[-1])
     move_slurm_logs(job_id, str(tmp_path), submit_dir=REPO)
@@ -119,9 +140,13 @@ def test_dlrm_component_trains_on_slurm(node_cpus, torchx_env, synthetic_dir, tm
 
 
 def test_sweep_on_slurm_reports_what_each_runs_log_says(node_cpus, synthetic_dir, tmp_path):
-    sweep = write_sweep(tmp_path / "sweep.yaml", scheduler="slurm", component_args={"cpu": node_cpus},
-                        flags={**TINY_FLAGS, "in_memory_binary_criteo_path": synthetic_dir},
-                        grid={"learning_rate": [0.05, 0.1]})
+    sweep = write_sweep(
+        tmp_path / "sweep.yaml",
+        scheduler="slurm",
+        component_args={"cpu": node_cpus},
+        flags={**TINY_FLAGS, "in_memory_binary_criteo_path": synthetic_dir},
+        grid={"learning_rate": [0.05, 0.1]},
+    )
     out = str(tmp_path / "out")
     proc = sweeps(["run", sweep], timeout=2 * JOB_TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -144,9 +169,13 @@ def test_sweep_on_slurm_reports_what_each_runs_log_says(node_cpus, synthetic_dir
 def test_sweep_fails_a_job_slurm_would_hold_pending_forever(node_cpus, synthetic_dir, tmp_path):
     """More CPUs per node than the node has: Slurm accepts the job and holds it pending
     (reason PartitionConfig) forever; the sweep cancels it and reports it failed."""
-    sweep = write_sweep(tmp_path / "sweep.yaml", scheduler="slurm", component_args={"cpu": node_cpus + 1},
-                        flags={**TINY_FLAGS, "in_memory_binary_criteo_path": synthetic_dir},
-                        grid={"learning_rate": [0.05]})
+    sweep = write_sweep(
+        tmp_path / "sweep.yaml",
+        scheduler="slurm",
+        component_args={"cpu": node_cpus + 1},
+        flags={**TINY_FLAGS, "in_memory_binary_criteo_path": synthetic_dir},
+        grid={"learning_rate": [0.05]},
+    )
     proc = sweeps(["run", sweep], timeout=JOB_TIMEOUT)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     job_id = re.search(r"submitted slurm://[^/]+/(\d+)", proc.stdout).group(1)
@@ -154,7 +183,8 @@ def test_sweep_fails_a_job_slurm_would_hold_pending_forever(node_cpus, synthetic
     assert len(failed) == 1 and failed[0].endswith(
         "(exit code unknown): Slurm holds the job pending with reason PartitionConfig, which waiting never "
         "clears: it asks for more than the partition gives (size component_args h/cpu/memMB to the "
-        "partition's nodes, see sinfo -o '%P %c %m')"), proc.stdout
+        "partition's nodes, see sinfo -o '%P %c %m')"
+    ), proc.stdout
     _wait_until("the job cancelled", lambda: _sacct_states(job_id) == ["CANCELLED"], timeout=60)
     (row,) = read_results(str(tmp_path / "out")).values()
     assert row["state"] == "failed" and row["test_auroc"] == ""
@@ -186,18 +216,43 @@ def _released_or_ended(job_id):
     return _sacct_states(job_id)[-1] in ("COMPLETED", "FAILED")
 
 
-def test_killed_rank_requeues_the_job_which_resumes_from_its_checkpoint(node_cpus, torchx_env, synthetic_dir,
-                                                                         tmp_path):
+def test_killed_rank_requeues_the_job_which_resumes_from_its_checkpoint(node_cpus, torchx_env, synthetic_dir, tmp_path):
     """The dlrm component with --max_retries 1 and a checkpoint directory: rank 1 is
     killed after the first checkpoint; the job script requeues the job, whose second
     run continues from the newest complete checkpoint to the end."""
     ckpt, log_path = str(tmp_path / "ckpt"), str(tmp_path / "run.jsonl")
     every, total = 10, 60
-    flags = [*SMALL_TRAINING_FLAGS, "--log_every_n_steps", "1", "--checkpoint_every_n_steps", str(every),
-             "--log_path", log_path]
+    flags = [
+        *SMALL_TRAINING_FLAGS,
+        "--log_every_n_steps",
+        "1",
+        "--checkpoint_every_n_steps",
+        str(every),
+        "--log_path",
+        log_path,
+    ]
     flags[flags.index("--limit_train_batches") + 1] = str(total)
-    proc = torchx(["run", "-s", "slurm", "dlrm", "-j", "1x2", "--cpu", str(node_cpus), "--max_retries", "1",
-                   "--data_dir", synthetic_dir, "--checkpoint_dir", ckpt, "--", *flags], torchx_env)
+    proc = torchx(
+        [
+            "run",
+            "-s",
+            "slurm",
+            "dlrm",
+            "-j",
+            "1x2",
+            "--cpu",
+            str(node_cpus),
+            "--max_retries",
+            "1",
+            "--data_dir",
+            synthetic_dir,
+            "--checkpoint_dir",
+            ckpt,
+            "--",
+            *flags,
+        ],
+        torchx_env,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     job_id = _job_id(proc.stdout.strip().splitlines()[-1])
     try:
@@ -209,8 +264,11 @@ def test_killed_rank_requeues_the_job_which_resumes_from_its_checkpoint(node_cpu
         _wait_until("the job requeued", lambda: _scontrol(job_id).get("JobState") == "PENDING")
         assert _scontrol(job_id)["Restarts"] == "1"
         # Every rank of the first run is gone: its newest complete checkpoint is final.
-        newest = max(int(name[len("step_"):]) for name in os.listdir(ckpt)
-                     if os.path.exists(os.path.join(ckpt, name, "COMPLETE")))
+        newest = max(
+            int(name[len("step_") :])
+            for name in os.listdir(ckpt)
+            if os.path.exists(os.path.join(ckpt, name, "COMPLETE"))
+        )
         # slurmd compares a launch credential with the job's revocation to the second: a
         # release in the second of the requeue is refused ("Job credential revoked") and
         # the job ends FAILED without running. Seen once in CI.

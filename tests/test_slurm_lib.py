@@ -100,7 +100,7 @@ def _between(path: str, first: str, last: str) -> str:
         lines = f.read().splitlines(keepends=True)
     start = next(i for i, line in enumerate(lines) if line.startswith(first))
     end = next(i for i, line in enumerate(lines) if i > start and line.startswith(last))
-    return "".join(lines[start:end + 1])
+    return "".join(lines[start : end + 1])
 
 
 def written_conf(script: str, tmp_path) -> str:
@@ -109,13 +109,20 @@ def written_conf(script: str, tmp_path) -> str:
     if script == "slurm_up.sh":
         body = "CLUSTER=dlrm; PARTITION=main\n" + _between(path, "# 4. Configuration", "install_if_changed /etc/")
     else:
-        body = (_between(path, "STATE=", "SLURMD_TIMEOUT=")
-                + 'ON_HOST=on_host; on_host() { shift; "$@"; }\n'
-                + "controller=h0; controller_address=10.200.0.1; compute=(h1 h2 h3)\n"
-                + _between(path, "# 2. The configuration", 'install_if_changed "$CONF"'))
+        body = (
+            _between(path, "STATE=", "SLURMD_TIMEOUT=")
+            + 'ON_HOST=on_host; on_host() { shift; "$@"; }\n'
+            + "controller=h0; controller_address=10.200.0.1; compute=(h1 h2 h3)\n"
+            + _between(path, "# 2. The configuration", 'install_if_changed "$CONF"')
+        )
     out = tmp_path / f"{script}.conf"
-    done = subprocess.run(["bash", "-c", f"set -euo pipefail\n{_STUBS}\n{body}\ntrue"], capture_output=True,
-                          text=True, env={**os.environ, "OUT_FILE": str(out)}, timeout=60)
+    done = subprocess.run(
+        ["bash", "-c", f"set -euo pipefail\n{_STUBS}\n{body}\ntrue"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OUT_FILE": str(out)},
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return out.read_text()
 
@@ -130,15 +137,28 @@ def test_each_bring_up_script_writes_its_slurm_conf_through_slurm_conf(script, e
 def test_slurm_conf_leaves_out_the_settings_a_cluster_does_not_set(tmp_path):
     """Positive control of the optional keys: without ports, timeout, address cache and
     backfill interval, none of their lines (nor their comments) is written."""
-    settings = ("declare -A c=([header]='# h' [cluster]=c [controller]='n(1.2.3.4)' [state]=s [spool]=p "
-                "[ctld_pid]=a [slurmd_pid]=b [ctld_log]=l [slurmd_log]=m [accounting_host]=x "
-                "[nodes]=$'NodeName=n CPUs=1\\n' [partition]=q)")
-    done = subprocess.run(["bash", "-c", f"{_STUBS}\n{settings}\nslurm_conf c"], capture_output=True, text=True,
-                          timeout=60)
+    settings = (
+        "declare -A c=([header]='# h' [cluster]=c [controller]='n(1.2.3.4)' [state]=s [spool]=p "
+        "[ctld_pid]=a [slurmd_pid]=b [ctld_log]=l [slurmd_log]=m [accounting_host]=x "
+        "[nodes]=$'NodeName=n CPUs=1\\n' [partition]=q)"
+    )
+    done = subprocess.run(
+        ["bash", "-c", f"{_STUBS}\n{settings}\nslurm_conf c"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[:3] == ["# h", "ClusterName=c", "SlurmctldHost=n(1.2.3.4)"]
-    assert not [line for line in lines if line.split("=")[0] in ("SlurmctldPort", "SlurmdPort", "SlurmdTimeout",
-                                                                    "CommunicationParameters", "SchedulerParameters",
-                                                                    "AccountingStoragePort")]
+    assert not [
+        line
+        for line in lines
+        if line.split("=")[0]
+        in (
+            "SlurmctldPort",
+            "SlurmdPort",
+            "SlurmdTimeout",
+            "CommunicationParameters",
+            "SchedulerParameters",
+            "AccountingStoragePort",
+        )
+    ]
     assert lines[-2:] == ["NodeName=n CPUs=1", "PartitionName=q Nodes=ALL Default=YES MaxTime=INFINITE State=UP"]

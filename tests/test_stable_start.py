@@ -10,9 +10,10 @@ import pytest
 
 import dlrm_main
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
-from tests.support.doc_commands import without_flags
 from harness.launch import REPO, launch, read_log, step_losses
-from training.report import loss_limits, main as report_main, read_runs
+from tests.support.doc_commands import without_flags
+from training.report import loss_limits, read_runs
+from training.report import main as report_main
 
 # The first steps checked, and how far above the first step's loss any of them may go.
 EARLY_STEPS = 50
@@ -33,11 +34,23 @@ def test_make_train_flags_start_stably(tmp_path):
     the dense Adagrad's initial accumulator the second loss was ~4e4."""
     data, log = str(tmp_path / "data"), str(tmp_path / "log.jsonl")
     # Two days of 51,200 rows: day 0 is 50 steps of 2 x 512, day 1 validation and test.
-    generate_synthetic_criteo(SyntheticCriteoSpec(num_days=2, rows_per_day=51_200, seed=0), data,
-                              show_progress=False)
+    generate_synthetic_criteo(SyntheticCriteoSpec(num_days=2, rows_per_day=51_200, seed=0), data, show_progress=False)
     flags = without_flags(make_train_flags(), "--log_path", "--log_every_n_steps", "--validation_freq_within_epoch")
-    argv = ["--in_memory_binary_criteo_path", data, *flags, "--log_path", log, "--log_every_n_steps", "1",
-            "--limit_train_batches", str(EARLY_STEPS), "--limit_val_batches", "1", "--limit_test_batches", "1"]
+    argv = [
+        "--in_memory_binary_criteo_path",
+        data,
+        *flags,
+        "--log_path",
+        log,
+        "--log_every_n_steps",
+        "1",
+        "--limit_train_batches",
+        str(EARLY_STEPS),
+        "--limit_val_batches",
+        "1",
+        "--limit_test_batches",
+        "1",
+    ]
     assert launch(dlrm_main.main, argv) == {0: 0, 1: 0}
     losses = step_losses(read_log(log))
     assert len(losses) == EARLY_STEPS
@@ -48,8 +61,20 @@ def test_make_train_flags_start_stably(tmp_path):
 def _write_log(path: str, losses: list) -> None:
     with open(path, "w") as f:
         for step, loss in enumerate(losses, start=1):
-            f.write(json.dumps({"event": "train", "run_id": "r", "time": float(step), "step": step,
-                                "loss": loss, "lr": 0.05, "records_per_sec": 1000.0}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "event": "train",
+                        "run_id": "r",
+                        "time": float(step),
+                        "step": step,
+                        "loss": loss,
+                        "lr": 0.05,
+                        "records_per_sec": 1000.0,
+                    }
+                )
+                + "\n"
+            )
 
 
 def test_report_loss_panel_range_is_set_by_the_bulk(tmp_path):

@@ -4,8 +4,8 @@ read off the releases' wheels (scripts/stack_names.py), itself checked against t
 release installed here."""
 
 import importlib
-import importlib.util
 import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -17,8 +17,10 @@ from scripts.stack_names import PACKAGES, project_imports
 
 with open(os.path.join(REPO, "tests", "support", "stack_names.json")) as f:
     TABLE = json.load(f)
-RECORD = ("python scripts/stack_names.py record WHEEL... > tests/support/stack_names.json "
-          "(the torchrec and FBGEMM wheels of every stack)")
+RECORD = (
+    "python scripts/stack_names.py record WHEEL... > tests/support/stack_names.json "
+    "(the torchrec and FBGEMM wheels of every stack)"
+)
 
 
 def pinned_releases() -> dict[str, set[str]]:
@@ -53,6 +55,7 @@ def test_the_table_agrees_with_the_installed_release(package, distribution):
     """The table's entry for the release installed here: each name imports for real."""
     if distribution is None:
         import fbgemm_gpu
+
         release = fbgemm_gpu.__version__.split("+")[0]
     else:
         release = importlib.metadata.version(distribution).split("+")[0]

@@ -7,8 +7,14 @@ import re
 import pytest
 
 from sweeps.run_state import read_runs
-from tests.support.sweeps import (TINY_FLAGS, assert_row_matches_log, read_results, sweeps, sweeps_in_process,
-                                  write_sweep)
+from tests.support.sweeps import (
+    TINY_FLAGS,
+    assert_row_matches_log,
+    read_results,
+    sweeps,
+    sweeps_in_process,
+    write_sweep,
+)
 from tests.support.torchx_cli import kubernetes_job, option, sbatch_groups, torchrun_argv
 
 
@@ -16,9 +22,11 @@ from tests.support.torchx_cli import kubernetes_job, option, sbatch_groups, torc
 def test_local_sweep_trains_reports_skips_finished_runs_and_reports_a_failure(synthetic_dir, tmp_path):
     # learning rate 1e30: the loss is NaN at the first step (exit code 3), after the
     # sweep's checks, which cannot know.
-    sweep = write_sweep(tmp_path / "sweep.yaml",
-                        flags={**TINY_FLAGS, "in_memory_binary_criteo_path": synthetic_dir},
-                        grid={"learning_rate": [0.05, 1.0e30, 0.1]})
+    sweep = write_sweep(
+        tmp_path / "sweep.yaml",
+        flags={**TINY_FLAGS, "in_memory_binary_criteo_path": synthetic_dir},
+        grid={"learning_rate": [0.05, 1.0e30, 0.1]},
+    )
     out = str(tmp_path / "out")
     proc = sweeps(["run", sweep])
     assert proc.returncode == 1, proc.stderr[-3000:]  # one run failed
@@ -42,7 +50,9 @@ def test_local_sweep_trains_reports_skips_finished_runs_and_reports_a_failure(sy
     assert not [n for n in os.listdir(out) if ".tmp" in n]
 
     # Rerun: the finished runs are skipped, the failed one runs (and fails) again.
-    logs_before = {n: open(os.path.join(out, n, "log.jsonl")).read() for n in ("learning_rate=0.05", "learning_rate=0.1")}
+    logs_before = {
+        n: open(os.path.join(out, n, "log.jsonl")).read() for n in ("learning_rate=0.05", "learning_rate=0.1")
+    }
     proc = sweeps(["run", sweep])
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "[1/3] learning_rate=0.05: finished before: skipped" in proc.stdout
@@ -69,21 +79,33 @@ def _jobs(stdout):
 
 def _training_flags(argv, script):
     """The flags after the entry point, which the ranks run as a module (-m dlrm_main)."""
-    return argv[argv.index(script.removesuffix(".py")) + 1:]
+    return argv[argv.index(script.removesuffix(".py")) + 1 :]
 
 
 @pytest.mark.slow
 def test_slurm_and_kubernetes_dryruns_list_every_job_with_its_flags(tmp_path, capsys):
     grid = {"max_table_rows": [1000, None], "embedding_dim": [16, 64]}
     flags = {"in_memory_binary_criteo_path": "/fsx/criteo", "batch_size": 2048, "mmap_mode": True}
-    sweep = write_sweep(tmp_path / "slurm.yaml", scheduler="slurm", nnodes=2, nproc_per_node=8,
-                        scheduler_args={"partition": "train", "time": "1:00:00"},
-                        component_args={"h": "a100x8"}, checkpoints=True, flags=flags, grid=grid)
+    sweep = write_sweep(
+        tmp_path / "slurm.yaml",
+        scheduler="slurm",
+        nnodes=2,
+        nproc_per_node=8,
+        scheduler_args={"partition": "train", "time": "1:00:00"},
+        component_args={"h": "a100x8"},
+        checkpoints=True,
+        flags=flags,
+        grid=grid,
+    )
     code, stdout, stderr = sweeps_in_process(capsys, ["run", "--dryrun", sweep])
     assert code == 0, stderr[-3000:]
     jobs = _jobs(stdout)
-    assert list(jobs) == ["max_table_rows=1000,embedding_dim=16", "max_table_rows=1000,embedding_dim=64",
-                          "max_table_rows=none,embedding_dim=16", "max_table_rows=none,embedding_dim=64"]
+    assert list(jobs) == [
+        "max_table_rows=1000,embedding_dim=16",
+        "max_table_rows=1000,embedding_dim=64",
+        "max_table_rows=none,embedding_dim=16",
+        "max_table_rows=none,embedding_dim=64",
+    ]
     out = tmp_path / "out"
     for (name, (_, request)), (rows, dim) in zip(jobs.items(), [(1000, 16), (1000, 64), (None, 16), (None, 64)]):
         groups = sbatch_groups(request)
@@ -92,17 +114,33 @@ def test_slurm_and_kubernetes_dryruns_list_every_job_with_its_flags(tmp_path, ca
             assert {"--partition=train", "--time=1:00:00", "--cpus-per-task=96"} <= set(group["options"])
             argv = group["torchrun"]
             assert option(argv, "--nnodes") == "2" and option(argv, "--nproc_per_node") == "8"
-            expected = ["--checkpoint_dir", str(out / name / "checkpoints"), "--resume",
-                        "--in_memory_binary_criteo_path", "/fsx/criteo", "--batch_size", "2048", "--mmap_mode",
-                        *(["--max_table_rows", str(rows)] if rows else []), "--embedding_dim", str(dim),
-                        "--log_path", str(out / name / "log.jsonl")]
+            expected = [
+                "--checkpoint_dir",
+                str(out / name / "checkpoints"),
+                "--resume",
+                "--in_memory_binary_criteo_path",
+                "/fsx/criteo",
+                "--batch_size",
+                "2048",
+                "--mmap_mode",
+                *(["--max_table_rows", str(rows)] if rows else []),
+                "--embedding_dim",
+                str(dim),
+                "--log_path",
+                str(out / name / "log.jsonl"),
+            ]
             assert _training_flags(argv, "dlrm_main.py") == expected
     assert not out.exists()  # a dry run writes nothing
 
-    sweep = write_sweep(tmp_path / "k8s.yaml", scheduler="kubernetes", script="dcnv2_main.py",
-                        scheduler_args={"namespace": "recsys"},
-                        component_args={"h": "aws_p4d", "image": "registry.example/dlrm:1"},
-                        flags=flags, grid={"num_embeddings_per_feature": [[10] * 26, [20] * 26]})
+    sweep = write_sweep(
+        tmp_path / "k8s.yaml",
+        scheduler="kubernetes",
+        script="dcnv2_main.py",
+        scheduler_args={"namespace": "recsys"},
+        component_args={"h": "aws_p4d", "image": "registry.example/dlrm:1"},
+        flags=flags,
+        grid={"num_embeddings_per_feature": [[10] * 26, [20] * 26]},
+    )
     code, stdout, stderr = sweeps_in_process(capsys, ["run", "--dryrun", sweep])
     assert code == 0, stderr[-3000:]
     jobs = _jobs(stdout)
@@ -115,17 +153,28 @@ def test_slurm_and_kubernetes_dryruns_list_every_job_with_its_flags(tmp_path, ca
         assert container["image"] == "registry.example/dlrm:1"
         argv = torchrun_argv(container["command"])
         assert _training_flags(argv, "dcnv2_main.py") == [
-            "--in_memory_binary_criteo_path", "/fsx/criteo", "--batch_size", "2048", "--mmap_mode",
-            "--num_embeddings_per_feature", ",".join([str(rows)] * 26), "--log_path", str(out / name / "log.jsonl")]
+            "--in_memory_binary_criteo_path",
+            "/fsx/criteo",
+            "--batch_size",
+            "2048",
+            "--mmap_mode",
+            "--num_embeddings_per_feature",
+            ",".join([str(rows)] * 26),
+            "--log_path",
+            str(out / name / "log.jsonl"),
+        ]
 
 
 @pytest.mark.slow
 def test_num_embeddings_scale_scales_the_datas_cardinalities(synthetic_dir, tmp_path, capsys):
     from harness.small_data import SMALL_SPEC
 
-    sweep = write_sweep(tmp_path / "scale.yaml", scheduler="slurm",
-                        flags={"in_memory_binary_criteo_path": synthetic_dir, "max_table_rows": 1500},
-                        grid={"num_embeddings_scale": [0.5, 1.0]})
+    sweep = write_sweep(
+        tmp_path / "scale.yaml",
+        scheduler="slurm",
+        flags={"in_memory_binary_criteo_path": synthetic_dir, "max_table_rows": 1500},
+        grid={"num_embeddings_scale": [0.5, 1.0]},
+    )
     code, stdout, stderr = sweeps_in_process(capsys, ["run", "--dryrun", sweep])
     assert code == 0, stderr[-3000:]
     jobs = _jobs(stdout)
@@ -136,28 +185,42 @@ def test_num_embeddings_scale_scales_the_datas_cardinalities(synthetic_dir, tmp_
         assert "--max_table_rows 1500" in command  # the cap still applies, after scaling
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"grid": {"no_such_flag": [1, 2]}},
-     "grid.no_such_flag: unknown training flag (python dlrm_main.py --help lists them)"),
-    ({"flags": {"batchsize": 512}}, "flags.batchsize: unknown training flag"),
-    ({"flags": {"version": "0.2.0"}}, "flags.version: unknown training flag"),  # it would print and exit
-    ({"grid": {}}, "grid: empty: give at least one training flag with a list of values"),
-    ({"grid": {"learning_rate": []}}, "grid.learning_rate: expected a non-empty list of values, got []"),
-    ({"scheduler": "lsf"}, "scheduler: unknown scheduler 'lsf' (use one of local_cwd, slurm, kubernetes)"),
-    ({"scheduler_args": {"partitionn": "train"}, "scheduler": "slurm"},
-     "scheduler_args.partitionn: not an option of the slurm scheduler"),
-    ({"grid": {"learning_rate": [0.05, -1]}}, "run learning_rate=-1: --learning_rate must be positive, got -1"),
-    ({"grid": {"seed": ["big"]}}, "run seed=big: argument --seed: invalid int value: 'big'"),
-    ({"grid": {"log_path": ["a.jsonl"]}}, "grid.log_path: set by the sweep for every run"),
-    ({"zip": {"no_such_flag": [1, 2]}}, "zip.no_such_flag: unknown training flag"),
-    ({"zip": {"mmap_mode": [1, 2], "batch_size": [128, 256]}, "flags": {}},
-     "zip.mmap_mode: an on/off flag: expected true or false, got 1"),
-    ({"seeds": [0, 1], "flags": {**TINY_FLAGS, "seed": 3}}, "seeds.seed: also given in flags: give it in one place"),
-    ({"component_args": {"cpus": 2}}, "component_args.cpus: not a parameter of the dlrm_main.py component"),
-    ({"component_args": {"h": "tpu"}}, "component_args: -h tpu: unknown machine"),
-    ({"grid": {"num_embeddings_scale": [0.5]}, "flags": {**TINY_FLAGS, "num_embeddings": 10}},
-     "grid.num_embeddings_scale: scales the data's cardinalities: do not also give num_embeddings"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"grid": {"no_such_flag": [1, 2]}},
+            "grid.no_such_flag: unknown training flag (python dlrm_main.py --help lists them)",
+        ),
+        ({"flags": {"batchsize": 512}}, "flags.batchsize: unknown training flag"),
+        ({"flags": {"version": "0.2.0"}}, "flags.version: unknown training flag"),  # it would print and exit
+        ({"grid": {}}, "grid: empty: give at least one training flag with a list of values"),
+        ({"grid": {"learning_rate": []}}, "grid.learning_rate: expected a non-empty list of values, got []"),
+        ({"scheduler": "lsf"}, "scheduler: unknown scheduler 'lsf' (use one of local_cwd, slurm, kubernetes)"),
+        (
+            {"scheduler_args": {"partitionn": "train"}, "scheduler": "slurm"},
+            "scheduler_args.partitionn: not an option of the slurm scheduler",
+        ),
+        ({"grid": {"learning_rate": [0.05, -1]}}, "run learning_rate=-1: --learning_rate must be positive, got -1"),
+        ({"grid": {"seed": ["big"]}}, "run seed=big: argument --seed: invalid int value: 'big'"),
+        ({"grid": {"log_path": ["a.jsonl"]}}, "grid.log_path: set by the sweep for every run"),
+        ({"zip": {"no_such_flag": [1, 2]}}, "zip.no_such_flag: unknown training flag"),
+        (
+            {"zip": {"mmap_mode": [1, 2], "batch_size": [128, 256]}, "flags": {}},
+            "zip.mmap_mode: an on/off flag: expected true or false, got 1",
+        ),
+        (
+            {"seeds": [0, 1], "flags": {**TINY_FLAGS, "seed": 3}},
+            "seeds.seed: also given in flags: give it in one place",
+        ),
+        ({"component_args": {"cpus": 2}}, "component_args.cpus: not a parameter of the dlrm_main.py component"),
+        ({"component_args": {"h": "tpu"}}, "component_args: -h tpu: unknown machine"),
+        (
+            {"grid": {"num_embeddings_scale": [0.5]}, "flags": {**TINY_FLAGS, "num_embeddings": 10}},
+            "grid.num_embeddings_scale: scales the data's cardinalities: do not also give num_embeddings",
+        ),
+    ],
+)
 def test_bad_sweep_files_are_refused_in_one_line_and_launch_nothing(tmp_path, capsys, change, message):
     sweep = write_sweep(tmp_path / "bad.yaml", **change)
     code, stdout, stderr = sweeps_in_process(capsys, ["run", sweep])
@@ -173,5 +236,6 @@ def test_malformed_yaml_is_refused_naming_line_and_column(tmp_path):
     path.write_text("name: tiny\ngrid: {learning_rate: [0.05, 0.1]\nscript: dlrm_main.py\n")
     proc = sweeps(["run", str(path)])  # as a user runs it: exits 2 before importing torch
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.splitlines() == [f"python -m sweeps: error: {path}: line 3 column 1: malformed YAML: "
-                                        "expected ',' or '}', but got '<scalar>'"], proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"python -m sweeps: error: {path}: line 3 column 1: malformed YAML: expected ',' or '}}', but got '<scalar>'"
+    ], proc.stderr

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from common.errors import BadInput
-from data.parquet_columns import ParquetColumns
+from data.parquet.columns import ParquetColumns
 from data.synthetic_parquet import (
     DENSE_COLUMNS,
     SPARSE_COLUMNS,
@@ -75,8 +75,9 @@ def test_every_day_brings_new_ids(log_dir):
 
 def test_project_converter_reads_it(log_dir):
     table = day_table(log_dir, "2026-11-01")
-    columns = ParquetColumns(label="label", dense=tuple(DENSE_COLUMNS), sparse=tuple(SPARSE_COLUMNS) + ("M1", "M2"),
-                             table_sizes=(1000,) * 28)
+    columns = ParquetColumns(
+        label="label", dense=tuple(DENSE_COLUMNS), sparse=tuple(SPARSE_COLUMNS) + ("M1", "M2"), table_sizes=(1000,) * 28
+    )
     columns.check_schema(table.schema, "part")
     rows = columns.convert(table)
     assert rows.num_rows == 3000 and rows.dense.shape == (3000, 13)
@@ -136,11 +137,14 @@ def test_replaces_an_earlier_log_and_refuses_other_files(tmp_path):
     assert sorted(os.listdir(out)) == ["date=2026-11-01", "notes.txt"]  # untouched
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--start_date", "2026-13-01"], "--start_date '2026-13-01': expected YYYY-MM-DD"),
-    (["--new_id_rate", "1.5"], "--new_id_rate must be within [0, 1], got 1.5"),
-    (["--rows_per_day", "2", "--files_per_day", "3"], "--files_per_day 3 is more than --rows_per_day 2"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--start_date", "2026-13-01"], "--start_date '2026-13-01': expected YYYY-MM-DD"),
+        (["--new_id_rate", "1.5"], "--new_id_rate must be within [0, 1], got 1.5"),
+        (["--rows_per_day", "2", "--files_per_day", "3"], "--files_per_day 3 is more than --rows_per_day 2"),
+    ],
+)
 def test_bad_flags_are_one_line(tmp_path, capsys, argv, message):
     assert main(["--output_dir", str(tmp_path / "out"), *argv]) == 2
     err = capsys.readouterr().err

@@ -33,10 +33,31 @@ def gloo_threads() -> int:
 
 def test_a_finished_run_leaves_no_gloo_thread(tmp_path):
     before = gloo_threads()
-    assert dlrm_main.main(["--num_embeddings", "100", "--embedding_dim", "8", "--dense_arch_layer_sizes", "16,8",
-                           "--over_arch_layer_sizes", "16,1", "--batch_size", "64", "--limit_train_batches", "2",
-                           "--limit_val_batches", "0", "--limit_test_batches", "0",
-                           "--log_path", str(tmp_path / "log.jsonl")]) == 0
+    assert (
+        dlrm_main.main(
+            [
+                "--num_embeddings",
+                "100",
+                "--embedding_dim",
+                "8",
+                "--dense_arch_layer_sizes",
+                "16,8",
+                "--over_arch_layer_sizes",
+                "16,1",
+                "--batch_size",
+                "64",
+                "--limit_train_batches",
+                "2",
+                "--limit_val_batches",
+                "0",
+                "--limit_test_batches",
+                "0",
+                "--log_path",
+                str(tmp_path / "log.jsonl"),
+            ]
+        )
+        == 0
+    )
     assert gloo_threads() <= before
 
 

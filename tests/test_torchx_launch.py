@@ -5,10 +5,18 @@ import re
 
 import pytest
 
-from tests.support.doc_commands import commands_starting, replaced, with_flags
 from harness.launch import REPO, eval_record, read_log
-from tests.support.torchx_cli import (SMALL_TRAINING_FLAGS, install_components, kubernetes_job, option,
-                                      sbatch_groups, scheduler_request, torchrun_argv, torchx)
+from tests.support.doc_commands import commands_starting, replaced, with_flags
+from tests.support.torchx_cli import (
+    SMALL_TRAINING_FLAGS,
+    install_components,
+    kubernetes_job,
+    option,
+    sbatch_groups,
+    scheduler_request,
+    torchrun_argv,
+    torchx,
+)
 
 pytestmark = pytest.mark.slow  # every test runs the torchx CLI
 
@@ -41,17 +49,49 @@ def test_builtins_lists_our_components_and_torchx_ones(torchx_env):
 
 def test_dist_ddp_local_cwd_trains(torchx_env, synthetic_dir, tmp_path):
     """The users' command: torchx run -s local_cwd dist.ddp -j 1x2 --script dlrm_main.py -- ..."""
-    proc = torchx(["run", "-s", "local_cwd", "-cfg", f"log_dir={tmp_path}", "dist.ddp", "-j", "1x2",
-                   "--script", "dlrm_main.py", "--",
-                   "--in_memory_binary_criteo_path", synthetic_dir, *SMALL_TRAINING_FLAGS], torchx_env)
+    proc = torchx(
+        [
+            "run",
+            "-s",
+            "local_cwd",
+            "-cfg",
+            f"log_dir={tmp_path}",
+            "dist.ddp",
+            "-j",
+            "1x2",
+            "--script",
+            "dlrm_main.py",
+            "--",
+            "--in_memory_binary_criteo_path",
+            synthetic_dir,
+            *SMALL_TRAINING_FLAGS,
+        ],
+        torchx_env,
+    )
     _assert_trained(proc)
 
 
 def test_dlrm_component_local_cwd_trains(torchx_env, synthetic_dir, tmp_path):
     log_path = str(tmp_path / "run.jsonl")
-    proc = torchx(["run", "-s", "local_cwd", "-cfg", f"log_dir={tmp_path}", "dlrm", "-j", "1x2",
-                   "--data_dir", synthetic_dir, "--", *SMALL_TRAINING_FLAGS, "--log_path", log_path],
-                  torchx_env)
+    proc = torchx(
+        [
+            "run",
+            "-s",
+            "local_cwd",
+            "-cfg",
+            f"log_dir={tmp_path}",
+            "dlrm",
+            "-j",
+            "1x2",
+            "--data_dir",
+            synthetic_dir,
+            "--",
+            *SMALL_TRAINING_FLAGS,
+            "--log_path",
+            log_path,
+        ],
+        torchx_env,
+    )
     _assert_trained(proc, log_path)
     config = next(r for r in read_log(log_path) if r["event"] == "config")
     assert config["world_size"] == 2
@@ -79,20 +119,60 @@ def test_component_runs_from_outside_the_repository(torchx_env, synthetic_dir, t
     env["PYTHONPATH"] = os.pathsep.join([torchx_env["PYTHONPATH"], REPO])
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    proc = torchx(["run", "-s", "local_cwd", "-cfg", f"log_dir={tmp_path}", "dlrm", "-j", "1x2",
-                   "--data_dir", synthetic_dir, "--", *SMALL_TRAINING_FLAGS], env, cwd=str(elsewhere))
+    proc = torchx(
+        [
+            "run",
+            "-s",
+            "local_cwd",
+            "-cfg",
+            f"log_dir={tmp_path}",
+            "dlrm",
+            "-j",
+            "1x2",
+            "--data_dir",
+            synthetic_dir,
+            "--",
+            *SMALL_TRAINING_FLAGS,
+        ],
+        env,
+        cwd=str(elsewhere),
+    )
     _assert_trained(proc)
 
 
-@pytest.mark.parametrize("component", [
-    ["dlrm", "-j", "2x8", "-h", "a100x8", "--data_dir", "/fsx/criteo", "--checkpoint_dir", "/fsx/ckpt",
-     "--max_retries", "3"],
-    ["aws_component.py:run_dlrm_main", "--num_trainers=16", "-h", "a100x8", "--data_dir", "/fsx/criteo",
-     "--max_retries", "3"],
-])
+@pytest.mark.parametrize(
+    "component",
+    [
+        [
+            "dlrm",
+            "-j",
+            "2x8",
+            "-h",
+            "a100x8",
+            "--data_dir",
+            "/fsx/criteo",
+            "--checkpoint_dir",
+            "/fsx/ckpt",
+            "--max_retries",
+            "3",
+        ],
+        [
+            "aws_component.py:run_dlrm_main",
+            "--num_trainers=16",
+            "-h",
+            "a100x8",
+            "--data_dir",
+            "/fsx/criteo",
+            "--max_retries",
+            "3",
+        ],
+    ],
+)
 def test_slurm_dryrun(torchx_env, component):
-    proc = torchx(["run", "--dryrun", "-s", "slurm", "-cfg", "partition=train,time=5:00:00",
-                   *component, "--", *TRAINING_FLAGS], torchx_env)
+    proc = torchx(
+        ["run", "--dryrun", "-s", "slurm", "-cfg", "partition=train,time=5:00:00", *component, "--", *TRAINING_FLAGS],
+        torchx_env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     request = scheduler_request(proc.stdout)
     assert "export TORCHX_MAX_RETRIES=3" in request  # requeued up to 3 times
@@ -101,23 +181,56 @@ def test_slurm_dryrun(torchx_env, component):
     for group in groups:
         # One torchrun agent per node, which starts 8 ranks; a100x8: 96 CPUs, 8 GPUs,
         # 96% of 1024 GiB.
-        assert {"--partition=train", "--time=5:00:00", "--ntasks-per-node=1", "--cpus-per-task=96",
-                "--gpus-per-task=8", f"--mem={int(1024 * 1024 * 0.96)}"} <= set(group["options"]), group
+        assert {
+            "--partition=train",
+            "--time=5:00:00",
+            "--ntasks-per-node=1",
+            "--cpus-per-task=96",
+            "--gpus-per-task=8",
+            f"--mem={int(1024 * 1024 * 0.96)}",
+        } <= set(group["options"]), group
         argv = group["torchrun"]
         assert option(argv, "--nnodes") == "2" and option(argv, "--nproc_per_node") == "8"
         assert option(argv, "--rdzv_backend") == "c10d"
         assert option(argv, "--rdzv_endpoint") == "${SLURM_JOB_NODELIST_HET_GROUP_0:=localhost}:29500"
         script = argv.index("dlrm_main")
         resume = ["--checkpoint_dir", "/fsx/ckpt", "--resume"] if "--checkpoint_dir" in component else []
-        assert argv[script + 1:] == [*resume, "--in_memory_binary_criteo_path", "/fsx/criteo", *TRAINING_FLAGS]
+        assert argv[script + 1 :] == [*resume, "--in_memory_binary_criteo_path", "/fsx/criteo", *TRAINING_FLAGS]
 
 
 def test_kubernetes_dryrun(torchx_env):
-    proc = torchx(["run", "--dryrun", "--workspace", "", "-s", "kubernetes", "-cfg", "namespace=recsys",
-                   "dcnv2", "-j", "2x8", "-h", "aws_p4d", "--image", "registry.example/dlrm:1",
-                   "--data_dir", "/fsx/criteo", "--checkpoint_dir", "/fsx/ckpt",
-                   "--mounts", "type=volume,src=logs-claim,dst=/logs", "--env", "NCCL_DEBUG=INFO",
-                   "--max_retries", "2", "--", *TRAINING_FLAGS], torchx_env)
+    proc = torchx(
+        [
+            "run",
+            "--dryrun",
+            "--workspace",
+            "",
+            "-s",
+            "kubernetes",
+            "-cfg",
+            "namespace=recsys",
+            "dcnv2",
+            "-j",
+            "2x8",
+            "-h",
+            "aws_p4d",
+            "--image",
+            "registry.example/dlrm:1",
+            "--data_dir",
+            "/fsx/criteo",
+            "--checkpoint_dir",
+            "/fsx/ckpt",
+            "--mounts",
+            "type=volume,src=logs-claim,dst=/logs",
+            "--env",
+            "NCCL_DEBUG=INFO",
+            "--max_retries",
+            "2",
+            "--",
+            *TRAINING_FLAGS,
+        ],
+        torchx_env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     job = kubernetes_job(scheduler_request(proc.stdout))
     assert job["kind"] == "Job" and job["spec"]["queue"] == "default"  # from .torchxconfig
@@ -142,27 +255,62 @@ def test_kubernetes_dryrun(torchx_env):
         argv = torchrun_argv(container["command"])
         assert option(argv, "--nnodes") == "2" and option(argv, "--nproc_per_node") == "8"
         script = argv.index("dcnv2_main")
-        assert argv[script + 1:] == ["--checkpoint_dir", "/fsx/ckpt", "--resume",
-                                     "--in_memory_binary_criteo_path", "/fsx/criteo", *TRAINING_FLAGS]
+        assert argv[script + 1 :] == [
+            "--checkpoint_dir",
+            "/fsx/ckpt",
+            "--resume",
+            "--in_memory_binary_criteo_path",
+            "/fsx/criteo",
+            *TRAINING_FLAGS,
+        ]
 
 
 def test_aws_component_rejects_bad_trainer_counts(torchx_env):
-    proc = torchx(["run", "--dryrun", "-s", "slurm", "aws_component.py:run_dlrm_main",
-                   "--num_trainers=12", "--", *TRAINING_FLAGS], torchx_env)
+    proc = torchx(
+        [
+            "run",
+            "--dryrun",
+            "-s",
+            "slurm",
+            "aws_component.py:run_dlrm_main",
+            "--num_trainers=12",
+            "--",
+            *TRAINING_FLAGS,
+        ],
+        torchx_env,
+    )
     assert proc.returncode != 0
     # torchx prints the parameter's one line, with no traceback.
     last_line = proc.stderr.strip().splitlines()[-1]
-    assert last_line.strip() == ("--num_trainers 12: more than 8 trainers span nodes of 8 and "
-                                 "must be a multiple of 8 (e.g. 8 or 16)"), proc.stderr[-2000:]
+    assert last_line.strip() == (
+        "--num_trainers 12: more than 8 trainers span nodes of 8 and must be a multiple of 8 (e.g. 8 or 16)"
+    ), proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 
 
 def test_preprocess_component_dryrun(torchx_env):
-    proc = torchx(["run", "--dryrun", "-s", "slurm", "preprocess_criteo", "--input_dir", "/fsx/raw",
-                   "--output_dir", "/fsx/criteo", "--", "--frequency_threshold", "3"], torchx_env)
+    proc = torchx(
+        [
+            "run",
+            "--dryrun",
+            "-s",
+            "slurm",
+            "preprocess_criteo",
+            "--input_dir",
+            "/fsx/raw",
+            "--output_dir",
+            "/fsx/criteo",
+            "--",
+            "--frequency_threshold",
+            "3",
+        ],
+        torchx_env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     request = scheduler_request(proc.stdout)
     (group,) = [line for line in request.splitlines() if line.startswith("#SBATCH")]
     assert "--cpus-per-task=64" in group  # cpu_large
-    assert ("python -m data.preprocess_criteo --input_dir /fsx/raw --output_dir /fsx/criteo "
-            "--dataset_name criteo_1t --workers 24 --frequency_threshold 3") in request
+    assert (
+        "python -m data.preprocess_criteo --input_dir /fsx/raw --output_dir /fsx/criteo "
+        "--dataset_name criteo_1t --workers 24 --frequency_threshold 3"
+    ) in request

@@ -13,10 +13,16 @@ import zipfile
 
 import pytest
 
-from scripts.trim_fbgemm_wheel import FATBIN_MAGIC, TrimError, architectures, sha256_of, trim_wheel
-from scripts.wheelhouse import (WHEELHOUSE_PACKAGES, Wheelhouse, WheelhouseError, carried_requirements,
-                                check_variant, stack_pins)
 from harness.launch import REPO
+from scripts.trim_fbgemm_wheel import FATBIN_MAGIC, TrimError, architectures, sha256_of, trim_wheel
+from scripts.wheelhouse import (
+    WHEELHOUSE_PACKAGES,
+    Wheelhouse,
+    WheelhouseError,
+    carried_requirements,
+    check_variant,
+    stack_pins,
+)
 
 
 def cubin(arch: int, kernel: str) -> bytes:
@@ -42,14 +48,25 @@ def elf_library(fatbin: bytes) -> bytes:
     fatbin_at = 64 + len(host)
     names_at = fatbin_at + len(fatbin)
     sections_at = names_at + len(names)
-    header = (b"\x7fELF" + bytes([2, 1, 1]) + bytes(9) + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, sections_at,
-                                                                      0, 64, 0, 0, 64, 3, 2))
+    header = (
+        b"\x7fELF"
+        + bytes([2, 1, 1])
+        + bytes(9)
+        + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, sections_at, 0, 64, 0, 0, 64, 3, 2)
+    )
 
     def section(name: int, kind: int, offset: int, size: int) -> bytes:
         return struct.pack("<IIQQQQIIQQ", name, kind, 0, 0, offset, size, 0, 0, 1, 0)
 
-    return (header + host + fatbin + names + section(0, 0, 0, 0) + section(1, 1, fatbin_at, len(fatbin))
-            + section(11, 3, names_at, len(names)))
+    return (
+        header
+        + host
+        + fatbin
+        + names
+        + section(0, 0, 0, 0)
+        + section(1, 1, fatbin_at, len(fatbin))
+        + section(11, 3, names_at, len(names))
+    )
 
 
 def write_wheel(path: str, members: dict) -> str:
@@ -69,20 +86,29 @@ ADAM = "split_embedding_backward_codegen_adam_unweighted_kernel"
 
 
 def fbgemm_like_wheel(directory) -> str:
-    training = elf_library(container(*(entry(a, cubin(a, FORWARD)) for a in (80, 90, 100)))
-                           + bytes(8)  # padding between containers
-                           + container(*(entry(a, cubin(a, ROWWISE)) for a in (80, 90, 100)))
-                           + container(*(entry(a, cubin(a, ADAM)) for a in (80, 90, 100))))
+    training = elf_library(
+        container(*(entry(a, cubin(a, FORWARD)) for a in (80, 90, 100)))
+        + bytes(8)  # padding between containers
+        + container(*(entry(a, cubin(a, ROWWISE)) for a in (80, 90, 100)))
+        + container(*(entry(a, cubin(a, ADAM)) for a in (80, 90, 100)))
+    )
     inference = elf_library(container(*(entry(a, cubin(a, FORWARD)) for a in (80, 90, 100))))
-    return write_wheel(os.path.join(directory, "fake-1.0-cp312-cp312-manylinux_2_28_x86_64.whl"), {
-        "fake/__init__.py": b"print('fake')\n", "fake/training.so": training,
-        "fake/fbgemm_gpu_tbe_inference.so": inference, "fake-1.0.dist-info/METADATA": b"Name: fake\n"})
+    return write_wheel(
+        os.path.join(directory, "fake-1.0-cp312-cp312-manylinux_2_28_x86_64.whl"),
+        {
+            "fake/__init__.py": b"print('fake')\n",
+            "fake/training.so": training,
+            "fake/fbgemm_gpu_tbe_inference.so": inference,
+            "fake-1.0.dist-info/METADATA": b"Name: fake\n",
+        },
+    )
 
 
 def test_trim_keeps_one_architecture_and_the_project_optimizers_in_place(tmp_path):
     source = fbgemm_like_wheel(str(tmp_path))
-    trimmed = trim_wheel(source, "sm_90", str(tmp_path / "out"), drop=("fbgemm_gpu_tbe_inference.so",),
-                         log=lambda line: None)
+    trimmed = trim_wheel(
+        source, "sm_90", str(tmp_path / "out"), drop=("fbgemm_gpu_tbe_inference.so",), log=lambda line: None
+    )
     with zipfile.ZipFile(source) as before, zipfile.ZipFile(trimmed) as after:
         assert before.namelist() == after.namelist()
         assert all(info.compress_type == zipfile.ZIP_STORED for info in after.infolist())
@@ -100,8 +126,9 @@ def test_trim_keeps_one_architecture_and_the_project_optimizers_in_place(tmp_pat
                 data = after.read(name)
                 expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
                 assert digest == f"sha256={expected}" and int(size) == len(data), name
-    again = trim_wheel(source, "sm_90", str(tmp_path / "again"), drop=("fbgemm_gpu_tbe_inference.so",),
-                       log=lambda line: None)
+    again = trim_wheel(
+        source, "sm_90", str(tmp_path / "again"), drop=("fbgemm_gpu_tbe_inference.so",), log=lambda line: None
+    )
     assert sha256_of(again) == sha256_of(trimmed)  # the digest can be pinned
 
 
@@ -119,7 +146,10 @@ def test_wheelhouse_carries_the_pins_of_requirements_txt_and_the_stack():
     carried = carried_requirements(os.path.join(REPO, "requirements.txt"))
     assert len(carried) == len(WHEELHOUSE_PACKAGES) and all("==" in line for line in carried)
     assert stack_pins("torch2.11", "cuda", "cu130") == {
-        "torch": "torch==2.11.0+cu130", "fbgemm": "fbgemm-gpu==1.6.0+cu130", "torchrec": "torchrec==1.6.1"}
+        "torch": "torch==2.11.0+cu130",
+        "fbgemm": "fbgemm-gpu==1.6.0+cu130",
+        "torchrec": "torchrec==1.6.1",
+    }
     assert stack_pins("torch2.11", "cpu", "")["fbgemm"] == "fbgemm-gpu-cpu==1.6.0"
     assert check_variant("torch2.11", "") == "cu130"
     with pytest.raises(WheelhouseError) as e:
@@ -130,9 +160,19 @@ def test_wheelhouse_carries_the_pins_of_requirements_txt_and_the_stack():
 def test_wheelhouse_manifest_is_read_field_by_field(tmp_path):
     from common.json_fields import FileFieldError
 
-    fields = {"version": 1, "stack": "torch2.11", "device": "cuda", "cuda_variant": "cu130", "gpu_arch": "sm_90",
-              "python": "3.12", "torch": "2.11.0+cu130", "fbgemm": "fbgemm-gpu==1.6.0", "torchrec": "torchrec==1.6.1",
-              "requirements": ["numpy==2.4.6"], "archive_sha256": "0" * 64}
+    fields = {
+        "version": 1,
+        "stack": "torch2.11",
+        "device": "cuda",
+        "cuda_variant": "cu130",
+        "gpu_arch": "sm_90",
+        "python": "3.12",
+        "torch": "2.11.0+cu130",
+        "fbgemm": "fbgemm-gpu==1.6.0",
+        "torchrec": "torchrec==1.6.1",
+        "requirements": ["numpy==2.4.6"],
+        "archive_sha256": "0" * 64,
+    }
     (tmp_path / "wheelhouse.json").write_text(json.dumps(fields))
     assert Wheelhouse.read(str(tmp_path)).torchrec == "torchrec==1.6.1"
     (tmp_path / "wheelhouse.json").write_text(json.dumps({**fields, "version": 2}))

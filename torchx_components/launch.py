@@ -112,22 +112,26 @@ class LaunchOptions:
             raise ComponentParameterError(f"--rdzv_port {self.rdzv_port}: not a TCP port")
         if self.socket_ifname is not None and not re.fullmatch(r"[\w.:-]+", self.socket_ifname):
             raise ComponentParameterError(
-                f"--socket_ifname {self.socket_ifname!r}: expected one network interface name, e.g. eth0")
+                f"--socket_ifname {self.socket_ifname!r}: expected one network interface name, e.g. eth0"
+            )
         for name in RENDEZVOUS_VARIABLES:
             if name in self.env:
                 raise ComponentParameterError(
                     f"--env {name}={self.env[name]}: torchrun sets {name} of every rank from the rendezvous on "
                     "the first node (on Slurm the first host of SLURM_JOB_NODELIST), so this value would be "
-                    "ignored; remove it (--rdzv_port sets the rendezvous' port)")
-        interface_settings = {f"--env {name}={self.env[name]}": self.env[name]
-                              for name in SOCKET_IFNAME_VARIABLES if name in self.env}
+                    "ignored; remove it (--rdzv_port sets the rendezvous' port)"
+                )
+        interface_settings = {
+            f"--env {name}={self.env[name]}": self.env[name] for name in SOCKET_IFNAME_VARIABLES if name in self.env
+        }
         if self.socket_ifname is not None:
             interface_settings[f"--socket_ifname {self.socket_ifname}"] = self.socket_ifname
         for setting, interfaces in interface_settings.items():
             if nodes > 1 and only_loopback(interfaces):
                 raise ComponentParameterError(
                     f"{setting}: the loopback interface does not reach the other nodes of a {self.j} job; "
-                    "name the interface of the network between the nodes, e.g. eth0")
+                    "name the interface of the network between the nodes, e.g. eth0"
+                )
 
     def rank_env(self) -> Dict[str, str]:
         """``env``, with the interface variables ``socket_ifname`` sets where ``env`` does not."""
@@ -135,9 +139,11 @@ class LaunchOptions:
         return {**interface, **self.env}
 
     def mount_tokens(self) -> List[str]:
-        return bind_mounts(read_only=[self.data_dir] if self.data_dir else [],
-                           read_write=[self.checkpoint_dir] if self.checkpoint_dir else [],
-                           extra=self.mounts)
+        return bind_mounts(
+            read_only=[self.data_dir] if self.data_dir else [],
+            read_write=[self.checkpoint_dir] if self.checkpoint_dir else [],
+            extra=self.mounts,
+        )
 
 
 def only_loopback(interfaces: str) -> bool:

@@ -18,10 +18,11 @@ import torchx.specs as specs
 from torchx.specs.finder import ComponentValidationException
 
 
-class ComponentParameterError(ComponentValidationException, ValueError):
+class ComponentParameterError(ComponentValidationException, ValueError):  # type: ignore[misc]  # torchx: untyped
     """A component parameter is wrong (one line naming it). torchx prints a
     ComponentValidationException as its message, without the traceback it prints
     for any other exception."""
+
 
 # A request for all of a node's memory never fits: the OS and the scheduler's
 # daemons keep some. torchx's AWS presets ask for the same 96%.
@@ -49,9 +50,7 @@ class Machine:
     memory_gib: int
 
     def resource(self) -> specs.Resource:
-        return specs.Resource(
-            cpu=self.cpu, gpu=self.gpu, memMB=int(self.memory_gib * 1024 * USABLE_MEMORY_FRACTION)
-        )
+        return specs.Resource(cpu=self.cpu, gpu=self.gpu, memMB=int(self.memory_gib * 1024 * USABLE_MEMORY_FRACTION))
 
 
 MACHINES: Dict[str, Machine] = {
@@ -64,9 +63,9 @@ MACHINES: Dict[str, Machine] = {
 
 # Short names for torchx's AWS presets (instance-type node selector + EFA devices).
 AWS_ALIASES: Dict[str, str] = {
-    "aws_p4d": "aws_p4d.24xlarge",    # 8 x A100 40 GB, 96 vCPU, 1152 GiB, 4 EFA
+    "aws_p4d": "aws_p4d.24xlarge",  # 8 x A100 40 GB, 96 vCPU, 1152 GiB, 4 EFA
     "aws_p4de": "aws_p4de.24xlarge",  # 8 x A100 80 GB
-    "aws_p5": "aws_p5.48xlarge",      # 8 x H100 80 GB, 192 vCPU, 2048 GiB, 32 EFA
+    "aws_p5": "aws_p5.48xlarge",  # 8 x H100 80 GB, 192 vCPU, 2048 GiB, 32 EFA
 }
 
 

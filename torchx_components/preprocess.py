@@ -53,8 +53,19 @@ def preprocess_criteo(
     worker_count = min(resource.cpu, 24) if workers is None else parse_count("workers", workers, 1)
     if max_retries < 0:
         raise ComponentParameterError(f"--max_retries {max_retries}: must be >= 0")
-    args = ["-m", "data.preprocess_criteo", "--input_dir", input_dir, "--output_dir", output_dir,
-            "--dataset_name", dataset_name, "--workers", str(worker_count), *script_args]
+    args = [
+        "-m",
+        "data.preprocess_criteo",
+        "--input_dir",
+        input_dir,
+        "--output_dir",
+        output_dir,
+        "--dataset_name",
+        dataset_name,
+        "--workers",
+        str(worker_count),
+        *script_args,
+    ]
     return specs.AppDef(
         name=name,
         roles=[

@@ -54,10 +54,26 @@ def dlrm(
     rdzv_port: int = 29500,
     socket_ifname: Optional[str] = None,
 ) -> specs.AppDef:
-    return trainer_app("dlrm_main", script_args, LaunchOptions(
-        j=j, h=h, cpu=cpu, gpu=gpu, memMB=memMB, image=image, name=name, env=env or {},
-        data_dir=data_dir, checkpoint_dir=checkpoint_dir, mounts=mounts or [],
-        max_retries=max_retries, rdzv_port=rdzv_port, socket_ifname=socket_ifname))
+    return trainer_app(
+        "dlrm_main",
+        script_args,
+        LaunchOptions(
+            j=j,
+            h=h,
+            cpu=cpu,
+            gpu=gpu,
+            memMB=memMB,
+            image=image,
+            name=name,
+            env=env or {},
+            data_dir=data_dir,
+            checkpoint_dir=checkpoint_dir,
+            mounts=mounts or [],
+            max_retries=max_retries,
+            rdzv_port=rdzv_port,
+            socket_ifname=socket_ifname,
+        ),
+    )
 
 
 def dcnv2(
@@ -77,10 +93,26 @@ def dcnv2(
     rdzv_port: int = 29500,
     socket_ifname: Optional[str] = None,
 ) -> specs.AppDef:
-    return trainer_app("dcnv2_main", script_args, LaunchOptions(
-        j=j, h=h, cpu=cpu, gpu=gpu, memMB=memMB, image=image, name=name, env=env or {},
-        data_dir=data_dir, checkpoint_dir=checkpoint_dir, mounts=mounts or [],
-        max_retries=max_retries, rdzv_port=rdzv_port, socket_ifname=socket_ifname))
+    return trainer_app(
+        "dcnv2_main",
+        script_args,
+        LaunchOptions(
+            j=j,
+            h=h,
+            cpu=cpu,
+            gpu=gpu,
+            memMB=memMB,
+            image=image,
+            name=name,
+            env=env or {},
+            data_dir=data_dir,
+            checkpoint_dir=checkpoint_dir,
+            mounts=mounts or [],
+            max_retries=max_retries,
+            rdzv_port=rdzv_port,
+            socket_ifname=socket_ifname,
+        ),
+    )
 
 
 # torchx reads a component's help from its docstring (summary + Google-style Args).

@@ -25,9 +25,9 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any, Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from common.cli import OneLineParser, print_bad_input, run_cli
 from common.config_flags import FlagError, add_flags, check_choices, config_values, flag, option
@@ -57,10 +57,15 @@ class NonFiniteLoss(Exception):
 class BaselineFlags:
     """The baseline's own flags: how the logistic regression learns."""
 
-    learning_rate: float = flag(0.05, help="the logistic regression's learning rate (its own: the deep model's "
-                                           "--learning_rate does not carry over)")
-    optimizer: str = flag("adagrad", choices=OPTIMIZERS,
-                          help="adagrad (one rate per weight: rare ids learn as fast as frequent ones) or sgd")
+    learning_rate: float = flag(
+        0.05,
+        help="the logistic regression's learning rate (its own: the deep model's --learning_rate does not carry over)",
+    )
+    optimizer: str = flag(
+        "adagrad",
+        choices=OPTIMIZERS,
+        help="adagrad (one rate per weight: rare ids learn as fast as frequent ones) or sgd",
+    )
 
     def validate(self) -> None:
         check_choices(self)
@@ -79,15 +84,22 @@ class BaselineConfig:
     num_dense_features: int
     flags: BaselineFlags
     run: dict[str, Any]  # RUN_FIELDS
-    recipe: Optional[str] = None
+    recipe: str | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--recipe", choices=list(RECIPES), default=None,
-                        help="the data and table-size flags (and --epochs) of a training recipe; flags given win")
-    add_flags(parser.add_argument_group("what to run"), TrainConfig,
-              exclude=[name for name in _train_fields() if name not in RUN_FIELDS])
+    parser.add_argument(
+        "--recipe",
+        choices=list(RECIPES),
+        default=None,
+        help="the data and table-size flags (and --epochs) of a training recipe; flags given win",
+    )
+    add_flags(
+        parser.add_argument_group("what to run"),
+        TrainConfig,
+        exclude=[name for name in _train_fields() if name not in RUN_FIELDS],
+    )
     add_flags(parser.add_argument_group("data (as the training entry points')"), DataConfig)
     add_flags(parser.add_argument_group("table sizes (as the training entry points')"), TableSizes)
     add_flags(parser.add_argument_group("the logistic regression"), BaselineFlags)
@@ -96,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _train_fields() -> list[str]:
     from common.config_flags import flags_of
+
     return [item.field.name for item in flags_of(TrainConfig)]
 
 
@@ -103,17 +116,20 @@ def _not_for_the_baseline(unknown: Sequence[str]) -> str:
     """The one line for flags the baseline does not take: the training flags among
     them named as such, anything else as argparse would."""
     from training.flags import entry_point_parser
+
     training = entry_point_parser("dlrm_main.py")._option_string_actions
     names = [arg.split("=", 1)[0] for arg in unknown if arg.startswith("--")]
     deep = [name for name in names if name in training]
     if deep and len(deep) == len(names):
-        return (f"{', '.join(deep)}: {'a flag' if len(deep) == 1 else 'flags'} of the deep model's training, "
-                f"which the baseline (a logistic regression on one CPU process) does not have; it takes the data, "
-                f"table-size and run flags ({PROG} --help)")
+        return (
+            f"{', '.join(deep)}: {'a flag' if len(deep) == 1 else 'flags'} of the deep model's training, "
+            f"which the baseline (a logistic regression on one CPU process) does not have; it takes the data, "
+            f"table-size and run flags ({PROG} --help)"
+        )
     return f"unrecognized arguments: {' '.join(unknown)}"
 
 
-def parse_config(argv: Optional[Sequence[str]]) -> BaselineConfig:
+def parse_config(argv: Sequence[str] | None) -> BaselineConfig:
     """The validated config; exits 2 with one line on bad flags."""
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
@@ -135,8 +151,10 @@ def _config(args: argparse.Namespace) -> BaselineConfig:
             raise FlagError(f"--{name} must be positive, got {run[name]}")
     data = DataConfig(**config_values(DataConfig, args, layers), seed=run["seed"])
     if data.rolling_windows is not None:
-        raise FlagError(f"{option(data, 'rolling_windows')}: the baseline trains once on the training split and "
-                        "tests once (run it on each window's data instead)")
+        raise FlagError(
+            f"{option(data, 'rolling_windows')}: the baseline trains once on the training split and "
+            "tests once (run it on each window's data instead)"
+        )
     source = data.validate()  # the run's source (asked again below: the same object)
     tables = TableSizes(**config_values(TableSizes, args, layers))
     tables.validate()
@@ -147,11 +165,16 @@ def _config(args: argparse.Namespace) -> BaselineConfig:
     except BadInput as e:
         raise FlagError(f"{option(data, source.path_field)}: {e}") from e
     cardinalities = list(features.cardinalities) if features.cardinalities is not None else None
-    return BaselineConfig(data=data, tables=tables,
-                          table_rows=tables.resolve(len(features.sparse_feature_names), cardinalities),
-                          sparse_feature_names=list(features.sparse_feature_names),
-                          num_dense_features=features.num_dense_features, flags=flags, run=run,
-                          recipe=args.recipe)
+    return BaselineConfig(
+        data=data,
+        tables=tables,
+        table_rows=tables.resolve(len(features.sparse_feature_names), cardinalities),
+        sparse_feature_names=list(features.sparse_feature_names),
+        num_dense_features=features.num_dense_features,
+        flags=flags,
+        run=run,
+        recipe=args.recipe,
+    )
 
 
 class HashedLogisticRegression:
@@ -230,8 +253,15 @@ def _loss(logits: Any, batch: Any, weighted: bool) -> Any:
     return (batch.weights * losses).sum() / batch.weight_normalizer
 
 
-def evaluate(model: HashedLogisticRegression, loader: Any, stage: str, step: int, config: BaselineConfig,
-             log: Any, tested: Optional[TestedModel] = None) -> Optional[dict[str, float]]:
+def evaluate(
+    model: HashedLogisticRegression,
+    loader: Any,
+    stage: str,
+    step: int,
+    config: BaselineConfig,
+    log: Any,
+    tested: TestedModel | None = None,
+) -> dict[str, float] | None:
     """Runs one split through the trainer's metrics; prints and records them as the
     trainer's evaluations (an ``eval`` record, with the ``tested`` model's fields as a
     test record has them). None when the split has no batches."""
@@ -251,10 +281,19 @@ def evaluate(model: HashedLogisticRegression, loader: Any, stage: str, step: int
     values = metrics.compute()
     seconds = time.perf_counter() - started
     rate = values["num_samples"] / seconds if seconds > 0 else float("nan")
-    log.print(f"{format_metrics(stage, values)}, calibration {values['calibration']:.4f}, "
-              f"{values['num_samples']} samples (step {step})")
-    log.record("eval", stage=stage, step=step, **(tested.fields() if tested else {}), **values,
-               records_per_sec=rate, seconds=seconds)
+    log.print(
+        f"{format_metrics(stage, values)}, calibration {values['calibration']:.4f}, "
+        f"{values['num_samples']} samples (step {step})"
+    )
+    log.record(
+        "eval",
+        stage=stage,
+        step=step,
+        **(tested.fields() if tested else {}),
+        **values,
+        records_per_sec=rate,
+        seconds=seconds,
+    )
     return values
 
 
@@ -280,13 +319,24 @@ def run(config: BaselineConfig) -> dict[str, Any]:
 
 
 def _fit(config: BaselineConfig, loaders: dict[str, Any], log: Any) -> dict[str, Any]:
-    log.record("config", world_size=1, resolved_device="cpu", model={"interaction_type": MODEL_NAME},
-               data=_fields(config.data), tables=_fields(config.tables), optim=_fields(config.flags),
-               table_rows=config.table_rows, recipe=config.recipe, **config.run)
-    log.print(f"baseline: logistic regression on {len(config.sparse_feature_names)} categorical features "
-              f"({sum(config.table_rows):,} hashed weights) and {config.num_dense_features} numerical ones, "
-              f"{config.flags.optimizer} at {config.flags.learning_rate}, {config.run['epochs']} epoch(s) of "
-              f"{len(loaders['train'])} batches")
+    log.record(
+        "config",
+        world_size=1,
+        resolved_device="cpu",
+        model={"interaction_type": MODEL_NAME},
+        data=_fields(config.data),
+        tables=_fields(config.tables),
+        optim=_fields(config.flags),
+        table_rows=config.table_rows,
+        recipe=config.recipe,
+        **config.run,
+    )
+    log.print(
+        f"baseline: logistic regression on {len(config.sparse_feature_names)} categorical features "
+        f"({sum(config.table_rows):,} hashed weights) and {config.num_dense_features} numerical ones, "
+        f"{config.flags.optimizer} at {config.flags.learning_rate}, {config.run['epochs']} epoch(s) of "
+        f"{len(loaders['train'])} batches"
+    )
     model = HashedLogisticRegression(config.table_rows, config.num_dense_features, config.sparse_feature_names)
     optimizers = _optimizers(model, config.flags)
     weighted = config.data.weight_column is not None
@@ -312,12 +362,20 @@ def _fit(config: BaselineConfig, loaders: dict[str, Any], log: Any) -> dict[str,
             interval_rows += len(batch.labels)
             log.advance()
             if not math.isfinite(loss.item()):
-                raise NonFiniteLoss(f"training loss is {loss.item()} at step {step}: lower --learning_rate "
-                                    f"(now {config.flags.learning_rate})")
+                raise NonFiniteLoss(
+                    f"training loss is {loss.item()} at step {step}: lower --learning_rate "
+                    f"(now {config.flags.learning_rate})"
+                )
             if step % every == 0:
                 seconds = time.perf_counter() - interval_start
-                log.record("train", step=step, epoch=epoch, loss=interval_loss / interval_steps,
-                           lr=config.flags.learning_rate, records_per_sec=interval_rows / seconds if seconds else 0.0)
+                log.record(
+                    "train",
+                    step=step,
+                    epoch=epoch,
+                    loss=interval_loss / interval_steps,
+                    lr=config.flags.learning_rate,
+                    records_per_sec=interval_rows / seconds if seconds else 0.0,
+                )
                 interval_loss, interval_steps, interval_rows, interval_start = 0.0, 0, 0, time.perf_counter()
         train_seconds += time.perf_counter() - epoch_start
         log.close_progress()
@@ -331,33 +389,43 @@ def _fit(config: BaselineConfig, loaders: dict[str, Any], log: Any) -> dict[str,
     # Nothing is exported: the tested weights are the best validation's, else the last.
     tested_model = TestedModel("best", best_step, False) if best_step is not None else TestedModel("final", step, False)
     test = evaluate(model, loaders["test"], "test", tested_model.step, config, log, tested_model)
-    summary = dict(steps=step, train_seconds=train_seconds, validation=validation, test=test, best_step=best_step,
-                   best_validation=best)
+    summary = dict(
+        steps=step,
+        train_seconds=train_seconds,
+        validation=validation,
+        test=test,
+        best_step=best_step,
+        best_validation=best,
+    )
     log.record("summary", **summary)
     tested = f" (the weights of step {best_step}, the best validation AUROC)" if best_step is not None else ""
-    log.print(f"done: {step} steps in {train_seconds:.1f} s of training | "
-              f"{_closing(test) if test else 'test: none'}{tested}")
+    log.print(
+        f"done: {step} steps in {train_seconds:.1f} s of training | {_closing(test) if test else 'test: none'}{tested}"
+    )
     return summary
 
 
 def _closing(values: dict[str, float]) -> str:
     from training.run_log import format_metrics
+
     return f"{format_metrics('test', values)}, calibration {values['calibration']:.4f}"
 
 
 def _fields(config: Any) -> dict[str, Any]:
     import dataclasses
+
     return dataclasses.asdict(config)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Runs the baseline; returns the exit code (2: bad flags or data, one line)."""
     quiet_benign_library_messages()
     config = parse_config(argv)
     world_size = os.environ.get("WORLD_SIZE", "1")
     if world_size != "1":
-        return print_bad_input(PROG, f"WORLD_SIZE is {world_size}: the baseline runs in one process (run it with "
-                                     "python, not torchrun)")
+        return print_bad_input(
+            PROG, f"WORLD_SIZE is {world_size}: the baseline runs in one process (run it with python, not torchrun)"
+        )
     try:
         with raise_on_sigterm():
             return run_cli(lambda: (run(config), 0)[1], PROG)

@@ -19,8 +19,6 @@ With sample weights the histogram sums weights instead of counting rows: a pair
 the bound holds as it stands. (torchmetrics' BinaryAUROC takes no weights.)
 """
 
-from typing import Optional
-
 import torch
 import torch.distributed as dist
 
@@ -48,7 +46,7 @@ class BinnedAUROC:
         # [negatives, positives]: counts, or weight sums
         self._counts = torch.zeros(2, bins, dtype=torch.float64 if weighted else torch.int64, device=device)
 
-    def update(self, probabilities: torch.Tensor, labels: torch.Tensor, weights: Optional[torch.Tensor] = None) -> None:
+    def update(self, probabilities: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None) -> None:
         """Adds a batch: probabilities in [0, 1], labels 0 or 1, and (weighted) each row's weight."""
         if (weights is not None) != self.weighted:
             raise ValueError("weights are given exactly when the AUROC is weighted")

@@ -1,8 +1,6 @@
 """Fitting ``--calibrate platt|isotonic`` on a validation pass: the histogram of the
 split's logits by label over all ranks (common/calibration.py fits and stores it)."""
 
-from typing import Optional
-
 import torch
 import torch.distributed as dist
 
@@ -23,14 +21,14 @@ class LogitHistogram:
     def __init__(self, device: torch.device) -> None:
         self._counts = torch.zeros(2, HISTOGRAM_BINS, dtype=torch.float64, device=device)
 
-    def update(self, logits: torch.Tensor, labels: torch.Tensor, weights: Optional[torch.Tensor] = None) -> None:
+    def update(self, logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None) -> None:
         z = logits.detach().double().reshape(-1)
         index = ((z + LOGIT_RANGE) * (HISTOGRAM_BINS / (2 * LOGIT_RANGE))).floor().clamp_(0, HISTOGRAM_BINS - 1).long()
         positive = labels.detach().reshape(-1).long().clamp(0, 1)
         amounts = torch.ones_like(z) if weights is None else weights.detach().reshape(-1).double()
         self._counts.view(-1).index_add_(0, positive * HISTOGRAM_BINS + index, amounts)
 
-    def fit(self, method: str, step: int) -> Optional[Calibration]:
+    def fit(self, method: str, step: int) -> Calibration | None:
         """The fit over every rank's rows; None when a class is absent. Collective."""
         counts = self._counts.clone()
         if dist.is_initialized() and dist.get_world_size() > 1:

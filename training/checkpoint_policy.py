@@ -6,19 +6,19 @@ the clock. The checkpoint format itself (saving, finding, verifying, loading) is
 
 import json
 import time
-from dataclasses import asdict, dataclass
-from typing import Any, Optional
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from iopath.common.file_io import g_pathmgr
 
+from checkpoints.directory import META_FILE, best_checkpoint, checkpoint_to_load, newest_checkpoint
 from checkpoints.errors import CheckpointError
 from checkpoints.meta import CheckpointMeta, meta_section
-from checkpoints.storage import join
-from checkpoints.directory import META_FILE, best_checkpoint, checkpoint_to_load, newest_checkpoint
 from checkpoints.opened import OpenedCheckpoint, open_checkpoint
+from checkpoints.storage import join
 from training.config import CheckpointConfig, OptimizerConfig, TrainConfig
 
 
@@ -28,9 +28,11 @@ def iter_differences(saved: Any, current: Any, prefix: str = "") -> Iterator[str
         for key in sorted(set(saved) | set(current)):
             yield from iter_differences(saved.get(key), current.get(key), f"{prefix}{key}.")
     elif saved != current:
+
         def short(v: Any) -> str:
             text = json.dumps(v)
             return text if len(text) <= 60 else text[:57] + "..."
+
         yield f"{prefix.rstrip('.')} is {short(saved)} in the checkpoint, {short(current)} now"
 
 
@@ -65,7 +67,7 @@ def checkpoint_to_evaluate(flags: CheckpointConfig) -> str:
     return path
 
 
-def find_restore_point(config: TrainConfig) -> Optional[RestorePoint]:
+def find_restore_point(config: TrainConfig) -> RestorePoint | None:
     """The checkpoint the flags ask for, checked against the config; None to start fresh.
 
     Reads only meta.json, so every rank can call it before any collective and fail

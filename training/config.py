@@ -5,7 +5,7 @@ sharding's configs), declared once with its default and help (`common.config_fla
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from common.calibration import CALIBRATION_METHODS
 from common.config_flags import FlagError, check_choices, flag, option
@@ -36,8 +36,9 @@ class OptimizerConfig(EmbeddingOptimizerConfig):
     (`EmbeddingOptimizerConfig`), the dense (MLP) optimizer's and the schedule's
     (training/lr_schedule.py)."""
 
-    dense_optimizer: Optional[str] = flag(None, choices=DENSE_OPTIMIZERS,
-                                          help="MLP optimizer (default: sgd with --optimizer sgd, else adagrad)")
+    dense_optimizer: str | None = flag(
+        None, choices=DENSE_OPTIMIZERS, help="MLP optimizer (default: sgd with --optimizer sgd, else adagrad)"
+    )
     lr_warmup_steps: int = flag(0, help="linear warm-up steps")
     lr_decay_start: int = flag(0, help="step at which polynomial decay starts")
     lr_decay_steps: int = flag(0, help="steps of power-2 polynomial decay (0: none)")
@@ -71,47 +72,65 @@ class CheckpointConfig:
     """Where checkpoints go (step_<N> directories), when they are saved, and what a
     run loads: the full state to resume, or only a checkpoint's weights."""
 
-    checkpoint_dir: Optional[str] = flag(None, help="directory of checkpoints (any iopath path)")
-    checkpoint_every_n_steps: Optional[int] = flag(None, help="save a checkpoint every N steps")
-    checkpoint_every_n_minutes: Optional[float] = flag(
-        None, help="save a checkpoint at the first step M minutes after the previous one (or the start), "
-                   "by rank 0's clock")
+    checkpoint_dir: str | None = flag(None, help="directory of checkpoints (any iopath path)")
+    checkpoint_every_n_steps: int | None = flag(None, help="save a checkpoint every N steps")
+    checkpoint_every_n_minutes: float | None = flag(
+        None,
+        help="save a checkpoint at the first step M minutes after the previous one (or the start), by rank 0's clock",
+    )
     checkpoint_at_epoch_end: bool = flag(False, help="save a checkpoint after every epoch")
-    keep_last_n_checkpoints: int = flag(0, help="complete checkpoints to keep (0: all; never the best)",
-                                        name="keep_last_n", former_names=("keep_last_n_checkpoints",))
-    async_checkpoint: bool = flag(False, help="write checkpoints in the background while training continues "
-                                  "(staged to host memory, one save in flight)")
-    resume: bool = flag(False, help="continue from the newest complete checkpoint in --checkpoint_dir "
-                                        "(from scratch when there is none)")
-    restore_checkpoint_path: Optional[str] = flag(None, help="load only the weights of this checkpoint")
+    keep_last_n_checkpoints: int = flag(
+        0,
+        help="complete checkpoints to keep (0: all; never the best)",
+        name="keep_last_n",
+        former_names=("keep_last_n_checkpoints",),
+    )
+    async_checkpoint: bool = flag(
+        False,
+        help="write checkpoints in the background while training continues (staged to host memory, one save in flight)",
+    )
+    resume: bool = flag(
+        False, help="continue from the newest complete checkpoint in --checkpoint_dir (from scratch when there is none)"
+    )
+    restore_checkpoint_path: str | None = flag(None, help="load only the weights of this checkpoint")
 
     @property
     def saving(self) -> bool:
-        return (self.checkpoint_every_n_steps is not None or self.checkpoint_every_n_minutes is not None
-                or self.checkpoint_at_epoch_end)
+        return (
+            self.checkpoint_every_n_steps is not None
+            or self.checkpoint_every_n_minutes is not None
+            or self.checkpoint_at_epoch_end
+        )
 
     def validate(self) -> None:
         if self.checkpoint_every_n_steps is not None and self.checkpoint_every_n_steps <= 0:
-            raise FlagError(f"{option(self, 'checkpoint_every_n_steps')} must be positive, "
-                            f"got {self.checkpoint_every_n_steps}")
+            raise FlagError(
+                f"{option(self, 'checkpoint_every_n_steps')} must be positive, got {self.checkpoint_every_n_steps}"
+            )
         if self.checkpoint_every_n_minutes is not None and not self.checkpoint_every_n_minutes > 0:
-            raise FlagError(f"{option(self, 'checkpoint_every_n_minutes')} must be positive, "
-                            f"got {self.checkpoint_every_n_minutes}")
+            raise FlagError(
+                f"{option(self, 'checkpoint_every_n_minutes')} must be positive, got {self.checkpoint_every_n_minutes}"
+            )
         if self.keep_last_n_checkpoints < 0:
-            raise FlagError(f"{option(self, 'keep_last_n_checkpoints')} must not be negative, "
-                            f"got {self.keep_last_n_checkpoints}")
-        for name, needed in (("checkpoint_every_n_steps", self.checkpoint_every_n_steps is not None),
-                             ("checkpoint_every_n_minutes", self.checkpoint_every_n_minutes is not None),
-                             ("checkpoint_at_epoch_end", self.checkpoint_at_epoch_end),
-                             ("async_checkpoint", self.async_checkpoint),
-                             ("resume", self.resume)):
+            raise FlagError(
+                f"{option(self, 'keep_last_n_checkpoints')} must not be negative, got {self.keep_last_n_checkpoints}"
+            )
+        for name, needed in (
+            ("checkpoint_every_n_steps", self.checkpoint_every_n_steps is not None),
+            ("checkpoint_every_n_minutes", self.checkpoint_every_n_minutes is not None),
+            ("checkpoint_at_epoch_end", self.checkpoint_at_epoch_end),
+            ("async_checkpoint", self.async_checkpoint),
+            ("resume", self.resume),
+        ):
             if needed and not self.checkpoint_dir:
                 raise FlagError(f"{option(self, name)} needs {option(self, 'checkpoint_dir')}")
         for name in ("checkpoint_dir", "restore_checkpoint_path"):  # iopath paths: printed and recorded
             check_url_path(getattr(self, name) or "", option(self, name), FlagError)
         if self.resume and self.restore_checkpoint_path:
-            raise FlagError(f"give {option(self, 'resume')} (full state) or {option(self, 'restore_checkpoint_path')} "
-                            "(weights only), not both")
+            raise FlagError(
+                f"give {option(self, 'resume')} (full state) or {option(self, 'restore_checkpoint_path')} "
+                "(weights only), not both"
+            )
 
 
 EARLY_STOPPING_METRICS = ("auroc", "log_loss", "ne")
@@ -122,13 +141,22 @@ class EarlyStoppingConfig:
     """Stopping when validation stops improving, and keeping the best model; without
     a patience (None) training never stops early and keeps no best model."""
 
-    patience: Optional[int] = flag(
-        None, name="early_stopping_patience",
-        help="stop after N validations without improvement; test (and mark in --checkpoint_dir) the best model")
-    metric: str = flag("auroc", choices=EARLY_STOPPING_METRICS, name="early_stopping_metric",
-                       help="validation metric early stopping watches: auroc (higher is better), log_loss or ne")
-    min_delta: float = flag(0.0, name="early_stopping_min_delta",
-                            help="how much the metric must beat the best so far to count as an improvement")
+    patience: int | None = flag(
+        None,
+        name="early_stopping_patience",
+        help="stop after N validations without improvement; test (and mark in --checkpoint_dir) the best model",
+    )
+    metric: str = flag(
+        "auroc",
+        choices=EARLY_STOPPING_METRICS,
+        name="early_stopping_metric",
+        help="validation metric early stopping watches: auroc (higher is better), log_loss or ne",
+    )
+    min_delta: float = flag(
+        0.0,
+        name="early_stopping_min_delta",
+        help="how much the metric must beat the best so far to count as an improvement",
+    )
 
     @property
     def enabled(self) -> bool:
@@ -146,8 +174,11 @@ class EarlyStoppingConfig:
 class InferenceBenchmarkConfig:
     """--mode inference_benchmark: forward-only timing per batch size."""
 
-    batch_sizes: list[int] = flag([1, 64, 4096], name="inference_benchmark_batch_sizes",
-                                  help="rows per rank of each batch size timed by --mode inference_benchmark")
+    batch_sizes: list[int] = flag(
+        [1, 64, 4096],
+        name="inference_benchmark_batch_sizes",
+        help="rows per rank of each batch size timed by --mode inference_benchmark",
+    )
     iterations: int = flag(20, name="inference_benchmark_iterations", help="timed forwards per batch size")
     warmup: int = flag(3, name="inference_benchmark_warmup", help="untimed forwards before them")
 
@@ -167,8 +198,10 @@ class ReferenceEvaluation:
     reference's schedule applies: only what is asked for."""
 
     evaluate_on_epoch_end: bool = flag(
-        False, help="validate after every epoch; with this or --evaluate_on_training_end, the reference's "
-                    "schedule applies (default without either: validate after every epoch and test at the end)")
+        False,
+        help="validate after every epoch; with this or --evaluate_on_training_end, the reference's "
+        "schedule applies (default without either: validate after every epoch and test at the end)",
+    )
     evaluate_on_training_end: bool = flag(False, help="evaluate the test split when training ends (see above)")
 
     def schedule(self) -> tuple[bool, bool]:
@@ -205,49 +238,73 @@ class TrainConfig:
     epochs: int = flag(1, help="passes over the training split")
     tables: TableSizes = field(default_factory=TableSizes)
     seed: int = flag(0, help="seeds model init, data order and random data")
-    validation_freq_within_epoch: Optional[int] = flag(None, help="validate every N training steps")
+    validation_freq_within_epoch: int | None = flag(None, help="validate every N training steps")
     log_every_n_steps: int = flag(100, help="steps per progress line / JSON record")
-    auroc_bins: Optional[int] = flag(None, help="AUROC from a histogram of this many probability bins, with its "
-                                                "error bound (default: exact, keeping every prediction)")
-    log_path: Optional[str] = flag(None, help="JSON-lines log file written by rank 0")
+    auroc_bins: int | None = flag(
+        None,
+        help="AUROC from a histogram of this many probability bins, with its "
+        "error bound (default: exact, keeping every prediction)",
+    )
+    log_path: str | None = flag(None, help="JSON-lines log file written by rank 0")
     print_lr: bool = flag(False, help="print the learning rate every step")
     print_sharding_plan: bool = flag(False, help="print the sharding plan and per-rank memory")
     allow_tf32: bool = flag(False, help="allow TF32 matmuls (CUDA Ampere or newer)")
     device: str = flag("auto", choices=DEVICES, help="cuda when available with auto")
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    mode: str = flag("train", choices=MODES,
-                     help="train, evaluate a checkpoint on validation/test data, or inference_benchmark")
-    dense_precision: str = flag("fp32", choices=DENSE_PRECISIONS, alias=("amp", "bf16"),
-                                help="bf16: autocast of the MLPs and interaction (the tables keep "
-                                     "--embedding_precision); on CPU it needs bf16 units (AVX-512 BF16 or AMX)")
-    compile: bool = flag(False, help="torch.compile the MLPs and interaction (the sharded embeddings stay eager); "
-                                     "the first steps of each batch shape compile")
-    pipeline: str = flag("sparse_dist", choices=PIPELINES,
-                         help="train pipeline: sparse_dist (default), base, or the CUDA-only semi_sync and prefetch")
-    semi_sync_start_batch: int = flag(SEMI_SYNC_START_BATCH,
-                                      help="--pipeline semi_sync synchronizes every step before this batch "
-                                           "(torchrec's default)")
-    tensorboard_dir: Optional[str] = flag(None, help="write TensorBoard event files here (rank 0)")
-    sharding_plan: Optional[str] = flag(
-        None, help="use this plan file (python -m sharding_plans plan --output) instead of planning")
+    mode: str = flag(
+        "train", choices=MODES, help="train, evaluate a checkpoint on validation/test data, or inference_benchmark"
+    )
+    dense_precision: str = flag(
+        "fp32",
+        choices=DENSE_PRECISIONS,
+        alias=("amp", "bf16"),
+        help="bf16: autocast of the MLPs and interaction (the tables keep "
+        "--embedding_precision); on CPU it needs bf16 units (AVX-512 BF16 or AMX)",
+    )
+    compile: bool = flag(
+        False,
+        help="torch.compile the MLPs and interaction (the sharded embeddings stay eager); "
+        "the first steps of each batch shape compile",
+    )
+    pipeline: str = flag(
+        "sparse_dist",
+        choices=PIPELINES,
+        help="train pipeline: sparse_dist (default), base, or the CUDA-only semi_sync and prefetch",
+    )
+    semi_sync_start_batch: int = flag(
+        SEMI_SYNC_START_BATCH,
+        help="--pipeline semi_sync synchronizes every step before this batch (torchrec's default)",
+    )
+    tensorboard_dir: str | None = flag(None, help="write TensorBoard event files here (rank 0)")
+    sharding_plan: str | None = flag(
+        None, help="use this plan file (python -m sharding_plans plan --output) instead of planning"
+    )
     sharding_constraints: ShardingConstraints = field(default_factory=ShardingConstraints)
     inference_benchmark: InferenceBenchmarkConfig = field(default_factory=InferenceBenchmarkConfig)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
-    validation_auroc: Optional[float] = flag(
-        None, help="stop at the first validation whose AUROC reaches this; report the time and records it took")
+    validation_auroc: float | None = flag(
+        None, help="stop at the first validation whose AUROC reaches this; report the time and records it took"
+    )
     validate_at_epoch_end: bool = True
     test_at_end: bool = True
-    calibrate: str = flag("none", choices=CALIBRATION_METHODS,
-                          help="fit a calibration of the probabilities on each validation (platt: a logistic fit "
-                               "on the logit; isotonic: pool-adjacent-violators); the checkpoints store it and "
-                               "the exported model applies it (none: the model's own probabilities)")
-    allow_divergence: bool = flag(False, help="exit 0 (with a warning) from a run that ends no better than a "
-                                              "constant predictor or whose loss grew 100-fold (else exit code 4)")
+    calibrate: str = flag(
+        "none",
+        choices=CALIBRATION_METHODS,
+        help="fit a calibration of the probabilities on each validation (platt: a logistic fit "
+        "on the logit; isotonic: pool-adjacent-violators); the checkpoints store it and "
+        "the exported model applies it (none: the model's own probabilities)",
+    )
+    allow_divergence: bool = flag(
+        False,
+        help="exit 0 (with a warning) from a run that ends no better than a "
+        "constant predictor or whose loss grew 100-fold (else exit code 4)",
+    )
     print_progress: bool = flag(False, help="show the progress bar even when stderr is not a terminal")
     collect_multi_hot_freqs_stats: bool = flag(
-        False, help="count every table's ids in the training batches; write multi_hot_freqs_rank_<r>.npz per rank")
+        False, help="count every table's ids in the training batches; write multi_hot_freqs_rank_<r>.npz per rank"
+    )
     dropout: float = flag(0.0, help="dropout after the over arch's hidden layers in training")
-    recipe: Optional[str] = None
+    recipe: str | None = None
     recipe_settings: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -256,7 +313,7 @@ class TrainConfig:
         return self.dense_precision == "bf16"
 
     @property
-    def max_table_rows(self) -> Optional[int]:
+    def max_table_rows(self) -> int | None:
         return self.tables.max_table_rows
 
     def validate(self) -> None:
@@ -271,12 +328,15 @@ class TrainConfig:
             if value is not None and value <= 0:
                 raise FlagError(f"{option(self, name)} must be positive, got {value}")
         if self.auroc_bins is not None and not 2 <= self.auroc_bins <= MAX_AUROC_BINS:
-            raise FlagError(f"{option(self, 'auroc_bins')} must be in [2, {MAX_AUROC_BINS}] (2^24 bins are as fine "
-                            f"as float32 probabilities above 0.5, and hold 256 MiB of counts), got {self.auroc_bins}")
+            raise FlagError(
+                f"{option(self, 'auroc_bins')} must be in [2, {MAX_AUROC_BINS}] (2^24 bins are as fine "
+                f"as float32 probabilities above 0.5, and hold 256 MiB of counts), got {self.auroc_bins}"
+            )
         self.checkpoint.validate()
         if self.semi_sync_start_batch < 0:
-            raise FlagError(f"{option(self, 'semi_sync_start_batch')} must be 0 or more, "
-                            f"got {self.semi_sync_start_batch}")
+            raise FlagError(
+                f"{option(self, 'semi_sync_start_batch')} must be 0 or more, got {self.semi_sync_start_batch}"
+            )
         self.inference_benchmark.validate()
         self.early_stopping.validate()
         if not 0.0 <= self.dropout < 1.0:
@@ -284,30 +344,46 @@ class TrainConfig:
         auroc = option(self, "validation_auroc")
         if self.validation_auroc is not None and not 0.0 < self.validation_auroc <= 1.0:
             raise FlagError(f"{auroc} must be in (0, 1], got {self.validation_auroc}")
-        watchers = [name for name, on in ((option(self.early_stopping, "patience"), self.early_stopping.enabled),
-                                          (auroc, self.validation_auroc is not None)) if on]
+        watchers = [
+            name
+            for name, on in (
+                (option(self.early_stopping, "patience"), self.early_stopping.enabled),
+                (auroc, self.validation_auroc is not None),
+            )
+            if on
+        ]
         for name in watchers:
             if self.data.limit_val_batches == 0:
-                raise FlagError(f"{name} watches validation: it cannot be combined with "
-                                f"{option(self.data, 'limit_val_batches')} 0")
+                raise FlagError(
+                    f"{name} watches validation: it cannot be combined with {option(self.data, 'limit_val_batches')} 0"
+                )
             if not self.validate_at_epoch_end and self.validation_freq_within_epoch is None:
-                raise FlagError(f"{name} watches validation, which never runs: give "
-                                f"{option(ReferenceEvaluation, 'evaluate_on_epoch_end')} "
-                                f"or {option(self, 'validation_freq_within_epoch')}")
-        if self.mode in ("validate", "test") and not (self.checkpoint.restore_checkpoint_path or self.checkpoint.checkpoint_dir):
-            raise FlagError(f"{option(self, 'mode')} {self.mode} evaluates a checkpoint: give "
-                            f"{option(self.checkpoint, 'restore_checkpoint_path')}, "
-                            f"or {option(self.checkpoint, 'checkpoint_dir')} for its newest one")
+                raise FlagError(
+                    f"{name} watches validation, which never runs: give "
+                    f"{option(ReferenceEvaluation, 'evaluate_on_epoch_end')} "
+                    f"or {option(self, 'validation_freq_within_epoch')}"
+                )
+        if self.mode in ("validate", "test") and not (
+            self.checkpoint.restore_checkpoint_path or self.checkpoint.checkpoint_dir
+        ):
+            raise FlagError(
+                f"{option(self, 'mode')} {self.mode} evaluates a checkpoint: give "
+                f"{option(self.checkpoint, 'restore_checkpoint_path')}, "
+                f"or {option(self.checkpoint, 'checkpoint_dir')} for its newest one"
+            )
         self._check_rolling_windows()
         if self.log_path:  # before anything is written: a run appends to it
             check_appendable(self.log_path, option(self, "log_path"), FlagError)
         check_url_path(self.tensorboard_dir or "", option(self, "tensorboard_dir"), FlagError)  # may be a URL
         self.sharding_constraints.validate(self.model.table_names)
-        self.sharding_constraints.check_precision(self.model.table_names, self.model.embedding_precision,
-                                                  option(self.model, "embedding_precision"))
+        self.sharding_constraints.check_precision(
+            self.model.table_names, self.model.embedding_precision, option(self.model, "embedding_precision")
+        )
         if self.sharding_plan is not None and not self.sharding_constraints.empty:
-            raise FlagError(f"{option(self, 'sharding_plan')} fixes the plan: it cannot be combined with "
-                            f"{option(ShardingFlags, 'sharding_type')} or {option(ShardingFlags, 'compute_kernel')}")
+            raise FlagError(
+                f"{option(self, 'sharding_plan')} fixes the plan: it cannot be combined with "
+                f"{option(ShardingFlags, 'sharding_type')} or {option(ShardingFlags, 'compute_kernel')}"
+            )
 
     def _check_rolling_windows(self) -> None:
         """--rolling_windows N: one pass per window, evaluated once on the next window;
@@ -317,19 +393,37 @@ class TrainConfig:
             return
         flag_name = option(self.data, "rolling_windows")
         conflicts = [
-            (self.mode != "train", f"{option(self, 'mode')} {self.mode}",
-             "trains window after window (evaluate a checkpoint without it)"),
+            (
+                self.mode != "train",
+                f"{option(self, 'mode')} {self.mode}",
+                "trains window after window (evaluate a checkpoint without it)",
+            ),
             (self.epochs != 1, f"{option(self, 'epochs')} {self.epochs}", "makes one pass over each window"),
-            (self.validation_freq_within_epoch is not None, option(self, "validation_freq_within_epoch"),
-             "evaluates each window once, on the next window, when its pass ends"),
-            (self.early_stopping.enabled, option(self.early_stopping, "patience"),
-             "evaluates every window on different data: its metrics do not rank one model against another"),
-            (self.validation_auroc is not None, option(self, "validation_auroc"),
-             "trains every window (a target would end the protocol early)"),
-            (not self.validate_at_epoch_end, f"{option(ReferenceEvaluation, 'evaluate_on_training_end')} alone",
-             "evaluates each window on the next one, and has no test split"),
-            (self.data.limit_val_batches == 0, f"{option(self.data, 'limit_val_batches')} 0",
-             "evaluates each window on the next one"),
+            (
+                self.validation_freq_within_epoch is not None,
+                option(self, "validation_freq_within_epoch"),
+                "evaluates each window once, on the next window, when its pass ends",
+            ),
+            (
+                self.early_stopping.enabled,
+                option(self.early_stopping, "patience"),
+                "evaluates every window on different data: its metrics do not rank one model against another",
+            ),
+            (
+                self.validation_auroc is not None,
+                option(self, "validation_auroc"),
+                "trains every window (a target would end the protocol early)",
+            ),
+            (
+                not self.validate_at_epoch_end,
+                f"{option(ReferenceEvaluation, 'evaluate_on_training_end')} alone",
+                "evaluates each window on the next one, and has no test split",
+            ),
+            (
+                self.data.limit_val_batches == 0,
+                f"{option(self.data, 'limit_val_batches')} 0",
+                "evaluates each window on the next one",
+            ),
         ]
         for refused, given, why in conflicts:
             if refused:

@@ -8,7 +8,6 @@ import resource
 import socket
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -46,7 +45,7 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(value)
     except ValueError:
-        raise BadInput(f"environment variable {name}={value!r} is not an integer")
+        raise BadInput(f"environment variable {name}={value!r} is not an integer") from None
 
 
 def resolve_env(device_flag: str) -> DistributedEnv:
@@ -66,11 +65,9 @@ def resolve_env(device_flag: str) -> DistributedEnv:
             raise BadInput("--device cuda: no CUDA device is available on this host")
         if local_rank >= count:
             raise BadInput(
-                f"LOCAL_RANK {local_rank} has no GPU: this host has {count} "
-                f"(run at most {count} processes per node)"
+                f"LOCAL_RANK {local_rank} has no GPU: this host has {count} (run at most {count} processes per node)"
             )
-        env = DistributedEnv(rank, world_size, local_rank, local_world_size,
-                             torch.device("cuda", local_rank), "nccl")
+        env = DistributedEnv(rank, world_size, local_rank, local_world_size, torch.device("cuda", local_rank), "nccl")
     else:
         env = DistributedEnv(rank, world_size, local_rank, local_world_size, torch.device("cpu"), "gloo")
     if world_size > 1:
@@ -83,7 +80,7 @@ def _interfaces() -> list[str]:
     return [name for _, name in socket.if_nameindex()]
 
 
-def _resolves_to_loopback(host: str) -> Optional[str]:
+def _resolves_to_loopback(host: str) -> str | None:
     """The loopback address ``host`` resolves to (also "unresolvable"), or None."""
     try:
         address = socket.gethostbyname(host)
@@ -112,8 +109,7 @@ def check_network_settings(backend: str, world_size: int, local_world_size: int)
     if value and not value.startswith("^"):  # an exclusion list always leaves something to try
         names = [name for name in value.lstrip("=").split(",") if name]
         exact = backend == "gloo" or value.startswith("=")
-        found = [name for name in names
-                 if any(i == name if exact else i.startswith(name) for i in interfaces)]
+        found = [name for name in names if any(i == name if exact else i.startswith(name) for i in interfaces)]
         missing = [name for name in names if name not in found]
         if (exact and missing) or not found:
             raise BadInput(
@@ -179,7 +175,7 @@ class PeerNotReady(BadInput):
     start (its one line is the message)."""
 
 
-def _launched_job() -> Optional[tuple[int, int]]:
+def _launched_job() -> tuple[int, int] | None:
     """(rank, world size) of a multi-process job that meets through MASTER_ADDR's store
     (torchrun, torchx, Slurm); None for a single process or unreadable variables."""
     try:
@@ -196,7 +192,7 @@ def _launched_job() -> Optional[tuple[int, int]]:
 _job_store_cache: dict[tuple[str, str, int, int], dist.Store] = {}
 
 
-def _job_store(rank: int, world_size: int, timeout_s: Optional[float] = None) -> dist.Store:
+def _job_store(rank: int, world_size: int, timeout_s: float | None = None) -> dist.Store:
     """The store, reached (or, on rank 0 without torchrun's agent store, served) within
     ``timeout_s`` (default: torch's, 30 minutes)."""
     key = (os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", ""), rank, world_size)
@@ -232,7 +228,7 @@ def _attempt_prefix(prefix: str) -> str:
     return prefix
 
 
-def agree_on_readiness(error: Optional[str], timeout_s: float = READINESS_TIMEOUT_S) -> Optional[str]:
+def agree_on_readiness(error: str | None, timeout_s: float = READINESS_TIMEOUT_S) -> str | None:
     """Before the job's first collective: publishes this rank's readiness (None, or its
     one-line ``error``) in the rendezvous store and returns the error every rank acts
     on: this rank's own, else the lowest failing rank's, else None. Waits at most
@@ -278,12 +274,12 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def rank_cpu_share(local_world_size: int, cores: Optional[int] = None) -> int:
+def rank_cpu_share(local_world_size: int, cores: int | None = None) -> int:
     """This rank's equal share (at least 1) of ``cores`` (default: `usable_cores`)."""
     return max(1, (usable_cores() if cores is None else cores) // local_world_size)
 
 
-def group_device(env: DistributedEnv) -> Optional[torch.device]:
+def group_device(env: DistributedEnv) -> torch.device | None:
     """The ``device_id`` for `init_process_group`: the rank's GPU on CUDA (NCCL binds its
     communicator to it at once instead of guessing the device on first use), none on CPU."""
     return env.device if env.device.type == "cuda" else None
@@ -317,16 +313,20 @@ def init_process_group(env: DistributedEnv) -> dist.ProcessGroup:
             # peer rewrites it. Every rank starts the group once per job, so the
             # count agrees across ranks.
             prefix = _attempt_prefix(f"start_{next(_group_starts)}")
-            dist.init_process_group(env.backend, store=dist.PrefixStore(prefix, store),
-                                    rank=env.rank, world_size=env.world_size, device_id=group_device(env))
+            dist.init_process_group(
+                env.backend,
+                store=dist.PrefixStore(prefix, store),
+                rank=env.rank,
+                world_size=env.world_size,
+                device_id=group_device(env),
+            )
         elif env.world_size == 1:
             # Plain `python dlrm_main.py`: no rendezvous needed, no port to pick.
-            dist.init_process_group(env.backend, store=dist.HashStore(), rank=0, world_size=1,
-                                    device_id=group_device(env))
-        else:
-            raise BadInput(
-                f"WORLD_SIZE is {env.world_size} but MASTER_ADDR is not set: launch with torchrun"
+            dist.init_process_group(
+                env.backend, store=dist.HashStore(), rank=0, world_size=1, device_id=group_device(env)
             )
+        else:
+            raise BadInput(f"WORLD_SIZE is {env.world_size} but MASTER_ADDR is not set: launch with torchrun")
     assert dist.group.WORLD is not None
     return dist.group.WORLD
 

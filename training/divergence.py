@@ -31,7 +31,6 @@ Example::
     # 'training loss grew from 0.69 (first step) to 6e+05 (mean of the last 2 steps), 100 times or more; ...'
 """
 
-from typing import Optional
 from collections.abc import Sequence
 
 # A constant predictor's AUROC is 0.5; this margin is what a model must beat it by.
@@ -52,47 +51,58 @@ LOSS_WINDOW = 10
 CALIBRATION_TOLERANCE = 0.1
 
 
-def constant_predictor_reason(stage: str, values: dict[str, float], labels_carry_signal: bool) -> Optional[str]:
+def constant_predictor_reason(stage: str, values: dict[str, float], labels_carry_signal: bool) -> str | None:
     """Why ``values`` (an evaluation's metrics) are no better than a constant predictor's,
     or None when they are better (or not known: NaN with one class only)."""
     ne, auroc = values.get("ne", float("nan")), values.get("auroc", float("nan"))
     if ne >= ABSURD_NE:
-        return (f"{stage} NE {ne:.4g} >= {ABSURD_NE:g}: a log loss {ne:.3g} times that of predicting the click "
-                "rate for every row")
+        return (
+            f"{stage} NE {ne:.4g} >= {ABSURD_NE:g}: a log loss {ne:.3g} times that of predicting the click "
+            "rate for every row"
+        )
     judged = labels_carry_signal and values.get("num_samples", 0) >= MIN_ROWS
     if judged and ne >= 1.0 and auroc <= 0.5 + CONSTANT_AUROC_MARGIN:  # NaN compares False: no verdict
-        return (f"{stage} NE {ne:.4g} >= 1 and AUROC {auroc:.4f} <= {0.5 + CONSTANT_AUROC_MARGIN}: no better than "
-                "predicting the click rate for every row")
+        return (
+            f"{stage} NE {ne:.4g} >= 1 and AUROC {auroc:.4f} <= {0.5 + CONSTANT_AUROC_MARGIN}: no better than "
+            "predicting the click rate for every row"
+        )
     return None
 
 
-def loss_growth_reason(train_losses: Sequence[float]) -> Optional[str]:
+def loss_growth_reason(train_losses: Sequence[float]) -> str | None:
     """Why the training loss grew by orders of magnitude, or None."""
     if not train_losses:
         return None
     last = train_losses[-LOSS_WINDOW:]
     first, final = train_losses[0], sum(last) / len(last)
     if first > 0 and final >= LOSS_GROWTH_FACTOR * first:
-        return (f"training loss grew from {first:.4g} (first step) to {final:.4g} (mean of the last {len(last)} "
-                f"steps), {LOSS_GROWTH_FACTOR:g} times or more")
+        return (
+            f"training loss grew from {first:.4g} (first step) to {final:.4g} (mean of the last {len(last)} "
+            f"steps), {LOSS_GROWTH_FACTOR:g} times or more"
+        )
     return None
 
 
-def miscalibration_warning(stage: str, values: dict[str, float], calibrate: str) -> Optional[str]:
+def miscalibration_warning(stage: str, values: dict[str, float], calibrate: str) -> str | None:
     """The end-of-run warning when the last evaluation's calibration is more than
     `CALIBRATION_TOLERANCE` from 1, or None. ``calibrate``: the run's --calibrate."""
     calibration = values.get("calibration", float("nan"))
     if not abs(calibration - 1.0) > CALIBRATION_TOLERANCE:  # NaN (no clicks): no warning
         return None
-    remedy = (f"the figures are the model's own; the export applies --calibrate {calibrate}'s fit"
-              if calibrate != "none" else
-              "--calibrate platt (or isotonic) fits a correction on the validation split that the export applies")
-    return (f"warning: {stage} calibration {calibration:.4f} is more than {CALIBRATION_TOLERANCE} from 1 (the "
-            f"predicted click rate is {calibration:.2f} times the actual one); {remedy}")
+    remedy = (
+        f"the figures are the model's own; the export applies --calibrate {calibrate}'s fit"
+        if calibrate != "none"
+        else "--calibrate platt (or isotonic) fits a correction on the validation split that the export applies"
+    )
+    return (
+        f"warning: {stage} calibration {calibration:.4f} is more than {CALIBRATION_TOLERANCE} from 1 (the "
+        f"predicted click rate is {calibration:.2f} times the actual one); {remedy}"
+    )
 
 
-def diverged(train_losses: Sequence[float], final: Optional[tuple[str, dict[str, float]]],
-             labels_carry_signal: bool) -> Optional[str]:
+def diverged(
+    train_losses: Sequence[float], final: tuple[str, dict[str, float]] | None, labels_carry_signal: bool
+) -> str | None:
     """Why the run diverged (the reasons joined by "; "), or None.
 
     Args:

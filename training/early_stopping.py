@@ -2,13 +2,13 @@
 when it stopped improving, and keeps the best step's weights for the test split."""
 
 import math
-from typing import Any, Optional
 from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
-from checkpoints.errors import CheckpointError
 from checkpoints.directory import best_checkpoint
+from checkpoints.errors import CheckpointError
 from checkpoints.load import load_checkpoint
 from checkpoints.save import CheckpointManager
 from training.config import EarlyStoppingConfig
@@ -47,12 +47,12 @@ class EarlyStopping:
 
     def __init__(self, config: EarlyStoppingConfig) -> None:
         self.config = config
-        self.best_step: Optional[int] = None
-        self.best_validation: Optional[dict[str, Any]] = None
+        self.best_step: int | None = None
+        self.best_validation: dict[str, Any] | None = None
         self.validations_without_improvement = 0
 
     @property
-    def best_value(self) -> Optional[float]:
+    def best_value(self) -> float | None:
         return None if self.best_validation is None else self.best_validation[self.config.metric]
 
     def improves(self, value: float) -> bool:
@@ -83,8 +83,12 @@ class EarlyStopping:
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-ready state for a checkpoint's meta.json."""
-        return {"metric": self.config.metric, "best_step": self.best_step, "best_validation": self.best_validation,
-                "validations_without_improvement": self.validations_without_improvement}
+        return {
+            "metric": self.config.metric,
+            "best_step": self.best_step,
+            "best_validation": self.best_validation,
+            "validations_without_improvement": self.validations_without_improvement,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from a checkpoint's state; a different metric starts afresh."""
@@ -119,12 +123,12 @@ class BestModel:
         best.restore(model, step)
     """
 
-    def __init__(self, config: EarlyStoppingConfig, checkpoints: Optional[CheckpointManager], rank: int) -> None:
+    def __init__(self, config: EarlyStoppingConfig, checkpoints: CheckpointManager | None, rank: int) -> None:
         self.config = config
         self.stopping = EarlyStopping(config)
         self.checkpoints = checkpoints
         self.rank = rank
-        self._snapshot: Optional[HostWeightSnapshot] = None
+        self._snapshot: HostWeightSnapshot | None = None
         self.stopped_early = False
 
     def observe(self, step: int, validation: dict[str, Any], model: nn.Module, save: Callable[[], str]) -> bool:
@@ -135,8 +139,9 @@ class BestModel:
             return False
         if self.stopping.update(step, validation):
             if self.checkpoints is not None:
-                self.checkpoints.mark_best(save(), {"step": step, "metric": self.config.metric,
-                                                    "value": validation[self.config.metric]})
+                self.checkpoints.mark_best(
+                    save(), {"step": step, "metric": self.config.metric, "value": validation[self.config.metric]}
+                )
             else:
                 self._snapshot = HostWeightSnapshot(model)
             return False

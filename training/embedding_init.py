@@ -20,16 +20,16 @@ first touched when this module's threads write the values.
 import inspect
 import mmap
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, Optional
-from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
+from fbgemm_gpu import split_table_batched_embeddings_ops_training as fbgemm_tbe
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
-from fbgemm_gpu import split_table_batched_embeddings_ops_training as fbgemm_tbe
 from torchrec.distributed.batched_embedding_kernel import BaseBatchedEmbeddingBag
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 
@@ -107,7 +107,7 @@ def _bound(num_rows: int) -> float:
     return (1.0 / num_rows) ** 0.5
 
 
-def _as_float32_array(tensor: torch.Tensor) -> Optional[np.ndarray]:
+def _as_float32_array(tensor: torch.Tensor) -> np.ndarray | None:
     """A numpy view of ``tensor`` when it is a contiguous fp32 host tensor, else None."""
     if tensor.device.type != "cpu" or tensor.dtype != torch.float32 or not tensor.is_contiguous():
         return None
@@ -122,13 +122,15 @@ def _fill_task(local: torch.Tensor, key: int, bound: float, row: int, col: int, 
         _values_into(direct, key, bound, row + start, col)
         return
     # fp16, device or strided shards: through this thread's fp32 scratch, one task at a time.
-    _, _, values = _SCRATCH.arrays(tuple(target.shape))
+    rows, cols = target.shape
+    _, _, values = _SCRATCH.arrays((rows, cols))
     _values_into(values, key, bound, row + start, col)
     target.copy_(torch.from_numpy(values))
 
 
-def table_values(seed: int, table_index: int, num_rows: int,
-                 rows: tuple[int, int], cols: tuple[int, int]) -> torch.Tensor:
+def table_values(
+    seed: int, table_index: int, num_rows: int, rows: tuple[int, int], cols: tuple[int, int]
+) -> torch.Tensor:
     """The initial values of rows ``[rows[0], rows[1])`` and columns ``[cols[0], cols[1])``
     of a table, as a new fp32 tensor (what `init_embedding_tables` writes there).
 
@@ -144,8 +146,10 @@ def table_values(seed: int, table_index: int, num_rows: int,
 def _piece_tasks(local: torch.Tensor, key: int, bound: float, row: int, col: int) -> list[tuple]:
     """The fill tasks of the piece ``local`` at (row, col) of a table."""
     rows = max(1, TASK_VALUES // max(1, local.shape[1]))
-    return [(local, key, bound, row, col, start, min(start + rows, local.shape[0]))
-            for start in range(0, local.shape[0], rows)]
+    return [
+        (local, key, bound, row, col, start, min(start + rows, local.shape[0]))
+        for start in range(0, local.shape[0], rows)
+    ]
 
 
 def _fill_tasks(tasks: list[tuple]) -> None:
@@ -175,7 +179,7 @@ def _local_pieces(value: torch.Tensor) -> Iterator[tuple[torch.Tensor, int, int]
 
 
 def init_embedding_tables(
-    model: nn.Module, table_sizes: dict[str, tuple[int, int]], seed: int, threads: Optional[int] = None
+    model: nn.Module, table_sizes: dict[str, tuple[int, int]], seed: int, threads: int | None = None
 ) -> int:
     """Overwrites every local shard of the named tables; returns how many tables were set.
 
@@ -229,8 +233,12 @@ def _apply_split_weights_unwritten(*args: Any, **kwargs: Any) -> None:
     call = _APPLY_SPLIT_SIGNATURE.bind(*args, **kwargs)
     named = call.arguments
     on_host = torch.device(named["current_device"]).type == "cpu"
-    if (named["prefix"] == "weights" and on_host and named["split"].host_size > 0
-            and named.get("preallocated_host_buffer") is None):
+    if (
+        named["prefix"] == "weights"
+        and on_host
+        and named["split"].host_size > 0
+        and named.get("preallocated_host_buffer") is None
+    ):
         named["preallocated_host_buffer"] = _fresh_zeros(named["split"].host_size, named["dtype"])
     _APPLY_SPLIT(*call.args, **call.kwargs)
 
@@ -251,11 +259,11 @@ def torchrec_table_init_skipped() -> Iterator[None]:
         init_embedding_tables(dmp, table_sizes, seed)
     """
     saved = (BaseBatchedEmbeddingBag.init_parameters, ShardedEmbeddingBagCollection.reset_parameters)
-    BaseBatchedEmbeddingBag.init_parameters = _skip_init  # type: ignore[method-assign]
-    ShardedEmbeddingBagCollection.reset_parameters = _skip_init  # type: ignore[method-assign]
+    BaseBatchedEmbeddingBag.init_parameters = _skip_init
+    ShardedEmbeddingBagCollection.reset_parameters = _skip_init
     fbgemm_tbe.apply_split_helper = _apply_split_weights_unwritten
     try:
         yield
     finally:
-        BaseBatchedEmbeddingBag.init_parameters, ShardedEmbeddingBagCollection.reset_parameters = saved  # type: ignore[method-assign]
+        BaseBatchedEmbeddingBag.init_parameters, ShardedEmbeddingBagCollection.reset_parameters = saved
         fbgemm_tbe.apply_split_helper = _APPLY_SPLIT

@@ -8,8 +8,8 @@ package, typed here by the config classes below), then the command line. Bad inp
 """
 
 import argparse
-from typing import NoReturn, Optional
 from collections.abc import Sequence
+from typing import NoReturn
 
 from common.cli import OneLineParser
 from common.config_flags import FlagError, Overrides, add_flags, config_values, flags_of, given, option
@@ -17,6 +17,7 @@ from common.errors import BadInput
 from data.config import DataConfig
 from data.sources import DATA_PATH_FIELDS, DataSource, FeatureDescription
 from models.config import ModelConfig, TableSizes
+from recipes import RECIPES, Recipe
 from sharding_plans.types import ShardingFlags
 from training.config import (
     CheckpointConfig,
@@ -27,7 +28,6 @@ from training.config import (
     TrainConfig,
 )
 from training.failures import report_bad_input
-from recipes import RECIPES, Recipe
 from training.recipes import DCNV2
 
 # The recipe each entry point starts from (its defaults).
@@ -37,24 +37,40 @@ _ENTRY_DEST = "entry_point_recipe"
 # The parser's flag groups, in --help order, by what a user decides: (section, config
 # class, its fields in that section; None: all of them). A section may take fields of
 # several classes; every flag is in one section (tests/test_config_flags.py).
-FLAG_GROUPS: list[tuple[str, type, Optional[tuple[str, ...]]]] = [
+FLAG_GROUPS: list[tuple[str, type, tuple[str, ...] | None]] = [
     ("what to run", TrainConfig, ("mode", "epochs", "seed", "device")),
     ("data", DataConfig, None),
     ("model", ModelConfig, None),
     ("table sizes", TableSizes, None),
     ("optimizers and regularization", OptimizerConfig, None),
     ("optimizers and regularization", TrainConfig, ("dropout",)),
-    ("speed and precision", TrainConfig, ("dense_precision", "compile", "allow_tf32", "pipeline",
-                                                    "semi_sync_start_batch")),
-    ("evaluation", TrainConfig, ("validation_freq_within_epoch", "auroc_bins", "validation_auroc",
-                                            "calibrate", "allow_divergence")),
+    (
+        "speed and precision",
+        TrainConfig,
+        ("dense_precision", "compile", "allow_tf32", "pipeline", "semi_sync_start_batch"),
+    ),
+    (
+        "evaluation",
+        TrainConfig,
+        ("validation_freq_within_epoch", "auroc_bins", "validation_auroc", "calibrate", "allow_divergence"),
+    ),
     ("evaluation", ReferenceEvaluation, None),
     ("early stopping and the best model", EarlyStoppingConfig, None),
     ("checkpoints", CheckpointConfig, None),
     ("sharding (see python -m sharding_plans plan)", TrainConfig, ("sharding_plan", "print_sharding_plan")),
     ("sharding (see python -m sharding_plans plan)", ShardingFlags, None),
-    ("logs and progress", TrainConfig, ("log_path", "log_every_n_steps", "print_progress", "print_lr",
-                                        "tensorboard_dir", "collect_multi_hot_freqs_stats")),
+    (
+        "logs and progress",
+        TrainConfig,
+        (
+            "log_path",
+            "log_every_n_steps",
+            "print_progress",
+            "print_lr",
+            "tensorboard_dir",
+            "collect_multi_hot_freqs_stats",
+        ),
+    ),
     ("inference benchmark (--mode inference_benchmark)", InferenceBenchmarkConfig, None),
 ]
 _CONFIG_CLASSES = tuple(dict.fromkeys(config_class for _, config_class, _ in FLAG_GROUPS))
@@ -78,7 +94,7 @@ def _recipe_help() -> str:
     return "; ".join(recipe.describe() for recipe in RECIPES.values())
 
 
-def build_parser(prog: str, description: str, entry_recipe: Optional[Recipe] = None) -> argparse.ArgumentParser:
+def build_parser(prog: str, description: str, entry_recipe: Recipe | None = None) -> argparse.ArgumentParser:
     """The flags of both entry points; ``entry_recipe``: the entry point's defaults
     (None: DLRM's, the fields' own).
 
@@ -89,8 +105,12 @@ def build_parser(prog: str, description: str, entry_recipe: Optional[Recipe] = N
     """
     parser = _JobParser(prog=prog, description=description)
     layers = recipe_overrides(entry_recipe) if entry_recipe else ()
-    parser.add_argument("--recipe", choices=list(RECIPES), default=None,
-                        help=f"defaults for a situation (flags given win over them): {_recipe_help()}")
+    parser.add_argument(
+        "--recipe",
+        choices=list(RECIPES),
+        default=None,
+        help=f"defaults for a situation (flags given win over them): {_recipe_help()}",
+    )
     groups: dict = {}
     for title, config_class, fields in FLAG_GROUPS:
         if title not in groups:
@@ -145,6 +165,7 @@ def _checkpoint_layers(args: argparse.Namespace, layers: tuple[Overrides, ...]) 
         return ()  # TrainConfig.validate says what is missing
     from checkpoints.opened import read_meta  # these two import torch: only when evaluating
     from training.checkpoint_policy import checkpoint_to_evaluate
+
     path = checkpoint_to_evaluate(flags)
     meta = read_meta(path)
     where = f"{path}/meta.json"
@@ -153,8 +174,11 @@ def _checkpoint_layers(args: argparse.Namespace, layers: tuple[Overrides, ...]) 
     if any(given(args, DataConfig, name) for name in DATA_PATH_FIELDS):
         data = {name: value for name, value in data.items() if name not in DATA_PATH_FIELDS}
     # The sizes as training resolved them, unless table-size flags are given.
-    tables = ({} if any(given(args, TableSizes, item.field.name) for item in flags_of(TableSizes))
-              else {"num_embeddings_per_feature": meta.model.num_embeddings_per_feature})
+    tables = (
+        {}
+        if any(given(args, TableSizes, item.field.name) for item in flags_of(TableSizes))
+        else {"num_embeddings_per_feature": meta.model.num_embeddings_per_feature}
+    )
     return (
         Overrides(ModelConfig, **meta.flag_values("model", ModelConfig, where)),
         Overrides(TableSizes, **tables),
@@ -192,9 +216,12 @@ def config_and_source_from_args(args: argparse.Namespace) -> tuple[TrainConfig, 
     validate_at_epoch_end, test_at_end = ReferenceEvaluation(**values(ReferenceEvaluation)).schedule()
     recipe = RECIPES.get(args.recipe or "")
     config = TrainConfig(
-        model=ModelConfig(num_embeddings_per_feature=tables.resolve(len(features.sparse_feature_names), cardinalities),
-                          sparse_feature_names=list(features.sparse_feature_names),
-                          dense_in_features=features.num_dense_features, **values(ModelConfig)),
+        model=ModelConfig(
+            num_embeddings_per_feature=tables.resolve(len(features.sparse_feature_names), cardinalities),
+            sparse_feature_names=list(features.sparse_feature_names),
+            dense_in_features=features.num_dense_features,
+            **values(ModelConfig),
+        ),
         data=data,
         optim=OptimizerConfig(**values(OptimizerConfig)),
         tables=tables,
@@ -214,22 +241,27 @@ def config_and_source_from_args(args: argparse.Namespace) -> tuple[TrainConfig, 
 
 def _recipe_settings(args: argparse.Namespace) -> dict:
     """{--flag: value} of what the ``--recipe`` set that the command line did not."""
-    return {name: value for layer in _chosen_recipe_layers(args) for (field_name, value), name
-            in zip(layer.values.items(), layer.options())
-            if not given(args, layer.config_class, field_name)}
+    return {
+        name: value
+        for layer in _chosen_recipe_layers(args)
+        for (field_name, value), name in zip(layer.values.items(), layer.options())
+        if not given(args, layer.config_class, field_name)
+    }
 
 
-def parse_config(argv: Optional[Sequence[str]], prog: str, description: str,
-                 entry_recipe: Optional[Recipe] = None) -> TrainConfig:
+def parse_config(
+    argv: Sequence[str] | None, prog: str, description: str, entry_recipe: Recipe | None = None
+) -> TrainConfig:
     """Parses argv (None: sys.argv[1:]) into a validated config, or exits 2 with one line."""
     return parse_config_and_source(argv, prog, description, entry_recipe)[0]
 
 
-def parse_config_and_source(argv: Optional[Sequence[str]], prog: str, description: str,
-                            entry_recipe: Optional[Recipe] = None) -> tuple[TrainConfig, DataSource]:
+def parse_config_and_source(
+    argv: Sequence[str] | None, prog: str, description: str, entry_recipe: Recipe | None = None
+) -> tuple[TrainConfig, DataSource]:
     """`parse_config`, and the run's data source (`config_and_source_from_args`)."""
     args = build_parser(prog, description, entry_recipe).parse_args(argv)
     try:
         return config_and_source_from_args(args)
     except BadInput as e:  # a flag, or the checkpoint --mode validate|test reads
-        raise SystemExit(report_bad_input(prog, str(e)))
+        raise SystemExit(report_bad_input(prog, str(e))) from None

@@ -70,5 +70,5 @@ class IdFrequencies:
     def save(self, directory: str, rank: int) -> str:
         path = os.path.join(directory, frequencies_file(rank))
         with atomic_path(path, suffix=".tmp.npz") as tmp:
-            np.savez(tmp, **self.counts)
+            np.savez(tmp, allow_pickle=False, **self.counts)  # integer counts: nothing to pickle
         return path

@@ -10,15 +10,16 @@ Example::
 """
 
 import time
-from dataclasses import asdict, dataclass
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from data.multi_hot import MultiHotExpander
-from data.random_data import RandomCriteoLoader
+from data.batching.multi_hot import MultiHotExpander
+from data.synthetic.random_data import RandomCriteoLoader
 
 PERCENTILES = (50, 90, 99)
 
@@ -78,8 +79,11 @@ def summarize(batch_size: int, world_size: int, seconds: list[float]) -> Inferen
 def format_table(results: list[InferenceBenchmarkResult]) -> str:
     """One row per batch size, aligned columns."""
     header = f"{'batch/rank':>10} {'global':>8} {'records/s':>13} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9}"
-    rows = [f"{r.batch_size:>10} {r.global_batch_size:>8} {r.records_per_sec:>13,.0f} "
-            f"{r.latency_p50_ms:>9.3f} {r.latency_p90_ms:>9.3f} {r.latency_p99_ms:>9.3f}" for r in results]
+    rows = [
+        f"{r.batch_size:>10} {r.global_batch_size:>8} {r.records_per_sec:>13,.0f} "
+        f"{r.latency_p50_ms:>9.3f} {r.latency_p90_ms:>9.3f} {r.latency_p99_ms:>9.3f}"
+        for r in results
+    ]
     return "\n".join([header, *rows])
 
 
@@ -91,17 +95,27 @@ def run_inference_benchmark(trainer) -> list[InferenceBenchmarkResult]:
     sizes = config.model.num_embeddings_per_feature
     expand = None
     if config.data.multi_hot_sizes is not None:
-        expand = MultiHotExpander(config.data.multi_hot_sizes, sizes,
-                                  config.data.multi_hot_distribution_type or "uniform", config.seed)
+        expand = MultiHotExpander(
+            config.data.multi_hot_sizes, sizes, config.data.multi_hot_distribution_type or "uniform", config.seed
+        )
     trainer.model.eval()
     results = []
     for batch_size in bench.batch_sizes:
-        loader = RandomCriteoLoader(1, batch_size, env.rank, env.world_size, sizes,
-                                    config.model.sparse_feature_names, config.model.dense_in_features,
-                                    seed=config.seed, stream=3, expand=expand)
+        loader = RandomCriteoLoader(
+            1,
+            batch_size,
+            env.rank,
+            env.world_size,
+            sizes,
+            config.model.sparse_feature_names,
+            config.model.dense_in_features,
+            seed=config.seed,
+            stream=3,
+            expand=expand,
+        )
         batch = next(iter(loader)).to(env.device)
 
-        def forward() -> None:
+        def forward(batch: Any = batch) -> None:
             with torch.no_grad():
                 trainer.model(batch)
             if env.device.type == "cuda":
@@ -112,9 +126,15 @@ def run_inference_benchmark(trainer) -> list[InferenceBenchmarkResult]:
                 dist.barrier()
             seconds = time_calls(forward, bench.warmup, bench.iterations)
         results.append(summarize(batch_size, env.world_size, seconds))
-    trainer.log.print(f"inference benchmark (forward only, {bench.warmup} warm-up forwards excluded, "
-                      f"{bench.iterations} timed, {env.world_size} rank(s), {env.device.type}):\n"
-                      + format_table(results))
-    trainer.log.record("inference_benchmark", stage=STAGE, world_size=env.world_size, warmup=bench.warmup,
-                       results=[asdict(r) for r in results])
+    trainer.log.print(
+        f"inference benchmark (forward only, {bench.warmup} warm-up forwards excluded, "
+        f"{bench.iterations} timed, {env.world_size} rank(s), {env.device.type}):\n" + format_table(results)
+    )
+    trainer.log.record(
+        "inference_benchmark",
+        stage=STAGE,
+        world_size=env.world_size,
+        warmup=bench.warmup,
+        results=[asdict(r) for r in results],
+    )
     return results

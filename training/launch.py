@@ -18,8 +18,8 @@ in every CLI of the project.
 import argparse
 import os
 import sys
-from typing import NoReturn, Optional
 from collections.abc import Sequence
+from typing import NoReturn
 
 from common.cli import print_bad_input, run_cli
 from common.errors import BadInput
@@ -62,7 +62,7 @@ def _launch(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Runs torchrun with ``argv`` (None: sys.argv[1:]); returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--version"]:  # torchrun has no --version; every CLI of the project has

@@ -33,15 +33,15 @@ import dataclasses
 import math
 import os
 import sys
-from dataclasses import dataclass, field
-from typing import Any, Optional
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch.distributed as dist
 
 from common.atomic import write_bytes
 from common.cli import positive_int
-from common.json_fields import OBJECT, Kind, JsonObject, integer, one_of, versioned_json
+from common.json_fields import OBJECT, JsonObject, Kind, integer, one_of, versioned_json
 from common.png_figure import png_figure
 from training.config import TrainConfig
 from training.failures import report_bad_input
@@ -66,8 +66,7 @@ FIGURE_INCHES = (7.0, 4.5)
 FIGURE_DPI = 100
 _WHAT = "a learning-rate range test result"
 _NUMBER = Kind(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number")
-_NUMBERS = Kind(lambda v: isinstance(v, list) and all(_NUMBER.accepts(x) or x is None for x in v),
-                "a list of numbers")
+_NUMBERS = Kind(lambda v: isinstance(v, list) and all(_NUMBER.accepts(x) or x is None for x in v), "a list of numbers")
 
 
 @dataclass
@@ -94,8 +93,8 @@ class RangeTestResult:
     lr_max: float
     lr_steps: int
     lrs: list[float]
-    losses: list[Optional[float]]
-    smoothed_losses: list[Optional[float]]
+    losses: list[float | None]
+    smoothed_losses: list[float | None]
     stopped_early: bool
     min_loss_lr: float
     steepest_descent_lr: float
@@ -115,16 +114,20 @@ class RangeTestResult:
         document, _ = JsonObject.versioned(data, path, _WHAT, RESULT_VERSION)
         document.get("kind", one_of("lr_range_test"))
         return cls(
-            lr_min=document.get("lr_min", _NUMBER), lr_max=document.get("lr_max", _NUMBER),
-            lr_steps=document.get("lr_steps", integer(2)), lrs=document.get("lrs", _NUMBERS),
-            losses=document.get("losses", _NUMBERS), smoothed_losses=document.get("smoothed_losses", _NUMBERS),
+            lr_min=document.get("lr_min", _NUMBER),
+            lr_max=document.get("lr_max", _NUMBER),
+            lr_steps=document.get("lr_steps", integer(2)),
+            lrs=document.get("lrs", _NUMBERS),
+            losses=document.get("losses", _NUMBERS),
+            smoothed_losses=document.get("smoothed_losses", _NUMBERS),
             stopped_early=document.get("stopped_early", Kind(lambda v: isinstance(v, bool), "true or false")),
             min_loss_lr=document.get("min_loss_lr", _NUMBER),
             steepest_descent_lr=document.get("steepest_descent_lr", _NUMBER),
-            suggested_lr=document.get("suggested_lr", _NUMBER), rule=document.get("rule", Kind(
-                lambda v: isinstance(v, str), "a string")),
+            suggested_lr=document.get("suggested_lr", _NUMBER),
+            rule=document.get("rule", Kind(lambda v: isinstance(v, str), "a string")),
             entry_point=document.get("entry_point", one_of(*ENTRY_POINT_RECIPES)),
-            world_size=document.get("world_size", integer(1)), config=document.get("config", OBJECT),
+            world_size=document.get("world_size", integer(1)),
+            config=document.get("config", OBJECT),
         )
 
 
@@ -137,8 +140,10 @@ def smooth(losses: Sequence[float]) -> list[float]:
     """The centred moving average of ``losses``: each the mean of the losses within
     ``WINDOW_FRACTION`` of the steps on either side (fewer at the ends)."""
     half = max(2, round(len(losses) * WINDOW_FRACTION))
-    return [sum(losses[max(0, i - half):i + half + 1]) / len(losses[max(0, i - half):i + half + 1])
-            for i in range(len(losses))]
+    return [
+        sum(losses[max(0, i - half) : i + half + 1]) / len(losses[max(0, i - half) : i + half + 1])
+        for i in range(len(losses))
+    ]
 
 
 def suggest(lrs: Sequence[float], smoothed: Sequence[float]) -> dict[str, float]:
@@ -148,8 +153,11 @@ def suggest(lrs: Sequence[float], smoothed: Sequence[float]) -> dict[str, float]
     if lowest > 0:
         slopes = [(smoothed[i + 1] - smoothed[i]) / (math.log(lrs[i + 1]) - math.log(lrs[i])) for i in range(lowest)]
         steepest = min(range(len(slopes)), key=slopes.__getitem__)
-    return {"min_loss_lr": lrs[lowest], "steepest_descent_lr": lrs[steepest],
-            "suggested_lr": max(lrs[steepest], lrs[lowest] / 10)}
+    return {
+        "min_loss_lr": lrs[lowest],
+        "steepest_descent_lr": lrs[steepest],
+        "suggested_lr": max(lrs[steepest], lrs[lowest] / 10),
+    }
 
 
 def run_range_test(trainer: Trainer, lrs: Sequence[float]) -> dict[str, Any]:
@@ -190,19 +198,23 @@ def run_range_test(trainer: Trainer, lrs: Sequence[float]) -> dict[str, Any]:
         if step >= WARMUP_STEPS and average > DIVERGED * lowest:
             diverged = True
             break
-    smoothed: list[Optional[float]] = list(smooth(losses))
-    tail: list[Optional[float]] = [None] if non_finite else []  # the step whose loss was not finite
-    return {"lrs": list(lrs[:len(losses) + len(tail)]), "losses": [*losses, *tail],
-            "smoothed_losses": [*smoothed, *tail], "stopped_early": diverged}
+    smoothed: list[float | None] = list(smooth(losses))
+    tail: list[float | None] = [None] if non_finite else []  # the step whose loss was not finite
+    return {
+        "lrs": list(lrs[: len(losses) + len(tail)]),
+        "losses": [*losses, *tail],
+        "smoothed_losses": [*smoothed, *tail],
+        "stopped_early": diverged,
+    }
 
 
 def draw(result: RangeTestResult, path: str) -> None:
     """Loss and smoothed loss against the rate (log scale), the suggestion marked."""
     with png_figure(path, figsize=FIGURE_INCHES, dpi=FIGURE_DPI) as (fig, ax):
-        finite = [(lr, loss, s) for lr, loss, s in zip(result.lrs, result.losses, result.smoothed_losses)
-                  if loss is not None]
-        ax.plot([p[0] for p in finite], [p[1] for p in finite], ".", color="0.7", markersize=3,
-                label="loss per step")
+        finite = [
+            (lr, loss, s) for lr, loss, s in zip(result.lrs, result.losses, result.smoothed_losses) if loss is not None
+        ]
+        ax.plot([p[0] for p in finite], [p[1] for p in finite], ".", color="0.7", markersize=3, label="loss per step")
         ax.plot([p[0] for p in finite], [p[2] for p in finite], "-", color="C0", label="smoothed loss")
         ax.axvline(result.min_loss_lr, color="C3", linestyle=":", label=f"minimum: lr {result.min_loss_lr:.3g}")
         ax.axvline(result.suggested_lr, color="C2", linestyle="--", label=f"suggested: lr {result.suggested_lr:.3g}")
@@ -215,28 +227,40 @@ def draw(result: RangeTestResult, path: str) -> None:
         ax.set_ylim(low - 0.1 * (start - low), start + (start - low))
         ax.legend(loc="upper left", fontsize="small")
         ax.grid(alpha=0.3)
-        ax.set_title(f"learning-rate range test: {result.entry_point}, {len(result.lrs)} steps, "
-                     f"{result.world_size} rank(s)", fontsize="medium")
+        ax.set_title(
+            f"learning-rate range test: {result.entry_point}, {len(result.lrs)} steps, {result.world_size} rank(s)",
+            fontsize="medium",
+        )
 
 
 def build_range_parser() -> argparse.ArgumentParser:
     """The entry points' flags, plus the range test's."""
-    parser = build_parser(PROG, "Learning-rate range test: train a few hundred steps with an exponentially "
-                                "growing learning rate and suggest one.")
+    parser = build_parser(
+        PROG,
+        "Learning-rate range test: train a few hundred steps with an exponentially "
+        "growing learning rate and suggest one.",
+    )
     group = parser.add_argument_group("learning-rate range test")
-    group.add_argument("--entry_point", choices=list(ENTRY_POINT_RECIPES), default="dlrm_main.py",
-                       help="whose defaults the other flags start from (the model it tests)")
+    group.add_argument(
+        "--entry_point",
+        choices=list(ENTRY_POINT_RECIPES),
+        default="dlrm_main.py",
+        help="whose defaults the other flags start from (the model it tests)",
+    )
     group.add_argument("--lr_min", type=float, default=1e-4, help="the first step's learning rate")
     group.add_argument("--lr_max", type=float, default=10.0, help="the last step's learning rate")
-    group.add_argument("--lr_steps", type=positive_int, default=200,
-                       help="training steps from --lr_min to --lr_max (at least 2)")
-    group.add_argument("--lr_range_output", default="lr_range_test",
-                       help="writes OUTPUT.json (every step's lr and loss, the suggestion) and OUTPUT.png "
-                            "(its directory is created)")
+    group.add_argument(
+        "--lr_steps", type=positive_int, default=200, help="training steps from --lr_min to --lr_max (at least 2)"
+    )
+    group.add_argument(
+        "--lr_range_output",
+        default="lr_range_test",
+        help="writes OUTPUT.json (every step's lr and loss, the suggestion) and OUTPUT.png (its directory is created)",
+    )
     return parser
 
 
-def range_config(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, TrainConfig]:
+def range_config(argv: Sequence[str] | None) -> tuple[argparse.Namespace, TrainConfig]:
     """The parsed flags and the training configuration (the ``--entry_point``'s
     defaults under the flags given). Raises FlagError naming the flag."""
     args = build_range_parser().parse_args(argv)
@@ -252,7 +276,7 @@ def range_config(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, Tra
     return args, config
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Runs the range test; returns the exit code (the entry points' codes)."""
     try:
         args, config = range_config(argv)
@@ -262,8 +286,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:  # before the test trains, not after
         os.makedirs(directory, exist_ok=True)
     except OSError as e:
-        return report_bad_input(PROG, f"--lr_range_output {args.lr_range_output}: cannot create the directory "
-                                      f"{directory} ({e.strerror})")
+        return report_bad_input(
+            PROG, f"--lr_range_output {args.lr_range_output}: cannot create the directory {directory} ({e.strerror})"
+        )
     lrs = exponential_lrs(args.lr_min, args.lr_max, args.lr_steps)
 
     def work(trainer: Trainer) -> None:
@@ -271,22 +296,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         trainer.log.close()
         finite = [i for i, s in enumerate(run["smoothed_losses"]) if s is not None]
         if not finite:
-            raise NonFiniteLossError(f"training loss is not finite at the first rate, {args.lr_min}: "
-                                     "lower --lr_min")
+            raise NonFiniteLossError(f"training loss is not finite at the first rate, {args.lr_min}: lower --lr_min")
         choice = suggest([run["lrs"][i] for i in finite], [run["smoothed_losses"][i] for i in finite])
-        result = RangeTestResult(lr_min=args.lr_min, lr_max=args.lr_max, lr_steps=args.lr_steps, **run, **choice,
-                                 rule=RULE, entry_point=args.entry_point, world_size=trainer.env.world_size,
-                                 config=dataclasses.asdict(config))
+        result = RangeTestResult(
+            lr_min=args.lr_min,
+            lr_max=args.lr_max,
+            lr_steps=args.lr_steps,
+            **run,
+            **choice,
+            rule=RULE,
+            entry_point=args.entry_point,
+            world_size=trainer.env.world_size,
+            config=dataclasses.asdict(config),
+        )
         if not trainer.env.is_main:
             return
         write_bytes(f"{args.lr_range_output}.json", result.to_json())
         draw(result, f"{args.lr_range_output}.png")
-        ended = (f"stopped at step {len(result.lrs)} of {args.lr_steps} (the loss diverged)" if result.stopped_early
-                 else f"{args.lr_steps} steps")
-        print(f"learning-rate range test, {ended}: smoothed loss lowest at lr {result.min_loss_lr:.3g}, "
-              f"steepest descent at lr {result.steepest_descent_lr:.3g}\n"
-              f"suggested --learning_rate {result.suggested_lr:.3g} ({RULE})\n"
-              f"wrote {args.lr_range_output}.json, {args.lr_range_output}.png", flush=True)
+        ended = (
+            f"stopped at step {len(result.lrs)} of {args.lr_steps} (the loss diverged)"
+            if result.stopped_early
+            else f"{args.lr_steps} steps"
+        )
+        print(
+            f"learning-rate range test, {ended}: smoothed loss lowest at lr {result.min_loss_lr:.3g}, "
+            f"steepest descent at lr {result.steepest_descent_lr:.3g}\n"
+            f"suggested --learning_rate {result.suggested_lr:.3g} ({RULE})\n"
+            f"wrote {args.lr_range_output}.json, {args.lr_range_output}.png",
+            flush=True,
+        )
 
     return run_with_trainer(config, PROG, work)
 

@@ -10,18 +10,24 @@ SIGTERM (the message says where the rank was).
 """
 
 import gc
-from typing import TYPE_CHECKING, Optional
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Optional
 
 from common.cli import run_cli
-from common.library_noise import quiet_benign_library_messages
 from common.errors import BadInput
+from common.library_noise import quiet_benign_library_messages
 from common.sigterm import raise_on_sigterm
-from data.value_checks import DataValueError
+from data.batching.value_checks import DataValueError
 from recipes import Recipe
 from training.config import TrainConfig
-from training.failures import (EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_NON_FINITE_LOSS, report, report_bad_input,
-                               report_rank_failure)
+from training.failures import (
+    EXIT_BAD_INPUT,
+    EXIT_DIVERGED,
+    EXIT_NON_FINITE_LOSS,
+    report,
+    report_bad_input,
+    report_rank_failure,
+)
 from training.flags import parse_config_and_source
 
 if TYPE_CHECKING:
@@ -31,10 +37,10 @@ if TYPE_CHECKING:
 
 
 def run_training(
-    argv: Optional[Sequence[str]],
+    argv: Sequence[str] | None,
     prog: str,
     description: str,
-    entry_recipe: Optional[Recipe] = None,
+    entry_recipe: Recipe | None = None,
 ) -> int:
     """Parses ``argv`` with the entry point's recipe as defaults, trains, returns the exit code."""
     quiet_benign_library_messages()
@@ -63,8 +69,12 @@ def _by_mode(trainer: "Trainer") -> None:
         trainer.evaluate_checkpoint()
 
 
-def _train(config: TrainConfig, prog: str, work: "Callable[[Trainer], object]" = _by_mode,
-           source: Optional["DataSource"] = None) -> int:
+def _train(
+    config: TrainConfig,
+    prog: str,
+    work: "Callable[[Trainer], object]" = _by_mode,
+    source: Optional["DataSource"] = None,
+) -> int:
     # torch and torchrec load only now, after the flags: --help and bad flags answer in
     # a fraction of a second instead of the seconds they take to load.
     import torch.distributed as dist
@@ -94,8 +104,13 @@ def _train(config: TrainConfig, prog: str, work: "Callable[[Trainer], object]" =
     return code
 
 
-def _run(config: TrainConfig, prog: str, env: "DistributedEnv", work: "Callable[[Trainer], object]",
-         source: Optional["DataSource"] = None) -> int:
+def _run(
+    config: TrainConfig,
+    prog: str,
+    env: "DistributedEnv",
+    work: "Callable[[Trainer], object]",
+    source: Optional["DataSource"] = None,
+) -> int:
     import torch.distributed as dist
 
     from sharding_plans import PlanDoesNotFit
@@ -111,8 +126,10 @@ def _run(config: TrainConfig, prog: str, env: "DistributedEnv", work: "Callable[
             agree_on_readiness(str(e))
         raise
     except PlanDoesNotFit as e:  # planned on rank 0, raised on every rank
-        raise BadInput(f"the model does not fit: {e} ({env.world_size} {env.device.type} "
-                       "rank(s)); python -m sharding_plans plan tells how many it needs") from e
+        raise BadInput(
+            f"the model does not fit: {e} ({env.world_size} {env.device.type} "
+            "rank(s)); python -m sharding_plans plan tells how many it needs"
+        ) from e
     except Exception as e:  # a ValueError inside torch included: a failure, with its traceback
         return report_rank_failure(prog, env.rank, env.world_size, "setup", e)
     try:
@@ -132,4 +149,3 @@ def _run(config: TrainConfig, prog: str, env: "DistributedEnv", work: "Callable[
         trainer.release_checkpoint_dir()
         trainer.log.close()  # whatever the work and its end (idempotent: fit closes it too)
     return 0
-

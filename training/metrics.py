@@ -1,8 +1,6 @@
 """Evaluation metrics over all ranks: AUROC, log loss, accuracy, normalized entropy,
 calibration and the positive rate."""
 
-from typing import Optional
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -40,17 +38,16 @@ class BinaryClassificationMetrics:
         metrics.compute()  # {"auroc": ..., "log_loss": ..., "ne": ..., "num_samples": ...}
     """
 
-    def __init__(self, device: torch.device, auroc_bins: Optional[int] = None, weighted: bool = False) -> None:
+    def __init__(self, device: torch.device, auroc_bins: int | None = None, weighted: bool = False) -> None:
         if auroc_bins is None and weighted:
             auroc_bins = WEIGHTED_AUROC_BINS
-        self._auroc = (BinaryAUROC().to(device) if auroc_bins is None
-                       else BinnedAUROC(auroc_bins, device, weighted))
+        self._auroc = BinaryAUROC().to(device) if auroc_bins is None else BinnedAUROC(auroc_bins, device, weighted)
         self.weighted = weighted
         # [sum of log loss, correct predictions, samples, sum of probabilities, clicks, sum of weights],
         # each row counting its weight (1 unweighted) but samples
         self._sums = torch.zeros(6, dtype=torch.float64, device=device)
 
-    def update(self, logits: torch.Tensor, labels: torch.Tensor, weights: Optional[torch.Tensor] = None) -> None:
+    def update(self, logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None) -> None:
         if (weights is not None) != self.weighted:
             raise ValueError("weights are given exactly when the metrics are weighted")
         logits = logits.detach().float().reshape(-1)

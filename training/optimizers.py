@@ -1,8 +1,8 @@
 """The optimizers of a sharded model: the fused embedding optimizer (attached before
 sharding, `models.embedding_optimizer`), the data-parallel tables' and the MLPs'."""
 
-from typing import Any
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -59,14 +59,22 @@ def build_combined_optimizer(sharded_model: nn.Module, config: OptimizerConfig) 
     unfused = dict(in_backward_optimizer_filter(sharded_model.named_parameters()))
     tables = {name: p for name, p in unfused.items() if TABLE_PARAMETER in name.split(".")}
     mlps = {name: p for name, p in unfused.items() if name not in tables}
-    optimizers: list[KeyedOptimizer] = [sharded_model.fused_optimizer]  # type: ignore[list-item]
+    optimizers: list[KeyedOptimizer] = [sharded_model.fused_optimizer]
     if tables:
         cls, kwargs = optimizer_class(config.optimizer, config.learning_rate, config.eps)
-        factory = lambda ps, cls=cls, kwargs=kwargs: cls(ps, **kwargs)  # noqa: E731
-        optimizers.append(LookedUpRowsL2(tables, factory, config.embedding_weight_decay)
-                          if config.embedding_weight_decay else KeyedOptimizerWrapper(tables, factory))
+        factory = lambda ps, cls=cls, kwargs=kwargs: cls(ps, **kwargs)
+        optimizers.append(
+            LookedUpRowsL2(tables, factory, config.embedding_weight_decay)
+            if config.embedding_weight_decay
+            else KeyedOptimizerWrapper(tables, factory)
+        )
     if mlps:
-        cls, kwargs = optimizer_class(config.resolved_dense_optimizer, config.learning_rate, config.eps,
-                                      config.weight_decay, DENSE_ADAGRAD_INITIAL_ACCUMULATOR)
+        cls, kwargs = optimizer_class(
+            config.resolved_dense_optimizer,
+            config.learning_rate,
+            config.eps,
+            config.weight_decay,
+            DENSE_ADAGRAD_INITIAL_ACCUMULATOR,
+        )
         optimizers.append(KeyedOptimizerWrapper(mlps, lambda ps, cls=cls, kwargs=kwargs: cls(ps, **kwargs)))
     return CombinedOptimizer(optimizers)

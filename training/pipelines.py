@@ -15,8 +15,8 @@ leave locked.
 """
 
 import platform
-from typing import Any, Optional
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 import torchrec
@@ -54,8 +54,9 @@ def _release(version: str) -> tuple[int, int]:
     return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
 
 
-def check_pipeline_supported(kind: str, device: torch.device, world_size: int = 1,
-                             torchrec_version: str = torchrec.__version__) -> None:
+def check_pipeline_supported(
+    kind: str, device: torch.device, world_size: int = 1, torchrec_version: str = torchrec.__version__
+) -> None:
     """One-line BadInput for a pipeline TorchRec cannot run here: semi_sync and prefetch
     off CUDA, semi_sync above one GPU on a torchrec before 1.9 (its lookup races the
     input all-to-all).
@@ -65,17 +66,18 @@ def check_pipeline_supported(kind: str, device: torch.device, world_size: int = 
         check_pipeline_supported("semi_sync", torch.device("cuda", 0), world_size=8)
     """
     if kind in CUDA_ONLY_PIPELINES and device.type != "cuda":
-        raise BadInput(f"--pipeline {kind} needs CUDA (TorchRec runs it on side streams); "
-                         f"on {device.type} use sparse_dist or base")
+        raise BadInput(
+            f"--pipeline {kind} needs CUDA (TorchRec runs it on side streams); on {device.type} use sparse_dist or base"
+        )
     if kind == "semi_sync" and world_size > 1 and _release(torchrec_version) < SEMI_SYNC_ORDERED_TORCHREC:
-        raise BadInput(f"--pipeline semi_sync on {world_size} GPUs needs torchrec 1.9 or newer (torchrec "
-                       f"{torchrec_version} looks embeddings up before their input all-to-all is done): use "
-                       "the torch2.14 stack, one GPU, or --pipeline sparse_dist")
+        raise BadInput(
+            f"--pipeline semi_sync on {world_size} GPUs needs torchrec 1.9 or newer (torchrec "
+            f"{torchrec_version} looks embeddings up before their input all-to-all is done): use "
+            "the torch2.14 stack, one GPU, or --pipeline sparse_dist"
+        )
 
 
-def check_plan_for_pipeline(
-    kind: str, plan: Mapping[str, Mapping[str, object]], validation_within_epoch: bool
-) -> None:
+def check_plan_for_pipeline(kind: str, plan: Mapping[str, Mapping[str, object]], validation_within_epoch: bool) -> None:
     """One-line BadInput when the plan's kernels make the pipeline train or evaluate
     wrongly. The plan is the same on every rank, so every rank refuses alike.
 
@@ -106,14 +108,16 @@ def check_plan_for_pipeline(
             raise BadInput(
                 "--pipeline semi_sync runs forward(i+1) before the embedding backward of batch i and needs "
                 f"every table on the fused or fused_uvm kernel; the plan has {_describe(bad)} "
-                "(pass --compute_kernel fused or fused_uvm, or use --pipeline sparse_dist)")
+                "(pass --compute_kernel fused or fused_uvm, or use --pipeline sparse_dist)"
+            )
     if kind == "prefetch" and validation_within_epoch:
         cached = {t: k for t, k in kernels.items() if k not in UNCACHED_KERNELS}
         if cached:
             raise BadInput(
                 "--pipeline prefetch with --validation_freq_within_epoch: validation would run on the "
                 f"cache locations prefetched for the next training batch ({_describe(cached)}); "
-                "validate at epoch end only, or use --pipeline sparse_dist")
+                "validate at epoch end only, or use --pipeline sparse_dist"
+            )
 
 
 def _describe(kernels: Mapping[str, str]) -> str:
@@ -149,14 +153,17 @@ def release_cache_line_locks(model: nn.Module) -> int:
         # list, out of ``modules()``.
         for lookup in getattr(module, "_lookups", ()):
             for kernel in lookup.modules():
-                if (isinstance(kernel, SplitTableBatchedEmbeddingBagsCodegen) and kernel.prefetch_pipeline
-                        and kernel.lxu_cache_locking_counter.numel() > 0):
+                if (
+                    isinstance(kernel, SplitTableBatchedEmbeddingBagsCodegen)
+                    and kernel.prefetch_pipeline
+                    and kernel.lxu_cache_locking_counter.numel() > 0
+                ):
                     kernel.lxu_cache_locking_counter.zero_()
                     released += 1
     return released
 
 
-def prefetched_context(pipeline: PrefetchTrainPipelineSparseDist, prefetched: Any) -> Optional[Any]:
+def prefetched_context(pipeline: PrefetchTrainPipelineSparseDist, prefetched: Any) -> Any | None:
     """The context ``pipeline._prefetch(prefetched)`` left the prefetched inputs in, None
     when it prefetched nothing: torchrec 1.8 and 1.9 hand ``_prefetch`` the batch's
     context, 1.6 the batch itself (None past the last one) and keep one context,
@@ -200,7 +207,7 @@ class FencedPrefetchPipeline(PrefetchTrainPipelineSparseDist):
     def _fence_input_dist(self) -> None:
         """Orders the input dist about to start after every prefetch queued so far."""
         if self._prefetch_stream is not None and self._data_dist_stream is not None:
-            self._data_dist_stream.wait_stream(self._prefetch_stream)  # type: ignore[attr-defined]
+            self._data_dist_stream.wait_stream(self._prefetch_stream)
 
     def start_sparse_data_dist(self, batch, context: TrainPipelineContext) -> None:  # torchrec >= 1.8
         self._fence_input_dist()
@@ -214,14 +221,16 @@ class FencedPrefetchPipeline(PrefetchTrainPipelineSparseDist):
         super()._prefetch(prefetched)
         self._record_prefetched_on_data_dist(prefetched_context(self, prefetched))
 
-    def _record_prefetched_on_data_dist(self, context: Optional[Any]) -> None:
+    def _record_prefetched_on_data_dist(self, context: Any | None) -> None:
         """The next input dist runs on the data-dist stream while the prefetched inputs
         wait for their forward: the allocator must not reuse them meanwhile."""
         if context is None or self._data_dist_stream is None:
             return
-        for prefetched in (*context.module_input_post_prefetch.values(),
-                           *context.module_contexts_post_prefetch.values()):
-            prefetched.record_stream(self._data_dist_stream)  # type: ignore[arg-type]
+        for prefetched in (
+            *context.module_input_post_prefetch.values(),
+            *context.module_contexts_post_prefetch.values(),
+        ):
+            prefetched.record_stream(self._data_dist_stream)
 
 
 class ScheduledSemiSyncPipeline(TrainPipelineSemiSync):
@@ -262,9 +271,11 @@ def semi_sync_start_after(start_batch: int, steps_done: int) -> int:
 
 def autocast_forward(model: nn.Module, device: torch.device) -> Callable[..., tuple[torch.Tensor, object]]:
     """The model's forward under bf16 autocast: matmuls in bf16, the loss in fp32."""
+
     def forward(batch):
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
             return model(batch)
+
     return forward
 
 
@@ -318,7 +329,7 @@ class RestartingTrainPipelineBase(TrainPipelineBase):
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
         super().__init__(model, optimizer, device)
-        self._iterator: Optional[Iterator] = None
+        self._iterator: Iterator | None = None
 
     def progress(self, dataloader_iter: Iterator):
         if dataloader_iter is not self._iterator:
@@ -347,10 +358,16 @@ def build_pipeline(
     if kind == "base":
         called = AutocastModel(model, device) if amp else model
         return RestartingTrainPipelineBase(called, optimizer, device)  # type: ignore[arg-type]
-    forward: Optional[Callable] = autocast_forward(model, device) if amp else None
+    forward: Callable | None = autocast_forward(model, device) if amp else None
     if kind == "semi_sync":
-        return ScheduledSemiSyncPipeline(model, optimizer, device, execute_all_batches=True,
-                                     start_batch=semi_sync_start_batch, custom_model_fwd=forward)
+        return ScheduledSemiSyncPipeline(
+            model,
+            optimizer,
+            device,
+            execute_all_batches=True,
+            start_batch=semi_sync_start_batch,
+            custom_model_fwd=forward,
+        )
     cls = {"sparse_dist": TrainPipelineSparseDist, "prefetch": FencedPrefetchPipeline}[kind]
     return cls(model, optimizer, device, execute_all_batches=True, custom_model_fwd=forward)
 
@@ -376,8 +393,10 @@ def check_compile_supported(compile: bool) -> None:
     try:
         get_cpp_compiler()
     except InvalidCxxCompiler:
-        raise BadInput("--compile: torch.compile's Inductor needs a C++ compiler and found none ($CXX, g++, ...): "
-                       "install g++ (the Debian package g++) or leave out --compile") from None
+        raise BadInput(
+            "--compile: torch.compile's Inductor needs a C++ compiler and found none ($CXX, g++, ...): "
+            "install g++ (the Debian package g++) or leave out --compile"
+        ) from None
 
 
 def check_dense_precision(precision: str, device: torch.device, has_bf16_units: bool) -> None:
@@ -388,5 +407,7 @@ def check_dense_precision(precision: str, device: torch.device, has_bf16_units: 
         check_dense_precision(config.dense_precision, env.device, cpu_has_bf16_units())
     """
     if precision == "bf16" and device.type == "cpu" and not has_bf16_units:
-        raise BadInput("--dense_precision bf16 (--amp) on a CPU without bf16 units (AVX-512 BF16, AMX or Arm "
-                       "BF16): its bf16 matmuls are emulated and slower than fp32; leave --dense_precision at fp32")
+        raise BadInput(
+            "--dense_precision bf16 (--amp) on a CPU without bf16 units (AVX-512 BF16, AMX or Arm "
+            "BF16): its bf16 matmuls are emulated and slower than fp32; leave --dense_precision at fp32"
+        )

@@ -27,14 +27,18 @@ and rank 0 prints ``plan memory per rank: estimated 641.47 MiB, built 644.60 MiB
 
 import gc
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
 from common.byte_sizes import format_bytes
 from sharding_plans.types import RankEstimate
-from training.distributed import (DistributedEnv, gather_per_rank, peak_resident_bytes, resident_bytes,
-                                  restart_peak_resident)
+from training.distributed import (
+    DistributedEnv,
+    gather_per_rank,
+    peak_resident_bytes,
+    resident_bytes,
+    restart_peak_resident,
+)
 
 
 @dataclass
@@ -58,13 +62,13 @@ class PlanMemory:
                    measured_as="rss_growth").ratios  # [1.0]
     """
 
-    estimated_bytes: Optional[list[int]]
+    estimated_bytes: list[int] | None
     built_bytes: list[int]
     first_step_bytes: list[int]
     measured_as: str
 
     @property
-    def ratios(self) -> Optional[list[float]]:
+    def ratios(self) -> list[float] | None:
         """Estimate / built per rank (over 1: the plan overestimates)."""
         if self.estimated_bytes is None:
             return None
@@ -74,19 +78,27 @@ class PlanMemory:
         ratios = self.ratios or [None] * len(self.built_bytes)
         estimates = self.estimated_bytes or [None] * len(self.built_bytes)
         ranks = []
-        for rank, (estimate, built, step, ratio) in enumerate(zip(estimates, self.built_bytes, self.first_step_bytes,
-                                                                  ratios)):
-            planned = (f"estimated {format_bytes(estimate)}, built {format_bytes(built)} ({ratio:.2f}x)"
-                       if estimate is not None else f"built {format_bytes(built)}")
+        for rank, (estimate, built, step, ratio) in enumerate(
+            zip(estimates, self.built_bytes, self.first_step_bytes, ratios)
+        ):
+            planned = (
+                f"estimated {format_bytes(estimate)}, built {format_bytes(built)} ({ratio:.2f}x)"
+                if estimate is not None
+                else f"built {format_bytes(built)}"
+            )
             if step >= 0:
                 ranks.append(f"{planned}, {format_bytes(step)} after the first step on rank {rank}")
             else:  # the RSS now (rss_growth_now) below the start: the first step freed more than it took
                 ranks.append(f"{planned}, {format_bytes(-step)} freed by the end of the first step on rank {rank}")
-        return ("plan memory per rank" + ("" if self.estimated_bytes is not None else
-                                          " (the plan file has no estimates)") + ": " + "; ".join(ranks))
+        return (
+            "plan memory per rank"
+            + ("" if self.estimated_bytes is not None else " (the plan file has no estimates)")
+            + ": "
+            + "; ".join(ranks)
+        )
 
 
-def estimated_device_bytes(estimates: Optional[list[RankEstimate]], device: torch.device) -> Optional[list[int]]:
+def estimated_device_bytes(estimates: list[RankEstimate] | None, device: torch.device) -> list[int] | None:
     """Per rank, the part of the plan's estimate that `PlanMemoryProbe` measures on ``device``."""
     if estimates is None:
         return None
@@ -125,7 +137,7 @@ class PlanMemoryProbe:
         """The tables and optimizers are built: what they took."""
         self._built = resident_bytes(self.device) - self._start
 
-    def measure(self, env: DistributedEnv, estimates: Optional[list[RankEstimate]]) -> PlanMemory:
+    def measure(self, env: DistributedEnv, estimates: list[RankEstimate] | None) -> PlanMemory:
         """Every rank's growth beside the plan's estimates. Collective."""
         cuda = self.device.type == "cuda"
         if cuda:
@@ -135,7 +147,9 @@ class PlanMemoryProbe:
         else:
             peak = resident_bytes(self.device)
         measured_as = "allocated" if cuda else "rss_growth" if self._peak_restarted else "rss_growth_now"
-        return PlanMemory(estimated_bytes=estimated_device_bytes(estimates, self.device),
-                          built_bytes=gather_per_rank(env, self._built),
-                          first_step_bytes=gather_per_rank(env, peak - self._start),
-                          measured_as=measured_as)
+        return PlanMemory(
+            estimated_bytes=estimated_device_bytes(estimates, self.device),
+            built_bytes=gather_per_rank(env, self._built),
+            first_step_bytes=gather_per_rank(env, peak - self._start),
+            measured_as=measured_as,
+        )

@@ -16,10 +16,18 @@ from recipes import Recipe
 from training.config import OptimizerConfig
 
 # dcnv2_main.py's defaults: the low-rank cross net over 128-wide embeddings.
-DCNV2 = Recipe("dcnv2", "DCNv2: a low-rank cross net over 128-wide embeddings", {
-    "interaction_type": "dcn", "embedding_dim": 128, "dense_arch_layer_sizes": [512, 256, 128],
-    "over_arch_layer_sizes": [1024, 1024, 512, 256, 1], "dcn_num_layers": 3, "dcn_low_rank_dim": 512,
-})
+DCNV2 = Recipe(
+    "dcnv2",
+    "DCNv2: a low-rank cross net over 128-wide embeddings",
+    {
+        "interaction_type": "dcn",
+        "embedding_dim": 128,
+        "dense_arch_layer_sizes": [512, 256, 128],
+        "over_arch_layer_sizes": [1024, 1024, 512, 256, 1],
+        "dcn_num_layers": 3,
+        "dcn_low_rank_dim": 512,
+    },
+)
 
 # The optimizer flags that train where the public example's defaults (fused SGD at
 # 15) diverge: the Makefile's TRAIN_FLAGS have them (a test ties the two), and a

@@ -19,9 +19,8 @@ reported as one line naming the file and line, exit code 2.
 import os
 import statistics
 import sys
-from dataclasses import dataclass, field
-from typing import Optional
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from common.cli import OneLineParser, cli_main
 from common.errors import BadInput
@@ -57,32 +56,35 @@ class Run:
     window_auroc: list[tuple[int, float]] = field(default_factory=list)
     window_ne: list[tuple[int, float]] = field(default_factory=list)
     window_calibration: list[tuple[int, float]] = field(default_factory=list)
-    first_time: Optional[float] = None
-    last_time: Optional[float] = None
+    first_time: float | None = None
+    last_time: float | None = None
     # The run's configuration record (None for a log without one) and its test metrics:
     # those of the last test, which a run that kept a best model tests after its final weights.
-    config: Optional[dict[str, object]] = None
+    config: dict[str, object] | None = None
     test: dict[str, float] = field(default_factory=dict)
     # Every test's model (None for logs before records said) and AUROC, in order.
-    tests: list[tuple[Optional[TestedModel], Optional[float]]] = field(default_factory=list)
+    tests: list[tuple[TestedModel | None, float | None]] = field(default_factory=list)
     # --rolling_windows: (window, step) of the window evaluation whose model export takes
-    exported_window: Optional[tuple[int, int]] = None
+    exported_window: tuple[int, int] | None = None
 
-    def _named(self, model: Optional[TestedModel]) -> bool:
+    def _named(self, model: TestedModel | None) -> bool:
         """Whether a test's model is worth naming: there was a choice (a best model kept,
         or a checkpoint directory to export from)."""
         return model is not None and (len(self.tests) > 1 or model.exported or model.kind in ("best", "newest"))
 
     @property
-    def test_model(self) -> Optional[TestedModel]:
+    def test_model(self) -> TestedModel | None:
         """Which model `test` is of, when the log says and it is worth naming."""
         model = self.tests[-1][0] if self.tests else None
         return model if self._named(model) else None
 
     def tests_text(self) -> str:
         """``test AUROC 0.6605 (best, step 38, the one export takes); 0.6201 (final, step 57)``."""
-        parts = [f"{auroc:.4f}" + (f" ({model.text()})" if model is not None and self._named(model) else "")
-                 for model, auroc in reversed(self.tests) if auroc is not None]
+        parts = [
+            f"{auroc:.4f}" + (f" ({model.text()})" if model is not None and self._named(model) else "")
+            for model, auroc in reversed(self.tests)
+            if auroc is not None
+        ]
         return "test AUROC " + ("; ".join(parts) if parts else "n/a")
 
     def summary(self) -> dict[str, object]:
@@ -138,7 +140,7 @@ def read_runs(path: str) -> list[Run]:
     return list(runs.values())
 
 
-def robust_range(values: Sequence[float]) -> Optional[tuple[float, float]]:
+def robust_range(values: Sequence[float]) -> tuple[float, float] | None:
     """The y-range of the values that are not outliers, padded by 5%; None when no value is
     an outlier (the plot's own range is right then).
 
@@ -166,14 +168,25 @@ def robust_range(values: Sequence[float]) -> Optional[tuple[float, float]]:
     return low - pad, high + pad
 
 
-def loss_limits(runs: Sequence[Run]) -> Optional[tuple[float, float]]:
+def loss_limits(runs: Sequence[Run]) -> tuple[float, float] | None:
     """The loss panel's y-range over every run (`robust_range` of all their losses)."""
     return robust_range([loss for run in runs for _, loss in run.loss])
 
 
 # Configuration keys that differ between runs without making them different runs.
-_NOT_A_DIFFERENCE = {"run_id", "time", "event", "log_path", "tensorboard_dir", "checkpoint", "interaction_type",
-                     "print_lr", "print_sharding_plan", "print_progress", "resolved_device"}
+_NOT_A_DIFFERENCE = {
+    "run_id",
+    "time",
+    "event",
+    "log_path",
+    "tensorboard_dir",
+    "checkpoint",
+    "interaction_type",
+    "print_lr",
+    "print_sharding_plan",
+    "print_progress",
+    "resolved_device",
+}
 # A label shows at most this many differing flags (then "+N more"), values cut at this length.
 MAX_LABEL_FLAGS = 3
 MAX_LABEL_VALUE = 16
@@ -197,7 +210,7 @@ def _flat(config: dict[str, object], prefix: str = "") -> dict[str, object]:
 
 def _value_text(value: object) -> str:
     text = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
-    return text if len(text) <= MAX_LABEL_VALUE else text[:MAX_LABEL_VALUE - 1] + "…"
+    return text if len(text) <= MAX_LABEL_VALUE else text[: MAX_LABEL_VALUE - 1] + "…"
 
 
 def model_name(run: Run) -> str:
@@ -220,13 +233,16 @@ def run_labels(runs: Sequence[Run]) -> list[str]:
     known = [(model_name(run), f) for run, f in zip(runs, flats) if f is not None]
     keys = list(dict.fromkeys(k for _, f in known for k in f))
 
-    def differs(key: str, model: Optional[str] = None) -> bool:
+    def differs(key: str, model: str | None = None) -> bool:
         return len({repr(f.get(key)) for name, f in known if model in (None, name)}) > 1
 
     # The model sections of a DLRM and a DCNv2 run differ by the entry points' own
     # defaults: between models the model's name says it, within one model they are named.
-    differing = [k for k in keys if (differs(k) and not k.startswith("model."))
-                 or any(differs(k, name) for name in {name for name, _ in known})]
+    differing = [
+        k
+        for k in keys
+        if (differs(k) and not k.startswith("model.")) or any(differs(k, name) for name in {name for name, _ in known})
+    ]
     # A list that differs (table rows) usually follows from a scalar that differs
     # (max_table_rows): the lists are named only when no scalar differs.
     scalars = [k for k in differing if not any(isinstance(f.get(k), list) for _, f in known)]
@@ -245,10 +261,17 @@ def run_labels(runs: Sequence[Run]) -> list[str]:
         if len(same) > 1:
             for number, i in enumerate(same, 1):
                 labels[i] = f"{label} #{number}"
-    return [label + (f" (test AUROC {run.test['auroc']:.4f}"
-                     + (f", {run.test_model.text()}" if run.test_model is not None else "") + ")"
-                     if "auroc" in run.test else "")
-            for label, run in zip(labels, runs)]
+    return [
+        label
+        + (
+            f" (test AUROC {run.test['auroc']:.4f}"
+            + (f", {run.test_model.text()}" if run.test_model is not None else "")
+            + ")"
+            if "auroc" in run.test
+            else ""
+        )
+        for label, run in zip(labels, runs)
+    ]
 
 
 def has_windows(runs: Sequence[Run]) -> bool:
@@ -259,19 +282,28 @@ def has_windows(runs: Sequence[Run]) -> bool:
 def draw_panels(fig: object, axes: object, runs: Sequence[Run]) -> None:
     """`draw`'s panels on a 2 x 3 grid of axes (3 x 3 with `has_windows`), with one
     legend for the figure under them."""
-    panels = [("loss", "training loss"), ("lr", "learning rate"), ("records_per_sec", "records/s"),
-              ("validation_auroc", "validation AUROC"), ("validation_ne", "validation normalized entropy"),
-              ("validation_calibration", "validation calibration\n(predicted / clicks)")]
+    panels = [
+        ("loss", "training loss"),
+        ("lr", "learning rate"),
+        ("records_per_sec", "records/s"),
+        ("validation_auroc", "validation AUROC"),
+        ("validation_ne", "validation normalized entropy"),
+        ("validation_calibration", "validation calibration\n(predicted / clicks)"),
+    ]
     if has_windows(runs):
-        panels += [("window_auroc", "AUROC of each window"), ("window_ne", "NE of each window"),
-                   ("window_calibration", "calibration of each window")]
+        panels += [
+            ("window_auroc", "AUROC of each window"),
+            ("window_ne", "NE of each window"),
+            ("window_calibration", "calibration of each window"),
+        ]
     limits = loss_limits(runs)
     labels = run_labels(runs)
     for ax, (attr, title) in zip(axes.flat, panels):
         for run, label in zip(runs, labels):
             points = getattr(run, attr)
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None,
-                    label=label)
+            ax.plot(
+                [p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None, label=label
+            )
         ax.set_title(title, fontsize="medium")
         if attr == "loss" and limits is not None:
             ax.set_ylim(*limits)
@@ -283,8 +315,15 @@ def draw_panels(fig: object, axes: object, runs: Sequence[Run]) -> None:
             ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     handles, names = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="lower center", bbox_to_anchor=(0.5, FOOTER_HEIGHT), ncol=legend_columns(names),
-               fontsize="small", frameon=False)
+    fig.legend(
+        handles,
+        names,
+        loc="lower center",
+        bbox_to_anchor=(0.5, FOOTER_HEIGHT),
+        ncol=legend_columns(names),
+        fontsize="small",
+        frameon=False,
+    )
 
 
 def legend_columns(labels: Sequence[str]) -> int:
@@ -301,8 +340,14 @@ def draw(runs: Sequence[Run], output: str) -> None:
     temporary name first."""
     rows = 3 if has_windows(runs) else 2
     width, height = FIGURE_INCHES
-    with png_figure(output, rows, 3, bottom=legend_height(run_labels(runs)) * 2 / rows,
-                    figsize=(width, height * rows / 2), dpi=FIGURE_DPI) as (fig, axes):
+    with png_figure(
+        output,
+        rows,
+        3,
+        bottom=legend_height(run_labels(runs)) * 2 / rows,
+        figsize=(width, height * rows / 2),
+        dpi=FIGURE_DPI,
+    ) as (fig, axes):
         draw_panels(fig, axes, runs)
 
 
@@ -310,10 +355,12 @@ PROG = "training.report"
 
 
 @cli_main(PROG)
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("logs", nargs="+", help="JSON-lines logs written with --log_path")
-    parser.add_argument("--output", default="run.png", help="PNG to write (1200 x 800; 1200 x 1200 with rolling windows)")
+    parser.add_argument(
+        "--output", default="run.png", help="PNG to write (1200 x 800; 1200 x 1200 with rolling windows)"
+    )
     args = parser.parse_args(argv)
     runs = [run for path in args.logs for run in read_runs(path)]
     try:
@@ -322,13 +369,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise BadInput(f"--output {args.output}: cannot write it: {e.strerror}") from e
     for run in runs:
         s = run.summary()
-        auroc = "n/a" if s["best_validation_auroc"] is None else f"{s['best_validation_auroc']:.4f} at step {s['best_step']}"
+        auroc = (
+            "n/a"
+            if s["best_validation_auroc"] is None
+            else f"{s['best_validation_auroc']:.4f} at step {s['best_step']}"
+        )
         rate = "n/a" if s["mean_records_per_sec"] is None else f"{s['mean_records_per_sec']:,.0f}"
         total = "n/a" if s["total_seconds"] is None else f"{s['total_seconds']:.1f} s"
-        window = ("" if run.exported_window is None else
-                  f" | the model export takes: window {run.exported_window[0]}'s (step {run.exported_window[1]})")
-        print(f"{s['run']}: {s['steps']} steps | best validation AUROC {auroc} | {run.tests_text()}{window} | "
-              f"mean records/s (after warm-up) {rate} | total time {total}")
+        window = (
+            ""
+            if run.exported_window is None
+            else f" | the model export takes: window {run.exported_window[0]}'s (step {run.exported_window[1]})"
+        )
+        print(
+            f"{s['run']}: {s['steps']} steps | best validation AUROC {auroc} | {run.tests_text()}{window} | "
+            f"mean records/s (after warm-up) {rate} | total time {total}"
+        )
     print(f"wrote {args.output}")
     return 0
 

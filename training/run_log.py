@@ -23,8 +23,8 @@ import math
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Optional
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
@@ -50,7 +50,7 @@ def format_duration(seconds: float) -> str:
     return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
-def format_metrics(stage: str, values: Optional[Mapping[str, float]]) -> str:
+def format_metrics(stage: str, values: Mapping[str, float] | None) -> str:
     """``test AUROC 0.8012, log loss 0.4501, NE 0.8123`` (``test: none`` without values)."""
     if not values:
         return f"{stage}: none"
@@ -71,7 +71,7 @@ class StepClock:
         self._steps = 0
         self._seconds = 0.0
 
-    def tick(self, step: int, steps: int, seconds: float) -> tuple[str, Optional[float]]:
+    def tick(self, step: int, steps: int, seconds: float) -> tuple[str, float | None]:
         """Adds an interval of ``steps`` steps that took ``seconds``; returns the
         line's ``step N/M | ETA 3m05s`` and the ETA in seconds (None before any time)."""
         self._steps += steps
@@ -92,14 +92,15 @@ class RunLog:
         progress: show the progress bar (on rank 0).
     """
 
-    def __init__(self, enabled: bool, log_path: Optional[str], tensorboard_dir: Optional[str] = None,
-                 progress: bool = True) -> None:
+    def __init__(
+        self, enabled: bool, log_path: str | None, tensorboard_dir: str | None = None, progress: bool = True
+    ) -> None:
         self.enabled = enabled
         self.progress = progress
         self.run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
         self._file = None
-        self._bar: Optional[tqdm] = None
-        self._evaluation_bar: Optional[tqdm] = None
+        self._bar: tqdm | None = None
+        self._evaluation_bar: tqdm | None = None
         self._tensorboard = None
         if enabled and log_path:
             os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
@@ -120,8 +121,9 @@ class RunLog:
                     if fields.get("window") is not None:  # --rolling_windows: over the window too
                         self._tensorboard.add_scalar(f"window/{key}", fields[key], fields["window"])
             if "peak_memory_bytes" in fields:
-                self._tensorboard.add_scalar("train/peak_memory_gib", max(fields["peak_memory_bytes"]) / 2**30,
-                                             fields["step"])
+                self._tensorboard.add_scalar(
+                    "train/peak_memory_gib", max(fields["peak_memory_bytes"]) / 2**30, fields["step"]
+                )
         if self._file is None:
             return
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in fields.items()}
@@ -147,8 +149,15 @@ class RunLog:
     def start_progress(self, total: int, description: str, initial: int = 0) -> None:
         if self.enabled and self.progress:
             self.close_progress()
-            self._bar = tqdm(total=total, initial=initial, desc=description, unit="step", dynamic_ncols=True,
-                             file=sys.stderr, mininterval=1.0)
+            self._bar = tqdm(
+                total=total,
+                initial=initial,
+                desc=description,
+                unit="step",
+                dynamic_ncols=True,
+                file=sys.stderr,
+                mininterval=1.0,
+            )
 
     def advance(self, steps: int = 1) -> None:
         if self._bar is not None:
@@ -158,9 +167,17 @@ class RunLog:
         """A bar for an evaluation, under the training bar; it appears only when the
         evaluation takes more than a few seconds and goes when it ends."""
         if self.enabled and self.progress:
-            self._evaluation_bar = tqdm(total=total, desc=stage, unit="step", dynamic_ncols=True, file=sys.stderr,
-                                        mininterval=1.0, delay=2.0, leave=False,
-                                        position=1 if self._bar is not None else 0)
+            self._evaluation_bar = tqdm(
+                total=total,
+                desc=stage,
+                unit="step",
+                dynamic_ncols=True,
+                file=sys.stderr,
+                mininterval=1.0,
+                delay=2.0,
+                leave=False,
+                position=1 if self._bar is not None else 0,
+            )
 
     def advance_evaluation(self) -> None:
         if self._evaluation_bar is not None:

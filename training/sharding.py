@@ -1,7 +1,5 @@
 """The run's sharding setup from its config (the rules live in `sharding_plans.setup`)."""
 
-from typing import Optional
-
 from torch import nn
 
 from sharding_plans.setup import ShardingSetup
@@ -11,15 +9,26 @@ from training.config import TrainConfig
 from training.distributed import DistributedEnv
 
 
-def prepare_sharding(config: TrainConfig, env: DistributedEnv, model: nn.Module,
-                     resumed_plan: Optional[PlanSummary] = None) -> ShardingSetup:
+def prepare_sharding(
+    config: TrainConfig, env: DistributedEnv, model: nn.Module, resumed_plan: PlanSummary | None = None
+) -> ShardingSetup:
     """`sharding_plans.setup.prepare_sharding` for this config and job.
 
     Example::
 
         setup = prepare_sharding(config, env, model)   # before the process group
     """
-    return prepare(model, config.model.table_names, config.model.embedding_dim, config.model.embedding_precision,
-                   env.device, env.world_size, env.local_world_size, plan_path=config.sharding_plan,
-                   constraints=config.sharding_constraints, prefetch_pipeline=config.pipeline == "prefetch",
-                   resumed_plan=resumed_plan, pooling_factors=config.data.multi_hot_sizes)
+    return prepare(
+        model,
+        config.model.table_names,
+        config.model.embedding_dim,
+        config.model.embedding_precision,
+        env.device,
+        env.world_size,
+        env.local_world_size,
+        plan_path=config.sharding_plan,
+        constraints=config.sharding_constraints,
+        prefetch_pipeline=config.pipeline == "prefetch",
+        resumed_plan=resumed_plan,
+        pooling_factors=config.data.multi_hot_sizes,
+    )

@@ -17,8 +17,8 @@ JSON-lines log gets the same facts once, as ``{"event": "startup", ...}``:
 """
 
 from collections import Counter
-from typing import Any, Optional
 from collections.abc import Mapping
+from typing import Any
 
 from common.byte_sizes import format_bytes
 from common.url_paths import redacted
@@ -28,6 +28,7 @@ from models.config import ModelConfig
 from models.interactions import INTERACTIONS
 from training.config import TrainConfig
 from training.distributed import DistributedEnv
+
 
 def _sizes(sizes: list[int]) -> str:
     return "-".join(str(s) for s in sizes)
@@ -63,8 +64,10 @@ def _outputs_line(config: TrainConfig) -> str:
         checkpoints = "none (no --checkpoint_dir)"
     else:
         checkpoints = redacted(flags.checkpoint_dir) + (f" ({', '.join(when)})" if when else "")
-    return (f"outputs: JSON log {config.log_path or 'none (no --log_path)'} | checkpoints {checkpoints} | "
-            f"TensorBoard {redacted(config.tensorboard_dir or 'none')}")
+    return (
+        f"outputs: JSON log {config.log_path or 'none (no --log_path)'} | checkpoints {checkpoints} | "
+        f"TensorBoard {redacted(config.tensorboard_dir or 'none')}"
+    )
 
 
 def _precision_line(config: TrainConfig, env: DistributedEnv) -> str:
@@ -73,9 +76,11 @@ def _precision_line(config: TrainConfig, env: DistributedEnv) -> str:
         dense += ", compiled (--compile)"
     if env.device.type == "cuda" and config.allow_tf32:
         dense += " with TF32 matmuls"
-    return (f"ranks: {env.world_size} ({env.local_world_size} on this host) | device {env.device.type} "
-            f"({env.backend}) | precision {dense}, {config.model.embedding_precision} tables | "
-            f"pipeline {config.pipeline}")
+    return (
+        f"ranks: {env.world_size} ({env.local_world_size} on this host) | device {env.device.type} "
+        f"({env.backend}) | precision {dense}, {config.model.embedding_precision} tables | "
+        f"pipeline {config.pipeline}"
+    )
 
 
 class StartupReport:
@@ -110,12 +115,23 @@ class StartupReport:
         times = self.source.time_ranges(dataset)
         table_bytes = _table_bytes(model)
         self.facts = {
-            "mode": config.mode, "interaction_type": model.interaction_type,
-            "num_tables": len(model.num_embeddings_per_feature), "table_rows": sum(model.num_embeddings_per_feature),
-            "embedding_dim": model.embedding_dim, "table_bytes": table_bytes, "data": _data_source(self.source),
-            "split_rows": rows, "split_times": times, "world_size": self.env.world_size, "device": str(self.env.device),
-            "amp": config.amp, "compile": config.compile, "embedding_precision": model.embedding_precision, "pipeline": config.pipeline,
-            "log_path": config.log_path, "checkpoint_dir": config.checkpoint.checkpoint_dir,
+            "mode": config.mode,
+            "interaction_type": model.interaction_type,
+            "num_tables": len(model.num_embeddings_per_feature),
+            "table_rows": sum(model.num_embeddings_per_feature),
+            "embedding_dim": model.embedding_dim,
+            "table_bytes": table_bytes,
+            "data": _data_source(self.source),
+            "split_rows": rows,
+            "split_times": times,
+            "world_size": self.env.world_size,
+            "device": str(self.env.device),
+            "amp": config.amp,
+            "compile": config.compile,
+            "embedding_precision": model.embedding_precision,
+            "pipeline": config.pipeline,
+            "log_path": config.log_path,
+            "checkpoint_dir": config.checkpoint.checkpoint_dir,
         }
         lines = [
             f"starting: --mode {config.mode}" + (f" --recipe {config.recipe}" if config.recipe else ""),
@@ -125,16 +141,27 @@ class StartupReport:
             f"data: {_data_source(self.source)} | rows: "
             + (", ".join(f"{s} {n:,}" for s, n in rows.items()) or "not known before reading")
             + f" | batch {config.data.batch_size} per rank",
-            *([f"time ranges ({config.data.time_column}): " + ", ".join(
-                f"{s} {first} to before {end}" for s, (first, end) in times.items())] if times else []),
+            *(
+                [
+                    f"time ranges ({config.data.time_column}): "
+                    + ", ".join(f"{s} {first} to before {end}" for s, (first, end) in times.items())
+                ]
+                if times
+                else []
+            ),
             _precision_line(config, self.env),
             _outputs_line(config),
         ]
         self._say(lines)
         return lines
 
-    def after_setup(self, plan: Mapping[str, Mapping[str, Any]], loaders: Mapping[str, BatchLoader],
-                    log: Optional[Any] = None, total_steps: Optional[int] = None) -> list[str]:
+    def after_setup(
+        self,
+        plan: Mapping[str, Mapping[str, Any]],
+        loaders: Mapping[str, BatchLoader],
+        log: Any | None = None,
+        total_steps: int | None = None,
+    ) -> list[str]:
         """Prints (rank 0) and returns the sharding and steps lines; writes the
         ``startup`` record to ``log`` (a `training.run_log.RunLog`). ``total_steps``:
         the run's training steps (the trainer counts every window's); default the
@@ -144,16 +171,21 @@ class StartupReport:
         windows = self.config.data.rolling_windows
         epochs = windows or self.config.epochs  # --rolling_windows N: one pass over each of N windows
         total = epochs * steps["train"] if total_steps is None else total_steps
-        passes = (f"{windows} training window{'s' if windows != 1 else ''}:" if windows
-                  else f"{epochs} epoch{'s' if epochs != 1 else ''}:")
+        passes = (
+            f"{windows} training window{'s' if windows != 1 else ''}:"
+            if windows
+            else f"{epochs} epoch{'s' if epochs != 1 else ''}:"
+        )
         lines = [
             "sharding: " + ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())),
-            ("steps of window 0: " if windows else "steps per epoch: ") + ", ".join(f"{s} {n:,}" for s, n in steps.items())
+            ("steps of window 0: " if windows else "steps per epoch: ")
+            + ", ".join(f"{s} {n:,}" for s, n in steps.items())
             + f" | {passes} {total:,} training steps",
         ]
         self._say(lines)
-        self.facts.update(sharding={kind: count for kind, count in sorted(kinds.items())}, steps_per_epoch=steps,
-                          total_steps=total)
+        self.facts.update(
+            sharding={kind: count for kind, count in sorted(kinds.items())}, steps_per_epoch=steps, total_steps=total
+        )
         if log is not None:
             log.record("startup", **self.facts)
         return lines

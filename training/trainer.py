@@ -13,9 +13,9 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Any, Optional
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -24,9 +24,9 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.train_pipeline.train_pipelines import TrainPipeline
 from torchrec.distributed.types import ShardingEnv
 
-from checkpoints.meta import CheckpointMeta
 from checkpoints.directory import checkpoint_to_load, export_role
 from checkpoints.load import load_checkpoint
+from checkpoints.meta import CheckpointMeta
 from checkpoints.opened import read_meta
 from checkpoints.save import CheckpointManager, check_writable, lock_checkpoint_dir
 from common.byte_sizes import format_bytes
@@ -36,29 +36,36 @@ from common.errors import BadInput
 from data.config import BatchLoader
 from data.sources import DataSource
 from models import build_dlrm_train
-from models.embedding_optimizer import attach_fused_embedding_optimizer
 from models.arch import align_to_sharded_embeddings, compile_dense_part
+from models.embedding_optimizer import attach_fused_embedding_optimizer
 from sharding_plans import PlannerConfig, format_sharding_plan, plan_summary
 from sharding_plans.rules import check_embedding_weight_decay, check_reshardable
+from training.calibration import LogitHistogram
 from training.checkpoint_policy import MinuteCadence, RestorePoint, find_restore_point
 from training.config import OptimizerConfig, TrainConfig
-from training.calibration import LogitHistogram
-from training.divergence import diverged, miscalibration_warning
 from training.distributed import DistributedEnv, gather_peak_memory, init_process_group, rank_cpu_share
+from training.divergence import diverged, miscalibration_warning
 from training.early_stopping import BestModel, load_weights
 from training.embedding_init import init_embedding_tables, torchrec_table_init_skipped
 from training.id_frequencies import IdFrequencies
 from training.lr_schedule import WarmupPolyDecaySchedule
 from training.metrics import BinaryClassificationMetrics
 from training.optimizers import build_combined_optimizer
+from training.pipelines import (
+    build_pipeline,
+    check_compile_supported,
+    check_dense_precision,
+    check_pipeline_supported,
+    check_plan_for_pipeline,
+    cpu_has_bf16_units,
+    release_cache_line_locks,
+    semi_sync_start_after,
+)
 from training.plan_memory import PlanMemoryProbe
-from training.pipelines import (build_pipeline, check_pipeline_supported, check_plan_for_pipeline,
-                                check_compile_supported, check_dense_precision, cpu_has_bf16_units, release_cache_line_locks,
-                                semi_sync_start_after)
 from training.recipes import STABLE_OPTIMIZER
 from training.run_log import RunLog, StepClock, TestedModel, format_metrics
-from training.startup_report import StartupReport
 from training.sharding import prepare_sharding
+from training.startup_report import StartupReport
 
 
 class NonFiniteLossError(RuntimeError):
@@ -101,21 +108,21 @@ class RunResult:
 
     steps: int
     train_losses: list[float] = field(default_factory=list)
-    validation: Optional[dict[str, float]] = None
-    test: Optional[dict[str, float]] = None
+    validation: dict[str, float] | None = None
+    test: dict[str, float] | None = None
     records_per_sec: float = 0.0  # training records (all ranks) per second, evaluation excluded
-    best_step: Optional[int] = None  # the best validation's step (early stopping, or best.json's)
-    best_validation: Optional[dict[str, float]] = None
+    best_step: int | None = None  # the best validation's step (early stopping, or best.json's)
+    best_validation: dict[str, float] | None = None
     stopped_early: bool = False
-    target_reached: Optional[bool] = None  # --validation_auroc: None without a target
-    time_to_target_s: Optional[float] = None  # from the start of training, evaluation included
-    records_to_target: Optional[int] = None  # training records (all ranks) until then
+    target_reached: bool | None = None  # --validation_auroc: None without a target
+    time_to_target_s: float | None = None  # from the start of training, evaluation included
+    records_to_target: int | None = None  # training records (all ranks) until then
     # --rolling_windows: {window: its metrics} of the windows this process evaluated
     windows: dict[int, dict[str, float]] = field(default_factory=dict)
     window_steps: dict[int, int] = field(default_factory=dict)  # {window: the step its model is from}
-    test_model: Optional[TestedModel] = None  # which model `test` is of
-    final_test: Optional[dict[str, float]] = None  # the final weights', when the best was tested too
-    export_step: Optional[int] = None  # the checkpoint serving.export takes from --checkpoint_dir
+    test_model: TestedModel | None = None  # which model `test` is of
+    final_test: dict[str, float] | None = None  # the final weights', when the best was tested too
+    export_step: int | None = None  # the checkpoint serving.export takes from --checkpoint_dir
 
 
 class Trainer:
@@ -130,7 +137,7 @@ class Trainer:
         result = Trainer(config, resolve_env("auto")).fit()
     """
 
-    def __init__(self, config: TrainConfig, env: DistributedEnv, source: Optional[DataSource] = None) -> None:
+    def __init__(self, config: TrainConfig, env: DistributedEnv, source: DataSource | None = None) -> None:
         self.config = config
         self.env = env
         # The data set, the checkpoint, the model and the plan file or constraints
@@ -150,15 +157,18 @@ class Trainer:
         plan, table_shapes = self._plan_the_sharding(model, sharding, resumed_plan, restore)
         self._shard_the_model(model, plan, sharding, table_shapes, restore)
         self.loaders: dict[str, BatchLoader] = window_loaders or self.source.loaders(
-            self._dataset, config.model.num_embeddings_per_feature, env.rank, env.world_size)
+            self._dataset, config.model.num_embeddings_per_feature, env.rank, env.world_size
+        )
         self._loaded_window = 0 if window_loaders else None
         self._start_the_counters()
         self._build_the_checkpointing(saves_checkpoints)
         if restore is not None:
             self.restore_from(restore)
         elif config.checkpoint.resume:
-            self.log.print(f"--resume: {config.checkpoint.checkpoint_dir} holds no complete checkpoint; training "
-                           "starts from scratch")
+            self.log.print(
+                f"--resume: {config.checkpoint.checkpoint_dir} holds no complete checkpoint; training "
+                "starts from scratch"
+            )
         self.train_pipeline = self._pipeline(config.pipeline, config.amp)  # after the restored step
         # Counted once: with --rolling_windows the windows differ in length, and a
         # denominator recomputed per window moved mid-run.
@@ -168,12 +178,15 @@ class Trainer:
         # Last, so that nothing above can fail with the lock held; released by `fit`
         # (or `release_checkpoint_dir` when it fails).
         directory = config.checkpoint.checkpoint_dir
-        self._checkpoint_lock = (lock_checkpoint_dir(directory, env.rank)  # type: ignore[arg-type]
-                                 if saves_checkpoints else None)
+        self._checkpoint_lock = (
+            lock_checkpoint_dir(directory, env.rank)  # type: ignore[arg-type]
+            if saves_checkpoints
+            else None
+        )
 
     # The build steps of `__init__`, in its order.
 
-    def _open_data(self) -> Optional[dict[str, BatchLoader]]:
+    def _open_data(self) -> dict[str, BatchLoader] | None:
         """Describes and opens the data (values are checked after the start-up block:
         that reads every file); with --rolling_windows N, returns the loaders of
         window 0, so that a source without time windows is refused before any
@@ -183,7 +196,7 @@ class Trainer:
         # What serving needs of the data, recorded with every checkpoint: an export never opens it.
         self.serving_layout, self.serving_facts = self.source.serving_layout, self.source.serving_facts(self._dataset)
         self.rolling_windows = self.config.data.rolling_windows
-        self._loaded_window: Optional[int] = None
+        self._loaded_window: int | None = None
         return self._window_loaders(0) if self.rolling_windows else None
 
     def _check_the_run_can_be_done(self) -> bool:
@@ -206,8 +219,9 @@ class Trainer:
         config = self.config
         torch.manual_seed(config.seed)
         self.weighted = config.data.weight_column is not None  # weighted loss and metrics
-        model = build_dlrm_train(config.model, dense_device=self.env.device, dropout=config.dropout,
-                                 weighted=self.weighted)
+        model = build_dlrm_train(
+            config.model, dense_device=self.env.device, dropout=config.dropout, weighted=self.weighted
+        )
         attach_fused_embedding_optimizer(model.model.sparse_arch, config.optim)
         return model
 
@@ -216,18 +230,22 @@ class Trainer:
         matmul settings."""
         config, env = self.config, self.env
         self.process_group = init_process_group(env)
-        self.log = RunLog(env.is_main, config.log_path, config.tensorboard_dir,
-                          progress=config.print_progress or sys.stderr.isatty())
+        self.log = RunLog(
+            env.is_main, config.log_path, config.tensorboard_dir, progress=config.print_progress or sys.stderr.isatty()
+        )
         if not config.model.has_dense_arch:
-            self.log.print(f"the data has no numerical features: no bottom MLP (--dense_arch_layer_sizes is not "
-                           f"used), the {config.model.interaction_type} interaction runs over the "
-                           f"{len(config.model.sparse_feature_names)} embeddings alone")
+            self.log.print(
+                f"the data has no numerical features: no bottom MLP (--dense_arch_layer_sizes is not "
+                f"used), the {config.model.interaction_type} interaction runs over the "
+                f"{len(config.model.sparse_feature_names)} embeddings alone"
+            )
         if env.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = config.allow_tf32
             torch.backends.cudnn.allow_tf32 = config.allow_tf32
 
-    def _plan_the_sharding(self, model: torch.nn.Module, sharding: Any, resumed_plan: Optional[dict],
-                           restore: Optional[RestorePoint]) -> tuple[Any, dict[str, tuple[int, int]]]:
+    def _plan_the_sharding(
+        self, model: torch.nn.Module, sharding: Any, resumed_plan: dict | None, restore: RestorePoint | None
+    ) -> tuple[Any, dict[str, tuple[int, int]]]:
         """(the sharding plan, {table: (rows, dim)}); the plan checked against the
         pipeline, the weight decay and a resumed checkpoint's plan."""
         config, env = self.config, self.env
@@ -247,21 +265,30 @@ class Trainer:
         check_embedding_weight_decay(self.plan, env.device, config.optim.embedding_weight_decay)
         if resumed_plan is not None:
             check_reshardable(resumed_plan, self.plan, f"checkpoint {restore.path}")  # type: ignore[union-attr]
-        table_shapes = {t: (rows, config.model.embedding_dim)
-                        for t, rows in zip(config.model.table_names, config.model.num_embeddings_per_feature)}
+        table_shapes = {
+            t: (rows, config.model.embedding_dim)
+            for t, rows in zip(config.model.table_names, config.model.num_embeddings_per_feature)
+        }
         if config.print_sharding_plan:
-            self.log.print(format_sharding_plan(plan, env.world_size, table_shapes,
-                                                config.model.embedding_bytes_per_element))
+            self.log.print(
+                format_sharding_plan(plan, env.world_size, table_shapes, config.model.embedding_bytes_per_element)
+            )
         return plan, table_shapes
 
-    def _shard_the_model(self, model: torch.nn.Module, plan: Any, sharding: Any,
-                         table_shapes: dict[str, tuple[int, int]], restore: Optional[RestorePoint]) -> None:
+    def _shard_the_model(
+        self,
+        model: torch.nn.Module,
+        plan: Any,
+        sharding: Any,
+        table_shapes: dict[str, tuple[int, int]],
+        restore: RestorePoint | None,
+    ) -> None:
         """The sharded model, its tables initialised (unless restored), its optimizer
         and learning-rate schedule; what the tables and their optimizer state take is
         measured from here to the first step."""
         config, env = self.config, self.env
         plan_memory = PlanMemoryProbe(env.device)
-        self._plan_memory: Optional[PlanMemoryProbe] = plan_memory  # None once logged
+        self._plan_memory: PlanMemoryProbe | None = plan_memory  # None once logged
         # TorchRec's two draws of every shard are skipped: the tables are overwritten
         # next, by the seeded init or by the checkpoint.
         with torchrec_table_init_skipped():
@@ -275,8 +302,9 @@ class Trainer:
         # The rank's share of the cores, not torch's threads: torchrun sets OMP_NUM_THREADS=1,
         # which on CUDA (no CPU thread setting) would fill the tables on one core.
         init_threads = rank_cpu_share(env.local_world_size)
-        if restore is None and init_embedding_tables(self.model, table_shapes, config.seed,
-                                                     init_threads) != len(table_shapes):
+        if restore is None and init_embedding_tables(self.model, table_shapes, config.seed, init_threads) != len(
+            table_shapes
+        ):
             raise RuntimeError("the seeded init did not find every embedding table in the sharded model")
         # After the seeded init: the probe's lookup loads row 0 into a UVM cache
         # (fused_uvm_caching), which would otherwise keep serving torchrec's init of it.
@@ -297,13 +325,17 @@ class Trainer:
         self._saved_path = ""
         self._validated_step = -1
         # --calibrate: (step, fit) of the last validation; checkpoints of that step store the fit
-        self._calibration: Optional[tuple[int, Optional[Calibration]]] = None
+        self._calibration: tuple[int, Calibration | None] | None = None
         self._stop_training = False  # early stopping or the AUROC target ended training
         self._stop_position = (0, 0)  # (epoch, batch) training continues at after the last validation
         self._fit_start = 0.0
-        self.frequencies = (IdFrequencies(config.model.sparse_feature_names, config.model.table_names,
-                                          config.model.num_embeddings_per_feature)
-                            if config.collect_multi_hot_freqs_stats else None)
+        self.frequencies = (
+            IdFrequencies(
+                config.model.sparse_feature_names, config.model.table_names, config.model.num_embeddings_per_feature
+            )
+            if config.collect_multi_hot_freqs_stats
+            else None
+        )
         self.epoch = 0
         self.stage = "training"  # or the split being evaluated, or "saving step N"
         self._train_seconds = 0.0
@@ -312,14 +344,24 @@ class Trainer:
     def _build_the_checkpointing(self, saves_checkpoints: bool) -> None:
         """The checkpoint manager, the minute cadence and the best model's keeper."""
         flags, rank = self.config.checkpoint, self.env.rank
-        self.checkpoints = (CheckpointManager(flags.checkpoint_dir,  # type: ignore[arg-type]
-                                              flags.keep_last_n_checkpoints, rank, flags.async_checkpoint)
-                            if saves_checkpoints else None)
-        self.minute_cadence = (MinuteCadence(flags.checkpoint_every_n_minutes)
-                               if saves_checkpoints and flags.checkpoint_every_n_minutes else None)
+        self.checkpoints = (
+            CheckpointManager(
+                flags.checkpoint_dir,  # type: ignore[arg-type]
+                flags.keep_last_n_checkpoints,
+                rank,
+                flags.async_checkpoint,
+            )
+            if saves_checkpoints
+            else None
+        )
+        self.minute_cadence = (
+            MinuteCadence(flags.checkpoint_every_n_minutes)
+            if saves_checkpoints and flags.checkpoint_every_n_minutes
+            else None
+        )
         self.best = BestModel(self.config.early_stopping, self.checkpoints, rank)
-        self.weights_step: Optional[int] = None  # the step of the checkpoint whose weights were loaded
-        self.weights_path: Optional[str] = None  # and its path
+        self.weights_step: int | None = None  # the step of the checkpoint whose weights were loaded
+        self.weights_path: str | None = None  # and its path
 
     def release_checkpoint_dir(self) -> None:
         """Lets another run save into --checkpoint_dir."""
@@ -343,30 +385,45 @@ class Trainer:
         meta = restore.meta
         global_batch = self.config.data.batch_size * self.env.world_size
         if meta.global_batch_size != global_batch:
-            raise BadInput(f"checkpoint {restore.path} was trained with a global batch of "
-                             f"{meta.global_batch_size} rows, this run has {global_batch}: "
-                             "the data position cannot carry over")
+            raise BadInput(
+                f"checkpoint {restore.path} was trained with a global batch of "
+                f"{meta.global_batch_size} rows, this run has {global_batch}: "
+                "the data position cannot carry over"
+            )
         if meta.rolling_windows != self.rolling_windows:
-            raise BadInput(f"checkpoint {restore.path} was trained with --rolling_windows {meta.rolling_windows}, "
-                           f"this run has {self.rolling_windows}: its position in the data cannot carry over")
+            raise BadInput(
+                f"checkpoint {restore.path} was trained with --rolling_windows {meta.rolling_windows}, "
+                f"this run has {self.rolling_windows}: its position in the data cannot carry over"
+            )
         self.step, self.start_epoch, self.start_batch = meta.step, meta.epoch, meta.batch_in_epoch
         self._saved_step, self._saved_path = meta.step, restore.path  # this step needs no new save
         if meta.early_stopping:
             self.best.stopping.load_state_dict(meta.early_stopping)
-        self.log.print(f"resumed from {restore.path}: step {self.step}, {self._pass_name(self.start_epoch)}, "
-                       f"batch {self.start_batch}")
+        self.log.print(
+            f"resumed from {restore.path}: step {self.step}, {self._pass_name(self.start_epoch)}, "
+            f"batch {self.start_batch}"
+        )
 
     def save_checkpoint(self, epoch: int, batch_in_epoch: int) -> str:
         """Saves everything needed to continue at (epoch, batch_in_epoch); returns its
         path. Collective."""
         assert self.checkpoints is not None
         start = time.perf_counter()
-        meta = CheckpointMeta(step=self.step, epoch=epoch, batch_in_epoch=batch_in_epoch,
-                              world_size=self.env.world_size, config=dataclasses.asdict(self.config), plan=self.plan,
-                              run_id=self.log.run_id, early_stopping=self.best.stopping.state_dict(),
-                              data_source=self.data_source, data_features=self.data_features,
-                              serving_layout=self.serving_layout, serving_facts=self.serving_facts,
-                              calibration=self._calibration_of_this_step())
+        meta = CheckpointMeta(
+            step=self.step,
+            epoch=epoch,
+            batch_in_epoch=batch_in_epoch,
+            world_size=self.env.world_size,
+            config=dataclasses.asdict(self.config),
+            plan=self.plan,
+            run_id=self.log.run_id,
+            early_stopping=self.best.stopping.state_dict(),
+            data_source=self.data_source,
+            data_features=self.data_features,
+            serving_layout=self.serving_layout,
+            serving_facts=self.serving_facts,
+            calibration=self._calibration_of_this_step(),
+        )
         state = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
         with self.in_stage(f"saving step {self.step}"):
             path = self.checkpoints.save(state, meta)
@@ -376,13 +433,20 @@ class Trainer:
         seconds = time.perf_counter() - start
         done = "staged, writing in the background," if self.checkpoints.asynchronous else "saved"
         self.log.print(f"checkpoint {path} {done} in {seconds:.1f} s (step {self.step})")
-        self.log.record("checkpoint", step=self.step, path=path, seconds=seconds,
-                        background=self.checkpoints.asynchronous)
+        self.log.record(
+            "checkpoint", step=self.step, path=path, seconds=seconds, background=self.checkpoints.asynchronous
+        )
         return path
 
     def _pipeline(self, kind: str, amp: bool) -> TrainPipeline:
-        return build_pipeline(kind, self.model, self.optimizer, self.env.device, amp,
-                              semi_sync_start_after(self.config.semi_sync_start_batch, self.step))
+        return build_pipeline(
+            kind,
+            self.model,
+            self.optimizer,
+            self.env.device,
+            amp,
+            semi_sync_start_after(self.config.semi_sync_start_batch, self.step),
+        )
 
     def _batches(self, loader: BatchLoader) -> Iterator:
         batches: Iterator = iter(loader)
@@ -397,9 +461,14 @@ class Trainer:
     def _window_loaders(self, window: int) -> dict[str, BatchLoader]:
         """--rolling_windows: {"train": window ``window``, "validation": the next one}."""
         assert self.rolling_windows is not None
-        return self.source.window_loaders(self._dataset, window, self.rolling_windows + 1,
-                                          self.config.model.num_embeddings_per_feature, self.env.rank,
-                                          self.env.world_size)
+        return self.source.window_loaders(
+            self._dataset,
+            window,
+            self.rolling_windows + 1,
+            self.config.model.num_embeddings_per_feature,
+            self.env.rank,
+            self.env.world_size,
+        )
 
     def _total_train_steps(self) -> int:
         """The run's training steps from step 0: every epoch's, or with --rolling_windows
@@ -484,8 +553,11 @@ class Trainer:
         if len(self.loaders["test"]) == 0:  # --limit_test_batches 0: nothing to test, no model to load
             return
         final = TestedModel("final", self.step, result.export_step == self.step)
-        best = result.export_step if export is not None else (
-            stopping.best_step if self.config.early_stopping.enabled else None)
+        best = (
+            result.export_step
+            if export is not None
+            else (stopping.best_step if self.config.early_stopping.enabled else None)
+        )
         if best is None or best == self.step:  # no better model: one test, marked only with a checkpoint dir
             result.test_model = final
             result.test = self.evaluate("test", model=final, say_model=export is not None)
@@ -495,8 +567,11 @@ class Trainer:
             load_weights(self.model, export, self.env.rank)
         else:
             self.best.restore(self.model, self.step)
-        validation = (f" (validation {self.config.early_stopping.metric} {stopping.best_value:.4f})"
-                      if stopping.best_step == best and stopping.best_value is not None else "")
+        validation = (
+            f" (validation {self.config.early_stopping.metric} {stopping.best_value:.4f})"
+            if stopping.best_step == best and stopping.best_value is not None
+            else ""
+        )
         self.log.print(f"testing the best weights: step {best}{validation}")
         result.test_model = TestedModel("best", best, export is not None)
         result.test = self.evaluate("test", weights_step=best, model=result.test_model)
@@ -546,7 +621,8 @@ class Trainer:
             )
             at_checkpoint = self.checkpoints is not None and (
                 (every is not None and self.step % every == 0)
-                or (self.minute_cadence is not None and self.minute_cadence.due()))
+                or (self.minute_cadence is not None and self.minute_cadence.due())
+            )
             if len(pending) == config.log_every_n_steps or at_validation or at_checkpoint:
                 seconds = time.perf_counter() - interval_start
                 losses += self._log_interval(epoch, pending, lr, interval_records, seconds)
@@ -582,10 +658,20 @@ class Trainer:
             f"{self._pass_name(epoch)} {position} | loss {mean_loss:.5f} | lr {lr:.6g} | "
             f"{rate:,.0f} records/s | peak mem {format_bytes(peaks[top])} (rank {top})"
         )
-        self.log.record("train", step=self.step, epoch=epoch, loss=mean_loss, lr=lr,
-                        total_steps=self.clock.total_steps, eta_seconds=eta,
-                        records_per_sec=rate, records=records, seconds=seconds, step_losses=values,
-                        peak_memory_bytes=peaks)
+        self.log.record(
+            "train",
+            step=self.step,
+            epoch=epoch,
+            loss=mean_loss,
+            lr=lr,
+            total_steps=self.clock.total_steps,
+            eta_seconds=eta,
+            records_per_sec=rate,
+            records=records,
+            seconds=seconds,
+            step_losses=values,
+            peak_memory_bytes=peaks,
+        )
         return values
 
     def _log_plan_memory(self, probe: PlanMemoryProbe) -> None:
@@ -611,8 +697,10 @@ class Trainer:
         first_step = self.step - len(values)
         for offset, value in enumerate(values):
             if not math.isfinite(value):
-                raise NonFiniteLossError(f"training loss is {value} at step {first_step + offset} (epoch {epoch}): "
-                                         f"{divergence_advice(self.config.optim)}")
+                raise NonFiniteLossError(
+                    f"training loss is {value} at step {first_step + offset} (epoch {epoch}): "
+                    f"{divergence_advice(self.config.optim)}"
+                )
 
     def _validate(self, result: RunResult, epoch: int, batch_in_epoch: int) -> None:
         """Validates, keeps the best model, and ends training (``_stop_training``) on
@@ -634,19 +722,29 @@ class Trainer:
             result.time_to_target_s = time.perf_counter() - self._fit_start
             result.records_to_target = self._train_records
             self._stop_training = True
-            self.log.print(f"validation AUROC {values['auroc']:.5f} reached the target {target} at step {self.step}: "
-                           f"{result.time_to_target_s:.1f} s and {result.records_to_target} training records")
-        stop = self.best.observe(self.step, values, self.model,
-                                 save=lambda: self._saved_path if self._saved_step == self.step
-                                 else self.save_checkpoint(epoch, batch_in_epoch))
+            self.log.print(
+                f"validation AUROC {values['auroc']:.5f} reached the target {target} at step {self.step}: "
+                f"{result.time_to_target_s:.1f} s and {result.records_to_target} training records"
+            )
+        stop = self.best.observe(
+            self.step,
+            values,
+            self.model,
+            save=lambda: (
+                self._saved_path if self._saved_step == self.step else self.save_checkpoint(epoch, batch_in_epoch)
+            ),
+        )
         if stop:
             self._stop_training = True
-            self.log.print(f"early stopping at step {self.step}: validation {self.config.early_stopping.metric} "
-                           f"has not improved for {self.best.stopping.validations_without_improvement} validations "
-                           f"(best {self.best.stopping.best_value:.4f} at step {self.best.stopping.best_step})")
+            self.log.print(
+                f"early stopping at step {self.step}: validation {self.config.early_stopping.metric} "
+                f"has not improved for {self.best.stopping.validations_without_improvement} validations "
+                f"(best {self.best.stopping.best_value:.4f} at step {self.best.stopping.best_step})"
+            )
 
-    def evaluate(self, stage: str, weights_step: Optional[int] = None, model: Optional[TestedModel] = None,
-                 say_model: bool = True) -> Optional[dict[str, float]]:
+    def evaluate(
+        self, stage: str, weights_step: int | None = None, model: TestedModel | None = None, say_model: bool = True
+    ) -> dict[str, float] | None:
         """Runs the "validation" or "test" split; None when it has no batches. Collective.
 
         ``weights_step``: the step the model's weights are from, when not the current one;
@@ -702,9 +800,10 @@ class Trainer:
             f"positive rate {values['positive_rate']:.4f} | {values['num_samples']} samples (step {step}) | "
             f"{rate:,.0f} records/s"
         )
-        tested = ((model or TestedModel("", step, False)).fields() if stage == "test" or model is not None else {})
-        self.log.record("eval", stage=stage, step=step, **window, **tested, **values, records_per_sec=rate,
-                        seconds=seconds)
+        tested = (model or TestedModel("", step, False)).fields() if stage == "test" or model is not None else {}
+        self.log.record(
+            "eval", stage=stage, step=step, **window, **tested, **values, records_per_sec=rate, seconds=seconds
+        )
         if histogram is not None:
             self._fit_calibration(histogram, step)
         statistics = self.source.statistics(self.loaders["train"])
@@ -725,14 +824,14 @@ class Trainer:
         self.log.print(f"calibration: {fitted.describe()}")
         self.log.record("calibration", **dataclasses.asdict(fitted))
 
-    def _calibration_of_this_step(self) -> Optional[Calibration]:
+    def _calibration_of_this_step(self) -> Calibration | None:
         """The --calibrate fit of the validation at the current step (the weights it was
         fitted on), else None: a checkpoint stores only the fit of its own weights."""
         if self._calibration is None or self._calibration[0] != self.step:
             return None
         return self._calibration[1]
 
-    def evaluate_checkpoint(self) -> Optional[dict[str, float]]:
+    def evaluate_checkpoint(self) -> dict[str, float] | None:
         """--mode validate|test: evaluates the loaded weights on that split. Collective."""
         stage = "validation" if self.config.mode == "validate" else "test"
         model = None
@@ -757,12 +856,18 @@ class Trainer:
         step is the number of training steps completed."""
         return f"step {self.step} (epoch {self.epoch}, {self.stage})"
 
-    def _final_evaluation(self, result: RunResult) -> Optional[tuple[str, dict[str, float]]]:
+    def _final_evaluation(self, result: RunResult) -> tuple[str, dict[str, float]] | None:
         """(stage, metrics) of the run's last evaluation: the test split (the model export
         takes, when the final weights were tested too), else the last validation
         (window); None without one."""
-        final = next(((stage, values) for stage, values in (("test", result.test), ("validation", result.validation))
-                      if values is not None), None)
+        final = next(
+            (
+                (stage, values)
+                for stage, values in (("test", result.test), ("validation", result.validation))
+                if values is not None
+            ),
+            None,
+        )
         if final is not None and self.rolling_windows and result.windows and final[0] == "validation":
             final = (f"window {max(result.windows)}", final[1])
         return final
@@ -783,8 +888,10 @@ class Trainer:
         allowed = self.config.allow_divergence
         self.log.record("diverged", reason=reason, allowed=allowed)
         if not allowed:
-            raise DivergedError(f"the run diverged: {reason}: {divergence_advice(self.config.optim)} "
-                                f"({flag_of(TrainConfig, 'allow_divergence').option}: exit 0 with a warning)")
+            raise DivergedError(
+                f"the run diverged: {reason}: {divergence_advice(self.config.optim)} "
+                f"({flag_of(TrainConfig, 'allow_divergence').option}: exit 0 with a warning)"
+            )
         self.log.print(f"warning: the run diverged: {reason} ({flag_of(TrainConfig, 'allow_divergence').option})")
 
     def _summary(self, result: RunResult) -> None:
@@ -794,36 +901,59 @@ class Trainer:
         best = ""
         tested = result.test_model is not None and result.test_model.step == result.best_step
         if result.best_step is not None:
-            best = (f" | best step {result.best_step} (validation {self.config.early_stopping.metric} "
-                    f"{self.best.stopping.best_value:.4f}{', stopped early' if result.stopped_early else ''}"
-                    f"{'; tested' if tested else ''})")
+            best = (
+                f" | best step {result.best_step} (validation {self.config.early_stopping.metric} "
+                f"{self.best.stopping.best_value:.4f}{', stopped early' if result.stopped_early else ''}"
+                f"{'; tested' if tested else ''})"
+            )
         evaluated = self._closing_figures(result)
         self.log.print(
             f"done: {result.steps} steps, {self._train_records} records in {self._train_seconds:.1f} s of training "
             f"({rate:,.0f} records/s, evaluation excluded) | {evaluated or 'no window evaluated'}{best} | "
             "peak memory " + ", ".join(f"rank {r}: {format_bytes(b)}" for r, b in enumerate(peaks))
         )
-        self.log.record("summary", steps=result.steps, train_seconds=self._train_seconds,
-                        records_per_sec=rate, validation=result.validation, test=result.test,
-                        peak_memory_bytes=peaks, best_step=result.best_step,
-                        best_validation=result.best_validation, stopped_early=result.stopped_early,
-                        target_reached=result.target_reached, time_to_target_s=result.time_to_target_s,
-                        records_to_target=result.records_to_target,
-                        windows=[{"window": w, **v, "step": result.window_steps[w],
-                                  "exported": result.window_steps[w] == result.export_step}
-                                 for w, v in result.windows.items()] if self.rolling_windows else None,
-                        test_model=(None if result.test_model is None
-                                    else {**result.test_model.fields(), "step": result.test_model.step}),
-                        final_test=result.final_test, export_step=result.export_step)
+        self.log.record(
+            "summary",
+            steps=result.steps,
+            train_seconds=self._train_seconds,
+            records_per_sec=rate,
+            validation=result.validation,
+            test=result.test,
+            peak_memory_bytes=peaks,
+            best_step=result.best_step,
+            best_validation=result.best_validation,
+            stopped_early=result.stopped_early,
+            target_reached=result.target_reached,
+            time_to_target_s=result.time_to_target_s,
+            records_to_target=result.records_to_target,
+            windows=[
+                {
+                    "window": w,
+                    **v,
+                    "step": result.window_steps[w],
+                    "exported": result.window_steps[w] == result.export_step,
+                }
+                for w, v in result.windows.items()
+            ]
+            if self.rolling_windows
+            else None,
+            test_model=(
+                None if result.test_model is None else {**result.test_model.fields(), "step": result.test_model.step}
+            ),
+            final_test=result.final_test,
+            export_step=result.export_step,
+        )
 
     def _closing_figures(self, result: RunResult) -> str:
         """The done line's figures, each saying which model it is once there is a
         choice (a best model kept, or a checkpoint directory to export from): ``test
         (best, step 38, the one export takes) AUROC ... | test (final, step 57) AUROC ...``."""
         if self.rolling_windows:
+
             def window(w: int) -> str:
                 exported = result.window_steps[w] == result.export_step
                 return f"window {w}" + (f" (step {result.window_steps[w]}, the one export takes)" if exported else "")
+
             return " | ".join(format_metrics(window(w), v) for w, v in result.windows.items())
         tested = result.test_model
         if tested is None or (result.final_test is None and result.export_step is None):

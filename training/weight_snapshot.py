@@ -1,6 +1,5 @@
 """A copy of a sharded model's weights in host memory: each rank keeps its own shards."""
 
-
 import torch
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor

@@ -11,7 +11,6 @@ losses average to the global batch's weighted mean loss.
 """
 
 from dataclasses import dataclass
-from typing import Optional, Union
 
 import numpy as np
 import torch
@@ -19,7 +18,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 # One-hot ids (B, F), or one (B, k_f) array of ids per feature for multi-hot bags.
-Sparse = Union[np.ndarray, list[np.ndarray]]
+Sparse = np.ndarray | list[np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -91,9 +90,13 @@ class WeightedBatch(Batch):
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "WeightedBatch":
         batch = super().to(device, non_blocking)
-        return WeightedBatch(batch.dense_features, batch.sparse_features, batch.labels,
-                             self.weights.to(device=device, non_blocking=non_blocking),
-                             self.weight_normalizer.to(device=device, non_blocking=non_blocking))
+        return WeightedBatch(
+            batch.dense_features,
+            batch.sparse_features,
+            batch.labels,
+            self.weights.to(device=device, non_blocking=non_blocking),
+            self.weight_normalizer.to(device=device, non_blocking=non_blocking),
+        )
 
     def record_stream(self, stream: torch.Stream) -> None:
         super().record_stream(stream)
@@ -102,8 +105,13 @@ class WeightedBatch(Batch):
 
     def pin_memory(self) -> "WeightedBatch":
         batch = super().pin_memory()
-        return WeightedBatch(batch.dense_features, batch.sparse_features, batch.labels,
-                             self.weights.pin_memory(), self.weight_normalizer.pin_memory())
+        return WeightedBatch(
+            batch.dense_features,
+            batch.sparse_features,
+            batch.labels,
+            self.weights.pin_memory(),
+            self.weight_normalizer.pin_memory(),
+        )
 
 
 class BatchBuilder:
@@ -131,8 +139,14 @@ class BatchBuilder:
             self._lengths[key] = (lengths, offsets)
         return self._lengths[key]
 
-    def __call__(self, dense: np.ndarray, sparse: Sparse, labels: np.ndarray,
-                 weights: Optional[np.ndarray] = None, weight_normalizer: float = 1.0) -> Batch:
+    def __call__(
+        self,
+        dense: np.ndarray,
+        sparse: Sparse,
+        labels: np.ndarray,
+        weights: np.ndarray | None = None,
+        weight_normalizer: float = 1.0,
+    ) -> Batch:
         batch_size = dense.shape[0]
         if isinstance(sparse, np.ndarray):
             hotness: tuple[int, ...] = (1,) * sparse.shape[1]
@@ -143,8 +157,15 @@ class BatchBuilder:
         lengths, offsets = self._lengths_offsets(batch_size, hotness)
         return self._batch(dense, values, lengths, offsets, labels, weights, weight_normalizer)
 
-    def bags(self, dense: np.ndarray, ids: list[np.ndarray], lengths: np.ndarray, labels: np.ndarray,
-             weights: Optional[np.ndarray] = None, weight_normalizer: float = 1.0) -> Batch:
+    def bags(
+        self,
+        dense: np.ndarray,
+        ids: list[np.ndarray],
+        lengths: np.ndarray,
+        labels: np.ndarray,
+        weights: np.ndarray | None = None,
+        weight_normalizer: float = 1.0,
+    ) -> Batch:
         """A batch of bags of any length: ``ids[f]`` holds feature f's ids of every row,
         row after row, ``lengths`` (F, B) the bag sizes (0 for an empty bag)."""
         flat_lengths = torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int32).reshape(-1))
@@ -155,8 +176,16 @@ class BatchBuilder:
         values = values.astype(np.int64 if wide else np.int32, copy=False)
         return self._batch(dense, values, flat_lengths, offsets, labels, weights, weight_normalizer)
 
-    def _batch(self, dense: np.ndarray, values: np.ndarray, lengths: torch.Tensor, offsets: torch.Tensor,
-               labels: np.ndarray, weights: Optional[np.ndarray], weight_normalizer: float) -> Batch:
+    def _batch(
+        self,
+        dense: np.ndarray,
+        values: np.ndarray,
+        lengths: torch.Tensor,
+        offsets: torch.Tensor,
+        labels: np.ndarray,
+        weights: np.ndarray | None,
+        weight_normalizer: float,
+    ) -> Batch:
         batch = Batch(
             dense_features=torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)),
             sparse_features=KeyedJaggedTensor(
@@ -166,6 +195,10 @@ class BatchBuilder:
         )
         if weights is None:
             return batch
-        return WeightedBatch(batch.dense_features, batch.sparse_features, batch.labels,
-                             torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32)),
-                             torch.tensor(weight_normalizer, dtype=torch.float32))
+        return WeightedBatch(
+            batch.dense_features,
+            batch.sparse_features,
+            batch.labels,
+            torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32)),
+            torch.tensor(weight_normalizer, dtype=torch.float32),
+        )

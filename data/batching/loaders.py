@@ -1,22 +1,21 @@
 """The per-rank loaders of the binary data sets and of random data (the sources of
 data/sources/ that open them call these)."""
 
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING
 
+from data.batching.multi_hot import MultiHotExpander
+from data.batching.value_checks import check_value_files
 from data.binary.criteo import CriteoBinaryDataset, CriteoBinaryLoader
 from data.binary.criteo_layout import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES
-from data.batching.multi_hot import MultiHotExpander
-from data.synthetic.random_data import RandomCriteoLoader
 from data.binary.split import SplitBinaryDataset
-from data.batching.value_checks import check_value_files
 from data.sources.types import RANDOM_DATA_BATCHES, SPLITS, BatchLoader
+from data.synthetic.random_data import RandomCriteoLoader
 
 if TYPE_CHECKING:  # the flags' module imports the sources, whose loaders are these
     from data.config import DataConfig
 
 
-def check_dataset_values(config: "DataConfig",
-                         dataset: Optional[Union[CriteoBinaryDataset, SplitBinaryDataset]]) -> None:
+def check_dataset_values(config: "DataConfig", dataset: CriteoBinaryDataset | SplitBinaryDataset | None) -> None:
     """Unless ``mmap_mode`` (whose loaders check each batch as they read it), checks
     every value: labels 0 or 1, finite dense values, ids from 0 to the declared
     cardinality - 1 (`data.batching.value_checks`); it reads every file (minutes on Criteo 1TB).
@@ -30,7 +29,7 @@ def check_dataset_values(config: "DataConfig",
 
 def build_loaders(
     config: "DataConfig",
-    dataset: Optional[Union[CriteoBinaryDataset, SplitBinaryDataset]],
+    dataset: CriteoBinaryDataset | SplitBinaryDataset | None,
     num_embeddings_per_feature: list[int],
     rank: int,
     world_size: int,
@@ -44,8 +43,12 @@ def build_loaders(
     loaders: dict[str, BatchLoader] = {}
     expand = None
     if config.multi_hot_sizes is not None:
-        expand = MultiHotExpander(config.multi_hot_sizes, num_embeddings_per_feature,
-                                  config.multi_hot_distribution_type or "uniform", config.seed)
+        expand = MultiHotExpander(
+            config.multi_hot_sizes,
+            num_embeddings_per_feature,
+            config.multi_hot_distribution_type or "uniform",
+            config.seed,
+        )
     for stream, split in enumerate(SPLITS):
         is_train = split == "train"
         batch_size = config.batch_size if is_train else config.eval_batch_size

@@ -21,6 +21,7 @@ import numpy as np
 from common.atomic import atomic_path
 from common.errors import BadInput
 from data.sources.types import MULTI_HOT_DISTRIBUTIONS
+
 _OFFSET_ROWS = 65536
 
 
@@ -39,8 +40,9 @@ class MultiHotExpander:
         bags = expand(np.zeros((4, 26), np.int32))  # 26 arrays of shape (4, 3)
     """
 
-    def __init__(self, hotness: Sequence[int], num_embeddings_per_feature: Sequence[int],
-                 distribution: str, seed: int) -> None:
+    def __init__(
+        self, hotness: Sequence[int], num_embeddings_per_feature: Sequence[int], distribution: str, seed: int
+    ) -> None:
         if distribution not in MULTI_HOT_DISTRIBUTIONS:
             raise BadInput(f"--multi_hot_distribution_type must be uniform or pareto, got {distribution!r}")
         self.hotness = list(hotness)
@@ -76,7 +78,7 @@ def open_npz_arrays(path: str, keys: Sequence[str]) -> list[np.ndarray]:
             try:
                 info = archive.getinfo(name)
             except KeyError:
-                raise BadInput(f"{path}: no array {key!r} (expected keys 0..{len(keys) - 1})")
+                raise BadInput(f"{path}: no array {key!r} (expected keys 0..{len(keys) - 1})") from None
             if info.compress_type != zipfile.ZIP_STORED:
                 with archive.open(info) as member:
                     arrays.append(np.lib.format.read_array(member))
@@ -84,11 +86,17 @@ def open_npz_arrays(path: str, keys: Sequence[str]) -> list[np.ndarray]:
             with open(path, "rb") as f:
                 f.seek(info.header_offset)
                 local = f.read(30)
-                data_start = info.header_offset + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
+                data_start = (
+                    info.header_offset
+                    + 30
+                    + int.from_bytes(local[26:28], "little")
+                    + int.from_bytes(local[28:30], "little")
+                )
                 f.seek(data_start)
                 version = np.lib.format.read_magic(f)
-                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                               else np.lib.format.read_array_header_2_0)
+                read_header = (
+                    np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                )
                 shape, fortran, dtype = read_header(f)
                 offset = f.tell()
             if fortran:

@@ -18,9 +18,8 @@ Example::
     check_value_files(files)  # DataValueError: "day_0_labels.npy row 7 column label: label 2 ..."
 """
 
-from dataclasses import dataclass
-from typing import Optional, Union
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,7 +29,7 @@ DENSE, IDS, LABELS, WEIGHTS = "dense", "ids", "labels", "weights"
 CHECK_BLOCK_ROWS = 1 << 18
 _LABEL_LIMIT = 2  # labels are ids below 2
 
-Sparse = Union[np.ndarray, list[np.ndarray]]
+Sparse = np.ndarray | list[np.ndarray]
 
 
 class DataValueError(BadInput):
@@ -61,7 +60,7 @@ class ValueFile:
     kind: str
     columns: Sequence[str]
     first_row: int = 0
-    cardinalities: Optional[Sequence[int]] = None
+    cardinalities: Sequence[int] | None = None
     declared_by: str = ""
 
     @property
@@ -79,13 +78,13 @@ def _as_unsigned(array: np.ndarray) -> np.ndarray:
     return array.view(np.dtype(f"u{array.dtype.itemsize}"))
 
 
-def _limits(kind: str, cardinalities: Optional[Sequence[int]]) -> Optional[np.ndarray]:
+def _limits(kind: str, cardinalities: Sequence[int] | None) -> np.ndarray | None:
     if kind == LABELS:
         return np.asarray([_LABEL_LIMIT], dtype=np.int64)
     return None if cardinalities is None else np.asarray(cardinalities, dtype=np.int64)
 
 
-def _all_valid(kind: str, array: np.ndarray, limits: Optional[np.ndarray]) -> bool:
+def _all_valid(kind: str, array: np.ndarray, limits: np.ndarray | None) -> bool:
     """The fast test of a block: True when every value is valid."""
     array = _as_2d(array)
     if array.size == 0:
@@ -104,7 +103,7 @@ def _all_valid(kind: str, array: np.ndarray, limits: Optional[np.ndarray]) -> bo
     return not (unsigned >= limits).any()
 
 
-def _invalid(kind: str, array: np.ndarray, limits: Optional[np.ndarray]) -> np.ndarray:
+def _invalid(kind: str, array: np.ndarray, limits: np.ndarray | None) -> np.ndarray:
     """Bool (rows, columns): which values are invalid (the slow path of a failing block)."""
     array = _as_2d(array)
     if kind == DENSE:
@@ -115,7 +114,7 @@ def _invalid(kind: str, array: np.ndarray, limits: Optional[np.ndarray]) -> np.n
     return (values < 0) if limits is None else (values < 0) | (values >= limits)
 
 
-def _reason(kind: str, value, limit: Optional[int], declared_by: str) -> str:
+def _reason(kind: str, value, limit: int | None, declared_by: str) -> str:
     if kind == DENSE:
         return f"dense value {float(value)} (dense values must be finite)"
     if kind == WEIGHTS:
@@ -127,8 +126,9 @@ def _reason(kind: str, value, limit: Optional[int], declared_by: str) -> str:
     return f"id {int(value)} is not below the cardinality {limit} {declared_by}"
 
 
-def check_value_files(files: Sequence[ValueFile], start: int = 0, stop: Optional[int] = None,
-                      block_rows: int = CHECK_BLOCK_ROWS) -> None:
+def check_value_files(
+    files: Sequence[ValueFile], start: int = 0, stop: int | None = None, block_rows: int = CHECK_BLOCK_ROWS
+) -> None:
     """Checks the values of the files' rows in the global range [start, stop).
 
     Raises:
@@ -145,8 +145,10 @@ def check_value_files(files: Sequence[ValueFile], start: int = 0, stop: Optional
                 continue
             row, column = (int(i) for i in np.argwhere(_invalid(file.kind, block, limits))[0])
             limit = None if limits is None else int(limits[column % len(limits)])
-            raise DataValueError(f"{file.path} row {block_start + row} column {file.columns[column]}: "
-                                 f"{_reason(file.kind, block[row, column], limit, file.declared_by)}")
+            raise DataValueError(
+                f"{file.path} row {block_start + row} column {file.columns[column]}: "
+                f"{_reason(file.kind, block[row, column], limit, file.declared_by)}"
+            )
 
 
 class BatchValueCheck:
@@ -165,15 +167,18 @@ class BatchValueCheck:
         check.first_invalid_row(dense, sparse, labels)  # None: the batch is clean
     """
 
-    def __init__(self, cardinalities: Optional[Sequence[int]]) -> None:
+    def __init__(self, cardinalities: Sequence[int] | None) -> None:
         self._cardinalities = None if cardinalities is None else np.asarray(cardinalities, dtype=np.int64)
         self._bag_limits: dict[tuple[int, ...], np.ndarray] = {}
 
-    def _ids(self, sparse: Sparse) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    def _ids(self, sparse: Sparse) -> tuple[np.ndarray, np.ndarray | None]:
         """(ids as one array, their limits) of one-hot ids or per-feature bags."""
         if isinstance(sparse, np.ndarray) or self._cardinalities is None:
-            ids = sparse if isinstance(sparse, np.ndarray) else np.concatenate(
-                [np.asarray(part, dtype=np.int32).reshape(-1) for part in sparse]).reshape(1, -1)
+            ids = (
+                sparse
+                if isinstance(sparse, np.ndarray)
+                else np.concatenate([np.asarray(part, dtype=np.int32).reshape(-1) for part in sparse]).reshape(1, -1)
+            )
             return ids, _limits(IDS, self._cardinalities)
         shape = (len(sparse[0]), *(part.shape[1] for part in sparse))
         if shape not in self._bag_limits:
@@ -182,7 +187,7 @@ class BatchValueCheck:
         ids = np.concatenate([np.asarray(part, dtype=np.int32).reshape(-1) for part in sparse])
         return ids.reshape(1, -1), self._bag_limits[shape]  # one row: a limit per value
 
-    def first_invalid_row(self, dense: np.ndarray, sparse: Sparse, labels: np.ndarray) -> Optional[int]:
+    def first_invalid_row(self, dense: np.ndarray, sparse: Sparse, labels: np.ndarray) -> int | None:
         """The index of the first row of a batch holding an invalid value, or None.
 
         Args:

@@ -12,7 +12,6 @@ multi-hot layout, 26 arrays of shape (N, k_f); `Sparse` covers both.
 import mmap
 import os
 import zipfile
-from typing import Optional, Union
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -20,6 +19,8 @@ from torchrec.datasets.utils import Batch
 
 from common.errors import BadInput
 from data.batching.batches import BatchBuilder, RankBatchLayout, Sparse
+from data.batching.multi_hot import open_npz_arrays
+from data.batching.value_checks import DENSE, IDS, LABELS, BatchValueCheck, DataValueError, ValueFile, check_value_files
 from data.binary.criteo_layout import (
     DENSE_FEATURE_NAMES,
     METADATA_FILE,
@@ -32,9 +33,7 @@ from data.binary.criteo_layout import (
     read_metadata,
 )
 from data.binary.mapped_pages import RELEASE_EVERY_BYTES, MappedPageRelease, prefetch_rows
-from data.batching.multi_hot import open_npz_arrays
 from data.binary.split import SplitBinaryDataset
-from data.batching.value_checks import DENSE, IDS, LABELS, BatchValueCheck, DataValueError, ValueFile, check_value_files
 
 Arrays = tuple[np.ndarray, Sparse, np.ndarray]
 
@@ -83,8 +82,11 @@ class CriteoBinaryDataset:
         self.metadata = read_metadata(directory)
         listed = self._listed_days()
         self._days: list[Arrays] = []
-        while (len(self._days) < listed if listed is not None
-               else os.path.exists(day_file(directory, len(self._days), "dense"))):
+        while (
+            len(self._days) < listed
+            if listed is not None
+            else os.path.exists(day_file(directory, len(self._days), "dense"))
+        ):
             self._days.append(self._open_day(len(self._days)))
         if len(self._days) < 2:
             raise BadInput(
@@ -96,29 +98,36 @@ class CriteoBinaryDataset:
         self._check_rows_per_day()
         listed_hotness = self.metadata.multi_hot_sizes if self.metadata else None
         if multi_hot and listed_hotness is not None and listed_hotness != self.hotness:
-            raise BadInput(f"{multi_hot_file(directory, 0)}: bags of {self.hotness} ids, but {METADATA_FILE} "
-                           f"says multi_hot_sizes {listed_hotness}")
+            raise BadInput(
+                f"{multi_hot_file(directory, 0)}: bags of {self.hotness} ids, but {METADATA_FILE} "
+                f"says multi_hot_sizes {listed_hotness}"
+            )
         for split, (start, stop) in self.split_ranges().items():
             if start == stop:
-                raise BadInput(f"{directory}: the {split} split has no rows "
-                                 f"(rows per day: {', '.join(map(str, self.rows_per_day))})")
+                raise BadInput(
+                    f"{directory}: the {split} split has no rows "
+                    f"(rows per day: {', '.join(map(str, self.rows_per_day))})"
+                )
 
-    def _listed_days(self) -> Optional[int]:
+    def _listed_days(self) -> int | None:
         """The number of days metadata.json lists (None without one); refuses day files
         beyond them and an unfinished preprocessing."""
         if self.metadata is None:
             markers = day_files_from(self.directory, 0)
             if any(path.endswith(".done.json") for path in markers):
-                raise BadInput(f"{self.directory}: preprocessing did not finish (day markers but no "
-                                 f"{METADATA_FILE}); run it again")
+                raise BadInput(
+                    f"{self.directory}: preprocessing did not finish (day markers but no {METADATA_FILE}); run it again"
+                )
             return None
         listed = self.metadata.num_days
         if listed is None:
             return None
         leftovers = day_files_from(self.directory, listed)
         if leftovers:
-            raise BadInput(f"{leftovers[0]}: not part of the data set ({METADATA_FILE} lists days 0 to "
-                             f"{listed - 1}); a leftover of an earlier data set? remove it")
+            raise BadInput(
+                f"{leftovers[0]}: not part of the data set ({METADATA_FILE} lists days 0 to "
+                f"{listed - 1}); a leftover of an earlier data set? remove it"
+            )
         return listed
 
     def _check_rows_per_day(self) -> None:
@@ -127,8 +136,10 @@ class CriteoBinaryDataset:
             return
         for day, (rows, expected) in enumerate(zip(self.rows_per_day, listed)):
             if rows != expected:
-                raise BadInput(f"{day_file(self.directory, day, 'dense')}: holds {rows} rows, "
-                                 f"but {METADATA_FILE} says day {day} has {expected}")
+                raise BadInput(
+                    f"{day_file(self.directory, day, 'dense')}: holds {rows} rows, "
+                    f"but {METADATA_FILE} says day {day} has {expected}"
+                )
 
     def _open_day(self, day: int) -> Arrays:
         expected = {"dense": (np.float32, NUM_DENSE_FEATURES), "labels": (np.int32, 1)}
@@ -145,8 +156,7 @@ class CriteoBinaryDataset:
                 raise BadInput(f"{path}: cannot read as .npy ({e})") from e
             if array.ndim != 2 or array.shape[1] != width or array.dtype != dtype:
                 raise BadInput(
-                    f"{path}: expected {np.dtype(dtype).name} of shape (N, {width}), "
-                    f"found {array.dtype} {array.shape}"
+                    f"{path}: expected {np.dtype(dtype).name} of shape (N, {width}), found {array.dtype} {array.shape}"
                 )
             arrays[kind] = array
         sparse: Sparse = arrays.get("sparse")  # type: ignore[assignment]
@@ -159,8 +169,9 @@ class CriteoBinaryDataset:
                 raise BadInput(f"{path}: cannot read as .npz ({e})") from e
             for f, part in enumerate(sparse):
                 if part.ndim != 2 or part.dtype != np.int32:
-                    raise BadInput(f"{path}: array {f} must be int32 of shape (N, hotness), "
-                                     f"found {part.dtype} {part.shape}")
+                    raise BadInput(
+                        f"{path}: array {f} must be int32 of shape (N, hotness), found {part.dtype} {part.shape}"
+                    )
             counts += [part.shape[0] for part in sparse]
         else:
             counts.append(sparse.shape[0])  # type: ignore[union-attr]
@@ -179,7 +190,7 @@ class CriteoBinaryDataset:
         return SPARSE_FEATURE_NAMES
 
     @property
-    def num_embeddings_per_feature(self) -> Optional[list[int]]:
+    def num_embeddings_per_feature(self) -> list[int] | None:
         """Cardinalities recorded in metadata.json, if any."""
         return self.metadata.num_embeddings_per_feature if self.metadata else None
 
@@ -197,18 +208,36 @@ class CriteoBinaryDataset:
             first = int(self.day_starts[day])
             files.append(ValueFile(day_file(self.directory, day, "dense"), dense, DENSE, DENSE_FEATURE_NAMES, first))
             if isinstance(sparse, np.ndarray):
-                files.append(ValueFile(day_file(self.directory, day, "sparse"), sparse, IDS, SPARSE_FEATURE_NAMES,
-                                       first, cardinalities, f"in {METADATA_FILE}"))
+                files.append(
+                    ValueFile(
+                        day_file(self.directory, day, "sparse"),
+                        sparse,
+                        IDS,
+                        SPARSE_FEATURE_NAMES,
+                        first,
+                        cardinalities,
+                        f"in {METADATA_FILE}",
+                    )
+                )
             else:
                 npz = multi_hot_file(self.directory, day)
-                files += [ValueFile(f"{npz} array '{f}'", part, IDS, [name] * part.shape[1], first,
-                                    None if cardinalities is None else [cardinalities[f]], f"in {METADATA_FILE}")
-                          for f, (name, part) in enumerate(zip(SPARSE_FEATURE_NAMES, sparse))]
+                files += [
+                    ValueFile(
+                        f"{npz} array '{f}'",
+                        part,
+                        IDS,
+                        [name] * part.shape[1],
+                        first,
+                        None if cardinalities is None else [cardinalities[f]],
+                        f"in {METADATA_FILE}",
+                    )
+                    for f, (name, part) in enumerate(zip(SPARSE_FEATURE_NAMES, sparse))
+                ]
             files.append(ValueFile(day_file(self.directory, day, "labels"), labels, LABELS, ["label"], first))
         return files
 
     @property
-    def hotness(self) -> Optional[list[int]]:
+    def hotness(self) -> list[int] | None:
         """Bag size per feature of multi-hot data, None for one-hot."""
         sparse = self._days[0][1]
         return None if isinstance(sparse, np.ndarray) else [part.shape[1] for part in sparse]
@@ -226,8 +255,9 @@ class CriteoBinaryDataset:
             if prefetch:
                 for array in _every_array(self._days[day]):
                     prefetch_rows(array, lo, hi)  # every file's request at once, before the copies wait on them
-            parts.append((np.array(dense[lo:hi]), _map_sparse(sparse, lambda a: np.array(a[lo:hi])),
-                          np.array(labels[lo:hi])))
+            parts.append(
+                (np.array(dense[lo:hi]), _map_sparse(sparse, lambda a: np.array(a[lo:hi])), np.array(labels[lo:hi]))
+            )
             start, day = min(stop, day_stop), day + 1
         return parts[0] if len(parts) == 1 else _concat_arrays(parts)
 
@@ -281,19 +311,19 @@ class CriteoBinaryLoader:
 
     def __init__(
         self,
-        dataset: Union[CriteoBinaryDataset, SplitBinaryDataset],
+        dataset: CriteoBinaryDataset | SplitBinaryDataset,
         split: str,
         batch_size: int,
         rank: int,
         world_size: int,
         drop_last: bool = False,
-        row_permutation_seed: Optional[int] = None,
-        shuffle_batches_seed: Optional[int] = None,
+        row_permutation_seed: int | None = None,
+        shuffle_batches_seed: int | None = None,
         mmap_mode: bool = False,
-        num_embeddings_per_feature: Optional[Sequence[int]] = None,
-        limit_batches: Optional[int] = None,
-        expand: Optional[Callable[[np.ndarray], list[np.ndarray]]] = None,
-        release_every_bytes: Optional[int] = RELEASE_EVERY_BYTES,
+        num_embeddings_per_feature: Sequence[int] | None = None,
+        limit_batches: int | None = None,
+        expand: Callable[[np.ndarray], list[np.ndarray]] | None = None,
+        release_every_bytes: int | None = RELEASE_EVERY_BYTES,
     ) -> None:
         self._dataset = dataset
         self._expand = expand
@@ -310,12 +340,15 @@ class CriteoBinaryLoader:
         self._modulo = self._modulo_sizes(num_embeddings_per_feature)
         self._batch_check = BatchValueCheck(dataset.num_embeddings_per_feature) if mmap_mode else None
         self._epoch, self._start_batch = 0, 0
-        self._in_memory: Optional[Arrays] = None
+        self._in_memory: Arrays | None = None
         self._weighted = isinstance(dataset, SplitBinaryDataset) and dataset.weight_column is not None
-        self._in_memory_weights: Optional[tuple[np.ndarray, np.ndarray]] = None  # (rank's weights, normalizers)
+        self._in_memory_weights: tuple[np.ndarray, np.ndarray] | None = None  # (rank's weights, normalizers)
         random_order = mmap_mode and (shuffle_batches_seed is not None or row_permutation_seed is not None)
-        self._release = (None if release_every_bytes is None else
-                         MappedPageRelease([f.array for f in dataset.value_files()], release_every_bytes, random_order))
+        self._release = (
+            None
+            if release_every_bytes is None
+            else MappedPageRelease([f.array for f in dataset.value_files()], release_every_bytes, random_order)
+        )
         self._prefetch = random_order and isinstance(dataset, CriteoBinaryDataset)
         if not mmap_mode:
             # This rank's rows of every batch it may visit, batch after batch, in one block.
@@ -324,12 +357,14 @@ class CriteoBinaryLoader:
             self._in_memory = _concat_arrays(blocks) if blocks else None
             if self._weighted:
                 weights = [self._read_weights(b) for b in range(visited)]
-                self._in_memory_weights = (np.concatenate([w for w, _ in weights] or [np.zeros(0, np.float32)]),
-                                           np.asarray([n for _, n in weights], dtype=np.float64))
+                self._in_memory_weights = (
+                    np.concatenate([w for w, _ in weights] or [np.zeros(0, np.float32)]),
+                    np.asarray([n for _, n in weights], dtype=np.float64),
+                )
             if self._release is not None:
                 self._release.release()  # the rows are in memory: their file pages (and the value check's) can go
 
-    def _modulo_sizes(self, sizes: Optional[Sequence[int]]) -> Optional[np.ndarray]:
+    def _modulo_sizes(self, sizes: Sequence[int] | None) -> np.ndarray | None:
         if sizes is None:
             return None
         known = self._dataset.num_embeddings_per_feature
@@ -397,7 +432,7 @@ class CriteoBinaryLoader:
     def __iter__(self) -> Iterator[Batch]:
         full = self._layout.batch_size
         for b in self._batch_order():
-            weights: Optional[np.ndarray] = None
+            weights: np.ndarray | None = None
             normalizer = 1.0
             if self._in_memory is not None:
                 size = self._layout.rows(b)[1] - self._layout.rows(b)[0]

@@ -13,11 +13,24 @@ day with ``day_{i}.done.json``.
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from common.atomic import write_bytes
-from common.json_fields import (COUNTS, INTEGER, NUMBER, OBJECT, TEXT, FileFieldError, JsonObject, Kind, int_list,
-                                integer, one_of, optional, versioned_json)
+from common.json_fields import (
+    COUNTS,
+    INTEGER,
+    NUMBER,
+    OBJECT,
+    TEXT,
+    FileFieldError,
+    JsonObject,
+    Kind,
+    int_list,
+    integer,
+    one_of,
+    optional,
+    versioned_json,
+)
 
 NUM_DENSE_FEATURES = 13
 NUM_SPARSE_FEATURES = 26
@@ -103,22 +116,22 @@ class CriteoMetadata:
         sizes = metadata.num_embeddings_per_feature if metadata else None
     """
 
-    num_days: Optional[int] = None
-    rows_per_day: Optional[list[int]] = None
-    num_embeddings_per_feature: Optional[list[int]] = None
+    num_days: int | None = None
+    rows_per_day: list[int] | None = None
+    num_embeddings_per_feature: list[int] | None = None
     num_dense_features: int = NUM_DENSE_FEATURES
     num_sparse_features: int = NUM_SPARSE_FEATURES
-    dataset_name: Optional[str] = None
-    dense_transform: Optional[str] = None
+    dataset_name: str | None = None
+    dense_transform: str | None = None
     frequency_threshold: int = 0
-    modulo_num_embeddings_per_feature: Optional[list[int]] = None
-    bad_lines: Optional[dict[str, int]] = None
-    split: Optional[str] = None
-    vocabulary_from: Optional[str] = None
-    positive_rate: Optional[float] = None
-    multi_hot_sizes: Optional[list[int]] = None
-    multi_hot_distribution_type: Optional[str] = None
-    generator: Optional[dict[str, Any]] = None
+    modulo_num_embeddings_per_feature: list[int] | None = None
+    bad_lines: dict[str, int] | None = None
+    split: str | None = None
+    vocabulary_from: str | None = None
+    positive_rate: float | None = None
+    multi_hot_sizes: list[int] | None = None
+    multi_hot_distribution_type: str | None = None
+    generator: dict[str, Any] | None = None
     version: int = METADATA_VERSION
 
     def to_json(self) -> bytes:
@@ -143,8 +156,11 @@ class CriteoMetadata:
             return document.get(name, kind) if version >= 1 else document.get(name, optional(kind), None)
 
         for name, count in (("num_dense_features", NUM_DENSE_FEATURES), ("num_sparse_features", NUM_SPARSE_FEATURES)):
-            document.get(name, Kind(lambda v, count=count: v == count and not isinstance(v, bool),
-                                    f"{count} (the Criteo layout's)"), None)
+            document.get(
+                name,
+                Kind(lambda v, count=count: v == count and not isinstance(v, bool), f"{count} (the Criteo layout's)"),
+                None,
+            )
         sizes = int_list(NUM_SPARSE_FEATURES, minimum=1)
         num_days = written("num_days", integer(1))
         rows_per_day = written("rows_per_day", int_list())
@@ -173,7 +189,7 @@ def metadata_file(directory: str) -> str:
     return os.path.join(directory, METADATA_FILE)
 
 
-def read_metadata(directory: str) -> Optional[CriteoMetadata]:
+def read_metadata(directory: str) -> CriteoMetadata | None:
     """The directory's metadata.json, or None when it has none.
 
     Raises:

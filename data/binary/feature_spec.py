@@ -19,9 +19,9 @@ categorical features only: no numerical chunk); the categorical one may not.
 """
 
 import os
-from dataclasses import dataclass, field
-from typing import Any, Optional
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import yaml
@@ -101,7 +101,7 @@ class FeatureSpec:
             self.channel_spec.setdefault(channel, [])
 
     @classmethod
-    def load(cls, path: str, allow_auto: bool = False, weight: Optional[str] = None) -> "FeatureSpec":
+    def load(cls, path: str, allow_auto: bool = False, weight: str | None = None) -> "FeatureSpec":
         """Reads and validates a YAML spec; raises FeatureSpecError.
 
         Args:
@@ -114,8 +114,9 @@ class FeatureSpec:
         return cls.from_dict(raw, os.path.dirname(os.path.abspath(path)), path, allow_auto, weight)
 
     @classmethod
-    def from_dict(cls, raw: Any, base_dir: str, path: str, allow_auto: bool = False,
-                  weight: Optional[str] = None) -> "FeatureSpec":
+    def from_dict(
+        cls, raw: Any, base_dir: str, path: str, allow_auto: bool = False, weight: str | None = None
+    ) -> "FeatureSpec":
         def fail(message: str) -> FeatureSpecError:
             return FeatureSpecError(f"{path}: {message}")
 
@@ -140,8 +141,9 @@ class FeatureSpec:
             for i, c in enumerate(chunks):
                 if not isinstance(c, dict) or c.get("type") not in CHUNK_TYPES:
                     raise fail(f"source_spec {mapping} chunk {i}: type must be one of {', '.join(CHUNK_TYPES)}")
-                sources[mapping].append(Chunk(c["type"], [str(n) for n in c.get("features") or []],
-                                              [str(p) for p in c.get("files") or []]))
+                sources[mapping].append(
+                    Chunk(c["type"], [str(n) for n in c.get("features") or []], [str(p) for p in c.get("files") or []])
+                )
         spec = cls(features, channels, sources, dict(raw.get("metadata") or {}), base_dir, path)
         spec.validate(allow_auto)
         return spec
@@ -161,7 +163,7 @@ class FeatureSpec:
         return self.channel_spec["label"][0]
 
     @property
-    def weight(self) -> Optional[str]:
+    def weight(self) -> str | None:
         """The sample-weight feature, or None when the spec declares none."""
         return self.channel_spec["weight"][0] if self.channel_spec["weight"] else None
 
@@ -184,6 +186,7 @@ class FeatureSpec:
         Args:
             allow_auto: accept ``cardinality: auto`` (transcoder input).
         """
+
         def fail(message: str) -> FeatureSpecError:
             return FeatureSpecError(f"{self.path}: {message}")
 
@@ -228,12 +231,15 @@ class FeatureSpec:
         entry = self.feature_spec[name]
         cardinality = entry.get("cardinality")
         if cardinality is None or (cardinality == AUTO and not allow_auto):
-            raise fail(f"categorical feature {name!r} has no cardinality"
-                       + (" (auto is only for transcoder input)" if cardinality == AUTO else ""))
+            raise fail(
+                f"categorical feature {name!r} has no cardinality"
+                + (" (auto is only for transcoder input)" if cardinality == AUTO else "")
+            )
         if cardinality != AUTO:
             if not isinstance(cardinality, int) or cardinality <= 0:
-                raise fail(f"categorical feature {name!r}: cardinality must be a positive integer or auto, "
-                           f"got {cardinality!r}")
+                raise fail(
+                    f"categorical feature {name!r}: cardinality must be a positive integer or auto, got {cardinality!r}"
+                )
             dtype = entry.get("dtype")
             if dtype is not None:
                 try:
@@ -241,8 +247,10 @@ class FeatureSpec:
                 except TypeError as e:
                     raise fail(f"categorical feature {name!r}: unknown dtype {dtype!r}") from e
                 if np_dtype.kind not in "iu" or cardinality - 1 > np.iinfo(np_dtype).max:
-                    raise fail(f"categorical feature {name!r}: dtype {dtype} is too small for cardinality "
-                               f"{cardinality} (needs {smallest_id_dtype(cardinality)})")
+                    raise fail(
+                        f"categorical feature {name!r}: dtype {dtype} is too small for cardinality "
+                        f"{cardinality} (needs {smallest_id_dtype(cardinality)})"
+                    )
         hotness = entry.get("hotness", 1)
         if not isinstance(hotness, int) or hotness <= 0:
             raise fail(f"categorical feature {name!r}: hotness must be a positive integer, got {hotness!r}")
@@ -252,14 +260,18 @@ class FeatureSpec:
             raise fail(f"{where}: a split_binary chunk has exactly one file, got {len(chunk.files)}")
         kinds = {self.channel_of(n) for n in chunk.features}
         if len(kinds) != 1 or (kinds != {"numerical"} and len(chunk.features) != 1):
-            raise fail(f"{where}: a split_binary file holds numerical features, or one categorical "
-                       f"feature, or the label, or the weight, got {chunk.features}")
+            raise fail(
+                f"{where}: a split_binary file holds numerical features, or one categorical "
+                f"feature, or the label, or the weight, got {chunk.features}"
+            )
         for name in chunk.features:
             fixed = FIXED_BINARY_DTYPES.get(self.channel_of(name))
             declared = self.feature_spec[name].get("dtype")
             if fixed and declared is not None and str(declared) != fixed:
-                raise fail(f"{where}: split_binary stores {self.channel_of(name)} feature {name!r} as {fixed}, "
-                           f"but feature_spec gives dtype {declared}")
+                raise fail(
+                    f"{where}: split_binary stores {self.channel_of(name)} feature {name!r} as {fixed}, "
+                    f"but feature_spec gives dtype {declared}"
+                )
 
     def channel_of(self, name: str) -> str:
         return next(c for c in CHANNELS if name in self.channel_spec[c])
@@ -280,25 +292,32 @@ class FeatureSpec:
         the same number of rows; returns {mapping: rows}."""
         rows: dict[str, int] = {}
         for mapping, chunks in self.source_spec.items():
-            first: Optional[str] = None
+            first: str | None = None
             for chunk in chunks:
                 if chunk.type != "split_binary":
-                    raise FeatureSpecError(f"{self.path}: source_spec {mapping} has a {chunk.type} chunk; "
-                                           "training reads split_binary (run python -m data.transcode first)")
+                    raise FeatureSpecError(
+                        f"{self.path}: source_spec {mapping} has a {chunk.type} chunk; "
+                        "training reads split_binary (run python -m data.transcode first)"
+                    )
                 path = self.file_path(chunk.files[0])
                 if not os.path.isfile(path):
-                    raise FeatureSpecError(f"{self.path}: file {chunk.files[0]} of source_spec {mapping} "
-                                           f"is missing ({path})")
+                    raise FeatureSpecError(
+                        f"{self.path}: file {chunk.files[0]} of source_spec {mapping} is missing ({path})"
+                    )
                 dtype, width = self.binary_layout(chunk)
                 row_bytes = dtype.itemsize * width
                 size = os.path.getsize(path)
                 if size % row_bytes:
-                    raise FeatureSpecError(f"{self.path}: file {chunk.files[0]} has {size} bytes, not a multiple "
-                                           f"of its row size {row_bytes} ({width} x {dtype.name})")
+                    raise FeatureSpecError(
+                        f"{self.path}: file {chunk.files[0]} has {size} bytes, not a multiple "
+                        f"of its row size {row_bytes} ({width} x {dtype.name})"
+                    )
                 n = size // row_bytes
                 if mapping in rows and n != rows[mapping]:
-                    raise FeatureSpecError(f"{self.path}: file {chunk.files[0]} holds {n} rows but {first} "
-                                           f"holds {rows[mapping]} (source_spec {mapping})")
+                    raise FeatureSpecError(
+                        f"{self.path}: file {chunk.files[0]} holds {n} rows but {first} "
+                        f"holds {rows[mapping]} (source_spec {mapping})"
+                    )
                 rows.setdefault(mapping, n)
                 first = first or chunk.files[0]
         return rows

@@ -67,8 +67,9 @@ class MappedPageRelease:
         release.count(dense.nbytes + sparse.nbytes + labels.nbytes)
     """
 
-    def __init__(self, arrays: Sequence[np.ndarray], every_bytes: int = RELEASE_EVERY_BYTES,
-                 random_order: bool = False) -> None:
+    def __init__(
+        self, arrays: Sequence[np.ndarray], every_bytes: int = RELEASE_EVERY_BYTES, random_order: bool = False
+    ) -> None:
         self._mappings = file_mappings(arrays)
         self._every = every_bytes
         self._read = 0

@@ -9,12 +9,10 @@ feature is read (and its values checked) only when training weights by it
 (``weight_column``); otherwise it is neither read nor checked (its size still is).
 """
 
-from typing import Optional
-
 import numpy as np
 
-from data.binary.feature_spec import FeatureSpec, FeatureSpecError
 from data.batching.value_checks import DENSE, IDS, LABELS, WEIGHTS, ValueFile
+from data.binary.feature_spec import FeatureSpec, FeatureSpecError
 
 Arrays = tuple[np.ndarray, list[np.ndarray], np.ndarray]
 
@@ -43,12 +41,13 @@ class SplitBinaryDataset:
         SplitBinaryDataset("byo/feature_spec.yaml", weight_column="w").take_weights(np.arange(10))
     """
 
-    def __init__(self, spec_path: str, weight_column: Optional[str] = None) -> None:
+    def __init__(self, spec_path: str, weight_column: str | None = None) -> None:
         self.spec = FeatureSpec.load(spec_path)
         if weight_column is not None and weight_column != self.spec.weight:
             declared = f"its weight is {self.spec.weight!r}" if self.spec.weight else "it declares no weight"
-            raise FeatureSpecError(f"{spec_path}: weight column {weight_column!r} is not the spec's channel_spec "
-                                   f"weight ({declared})")
+            raise FeatureSpecError(
+                f"{spec_path}: weight column {weight_column!r} is not the spec's channel_spec weight ({declared})"
+            )
         self.weight_column = weight_column
         rows = self.spec.check_split_binary_files()
         self._mappings: dict[str, dict[str, tuple[np.ndarray, int]]] = {}
@@ -62,14 +61,17 @@ class SplitBinaryDataset:
                     where[name] = (array, column)
                 if self.spec.channel_of(chunk.features[0]) == "weight" and weight_column is None:
                     continue  # unweighted training: the weights are neither read nor checked
-                self._value_files.append(self._value_file(chunk.files[0], chunk.features, array,
-                                                          0 if mapping == "train" else rows["train"]))
+                self._value_files.append(
+                    self._value_file(chunk.files[0], chunk.features, array, 0 if mapping == "train" else rows["train"])
+                )
             self._mappings[mapping] = where
         self._rows = [rows["train"], rows["test"]]
         for split, (start, stop) in self.split_ranges().items():
             if start == stop:
-                raise FeatureSpecError(f"{spec_path}: the {split} split has no rows (train mapping: "
-                                       f"{rows['train']} rows, test mapping: {rows['test']}, halved)")
+                raise FeatureSpecError(
+                    f"{spec_path}: the {split} split has no rows (train mapping: "
+                    f"{rows['train']} rows, test mapping: {rows['test']}, halved)"
+                )
 
     def _value_file(self, relative: str, features: list[str], array: np.ndarray, first_row: int) -> ValueFile:
         channel = self.spec.channel_of(features[0])
@@ -81,8 +83,15 @@ class SplitBinaryDataset:
         if channel == "weight":
             return ValueFile(path, array, WEIGHTS, list(features), first_row)
         name = features[0]
-        return ValueFile(path, array, IDS, [name] * array.shape[1], first_row,
-                         [int(self.spec.feature_spec[name]["cardinality"])], f"in {self.spec.path}")
+        return ValueFile(
+            path,
+            array,
+            IDS,
+            [name] * array.shape[1],
+            first_row,
+            [int(self.spec.feature_spec[name]["cardinality"])],
+            f"in {self.spec.path}",
+        )
 
     def value_files(self) -> list[ValueFile]:
         """Every file's array, with what its values must be (``data.batching.value_checks``)."""
@@ -111,8 +120,11 @@ class SplitBinaryDataset:
         array, _ = where[self.spec.label]
         labels = np.array(array[index]).reshape(-1)
         # Categorical features only: dense is (rows, 0), so every batch still knows its size.
-        dense = (np.stack([where[n][0][index, where[n][1]] for n in self.spec.numerical], axis=1)
-                 if self.spec.numerical else np.zeros((len(labels), 0), dtype=np.float16))
+        dense = (
+            np.stack([where[n][0][index, where[n][1]] for n in self.spec.numerical], axis=1)
+            if self.spec.numerical
+            else np.zeros((len(labels), 0), dtype=np.float16)
+        )
         sparse = [np.array(where[n][0][index]) for n in self.spec.categorical]
         return dense, sparse, labels
 
@@ -152,5 +164,8 @@ class SplitBinaryDataset:
         order = np.empty(len(rows), dtype=np.int64)
         order[np.flatnonzero(~in_test)] = np.arange(len(a[2]))
         order[np.flatnonzero(in_test)] = len(a[2]) + np.arange(len(b[2]))
-        return (np.concatenate([a[0], b[0]])[order], [np.concatenate([x, y])[order] for x, y in zip(a[1], b[1])],
-                np.concatenate([a[2], b[2]])[order])
+        return (
+            np.concatenate([a[0], b[0]])[order],
+            [np.concatenate([x, y])[order] for x, y in zip(a[1], b[1])],
+            np.concatenate([a[2], b[2]])[order],
+        )

@@ -22,9 +22,9 @@ Example::
 """
 
 import fnmatch
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -62,11 +62,11 @@ class ConvertedRows:
             (what collision statistics count).
     """
 
-    labels: Optional[np.ndarray]
+    labels: np.ndarray | None
     dense: np.ndarray
     ids: list[np.ndarray]
     lengths: np.ndarray
-    weights: Optional[np.ndarray]
+    weights: np.ndarray | None
     dense_nulls: np.ndarray
     keys: list[np.ndarray]
 
@@ -117,8 +117,13 @@ def _is_number(t: pa.DataType) -> bool:
 def _is_id(t: pa.DataType) -> bool:
     if pa.types.is_dictionary(t):
         t = t.value_type
-    return (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
-            or pa.types.is_binary(t) or pa.types.is_large_binary(t))
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+    )
 
 
 def _is_integer_id(t: pa.DataType) -> bool:
@@ -141,9 +146,7 @@ def _keys(values: pa.Array) -> np.ndarray:
         return _keys(values.dictionary)[values.indices.to_numpy(zero_copy_only=False)]
     if pa.types.is_integer(values.type):
         return integer_keys(values.to_numpy(zero_copy_only=False))
-    if pa.types.is_string(values.type) or pa.types.is_binary(values.type):
-        values = values.cast(pa.large_binary())
-    elif pa.types.is_large_string(values.type):
+    if pa.types.is_string(values.type) or pa.types.is_binary(values.type) or pa.types.is_large_string(values.type):
         values = values.cast(pa.large_binary())
     _, offsets, data = values.buffers()
     offset_array = np.frombuffer(offsets, dtype=np.int64)[values.offset : values.offset + len(values) + 1]
@@ -174,7 +177,7 @@ class ParquetColumns:
     dense: tuple[str, ...]
     sparse: tuple[str, ...]
     table_sizes: tuple[int, ...]
-    weight: Optional[str] = None
+    weight: str | None = None
     dense_transform: str = "log1p"
     id_hashing: str = "hash"
     hash_seed: int = 0
@@ -184,15 +187,22 @@ class ParquetColumns:
             raise ValueError(f"{len(self.sparse)} sparse columns but {len(self.table_sizes)} table sizes")
 
     @classmethod
-    def from_flags(cls, config: "DataConfig", description: "FeatureDescription",
-                   table_sizes: Sequence[int]) -> "ParquetColumns":
+    def from_flags(
+        cls, config: "DataConfig", description: "FeatureDescription", table_sizes: Sequence[int]
+    ) -> "ParquetColumns":
         """The columns the data flags name, with the features of ``description``
         (`data.sources.ParquetSource.describe`: patterns resolved) and the model's
         table sizes."""
-        return cls(label=config.label_column, dense=tuple(description.dense_feature_names),
-                   sparse=tuple(description.sparse_feature_names), table_sizes=tuple(int(s) for s in table_sizes),
-                   weight=config.weight_column, dense_transform=config.dense_transform,
-                   id_hashing=config.id_hashing, hash_seed=config.hash_seed)
+        return cls(
+            label=config.label_column,
+            dense=tuple(description.dense_feature_names),
+            sparse=tuple(description.sparse_feature_names),
+            table_sizes=tuple(int(s) for s in table_sizes),
+            weight=config.weight_column,
+            dense_transform=config.dense_transform,
+            id_hashing=config.id_hashing,
+            hash_seed=config.hash_seed,
+        )
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -209,21 +219,26 @@ class ParquetColumns:
         """
         kinds = [(self.label, "label", _is_number, "an integer, boolean or floating 0/1 label")] if labelled else []
         kinds += [(c, "dense", _is_number, "integers or floats") for c in self.dense]
-        kinds += [(c, "sparse", lambda t: _is_id(t) or _is_id_list(t),
-                   "integer or string ids, or lists of them") for c in self.sparse]
+        kinds += [
+            (c, "sparse", lambda t: _is_id(t) or _is_id_list(t), "integer or string ids, or lists of them")
+            for c in self.sparse
+        ]
         if self.weight:
             kinds.append((self.weight, "weight", _is_number, "integer or floating weights"))
         for column, role, accepts, expected in kinds:
             index = schema.get_field_index(column)
             if index < 0:
-                raise BadInput(f"{where}: no column {column} (the {role} column; the file has "
-                               f"{', '.join(schema.names)})")
+                raise BadInput(
+                    f"{where}: no column {column} (the {role} column; the file has {', '.join(schema.names)})"
+                )
             kind = schema.field(index).type
             if role == "label" and pa.types.is_boolean(kind):
                 continue
             if role == "sparse" and self.id_hashing == "modulo" and not _is_integer_id(kind):
-                raise BadInput(f"{where}: column {column} is {kind}, but --id_hashing modulo takes integer ids "
-                               "(use --id_hashing hash for raw values)")
+                raise BadInput(
+                    f"{where}: column {column} is {kind}, but --id_hashing modulo takes integer ids "
+                    "(use --id_hashing hash for raw values)"
+                )
             if not accepts(kind):
                 raise BadInput(f"{where}: column {column} is {kind}, but a {role} column holds {expected}")
 
@@ -241,8 +256,7 @@ class ParquetColumns:
             values, null_count = self._dense(name, rows.column(name))
             dense_columns.append(values)
             nulls.append(null_count)
-        dense = (np.stack(dense_columns, axis=1) if dense_columns
-                 else np.zeros((rows.num_rows, 0), dtype=np.float32))
+        dense = np.stack(dense_columns, axis=1) if dense_columns else np.zeros((rows.num_rows, 0), dtype=np.float32)
         ids, lengths, keys = [], np.zeros((len(self.sparse), rows.num_rows), dtype=np.int32), []
         for f, (name, size) in enumerate(zip(self.sparse, self.table_sizes)):
             feature_keys, lengths[f] = self._bags(rows.column(name))
@@ -303,8 +317,11 @@ class ParquetColumns:
     def _finite_dense(name: str, column: pa.ChunkedArray) -> tuple[np.ndarray, int]:
         """(float64 values with nulls as 0, null count); refuses NaN and infinity."""
         null_count = column.null_count
-        values = pc.fill_null(column, 0).to_numpy().astype(np.float64) if null_count else \
-            column.to_numpy().astype(np.float64)
+        values = (
+            pc.fill_null(column, 0).to_numpy().astype(np.float64)
+            if null_count
+            else column.to_numpy().astype(np.float64)
+        )
         finite = np.isfinite(values)
         if not finite.all():
             row = int(np.argmin(finite))
@@ -344,4 +361,3 @@ class ParquetColumns:
 
 def _first_null(column: pa.ChunkedArray) -> int:
     return int(np.argmax(pc.is_null(column).to_numpy(zero_copy_only=False)))
-

@@ -20,9 +20,9 @@ import datetime
 import posixpath
 import re
 import urllib.parse
-from dataclasses import dataclass
-from typing import Any, Optional
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -70,7 +70,7 @@ def _local_or_uri(path: str, flag: str) -> tuple[pafs.FileSystem, str, str]:
     check_url_path(path, flag)  # every route to a table (training, export, predict) comes here
     shown = redacted(path)
     if path.startswith("file://"):
-        return pafs.LocalFileSystem(), urllib.parse.unquote(path[len("file://"):]), shown
+        return pafs.LocalFileSystem(), urllib.parse.unquote(path[len("file://") :]), shown
     try:
         filesystem, inner = pafs.FileSystem.from_uri(path)
         return filesystem, inner, shown
@@ -80,6 +80,7 @@ def _local_or_uri(path: str, flag: str) -> tuple[pafs.FileSystem, str, str]:
         raise BadInput(f"{flag} {shown}: cannot open it ({e})") from e
     try:
         import fsspec
+
         fs, inner = fsspec.core.url_to_fs(path)
     except (ImportError, ValueError) as e:
         raise BadInput(f"{flag} {shown}: no filesystem opens this URL ({e})") from e
@@ -110,7 +111,7 @@ def _segment_regex(segment: str) -> str:
             if j < 0:  # no class: a literal [
                 out.append(re.escape(c))
             else:
-                body = segment[i + 1:j]
+                body = segment[i + 1 : j]
                 negated = body.startswith("!")
                 body = re.sub(r"([\\\[&~|])", r"\\\1", body[1:] if negated else body)  # literal in a class
                 out.append(("[^/" if negated else "[\\" if body.startswith("^") else "[") + body + "]")
@@ -135,7 +136,7 @@ def glob_regex(pattern: str) -> "re.Pattern[str]":
     for k, segment in enumerate(segments):
         last = k == len(segments) - 1
         if segment == "**":
-            regex += (f"(?:{_NOT_HIDDEN}[^/]+(?:/{_NOT_HIDDEN}[^/]+)*)?" if last else f"(?:{_NOT_HIDDEN}[^/]+/)*")
+            regex += f"(?:{_NOT_HIDDEN}[^/]+(?:/{_NOT_HIDDEN}[^/]+)*)?" if last else f"(?:{_NOT_HIDDEN}[^/]+/)*"
         else:
             regex += _segment_regex(segment) + ("" if last else "/")
     return re.compile(regex)
@@ -179,8 +180,9 @@ def list_files(path: str, flag: str = "--parquet_path") -> tuple[pafs.FileSystem
                 return filesystem, posixpath.dirname(inner), [inner]
             root = inner.rstrip("/")
             infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
-            files = [i.path for i in infos if i.type == pafs.FileType.File
-                     and not _hidden(i.path[len(root):].lstrip("/"))]
+            files = [
+                i.path for i in infos if i.type == pafs.FileType.File and not _hidden(i.path[len(root) :].lstrip("/"))
+            ]
     except OSError as e:
         raise BadInput(f"{flag} {shown}: cannot list it ({e})") from e
     if not files:
@@ -189,7 +191,7 @@ def list_files(path: str, flag: str = "--parquet_path") -> tuple[pafs.FileSystem
 
 
 def _partition_parts(root: str, file: str) -> dict[str, str]:
-    relative = file[len(root):].lstrip("/") if file.startswith(root) else posixpath.basename(file)
+    relative = file[len(root) :].lstrip("/") if file.startswith(root) else posixpath.basename(file)
     parts = {}
     for directory in relative.split("/")[:-1]:
         if "=" in directory:
@@ -198,7 +200,7 @@ def _partition_parts(root: str, file: str) -> dict[str, str]:
     return parts
 
 
-def column_names(path: str, listing: Optional[tuple[pafs.FileSystem, str, list[str]]] = None) -> list[str]:
+def column_names(path: str, listing: tuple[pafs.FileSystem, str, list[str]] | None = None) -> list[str]:
     """The table's column names: the first file's columns, then its partition keys
     (only that footer is read); ``listing``: what `list_files` gave (None: lists it)."""
     filesystem, root, files = listing or list_files(path)
@@ -223,8 +225,9 @@ def _typed(value: str, kind: pa.DataType) -> Any:
     return value
 
 
-def read_footers(filesystem: pafs.FileSystem, root: str,
-                 files: Sequence[str]) -> tuple[list[FileFooter], list[pq.FileMetaData], pa.Schema]:
+def read_footers(
+    filesystem: pafs.FileSystem, root: str, files: Sequence[str]
+) -> tuple[list[FileFooter], list[pq.FileMetaData], pa.Schema]:
     """Every file's footer, its partitions, and the table's schema (the first file's
     schema plus the partition columns).
 
@@ -236,14 +239,21 @@ def read_footers(filesystem: pafs.FileSystem, root: str,
     keys = list(raw[0])
     for file, parts in zip(files, raw):
         if list(parts) != keys:
-            raise BadInput(f"{file}: partition directories {'/'.join(parts) or '(none)'} differ from "
-                           f"{files[0]}'s ({'/'.join(keys) or 'none'})")
+            raise BadInput(
+                f"{file}: partition directories {'/'.join(parts) or '(none)'} differ from "
+                f"{files[0]}'s ({'/'.join(keys) or 'none'})"
+            )
     kinds = {key: partition_type([parts[key] for parts in raw]) for key in keys}
     footers, metadata = [], []
     for file, parts in zip(files, raw):
         meta = read_metadata(filesystem, file)
-        footers.append(FileFooter(file, {k: _typed(v, kinds[k]) for k, v in parts.items()},
-                                  tuple(meta.row_group(g).num_rows for g in range(meta.num_row_groups))))
+        footers.append(
+            FileFooter(
+                file,
+                {k: _typed(v, kinds[k]) for k, v in parts.items()},
+                tuple(meta.row_group(g).num_rows for g in range(meta.num_row_groups)),
+            )
+        )
         metadata.append(meta)
     schema = metadata[0].schema.to_arrow_schema()
     for key, kind in kinds.items():
@@ -274,8 +284,9 @@ def file_schema(footer: FileFooter, meta: pq.FileMetaData, schema: pa.Schema) ->
     return own
 
 
-def check_same_types(footers: Sequence[FileFooter], metadata: Sequence[pq.FileMetaData], schema: pa.Schema,
-                     columns: Sequence[str]) -> None:
+def check_same_types(
+    footers: Sequence[FileFooter], metadata: Sequence[pq.FileMetaData], schema: pa.Schema, columns: Sequence[str]
+) -> None:
     """Refuses a file where a column read has another type than in the first file.
 
     Raises:
@@ -288,8 +299,10 @@ def check_same_types(footers: Sequence[FileFooter], metadata: Sequence[pq.FileMe
             if index < 0:
                 continue  # the column check names the missing column
             if own.field(index).type != schema.field(column).type:
-                raise BadInput(f"{footer.path}: column {column} is {own.field(index).type}, but "
-                               f"{footers[0].path} has {schema.field(column).type} (a column keeps one type)")
+                raise BadInput(
+                    f"{footer.path}: column {column} is {own.field(index).type}, but "
+                    f"{footers[0].path} has {schema.field(column).type} (a column keeps one type)"
+                )
 
 
 def partition_column(value: Any, kind: pa.DataType, rows: int) -> pa.Array:
@@ -302,8 +315,9 @@ class RowCountError(BadInput):
     splits and batches, counted from the footers, would be wrong."""
 
 
-def read_row_group(filesystem: pafs.FileSystem, footer: FileFooter, schema: pa.Schema, row_group: int,
-                   names: Sequence[str]) -> pa.Table:
+def read_row_group(
+    filesystem: pafs.FileSystem, footer: FileFooter, schema: pa.Schema, row_group: int, names: Sequence[str]
+) -> pa.Table:
     """The columns ``names`` of one row group of a file (partition columns made from
     its path), of the table ``schema``'s types.
 
@@ -319,10 +333,13 @@ def read_row_group(filesystem: pafs.FileSystem, footer: FileFooter, schema: pa.S
     except (pa.ArrowInvalid, OSError) as e:
         raise BadInput(f"{footer.path}: row group {row_group} cannot be read ({e})") from e
     if own and table.num_rows != footer.row_group_rows[row_group]:  # no column read: no rows counted
-        raise RowCountError(f"{footer.path}: row group {row_group} holds {table.num_rows} rows, but the file's footer "
-                            f"says {footer.row_group_rows[row_group]} (a corrupt or rewritten footer)")
+        raise RowCountError(
+            f"{footer.path}: row group {row_group} holds {table.num_rows} rows, but the file's footer "
+            f"says {footer.row_group_rows[row_group]} (a corrupt or rewritten footer)"
+        )
     for name in names:
         if name in footer.partitions:
-            table = table.append_column(schema.field(name), partition_column(
-                footer.partitions[name], schema.field(name).type, table.num_rows))
+            table = table.append_column(
+                schema.field(name), partition_column(footer.partitions[name], schema.field(name).type, table.num_rows)
+            )
     return table.select(list(names)).cast(pa.schema([schema.field(n) for n in names]))

@@ -47,8 +47,14 @@ class CollisionCounter:
         counter.statistics()  # {"C1": {"distinct": 812, "colliding_fraction": 0.33, "exact": True}}
     """
 
-    def __init__(self, names: Sequence[str], table_sizes: Sequence[int], id_hashing: str, hash_seed: int,
-                 exact_cap: int = EXACT_DISTINCT_CAP) -> None:
+    def __init__(
+        self,
+        names: Sequence[str],
+        table_sizes: Sequence[int],
+        id_hashing: str,
+        hash_seed: int,
+        exact_cap: int = EXACT_DISTINCT_CAP,
+    ) -> None:
         self._names = list(names)
         self._sizes = list(table_sizes)
         self._id_hashing, self._seed, self._cap = id_hashing, hash_seed, exact_cap
@@ -113,10 +119,15 @@ def collision_summary(statistics: dict[str, dict[str, object]], shown: int = 3) 
     if not statistics:
         return "id collisions: no categorical values counted yet"
     worst = sorted(statistics.items(), key=lambda item: -float(item[1]["colliding_fraction"]))[:shown]  # type: ignore[arg-type]
-    parts = [f"{name} {float(s['colliding_fraction']):.1%} of {int(s['distinct']):,} values"  # type: ignore[arg-type]
-             f"{'' if s['exact'] else ' (estimated)'}" for name, s in worst]
-    return (f"id collisions (share of a feature's distinct values on a row another also has; this rank's "
-            f"training rows, highest {len(worst)} of {len(statistics)} features): {', '.join(parts)}")
+    parts = [
+        f"{name} {float(s['colliding_fraction']):.1%} of {int(s['distinct']):,} values"  # type: ignore[arg-type]
+        f"{'' if s['exact'] else ' (estimated)'}"
+        for name, s in worst
+    ]
+    return (
+        f"id collisions (share of a feature's distinct values on a row another also has; this rank's "
+        f"training rows, highest {len(worst)} of {len(statistics)} features): {', '.join(parts)}"
+    )
 
 
 # np.unique hashes before it sorts (numpy 2.4): 15x slower than a sort on 2M uint64 here.

@@ -58,7 +58,7 @@ def string_keys(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         return keys
     first, last = int(lengths.min()), int(lengths.max())
     if first == last:  # one length: the strings lie back to back
-        groups = [(slice(None), data[offsets[0]:offsets[0] + len(lengths) * first].reshape(len(lengths), first))]
+        groups = [(slice(None), data[offsets[0] : offsets[0] + len(lengths) * first].reshape(len(lengths), first))]
     else:
         groups = []
         for length in np.unique(lengths):

@@ -22,9 +22,9 @@ import queue
 import sys
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any, Optional
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -33,14 +33,19 @@ from torchrec.datasets.utils import Batch
 from common.errors import BadInput
 from common.url_paths import redacted
 from data.batching.batches import BatchBuilder, RankBatchLayout
-from data.parquet.id_collisions import CollisionCounter
-from data.parquet.columns import ColumnValueError, ParquetColumns
-from data.parquet.files import (RowCountError, check_same_types, file_schema, list_files, read_footers,
-                                read_row_group)
-from data.parquet.split import (DEFAULT_INTEGER_WINDOW, DEFAULT_ROW_FRACTION, DEFAULT_TIME_WINDOW, Segment, TimeIndex,
-                                 row_fraction_splits)
-from data.parquet.windows import Window, parse_window
 from data.batching.value_checks import DataValueError
+from data.parquet.columns import ColumnValueError, ParquetColumns
+from data.parquet.files import RowCountError, check_same_types, file_schema, list_files, read_footers, read_row_group
+from data.parquet.id_collisions import CollisionCounter
+from data.parquet.split import (
+    DEFAULT_INTEGER_WINDOW,
+    DEFAULT_ROW_FRACTION,
+    DEFAULT_TIME_WINDOW,
+    Segment,
+    TimeIndex,
+    row_fraction_splits,
+)
+from data.parquet.windows import Window, parse_window
 
 # Batches the reading thread prepares ahead of the one training uses.
 PREFETCH_BATCHES = 2
@@ -74,9 +79,16 @@ class ParquetDataset:
             table, split or window, a null time.
     """
 
-    def __init__(self, path: str, columns: ParquetColumns, time_column: Optional[str],
-                 validation: Optional[Window], test: Optional[Window], num_windows: Optional[int] = None,
-                 listing: Optional[tuple[Any, str, list[str]]] = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        columns: ParquetColumns,
+        time_column: str | None,
+        validation: Window | None,
+        test: Window | None,
+        num_windows: int | None = None,
+        listing: tuple[Any, str, list[str]] | None = None,
+    ) -> None:
         self.path = path
         self.columns = columns
         # The source's listing when it has one: on object storage each is a recursive
@@ -87,12 +99,14 @@ class ParquetDataset:
         for footer, meta in zip(self.footers, metadata):
             columns.check_schema(file_schema(footer, meta, self.schema), footer.path)
         if time_column and self.schema.get_field_index(time_column) < 0:
-            raise BadInput(f"{self.footers[0].path}: no column {time_column} (--time_column; the table has "
-                           f"{', '.join(self.schema.names)})")
+            raise BadInput(
+                f"{self.footers[0].path}: no column {time_column} (--time_column; the table has "
+                f"{', '.join(self.schema.names)})"
+            )
         check_same_types(self.footers, metadata, self.schema, read)
         if sum(f.num_rows for f in self.footers) == 0:
             raise BadInput(f"--parquet_path {redacted(path)}: the table has no rows ({len(files)} file(s))")
-        self.time: Optional[TimeIndex] = None
+        self.time: TimeIndex | None = None
         if time_column is None:
             assert num_windows is None, "rolling windows are time windows"  # refused with the flags
             validation = validation or parse_window(DEFAULT_ROW_FRACTION, "--validation_window")
@@ -100,8 +114,13 @@ class ParquetDataset:
             self.splits = row_fraction_splits(self.footers, validation.fraction, test.fraction)  # type: ignore[arg-type]
             self._boundaries: list[int] = []
         else:
-            self.time = TimeIndex(self.footers, metadata, self.schema, time_column,
-                                  lambda f, g: self.read_row_group(f, g, [time_column]).column(time_column))
+            self.time = TimeIndex(
+                self.footers,
+                metadata,
+                self.schema,
+                time_column,
+                lambda f, g: self.read_row_group(f, g, [time_column]).column(time_column),
+            )
             if num_windows is not None:
                 start, end = self.time.start, self.time.end
                 self._boundaries = [start + (end - start) * i // num_windows for i in range(num_windows + 1)]
@@ -152,16 +171,20 @@ class ParquetDataset:
             if self.time is None:
                 parts.append(f"{split} {rows} rows")
             else:
-                parts.append(f"{split} {rows} rows, {self.time.column} from {self.time.format(self._boundaries[i])} "
-                             f"to before {self.time.format(self._boundaries[i + 1])}")
+                parts.append(
+                    f"{split} {rows} rows, {self.time.column} from {self.time.format(self._boundaries[i])} "
+                    f"to before {self.time.format(self._boundaries[i + 1])}"
+                )
         return "; ".join(parts)
 
     def time_ranges(self) -> dict[str, tuple[str, str]]:
         """{split or window: (first time, end time exclusive)} with a time column, else {}."""
         if self.time is None:
             return {}
-        return {s: (self.time.format(self._boundaries[i]), self.time.format(self._boundaries[i + 1]))
-                for i, s in enumerate(self.splits)}
+        return {
+            s: (self.time.format(self._boundaries[i]), self.time.format(self._boundaries[i + 1]))
+            for i, s in enumerate(self.splits)
+        }
 
 
 @dataclass(frozen=True)
@@ -187,22 +210,23 @@ class _EpochOrder:
     """The global row order of one epoch: blocks of consecutive segments, each block's
     rows in file order or (shuffled) permuted together."""
 
-    def __init__(self, segments: Sequence[Segment], window: int, seed: Optional[int], epoch: int) -> None:
+    def __init__(self, segments: Sequence[Segment], window: int, seed: int | None, epoch: int) -> None:
         order = np.arange(len(segments))
         if seed is not None:
             order = np.random.default_rng([seed, epoch]).permutation(len(segments))
         size = window if seed is not None else 1
-        self.blocks = [order[i:i + size] for i in range(0, len(order), size)]
+        self.blocks = [order[i : i + size] for i in range(0, len(order), size)]
         counts = np.array([segments[i].count for i in range(len(segments))], dtype=np.int64)
         self.block_rows = [counts[b] for b in self.blocks]
         self.starts = np.concatenate([[0], np.cumsum([int(r.sum()) for r in self.block_rows])])
         self._seed, self._epoch = seed, epoch
 
-    def permutation(self, block: int) -> Optional[np.ndarray]:
+    def permutation(self, block: int) -> np.ndarray | None:
         if self._seed is None:
             return None
-        return np.random.default_rng([self._seed, self._epoch, block]).permutation(int(self.starts[block + 1]
-                                                                                          - self.starts[block]))
+        return np.random.default_rng([self._seed, self._epoch, block]).permutation(
+            int(self.starts[block + 1] - self.starts[block])
+        )
 
 
 class ParquetLoader:
@@ -221,10 +245,20 @@ class ParquetLoader:
         collisions: counts distinct values and hash collisions of the rows read.
     """
 
-    def __init__(self, dataset: ParquetDataset, segments: Sequence[Segment], columns: ParquetColumns,
-                 batch_size: int, rank: int, world_size: int, drop_last: bool = False,
-                 shuffle_seed: Optional[int] = None, limit_batches: Optional[int] = None,
-                 max_buffered_row_groups: int = 4, collisions: Optional[CollisionCounter] = None) -> None:
+    def __init__(
+        self,
+        dataset: ParquetDataset,
+        segments: Sequence[Segment],
+        columns: ParquetColumns,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        drop_last: bool = False,
+        shuffle_seed: int | None = None,
+        limit_batches: int | None = None,
+        max_buffered_row_groups: int = 4,
+        collisions: CollisionCounter | None = None,
+    ) -> None:
         self._dataset = dataset
         self._segments = list(segments)
         self._columns = columns
@@ -256,11 +290,13 @@ class ParquetLoader:
         """What the trainer logs once per evaluation (this rank's rows so far):
         {"id_collisions": data.parquet.id_collisions.CollisionCounter.statistics (training
         loaders), "dense_nulls": `dense_null_counts`}."""
-        return {"id_collisions": self._collisions.statistics() if self._collisions is not None else {},
-                "dense_nulls": self.dense_null_counts()}
+        return {
+            "id_collisions": self._collisions.statistics() if self._collisions is not None else {},
+            "dense_nulls": self.dense_null_counts(),
+        }
 
     def __iter__(self) -> Iterator[Batch]:
-        batches: "queue.Queue[Any]" = queue.Queue(maxsize=PREFETCH_BATCHES)
+        batches: queue.Queue[Any] = queue.Queue(maxsize=PREFETCH_BATCHES)
         stop = threading.Event()
         done = object()
 
@@ -289,7 +325,7 @@ class ParquetLoader:
 
     def _batches(self, epoch: int, start_batch: int) -> Iterator[Batch]:
         order = _EpochOrder(self._segments, self._window, self._shuffle_seed, epoch)
-        cache: "OrderedDict[int, pa.Table]" = OrderedDict()
+        cache: OrderedDict[int, pa.Table] = OrderedDict()
         weighted = self._columns.weight is not None
         for b in range(start_batch, len(self)):
             lo, hi = self._layout.rows(b)
@@ -312,8 +348,9 @@ class ParquetLoader:
                 normalizer = total / self._layout.world_size if total > 0 else 1.0
             yield self._convert(_slice_pieces(pieces, lo - g_lo, hi - g_lo), normalizer)
 
-    def _global_pieces(self, order: _EpochOrder, cache: "OrderedDict[int, pa.Table]", lo: int, hi: int,
-                       batch: int) -> list[_Piece]:
+    def _global_pieces(
+        self, order: _EpochOrder, cache: "OrderedDict[int, pa.Table]", lo: int, hi: int, batch: int
+    ) -> list[_Piece]:
         """`_pieces` of the global batch ``batch``: every rank reads its row groups, so a
         row group whose footer lies stops every rank at this batch, as a bad value does."""
         try:
@@ -334,8 +371,11 @@ class ParquetLoader:
             permutation = order.permutation(block)
             positions = np.arange(first, last) if permutation is None else permutation[first:last]
             taken = table.slice(first, last - first) if permutation is None else table.take(pa.array(positions))
-            pieces.append(_Piece(taken, [self._segments[int(s)] for s in segment_ids],
-                                 np.cumsum(order.block_rows[block]), positions))
+            pieces.append(
+                _Piece(
+                    taken, [self._segments[int(s)] for s in segment_ids], np.cumsum(order.block_rows[block]), positions
+                )
+            )
             lo, block = min(hi, stop), block + 1
         return pieces
 
@@ -363,13 +403,16 @@ class ParquetLoader:
                 _NULLS_REPORTED.update(fresh)
                 # Only the training loader counts for the evaluations' lines (it alone
                 # has a collision counter); --mode test|validate reads no training row.
-                counts = (" (the training rows' counts per column follow each evaluation, and go to the run log "
-                          "with --log_path)" if self._collisions is not None else ", as in training")
+                counts = (
+                    " (the training rows' counts per column follow each evaluation, and go to the run log "
+                    "with --log_path)"
+                    if self._collisions is not None
+                    else ", as in training"
+                )
                 print(f"note: dense column(s) {', '.join(fresh)} hold nulls, read as 0{counts}", file=sys.stderr)
         if self._collisions is not None:
             self._collisions.add(rows.keys)
-        return self._builder.bags(rows.dense, rows.ids, rows.lengths, rows.labels,
-                                  rows.weights, normalizer)
+        return self._builder.bags(rows.dense, rows.ids, rows.lengths, rows.labels, rows.weights, normalizer)
 
     def _value_message(self, pieces: list[_Piece], error: ColumnValueError) -> str:
         """``error`` (its row counted in the pieces' rows) naming file, row group, row and column."""

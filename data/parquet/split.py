@@ -19,9 +19,8 @@ first rows, then validation, then test, the windows being fractions of the rows
 """
 
 import datetime
-from dataclasses import dataclass
-from typing import Optional
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -54,7 +53,7 @@ class Segment:
 
     file: int
     row_group: int
-    rows: Optional[np.ndarray]
+    rows: np.ndarray | None
     count: int
 
 
@@ -78,8 +77,8 @@ def row_fraction_splits(footers: Sequence[FileFooter], validation: float, test: 
     return splits
 
 
-def time_kind(kind: pa.DataType) -> Optional[str]:
-    """"date", "timestamp" or "integer"; None for a type that cannot be a time column."""
+def time_kind(kind: pa.DataType) -> str | None:
+    """ "date", "timestamp" or "integer"; None for a type that cannot be a time column."""
     if pa.types.is_date(kind):
         return "date"
     if pa.types.is_timestamp(kind):
@@ -114,14 +113,22 @@ class TimeIndex:
             row, column).
     """
 
-    def __init__(self, footers: Sequence[FileFooter], metadata: Sequence[pq.FileMetaData], schema: pa.Schema,
-                 column: str, read_times: Callable[[int, int], pa.ChunkedArray]) -> None:
+    def __init__(
+        self,
+        footers: Sequence[FileFooter],
+        metadata: Sequence[pq.FileMetaData],
+        schema: pa.Schema,
+        column: str,
+        read_times: Callable[[int, int], pa.ChunkedArray],
+    ) -> None:
         self.column = column
         self.type = schema.field(column).type
         kind = time_kind(self.type)
         if kind is None:
-            raise BadInput(f"{footers[0].path}: --time_column {column} is {self.type}, but a time column "
-                           "holds timestamps, dates or integers")
+            raise BadInput(
+                f"{footers[0].path}: --time_column {column} is {self.type}, but a time column "
+                "holds timestamps, dates or integers"
+            )
         self.kind = kind
         self.unit = DAY if kind == "date" else 1
         self._footers = footers
@@ -130,18 +137,18 @@ class TimeIndex:
         self.bounds: list[list[tuple[int, int]]] = []  # per file, per row group: (min, max)
         for f, (footer, meta) in enumerate(zip(footers, metadata)):
             if self._partition:
-                value = int(time_numbers(pa.chunked_array([pa.array([footer.partitions[column]], self.type)]),
-                                         kind)[0])
+                value = int(time_numbers(pa.chunked_array([pa.array([footer.partitions[column]], self.type)]), kind)[0])
                 self.bounds.append([(value, value)] * len(footer.row_group_rows))
                 continue
             index = [meta.schema.column(i).path for i in range(meta.num_columns)].index(column)
-            self.bounds.append([self._statistics(meta, g, index) or self._read_bounds(f, g)
-                                for g in range(meta.num_row_groups)])
+            self.bounds.append(
+                [self._statistics(meta, g, index) or self._read_bounds(f, g) for g in range(meta.num_row_groups)]
+            )
         every = [b for per_file in self.bounds for b in per_file]
         self.start = min(lo for lo, _ in every)
         self.end = max(hi for _, hi in every) + self.unit  # exclusive
 
-    def _statistics(self, meta: pq.FileMetaData, row_group: int, index: int) -> Optional[tuple[int, int]]:
+    def _statistics(self, meta: pq.FileMetaData, row_group: int, index: int) -> tuple[int, int] | None:
         statistics = meta.row_group(row_group).column(index).statistics
         if statistics is None or not statistics.has_min_max or statistics.null_count != 0:
             return None  # no statistics, or nulls: reading the column finds them
@@ -160,8 +167,10 @@ class TimeIndex:
         if values.null_count:
             row = int(np.argmax(pc.is_null(values).to_numpy(zero_copy_only=False)))
             footer = self._footers[file]
-            raise BadInput(f"{footer.path}: row group {row_group}, row {footer.first_row(row_group) + row}, "
-                           f"column {self.column}: the time is null")
+            raise BadInput(
+                f"{footer.path}: row group {row_group}, row {footer.first_row(row_group) + row}, "
+                f"column {self.column}: the time is null"
+            )
         return time_numbers(values, self.kind)
 
     def _read_bounds(self, file: int, row_group: int) -> tuple[int, int]:
@@ -196,8 +205,10 @@ class TimeIndex:
         """The length of a window in the column's numbers."""
         if window.is_duration:
             if self.kind == "integer":
-                raise BadInput(f"{option} {window.text}: --time_column {self.column} holds integers, which have no "
-                               "unit: give a fraction (0.1)")
+                raise BadInput(
+                    f"{option} {window.text}: --time_column {self.column} holds integers, which have no "
+                    "unit: give a fraction (0.1)"
+                )
             return int(window.microseconds)  # type: ignore[arg-type]
         return int(round((self.end - self.start) * float(window.fraction)))  # type: ignore[arg-type]
 

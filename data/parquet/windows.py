@@ -10,7 +10,6 @@ Imports neither pyarrow nor torch: the flags are checked without them.
 
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 from common.config_flags import FlagError
 
@@ -23,8 +22,8 @@ class Window:
     """One split's window: ``microseconds`` for a duration, else ``fraction``."""
 
     text: str
-    microseconds: Optional[int] = None
-    fraction: Optional[float] = None
+    microseconds: int | None = None
+    fraction: float | None = None
 
     @property
     def is_duration(self) -> bool:

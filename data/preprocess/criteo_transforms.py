@@ -15,7 +15,7 @@ Example::
     ids = transform_sparse(np.array([[0xDEADBEEF]], np.uint32), read_vocabulary(path, 1), None)
 """
 
-from typing import BinaryIO, Optional, Union
+from typing import BinaryIO
 
 import numpy as np
 
@@ -29,8 +29,9 @@ def transform_dense(dense_raw: np.ndarray) -> np.ndarray:
     return np.log(np.maximum(dense_raw, 0).astype(np.float64) + DENSE_OFFSET).astype(np.float32)
 
 
-def transform_sparse(sparse_hash: np.ndarray, vocabulary: Optional[list[np.ndarray]],
-                     sizes: Optional[np.ndarray]) -> np.ndarray:
+def transform_sparse(
+    sparse_hash: np.ndarray, vocabulary: list[np.ndarray] | None, sizes: np.ndarray | None
+) -> np.ndarray:
     """Hashes -> int32 ids: vocabulary positions (+1, 0 for the rest), else low 31 bits;
     then modulo the table sizes when given."""
     if vocabulary is not None:
@@ -56,7 +57,7 @@ def vocabulary_arrays(vocabulary: list[np.ndarray]) -> dict[str, np.ndarray]:
     return {_array_name(f): hashes for f, hashes in enumerate(vocabulary)}
 
 
-def read_vocabulary(file: Union[str, BinaryIO], num_features: int) -> list[np.ndarray]:
+def read_vocabulary(file: str | BinaryIO, num_features: int) -> list[np.ndarray]:
     """Each feature's kept hashes from a vocabulary.npz (pickled arrays are refused).
 
     Raises OSError, ValueError, KeyError or zipfile.BadZipFile when the file is not one.

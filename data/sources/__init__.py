@@ -32,18 +32,20 @@ from typing import TYPE_CHECKING, Any
 
 from common.config_flags import Flag, FlagError, flag_of, flags_of
 
-# The built-in sources, imported first: their flags come in this order.
-from data.sources import random, criteo_binary, split_binary, parquet  # noqa: F401
+# The built-in sources, imported first: their flags come in this order (not isort's).
+# isort: off
+from data.sources import random, criteo_binary, split_binary, parquet
+
+# isort: on
+from data.sources.binary_files import BinaryFilesSource
 from data.sources.criteo_binary import CriteoDays, CriteoMultiHotDays
 from data.sources.parquet import ParquetSource
 from data.sources.random import RandomData
 from data.sources.split_binary import SplitBinarySpec
-from data.sources.binary_files import BinaryFilesSource
 from data.sources.types import BatchLoader, DataSource, FeatureDescription
 
 if TYPE_CHECKING:
     from data.config import DataConfig
-
 
 
 def _directories_on_the_path() -> list[str]:
@@ -66,17 +68,25 @@ _NOT_SOURCES = ("types", "binary_files")
 
 def _sources_of(module: ModuleType) -> list[type[DataSource]]:
     """The sources a module defines: its concrete `DataSource` subclasses, in order."""
-    return [value for value in vars(module).values()
-            if inspect.isclass(value) and issubclass(value, DataSource) and not inspect.isabstract(value)
-            and value.__module__ == module.__name__]
+    return [
+        value
+        for value in vars(module).values()
+        if inspect.isclass(value)
+        and issubclass(value, DataSource)
+        and not inspect.isabstract(value)
+        and value.__module__ == module.__name__
+    ]
 
 
 def _modules() -> list[ModuleType]:
     """Every source module of the package: the built-in ones, then the others by name."""
     built_in = [random, criteo_binary, split_binary, parquet]
     names = {module.__name__ for module in built_in}
-    others = sorted(info.name for info in pkgutil.iter_modules(__path__, f"{__name__}.")
-                    if info.name not in names and info.name.rsplit(".", 1)[1] not in _NOT_SOURCES)
+    others = sorted(
+        info.name
+        for info in pkgutil.iter_modules(__path__, f"{__name__}.")
+        if info.name not in names and info.name.rsplit(".", 1)[1] not in _NOT_SOURCES
+    )
     return built_in + [importlib.import_module(name) for name in others]
 
 
@@ -91,8 +101,9 @@ def _registry() -> dict[str, type[DataSource]]:
                 raise ValueError(f"{module.__name__}: data source {source.name!r} is already registered")
             for item in flags_of(source.options):
                 if item.name in taken:
-                    raise ValueError(f"{module.__name__}: flag {item.option} is already data source "
-                                     f"{taken[item.name]!r}'s")
+                    raise ValueError(
+                        f"{module.__name__}: flag {item.option} is already data source {taken[item.name]!r}'s"
+                    )
                 taken[item.name] = source.name
             sources[source.name] = source
     return sources
@@ -147,11 +158,29 @@ def check_source_flags(config: "DataConfig") -> DataSource:
     source.check_flags()
     if config.weight_column is not None and not source.has_weights:
         weighted = " or ".join(_path_option(s) for s in SOURCES.values() if s.has_weights)
-        raise FlagError(f"{flag_of(type(config), 'weight_column').option} needs data with sample weights "
-                        f"({weighted}); {source.name} data has none")
+        raise FlagError(
+            f"{flag_of(type(config), 'weight_column').option} needs data with sample weights "
+            f"({weighted}); {source.name} data has none"
+        )
     return source
 
 
-__all__ = ["SOURCES", "DATA_PATH_FIELDS", "DEFAULT_SOURCE", "SOURCE_OPTIONS", "BatchLoader", "BinaryFilesSource",
-           "CriteoDays", "CriteoMultiHotDays", "DataSource", "FeatureDescription", "ParquetSource", "RandomData",
-           "SplitBinarySpec", "check_source_flags", "chosen_source", "refuse_flag_of_other_source", "source_for"]
+__all__ = [
+    "SOURCES",
+    "DATA_PATH_FIELDS",
+    "DEFAULT_SOURCE",
+    "SOURCE_OPTIONS",
+    "BatchLoader",
+    "BinaryFilesSource",
+    "CriteoDays",
+    "CriteoMultiHotDays",
+    "DataSource",
+    "FeatureDescription",
+    "ParquetSource",
+    "RandomData",
+    "SplitBinarySpec",
+    "check_source_flags",
+    "chosen_source",
+    "refuse_flag_of_other_source",
+    "source_for",
+]

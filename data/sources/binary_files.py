@@ -28,9 +28,12 @@ class BinaryFilesSource(DataSource):
 
     def check_values(self, dataset: Any) -> None:
         from data.batching.loaders import check_dataset_values
+
         check_dataset_values(self.config, dataset)
 
-    def loaders(self, dataset: Any, num_embeddings_per_feature: list[int], rank: int,
-                world_size: int) -> dict[str, BatchLoader]:
+    def loaders(
+        self, dataset: Any, num_embeddings_per_feature: list[int], rank: int, world_size: int
+    ) -> dict[str, BatchLoader]:
         from data.batching.loaders import build_loaders
+
         return build_loaders(self.config, dataset, num_embeddings_per_feature, rank, world_size)

@@ -10,7 +10,7 @@ it): the flags are checked without them.
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from common.config_flags import FlagError, flag, option
 from common.url_paths import check_url_path
@@ -27,38 +27,58 @@ ID_HASHING = ("hash", "modulo")
 class ParquetOptions:
     """The Parquet source's flags (given with another source's data, refused)."""
 
-    parquet_path: Optional[str] = flag(
-        None, help="Parquet click log: a file, a directory (read recursively; Hive partitions such as "
-                   "date=2026-11-01/ become columns) or a glob; local or a URL (s3://, gs://, hdfs://, file://)")
+    parquet_path: str | None = flag(
+        None,
+        help="Parquet click log: a file, a directory (read recursively; Hive partitions such as "
+        "date=2026-11-01/ become columns) or a glob; local or a URL (s3://, gs://, hdfs://, file://)",
+    )
     label_column: str = flag("label", help="Parquet: the 0/1 label column")
-    dense_columns: Optional[str] = flag(
-        None, help="Parquet: comma list of numerical columns (a prefix pattern such as I* allowed)")
-    sparse_columns: Optional[str] = flag(
-        None, help="Parquet: comma list of categorical columns of raw ids: integers, strings or lists of them "
-                   "(a prefix pattern such as C* allowed)")
-    dense_transform: str = flag("log1p", choices=DENSE_TRANSFORMS,
-                                help="Parquet: log1p (negatives clamped to 0, as Criteo's preprocessing) or none")
-    id_hashing: str = flag("hash", choices=ID_HASHING,
-                           help="Parquet: raw id to embedding row; hash: a stable seeded 64-bit hash modulo the "
-                                "table size (docs/data.md); modulo: integer ids already mapped, taken modulo the "
-                                "table size")
+    dense_columns: str | None = flag(
+        None, help="Parquet: comma list of numerical columns (a prefix pattern such as I* allowed)"
+    )
+    sparse_columns: str | None = flag(
+        None,
+        help="Parquet: comma list of categorical columns of raw ids: integers, strings or lists of them "
+        "(a prefix pattern such as C* allowed)",
+    )
+    dense_transform: str = flag(
+        "log1p",
+        choices=DENSE_TRANSFORMS,
+        help="Parquet: log1p (negatives clamped to 0, as Criteo's preprocessing) or none",
+    )
+    id_hashing: str = flag(
+        "hash",
+        choices=ID_HASHING,
+        help="Parquet: raw id to embedding row; hash: a stable seeded 64-bit hash modulo the "
+        "table size (docs/data.md); modulo: integer ids already mapped, taken modulo the "
+        "table size",
+    )
     hash_seed: int = flag(0, help="Parquet: the seed of --id_hashing hash")
-    max_buffered_row_groups: int = flag(4, help="Parquet: row groups a rank holds in memory at most (also the "
-                                                "--shuffle_training_set window)")
-    time_column: Optional[str] = flag(
-        None, help="Parquet: timestamp, date or integer column (a Hive partition column such as date counts); "
-                   "validation and test are then the latest rows")
-    validation_window: Optional[str] = flag(
-        None, help="Parquet: the validation split, just before the test split: a duration (1d, 6h; needs "
-                   "--time_column) or a fraction (0.1) of the time range, or of the rows without --time_column "
-                   "(default 1d; 0.1 for an integer time column; 0.05 of the rows without one)")
-    test_window: Optional[str] = flag(
-        None, help="Parquet: the test split, the latest rows: a duration (1d, 6h; needs --time_column) or a "
-                   "fraction (0.1) of the time range, or of the rows without --time_column (defaults as "
-                   "--validation_window)")
-    rolling_windows: Optional[int] = flag(
-        None, help="with --time_column: N+1 consecutive time windows; train on window k, evaluate on k+1, "
-                   "continue on k+1 ...")
+    max_buffered_row_groups: int = flag(
+        4, help="Parquet: row groups a rank holds in memory at most (also the --shuffle_training_set window)"
+    )
+    time_column: str | None = flag(
+        None,
+        help="Parquet: timestamp, date or integer column (a Hive partition column such as date counts); "
+        "validation and test are then the latest rows",
+    )
+    validation_window: str | None = flag(
+        None,
+        help="Parquet: the validation split, just before the test split: a duration (1d, 6h; needs "
+        "--time_column) or a fraction (0.1) of the time range, or of the rows without --time_column "
+        "(default 1d; 0.1 for an integer time column; 0.05 of the rows without one)",
+    )
+    test_window: str | None = flag(
+        None,
+        help="Parquet: the test split, the latest rows: a duration (1d, 6h; needs --time_column) or a "
+        "fraction (0.1) of the time range, or of the rows without --time_column (defaults as "
+        "--validation_window)",
+    )
+    rolling_windows: int | None = flag(
+        None,
+        help="with --time_column: N+1 consecutive time windows; train on window k, evaluate on k+1, "
+        "continue on k+1 ...",
+    )
 
 
 class ParquetSource(DataSource):
@@ -76,58 +96,75 @@ class ParquetSource(DataSource):
         # Before anything is written: the path is printed and recorded.
         check_url_path(config.parquet_path or "", option(config, "parquet_path"), FlagError)
         if not config.sparse_columns:
-            raise FlagError(f"{option(config, 'parquet_path')} needs {option(config, 'sparse_columns')} "
-                            "(the categorical columns, e.g. C1,C2 or C*)")
+            raise FlagError(
+                f"{option(config, 'parquet_path')} needs {option(config, 'sparse_columns')} "
+                "(the categorical columns, e.g. C1,C2 or C*)"
+            )
         if config.multi_hot_sizes is not None:
-            raise FlagError(f"{option(config, 'multi_hot_sizes')} expands one-hot data; Parquet list columns "
-                            "are multi-hot already")
+            raise FlagError(
+                f"{option(config, 'multi_hot_sizes')} expands one-hot data; Parquet list columns are multi-hot already"
+            )
         if config.shuffle_batches:
-            raise FlagError(f"{option(config, 'shuffle_batches')} reads batches in random order, which a Parquet "
-                            f"stream cannot; use {option(config, 'shuffle_training_set')}")
+            raise FlagError(
+                f"{option(config, 'shuffle_batches')} reads batches in random order, which a Parquet "
+                f"stream cannot; use {option(config, 'shuffle_training_set')}"
+            )
         if config.mmap_mode:
             raise FlagError(f"{option(config, 'mmap_mode')} is for binary files; Parquet is always streamed")
         if config.max_buffered_row_groups < 1:
-            raise FlagError(f"{option(config, 'max_buffered_row_groups')} must be at least 1, "
-                            f"got {config.max_buffered_row_groups}")
+            raise FlagError(
+                f"{option(config, 'max_buffered_row_groups')} must be at least 1, got {config.max_buffered_row_groups}"
+            )
         validation, test = self.windows()
         if config.time_column is None:
             for window, name in ((validation, "validation_window"), (test, "test_window")):
                 if window is not None and window.is_duration:
-                    raise FlagError(f"{option(config, name)} {window.text} is a duration, which needs "
-                                    f"{option(config, 'time_column')}; give a fraction of the rows (0.05)")
+                    raise FlagError(
+                        f"{option(config, name)} {window.text} is a duration, which needs "
+                        f"{option(config, 'time_column')}; give a fraction of the rows (0.05)"
+                    )
             if validation and test and validation.fraction + test.fraction >= 1:  # type: ignore[operator]
-                raise FlagError(f"{option(config, 'validation_window')} + {option(config, 'test_window')} leave "
-                                "no training rows")
+                raise FlagError(
+                    f"{option(config, 'validation_window')} + {option(config, 'test_window')} leave no training rows"
+                )
         if config.rolling_windows is not None:  # what the windows are; training/config.py: how they are run
             rolling = option(config, "rolling_windows")
             if config.rolling_windows < 1:
-                raise FlagError(f"{rolling} must be at least 1 (train on window 0, evaluate on window 1), "
-                                f"got {config.rolling_windows}")
+                raise FlagError(
+                    f"{rolling} must be at least 1 (train on window 0, evaluate on window 1), "
+                    f"got {config.rolling_windows}"
+                )
             if config.time_column is None:
                 raise FlagError(f"{rolling} splits the data by time: give {option(config, 'time_column')}")
             if validation is not None or test is not None:
-                raise FlagError(f"{rolling} evaluates each window on the next one: "
-                                f"{option(config, 'validation_window')} and {option(config, 'test_window')} "
-                                "do not apply")
+                raise FlagError(
+                    f"{rolling} evaluates each window on the next one: "
+                    f"{option(config, 'validation_window')} and {option(config, 'test_window')} "
+                    "do not apply"
+                )
         super().check_flags()
 
-    def windows(self) -> "tuple[Optional[Window], Optional[Window]]":
+    def windows(self) -> "tuple[Window | None, Window | None]":
         """(validation window, test window) as given; None: the default."""
         config = self.config
-        return tuple(None if getattr(config, name) is None  # type: ignore[return-value]
-                     else parse_window(getattr(config, name), option(config, name))
-                     for name in ("validation_window", "test_window"))
+        return tuple(
+            None
+            if getattr(config, name) is None  # type: ignore[return-value]
+            else parse_window(getattr(config, name), option(config, name))
+            for name in ("validation_window", "test_window")
+        )
 
     # describe()'s answer and the table's listing: the flags describe, the trainer
     # opens (which describes too), and each listing of the table is a recursive one
     # (round trips on object storage): once per source object, one per run.
-    _description: Optional[FeatureDescription] = None
-    _files: Optional[tuple[Any, str, list[str]]] = None
+    _description: FeatureDescription | None = None
+    _files: tuple[Any, str, list[str]] | None = None
 
     def _listing(self) -> tuple[Any, str, list[str]]:
         """(filesystem, root, files) of the table, listed once."""
         if self._files is None:
             from data.parquet.files import list_files
+
             self._files = list_files(self.config.parquet_path)  # type: ignore[arg-type]
         return self._files
 
@@ -152,17 +189,23 @@ class ParquetSource(DataSource):
         names = column_names(config.parquet_path, self._listing())  # type: ignore[arg-type]
         dense = resolve_column_patterns(_patterns(config.dense_columns), names, option(config, "dense_columns"))
         sparse = resolve_column_patterns(_patterns(config.sparse_columns), names, option(config, "sparse_columns"))
-        roles = {option(config, "label_column"): config.label_column,
-                 option(config, "weight_column"): config.weight_column,
-                 option(config, "time_column"): config.time_column}
+        roles = {
+            option(config, "label_column"): config.label_column,
+            option(config, "weight_column"): config.weight_column,
+            option(config, "time_column"): config.time_column,
+        }
         for flag_name, column in roles.items():
             if column is not None and column in dense + sparse:
-                raise FlagError(f"{flag_name} {column} is also a feature column "
-                                f"({option(config, 'dense_columns')}/{option(config, 'sparse_columns')})")
+                raise FlagError(
+                    f"{flag_name} {column} is also a feature column "
+                    f"({option(config, 'dense_columns')}/{option(config, 'sparse_columns')})"
+                )
         both = set(dense) & set(sparse)
         if both:
-            raise FlagError(f"column {sorted(both)[0]} is both in {option(config, 'dense_columns')} and "
-                            f"{option(config, 'sparse_columns')}")
+            raise FlagError(
+                f"column {sorted(both)[0]} is both in {option(config, 'dense_columns')} and "
+                f"{option(config, 'sparse_columns')}"
+            )
         return FeatureDescription(dense, sparse)
 
     def open(self, check_values: bool = True) -> Any:
@@ -178,8 +221,15 @@ class ParquetSource(DataSource):
         columns = ParquetColumns.from_flags(self.config, description, [1] * len(description.sparse_feature_names))
         validation, test = self.windows()
         rolling = self.config.rolling_windows
-        return ParquetDataset(self.config.parquet_path, columns, self.config.time_column,  # type: ignore[arg-type]
-                              validation, test, None if rolling is None else rolling + 1, self._listing())
+        return ParquetDataset(
+            self.config.parquet_path,
+            columns,
+            self.config.time_column,  # type: ignore[arg-type]
+            validation,
+            test,
+            None if rolling is None else rolling + 1,
+            self._listing(),
+        )
 
     def split_rows(self, dataset: Any, world_size: int) -> dict[str, int]:
         return {split: stop - start for split, (start, stop) in dataset.split_ranges().items()}
@@ -189,16 +239,21 @@ class ParquetSource(DataSource):
         their hash), from the schema `open` read: {"label_name": ..., "sparse_value_types":
         {column: one of data.parquet.columns.SPARSE_VALUE_TYPES}}."""
         from data.parquet.columns import sparse_value_type
-        return {"label_name": self.config.label_column,
-                "sparse_value_types": {name: sparse_value_type(dataset.schema.field(name).type)
-                                       for name in self.describe().sparse_feature_names}}
+
+        return {
+            "label_name": self.config.label_column,
+            "sparse_value_types": {
+                name: sparse_value_type(dataset.schema.field(name).type)
+                for name in self.describe().sparse_feature_names
+            },
+        }
 
     def time_ranges(self, dataset: Any) -> dict[str, tuple[str, str]]:
         """{"train": ..., "validation": ..., "test": ...}, or with --rolling_windows
         {"window 0": ..., "window 1": ...}: what the run reads."""
         return dataset.time_ranges()
 
-    def statistics(self, train_loader: BatchLoader) -> Optional[tuple[dict[str, Any], str]]:
+    def statistics(self, train_loader: BatchLoader) -> tuple[dict[str, Any], str] | None:
         """The id collisions and dense nulls of this rank's training rows so far
         (data.parquet.loader.ParquetLoader.statistics), and `statistics_lines`; None
         before any training row was read (--mode test|validate reads none)."""
@@ -206,19 +261,34 @@ class ParquetSource(DataSource):
         lines = statistics_lines(statistics)
         return None if lines is None else (statistics, lines)
 
-    def loaders(self, dataset: Any, num_embeddings_per_feature: list[int], rank: int,
-                world_size: int) -> dict[str, BatchLoader]:
-        return {split: self._loader(dataset, dataset.splits[split], split, num_embeddings_per_feature,
-                                    rank, world_size) for split in ("train", "validation", "test")}
+    def loaders(
+        self, dataset: Any, num_embeddings_per_feature: list[int], rank: int, world_size: int
+    ) -> dict[str, BatchLoader]:
+        return {
+            split: self._loader(dataset, dataset.splits[split], split, num_embeddings_per_feature, rank, world_size)
+            for split in ("train", "validation", "test")
+        }
 
-    def window_loaders(self, dataset: Any, window: int, num_windows: int, num_embeddings_per_feature: list[int],
-                       rank: int, world_size: int) -> dict[str, BatchLoader]:
+    def window_loaders(
+        self,
+        dataset: Any,
+        window: int,
+        num_windows: int,
+        num_embeddings_per_feature: list[int],
+        rank: int,
+        world_size: int,
+    ) -> dict[str, BatchLoader]:
         assert len(dataset.splits) == num_windows, "open() cut the windows of --rolling_windows"
-        return {split: self._loader(dataset, dataset.splits[f"window {w}"], split, num_embeddings_per_feature,
-                                    rank, world_size) for split, w in (("train", window), ("validation", window + 1))}
+        return {
+            split: self._loader(
+                dataset, dataset.splits[f"window {w}"], split, num_embeddings_per_feature, rank, world_size
+            )
+            for split, w in (("train", window), ("validation", window + 1))
+        }
 
-    def _loader(self, dataset: Any, segments: Any, split: str, table_sizes: list[int], rank: int,
-                world_size: int) -> BatchLoader:
+    def _loader(
+        self, dataset: Any, segments: Any, split: str, table_sizes: list[int], rank: int, world_size: int
+    ) -> BatchLoader:
         from data.parquet.id_collisions import CollisionCounter
         from data.parquet.loader import ParquetLoader
 
@@ -226,19 +296,25 @@ class ParquetSource(DataSource):
         columns = dataclasses.replace(dataset.columns, table_sizes=tuple(int(s) for s in table_sizes))
         is_train = split == "train"
         return ParquetLoader(
-            dataset, segments, columns,
+            dataset,
+            segments,
+            columns,
             batch_size=config.batch_size if is_train else config.eval_batch_size,
-            rank=rank, world_size=world_size,
+            rank=rank,
+            world_size=world_size,
             drop_last=config.drop_last_training_batch and is_train,
             shuffle_seed=config.seed if (is_train and config.shuffle_training_set) else None,
             limit_batches=config.limit(split),
             max_buffered_row_groups=config.max_buffered_row_groups,
-            collisions=(CollisionCounter(columns.sparse, columns.table_sizes, columns.id_hashing, columns.hash_seed)
-                        if is_train else None),
+            collisions=(
+                CollisionCounter(columns.sparse, columns.table_sizes, columns.id_hashing, columns.hash_seed)
+                if is_train
+                else None
+            ),
         )
 
 
-def statistics_lines(statistics: dict[str, Any]) -> Optional[str]:
+def statistics_lines(statistics: dict[str, Any]) -> str | None:
     """The console's lines of `ParquetLoader.statistics`: the features whose values
     share rows most, and the dense nulls read as 0 per column, each where something
     was counted; None where nothing was (no line of "0 values")."""
@@ -249,10 +325,12 @@ def statistics_lines(statistics: dict[str, Any]) -> Optional[str]:
         lines.append(collision_summary(statistics["id_collisions"]))
     nulls = {name: count for name, count in statistics["dense_nulls"].items() if count}
     if nulls:
-        lines.append("dense nulls read as 0 (this rank's training rows): "
-                     + ", ".join(f"{name} {count:,}" for name, count in nulls.items()))
+        lines.append(
+            "dense nulls read as 0 (this rank's training rows): "
+            + ", ".join(f"{name} {count:,}" for name, count in nulls.items())
+        )
     return "\n".join(lines) if lines else None
 
 
-def _patterns(text: Optional[str]) -> list[str]:
+def _patterns(text: str | None) -> list[str]:
     return [p.strip() for p in (text or "").split(",") if p.strip()]

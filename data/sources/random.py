@@ -36,10 +36,16 @@ class RandomData(DataSource):
     def split_rows(self, dataset: Any, world_size: int) -> dict[str, int]:
         """What its batches hold."""
         config = self.config
-        return {split: RANDOM_DATA_BATCHES[split] * world_size
-                * (config.batch_size if split == "train" else config.eval_batch_size) for split in SPLITS}
+        return {
+            split: RANDOM_DATA_BATCHES[split]
+            * world_size
+            * (config.batch_size if split == "train" else config.eval_batch_size)
+            for split in SPLITS
+        }
 
-    def loaders(self, dataset: Any, num_embeddings_per_feature: list[int], rank: int,
-                world_size: int) -> dict[str, BatchLoader]:
+    def loaders(
+        self, dataset: Any, num_embeddings_per_feature: list[int], rank: int, world_size: int
+    ) -> dict[str, BatchLoader]:
         from data.batching.loaders import build_loaders
+
         return build_loaders(self.config, None, num_embeddings_per_feature, rank, world_size)

@@ -9,7 +9,7 @@ sources' flags), nor torch.
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Optional, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from common.config_flags import FlagError, option
 from common.json_fields import FileFieldError, JsonObject, int_list, optional, text_list
@@ -56,8 +56,8 @@ class FeatureDescription:
 
     dense_feature_names: tuple[str, ...]
     sparse_feature_names: tuple[str, ...]
-    cardinalities: Optional[tuple[int, ...]] = None
-    hotness: Optional[tuple[int, ...]] = None
+    cardinalities: tuple[int, ...] | None = None
+    hotness: tuple[int, ...] | None = None
 
     @property
     def num_dense_features(self) -> int:
@@ -73,18 +73,18 @@ class FeatureDescription:
         """
         sparse = recorded.get("sparse_feature_names", text_list())
         per_feature = optional(int_list(len(sparse), minimum=1))
-        description = cls(tuple(recorded.get("dense_feature_names", text_list(allow_empty=True))), tuple(sparse),
-                          as_tuple(recorded.get("cardinalities", per_feature)), as_tuple(recorded.get("hotness", per_feature)))
+        description = cls(
+            tuple(recorded.get("dense_feature_names", text_list(allow_empty=True))),
+            tuple(sparse),
+            as_tuple(recorded.get("cardinalities", per_feature)),
+            as_tuple(recorded.get("hotness", per_feature)),
+        )
         if len(set(sparse)) != len(sparse):
             raise FileFieldError(f"{recorded.path}: {recorded.where}.sparse_feature_names has a name twice")
         return description
 
 
-def as_tuple(values: Optional[list[int]]) -> Optional[tuple[int, ...]]:
-    return None if values is None else tuple(values)
-
-
-def as_tuple(values: Optional[list[int]]) -> Optional[tuple[int, ...]]:
+def as_tuple(values: list[int] | None) -> tuple[int, ...] | None:
     return None if values is None else tuple(values)
 
 
@@ -102,7 +102,7 @@ class DataSource(ABC):
     options: ClassVar[type[Any]]
     # The field of `options` whose flag names this source's data (giving it chooses
     # this source); None: chosen when no path is given (random data).
-    path_field: ClassVar[Optional[str]]
+    path_field: ClassVar[str | None]
     # The serving input layout (a key of serving.layouts.LAYOUTS) of a model
     # trained on it.
     serving_layout: ClassVar[str]
@@ -111,11 +111,12 @@ class DataSource(ABC):
     # Whether its labels can be predicted at all (random data's are coin flips): the
     # end-of-run divergence check (training/divergence.py) compares with a constant predictor.
     labels_carry_signal: ClassVar[bool] = True
+
     def __init__(self, config: "DataConfig") -> None:
         self.config = config
 
     @property
-    def path(self) -> Optional[str]:
+    def path(self) -> str | None:
         return getattr(self.config.source_options, self.path_field) if self.path_field else None
 
     def check_flags(self) -> None:
@@ -129,8 +130,7 @@ class DataSource(ABC):
 
     def check_multi_hot_sizes(self) -> None:
         """--multi_hot_sizes is given: refused unless the source expands one-hot ids."""
-        raise FlagError(f"{option(self.config, 'multi_hot_sizes')} expands one-hot Criteo data, "
-                        f"not {self.name} data")
+        raise FlagError(f"{option(self.config, 'multi_hot_sizes')} expands one-hot Criteo data, not {self.name} data")
 
     def serving_facts(self, dataset: Any) -> dict[str, Any]:
         """What a model trained on this data needs at serving besides `describe`'s
@@ -157,7 +157,7 @@ class DataSource(ABC):
             BadInput: one line naming the file (and row and column of a bad value).
         """
 
-    def check_values(self, dataset: Any) -> None:
+    def check_values(self, dataset: Any) -> None:  # noqa: B027 (optional: a source with nothing to check keeps it)
         """Checks every value of what `open` returned where the source can do it up
         front (the trainer calls it after its start-up report: it may read every file);
         a source that checks values as it reads them does nothing here.
@@ -167,8 +167,9 @@ class DataSource(ABC):
         """
 
     @abstractmethod
-    def loaders(self, dataset: Any, num_embeddings_per_feature: list[int], rank: int,
-                world_size: int) -> dict[str, BatchLoader]:
+    def loaders(
+        self, dataset: Any, num_embeddings_per_feature: list[int], rank: int, world_size: int
+    ) -> dict[str, BatchLoader]:
         """One loader per split ("train", "validation", "test") for this rank, from
         what `open` returned."""
 
@@ -184,15 +185,23 @@ class DataSource(ABC):
         ... "window N"); {} otherwise (the start-up report prints them)."""
         return {}
 
-    def statistics(self, train_loader: BatchLoader) -> Optional[tuple[dict[str, Any], str]]:
+    def statistics(self, train_loader: BatchLoader) -> tuple[dict[str, Any], str] | None:
         """What the trainer logs of the data once per evaluation, from this rank's
         training loader: (the run log record's fields, one console line); None when
         the source counts nothing."""
         return None
 
-    def window_loaders(self, dataset: Any, window: int, num_windows: int, num_embeddings_per_feature: list[int],
-                       rank: int, world_size: int) -> dict[str, BatchLoader]:
+    def window_loaders(
+        self,
+        dataset: Any,
+        window: int,
+        num_windows: int,
+        num_embeddings_per_feature: list[int],
+        rank: int,
+        world_size: int,
+    ) -> dict[str, BatchLoader]:
         """``--rolling_windows N`` (``num_windows`` = N + 1 consecutive time windows):
         {"train": window ``window``, "validation": window ``window + 1``}."""
-        raise FlagError(f"--rolling_windows needs time-ordered data (--parquet_path with --time_column), "
-                        f"not {self.name} data")
+        raise FlagError(
+            f"--rolling_windows needs time-ordered data (--parquet_path with --time_column), not {self.name} data"
+        )

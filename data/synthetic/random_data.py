@@ -6,7 +6,6 @@ A few global batches are generated once and cycled, so generation does not slow
 training down.
 """
 
-from typing import Optional
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -47,7 +46,7 @@ class RandomCriteoLoader:
         num_dense_features: int = 13,
         seed: int = 0,
         stream: int = 0,
-        expand: Optional[Callable[[np.ndarray], list[np.ndarray]]] = None,
+        expand: Callable[[np.ndarray], list[np.ndarray]] | None = None,
     ) -> None:
         self._num_batches = num_batches
         self._start_batch = 0

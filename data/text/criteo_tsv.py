@@ -71,7 +71,9 @@ def _windows(padded: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
     return np.lib.stride_tricks.sliding_window_view(padded, width)[at + _PAD]
 
 
-def _right_aligned(padded: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+def _right_aligned(
+    padded: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Characters of each field right-aligned in ``width`` columns, and which are real."""
     chars = _windows(padded, starts + lengths - width, width)
     valid = np.arange(-width, 0) >= -lengths[..., None]
@@ -108,8 +110,9 @@ def _eight_digits(digits: np.ndarray) -> np.ndarray:
     return (quads * np.uint64(10_000) + (quads >> np.uint64(32))) & np.uint64(0xFFFF_FFFF)
 
 
-def _parse_ints(padded: np.ndarray, words_before: np.ndarray, ends: np.ndarray,
-                lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _parse_ints(
+    padded: np.ndarray, words_before: np.ndarray, ends: np.ndarray, lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(values int64, ok bool) for decimal integers with an optional leading '-'.
 
     ``words_before[e]`` holds the 8 bytes before position e: fields of up to 8 digits
@@ -145,8 +148,9 @@ def _parse_ints_by_chars(padded: np.ndarray, starts: np.ndarray, ends: np.ndarra
     return np.where(negative, -values, values), ok
 
 
-def _parse_hex(padded: np.ndarray, words_after: np.ndarray, tabs: np.ndarray,
-               lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _parse_hex(
+    padded: np.ndarray, words_after: np.ndarray, tabs: np.ndarray, lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(values uint32, ok bool) for hexadecimal hashes of up to 8 digits, each after the
     tab at position ``tabs``.
 
@@ -215,8 +219,13 @@ def parse_criteo_lines(data: bytes) -> ParsedChunk:
         kinds = buf[separators]
     is_newline = kinds == 10
     num_lines = int(np.count_nonzero(is_newline))
-    empty = ParsedChunk(np.zeros((0, NUM_DENSE_FEATURES), np.int64), np.zeros((0, NUM_SPARSE_FEATURES), np.uint32),
-                        np.zeros(0, np.int32), [], num_lines)
+    empty = ParsedChunk(
+        np.zeros((0, NUM_DENSE_FEATURES), np.int64),
+        np.zeros((0, NUM_SPARSE_FEATURES), np.uint32),
+        np.zeros(0, np.int32),
+        [],
+        num_lines,
+    )
     if num_lines == 0:
         return empty
     bad: list[tuple[int, str]] = []
@@ -228,8 +237,10 @@ def parse_criteo_lines(data: bytes) -> ParsedChunk:
     else:
         newline_at = np.flatnonzero(is_newline)
         fields_per_line = np.diff(newline_at, prepend=-1)
-        bad = [(int(i), f"expected {NUM_FIELDS} tab-separated fields, found {int(fields_per_line[i])}")
-               for i in np.flatnonzero(fields_per_line != NUM_FIELDS)]
+        bad = [
+            (int(i), f"expected {NUM_FIELDS} tab-separated fields, found {int(fields_per_line[i])}")
+            for i in np.flatnonzero(fields_per_line != NUM_FIELDS)
+        ]
         good = np.flatnonzero(fields_per_line == NUM_FIELDS)
         if len(good) == 0:
             empty.bad_lines = bad
@@ -250,17 +261,31 @@ def parse_criteo_lines(data: bytes) -> ParsedChunk:
     label_char = buf[line_starts] - np.uint8(48)
     label_ok = (line_separators[:, 0] - line_starts == 1) & (label_char <= 1)
     labels = label_char.astype(np.int32)
-    dense, dense_ok = _parse_ints(padded, _byte_words(padded, _PAD - 8), line_separators[:, 1 : 1 + NUM_DENSE_FEATURES],
-                                  lengths[:, :NUM_DENSE_FEATURES])
-    sparse, sparse_ok = _parse_hex(padded, _byte_words(padded, _PAD + 1), line_separators[:, NUM_DENSE_FEATURES:-1],
-                                   lengths[:, NUM_DENSE_FEATURES:])
+    dense, dense_ok = _parse_ints(
+        padded,
+        _byte_words(padded, _PAD - 8),
+        line_separators[:, 1 : 1 + NUM_DENSE_FEATURES],
+        lengths[:, :NUM_DENSE_FEATURES],
+    )
+    sparse, sparse_ok = _parse_hex(
+        padded,
+        _byte_words(padded, _PAD + 1),
+        line_separators[:, NUM_DENSE_FEATURES:-1],
+        lengths[:, NUM_DENSE_FEATURES:],
+    )
 
     if label_ok.all() and dense_ok.all() and sparse_ok.all():  # the usual chunk: nothing to reject
         return ParsedChunk(dense, sparse, labels, bad, num_lines)
     reasons = [
         (~label_ok, lambda i: "label must be 0 or 1"),
-        (~dense_ok.all(axis=1), lambda i: _int_reason(buf, line_separators[i], lengths[i], int(np.argmin(dense_ok[i])))),
-        (~sparse_ok.all(axis=1), lambda i: f"categorical feature {int(np.argmin(sparse_ok[i]))} is not a hexadecimal hash"),
+        (
+            ~dense_ok.all(axis=1),
+            lambda i: _int_reason(buf, line_separators[i], lengths[i], int(np.argmin(dense_ok[i]))),
+        ),
+        (
+            ~sparse_ok.all(axis=1),
+            lambda i: f"categorical feature {int(np.argmin(sparse_ok[i]))} is not a hexadecimal hash",
+        ),
     ]
     rejected = np.zeros(len(good), dtype=bool)
     for mask, reason in reasons:

@@ -10,7 +10,6 @@ Example::
     find_bad_id("cat_0", block[:, 2:], cardinality=5)  # (1, "feature 'cat_0' has id 7, but ...")
 """
 
-from typing import Optional
 from collections.abc import Sequence
 
 import numpy as np
@@ -28,8 +27,7 @@ class CsvRowsError(BadInput):
         self.line, self.reason = line, reason
 
 
-def parse_csv_rows(lines: Sequence[str], first_line: int, columns: int,
-                   expected: Optional[str] = None) -> np.ndarray:
+def parse_csv_rows(lines: Sequence[str], first_line: int, columns: int, expected: str | None = None) -> np.ndarray:
     """float64 (len(lines), columns) from whole lines of comma-separated numbers.
 
     Args:
@@ -67,7 +65,7 @@ def parse_csv_rows(lines: Sequence[str], first_line: int, columns: int,
     raise CsvRowsError(first_line, "cannot be read as comma-separated numbers")
 
 
-def find_bad_id(name: str, values: np.ndarray, cardinality: Optional[int]) -> Optional[tuple[int, str]]:
+def find_bad_id(name: str, values: np.ndarray, cardinality: int | None) -> tuple[int, str] | None:
     """(row, reason) of the first value of ``values`` (rows, hotness) that is not an id
     of feature ``name``: a non-negative integer, below ``cardinality`` when it is known."""
     limit = MAX_ID if cardinality is None else cardinality - 1
@@ -78,6 +76,7 @@ def find_bad_id(name: str, values: np.ndarray, cardinality: Optional[int]) -> Op
     row = int(bad_rows[0])
     value = values[row][wrong[row]][0]
     if cardinality is not None and value == np.floor(value) and value > limit:
-        return row, (f"feature {name!r} has id {value:.0f}, but its declared cardinality is {cardinality} "
-                     f"(ids 0..{limit})")
+        return row, (
+            f"feature {name!r} has id {value:.0f}, but its declared cardinality is {cardinality} (ids 0..{limit})"
+        )
     return row, f"feature {name!r} has id {value:g}; ids must be integers from 0 to 2^31 - 1"

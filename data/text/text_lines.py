@@ -13,10 +13,9 @@ Example::
 import gzip
 import os
 import zlib
+from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import dataclass
-from typing import Optional
-from collections.abc import Iterator
 
 import numpy as np
 
@@ -30,8 +29,8 @@ class DaySource:
     day: int
     path: str
     first_line: int = 0  # 0-based line number of the day's first line in the file
-    num_lines: Optional[int] = None  # None: to the end of the file
-    file_lines: Optional[int] = None  # lines of the whole file, when cut into days
+    num_lines: int | None = None  # None: to the end of the file
+    file_lines: int | None = None  # lines of the whole file, when cut into days
 
     @property
     def name(self) -> str:
@@ -39,8 +38,13 @@ class DaySource:
 
     def signature(self) -> dict[str, object]:
         stat = os.stat(self.path)
-        return {"path": os.path.abspath(self.path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-                "first_line": self.first_line, "num_lines": self.num_lines}
+        return {
+            "path": os.path.abspath(self.path),
+            "size": stat.st_size,
+            "mtime_ns": stat.st_mtime_ns,
+            "first_line": self.first_line,
+            "num_lines": self.num_lines,
+        }
 
 
 def read_blocks(path: str, block_bytes: int) -> Iterator[bytes]:

@@ -6,9 +6,21 @@ from typing import Any
 
 import numpy as np
 
+from harness.matrix.cases import (
+    ADAPTIVE,
+    EMBEDDING_DIM,
+    GLOBAL_BATCH,
+    MIXED,
+    MIXED_PLAN,
+    MULTI_HOT_SIZES,
+    TABLE_ROWS,
+    Case,
+    batches_per_epoch,
+    epochs,
+    validation_every,
+)
 from sharding_plans.constraints import SHARDING_TYPES
-from harness.matrix.cases import (ADAPTIVE, EMBEDDING_DIM, GLOBAL_BATCH, MIXED, MIXED_PLAN, MULTI_HOT_SIZES,
-                                  TABLE_ROWS, Case, batches_per_epoch, epochs, validation_every)
+
 
 def learning_rate(case: Case) -> float:
     """SGD tolerates a large step on this model; the adaptive optimizers move every
@@ -33,8 +45,10 @@ def parquet_copy(data_dir: str, multi_hot: bool) -> str:
     hold the ids the binary cases' do."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from data.criteo_binary import CriteoBinaryDataset
-    from data.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES
+
+    from data.binary.criteo import CriteoBinaryDataset
+    from data.binary.criteo_layout import DENSE_FEATURE_NAMES, SPARSE_FEATURE_NAMES
+
     target = f"{data_dir}-parquet-{'multi' if multi_hot else 'one'}-hot"
     path = os.path.join(target, "rows.parquet")
     if os.path.exists(path):
@@ -62,25 +76,72 @@ def data_flags(case: Case, data_dir: str) -> list[str]:
     if case.get("data_source", "criteo_binary") == "criteo_binary":
         argv = ["--in_memory_binary_criteo_path", data_dir]
         return argv + (["--multi_hot_sizes", ",".join(map(str, MULTI_HOT_SIZES))] if case["multi_hot"] else [])
-    return ["--parquet_path", parquet_copy(data_dir, case["multi_hot"]), "--dense_columns", "int_*",
-            "--sparse_columns", "cat_*", "--dense_transform", "none", "--id_hashing", "modulo"]
+    return [
+        "--parquet_path",
+        parquet_copy(data_dir, case["multi_hot"]),
+        "--dense_columns",
+        "int_*",
+        "--sparse_columns",
+        "cat_*",
+        "--dense_transform",
+        "none",
+        "--id_hashing",
+        "modulo",
+    ]
 
 
 def case_argv(case: Case, data_dir: str, device: str) -> list[str]:
     """The training flags of a case (per-rank batch: the global batch over the ranks)."""
     argv = [
-        *data_flags(case, data_dir), "--device", device, "--seed", "5",
-        "--num_embeddings_per_feature", ",".join(map(str, TABLE_ROWS)), "--embedding_dim", str(EMBEDDING_DIM),
-        "--dense_arch_layer_sizes", "16,8", "--over_arch_layer_sizes", "16,1",
-        "--interaction_type", case["interaction"], "--dcn_num_layers", "2", "--dcn_low_rank_dim", "4",
-        "--interaction_branch1_layer_sizes", "16,16", "--interaction_branch2_layer_sizes", "16,16",
-        "--optimizer", case["optimizer"], "--dense_optimizer", case["dense_optimizer"],
-        "--learning_rate", str(learning_rate(case)), "--eps", str(EPS),
-        "--embedding_precision", case["precision"], "--pipeline", case["pipeline"],
-        "--sharding_type", MIXED_PLAN if case["sharding"] == MIXED else case["sharding"],
-        "--batch_size", str(GLOBAL_BATCH // case["world_size"]),
-        "--limit_train_batches", str(batches_per_epoch(case)), "--epochs", str(epochs(case)),
-        "--limit_val_batches", "2", "--limit_test_batches", "2", "--log_every_n_steps", "100",
+        *data_flags(case, data_dir),
+        "--device",
+        device,
+        "--seed",
+        "5",
+        "--num_embeddings_per_feature",
+        ",".join(map(str, TABLE_ROWS)),
+        "--embedding_dim",
+        str(EMBEDDING_DIM),
+        "--dense_arch_layer_sizes",
+        "16,8",
+        "--over_arch_layer_sizes",
+        "16,1",
+        "--interaction_type",
+        case["interaction"],
+        "--dcn_num_layers",
+        "2",
+        "--dcn_low_rank_dim",
+        "4",
+        "--interaction_branch1_layer_sizes",
+        "16,16",
+        "--interaction_branch2_layer_sizes",
+        "16,16",
+        "--optimizer",
+        case["optimizer"],
+        "--dense_optimizer",
+        case["dense_optimizer"],
+        "--learning_rate",
+        str(learning_rate(case)),
+        "--eps",
+        str(EPS),
+        "--embedding_precision",
+        case["precision"],
+        "--pipeline",
+        case["pipeline"],
+        "--sharding_type",
+        MIXED_PLAN if case["sharding"] == MIXED else case["sharding"],
+        "--batch_size",
+        str(GLOBAL_BATCH // case["world_size"]),
+        "--limit_train_batches",
+        str(batches_per_epoch(case)),
+        "--epochs",
+        str(epochs(case)),
+        "--limit_val_batches",
+        "2",
+        "--limit_test_batches",
+        "2",
+        "--log_every_n_steps",
+        "100",
         # 4 steps, tested on 128 rows: the cases compare runs with each other, not with a
         # constant predictor, which such a run may not beat yet (training/divergence.py).
         "--allow_divergence",
@@ -101,6 +162,9 @@ def compute_kernel_flag(case: Case) -> str:
     tables (all of them, or MIXED's share) run the dense kernel, the only one they have."""
     if case["sharding"] == "data_parallel":
         return "dense"
-    dense = [f"t_cat_{i}=dense" for i in range(len(TABLE_ROWS))
-             if case["sharding"] == MIXED and SHARDING_TYPES[i % len(SHARDING_TYPES)] == "data_parallel"]
+    dense = [
+        f"t_cat_{i}=dense"
+        for i in range(len(TABLE_ROWS))
+        if case["sharding"] == MIXED and SHARDING_TYPES[i % len(SHARDING_TYPES)] == "data_parallel"
+    ]
     return ",".join([case["compute_kernel"]] + dense)

@@ -4,15 +4,15 @@ the covering-array generator, each case's name and the steps its run must log.""
 import fnmatch
 import itertools
 import random
-from dataclasses import dataclass, field
-from typing import Any, Optional
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from data.binary.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
 from models.config import EMBEDDING_PRECISIONS, INTERACTION_TYPES
 from sharding_plans.constraints import SHARDING_TYPES
-from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
 from training.config import DENSE_OPTIMIZERS, OPTIMIZERS, PIPELINES
 from training.pipelines import CUDA_ONLY_PIPELINES
 
@@ -90,7 +90,7 @@ class MatrixSpec:
     device: str
     defaults: dict[str, Any] = field(default_factory=dict)
 
-    def refusal_for(self, case: Case) -> Optional[Refusal]:
+    def refusal_for(self, case: Case) -> Refusal | None:
         return next((r for r in self.refusals if r.matches(case, self.device)), None)
 
     def forbidden(self, partial: dict[str, Any]) -> bool:
@@ -102,11 +102,16 @@ class MatrixSpec:
 
 
 # The matrix `make test` and `make test-matrix` run: every flag's choices on the CPU.
-CPU_MATRIX = MatrixSpec(DIMENSIONS, reference={"sharding": "table_wise", "world_size": 1, "pipeline": "sparse_dist"},
-                        refusals=REFUSALS, device="cpu")
+CPU_MATRIX = MatrixSpec(
+    DIMENSIONS,
+    reference={"sharding": "table_wise", "world_size": 1, "pipeline": "sparse_dist"},
+    refusals=REFUSALS,
+    device="cpu",
+)
 
 
 # ------------------------------------------------------------------ case generation
+
 
 def covering_cases(spec: MatrixSpec, strength: int, seed: int = 0, candidates: int = 24) -> list[Case]:
     """Trainable cases in which every ``strength``-tuple of allowed choices appears.
@@ -129,7 +134,7 @@ def covering_cases(spec: MatrixSpec, strength: int, seed: int = 0, candidates: i
         return {t for t in uncovered if all(case.get(d, object()) == v for d, v in t)}
 
     while uncovered:
-        best: Optional[tuple[int, Case]] = None
+        best: tuple[int, Case] | None = None
         pool = sorted(uncovered, key=repr)
         for _ in range(candidates):
             case: Case = dict(rng.choice(pool))
@@ -149,12 +154,13 @@ def covering_cases(spec: MatrixSpec, strength: int, seed: int = 0, candidates: i
     return cases
 
 
-def refusal_cases(spec: MatrixSpec, base: Optional[Case] = None) -> list[Case]:
+def refusal_cases(spec: MatrixSpec, base: Case | None = None) -> list[Case]:
     """One case per refused combination: its choices, the rest those of ``base`` or
     else the first choices (and the most ranks, so that every rank is seen refusing)."""
     first = {d: max(choices) if d == "world_size" else choices[0] for d, choices in spec.dimensions.items()}
-    return [spec.complete({**first, **(base or {}), **dict(r.choices)})
-            for r in spec.refusals if spec.device in r.devices]
+    return [
+        spec.complete({**first, **(base or {}), **dict(r.choices)}) for r in spec.refusals if spec.device in r.devices
+    ]
 
 
 def matches_only(name: str, only: str) -> bool:
@@ -172,9 +178,16 @@ def matches_only(name: str, only: str) -> bool:
 
 
 def case_name(case: Case) -> str:
-    parts = [case["optimizer"], f"dense-{case['dense_optimizer']}", case["sharding"], case["precision"],
-             case["pipeline"], case["interaction"], "multi-hot" if case["multi_hot"] else "one-hot",
-             f"ws{case['world_size']}"] + (["amp"] if case["amp"] else [])
+    parts = [
+        case["optimizer"],
+        f"dense-{case['dense_optimizer']}",
+        case["sharding"],
+        case["precision"],
+        case["pipeline"],
+        case["interaction"],
+        "multi-hot" if case["multi_hot"] else "one-hot",
+        f"ws{case['world_size']}",
+    ] + (["amp"] if case["amp"] else [])
     parts += ["parquet"] if case.get("data_source") == "parquet" else []
     parts += [case["compute_kernel"]] if case.get("compute_kernel") else []
     parts += ["tf32"] if case.get("allow_tf32") else []
@@ -203,8 +216,11 @@ def expected_steps(case: Case) -> dict[str, Any]:
     epoch, the steps validation ran at, and the test's step."""
     per_epoch = batches_per_epoch(case)
     every = validation_every(case) if case.get("validation_within_epoch") else per_epoch
-    return {"train": {e: per_epoch for e in range(epochs(case))},
-            "validation": list(range(every, STEPS + 1, every)), "test": [STEPS]}
+    return {
+        "train": {e: per_epoch for e in range(epochs(case))},
+        "validation": list(range(every, STEPS + 1, every)),
+        "test": [STEPS],
+    }
 
 
 def logged_steps(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -214,9 +230,14 @@ def logged_steps(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if r["event"] == "train":
             train[r["epoch"]] = train.get(r["epoch"], 0) + len(r["step_losses"])
     # The final weights' test (a run that kept a better checkpoint tests that one too, after).
-    evals = {stage: [r["step"] for r in records if r["event"] == "eval" and r["stage"] == stage
-                     and r.get("model") in (None, "final")]
-             for stage in ("validation", "test")}
+    evals = {
+        stage: [
+            r["step"]
+            for r in records
+            if r["event"] == "eval" and r["stage"] == stage and r.get("model") in (None, "final")
+        ]
+        for stage in ("validation", "test")
+    }
     return {"train": train, **evals}
 
 
@@ -227,8 +248,11 @@ def resumed_steps(expected: dict[str, Any], case: Case) -> dict[str, Any]:
     per_epoch = batches_per_epoch(case)
     train = {e: n - max(0, min(n, STOP - e * per_epoch)) for e, n in expected["train"].items()}
     first = STOP if STOP % per_epoch == 0 else STOP + 1
-    return {"train": {e: n for e, n in train.items() if n},
-            "validation": [s for s in expected["validation"] if s >= first], "test": expected["test"]}
+    return {
+        "train": {e: n for e, n in train.items() if n},
+        "validation": [s for s in expected["validation"] if s >= first],
+        "test": expected["test"],
+    }
 
 
 def probe_inputs() -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,36 +6,60 @@ import io
 import math
 import multiprocessing
 import os
+from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Optional
-from collections.abc import Sequence
+from typing import Any
 
 import torch
 
+from harness.matrix.cases import (
+    ADAPTIVE,
+    EMBEDDING_DIM,
+    MIXED,
+    STEPS,
+    STOP,
+    TABLE_ROWS,
+    Case,
+    MatrixSpec,
+    epochs,
+    expected_steps,
+    probe_inputs,
+    resumed_steps,
+)
 from sharding_plans.constraints import COLUMN_SHARDING_TYPES
-from harness.matrix.cases import (ADAPTIVE, EMBEDDING_DIM, MIXED, STEPS, STOP, TABLE_ROWS, Case, MatrixSpec,
-                                  epochs, expected_steps, probe_inputs, resumed_steps)
+
 
 def sharded_tolerance(case: Case, device: str) -> tuple[float, str]:
     """(absolute tolerance on losses and weights, why) for check (a)."""
     if case["amp"]:
-        return 1e-2, ("bf16 autocast: each rank's matmuls round their partial results to bf16 "
-                      "(8 bits of mantissa) before the fp32 all-reduce, the reference rounds whole-batch ones; "
-                      "the adaptive optimizers pass a gradient difference d on as up to lr * d / eps = 5 d")
-    if case["optimizer"] == "rowwise_adagrad" and case["world_size"] > 1 and \
-            case["sharding"] in COLUMN_SHARDING_TYPES + (MIXED,):
-        return 5e-3, ("row-wise Adagrad keeps one accumulator per row of each column shard (the mean "
-                      "of that shard's squared gradients), the reference one per whole row: a different "
-                      "step size, the same direction")
+        return 1e-2, (
+            "bf16 autocast: each rank's matmuls round their partial results to bf16 "
+            "(8 bits of mantissa) before the fp32 all-reduce, the reference rounds whole-batch ones; "
+            "the adaptive optimizers pass a gradient difference d on as up to lr * d / eps = 5 d"
+        )
+    if (
+        case["optimizer"] == "rowwise_adagrad"
+        and case["world_size"] > 1
+        and case["sharding"] in COLUMN_SHARDING_TYPES + (MIXED,)
+    ):
+        return 5e-3, (
+            "row-wise Adagrad keeps one accumulator per row of each column shard (the mean "
+            "of that shard's squared gradients), the reference one per whole row: a different "
+            "step size, the same direction"
+        )
     if case["precision"] == "fp16":
-        return 2.5e-4, ("fp16 tables: an update rounds each weight to fp16, whose step is 1.2e-4 at the "
-                        "weights' magnitude here, so a summation-order difference can flip a rounding")
+        return 2.5e-4, (
+            "fp16 tables: an update rounds each weight to fp16, whose step is 1.2e-4 at the "
+            "weights' magnitude here, so a summation-order difference can flip a rounding"
+        )
     if device == "cuda":
         return 1e-5, "GPU kernels may sum in another order from run to run (atomic adds)"
     if case["optimizer"] in ADAPTIVE or case["dense_optimizer"] in ADAPTIVE:
-        return 1e-5, ("adaptive optimizers divide by the root of the summed squared gradients: "
-                      "summation-order differences of 1e-7 grow by up to 1/sqrt(sum) on the first steps")
+        return 1e-5, (
+            "adaptive optimizers divide by the root of the summed squared gradients: "
+            "summation-order differences of 1e-7 grow by up to 1/sqrt(sum) on the first steps"
+        )
     return 1e-6, "same arithmetic up to the summation order of the all-reduce and the pooling"
 
 
@@ -44,7 +68,7 @@ def assemble_table(per_rank: Sequence[dict[str, Any]], table: str, rows: int, di
     full = torch.full((rows, dim), float("nan"))
     for weights in per_rank:
         for row, col, piece in weights["tables"].get(table, []):
-            target = full[row:row + piece.shape[0], col:col + piece.shape[1]]
+            target = full[row : row + piece.shape[0], col : col + piece.shape[1]]
             if not torch.isnan(target).any():
                 assert torch.equal(target, piece.float()), f"{table}: replicas differ"
             target.copy_(piece.float())
@@ -52,8 +76,7 @@ def assemble_table(per_rank: Sequence[dict[str, Any]], table: str, rows: int, di
     return full
 
 
-def max_difference(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]],
-                    tables: bool = True) -> tuple[float, str]:
+def max_difference(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], tables: bool = True) -> tuple[float, str]:
     """Largest absolute difference between two runs' losses and assembled weights
     (each given as its ranks' outcomes; the tables' only with ``tables``), and where it is."""
     worst = (0.0, "")
@@ -64,7 +87,7 @@ def max_difference(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]],
         worst = max(worst, (abs(x - y), f"loss of step {step + 1}"))
     for i, rows in enumerate(TABLE_ROWS if tables else ()):
         table = f"t_cat_{i}"
-        diff = (assemble_table(a, table, rows, EMBEDDING_DIM) - assemble_table(b, table, rows, EMBEDDING_DIM))
+        diff = assemble_table(a, table, rows, EMBEDDING_DIM) - assemble_table(b, table, rows, EMBEDDING_DIM)
         worst = max(worst, (diff.abs().max().item(), table))
     for key in a[0]["dense"]:
         diff = (a[0]["dense"][key].float() - b[0]["dense"][key].float()).abs().max().item()
@@ -72,7 +95,7 @@ def max_difference(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]],
     return worst
 
 
-def identical(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], steps_from: int) -> Optional[str]:
+def identical(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], steps_from: int) -> str | None:
     """None when the resumed run (b) matches the uninterrupted one (a) bit for bit."""
     if a[0]["losses"][steps_from:] != b[0]["losses"]:
         return f"losses after the stop differ: {a[0]['losses'][steps_from:]} vs {b[0]['losses']}"
@@ -94,10 +117,11 @@ def export_difference(checkpoint_dir: str, eager: torch.Tensor, out_dir: str) ->
     """Exports the newest checkpoint's fp32 program and returns its largest difference
     from the eager probabilities on the probe rows. Named by its step: the directory
     alone exports the best validation's checkpoint, an earlier step than the eager model's."""
+    from checkpoints.directory import newest_checkpoint
     from serving.export import FP32_FILE, export_model
     from serving.model_files import load_model_file, read_manifest
     from serving.model_inputs import read_inputs
-    from checkpoints.directory import newest_checkpoint
+
     with contextlib.redirect_stderr(io.StringIO()):
         export_model(newest_checkpoint(checkpoint_dir), out_dir, [])
     manifest = read_manifest(out_dir)
@@ -105,8 +129,13 @@ def export_difference(checkpoint_dir: str, eager: torch.Tensor, out_dir: str) ->
     dense, ids = probe_inputs()
     # A bag of varying length (a Parquet list column) has several places, -1 where empty.
     hotness = read_inputs(out_dir, manifest).sparse_hotness
-    ids = torch.cat([torch.cat([ids[:, f:f + 1], torch.full((len(ids), h - 1), -1, dtype=ids.dtype)], dim=1)
-                     for f, h in enumerate(hotness)], dim=1)
+    ids = torch.cat(
+        [
+            torch.cat([ids[:, f : f + 1], torch.full((len(ids), h - 1), -1, dtype=ids.dtype)], dim=1)
+            for f, h in enumerate(hotness)
+        ],
+        dim=1,
+    )
     with torch.no_grad():
         exported = program(dense, ids)
     return (exported - eager).abs().max().item()
@@ -123,7 +152,7 @@ class CaseResult:
     checks: dict[str, str] = field(default_factory=dict)
     passed: bool = True
     seconds: float = 0.0
-    records_per_sec: Optional[float] = None
+    records_per_sec: float | None = None
 
     def fail(self, check: str, text: str) -> None:
         self.checks[check] = "FAIL " + text
@@ -151,8 +180,13 @@ def check_refusal(spec: MatrixSpec, case: Case, per_rank: list[dict[str, Any]]) 
     return result
 
 
-def check_case(spec: MatrixSpec, case: Case, per_rank: list[dict[str, Any]], reference: list[dict[str, Any]],
-                export: "Future[float]") -> CaseResult:
+def check_case(
+    spec: MatrixSpec,
+    case: Case,
+    per_rank: list[dict[str, Any]],
+    reference: list[dict[str, Any]],
+    export: "Future[float]",
+) -> CaseResult:
     result = CaseResult(case, seconds=max(o["seconds"] for o in per_rank))
     for name, outcome in (("case", per_rank[0]), ("reference", reference[0])):
         if "error" in outcome:
@@ -185,7 +219,7 @@ def check_case(spec: MatrixSpec, case: Case, per_rank: list[dict[str, Any]], ref
     return result
 
 
-def check_export(result: CaseResult, export: "Optional[Future[float]]") -> None:
+def check_export(result: CaseResult, export: "Future[float] | None") -> None:
     """Check (c): the exported fp32 program's largest difference from the eager model
     (``export``: its pending `export_difference`; None, no export made: a failure)."""
     try:
@@ -205,9 +239,15 @@ def format_table(spec: MatrixSpec, results: list[CaseResult]) -> str:
     rows = []
     for r in results:
         rate = f"{r.records_per_sec:,.0f}" if r.records_per_sec else "-"
-        rows.append([str(r.case[d]) for d in spec.dimensions] +
-                    ["pass" if r.passed else "FAIL", f"{r.seconds:.1f}", rate,
-                     "; ".join(f"{k}: {v}" for k, v in r.checks.items())])
+        rows.append(
+            [str(r.case[d]) for d in spec.dimensions]
+            + [
+                "pass" if r.passed else "FAIL",
+                f"{r.seconds:.1f}",
+                rate,
+                "; ".join(f"{k}: {v}" for k, v in r.checks.items()),
+            ]
+        )
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header[:-1])]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header[:-1], widths)) + "  " + header[-1]]
     for row in rows:
@@ -222,15 +262,19 @@ def export_pool() -> ProcessPoolExecutor:
     return ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn"))
 
 
-def start_exports(pool: ProcessPoolExecutor, outcomes: dict[str, list[dict[str, Any]]], keys: Sequence[str],
-                  work_dir: str) -> "dict[str, Future[float]]":
+def start_exports(
+    pool: ProcessPoolExecutor, outcomes: dict[str, list[dict[str, Any]]], keys: Sequence[str], work_dir: str
+) -> "dict[str, Future[float]]":
     """The pending `export_difference` of each training job in ``keys`` whose ranks all
     finished ({key: future}); a job that failed on a rank has none."""
     exports: dict[str, Future[float]] = {}
     for key in keys:
         per_rank = outcomes[key]
         if all("error" not in o for o in per_rank):
-            exports[key] = pool.submit(export_difference, per_rank[0]["checkpoint_dir"],
-                                       torch.cat([o["probe"] for o in per_rank]),
-                                       os.path.join(work_dir, "exports", f"run{len(exports)}"))
+            exports[key] = pool.submit(
+                export_difference,
+                per_rank[0]["checkpoint_dir"],
+                torch.cat([o["probe"] for o in per_rank]),
+                os.path.join(work_dir, "exports", f"run{len(exports)}"),
+            )
     return exports

@@ -4,13 +4,12 @@ import contextlib
 import os
 import tempfile
 import time
-from dataclasses import dataclass
-from typing import Optional
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 from common.cli import DefaultsHelpFormatter, OneLineParser, cli_main
-from common.errors import BadInput
 from common.config_flags import Overrides, add_flags, config_values, flag
+from common.errors import BadInput
 from harness.matrix.argv import case_argv
 from harness.matrix.cases import CPU_MATRIX, Case, MatrixSpec, case_name, covering_cases, matches_only, refusal_cases
 from harness.matrix.checks import CaseResult, check_case, check_refusal, export_pool, format_table, start_exports
@@ -20,13 +19,16 @@ from harness.matrix.ranks import JobPlan, Launcher, local_launcher
 DESCRIPTION = "The correctness matrix: cases generated from the choices the training flags offer."
 
 
-def evaluate(spec: MatrixSpec, cases: list[Case], refusals: list[Case], data_dir: str, work_dir: str,
-             launcher: Launcher) -> list[CaseResult]:
+def evaluate(
+    spec: MatrixSpec, cases: list[Case], refusals: list[Case], data_dir: str, work_dir: str, launcher: Launcher
+) -> list[CaseResult]:
     """Runs every case, its reference and every refusal (one launch per world size) and checks them."""
     plan = JobPlan(data_dir, work_dir, case_argv)
     refusal_keys = [plan.add("refusal", c, spec.device) for c in refusals]
-    case_keys = [(plan.add("train", c, spec.device, resume=True), plan.add("train", {**c, **spec.reference},
-                                                                             spec.device)) for c in cases]
+    case_keys = [
+        (plan.add("train", c, spec.device, resume=True), plan.add("train", {**c, **spec.reference}, spec.device))
+        for c in cases
+    ]
     plan.launch(launcher, spec.device)
     outcomes = plan.outcomes
     with export_pool() as pool:
@@ -37,8 +39,9 @@ def evaluate(spec: MatrixSpec, cases: list[Case], refusals: list[Case], data_dir
     return results
 
 
-def selected_cases(spec: MatrixSpec, strength: int, only: str, refusals_of=refusal_cases,
-                   where: str = "") -> tuple[list[Case], list[Case]]:
+def selected_cases(
+    spec: MatrixSpec, strength: int, only: str, refusals_of=refusal_cases, where: str = ""
+) -> tuple[list[Case], list[Case]]:
     """The cases of strength ``strength`` and the refusal cases (``refusals_of(spec)``)
     that ``only`` selects (`matches_only`); BadInput, naming ``where`` the matrix runs,
     when it selects none."""
@@ -55,6 +58,7 @@ def small_data(prefix: str) -> Iterator[tuple[str, str]]:
     freshly generated small synthetic Criteo data (`harness.small_data.SMALL_SPEC`)."""
     from data.synthetic_criteo import generate_synthetic_criteo
     from harness.small_data import SMALL_SPEC
+
     with tempfile.TemporaryDirectory(prefix=prefix) as work:
         data_dir = os.path.join(work, "data")
         generate_synthetic_criteo(SMALL_SPEC, data_dir, show_progress=False)
@@ -73,8 +77,10 @@ def run(spec: MatrixSpec, strength: int, only: str = "", list_only: bool = False
     with small_data("matrix-") as (work, data_dir):
         results = evaluate(spec, cases, refusals, data_dir, work, local_launcher)
     print(format_table(spec, results))
-    print(f"{spec.device} matrix of strength {strength}: {len(cases)} cases and {len(refusals)} refusals "
-          f"in {time.perf_counter() - start:.0f} s")
+    print(
+        f"{spec.device} matrix of strength {strength}: {len(cases)} cases and {len(refusals)} refusals "
+        f"in {time.perf_counter() - start:.0f} s"
+    )
     return 0 if all(r.passed for r in results) else 1
 
 
@@ -84,8 +90,11 @@ class MatrixFlags:
     defaults to 2)."""
 
     strength: int = flag(3, help="cover every pair (2) or triple (3) of choices")
-    only: str = flag("", help="run only the cases whose name contains this text, or matches it as a glob where "
-                               "it has a *; several, comma-separated (default: all)")
+    only: str = flag(
+        "",
+        help="run only the cases whose name contains this text, or matches it as a glob where "
+        "it has a *; several, comma-separated (default: all)",
+    )
     list_only: bool = flag(False, name="list", help="print the cases without running them")
 
 
@@ -103,8 +112,7 @@ def matrix_parser(prog: str, description: str, strength: int) -> OneLineParser:
 
 
 @cli_main("python -m harness.matrix")
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = matrix_parser("python -m harness.matrix", DESCRIPTION, strength=3).parse_args(argv)
     flags = MatrixFlags(**config_values(MatrixFlags, args))
     return run(CPU_MATRIX, flags.strength, flags.only, flags.list_only)
-

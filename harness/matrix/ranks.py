@@ -8,8 +8,8 @@ import os
 import shutil
 import signal
 import time
-from typing import Any, Optional
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -17,8 +17,9 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor
 
 from common.run_log_file import read_run_log
-from training.optimizers import TABLE_PARAMETER
 from harness.matrix.cases import PROBE_ROWS, STOP, TABLE_ROWS, Case, case_name, logged_steps, probe_inputs
+from training.optimizers import TABLE_PARAMETER
+
 
 def local_weights(model: torch.nn.Module) -> dict[str, Any]:
     """This rank's pieces of every table {table: [(row, col, tensor)]} and the dense
@@ -31,8 +32,10 @@ def local_weights(model: torch.nn.Module) -> dict[str, Any]:
             if isinstance(value, DTensor):
                 value = value.to_local()
             if isinstance(value, ShardedTensor):
-                tables[parts[-2]] = [(s.metadata.shard_offsets[0], s.metadata.shard_offsets[1],
-                                      s.tensor.detach().cpu().clone()) for s in value.local_shards()]
+                tables[parts[-2]] = [
+                    (s.metadata.shard_offsets[0], s.metadata.shard_offsets[1], s.tensor.detach().cpu().clone())
+                    for s in value.local_shards()
+                ]
             else:
                 tables[parts[-2]] = [(0, 0, value.detach().cpu().clone())]
         else:
@@ -45,12 +48,15 @@ def probe_batch(rank: int, world_size: int, device: torch.device):
     model takes), below every table's size, the same for every case."""
     from torchrec.datasets.utils import Batch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
     dense, ids = probe_inputs()
     per_rank = PROBE_ROWS // world_size
-    dense, ids = dense[rank * per_rank:(rank + 1) * per_rank], ids[rank * per_rank:(rank + 1) * per_rank]
+    dense, ids = dense[rank * per_rank : (rank + 1) * per_rank], ids[rank * per_rank : (rank + 1) * per_rank]
     kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=[f"cat_{i}" for i in range(len(TABLE_ROWS))], values=ids.t().reshape(-1),
-        lengths=torch.ones(ids.numel(), dtype=torch.int32))
+        keys=[f"cat_{i}" for i in range(len(TABLE_ROWS))],
+        values=ids.t().reshape(-1),
+        lengths=torch.ones(ids.numel(), dtype=torch.int32),
+    )
     return Batch(dense_features=dense, sparse_features=kjt, labels=torch.zeros(per_rank)).to(device)
 
 
@@ -61,8 +67,14 @@ def _outcome(trainer: Any, result: Any, log_path: str) -> dict[str, Any]:
     # The final weights' test figures: the best checkpoint a run also tests depends on the
     # checkpoints its directory holds, which the resumed run's (one checkpoint) does not share.
     test = result.final_test if result.final_test is not None else result.test
-    return {"losses": list(result.train_losses), "validation": result.validation, "test": test,
-            "records_per_sec": result.records_per_sec, "steps": steps, **local_weights(trainer.model)}
+    return {
+        "losses": list(result.train_losses),
+        "validation": result.validation,
+        "test": test,
+        "records_per_sec": result.records_per_sec,
+        "steps": steps,
+        **local_weights(trainer.model),
+    }
 
 
 def _eager_probabilities(trainer: Any) -> torch.Tensor:
@@ -92,6 +104,7 @@ def tf32_off():
 def _refusal_outcome(argv: list[str]) -> dict[str, Any]:
     """Runs the entry point on a combination that must be refused: exit code and stderr."""
     import dlrm_main
+
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         try:
@@ -105,12 +118,19 @@ def _train_case(argv: list[str], root: str, device: str, resume: bool) -> dict[s
     from training.distributed import resolve_env
     from training.flags import parse_config
     from training.trainer import Trainer
+
     env = resolve_env(device)
     whole, cut = os.path.join(root, "whole"), os.path.join(root, "cut")
     # Saves at STOP, where the resumed run starts, and at the end (STEPS), which is exported.
     log = os.path.join(root, "whole.jsonl")
-    trainer = Trainer(parse_config(argv + ["--checkpoint_dir", whole, "--checkpoint_every_n_steps", str(STOP),
-                                           "--log_path", log], "matrix", "matrix"), env)
+    trainer = Trainer(
+        parse_config(
+            argv + ["--checkpoint_dir", whole, "--checkpoint_every_n_steps", str(STOP), "--log_path", log],
+            "matrix",
+            "matrix",
+        ),
+        env,
+    )
     outcome = {"uninterrupted": _outcome(trainer, trainer.fit(), log), "checkpoint_dir": whole}
     outcome["probe"] = _eager_probabilities(trainer)
     stop = os.path.join(whole, f"step_{STOP:09d}")
@@ -121,8 +141,9 @@ def _train_case(argv: list[str], root: str, device: str, resume: bool) -> dict[s
             shutil.copytree(stop, os.path.join(cut, f"step_{STOP:09d}"))
         dist.barrier()
         log = os.path.join(root, "cut.jsonl")
-        trainer = Trainer(parse_config(argv + ["--checkpoint_dir", cut, "--resume", "--log_path", log],
-                                       "matrix", "matrix"), env)
+        trainer = Trainer(
+            parse_config(argv + ["--checkpoint_dir", cut, "--resume", "--log_path", log], "matrix", "matrix"), env
+        )
         outcome["resumed"] = _outcome(trainer, trainer.fit(), log)
     return outcome
 
@@ -146,7 +167,7 @@ def _inside_import(frame: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _deadline(seconds: Optional[float]) -> Iterator[None]:
+def _deadline(seconds: float | None) -> Iterator[None]:
     """Raises JobTimeout in the block once ``seconds`` have passed (None: no limit).
     A signal, so only where Python runs: a job stuck inside one native call is cut
     when the call returns (a launcher's own timeout is the last resort). Never inside
@@ -205,6 +226,7 @@ Launcher = Callable[[Callable, list[dict[str, Any]], int], dict[int, Any]]
 def local_launcher(fn: Callable, jobs: list[dict[str, Any]], world_size: int) -> dict[int, Any]:
     """The launcher of a matrix run on this host: torch elastic over local ranks."""
     from harness.launch import launch
+
     return launch(fn, jobs, nproc=world_size)
 
 
@@ -216,8 +238,13 @@ class JobPlan:
     `run_jobs` over the group; ``case_argv(case, data_dir, device)`` gives a job's flags.
     """
 
-    def __init__(self, data_dir: str, work_dir: str, case_argv: Callable[[Case, str, str], list[str]],
-                 job_timeout: Optional[float] = None):
+    def __init__(
+        self,
+        data_dir: str,
+        work_dir: str,
+        case_argv: Callable[[Case, str, str], list[str]],
+        job_timeout: float | None = None,
+    ):
         self.data_dir, self.work_dir, self.case_argv, self.job_timeout = data_dir, work_dir, case_argv, job_timeout
         self.jobs: dict[str, dict[str, Any]] = {}
         self.outcomes: dict[str, list[dict[str, Any]]] = {}
@@ -227,10 +254,16 @@ class JobPlan:
         from step STOP) or refuses (``kind`` refusal) ``case`` on ``device``; added once."""
         key = f"{kind}:{device}:{case_name(case)}"
         if key not in self.jobs:
-            self.jobs[key] = {"kind": kind, "key": key, "argv": self.case_argv(case, self.data_dir, device),
-                              "device": device, "world_size": case["world_size"],
-                              "dir": os.path.join(self.work_dir, f"run{len(self.jobs)}"), "resume": resume,
-                              "timeout_s": self.job_timeout}
+            self.jobs[key] = {
+                "kind": kind,
+                "key": key,
+                "argv": self.case_argv(case, self.data_dir, device),
+                "device": device,
+                "world_size": case["world_size"],
+                "dir": os.path.join(self.work_dir, f"run{len(self.jobs)}"),
+                "resume": resume,
+                "timeout_s": self.job_timeout,
+            }
         self.jobs[key]["resume"] |= resume
         return key
 

@@ -28,11 +28,15 @@ def _plugin_folders(known: list[str]) -> list[str]:
 # After this package's own folder, whose modules win a name both have.
 __path__ += _plugin_folders(__path__)
 
+# Imported after __path__ grows (E402): a plugin folder's modules are found with ours.
 from models.interactions.registry import INTERACTIONS, Interaction, InteractionConfig, register  # noqa: E402
-# --interaction_type's first choices, in this order; each module registers itself.
+
+# --interaction_type's first choices, in this order (not isort's): each module registers itself.
+# isort: off
 from models.interactions import dot  # noqa: E402,F401
 from models.interactions import dcn  # noqa: E402,F401
 from models.interactions import projection  # noqa: E402,F401
+# isort: on
 
 
 def _import_the_others() -> None:

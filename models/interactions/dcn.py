@@ -40,8 +40,9 @@ class DCNConfig:
         return f"{self.dcn_num_layers} cross layers of rank {self.dcn_low_rank_dim}"
 
 
-def build_dcn_model(model: ModelSizes, sparse_arch: "PooledSparseArch",
-                    dense_device: Optional["torch.device"]) -> "nn.Module":
+def build_dcn_model(
+    model: ModelSizes, sparse_arch: "PooledSparseArch", dense_device: Optional["torch.device"]
+) -> "nn.Module":
     # Here, not at the top: the flags (this module) load without torch.
     from torchrec.models.dlrm import DLRM_DCN
     from torchrec.modules.crossnet import LowRankCrossNet
@@ -50,12 +51,17 @@ def build_dcn_model(model: ModelSizes, sparse_arch: "PooledSparseArch",
 
     dcn: DCNConfig = model.interaction
     if model.has_dense_arch:
-        return torchrec_dlrm(DLRM_DCN, model, sparse_arch, dense_device, dcn_num_layers=dcn.dcn_num_layers,
-                             dcn_low_rank_dim=dcn.dcn_low_rank_dim)
+        return torchrec_dlrm(
+            DLRM_DCN,
+            model,
+            sparse_arch,
+            dense_device,
+            dcn_num_layers=dcn.dcn_num_layers,
+            dcn_low_rank_dim=dcn.dcn_low_rank_dim,
+        )
     width = len(model.sparse_feature_names) * model.embedding_dim
     crossnet = LowRankCrossNet(width, dcn.dcn_num_layers, dcn.dcn_low_rank_dim)
-    return categorical_only_dlrm(model, sparse_arch, blocks().EmbeddingCrossInteraction(crossnet), width,
-                                 dense_device)
+    return categorical_only_dlrm(model, sparse_arch, blocks().EmbeddingCrossInteraction(crossnet), width, dense_device)
 
 
 register(Interaction(name="dcn", model_name="DCNv2", config=DCNConfig, build=build_dcn_model))

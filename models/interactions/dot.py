@@ -43,16 +43,19 @@ class DotConfig:
 
     def validate(self, model: ModelSizes) -> None:
         if not model.has_dense_arch and len(model.sparse_feature_names) < 2:
-            raise FlagError(f"{option(model, 'interaction_type')} original on data without numerical features "
-                            f"multiplies pairs of embeddings and needs at least two categorical features, the data "
-                            f"has {len(model.sparse_feature_names)}: use dcn or projection")
+            raise FlagError(
+                f"{option(model, 'interaction_type')} original on data without numerical features "
+                f"multiplies pairs of embeddings and needs at least two categorical features, the data "
+                f"has {len(model.sparse_feature_names)}: use dcn or projection"
+            )
 
     def describe(self) -> str:
         return ""
 
 
-def build_dot_model(model: ModelSizes, sparse_arch: "PooledSparseArch",
-                    dense_device: Optional["torch.device"]) -> "nn.Module":
+def build_dot_model(
+    model: ModelSizes, sparse_arch: "PooledSparseArch", dense_device: Optional["torch.device"]
+) -> "nn.Module":
     # Here, not at the top: the flags (this module) load without torch.
     from models.arch import categorical_only_dlrm, torchrec_dlrm
 
@@ -62,8 +65,13 @@ def build_dot_model(model: ModelSizes, sparse_arch: "PooledSparseArch",
         dlrm = torchrec_dlrm(made.OverlappedDLRM, model, sparse_arch, dense_device)
         dlrm.inter_arch = made.DotInteraction(num_features)
         return dlrm
-    return categorical_only_dlrm(model, sparse_arch, made.EmbeddingDotInteraction(num_features),
-                                 num_features * (num_features - 1) // 2, dense_device)
+    return categorical_only_dlrm(
+        model,
+        sparse_arch,
+        made.EmbeddingDotInteraction(num_features),
+        num_features * (num_features - 1) // 2,
+        dense_device,
+    )
 
 
 register(Interaction(name="original", model_name="DLRM", config=DotConfig, build=build_dot_model))
@@ -89,8 +97,13 @@ def define_blocks() -> dict[str, Any]:
         """[dense, <x_i, x_j> for i < j] where x = [dense, sparse_1 .. sparse_F]."""
 
         @staticmethod
-        def forward(ctx, dense: torch.Tensor, sparse: torch.Tensor,  # type: ignore[override]
-                    flat_index: torch.Tensor, symmetric_index: torch.Tensor) -> torch.Tensor:
+        def forward(
+            ctx,
+            dense: torch.Tensor,
+            sparse: torch.Tensor,  # type: ignore[override]
+            flat_index: torch.Tensor,
+            symmetric_index: torch.Tensor,
+        ) -> torch.Tensor:
             combined = torch.cat((dense.unsqueeze(1), sparse), dim=1)
             ctx.save_for_backward(combined, symmetric_index)
             return torch.cat((dense, gram_pairs(combined, flat_index)), dim=1)
@@ -111,12 +124,14 @@ def define_blocks() -> dict[str, Any]:
             return grad_dense, torch.bmm(sym[:, 1:], combined), None, None
 
     @torch.jit.unused
-    def _apply_dot_interaction(dense: torch.Tensor, sparse: torch.Tensor, flat_index: torch.Tensor,
-                               symmetric_index: torch.Tensor) -> torch.Tensor:
+    def _apply_dot_interaction(
+        dense: torch.Tensor, sparse: torch.Tensor, flat_index: torch.Tensor, symmetric_index: torch.Tensor
+    ) -> torch.Tensor:
         return _DotInteractionFunction.apply(dense, sparse, flat_index, symmetric_index)
 
-    def dot_interaction(dense: torch.Tensor, sparse: torch.Tensor, flat_index: torch.Tensor,
-                        symmetric_index: torch.Tensor) -> torch.Tensor:
+    def dot_interaction(
+        dense: torch.Tensor, sparse: torch.Tensor, flat_index: torch.Tensor, symmetric_index: torch.Tensor
+    ) -> torch.Tensor:
         """[dense, pairwise dot products of dense and the F sparse vectors, i < j]: (B, D + P).
 
         A leaf for fx tracing (the train pipeline traces the model). TorchScript (the
@@ -144,7 +159,7 @@ def define_blocks() -> dict[str, Any]:
             self.register_buffer("flat_index", flat_index, persistent=False)
             self.register_buffer("symmetric_index", symmetric_index, persistent=False)
 
-        def _pair_indices(self, sparse_order: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        def _pair_indices(self, sparse_order: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
             """The flat Gram-matrix cell of each output pair, and for each cell its pair
             (the pair count for the diagonal, which has none)."""
             n = self.F + 1
@@ -160,7 +175,7 @@ def define_blocks() -> dict[str, Any]:
             symmetric_index[(flat_index % n) * n + flat_index // n] = pairs
             return flat_index, symmetric_index
 
-        def use_sparse_order(self, sparse_order: Optional[torch.Tensor]) -> None:
+        def use_sparse_order(self, sparse_order: torch.Tensor | None) -> None:
             """Accepts sparse features in another order: feature f at position sparse_order[f].
 
             The output keeps the canonical pair order.

@@ -36,16 +36,21 @@ class ProjectionConfig:
             sizes = getattr(self, name)
             check_layer_sizes(self, name, sizes)
             if sizes[-1] % model.embedding_dim != 0:
-                raise FlagError(f"the last {option(self, name)} value ({sizes[-1]}) must be a multiple of "
-                                f"{option(model, 'embedding_dim')} ({model.embedding_dim})")
+                raise FlagError(
+                    f"the last {option(self, name)} value ({sizes[-1]}) must be a multiple of "
+                    f"{option(model, 'embedding_dim')} ({model.embedding_dim})"
+                )
 
     def describe(self) -> str:
-        return "branches " + " and ".join("-".join(map(str, sizes)) for sizes in (
-            self.interaction_branch1_layer_sizes, self.interaction_branch2_layer_sizes))
+        return "branches " + " and ".join(
+            "-".join(map(str, sizes))
+            for sizes in (self.interaction_branch1_layer_sizes, self.interaction_branch2_layer_sizes)
+        )
 
 
-def build_projection_model(model: ModelSizes, sparse_arch: "PooledSparseArch",
-                           dense_device: Optional["torch.device"]) -> "nn.Module":
+def build_projection_model(
+    model: ModelSizes, sparse_arch: "PooledSparseArch", dense_device: Optional["torch.device"]
+) -> "nn.Module":
     # Here, not at the top: the flags (this module) load without torch.
     from torchrec.models.dlrm import DenseArch, DLRM_Projection
 
@@ -54,18 +59,27 @@ def build_projection_model(model: ModelSizes, sparse_arch: "PooledSparseArch",
     projection: ProjectionConfig = model.interaction
     branch1, branch2 = projection.interaction_branch1_layer_sizes, projection.interaction_branch2_layer_sizes
     if model.has_dense_arch:
-        return torchrec_dlrm(DLRM_Projection, model, sparse_arch, dense_device,
-                             interaction_branch1_layer_sizes=branch1, interaction_branch2_layer_sizes=branch2)
+        return torchrec_dlrm(
+            DLRM_Projection,
+            model,
+            sparse_arch,
+            dense_device,
+            interaction_branch1_layer_sizes=branch1,
+            interaction_branch2_layer_sizes=branch2,
+        )
     dim = model.embedding_dim
     width = len(model.sparse_feature_names) * dim
-    inter_arch = blocks().EmbeddingProjectionInteraction(DenseArch(width, branch1, dense_device),
-                                                         DenseArch(width, branch2, dense_device), dim)
-    return categorical_only_dlrm(model, sparse_arch, inter_arch, (branch1[-1] // dim) * (branch2[-1] // dim),
-                                 dense_device)
+    inter_arch = blocks().EmbeddingProjectionInteraction(
+        DenseArch(width, branch1, dense_device), DenseArch(width, branch2, dense_device), dim
+    )
+    return categorical_only_dlrm(
+        model, sparse_arch, inter_arch, (branch1[-1] // dim) * (branch2[-1] // dim), dense_device
+    )
 
 
-register(Interaction(name="projection", model_name="DLRM-projection", config=ProjectionConfig,
-                     build=build_projection_model))
+register(
+    Interaction(name="projection", model_name="DLRM-projection", config=ProjectionConfig, build=build_projection_model)
+)
 
 
 def define_blocks() -> dict[str, Any]:
@@ -83,8 +97,7 @@ def define_blocks() -> dict[str, Any]:
             embedding_dim: D.
         """
 
-        def __init__(self, interaction_branch1: nn.Module, interaction_branch2: nn.Module,
-                     embedding_dim: int) -> None:
+        def __init__(self, interaction_branch1: nn.Module, interaction_branch2: nn.Module, embedding_dim: int) -> None:
             super().__init__()
             self.interaction_branch1 = interaction_branch1
             self.interaction_branch2 = interaction_branch2

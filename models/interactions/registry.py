@@ -14,9 +14,9 @@ flags, the builder, the start-up report and the run charts all read this registr
 import functools
 import sys
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Protocol
-from collections.abc import Callable
 
 from common.config_flags import flags_of
 from models.model_sizes import ModelSizes
@@ -39,8 +39,9 @@ class InteractionConfig(Protocol):
 
 
 class BuildInteractionModel(Protocol):
-    def __call__(self, model: ModelSizes, sparse_arch: "PooledSparseArch",
-                 dense_device: Optional["torch.device"]) -> "nn.Module":
+    def __call__(
+        self, model: ModelSizes, sparse_arch: "PooledSparseArch", dense_device: Optional["torch.device"]
+    ) -> "nn.Module":
         """The model of ``model`` (validated; ``model.interaction`` is this interaction's
         config) over ``sparse_arch``, with a bottom MLP when the data has numerical
         features and without one otherwise, its MLPs made on ``dense_device`` (None:
@@ -77,8 +78,9 @@ def register(interaction: Interaction) -> Interaction:
     taken = {item.name: other.name for other in INTERACTIONS.values() for item in flags_of(other.config)}
     for item in flags_of(interaction.config):
         if item.name in taken:
-            raise ValueError(f"interaction {interaction.name!r}: flag {item.option} is already "
-                             f"interaction {taken[item.name]!r}'s")
+            raise ValueError(
+                f"interaction {interaction.name!r}: flag {item.option} is already interaction {taken[item.name]!r}'s"
+            )
     INTERACTIONS[interaction.name] = interaction
     return interaction
 
@@ -125,8 +127,9 @@ class TorchBlocks:
     @functools.cached_property
     def _namespace(self) -> types.SimpleNamespace:
         # What ``define`` made, not what it imported (torch, torchrec's classes).
-        made = {name: value for name, value in self.define().items()
-                if getattr(value, "__module__", None) == self.module}
+        made = {
+            name: value for name, value in self.define().items() if getattr(value, "__module__", None) == self.module
+        }
         namespace = sys.modules[self.module].__dict__
         namespace.update(made)
         for name in self.fx_leaves:

@@ -12,7 +12,7 @@ Example::
     dense, ids = layout.transform(lines.dense, lines.sparse)  # ids before the modulo of the table sizes
 """
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from common.manifest import ManifestEntry
 from serving.layouts.base import InputLayout
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 LAYOUTS: dict[str, type[InputLayout]] = {reader.record.LAYOUT: reader for reader in (CriteoLines, CsvRows, ParquetRows)}
 
 
-def load_layout(inputs: "ModelInputs", model_dir: str,
-                manifest: Optional[dict[str, ManifestEntry]]) -> InputLayout:
+def load_layout(inputs: "ModelInputs", model_dir: str, manifest: dict[str, ManifestEntry] | None) -> InputLayout:
     """The input layout an exported model directory names, ready to parse lines."""
     return LAYOUTS[inputs.layout].load(inputs, model_dir, manifest)

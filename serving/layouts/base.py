@@ -17,9 +17,9 @@ registry): a layout names `ModelInputs` only in annotations.
 
 import dataclasses
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Optional, TypeVar
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -58,8 +58,8 @@ class LayoutRecord(ABC):
         """The record in inputs.json ``document`` (``legacy``: a version-1 file;
         ``count``: the sparse features), checked field by field (FileFieldError)."""
 
-    def check(self, dense: list[str], sparse: list[str], hotness: list[int], path: str) -> None:
-        """Refuses a record the rest of inputs.json contradicts (FileFieldError naming ``path``)."""
+    def check(self, dense: list[str], sparse: list[str], hotness: list[int], path: str) -> None:  # noqa: B027
+        """Optional (a layout whose record holds nothing to contradict keeps it): refuses a record the rest of inputs.json contradicts (FileFieldError naming ``path``)."""
 
 
 @dataclass
@@ -80,7 +80,7 @@ class Description:
     sparse_hotness: list[int]
     num_embeddings_per_feature: list[int]
     preprocessing: LayoutRecord
-    data_path: Optional[str]
+    data_path: str | None
 
 
 @dataclass(frozen=True)
@@ -99,13 +99,13 @@ class Checkpoint:
     meta: CheckpointMeta
     model: ModelConfig
     max_bag_size: int
-    training_data: Optional[str] = None
+    training_data: str | None = None
 
     @property
     def meta_path(self) -> str:
         return f"{self.path}/meta.json"
 
-    def facts(self) -> Optional[JsonObject]:
+    def facts(self) -> JsonObject | None:
         """meta.json's ``serving_facts`` (read typed by the layout), or None when the
         checkpoint records none (older than version 6)."""
         facts = self.meta.serving_facts
@@ -126,9 +126,11 @@ class Checkpoint:
         try:
             return read(self.data_config())
         except (BadInput, OSError) as e:
-            raise BadInput(f"{e}; {self.meta_path} (version {self.meta.version}) predates the record of what "
-                           f"serving needs, so export reads the training data: pass {TRAINING_DATA_FLAG} "
-                           "with where that data is now") from e
+            raise BadInput(
+                f"{e}; {self.meta_path} (version {self.meta.version}) predates the record of what "
+                f"serving needs, so export reads the training data: pass {TRAINING_DATA_FLAG} "
+                "with where that data is now"
+            ) from e
 
 
 class ParsedLines(NamedTuple):
@@ -142,7 +144,7 @@ class ParsedLines(NamedTuple):
 
     dense: np.ndarray
     sparse: np.ndarray
-    labels: Optional[np.ndarray]
+    labels: np.ndarray | None
 
 
 class MalformedLineError(BadInput):
@@ -174,8 +176,7 @@ class InputLayout(ABC):
         """
 
     @classmethod
-    def load(cls, inputs: "ModelInputs", model_dir: str,
-             manifest: Optional[dict[str, ManifestEntry]]) -> "InputLayout":
+    def load(cls, inputs: "ModelInputs", model_dir: str, manifest: dict[str, ManifestEntry] | None) -> "InputLayout":
         """The layout of an exported model directory (reading the files it needs)."""
         return cls(inputs)
 
@@ -200,7 +201,7 @@ class InputLayout(ABC):
         Raises MalformedLineError naming ``source`` and the line of the first bad line.
         """
 
-    def find_bad_row(self, sparse: np.ndarray) -> Optional[tuple[int, str]]:
+    def find_bad_row(self, sparse: np.ndarray) -> tuple[int, str] | None:
         """(row, reason) of the first row of features whose ids the training data could
         not hold, or None."""
         return None

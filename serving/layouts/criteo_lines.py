@@ -12,20 +12,27 @@ import os
 import re
 import zipfile
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Optional
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from common.errors import BadInput
 from common.json_fields import INTEGER, REQUIRED, TEXT, JsonObject, int_list, optional
 from common.manifest import ManifestEntry
-from data.criteo_binary import CriteoBinaryDataset
-from data.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, read_metadata
-from data.criteo_transforms import read_vocabulary, transform_dense, transform_sparse
-from data.criteo_tsv import NUM_FIELDS, parse_criteo_lines
+from data.binary.criteo import CriteoBinaryDataset
+from data.binary.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, read_metadata
+from data.preprocess.criteo_transforms import read_vocabulary, transform_dense, transform_sparse
 from data.sources import CriteoDays
-from serving.layouts.base import (Checkpoint, Description, Features, InputLayout, LayoutRecord, MalformedLineError,
-                                  ParsedLines)
+from data.text.criteo_tsv import NUM_FIELDS, parse_criteo_lines
+from serving.layouts.base import (
+    Checkpoint,
+    Description,
+    Features,
+    InputLayout,
+    LayoutRecord,
+    MalformedLineError,
+    ParsedLines,
+)
 from serving.model_files import read_file
 
 if TYPE_CHECKING:
@@ -44,8 +51,8 @@ class CriteoPreprocessing(LayoutRecord):
 
     LAYOUT: ClassVar[str] = "criteo_raw"
     frequency_threshold: int = 0
-    modulo_num_embeddings_per_feature: Optional[list[int]] = None
-    vocabulary: Optional[str] = None
+    modulo_num_embeddings_per_feature: list[int] | None = None
+    vocabulary: str | None = None
 
     @classmethod
     def read(cls, document: JsonObject, legacy: bool, count: int) -> "CriteoPreprocessing":
@@ -54,8 +61,8 @@ class CriteoPreprocessing(LayoutRecord):
         return cls(
             frequency_threshold=source.get("frequency_threshold", INTEGER, 0 if legacy else REQUIRED),
             modulo_num_embeddings_per_feature=source.get(
-                "modulo_num_embeddings_per_feature", optional(int_list(count, minimum=1)),
-                None if legacy else REQUIRED),
+                "modulo_num_embeddings_per_feature", optional(int_list(count, minimum=1)), None if legacy else REQUIRED
+            ),
             vocabulary=source.get("vocabulary", optional(TEXT), None if legacy else REQUIRED) or None,
         )
 
@@ -70,7 +77,7 @@ class CriteoLines(InputLayout):
 
     record = CriteoPreprocessing
 
-    def __init__(self, inputs: "ModelInputs", vocabulary: Optional[list[np.ndarray]] = None) -> None:
+    def __init__(self, inputs: "ModelInputs", vocabulary: list[np.ndarray] | None = None) -> None:
         super().__init__(inputs)
         preprocessing = inputs.preprocessing
         assert isinstance(preprocessing, CriteoPreprocessing)
@@ -87,8 +94,9 @@ class CriteoLines(InputLayout):
         meta, model = checkpoint.meta, checkpoint.model
         count = len(model.sparse_feature_names)
         # Only the one-hot day files: the quality gate reads data_path as them.
-        data_path = checkpoint.data_config().in_memory_binary_criteo_path \
-            if meta.source_name == CriteoDays.name else None
+        data_path = (
+            checkpoint.data_config().in_memory_binary_criteo_path if meta.source_name == CriteoDays.name else None
+        )
         facts = checkpoint.facts()
         if facts is not None:
             threshold = facts.get("frequency_threshold", INTEGER, 0)
@@ -99,15 +107,15 @@ class CriteoLines(InputLayout):
             modulo = metadata.modulo_num_embeddings_per_feature if metadata else None
         return Description(
             dense_feature_names=list(meta.features.dense_feature_names),
-            sparse_feature_names=list(model.sparse_feature_names), sparse_hotness=[1] * count,
+            sparse_feature_names=list(model.sparse_feature_names),
+            sparse_hotness=[1] * count,
             num_embeddings_per_feature=list(model.num_embeddings_per_feature),
-            preprocessing=CriteoPreprocessing(frequency_threshold=threshold,
-                                              modulo_num_embeddings_per_feature=modulo),
-            data_path=data_path)
+            preprocessing=CriteoPreprocessing(frequency_threshold=threshold, modulo_num_embeddings_per_feature=modulo),
+            data_path=data_path,
+        )
 
     @classmethod
-    def load(cls, inputs: "ModelInputs", model_dir: str,
-             manifest: Optional[dict[str, ManifestEntry]]) -> "CriteoLines":
+    def load(cls, inputs: "ModelInputs", model_dir: str, manifest: dict[str, ManifestEntry] | None) -> "CriteoLines":
         name = inputs.preprocessing.vocabulary  # type: ignore[attr-defined]
         if not name:
             return cls(inputs)
@@ -115,8 +123,9 @@ class CriteoLines(InputLayout):
         try:  # np.load refuses pickled arrays by default
             return cls(inputs, read_vocabulary(io.BytesIO(data), len(inputs.sparse_feature_names)))
         except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-            raise BadInput(f"{os.path.join(model_dir, name)}: not the model's vocabulary "
-                           f"({type(e).__name__}: {e})") from e
+            raise BadInput(
+                f"{os.path.join(model_dir, name)}: not the model's vocabulary ({type(e).__name__}: {e})"
+            ) from e
 
     @staticmethod
     def training_data(path: str) -> CriteoBinaryDataset:
@@ -141,9 +150,11 @@ class CriteoLines(InputLayout):
         match = re.match(r"expected \d+ tab-separated fields, found (\d+)", reason)
         if match:
             found = int(match.group(1)) - (not labelled)
-            return (f"expected {NUM_FIELDS} tab-separated fields (label, {NUM_DENSE_FEATURES} integer, "
-                    f"{NUM_SPARSE_FEATURES} categorical) "
-                    f"or {NUM_FIELDS - 1} without the label, found {found}")
+            return (
+                f"expected {NUM_FIELDS} tab-separated fields (label, {NUM_DENSE_FEATURES} integer, "
+                f"{NUM_SPARSE_FEATURES} categorical) "
+                f"or {NUM_FIELDS - 1} without the label, found {found}"
+            )
         return reason
 
     def count_unseen(self, sparse: np.ndarray) -> np.ndarray:
@@ -153,8 +164,13 @@ class CriteoLines(InputLayout):
         the table size, as in training): none is unseen."""
         if self._vocabulary is None:
             return np.zeros(self._num_features, np.int64)
-        return np.array([np.count_nonzero((sparse[:, f] != 0) & ~np.isin(sparse[:, f], vocab))
-                         for f, vocab in enumerate(self._vocabulary)], np.int64)
+        return np.array(
+            [
+                np.count_nonzero((sparse[:, f] != 0) & ~np.isin(sparse[:, f], vocab))
+                for f, vocab in enumerate(self._vocabulary)
+            ],
+            np.int64,
+        )
 
     def column_names(self) -> list[str]:
         return ["label"]  # the raw features are hashes: the label is what a scorer keeps

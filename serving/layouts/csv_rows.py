@@ -9,17 +9,24 @@ its table (docs/serving.md, "Unseen ids").
 """
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Optional
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from common.errors import BadInput
 from common.json_fields import TEXT, JsonObject, int_list
-from data.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
-from data.feature_spec import FeatureSpec, FeatureSpecError
-from data.split_binary import SplitBinaryDataset
-from serving.layouts.base import (Checkpoint, Description, Features, InputLayout, LayoutRecord, MalformedLineError,
-                                  ParsedLines)
+from data.binary.feature_spec import FeatureSpec, FeatureSpecError
+from data.binary.split import SplitBinaryDataset
+from data.text.csv_rows import CsvRowsError, find_bad_id, parse_csv_rows
+from serving.layouts.base import (
+    Checkpoint,
+    Description,
+    Features,
+    InputLayout,
+    LayoutRecord,
+    MalformedLineError,
+    ParsedLines,
+)
 
 if TYPE_CHECKING:
     from serving.model_inputs import ModelInputs
@@ -42,16 +49,21 @@ class FeatureSpecColumns(LayoutRecord):
     def read(cls, document: JsonObject, legacy: bool, count: int) -> "FeatureSpecColumns":
         """``legacy``: a version-1 file, which kept the fields at the top level."""
         source = document if legacy else document.object("preprocessing")
-        return cls(label_name=source.get("label_name", TEXT),
-                   cardinalities=source.get("cardinalities", int_list(count, minimum=0)))
+        return cls(
+            label_name=source.get("label_name", TEXT),
+            cardinalities=source.get("cardinalities", int_list(count, minimum=0)),
+        )
 
 
 def csv_columns(inputs: "ModelInputs") -> list[str]:
     """A feature-spec model's CSV columns: the label (optional in rows), the numerical
     values, then each feature's ids (``name[i]`` for a multi-hot one)."""
     assert isinstance(inputs.preprocessing, FeatureSpecColumns)
-    ids = [name if h == 1 else f"{name}[{i}]"
-           for name, h in zip(inputs.sparse_feature_names, inputs.sparse_hotness) for i in range(h)]
+    ids = [
+        name if h == 1 else f"{name}[{i}]"
+        for name, h in zip(inputs.sparse_feature_names, inputs.sparse_hotness)
+        for i in range(h)
+    ]
     return [inputs.preprocessing.label_name, *inputs.dense_feature_names, *ids]
 
 
@@ -60,8 +72,9 @@ def _spec(path: str) -> FeatureSpec:
     try:
         return FeatureSpec.load(path)
     except FeatureSpecError as e:
-        raise BadInput(f"the checkpoint was trained with --dataset_path {path}, whose spec export reads for "
-                       f"the label's name: {e}") from e
+        raise BadInput(
+            f"the checkpoint was trained with --dataset_path {path}, whose spec export reads for the label's name: {e}"
+        ) from e
 
 
 class CsvRows(InputLayout):
@@ -93,10 +106,15 @@ class CsvRows(InputLayout):
             label_name = facts.get("label_name", TEXT)
         else:
             spec = checkpoint.data_again(lambda data: _spec(str(data.dataset_path)))
-            if spec.categorical != list(model.sparse_feature_names) or len(spec.numerical) != \
-                    model.dense_in_features or tuple(spec.numerical) != features.dense_feature_names:
-                raise BadInput(f"{checkpoint.data_config().dataset_path} no longer describes the checkpoint's "
-                               f"features ({len(spec.numerical)} numerical, {spec.categorical} categorical)")
+            if (
+                spec.categorical != list(model.sparse_feature_names)
+                or len(spec.numerical) != model.dense_in_features
+                or tuple(spec.numerical) != features.dense_feature_names
+            ):
+                raise BadInput(
+                    f"{checkpoint.data_config().dataset_path} no longer describes the checkpoint's "
+                    f"features ({len(spec.numerical)} numerical, {spec.categorical} categorical)"
+                )
             label_name = spec.label
         assert features.hotness is not None and features.cardinalities is not None  # a spec declares both
         return Description(
@@ -105,7 +123,8 @@ class CsvRows(InputLayout):
             sparse_hotness=list(features.hotness),
             num_embeddings_per_feature=list(model.num_embeddings_per_feature),
             preprocessing=FeatureSpecColumns(label_name=label_name, cardinalities=list(features.cardinalities)),
-            data_path=checkpoint.data_config().dataset_path)
+            data_path=checkpoint.data_config().dataset_path,
+        )
 
     @staticmethod
     def training_data(path: str) -> SplitBinaryDataset:
@@ -121,10 +140,15 @@ class CsvRows(InputLayout):
         lines = data.decode("utf-8", errors="replace").splitlines()
         first_columns = lines[0].count(",") + 1 if lines and lines[0].strip() else None
         if first_line == 1 and first_columns not in (None, width, width + 1):
-            raise MalformedLineError(f"{source} line 1: has {first_columns} columns, expected "
-                                     f"{width + 1} (label, {features}) or {width} without the label")
-        expected = (f"{width + 1} (label, {features}) as the first line" if labelled
-                    else f"{width} ({features}, no label) as the first line")
+            raise MalformedLineError(
+                f"{source} line 1: has {first_columns} columns, expected "
+                f"{width + 1} (label, {features}) or {width} without the label"
+            )
+        expected = (
+            f"{width + 1} (label, {features}) as the first line"
+            if labelled
+            else f"{width} ({features}, no label) as the first line"
+        )
         try:
             rows = parse_csv_rows(lines, first_line, width + labelled, expected)
         except CsvRowsError as e:
@@ -136,11 +160,11 @@ class CsvRows(InputLayout):
             raise MalformedLineError(f"{source} line {first_line + bad[0]}: {bad[1]}")
         return ParsedLines(dense, sparse, rows[:, 0] if labelled else None)
 
-    def find_bad_row(self, sparse: np.ndarray) -> Optional[tuple[int, str]]:
+    def find_bad_row(self, sparse: np.ndarray) -> tuple[int, str] | None:
         """The first row holding a value that is no id: not an integer from 0 to 2^31 - 1
         (an id at or above the cardinality is unseen, not bad: see `count_unseen`)."""
         start = 0
-        found: Optional[tuple[int, str]] = None
+        found: tuple[int, str] | None = None
         for name, hotness, _ in self._features:
             bad = find_bad_id(name, sparse[:, start : start + hotness], None)
             if bad is not None and (found is None or bad[0] < found[0]):

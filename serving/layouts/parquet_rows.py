@@ -10,9 +10,9 @@ No id is unseen: hashing gives every value a row.
 
 import json
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Optional, Union
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -20,24 +20,37 @@ import pyarrow as pa
 from common.errors import BadInput
 from common.json_fields import FileFieldError, JsonObject, Kind, one_of, optional
 from data.config import DENSE_TRANSFORMS, ID_HASHING
-from data.parquet_columns import SPARSE_VALUE_TYPES, ColumnValueError, ParquetColumns, sparse_value_type
-from data.parquet_files import list_files, read_footers
-from serving.layouts.base import (PADDING_ID, Checkpoint, Description, Features, InputLayout, LayoutRecord,
-                                  MalformedLineError, ParsedLines)
+from data.parquet.columns import SPARSE_VALUE_TYPES, ColumnValueError, ParquetColumns, sparse_value_type
+from data.parquet.files import list_files, read_footers
+from serving.layouts.base import (
+    PADDING_ID,
+    Checkpoint,
+    Description,
+    Features,
+    InputLayout,
+    LayoutRecord,
+    MalformedLineError,
+    ParsedLines,
+)
 
 if TYPE_CHECKING:
     from serving.model_inputs import ModelInputs
 
 _COLUMN_NAME = Kind(lambda v: isinstance(v, str) and bool(v), "a column name")
-_HASH_SEED = Kind(lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 64,
-                  "an integer from 0 to 2^64 - 1")
-_VALUE_TYPES_BY_COLUMN = Kind(lambda v: isinstance(v, dict) and all(t in SPARSE_VALUE_TYPES for t in v.values()),
-                              f"an object of column: one of {', '.join(SPARSE_VALUE_TYPES)}")
+_HASH_SEED = Kind(
+    lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 64, "an integer from 0 to 2^64 - 1"
+)
+_VALUE_TYPES_BY_COLUMN = Kind(
+    lambda v: isinstance(v, dict) and all(t in SPARSE_VALUE_TYPES for t in v.values()),
+    f"an object of column: one of {', '.join(SPARSE_VALUE_TYPES)}",
+)
 
 
 def _value_types(count: int) -> Kind:
-    return Kind(lambda v: isinstance(v, list) and len(v) == count and all(t in SPARSE_VALUE_TYPES for t in v),
-                f"{count} of {', '.join(SPARSE_VALUE_TYPES)}")
+    return Kind(
+        lambda v: isinstance(v, list) and len(v) == count and all(t in SPARSE_VALUE_TYPES for t in v),
+        f"{count} of {', '.join(SPARSE_VALUE_TYPES)}",
+    )
 
 
 @dataclass
@@ -61,7 +74,7 @@ class ParquetPreprocessing(LayoutRecord):
     LAYOUT: ClassVar[str] = "parquet_columns"
     PADDED: ClassVar[bool] = True
     label: str
-    weight: Optional[str]
+    weight: str | None
     dense_transform: str
     id_hashing: str
     hash_seed: int
@@ -71,11 +84,13 @@ class ParquetPreprocessing(LayoutRecord):
     def read(cls, document: JsonObject, legacy: bool, count: int) -> "ParquetPreprocessing":
         source = document.object("preprocessing")
         return cls(
-            label=source.get("label", _COLUMN_NAME), weight=source.get("weight", optional(_COLUMN_NAME)),
+            label=source.get("label", _COLUMN_NAME),
+            weight=source.get("weight", optional(_COLUMN_NAME)),
             dense_transform=source.get("dense_transform", one_of(*DENSE_TRANSFORMS)),
             id_hashing=source.get("id_hashing", one_of(*ID_HASHING)),
             hash_seed=source.get("hash_seed", _HASH_SEED),
-            sparse_value_types=source.get("sparse_value_types", _value_types(count)))
+            sparse_value_types=source.get("sparse_value_types", _value_types(count)),
+        )
 
     def check(self, dense: list[str], sparse: list[str], hotness: list[int], path: str) -> None:
         """Refuses a description its own fields contradict: a column named twice (the
@@ -84,12 +99,15 @@ class ParquetPreprocessing(LayoutRecord):
         names = [self.label, *dense, *sparse]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
-            raise FileFieldError(f"{path}: column {repeated[0]} is named twice among the label, "
-                                 "dense_feature_names and sparse_feature_names")
+            raise FileFieldError(
+                f"{path}: column {repeated[0]} is named twice among the label, "
+                "dense_feature_names and sparse_feature_names"
+            )
         for name, kind, places in zip(sparse, self.sparse_value_types, hotness):
             if not kind.endswith("_list") and places != 1:
-                raise FileFieldError(f"{path}: sparse_hotness of {name} is {places}, but its values are single "
-                                     f"{kind}s (one place)")
+                raise FileFieldError(
+                    f"{path}: sparse_hotness of {name} is {places}, but its values are single {kind}s (one place)"
+                )
 
 
 def parquet_columns(inputs: "ModelInputs") -> ParquetColumns:
@@ -97,11 +115,15 @@ def parquet_columns(inputs: "ModelInputs") -> ParquetColumns:
     serving reads none)."""
     columns = inputs.preprocessing
     assert isinstance(columns, ParquetPreprocessing)
-    return ParquetColumns(label=columns.label, dense=tuple(inputs.dense_feature_names),
-                          sparse=tuple(inputs.sparse_feature_names),
-                          table_sizes=tuple(inputs.num_embeddings_per_feature),
-                          dense_transform=columns.dense_transform, id_hashing=columns.id_hashing,
-                          hash_seed=columns.hash_seed)
+    return ParquetColumns(
+        label=columns.label,
+        dense=tuple(inputs.dense_feature_names),
+        sparse=tuple(inputs.sparse_feature_names),
+        table_sizes=tuple(inputs.num_embeddings_per_feature),
+        dense_transform=columns.dense_transform,
+        id_hashing=columns.id_hashing,
+        hash_seed=columns.hash_seed,
+    )
 
 
 def _training_schema(path: str) -> pa.Schema:
@@ -144,15 +166,19 @@ class ParquetRows(InputLayout):
         data_config = checkpoint.data_config()
         columns = ParquetColumns.from_flags(data_config, meta.features, model.num_embeddings_per_feature)
         if list(columns.sparse) != list(model.sparse_feature_names) or len(columns.dense) != model.dense_in_features:
-            raise BadInput(f"--parquet_path {data_config.parquet_path} no longer has the checkpoint's features "
-                           f"({len(columns.dense)} dense, sparse {', '.join(columns.sparse)})")
+            raise BadInput(
+                f"--parquet_path {data_config.parquet_path} no longer has the checkpoint's features "
+                f"({len(columns.dense)} dense, sparse {', '.join(columns.sparse)})"
+            )
         facts = checkpoint.facts()
         if facts is not None:
             recorded = facts.get("sparse_value_types", _VALUE_TYPES_BY_COLUMN)
             missing = [name for name in columns.sparse if name not in recorded]
             if missing:
-                raise FileFieldError(f"{checkpoint.meta_path}: serving_facts.sparse_value_types has no "
-                                     f"{missing[0]}, a sparse column of the model")
+                raise FileFieldError(
+                    f"{checkpoint.meta_path}: serving_facts.sparse_value_types has no "
+                    f"{missing[0]}, a sparse column of the model"
+                )
             value_types = [recorded[name] for name in columns.sparse]
         else:
             schema = checkpoint.data_again(lambda data: _training_schema(data.parquet_path or ""))
@@ -163,22 +189,30 @@ class ParquetRows(InputLayout):
             sparse_feature_names=list(columns.sparse),
             sparse_hotness=[checkpoint.max_bag_size if kind.endswith("_list") else 1 for kind in value_types],
             num_embeddings_per_feature=list(columns.table_sizes),
-            preprocessing=ParquetPreprocessing(label=columns.label, weight=columns.weight,
-                                               dense_transform=columns.dense_transform,
-                                               id_hashing=columns.id_hashing, hash_seed=columns.hash_seed,
-                                               sparse_value_types=value_types),
-            data_path=data_config.parquet_path)
+            preprocessing=ParquetPreprocessing(
+                label=columns.label,
+                weight=columns.weight,
+                dense_transform=columns.dense_transform,
+                id_hashing=columns.id_hashing,
+                hash_seed=columns.hash_seed,
+                sparse_value_types=value_types,
+            ),
+            data_path=data_config.parquet_path,
+        )
 
     @staticmethod
     def training_data(path: str) -> Any:
-        raise BadInput("the quality gate reads binary training data; check a Parquet model with "
-                       "python -m serving.predict --metrics_output on a labelled Parquet day")
+        raise BadInput(
+            "the quality gate reads binary training data; check a Parquet model with "
+            "python -m serving.predict --metrics_output on a labelled Parquet day"
+        )
 
     def is_labelled(self, data: bytes) -> bool:
         return False  # JSON rows are scored; a label key is ignored like any other extra key
 
-    def parse(self, data: bytes, source: str, first_line: int, labelled: bool,
-              missing_as_null: bool = False) -> ParsedLines:
+    def parse(
+        self, data: bytes, source: str, first_line: int, labelled: bool, missing_as_null: bool = False
+    ) -> ParsedLines:
         """JSON objects, one per line (blank lines skipped), keyed by column name; a
         line nested deeper than a row can be is refused before it is parsed. A row
         without one of the model's columns is refused, unless ``missing_as_null`` (the
@@ -188,15 +222,19 @@ class ParquetRows(InputLayout):
             if not line.strip():
                 continue
             if _nested_deeper(line, _JSON_ROW_DEPTH):
-                raise MalformedLineError(f"{source} line {first_line + index}: JSON nested deeper than a row "
-                                         f"({_JSON_ROW_DEPTH} levels: an object of columns, lists of ids)")
+                raise MalformedLineError(
+                    f"{source} line {first_line + index}: JSON nested deeper than a row "
+                    f"({_JSON_ROW_DEPTH} levels: an object of columns, lists of ids)"
+                )
             try:
                 row = json.loads(line)
             except ValueError as e:  # UnicodeDecodeError too
                 raise MalformedLineError(f"{source} line {first_line + index}: not JSON ({e})") from None
             if not isinstance(row, dict):
-                raise MalformedLineError(f"{source} line {first_line + index}: expected a JSON object keyed by "
-                                         f"column name, got {type(row).__name__}")
+                raise MalformedLineError(
+                    f"{source} line {first_line + index}: expected a JSON object keyed by "
+                    f"column name, got {type(row).__name__}"
+                )
             rows.append(row)
             line_of_row.append(first_line + index)
         table = self._json_table(rows, lambda row: f"{source} line {line_of_row[row]}", missing_as_null)
@@ -209,11 +247,14 @@ class ParquetRows(InputLayout):
         for name, expected in self._value_types.items():
             found = sparse_value_type(schema.field(name).type)
             if found != expected:
-                raise BadInput(f"{where}: column {name} holds {found.replace('_', ' ')} values, but the model "
-                               f"was trained on {expected.replace('_', ' ')} values (they hash to other rows)")
+                raise BadInput(
+                    f"{where}: column {name} holds {found.replace('_', ' ')} values, but the model "
+                    f"was trained on {expected.replace('_', ' ')} values (they hash to other rows)"
+                )
 
-    def prepare_table(self, table: Union[pa.Table, pa.RecordBatch], where: Callable[[int], str],
-                      labelled: bool) -> ParsedLines:
+    def prepare_table(
+        self, table: pa.Table | pa.RecordBatch, where: Callable[[int], str], labelled: bool
+    ) -> ParsedLines:
         """The model's inputs of a block of rows whose schema passed `check_schema`:
         dense (N, num_dense) float32 transformed, ids (N, sum of hotness) in the tables
         with `PADDING_ID` after each bag, the labels (``labelled``) or None.
@@ -234,48 +275,66 @@ class ParquetRows(InputLayout):
             too_long = lengths > places
             if too_long.any():
                 row = int(np.argmax(too_long))
-                raise MalformedLineError(f"{where(row)} column {name}: a bag of {lengths[row]} ids, more than the "
-                                         f"{places} places the model was exported with (serving.export "
-                                         "--max_bag_size)")
+                raise MalformedLineError(
+                    f"{where(row)} column {name}: a bag of {lengths[row]} ids, more than the "
+                    f"{places} places the model was exported with (serving.export "
+                    "--max_bag_size)"
+                )
             row_of_id = np.repeat(np.arange(len(lengths)), lengths)
             place = np.arange(len(row_of_id)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
             ids[row_of_id, self._starts[f] + place] = converted.ids[f]
         return ParsedLines(converted.dense, ids, converted.labels)
 
-    def _json_table(self, rows: list[dict[str, Any]], where: Callable[[int], str],
-                    missing_as_null: bool = False) -> pa.Table:
+    def _json_table(
+        self, rows: list[dict[str, Any]], where: Callable[[int], str], missing_as_null: bool = False
+    ) -> pa.Table:
         """The Arrow table of JSON rows, each column of the type training read; a
         missing column (unless ``missing_as_null``) or a value of another type is
         refused naming the row."""
         arrays = {}
         for name in self.columns.dense:
-            arrays[name] = pa.array(self._column(rows, name, where, _is_number, "a number or null", missing_as_null),
-                                    pa.float64())
+            arrays[name] = pa.array(
+                self._column(rows, name, where, _is_number, "a number or null", missing_as_null), pa.float64()
+            )
         for name in self.columns.sparse:
             kind = self._value_types[name]
             single = _is_json_int if kind.startswith("integer") else _is_text
             words = "an integer id" if kind.startswith("integer") else "a string id"
             if kind.endswith("_list"):
-                values = self._column(rows, name, where,
-                                      lambda v: isinstance(v, list) and all(x is None or single(x) for x in v),
-                                      f"a list of {words}s, or null", missing_as_null)
+                values = self._column(
+                    rows,
+                    name,
+                    where,
+                    lambda v: isinstance(v, list) and all(x is None or single(x) for x in v),
+                    f"a list of {words}s, or null",
+                    missing_as_null,
+                )
             else:
                 values = self._column(rows, name, where, single, f"{words} or null", missing_as_null)
             arrays[name] = pa.array(values, _ARROW_TYPES[kind])
         return pa.table(arrays)
 
     @staticmethod
-    def _column(rows: list[dict[str, Any]], name: str, where: Callable[[int], str],
-                accepts: Callable[[Any], bool], expected: str, missing_as_null: bool = False) -> list[Any]:
+    def _column(
+        rows: list[dict[str, Any]],
+        name: str,
+        where: Callable[[int], str],
+        accepts: Callable[[Any], bool],
+        expected: str,
+        missing_as_null: bool = False,
+    ) -> list[Any]:
         values = []
         for row, values_of_row in enumerate(rows):
             if name not in values_of_row and not missing_as_null:
-                raise MalformedLineError(f"{where(row)} column {name}: missing (send null for a missing value, "
-                                         "or POST to /predict?missing=null)")
+                raise MalformedLineError(
+                    f"{where(row)} column {name}: missing (send null for a missing value, "
+                    "or POST to /predict?missing=null)"
+                )
             value = values_of_row.get(name)
             if value is not None and not accepts(value):
-                raise MalformedLineError(f"{where(row)} column {name}: expected {expected}, "
-                                         f"got {json.dumps(value)[:40]}")
+                raise MalformedLineError(
+                    f"{where(row)} column {name}: expected {expected}, got {json.dumps(value)[:40]}"
+                )
             values.append(_as_int64(value))
         return values
 
@@ -341,8 +400,12 @@ def _as_int64(value: Any) -> Any:
     return value
 
 
-_ARROW_TYPES = {"integer": pa.int64(), "string": pa.string(), "integer_list": pa.list_(pa.int64()),
-                "string_list": pa.list_(pa.string())}
+_ARROW_TYPES = {
+    "integer": pa.int64(),
+    "string": pa.string(),
+    "integer_list": pa.list_(pa.int64()),
+    "string_list": pa.list_(pa.string()),
+}
 
 
 # A JSON row nests two levels: the object of columns, a list column's list of ids.
@@ -393,5 +456,9 @@ def _as_int64(value: Any) -> Any:
     return value
 
 
-_ARROW_TYPES = {"integer": pa.int64(), "string": pa.string(), "integer_list": pa.list_(pa.int64()),
-                "string_list": pa.list_(pa.string())}
+_ARROW_TYPES = {
+    "integer": pa.int64(),
+    "string": pa.string(),
+    "integer_list": pa.list_(pa.int64()),
+    "string_list": pa.list_(pa.string()),
+}

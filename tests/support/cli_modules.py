@@ -37,10 +37,11 @@ def main_modules(root: str = REPO) -> list[str]:
     found = set()
     for folder, subfolders, files in os.walk(root):
         relative = os.path.relpath(folder, root)
-        if relative != ".":
-            if relative.split(os.sep)[0] == "tests" or not os.path.isfile(os.path.join(folder, "__init__.py")):
-                subfolders[:] = []
-                continue
+        if relative != "." and (
+            relative.split(os.sep)[0] == "tests" or not os.path.isfile(os.path.join(folder, "__init__.py"))
+        ):
+            subfolders[:] = []
+            continue
         subfolders[:] = sorted(s for s in subfolders if not s.startswith("."))
         package = [] if relative == "." else relative.split(os.sep)
         for name in files:

@@ -12,8 +12,8 @@ import fcntl
 import os
 import signal
 import subprocess
-from typing import Any, NamedTuple
 from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -32,9 +32,27 @@ CLUSTER_SLURM = os.path.join(REPO, "scripts", "cluster_slurm.sh")
 # gets every table table_wise; the two plans train the same model with sums in other
 # orders (test metrics 1.5e-8 apart, measured), and these tests compare the job, not the plans.
 TINY_TRAINING_FLAGS = [
-    "--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,32,1",
-    "--optimizer", "sgd", "--learning_rate", "0.5", "--seed", "3", "--log_every_n_steps", "1",
-    "--limit_val_batches", "0", "--limit_test_batches", "2", "--sharding_type", "table_wise"]
+    "--embedding_dim",
+    "16",
+    "--dense_arch_layer_sizes",
+    "64,16",
+    "--over_arch_layer_sizes",
+    "64,32,1",
+    "--optimizer",
+    "sgd",
+    "--learning_rate",
+    "0.5",
+    "--seed",
+    "3",
+    "--log_every_n_steps",
+    "1",
+    "--limit_val_batches",
+    "0",
+    "--limit_test_batches",
+    "2",
+    "--sharding_type",
+    "table_wise",
+]
 
 
 class Host(NamedTuple):
@@ -48,8 +66,9 @@ class Host(NamedTuple):
         return sum(int(open(f"{stats}/{kind}_bytes").read()) for kind in ("rx", "tx"))
 
     def pids(self) -> list[int]:
-        out = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True,
-                             check=True, timeout=30).stdout
+        out = subprocess.run(
+            ["ip", "netns", "pids", self.name], capture_output=True, text=True, check=True, timeout=30
+        ).stdout
         return [int(pid) for pid in out.split()]
 
 
@@ -118,9 +137,15 @@ def start():
     started: list[subprocess.Popen] = []
 
     def on_host(host: Host, argv: list[str], env: dict[str, str] = None) -> subprocess.Popen:
-        proc = subprocess.Popen([ON_HOST, host.name, *argv], cwd=REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True,
-                                env={**os.environ, **(env or {})})
+        proc = subprocess.Popen(
+            [ON_HOST, host.name, *argv],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
         started.append(proc)
         return proc
 

@@ -23,8 +23,8 @@ def markdown_commands(text: str) -> list[list[str]]:
         for line in script.splitlines():
             words = shlex.split(line, comments=True)
             while "&&" in words:
-                commands.append(words[:words.index("&&")])
-                words = words[words.index("&&") + 1:]
+                commands.append(words[: words.index("&&")])
+                words = words[words.index("&&") + 1 :]
             if words:
                 commands.append(words)
     return commands
@@ -32,7 +32,7 @@ def markdown_commands(text: str) -> list[list[str]]:
 
 def commands_starting(page: str, *prefix: str) -> list[list[str]]:
     """The commands of ``page`` whose first words are ``prefix``."""
-    return [argv for argv in bash_commands(page) if argv[:len(prefix)] == list(prefix)]
+    return [argv for argv in bash_commands(page) if argv[: len(prefix)] == list(prefix)]
 
 
 def replaced(argv: list[str], replacements: dict) -> list[str]:

@@ -11,8 +11,12 @@ from hypothesis import HealthCheck, settings
 HOSTILE_EXAMPLES = int(os.environ.get("HOSTILE_EXAMPLES", "10"))
 # Fixtures are function-scoped copies of a real checkpoint or model; each case is slow
 # by hypothesis' measure (it loads a model), which is the point.
-HOSTILE_SETTINGS = settings(max_examples=HOSTILE_EXAMPLES, deadline=None, derandomize=True,
-                            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+HOSTILE_SETTINGS = settings(
+    max_examples=HOSTILE_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 def rewrite_row_group_rows(path: str, row_group: int, rows: int) -> None:
@@ -34,9 +38,13 @@ def rewrite_row_group_rows(path: str, row_group: int, rows: int) -> None:
         return bytes(out + bytes([zigzag]))
 
     def summary(meta) -> list:
-        return [meta.num_rows] + [(meta.row_group(g).num_rows if g != row_group else None,
-                                   [meta.row_group(g).column(c).num_values for c in range(meta.num_columns)])
-                                  for g in range(meta.num_row_groups)]
+        return [meta.num_rows] + [
+            (
+                meta.row_group(g).num_rows if g != row_group else None,
+                [meta.row_group(g).column(c).num_values for c in range(meta.num_columns)],
+            )
+            for g in range(meta.num_row_groups)
+        ]
 
     with open(path, "rb") as f:
         data = f.read()
@@ -46,7 +54,7 @@ def rewrite_row_group_rows(path: str, row_group: int, rows: int) -> None:
     footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
     at = data.find(b"\x16" + old, footer_start)
     while at >= 0:
-        patched = data[:at + 1] + new + data[at + 1 + len(old):]
+        patched = data[: at + 1] + new + data[at + 1 + len(old) :]
         changed = pq.ParquetFile(pa.BufferReader(patched)).metadata
         if changed.row_group(row_group).num_rows == rows and summary(changed) == summary(meta):
             with open(path, "wb") as f:

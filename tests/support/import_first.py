@@ -26,7 +26,7 @@ def import_in_child(module: str) -> str:
         message = ""
         try:
             importlib.import_module(module)
-        except BaseException as e:  # noqa: BLE001 - whatever the import raises is the finding
+        except BaseException as e:
             message = "".join(traceback.format_exception_only(e)).strip().replace("\n", " | ")
             message = message or type(e).__name__
         with os.fdopen(write_end, "w") as pipe:
@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
     for name in preload:
         try:
             importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - an optional library absent here: the child meets it as a fresh run would
+        except Exception:
             pass
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in project)
     if loaded:  # a preloaded library imported the project: the children would not start clean

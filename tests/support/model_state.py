@@ -20,8 +20,10 @@ def criteo_features() -> dict[str, Any]:
     """ModelConfig's feature fields for Criteo-shaped data, as its source describes
     them (the model itself knows no data set)."""
     features = RandomData(DataConfig()).describe()
-    return {"sparse_feature_names": list(features.sparse_feature_names),
-            "dense_in_features": features.num_dense_features}
+    return {
+        "sparse_feature_names": list(features.sparse_feature_names),
+        "dense_in_features": features.num_dense_features,
+    }
 
 
 def interaction_sizes(interaction: str, **sizes: Any) -> Any:
@@ -43,6 +45,7 @@ def flat_state(checkpoint: str, tmp_path) -> dict:
                 yield from flatten(v, f"{prefix}{k}.")
             else:
                 yield prefix + k, v
+
     return dict(flatten(state))
 
 

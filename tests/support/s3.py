@@ -31,12 +31,18 @@ def s3_serving(table: str, monkeypatch, credentials: dict[str, str]) -> Iterator
     import boto3
 
     port = free_port()
-    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1",
-                               "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         _wait_for_port(port)
-        for name, value in {**credentials, "AWS_DEFAULT_REGION": "us-east-1",
-                            "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        for name, value in {
+            **credentials,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }.items():
             monkeypatch.setenv(name, value)
         s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1")
         s3.create_bucket(Bucket="clicks")

@@ -13,8 +13,14 @@ from harness.launch import REPO, eval_record, read_log
 from tests.support.torchx_cli import BIN
 
 TINY_FLAGS = {
-    "batch_size": 256, "embedding_dim": 8, "dense_arch_layer_sizes": [16, 8], "over_arch_layer_sizes": [16, 1],
-    "optimizer": "adagrad", "max_table_rows": 100, "limit_train_batches": 6, "limit_val_batches": 1,
+    "batch_size": 256,
+    "embedding_dim": 8,
+    "dense_arch_layer_sizes": [16, 8],
+    "over_arch_layer_sizes": [16, 1],
+    "optimizer": "adagrad",
+    "max_table_rows": 100,
+    "limit_train_batches": 6,
+    "limit_val_batches": 1,
     "limit_test_batches": 1,
 }
 
@@ -23,8 +29,14 @@ def sweeps(args, timeout=600, on_host=()):
     """`python -m sweeps ARGS` from the repository root, as a user runs it (on a host of
     the multi-host cluster with ``on_host``: ``[ON_HOST, HOST]``)."""
     env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
-    return subprocess.run([*on_host, sys.executable, "-m", "sweeps", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [*on_host, sys.executable, "-m", "sweeps", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def sweeps_in_process(capsys, args):
@@ -38,9 +50,17 @@ def sweeps_in_process(capsys, args):
 
 
 def write_sweep(path, **keys):
-    document = {"name": "tiny", "script": "dlrm_main.py", "scheduler": "local_cwd", "scheduler_args": {},
-                "nnodes": 1, "nproc_per_node": 2, "output_dir": str(path.parent / "out"),
-                "flags": dict(TINY_FLAGS), "grid": {"learning_rate": [0.05, 0.1]}}
+    document = {
+        "name": "tiny",
+        "script": "dlrm_main.py",
+        "scheduler": "local_cwd",
+        "scheduler_args": {},
+        "nnodes": 1,
+        "nproc_per_node": 2,
+        "output_dir": str(path.parent / "out"),
+        "flags": dict(TINY_FLAGS),
+        "grid": {"learning_rate": [0.05, 0.1]},
+    }
     document.update(keys)
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return str(path)
@@ -74,9 +94,15 @@ def assert_row_matches_log(row, log_path):
     # when the run saved checkpoints), and the validation of that same step.
     test = eval_record(log, "test")
     assert summary["test_model"] == {"model": test["model"], "step": test["step"], "exported": test["exported"]}
-    assert row["model"] == f"{test['model']}, step {test['step']}" + (", the one export takes" if test["exported"] else "")
-    assert float(row["val_auroc"]) == [r for r in log if r["event"] == "eval" and r["stage"] == "validation"
-                                       and r["step"] == test["step"]][-1]["auroc"]
+    assert row["model"] == f"{test['model']}, step {test['step']}" + (
+        ", the one export takes" if test["exported"] else ""
+    )
+    assert (
+        float(row["val_auroc"])
+        == [r for r in log if r["event"] == "eval" and r["stage"] == "validation" and r["step"] == test["step"]][-1][
+            "auroc"
+        ]
+    )
     assert float(row["test_auroc"]) == test["auroc"]
     assert float(row["test_log_loss"]) == eval_record(log, "test")["log_loss"]
     assert float(row["records_per_sec"]) == summary["records_per_sec"]

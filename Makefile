@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 DATA_DIR ?= data_cache/synthetic_criteo
 NPROC ?= 2
 # Its optimizer flags are the ones a run diverging with the public defaults advises
-# (training/recipes.py STABLE_OPTIMIZER; tests/test_first_steps.py ties the two).
+# (training/recipes.py STABLE_OPTIMIZER; tests/training/test_recipes_first_steps.py ties the two).
 TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.05 --optimizer adagrad \
 	--validation_freq_within_epoch 400 --log_every_n_steps 100 --seed 0 \
 	--log_path runs/make_train.jsonl
@@ -130,7 +130,7 @@ test-fast: install
 # The generated hostile-input suites with more cases than make test's (10 of each kind of lie).
 HOSTILE_EXAMPLES ?= 200
 test-hostile: install
-	HOSTILE_EXAMPLES=$(HOSTILE_EXAMPLES) $(PYTHON) -m pytest -q tests/test_hostile_*.py
+	HOSTILE_EXAMPLES=$(HOSTILE_EXAMPLES) $(PYTHON) -m pytest -q tests/checkpoints/test_store_hostile.py tests/serving/test_model_files_hostile.py
 
 # The correctness matrix over every triple of choices; MATRIX_STRENGTH=2 covers every
 # pair, what .ci/run runs on every stack after the suite (out of make test's 15 minutes).

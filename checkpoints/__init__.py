@@ -6,5 +6,5 @@ through torch.distributed.checkpoint on iopath (`storage`), with its ``meta.json
 (`meta`) and DCP's ``.metadata`` read without running code (`dcp_metadata`). `store`
 is an alias of the first five, for one release. Training decides which checkpoint a run
 starts from and when it saves (training/checkpoint_policy.py); serving loads one to
-export. Nothing here imports training or serving (tests/test_config_flags.py).
+export. Nothing here imports training or serving (tests/common/test_config_flags.py).
 """

@@ -89,7 +89,7 @@ BENIGN_MESSAGES: tuple[BenignMessage, ...] = (
     BenignMessage(
         "fbgemm::dense_embedding_codegen_lookup_function: an autograd kernel was not registered to the Autograd "
         "key(s) but we are trying to backprop through it. This may lead to silently incorrect behavior.",
-        why="the dense kernel of data-parallel tables: its gradients are right (tests/test_sharding_equivalence.py "
+        why="the dense kernel of data-parallel tables: its gradients are right (tests/training/test_sharding_equivalence.py "
         "trains data_parallel tables to the weights of one process)",
         category=UserWarning,
         then_varies=True,

@@ -7,7 +7,7 @@
 from the repository root, the PNG lands in docs/, and the line under each image's
 reference in docs/*.md is rewritten to say the date and the command
 (`caption`). A figure's results table, where it has one, replaces the generated block
-beside it. tests/test_docs_figures.py checks that every image docs/ shows is listed here
+beside it. tests/scripts/test_docs_figures.py checks that every image docs/ shows is listed here
 with its caption, and that the Makefile target runs this script.
 
 The sweep reuses the runs a previous `make sweep-example` finished (delete

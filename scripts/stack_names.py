@@ -8,7 +8,7 @@ The project runs on three stacks (stacks/): torchrec 1.6.1, 1.8.0 and 1.9.2 over
 FBGEMM 1.6.0, 1.8.0 and 1.9.0; only one is installed at a time. `record` reads each
 wheel's Python sources (a module defines a name by a def, class, assignment or import
 at its top level, inside ``if``/``try`` blocks included, or as a submodule) and writes,
-per release, the project's imports it defines. tests/test_stack_names.py checks every
+per release, the project's imports it defines. tests/scripts/test_stack_names.py checks every
 import of the project against that table, and the table against the installed release.
 """
 

@@ -45,7 +45,7 @@ def fixed_hot_features(keys: list[str], hotness: list[int], sparse: torch.Tensor
     ``padded``, the ids of its columns that are not `PADDING_ID`).
 
     A leaf for fx tracing, so that TorchScript compiles it as is (the quantized variants of
-    earlier exports; tests/test_quantized_programs.py compares the programs with them).
+    earlier exports; tests/serving/test_export_quantized.py compares the programs with them).
     """
     batch = sparse.shape[0]
     num_features = len(hotness)

@@ -53,7 +53,7 @@ def trained(tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def aoti_exported(tmp_path_factory) -> dict:
     """A tiny model exported once per pytest run with --format aoti and every
-    precision: three AOTInductor compilations (tests/test_aoti_export.py). The tests
+    precision: three AOTInductor compilations (tests/serving/test_export_aoti.py). The tests
     only read it."""
     root = tmp_path_factory.mktemp("aoti")
     ckpt = tiny_checkpoint(root, "aoti")

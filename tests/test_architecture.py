@@ -295,13 +295,13 @@ def test_a_first_import_that_fails_is_found(tmp_path, monkeypatch):
 TEST_FOLDERS = ("system", "docs", "support")
 
 
-def misplaced_tests(root: str, pending: frozenset = frozenset()) -> list[str]:
+def misplaced_tests(root: str) -> list[str]:
     """The test files under ``root``/tests that break docs/tests.md's rule: the tests of
     PACKAGE/MODULE.py are tests/PACKAGE/test_MODULE.py or test_MODULE_ASPECT.py (MODULE: any
     file or folder of the package, or the package's own name for tests of all of it),
     subpackages mirrored folder by folder; tests/system/ and tests/docs/ take any name;
     tests/ itself holds the entry points' tests (test_dlrm_main*.py) and
-    test_architecture.py. ``pending``: flat files still to be moved (scripts/arrange_tests.py)."""
+    test_architecture.py and test_checks.py (the tree's own checks)."""
     tests = os.path.join(root, "tests")
     top_level = {name[:-3] for name in os.listdir(root) if name.endswith(".py")}
     misplaced = []
@@ -317,20 +317,16 @@ def misplaced_tests(root: str, pending: frozenset = frozenset()) -> list[str]:
         if parts:  # the package's files and folders by name, and the package itself
             names = {os.path.splitext(e)[0] for e in os.listdir(package) if not e.startswith(("_", "."))} | {parts[-1]}
         else:
-            names = top_level | {"architecture"}
+            names = top_level | {"architecture", "checks"}
         for file in sorted(f for f in files if f.startswith("test_") and f.endswith(".py")):
             stem = file[len("test_") : -len(".py")]
-            if not (not parts and file in pending) and not any(stem == n or stem.startswith(n + "_") for n in names):
+            if not any(stem == n or stem.startswith(n + "_") for n in names):
                 misplaced.append(os.path.join("tests", *parts, file))
     return misplaced
 
 
 def test_every_test_file_sits_in_the_folder_of_what_it_tests():
-    """Until scripts/arrange_tests.py has run, its MAPPING's flat files are let be; a flat
-    file it does not map (a test added since) fails here with its name."""
-    from scripts.arrange_tests import MAPPING
-
-    assert misplaced_tests(REPO, frozenset(MAPPING)) == []
+    assert misplaced_tests(REPO) == []
 
 
 def test_a_misplaced_test_file_is_found(tmp_path):
@@ -352,7 +348,7 @@ def test_a_misplaced_test_file_is_found(tmp_path):
         "tests/system/test_anything.py",
         "tests/test_dlrm_main_teardown.py",
         "tests/test_architecture.py",
-        "tests/test_pending.py",
+        "tests/test_checks.py",
     ]
     bad = [
         "tests/data/test_transcoder.py",
@@ -363,4 +359,4 @@ def test_a_misplaced_test_file_is_found(tmp_path):
     ]
     for name in good + bad:
         (tmp_path / name).write_text("")
-    assert sorted(misplaced_tests(str(tmp_path), frozenset({"test_pending.py"}))) == sorted(bad)
+    assert sorted(misplaced_tests(str(tmp_path))) == sorted(bad)

@@ -36,7 +36,7 @@ _ENTRY_DEST = "entry_point_recipe"
 
 # The parser's flag groups, in --help order, by what a user decides: (section, config
 # class, its fields in that section; None: all of them). A section may take fields of
-# several classes; every flag is in one section (tests/test_config_flags.py).
+# several classes; every flag is in one section (tests/common/test_config_flags.py).
 FLAG_GROUPS: list[tuple[str, type, tuple[str, ...] | None]] = [
     ("what to run", TrainConfig, ("mode", "epochs", "seed", "device")),
     ("data", DataConfig, None),

@@ -1,0 +1,1 @@
+"""Tests of the sharding_plans package."""

@@ -1,0 +1,1 @@
+"""Tests of whole deployments: Slurm, several hosts, torchrun and torchx across processes."""

@@ -271,8 +271,8 @@ def train_model(
     """Trains one entry point with the recipe on the data set; its test metrics, with
     the best validation AUROC as ``validation_auroc``."""
     argv = ["--dataset_path", spec_path, "--log_path", log_path, "--seed", "0", "--log_every_n_steps", "100"]
-    for name, value in recipe.items():
-        argv += [f"--{name}", value]
+    for option, value in recipe.items():
+        argv += [f"--{option}", value]
     results = launch(MODELS[name], argv, nproc=nproc)
     if any(code != 0 for code in results.values()):
         raise RuntimeError(f"{name} training failed: exit codes {results}")

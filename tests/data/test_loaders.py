@@ -3,8 +3,6 @@
 import json
 import os
 import re
-import subprocess
-import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -19,7 +17,6 @@ from data.binary.criteo_layout import METADATA_VERSION, NUM_DENSE_FEATURES, NUM_
 from data.config import DataConfig
 from data.sources import source_for
 from data.synthetic_criteo import SyntheticCriteoSpec, generate_synthetic_criteo
-from harness.launch import REPO
 from harness.small_data import SMALL_SPEC
 
 SPEC = SyntheticCriteoSpec(num_days=3, rows_per_day=1000, seed=1)
@@ -557,51 +554,3 @@ def test_one_raw_day_is_written_and_one_binary_day_refused(tmp_path, capsys):
     assert len(lines) == 50 and {len(line.split("\t")) for line in lines} == {40}
     assert main(["--num_days", "1", "--rows_per_day", "50", "--output_dir", str(tmp_path / "bin")]) == 2
     assert capsys.readouterr().err.strip().endswith("--num_days must be at least 2 (train + eval), got 1")
-
-
-# Every module of data/, imported first in a fresh interpreter: an import circle inside
-# the package (a source module importing the registry that imports it) fails here.
-DATA_MODULES = sorted(
-    os.path.relpath(os.path.join(root, name), REPO)[:-3].replace(os.sep, ".").removesuffix(".__init__")
-    for root, _, names in os.walk(os.path.join(REPO, "data"))
-    if "__pycache__" not in root
-    for name in names
-    if name.endswith(".py")
-)
-
-
-def _import_first(module: str, path: str = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", f"import {module}"],
-        cwd=path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": path},
-    )
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("module", DATA_MODULES)
-def test_each_data_module_imports_first_in_a_fresh_interpreter(module):
-    imported = _import_first(module)
-    assert imported.returncode == 0, imported.stderr[-2000:]
-
-
-@pytest.mark.slow
-def test_an_import_circle_fails_when_imported_first(tmp_path):
-    """The positive control: the old data/sources.py's shape (the registry importing a
-    source at its bottom, the source importing the registry) fails imported source first."""
-    package = tmp_path / "circle"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "registry.py").write_text("class Base:\n    pass\n\nfrom circle.source import Source\n")
-    (package / "source.py").write_text("from circle.registry import Base\n\nclass Source(Base):\n    pass\n")
-    assert _import_first("circle.registry", str(tmp_path)).returncode == 0
-    failed = _import_first("circle.source", str(tmp_path))
-    assert failed.returncode == 1 and "ImportError" in failed.stderr
-    assert (
-        "data.sources" in DATA_MODULES
-        and "data.sources.parquet" in DATA_MODULES
-        and "data.parquet_source" in DATA_MODULES
-    )

@@ -199,7 +199,7 @@ def test_a_criteo_model_made_with_a_threshold_needs_its_vocabulary(trained, tmp_
     ckpt = _checkpoint(trained["ckpt"])
 
     def moved(meta: dict) -> dict:
-        meta["config"]["data"]["in_memory_binary_criteo_path"] = str(tmp_path / "gone")
+        meta["config"]["data"]["source_options"]["in_memory_binary_criteo_path"] = str(tmp_path / "gone")
         return meta
 
     copy = _rewritten(ckpt, str(tmp_path / "step_moved"), moved)

@@ -30,11 +30,16 @@ $(STAMP): requirements.txt requirements-dev.txt $(wildcard stacks/$(STACK)/*) py
 
 # The standard checks, with the versions requirements-dev.txt pins (make install puts
 # them in the venv): lint and import order, format, types (pyproject.toml configures all
-# three; docs/tests.md, "Checks"). Any finding fails it; .ci/run runs it first.
+# three; docs/tests.md, "Checks"), then the tests of the house itself: its layers, import
+# circles and first imports (tests/test_architecture.py) and the tools' own tests
+# (tests/test_checks.py), which make test leaves to it. Any finding fails it; .ci/run
+# runs it first.
+HOUSE_TESTS := tests/test_architecture.py tests/test_checks.py
 check: install
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
 	$(PYTHON) -m mypy
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) $(HOUSE_TESTS)
 
 # Tags HEAD vX.Y.Z, its release (common/version.py's, CHANGELOG.md's newest heading);
 # refuses uncommitted changes and a version already tagged (scripts/release_tag.py).
@@ -98,7 +103,7 @@ cluster-down:
 # The files go out in tests/conftest.py's order (the most slow tests first), not xdist's.
 TEST_WORKERS ?= 2
 test: install
-	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not multihost and not native and not cluster and not gpu_host" tests
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not multihost and not native and not cluster and not gpu_host" $(HOUSE_TESTS:%=--ignore=%) tests
 
 # The tests on the one-node Slurm cluster (make slurm-up, as root): one process, since
 # their jobs share the node's CPUs and would only queue behind each other. Out of make

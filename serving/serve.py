@@ -415,6 +415,12 @@ class _Uvicorn(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         in_flight = len(self.server_state.tasks)
+        # Closed before the line says so (uvicorn's shutdown closes them again, a no-op):
+        # a client that read it and connects is refused, however loaded the machine.
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
         if in_flight:
             print(
                 f"stopping: no new connections; finishing {in_flight} request(s) in flight (at most "

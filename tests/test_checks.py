@@ -103,7 +103,13 @@ def _make_check_commands() -> list[str]:
 
 
 def test_make_check_runs_ruff_format_and_mypy():
-    assert _make_check_commands() == ["ruff check .", "ruff format --check .", "mypy"]
+    """Then the house's tests, which make test leaves to it."""
+    assert _make_check_commands() == [
+        "ruff check .",
+        "ruff format --check .",
+        "mypy",
+        "pytest -q -n $(TEST_WORKERS) $(HOUSE_TESTS)",
+    ]
 
 
 def test_ci_runs_make_check_before_anything_else():
@@ -124,7 +130,8 @@ def test_pre_commit_runs_make_checks_tools_and_the_message_check():
         "mypy",
         "scripts.commit_msg",
     }
-    assert {" ".join(c.split()[:2]) for c in _make_check_commands()} == {"ruff check", "ruff format", "mypy"}
+    tools = {" ".join(c.split()[:2]) for c in _make_check_commands() if not c.startswith("pytest")}
+    assert tools == {"ruff check", "ruff format", "mypy"}
     assert hooks["mypy"]["pass_filenames"] is False  # the whole tree, as make check
     assert hooks["commit-msg"]["stages"] == ["commit-msg"]
 

@@ -23,14 +23,13 @@ registry without it. The shared nouns (`DataSource`, `FeatureDescription`,
 
 import importlib
 import inspect
-import os
 import pkgutil
-import sys
 from collections.abc import Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from common.config_flags import Flag, FlagError, flag_of, flags_of
+from common.plugin_folders import plugin_folders
 
 # The built-in sources, imported first: their flags come in this order (not isort's).
 # isort: off
@@ -48,20 +47,7 @@ if TYPE_CHECKING:
     from data.config import DataConfig
 
 
-def _directories_on_the_path() -> list[str]:
-    """The directories data/sources/ of the Python path's other entries (not the
-    current directory's): a project's own sources, added to this package's."""
-    seen = {os.path.realpath(directory) for directory in __path__}
-    found = []
-    for entry in sys.path:
-        directory = os.path.join(entry, "data", "sources")
-        if entry and os.path.isdir(directory) and os.path.realpath(directory) not in seen:
-            seen.add(os.path.realpath(directory))
-            found.append(directory)
-    return found
-
-
-__path__ = [*__path__, *_directories_on_the_path()]
+__path__ = [*__path__, *plugin_folders(__path__, "data", "sources")]
 
 _NOT_SOURCES = ("types", "binary_files")
 

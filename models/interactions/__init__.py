@@ -10,23 +10,12 @@ interaction's and answer --help before torch loads.
 """
 
 import importlib
-import os
 import pkgutil
-import sys
 
-
-def _plugin_folders(known: list[str]) -> list[str]:
-    """The models/interactions/ folders under the sys.path entries, but ``known``."""
-    folders: list[str] = []
-    for entry in sys.path:
-        folder = os.path.join(entry or os.curdir, "models", "interactions")
-        if os.path.isdir(folder) and not any(os.path.samefile(folder, seen) for seen in known + folders):
-            folders.append(folder)
-    return folders
-
+from common.plugin_folders import plugin_folders
 
 # After this package's own folder, whose modules win a name both have.
-__path__ += _plugin_folders(__path__)
+__path__ += plugin_folders(__path__, "models", "interactions")
 
 # Imported after __path__ grows (E402): a plugin folder's modules are found with ours.
 from models.interactions.registry import INTERACTIONS, Interaction, InteractionConfig, register  # noqa: E402

@@ -20,9 +20,8 @@ STEPS_PER_EPOCH = 4
 PATIENCE = 2
 
 
-def flags(data_dir: str, log: str, *extra: str) -> list:
-    """A run that overfits 4 training batches: validation log loss is lowest after a few
-    epochs (its AUROC creeps up by 1e-4 for long after)."""
+def _overfitting_run(data_dir: str, epochs: int) -> list:
+    """4 training batches a epoch at a high rate, seed 1: the run overfits."""
     return [
         "--in_memory_binary_criteo_path",
         data_dir,
@@ -45,11 +44,19 @@ def flags(data_dir: str, log: str, *extra: str) -> list:
         "--limit_test_batches",
         "2",
         "--epochs",
-        "12",
+        str(epochs),
         "--log_every_n_steps",
         "4",
         "--seed",
         "1",
+    ]
+
+
+def flags(data_dir: str, log: str, *extra: str) -> list:
+    """A run that overfits 4 training batches: validation log loss is lowest after a few
+    epochs (its AUROC creeps up by 1e-4 for long after)."""
+    return [
+        *_overfitting_run(data_dir, 12),
         "--early_stopping_patience",
         str(PATIENCE),
         "--early_stopping_metric",
@@ -207,37 +214,7 @@ def test_bad_early_stopping_flags_are_one_line(argv, message, capsys):
 def overfitting_flags(data_dir: str, log: str, *extra: str) -> list:
     """No early stopping: 6 epochs of 4 batches at a high rate overfit, so the best
     validation AUROC (step 8 with seed 1, which best.json marks) is not the final one."""
-    return [
-        "--in_memory_binary_criteo_path",
-        data_dir,
-        "--embedding_dim",
-        "16",
-        "--dense_arch_layer_sizes",
-        "64,16",
-        "--over_arch_layer_sizes",
-        "64,32,1",
-        "--optimizer",
-        "adagrad",
-        "--learning_rate",
-        "0.1",
-        "--batch_size",
-        "128",
-        "--limit_train_batches",
-        str(STEPS_PER_EPOCH),
-        "--limit_val_batches",
-        "4",
-        "--limit_test_batches",
-        "2",
-        "--epochs",
-        "6",
-        "--log_every_n_steps",
-        "4",
-        "--seed",
-        "1",
-        "--log_path",
-        log,
-        *extra,
-    ]
+    return [*_overfitting_run(data_dir, 6), "--log_path", log, *extra]
 
 
 def _test_records(log: str) -> list:

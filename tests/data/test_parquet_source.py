@@ -105,24 +105,28 @@ def _rank_loader(config: DataConfig, rank: int, world_size: int, split: str = "t
 def test_an_epoch_reads_the_same_rows_at_every_world_size(tmp_path, world_size, shuffle):
     """Each rank reads its own share of the epoch's rows: W ranks take the same number of
     equal batches, as many steps as one rank with a W times larger batch, and together
-    the rows one rank reads (but the fewer than W left over), each once."""
+    the rows one rank reads (but the fewer than W left over), each once, in every split."""
     _write_table(str(tmp_path))
-    one = _epoch(_loaders(_config(str(tmp_path), batch_size=3 * world_size, shuffle_training_set=shuffle))["train"])
-    per_rank = [
-        _epoch(_loaders(_config(str(tmp_path), batch_size=3, shuffle_training_set=shuffle), rank, world_size)["train"])
+    flags = dict(shuffle_training_set=shuffle, validation_window="0.2", test_window="0.2")
+    alone = _loaders(_config(str(tmp_path), batch_size=3 * world_size, test_batch_size=3 * world_size, **flags))
+    ranks = [
+        _loaders(_config(str(tmp_path), batch_size=3, test_batch_size=3, **flags), rank, world_size)
         for rank in range(world_size)
     ]
-    steps = len(per_rank[0])
-    assert {len(r) for r in per_rank} == {steps}  # the same number of batches on every rank
-    # As many steps as one rank's, but a final global batch of fewer rows than ranks.
-    assert all(len(big) < world_size for big in one[steps:]) and len(one) - steps <= 1
-    for step in range(steps):
-        assert len({len(rank[step]) for rank in per_rank}) == 1  # equal batches (the last shared evenly)
-        assert len(one[step]) - world_size * len(per_rank[0][step]) < world_size
-    rows = [rid for rank in per_rank for batch in rank for rid in batch]
-    everything = [rid for batch in one for rid in batch]
-    assert len(set(rows)) == len(rows) and set(rows) <= set(everything)
-    assert len(everything) - len(rows) == len(everything) % world_size
+    for split in ("train", "validation", "test"):
+        one = _epoch(alone[split])
+        per_rank = [_epoch(loaders[split]) for loaders in ranks]
+        steps = len(per_rank[0])
+        assert {len(r) for r in per_rank} == {steps}  # the same number of batches on every rank
+        # As many steps as one rank's, but a final global batch of fewer rows than ranks.
+        assert all(len(big) < world_size for big in one[steps:]) and len(one) - steps <= 1
+        for step in range(steps):
+            assert len({len(rank[step]) for rank in per_rank}) == 1  # equal batches (the last shared evenly)
+            assert len(one[step]) - world_size * len(per_rank[0][step]) < world_size
+        rows = [rid for rank in per_rank for batch in rank for rid in batch]
+        everything = [rid for batch in one for rid in batch]
+        assert len(set(rows)) == len(rows) and set(rows) <= set(everything)
+        assert len(everything) - len(rows) == len(everything) % world_size
 
 
 def test_two_ranks_decode_each_row_of_the_split_once(tmp_path):

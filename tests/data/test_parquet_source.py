@@ -553,6 +553,16 @@ def test_weight_column_with_parquet(tmp_path):
     assert all(np.isclose(float(batch.weight_normalizer), expected) for batch in first)
 
 
+def test_one_rank_normalizes_the_weighted_loss_by_its_batch_weight_sum(tmp_path):
+    """One rank's normalizer is its batch's weight sum, as the binary layouts' (it was 1:
+    a weighted sum of the losses, not their weighted mean)."""
+    _write_table(str(tmp_path), file_rows=(12,), row_groups=(5,))
+    config = _config(str(tmp_path), dense_columns="rid", weight_column="I2", batch_size=4)
+    batch = next(iter(_loaders(config)["train"]))
+    weights = pq.read_table(str(tmp_path), columns=["I2"]).column("I2").to_numpy()[:4]
+    assert np.isclose(float(batch.weight_normalizer), weights.sum())
+
+
 def test_windows_parse():
     assert parse_window("1d", "--w").microseconds == 86_400_000_000
     assert parse_window("6h", "--w").microseconds == 6 * 3_600_000_000

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from common.cores import rank_cpu_share, usable_cores  # noqa: F401  (their old home)
 from common.errors import BadInput
 
 
@@ -267,16 +268,6 @@ def agree_on_readiness(error: str | None, timeout_s: float = READINESS_TIMEOUT_S
     except (RuntimeError, ValueError):  # no store (torch's DistError is a RuntimeError): each rank for itself
         return error
     return error if error is not None else failed
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, which Slurm and containers narrow)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def rank_cpu_share(local_world_size: int, cores: int | None = None) -> int:
-    """This rank's equal share (at least 1) of ``cores`` (default: `usable_cores`)."""
-    return max(1, (usable_cores() if cores is None else cores) // local_world_size)
 
 
 def group_device(env: DistributedEnv) -> torch.device | None:

@@ -35,6 +35,7 @@ from common.config_flags import Overrides, flag_of
 from common.errors import BadInput
 from data.config import BatchLoader
 from data.sources import DataSource
+from data.sources.types import FeedJob
 from models import build_dlrm_train
 from models.arch import align_to_sharded_embeddings, compile_dense_part
 from models.embedding_optimizer import attach_fused_embedding_optimizer
@@ -154,6 +155,7 @@ class Trainer:
         resumed_plan = restore.meta.plan if restore and restore.full else None
         sharding = prepare_sharding(config, env, model, resumed_plan)
         self._join_the_process_group()
+        self._join_the_feed(restore)
         plan, table_shapes = self._plan_the_sharding(model, sharding, resumed_plan, restore)
         self._shard_the_model(model, plan, sharding, table_shapes, restore)
         self.loaders: dict[str, BatchLoader] = window_loaders or self.source.loaders(
@@ -242,6 +244,21 @@ class Trainer:
         if env.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = config.allow_tf32
             torch.backends.cudnn.allow_tf32 = config.allow_tf32
+
+    def _join_the_feed(self, restore: RestorePoint | None) -> None:
+        """Tells the source what the job is (`data.sources.types.FeedJob`): with a gloo
+        group of its own when its loaders agree on batches (the feed's collectives stay off
+        the training group's NCCL stream and never interleave with its collectives)."""
+        env = self.env
+        group = dist.new_group(backend="gloo") if env.world_size > 1 and self.source.uses_feed_group else None
+        self.source.join_job(
+            FeedJob(
+                env.device.type,
+                env.local_world_size,
+                group,
+                restore.meta.world_size if restore and restore.full else None,
+            )
+        )
 
     def _plan_the_sharding(
         self, model: torch.nn.Module, sharding: Any, resumed_plan: dict | None, restore: RestorePoint | None

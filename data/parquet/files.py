@@ -316,10 +316,16 @@ class RowCountError(BadInput):
 
 
 def read_row_group(
-    filesystem: pafs.FileSystem, footer: FileFooter, schema: pa.Schema, row_group: int, names: Sequence[str]
+    filesystem: pafs.FileSystem,
+    footer: FileFooter,
+    schema: pa.Schema,
+    row_group: int,
+    names: Sequence[str],
+    use_threads: bool = True,
 ) -> pa.Table:
     """The columns ``names`` of one row group of a file (partition columns made from
-    its path), of the table ``schema``'s types.
+    its path), of the table ``schema``'s types; ``use_threads``: decoded by pyarrow's
+    pool of threads, else in the calling thread.
 
     Raises:
         BadInput: the row group cannot be read.
@@ -329,7 +335,7 @@ def read_row_group(
     own = [n for n in names if n not in footer.partitions]
     try:
         with filesystem.open_input_file(footer.path) as handle:
-            table = pq.ParquetFile(handle).read_row_group(row_group, columns=own)
+            table = pq.ParquetFile(handle).read_row_group(row_group, columns=own, use_threads=use_threads)
     except (pa.ArrowInvalid, OSError) as e:
         raise BadInput(f"{footer.path}: row group {row_group} cannot be read ({e})") from e
     if own and table.num_rows != footer.row_group_rows[row_group]:  # no column read: no rows counted

@@ -1,28 +1,41 @@
-"""Streams a Parquet table's splits to the ranks: bounded memory, reading in the background.
+"""Streams a Parquet table's splits to the ranks: each row read by one rank, bounded memory,
+converted by the rank's workers in the background.
 
 `ParquetDataset` is the table opened: its files' footers (checked against the columns'
 roles), the splits (data.parquet.split) and reading one row group. `ParquetLoader`
-is one rank's loader of one split, with the promise of data/batching/batches.py: a global batch
-is ``batch_size * world_size`` consecutive rows of the split's order, rank r takes its
-contiguous block, every rank the same number of batches (computed from the footers).
+is one rank's loader of one split.
+
+Decode once per job: every epoch the split's row groups are put in one order (file
+order, or with shuffling a random one from (seed, epoch)), and that order of rows is cut
+into ``world_size`` equal contiguous shares, rank r reading the r-th; only a row group
+that straddles two shares is read by both (each converts its own rows of it). Rank r's
+batch k is rows [k * batch_size, (k + 1) * batch_size) of its share, so every rank has
+the same number of batches of the same size (data/batching/batches.py RankBatchLayout's
+count and sizes: a final partial global batch is shared evenly, the fewer than
+``world_size`` rows left over are the epoch's last rows of the order). Global batch k is
+the ranks' k-th batches: on one rank it is other rows than on W ranks, but an epoch
+reads the same rows at every world size (docs/data.md).
 
 Memory: a rank holds at most ``--max_buffered_row_groups`` row groups (the columns
 read only), plus the batches being built: the reading thread runs up to
-`PREFETCH_BATCHES` batches ahead of training. A batch of B rows costs about
+`prefetch_depth` batches ahead of training. A batch of B rows costs about
 B * (4 * (dense + 2) + 12 * ids per row) bytes as tensors.
 
-Shuffling (``--shuffle_training_set``): every epoch the row groups are visited in a
-random order drawn from (seed, epoch), and the rows of each window of
-``--max_buffered_row_groups`` consecutive row groups (in that order) are shuffled
-together, from (seed, epoch, window). Every rank draws the same orders, so the
-global order, and the batch arithmetic, are those of one rank.
+Workers (``--data_workers N``): one reading thread reads the row groups and cuts each
+batch's rows from them (Arrow slices, no copy); N workers convert the batches (checks,
+hash, KJT), each its own batches, and training gets them in order.
+
+Shuffling (``--shuffle_training_set``): the row groups in a random order from (seed,
+epoch), and the rows of each window of ``--max_buffered_row_groups`` consecutive row
+groups of a rank's share shuffled together, from (seed, epoch, world size, rank, window).
 """
 
 import queue
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,9 +45,17 @@ from torchrec.datasets.utils import Batch
 
 from common.errors import BadInput
 from common.url_paths import redacted
-from data.batching.batches import BatchBuilder, RankBatchLayout
+from data.batching.batches import BatchBuilder, RankBatchLayout, WeightedBatch
 from data.batching.value_checks import DataValueError
 from data.parquet.columns import ColumnValueError, ParquetColumns
+from data.parquet.feed import (
+    Agreement,
+    agreement,
+    default_workers,
+    lower_this_threads_priority,
+    pins_batches,
+    yields_to_training,
+)
 from data.parquet.files import RowCountError, check_same_types, file_schema, list_files, read_footers, read_row_group
 from data.parquet.id_collisions import CollisionCounter
 from data.parquet.split import (
@@ -46,8 +67,10 @@ from data.parquet.split import (
     row_fraction_splits,
 )
 from data.parquet.windows import Window, parse_window
+from data.sources.types import FeedJob
 
-# Batches the reading thread prepares ahead of the one training uses.
+# Batches the reading thread prepares ahead of the one training uses (at least; with
+# more workers, two per worker).
 PREFETCH_BATCHES = 2
 # Dense columns whose nulls this process has reported (once per column, by rank 0).
 _NULLS_REPORTED: set[str] = set()
@@ -55,9 +78,14 @@ _NULLS_REPORTED: set[str] = set()
 
 class ParquetValueError(DataValueError):
     """A value a column must not hold; the message names the file, row group, row and column.
-    Every rank checks the whole global batch, so every rank raises it at the same batch."""
+    The ranks agree on every batch (data/parquet/feed.py), so every rank raises it at the
+    same batch; a rank of several loading without the feed's group raises it alone."""
 
     seen_by_every_rank = True
+
+    def __init__(self, message: str, seen_by_every_rank: bool = True) -> None:
+        super().__init__(message)
+        self.seen_by_every_rank = seen_by_every_rank
 
 
 class ParquetDataset:
@@ -139,9 +167,9 @@ class ParquetDataset:
                 what = split if num_windows is not None else f"the {split} split"
                 raise BadInput(f"--parquet_path {redacted(path)}: {what} has no rows ({self.describe_splits()})")
 
-    def read_row_group(self, file: int, row_group: int, names: Sequence[str]) -> pa.Table:
+    def read_row_group(self, file: int, row_group: int, names: Sequence[str], use_threads: bool = True) -> pa.Table:
         """The columns ``names`` of one row group (partition columns made from the path)."""
-        return read_row_group(self.filesystem, self.footers[file], self.schema, row_group, names)
+        return read_row_group(self.filesystem, self.footers[file], self.schema, row_group, names, use_threads)
 
     def read_segment(self, segment: Segment, names: Sequence[str]) -> pa.Table:
         table = self.read_row_group(segment.file, segment.row_group, names)
@@ -188,45 +216,102 @@ class ParquetDataset:
 
 
 @dataclass(frozen=True)
+class _Span:
+    """Rows [lo, hi) of the split's segment ``segment`` (counted in the segment)."""
+
+    segment: int
+    lo: int
+    hi: int
+
+    @property
+    def count(self) -> int:
+        return self.hi - self.lo
+
+
+def _take(spans: Sequence[_Span], lo: int, hi: int) -> list[_Span]:
+    """Rows [lo, hi) of the spans' rows, one span after the other."""
+    result, start = [], 0
+    for span in spans:
+        if start >= hi:
+            break
+        first, last = max(lo - start, 0), min(hi - start, span.count)
+        if first < last:
+            result.append(_Span(span.segment, span.lo + first, span.lo + last))
+        start += span.count
+    return result
+
+
+def rank_share(counts: Sequence[int], order: Sequence[int], world_size: int, rank: int) -> list[_Span]:
+    """Rank ``rank``'s rows of an epoch: the segments in ``order`` (``counts`` rows each)
+    cut into ``world_size`` equal contiguous shares, the rank's the ``rank``-th; the rows
+    after the last share (fewer than ``world_size``) are no rank's."""
+    spans = [_Span(int(s), 0, int(counts[s])) for s in order if counts[s]]
+    share = sum(int(c) for c in counts) // world_size
+    return _take(spans, rank * share, (rank + 1) * share)
+
+
+@dataclass(frozen=True)
 class _Piece:
     """Rows taken from one block: ``positions[i]`` is row i's place in the block, whose
-    segments end at ``ends`` (cumulative rows)."""
+    spans end at ``ends`` (cumulative rows)."""
 
     table: pa.Table
-    segments: list[Segment]
+    spans: list[_Span]
     ends: np.ndarray
     positions: np.ndarray
 
-    def where(self, dataset: ParquetDataset, row: int) -> str:
+    def where(self, dataset: ParquetDataset, segments: Sequence[Segment], row: int) -> str:
         position = int(self.positions[row])
         s = int(np.searchsorted(self.ends, position, side="right"))
-        return dataset.where(self.segments[s], position - (int(self.ends[s - 1]) if s else 0))
-
-    def slice(self, first: int, last: int) -> "_Piece":
-        return _Piece(self.table.slice(first, last - first), self.segments, self.ends, self.positions[first:last])
+        span = self.spans[s]
+        return dataset.where(segments[span.segment], span.lo + position - (int(self.ends[s - 1]) if s else 0))
 
 
-class _EpochOrder:
-    """The global row order of one epoch: blocks of consecutive segments, each block's
-    rows in file order or (shuffled) permuted together."""
+class _RankOrder:
+    """This rank's rows of one epoch: its share (`rank_share`) in blocks of consecutive
+    spans, each block's rows in order or (shuffled) permuted together."""
 
-    def __init__(self, segments: Sequence[Segment], window: int, seed: int | None, epoch: int) -> None:
-        order = np.arange(len(segments))
-        if seed is not None:
-            order = np.random.default_rng([seed, epoch]).permutation(len(segments))
+    def __init__(self, spans: list[_Span], window: int, seed: list[int] | None) -> None:
         size = window if seed is not None else 1
-        self.blocks = [order[i : i + size] for i in range(0, len(order), size)]
-        counts = np.array([segments[i].count for i in range(len(segments))], dtype=np.int64)
-        self.block_rows = [counts[b] for b in self.blocks]
-        self.starts = np.concatenate([[0], np.cumsum([int(r.sum()) for r in self.block_rows])])
-        self._seed, self._epoch = seed, epoch
+        self.blocks = [spans[i : i + size] for i in range(0, len(spans), size)]
+        self.ends = [np.cumsum([s.count for s in b]) for b in self.blocks]
+        self.starts = np.concatenate([[0], np.cumsum([int(e[-1]) for e in self.ends])]).astype(np.int64)
+        self._seed = seed
 
     def permutation(self, block: int) -> np.ndarray | None:
         if self._seed is None:
             return None
-        return np.random.default_rng([self._seed, self._epoch, block]).permutation(
-            int(self.starts[block + 1] - self.starts[block])
-        )
+        return np.random.default_rng([*self._seed, block]).permutation(int(self.starts[block + 1] - self.starts[block]))
+
+
+@dataclass(frozen=True)
+class _Bad:
+    """A batch whose rows this rank found bad: the line naming file, row group, row and column."""
+
+    message: str
+
+
+class _ReaderCounters:
+    """What a rank's reader did (thread-safe: the reading thread and the workers add)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.rows_read = 0  # rows of the row groups pyarrow decoded (a straddling one whole)
+        self.bytes_read = 0  # their Arrow bytes (the columns read)
+        self.rows_decoded = 0  # rows checked and converted into batches
+
+    def read(self, rows: int, nbytes: int) -> None:
+        with self._lock:
+            self.rows_read += rows
+            self.bytes_read += nbytes
+
+    def decoded(self, rows: int) -> None:
+        with self._lock:
+            self.rows_decoded += rows
+
+    def statistics(self) -> dict[str, int]:
+        with self._lock:
+            return {"rows_read": self.rows_read, "bytes_read": self.bytes_read, "rows_decoded": self.rows_decoded}
 
 
 class ParquetLoader:
@@ -243,6 +328,13 @@ class ParquetLoader:
         limit_batches: stop after this many batches.
         max_buffered_row_groups: row groups held at once (and the shuffle window).
         collisions: counts distinct values and hash collisions of the rows read.
+        workers: ``--data_workers``: threads converting batches; None: the rank's share
+            of the host's cores (data/parquet/feed.py).
+        job: what the job is (device, ranks on the host, the feed's agreement), asked
+            when an epoch starts: the trainer tells the source after the loaders of
+            --rolling_windows are made. None: one process on CPU.
+        agree: the ranks' agreement on each batch (data/parquet/feed.py `Agreement`),
+            instead of the job group's: how ranks run as threads agree (tests).
     """
 
     def __init__(
@@ -258,19 +350,28 @@ class ParquetLoader:
         limit_batches: int | None = None,
         max_buffered_row_groups: int = 4,
         collisions: CollisionCounter | None = None,
+        workers: int | None = 1,
+        job: "Callable[[], FeedJob] | None" = None,
+        agree: Agreement | None = None,
     ) -> None:
         self._dataset = dataset
         self._segments = list(segments)
+        self._counts = [s.count for s in self._segments]
         self._columns = columns
         self._names = list(columns.names)
-        self._layout = RankBatchLayout(sum(s.count for s in self._segments), batch_size, rank, world_size, drop_last)
+        self._layout = RankBatchLayout(sum(self._counts), batch_size, rank, world_size, drop_last)
         self._shuffle_seed = shuffle_seed
         self._limit = limit_batches
         self._window = max_buffered_row_groups
         self._builder = BatchBuilder(list(columns.sparse))
         self._collisions = collisions
         self._dense_nulls = np.zeros(len(columns.dense), dtype=np.int64)
-        self._rank = rank
+        self._nulls_lock = threading.Lock()
+        self._counters = _ReaderCounters()
+        self._rank, self._world_size = rank, world_size
+        self._workers = workers
+        self._job = job or FeedJob
+        self._agree = agree
         self._epoch, self._start_batch = 0, 0
 
     def __len__(self) -> int:
@@ -279,31 +380,60 @@ class ParquetLoader:
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """The epoch's order (with shuffling) and the batch the next iteration starts at;
-        the batches before it are skipped without reading their row groups."""
+        the batches before it are skipped without reading their row groups. Started past
+        batch 0 after a resume at another world size (the job's ``resumed_world_size``),
+        the rows that world size's ranks had not read yet are shared anew."""
         self._epoch, self._start_batch = epoch, start_batch
 
     def dense_null_counts(self) -> dict[str, int]:
         """Nulls read as 0 so far, per dense column (this rank's rows)."""
-        return {name: int(n) for name, n in zip(self._columns.dense, self._dense_nulls)}
+        with self._nulls_lock:
+            return {name: int(n) for name, n in zip(self._columns.dense, self._dense_nulls)}
 
     def statistics(self) -> dict[str, Any]:
         """What the trainer logs once per evaluation (this rank's rows so far):
         {"id_collisions": data.parquet.id_collisions.CollisionCounter.statistics (training
-        loaders), "dense_nulls": `dense_null_counts`}."""
+        loaders), "dense_nulls": `dense_null_counts`, "reader": {"rows_read": rows of the
+        row groups pyarrow decoded, "bytes_read": their Arrow bytes, "rows_decoded": rows
+        checked and converted}}."""
         return {
             "id_collisions": self._collisions.statistics() if self._collisions is not None else {},
             "dense_nulls": self.dense_null_counts(),
+            "reader": self._counters.statistics(),
         }
 
+    def workers(self) -> int:
+        """The converting threads an epoch runs."""
+        return self._workers or default_workers(self._job().local_world_size)
+
+    def prefetch_depth(self) -> int:
+        """Batches read and converted ahead of the one training takes, at most."""
+        return max(PREFETCH_BATCHES, 2 * self.workers())
+
     def __iter__(self) -> Iterator[Batch]:
-        batches: queue.Queue[Any] = queue.Queue(maxsize=PREFETCH_BATCHES)
+        job = self._job()
+        agree = self._agree or (agreement(job.group) if job.group is not None else None)
+        yields = yields_to_training(job.device_type)
+        pin = pins_batches(job.device_type)
+        resumed = job.resumed_world_size
+        consumed = (
+            (resumed, self._start_batch * self._layout.global_batch_size // resumed)
+            if self._start_batch and resumed is not None and resumed != self._world_size
+            else None
+        )
+        batches: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch_depth())
         stop = threading.Event()
         done = object()
+        # Started by the reading thread (on its first batch), the workers inherit its priority.
+        pool = ThreadPoolExecutor(self.workers(), thread_name_prefix="parquet-convert")
 
         def produce() -> None:
+            if yields:
+                lower_this_threads_priority()
             try:
-                for batch in self._batches(self._epoch, self._start_batch):
-                    if not _put(batches, batch, stop):
+                for b, item in self._read(self._epoch, self._start_batch, consumed, not yields):
+                    future = pool.submit(self._convert, b, item, pin) if isinstance(item, list) else item
+                    if not _put(batches, future, stop):
                         return
                 _put(batches, done, stop)
             except BaseException as e:  # handed to the training thread, which raises it
@@ -318,101 +448,149 @@ class ParquetLoader:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                yield item
+                result = item if isinstance(item, _Bad) else item.result()
+                batch, weight_sum = (None, 0.0) if isinstance(result, _Bad) else result
+                message = result.message if isinstance(result, _Bad) else None
+                if agree is not None:  # the same batch on every rank: training's thread, in order
+                    message, weight_sum = agree(message, weight_sum)
+                if message is not None:
+                    raise ParquetValueError(message, seen_by_every_rank=agree is not None or self._world_size == 1)
+                if isinstance(batch, WeightedBatch):  # the global batch's sum / ranks (WeightedBatch)
+                    ranks = self._world_size if agree is not None else 1
+                    batch.weight_normalizer.fill_(weight_sum / ranks if weight_sum > 0 else 1.0)
+                yield batch  # type: ignore[misc]
         finally:
             stop.set()
             reader.join()
+            pool.shutdown(wait=True, cancel_futures=True)
 
-    def _batches(self, epoch: int, start_batch: int) -> Iterator[Batch]:
-        order = _EpochOrder(self._segments, self._window, self._shuffle_seed, epoch)
+    def _read(
+        self, epoch: int, start_batch: int, consumed: tuple[int, int] | None, use_threads: bool
+    ) -> Iterator[tuple[int, "list[_Piece] | _Bad"]]:
+        """(batch, its rows' pieces, or the line of a row group whose footer lies) of this
+        rank, from ``start_batch`` on."""
+        streams = self._streams(epoch, consumed)
+        first = start_batch if consumed is not None else 0  # the batch the streams' row 0 starts
         cache: OrderedDict[int, pa.Table] = OrderedDict()
-        weighted = self._columns.weight is not None
         for b in range(start_batch, len(self)):
             lo, hi = self._layout.rows(b)
-            if self._layout.world_size == 1:
-                yield self._convert(self._global_pieces(order, cache, lo, hi, b))  # its checks see every row
-                continue
-            # Every rank checks the values of the whole global batch, so that a bad value
-            # stops every rank at the same batch, before any collective on it (a rank
-            # reads the row groups holding its own rows anyway, mostly the same ones).
-            g_lo, g_hi = self._layout.global_rows(b)
-            pieces = self._global_pieces(order, cache, g_lo, g_hi, b)
-            table = pa.concat_tables([p.table for p in pieces])
+            local, size = (b - first) * self._layout.batch_size, hi - lo
+            pieces, position = [], 0
             try:
-                self._columns.check_values(table)
-            except ColumnValueError as e:
-                raise ParquetValueError(f"{self._value_message(pieces, e)} (batch {b} of the split)") from None
-            normalizer = 1.0
-            if weighted:  # every rank's weights normalize the loss (data/batching/batches.py WeightedBatch)
-                total = float(np.asarray(table.column(self._columns.weight).to_numpy(), dtype=np.float64).sum())
-                normalizer = total / self._layout.world_size if total > 0 else 1.0
-            yield self._convert(_slice_pieces(pieces, lo - g_lo, hi - g_lo), normalizer)
+                for order, start, stop in streams:
+                    first_row, last_row = max(local - position, 0), min(local + size - position, stop - start)
+                    if first_row < last_row:
+                        pieces += self._pieces(order, cache, start + first_row, start + last_row, use_threads)
+                    position += stop - start
+                yield b, pieces
+            except RowCountError as e:  # the rank reading it flags the batch: every rank stops there
+                yield b, _Bad(f"{e} (batch {b} of the split)")
+                return
 
-    def _global_pieces(
-        self, order: _EpochOrder, cache: "OrderedDict[int, pa.Table]", lo: int, hi: int, batch: int
+    def _streams(self, epoch: int, consumed: tuple[int, int] | None) -> list[tuple[_RankOrder, int, int]]:
+        """This rank's rows of the epoch, as rows [start, stop) of ranks' orders, one
+        after the other: its own share's order; after a resume at another world size
+        (``consumed`` = (W0, rows each of its ranks had read)), a share of what W0 ranks'
+        orders had left, then of the rows no rank of W0 had."""
+        order = np.arange(len(self._segments))
+        if self._shuffle_seed is not None:
+            order = np.random.default_rng([self._shuffle_seed, epoch]).permutation(len(self._segments))
+
+        def rank_order(world_size: int, rank: int) -> _RankOrder:
+            seed = None if self._shuffle_seed is None else [self._shuffle_seed, epoch, world_size, rank]
+            return _RankOrder(rank_share(self._counts, order, world_size, rank), self._window, seed)
+
+        if consumed is None:
+            own = rank_order(self._world_size, self._rank)
+            return [(own, 0, int(own.starts[-1]))]
+        old_world, read = consumed
+        total = sum(self._counts)
+        old_share = total // old_world
+        rest = [(rank_order(old_world, r), min(read, old_share), old_share) for r in range(old_world)]
+        spans = [_Span(int(s), 0, int(self._counts[s])) for s in order if self._counts[s]]
+        tail = _take(spans, old_world * old_share, total)
+        seed = None if self._shuffle_seed is None else [self._shuffle_seed, epoch, old_world, old_world]
+        rest.append((_RankOrder(tail, self._window, seed), 0, total - old_world * old_share))
+        share = sum(stop - start for _, start, stop in rest) // self._world_size
+        lo, hi = self._rank * share, (self._rank + 1) * share
+        streams, position = [], 0
+        for stream, start, stop in rest:
+            first_row, last_row = max(lo - position, 0), min(hi - position, stop - start)
+            if first_row < last_row:
+                streams.append((stream, start + first_row, start + last_row))
+            position += stop - start
+        return streams
+
+    def _pieces(
+        self, order: _RankOrder, cache: "OrderedDict[int, pa.Table]", lo: int, hi: int, use_threads: bool
     ) -> list[_Piece]:
-        """`_pieces` of the global batch ``batch``: every rank reads its row groups, so a
-        row group whose footer lies stops every rank at this batch, as a bad value does."""
-        try:
-            return self._pieces(order, cache, lo, hi)
-        except RowCountError as e:
-            raise ParquetValueError(f"{e} (batch {batch} of the split)") from None
-
-    def _pieces(self, order: _EpochOrder, cache: "OrderedDict[int, pa.Table]", lo: int, hi: int) -> list[_Piece]:
-        """Rows [lo, hi) of the epoch's order: (table, where each row comes from) per block."""
+        """Rows [lo, hi) of the rank's order: (table, where each row comes from) per block."""
         pieces = []
         block = int(np.searchsorted(order.starts, lo, side="right")) - 1
         while lo < hi:
             start, stop = int(order.starts[block]), int(order.starts[block + 1])
             first, last = lo - start, min(hi, stop) - start
-            segment_ids = order.blocks[block]
-            tables = [self._segment_table(int(s), cache) for s in segment_ids]
+            spans = order.blocks[block]
+            tables = [self._segment_table(s.segment, cache, use_threads).slice(s.lo, s.count) for s in spans]
             table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
             permutation = order.permutation(block)
             positions = np.arange(first, last) if permutation is None else permutation[first:last]
             taken = table.slice(first, last - first) if permutation is None else table.take(pa.array(positions))
-            pieces.append(
-                _Piece(
-                    taken, [self._segments[int(s)] for s in segment_ids], np.cumsum(order.block_rows[block]), positions
-                )
-            )
+            pieces.append(_Piece(taken, spans, order.ends[block], positions))
             lo, block = min(hi, stop), block + 1
         return pieces
 
-    def _segment_table(self, index: int, cache: "OrderedDict[int, pa.Table]") -> pa.Table:
+    def _segment_table(self, index: int, cache: "OrderedDict[int, pa.Table]", use_threads: bool) -> pa.Table:
         if index in cache:
             cache.move_to_end(index)
             return cache[index]
         while len(cache) >= self._window:
             cache.popitem(last=False)
-        table = self._dataset.read_segment(self._segments[index], self._names)
+        segment = self._segments[index]
+        table = self._dataset.read_row_group(segment.file, segment.row_group, self._names, use_threads)
+        self._counters.read(table.num_rows, table.nbytes)
+        if segment.rows is not None:
+            table = table.take(pa.array(segment.rows))
         cache[index] = table
         return table
 
-    def _convert(self, pieces: list[_Piece], normalizer: float = 1.0) -> Batch:
+    def _convert(self, batch: int, pieces: list[_Piece], pin: bool) -> "tuple[Batch, float] | _Bad":
+        """A worker's part: the batch's rows checked and converted, and their weight sum
+        (or the line of the first bad value)."""
         tables = [p.table for p in pieces]
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
         try:
             rows = self._columns.convert(table)
         except ColumnValueError as e:
-            raise ParquetValueError(self._value_message(pieces, e)) from None
+            suffix = f" (batch {batch} of the split)" if self._world_size > 1 else ""
+            return _Bad(f"{self._value_message(pieces, e)}{suffix}")
+        self._counters.decoded(table.num_rows)
         if rows.dense_nulls.any():
-            self._dense_nulls += rows.dense_nulls
-            fresh = [n for n, c in zip(self._columns.dense, rows.dense_nulls) if c and n not in _NULLS_REPORTED]
-            if fresh and self._rank == 0:
-                _NULLS_REPORTED.update(fresh)
-                # Only the training loader counts for the evaluations' lines (it alone
-                # has a collision counter); --mode test|validate reads no training row.
-                counts = (
-                    " (the training rows' counts per column follow each evaluation, and go to the run log "
-                    "with --log_path)"
-                    if self._collisions is not None
-                    else ", as in training"
-                )
-                print(f"note: dense column(s) {', '.join(fresh)} hold nulls, read as 0{counts}", file=sys.stderr)
+            self._count_nulls(rows.dense_nulls)
         if self._collisions is not None:
             self._collisions.add(rows.keys)
-        return self._builder.bags(rows.dense, rows.ids, rows.lengths, rows.labels, rows.weights, normalizer)
+        result = self._builder.bags(rows.dense, rows.ids, rows.lengths, rows.labels, rows.weights, 1.0)
+        if pin:
+            result = result.pin_memory()
+        # The normalizer is the ranks' sum: the training thread sets it.
+        weight_sum = 0.0 if rows.weights is None else float(np.asarray(rows.weights, dtype=np.float64).sum())
+        return result, weight_sum
+
+    def _count_nulls(self, counts: np.ndarray) -> None:
+        with self._nulls_lock:
+            self._dense_nulls += counts
+            fresh = [n for n, c in zip(self._columns.dense, counts) if c and n not in _NULLS_REPORTED]
+            if not (fresh and self._rank == 0):
+                return
+            _NULLS_REPORTED.update(fresh)
+        # Only the training loader counts for the evaluations' lines (it alone
+        # has a collision counter); --mode test|validate reads no training row.
+        counts_note = (
+            " (the training rows' counts per column follow each evaluation, and go to the run log with --log_path)"
+            if self._collisions is not None
+            else ", as in training"
+        )
+        print(f"note: dense column(s) {', '.join(fresh)} hold nulls, read as 0{counts_note}", file=sys.stderr)
 
     def _value_message(self, pieces: list[_Piece], error: ColumnValueError) -> str:
         """``error`` (its row counted in the pieces' rows) naming file, row group, row and column."""
@@ -421,20 +599,9 @@ class ParquetLoader:
     def _where(self, pieces: list[_Piece], row: int) -> str:
         for piece in pieces:
             if row < piece.table.num_rows:
-                return piece.where(self._dataset, row)
+                return piece.where(self._dataset, self._segments, row)
             row -= piece.table.num_rows
         raise AssertionError(f"row {row} is not in the batch")
-
-
-def _slice_pieces(pieces: list[_Piece], lo: int, hi: int) -> list[_Piece]:
-    """Rows [lo, hi) of the pieces' rows, with their origins."""
-    result, start = [], 0
-    for piece in pieces:
-        first, last = max(lo - start, 0), min(hi - start, piece.table.num_rows)
-        if first < last:
-            result.append(piece.slice(first, last))
-        start += piece.table.num_rows
-    return result
 
 
 def _put(batches: "queue.Queue[Any]", item: Any, stop: threading.Event) -> bool:

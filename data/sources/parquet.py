@@ -15,7 +15,7 @@ from typing import Any
 from common.config_flags import FlagError, flag, option
 from common.url_paths import check_url_path
 from data.parquet.windows import Window, parse_window
-from data.sources.types import BatchLoader, DataSource, FeatureDescription
+from data.sources.types import BatchLoader, DataSource, FeatureDescription, FeedJob
 
 # Choices of the Parquet flags (data/parquet/columns.py implements them; that module
 # needs pyarrow, this one must not).
@@ -57,6 +57,11 @@ class ParquetOptions:
     max_buffered_row_groups: int = flag(
         4, help="Parquet: row groups a rank holds in memory at most (also the --shuffle_training_set window)"
     )
+    data_workers: int | None = flag(
+        None,
+        help="Parquet: threads per rank converting batches (default: the rank's share of the host's cores; "
+        "on CPU they run below training's priority)",
+    )
     time_column: str | None = flag(
         None,
         help="Parquet: timestamp, date or integer column (a Hive partition column such as date counts); "
@@ -90,6 +95,7 @@ class ParquetSource(DataSource):
     path_field = "parquet_path"
     serving_layout = "parquet_columns"
     has_weights = True  # --weight_column names a column
+    uses_feed_group = True  # the ranks agree on each batch (data/parquet/feed.py)
 
     def check_flags(self) -> None:
         config = self.config
@@ -115,6 +121,8 @@ class ParquetSource(DataSource):
             raise FlagError(
                 f"{option(config, 'max_buffered_row_groups')} must be at least 1, got {config.max_buffered_row_groups}"
             )
+        if config.data_workers is not None and config.data_workers < 1:
+            raise FlagError(f"{option(config, 'data_workers')} must be at least 1, got {config.data_workers}")
         validation, test = self.windows()
         if config.time_column is None:
             for window, name in ((validation, "validation_window"), (test, "test_window")):
@@ -159,6 +167,11 @@ class ParquetSource(DataSource):
     # (round trips on object storage): once per source object, one per run.
     _description: FeatureDescription | None = None
     _files: tuple[Any, str, list[str]] | None = None
+    # What the trainer said of the job (`join_job`); the loaders ask it when an epoch starts.
+    _job: FeedJob = FeedJob()
+
+    def join_job(self, job: FeedJob) -> None:
+        self._job = job
 
     def _listing(self) -> tuple[Any, str, list[str]]:
         """(filesystem, root, files) of the table, listed once."""
@@ -311,6 +324,8 @@ class ParquetSource(DataSource):
                 if is_train
                 else None
             ),
+            workers=config.data_workers,
+            job=lambda: self._job,
         )
 
 

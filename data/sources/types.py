@@ -84,6 +84,26 @@ class FeatureDescription:
         return description
 
 
+@dataclass(frozen=True)
+class FeedJob:
+    """What the trainer tells a source of the job once its ranks have joined
+    (`DataSource.join_job`); the defaults are one process on CPU.
+
+    Args:
+        device_type: "cpu" or "cuda", where the batches go.
+        local_world_size: ranks on this host (they share its cores).
+        group: a gloo process group of every rank for the source's own collectives,
+            made only from the thread that iterates the loaders; None on one rank.
+        resumed_world_size: on a resume, the world size of the run that saved the
+            checkpoint (it read the resumed epoch's first batches); else None.
+    """
+
+    device_type: str = "cpu"
+    local_world_size: int = 1
+    group: Any = None
+    resumed_world_size: int | None = None
+
+
 def as_tuple(values: list[int] | None) -> tuple[int, ...] | None:
     return None if values is None else tuple(values)
 
@@ -111,6 +131,8 @@ class DataSource(ABC):
     # Whether its labels can be predicted at all (random data's are coin flips): the
     # end-of-run divergence check (training/divergence.py) compares with a constant predictor.
     labels_carry_signal: ClassVar[bool] = True
+    # Whether its loaders make collectives of their own (`join_job` then gets a group).
+    uses_feed_group: ClassVar[bool] = False
 
     def __init__(self, config: "DataConfig") -> None:
         self.config = config
@@ -131,6 +153,10 @@ class DataSource(ABC):
     def check_multi_hot_sizes(self) -> None:
         """--multi_hot_sizes is given: refused unless the source expands one-hot ids."""
         raise FlagError(f"{option(self.config, 'multi_hot_sizes')} expands one-hot Criteo data, not {self.name} data")
+
+    def join_job(self, job: FeedJob) -> None:  # noqa: B027 (optional: most sources need nothing of the job)
+        """The trainer, once the ranks have joined (before any batch is read): what the
+        loaders, made before or after, may know of the job."""
 
     def serving_facts(self, dataset: Any) -> dict[str, Any]:
         """What a model trained on this data needs at serving besides `describe`'s

@@ -1,7 +1,10 @@
 """--parquet_path: discovery, splits, the per-rank streaming loader, refusals (in process,
 over small Parquet tables written here)."""
 
+import contextlib
+import dataclasses
 import os
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -12,11 +15,14 @@ import pytest
 from common.config_flags import FlagError
 from common.errors import BadInput
 from data.config import DataConfig
+from data.parquet.feed import NICE, default_workers, pins_batches, yields_to_training
 from data.parquet.id_collisions import CollisionCounter
 from data.parquet.id_hashing import embedding_rows, integer_keys
-from data.parquet.loader import ParquetValueError
+from data.parquet.loader import ParquetLoader, ParquetValueError
 from data.parquet.windows import parse_window
 from data.sources import source_for
+from data.sources.types import FeedJob
+from tests.support.thread_ranks import ThreadRanks
 
 # Very different file sizes, and row groups of 1 row among them.
 FILE_ROWS = (1, 57, 3, 0, 23, 9)
@@ -75,22 +81,147 @@ def _epoch(loader, epoch: int = 0, start: int = 0) -> list[list[int]]:
     return [_rids(b) for b in loader]
 
 
+def _rank_loader(config: DataConfig, rank: int, world_size: int, split: str = "train", **options) -> ParquetLoader:
+    """A rank's loader of ``split``, as the source builds it, with ``options`` (agree,
+    job, workers) of its own."""
+    source = source_for(config)
+    dataset = source.open()
+    built = source.loaders(dataset, [97, 1000, 50], rank, world_size)[split]
+    return ParquetLoader(
+        dataset,
+        dataset.splits[split],
+        built._columns,
+        batch_size=config.batch_size,
+        rank=rank,
+        world_size=world_size,
+        shuffle_seed=config.seed if config.shuffle_training_set and split == "train" else None,
+        max_buffered_row_groups=config.max_buffered_row_groups,
+        **options,
+    )
+
+
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_ranks_see_the_one_rank_global_batch(tmp_path, world_size, shuffle):
+def test_an_epoch_reads_the_same_rows_at_every_world_size(tmp_path, world_size, shuffle):
+    """Each rank reads its own share of the epoch's rows: W ranks take the same number of
+    equal batches, as many steps as one rank with a W times larger batch, and together
+    the rows one rank reads (but the fewer than W left over), each once, in every split."""
     _write_table(str(tmp_path))
-    one = _epoch(_loaders(_config(str(tmp_path), batch_size=3 * world_size, shuffle_training_set=shuffle))["train"])
-    per_rank = [
-        _epoch(_loaders(_config(str(tmp_path), batch_size=3, shuffle_training_set=shuffle), rank, world_size)["train"])
+    flags = dict(shuffle_training_set=shuffle, validation_window="0.2", test_window="0.2")
+    alone = _loaders(_config(str(tmp_path), batch_size=3 * world_size, test_batch_size=3 * world_size, **flags))
+    ranks = [
+        _loaders(_config(str(tmp_path), batch_size=3, test_batch_size=3, **flags), rank, world_size)
         for rank in range(world_size)
     ]
-    assert len({len(r) for r in per_rank}) == 1  # every rank the same number of batches
-    # A final global batch of fewer rows than ranks is dropped (data/batching.py).
-    assert all(len(big) < world_size for big in one[len(per_rank[0]) :])
-    for step, big in enumerate(one[: len(per_rank[0])]):
-        joined = [rid for rank in per_rank for rid in rank[step]]
-        assert joined == big[: len(joined)]
-        assert len(big) - len(joined) < world_size  # a final partial batch split evenly
+    for split in ("train", "validation", "test"):
+        one = _epoch(alone[split])
+        per_rank = [_epoch(loaders[split]) for loaders in ranks]
+        steps = len(per_rank[0])
+        assert {len(r) for r in per_rank} == {steps}  # the same number of batches on every rank
+        # As many steps as one rank's, but a final global batch of fewer rows than ranks.
+        assert all(len(big) < world_size for big in one[steps:]) and len(one) - steps <= 1
+        for step in range(steps):
+            assert len({len(rank[step]) for rank in per_rank}) == 1  # equal batches (the last shared evenly)
+            assert len(one[step]) - world_size * len(per_rank[0][step]) < world_size
+        rows = [rid for rank in per_rank for batch in rank for rid in batch]
+        everything = [rid for batch in one for rid in batch]
+        assert len(set(rows)) == len(rows) and set(rows) <= set(everything)
+        assert len(everything) - len(rows) == len(everything) % world_size
+
+
+def test_two_ranks_decode_each_row_of_the_split_once(tmp_path):
+    """The reader's own counters: the rows two ranks converted are the split's rows (1.0
+    of them, not 2.0 as when every rank checked the whole global batch), and pyarrow
+    decoded at most the row group the two shares straddle twice."""
+    _write_table(str(tmp_path), file_rows=(40, 24), row_groups=(7, 5))
+    config = _config(str(tmp_path), batch_size=5, validation_window="0.1", test_window="0.1")
+    rows = source_for(config).open().num_rows("train")
+    assert rows % 2 == 0
+    loaders = [_rank_loader(config, rank, 2) for rank in range(2)]
+    for loader in loaders:
+        list(loader)
+    counters = [loader.statistics()["reader"] for loader in loaders]
+    assert sum(c["rows_decoded"] for c in counters) / rows == 1.0
+    one = _rank_loader(config, 0, 1)
+    list(one)
+    alone = one.statistics()["reader"]
+    assert alone["rows_decoded"] == rows and rows <= alone["rows_read"]
+    assert alone["rows_read"] <= sum(c["rows_read"] for c in counters) <= alone["rows_read"] + 7
+    assert alone["bytes_read"] <= sum(c["bytes_read"] for c in counters)
+
+
+def test_resume_at_another_world_size_reads_the_rest_of_the_epoch(tmp_path):
+    """Two ranks read 3 batches of a shuffled epoch; resumed there on one rank or three
+    (the same global batch of 6 rows), the epoch's other rows follow, each once."""
+    _write_table(str(tmp_path))
+    config = _config(str(tmp_path), batch_size=3, shuffle_training_set=True)
+    epoch = sorted(
+        r for b in _epoch(_loaders(_config(str(tmp_path), batch_size=6, shuffle_training_set=True))["train"]) for r in b
+    )
+    read = [rid for rank in range(2) for batch in list(_rank_loader(config, rank, 2))[:3] for rid in _rids(batch)]
+    for world_size in (1, 3):
+        resumed = dataclasses.replace(config, batch_size=6 // world_size)
+        rest = []
+        for rank in range(world_size):
+            loader = _rank_loader(resumed, rank, world_size, job=lambda: FeedJob(resumed_world_size=2))
+            loader.set_epoch(0, 3)
+            batches = [_rids(b) for b in loader]
+            assert len(batches) == len(loader) - 3
+            rest += [rid for batch in batches for rid in batch]
+        rows = read + rest
+        assert len(set(rows)) == len(rows) and set(rows) <= set(epoch)
+        assert len(epoch) - len(rows) < world_size * 2
+
+
+def test_workers_convert_the_same_batches_in_order(tmp_path):
+    """Three converting threads hand out the batches one thread does, bit for bit, in
+    order; on CPU they run at a lower priority than the thread that iterates."""
+    import torch
+
+    _write_table(str(tmp_path))
+    config = _config(str(tmp_path), shuffle_training_set=True, weight_column="I2", dense_columns="rid")
+    niceness = []
+
+    def batches(workers: int) -> list:
+        out = []
+        for batch in _rank_loader(config, 0, 1, workers=workers):
+            for thread in threading.enumerate():
+                if thread.name.startswith("parquet-") and thread.native_id is not None:
+                    with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+                        niceness.append(os.getpriority(os.PRIO_PROCESS, thread.native_id))
+            out.append(batch)
+        return out
+
+    one, three = batches(1), batches(3)
+    assert len(one) == len(three)
+    for a, b in zip(one, three):
+        assert torch.equal(a.dense_features, b.dense_features) and torch.equal(a.labels, b.labels)
+        assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
+        assert torch.equal(a.sparse_features.lengths(), b.sparse_features.lengths())
+        assert torch.equal(a.weights, b.weights) and torch.equal(a.weight_normalizer, b.weight_normalizer)
+    main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert niceness and min(niceness) == min(19, main + NICE)
+
+
+def test_what_the_job_decides_of_the_feed():
+    """CUDA batches are pinned by the workers, CPU ones are not; on CPU the feed yields
+    the cores to training; unset, --data_workers is the rank's share of the cores."""
+    assert pins_batches("cuda") and not pins_batches("cpu")
+    assert yields_to_training("cpu") and not yields_to_training("cuda")
+    assert [default_workers(n, cores=16) for n in (1, 2, 8, 32)] == [16, 8, 2, 1]
+
+
+def test_data_workers_default_to_the_ranks_share_of_the_cores(tmp_path):
+    from common.cores import rank_cpu_share
+
+    _write_table(str(tmp_path))
+    config = _config(str(tmp_path))
+    source = source_for(config)
+    loader = source.loaders(source.open(), [97, 1000, 50], 0, 2)["train"]
+    source.join_job(FeedJob(local_world_size=2))
+    assert loader.workers() == rank_cpu_share(2) and loader.prefetch_depth() == max(2, 2 * rank_cpu_share(2))
+    source = source_for(_config(str(tmp_path), data_workers=3))
+    assert source.loaders(source.open(), [97, 1000, 50], 0, 2)["train"].workers() == 3
 
 
 def test_every_training_row_once_in_file_order(tmp_path):
@@ -323,33 +454,57 @@ def test_bad_value_names_file_row_group_row_column(tmp_path, column, value, what
 
 def test_a_footer_that_lies_about_a_row_group_stops_every_rank_at_the_same_batch(tmp_path):
     """Row group 0 of part-01 holds 10 rows and its footer says 12: pyarrow reads the
-    10 and the splits count 12. Each rank reads the whole global batch's row groups, so
-    both raise the same line at the same batch (training: exit 2 on every rank)."""
+    10 and the splits count 12. The rank whose share holds it finds it; the ranks agree
+    on every batch, so both raise its line at the same batch (training: exit 2 on every
+    rank)."""
     from tests.support.hostile import rewrite_row_group_rows
 
     _write_table(str(tmp_path), file_rows=(20, 20), row_groups=(4, 10))
     path = str(tmp_path / "part-01.parquet")
     rewrite_row_group_rows(path, 0, 12)
     config = _config(str(tmp_path), batch_size=2, validation_window="0.05", test_window="0.05")
-    stops = []
-    for rank in range(2):
+    ranks = ThreadRanks(2)
+
+    def stop(rank: int) -> tuple[int, str]:
+        loader = _rank_loader(config, rank, 2, agree=ranks.agreement(rank))
         batches = 0
         with pytest.raises(ParquetValueError) as caught:
-            for _ in _loaders(config, rank, 2)["train"]:
+            for _ in loader:
                 batches += 1
-        stops.append((batches, str(caught.value)))
-    # Rows 20-23 (global batch 5) are the first of the lying row group.
-    assert (
-        stops
-        == [
-            (
-                5,
-                f"{path}: row group 0 holds 10 rows, but the file's footer says 12 (a corrupt or "
-                "rewritten footer) (batch 5 of the split)",
-            )
-        ]
-        * 2
+        assert caught.value.seen_by_every_rank
+        return batches, str(caught.value)
+
+    stops = ranks.run(stop)
+    # 38 training rows (the footers' count): rank 1's share is rows 19-37, the lying
+    # row group in its first batch; rank 0's is part-00 alone.
+    line = (
+        f"{path}: row group 0 holds 10 rows, but the file's footer says 12 (a corrupt or "
+        "rewritten footer) (batch 0 of the split)"
     )
+    assert stops == [(0, line)] * 2
+
+
+def test_a_bad_value_in_one_ranks_rows_stops_every_rank_at_that_batch(tmp_path):
+    """A NaN in rank 1's rows of batch 2: rank 1 alone converts them, the ranks agree on
+    each batch, and both raise its line there (nothing of batch 2 is handed out)."""
+    _write_table(str(tmp_path), file_rows=(20, 20), row_groups=(4, 4))
+    path = str(tmp_path / "part-01.parquet")
+    table = pq.read_table(path)
+    values = table.column("I2").to_pylist()
+    values[3] = float("nan")  # rank 1's share: rows 18-35 (part-00 18-19, part-01 0-15), its batch 2 rows 4-5
+    pq.write_table(table.set_column(table.schema.get_field_index("I2"), "I2", pa.array(values)), path, row_group_size=4)
+    config = _config(str(tmp_path), batch_size=2, validation_window="0.05", test_window="0.05")
+    ranks = ThreadRanks(2)
+
+    def stop(rank: int) -> tuple[int, str]:
+        batches = 0
+        with pytest.raises(ParquetValueError) as caught:
+            for _ in _rank_loader(config, rank, 2, agree=ranks.agreement(rank)):
+                batches += 1
+        return batches, str(caught.value)
+
+    line = f"{path}: row group 0, row 3, column I2: dense value nan is not finite (batch 2 of the split)"
+    assert ranks.run(stop) == [(2, line)] * 2
 
 
 @pytest.mark.parametrize(
@@ -364,6 +519,7 @@ def test_a_footer_that_lies_about_a_row_group_stops_every_rank_at_the_same_batch
         (dict(test_window="1.5"), "--test_window 1.5: a fraction must be between 0 and 1"),
         (dict(rolling_windows=3), "--rolling_windows splits the data by time: give --time_column"),
         (dict(max_buffered_row_groups=0), "--max_buffered_row_groups must be at least 1"),
+        (dict(data_workers=0), "--data_workers must be at least 1, got 0"),
     ],
 )
 def test_flag_refusals(tmp_path, flags, message):
@@ -383,13 +539,28 @@ def test_parquet_flags_need_parquet_path(flags):
 
 
 def test_weight_column_with_parquet(tmp_path):
-    _write_table(str(tmp_path))
+    """Each rank's batch carries its rows' weights and the normalizer of the global
+    batch: both ranks' weight sums (agreed on), over the ranks."""
+    _write_table(str(tmp_path), file_rows=(12,), row_groups=(5,))
     config = _config(str(tmp_path), dense_columns="rid", weight_column="I2", batch_size=3)
-    ranks = [_loaders(config, rank, 2)["train"] for rank in range(2)]
-    first = [next(iter(loader)) for loader in ranks]
-    weights = pq.read_table(str(tmp_path), columns=["I2"]).column("I2").to_numpy()[:6]
+    ranks = ThreadRanks(2)
+    first = ranks.run(lambda rank: next(iter(_rank_loader(config, rank, 2, agree=ranks.agreement(rank)))))
+    weights = pq.read_table(str(tmp_path), columns=["I2"]).column("I2").to_numpy()
+    share = source_for(config).open().num_rows("train") // 2
     assert np.allclose(first[0].weights.numpy(), weights[:3])
-    assert np.isclose(float(first[1].weight_normalizer), weights.sum() / 2)
+    assert np.allclose(first[1].weights.numpy(), weights[share : share + 3])
+    expected = (weights[:3].sum() + weights[share : share + 3].sum()) / 2
+    assert all(np.isclose(float(batch.weight_normalizer), expected) for batch in first)
+
+
+def test_one_rank_normalizes_the_weighted_loss_by_its_batch_weight_sum(tmp_path):
+    """One rank's normalizer is its batch's weight sum, as the binary layouts' (it was 1:
+    a weighted sum of the losses, not their weighted mean)."""
+    _write_table(str(tmp_path), file_rows=(12,), row_groups=(5,))
+    config = _config(str(tmp_path), dense_columns="rid", weight_column="I2", batch_size=4)
+    batch = next(iter(_loaders(config)["train"]))
+    weights = pq.read_table(str(tmp_path), columns=["I2"]).column("I2").to_numpy()[:4]
+    assert np.isclose(float(batch.weight_normalizer), weights.sum())
 
 
 def test_windows_parse():

@@ -119,22 +119,23 @@ def _stopped_two_rank_run(table: str, tmp_path, capfd) -> tuple[list[str], str]:
 
 @pytest.mark.slow
 def test_a_bad_value_mid_stream_stops_every_rank_at_the_same_batch(tmp_path, capfd):
-    """A NaN in rank 1's rows of step 2: every rank checks the whole global batch, so
-    both stop there with exit 2 and the job prints one line naming file, row group, row
-    and column (before, rank 1 alone failed and rank 0 lost its peer)."""
+    """A NaN in rank 1's rows of step 2: rank 1 alone reads them (each rank reads its
+    own share of the epoch), the ranks agree on every batch over the feed's gloo group,
+    so both stop there with exit 2 and the job prints one line naming file, row group,
+    row and column (before, rank 1 alone failed and rank 0 lost its peer)."""
     table = str(tmp_path / "clicks")
     write_click_log(table)
-    # Step 2 (global rows 64-95 of 16 + 16): rank 1 reads rows 80-95, the day's second
-    # file's rows 10-25.
-    path = os.path.join(table, "date=2026-11-01", "part-1.parquet")
+    # The 240 training rows (days 1-2) in two shares of 120: rank 1 reads day 2, its
+    # batch 2 the first file's rows 32-47 (row groups of 13: row 40 is in row group 3).
+    path = os.path.join(table, "date=2026-11-02", "part-0.parquet")
     rows = pq.read_table(path)
     dense = rows.column("I1").to_numpy(zero_copy_only=False).copy()
-    dense[12] = np.nan
-    pq.write_table(rows.set_column(rows.schema.get_field_index("I1"), "I1", pa.array(dense)), path, row_group_size=50)
+    dense[40] = np.nan
+    pq.write_table(rows.set_column(rows.schema.get_field_index("I1"), "I1", pa.array(dense)), path, row_group_size=13)
     errors, log = _stopped_two_rank_run(table, tmp_path, capfd)
     assert len(errors) == 1 and re.fullmatch(
-        rf"dlrm_main.py: error: bad data, found at step \d \(epoch 0, training\): {re.escape(path)}: row group 0, "
-        r"row 12, column I1: dense value nan is not finite \(batch 2 of the split\)",
+        rf"dlrm_main.py: error: bad data, found at step \d \(epoch 0, training\): {re.escape(path)}: row group 3, "
+        r"row 40, column I1: dense value nan is not finite \(batch 2 of the split\)",
         errors[0],
     ), errors
     assert len(step_losses(read_log(log))) <= 2  # nothing trained on batch 2 or after
@@ -142,21 +143,21 @@ def test_a_bad_value_mid_stream_stops_every_rank_at_the_same_batch(tmp_path, cap
 
 @pytest.mark.slow
 def test_a_footer_that_lies_stops_every_rank_at_the_same_batch(tmp_path, capfd):
-    """The second file of the first day holds 50 rows in its one row group and its
-    footer (rewritten) says 60: before, the splits counted 60 and training read on into
-    a NaN loss; now both ranks stop at the batch that reads it, exit 2, with one line
-    naming the file and row group."""
+    """Row group 3 of the first day's first file holds 13 rows and its footer (rewritten)
+    says 23: before, the splits counted 23 and training read on into a NaN loss; now
+    the rank reading it flags the batch, and both ranks stop there, exit 2, with one
+    line naming the file and row group."""
     from tests.support.hostile import rewrite_row_group_rows
 
     table = str(tmp_path / "clicks")
     write_click_log(table)
-    path = os.path.join(table, "date=2026-11-01", "part-1.parquet")
-    rewrite_row_group_rows(path, 0, 60)
+    path = os.path.join(table, "date=2026-11-01", "part-0.parquet")
+    rewrite_row_group_rows(path, 3, 23)
     errors, log = _stopped_two_rank_run(table, tmp_path, capfd)
-    # Global batch 2 (rows 64-95) holds the first day's first file's last 6 rows, then this file's.
+    # Rank 0's share starts with this file; its batch 2 (rows 32-47) is the first to reach row 39.
     assert len(errors) == 1 and re.fullmatch(
-        rf"dlrm_main.py: error: bad data, found at step \d \(epoch 0, training\): {re.escape(path)}: row group 0 "
-        r"holds 50 rows, but the file's footer says 60 \(a corrupt or rewritten footer\) \(batch 2 of the split\)",
+        rf"dlrm_main.py: error: bad data, found at step \d \(epoch 0, training\): {re.escape(path)}: row group 3 "
+        r"holds 13 rows, but the file's footer says 23 \(a corrupt or rewritten footer\) \(batch 2 of the split\)",
         errors[0],
     ), errors
     assert len(step_losses(read_log(log))) <= 2

@@ -84,9 +84,7 @@ class HistoryFlags:
         None, help="an event enters histories when this column is true or 1 (default: every event does)"
     )
     max_history: int = flag(50, parse=positive_int, help="the most items a history holds (the newest)")
-    aggregates: bool = flag(
-        False, help="also write the user's and the item's past events, positives and positive rate"
-    )
+    aggregates: bool = flag(False, help="also write the user's and the item's past events, positives and positive rate")
     overwrite: bool = flag(False, help="replace a non-empty --output_dir (else refused)")
 
 
@@ -269,13 +267,17 @@ class HistoryState:
         end = offsets[ordered.run] + available
         for run in np.flatnonzero((block_lengths > 0) & (ordered.run_keys >= 0)):
             stop = int(offsets[run] + totals[run])
-            self.last[int(ordered.run_keys[run])] = timeline[max(stop - self.max_history, int(offsets[run])) : stop].copy()
+            self.last[int(ordered.run_keys[run])] = timeline[
+                max(stop - self.max_history, int(offsets[run])) : stop
+            ].copy()
         start, out_length = np.empty_like(end), np.empty_like(length)
         start[ordered.order], out_length[ordered.order] = end - length, length
         return BlockHistories(timeline, start, out_length)
 
 
-def time_blocks(bounds: Sequence[Sequence[tuple[int, int]]], row_counts: Sequence[Sequence[int]]) -> list[list[tuple[int, int]]]:
+def time_blocks(
+    bounds: Sequence[Sequence[tuple[int, int]]], row_counts: Sequence[Sequence[int]]
+) -> list[list[tuple[int, int]]]:
     """The (file, row group) pairs in blocks, in time order: row groups whose time
     ranges ``bounds[f][g]`` (min, max) overlap or touch are in one block, so every event
     of a block is strictly later than every event of the blocks before. A row group
@@ -283,7 +285,9 @@ def time_blocks(bounds: Sequence[Sequence[tuple[int, int]]], row_counts: Sequenc
     spans = sorted(
         (lo, hi, f, g) for f, per_file in enumerate(bounds) for g, (lo, hi) in enumerate(per_file) if row_counts[f][g]
     )
-    blocks: list[list[tuple[int, int]]] = [[(f, g)] for f, per_file in enumerate(row_counts) for g, n in enumerate(per_file) if not n]
+    blocks: list[list[tuple[int, int]]] = [
+        [(f, g)] for f, per_file in enumerate(row_counts) for g, n in enumerate(per_file) if not n
+    ]
     latest = None
     for lo, hi, f, g in spans:
         if latest is None or lo > latest:
@@ -339,7 +343,9 @@ def open_table(flags: HistoryFlags) -> _Table:
         kind = schema.field(columns[name]).type
         reason = _key_type_error(kind)
         if reason is not None:
-            raise BadInput(f"{first}: {name} {columns[name]} is {kind}: {reason}; give a column of integer or string ids")
+            raise BadInput(
+                f"{first}: {name} {columns[name]} is {kind}: {reason}; give a column of integer or string ids"
+            )
     kind = time_kind(schema.field(flags.time_column).type)
     if kind is None:
         raise BadInput(
@@ -538,7 +544,10 @@ def build_histories(flags: HistoryFlags) -> HistorySummary:
                 histories = state.advance(user_codes, item_codes, times, positive)
                 extra: list[np.ndarray] = []
                 if flags.aggregates:
-                    extra = [*user_counts.past(user_codes, times, positive), *item_counts.past(item_codes, times, positive)]
+                    extra = [
+                        *user_counts.past(user_codes, times, positive),
+                        *item_counts.past(item_codes, times, positive),
+                    ]
                 first = 0
                 for (f, g), size in zip(block, sizes):
                     writer.add(f, g, _columns(histories, items, extra, first, first + size))

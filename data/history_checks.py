@@ -109,10 +109,14 @@ class FirstEventTimes:
         names = [user_column, item_column, time_column] + ([positive_column] if positive_column else [])
         for name in names:
             if name not in schema.names:
-                raise BadInput(f"{footers[0].path}: column {name}: no such column (the table has {', '.join(schema.names)})")
+                raise BadInput(
+                    f"{footers[0].path}: column {name}: no such column (the table has {', '.join(schema.names)})"
+                )
         kind = time_kind(schema.field(time_column).type)
         if kind is None:
-            raise BadInput(f"{footers[0].path}: column {time_column} is {schema.field(time_column).type}, which is no time")
+            raise BadInput(
+                f"{footers[0].path}: column {time_column} is {schema.field(time_column).type}, which is no time"
+            )
         partial: list[pa.Table] = []
         for footer in footers:
             for g in range(len(footer.row_group_rows)):

@@ -131,7 +131,7 @@ class _Users:
     def __init__(self, spec: SyntheticHistoriesSpec) -> None:
         rng = np.random.default_rng([spec.seed, 1])
         self.taste = rng.integers(0, spec.categories, spec.users)
-        self.clicked = [deque(maxlen=spec.memory) for _ in range(spec.users)]
+        self.clicked: list[deque[int]] = [deque(maxlen=spec.memory) for _ in range(spec.users)]
 
 
 def _day_rows(spec: SyntheticHistoriesSpec, world: _World, users: _Users, day: int) -> pa.Table:

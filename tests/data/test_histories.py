@@ -13,7 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.errors import EXIT_BAD_INPUT
+from data import synthetic_histories
 from data.histories import HistoryFlags, build_histories, main, time_blocks
+from tests.support.doc_commands import commands_starting, with_flags
 
 FLAGS = ["--user_column", "user", "--item_column", "item", "--time_column", "ts"]
 
@@ -89,7 +91,9 @@ def logs(draw):
                     ),
                     "ts": pa.array(draw(st.lists(st.integers(0, 4), min_size=n, max_size=n)), pa.int64())
                     if d == 0 or not draw(st.booleans())
-                    else pa.array([10 * d + t for t in draw(st.lists(st.integers(0, 4), min_size=n, max_size=n))], pa.int64()),
+                    else pa.array(
+                        [10 * d + t for t in draw(st.lists(st.integers(0, 4), min_size=n, max_size=n))], pa.int64()
+                    ),
                     "label": pa.array(draw(st.lists(st.sampled_from([0, 1, None]), min_size=n, max_size=n)), pa.int8()),
                 }
             )
@@ -166,8 +170,14 @@ def test_layout_and_schema_follow_the_input(tmp_path):
         ]
     )
     assert code == 0
-    found = sorted(os.path.relpath(os.path.join(d, f), tmp_path / "out") for d, _, fs in os.walk(tmp_path / "out") for f in fs)
-    assert found == ["date=2026-11-01/part-0.parquet", "date=2026-11-01/part-1.parquet", "date=2026-11-02/part-0.parquet"]
+    found = sorted(
+        os.path.relpath(os.path.join(d, f), tmp_path / "out") for d, _, fs in os.walk(tmp_path / "out") for f in fs
+    )
+    assert found == [
+        "date=2026-11-01/part-0.parquet",
+        "date=2026-11-01/part-1.parquet",
+        "date=2026-11-02/part-0.parquet",
+    ]
     written = pq.ParquetFile(tmp_path / "out" / "date=2026-11-01" / "part-1.parquet")
     assert [written.metadata.row_group(g).num_rows for g in range(written.num_row_groups)] == [4, 2]
     schema = written.schema_arrow
@@ -185,7 +195,10 @@ def test_layout_and_schema_follow_the_input(tmp_path):
     ]
     assert schema.field("ts").type == pa.timestamp("ms", tz="UTC")
     assert schema.field("item_history").type == pa.list_(pa.int32())
-    assert schema.field("user_past_events").type == pa.int64() and schema.field("item_past_positive_rate").type == pa.float64()
+    assert (
+        schema.field("user_past_events").type == pa.int64()
+        and schema.field("item_past_positive_rate").type == pa.float64()
+    )
     # part-1 repeats part-0's times: each row sees both files' earlier rows, part-0's first
     assert written.read().column("item_history").to_pylist() == [[], [], [5, 5], [6, 6], [5, 5, 7, 7], [6, 6, 5, 5]]
     following = pq.read_table(tmp_path / "out" / "date=2026-11-02" / "part-0.parquet")
@@ -266,3 +279,18 @@ def test_a_null_time_names_file_row_group_row_and_column(tmp_path, capsys):
     line = bad(tmp_path, capsys, argv)
     assert "part-0.parquet: row group 0, row 1, column ts: the time is null" in line
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_the_documented_lines_run(tmp_path, monkeypatch, capsys):
+    """docs/data.md's Histories block, on 4 days of 500 rows: generate, then build the
+    histories and aggregates it names, in the directories it names."""
+    (generate,) = commands_starting("docs/data.md", "python", "-m", "data.synthetic_histories")
+    (histories,) = commands_starting("docs/data.md", "python", "-m", "data.histories")
+    monkeypatch.chdir(tmp_path)
+    assert synthetic_histories.main(with_flags(generate, ["--rows_per_day", "500", "--users", "50"])[3:]) == 0
+    assert main(histories[3:]) == 0
+    out = capsys.readouterr().out
+    assert "histories: 2000 rows in 4 files at data_cache/sessions_history" in out
+    written = pq.read_table(tmp_path / "data_cache" / "sessions_history")
+    assert {"item_id_history", "user_id_past_positive_rate", "item_id_past_events"} <= set(written.schema.names)
+    assert max(len(h) for h in written.column("item_id_history").to_pylist()) > 1

@@ -21,17 +21,18 @@ and item columns' names): the events and positive events of the row's user (item
 strictly before the row's time, and their ratio (null without a past event).
 
 Streaming and memory: the row groups are taken in time order, in blocks: row groups
-whose time ranges overlap (or touch: a tie) form one block, the rows of which are
-sorted by user and time together; a user's last ``--max_history`` positive items are
-carried from block to block (a history spans days). Memory is bounded by
+whose time ranges overlap form one block, the rows of which are sorted by user and
+time together; a user's last ``--max_history`` positive items are carried from block
+to block (a history spans days). The events at a block's latest time are held and
+come again with the next block, whose first rows may tie with them. Memory is bounded by
 
-    users x max_history x 8 bytes (+ about 200 bytes a user)   the carried histories
+    users x max_history x 4 bytes                             the carried histories
     + distinct users and items (each value once)              their codes
-    + about 40 bytes x the rows of the largest block          keys of the block
+    + about 40 bytes x the rows of the largest block          keys of the block, held ties
     + one row group of every column, being written
 
 A log appended in time (row groups in time order, as lakes write them) has blocks of
-about one row group. A log whose row groups all span the same time (partitioned by
+one row group. A log whose row groups all span the same time (partitioned by
 user, say) is one block: sort it by time first. The summary line says the largest
 block's rows. Row times are taken from row-group statistics (or a partition value) to
 order the row groups, as the time split does (data/parquet/split.py).
@@ -41,7 +42,7 @@ import os
 import posixpath
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -115,36 +116,60 @@ def _key_type_error(kind: pa.DataType) -> str | None:
 
 class Vocabulary:
     """Dense codes 0, 1, ... of the values seen, in order of first sight (a user's or
-    an item's); its values in code order, as Arrow chunks."""
+    an item's), and the values of codes. Integers are looked up in a sorted array,
+    strings in a dict."""
 
     def __init__(self, kind: pa.DataType) -> None:
         self.kind = kind
-        self._index: dict[object, int] = {}
+        self._integers = pa.types.is_integer(kind)
+        dtype = kind.to_pandas_dtype() if self._integers else object
+        self._sorted = np.zeros(0, dtype=dtype)  # integers: the values seen, sorted
+        self._sorted_codes = _EMPTY
+        self._by_code = np.zeros(0, dtype=dtype)  # integers: the values in code order
+        self._index: dict[object, int] = {}  # other ids
         self._chunks: list[pa.Array] = []
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self._by_code) if self._integers else len(self._index)
 
     def codes(self, values: pa.Array) -> np.ndarray:
         """Each value's code (-1 for a null), new values added."""
+        null = pc.is_null(values).to_numpy(zero_copy_only=False)
+        out = np.full(len(values), -1, dtype=np.int64)
+        if null.all():
+            return out
+        if self._integers:
+            given = values.filter(pc.invert(pc.is_null(values))).to_numpy(zero_copy_only=False)
+            unique, inverse = np.unique(given, return_inverse=True)
+            at = np.searchsorted(self._sorted, unique)
+            found = at < len(self._sorted)
+            found[found] = self._sorted[at[found]] == unique[found]
+            codes = np.empty(len(unique), dtype=np.int64)
+            codes[found] = self._sorted_codes[at[found]]
+            fresh = np.arange(len(self), len(self) + int((~found).sum()), dtype=np.int64)
+            codes[~found] = fresh
+            self._sorted = np.insert(self._sorted, at[~found], unique[~found])
+            self._sorted_codes = np.insert(self._sorted_codes, at[~found], fresh)
+            self._by_code = np.concatenate([self._by_code, unique[~found]])
+            out[~null] = codes[inverse.reshape(-1)]
+            return out
         unique = pc.unique(values.drop_null())
         seen = unique.to_pylist()
-        fresh = [v for v in seen if v not in self._index]
-        for value in fresh:
+        new = [v for v in seen if v not in self._index]
+        for value in new:
             self._index[value] = len(self._index)
-        if fresh:
-            self._chunks.append(pa.array(fresh, type=self.kind))
+        if new:
+            self._chunks.append(pa.array(new, type=self.kind))
             if len(self._chunks) > 64:  # ChunkedArray.take walks the chunks
                 self._chunks = [pa.concat_arrays(self._chunks)]
-        if not seen:
-            return np.full(len(values), -1, dtype=np.int64)
         known = np.fromiter((self._index[v] for v in seen), dtype=np.int64, count=len(seen))
-        position = pc.index_in(values, value_set=unique)
-        where = position.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        where = pc.index_in(values, value_set=unique).fill_null(-1).to_numpy(zero_copy_only=False)
         return np.where(where >= 0, known[np.maximum(where, 0)], -1)
 
     def values(self, codes: np.ndarray) -> pa.Array:
         """The values of ``codes`` (all valid)."""
+        if self._integers:
+            return pa.array(self._by_code[codes], type=self.kind)
         if not self._chunks:
             return pa.array([], type=self.kind)
         return pa.chunked_array(self._chunks, type=self.kind).take(pa.array(codes)).combine_chunks()
@@ -200,9 +225,11 @@ class _Counts:
     events: np.ndarray = field(default_factory=lambda: _EMPTY.copy())
     positives: np.ndarray = field(default_factory=lambda: _EMPTY.copy())
 
-    def past(self, codes: np.ndarray, times: np.ndarray, positive: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def past(
+        self, codes: np.ndarray, times: np.ndarray, positive: np.ndarray, commit: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Each row's key's events and positives strictly before its time (0 for a null
-        key); then counts the rows in."""
+        key); then counts the rows of ``commit`` in (the others come again, held)."""
         size = max(int(codes.max(initial=-1)) + 1, 1)  # a null key looks up code 0, then drops it
         if size > len(self.events):
             self.events = np.pad(self.events, (0, size - len(self.events)))
@@ -213,8 +240,9 @@ class _Counts:
         safe = np.maximum(ordered.keys, 0)
         events = np.where(valid, ordered.before(valid.astype(np.int64)) + self.events[safe], 0)
         positives = np.where(valid, ordered.before(pos.astype(np.int64)) + self.positives[safe], 0)
-        self.events += np.bincount(ordered.keys[valid], minlength=len(self.events))
-        self.positives += np.bincount(ordered.keys[pos], minlength=len(self.positives))
+        counted = valid & commit[ordered.order]
+        self.events += np.bincount(ordered.keys[counted], minlength=len(self.events))
+        self.positives += np.bincount(ordered.keys[pos & counted], minlength=len(self.positives))
         out_events, out_positives = np.empty_like(events), np.empty_like(positives)
         out_events[ordered.order], out_positives[ordered.order] = events, positives
         return out_events, out_positives
@@ -232,7 +260,7 @@ class BlockHistories:
 
 class HistoryState:
     """Each user's last ``max_history`` positive items (codes), carried from block to
-    block: the only state that spans the log.
+    block: the only state that spans the log, users x max_history x 4 bytes.
 
     Args:
         max_history: the most items a history holds.
@@ -240,24 +268,36 @@ class HistoryState:
 
     def __init__(self, max_history: int) -> None:
         self.max_history = max_history
-        self.last: dict[int, np.ndarray] = {}
+        self.tails = np.zeros((0, max_history), dtype=np.int32)  # a user's items, oldest first
+        self.lengths = np.zeros(0, dtype=np.int64)
 
-    def advance(self, users: np.ndarray, items: np.ndarray, times: np.ndarray, positive: np.ndarray) -> BlockHistories:
+    def _grow(self, users: int) -> None:
+        if users > len(self.lengths):
+            size = max(users, 2 * len(self.lengths))
+            self.tails = np.concatenate([self.tails, np.zeros((size - len(self.tails), self.max_history), np.int32)])
+            self.lengths = np.pad(self.lengths, (0, size - len(self.lengths)))
+
+    def advance(
+        self, users: np.ndarray, items: np.ndarray, times: np.ndarray, positive: np.ndarray, commit: np.ndarray
+    ) -> BlockHistories:
         """The histories of a block's rows (user and item codes, -1 null; times; whether
-        each is a positive event), every event of the block later than every event
-        carried; then carries the block's positives."""
+        each is a positive event), every event of the block at or after every event
+        carried; then carries the block's positives of ``commit`` (the block's events
+        at its latest time are held instead, and come again with the next block: they
+        are not in the history of a row at that time, and are in a later row's)."""
         ordered = _Sorted.of(users, times)
         valid = ordered.keys >= 0
         pos = positive[ordered.order] & valid & (items[ordered.order] >= 0)
-        carried = [self.last.get(int(u), _EMPTY) if u >= 0 else _EMPTY for u in ordered.run_keys]
-        carried_lengths = np.fromiter((len(a) for a in carried), dtype=np.int64, count=len(carried))
-        block_lengths = np.bincount(ordered.run[pos], minlength=len(carried)).astype(np.int64)
+        run_users = np.maximum(ordered.run_keys, 0)
+        self._grow(int(run_users.max(initial=0)) + 1)
+        carried_lengths = np.where(ordered.run_keys >= 0, self.lengths[run_users], 0)
+        block_lengths = np.bincount(ordered.run[pos], minlength=len(run_users)).astype(np.int64)
         totals = carried_lengths + block_lengths
         offsets = np.cumsum(totals) - totals
         # A user's timeline: the carried items, then the block's positives in time order.
         timeline = np.empty(int(totals.sum()), dtype=np.int64)
-        if carried_lengths.sum():
-            timeline[_ranges(offsets, carried_lengths)] = np.concatenate(carried)
+        within = _ranges(np.zeros_like(carried_lengths), carried_lengths)
+        timeline[_ranges(offsets, carried_lengths)] = self.tails[np.repeat(run_users, carried_lengths), within]
         rank = np.cumsum(pos) - pos
         rank -= rank[ordered.key_first]
         run_pos = ordered.run[pos]
@@ -265,11 +305,14 @@ class HistoryState:
         available = carried_lengths[ordered.run] + ordered.before(pos.astype(np.int64))
         length = np.where(valid, np.minimum(available, self.max_history), 0)
         end = offsets[ordered.run] + available
-        for run in np.flatnonzero((block_lengths > 0) & (ordered.run_keys >= 0)):
-            stop = int(offsets[run] + totals[run])
-            self.last[int(ordered.run_keys[run])] = timeline[
-                max(stop - self.max_history, int(offsets[run])) : stop
-            ].copy()
+        # A user's positives at the block's latest time end its timeline: they are held.
+        committed = np.bincount(ordered.run[pos & commit[ordered.order]], minlength=len(run_users)).astype(np.int64)
+        runs = np.flatnonzero((committed > 0) & (ordered.run_keys >= 0))
+        kept = np.minimum(carried_lengths[runs] + committed[runs], self.max_history)
+        source = offsets[runs] + carried_lengths[runs] + committed[runs] - kept
+        rows = np.repeat(run_users[runs], kept)
+        self.tails[rows, _ranges(np.zeros_like(kept), kept)] = timeline[_ranges(source, kept)]
+        self.lengths[run_users[runs]] = kept
         start, out_length = np.empty_like(end), np.empty_like(length)
         start[ordered.order], out_length[ordered.order] = end - length, length
         return BlockHistories(timeline, start, out_length)
@@ -279,9 +322,9 @@ def time_blocks(
     bounds: Sequence[Sequence[tuple[int, int]]], row_counts: Sequence[Sequence[int]]
 ) -> list[list[tuple[int, int]]]:
     """The (file, row group) pairs in blocks, in time order: row groups whose time
-    ranges ``bounds[f][g]`` (min, max) overlap or touch are in one block, so every event
-    of a block is strictly later than every event of the blocks before. A row group
-    without rows is a block of its own."""
+    ranges ``bounds[f][g]`` (min, max) overlap are in one block, so every event of a
+    block is at or after every event of the blocks before (at: a tie at the boundary,
+    which `HistoryState` holds). A row group without rows is a block of its own."""
     spans = sorted(
         (lo, hi, f, g) for f, per_file in enumerate(bounds) for g, (lo, hi) in enumerate(per_file) if row_counts[f][g]
     )
@@ -290,7 +333,7 @@ def time_blocks(
     ]
     latest = None
     for lo, hi, f, g in spans:
-        if latest is None or lo > latest:
+        if latest is None or lo >= latest:
             blocks.append([])
             latest = hi
         blocks[-1].append((f, g))
@@ -487,6 +530,29 @@ def _rate(events: np.ndarray, positives: np.ndarray) -> pa.Array:
 
 
 @dataclass
+class _Events:
+    """Events as codes: user and item (-1 null), time, whether positive."""
+
+    users: np.ndarray
+    items: np.ndarray
+    times: np.ndarray
+    positive: np.ndarray
+
+    @classmethod
+    def none(cls) -> "_Events":
+        return cls(_EMPTY, _EMPTY, _EMPTY, np.zeros(0, dtype=bool))
+
+    def __len__(self) -> int:
+        return len(self.users)
+
+    def then(self, later: "_Events") -> "_Events":
+        return _Events(*(np.concatenate([a, b]) for a, b in zip(vars(self).values(), vars(later).values())))
+
+    def select(self, rows: np.ndarray) -> "_Events":
+        return _Events(*(a[rows] for a in vars(self).values()))
+
+
+@dataclass
 class HistorySummary:
     """What a run wrote: rows, files, users, mean history length, the largest block."""
 
@@ -535,26 +601,38 @@ def build_histories(flags: HistoryFlags) -> HistorySummary:
         with atomic_dir(flags.output_dir, replace=flags.overwrite) as staging:
             writer = _Writer(table, staging, fields)
             writer.close_empty_files()
+            held = _Events.none()
             for block in time_blocks(index.bounds, [f.row_group_rows for f in footers]):
                 keys, sizes = _block_keys(table, flags, block)
-                user_codes = users.codes(keys.column(flags.user_column).combine_chunks())
-                item_codes = items.codes(keys.column(flags.item_column).combine_chunks())
-                times = time_numbers(keys.column(flags.time_column), table.time_kind)
-                positive = _positive(keys, flags)
-                histories = state.advance(user_codes, item_codes, times, positive)
+                if not keys.num_rows:  # a row group without rows: its block holds nothing else
+                    nothing = BlockHistories(_EMPTY, _EMPTY, _EMPTY)
+                    for f, g in block:
+                        writer.add(f, g, _columns(nothing, items, [_EMPTY] * (4 * flags.aggregates), 0, 0))
+                    continue
+                events = held.then(
+                    _Events(
+                        users.codes(keys.column(flags.user_column).combine_chunks()),
+                        items.codes(keys.column(flags.item_column).combine_chunks()),
+                        time_numbers(keys.column(flags.time_column), table.time_kind),
+                        _positive(keys, flags),
+                    )
+                )
+                commit = events.times < events.times.max()
+                histories = state.advance(events.users, events.items, events.times, events.positive, commit)
                 extra: list[np.ndarray] = []
                 if flags.aggregates:
                     extra = [
-                        *user_counts.past(user_codes, times, positive),
-                        *item_counts.past(item_codes, times, positive),
+                        *user_counts.past(events.users, events.times, events.positive, commit),
+                        *item_counts.past(events.items, events.times, events.positive, commit),
                     ]
-                first = 0
+                first = len(held)  # the held events come first and are not written again
                 for (f, g), size in zip(block, sizes):
                     writer.add(f, g, _columns(histories, items, extra, first, first + size))
                     first += size
                 rows += keys.num_rows
-                history_items += int(histories.length.sum())
-                largest = max(largest, keys.num_rows)
+                history_items += int(histories.length[len(held) :].sum())
+                largest = max(largest, len(events))
+                held = events.select(~commit)
     except OSError as e:  # a full disk, say
         raise BadInput(f"--output_dir {flags.output_dir}: cannot write ({e.strerror or e})") from e
     return HistorySummary(rows, len(footers), len(users), history_items / max(rows, 1), largest)
@@ -572,15 +650,6 @@ def _columns(
         events, positives = extra[k][first:stop], extra[k + 1][first:stop]
         columns += [pa.array(events), pa.array(positives), _rate(events, positives)]
     return columns
-
-
-def iter_history_rows(path: str) -> Iterator[pa.Table]:
-    """The row groups of a written table, in order (tests and examples read them so)."""
-    filesystem, root, files = list_files(path)
-    footers, _, schema = read_footers(filesystem, root, files)
-    for footer in footers:
-        for g in range(len(footer.row_group_rows)):
-            yield read_row_group(filesystem, footer, schema, g, schema.names)
 
 
 @cli_main(PROG)

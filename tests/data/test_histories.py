@@ -77,6 +77,7 @@ def logs(draw):
     """Days of 1 or 2 files of up to 12 rows: 4 users and 6 items (some null), times with
     ties, a day's files overlapping in time, rows in no time order within a file."""
     days = []
+    as_text = draw(st.booleans())  # items as strings or integers (two lookups of ids)
     for d in range(draw(st.integers(1, 3))):
         files = []
         for _ in range(draw(st.integers(1, 2))):
@@ -86,8 +87,11 @@ def logs(draw):
                 {
                     "user": pa.array(draw(st.lists(ids, min_size=n, max_size=n)), pa.int64()),
                     "item": pa.array(
-                        [None if i is None else f"film{i}" for i in draw(st.lists(ids, min_size=n, max_size=n))],
-                        pa.string(),
+                        [
+                            None if i is None else f"film{i}" if as_text else 1000 * i - 2000
+                            for i in draw(st.lists(ids, min_size=n, max_size=n))
+                        ],
+                        pa.string() if as_text else pa.int64(),
                     ),
                     "ts": pa.array(draw(st.lists(st.integers(0, 4), min_size=n, max_size=n)), pa.int64())
                     if d == 0 or not draw(st.booleans())
@@ -207,10 +211,26 @@ def test_layout_and_schema_follow_the_input(tmp_path):
     assert following.column("item_past_positive_rate").to_pylist()[:2] == [1.0, 1.0]
 
 
-def test_time_blocks_join_overlapping_and_touching_row_groups():
-    bounds = [[(0, 4), (10, 12)], [(4, 6), (13, 20)], [(7, 7)]]
+def test_time_blocks_join_overlapping_row_groups_only():
+    """(0, 5) and (3, 6) overlap: one block; (6, 9) touches it: a block of its own, whose
+    rows at 6 the state's held events keep from seeing the block before's rows at 6."""
+    bounds = [[(0, 5), (6, 9)], [(3, 6), (13, 20)], [(7, 7)]]
     counts = [[1, 1], [1, 1], [0]]
     assert time_blocks(bounds, counts) == [[(2, 0)], [(0, 0), (1, 0)], [(0, 1)], [(1, 1)]]
+
+
+def test_ties_across_row_groups_cut_no_block_and_see_nothing_of_each_other(tmp_path):
+    """A log sorted by whole seconds, a tie across every row-group boundary: the blocks
+    are single row groups, and the tied rows still do not see each other."""
+    write_log(
+        str(tmp_path / "in"),
+        [[{"user": [1] * 6, "item": [10, 11, 12, 13, 14, 15], "ts": [1, 2, 2, 2, 3, 3]}]],
+        row_group_size=2,
+    )
+    summary = build_histories(HistoryFlags(str(tmp_path / "in"), str(tmp_path / "out"), "user", "item", "ts"))
+    assert summary.largest_block_rows == 3 + 2  # the last row group and the 3 held rows at time 2
+    got = [r["item_history"] for r in read_rows(str(tmp_path / "out"))]
+    assert got == [[], [10], [10], [10], [10, 11, 12, 13], [10, 11, 12, 13]]
 
 
 def bad(tmp_path, capsys, argv) -> str:

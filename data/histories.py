@@ -187,7 +187,7 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 @dataclass
 class _Sorted:
-    """A block's rows sorted by key then time (then position): ``order`` maps sorted to
+    """A block's rows sorted by key then time (then place in the log): ``order`` maps sorted to
     block rows; ``key_first[r]`` and ``tie_first[r]`` are the sorted positions of the
     first row of row r's key and of its (key, time) group."""
 
@@ -199,9 +199,11 @@ class _Sorted:
     run_keys: np.ndarray
 
     @classmethod
-    def of(cls, keys: np.ndarray, times: np.ndarray) -> "_Sorted":
+    def of(cls, keys: np.ndarray, times: np.ndarray, positions: np.ndarray) -> "_Sorted":
+        """``positions``: each row's place in the log (files in path order, row groups,
+        rows), which orders events at one time."""
         n = len(keys)
-        order = np.lexsort((np.arange(n), times, keys))
+        order = np.lexsort((positions, times, keys))
         k, t = keys[order], times[order]
         new_key = np.ones(n, dtype=bool)
         new_key[1:] = k[1:] != k[:-1]
@@ -226,7 +228,7 @@ class _Counts:
     positives: np.ndarray = field(default_factory=lambda: _EMPTY.copy())
 
     def past(
-        self, codes: np.ndarray, times: np.ndarray, positive: np.ndarray, commit: np.ndarray
+        self, codes: np.ndarray, times: np.ndarray, positions: np.ndarray, positive: np.ndarray, commit: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """Each row's key's events and positives strictly before its time (0 for a null
         key); then counts the rows of ``commit`` in (the others come again, held)."""
@@ -234,7 +236,7 @@ class _Counts:
         if size > len(self.events):
             self.events = np.pad(self.events, (0, size - len(self.events)))
             self.positives = np.pad(self.positives, (0, size - len(self.positives)))
-        ordered = _Sorted.of(codes, times)
+        ordered = _Sorted.of(codes, times, positions)
         valid = ordered.keys >= 0
         pos = positive[ordered.order] & valid
         safe = np.maximum(ordered.keys, 0)
@@ -278,14 +280,20 @@ class HistoryState:
             self.lengths = np.pad(self.lengths, (0, size - len(self.lengths)))
 
     def advance(
-        self, users: np.ndarray, items: np.ndarray, times: np.ndarray, positive: np.ndarray, commit: np.ndarray
+        self,
+        users: np.ndarray,
+        items: np.ndarray,
+        times: np.ndarray,
+        positions: np.ndarray,
+        positive: np.ndarray,
+        commit: np.ndarray,
     ) -> BlockHistories:
-        """The histories of a block's rows (user and item codes, -1 null; times; whether
-        each is a positive event), every event of the block at or after every event
+        """The histories of a block's rows (user and item codes, -1 null; times; places
+        in the log; whether each is a positive event), every event of the block at or after every event
         carried; then carries the block's positives of ``commit`` (the block's events
         at its latest time are held instead, and come again with the next block: they
         are not in the history of a row at that time, and are in a later row's)."""
-        ordered = _Sorted.of(users, times)
+        ordered = _Sorted.of(users, times, positions)
         valid = ordered.keys >= 0
         pos = positive[ordered.order] & valid & (items[ordered.order] >= 0)
         run_users = np.maximum(ordered.run_keys, 0)
@@ -531,16 +539,17 @@ def _rate(events: np.ndarray, positives: np.ndarray) -> pa.Array:
 
 @dataclass
 class _Events:
-    """Events as codes: user and item (-1 null), time, whether positive."""
+    """Events as codes: user and item (-1 null), time, place in the log, whether positive."""
 
     users: np.ndarray
     items: np.ndarray
     times: np.ndarray
+    positions: np.ndarray
     positive: np.ndarray
 
     @classmethod
     def none(cls) -> "_Events":
-        return cls(_EMPTY, _EMPTY, _EMPTY, np.zeros(0, dtype=bool))
+        return cls(_EMPTY, _EMPTY, _EMPTY, _EMPTY, np.zeros(0, dtype=bool))
 
     def __len__(self) -> int:
         return len(self.users)
@@ -602,6 +611,7 @@ def build_histories(flags: HistoryFlags) -> HistorySummary:
             writer = _Writer(table, staging, fields)
             writer.close_empty_files()
             held = _Events.none()
+            file_starts = np.cumsum([0] + [f.num_rows for f in footers])
             for block in time_blocks(index.bounds, [f.row_group_rows for f in footers]):
                 keys, sizes = _block_keys(table, flags, block)
                 if not keys.num_rows:  # a row group without rows: its block holds nothing else
@@ -614,16 +624,21 @@ def build_histories(flags: HistoryFlags) -> HistorySummary:
                         users.codes(keys.column(flags.user_column).combine_chunks()),
                         items.codes(keys.column(flags.item_column).combine_chunks()),
                         time_numbers(keys.column(flags.time_column), table.time_kind),
+                        np.concatenate(
+                            [file_starts[f] + footers[f].first_row(g) + np.arange(n) for (f, g), n in zip(block, sizes)]
+                        ),
                         _positive(keys, flags),
                     )
                 )
                 commit = events.times < events.times.max()
-                histories = state.advance(events.users, events.items, events.times, events.positive, commit)
+                histories = state.advance(
+                    events.users, events.items, events.times, events.positions, events.positive, commit
+                )
                 extra: list[np.ndarray] = []
                 if flags.aggregates:
                     extra = [
-                        *user_counts.past(events.users, events.times, events.positive, commit),
-                        *item_counts.past(events.items, events.times, events.positive, commit),
+                        *user_counts.past(events.users, events.times, events.positions, events.positive, commit),
+                        *item_counts.past(events.items, events.times, events.positions, events.positive, commit),
                     ]
                 first = len(held)  # the held events come first and are not written again
                 for (f, g), size in zip(block, sizes):

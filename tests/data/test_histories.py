@@ -327,3 +327,17 @@ def test_row_groups_out_of_time_order_keep_their_file_order(tmp_path):
     table = written.read()
     assert table.column("ts").to_pylist() == [30, 31, 10, 11]
     assert table.column("item_history").to_pylist() == [[10, 11], [10, 11, 30], [], [10]]
+
+
+def test_a_tie_across_blocks_keeps_the_logs_order(tmp_path):
+    """part-1's first row group (times 3 to 5) comes before part-0's (time 5) in time, so
+    their events at 5 meet as a block and the held tie before it: in a later history
+    they stand in the log's order, part-0's first."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    pq.write_table(pa.table({"user": [1], "item": [50], "ts": [5]}), folder / "part-0.parquet")
+    later = pa.table({"user": [1, 1, 1], "item": [30, 51, 60], "ts": [3, 5, 6]})
+    pq.write_table(later, folder / "part-1.parquet", row_group_size=2)
+    build_histories(HistoryFlags(str(folder), str(tmp_path / "out"), "user", "item", "ts"))
+    last = pq.read_table(tmp_path / "out" / "part-1.parquet").column("item_history").to_pylist()[-1]
+    assert last == [30, 50, 51]

@@ -14,6 +14,13 @@ chosen on validation). Prints each model's test AUROC, NE and calibration side b
 side and one JSON line.
 
     python bench/quality.py [--work_dir data_cache/quality] [--max_rows 100000] [--nproc 1]
+        [--history_aggregates]
+
+``--history_aggregates`` adds a baseline given what a tree can take of each user's
+history: the leak-free past events, positives and positive rate of the row's user and
+of its film (strictly before the rating's time, ``python -m data.histories
+--aggregates``), as six more numerical columns of a logistic regression (and the
+columns a LightGBM baseline would take, `history_aggregates`).
 """
 
 import hashlib
@@ -27,6 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 
 import dcnv2_main
@@ -34,6 +43,7 @@ import dlrm_main
 from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
 from data.binary.feature_spec import DEFAULT_SPEC_NAME, FeatureSpec
+from data.histories import HistoryFlags, aggregate_columns, build_histories
 from data.transcode import transcode
 from harness.launch import eval_record, launch, read_log
 from recipes import RECIPES
@@ -68,9 +78,11 @@ class Table:
     numerical: np.ndarray
     labels: np.ndarray
     cardinalities: list[int]
+    times: np.ndarray | None = None  # each rating's Unix time in seconds (int64), for histories
 
     def take(self, rows: np.ndarray) -> "Table":
-        return Table(self.categorical[rows], self.numerical[rows], self.labels[rows], self.cardinalities)
+        times = None if self.times is None else self.times[rows]
+        return Table(self.categorical[rows], self.numerical[rows], self.labels[rows], self.cardinalities, times)
 
 
 def fetch_wheel(cache_dir: str) -> str:
@@ -149,6 +161,72 @@ def load_movielens(wheel_path: str) -> Table:
         numerical.astype(np.float32),
         labels,
         [size for _, size in encoded],
+        np.array([int(r[3]) for r in ratings], dtype=np.int64),
+    )
+
+
+# What --history_aggregates adds, in order (data.histories names them after the columns).
+HISTORY_AGGREGATES = aggregate_columns("user_id", "item_id")
+
+
+def history_aggregates(table: Table, work_dir: str) -> np.ndarray:
+    """(rows, 6) float64: each row's user's and film's events, positive events and
+    positive rate strictly before its time (NaN without a past event), in
+    `HISTORY_AGGREGATES`' order, computed by data.histories over all the table's rows
+    (a test row's past is every earlier rating, as a deployed model's would be).
+
+    Raises:
+        ValueError: a table without times.
+    """
+    if table.times is None:
+        raise ValueError("history aggregates need the ratings' times")
+    folder = os.path.join(work_dir, "history")
+    ratings = pa.table(
+        {
+            "user_id": table.categorical[:, CATEGORICAL.index("user_id")],
+            "item_id": table.categorical[:, CATEGORICAL.index("item_id")],
+            "time": table.times,
+            "label": table.labels.astype(np.int8),
+        }
+    )
+    os.makedirs(os.path.join(folder, "ratings"), exist_ok=True)
+    pq.write_table(ratings, os.path.join(folder, "ratings", "part-0.parquet"))
+    output = os.path.join(folder, "with_aggregates")
+    build_histories(
+        HistoryFlags(
+            os.path.join(folder, "ratings"),
+            output,
+            "user_id",
+            "item_id",
+            "time",
+            "label",
+            max_history=1,
+            aggregates=True,
+            overwrite=True,
+        )
+    )
+    written = pq.read_table(os.path.join(output, "part-0.parquet"), columns=HISTORY_AGGREGATES)
+    return np.stack(
+        [written.column(name).to_numpy(zero_copy_only=False).astype(np.float64) for name in HISTORY_AGGREGATES], axis=1
+    )
+
+
+def with_history_aggregates(table: Table, aggregates: np.ndarray, train_rows: np.ndarray) -> Table:
+    """The table with the aggregates as numerical features a logistic regression can
+    weigh: counts as log1p / 10, a rate without a past event as the training rows'
+    positive rate."""
+    prior = float(table.labels[train_rows].mean())
+    columns = [
+        np.log1p(aggregates[:, k]) / 10.0 if name.endswith(("_events", "_positives")) else aggregates[:, k]
+        for k, name in enumerate(HISTORY_AGGREGATES)
+    ]
+    extra = np.nan_to_num(np.stack(columns, axis=1), nan=prior).astype(np.float32)
+    return Table(
+        table.categorical,
+        np.concatenate([table.numerical, extra], axis=1),
+        table.labels,
+        table.cardinalities,
+        table.times,
     )
 
 
@@ -282,7 +360,11 @@ def train_model(
 
 
 def run(
-    work_dir: str, max_rows: int | None = None, nproc: int = 1, recipe: dict[str, str] = RECIPE_FLAGS
+    work_dir: str,
+    max_rows: int | None = None,
+    nproc: int = 1,
+    recipe: dict[str, str] = RECIPE_FLAGS,
+    history: bool = False,
 ) -> dict[str, dict[str, float]]:
     """Fetches and converts the data, trains the models and the baseline; {model: test metrics}.
 
@@ -291,6 +373,8 @@ def run(
         max_rows: use only this many rows (of the seeded permutation).
         nproc: ranks per training run.
         recipe: the models' flags.
+        history: also fit ``logistic_regression_history``, the baseline with the
+            user's and film's leak-free past aggregates (`history_aggregates`).
 
     Example::
 
@@ -300,6 +384,9 @@ def run(
     splits = split_rows(len(table.labels), max_rows)
     spec_path = write_dataset(table, splits, os.path.join(work_dir, "movielens_100k"))
     results = {"logistic_regression": logistic_regression_baseline(table, splits)}
+    if history:
+        aggregated = with_history_aggregates(table, history_aggregates(table, work_dir), splits["train"])
+        results["logistic_regression_history"] = logistic_regression_baseline(aggregated, splits)
     for name in MODELS:
         results[name] = train_model(name, spec_path, os.path.join(work_dir, f"{name}.jsonl"), nproc, recipe)
     expected = len(splits["test"])
@@ -316,11 +403,14 @@ class QualityFlags:
     work_dir: str = flag("data_cache/quality", help="wheel, converted data and run logs")
     max_rows: int | None = flag(None, help="use this many rows of the permutation")
     nproc: int = flag(1, help="ranks of each training run")
+    history_aggregates: bool = flag(
+        False, help="add a logistic regression given the user's and film's leak-free past counts and rates"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), QualityFlags, argv)
-    results = run(args.work_dir, args.max_rows, args.nproc)
+    results = run(args.work_dir, args.max_rows, args.nproc, history=args.history_aggregates)
     baseline = results["logistic_regression"]["auroc"]
     print(
         f"{'model':<20} {'test AUROC':>10} {'vs LR':>7} {'NE':>7} {'calibration':>11} {'rows':>7} "

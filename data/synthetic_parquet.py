@@ -265,7 +265,7 @@ def _rows(
     return pa.table(ordered)
 
 
-def _check_replaceable(output_dir: str) -> None:
+def check_replaceable(output_dir: str) -> None:
     """Refuses an output directory that holds anything but an earlier generated log
     (it is replaced as a whole)."""
     if not os.path.isdir(output_dir):
@@ -317,7 +317,7 @@ def generate_synthetic_parquet(spec: SyntheticParquetSpec, output_dir: str) -> d
         generate_synthetic_parquet(SyntheticParquetSpec(days=3, rows_per_day=10_000), "/tmp/log")
     """
     spec.validate()
-    _check_replaceable(output_dir)
+    check_replaceable(output_dir)
     model = _hidden_model(spec)
     positives = 0
     days = [f"{PARTITION_COLUMN}={spec.day(d).isoformat()}" for d in range(spec.days)]

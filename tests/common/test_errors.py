@@ -20,6 +20,11 @@ BAD_FLAG_VALUES = {
     "dlrm_main.py": (["--sharding_plan", f"{MISSING}/plan.json"], f"{MISSING}/plan.json"),
     "dcnv2_main.py": (["--sharding_plan", f"{MISSING}/plan.json"], f"{MISSING}/plan.json"),
     "data.criteo_feature_spec": (["--input", MISSING, "--output", "{tmp}/out"], MISSING),
+    "data.histories": (
+        ["--parquet_path", MISSING, "--output_dir", "{tmp}/out", "--user_column", "u", "--item_column", "i"]
+        + ["--time_column", "t"],
+        MISSING,
+    ),
     "data.preprocess_criteo": (
         ["--input_dir", MISSING, "--output_dir", "{tmp}/out", "--dataset_name", "criteo_1t"],
         MISSING,
@@ -27,6 +32,7 @@ BAD_FLAG_VALUES = {
     "data.synthetic_criteo": (["--output_dir", "{tmp}/out", "--num_days", "1"], "--num_days"),
     "data.synthetic_csv": (["--output", "{tmp}/out", "--cardinality", "many"], "--cardinality"),
     "data.synthetic_parquet": (["--output_dir", "{tmp}/out", "--start_date", "tomorrow"], "--start_date"),
+    "data.synthetic_histories": (["--output_dir", "{tmp}/out", "--start_date", "tomorrow"], "--start_date"),
     "data.transcode": (["--input", MISSING, "--output", "{tmp}/out"], MISSING),
     "sharding_plans": (["plan", "--preset", "no_such_preset"], "no_such_preset"),
     "sweeps": (["run", f"{MISSING}/sweep.yaml"], f"{MISSING}/sweep.yaml"),

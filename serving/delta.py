@@ -243,6 +243,13 @@ def saved_graph(program: torch.export.ExportedProgram) -> bytes:
     return program_graph(buffer.getvalue())
 
 
+def _weights(name: str, tensor: torch.Tensor) -> bool:
+    """Whether a delta may change ``tensor``: weights (floating point: tables, dense
+    layers, calibration) and FBGEMM's quantized tables, never the integer tensors that
+    say where rows are (offsets, sizes, indices), which the graph's checks rely on."""
+    return tensor.is_floating_point() or (name.endswith("weights_host") and tensor.dtype == torch.uint8)
+
+
 def _byte_view(tensor: torch.Tensor) -> torch.Tensor:
     """The bytes of a contiguous tensor, as a 1-D uint8 view of its storage."""
     return tensor.detach().reshape(-1).view(torch.uint8)
@@ -319,7 +326,7 @@ def _encode(changed: np.ndarray, rows: int) -> tuple[str, bytes]:
     options = [("bitmap", np.packbits(np.isin(np.arange(rows), changed)).tobytes())]
     gaps = np.diff(changed, prepend=0)
     for encoding, dtype in _GAP_TYPES.items():
-        if gaps.max(initial=0) <= np.iinfo(dtype).max:
+        if gaps.max(initial=0) < 1 << (8 * np.dtype(dtype).itemsize):
             options.append((encoding, gaps.astype(dtype).tobytes()))
             break
     return min(options, key=lambda option: len(option[1]))
@@ -361,6 +368,10 @@ def diff_programs(base: dict[str, torch.Tensor], new: dict[str, torch.Tensor], p
                 f"{list(before.shape)} (a table that grew?): a delta keeps every shape: export in full"
             )
         old_bytes, new_bytes = _byte_view(before.contiguous()), _byte_view(after.contiguous())
+        if not _weights(name, after):
+            if not torch.equal(old_bytes, new_bytes):
+                raise BadInput(f"{path}: {name} ({after.dtype}) differs from the base's: export in full")
+            continue
         for start, row_bytes, rows in _regions_of(name, after, new):
             end = start + row_bytes * rows
             old_rows = old_bytes[start:end].view(rows, row_bytes)
@@ -398,6 +409,8 @@ def apply_regions(tensors: dict[str, torch.Tensor], regions: list[Region], paylo
         tensor = tensors.get(region.tensor)
         if tensor is None:
             raise BadInput(f"{where}: the base's program has no such tensor")
+        if not _weights(region.tensor, tensor):
+            raise BadInput(f"{where}: a {tensor.dtype} tensor, not weights: a delta changes weights only")
         if str(tensor.dtype).removeprefix("torch.") != region.dtype or list(tensor.shape) != region.shape:
             raise BadInput(
                 f"{where} is {region.dtype} {region.shape} in the delta, {tensor.dtype} {list(tensor.shape)} "

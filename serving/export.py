@@ -40,6 +40,12 @@ list column, the places a bag leaves empty holding -1 (`PADDING_ID`); an empty b
 adds nothing, as in training. The directory is written under a temporary name and renamed
 when complete. Bad input: one line on stderr, exit 2.
 
+With ``--delta_from MODEL`` (a full export of the same model) MODEL_DIR becomes a delta
+export instead: ``fp32.delta`` (and the quantized variants') holding only the table rows
+changed since MODEL and the dense part, ``delta.json`` naming MODEL by its manifest's
+digest, inputs.json and manifest.json; predict and serve apply it onto MODEL
+(serving/delta.py). ``--format program`` only.
+
 The training data is not read: the checkpoint's meta.json records what its layout
 needs of it (version 6). A checkpoint saved before that is described from its data,
 read again (``--training_data``: where it is now).

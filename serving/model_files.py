@@ -30,6 +30,10 @@ and collects it; a test fails when the list drifts from the exporter):
   `AOTI_INPUTS_KEY`) are those inputs.json describes: a package of another model would
   otherwise fail inside its compiled code (a C++ assertion) at the first forward.
 
+A delta export's ``*.delta`` files (format ``delta``, serving/delta.py) are raw bytes of
+changed rows, written into the base's programs after these checks; `load_model_file`
+refuses them as models of their own.
+
 Example::
 
     manifest = read_manifest("model_dir")

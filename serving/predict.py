@@ -2,6 +2,7 @@
 
     python -m serving.predict --model MODEL_DIR --input day_23.tsv|rows.csv|x.parquet|DIR
         [--output preds.csv|preds.parquet] [--variant fp32|fp16|int8|fp32_aoti|...] [--trust_native_code]
+        [--base BASE_DIR]
         [--batch_size 4096]
         [--metrics_output metrics.json] [--keep_columns label,user_id]
 
@@ -26,6 +27,9 @@ The input layout is the model's (inputs.json "layout"; serving/layouts/):
   (`predict_parquet`). The columns are converted by the training's own
   `data.parquet_columns.ParquetColumns` (transform, id hashing); a bad value stops
   the run naming the file, row group, row and column.
+
+MODEL_DIR may be a delta export (``serving.export --delta_from``): its rows are applied
+onto its base, found where the delta records it or at ``--base`` (serving/delta.py).
 
 Whether lines carry the label is judged by the first line's field count. Output: one
 probability per input line, in order (stdout without --output); with --keep_columns, a

@@ -3,7 +3,7 @@
     python -m serving.serve --model MODEL_DIR [--host 127.0.0.1] [--port 8080]
         [--variant fp32|fp16|int8|fp32_aoti|...] [--trust_native_code] [--max_batch_rows 4096] [--max_batch_delay_ms 2] [--num_threads N]
         [--max_body_bytes 67108864] [--request_timeout_s 30] [--max_connections 256] [--parse_threads 2]
-        [--drain_timeout_s 20]
+        [--drain_timeout_s 20] [--base BASE_DIR] [--reload_interval_s 2]
 
 ``POST /predict`` with lines in the model's input layout as the body (as ``python -m
 serving.predict`` reads them: raw Criteo lines, or BYO CSV rows for a model trained
@@ -24,6 +24,12 @@ stalled client holds a socket, not a thread. Bodies are parsed and transformed o
 --parse_threads threads; one model thread runs the waiting requests' rows together: it
 takes what is queued, waits at most --max_batch_delay_ms for more, up to
 --max_batch_rows rows, and runs one forward for all of them.
+
+A --model that is a symlink (``STATE_DIR/current``) is followed: every
+--reload_interval_s seconds the server resolves it, and when it names another export
+it loads and checks that export and swaps it in (`ModelWatcher`); requests already
+parsed finish on the model that parsed them, and a bad model is refused in one line
+while the old one keeps serving.
 
 On SIGTERM (what systemd and Kubernetes send) or SIGINT the server stops accepting
 connections, closes idle ones, lets the requests in flight finish (for at most
@@ -633,7 +639,7 @@ class ServeConfig:
     reload_interval_s: float | None = flag(
         None,
         help="seconds between two looks at where --model points, to serve the export it is switched to "
-        f"(default: {DEFAULT_RELOAD_INTERVAL_S:g} when --model is a symlink, else never; 0: never)",
+        f"(unset: every {DEFAULT_RELOAD_INTERVAL_S:g} s when --model is a symlink, else never; 0: never)",
     )
     host: str = flag("127.0.0.1", help="address to listen on")
     port: int = flag(8080, help="port to listen on")

@@ -181,3 +181,28 @@ def test_the_writer_refuses_what_a_delta_cannot_hold(exports, tmp_path, capsys):
     assert export.main(["--checkpoint", day1, "--output", out, "--delta_from", fp32_only]) == 2
     assert "has no fp16 program (it has fp32): pass --quantize with those it has (none)" in capsys.readouterr().err
     assert not os.path.exists(out)
+
+
+def test_a_delta_changing_where_rows_lie_is_refused(exports, tmp_path, capsys):
+    """A delta changes weights only: one rewriting the quantized kernel's table offsets
+    (which would send lookups outside the tables) is refused, its manifest rewritten to
+    vouch for it."""
+    crafted = str(tmp_path / "crafted")
+    shutil.copytree(exports["delta1"], crafted)
+    offsets = "dlrm.sparse_arch.embedding_bag_collection.tbes.0.weights_offsets"
+    with open(os.path.join(crafted, "int8.delta"), "ab") as f:
+        end = f.tell()
+        f.write(np.full(NUM_TABLES, 1 << 40, np.int64).tobytes())
+    path = os.path.join(crafted, DELTA_FILE)
+    with open(path) as f:
+        record = json.load(f)
+    region = dict(tensor=offsets, dtype="int64", shape=[NUM_TABLES], start=0, row_bytes=8 * NUM_TABLES, rows=1)
+    record["regions"]["int8"].append({**region, "encoding": "all", "changed": 1, "offset": end, "index_bytes": 0})
+    with open(path, "w") as f:
+        json.dump(record, f)
+    os.remove(os.path.join(crafted, "manifest.json"))
+    write_manifest(crafted)
+    error = predict_error(capsys, "--model", crafted, "--base", exports["full0"], "--variant", "int8")
+    assert error.endswith(
+        f"{crafted}/int8.delta: {offsets}: a torch.int64 tensor, not weights: a delta changes weights only"
+    )

@@ -7,6 +7,8 @@ serving."""
 import http.client
 import os
 import shutil
+import signal
+import socket
 import threading
 import time
 
@@ -158,3 +160,59 @@ def test_a_model_of_other_inputs_is_not_swapped_in(models, tmp_path):
 def test_a_negative_reload_interval_is_refused(models, capsys):
     assert serve.main(["--model", models["a"], "--reload_interval_s", "-1", "--port", "0"]) == 2
     assert capsys.readouterr().err.strip().endswith("--reload_interval_s must not be negative, got -1.0")
+
+
+def test_the_server_follows_its_symlink(models, tmp_path, capsys):
+    """``python -m serving.serve --model LINK`` (its main, in this process: a signal
+    stops it as it stops the command): it follows the link, says so, its answers change
+    when the link is switched, and its summary line comes on SIGTERM."""
+    link = str(tmp_path / "current")
+    atomic_symlink(link, models["a"])
+    body = raw_lines(3)
+    expected = {name: predict.Predictor(models[name]).predict_lines(body) for name in "ab"}
+    with socket.socket() as s:  # a free port, for the server to listen on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    answers: list[np.ndarray] = []
+    errors: list[BaseException] = []
+
+    def client() -> None:
+        try:
+            for name in "ab":
+                deadline = time.monotonic() + 60
+                while not answers or np.abs(answers[-1] - expected[name]).max() > 1e-6:
+                    assert time.monotonic() < deadline, f"no answer of model {name} within 60 s"
+                    try:
+                        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                        connection.request("POST", "/predict", body=body)
+                        answers.append(np.array(connection.getresponse().read().split(), dtype=np.float64))
+                        connection.close()
+                    except ConnectionRefusedError:  # not listening yet
+                        time.sleep(0.05)
+                if name == "a":
+                    atomic_symlink(link, models["b"])
+        except BaseException as e:  # the test fails on it below
+            errors.append(e)
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    # The client's SIGTERM, should it come when the server is not running (it failed to
+    # start), must not stop pytest: ignored outside the server's own handler.
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    thread = threading.Thread(target=client)
+    thread.start()
+    try:
+        code = serve.main(["--model", link, "--port", str(port), "--reload_interval_s", "0.1"])
+    finally:
+        thread.join()
+        signal.signal(signal.SIGTERM, previous)
+    assert errors == [] and code == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == [
+        f"serving {link} (fp32) on http://127.0.0.1:{port}/predict",
+        f"following {link} -> {models['a']}: every 0.1 s",
+    ]
+    assert out[2:] == [
+        f"reloaded {link}: now serving {models['b']} (step 2)",
+        f"{link}: answered {len(answers)} requests, {3 * len(answers)} rows; unseen ids 0",
+    ]

@@ -68,7 +68,7 @@ from common.config_flags import flag
 from common.errors import BadInput
 from common.sigterm import Terminated, raise_on_sigterm
 from serving.cli import MODEL_DIR_HELP, parse_config, serving_parser
-from serving.delta import different_inputs
+from serving.delta import different_inputs, is_delta
 from serving.layouts.base import MalformedLineError
 from serving.layouts.parquet_rows import ParquetRows
 from serving.model_files import TRUST_FLAG
@@ -190,6 +190,19 @@ def check_replacement(serving: Predictor, new: Predictor) -> None:
     probabilities = new.predict_transformed(dense, np.zeros((2, new.layout.num_sparse_columns), np.int64))
     if probabilities.shape != (2,) or not ((probabilities >= 0) & (probabilities <= 1)).all():
         raise BadInput(f"its probe forward gave {probabilities.tolist()}, not two probabilities")
+
+
+def model_loader(variant: str, trust_native_code: bool, base: str | None) -> Callable[[str], Predictor]:
+    """How `ModelWatcher` loads the export a link is switched to: the server's variant
+    and flags, ``base`` (--base) for a delta export only (the link may name a full
+    export later, which --base does not concern)."""
+
+    def load(model_dir: str) -> Predictor:
+        return Predictor(
+            model_dir, variant, trust_native_code=trust_native_code, base=base if is_delta(model_dir) else None
+        )
+
+    return load
 
 
 class ModelWatcher:
@@ -673,12 +686,13 @@ def _serve(args: ServeConfig, limits: HttpLimits) -> int:
     except OSError as e:  # the port is taken, say
         raise BadInput(str(e)) from e
 
-    def load(model_dir: str) -> Predictor:
-        return Predictor(model_dir, args.variant, trust_native_code=args.trust_native_code, base=args.base)
-
+    load = model_loader(args.variant, args.trust_native_code, args.base)
     try:
         # The resolved directory: what the link names now is what is served (and watched from).
-        batcher = BatchingPredictor(load(os.path.realpath(args.model)), args.max_batch_rows, args.max_batch_delay_ms)
+        first = Predictor(
+            os.path.realpath(args.model), args.variant, trust_native_code=args.trust_native_code, base=args.base
+        )
+        batcher = BatchingPredictor(first, args.max_batch_rows, args.max_batch_delay_ms)
     except (BadInput, OSError) as e:
         sock.close()
         raise BadInput(str(e)) from e

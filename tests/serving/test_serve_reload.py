@@ -216,3 +216,9 @@ def test_the_server_follows_its_symlink(models, tmp_path, capsys):
         f"reloaded {link}: now serving {models['b']} (step 2)",
         f"{link}: answered {len(answers)} requests, {3 * len(answers)} rows; unseen ids 0",
     ]
+
+
+def test_base_concerns_only_a_delta_the_link_is_switched_to(models):
+    """--base names a delta's base: a full export the link names later loads as it is."""
+    load = serve.model_loader("fp32", False, models["a"])
+    assert load(models["c"]).base == models["a"] and load(models["b"]).base is None

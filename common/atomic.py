@@ -211,3 +211,37 @@ def atomic_dir(path: str, replace: bool = True) -> Iterator[str]:
         _fsync(parent)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def atomic_symlink(link: str, target: str) -> None:
+    """Points the symlink ``link`` at ``target``, atomically: readers following ``link``
+    see the old target or the new one, never no link (a new link is made beside it,
+    then renamed over it with os.replace, and the directory flushed). The link holds
+    ``target`` relative to the link's directory, so that the two can move together
+    (a daily loop's ``STATE_DIR/current`` naming ``STATE_DIR/exports/day_3``). The
+    promotion of an export to the one in service: ``serving.serve --model LINK``
+    reloads it.
+
+    Raises FileNotFoundError when ``target`` does not exist (a link to nothing is
+    never made) and IsADirectoryError when ``link`` is a directory, not a link.
+
+    Example::
+
+        atomic_symlink("state/current", "state/exports/day_3")
+    """
+    if not os.path.exists(target):
+        raise FileNotFoundError(f"{target}: no such file or directory to link {link} to")
+    if os.path.isdir(link) and not os.path.islink(link):
+        raise IsADirectoryError(f"{link} is a directory, not a link: it is not replaced")
+    parent = os.path.dirname(os.path.abspath(link))
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(link)}.{os.getpid()}.tmp")
+    if os.path.lexists(tmp):  # what a killed run of this process id left
+        os.unlink(tmp)
+    os.symlink(os.path.relpath(os.path.abspath(target), parent), tmp)
+    try:
+        os.replace(tmp, link)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+    _fsync(parent)

@@ -40,6 +40,12 @@ list column, the places a bag leaves empty holding -1 (`PADDING_ID`); an empty b
 adds nothing, as in training. The directory is written under a temporary name and renamed
 when complete. Bad input: one line on stderr, exit 2.
 
+With ``--delta_from MODEL`` (a full export of the same model) MODEL_DIR becomes a delta
+export instead: ``fp32.delta`` (and the quantized variants') holding only the table rows
+changed since MODEL and the dense part, ``delta.json`` naming MODEL by its manifest's
+digest, inputs.json and manifest.json; predict and serve apply it onto MODEL
+(serving/delta.py). ``--format program`` only.
+
 The training data is not read: the checkpoint's meta.json records what its layout
 needs of it (version 6). A checkpoint saved before that is described from its data,
 read again (``--training_data``: where it is now).
@@ -49,6 +55,7 @@ import argparse
 import contextlib
 import copy
 import errno
+import hashlib
 import os
 import shutil
 import sys
@@ -75,11 +82,29 @@ from data.preprocess.criteo_transforms import VOCABULARY_FILE
 from data.sources import SOURCES
 from models.config import ModelConfig
 from serving.cli import parse_config, serving_parser
+from serving.delta import (
+    DELTA_FILE,
+    Base,
+    DeltaRecord,
+    check_applies,
+    delta_file,
+    diff_programs,
+    different_inputs,
+    program_tensors,
+    saved_graph,
+)
 from serving.inference_model import ProbabilityModel, load_checkpoint_model
 from serving.layouts import LAYOUTS
 from serving.layouts.base import TRAINING_DATA_FLAG, Checkpoint
 from serving.layouts.criteo_lines import CriteoPreprocessing
-from serving.model_files import AOTI_FORMAT, MANIFEST_FILE, TORCH_EXPORT_FORMAT, aoti_metadata, write_manifest
+from serving.model_files import (
+    AOTI_FORMAT,
+    DELTA_FORMAT,
+    MANIFEST_FILE,
+    TORCH_EXPORT_FORMAT,
+    aoti_metadata,
+    write_manifest,
+)
 from serving.model_inputs import INPUTS_FILE, ModelInputs, Variant, aoti_file, aoti_variant, program_file
 from serving.triton_repository import write_triton_model
 
@@ -257,14 +282,17 @@ def export_model(
     max_bag_size: int = DEFAULT_MAX_BAG_SIZE,
     fmt: str = PROGRAM_FORMAT,
     training_data: str | None = None,
+    delta_from: str | None = None,
 ) -> ModelInputs:
     """Writes the model directory (see the module docstring); returns its inputs.json.
+    ``delta_from``: a full export; the directory becomes a delta export of the rows
+    changed since it (serving/delta.py).
 
     Raises ExportError when ``output`` exists (a file, or a directory that is not
     empty), when another export to it is running, when the disk fills up, or (``fmt``
     aoti) without a C++ compiler.
     """
-    return _export_checkpoint(checkpoint, output, quantize, newest, max_bag_size, fmt, training_data)[0]
+    return _export_checkpoint(checkpoint, output, quantize, newest, max_bag_size, fmt, training_data, delta_from)[0]
 
 
 def _export_checkpoint(
@@ -275,10 +303,12 @@ def _export_checkpoint(
     max_bag_size: int,
     fmt: str,
     training_data: str | None = None,
+    delta_from: str | None = None,
 ) -> tuple[ModelInputs, OpenedCheckpoint]:
     """`export_model`, and the checkpoint it opened (once: its manifest, meta.json and
     .metadata are read by every step of the export from that)."""
     _check_output(output)
+    base = _delta_base(delta_from, quantize, fmt) if delta_from is not None else None
     if fmt == AOTI_FORMAT:
         _check_compiler()
     # Beside the output, held until the directory is renamed into place: a second
@@ -289,13 +319,33 @@ def _export_checkpoint(
     try:
         with PathLock(os.path.join(parent, f".{name}.lock"), f"--output {output}"):
             _check_output(output)  # an export that finished just before this one started
-            return _write_model_dir(checkpoint, output, quantize, newest, max_bag_size, fmt, training_data)
+            return _write_model_dir(checkpoint, output, quantize, newest, max_bag_size, fmt, training_data, base)
     except LockHeld as e:
         raise ExportError(f"{e} (another export to it is running)") from e
     except OSError as e:
         if _no_space(e):
             raise ExportError(f"{e}; the partial export was removed") from e
         raise
+
+
+def _delta_base(delta_from: str, quantize: list[str], fmt: str) -> Base:
+    """The full export --delta_from names, refused up front when the delta cannot be
+    taken from it: another format asked for, or a precision it has no program of."""
+    if fmt != PROGRAM_FORMAT:
+        raise BadInput(
+            f"--delta_from with --format {fmt}: a delta holds the rows of torch.export programs; an "
+            f"AOTInductor package holds its weights inside compiled code: export it in full"
+        )
+    base = Base.open(delta_from, "--delta_from")
+    for precision in ["fp32", *quantize]:
+        variant = base.inputs.variants.get(precision)
+        if variant is None or variant.format != TORCH_EXPORT_FORMAT:
+            have = [name for name, v in base.inputs.variants.items() if v.format == TORCH_EXPORT_FORMAT]
+            raise BadInput(
+                f"--delta_from {delta_from} has no {precision} program (it has {', '.join(have)}): "
+                f"pass --quantize with those it has ({','.join(p for p in have if p != 'fp32') or 'none'})"
+            )
+    return base
 
 
 def _check_output(output: str) -> None:
@@ -319,6 +369,7 @@ def _write_model_dir(
     max_bag_size: int,
     fmt: str,
     training_data: str | None,
+    base: Base | None = None,
 ) -> tuple[ModelInputs, OpenedCheckpoint]:
     path = checkpoint_to_load(checkpoint, "--checkpoint", prefer_best=not newest)
     opened = open_checkpoint(path)
@@ -329,6 +380,9 @@ def _write_model_dir(
     # inside every exported variant and recorded in inputs.json.
     inputs.calibration = meta.calibration
     vocabulary = _vocabulary(inputs)
+    record = _delta_record(base, inputs, vocabulary, output) if base is not None else None
+    if record is not None:
+        vocabulary = None  # the base's serves: _delta_record checked it is the same
     model = ProbabilityModel(
         train_model.model,
         model_config.sparse_feature_names,
@@ -350,6 +404,12 @@ def _write_model_dir(
                     if precision == "fp32"
                     else quantized_program(model, QUANTIZED_DTYPES[precision], example)
                 )
+                if base is not None and record is not None:
+                    file = delta_file(precision)
+                    with naming_write_errors(os.path.join(output, file)):
+                        record.regions[precision] = _write_delta(base, precision, program, tmp, output)
+                    files[precision] = (file, DELTA_FORMAT)
+                    continue
                 file = program_file(precision)
                 with naming_write_errors(os.path.join(output, file)):  # errors name the files as the output will
                     save_program(program, os.path.join(tmp, file))
@@ -369,12 +429,60 @@ def _write_model_dir(
             with naming_write_errors(os.path.join(output, VOCABULARY_FILE)):
                 shutil.copyfile(vocabulary, os.path.join(tmp, VOCABULARY_FILE))
             inputs.preprocessing.vocabulary = VOCABULARY_FILE  # type: ignore[attr-defined]
+        if record is not None:
+            with naming_write_errors(os.path.join(output, DELTA_FILE)), open(os.path.join(tmp, DELTA_FILE), "wb") as f:
+                f.write(record.to_json())
         # The directory is renamed whole below: its files need no temporary names.
         with naming_write_errors(os.path.join(output, INPUTS_FILE)), open(os.path.join(tmp, INPUTS_FILE), "wb") as f:
             f.write(inputs.to_json())
         with naming_write_errors(os.path.join(output, MANIFEST_FILE)):
             write_manifest(tmp)  # last: every file's size and SHA-256
     return inputs, opened
+
+
+def _delta_record(base: Base, inputs: ModelInputs, vocabulary: str | None, output: str) -> DeltaRecord:
+    """delta.json's record of a delta from ``base`` (its regions to come), after checking
+    that the new model is the base's model (the same inputs, the same vocabulary)."""
+    if vocabulary is not None:
+        with open(vocabulary, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        if base.manifest.get(VOCABULARY_FILE, {}).get("sha256") != digest:
+            raise BadInput(
+                f"--delta_from {base.path}: its {VOCABULARY_FILE} is not the training data's ({vocabulary}): "
+                "the ids map to other rows: export in full"
+            )
+        inputs.preprocessing.vocabulary = VOCABULARY_FILE  # type: ignore[attr-defined]
+    other = different_inputs(inputs, base.inputs)
+    if other is not None:
+        raise BadInput(
+            f"--delta_from {base.path} is another model ({other} differ from the checkpoint's): a delta "
+            "changes rows of the same tables: export in full"
+        )
+    return DeltaRecord(
+        base_digest=base.digest,
+        base_path=os.path.relpath(os.path.abspath(base.path), os.path.abspath(output)),
+        base_step=base.inputs.step,
+        base_checkpoint=base.inputs.checkpoint,
+    )
+
+
+def _write_delta(base: Base, precision: str, program: torch.export.ExportedProgram, tmp: str, output: str) -> list:
+    """Writes the .delta file of ``precision`` into ``tmp``: the bytes of ``program``'s
+    weights that differ from the base's; returns its regions. Refused (BadInput) when
+    the programs' graphs differ (the delta would give the base's graph other weights)."""
+    file = delta_file(precision)
+    if saved_graph(program) != base.graph(precision):
+        raise BadInput(
+            f"--delta_from {base.path}: its {precision} program is another graph than the checkpoint's (another "
+            "model, calibration method or exporter version): export in full"
+        )
+    before = program_tensors(base.program(precision, "--delta_from"))
+    after = program_tensors(program)
+    regions, payload = diff_programs(before, after, os.path.join(output, file))
+    check_applies(before, after, regions, payload)
+    with _model_file(os.path.join(tmp, file)) as f:
+        f.write(payload)
+    return regions
 
 
 def _vocabulary(inputs: ModelInputs) -> str | None:
@@ -436,6 +544,11 @@ class ExportConfig:
         parse=positive_int,
         help="a model trained on Parquet: the ids a list column's bag may hold at serving (a longer bag is refused)",
     )
+    delta_from: str | None = flag(
+        None,
+        help="a full export of the same model: write a delta export instead, only the table rows changed since "
+        "it and the dense part, which serving.predict and serving.serve apply onto it",
+    )
     training_data: str | None = flag(
         None,
         help="a checkpoint older than meta.json version 6, which does not record what serving needs of its "
@@ -460,9 +573,14 @@ def _export(config: ExportConfig) -> int:
         config.max_bag_size,
         config.format,
         config.training_data,
+        config.delta_from,
     )
     calibrated = f", calibrated: {inputs.calibration.describe()}" if inputs.calibration else ""
-    print(f"exported {inputs.checkpoint} (step {inputs.step}{calibrated}) to {config.output}:\n" + format_sizes(inputs))
+    delta = f" as a delta of {config.delta_from}" if config.delta_from is not None else ""
+    print(
+        f"exported {inputs.checkpoint} (step {inputs.step}{calibrated}) to {config.output}{delta}:\n"
+        + format_sizes(inputs)
+    )
     asked = opened.meta.config.get("calibrate", "none")
     if inputs.calibration is None and asked != "none":
         # A checkpoint saved at a step without a validation (--newest, a cadence save).

@@ -30,6 +30,10 @@ and collects it; a test fails when the list drifts from the exporter):
   `AOTI_INPUTS_KEY`) are those inputs.json describes: a package of another model would
   otherwise fail inside its compiled code (a C++ assertion) at the first forward.
 
+A delta export's ``*.delta`` files (format ``delta``, serving/delta.py) are raw bytes of
+changed rows, written into the base's programs after these checks; `load_model_file`
+refuses them as models of their own.
+
 Example::
 
     manifest = read_manifest("model_dir")
@@ -59,7 +63,9 @@ AOTI_FORMAT = "aoti"
 TORCH_EXPORT_FORMAT = "torch.export"
 # The quantized variants of older exports: recognised, to refuse them with a line saying to re-export.
 TORCHSCRIPT_FORMAT = "torchscript"
-FORMATS = (TORCH_EXPORT_FORMAT, TORCHSCRIPT_FORMAT, AOTI_FORMAT)
+# The changed rows of a delta export (serving/delta.py), applied onto its base's torch.export program.
+DELTA_FORMAT = "delta"
+FORMATS = (TORCH_EXPORT_FORMAT, TORCHSCRIPT_FORMAT, AOTI_FORMAT, DELTA_FORMAT)
 TRUST_FLAG = "--trust_native_code"
 # The key of an AOTInductor package's metadata (strings only) under which serving.export
 # records the columns of each input of the program it compiled, as JSON.
@@ -155,12 +161,30 @@ def load_model_file(
         raise BadInput(f"{path}: unknown model format {fmt!r} (expected one of {', '.join(FORMATS)})")
     if fmt == AOTI_FORMAT:
         return _load_aoti_package(model_dir, name, manifest, trust_native_code, input_columns)
+    if fmt == DELTA_FORMAT:
+        raise BadInput(
+            f"{path}: a delta export's rows, not a model: serving.predict and serving.serve apply it to "
+            "the full export it was taken from (docs/serving.md, delta exports)"
+        )
     if fmt == TORCHSCRIPT_FORMAT:
         raise ReexportNeeded(
             f"{path}: a TorchScript variant of an older export, no longer loaded (the quantized "
             "variants are torch.export programs now): export the checkpoint again "
             "(python -m serving.export)"
         )
+    return load_exported_program(model_dir, name, manifest, input_columns).module()
+
+
+def load_exported_program(
+    model_dir: str,
+    name: str,
+    manifest: dict[str, ManifestEntry] | None,
+    input_columns: dict[str, int] | None = None,
+) -> "torch.export.ExportedProgram":
+    """The torch.export program in ``name`` (its weights in ``state_dict`` and
+    ``constants``: serving/delta.py changes rows of them), after the manifest and the
+    safety checks of `load_model_file`; BadInput naming the file otherwise."""
+    path = os.path.join(model_dir, name)
     data = read_file(model_dir, name, manifest)
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
@@ -171,7 +195,7 @@ def load_model_file(
         if input_columns is not None:
             _check_input_columns(program_input_columns(archive, path), input_columns, path)
     try:
-        return torch.export.load(io.BytesIO(data)).module()
+        return torch.export.load(io.BytesIO(data))
     except Exception as e:  # torch raises many types for a file it cannot read
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise BadInput(f"{path}: cannot be loaded ({type(e).__name__}: {first[:200]})") from e

@@ -2,6 +2,7 @@
 
     python -m serving.predict --model MODEL_DIR --input day_23.tsv|rows.csv|x.parquet|DIR
         [--output preds.csv|preds.parquet] [--variant fp32|fp16|int8|fp32_aoti|...] [--trust_native_code]
+        [--base BASE_DIR]
         [--batch_size 4096]
         [--metrics_output metrics.json] [--keep_columns label,user_id]
 
@@ -26,6 +27,9 @@ The input layout is the model's (inputs.json "layout"; serving/layouts/):
   (`predict_parquet`). The columns are converted by the training's own
   `data.parquet_columns.ParquetColumns` (transform, id hashing); a bad value stops
   the run naming the file, row group, row and column.
+
+MODEL_DIR may be a delta export (``serving.export --delta_from``): its rows are applied
+onto its base, found where the delta records it or at ``--base`` (serving/delta.py).
 
 Whether lines carry the label is judged by the first line's field count. Output: one
 probability per input line, in order (stdout without --output); with --keep_columns, a
@@ -71,12 +75,18 @@ from common.json_fields import BOOLEAN, COUNTS, INTEGER, NUMBER, TEXT, JsonObjec
 from data.parquet.files import check_same_types, file_schema, list_files, read_footers, read_row_group
 from data.text.text_lines import DaySource, iter_line_chunks
 from serving.cli import MODEL_DIR_HELP, parse_config, serving_parser
+from serving.delta import find_base, is_delta, load_delta_program, read_delta
 from serving.layouts import load_layout
 from serving.layouts.base import InputLayout, ParsedLines
 from serving.layouts.parquet_rows import ParquetRows
-from serving.model_files import TRUST_FLAG, load_model_file, read_manifest
+from serving.model_files import MANIFEST_FILE, TRUST_FLAG, load_model_file, read_manifest
 from serving.model_inputs import PADDING_ID, VARIANTS, read_inputs
 
+# What --base says in each serving command's --help.
+BASE_HELP = (
+    "a --model that is a delta export: the full export it applies to, when not where the delta records it "
+    "(refused unless it is that export)"
+)
 # What --trust_native_code says in each serving command's --help.
 TRUST_HELP = (
     "load AOTInductor packages (the *_aoti variants): compiled native code that runs when loaded, so only "
@@ -94,6 +104,9 @@ class Predictor:
         batch_size: rows per forward.
         trust_native_code: load an AOTInductor variant (its compiled code runs);
             without it such a variant is refused (`NativeCodeRefused`).
+        base: where the full export a delta export (``model_dir``) applies to is, when
+            not where the delta records it (serving/delta.py); refused unless it is
+            that export (its manifest's digest).
 
     Example::
 
@@ -103,27 +116,45 @@ class Predictor:
     """
 
     def __init__(
-        self, model_dir: str, variant: str = "fp32", batch_size: int = 4096, trust_native_code: bool = False
+        self,
+        model_dir: str,
+        variant: str = "fp32",
+        batch_size: int = 4096,
+        trust_native_code: bool = False,
+        base: str | None = None,
     ) -> None:
         if not os.path.isdir(model_dir):
             raise BadInput(f"--model {model_dir}: no such directory")
         manifest = read_manifest(model_dir)
+        delta = read_delta(model_dir, manifest) if is_delta(model_dir) else None
+        if delta is not None and manifest is None:
+            raise BadInput(f"--model {model_dir}: a delta export without its {MANIFEST_FILE} (damaged?)")
+        if delta is None and base is not None:
+            raise BadInput(f"--base {base}: --model {model_dir} is a full export, not a delta to apply to a base")
         self.inputs = read_inputs(model_dir, manifest)
         if variant not in self.inputs.variants:
             raise BadInput(f"{model_dir} has no {variant} model (it has {', '.join(self.inputs.variants)})")
         if batch_size <= 0:
             raise BadInput(f"--batch_size must be positive, got {batch_size}")
         entry = self.inputs.variants[variant]
-        self.model = load_model_file(
-            model_dir,
-            entry.file,
-            entry.format,
-            manifest,
-            {"dense": self.inputs.num_dense_features, "sparse": sum(self.inputs.sparse_hotness)},
-            trust_native_code,
-        )
+        # The directory whose files the layout reads (a vocabulary): a delta's base's.
+        layout_dir, layout_manifest = model_dir, manifest
+        self.base: str | None = None  # a delta's base, as found
+        if delta is not None:
+            found = find_base(model_dir, delta, self.inputs, base)
+            self.model = load_delta_program(model_dir, manifest, delta, self.inputs, variant, found).module()
+            layout_dir, layout_manifest, self.base = found.path, found.manifest, found.path
+        else:
+            self.model = load_model_file(
+                model_dir,
+                entry.file,
+                entry.format,
+                manifest,
+                {"dense": self.inputs.num_dense_features, "sparse": sum(self.inputs.sparse_hotness)},
+                trust_native_code,
+            )
         self.batch_size = batch_size
-        self.layout: InputLayout = load_layout(self.inputs, model_dir, manifest)
+        self.layout: InputLayout = load_layout(self.inputs, layout_dir, layout_manifest)
         self.table_sizes = np.asarray(self.inputs.num_embeddings_per_feature, dtype=np.int64)
         # The table of each column of the sparse input.
         self._column_tables = np.repeat(self.table_sizes, self.inputs.sparse_hotness)
@@ -454,6 +485,7 @@ class PredictConfig:
     """What ``python -m serving.predict`` reads, runs and writes."""
 
     model: str = flag(help=MODEL_DIR_HELP)
+    base: str | None = flag(None, help=BASE_HELP)
     input: str = flag(
         help="raw Criteo lines (.tsv/.txt), or BYO CSV rows for a --dataset_path model; or .gz; "
         "Parquet (file, directory, glob, URL) for a --parquet_path model"
@@ -607,7 +639,7 @@ def check_outputs(args: "PredictConfig", parquet: bool | None) -> None:
 
 def _predict(args: PredictConfig, prog: str) -> int:
     check_outputs(args, None)  # before the model is read
-    predictor = Predictor(args.model, args.variant, args.batch_size, args.trust_native_code)
+    predictor = Predictor(args.model, args.variant, args.batch_size, args.trust_native_code, args.base)
     parquet = isinstance(predictor.layout, ParquetRows)
     check_outputs(args, parquet)  # again: the model was read meanwhile, and it says the format
     if parquet:

@@ -3,7 +3,7 @@
     python -m serving.serve --model MODEL_DIR [--host 127.0.0.1] [--port 8080]
         [--variant fp32|fp16|int8|fp32_aoti|...] [--trust_native_code] [--max_batch_rows 4096] [--max_batch_delay_ms 2] [--num_threads N]
         [--max_body_bytes 67108864] [--request_timeout_s 30] [--max_connections 256] [--parse_threads 2]
-        [--drain_timeout_s 20]
+        [--drain_timeout_s 20] [--base BASE_DIR] [--reload_interval_s 2]
 
 ``POST /predict`` with lines in the model's input layout as the body (as ``python -m
 serving.predict`` reads them: raw Criteo lines, or BYO CSV rows for a model trained
@@ -25,6 +25,12 @@ stalled client holds a socket, not a thread. Bodies are parsed and transformed o
 takes what is queued, waits at most --max_batch_delay_ms for more, up to
 --max_batch_rows rows, and runs one forward for all of them.
 
+A --model that is a symlink (``STATE_DIR/current``) is followed: every
+--reload_interval_s seconds the server resolves it, and when it names another export
+it loads and checks that export and swaps it in (`ModelWatcher`); requests already
+parsed finish on the model that parsed them, and a bad model is refused in one line
+while the old one keeps serving.
+
 On SIGTERM (what systemd and Kubernetes send) or SIGINT the server stops accepting
 connections, closes idle ones, lets the requests in flight finish (for at most
 --drain_timeout_s; then they are cancelled), prints one line: requests, rows and unseen
@@ -39,6 +45,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import os
 import queue
 import socket
 import sys
@@ -61,10 +68,11 @@ from common.config_flags import flag
 from common.errors import BadInput
 from common.sigterm import Terminated, raise_on_sigterm
 from serving.cli import MODEL_DIR_HELP, parse_config, serving_parser
+from serving.delta import different_inputs, is_delta
 from serving.layouts.base import MalformedLineError
 from serving.layouts.parquet_rows import ParquetRows
 from serving.model_files import TRUST_FLAG
-from serving.predict import TRUST_HELP, VARIANTS, Predictor
+from serving.predict import BASE_HELP, TRUST_HELP, VARIANTS, Predictor
 
 
 @dataclass
@@ -72,6 +80,7 @@ class _Request:
     dense: np.ndarray
     ids: np.ndarray
     result: Future
+    predictor: Predictor  # the model that parsed the rows runs them, whatever reloads meanwhile
 
 
 class BatchingPredictor:
@@ -106,9 +115,10 @@ class BatchingPredictor:
         """Probabilities of prepared rows (see `Predictor.prepare`); blocks until done."""
         return self.enqueue(dense, ids).result()
 
-    def enqueue(self, dense: np.ndarray, ids: np.ndarray) -> Future:
-        """Queues prepared rows; the future's result is their probabilities."""
-        request = _Request(dense, ids, Future())
+    def enqueue(self, dense: np.ndarray, ids: np.ndarray, predictor: Predictor | None = None) -> Future:
+        """Queues prepared rows; the future's result is their probabilities, by
+        ``predictor`` (the one that prepared them; default: the one in service)."""
+        request = _Request(dense, ids, Future(), predictor or self.predictor)
         self._queue.put(request)
         return request.result
 
@@ -128,8 +138,10 @@ class BatchingPredictor:
                 break
             if request is None:
                 return batch, True
-            if rows + len(request.dense) > self.max_batch_rows:
-                self._queue.put(request)  # the next forward's (order across requests is free)
+            if rows + len(request.dense) > self.max_batch_rows or request.predictor is not first.predictor:
+                # The next forward's (order across requests is free); a request parsed by
+                # another model (a reload happened between them) runs on that model.
+                self._queue.put(request)
                 break
             batch.append(request)
             rows += len(request.dense)
@@ -143,7 +155,7 @@ class BatchingPredictor:
                 return
             batch, closing = self._gather(first)
             try:
-                probabilities = self.predictor.predict_transformed(
+                probabilities = first.predictor.predict_transformed(
                     np.concatenate([r.dense for r in batch]), np.concatenate([r.ids for r in batch])
                 )
             except Exception as e:  # the model failed: every waiting request learns why
@@ -155,6 +167,111 @@ class BatchingPredictor:
             for request in batch:
                 request.result.set_result(probabilities[start : start + len(request.dense)])
                 start += len(request.dense)
+
+
+# How often a --model that is a symlink is looked at, unless --reload_interval_s says.
+DEFAULT_RELOAD_INTERVAL_S = 2.0
+
+
+def follows_a_link(path: str) -> bool:
+    """Whether ``path`` is, or passes through, a symlink: a name that can be pointed at
+    another export (`common.atomic.atomic_symlink`)."""
+    return os.path.realpath(path) != os.path.abspath(path)
+
+
+def check_replacement(serving: Predictor, new: Predictor) -> None:
+    """Refuses (BadInput) a model to swap in for ``serving``: one whose inputs differ
+    (requests parsed for one would not fit the other, and the counts of unseen ids are
+    per feature), or whose probe forward (a few rows of zeros) gives no probabilities."""
+    other = different_inputs(new.inputs, serving.inputs)
+    if other is not None:
+        raise BadInput(f"its inputs differ from the model in service ({other}): restart the server to serve it")
+    dense = np.zeros((2, new.layout.num_dense), np.float32)
+    probabilities = new.predict_transformed(dense, np.zeros((2, new.layout.num_sparse_columns), np.int64))
+    if probabilities.shape != (2,) or not ((probabilities >= 0) & (probabilities <= 1)).all():
+        raise BadInput(f"its probe forward gave {probabilities.tolist()}, not two probabilities")
+
+
+def model_loader(variant: str, trust_native_code: bool, base: str | None) -> Callable[[str], Predictor]:
+    """How `ModelWatcher` loads the export a link is switched to: the server's variant
+    and flags, ``base`` (--base) for a delta export only (the link may name a full
+    export later, which --base does not concern)."""
+
+    def load(model_dir: str) -> Predictor:
+        return Predictor(
+            model_dir, variant, trust_native_code=trust_native_code, base=base if is_delta(model_dir) else None
+        )
+
+    return load
+
+
+class ModelWatcher:
+    """Follows a --model path that is a symlink (``STATE_DIR/current``): every
+    ``interval_s`` it resolves the path, and when it names another export, loads that
+    export whole (every file against its manifest, a delta onto its base) from the
+    resolved directory, checks it (`check_replacement`) and swaps it in for the
+    batcher's next requests; requests already parsed finish on the model that parsed
+    them. A model that fails to load or check is refused with one line, and the one
+    in service keeps serving (and is not tried again until the link moves again).
+
+    Args:
+        path: the --model path to follow.
+        batcher: whose ``predictor`` is swapped.
+        load: loads the model of a directory (the server's variant and flags).
+        interval_s: seconds between two looks.
+        log: where the one-line reports go (default: stdout, the server's log).
+
+    Example::
+
+        watcher = ModelWatcher("state/current", batcher, Predictor, 2.0)
+        watcher.start(); ...; watcher.close()
+    """
+
+    def __init__(
+        self,
+        path: str,
+        batcher: BatchingPredictor,
+        load: Callable[[str], Predictor],
+        interval_s: float,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.path, self.batcher, self.load, self.interval_s = path, batcher, load, interval_s
+        self.log = log or functools.partial(print, flush=True)
+        self.serving = os.path.realpath(path)
+        self.reloads = 0
+        self._refused: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reload", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.check()
+
+    def check(self) -> bool:
+        """One look at the path: whether another model was swapped in."""
+        target = os.path.realpath(self.path)
+        if target in (self.serving, self._refused):
+            return False
+        try:
+            predictor = self.load(target)  # the resolved directory: the link may move again meanwhile
+            check_replacement(self.batcher.predictor, predictor)
+        except Exception as e:  # BadInput, and whatever else a bad model raises: never the server's end
+            self._refused = target
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            self.log(f"reload refused: {self.path} -> {target}: {reason}; still serving {self.serving}")
+            return False
+        self.batcher.predictor = predictor
+        self.serving, self._refused, self.reloads = target, None, self.reloads + 1
+        self.log(f"reloaded {self.path}: now serving {target} (step {predictor.inputs.step})")
+        return True
 
 
 @dataclass
@@ -321,15 +438,18 @@ class PredictApp:
                 return
             if scope["path"] != "/predict" or scope["method"] != "POST":
                 raise HttpError(404, "not found: GET /health or POST /predict")
-            missing_as_null = self._query(scope)
+            # One model answers the request, parsing and forward, even if another is
+            # swapped in meanwhile (`ModelWatcher`).
+            predictor = self.batcher.predictor
+            missing_as_null = self._query(scope, predictor)
             body = await self._read_body(scope, receive)
             loop = asyncio.get_running_loop()
             prepared = await loop.run_in_executor(
                 self._parsers,
-                functools.partial(self.batcher.predictor.read_lines, body, "request", missing_as_null=missing_as_null),
+                functools.partial(predictor.read_lines, body, "request", missing_as_null=missing_as_null),
             )
             probabilities = (
-                await asyncio.wrap_future(self.batcher.enqueue(prepared.dense, prepared.ids))
+                await asyncio.wrap_future(self.batcher.enqueue(prepared.dense, prepared.ids, predictor))
                 if len(prepared.dense)
                 else np.zeros(0, np.float32)
             )
@@ -349,7 +469,7 @@ class PredictApp:
                         {
                             "probabilities": [float(f"{p:.7g}") for p in probabilities],
                             "unseen_ids": unseen,
-                            "unseen_ids_by_feature": self.batcher.predictor.unseen_by_feature(prepared.unseen),
+                            "unseen_ids_by_feature": predictor.unseen_by_feature(prepared.unseen),
                         }
                     ).encode(),
                     content_type=b"application/json",
@@ -358,7 +478,7 @@ class PredictApp:
             else:
                 await _answer(send, 200, "".join(f"{p:.7g}\n" for p in probabilities).encode(), unseen_ids=unseen)
 
-    def _query(self, scope: dict[str, Any]) -> bool:
+    def _query(self, scope: dict[str, Any], predictor: Predictor) -> bool:
         """Whether the query string asks for missing columns as null (``missing=null``,
         a Parquet model's only); any other query is refused, so that a misspelt
         option is not silently ignored."""
@@ -371,7 +491,7 @@ class PredictApp:
                 f"unknown query {scope['query_string'].decode('latin-1')[:80]!r}: /predict takes "
                 "none, or missing=null (a Parquet model's rows may leave columns out, read as null)",
             )
-        if not isinstance(self.batcher.predictor.layout, ParquetRows):
+        if not isinstance(predictor.layout, ParquetRows):
             raise HttpError(400, "missing=null: only a Parquet model's JSON rows have columns to leave out")
         return True
 
@@ -527,7 +647,13 @@ def serving_in_background(
 class ServeConfig:
     """The model ``python -m serving.serve`` serves, where, and how it batches requests."""
 
-    model: str = flag(help=MODEL_DIR_HELP)
+    model: str = flag(help=MODEL_DIR_HELP + "; a symlink to one is followed (--reload_interval_s)")
+    base: str | None = flag(None, help=BASE_HELP)
+    reload_interval_s: float | None = flag(
+        None,
+        help="seconds between two looks at where --model points, to serve the export it is switched to "
+        f"(unset: every {DEFAULT_RELOAD_INTERVAL_S:g} s when --model is a symlink, else never; 0: never)",
+    )
     host: str = flag("127.0.0.1", help="address to listen on")
     port: int = flag(8080, help="port to listen on")
     variant: str = flag("fp32", choices=VARIANTS, help="which exported model to serve")
@@ -550,21 +676,32 @@ def _serve(args: ServeConfig, limits: HttpLimits) -> int:
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
     limits.validate()
+    interval = args.reload_interval_s
+    if interval is None:
+        interval = DEFAULT_RELOAD_INTERVAL_S if follows_a_link(args.model) else 0.0
+    if not interval >= 0:
+        raise BadInput(f"--reload_interval_s must not be negative, got {args.reload_interval_s}")
     try:
         sock = listening_socket(args.host, args.port)
     except OSError as e:  # the port is taken, say
         raise BadInput(str(e)) from e
+
+    load = model_loader(args.variant, args.trust_native_code, args.base)
     try:
-        batcher = BatchingPredictor(
-            Predictor(args.model, args.variant, trust_native_code=args.trust_native_code),
-            args.max_batch_rows,
-            args.max_batch_delay_ms,
+        # The resolved directory: what the link names now is what is served (and watched from).
+        first = Predictor(
+            os.path.realpath(args.model), args.variant, trust_native_code=args.trust_native_code, base=args.base
         )
+        batcher = BatchingPredictor(first, args.max_batch_rows, args.max_batch_delay_ms)
     except (BadInput, OSError) as e:
         sock.close()
         raise BadInput(str(e)) from e
     server = Server(batcher, sock, limits)
+    watcher = ModelWatcher(args.model, batcher, load, interval) if interval > 0 else None
     print(f"serving {args.model} ({args.variant}) on http://{args.host}:{server.port}/predict", flush=True)
+    if watcher is not None:
+        print(f"following {args.model} -> {watcher.serving}: every {interval:g} s", flush=True)
+        watcher.start()
     # uvicorn drains on either signal, then raises it again: SIGINT's KeyboardInterrupt,
     # and SIGTERM as Terminated (by default it would kill the process before the summary).
     with raise_on_sigterm():
@@ -573,6 +710,8 @@ def _serve(args: ServeConfig, limits: HttpLimits) -> int:
         except (KeyboardInterrupt, Terminated):
             pass
         finally:
+            if watcher is not None:
+                watcher.close()
             batcher.close()
             print(f"{args.model}: {server.app.summary()}", flush=True)
     return 0

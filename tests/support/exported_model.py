@@ -5,6 +5,7 @@ once per session); and a tiny untrained one saved as a checkpoint in this proces
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,10 +100,16 @@ def tiny_checkpoint(
     calibration: Calibration | None = None,
     serving_layout: str | None = None,
     serving_facts: dict[str, Any] | None = None,
+    num_embeddings: int = 10,
+    embedding_dim: int = 4,
+    step: int = 1,
+    change: Callable[[torch.nn.Module], None] | None = None,
 ) -> str:
-    """A checkpoint of a tiny Criteo model (tables of 10 rows of width 4), saved by
-    this process under ``root / "ckpt"``; returns its path. Its meta.json records the
-    serving layout and facts of random data, as the trainer does, unless given.
+    """A checkpoint of a tiny Criteo model (tables of ``num_embeddings`` rows of width
+    ``embedding_dim``), saved by this process under ``root / "ckpt"``; returns its path. Its meta.json
+    records the serving layout and facts of random data, as the trainer does, unless
+    given. ``change``: called on the model before it is saved (a day of training
+    changing some rows: save it at another ``step``).
 
     Example::
 
@@ -111,11 +118,11 @@ def tiny_checkpoint(
     config = parse_config(
         [
             "--num_embeddings",
-            "10",
+            str(num_embeddings),
             "--embedding_dim",
-            "4",
+            str(embedding_dim),
             "--dense_arch_layer_sizes",
-            "8,4",
+            f"8,{embedding_dim}",
             "--over_arch_layer_sizes",
             "8,1",
         ],
@@ -124,9 +131,12 @@ def tiny_checkpoint(
     )
     torch.manual_seed(0)  # the same weights every run
     model = build_dlrm_train(config.model, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"))
+    if change is not None:
+        with torch.no_grad():
+            change(model)
     source = source_for(config.data)
     meta = CheckpointMeta(
-        step=1,
+        step=step,
         epoch=0,
         batch_in_epoch=1,
         world_size=1,

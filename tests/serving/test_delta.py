@@ -1,0 +1,208 @@
+"""Delta exports (serving/delta.py): a delta applied to its base predicts exactly as the
+full export of the same checkpoint, is at most 1.1x the bytes of the changed rows and
+the dense part, and is refused, in one line, on the wrong base, another model's base,
+or when written by a newer version."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from fbgemm_gpu.split_embedding_configs import SparseType
+from fbgemm_gpu.split_table_batched_embeddings_ops_inference import rounded_row_size_in_bytes
+
+from serving import export, predict
+from serving.delta import DELTA_FILE, program_tensors
+from serving.model_files import write_manifest
+from tests.support.exported_model import tiny_checkpoint
+
+ROWS, DIM, CHANGED = 1000, 16, 50  # per table: a day changing 5% of its rows
+NUM_TABLES = 26
+
+
+def one_day(model: torch.nn.Module) -> None:
+    """What a day of training changes: some rows of every table, every dense weight."""
+    generator = torch.Generator().manual_seed(3)
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if "embedding_bags" in name:
+            rows = torch.randperm(ROWS, generator=generator)[:CHANGED]
+            tensor.data[rows] += torch.randn(CHANGED, DIM, generator=generator)
+        elif tensor.is_floating_point():
+            tensor.data += 0.01 * torch.randn(tensor.shape, generator=generator)
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory) -> dict[str, str]:
+    """Day 0 and day 1 of a model, each exported in full, and day 1 as a delta of day 0."""
+    root = tmp_path_factory.mktemp("delta")
+    day0 = tiny_checkpoint(root, "delta", num_embeddings=ROWS, embedding_dim=DIM, step=1)
+    day1 = tiny_checkpoint(root, "delta", num_embeddings=ROWS, embedding_dim=DIM, step=2, change=one_day)
+    paths = {name: str(root / name) for name in ("full0", "full1", "delta1")}
+    export.export_model(day0, paths["full0"], ["fp16", "int8"])
+    export.export_model(day1, paths["full1"], ["fp16", "int8"])
+    assert export.main(["--checkpoint", day1, "--output", paths["delta1"], "--delta_from", paths["full0"]]) == 0
+    return {**paths, "root": str(root), "day1": day1}
+
+
+def random_rows(count: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.integers(0, 50, (count, 13)), rng.integers(0, 2**32, (count, NUM_TABLES), dtype=np.uint64)
+
+
+@pytest.mark.parametrize("variant", ["fp32", "fp16", "int8"])
+def test_a_delta_on_its_base_predicts_as_the_full_export(exports, variant):
+    dense, sparse = random_rows(512)
+    full = predict.Predictor(exports["full1"], variant).predict(dense, sparse)
+    applied = predict.Predictor(exports["delta1"], variant)
+    assert applied.base == os.path.normpath(exports["full0"])  # found where the delta records it
+    assert applied.inputs.step == 2
+    np.testing.assert_array_equal(applied.predict(dense, sparse), full)
+    before = predict.Predictor(exports["full0"], variant).predict(dense, sparse)
+    assert np.abs(before - full).max() > 1e-4  # the day changed the model
+
+
+def test_a_delta_is_at_most_1_1x_the_changed_rows_and_the_dense_part(exports):
+    """From file sizes: every file of the delta directory, against the rows the day
+    changed at their stored size in each program (fp32; fp16 and int8 rows as FBGEMM
+    stores them, 16-byte aligned) plus each program's dense part."""
+    delta_bytes = sum(os.path.getsize(os.path.join(exports["delta1"], f)) for f in os.listdir(exports["delta1"]))
+    rows = NUM_TABLES * CHANGED
+    changed_rows = rows * DIM * 4 + sum(
+        rows * rounded_row_size_in_bytes(DIM, kind, 16) for kind in (SparseType.FP16, SparseType.INT8)
+    )
+    dense = 0
+    for variant in ("fp32", "fp16", "int8"):
+        program = torch.export.load(os.path.join(exports["full1"], f"{variant}.pt2"))
+        dense += sum(
+            program.state_dict[name].numel() * program.state_dict[name].element_size()
+            for name in program.graph_signature.parameters
+            if name != "dlrm.sparse_arch.weight"  # the fp32 tables; the quantized ones are constants
+        )
+    ratio = delta_bytes / (changed_rows + dense)
+    full_bytes = sum(os.path.getsize(os.path.join(exports["full1"], f)) for f in os.listdir(exports["full1"]))
+    print(f"delta {delta_bytes} bytes, changed rows {changed_rows} + dense {dense}: {ratio:.3f}x; full {full_bytes}")
+    assert ratio <= 1.1
+    assert delta_bytes < full_bytes / 4
+
+
+def test_the_delta_holds_only_the_changed_rows(exports):
+    """Applied to the base, the fp32 program's weights are the full export's, and the
+    delta names exactly the rows the day changed."""
+    with open(os.path.join(exports["delta1"], DELTA_FILE)) as f:
+        record = json.load(f)
+    (tables,) = [r for r in record["regions"]["fp32"] if r["tensor"] == "dlrm.sparse_arch.weight"]
+    assert (tables["rows"], tables["changed"], tables["row_bytes"]) == (NUM_TABLES * ROWS, NUM_TABLES * CHANGED, 64)
+    applied = predict.Predictor(exports["delta1"]).model
+    full = torch.export.load(os.path.join(exports["full1"], "fp32.pt2"))
+    for name, tensor in program_tensors(full).items():
+        assert torch.equal(applied.get_parameter(name) if name in full.state_dict else tensor, tensor), name
+
+
+def predict_error(capsys, *flags: str) -> str:
+    assert predict.main(["--input", "nothing.tsv", *flags]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_a_delta_on_another_base_is_refused_in_one_line(exports, capsys):
+    error = predict_error(capsys, "--model", exports["delta1"], "--base", exports["full1"])
+    assert f"--base {exports['full1']} is not the export the delta {exports['delta1']} was taken from" in error
+    moved = os.path.join(exports["root"], "moved")
+    shutil.copytree(exports["full0"], moved)
+    assert predict.Predictor(exports["delta1"], "int8", base=moved).base == moved  # the same export elsewhere
+    error = predict_error(capsys, "--model", exports["full1"], "--base", exports["full0"])
+    assert "is a full export, not a delta" in error
+
+
+def test_a_delta_of_another_model_is_refused_in_one_line(exports, tmp_path, capsys):
+    other = str(tmp_path / "other")
+    export.export_model(tiny_checkpoint(tmp_path, "other"), other, [])
+    error = predict_error(capsys, "--model", exports["delta1"], "--base", other)
+    assert f"--base {other} is another model than the delta" in error and "num_embeddings_per_feature" in error
+    # The writer refuses too, before tracing anything.
+    assert (
+        export.main(
+            [
+                "--checkpoint",
+                exports["day1"],
+                "--output",
+                str(tmp_path / "d"),
+                "--delta_from",
+                other,
+                "--quantize",
+                "none",
+            ]
+        )
+        == 2
+    )
+    assert "is another model (num_embeddings_per_feature differ" in capsys.readouterr().err
+
+
+def test_a_delta_written_by_a_newer_version_is_refused_in_one_line(exports, tmp_path, capsys):
+    newer = str(tmp_path / "newer")
+    shutil.copytree(exports["delta1"], newer)
+    path = os.path.join(newer, DELTA_FILE)
+    with open(path) as f:
+        record = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**record, "version": 2}, f)
+    os.remove(os.path.join(newer, "manifest.json"))
+    write_manifest(newer)
+    # base_path is relative to the delta: this copy's base is given.
+    error = predict_error(capsys, "--model", newer, "--base", exports["full0"])
+    assert error.endswith(
+        f"{path}: version is 2, newer than this code reads (1): use the release that wrote it or a newer one"
+    )
+
+
+def test_a_damaged_delta_is_refused_by_its_manifest(exports, tmp_path, capsys):
+    damaged = str(tmp_path / "damaged")
+    shutil.copytree(exports["delta1"], damaged)
+    with open(os.path.join(damaged, "fp32.delta"), "r+b") as f:
+        f.seek(100)
+        f.write(b"\x00\x01\x02")
+    assert "fp32.delta" in predict_error(capsys, "--model", damaged, "--base", exports["full0"])
+
+
+def test_the_writer_refuses_what_a_delta_cannot_hold(exports, tmp_path, capsys):
+    out = str(tmp_path / "d")
+    day1 = exports["day1"]
+    assert export.main(["--checkpoint", day1, "--output", out, "--delta_from", exports["delta1"]]) == 2
+    assert "is a delta export: deltas are taken from and applied to a full export" in capsys.readouterr().err
+    assert (
+        export.main(["--checkpoint", day1, "--output", out, "--delta_from", exports["full0"], "--format", "aoti"]) == 2
+    )
+    assert "an AOTInductor package holds its weights inside compiled code" in capsys.readouterr().err
+    fp32_only = str(tmp_path / "fp32_only")
+    export.export_model(day1, fp32_only, [])
+    assert export.main(["--checkpoint", day1, "--output", out, "--delta_from", fp32_only]) == 2
+    assert "has no fp16 program (it has fp32): pass --quantize with those it has (none)" in capsys.readouterr().err
+    assert not os.path.exists(out)
+
+
+def test_a_delta_changing_where_rows_lie_is_refused(exports, tmp_path, capsys):
+    """A delta changes weights only: one rewriting the quantized kernel's table offsets
+    (which would send lookups outside the tables) is refused, its manifest rewritten to
+    vouch for it."""
+    crafted = str(tmp_path / "crafted")
+    shutil.copytree(exports["delta1"], crafted)
+    offsets = "dlrm.sparse_arch.embedding_bag_collection.tbes.0.weights_offsets"
+    with open(os.path.join(crafted, "int8.delta"), "ab") as f:
+        end = f.tell()
+        f.write(np.full(NUM_TABLES, 1 << 40, np.int64).tobytes())
+    path = os.path.join(crafted, DELTA_FILE)
+    with open(path) as f:
+        record = json.load(f)
+    region = dict(tensor=offsets, dtype="int64", shape=[NUM_TABLES], start=0, row_bytes=8 * NUM_TABLES, rows=1)
+    record["regions"]["int8"].append({**region, "encoding": "all", "changed": 1, "offset": end, "index_bytes": 0})
+    with open(path, "w") as f:
+        json.dump(record, f)
+    os.remove(os.path.join(crafted, "manifest.json"))
+    write_manifest(crafted)
+    error = predict_error(capsys, "--model", crafted, "--base", exports["full0"], "--variant", "int8")
+    assert error.endswith(
+        f"{crafted}/int8.delta: {offsets}: a torch.int64 tensor, not weights: a delta changes weights only"
+    )

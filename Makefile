@@ -135,7 +135,7 @@ test-fast: install
 # The generated hostile-input suites with more cases than make test's (10 of each kind of lie).
 HOSTILE_EXAMPLES ?= 200
 test-hostile: install
-	HOSTILE_EXAMPLES=$(HOSTILE_EXAMPLES) $(PYTHON) -m pytest -q tests/checkpoints/test_store_hostile.py tests/serving/test_model_files_hostile.py
+	HOSTILE_EXAMPLES=$(HOSTILE_EXAMPLES) $(PYTHON) -m pytest -q tests/checkpoints/test_checkpoints_hostile.py tests/serving/test_model_files_hostile.py
 
 # The correctness matrix over every triple of choices; MATRIX_STRENGTH=2 covers every
 # pair, what .ci/run runs on every stack after the suite (out of make test's 15 minutes).

@@ -11,7 +11,7 @@ The input layout is the model's (inputs.json "layout"; serving/layouts/):
 - Models trained on Criteo's binary layout read raw Criteo lines (plain or .gz),
   tab-separated: label, 13 integer features, 26 hexadecimal hashes (40 fields), or the
   same without the label (39 fields, as Criteo's unlabeled test files); any feature may
-  be empty. The transforms are preprocessing's (data/criteo_transforms.py): dense
+  be empty. The transforms are preprocessing's (data/preprocess/criteo_transforms.py): dense
   log(max(x, 0) + 3), hashes through the vocabulary or the low 31 bits, modulo the
   table sizes.
 - Models trained with --dataset_path (a feature spec) read BYO CSV rows (plain or
@@ -25,7 +25,7 @@ The input layout is the model's (inputs.json "layout"; serving/layouts/):
   partitions, a glob or a URL, as --parquet_path), one row group at a time, and write
   --output as Parquet: the --keep_columns (any input columns), then ``probability``
   (`predict_parquet`). The columns are converted by the training's own
-  `data.parquet_columns.ParquetColumns` (transform, id hashing); a bad value stops
+  `data.parquet.columns.ParquetColumns` (transform, id hashing); a bad value stops
   the run naming the file, row group, row and column.
 
 MODEL_DIR may be a delta export (``serving.export --delta_from``): its rows are applied

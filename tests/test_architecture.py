@@ -76,7 +76,7 @@ def test_an_upward_import_is_found(tmp_path):
     inside the checkpoint format, and lets the downward ones be."""
     (tmp_path / "serving").mkdir()
     (tmp_path / "serving" / "export.py").write_text(
-        "from checkpoints.store import read_meta\n\ndef main():\n    import training.trainer\n"
+        "from checkpoints.opened import read_meta\n\ndef main():\n    import training.trainer\n"
     )
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "store.py").write_text("from common.errors import BadInput\nfrom serving import cli\n")

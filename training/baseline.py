@@ -6,7 +6,7 @@ It takes the training entry points' data flags (every data source, its split, it
 batching and row limits), their table-size flags (``--num_embeddings``,
 ``--max_table_rows``, ...) and ``--recipe`` (for those flags), so the rows it trains,
 validates and tests on, and the table row each id falls in, are the deep model's:
-the same loaders (data/loaders.py, the sources' id hashing and dense transform). The
+the same loaders (data/batching/loaders.py, the sources' id hashing and dense transform). The
 model is one weight per table row (an embedding of width 1, summed over a bag), one
 per numerical feature and a bias, trained on one CPU process with Adagrad (or SGD) on
 sparse gradients. It validates after every epoch, keeps the epoch with the best

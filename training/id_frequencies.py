@@ -7,7 +7,7 @@ table (``t_cat_0`` ...), int64 arrays of the table's length:
 
     t_cat_0          lookups of every id of every bag (the multi-hot ids)
     t_cat_0.first    lookups of the first id of each bag: with --multi_hot_sizes the
-                     one-hot id before expansion (data/multi_hot.py puts it first)
+                     one-hot id before expansion (data/batching/multi_hot.py puts it first)
 
 Validation and test batches are not counted. Sum the files over ranks for the whole
 run; the file is written under a temporary name and renamed when complete.

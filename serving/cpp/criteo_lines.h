@@ -1,5 +1,5 @@
 // Raw Criteo lines -> the model's inputs, as the Python predictor turns them
-// (serving/input_layouts.py CriteoLines, data/criteo_tsv.py, data/criteo_transforms.py):
+// (serving/layouts/criteo_lines.py CriteoLines, data/text/criteo_tsv.py, data/preprocess/criteo_transforms.py):
 //
 //   label, 13 integer features, 26 hexadecimal hashes, tab-separated (40 fields), or the
 //   same without the label (39 fields); any feature may be empty (0). A line is refused

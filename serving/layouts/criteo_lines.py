@@ -2,7 +2,7 @@
 
 Tab-separated: label, 13 integer features, 26 hexadecimal hashes (40 fields), or the
 same without the label (39 fields); any feature may be empty. Transforms:
-preprocessing's (data/criteo_transforms.py): its frequency threshold (through the
+preprocessing's (data/preprocess/criteo_transforms.py): its frequency threshold (through the
 vocabulary the export copies beside the model) and its table-size modulo. The layout of
 models trained on random data and Criteo binaries (one-hot or multi-hot).
 """

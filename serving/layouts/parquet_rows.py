@@ -3,7 +3,7 @@
 Parquet tables (the predictor reads them by row group: `ParquetRows.prepare_table`) or,
 as lines, JSON objects keyed by column name, one per line (the HTTP endpoint;
 `ParquetRows.parse`). Both are converted by the training's own
-`data.parquet_columns.ParquetColumns.convert` (transform and id hashing), then each
+`data.parquet.columns.ParquetColumns.convert` (transform and id hashing), then each
 feature's bag is laid into its ``sparse_hotness`` places, `PADDING_ID` after its ids.
 No id is unseen: hashing gives every value a row.
 """
@@ -56,7 +56,7 @@ def _value_types(count: int) -> Kind:
 @dataclass
 class ParquetPreprocessing(LayoutRecord):
     """Parquet rows (and the HTTP endpoint's JSON objects keyed by column name),
-    converted as training did: through `data.parquet_columns.ParquetColumns` (the
+    converted as training did: through `data.parquet.columns.ParquetColumns` (the
     dense and sparse columns are the model's feature names, the table sizes its
     tables'; `parquet_columns`).
 
@@ -392,7 +392,7 @@ def _is_text(value: Any) -> bool:
 
 def _as_int64(value: Any) -> Any:
     """A uint64 id above int64's range as the int64 of the same 64 bits (the hash key
-    of both, data.id_hashing.integer_keys); anything else as it is."""
+    of both, data.parquet.id_hashing.integer_keys); anything else as it is."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1 << 63:
         return value - (1 << 64)
     if isinstance(value, list):

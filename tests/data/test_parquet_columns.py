@@ -1,4 +1,4 @@
-"""Raw Parquet values to model inputs (data/parquet_columns.py, data/id_hashing.py),
+"""Raw Parquet values to model inputs (data/parquet/columns.py, data/parquet/id_hashing.py),
 against a row-by-row reference written from the documented recipe (docs/data.md):
 what a user reimplements in their own pipeline must give the same rows."""
 

@@ -623,10 +623,10 @@ def test_statistics_lines_say_what_was_counted_and_nothing_before_a_row(tmp_path
     loaders = _loaders(_config(str(tmp_path), validation_window="0.3", test_window="0.3"))
     loader = loaders["train"]
     assert statistics_lines(loader.statistics()) is None
-    monkeypatch.setattr("data.parquet_loader._NULLS_REPORTED", set())  # the note is said once per process
+    monkeypatch.setattr("data.parquet.loader._NULLS_REPORTED", set())  # the note is said once per process
     list(loaders["test"])  # what --mode test reads: the note says no counts follow
     assert capsys.readouterr().err == "note: dense column(s) I2 hold nulls, read as 0, as in training\n"
-    monkeypatch.setattr("data.parquet_loader._NULLS_REPORTED", set())
+    monkeypatch.setattr("data.parquet.loader._NULLS_REPORTED", set())
     list(loader)
     assert capsys.readouterr().err == (
         "note: dense column(s) I2 hold nulls, read as 0 (the training rows' counts per "

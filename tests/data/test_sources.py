@@ -36,7 +36,7 @@ from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parq
 from data.transcode import transcode
 from harness.launch import REPO, read_log, step_losses
 from serving.export import describe_inputs
-from serving.input_layouts import LAYOUTS
+from serving.layouts import LAYOUTS
 from sharding_plans.feature_spec import read_feature_spec
 from torchx_components.launch import DATA_DIR_FLAG, DATA_PATH_FLAGS, gives_data_path
 from torchx_components.training import dcnv2, dlrm

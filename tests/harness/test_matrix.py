@@ -28,7 +28,7 @@ def test_the_default_optimizers_resume_on_two_ranks_in_a_case():
     """The public example's optimizers (fused SGD, dense SGD: no state) resumed on 2 ranks
     equal the uninterrupted run in check (b) of a trained case: DCP once failed on their
     empty optimizer state ("Missing key ... optim"). This case is that check; it left
-    tests/checkpoints/test_store.py (three 2-rank launches, 40 CPU s of make test) for the matrix."""
+    tests/checkpoints/test_checkpoints.py (three 2-rank launches, 40 CPU s of make test) for the matrix."""
     assert any(
         case["optimizer"] == "sgd" and case["dense_optimizer"] == "sgd" and case["world_size"] == 2 for case in CASES
     )

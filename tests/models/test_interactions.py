@@ -151,7 +151,10 @@ def test_fast_blocks_match_torchrec():
     """DotInteraction and PooledSparseArch give torchrec's outputs and gradients."""
     from torchrec.models.dlrm import InteractionArch, SparseArch
 
-    from models.interaction import DotInteraction, PooledSparseArch
+    from models.arch import PooledSparseArch
+    from models.interactions import dot
+
+    DotInteraction = dot.blocks().DotInteraction
 
     torch.manual_seed(0)
     dense = torch.randn(6, 8, requires_grad=True)

@@ -1,4 +1,4 @@
-"""Settings shared by the generated hostile-input suites (tests/checkpoints/test_store_hostile.py tests/serving/test_model_files_hostile.py).
+"""Settings shared by the generated hostile-input suites (tests/checkpoints/test_checkpoints_hostile.py tests/serving/test_model_files_hostile.py).
 
 `make test` draws HOSTILE_EXAMPLES (default 10) cases per property, the same ones every
 run (derandomized: a failure in CI reproduces); `make test-hostile` draws 200.

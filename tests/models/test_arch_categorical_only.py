@@ -30,7 +30,7 @@ from data.transcode import transcode
 from harness.launch import launch
 from harness.matrix import assemble_table, local_weights
 from models import ModelConfig, build_dlrm_train
-from models.categorical_only import CategoricalOnlyDLRM
+from models.arch import CategoricalOnlyDLRM
 from serving import export, predict, serve
 from serving.inference_model import ProbabilityModel, load_checkpoint_model
 from serving.model_inputs import read_inputs

@@ -1,7 +1,0 @@
-"""The old path of data/parquet/columns.py, kept as an alias for one release: importing
-it gives that very module (CHANGELOG)."""
-
-import importlib
-import sys
-
-sys.modules[__name__] = importlib.import_module("data.parquet.columns")

@@ -384,7 +384,8 @@ class ParquetInput:
         self.layout = layout
         self.filesystem, root, self.files = list_files(path, flag)
         self.footers, metadata, self.schema = read_footers(self.filesystem, root, self.files)
-        self.labelled = layout.columns.label in self.schema.names
+        self.label: str = layout.columns.label
+        self.labelled = self.label in self.schema.names
         missing = [name for name in keep_columns if name not in self.schema.names]
         if missing:
             raise BadInput(

@@ -130,7 +130,7 @@ def parquet_rows(
     source = ParquetInput(layout, path, "--data")
     if not source.labelled:
         raise BadInput(
-            f"--data {path}: has no {layout.columns.label} column: the gate scores labelled rows "
+            f"--data {path}: has no {source.label} column: the gate scores labelled rows "
             f"(it has {', '.join(source.schema.names)})"
         )
     batches, rows = [], 0

@@ -285,24 +285,7 @@ def test_refusals_are_one_line(runs, synthetic_dir, tmp_path, capsys):
         'in the checkpoint, "sgd" now; optim.optimizer is "adagrad" in the checkpoint, "sgd" now (give the same, '
         "or leave the flag out: the optimizers start fresh)"
     )
-    assert refused(TABLE_ROWS, "--restore_checkpoint_path", source) == (
-        "give --warm_start (a new run from a checkpoint's weights) or --restore_checkpoint_path "
-        "(the weights of this run's model), not both"
-    )
-    assert refused(TABLE_ROWS, "--mode", "test") == (
-        "--warm_start starts a training run: --mode test takes a checkpoint with --restore_checkpoint_path"
-    )
-    own = _refusal(
-        capsys,
-        _run(synthetic_dir, *_model(TABLE_ROWS), "--warm_start", source, "--checkpoint_dir", os.path.dirname(source)),
-    )
-    assert own == (
-        f"--warm_start {source} starts a new run: give it a --checkpoint_dir of its own, not "
-        f"{os.path.dirname(source)}, which holds the checkpoint it starts from"
-    )
-    assert (
-        _refusal(capsys, _run(synthetic_dir, "--warm_start_optimizer")) == "--warm_start_optimizer needs --warm_start"
-    )
+    # (the refusals of flags alone: tests/training/test_flags.py)
     # Another feature set: a table on one side only, named with its shape.
     saved = read_meta(source).model
     other = dataclasses.replace(saved, sparse_feature_names=[*saved.sparse_feature_names[:-1], "user"])

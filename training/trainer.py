@@ -396,11 +396,10 @@ class Trainer:
         load_checkpoint(restore.checkpoint, state, self.env.rank, restore_rng=restore.full)
         self.model.load_state_dict(state["model"])
         self.weights_step, self.weights_path = restore.meta.step, restore.path
-        if restore.full:
-            self.warm_start_origin = restore.meta.warm_start  # a warm-started run, resumed, still is one
         if not restore.full:
             self.log.print(f"loaded the weights of {restore.path}")
             return
+        self.warm_start_origin = restore.meta.warm_start  # a warm-started run, resumed, still is one
         self.optimizer.load_state_dict(state["optim"])
         meta = restore.meta
         global_batch = self.config.data.batch_size * self.env.world_size

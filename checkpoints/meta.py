@@ -19,7 +19,10 @@ adds ``calibration``: the ``--calibrate`` fit of the validation at the checkpoin
 (serving/layouts/) and what it needs of the data besides the features, recorded at
 training (`DataSource.serving_facts`: a Parquet table's ids' value types, the label's
 name, Criteo's preprocessing), so that export, predict and serve never open the
-training data; an older file's export reads the data again.
+training data; an older file's export reads the data again. Version 7 adds
+``warm_start``: the checkpoint a ``--warm_start`` run started from (`WarmStartOrigin`: its
+path, step, run id and meta.json's SHA-256), null for a run started from scratch; older
+files read as null.
 
 Example::
 
@@ -52,7 +55,7 @@ from data.sources import SOURCES, FeatureDescription, source_for
 from models.config import INTERACTION_TYPES, ModelConfig
 from models.interactions import INTERACTIONS
 
-META_VERSION = 6
+META_VERSION = 7
 # The interaction fields of config.model before version 4 (every interaction's, flat).
 _FLAT_INTERACTION_FIELDS = (
     "dcn_num_layers",
@@ -61,6 +64,10 @@ _FLAT_INTERACTION_FIELDS = (
     "interaction_branch2_layer_sizes",
 )
 _WHAT = "a checkpoint's meta.json"
+_SHA256 = Kind(
+    lambda v: isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v),
+    "a SHA-256 in hex",
+)
 _SHARDS = Kind(
     lambda v: (
         isinstance(v, list)
@@ -71,6 +78,37 @@ _SHARDS = Kind(
     ),
     "a list of [row, column, rows, columns, rank] shards",
 )
+
+
+@dataclass
+class WarmStartOrigin:
+    """The checkpoint a ``--warm_start`` run started from, as its checkpoints and run log
+    record it: a later run (``--resume``, the daily loop) checks it names the same one.
+
+    Args:
+        path: the checkpoint (one step directory) whose weights the run started from.
+        step: its step.
+        meta_sha256: the SHA-256 of its meta.json (which names its run, step and data).
+        run_id: its run's id, when it has one.
+    """
+
+    path: str
+    step: int
+    meta_sha256: str
+    run_id: str | None
+
+    def describe(self) -> str:
+        return f"{self.path} (step {self.step}, meta.json sha256 {self.meta_sha256[:12]})"
+
+    @classmethod
+    def read(cls, record: JsonObject) -> "WarmStartOrigin":
+        """Reads what `dataclasses.asdict` wrote; FileFieldError naming the file and field."""
+        return cls(
+            path=record.get("path", TEXT),
+            step=record.get("step", INTEGER),
+            meta_sha256=record.get("meta_sha256", _SHA256),
+            run_id=record.get("run_id", optional(TEXT), None),
+        )
 
 
 @dataclass
@@ -100,6 +138,8 @@ class CheckpointMeta:
         serving_facts: what that layout reads of the data at export besides the
             features (`DataSource.serving_facts`; the layout reads its fields typed), or
             None as ``serving_layout`` is.
+        warm_start: the checkpoint a ``--warm_start`` run started from (kept by its
+            resumed runs), or None for a run started from scratch.
         version: the file format.
     """
 
@@ -116,6 +156,7 @@ class CheckpointMeta:
     calibration: Calibration | None = None
     serving_layout: str | None = None
     serving_facts: dict[str, Any] | None = None
+    warm_start: WarmStartOrigin | None = None
     version: int = META_VERSION
 
     @property
@@ -192,7 +233,7 @@ class CheckpointMeta:
 
     @classmethod
     def from_json(cls, data: bytes, path: str) -> "CheckpointMeta":
-        """Reads the bytes of ``path`` (version 1 to 6).
+        """Reads the bytes of ``path`` (version 1 to 7).
 
         Raises:
             FileFieldError: one line naming ``path`` and the field that is missing,
@@ -236,6 +277,11 @@ class CheckpointMeta:
             ),
             serving_layout=document.get("serving_layout", optional(TEXT), None),
             serving_facts=document.get("serving_facts", optional(OBJECT), None),
+            warm_start=(
+                WarmStartOrigin.read(document.object("warm_start"))
+                if document.get("warm_start", optional(OBJECT), None) is not None
+                else None
+            ),
             version=version,
         )
         try:  # the recorded data flags, as `data` and the derived properties read them

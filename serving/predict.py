@@ -54,7 +54,7 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -398,14 +398,64 @@ def predict_file(
 PROBABILITY_COLUMN = "probability"
 
 
+class ParquetInput:
+    """A Parquet table (a file, a directory whose Hive partitions become columns, a glob
+    or a URL, as --parquet_path) opened for a model's `ParquetRows` layout: every file's
+    schema checked against the model's columns, then read one row group at a time.
+    Labelled when it has the label column. Predict and the quality gate read Parquet
+    through it.
+
+    Args:
+        layout: the model's layout.
+        path: the table; ``flag`` names it in errors.
+        keep_columns: input columns read besides the model's (predict's --keep_columns).
+    """
+
+    def __init__(self, layout: ParquetRows, path: str, flag: str, keep_columns: Sequence[str] = ()) -> None:
+        self.layout = layout
+        self.filesystem, root, self.files = list_files(path, flag)
+        self.footers, metadata, self.schema = read_footers(self.filesystem, root, self.files)
+        self.label: str = layout.columns.label
+        self.labelled = self.label in self.schema.names
+        missing = [name for name in keep_columns if name not in self.schema.names]
+        if missing:
+            raise BadInput(
+                f"--keep_columns {','.join(missing)}: not a column of {flag} {path} "
+                f"(it has {', '.join(self.schema.names)})"
+            )
+        columns = layout.columns
+        self.read = list(
+            dict.fromkeys(
+                [*((columns.label,) if self.labelled else ()), *columns.dense, *columns.sparse, *keep_columns]
+            )
+        )
+        for footer, meta in zip(self.footers, metadata):
+            layout.check_schema(file_schema(footer, meta, self.schema), footer.path, self.labelled)
+        check_same_types(self.footers, metadata, self.schema, self.read)
+
+    def row_groups(self) -> Iterator[tuple[pa.Table, ParsedLines]]:
+        """(the row group's columns, the model's inputs of its rows), one row group at a
+        time; a bad value stops at its file, row group, row and column."""
+        for footer in self.footers:
+            for group in range(len(footer.row_group_rows)):
+                table = read_row_group(self.filesystem, footer, self.schema, group, self.read)
+                yield (
+                    table,
+                    self.layout.prepare_table(
+                        table,
+                        lambda row, file=footer.path, group=group: f"{file} row group {group} row {row}",
+                        self.labelled,
+                    ),
+                )
+
+
 def predict_parquet(
     predictor: Predictor, path: str, output: str, keep_columns: Sequence[str] = (), final_output: str | None = None
 ) -> tuple[int, LabelledScores | None, np.ndarray]:
     """Writes ``output`` (Parquet): the ``keep_columns`` of each row of the Parquet
-    table ``path`` (a file, a directory whose Hive partitions become columns, a glob or
-    a URL, as --parquet_path), then its probability; reads one row group at a time.
-    The input is labelled when it has the label column. ``final_output`` (the name
-    ``output`` will take) is refused when it is one of the table's local files.
+    table ``path`` (`ParquetInput`), then its probability; reads one row group at a time.
+    ``final_output`` (the name ``output`` will take) is refused when it is one of the
+    table's local files.
 
     Returns the row count, the scores of labelled rows (None for unlabelled input)
     and the unseen ids per feature (none: hashing gives every value a row).
@@ -414,47 +464,34 @@ def predict_parquet(
     assert isinstance(layout, ParquetRows)
     if PROBABILITY_COLUMN in keep_columns:
         raise BadInput(f"--keep_columns {PROBABILITY_COLUMN}: the output's own column")
-    filesystem, root, files = list_files(path, "--input")
-    if final_output is not None and isinstance(filesystem, pafs.LocalFileSystem) and os.path.exists(final_output):
-        same = [file for file in files if os.path.exists(file) and os.path.samefile(file, final_output)]
+    source = ParquetInput(layout, path, "--input", keep_columns)
+    if (
+        final_output is not None
+        and isinstance(source.filesystem, pafs.LocalFileSystem)
+        and os.path.exists(final_output)
+    ):
+        same = [file for file in source.files if os.path.exists(file) and os.path.samefile(file, final_output)]
         if same:
             raise BadInput(
                 f"--output {final_output} is {same[0]}, a file of --input {path}: writing it would replace the input"
             )
-    footers, metadata, schema = read_footers(filesystem, root, files)
-    labelled = layout.columns.label in schema.names
-    missing = [name for name in keep_columns if name not in schema.names]
-    if missing:
-        raise BadInput(
-            f"--keep_columns {','.join(missing)}: not a column of --input {path} (it has {', '.join(schema.names)})"
-        )
-    columns = layout.columns
-    read = list(
-        dict.fromkeys([*((columns.label,) if labelled else ()), *columns.dense, *columns.sparse, *keep_columns])
+    out_schema = pa.schema(
+        [source.schema.field(name) for name in keep_columns] + [pa.field(PROBABILITY_COLUMN, pa.float32())]
     )
-    for footer, meta in zip(footers, metadata):
-        layout.check_schema(file_schema(footer, meta, schema), footer.path, labelled)
-    check_same_types(footers, metadata, schema, read)
-    out_schema = pa.schema([schema.field(name) for name in keep_columns] + [pa.field(PROBABILITY_COLUMN, pa.float32())])
     rows, scores = 0, LabelledScores()
     with pq.ParquetWriter(output, out_schema) as writer:
-        for footer in footers:
-            for group in range(len(footer.row_group_rows)):
-                table = read_row_group(filesystem, footer, schema, group, read)
-                prepared = layout.prepare_table(
-                    table, lambda row, file=footer.path, group=group: f"{file} row group {group} row {row}", labelled
+        for table, prepared in source.row_groups():
+            probabilities = predictor.predict_transformed(prepared.dense, prepared.sparse)
+            writer.write_table(
+                pa.Table.from_arrays(
+                    [*(table.column(name) for name in keep_columns), pa.array(probabilities, pa.float32())],
+                    schema=out_schema,
                 )
-                probabilities = predictor.predict_transformed(prepared.dense, prepared.sparse)
-                writer.write_table(
-                    pa.Table.from_arrays(
-                        [*(table.column(name) for name in keep_columns), pa.array(probabilities, pa.float32())],
-                        schema=out_schema,
-                    )
-                )
-                if labelled:
-                    scores.update(probabilities, prepared.labels)
-                rows += len(probabilities)
-    return rows, scores if labelled else None, np.zeros(len(predictor.inputs.sparse_feature_names), np.int64)
+            )
+            if source.labelled:
+                scores.update(probabilities, prepared.labels)
+            rows += len(probabilities)
+    return rows, scores if source.labelled else None, np.zeros(len(predictor.inputs.sparse_feature_names), np.int64)
 
 
 def read_predict_metrics(path: str) -> PredictMetrics:

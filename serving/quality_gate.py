@@ -4,7 +4,11 @@
 
 DIR is the data the model was trained on (default: the one recorded at export): a
 binary Criteo directory, or PATH/feature_spec.yaml for a --dataset_path model. The test
-split is the training run's (second half of the last day, or of the test mapping). The
+split is the training run's (second half of the last day, or of the test mapping). A
+model trained with --parquet_path is gated on the labelled Parquet rows --data names (a
+file, a directory with Hive partitions, a glob or a URL, as --parquet_path: data it was
+not trained on, such as the newest day held back), every row of it, read as
+serving.predict reads Parquet; serving never opens the training run's data. The
 gate passes when the fp16 model's AUROC is within 0.001 of fp32's and int8's within
 0.003; the three values are printed. A directory exported with --format aoti also
 holds AOTInductor packages (compiled native code): with --trust_native_code they are
@@ -25,9 +29,10 @@ from common.config_flags import flag
 from common.errors import BadInput
 from serving.cli import MODEL_DIR_HELP, parse_config, serving_parser
 from serving.layouts import LAYOUTS
+from serving.layouts.parquet_rows import ParquetRows
 from serving.model_files import AOTI_FORMAT, TRUST_FLAG, read_manifest
-from serving.model_inputs import aoti_variant, read_inputs
-from serving.predict import TRUST_HELP, Predictor
+from serving.model_inputs import ModelInputs, aoti_variant, read_inputs
+from serving.predict import TRUST_HELP, ParquetInput, Predictor
 
 # Largest allowed |AUROC(variant) - AUROC(fp32)|; an AOTInductor package's, its precision's
 # (fp32's: its compiled kernels may round differently from the program's).
@@ -47,6 +52,7 @@ class GateResult:
     auroc: dict[str, float]
     rows: int
     untrusted: tuple[str, ...] = ()
+    parquet: bool = False  # scored on the Parquet rows --data names, not a test split
 
     @property
     def failures(self) -> dict[str, float]:
@@ -65,9 +71,43 @@ def evaluate_variants(
     model_dir: str, data_dir: str | None = None, limit_rows: int | None = None, trust_native_code: bool = False
 ) -> GateResult:
     """AUROC of every exported variant on the test split of ``data_dir`` (a binary Criteo
-    directory, or the feature_spec.yaml of a model trained with --dataset_path); the
-    AOTInductor variants only with ``trust_native_code``."""
+    directory, or the feature_spec.yaml of a model trained with --dataset_path), or for
+    a model trained on Parquet on the labelled Parquet rows ``data_dir`` names
+    (`parquet_rows`); the AOTInductor variants only with ``trust_native_code``."""
     inputs = read_inputs(model_dir, read_manifest(model_dir))
+    untrusted = tuple(
+        v for v, entry in inputs.variants.items() if entry.format == AOTI_FORMAT and not trust_native_code
+    )
+    predictors = {
+        variant: Predictor(model_dir, variant, trust_native_code=trust_native_code)
+        for variant in inputs.variants
+        if variant not in untrusted
+    }
+    first = next(iter(predictors.values()))
+    layout = first.layout
+    if isinstance(layout, ParquetRows):
+        if not data_dir:
+            raise BadInput(
+                "--data is needed: a model trained on Parquet is gated on labelled Parquet rows you name "
+                "(rows it was not trained on, such as the newest day held back)"
+            )
+        batches = parquet_rows(layout, data_dir, limit_rows)
+    else:
+        batches = [_test_split(inputs, first, data_dir, limit_rows)]
+    target = torch.as_tensor(np.concatenate([labels for _, _, labels in batches]).reshape(-1).astype(np.int64))
+    auroc = {}
+    for variant, predictor in predictors.items():
+        probabilities = np.concatenate([predictor.predict_transformed(dense, ids) for dense, ids, _ in batches])
+        auroc[variant] = float(binary_auroc(torch.as_tensor(probabilities), target))
+    return GateResult(auroc, len(target), untrusted, parquet=isinstance(layout, ParquetRows))
+
+
+def _test_split(
+    inputs: ModelInputs, predictor: Predictor, data_dir: str | None, limit_rows: int | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dense, ids in the tables, labels) of the test split of the binary data the
+    model was trained on (``data_dir``, default the one recorded at export); the ids'
+    rows are the same for every variant of the model."""
     data_dir = data_dir or inputs.data_path
     if not data_dir:
         raise BadInput("--data is needed: the model was trained on random data")
@@ -78,18 +118,31 @@ def evaluate_variants(
     dense, sparse, labels = dataset.read(start, stop)
     if isinstance(sparse, list):  # feature spec: one (N, hotness) array per feature
         sparse = np.concatenate(sparse, axis=1)
-    target = torch.as_tensor(np.asarray(labels).reshape(-1).astype(np.int64))
-    auroc = {}
-    untrusted = tuple(
-        v for v, entry in inputs.variants.items() if entry.format == AOTI_FORMAT and not trust_native_code
-    )
-    for variant in inputs.variants:
-        if variant in untrusted:
-            continue
-        predictor = Predictor(model_dir, variant, trust_native_code=trust_native_code)
-        probabilities = predictor.predict_transformed(dense, predictor.ids_in_tables(sparse))
-        auroc[variant] = float(binary_auroc(torch.as_tensor(probabilities), target))
-    return GateResult(auroc, stop - start, untrusted)
+    return dense, predictor.ids_in_tables(sparse), np.asarray(labels)
+
+
+def parquet_rows(
+    layout: ParquetRows, path: str, limit_rows: int | None = None
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(dense, ids in the tables, labels) of each row group of the Parquet table
+    ``path`` (`ParquetInput`, as serving.predict reads it), the first ``limit_rows``
+    rows at most; BadInput (one line) unless it holds labelled rows."""
+    source = ParquetInput(layout, path, "--data")
+    if not source.labelled:
+        raise BadInput(
+            f"--data {path}: has no {source.label} column: the gate scores labelled rows "
+            f"(it has {', '.join(source.schema.names)})"
+        )
+    batches, rows = [], 0
+    for _, prepared in source.row_groups():
+        take = len(prepared.dense) if limit_rows is None else min(len(prepared.dense), limit_rows - rows)
+        batches.append((prepared.dense[:take], prepared.sparse[:take], np.asarray(prepared.labels)[:take]))
+        rows += take
+        if limit_rows is not None and rows >= limit_rows:
+            break
+    if rows == 0:
+        raise BadInput(f"--data {path}: holds no rows to gate on")
+    return batches
 
 
 @dataclass(kw_only=True)
@@ -97,7 +150,11 @@ class GateConfig:
     """What ``python -m serving.quality_gate`` evaluates, on which data."""
 
     model: str = flag(help=MODEL_DIR_HELP)
-    data: str | None = flag(None, help="binary Criteo directory or PATH/feature_spec.yaml (default: the training data)")
+    data: str | None = flag(
+        None,
+        help="binary Criteo directory or PATH/feature_spec.yaml (default: the training data); "
+        "for a Parquet model, labelled Parquet rows it was not trained on (required)",
+    )
     limit_rows: int | None = flag(None, help="test rows to use at most")
     trust_native_code: bool = flag(False, name=TRUST_FLAG.removeprefix("--"), help=TRUST_HELP)
 
@@ -111,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _gate(args: GateConfig) -> int:
     result = evaluate_variants(args.model, args.data, args.limit_rows, args.trust_native_code)
-    print(f"test split, {result.rows} rows:")
+    print(f"{f'--data {args.data}' if result.parquet else 'test split'}, {result.rows} rows:")
     for variant, value in result.auroc.items():
         tolerance = AUROC_TOLERANCE.get(variant)
         note = "" if tolerance is None else f"  (|diff| {abs(value - result.auroc['fp32']):.5f}, allowed {tolerance})"

@@ -57,9 +57,15 @@ def planner_constraints(
     return merged or None
 
 
-def check_reshardable(saved: PlanSummary, plan: PlanSummary, source: str) -> None:
+def check_reshardable(
+    saved: PlanSummary,
+    plan: PlanSummary,
+    source: str,
+    weights_only: str = "load weights only with --restore_checkpoint_path",
+) -> None:
     """Raises ReshardError (one line starting with ``source``) where TorchRec cannot
-    move a table's optimizer state from the ``saved`` plan to ``plan``."""
+    move a table's optimizer state from the ``saved`` plan to ``plan``; ``weights_only``
+    says how to start from the weights alone (the flag differs for a warm start)."""
     for table, was in sorted(saved.items()):
         now = plan.get(table)
         if now is None:
@@ -68,15 +74,15 @@ def check_reshardable(saved: PlanSummary, plan: PlanSummary, source: str) -> Non
         if was_dp != is_dp:
             raise ReshardError(
                 f"{source}: table {table} was {was['sharding_type']} and is {now['sharding_type']} "
-                "now; optimizer state cannot move between a data-parallel and a fused table. "
-                "Load weights only with --restore_checkpoint_path"
+                "now; optimizer state cannot move between a data-parallel and a fused table: "
+                f"{weights_only}"
             )
         column_shards = lambda entry: len({s[1] for s in entry["shards"]})
         if "column" in was["sharding_type"] and column_shards(was) != column_shards(now):
             raise ReshardError(
                 f"{source}: table {table} has {column_shards(was)} column shards in the checkpoint "
                 f"and {column_shards(now)} now; its per-shard optimizer state cannot be resharded. "
-                "Resume with the same world size, or load weights only with --restore_checkpoint_path"
+                f"Resume with the same world size, or {weights_only}"
             )
 
 

@@ -89,15 +89,16 @@ def find_restore_point(config: TrainConfig) -> RestorePoint | None:
     recorded = meta_section(meta.config, "optim", OptimizerConfig, join(path, META_FILE))
     differences = list(iter_differences(asdict(meta.model), asdict(config.model)))
     if full:
-        differences += list(iter_differences(_optimizers(recorded), _optimizers(config.optim), "optim."))
+        differences += list(iter_differences(optimizers_of(recorded), optimizers_of(config.optim), "optim."))
     if differences:
         more = f" (and {len(differences) - 3} more differences)" if len(differences) > 3 else ""
         raise CheckpointError(f"checkpoint {path} does not match this run: {'; '.join(differences[:3])}{more}")
     return RestorePoint(checkpoint, full)
 
 
-def _optimizers(optim: OptimizerConfig) -> dict[str, str]:
-    """The optimizers whose state a checkpoint holds (a resume needs the same ones)."""
+def optimizers_of(optim: OptimizerConfig) -> dict[str, str]:
+    """The optimizers whose state a checkpoint holds (a resume, or a warm start that
+    carries it, needs the same ones)."""
     return {"optimizer": optim.optimizer, "dense_optimizer": optim.resolved_dense_optimizer}
 
 

@@ -4,6 +4,7 @@ Every flag of the entry points is a field here (or in the model's, data's and
 sharding's configs), declared once with its default and help (`common.config_flags`).
 """
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +94,12 @@ class CheckpointConfig:
         False, help="continue from the newest complete checkpoint in --checkpoint_dir (from scratch when there is none)"
     )
     restore_checkpoint_path: str | None = flag(None, help="load only the weights of this checkpoint")
+    warm_start: str | None = flag(
+        None,
+        help="start a new run (step 0) from this checkpoint's weights (a directory: the checkpoint export takes); "
+        "its tables may grow",
+    )
+    warm_start_optimizer: bool = flag(False, help="with --warm_start: carry its optimizer state too")
 
     @property
     def saving(self) -> bool:
@@ -124,13 +131,42 @@ class CheckpointConfig:
         ):
             if needed and not self.checkpoint_dir:
                 raise FlagError(f"{option(self, name)} needs {option(self, 'checkpoint_dir')}")
-        for name in ("checkpoint_dir", "restore_checkpoint_path"):  # iopath paths: printed and recorded
+        for name in ("checkpoint_dir", "restore_checkpoint_path", "warm_start"):  # iopath paths: printed and recorded
             check_url_path(getattr(self, name) or "", option(self, name), FlagError)
         if self.resume and self.restore_checkpoint_path:
             raise FlagError(
                 f"give {option(self, 'resume')} (full state) or {option(self, 'restore_checkpoint_path')} "
                 "(weights only), not both"
             )
+        self._check_warm_start()
+
+    def _check_warm_start(self) -> None:
+        """--warm_start starts a new run: refuses what would load other weights or mix its
+        checkpoints with the run it starts from. (With --resume, a checkpoint of this run
+        in --checkpoint_dir wins: a warm-started run killed midway continues itself.)"""
+        warm = option(self, "warm_start")
+        if self.warm_start_optimizer and not self.warm_start:
+            raise FlagError(f"{option(self, 'warm_start_optimizer')} needs {warm}")
+        if not self.warm_start:
+            return
+        if self.restore_checkpoint_path:
+            raise FlagError(
+                f"give {warm} (a new run from a checkpoint's weights) or "
+                f"{option(self, 'restore_checkpoint_path')} (the weights of this run's model), not both"
+            )
+        if self.checkpoint_dir:
+            start, directory = _normalized(self.warm_start), _normalized(self.checkpoint_dir)
+            parent, name = start.rsplit("/", 1)
+            if directory == start or (directory == parent and name.startswith("step_")):
+                raise FlagError(
+                    f"{warm} {self.warm_start} starts a new run: give it a {option(self, 'checkpoint_dir')} of "
+                    f"its own, not {self.checkpoint_dir}, which holds the checkpoint it starts from"
+                )
+
+
+def _normalized(path: str) -> str:
+    """A path as two spellings of one directory compare equal (iopath URLs as given)."""
+    return path.rstrip("/") if "://" in path else os.path.normpath(os.path.abspath(path))
 
 
 EARLY_STOPPING_METRICS = ("auroc", "log_loss", "ne")
@@ -363,6 +399,11 @@ class TrainConfig:
                     f"{option(ReferenceEvaluation, 'evaluate_on_epoch_end')} "
                     f"or {option(self, 'validation_freq_within_epoch')}"
                 )
+        if self.checkpoint.warm_start and self.mode != "train":
+            raise FlagError(
+                f"{option(self.checkpoint, 'warm_start')} starts a training run: {option(self, 'mode')} "
+                f"{self.mode} takes a checkpoint with {option(self.checkpoint, 'restore_checkpoint_path')}"
+            )
         if self.mode in ("validate", "test") and not (
             self.checkpoint.restore_checkpoint_path or self.checkpoint.checkpoint_dir
         ):

@@ -161,8 +161,8 @@ def _checkpoint_layers(args: argparse.Namespace, layers: tuple[Overrides, ...]) 
     if mode not in ("validate", "test"):
         return ()
     flags = CheckpointConfig(**config_values(CheckpointConfig, args, layers))
-    if not (flags.restore_checkpoint_path or flags.checkpoint_dir):
-        return ()  # TrainConfig.validate says what is missing
+    if not (flags.restore_checkpoint_path or flags.checkpoint_dir) or flags.warm_start:
+        return ()  # TrainConfig.validate says what is missing, or refuses --warm_start
     from checkpoints.opened import read_meta  # these two import torch: only when evaluating
     from training.checkpoint_policy import checkpoint_to_evaluate
 

@@ -10,7 +10,7 @@ once, ``{"event": "inference_benchmark", "stage": "inference_benchmark", ...}`` 
 ``exported``: see `TestedModel`), ``{"event": "summary", ...}`` at the end of training (``test``: the figures of the
 best model when one was kept, else of the final weights; ``test_model``: which, as ``{"model", "step",
 "exported"}``; ``final_test``: the final weights' figures when the best was tested too, else null;
-``export_step``: the step of the checkpoint serving.export takes, null without --checkpoint_dir), ``{"event": "plan_memory", ...}`` after the first step (training/plan_memory.py) (training/metrics.py says what each means; with --rolling_windows a
+``export_step``: the step of the checkpoint serving.export takes, null without --checkpoint_dir), ``{"event": "plan_memory", ...}`` after the first step (training/plan_memory.py), ``{"event": "warm_start", "path", "step", "meta_sha256", "origin_run_id", "optimizer", "grown_tables"}`` once for a --warm_start run (training/warm_start.py) (training/metrics.py says what each means; with --rolling_windows a
 validation record also has ``window``, the window evaluated); every record also has
 ``time`` (seconds since the epoch). With a TensorBoard directory the same scalars go
 to event files too, and each window's metrics also as ``window/<key>`` over the window.

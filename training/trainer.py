@@ -26,7 +26,7 @@ from torchrec.distributed.types import ShardingEnv
 
 from checkpoints.directory import checkpoint_to_load, export_role
 from checkpoints.load import load_checkpoint
-from checkpoints.meta import CheckpointMeta
+from checkpoints.meta import CheckpointMeta, WarmStartOrigin
 from checkpoints.opened import read_meta
 from checkpoints.save import CheckpointManager, check_writable, lock_checkpoint_dir
 from common.byte_sizes import format_bytes
@@ -67,6 +67,7 @@ from training.recipes import STABLE_OPTIMIZER
 from training.run_log import RunLog, StepClock, TestedModel, format_metrics
 from training.sharding import prepare_sharding
 from training.startup_report import StartupReport
+from training.warm_start import WarmStart, find_warm_start, leading_rows
 
 
 class NonFiniteLossError(RuntimeError):
@@ -147,6 +148,7 @@ class Trainer:
         self.source = source if source is not None else config.data.validate()
         window_loaders = self._open_data()
         restore = find_restore_point(config)
+        warm = find_warm_start(config, restore)
         saves_checkpoints = self._check_the_run_can_be_done()
         startup = StartupReport(config, env, self.source)
         startup.before_setup(self._dataset)  # what is being built, before the seconds (or minutes) it takes
@@ -156,7 +158,7 @@ class Trainer:
         sharding = prepare_sharding(config, env, model, resumed_plan)
         self._join_the_process_group()
         self._join_the_feed(restore)
-        plan, table_shapes = self._plan_the_sharding(model, sharding, resumed_plan, restore)
+        plan, table_shapes = self._plan_the_sharding(model, sharding, resumed_plan, restore, warm)
         self._shard_the_model(model, plan, sharding, table_shapes, restore)
         self.loaders: dict[str, BatchLoader] = window_loaders or self.source.loaders(
             self._dataset, config.model.num_embeddings_per_feature, env.rank, env.world_size
@@ -166,6 +168,8 @@ class Trainer:
         self._build_the_checkpointing(saves_checkpoints)
         if restore is not None:
             self.restore_from(restore)
+        elif warm is not None:
+            self.warm_start_from(warm)
         elif config.checkpoint.resume:
             self.log.print(
                 f"--resume: {config.checkpoint.checkpoint_dir} holds no complete checkpoint; training "
@@ -261,10 +265,16 @@ class Trainer:
         )
 
     def _plan_the_sharding(
-        self, model: torch.nn.Module, sharding: Any, resumed_plan: dict | None, restore: RestorePoint | None
+        self,
+        model: torch.nn.Module,
+        sharding: Any,
+        resumed_plan: dict | None,
+        restore: RestorePoint | None,
+        warm: WarmStart | None,
     ) -> tuple[Any, dict[str, tuple[int, int]]]:
         """(the sharding plan, {table: (rows, dim)}); the plan checked against the
-        pipeline, the weight decay and a resumed checkpoint's plan."""
+        pipeline, the weight decay and the plan of a checkpoint whose optimizer state
+        it loads (resumed, or warm-started with --warm_start_optimizer)."""
         config, env = self.config, self.env
         plan, self.plan_estimates = sharding.plan(
             model,
@@ -282,6 +292,13 @@ class Trainer:
         check_embedding_weight_decay(self.plan, env.device, config.optim.embedding_weight_decay)
         if resumed_plan is not None:
             check_reshardable(resumed_plan, self.plan, f"checkpoint {restore.path}")  # type: ignore[union-attr]
+        if warm is not None and warm.optimizer:
+            check_reshardable(
+                warm.checkpoint.meta.plan,
+                self.plan,
+                f"--warm_start {warm.checkpoint.path}",
+                weights_only="warm-start without --warm_start_optimizer",
+            )
         table_shapes = {
             t: (rows, config.model.embedding_dim)
             for t, rows in zip(config.model.table_names, config.model.num_embeddings_per_feature)
@@ -379,6 +396,7 @@ class Trainer:
         self.best = BestModel(self.config.early_stopping, self.checkpoints, rank)
         self.weights_step: int | None = None  # the step of the checkpoint whose weights were loaded
         self.weights_path: str | None = None  # and its path
+        self.warm_start_origin: WarmStartOrigin | None = None  # what this run was warm-started from
 
     def release_checkpoint_dir(self) -> None:
         """Lets another run save into --checkpoint_dir."""
@@ -398,6 +416,7 @@ class Trainer:
         if not restore.full:
             self.log.print(f"loaded the weights of {restore.path}")
             return
+        self.warm_start_origin = restore.meta.warm_start  # a warm-started run, resumed, still is one
         self.optimizer.load_state_dict(state["optim"])
         meta = restore.meta
         global_batch = self.config.data.batch_size * self.env.world_size
@@ -421,6 +440,42 @@ class Trainer:
             f"batch {self.start_batch}"
         )
 
+    def warm_start_from(self, warm: WarmStart) -> None:
+        """Loads the weights (and with --warm_start_optimizer the optimizer state) of the
+        checkpoint a new run starts from: the rows a grown table shares with it, the
+        others as the seeded init left them. The step, data position, learning-rate
+        schedule, early stopping and random generators stay those of a fresh run."""
+        state = {"model": self.model.state_dict()}
+        if warm.optimizer:
+            self.optimizer.init_state()  # lazy optimizer state must exist to load into
+            state["optim"] = self.optimizer.state_dict()
+        load_checkpoint(warm.checkpoint, leading_rows(state, warm.grown), self.env.rank, restore_rng=False)
+        self.model.load_state_dict(state["model"])
+        if warm.optimizer:
+            self.optimizer.load_state_dict(state["optim"])
+        self.warm_start_origin = origin = warm.origin
+        grown = ", ".join(f"{table} {was} -> {now} rows" for table, (was, now) in warm.grown.items())
+        carried = "weights and optimizer state" if warm.optimizer else "weights (the optimizers start fresh)"
+        resumed = (
+            f"--resume: {self.config.checkpoint.checkpoint_dir} holds no complete checkpoint yet; "
+            if self.config.checkpoint.resume
+            else ""
+        )
+        self.log.print(
+            f"{resumed}warm start from {origin.describe()}: its {carried}"
+            f"{f'; grown tables: {grown}' if grown else ''}; step, learning-rate schedule and early stopping "
+            "start afresh"
+        )
+        self.log.record(
+            "warm_start",
+            path=origin.path,
+            step=origin.step,
+            meta_sha256=origin.meta_sha256,
+            origin_run_id=origin.run_id,  # "run_id" is this run's, in every record
+            optimizer=warm.optimizer,
+            grown_tables={table: list(rows) for table, rows in warm.grown.items()},
+        )
+
     def save_checkpoint(self, epoch: int, batch_in_epoch: int) -> str:
         """Saves everything needed to continue at (epoch, batch_in_epoch); returns its
         path. Collective."""
@@ -440,6 +495,7 @@ class Trainer:
             serving_layout=self.serving_layout,
             serving_facts=self.serving_facts,
             calibration=self._calibration_of_this_step(),
+            warm_start=self.warm_start_origin,
         )
         state = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
         with self.in_stage(f"saving step {self.step}"):

@@ -202,10 +202,8 @@ class ParquetRows(InputLayout):
 
     @staticmethod
     def training_data(path: str) -> Any:
-        raise BadInput(
-            "the quality gate reads binary training data; check a Parquet model with "
-            "python -m serving.predict --metrics_output on a labelled Parquet day"
-        )
+        # serving.quality_gate reads the Parquet rows its --data names instead (ParquetInput).
+        raise BadInput("a model trained on Parquet has no binary training data: name labelled Parquet rows")
 
     def is_labelled(self, data: bytes) -> bool:
         return False  # JSON rows are scored; a label key is ignored like any other extra key

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from checkpoints.errors import CheckpointError
-from checkpoints.meta import CheckpointMeta, meta_section
+from checkpoints.meta import CheckpointMeta, WarmStartOrigin, meta_section
 from checkpoints.opened import read_meta
 from common.json_fields import FileFieldError
 from common.manifest import entry_of_bytes
@@ -126,11 +126,19 @@ def current_meta(config) -> CheckpointMeta:
 
 def test_checkpoint_meta_round_trips_and_versions_1_to_3_still_load(tmp_path):
     config = train_config()
-    meta = current_meta(config)
-    saved = read_meta(write_checkpoint_meta(tmp_path / "v4", meta.to_json()))
+    origin = WarmStartOrigin(path="/runs/day_01/step_000000120", step=120, meta_sha256="ab" * 32, run_id="r0")
+    meta = dataclasses.replace(current_meta(config), warm_start=origin)
+    saved = read_meta(write_checkpoint_meta(tmp_path / "v7", meta.to_json()))
     assert saved == meta
     document = json.loads(meta.to_json())
-    assert list(document)[0] == "version" and document["version"] == 6
+    assert list(document)[0] == "version" and document["version"] == 7
+    assert document["warm_start"] == dataclasses.asdict(origin)
+    version_6 = {**{k: v for k, v in document.items() if k != "warm_start"}, "version": 6}
+    meta = dataclasses.replace(meta, warm_start=None)  # a run from scratch, and what older versions read as
+    assert read_meta(write_checkpoint_meta(tmp_path / "v6", json.dumps(version_6).encode())) == dataclasses.replace(
+        meta, version=6
+    )
+    document = version_6
     assert (document["serving_layout"], document["serving_facts"]) == ("criteo_raw", {})  # random data: no facts
     assert document["calibration"] is None  # without --calibrate
     version_5 = {**{k: v for k, v in document.items() if not k.startswith("serving_")}, "version": 5}
@@ -229,7 +237,11 @@ def test_version_3_checkpoint_of_each_interaction_resumes_and_evaluates(tmp_path
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda d: d.update(format_version=7), "format_version is 7, newer than this code reads (6)"),
+        (lambda d: d.update(format_version=8), "format_version is 8, newer than this code reads (7)"),
+        (
+            lambda d: d.update(warm_start={"path": "p", "step": 1, "meta_sha256": "not hex", "run_id": None}),
+            'warm_start.meta_sha256 must be a SHA-256 in hex, got "not hex"',
+        ),
         (lambda d: d.update(step="12"), 'step must be a count, got "12"'),
         (lambda d: d.pop("plan"), "plan is missing"),
         (lambda d: d["plan"]["t_cat_0"].update(shards=[[0, 0, 10]]), "plan.t_cat_0.shards must be a list of"),

@@ -18,10 +18,9 @@ from torchmetrics.functional.classification import binary_auroc
 
 from checkpoints.meta import CheckpointMeta
 from checkpoints.save import CheckpointManager
-from common.errors import BadInput
 from common.json_fields import FileFieldError
 from data.sources import source_for
-from serving import predict, serve
+from serving import predict, quality_gate, serve
 from serving.export import export_model
 from serving.model_inputs import INPUTS_FILE, PARQUET_LAYOUT, ModelInputs, ParquetPreprocessing, Variant, read_inputs
 from serving.quality_gate import evaluate_variants
@@ -334,13 +333,36 @@ def test_an_output_named_for_another_format_or_among_the_input_is_refused(parque
         assert open(path, "rb").read() == before
 
 
-def test_the_quality_gate_points_a_parquet_model_to_predict(parquet_model):
-    with pytest.raises(
-        BadInput,
-        match="^the quality gate reads binary training data; check a Parquet model with "
-        "python -m serving.predict --metrics_output on a labelled Parquet day$",
+def test_the_quality_gate_scores_a_parquet_model_on_the_rows_data_names(parquet_model, tmp_path, capsys):
+    """The gate reads the Parquet rows --data names as predict does: fp32's AUROC is the
+    training loader's rows' through the eager model; --limit_rows takes the first rows."""
+    expected, labels = _training_test_split(parquet_model)
+    result = evaluate_variants(parquet_model["model"], parquet_model["test_day"])
+    assert result.parquet and result.rows == len(labels) == 200 and set(result.auroc) == {"fp32", "int8"}
+    assert result.auroc["fp32"] == pytest.approx(float(binary_auroc(expected, labels.int())), abs=1e-6)
+    first = evaluate_variants(parquet_model["model"], parquet_model["test_day"], limit_rows=100)  # across row groups
+    assert first.rows == 100
+    assert first.auroc["fp32"] == pytest.approx(float(binary_auroc(expected[:100], labels[:100].int())), abs=1e-6)
+    code = quality_gate.main(["--model", parquet_model["model"], "--data", parquet_model["test_day"]])
+    out = capsys.readouterr().out
+    assert out.startswith(f"--data {parquet_model['test_day']}, 200 rows:\n  AUROC fp32 {result.auroc['fp32']:.5f}\n")
+    assert code == (0 if result.passed else 1) and out.endswith("passed\n" if result.passed else "")
+    # Bad input: one line, exit 2.
+    unlabelled = _write_day(tmp_path, click_log_day(2).drop_columns(["label"]))
+    for argv, message in (
+        (
+            [],
+            "--data is needed: a model trained on Parquet is gated on labelled Parquet rows you name "
+            "(rows it was not trained on, such as the newest day held back)",
+        ),
+        (
+            ["--data", unlabelled],
+            f"--data {unlabelled}: has no label column: the gate scores labelled rows "
+            "(it has I1, I2, C1, C2, M1, M2, user_id)",
+        ),
     ):
-        evaluate_variants(parquet_model["model"])
+        assert quality_gate.main(["--model", parquet_model["model"], *argv]) == 2
+        assert capsys.readouterr().err == f"python -m serving.quality_gate: error: {message}\n"
 
 
 def _post(url: str, body: bytes, query: str = "") -> tuple:

@@ -72,6 +72,21 @@ def run_main(capsys, main, argv):
             ["--lr_warmup_steps", "10", "--lr_decay_start", "5", "--lr_decay_steps", "5"],
             "--lr_decay_start (5) must not come before the end of warm-up",
         ),
+        (["--warm_start_optimizer"], "--warm_start_optimizer needs --warm_start"),
+        (
+            ["--warm_start", "day_01", "--restore_checkpoint_path", "day_01"],
+            "give --warm_start (a new run from a checkpoint's weights) or --restore_checkpoint_path "
+            "(the weights of this run's model), not both",
+        ),
+        (
+            ["--warm_start", "day_01", "--mode", "test", "--checkpoint_dir", "day_02"],
+            "--warm_start starts a training run: --mode test takes a checkpoint with --restore_checkpoint_path",
+        ),
+        (
+            ["--warm_start", "day_01/step_000000004", "--checkpoint_dir", "./day_01/"],
+            "--warm_start day_01/step_000000004 starts a new run: give it a --checkpoint_dir of its own, "
+            "not ./day_01/, which holds the checkpoint it starts from",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2(capsys, argv, message):

@@ -9,7 +9,7 @@ Decode once per job: every epoch the split's row groups are put in one order (fi
 order, or with shuffling a random one from (seed, epoch)), and that order of rows is cut
 into S (``--epoch_shares``, default the world size) equal contiguous shares; rank r of W
 reads shares r * S/W ... (r + 1) * S/W - 1, and only a row group that straddles two
-ranks' shares is read by both (each converts its own rows of it). Share s's batch k is
+shares is read for each (each share's rows of it converted once). Share s's batch k is
 rows [k * G/S, (k + 1) * G/S) of the share (G the global batch), and rank r's batch k
 is its shares' k-th blocks one after the other, so every rank has the same number of
 batches of the same size (data/batching/batches.py RankBatchLayout's count and sizes,
@@ -333,7 +333,8 @@ class ParquetLoader:
         drop_last: drop the final partial global batch.
         shuffle_seed: --shuffle_training_set's seed, or None (file order).
         limit_batches: stop after this many batches.
-        max_buffered_row_groups: row groups held at once (and the shuffle window).
+        max_buffered_row_groups: row groups held at once per share read (and the shuffle
+            window).
         collisions: counts distinct values and hash collisions of the rows read.
         workers: ``--data_workers``: threads converting batches; None: the rank's share
             of the host's cores (data/parquet/feed.py).

@@ -135,7 +135,7 @@ def cpu_reference(case: Case) -> Case | None:
     validation. None for semi_sync: no synchronous run reproduces its stale lookups."""
     if case["pipeline"] == "semi_sync":
         return None
-    return {
+    reference = {
         **case,
         "pipeline": "sparse_dist",
         "compute_kernel": "fused",
@@ -143,6 +143,7 @@ def cpu_reference(case: Case) -> Case | None:
         "world_size": 1,
         "allow_tf32": False,
     }
+    return matrix.with_epoch_shares(reference, case)
 
 
 # Placements a semi_sync case is compared with: the first that is not its own.
@@ -160,8 +161,8 @@ def placement_reference(case: Case, spec: MatrixSpec) -> Case | None:
     if case["pipeline"] == "semi_sync":
         placement = next(p for p in SEMI_SYNC_PLACEMENTS if any(case[d] != v for d, v in p.items()))
         world_size = min(placement["world_size"], max(spec.dimensions["world_size"]))
-        return {**case, **placement, "world_size": world_size}
-    reference = {**case, **spec.reference}
+        return matrix.with_epoch_shares({**case, **placement, "world_size": world_size}, case)
+    reference = spec.reference_of(case)
     return None if reference == case else reference
 
 

@@ -170,7 +170,8 @@ def _checkpoint_layers(args: argparse.Namespace, layers: tuple[Overrides, ...]) 
     meta = read_meta(path)
     where = f"{path}/meta.json"
     data = meta.flag_values("data", DataConfig, where)
-    data.pop("rolling_windows", None)  # how the checkpoint was trained, not how it is evaluated
+    for name in ("rolling_windows", "epoch_shares"):  # how the checkpoint was trained, not how it is evaluated
+        data.pop(name, None)
     if any(given(args, DataConfig, name) for name in DATA_PATH_FIELDS):
         data = {name: value for name, value in data.items() if name not in DATA_PATH_FIELDS}
     # The sizes as training resolved them, unless table-size flags are given.

@@ -255,14 +255,19 @@ class Trainer:
         the training group's NCCL stream and never interleave with its collectives)."""
         env = self.env
         group = dist.new_group(backend="gloo") if env.world_size > 1 and self.source.uses_feed_group else None
-        self.source.join_job(
+        resumed = restore.meta if restore and restore.full else None
+        note = self.source.join_job(
             FeedJob(
                 env.device.type,
                 env.local_world_size,
                 group,
-                restore.meta.world_size if restore and restore.full else None,
+                resumed.world_size if resumed else None,
+                resumed.data.epoch_shares if resumed else None,
+                env.world_size,
             )
         )
+        if note:
+            self.log.print(note)
 
     def _plan_the_sharding(
         self,

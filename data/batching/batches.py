@@ -4,8 +4,9 @@ Every loader splits a *global* batch of ``batch_size * world_size`` consecutive 
 (in the split's, possibly shuffled, row order) into one contiguous block per rank.
 So step k on W ranks sees exactly the rows that step k sees on one rank with a W
 times larger batch: runs at different world sizes are comparable step by step. (The
-Parquet loader, data/parquet/loader.py, keeps the batch counts and sizes but gives each
-rank its own share of the epoch's rows instead, so that each row is read by one rank.)
+Parquet loader, data/parquet/loader.py, keeps the batch counts and sizes but cuts the
+epoch's rows into ``--epoch_shares`` shares instead, each rank reading its own, so that
+each row is read by one rank; one rank given W shares takes W ranks' steps.)
 
 With sample weights (``--weight_column``) a batch is a `WeightedBatch`: torchrec's
 `Batch` plus each row's weight and the normalizer that makes the ranks' weighted

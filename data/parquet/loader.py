@@ -7,17 +7,19 @@ is one rank's loader of one split.
 
 Decode once per job: every epoch the split's row groups are put in one order (file
 order, or with shuffling a random one from (seed, epoch)), and that order of rows is cut
-into ``world_size`` equal contiguous shares, rank r reading the r-th; only a row group
-that straddles two shares is read by both (each converts its own rows of it). Rank r's
-batch k is rows [k * batch_size, (k + 1) * batch_size) of its share, so every rank has
-the same number of batches of the same size (data/batching/batches.py RankBatchLayout's
-count and sizes: a final partial global batch is shared evenly, the fewer than
-``world_size`` rows left over are the epoch's last rows of the order). Global batch k is
-the ranks' k-th batches: on one rank it is other rows than on W ranks, but an epoch
-reads the same rows at every world size (docs/data.md).
+into S (``--epoch_shares``, default the world size) equal contiguous shares; rank r of W
+reads shares r * S/W ... (r + 1) * S/W - 1, and only a row group that straddles two
+shares is read for each (each share's rows of it converted once). Share s's batch k is
+rows [k * G/S, (k + 1) * G/S) of the share (G the global batch), and rank r's batch k
+is its shares' k-th blocks one after the other, so every rank has the same number of
+batches of the same size (data/batching/batches.py RankBatchLayout's count and sizes,
+per share: a final partial global batch is shared evenly, the fewer than S rows left
+over are the epoch's last rows of the order). Global batch k is the shares' k-th
+blocks in share order whatever the world size: one rank with S = 2 reads at every step
+the rows two ranks read (docs/data.md).
 
-Memory: a rank holds at most ``--max_buffered_row_groups`` row groups (the columns
-read only), plus the batches being built: the reading thread runs up to
+Memory: a rank holds at most ``--max_buffered_row_groups`` row groups per share it
+reads (the columns read only), plus the batches being built: the reading thread runs up to
 `prefetch_depth` batches ahead of training. A batch of B rows costs about
 B * (4 * (dense + 2) + 12 * ids per row) bytes as tensors.
 
@@ -27,7 +29,8 @@ hash, KJT), each its own batches, and training gets them in order.
 
 Shuffling (``--shuffle_training_set``): the row groups in a random order from (seed,
 epoch), and the rows of each window of ``--max_buffered_row_groups`` consecutive row
-groups of a rank's share shuffled together, from (seed, epoch, world size, rank, window).
+groups of a share shuffled together, from (seed, epoch, share, window): not from the
+rank or the world size.
 """
 
 import queue
@@ -241,13 +244,13 @@ def _take(spans: Sequence[_Span], lo: int, hi: int) -> list[_Span]:
     return result
 
 
-def rank_share(counts: Sequence[int], order: Sequence[int], world_size: int, rank: int) -> list[_Span]:
-    """Rank ``rank``'s rows of an epoch: the segments in ``order`` (``counts`` rows each)
-    cut into ``world_size`` equal contiguous shares, the rank's the ``rank``-th; the rows
-    after the last share (fewer than ``world_size``) are no rank's."""
+def epoch_share(counts: Sequence[int], order: Sequence[int], shares: int, share: int) -> list[_Span]:
+    """Share ``share``'s rows of an epoch: the segments in ``order`` (``counts`` rows
+    each) cut into ``shares`` equal contiguous shares, the ``share``-th; the rows after
+    the last share (fewer than ``shares``) are no share's."""
     spans = [_Span(int(s), 0, int(counts[s])) for s in order if counts[s]]
-    share = sum(int(c) for c in counts) // world_size
-    return _take(spans, rank * share, (rank + 1) * share)
+    size = sum(int(c) for c in counts) // shares
+    return _take(spans, share * size, (share + 1) * size)
 
 
 @dataclass(frozen=True)
@@ -267,9 +270,9 @@ class _Piece:
         return dataset.where(segments[span.segment], span.lo + position - (int(self.ends[s - 1]) if s else 0))
 
 
-class _RankOrder:
-    """This rank's rows of one epoch: its share (`rank_share`) in blocks of consecutive
-    spans, each block's rows in order or (shuffled) permuted together."""
+class _ShareOrder:
+    """A share's rows of one epoch (`epoch_share`) in blocks of consecutive spans, each
+    block's rows in order or (shuffled) permuted together."""
 
     def __init__(self, spans: list[_Span], window: int, seed: list[int] | None) -> None:
         size = window if seed is not None else 1
@@ -323,10 +326,15 @@ class ParquetLoader:
         columns: the columns' roles, with the model's table sizes.
         batch_size: rows per rank per batch.
         rank, world_size: this rank and the number of ranks.
+        epoch_shares: ``--epoch_shares``, the shares each epoch's order is cut into (a
+            multiple of ``world_size`` dividing the global batch), or a function that
+            tells it when an epoch starts (the source resolves it when the job joins);
+            None: ``world_size``.
         drop_last: drop the final partial global batch.
         shuffle_seed: --shuffle_training_set's seed, or None (file order).
         limit_batches: stop after this many batches.
-        max_buffered_row_groups: row groups held at once (and the shuffle window).
+        max_buffered_row_groups: row groups held at once per share read (and the shuffle
+            window).
         collisions: counts distinct values and hash collisions of the rows read.
         workers: ``--data_workers``: threads converting batches; None: the rank's share
             of the host's cores (data/parquet/feed.py).
@@ -353,13 +361,15 @@ class ParquetLoader:
         workers: int | None = 1,
         job: "Callable[[], FeedJob] | None" = None,
         agree: Agreement | None = None,
+        epoch_shares: "int | Callable[[], int | None] | None" = None,
     ) -> None:
         self._dataset = dataset
         self._segments = list(segments)
         self._counts = [s.count for s in self._segments]
         self._columns = columns
         self._names = list(columns.names)
-        self._layout = RankBatchLayout(sum(self._counts), batch_size, rank, world_size, drop_last)
+        self._batch_size, self._drop_last = batch_size, drop_last
+        self._epoch_shares = epoch_shares
         self._shuffle_seed = shuffle_seed
         self._limit = limit_batches
         self._window = max_buffered_row_groups
@@ -374,15 +384,30 @@ class ParquetLoader:
         self._agree = agree
         self._epoch, self._start_batch = 0, 0
 
+    def shares(self) -> int:
+        """S: the shares each epoch is cut into (``--epoch_shares``; unset, the world size)."""
+        given = self._epoch_shares() if callable(self._epoch_shares) else self._epoch_shares
+        shares = given or self._world_size
+        global_batch = self._batch_size * self._world_size
+        if shares % self._world_size or global_batch % shares:  # the source refuses the flag first
+            raise ValueError(f"{shares} shares: not a multiple of {self._world_size} ranks dividing {global_batch}")
+        return shares
+
+    def _share_layout(self, shares: int) -> RankBatchLayout:
+        """Every share's blocks (the same count and sizes for each: share 0's)."""
+        global_batch = self._batch_size * self._world_size
+        return RankBatchLayout(sum(self._counts), global_batch // shares, 0, shares, self._drop_last)
+
     def __len__(self) -> int:
-        n = len(self._layout)
+        n = len(self._share_layout(self.shares()))
         return n if self._limit is None else min(n, self._limit)
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """The epoch's order (with shuffling) and the batch the next iteration starts at;
         the batches before it are skipped without reading their row groups. Started past
-        batch 0 after a resume at another world size (the job's ``resumed_world_size``),
-        the rows that world size's ranks had not read yet are shared anew."""
+        batch 0 after a resume from a run that cut the epoch into other shares (the
+        job's ``resumed_epoch_shares``, else ``resumed_world_size``), the rows its shares
+        had not read yet are cut into this run's shares anew."""
         self._epoch, self._start_batch = epoch, start_batch
 
     def dense_null_counts(self) -> dict[str, int]:
@@ -415,10 +440,11 @@ class ParquetLoader:
         agree = self._agree or (agreement(job.group) if job.group is not None else None)
         yields = yields_to_training(job.device_type)
         pin = pins_batches(job.device_type)
-        resumed = job.resumed_world_size
+        shares = self.shares()
+        resumed = job.resumed_epoch_shares or job.resumed_world_size
         consumed = (
-            (resumed, self._start_batch * self._layout.global_batch_size // resumed)
-            if self._start_batch and resumed is not None and resumed != self._world_size
+            (resumed, self._start_batch * self._batch_size * self._world_size // resumed)
+            if self._start_batch and resumed is not None and resumed != shares
             else None
         )
         batches: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch_depth())
@@ -431,7 +457,7 @@ class ParquetLoader:
             if yields:
                 lower_this_threads_priority()
             try:
-                for b, item in self._read(self._epoch, self._start_batch, consumed, not yields):
+                for b, item in self._read(self._epoch, self._start_batch, shares, consumed, not yields):
                     future = pool.submit(self._convert, b, item, pin) if isinstance(item, list) else item
                     if not _put(batches, future, stop):
                         return
@@ -465,54 +491,67 @@ class ParquetLoader:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def _read(
-        self, epoch: int, start_batch: int, consumed: tuple[int, int] | None, use_threads: bool
+        self, epoch: int, start_batch: int, shares: int, consumed: tuple[int, int] | None, use_threads: bool
     ) -> Iterator[tuple[int, "list[_Piece] | _Bad"]]:
         """(batch, its rows' pieces, or the line of a row group whose footer lies) of this
-        rank, from ``start_batch`` on."""
-        streams = self._streams(epoch, consumed)
+        rank, from ``start_batch`` on: each batch the block of each of its shares, in
+        share order."""
+        layout = self._share_layout(shares)
+        per_rank = shares // self._world_size
+        own = range(self._rank * per_rank, (self._rank + 1) * per_rank)
+        streams = [self._streams(epoch, shares, share, consumed) for share in own]
         first = start_batch if consumed is not None else 0  # the batch the streams' row 0 starts
-        cache: OrderedDict[int, pa.Table] = OrderedDict()
+        # A cache per share: a rank's shares are read side by side, each its own window.
+        caches: list[OrderedDict[int, pa.Table]] = [OrderedDict() for _ in own]
         for b in range(start_batch, len(self)):
-            lo, hi = self._layout.rows(b)
-            local, size = (b - first) * self._layout.batch_size, hi - lo
-            pieces, position = [], 0
+            lo, hi = layout.rows(b)
+            local, size = (b - first) * layout.batch_size, hi - lo
+            pieces: list[_Piece] = []
             try:
-                for order, start, stop in streams:
-                    first_row, last_row = max(local - position, 0), min(local + size - position, stop - start)
-                    if first_row < last_row:
-                        pieces += self._pieces(order, cache, start + first_row, start + last_row, use_threads)
-                    position += stop - start
+                for share_streams, cache in zip(streams, caches):
+                    position = 0
+                    for order, start, stop in share_streams:
+                        first_row, last_row = max(local - position, 0), min(local + size - position, stop - start)
+                        if first_row < last_row:
+                            pieces += self._pieces(order, cache, start + first_row, start + last_row, use_threads)
+                        position += stop - start
                 yield b, pieces
             except RowCountError as e:  # the rank reading it flags the batch: every rank stops there
                 yield b, _Bad(f"{e} (batch {b} of the split)")
                 return
 
-    def _streams(self, epoch: int, consumed: tuple[int, int] | None) -> list[tuple[_RankOrder, int, int]]:
-        """This rank's rows of the epoch, as rows [start, stop) of ranks' orders, one
-        after the other: its own share's order; after a resume at another world size
-        (``consumed`` = (W0, rows each of its ranks had read)), a share of what W0 ranks'
-        orders had left, then of the rows no rank of W0 had."""
+    def _streams(
+        self, epoch: int, shares: int, share: int, consumed: tuple[int, int] | None
+    ) -> list[tuple[_ShareOrder, int, int]]:
+        """Share ``share``'s rows of the epoch, as rows [start, stop) of shares' orders,
+        one after the other: the share's own order; after a resume from a run that cut
+        the epoch into other shares (``consumed`` = (S0, rows each of its shares had
+        read)), the ``share``-th of ``shares`` equal parts of what S0 shares' orders had
+        left followed by the rows no share of S0 held."""
         order = np.arange(len(self._segments))
         if self._shuffle_seed is not None:
             order = np.random.default_rng([self._shuffle_seed, epoch]).permutation(len(self._segments))
 
-        def rank_order(world_size: int, rank: int) -> _RankOrder:
-            seed = None if self._shuffle_seed is None else [self._shuffle_seed, epoch, world_size, rank]
-            return _RankOrder(rank_share(self._counts, order, world_size, rank), self._window, seed)
+        def share_order(spans: list[_Span], share: int) -> _ShareOrder:
+            # Seeded by the share, not the rank: the same rows in the same order at every world size.
+            seed = None if self._shuffle_seed is None else [self._shuffle_seed, epoch, share]
+            return _ShareOrder(spans, self._window, seed)
 
         if consumed is None:
-            own = rank_order(self._world_size, self._rank)
+            own = share_order(epoch_share(self._counts, order, shares, share), share)
             return [(own, 0, int(own.starts[-1]))]
-        old_world, read = consumed
+        old_shares, read = consumed
         total = sum(self._counts)
-        old_share = total // old_world
-        rest = [(rank_order(old_world, r), min(read, old_share), old_share) for r in range(old_world)]
+        old_size = total // old_shares
+        rest = [
+            (share_order(epoch_share(self._counts, order, old_shares, s), s), min(read, old_size), old_size)
+            for s in range(old_shares)
+        ]
         spans = [_Span(int(s), 0, int(self._counts[s])) for s in order if self._counts[s]]
-        tail = _take(spans, old_world * old_share, total)
-        seed = None if self._shuffle_seed is None else [self._shuffle_seed, epoch, old_world, old_world]
-        rest.append((_RankOrder(tail, self._window, seed), 0, total - old_world * old_share))
-        share = sum(stop - start for _, start, stop in rest) // self._world_size
-        lo, hi = self._rank * share, (self._rank + 1) * share
+        tail = _take(spans, old_shares * old_size, total)
+        rest.append((share_order(tail, old_shares), 0, total - old_shares * old_size))
+        size = sum(stop - start for _, start, stop in rest) // shares
+        lo, hi = share * size, (share + 1) * size
         streams, position = [], 0
         for stream, start, stop in rest:
             first_row, last_row = max(lo - position, 0), min(hi - position, stop - start)
@@ -522,9 +561,9 @@ class ParquetLoader:
         return streams
 
     def _pieces(
-        self, order: _RankOrder, cache: "OrderedDict[int, pa.Table]", lo: int, hi: int, use_threads: bool
+        self, order: _ShareOrder, cache: "OrderedDict[int, pa.Table]", lo: int, hi: int, use_threads: bool
     ) -> list[_Piece]:
-        """Rows [lo, hi) of the rank's order: (table, where each row comes from) per block."""
+        """Rows [lo, hi) of a share's order: (table, where each row comes from) per block."""
         pieces = []
         block = int(np.searchsorted(order.starts, lo, side="right")) - 1
         while lo < hi:

@@ -62,6 +62,12 @@ class ParquetOptions:
         help="Parquet: threads per rank converting batches (default: the rank's share of the host's cores; "
         "on CPU they run below training's priority)",
     )
+    epoch_shares: int | None = flag(
+        None,
+        help="Parquet: cut each epoch's rows into this many equal shares, a multiple of the ranks dividing "
+        "the global batch; each global batch is a block of every share, so a run reads the same batches "
+        "at every world size that divides it (default: the world size; a resume keeps the checkpoint's)",
+    )
     time_column: str | None = flag(
         None,
         help="Parquet: timestamp, date or integer column (a Hive partition column such as date counts); "
@@ -123,6 +129,8 @@ class ParquetSource(DataSource):
             )
         if config.data_workers is not None and config.data_workers < 1:
             raise FlagError(f"{option(config, 'data_workers')} must be at least 1, got {config.data_workers}")
+        if config.epoch_shares is not None and config.epoch_shares < 1:
+            raise FlagError(f"{option(config, 'epoch_shares')} must be at least 1, got {config.epoch_shares}")
         validation, test = self.windows()
         if config.time_column is None:
             for window, name in ((validation, "validation_window"), (test, "test_window")):
@@ -170,8 +178,24 @@ class ParquetSource(DataSource):
     # What the trainer said of the job (`join_job`); the loaders ask it when an epoch starts.
     _job: FeedJob = FeedJob()
 
-    def join_job(self, job: FeedJob) -> None:
+    def join_job(self, job: FeedJob) -> str | None:
+        """Keeps the job, and resolves ``--epoch_shares`` (`resolve_epoch_shares`) into
+        the flags, where the run log and the checkpoints record it; returns the line
+        saying that a resume re-shares the rest of its epoch, or None."""
         self._job = job
+        config = self.config
+        given = config.epoch_shares
+        check_epoch_shares(config, job.world_size)
+        resumed = job.resumed_epoch_shares or job.resumed_world_size
+        shares, note = resolve_epoch_shares(
+            given, job.world_size, self._global_batches(job.world_size), resumed, option(config, "epoch_shares")
+        )
+        config.source_options.epoch_shares = shares
+        return note
+
+    def _global_batches(self, world_size: int) -> tuple[int, int]:
+        """The training and the evaluation global batch."""
+        return self.config.batch_size * world_size, self.config.eval_batch_size * world_size
 
     def _listing(self) -> tuple[Any, str, list[str]]:
         """(filesystem, root, files) of the table, listed once."""
@@ -306,6 +330,7 @@ class ParquetSource(DataSource):
         from data.parquet.loader import ParquetLoader
 
         config = self.config
+        check_epoch_shares(config, world_size)  # before any collective where the loaders come first
         columns = dataclasses.replace(dataset.columns, table_sizes=tuple(int(s) for s in table_sizes))
         is_train = split == "train"
         return ParquetLoader(
@@ -326,7 +351,50 @@ class ParquetSource(DataSource):
             ),
             workers=config.data_workers,
             job=lambda: self._job,
+            epoch_shares=lambda: config.epoch_shares,  # resolved when the job joins (`join_job`)
         )
+
+
+def check_epoch_shares(config: Any, world_size: int) -> None:
+    """``--epoch_shares`` given: a multiple of the world size dividing the training and
+    the evaluation global batch (every share's block of a batch the same size).
+
+    Raises:
+        FlagError: one line naming the flag.
+    """
+    shares = config.epoch_shares
+    if shares is None:
+        return
+    name = option(config, "epoch_shares")
+    if shares % world_size:
+        raise FlagError(f"{name} {shares} must be a multiple of the {world_size} ranks")
+    for flag_name, batch in (("batch_size", config.batch_size), ("test_batch_size", config.eval_batch_size)):
+        if (batch * world_size) % shares:
+            raise FlagError(
+                f"{name} {shares} must divide the global batch: {option(config, flag_name)} {batch} x "
+                f"{world_size} rank(s) = {batch * world_size} rows"
+            )
+
+
+def resolve_epoch_shares(
+    given: int | None, world_size: int, global_batches: tuple[int, ...], resumed: int | None, name: str
+) -> tuple[int, str | None]:
+    """(S, a line or None): the shares this run cuts its epochs into. Given (``name``,
+    checked by `check_epoch_shares`): that. Else on a resume (``resumed``: the saving
+    run's S) that S when the world size divides it and it divides ``global_batches``, so
+    that the run goes on in the order the saving run would have read; else the world
+    size, and the line says that the rest of the resumed epoch is shared anew."""
+    if given is not None:
+        return given, None
+    if resumed is None or resumed == world_size:
+        return world_size, None
+    if resumed % world_size == 0 and all(batch % resumed == 0 for batch in global_batches):
+        return resumed, None
+    return world_size, (
+        f"the checkpoint's run cut its epochs into {resumed} shares ({name}), which {world_size} rank(s) "
+        "cannot keep (a multiple of the ranks dividing the global batch): the rest of the resumed epoch is "
+        "shared anew, each row still read once but in other batches"
+    )
 
 
 def statistics_lines(statistics: dict[str, Any]) -> str | None:

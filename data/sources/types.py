@@ -96,12 +96,17 @@ class FeedJob:
             made only from the thread that iterates the loaders; None on one rank.
         resumed_world_size: on a resume, the world size of the run that saved the
             checkpoint (it read the resumed epoch's first batches); else None.
+        resumed_epoch_shares: on a resume, the ``--epoch_shares`` that run cut its epochs
+            into (recorded in its config; a source without the flag: None).
+        world_size: the ranks of the job.
     """
 
     device_type: str = "cpu"
     local_world_size: int = 1
     group: Any = None
     resumed_world_size: int | None = None
+    resumed_epoch_shares: int | None = None
+    world_size: int = 1
 
 
 def as_tuple(values: list[int] | None) -> tuple[int, ...] | None:
@@ -154,9 +159,16 @@ class DataSource(ABC):
         """--multi_hot_sizes is given: refused unless the source expands one-hot ids."""
         raise FlagError(f"{option(self.config, 'multi_hot_sizes')} expands one-hot Criteo data, not {self.name} data")
 
-    def join_job(self, job: FeedJob) -> None:  # noqa: B027 (optional: most sources need nothing of the job)
+    def join_job(self, job: FeedJob) -> str | None:
         """The trainer, once the ranks have joined (before any batch is read): what the
-        loaders, made before or after, may know of the job."""
+        loaders, made before or after, may know of the job. Returns a line the run's log
+        prints once (what the source decided of the job), or None; most sources need
+        nothing of it.
+
+        Raises:
+            FlagError: a flag the job cannot honour (one line naming it).
+        """
+        return None
 
     def serving_facts(self, dataset: Any) -> dict[str, Any]:
         """What a model trained on this data needs at serving besides `describe`'s

@@ -66,6 +66,7 @@ from harness.matrix.cases import (
     refusal_cases,
     resumed_steps,
     validation_every,
+    with_epoch_shares,
 )
 from harness.matrix.checks import (
     EXPORT_TOLERANCE,
@@ -166,4 +167,5 @@ __all__ = [
     "start_exports",
     "tf32_off",
     "validation_every",
+    "with_epoch_shares",
 ]

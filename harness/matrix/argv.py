@@ -148,6 +148,8 @@ def case_argv(case: Case, data_dir: str, device: str) -> list[str]:
     ]
     if case.get("validation_within_epoch"):
         argv += ["--validation_freq_within_epoch", str(validation_every(case))]
+    if case.get("epoch_shares"):  # a Parquet case's reference (`cases.with_epoch_shares`)
+        argv += ["--epoch_shares", str(case["epoch_shares"])]
     if case["amp"]:
         argv.append("--amp")
     if case.get("compute_kernel"):

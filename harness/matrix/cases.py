@@ -100,6 +100,20 @@ class MatrixSpec:
     def complete(self, choices: dict[str, Any]) -> Case:
         return {**self.defaults, **choices}
 
+    def reference_of(self, case: Case) -> Case:
+        """The reference run of ``case`` (`with_epoch_shares`)."""
+        return with_epoch_shares({**case, **self.reference}, case)
+
+
+def with_epoch_shares(reference: Case, case: Case) -> Case:
+    """``reference`` reading a Parquet case's batches: with ``--epoch_shares`` the case's
+    world size, the reference reads at every step the global batch the case's ranks read
+    (a binary case's ranks read those of one rank already). A reference on more ranks
+    than the case cannot take the case's shares: it is left as it is."""
+    if case.get("data_source") != "parquet" or case["world_size"] % reference["world_size"]:
+        return reference
+    return {**reference, "epoch_shares": case["world_size"]}
+
 
 # The matrix `make test` and `make test-matrix` run: every flag's choices on the CPU.
 CPU_MATRIX = MatrixSpec(
@@ -193,6 +207,8 @@ def case_name(case: Case) -> str:
     parts += ["tf32"] if case.get("allow_tf32") else []
     parts += [f"{epochs(case)}-epochs"] if epochs(case) > 1 else []
     parts += [f"validate-every-{validation_every(case)}"] if case.get("validation_within_epoch") else []
+    shares = case.get("epoch_shares", case["world_size"])  # the default (the world size) is no other run
+    parts += [f"shares{shares}"] if shares != case["world_size"] else []
     return "/".join(parts)
 
 

@@ -26,7 +26,7 @@ def evaluate(
     plan = JobPlan(data_dir, work_dir, case_argv)
     refusal_keys = [plan.add("refusal", c, spec.device) for c in refusals]
     case_keys = [
-        (plan.add("train", c, spec.device, resume=True), plan.add("train", {**c, **spec.reference}, spec.device))
+        (plan.add("train", c, spec.device, resume=True), plan.add("train", spec.reference_of(c), spec.device))
         for c in cases
     ]
     plan.launch(launcher, spec.device)

@@ -64,6 +64,8 @@ def test_every_case_has_a_cpu_reference_or_a_semi_sync_one_and_a_tolerance_with_
                 "sharding": "table_wise",
                 "world_size": 1,
                 "allow_tf32": False,
+                # A Parquet case's reference reads its ranks' batches (--epoch_shares).
+                **({"epoch_shares": case["world_size"]} if case.get("data_source") == "parquet" else {}),
             }
             assert placement is None or (placement["pipeline"], placement["compute_kernel"]) == ("sparse_dist", "fused")
         tolerance, why = gpu_check.reference_tolerance(case)

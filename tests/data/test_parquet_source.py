@@ -173,6 +173,103 @@ def test_resume_at_another_world_size_reads_the_rest_of_the_epoch(tmp_path):
         assert len(epoch) - len(rows) < world_size * 2
 
 
+def _joined_loaders(config: DataConfig, rank: int, world_size: int, **job) -> tuple[dict, str | None, DataConfig]:
+    """A rank's loaders of every split, made as the trainer makes them: the source joins
+    the job first (which resolves --epoch_shares into the flags); the line it says, and
+    the rank's own copy of the flags."""
+    config = dataclasses.replace(config, source_options=dataclasses.replace(config.source_options))
+    source = source_for(config)
+    note = source.join_job(FeedJob(world_size=world_size, **job))
+    return source.loaders(source.open(), [97, 1000, 50], rank, world_size), note, config
+
+
+def _ranks_epoch(
+    config: DataConfig, world_size: int, split: str, start: int = 0, epoch: int = 0, **job
+) -> list[list[int]]:
+    """The global batches W ranks read (each rank's rows, rank after rank), from ``start``."""
+    per_rank = [
+        _epoch(_joined_loaders(config, r, world_size, **job)[0][split], epoch, start) for r in range(world_size)
+    ]
+    assert len({len(batches) for batches in per_rank}) == 1
+    return [[rid for rank in per_rank for rid in rank[k]] for k in range(len(per_rank[0]))]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("shares, world_size", [(2, 2), (4, 2)])
+def test_one_rank_with_the_shares_of_several_reads_their_global_batches(tmp_path, shares, world_size, shuffle):
+    """--epoch_shares S: one rank reads at every step exactly the rows W ranks read with
+    the same S, rank 0's rows then rank 1's, in every split (a small shuffle window, so
+    that a rank's shares are read side by side from windows of their own)."""
+    _write_table(str(tmp_path))
+    flags = dict(
+        shuffle_training_set=shuffle,
+        validation_window="0.2",
+        test_window="0.2",
+        max_buffered_row_groups=2,
+        epoch_shares=shares,
+    )
+    alone = _config(str(tmp_path), batch_size=8, test_batch_size=4, **flags)
+    ranks = _config(str(tmp_path), batch_size=8 // world_size, test_batch_size=4 // world_size, **flags)
+    for split in ("train", "validation", "test"):
+        one = _epoch(_joined_loaders(alone, 0, 1)[0][split])
+        assert one == _ranks_epoch(ranks, world_size, split)
+        rows = [rid for batch in one for rid in batch]
+        assert len(set(rows)) == len(rows) and len(one[0]) == (8 if split == "train" else 4)
+    # Shuffled, the order is not the one of S = W ranks (the shares are the unit, not the ranks).
+    default = _epoch(_loaders(_config(str(tmp_path), batch_size=8, **{**flags, "epoch_shares": None}))["train"])
+    assert (default != _epoch(_joined_loaders(alone, 0, 1)[0]["train"])) == (shuffle or shares > 1)
+
+
+@pytest.mark.parametrize(
+    "shares, world_size, batch_size, test_batch_size, message",
+    [
+        (3, 2, 3, None, "--epoch_shares 3 must be a multiple of the 2 ranks"),
+        (4, 2, 3, None, "--epoch_shares 4 must divide the global batch: --batch_size 3 x 2 rank(s) = 6 rows"),
+        (2, 1, 4, 3, "--epoch_shares 2 must divide the global batch: --test_batch_size 3 x 1 rank(s) = 3 rows"),
+    ],
+)
+def test_epoch_shares_refused_at_start_up(tmp_path, shares, world_size, batch_size, test_batch_size, message):
+    """Refused when the job joins and when the loaders are made (with --rolling_windows
+    before any collective), one line naming the flag."""
+    _write_table(str(tmp_path))
+    config = _config(str(tmp_path), batch_size=batch_size, test_batch_size=test_batch_size, epoch_shares=shares)
+    source = source_for(config)
+    with pytest.raises(FlagError) as joined:
+        source.join_job(FeedJob(world_size=world_size))
+    with pytest.raises(FlagError) as made:
+        source.loaders(source.open(), [97, 1000, 50], 0, world_size)
+    assert str(joined.value) == str(made.value) == message
+    with pytest.raises(FlagError, match="--epoch_shares must be at least 1, got 0"):
+        DataConfig.from_flags(parquet_path=str(tmp_path), sparse_columns="C1", epoch_shares=0).validate()
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_resume_at_another_world_size_keeps_the_checkpoints_shares(tmp_path, shuffle):
+    """Two ranks (S = 2 by default) read 3 batches; resumed there on one rank, the run
+    keeps S = 2 (and records it in the flags): the rest of the epoch is the two ranks'
+    batches from batch 3 on, step for step, and the next epoch too. Resumed on three
+    ranks, S = 2 cannot be kept: the line says so, and the rest is each row once."""
+    _write_table(str(tmp_path))
+    config = _config(str(tmp_path), batch_size=3, shuffle_training_set=shuffle)
+    two = _ranks_epoch(config, 2, "train")
+    one = dataclasses.replace(config, batch_size=6)
+    loaders, note, recorded = _joined_loaders(one, 0, 1, resumed_world_size=2, resumed_epoch_shares=2)
+    assert note is None and loaders["train"].shares() == 2 and recorded.epoch_shares == 2
+    assert _epoch(loaders["train"], 0, 3) == two[3:]
+    assert _epoch(loaders["train"], 1) == _ranks_epoch(config, 2, "train", epoch=1)
+    # An older checkpoint records no shares: its world size's.
+    assert _ranks_epoch(one, 1, "train", 3, resumed_world_size=2) == two[3:]
+    three = dataclasses.replace(config, batch_size=2)
+    loaders, note, recorded = _joined_loaders(three, 0, 3, resumed_world_size=2, resumed_epoch_shares=2)
+    assert note is not None and note.startswith("the checkpoint's run cut its epochs into 2 shares (--epoch_shares)")
+    assert recorded.epoch_shares == 3
+    rest = _ranks_epoch(three, 3, "train", 3, resumed_world_size=2, resumed_epoch_shares=2)
+    rows = [rid for batch in two[:3] + rest for rid in batch]
+    epoch = [rid for batch in two for rid in batch]
+    assert len(set(rows)) == len(rows) and len(rows) >= len(epoch) - 2  # each once, but the fewer than 3 left over
+    assert set(rows) <= set(range(source_for(config).open().num_rows("train")))
+
+
 def test_workers_convert_the_same_batches_in_order(tmp_path):
     """Three converting threads hand out the batches one thread does, bit for bit, in
     order; on CPU they run at a lower priority than the thread that iterates."""

@@ -163,8 +163,9 @@ def test_resume_at_a_window_equals_the_uninterrupted_run(uninterrupted, clicks, 
 @pytest.mark.slow
 def test_resume_within_a_window_on_one_rank_reads_what_two_ranks_left(uninterrupted, clicks, tmp_path):
     """Step 6 (window 1, batch 2) of the 2-rank run, resumed on one rank with the same
-    global batch: the window's rest is the rows the two ranks had not read (the second
-    half of each rank's share: both row groups of the day), not the day's last rows."""
+    global batch: the run keeps the checkpoint's 2 epoch shares, so the window's rest is
+    the rows the two ranks read next (the second half of each share: both row groups of
+    the day), step for step the uninterrupted run's; its checkpoints record the 2 shares."""
     root, records = uninterrupted
     os.makedirs(tmp_path / "ckpt")
     name = f"step_{6:09d}"
@@ -172,11 +173,14 @@ def test_resume_within_a_window_on_one_rank_reads_what_two_ranks_left(uninterrup
     one_rank = ["--batch_size", str(BATCH * RANKS), "--test_batch_size", str(EVAL_BATCH * RANKS)]
     assert launch(dlrm_main.main, flags(tmp_path, clicks, "--resume", *one_rank), nproc=1) == {0: 0}
     resumed = read_log(str(tmp_path / "log.jsonl"))
-    assert sorted(losses(resumed)) == list(range(7, WINDOWS * STEPS_PER_WINDOW + 1))
+    got, expected = losses(resumed), losses(records)
+    assert sorted(got) == list(range(7, WINDOWS * STEPS_PER_WINDOW + 1))
+    assert all(got[s] == pytest.approx(expected[s], rel=1e-4) for s in got)  # one rank's sums, not two ranks'
     reader = [r for r in resumed if r["event"] == "data_statistics"][0]["reader"]
-    # Rows 32-63 of the day (rank 0's) and 96-127 (rank 1's): row groups of 64, both read.
+    # Rows 32-63 of the day (share 0's) and 96-127 (share 1's): row groups of 64, both read.
     assert reader == {"rows_read": 2 * 64, "bytes_read": reader["bytes_read"], "rows_decoded": 2 * BATCH * RANKS}
     assert window_metrics(resumed)[2]["num_samples"] == ROWS_PER_DAY
+    assert read_meta(str(tmp_path / "ckpt" / f"step_{12:09d}")).data.epoch_shares == RANKS
 
 
 @pytest.mark.slow

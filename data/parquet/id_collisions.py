@@ -19,13 +19,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from data.parquet.id_hashing import embedding_rows, hashed
+from data.parquet import kernel
+from data.parquet.id_hashing import embedding_rows, hashed, salt
 
 # Distinct values per feature counted exactly (8 bytes each).
 EXACT_DISTINCT_CAP = 1 << 16
 # The seed of the sampling hash (not the embedding hash's, so that the sample is not
 # biased towards some embedding rows).
 SAMPLING_SEED = 0x5A3D1E
+_SAMPLING_SALT = salt(SAMPLING_SEED)
 _MERGE_EVERY = 1 << 18  # (sampled) keys buffered before they are merged into the set
 
 
@@ -78,6 +80,9 @@ class CollisionCounter:
     def _sampled(self, f: int, values: np.ndarray) -> np.ndarray:
         if self._level[f] == 0:
             return values
+        sample = kernel.sample_keys(values, _SAMPLING_SALT, self._level[f])
+        if sample is not None:
+            return sample
         return values[(hashed(values, SAMPLING_SEED) >> np.uint64(64 - self._level[f])) == 0]
 
     def _merge(self, f: int) -> None:

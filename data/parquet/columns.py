@@ -64,6 +64,8 @@ class ConvertedRows:
         dense_nulls: per dense feature, the nulls read as 0.
         keys: per sparse feature, the 64-bit keys of its values before the table modulo
             (what collision statistics count).
+        flat_ids: ``ids`` concatenated, where the conversion wrote them so (the kernels
+            write every feature's ids back to back in one array); None otherwise.
     """
 
     labels: np.ndarray | None
@@ -73,6 +75,7 @@ class ConvertedRows:
     weights: np.ndarray | None
     dense_nulls: np.ndarray
     keys: list[np.ndarray]
+    flat_ids: np.ndarray | None = None
 
     @property
     def num_rows(self) -> int:
@@ -257,9 +260,9 @@ class ParquetColumns:
         lib = kernel.library()
         labels = self._labels(rows.column(self.label)) if labelled else None
         dense, nulls = self._dense_matrix(lib, rows)
-        lengths, ids, keys = self._sparse_bags(lib, rows)
+        lengths, ids, keys, flat_ids = self._sparse_bags(lib, rows)
         weights = self._weights(rows.column(self.weight)) if self.weight else None
-        return ConvertedRows(labels, dense, ids, lengths, weights, np.array(nulls, dtype=np.int64), keys)
+        return ConvertedRows(labels, dense, ids, lengths, weights, np.array(nulls, dtype=np.int64), keys, flat_ids)
 
     def check_values(self, rows: pa.Table) -> None:
         """The checks of `convert` without the conversion's output: labels, dense values,
@@ -303,15 +306,19 @@ class ParquetColumns:
 
     def _sparse_bags(
         self, lib: ctypes.CDLL | None, rows: pa.Table
-    ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
-        """(bag lengths (F, N) int32, embedding rows per feature, keys per feature)."""
+    ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray], np.ndarray | None]:
+        """(bag lengths (F, N) int32, embedding rows per feature, keys per feature, the
+        embedding rows concatenated where the kernels wrote them so, else None)."""
         columns = [rows.column(name) for name in self.sparse]
         modulo = self.id_hashing == "modulo"
         if lib is None:
             lengths = np.empty((len(columns), rows.num_rows), dtype=np.int32)
             found: list[kernel.FeatureIds | None] = [None] * len(columns)
+            flat_ids = None
         else:
-            lengths, found = kernel.sparse_bags(lib, columns, list(self.table_sizes), modulo, self.hash_seed)
+            lengths, found, flat_ids = kernel.sparse_bags(lib, columns, list(self.table_sizes), modulo, self.hash_seed)
+            if any(f is None for f in found):
+                flat_ids = None
         ids, keys = [], []
         for f, (name, size) in enumerate(zip(self.sparse, self.table_sizes)):
             if found[f] is None:  # the reference
@@ -323,7 +330,7 @@ class ParquetColumns:
                     _negative_id(name, feature_keys, lengths[f], negative)
             keys.append(feature_keys)
             ids.append(feature_ids)
-        return lengths, ids, keys
+        return lengths, ids, keys, flat_ids
 
     def _rows(self, name: str, keys: np.ndarray, lengths: np.ndarray, table_size: int) -> np.ndarray:
         if self.id_hashing == "hash":

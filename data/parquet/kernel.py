@@ -216,7 +216,7 @@ def _bags(
     table_sizes: "list[int]",
     modulo: bool,
     salt_value: int,
-) -> tuple[np.ndarray, "list[FeatureIds | None]"]:
+) -> tuple[np.ndarray, "list[FeatureIds | None]", np.ndarray]:
     keep: list[object] = list(columns)
     structs: list[_Ids] = []
     spans: list[tuple[int, int] | None] = []
@@ -253,7 +253,7 @@ def _bags(
             count += chunk.written
         features.append((keys[start : start + count], rows[start : start + count], first_negative))
         start += count
-    return lengths, features
+    return lengths, features, rows[:start]
 
 
 def sparse_bags(
@@ -262,11 +262,12 @@ def sparse_bags(
     table_sizes: "list[int]",
     modulo: bool,
     seed: int,
-) -> tuple[np.ndarray, "list[FeatureIds | None]"]:
+) -> tuple[np.ndarray, "list[FeatureIds | None]", np.ndarray]:
     """The bags of sparse columns of equal length, in one call (the GIL released):
     (bag lengths (features, rows) int32, per feature (keys uint64, embedding rows int64,
     index of its first negative id or -1), or None where the kernels do not take the
-    column's type and the reference must convert it (its lengths row then unset)).
+    column's type and the reference must convert it (its lengths row then unset); the
+    embedding rows of the features converted, back to back, as one array).
     ``modulo``: rows are the ids modulo the table size (a negative one's index returned
     for the caller's message), else the hash seeded with ``seed``."""
     return _bags(lib, columns, table_sizes, modulo, 0 if modulo else _salt(seed))

@@ -412,7 +412,9 @@ class ParquetLoader:
                 print(f"note: dense column(s) {', '.join(fresh)} hold nulls, read as 0{counts}", file=sys.stderr)
         if self._collisions is not None:
             self._collisions.add(rows.keys)
-        return self._builder.bags(rows.dense, rows.ids, rows.lengths, rows.labels, rows.weights, normalizer)
+        return self._builder.bags(
+            rows.dense, rows.ids, rows.lengths, rows.labels, rows.weights, normalizer, flat_ids=rows.flat_ids
+        )
 
     def _value_message(self, pieces: list[_Piece], error: ColumnValueError) -> str:
         """``error`` (its row counted in the pieces' rows) naming file, row group, row and column."""

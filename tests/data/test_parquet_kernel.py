@@ -46,6 +46,9 @@ def _same(fast, slow) -> None:
     assert (fast.lengths == slow.lengths).all()
     for mine, theirs in zip(fast.ids, slow.ids, strict=True):
         assert mine.dtype == theirs.dtype == np.int64 and (mine == theirs).all()
+    assert slow.flat_ids is None
+    if fast.flat_ids is not None:  # every feature through the kernels: their ids back to back
+        assert (fast.flat_ids == np.concatenate(slow.ids if slow.ids else [np.zeros(0, np.int64)])).all()
     for mine, theirs in zip(fast.keys, slow.keys, strict=True):
         assert mine.dtype == theirs.dtype == np.uint64 and (mine == theirs).all()
     if slow.labels is not None:
@@ -224,7 +227,7 @@ def test_without_the_library_numpy_converts_and_says_so_once(monkeypatch, tmp_pa
     monkeypatch.setattr(kernel, "_missing", None)
     capsys.readouterr()
     for _ in range(2):
-        _same(columns.convert(table), built)
+        _same(built, columns.convert(table))
     assert kernel.library() is None
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and "converting with numpy" in lines[0] and "make native-data" in lines[0], lines

@@ -30,7 +30,7 @@ from data.parquet.id_hashing import salt
 ENVIRONMENT = "DLRM_PARQUET_KERNEL"
 LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "libdlrm_columns.so")
 # columns.c's DLRM_COLUMNS_VERSION: a library built from other sources is not used.
-VERSION = 2
+VERSION = 3
 
 # columns.c's value kinds.
 _INTEGER_KINDS = {
@@ -138,6 +138,19 @@ def _load(path: str) -> ctypes.CDLL:
     ]
     lib.dlrm_sample_keys.restype = ctypes.c_int64
     lib.dlrm_sample_keys.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_void_p]
+    lib.dlrm_set_add.restype = ctypes.c_int64
+    lib.dlrm_set_add.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_uint64,
+        ctypes.POINTER(ctypes.c_int32),
+        ctypes.POINTER(ctypes.c_int64),
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_uint64,
+        ctypes.c_int32,
+        ctypes.c_int64,
+    ]
     return lib
 
 
@@ -324,3 +337,65 @@ def sample_keys(keys: np.ndarray, salt_value: int, level: int) -> np.ndarray | N
     out = np.empty(len(keys), dtype=np.uint64)
     kept = lib.dlrm_sample_keys(_address_of(keys), len(keys), salt_value, level, _address_of(out))
     return out[:kept]
+
+
+class KeySet:
+    """A set of distinct 64-bit keys filled by columns.c's dlrm_set_add (a hash table,
+    GIL released): what data/parquet/id_collisions.py keeps per feature, without sorting
+    on every merge. Not thread-safe (the counter holds its lock).
+
+    Args:
+        lib: the loaded kernels (`library`).
+    """
+
+    _EMPTY = 2**64 - 1  # the slot value of an empty slot; the key itself is kept aside
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._lib = lib
+        self._slots = np.full(1024, self._EMPTY, dtype=np.uint64)
+        self._has_empty, self._count = ctypes.c_int32(0), ctypes.c_int64(0)
+
+    def __len__(self) -> int:
+        return int(self._count.value)
+
+    def add(self, keys: np.ndarray, salt_value: int, level: int, limit: int) -> int:
+        """Adds the keys whose hash salted with ``salt_value`` has its top ``level`` bits 0,
+        until the set holds ``limit`` keys (growing its table as needed). Returns how many
+        of ``keys`` it went through: fewer than all when the limit stopped it."""
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        address, done = _address_of(keys), 0
+        while done < len(keys) and len(self) < limit:
+            room = min(limit, len(self._slots) // 2)  # at most half full
+            if len(self) >= room:
+                self._rebuild(len(self._slots) * 2)
+                continue
+            done += self._lib.dlrm_set_add(
+                _address_of(self._slots),
+                len(self._slots),
+                self._EMPTY,
+                ctypes.byref(self._has_empty),
+                ctypes.byref(self._count),
+                address + 8 * done,
+                len(keys) - done,
+                salt_value,
+                level,
+                room,
+            )
+        return done
+
+    def keys(self) -> np.ndarray:
+        """The keys held (uint64), in no order."""
+        held = self._slots[self._slots != self._EMPTY]
+        return np.append(held, np.uint64(self._EMPTY)) if self._has_empty.value else held
+
+    def replace(self, keys: np.ndarray) -> None:
+        """Holds exactly ``keys`` (distinct) instead."""
+        self._slots = np.full(1024, self._EMPTY, dtype=np.uint64)
+        self._has_empty.value, self._count.value = 0, 0
+        self.add(keys, 0, 0, len(keys))
+
+    def _rebuild(self, capacity: int) -> None:
+        held = self.keys()
+        self._slots = np.full(capacity, self._EMPTY, dtype=np.uint64)
+        self._has_empty.value, self._count.value = 0, 0
+        self.add(held, 0, 0, len(held))

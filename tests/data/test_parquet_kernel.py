@@ -205,17 +205,22 @@ def test_the_same_value_is_refused_with_the_same_line(monkeypatch, kind):
         assert fast == slow
 
 
-def test_the_collision_sample_is_the_references(monkeypatch):
-    keys = np.random.default_rng(3).integers(0, 2**64 - 1, 50_000, dtype=np.uint64, endpoint=True)
+@pytest.mark.parametrize("cap", [500, 2**16])
+def test_the_collision_counts_are_the_references(monkeypatch, cap):
+    """The kernels' hash set per feature against the reference's sorted array: exact under
+    the cap, sampled past it, with repeated keys and the key 2**64 - 1 (the empty slot's value)."""
+    rng = np.random.default_rng(3)
+    keys = rng.integers(0, 2**64 - 1, 30_000, dtype=np.uint64, endpoint=True)
+    keys = np.concatenate([keys, keys[:5000], np.array([2**64 - 1, 0, 2**64 - 1], dtype=np.uint64)])
 
     def statistics():
-        counter = CollisionCounter(["f"], [3000], "hash", 7, exact_cap=500)
+        counter = CollisionCounter(["f", "g"], [3000, 70_000], "hash", 7, exact_cap=cap)
         for part in np.array_split(keys, 7):
-            counter.add([part])
+            counter.add([part, part[::3]])
         return counter.statistics()
 
     fast, slow = _both(monkeypatch, statistics)
-    assert fast == slow and not fast["f"]["exact"]
+    assert fast == slow and fast["f"]["exact"] == (cap > 30_000)
 
 
 def test_without_the_library_numpy_converts_and_says_so_once(monkeypatch, tmp_path, capsys):

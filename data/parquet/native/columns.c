@@ -13,7 +13,7 @@
 
 /* data/parquet/kernel.py VERSION: raised whenever a signature or a structure changes, so
  * that a library built from older sources is refused rather than misread. */
-#define DLRM_COLUMNS_VERSION 2
+#define DLRM_COLUMNS_VERSION 3
 
 int32_t dlrm_columns_version(void) { return DLRM_COLUMNS_VERSION; }
 
@@ -224,4 +224,36 @@ int64_t dlrm_sample_keys(const uint64_t *keys, int64_t n, uint64_t salt, int32_t
             out[kept++] = keys[i];
     }
     return kept;
+}
+
+/* Adds keys[0..n) whose sampling hash has its top level bits 0 (all of them at level 0)
+ * to a set of distinct keys (data/parquet/id_collisions.py): open addressing with linear
+ * probing over slots[capacity] (a power of 2), an empty slot holding `empty`, a key equal
+ * to `empty` recorded in *has_empty instead. *count is the number of distinct keys held.
+ * Stops once *count reaches limit (the set must grow or be sampled more sparsely first);
+ * returns how many keys it went through. */
+int64_t dlrm_set_add(uint64_t *slots, int64_t capacity, uint64_t empty, int32_t *has_empty, int64_t *count,
+                     const uint64_t *keys, int64_t n, uint64_t salt, int32_t level, int64_t limit) {
+    const uint64_t mask = (uint64_t)capacity - 1;
+    int64_t held = *count;
+    int64_t i = 0;
+    while (i < n && held < limit) {
+        uint64_t key = keys[i++];
+        if (level > 0 && (dlrm_hash(key, salt) >> (64 - level)) != 0)
+            continue;
+        if (key == empty) {
+            held += !*has_empty;
+            *has_empty = 1;
+            continue;
+        }
+        uint64_t at = dlrm_mix(key) & mask;
+        while (slots[at] != empty && slots[at] != key)
+            at = (at + 1) & mask;
+        if (slots[at] == empty) {
+            slots[at] = key;
+            ++held;
+        }
+    }
+    *count = held;
+    return i;
 }

@@ -317,6 +317,7 @@ class ParquetColumns:
             flat_ids = None
         else:
             lengths, found, flat_ids = kernel.sparse_bags(lib, columns, list(self.table_sizes), modulo, self.hash_seed)
+            lengths = lengths.reshape(len(columns), rows.num_rows)  # (0, N) too, without sparse columns
             if any(f is None for f in found):
                 flat_ids = None
         ids, keys = [], []

@@ -237,21 +237,35 @@ int64_t dlrm_set_add(uint64_t *slots, int64_t capacity, uint64_t empty, int32_t 
     const uint64_t mask = (uint64_t)capacity - 1;
     int64_t held = *count;
     int64_t i = 0;
+    /* Blocks of keys: their first slots are prefetched before any is probed, so that the
+     * cache misses of a large table overlap instead of coming one after the other. */
+    enum { BLOCK = 16 };
+    uint64_t block[BLOCK], first[BLOCK];
     while (i < n && held < limit) {
-        uint64_t key = keys[i++];
-        if (level > 0 && (dlrm_hash(key, salt) >> (64 - level)) != 0)
-            continue;
-        if (key == empty) {
-            held += !*has_empty;
-            *has_empty = 1;
-            continue;
+        int64_t taken = 0;
+        while (i < n && taken < BLOCK && held + taken < limit) {
+            uint64_t key = keys[i++];
+            if (level > 0 && (dlrm_hash(key, salt) >> (64 - level)) != 0)
+                continue;
+            block[taken] = key;
+            first[taken] = dlrm_mix(key) & mask;
+            __builtin_prefetch(&slots[first[taken]]);
+            ++taken;
         }
-        uint64_t at = dlrm_mix(key) & mask;
-        while (slots[at] != empty && slots[at] != key)
-            at = (at + 1) & mask;
-        if (slots[at] == empty) {
-            slots[at] = key;
-            ++held;
+        for (int64_t b = 0; b < taken; ++b) {
+            uint64_t key = block[b];
+            if (key == empty) {
+                held += !*has_empty;
+                *has_empty = 1;
+                continue;
+            }
+            uint64_t at = first[b];
+            while (slots[at] != empty && slots[at] != key)
+                at = (at + 1) & mask;
+            if (slots[at] == empty) {
+                slots[at] = key;
+                ++held;
+            }
         }
     }
     *count = held;

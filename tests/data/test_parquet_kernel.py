@@ -134,14 +134,12 @@ def _chunked(table: pa.Table, cuts: list[int]) -> pa.Table:
     return pa.concat_tables([table.slice(a, b - a) for a, b in zip(bounds, bounds[1:])])
 
 
-# Every seed and every table size, each transform (a case costs about a second).
+# Every seed and every table size, each transform (a case costs most of a second).
 CASES = [
     (0, 1, "log1p"),
     (7, 1000, "none"),
     (2**64 - 1, 2**33 + 7, "log1p"),
-    (0, 2**63 - 1, "none"),
-    (7, 2**63 - 1, "log1p"),
-    (2**64 - 1, 1000, "log1p"),
+    (7, 2**63 - 1, "none"),
 ]
 
 

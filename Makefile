@@ -18,9 +18,18 @@ TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.05 --optimizer adag
 	--validation_freq_within_epoch 400 --log_every_n_steps 100 --seed 0 \
 	--log_path runs/make_train.jsonl
 
-.PHONY: check release-tag wheelhouse install data train train-dcnv2 sweep-example docs-figures slurm-up cluster-up cluster-down test test-cluster test-multihost test-native test-gpu-host test-fast test-hostile test-matrix bench serving-cpp clean
+.PHONY: check release-tag wheelhouse install native-data data train train-dcnv2 sweep-example docs-figures slurm-up cluster-up cluster-down test test-cluster test-multihost test-native test-gpu-host test-fast test-hostile test-matrix bench serving-cpp clean
 
-install: $(STAMP)
+install: $(STAMP) native-data
+
+# The Parquet loader's compiled column kernels (data/parquet/kernel.py), built into the
+# source tree (git-ignored) with the system C compiler; without one the loader converts
+# with numpy (docs/data.md). Needs no venv: `make native-data` alone rebuilds them.
+NATIVE_DATA := data/parquet/native/libdlrm_columns.so
+native-data: $(NATIVE_DATA)
+
+$(NATIVE_DATA): data/parquet/native/columns.c data/parquet/native/id_hash.h scripts/build_native_data.sh
+	CC=$(CC) bash scripts/build_native_data.sh
 
 # The project's packages are installed editable: a new package folder reinstalls.
 $(STAMP): requirements.txt requirements-dev.txt $(wildcard stacks/$(STACK)/*) pyproject.toml \

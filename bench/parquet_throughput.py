@@ -11,7 +11,9 @@ Writes two tables, then measures in the same run (one rank of one):
   when every rank checked the whole global batch) and ``read_rows_per_split_row`` (rows
   of the row groups pyarrow decoded: a row group two ranks' shares straddle counts twice).
 Tables: Criteo-shaped (label, 13 dense floats, 26 string ids) and multi-hot (label,
-13 dense, 4 list columns of 1-100 int64 ids). Prints each figure and one JSON line.
+13 dense, 4 list columns of 1-100 int64 ids). Prints each figure, which conversion ran
+("kernels": data/parquet/kernel.py, the compiled pass per column; "numpy": not built, or
+DLRM_PARQUET_KERNEL=numpy) and one JSON line.
 
     python bench/parquet_throughput.py [--rows 1000000] [--batch_size 4096]
 """
@@ -31,6 +33,7 @@ import pyarrow.parquet as pq
 from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
 from data.config import DataConfig
+from data.parquet import kernel
 from data.sources import source_for
 
 NUM_DENSE = 13
@@ -131,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
     results = {}
+    conversion = "numpy" if kernel.library() is None else "kernels"
     with tempfile.TemporaryDirectory() as tmp:
         for name, multi_hot in (("criteo_shaped", False), ("multi_hot", True)):
             # ~50 ids a bag: a twentieth of the rows (and of a row group's) keeps the bytes close.
@@ -150,11 +154,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "workers_2_rows_per_sec": two,
                 "workers_2_speedup": two / ours,
                 **job,
+                "conversion": conversion,
             }
             print(
                 f"{name}: pyarrow {limit:,.0f} rows/s, loader {ours:,.0f} rows/s, ratio {ours / limit:.2f}x "
-                f"(goal >= 1.0x); 2 workers {two:,.0f} rows/s ({two / 2:,.0f} a core), {two / ours:.2f}x one "
-                f"(goal >= 1.8x); a 2-rank job decodes {job['decoded_rows_per_split_row']:.2f} rows per row of "
+                f"(goal >= 1.0x; {conversion}); 2 workers {two:,.0f} rows/s ({two / 2:,.0f} a core), {two / ours:.2f}x "
+                f"one (goal >= 1.8x); a 2-rank job decodes {job['decoded_rows_per_split_row']:.2f} rows per row of "
                 f"the split (goal 1.0; pyarrow reads {job['read_rows_per_split_row']:.3f})"
             )
     print(json.dumps(results))

@@ -141,6 +141,8 @@ echo "install: $stack stack, $device build into $venv${index:+ (torch from ${ind
 "${pip[@]}" install --no-warn-conflicts -r requirements.txt -r requirements-dev.txt
 # The torchx components, editable: registers `torchx run dlrm|dcnv2|preprocess_criteo`.
 "${pip[@]}" install --no-deps -e .
+# The Parquet loader's column kernels, when a C compiler is here (else numpy converts).
+bash "$(dirname "$0")/build_native_data.sh"
 allow_cuda_torch=()
 if [ "${ALLOW_CUDA_TORCH:-0}" = 1 ]; then
   allow_cuda_torch=(--allow-cuda-torch)

@@ -57,6 +57,8 @@ echo "install: $stack stack from $wheelhouse over torch $torch_version ($python)
 # The project itself, editable, built with the setuptools just installed (no index to
 # fetch an isolated build environment from).
 "${pip[@]}" install --no-index --no-build-isolation --no-deps -e .
+# The Parquet loader's column kernels, when a C compiler is here (else numpy converts).
+bash "$(dirname "$0")/build_native_data.sh"
 allow_cuda_torch=()
 if [ "${ALLOW_CUDA_TORCH:-0}" = 1 ]; then
   allow_cuda_torch=(--allow-cuda-torch)

@@ -168,13 +168,18 @@ class BatchBuilder:
         labels: np.ndarray,
         weights: np.ndarray | None = None,
         weight_normalizer: float = 1.0,
+        flat_ids: np.ndarray | None = None,
     ) -> Batch:
         """A batch of bags of any length: ``ids[f]`` holds feature f's ids of every row,
-        row after row, ``lengths`` (F, B) the bag sizes (0 for an empty bag)."""
+        row after row, ``lengths`` (F, B) the bag sizes (0 for an empty bag); ``flat_ids``,
+        when given, is ``ids`` already concatenated (no copy then)."""
         flat_lengths = torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int32).reshape(-1))
         offsets = torch.zeros(len(flat_lengths) + 1, dtype=torch.int32)
         torch.cumsum(flat_lengths, 0, out=offsets[1:])
-        values = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+        if flat_ids is not None:
+            values = flat_ids
+        else:
+            values = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
         wide = values.size and int(values.max()) > np.iinfo(np.int32).max
         values = values.astype(np.int64 if wide else np.int32, copy=False)
         return self._batch(dense, values, flat_lengths, offsets, labels, weights, weight_normalizer)

@@ -4,7 +4,9 @@ One `ParquetColumns` describes a click log's columns (label, dense, sparse, opti
 weight), the dense transform and how raw categorical values become embedding rows.
 The trainer's loader, the export's ``inputs.json``, the predictor and the HTTP endpoint
 all convert rows through `ParquetColumns.convert`, so training and serving cannot
-disagree (no train/serve skew).
+disagree (no train/serve skew). It converts each column in one compiled pass
+(data.parquet.kernel) where the kernels are built, else with numpy: the methods below are
+that reference, which the kernels are tested against bit for bit.
 
 Column types accepted (checked on every file's schema by `ParquetColumns.check_schema`):
 - label: integer, boolean or floating; values 0 or 1.
@@ -21,16 +23,18 @@ Example::
     block = columns.convert(pyarrow.parquet.read_table("day.parquet"))
 """
 
+import ctypes
 import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from common.errors import BadInput
+from data.parquet import kernel
 from data.parquet.id_hashing import embedding_rows, integer_keys, string_keys
 
 if TYPE_CHECKING:
@@ -60,6 +64,8 @@ class ConvertedRows:
         dense_nulls: per dense feature, the nulls read as 0.
         keys: per sparse feature, the 64-bit keys of its values before the table modulo
             (what collision statistics count).
+        flat_ids: ``ids`` concatenated, where the conversion wrote them so (the kernels
+            write every feature's ids back to back in one array); None otherwise.
     """
 
     labels: np.ndarray | None
@@ -69,6 +75,7 @@ class ConvertedRows:
     weights: np.ndarray | None
     dense_nulls: np.ndarray
     keys: list[np.ndarray]
+    flat_ids: np.ndarray | None = None
 
     @property
     def num_rows(self) -> int:
@@ -250,20 +257,12 @@ class ParquetColumns:
             ColumnValueError: a label not 0/1, a NaN or infinite dense value, a
                 negative or non-finite weight, naming the row within ``rows``.
         """
+        lib = kernel.library()
         labels = self._labels(rows.column(self.label)) if labelled else None
-        dense_columns, nulls = [], []
-        for name in self.dense:
-            values, null_count = self._dense(name, rows.column(name))
-            dense_columns.append(values)
-            nulls.append(null_count)
-        dense = np.stack(dense_columns, axis=1) if dense_columns else np.zeros((rows.num_rows, 0), dtype=np.float32)
-        ids, lengths, keys = [], np.zeros((len(self.sparse), rows.num_rows), dtype=np.int32), []
-        for f, (name, size) in enumerate(zip(self.sparse, self.table_sizes)):
-            feature_keys, lengths[f] = self._bags(rows.column(name))
-            keys.append(feature_keys)
-            ids.append(self._rows(name, feature_keys, lengths[f], size))
+        dense, nulls = self._dense_matrix(lib, rows)
+        lengths, ids, keys, flat_ids = self._sparse_bags(lib, rows)
         weights = self._weights(rows.column(self.weight)) if self.weight else None
-        return ConvertedRows(labels, dense, ids, lengths, weights, np.array(nulls, dtype=np.int64), keys)
+        return ConvertedRows(labels, dense, ids, lengths, weights, np.array(nulls, dtype=np.int64), keys, flat_ids)
 
     def check_values(self, rows: pa.Table) -> None:
         """The checks of `convert` without the conversion's output: labels, dense values,
@@ -272,14 +271,67 @@ class ParquetColumns:
         Raises:
             ColumnValueError: as `convert`.
         """
+        lib = kernel.library()
         self._labels(rows.column(self.label))
-        for name in self.dense:
-            self._finite_dense(name, rows.column(name))
+        self._dense_matrix(lib, rows)
         if self.id_hashing == "modulo":
-            for name in self.sparse:
-                self._check_not_negative(name, *self._bags(rows.column(name)))
+            self._sparse_bags(lib, rows)
         if self.weight:
             self._weights(rows.column(self.weight))
+
+    def _dense_matrix(self, lib: ctypes.CDLL | None, rows: pa.Table) -> tuple[np.ndarray, list[int]]:
+        """(float32 (N, D) values transformed, each column's nulls, read as 0)."""
+        columns = [rows.column(name) for name in self.dense]
+        nulls = [column.null_count for column in columns]
+        if lib is None:
+            matrix = [self._dense(name, column)[0] for name, column in zip(self.dense, columns)]
+            return (np.stack(matrix, axis=1) if matrix else np.zeros((rows.num_rows, 0), dtype=np.float32)), nulls
+        # log1p: the kernels write max(x, 0) as float64 and numpy's log1p, the reference's
+        # own function (and SIMD, several times libm's speed), transforms the whole matrix.
+        log1p = self.dense_transform == "log1p"
+        out = np.empty((rows.num_rows, len(self.dense)), dtype=np.float64 if log1p else np.float32)
+        left, bad = kernel.dense(lib, columns, log1p, out)
+        for j in left:  # types the kernels leave to the reference; the first bad value is refused first
+            if bad is not None and j > bad[0]:
+                break
+            values, _ = self._finite_dense(self.dense[j], columns[j])
+            out[:, j] = np.maximum(values, 0.0) if log1p else values
+        if bad is not None:  # the reference's message: the value as float64 prints
+            j, row = bad
+            raise ColumnValueError(self.dense[j], row, f"dense value {float(columns[j][row].as_py())} is not finite")
+        if log1p:
+            np.log1p(out, out=out)
+            return out.astype(np.float32), nulls
+        return out, nulls
+
+    def _sparse_bags(
+        self, lib: ctypes.CDLL | None, rows: pa.Table
+    ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray], np.ndarray | None]:
+        """(bag lengths (F, N) int32, embedding rows per feature, keys per feature, the
+        embedding rows concatenated where the kernels wrote them so, else None)."""
+        columns = [rows.column(name) for name in self.sparse]
+        modulo = self.id_hashing == "modulo"
+        if lib is None:
+            lengths = np.empty((len(columns), rows.num_rows), dtype=np.int32)
+            found: list[kernel.FeatureIds | None] = [None] * len(columns)
+            flat_ids = None
+        else:
+            lengths, found, flat_ids = kernel.sparse_bags(lib, columns, list(self.table_sizes), modulo, self.hash_seed)
+            lengths = lengths.reshape(len(columns), rows.num_rows)  # (0, N) too, without sparse columns
+            if any(f is None for f in found):
+                flat_ids = None
+        ids, keys = [], []
+        for f, (name, size) in enumerate(zip(self.sparse, self.table_sizes)):
+            if found[f] is None:  # the reference
+                feature_keys, lengths[f] = self._bags(columns[f])
+                feature_ids = self._rows(name, feature_keys, lengths[f], size)
+            else:
+                feature_keys, feature_ids, negative = found[f]  # type: ignore[misc]
+                if negative >= 0:
+                    _negative_id(name, feature_keys, lengths[f], negative)
+            keys.append(feature_keys)
+            ids.append(feature_ids)
+        return lengths, ids, keys, flat_ids
 
     def _rows(self, name: str, keys: np.ndarray, lengths: np.ndarray, table_size: int) -> np.ndarray:
         if self.id_hashing == "hash":
@@ -292,9 +344,7 @@ class ParquetColumns:
         """--id_hashing modulo: the ids (``keys`` as int64) of the bags are not negative."""
         ids = keys.view(np.int64)
         if len(ids) and ids.min() < 0:
-            first = int(np.argmax(ids < 0))
-            row = int(np.searchsorted(np.cumsum(lengths), first, side="right"))
-            raise ColumnValueError(name, row, f"id {int(ids[first])} is negative (--id_hashing modulo)")
+            _negative_id(name, keys, lengths, int(np.argmax(ids < 0)))
 
     def _labels(self, column: pa.ChunkedArray) -> np.ndarray:
         if column.null_count:
@@ -357,6 +407,12 @@ class ParquetColumns:
             return _keys(array), np.ones(len(array), dtype=np.int32)
         valid = pc.is_valid(array).to_numpy(zero_copy_only=False)
         return _keys(array.filter(pa.array(valid))), valid.astype(np.int32)
+
+
+def _negative_id(name: str, keys: np.ndarray, lengths: np.ndarray, first: int) -> NoReturn:
+    """Refuses the negative id ``first`` (an index into the keys of the bags of ``lengths``)."""
+    row = int(np.searchsorted(np.cumsum(lengths), first, side="right"))
+    raise ColumnValueError(name, row, f"id {int(keys.view(np.int64)[first])} is negative (--id_hashing modulo)")
 
 
 def _first_null(column: pa.ChunkedArray) -> int:

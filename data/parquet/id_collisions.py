@@ -19,13 +19,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from data.parquet.id_hashing import embedding_rows, hashed
+from data.parquet import kernel
+from data.parquet.id_hashing import embedding_rows, hashed, salt
 
 # Distinct values per feature counted exactly (8 bytes each).
 EXACT_DISTINCT_CAP = 1 << 16
 # The seed of the sampling hash (not the embedding hash's, so that the sample is not
 # biased towards some embedding rows).
 SAMPLING_SEED = 0x5A3D1E
+_SAMPLING_SALT = salt(SAMPLING_SEED)
 _MERGE_EVERY = 1 << 18  # (sampled) keys buffered before they are merged into the set
 
 
@@ -63,11 +65,18 @@ class CollisionCounter:
         self._pending_count = [0] * len(names)
         self._level = [0] * len(names)
         self._lock = threading.Lock()
+        # With the compiled kernels, a hash set per feature (data.parquet.kernel.KeySet)
+        # instead of the sorted array and its pending keys: the same sample, no sorting.
+        lib = kernel.library()
+        self._sets = [kernel.KeySet(lib) for _ in self._names] if lib is not None else None
 
     def add(self, keys: Sequence[np.ndarray]) -> None:
         """The keys (uint64, data.parquet.id_hashing) of one block of rows, one array per feature."""
         with self._lock:
             for f, values in enumerate(keys):
+                if self._sets is not None:
+                    self._add_to_set(f, np.asarray(values, dtype=np.uint64))
+                    continue
                 # Sampled as they come: past the cap, sorting is paid for the sample only.
                 sample = self._sampled(f, np.asarray(values, dtype=np.uint64))
                 self._pending[f].append(sample)
@@ -75,9 +84,25 @@ class CollisionCounter:
                 if self._pending_count[f] >= _MERGE_EVERY:
                     self._merge(f)
 
+    def _add_to_set(self, f: int, values: np.ndarray) -> None:
+        """`add` into the feature's hash set: past the cap, the level rises and the set is
+        sampled again, as `_merge` does (the final sample is the same whatever the order)."""
+        assert self._sets is not None
+        done = 0
+        while done < len(values):
+            done += self._sets[f].add(values[done:], _SAMPLING_SALT, self._level[f], self._cap + 1)
+            while len(self._sets[f]) > self._cap:
+                self._level[f] += 1
+                sample = kernel.sample_keys(self._sets[f].keys(), _SAMPLING_SALT, self._level[f])
+                assert sample is not None
+                self._sets[f].replace(sample)
+
     def _sampled(self, f: int, values: np.ndarray) -> np.ndarray:
         if self._level[f] == 0:
             return values
+        sample = kernel.sample_keys(values, _SAMPLING_SALT, self._level[f])
+        if sample is not None:
+            return sample
         return values[(hashed(values, SAMPLING_SEED) >> np.uint64(64 - self._level[f])) == 0]
 
     def _merge(self, f: int) -> None:
@@ -100,8 +125,12 @@ class CollisionCounter:
         result: dict[str, dict[str, object]] = {}
         with self._lock:
             for f, name in enumerate(self._names):
-                self._merge(f)
-                kept, level = self._kept[f], self._level[f]
+                if self._sets is None:
+                    self._merge(f)
+                    kept = self._kept[f]
+                else:
+                    kept = np.sort(self._sets[f].keys())
+                level = self._level[f]
                 if level == 0:
                     colliding = _sharing(self._rows(f, kept))
                     fraction = colliding / len(kept) if len(kept) else 0.0

@@ -74,10 +74,14 @@ def string_keys(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return keys
 
 
+def salt(seed: int) -> int:
+    """``mix(seed)``: what the seed adds to every key (the compiled kernels take it so)."""
+    return int(mix(np.array([seed], dtype=np.uint64))[0])
+
+
 def hashed(keys: np.ndarray, seed: int) -> np.ndarray:
     """``mix(keys ^ mix(seed))``: the 64-bit hash of each key (uint64)."""
-    salt = mix(np.array([seed], dtype=np.uint64))[0]
-    return mix(keys ^ salt, in_place=True)
+    return mix(keys ^ np.uint64(salt(seed)), in_place=True)
 
 
 def embedding_rows(keys: np.ndarray, seed: int, table_size: int) -> np.ndarray:

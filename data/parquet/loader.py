@@ -608,7 +608,9 @@ class ParquetLoader:
             self._count_nulls(rows.dense_nulls)
         if self._collisions is not None:
             self._collisions.add(rows.keys)
-        result = self._builder.bags(rows.dense, rows.ids, rows.lengths, rows.labels, rows.weights, 1.0)
+        result = self._builder.bags(
+            rows.dense, rows.ids, rows.lengths, rows.labels, rows.weights, 1.0, flat_ids=rows.flat_ids
+        )
         if pin:
             result = result.pin_memory()
         # The normalizer is the ranks' sum: the training thread sets it.

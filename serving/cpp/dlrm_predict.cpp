@@ -1,10 +1,13 @@
-// dlrm_predict: click probabilities of raw Criteo lines, from the AOTInductor package
-// of a model directory written by ``python -m serving.export --format aoti``.
+// dlrm_predict: click probabilities of raw Criteo lines, or of JSON rows of a model
+// trained on Parquet, from the AOTInductor package of a model directory written by
+// ``python -m serving.export --format aoti``.
 //
 //   dlrm_predict MODEL_DIR [--batch_size N] [--num_threads N] < lines > probabilities
 //
-// Reads raw Criteo lines on stdin (labelled or not, judged by the first line), applies
-// the transforms inputs.json names (criteo_lines.h), runs MODEL_DIR/fp32.aoti.pt2 on
+// Reads the lines of the model's input layout on stdin: raw Criteo lines (labelled or
+// not, judged by the first line) with the transforms inputs.json names (criteo_lines.h),
+// or, for a Parquet model, one JSON object of its columns per line, hashed and
+// transformed as its training did (parquet_rows.h). Runs MODEL_DIR/fp32.aoti.pt2 on
 // each --batch_size rows as soon as they are read and prints one probability per line
 // ("%.7g", as serving.predict). inputs.json, the vocabulary and the package are checked
 // against manifest.json (size and SHA-256) before use. Loading the package runs the
@@ -31,6 +34,7 @@
 #include "criteo_lines.h"
 #include "json_value.h"
 #include "npz_arrays.h"
+#include "parquet_rows.h"
 #include "sha256.h"
 
 namespace dlrm {
@@ -44,6 +48,7 @@ constexpr const char* kManifestFile = "manifest.json";
 constexpr int64_t kInputsVersion = 3;
 constexpr int64_t kOldestInputsVersion = 2;
 constexpr const char* kCriteoLayout = "criteo_raw";
+constexpr const char* kParquetLayout = "parquet_columns";
 // The largest batch of the exported program's dynamic dimension (serving/export.py export_program).
 constexpr int64_t kMaxBatchSize = int64_t(1) << 24;
 constexpr const char* kUsage = "usage: dlrm_predict MODEL_DIR [--batch_size N] [--num_threads N] < lines";
@@ -156,8 +161,52 @@ const JsonValue& member(const JsonValue& object, const std::string& key, const s
   return *value;
 }
 
-// The raw Criteo layout inputs.json describes; refuses any other layout in one line.
-CriteoLines read_layout(const ModelDirectory& model) {
+// One line of input -> one row of the model's inputs.
+class RowReader {
+ public:
+  virtual ~RowReader() = default;
+  virtual int64_t dense_width() const = 0;
+  virtual int64_t ids_width() const = 0;
+  // Writes line ``number``'s row; false when the line holds none (skipped).
+  virtual bool read(const std::string& line, int64_t number, float* dense, int64_t* ids) = 0;
+};
+
+class CriteoReader : public RowReader {
+ public:
+  explicit CriteoReader(CriteoLines lines) : lines_(std::move(lines)) {}
+  int64_t dense_width() const override { return kNumDenseFeatures; }
+  int64_t ids_width() const override { return kNumSparseFeatures; }
+  bool read(const std::string& line, int64_t number, float* dense, int64_t* ids) override {
+    if (number == 1) labelled_ = CriteoLines::is_labelled(line);
+    lines_.read_line(line, labelled_, "stdin", number, dense, ids);
+    return true;
+  }
+
+ private:
+  CriteoLines lines_;
+  bool labelled_ = false;
+};
+
+class ParquetReader : public RowReader {
+ public:
+  explicit ParquetReader(ParquetRows rows) : rows_(std::move(rows)) {}
+  int64_t dense_width() const override { return rows_.dense_width(); }
+  int64_t ids_width() const override { return rows_.ids_width(); }
+  bool read(const std::string& line, int64_t number, float* dense, int64_t* ids) override {
+    if (ParquetRows::is_blank(line)) return false;
+    rows_.read_line(line, "stdin", number, dense, ids);
+    return true;
+  }
+
+ private:
+  ParquetRows rows_;
+};
+
+CriteoLines read_criteo_layout(const ModelDirectory& model, const JsonValue& inputs, const std::string& path);
+
+// The reader of the layout inputs.json describes (raw Criteo lines, or a Parquet model's
+// JSON rows); refuses any other layout in one line.
+std::unique_ptr<RowReader> read_layout(const ModelDirectory& model) {
   std::string path = model.file_path(kInputsFile);
   JsonValue inputs = JsonValue::parse(model.read(kInputsFile), path);
   int64_t version = member(inputs, "version", path).integer(path, "version");
@@ -167,10 +216,16 @@ CriteoLines read_layout(const ModelDirectory& model) {
                    " (export the model again with python -m serving.export)");
   }
   const std::string& layout = member(inputs, "layout", path).text(path, "layout");
+  if (layout == kParquetLayout) return std::make_unique<ParquetReader>(ParquetRows(inputs, path));
   if (layout != kCriteoLayout) {
     throw BadInput(model.path() + ": its input layout is " + layout + "; dlrm_predict reads raw Criteo lines (" +
-                   kCriteoLayout + ") only: serve this model with python -m serving.predict");
+                   kCriteoLayout + ") and a Parquet model's JSON rows (" + kParquetLayout +
+                   ") only: serve this model with python -m serving.predict");
   }
+  return std::make_unique<CriteoReader>(read_criteo_layout(model, inputs, path));
+}
+
+CriteoLines read_criteo_layout(const ModelDirectory& model, const JsonValue& inputs, const std::string& path) {
   size_t dense = member(inputs, "dense_feature_names", path).array(path, "dense_feature_names").size();
   if (dense != kNumDenseFeatures) {
     throw BadInput(path + ": " + std::to_string(dense) + " dense features, raw Criteo lines have " +
@@ -226,9 +281,9 @@ std::unique_ptr<torch::inductor::AOTIModelPackageLoader> load_package(const Mode
 
 // Runs the model on the first ``rows`` rows of the batch and writes their probabilities.
 void predict_batch(torch::inductor::AOTIModelPackageLoader& package, const std::string& package_path,
-                   std::vector<float>& dense, std::vector<int64_t>& ids, int64_t rows) {
-  at::Tensor dense_t = at::from_blob(dense.data(), {rows, kNumDenseFeatures}, at::kFloat);
-  at::Tensor ids_t = at::from_blob(ids.data(), {rows, kNumSparseFeatures}, at::kLong);
+                   const RowReader& reader, std::vector<float>& dense, std::vector<int64_t>& ids, int64_t rows) {
+  at::Tensor dense_t = at::from_blob(dense.data(), {rows, reader.dense_width()}, at::kFloat);
+  at::Tensor ids_t = at::from_blob(ids.data(), {rows, reader.ids_width()}, at::kLong);
   std::vector<at::Tensor> outputs;
   try {
     outputs = package.run({dense_t, ids_t});
@@ -253,7 +308,8 @@ void predict_batch(torch::inductor::AOTIModelPackageLoader& package, const std::
 int run(int argc, char** argv) {
   Options options = parse_options(argc, argv);
   ModelDirectory model(options.model_dir);
-  CriteoLines layout = read_layout(model);
+  std::unique_ptr<RowReader> reader = read_layout(model);
+  const int64_t dense_width = reader->dense_width(), ids_width = reader->ids_width();
   if (options.num_threads > 0) at::set_num_threads(options.num_threads);
   auto package = load_package(model);
   std::string package_path = model.file_path(kPackageFile);
@@ -264,22 +320,22 @@ int run(int argc, char** argv) {
   std::vector<float> dense;
   std::vector<int64_t> ids;
   std::string line;
-  int64_t line_number = 0, rows = 0;
-  bool labelled = false;
+  int64_t line_number = 0, rows = 0, capacity = 0;
   while (std::getline(std::cin, line)) {
-    if (++line_number == 1) labelled = CriteoLines::is_labelled(line);
-    if (static_cast<size_t>(rows) == dense.size() / kNumDenseFeatures) {
-      size_t capacity = std::min<int64_t>(options.batch_size, std::max<int64_t>(1, 2 * rows));
-      dense.resize(capacity * kNumDenseFeatures);
-      ids.resize(capacity * kNumSparseFeatures);
+    ++line_number;
+    if (rows == capacity) {
+      capacity = std::min<int64_t>(options.batch_size, std::max<int64_t>(1, 2 * rows));
+      // One spare element each: a model without dense features still has a buffer.
+      dense.resize(capacity * dense_width + 1);
+      ids.resize(capacity * ids_width + 1);
     }
-    layout.read_line(line, labelled, "stdin", line_number, &dense[rows * kNumDenseFeatures], &ids[rows * kNumSparseFeatures]);
+    if (!reader->read(line, line_number, &dense[rows * dense_width], &ids[rows * ids_width])) continue;
     if (++rows == options.batch_size) {
-      predict_batch(*package, package_path, dense, ids, rows);
+      predict_batch(*package, package_path, *reader, dense, ids, rows);
       rows = 0;
     }
   }
-  if (rows > 0) predict_batch(*package, package_path, dense, ids, rows);
+  if (rows > 0) predict_batch(*package, package_path, *reader, dense, ids, rows);
   return 0;
 }
 

@@ -117,6 +117,12 @@ class JsonParser {
       long long parsed = std::strtoll(literal.c_str(), nullptr, 10);
       value.is_integer_ = errno == 0;  // beyond int64: a number, but no integer we take
       value.integer_ = parsed;
+      if (errno == ERANGE && literal[0] != '-') {  // a uint64 (an id of 64 bits): its bits
+        errno = 0;
+        unsigned long long bits = std::strtoull(literal.c_str(), nullptr, 10);
+        value.is_bits_ = errno == 0;
+        value.integer_ = static_cast<int64_t>(bits);
+      }
     }
   }
 
@@ -213,6 +219,12 @@ const std::string& JsonValue::text(const std::string& path, const std::string& w
 int64_t JsonValue::integer(const std::string& path, const std::string& what) const {
   if (kind_ != Kind::kNumber || !is_integer_) throw wrong_kind(path, what, "an integer");
   return integer_;
+}
+
+bool JsonValue::bits(uint64_t* out) const {
+  if (kind_ != Kind::kNumber || !(is_integer_ || is_bits_)) return false;
+  *out = static_cast<uint64_t>(integer_);
+  return true;
 }
 
 const std::vector<JsonValue>& JsonValue::array(const std::string& path, const std::string& what) const {

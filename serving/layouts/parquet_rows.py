@@ -297,7 +297,7 @@ class ParquetRows(InputLayout):
         for name in self.columns.sparse:
             kind = self._value_types[name]
             single = _is_json_int if kind.startswith("integer") else _is_text
-            words = "an integer id" if kind.startswith("integer") else "a string id"
+            words = "integer id" if kind.startswith("integer") else "string id"
             if kind.endswith("_list"):
                 values = self._column(
                     rows,
@@ -308,7 +308,8 @@ class ParquetRows(InputLayout):
                     missing_as_null,
                 )
             else:
-                values = self._column(rows, name, where, single, f"{words} or null", missing_as_null)
+                article = "an" if words.startswith("integer") else "a"
+                values = self._column(rows, name, where, single, f"{article} {words} or null", missing_as_null)
             arrays[name] = pa.array(values, _ARROW_TYPES[kind])
         return pa.table(arrays)
 

@@ -266,6 +266,10 @@ def test_a_new_venv_imports_the_packages_from_any_directory(tmp_path):
         f"CUDA {torch.version.cuda} build of torch on the CPU, ALLOW_CUDA_TORCH" if torch.version.cuda else "CPU build"
     )
     assert f"({build}; FBGEMM lookup and update checked)" in result.stdout
+    # The Parquet column kernels, built into this checkout (a C compiler is here)
+    assert (
+        f"native-data: built {os.path.join(REPO, 'data', 'parquet', 'native', 'libdlrm_columns.so')}" in result.stdout
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     # The packages whose __init__ imports no torch, and where the entry-point modules are.

@@ -1,7 +1,8 @@
 """serving/cpp's dlrm_predict: built once per session with the system g++ against the
 torch wheel, serving the AOTInductor package of the shared trained model (exported
-again with --format aoti, fp32 only: one compilation); its probabilities against the
-Python predictor's, its refusals, and the latency bench's record."""
+again with --format aoti, fp32 only: one compilation) and of a Parquet model's
+(tests/support/parquet_model.py, its JSON rows hashed by the trainer's C header); its
+probabilities against the Python predictor's, its refusals, and the latency bench's record."""
 
 import json
 import os
@@ -19,6 +20,7 @@ from serving.model_files import AOTI_FORMAT, MANIFEST_FILE, write_manifest
 from serving.model_inputs import INPUTS_FILE, aoti_file
 from serving.predict import Predictor
 from tests.support.exported_model import raw_test_lines
+from tests.support.parquet_model import MAX_BAG_SIZE, click_log_day, save_parquet_model
 
 CPP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "serving", "cpp")
 AOTI_FILE = aoti_file("fp32")  # the package dlrm_predict loads
@@ -119,7 +121,8 @@ def test_a_model_it_cannot_serve_is_refused_in_one_line(program, aoti_model, tmp
     cases = {
         damaged: f"{damaged}/{AOTI_FILE}: its SHA-256 differs from the manifest's: the file is damaged",
         other_layout: f"{other_layout}: its input layout is feature_spec_csv; dlrm_predict reads raw Criteo lines "
-        "(criteo_raw) only: serve this model with python -m serving.predict",
+        "(criteo_raw) and a Parquet model's JSON rows (parquet_columns) only: serve this model with python -m "
+        "serving.predict",
         no_package: f"{no_package} has no {AOTI_FILE}: export it with python -m serving.export --format aoti",
     }
     for model, message in cases.items():
@@ -144,3 +147,69 @@ def test_the_latency_bench_records_both_servers_at_each_batch_size(program, aoti
         assert r["python_over_cpp"] == pytest.approx(r["python_ms_per_row"] / r["cpp_ms_per_row"])
         assert all(r[key] > 0 for key in ("cpp_request_p50_ms", "python_request_p50_ms", "cpp_ms_per_row"))
     json.dumps(record)  # the bench prints it as one JSON line
+
+
+@pytest.fixture(scope="module")
+def parquet_aoti_model(tmp_path_factory) -> str:
+    """A model of a Parquet click log (its initial weights: no training) exported with its
+    fp32 AOTInductor package."""
+    saved = save_parquet_model(tmp_path_factory.mktemp("parquet_aoti"))
+    model = str(saved["root"] / "model")
+    export_model(saved["ckpt"], model, [], fmt=AOTI_FORMAT, max_bag_size=MAX_BAG_SIZE)
+    return model
+
+
+def _json_rows() -> list[dict]:
+    """Rows of a day training never read (mostly unseen ids), and rows with the rare
+    forms of each column: nulls, empty and null bags, nulls inside lists, empty,
+    non-ASCII and long strings, the int64 and uint64 extremes, negative dense values."""
+    rows = click_log_day(11, 60).to_pylist()
+    rows[0].update(I1=None, I2=-3.5, C1=None, C2=None, M1=None, M2=[])
+    rows[1].update(I1=-0.0, C1="日本-é 🙂", C2=2**64 - 1, M1=[None, 5, None, -(2**63)], M2=[None, "", "a\u0000b"])
+    rows[2].update(I1=1e300, C1="", C2=-(2**63), M1=[2**63 + 5, 0], M2=["x" * 300, None])
+    rows[3].update(C2=2**63, M1=[], M2=None, I2=7)
+    del rows[4]["label"], rows[4]["user_id"]  # other keys are ignored, present or not
+    return rows
+
+
+@pytest.mark.slow
+def test_parquet_json_rows_give_the_python_predictors_probabilities(program, parquet_aoti_model):
+    rows = _json_rows()
+    lines = [json.dumps(row, ensure_ascii=i % 2 == 0).encode() + b"\n" for i, row in enumerate(rows)]
+    body = b"".join(lines[:10]) + b"\n  \n" + b"".join(lines[10:])  # a blank line is skipped
+    expected = Predictor(parquet_aoti_model).predict_lines(body)
+    assert len(expected) == len(rows)
+    for flags in ([], ["--batch_size", "7", "--num_threads", "1"]):
+        result = _predict(program, parquet_aoti_model, body, *flags)
+        assert result.returncode == 0, result.stderr.decode()
+        got = np.loadtxt(result.stdout.decode().splitlines(), dtype=np.float64)
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"M1": list(range(MAX_BAG_SIZE + 1))},
+            f"column M1: a bag of {MAX_BAG_SIZE + 1} ids, more than the {MAX_BAG_SIZE} places the model was "
+            "exported with (serving.export --max_bag_size)",
+        ),
+        ({"C2": "40000000280"}, "column C2: expected an integer id or null"),
+        ({"M2": ["a", 3]}, "column M2: expected a list of string ids, or null"),
+        ({"I2": "1.5"}, "column I2: expected a number or null"),
+        ({"C1": None, "I1": None, "drop": "I2"}, "column I2: missing"),
+    ],
+)
+def test_a_bad_parquet_row_is_refused_in_one_line(program, parquet_aoti_model, change, message):
+    rows = _json_rows()[:3]
+    bad = dict(rows[1], **{k: v for k, v in change.items() if k != "drop"})
+    bad.pop(change.get("drop", ""), None)
+    body = b"".join(json.dumps(row).encode() + b"\n" for row in [rows[0], bad, rows[2]])
+    with pytest.raises(MalformedLineError) as python_error:
+        Predictor(parquet_aoti_model).predict_lines(body, source="stdin")
+    assert str(python_error.value).startswith(f"stdin line 2 {message}")
+    result = _predict(program, parquet_aoti_model, body)
+    assert (result.returncode, result.stdout) == (2, b"")
+    assert result.stderr.decode().startswith(f"dlrm_predict: error: stdin line 2 {message}")
+    assert result.stderr.decode().count("\n") == 1

@@ -126,7 +126,7 @@ class FeatureDescription:
             max_history,
         )
         try:
-            description.sequences
+            parse_sequence_columns(sequence_columns)
         except FlagError as e:
             raise FileFieldError(f"{recorded.path}: {recorded.where}.sequence_columns: {e}") from None
         if len(set(sparse)) != len(sparse):

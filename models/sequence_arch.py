@@ -81,6 +81,8 @@ class SequenceSparseArch(PooledSparseArch):
         max_history: L.
     """
 
+    feature_index: torch.Tensor  # a buffer
+
     def __init__(
         self,
         embedding_bag_collection: EmbeddingBagCollection,
@@ -136,11 +138,11 @@ class SequenceSparseArch(PooledSparseArch):
             self.bag_order = torch.tensor([keys.index(name) for name in self._bag_feature_names], device=device)
         return None
 
-    def lookup(self, features: KeyedJaggedTensor):  # type: ignore[override]
+    def lookup(self, features: KeyedJaggedTensor):
         """Both collections' outputs (lazy when sharded under the train pipeline)."""
         return self.embedding_bag_collection(features), self.embedding_collection(features)
 
-    def arrange(self, looked) -> torch.Tensor:  # type: ignore[override]
+    def arrange(self, looked) -> torch.Tensor:
         pooled, unpooled = looked
         bags = pooled.values().reshape(-1, len(self._bag_feature_names), self.D)
         if self.bag_order is not None:

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from harness.launch import launch
+from serving import export
 from harness.matrix import assemble_table, local_weights
 from training.distributed import resolve_env
 from training.flags import parse_config
@@ -92,7 +93,7 @@ def runs(tmp_path_factory):
     sharding = ["--sharding_type", ",".join(f"t_{i}=row_wise" for i in ITEMS) + ",table_wise"]
     two = launch(_train, (ARGV + ["--batch_size", "64", *sharding], str(root / "two"), True), nproc=2)  # type: ignore[arg-type]
     one = launch(_train, (ARGV + ["--batch_size", "128"], str(root / "one"), False), nproc=1)  # type: ignore[arg-type]
-    return one[0], [two[0], two[1]]
+    return one[0], [two[0], two[1]], str(root / "two" / "whole")
 
 
 def _assert_same(reference: dict[str, Any], per_rank: list[dict[str, Any]], tolerance: float) -> None:
@@ -110,7 +111,7 @@ def _assert_same(reference: dict[str, Any], per_rank: list[dict[str, Any]], tole
 
 
 def test_two_ranks_match_one_process(runs):
-    reference, per_rank = runs
+    reference, per_rank, _ = runs
     assert per_rank[0]["plan"]["t_cat_3"] == "row_wise" and per_rank[0]["plan"]["t_cat_0"] == "table_wise"
     # The attention's weights are trained (dense, all-reduced), beside the tables.
     assert any("sequence_pooling.h3" in key for key in reference["dense"])
@@ -120,7 +121,7 @@ def test_two_ranks_match_one_process(runs):
 
 
 def test_resumed_run_ends_where_the_uninterrupted_one_did(runs):
-    _, per_rank = runs
+    _, per_rank, _ = runs
     for result in per_rank:
         resumed = result["resumed"]
         assert resumed["losses"] == result["losses"][STOP:]
@@ -129,3 +130,13 @@ def test_resumed_run_ends_where_the_uninterrupted_one_did(runs):
                 assert (r, c) == (r2, c2) and torch.equal(piece, again), table
         for key, value in result["dense"].items():
             assert torch.equal(value, resumed["dense"][key]), key
+
+
+def test_export_refuses_a_model_with_histories(runs, tmp_path, capsys):
+    """Serving takes no jagged history inputs yet: one line, exit 2, nothing written."""
+    _, _, checkpoints = runs
+    output = tmp_path / "model"
+    assert export.main(["--checkpoint", checkpoints, "--output", str(output), "--quantize", "none"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "history features (--sequence_columns h3:cat_3,h5:cat_5)" in err[0], err
+    assert not output.exists() or not any(output.iterdir())

@@ -133,6 +133,7 @@ class SequenceSparseArch(PooledSparseArch):
             values=torch.zeros(len(self._kjt_keys), dtype=torch.int64, device=device),
             lengths=torch.ones(len(self._kjt_keys), dtype=torch.int32, device=device),
         )
+        self.feature_index = self.feature_index.to(device)  # made on the CPU, with the model
         keys = list(self.embedding_bag_collection(probe).keys())
         if keys != self._bag_feature_names:
             self.bag_order = torch.tensor([keys.index(name) for name in self._bag_feature_names], device=device)
@@ -147,8 +148,9 @@ class SequenceSparseArch(PooledSparseArch):
         bags = pooled.values().reshape(-1, len(self._bag_feature_names), self.D)
         if self.bag_order is not None:
             bags = bags.index_select(1, self.bag_order)
-        candidates = {item: sum_pooled(unpooled[item]) for item in self._items}
-        items = torch.stack([candidates[item] for item in self._items], dim=1).to(bags.dtype)
+        # In the bag collection's output dtype (fp32, also for fp16 tables), which the attention computes in.
+        candidates = {item: sum_pooled(unpooled[item]).to(bags.dtype) for item in self._items}
+        items = torch.stack([candidates[item] for item in self._items], dim=1)
         vectors = torch.cat((bags, items), dim=1).index_select(1, self.feature_index)
         pooled_histories = []
         for history, item in self._sequences:

@@ -61,7 +61,7 @@ def build_sharders(row_splits_on_cpu: bool = False, prefetch_pipeline: bool = Fa
         sharders = build_sharders(prefetch_pipeline=config.pipeline == "prefetch")
     """
     sharders: list[ModuleSharder[nn.Module]] = [
-        ShardedOnlyEmbeddingCollectionSharder() if type(s) is EmbeddingCollectionSharder else s  # type: ignore[misc]
+        ShardedOnlyEmbeddingCollectionSharder() if type(s) is EmbeddingCollectionSharder else s
         for s in get_default_sharders()
     ]
     if not row_splits_on_cpu and not prefetch_pipeline:

@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 from harness.launch import launch
-from serving import export
 from harness.matrix import assemble_table, local_weights
+from serving import export
 from training.distributed import resolve_env
 from training.flags import parse_config
 from training.trainer import Trainer

@@ -77,6 +77,8 @@ def _train(job: tuple[list[str], str, bool]) -> dict[str, Any]:
     )
     result = {"losses": trainer.fit().train_losses, **local_weights(trainer.model)}
     result["plan"] = {t: ps.sharding_type for plan in trainer.model.plan.plan.values() for t, ps in plan.items()}
+    # What torchrec's sparse_dist pipeline runs ahead (its own list): both collections, not a fallback.
+    result["pipelined"] = sorted(type(m).__name__ for m in trainer.train_pipeline._pipelined_modules)  # type: ignore[attr-defined]
     if resume:
         if env.rank == 0:
             shutil.copytree(os.path.join(whole, f"step_{STOP:09d}"), os.path.join(cut, f"step_{STOP:09d}"))
@@ -113,6 +115,7 @@ def _assert_same(reference: dict[str, Any], per_rank: list[dict[str, Any]], tole
 def test_two_ranks_match_one_process(runs):
     reference, per_rank, _ = runs
     assert per_rank[0]["plan"]["t_cat_3"] == "row_wise" and per_rank[0]["plan"]["t_cat_0"] == "table_wise"
+    assert per_rank[0]["pipelined"] == ["ShardedEmbeddingBagCollection", "ShardedEmbeddingCollection"]
     # The attention's weights are trained (dense, all-reduced), beside the tables.
     assert any("sequence_pooling.h3" in key for key in reference["dense"])
     assert len(reference["tables"]) == 26

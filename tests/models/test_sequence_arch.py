@@ -200,10 +200,13 @@ def test_flags_refuse_what_cannot_be_built(tmp_path):
         ).validate()
 
 
-def test_din_learns_a_label_only_the_history_carries():
+@pytest.mark.parametrize("sequence", ["din", "transformer"])
+def test_learns_a_label_only_the_history_carries(sequence):
     """Label: whether the candidate item is in the row's history (empty ones included).
     Without the shared table no lookup of the history could match the candidate; with
-    it DIN's [h, c, h - c, h * c] finds it (0.5 would be a guess)."""
+    it DIN's [h, c, h - c, h * c] finds it, and so does the transformer's target
+    attention (0.5 would be a guess; the transformer without its residual of the items'
+    embeddings stayed near 0.6)."""
     from models.interactions.dcn import DCNConfig
 
     torch.manual_seed(0)
@@ -216,6 +219,7 @@ def test_din_learns_a_label_only_the_history_carries():
         over_arch_layer_sizes=[16, 1],
         interaction_type="dcn",
         interaction=DCNConfig(dcn_num_layers=1, dcn_low_rank_dim=8),
+        sequence_interaction=sequence,
         sequence_columns=["hist:item"],
         max_history=6,
     )
@@ -241,7 +245,7 @@ def test_din_learns_a_label_only_the_history_carries():
         )
         return Batch(dense_features=torch.zeros(batch_size, 0), sparse_features=kjt, labels=labels.int())
 
-    for _ in range(200):
+    for _ in range(300):
         loss, _ = model(batch())
         optimizer.zero_grad()
         loss.backward()
@@ -249,4 +253,4 @@ def test_din_learns_a_label_only_the_history_carries():
     model.eval()
     with torch.no_grad():
         _, (_, logits, labels) = model(batch())
-    assert binary_auroc(logits, labels).item() > 0.85  # 0.96 here
+    assert binary_auroc(logits, labels).item() > 0.85  # here: DIN 1.0, the transformer 0.94

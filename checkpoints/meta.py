@@ -48,6 +48,7 @@ from common.json_fields import (
     integer,
     one_of,
     optional,
+    text_list,
     versioned_json,
 )
 from data.config import DataConfig
@@ -339,6 +340,7 @@ _VALUE_KINDS = {
         lambda v: isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v),
         "a list of integers",
     ),
+    list[str]: text_list(allow_empty=True),  # a repeated flag (--sequence_columns)
 }
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.config_flags import FlagError, check_choices, config_values, flag, flags_of, option, variants
+from common.sequence_columns import parse_sequence_columns
 from data.binary.criteo_layout import NUM_SPARSE_FEATURES
 from data.sources import DEFAULT_SOURCE, SOURCE_OPTIONS, check_source_flags, chosen_source, refuse_flag_of_other_source
 from data.sources.parquet import DENSE_TRANSFORMS, ID_HASHING  # noqa: F401  (their old home)
@@ -65,6 +66,14 @@ class DataConfig:
         help="column of per-row sample weights (with --dataset_path: the spec's channel_spec weight), "
         "used in the loss (sum(w*loss)/sum(w)) and the evaluation metrics; default unweighted",
     )
+    sequence_columns: list[str] = flag(
+        [],
+        help="HIST:ITEM: the history feature HIST (the items of the row's user before it, newest last) "
+        "looked up in the embedding table of the categorical feature ITEM and pooled by "
+        "--sequence_interaction; repeat the flag or comma-separate pairs for several",
+        metavar="HIST:ITEM",
+    )
+    max_history: int = flag(20, help="longest history a row keeps (its newest items) with --sequence_columns")
 
     def __post_init__(self) -> None:
         if self.source_options is None:
@@ -128,6 +137,9 @@ class DataConfig:
                 raise FlagError(f"{option(self, name)} must not be negative, got {value}")
         if self.multi_hot_distribution_type is not None and self.multi_hot_sizes is None:
             raise FlagError(f"{option(self, 'multi_hot_distribution_type')} needs {option(self, 'multi_hot_sizes')}")
+        if self.max_history <= 0:
+            raise FlagError(f"{option(self, 'max_history')} must be positive, got {self.max_history}")
+        parse_sequence_columns(self.sequence_columns, option(self, "sequence_columns"))
         # What depends on the source: its path, and the flags it can honour.
         source = check_source_flags(self)
         self.__dict__["_checked"] = (values, source)  # not a field: no flag, not recorded

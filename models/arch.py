@@ -59,6 +59,12 @@ class PooledSparseArch(nn.Module):
     def sparse_feature_names(self) -> list[str]:
         return self._sparse_feature_names
 
+    @property
+    def interaction_shape(self) -> EmbeddingBagCollection:
+        """The collection whose features torchrec's DLRM classes size their interaction
+        from: the one collection here (`models.sequence_arch` adds its histories)."""
+        return self.embedding_bag_collection
+
     @torch.no_grad()
     def probe_output_order(self, device: torch.device) -> torch.Tensor | None:
         """Where the (sharded) collection puts each feature in its output; None when in order.
@@ -105,7 +111,7 @@ def torchrec_dlrm(
     parameters and names, fewer copies. Its MLPs are made in torchrec's order, so a
     seed gives torchrec's weights."""
     dlrm = dlrm_class(
-        embedding_bag_collection=sparse_arch.embedding_bag_collection,
+        embedding_bag_collection=sparse_arch.interaction_shape,
         dense_in_features=model.dense_in_features,
         dense_arch_layer_sizes=model.dense_arch_layer_sizes,
         over_arch_layer_sizes=model.over_arch_layer_sizes,

@@ -4,6 +4,7 @@ Tables stay on the meta device so that no rank ever allocates a full table: the
 sharder materialises only each rank's shards.
 """
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -16,6 +17,8 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from models.arch import PooledSparseArch
 from models.config import ModelConfig
 from models.interactions import INTERACTIONS
+from models.sequence_arch import build_sequence_sparse_arch
+from models.sequence_interactions import SEQUENCE_INTERACTIONS
 
 
 def build_embedding_bag_configs(config: ModelConfig) -> list[EmbeddingBagConfig]:
@@ -84,8 +87,10 @@ def move_dense_part(dlrm: nn.Module, device: torch.device) -> None:
     """Moves every parameter and buffer of ``dlrm`` but its tables (``sparse_arch``,
     which may be on the meta device) to ``device``, in place."""
     for name, child in dlrm.named_children():
-        if name == "sparse_arch":
-            continue
+        if name == "sparse_arch":  # its tables stay; its sequence interactions (if any) move
+            child = getattr(child, "sequence_pooling", None)
+            if child is None:
+                continue
         for module in child.modules():
             for param_name, param in list(module.named_parameters(recurse=False)):
                 setattr(module, param_name, nn.Parameter(param.detach().to(device), param.requires_grad))
@@ -123,14 +128,36 @@ def build_dlrm_train(
                                              sparse_feature_names=["user", "item"], dense_in_features=13))
     """
     config.validate()
-    ebc = EmbeddingBagCollection(tables=build_embedding_bag_configs(config), device=embedding_device)
     # The MLPs are drawn by the CPU's generator and then moved to ``dense_device``: CUDA's
     # generator draws other numbers from the same seed, and one seed should give one model
     # on every device, as the tables' seeded init does.
     draws_elsewhere = dense_device is not None and dense_device.type not in ("cpu", "meta")
-    dlrm = INTERACTIONS[config.interaction_type].build(
-        config, PooledSparseArch(ebc), torch.device("cpu") if draws_elsewhere else dense_device
-    )
+    draw_device = torch.device("cpu") if draws_elsewhere else dense_device
+    bag_configs = build_embedding_bag_configs(config)
+    if config.sequence_columns:
+        sparse_arch: PooledSparseArch = build_sequence_sparse_arch(
+            bag_configs,
+            config.sequences,
+            config.max_history,
+            {
+                history: SEQUENCE_INTERACTIONS[config.sequence_interaction].build(
+                    config, config.sequence, config.max_history, draw_device
+                )
+                for history, _ in config.sequences
+            },
+            embedding_device,
+        )
+        # The interaction reads the histories' pooled vectors as more features.
+        interaction_sizes = dataclasses.replace(
+            config,
+            sparse_feature_names=config.interaction_feature_names,
+            num_embeddings_per_feature=[*config.num_embeddings_per_feature, *[1] * len(config.sequences)],
+            sequence_columns=[],
+        )
+    else:
+        sparse_arch = PooledSparseArch(EmbeddingBagCollection(tables=bag_configs, device=embedding_device))
+        interaction_sizes = config
+    dlrm = INTERACTIONS[config.interaction_type].build(interaction_sizes, sparse_arch, draw_device)
     if draws_elsewhere:
         move_dense_part(dlrm, dense_device)  # type: ignore[arg-type]
     if dropout > 0:

@@ -1,11 +1,15 @@
 """The model's configuration: architecture sizes and table sizes, checked by `validate()`."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from common.config_flags import FlagError, check_choices, check_layer_sizes, flag, option, variants
+from common.sequence_columns import parse_sequence_columns
 from models.interactions import INTERACTIONS, InteractionConfig
+from models.sequence_interactions import SEQUENCE_INTERACTIONS
 
 INTERACTION_TYPES = tuple(INTERACTIONS)
+SEQUENCE_INTERACTION_TYPES = tuple(SEQUENCE_INTERACTIONS)
 EMBEDDING_PRECISIONS = ("fp32", "fp16")
 # Rows of every table when neither the flags nor the data size them.
 DEFAULT_NUM_EMBEDDINGS = 100_000
@@ -89,8 +93,26 @@ class ModelConfig:
     interaction: InteractionConfig = variants(
         "interaction_type", {name: entry.config for name, entry in INTERACTIONS.items()}
     )
+    sequence_interaction: str = flag(
+        "din",
+        choices=SEQUENCE_INTERACTION_TYPES,
+        help="how each --sequence_columns history is pooled given the candidate item: din (DIN's target "
+        "attention) or transformer (self-attention layers, then target attention)",
+    )
+    sequence: Any = variants(
+        "sequence_interaction", {name: entry.config for name, entry in SEQUENCE_INTERACTIONS.items()}
+    )
+    # The data's history features, "HIST:ITEM" each, and their longest length (its
+    # source describes them, `data.sources.FeatureDescription`): HIST is looked up in
+    # ITEM's table, pooled by the sequence interaction, and the interaction reads the
+    # result as one more feature after the categorical ones. None: a model without.
+    sequence_columns: list[str] = field(default_factory=list)
+    max_history: int = 0
 
     def __post_init__(self) -> None:
+        sequence_entry = SEQUENCE_INTERACTIONS.get(self.sequence_interaction)
+        if sequence_entry is not None and self.sequence is None:
+            self.sequence = sequence_entry.config()
         entry = INTERACTIONS.get(self.interaction_type)  # None: validate() names the flag
         if entry is None:
             return
@@ -110,6 +132,17 @@ class ModelConfig:
     def has_dense_arch(self) -> bool:
         """Whether the model has a bottom MLP: the data has numerical features."""
         return self.dense_in_features > 0
+
+    @property
+    def sequences(self) -> list[tuple[str, str]]:
+        """[(history feature, item feature)] of ``sequence_columns``."""
+        return parse_sequence_columns(self.sequence_columns)
+
+    @property
+    def interaction_feature_names(self) -> list[str]:
+        """The vectors the interaction reads besides the bottom MLP's: the categorical
+        features' pooled embeddings, then each history's pooled one."""
+        return [*self.sparse_feature_names, *(history for history, _ in self.sequences)]
 
     @property
     def table_names(self) -> list[str]:
@@ -149,3 +182,18 @@ class ModelConfig:
                 f"({self.embedding_dim})"
             )
         self.interaction.validate(self)
+        if self.sequence_columns:
+            self._validate_sequences()
+
+    def _validate_sequences(self) -> None:
+        items = {item for _, item in self.sequences}
+        for item in items:
+            if item not in self.sparse_feature_names:
+                raise FlagError(f"--sequence_columns: {item!r} is not a categorical feature of the data")
+        if not set(self.sparse_feature_names) - items:
+            raise FlagError(
+                "--sequence_columns: every categorical feature is a history's item; the model needs one more"
+            )
+        if self.max_history <= 0:
+            raise FlagError(f"--max_history must be positive, got {self.max_history}")
+        self.sequence.validate(self)

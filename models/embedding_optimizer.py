@@ -16,6 +16,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     WeightDecayMode,  # here in FBGEMM 1.6 to 1.9 (1.6 has no tbe.config)
 )
 from torch import nn
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.optim import RowWiseAdagrad
 
 from common.library_noise import TORCHSCRIPT_NOTICES, quieted
@@ -59,5 +60,13 @@ def attach_fused_embedding_optimizer(embedding_module: nn.Module, config: Embedd
     cls, kwargs = optimizer_class(config.optimizer, config.learning_rate, config.eps, config.embedding_weight_decay)
     if config.embedding_weight_decay:
         kwargs["weight_decay_mode"] = WeightDecayMode.L2
-    # torchrec adds keys to the dict it is given: pass a copy.
-    _apply_optimizer_in_backward(cls, embedding_module.parameters(), dict(kwargs))
+    # The tables only: a sparse arch with histories also holds their attention's dense
+    # weights, which the dense optimizer updates. torchrec adds keys to the dict it is
+    # given: pass a copy.
+    tables = [
+        param
+        for module in embedding_module.modules()
+        if isinstance(module, EmbeddingBagCollection | EmbeddingCollection)
+        for param in module.parameters()
+    ]
+    _apply_optimizer_in_backward(cls, tables, dict(kwargs))

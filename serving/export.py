@@ -373,6 +373,11 @@ def _write_model_dir(
 ) -> tuple[ModelInputs, OpenedCheckpoint]:
     path = checkpoint_to_load(checkpoint, "--checkpoint", prefer_best=not newest)
     opened = open_checkpoint(path)
+    if opened.meta.model.sequence_columns:
+        raise ExportError(
+            f"{path}: the model has history features (--sequence_columns "
+            f"{','.join(opened.meta.model.sequence_columns)}), whose jagged inputs export does not take yet"
+        )
     train_model, meta = load_checkpoint_model(opened)
     model_config = meta.model
     inputs = describe_inputs(model_config, meta, path, max_bag_size, training_data)

@@ -8,9 +8,10 @@ unchanged.
 """
 
 from torch import nn
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import get_default_sharders
-from torchrec.distributed.types import ModuleSharder
+from torchrec.distributed.types import ModuleSharder, ShardingType
 
 from sharding_plans.constraints import ROW_SHARDING_TYPES
 
@@ -30,6 +31,18 @@ class RowSplitsOnCpuSharder(EmbeddingBagCollectionSharder):
         return types
 
 
+class ShardedOnlyEmbeddingCollectionSharder(EmbeddingCollectionSharder):
+    """torchrec's EmbeddingCollection sharder without data_parallel: torchrec 1.8's
+    data-parallel sequence lookup (the dense kernel) returns fewer rows than a table
+    shared by an item and its history looks up, and the output split fails on the first
+    step (measured on CPU/gloo, 2 ranks; table_wise, row_wise and column_wise train and
+    match one process). The item tables of a model with histories are small beside
+    their lookups anyway (models/sequence_arch.py)."""
+
+    def sharding_types(self, compute_device_type: str) -> list[str]:
+        return [t for t in super().sharding_types(compute_device_type) if t != ShardingType.DATA_PARALLEL.value]
+
+
 def build_sharders(row_splits_on_cpu: bool = False, prefetch_pipeline: bool = False) -> list[ModuleSharder[nn.Module]]:
     """torchrec's default sharders, with the EmbeddingBagCollection one replaced by
     `RowSplitsOnCpuSharder` when ``row_splits_on_cpu``, and given the fused parameter
@@ -47,7 +60,10 @@ def build_sharders(row_splits_on_cpu: bool = False, prefetch_pipeline: bool = Fa
         sharders = build_sharders(constraints.row_splits_on_cpu(tables, "cpu"))
         sharders = build_sharders(prefetch_pipeline=config.pipeline == "prefetch")
     """
-    sharders: list[ModuleSharder[nn.Module]] = get_default_sharders()
+    sharders: list[ModuleSharder[nn.Module]] = [
+        ShardedOnlyEmbeddingCollectionSharder() if type(s) is EmbeddingCollectionSharder else s
+        for s in get_default_sharders()
+    ]
     if not row_splits_on_cpu and not prefetch_pipeline:
         return sharders
     cls = RowSplitsOnCpuSharder if row_splits_on_cpu else EmbeddingBagCollectionSharder

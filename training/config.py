@@ -417,6 +417,14 @@ class TrainConfig:
             check_appendable(self.log_path, option(self, "log_path"), FlagError)
         check_url_path(self.tensorboard_dir or "", option(self, "tensorboard_dir"), FlagError)  # may be a URL
         self.sharding_constraints.validate(self.model.table_names)
+        for history, item in self.model.sequences:  # sharding_plans/sharders.py says why
+            table = f"t_{item}"
+            if self.sharding_constraints.sharding_type(table) == "data_parallel":
+                raise FlagError(
+                    f"{option(ShardingFlags, 'sharding_type')}: table {table} serves the history {history} "
+                    f"(--sequence_columns) and cannot be data_parallel: give it table_wise, row_wise or "
+                    f"column_wise ({table}=table_wise,...)"
+                )
         self.sharding_constraints.check_precision(
             self.model.table_names, self.model.embedding_precision, option(self.model, "embedding_precision")
         )

@@ -15,6 +15,15 @@ from training.config import OptimizerConfig
 # The path component of every embedding table's parameters (EmbeddingBagCollection's
 # ModuleDict), e.g. model.sparse_arch.embedding_bag_collection.embedding_bags.t_cat_0.weight.
 TABLE_PARAMETER = "embedding_bags"
+# ... and of an EmbeddingCollection's (the item tables a history shares, models/sequence_arch.py).
+TABLE_PARAMETERS = (TABLE_PARAMETER, "embeddings")
+
+
+def is_table_parameter(name: str) -> bool:
+    """Whether the parameter (or state dict entry) ``name`` is an embedding table's."""
+    return any(part in TABLE_PARAMETERS for part in name.split("."))
+
+
 # Adagrad's accumulator starts here for the MLPs (torch's default is 0, with which the
 # first step moves every weight by the full learning rate: make train's second loss was
 # ~4e4). 0.01 starts stably and learned fastest of 0.001-1 (docs/quality.md). FBGEMM's
@@ -57,7 +66,7 @@ def build_combined_optimizer(sharded_model: nn.Module, config: OptimizerConfig) 
     without the second optimizer they would silently train with the MLPs' optimizer.
     """
     unfused = dict(in_backward_optimizer_filter(sharded_model.named_parameters()))
-    tables = {name: p for name, p in unfused.items() if TABLE_PARAMETER in name.split(".")}
+    tables = {name: p for name, p in unfused.items() if is_table_parameter(name)}
     mlps = {name: p for name, p in unfused.items() if name not in tables}
     optimizers: list[KeyedOptimizer] = [sharded_model.fused_optimizer]
     if tables:

@@ -42,6 +42,9 @@ def _model_line(model: ModelConfig) -> str:
         parts.append("no bottom MLP (no numerical features)")
     if model.interaction.describe():
         parts.append(model.interaction.describe())
+    if model.sequence_columns:
+        histories = ", ".join(f"{history} ({item}'s table)" for history, item in model.sequences)
+        parts.append(f"histories {histories} of <= {model.max_history} by {model.sequence.describe()}")
     parts.append(f"top MLP {_sizes(model.over_arch_layer_sizes)}")
     return "model: " + " | ".join(parts)
 

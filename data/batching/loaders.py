@@ -3,6 +3,7 @@ data/sources/ that open them call these)."""
 
 from typing import TYPE_CHECKING
 
+from common.sequence_columns import parse_sequence_columns
 from data.batching.multi_hot import MultiHotExpander
 from data.batching.value_checks import check_value_files
 from data.binary.criteo import CriteoBinaryDataset, CriteoBinaryLoader
@@ -49,6 +50,8 @@ def build_loaders(
             config.multi_hot_distribution_type or "uniform",
             config.seed,
         )
+    sequences = parse_sequence_columns(config.sequence_columns)
+    histories = [(history, SPARSE_FEATURE_NAMES.index(item)) for history, item in sequences]
     for stream, split in enumerate(SPLITS):
         is_train = split == "train"
         batch_size = config.batch_size if is_train else config.eval_batch_size
@@ -65,6 +68,8 @@ def build_loaders(
                 seed=config.seed,
                 stream=stream,
                 expand=expand,
+                histories=histories,
+                max_history=config.max_history,
             )
             continue
         loaders[split] = CriteoBinaryLoader(

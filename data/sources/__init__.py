@@ -148,6 +148,12 @@ def check_source_flags(config: "DataConfig") -> DataSource:
             f"{flag_of(type(config), 'weight_column').option} needs data with sample weights "
             f"({weighted}); {source.name} data has none"
         )
+    if config.sequence_columns and not source.has_sequences:
+        with_sequences = " or ".join(s.name for s in SOURCES.values() if s.has_sequences)
+        raise FlagError(
+            f"{flag_of(type(config), 'sequence_columns').option} needs data with history features "
+            f"({with_sequences} data for now); {source.name} data has none"
+        )
     return source
 
 

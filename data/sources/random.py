@@ -6,6 +6,7 @@ Imports no torch at import time (the registry imports it to list the flags).
 from dataclasses import dataclass
 from typing import Any
 
+from common.config_flags import option
 from data.sources.criteo_binary import check_multi_hot_expansion, criteo_description
 from data.sources.types import RANDOM_DATA_BATCHES, SPLITS, BatchLoader, DataSource, FeatureDescription
 
@@ -22,13 +23,20 @@ class RandomData(DataSource):
     options = RandomOptions
     path_field = None
     labels_carry_signal = False
+    has_sequences = True  # random histories of --sequence_columns' item ids
     serving_layout = "criteo_raw"
 
     def check_multi_hot_sizes(self) -> None:
         check_multi_hot_expansion(self.config)
 
     def describe(self) -> FeatureDescription:
-        return criteo_description(None, self.config.multi_hot_sizes)
+        description = criteo_description(None, self.config.multi_hot_sizes)
+        if not self.config.sequence_columns:
+            return description
+        config = self.config
+        return description.with_sequences(
+            config.sequence_columns, config.max_history, option(config, "sequence_columns")
+        )
 
     def open(self, check_values: bool = True) -> Any:
         return None

@@ -6,13 +6,15 @@ it; it imports neither of them, nor data.config (DataConfig, above it, holds the
 sources' flags), nor torch.
 """
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from common.config_flags import FlagError, option
-from common.json_fields import FileFieldError, JsonObject, int_list, optional, text_list
+from common.json_fields import FileFieldError, JsonObject, int_list, integer, optional, text_list
+from common.sequence_columns import parse_sequence_columns
 
 # The splits every source hands the trainer a loader of.
 SPLITS = ("train", "validation", "test")
@@ -52,16 +54,55 @@ class FeatureDescription:
             hashed raw values).
         hotness: ids per row of each categorical feature when fixed; None when one-hot
             or of varying length.
+        sequence_columns: the history features, "HIST:ITEM" each (``--sequence_columns``):
+            HIST holds the ids of ITEM's id space (a categorical feature), ordered oldest
+            to newest, at most ``max_history`` a row, any number down to none.
+        max_history: the longest history a row holds; None without history features.
+
+    The batches' KeyedJaggedTensor holds the categorical features' bags, keys in
+    ``sparse_feature_names``' order, then one jagged bag per history feature in
+    ``sequence_columns``' order, its length the row's history length (0: no history).
     """
 
     dense_feature_names: tuple[str, ...]
     sparse_feature_names: tuple[str, ...]
     cardinalities: tuple[int, ...] | None = None
     hotness: tuple[int, ...] | None = None
+    sequence_columns: tuple[str, ...] = ()
+    max_history: int | None = None
 
     @property
     def num_dense_features(self) -> int:
         return len(self.dense_feature_names)
+
+    @property
+    def sequences(self) -> list[tuple[str, str]]:
+        """[(history feature, item feature)]."""
+        return parse_sequence_columns(list(self.sequence_columns))
+
+    @property
+    def kjt_keys(self) -> list[str]:
+        """The batches' KeyedJaggedTensor keys: the categorical features, then the histories."""
+        return [*self.sparse_feature_names, *(history for history, _ in self.sequences)]
+
+    def with_sequences(self, sequence_columns: list[str], max_history: int, flag_name: str) -> "FeatureDescription":
+        """This description with the history features ``sequence_columns`` ("HIST:ITEM")
+        of at most ``max_history`` items each.
+
+        Raises:
+            FlagError: an ITEM that is no categorical feature, a HIST that names a
+                feature (one line naming ``flag_name``).
+        """
+        names = set(self.sparse_feature_names) | set(self.dense_feature_names)
+        for history, item in parse_sequence_columns(sequence_columns, flag_name):
+            if item not in self.sparse_feature_names:
+                raise FlagError(
+                    f"{flag_name} {history}:{item}: {item!r} is not a categorical feature of the data "
+                    f"({', '.join(self.sparse_feature_names[:5])}{', ...' if len(self.sparse_feature_names) > 5 else ''})"
+                )
+            if history in names:
+                raise FlagError(f"{flag_name} {history}:{item}: {history!r} is already a feature of the data")
+        return dataclasses.replace(self, sequence_columns=tuple(sequence_columns), max_history=max_history)
 
     @classmethod
     def read(cls, recorded: JsonObject) -> "FeatureDescription":
@@ -73,12 +114,21 @@ class FeatureDescription:
         """
         sparse = recorded.get("sparse_feature_names", text_list())
         per_feature = optional(int_list(len(sparse), minimum=1))
+        # Files written before history features have neither field: none.
+        sequence_columns = recorded.get("sequence_columns", text_list(allow_empty=True), [])
+        max_history = recorded.get("max_history", optional(integer(1)), None)
         description = cls(
             tuple(recorded.get("dense_feature_names", text_list(allow_empty=True))),
             tuple(sparse),
             as_tuple(recorded.get("cardinalities", per_feature)),
             as_tuple(recorded.get("hotness", per_feature)),
+            tuple(sequence_columns),
+            max_history,
         )
+        try:
+            parse_sequence_columns(sequence_columns)
+        except FlagError as e:
+            raise FileFieldError(f"{recorded.path}: {recorded.where}.sequence_columns: {e}") from None
         if len(set(sparse)) != len(sparse):
             raise FileFieldError(f"{recorded.path}: {recorded.where}.sparse_feature_names has a name twice")
         return description
@@ -133,6 +183,8 @@ class DataSource(ABC):
     serving_layout: ClassVar[str]
     # Whether its rows can carry sample weights (--weight_column).
     has_weights: ClassVar[bool] = False
+    # Whether it reads history features (--sequence_columns; `FeatureDescription`).
+    has_sequences: ClassVar[bool] = False
     # Whether its labels can be predicted at all (random data's are coin flips): the
     # end-of-run divergence check (training/divergence.py) compares with a constant predictor.
     labels_carry_signal: ClassVar[bool] = True

@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor
 
 from common.run_log_file import read_run_log
 from harness.matrix.cases import PROBE_ROWS, STOP, TABLE_ROWS, Case, case_name, logged_steps, probe_inputs
-from training.optimizers import TABLE_PARAMETER
+from training.optimizers import is_table_parameter
 
 
 def local_weights(model: torch.nn.Module) -> dict[str, Any]:
@@ -28,7 +28,7 @@ def local_weights(model: torch.nn.Module) -> dict[str, Any]:
     dense: dict[str, torch.Tensor] = {}
     for key, value in model.state_dict().items():
         parts = key.split(".")
-        if TABLE_PARAMETER in parts:
+        if is_table_parameter(key):
             if isinstance(value, DTensor):
                 value = value.to_local()
             if isinstance(value, ShardedTensor):

@@ -13,6 +13,8 @@ def other_value(item: Flag, default: Any) -> tuple[Any, list[str]]:
         value = next(c for c in reversed(item.spec.choices) if c != default)
     elif item.value_type == list[int]:
         value = [3, 5, 7]
+    elif item.value_type == list[str]:  # a repeated flag: one item
+        value = ["some/path"]
     elif item.value_type is int:
         value = (default or 0) + 7
     elif item.value_type is float:

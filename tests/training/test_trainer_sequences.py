@@ -1,0 +1,145 @@
+"""A model with history features (--sequence_columns) trains on 2 gloo ranks exactly
+as in one process, and resumes exactly.
+
+Random data with two histories (0 to 6 items a row, empty ones included), the DIN
+pooling, SGD. The 2-rank run (64 rows per rank, its item tables in the sharded
+EmbeddingCollection, row-wise, and the others in the EmbeddingBagCollection, table-wise,
+under the sparse_dist train pipeline) must give the losses and final weights of one
+process with 128-row batches and whole tables, to float rounding (1e-6). The 2-rank run
+stopped at its step-3 checkpoint and resumed must end bit for bit where it ended.
+All runs share one launch per world size.
+"""
+
+import math
+import os
+import shutil
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness.launch import launch
+from harness.matrix import assemble_table, local_weights
+from serving import export
+from training.distributed import resolve_env
+from training.flags import parse_config
+from training.trainer import Trainer
+
+pytestmark = pytest.mark.slow  # every test uses the module's launched runs
+
+TOLERANCE = 1e-6
+STEPS, STOP = 6, 3
+ROWS = 30
+ITEMS = ("cat_3", "cat_5")
+ARGV = [
+    "--sequence_columns",
+    "h3:cat_3,h5:cat_5",
+    "--max_history",
+    "6",
+    "--num_embeddings",
+    str(ROWS),
+    "--embedding_dim",
+    "8",
+    "--dense_arch_layer_sizes",
+    "16,8",
+    "--over_arch_layer_sizes",
+    "16,1",
+    "--din_attention_layer_sizes",
+    "8",
+    "--optimizer",
+    "sgd",
+    "--learning_rate",
+    "0.5",
+    "--seed",
+    "5",
+    "--limit_train_batches",
+    str(STEPS),
+    "--limit_val_batches",
+    "0",
+    "--limit_test_batches",
+    "0",
+    "--log_every_n_steps",
+    "100",
+    "--device",
+    "cpu",
+]
+
+
+def _train(job: tuple[list[str], str, bool]) -> dict[str, Any]:
+    """Trains the job's argv (checkpoints under its root); with its resume flag also
+    from its step-STOP checkpoint. Returns the losses and this rank's weights of each run."""
+    argv, root, resume = job
+    env = resolve_env("cpu")
+    whole, cut = os.path.join(root, "whole"), os.path.join(root, "cut")
+    trainer = Trainer(
+        parse_config(argv + ["--checkpoint_dir", whole, "--checkpoint_every_n_steps", str(STOP)], "t", "t"), env
+    )
+    result = {"losses": trainer.fit().train_losses, **local_weights(trainer.model)}
+    result["plan"] = {t: ps.sharding_type for plan in trainer.model.plan.plan.values() for t, ps in plan.items()}
+    # What torchrec's sparse_dist pipeline runs ahead (its own list): both collections, not a fallback.
+    result["pipelined"] = sorted(type(m).__name__ for m in trainer.train_pipeline._pipelined_modules)  # type: ignore[attr-defined]
+    if resume:
+        if env.rank == 0:
+            shutil.copytree(os.path.join(whole, f"step_{STOP:09d}"), os.path.join(cut, f"step_{STOP:09d}"))
+        dist.barrier()
+        trainer = Trainer(parse_config(argv + ["--checkpoint_dir", cut, "--resume"], "t", "t"), env)
+        result["resumed"] = {"losses": trainer.fit().train_losses, **local_weights(trainer.model)}
+    dist.destroy_process_group()
+    return result
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sequences")
+    sharding = ["--sharding_type", ",".join(f"t_{i}=row_wise" for i in ITEMS) + ",table_wise"]
+    two = launch(_train, (ARGV + ["--batch_size", "64", *sharding], str(root / "two"), True), nproc=2)  # type: ignore[arg-type]
+    one = launch(_train, (ARGV + ["--batch_size", "128"], str(root / "one"), False), nproc=1)  # type: ignore[arg-type]
+    return one[0], [two[0], two[1]], str(root / "two" / "whole")
+
+
+def _assert_same(reference: dict[str, Any], per_rank: list[dict[str, Any]], tolerance: float) -> None:
+    assert len(reference["losses"]) == len(per_rank[0]["losses"])
+    for a, b in zip(reference["losses"], per_rank[0]["losses"]):
+        assert math.isclose(a, b, rel_tol=0, abs_tol=tolerance), (reference["losses"], per_rank[0]["losses"])
+    for table in reference["tables"]:
+        expected = assemble_table([reference], table, ROWS, 8)
+        got = assemble_table(per_rank, table, ROWS, 8)
+        assert torch.allclose(got, expected, rtol=0, atol=tolerance), (table, (got - expected).abs().max())
+    assert reference["dense"].keys() == per_rank[0]["dense"].keys()
+    for key, expected in reference["dense"].items():
+        for result in per_rank:
+            assert torch.allclose(result["dense"][key], expected, rtol=0, atol=tolerance), key
+
+
+def test_two_ranks_match_one_process(runs):
+    reference, per_rank, _ = runs
+    assert per_rank[0]["plan"]["t_cat_3"] == "row_wise" and per_rank[0]["plan"]["t_cat_0"] == "table_wise"
+    assert per_rank[0]["pipelined"] == ["ShardedEmbeddingBagCollection", "ShardedEmbeddingCollection"]
+    # The attention's weights are trained (dense, all-reduced), beside the tables.
+    assert any("sequence_pooling.h3" in key for key in reference["dense"])
+    assert len(reference["tables"]) == 26
+    _assert_same(reference, per_rank, TOLERANCE)
+    assert reference["losses"][-1] < reference["losses"][0]
+
+
+def test_resumed_run_ends_where_the_uninterrupted_one_did(runs):
+    _, per_rank, _ = runs
+    for result in per_rank:
+        resumed = result["resumed"]
+        assert resumed["losses"] == result["losses"][STOP:]
+        for table, pieces in result["tables"].items():
+            for (r, c, piece), (r2, c2, again) in zip(pieces, resumed["tables"][table]):
+                assert (r, c) == (r2, c2) and torch.equal(piece, again), table
+        for key, value in result["dense"].items():
+            assert torch.equal(value, resumed["dense"][key]), key
+
+
+def test_export_refuses_a_model_with_histories(runs, tmp_path, capsys):
+    """Serving takes no jagged history inputs yet: one line, exit 2, nothing written."""
+    _, _, checkpoints = runs
+    output = tmp_path / "model"
+    assert export.main(["--checkpoint", checkpoints, "--output", str(output), "--quantize", "none"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "history features (--sequence_columns h3:cat_3,h5:cat_5)" in err[0], err
+    assert not output.exists() or not any(output.iterdir())

@@ -24,6 +24,7 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.train_pipeline.train_pipelines import TrainPipeline
 from torchrec.distributed.types import ShardingEnv
 
+from checkpoints.collective import all_gather
 from checkpoints.directory import checkpoint_to_load, export_role
 from checkpoints.load import load_checkpoint
 from checkpoints.meta import CheckpointMeta
@@ -34,6 +35,7 @@ from common.calibration import Calibration
 from common.config_flags import Overrides, flag_of
 from common.errors import BadInput
 from data.config import BatchLoader
+from data.parquet.id_sketch import sketch_facts
 from data.sources import DataSource
 from models import build_dlrm_train
 from models.arch import align_to_sharded_embeddings, compile_dense_part
@@ -372,11 +374,20 @@ class Trainer:
     def restore_from(self, restore: RestorePoint) -> None:
         """Loads weights, and with ``full`` the optimizer state, step and data position."""
         state = {"model": self.model.state_dict()}
+        seen = self.source.seen_ids()
+        recorded = (restore.meta.serving_facts or {}).get("id_sketch")
+        # A resumed run's filters hold the ids read before the checkpoint too (when it saved
+        # filters of these sizes: a run resized since starts them afresh).
+        resumes_seen = restore.full and seen is not None and isinstance(recorded, dict)
+        if resumes_seen and [recorded.get("bits", {}).get(n) for n in seen.names] == seen.bits:
+            state["id_sketch"] = {n: torch.zeros(b // 8, dtype=torch.uint8) for n, b in zip(seen.names, seen.bits)}
         if restore.full:
             self.optimizer.init_state()  # lazy optimizer state must exist to load into
             state["optim"] = self.optimizer.state_dict()
         load_checkpoint(restore.checkpoint, state, self.env.rank, restore_rng=restore.full)
         self.model.load_state_dict(state["model"])
+        if "id_sketch" in state:
+            seen.merge([state["id_sketch"][n].numpy() for n in seen.names])
         self.weights_step, self.weights_path = restore.meta.step, restore.path
         if not restore.full:
             self.log.print(f"loaded the weights of {restore.path}")
@@ -404,11 +415,25 @@ class Trainer:
             f"batch {self.start_batch}"
         )
 
+    def _seen_ids(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The filters of the ids every rank's training loader has read, OR-ed over the
+        ranks (collective), as checkpoint state, and the serving facts with their own
+        (data/parquet/id_sketch.py: serving counts the ids they lack as unseen)."""
+        seen = self.source.seen_ids()
+        if seen is None:
+            return {}, self.serving_facts
+        for packed in all_gather(seen.packed()):
+            seen.merge(packed)
+        sketches = seen.sketches()
+        state = {"id_sketch": {name: torch.from_numpy(s.packed) for name, s in zip(seen.names, sketches)}}
+        return state, {**(self.serving_facts or {}), "id_sketch": sketch_facts(seen.names, sketches)}
+
     def save_checkpoint(self, epoch: int, batch_in_epoch: int) -> str:
         """Saves everything needed to continue at (epoch, batch_in_epoch); returns its
         path. Collective."""
         assert self.checkpoints is not None
         start = time.perf_counter()
+        seen_state, serving_facts = self._seen_ids()
         meta = CheckpointMeta(
             step=self.step,
             epoch=epoch,
@@ -421,10 +446,10 @@ class Trainer:
             data_source=self.data_source,
             data_features=self.data_features,
             serving_layout=self.serving_layout,
-            serving_facts=self.serving_facts,
+            serving_facts=serving_facts,
             calibration=self._calibration_of_this_step(),
         )
-        state = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
+        state = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict(), **seen_state}
         with self.in_stage(f"saving step {self.step}"):
             path = self.checkpoints.save(state, meta)
         self._saved_step, self._saved_path = self.step, path

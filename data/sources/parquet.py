@@ -248,6 +248,13 @@ class ParquetSource(DataSource):
             },
         }
 
+    _seen: Any = None  # the SeenIds the training loaders feed: one per source object, one per run
+
+    def seen_ids(self) -> Any:
+        """The filters of the ids the training loaders have read (data/parquet/id_sketch.py's
+        `SeenIds`), under --id_hashing hash once a training loader exists; else None."""
+        return self._seen
+
     def time_ranges(self, dataset: Any) -> dict[str, tuple[str, str]]:
         """{"train": ..., "validation": ..., "test": ...}, or with --rolling_windows
         {"window 0": ..., "window 1": ...}: what the run reads."""
@@ -289,7 +296,6 @@ class ParquetSource(DataSource):
     def _loader(
         self, dataset: Any, segments: Any, split: str, table_sizes: list[int], rank: int, world_size: int
     ) -> BatchLoader:
-        from data.parquet.id_collisions import CollisionCounter
         from data.parquet.loader import ParquetLoader
 
         config = self.config
@@ -306,12 +312,21 @@ class ParquetSource(DataSource):
             shuffle_seed=config.seed if (is_train and config.shuffle_training_set) else None,
             limit_batches=config.limit(split),
             max_buffered_row_groups=config.max_buffered_row_groups,
-            collisions=(
-                CollisionCounter(columns.sparse, columns.table_sizes, columns.id_hashing, columns.hash_seed)
-                if is_train
-                else None
-            ),
+            collisions=self._training_counter(columns) if is_train else None,
         )
+
+    def _training_counter(self, columns: Any) -> Any:
+        """The training loader's CollisionCounter; under --id_hashing hash it also feeds
+        the run's `SeenIds` (serving counts the ids they lack as unseen)."""
+        from data.parquet.id_collisions import CollisionCounter
+        from data.parquet.id_sketch import SeenIds, seen_ids_counter
+
+        args = (columns.sparse, columns.table_sizes, columns.id_hashing, columns.hash_seed)
+        if columns.id_hashing != "hash":
+            return CollisionCounter(*args)
+        if self._seen is None:
+            self._seen = SeenIds(columns.sparse, columns.table_sizes)
+        return seen_ids_counter(self._seen, *args)
 
 
 def statistics_lines(statistics: dict[str, Any]) -> str | None:

@@ -139,6 +139,12 @@ class DataSource(ABC):
         are those the serving input layout (``serving_layout``) reads; {} for none."""
         return {}
 
+    def seen_ids(self) -> Any:
+        """The filters of the ids training has read, for serving to count unseen ones
+        (data/parquet/id_sketch.py's `SeenIds`: each checkpoint saves them); None when the
+        source's ids need none."""
+        return None
+
     @abstractmethod
     def describe(self) -> FeatureDescription:
         """The features, from the source's own description (spec, metadata, schema),

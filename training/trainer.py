@@ -792,6 +792,7 @@ class Trainer:
         metrics = BinaryClassificationMetrics(self.env.device, self.config.auroc_bins, self.weighted)
         calibrating = stage == "validation" and self.config.calibrate != "none" and weights_step is None
         histogram = LogitHistogram(self.env.device) if calibrating else None
+        self.source.unseen_counts(stage)  # counted from here: this evaluation's rows
         batches = self._batches(loader)
         self.log.start_evaluation_progress(len(loader), stage)
         started = time.perf_counter()
@@ -826,9 +827,23 @@ class Trainer:
             f"{rate:,.0f} records/s"
         )
         tested = (model or TestedModel("", step, False)).fields() if stage == "test" or model is not None else {}
+        unseen = self._unseen_shares(stage)
         self.log.record(
-            "eval", stage=stage, step=step, **window, **tested, **values, records_per_sec=rate, seconds=seconds
+            "eval",
+            stage=stage,
+            step=step,
+            **window,
+            **tested,
+            **values,
+            **({"unseen_share_by_feature": unseen} if unseen is not None else {}),
+            records_per_sec=rate,
+            seconds=seconds,
         )
+        if unseen:
+            self.log.print(
+                f"{stage}: ids the training has not read (unseen at serving): "
+                + ", ".join(f"{name} {share:.2%}" for name, share in unseen.items())
+            )
         if histogram is not None:
             self._fit_calibration(histogram, step)
         statistics = self.source.statistics(self.loaders["train"])
@@ -838,6 +853,17 @@ class Trainer:
             self.log.print(line)
         self.stage = "training"
         return values
+
+    def _unseen_shares(self, stage: str) -> dict[str, float] | None:
+        """{feature: share of the evaluation's ids the training loaders had not read} of
+        the features with some, over every rank (collective); None when not counted."""
+        counts = self.source.unseen_counts(stage)
+        if counts is None:
+            return None
+        names, _, _ = counts
+        gathered = all_gather(counts[1:])  # every rank's (its own included)
+        unseen, ids = sum(u for u, _ in gathered), sum(i for _, i in gathered)
+        return {name: float(n) / float(total) for name, n, total in zip(names, unseen, ids) if n and total}
 
     def _fit_calibration(self, histogram: LogitHistogram, step: int) -> None:
         """--calibrate: fits on this validation (collective), for the checkpoints of ``step``."""

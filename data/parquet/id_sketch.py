@@ -155,6 +155,32 @@ class SeenIds:
         return result
 
 
+def unseen_ids_counter(seen: SeenIds, *args: Any) -> Any:
+    """A `data.parquet.id_collisions.CollisionCounter` (its ``args``) for an evaluation
+    loader: instead of collisions, it counts per feature the ids read and those ``seen``
+    lacks (its ``take()``: (unseen, ids) since the last take)."""
+    from data.parquet.id_collisions import CollisionCounter
+
+    class UnseenIdsCounter(CollisionCounter):
+        def __init__(self, *counter_args: Any) -> None:
+            super().__init__(*counter_args)
+            self._unseen = np.zeros(len(seen.names), np.int64)
+            self._ids = np.zeros(len(seen.names), np.int64)
+
+        def add(self, keys: Sequence[np.ndarray]) -> None:
+            sketches = [IdSketch(p, 0) for p in seen.packed()] if any(len(k) for k in keys) else []
+            for f, (sketch, values) in enumerate(zip(sketches, keys)):
+                self._unseen[f] += int((~sketch.contains(values)).sum())
+                self._ids[f] += len(values)
+
+        def take(self) -> tuple[np.ndarray, np.ndarray]:
+            taken = (self._unseen.copy(), self._ids.copy())
+            self._unseen[:], self._ids[:] = 0, 0
+            return taken
+
+    return UnseenIdsCounter(*args)
+
+
 def seen_ids_counter(seen: SeenIds, *args: Any) -> Any:
     """A `data.parquet.id_collisions.CollisionCounter` (its ``args``) that also adds
     every block's keys to ``seen``: the training loader's one hook on the keys it reads."""

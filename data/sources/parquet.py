@@ -312,7 +312,7 @@ class ParquetSource(DataSource):
             shuffle_seed=config.seed if (is_train and config.shuffle_training_set) else None,
             limit_batches=config.limit(split),
             max_buffered_row_groups=config.max_buffered_row_groups,
-            collisions=self._training_counter(columns) if is_train else None,
+            collisions=self._training_counter(columns) if is_train else self._evaluation_counter(split, columns),
         )
 
     def _training_counter(self, columns: Any) -> Any:
@@ -327,6 +327,26 @@ class ParquetSource(DataSource):
         if self._seen is None:
             self._seen = SeenIds(columns.sparse, columns.table_sizes)
         return seen_ids_counter(self._seen, *args)
+
+    def _evaluation_counter(self, split: str, columns: Any) -> Any:
+        """An evaluation loader's counter of the ids the training loaders have not read
+        (None under --id_hashing modulo, or without a training loader)."""
+        if self._seen is None:
+            return None
+        from data.parquet.id_sketch import unseen_ids_counter
+
+        args = (columns.sparse, columns.table_sizes, columns.id_hashing, columns.hash_seed)
+        counter = unseen_ids_counter(self._seen, *args)
+        self._unseen_counters = {**getattr(self, "_unseen_counters", {}), split: counter}
+        return counter
+
+    def unseen_counts(self, split: str) -> "tuple[list[str], Any, Any] | None":
+        """(features, unseen ids, ids) of this rank's ``split`` rows read since the last
+        call, the unseen ones those the training loaders had not read; None without a count."""
+        counter = getattr(self, "_unseen_counters", {}).get(split)
+        if counter is None:
+            return None
+        return (list(self._seen.names), *counter.take())
 
 
 def statistics_lines(statistics: dict[str, Any]) -> str | None:

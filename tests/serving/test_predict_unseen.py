@@ -14,7 +14,7 @@ import pytest
 from data.parquet.columns import ParquetColumns
 from data.parquet.id_sketch import SKETCH_FILE
 from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parquet
-from harness.launch import run_script
+from harness.launch import eval_record, read_log, run_script
 from serving import predict, serve
 
 COLUMNS = ["C1", "C3", "C5", "M1"]
@@ -34,12 +34,13 @@ def model(tmp_path_factory):
         *("--dense_arch_layer_sizes", "16,8", "--over_arch_layer_sizes", "16,1", "--batch_size", "1000"),
         *("--device", "cpu", "--learning_rate", "0.05", "--optimizer", "adagrad", "--checkpoint_dir", checkpoints),
         "--allow_divergence",  # 3 steps: the model hardly learns; its ids are what counts here
+        *("--log_path", str(root / "log.jsonl")),
     ]
     proc = run_script(train, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = run_script(["-m", "serving.export", "--checkpoint", checkpoints, "--output", model_dir], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return lake, model_dir
+    return lake, model_dir, read_log(str(root / "log.jsonl"))
 
 
 def true_unseen_shares(lake: str, day: str) -> dict[str, float]:
@@ -55,7 +56,7 @@ def true_unseen_shares(lake: str, day: str) -> dict[str, float]:
 
 @pytest.mark.slow
 def test_predict_reports_the_unseen_share_within_1_percent(model, tmp_path, capsys):
-    lake, model_dir = model
+    lake, model_dir, _ = model
     inputs = json.load(open(os.path.join(model_dir, "inputs.json")))
     facts = inputs["preprocessing"]["id_sketch"]
     assert os.path.getsize(os.path.join(model_dir, SKETCH_FILE)) == sum(facts["bits"].values()) // 8
@@ -75,7 +76,7 @@ def test_predict_reports_the_unseen_share_within_1_percent(model, tmp_path, caps
 
 @pytest.mark.slow
 def test_http_endpoint_reports_the_unseen_share_per_request(model):
-    lake, model_dir = model
+    lake, model_dir, _ = model
     rows = pq.read_table(f"{lake}/date=2026-11-02").slice(0, 300).to_pylist()
     body = "".join(json.dumps({k: v for k, v in row.items() if k != "ts"}, default=str) + "\n" for row in rows)
     predictor = predict.Predictor(model_dir)
@@ -92,3 +93,13 @@ def test_http_endpoint_reports_the_unseen_share_per_request(model):
     assert answer["unseen_share_by_feature"] == pytest.approx(expected)
     assert answer["unseen_ids"] == int(prepared.unseen.sum())
     assert dict(item.split("=") for item in header.split(",")).keys() == expected.keys()
+
+
+@pytest.mark.slow
+def test_the_trainers_evaluation_reports_the_unseen_share(model):
+    lake, _, records = model
+    reported = eval_record(records, "test")["unseen_share_by_feature"]
+    truth = true_unseen_shares(lake, "2026-11-03")
+    assert reported.keys() == truth.keys()
+    for name in COLUMNS:
+        assert reported[name] == pytest.approx(truth[name], abs=0.01), name

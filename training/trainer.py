@@ -422,11 +422,30 @@ class Trainer:
         seen = self.source.seen_ids()
         if seen is None:
             return {}, self.serving_facts
-        for packed in all_gather(seen.packed()):
-            seen.merge(packed)
+        seen.merge(self._or_over_ranks(seen.packed()))
         sketches = seen.sketches()
         state = {"id_sketch": {name: torch.from_numpy(s.packed) for name, s in zip(seen.names, sketches)}}
         return state, {**(self.serving_facts or {}), "id_sketch": sketch_facts(seen.names, sketches)}
+
+    def _or_over_ranks(self, packed: list[Any]) -> list[Any]:
+        """Each filter's bytes OR-ed over the ranks (collective), one filter at a time:
+        gloo reduces them bitwise; NCCL has no bitwise reduction, so every rank gathers
+        the filter's copies (world size x its bytes, on the device) and ORs them."""
+        if self.env.world_size == 1:
+            return packed
+        merged = []
+        for bits in packed:
+            tensor = torch.from_numpy(bits).to(self.env.device)
+            if self.env.backend == "gloo":
+                dist.all_reduce(tensor, op=dist.ReduceOp.BOR, group=self.process_group)
+            else:
+                every = torch.empty((self.env.world_size, len(bits)), dtype=torch.uint8, device=self.env.device)
+                dist.all_gather_into_tensor(every, tensor, group=self.process_group)
+                tensor = every[0]
+                for row in every[1:]:
+                    tensor = tensor | row
+            merged.append(tensor.cpu().numpy())
+        return merged
 
     def save_checkpoint(self, epoch: int, batch_in_epoch: int) -> str:
         """Saves everything needed to continue at (epoch, batch_in_epoch); returns its
@@ -793,6 +812,9 @@ class Trainer:
         calibrating = stage == "validation" and self.config.calibrate != "none" and weights_step is None
         histogram = LogitHistogram(self.env.device) if calibrating else None
         self.source.unseen_counts(stage)  # counted from here: this evaluation's rows
+        seen = self.source.seen_ids()
+        if seen is not None:  # against every rank's training ids (collective)
+            seen.merge(self._or_over_ranks(seen.packed()))
         batches = self._batches(loader)
         self.log.start_evaluation_progress(len(loader), stage)
         started = time.perf_counter()

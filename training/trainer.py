@@ -376,10 +376,14 @@ class Trainer:
         state = {"model": self.model.state_dict()}
         seen = self.source.seen_ids()
         recorded = (restore.meta.serving_facts or {}).get("id_sketch")
-        # A resumed run's filters hold the ids read before the checkpoint too (when it saved
-        # filters of these sizes: a run resized since starts them afresh).
-        resumes_seen = restore.full and seen is not None and isinstance(recorded, dict)
-        if resumes_seen and [recorded.get("bits", {}).get(n) for n in seen.names] == seen.bits:
+        # The filters hold the ids the checkpoint's training read too (a resumed run's, an
+        # evaluated model's: --mode test counts against them), when it saved filters of
+        # these sizes (a run resized since starts them afresh).
+        if (
+            seen is not None
+            and isinstance(recorded, dict)
+            and [recorded.get("bits", {}).get(n) for n in seen.names] == seen.bits
+        ):
             state["id_sketch"] = {n: torch.zeros(b // 8, dtype=torch.uint8) for n, b in zip(seen.names, seen.bits)}
         if restore.full:
             self.optimizer.init_state()  # lazy optimizer state must exist to load into
@@ -880,7 +884,8 @@ class Trainer:
         """{feature: share of the evaluation's ids the training loaders had not read} of
         the features with some, over every rank (collective); None when not counted."""
         counts = self.source.unseen_counts(stage)
-        if counts is None:
+        seen = self.source.seen_ids()
+        if counts is None or seen is None or not seen.holds_any():  # no training ids known: no count
             return None
         names, _, _ = counts
         gathered = all_gather(counts[1:])  # every rank's (its own included)

@@ -138,6 +138,11 @@ class SeenIds:
             for own, other in zip(self._packed, packed):
                 own |= other
 
+    def holds_any(self) -> bool:
+        """Whether any id was added (or merged in)."""
+        with self._lock:
+            return any(bool(p.any()) for p in self._packed)
+
     def packed(self) -> list[np.ndarray]:
         """A copy of every filter's bytes."""
         with self._lock:

@@ -40,7 +40,7 @@ def model(tmp_path_factory):
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = run_script(["-m", "serving.export", "--checkpoint", checkpoints, "--output", model_dir], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return lake, model_dir, read_log(str(root / "log.jsonl"))
+    return lake, model_dir, read_log(str(root / "log.jsonl")), train
 
 
 def true_unseen_shares(lake: str, day: str) -> dict[str, float]:
@@ -56,7 +56,7 @@ def true_unseen_shares(lake: str, day: str) -> dict[str, float]:
 
 @pytest.mark.slow
 def test_predict_reports_the_unseen_share_within_1_percent(model, tmp_path, capsys):
-    lake, model_dir, _ = model
+    lake, model_dir, _, _ = model
     inputs = json.load(open(os.path.join(model_dir, "inputs.json")))
     facts = inputs["preprocessing"]["id_sketch"]
     assert os.path.getsize(os.path.join(model_dir, SKETCH_FILE)) == sum(facts["bits"].values()) // 8
@@ -76,7 +76,7 @@ def test_predict_reports_the_unseen_share_within_1_percent(model, tmp_path, caps
 
 @pytest.mark.slow
 def test_http_endpoint_reports_the_unseen_share_per_request(model):
-    lake, model_dir, _ = model
+    lake, model_dir, _, _ = model
     rows = pq.read_table(f"{lake}/date=2026-11-02").slice(0, 300).to_pylist()
     body = "".join(json.dumps({k: v for k, v in row.items() if k != "ts"}, default=str) + "\n" for row in rows)
     predictor = predict.Predictor(model_dir)
@@ -97,9 +97,14 @@ def test_http_endpoint_reports_the_unseen_share_per_request(model):
 
 @pytest.mark.slow
 def test_the_trainers_evaluation_reports_the_unseen_share(model):
-    lake, _, records = model
+    lake, _, records, train = model
     reported = eval_record(records, "test")["unseen_share_by_feature"]
     truth = true_unseen_shares(lake, "2026-11-03")
     assert reported.keys() == truth.keys()
     for name in COLUMNS:
         assert reported[name] == pytest.approx(truth[name], abs=0.01), name
+    # --mode test of the checkpoint counts against the filters it saved: the same shares.
+    proc = run_script([*train, "--mode", "test"], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("test: ids the training has not read"))
+    assert line.endswith(", ".join(f"{name} {reported[name]:.2%}" for name in COLUMNS)), line

@@ -167,6 +167,8 @@ def unseen_ids_counter(seen: SeenIds, *args: Any) -> Any:
     from data.parquet.id_collisions import CollisionCounter
 
     class UnseenIdsCounter(CollisionCounter):
+        counts_collisions = False
+
         def __init__(self, *counter_args: Any) -> None:
             super().__init__(*counter_args)
             self._unseen = np.zeros(len(seen.names), np.int64)

@@ -406,7 +406,7 @@ class ParquetLoader:
                 counts = (
                     " (the training rows' counts per column follow each evaluation, and go to the run log "
                     "with --log_path)"
-                    if self._collisions is not None
+                    if self._collisions is not None and self._collisions.counts_collisions
                     else ", as in training"
                 )
                 print(f"note: dense column(s) {', '.join(fresh)} hold nulls, read as 0{counts}", file=sys.stderr)

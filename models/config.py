@@ -1,5 +1,6 @@
 """The model's configuration: architecture sizes and table sizes, checked by `validate()`."""
 
+import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,20 @@ EMBEDDING_PRECISIONS = ("fp32", "fp16")
 DEFAULT_NUM_EMBEDDINGS = 100_000
 
 
+# --num_embeddings auto: each table sized from the training split (training/table_sizing.py).
+AUTO = "auto"
+
+
+def rows_or_auto(text: str) -> int | str:
+    """``--num_embeddings``: an integer (`TableSizes.validate` wants it positive), or ``auto``."""
+    if text == AUTO:
+        return AUTO
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or auto, got {text!r}") from None
+
+
 @dataclass
 class TableSizes:
     """How many rows each table gets: the flags', else the data's, capped.
@@ -27,9 +42,12 @@ class TableSizes:
     num_embeddings_per_feature: list[int] | None = flag(
         None, help="rows of each table, comma-separated (one value per categorical feature)"
     )
-    num_embeddings: int | None = flag(
+    num_embeddings: int | str | None = flag(
         None,
-        help=f"rows of every table when --num_embeddings_per_feature is not given (default "
+        parse=rows_or_auto,
+        metavar="N|auto",
+        help="rows of every table when --num_embeddings_per_feature is not given; auto: each table sized from "
+        "the Parquet training split's distinct ids for --target_collision_share within --memory_gb (default "
         f"{DEFAULT_NUM_EMBEDDINGS}, or the data's metadata.json cardinalities)",
     )
     max_table_rows: int | None = flag(
@@ -40,14 +58,19 @@ class TableSizes:
         """Raises FlagError naming the flag."""
         for name in ("num_embeddings", "max_table_rows"):
             value = getattr(self, name)
-            if value is not None and value <= 0:
+            if value is not None and value != AUTO and value <= 0:
                 raise FlagError(f"{option(self, name)} must be positive, got {value}")
 
     def resolve(self, num_tables: int, data_sizes: list[int] | None) -> list[int]:
-        """Rows of each of ``num_tables`` tables; ``data_sizes``: the data's own (or None)."""
+        """Rows of each of ``num_tables`` tables; ``data_sizes``: the data's own (or None;
+        with ``--num_embeddings auto``, the sizes the training split's profile gives)."""
         if self.num_embeddings_per_feature is not None:
             sizes = list(self.num_embeddings_per_feature)
-        elif self.num_embeddings is not None:
+        elif self.num_embeddings == AUTO:
+            if data_sizes is None:
+                raise FlagError(f"{option(self, 'num_embeddings')} auto sizes the tables from Parquet training data")
+            sizes = list(data_sizes)
+        elif isinstance(self.num_embeddings, int):
             sizes = [self.num_embeddings] * num_tables
         elif data_sizes is not None:
             sizes = list(data_sizes)

@@ -61,7 +61,7 @@ import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTableBatchedEmbeddingBagsCodegen
@@ -78,6 +78,7 @@ from common.config_flags import flag
 from common.errors import BadInput
 from common.library_noise import EAGER_QUANTIZATION_NOTICES, INDUCTOR_NOTICES, quiet_benign_library_messages, quieted
 from common.path_lock import LockHeld, PathLock
+from data.parquet.id_sketch import SKETCH_FILE, IdSketch, sketches_to_bytes
 from data.preprocess.criteo_transforms import VOCABULARY_FILE
 from data.sources import SOURCES
 from models.config import ModelConfig
@@ -361,6 +362,26 @@ def _no_space(error: BaseException) -> bool:
     return any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in causes)
 
 
+def _id_sketch_state(meta: CheckpointMeta) -> dict[str, Any]:
+    """The seen-id filters (data/parquet/id_sketch.py) the checkpoint's meta.json
+    records, as the state the model's load fills ({} for none); their facts are checked
+    by the layout's describe."""
+    facts = (meta.serving_facts or {}).get("id_sketch")
+    if not isinstance(facts, dict) or not isinstance(facts.get("bits"), dict):
+        return {}
+    sizes = {name: bits for name, bits in facts["bits"].items() if isinstance(bits, int) and bits >= 8}
+    return {"id_sketch": {name: torch.zeros(bits // 8, dtype=torch.uint8) for name, bits in sizes.items()}}
+
+
+def _id_sketch_bytes(state: dict[str, Any], inputs: ModelInputs) -> bytes | None:
+    """The model directory's SKETCH_FILE of the loaded filters; None when inputs.json records none."""
+    facts = getattr(inputs.preprocessing, "id_sketch", None)
+    if facts is None or not state:
+        return None
+    names = list(inputs.sparse_feature_names)
+    return sketches_to_bytes([IdSketch(state["id_sketch"][name].numpy(), facts["ids"][name]) for name in names])
+
+
 def _write_model_dir(
     checkpoint: str,
     output: str,
@@ -378,7 +399,8 @@ def _write_model_dir(
             f"{path}: the model has history features (--sequence_columns "
             f"{','.join(opened.meta.model.sequence_columns)}), whose jagged inputs export does not take yet"
         )
-    train_model, meta = load_checkpoint_model(opened)
+    sketch_state = _id_sketch_state(opened.meta)
+    train_model, meta = load_checkpoint_model(opened, sketch_state)
     model_config = meta.model
     inputs = describe_inputs(model_config, meta, path, max_bag_size, training_data)
     # --calibrate's fit on the validation that made the checkpoint (its meta.json), applied
@@ -388,6 +410,7 @@ def _write_model_dir(
     record = _delta_record(base, inputs, vocabulary, output) if base is not None else None
     if record is not None:
         vocabulary = None  # the base's serves: _delta_record checked it is the same
+    sketch = _id_sketch_bytes(sketch_state, inputs)
     model = ProbabilityModel(
         train_model.model,
         model_config.sparse_feature_names,
@@ -437,6 +460,10 @@ def _write_model_dir(
         if record is not None:
             with naming_write_errors(os.path.join(output, DELTA_FILE)), open(os.path.join(tmp, DELTA_FILE), "wb") as f:
                 f.write(record.to_json())
+        if sketch is not None:
+            with naming_write_errors(os.path.join(output, SKETCH_FILE)):
+                with open(os.path.join(tmp, SKETCH_FILE), "wb") as f:
+                    f.write(sketch)
         # The directory is renamed whole below: its files need no temporary names.
         with naming_write_errors(os.path.join(output, INPUTS_FILE)), open(os.path.join(tmp, INPUTS_FILE), "wb") as f:
             f.write(inputs.to_json())

@@ -22,6 +22,7 @@ Example::
 
 import copy
 import itertools
+from typing import Any
 
 import torch
 from torch import nn
@@ -244,10 +245,15 @@ class ProbabilityModel(nn.Module):
         return torch.sigmoid(logits)
 
 
-def load_checkpoint_model(checkpoint: str | OpenedCheckpoint) -> tuple[DLRMTrain, CheckpointMeta]:
+def load_checkpoint_model(
+    checkpoint: str | OpenedCheckpoint, extra_state: dict[str, Any] | None = None
+) -> tuple[DLRMTrain, CheckpointMeta]:
     """The unsharded fp32 model of a checkpoint (a path, or one opened already: any
     world size and plan), in eval mode, and the checkpoint's meta.json. Needs no
     process group.
+
+    ``extra_state``: other sections of the checkpoint, filled in place by the same load
+    (the export's seen-id filters).
 
     Raises CheckpointError when the checkpoint is missing, incomplete or unreadable.
     """
@@ -261,7 +267,7 @@ def load_checkpoint_model(checkpoint: str | OpenedCheckpoint) -> tuple[DLRMTrain
     on_meta = build_dlrm_train(model_config, dense_device=torch.device("meta"), embedding_device=torch.device("meta"))
     check_stored_shapes(opened, {"model": on_meta.state_dict()})
     model = build_dlrm_train(model_config, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"))
-    state = {"model": model.state_dict()}
+    state = {"model": model.state_dict(), **(extra_state or {})}
     load_checkpoint(opened, state, rank=0, restore_rng=False)
     model.load_state_dict(state["model"])
     return model.eval(), meta

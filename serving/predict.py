@@ -71,13 +71,13 @@ from common.cli import run_cli
 from common.click_metrics import summary_figures
 from common.config_flags import flag
 from common.errors import BadInput
-from common.json_fields import BOOLEAN, COUNTS, INTEGER, NUMBER, TEXT, JsonObject, optional, versioned_json
+from common.json_fields import BOOLEAN, COUNTS, INTEGER, NUMBER, TEXT, JsonObject, Kind, optional, versioned_json
 from data.parquet.files import check_same_types, file_schema, list_files, read_footers, read_row_group
 from data.text.text_lines import DaySource, iter_line_chunks
 from serving.cli import MODEL_DIR_HELP, parse_config, serving_parser
 from serving.delta import find_base, is_delta, load_delta_program, read_delta
 from serving.layouts import load_layout
-from serving.layouts.base import InputLayout, ParsedLines
+from serving.layouts.base import CountedLines, InputLayout, ParsedLines
 from serving.layouts.parquet_rows import ParquetRows
 from serving.model_files import MANIFEST_FILE, TRUST_FLAG, load_model_file, read_manifest
 from serving.model_inputs import PADDING_ID, VARIANTS, read_inputs
@@ -158,6 +158,26 @@ class Predictor:
         self.table_sizes = np.asarray(self.inputs.num_embeddings_per_feature, dtype=np.int64)
         # The table of each column of the sparse input.
         self._column_tables = np.repeat(self.table_sizes, self.inputs.sparse_hotness)
+        self._column_feature = np.repeat(np.arange(len(self.table_sizes)), self.inputs.sparse_hotness)
+        # Ids read so far per categorical feature: the denominators of the unseen shares.
+        self.ids_read = np.zeros(len(self.table_sizes), np.int64)
+
+    def count_ids(self, sparse: np.ndarray) -> np.ndarray:
+        """Per categorical feature, the ids of ``sparse`` (padding left out); added to `ids_read`."""
+        present = np.asarray(sparse) != PADDING_ID
+        counts = np.bincount(
+            np.broadcast_to(self._column_feature, present.shape)[present], minlength=len(self.table_sizes)
+        ).astype(np.int64)
+        self.ids_read += counts
+        return counts
+
+    def unseen_shares(self, unseen: np.ndarray, ids: np.ndarray) -> dict[str, float]:
+        """{feature: share of its ids that are unseen} of the features with unseen ids."""
+        return {
+            name: float(n) / float(total)
+            for name, n, total in zip(self.inputs.sparse_feature_names, unseen, ids)
+            if n and total
+        }
 
     def prepare(self, dense: np.ndarray, sparse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Features as the data gives them -> the model's inputs, with the training data's transforms.
@@ -258,7 +278,8 @@ class Predictor:
         else:
             lines = self.layout.parse(data, source, first_line, labelled)
         dense, ids = self._transform(lines.dense, lines.sparse)
-        return PreparedLines(dense, ids, lines, self.layout.count_unseen(lines.sparse))
+        unseen = lines.unseen if isinstance(lines, CountedLines) else self.layout.count_unseen(lines.sparse)
+        return PreparedLines(dense, ids, lines, unseen, self.count_ids(lines.sparse))
 
     def unseen_by_feature(self, counts: np.ndarray) -> dict[str, int]:
         """Per-feature counts of unseen ids -> {feature name: count} of those above 0."""
@@ -273,12 +294,14 @@ class PreparedLines:
         dense, ids: the model's inputs (see `Predictor.prepare`).
         lines: the features and labels as the lines give them.
         unseen: per categorical feature, the ids no training row held.
+        id_counts: per categorical feature, the ids of the lines.
     """
 
     dense: np.ndarray
     ids: np.ndarray
     lines: ParsedLines
     unseen: np.ndarray
+    id_counts: np.ndarray
 
 
 class LabelledScores:
@@ -338,6 +361,9 @@ class PredictMetrics:
     positive_rate: float | None
     unseen_ids: int
     unseen_ids_by_feature: dict[str, int] = field(default_factory=dict)
+    # Of each feature with unseen ids, their share of its ids (a hashed model counts
+    # them with its training split's Bloom filter: docs/serving.md).
+    unseen_share_by_feature: dict[str, float] = field(default_factory=dict)
     version: int = 1
 
     FIGURES = ("auroc", "log_loss", "accuracy", "ne", "calibration", "positive_rate")
@@ -351,6 +377,10 @@ class PredictMetrics:
                     f"{name} {getattr(self, name):.6g}" if getattr(self, name) is not None else f"{name} n/a"
                     for name in self.FIGURES
                 )
+            )
+        if self.unseen_share_by_feature:
+            words.append(
+                "unseen share " + ", ".join(f"{name} {s:.2%}" for name, s in self.unseen_share_by_feature.items())
             )
         by_feature = ", ".join(f"{name} {n}" for name, n in self.unseen_ids_by_feature.items())
         words.append(f"unseen ids {self.unseen_ids}" + (f" ({by_feature})" if by_feature else ""))
@@ -458,7 +488,8 @@ def predict_parquet(
     table's local files.
 
     Returns the row count, the scores of labelled rows (None for unlabelled input)
-    and the unseen ids per feature (none: hashing gives every value a row).
+    and the unseen ids per feature (those the model's seen-id filters lack; none in a
+    model exported without them).
     """
     layout = predictor.layout
     assert isinstance(layout, ParquetRows)
@@ -479,6 +510,7 @@ def predict_parquet(
         [source.schema.field(name) for name in keep_columns] + [pa.field(PROBABILITY_COLUMN, pa.float32())]
     )
     rows, scores = 0, LabelledScores()
+    unseen = np.zeros(len(predictor.inputs.sparse_feature_names), np.int64)
     with pq.ParquetWriter(output, out_schema) as writer:
         for table, prepared in source.row_groups():
             probabilities = predictor.predict_transformed(prepared.dense, prepared.sparse)
@@ -490,8 +522,20 @@ def predict_parquet(
             )
             if source.labelled:
                 scores.update(probabilities, prepared.labels)
+            if isinstance(prepared, CountedLines):
+                unseen += prepared.unseen
+            predictor.count_ids(prepared.sparse)
             rows += len(probabilities)
-    return rows, scores if source.labelled else None, np.zeros(len(predictor.inputs.sparse_feature_names), np.int64)
+    return rows, scores if source.labelled else None, unseen
+
+
+SHARES = Kind(
+    lambda v: (
+        isinstance(v, dict)
+        and all(isinstance(s, (int, float)) and not isinstance(s, bool) and 0 <= s <= 1 for s in v.values())
+    ),
+    "an object of shares between 0 and 1",
+)
 
 
 def read_predict_metrics(path: str) -> PredictMetrics:
@@ -507,6 +551,7 @@ def read_predict_metrics(path: str) -> PredictMetrics:
         **{name: document.get(name, optional(NUMBER)) for name in PredictMetrics.FIGURES},
         unseen_ids=document.get("unseen_ids", INTEGER),
         unseen_ids_by_feature=document.get("unseen_ids_by_feature", COUNTS),
+        unseen_share_by_feature=document.get("unseen_share_by_feature", SHARES, {}),
     )
 
 
@@ -563,6 +608,7 @@ def file_metrics(
         **defined,
         unseen_ids=int(unseen.sum()),
         unseen_ids_by_feature=predictor.unseen_by_feature(unseen),
+        unseen_share_by_feature=predictor.unseen_shares(unseen, predictor.ids_read),
     )
 
 

@@ -412,6 +412,7 @@ class PredictApp:
         # Answered requests, their rows and unseen ids per feature (updated on the event loop thread).
         self.requests, self.rows = 0, 0
         self.unseen = np.zeros(len(batcher.predictor.inputs.sparse_feature_names), np.int64)
+        self.ids = np.zeros_like(self.unseen)  # the unseen shares' denominators
 
     def close(self) -> None:
         self._parsers.shutdown()
@@ -420,7 +421,9 @@ class PredictApp:
         """The line the server prints when it stops."""
         by_feature = self.batcher.predictor.unseen_by_feature(self.unseen)
         named = ", ".join(f"{name} {n}" for name, n in by_feature.items())
-        return f"answered {self.requests} requests, {self.rows} rows; unseen ids {int(self.unseen.sum())}" + (
+        shares = self.batcher.predictor.unseen_shares(self.unseen, self.ids)
+        share = "; unseen share " + ", ".join(f"{name} {s:.2%}" for name, s in shares.items()) if shares else ""
+        return f"answered {self.requests} requests, {self.rows} rows{share}; unseen ids {int(self.unseen.sum())}" + (
             f" ({named})" if named else ""
         )
 
@@ -460,7 +463,9 @@ class PredictApp:
         else:
             self.requests, self.rows = self.requests + 1, self.rows + len(probabilities)
             self.unseen += prepared.unseen
+            self.ids += prepared.id_counts
             unseen = int(prepared.unseen.sum())
+            shares = self.batcher.predictor.unseen_shares(prepared.unseen, prepared.id_counts)
             if b"application/json" in dict(scope["headers"]).get(b"accept", b""):
                 await _answer(
                     send,
@@ -470,13 +475,16 @@ class PredictApp:
                             "probabilities": [float(f"{p:.7g}") for p in probabilities],
                             "unseen_ids": unseen,
                             "unseen_ids_by_feature": predictor.unseen_by_feature(prepared.unseen),
+                            "unseen_share_by_feature": shares,
                         }
                     ).encode(),
                     content_type=b"application/json",
                     unseen_ids=unseen,
+                    unseen_shares=shares,
                 )
             else:
-                await _answer(send, 200, "".join(f"{p:.7g}\n" for p in probabilities).encode(), unseen_ids=unseen)
+                body = "".join(f"{p:.7g}\n" for p in probabilities).encode()
+                await _answer(send, 200, body, unseen_ids=unseen, unseen_shares=shares)
 
     def _query(self, scope: dict[str, Any], predictor: Predictor) -> bool:
         """Whether the query string asks for missing columns as null (``missing=null``,
@@ -520,10 +528,14 @@ async def _answer(
     body: bytes,
     content_type: bytes = b"text/plain",
     unseen_ids: int = 0,
+    unseen_shares: dict[str, float] | None = None,
 ) -> None:
     headers = [(b"content-length", str(len(body)).encode())]
     if status == 200:
         headers += [(b"content-type", content_type), (b"x-unseen-ids", str(unseen_ids).encode())]
+        if unseen_shares:  # feature=share of its ids in the request, of the features with unseen ids
+            shares = ",".join(f"{name}={share:.4g}" for name, share in unseen_shares.items())
+            headers.append((b"x-unseen-share", shares.encode()))
     else:  # JSON; and the connection closes, as the body may not have been read
         headers += [(b"content-type", b"application/json"), (b"connection", b"close")]
     await send({"type": "http.response.start", "status": status, "headers": headers})

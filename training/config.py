@@ -13,6 +13,7 @@ from common.config_flags import FlagError, check_choices, flag, option
 from common.run_log_file import check_appendable
 from common.url_paths import check_url_path
 from data.config import DataConfig
+from data.profile import SizingFlags
 from models.config import ModelConfig, TableSizes
 from models.embedding_optimizer_config import EMBEDDING_OPTIMIZERS, EmbeddingOptimizerConfig
 from sharding_plans.types import ShardingConstraints, ShardingFlags
@@ -273,6 +274,7 @@ class TrainConfig:
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
     epochs: int = flag(1, help="passes over the training split")
     tables: TableSizes = field(default_factory=TableSizes)
+    table_sizing: SizingFlags = field(default_factory=SizingFlags)
     seed: int = flag(0, help="seeds model init, data order and random data")
     validation_freq_within_epoch: int | None = flag(None, help="validate every N training steps")
     log_every_n_steps: int = flag(100, help="steps per progress line / JSON record")

@@ -15,8 +15,9 @@ from common.cli import OneLineParser
 from common.config_flags import FlagError, Overrides, add_flags, config_values, flags_of, given, option
 from common.errors import BadInput
 from data.config import DataConfig
+from data.profile import SizingFlags
 from data.sources import DATA_PATH_FIELDS, DataSource, FeatureDescription
-from models.config import ModelConfig, TableSizes
+from models.config import AUTO, ModelConfig, TableSizes
 from recipes import RECIPES, Recipe
 from sharding_plans.types import ShardingFlags
 from training.config import (
@@ -42,6 +43,7 @@ FLAG_GROUPS: list[tuple[str, type, tuple[str, ...] | None]] = [
     ("data", DataConfig, None),
     ("model", ModelConfig, None),
     ("table sizes", TableSizes, None),
+    ("table sizes", SizingFlags, None),
     ("optimizers and regularization", OptimizerConfig, None),
     ("optimizers and regularization", TrainConfig, ("dropout",)),
     (
@@ -214,6 +216,25 @@ def config_and_source_from_args(args: argparse.Namespace) -> tuple[TrainConfig, 
     source = data.validate()  # the source's path and flags, before the source describes its features
     features = _describe_data(source)
     cardinalities = list(features.cardinalities) if features.cardinalities is not None else None
+    sizing = SizingFlags(**values(SizingFlags))
+    if tables.num_embeddings == AUTO:  # before the model is built: the sizes are the model's
+        from training.table_sizing import auto_table_sizes
+
+        cardinalities, sizing = auto_table_sizes(
+            tables,
+            sizing,
+            source,
+            features,
+            values(ModelConfig),
+            CheckpointConfig(**values(CheckpointConfig)),
+            run["mode"],
+        )
+    else:
+        for item in flags_of(SizingFlags):
+            if given(args, SizingFlags, item.field.name):
+                raise FlagError(
+                    f"{item.option} sizes the tables of {option(tables, 'num_embeddings')} auto: give that too"
+                )
     validate_at_epoch_end, test_at_end = ReferenceEvaluation(**values(ReferenceEvaluation)).schedule()
     recipe = RECIPES.get(args.recipe or "")
     config = TrainConfig(
@@ -228,6 +249,7 @@ def config_and_source_from_args(args: argparse.Namespace) -> tuple[TrainConfig, 
         data=data,
         optim=OptimizerConfig(**values(OptimizerConfig)),
         tables=tables,
+        table_sizing=sizing,
         checkpoint=CheckpointConfig(**values(CheckpointConfig)),
         sharding_constraints=ShardingFlags(**values(ShardingFlags)).constraints(),
         inference_benchmark=InferenceBenchmarkConfig(**values(InferenceBenchmarkConfig)),

@@ -24,6 +24,7 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.train_pipeline.train_pipelines import TrainPipeline
 from torchrec.distributed.types import ShardingEnv
 
+from checkpoints.collective import all_gather
 from checkpoints.directory import checkpoint_to_load, export_role
 from checkpoints.load import load_checkpoint
 from checkpoints.meta import CheckpointMeta, WarmStartOrigin
@@ -34,6 +35,7 @@ from common.calibration import Calibration
 from common.config_flags import Overrides, flag_of
 from common.errors import BadInput
 from data.config import BatchLoader
+from data.parquet.id_sketch import sketch_facts
 from data.sources import DataSource
 from data.sources.types import FeedJob
 from models import build_dlrm_train
@@ -412,11 +414,24 @@ class Trainer:
     def restore_from(self, restore: RestorePoint) -> None:
         """Loads weights, and with ``full`` the optimizer state, step and data position."""
         state = {"model": self.model.state_dict()}
+        seen = self.source.seen_ids()
+        recorded = (restore.meta.serving_facts or {}).get("id_sketch")
+        # The filters hold the ids the checkpoint's training read too (a resumed run's, an
+        # evaluated model's: --mode test counts against them), when it saved filters of
+        # these sizes (a run resized since starts them afresh).
+        if (
+            seen is not None
+            and isinstance(recorded, dict)
+            and [recorded.get("bits", {}).get(n) for n in seen.names] == seen.bits
+        ):
+            state["id_sketch"] = {n: torch.zeros(b // 8, dtype=torch.uint8) for n, b in zip(seen.names, seen.bits)}
         if restore.full:
             self.optimizer.init_state()  # lazy optimizer state must exist to load into
             state["optim"] = self.optimizer.state_dict()
         load_checkpoint(restore.checkpoint, state, self.env.rank, restore_rng=restore.full)
         self.model.load_state_dict(state["model"])
+        if "id_sketch" in state:
+            seen.merge([state["id_sketch"][n].numpy() for n in seen.names])
         self.weights_step, self.weights_path = restore.meta.step, restore.path
         if not restore.full:
             self.log.print(f"loaded the weights of {restore.path}")
@@ -481,11 +496,44 @@ class Trainer:
             grown_tables={table: list(rows) for table, rows in warm.grown.items()},
         )
 
+    def _seen_ids(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The filters of the ids every rank's training loader has read, OR-ed over the
+        ranks (collective), as checkpoint state, and the serving facts with their own
+        (data/parquet/id_sketch.py: serving counts the ids they lack as unseen)."""
+        seen = self.source.seen_ids()
+        if seen is None:
+            return {}, self.serving_facts
+        seen.merge(self._or_over_ranks(seen.packed()))
+        sketches = seen.sketches()
+        state = {"id_sketch": {name: torch.from_numpy(s.packed) for name, s in zip(seen.names, sketches)}}
+        return state, {**(self.serving_facts or {}), "id_sketch": sketch_facts(seen.names, sketches)}
+
+    def _or_over_ranks(self, packed: list[Any]) -> list[Any]:
+        """Each filter's bytes OR-ed over the ranks (collective), one filter at a time:
+        gloo reduces them bitwise; NCCL has no bitwise reduction, so every rank gathers
+        the filter's copies (world size x its bytes, on the device) and ORs them."""
+        if self.env.world_size == 1:
+            return packed
+        merged = []
+        for bits in packed:
+            tensor = torch.from_numpy(bits).to(self.env.device)
+            if self.env.backend == "gloo":
+                dist.all_reduce(tensor, op=dist.ReduceOp.BOR, group=self.process_group)
+            else:
+                every = torch.empty((self.env.world_size, len(bits)), dtype=torch.uint8, device=self.env.device)
+                dist.all_gather_into_tensor(every, tensor, group=self.process_group)
+                tensor = every[0]
+                for row in every[1:]:
+                    tensor = tensor | row
+            merged.append(tensor.cpu().numpy())
+        return merged
+
     def save_checkpoint(self, epoch: int, batch_in_epoch: int) -> str:
         """Saves everything needed to continue at (epoch, batch_in_epoch); returns its
         path. Collective."""
         assert self.checkpoints is not None
         start = time.perf_counter()
+        seen_state, serving_facts = self._seen_ids()
         meta = CheckpointMeta(
             step=self.step,
             epoch=epoch,
@@ -498,11 +546,11 @@ class Trainer:
             data_source=self.data_source,
             data_features=self.data_features,
             serving_layout=self.serving_layout,
-            serving_facts=self.serving_facts,
+            serving_facts=serving_facts,
             calibration=self._calibration_of_this_step(),
             warm_start=self.warm_start_origin,
         )
-        state = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
+        state = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict(), **seen_state}
         with self.in_stage(f"saving step {self.step}"):
             path = self.checkpoints.save(state, meta)
         self._saved_step, self._saved_path = self.step, path
@@ -845,6 +893,10 @@ class Trainer:
         metrics = BinaryClassificationMetrics(self.env.device, self.config.auroc_bins, self.weighted)
         calibrating = stage == "validation" and self.config.calibrate != "none" and weights_step is None
         histogram = LogitHistogram(self.env.device) if calibrating else None
+        self.source.unseen_counts(stage)  # counted from here: this evaluation's rows
+        seen = self.source.seen_ids()
+        if seen is not None:  # against every rank's training ids (collective)
+            seen.merge(self._or_over_ranks(seen.packed()))
         batches = self._batches(loader)
         self.log.start_evaluation_progress(len(loader), stage)
         started = time.perf_counter()
@@ -879,9 +931,23 @@ class Trainer:
             f"{rate:,.0f} records/s"
         )
         tested = (model or TestedModel("", step, False)).fields() if stage == "test" or model is not None else {}
+        unseen = self._unseen_shares(stage)
         self.log.record(
-            "eval", stage=stage, step=step, **window, **tested, **values, records_per_sec=rate, seconds=seconds
+            "eval",
+            stage=stage,
+            step=step,
+            **window,
+            **tested,
+            **values,
+            **({"unseen_share_by_feature": unseen} if unseen is not None else {}),
+            records_per_sec=rate,
+            seconds=seconds,
         )
+        if unseen:
+            self.log.print(
+                f"{stage}: ids the training has not read (unseen at serving): "
+                + ", ".join(f"{name} {share:.2%}" for name, share in unseen.items())
+            )
         if histogram is not None:
             self._fit_calibration(histogram, step)
         statistics = self.source.statistics(self.loaders["train"])
@@ -891,6 +957,18 @@ class Trainer:
             self.log.print(line)
         self.stage = "training"
         return values
+
+    def _unseen_shares(self, stage: str) -> dict[str, float] | None:
+        """{feature: share of the evaluation's ids the training loaders had not read} of
+        the features with some, over every rank (collective); None when not counted."""
+        counts = self.source.unseen_counts(stage)
+        seen = self.source.seen_ids()
+        if counts is None or seen is None or not seen.holds_any():  # no training ids known: no count
+            return None
+        names, _, _ = counts
+        gathered = all_gather(counts[1:])  # every rank's (its own included)
+        unseen, ids = sum(u for u, _ in gathered), sum(i for _, i in gathered)
+        return {name: float(n) / float(total) for name, n, total in zip(names, unseen, ids) if n and total}
 
     def _fit_calibration(self, histogram: LogitHistogram, step: int) -> None:
         """--calibrate: fits on this validation (collective), for the checkpoints of ``step``."""

@@ -49,6 +49,10 @@ class CollisionCounter:
         counter.statistics()  # {"C1": {"distinct": 812, "colliding_fraction": 0.33, "exact": True}}
     """
 
+    # False in a subclass that counts something else of an evaluation's rows
+    # (data/parquet/id_sketch.py's unseen ids): the loader's null note says no counts follow.
+    counts_collisions = True
+
     def __init__(
         self,
         names: Sequence[str],

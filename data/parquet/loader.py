@@ -628,7 +628,7 @@ class ParquetLoader:
         # has a collision counter); --mode test|validate reads no training row.
         counts_note = (
             " (the training rows' counts per column follow each evaluation, and go to the run log with --log_path)"
-            if self._collisions is not None
+            if self._collisions is not None and self._collisions.counts_collisions
             else ", as in training"
         )
         print(f"note: dense column(s) {', '.join(fresh)} hold nulls, read as 0{counts_note}", file=sys.stderr)

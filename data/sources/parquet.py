@@ -285,6 +285,13 @@ class ParquetSource(DataSource):
             },
         }
 
+    _seen: Any = None  # the SeenIds the training loaders feed: one per source object, one per run
+
+    def seen_ids(self) -> Any:
+        """The filters of the ids the training loaders have read (data/parquet/id_sketch.py's
+        `SeenIds`), under --id_hashing hash once a training loader exists; else None."""
+        return self._seen
+
     def time_ranges(self, dataset: Any) -> dict[str, tuple[str, str]]:
         """{"train": ..., "validation": ..., "test": ...}, or with --rolling_windows
         {"window 0": ..., "window 1": ...}: what the run reads."""
@@ -326,7 +333,6 @@ class ParquetSource(DataSource):
     def _loader(
         self, dataset: Any, segments: Any, split: str, table_sizes: list[int], rank: int, world_size: int
     ) -> BatchLoader:
-        from data.parquet.id_collisions import CollisionCounter
         from data.parquet.loader import ParquetLoader
 
         config = self.config
@@ -344,15 +350,44 @@ class ParquetSource(DataSource):
             shuffle_seed=config.seed if (is_train and config.shuffle_training_set) else None,
             limit_batches=config.limit(split),
             max_buffered_row_groups=config.max_buffered_row_groups,
-            collisions=(
-                CollisionCounter(columns.sparse, columns.table_sizes, columns.id_hashing, columns.hash_seed)
-                if is_train
-                else None
-            ),
+            collisions=self._training_counter(columns) if is_train else self._evaluation_counter(split, columns),
             workers=config.data_workers,
             job=lambda: self._job,
             epoch_shares=lambda: config.epoch_shares,  # resolved when the job joins (`join_job`)
         )
+
+    def _training_counter(self, columns: Any) -> Any:
+        """The training loader's CollisionCounter; under --id_hashing hash it also feeds
+        the run's `SeenIds` (serving counts the ids they lack as unseen)."""
+        from data.parquet.id_collisions import CollisionCounter
+        from data.parquet.id_sketch import SeenIds, seen_ids_counter
+
+        args = (columns.sparse, columns.table_sizes, columns.id_hashing, columns.hash_seed)
+        if columns.id_hashing != "hash":
+            return CollisionCounter(*args)
+        if self._seen is None:
+            self._seen = SeenIds(columns.sparse, columns.table_sizes)
+        return seen_ids_counter(self._seen, *args)
+
+    def _evaluation_counter(self, split: str, columns: Any) -> Any:
+        """An evaluation loader's counter of the ids the training loaders have not read
+        (None under --id_hashing modulo, or without a training loader)."""
+        if self._seen is None:
+            return None
+        from data.parquet.id_sketch import unseen_ids_counter
+
+        args = (columns.sparse, columns.table_sizes, columns.id_hashing, columns.hash_seed)
+        counter = unseen_ids_counter(self._seen, *args)
+        self._unseen_counters = {**getattr(self, "_unseen_counters", {}), split: counter}
+        return counter
+
+    def unseen_counts(self, split: str) -> "tuple[list[str], Any, Any] | None":
+        """(features, unseen ids, ids) of this rank's ``split`` rows read since the last
+        call, the unseen ones those the training loaders had not read; None without a count."""
+        counter = getattr(self, "_unseen_counters", {}).get(split)
+        if counter is None:
+            return None
+        return (list(self._seen.names), *counter.take())
 
 
 def check_epoch_shares(config: Any, world_size: int) -> None:

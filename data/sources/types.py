@@ -229,6 +229,17 @@ class DataSource(ABC):
         are those the serving input layout (``serving_layout``) reads; {} for none."""
         return {}
 
+    def unseen_counts(self, split: str) -> "tuple[list[str], Any, Any] | None":
+        """(features, unseen ids, ids) per feature of this rank's evaluation ``split`` rows
+        read since the last call; None when the source counts none."""
+        return None
+
+    def seen_ids(self) -> Any:
+        """The filters of the ids training has read, for serving to count unseen ones
+        (data/parquet/id_sketch.py's `SeenIds`: each checkpoint saves them); None when the
+        source's ids need none."""
+        return None
+
     @abstractmethod
     def describe(self) -> FeatureDescription:
         """The features, from the source's own description (spec, metadata, schema),

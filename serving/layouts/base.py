@@ -147,6 +147,20 @@ class ParsedLines(NamedTuple):
     labels: np.ndarray | None
 
 
+class CountedLines(ParsedLines):
+    """`ParsedLines` (unpacked as three) with ``unseen``: per categorical feature, the
+    ids the training data never held, counted by the layout as it converted them (a
+    hashed model's rows no longer tell: `InputLayout.count_unseen` cannot)."""
+
+    unseen: np.ndarray
+
+    @classmethod
+    def of(cls, lines: ParsedLines, unseen: np.ndarray) -> "CountedLines":
+        counted = cls(*lines)
+        counted.unseen = unseen
+        return counted
+
+
 class MalformedLineError(BadInput):
     """An input line not in the model's input layout; the message names the file and line."""
 

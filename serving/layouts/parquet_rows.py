@@ -5,7 +5,9 @@ as lines, JSON objects keyed by column name, one per line (the HTTP endpoint;
 `ParquetRows.parse`). Both are converted by the training's own
 `data.parquet.columns.ParquetColumns.convert` (transform and id hashing), then each
 feature's bag is laid into its ``sparse_hotness`` places, `PADDING_ID` after its ids.
-No id is unseen: hashing gives every value a row.
+Hashing gives every value a row: an id is unseen when the training split's Bloom filter
+(inputs.json's ``id_sketch``, the directory's ``id_sketch.bin``; data/parquet/id_sketch.py)
+lacks it, counted by `prepare_table` (a model exported without one counts none).
 """
 
 import json
@@ -18,13 +20,14 @@ import numpy as np
 import pyarrow as pa
 
 from common.errors import BadInput
-from common.json_fields import FileFieldError, JsonObject, Kind, one_of, optional
+from common.json_fields import OBJECT, FileFieldError, JsonObject, Kind, one_of, optional, text_list
 from data.config import DENSE_TRANSFORMS, ID_HASHING
 from data.parquet.columns import SPARSE_VALUE_TYPES, ColumnValueError, ParquetColumns, sparse_value_type
 from data.parquet.files import list_files, read_footers
 from serving.layouts.base import (
     PADDING_ID,
     Checkpoint,
+    CountedLines,
     Description,
     Features,
     InputLayout,
@@ -79,11 +82,18 @@ class ParquetPreprocessing(LayoutRecord):
     id_hashing: str
     hash_seed: int
     sparse_value_types: list[str]
+    # The seen-id filters' facts (data/parquet/id_sketch.py: hashes, seed, bits, ids,
+    # false_positive_rate, per feature); their bits are the model directory's SKETCH_FILE.
+    # None: a model exported without them (modulo ids, or an older checkpoint).
+    id_sketch: dict[str, Any] | None = None
 
     @classmethod
     def read(cls, document: JsonObject, legacy: bool, count: int) -> "ParquetPreprocessing":
         source = document.object("preprocessing")
+        sparse = document.get("sparse_feature_names", text_list(count))
+        sketch = source.get("id_sketch", optional(OBJECT), None)
         return cls(
+            id_sketch=None if sketch is None else sketch_record(source.object("id_sketch"), sparse),
             label=source.get("label", _COLUMN_NAME),
             weight=source.get("weight", optional(_COLUMN_NAME)),
             dense_transform=source.get("dense_transform", one_of(*DENSE_TRANSFORMS)),
@@ -108,6 +118,26 @@ class ParquetPreprocessing(LayoutRecord):
                 raise FileFieldError(
                     f"{path}: sparse_hotness of {name} is {places}, but its values are single {kind}s (one place)"
                 )
+
+
+def sketch_record(record: JsonObject, sparse: list[str]) -> dict[str, Any]:
+    """The ``id_sketch`` facts of meta.json's serving_facts or inputs.json, checked: this
+    code's hash count and seed, and per sparse feature a bit count (a power of two, a whole
+    number of bytes), an id count and a false-positive rate."""
+    from data.parquet.id_sketch import HASHES, SKETCH_SEED
+
+    record.get("hashes", Kind(lambda v: v == HASHES, f"{HASHES} (this code's hash count)"))
+    record.get("seed", Kind(lambda v: v == SKETCH_SEED, f"{SKETCH_SEED} (this code's seed)"))
+    per_feature = {
+        "bits": Kind(lambda v: _is_json_int(v) and v >= 8 and v & (v - 1) == 0, "a power of two of at least 8"),
+        "ids": Kind(lambda v: _is_json_int(v) and v >= 0, "a count"),
+        "false_positive_rate": Kind(lambda v: _is_number(v) and 0 <= v <= 1, "a share between 0 and 1"),
+    }
+    for field, kind in per_feature.items():
+        values = record.object(field)
+        for name in sparse:
+            values.get(name, kind)
+    return record.value
 
 
 def parquet_columns(inputs: "ModelInputs") -> ParquetColumns:
@@ -150,10 +180,33 @@ class ParquetRows(InputLayout):
         super().__init__(inputs)
         preprocessing = inputs.preprocessing
         assert isinstance(preprocessing, ParquetPreprocessing)
+        self._preprocessing = preprocessing
         self.columns = parquet_columns(inputs)
         self._value_types = dict(zip(inputs.sparse_feature_names, preprocessing.sparse_value_types))
         self._hotness = list(inputs.sparse_hotness)
         self._starts = np.cumsum([0] + self._hotness[:-1])
+        self.sketches: list[Any] | None = None  # `load` reads them: data.parquet.id_sketch.IdSketch per feature
+
+    @classmethod
+    def load(cls, inputs: "ModelInputs", model_dir: str, manifest: Any) -> "ParquetRows":
+        """The layout, with the seen-id filters of the model directory when inputs.json records them."""
+        layout = cls(inputs)
+        facts = layout._preprocessing.id_sketch
+        if facts is not None:
+            from data.parquet.id_sketch import SKETCH_FILE, sketches_from_bytes
+            from serving.model_files import read_file
+
+            names = list(inputs.sparse_feature_names)
+            data = read_file(model_dir, SKETCH_FILE, manifest)
+            layout.sketches = sketches_from_bytes(
+                data, [facts["bits"][n] for n in names], [facts["ids"][n] for n in names]
+            )
+            if layout.sketches is None:
+                raise BadInput(
+                    f"{model_dir}/{SKETCH_FILE}: {len(data)} bytes, not the seen-id filters inputs.json describes "
+                    f"({sum(facts['bits'][n] for n in names) // 8} bytes)"
+                )
+        return layout
 
     @staticmethod
     def describe(checkpoint: Checkpoint) -> Description:
@@ -184,6 +237,9 @@ class ParquetRows(InputLayout):
             schema = checkpoint.data_again(lambda data: _training_schema(data.parquet_path or ""))
             columns.check_schema(schema, data_config.parquet_path or "")
             value_types = [sparse_value_type(schema.field(name).type) for name in columns.sparse]
+        sketch = None
+        if facts is not None and facts.get("id_sketch", optional(OBJECT), None) is not None:
+            sketch = sketch_record(facts.object("id_sketch"), list(columns.sparse))
         return Description(
             dense_feature_names=list(columns.dense),
             sparse_feature_names=list(columns.sparse),
@@ -196,6 +252,7 @@ class ParquetRows(InputLayout):
                 id_hashing=columns.id_hashing,
                 hash_seed=columns.hash_seed,
                 sparse_value_types=value_types,
+                id_sketch=sketch,
             ),
             data_path=data_config.parquet_path,
         )
@@ -281,7 +338,12 @@ class ParquetRows(InputLayout):
             row_of_id = np.repeat(np.arange(len(lengths)), lengths)
             place = np.arange(len(row_of_id)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
             ids[row_of_id, self._starts[f] + place] = converted.ids[f]
-        return ParsedLines(converted.dense, ids, converted.labels)
+        lines = ParsedLines(converted.dense, ids, converted.labels)
+        if self.sketches is None:
+            return lines
+        # An id the training split's filter lacks is new.
+        unseen = np.array([int((~s.contains(k)).sum()) for s, k in zip(self.sketches, converted.keys)], np.int64)
+        return CountedLines.of(lines, unseen)
 
     def _json_table(
         self, rows: list[dict[str, Any]], where: Callable[[int], str], missing_as_null: bool = False
@@ -338,7 +400,8 @@ class ParquetRows(InputLayout):
         return values
 
     def count_unseen(self, sparse: np.ndarray) -> np.ndarray:
-        """None: the hash gives every value a row (its collisions are training's statistics)."""
+        """None from the rows: `prepare_table` counts the ids the seen-id filters lack
+        (``ParsedLines.unseen``), which the rows (hashed) no longer tell."""
         return np.zeros(len(self._hotness), np.int64)
 
     def column_names(self) -> list[str]:

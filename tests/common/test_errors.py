@@ -29,6 +29,7 @@ BAD_FLAG_VALUES = {
         ["--input_dir", MISSING, "--output_dir", "{tmp}/out", "--dataset_name", "criteo_1t"],
         MISSING,
     ),
+    "data.profile": (["--parquet_path", MISSING], MISSING),
     "data.synthetic_criteo": (["--output_dir", "{tmp}/out", "--num_days", "1"], "--num_days"),
     "data.synthetic_csv": (["--output", "{tmp}/out", "--cardinality", "many"], "--cardinality"),
     "data.synthetic_parquet": (["--output_dir", "{tmp}/out", "--start_date", "tomorrow"], "--start_date"),

@@ -117,7 +117,9 @@ def test_a_checkpoint_exports_predicts_and_serves_after_its_table_moved(trained_
     root, checkpoint = trained_on_parquet["root"], trained_on_parquet["checkpoint"]
     meta = json.loads(open(os.path.join(checkpoint, "meta.json")).read())
     assert meta["version"] == 6 and meta["serving_layout"] == "parquet_columns"
-    assert meta["serving_facts"] == {
+    facts = dict(meta["serving_facts"])
+    assert set(facts.pop("id_sketch")["ids"]) == {"C1", "C2", "M1"}  # the training split's seen ids
+    assert facts == {
         "label_name": "label",
         "sparse_value_types": {"C1": "string", "C2": "integer", "M1": "integer_list"},
     }
@@ -186,6 +188,8 @@ def test_an_older_checkpoint_without_its_table_says_what_to_pass(trained_on_parq
     )
     before = json.loads(open(os.path.join(root, "before", "inputs.json")).read())
     after = json.loads(open(os.path.join(model, "inputs.json")).read())
+    # No seen-id filters: version 5 did not save them (its model counts no unseen id).
+    assert before["preprocessing"].pop("id_sketch") is not None and after["preprocessing"].pop("id_sketch") is None
     assert {k: v for k, v in after.items() if k not in ("checkpoint", "data_path")} == {
         k: v for k, v in before.items() if k not in ("checkpoint", "data_path")
     }

@@ -1,5 +1,6 @@
 """Values for generated flag tests: one a flag does not have by default, and its text."""
 
+import typing
 from typing import Any
 
 from common.config_flags import Flag
@@ -15,7 +16,7 @@ def other_value(item: Flag, default: Any) -> tuple[Any, list[str]]:
         value = [3, 5, 7]
     elif item.value_type == list[str]:  # a repeated flag: one item
         value = ["some/path"]
-    elif item.value_type is int:
+    elif item.value_type is int or int in typing.get_args(item.value_type):  # int | str: --num_embeddings
         value = (default or 0) + 7
     elif item.value_type is float:
         value = (default or 0.0) + 0.25

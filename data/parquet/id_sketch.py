@@ -1,0 +1,229 @@
+"""Which ids training read: a Bloom filter per sparse feature (``--id_hashing hash``).
+
+A hashed model gives every id a row, so serving cannot tell a new id from a trained one
+by its row. The training loader adds the 64-bit hash of every id it reads to its
+feature's filter (`SeenIds`, fed by the loader's collision counter: `SeenIdsCounter`);
+each checkpoint saves the filters (OR-ed over the ranks), the export writes them into the
+model directory (``id_sketch.bin``), and predict and serve count an id the filter does
+not hold as unseen.
+
+A feature's filter has ``m`` bits, the next power of two at or above ``BITS_PER_ROW``
+times its table's rows (at least ``MIN_BITS``, at most ``MAX_BITS``: a 64-wide fp32 row
+is 2,048 bits, so the filter costs about 3% of the table), and ``k = HASHES`` bit
+positions per id: with ``h = hashed(key, SKETCH_SEED)`` (data/parquet/id_hashing.py),
+``h1`` its low and ``h2`` its high 32 bits (made odd), position ``i`` is
+``(h1 + i * h2) mod m``. An id training read is always found; a new id is found
+(counted as seen: a false positive) with probability ``fill ** k``, ``fill`` being the
+share of the filter's bits set (recorded per feature as ``false_positive_rate``: under
+0.1% while a feature has at most 3 distinct ids per table row, 2.4% at 8 per row). The
+unseen counts are therefore a lower bound, low by at most that share of the new ids.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from data.parquet.id_hashing import hashed
+
+SKETCH_SEED = 0x5EE11D5
+HASHES = 4
+BITS_PER_ID = 16  # `IdSketch.of`, for a known set of ids
+BITS_PER_ROW = 64  # `SeenIds`, sized before any id is read: tables often hold more ids than rows
+MIN_BITS = 1 << 16
+MAX_BITS = 1 << 28  # 32 MiB a feature
+_MERGE_EVERY = 1 << 20  # keys hashed at a time
+# The file of an exported model directory that holds every feature's filter, back to back.
+SKETCH_FILE = "id_sketch.bin"
+
+
+def sketch_bits(distinct: int) -> int:
+    """The filter's bits for ``distinct`` ids: a power of two of at least ``BITS_PER_ID`` an id."""
+    wanted = max(MIN_BITS, BITS_PER_ID * max(distinct, 1))
+    return min(MAX_BITS, 1 << (wanted - 1).bit_length())
+
+
+def _positions(keys: np.ndarray, bits: int) -> np.ndarray:
+    """(len(keys), HASHES) bit positions of each key (uint64)."""
+    h = hashed(np.asarray(keys, dtype=np.uint64), SKETCH_SEED)
+    low = h & np.uint64(0xFFFF_FFFF)
+    high = (h >> np.uint64(32)) | np.uint64(1)
+    steps = np.arange(HASHES, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        return (low[:, None] + steps[None, :] * high[:, None]) & np.uint64(bits - 1)
+
+
+@dataclass
+class IdSketch:
+    """One feature's Bloom filter: ``bits`` bits, packed little-endian into bytes.
+
+    Example::
+
+        sketch = IdSketch.of(integer_keys(np.array([5, 7])))
+        sketch.contains(integer_keys(np.array([5, 6])))  # [True, False] (False: unless a false positive)
+    """
+
+    packed: np.ndarray  # uint8, bits // 8
+    ids: int  # distinct ids added
+
+    @property
+    def bits(self) -> int:
+        return len(self.packed) * 8
+
+    @classmethod
+    def of(cls, distinct_keys: np.ndarray) -> "IdSketch":
+        """The filter of a set of distinct keys (uint64)."""
+        bits = sketch_bits(len(distinct_keys))
+        flags = np.zeros(bits, dtype=bool)
+        for start in range(0, len(distinct_keys), _MERGE_EVERY):
+            flags[_positions(distinct_keys[start : start + _MERGE_EVERY], bits).ravel()] = True
+        return cls(np.packbits(flags, bitorder="little"), int(len(distinct_keys)))
+
+    def contains(self, keys: np.ndarray) -> np.ndarray:
+        """Whether each key (uint64) may have been added (bool; False: surely new)."""
+        positions = _positions(keys, self.bits)
+        found = (self.packed[positions >> np.uint64(3)] >> (positions & np.uint64(7)).astype(np.uint8)) & 1
+        return found.all(axis=1)
+
+    def fill(self) -> float:
+        return float(np.bitwise_count(self.packed).sum()) / self.bits
+
+    def false_positive_rate(self) -> float:
+        """The chance that an id never added is found: ``fill ** HASHES``."""
+        return self.fill() ** HASHES
+
+
+def rows_bits(table_rows: int) -> int:
+    """A `SeenIds` filter's bits for a table of ``table_rows`` rows (a power of two)."""
+    wanted = max(MIN_BITS, BITS_PER_ROW * max(table_rows, 1))
+    return min(MAX_BITS, 1 << (wanted - 1).bit_length())
+
+
+class SeenIds:
+    """The filters of the ids training reads, one per feature, sized by the tables
+    (thread-safe: the loader's reading thread adds, the trainer copies at a save).
+
+    Example::
+
+        seen = SeenIds(["C1"], [1000])
+        seen.add([integer_keys(np.array([5, 7]))])
+        seen.sketches()[0].contains(integer_keys(np.array([5])))  # [True]
+    """
+
+    def __init__(self, names: Sequence[str], table_sizes: Sequence[int]) -> None:
+        import threading
+
+        self.names = list(names)
+        self._packed = [np.zeros(rows_bits(rows) // 8, np.uint8) for rows in table_sizes]
+        self._lock = threading.Lock()
+
+    @property
+    def bits(self) -> list[int]:
+        return [len(p) * 8 for p in self._packed]
+
+    def add(self, keys: Sequence[np.ndarray]) -> None:
+        """The keys (uint64) of a block of rows, one array per feature."""
+        with self._lock:
+            for packed, values in zip(self._packed, keys):
+                if len(values):
+                    positions = _positions(values, len(packed) * 8).ravel()
+                    np.bitwise_or.at(
+                        packed, positions >> np.uint64(3), np.left_shift(1, positions & np.uint64(7)).astype(np.uint8)
+                    )
+
+    def merge(self, packed: Sequence[np.ndarray]) -> None:
+        """ORs other filters of the same sizes in (another rank's, or a resumed checkpoint's)."""
+        with self._lock:
+            for own, other in zip(self._packed, packed):
+                own |= other
+
+    def holds_any(self) -> bool:
+        """Whether any id was added (or merged in)."""
+        with self._lock:
+            return any(bool(p.any()) for p in self._packed)
+
+    def packed(self) -> list[np.ndarray]:
+        """A copy of every filter's bytes."""
+        with self._lock:
+            return [p.copy() for p in self._packed]
+
+    def sketches(self) -> list[IdSketch]:
+        """The filters, with their distinct ids estimated from the fill:
+        ``-m / k * ln(1 - fill)``."""
+        result = []
+        for packed in self.packed():
+            sketch = IdSketch(packed, 0)
+            fill = min(sketch.fill(), 1 - 1e-12)
+            sketch.ids = int(round(-sketch.bits / HASHES * np.log1p(-fill)))
+            result.append(sketch)
+        return result
+
+
+def unseen_ids_counter(seen: SeenIds, *args: Any) -> Any:
+    """A `data.parquet.id_collisions.CollisionCounter` (its ``args``) for an evaluation
+    loader: instead of collisions, it counts per feature the ids read and those ``seen``
+    lacks (its ``take()``: (unseen, ids) since the last take)."""
+    from data.parquet.id_collisions import CollisionCounter
+
+    class UnseenIdsCounter(CollisionCounter):
+        counts_collisions = False
+
+        def __init__(self, *counter_args: Any) -> None:
+            super().__init__(*counter_args)
+            self._unseen = np.zeros(len(seen.names), np.int64)
+            self._ids = np.zeros(len(seen.names), np.int64)
+
+        def add(self, keys: Sequence[np.ndarray]) -> None:
+            sketches = [IdSketch(p, 0) for p in seen.packed()] if any(len(k) for k in keys) else []
+            for f, (sketch, values) in enumerate(zip(sketches, keys)):
+                self._unseen[f] += int((~sketch.contains(values)).sum())
+                self._ids[f] += len(values)
+
+        def take(self) -> tuple[np.ndarray, np.ndarray]:
+            taken = (self._unseen.copy(), self._ids.copy())
+            self._unseen[:], self._ids[:] = 0, 0
+            return taken
+
+    return UnseenIdsCounter(*args)
+
+
+def seen_ids_counter(seen: SeenIds, *args: Any) -> Any:
+    """A `data.parquet.id_collisions.CollisionCounter` (its ``args``) that also adds
+    every block's keys to ``seen``: the training loader's one hook on the keys it reads."""
+    from data.parquet.id_collisions import CollisionCounter
+
+    class SeenIdsCounter(CollisionCounter):
+        def add(self, keys: Sequence[np.ndarray]) -> None:
+            super().add(keys)
+            seen.add(keys)
+
+    return SeenIdsCounter(*args)
+
+
+def sketch_facts(names: Sequence[str], sketches: Sequence[IdSketch]) -> dict[str, Any]:
+    """What meta.json's ``serving_facts.id_sketch`` and inputs.json record of the filters
+    (the bits themselves travel as tensors, then as `SKETCH_FILE`)."""
+    return {
+        "hashes": HASHES,
+        "seed": SKETCH_SEED,
+        "bits": {name: s.bits for name, s in zip(names, sketches)},
+        "ids": {name: s.ids for name, s in zip(names, sketches)},
+        "false_positive_rate": {name: s.false_positive_rate() for name, s in zip(names, sketches)},
+    }
+
+
+def sketches_to_bytes(sketches: Sequence[IdSketch]) -> bytes:
+    """`SKETCH_FILE`'s content: the packed filters back to back, in feature order."""
+    return b"".join(s.packed.tobytes() for s in sketches)
+
+
+def sketches_from_bytes(data: bytes, bits: Sequence[int], ids: Sequence[int]) -> list[IdSketch] | None:
+    """The filters of `sketches_to_bytes` given each one's bits; None when the bytes do not
+    hold exactly those filters."""
+    sizes = [b // 8 for b in bits]
+    if sum(sizes) != len(data) or any(b % 8 or b < 8 for b in bits):
+        return None
+    packed = np.frombuffer(data, dtype=np.uint8)
+    starts = np.cumsum([0, *sizes])
+    return [IdSketch(packed[a:b].copy(), int(n)) for a, b, n in zip(starts[:-1], starts[1:], ids)]

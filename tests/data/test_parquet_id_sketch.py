@@ -1,0 +1,59 @@
+"""The seen-id Bloom filter: never a false negative, the false-positive rate it states,
+its bytes read back."""
+
+import numpy as np
+import pytest
+
+from data.parquet.id_hashing import integer_keys
+from data.parquet.id_sketch import (
+    BITS_PER_ID,
+    HASHES,
+    IdSketch,
+    sketch_bits,
+    sketch_facts,
+    sketches_from_bytes,
+    sketches_to_bytes,
+)
+
+
+def test_added_ids_are_found_and_new_ones_at_the_stated_rate():
+    rng = np.random.default_rng(0)
+    keys = np.unique(rng.integers(0, 2**63, 50_000).astype(np.uint64))
+    sketch = IdSketch.of(keys)
+    assert sketch.bits == sketch_bits(len(keys)) >= BITS_PER_ID * len(keys) and sketch.ids == len(keys)
+    assert sketch.contains(keys).all()  # no false negative
+    fresh = rng.integers(0, 2**63, 400_000).astype(np.uint64)
+    stated = sketch.false_positive_rate()
+    assert stated == pytest.approx(sketch.fill() ** HASHES) and 0 < stated < 0.003
+    assert sketch.contains(fresh).mean() == pytest.approx(stated, rel=0.25)
+
+
+def test_bytes_round_trip_and_a_wrong_size_is_refused():
+    a = IdSketch.of(integer_keys(np.arange(10)))
+    b = IdSketch.of(integer_keys(np.arange(5000)))
+    data = sketches_to_bytes([a, b])
+    back = sketches_from_bytes(data, [a.bits, b.bits], [10, 5000])
+    assert back is not None and [s.packed.tolist() for s in back] == [a.packed.tolist(), b.packed.tolist()]
+    assert sketches_from_bytes(data[:-1], [a.bits, b.bits], [10, 5000]) is None
+    assert sketches_from_bytes(data, [a.bits, a.bits], [10, 10]) is None
+
+
+def test_seen_ids_fed_by_the_collision_counter_and_merged_over_ranks():
+    from data.parquet.id_collisions import CollisionCounter
+    from data.parquet.id_sketch import SeenIds, rows_bits, seen_ids_counter
+
+    seen, other = SeenIds(["s", "m"], [10, 5000]), SeenIds(["s", "m"], [10, 5000])
+    assert seen.bits == [rows_bits(10), rows_bits(5000)] == [2**16, 2**19]
+    counter = seen_ids_counter(seen, ["s", "m"], [10, 5000], "hash", 0)
+    assert isinstance(counter, CollisionCounter)
+    counter.add([integer_keys(np.arange(3)), integer_keys(np.arange(100, 1100))])
+    other.add([integer_keys(np.arange(3, 6)), integer_keys(np.arange(0))])
+    assert counter.statistics()["m"]["distinct"] == 1000  # still the collision counter
+    seen.merge(other.packed())
+    s, m = seen.sketches()
+    assert s.contains(integer_keys(np.arange(6))).all() and m.contains(integer_keys(np.arange(100, 1100))).all()
+    assert not s.contains(integer_keys(np.arange(50, 90))).any()
+    assert (s.ids, m.ids) == (6, pytest.approx(1000, rel=0.02))  # estimated from the fill
+    facts = sketch_facts(["s", "m"], [s, m])
+    assert facts["hashes"] == HASHES and facts["bits"] == {"s": 2**16, "m": 2**19}
+    assert 0 < facts["false_positive_rate"]["m"] < 1e-4

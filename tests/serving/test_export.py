@@ -12,7 +12,7 @@ import urllib.request
 import pyarrow.parquet as pq
 import pytest
 
-from checkpoints.meta import CheckpointMeta
+from checkpoints.meta import META_VERSION, CheckpointMeta
 from common.config_flags import option
 from common.errors import BadInput
 from common.manifest import entry_of_bytes
@@ -116,7 +116,7 @@ def trained_on_parquet(tmp_path_factory) -> dict:
 def test_a_checkpoint_exports_predicts_and_serves_after_its_table_moved(trained_on_parquet, tmp_path):
     root, checkpoint = trained_on_parquet["root"], trained_on_parquet["checkpoint"]
     meta = json.loads(open(os.path.join(checkpoint, "meta.json")).read())
-    assert meta["version"] == 6 and meta["serving_layout"] == "parquet_columns"
+    assert meta["version"] == META_VERSION and meta["serving_layout"] == "parquet_columns"
     facts = dict(meta["serving_facts"])
     assert set(facts.pop("id_sketch")["ids"]) == {"C1", "C2", "M1"}  # the training split's seen ids
     assert facts == {

@@ -34,6 +34,7 @@ nothing promoted.
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -281,7 +282,8 @@ class Loop:
         _stop("trained", day)
         model = self.day_dir(day, "model")
         if not record.exported:
-            self.export(day, model)
+            if not os.path.isdir(model):  # serving.export renames a complete export into place, or none
+                self.export(day, model)
             record.exported = True
             self.save(state)
         _stop("exported", day)
@@ -338,6 +340,9 @@ class Loop:
 
     def export(self, day: str, model: str) -> None:
         print(f"{day}: exporting")
+        for name in os.listdir(os.path.dirname(model)):  # the staging directory of a killed export
+            if name.startswith(f".{os.path.basename(model)}.tmp"):
+                shutil.rmtree(os.path.join(os.path.dirname(model), name))
         quantize = ["--quantize", self.config.quantize]
         command = ["-m", "serving.export", "--checkpoint", self.day_dir(day, "ckpt"), "--newest", "--output", model]
         self.subprocess([*command, *quantize], "export", day, kill_when=lambda: True)
@@ -446,7 +451,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     config, rest = parse(argv)
+    try:
+        check_training_flags(config, rest)
+    except SystemExit as e:  # the trainer's parser said why, in one line
+        return int(e.code or 0)
     return Loop(config, rest).run()
+
+
+def check_training_flags(config: DailyConfig, training_flags: list[str]) -> None:
+    """The day's runs' flags parsed as the entry point parses them, on the whole lake,
+    before anything is written: a bad one is the trainer's one line, exit 2."""
+    from training.flags import parse_config
+    from training.recipes import DCNV2
+
+    recipe = DCNV2 if config.entry == "dcnv2_main.py" else None
+    lake = ["--parquet_path", config.parquet_path, "--time_column", config.time_column, "--rolling_windows", "1"]
+    ckpt = ["--checkpoint_dir", os.path.join(os.path.abspath(config.state_dir), "days"), "--resume"]  # as a day's
+    parse_config([*training_flags, *lake, *ckpt], PROG, "", recipe)
 
 
 if __name__ == "__main__":

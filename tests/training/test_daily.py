@@ -131,8 +131,19 @@ def test_the_loop_trains_every_day_but_the_held_back_one_and_promotes(uninterrup
 
 @pytest.mark.slow
 def test_killed_mid_train_mid_export_and_mid_promote_reruns_to_the_same_bytes(tmp_path, lake, uninterrupted):
-    reference, _ = uninterrupted
-    state_dir = tmp_path / "state"
+    # The killed loop runs in the uninterrupted one's directory (moved aside meanwhile):
+    # an export records the paths of its checkpoint and data, which a rerun keeps.
+    state_dir, _ = uninterrupted
+    reference = tmp_path / "reference"
+    os.rename(state_dir, reference)
+    try:
+        _kill_and_rerun(state_dir, lake, reference)
+    finally:
+        os.rename(state_dir, tmp_path / "killed")
+        os.rename(reference, state_dir)
+
+
+def _kill_and_rerun(state_dir, lake, reference) -> None:
     for stop_at in ("train@2026-11-02", "export@2026-11-02", "promote@2026-11-03"):
         killed = run_loop(state_dir, lake, stop_at)
         assert killed.returncode == 137, killed.stderr[-3000:]
@@ -204,7 +215,7 @@ def test_a_state_of_another_lake_or_other_flags_is_refused(tmp_path, lake, capsy
     line = _refused(capsys, [*argv(state_dir, lake), *TRAINING])
     assert f"belongs to another loop: its --parquet_path was /elsewhere/lake, now {lake}" in line
     _write_state(state_dir, _done_state(lake, [], None))
-    line = _refused(capsys, [*argv(state_dir, lake), *TRAINING, "--embedding_dim", "16"])
+    line = _refused(capsys, [*argv(state_dir, lake), *TRAINING, "--learning_rate", "0.1"])
     assert "belongs to another loop: its the training flags was" in line
     assert not os.path.lexists(state_dir / "current")
 

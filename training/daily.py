@@ -257,7 +257,7 @@ class Loop:
             if day not in state.late:
                 state.late.append(day)
             print(f"late day {day}: landed after {newest_trained} was trained; not trained (a day trains in order)")
-            self.record({"event": "late_day", "day": day, "newest_trained": newest_trained})
+            self.record({"event": "late_day", "run_id": "daily", "day": day, "newest_trained": newest_trained})
         self.save(state)
         todo = [d for d in days[:-1] if d not in late]
         print(f"days: {len(days)} in the lake, {held} held back for the gate, {len(todo)} to train or finish")
@@ -278,7 +278,7 @@ class Loop:
             record.progressive = self.train(day, previous, following)
             record.trained = True
             self.save(state)
-            self.record({"event": "progressive", "day": following, "trained_through": day, **record.progressive})
+            self.log_day(state, record, following)
         _stop("trained", day)
         model = self.day_dir(day, "model")
         if not record.exported:
@@ -290,7 +290,7 @@ class Loop:
         if record.gate is None:
             record.gate = self.gate(model, state.current, held)
             self.save(state)
-            self.record({"event": "gate", "day": day, "held_back": held, **record.gate})
+            self.record({"event": "gate", "run_id": "daily", "day": day, "held_back": held, **record.gate})
         _stop("gated", day)
         if not record.promoted:
             if record.gate["promote"]:
@@ -301,7 +301,38 @@ class Loop:
             self.save(state)
             verdict = "promoted" if record.gate["promote"] else f"kept {state.current or 'none'}"
             print(f"{day}: {verdict} ({record.gate['reason']})")
-            self.record({"event": "promote", "day": day, "in_service": state.current, **record.gate})
+            self.record({"event": "promote", "run_id": "daily", "day": day, "in_service": state.current, **record.gate})
+
+    def log_day(self, state: DailyState, record: DayRecord, following: str) -> None:
+        """The day's training steps and its progressive validation in the loop's run
+        log, as the trainer logs a --rolling_windows run (one run, ``run_id`` daily,
+        its steps counted across the days, window k the k-th day scored), so that
+        ``python -m training.report STATE_DIR/daily.jsonl`` draws the loop."""
+        assert record.progressive is not None
+        chain = [r for r in state.days if r.trained]
+        window = chain.index(record) + 1
+        offset = sum(int((r.progressive or {}).get("step") or 0) for r in chain[: window - 1])
+        steps: dict[int, dict[str, Any]] = {}  # a resumed day's log repeats steps: the last one counts
+        for r in read_run_log(self.day_dir(record.day, "train.jsonl")):
+            if r.event == "train" and isinstance(r.get("step"), int):
+                steps[r["step"]] = r
+        for step in sorted(steps):
+            entry = {k: steps[step].get(k) for k in ("loss", "lr", "records_per_sec")}
+            self.record({"event": "train", "run_id": "daily", "day": record.day, "step": offset + step, **entry})
+        figures = {k: v for k, v in record.progressive.items() if k != "step"}
+        step = offset + int(record.progressive.get("step") or 0)
+        self.record(
+            {
+                "event": "eval",
+                "stage": "validation",
+                "run_id": "daily",
+                "window": window,
+                "step": step,
+                "day": following,
+                "trained_through": record.day,
+                **figures,
+            }
+        )
 
     def train(self, day: str, previous: str | None, following: str) -> dict[str, Any]:
         """Trains the day (resuming its own checkpoint directory when a killed run left
@@ -356,19 +387,7 @@ class Loop:
         )
         candidate = self.score(model, held)
         in_service = self.score(self.day_dir(current, "model"), held).get("auroc") if current else None
-        result: dict[str, Any] = {"auroc": candidate.get("auroc"), "auroc_in_service": in_service}
-        if gate != 0:
-            return {**result, "promote": False, "reason": "its quantized variants failed serving.quality_gate"}
-        auroc = candidate.get("auroc")
-        if in_service is None:
-            return {**result, "promote": True, "reason": "no model in service"}
-        if auroc is None or auroc < in_service - self.config.max_auroc_drop:
-            return {
-                **result,
-                "promote": False,
-                "reason": f"AUROC {_fmt(auroc)} on {held} below the model in service's {_fmt(in_service)}",
-            }
-        return {**result, "promote": True, "reason": f"AUROC {_fmt(auroc)} on {held} vs {_fmt(in_service)} in service"}
+        return gate_verdict(gate == 0, candidate.get("auroc"), in_service, self.config.max_auroc_drop, held)
 
     def score(self, model: str, day: str) -> dict[str, Any]:
         """serving.predict's figures of ``model`` on the day (cached for this run)."""
@@ -398,6 +417,23 @@ class Loop:
         if code not in ok:
             raise RuntimeError(f"{day}: {step} failed (exit {code})")
         return code
+
+
+def gate_verdict(
+    variants_pass: bool, auroc: float | None, in_service: float | None, max_auroc_drop: float, held: str
+) -> dict[str, Any]:
+    """Whether a candidate is promoted, and why: its quantized variants pass
+    serving.quality_gate, and its AUROC on the held-back day is at least the model in
+    service's less ``max_auroc_drop`` (any candidate when none is in service)."""
+    result: dict[str, Any] = {"auroc": auroc, "auroc_in_service": in_service}
+    if not variants_pass:
+        return {**result, "promote": False, "reason": "its quantized variants failed serving.quality_gate"}
+    if in_service is None:
+        return {**result, "promote": True, "reason": "no model in service"}
+    if auroc is None or auroc < in_service - max_auroc_drop:
+        reason = f"AUROC {_fmt(auroc)} on {held} below the model in service's {_fmt(in_service)}"
+        return {**result, "promote": False, "reason": reason}
+    return {**result, "promote": True, "reason": f"AUROC {_fmt(auroc)} on {held} vs {_fmt(in_service)} in service"}
 
 
 def _has_checkpoint(ckpt: str) -> bool:

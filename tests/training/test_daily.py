@@ -20,7 +20,7 @@ import pytest
 
 from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parquet
 from harness.launch import REPO, read_log
-from training import daily
+from training import daily, report
 
 DAYS = ["2026-11-01", "2026-11-02", "2026-11-03", "2026-11-04"]
 LAKE = SyntheticParquetSpec(days=4, rows_per_day=128, files_per_day=1, row_group_rows=64, multi_hot_columns=0, seed=3)
@@ -99,8 +99,17 @@ def test_the_loop_trains_every_day_but_the_held_back_one_and_promotes(uninterrup
     assert all(r.trained and r.exported and r.promoted for r in state.days)
     # Progressive validation: day k + 1 scored by the model trained through day k.
     records = read_log(str(state_dir / "daily.jsonl"))
-    progressive = [r for r in records if r["event"] == "progressive"]
+    progressive = [r for r in records if r["event"] == "eval"]
     assert [(r["day"], r["trained_through"]) for r in progressive] == list(zip(DAYS[1:], DAYS[:-1]))
+    # Logged as one --rolling_windows run: the days' steps counted across them, day k + 1 window k + 1.
+    assert [r["step"] for r in records if r["event"] == "train"] == list(range(1, 3 * 4 + 1))
+    assert [(r["window"], r["step"], r["stage"]) for r in progressive] == [
+        (1, 4, "validation"),
+        (2, 8, "validation"),
+        (3, 12, "validation"),
+    ]
+    (run,) = report.read_runs(str(state_dir / "daily.jsonl"))
+    assert run.window_auroc == [(k + 1, r["auroc"]) for k, r in enumerate(progressive)]
     for r in progressive:
         assert r["num_samples"] == 128 and all(isinstance(r[k], float) for k in ("auroc", "log_loss", "ne"))
         assert isinstance(r["calibration"], float)
@@ -242,3 +251,18 @@ def test_flags_the_loop_sets_are_refused(tmp_path, lake, capsys, given):
     line = _refused(capsys, [*argv(tmp_path / "state", lake), *TRAINING, given])
     assert line.endswith(f"{given.split('=')[0]}: the daily loop sets it for each day's run; leave it out")
     assert not os.path.exists(tmp_path / "state")
+
+
+@pytest.mark.parametrize(
+    "passes, auroc, in_service, promote, reason",
+    [
+        (True, 0.61, None, True, "no model in service"),
+        (True, 0.61, 0.60, True, "AUROC 0.6100 on 2026-11-04 vs 0.6000 in service"),
+        (True, 0.595, 0.60, True, "AUROC 0.5950 on 2026-11-04 vs 0.6000 in service"),  # within --max_auroc_drop
+        (True, 0.58, 0.60, False, "AUROC 0.5800 on 2026-11-04 below the model in service's 0.6000"),
+        (False, 0.70, 0.60, False, "its quantized variants failed serving.quality_gate"),
+    ],
+)
+def test_the_gate_promotes_a_candidate_no_worse_than_the_model_in_service(passes, auroc, in_service, promote, reason):
+    verdict = daily.gate_verdict(passes, auroc, in_service, 0.01, DAYS[-1])
+    assert verdict == {"auroc": auroc, "auroc_in_service": in_service, "promote": promote, "reason": reason}

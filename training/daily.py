@@ -233,6 +233,22 @@ class Loop:
         with open(self.log_path, "a") as f:
             f.write(json.dumps({**record, "time": time.time()}) + "\n")
 
+    def day_records(self, day: str, records: list[dict[str, Any]]) -> None:
+        """A step's records of ``day`` in the run log, in place of those a killed run
+        wrote of the same step (the log rewritten atomically): a rerun logs each once."""
+        events = {r["event"] for r in records}
+        kept = []
+        if os.path.exists(self.log_path):
+            with open(self.log_path) as f:
+                kept = [
+                    line
+                    for line in f.read().splitlines()
+                    if line.strip() and not _of_step(json.loads(line), day, events)
+                ]
+        now = time.time()
+        lines = [json.dumps({**r, "loop_day": day, "time": now}) for r in records]
+        write_bytes(self.log_path, "".join(line + "\n" for line in kept + lines).encode())
+
     def save(self, state: DailyState) -> None:
         write_bytes(os.path.join(self.root, STATE_FILE), versioned_json(state))
 
@@ -277,8 +293,8 @@ class Loop:
         if not record.trained:
             record.progressive = self.train(day, previous, following)
             record.trained = True
+            self.log_day(state, record, following)  # before the step is recorded done: a rerun logs it again
             self.save(state)
-            self.log_day(state, record, following)
         _stop("trained", day)
         model = self.day_dir(day, "model")
         if not record.exported:
@@ -289,8 +305,8 @@ class Loop:
         _stop("exported", day)
         if record.gate is None:
             record.gate = self.gate(model, state.current, held)
+            self.day_records(day, [{"event": "gate", "run_id": "daily", "day": day, "held_back": held, **record.gate}])
             self.save(state)
-            self.record({"event": "gate", "run_id": "daily", "day": day, "held_back": held, **record.gate})
         _stop("gated", day)
         if not record.promoted:
             if record.gate["promote"]:
@@ -298,10 +314,11 @@ class Loop:
                 _stop("promote", day)
                 state.current = day
             record.promoted = True
+            promote = {"event": "promote", "run_id": "daily", "day": day, "in_service": state.current, **record.gate}
+            self.day_records(day, [promote])
             self.save(state)
             verdict = "promoted" if record.gate["promote"] else f"kept {state.current or 'none'}"
             print(f"{day}: {verdict} ({record.gate['reason']})")
-            self.record({"event": "promote", "run_id": "daily", "day": day, "in_service": state.current, **record.gate})
 
     def log_day(self, state: DailyState, record: DayRecord, following: str) -> None:
         """The day's training steps and its progressive validation in the loop's run
@@ -316,12 +333,19 @@ class Loop:
         for r in read_run_log(self.day_dir(record.day, "train.jsonl")):
             if r.event == "train" and isinstance(r.get("step"), int):
                 steps[r["step"]] = r
-        for step in sorted(steps):
-            entry = {k: steps[step].get(k) for k in ("loss", "lr", "records_per_sec")}
-            self.record({"event": "train", "run_id": "daily", "day": record.day, "step": offset + step, **entry})
+        records = [
+            {
+                "event": "train",
+                "run_id": "daily",
+                "day": record.day,
+                "step": offset + step,
+                **{k: steps[step].get(k) for k in ("loss", "lr", "records_per_sec")},
+            }
+            for step in sorted(steps)
+        ]
         figures = {k: v for k, v in record.progressive.items() if k != "step"}
         step = offset + int(record.progressive.get("step") or 0)
-        self.record(
+        records.append(
             {
                 "event": "eval",
                 "stage": "validation",
@@ -333,6 +357,7 @@ class Loop:
                 **figures,
             }
         )
+        self.day_records(record.day, records)
 
     def train(self, day: str, previous: str | None, following: str) -> dict[str, Any]:
         """Trains the day (resuming its own checkpoint directory when a killed run left
@@ -434,6 +459,10 @@ def gate_verdict(
         reason = f"AUROC {_fmt(auroc)} on {held} below the model in service's {_fmt(in_service)}"
         return {**result, "promote": False, "reason": reason}
     return {**result, "promote": True, "reason": f"AUROC {_fmt(auroc)} on {held} vs {_fmt(in_service)} in service"}
+
+
+def _of_step(record: Any, day: str, events: set[str]) -> bool:
+    return isinstance(record, dict) and record.get("loop_day") == day and record.get("event") in events
 
 
 def _has_checkpoint(ckpt: str) -> bool:

@@ -162,10 +162,17 @@ def _kill_and_rerun(state_dir, lake, reference) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert (state_dir / "state.json").read_bytes() == (reference / "state.json").read_bytes()
     assert os.readlink(state_dir / "current") == os.readlink(reference / "current")
+    # The run log: each step's records once, as the uninterrupted loop's (the killed
+    # day's first steps ran at another speed).
+    assert _figures(state_dir / "daily.jsonl") == _figures(reference / "daily.jsonl")
     assert model_files(state_dir) == model_files(reference)
     for day in DAYS[:-1]:  # every export, not only the one in service
         comparison = filecmp.dircmp(state_dir / "days" / day / "model", reference / "days" / day / "model")
         assert not (comparison.diff_files or comparison.left_only or comparison.right_only)
+
+
+def _figures(log) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in ("time", "records_per_sec")} for r in read_log(str(log))]
 
 
 def _done_state(lake, days: list[str], current: str | None) -> daily.DailyState:

@@ -494,7 +494,13 @@ def _words(value: Any) -> str:
 
 
 def parse(argv: Sequence[str] | None) -> tuple[DailyConfig, list[str]]:
-    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter)
+    parser = OneLineParser(
+        prog=PROG,
+        description=__doc__.split("\n\n")[0],
+        epilog="Every other flag is a training flag, passed to each day's run (python dlrm_main.py --help "
+        "lists them); docs/daily.md describes the loop.",
+        formatter_class=DefaultsHelpFormatter,
+    )
     add_flags(parser, DailyConfig, parser_defaults=True)
     args, rest = parser.parse_known_args(argv)
     config = DailyConfig(**config_values(DailyConfig, args))

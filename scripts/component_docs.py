@@ -19,6 +19,7 @@ from torchx.specs.file_linter import get_fn_docstring
 import aws_component
 from scripts import generated_docs
 from scripts.generated_docs import replace_block
+from torchx_components.daily import daily
 from torchx_components.machines import AWS_ALIASES, MACHINES, machine_resource
 from torchx_components.preprocess import preprocess_criteo
 from torchx_components.training import dcnv2, dlrm
@@ -32,6 +33,7 @@ COMPONENTS: list[tuple[str, Callable]] = [
     ("dlrm", dlrm),
     ("dcnv2", dcnv2),
     ("preprocess_criteo", preprocess_criteo),
+    ("daily", daily),
     ("aws_component.py:run_dlrm_main", aws_component.run_dlrm_main),
 ]
 

@@ -42,6 +42,10 @@ BAD_FLAG_VALUES = {
     "serving.quality_gate": (["--model", MISSING], MISSING),
     "serving.serve": (["--model", MISSING, "--port", "70000"], "--port 70000"),
     "training.baseline": (["--in_memory_binary_criteo_path", MISSING], MISSING),
+    "training.daily": (
+        ["--state_dir", "{tmp}/state", "--parquet_path", MISSING, "--time_column", "date", "--sparse_columns", "C*"],
+        MISSING,
+    ),
     "training.launch": (["--standalone", f"{MISSING}/train.py"], f"{MISSING}/train.py"),
     "training.lr_finder": (["--in_memory_binary_criteo_path", MISSING], MISSING),
     "training.report": ([f"{MISSING}/log.jsonl", "--output", "{tmp}/run.png"], f"{MISSING}/log.jsonl"),

@@ -13,6 +13,7 @@ from torchx.specs.finder import CustomComponentsFinder, ModuleComponentsFinder
 import aws_component
 from harness.launch import REPO
 from scripts import component_docs
+from torchx_components.daily import daily
 from torchx_components.machines import machine_resource
 from torchx_components.preprocess import preprocess_criteo
 from torchx_components.training import dcnv2, dlrm
@@ -150,12 +151,36 @@ def test_preprocess_component():
         preprocess_criteo(input_dir="/raw", output_dir="/out", workers="0")
 
 
+def test_daily_component():
+    app = daily("--sparse_columns", "C*", state_dir="/state", parquet_path="/lake", nproc_per_node="2", max_retries=3)
+    (role,) = app.roles
+    assert role.entrypoint == "python" and role.max_retries == 3
+    assert role.args == [
+        "-m",
+        "training.daily",
+        "--state_dir",
+        "/state",
+        "--parquet_path",
+        "/lake",
+        "--time_column",
+        "date",
+        "--nproc_per_node",
+        "2",
+        "--sparse_columns",
+        "C*",
+    ]
+    assert [(m.src_path, m.read_only) for m in role.mounts] == [("/lake", True), ("/state", False)]
+    with pytest.raises(ValueError, match=r"^--nproc_per_node 0: must be at least 1$"):
+        daily(state_dir="/state", parquet_path="/lake", nproc_per_node="0")
+
+
 @pytest.mark.slow
 def test_components_import_no_torch():
     """The torchx CLI imports the components on the submitting machine, which need not
     have torch or numpy (the data-path flags come from data/sources/'s registry)."""
     code = (
-        "import sys, aws_component, torchx_components.training, torchx_components.preprocess; "
+        "import sys, aws_component, torchx_components.training, torchx_components.preprocess, "
+        "torchx_components.daily; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')))"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -192,7 +217,7 @@ def test_every_component_renders_its_help(capsys):
     """`torchx run COMPONENT --help` as torchx renders it: argparse formats each
     parameter's docstring with %, so a literal % in one crashed the help."""
     components = _repository_components()
-    assert {"dlrm", "dcnv2", "preprocess_criteo"} <= {c.name for c in components}
+    assert {"dlrm", "dcnv2", "preprocess_criteo", "daily"} <= {c.name for c in components}
     for component in components:
         with pytest.raises(SystemExit) as exit_:
             parse_args(component.fn, ["--help"])

@@ -1,0 +1,275 @@
+"""python -m training.daily: the uninterrupted loop's pointer, models and progressive
+figures; the loop killed mid-train, mid-export and mid-promote, rerun, ends with the
+same bytes; a late day reported; the refusals.
+
+The lake: 4 days of data.synthetic_parquet, 128 rows each (4 training steps of 32
+rows). The loops run as programs (`python -m training.daily`, each day's training,
+export, gate and scoring a subprocess of it); the refusals and the late day run in
+this process, on state files that need no training.
+"""
+
+import filecmp
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parquet
+from harness.launch import REPO, read_log
+from training import daily, report
+
+DAYS = ["2026-11-01", "2026-11-02", "2026-11-03", "2026-11-04"]
+LAKE = SyntheticParquetSpec(days=4, rows_per_day=128, files_per_day=1, row_group_rows=64, multi_hot_columns=0, seed=3)
+TRAINING = [
+    "--dense_columns",
+    "I*",
+    "--sparse_columns",
+    "C*",
+    "--num_embeddings",
+    "50",
+    "--embedding_dim",
+    "8",
+    "--dense_arch_layer_sizes",
+    "16,8",
+    "--over_arch_layer_sizes",
+    "16,1",
+    "--batch_size",
+    "32",
+    "--optimizer",
+    "adagrad",
+    "--learning_rate",
+    "0.05",
+    "--seed",
+    "3",
+    "--device",
+    "cpu",
+    "--checkpoint_every_n_steps",
+    "2",
+]
+
+
+def argv(state_dir, lake) -> list[str]:
+    return ["--state_dir", str(state_dir), "--parquet_path", str(lake), "--time_column", "date", "--quantize", "none"]
+
+
+def run_loop(state_dir, lake, stop_at: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": REPO}
+    env.pop(daily.STOP_ENV, None)
+    if stop_at:
+        env[daily.STOP_ENV] = stop_at
+    command = [sys.executable, "-m", "training.daily", *argv(state_dir, lake), *TRAINING]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory):
+    path = tmp_path_factory.mktemp("lake") / "clicks"
+    generate_synthetic_parquet(LAKE, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, lake):
+    state_dir = tmp_path_factory.mktemp("daily") / "state"
+    done = run_loop(state_dir, lake)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return state_dir, done.stdout
+
+
+def model_files(state_dir) -> dict[str, bytes]:
+    """The files of the export STATE_DIR/current names, by relative path."""
+    model = os.path.realpath(os.path.join(state_dir, "current"))
+    files = {}
+    for folder, _, names in os.walk(model):
+        for name in names:
+            with open(os.path.join(folder, name), "rb") as f:
+                files[os.path.relpath(os.path.join(folder, name), model)] = f.read()
+    return files
+
+
+@pytest.mark.slow
+def test_the_loop_trains_every_day_but_the_held_back_one_and_promotes(uninterrupted):
+    state_dir, stdout = uninterrupted
+    state = daily.read_state(str(state_dir / "state.json"))
+    assert [r.day for r in state.days] == DAYS[:-1]  # the newest day is held back for the gate
+    assert all(r.trained and r.exported and r.promoted for r in state.days)
+    # Progressive validation: day k + 1 scored by the model trained through day k.
+    records = read_log(str(state_dir / "daily.jsonl"))
+    progressive = [r for r in records if r["event"] == "eval"]
+    assert [(r["day"], r["trained_through"]) for r in progressive] == list(zip(DAYS[1:], DAYS[:-1]))
+    # Logged as one --rolling_windows run: the days' steps counted across them, day k + 1 window k + 1.
+    assert [r["step"] for r in records if r["event"] == "train"] == [2, 4, 6, 8, 10, 12]  # logged every 2 steps
+    assert [(r["window"], r["step"], r["stage"]) for r in progressive] == [
+        (1, 4, "validation"),
+        (2, 8, "validation"),
+        (3, 12, "validation"),
+    ]
+    (run,) = report.read_runs(str(state_dir / "daily.jsonl"))
+    assert run.window_auroc == [(k + 1, r["auroc"]) for k, r in enumerate(progressive)]
+    for r in progressive:
+        assert r["num_samples"] == 128 and all(isinstance(r[k], float) for k in ("auroc", "log_loss", "ne"))
+        assert isinstance(r["calibration"], float)
+    for r, record in zip(progressive, state.days):  # the day's own run log holds the same figures
+        (evaluation,) = [
+            e for e in read_log(str(state_dir / "days" / record.day / "train.jsonl")) if e["event"] == "eval"
+        ]
+        assert evaluation["window"] == 1 and evaluation["auroc"] == r["auroc"] == record.progressive["auroc"]
+    # The first day is promoted (none in service); each later one by its AUROC on the held-back day.
+    gates = [r for r in records if r["event"] == "promote"]
+    assert gates[0]["promote"] and gates[0]["reason"] == "no model in service"
+    current = state.current
+    assert current is not None
+    assert os.readlink(state_dir / "current") == os.path.join("days", current, "model")  # relative: moves with it
+    in_service = None
+    for gate, record in zip(gates, state.days):
+        assert gate["auroc_in_service"] == in_service
+        if gate["promote"]:
+            in_service = gate["auroc"]
+        assert gate["in_service"] == max(r.day for r in state.days[: state.days.index(record) + 1] if r.gate["promote"])
+    assert f"in service: {current}" in stdout
+    # A rerun has nothing to do and changes nothing.
+    before = (state_dir / "state.json").read_bytes()
+    again = run_loop(state_dir, state.parquet_path)
+    assert again.returncode == 0 and "training" not in again.stdout
+    assert (state_dir / "state.json").read_bytes() == before
+
+
+@pytest.mark.slow
+def test_killed_mid_train_mid_export_and_mid_promote_reruns_to_the_same_bytes(tmp_path, lake, uninterrupted):
+    # The killed loop runs in the uninterrupted one's directory (moved aside meanwhile):
+    # an export records the paths of its checkpoint and data, which a rerun keeps.
+    state_dir, _ = uninterrupted
+    reference = tmp_path / "reference"
+    os.rename(state_dir, reference)
+    try:
+        _kill_and_rerun(state_dir, lake, reference)
+    finally:
+        os.rename(state_dir, tmp_path / "killed")
+        os.rename(reference, state_dir)
+
+
+def _kill_and_rerun(state_dir, lake, reference) -> None:
+    for stop_at in ("train@2026-11-02", "export@2026-11-02", "promote@2026-11-03"):
+        killed = run_loop(state_dir, lake, stop_at)
+        assert killed.returncode == 137, killed.stderr[-3000:]
+    killed_state = daily.read_state(str(state_dir / "state.json"))
+    assert killed_state.days[-1].day == "2026-11-03" and not killed_state.days[-1].promoted
+    done = run_loop(state_dir, lake)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (state_dir / "state.json").read_bytes() == (reference / "state.json").read_bytes()
+    assert os.readlink(state_dir / "current") == os.readlink(reference / "current")
+    # The run log: each step's records once, as the uninterrupted loop's (the killed
+    # day's first steps ran at another speed).
+    assert _figures(state_dir / "daily.jsonl") == _figures(reference / "daily.jsonl")
+    assert model_files(state_dir) == model_files(reference)
+    for day in DAYS[:-1]:  # every export, not only the one in service
+        comparison = filecmp.dircmp(state_dir / "days" / day / "model", reference / "days" / day / "model")
+        assert not (comparison.diff_files or comparison.left_only or comparison.right_only)
+
+
+def _figures(log) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in ("time", "records_per_sec")} for r in read_log(str(log))]
+
+
+def _done_state(lake, days: list[str], current: str | None) -> daily.DailyState:
+    """A state whose ``days`` are done (no step left to run)."""
+    gate = {"promote": False, "reason": "test", "auroc": 0.5, "auroc_in_service": None}
+    return daily.DailyState(
+        parquet_path=str(lake),
+        time_column="date",
+        entry="dlrm_main.py",
+        training_flags=TRAINING,
+        schema=daily.Loop(daily.parse(argv("x", lake))[0], TRAINING).schema(DAYS[0]),
+        days=[daily.DayRecord(d, True, None, True, gate, True) for d in days],
+        current=current,
+    )
+
+
+def _write_state(state_dir, state: daily.DailyState, **changes) -> None:
+    from common.json_fields import versioned_json
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    document = json.loads(versioned_json(state))
+    (state_dir / "state.json").write_text(json.dumps({**document, **changes}))
+
+
+def test_a_late_day_is_reported_not_trained(tmp_path, lake, capsys):
+    state_dir = tmp_path / "state"
+    _write_state(state_dir, _done_state(lake, [DAYS[0], DAYS[2]], None))  # 11-02 landed after 11-03 trained
+    assert daily.main([*argv(state_dir, lake), *TRAINING]) == 0
+    out = capsys.readouterr().out
+    assert "late day 2026-11-02: landed after 2026-11-03 was trained; not trained" in out
+    state = daily.read_state(str(state_dir / "state.json"))
+    assert state.late == ["2026-11-02"] and [r.day for r in state.days] == [DAYS[0], DAYS[2]]
+    (late,) = [r for r in read_log(str(state_dir / "daily.jsonl")) if r["event"] == "late_day"]
+    assert late["day"] == "2026-11-02" and late["newest_trained"] == "2026-11-03"
+    assert not os.path.lexists(state_dir / "current")
+
+
+def _refused(capsys, args) -> str:
+    assert daily.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    return err[0]
+
+
+def test_a_state_of_a_newer_version_is_refused(tmp_path, lake, capsys):
+    state_dir = tmp_path / "state"
+    _write_state(state_dir, _done_state(lake, [], None), version=2)
+    line = _refused(capsys, [*argv(state_dir, lake), *TRAINING])
+    assert "state.json: version is 2, newer than this code reads (1)" in line
+    assert not os.path.lexists(state_dir / "current")
+
+
+def test_a_state_of_another_lake_or_other_flags_is_refused(tmp_path, lake, capsys):
+    state_dir = tmp_path / "state"
+    _write_state(state_dir, _done_state(lake, [], None), parquet_path="/elsewhere/lake")
+    line = _refused(capsys, [*argv(state_dir, lake), *TRAINING])
+    assert f"belongs to another loop: its --parquet_path was /elsewhere/lake, now {lake}" in line
+    _write_state(state_dir, _done_state(lake, [], None))
+    line = _refused(capsys, [*argv(state_dir, lake), *TRAINING, "--learning_rate", "0.1"])
+    assert "belongs to another loop: its the training flags was" in line
+    assert not os.path.lexists(state_dir / "current")
+
+
+def test_a_day_with_a_new_schema_is_refused_before_any_step(tmp_path, lake, capsys):
+    changed = tmp_path / "lake"
+    for day in DAYS:
+        (changed / f"date={day}").mkdir(parents=True)
+        table = pq.read_table(str(lake / f"date={day}"))
+        if day == DAYS[2]:
+            table = table.append_column("C99", pa.array(["x"] * len(table)))
+        pq.write_table(table, str(changed / f"date={day}" / "part-0.parquet"))
+    state_dir = tmp_path / "state"
+    line = _refused(capsys, [*argv(state_dir, changed), *TRAINING])
+    assert line.endswith(
+        f"{changed}/date=2026-11-03: its schema differs from the first day's (C99: string): "
+        "a new schema needs a new model (a new --state_dir)"
+    )
+    assert not os.path.exists(state_dir / "days") and not os.path.lexists(state_dir / "current")
+
+
+@pytest.mark.parametrize("given", ["--resume", "--rolling_windows=2", "--warm_start"])
+def test_flags_the_loop_sets_are_refused(tmp_path, lake, capsys, given):
+    line = _refused(capsys, [*argv(tmp_path / "state", lake), *TRAINING, given])
+    assert line.endswith(f"{given.split('=')[0]}: the daily loop sets it for each day's run; leave it out")
+    assert not os.path.exists(tmp_path / "state")
+
+
+@pytest.mark.parametrize(
+    "passes, auroc, in_service, promote, reason",
+    [
+        (True, 0.61, None, True, "no model in service"),
+        (True, 0.61, 0.60, True, "AUROC 0.6100 on 2026-11-04 vs 0.6000 in service"),
+        (True, 0.595, 0.60, True, "AUROC 0.5950 on 2026-11-04 vs 0.6000 in service"),  # within --max_auroc_drop
+        (True, 0.58, 0.60, False, "AUROC 0.5800 on 2026-11-04 below the model in service's 0.6000"),
+        (False, 0.70, 0.60, False, "its quantized variants failed serving.quality_gate"),
+    ],
+)
+def test_the_gate_promotes_a_candidate_no_worse_than_the_model_in_service(passes, auroc, in_service, promote, reason):
+    verdict = daily.gate_verdict(passes, auroc, in_service, 0.01, DAYS[-1])
+    assert verdict == {"auroc": auroc, "auroc_in_service": in_service, "promote": promote, "reason": reason}

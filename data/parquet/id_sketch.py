@@ -176,13 +176,17 @@ def unseen_ids_counter(seen: SeenIds, *args: Any) -> Any:
 
         def add(self, keys: Sequence[np.ndarray]) -> None:
             sketches = [IdSketch(p, 0) for p in seen.packed()] if any(len(k) for k in keys) else []
-            for f, (sketch, values) in enumerate(zip(sketches, keys)):
-                self._unseen[f] += int((~sketch.contains(values)).sum())
-                self._ids[f] += len(values)
+            unseen = [int((~sketch.contains(values)).sum()) for sketch, values in zip(sketches, keys)]
+            # The loader's workers add from several threads: an unlocked += loses counts.
+            with self._lock:
+                for f, values in enumerate(keys[: len(unseen)]):
+                    self._unseen[f] += unseen[f]
+                    self._ids[f] += len(values)
 
         def take(self) -> tuple[np.ndarray, np.ndarray]:
-            taken = (self._unseen.copy(), self._ids.copy())
-            self._unseen[:], self._ids[:] = 0, 0
+            with self._lock:
+                taken = (self._unseen.copy(), self._ids.copy())
+                self._unseen[:], self._ids[:] = 0, 0
             return taken
 
     return UnseenIdsCounter(*args)
@@ -196,7 +200,8 @@ def seen_ids_counter(seen: SeenIds, *args: Any) -> Any:
     class SeenIdsCounter(CollisionCounter):
         def add(self, keys: Sequence[np.ndarray]) -> None:
             super().add(keys)
-            seen.add(keys)
+            with self._lock:  # the loader's workers add from several threads
+                seen.add(keys)
 
     return SeenIdsCounter(*args)
 

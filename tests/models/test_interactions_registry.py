@@ -35,16 +35,19 @@ TINY = [
 ]
 
 
-def test_blocks_are_module_globals_and_the_old_paths_alias_them():
-    from models import categorical_only, interaction
-    from models.interactions import dcn, dot
+def test_blocks_are_module_globals_and_the_old_paths_are_gone():
+    import importlib
+
+    from models.interactions import dot
     from models.interactions.dot import DotInteraction
 
-    assert interaction.DotInteraction is DotInteraction is dot.blocks().DotInteraction
-    assert categorical_only.EmbeddingCrossInteraction is dcn.EmbeddingCrossInteraction
+    assert DotInteraction is dot.blocks().DotInteraction
     assert DotInteraction.__module__ == "models.interactions.dot"
     with pytest.raises(AttributeError, match="module 'models.interactions.dot' has no attribute 'Nothing'"):
         dot.Nothing
+    for old in ("models.interaction", "models.categorical_only"):  # 0.4.0's aliases, removed in 0.5.0
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
 
 
 def test_the_dot_kernel_is_one_call_in_an_fx_trace():

@@ -75,15 +75,14 @@ def criteo_lines(count: int) -> bytes:
     )
 
 
-def test_every_layout_is_registered_under_its_records_name_and_the_old_module_aliases_it():
+def test_every_layout_is_registered_under_its_records_name():
     assert {name: reader.record.LAYOUT for name, reader in LAYOUTS.items()} == {
         "criteo_raw": "criteo_raw",
         "feature_spec_csv": "feature_spec_csv",
         "parquet_columns": "parquet_columns",
     }
-    from serving import input_layouts, model_inputs
+    from serving import model_inputs
 
-    assert input_layouts.LAYOUTS is LAYOUTS and input_layouts.ParquetRows is LAYOUTS["parquet_columns"]
     assert model_inputs.PARQUET_LAYOUT == "parquet_columns"
 
 

@@ -159,6 +159,8 @@ def test_checkpoint_meta_round_trips_and_versions_1_to_3_still_load(tmp_path):
         "sparse_feature_names": [f"cat_{i}" for i in range(26)],
         "cardinalities": None,
         "hotness": None,
+        "sequence_columns": [],  # no --sequence_columns
+        "max_history": None,
     }
 
     version_3 = {**document, "version": 3, "config": {**document["config"], "model": flat_model(config)}}

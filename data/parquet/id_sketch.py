@@ -10,11 +10,12 @@ not hold as unseen.
 A feature's filter has ``m`` bits, the next power of two at or above ``BITS_PER_ROW``
 times its table's rows (at least ``MIN_BITS``, at most ``MAX_BITS``: a 64-wide fp32 row
 is 2,048 bits, so the filter costs about 3% of the table), and ``k = HASHES`` bit
-positions per id: with ``h = hashed(key, SKETCH_SEED)`` (data/parquet/id_hashing.py),
-``h1`` its low and ``h2`` its high 32 bits (made odd), position ``i`` is
-``(h1 + i * h2) mod m``. An id training read is always found; a new id is found
-(counted as seen: a false positive) with probability ``fill ** k``, ``fill`` being the
-share of the filter's bits set (recorded per feature as ``false_positive_rate``: under
+positions per id, all in one block of 512 bits (a cache line, so that adding an id costs
+one cache miss, not k): with ``h = hashed(key, SKETCH_SEED)``
+(data/parquet/id_hashing.py), the block is ``(h >> 36) mod (m / 512)`` and position ``i``
+is ``512 x block + ((h >> 9i) mod 512)``: independent bits of one hash. An id training read is always found; a new id is found
+(counted as seen: a false positive) with probability the mean over the blocks of
+``fill ** k``, ``fill`` being the share of a block's bits set (recorded per feature as ``false_positive_rate``: under
 0.1% while a feature has at most 3 distinct ids per table row, 2.4% at 8 per row). The
 unseen counts are therefore a lower bound, low by at most that share of the new ids.
 """
@@ -25,10 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from data.parquet.id_hashing import hashed
+from data.parquet import kernel
+from data.parquet.id_hashing import hashed, salt
 
 SKETCH_SEED = 0x5EE11D5
 HASHES = 4
+BLOCK_BITS = 512  # the bits of one id lie in one block of this many (a 64-byte cache line)
 BITS_PER_ID = 16  # `IdSketch.of`, for a known set of ids
 BITS_PER_ROW = 64  # `SeenIds`, sized before any id is read: tables often hold more ids than rows
 MIN_BITS = 1 << 16
@@ -45,13 +48,13 @@ def sketch_bits(distinct: int) -> int:
 
 
 def _positions(keys: np.ndarray, bits: int) -> np.ndarray:
-    """(len(keys), HASHES) bit positions of each key (uint64)."""
+    """(len(keys), HASHES) bit positions of each key (uint64), all in one 512-bit block
+    (a cache line: the filters are megabytes, and a miss per bit cost 4x; columns.c's
+    dlrm_bloom_add places them the same way)."""
     h = hashed(np.asarray(keys, dtype=np.uint64), SKETCH_SEED)
-    low = h & np.uint64(0xFFFF_FFFF)
-    high = (h >> np.uint64(32)) | np.uint64(1)
-    steps = np.arange(HASHES, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        return (low[:, None] + steps[None, :] * high[:, None]) & np.uint64(bits - 1)
+    block = ((h >> np.uint64(36)) & np.uint64(bits // BLOCK_BITS - 1)) * np.uint64(BLOCK_BITS)
+    shifts = np.uint64(9) * np.arange(HASHES, dtype=np.uint64)  # 9 bits a position: 4 x 9 below bit 36
+    return block[:, None] + ((h[:, None] >> shifts[None, :]) & np.uint64(BLOCK_BITS - 1))
 
 
 @dataclass
@@ -90,8 +93,11 @@ class IdSketch:
         return float(np.bitwise_count(self.packed).sum()) / self.bits
 
     def false_positive_rate(self) -> float:
-        """The chance that an id never added is found: ``fill ** HASHES``."""
-        return self.fill() ** HASHES
+        """The chance that an id never added is found: the mean over the blocks of the
+        block's ``fill ** HASHES`` (a new id falls in any block alike; the blocks fill
+        unevenly, so this is above the whole filter's ``fill ** HASHES``)."""
+        per_block = np.unpackbits(self.packed).reshape(-1, BLOCK_BITS).mean(axis=1, dtype=np.float64)
+        return float(np.mean(per_block**HASHES))
 
 
 def rows_bits(table_rows: int) -> int:
@@ -126,7 +132,7 @@ class SeenIds:
         """The keys (uint64) of a block of rows, one array per feature."""
         with self._lock:
             for packed, values in zip(self._packed, keys):
-                if len(values):
+                if len(values) and not kernel.bloom_add(packed, values, salt(SKETCH_SEED), HASHES):
                     positions = _positions(values, len(packed) * 8).ravel()
                     np.bitwise_or.at(
                         packed, positions >> np.uint64(3), np.left_shift(1, positions & np.uint64(7)).astype(np.uint8)
@@ -200,8 +206,7 @@ def seen_ids_counter(seen: SeenIds, *args: Any) -> Any:
     class SeenIdsCounter(CollisionCounter):
         def add(self, keys: Sequence[np.ndarray]) -> None:
             super().add(keys)
-            with self._lock:  # the loader's workers add from several threads
-                seen.add(keys)
+            seen.add(keys)  # under the filters' own lock
 
     return SeenIdsCounter(*args)
 

@@ -30,7 +30,7 @@ from data.parquet.id_hashing import salt
 ENVIRONMENT = "DLRM_PARQUET_KERNEL"
 LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "libdlrm_columns.so")
 # columns.c's DLRM_COLUMNS_VERSION: a library built from other sources is not used.
-VERSION = 3
+VERSION = 4
 
 # columns.c's value kinds.
 _INTEGER_KINDS = {
@@ -135,6 +135,15 @@ def _load(path: str) -> ctypes.CDLL:
         ctypes.c_int32,
         ctypes.c_int64,
         ctypes.POINTER(ctypes.c_int64),
+    ]
+    lib.dlrm_bloom_add.restype = None
+    lib.dlrm_bloom_add.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_uint64,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_uint64,
+        ctypes.c_int32,
     ]
     lib.dlrm_sample_keys.restype = ctypes.c_int64
     lib.dlrm_sample_keys.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_void_p]
@@ -325,6 +334,19 @@ def dense(
         array, len(structs), int(clamp), _address_of(out), int(wide), out.shape[1], ctypes.byref(bad_chunk)
     )
     return left, ((owners[bad_chunk.value], bad) if bad >= 0 else None)
+
+
+def bloom_add(packed: np.ndarray, keys: np.ndarray, salt_value: int, hashes: int) -> bool:
+    """Sets the Bloom filter bits of ``keys`` (uint64) in ``packed`` (uint8, a power of 2
+    of bits) as data/parquet/id_sketch.py's `_positions` places them, in one pass with the
+    GIL released; False without the kernels (the caller then sets them with numpy)."""
+    lib = library()
+    if lib is None:
+        return False
+    assert packed.dtype == np.uint8 and packed.flags.c_contiguous
+    keys = np.ascontiguousarray(keys, dtype=np.uint64)
+    lib.dlrm_bloom_add(_address_of(packed), len(packed) * 8, _address_of(keys), len(keys), salt_value, hashes)
+    return True
 
 
 def sample_keys(keys: np.ndarray, salt_value: int, level: int) -> np.ndarray | None:

@@ -24,7 +24,7 @@ def test_added_ids_are_found_and_new_ones_at_the_stated_rate():
     assert sketch.contains(keys).all()  # no false negative
     fresh = rng.integers(0, 2**63, 400_000).astype(np.uint64)
     stated = sketch.false_positive_rate()
-    assert stated == pytest.approx(sketch.fill() ** HASHES) and 0 < stated < 0.003
+    assert stated >= sketch.fill() ** HASHES and 0 < stated < 0.003  # blocks fill unevenly: above fill**k
     assert sketch.contains(fresh).mean() == pytest.approx(stated, rel=0.25)
 
 

@@ -234,3 +234,20 @@ def test_without_the_library_numpy_converts_and_says_so_once(monkeypatch, tmp_pa
     assert kernel.library() is None
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and "converting with numpy" in lines[0] and "make native-data" in lines[0], lines
+
+
+def test_the_seen_id_filters_set_the_references_bits(monkeypatch):
+    """columns.c's dlrm_bloom_add sets exactly the bits data/parquet/id_sketch.py's numpy
+    `_positions` places, for filters of one block to millions of bits."""
+    from data.parquet.id_sketch import SeenIds
+
+    rng = np.random.default_rng(3)
+    sizes = [1, 1000, 70_000, 3_000_000]
+    keys = [rng.integers(0, 2**64, 20_000, dtype=np.uint64) for _ in sizes]
+    compiled, reference = _both(monkeypatch, lambda: _filled(SeenIds([f"f{i}" for i in sizes], sizes), keys))
+    assert all((a == b).all() for a, b in zip(compiled, reference)) and all(a.any() for a in compiled)
+
+
+def _filled(seen, keys):
+    seen.add(keys)
+    return seen.packed()

@@ -13,7 +13,7 @@
 
 /* data/parquet/kernel.py VERSION: raised whenever a signature or a structure changes, so
  * that a library built from older sources is refused rather than misread. */
-#define DLRM_COLUMNS_VERSION 3
+#define DLRM_COLUMNS_VERSION 4
 
 int32_t dlrm_columns_version(void) { return DLRM_COLUMNS_VERSION; }
 
@@ -213,6 +213,34 @@ int64_t dlrm_dense(const dlrm_dense_chunk *chunks, int64_t count, int32_t clamp,
         row += chunks[c].length;
     }
     return -1;
+}
+
+/* Sets the Bloom filter bits of keys[0..n) in packed (bits = 8 x its bytes, a power of
+ * 2, at least 512) as data/parquet/id_sketch.py's `_positions` (the reference) places
+ * them: all `hashes` (at most 4) bits of a key in one 512-bit block (a cache line), with h
+ * the key's hash with salt, block (h >> 36) mod (bits / 512), bit i at (h >> 9i) mod 512. The blocks of 64 keys are prefetched before
+ * their bits are set, so that their misses overlap. Not thread-safe: the caller holds
+ * the filter's lock. */
+void dlrm_bloom_add(uint8_t *packed, uint64_t bits, const uint64_t *keys, int64_t n, uint64_t salt, int32_t hashes) {
+    enum { BATCH = 64 };
+    uint64_t hashes_of[BATCH];
+    const uint64_t blocks = bits / 512;
+    for (int64_t start = 0; start < n; start += BATCH) {
+        int64_t count = n - start < BATCH ? n - start : BATCH;
+        for (int64_t k = 0; k < count; ++k) {
+            uint64_t h = dlrm_hash(keys[start + k], salt);
+            hashes_of[k] = h;
+            __builtin_prefetch(packed + ((h >> 36) & (blocks - 1)) * 64, 1, 0);
+        }
+        for (int64_t k = 0; k < count; ++k) {
+            uint64_t h = hashes_of[k];
+            uint8_t *block = packed + ((h >> 36) & (blocks - 1)) * 64;
+            for (int32_t i = 0; i < hashes && i < 4; ++i) {
+                uint64_t position = (h >> (9 * i)) & 511ull;
+                block[position >> 3] |= (uint8_t)(1u << (position & 7));
+            }
+        }
+    }
 }
 
 /* The keys whose hash with salt has its top level bits 0 (1 <= level <= 63), in order,

@@ -92,6 +92,7 @@ def model_files(state_dir) -> dict[str, bytes]:
 
 
 @pytest.mark.slow
+@pytest.mark.loop
 def test_the_loop_trains_every_day_but_the_held_back_one_and_promotes(uninterrupted):
     state_dir, stdout = uninterrupted
     state = daily.read_state(str(state_dir / "state.json"))
@@ -139,6 +140,7 @@ def test_the_loop_trains_every_day_but_the_held_back_one_and_promotes(uninterrup
 
 
 @pytest.mark.slow
+@pytest.mark.loop
 def test_killed_mid_train_mid_export_and_mid_promote_reruns_to_the_same_bytes(tmp_path, lake, uninterrupted):
     # The killed loop runs in the uninterrupted one's directory (moved aside meanwhile):
     # an export records the paths of its checkpoint and data, which a rerun keeps.

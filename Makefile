@@ -133,7 +133,8 @@ test-native: install
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m native tests
 
 # The daily loop run day by day (python -m training.daily: a training, export, gate and
-# promote subprocess per day, about 2 minutes): outside make test's 15 minutes.
+# promote subprocess per day) and its warm starts' launches, about 3 minutes: outside
+# make test's 15 minutes.
 test-loop: install
 	$(PYTHON) -m pytest -q -m loop tests
 

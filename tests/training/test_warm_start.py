@@ -29,7 +29,7 @@ from training.flags import parse_config
 from training.trainer import Trainer
 from training.warm_start import grown_tables
 
-pytestmark = pytest.mark.slow  # the module's launched runs
+pytestmark = [pytest.mark.slow, pytest.mark.loop]  # the module's launched runs: make test-loop
 
 STEPS = 4
 DIM = 8

@@ -80,6 +80,16 @@ NUMBER = Kind(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
 BOOLEAN = Kind(lambda v: isinstance(v, bool), "true or false")
 COUNTS = Kind(lambda v: isinstance(v, dict) and all(_is_int(n, 0) for n in v.values()), "an object of counts")
 OBJECT = Kind(lambda v: isinstance(v, dict), "an object")
+
+
+def _is_share(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0
+
+
+SHARE = Kind(_is_share, "a share between 0 and 1")
+SHARES = Kind(
+    lambda v: isinstance(v, dict) and all(_is_share(s) for s in v.values()), "an object of shares between 0 and 1"
+)
 REQUIRED = object()  # `JsonObject.get` default of a field that must be there
 
 

@@ -42,6 +42,8 @@ from common.json_fields import (
     BOOLEAN,
     INTEGER,
     NUMBER,
+    SHARE,
+    SHARES,
     TEXT,
     FileFieldError,
     JsonObject,
@@ -318,14 +320,6 @@ class Profile:
 
     def distinct(self) -> list[int]:
         return [c.distinct for c in self.columns]
-
-
-def _share(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0
-
-
-SHARE = Kind(_share, "a share between 0 and 1")
-SHARES = Kind(lambda v: isinstance(v, dict) and all(_share(s) for s in v.values()), "an object of shares")
 
 
 def read_profile(data: bytes, path: str) -> Profile:

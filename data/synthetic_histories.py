@@ -46,7 +46,7 @@ from common.atomic import atomic_dir
 from common.cli import OneLineParser, cli_main, positive_int
 from common.config_flags import add_flags, config_values, flag
 from common.errors import BadInput
-from data.synthetic_parquet import PARTITION_COLUMN, check_replaceable
+from data.synthetic_parquet import PARTITION_COLUMN, SyntheticParquetOutput, check_replaceable
 
 DIMENSIONS = 8
 COLUMNS = ["ts", "label", "user_id", "item_id", "category"]
@@ -222,24 +222,14 @@ def generate_synthetic_histories(spec: SyntheticHistoriesSpec, output_dir: str) 
 PROG = "python -m data.synthetic_histories"
 
 
-@dataclass
-class SyntheticHistoriesOutput:
-    """Where the generated log goes."""
-
-    output_dir: str = flag(
-        help="directory of the log (date=YYYY-MM-DD/part-K.parquet); an earlier generated "
-        "log there is replaced, anything else refused"
-    )
-
-
 @cli_main(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
     parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    add_flags(parser, SyntheticHistoriesOutput)
+    add_flags(parser, SyntheticParquetOutput)
     add_flags(parser, SyntheticHistoriesSpec)
     args = parser.parse_args(argv)
     spec = SyntheticHistoriesSpec(**config_values(SyntheticHistoriesSpec, args))
-    output_dir = SyntheticHistoriesOutput(**config_values(SyntheticHistoriesOutput, args)).output_dir
+    output_dir = SyntheticParquetOutput(**config_values(SyntheticParquetOutput, args)).output_dir
     summary = generate_synthetic_histories(spec, output_dir)
     print(
         f"synthetic click log with histories: {summary['rows']} rows in {spec.days} days at {output_dir} "

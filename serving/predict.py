@@ -71,7 +71,7 @@ from common.cli import run_cli
 from common.click_metrics import summary_figures
 from common.config_flags import flag
 from common.errors import BadInput
-from common.json_fields import BOOLEAN, COUNTS, INTEGER, NUMBER, TEXT, JsonObject, Kind, optional, versioned_json
+from common.json_fields import BOOLEAN, COUNTS, INTEGER, NUMBER, SHARES, TEXT, JsonObject, optional, versioned_json
 from data.parquet.files import check_same_types, file_schema, list_files, read_footers, read_row_group
 from data.text.text_lines import DaySource, iter_line_chunks
 from serving.cli import MODEL_DIR_HELP, parse_config, serving_parser
@@ -527,15 +527,6 @@ def predict_parquet(
             predictor.count_ids(prepared.sparse)
             rows += len(probabilities)
     return rows, scores if source.labelled else None, unseen
-
-
-SHARES = Kind(
-    lambda v: (
-        isinstance(v, dict)
-        and all(isinstance(s, (int, float)) and not isinstance(s, bool) and 0 <= s <= 1 for s in v.values())
-    ),
-    "an object of shares between 0 and 1",
-)
 
 
 def read_predict_metrics(path: str) -> PredictMetrics:

@@ -149,6 +149,13 @@ class SeenIds:
         with self._lock:
             return any(bool(p.any()) for p in self._packed)
 
+    def unseen(self, keys: Sequence[np.ndarray]) -> list[int]:
+        """Per feature, how many of ``keys`` (uint64, one array per feature) the filter
+        lacks, read in place (an evaluation batch's count; `packed` would copy the
+        filters, megabytes each, for every batch)."""
+        with self._lock:
+            return [int((~IdSketch(p, 0).contains(k)).sum()) for p, k in zip(self._packed, keys)]
+
     def packed(self) -> list[np.ndarray]:
         """A copy of every filter's bytes."""
         with self._lock:
@@ -181,8 +188,7 @@ def unseen_ids_counter(seen: SeenIds, *args: Any) -> Any:
             self._ids = np.zeros(len(seen.names), np.int64)
 
         def add(self, keys: Sequence[np.ndarray]) -> None:
-            sketches = [IdSketch(p, 0) for p in seen.packed()] if any(len(k) for k in keys) else []
-            unseen = [int((~sketch.contains(values)).sum()) for sketch, values in zip(sketches, keys)]
+            unseen = seen.unseen(keys) if any(len(k) for k in keys) else []
             # The loader's workers add from several threads: an unlocked += loses counts.
             with self._lock:
                 for f, values in enumerate(keys[: len(unseen)]):

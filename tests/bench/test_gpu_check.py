@@ -172,6 +172,7 @@ def test_list_prints_the_cases_without_cuda():
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_host
 def test_gpu_check_says_there_is_no_gpu():
     result = run_script(["-m", "bench.gpu_check"])
     assert result.returncode == 0, result.stderr[-2000:]
@@ -196,6 +197,7 @@ def refused_then_trained(jobs):
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_host
 def test_job_after_a_refusal_with_the_group_up_runs_in_the_same_workers(synthetic_dir, tmp_path):
     """Before each group start had store keys of its own, rank 1 read rank 0's address
     of the destroyed group and the training job never started (hung)."""
@@ -240,6 +242,7 @@ def test_job_after_a_refusal_with_the_group_up_runs_in_the_same_workers(syntheti
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_host
 def test_device_cpu_runs_cases_against_the_cpu_reference(synthetic_dir, tmp_path):
     """The check's machinery on gloo: a two-rank case of the base pipeline with its CPU
     reference (a second launch, one rank) and its placement reference, resume and
@@ -315,6 +318,7 @@ def test_verdict_lines_are_read_back_and_a_cut_off_line_is_left_out(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_host
 def test_a_job_past_its_timeout_is_recorded_and_the_next_job_runs(synthetic_dir, tmp_path):
     """--job_timeout: a training job stopped mid-way is that job's error; the worker
     goes on with the next job (on a new process group)."""

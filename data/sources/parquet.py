@@ -101,6 +101,7 @@ class ParquetSource(DataSource):
     path_field = "parquet_path"
     serving_layout = "parquet_columns"
     has_weights = True  # --weight_column names a column
+    has_sequences = True  # --sequence_columns names list columns (data/parquet/columns.py)
     uses_feed_group = True  # the ranks agree on each batch (data/parquet/feed.py)
 
     def check_flags(self) -> None:
@@ -226,6 +227,11 @@ class ParquetSource(DataSource):
         names = column_names(config.parquet_path, self._listing())  # type: ignore[arg-type]
         dense = resolve_column_patterns(_patterns(config.dense_columns), names, option(config, "dense_columns"))
         sparse = resolve_column_patterns(_patterns(config.sparse_columns), names, option(config, "sparse_columns"))
+        histories = _histories(config.sequence_columns, names, option(config, "sequence_columns"))
+        # A pattern (C*) leaves out the history columns (C1_history); a name given exactly
+        # is refused below, as a history that is also a feature.
+        given = set(_patterns(config.sparse_columns))
+        sparse = tuple(c for c in sparse if c not in histories or c in given)
         roles = {
             option(config, "label_column"): config.label_column,
             option(config, "weight_column"): config.weight_column,
@@ -243,7 +249,12 @@ class ParquetSource(DataSource):
                 f"column {sorted(both)[0]} is both in {option(config, 'dense_columns')} and "
                 f"{option(config, 'sparse_columns')}"
             )
-        return FeatureDescription(dense, sparse)
+        description = FeatureDescription(dense, sparse)
+        if not histories:
+            return description
+        return description.with_sequences(
+            config.sequence_columns, config.max_history, option(config, "sequence_columns")
+        )
 
     def open(self, check_values: bool = True) -> Any:
         """The table (`data.parquet.loader.ParquetDataset`): footers read, every file's
@@ -274,14 +285,17 @@ class ParquetSource(DataSource):
     def serving_facts(self, dataset: Any) -> dict[str, Any]:
         """The label column and each sparse column's value type (the ids' type decides
         their hash), from the schema `open` read: {"label_name": ..., "sparse_value_types":
-        {column: one of data.parquet.columns.SPARSE_VALUE_TYPES}}."""
+        {column: one of data.parquet.columns.SPARSE_VALUE_TYPES}}, the history columns' after the
+        sparse columns'."""
         from data.parquet.columns import sparse_value_type
 
+        description = self.describe()
         return {
             "label_name": self.config.label_column,
+            # The history columns too (after the features): a list of the item's kind.
             "sparse_value_types": {
                 name: sparse_value_type(dataset.schema.field(name).type)
-                for name in self.describe().sparse_feature_names
+                for name in (*description.sparse_feature_names, *(h for h, _ in description.sequences))
             },
         }
 
@@ -448,6 +462,22 @@ def statistics_lines(statistics: dict[str, Any]) -> str | None:
             + ", ".join(f"{name} {count:,}" for name, count in nulls.items())
         )
     return "\n".join(lines) if lines else None
+
+
+def _histories(sequence_columns: list[str], names: list[str], flag_name: str) -> set[str]:
+    """The history columns of ``--sequence_columns``, each a column of the table.
+
+    Raises:
+        FlagError: a history that is no column (one line naming the flag).
+    """
+    from common.sequence_columns import parse_sequence_columns
+
+    histories = set()
+    for history, item in parse_sequence_columns(sequence_columns, flag_name):
+        if history not in names:
+            raise FlagError(f"{flag_name} {history}:{item}: no column {history} (the table has {', '.join(names)})")
+        histories.add(history)
+    return histories
 
 
 def _patterns(text: str | None) -> list[str]:

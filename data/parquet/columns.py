@@ -169,17 +169,24 @@ def id_kind(t: pa.DataType) -> str | None:
     return None
 
 
+def _element_type(t: pa.DataType) -> pa.DataType:
+    """A list's element type, a dictionary's value type: the ids' own type."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        t = t.value_type
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
 def history_type_error(history: pa.DataType, item: pa.DataType, history_column: str, item_column: str) -> str | None:
     """Why a column of type ``history`` cannot be ``item_column``'s history (a column of
-    type ``item``): not a list, or its elements another kind of id than the item's (the
-    same id would hash to another row); None when it can."""
+    type ``item``): not a list, or its elements another kind of id than the item's
+    (`id_kind`: the same id would hash to another row); None when it can."""
     if not (pa.types.is_list(history) or pa.types.is_large_list(history)):
         return (
             f"column {history_column} is {history}, but a history column is a list of "
-            f"{item_column}'s ids ({pa.list_(item.value_type if pa.types.is_list(item) else item)})"
+            f"{item_column}'s ids (list<{_element_type(item)}>)"
         )
-    element, expected = id_kind(history), id_kind(item)
-    if element is None or element != expected:
+    element = id_kind(history)
+    if element is None or element != id_kind(item):
         return (
             f"column {history_column} holds {history.value_type}, but {item_column}, whose embedding table it "
             f"shares, is {item}: the same id would hash to another row"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.config_flags import FlagError, flag, option
+from common.errors import BadInput
 from common.url_paths import check_url_path
 from data.parquet.windows import Window, parse_window
 from data.sources.types import BatchLoader, DataSource, FeatureDescription, FeedJob
@@ -90,6 +91,12 @@ class ParquetOptions:
         help="with --time_column: N+1 consecutive time windows; train on window k, evaluate on k+1, "
         "continue on k+1 ...",
     )
+    user_column: str | None = flag(
+        None,
+        help="Parquet: with --sequence_columns and --time_column, the user column: before training every "
+        "row's history is checked against the table's own events, and a history item the row's user first "
+        "had at or after the row's time (the row's own future) is refused (reads the table twice more)",
+    )
 
 
 class ParquetSource(DataSource):
@@ -158,6 +165,14 @@ class ParquetSource(DataSource):
                     f"{rolling} evaluates each window on the next one: "
                     f"{option(config, 'validation_window')} and {option(config, 'test_window')} "
                     "do not apply"
+                )
+        if config.user_column is not None:
+            user = option(config, "user_column")
+            if not config.sequence_columns:
+                raise FlagError(f"{user} checks the histories of {option(config, 'sequence_columns')}: give them")
+            if config.time_column is None:
+                raise FlagError(
+                    f"{user} checks histories against the rows' times: give {option(config, 'time_column')}"
                 )
         super().check_flags()
 
@@ -277,6 +292,34 @@ class ParquetSource(DataSource):
             test,
             None if rolling is None else rolling + 1,
             self._listing(),
+        )
+
+    def check_values(self, dataset: Any) -> None:
+        """With ``--user_column``: no row's history holds the row's own future, every row of
+        the table checked (data/parquet/history_checks.py `check_table_histories`); every
+        rank checks alike, so every rank refuses the same row before any collective.
+
+        Raises:
+            BadInput: one line naming the file, row group, row and history column.
+        """
+        config = self.config
+        if config.user_column is None:
+            return
+        from data.parquet.history_checks import check_table_histories
+
+        if config.user_column not in dataset.schema.names:
+            raise BadInput(
+                f"{option(config, 'user_column')} {config.user_column}: no such column "
+                f"(the table has {', '.join(dataset.schema.names)})"
+            )
+        index = {footer.path: i for i, footer in enumerate(dataset.footers)}
+        check_table_histories(
+            dataset.footers,
+            dataset.schema,
+            lambda footer, g, names: dataset.read_row_group(index[footer.path], g, names),
+            self.describe().sequences,
+            config.user_column,
+            config.time_column,
         )
 
     def split_rows(self, dataset: Any, world_size: int) -> dict[str, int]:

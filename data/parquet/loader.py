@@ -607,9 +607,12 @@ class ParquetLoader:
         if rows.dense_nulls.any():
             self._count_nulls(rows.dense_nulls)
         if self._collisions is not None:
-            # Per table: a history's ids are looked up (and trained) in its item's table,
-            # so they count in the item's collisions and feed its seen-id filter.
-            self._collisions.add(self._columns.table_keys(rows.keys))
+            # Training's counter: per table, a history's ids with its item's (they are looked
+            # up and trained in its table: its collisions, its seen-id filter). An evaluation's
+            # unseen ids: the categorical features' own, as serving counts them.
+            training = self._collisions.counts_collisions
+            columns = self._columns
+            self._collisions.add(columns.table_keys(rows.keys) if training else rows.keys[: len(columns.sparse)])
         result = self._builder.bags(
             rows.dense, rows.ids, rows.lengths, rows.labels, rows.weights, 1.0, flat_ids=rows.flat_ids
         )

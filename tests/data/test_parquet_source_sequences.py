@@ -189,3 +189,28 @@ def test_the_future_check_stops_every_rank_with_exit_2(log, tmp_path, capfd):
         for e in errors
     ), errors
     assert len(errors) in (1, 2)
+
+
+def test_history_ids_feed_their_items_seen_filter_but_not_its_unseen_count(tmp_path):
+    """Item 999 is in histories only: training reads (and trains) its row, so serving will
+    not call it unseen; an evaluation's unseen count is of the candidates, as serving's."""
+    n = 40
+    table = pa.table(
+        {
+            "label": pa.array([i % 2 for i in range(n)], pa.int8()),
+            "user_id": pa.array(range(n), pa.int64()),
+            "item_id": pa.array([7 if 20 <= i < 30 else i % 5 for i in range(n)], pa.int64()),
+            HISTORY: pa.array([[999, i % 5] for i in range(n)], pa.list_(pa.int64())),
+        }
+    )
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=10)
+    flags = dict(FLAGS, time_column=None, dense_columns=None, validation_window="0.25", test_window="0.25")
+    source = _source(str(tmp_path / "t.parquet"), **flags)
+    loaders = source.loaders(source.open(), [11, 37], 0, 1)
+    list(loaders["train"])
+    plain = loaders["train"]._columns.__class__("label", (), (ITEM,), (37,))
+    keys = plain.convert(pa.table({"label": pa.array([0, 0]), ITEM: pa.array([999, 7], pa.int64())})).keys[0]
+    assert source.seen_ids().unseen([np.zeros(0, np.uint64), keys]) == [0, 1]  # 999 seen, 7 (validation only) not
+    list(loaders["validation"])
+    features, unseen, ids = source.unseen_counts("validation")
+    assert features == ["user_id", "item_id"] and ids.tolist() == [10, 10] and unseen[1] == 10  # item 7: 10 rows

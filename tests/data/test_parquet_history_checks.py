@@ -10,8 +10,8 @@ import pytest
 
 from common.errors import BadInput
 from data.histories import HistoryFlags, build_histories
-from data.parquet.history_checks import FirstEventTimes, check_history_row_group, check_history_type
 from data.parquet.files import list_files, read_footers, read_row_group
+from data.parquet.history_checks import FirstEventTimes, check_history_row_group, check_history_type
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,12 @@ import re
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 from common.config_flags import FlagError
 from common.errors import BadInput
 from data.config import DataConfig
-from data.sources import source_for
 from tests.support.history_log import HISTORY, ITEM, TIME, USER, write_history_log
 
 FLAGS = dict(

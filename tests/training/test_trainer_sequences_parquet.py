@@ -7,7 +7,9 @@ The 2-rank run (16 rows per rank, two converting workers each, the item table ro
 in the sharded EmbeddingCollection) must give the losses and final weights of one process
 reading the same two shares (--epoch_shares 2) in 32-row batches, to float rounding; the
 2-rank run stopped at its step-3 checkpoint and resumed must end bit for bit where it
-ended. One launch per world size.
+ended. In the same 2-rank launch, a copy of the log whose histories hold their rows' own
+items is refused with --user_column on both ranks alike, in one line naming the file,
+row group, row and column, before any collective. One launch per world size.
 """
 
 import math
@@ -19,9 +21,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from common.errors import BadInput
 from harness.launch import launch
 from harness.matrix import assemble_table, local_weights
-from tests.support.history_log import HISTORY, ITEM, write_history_log
+from tests.support.history_log import HISTORY, ITEM, USER, leaking_copy, write_history_log
 from training.distributed import resolve_env
 from training.flags import parse_config
 from training.trainer import Trainer
@@ -71,10 +74,12 @@ ARGV = [
 ]
 
 
-def _train(job: tuple[list[str], str, bool]) -> dict[str, Any]:
+def _train(job: tuple[list[str], str, bool, str | None]) -> dict[str, Any]:
     """Trains the job's argv (checkpoints under its root); with its resume flag also
-    from its step-STOP checkpoint. Returns the losses and this rank's weights of each run."""
-    argv, root, resume = job
+    from its step-STOP checkpoint, and starts on its leaking table (if any) with
+    --user_column. Returns the losses and this rank's weights of each run, and the
+    leaking table's refusal."""
+    argv, root, resume, leaking = job
     env = resolve_env("cpu")
     whole, cut = os.path.join(root, "whole"), os.path.join(root, "cut")
     trainer = Trainer(
@@ -89,6 +94,10 @@ def _train(job: tuple[list[str], str, bool]) -> dict[str, Any]:
         dist.barrier()
         trainer = Trainer(parse_config(argv + ["--checkpoint_dir", cut, "--resume"], "t", "t"), env)
         result["resumed"] = {"losses": trainer.fit().train_losses, **local_weights(trainer.model)}
+    if leaking is not None:
+        with pytest.raises(BadInput) as refused:
+            Trainer(parse_config([*argv, "--parquet_path", leaking, "--user_column", USER], "t", "t"), env)
+        result["refused"] = str(refused.value)
     dist.destroy_process_group()
     return result
 
@@ -96,15 +105,19 @@ def _train(job: tuple[list[str], str, bool]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("parquet_sequences")
-    argv = ["--parquet_path", write_history_log(str(root / "data")), *ARGV]
+    log = write_history_log(str(root / "data"))
+    leak = leaking_copy(log, str(root / "leaking"))
+    argv = ["--parquet_path", log, *ARGV]
     sharding = ["--sharding_type", f"t_{ITEM}=row_wise,table_wise", "--data_workers", "2"]
-    two = launch(_train, (argv + ["--batch_size", "16", *sharding], str(root / "two"), True), nproc=2)  # type: ignore[arg-type]
-    one = launch(_train, (argv + ["--batch_size", "32", "--epoch_shares", "2"], str(root / "one"), False), nproc=1)  # type: ignore[arg-type]
-    return one[0], [two[0], two[1]]
+    job = (argv + ["--batch_size", "16", *sharding], str(root / "two"), True, str(root / "leaking"))
+    two = launch(_train, job, nproc=2)  # type: ignore[arg-type]
+    job = (argv + ["--batch_size", "32", "--epoch_shares", "2"], str(root / "one"), False, None)
+    one = launch(_train, job, nproc=1)  # type: ignore[arg-type]
+    return one[0], [two[0], two[1]], leak
 
 
 def test_two_ranks_match_one_process(runs):
-    reference, per_rank = runs
+    reference, per_rank, _ = runs
     assert per_rank[0]["plan"][f"t_{ITEM}"] == "row_wise" and per_rank[0]["plan"]["t_user_id"] == "table_wise"
     assert any(f"sequence_pooling.{HISTORY}" in key for key in reference["dense"])
     # Serving reads the history column's type as training did.
@@ -123,7 +136,7 @@ def test_two_ranks_match_one_process(runs):
 
 
 def test_resumed_run_ends_where_the_uninterrupted_one_did(runs):
-    _, per_rank = runs
+    _, per_rank, _ = runs
     for result in per_rank:
         resumed = result["resumed"]
         assert resumed["losses"] == result["losses"][STOP:]
@@ -132,3 +145,11 @@ def test_resumed_run_ends_where_the_uninterrupted_one_did(runs):
                 assert (r, c) == (r2, c2) and torch.equal(piece, again), table
         for key, value in result["dense"].items():
             assert torch.equal(value, resumed["dense"][key]), key
+
+
+def test_a_history_holding_the_rows_own_future_stops_every_rank_alike(runs):
+    _, per_rank, (path, group, row) = runs
+    line = per_rank[0]["refused"]
+    assert per_rank[1]["refused"] == line
+    assert line.startswith(f"{path}: row group {group}, row {row}, column {HISTORY}: item "), line
+    assert "not before the row's time" in line and "\n" not in line

@@ -15,6 +15,10 @@ Column types accepted (checked on every file's schema by `ParquetColumns.check_s
   these (multi-hot bags of any length, empty allowed); a null is a bag of length 0, a
   null inside a list is left out of the bag.
 - weight: integer or floating, finite and not negative.
+- history (``--sequence_columns HIST:ITEM``): a list of ids of the item column's kind
+  (integers, or strings/binary), its elements oldest first; a null is an empty history,
+  a null element is left out. Its ids become rows of ITEM's table exactly as ITEM's own
+  do (same hash, seed and table size), and a row keeps its newest ``max_history``.
 
 Example::
 
@@ -58,12 +62,17 @@ class ConvertedRows:
     Args:
         labels: float32 (N,), 0 or 1; None for rows converted without their label (serving).
         dense: float32 (N, D), transformed.
-        ids: per sparse feature, int64 embedding rows of all its bags, concatenated.
-        lengths: int32 (F, N): the bag size of each feature and row.
+        ids: per sparse feature, int64 embedding rows of all its bags, concatenated;
+            then per history feature (``ParquetColumns.sequences``) the rows of its
+            items in its item's table, each row's newest ``max_history``, oldest first.
+        lengths: int32 (F + S, N): the bag size of each feature and row, then each
+            history's length (the KeyedJaggedTensor's lengths, keys in
+            ``ParquetColumns.kjt_keys``' order).
         weights: float32 (N,) or None.
         dense_nulls: per dense feature, the nulls read as 0.
-        keys: per sparse feature, the 64-bit keys of its values before the table modulo
-            (what collision statistics count).
+        keys: per sparse feature, then per history, the 64-bit keys of its values before
+            the table modulo (what collision statistics count; `ParquetColumns.table_keys`
+            gives them per table).
         flat_ids: ``ids`` concatenated, where the conversion wrote them so (the kernels
             write every feature's ids back to back in one array); None otherwise.
     """
@@ -145,6 +154,46 @@ def _is_id_list(t: pa.DataType) -> bool:
     return (pa.types.is_list(t) or pa.types.is_large_list(t)) and _is_id(t.value_type)
 
 
+def id_kind(t: pa.DataType) -> str | None:
+    """How the hash reads the ids of a column of type ``t`` (a list's elements, a
+    dictionary's values): "integer" (any width: the 64-bit pattern), "string" (strings
+    and binary alike: their bytes), or None for a type that holds no ids."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        t = t.value_type
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_integer(t):
+        return "integer"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "string"
+    return None
+
+
+def _element_type(t: pa.DataType) -> pa.DataType:
+    """A list's element type, a dictionary's value type: the ids' own type."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        t = t.value_type
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
+def history_type_error(history: pa.DataType, item: pa.DataType, history_column: str, item_column: str) -> str | None:
+    """Why a column of type ``history`` cannot be ``item_column``'s history (a column of
+    type ``item``): not a list, or its elements another kind of id than the item's
+    (`id_kind`: the same id would hash to another row); None when it can."""
+    if not (pa.types.is_list(history) or pa.types.is_large_list(history)):
+        return (
+            f"column {history_column} is {history}, but a history column is a list of "
+            f"{item_column}'s ids (list<{_element_type(item)}>)"
+        )
+    element = id_kind(history)
+    if element is None or element != id_kind(item):
+        return (
+            f"column {history_column} holds {history.value_type}, but {item_column}, whose embedding table it "
+            f"shares, is {item}: the same id would hash to another row"
+        )
+    return None
+
+
 def _keys(values: pa.Array) -> np.ndarray:
     """The 64-bit keys (data.parquet.id_hashing) of a flat array of ids without nulls."""
     if isinstance(values, pa.ChunkedArray):
@@ -178,6 +227,10 @@ class ParquetColumns:
         id_hashing: "hash" (data.parquet.id_hashing) or "modulo" (integer ids, not negative,
             taken modulo the table size: ids a pipeline has already mapped).
         hash_seed: the seed of the hash.
+        sequences: the history features (``--sequence_columns``): (history column, its
+            item column, one of ``sparse``) pairs; a history's ids are its item's, looked
+            up in the item's table (`convert` puts them after the sparse features).
+        max_history: the newest ids a history keeps (``--max_history``).
     """
 
     label: str
@@ -188,10 +241,17 @@ class ParquetColumns:
     dense_transform: str = "log1p"
     id_hashing: str = "hash"
     hash_seed: int = 0
+    sequences: tuple[tuple[str, str], ...] = ()
+    max_history: int = 0
 
     def __post_init__(self) -> None:
         if len(self.table_sizes) != len(self.sparse):
             raise ValueError(f"{len(self.sparse)} sparse columns but {len(self.table_sizes)} table sizes")
+        for history, item in self.sequences:
+            if item not in self.sparse:
+                raise ValueError(f"history {history}'s item {item} is not a sparse column")
+        if self.sequences and self.max_history < 1:
+            raise ValueError(f"histories need a max_history of at least 1, got {self.max_history}")
 
     @classmethod
     def from_flags(
@@ -209,12 +269,43 @@ class ParquetColumns:
             dense_transform=config.dense_transform,
             id_hashing=config.id_hashing,
             hash_seed=config.hash_seed,
+            sequences=tuple(description.sequences),
+            max_history=description.max_history or 0,
         )
 
     @property
     def names(self) -> tuple[str, ...]:
         """Every column read, label first."""
-        return (self.label,) + self.dense + self.sparse + ((self.weight,) if self.weight else ())
+        return (
+            (self.label,)
+            + self.dense
+            + self.sparse
+            + tuple(history for history, _ in self.sequences)
+            + ((self.weight,) if self.weight else ())
+        )
+
+    @property
+    def histories(self) -> tuple[str, ...]:
+        """The history columns, in ``sequences``' order."""
+        return tuple(history for history, _ in self.sequences)
+
+    @property
+    def kjt_keys(self) -> list[str]:
+        """The batches' KeyedJaggedTensor keys: the sparse features, then the histories
+        (`data.sources.types.FeatureDescription.kjt_keys`)."""
+        return [*self.sparse, *self.histories]
+
+    def _item_index(self) -> list[int]:
+        """Per history, the index of its item among the sparse features."""
+        return [self.sparse.index(item) for _, item in self.sequences]
+
+    def table_keys(self, keys: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Per sparse feature, the keys looked up in its table (``ConvertedRows.keys``):
+        its own, then its histories' (they share the table)."""
+        per_table = [[k] for k in keys[: len(self.sparse)]]
+        for history_keys, item in zip(keys[len(self.sparse) :], self._item_index()):
+            per_table[item].append(history_keys)
+        return [parts[0] if len(parts) == 1 else np.concatenate(parts) for parts in per_table]
 
     def check_schema(self, schema: pa.Schema, where: str, labelled: bool = True) -> None:
         """Refuses a file whose schema lacks a column or gives one a type it cannot
@@ -248,6 +339,16 @@ class ParquetColumns:
                 )
             if not accepts(kind):
                 raise BadInput(f"{where}: column {column} is {kind}, but a {role} column holds {expected}")
+        for history, item in self.sequences:
+            index = schema.get_field_index(history)
+            if index < 0:
+                raise BadInput(
+                    f"{where}: no column {history} (the history column of --sequence_columns {history}:{item}; "
+                    f"the file has {', '.join(schema.names)})"
+                )
+            error = history_type_error(schema.field(index).type, schema.field(item).type, history, item)
+            if error is not None:
+                raise BadInput(f"{where}: {error}")
 
     def convert(self, rows: pa.Table, labelled: bool = True) -> ConvertedRows:
         """The model inputs of a block of rows (a Table or RecordBatch with the columns;
@@ -307,21 +408,25 @@ class ParquetColumns:
     def _sparse_bags(
         self, lib: ctypes.CDLL | None, rows: pa.Table
     ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray], np.ndarray | None]:
-        """(bag lengths (F, N) int32, embedding rows per feature, keys per feature, the
-        embedding rows concatenated where the kernels wrote them so, else None)."""
-        columns = [rows.column(name) for name in self.sparse]
+        """(bag lengths (F + S, N) int32, embedding rows per feature, keys per feature,
+        the embedding rows concatenated where the kernels wrote them so, else None): the
+        sparse features, then the histories, whose ids are converted as their item's
+        (its table size) and cut to their newest ``max_history`` (`_newest`)."""
+        names = self.kjt_keys
+        columns = [rows.column(name) for name in names]
+        sizes = [*self.table_sizes, *(self.table_sizes[i] for i in self._item_index())]
         modulo = self.id_hashing == "modulo"
         if lib is None:
             lengths = np.empty((len(columns), rows.num_rows), dtype=np.int32)
             found: list[kernel.FeatureIds | None] = [None] * len(columns)
             flat_ids = None
         else:
-            lengths, found, flat_ids = kernel.sparse_bags(lib, columns, list(self.table_sizes), modulo, self.hash_seed)
+            lengths, found, flat_ids = kernel.sparse_bags(lib, columns, sizes, modulo, self.hash_seed)
             lengths = lengths.reshape(len(columns), rows.num_rows)  # (0, N) too, without sparse columns
             if any(f is None for f in found):
                 flat_ids = None
         ids, keys = [], []
-        for f, (name, size) in enumerate(zip(self.sparse, self.table_sizes)):
+        for f, (name, size) in enumerate(zip(names, sizes)):
             if found[f] is None:  # the reference
                 feature_keys, lengths[f] = self._bags(columns[f])
                 feature_ids = self._rows(name, feature_keys, lengths[f], size)
@@ -329,6 +434,10 @@ class ParquetColumns:
                 feature_keys, feature_ids, negative = found[f]  # type: ignore[misc]
                 if negative >= 0:
                     _negative_id(name, feature_keys, lengths[f], negative)
+            if f >= len(self.sparse) and len(lengths[f]) and int(lengths[f].max()) > self.max_history:
+                feature_keys, feature_ids = _newest(feature_keys, feature_ids, lengths[f], self.max_history)
+                lengths[f] = np.minimum(lengths[f], self.max_history)
+                flat_ids = None  # no longer the kernels' array
             keys.append(feature_keys)
             ids.append(feature_ids)
         return lengths, ids, keys, flat_ids
@@ -407,6 +516,14 @@ class ParquetColumns:
             return _keys(array), np.ones(len(array), dtype=np.int32)
         valid = pc.is_valid(array).to_numpy(zero_copy_only=False)
         return _keys(array.filter(pa.array(valid))), valid.astype(np.int32)
+
+
+def _newest(keys: np.ndarray, ids: np.ndarray, lengths: np.ndarray, keep: int) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, ids) of bags (``lengths``, oldest id first) cut to each bag's last ``keep``."""
+    starts = np.cumsum(lengths) - lengths
+    place = np.arange(len(ids)) - np.repeat(starts, lengths)
+    kept = place >= np.repeat(lengths.astype(np.int64) - keep, lengths)
+    return keys[kept], ids[kept]
 
 
 def _negative_id(name: str, keys: np.ndarray, lengths: np.ndarray, first: int) -> NoReturn:

@@ -373,7 +373,7 @@ class ParquetLoader:
         self._shuffle_seed = shuffle_seed
         self._limit = limit_batches
         self._window = max_buffered_row_groups
-        self._builder = BatchBuilder(list(columns.sparse))
+        self._builder = BatchBuilder(columns.kjt_keys)  # the sparse features, then the histories
         self._collisions = collisions
         self._dense_nulls = np.zeros(len(columns.dense), dtype=np.int64)
         self._nulls_lock = threading.Lock()
@@ -607,7 +607,12 @@ class ParquetLoader:
         if rows.dense_nulls.any():
             self._count_nulls(rows.dense_nulls)
         if self._collisions is not None:
-            self._collisions.add(rows.keys)
+            # Training's counter: per table, a history's ids with its item's (they are looked
+            # up and trained in its table: its collisions, its seen-id filter). An evaluation's
+            # unseen ids: the categorical features' own, as serving counts them.
+            training = self._collisions.counts_collisions
+            columns = self._columns
+            self._collisions.add(columns.table_keys(rows.keys) if training else rows.keys[: len(columns.sparse)])
         result = self._builder.bags(
             rows.dense, rows.ids, rows.lengths, rows.labels, rows.weights, 1.0, flat_ids=rows.flat_ids
         )

@@ -152,7 +152,7 @@ def check_source_flags(config: "DataConfig") -> DataSource:
         with_sequences = " or ".join(s.name for s in SOURCES.values() if s.has_sequences)
         raise FlagError(
             f"{flag_of(type(config), 'sequence_columns').option} needs data with history features "
-            f"({with_sequences} data for now); {source.name} data has none"
+            f"({with_sequences} data); {source.name} data has none"
         )
     return source
 

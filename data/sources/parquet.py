@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.config_flags import FlagError, flag, option
+from common.errors import BadInput
 from common.url_paths import check_url_path
 from data.parquet.windows import Window, parse_window
 from data.sources.types import BatchLoader, DataSource, FeatureDescription, FeedJob
@@ -90,6 +91,12 @@ class ParquetOptions:
         help="with --time_column: N+1 consecutive time windows; train on window k, evaluate on k+1, "
         "continue on k+1 ...",
     )
+    user_column: str | None = flag(
+        None,
+        help="Parquet: with --sequence_columns and --time_column, the user column: before training every "
+        "row's history is checked against the table's own events, and a history item the row's user first "
+        "had at or after the row's time (the row's own future) is refused (reads the table twice more)",
+    )
 
 
 class ParquetSource(DataSource):
@@ -101,6 +108,7 @@ class ParquetSource(DataSource):
     path_field = "parquet_path"
     serving_layout = "parquet_columns"
     has_weights = True  # --weight_column names a column
+    has_sequences = True  # --sequence_columns names list columns (data/parquet/columns.py)
     uses_feed_group = True  # the ranks agree on each batch (data/parquet/feed.py)
 
     def check_flags(self) -> None:
@@ -157,6 +165,14 @@ class ParquetSource(DataSource):
                     f"{rolling} evaluates each window on the next one: "
                     f"{option(config, 'validation_window')} and {option(config, 'test_window')} "
                     "do not apply"
+                )
+        if config.user_column is not None:
+            user = option(config, "user_column")
+            if not config.sequence_columns:
+                raise FlagError(f"{user} checks the histories of {option(config, 'sequence_columns')}: give them")
+            if config.time_column is None:
+                raise FlagError(
+                    f"{user} checks histories against the rows' times: give {option(config, 'time_column')}"
                 )
         super().check_flags()
 
@@ -226,6 +242,11 @@ class ParquetSource(DataSource):
         names = column_names(config.parquet_path, self._listing())  # type: ignore[arg-type]
         dense = resolve_column_patterns(_patterns(config.dense_columns), names, option(config, "dense_columns"))
         sparse = resolve_column_patterns(_patterns(config.sparse_columns), names, option(config, "sparse_columns"))
+        histories = _histories(config.sequence_columns, names, option(config, "sequence_columns"))
+        # A pattern (C*) leaves out the history columns (C1_history); a name given exactly
+        # is refused below, as a history that is also a feature.
+        given = set(_patterns(config.sparse_columns))
+        sparse = tuple(c for c in sparse if c not in histories or c in given)
         roles = {
             option(config, "label_column"): config.label_column,
             option(config, "weight_column"): config.weight_column,
@@ -243,7 +264,12 @@ class ParquetSource(DataSource):
                 f"column {sorted(both)[0]} is both in {option(config, 'dense_columns')} and "
                 f"{option(config, 'sparse_columns')}"
             )
-        return FeatureDescription(dense, sparse)
+        description = FeatureDescription(dense, sparse)
+        if not histories:
+            return description
+        return description.with_sequences(
+            config.sequence_columns, config.max_history, option(config, "sequence_columns")
+        )
 
     def open(self, check_values: bool = True) -> Any:
         """The table (`data.parquet.loader.ParquetDataset`): footers read, every file's
@@ -268,20 +294,51 @@ class ParquetSource(DataSource):
             self._listing(),
         )
 
+    def check_values(self, dataset: Any) -> None:
+        """With ``--user_column``: no row's history holds the row's own future, every row of
+        the table checked (data/parquet/history_checks.py `check_table_histories`); every
+        rank checks alike, so every rank refuses the same row before any collective.
+
+        Raises:
+            BadInput: one line naming the file, row group, row and history column.
+        """
+        config = self.config
+        if config.user_column is None:
+            return
+        from data.parquet.history_checks import check_table_histories
+
+        if config.user_column not in dataset.schema.names:
+            raise BadInput(
+                f"{option(config, 'user_column')} {config.user_column}: no such column "
+                f"(the table has {', '.join(dataset.schema.names)})"
+            )
+        index = {footer.path: i for i, footer in enumerate(dataset.footers)}
+        check_table_histories(
+            dataset.footers,
+            dataset.schema,
+            lambda footer, g, names: dataset.read_row_group(index[footer.path], g, names),
+            self.describe().sequences,
+            config.user_column,
+            config.time_column,
+        )
+
     def split_rows(self, dataset: Any, world_size: int) -> dict[str, int]:
         return {split: stop - start for split, (start, stop) in dataset.split_ranges().items()}
 
     def serving_facts(self, dataset: Any) -> dict[str, Any]:
         """The label column and each sparse column's value type (the ids' type decides
         their hash), from the schema `open` read: {"label_name": ..., "sparse_value_types":
-        {column: one of data.parquet.columns.SPARSE_VALUE_TYPES}}."""
+        {column: one of data.parquet.columns.SPARSE_VALUE_TYPES}}, the history columns' after the
+        sparse columns'."""
         from data.parquet.columns import sparse_value_type
 
+        description = self.describe()
         return {
             "label_name": self.config.label_column,
+            # The history columns too (after the features): a list of the item's kind.
             "sparse_value_types": {
                 name: sparse_value_type(dataset.schema.field(name).type)
-                for name in self.describe().sparse_feature_names
+                for name in (*description.sparse_feature_names, *(h for h, _ in description.sequences))
             },
         }
 
@@ -448,6 +505,22 @@ def statistics_lines(statistics: dict[str, Any]) -> str | None:
             + ", ".join(f"{name} {count:,}" for name, count in nulls.items())
         )
     return "\n".join(lines) if lines else None
+
+
+def _histories(sequence_columns: list[str], names: list[str], flag_name: str) -> set[str]:
+    """The history columns of ``--sequence_columns``, each a column of the table.
+
+    Raises:
+        FlagError: a history that is no column (one line naming the flag).
+    """
+    from common.sequence_columns import parse_sequence_columns
+
+    histories = set()
+    for history, item in parse_sequence_columns(sequence_columns, flag_name):
+        if history not in names:
+            raise FlagError(f"{flag_name} {history}:{item}: no column {history} (the table has {', '.join(names)})")
+        histories.add(history)
+    return histories
 
 
 def _patterns(text: str | None) -> list[str]:

@@ -190,9 +190,8 @@ def test_flags_refuse_what_cannot_be_built(tmp_path):
         DataConfig.from_flags(sequence_columns=["cat_1:cat_0"]).validate().describe()
     with pytest.raises(FlagError, match="--max_history must be positive"):
         DataConfig.from_flags(sequence_columns=["h:cat_0"], max_history=0).validate()
-    (tmp_path / "t.parquet").write_bytes(b"")
-    with pytest.raises(FlagError, match="--sequence_columns needs data with history features"):
-        DataConfig.from_flags(parquet_path=str(tmp_path), sparse_columns="C1", sequence_columns=["h:C1"]).validate()
+    with pytest.raises(FlagError, match=r"--sequence_columns needs data with history features \(random or parquet"):
+        DataConfig.from_flags(in_memory_binary_criteo_path=str(tmp_path), sequence_columns=["h:cat_1"]).validate()
     with pytest.raises(FlagError, match="--transformer_num_heads"):
         _config(
             sequence_interaction="transformer",

@@ -1,4 +1,4 @@
-"""data.history_checks: a history column of the wrong type, and a history holding the
+"""data.parquet.history_checks: a history column of the wrong type, and a history holding the
 row's own future, refused in one line; what data.histories writes passes."""
 
 import os
@@ -10,8 +10,8 @@ import pytest
 
 from common.errors import BadInput
 from data.histories import HistoryFlags, build_histories
-from data.history_checks import FirstEventTimes, check_history_row_group, check_history_type
 from data.parquet.files import list_files, read_footers, read_row_group
+from data.parquet.history_checks import FirstEventTimes, check_history_row_group, check_history_type
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,10 @@
 """Bad input for training on histories: what a history column must be, checked before use.
 
+The Parquet source (data/sources/parquet.py) runs these checks: the type checks on every
+file's schema (`data.parquet.columns.ParquetColumns.check_schema`, through
+`data.parquet.columns.history_type_error`), and with ``--user_column`` and
+``--time_column`` the future check on every row before training (`check_table_histories`).
+
 A history column (``item_history``, as ``python -m data.histories`` writes it) holds, for
 each row, items looked up in the same embedding table as the item column. It is refused
 
@@ -13,7 +18,9 @@ each row, items looked up in the same embedding table as the item column. It is 
   positive event of before the row's time, though the log has one at or after it,
   came from the future (a history built with the row itself, or with events logged
   at the same time). A pair the log does not hold passes: a history may come from
-  before the log.
+  before the log. Training checks against the user's first event of the item of any
+  label (``positive_column`` None): a history of positive events only is leak-free
+  against it too, whatever made an event positive.
 
 Each refusal is one line: a type names the file and column; a value the file, row
 group, row and column (`check_history_row_group`, or `ColumnValueError` with the row in
@@ -27,13 +34,14 @@ Example::
 """
 
 import datetime
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from common.errors import BadInput
-from data.parquet.columns import ColumnValueError
+from data.parquet.columns import ColumnValueError, history_type_error
 from data.parquet.files import FileFooter, list_files, read_footers, read_row_group
 from data.parquet.split import time_kind, time_numbers
 
@@ -44,36 +52,19 @@ _MERGE_EVERY = 32
 _USER, _ITEM, _TIME, _ROW = "user", "item", "first_time", "row"
 
 
-def _id_kind(kind: pa.DataType) -> str:
-    """The kind of id a type holds, as hashing sees it: integers, strings or bytes."""
-    if pa.types.is_integer(kind):
-        return "integer"
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return "string"
-    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
-        return "binary"
-    return str(kind)
-
-
 def check_history_type(schema: pa.Schema, history_column: str, item_column: str, file: str) -> None:
     """Refuses a history column that is not a list, or whose elements are another kind
-    of id than the item column's (integers, strings, bytes).
+    of id than the item column's (integers against strings or bytes: they hash apart).
 
     Raises:
         BadInput: ``"FILE: column item_history is int64, but a history column is a list
             of item's ids (list<int64>)"``, or the element kind's mismatch.
     """
-    history, item = schema.field(history_column).type, schema.field(item_column).type
-    if not (pa.types.is_list(history) or pa.types.is_large_list(history)):
-        raise BadInput(
-            f"{file}: column {history_column} is {history}, but a history column is a list of "
-            f"{item_column}'s ids ({pa.list_(item)})"
-        )
-    if _id_kind(history.value_type) != _id_kind(item):
-        raise BadInput(
-            f"{file}: column {history_column} holds {history.value_type}, but {item_column}, whose embedding "
-            f"table it shares, is {item}: the same id would hash to another row"
-        )
+    error = history_type_error(
+        schema.field(history_column).type, schema.field(item_column).type, history_column, item_column
+    )
+    if error is not None:
+        raise BadInput(f"{file}: {error}")
 
 
 class FirstEventTimes:
@@ -84,11 +75,13 @@ class FirstEventTimes:
     Args:
         table: columns user, item, first_time (int64), one row per pair.
         kind: the time column's kind ("timestamp", "date" or "integer"), for messages.
+        positive: whether only positive events count (else every event does).
     """
 
-    def __init__(self, table: pa.Table, kind: str) -> None:
+    def __init__(self, table: pa.Table, kind: str, positive: bool = True) -> None:
         self.table = table
         self.kind = kind
+        self.positive = positive
 
     @classmethod
     def from_parquet(
@@ -106,6 +99,33 @@ class FirstEventTimes:
         """
         filesystem, root, files = list_files(path)
         footers, _, schema = read_footers(filesystem, root, files)
+        return cls.from_row_groups(
+            footers,
+            schema,
+            lambda footer, g, names: read_row_group(filesystem, footer, schema, g, names),
+            user_column,
+            item_column,
+            time_column,
+            positive_column,
+        )
+
+    @classmethod
+    def from_row_groups(
+        cls,
+        footers: Sequence[FileFooter],
+        schema: pa.Schema,
+        read: Callable[[FileFooter, int, list[str]], pa.Table],
+        user_column: str,
+        item_column: str,
+        time_column: str,
+        positive_column: str | None = None,
+    ) -> "FirstEventTimes":
+        """Reads the log's files (``footers``, ``schema``: `read_footers`'), a row group at
+        a time by ``read(footer, row_group, columns)``.
+
+        Raises:
+            BadInput: a missing column, a time column that is no time.
+        """
         names = [user_column, item_column, time_column] + ([positive_column] if positive_column else [])
         for name in names:
             if name not in schema.names:
@@ -120,7 +140,7 @@ class FirstEventTimes:
         partial: list[pa.Table] = []
         for footer in footers:
             for g in range(len(footer.row_group_rows)):
-                rows = read_row_group(filesystem, footer, schema, g, list(dict.fromkeys(names)))
+                rows = read(footer, g, list(dict.fromkeys(names)))
                 if positive_column is not None:
                     flags = rows.column(positive_column)
                     hit = flags if pa.types.is_boolean(flags.type) else pc.equal(flags, pa.scalar(1).cast(flags.type))
@@ -130,7 +150,7 @@ class FirstEventTimes:
                 partial.append(pairs.drop_null())
                 if len(partial) >= _MERGE_EVERY:
                     partial = [_earliest(partial)]
-        return cls(_earliest(partial), kind)
+        return cls(_earliest(partial), kind, positive_column is not None)
 
     def lookup(self, users: pa.Array, items: pa.Array) -> np.ndarray:
         """The first positive time of each (user, item); `UNKNOWN` for a pair not held."""
@@ -192,8 +212,8 @@ def check_history_rows(
     raise ColumnValueError(
         history_column,
         row,
-        f"item {elements[k].as_py()!r} is in the history, but user {users[k].as_py()!r} first had a positive event "
-        f"of it at {first.format(int(firsts[k]))}, not before the row's time {first.format(int(numbers[row]))}: "
+        f"item {elements[k].as_py()!r} is in the history, but user {users[k].as_py()!r} first had "
+        f"{'a positive event' if first.positive else 'an event'} of it at {first.format(int(firsts[k]))}, not before the row's time {first.format(int(numbers[row]))}: "
         "the row's own future (python -m data.histories builds histories of earlier events only)",
     )
 
@@ -221,3 +241,29 @@ def check_history_row_group(
             f"{footer.path}: row group {row_group}, row {footer.first_row(row_group) + e.row}, "
             f"column {e.column}: {e.what}"
         ) from None
+
+
+def check_table_histories(
+    footers: Sequence[FileFooter],
+    schema: pa.Schema,
+    read: Callable[[FileFooter, int, list[str]], pa.Table],
+    sequences: Sequence[tuple[str, str]],
+    user_column: str,
+    time_column: str,
+) -> None:
+    """Refuses the first row, in file order, whose history holds the row's own future
+    (`check_history_rows`), for each (history, item) of ``sequences``, against the
+    user's first event of any label of each item in the same files (`FirstEventTimes`).
+    Reads the files twice per history (``read(footer, row_group, columns)``); memory: one
+    entry per distinct (user, item) pair of the log.
+
+    Raises:
+        BadInput: ``"FILE: row group G, row R, column item_history: item 17 is in the
+            history, but ..."``.
+    """
+    for history, item in sequences:
+        first = FirstEventTimes.from_row_groups(footers, schema, read, user_column, item, time_column)
+        for footer in footers:
+            for g in range(len(footer.row_group_rows)):
+                rows = read(footer, g, list(dict.fromkeys([history, user_column, time_column])))
+                check_history_row_group(footer, g, rows, history, user_column, time_column, first)

@@ -38,7 +38,13 @@ from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-ZCH_EVICTION_POLICIES = ("lfu", "lru")
+from data.sources.parquet import ZCH_EVICTION_POLICIES
+
+# What --id_hashing zch answers where torchrec has the modules (training/config.py).
+ZCH_NOT_WIRED = (
+    "--id_hashing zch: torchrec's managed-collision tables work on this stack (docs/zch.md), but this "
+    "release's trainer, checkpoints, export and serving do not carry their id remapping yet; use --id_hashing hash"
+)
 
 # The input range of the modules: ids are non-negative int64 below int64's maximum,
 # which the module uses to mark an empty slot (data.parquet.id_hashing.zch_ids).

@@ -146,7 +146,7 @@ def _live_ids(module: Any) -> torch.Tensor:
     return ids[ids != torch.iinfo(torch.int64).max]
 
 
-def reserve_history(collection: nn.Module, ids_per_step: int) -> None:
+def reserve_history(collection: Any, ids_per_step: int) -> None:
     """Sizes every module's record of the ids seen between two admissions for
     ``ids_per_step`` ids a step (the most one rank's shard can receive: the global
     batch's ids of the feature).

@@ -11,14 +11,15 @@ among the admitted and the recorded ones. Evaluation and serving never admit.
 What this stack can and cannot do (torchrec 1.8.0 / fbgemm-gpu-cpu 1.8.0 on CPU with
 gloo, measured; docs/zch.md):
 
-- the planner cannot shard a `ManagedCollisionEmbeddingBagCollection` on CPU: the
-  managed-collision sharder takes row-wise sharding only, and the bag collection's
-  sharder offers row-wise on CUDA only, so their intersection is empty on CPU
-  ("No available sharding type and compute kernel combination"); with ``buckets=1``
-  and 2 ranks it fails before that ("uneven buckets per rank ... Enable JK
-  'pytorch/torchrec:enable_uneven_buckets_mpzch'"). A hand-built row-wise plan with the
-  fused kernel (sharding_plans/zch.py) shards, trains with the fused optimizer, evicts
-  (rows and optimizer state reset) and saves and loads with torch.distributed.checkpoint;
+- with torchrec's own sharders the planner cannot shard a
+  `ManagedCollisionEmbeddingBagCollection` on CPU: the managed-collision sharder takes
+  row-wise sharding only, and the bag collection's sharder offers row-wise on CUDA only,
+  so their intersection is empty on CPU ("No available sharding type and compute kernel
+  combination"); with ``buckets=1`` and 2 ranks it fails before that ("uneven buckets
+  per rank ... Enable JK 'pytorch/torchrec:enable_uneven_buckets_mpzch'").
+  sharding_plans/zch.py's sharder and `ZCH_BUCKETS` make it plannable; the row-wise
+  plan with the fused kernel shards, trains with the fused optimizer, evicts (rows and
+  optimizer state reset) and saves and loads with torch.distributed.checkpoint;
 - unsharded, torchrec's eviction leaves an evicted row's weights as they were (its
   ``evict`` is a stub), where the sharded module re-initialises them: sharded and
   unsharded training differ after the first eviction by design, and a row-wise shard
@@ -49,6 +50,11 @@ ZCH_NOT_WIRED = (
 # The input range of the modules: ids are non-negative int64 below int64's maximum,
 # which the module uses to mark an empty slot (data.parquet.id_hashing.zch_ids).
 ZCH_INPUT_RANGE = 2**63 - 1
+
+# Buckets of each module's input range: the planner refuses a world size that does not
+# divide them ("uneven buckets per rank"); 1024 (torchrec's most shards) takes every
+# power of two up to it.
+ZCH_BUCKETS = 1024
 
 
 def zch_unavailable() -> str | None:
@@ -117,6 +123,7 @@ def build_zch_collection(configs: Sequence[EmbeddingBagConfig], options: ZchOpti
             eviction_policy=LFU_EvictionPolicy() if options.eviction_policy == "lfu" else LRU_EvictionPolicy(),
             eviction_interval=options.eviction_interval,
             input_hash_size=ZCH_INPUT_RANGE,
+            buckets=ZCH_BUCKETS,
         )
         for config in configs
     }

@@ -1,9 +1,13 @@
-"""The plan of a managed-collision bag collection (``--id_hashing zch``, models/zch.py).
+"""The sharding of a managed-collision bag collection (``--id_hashing zch``, models/zch.py).
 
-torchrec 1.8's planner cannot plan one on CPU (models/zch.py says why), but a plan built
-by hand, every table row-wise with the fused kernel, shards and trains on CPU with gloo:
-this module builds that plan. Row-wise is the only layout the managed-collision sharder
-takes, on every device.
+Row-wise is the only layout torchrec's managed-collision sharder takes, on every device.
+With torchrec 1.8's own sharders the planner cannot plan one on CPU (models/zch.py says
+why); `zch_sharder` makes it plannable there: its bag sharder offers row splits on CPU
+(`sharding_plans.sharders.RowSplitsOnCpuSharder`) and it offers only the fused kernel on
+CPU (torchrec's lists the UVM kernels on every device, which the planner's estimator
+refuses on CPU: "Unrecognized or unsupported compute kernel: fused_uvm"). The modules
+need a number of buckets that the world size divides (`models.zch.ZCH_BUCKETS`).
+`zch_plan` builds the same plan by hand, without the planner.
 """
 
 import torch
@@ -12,10 +16,18 @@ from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 
 def zch_sharder() -> ModuleSharder[nn.Module]:
-    """The sharder of `models.zch.build_zch_collection`'s module."""
+    """The sharder of `models.zch.build_zch_collection`'s module, plannable on CPU."""
     from torchrec.distributed.mc_embeddingbag import ManagedCollisionEmbeddingBagCollectionSharder
 
-    return ManagedCollisionEmbeddingBagCollectionSharder()
+    from sharding_plans.sharders import RowSplitsOnCpuSharder
+
+    class ZchSharder(ManagedCollisionEmbeddingBagCollectionSharder):
+        def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
+            if compute_device_type == "cpu":
+                return ["fused"]  # the only kernel FBGEMM runs on CPU for these tables
+            return super().compute_kernels(sharding_type, compute_device_type)
+
+    return ZchSharder(ebc_sharder=RowSplitsOnCpuSharder())
 
 
 def zch_plan(model: nn.Module, world_size: int, local_world_size: int, device: torch.device) -> ShardingPlan:

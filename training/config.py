@@ -350,6 +350,15 @@ class TrainConfig:
         """Whether the dense part's forward runs under bf16 autocast."""
         return self.dense_precision == "bf16"
 
+    def _check_zch(self) -> None:
+        """--id_hashing zch: one line, whether this stack's torchrec lacks the modules or
+        has them (models/zch.py is not wired into training yet)."""
+        if getattr(self.data, "id_hashing", None) != "zch":
+            return
+        from models.zch import ZCH_NOT_WIRED, zch_unavailable
+
+        raise FlagError(zch_unavailable() or ZCH_NOT_WIRED)
+
     @property
     def max_table_rows(self) -> int | None:
         return self.tables.max_table_rows
@@ -415,6 +424,7 @@ class TrainConfig:
                 f"or {option(self.checkpoint, 'checkpoint_dir')} for its newest one"
             )
         self._check_rolling_windows()
+        self._check_zch()
         if self.log_path:  # before anything is written: a run appends to it
             check_appendable(self.log_path, option(self, "log_path"), FlagError)
         check_url_path(self.tensorboard_dir or "", option(self, "tensorboard_dir"), FlagError)  # may be a URL

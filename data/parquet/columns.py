@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 
 from common.errors import BadInput
 from data.parquet import kernel
-from data.parquet.id_hashing import embedding_rows, integer_keys, string_keys
+from data.parquet.id_hashing import embedding_rows, integer_keys, string_keys, zch_ids
 
 if TYPE_CHECKING:
     from data.config import DataConfig
@@ -225,7 +225,8 @@ class ParquetColumns:
         dense_transform: "log1p" (negative values clamped to 0 first, as Criteo's
             preprocessing does) or "none".
         id_hashing: "hash" (data.parquet.id_hashing) or "modulo" (integer ids, not negative,
-            taken modulo the table size: ids a pipeline has already mapped).
+            taken modulo the table size: ids a pipeline has already mapped), or "zch" (the
+            hash's 63 top bits, `zch_ids`, not reduced: models/zch.py maps them to rows).
         hash_seed: the seed of the hash.
         sequences: the history features (``--sequence_columns``): (history column, its
             item column, one of ``sparse``) pairs; a history's ids are its item's, looked
@@ -416,7 +417,7 @@ class ParquetColumns:
         columns = [rows.column(name) for name in names]
         sizes = [*self.table_sizes, *(self.table_sizes[i] for i in self._item_index())]
         modulo = self.id_hashing == "modulo"
-        if lib is None:
+        if lib is None or self.id_hashing == "zch":  # the kernels reduce ids to rows; zch keeps them
             lengths = np.empty((len(columns), rows.num_rows), dtype=np.int32)
             found: list[kernel.FeatureIds | None] = [None] * len(columns)
             flat_ids = None
@@ -445,6 +446,8 @@ class ParquetColumns:
     def _rows(self, name: str, keys: np.ndarray, lengths: np.ndarray, table_size: int) -> np.ndarray:
         if self.id_hashing == "hash":
             return embedding_rows(keys, self.hash_seed, table_size)
+        if self.id_hashing == "zch":  # the managed-collision modules give the rows (models/zch.py)
+            return zch_ids(keys, self.hash_seed)
         self._check_not_negative(name, keys, lengths)
         return keys.view(np.int64) % table_size
 

@@ -97,3 +97,23 @@ def embedding_rows(keys: np.ndarray, seed: int, table_size: int) -> np.ndarray:
     rows = hashed(keys, seed)
     rows %= np.uint64(table_size)
     return rows.view(np.int64)  # below 2**63: the same values
+
+
+# ``--id_hashing zch``: the managed-collision modules take non-negative int64 ids below
+# int64's maximum, which they use to mark an empty slot (models/zch.py).
+ZCH_ID_RANGE = 2**63 - 1
+
+
+def zch_ids(keys: np.ndarray, seed: int) -> np.ndarray:
+    """The input id (int64 in [0, 2**63 - 1)) of each key for ``--id_hashing zch``: the
+    hash's top 63 bits, not reduced to a table row (the module gives each admitted id a
+    row of its own): ``(hashed(keys, seed) >> 1) % (2**63 - 1)``.
+
+    Example::
+
+        zch_ids(integer_keys(np.array([17, 2**40])), seed=0)
+    """
+    ids = hashed(keys, seed)
+    ids >>= np.uint64(1)
+    ids %= np.uint64(ZCH_ID_RANGE)
+    return ids.view(np.int64)

@@ -21,7 +21,8 @@ from data.sources.types import BatchLoader, DataSource, FeatureDescription, Feed
 # Choices of the Parquet flags (data/parquet/columns.py implements them; that module
 # needs pyarrow, this one must not).
 DENSE_TRANSFORMS = ("log1p", "none")
-ID_HASHING = ("hash", "modulo")
+ID_HASHING = ("hash", "modulo", "zch")
+ZCH_EVICTION_POLICIES = ("lfu", "lru")  # models/zch.py's
 
 
 @dataclass
@@ -52,9 +53,19 @@ class ParquetOptions:
         choices=ID_HASHING,
         help="Parquet: raw id to embedding row; hash: a stable seeded 64-bit hash modulo the "
         "table size (docs/data.md); modulo: integer ids already mapped, taken modulo the "
-        "table size",
+        "table size; zch: zero-collision tables of torchrec's managed-collision modules (docs/zch.md; "
+        "not yet trained by this release)",
     )
     hash_seed: int = flag(0, help="Parquet: the seed of --id_hashing hash")
+    zch_eviction_policy: str = flag(
+        "lfu",
+        choices=ZCH_EVICTION_POLICIES,
+        help="Parquet, --id_hashing zch: which ids keep their rows when a table is full: lfu (most frequent) "
+        "or lru (most recent)",
+    )
+    zch_eviction_interval: int = flag(
+        100, help="Parquet, --id_hashing zch: training steps between admissions (and evictions) of ids"
+    )
     max_buffered_row_groups: int = flag(
         4, help="Parquet: row groups a rank holds in memory at most (also the --shuffle_training_set window)"
     )
@@ -137,6 +148,10 @@ class ParquetSource(DataSource):
             )
         if config.data_workers is not None and config.data_workers < 1:
             raise FlagError(f"{option(config, 'data_workers')} must be at least 1, got {config.data_workers}")
+        if config.zch_eviction_interval < 1:
+            raise FlagError(
+                f"{option(config, 'zch_eviction_interval')} must be at least 1, got {config.zch_eviction_interval}"
+            )
         if config.epoch_shares is not None and config.epoch_shares < 1:
             raise FlagError(f"{option(config, 'epoch_shares')} must be at least 1, got {config.epoch_shares}")
         validation, test = self.windows()

@@ -387,6 +387,7 @@ RECORD_LIES = [
     ("hash_seed", True, "preprocessing.hash_seed must be an integer"),
     ("dense_transform", "exp", "preprocessing.dense_transform must be log1p or none"),
     ("id_hashing", "vocabulary", "preprocessing.id_hashing must be hash or modulo"),
+    ("id_hashing", "zch", "preprocessing.id_hashing must be hash or modulo"),  # not exported yet (docs/zch.md)
     ("label", "", "preprocessing.label must be a column name"),
     ("label", "C1", "column C1 is named twice"),
     ("weight", 3, "preprocessing.weight must be a column name or null"),

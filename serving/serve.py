@@ -411,7 +411,7 @@ class PredictApp:
         self._parsers = ThreadPoolExecutor(limits.parse_threads, thread_name_prefix="parse")
         # Answered requests, their rows and unseen ids per feature (updated on the event loop thread).
         self.requests, self.rows = 0, 0
-        self.unseen = np.zeros(len(batcher.predictor.inputs.sparse_feature_names), np.int64)
+        self.unseen = np.zeros(len(batcher.predictor.inputs.counted_feature_names), np.int64)
         self.ids = np.zeros_like(self.unseen)  # the unseen shares' denominators
 
     def close(self) -> None:

@@ -97,7 +97,10 @@ def emitted_references() -> dict[str, list[str]]:
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torchrec's notices, every export
         for model, dense in variant_models().values():
-            example: tuple[torch.Tensor, ...] = (torch.zeros(4, dense), torch.zeros(4, sum(model.hotness), dtype=torch.int64))
+            example: tuple[torch.Tensor, ...] = (
+                torch.zeros(4, dense),
+                torch.zeros(4, sum(model.hotness), dtype=torch.int64),
+            )
             if isinstance(model, SequenceProbabilityModel):  # 2 ids a row's history; fp32 only
                 example += (torch.zeros(8, dtype=torch.int64), torch.full((4, 1), 2, dtype=torch.int64))
                 programs = [fp32_program(model, example)]

@@ -300,7 +300,9 @@ def describe_inputs(
             f"({', '.join(LAYOUTS)})"
         )
     described = LAYOUTS[name].describe(Checkpoint(checkpoint, meta, model_config, max_bag_size, training_data))
-    return ModelInputs(**vars(described), checkpoint=checkpoint, step=meta.step)
+    # The history features are the model's, whatever the layout (each layout reads them, or has no place for them).
+    histories = [HistoryInput(history, item, model_config.max_history) for history, item in model_config.sequences]
+    return ModelInputs(**vars(described), checkpoint=checkpoint, step=meta.step, histories=histories)
 
 
 def export_model(
@@ -439,9 +441,6 @@ def _write_model_dir(
     if record is not None:
         vocabulary = None  # the base's serves: _delta_record checked it is the same
     sketch = _id_sketch_bytes(sketch_state, inputs)
-    inputs.histories = [
-        HistoryInput(history, item, model_config.max_history) for history, item in model_config.sequences
-    ]
     model = (SequenceProbabilityModel if inputs.histories else ProbabilityModel)(
         train_model.model,
         model_config.sparse_feature_names,
@@ -477,7 +476,11 @@ def _write_model_dir(
                 with naming_write_errors(os.path.join(output, package)):
                     compile_aoti(program, os.path.join(tmp, package))
                     write_triton_model(
-                        tmp, precision, package, model_config.dense_in_features, sum(inputs.sparse_hotness),
+                        tmp,
+                        precision,
+                        package,
+                        model_config.dense_in_features,
+                        sum(inputs.sparse_hotness),
                         len(inputs.histories),
                     )
                 files[aoti_variant(precision)] = (package, AOTI_FORMAT)

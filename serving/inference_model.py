@@ -99,7 +99,10 @@ def feature_tables(sparse_arch: PooledSparseArch) -> tuple[list[int], list[torch
     if isinstance(sparse_arch, SequenceSparseArch):
         # An item's table serves its histories too: the item (its first feature) names it here.
         for c in sparse_arch.embedding_collection.embedding_configs():
-            by_feature[c.feature_names[0]] = (c.num_embeddings, sparse_arch.embedding_collection.embeddings[c.name].weight)
+            by_feature[c.feature_names[0]] = (
+                c.num_embeddings,
+                sparse_arch.embedding_collection.embeddings[c.name].weight,
+            )
     tables = [by_feature[name] for name in sparse_arch.sparse_feature_names]
     return [rows for rows, _ in tables], [weight.detach() for _, weight in tables]
 
@@ -211,9 +214,7 @@ class SequenceTables(nn.Module):
         sequences = sparse_arch.sequences
         self.history_names = [history for history, _ in sequences]
         items = [sparse_feature_names.index(item) for _, item in sequences]
-        self.register_buffer(
-            "history_rows", torch.tensor([self.candidates.rows[f] for f in items]), persistent=False
-        )
+        self.register_buffer("history_rows", torch.tensor([self.candidates.rows[f] for f in items]), persistent=False)
         self.register_buffer(
             "history_first_row", torch.tensor([self.candidates.first_row[f] for f in items]), persistent=False
         )

@@ -26,7 +26,11 @@ The input layout is the model's (inputs.json "layout"; serving/layouts/):
   --output as Parquet: the --keep_columns (any input columns), then ``probability``
   (`predict_parquet`). The columns are converted by the training's own
   `data.parquet.columns.ParquetColumns` (transform, id hashing); a bad value stops
-  the run naming the file, row group, row and column.
+  the run naming the file, row group, row and column. An --input named ``.json`` or
+  ``.jsonl`` (plain or .gz) holds JSON objects keyed by column name, one a line, as
+  the HTTP endpoint takes them, and gets one probability a line. A model with history
+  features (--sequence_columns) reads each history from its list column (a JSON list
+  of raw ids, oldest first), hashed as its item column, its newest max_history kept.
 
 MODEL_DIR may be a delta export (``serving.export --delta_from``): its rows are applied
 onto its base, found where the delta records it or at ``--base`` (serving/delta.py).
@@ -743,7 +747,8 @@ def check_outputs(args: "PredictConfig", parquet: bool | None) -> None:
 def _predict(args: PredictConfig, prog: str) -> int:
     check_outputs(args, None)  # before the model is read
     predictor = Predictor(args.model, args.variant, args.batch_size, args.trust_native_code, args.base)
-    parquet = isinstance(predictor.layout, ParquetRows)
+    # A Parquet model also scores JSON objects, one a line (as the endpoint's requests), to text.
+    parquet = isinstance(predictor.layout, ParquetRows) and not _is_json_lines(args.input)
     check_outputs(args, parquet)  # again: the model was read meanwhile, and it says the format
     if parquet:
         if args.output is None:
@@ -765,6 +770,11 @@ def _predict(args: PredictConfig, prog: str) -> int:
             result = predict_file(predictor, args.input, out, keep_columns=args.keep_columns)
         print(f"wrote {args.output}: {result[0]} probabilities ({args.variant} model {args.model})")
     return _report_metrics(predictor, args, prog, result)
+
+
+def _is_json_lines(path: str) -> bool:
+    """Whether --input names JSON rows (``.json``, ``.jsonl``, plain or .gz)."""
+    return path.lower().removesuffix(".gz").endswith((".json", ".jsonl"))
 
 
 def _report_metrics(

@@ -31,8 +31,8 @@ from models import build_dlrm_train
 from models.config import INTERACTION_TYPES, ModelConfig
 from models.interactions.dcn import DCNConfig
 from models.interactions.projection import ProjectionConfig
-from serving.export import QUANTIZED_DTYPES, fp32_program, quantized_program, save_program
 from models.sequence_interactions import SEQUENCE_INTERACTIONS
+from serving.export import QUANTIZED_DTYPES, fp32_program, quantized_program, save_program
 from serving.inference_model import ProbabilityModel, SequenceProbabilityModel
 from serving.model_files import ALLOWED_REFERENCES_FILE, TORCH_EXPORT_FORMAT, program_targets
 

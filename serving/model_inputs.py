@@ -238,7 +238,7 @@ def _read_histories(document: JsonObject, sparse: list[str]) -> list[HistoryInpu
     """``histories`` (absent before version 4: none), each naming a new feature and an
     item among ``sparse``."""
     listed = document.get("histories", Kind(lambda v: isinstance(v, list), "a list"), [])
-    histories = []
+    histories: list[HistoryInput] = []
     for index, value in enumerate(listed):
         entry = JsonObject(value, document.path, f"histories[{index}]", _WHAT)
         history = HistoryInput(

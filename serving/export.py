@@ -40,6 +40,11 @@ list column, the places a bag leaves empty holding -1 (`PADDING_ID`); an empty b
 adds nothing, as in training. The directory is written under a temporary name and renamed
 when complete. Bad input: one line on stderr, exit 2.
 
+A model with history features (``--sequence_columns``) also takes ``history_values``
+(N,) int64, every history id of the batch row by row and within a row history by
+history, and ``history_lengths`` (B, S) int64 (serving/inference_model.py); inputs.json lists the
+histories. Its programs are fp32 only: ``--quantize`` other than none is refused.
+
 With ``--delta_from MODEL`` (a full export of the same model) MODEL_DIR becomes a delta
 export instead: ``fp32.delta`` (and the quantized variants') holding only the table rows
 changed since MODEL and the dense part, ``delta.json`` naming MODEL by its manifest's

@@ -9,7 +9,8 @@
 serving.predict`` reads them: raw Criteo lines, or BYO CSV rows for a model trained
 with --dataset_path, labelled or not; for a model trained with --parquet_path, JSON
 objects keyed by column name, one per line, each naming every column, or, with the query
-``?missing=null``, those it has, the others read as null; with a Content-Length or chunked) answers ``200``
+``?missing=null``, those it has, the others read as null; a history feature of a model
+with ``--sequence_columns``: a list of raw ids, oldest first; with a Content-Length or chunked) answers ``200``
 with one probability per line, and the count of unseen ids (ids no training row held,
 mapped as serving.predict maps them: docs/serving.md) in the header ``x-unseen-ids``;
 with ``Accept: application/json`` the answer is JSON ``{"probabilities": [...],

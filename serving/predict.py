@@ -198,7 +198,9 @@ class Predictor:
             dense: (N, num_dense). Criteo: integer features as in the raw lines, missing
                 ones as 0. Feature spec: the numerical values as in the CSV rows.
             sparse: (N, sum of hotness). Criteo: hashes as unsigned 32-bit integers,
-                missing as 0. Feature spec: ids, feature f in hotness[f] columns.
+                missing as 0. Feature spec: ids, feature f in hotness[f] columns. A
+                model with history features: then each history's max_history places,
+                its newest ids oldest first, `PADDING_ID` after them (`InputLayout.HISTORIES`).
 
         Returns:
             dense (N, num_dense) float32 and ids (N, sum of hotness) int64 below the table sizes.

@@ -110,6 +110,11 @@ class SequenceSparseArch(PooledSparseArch):
         self.bag_order: torch.Tensor | None = None
 
     @property
+    def sequences(self) -> list[tuple[str, str]]:
+        """The (history, item) pairs, in the data's order."""
+        return list(self._sequences)
+
+    @property
     def interaction_shape(self) -> EmbeddingBagCollection:
         """A stand-in collection of the F + S vectors the interaction reads (on the meta
         device): torchrec's DLRM classes size their blocks from a collection's features."""

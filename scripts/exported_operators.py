@@ -5,8 +5,10 @@
     python scripts/exported_operators.py --check   # exit 1 when it is out of date
 
 Exports a tiny model of every variant a user can train (each interaction, with and
-without numerical features, one-hot, multi-hot and padded (Parquet) features) in every
-precision ``python -m serving.export`` writes (fp32, fp16, int8 torch.export programs),
+without numerical features, one-hot, multi-hot and padded (Parquet) features; each
+sequence interaction over a history feature) in every precision ``python -m
+serving.export`` writes (fp32, fp16, int8 torch.export programs; fp32 of a model with
+history features),
 and collects, without loading them, the operators their graph nodes call
 (serving/model_files.py reads archives the same way). The loaders refuse a program
 that calls anything else: the list follows the exporter, not the attacks seen.
@@ -29,8 +31,9 @@ from models import build_dlrm_train
 from models.config import INTERACTION_TYPES, ModelConfig
 from models.interactions.dcn import DCNConfig
 from models.interactions.projection import ProjectionConfig
+from models.sequence_interactions import SEQUENCE_INTERACTIONS
 from serving.export import QUANTIZED_DTYPES, fp32_program, quantized_program, save_program
-from serving.inference_model import ProbabilityModel
+from serving.inference_model import ProbabilityModel, SequenceProbabilityModel
 from serving.model_files import ALLOWED_REFERENCES_FILE, TORCH_EXPORT_FORMAT, program_targets
 
 # Three features: enough for every interaction; hotness 1, 3, 2 for the multi-hot variants
@@ -67,6 +70,24 @@ def variant_models() -> dict[str, tuple[ProbabilityModel, int]]:
         train = build_dlrm_train(config, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"))
         name = f"{interaction}, {'dense' if dense else 'no dense'}, {hot_name}"
         models[name] = (ProbabilityModel(train.model, FEATURES, hotness, padded=padded).eval(), dense)
+    for sequence_interaction, (hot_name, (hotness, padded)) in itertools.product(
+        SEQUENCE_INTERACTIONS, [("one-hot", HOTNESS["one-hot"]), ("padded", HOTNESS["padded"])]
+    ):
+        config = ModelConfig(
+            num_embeddings_per_feature=[10, 20, 30],
+            sparse_feature_names=FEATURES,
+            dense_in_features=2,
+            embedding_dim=4,
+            dense_arch_layer_sizes=[8, 4],
+            over_arch_layer_sizes=[8, 1],
+            sequence_interaction=sequence_interaction,
+            sequence_columns=["h:c"],
+            max_history=3,
+        )
+        torch.manual_seed(0)
+        train = build_dlrm_train(config, dense_device=torch.device("cpu"), embedding_device=torch.device("cpu"))
+        model = SequenceProbabilityModel(train.model, FEATURES, hotness, concatenated_tables=True, padded=padded)
+        models[f"original, history by {sequence_interaction}, {hot_name}"] = (model.eval(), 2)
     return models
 
 
@@ -76,9 +97,16 @@ def emitted_references() -> dict[str, list[str]]:
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torchrec's notices, every export
         for model, dense in variant_models().values():
-            example = (torch.zeros(4, dense), torch.zeros(4, sum(model.hotness), dtype=torch.int64))
-            programs = [fp32_program(model, example)]
-            programs += [quantized_program(model, dtype, example) for dtype in QUANTIZED_DTYPES.values()]
+            example: tuple[torch.Tensor, ...] = (
+                torch.zeros(4, dense),
+                torch.zeros(4, sum(model.hotness), dtype=torch.int64),
+            )
+            if isinstance(model, SequenceProbabilityModel):  # 2 ids a row's history; fp32 only
+                example += (torch.zeros(8, dtype=torch.int64), torch.full((4, 1), 2, dtype=torch.int64))
+                programs = [fp32_program(model, example)]
+            else:
+                programs = [fp32_program(model, example)]
+                programs += [quantized_program(model, dtype, example) for dtype in QUANTIZED_DTYPES.values()]
             for program in programs:
                 path = os.path.join(tmp, "program.pt2")
                 save_program(program, path)

@@ -210,6 +210,7 @@ _SAME_MODEL_FIELDS = (
     "num_embeddings_per_feature",
     "layout",
     "preprocessing",
+    "histories",
 )
 
 
@@ -477,8 +478,7 @@ class Base:
                 f"{flag} {self.path} has no {precision} torch.export program (it has "
                 f"{', '.join(n for n, v in self.inputs.variants.items() if v.format == TORCH_EXPORT_FORMAT)})"
             )
-        columns = {"dense": self.inputs.num_dense_features, "sparse": sum(self.inputs.sparse_hotness)}
-        return load_exported_program(self.path, variant.file, self.manifest, columns)
+        return load_exported_program(self.path, variant.file, self.manifest, self.inputs.input_columns())
 
     def graph(self, precision: str) -> bytes:
         return program_graph(read_file(self.path, self.inputs.variants[precision].file, self.manifest))

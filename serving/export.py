@@ -40,6 +40,11 @@ list column, the places a bag leaves empty holding -1 (`PADDING_ID`); an empty b
 adds nothing, as in training. The directory is written under a temporary name and renamed
 when complete. Bad input: one line on stderr, exit 2.
 
+A model with history features (``--sequence_columns``) also takes ``history_values``
+(N,) int64, every history id of the batch row by row and within a row history by
+history, and ``history_lengths`` (B, S) int64 (serving/inference_model.py); inputs.json lists the
+histories. Its programs are fp32 only: ``--quantize`` other than none is refused.
+
 With ``--delta_from MODEL`` (a full export of the same model) MODEL_DIR becomes a delta
 export instead: ``fp32.delta`` (and the quantized variants') holding only the table rows
 changed since MODEL and the dense part, ``delta.json`` naming MODEL by its manifest's
@@ -94,7 +99,7 @@ from serving.delta import (
     program_tensors,
     saved_graph,
 )
-from serving.inference_model import ProbabilityModel, load_checkpoint_model
+from serving.inference_model import ProbabilityModel, SequenceProbabilityModel, load_checkpoint_model
 from serving.layouts import LAYOUTS
 from serving.layouts.base import TRAINING_DATA_FLAG, Checkpoint
 from serving.layouts.criteo_lines import CriteoPreprocessing
@@ -106,7 +111,16 @@ from serving.model_files import (
     aoti_metadata,
     write_manifest,
 )
-from serving.model_inputs import INPUTS_FILE, ModelInputs, Variant, aoti_file, aoti_variant, program_file
+from serving.model_inputs import (
+    HISTORY_INPUTS,
+    INPUTS_FILE,
+    HistoryInput,
+    ModelInputs,
+    Variant,
+    aoti_file,
+    aoti_variant,
+    program_file,
+)
 from serving.triton_repository import write_triton_model
 
 FP32_FILE = program_file("fp32")
@@ -132,18 +146,37 @@ def _model_file(path: str) -> Iterator[BinaryIO]:
 
 
 def export_program(model: ProbabilityModel, example: Sequence[torch.Tensor]) -> torch.export.ExportedProgram:
-    """torch.export with a dynamic batch dimension (non-strict: TorchRec's KJT is Python)."""
+    """torch.export with a dynamic batch dimension (non-strict: TorchRec's KJT is Python);
+    a model with history features also takes any number of history ids."""
     batch = torch.export.Dim("batch", min=1, max=1 << 24)
-    return torch.export.export(
-        model.eval(), tuple(example), dynamic_shapes={"dense": {0: batch}, "sparse": {0: batch}}, strict=False
-    )
+    dynamic: dict[str, Any] = {"dense": {0: batch}, "sparse": {0: batch}}
+    if isinstance(model, SequenceProbabilityModel):
+        values, lengths = HISTORY_INPUTS
+        dynamic.update({values: {0: torch.export.Dim("history_ids", min=0, max=1 << 40)}, lengths: {0: batch}})
+    return torch.export.export(model.eval(), tuple(example), dynamic_shapes=dynamic, strict=False)
+
+
+def example_inputs(inputs: ModelInputs) -> tuple[torch.Tensor, ...]:
+    """What the export traces the model with: 4 rows of zeros; of a model with
+    history features also 2 ids a history (sizes above 1: torch.export would fix a
+    size of 0 or 1 in the program)."""
+    batch = 4
+    dense = torch.zeros(batch, inputs.num_dense_features)
+    sparse = torch.zeros(batch, sum(inputs.sparse_hotness), dtype=torch.int64)
+    if not inputs.histories:
+        return dense, sparse
+    lengths = torch.full((batch, len(inputs.histories)), 2, dtype=torch.int64)
+    return dense, sparse, torch.zeros(int(lengths.sum()), dtype=torch.int64), lengths
 
 
 def fp32_program(model: ProbabilityModel, example: Sequence[torch.Tensor]) -> torch.export.ExportedProgram:
     """The fp32 program, every table looked up at once (`ConcatenatedTables`, a copy of
     the tables while it runs): its graph has as many nodes for 500 features as for 26,
     where TorchRec's collection emits a chain per feature (21,561 nodes at 200
-    features, a program torch.export.load did not load in 600 s)."""
+    features, a program torch.export.load did not load in 600 s). A model with history
+    features is made with its concatenated tables already (`SequenceProbabilityModel`)."""
+    if isinstance(model, SequenceProbabilityModel):
+        return export_program(model, example)
     batched = ProbabilityModel(
         model.dlrm,
         model.sparse_feature_names,
@@ -272,7 +305,9 @@ def describe_inputs(
             f"({', '.join(LAYOUTS)})"
         )
     described = LAYOUTS[name].describe(Checkpoint(checkpoint, meta, model_config, max_bag_size, training_data))
-    return ModelInputs(**vars(described), checkpoint=checkpoint, step=meta.step)
+    # The history features are the model's, whatever the layout (each layout reads them, or has no place for them).
+    histories = [HistoryInput(history, item, model_config.max_history) for history, item in model_config.sequences]
+    return ModelInputs(**vars(described), checkpoint=checkpoint, step=meta.step, histories=histories)
 
 
 def export_model(
@@ -394,10 +429,10 @@ def _write_model_dir(
 ) -> tuple[ModelInputs, OpenedCheckpoint]:
     path = checkpoint_to_load(checkpoint, "--checkpoint", prefer_best=not newest)
     opened = open_checkpoint(path)
-    if opened.meta.model.sequence_columns:
-        raise ExportError(
-            f"{path}: the model has history features (--sequence_columns "
-            f"{','.join(opened.meta.model.sequence_columns)}), whose jagged inputs export does not take yet"
+    if opened.meta.model.sequence_columns and quantize:
+        raise BadInput(
+            f"--quantize {','.join(quantize)}: {path} has history features (--sequence_columns "
+            f"{','.join(opened.meta.model.sequence_columns)}), exported in fp32 only: pass --quantize none"
         )
     sketch_state = _id_sketch_state(opened.meta)
     train_model, meta = load_checkpoint_model(opened, sketch_state)
@@ -411,19 +446,17 @@ def _write_model_dir(
     if record is not None:
         vocabulary = None  # the base's serves: _delta_record checked it is the same
     sketch = _id_sketch_bytes(sketch_state, inputs)
-    model = ProbabilityModel(
+    model = (SequenceProbabilityModel if inputs.histories else ProbabilityModel)(
         train_model.model,
         model_config.sparse_feature_names,
         inputs.sparse_hotness,
+        concatenated_tables=bool(inputs.histories),  # the only lookup of history features
         padded=inputs.padded,
         calibration=meta.calibration,
     ).eval()
 
     with atomic_dir(output, replace=False) as tmp:  # an empty --output is replaced, checked above
-        example = (
-            torch.zeros(4, model_config.dense_in_features),
-            torch.zeros(4, sum(inputs.sparse_hotness), dtype=torch.int64),
-        )
+        example = example_inputs(inputs)
         files = {}
         with torch.no_grad():
             for precision in ["fp32", *quantize]:
@@ -448,7 +481,12 @@ def _write_model_dir(
                 with naming_write_errors(os.path.join(output, package)):
                     compile_aoti(program, os.path.join(tmp, package))
                     write_triton_model(
-                        tmp, precision, package, model_config.dense_in_features, sum(inputs.sparse_hotness)
+                        tmp,
+                        precision,
+                        package,
+                        model_config.dense_in_features,
+                        sum(inputs.sparse_hotness),
+                        len(inputs.histories),
                     )
                 files[aoti_variant(precision)] = (package, AOTI_FORMAT)
         for name, (file, fmt) in files.items():

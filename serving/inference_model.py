@@ -36,6 +36,7 @@ from checkpoints.opened import OpenedCheckpoint, open_checkpoint
 from common.calibration import Calibration
 from models import build_dlrm_train
 from models.arch import PooledSparseArch
+from models.sequence_arch import SequenceSparseArch
 from serving.model_inputs import PADDING_ID
 
 
@@ -84,6 +85,28 @@ def fixed_hot_features(keys: list[str], hotness: list[int], sparse: torch.Tensor
     return KeyedJaggedTensor(keys=keys, values=torch.cat(parts), lengths=lengths, offsets=offsets)
 
 
+def feature_tables(sparse_arch: PooledSparseArch) -> tuple[list[int], list[torch.Tensor]]:
+    """Each categorical feature's table, in the arch's feature order: its rows and its
+    weight (detached). A `SequenceSparseArch` holds the tables of its history items in
+    its EmbeddingCollection, the others in its EmbeddingBagCollection; a plain arch
+    holds them all in its EmbeddingBagCollection. Refuses tables that are not sum-pooled
+    (ValueError)."""
+    configs = sparse_arch.embedding_bag_collection.embedding_bag_configs()
+    if any(c.pooling != PoolingType.SUM for c in configs):
+        raise ValueError("ConcatenatedTables takes an unsharded collection of sum-pooled tables")
+    bags = sparse_arch.embedding_bag_collection.embedding_bags
+    by_feature = {name: (c.num_embeddings, bags[c.name].weight) for c in configs for name in c.feature_names}
+    if isinstance(sparse_arch, SequenceSparseArch):
+        # An item's table serves its histories too: the item (its first feature) names it here.
+        for c in sparse_arch.embedding_collection.embedding_configs():
+            by_feature[c.feature_names[0]] = (
+                c.num_embeddings,
+                sparse_arch.embedding_collection.embeddings[c.name].weight,
+            )
+    tables = [by_feature[name] for name in sparse_arch.sparse_feature_names]
+    return [rows for rows, _ in tables], [weight.detach() for _, weight in tables]
+
+
 class ConcatenatedTables(nn.Module):
     """The pooled lookups of an unsharded `PooledSparseArch`, all tables at once:
     rows of ids (B, sum(hotness)) -> (B, F, D), through one weight holding every table
@@ -112,21 +135,13 @@ class ConcatenatedTables(nn.Module):
         self, sparse_arch: PooledSparseArch, sparse_feature_names: list[str], hotness: list[int], padded: bool = False
     ) -> None:
         super().__init__()
-        configs = sparse_arch.embedding_bag_collection.embedding_bag_configs()
-        if (
-            sparse_arch.output_order is not None
-            or any(c.pooling != PoolingType.SUM for c in configs)
-            or sparse_feature_names != sparse_arch.sparse_feature_names
-        ):
+        if sparse_arch.output_order is not None or sparse_feature_names != sparse_arch.sparse_feature_names:
             raise ValueError(
                 "ConcatenatedTables takes an unsharded collection of sum-pooled tables, "
                 "with the ids' columns in its feature order"
             )
-        bags = sparse_arch.embedding_bag_collection.embedding_bags
-        tables = [config for config in configs for _ in config.feature_names]  # each feature's
-        rows = [config.num_embeddings for config in tables]
+        rows, weights = feature_tables(sparse_arch)
         first_row = list(itertools.accumulate(rows[:-1], initial=0))  # of each table in the concatenation
-        weights = [bags[config.name].weight.detach() for config in tables]
         if padded:  # the padding row, after every table
             weights.append(torch.zeros(1, sparse_arch.D, dtype=weights[0].dtype))
         self.weight = nn.Parameter(torch.cat(weights), requires_grad=False)
@@ -144,8 +159,10 @@ class ConcatenatedTables(nn.Module):
         self.padding_row: int | None = self.total_rows if padded else None
         self.outside_row = self.total_rows + int(padded)  # past the last row of the weight
         self.num_columns = sum(hotness)
-        self.F = len(tables)
+        self.F = len(rows)
         self.D = sparse_arch.D
+        self.first_row = first_row  # of each feature's table, for the histories looked up in them
+        self.rows = rows
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         batch = ids.shape[0]
@@ -164,6 +181,81 @@ class ConcatenatedTables(nn.Module):
     # The two halves of `PooledSparseArch`'s lookup, which `OverlappedDLRM` calls apart.
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         return self(ids)
+
+    def arrange(self, pooled: torch.Tensor) -> torch.Tensor:
+        return pooled
+
+
+class SequenceTables(nn.Module):
+    """The lookups of an unsharded `SequenceSparseArch` in plain tensors: (ids (B, sum
+    of hotness), history values (N,) int64, history lengths (B, S) int64) -> (B, F + S,
+    D), as the arch gives them.
+
+    The candidates are looked up by `ConcatenatedTables`. Each history's ids are looked
+    up in its item's table, in the same weight. The histories are jagged: ``lengths[b,
+    s]`` ids of row b's history s, the values row by row and, within a row, history by
+    history (row 0's history 0, row 0's history 1, row 1's history 0, ...), each
+    history oldest first. A history longer than ``max_history`` keeps its newest
+    ``max_history`` items, as training's data does (the arch itself keeps the first:
+    its data holds no longer ones). Every size is the batch's or ``max_history``, none
+    data-dependent, so torch.export and AOTInductor take any batch and any total length.
+
+    Args:
+        sparse_arch: the model's (its tables are copied; its sequence poolings are shared).
+        sparse_feature_names, hotness, padded: as `ConcatenatedTables`.
+    """
+
+    def __init__(
+        self, sparse_arch: SequenceSparseArch, sparse_feature_names: list[str], hotness: list[int], padded: bool = False
+    ) -> None:
+        super().__init__()
+        self.candidates = ConcatenatedTables(sparse_arch, sparse_feature_names, hotness, padded)
+        self.sequence_pooling = sparse_arch.sequence_pooling
+        sequences = sparse_arch.sequences
+        self.history_names = [history for history, _ in sequences]
+        items = [sparse_feature_names.index(item) for _, item in sequences]
+        self.register_buffer("history_rows", torch.tensor([self.candidates.rows[f] for f in items]), persistent=False)
+        self.register_buffer(
+            "history_first_row", torch.tensor([self.candidates.first_row[f] for f in items]), persistent=False
+        )
+        self.item_index = items
+        self.max_history = sparse_arch.max_history
+        self.S = len(sequences)
+        self.D = self.candidates.D
+
+    def forward(self, features: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        ids, values, lengths = features
+        candidates = self.candidates(ids)  # (B, F, D)
+        batch = ids.shape[0]
+        length = self.max_history
+        counts = lengths.reshape(-1)  # (B * S): row by row, history by history
+        kept = counts.clamp(max=length)
+        first = torch.cumsum(counts, 0) - kept  # of the newest `kept` items of each history
+        position = torch.arange(length, device=ids.device)
+        valid = position < kept.unsqueeze(1)  # (B * S, L)
+        total = values.shape[0]
+        # One place past the values, for the positions a history leaves empty (and an empty batch).
+        index = torch.where(valid, first.unsqueeze(1) + position, total)
+        items = torch.cat((values, torch.zeros(1, dtype=values.dtype, device=values.device)))[index]
+        table_rows = self.history_rows.repeat(batch).unsqueeze(1)
+        first_row = self.history_first_row.repeat(batch).unsqueeze(1)
+        in_table = (items >= 0) & (items < table_rows)
+        # An id outside its item's table fails the lookup, as `ConcatenatedTables`'s; an empty place reads row 0, zeroed.
+        rows = torch.where(valid, torch.where(in_table, items + first_row, self.candidates.outside_row), 0)
+        histories = nn.functional.embedding(rows, self.candidates.weight) * valid.unsqueeze(-1).to(
+            self.candidates.weight.dtype
+        )
+        histories = histories.view(batch, self.S, length, self.D)
+        mask = valid.view(batch, self.S, length)
+        pooled = [
+            self.sequence_pooling[name](histories[:, s], mask[:, s], candidates[:, self.item_index[s]])
+            for s, name in enumerate(self.history_names)
+        ]
+        return torch.cat((candidates, torch.stack(pooled, dim=1)), dim=1)
+
+    # The two halves of the arch's lookup, which `OverlappedDLRM` calls apart.
+    def lookup(self, features: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return self(features)
 
     def arrange(self, pooled: torch.Tensor) -> torch.Tensor:
         return pooled
@@ -224,9 +316,13 @@ class ProbabilityModel(nn.Module):
         self.hotness = list(hotness) if hotness is not None else [1] * len(self.sparse_feature_names)
         self.concatenated_tables = concatenated_tables
         self.padded = padded
+        self.histories = isinstance(dlrm.sparse_arch, SequenceSparseArch)
+        if self.histories and not concatenated_tables:
+            raise ValueError("a model with history features is looked up through its concatenated tables only")
         if concatenated_tables:
             # A shallow copy with its own module table: the same dense layers, another sparse arch.
-            lookup = ConcatenatedTables(dlrm.sparse_arch, self.sparse_feature_names, self.hotness, padded)
+            tables = SequenceTables if self.histories else ConcatenatedTables
+            lookup = tables(dlrm.sparse_arch, self.sparse_feature_names, self.hotness, padded)
             dlrm = copy.copy(dlrm)
             dlrm._modules = dict(dlrm._modules)
             dlrm.sparse_arch = lookup
@@ -239,10 +335,25 @@ class ProbabilityModel(nn.Module):
             if self.concatenated_tables
             else fixed_hot_features(self.sparse_feature_names, self.hotness, sparse, self.padded)
         )
-        logits = self.dlrm(dense, features).squeeze(-1)
+        return self.probabilities(self.dlrm(dense, features).squeeze(-1))
+
+    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         if self.calibrate is not None:
             return self.calibrate(logits)
         return torch.sigmoid(logits)
+
+
+class SequenceProbabilityModel(ProbabilityModel):
+    """`ProbabilityModel` of a model with history features (``--sequence_columns``):
+    (dense, sparse ids, history values (N,) int64, history lengths (B, S) int64) ->
+    probabilities (B,), the histories jagged as `SequenceTables` takes them (S: the
+    model's histories, in ``--sequence_columns`` order). Always through concatenated
+    tables (arguments as `ProbabilityModel`'s)."""
+
+    def forward(  # type: ignore[override]
+        self, dense: torch.Tensor, sparse: torch.Tensor, history_values: torch.Tensor, history_lengths: torch.Tensor
+    ) -> torch.Tensor:
+        return self.probabilities(self.dlrm(dense, (sparse, history_values, history_lengths)).squeeze(-1))
 
 
 def load_checkpoint_model(

@@ -386,7 +386,9 @@ def program_input_columns(archive: zipfile.ZipFile, path: str) -> dict[str, int]
                 for spec in module["signature"]["input_specs"]:
                     if "user_input" in spec:
                         value = spec["user_input"]["arg"]["as_tensor"]["name"]
-                        columns[value] = values[value]["sizes"][1]["as_int"]
+                        sizes = values[value]["sizes"]
+                        # A 1-D input (a model's history ids) is one column.
+                        columns[value] = sizes[1]["as_int"] if len(sizes) > 1 else 1
     except (KeyError, IndexError, TypeError, ValueError) as e:
         raise UnsafeModelError(f"{path}: its program has no readable input signature ({type(e).__name__}: {e})") from e
     return columns
@@ -397,7 +399,7 @@ def exported_input_columns(program: "torch.export.ExportedProgram") -> dict[str,
     `program_input_columns` reads back from its archive)."""
     inputs = set(program.graph_signature.user_inputs)
     return {
-        node.name: int(node.meta["val"].shape[1])
+        node.name: int(node.meta["val"].shape[1]) if node.meta["val"].dim() > 1 else 1
         for node in program.graph.nodes
         if node.op == "placeholder" and node.name in inputs
     }

@@ -9,7 +9,10 @@ it (raw Criteo lines: `CriteoPreprocessing`; BYO CSV rows of a model trained wit
 --dataset_path: `FeatureSpecColumns`; Parquet rows and JSON objects of one trained
 with --parquet_path: `ParquetPreprocessing`).
 
-Version 3 adds ``calibration``: the ``--calibrate`` fit the exported model applies
+Version 4 adds ``histories``: the model's history features (``--sequence_columns``),
+each a list of ids of its item feature's table, taken by the programs as the jagged
+inputs ``history_values`` and ``history_lengths`` (`HISTORY_INPUTS`); [] for a model
+without. Version 3 adds ``calibration``: the ``--calibrate`` fit the exported model applies
 after its logit (common/calibration.py), null for the model's own probabilities.
 Version 2 stores each fact once; version-1 files (which also held descriptions of
 the tensors, the model's table names, embedding size and interaction, and the CSV
@@ -32,7 +35,9 @@ from common.json_fields import (
     TEXT,
     FileFieldError,
     JsonObject,
+    Kind,
     int_list,
+    integer,
     one_of,
     optional,
     text_list,
@@ -49,7 +54,12 @@ from serving.layouts.parquet_rows import ParquetPreprocessing, parquet_columns
 from serving.model_files import AOTI_FORMAT, FORMATS, read_file
 
 INPUTS_FILE = "inputs.json"
-INPUTS_VERSION = 3
+INPUTS_VERSION = 4
+# The programs' inputs besides dense and sparse, of a model with history features: every
+# history id of the batch (N,) int64, row by row and within a row history by history, and
+# how many each history of each row holds (B, S) int64 (serving/inference_model.py
+# `SequenceTables`).
+HISTORY_INPUTS = ("history_values", "history_lengths")
 # The table precisions a model is exported in (fp32 always; fp16 and int8 with --quantize).
 PRECISIONS = ("fp32", "fp16", "int8")
 
@@ -84,6 +94,23 @@ class Variant:
     bytes: int
 
 
+@dataclass
+class HistoryInput:
+    """One history feature of the model (``--sequence_columns NAME:ITEM``).
+
+    Args:
+        name: the history feature (a Parquet model's list column, a JSON row's key).
+        item: the categorical feature whose table its ids are looked up in (and hashed
+            like: the same table size and hashing).
+        max_history: the items the model reads: a longer history keeps its newest
+            ``max_history`` (the last of the list), as training's data did.
+    """
+
+    name: str
+    item: str
+    max_history: int
+
+
 # The records of the three layouts the project ships, by their old names here (serving/layouts/ has them).
 CRITEO_LAYOUT = CriteoPreprocessing.LAYOUT
 FEATURE_SPEC_LAYOUT = FeatureSpecColumns.LAYOUT
@@ -108,6 +135,8 @@ class ModelInputs:
         variants: the model files by variant name (fp32, fp16, int8; with
             ``--format aoti`` also fp32_aoti, fp16_aoti, int8_aoti).
         calibration: the calibration the model files apply (``--calibrate``), or None.
+        histories: the history features, in the programs' order (none: [];
+            `HistoryInput`).
         version: the file format.
     """
 
@@ -121,6 +150,7 @@ class ModelInputs:
     step: int
     variants: dict[str, Variant] = field(default_factory=dict)
     calibration: Calibration | None = None
+    histories: list[HistoryInput] = field(default_factory=list)
     version: int = INPUTS_VERSION
 
     @property
@@ -141,6 +171,20 @@ class ModelInputs:
         """Whether the model's sparse input may hold `PADDING_ID` (bags of any length)."""
         return self.preprocessing.PADDED
 
+    @property
+    def counted_feature_names(self) -> list[str]:
+        """The features whose ids serving counts (read, unseen): the categorical ones,
+        then the histories."""
+        return [*self.sparse_feature_names, *(h.name for h in self.histories)]
+
+    def input_columns(self) -> dict[str, int]:
+        """The programs' inputs and their columns (a 1-D input: 1), as the model files'
+        signatures give them (serving/model_files.py)."""
+        columns = {"dense": self.num_dense_features, "sparse": int(sum(self.sparse_hotness))}
+        if self.histories:
+            columns.update(dict(zip(HISTORY_INPUTS, (1, len(self.histories)))))
+        return columns
+
     def parquet_columns(self) -> ParquetColumns:
         """A Parquet model's columns (serving/layouts/parquet_rows.py `parquet_columns`)."""
         return parquet_columns(self)
@@ -151,7 +195,7 @@ class ModelInputs:
 
     @classmethod
     def from_json(cls, data: bytes, path: str) -> "ModelInputs":
-        """Reads the bytes of ``path`` (version 1 to 3); FileFieldError naming the file
+        """Reads the bytes of ``path`` (version 1 to 4); FileFieldError naming the file
         and the field that is missing, malformed or newer."""
         document, version = JsonObject.versioned(data, path, _WHAT, INPUTS_VERSION)
         legacy = version == 1  # defaults of files from before the BYO layout existed: Criteo, one id a feature
@@ -186,7 +230,26 @@ class ModelInputs:
                 if document.get("calibration", optional(OBJECT), None) is not None
                 else None
             ),
+            histories=_read_histories(document, names),
         )
+
+
+def _read_histories(document: JsonObject, sparse: list[str]) -> list[HistoryInput]:
+    """``histories`` (absent before version 4: none), each naming a new feature and an
+    item among ``sparse``."""
+    listed = document.get("histories", Kind(lambda v: isinstance(v, list), "a list"), [])
+    histories: list[HistoryInput] = []
+    for index, value in enumerate(listed):
+        entry = JsonObject(value, document.path, f"histories[{index}]", _WHAT)
+        history = HistoryInput(
+            name=entry.get("name", TEXT),
+            item=entry.get("item", one_of(*sparse)),
+            max_history=entry.get("max_history", integer(1)),
+        )
+        if history.name in sparse or history.name in (h.name for h in histories):
+            raise FileFieldError(f"{document.path}: histories[{index}].name {history.name} is named twice")
+        histories.append(history)
+    return histories
 
 
 def _read_variants(document: JsonObject) -> dict[str, Variant]:

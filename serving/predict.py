@@ -26,7 +26,11 @@ The input layout is the model's (inputs.json "layout"; serving/layouts/):
   --output as Parquet: the --keep_columns (any input columns), then ``probability``
   (`predict_parquet`). The columns are converted by the training's own
   `data.parquet.columns.ParquetColumns` (transform, id hashing); a bad value stops
-  the run naming the file, row group, row and column.
+  the run naming the file, row group, row and column. An --input named ``.json`` or
+  ``.jsonl`` (plain or .gz) holds JSON objects keyed by column name, one a line, as
+  the HTTP endpoint takes them, and gets one probability a line. A model with history
+  features (--sequence_columns) reads each history from its list column (a JSON list
+  of raw ids, oldest first), hashed as its item column, its newest max_history kept.
 
 MODEL_DIR may be a delta export (``serving.export --delta_from``): its rows are applied
 onto its base, found where the delta records it or at ``--base`` (serving/delta.py).
@@ -80,7 +84,7 @@ from serving.layouts import load_layout
 from serving.layouts.base import CountedLines, InputLayout, ParsedLines
 from serving.layouts.parquet_rows import ParquetRows
 from serving.model_files import MANIFEST_FILE, TRUST_FLAG, load_model_file, read_manifest
-from serving.model_inputs import PADDING_ID, VARIANTS, read_inputs
+from serving.model_inputs import PADDING_ID, VARIANTS, HistoryInput, read_inputs
 
 # What --base says in each serving command's --help.
 BASE_HELP = (
@@ -146,27 +150,35 @@ class Predictor:
             layout_dir, layout_manifest, self.base = found.path, found.manifest, found.path
         else:
             self.model = load_model_file(
-                model_dir,
-                entry.file,
-                entry.format,
-                manifest,
-                {"dense": self.inputs.num_dense_features, "sparse": sum(self.inputs.sparse_hotness)},
-                trust_native_code,
+                model_dir, entry.file, entry.format, manifest, self.inputs.input_columns(), trust_native_code
             )
         self.batch_size = batch_size
         self.layout: InputLayout = load_layout(self.inputs, layout_dir, layout_manifest)
+        histories = self.inputs.histories
+        if histories and not self.layout.HISTORIES:
+            raise BadInput(
+                f"--model {model_dir}: a model with history features ({', '.join(h.name for h in histories)}), "
+                f"whose input layout ({self.inputs.layout}) has no place for them: serving reads histories from "
+                "a Parquet model's rows (JSON lists, Parquet list columns); call its programs with history_values "
+                "and history_lengths (docs/serving.md)"
+            )
         self.table_sizes = np.asarray(self.inputs.num_embeddings_per_feature, dtype=np.int64)
-        # The table of each column of the sparse input.
-        self._column_tables = np.repeat(self.table_sizes, self.inputs.sparse_hotness)
-        self._column_feature = np.repeat(np.arange(len(self.table_sizes)), self.inputs.sparse_hotness)
-        # Ids read so far per categorical feature: the denominators of the unseen shares.
-        self.ids_read = np.zeros(len(self.table_sizes), np.int64)
+        items = [self.inputs.sparse_feature_names.index(h.item) for h in histories]
+        places = [*self.inputs.sparse_hotness, *(h.max_history for h in histories)]
+        # The table of each column of the sparse input (a history's: its item's), and the
+        # feature whose ids it counts (the categorical features, then the histories).
+        self._column_tables = np.repeat(np.concatenate([self.table_sizes, self.table_sizes[items]]), places)
+        self._column_feature = np.repeat(np.arange(len(places)), places)
+        self._candidate_columns = int(sum(self.inputs.sparse_hotness))
+        self._num_counted = len(places)
+        # Ids read so far per counted feature: the denominators of the unseen shares.
+        self.ids_read = np.zeros(self._num_counted, np.int64)
 
     def count_ids(self, sparse: np.ndarray) -> np.ndarray:
         """Per categorical feature, the ids of ``sparse`` (padding left out); added to `ids_read`."""
         present = np.asarray(sparse) != PADDING_ID
         counts = np.bincount(
-            np.broadcast_to(self._column_feature, present.shape)[present], minlength=len(self.table_sizes)
+            np.broadcast_to(self._column_feature, present.shape)[present], minlength=self._num_counted
         ).astype(np.int64)
         self.ids_read += counts
         return counts
@@ -175,7 +187,7 @@ class Predictor:
         """{feature: share of its ids that are unseen} of the features with unseen ids."""
         return {
             name: float(n) / float(total)
-            for name, n, total in zip(self.inputs.sparse_feature_names, unseen, ids)
+            for name, n, total in zip(self.inputs.counted_feature_names, unseen, ids)
             if n and total
         }
 
@@ -186,7 +198,9 @@ class Predictor:
             dense: (N, num_dense). Criteo: integer features as in the raw lines, missing
                 ones as 0. Feature spec: the numerical values as in the CSV rows.
             sparse: (N, sum of hotness). Criteo: hashes as unsigned 32-bit integers,
-                missing as 0. Feature spec: ids, feature f in hotness[f] columns.
+                missing as 0. Feature spec: ids, feature f in hotness[f] columns. A
+                model with history features: then each history's max_history places,
+                its newest ids oldest first, `PADDING_ID` after them (`InputLayout.HISTORIES`).
 
         Returns:
             dense (N, num_dense) float32 and ids (N, sum of hotness) int64 below the table sizes.
@@ -217,7 +231,8 @@ class Predictor:
         `PADDING_ID` stays as it is)."""
         ids = np.asarray(ids, dtype=np.int64)
         in_tables = np.remainder(ids, self._column_tables)
-        return np.where(ids == PADDING_ID, PADDING_ID, in_tables) if self.inputs.padded else in_tables
+        padded = self.inputs.padded or self.inputs.histories  # a history's empty places
+        return np.where(ids == PADDING_ID, PADDING_ID, in_tables) if padded else in_tables
 
     def predict(self, dense: np.ndarray, sparse: np.ndarray) -> np.ndarray:
         """Probabilities (N,) float32 from the data's features (see `prepare`)."""
@@ -228,12 +243,16 @@ class Predictor:
         (N, num_dense) float32 transformed, sparse_ids (N, sum of hotness) ids below the
         table sizes."""
         dense_t = torch.as_tensor(np.ascontiguousarray(dense, dtype=np.float32))
-        sparse_t = torch.as_tensor(np.ascontiguousarray(sparse_ids, dtype=np.int64))
+        sparse_ids = np.asarray(sparse_ids, dtype=np.int64)
+        sparse_t = torch.as_tensor(np.ascontiguousarray(sparse_ids[:, : self._candidate_columns]))
         out = []
         with torch.no_grad():
             for start in range(0, len(dense_t), self.batch_size):
                 stop = start + self.batch_size
-                out.append(self.model(dense_t[start:stop], sparse_t[start:stop]).float().numpy())
+                inputs = [dense_t[start:stop], sparse_t[start:stop]]
+                if self.inputs.histories:
+                    inputs += jagged_histories(sparse_ids[start:stop, self._candidate_columns :], self.inputs.histories)
+                out.append(self.model(*inputs).float().numpy())
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 
     def predict_lines(
@@ -283,7 +302,17 @@ class Predictor:
 
     def unseen_by_feature(self, counts: np.ndarray) -> dict[str, int]:
         """Per-feature counts of unseen ids -> {feature name: count} of those above 0."""
-        return {name: int(n) for name, n in zip(self.inputs.sparse_feature_names, counts) if n}
+        return {name: int(n) for name, n in zip(self.inputs.counted_feature_names, counts) if n}
+
+
+def jagged_histories(places: np.ndarray, histories: list[HistoryInput]) -> list[torch.Tensor]:
+    """The programs' history inputs (`HISTORY_INPUTS`) of rows whose histories take
+    ``max_history`` places each, `PADDING_ID` after their ids ((N, sum of max_history)):
+    every id, row by row and within a row history by history, and the lengths (N, S)."""
+    ends = np.cumsum([h.max_history for h in histories])
+    present = places != PADDING_ID
+    lengths = np.stack([block.sum(axis=1) for block in np.split(present, ends[:-1], axis=1)], axis=1)
+    return [torch.as_tensor(places[present]), torch.as_tensor(lengths.astype(np.int64))]
 
 
 @dataclass
@@ -406,7 +435,7 @@ def predict_file(
     rows = 0
     labelled = None  # decided once, by the file's first line
     scores = LabelledScores()
-    unseen = np.zeros(len(predictor.inputs.sparse_feature_names), np.int64)
+    unseen = np.zeros(len(predictor.inputs.counted_feature_names), np.int64)
     if keep_columns:
         out.write(",".join([*keep_columns, "probability"]) + "\n")
     for first_line, _, data in iter_line_chunks(DaySource(0, path), chunk_bytes):
@@ -456,7 +485,13 @@ class ParquetInput:
         columns = layout.columns
         self.read = list(
             dict.fromkeys(
-                [*((columns.label,) if self.labelled else ()), *columns.dense, *columns.sparse, *keep_columns]
+                [
+                    *((columns.label,) if self.labelled else ()),
+                    *columns.dense,
+                    *columns.sparse,
+                    *layout.history_names,
+                    *keep_columns,
+                ]
             )
         )
         for footer, meta in zip(self.footers, metadata):
@@ -510,7 +545,7 @@ def predict_parquet(
         [source.schema.field(name) for name in keep_columns] + [pa.field(PROBABILITY_COLUMN, pa.float32())]
     )
     rows, scores = 0, LabelledScores()
-    unseen = np.zeros(len(predictor.inputs.sparse_feature_names), np.int64)
+    unseen = np.zeros(len(predictor.inputs.counted_feature_names), np.int64)
     with pq.ParquetWriter(output, out_schema) as writer:
         for table, prepared in source.row_groups():
             probabilities = predictor.predict_transformed(prepared.dense, prepared.sparse)
@@ -714,7 +749,8 @@ def check_outputs(args: "PredictConfig", parquet: bool | None) -> None:
 def _predict(args: PredictConfig, prog: str) -> int:
     check_outputs(args, None)  # before the model is read
     predictor = Predictor(args.model, args.variant, args.batch_size, args.trust_native_code, args.base)
-    parquet = isinstance(predictor.layout, ParquetRows)
+    # A Parquet model also scores JSON objects, one a line (as the endpoint's requests), to text.
+    parquet = isinstance(predictor.layout, ParquetRows) and not _is_json_lines(args.input)
     check_outputs(args, parquet)  # again: the model was read meanwhile, and it says the format
     if parquet:
         if args.output is None:
@@ -736,6 +772,11 @@ def _predict(args: PredictConfig, prog: str) -> int:
             result = predict_file(predictor, args.input, out, keep_columns=args.keep_columns)
         print(f"wrote {args.output}: {result[0]} probabilities ({args.variant} model {args.model})")
     return _report_metrics(predictor, args, prog, result)
+
+
+def _is_json_lines(path: str) -> bool:
+    """Whether --input names JSON rows (``.json``, ``.jsonl``, plain or .gz)."""
+    return path.lower().removesuffix(".gz").endswith((".json", ".jsonl"))
 
 
 def _report_metrics(

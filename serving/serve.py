@@ -9,7 +9,8 @@
 serving.predict`` reads them: raw Criteo lines, or BYO CSV rows for a model trained
 with --dataset_path, labelled or not; for a model trained with --parquet_path, JSON
 objects keyed by column name, one per line, each naming every column, or, with the query
-``?missing=null``, those it has, the others read as null; with a Content-Length or chunked) answers ``200``
+``?missing=null``, those it has, the others read as null; a history feature of a model
+with ``--sequence_columns``: a list of raw ids, oldest first; with a Content-Length or chunked) answers ``200``
 with one probability per line, and the count of unseen ids (ids no training row held,
 mapped as serving.predict maps them: docs/serving.md) in the header ``x-unseen-ids``;
 with ``Accept: application/json`` the answer is JSON ``{"probabilities": [...],
@@ -411,7 +412,7 @@ class PredictApp:
         self._parsers = ThreadPoolExecutor(limits.parse_threads, thread_name_prefix="parse")
         # Answered requests, their rows and unseen ids per feature (updated on the event loop thread).
         self.requests, self.rows = 0, 0
-        self.unseen = np.zeros(len(batcher.predictor.inputs.sparse_feature_names), np.int64)
+        self.unseen = np.zeros(len(batcher.predictor.inputs.counted_feature_names), np.int64)
         self.ids = np.zeros_like(self.unseen)  # the unseen shares' denominators
 
     def close(self) -> None:

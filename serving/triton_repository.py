@@ -31,9 +31,27 @@ def triton_model_name(precision: str) -> str:
     return f"dlrm_{precision}"
 
 
-def config_text(name: str, num_dense: int, num_sparse_columns: int) -> str:
+def config_text(name: str, num_dense: int, num_sparse_columns: int, num_histories: int = 0) -> str:
     """The config.pbtxt of one model: (dense (B, num_dense) float32, sparse ids
-    (B, num_sparse_columns) int64) -> probabilities (B,) float32."""
+    (B, num_sparse_columns) int64; with ``num_histories`` history features, history ids
+    (N,) int64 and their lengths (B, num_histories) int64) -> probabilities (B,) float32."""
+    histories = (
+        f""",
+  {{
+    # every history id of the batch, row by row, history by history (inputs.json histories)
+    name: "INPUT__2"
+    data_type: TYPE_INT64
+    dims: [ -1 ]
+  }},
+  {{
+    # how many ids each history of each row holds
+    name: "INPUT__3"
+    data_type: TYPE_INT64
+    dims: [ -1, {num_histories} ]
+  }}"""
+        if num_histories
+        else ""
+    )
     return f"""# Written by python -m serving.export --format aoti (serving/triton_repository.py).
 name: "{name}"
 backend: "pytorch"
@@ -53,7 +71,7 @@ input [
     name: "INPUT__1"
     data_type: TYPE_INT64
     dims: [ -1, {num_sparse_columns} ]
-  }}
+  }}{histories}
 ]
 output [
   {{
@@ -67,7 +85,9 @@ instance_group [ {{ kind: KIND_CPU }} ]
 """
 
 
-def write_triton_model(directory: str, precision: str, package: str, num_dense: int, num_sparse_columns: int) -> str:
+def write_triton_model(
+    directory: str, precision: str, package: str, num_dense: int, num_sparse_columns: int, num_histories: int = 0
+) -> str:
     """Writes ``triton/<name>/`` under ``directory`` (the export's temporary
     directory) for the package ``package`` (a file of ``directory``); returns the
     model's name."""
@@ -75,7 +95,7 @@ def write_triton_model(directory: str, precision: str, package: str, num_dense: 
     model_dir = os.path.join(directory, TRITON_DIR, name)
     os.makedirs(os.path.join(model_dir, MODEL_VERSION))
     with open(os.path.join(model_dir, "config.pbtxt"), "w") as f:
-        f.write(config_text(name, num_dense, num_sparse_columns))
+        f.write(config_text(name, num_dense, num_sparse_columns, num_histories))
     # The same bytes under the name Triton loads, without a second copy on disk.
     os.link(os.path.join(directory, package), os.path.join(model_dir, MODEL_VERSION, PACKAGE_NAME))
     return name

@@ -45,7 +45,7 @@ constexpr const char* kPackageFile = "fp32.aoti.pt2";
 constexpr const char* kInputsFile = "inputs.json";
 constexpr const char* kManifestFile = "manifest.json";
 // Version 3 adds the calibration the model files apply themselves: nothing to read here.
-constexpr int64_t kInputsVersion = 3;
+constexpr int64_t kInputsVersion = 4;
 constexpr int64_t kOldestInputsVersion = 2;
 constexpr const char* kCriteoLayout = "criteo_raw";
 constexpr const char* kParquetLayout = "parquet_columns";
@@ -214,6 +214,19 @@ std::unique_ptr<RowReader> read_layout(const ModelDirectory& model) {
     throw BadInput(path + ": version " + std::to_string(version) + ", this program reads versions " +
                    std::to_string(kOldestInputsVersion) + " to " + std::to_string(kInputsVersion) +
                    " (export the model again with python -m serving.export)");
+  }
+  // Version 4's histories: the jagged history inputs of a --sequence_columns model are not read here.
+  if (const JsonValue* histories = inputs.find("histories")) {
+    std::string names;
+    for (const JsonValue& history : histories->array(path, "histories")) {
+      const JsonValue* name = history.find("name");
+      names += (names.empty() ? "" : ", ") + (name ? name->text(path, "histories[].name") : std::string("?"));
+    }
+    if (!names.empty()) {
+      throw BadInput(model.path() + ": a model with history features (" + names +
+                     "); dlrm_predict does not read histories: serve it with python -m serving.predict or "
+                     "python -m serving.serve");
+    }
   }
   const std::string& layout = member(inputs, "layout", path).text(path, "layout");
   if (layout == kParquetLayout) return std::make_unique<ParquetReader>(ParquetRows(inputs, path));

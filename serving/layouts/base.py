@@ -174,10 +174,14 @@ class InputLayout(ABC):
 
     # inputs.json's record of this layout (its LAYOUT is the layout's name).
     record: ClassVar[type[LayoutRecord]]
+    # Whether its lines can carry history features (inputs.json's histories): each then
+    # takes max_history more columns of the sparse features, after the categorical ones,
+    # the history's newest ids oldest first and `PADDING_ID` in the places it leaves empty.
+    HISTORIES: ClassVar[bool] = False
 
     def __init__(self, inputs: "ModelInputs") -> None:
         self.num_dense = inputs.num_dense_features
-        self.num_sparse_columns = int(sum(inputs.sparse_hotness))
+        self.num_sparse_columns = int(sum(inputs.sparse_hotness)) + sum(h.max_history for h in inputs.histories)
 
     @staticmethod
     @abstractmethod

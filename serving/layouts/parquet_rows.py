@@ -8,8 +8,16 @@ feature's bag is laid into its ``sparse_hotness`` places, `PADDING_ID` after its
 Hashing gives every value a row: an id is unseen when the training split's Bloom filter
 (inputs.json's ``id_sketch``, the directory's ``id_sketch.bin``; data/parquet/id_sketch.py)
 lacks it, counted by `prepare_table` (a model exported without one counts none).
+
+A model with history features (inputs.json's ``histories``) reads each from its list
+column (a JSON list of raw ids, oldest first; null or [] for none): its ids are hashed
+as its item column's (the item's table size, the same seed; a history of a string item
+holds strings), counted unseen against the item's filter, and a history longer than
+``max_history`` keeps its newest, as training's data did. They take ``max_history``
+places each after the categorical features' (`InputLayout.HISTORIES`).
 """
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -176,6 +184,7 @@ class ParquetRows(InputLayout):
     """
 
     record = ParquetPreprocessing
+    HISTORIES = True
 
     def __init__(self, inputs: "ModelInputs") -> None:
         super().__init__(inputs)
@@ -184,6 +193,18 @@ class ParquetRows(InputLayout):
         self._preprocessing = preprocessing
         self.columns = parquet_columns(inputs)
         self._value_types = dict(zip(inputs.sparse_feature_names, preprocessing.sparse_value_types))
+        # The history columns, converted as lists of their items' ids: the items' table sizes and hashing.
+        self.histories = list(inputs.histories)
+        self.history_names = [h.name for h in self.histories]
+        self._items = [inputs.sparse_feature_names.index(h.item) for h in self.histories]
+        self._history_columns = dataclasses.replace(
+            self.columns,
+            dense=(),
+            sparse=tuple(self.history_names),
+            table_sizes=tuple(self.columns.table_sizes[f] for f in self._items),
+        )
+        for h in self.histories:  # a list of the item's values, whether the item is single or a list
+            self._value_types[h.name] = self._value_types[h.item].removesuffix("_list") + "_list"
         self._hotness = list(inputs.sparse_hotness)
         self._starts = np.cumsum([0] + self._hotness[:-1])
         self.sketches: list[Any] | None = None  # `load` reads them: data.parquet.id_sketch.IdSketch per feature
@@ -300,6 +321,9 @@ class ParquetRows(InputLayout):
         """Refuses a Parquet input whose schema lacks a column, gives one a type
         conversion refuses, or gives a sparse column another value type than training's."""
         self.columns.check_schema(schema, where, labelled)
+        for name in self.history_names:
+            if schema.get_field_index(name) < 0:
+                raise BadInput(f"{where}: no column {name} (a history column; the file has {', '.join(schema.names)})")
         for name, expected in self._value_types.items():
             found = sparse_value_type(schema.field(name).type)
             if found != expected:
@@ -339,12 +363,42 @@ class ParquetRows(InputLayout):
             row_of_id = np.repeat(np.arange(len(lengths)), lengths)
             place = np.arange(len(row_of_id)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
             ids[row_of_id, self._starts[f] + place] = converted.ids[f]
+        history_keys: list[np.ndarray] = []
+        if self.histories:
+            history_ids, history_keys = self._history_places(table, where)
+            ids = np.concatenate([ids, history_ids], axis=1)
         lines = ParsedLines(converted.dense, ids, converted.labels)
         if self.sketches is None:
             return lines
-        # An id the training split's filter lacks is new.
-        unseen = np.array([int((~s.contains(k)).sum()) for s, k in zip(self.sketches, converted.keys)], np.int64)
+        # An id the training split's filter lacks is new; a history's, when its item's filter lacks it.
+        sketches = [*self.sketches, *(self.sketches[f] for f in self._items)]
+        keys = [*converted.keys, *history_keys]
+        unseen = np.array([int((~s.contains(k)).sum()) for s, k in zip(sketches, keys)], np.int64)
         return CountedLines.of(lines, unseen)
+
+    def _history_places(
+        self, table: pa.Table | pa.RecordBatch, where: Callable[[int], str]
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(N, sum of max_history) ids of each history's newest ``max_history`` items,
+        oldest first, `PADDING_ID` after them; and the keys of the ids kept, per history."""
+        try:
+            converted = self._history_columns.convert(table, labelled=False)
+        except ColumnValueError as e:
+            raise MalformedLineError(f"{where(e.row)} column {e.column}: {e.what}") from None
+        places = []
+        kept_keys = []
+        for s, history in enumerate(self.histories):
+            lengths = converted.lengths[s].astype(np.int64)
+            length = history.max_history
+            row_of_id = np.repeat(np.arange(len(lengths)), lengths)
+            place = np.arange(len(row_of_id)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+            dropped = np.maximum(lengths - length, 0)[row_of_id]  # the oldest, past max_history
+            keep = place >= dropped
+            block = np.full((len(lengths), length), PADDING_ID, dtype=np.int64)
+            block[row_of_id[keep], (place - dropped)[keep]] = converted.ids[s][keep]
+            places.append(block)
+            kept_keys.append(converted.keys[s][keep])
+        return np.concatenate(places, axis=1), kept_keys
 
     def _json_table(
         self, rows: list[dict[str, Any]], where: Callable[[int], str], missing_as_null: bool = False
@@ -357,11 +411,20 @@ class ParquetRows(InputLayout):
             arrays[name] = pa.array(
                 self._column(rows, name, where, _is_number, "a number or null", missing_as_null), pa.float64()
             )
-        for name in self.columns.sparse:
+        for name in (*self.columns.sparse, *self.history_names):
             kind = self._value_types[name]
             single = _is_json_int if kind.startswith("integer") else _is_text
             words = "integer id" if kind.startswith("integer") else "string id"
-            if kind.endswith("_list"):
+            if name in self.history_names:
+                values = self._column(
+                    rows,
+                    name,
+                    where,
+                    lambda v: isinstance(v, list) and all(x is None or single(x) for x in v),
+                    f"a history: a list of {words}s (those of its item column), oldest first, or null",
+                    missing_as_null,
+                )
+            elif kind.endswith("_list"):
                 values = self._column(
                     rows,
                     name,
@@ -403,7 +466,7 @@ class ParquetRows(InputLayout):
     def count_unseen(self, sparse: np.ndarray) -> np.ndarray:
         """None from the rows: `prepare_table` counts the ids the seen-id filters lack
         (``ParsedLines.unseen``), which the rows (hashed) no longer tell."""
-        return np.zeros(len(self._hotness), np.int64)
+        return np.zeros(len(self._hotness) + len(self.histories), np.int64)
 
     def column_names(self) -> list[str]:
         return []  # Parquet output keeps any input column (serving.predict reads them from the table)

@@ -115,6 +115,16 @@ def test_a_model_it_cannot_serve_is_refused_in_one_line(program, aoti_model, tmp
         json.dump(inputs, f)
     os.remove(os.path.join(other_layout, MANIFEST_FILE))
     write_manifest(other_layout)
+    # A model with history features (inputs.json version 4): no jagged inputs here.
+    histories = str(tmp_path / "histories")
+    shutil.copytree(aoti_model, histories)
+    with open(os.path.join(histories, INPUTS_FILE), "rb") as f:
+        inputs = json.load(f)
+    inputs.update(version=4, histories=[{"name": "h3", "item": "cat_3", "max_history": 5}])
+    with open(os.path.join(histories, INPUTS_FILE), "w") as f:
+        json.dump(inputs, f)
+    os.remove(os.path.join(histories, MANIFEST_FILE))
+    write_manifest(histories)
     no_package = str(tmp_path / "no_package")
     shutil.copytree(aoti_model, no_package)
     os.remove(os.path.join(no_package, AOTI_FILE))
@@ -124,6 +134,8 @@ def test_a_model_it_cannot_serve_is_refused_in_one_line(program, aoti_model, tmp
         "(criteo_raw) and a Parquet model's JSON rows (parquet_columns) only: serve this model with python -m "
         "serving.predict",
         no_package: f"{no_package} has no {AOTI_FILE}: export it with python -m serving.export --format aoti",
+        histories: f"{histories}: a model with history features (h3); dlrm_predict does not read histories: "
+        "serve it with python -m serving.predict or python -m serving.serve",
     }
     for model, message in cases.items():
         result = _predict(program, model, line)

@@ -367,7 +367,13 @@ def test_csv_columns_name_each_id_column():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda d: d.update(version=4), "version is 4, newer than this code reads (3)"),
+        (lambda d: d.update(version=5), "version is 5, newer than this code reads (4)"),
+        (lambda d: d.update(histories=[{"name": "h", "item": "nope", "max_history": 3}]), "histories[0].item must be"),
+        (
+            lambda d: d.update(histories=[{"name": "cat_0", "item": "cat_1", "max_history": 3}]),
+            "histories[0].name cat_0 is named twice",
+        ),
+        (lambda d: d.update(histories=[{"name": "h", "item": "cat_1", "max_history": 0}]), "histories[0].max_history"),
         (lambda d: d.update(num_embeddings_per_feature=[7]), "num_embeddings_per_feature must be 2 positive integers"),
         (
             lambda d: d.update(layout="parquet"),

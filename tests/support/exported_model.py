@@ -104,12 +104,14 @@ def tiny_checkpoint(
     embedding_dim: int = 4,
     step: int = 1,
     change: Callable[[torch.nn.Module], None] | None = None,
+    flags: list[str] | None = None,
 ) -> str:
     """A checkpoint of a tiny Criteo model (tables of ``num_embeddings`` rows of width
     ``embedding_dim``), saved by this process under ``root / "ckpt"``; returns its path. Its meta.json
     records the serving layout and facts of random data, as the trainer does, unless
     given. ``change``: called on the model before it is saved (a day of training
-    changing some rows: save it at another ``step``).
+    changing some rows: save it at another ``step``). ``flags``: more of dlrm_main's
+    (``--sequence_columns``: a model with history features).
 
     Example::
 
@@ -125,6 +127,7 @@ def tiny_checkpoint(
             f"8,{embedding_dim}",
             "--over_arch_layer_sizes",
             "8,1",
+            *(flags or []),
         ],
         "dlrm_main.py",
         "",

@@ -239,3 +239,39 @@ def test_malformed_yaml_is_refused_naming_line_and_column(tmp_path):
     assert proc.stderr.splitlines() == [
         f"python -m sweeps: error: {path}: line 3 column 1: malformed YAML: expected ',' or '}}', but got '<scalar>'"
     ], proc.stderr
+
+
+@pytest.mark.slow
+def test_history_length_and_attention_sizes_are_sweep_keys(tmp_path, capsys):
+    """--max_history and the sequence interactions' sizes vary like any training flag,
+    checked by the training parser (a bad value: one line naming the run)."""
+    grid = {"max_history": [5, 20]}
+    zipped = {"sequence_interaction": ["din", "transformer"], "transformer_num_heads": [1, 2]}
+    flags = {"sequence_columns": "h3:cat_3", "batch_size": 64, "embedding_dim": 8, "din_attention_layer_sizes": [16, 8]}
+    sweep = write_sweep(tmp_path / "seq.yaml", scheduler="slurm", flags=flags, grid=grid, zip=zipped)
+    code, stdout, stderr = sweeps_in_process(capsys, ["run", "--dryrun", sweep])
+    assert code == 0, stderr[-3000:]
+    jobs = _jobs(stdout)
+    assert len(jobs) == 4
+    name = next(n for n in jobs if "max_history=20" in n and "transformer_num_heads=2" in n)
+    argv = _training_flags(sbatch_groups(jobs[name][1])[0]["torchrun"], "dlrm_main.py")
+    assert argv[: argv.index("--log_path")] == [
+        "--sequence_columns",
+        "h3:cat_3",
+        "--batch_size",
+        "64",
+        "--embedding_dim",
+        "8",
+        "--din_attention_layer_sizes",
+        "16,8",
+        "--max_history",
+        "20",
+        "--sequence_interaction",
+        "transformer",
+        "--transformer_num_heads",
+        "2",
+    ], argv
+    bad = write_sweep(tmp_path / "bad.yaml", flags={**TINY_FLAGS, **flags}, grid={"max_history": [5, 0]})
+    code, _, stderr = sweeps_in_process(capsys, ["run", "--dryrun", bad])
+    assert code == 2
+    assert stderr.endswith(f"{bad}: run max_history=0: --max_history must be positive, got 0\n")

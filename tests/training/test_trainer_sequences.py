@@ -7,7 +7,7 @@ EmbeddingCollection, row-wise, and the others in the EmbeddingBagCollection, tab
 under the sparse_dist train pipeline) must give the losses and final weights of one
 process with 128-row batches and whole tables, to float rounding (1e-6). The 2-rank run
 stopped at its step-3 checkpoint and resumed must end bit for bit where it ended.
-All runs share one launch per world size.
+All runs share one launch per world size. The 2-rank checkpoint exports the eager model.
 """
 
 import math
@@ -18,10 +18,14 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from harness.launch import launch
 from harness.matrix import assemble_table, local_weights
 from serving import export
+from serving.inference_model import load_checkpoint_model
+from serving.model_files import load_model_file
+from serving.model_inputs import read_inputs
 from training.distributed import resolve_env
 from training.flags import parse_config
 from training.trainer import Trainer
@@ -135,11 +139,37 @@ def test_resumed_run_ends_where_the_uninterrupted_one_did(runs):
             assert torch.equal(value, resumed["dense"][key]), key
 
 
-def test_export_refuses_a_model_with_histories(runs, tmp_path, capsys):
-    """Serving takes no jagged history inputs yet: one line, exit 2, nothing written."""
+def test_the_sharded_checkpoint_exports_the_eager_model(runs, tmp_path, capsys):
+    """The 2-rank checkpoint (an item table row-wise sharded) exports; its fp32 program
+    gives the unsharded eager model's probabilities on random histories (1e-6). The
+    quantized variants, the default, are refused in one line, nothing written."""
     _, _, checkpoints = runs
-    output = tmp_path / "model"
-    assert export.main(["--checkpoint", checkpoints, "--output", str(output), "--quantize", "none"]) == 2
+    refused = tmp_path / "refused"
+    assert export.main(["--checkpoint", checkpoints, "--output", str(refused)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "history features (--sequence_columns h3:cat_3,h5:cat_5)" in err[0], err
-    assert not output.exists() or not any(output.iterdir())
+    assert not refused.exists() or not any(refused.iterdir())
+    output = str(tmp_path / "model")
+    assert export.main(["--checkpoint", checkpoints, "--output", output, "--quantize", "none"]) == 0
+    # Random data's layout (raw Criteo lines) has no place for histories: the program itself, as a server calls it.
+    inputs = read_inputs(output)
+    program = load_model_file(output, "fp32.pt2", "torch.export", None, inputs.input_columns())
+    model, meta = load_checkpoint_model(inputs.checkpoint)
+    generator = torch.Generator().manual_seed(0)
+    batch, names = 6, meta.model.sparse_feature_names
+    dense = torch.randn(batch, 13, generator=generator)
+    sparse = torch.randint(0, ROWS, (batch, len(names)), generator=generator)
+    lengths = torch.randint(0, 7, (batch, 2), generator=generator)  # up to max_history, none included
+    values = torch.randint(0, ROWS, (int(lengths.sum()),), generator=generator)
+    # The KJT of the same rows: feature by feature, a history's ids row by row.
+    per_row = torch.split(values, lengths.reshape(-1).tolist())
+    histories = [torch.cat([per_row[r * 2 + s] for r in range(batch)]) for s in range(2)]
+    features = KeyedJaggedTensor.from_lengths_sync(
+        keys=[*names, "h3", "h5"],
+        values=torch.cat([sparse.t().reshape(-1), *histories]),
+        lengths=torch.cat([torch.ones(batch * len(names), dtype=torch.int64), lengths.t().reshape(-1)]),
+    )
+    with torch.no_grad():
+        expected = torch.sigmoid(model.model(dense, features).squeeze(-1))
+        got = program(dense, sparse, values, lengths)
+    assert torch.allclose(got, expected, rtol=0, atol=TOLERANCE), (got - expected).abs().max()

@@ -17,7 +17,6 @@ holds strings), counted unseen against the item's filter, and a history longer t
 places each after the categorical features' (`InputLayout.HISTORIES`).
 """
 
-import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -162,6 +161,9 @@ def parquet_columns(inputs: "ModelInputs") -> ParquetColumns:
         dense_transform=columns.dense_transform,
         id_hashing=columns.id_hashing,
         hash_seed=columns.hash_seed,
+        # The histories as training read them: hashed as their items, cut to their newest.
+        sequences=tuple((h.name, h.item) for h in inputs.histories),
+        max_history=max((h.max_history for h in inputs.histories), default=0),
     )
 
 
@@ -197,16 +199,12 @@ class ParquetRows(InputLayout):
         self.histories = list(inputs.histories)
         self.history_names = [h.name for h in self.histories]
         self._items = [inputs.sparse_feature_names.index(h.item) for h in self.histories]
-        self._history_columns = dataclasses.replace(
-            self.columns,
-            dense=(),
-            sparse=tuple(self.history_names),
-            table_sizes=tuple(self.columns.table_sizes[f] for f in self._items),
-        )
         for h in self.histories:  # a list of the item's values, whether the item is single or a list
             self._value_types[h.name] = self._value_types[h.item].removesuffix("_list") + "_list"
         self._hotness = list(inputs.sparse_hotness)
-        self._starts = np.cumsum([0] + self._hotness[:-1])
+        # The places of each feature's ids: the categorical features', then each history's max_history.
+        self._places = [*self._hotness, *(h.max_history for h in self.histories)]
+        self._starts = np.cumsum([0] + self._places[:-1])
         self.sketches: list[Any] | None = None  # `load` reads them: data.parquet.id_sketch.IdSketch per feature
 
     @classmethod
@@ -349,8 +347,9 @@ class ParquetRows(InputLayout):
             converted = self.columns.convert(table, labelled)
         except ColumnValueError as e:
             raise MalformedLineError(f"{where(e.row)} column {e.column}: {e.what}") from None
-        ids = np.full((converted.num_rows, int(sum(self._hotness))), PADDING_ID, dtype=np.int64)
-        for f, (name, places) in enumerate(zip(self.columns.sparse, self._hotness)):
+        ids = np.full((converted.num_rows, int(sum(self._places))), PADDING_ID, dtype=np.int64)
+        # The histories come cut to their newest max_history: never longer than their places.
+        for f, (name, places) in enumerate(zip(self.columns.kjt_keys, self._places)):
             lengths = converted.lengths[f]
             too_long = lengths > places
             if too_long.any():
@@ -363,42 +362,13 @@ class ParquetRows(InputLayout):
             row_of_id = np.repeat(np.arange(len(lengths)), lengths)
             place = np.arange(len(row_of_id)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
             ids[row_of_id, self._starts[f] + place] = converted.ids[f]
-        history_keys: list[np.ndarray] = []
-        if self.histories:
-            history_ids, history_keys = self._history_places(table, where)
-            ids = np.concatenate([ids, history_ids], axis=1)
         lines = ParsedLines(converted.dense, ids, converted.labels)
         if self.sketches is None:
             return lines
         # An id the training split's filter lacks is new; a history's, when its item's filter lacks it.
         sketches = [*self.sketches, *(self.sketches[f] for f in self._items)]
-        keys = [*converted.keys, *history_keys]
-        unseen = np.array([int((~s.contains(k)).sum()) for s, k in zip(sketches, keys)], np.int64)
+        unseen = np.array([int((~s.contains(k)).sum()) for s, k in zip(sketches, converted.keys)], np.int64)
         return CountedLines.of(lines, unseen)
-
-    def _history_places(
-        self, table: pa.Table | pa.RecordBatch, where: Callable[[int], str]
-    ) -> tuple[np.ndarray, list[np.ndarray]]:
-        """(N, sum of max_history) ids of each history's newest ``max_history`` items,
-        oldest first, `PADDING_ID` after them; and the keys of the ids kept, per history."""
-        try:
-            converted = self._history_columns.convert(table, labelled=False)
-        except ColumnValueError as e:
-            raise MalformedLineError(f"{where(e.row)} column {e.column}: {e.what}") from None
-        places = []
-        kept_keys = []
-        for s, history in enumerate(self.histories):
-            lengths = converted.lengths[s].astype(np.int64)
-            length = history.max_history
-            row_of_id = np.repeat(np.arange(len(lengths)), lengths)
-            place = np.arange(len(row_of_id)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-            dropped = np.maximum(lengths - length, 0)[row_of_id]  # the oldest, past max_history
-            keep = place >= dropped
-            block = np.full((len(lengths), length), PADDING_ID, dtype=np.int64)
-            block[row_of_id[keep], (place - dropped)[keep]] = converted.ids[s][keep]
-            places.append(block)
-            kept_keys.append(converted.keys[s][keep])
-        return np.concatenate(places, axis=1), kept_keys
 
     def _json_table(
         self, rows: list[dict[str, Any]], where: Callable[[int], str], missing_as_null: bool = False

@@ -313,7 +313,7 @@ def describe_inputs(
 def export_model(
     checkpoint: str,
     output: str,
-    quantize: list[str],
+    quantize: list[str] | None,
     newest: bool = False,
     max_bag_size: int = DEFAULT_MAX_BAG_SIZE,
     fmt: str = PROGRAM_FORMAT,
@@ -321,6 +321,7 @@ def export_model(
     delta_from: str | None = None,
 ) -> ModelInputs:
     """Writes the model directory (see the module docstring); returns its inputs.json.
+    ``quantize`` None: the default variants of the model (`default_quantize`).
     ``delta_from``: a full export; the directory becomes a delta export of the rows
     changed since it (serving/delta.py).
 
@@ -334,7 +335,7 @@ def export_model(
 def _export_checkpoint(
     checkpoint: str,
     output: str,
-    quantize: list[str],
+    quantize: list[str] | None,
     newest: bool,
     max_bag_size: int,
     fmt: str,
@@ -344,7 +345,7 @@ def _export_checkpoint(
     """`export_model`, and the checkpoint it opened (once: its manifest, meta.json and
     .metadata are read by every step of the export from that)."""
     _check_output(output)
-    base = _delta_base(delta_from, quantize, fmt) if delta_from is not None else None
+    base = _delta_base(delta_from, quantize or [], fmt) if delta_from is not None else None
     if fmt == AOTI_FORMAT:
         _check_compiler()
     # Beside the output, held until the directory is renamed into place: a second
@@ -373,6 +374,12 @@ def _delta_base(delta_from: str, quantize: list[str], fmt: str) -> Base:
             f"AOTInductor package holds its weights inside compiled code: export it in full"
         )
     base = Base.open(delta_from, "--delta_from")
+    _check_base_programs(base, delta_from, quantize)
+    return base
+
+
+def _check_base_programs(base: Base, delta_from: str, quantize: list[str]) -> None:
+    """Refuses a delta base without a torch.export program of each precision exported."""
     for precision in ["fp32", *quantize]:
         variant = base.inputs.variants.get(precision)
         if variant is None or variant.format != TORCH_EXPORT_FORMAT:
@@ -381,7 +388,12 @@ def _delta_base(delta_from: str, quantize: list[str], fmt: str) -> Base:
                 f"--delta_from {delta_from} has no {precision} program (it has {', '.join(have)}): "
                 f"pass --quantize with those it has ({','.join(p for p in have if p != 'fp32') or 'none'})"
             )
-    return base
+
+
+def default_quantize(model: ModelConfig) -> list[str]:
+    """The quantized variants an export writes unless --quantize says: fp16 and int8, none
+    for a model with history features (its programs are fp32 only)."""
+    return [] if model.sequence_columns else list(DEFAULT_QUANTIZE)
 
 
 def _check_output(output: str) -> None:
@@ -420,7 +432,7 @@ def _id_sketch_bytes(state: dict[str, Any], inputs: ModelInputs) -> bytes | None
 def _write_model_dir(
     checkpoint: str,
     output: str,
-    quantize: list[str],
+    quantize: list[str] | None,
     newest: bool,
     max_bag_size: int,
     fmt: str,
@@ -429,6 +441,10 @@ def _write_model_dir(
 ) -> tuple[ModelInputs, OpenedCheckpoint]:
     path = checkpoint_to_load(checkpoint, "--checkpoint", prefer_best=not newest)
     opened = open_checkpoint(path)
+    if quantize is None:
+        quantize = default_quantize(opened.meta.model)
+        if base is not None:
+            _check_base_programs(base, base.path, quantize)
     if opened.meta.model.sequence_columns and quantize:
         raise BadInput(
             f"--quantize {','.join(quantize)}: {path} has history features (--sequence_columns "
@@ -582,6 +598,10 @@ def format_sizes(inputs: ModelInputs) -> str:
     )
 
 
+# What --quantize writes when not given, for a model without history features.
+DEFAULT_QUANTIZE = ("fp16", "int8")
+
+
 def _quantize_list(text: str) -> list[str]:
     names = [] if text == "none" else text.split(",")
     bad = [n for n in names if n not in QUANTIZED_DTYPES]
@@ -597,10 +617,11 @@ class ExportConfig:
     checkpoint: str = flag(help="a checkpoint, or a --checkpoint_dir (the checkpoint marked best, else the newest)")
     newest: bool = flag(False, help="with a --checkpoint_dir, its newest checkpoint even when one is marked best")
     output: str = flag(help="the model directory to create")
-    quantize: list[str] = flag(
-        ["fp16", "int8"],
+    quantize: list[str] | None = flag(
+        None,
         parse=_quantize_list,
-        help="quantized variants to write: fp16,int8 (default), fp16, int8 or none",
+        help="quantized variants to write: fp16,int8, fp16, int8 or none (default: fp16,int8; none for a "
+        "model with history features, whose programs are fp32 only)",
     )
     format: str = flag(
         PROGRAM_FORMAT,

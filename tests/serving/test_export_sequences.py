@@ -251,7 +251,7 @@ def test_a_delta_export_carries_the_item_tables(exported, tmp_path):
         change=changed,
     )
     full, part = str(tmp_path / "full"), str(tmp_path / "delta")
-    assert export.main(["--checkpoint", later, "--output", full, "--quantize", "none"]) == 0
+    assert export.main(["--checkpoint", later, "--output", full]) == 0
     assert (
         export.main(["--checkpoint", later, "--output", part, "--quantize", "none", "--delta_from", din["model"]]) == 0
     )

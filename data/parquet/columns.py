@@ -27,7 +27,7 @@ import ctypes
 import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -178,6 +178,9 @@ class ParquetColumns:
         id_hashing: "hash" (data.parquet.id_hashing) or "modulo" (integer ids, not negative,
             taken modulo the table size: ids a pipeline has already mapped).
         hash_seed: the seed of the hash.
+        vocabulary: with id_hashing "vocabulary", the ids that have rows
+            (data.parquet.id_vocabulary.IdVocabulary): a kept id reads its row, any
+            other id row 0.
     """
 
     label: str
@@ -188,10 +191,13 @@ class ParquetColumns:
     dense_transform: str = "log1p"
     id_hashing: str = "hash"
     hash_seed: int = 0
+    vocabulary: Any = None
 
     def __post_init__(self) -> None:
         if len(self.table_sizes) != len(self.sparse):
             raise ValueError(f"{len(self.sparse)} sparse columns but {len(self.table_sizes)} table sizes")
+        if self.vocabulary is not None and list(self.vocabulary.names) != list(self.sparse):
+            raise ValueError(f"a vocabulary of {self.vocabulary.names}, but the sparse columns are {self.sparse}")
 
     @classmethod
     def from_flags(
@@ -318,8 +324,8 @@ class ParquetColumns:
         else:
             lengths, found, flat_ids = kernel.sparse_bags(lib, columns, list(self.table_sizes), modulo, self.hash_seed)
             lengths = lengths.reshape(len(columns), rows.num_rows)  # (0, N) too, without sparse columns
-            if any(f is None for f in found):
-                flat_ids = None
+            if any(f is None for f in found) or self.id_hashing == "vocabulary":
+                flat_ids = None  # the vocabulary's rows replace the kernels' hashed ones below
         ids, keys = [], []
         for f, (name, size) in enumerate(zip(self.sparse, self.table_sizes)):
             if found[f] is None:  # the reference
@@ -329,11 +335,20 @@ class ParquetColumns:
                 feature_keys, feature_ids, negative = found[f]  # type: ignore[misc]
                 if negative >= 0:
                     _negative_id(name, feature_keys, lengths[f], negative)
+                if self.id_hashing == "vocabulary":
+                    feature_ids = self._vocabulary_rows(name, feature_keys)
             keys.append(feature_keys)
             ids.append(feature_ids)
         return lengths, ids, keys, flat_ids
 
+    def _vocabulary_rows(self, name: str, keys: np.ndarray) -> np.ndarray:
+        if self.vocabulary is None:
+            raise ValueError("--id_hashing vocabulary converts rows through a vocabulary: none was given")
+        return self.vocabulary.rows(self.sparse.index(name), keys)
+
     def _rows(self, name: str, keys: np.ndarray, lengths: np.ndarray, table_size: int) -> np.ndarray:
+        if self.id_hashing == "vocabulary":
+            return self._vocabulary_rows(name, keys)
         if self.id_hashing == "hash":
             return embedding_rows(keys, self.hash_seed, table_size)
         self._check_not_negative(name, keys, lengths)

@@ -147,6 +147,17 @@ class IdVocabulary:
             int(len(k) - _members(self.kept[f], k).sum() - _members(self.rare[f], k).sum()) for f, k in enumerate(keys)
         ]
 
+    def holds_any(self) -> bool:
+        """Whether training read any id (as `data.parquet.id_sketch.SeenIds.holds_any`)."""
+        return any(len(k) or len(r) for k, r in zip(self.kept, self.rare))
+
+    def packed(self) -> list[np.ndarray]:
+        """Nothing to OR over the ranks (`SeenIds.packed`): every rank holds the same vocabulary."""
+        return []
+
+    def merge(self, packed: Sequence[np.ndarray]) -> None:
+        """Nothing to merge (`SeenIds.merge`): the vocabulary is built before training reads."""
+
     def to_bytes(self) -> bytes:
         """`VOCABULARY_FILE`'s content: per feature its kept then its rare keys, uint64
         little-endian, in feature order."""

@@ -327,8 +327,10 @@ class ParquetSource(DataSource):
 
     def seen_ids(self) -> Any:
         """The filters of the ids the training loaders have read (data/parquet/id_sketch.py's
-        `SeenIds`), under --id_hashing hash once a training loader exists; else None."""
-        return self._seen
+        `SeenIds`), under --id_hashing hash once a training loader exists; under
+        --id_hashing vocabulary the IdVocabulary (it knows every id of the training split,
+        exactly: its ``unseen`` and ``holds_any`` answer alike); else None."""
+        return self._seen if self._seen is not None else self._vocabulary
 
     def time_ranges(self, dataset: Any) -> dict[str, tuple[str, str]]:
         """{"train": ..., "validation": ..., "test": ...}, or with --rolling_windows

@@ -126,9 +126,10 @@ def export_difference(checkpoint_dir: str, eager: torch.Tensor, out_dir: str) ->
         export_model(newest_checkpoint(checkpoint_dir), out_dir, [])
     manifest = read_manifest(out_dir)
     program = load_model_file(out_dir, FP32_FILE, "torch.export", manifest)  # as predict loads it
-    dense, ids = probe_inputs()
+    inputs = read_inputs(out_dir, manifest)
+    dense, ids = probe_inputs(inputs.num_embeddings_per_feature)
     # A bag of varying length (a Parquet list column) has several places, -1 where empty.
-    hotness = read_inputs(out_dir, manifest).sparse_hotness
+    hotness = inputs.sparse_hotness
     ids = torch.cat(
         [
             torch.cat([ids[:, f : f + 1], torch.full((len(ids), h - 1), -1, dtype=ids.dtype)], dim=1)

@@ -10,7 +10,8 @@ resume, warm start, evaluation and export map ids as the trained tables do.
 Table sizes: ``--num_embeddings_per_feature`` (or an integer ``--num_embeddings``,
 ``--max_table_rows``) is each table's rows at most: of the ids read often enough, only the
 most frequent fit (rows - 1 of them; ties: the smaller key); without it the vocabulary
-decides alone. ``--num_embeddings auto`` sizes hashed tables and is refused here.
+decides alone; a run that loads a checkpoint keeps its vocabulary and tables whatever
+those flags say. ``--num_embeddings auto`` sizes hashed tables and is refused here.
 """
 
 import dataclasses
@@ -32,20 +33,16 @@ def vocabulary_table_sizes(
         FlagError / BadInput: one line (an empty training split, a checkpoint without a
             vocabulary or with one that does not fit its tables).
     """
-    from data.parquet.id_vocabulary import IdVocabulary, VocabularyError, count_ids
+    from data.parquet.id_vocabulary import IdVocabulary, count_ids
     from training.table_sizing import _loaded_checkpoint
 
     data = source.config
     names = list(features.sparse_feature_names)
     loaded = _loaded_checkpoint(checkpoint, mode) or _warm_start(checkpoint)
     if loaded is not None:
+        # Its tables are the vocabulary's (checked against its meta.json): a cap given
+        # again does not cut a trained vocabulary.
         vocabulary = checkpoint_vocabulary(loaded, names)
-        recorded = tables.num_embeddings_per_feature
-        if mode == "train" and checkpoint.resume and recorded is not None and list(recorded) != vocabulary.table_sizes:
-            raise VocabularyError(
-                f"checkpoint {loaded}: its vocabulary gives tables of {vocabulary.table_sizes} rows, its "
-                f"meta.json {list(recorded)}"
-            )
     else:
         count = data.min_id_count or 1
         dataset = source.open()

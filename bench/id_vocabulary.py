@@ -21,6 +21,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -62,8 +63,9 @@ def _train(flags: IdVocabularyBenchFlags, lake: str, name: str, extra: list[str]
         raise SystemExit(f"bench/id_vocabulary.py: the {name} run failed: {proc.stderr.strip().splitlines()[-1]}")
     meta = sorted(glob.glob(os.path.join(flags.work_dir, f"{name}_checkpoints", "step_*", "meta.json")))[-1]
     with open(meta) as f:
-        rows = json.load(f)["model"]["num_embeddings_per_feature"]
-    return {"test": eval_record(read_log(log), "test"), "rows": rows}
+        rows = json.load(f)["config"]["model"]["num_embeddings_per_feature"]
+    records: Any = read_log(log)
+    return {"test": eval_record(records, "test"), "rows": rows}
 
 
 def _true_unseen(lake: str, train_days: list[str], test_day: str) -> dict[str, float]:
@@ -108,9 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{'run':<12} {'test AUROC':>10} {'table rows':>40}")
     for name, run in (("hash", hashed), ("vocabulary", vocabulary)):
         print(f"{name:<12} {run['test']['auroc']:>10.4f} {','.join(map(str, run['rows'])):>40}")
-    print("unseen share of the test day, predict vs truth: " + ", ".join(
-        f"{n} {reported.get(n, 0.0):.2%} vs {truth[n]:.2%}" for n in COLUMNS
-    ))
+    print(
+        "unseen share of the test day, predict vs truth: "
+        + ", ".join(f"{n} {reported.get(n, 0.0):.2%} vs {truth[n]:.2%}" for n in COLUMNS)
+    )
     result = {
         "hash_test_auroc": hashed["test"]["auroc"],
         "vocabulary_test_auroc": vocabulary["test"]["auroc"],

@@ -224,7 +224,7 @@ def check_facts(facts: Any, names: Sequence[str], table_sizes: Sequence[int] | N
     if facts.get("version") != VOCABULARY_VERSION:
         raise VocabularyError(f"id_vocabulary.version is {facts.get('version')!r}, not {VOCABULARY_VERSION}")
     count = facts.get("min_id_count")
-    if not _is_count(count) or count < 1:
+    if not (isinstance(count, int) and not isinstance(count, bool) and count >= 1):
         raise VocabularyError(f"id_vocabulary.min_id_count is {count!r}, not a count of at least 1")
     digest = facts.get("sha256")
     if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):

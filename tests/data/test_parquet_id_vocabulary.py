@@ -34,8 +34,9 @@ def _blocks(rng, rows, blocks):
     for _ in range(blocks):
         ints = [None if rng.random() < 0.1 else int(rng.zipf(1.3) % 500) - 100 for _ in range(rows)]
         lists = [
-            None if rng.random() < 0.1 else [None if rng.random() < 0.1 else f"s{rng.zipf(1.5) % 80}"
-                                               for _ in range(rng.integers(0, 4))]
+            None
+            if rng.random() < 0.1
+            else [None if rng.random() < 0.1 else f"s{rng.zipf(1.5) % 80}" for _ in range(rng.integers(0, 4))]
             for _ in range(rows)
         ]
         out.append(pa.table({"A": pa.array(ints, pa.int64()), "B": pa.array(lists, pa.list_(pa.string()))}))

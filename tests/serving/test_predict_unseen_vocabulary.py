@@ -79,7 +79,9 @@ def test_predict_scores_as_the_trainer_and_counts_new_ids_exactly(model, tmp_pat
     # New ids read row 0: the rows of day 3 with a never-seen C1 score as with any other OOV id.
     vocabulary = IdVocabulary.from_bytes(open(os.path.join(model_dir, VOCABULARY_FILE), "rb").read(), COLUMNS, facts)
     keys = ParquetColumns._bags(pq.read_table(day, columns=["C1"]).column("C1"))[0]
-    assert (vocabulary.rows(0, keys)[~np.isin(keys, np.concatenate([vocabulary.kept[0], vocabulary.rare[0]]))] == 0).all()
+    assert (
+        vocabulary.rows(0, keys)[~np.isin(keys, np.concatenate([vocabulary.kept[0], vocabulary.rare[0]]))] == 0
+    ).all()
 
 
 @pytest.mark.slow

@@ -126,3 +126,26 @@ def test_a_vocabulary_that_is_not_the_models_is_refused(model, tmp_path, capsys)
     assert predict.main(["--model", lying, *argv]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "id_vocabulary.kept.C3 is" in err[0] and "table has" in err[0], err
+
+
+@pytest.mark.slow
+def test_resume_and_warm_start_take_the_checkpoints_vocabulary(model, tmp_path):
+    from training.flags import build_parser, config_and_source_from_args
+
+    _, model_dir, _, train = model
+    facts = json.load(open(os.path.join(model_dir, "inputs.json")))["preprocessing"]["id_vocabulary"]
+    exported = IdVocabulary.from_bytes(open(os.path.join(model_dir, VOCABULARY_FILE), "rb").read(), COLUMNS, facts)
+    checkpoints = train[train.index("--checkpoint_dir") + 1]
+    argv = [a for a in train[1:] if a != checkpoints]
+    argv.remove("--checkpoint_dir")
+    # Another --min_id_count would count otherwise: a run that loads the checkpoint never counts again.
+    argv[argv.index("--min_id_count") + 1] = "1"
+    for extra in (
+        ["--checkpoint_dir", checkpoints, "--resume"],
+        ["--checkpoint_dir", str(tmp_path / "warm"), "--warm_start", checkpoints],
+    ):
+        config, source = config_and_source_from_args(build_parser("dlrm_main.py", "").parse_args([*argv, *extra]))
+        loaded = source.vocabulary()
+        assert [k.tolist() for k in loaded.kept] == [k.tolist() for k in exported.kept], extra
+        assert [r.tolist() for r in loaded.rare] == [r.tolist() for r in exported.rare], extra
+        assert config.model.num_embeddings_per_feature == exported.table_sizes, extra

@@ -175,8 +175,9 @@ class ParquetColumns:
         weight: the per-row sample weight column, or None.
         dense_transform: "log1p" (negative values clamped to 0 first, as Criteo's
             preprocessing does) or "none".
-        id_hashing: "hash" (data.parquet.id_hashing) or "modulo" (integer ids, not negative,
-            taken modulo the table size: ids a pipeline has already mapped).
+        id_hashing: "hash" (data.parquet.id_hashing), "modulo" (integer ids, not negative,
+            taken modulo the table size: ids a pipeline has already mapped) or
+            "vocabulary" (through ``vocabulary``).
         hash_seed: the seed of the hash.
         vocabulary: with id_hashing "vocabulary", the ids that have rows
             (data.parquet.id_vocabulary.IdVocabulary): a kept id reads its row, any

@@ -7,7 +7,10 @@ as lines, JSON objects keyed by column name, one per line (the HTTP endpoint;
 feature's bag is laid into its ``sparse_hotness`` places, `PADDING_ID` after its ids.
 Hashing gives every value a row: an id is unseen when the training split's Bloom filter
 (inputs.json's ``id_sketch``, the directory's ``id_sketch.bin``; data/parquet/id_sketch.py)
-lacks it, counted by `prepare_table` (a model exported without one counts none).
+lacks it, counted by `prepare_table` (a model exported without one counts none). A
+vocabulary model (--id_hashing vocabulary) maps ids through the directory's
+``id_vocabulary.bin`` (inputs.json's ``id_vocabulary``; data/parquet/id_vocabulary.py)
+and counts an id training never read exactly.
 """
 
 import json
@@ -67,7 +70,7 @@ class ParquetPreprocessing(LayoutRecord):
         label: the label column.
         weight: the training's sample weight column, if any (serving does not read it).
         dense_transform: log1p or none.
-        id_hashing: hash or modulo.
+        id_hashing: hash, modulo or vocabulary.
         hash_seed: the seed of the hash.
         sparse_value_types: per sparse column, one of `SPARSE_VALUE_TYPES`; a
             list column's bags are cut into ``sparse_hotness`` places (a longer bag is

@@ -11,7 +11,8 @@ exactly (no Bloom filter): an id is seen when it is among the kept or the rare k
 Memory: the counts are two sorted arrays per feature (8-byte key, 8-byte count: 16 bytes
 a distinct id), and the keys of a block are buffered (8 bytes each) until they number
 as many as the distinct ids (at least `MERGE_EVERY`), then merged in: at most about 32
-bytes a distinct id, whatever the rows. The vocabulary itself is 8 bytes an id seen.
+bytes a distinct id (twice that while a merge sorts), whatever the rows. The vocabulary
+itself is 8 bytes an id seen.
 
 The vocabulary travels as tensors in each checkpoint (state ``id_vocabulary``: per
 feature the kept keys then the rare keys, int64 of the same bits) and as the model
@@ -33,7 +34,7 @@ from common.errors import BadInput
 VOCABULARY_VERSION = 1
 # The file of an exported model directory that holds every feature's keys.
 VOCABULARY_FILE = "id_vocabulary.bin"
-MERGE_EVERY = 1 << 22  # keys buffered (at least) before a merge
+MERGE_EVERY = 1 << 20  # keys buffered (at least) before a merge: 8 MiB a feature
 OOV_ROW = 0  # the row of every id outside the vocabulary
 
 

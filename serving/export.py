@@ -84,6 +84,8 @@ from common.errors import BadInput
 from common.library_noise import EAGER_QUANTIZATION_NOTICES, INDUCTOR_NOTICES, quiet_benign_library_messages, quieted
 from common.path_lock import LockHeld, PathLock
 from data.parquet.id_sketch import SKETCH_FILE, IdSketch, sketches_to_bytes
+from data.parquet.id_vocabulary import VOCABULARY_FILE as ID_VOCABULARY_FILE
+from data.parquet.id_vocabulary import IdVocabulary, VocabularyError
 from data.preprocess.criteo_transforms import VOCABULARY_FILE
 from data.sources import SOURCES
 from models.config import ModelConfig
@@ -429,6 +431,37 @@ def _id_sketch_bytes(state: dict[str, Any], inputs: ModelInputs) -> bytes | None
     return sketches_to_bytes([IdSketch(state["id_sketch"][name].numpy(), facts["ids"][name]) for name in names])
 
 
+def _id_vocabulary_state(meta: CheckpointMeta) -> dict[str, Any]:
+    """The id vocabulary (--id_hashing vocabulary; data/parquet/id_vocabulary.py) the
+    checkpoint's meta.json records, as the state the model's load fills ({} for none)."""
+    facts = (meta.serving_facts or {}).get("id_vocabulary")
+    if facts is None:
+        return {}
+    names = list(meta.model.sparse_feature_names)
+    try:
+        from data.parquet.id_vocabulary import check_facts
+
+        check_facts(facts, names, meta.model.num_embeddings_per_feature)
+    except VocabularyError as e:
+        raise ExportError(f"checkpoint meta.json: {e}") from None
+    sizes = {n: facts["kept"][n] + facts["rare"][n] for n in names}
+    return {"id_vocabulary": {n: torch.zeros(size, dtype=torch.int64) for n, size in sizes.items()}}
+
+
+def _id_vocabulary_bytes(state: dict[str, Any], meta: CheckpointMeta, path: str) -> bytes | None:
+    """The model directory's id vocabulary file of the loaded keys, checked against the
+    facts (its digest: a checkpoint whose tensors are another vocabulary's is refused)."""
+    if "id_vocabulary" not in state:
+        return None
+    names = list(meta.model.sparse_feature_names)
+    facts = (meta.serving_facts or {})["id_vocabulary"]
+    try:
+        vocabulary = IdVocabulary.from_state(names, {n: state["id_vocabulary"][n].numpy() for n in names}, facts)
+    except VocabularyError as e:
+        raise ExportError(f"checkpoint {path}: its id vocabulary {e}") from None
+    return vocabulary.to_bytes()
+
+
 def _write_model_dir(
     checkpoint: str,
     output: str,
@@ -450,8 +483,9 @@ def _write_model_dir(
             f"--quantize {','.join(quantize)}: {path} has history features (--sequence_columns "
             f"{','.join(opened.meta.model.sequence_columns)}), exported in fp32 only: pass --quantize none"
         )
-    sketch_state = _id_sketch_state(opened.meta)
+    sketch_state = {**_id_sketch_state(opened.meta), **_id_vocabulary_state(opened.meta)}
     train_model, meta = load_checkpoint_model(opened, sketch_state)
+    id_vocabulary = _id_vocabulary_bytes(sketch_state, meta, path)
     model_config = meta.model
     inputs = describe_inputs(model_config, meta, path, max_bag_size, training_data)
     # --calibrate's fit on the validation that made the checkpoint (its meta.json), applied
@@ -514,6 +548,10 @@ def _write_model_dir(
         if record is not None:
             with naming_write_errors(os.path.join(output, DELTA_FILE)), open(os.path.join(tmp, DELTA_FILE), "wb") as f:
                 f.write(record.to_json())
+        if id_vocabulary is not None:
+            with naming_write_errors(os.path.join(output, ID_VOCABULARY_FILE)):
+                with open(os.path.join(tmp, ID_VOCABULARY_FILE), "wb") as f:
+                    f.write(id_vocabulary)
         if sketch is not None:
             with naming_write_errors(os.path.join(output, SKETCH_FILE)):
                 with open(os.path.join(tmp, SKETCH_FILE), "wb") as f:

@@ -235,6 +235,12 @@ def config_and_source_from_args(args: argparse.Namespace) -> tuple[TrainConfig, 
                 raise FlagError(
                     f"{item.option} sizes the tables of {option(tables, 'num_embeddings')} auto: give that too"
                 )
+    if getattr(data.source_options, "id_hashing", None) == "vocabulary":  # the tables' rows are the vocabulary's
+        from training.id_vocabulary import vocabulary_table_sizes
+
+        tables = vocabulary_table_sizes(
+            tables, source, features, CheckpointConfig(**values(CheckpointConfig)), run["mode"]
+        )
     validate_at_epoch_end, test_at_end = ReferenceEvaluation(**values(ReferenceEvaluation)).schedule()
     recipe = RECIPES.get(args.recipe or "")
     config = TrainConfig(

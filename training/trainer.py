@@ -500,6 +500,10 @@ class Trainer:
         """The filters of the ids every rank's training loader has read, OR-ed over the
         ranks (collective), as checkpoint state, and the serving facts with their own
         (data/parquet/id_sketch.py: serving counts the ids they lack as unseen)."""
+        vocabulary = self.source.vocabulary() if hasattr(self.source, "vocabulary") else None
+        if vocabulary is not None:  # --id_hashing vocabulary: the same on every rank, saved as it is
+            state = {"id_vocabulary": {n: torch.from_numpy(keys) for n, keys in vocabulary.state().items()}}
+            return state, {**(self.serving_facts or {}), "id_vocabulary": vocabulary.facts()}
         seen = self.source.seen_ids()
         if seen is None:
             return {}, self.serving_facts

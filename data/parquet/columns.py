@@ -31,7 +31,7 @@ import ctypes
 import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -224,14 +224,18 @@ class ParquetColumns:
         weight: the per-row sample weight column, or None.
         dense_transform: "log1p" (negative values clamped to 0 first, as Criteo's
             preprocessing does) or "none".
-        id_hashing: "hash" (data.parquet.id_hashing) or "modulo" (integer ids, not negative,
-            taken modulo the table size: ids a pipeline has already mapped), or "zch" (the
-            hash's 63 top bits, `zch_ids`, not reduced: models/zch.py maps them to rows).
+        id_hashing: "hash" (data.parquet.id_hashing), "modulo" (integer ids, not negative,
+            taken modulo the table size: ids a pipeline has already mapped), "zch" (the
+            hash's 63 top bits, `zch_ids`, not reduced: models/zch.py maps them to rows) or
+            "vocabulary" (through ``vocabulary``).
         hash_seed: the seed of the hash.
         sequences: the history features (``--sequence_columns``): (history column, its
             item column, one of ``sparse``) pairs; a history's ids are its item's, looked
             up in the item's table (`convert` puts them after the sparse features).
         max_history: the newest ids a history keeps (``--max_history``).
+        vocabulary: with id_hashing "vocabulary", the ids that have rows
+            (data.parquet.id_vocabulary.IdVocabulary): a kept id reads its row, any
+            other id row 0; a history's ids go through its item's.
     """
 
     label: str
@@ -244,6 +248,7 @@ class ParquetColumns:
     hash_seed: int = 0
     sequences: tuple[tuple[str, str], ...] = ()
     max_history: int = 0
+    vocabulary: Any = None
 
     def __post_init__(self) -> None:
         if len(self.table_sizes) != len(self.sparse):
@@ -253,6 +258,8 @@ class ParquetColumns:
                 raise ValueError(f"history {history}'s item {item} is not a sparse column")
         if self.sequences and self.max_history < 1:
             raise ValueError(f"histories need a max_history of at least 1, got {self.max_history}")
+        if self.vocabulary is not None and list(self.vocabulary.names) != list(self.sparse):
+            raise ValueError(f"a vocabulary of {self.vocabulary.names}, but the sparse columns are {self.sparse}")
 
     @classmethod
     def from_flags(
@@ -424,8 +431,8 @@ class ParquetColumns:
         else:
             lengths, found, flat_ids = kernel.sparse_bags(lib, columns, sizes, modulo, self.hash_seed)
             lengths = lengths.reshape(len(columns), rows.num_rows)  # (0, N) too, without sparse columns
-            if any(f is None for f in found):
-                flat_ids = None
+            if any(f is None for f in found) or self.id_hashing == "vocabulary":
+                flat_ids = None  # the vocabulary's rows replace the kernels' hashed ones below
         ids, keys = [], []
         for f, (name, size) in enumerate(zip(names, sizes)):
             if found[f] is None:  # the reference
@@ -435,6 +442,8 @@ class ParquetColumns:
                 feature_keys, feature_ids, negative = found[f]  # type: ignore[misc]
                 if negative >= 0:
                     _negative_id(name, feature_keys, lengths[f], negative)
+            if self.id_hashing == "vocabulary":  # a history's ids are its item's
+                feature_ids = self._vocabulary_rows(f, feature_keys)
             if f >= len(self.sparse) and len(lengths[f]) and int(lengths[f].max()) > self.max_history:
                 feature_keys, feature_ids = _newest(feature_keys, feature_ids, lengths[f], self.max_history)
                 lengths[f] = np.minimum(lengths[f], self.max_history)
@@ -443,7 +452,16 @@ class ParquetColumns:
             ids.append(feature_ids)
         return lengths, ids, keys, flat_ids
 
+    def _vocabulary_rows(self, f: int, keys: np.ndarray) -> np.ndarray:
+        """The rows of feature ``f``'s keys (``kjt_keys`` order: a history's are its item's)."""
+        if self.vocabulary is None:
+            raise ValueError("--id_hashing vocabulary converts rows through a vocabulary: none was given")
+        item = f if f < len(self.sparse) else self._item_index()[f - len(self.sparse)]
+        return self.vocabulary.rows(item, keys)
+
     def _rows(self, name: str, keys: np.ndarray, lengths: np.ndarray, table_size: int) -> np.ndarray:
+        if self.id_hashing == "vocabulary":  # `_vocabulary_rows` maps them, after the bags are read
+            return np.zeros(len(keys), np.int64)
         if self.id_hashing == "hash":
             return embedding_rows(keys, self.hash_seed, table_size)
         if self.id_hashing == "zch":  # the managed-collision modules give the rows (models/zch.py)

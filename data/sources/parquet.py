@@ -21,7 +21,7 @@ from data.sources.types import BatchLoader, DataSource, FeatureDescription, Feed
 # Choices of the Parquet flags (data/parquet/columns.py implements them; that module
 # needs pyarrow, this one must not).
 DENSE_TRANSFORMS = ("log1p", "none")
-ID_HASHING = ("hash", "modulo", "zch")
+ID_HASHING = ("hash", "modulo", "zch", "vocabulary")
 ZCH_EVICTION_POLICIES = ("lfu", "lru")  # models/zch.py's
 
 
@@ -54,7 +54,13 @@ class ParquetOptions:
         help="Parquet: raw id to embedding row; hash: a stable seeded 64-bit hash modulo the "
         "table size (docs/data.md); modulo: integer ids already mapped, taken modulo the "
         "table size; zch: zero-collision tables of torchrec's managed-collision modules (docs/zch.md; "
-        "not yet trained by this release)",
+        "not yet trained by this release); vocabulary: the ids of the training split read at least "
+        "--min_id_count times get rows 1..K, every other id the out-of-vocabulary row 0",
+    )
+    min_id_count: int | None = flag(
+        None,
+        help="Parquet, --id_hashing vocabulary: ids read fewer times in the training split share the "
+        "out-of-vocabulary row with new ids (default 1: every id read gets a row)",
     )
     hash_seed: int = flag(0, help="Parquet: the seed of --id_hashing hash")
     zch_eviction_policy: str = flag(
@@ -154,6 +160,7 @@ class ParquetSource(DataSource):
             )
         if config.epoch_shares is not None and config.epoch_shares < 1:
             raise FlagError(f"{option(config, 'epoch_shares')} must be at least 1, got {config.epoch_shares}")
+        self._check_vocabulary_flags()
         validation, test = self.windows()
         if config.time_column is None:
             for window, name in ((validation, "validation_window"), (test, "test_window")):
@@ -190,6 +197,24 @@ class ParquetSource(DataSource):
                     f"{user} checks histories against the rows' times: give {option(config, 'time_column')}"
                 )
         super().check_flags()
+
+    def _check_vocabulary_flags(self) -> None:
+        """--min_id_count needs --id_hashing vocabulary, which builds its vocabulary from
+        one training split (not the windows of --rolling_windows)."""
+        config = self.config
+        if config.min_id_count is not None:
+            if config.id_hashing != "vocabulary":
+                raise FlagError(
+                    f"{option(config, 'min_id_count')} builds a vocabulary of the training split's ids: "
+                    f"it needs {option(config, 'id_hashing')} vocabulary, not {config.id_hashing}"
+                )
+            if config.min_id_count < 1:
+                raise FlagError(f"{option(config, 'min_id_count')} must be at least 1, got {config.min_id_count}")
+        if config.id_hashing == "vocabulary" and config.rolling_windows is not None:
+            raise FlagError(
+                f"{option(config, 'id_hashing')} vocabulary is built from one training split before training: "
+                f"{option(config, 'rolling_windows')} trains on several (use hash)"
+            )
 
     def windows(self) -> "tuple[Window | None, Window | None]":
         """(validation window, test window) as given; None: the default."""
@@ -297,6 +322,8 @@ class ParquetSource(DataSource):
         description = self.describe()
         # The table sizes do not matter to the schema checks; `loaders` sets the model's.
         columns = ParquetColumns.from_flags(self.config, description, [1] * len(description.sparse_feature_names))
+        if self._vocabulary is not None:
+            columns = dataclasses.replace(columns, vocabulary=self._vocabulary)
         validation, test = self.windows()
         rolling = self.config.rolling_windows
         return ParquetDataset(
@@ -358,11 +385,24 @@ class ParquetSource(DataSource):
         }
 
     _seen: Any = None  # the SeenIds the training loaders feed: one per source object, one per run
+    # --id_hashing vocabulary: the run's IdVocabulary (data/parquet/id_vocabulary.py), set
+    # before `open` by the entry point (built from the training split, or a checkpoint's).
+    _vocabulary: Any = None
+
+    def set_vocabulary(self, vocabulary: Any) -> None:
+        """The IdVocabulary the loaders map ids through (--id_hashing vocabulary)."""
+        self._vocabulary = vocabulary
+
+    def vocabulary(self) -> Any:
+        """The run's IdVocabulary under --id_hashing vocabulary, else None."""
+        return self._vocabulary
 
     def seen_ids(self) -> Any:
         """The filters of the ids the training loaders have read (data/parquet/id_sketch.py's
-        `SeenIds`), under --id_hashing hash once a training loader exists; else None."""
-        return self._seen
+        `SeenIds`), under --id_hashing hash once a training loader exists; under
+        --id_hashing vocabulary the IdVocabulary (it knows every id of the training split,
+        exactly: its ``unseen`` and ``holds_any`` answer alike); else None."""
+        return self._seen if self._seen is not None else self._vocabulary
 
     def time_ranges(self, dataset: Any) -> dict[str, tuple[str, str]]:
         """{"train": ..., "validation": ..., "test": ...}, or with --rolling_windows
@@ -435,6 +475,8 @@ class ParquetSource(DataSource):
         from data.parquet.id_sketch import SeenIds, seen_ids_counter
 
         args = (columns.sparse, columns.table_sizes, columns.id_hashing, columns.hash_seed)
+        if columns.id_hashing == "vocabulary":
+            return None  # no collisions: a kept id owns its row, the others share row 0 by design
         if columns.id_hashing != "hash":
             return CollisionCounter(*args)
         if self._seen is None:
@@ -443,13 +485,15 @@ class ParquetSource(DataSource):
 
     def _evaluation_counter(self, split: str, columns: Any) -> Any:
         """An evaluation loader's counter of the ids the training loaders have not read
-        (None under --id_hashing modulo, or without a training loader)."""
-        if self._seen is None:
+        (None under --id_hashing modulo, or without a training loader); under
+        --id_hashing vocabulary, the ids the vocabulary never read (exact)."""
+        seen = self._vocabulary if self._vocabulary is not None else self._seen
+        if seen is None:
             return None
         from data.parquet.id_sketch import unseen_ids_counter
 
         args = (columns.sparse, columns.table_sizes, columns.id_hashing, columns.hash_seed)
-        counter = unseen_ids_counter(self._seen, *args)
+        counter = unseen_ids_counter(seen, *args)
         self._unseen_counters = {**getattr(self, "_unseen_counters", {}), split: counter}
         return counter
 
@@ -459,7 +503,8 @@ class ParquetSource(DataSource):
         counter = getattr(self, "_unseen_counters", {}).get(split)
         if counter is None:
             return None
-        return (list(self._seen.names), *counter.take())
+        seen = self._vocabulary if self._vocabulary is not None else self._seen
+        return (list(seen.names), *counter.take())
 
 
 def check_epoch_shares(config: Any, world_size: int) -> None:

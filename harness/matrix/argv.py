@@ -13,7 +13,9 @@ from harness.matrix.cases import (
     MIXED,
     MIXED_PLAN,
     MULTI_HOT_SIZES,
+    PARQUET_VOCABULARY,
     TABLE_ROWS,
+    VOCABULARY_MIN_ID_COUNT,
     Case,
     batches_per_epoch,
     epochs,
@@ -86,7 +88,12 @@ def data_flags(case: Case, data_dir: str) -> list[str]:
         "--dense_transform",
         "none",
         "--id_hashing",
-        "modulo",
+        *(
+            # The tables: the vocabulary's kept ids (at most TABLE_ROWS - 1, the flag's cap) + row 0.
+            ["vocabulary", "--min_id_count", str(VOCABULARY_MIN_ID_COUNT)]
+            if case["data_source"] == PARQUET_VOCABULARY
+            else ["modulo"]
+        ),
     ]
 
 

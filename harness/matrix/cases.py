@@ -30,8 +30,10 @@ DIMENSIONS: dict[str, tuple[Any, ...]] = {
     "epochs": (1, 2),
     "validation_within_epoch": (False, True),
     # The data the case trains on: the Criteo day files, or the same rows as a
-    # Parquet table (`parquet_copy`), read in place by the streaming loader.
-    "data_source": ("criteo_binary", "parquet"),
+    # Parquet table (`parquet_copy`), read in place by the streaming loader; its ids
+    # taken as they are (--id_hashing modulo) or through a vocabulary of the training
+    # split (--id_hashing vocabulary, `PARQUET_VOCABULARY`).
+    "data_source": ("criteo_binary", "parquet", "parquet_vocabulary"),
 }
 ADAPTIVE = ("adagrad", "rowwise_adagrad", "adam")
 
@@ -47,6 +49,16 @@ MULTI_HOT_SIZES = [1 + i % 4 for i in range(len(TABLE_ROWS))]
 
 
 Case = dict[str, Any]  # dimension -> choice
+
+# The data_source choice that reads the Parquet copy through an id vocabulary.
+PARQUET_VOCABULARY = "parquet_vocabulary"
+# Its --min_id_count: rare ids share row 0, so that the out-of-vocabulary row trains too.
+VOCABULARY_MIN_ID_COUNT = 2
+
+
+def is_parquet(case: Case) -> bool:
+    """Whether the case reads the Parquet copy (with either id mapping)."""
+    return str(case.get("data_source", "")).startswith("parquet")
 
 
 @dataclass(frozen=True)
@@ -110,7 +122,7 @@ def with_epoch_shares(reference: Case, case: Case) -> Case:
     world size, the reference reads at every step the global batch the case's ranks read
     (a binary case's ranks read those of one rank already). A reference on more ranks
     than the case cannot take the case's shares: it is left as it is."""
-    if case.get("data_source") != "parquet" or case["world_size"] % reference["world_size"]:
+    if not is_parquet(case) or case["world_size"] % reference["world_size"]:
         return reference
     return {**reference, "epoch_shares": case["world_size"]}
 
@@ -202,7 +214,7 @@ def case_name(case: Case) -> str:
         "multi-hot" if case["multi_hot"] else "one-hot",
         f"ws{case['world_size']}",
     ] + (["amp"] if case["amp"] else [])
-    parts += ["parquet"] if case.get("data_source") == "parquet" else []
+    parts += [case["data_source"].replace("_", "-")] if is_parquet(case) else []
     parts += [case["compute_kernel"]] if case.get("compute_kernel") else []
     parts += ["tf32"] if case.get("allow_tf32") else []
     parts += [f"{epochs(case)}-epochs"] if epochs(case) > 1 else []
@@ -271,8 +283,10 @@ def resumed_steps(expected: dict[str, Any], case: Case) -> dict[str, Any]:
     }
 
 
-def probe_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+def probe_inputs(table_rows: Sequence[int] = TABLE_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+    """The probe rows: ids below ``table_rows`` (a vocabulary case's tables are the
+    vocabulary's, at most `TABLE_ROWS`)."""
     gen = torch.Generator().manual_seed(11)
     dense = torch.rand(PROBE_ROWS, NUM_DENSE_FEATURES, generator=gen) * 5
-    ids = torch.stack([torch.randint(0, rows, (PROBE_ROWS,), generator=gen) for rows in TABLE_ROWS], dim=1)
+    ids = torch.stack([torch.randint(0, rows, (PROBE_ROWS,), generator=gen) for rows in table_rows], dim=1)
     return dense, ids

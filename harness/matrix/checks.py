@@ -76,6 +76,11 @@ def assemble_table(per_rank: Sequence[dict[str, Any]], table: str, rows: int, di
     return full
 
 
+def _rows_of(per_rank: Sequence[dict[str, Any]], table: str) -> int:
+    """The rows of a table its ranks' pieces cover (the last piece's end)."""
+    return max((row + piece.shape[0] for w in per_rank for row, _, piece in w["tables"].get(table, [])), default=0)
+
+
 def max_difference(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], tables: bool = True) -> tuple[float, str]:
     """Largest absolute difference between two runs' losses and assembled weights
     (each given as its ranks' outcomes; the tables' only with ``tables``), and where it is."""
@@ -85,8 +90,11 @@ def max_difference(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], tab
         return math.inf, f"{len(la)} losses vs {len(lb)}"
     for step, (x, y) in enumerate(zip(la, lb)):
         worst = max(worst, (abs(x - y), f"loss of step {step + 1}"))
-    for i, rows in enumerate(TABLE_ROWS if tables else ()):
+    for i, _ in enumerate(TABLE_ROWS if tables else ()):
         table = f"t_cat_{i}"
+        rows = _rows_of(a, table)  # TABLE_ROWS, or fewer: a vocabulary case's tables are its vocabulary's
+        if _rows_of(b, table) != rows:
+            return math.inf, f"{table}: {rows} rows vs {_rows_of(b, table)}"
         diff = assemble_table(a, table, rows, EMBEDDING_DIM) - assemble_table(b, table, rows, EMBEDDING_DIM)
         worst = max(worst, (diff.abs().max().item(), table))
     for key in a[0]["dense"]:
@@ -126,9 +134,10 @@ def export_difference(checkpoint_dir: str, eager: torch.Tensor, out_dir: str) ->
         export_model(newest_checkpoint(checkpoint_dir), out_dir, [])
     manifest = read_manifest(out_dir)
     program = load_model_file(out_dir, FP32_FILE, "torch.export", manifest)  # as predict loads it
-    dense, ids = probe_inputs()
+    inputs = read_inputs(out_dir, manifest)
+    dense, ids = probe_inputs(inputs.num_embeddings_per_feature)
     # A bag of varying length (a Parquet list column) has several places, -1 where empty.
-    hotness = read_inputs(out_dir, manifest).sparse_hotness
+    hotness = inputs.sparse_hotness
     ids = torch.cat(
         [
             torch.cat([ids[:, f : f + 1], torch.full((len(ids), h - 1), -1, dtype=ids.dtype)], dim=1)

@@ -43,13 +43,13 @@ def local_weights(model: torch.nn.Module) -> dict[str, Any]:
     return {"tables": tables, "dense": dense}
 
 
-def probe_batch(rank: int, world_size: int, device: torch.device):
+def probe_batch(rank: int, world_size: int, device: torch.device, table_rows: Any = TABLE_ROWS):
     """This rank's share of the probe rows: one id per feature (what the exported
     model takes), below every table's size, the same for every case."""
     from torchrec.datasets.utils import Batch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    dense, ids = probe_inputs()
+    dense, ids = probe_inputs(table_rows)
     per_rank = PROBE_ROWS // world_size
     dense, ids = dense[rank * per_rank : (rank + 1) * per_rank], ids[rank * per_rank : (rank + 1) * per_rank]
     kjt = KeyedJaggedTensor.from_lengths_sync(
@@ -84,7 +84,14 @@ def _eager_probabilities(trainer: Any) -> torch.Tensor:
         pipeline.detach()
     trainer.model.eval()
     with torch.no_grad(), tf32_off():
-        _, (_, logits, _) = trainer.model(probe_batch(trainer.env.rank, trainer.env.world_size, trainer.env.device))
+        _, (_, logits, _) = trainer.model(
+            probe_batch(
+                trainer.env.rank,
+                trainer.env.world_size,
+                trainer.env.device,
+                trainer.config.model.num_embeddings_per_feature,
+            )
+        )
     return torch.sigmoid(logits.squeeze(-1).float()).cpu()
 
 

@@ -14,7 +14,10 @@ column (a JSON list of raw ids, oldest first; null or [] for none): its ids are 
 as its item column's (the item's table size, the same seed; a history of a string item
 holds strings), counted unseen against the item's filter, and a history longer than
 ``max_history`` keeps its newest, as training's data did. They take ``max_history``
-places each after the categorical features' (`InputLayout.HISTORIES`).
+places each after the categorical features' (`InputLayout.HISTORIES`). A
+vocabulary model (--id_hashing vocabulary) maps ids through the directory's
+``id_vocabulary.bin`` (inputs.json's ``id_vocabulary``; data/parquet/id_vocabulary.py)
+and counts an id training never read exactly.
 """
 
 import json
@@ -74,7 +77,7 @@ class ParquetPreprocessing(LayoutRecord):
         label: the label column.
         weight: the training's sample weight column, if any (serving does not read it).
         dense_transform: log1p or none.
-        id_hashing: hash or modulo.
+        id_hashing: hash, modulo or vocabulary.
         hash_seed: the seed of the hash.
         sparse_value_types: per sparse column, one of `SPARSE_VALUE_TYPES`; a
             list column's bags are cut into ``sparse_hotness`` places (a longer bag is
@@ -93,14 +96,20 @@ class ParquetPreprocessing(LayoutRecord):
     # false_positive_rate, per feature); their bits are the model directory's SKETCH_FILE.
     # None: a model exported without them (modulo ids, or an older checkpoint).
     id_sketch: dict[str, Any] | None = None
+    # --id_hashing vocabulary: the vocabulary's facts (data/parquet/id_vocabulary.py:
+    # version, min_id_count, kept and rare ids per feature, sha256); its keys are the
+    # model directory's id vocabulary file. None: a model of another id mapping.
+    id_vocabulary: dict[str, Any] | None = None
 
     @classmethod
     def read(cls, document: JsonObject, legacy: bool, count: int) -> "ParquetPreprocessing":
         source = document.object("preprocessing")
         sparse = document.get("sparse_feature_names", text_list(count))
         sketch = source.get("id_sketch", optional(OBJECT), None)
+        vocabulary = source.get("id_vocabulary", optional(OBJECT), None)
         return cls(
             id_sketch=None if sketch is None else sketch_record(source.object("id_sketch"), sparse),
+            id_vocabulary=None if vocabulary is None else vocabulary_record(vocabulary, sparse, document.path),
             label=source.get("label", _COLUMN_NAME),
             weight=source.get("weight", optional(_COLUMN_NAME)),
             dense_transform=source.get("dense_transform", one_of(*DENSE_TRANSFORMS)),
@@ -146,6 +155,18 @@ def sketch_record(record: JsonObject, sparse: list[str]) -> dict[str, Any]:
         for name in sparse:
             values.get(name, kind)
     return record.value
+
+
+def vocabulary_record(record: dict[str, Any], sparse: list[str], path: str) -> dict[str, Any]:
+    """The ``id_vocabulary`` facts of meta.json's serving_facts or inputs.json, checked
+    (data.parquet.id_vocabulary.check_facts): this code's version, the model's features."""
+    from data.parquet.id_vocabulary import VocabularyError, check_facts
+
+    try:
+        check_facts(record, sparse)
+    except VocabularyError as e:
+        raise FileFieldError(f"{path}: {e}") from None
+    return record
 
 
 def parquet_columns(inputs: "ModelInputs") -> ParquetColumns:
@@ -211,6 +232,8 @@ class ParquetRows(InputLayout):
     def load(cls, inputs: "ModelInputs", model_dir: str, manifest: Any) -> "ParquetRows":
         """The layout, with the seen-id filters of the model directory when inputs.json records them."""
         layout = cls(inputs)
+        if layout._preprocessing.id_vocabulary is not None:
+            layout._load_vocabulary(inputs, model_dir, manifest)
         facts = layout._preprocessing.id_sketch
         if facts is not None:
             from data.parquet.id_sketch import SKETCH_FILE, sketches_from_bytes
@@ -227,6 +250,23 @@ class ParquetRows(InputLayout):
                     f"({sum(facts['bits'][n] for n in names) // 8} bytes)"
                 )
         return layout
+
+    def _load_vocabulary(self, inputs: "ModelInputs", model_dir: str, manifest: Any) -> None:
+        """Reads the model directory's id vocabulary, refusing one whose bytes or sizes are
+        not those inputs.json records (another model's, or a file that lies)."""
+        import dataclasses
+
+        from data.parquet.id_vocabulary import VOCABULARY_FILE, IdVocabulary, VocabularyError, check_facts
+        from serving.model_files import read_file
+
+        facts = self._preprocessing.id_vocabulary
+        names = list(inputs.sparse_feature_names)
+        try:
+            check_facts(facts, names, list(inputs.num_embeddings_per_feature))
+            vocabulary = IdVocabulary.from_bytes(read_file(model_dir, VOCABULARY_FILE, manifest), names, facts)
+        except VocabularyError as e:
+            raise BadInput(f"{model_dir}/{VOCABULARY_FILE}: {e}") from None
+        self.columns = dataclasses.replace(self.columns, vocabulary=vocabulary)
 
     @staticmethod
     def describe(checkpoint: Checkpoint) -> Description:
@@ -260,6 +300,9 @@ class ParquetRows(InputLayout):
         sketch = None
         if facts is not None and facts.get("id_sketch", optional(OBJECT), None) is not None:
             sketch = sketch_record(facts.object("id_sketch"), list(columns.sparse))
+        vocabulary = None
+        if facts is not None and facts.get("id_vocabulary", optional(OBJECT), None) is not None:
+            vocabulary = vocabulary_record(facts.value["id_vocabulary"], list(columns.sparse), checkpoint.meta_path)
         return Description(
             dense_feature_names=list(columns.dense),
             sparse_feature_names=list(columns.sparse),
@@ -273,6 +316,7 @@ class ParquetRows(InputLayout):
                 hash_seed=columns.hash_seed,
                 sparse_value_types=value_types,
                 id_sketch=sketch,
+                id_vocabulary=vocabulary,
             ),
             data_path=data_config.parquet_path,
         )
@@ -363,6 +407,9 @@ class ParquetRows(InputLayout):
             place = np.arange(len(row_of_id)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
             ids[row_of_id, self._starts[f] + place] = converted.ids[f]
         lines = ParsedLines(converted.dense, ids, converted.labels)
+        if self.columns.vocabulary is not None:  # exact: an id the training split never read
+            features = [*range(len(self.columns.sparse)), *self._items]  # a history's vocabulary is its item's
+            return CountedLines.of(lines, np.array(self.columns.vocabulary.unseen(converted.keys, features), np.int64))
         if self.sketches is None:
             return lines
         # An id the training split's filter lacks is new; a history's, when its item's filter lacks it.

@@ -123,6 +123,12 @@ class ParquetPreprocessing(LayoutRecord):
         """Refuses a description its own fields contradict: a column named twice (the
         label among the features, a feature twice), a single-valued column given more
         than one place."""
+        if (self.id_hashing == "vocabulary") != (self.id_vocabulary is not None):
+            raise FileFieldError(
+                f"{path}: preprocessing.id_vocabulary is given exactly when preprocessing.id_hashing is "
+                f"vocabulary (id_hashing {self.id_hashing}, id_vocabulary "
+                f"{'given' if self.id_vocabulary is not None else 'missing'})"
+            )
         names = [self.label, *dense, *sparse]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:

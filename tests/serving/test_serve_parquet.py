@@ -386,8 +386,14 @@ RECORD_LIES = [
     ("hash_seed", -1, "preprocessing.hash_seed must be an integer from 0 to 2^64 - 1"),
     ("hash_seed", True, "preprocessing.hash_seed must be an integer"),
     ("dense_transform", "exp", "preprocessing.dense_transform must be log1p or none"),
-    ("id_hashing", "vocabulary", "preprocessing.id_hashing must be hash or modulo"),
-    ("id_hashing", "zch", "preprocessing.id_hashing must be hash or modulo"),  # not exported yet (docs/zch.md)
+    ("id_hashing", "bloom", "preprocessing.id_hashing must be hash or modulo or vocabulary"),
+    # zch models are not exported by this release (docs/zch.md).
+    ("id_hashing", "zch", "preprocessing.id_hashing must be hash or modulo or vocabulary"),
+    (
+        "id_hashing",
+        "vocabulary",
+        "preprocessing.id_vocabulary is given exactly when preprocessing.id_hashing is vocabulary",
+    ),
     ("label", "", "preprocessing.label must be a column name"),
     ("label", "C1", "column C1 is named twice"),
     ("weight", 3, "preprocessing.weight must be a column name or null"),

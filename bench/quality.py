@@ -60,13 +60,10 @@ from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
 from data.binary.feature_spec import DEFAULT_SPEC_NAME, FeatureSpec
 from data.histories import HistoryFlags, aggregate_columns, build_histories, history_column
-from data.parquet.columns import ParquetColumns
-from data.parquet.loader import ParquetDataset
-from data.parquet.windows import parse_window
 from data.transcode import transcode
 from harness.launch import eval_record, launch, read_log
 from recipes import RECIPES
-from training.flags import entry_point_parser
+from training.flags import entry_point_parser, parse_config_and_source
 from training.metrics import BinaryClassificationMetrics
 
 WHEEL_REQUIREMENT = "recbole==1.2.1"
@@ -344,15 +341,12 @@ def time_split_flags(log: str, cardinalities: Sequence[int]) -> list[str]:
     ]
 
 
-def time_splits(log: str, cardinalities: Sequence[int]) -> dict[str, np.ndarray]:
+def time_splits(data_flags: Sequence[str]) -> dict[str, np.ndarray]:
     """{train, validation, test: the ``row`` values of the log's rows in that split},
-    split by the Parquet source itself (`data.parquet.loader.ParquetDataset`) with the
-    flags of `time_split_flags`: the baselines take exactly the models' rows."""
-    columns = ParquetColumns(
-        "label", tuple(NUMERICAL), tuple(CATEGORICAL), tuple(cardinalities), dense_transform="none", id_hashing="modulo"
-    )
-    window = parse_window(TIME_WINDOW, "--test_window")
-    dataset = ParquetDataset(log, columns, "time", window, window)
+    split by the Parquet source the models' data flags (`time_split_flags`) open: the
+    baselines take exactly the models' rows."""
+    _, source = parse_config_and_source([*data_flags, "--recipe", RECIPE_FLAGS["recipe"]], "bench/quality.py", "")
+    dataset = source.open()
     return {
         split: np.concatenate(
             [dataset.read_segment(s, ["row"]).column("row").to_numpy() for s in dataset.splits[split]]
@@ -605,8 +599,8 @@ def run(
     if split == "time":
         table = table.take(time_order(table, max_rows))
         log = write_log(table, os.path.join(work_dir, "movielens_100k_time"), MAX_HISTORY)
-        splits = time_splits(log, table.cardinalities)
         data_flags = time_split_flags(log, table.cardinalities)
+        splits = time_splits(data_flags)
         aggregates = read_aggregates(log) if history else None
     else:
         splits = split_rows(len(table.labels), max_rows)

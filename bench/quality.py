@@ -60,10 +60,11 @@ from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
 from data.binary.feature_spec import DEFAULT_SPEC_NAME, FeatureSpec
 from data.histories import HistoryFlags, aggregate_columns, build_histories, history_column
+from data.sources.parquet import ParquetSource
 from data.transcode import transcode
 from harness.launch import eval_record, launch, read_log
 from recipes import RECIPES
-from training.flags import entry_point_parser, parse_config_and_source
+from training.flags import parse_config_and_source
 from training.metrics import BinaryClassificationMetrics
 
 WHEEL_REQUIREMENT = "recbole==1.2.1"
@@ -531,9 +532,9 @@ def train_model(
 
 
 def sequences_supported() -> bool:
-    """Whether the training entry points take ``--sequence_columns`` (issue 41's
-    sequence features)."""
-    return "--sequence_columns" in entry_point_parser("dlrm_main.py")._option_string_actions
+    """Whether the Parquet source reads history list columns (``--sequence_columns``,
+    issue 41 item 2): until it does, ``--sequences`` is refused before anything runs."""
+    return ParquetSource.has_sequences
 
 
 def summarize(runs: Sequence[dict[str, Any]], seeds: Sequence[int] | None) -> dict[str, Any]:
@@ -592,7 +593,7 @@ def run(
         raise ValueError("--sequences needs --split time (a history is the past of a log in time order)")
     if sequences and not sequences_supported():
         raise ValueError(
-            "--sequences: the training entry points do not take --sequence_columns yet (issue 41, item 2); "
+            "--sequences: the Parquet source does not read --sequence_columns yet (issue 41, item 2); "
             "run without --sequences"
         )
     table = load_movielens(fetch_wheel(os.path.join(work_dir, "wheel")))

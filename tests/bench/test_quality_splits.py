@@ -81,6 +81,6 @@ def test_flags_that_cannot_run_exit_2_with_one_line(argv, message, capsys, tmp_p
 
 def test_sequences_before_the_entry_points_take_them_say_so(tmp_path):
     if quality.sequences_supported():
-        pytest.skip("the entry points take --sequence_columns: the slow bench run covers --sequences")
-    with pytest.raises(ValueError, match="do not take --sequence_columns yet"):
+        pytest.skip("the Parquet source reads --sequence_columns: the slow bench run covers --sequences")
+    with pytest.raises(ValueError, match="does not read --sequence_columns yet"):
         quality.run(str(tmp_path), split="time", sequences=True)

@@ -708,14 +708,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:
         print(error, file=sys.stderr)
         return 2
-    baseline = results.get("logistic_regression", {}).get("auroc", float("nan"))
+    baseline = results.get("logistic_regression", {}).get("auroc")
+
+    def versus(auroc: float) -> str:
+        return "" if baseline is None else f"{auroc - baseline:+.4f}"
+
     print(
         f"{'model':<28} {'test AUROC':>17} {'vs LR':>7} {'NE':>15} {'calibration':>11} {'rows':>7} "
         f"{'validation AUROC':>16}"
     )
     for name, r in results.items():
         print(
-            f"{name:<28} {r['auroc']:>8.4f} +-{r['auroc_std']:.4f} {r['auroc'] - baseline:>+7.4f} "
+            f"{name:<28} {r['auroc']:>8.4f} +-{r['auroc_std']:.4f} {versus(r['auroc']):>7} "
             f"{r['ne']:>6.4f} +-{r['ne_std']:.4f} {r['calibration']:>11.4f} {r['num_samples']:>7} "
             f"{r['validation_auroc']:>16.4f}"
         )

@@ -34,7 +34,7 @@ of its film (strictly before the rating's time, ``python -m data.histories
 --aggregates``), six more columns (``logistic_regression_history``,
 ``lightgbm_history``). ``--sequences`` (time split) adds ``dlrm_history``: DLRM with
 target attention over the film history (``--sequence_columns
-item_id_history:item_id``).
+item_id_history:item_id --max_history 50``).
 """
 
 import hashlib
@@ -621,7 +621,9 @@ def run(
     trained = [name for name in MODELS if name in models] + (["dlrm_history"] if sequences else [])
     for name in trained:
         extra = list(model_flags) + (
-            ["--sequence_columns", f"{HISTORY_COLUMN}:item_id"] if name == "dlrm_history" else []
+            ["--sequence_columns", f"{HISTORY_COLUMN}:item_id", "--max_history", str(MAX_HISTORY)]
+            if name == "dlrm_history"
+            else []
         )
         runs = [
             train_model(

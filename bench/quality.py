@@ -1,37 +1,53 @@
 """Model quality on real click-like data: DLRM and DCNv2 trained with the small-data
-recipe against a logistic-regression baseline, on exactly the same train/test rows.
+recipe against logistic regression and LightGBM, on exactly the same train/test rows,
+each over several seeds.
 
 Data: MovieLens 100K (100,000 ratings of 1,682 films by 943 users) as RecBole 1.2.1
 (MIT) ships it inside its wheel. The wheel is fetched with ``pip download`` (pinned
 version and SHA-256), never installed or imported: the three tables are read from the
 zip. A rating of 4 or 5 is a click (label 1, 55% of rows). Features: user, film, age,
 gender, occupation, zip code, release year and first genre as categorical features,
-and age, release year and rating time as numerical ones. Rows are split by a seeded
-permutation into 80% train, 10% validation and 10% test, converted to the
-bring-your-own layout (CSV -> `data.transcode` -> split_binary). The baseline is
-logistic regression on the one-hot categorical plus the numerical features (L2
-chosen on validation). Prints each model's test AUROC, NE and calibration side by
-side and one JSON line.
+and age, release year and rating time as numerical ones.
 
-    python bench/quality.py [--work_dir data_cache/quality] [--max_rows 100000] [--nproc 1]
-        [--history_aggregates]
+Splits (``--split``): ``random``, a seeded permutation cut into 80% train, 10%
+validation and 10% test, converted to the bring-your-own layout (CSV ->
+`data.transcode` -> split_binary); ``time``, the ratings in time order as a Parquet log
+(with each rating's leak-free history and past aggregates from ``data.histories``),
+the latest 10% of the time range test and the 10% before it validation, as the
+Parquet source splits it (``--time_column time --validation_window 0.1 --test_window
+0.1``): the models train from that log, the baselines take the same rows.
 
-``--history_aggregates`` adds a baseline given what a tree can take of each user's
+Baselines: logistic regression on the one-hot categorical plus the numerical features
+(L2 chosen on validation); LightGBM on the categorical ids (as LightGBM categorical
+features) and the numerical features (leaves and minimum leaf size chosen on
+validation, early stopping on validation). Every model runs once per seed (the
+logistic regression, deterministic, once); prints the mean and standard deviation of
+each model's test AUROC, NE and calibration side by side and one JSON line.
+
+    python bench/quality.py [--work_dir data_cache/quality] [--split random|time] [--seeds 5]
+        [--models dlrm,dcnv2,logistic_regression,lightgbm] [--max_rows N] [--nproc 1]
+        [--history_aggregates] [--sequences] [--model_flags "--embedding_dim 8"]
+
+``--history_aggregates`` adds the baselines given what a tree can take of each user's
 history: the leak-free past events, positives and positive rate of the row's user and
 of its film (strictly before the rating's time, ``python -m data.histories
---aggregates``), as six more numerical columns of a logistic regression (and the
-columns a LightGBM baseline would take, `history_aggregates`).
+--aggregates``), six more columns (``logistic_regression_history``,
+``lightgbm_history``). ``--sequences`` (time split) adds ``dlrm_history``: DLRM with
+target attention over the film history (``--sequence_columns
+item_id_history:item_id --max_history 50``).
 """
 
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -43,10 +59,12 @@ import dlrm_main
 from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
 from data.binary.feature_spec import DEFAULT_SPEC_NAME, FeatureSpec
-from data.histories import HistoryFlags, aggregate_columns, build_histories
+from data.histories import HistoryFlags, aggregate_columns, build_histories, history_column
+from data.sources.parquet import ParquetSource
 from data.transcode import transcode
 from harness.launch import eval_record, launch, read_log
 from recipes import RECIPES
+from training.flags import parse_config_and_source
 from training.metrics import BinaryClassificationMetrics
 
 WHEEL_REQUIREMENT = "recbole==1.2.1"
@@ -64,9 +82,36 @@ NUMERICAL = ["age_years", "release_year_value", "rating_time"]
 # the evidence), which a test shortens with "epochs".
 RECIPE_FLAGS: dict[str, str] = {"recipe": "small_data"}
 MODELS = {"dlrm": dlrm_main.main, "dcnv2": dcnv2_main.main}
+ALL_MODELS = ("logistic_regression", "lightgbm", *MODELS)
+SPLITS = ("random", "time")
+# The time split's validation and test windows: fractions of the time range.
+TIME_WINDOW = "0.1"
+ROW_GROUP_ROWS = 10_000
+# What each model's summary averages over the seeds.
+FIGURES = ("auroc", "ne", "calibration", "log_loss", "validation_auroc")
+# The goals: on the random split a network beats logistic regression by this much; with
+# the history DLRM beats itself without it by this much (issue 41).
+RANDOM_SPLIT_MARGIN = 0.01
+HISTORY_MARGIN = 0.02
 # Baseline: L2 coefficients tried, LBFGS iterations per fit.
 LR_L2_GRID = (1e-6, 1e-5, 1e-4, 1e-3)
 LR_ITERATIONS = 200
+# LightGBM: the grid chosen from on validation, the settings every fit shares, the most
+# rounds and the early-stopping patience (rounds without a better validation AUROC).
+LGBM_GRID = tuple({"num_leaves": leaves, "min_data_in_leaf": least} for leaves in (15, 63) for least in (20, 200))
+LGBM_FIXED = {
+    "objective": "binary",
+    "metric": "auc",
+    "learning_rate": 0.05,
+    "feature_fraction": 0.8,
+    "bagging_fraction": 0.8,
+    "bagging_freq": 1,
+    "deterministic": True,
+    "force_col_wise": True,
+    "verbose": -1,
+}
+LGBM_ROUNDS = 2000
+LGBM_PATIENCE = 50
 
 
 @dataclass
@@ -167,6 +212,54 @@ def load_movielens(wheel_path: str) -> Table:
 
 # What --history_aggregates adds, in order (data.histories names them after the columns).
 HISTORY_AGGREGATES = aggregate_columns("user_id", "item_id")
+# The film history --sequences gives DLRM (data.histories' column and its length).
+HISTORY_COLUMN = history_column("item_id")
+MAX_HISTORY = 50
+
+
+def write_log(table: Table, folder: str, max_history: int = 1) -> str:
+    """Writes the table's rows, in their order, as a Parquet log (``folder/ratings``:
+    every feature, ``label``, ``time`` and ``row``, the row's index in the table, in row
+    groups of `ROW_GROUP_ROWS`) and runs ``data.histories`` over it with the aggregates
+    (the film history of ``max_history`` items, the user's and film's past counts and
+    rates); returns the log with its history (``folder/with_history``), the table's rows
+    in the same order.
+
+    Raises:
+        ValueError: a table without times.
+    """
+    if table.times is None:
+        raise ValueError("histories need the ratings' times")
+    columns: dict[str, np.ndarray] = {name: table.categorical[:, k] for k, name in enumerate(CATEGORICAL)}
+    columns.update({name: table.numerical[:, k] for k, name in enumerate(NUMERICAL)})
+    columns.update(
+        label=table.labels.astype(np.int8), time=table.times, row=np.arange(len(table.labels), dtype=np.int64)
+    )
+    os.makedirs(os.path.join(folder, "ratings"), exist_ok=True)
+    pq.write_table(pa.table(columns), os.path.join(folder, "ratings", "part-0.parquet"), row_group_size=ROW_GROUP_ROWS)
+    output = os.path.join(folder, "with_history")
+    build_histories(
+        HistoryFlags(
+            os.path.join(folder, "ratings"),
+            output,
+            "user_id",
+            "item_id",
+            "time",
+            "label",
+            max_history=max_history,
+            aggregates=True,
+            overwrite=True,
+        )
+    )
+    return output
+
+
+def read_aggregates(log: str) -> np.ndarray:
+    """(rows, 6) float64: the `HISTORY_AGGREGATES` columns of a log `write_log` wrote."""
+    written = pq.read_table(os.path.join(log, "part-0.parquet"), columns=HISTORY_AGGREGATES)
+    return np.stack(
+        [written.column(name).to_numpy(zero_copy_only=False).astype(np.float64) for name in HISTORY_AGGREGATES], axis=1
+    )
 
 
 def history_aggregates(table: Table, work_dir: str) -> np.ndarray:
@@ -178,37 +271,7 @@ def history_aggregates(table: Table, work_dir: str) -> np.ndarray:
     Raises:
         ValueError: a table without times.
     """
-    if table.times is None:
-        raise ValueError("history aggregates need the ratings' times")
-    folder = os.path.join(work_dir, "history")
-    ratings = pa.table(
-        {
-            "user_id": table.categorical[:, CATEGORICAL.index("user_id")],
-            "item_id": table.categorical[:, CATEGORICAL.index("item_id")],
-            "time": table.times,
-            "label": table.labels.astype(np.int8),
-        }
-    )
-    os.makedirs(os.path.join(folder, "ratings"), exist_ok=True)
-    pq.write_table(ratings, os.path.join(folder, "ratings", "part-0.parquet"))
-    output = os.path.join(folder, "with_aggregates")
-    build_histories(
-        HistoryFlags(
-            os.path.join(folder, "ratings"),
-            output,
-            "user_id",
-            "item_id",
-            "time",
-            "label",
-            max_history=1,
-            aggregates=True,
-            overwrite=True,
-        )
-    )
-    written = pq.read_table(os.path.join(output, "part-0.parquet"), columns=HISTORY_AGGREGATES)
-    return np.stack(
-        [written.column(name).to_numpy(zero_copy_only=False).astype(np.float64) for name in HISTORY_AGGREGATES], axis=1
-    )
+    return read_aggregates(write_log(table, os.path.join(work_dir, "history")))
 
 
 def with_history_aggregates(table: Table, aggregates: np.ndarray, train_rows: np.ndarray) -> Table:
@@ -240,6 +303,56 @@ def split_rows(num_rows: int, max_rows: int | None = None) -> dict[str, np.ndarr
         "train": order[:train],
         "validation": order[train : train + half],
         "test": order[train + half : train + 2 * half],
+    }
+
+
+def time_order(table: Table, max_rows: int | None = None) -> np.ndarray:
+    """The rows of the time split's log, oldest first (ties in row order): all of them,
+    or the first ``max_rows`` of the seeded permutation."""
+    assert table.times is not None, "the time split needs the ratings' times"
+    rows = np.sort(np.random.default_rng(SPLIT_SEED).permutation(len(table.labels))[:max_rows])
+    return rows[np.argsort(table.times[rows], kind="stable")]
+
+
+def time_split_flags(log: str, cardinalities: Sequence[int]) -> list[str]:
+    """The Parquet source's flags that read ``log`` as the models do: ids already dense
+    (modulo tables of each feature's cardinality), numerical values as they are, and the
+    latest `TIME_WINDOW` of the time range test, the one before it validation."""
+    return [
+        "--parquet_path",
+        log,
+        "--label_column",
+        "label",
+        "--sparse_columns",
+        ",".join(CATEGORICAL),
+        "--dense_columns",
+        ",".join(NUMERICAL),
+        "--dense_transform",
+        "none",
+        "--id_hashing",
+        "modulo",
+        "--num_embeddings_per_feature",
+        ",".join(map(str, cardinalities)),
+        "--time_column",
+        "time",
+        "--validation_window",
+        TIME_WINDOW,
+        "--test_window",
+        TIME_WINDOW,
+    ]
+
+
+def time_splits(data_flags: Sequence[str]) -> dict[str, np.ndarray]:
+    """{train, validation, test: the ``row`` values of the log's rows in that split},
+    split by the Parquet source the models' data flags (`time_split_flags`) open: the
+    baselines take exactly the models' rows."""
+    _, source = parse_config_and_source([*data_flags, "--recipe", RECIPE_FLAGS["recipe"]], "bench/quality.py", "")
+    dataset = source.open()
+    return {
+        split: np.concatenate(
+            [dataset.read_segment(s, ["row"]).column("row").to_numpy() for s in dataset.splits[split]]
+        ).astype(np.int64)
+        for split in ("train", "validation", "test")
     }
 
 
@@ -343,20 +456,99 @@ def logistic_regression_baseline(table: Table, splits: dict[str, np.ndarray]) ->
     return {**_metrics(model, test), "l2": l2, "validation_auroc": validation_auroc}
 
 
+def _logit_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    metrics = BinaryClassificationMetrics(torch.device("cpu"))
+    metrics.update(torch.from_numpy(np.asarray(logits, dtype=np.float32)), torch.from_numpy(labels))
+    return metrics.compute()
+
+
+def lightgbm_baseline(
+    table: Table, splits: dict[str, np.ndarray], seeds: Sequence[int], aggregates: np.ndarray | None = None
+) -> list[dict[str, float]]:
+    """One test result per seed of LightGBM on the categorical ids (LightGBM
+    categorical features), the numerical features and, given, the raw history
+    aggregates (counts, and rates that are NaN without a past). The leaves and minimum
+    leaf size are those of `LGBM_GRID` with the best validation AUROC at the first seed;
+    every fit stops when the validation AUROC has not risen for `LGBM_PATIENCE` rounds
+    and predicts with its best round. The seed draws the rows and features each tree sees."""
+    try:
+        import lightgbm
+    except ImportError as error:  # a dev dependency (requirements-dev.txt)
+        raise RuntimeError(f"the LightGBM baseline needs lightgbm (requirements-dev.txt): {error}") from error
+    features = np.concatenate(
+        [table.categorical.astype(np.float64), table.numerical.astype(np.float64)]
+        + ([] if aggregates is None else [aggregates]),
+        axis=1,
+    )
+
+    def fit(params: dict, seed: int) -> tuple[float, dict[str, float]]:
+        data = {s: (features[splits[s]], table.labels[splits[s]]) for s in ("train", "validation", "test")}
+        train = lightgbm.Dataset(*data["train"], categorical_feature=list(range(len(CATEGORICAL))), free_raw_data=False)
+        validation = lightgbm.Dataset(*data["validation"], reference=train)
+        booster = lightgbm.train(
+            {**LGBM_FIXED, **params, "seed": seed},
+            train,
+            num_boost_round=LGBM_ROUNDS,
+            valid_sets=[validation],
+            callbacks=[lightgbm.early_stopping(LGBM_PATIENCE, verbose=False)],
+        )
+        scores = {
+            s: booster.predict(data[s][0], num_iteration=booster.best_iteration, raw_score=True)
+            for s in ("validation", "test")
+        }
+        validation_auroc = _logit_metrics(scores["validation"], data["validation"][1])["auroc"]
+        return validation_auroc, {
+            **_logit_metrics(scores["test"], data["test"][1]),
+            **params,
+            "rounds": booster.best_iteration,
+            "validation_auroc": validation_auroc,
+        }
+
+    chosen = max(LGBM_GRID, key=lambda params: fit(params, seeds[0])[0])
+    return [fit(chosen, seed)[1] for seed in seeds]
+
+
 def train_model(
-    name: str, spec_path: str, log_path: str, nproc: int, recipe: dict[str, str] = RECIPE_FLAGS
+    name: str,
+    data_flags: Sequence[str],
+    log_path: str,
+    nproc: int,
+    recipe: dict[str, str] = RECIPE_FLAGS,
+    seed: int = 0,
+    extra_flags: Sequence[str] = (),
 ) -> dict[str, float]:
-    """Trains one entry point with the recipe on the data set; its test metrics, with
-    the best validation AUROC as ``validation_auroc``."""
-    argv = ["--dataset_path", spec_path, "--log_path", log_path, "--seed", "0", "--log_every_n_steps", "100"]
+    """Trains one entry point (`MODELS`; ``dlrm_history`` is DLRM with ``extra_flags``
+    naming the history) with the recipe on the data flags; its test metrics, with the
+    best validation AUROC as ``validation_auroc``."""
+    argv = [*data_flags, "--log_path", log_path, "--seed", str(seed), "--log_every_n_steps", "100"]
     for option, value in recipe.items():
         argv += [f"--{option}", value]
-    results = launch(MODELS[name], argv, nproc=nproc)
+    results = launch(MODELS[name.removesuffix("_history")], argv + list(extra_flags), nproc=nproc)
     if any(code != 0 for code in results.values()):
         raise RuntimeError(f"{name} training failed: exit codes {results}")
     records = read_log(log_path)
     best = [r for r in records if r["event"] == "summary"][-1]["best_validation"]
     return {**eval_record(records, "test"), "validation_auroc": best["auroc"]}
+
+
+def sequences_supported() -> bool:
+    """Whether the Parquet source reads history list columns (``--sequence_columns``,
+    issue 41 item 2): until it does, ``--sequences`` is refused before anything runs."""
+    return ParquetSource.has_sequences
+
+
+def summarize(runs: Sequence[dict[str, Any]], seeds: Sequence[int] | None) -> dict[str, Any]:
+    """One model's figures over its runs: each of `FIGURES` as the mean, ``*_std`` the
+    sample standard deviation (0 for one run), the seeds and each seed's test AUROC;
+    the first run's other fields (rows, positive rate, chosen hyper-parameters)."""
+    summary: dict[str, Any] = {k: v for k, v in runs[0].items() if not isinstance(v, (dict, list))}
+    for key in FIGURES:
+        values = np.array([r[key] for r in runs], dtype=np.float64)
+        summary[key] = float(values.mean())
+        summary[f"{key}_std"] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+    summary["seeds"] = list(seeds) if seeds is not None else None  # None: deterministic, fitted once
+    summary["auroc_per_seed"] = [float(r["auroc"]) for r in runs]
+    return summary
 
 
 def run(
@@ -365,30 +557,81 @@ def run(
     nproc: int = 1,
     recipe: dict[str, str] = RECIPE_FLAGS,
     history: bool = False,
-) -> dict[str, dict[str, float]]:
-    """Fetches and converts the data, trains the models and the baseline; {model: test metrics}.
+    split: str = "random",
+    seeds: Sequence[int] = (0,),
+    models: Sequence[str] = ALL_MODELS,
+    model_flags: Sequence[str] = (),
+    sequences: bool = False,
+) -> dict[str, dict[str, Any]]:
+    """Fetches and converts the data, trains the models and the baselines; {model:
+    `summarize`'s figures over ``seeds``}.
 
     Args:
         work_dir: holds the wheel, the converted data set and the runs' logs.
         max_rows: use only this many rows (of the seeded permutation).
         nproc: ranks per training run.
         recipe: the models' flags.
-        history: also fit ``logistic_regression_history``, the baseline with the
-            user's and film's leak-free past aggregates (`history_aggregates`).
+        history: also fit ``logistic_regression_history`` and ``lightgbm_history``, the
+            baselines with the user's and film's leak-free past aggregates
+            (`history_aggregates`).
+        split: "random" or "time" (`SPLITS`).
+        seeds: the training seeds of DLRM, DCNv2 and LightGBM.
+        models: which of `ALL_MODELS` to run.
+        model_flags: more flags of DLRM and DCNv2 (after the recipe's: they win).
+        sequences: (time split) also train ``dlrm_history``, DLRM with
+            ``--sequence_columns item_id_history:item_id``.
+
+    Raises:
+        ValueError: sequences on the random split, or when the entry points do not take
+            ``--sequence_columns`` yet.
 
     Example::
 
-        run("data_cache/quality")["dlrm"]["auroc"]
+        run("data_cache/quality", split="time", seeds=range(5))["dlrm"]["auroc"]
     """
+    if sequences and split != "time":
+        raise ValueError("--sequences needs --split time (a history is the past of a log in time order)")
+    if sequences and not sequences_supported():
+        raise ValueError(
+            "--sequences: the Parquet source does not read --sequence_columns yet (issue 41, item 2); "
+            "run without --sequences"
+        )
     table = load_movielens(fetch_wheel(os.path.join(work_dir, "wheel")))
-    splits = split_rows(len(table.labels), max_rows)
-    spec_path = write_dataset(table, splits, os.path.join(work_dir, "movielens_100k"))
-    results = {"logistic_regression": logistic_regression_baseline(table, splits)}
-    if history:
-        aggregated = with_history_aggregates(table, history_aggregates(table, work_dir), splits["train"])
-        results["logistic_regression_history"] = logistic_regression_baseline(aggregated, splits)
-    for name in MODELS:
-        results[name] = train_model(name, spec_path, os.path.join(work_dir, f"{name}.jsonl"), nproc, recipe)
+    if split == "time":
+        table = table.take(time_order(table, max_rows))
+        log = write_log(table, os.path.join(work_dir, "movielens_100k_time"), MAX_HISTORY)
+        data_flags = time_split_flags(log, table.cardinalities)
+        splits = time_splits(data_flags)
+        aggregates = read_aggregates(log) if history else None
+    else:
+        splits = split_rows(len(table.labels), max_rows)
+        data_flags = ["--dataset_path", write_dataset(table, splits, os.path.join(work_dir, "movielens_100k"))]
+        aggregates = history_aggregates(table, work_dir) if history else None
+    seeds = list(seeds)
+    results: dict[str, dict[str, Any]] = {}
+    if "logistic_regression" in models:
+        results["logistic_regression"] = summarize([logistic_regression_baseline(table, splits)], None)
+        if aggregates is not None:
+            aggregated = with_history_aggregates(table, aggregates, splits["train"])
+            results["logistic_regression_history"] = summarize([logistic_regression_baseline(aggregated, splits)], None)
+    if "lightgbm" in models:
+        results["lightgbm"] = summarize(lightgbm_baseline(table, splits, seeds), seeds)
+        if aggregates is not None:
+            results["lightgbm_history"] = summarize(lightgbm_baseline(table, splits, seeds, aggregates), seeds)
+    trained = [name for name in MODELS if name in models] + (["dlrm_history"] if sequences else [])
+    for name in trained:
+        extra = list(model_flags) + (
+            ["--sequence_columns", f"{HISTORY_COLUMN}:item_id", "--max_history", str(MAX_HISTORY)]
+            if name == "dlrm_history"
+            else []
+        )
+        runs = [
+            train_model(
+                name, data_flags, os.path.join(work_dir, f"{name}_{split}_seed{seed}.jsonl"), nproc, recipe, seed, extra
+            )
+            for seed in seeds
+        ]
+        results[name] = summarize(runs, seeds)
     expected = len(splits["test"])
     for name, figures in results.items():
         if figures["num_samples"] != expected:
@@ -396,44 +639,108 @@ def run(
     return results
 
 
+def goals(results: dict[str, dict[str, Any]], split: str) -> dict[str, bool]:
+    """The goals the figures decide (means over the seeds): on the random split each
+    network >= logistic regression + `RANDOM_SPLIT_MARGIN`; on the time split each
+    network >= logistic regression (no history), and DLRM with the history >= LightGBM
+    with the history's aggregates and >= DLRM without it + `HISTORY_MARGIN`."""
+    auroc = {name: r["auroc"] for name, r in results.items()}
+    found: dict[str, bool] = {}
+    if "logistic_regression" in auroc:
+        margin = RANDOM_SPLIT_MARGIN if split == "random" else 0.0
+        for name in MODELS:
+            if name in auroc:
+                found[f"{name}_vs_logistic_regression"] = auroc[name] >= auroc["logistic_regression"] + margin
+    if "dlrm_history" in auroc:
+        if "lightgbm_history" in auroc:
+            found["dlrm_history_vs_lightgbm_history"] = auroc["dlrm_history"] >= auroc["lightgbm_history"]
+        if "dlrm" in auroc:
+            found["dlrm_history_vs_dlrm"] = auroc["dlrm_history"] >= auroc["dlrm"] + HISTORY_MARGIN
+    return found
+
+
 @dataclass
 class QualityFlags:
     """The flags of ``python bench/quality.py``: what it measures and how."""
 
     work_dir: str = flag("data_cache/quality", help="wheel, converted data and run logs")
+    split: str = flag(
+        "random",
+        choices=SPLITS,
+        help="random: a seeded 80/10/10 permutation; time: the latest 10%% of the time range test, "
+        "the 10%% before validation, from a Parquet log",
+    )
+    seeds: int = flag(5, help="seeds 0..N-1 of every trained model (mean +- std reported)")
+    models: str = flag(",".join(ALL_MODELS), help=f"comma list of models to run, of {','.join(ALL_MODELS)}")
     max_rows: int | None = flag(None, help="use this many rows of the permutation")
     nproc: int = flag(1, help="ranks of each training run")
     history_aggregates: bool = flag(
-        False, help="add a logistic regression given the user's and film's leak-free past counts and rates"
+        False, help="add the baselines given the user's and film's leak-free past counts and rates"
     )
+    sequences: bool = flag(
+        False, help="time split: add DLRM with target attention over the film history (--sequence_columns)"
+    )
+    model_flags: str = flag("", help='more flags of DLRM and DCNv2, after the recipe\'s (quoted: "--embedding_dim 8")')
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), QualityFlags, argv)
-    results = run(args.work_dir, args.max_rows, args.nproc, history=args.history_aggregates)
-    baseline = results["logistic_regression"]["auroc"]
+    models = [m for m in args.models.split(",") if m]
+    unknown = sorted(set(models) - set(ALL_MODELS))
+    if unknown or args.seeds < 1:
+        print(
+            f"--models {args.models}: unknown {','.join(unknown)} (of {','.join(ALL_MODELS)})"
+            if unknown
+            else f"--seeds {args.seeds}: give at least 1",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        results = run(
+            args.work_dir,
+            args.max_rows,
+            args.nproc,
+            history=args.history_aggregates,
+            split=args.split,
+            seeds=range(args.seeds),
+            models=models,
+            model_flags=shlex.split(args.model_flags),
+            sequences=args.sequences,
+        )
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
+    baseline = results.get("logistic_regression", {}).get("auroc")
+
+    def versus(auroc: float) -> str:
+        return "" if baseline is None else f"{auroc - baseline:+.4f}"
+
     print(
-        f"{'model':<20} {'test AUROC':>10} {'vs LR':>7} {'NE':>7} {'calibration':>11} {'rows':>7} "
+        f"{'model':<28} {'test AUROC':>17} {'vs LR':>7} {'NE':>15} {'calibration':>11} {'rows':>7} "
         f"{'validation AUROC':>16}"
     )
     for name, r in results.items():
         print(
-            f"{name:<20} {r['auroc']:>10.4f} {r['auroc'] - baseline:>+7.4f} {r['ne']:>7.4f} "
-            f"{r['calibration']:>11.4f} {r['num_samples']:>7} {r['validation_auroc']:>16.4f}"
+            f"{name:<28} {r['auroc']:>8.4f} +-{r['auroc_std']:.4f} {versus(r['auroc']):>7} "
+            f"{r['ne']:>6.4f} +-{r['ne_std']:.4f} {r['calibration']:>11.4f} {r['num_samples']:>7} "
+            f"{r['validation_auroc']:>16.4f}"
         )
-    goal = all(results[name]["auroc"] >= baseline + 0.01 for name in MODELS)
+    found = goals(results, args.split)
     print(
         json.dumps(
             {
                 "event": "quality",
                 "data": "movielens_100k",
-                "flags": RECIPE_FLAGS,
+                "split": args.split,
+                "seeds": args.seeds,
+                "flags": {**RECIPE_FLAGS, "model_flags": args.model_flags},
                 "recipe_settings": RECIPES[RECIPE_FLAGS["recipe"]].options(),
-                "goal_auroc_margin": 0.01,
-                "goal_met": goal,
+                "goals": found,
+                "goal_met": all(found.values()) if found else None,
                 **{
                     name: {
-                        k: r[k] for k in ("auroc", "ne", "calibration", "log_loss", "num_samples", "validation_auroc")
+                        k: r[k]
+                        for k in (*FIGURES, *(f"{f}_std" for f in FIGURES), "num_samples", "seeds", "auroc_per_seed")
                     }
                     for name, r in results.items()
                 },

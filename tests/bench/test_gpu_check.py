@@ -65,7 +65,7 @@ def test_every_case_has_a_cpu_reference_or_a_semi_sync_one_and_a_tolerance_with_
                 "world_size": 1,
                 "allow_tf32": False,
                 # A Parquet case's reference reads its ranks' batches (--epoch_shares).
-                **({"epoch_shares": case["world_size"]} if case.get("data_source") == "parquet" else {}),
+                **({"epoch_shares": case["world_size"]} if matrix.cases.is_parquet(case) else {}),
             }
             assert placement is None or (placement["pipeline"], placement["compute_kernel"]) == ("sparse_dist", "fused")
         tolerance, why = gpu_check.reference_tolerance(case)

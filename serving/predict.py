@@ -155,6 +155,8 @@ class Predictor:
             )
         self.batch_size = batch_size
         self.layout: InputLayout = load_layout(self.inputs, layout_dir, layout_manifest)
+        if delta is not None:  # the model's own files (its seen-id filters) are the delta's, not its base's
+            self.layout.read_own_files(model_dir, manifest)
         self.table_sizes = np.asarray(self.inputs.num_embeddings_per_feature, dtype=np.int64)
         # The table of each column of the sparse input.
         self._column_tables = np.repeat(self.table_sizes, self.inputs.sparse_hotness)

@@ -185,28 +185,28 @@ class ParquetRows(InputLayout):
         self._value_types = dict(zip(inputs.sparse_feature_names, preprocessing.sparse_value_types))
         self._hotness = list(inputs.sparse_hotness)
         self._starts = np.cumsum([0] + self._hotness[:-1])
-        self.sketches: list[Any] | None = None  # `load` reads them: data.parquet.id_sketch.IdSketch per feature
+        self.sketches: list[Any] | None = (
+            None  # `read_own_files` reads them: data.parquet.id_sketch.IdSketch per feature
+        )
 
-    @classmethod
-    def load(cls, inputs: "ModelInputs", model_dir: str, manifest: Any) -> "ParquetRows":
-        """The layout, with the seen-id filters of the model directory when inputs.json records them."""
-        layout = cls(inputs)
-        facts = layout._preprocessing.id_sketch
+    def read_own_files(self, model_dir: str, manifest: Any) -> None:
+        """The seen-id filters of the model directory when inputs.json records them (a
+        delta export's own: its base's are an older model's)."""
+        facts = self._preprocessing.id_sketch
         if facts is not None:
             from data.parquet.id_sketch import SKETCH_FILE, sketches_from_bytes
             from serving.model_files import read_file
 
-            names = list(inputs.sparse_feature_names)
+            names = list(self._value_types)  # the sparse features, in order
             data = read_file(model_dir, SKETCH_FILE, manifest)
-            layout.sketches = sketches_from_bytes(
+            self.sketches = sketches_from_bytes(
                 data, [facts["bits"][n] for n in names], [facts["ids"][n] for n in names]
             )
-            if layout.sketches is None:
+            if self.sketches is None:
                 raise BadInput(
                     f"{model_dir}/{SKETCH_FILE}: {len(data)} bytes, not the seen-id filters inputs.json describes "
                     f"({sum(facts['bits'][n] for n in names) // 8} bytes)"
                 )
-        return layout
 
     @staticmethod
     def describe(checkpoint: Checkpoint) -> Description:

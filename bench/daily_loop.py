@@ -5,7 +5,8 @@ from-scratch model's, at no more than 1/5 of its cumulative training time).
 A lake of ``--days`` days (``python -m data.synthetic_parquet --id_lifetime_days``:
 each id lives ``--id_lifetime_days`` days, so every day ids are born and die) is run
 through ``python -m training.daily`` once: day k trained warm-started from day k - 1,
-its run scoring day k + 1 (the progressive validation). The baseline is the same model
+its run scoring day k + 1 (the progressive validation), with its optimizer state
+(``--warm_start_optimizer``; ``--fresh_optimizer`` for the weights only). The baseline is the same model
 and flags trained from scratch, for every day k + 1, on all of days 0 .. k (a
 ``dlrm_main.py`` run whose validation window is day k + 1 and test window day k + 2,
 so days 1 .. DAYS - 2 are compared). Training time is the runs' own ``train_seconds``
@@ -50,6 +51,9 @@ class DailyLoopBench:
     full_export_every: int = flag(7, help="the loop's --full_export_every")
     work_dir: str = flag("data_cache/daily_loop", help="where the lake, the loop and the baselines go (replaced)")
     seed: int = flag(1, help="seed of the lake and of the runs")
+    fresh_optimizer: bool = flag(
+        False, help="warm-start the weights only (the loop's default carries the optimizer: --warm_start_optimizer)"
+    )
 
 
 def training_flags(bench: DailyLoopBench) -> list[str]:
@@ -91,6 +95,8 @@ def run_loop(bench: DailyLoopBench, lake: str, days: list[str]) -> dict[str, Any
     command = [sys.executable, "-m", "training.daily", "--state_dir", state_dir, "--parquet_path", lake]
     command += ["--time_column", PARTITION_COLUMN, "--quantize", "none"]
     command += ["--full_export_every", str(bench.full_export_every), *training_flags(bench)]
+    if not bench.fresh_optimizer:  # Adagrad's accumulators carry: the days train as one run would
+        command.append("--warm_start_optimizer")
     start = time.monotonic()
     subprocess.run(command, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
     wall = time.monotonic() - start

@@ -1,11 +1,13 @@
-"""python -m training.daily: the uninterrupted loop's pointer, models and progressive
-figures; the loop killed mid-train, mid-export and mid-promote, rerun, ends with the
-same bytes; a late day reported; the refusals.
+"""python -m training.daily: the uninterrupted loop's pointer, models, deltas, seen-id
+filters and progressive figures; the loop SIGKILLed at 10 random points (mid-train,
+mid-export, mid-gate, mid-promote), rerun after each, ends with the same bytes; a late
+day reported; the refusals.
 
 The lake: 4 days of data.synthetic_parquet, 128 rows each (4 training steps of 32
 rows). The loops run as programs (`python -m training.daily`, each day's training,
 export, gate and scoring a subprocess of it); the refusals and the late day run in
-this process, on state files that need no training.
+this process, on state files that need no training. Times on a 2-core machine busy
+with other work: the uninterrupted loop 250 s, the 10 kills and reruns 510 s.
 """
 
 import filecmp
@@ -277,6 +279,7 @@ def _kill_and_rerun(state_dir, lake, reference, done: Ran) -> None:
             continue
         assert killed.returncode == -signal.SIGKILL, f"{what}: {killed.stderr[-3000:]}"
         landed.append(kill)
+    print(f"kill seed {seed} (DAILY_KILL_SEED): {len([k for k in landed if k])} kills landed: {landed}")
     assert sum(k is not None for k in landed) >= 8, f"seed {seed}: only {landed} killed the loop"
     assert {STEPS[k.step[1]] for k in landed if k is not None} >= {"training", "exporting"}, f"seed {seed}"
     finished = run_loop(state_dir, lake)
@@ -417,3 +420,14 @@ def test_the_export_is_a_delta_of_the_full_export_in_service_until_it_is_n_days_
 def test_full_export_every_must_be_at_least_1(tmp_path, lake, capsys):
     line = _refused(capsys, [*argv(tmp_path / "state", lake), "--full_export_every", "0", *TRAINING])
     assert line.endswith("--full_export_every 0: must be at least 1")
+
+
+def test_a_version_1_state_is_read_its_exports_full(tmp_path, lake):
+    state_dir = tmp_path / "state"
+    _write_state(state_dir, _done_state(lake, DAYS[:2], DAYS[1]), version=1)
+    document = json.loads((state_dir / "state.json").read_text())
+    for day in document["days"]:
+        del day["base"]  # version 1 had no deltas
+    (state_dir / "state.json").write_text(json.dumps(document))
+    state = daily.read_state(str(state_dir / "state.json"))
+    assert [(r.day, r.base) for r in state.days] == [(DAYS[0], None), (DAYS[1], None)]

@@ -35,7 +35,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -464,7 +463,7 @@ class Loop:
         its rerun would race)."""
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
         sys.stdout.flush()  # the loop's lines before the child's
-        child = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, preexec_fn=_die_with_parent)
+        child = subprocess.Popen([*_dying_with_this_process(), *args], cwd=REPO, env=env)
         code = child.wait()
         if code == 2:
             raise BadInput(f"{day}: {step} refused its input (exit 2; its line is above)")
@@ -518,16 +517,24 @@ def _of_step(record: Any, day: str, events: set[str]) -> bool:
     return isinstance(record, dict) and record.get("loop_day") == day and record.get("event") in events
 
 
-def _die_with_parent() -> None:
-    """In the child, before it runs: Linux sends it SIGKILL when the loop dies
-    (prctl PR_SET_PDEATHSIG); elsewhere a no-op."""
-    if sys.platform.startswith("linux"):
-        import ctypes
+# Run by the child's interpreter before it becomes the step (exec keeps the setting):
+# Linux sends it SIGKILL when its parent, the loop, dies (prctl PR_SET_PDEATHSIG); a
+# loop that died before the call is no longer its parent. (Not a preexec_fn: a fork of
+# a process with threads, pyarrow's, may only exec.)
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGKILL)\n"
+    "os.getppid() == int(sys.argv[1]) or os._exit(137)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:  # the loop died before the call: nobody is left to send it
-            os._exit(137)
+
+def _dying_with_this_process() -> list[str]:
+    """The start of the command line of a Python child that dies with this process (on
+    Linux; elsewhere a plain child)."""
+    if not sys.platform.startswith("linux"):
+        return [sys.executable]
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), sys.executable]
 
 
 def _fmt(value: float | None) -> str:

@@ -87,6 +87,11 @@ class DailyConfig:
     max_auroc_drop: float = flag(
         0.0, help="promote a candidate whose AUROC on the held-back day is at most this below the model in service's"
     )
+    warm_start_optimizer: bool = flag(
+        False,
+        help="each day's warm start carries the previous day's optimizer state too (--warm_start_optimizer of "
+        "every day but the first)",
+    )
     full_export_every: int = flag(
         7,
         help="export a day in full when the model in service's full export is this many days behind it (or none "
@@ -214,7 +219,8 @@ class Loop:
     # -- the state --------------------------------------------------------------------
     def load_state(self, days: list[str]) -> DailyState:
         path = os.path.join(self.root, STATE_FILE)
-        flags = self.flags
+        # The state records the days' flags, this one too: a loop cannot change it midway.
+        flags = self.flags + (["--warm_start_optimizer"] if self.config.warm_start_optimizer else [])
         if not os.path.exists(path):
             return DailyState(
                 parquet_path=self.lake,
@@ -390,6 +396,7 @@ class Loop:
         ]
         if previous is not None:
             argv += ["--warm_start", self.day_dir(previous, "ckpt")]
+            argv += ["--warm_start_optimizer"] if self.config.warm_start_optimizer else []
         entry = os.path.join(REPO, self.config.entry)
         if self.config.nproc_per_node > 1:
             command = ["-m", "training.launch", "--standalone", "--nproc_per_node", str(self.config.nproc_per_node)]

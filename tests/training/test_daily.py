@@ -431,3 +431,14 @@ def test_a_version_1_state_is_read_its_exports_full(tmp_path, lake):
     (state_dir / "state.json").write_text(json.dumps(document))
     state = daily.read_state(str(state_dir / "state.json"))
     assert [(r.day, r.base) for r in state.days] == [(DAYS[0], None), (DAYS[1], None)]
+
+
+def test_warm_start_optimizer_is_the_loops_and_part_of_its_identity(tmp_path, lake, capsys):
+    config, rest = daily.parse([*argv("x", lake), "--warm_start_optimizer", *TRAINING])
+    assert config.warm_start_optimizer and rest == TRAINING  # passed to every day but the first, with --warm_start
+    state_dir = tmp_path / "state"
+    _write_state(state_dir, _done_state(lake, [], None))
+    line = _refused(capsys, [*argv(state_dir, lake), "--warm_start_optimizer", *TRAINING])
+    assert "belongs to another loop: its the training flags was" in line and line.endswith(
+        "--warm_start_optimizer (give the same, or a new --state_dir)"
+    )

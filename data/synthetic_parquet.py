@@ -27,8 +27,12 @@ model trained on the log visibly learns:
 
 Ids follow a power law over each feature's vocabulary, and every day brings ids never
 seen before: a fraction ``--new_id_rate`` of the values of a day are ids first drawn
-that day (with effects of their own), as in a real log. The same flags give the same
-files; each day draws from its own seed, so a longer log extends a shorter one.
+that day (with effects of their own), as in a real log. With ``--id_lifetime_days N``
+the catalogue drifts: each feature's ids live N days (every day 1/N of its vocabulary
+is born and as many of the oldest die), and a day's rows draw their ids, power-law by a
+popularity fixed per id, from the ids alive that day: a model of last month sees most
+of today's ids never. The same flags give the same files; each day draws from its own
+seed, so a longer log extends a shorter one.
 """
 
 import datetime
@@ -36,7 +40,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -89,6 +93,11 @@ class SyntheticParquetSpec:
     multi_hot_columns: int = flag(2, help="list columns M1 ... of multi-hot bags")
     max_bag_size: int = flag(20, parse=positive_int, help="the longest multi-hot bag")
     new_id_rate: float = flag(0.05, help="fraction of a day's ids first seen that day")
+    id_lifetime_days: int = flag(
+        0,
+        help="a drifting catalogue: each id lives this many days (every day 1/N of a feature's ids are born and "
+        "as many die; a day draws from the live ones); 0: ids never die",
+    )
     id_skew: float = flag(3.0, help="ids are floor(cardinality * u ** SKEW): larger puts more rows on a few ids")
     signal_scale: float = flag(1.0, help="multiplies the hidden logit: larger makes labels easier to predict")
     seed: int = flag(0, help="seed of the hidden model and every sample")
@@ -103,6 +112,8 @@ class SyntheticParquetSpec:
             raise BadInput(f"--multi_hot_columns must not be negative, got {self.multi_hot_columns}")
         if not 0.0 <= self.new_id_rate <= 1.0:
             raise BadInput(f"--new_id_rate must be within [0, 1], got {self.new_id_rate}")
+        if self.id_lifetime_days < 0:
+            raise BadInput(f"--id_lifetime_days must not be negative, got {self.id_lifetime_days}")
         if self.id_skew <= 0:
             raise BadInput(f"--id_skew must be positive, got {self.id_skew}")
         self.first_day()
@@ -120,22 +131,45 @@ class SyntheticParquetSpec:
 @dataclass
 class _IdFeature:
     """One categorical feature of the hidden model: its vocabulary (``base`` ids, then
-    ``new_per_day`` more for each day) and the effects of every id."""
+    for each day a block of ``born_per_day`` catalogue ids, born to live the next
+    ``--id_lifetime_days`` days, and ``new_per_day`` ids of that day only) and the
+    effects of every id."""
 
     index: int  # distinguishes the features' raw values
     base: int
     new_per_day: int
-    effects: np.ndarray  # (base + days * new_per_day,)
+    effects: np.ndarray  # (base + days * (born_per_day + new_per_day),)
     null_rate: float
     as_strings: bool
     vectors: np.ndarray | None = None  # (ids, 4) when the feature is in an interaction pair
+    born_per_day: int = 0  # 0: the catalogue is the base vocabulary every day
+    _live: dict[int, np.ndarray] = field(default_factory=dict)  # day -> its live ids, most popular first
 
     def draw(self, spec: SyntheticParquetSpec, rng: np.random.Generator, day: int, n: int) -> np.ndarray:
-        """n ids of day ``day``: power-law ids of the base vocabulary, or (at
-        ``new_id_rate``) ids first seen that day."""
-        base_ids = np.minimum(np.floor(self.base * rng.random(n) ** spec.id_skew), self.base - 1).astype(np.int64)
-        new_ids = self.base + day * self.new_per_day + rng.integers(0, self.new_per_day, n)
+        """n ids of day ``day``: power-law ids of the catalogue (the base vocabulary,
+        or the ids alive that day), or (at ``new_id_rate``) ids first seen that day."""
+        ranks = np.minimum(np.floor(self.base * rng.random(n) ** spec.id_skew), self.base - 1).astype(np.int64)
+        base_ids = self.live(day)[ranks] if self.born_per_day else ranks
+        block = self.base + day * (self.born_per_day + self.new_per_day) + self.born_per_day
+        new_ids = block + rng.integers(0, self.new_per_day, n)
         return np.where(rng.random(n) < spec.new_id_rate, new_ids, base_ids)
+
+    def live(self, day: int) -> np.ndarray:
+        """The ``base`` ids alive on ``day`` (the newest of the base vocabulary and the
+        days' births before it), ordered by a popularity fixed per id (a hash of it)."""
+        if day not in self._live:
+            born = self.born_per_day
+            positions = np.arange(day * born, day * born + self.base, dtype=np.int64)  # in order of birth
+            later = positions - self.base  # births: day j's k-th id lies in block j
+            ids = np.where(
+                positions < self.base,
+                positions,
+                self.base + (later // born) * (born + self.new_per_day) + later % born,
+            )
+            with np.errstate(over="ignore"):
+                popularity = (ids.astype(np.uint64) + np.uint64(self.index)) * np.uint64(0x9E3779B97F4A7C15)
+            self._live[day] = ids[np.argsort(popularity, kind="stable")]
+        return self._live[day]
 
     def raw_values(self, ids: np.ndarray, null: np.ndarray | None = None) -> pa.Array:
         """The values a log shows for ids (null where ``null``): 8 hex digits, or an
@@ -160,17 +194,19 @@ def _id_feature(
     with_vectors: bool,
 ) -> _IdFeature:
     new_per_day = max(1, cardinality // 10)
+    lifetime = spec.id_lifetime_days
+    born_per_day = -(-cardinality // lifetime) if lifetime else 0
     # The base vocabulary and each day's new ids draw from their own seeds: day d's ids
     # and effects do not depend on --days.
     blocks = [np.random.default_rng([spec.seed, 2, index])] + [
         np.random.default_rng([spec.seed, 3, index, day]) for day in range(spec.days)
     ]
-    sizes = [cardinality] + [new_per_day] * spec.days
+    sizes = [cardinality] + [born_per_day + new_per_day] * spec.days
     effects = np.concatenate([rng.normal(0.0, effect_scale, size) for rng, size in zip(blocks, sizes)])
     vectors = (
         np.concatenate([rng.normal(0.0, 0.6, (size, 4)) for rng, size in zip(blocks, sizes)]) if with_vectors else None
     )
-    return _IdFeature(index, cardinality, new_per_day, effects, null_rate, as_strings, vectors)
+    return _IdFeature(index, cardinality, new_per_day, effects, null_rate, as_strings, vectors, born_per_day)
 
 
 @dataclass

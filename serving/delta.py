@@ -38,6 +38,7 @@ Example::
     program = load_delta_program("delta_dir", manifest, record, "fp32", "base_dir")
 """
 
+import dataclasses
 import hashlib
 import io
 import os
@@ -218,9 +219,18 @@ def different_inputs(one: ModelInputs, other: ModelInputs) -> str | None:
     """The first field of inputs.json in which two exports are not the same model (other
     features, tables or input transforms), or None."""
     for name in _SAME_MODEL_FIELDS:
-        if getattr(one, name) != getattr(other, name):
+        if _model_part(getattr(one, name)) != _model_part(getattr(other, name)):
             return name
     return None
+
+
+def _model_part(value: object) -> object:
+    """``value`` without the seen-id filters' facts (a Parquet model's preprocessing):
+    they are what the model read, which a day of training changes (a delta carries its
+    own filters, id_sketch.bin), not the shape of its inputs."""
+    if getattr(value, "id_sketch", None) is not None:
+        return dataclasses.replace(value, id_sketch=None)  # type: ignore[type-var]
+    return value
 
 
 def program_tensors(program: torch.export.ExportedProgram) -> dict[str, torch.Tensor]:

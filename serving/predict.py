@@ -162,6 +162,8 @@ class Predictor:
                 "a Parquet model's rows (JSON lists, Parquet list columns); call its programs with history_values "
                 "and history_lengths (docs/serving.md)"
             )
+        if delta is not None:  # the model's own files (its seen-id filters) are the delta's, not its base's
+            self.layout.read_own_files(model_dir, manifest)
         self.table_sizes = np.asarray(self.inputs.num_embeddings_per_feature, dtype=np.int64)
         items = [self.inputs.sparse_feature_names.index(h.item) for h in histories]
         places = [*self.inputs.sparse_hotness, *(h.max_history for h in histories)]

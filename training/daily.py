@@ -35,7 +35,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -55,7 +54,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATE_FILE = "state.json"
 LOG_FILE = "daily.jsonl"
 CURRENT = "current"
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: a day's export may be a delta (DayRecord.base)
 # Flags the loop sets for each day's run: given by the user they would fight it.
 _LOOP_FLAGS = (
     "--rolling_windows",
@@ -68,9 +67,10 @@ _LOOP_FLAGS = (
     "--restore_checkpoint_path",
     "--mode",
 )
-# Test hook: DAILY_STOP_AT=STEP@DAY stops the loop there as a kill would (exit 137).
-STOP_ENV = "DAILY_STOP_AT"
-STOP_STEPS = ("train", "trained", "export", "exported", "gated", "promote")
+# Test hook: DAILY_PAUSE_S=SECONDS pauses the promote step that long between setting the
+# link and recording it, so that a test's random kill can land inside that window too
+# (the other steps are subprocesses, seconds long).
+PAUSE_ENV = "DAILY_PAUSE_S"
 _LIST = Kind(lambda v: isinstance(v, list), "a list")
 
 
@@ -87,6 +87,16 @@ class DailyConfig:
     max_auroc_drop: float = flag(
         0.0, help="promote a candidate whose AUROC on the held-back day is at most this below the model in service's"
     )
+    warm_start_optimizer: bool = flag(
+        False,
+        help="each day's warm start carries the previous day's optimizer state too (--warm_start_optimizer of "
+        "every day but the first)",
+    )
+    full_export_every: int = flag(
+        7,
+        help="export a day in full when the model in service's full export is this many days behind it (or none "
+        "serves); other days as a delta of that export (serving.export --delta_from); 1: every day in full",
+    )
 
 
 @dataclass
@@ -97,6 +107,7 @@ class DayRecord:
     trained: bool = False
     progressive: dict[str, Any] | None = None  # the next day's figures, from the day's training run
     exported: bool = False
+    base: str | None = None  # the day whose full export the day's export is a delta of; None: a full export
     gate: dict[str, Any] | None = None  # {"promote": bool, "reason": str, "auroc": ..., "auroc_in_service": ...}
     promoted: bool = False  # the promote step is done (the link set, or the old model kept)
 
@@ -130,6 +141,7 @@ def read_state(path: str) -> DailyState:
                 trained=day.get("trained", BOOLEAN),
                 progressive=day.get("progressive", optional(OBJECT)),
                 exported=day.get("exported", BOOLEAN),
+                base=day.get("base", optional(TEXT), None),  # version 1: every export full
                 gate=day.get("gate", optional(OBJECT)),
                 promoted=day.get("promoted", BOOLEAN),
             )
@@ -207,7 +219,8 @@ class Loop:
     # -- the state --------------------------------------------------------------------
     def load_state(self, days: list[str]) -> DailyState:
         path = os.path.join(self.root, STATE_FILE)
-        flags = self.flags
+        # The state records the days' flags, this one too: a loop cannot change it midway.
+        flags = self.flags + (["--warm_start_optimizer"] if self.config.warm_start_optimizer else [])
         if not os.path.exists(path):
             return DailyState(
                 parquet_path=self.lake,
@@ -295,23 +308,26 @@ class Loop:
             record.trained = True
             self.log_day(state, record, following)  # before the step is recorded done: a rerun logs it again
             self.save(state)
-        _stop("trained", day)
         model = self.day_dir(day, "model")
         if not record.exported:
+            base = self.delta_base(state, day)  # the same on a rerun: it reads what earlier days recorded
             if not os.path.isdir(model):  # serving.export renames a complete export into place, or none
-                self.export(day, model)
+                self.export(day, model, base)
+            if base is not None:
+                self.day_records(day, [{"event": "export", "run_id": "daily", "day": day, **delta_size(model, base)}])
+            record.base = base
             record.exported = True
             self.save(state)
-        _stop("exported", day)
         if record.gate is None:
+            print(f"{day}: gating on {held}", flush=True)
             record.gate = self.gate(model, state.current, held)
             self.day_records(day, [{"event": "gate", "run_id": "daily", "day": day, "held_back": held, **record.gate}])
             self.save(state)
-        _stop("gated", day)
         if not record.promoted:
+            print(f"{day}: promoting", flush=True)
             if record.gate["promote"]:
                 atomic_symlink(os.path.join(self.root, CURRENT), model)
-                _stop("promote", day)
+                time.sleep(float(os.environ.get(PAUSE_ENV) or 0))
                 state.current = day
             record.promoted = True
             promote = {"event": "promote", "run_id": "daily", "day": day, "in_service": state.current, **record.gate}
@@ -380,28 +396,50 @@ class Loop:
         ]
         if previous is not None:
             argv += ["--warm_start", self.day_dir(previous, "ckpt")]
+            argv += ["--warm_start_optimizer"] if self.config.warm_start_optimizer else []
         entry = os.path.join(REPO, self.config.entry)
         if self.config.nproc_per_node > 1:
             command = ["-m", "training.launch", "--standalone", "--nproc_per_node", str(self.config.nproc_per_node)]
             command += [entry, *argv]
         else:
             command = [entry, *argv]
-        print(f"{day}: training" + (f", warm-started from {previous}" if previous else ", from scratch"))
-        self.subprocess(command, "train", day, kill_when=lambda: _has_checkpoint(ckpt))
+        print(f"{day}: training" + (f", warm-started from {previous}" if previous else ", from scratch"), flush=True)
+        self.subprocess(command, "train", day)
         evaluations = [r for r in read_run_log(log) if r.event == "eval" and r.get("window") == 1]
         if not evaluations:
             raise BadInput(f"{log}: the day's run logged no evaluation of {following}")
         last = evaluations[-1]
         return {k: last.get(k) for k in ("auroc", "log_loss", "ne", "calibration", "num_samples", "step")}
 
-    def export(self, day: str, model: str) -> None:
-        print(f"{day}: exporting")
+    def delta_base(self, state: DailyState, day: str) -> str | None:
+        """The day whose full export ``day``'s export is a delta of: the model in
+        service's full export (itself, or the base of the delta in service), unless it
+        is ``--full_export_every`` days behind or none serves (None: a full export)."""
+        if state.current is None:
+            return None
+        records = {r.day: r for r in state.days}
+        full = records[state.current].base or state.current
+        chain = [r.day for r in state.days if r.trained]
+        if chain.index(day) - chain.index(full) >= self.config.full_export_every:
+            return None
+        return full
+
+    def export(self, day: str, model: str, base: str | None) -> None:
+        print(f"{day}: exporting" + (f" a delta of {base}" if base else " in full"), flush=True)
         for name in os.listdir(os.path.dirname(model)):  # the staging directory of a killed export
             if name.startswith(f".{os.path.basename(model)}.tmp"):
                 shutil.rmtree(os.path.join(os.path.dirname(model), name))
         quantize = ["--quantize", self.config.quantize]
         command = ["-m", "serving.export", "--checkpoint", self.day_dir(day, "ckpt"), "--newest", "--output", model]
-        self.subprocess([*command, *quantize], "export", day, kill_when=lambda: True)
+        if base is not None:
+            command += ["--delta_from", self.day_dir(base, "model")]
+        self.subprocess([*command, *quantize], "export", day)
+        if base is not None:
+            size = delta_size(model, base)
+            print(
+                f"{day}: delta of {base}: {size['bytes']:,} bytes, {size['ratio']:.3f}x the {size['changed_bytes']:,} "
+                f"bytes of its changed rows and dense part (and {size['sketch_bytes']:,} bytes of seen-id filters)"
+            )
 
     def gate(self, model: str, current: str | None, held: str) -> dict[str, Any]:
         """The quality gate on the held-back day and the comparison with the model in
@@ -426,22 +464,43 @@ class Loop:
                 self._scores[key] = json.load(f)
         return self._scores[key]
 
-    def subprocess(self, args: list[str], step: str, day: str, ok: Sequence[int] = (0,), kill_when: Any = None) -> int:
-        """Runs ``python ARGS`` from the repository; its bad input is the loop's (exit 2)."""
+    def subprocess(self, args: list[str], step: str, day: str, ok: Sequence[int] = (0,)) -> int:
+        """Runs ``python ARGS`` from the repository; its bad input is the loop's (exit 2).
+        The child dies with the loop (a loop killed alone leaves no step running that
+        its rerun would race)."""
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
-        child = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env)
-        if _stop_requested(step, day) and kill_when is not None:  # the test hook: a kill mid-step
-            while child.poll() is None and not kill_when():
-                time.sleep(0.05)
-            child.send_signal(signal.SIGKILL)
-            child.wait()
-            os._exit(137)
+        sys.stdout.flush()  # the loop's lines before the child's
+        child = subprocess.Popen([*_dying_with_this_process(), *args], cwd=REPO, env=env)
         code = child.wait()
         if code == 2:
             raise BadInput(f"{day}: {step} refused its input (exit 2; its line is above)")
         if code not in ok:
             raise RuntimeError(f"{day}: {step} failed (exit {code})")
         return code
+
+
+def delta_size(model: str, base: str) -> dict[str, Any]:
+    """What a delta export holds against what it must: ``bytes``, its files' (but the
+    seen-id filters, ``sketch_bytes``, whole in every export); ``changed_bytes``, the
+    bytes of the rows that changed since its base, of every table and dense weight of
+    every program (delta.json's regions); ``ratio``, the first over the second."""
+    from data.parquet.id_sketch import SKETCH_FILE
+
+    path = os.path.join(model, "delta.json")
+    with open(path, "rb") as f:  # serving/delta.py's DeltaRecord (training does not import serving)
+        document, _ = JsonObject.versioned(f.read(), path, "an exported model's delta record", current=1)
+    regions = document.get("regions", OBJECT)
+    changed = sum(int(r["changed"]) * int(r["row_bytes"]) for variant in regions.values() for r in variant)
+    sizes = {name: os.path.getsize(os.path.join(model, name)) for name in os.listdir(model)}
+    sketch = sizes.pop(SKETCH_FILE, 0)
+    total = sum(sizes.values())
+    return {
+        "base": base,
+        "bytes": total,
+        "changed_bytes": changed,
+        "ratio": round(total / max(changed, 1), 4),
+        "sketch_bytes": sketch,
+    }
 
 
 def gate_verdict(
@@ -465,18 +524,24 @@ def _of_step(record: Any, day: str, events: set[str]) -> bool:
     return isinstance(record, dict) and record.get("loop_day") == day and record.get("event") in events
 
 
-def _has_checkpoint(ckpt: str) -> bool:
-    return os.path.isdir(ckpt) and any(name.startswith("step_") for name in os.listdir(ckpt))
+# Run by the child's interpreter before it becomes the step (exec keeps the setting):
+# Linux sends it SIGKILL when its parent, the loop, dies (prctl PR_SET_PDEATHSIG); a
+# loop that died before the call is no longer its parent. (Not a preexec_fn: a fork of
+# a process with threads, pyarrow's, may only exec.)
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGKILL)\n"
+    "os.getppid() == int(sys.argv[1]) or os._exit(137)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
 
 
-def _stop_requested(step: str, day: str) -> bool:
-    return os.environ.get(STOP_ENV) == f"{step}@{day}"
-
-
-def _stop(step: str, day: str) -> None:
-    """The test hook: the loop ends here as if killed."""
-    if _stop_requested(step, day):
-        os._exit(137)
+def _dying_with_this_process() -> list[str]:
+    """The start of the command line of a Python child that dies with this process (on
+    Linux; elsewhere a plain child)."""
+    if not sys.platform.startswith("linux"):
+        return [sys.executable]
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), sys.executable]
 
 
 def _fmt(value: float | None) -> str:
@@ -508,6 +573,8 @@ def parse(argv: Sequence[str] | None) -> tuple[DailyConfig, list[str]]:
         name = item.split("=", 1)[0]
         if name in _LOOP_FLAGS:
             raise BadInput(f"{name}: the daily loop sets it for each day's run; leave it out")
+    if config.full_export_every < 1:
+        raise BadInput(f"--full_export_every {config.full_export_every}: must be at least 1")
     if config.nproc_per_node < 1:
         raise BadInput(f"--nproc_per_node {config.nproc_per_node}: must be at least 1")
     if re.search(r"[/=]", config.time_column):

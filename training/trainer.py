@@ -35,7 +35,7 @@ from common.calibration import Calibration
 from common.config_flags import Overrides, flag_of
 from common.errors import BadInput
 from data.config import BatchLoader
-from data.parquet.id_sketch import sketch_facts
+from data.parquet.id_sketch import sketch_facts, widened
 from data.sources import DataSource
 from data.sources.types import FeedJob
 from models import build_dlrm_train
@@ -69,7 +69,7 @@ from training.recipes import STABLE_OPTIMIZER
 from training.run_log import RunLog, StepClock, TestedModel, format_metrics
 from training.sharding import prepare_sharding
 from training.startup_report import StartupReport
-from training.warm_start import WarmStart, find_warm_start, leading_rows
+from training.warm_start import WarmStart, find_warm_start, leading_rows, origin_sketch_bits
 
 
 class NonFiniteLossError(RuntimeError):
@@ -469,10 +469,19 @@ class Trainer:
         if warm.optimizer:
             self.optimizer.init_state()  # lazy optimizer state must exist to load into
             state["optim"] = self.optimizer.state_dict()
-        load_checkpoint(warm.checkpoint, leading_rows(state, warm.grown), self.env.rank, restore_rng=False)
+        flat = leading_rows(state, warm.grown)
+        seen = self.source.seen_ids()
+        # The origin's seen-id filters carry too: an id is unseen only when no model of
+        # the lineage read it (a grown table's larger filter holds the origin's tiled).
+        origin_bits = origin_sketch_bits(warm.checkpoint.meta, seen)
+        origin_sketch = {n: torch.zeros(b // 8, dtype=torch.uint8) for n, b in origin_bits.items()}
+        flat.update({f"id_sketch.{n}": t for n, t in origin_sketch.items()})
+        load_checkpoint(warm.checkpoint, flat, self.env.rank, restore_rng=False)
         self.model.load_state_dict(state["model"])
         if warm.optimizer:
             self.optimizer.load_state_dict(state["optim"])
+        if seen is not None and origin_sketch:
+            seen.merge(widened([origin_sketch[n].numpy() for n in seen.names], seen.bits))
         self.warm_start_origin = origin = warm.origin
         grown = ", ".join(f"{table} {was} -> {now} rows" for table, (was, now) in warm.grown.items())
         carried = "weights and optimizer state" if warm.optimizer else "weights (the optimizers start fresh)"

@@ -30,7 +30,7 @@ from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, Sharde
 
 from checkpoints.directory import META_FILE, checkpoint_to_load
 from checkpoints.errors import CheckpointError
-from checkpoints.meta import WarmStartOrigin, meta_section
+from checkpoints.meta import CheckpointMeta, WarmStartOrigin, meta_section
 from checkpoints.opened import OpenedCheckpoint, open_checkpoint
 from checkpoints.state import flat_state
 from checkpoints.storage import join
@@ -209,3 +209,20 @@ def _first_rows(value: torch.Tensor, rows: int) -> torch.Tensor:
         ),
         process_group=value._process_group,
     )
+
+
+def origin_sketch_bits(meta: CheckpointMeta, seen: Any) -> dict[str, int]:
+    """{feature: bits} of the seen-id filters (data/parquet/id_sketch.py) the warm start's
+    checkpoint saved, to be OR-ed into the new run's ``seen`` (its `SeenIds`): the
+    features both have, whose saved filter is at most as wide (a table only grows).
+    Empty when either has none (another id mode, a checkpoint saved before filters)."""
+    recorded = (meta.serving_facts or {}).get("id_sketch")
+    if seen is None or not isinstance(recorded, dict) or not isinstance(recorded.get("bits"), dict):
+        return {}
+    saved = recorded["bits"]
+    bits = {}
+    for name, now in zip(seen.names, seen.bits):
+        was = saved.get(name)
+        if isinstance(was, int) and 0 < was <= now and now % was == 0:
+            bits[name] = was
+    return bits if len(bits) == len(seen.names) else {}

@@ -106,6 +106,22 @@ def rows_bits(table_rows: int) -> int:
     return min(MAX_BITS, 1 << (wanted - 1).bit_length())
 
 
+def widened(packed: Sequence[np.ndarray], bits: Sequence[int]) -> list[np.ndarray]:
+    """Filters (packed bytes) made ``bits`` wide, holding every id they hold: a filter of
+    ``m`` bits places an id in block ``b mod (m / 512)`` of the same hash ``b``, so in a
+    filter ``2^j`` times wider the id's block is one of the ``2^j`` copies of that block
+    at the same offset: the filter tiled holds it (its false positives stay those of the
+    narrower one). A filter already as wide is returned as it is; a narrower target is
+    refused (tables only grow: `rows_bits` grows with them)."""
+    result = []
+    for own, wanted in zip(packed, bits):
+        times, rest = divmod(wanted, len(own) * 8)
+        if rest or times < 1 or times & (times - 1):
+            raise ValueError(f"a filter of {len(own) * 8} bits cannot widen to {wanted}")
+        result.append(np.tile(own, times) if times > 1 else own)
+    return result
+
+
 class SeenIds:
     """The filters of the ids training reads, one per feature, sized by the tables
     (thread-safe: the loader's reading thread adds, the trainer copies at a save).

@@ -196,7 +196,15 @@ class InputLayout(ABC):
     @classmethod
     def load(cls, inputs: "ModelInputs", model_dir: str, manifest: dict[str, ManifestEntry] | None) -> "InputLayout":
         """The layout of an exported model directory (reading the files it needs)."""
-        return cls(inputs)
+        layout = cls(inputs)
+        layout.read_own_files(model_dir, manifest)
+        return layout
+
+    def read_own_files(self, model_dir: str, manifest: dict[str, ManifestEntry] | None) -> None:
+        """Reads the files that belong to the model itself, not to its inputs' shape (the
+        seen-id filters): a delta export's own, where its other files are its base's.
+        None by default."""
+        return None
 
     @staticmethod
     @abstractmethod

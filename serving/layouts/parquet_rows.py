@@ -232,32 +232,32 @@ class ParquetRows(InputLayout):
         # The places of each feature's ids: the categorical features', then each history's max_history.
         self._places = [*self._hotness, *(h.max_history for h in self.histories)]
         self._starts = np.cumsum([0] + self._places[:-1])
-        self.sketches: list[Any] | None = None  # `load` reads them: data.parquet.id_sketch.IdSketch per feature
+        self.sketches: list[Any] | None = (
+            None  # `read_own_files` reads them: data.parquet.id_sketch.IdSketch per feature
+        )
 
-    @classmethod
-    def load(cls, inputs: "ModelInputs", model_dir: str, manifest: Any) -> "ParquetRows":
-        """The layout, with the seen-id filters of the model directory when inputs.json records them."""
-        layout = cls(inputs)
-        if layout._preprocessing.id_vocabulary is not None:
-            layout._load_vocabulary(inputs, model_dir, manifest)
-        facts = layout._preprocessing.id_sketch
+    def read_own_files(self, model_dir: str, manifest: Any) -> None:
+        """The id vocabulary and the seen-id filters of the model directory when inputs.json
+        records them (a delta export's own: its base's are an older model's)."""
+        if self._preprocessing.id_vocabulary is not None:
+            self._load_vocabulary(model_dir, manifest)
+        facts = self._preprocessing.id_sketch
         if facts is not None:
             from data.parquet.id_sketch import SKETCH_FILE, sketches_from_bytes
             from serving.model_files import read_file
 
-            names = list(inputs.sparse_feature_names)
+            names = list(self._value_types)  # the sparse features, in order
             data = read_file(model_dir, SKETCH_FILE, manifest)
-            layout.sketches = sketches_from_bytes(
+            self.sketches = sketches_from_bytes(
                 data, [facts["bits"][n] for n in names], [facts["ids"][n] for n in names]
             )
-            if layout.sketches is None:
+            if self.sketches is None:
                 raise BadInput(
                     f"{model_dir}/{SKETCH_FILE}: {len(data)} bytes, not the seen-id filters inputs.json describes "
                     f"({sum(facts['bits'][n] for n in names) // 8} bytes)"
                 )
-        return layout
 
-    def _load_vocabulary(self, inputs: "ModelInputs", model_dir: str, manifest: Any) -> None:
+    def _load_vocabulary(self, model_dir: str, manifest: Any) -> None:
         """Reads the model directory's id vocabulary, refusing one whose bytes or sizes are
         not those inputs.json records (another model's, or a file that lies)."""
         import dataclasses
@@ -266,9 +266,9 @@ class ParquetRows(InputLayout):
         from serving.model_files import read_file
 
         facts = self._preprocessing.id_vocabulary
-        names = list(inputs.sparse_feature_names)
+        names = list(self.columns.sparse)
         try:
-            check_facts(facts, names, list(inputs.num_embeddings_per_feature))
+            check_facts(facts, names, list(self.columns.table_sizes))
             vocabulary = IdVocabulary.from_bytes(read_file(model_dir, VOCABULARY_FILE, manifest), names, facts)
         except VocabularyError as e:
             raise BadInput(f"{model_dir}/{VOCABULARY_FILE}: {e}") from None

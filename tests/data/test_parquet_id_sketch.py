@@ -9,10 +9,12 @@ from data.parquet.id_sketch import (
     BITS_PER_ID,
     HASHES,
     IdSketch,
+    SeenIds,
     sketch_bits,
     sketch_facts,
     sketches_from_bytes,
     sketches_to_bytes,
+    widened,
 )
 
 
@@ -57,3 +59,20 @@ def test_seen_ids_fed_by_the_collision_counter_and_merged_over_ranks():
     facts = sketch_facts(["s", "m"], [s, m])
     assert facts["hashes"] == HASHES and facts["bits"] == {"s": 2**16, "m": 2**19}
     assert 0 < facts["false_positive_rate"]["m"] < 1e-4
+
+
+def test_a_filter_widened_for_a_grown_table_still_holds_every_id():
+    """A warm start whose tables grew ORs the origin's narrower filters in, tiled."""
+    rng = np.random.default_rng(1)
+    keys = np.unique(rng.integers(0, 2**63, 5_000).astype(np.uint64))
+    seen = SeenIds(["C1", "C2"], [100, 100])
+    seen.add([keys, keys[:10]])
+    grown = SeenIds(["C1", "C2"], [100_000, 100])  # C1 grew: its filter is wider
+    assert grown.bits[0] == 128 * seen.bits[0] and grown.bits[1] == seen.bits[1]
+    grown.merge(widened(seen.packed(), grown.bits))
+    wide, same = grown.sketches()
+    assert wide.contains(keys).all() and same.contains(keys[:10]).all()  # no id of the origin lost
+    fresh = rng.integers(0, 2**63, 50_000).astype(np.uint64)
+    assert wide.contains(fresh).mean() == pytest.approx(seen.sketches()[0].contains(fresh).mean(), abs=0.01)
+    with pytest.raises(ValueError, match="cannot widen"):
+        widened(grown.packed(), seen.bits)

@@ -18,6 +18,7 @@ from data.synthetic_parquet import (
     main,
 )
 
+DATES = ("2026-11-01", "2026-11-02", "2026-11-03")
 SPEC = SyntheticParquetSpec(days=3, rows_per_day=3000, files_per_day=2, row_group_rows=600, seed=5)
 
 
@@ -71,6 +72,20 @@ def test_every_day_brings_new_ids(log_dir):
     seen = set(day_table(log_dir, "2026-11-01")["C2"].to_pylist())
     following = set(day_table(log_dir, "2026-11-02")["C2"].to_pylist())
     assert len(following - seen) > 0.02 * len(following)
+
+
+def test_a_drifting_catalogue_births_and_retires_ids_every_day(tmp_path):
+    """--id_lifetime_days 2: each day half of a feature's catalogue is born and half
+    dies, so day 3 shares no catalogue id with day 1, and consecutive days share some."""
+    spec = SyntheticParquetSpec(**{**vars(SPEC), "days": 3, "id_lifetime_days": 2, "new_id_rate": 0.0})
+    generate_synthetic_parquet(spec, str(tmp_path / "drift"))
+    days = [set(day_table(str(tmp_path / "drift"), d)["C2"].drop_null().to_pylist()) for d in DATES]
+    assert not days[0] & days[2]
+    assert len(days[0] & days[1]) > 0.2 * len(days[1]) and len(days[1] & days[2]) > 0.2 * len(days[2])
+    # The steady log's ids live on: its first and last day share most of them.
+    generate_synthetic_parquet(SyntheticParquetSpec(**{**vars(spec), "id_lifetime_days": 0}), str(tmp_path / "steady"))
+    steady = [set(day_table(str(tmp_path / "steady"), d)["C2"].drop_null().to_pylist()) for d in DATES]
+    assert len(steady[0] & steady[2]) > 0.5 * len(steady[2])
 
 
 def test_project_converter_reads_it(log_dir):
@@ -142,6 +157,7 @@ def test_replaces_an_earlier_log_and_refuses_other_files(tmp_path):
     [
         (["--start_date", "2026-13-01"], "--start_date '2026-13-01': expected YYYY-MM-DD"),
         (["--new_id_rate", "1.5"], "--new_id_rate must be within [0, 1], got 1.5"),
+        (["--id_lifetime_days", "-1"], "--id_lifetime_days must not be negative, got -1"),
         (["--rows_per_day", "2", "--files_per_day", "3"], "--files_per_day 3 is more than --rows_per_day 2"),
     ],
 )

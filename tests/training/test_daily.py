@@ -1,25 +1,36 @@
-"""python -m training.daily: the uninterrupted loop's pointer, models and progressive
-figures; the loop killed mid-train, mid-export and mid-promote, rerun, ends with the
-same bytes; a late day reported; the refusals.
+"""python -m training.daily: the uninterrupted loop's pointer, models, deltas, seen-id
+filters and progressive figures; the loop SIGKILLed at 10 random points (mid-train,
+mid-export, mid-gate, mid-promote), rerun after each, ends with the same bytes; a late
+day reported; the refusals.
 
 The lake: 4 days of data.synthetic_parquet, 128 rows each (4 training steps of 32
 rows). The loops run as programs (`python -m training.daily`, each day's training,
 export, gate and scoring a subprocess of it); the refusals and the late day run in
-this process, on state files that need no training.
+this process, on state files that need no training. Times on a 2-core machine busy
+with other work: the uninterrupted loop 250 s, the 10 kills and reruns 510 s.
 """
 
 import filecmp
 import json
 import os
+import random
+import re
+import signal
 import subprocess
 import sys
+import threading
+import time
+from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from data.parquet.id_sketch import SKETCH_FILE
 from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parquet
 from harness.launch import REPO, read_log
+from serving.predict import Predictor
 from training import daily, report
 
 DAYS = ["2026-11-01", "2026-11-02", "2026-11-03", "2026-11-04"]
@@ -56,13 +67,69 @@ def argv(state_dir, lake) -> list[str]:
     return ["--state_dir", str(state_dir), "--parquet_path", str(lake), "--time_column", "date", "--quantize", "none"]
 
 
-def run_loop(state_dir, lake, stop_at: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": REPO}
-    env.pop(daily.STOP_ENV, None)
-    if stop_at:
-        env[daily.STOP_ENV] = stop_at
+def run_loop(state_dir, lake, kill: "Kill | None" = None) -> "Ran":
+    """The loop as a program, its stdout's lines timed as they come; with ``kill``, the
+    loop (alone, or with its steps' processes: its process group) gets SIGKILL once it
+    starts the step ``kill`` names, or a later one, ``kill.after_s`` seconds after."""
+    env = {**os.environ, "PYTHONPATH": REPO, "PYTHONUNBUFFERED": "1", daily.PAUSE_ENV: str(PAUSE_S)}
     command = [sys.executable, "-m", "training.daily", *argv(state_dir, lake), *TRAINING]
-    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    start = time.monotonic()
+    child = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(child.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    lines: list[tuple[float, str]] = []
+    killer = None
+    for line in child.stdout:  # type: ignore[union-attr]
+        lines.append((time.monotonic() - start, line.rstrip("\n")))
+        step = _step_of(line)
+        if kill is not None and killer is None and step is not None and step >= kill.step:
+            target = -child.pid if kill.group else child.pid
+            killer = threading.Timer(kill.after_s, _kill, (target,))
+            killer.start()
+    child.wait(timeout=900)
+    reader.join()
+    if killer is not None:
+        killer.cancel()
+    return Ran(child.returncode, lines, "".join(err), time.monotonic() - start)
+
+
+@dataclass
+class Ran:
+    returncode: int
+    lines: list[tuple[float, str]]  # (seconds since the start, a line of stdout)
+    stderr: str
+    seconds: float
+
+    @property
+    def stdout(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+
+@dataclass(frozen=True)
+class Kill:
+    step: tuple[str, int]  # (day, the step's index in STEPS)
+    after_s: float
+    group: bool  # the loop's process group, or the loop alone (its steps die with it)
+
+
+# The loop's steps, as its stdout announces them ("2026-11-02: exporting").
+STEPS = ("training", "exporting", "gating", "promoting")
+PAUSE_S = 0.5  # the promote step's window between the link and its record (daily.PAUSE_ENV)
+
+
+def _step_of(line: str) -> tuple[str, int] | None:
+    match = re.match(r"(\d{4}-\d\d-\d\d): (training|exporting|gating|promoting)\b", line)
+    return (match.group(1), STEPS.index(match.group(2))) if match else None
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.killpg(-pid, signal.SIGKILL) if pid < 0 else os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:  # it ended first
+        pass
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +144,7 @@ def uninterrupted(tmp_path_factory, lake):
     state_dir = tmp_path_factory.mktemp("daily") / "state"
     done = run_loop(state_dir, lake)
     assert done.returncode == 0, done.stderr[-3000:]
-    return state_dir, done.stdout
+    return state_dir, done
 
 
 def model_files(state_dir) -> dict[str, bytes]:
@@ -94,7 +161,8 @@ def model_files(state_dir) -> dict[str, bytes]:
 @pytest.mark.slow
 @pytest.mark.loop
 def test_the_loop_trains_every_day_but_the_held_back_one_and_promotes(uninterrupted):
-    state_dir, stdout = uninterrupted
+    state_dir, done = uninterrupted
+    stdout = done.stdout
     state = daily.read_state(str(state_dir / "state.json"))
     assert [r.day for r in state.days] == DAYS[:-1]  # the newest day is held back for the gate
     assert all(r.trained and r.exported and r.promoted for r in state.days)
@@ -132,6 +200,14 @@ def test_the_loop_trains_every_day_but_the_held_back_one_and_promotes(uninterrup
             in_service = gate["auroc"]
         assert gate["in_service"] == max(r.day for r in state.days[: state.days.index(record) + 1] if r.gate["promote"])
     assert f"in service: {current}" in stdout
+    # Exports: the first in full (none in service), the others deltas of the in-service
+    # model's full export (--full_export_every 7), each measured against its changed rows.
+    assert [r.base for r in state.days] == [None, DAYS[0], DAYS[0]]
+    exports = [r for r in records if r["event"] == "export"]
+    assert [(r["day"], r["base"]) for r in exports] == [(DAYS[1], DAYS[0]), (DAYS[2], DAYS[0])]
+    for r in exports:
+        assert r == {**r, **daily.delta_size(str(state_dir / "days" / r["day"] / "model"), DAYS[0])}
+        assert f"{r['day']}: delta of {DAYS[0]}: {r['bytes']:,} bytes, {r['ratio']:.3f}x" in stdout
     # A rerun has nothing to do and changes nothing.
     before = (state_dir / "state.json").read_bytes()
     again = run_loop(state_dir, state.parquet_path)
@@ -141,36 +217,82 @@ def test_the_loop_trains_every_day_but_the_held_back_one_and_promotes(uninterrup
 
 @pytest.mark.slow
 @pytest.mark.loop
-def test_killed_mid_train_mid_export_and_mid_promote_reruns_to_the_same_bytes(tmp_path, lake, uninterrupted):
+def test_each_export_carries_the_seen_ids_of_its_lineage_a_delta_its_own(uninterrupted):
+    """Warm starts OR the origin's seen-id filters in: each day's filters hold the
+    previous day's. A delta export carries the new model's filters, and serving counts
+    unseen ids against them, not against its base's."""
+    state_dir, _ = uninterrupted
+    sketches = [(state_dir / "days" / day / "model" / SKETCH_FILE).read_bytes() for day in DAYS[:-1]]
+    for before, after in zip(sketches, sketches[1:]):
+        older, newer = np.frombuffer(before, np.uint8), np.frombuffer(after, np.uint8)
+        assert len(older) == len(newer) and (older & ~newer).sum() == 0  # every bit kept
+        assert (newer & ~older).any()  # and the day's ids added
+    delta = str(state_dir / "days" / DAYS[2] / "model")
+    predictor = Predictor(delta, "fp32")
+    assert predictor.base == os.path.normpath(str(state_dir / "days" / DAYS[0] / "model"))
+    carried = b"".join(s.packed.tobytes() for s in predictor.layout.sketches)  # type: ignore[attr-defined]
+    assert carried == sketches[2] != sketches[0]
+
+
+@pytest.mark.slow
+@pytest.mark.loop
+def test_killed_at_10_random_points_reruns_to_the_same_bytes(tmp_path, lake, uninterrupted):
     # The killed loop runs in the uninterrupted one's directory (moved aside meanwhile):
     # an export records the paths of its checkpoint and data, which a rerun keeps.
-    state_dir, _ = uninterrupted
+    state_dir, done = uninterrupted
     reference = tmp_path / "reference"
     os.rename(state_dir, reference)
     try:
-        _kill_and_rerun(state_dir, lake, reference)
+        _kill_and_rerun(state_dir, lake, reference, done)
     finally:
         os.rename(state_dir, tmp_path / "killed")
         os.rename(reference, state_dir)
 
 
-def _kill_and_rerun(state_dir, lake, reference) -> None:
-    for stop_at in ("train@2026-11-02", "export@2026-11-02", "promote@2026-11-03"):
-        killed = run_loop(state_dir, lake, stop_at)
-        assert killed.returncode == 137, killed.stderr[-3000:]
-    killed_state = daily.read_state(str(state_dir / "state.json"))
-    assert killed_state.days[-1].day == "2026-11-03" and not killed_state.days[-1].promoted
-    done = run_loop(state_dir, lake)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert (state_dir / "state.json").read_bytes() == (reference / "state.json").read_bytes()
+def kill_points(reference: Ran, seed: int, count: int = 10) -> list[Kill]:
+    """``count`` random points of the uninterrupted run, in its order: each a step it
+    announced (every kind at least once) and a time into it, up to the step's length in
+    that run (the promote step: its pause)."""
+    rng = random.Random(seed)
+    starts = [(t, step) for t, line in reference.lines if (step := _step_of(line)) is not None]
+    ends = [t for t, _ in starts[1:]] + [reference.seconds]
+    lengths = {step: end - t for (t, step), end in zip(starts, ends)}
+    steps = [step for _, step in starts]
+    chosen = [rng.choice([s for s in steps if s[1] == kind]) for kind in range(len(STEPS))]
+    chosen += rng.choices(steps, k=count - len(chosen))
+    kills = []
+    for step in sorted(chosen, key=steps.index):
+        length = PAUSE_S if STEPS[step[1]] == "promoting" else lengths[step]
+        kills.append(Kill(step, round(rng.uniform(0.0, length), 2), rng.random() < 0.7))
+    return kills
+
+
+def _kill_and_rerun(state_dir, lake, reference, done: Ran) -> None:
+    seed = int(os.environ.get("DAILY_KILL_SEED") or random.SystemRandom().randrange(1 << 16))
+    kills = kill_points(done, seed)
+    landed = []
+    for kill in kills:
+        killed = run_loop(state_dir, lake, kill)
+        what = f"seed {seed} (DAILY_KILL_SEED), {kill}"
+        if killed.returncode == 0:  # the point lay past the loop's end this time
+            landed.append(None)
+            continue
+        assert killed.returncode == -signal.SIGKILL, f"{what}: {killed.stderr[-3000:]}"
+        landed.append(kill)
+    print(f"kill seed {seed} (DAILY_KILL_SEED): {len([k for k in landed if k])} kills landed: {landed}")
+    assert sum(k is not None for k in landed) >= 8, f"seed {seed}: only {landed} killed the loop"
+    assert {STEPS[k.step[1]] for k in landed if k is not None} >= {"training", "exporting"}, f"seed {seed}"
+    finished = run_loop(state_dir, lake)
+    assert finished.returncode == 0, f"seed {seed}: {finished.stderr[-3000:]}"
+    assert (state_dir / "state.json").read_bytes() == (reference / "state.json").read_bytes(), f"seed {seed}"
     assert os.readlink(state_dir / "current") == os.readlink(reference / "current")
     # The run log: each step's records once, as the uninterrupted loop's (the killed
-    # day's first steps ran at another speed).
-    assert _figures(state_dir / "daily.jsonl") == _figures(reference / "daily.jsonl")
-    assert model_files(state_dir) == model_files(reference)
+    # days' steps ran at another speed).
+    assert _figures(state_dir / "daily.jsonl") == _figures(reference / "daily.jsonl"), f"seed {seed}"
+    assert model_files(state_dir) == model_files(reference), f"seed {seed}"
     for day in DAYS[:-1]:  # every export, not only the one in service
         comparison = filecmp.dircmp(state_dir / "days" / day / "model", reference / "days" / day / "model")
-        assert not (comparison.diff_files or comparison.left_only or comparison.right_only)
+        assert not (comparison.diff_files or comparison.left_only or comparison.right_only), f"seed {seed}: {day}"
 
 
 def _figures(log) -> list[dict]:
@@ -186,7 +308,7 @@ def _done_state(lake, days: list[str], current: str | None) -> daily.DailyState:
         entry="dlrm_main.py",
         training_flags=TRAINING,
         schema=daily.Loop(daily.parse(argv("x", lake))[0], TRAINING).schema(DAYS[0]),
-        days=[daily.DayRecord(d, True, None, True, gate, True) for d in days],
+        days=[daily.DayRecord(d, trained=True, exported=True, gate=gate, promoted=True) for d in days],
         current=current,
     )
 
@@ -221,9 +343,10 @@ def _refused(capsys, args) -> str:
 
 def test_a_state_of_a_newer_version_is_refused(tmp_path, lake, capsys):
     state_dir = tmp_path / "state"
-    _write_state(state_dir, _done_state(lake, [], None), version=2)
+    newer = daily.STATE_VERSION + 1
+    _write_state(state_dir, _done_state(lake, [], None), version=newer)
     line = _refused(capsys, [*argv(state_dir, lake), *TRAINING])
-    assert "state.json: version is 2, newer than this code reads (1)" in line
+    assert f"state.json: version is {newer}, newer than this code reads ({daily.STATE_VERSION})" in line
     assert not os.path.lexists(state_dir / "current")
 
 
@@ -275,3 +398,47 @@ def test_flags_the_loop_sets_are_refused(tmp_path, lake, capsys, given):
 def test_the_gate_promotes_a_candidate_no_worse_than_the_model_in_service(passes, auroc, in_service, promote, reason):
     verdict = daily.gate_verdict(passes, auroc, in_service, 0.01, DAYS[-1])
     assert verdict == {"auroc": auroc, "auroc_in_service": in_service, "promote": promote, "reason": reason}
+
+
+def test_the_export_is_a_delta_of_the_full_export_in_service_until_it_is_n_days_behind(lake):
+    days = [f"2026-11-{d:02d}" for d in range(1, 10)]
+
+    def base(full_every: int, current: str | None, bases: dict[str, str], day: str) -> str | None:
+        config, _ = daily.parse([*argv("x", lake), "--full_export_every", str(full_every)])
+        state = daily.DailyState(current=current)
+        state.days = [daily.DayRecord(d, trained=True, base=bases.get(d)) for d in days]
+        return daily.Loop(config, TRAINING).delta_base(state, day)
+
+    assert base(7, None, {}, days[0]) is None  # nothing in service: in full
+    assert base(7, days[0], {}, days[1]) == days[0]
+    # The delta in service stands on its base: the next delta is of that full export.
+    assert base(7, days[2], {days[2]: days[0]}, days[3]) == days[0]
+    assert base(3, days[2], {days[2]: days[0]}, days[3]) is None  # 3 days behind: in full
+    assert base(1, days[0], {}, days[1]) is None  # --full_export_every 1: every day in full
+
+
+def test_full_export_every_must_be_at_least_1(tmp_path, lake, capsys):
+    line = _refused(capsys, [*argv(tmp_path / "state", lake), "--full_export_every", "0", *TRAINING])
+    assert line.endswith("--full_export_every 0: must be at least 1")
+
+
+def test_a_version_1_state_is_read_its_exports_full(tmp_path, lake):
+    state_dir = tmp_path / "state"
+    _write_state(state_dir, _done_state(lake, DAYS[:2], DAYS[1]), version=1)
+    document = json.loads((state_dir / "state.json").read_text())
+    for day in document["days"]:
+        del day["base"]  # version 1 had no deltas
+    (state_dir / "state.json").write_text(json.dumps(document))
+    state = daily.read_state(str(state_dir / "state.json"))
+    assert [(r.day, r.base) for r in state.days] == [(DAYS[0], None), (DAYS[1], None)]
+
+
+def test_warm_start_optimizer_is_the_loops_and_part_of_its_identity(tmp_path, lake, capsys):
+    config, rest = daily.parse([*argv("x", lake), "--warm_start_optimizer", *TRAINING])
+    assert config.warm_start_optimizer and rest == TRAINING  # passed to every day but the first, with --warm_start
+    state_dir = tmp_path / "state"
+    _write_state(state_dir, _done_state(lake, [], None))
+    line = _refused(capsys, [*argv(state_dir, lake), "--warm_start_optimizer", *TRAINING])
+    assert "belongs to another loop: its the training flags was" in line and line.endswith(
+        "--warm_start_optimizer (give the same, or a new --state_dir)"
+    )

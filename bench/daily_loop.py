@@ -1,0 +1,202 @@
+"""The daily loop against retraining from scratch, on a lake whose catalogue drifts
+(goal: every day's progressive-validation AUROC of the warm-started loop at least the
+from-scratch model's, at no more than 1/5 of its cumulative training time).
+
+A lake of ``--days`` days (``python -m data.synthetic_parquet --id_lifetime_days``:
+each id lives ``--id_lifetime_days`` days, so every day ids are born and die) is run
+through ``python -m training.daily`` once: day k trained warm-started from day k - 1,
+its run scoring day k + 1 (the progressive validation), with its optimizer state
+(``--warm_start_optimizer``; ``--fresh_optimizer`` for the weights only). The baseline is the same model
+and flags trained from scratch, for every day k + 1, on all of days 0 .. k (a
+``dlrm_main.py`` run whose validation window is day k + 1 and test window day k + 2,
+so days 1 .. DAYS - 2 are compared). Training time is the runs' own ``train_seconds``
+(their summary records: the steps and the checkpoint each saves at its end, not the
+processes' start-up or evaluation), summed over the days. Also reported: the loop's delta exports, each one day's changes (bytes
+against the bytes of the rows that changed and the dense part; goal at most 1.1x).
+
+    python bench/daily_loop.py [--days 30] [--rows_per_day 20000] [--id_lifetime_days 7]
+        [--work_dir data_cache/daily_loop]
+
+Prints a line per day and one JSON line. ``--days 5 --rows_per_day 2000`` is a quick
+check of the machinery (a few minutes); the goal is stated for 30 days.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from common.cli import OneLineParser
+from common.config_flags import flag, parse_flags
+from data.synthetic_parquet import PARTITION_COLUMN, SyntheticParquetSpec, generate_synthetic_parquet
+from harness.launch import REPO, read_log
+
+AUROC_GOAL = "warm >= scratch every day"
+TIME_GOAL = 0.2  # warm-started training time / from-scratch, at most
+DELTA_GOAL = 1.1  # a delta's bytes / its changed rows and dense part, at most
+
+
+@dataclass
+class DailyLoopBench:
+    days: int = flag(30, help="days of the lake (at least 4: two compared days)")
+    rows_per_day: int = flag(20_000, help="rows of each day")
+    id_lifetime_days: int = flag(7, help="days each id lives (the lake's drift; 0: none)")
+    num_embeddings: int = flag(20_000, help="rows of each table (ids are hashed onto them)")
+    batch_size: int = flag(256, help="rows of a training batch")
+    full_export_every: int = flag(7, help="the loop's --full_export_every")
+    work_dir: str = flag("data_cache/daily_loop", help="where the lake, the loop and the baselines go (replaced)")
+    seed: int = flag(1, help="seed of the lake and of the runs")
+    fresh_optimizer: bool = flag(
+        False, help="warm-start the weights only (the loop's default carries the optimizer: --warm_start_optimizer)"
+    )
+
+
+def training_flags(bench: DailyLoopBench) -> list[str]:
+    """The flags of every run, warm or from scratch."""
+    return [
+        "--dense_columns",
+        "I*",
+        "--sparse_columns",
+        "C*",
+        "--num_embeddings",
+        str(bench.num_embeddings),
+        "--embedding_dim",
+        "16",
+        "--dense_arch_layer_sizes",
+        "64,16",
+        "--over_arch_layer_sizes",
+        "64,1",
+        "--batch_size",
+        str(bench.batch_size),
+        "--optimizer",
+        "adagrad",
+        "--learning_rate",
+        "0.05",
+        "--seed",
+        str(bench.seed),
+        "--device",
+        "cpu",
+    ]
+
+
+def _summary(log: str) -> dict[str, Any]:
+    (summary,) = [r for r in read_log(log) if r["event"] == "summary"][-1:]
+    return summary
+
+
+def run_loop(bench: DailyLoopBench, lake: str, days: list[str]) -> dict[str, Any]:
+    """The loop over the lake: {day scored: AUROC}, each day's train seconds, the deltas."""
+    state_dir = os.path.join(bench.work_dir, "loop")
+    command = [sys.executable, "-m", "training.daily", "--state_dir", state_dir, "--parquet_path", lake]
+    command += ["--time_column", PARTITION_COLUMN, "--quantize", "none"]
+    command += ["--full_export_every", str(bench.full_export_every), *training_flags(bench)]
+    if not bench.fresh_optimizer:  # Adagrad's accumulators carry: the days train as one run would
+        command.append("--warm_start_optimizer")
+    start = time.monotonic()
+    subprocess.run(command, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    wall = time.monotonic() - start
+    auroc, seconds = {}, {}
+    for day in days[:-1]:
+        log = os.path.join(state_dir, "days", day, "train.jsonl")
+        scored = [r for r in read_log(log) if r["event"] == "eval" and r.get("window") == 1][-1]
+        auroc[days[days.index(day) + 1]] = scored["auroc"]
+        seconds[day] = _summary(log)["train_seconds"]
+    deltas = [r for r in read_log(os.path.join(state_dir, "daily.jsonl")) if r["event"] == "export"]
+    return {"auroc": auroc, "train_seconds": seconds, "wall_seconds": wall, "deltas": deltas}
+
+
+def run_scratch(bench: DailyLoopBench, lake: str, days: list[str], k: int) -> tuple[float, float, float]:
+    """The model trained from scratch on days 0 .. k: its AUROC on day k + 1, its train
+    seconds and its process's wall seconds."""
+    view = os.path.join(bench.work_dir, "scratch", days[k + 1], "view")
+    os.makedirs(view)
+    for day in days[: k + 3]:
+        name = f"{PARTITION_COLUMN}={day}"
+        os.symlink(os.path.abspath(os.path.join(lake, name)), os.path.join(view, name))
+    log = os.path.join(os.path.dirname(view), "train.jsonl")
+    command = [sys.executable, os.path.join(REPO, "dlrm_main.py"), *training_flags(bench)]
+    command += ["--parquet_path", view, "--time_column", PARTITION_COLUMN, "--validation_window", "1d"]
+    command += ["--test_window", "1d", "--log_path", log]
+    # It saves its model as each of the loop's days does (its train_seconds count the save).
+    command += ["--checkpoint_dir", os.path.join(os.path.dirname(view), "ckpt"), "--checkpoint_at_epoch_end"]
+    start = time.monotonic()
+    subprocess.run(command, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    wall = time.monotonic() - start
+    validation = [r for r in read_log(log) if r["event"] == "eval" and r.get("stage") == "validation"][-1]
+    return validation["auroc"], _summary(log)["train_seconds"], wall
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    bench = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), DailyLoopBench, argv)
+    if bench.days < 4:
+        print("--days: at least 4 (two days compared)", file=sys.stderr)
+        return 2
+    shutil.rmtree(bench.work_dir, ignore_errors=True)
+    lake = os.path.join(bench.work_dir, "lake")
+    spec = SyntheticParquetSpec(
+        days=bench.days,
+        rows_per_day=bench.rows_per_day,
+        files_per_day=1,
+        row_group_rows=min(bench.rows_per_day, 10_000),
+        multi_hot_columns=0,
+        id_lifetime_days=bench.id_lifetime_days,
+        seed=bench.seed,
+    )
+    generate_synthetic_parquet(spec, lake)
+    days = [spec.day(d).isoformat() for d in range(spec.days)]
+    loop = run_loop(bench, lake, days)
+    rows = []
+    for k in range(bench.days - 2):
+        scored = days[k + 1]
+        auroc, seconds, wall = run_scratch(bench, lake, days, k)
+        row = {"day": scored, "warm": loop["auroc"][scored], "scratch": auroc, "scratch_seconds": seconds}
+        rows.append({**row, "scratch_wall_seconds": wall})
+        print(
+            f"{scored}: progressive AUROC warm {loop['auroc'][scored]:.4f} | from scratch on {k + 1} days "
+            f"{auroc:.4f} | train seconds warm {loop['train_seconds'][days[k]]:.1f}, scratch {seconds:.1f}",
+            flush=True,
+        )
+    warm_seconds = sum(loop["train_seconds"][days[k]] for k in range(bench.days - 2))
+    scratch_seconds = sum(r["scratch_seconds"] for r in rows)
+    ratio = warm_seconds / scratch_seconds
+    wins = sum(r["warm"] >= r["scratch"] for r in rows)
+    delta_ratio = max((d["ratio"] for d in loop["deltas"]), default=None)
+    mean = {side: sum(r[side] for r in rows) / len(rows) for side in ("warm", "scratch")}
+    print(
+        f"warm >= scratch on {wins} of {len(rows)} days (mean AUROC {mean['warm']:.4f} vs {mean['scratch']:.4f}); "
+        f"training time {warm_seconds:.1f} s vs {scratch_seconds:.1f} s ({ratio:.3f}x, goal <= {TIME_GOAL}); "
+        f"deltas: {len(loop['deltas'])}, at most {delta_ratio}x their changed rows and dense part (goal <= "
+        f"{DELTA_GOAL})"
+    )
+    result = {
+        "bench": "daily_loop",
+        "days": bench.days,
+        "rows_per_day": bench.rows_per_day,
+        "id_lifetime_days": bench.id_lifetime_days,
+        "per_day": rows,
+        "warm_wins": wins,
+        "compared_days": len(rows),
+        "mean_auroc_warm": mean["warm"],
+        "mean_auroc_scratch": mean["scratch"],
+        "warm_train_seconds": warm_seconds,
+        "scratch_train_seconds": scratch_seconds,
+        "time_ratio": ratio,
+        "loop_wall_seconds": loop["wall_seconds"],  # every step: training, export, gate
+        "scratch_wall_seconds": sum(r["scratch_wall_seconds"] for r in rows),  # training processes only
+        "delta_ratio_max": delta_ratio,
+        "delta_sketch_bytes": [d["sketch_bytes"] for d in loop["deltas"]],
+        "auroc_goal_met": wins == len(rows),
+        "time_goal_met": ratio <= TIME_GOAL,
+        "delta_goal_met": delta_ratio is not None and delta_ratio <= DELTA_GOAL,
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -220,7 +220,7 @@ int64_t dlrm_dense(const dlrm_dense_chunk *chunks, int64_t count, int32_t clamp,
  * them: all `hashes` (at most 4) bits of a key in one 512-bit block (a cache line), with h
  * the key's hash with salt, block (h >> 36) mod (bits / 512), bit i at (h >> 9i) mod 512. The blocks of 64 keys are prefetched before
  * their bits are set, so that their misses overlap. Not thread-safe: the caller holds
- * the filter's lock. */
+ * the filter's lock (one a filter: several threads add to different filters at once). */
 void dlrm_bloom_add(uint8_t *packed, uint64_t bits, const uint64_t *keys, int64_t n, uint64_t salt, int32_t hashes) {
     enum { BATCH = 64 };
     uint64_t hashes_of[BATCH];
@@ -235,6 +235,15 @@ void dlrm_bloom_add(uint8_t *packed, uint64_t bits, const uint64_t *keys, int64_
         for (int64_t k = 0; k < count; ++k) {
             uint64_t h = hashes_of[k];
             uint8_t *block = packed + ((h >> 36) & (blocks - 1)) * 64;
+            /* A key seen before (most, in a skewed id stream or a second epoch) writes
+             * nothing: its line stays clean, and is not written back to memory. */
+            int32_t held = 1;
+            for (int32_t i = 0; i < hashes && i < 4; ++i) {
+                uint64_t position = (h >> (9 * i)) & 511ull;
+                held &= (block[position >> 3] >> (position & 7)) & 1;
+            }
+            if (held)
+                continue;
             for (int32_t i = 0; i < hashes && i < 4; ++i) {
                 uint64_t position = (h >> (9 * i)) & 511ull;
                 block[position >> 3] |= (uint8_t)(1u << (position & 7));

@@ -46,11 +46,12 @@ def write_parquet_copy(binary_dir: str, output_dir: str, row_group_rows: int = R
     (label int8, I1..I13 float32, C1..C26 int64); returns its rows."""
     dataset = CriteoBinaryDataset(binary_dir)
     dense, sparse, labels = dataset.read(0, dataset.num_rows)
+    assert isinstance(sparse, np.ndarray)  # one-hot days: one (rows, 26) array
     columns: dict[str, pa.Array] = {"label": pa.array(np.asarray(labels).reshape(-1).astype(np.int8))}
     for j in range(dense.shape[1]):
         columns[f"I{j + 1}"] = pa.array(np.asarray(dense[:, j], dtype=np.float32))
-    for j in range(sparse.shape[1]):  # type: ignore[union-attr]
-        columns[f"C{j + 1}"] = pa.array(np.asarray(sparse[:, j], dtype=np.int64))  # type: ignore[index]
+    for j in range(sparse.shape[1]):
+        columns[f"C{j + 1}"] = pa.array(np.asarray(sparse[:, j], dtype=np.int64))
     os.makedirs(output_dir, exist_ok=True)
     pq.write_table(pa.table(columns), os.path.join(output_dir, "part-0.parquet"), row_group_size=row_group_rows)
     return dataset.num_rows

@@ -10,8 +10,8 @@ and, on a resume, the world size that read the resumed epoch's first batches. Fr
   sum: every rank stops at the same batch with the line of the first rank that found
   one, and every rank normalizes its weighted loss by the global batch's weight sum.
   The exchange happens in the thread that iterates the loader (training's main thread),
-  never in the reading threads: every rank takes batches in the same order there, so
-  the ranks' collectives pair up; a reading thread runs ahead by a different number of
+  never in the feed's threads: every rank takes batches in the same order there, so
+  the ranks' collectives pair up; a feed thread runs ahead by a different number of
   batches on each rank, and one stopped early (a limit, an evaluation, a failure) would
   leave its peer waiting in a collective. Gloo, not the training group: the flags are
   CPU values, and an NCCL collective would wait for the GPU stream.
@@ -20,7 +20,7 @@ and, on a resume, the world size that read the resumed epoch's first batches. Fr
 - `yields_to_training`: on CPU the workers run at a lower priority (nice + `NICE`), so
   that the kernel gives the training threads, which use the rank's share of the cores,
   the cores first; the feed takes what training leaves (it waits on the data, or on a
-  collective), and pyarrow decodes in the reading thread instead of its own pool.
+  collective), and pyarrow decodes in the workers instead of its own pool.
 - `default_workers`: the rank's share of the host's cores (as training's threads).
 """
 

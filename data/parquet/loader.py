@@ -19,7 +19,7 @@ blocks in share order whatever the world size: one rank with S = 2 reads at ever
 the rows two ranks read (docs/data.md).
 
 Memory: a rank holds at most ``--max_buffered_row_groups`` row groups per share it
-reads (the columns read only), plus the batches being built: the reading thread runs up to
+reads (the columns read only), plus the batches being built: the workers run up to
 `prefetch_depth` batches ahead of training. A batch of B rows costs about
 B * (4 * (dense + 2) + 12 * ids per row) bytes as tensors.
 
@@ -76,7 +76,7 @@ from data.parquet.split import (
 from data.parquet.windows import Window, parse_window
 from data.sources.types import FeedJob
 
-# Batches the reading thread prepares ahead of the one training uses (at least; with
+# Batches the workers prepare ahead of the one training uses (at least; with
 # more workers, two per worker).
 PREFETCH_BATCHES = 2
 # Dense columns whose nulls this process has reported (once per column, by rank 0).
@@ -391,7 +391,7 @@ class _Bad:
 
 
 class _ReaderCounters:
-    """What a rank's reader did (thread-safe: the reading thread and the workers add)."""
+    """What a rank's reader did (thread-safe: the workers add)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

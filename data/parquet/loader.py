@@ -44,6 +44,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -57,10 +58,11 @@ from data.batching.value_checks import DataValueError
 from data.parquet.columns import ColumnValueError, ParquetColumns
 from data.parquet.feed import (
     Agreement,
-    agreement,
+    StartedAgreement,
     default_workers,
     lower_this_threads_priority,
     pins_batches,
+    started_agreement,
     yields_to_training,
 )
 from data.parquet.files import RowCountError, check_same_types, file_schema, list_files, read_footers, read_row_group
@@ -534,7 +536,12 @@ class ParquetLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         job = self._job()
-        agree = self._agree or (agreement(job.group) if job.group is not None else None)
+        agree: StartedAgreement | None = None
+        if self._agree is not None:
+            given = self._agree
+            agree = lambda message, weight_sum: partial(_agreed, given(message, weight_sum))
+        elif job.group is not None:
+            agree = started_agreement(job.group)
         yields = yields_to_training(job.device_type)
         pin = pins_batches(job.device_type)
         shares = self.shares()
@@ -564,24 +571,43 @@ class ParquetLoader:
         self._read_parts = self.workers()
         reader = threading.Thread(target=produce, name="parquet-planner", daemon=True)
         reader.start()
+
+        def take() -> "tuple[Batch | None, Callable[[], tuple[str | None, float]]] | None":
+            """The next batch and its agreement started (or this rank's own verdict)."""
+            item = batches.get()
+            if item is done:
+                return None
+            if isinstance(item, BaseException):
+                raise item
+            result = item.result()
+            batch, weight_sum = (None, 0.0) if isinstance(result, _Bad) else result
+            message = result.message if isinstance(result, _Bad) else None
+            if agree is None:
+                return batch, partial(_agreed, (message, weight_sum))
+            # The same batch on every rank: training's thread, in order.
+            return batch, agree(message, weight_sum)
+
         try:
-            while True:
-                item = batches.get()
-                if item is done:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                result = item.result()
-                batch, weight_sum = (None, 0.0) if isinstance(result, _Bad) else result
-                message = result.message if isinstance(result, _Bad) else None
-                if agree is not None:  # the same batch on every rank: training's thread, in order
-                    message, weight_sum = agree(message, weight_sum)
+            following: Any = take()
+            while following is not None:
+                batch, finish = following
+                following = None
+                if agree is not None:  # the next batch's all-reduce runs during this step
+                    try:
+                        following = take()
+                    except BaseException as e:  # raised where it was before: after this batch
+                        following = e
+                message, weight_sum = finish()
                 if message is not None:
                     raise ParquetValueError(message, seen_by_every_rank=agree is not None or self._world_size == 1)
                 if isinstance(batch, WeightedBatch):  # the global batch's sum / ranks (WeightedBatch)
                     ranks = self._world_size if agree is not None else 1
                     batch.weight_normalizer.fill_(weight_sum / ranks if weight_sum > 0 else 1.0)
                 yield batch  # type: ignore[misc]
+                if isinstance(following, BaseException):
+                    raise following
+                if agree is None:
+                    following = take()
         finally:
             stop.set()
             reader.join()
@@ -762,6 +788,11 @@ def _segment_rows(table: pa.Table, segment: Segment) -> pa.Table:
     if len(rows) and int(rows[-1]) - int(rows[0]) + 1 == len(rows):  # ascending and distinct
         return table.slice(int(rows[0]), len(rows))
     return table.take(pa.array(rows))
+
+
+def _agreed(result: tuple[str | None, float]) -> tuple[str | None, float]:
+    """An agreement already made (`StartedAgreement`'s second half)."""
+    return result
 
 
 def _put(batches: "queue.Queue[Any]", item: Any, stop: threading.Event) -> bool:

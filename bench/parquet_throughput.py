@@ -4,8 +4,10 @@ Writes two tables, then measures in the same run (one rank of one):
 - pyarrow's own read: every row group of the table, the same columns, into Arrow
   (``ParquetFile.read_row_group``), rows/s, on one core;
 - our loader: the rows/s the training loader (data.parquet.loader.ParquetLoader:
-  hashing, transform, KJT batches) hands to training, with one worker (``ratio``: over
-  pyarrow's) and with two (``workers_2_speedup``: over one; rows/s per core printed);
+  reading, hashing, transform, id counters, KJT batches) hands to training, with one
+  worker (``ratio``: over pyarrow's) and with two (``workers_2_speedup``: over one); a
+  worker reads and converts its own batches, so N workers use N cores:
+  ``*_rows_per_sec_per_core`` is the rows/s over the workers;
 - a 2-rank job's reading of the training split, from the readers' own counters:
   ``decoded_rows_per_split_row`` (rows both ranks converted / the split's rows; 2.0
   when every rank checked the whole global batch) and ``read_rows_per_split_row`` (rows
@@ -151,7 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "pyarrow_rows_per_sec": limit,
                 "loader_rows_per_sec": ours,
                 "ratio": ours / limit,
+                "loader_rows_per_sec_per_core": ours,
                 "workers_2_rows_per_sec": two,
+                "workers_2_rows_per_sec_per_core": two / 2,
                 "workers_2_speedup": two / ours,
                 **job,
                 "conversion": conversion,

@@ -10,8 +10,8 @@ and, on a resume, the world size that read the resumed epoch's first batches. Fr
   sum: every rank stops at the same batch with the line of the first rank that found
   one, and every rank normalizes its weighted loss by the global batch's weight sum.
   The exchange happens in the thread that iterates the loader (training's main thread),
-  never in the reading threads: every rank takes batches in the same order there, so
-  the ranks' collectives pair up; a reading thread runs ahead by a different number of
+  never in the feed's threads: every rank takes batches in the same order there, so
+  the ranks' collectives pair up; a feed thread runs ahead by a different number of
   batches on each rank, and one stopped early (a limit, an evaluation, a failure) would
   leave its peer waiting in a collective. Gloo, not the training group: the flags are
   CPU values, and an NCCL collective would wait for the GPU stream.
@@ -20,7 +20,7 @@ and, on a resume, the world size that read the resumed epoch's first batches. Fr
 - `yields_to_training`: on CPU the workers run at a lower priority (nice + `NICE`), so
   that the kernel gives the training threads, which use the rank's share of the cores,
   the cores first; the feed takes what training leaves (it waits on the data, or on a
-  collective), and pyarrow decodes in the reading thread instead of its own pool.
+  collective), and pyarrow decodes in the workers instead of its own pool.
 - `default_workers`: the rank's share of the host's cores (as training's threads).
 """
 
@@ -67,15 +67,33 @@ def lower_this_threads_priority(nice: int = NICE) -> None:
         pass
 
 
+# `Agreement` in two halves: started (the collective under way), then finished (waits for
+# it): the loader starts a batch's agreement when it hands out the batch before, so
+# that the all-reduce completes during a training step instead of holding the thread.
+StartedAgreement = Callable[[str | None, float], Callable[[], tuple[str | None, float]]]
+
+
 def agreement(group: Any) -> Agreement:
     """`agree_on_batch` over ``group`` (a gloo process group of every rank)."""
     return lambda message, weight_sum: agree_on_batch(group, message, weight_sum)
+
+
+def started_agreement(group: Any) -> StartedAgreement:
+    """`start_agreement` over ``group``."""
+    return lambda message, weight_sum: start_agreement(group, message, weight_sum)
 
 
 def agree_on_batch(group: Any, message: str | None, weight_sum: float) -> tuple[str | None, float]:
     """One all-reduce of (weight sum, one flag per rank) over ``group``; when a rank
     flags its rows bad, its line is broadcast (as bytes: nothing is unpickled) from the
     first such rank. Returns (that line or None, the ranks' weight sum). Collective."""
+    return start_agreement(group, message, weight_sum)()
+
+
+def start_agreement(group: Any, message: str | None, weight_sum: float) -> Callable[[], tuple[str | None, float]]:
+    """`agree_on_batch` with its all-reduce started now (asynchronous); the function it
+    returns waits for it (and broadcasts a bad rank's line) and returns the result. Every
+    rank starts and finishes its agreements in the same order. Collective."""
     import torch
     import torch.distributed as dist
 
@@ -84,7 +102,16 @@ def agree_on_batch(group: Any, message: str | None, weight_sum: float) -> tuple[
     flags[0] = weight_sum
     if message is not None:
         flags[1 + rank] = 1
-    dist.all_reduce(flags, group=group)
+    work = dist.all_reduce(flags, group=group, async_op=True)
+    return lambda: _finish_agreement(group, work, flags, message)
+
+
+def _finish_agreement(group: Any, work: Any, flags: Any, message: str | None) -> tuple[str | None, float]:
+    import torch
+    import torch.distributed as dist
+
+    work.wait()
+    rank = dist.get_rank(group)
     bad = torch.nonzero(flags[1:]).flatten().tolist()
     if not bad:
         return None, float(flags[0])

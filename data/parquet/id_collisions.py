@@ -15,7 +15,7 @@ values spread uniformly over the table: ``1 - (1 - 1/rows)**(distinct - 1)``.
 """
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -31,9 +31,28 @@ _SAMPLING_SALT = salt(SAMPLING_SEED)
 _MERGE_EVERY = 1 << 18  # (sampled) keys buffered before they are merged into the set
 
 
+def each_locked(locks: Sequence[threading.Lock], work: Callable[[int], None]) -> None:
+    """``work(i)`` for every i, each under ``locks[i]``: first those whose lock is free,
+    then, waiting, the others. The loader's workers add the same features' keys at once;
+    taken in one order they would wait for one another at every feature, taken so each
+    works on another feature meanwhile."""
+    left = []
+    for i, lock in enumerate(locks):
+        if lock.acquire(blocking=False):
+            try:
+                work(i)
+            finally:
+                lock.release()
+        else:
+            left.append(i)
+    for i in left:
+        with locks[i]:
+            work(i)
+
+
 class CollisionCounter:
     """Distinct values and colliding fraction per feature (thread-safe: the loader's
-    reading thread adds, the trainer reads).
+    workers add, each feature under its own lock, the trainer reads).
 
     Args:
         names: the sparse features.
@@ -69,6 +88,8 @@ class CollisionCounter:
         self._pending_count = [0] * len(names)
         self._level = [0] * len(names)
         self._lock = threading.Lock()
+        # One a feature: the loader's workers add to different features at once.
+        self._feature_locks = [threading.Lock() for _ in names]
         # With the compiled kernels, a hash set per feature (data.parquet.kernel.KeySet)
         # instead of the sorted array and its pending keys: the same sample, no sorting.
         lib = kernel.library()
@@ -76,17 +97,20 @@ class CollisionCounter:
 
     def add(self, keys: Sequence[np.ndarray]) -> None:
         """The keys (uint64, data.parquet.id_hashing) of one block of rows, one array per feature."""
-        with self._lock:
-            for f, values in enumerate(keys):
-                if self._sets is not None:
-                    self._add_to_set(f, np.asarray(values, dtype=np.uint64))
-                    continue
-                # Sampled as they come: past the cap, sorting is paid for the sample only.
-                sample = self._sampled(f, np.asarray(values, dtype=np.uint64))
-                self._pending[f].append(sample)
-                self._pending_count[f] += len(sample)
-                if self._pending_count[f] >= _MERGE_EVERY:
-                    self._merge(f)
+
+        def add(f: int) -> None:
+            values = np.asarray(keys[f], dtype=np.uint64)
+            if self._sets is not None:
+                self._add_to_set(f, values)
+                return
+            # Sampled as they come: past the cap, sorting is paid for the sample only.
+            sample = self._sampled(f, values)
+            self._pending[f].append(sample)
+            self._pending_count[f] += len(sample)
+            if self._pending_count[f] >= _MERGE_EVERY:
+                self._merge(f)
+
+        each_locked(self._feature_locks[: len(keys)], add)
 
     def _add_to_set(self, f: int, values: np.ndarray) -> None:
         """`add` into the feature's hash set: past the cap, the level rises and the set is
@@ -127,8 +151,8 @@ class CollisionCounter:
         """{feature: {"distinct": values seen, "colliding_fraction": share of them whose
         embedding row another seen value also has, "exact": not estimated}}."""
         result: dict[str, dict[str, object]] = {}
-        with self._lock:
-            for f, name in enumerate(self._names):
+        for f, name in enumerate(self._names):
+            with self._feature_locks[f]:
                 if self._sets is None:
                     self._merge(f)
                     kept = self._kept[f]

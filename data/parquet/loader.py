@@ -19,13 +19,17 @@ blocks in share order whatever the world size: one rank with S = 2 reads at ever
 the rows two ranks read (docs/data.md).
 
 Memory: a rank holds at most ``--max_buffered_row_groups`` row groups per share it
-reads (the columns read only), plus the batches being built: the reading thread runs up to
+reads (the columns read only), plus the batches being built: the workers run up to
 `prefetch_depth` batches ahead of training. A batch of B rows costs about
 B * (4 * (dense + 2) + 12 * ids per row) bytes as tensors.
 
-Workers (``--data_workers N``): one reading thread reads the row groups and cuts each
-batch's rows from them (Arrow slices, no copy); N workers convert the batches (checks,
-hash, KJT), each its own batches, and training gets them in order.
+Workers (``--data_workers N``): one planning thread walks the batches in order and says
+which rows of which row groups each takes (it reads nothing); N workers each take a
+whole batch: read the row groups it needs that no worker has read yet (pyarrow decodes
+without the GIL), cut its rows from them (Arrow slices, no copy) and convert them
+(checks, hash, KJT). A row group is read once, by the first worker that needs it (the
+others wait for it); training gets the batches in order. One worker is one core, N
+workers N cores.
 
 Shuffling (``--shuffle_training_set``): the row groups in a random order from (seed,
 epoch), and the rows of each window of ``--max_buffered_row_groups`` consecutive row
@@ -40,6 +44,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -53,10 +58,11 @@ from data.batching.value_checks import DataValueError
 from data.parquet.columns import ColumnValueError, ParquetColumns
 from data.parquet.feed import (
     Agreement,
-    agreement,
+    StartedAgreement,
     default_workers,
     lower_this_threads_priority,
     pins_batches,
+    started_agreement,
     yields_to_training,
 )
 from data.parquet.files import RowCountError, check_same_types, file_schema, list_files, read_footers, read_row_group
@@ -72,7 +78,7 @@ from data.parquet.split import (
 from data.parquet.windows import Window, parse_window
 from data.sources.types import FeedJob
 
-# Batches the reading thread prepares ahead of the one training uses (at least; with
+# Batches the workers prepare ahead of the one training uses (at least; with
 # more workers, two per worker).
 PREFETCH_BATCHES = 2
 # Dense columns whose nulls this process has reported (once per column, by rank 0).
@@ -175,8 +181,7 @@ class ParquetDataset:
         return read_row_group(self.filesystem, self.footers[file], self.schema, row_group, names, use_threads)
 
     def read_segment(self, segment: Segment, names: Sequence[str]) -> pa.Table:
-        table = self.read_row_group(segment.file, segment.row_group, names)
-        return table if segment.rows is None else table.take(pa.array(segment.rows))
+        return _segment_rows(self.read_row_group(segment.file, segment.row_group, names), segment)
 
     def where(self, segment: Segment, row: int) -> str:
         """``"<file>: row group G, row R"`` of a segment's row (R counted in the file)."""
@@ -270,6 +275,99 @@ class _Piece:
         return dataset.where(segments[span.segment], span.lo + position - (int(self.ends[s - 1]) if s else 0))
 
 
+class _LazyTable:
+    """One row group's columns, read by the workers that need it, together: the planning
+    thread only names the row groups. The columns are cut into parts (one per worker);
+    a worker that needs the row group reads the next part no worker has taken yet (pyarrow
+    decodes it without the GIL), then waits for the parts others are reading. So a row
+    group is decoded once, and with N workers by up to N of them at the same time: the
+    workers that would wait for it read it instead.
+
+    Args:
+        parts: the column names of each part.
+        read: reads one part (a table of its columns).
+        finish: the whole row group's table (the parts' columns, in order) cut to what the
+            loader keeps of it.
+        names: the columns in the order of the table.
+    """
+
+    def __init__(
+        self,
+        parts: list[list[str]],
+        read: Callable[[list[str]], pa.Table],
+        finish: Callable[[pa.Table], pa.Table],
+        names: list[str],
+    ) -> None:
+        self._parts, self._read, self._finish, self._names = parts, read, finish, names
+        self._read_parts: list[pa.Table | None] = [None] * len(parts)
+        self._taken = 0
+        self._arrived = 0
+        self._ready = threading.Condition()
+        self._table: pa.Table | None = None
+        self._error: BaseException | None = None
+
+    def get(self) -> pa.Table:
+        with self._ready:
+            while self._table is None and self._error is None and self._taken == len(self._parts):
+                self._ready.wait()
+            part = self._taken if self._table is None and self._error is None else None
+            if part is not None:
+                self._taken += 1
+        if part is not None:
+            try:
+                table, error = self._read(self._parts[part]), None
+            except BaseException as e:  # every batch that needs it fails alike
+                table, error = None, e
+            with self._ready:
+                self._read_parts[part] = table
+                self._error = self._error or error
+                self._arrived += 1
+                if self._arrived == len(self._parts) and self._error is None:
+                    try:
+                        self._table = self._finish(self._whole())
+                    except BaseException as e:
+                        self._error = e
+                self._ready.notify_all()
+            return self.get()
+        if self._error is not None:
+            raise self._error
+        assert self._table is not None
+        return self._table
+
+    def _whole(self) -> pa.Table:
+        tables = [t for t in self._read_parts if t is not None]
+        if len(tables) == 1:
+            return tables[0].select(self._names)
+        fields = {f.name: (f, t.column(f.name)) for t in tables for f in t.schema}
+        return pa.Table.from_arrays(
+            [fields[n][1] for n in self._names], schema=pa.schema([fields[n][0] for n in self._names])
+        )
+
+
+@dataclass(frozen=True)
+class _PiecePlan:
+    """Rows [first, last) of a share's block (its spans' row groups, unread yet), in order
+    or through the block's permutation: what a worker cuts into a `_Piece`."""
+
+    tables: list[_LazyTable]
+    spans: list[_Span]
+    ends: np.ndarray
+    first: int
+    last: int
+    permutation: np.ndarray | None
+
+    def piece(self) -> "_Piece":
+        tables = [t.get().slice(s.lo, s.count) for t, s in zip(self.tables, self.spans)]
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        if self.permutation is None:
+            positions = np.arange(self.first, self.last)
+            taken = table.slice(self.first, self.last - self.first)
+        else:
+            positions = self.permutation[self.first : self.last]
+            taken = table.take(pa.array(positions))
+        return _Piece(taken, self.spans, self.ends, positions)
+
+
 class _ShareOrder:
     """A share's rows of one epoch (`epoch_share`) in blocks of consecutive spans, each
     block's rows in order or (shuffled) permuted together."""
@@ -295,7 +393,7 @@ class _Bad:
 
 
 class _ReaderCounters:
-    """What a rank's reader did (thread-safe: the reading thread and the workers add)."""
+    """What a rank's reader did (thread-safe: the workers add)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -383,6 +481,7 @@ class ParquetLoader:
         self._job = job or FeedJob
         self._agree = agree
         self._epoch, self._start_batch = 0, 0
+        self._read_parts = 1  # the parts a row group's columns are read in: one a worker
 
     def shares(self) -> int:
         """S: the shares each epoch is cut into (``--epoch_shares``; unset, the world size)."""
@@ -437,7 +536,12 @@ class ParquetLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         job = self._job()
-        agree = self._agree or (agreement(job.group) if job.group is not None else None)
+        agree: StartedAgreement | None = None
+        if self._agree is not None:
+            given = self._agree
+            agree = lambda message, weight_sum: partial(_agreed, given(message, weight_sum))
+        elif job.group is not None:
+            agree = started_agreement(job.group)
         yields = yields_to_training(job.device_type)
         pin = pins_batches(job.device_type)
         shares = self.shares()
@@ -450,41 +554,60 @@ class ParquetLoader:
         batches: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch_depth())
         stop = threading.Event()
         done = object()
-        # Started by the reading thread (on its first batch), the workers inherit its priority.
-        pool = ThreadPoolExecutor(self.workers(), thread_name_prefix="parquet-convert")
+        # Started by the planning thread (on its first batch), the workers inherit its priority.
+        pool = ThreadPoolExecutor(self.workers(), thread_name_prefix="parquet-worker")
 
         def produce() -> None:
             if yields:
                 lower_this_threads_priority()
             try:
-                for b, item in self._read(self._epoch, self._start_batch, shares, consumed, not yields):
-                    future = pool.submit(self._convert, b, item, pin) if isinstance(item, list) else item
-                    if not _put(batches, future, stop):
+                for b, plans in self._read(self._epoch, self._start_batch, shares, consumed, not yields):
+                    if not _put(batches, pool.submit(self._convert, b, plans, pin), stop):
                         return
                 _put(batches, done, stop)
             except BaseException as e:  # handed to the training thread, which raises it
                 _put(batches, e, stop)
 
-        reader = threading.Thread(target=produce, name="parquet-reader", daemon=True)
+        self._read_parts = self.workers()
+        reader = threading.Thread(target=produce, name="parquet-planner", daemon=True)
         reader.start()
+
+        def take() -> "tuple[Batch | None, Callable[[], tuple[str | None, float]]] | None":
+            """The next batch and its agreement started (or this rank's own verdict)."""
+            item = batches.get()
+            if item is done:
+                return None
+            if isinstance(item, BaseException):
+                raise item
+            result = item.result()
+            batch, weight_sum = (None, 0.0) if isinstance(result, _Bad) else result
+            message = result.message if isinstance(result, _Bad) else None
+            if agree is None:
+                return batch, partial(_agreed, (message, weight_sum))
+            # The same batch on every rank: training's thread, in order.
+            return batch, agree(message, weight_sum)
+
         try:
-            while True:
-                item = batches.get()
-                if item is done:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                result = item if isinstance(item, _Bad) else item.result()
-                batch, weight_sum = (None, 0.0) if isinstance(result, _Bad) else result
-                message = result.message if isinstance(result, _Bad) else None
-                if agree is not None:  # the same batch on every rank: training's thread, in order
-                    message, weight_sum = agree(message, weight_sum)
+            following: Any = take()
+            while following is not None:
+                batch, finish = following
+                following = None
+                if agree is not None:  # the next batch's all-reduce runs during this step
+                    try:
+                        following = take()
+                    except BaseException as e:  # raised where it was before: after this batch
+                        following = e
+                message, weight_sum = finish()
                 if message is not None:
                     raise ParquetValueError(message, seen_by_every_rank=agree is not None or self._world_size == 1)
                 if isinstance(batch, WeightedBatch):  # the global batch's sum / ranks (WeightedBatch)
                     ranks = self._world_size if agree is not None else 1
                     batch.weight_normalizer.fill_(weight_sum / ranks if weight_sum > 0 else 1.0)
                 yield batch  # type: ignore[misc]
+                if isinstance(following, BaseException):
+                    raise following
+                if agree is None:
+                    following = take()
         finally:
             stop.set()
             reader.join()
@@ -492,33 +615,30 @@ class ParquetLoader:
 
     def _read(
         self, epoch: int, start_batch: int, shares: int, consumed: tuple[int, int] | None, use_threads: bool
-    ) -> Iterator[tuple[int, "list[_Piece] | _Bad"]]:
-        """(batch, its rows' pieces, or the line of a row group whose footer lies) of this
-        rank, from ``start_batch`` on: each batch the block of each of its shares, in
-        share order."""
+    ) -> Iterator[tuple[int, list[_PiecePlan]]]:
+        """(batch, where its rows come from) of this rank, from ``start_batch`` on: each
+        batch the block of each of its shares, in share order. Reads nothing: the row
+        groups are named (the share's cache of ``max_buffered_row_groups``) for the worker
+        that converts the batch to read."""
         layout = self._share_layout(shares)
         per_rank = shares // self._world_size
         own = range(self._rank * per_rank, (self._rank + 1) * per_rank)
         streams = [self._streams(epoch, shares, share, consumed) for share in own]
         first = start_batch if consumed is not None else 0  # the batch the streams' row 0 starts
         # A cache per share: a rank's shares are read side by side, each its own window.
-        caches: list[OrderedDict[int, pa.Table]] = [OrderedDict() for _ in own]
+        caches: list[OrderedDict[int, _LazyTable]] = [OrderedDict() for _ in own]
         for b in range(start_batch, len(self)):
             lo, hi = layout.rows(b)
             local, size = (b - first) * layout.batch_size, hi - lo
-            pieces: list[_Piece] = []
-            try:
-                for share_streams, cache in zip(streams, caches):
-                    position = 0
-                    for order, start, stop in share_streams:
-                        first_row, last_row = max(local - position, 0), min(local + size - position, stop - start)
-                        if first_row < last_row:
-                            pieces += self._pieces(order, cache, start + first_row, start + last_row, use_threads)
-                        position += stop - start
-                yield b, pieces
-            except RowCountError as e:  # the rank reading it flags the batch: every rank stops there
-                yield b, _Bad(f"{e} (batch {b} of the split)")
-                return
+            plans: list[_PiecePlan] = []
+            for share_streams, cache in zip(streams, caches):
+                position = 0
+                for order, start, stop in share_streams:
+                    first_row, last_row = max(local - position, 0), min(local + size - position, stop - start)
+                    if first_row < last_row:
+                        plans += self._plans(order, cache, start + first_row, start + last_row, use_threads)
+                    position += stop - start
+            yield b, plans
 
     def _streams(
         self, epoch: int, shares: int, share: int, consumed: tuple[int, int] | None
@@ -560,42 +680,56 @@ class ParquetLoader:
             position += stop - start
         return streams
 
-    def _pieces(
-        self, order: _ShareOrder, cache: "OrderedDict[int, pa.Table]", lo: int, hi: int, use_threads: bool
-    ) -> list[_Piece]:
-        """Rows [lo, hi) of a share's order: (table, where each row comes from) per block."""
-        pieces = []
+    def _plans(
+        self, order: _ShareOrder, cache: "OrderedDict[int, _LazyTable]", lo: int, hi: int, use_threads: bool
+    ) -> list[_PiecePlan]:
+        """Rows [lo, hi) of a share's order: (row groups, where each row comes from) per block."""
+        plans = []
         block = int(np.searchsorted(order.starts, lo, side="right")) - 1
         while lo < hi:
             start, stop = int(order.starts[block]), int(order.starts[block + 1])
-            first, last = lo - start, min(hi, stop) - start
             spans = order.blocks[block]
-            tables = [self._segment_table(s.segment, cache, use_threads).slice(s.lo, s.count) for s in spans]
-            table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-            permutation = order.permutation(block)
-            positions = np.arange(first, last) if permutation is None else permutation[first:last]
-            taken = table.slice(first, last - first) if permutation is None else table.take(pa.array(positions))
-            pieces.append(_Piece(taken, spans, order.ends[block], positions))
+            tables = [self._segment_table(s.segment, cache, use_threads) for s in spans]
+            plans.append(
+                _PiecePlan(
+                    tables, spans, order.ends[block], lo - start, min(hi, stop) - start, order.permutation(block)
+                )
+            )
             lo, block = min(hi, stop), block + 1
-        return pieces
+        return plans
 
-    def _segment_table(self, index: int, cache: "OrderedDict[int, pa.Table]", use_threads: bool) -> pa.Table:
+    def _segment_table(self, index: int, cache: "OrderedDict[int, _LazyTable]", use_threads: bool) -> _LazyTable:
         if index in cache:
             cache.move_to_end(index)
             return cache[index]
         while len(cache) >= self._window:
             cache.popitem(last=False)
         segment = self._segments[index]
-        table = self._dataset.read_row_group(segment.file, segment.row_group, self._names, use_threads)
-        self._counters.read(table.num_rows, table.nbytes)
-        if segment.rows is not None:
-            table = table.take(pa.array(segment.rows))
-        cache[index] = table
-        return table
+        partitions = self._dataset.footers[segment.file].partitions
+        # One part a worker (the partition columns, made from the path, with the first:
+        # a part of none but those would count no rows).
+        own = [n for n in self._names if n not in partitions]
+        parts = [p for p in (own[i :: self._read_parts] for i in range(self._read_parts)) if p] or [[]]
+        parts[0] += [n for n in self._names if n in partitions]
 
-    def _convert(self, batch: int, pieces: list[_Piece], pin: bool) -> "tuple[Batch, float] | _Bad":
-        """A worker's part: the batch's rows checked and converted, and their weight sum
-        (or the line of the first bad value)."""
+        def read(names: list[str]) -> pa.Table:
+            return self._dataset.read_row_group(segment.file, segment.row_group, names, use_threads)
+
+        def finish(table: pa.Table) -> pa.Table:
+            self._counters.read(table.num_rows, table.nbytes)
+            return _segment_rows(table, segment)
+
+        cache[index] = _LazyTable(parts, read, finish, self._names)
+        return cache[index]
+
+    def _convert(self, batch: int, plans: list[_PiecePlan], pin: bool) -> "tuple[Batch, float] | _Bad":
+        """A worker's part: the batch's row groups read (those no worker has), its rows
+        cut, checked and converted, and their weight sum (or the line of the first bad
+        value, or of a row group whose footer lies)."""
+        try:
+            pieces = [plan.piece() for plan in plans]
+        except RowCountError as e:  # the rank reading it flags the batch: every rank stops there
+            return _Bad(f"{e} (batch {batch} of the split)")
         tables = [p.table for p in pieces]
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
         try:
@@ -648,6 +782,22 @@ class ParquetLoader:
                 return piece.where(self._dataset, self._segments, row)
             row -= piece.table.num_rows
         raise AssertionError(f"row {row} is not in the batch")
+
+
+def _segment_rows(table: pa.Table, segment: Segment) -> pa.Table:
+    """A segment's rows of its row group's ``table``: a slice (no copy) when they are
+    consecutive, as a row-fraction split's are."""
+    rows = segment.rows
+    if rows is None:
+        return table
+    if len(rows) and int(rows[-1]) - int(rows[0]) + 1 == len(rows):  # ascending and distinct
+        return table.slice(int(rows[0]), len(rows))
+    return table.take(pa.array(rows))
+
+
+def _agreed(result: tuple[str | None, float]) -> tuple[str | None, float]:
+    """An agreement already made (`StartedAgreement`'s second half)."""
+    return result
 
 
 def _put(batches: "queue.Queue[Any]", item: Any, stop: threading.Event) -> bool:

@@ -248,6 +248,24 @@ def test_the_seen_id_filters_set_the_references_bits(monkeypatch):
     assert all((a == b).all() for a, b in zip(compiled, reference)) and all(a.any() for a in compiled)
 
 
+def test_the_seen_id_filters_set_the_references_bits_in_short_and_repeated_adds(monkeypatch):
+    """Fewer keys than the kernel prefetches ahead, keys added again (they write nothing)
+    and repeated within a call: the same bits as the reference."""
+    from data.parquet.id_sketch import SeenIds
+
+    rng = np.random.default_rng(4)
+    sizes = [1000, 3_000_000]
+    keys = [rng.integers(0, 2**64, 100, dtype=np.uint64) for _ in sizes]
+
+    def adds(seen):
+        for part in ([k[:1] for k in keys], [k[:31] for k in keys], [np.repeat(k[20:90], 3) for k in keys], keys):
+            seen.add(part)
+        return seen.packed()
+
+    compiled, reference = _both(monkeypatch, lambda: adds(SeenIds([f"f{i}" for i in sizes], sizes)))
+    assert all((a == b).all() for a, b in zip(compiled, reference)) and all(a.any() for a in compiled)
+
+
 def _filled(seen, keys):
     seen.add(keys)
     return seen.packed()

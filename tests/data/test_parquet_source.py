@@ -581,6 +581,41 @@ def test_a_footer_that_lies_about_a_row_group_stops_every_rank_at_the_same_batch
     assert stops == [(0, line)] * 2
 
 
+def test_workers_that_read_a_row_group_together_stop_at_the_footer_that_lies(tmp_path):
+    """Three workers read each row group's columns in three parts: the part that finds the
+    lie fails the batches of every worker that needs the row group, with the same line."""
+    from tests.support.hostile import rewrite_row_group_rows
+
+    _write_table(str(tmp_path), file_rows=(20, 20), row_groups=(4, 10))
+    path = str(tmp_path / "part-01.parquet")
+    rewrite_row_group_rows(path, 0, 12)
+    config = _config(str(tmp_path), batch_size=2, validation_window="0.05", test_window="0.05")
+    with pytest.raises(ParquetValueError) as caught:
+        for _ in _rank_loader(config, 0, 1, workers=3):
+            pass
+    assert str(caught.value).startswith(f"{path}: row group 0 holds 10 rows, but the file's footer says 12")
+
+
+def test_workers_read_hive_partition_columns_as_one_worker_does(tmp_path):
+    """A row group read in parts by three workers: the partition column (made from the
+    path) rides with the first part, and the batches are one worker's, in order."""
+    import torch
+
+    rng = np.random.default_rng(1)
+    for day, rows in enumerate((5, 8, 3, 4)):
+        folder = tmp_path / f"C1=shop{day}"  # the sparse column C1 is the partition's
+        folder.mkdir()
+        columns = {k: v for k, v in _rows(day * 100, rows, rng).items() if k != "C1"}
+        pq.write_table(pa.table(columns), str(folder / "part-0.parquet"), row_group_size=2)
+    config = _config(str(tmp_path), batch_size=2, dense_columns="rid", validation_window="0.2", test_window="0.2")
+    one, three = list(_rank_loader(config, 0, 1, workers=1)), list(_rank_loader(config, 0, 1, workers=3))
+    assert len(one) == len(three) == 6
+    assert len({int(v) for b in one for v in b.sparse_features["C1"].values()}) == 2  # 12 rows: two days
+    for a, b in zip(one, three):
+        assert torch.equal(a.dense_features, b.dense_features) and torch.equal(a.labels, b.labels)
+        assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
+
+
 def test_a_bad_value_in_one_ranks_rows_stops_every_rank_at_that_batch(tmp_path):
     """A NaN in rank 1's rows of batch 2: rank 1 alone converts them, the ranks agree on
     each batch, and both raise its line there (nothing of batch 2 is handed out)."""

@@ -60,7 +60,6 @@ from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
 from data.binary.feature_spec import DEFAULT_SPEC_NAME, FeatureSpec
 from data.histories import HistoryFlags, aggregate_columns, build_histories, history_column
-from data.sources.parquet import ParquetSource
 from data.transcode import transcode
 from harness.launch import eval_record, launch, read_log
 from recipes import RECIPES
@@ -531,12 +530,6 @@ def train_model(
     return {**eval_record(records, "test"), "validation_auroc": best["auroc"]}
 
 
-def sequences_supported() -> bool:
-    """Whether the Parquet source reads history list columns (``--sequence_columns``,
-    issue 41 item 2): until it does, ``--sequences`` is refused before anything runs."""
-    return ParquetSource.has_sequences
-
-
 def summarize(runs: Sequence[dict[str, Any]], seeds: Sequence[int] | None) -> dict[str, Any]:
     """One model's figures over its runs: each of `FIGURES` as the mean, ``*_std`` the
     sample standard deviation (0 for one run), the seeds and each seed's test AUROC;
@@ -591,11 +584,6 @@ def run(
     """
     if sequences and split != "time":
         raise ValueError("--sequences needs --split time (a history is the past of a log in time order)")
-    if sequences and not sequences_supported():
-        raise ValueError(
-            "--sequences: the Parquet source does not read --sequence_columns yet (issue 41, item 2); "
-            "run without --sequences"
-        )
     table = load_movielens(fetch_wheel(os.path.join(work_dir, "wheel")))
     if split == "time":
         table = table.take(time_order(table, max_rows))

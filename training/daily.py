@@ -83,7 +83,11 @@ class DailyConfig:
     time_column: str = flag(help="the partition key of the days (date)")
     entry: str = flag("dlrm_main.py", choices=("dlrm_main.py", "dcnv2_main.py"), help="the training entry point")
     nproc_per_node: int = flag(1, help="ranks of each day's training (more than 1: through training.launch)")
-    quantize: str = flag("fp16,int8", help="serving.export --quantize of each day's export")
+    quantize: str | None = flag(
+        None,
+        help="serving.export --quantize of each day's export (default: the export's: fp16,int8, or none for a "
+        "model with history features)",
+    )
     max_auroc_drop: float = flag(
         0.0, help="promote a candidate whose AUROC on the held-back day is at most this below the model in service's"
     )
@@ -429,7 +433,7 @@ class Loop:
         for name in os.listdir(os.path.dirname(model)):  # the staging directory of a killed export
             if name.startswith(f".{os.path.basename(model)}.tmp"):
                 shutil.rmtree(os.path.join(os.path.dirname(model), name))
-        quantize = ["--quantize", self.config.quantize]
+        quantize = [] if self.config.quantize is None else ["--quantize", self.config.quantize]
         command = ["-m", "serving.export", "--checkpoint", self.day_dir(day, "ckpt"), "--newest", "--output", model]
         if base is not None:
             command += ["--delta_from", self.day_dir(base, "model")]

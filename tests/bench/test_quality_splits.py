@@ -77,10 +77,3 @@ def test_goals_compare_the_means():
 def test_flags_that_cannot_run_exit_2_with_one_line(argv, message, capsys, tmp_path):
     assert quality.main(["--work_dir", str(tmp_path), *argv]) == 2
     assert capsys.readouterr().err.strip().startswith(message)
-
-
-def test_sequences_before_the_entry_points_take_them_say_so(tmp_path):
-    if quality.sequences_supported():
-        pytest.skip("the Parquet source reads --sequence_columns: the slow bench run covers --sequences")
-    with pytest.raises(ValueError, match="does not read --sequence_columns yet"):
-        quality.run(str(tmp_path), split="time", sequences=True)

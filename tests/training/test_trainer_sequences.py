@@ -142,15 +142,17 @@ def test_resumed_run_ends_where_the_uninterrupted_one_did(runs):
 def test_the_sharded_checkpoint_exports_the_eager_model(runs, tmp_path, capsys):
     """The 2-rank checkpoint (an item table row-wise sharded) exports; its fp32 program
     gives the unsharded eager model's probabilities on random histories (1e-6). The
-    quantized variants, the default, are refused in one line, nothing written."""
+    quantized variants, asked for, are refused in one line, nothing written; without
+    --quantize the export writes fp32 only."""
     _, _, checkpoints = runs
     refused = tmp_path / "refused"
-    assert export.main(["--checkpoint", checkpoints, "--output", str(refused)]) == 2
+    assert export.main(["--checkpoint", checkpoints, "--output", str(refused), "--quantize", "fp16,int8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "history features (--sequence_columns h3:cat_3,h5:cat_5)" in err[0], err
     assert not refused.exists() or not any(refused.iterdir())
     output = str(tmp_path / "model")
-    assert export.main(["--checkpoint", checkpoints, "--output", output, "--quantize", "none"]) == 0
+    assert export.main(["--checkpoint", checkpoints, "--output", output]) == 0
+    assert set(read_inputs(output).variants) == {"fp32"}
     # Random data's layout (raw Criteo lines) has no place for histories: the program itself, as a server calls it.
     inputs = read_inputs(output)
     program = load_model_file(output, "fp32.pt2", "torch.export", None, inputs.input_columns())

@@ -70,6 +70,7 @@ def _children_alive(marker: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_host
 def test_a_step_past_its_limit_is_killed_with_its_children(tmp_path):
     marker = f"sleep_marker_{os.getpid()}"
     # The step starts a grandchild (as torchrun starts ranks): it dies with the step.
@@ -157,6 +158,7 @@ def test_cpu_session_writes_one_line_per_step_as_each_ends(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_host
 def test_killed_session_keeps_the_lines_written(tmp_path):
     """SIGKILL to the session and its running step mid-way: the lines of the steps that
     ended are there, whole, and read back; the table has the same steps."""
@@ -197,6 +199,7 @@ def test_dlrmv2_figures_per_sample_are_the_documented_formulas():
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_host
 def test_dlrmv2_bench_trains_the_recipe_tiny_on_cpu_with_its_bags():
     result = subprocess.run(
         [

@@ -16,6 +16,7 @@ ROWS = 4000
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_quality_bench_on_a_subset(tmp_path):
     work = str(tmp_path)
     results = run(work, max_rows=ROWS, recipe={**RECIPE_FLAGS, "epochs": "1"})
@@ -44,6 +45,7 @@ def test_quality_bench_on_a_subset(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_dlrm_history_trains_with_the_sequence_flags_on_random_histories(tmp_path):
     """The bench's ``dlrm_history`` run: DLRM with ``--sequence_columns`` after the recipe
     (here on the random source's histories, until the Parquet source reads them)."""

@@ -120,6 +120,7 @@ def test_resume_equals_uninterrupted(reference, synthetic_dir, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.faults
 def test_save_killed_before_completion_is_ignored(reference, synthetic_dir, tmp_path):
     ckpt, log = reference
     resumed = str(tmp_path / "ckpt")
@@ -279,6 +280,7 @@ def _wait_for_step(run_log: str, step: int, timeout: float) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.faults
 def test_torchrun_restart_after_a_killed_rank(reference, synthetic_dir, tmp_path):
     """torchrun --max_restarts: rank 1 is killed by SIGKILL mid-training; the job
     restarts, resumes from the newest checkpoint and ends with the reference's weights."""
@@ -484,6 +486,7 @@ def test_async_checkpoints_equal_the_blocking_ones(reference, synthetic_dir, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.faults
 def test_rank_killed_during_an_async_save(reference, synthetic_dir, tmp_path):
     """Rank 1's background save of step 10 is held (its data file is a FIFO nobody
     reads) while training goes on; rank 1 is then killed by SIGKILL. The partial step 10

@@ -244,6 +244,7 @@ def _worker_pids(agent_pid: int) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.faults
 def test_one_run_per_checkpoint_dir_and_sigterm_while_saving(synthetic_dir, tmp_path):
     """A run holds --checkpoint_dir: a second run there refuses in one line naming the
     holder (exit 2). SIGTERM while the holder saves step 10: exit 143 naming the save,
@@ -286,6 +287,7 @@ def test_one_run_per_checkpoint_dir_and_sigterm_while_saving(synthetic_dir, tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.faults
 def test_a_checkpoint_dir_whose_lock_is_a_directory(synthetic_dir, tmp_path):
     """An old directory named .lock in --checkpoint_dir: one line naming it, exit 2, no
     traceback, and the directory left as it was (not renamed aside)."""
@@ -310,6 +312,7 @@ def test_a_checkpoint_dir_whose_lock_is_a_directory(synthetic_dir, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.faults
 def test_sigterm_while_saving_on_two_ranks(synthetic_dir, tmp_path):
     """SIGTERM to both ranks of a torchrun job while they save step 10 (a scheduler
     stopping the job): each exits 143 naming the save, no traceback of ours, and step 5
@@ -378,6 +381,7 @@ def tiny_file_system(path: str, size: str) -> Iterator[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.faults
 def test_full_disk_during_a_save_and_an_export(synthetic_dir, tmp_path):
     """A save that fills the disk: one line naming the file and the full disk, exit 1,
     the partial checkpoint removed, the previous one intact. An export that fills it:

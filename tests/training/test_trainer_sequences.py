@@ -26,6 +26,7 @@ from serving import export
 from serving.inference_model import load_checkpoint_model
 from serving.model_files import load_model_file
 from serving.model_inputs import read_inputs
+from tests.support.sequence_model import tiny_sequence_model
 from training.distributed import resolve_env
 from training.flags import parse_config
 from training.trainer import Trainer
@@ -41,32 +42,7 @@ ARGV = [
     "h3:cat_3,h5:cat_5",
     "--max_history",
     "6",
-    "--num_embeddings",
-    str(ROWS),
-    "--embedding_dim",
-    "8",
-    "--dense_arch_layer_sizes",
-    "16,8",
-    "--over_arch_layer_sizes",
-    "16,1",
-    "--din_attention_layer_sizes",
-    "8",
-    "--optimizer",
-    "sgd",
-    "--learning_rate",
-    "0.5",
-    "--seed",
-    "5",
-    "--limit_train_batches",
-    str(STEPS),
-    "--limit_val_batches",
-    "0",
-    "--limit_test_batches",
-    "0",
-    "--log_every_n_steps",
-    "100",
-    "--device",
-    "cpu",
+    *tiny_sequence_model(ROWS, STEPS),
 ]
 
 

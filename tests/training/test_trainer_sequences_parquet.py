@@ -25,6 +25,7 @@ from common.errors import BadInput
 from harness.launch import launch
 from harness.matrix import assemble_table, local_weights
 from tests.support.history_log import HISTORY, ITEM, USER, leaking_copy, write_history_log
+from tests.support.sequence_model import tiny_sequence_model
 from training.distributed import resolve_env
 from training.flags import parse_config
 from training.trainer import Trainer
@@ -45,32 +46,7 @@ ARGV = [
     f"{HISTORY}:{ITEM}",
     "--max_history",
     "5",
-    "--num_embeddings",
-    str(ROWS),
-    "--embedding_dim",
-    "8",
-    "--dense_arch_layer_sizes",
-    "16,8",
-    "--over_arch_layer_sizes",
-    "16,1",
-    "--din_attention_layer_sizes",
-    "8",
-    "--optimizer",
-    "sgd",
-    "--learning_rate",
-    "0.5",
-    "--seed",
-    "5",
-    "--limit_train_batches",
-    str(STEPS),
-    "--limit_val_batches",
-    "0",
-    "--limit_test_batches",
-    "0",
-    "--log_every_n_steps",
-    "100",
-    "--device",
-    "cpu",
+    *tiny_sequence_model(ROWS, STEPS),
 ]
 
 

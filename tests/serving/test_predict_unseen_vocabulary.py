@@ -19,8 +19,7 @@ from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parq
 from harness.launch import eval_record, read_log, run_script
 from serving import predict
 from serving.model_files import write_manifest
-
-COLUMNS = ["C1", "C3", "C5", "M1"]
+from tests.serving.test_predict_unseen import COLUMNS, true_unseen_shares
 
 
 @pytest.fixture(scope="module")
@@ -43,17 +42,6 @@ def model(tmp_path_factory):
     proc = run_script(["-m", "serving.export", "--checkpoint", checkpoints, "--output", model_dir], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return lake, model_dir, read_log(str(root / "log.jsonl")), train
-
-
-def true_unseen_shares(lake: str, day: str) -> dict[str, float]:
-    """Per column, the share of ``day``'s ids that the first (training) day never held."""
-    seen, test = (pq.read_table(glob.glob(f"{lake}/date={d}")[0], columns=COLUMNS) for d in ("2026-11-01", day))
-    shares = {}
-    for name in COLUMNS:
-        trained = ParquetColumns._bags(seen.column(name))[0]
-        keys = ParquetColumns._bags(test.column(name))[0]
-        shares[name] = float(np.mean(~np.isin(keys, trained)))
-    return shares
 
 
 @pytest.mark.slow

@@ -10,7 +10,6 @@ stopped at its step-3 checkpoint and resumed must end bit for bit where it ended
 All runs share one launch per world size. The 2-rank checkpoint exports the eager model.
 """
 
-import math
 import os
 import shutil
 from typing import Any
@@ -21,12 +20,16 @@ import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from harness.launch import launch
-from harness.matrix import assemble_table, local_weights
+from harness.matrix import local_weights
 from serving import export
 from serving.inference_model import load_checkpoint_model
 from serving.model_files import load_model_file
 from serving.model_inputs import read_inputs
-from tests.support.sequence_model import tiny_sequence_model
+from tests.support.sequence_model import (
+    assert_ranks_match_reference,
+    assert_resumed_matches_uninterrupted,
+    tiny_sequence_model,
+)
 from training.distributed import resolve_env
 from training.flags import parse_config
 from training.trainer import Trainer
@@ -78,20 +81,6 @@ def runs(tmp_path_factory):
     return one[0], [two[0], two[1]], str(root / "two" / "whole")
 
 
-def _assert_same(reference: dict[str, Any], per_rank: list[dict[str, Any]], tolerance: float) -> None:
-    assert len(reference["losses"]) == len(per_rank[0]["losses"])
-    for a, b in zip(reference["losses"], per_rank[0]["losses"]):
-        assert math.isclose(a, b, rel_tol=0, abs_tol=tolerance), (reference["losses"], per_rank[0]["losses"])
-    for table in reference["tables"]:
-        expected = assemble_table([reference], table, ROWS, 8)
-        got = assemble_table(per_rank, table, ROWS, 8)
-        assert torch.allclose(got, expected, rtol=0, atol=tolerance), (table, (got - expected).abs().max())
-    assert reference["dense"].keys() == per_rank[0]["dense"].keys()
-    for key, expected in reference["dense"].items():
-        for result in per_rank:
-            assert torch.allclose(result["dense"][key], expected, rtol=0, atol=tolerance), key
-
-
 def test_two_ranks_match_one_process(runs):
     reference, per_rank, _ = runs
     assert per_rank[0]["plan"]["t_cat_3"] == "row_wise" and per_rank[0]["plan"]["t_cat_0"] == "table_wise"
@@ -99,20 +88,13 @@ def test_two_ranks_match_one_process(runs):
     # The attention's weights are trained (dense, all-reduced), beside the tables.
     assert any("sequence_pooling.h3" in key for key in reference["dense"])
     assert len(reference["tables"]) == 26
-    _assert_same(reference, per_rank, TOLERANCE)
+    assert_ranks_match_reference(reference, per_rank, ROWS, TOLERANCE)
     assert reference["losses"][-1] < reference["losses"][0]
 
 
 def test_resumed_run_ends_where_the_uninterrupted_one_did(runs):
     _, per_rank, _ = runs
-    for result in per_rank:
-        resumed = result["resumed"]
-        assert resumed["losses"] == result["losses"][STOP:]
-        for table, pieces in result["tables"].items():
-            for (r, c, piece), (r2, c2, again) in zip(pieces, resumed["tables"][table]):
-                assert (r, c) == (r2, c2) and torch.equal(piece, again), table
-        for key, value in result["dense"].items():
-            assert torch.equal(value, resumed["dense"][key]), key
+    assert_resumed_matches_uninterrupted(per_rank, STOP)
 
 
 def test_the_sharded_checkpoint_exports_the_eager_model(runs, tmp_path, capsys):

@@ -12,20 +12,22 @@ items is refused with --user_column on both ranks alike, in one line naming the 
 row group, row and column, before any collective. One launch per world size.
 """
 
-import math
 import os
 import shutil
 from typing import Any
 
 import pytest
-import torch
 import torch.distributed as dist
 
 from common.errors import BadInput
 from harness.launch import launch
-from harness.matrix import assemble_table, local_weights
+from harness.matrix import local_weights
 from tests.support.history_log import HISTORY, ITEM, USER, leaking_copy, write_history_log
-from tests.support.sequence_model import tiny_sequence_model
+from tests.support.sequence_model import (
+    assert_ranks_match_reference,
+    assert_resumed_matches_uninterrupted,
+    tiny_sequence_model,
+)
 from training.distributed import resolve_env
 from training.flags import parse_config
 from training.trainer import Trainer
@@ -99,28 +101,13 @@ def test_two_ranks_match_one_process(runs):
     # Serving reads the history column's type as training did.
     assert reference["facts"]["sparse_value_types"][HISTORY] == "integer_list"
     assert len(reference["losses"]) == len(per_rank[0]["losses"]) == STEPS
-    for a, b in zip(reference["losses"], per_rank[0]["losses"]):
-        assert math.isclose(a, b, rel_tol=0, abs_tol=TOLERANCE), (reference["losses"], per_rank[0]["losses"])
     assert sorted(reference["tables"]) == [f"t_{ITEM}", "t_user_id"]
-    for table in reference["tables"]:
-        expected = assemble_table([reference], table, ROWS, 8)
-        got = assemble_table(per_rank, table, ROWS, 8)
-        assert torch.allclose(got, expected, rtol=0, atol=TOLERANCE), (table, (got - expected).abs().max())
-    for key, expected in reference["dense"].items():
-        for result in per_rank:
-            assert torch.allclose(result["dense"][key], expected, rtol=0, atol=TOLERANCE), key
+    assert_ranks_match_reference(reference, per_rank, ROWS, TOLERANCE)
 
 
 def test_resumed_run_ends_where_the_uninterrupted_one_did(runs):
     _, per_rank, _ = runs
-    for result in per_rank:
-        resumed = result["resumed"]
-        assert resumed["losses"] == result["losses"][STOP:]
-        for table, pieces in result["tables"].items():
-            for (r, c, piece), (r2, c2, again) in zip(pieces, resumed["tables"][table]):
-                assert (r, c) == (r2, c2) and torch.equal(piece, again), table
-        for key, value in result["dense"].items():
-            assert torch.equal(value, resumed["dense"][key]), key
+    assert_resumed_matches_uninterrupted(per_rank, STOP)
 
 
 def test_a_history_holding_the_rows_own_future_stops_every_rank_alike(runs):

@@ -75,6 +75,10 @@ class ConvertedRows:
             gives them per table).
         flat_ids: ``ids`` concatenated, where the conversion wrote them so (the kernels
             write every feature's ids back to back in one array); None otherwise.
+        distinct_keys: per feature as ``keys``, the same set of keys, each at least once:
+            fewer where a dictionary-encoded column lists each entry it reads once (what
+            the set-valued id counters take: seen-id filters, collision counts); None:
+            ``keys`` themselves.
     """
 
     labels: np.ndarray | None
@@ -85,6 +89,7 @@ class ConvertedRows:
     dense_nulls: np.ndarray
     keys: list[np.ndarray]
     flat_ids: np.ndarray | None = None
+    distinct_keys: list[np.ndarray] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -369,9 +374,11 @@ class ParquetColumns:
         lib = kernel.library()
         labels = self._labels(rows.column(self.label)) if labelled else None
         dense, nulls = self._dense_matrix(lib, rows)
-        lengths, ids, keys, flat_ids = self._sparse_bags(lib, rows)
+        lengths, ids, keys, flat_ids, distinct = self._sparse_bags(lib, rows)
         weights = self._weights(rows.column(self.weight)) if self.weight else None
-        return ConvertedRows(labels, dense, ids, lengths, weights, np.array(nulls, dtype=np.int64), keys, flat_ids)
+        return ConvertedRows(
+            labels, dense, ids, lengths, weights, np.array(nulls, dtype=np.int64), keys, flat_ids, distinct
+        )
 
     def check_values(self, rows: pa.Table) -> None:
         """The checks of `convert` without the conversion's output: labels, dense values,
@@ -415,9 +422,10 @@ class ParquetColumns:
 
     def _sparse_bags(
         self, lib: ctypes.CDLL | None, rows: pa.Table
-    ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray], np.ndarray | None]:
+    ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray], np.ndarray | None, list[np.ndarray] | None]:
         """(bag lengths (F + S, N) int32, embedding rows per feature, keys per feature,
-        the embedding rows concatenated where the kernels wrote them so, else None): the
+        the embedding rows concatenated where the kernels wrote them so, else None, the
+        keys each at least once per feature (`ConvertedRows.distinct_keys`) or None): the
         sparse features, then the histories, whose ids are converted as their item's
         (its table size) and cut to their newest ``max_history`` (`_newest`)."""
         names = self.kjt_keys
@@ -433,13 +441,14 @@ class ParquetColumns:
             lengths = lengths.reshape(len(columns), rows.num_rows)  # (0, N) too, without sparse columns
             if any(f is None for f in found) or self.id_hashing == "vocabulary":
                 flat_ids = None  # the vocabulary's rows replace the kernels' hashed ones below
-        ids, keys = [], []
+        ids, keys, distinct = [], [], []
         for f, (name, size) in enumerate(zip(names, sizes)):
             if found[f] is None:  # the reference
                 feature_keys, lengths[f] = self._bags(columns[f])
                 feature_ids = self._rows(name, feature_keys, lengths[f], size)
+                listed = feature_keys
             else:
-                feature_keys, feature_ids, negative = found[f]  # type: ignore[misc]
+                feature_keys, feature_ids, negative, listed = found[f]  # type: ignore[misc]
                 if negative >= 0:
                     _negative_id(name, feature_keys, lengths[f], negative)
             if self.id_hashing == "vocabulary":  # a history's ids are its item's
@@ -448,9 +457,11 @@ class ParquetColumns:
                 feature_keys, feature_ids = _newest(feature_keys, feature_ids, lengths[f], self.max_history)
                 lengths[f] = np.minimum(lengths[f], self.max_history)
                 flat_ids = None  # no longer the kernels' array
+                listed = feature_keys  # the ids cut off are not read
             keys.append(feature_keys)
             ids.append(feature_ids)
-        return lengths, ids, keys, flat_ids
+            distinct.append(listed)
+        return lengths, ids, keys, flat_ids, distinct
 
     def _vocabulary_rows(self, f: int, keys: np.ndarray) -> np.ndarray:
         """The rows of feature ``f``'s keys (``kjt_keys`` order: a history's are its item's)."""

@@ -322,10 +322,15 @@ def read_row_group(
     row_group: int,
     names: Sequence[str],
     use_threads: bool = True,
+    dictionary: Sequence[str] = (),
 ) -> pa.Table:
     """The columns ``names`` of one row group of a file (partition columns made from
     its path), of the table ``schema``'s types; ``use_threads``: decoded by pyarrow's
-    pool of threads, else in the calling thread.
+    pool of threads, else in the calling thread. The string or binary columns named in
+    ``dictionary`` come dictionary-encoded (pyarrow's ``read_dictionary``: the values of
+    Parquet's dictionary pages as indices into the row group's dictionary, never
+    materialised; those of plain-encoded pages added to it), their dictionary of the
+    schema's type.
 
     Raises:
         BadInput: the row group cannot be read.
@@ -333,9 +338,11 @@ def read_row_group(
             (pyarrow reads what the pages hold and believes the footer elsewhere).
     """
     own = [n for n in names if n not in footer.partitions]
+    encoded = [n for n in dictionary if n in own]
     try:
         with filesystem.open_input_file(footer.path) as handle:
-            table = pq.ParquetFile(handle).read_row_group(row_group, columns=own, use_threads=use_threads)
+            parquet = pq.ParquetFile(handle, read_dictionary=encoded or None)
+            table = parquet.read_row_group(row_group, columns=own, use_threads=use_threads)
     except (pa.ArrowInvalid, OSError) as e:
         raise BadInput(f"{footer.path}: row group {row_group} cannot be read ({e})") from e
     if own and table.num_rows != footer.row_group_rows[row_group]:  # no column read: no rows counted
@@ -348,4 +355,9 @@ def read_row_group(
             table = table.append_column(
                 schema.field(name), partition_column(footer.partitions[name], schema.field(name).type, table.num_rows)
             )
-    return table.select(list(names)).cast(pa.schema([schema.field(n) for n in names]))
+    fields = [schema.field(n) for n in names]
+    for i, field in enumerate(fields):
+        read = table.schema.field(field.name).type
+        if field.name in encoded and pa.types.is_dictionary(read) and not pa.types.is_dictionary(field.type):
+            fields[i] = field.with_type(pa.dictionary(read.index_type, field.type))
+    return table.select(list(names)).cast(pa.schema(fields))

@@ -19,6 +19,7 @@ import ctypes
 import os
 import sys
 import threading
+from collections import OrderedDict
 
 import numpy as np
 import pyarrow as pa
@@ -30,7 +31,7 @@ from data.parquet.id_hashing import salt
 ENVIRONMENT = "DLRM_PARQUET_KERNEL"
 LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "libdlrm_columns.so")
 # columns.c's DLRM_COLUMNS_VERSION: a library built from other sources is not used.
-VERSION = 4
+VERSION = 5
 
 # columns.c's value kinds.
 _INTEGER_KINDS = {
@@ -61,7 +62,10 @@ class _Ids(ctypes.Structure):
         ("offset", ctypes.c_int64),
         ("value_offsets", ctypes.c_void_p),
         ("data", ctypes.c_void_p),
-        ("lookup", ctypes.c_void_p),
+        ("entries", ctypes.c_void_p),
+        ("marks", ctypes.c_void_p),
+        ("distinct", ctypes.c_void_p),
+        ("distinct_written", ctypes.c_int64),
         ("table_size", ctypes.c_uint64),
         ("lengths_at", ctypes.c_int64),
         ("written", ctypes.c_int64),
@@ -187,9 +191,12 @@ def _address_of(array: np.ndarray) -> int:
     return int(array.__array_interface__["data"][0])
 
 
-def _ids_chunk(lib: ctypes.CDLL, array: pa.Array, table_size: int, keep: list[object]) -> tuple[_Ids, int] | None:
-    """(the dlrm_ids of a chunk of a sparse column, room for its ids), or None for a type
-    the kernels do not take. ``keep`` receives what must outlive the call."""
+def _ids_chunk(
+    lib: ctypes.CDLL, array: pa.Array, table_size: int, modulo: bool, salt_value: int, keep: list[object]
+) -> tuple[_Ids, int, int] | None:
+    """(the dlrm_ids of a chunk of a sparse column, room for its ids, the entries of its
+    dictionary or -1: the caller gives a dictionary-encoded chunk its marks and distinct),
+    or None for a type the kernels do not take. ``keep`` receives what must outlive the call."""
     ids, capacity = _Ids(length=len(array), table_size=table_size), len(array)
     values = array
     if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
@@ -201,16 +208,13 @@ def _ids_chunk(lib: ctypes.CDLL, array: pa.Array, table_size: int, keep: list[ob
         ids.list_validity = _address(validity) if array.null_count else None
         ids.list_offsets, ids.list_offset, ids.list_offsets_64 = offsets.address, array.offset, wide
         values = array.values
+    entries = -1
     if pa.types.is_dictionary(values.type):
-        dictionary = values.dictionary
-        if dictionary.null_count:
-            return None
-        found = _bags(lib, [dictionary], [1], True, 0)[1][0]
+        found = _dictionary_lookup(lib, values.dictionary, table_size, modulo, salt_value)
         if found is None:
             return None
-        lookup = found[0]
-        keep.append(lookup)
-        ids.lookup = _address_of(lookup)
+        keep.append(found[0])
+        ids.entries, entries = found[1], len(found[0])
         values = values.indices
     found_kind = _values_kind(values)
     if found_kind is None:
@@ -225,11 +229,49 @@ def _ids_chunk(lib: ctypes.CDLL, array: pa.Array, table_size: int, keep: list[ob
         ids.data = _address(buffers[2]) if buffers[2] is not None and buffers[2].size else None
     else:
         ids.data = _address(buffers[1])
-    return ids, capacity
+    return ids, capacity, entries
 
 
-# Per feature: (keys uint64, embedding rows int64, index of the first negative id or -1).
-FeatureIds = tuple[np.ndarray, np.ndarray, int]
+# A dictionary's (keys, embedding rows) by entry, per (dictionary, table size, modulo,
+# salt): the batches cut from one row group share its dictionary, computed once. An entry
+# holds its dictionary, so that the buffers' addresses (the cache's key) are not reused
+# while it is cached.
+_LOOKUPS: "OrderedDict[tuple[object, ...], tuple[pa.Array, np.ndarray, int]]" = OrderedDict()
+_LOOKUPS_HELD = 512  # entries: a row group's dictionary per column, for several row groups
+_lookups_lock = threading.Lock()
+
+
+def _dictionary_lookup(
+    lib: ctypes.CDLL, dictionary: pa.Array, table_size: int, modulo: bool, salt_value: int
+) -> tuple[np.ndarray, int] | None:
+    """(columns.c's dlrm_entry of every entry of a dictionary ((entries, 2) uint64: key,
+    embedding row), its address), or None where the kernels leave it to the reference
+    (nulls in it, a type they do not take)."""
+    if dictionary.null_count:
+        return None
+    addresses = tuple(b.address if b is not None else 0 for b in dictionary.buffers())
+    key = (*addresses, dictionary.offset, len(dictionary), str(dictionary.type), table_size, int(modulo), salt_value)
+    with _lookups_lock:
+        if key in _LOOKUPS:
+            _LOOKUPS.move_to_end(key)
+            held = _LOOKUPS[key]
+            return held[1], held[2]
+    found = _bags(lib, [dictionary], [table_size], modulo, salt_value)[1][0]
+    if found is None:
+        return None
+    # Negative ids (modulo) have row 0 here; the bags' loop still flags the first one read.
+    entries = np.empty((len(dictionary), 2), dtype=np.uint64)
+    entries[:, 0], entries[:, 1] = found[0], found[1].view(np.uint64)
+    with _lookups_lock:
+        _LOOKUPS[key] = (dictionary, entries, _address_of(entries))
+        while len(_LOOKUPS) > _LOOKUPS_HELD:
+            _LOOKUPS.popitem(last=False)
+    return entries, _address_of(entries)
+
+
+# Per feature: (keys uint64, embedding rows int64, index of the first negative id or -1,
+# its keys each at least once: the same set as the keys, fewer where dictionaries list them).
+FeatureIds = tuple[np.ndarray, np.ndarray, int, np.ndarray]
 
 
 def _bags(
@@ -242,20 +284,37 @@ def _bags(
     keep: list[object] = list(columns)
     structs: list[_Ids] = []
     spans: list[tuple[int, int] | None] = []
-    capacity = 0
+    listed: list[list[tuple[int, int] | None]] = []  # per chunk: its distinct keys' (start, room)
+    capacity = marks_size = distinct_size = 0
     num_rows = len(columns[0]) if columns else 0
     for f, (column, size) in enumerate(zip(columns, table_sizes)):
-        found = [_ids_chunk(lib, array, size, keep) for array in _chunks(column)]
+        found = [_ids_chunk(lib, array, size, modulo, salt_value, keep) for array in _chunks(column)]
         if any(c is None for c in found):
             spans.append(None)
+            listed.append([])
             continue
         spans.append((len(structs), len(structs) + len(found)))
+        listed.append([])
         row = 0
-        for ids, room in found:  # type: ignore[misc]
+        for ids, room, entries in found:  # type: ignore[misc]
             ids.lengths_at = f * num_rows + row
             row += ids.length
             capacity += room
             structs.append(ids)
+            if entries < 0:
+                listed[-1].append(None)
+                continue
+            # Marked in one zeroed buffer for every chunk, listed in one array: a bit an
+            # entry, a key each entry read (at most one a value).
+            ids.marks, ids.distinct = marks_size, distinct_size
+            listed[-1].append((distinct_size, min(entries, room)))
+            marks_size += (entries + 7) // 8
+            distinct_size += min(entries, room)
+    marks, distinct = np.zeros(marks_size, dtype=np.uint8), np.empty(distinct_size, dtype=np.uint64)
+    marks_at, distinct_at = _address_of(marks), _address_of(distinct)
+    for ids in structs:
+        if ids.entries:
+            ids.marks, ids.distinct = marks_at + (ids.marks or 0), distinct_at + 8 * (ids.distinct or 0)
     lengths = np.empty((len(columns), num_rows), dtype=np.int32)
     keys, rows = np.empty(capacity, dtype=np.uint64), np.empty(capacity, dtype=np.int64)
     array = (_Ids * len(structs))(*structs)
@@ -264,7 +323,7 @@ def _bags(
     )
     features: list[FeatureIds | None] = []
     start = 0
-    for span in spans:
+    for span, places in zip(spans, listed):
         if span is None:
             features.append(None)
             continue
@@ -273,7 +332,14 @@ def _bags(
             if first_negative < 0 <= chunk.first_negative:
                 first_negative = count + chunk.first_negative
             count += chunk.written
-        features.append((keys[start : start + count], rows[start : start + count], first_negative))
+        feature_keys = keys[start : start + count]
+        if places and all(p is not None for p in places):  # every chunk a dictionary's
+            chunks = array[span[0] : span[1]]
+            parts = [distinct[p[0] : p[0] + c.distinct_written] for p, c in zip(places, chunks)]  # type: ignore[index]
+            unique = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        else:
+            unique = feature_keys
+        features.append((feature_keys, rows[start : start + count], first_negative, unique))
         start += count
     return lengths, features, rows[:start]
 
@@ -287,9 +353,11 @@ def sparse_bags(
 ) -> tuple[np.ndarray, "list[FeatureIds | None]", np.ndarray]:
     """The bags of sparse columns of equal length, in one call (the GIL released):
     (bag lengths (features, rows) int32, per feature (keys uint64, embedding rows int64,
-    index of its first negative id or -1), or None where the kernels do not take the
-    column's type and the reference must convert it (its lengths row then unset); the
-    embedding rows of the features converted, back to back, as one array).
+    index of its first negative id or -1, its keys each at least once: a dictionary-
+    encoded chunk lists each entry it reads once, its key and row computed once per
+    dictionary), or None where the kernels do not take the column's type and the
+    reference must convert it (its lengths row then unset); the embedding rows of the
+    features converted, back to back, as one array).
     ``modulo``: rows are the ids modulo the table size (a negative one's index returned
     for the caller's message), else the hash seeded with ``seed``."""
     return _bags(lib, columns, table_sizes, modulo, 0 if modulo else _salt(seed))

@@ -55,7 +55,7 @@ from common.errors import BadInput
 from common.url_paths import redacted
 from data.batching.batches import BatchBuilder, RankBatchLayout, WeightedBatch
 from data.batching.value_checks import DataValueError
-from data.parquet.columns import ColumnValueError, ParquetColumns
+from data.parquet.columns import ColumnValueError, ParquetColumns, id_kind
 from data.parquet.feed import (
     Agreement,
     StartedAgreement,
@@ -81,6 +81,14 @@ from data.sources.types import FeedJob
 # Batches the workers prepare ahead of the one training uses (at least; with
 # more workers, two per worker).
 PREFETCH_BATCHES = 2
+# A string or binary id column is read dictionary-encoded (pyarrow's read_dictionary:
+# its dictionary pages' indices, never materialised) until a row group of it holds more
+# distinct values than this share of its values; from then on it is read plain. Parquet
+# writers fall back to plain pages once a row group's dictionary outgrows its limit (1 MiB
+# in pyarrow), and pyarrow then builds the dictionary by hashing every value of those
+# pages: twice a plain read's time on nearly distinct values. Below the share, the
+# kernels hash each entry once per row group and the id counters take each entry once a batch.
+DICTIONARY_SHARE = 0.5
 # Dense columns whose nulls this process has reported (once per column, by rank 0).
 _NULLS_REPORTED: set[str] = set()
 
@@ -176,9 +184,14 @@ class ParquetDataset:
                 what = split if num_windows is not None else f"the {split} split"
                 raise BadInput(f"--parquet_path {redacted(path)}: {what} has no rows ({self.describe_splits()})")
 
-    def read_row_group(self, file: int, row_group: int, names: Sequence[str], use_threads: bool = True) -> pa.Table:
-        """The columns ``names`` of one row group (partition columns made from the path)."""
-        return read_row_group(self.filesystem, self.footers[file], self.schema, row_group, names, use_threads)
+    def read_row_group(
+        self, file: int, row_group: int, names: Sequence[str], use_threads: bool = True, dictionary: Sequence[str] = ()
+    ) -> pa.Table:
+        """The columns ``names`` of one row group (partition columns made from the path);
+        those of ``dictionary`` dictionary-encoded (data.parquet.files.read_row_group)."""
+        return read_row_group(
+            self.filesystem, self.footers[file], self.schema, row_group, names, use_threads, dictionary
+        )
 
     def read_segment(self, segment: Segment, names: Sequence[str]) -> pa.Table:
         return _segment_rows(self.read_row_group(segment.file, segment.row_group, names), segment)
@@ -358,7 +371,7 @@ class _PiecePlan:
 
     def piece(self) -> "_Piece":
         tables = [t.get().slice(s.lo, s.count) for t, s in zip(self.tables, self.spans)]
-        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        table = _concat(tables)
         if self.permutation is None:
             positions = np.arange(self.first, self.last)
             taken = table.slice(self.first, self.last - self.first)
@@ -441,6 +454,8 @@ class ParquetLoader:
             --rolling_windows are made. None: one process on CPU.
         agree: the ranks' agreement on each batch (data/parquet/feed.py `Agreement`),
             instead of the job group's: how ranks run as threads agree (tests).
+        read_dictionary: read string and binary id columns dictionary-encoded
+            (`DICTIONARY_SHARE`); False: always plain (the batches are the same).
     """
 
     def __init__(
@@ -460,6 +475,7 @@ class ParquetLoader:
         job: "Callable[[], FeedJob] | None" = None,
         agree: Agreement | None = None,
         epoch_shares: "int | Callable[[], int | None] | None" = None,
+        read_dictionary: bool = True,
     ) -> None:
         self._dataset = dataset
         self._segments = list(segments)
@@ -482,6 +498,19 @@ class ParquetLoader:
         self._agree = agree
         self._epoch, self._start_batch = 0, 0
         self._read_parts = 1  # the parts a row group's columns are read in: one a worker
+        # The string and binary id columns, read dictionary-encoded (`DICTIONARY_SHARE`) but
+        # those found to hold mostly distinct values (the workers add to it).
+        schema = dataset.schema
+        self._dictionary = {
+            n
+            for n in columns.kjt_keys
+            if schema.get_field_index(n) >= 0
+            and id_kind(schema.field(n).type) == "string"
+            and not pa.types.is_list(schema.field(n).type)
+            and not pa.types.is_large_list(schema.field(n).type)
+        }
+        self._plain: set[str] = set()
+        self.read_dictionary = read_dictionary  # may be changed between epochs
 
     def shares(self) -> int:
         """S: the shares each epoch is cut into (``--epoch_shares``; unset, the world size)."""
@@ -713,7 +742,11 @@ class ParquetLoader:
         parts[0] += [n for n in self._names if n in partitions]
 
         def read(names: list[str]) -> pa.Table:
-            return self._dataset.read_row_group(segment.file, segment.row_group, names, use_threads)
+            wanted = self._dictionary if self.read_dictionary else set()
+            encoded = [n for n in names if n in wanted and n not in self._plain]
+            table = self._dataset.read_row_group(segment.file, segment.row_group, names, use_threads, encoded)
+            self._plain.update(n for n in encoded if _many_distinct(table.column(n)))
+            return table
 
         def finish(table: pa.Table) -> pa.Table:
             self._counters.read(table.num_rows, table.nbytes)
@@ -730,8 +763,7 @@ class ParquetLoader:
             pieces = [plan.piece() for plan in plans]
         except RowCountError as e:  # the rank reading it flags the batch: every rank stops there
             return _Bad(f"{e} (batch {batch} of the split)")
-        tables = [p.table for p in pieces]
-        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        table = _concat([p.table for p in pieces])
         try:
             rows = self._columns.convert(table)
         except ColumnValueError as e:
@@ -744,9 +776,15 @@ class ParquetLoader:
             # Training's counter: per table, a history's ids with its item's (they are looked
             # up and trained in its table: its collisions, its seen-id filter). An evaluation's
             # unseen ids: the categorical features' own, as serving counts them.
+            # Training's counts are sets (a filter's bits, distinct values): each key once
+            # is the same (a dictionary-encoded column lists each entry read once); the
+            # unseen ids of an evaluation are counted per id.
             training = self._collisions.counts_collisions
             columns = self._columns
-            self._collisions.add(columns.table_keys(rows.keys) if training else rows.keys[: len(columns.sparse)])
+            if training:
+                self._collisions.add(columns.table_keys(rows.distinct_keys or rows.keys))
+            else:
+                self._collisions.add(rows.keys[: len(columns.sparse)])
         result = self._builder.bags(
             rows.dense, rows.ids, rows.lengths, rows.labels, rows.weights, 1.0, flat_ids=rows.flat_ids
         )
@@ -782,6 +820,28 @@ class ParquetLoader:
                 return piece.where(self._dataset, self._segments, row)
             row -= piece.table.num_rows
         raise AssertionError(f"row {row} is not in the batch")
+
+
+def _concat(tables: Sequence[pa.Table]) -> pa.Table:
+    """The tables' rows one after the other. A column read dictionary-encoded in some and
+    plain in others (the loader stopped reading it so: `ParquetLoader`) is decoded in all."""
+    if len(tables) == 1:
+        return tables[0]
+    if any(t.schema != tables[0].schema for t in tables[1:]):
+        plain = pa.schema(
+            [f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in tables[0].schema]
+        )
+        tables = [t.cast(plain) for t in tables]
+    return pa.concat_tables(tables)
+
+
+def _many_distinct(column: pa.ChunkedArray) -> bool:
+    """Whether a column read dictionary-encoded holds more than `DICTIONARY_SHARE` distinct
+    values per value in a chunk."""
+    return any(
+        pa.types.is_dictionary(c.type) and len(c.dictionary) > DICTIONARY_SHARE * max(len(c) - c.null_count, 1)
+        for c in column.chunks
+    )
 
 
 def _segment_rows(table: pa.Table, segment: Segment) -> pa.Table:

@@ -13,7 +13,7 @@
 
 /* data/parquet/kernel.py VERSION: raised whenever a signature or a structure changes, so
  * that a library built from older sources is refused rather than misread. */
-#define DLRM_COLUMNS_VERSION 4
+#define DLRM_COLUMNS_VERSION 5
 
 int32_t dlrm_columns_version(void) { return DLRM_COLUMNS_VERSION; }
 
@@ -25,6 +25,13 @@ enum {
     KIND_STRING32, /* string or binary: int32 offsets */
     KIND_STRING64  /* large_string or large_binary: int64 offsets */
 };
+
+/* A dictionary entry's key and embedding row, computed once for the dictionary (one
+ * cache line holds both: the entries of a large dictionary are read at random). */
+typedef struct {
+    uint64_t key;
+    int64_t row;
+} dlrm_entry;
 
 /* A chunk of a sparse column: rows of single ids or of lists of ids. Indices are Arrow's:
  * row r of the list level is list_offset + r, and the list offsets index the values
@@ -40,7 +47,10 @@ typedef struct {
     int64_t offset;
     const void *value_offsets;    /* strings */
     const uint8_t *data;
-    const uint64_t *lookup;       /* dictionary-encoded: the dictionary's keys, by index */
+    const dlrm_entry *entries;    /* dictionary-encoded (data: the indices): by index, NULL: not */
+    uint8_t *marks;               /* dictionary-encoded: a zeroed bit per entry */
+    uint64_t *distinct;           /* out (dictionary-encoded): the keys of the entries read, each once */
+    int64_t distinct_written;     /* out: how many */
     uint64_t table_size;          /* of the chunk's feature */
     int64_t lengths_at;           /* where its rows' bag sizes go in lengths */
     int64_t written;              /* out: the ids written */
@@ -72,7 +82,21 @@ static inline __attribute__((always_inline)) uint64_t key_at(const dlrm_ids *c, 
         return dlrm_string_key(c->data + o[i], (size_t)(o[i + 1] - o[i]));
     }
     }
-    return c->lookup ? c->lookup[index] : dlrm_integer_key(index);
+    return dlrm_integer_key(index);
+}
+
+/* The dictionary index of value i of a dictionary-encoded chunk (its indices: an integer kind). */
+static inline __attribute__((always_inline)) int64_t index_at(const dlrm_ids *c, int32_t kind, int64_t i) {
+    switch (kind) {
+    case KIND_INT8: return ((const int8_t *)c->data)[i];
+    case KIND_INT16: return ((const int16_t *)c->data)[i];
+    case KIND_INT32: return ((const int32_t *)c->data)[i];
+    case KIND_INT64: return ((const int64_t *)c->data)[i];
+    case KIND_UINT8: return ((const uint8_t *)c->data)[i];
+    case KIND_UINT16: return ((const uint16_t *)c->data)[i];
+    case KIND_UINT32: return ((const uint32_t *)c->data)[i];
+    default: return (int64_t)((const uint64_t *)c->data)[i];
+    }
 }
 
 /* One chunk's bags at lengths[0..length), keys[0..), rows[0..); sets written and
@@ -104,7 +128,6 @@ static inline __attribute__((always_inline)) void id_bags_of(dlrm_ids *chunk, co
             if (!valid(c.validity, i))
                 continue;
             uint64_t key = key_at(&c, kind, i);
-            keys[out] = key;
             if (modulo) {
                 int64_t id = (int64_t)key;
                 if (id < 0 && first_negative < 0)
@@ -113,6 +136,7 @@ static inline __attribute__((always_inline)) void id_bags_of(dlrm_ids *chunk, co
             } else {
                 rows[out] = dlrm_embedding_row(key, salt, c.table_size);
             }
+            keys[out] = key;
             ++out;
         }
         lengths[r] = (int32_t)(out - first);
@@ -121,7 +145,85 @@ static inline __attribute__((always_inline)) void id_bags_of(dlrm_ids *chunk, co
     chunk->first_negative = first_negative;
 }
 
+/* The value range [begin, end) of row r of a chunk (its list, or the row itself); 0 for
+ * a null list. */
+static inline __attribute__((always_inline)) int32_t row_values(const dlrm_ids *c, int64_t r, int64_t *begin,
+                                                                int64_t *end) {
+    *begin = r;
+    *end = r + 1;
+    if (c->list_offsets) {
+        int64_t l = c->list_offset + r;
+        if (!valid(c->list_validity, l))
+            return 0;
+        if (c->list_offsets_64) {
+            *begin = ((const int64_t *)c->list_offsets)[l];
+            *end = ((const int64_t *)c->list_offsets)[l + 1];
+        } else {
+            *begin = ((const int32_t *)c->list_offsets)[l];
+            *end = ((const int32_t *)c->list_offsets)[l + 1];
+        }
+    }
+    return 1;
+}
+
+/* id_bags_of for a dictionary-encoded chunk (kind: its indices'): each value's key and
+ * row are its entry's, and the first value of each entry lists the entry's key in
+ * distinct (the marks). The entry AHEAD values on is prefetched: a large dictionary's
+ * entries are read at random. */
+static inline __attribute__((always_inline)) void dictionary_bags_of(dlrm_ids *chunk, const int32_t kind,
+                                                                     int32_t modulo, int32_t *restrict lengths,
+                                                                     uint64_t *restrict keys, int64_t *restrict rows) {
+    enum { AHEAD = 16 };
+    const dlrm_ids c = *chunk;
+    int64_t out = 0, first_negative = -1, distinct = 0, begin, end, last = c.length;
+    if (c.list_offsets) /* the values of the lists end where the last list's offsets say */
+        last = c.list_offsets_64 ? ((const int64_t *)c.list_offsets)[c.list_offset + c.length]
+                                 : ((const int32_t *)c.list_offsets)[c.list_offset + c.length];
+    last += c.offset;
+    for (int64_t r = 0; r < c.length; ++r) {
+        if (!row_values(&c, r, &begin, &end)) {
+            lengths[r] = 0;
+            continue;
+        }
+        int64_t first = out;
+        for (int64_t i = c.offset + begin; i < c.offset + end; ++i) {
+            if (i + AHEAD < last) /* a null's index may be anything: a prefetch never faults */
+                __builtin_prefetch(&c.entries[index_at(&c, kind, i + AHEAD)]);
+            if (!valid(c.validity, i))
+                continue;
+            int64_t index = index_at(&c, kind, i);
+            dlrm_entry entry = c.entries[index];
+            keys[out] = entry.key;
+            rows[out] = entry.row;
+            if (!((c.marks[index >> 3] >> (index & 7)) & 1)) {
+                c.marks[index >> 3] |= (uint8_t)(1u << (index & 7));
+                c.distinct[distinct++] = entry.key;
+            }
+            if (modulo && (int64_t)entry.key < 0 && first_negative < 0)
+                first_negative = out;
+            ++out;
+        }
+        lengths[r] = (int32_t)(out - first);
+    }
+    chunk->written = out;
+    chunk->first_negative = first_negative;
+    chunk->distinct_written = distinct;
+}
+
 static void id_bags(dlrm_ids *c, int32_t modulo, uint64_t salt, int32_t *lengths, uint64_t *keys, int64_t *rows) {
+    if (c->entries) {
+        switch (c->kind) {
+        case KIND_INT8: dictionary_bags_of(c, KIND_INT8, modulo, lengths, keys, rows); break;
+        case KIND_INT16: dictionary_bags_of(c, KIND_INT16, modulo, lengths, keys, rows); break;
+        case KIND_INT32: dictionary_bags_of(c, KIND_INT32, modulo, lengths, keys, rows); break;
+        case KIND_INT64: dictionary_bags_of(c, KIND_INT64, modulo, lengths, keys, rows); break;
+        case KIND_UINT8: dictionary_bags_of(c, KIND_UINT8, modulo, lengths, keys, rows); break;
+        case KIND_UINT16: dictionary_bags_of(c, KIND_UINT16, modulo, lengths, keys, rows); break;
+        case KIND_UINT32: dictionary_bags_of(c, KIND_UINT32, modulo, lengths, keys, rows); break;
+        default: dictionary_bags_of(c, KIND_UINT64, modulo, lengths, keys, rows); break;
+        }
+        return;
+    }
     switch (c->kind) {
     case KIND_INT8: id_bags_of(c, KIND_INT8, modulo, salt, lengths, keys, rows); break;
     case KIND_INT16: id_bags_of(c, KIND_INT16, modulo, salt, lengths, keys, rows); break;

@@ -51,6 +51,8 @@ def _same(fast, slow) -> None:
         assert (fast.flat_ids == np.concatenate(slow.ids if slow.ids else [np.zeros(0, np.int64)])).all()
     for mine, theirs in zip(fast.keys, slow.keys, strict=True):
         assert mine.dtype == theirs.dtype == np.uint64 and (mine == theirs).all()
+    for keys, listed in zip(fast.keys, fast.distinct_keys or fast.keys, strict=True):
+        assert set(keys.tolist()) == set(listed.tolist())  # what the id counters take: the same set
     if slow.labels is not None:
         assert (fast.labels == slow.labels).all()
 

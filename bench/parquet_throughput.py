@@ -120,10 +120,10 @@ def _train_loader(
     config.validate()
     source = source_for(config)
     dataset = source.open()
-    loader = source.loaders(dataset, [1_000_000] * len(source.describe().sparse_feature_names), rank, world_size)
-    loader = loader["train"]
+    sizes = [1_000_000] * len(source.describe().sparse_feature_names)
+    loader: Any = source.loaders(dataset, sizes, rank, world_size)["train"]
     if not dictionary:
-        loader.read_dictionary = False
+        loader.read_dictionary = False  # a ParquetLoader's
     return loader
 
 

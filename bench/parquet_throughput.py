@@ -22,7 +22,10 @@ each row group's dictionary holds a part of its values) and multi-hot (label, 13
 4 list columns of 1-100 int64 ids). The loader reads string id columns
 dictionary-encoded while a row group holds few distinct values
 (data/parquet/loader.py DICTIONARY_SHARE); ``plain_rows_per_sec`` is its rows/s with
-that off (``read_dictionary=False``). Prints each figure, which conversion ran
+that off (``read_dictionary=False``). ``cpu_ratio`` (and ``plain_cpu_ratio``) compare
+the rows per CPU second of the process (every thread's) instead: steadier than the
+rows/s on a busy machine. ``--rounds N`` alternates the measurements N times and takes
+each figure's median (``ratios``: each round's ratio). Prints each figure, which conversion ran
 ("kernels": data/parquet/kernel.py, the compiled pass per column; "numpy": not built, or
 DLRM_PARQUET_KERNEL=numpy) and one JSON line.
 
@@ -93,14 +96,15 @@ def write_table(
     return directory
 
 
-def pyarrow_rows_per_sec(directory: str, columns: list) -> float:
-    """Rows/s of pyarrow reading every row group of the table's columns."""
+def pyarrow_rows_per_sec(directory: str, columns: list) -> tuple[float, float]:
+    """(rows/s, rows per CPU second of the process) of pyarrow reading every row group
+    of the table's columns."""
     path = os.path.join(directory, "part-0.parquet")
-    start, rows = time.perf_counter(), 0
+    start, cpu, rows = time.perf_counter(), time.process_time(), 0
     parquet = pq.ParquetFile(path)
     for group in range(parquet.num_row_groups):
         rows += parquet.read_row_group(group, columns=columns).num_rows
-    return rows / (time.perf_counter() - start)
+    return rows / (time.perf_counter() - start), rows / (time.process_time() - cpu)
 
 
 def _train_loader(
@@ -127,15 +131,18 @@ def _train_loader(
     return loader
 
 
-def loader_rows_per_sec(directory: str, batch_size: int, workers: int = 1, dictionary: bool = True) -> float:
-    """Rows/s of the training loader's batches in its second pass (one rank of one)."""
+def loader_rows_per_sec(
+    directory: str, batch_size: int, workers: int = 1, dictionary: bool = True
+) -> tuple[float, float]:
+    """(rows/s, rows per CPU second of the process: every thread's) of the training
+    loader's batches in its second pass (one rank of one)."""
     loader = _train_loader(directory, batch_size, workers, dictionary=dictionary)
     for _ in loader:  # warm-up pass: imports torchrec's batch types (each pass reads the files anew)
         pass
-    start, rows = time.perf_counter(), 0
+    start, cpu, rows = time.perf_counter(), time.process_time(), 0
     for batch in loader:
         rows += batch.labels.numel()
-    return rows / (time.perf_counter() - start)
+    return rows / (time.perf_counter() - start), rows / (time.process_time() - cpu)
 
 
 def job_reading(directory: str, batch_size: int, world_size: int = 2) -> dict[str, float]:
@@ -191,20 +198,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             columns = pq.ParquetFile(os.path.join(directory, "part-0.parquet")).schema_arrow.names
             # Rounds alternate the figures, so that a busy machine's load weighs on each alike.
-            figures: dict[str, list[float]] = {"limit": [], "ours": [], "plain": [], "two": []}
+            # Each figure (rows/s, rows per CPU second): on a busy machine the CPU-time ratio
+            # (``cpu_ratio``: the process's, every thread) is the steadier one.
+            figures: dict[str, list[tuple[float, float]]] = {"limit": [], "ours": [], "plain": [], "two": []}
             for _ in range(args.rounds):
                 figures["limit"].append(pyarrow_rows_per_sec(directory, columns))
                 figures["ours"].append(loader_rows_per_sec(directory, args.batch_size))
                 figures["plain"].append(loader_rows_per_sec(directory, args.batch_size, dictionary=False))
                 figures["two"].append(loader_rows_per_sec(directory, args.batch_size, workers=2))
-            limit, ours, plain, two = (float(np.median(figures[k])) for k in ("limit", "ours", "plain", "two"))
+            limit, ours, plain, two = (
+                float(np.median([f[0] for f in figures[k]])) for k in ("limit", "ours", "plain", "two")
+            )
+            cpu_limit, cpu_ours, cpu_plain = (
+                float(np.median([f[1] for f in figures[k]])) for k in ("limit", "ours", "plain")
+            )
             job = job_reading(directory, args.batch_size)
             results[name] = {
                 "rows": rows,
                 "pyarrow_rows_per_sec": limit,
                 "loader_rows_per_sec": ours,
                 "ratio": ours / limit,
-                "ratios": [o / p for o, p in zip(figures["ours"], figures["limit"])],
+                "ratios": [o[0] / p[0] for o, p in zip(figures["ours"], figures["limit"])],
+                "cpu_ratio": cpu_ours / cpu_limit,
+                "plain_cpu_ratio": cpu_plain / cpu_limit,
                 "plain_rows_per_sec": plain,
                 "plain_ratio": plain / limit,
                 "loader_rows_per_sec_per_core": ours,
@@ -216,7 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
             print(
                 f"{name}: pyarrow {limit:,.0f} rows/s, loader {ours:,.0f} rows/s, ratio {ours / limit:.2f}x "
-                f"(goal >= 1.0x; {conversion}; ids read plain {plain / limit:.2f}x); 2 workers {two:,.0f} rows/s "
+                f"(goal >= 1.0x; {conversion}; ids read plain {plain / limit:.2f}x; by CPU time "
+                f"{cpu_ours / cpu_limit:.2f}x, plain {cpu_plain / cpu_limit:.2f}x); 2 workers {two:,.0f} rows/s "
                 f"({two / 2:,.0f} a core), {two / ours:.2f}x one (goal >= 1.8x); a 2-rank job decodes "
                 f"{job['decoded_rows_per_split_row']:.2f} rows per row of the split (goal 1.0; pyarrow reads "
                 f"{job['read_rows_per_split_row']:.3f})"

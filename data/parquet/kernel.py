@@ -235,9 +235,12 @@ def _ids_chunk(
 # A dictionary's (keys, embedding rows) by entry, per (dictionary, table size, modulo,
 # salt): the batches cut from one row group share its dictionary, computed once. An entry
 # holds its dictionary, so that the buffers' addresses (the cache's key) are not reused
-# while it is cached.
+# while it is cached. The least recently used go first, past a count and a size (entries
+# and dictionaries together: the row groups the workers convert, several times over).
 _LOOKUPS: "OrderedDict[tuple[object, ...], tuple[pa.Array, np.ndarray, int]]" = OrderedDict()
-_LOOKUPS_HELD = 512  # entries: a row group's dictionary per column, for several row groups
+_LOOKUPS_HELD = 512
+_LOOKUPS_BYTES = 64 << 20
+_lookups_size = 0
 _lookups_lock = threading.Lock()
 
 
@@ -262,11 +265,26 @@ def _dictionary_lookup(
     # Negative ids (modulo) have row 0 here; the bags' loop still flags the first one read.
     entries = np.empty((len(dictionary), 2), dtype=np.uint64)
     entries[:, 0], entries[:, 1] = found[0], found[1].view(np.uint64)
+    global _lookups_size
     with _lookups_lock:
-        _LOOKUPS[key] = (dictionary, entries, _address_of(entries))
-        while len(_LOOKUPS) > _LOOKUPS_HELD:
-            _LOOKUPS.popitem(last=False)
+        if key not in _LOOKUPS:
+            _LOOKUPS[key] = (dictionary, entries, _address_of(entries))
+            _lookups_size += _held_bytes(_LOOKUPS[key])
+        while len(_LOOKUPS) > 1 and (len(_LOOKUPS) > _LOOKUPS_HELD or _lookups_size > _LOOKUPS_BYTES):
+            _lookups_size -= _held_bytes(_LOOKUPS.popitem(last=False)[1])
     return entries, _address_of(entries)
+
+
+def _held_bytes(held: tuple[pa.Array, np.ndarray, int]) -> int:
+    return int(held[0].nbytes) + int(held[1].nbytes)
+
+
+def clear_lookups() -> None:
+    """Drops every cached dictionary (tests)."""
+    global _lookups_size
+    with _lookups_lock:
+        _LOOKUPS.clear()
+        _lookups_size = 0
 
 
 # Per feature: (keys uint64, embedding rows int64, index of the first negative id or -1,

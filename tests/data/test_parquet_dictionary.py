@@ -115,7 +115,7 @@ def test_the_kernels_list_each_dictionary_entry_once_and_reuse_a_dictionarys_row
     lib = kernel.library()
     if lib is None:
         pytest.skip("the kernels are not built")
-    kernel._LOOKUPS.clear()
+    kernel.clear_lookups()
     first = columns.convert(rows)
     assert len(kernel._LOOKUPS) == 2  # one a dictionary and table size
     again = columns.convert(rows.slice(10, 50))
@@ -137,18 +137,25 @@ def test_a_cached_dictionary_stays_held_while_cached():
     lib = kernel.library()
     if lib is None:
         pytest.skip("the kernels are not built")
-    kernel._LOOKUPS.clear()
+    kernel.clear_lookups()
     for i in range(kernel._LOOKUPS_HELD + 5):
         dictionary = pa.array([f"x{i}", f"y{i}"])
         kernel._dictionary_lookup(lib, dictionary, 10, False, 0)
     assert len(kernel._LOOKUPS) == kernel._LOOKUPS_HELD
+    kernel.clear_lookups()
+    big = pa.array([f"{i:09d}" for i in range(3_000_000)])  # 45 MiB of entries and strings
+    kernel._dictionary_lookup(lib, big, 1000, False, 0)
+    kernel._dictionary_lookup(lib, pa.array([f"{i:09d}" for i in range(1_000_000)]), 1000, False, 0)
+    assert len(kernel._LOOKUPS) == 1  # the older one went: over the size
+    assert kernel._lookups_size <= kernel._LOOKUPS_BYTES
+    kernel.clear_lookups()
     held = pa.array(["p", "q", "r"])
     entries, _ = kernel._dictionary_lookup(lib, held, 1000, False, 0)
     del held
     fresh = pa.array(["s", "t", "u"])  # may not reuse the held one's memory
     other, _ = kernel._dictionary_lookup(lib, fresh, 1000, False, 0)
     assert not (entries == other).all()
-    kernel._LOOKUPS.clear()
+    kernel.clear_lookups()
 
 
 def test_a_counter_is_told_the_same_set_whichever_way_the_keys_come():

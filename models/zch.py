@@ -31,6 +31,7 @@ gloo, measured; docs/zch.md):
 """
 
 import dataclasses
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,12 +41,6 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from data.sources.parquet import ZCH_EVICTION_POLICIES
-
-# What --id_hashing zch answers where torchrec has the modules (training/config.py).
-ZCH_NOT_WIRED = (
-    "--id_hashing zch: torchrec's managed-collision tables work on this stack (docs/zch.md), but this "
-    "release's trainer, checkpoints, export and serving do not carry their id remapping yet; use --id_hashing hash"
-)
 
 # The input range of the modules: ids are non-negative int64 below int64's maximum,
 # which the module uses to mark an empty slot (data.parquet.id_hashing.zch_ids).
@@ -173,6 +168,34 @@ def reserve_history(collection: Any, ids_per_step: int) -> None:
         module._init_history_buffers(
             {"ids": JaggedTensor(values=torch.empty(sized, dtype=torch.int64), lengths=torch.tensor([sized]))}
         )
+        if "profile" not in module.__dict__:
+            module.profile = types.MethodType(_profile_without_drops, module)
+
+
+def _grow_history(module: Any, needed: int) -> None:
+    """Makes room for ``needed`` more ids in a module's record of ids, keeping what it holds."""
+    used = module._current_history_buffer_offset
+    size = max(2 * module._input_history_buffer_size, used + needed)
+    grown = torch.empty(size, dtype=torch.int64, device=module._history_accumulator.device)
+    grown[:used] = module._history_accumulator[:used]
+    module._history_accumulator = grown
+    for name, buffer in list(module._history_metadata.items()):
+        larger = torch.zeros(size, dtype=buffer.dtype, device=buffer.device)
+        larger[:used] = buffer[:used]
+        module.register_buffer("_history_" + name, larger, persistent=False)
+        module._history_metadata[name] = larger
+    module._input_history_buffer_size = size
+
+
+def _profile_without_drops(self: Any, features: dict[str, Any]) -> dict[str, Any]:
+    """torchrec's `MCHManagedCollisionModule.profile`, but a step whose ids do not fit the
+    record grows it first: torchrec drops them silently (a larger batch, a longer bag or a
+    resumed run's other first batch would then change which ids are admitted)."""
+    if self.training and self._input_history_buffer_size >= 0:
+        needed = sum(int(feature.values().numel()) for feature in features.values())
+        if needed > self._input_history_buffer_size - self._current_history_buffer_offset:
+            _grow_history(self, needed)
+    return type(self).profile(self, features)
 
 
 @dataclasses.dataclass
@@ -234,6 +257,11 @@ class ZchStatistics:
         return {f: FeatureZch(*(int(x) for x in counts[i])) for i, f in enumerate(features)}
 
 
+def zch_tables(model: nn.Module) -> "ZchPooledEmbeddings | None":
+    """The managed-collision tables of ``model`` (sharded or not), or None."""
+    return next((m for m in model.modules() if isinstance(m, ZchPooledEmbeddings)), None)
+
+
 def zch_summary(report: dict[str, FeatureZch]) -> str:
     """One log line: per feature live ids, admitted, evicted and the collision share."""
     return "zch " + "; ".join(
@@ -264,6 +292,11 @@ class ZchPooledEmbeddings(nn.Module):
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         pooled, remapped = self.collection(features)
+        # torchrec's train pipeline fx-traces this forward only to find the sharded
+        # collection's call (it then runs the forward as written): the counting, which
+        # reads values, stays out of the trace.
+        if isinstance(pooled, torch.fx.Proxy):
+            return pooled
         if self.training and remapped is not None:
             defaults = {t: _default_rows(m) for t, m in _managed_modules(self.collection).items()}
             self.statistics.count(remapped.wait() if hasattr(remapped, "wait") else remapped, defaults)

@@ -475,8 +475,10 @@ class ParquetSource(DataSource):
         from data.parquet.id_sketch import SeenIds, seen_ids_counter
 
         args = (columns.sparse, columns.table_sizes, columns.id_hashing, columns.hash_seed)
-        if columns.id_hashing == "vocabulary":
-            return None  # no collisions: a kept id owns its row, the others share row 0 by design
+        if columns.id_hashing in ("vocabulary", "zch"):
+            # no hash collisions: a kept id owns its row, the others share row 0 by design
+            # (zch: the managed-collision modules count theirs, models/zch.py)
+            return None
         if columns.id_hashing != "hash":
             return CollisionCounter(*args)
         if self._seen is None:

@@ -53,8 +53,8 @@ class ParquetOptions:
         choices=ID_HASHING,
         help="Parquet: raw id to embedding row; hash: a stable seeded 64-bit hash modulo the "
         "table size (docs/data.md); modulo: integer ids already mapped, taken modulo the "
-        "table size; zch: zero-collision tables of torchrec's managed-collision modules (docs/zch.md; "
-        "not yet trained by this release); vocabulary: the ids of the training split read at least "
+        "table size; zch: zero-collision tables of torchrec's managed-collision modules, admitting and "
+        "evicting ids as training reads them (docs/zch.md); vocabulary: the ids of the training split read at least "
         "--min_id_count times get rows 1..K, every other id the out-of-vocabulary row 0",
     )
     min_id_count: int | None = flag(

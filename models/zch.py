@@ -35,6 +35,7 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -301,3 +302,34 @@ class ZchPooledEmbeddings(nn.Module):
             defaults = {t: _default_rows(m) for t, m in _managed_modules(self.collection).items()}
             self.statistics.count(remapped.wait() if hasattr(remapped, "wait") else remapped, defaults)
         return pooled.wait() if hasattr(pooled, "wait") else pooled
+
+
+def admitted_ids(zch: ZchPooledEmbeddings) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """{feature: (its admitted ids, increasing; the row of each; the table's shard
+    boundaries)} of unsharded managed-collision tables (a checkpoint loaded in one
+    process keeps the segments of the shards it was trained on): what
+    `data.parquet.zch_map.ZchIdMap` serves with."""
+    modules = _managed_modules(zch.collection)
+    found = {}
+    for feature, table in zch.statistics.feature_to_table.items():
+        module = modules[table]
+        ids = module._mch_sorted_raw_ids
+        live = ids != torch.iinfo(torch.int64).max
+        segments = module._output_segments_tensor
+        found[feature] = (
+            ids[live].numpy().copy(),
+            module._mch_remapped_ids_mapping[live].to(torch.int64).numpy().copy(),
+            segments[segments >= 0].to(torch.int64).numpy().copy(),
+        )
+    return found
+
+
+def zch_buckets(zch: ZchPooledEmbeddings) -> int:
+    """The buckets of the modules' input range (the same for every table)."""
+    return int(next(iter(_managed_modules(zch.collection).values()))._buckets)
+
+
+def plain_tables(zch: ZchPooledEmbeddings) -> Any:
+    """The `EmbeddingBagCollection` behind the remapping: the tables a lookup of rows reads."""
+    collection: Any = zch.collection
+    return collection._embedding_module

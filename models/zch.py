@@ -229,12 +229,29 @@ class ZchStatistics:
         self._lookups = {f: 0 for f in feature_to_table}
         self._collisions = {f: 0 for f in feature_to_table}
         self._previous: dict[str, torch.Tensor] = {}
+        # Evaluation's lookups (no admission): those of a default row are ids without a row, unseen.
+        self._evaluated = {f: 0 for f in feature_to_table}
+        self._unseen = {f: 0 for f in feature_to_table}
 
-    def count(self, remapped: KeyedJaggedTensor, default_rows: dict[str, torch.Tensor]) -> None:
+    def count(
+        self, remapped: KeyedJaggedTensor, default_rows: dict[str, torch.Tensor], evaluation: bool = False
+    ) -> None:
+        lookups, hits = (self._evaluated, self._unseen) if evaluation else (self._lookups, self._collisions)
         for feature, values in zip(remapped.keys(), remapped.values().split(remapped.length_per_key())):
             table = self.feature_to_table[feature]
-            self._lookups[feature] += values.numel()
-            self._collisions[feature] += int(torch.isin(values, default_rows[table]).sum())
+            lookups[feature] += values.numel()
+            hits[feature] += int(torch.isin(values, default_rows[table]).sum())
+
+    def take_unseen(self, group: Any = None) -> dict[str, tuple[int, int]]:
+        """{feature: (evaluation lookups of ids without a row, evaluation lookups)} since the
+        last call, summed over the ranks of ``group`` when given (collective)."""
+        features = list(self.feature_to_table)
+        counts = torch.tensor([[self._unseen[f], self._evaluated[f]] for f in features], dtype=torch.int64)
+        for f in features:
+            self._unseen[f] = self._evaluated[f] = 0
+        if group is not None:
+            torch.distributed.all_reduce(counts, group=group)
+        return {f: (int(counts[i, 0]), int(counts[i, 1])) for i, f in enumerate(features)}
 
     def report(self, collection: Any, group: Any = None) -> dict[str, FeatureZch]:
         """The counts since the last call (``live_ids``: now), summed over the ranks of
@@ -298,9 +315,10 @@ class ZchPooledEmbeddings(nn.Module):
         # reads values, stays out of the trace.
         if isinstance(pooled, torch.fx.Proxy):
             return pooled
-        if self.training and remapped is not None:
+        if remapped is not None:  # training: collisions; evaluation: ids without a row (unseen)
             defaults = {t: _default_rows(m) for t, m in _managed_modules(self.collection).items()}
-            self.statistics.count(remapped.wait() if hasattr(remapped, "wait") else remapped, defaults)
+            remapped = remapped.wait() if hasattr(remapped, "wait") else remapped
+            self.statistics.count(remapped, defaults, evaluation=not self.training)
         return pooled.wait() if hasattr(pooled, "wait") else pooled
 
 

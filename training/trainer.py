@@ -952,6 +952,8 @@ class Trainer:
         calibrating = stage == "validation" and self.config.calibrate != "none" and weights_step is None
         histogram = LogitHistogram(self.env.device) if calibrating else None
         self.source.unseen_counts(stage)  # counted from here: this evaluation's rows
+        if self.zch is not None:
+            self.zch.statistics.take_unseen()  # likewise (this rank's counts only: no collective)
         seen = self.source.seen_ids()
         if seen is not None:  # against every rank's training ids (collective)
             seen.merge(self._or_over_ranks(seen.packed()))
@@ -1019,6 +1021,10 @@ class Trainer:
     def _unseen_shares(self, stage: str) -> dict[str, float] | None:
         """{feature: share of the evaluation's ids the training loaders had not read} of
         the features with some, over every rank (collective); None when not counted."""
+        if self.zch is not None:  # the ids without a row when evaluated (never admitted, or evicted)
+            group = self.process_group if self.env.world_size > 1 else None
+            taken = self.zch.statistics.take_unseen(group)
+            return {name: unseen / total for name, (unseen, total) in taken.items() if unseen and total}
         counts = self.source.unseen_counts(stage)
         seen = self.source.seen_ids()
         if counts is None or seen is None or not seen.holds_any():  # no training ids known: no count

@@ -1,7 +1,7 @@
 """A zch model (--id_hashing zch, 2 ranks) served: the export carries each table's admitted
 ids and their rows (data/parquet/zch_map.py), predict scores as the trainer's sharded
 evaluation did (exported = eager: an id not admitted reads its shard's default row),
-counts the ids without a row as unseen, and an id map that is not the model's is refused
+counts the ids without a row as unseen (as the trainer's evaluation does), and an id map that is not the model's is refused
 in one line."""
 
 import json
@@ -83,6 +83,7 @@ def test_predict_scores_as_the_sharded_evaluation_and_counts_ids_without_a_row(m
     tested = eval_record(records, "test")
     assert metrics.auroc == pytest.approx(tested["auroc"], abs=1e-5)
     assert metrics.log_loss == pytest.approx(tested["log_loss"], abs=1e-5)
+    assert tested["unseen_share_by_feature"] == pytest.approx(metrics.unseen_share_by_feature, abs=1e-12)
     # Unseen: the ids the checkpoint's modules hold no row for, counted with torch here.
     eager = _eager_admitted(checkpoints)
     table = pq.read_table(day, columns=COLUMNS)

@@ -380,6 +380,17 @@ class TrainConfig:
             raise FlagError(
                 f"{zch} cannot be combined with {option(self.data, 'rolling_windows')}: use --id_hashing hash"
             )
+        for table in self.model.table_names:  # the managed-collision sharder takes row_wise only (docs/zch.md)
+            kind = self.sharding_constraints.sharding_type(table)
+            if kind not in (None, "row_wise"):
+                raise FlagError(
+                    f"{option(ShardingFlags, 'sharding_type')} {kind} ({table}): {zch} tables are sharded row_wise only"
+                )
+        if self.sharding_plan is not None:
+            raise FlagError(
+                f"{zch} cannot be combined with {option(self, 'sharding_plan')} in this release: "
+                "its tables are planned row_wise"
+            )
         if self.checkpoint.warm_start:
             raise FlagError(
                 f"{zch} cannot be combined with {option(self.checkpoint, 'warm_start')} in this release: "

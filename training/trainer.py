@@ -1005,7 +1005,9 @@ class Trainer:
         )
         if unseen:
             self.log.print(
-                f"{stage}: ids the training has not read (unseen at serving): "
+                f"{stage}: "
+                + ("ids without a row" if self.zch is not None else "ids the training has not read")
+                + " (unseen at serving): "
                 + ", ".join(f"{name} {share:.2%}" for name, share in unseen.items())
             )
         if histogram is not None:

@@ -1,6 +1,6 @@
 """Collision share of ``--id_hashing hash`` against torchrec's zero-collision modules
-(models/zch.py) at the same table sizes, on a Parquet lake's training split, without
-training a model (the trainer does not run zch yet: docs/zch.md).
+(models/zch.py) at the same table sizes, on a Parquet lake's training split; with
+``--train_epochs N``, also the test AUROC of a model trained each way at those sizes.
 
 Per sparse column (its table's rows: ``--table_fraction`` times the split's distinct
 ids, at least 2), in the split's row order, in batches of ``--batch_size`` rows:
@@ -14,8 +14,13 @@ ids, at least 2), in the split's row order, in batches of ``--batch_size`` rows:
   the lookups that read the default row while streaming (ids not admitted yet or
   evicted).
 
+With ``--train_epochs N`` (N > 0) it then trains ``dlrm_main.py`` twice on the lake
+(``--id_hashing hash``, then ``zch``; every day but the last two trained on, the last two
+validation and test, ``--num_embeddings_per_feature`` the sizes above, ``--dense_columns``
+the numerical columns) and reports each run's test AUROC.
+
     python bench/zch_collisions.py --parquet_path /tmp/lake --time_column date \
-        [--table_fraction 0.5] [--batch_size 1024] [--zch_eviction_interval 10]
+        [--table_fraction 0.5] [--batch_size 1024] [--zch_eviction_interval 10] [--train_epochs 1]
 
 Prints a table and one JSON line (the medians and the per-column figures).
 """
@@ -24,6 +29,7 @@ import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow.dataset as ds
@@ -98,6 +104,36 @@ class ZchCollisionFlags:
     zch_eviction_policy: str = flag("lfu", choices=("lfu", "lru"), help="zch: lfu or lru")
     zch_eviction_interval: int = flag(10, help="zch: steps between admissions")
     hash_seed: int = flag(0, help="the seed of the hash")
+    train_epochs: int = flag(0, help="train hash and zch models this many epochs and compare test AUROC (0: none)")
+    dense_columns: str = flag("I*", help="the numerical columns of the trained models")
+    work_dir: str = flag("data_cache/zch_collisions", help="where the trained runs' logs and checkpoints go")
+
+
+def train_and_test(args: "ZchCollisionFlags", names: list[str], rows: list[int], mode: str) -> float:
+    """The test AUROC of ``dlrm_main.py`` trained with ``--id_hashing mode`` at table sizes ``rows``."""
+    import os
+
+    from harness.launch import eval_record, read_log, run_script
+
+    os.makedirs(args.work_dir, exist_ok=True)
+    log = os.path.join(args.work_dir, f"{mode}.jsonl")
+    if os.path.exists(log):
+        os.remove(log)
+    argv = [
+        *("dlrm_main.py", "--parquet_path", args.parquet_path, "--time_column", args.time_column),
+        *("--dense_columns", args.dense_columns, "--sparse_columns", ",".join(names), "--id_hashing", mode),
+        *("--num_embeddings_per_feature", ",".join(map(str, rows)), "--hash_seed", str(args.hash_seed)),
+        *("--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,1"),
+        *("--batch_size", str(args.batch_size), "--learning_rate", "0.05", "--optimizer", "adagrad"),
+        *("--epochs", str(args.train_epochs), "--device", "cpu", "--log_path", log, "--allow_divergence"),
+        *("--zch_eviction_policy", args.zch_eviction_policy),
+        *("--zch_eviction_interval", str(args.zch_eviction_interval)),
+    ]
+    proc = run_script(argv, timeout=7200)
+    if proc.returncode:
+        raise SystemExit(f"bench/zch_collisions.py: the {mode} run failed: {proc.stderr.strip().splitlines()[-1]}")
+    records: Any = read_log(log)
+    return float(eval_record(records, "test")["auroc"])
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -136,6 +172,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     for mode in ("hash", "zch"):
         result[f"{mode}_median_ids"] = statistics.median(f[mode][0] for f in figures)
         result[f"{mode}_median_lookups"] = statistics.median(f[mode][1] for f in figures)
+    if args.train_epochs > 0:
+        sizes = [result["columns"][n]["rows"] for n in names]
+        for mode in ("hash", "zch"):
+            result[f"{mode}_test_auroc"] = train_and_test(args, names, sizes, mode)
+        print(
+            f"test AUROC at the same table sizes: hash {result['hash_test_auroc']:.4f}, zch {result['zch_test_auroc']:.4f}"
+        )
     print(json.dumps(result))
     return result
 

@@ -77,7 +77,14 @@ class PooledSparseArch(nn.Module):
             values=torch.zeros(self.F, dtype=torch.int64, device=device),
             lengths=torch.ones(self.F, dtype=torch.int32, device=device),
         )
-        keys = list(self.embedding_bag_collection(probe).keys())
+        # In eval mode: a training-mode lookup of managed-collision tables (--id_hashing
+        # zch) would record the probe's zeros as an id to admit.
+        training = self.embedding_bag_collection.training
+        self.embedding_bag_collection.eval()
+        try:
+            keys = list(self.embedding_bag_collection(probe).keys())
+        finally:
+            self.embedding_bag_collection.train(training)
         if keys == self._sparse_feature_names:
             return None
         return torch.tensor([keys.index(name) for name in self._sparse_feature_names], device=device)

@@ -154,6 +154,13 @@ def build_dlrm_train(
             num_embeddings_per_feature=[*config.num_embeddings_per_feature, *[1] * len(config.sequences)],
             sequence_columns=[],
         )
+    elif config.zch_eviction_policy is not None:  # --id_hashing zch: the remapping ahead of the tables
+        from models.zch import ZchOptions, ZchPooledEmbeddings, build_zch_collection
+
+        options = ZchOptions(config.zch_eviction_policy, config.zch_eviction_interval)
+        zch = ZchPooledEmbeddings(build_zch_collection(bag_configs, options, embedding_device))
+        sparse_arch = PooledSparseArch(zch)  # type: ignore[arg-type]
+        interaction_sizes = config
     else:
         sparse_arch = PooledSparseArch(EmbeddingBagCollection(tables=bag_configs, device=embedding_device))
         interaction_sizes = config

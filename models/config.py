@@ -131,6 +131,11 @@ class ModelConfig:
     # result as one more feature after the categorical ones. None: a model without.
     sequence_columns: list[str] = field(default_factory=list)
     max_history: int = 0
+    # --id_hashing zch (the data's flags, not the model's): "lfu" or "lru" puts torchrec's
+    # managed-collision modules in front of the tables (models/zch.py), admitting and
+    # evicting every ``zch_eviction_interval`` training steps. None: plain tables.
+    zch_eviction_policy: str | None = None
+    zch_eviction_interval: int = 100
 
     def __post_init__(self) -> None:
         sequence_entry = SEQUENCE_INTERACTIONS.get(self.sequence_interaction)

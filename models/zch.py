@@ -31,21 +31,17 @@ gloo, measured; docs/zch.md):
 """
 
 import dataclasses
+import types
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from data.sources.parquet import ZCH_EVICTION_POLICIES
-
-# What --id_hashing zch answers where torchrec has the modules (training/config.py).
-ZCH_NOT_WIRED = (
-    "--id_hashing zch: torchrec's managed-collision tables work on this stack (docs/zch.md), but this "
-    "release's trainer, checkpoints, export and serving do not carry their id remapping yet; use --id_hashing hash"
-)
 
 # The input range of the modules: ids are non-negative int64 below int64's maximum,
 # which the module uses to mark an empty slot (data.parquet.id_hashing.zch_ids).
@@ -173,6 +169,34 @@ def reserve_history(collection: Any, ids_per_step: int) -> None:
         module._init_history_buffers(
             {"ids": JaggedTensor(values=torch.empty(sized, dtype=torch.int64), lengths=torch.tensor([sized]))}
         )
+        if "profile" not in module.__dict__:
+            module.profile = types.MethodType(_profile_without_drops, module)
+
+
+def _grow_history(module: Any, needed: int) -> None:
+    """Makes room for ``needed`` more ids in a module's record of ids, keeping what it holds."""
+    used = module._current_history_buffer_offset
+    size = max(2 * module._input_history_buffer_size, used + needed)
+    grown = torch.empty(size, dtype=torch.int64, device=module._history_accumulator.device)
+    grown[:used] = module._history_accumulator[:used]
+    module._history_accumulator = grown
+    for name, buffer in list(module._history_metadata.items()):
+        larger = torch.zeros(size, dtype=buffer.dtype, device=buffer.device)
+        larger[:used] = buffer[:used]
+        module.register_buffer("_history_" + name, larger, persistent=False)
+        module._history_metadata[name] = larger
+    module._input_history_buffer_size = size
+
+
+def _profile_without_drops(self: Any, features: dict[str, Any]) -> dict[str, Any]:
+    """torchrec's `MCHManagedCollisionModule.profile`, but a step whose ids do not fit the
+    record grows it first: torchrec drops them silently (a larger batch, a longer bag or a
+    resumed run's other first batch would then change which ids are admitted)."""
+    if self.training and self._input_history_buffer_size >= 0:
+        needed = sum(int(feature.values().numel()) for feature in features.values())
+        if needed > self._input_history_buffer_size - self._current_history_buffer_offset:
+            _grow_history(self, needed)
+    return type(self).profile(self, features)
 
 
 @dataclasses.dataclass
@@ -205,12 +229,29 @@ class ZchStatistics:
         self._lookups = {f: 0 for f in feature_to_table}
         self._collisions = {f: 0 for f in feature_to_table}
         self._previous: dict[str, torch.Tensor] = {}
+        # Evaluation's lookups (no admission): those of a default row are ids without a row, unseen.
+        self._evaluated = {f: 0 for f in feature_to_table}
+        self._unseen = {f: 0 for f in feature_to_table}
 
-    def count(self, remapped: KeyedJaggedTensor, default_rows: dict[str, torch.Tensor]) -> None:
+    def count(
+        self, remapped: KeyedJaggedTensor, default_rows: dict[str, torch.Tensor], evaluation: bool = False
+    ) -> None:
+        lookups, hits = (self._evaluated, self._unseen) if evaluation else (self._lookups, self._collisions)
         for feature, values in zip(remapped.keys(), remapped.values().split(remapped.length_per_key())):
             table = self.feature_to_table[feature]
-            self._lookups[feature] += values.numel()
-            self._collisions[feature] += int(torch.isin(values, default_rows[table]).sum())
+            lookups[feature] += values.numel()
+            hits[feature] += int(torch.isin(values, default_rows[table]).sum())
+
+    def take_unseen(self, group: Any = None) -> dict[str, tuple[int, int]]:
+        """{feature: (evaluation lookups of ids without a row, evaluation lookups)} since the
+        last call, summed over the ranks of ``group`` when given (collective)."""
+        features = list(self.feature_to_table)
+        counts = torch.tensor([[self._unseen[f], self._evaluated[f]] for f in features], dtype=torch.int64)
+        for f in features:
+            self._unseen[f] = self._evaluated[f] = 0
+        if group is not None:
+            torch.distributed.all_reduce(counts, group=group)
+        return {f: (int(counts[i, 0]), int(counts[i, 1])) for i, f in enumerate(features)}
 
     def report(self, collection: Any, group: Any = None) -> dict[str, FeatureZch]:
         """The counts since the last call (``live_ids``: now), summed over the ranks of
@@ -232,6 +273,11 @@ class ZchStatistics:
         if group is not None:
             torch.distributed.all_reduce(counts, group=group)
         return {f: FeatureZch(*(int(x) for x in counts[i])) for i, f in enumerate(features)}
+
+
+def zch_tables(model: nn.Module) -> "ZchPooledEmbeddings | None":
+    """The managed-collision tables of ``model`` (sharded or not), or None."""
+    return next((m for m in model.modules() if isinstance(m, ZchPooledEmbeddings)), None)
 
 
 def zch_summary(report: dict[str, FeatureZch]) -> str:
@@ -264,7 +310,44 @@ class ZchPooledEmbeddings(nn.Module):
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         pooled, remapped = self.collection(features)
-        if self.training and remapped is not None:
+        # torchrec's train pipeline fx-traces this forward only to find the sharded
+        # collection's call (it then runs the forward as written): the counting, which
+        # reads values, stays out of the trace.
+        if isinstance(pooled, torch.fx.Proxy):
+            return pooled
+        if remapped is not None:  # training: collisions; evaluation: ids without a row (unseen)
             defaults = {t: _default_rows(m) for t, m in _managed_modules(self.collection).items()}
-            self.statistics.count(remapped.wait() if hasattr(remapped, "wait") else remapped, defaults)
+            remapped = remapped.wait() if hasattr(remapped, "wait") else remapped
+            self.statistics.count(remapped, defaults, evaluation=not self.training)
         return pooled.wait() if hasattr(pooled, "wait") else pooled
+
+
+def admitted_ids(zch: ZchPooledEmbeddings) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """{feature: (its admitted ids, increasing; the row of each; the table's shard
+    boundaries)} of unsharded managed-collision tables (a checkpoint loaded in one
+    process keeps the segments of the shards it was trained on): what
+    `data.parquet.zch_map.ZchIdMap` serves with."""
+    modules = _managed_modules(zch.collection)
+    found = {}
+    for feature, table in zch.statistics.feature_to_table.items():
+        module = modules[table]
+        ids = module._mch_sorted_raw_ids
+        live = ids != torch.iinfo(torch.int64).max
+        segments = module._output_segments_tensor
+        found[feature] = (
+            ids[live].numpy().copy(),
+            module._mch_remapped_ids_mapping[live].to(torch.int64).numpy().copy(),
+            segments[segments >= 0].to(torch.int64).numpy().copy(),
+        )
+    return found
+
+
+def zch_buckets(zch: ZchPooledEmbeddings) -> int:
+    """The buckets of the modules' input range (the same for every table)."""
+    return int(next(iter(_managed_modules(zch.collection).values()))._buckets)
+
+
+def plain_tables(zch: ZchPooledEmbeddings) -> Any:
+    """The `EmbeddingBagCollection` behind the remapping: the tables a lookup of rows reads."""
+    collection: Any = zch.collection
+    return collection._embedding_module

@@ -86,6 +86,7 @@ from common.path_lock import LockHeld, PathLock
 from data.parquet.id_sketch import SKETCH_FILE, IdSketch, sketches_to_bytes
 from data.parquet.id_vocabulary import VOCABULARY_FILE as ID_VOCABULARY_FILE
 from data.parquet.id_vocabulary import IdVocabulary, VocabularyError
+from data.parquet.zch_map import ZCH_MAP_FILE, ZchIdMap
 from data.preprocess.criteo_transforms import VOCABULARY_FILE
 from data.sources import SOURCES
 from models.config import ModelConfig
@@ -462,6 +463,33 @@ def _id_vocabulary_bytes(state: dict[str, Any], meta: CheckpointMeta, path: str)
     return vocabulary.to_bytes()
 
 
+def _zch_id_map(train_model: Any, inputs: ModelInputs, path: str, delta: bool) -> bytes | None:
+    """--id_hashing zch: the model's remapping as the directory's id map (data/parquet/zch_map.py),
+    recorded in inputs.json; the model keeps its plain tables, which the map's rows index
+    (the Parquet layout maps ids before the program runs). None for another model."""
+    from models.zch import admitted_ids, plain_tables, zch_buckets, zch_tables
+
+    zch = zch_tables(train_model)
+    if zch is None:
+        return None
+    if delta:
+        raise BadInput(f"--delta_from: {path} has zch tables (--id_hashing zch), whose id map a delta does not carry")
+    names = list(inputs.sparse_feature_names)
+    found = admitted_ids(zch)
+    preprocessing: Any = inputs.preprocessing
+    zch_map = ZchIdMap(
+        names,
+        [found[n][0] for n in names],
+        [found[n][1] for n in names],
+        [found[n][2] for n in names],
+        preprocessing.hash_seed,
+        zch_buckets(zch),
+    )
+    preprocessing.zch_ids = zch_map.facts()
+    train_model.model.sparse_arch.embedding_bag_collection = plain_tables(zch)
+    return zch_map.to_bytes()
+
+
 def _write_model_dir(
     checkpoint: str,
     output: str,
@@ -488,6 +516,7 @@ def _write_model_dir(
     id_vocabulary = _id_vocabulary_bytes(sketch_state, meta, path)
     model_config = meta.model
     inputs = describe_inputs(model_config, meta, path, max_bag_size, training_data)
+    zch_map = _zch_id_map(train_model, inputs, path, base is not None)
     # --calibrate's fit on the validation that made the checkpoint (its meta.json), applied
     # inside every exported variant and recorded in inputs.json.
     inputs.calibration = meta.calibration
@@ -552,6 +581,10 @@ def _write_model_dir(
             with naming_write_errors(os.path.join(output, ID_VOCABULARY_FILE)):
                 with open(os.path.join(tmp, ID_VOCABULARY_FILE), "wb") as f:
                     f.write(id_vocabulary)
+        if zch_map is not None:
+            with naming_write_errors(os.path.join(output, ZCH_MAP_FILE)):
+                with open(os.path.join(tmp, ZCH_MAP_FILE), "wb") as f:
+                    f.write(zch_map)
         if sketch is not None:
             with naming_write_errors(os.path.join(output, SKETCH_FILE)):
                 with open(os.path.join(tmp, SKETCH_FILE), "wb") as f:

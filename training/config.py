@@ -141,6 +141,19 @@ class CheckpointConfig:
             )
         self._check_warm_start()
 
+    def check_zch_cadence(self, eviction_interval: int) -> None:
+        """--id_hashing zch: a resume is exact only from a checkpoint at a multiple of
+        --zch_eviction_interval (the ids recorded since the last admission are not module
+        state, docs/zch.md): a step cadence that is not one is refused (the minute
+        cadence waits for the next multiple, training/trainer.py)."""
+        every = self.checkpoint_every_n_steps
+        if every is not None and every % eviction_interval:
+            raise FlagError(
+                f"{option(self, 'checkpoint_every_n_steps')} {every} must be a multiple of "
+                f"--zch_eviction_interval {eviction_interval} under --id_hashing zch: a checkpoint between two "
+                "admissions loses the ids recorded since the last one, so a resume from it would not be exact"
+            )
+
     def _check_warm_start(self) -> None:
         """--warm_start starts a new run: refuses what would load other weights or mix its
         checkpoints with the run it starts from. (With --resume, a checkpoint of this run
@@ -351,13 +364,39 @@ class TrainConfig:
         return self.dense_precision == "bf16"
 
     def _check_zch(self) -> None:
-        """--id_hashing zch: one line, whether this stack's torchrec lacks the modules or
-        has them (models/zch.py is not wired into training yet)."""
+        """--id_hashing zch: one line where this stack's torchrec lacks the managed-collision
+        modules, or where the run asks what they cannot do (docs/zch.md)."""
         if getattr(self.data, "id_hashing", None) != "zch":
             return
-        from models.zch import ZCH_NOT_WIRED, zch_unavailable
+        from models.zch import zch_unavailable
 
-        raise FlagError(zch_unavailable() or ZCH_NOT_WIRED)
+        missing = zch_unavailable()
+        if missing:
+            raise FlagError(missing)
+        zch = option(self.data, "id_hashing") + " zch"
+        if self.model.sequence_columns:
+            raise FlagError(f"{zch} cannot be combined with --sequence_columns (histories read plain tables)")
+        if self.data.rolling_windows is not None:
+            raise FlagError(
+                f"{zch} cannot be combined with {option(self.data, 'rolling_windows')}: use --id_hashing hash"
+            )
+        for table in self.model.table_names:  # the managed-collision sharder takes row_wise only (docs/zch.md)
+            kind = self.sharding_constraints.sharding_type(table)
+            if kind not in (None, "row_wise"):
+                raise FlagError(
+                    f"{option(ShardingFlags, 'sharding_type')} {kind} ({table}): {zch} tables are sharded row_wise only"
+                )
+        if self.sharding_plan is not None:
+            raise FlagError(
+                f"{zch} cannot be combined with {option(self, 'sharding_plan')} in this release: "
+                "its tables are planned row_wise"
+            )
+        if self.checkpoint.warm_start:
+            raise FlagError(
+                f"{zch} cannot be combined with {option(self.checkpoint, 'warm_start')} in this release: "
+                "resume with --resume, or train afresh"
+            )
+        self.checkpoint.check_zch_cadence(self.data.zch_eviction_interval)
 
     @property
     def max_table_rows(self) -> int | None:

@@ -9,7 +9,7 @@ package, typed here by the config classes below), then the command line. Bad inp
 
 import argparse
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from common.cli import OneLineParser
 from common.config_flags import FlagError, Overrides, add_flags, config_values, flags_of, given, option
@@ -250,6 +250,7 @@ def config_and_source_from_args(args: argparse.Namespace) -> tuple[TrainConfig, 
             dense_in_features=features.num_dense_features,
             sequence_columns=list(features.sequence_columns),
             max_history=features.max_history or 0,
+            **_zch_model_fields(data),
             **values(ModelConfig),
         ),
         data=data,
@@ -268,6 +269,14 @@ def config_and_source_from_args(args: argparse.Namespace) -> tuple[TrainConfig, 
     )
     config.validate()
     return config, source
+
+
+def _zch_model_fields(data: DataConfig) -> dict[str, Any]:
+    """--id_hashing zch: the model's managed-collision options (models/zch.py), else none."""
+    options = data.source_options
+    if getattr(options, "id_hashing", None) != "zch":
+        return {}
+    return {"zch_eviction_policy": options.zch_eviction_policy, "zch_eviction_interval": options.zch_eviction_interval}
 
 
 def _recipe_settings(args: argparse.Namespace) -> dict:

@@ -18,7 +18,7 @@ def prepare_sharding(
 
         setup = prepare_sharding(config, env, model)   # before the process group
     """
-    return prepare(
+    setup = prepare(
         model,
         config.model.table_names,
         config.model.embedding_dim,
@@ -32,3 +32,9 @@ def prepare_sharding(
         resumed_plan=resumed_plan,
         pooling_factors=config.data.multi_hot_sizes,
     )
+    if config.model.zch_eviction_policy is not None:  # --id_hashing zch: planner and DistributedModelParallel alike
+        from sharding_plans.zch import zch_sharder
+
+        zch = zch_sharder()  # in place of torchrec's (one sharder per module type)
+        setup.sharders = [*(s for s in setup.sharders if s.module_type is not zch.module_type), zch]
+    return setup

@@ -41,6 +41,7 @@ from data.sources.types import FeedJob
 from models import build_dlrm_train
 from models.arch import align_to_sharded_embeddings, compile_dense_part
 from models.embedding_optimizer import attach_fused_embedding_optimizer
+from models.zch import reserve_history, zch_summary, zch_tables
 from sharding_plans import PlannerConfig, format_sharding_plan, plan_summary
 from sharding_plans.rules import check_embedding_weight_decay, check_reshardable
 from training.calibration import LogitHistogram
@@ -351,6 +352,11 @@ class Trainer:
         # (fused_uvm_caching), which would otherwise keep serving torchrec's init of it.
         align_to_sharded_embeddings(self.model, env.device)
         release_cache_line_locks(self.model)  # the probe's lookup had no backward
+        self.zch = zch_tables(self.model)  # --id_hashing zch: the managed-collision tables, else None
+        if self.zch is not None:
+            # Sized for the global batch's ids (any shard may receive them all); a step
+            # with more (multi-hot bags) grows the record (models/zch.py).
+            reserve_history(self.zch.collection, config.data.batch_size * env.world_size)
         if config.compile:
             compile_dense_part(self.model)  # after the alignment, which changes the interaction's index buffers
         self.optimizer = build_combined_optimizer(self.model, config.optim)
@@ -430,6 +436,7 @@ class Trainer:
             state["optim"] = self.optimizer.state_dict()
         load_checkpoint(restore.checkpoint, state, self.env.rank, restore_rng=restore.full)
         self.model.load_state_dict(state["model"])
+        self._log_restored_zch(restore.path)
         if "id_sketch" in state:
             seen.merge([state["id_sketch"][n].numpy() for n in seen.names])
         self.weights_step, self.weights_path = restore.meta.step, restore.path
@@ -452,6 +459,12 @@ class Trainer:
                 f"this run has {self.rolling_windows}: its position in the data cannot carry over"
             )
         self.step, self.start_epoch, self.start_batch = meta.step, meta.epoch, meta.batch_in_epoch
+        if not self._at_admission():
+            self.log.print(
+                f"--id_hashing zch: step {self.step} is no multiple of --zch_eviction_interval "
+                f"{self.config.model.zch_eviction_interval}: the ids read since the last admission are not in "
+                "the checkpoint, so the next admission counts only those read from here"
+            )
         self._saved_step, self._saved_path = meta.step, restore.path  # this step needs no new save
         if meta.early_stopping:
             self.best.stopping.load_state_dict(meta.early_stopping)
@@ -760,7 +773,7 @@ class Trainer:
             )
             at_checkpoint = self.checkpoints is not None and (
                 (every is not None and self.step % every == 0)
-                or (self.minute_cadence is not None and self.minute_cadence.due())
+                or (self.minute_cadence is not None and self._at_admission() and self.minute_cadence.due())
             )
             if len(pending) == config.log_every_n_steps or at_validation or at_checkpoint:
                 seconds = time.perf_counter() - interval_start
@@ -811,7 +824,39 @@ class Trainer:
             step_losses=values,
             peak_memory_bytes=peaks,
         )
+        self._log_zch()
         return values
+
+    def _at_admission(self) -> bool:
+        """Whether a checkpoint of this step resumes exactly: always, but under
+        --id_hashing zch only at a multiple of --zch_eviction_interval (docs/zch.md)."""
+        return self.zch is None or self.step % self.config.model.zch_eviction_interval == 0
+
+    def _log_zch(self) -> None:
+        """--id_hashing zch: per feature live ids, admitted, evicted and the lookups that
+        read a default row since the last line, over every rank (collective)."""
+        if self.zch is None:
+            return
+        group = self.process_group if self.env.world_size > 1 else None
+        report = self.zch.statistics.report(self.zch.collection, group)
+        self.log.print(zch_summary(report))
+        self.log.record(
+            "zch",
+            step=self.step,
+            features={
+                name: {**dataclasses.asdict(s), "collision_share": s.collision_share} for name, s in report.items()
+            },
+        )
+
+    def _log_restored_zch(self, path: str) -> None:
+        """--id_hashing zch: the live ids a checkpoint brought (the next line's admitted and
+        evicted count from them). Collective."""
+        if self.zch is None:
+            return
+        group = self.process_group if self.env.world_size > 1 else None
+        live = {name: s.live_ids for name, s in self.zch.statistics.report(self.zch.collection, group).items()}
+        self.log.print(f"zch tables of {path}: live ids " + ", ".join(f"{n} {c}" for n, c in live.items()))
+        self.log.record("zch_restored", path=path, live_ids=live)
 
     def _log_plan_memory(self, probe: PlanMemoryProbe) -> None:
         """After the first step: the plan's estimate beside what every rank measured. Collective."""
@@ -907,6 +952,8 @@ class Trainer:
         calibrating = stage == "validation" and self.config.calibrate != "none" and weights_step is None
         histogram = LogitHistogram(self.env.device) if calibrating else None
         self.source.unseen_counts(stage)  # counted from here: this evaluation's rows
+        if self.zch is not None:
+            self.zch.statistics.take_unseen()  # likewise (this rank's counts only: no collective)
         seen = self.source.seen_ids()
         if seen is not None:  # against every rank's training ids (collective)
             seen.merge(self._or_over_ranks(seen.packed()))
@@ -958,7 +1005,9 @@ class Trainer:
         )
         if unseen:
             self.log.print(
-                f"{stage}: ids the training has not read (unseen at serving): "
+                f"{stage}: "
+                + ("ids without a row" if self.zch is not None else "ids the training has not read")
+                + " (unseen at serving): "
                 + ", ".join(f"{name} {share:.2%}" for name, share in unseen.items())
             )
         if histogram is not None:
@@ -974,6 +1023,10 @@ class Trainer:
     def _unseen_shares(self, stage: str) -> dict[str, float] | None:
         """{feature: share of the evaluation's ids the training loaders had not read} of
         the features with some, over every rank (collective); None when not counted."""
+        if self.zch is not None:  # the ids without a row when evaluated (never admitted, or evicted)
+            group = self.process_group if self.env.world_size > 1 else None
+            taken = self.zch.statistics.take_unseen(group)
+            return {name: unseen / total for name, (unseen, total) in taken.items() if unseen and total}
         counts = self.source.unseen_counts(stage)
         seen = self.source.seen_ids()
         if counts is None or seen is None or not seen.holds_any():  # no training ids known: no count

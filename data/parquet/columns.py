@@ -240,7 +240,9 @@ class ParquetColumns:
         max_history: the newest ids a history keeps (``--max_history``).
         vocabulary: with id_hashing "vocabulary", the ids that have rows
             (data.parquet.id_vocabulary.IdVocabulary): a kept id reads its row, any
-            other id row 0; a history's ids go through its item's.
+            other id row 0; a history's ids go through its item's. With id_hashing
+            "zch" at serving, the exported id map (data.parquet.zch_map.ZchIdMap): an
+            admitted id reads its row, any other its shard's default row.
     """
 
     label: str
@@ -451,7 +453,8 @@ class ParquetColumns:
                 feature_keys, feature_ids, negative, listed = found[f]  # type: ignore[misc]
                 if negative >= 0:
                     _negative_id(name, feature_keys, lengths[f], negative)
-            if self.id_hashing == "vocabulary":  # a history's ids are its item's
+            if self.id_hashing == "vocabulary" or (self.id_hashing == "zch" and self.vocabulary is not None):
+                # a history's ids are its item's; zch at serving: the exported id map's rows
                 feature_ids = self._vocabulary_rows(f, feature_keys)
             if f >= len(self.sparse) and len(lengths[f]) and int(lengths[f].max()) > self.max_history:
                 feature_keys, feature_ids = _newest(feature_keys, feature_ids, lengths[f], self.max_history)

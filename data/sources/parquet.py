@@ -53,8 +53,8 @@ class ParquetOptions:
         choices=ID_HASHING,
         help="Parquet: raw id to embedding row; hash: a stable seeded 64-bit hash modulo the "
         "table size (docs/data.md); modulo: integer ids already mapped, taken modulo the "
-        "table size; zch: zero-collision tables of torchrec's managed-collision modules (docs/zch.md; "
-        "not yet trained by this release); vocabulary: the ids of the training split read at least "
+        "table size; zch: zero-collision tables of torchrec's managed-collision modules, admitting and "
+        "evicting ids as training reads them (docs/zch.md); vocabulary: the ids of the training split read at least "
         "--min_id_count times get rows 1..K, every other id the out-of-vocabulary row 0",
     )
     min_id_count: int | None = flag(
@@ -475,8 +475,10 @@ class ParquetSource(DataSource):
         from data.parquet.id_sketch import SeenIds, seen_ids_counter
 
         args = (columns.sparse, columns.table_sizes, columns.id_hashing, columns.hash_seed)
-        if columns.id_hashing == "vocabulary":
-            return None  # no collisions: a kept id owns its row, the others share row 0 by design
+        if columns.id_hashing in ("vocabulary", "zch"):
+            # no hash collisions: a kept id owns its row, the others share row 0 by design
+            # (zch: the managed-collision modules count theirs, models/zch.py)
+            return None
         if columns.id_hashing != "hash":
             return CollisionCounter(*args)
         if self._seen is None:

@@ -100,6 +100,10 @@ class ParquetPreprocessing(LayoutRecord):
     # version, min_id_count, kept and rare ids per feature, sha256); its keys are the
     # model directory's id vocabulary file. None: a model of another id mapping.
     id_vocabulary: dict[str, Any] | None = None
+    # --id_hashing zch: the id map's facts (data/parquet/zch_map.py: version, hash_seed,
+    # buckets, live ids and shard boundaries per feature, sha256); its ids and rows are
+    # the model directory's ZCH_MAP_FILE. None: a model of another id mapping.
+    zch_ids: dict[str, Any] | None = None
 
     @classmethod
     def read(cls, document: JsonObject, legacy: bool, count: int) -> "ParquetPreprocessing":
@@ -107,14 +111,15 @@ class ParquetPreprocessing(LayoutRecord):
         sparse = document.get("sparse_feature_names", text_list(count))
         sketch = source.get("id_sketch", optional(OBJECT), None)
         vocabulary = source.get("id_vocabulary", optional(OBJECT), None)
+        zch_ids = source.get("zch_ids", optional(OBJECT), None)
         return cls(
+            zch_ids=None if zch_ids is None else zch_record(zch_ids, sparse, document.path),
             id_sketch=None if sketch is None else sketch_record(source.object("id_sketch"), sparse),
             id_vocabulary=None if vocabulary is None else vocabulary_record(vocabulary, sparse, document.path),
             label=source.get("label", _COLUMN_NAME),
             weight=source.get("weight", optional(_COLUMN_NAME)),
             dense_transform=source.get("dense_transform", one_of(*DENSE_TRANSFORMS)),
-            # zch is not exported by this release (docs/zch.md): a model claiming it is refused.
-            id_hashing=source.get("id_hashing", one_of(*(h for h in ID_HASHING if h != "zch"))),
+            id_hashing=source.get("id_hashing", one_of(*ID_HASHING)),
             hash_seed=source.get("hash_seed", _HASH_SEED),
             sparse_value_types=source.get("sparse_value_types", _value_types(count)),
         )
@@ -128,6 +133,11 @@ class ParquetPreprocessing(LayoutRecord):
                 f"{path}: preprocessing.id_vocabulary is given exactly when preprocessing.id_hashing is "
                 f"vocabulary (id_hashing {self.id_hashing}, id_vocabulary "
                 f"{'given' if self.id_vocabulary is not None else 'missing'})"
+            )
+        if (self.id_hashing == "zch") != (self.zch_ids is not None):
+            raise FileFieldError(
+                f"{path}: preprocessing.zch_ids is given exactly when preprocessing.id_hashing is zch "
+                f"(id_hashing {self.id_hashing}, zch_ids {'given' if self.zch_ids is not None else 'missing'})"
             )
         names = [self.label, *dense, *sparse]
         repeated = sorted({n for n in names if names.count(n) > 1})
@@ -171,6 +181,17 @@ def vocabulary_record(record: dict[str, Any], sparse: list[str], path: str) -> d
     try:
         check_facts(record, sparse)
     except VocabularyError as e:
+        raise FileFieldError(f"{path}: {e}") from None
+    return record
+
+
+def zch_record(record: dict[str, Any], sparse: list[str], path: str) -> dict[str, Any]:
+    """The ``zch_ids`` facts of inputs.json, checked (data.parquet.zch_map.check_facts)."""
+    from data.parquet.zch_map import ZchMapError, check_facts
+
+    try:
+        check_facts(record, sparse)
+    except ZchMapError as e:
         raise FileFieldError(f"{path}: {e}") from None
     return record
 
@@ -241,6 +262,8 @@ class ParquetRows(InputLayout):
         records them (a delta export's own: its base's are an older model's)."""
         if self._preprocessing.id_vocabulary is not None:
             self._load_vocabulary(model_dir, manifest)
+        if self._preprocessing.zch_ids is not None:
+            self._load_zch_map(model_dir, manifest)
         facts = self._preprocessing.id_sketch
         if facts is not None:
             from data.parquet.id_sketch import SKETCH_FILE, sketches_from_bytes
@@ -273,6 +296,22 @@ class ParquetRows(InputLayout):
         except VocabularyError as e:
             raise BadInput(f"{model_dir}/{VOCABULARY_FILE}: {e}") from None
         self.columns = dataclasses.replace(self.columns, vocabulary=vocabulary)
+
+    def _load_zch_map(self, model_dir: str, manifest: Any) -> None:
+        """Reads the model directory's zch id map (maps ids to rows and counts the unseen,
+        through the columns' ``vocabulary``), refusing one that is not what inputs.json records."""
+        import dataclasses
+
+        from data.parquet.zch_map import ZCH_MAP_FILE, ZchIdMap, ZchMapError
+        from serving.model_files import read_file
+
+        names = list(self.columns.sparse)
+        try:
+            data = read_file(model_dir, ZCH_MAP_FILE, manifest)
+            zch_map = ZchIdMap.from_bytes(data, names, self._preprocessing.zch_ids, list(self.columns.table_sizes))
+        except ZchMapError as e:
+            raise BadInput(f"{model_dir}/{ZCH_MAP_FILE}: {e}") from None
+        self.columns = dataclasses.replace(self.columns, vocabulary=zch_map)
 
     @staticmethod
     def describe(checkpoint: Checkpoint) -> Description:

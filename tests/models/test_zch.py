@@ -97,6 +97,18 @@ def test_a_full_table_evicts_by_the_policy_and_evicted_ids_read_the_default_row(
     assert {i for i, r in rows.items() if r != ROWS - 1} == kept
 
 
+def test_a_step_with_more_ids_than_the_record_holds_grows_it_instead_of_dropping_ids():
+    torch.manual_seed(0)
+    configs = [EmbeddingBagConfig(name="t_user", embedding_dim=2, num_embeddings=64, feature_names=["user"])]
+    model = ZchPooledEmbeddings(build_zch_collection(configs, ZchOptions("lfu", 2), torch.device("cpu")))
+    reserve_history(model.collection, 2)  # room for 2 ids a step: torchrec would keep 5 of the 40 below
+    model.train()
+    model(_ids(*range(10)))
+    model(_ids(*range(10, 40)))  # the admission: every id of both steps
+    assert model.statistics.report(model.collection)["user"].live_ids == 40
+    assert ROWS - 1 not in _rows(model, 0, 39) and 63 not in _rows(model, 0, 39)
+
+
 def test_bad_options_get_one_line():
     with pytest.raises(ValueError, match=r"^--zch_eviction_policy 'lifo': choose one of lfu, lru$"):
         ZchOptions("lifo", 1).check()

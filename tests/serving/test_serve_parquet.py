@@ -386,9 +386,9 @@ RECORD_LIES = [
     ("hash_seed", -1, "preprocessing.hash_seed must be an integer from 0 to 2^64 - 1"),
     ("hash_seed", True, "preprocessing.hash_seed must be an integer"),
     ("dense_transform", "exp", "preprocessing.dense_transform must be log1p or none"),
-    ("id_hashing", "bloom", "preprocessing.id_hashing must be hash or modulo or vocabulary"),
-    # zch models are not exported by this release (docs/zch.md).
-    ("id_hashing", "zch", "preprocessing.id_hashing must be hash or modulo or vocabulary"),
+    ("id_hashing", "bloom", "preprocessing.id_hashing must be hash or modulo or zch or vocabulary"),
+    # A zch model maps ids through its id map (docs/zch.md): claiming zch without one is refused.
+    ("id_hashing", "zch", "preprocessing.zch_ids is given exactly when preprocessing.id_hashing is zch"),
     (
         "id_hashing",
         "vocabulary",

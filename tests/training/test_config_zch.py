@@ -1,6 +1,6 @@
-"""--id_hashing zch at the flags (training/config.py): one line and exit 2, whether this
-stack's torchrec lacks the managed-collision modules or has them (models/zch.py is not
-trained by this release yet), and the zch flags' own checks."""
+"""--id_hashing zch at the flags (training/config.py): the model gets the managed-collision
+options; one line and exit 2 where this stack's torchrec lacks the modules, for a step
+cadence of checkpoints off the admissions, and the zch flags' own checks."""
 
 import sys
 
@@ -8,7 +8,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from models.zch import ZCH_NOT_WIRED
 from training.flags import parse_config
 
 
@@ -27,9 +26,38 @@ def _refusal(capsys, lake, *flags):
     return stop.value.code, err
 
 
-def test_zch_is_refused_with_one_line_saying_why(lake, capsys):
-    code, err = _refusal(capsys, lake)
-    assert code == 2 and len(err) == 1 and err[0].endswith(ZCH_NOT_WIRED), err
+def test_zch_gives_the_model_its_options(lake):
+    argv = ["--parquet_path", lake, "--dense_columns", "I1", "--sparse_columns", "C1", "--id_hashing", "zch"]
+    config = parse_config([*argv, "--zch_eviction_policy", "lru", "--zch_eviction_interval", "5"], "dlrm_main.py", "")
+    assert (config.model.zch_eviction_policy, config.model.zch_eviction_interval) == ("lru", 5)
+    plain = parse_config(argv[:-2], "dlrm_main.py", "")
+    assert plain.model.zch_eviction_policy is None
+
+
+def test_a_checkpoint_cadence_off_the_admissions_is_refused(lake, capsys, tmp_path):
+    flags = ["--zch_eviction_interval", "4", "--checkpoint_dir", str(tmp_path / "ck"), "--checkpoint_every_n_steps"]
+    code, err = _refusal(capsys, lake, *flags, "6")
+    assert code == 2 and len(err) == 1, err
+    assert "--checkpoint_every_n_steps 6 must be a multiple of --zch_eviction_interval 4" in err[0]
+    assert (
+        parse_config(
+            [
+                "--parquet_path",
+                lake,
+                "--dense_columns",
+                "I1",
+                "--sparse_columns",
+                "C1",
+                "--id_hashing",
+                "zch",
+                *flags,
+                "8",
+            ],
+            "dlrm_main.py",
+            "",
+        ).checkpoint.checkpoint_every_n_steps
+        == 8
+    )
 
 
 def test_zch_on_a_torchrec_without_managed_collision_modules(lake, capsys, monkeypatch):
@@ -44,6 +72,8 @@ def test_zch_on_a_torchrec_without_managed_collision_modules(lake, capsys, monke
     [
         (["--zch_eviction_interval", "0"], "--zch_eviction_interval must be at least 1, got 0"),
         (["--zch_eviction_policy", "fifo"], "--zch_eviction_policy"),
+        (["--sharding_type", "table_wise"], "--sharding_type table_wise (t_C1): --id_hashing zch tables are sharded"),
+        (["--warm_start", "/nowhere"], "--id_hashing zch cannot be combined with --warm_start"),
     ],
 )
 def test_bad_zch_flags(lake, capsys, flags, message):

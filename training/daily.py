@@ -272,7 +272,6 @@ class Loop:
     # -- the run ----------------------------------------------------------------------
     def run(self) -> int:
         days = self.lake_days()
-        os.makedirs(self.root, exist_ok=True)
         state = self.load_state(days)
         for day in days:  # a partition with a new schema: refused before any step
             if self.schema(day) != state.schema:
@@ -281,6 +280,8 @@ class Loop:
                     f"{self.partition(day)}: its schema differs from the first day's ({', '.join(changed[:4])}): "
                     "a new schema needs a new model (a new --state_dir)"
                 )
+        check_training_flags(self.config, self.flags, days)  # SystemExit(2) with the trainer's line
+        os.makedirs(self.root, exist_ok=True)
         self.save(state)
         held = days[-1]
         done = {record.day: record for record in state.days}
@@ -315,6 +316,13 @@ class Loop:
         model = self.day_dir(day, "model")
         if not record.exported:
             base = self.delta_base(state, day)  # the same on a rerun: it reads what earlier days recorded
+            why = self.no_delta(day, base) if base is not None else None
+            if why is not None:  # a delta keeps every table's shape and the base's vocabulary
+                print(f"{day}: exporting in full, not as a delta of {base}: {why}", flush=True)
+                self.day_records(
+                    day, [{"event": "full_export", "run_id": "daily", "day": day, "base": base, "reason": why}]
+                )
+                base = None
             if not os.path.isdir(model):  # serving.export renames a complete export into place, or none
                 self.export(day, model, base)
             if base is not None:
@@ -427,6 +435,32 @@ class Loop:
         if chain.index(day) - chain.index(full) >= self.config.full_export_every:
             return None
         return full
+
+    def no_delta(self, day: str, base: str) -> str | None:
+        """Why the day's export cannot be a delta of ``base``'s (None when it can): its
+        tables grew (a warm start's grown vocabulary, or larger table flags), its id
+        vocabulary is another, or it maps ids by zch; read from both days' newest
+        checkpoints, which their exports take."""
+        from checkpoints.directory import newest_checkpoint
+        from checkpoints.opened import read_meta
+
+        metas = []
+        for d in (base, day):
+            path = newest_checkpoint(self.day_dir(d, "ckpt"))
+            if path is None:
+                raise BadInput(f"{self.day_dir(d, 'ckpt')}: holds no complete checkpoint to export")
+            metas.append(read_meta(path))
+        hashing = ((metas[1].config.get("data") or {}).get("source_options") or {}).get("id_hashing")
+        if hashing == "zch":  # its id-to-row map (buffers, not weights) moves every day
+            return "a zch model's id-to-row mapping changes with the day's ids, and a delta carries weights only"
+        was, now = (m.model.num_embeddings_per_feature for m in metas)
+        if list(was) != list(now):
+            grown = [f"{t} {a} -> {b}" for t, a, b in zip(metas[1].model.table_names, was, now) if a != b]
+            return f"its tables changed ({', '.join(grown[:3])}{', ...' if len(grown) > 3 else ''} rows)"
+        vocabularies = [((m.serving_facts or {}).get("id_vocabulary") or {}).get("sha256") for m in metas]
+        if vocabularies[0] != vocabularies[1]:
+            return "its id vocabulary changed"
+        return None
 
     def export(self, day: str, model: str, base: str | None) -> None:
         print(f"{day}: exporting" + (f" a delta of {base}" if base else " in full"), flush=True)
@@ -594,22 +628,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     config, rest = parse(argv)
     try:
-        check_training_flags(config, rest)
-    except SystemExit as e:  # the trainer's parser said why, in one line
+        return Loop(config, rest).run()
+    except SystemExit as e:  # the trainer's parser said why (check_training_flags), in one line
         return int(e.code or 0)
-    return Loop(config, rest).run()
 
 
-def check_training_flags(config: DailyConfig, training_flags: list[str]) -> None:
-    """The day's runs' flags parsed as the entry point parses them, on the whole lake,
-    before anything is written: a bad one is the trainer's one line, exit 2."""
+def check_training_flags(config: DailyConfig, training_flags: list[str], days: list[str]) -> None:
+    """The day's runs' flags parsed as the entry point parses them, on a view of the
+    lake's first two days (as a day's run reads two), before anything is written: a bad
+    one is the trainer's one line, exit 2. (Not the whole lake: a vocabulary or table
+    profile the check builds would read it all.) The check's own lines are not shown."""
+    import contextlib
+    import io
+    import tempfile
+
     from training.flags import parse_config
     from training.recipes import DCNV2
 
     recipe = DCNV2 if config.entry == "dcnv2_main.py" else None
-    lake = ["--parquet_path", config.parquet_path, "--time_column", config.time_column, "--rolling_windows", "1"]
-    ckpt = ["--checkpoint_dir", os.path.join(os.path.abspath(config.state_dir), "days"), "--resume"]  # as a day's
-    parse_config([*training_flags, *lake, *ckpt], PROG, "", recipe)
+    lake = os.path.abspath(config.parquet_path)
+    with tempfile.TemporaryDirectory(prefix="daily-check-") as view:
+        for day in days[:2]:
+            name = f"{config.time_column}={day}"
+            os.symlink(os.path.join(lake, name), os.path.join(view, name))
+        data = ["--parquet_path", view if len(days) > 1 else lake, "--time_column", config.time_column]
+        data += ["--rolling_windows", "1"]
+        ckpt = ["--checkpoint_dir", os.path.join(os.path.abspath(config.state_dir), "days"), "--resume"]  # as a day's
+        with contextlib.redirect_stdout(io.StringIO()):
+            parse_config([*training_flags, *data, *ckpt], PROG, "", recipe)
 
 
 if __name__ == "__main__":

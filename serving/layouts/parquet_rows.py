@@ -246,7 +246,7 @@ class ParquetRows(InputLayout):
             from data.parquet.id_sketch import SKETCH_FILE, sketches_from_bytes
             from serving.model_files import read_file
 
-            names = list(self._value_types)  # the sparse features, in order
+            names = list(self.columns.sparse)  # the sparse features, in order (not the histories)
             data = read_file(model_dir, SKETCH_FILE, manifest)
             self.sketches = sketches_from_bytes(
                 data, [facts["bits"][n] for n in names], [facts["ids"][n] for n in names]

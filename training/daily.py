@@ -72,6 +72,7 @@ _LOOP_FLAGS = (
 # (the other steps are subprocesses, seconds long).
 PAUSE_ENV = "DAILY_PAUSE_S"
 _LIST = Kind(lambda v: isinstance(v, list), "a list")
+_SKETCH_DELTA_FILE = "id_sketch.delta"  # serving/delta.py's SKETCH_DELTA_FILE
 
 
 @dataclass(kw_only=True)
@@ -476,7 +477,8 @@ class Loop:
             size = delta_size(model, base)
             print(
                 f"{day}: delta of {base}: {size['bytes']:,} bytes, {size['ratio']:.3f}x the {size['changed_bytes']:,} "
-                f"bytes of its changed rows and dense part (and {size['sketch_bytes']:,} bytes of seen-id filters)"
+                f"bytes of its changed rows and dense part ({size['sketch_bytes']:,} of its bytes are seen-id filter "
+                f"changes; without them {size['ratio_without_sketch']:.3f}x)"
             )
 
     def gate(self, model: str, current: str | None, held: str) -> dict[str, Any]:
@@ -518,19 +520,21 @@ class Loop:
 
 
 def delta_size(model: str, base: str) -> dict[str, Any]:
-    """What a delta export holds against what it must: ``bytes``, its files' (but the
-    seen-id filters, ``sketch_bytes``, whole in every export); ``changed_bytes``, the
-    bytes of the rows that changed since its base, of every table and dense weight of
-    every program (delta.json's regions); ``ratio``, the first over the second."""
+    """What a delta export holds against what it must: ``bytes``, all its files';
+    ``changed_bytes``, the bytes of the rows that changed since its base, of every table
+    and dense weight of every program (delta.json's regions); ``ratio``, the first over
+    the second. ``sketch_bytes``: the part of ``bytes`` that is the seen-id filters (the
+    bytes of them that changed, id_sketch.delta, or whole in a delta of version 1);
+    ``ratio_without_sketch``: the ratio without them."""
     from data.parquet.id_sketch import SKETCH_FILE
 
     path = os.path.join(model, "delta.json")
     with open(path, "rb") as f:  # serving/delta.py's DeltaRecord (training does not import serving)
-        document, _ = JsonObject.versioned(f.read(), path, "an exported model's delta record", current=1)
+        document, _ = JsonObject.versioned(f.read(), path, "an exported model's delta record", current=2)
     regions = document.get("regions", OBJECT)
     changed = sum(int(r["changed"]) * int(r["row_bytes"]) for variant in regions.values() for r in variant)
     sizes = {name: os.path.getsize(os.path.join(model, name)) for name in os.listdir(model)}
-    sketch = sizes.pop(SKETCH_FILE, 0)
+    sketch = sum(size for name, size in sizes.items() if name in (SKETCH_FILE, _SKETCH_DELTA_FILE))
     total = sum(sizes.values())
     return {
         "base": base,
@@ -538,6 +542,7 @@ def delta_size(model: str, base: str) -> dict[str, Any]:
         "changed_bytes": changed,
         "ratio": round(total / max(changed, 1), 4),
         "sketch_bytes": sketch,
+        "ratio_without_sketch": round((total - sketch) / max(changed, 1), 4),
     }
 
 

@@ -21,6 +21,7 @@ and counts an id training never read exactly.
 """
 
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -247,7 +248,14 @@ class ParquetRows(InputLayout):
             from serving.model_files import read_file
 
             names = list(self.columns.sparse)  # the sparse features, in order (not the histories)
-            data = read_file(model_dir, SKETCH_FILE, manifest)
+            if self.sketches is not None and not os.path.exists(os.path.join(model_dir, SKETCH_FILE)):
+                # A delta export's filters: the bytes changed since its base's, read just before.
+                from serving.delta import apply_sketch_delta
+
+                filters = apply_sketch_delta(model_dir, manifest, [s.packed for s in self.sketches], names)
+                data = b"".join(f.tobytes() for f in filters)
+            else:
+                data = read_file(model_dir, SKETCH_FILE, manifest)
             self.sketches = sketches_from_bytes(
                 data, [facts["bits"][n] for n in names], [facts["ids"][n] for n in names]
             )

@@ -21,7 +21,6 @@ and counts an id training never read exactly.
 """
 
 import json
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from serving.layouts.base import (
     PADDING_ID,
     Checkpoint,
     CountedLines,
+    DeltaSketch,
     Description,
     Features,
     InputLayout,
@@ -237,7 +237,7 @@ class ParquetRows(InputLayout):
             None  # `read_own_files` reads them: data.parquet.id_sketch.IdSketch per feature
         )
 
-    def read_own_files(self, model_dir: str, manifest: Any) -> None:
+    def read_own_files(self, model_dir: str, manifest: Any, delta_sketch: DeltaSketch | None = None) -> None:
         """The id vocabulary and the seen-id filters of the model directory when inputs.json
         records them (a delta export's own: its base's are an older model's)."""
         if self._preprocessing.id_vocabulary is not None:
@@ -248,12 +248,9 @@ class ParquetRows(InputLayout):
             from serving.model_files import read_file
 
             names = list(self.columns.sparse)  # the sparse features, in order (not the histories)
-            if self.sketches is not None and not os.path.exists(os.path.join(model_dir, SKETCH_FILE)):
+            if delta_sketch is not None and self.sketches is not None:
                 # A delta export's filters: the bytes changed since its base's, read just before.
-                from serving.delta import apply_sketch_delta
-
-                filters = apply_sketch_delta(model_dir, manifest, [s.packed for s in self.sketches], names)
-                data = b"".join(f.tobytes() for f in filters)
+                data = b"".join(f.tobytes() for f in delta_sketch([s.packed for s in self.sketches], names))
             else:
                 data = read_file(model_dir, SKETCH_FILE, manifest)
             self.sketches = sketches_from_bytes(

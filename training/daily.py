@@ -510,10 +510,23 @@ class Loop:
         its rerun would race)."""
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
         sys.stdout.flush()  # the loop's lines before the child's
-        child = subprocess.Popen([*_dying_with_this_process(), *args], cwd=REPO, env=env)
+        child = subprocess.Popen([*_dying_with_this_process(), *args], cwd=REPO, env=env, stderr=subprocess.PIPE)
+        # The child's stderr passes through a line late: its last line, a refusal's, becomes the loop's.
+        last = None
+        assert child.stderr is not None
+        for line in child.stderr:
+            if last is not None:
+                sys.stderr.write(last.decode(errors="replace"))
+                sys.stderr.flush()
+            last = line
         code = child.wait()
+        if code == 2 and last is not None and last.strip():
+            raise BadInput(f"{day}: {step} refused its input: {last.decode(errors='replace').strip()}")
+        if last is not None:
+            sys.stderr.write(last.decode(errors="replace"))
+            sys.stderr.flush()
         if code == 2:
-            raise BadInput(f"{day}: {step} refused its input (exit 2; its line is above)")
+            raise BadInput(f"{day}: {step} refused its input (exit 2)")
         if code not in ok:
             raise RuntimeError(f"{day}: {step} failed (exit {code})")
         return code

@@ -43,13 +43,24 @@ import hashlib
 import io
 import os
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from common.errors import BadInput
-from common.json_fields import INTEGER, TEXT, FileFieldError, JsonObject, Kind, int_list, one_of, versioned_json
+from common.json_fields import (
+    INTEGER,
+    TEXT,
+    FileFieldError,
+    JsonObject,
+    Kind,
+    int_list,
+    one_of,
+    optional,
+    versioned_json,
+)
 from common.manifest import ManifestEntry
 from serving.model_files import (
     DELTA_FORMAT,
@@ -62,7 +73,11 @@ from serving.model_files import (
 from serving.model_inputs import INPUTS_FILE, ModelInputs, read_inputs
 
 DELTA_FILE = "delta.json"
-DELTA_VERSION = 1
+DELTA_VERSION = 2  # 2: the seen-id filters may be a delta too (DeltaRecord.sketch, SKETCH_DELTA_FILE)
+# The bytes of the seen-id filters that changed since the base's id_sketch.bin.
+SKETCH_DELTA_FILE = "id_sketch.delta"
+# A filter is cut into regions of this many bytes: a gap between two changed bytes fits 16 bits.
+_SKETCH_REGION_BYTES = 1 << 16
 ENCODINGS = ("all", "bitmap", "gaps8", "gaps16", "gaps32")
 _GAP_TYPES = {"gaps8": np.uint8, "gaps16": np.uint16, "gaps32": np.uint32}
 # FBGEMM's inference kernels align each row of a quantized table to 16 bytes (torchrec's setting).
@@ -116,6 +131,10 @@ class DeltaRecord:
         base_path: where the base was when the delta was written, relative to the delta.
         base_step, base_checkpoint: the base's inputs.json step and checkpoint.
         regions: each variant's regions, by variant name (fp32, fp16, int8).
+        sketch: the regions of the seen-id filters' bytes that changed since the base's
+            (one byte a row, in SKETCH_DELTA_FILE; each filter's regions name it), or None
+            when the delta carries its filters whole (id_sketch.bin) or has none.
+        sketch_sha256: SHA-256 of the filters the sketch regions give applied onto the base's.
         version: the file format.
     """
 
@@ -124,6 +143,8 @@ class DeltaRecord:
     base_step: int
     base_checkpoint: str
     regions: dict[str, list[Region]] = field(default_factory=dict)
+    sketch: list[Region] | None = None
+    sketch_sha256: str | None = None
     version: int = DELTA_VERSION
 
     def to_json(self) -> bytes:
@@ -139,15 +160,21 @@ class DeltaRecord:
             regions[name] = [
                 _read_region(JsonObject(value, path, f"regions.{name}[{i}]", _WHAT)) for i, value in enumerate(variant)
             ]
+        sketch = document.get("sketch", optional(_LIST), None)  # version 1: filters whole, if any
         return cls(
             base_digest=document.get("base_digest", TEXT),
             base_path=document.get("base_path", TEXT),
             base_step=document.get("base_step", INTEGER),
             base_checkpoint=document.get("base_checkpoint", TEXT),
             regions=regions,
+            sketch=None
+            if sketch is None
+            else [_read_region(JsonObject(value, path, f"sketch[{i}]", _WHAT)) for i, value in enumerate(sketch)],
+            sketch_sha256=document.get("sketch_sha256", optional(TEXT), None),
         )
 
 
+_LIST = Kind(lambda v: isinstance(v, list), "a list")
 _OBJECT_OF_LISTS = Kind(
     lambda v: isinstance(v, dict) and all(isinstance(x, list) for x in v.values()), "an object of lists"
 )
@@ -453,6 +480,69 @@ def check_applies(
     for name, tensor in new.items():
         if not torch.equal(_byte_view(copies[name].contiguous()), _byte_view(tensor.contiguous())):
             raise AssertionError(f"the delta does not reproduce {name}")
+
+
+def diff_sketches(
+    base: Sequence[np.ndarray], new: Sequence[np.ndarray], names: Sequence[str]
+) -> tuple[list[Region], bytes] | None:
+    """The regions and SKETCH_DELTA_FILE bytes of the seen-id filters ``new`` (uint8, one
+    array a feature) against the base's: the bytes that changed, in regions of
+    `_SKETCH_REGION_BYTES`. None when a filter changed size or lost a bit (the new model
+    is no descendant of the base's: its filters are carried whole): a filter only grows
+    by OR, which is how they are applied."""
+    regions, payload, offset = [], [], 0
+    for name, before, after in zip(names, base, new):
+        if before.shape != after.shape or (before & ~after).any():
+            return None
+        for start in range(0, len(after), _SKETCH_REGION_BYTES):
+            old_rows, new_rows = (
+                before[start : start + _SKETCH_REGION_BYTES],
+                after[start : start + _SKETCH_REGION_BYTES],
+            )
+            changed = np.flatnonzero(old_rows != new_rows)
+            if not len(changed):
+                continue
+            encoding, index = _encode(changed, len(new_rows))
+            data = new_rows[changed].tobytes()
+            regions.append(
+                Region(name, "uint8", [len(after)], start, 1, len(new_rows), encoding, len(changed), offset, len(index))
+            )
+            payload += [index, data]
+            offset += len(index) + len(data)
+    return regions, b"".join(payload)
+
+
+def apply_sketch_delta(
+    model_dir: str, manifest: dict[str, ManifestEntry] | None, base: Sequence[np.ndarray], names: Sequence[str]
+) -> list[np.ndarray]:
+    """The seen-id filters of the delta export ``model_dir``: its changed bytes OR-ed onto
+    ``base`` (the base export's filters, one uint8 array a feature), checked against the
+    digest delta.json records. BadInput (one line) when the delta has none, or the result
+    is not the filters it was taken from (another base's filters)."""
+    record = read_delta(model_dir, manifest)
+    path = os.path.join(model_dir, SKETCH_DELTA_FILE)
+    if record.sketch is None or record.sketch_sha256 is None:
+        raise BadInput(f"{model_dir}: a delta export with seen-id filters in neither id_sketch.bin nor {path}")
+    payload = read_file(model_dir, SKETCH_DELTA_FILE, manifest)
+    filters = {name: np.array(b, np.uint8) for name, b in zip(names, base)}
+    for region in record.sketch:
+        where = f"{path}: {region.tensor}"
+        target = filters.get(region.tensor)
+        if target is None or region.dtype != "uint8" or region.row_bytes != 1 or region.shape != [len(target)]:
+            raise BadInput(f"{where}: not a filter of the base's ({', '.join(names)}, {[len(b) for b in base]} bytes)")
+        if region.start + region.rows > len(target) or region.end > len(payload):
+            raise BadInput(f"{where}: its bytes lie outside the filter or the file (damaged?)")
+        rows = _decode(region, payload[region.offset : region.offset + region.index_bytes], where)
+        data = np.frombuffer(payload, np.uint8, region.changed, region.offset + region.index_bytes)
+        target[region.start + rows] |= data
+    result = [filters[name] for name in names]
+    digest = hashlib.sha256(b"".join(f.tobytes() for f in result)).hexdigest()
+    if digest != record.sketch_sha256:
+        raise BadInput(
+            f"{path}: applied onto the base's seen-id filters it gives filters of sha256 {digest[:12]}, not the "
+            f"model's {record.sketch_sha256[:12]}: the base's id_sketch.bin is not the one it was taken from"
+        )
+    return result
 
 
 @dataclass

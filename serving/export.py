@@ -68,6 +68,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+import numpy as np
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTableBatchedEmbeddingBagsCodegen
 from torch.fx.experimental.symbolic_shapes import free_symbols
@@ -93,11 +94,13 @@ from models.config import ModelConfig
 from serving.cli import parse_config, serving_parser
 from serving.delta import (
     DELTA_FILE,
+    SKETCH_DELTA_FILE,
     Base,
     DeltaRecord,
     check_applies,
     delta_file,
     diff_programs,
+    diff_sketches,
     different_inputs,
     program_tensors,
     saved_graph,
@@ -112,6 +115,7 @@ from serving.model_files import (
     MANIFEST_FILE,
     TORCH_EXPORT_FORMAT,
     aoti_metadata,
+    read_file,
     write_manifest,
 )
 from serving.model_inputs import (
@@ -574,9 +578,6 @@ def _write_model_dir(
             with naming_write_errors(os.path.join(output, VOCABULARY_FILE)):
                 shutil.copyfile(vocabulary, os.path.join(tmp, VOCABULARY_FILE))
             inputs.preprocessing.vocabulary = VOCABULARY_FILE  # type: ignore[attr-defined]
-        if record is not None:
-            with naming_write_errors(os.path.join(output, DELTA_FILE)), open(os.path.join(tmp, DELTA_FILE), "wb") as f:
-                f.write(record.to_json())
         if id_vocabulary is not None:
             with naming_write_errors(os.path.join(output, ID_VOCABULARY_FILE)):
                 with open(os.path.join(tmp, ID_VOCABULARY_FILE), "wb") as f:
@@ -586,9 +587,14 @@ def _write_model_dir(
                 with open(os.path.join(tmp, ZCH_MAP_FILE), "wb") as f:
                     f.write(zch_map)
         if sketch is not None:
-            with naming_write_errors(os.path.join(output, SKETCH_FILE)):
-                with open(os.path.join(tmp, SKETCH_FILE), "wb") as f:
-                    f.write(sketch)
+            # A delta's filters as the bytes changed since its base's (they only grow), else whole.
+            sketch_delta = _sketch_delta(base, record, sketch, inputs) if base is not None else None
+            file = SKETCH_FILE if sketch_delta is None else SKETCH_DELTA_FILE
+            with naming_write_errors(os.path.join(output, file)), open(os.path.join(tmp, file), "wb") as f:
+                f.write(sketch if sketch_delta is None else sketch_delta)
+        if record is not None:
+            with naming_write_errors(os.path.join(output, DELTA_FILE)), open(os.path.join(tmp, DELTA_FILE), "wb") as f:
+                f.write(record.to_json())
         # The directory is renamed whole below: its files need no temporary names.
         with naming_write_errors(os.path.join(output, INPUTS_FILE)), open(os.path.join(tmp, INPUTS_FILE), "wb") as f:
             f.write(inputs.to_json())
@@ -621,6 +627,29 @@ def _delta_record(base: Base, inputs: ModelInputs, vocabulary: str | None, outpu
         base_step=base.inputs.step,
         base_checkpoint=base.inputs.checkpoint,
     )
+
+
+def _sketch_delta(base: Base, record: DeltaRecord | None, sketch: bytes, inputs: ModelInputs) -> bytes | None:
+    """SKETCH_DELTA_FILE's bytes of the new model's seen-id filters ``sketch`` against the
+    base's (its regions and digest set in ``record``); None when they go whole: the base
+    has none, or they are not the base's grown (serving/delta.py's diff_sketches)."""
+    facts = getattr(inputs.preprocessing, "id_sketch", None)
+    if record is None or facts is None or SKETCH_FILE not in base.manifest:
+        return None
+    names = list(inputs.sparse_feature_names)
+    sizes = [facts["bits"][name] // 8 for name in names]
+    if sum(sizes) != len(sketch) or base.manifest[SKETCH_FILE].get("bytes") != len(sketch):
+        return None
+    starts = np.cumsum([0, *sizes])
+    before = np.frombuffer(read_file(base.path, SKETCH_FILE, base.manifest), np.uint8)
+    after = np.frombuffer(sketch, np.uint8)
+    cut = [(before[a:b], after[a:b]) for a, b in zip(starts[:-1], starts[1:])]
+    diff = diff_sketches([b for b, _ in cut], [a for _, a in cut], names)
+    if diff is None:
+        return None
+    record.sketch, payload = diff
+    record.sketch_sha256 = hashlib.sha256(sketch).hexdigest()
+    return payload
 
 
 def _write_delta(base: Base, precision: str, program: torch.export.ExportedProgram, tmp: str, output: str) -> list:

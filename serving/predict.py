@@ -55,6 +55,7 @@ Python API::
 """
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -79,7 +80,7 @@ from common.json_fields import BOOLEAN, COUNTS, INTEGER, NUMBER, SHARES, TEXT, J
 from data.parquet.files import check_same_types, file_schema, list_files, read_footers, read_row_group
 from data.text.text_lines import DaySource, iter_line_chunks
 from serving.cli import MODEL_DIR_HELP, parse_config, serving_parser
-from serving.delta import find_base, is_delta, load_delta_program, read_delta
+from serving.delta import apply_sketch_delta, find_base, is_delta, load_delta_program, read_delta
 from serving.layouts import load_layout
 from serving.layouts.base import CountedLines, InputLayout, ParsedLines
 from serving.layouts.parquet_rows import ParquetRows
@@ -163,7 +164,10 @@ class Predictor:
                 "and history_lengths (docs/serving.md)"
             )
         if delta is not None:  # the model's own files (its seen-id filters) are the delta's, not its base's
-            self.layout.read_own_files(model_dir, manifest)
+            changes = None
+            if delta.sketch is not None:  # only the filters' changes: OR-ed onto the base's
+                changes = functools.partial(apply_sketch_delta, model_dir, manifest)
+            self.layout.read_own_files(model_dir, manifest, changes)
         self.table_sizes = np.asarray(self.inputs.num_embeddings_per_feature, dtype=np.int64)
         items = [self.inputs.sparse_feature_names.index(h.item) for h in histories]
         places = [*self.inputs.sparse_hotness, *(h.max_history for h in histories)]

@@ -72,6 +72,7 @@ _LOOP_FLAGS = (
 # (the other steps are subprocesses, seconds long).
 PAUSE_ENV = "DAILY_PAUSE_S"
 _LIST = Kind(lambda v: isinstance(v, list), "a list")
+_SKETCH_DELTA_FILE = "id_sketch.delta"  # serving/delta.py's SKETCH_DELTA_FILE
 
 
 @dataclass(kw_only=True)
@@ -272,7 +273,6 @@ class Loop:
     # -- the run ----------------------------------------------------------------------
     def run(self) -> int:
         days = self.lake_days()
-        os.makedirs(self.root, exist_ok=True)
         state = self.load_state(days)
         for day in days:  # a partition with a new schema: refused before any step
             if self.schema(day) != state.schema:
@@ -281,6 +281,8 @@ class Loop:
                     f"{self.partition(day)}: its schema differs from the first day's ({', '.join(changed[:4])}): "
                     "a new schema needs a new model (a new --state_dir)"
                 )
+        check_training_flags(self.config, self.flags, days)  # SystemExit(2) with the trainer's line
+        os.makedirs(self.root, exist_ok=True)
         self.save(state)
         held = days[-1]
         done = {record.day: record for record in state.days}
@@ -315,6 +317,13 @@ class Loop:
         model = self.day_dir(day, "model")
         if not record.exported:
             base = self.delta_base(state, day)  # the same on a rerun: it reads what earlier days recorded
+            why = self.no_delta(day, base) if base is not None else None
+            if why is not None:  # a delta keeps every table's shape and the base's vocabulary
+                print(f"{day}: exporting in full, not as a delta of {base}: {why}", flush=True)
+                self.day_records(
+                    day, [{"event": "full_export", "run_id": "daily", "day": day, "base": base, "reason": why}]
+                )
+                base = None
             if not os.path.isdir(model):  # serving.export renames a complete export into place, or none
                 self.export(day, model, base)
             if base is not None:
@@ -428,6 +437,32 @@ class Loop:
             return None
         return full
 
+    def no_delta(self, day: str, base: str) -> str | None:
+        """Why the day's export cannot be a delta of ``base``'s (None when it can): its
+        tables grew (a warm start's grown vocabulary, or larger table flags), its id
+        vocabulary is another, or it maps ids by zch; read from both days' newest
+        checkpoints, which their exports take."""
+        from checkpoints.directory import newest_checkpoint
+        from checkpoints.opened import read_meta
+
+        metas = []
+        for d in (base, day):
+            path = newest_checkpoint(self.day_dir(d, "ckpt"))
+            if path is None:
+                raise BadInput(f"{self.day_dir(d, 'ckpt')}: holds no complete checkpoint to export")
+            metas.append(read_meta(path))
+        hashing = ((metas[1].config.get("data") or {}).get("source_options") or {}).get("id_hashing")
+        if hashing == "zch":  # its id-to-row map (buffers, not weights) moves every day
+            return "a zch model's id-to-row mapping changes with the day's ids, and a delta carries weights only"
+        was, now = (m.model.num_embeddings_per_feature for m in metas)
+        if list(was) != list(now):
+            grown = [f"{t} {a} -> {b}" for t, a, b in zip(metas[1].model.table_names, was, now) if a != b]
+            return f"its tables changed ({', '.join(grown[:3])}{', ...' if len(grown) > 3 else ''} rows)"
+        vocabularies = [((m.serving_facts or {}).get("id_vocabulary") or {}).get("sha256") for m in metas]
+        if vocabularies[0] != vocabularies[1]:
+            return "its id vocabulary changed"
+        return None
+
     def export(self, day: str, model: str, base: str | None) -> None:
         print(f"{day}: exporting" + (f" a delta of {base}" if base else " in full"), flush=True)
         for name in os.listdir(os.path.dirname(model)):  # the staging directory of a killed export
@@ -442,7 +477,8 @@ class Loop:
             size = delta_size(model, base)
             print(
                 f"{day}: delta of {base}: {size['bytes']:,} bytes, {size['ratio']:.3f}x the {size['changed_bytes']:,} "
-                f"bytes of its changed rows and dense part (and {size['sketch_bytes']:,} bytes of seen-id filters)"
+                f"bytes of its changed rows and dense part ({size['sketch_bytes']:,} of its bytes are seen-id filter "
+                f"changes; without them {size['ratio_without_sketch']:.3f}x)"
             )
 
     def gate(self, model: str, current: str | None, held: str) -> dict[str, Any]:
@@ -474,29 +510,44 @@ class Loop:
         its rerun would race)."""
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
         sys.stdout.flush()  # the loop's lines before the child's
-        child = subprocess.Popen([*_dying_with_this_process(), *args], cwd=REPO, env=env)
+        child = subprocess.Popen([*_dying_with_this_process(), *args], cwd=REPO, env=env, stderr=subprocess.PIPE)
+        # The child's stderr passes through a line late: its last line, a refusal's, becomes the loop's.
+        last = None
+        assert child.stderr is not None
+        for line in child.stderr:
+            if last is not None:
+                sys.stderr.write(last.decode(errors="replace"))
+                sys.stderr.flush()
+            last = line
         code = child.wait()
+        if code == 2 and last is not None and last.strip():
+            raise BadInput(f"{day}: {step} refused its input: {last.decode(errors='replace').strip()}")
+        if last is not None:
+            sys.stderr.write(last.decode(errors="replace"))
+            sys.stderr.flush()
         if code == 2:
-            raise BadInput(f"{day}: {step} refused its input (exit 2; its line is above)")
+            raise BadInput(f"{day}: {step} refused its input (exit 2)")
         if code not in ok:
             raise RuntimeError(f"{day}: {step} failed (exit {code})")
         return code
 
 
 def delta_size(model: str, base: str) -> dict[str, Any]:
-    """What a delta export holds against what it must: ``bytes``, its files' (but the
-    seen-id filters, ``sketch_bytes``, whole in every export); ``changed_bytes``, the
-    bytes of the rows that changed since its base, of every table and dense weight of
-    every program (delta.json's regions); ``ratio``, the first over the second."""
+    """What a delta export holds against what it must: ``bytes``, all its files';
+    ``changed_bytes``, the bytes of the rows that changed since its base, of every table
+    and dense weight of every program (delta.json's regions); ``ratio``, the first over
+    the second. ``sketch_bytes``: the part of ``bytes`` that is the seen-id filters (the
+    bytes of them that changed, id_sketch.delta, or whole in a delta of version 1);
+    ``ratio_without_sketch``: the ratio without them."""
     from data.parquet.id_sketch import SKETCH_FILE
 
     path = os.path.join(model, "delta.json")
     with open(path, "rb") as f:  # serving/delta.py's DeltaRecord (training does not import serving)
-        document, _ = JsonObject.versioned(f.read(), path, "an exported model's delta record", current=1)
+        document, _ = JsonObject.versioned(f.read(), path, "an exported model's delta record", current=2)
     regions = document.get("regions", OBJECT)
     changed = sum(int(r["changed"]) * int(r["row_bytes"]) for variant in regions.values() for r in variant)
     sizes = {name: os.path.getsize(os.path.join(model, name)) for name in os.listdir(model)}
-    sketch = sizes.pop(SKETCH_FILE, 0)
+    sketch = sum(size for name, size in sizes.items() if name in (SKETCH_FILE, _SKETCH_DELTA_FILE))
     total = sum(sizes.values())
     return {
         "base": base,
@@ -504,6 +555,7 @@ def delta_size(model: str, base: str) -> dict[str, Any]:
         "changed_bytes": changed,
         "ratio": round(total / max(changed, 1), 4),
         "sketch_bytes": sketch,
+        "ratio_without_sketch": round((total - sketch) / max(changed, 1), 4),
     }
 
 
@@ -594,22 +646,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     config, rest = parse(argv)
     try:
-        check_training_flags(config, rest)
-    except SystemExit as e:  # the trainer's parser said why, in one line
+        return Loop(config, rest).run()
+    except SystemExit as e:  # the trainer's parser said why (check_training_flags), in one line
         return int(e.code or 0)
-    return Loop(config, rest).run()
 
 
-def check_training_flags(config: DailyConfig, training_flags: list[str]) -> None:
-    """The day's runs' flags parsed as the entry point parses them, on the whole lake,
-    before anything is written: a bad one is the trainer's one line, exit 2."""
+def check_training_flags(config: DailyConfig, training_flags: list[str], days: list[str]) -> None:
+    """The day's runs' flags parsed as the entry point parses them, on a view of the
+    lake's first two days (as a day's run reads two), before anything is written: a bad
+    one is the trainer's one line, exit 2. (Not the whole lake: a vocabulary or table
+    profile the check builds would read it all.) The check's own lines are not shown."""
+    import contextlib
+    import io
+    import tempfile
+
     from training.flags import parse_config
     from training.recipes import DCNV2
 
     recipe = DCNV2 if config.entry == "dcnv2_main.py" else None
-    lake = ["--parquet_path", config.parquet_path, "--time_column", config.time_column, "--rolling_windows", "1"]
-    ckpt = ["--checkpoint_dir", os.path.join(os.path.abspath(config.state_dir), "days"), "--resume"]  # as a day's
-    parse_config([*training_flags, *lake, *ckpt], PROG, "", recipe)
+    lake = os.path.abspath(config.parquet_path)
+    with tempfile.TemporaryDirectory(prefix="daily-check-") as view:
+        for day in days[:2]:
+            name = f"{config.time_column}={day}"
+            os.symlink(os.path.join(lake, name), os.path.join(view, name))
+        data = ["--parquet_path", view if len(days) > 1 else lake, "--time_column", config.time_column]
+        data += ["--rolling_windows", "1"]
+        ckpt = ["--checkpoint_dir", os.path.join(os.path.abspath(config.state_dir), "days"), "--resume"]  # as a day's
+        with contextlib.redirect_stdout(io.StringIO()):
+            parse_config([*training_flags, *data, *ckpt], PROG, "", recipe)
 
 
 if __name__ == "__main__":

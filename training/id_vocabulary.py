@@ -3,14 +3,18 @@
 A fresh run reads the training split once (data/parquet/id_vocabulary.py counts every
 sparse feature's ids exactly) and keeps the ids read at least ``--min_id_count`` times;
 the tables then have the kept ids + 1 rows (row 0: every other id). A run that loads a
-checkpoint (``--resume``, ``--restore_checkpoint_path``, ``--mode validate|test``,
-``--warm_start``) takes the checkpoint's vocabulary instead and never counts again, so
-resume, warm start, evaluation and export map ids as the trained tables do.
+checkpoint (``--resume``, ``--restore_checkpoint_path``, ``--mode validate|test``) takes
+the checkpoint's vocabulary instead and never counts again, so resume, evaluation and export map ids as the trained tables do. A ``--warm_start`` (a new
+run on new data) grows its checkpoint's vocabulary: every id it kept keeps its row, and
+the ids the new training split reads at least ``--min_id_count`` times (default: the
+checkpoint's) that it lacks get new rows after them, so the tables grow (their new rows
+initialised as a fresh run's); the new split's other ids join the rare ones. With
+``--rolling_windows 1`` (the daily loop's days) the training split is window 0.
 
 Table sizes: ``--num_embeddings_per_feature`` (or an integer ``--num_embeddings``,
 ``--max_table_rows``) is each table's rows at most: of the ids read often enough, only the
-most frequent fit (rows - 1 of them; ties: the smaller key); without it the vocabulary
-decides alone; a run that loads a checkpoint keeps its vocabulary and tables whatever
+most frequent fit (rows - 1 of them; ties: the smaller key; a warm start appends only
+as many as fit); without it the vocabulary decides alone; a run that loads a checkpoint keeps its vocabulary and tables whatever
 those flags say. ``--num_embeddings auto`` sizes hashed tables and is refused here.
 """
 
@@ -38,34 +42,47 @@ def vocabulary_table_sizes(
 
     data = source.config
     names = list(features.sparse_feature_names)
-    loaded = _loaded_checkpoint(checkpoint, mode) or _warm_start(checkpoint)
+    loaded = _loaded_checkpoint(checkpoint, mode)
     if loaded is not None:
         # Its tables are the vocabulary's (checked against its meta.json): a cap given
         # again does not cut a trained vocabulary.
-        vocabulary = checkpoint_vocabulary(loaded, names)
+        return _use(source, tables, checkpoint_vocabulary(loaded, names))
+    warm = _warm_start(checkpoint)
+    origin = checkpoint_vocabulary(warm, names) if warm is not None else None
+    count = data.min_id_count or (origin.min_id_count if origin is not None else 1)
+    dataset = source.open()
+    sparse = list(dataset.columns.sparse)
+    # --rolling_windows 1 (the daily loop's days): window 0 is the one trained on.
+    segments = list(dataset.splits["train" if "train" in dataset.splits else "window 0"])
+    if not sum(s.count for s in segments):
+        raise FlagError(
+            f"{option(data, 'id_hashing')} vocabulary builds its vocabulary from the training split, "
+            f"which has no rows here (see {option(data, 'validation_window')}, {option(data, 'test_window')})"
+        )
+    cap = tables.resolve(len(sparse), None) if _capped(tables) else None
+    counts = count_ids(sparse, (dataset.read_segment(s, sparse) for s in segments))
+    if origin is not None:
+        # A warm start (new data: the daily loop's next day) keeps every row the origin
+        # trained and appends the new split's frequent ids it lacks: its tables grow.
+        vocabulary = origin.grown(counts, count, cap)
     else:
-        count = data.min_id_count or 1
-        dataset = source.open()
-        sparse = list(dataset.columns.sparse)
-        segments = list(dataset.splits["train"])
-        if not sum(s.count for s in segments):
-            raise FlagError(
-                f"{option(data, 'id_hashing')} vocabulary builds its vocabulary from the training split, "
-                f"which has no rows here (see {option(data, 'validation_window')}, {option(data, 'test_window')})"
-            )
-        cap = tables.resolve(len(sparse), None) if _capped(tables) else None
-        counts = count_ids(sparse, (dataset.read_segment(s, sparse) for s in segments))
         vocabulary = IdVocabulary.of(sparse, counts, count, cap)
-        if os.environ.get("RANK", "0") == "0":
-            print(
-                f"--id_hashing vocabulary --min_id_count {count}: "
-                + ", ".join(
-                    f"{n} {len(k):,} ids kept of {len(k) + len(r):,}"
-                    for n, k, r in zip(sparse, vocabulary.kept, vocabulary.rare)
-                )
-                + f"; --num_embeddings_per_feature {','.join(str(s) for s in vocabulary.table_sizes)}",
-                flush=True,
+    if os.environ.get("RANK", "0") == "0":
+        before = origin.kept if origin is not None else [[] for _ in sparse]
+        print(
+            f"--id_hashing vocabulary --min_id_count {count}: "
+            + ", ".join(
+                f"{n} {len(k):,} ids kept of {len(k) + len(r):,}" + (f" ({len(k) - len(b):,} new)" if origin else "")
+                for n, k, r, b in zip(sparse, vocabulary.kept, vocabulary.rare, before)
             )
+            + f"; --num_embeddings_per_feature {','.join(str(s) for s in vocabulary.table_sizes)}",
+            flush=True,
+        )
+    return _use(source, tables, vocabulary)
+
+
+def _use(source: DataSource, tables: TableSizes, vocabulary: Any) -> TableSizes:
+    """Hands ``vocabulary`` to ``source`` and returns the table sizes it gives."""
     source.set_vocabulary(vocabulary)  # type: ignore[attr-defined]
     return dataclasses.replace(tables, num_embeddings_per_feature=vocabulary.table_sizes, max_table_rows=None)
 

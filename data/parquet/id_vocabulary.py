@@ -4,7 +4,11 @@ One streaming pass over the training split counts every sparse feature's ids exa
 (`IdCounts`): the ids seen at least N times get rows 1..K, in the order of their 64-bit
 key (data/parquet/id_hashing.py's ``integer_keys`` / ``string_keys``: an integer id is its
 own key, a string's key its FNV-1a hash); every other id, rare or never seen, reads row 0,
-the out-of-vocabulary row, trained on all of them. The vocabulary also keeps the keys of
+the out-of-vocabulary row, trained on all of them. A warm start grows its checkpoint's
+vocabulary (`IdVocabulary.grown`): every kept id keeps its row, and the ids the new
+training split reads at least N times that it lacks get the rows after them (in key
+order among themselves), so a grown vocabulary's kept keys are in row order, ascending
+within each day's block. The vocabulary also keeps the keys of
 the rare ids it read, so that serving counts an id never seen in training as unseen
 exactly (no Bloom filter): an id is seen when it is among the kept or the rare keys.
 
@@ -22,6 +26,7 @@ directory's `VOCABULARY_FILE` (the same keys back to back, little-endian); meta.
 ``sha256`` of the file's bytes, which every reader checks (`IdVocabulary.from_bytes`).
 """
 
+import dataclasses
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -90,8 +95,9 @@ class IdCounts:
 
 @dataclass(eq=False)
 class IdVocabulary:
-    """Per feature, the kept keys (sorted: key i reads row i + 1) and the rare keys
-    (sorted: seen in training, read as row 0 like a new id).
+    """Per feature, the kept keys (key i reads row i + 1: sorted when built from one
+    training split, each warm start's new ones appended) and the rare keys (sorted:
+    seen in training, read as row 0 like a new id).
 
     Example::
 
@@ -101,9 +107,11 @@ class IdVocabulary:
     """
 
     names: list[str]
-    kept: list[np.ndarray]  # uint64, strictly increasing
+    kept: list[np.ndarray]  # uint64, distinct, in row order
     rare: list[np.ndarray]  # uint64, strictly increasing, none of them kept
     min_id_count: int
+    # Per feature (the kept keys sorted, the row of each): the lookup of a grown vocabulary.
+    _index: list[tuple[np.ndarray, np.ndarray]] | None = dataclasses.field(default=None, init=False, repr=False)
 
     @classmethod
     def of(
@@ -134,12 +142,41 @@ class IdVocabulary:
     def rows(self, f: int, keys: np.ndarray) -> np.ndarray:
         """The row (int64) of each key (uint64) of feature ``f``: 1 + its place among the
         kept keys, or `OOV_ROW`."""
-        kept = self.kept[f]
+        kept, rows = self._sorted(f)
         if not len(kept):
             return np.zeros(len(keys), np.int64)
-        place = np.searchsorted(kept, keys)
-        found = kept[np.minimum(place, len(kept) - 1)] == keys
-        return np.where(found, place + 1, OOV_ROW).astype(np.int64)
+        place = np.minimum(np.searchsorted(kept, keys), len(kept) - 1)
+        return np.where(kept[place] == keys, rows[place], OOV_ROW).astype(np.int64)
+
+    def _sorted(self, f: int) -> tuple[np.ndarray, np.ndarray]:
+        """Feature ``f``'s kept keys sorted, and the row of each."""
+        if self._index is None:  # built whole, then set: the loader's threads read it
+            index = []
+            for kept in self.kept:
+                order = np.argsort(kept, kind="stable")
+                index.append((kept[order], order.astype(np.int64) + 1))
+            self._index = index
+        return self._index[f]
+
+    def grown(self, counts: IdCounts, min_id_count: int, max_rows: Sequence[int] | None = None) -> "IdVocabulary":
+        """This vocabulary with the ids of ``counts`` (a warm start's training split) read
+        at least ``min_id_count`` times that it does not keep, appended as new rows in key
+        order (with ``max_rows``, a table's rows at most, only the most frequent that fit;
+        ties: the smaller key). Every kept id keeps its row; the ids read fewer times join
+        the rare ones (unless kept)."""
+        kept, rare = [], []
+        for f in range(len(self.names)):
+            keys, times = counts.counts(f)
+            new = (times >= min_id_count) & ~_members(self._sorted(f)[0], keys)
+            chosen = np.flatnonzero(new)
+            room = None if max_rows is None else max(max_rows[f] - 1 - len(self.kept[f]), 0)
+            if room is not None and len(chosen) > room:
+                by_count = np.lexsort((keys[chosen], -times[chosen]))
+                chosen = np.sort(chosen[by_count[:room]])
+            kept.append(np.concatenate([self.kept[f], keys[chosen]]))
+            seen = np.union1d(self.rare[f], keys)
+            rare.append(seen[~_members(np.sort(kept[-1]), seen)])
+        return IdVocabulary(list(self.names), kept, rare, min_id_count)
 
     def unseen(self, keys: Sequence[np.ndarray], features: Sequence[int] | None = None) -> list[int]:
         """Per array of ``keys`` (uint64), how many training never read (neither kept nor
@@ -147,7 +184,8 @@ class IdVocabulary:
         against (a history's is its item's); default: the i-th array, the i-th feature."""
         order = range(len(keys)) if features is None else features
         return [
-            int(len(k) - _members(self.kept[f], k).sum() - _members(self.rare[f], k).sum()) for f, k in zip(order, keys)
+            int(len(k) - _members(self._sorted(f)[0], k).sum() - _members(self.rare[f], k).sum())
+            for f, k in zip(order, keys)
         ]
 
     def holds_any(self) -> bool:
@@ -207,10 +245,12 @@ class IdVocabulary:
             kept.append(keys[start : start + k])
             rare.append(keys[start + k : start + size])
             start += size
-            for what, part in (("kept", kept[-1]), ("rare", rare[-1])):
-                if len(part) > 1 and not (part[1:] > part[:-1]).all():
-                    raise VocabularyError(f"feature {n}: its {what} ids are not in increasing order")
-            if _members(kept[-1], rare[-1]).any():
+            if len(rare[-1]) > 1 and not (rare[-1][1:] > rare[-1][:-1]).all():
+                raise VocabularyError(f"feature {n}: its rare ids are not in increasing order")
+            ordered = np.sort(kept[-1])  # in row order (a grown vocabulary's are not sorted)
+            if len(ordered) > 1 and not (ordered[1:] > ordered[:-1]).all():
+                raise VocabularyError(f"feature {n}: an id is kept twice")
+            if _members(ordered, rare[-1]).any():
                 raise VocabularyError(f"feature {n}: an id is both kept and rare")
         return cls(list(names), kept, rare, int(facts["min_id_count"]))
 

@@ -200,7 +200,7 @@ class ParquetSource(DataSource):
 
     def _check_vocabulary_flags(self) -> None:
         """--min_id_count needs --id_hashing vocabulary, which builds its vocabulary from
-        one training split (not the windows of --rolling_windows)."""
+        one training split (not the windows of --rolling_windows N > 1)."""
         config = self.config
         if config.min_id_count is not None:
             if config.id_hashing != "vocabulary":
@@ -210,10 +210,11 @@ class ParquetSource(DataSource):
                 )
             if config.min_id_count < 1:
                 raise FlagError(f"{option(config, 'min_id_count')} must be at least 1, got {config.min_id_count}")
-        if config.id_hashing == "vocabulary" and config.rolling_windows is not None:
+        # --rolling_windows 1 trains on one window (the daily loop's day): its vocabulary's.
+        if config.id_hashing == "vocabulary" and (config.rolling_windows or 1) > 1:
             raise FlagError(
                 f"{option(config, 'id_hashing')} vocabulary is built from one training split before training: "
-                f"{option(config, 'rolling_windows')} trains on several (use hash)"
+                f"{option(config, 'rolling_windows')} {config.rolling_windows} trains on several (use 1, or hash)"
             )
 
     def windows(self) -> "tuple[Window | None, Window | None]":

@@ -43,6 +43,11 @@ Features = tuple[np.ndarray, np.ndarray]
 T = TypeVar("T")
 
 
+# A delta export's seen-id filters rebuilt from its base's (one uint8 array a feature, the
+# features named): serving/delta.py's apply_sketch_delta, bound to the delta's directory.
+DeltaSketch = Callable[[list[np.ndarray], list[str]], list[np.ndarray]]
+
+
 @dataclass
 class LayoutRecord(ABC):
     """inputs.json's ``preprocessing`` of one layout (a dataclass of JSON values)."""
@@ -200,10 +205,13 @@ class InputLayout(ABC):
         layout.read_own_files(model_dir, manifest)
         return layout
 
-    def read_own_files(self, model_dir: str, manifest: dict[str, ManifestEntry] | None) -> None:
+    def read_own_files(
+        self, model_dir: str, manifest: dict[str, ManifestEntry] | None, delta_sketch: "DeltaSketch | None" = None
+    ) -> None:
         """Reads the files that belong to the model itself, not to its inputs' shape (the
-        seen-id filters): a delta export's own, where its other files are its base's.
-        None by default."""
+        seen-id filters): a delta export's own, where its other files are its base's
+        (``delta_sketch``: a delta's filters from its base's, which this layout read
+        first, when the delta carries only their changes). None by default."""
         return None
 
     @staticmethod

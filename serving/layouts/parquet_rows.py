@@ -38,6 +38,7 @@ from serving.layouts.base import (
     PADDING_ID,
     Checkpoint,
     CountedLines,
+    DeltaSketch,
     Description,
     Features,
     InputLayout,
@@ -257,7 +258,7 @@ class ParquetRows(InputLayout):
             None  # `read_own_files` reads them: data.parquet.id_sketch.IdSketch per feature
         )
 
-    def read_own_files(self, model_dir: str, manifest: Any) -> None:
+    def read_own_files(self, model_dir: str, manifest: Any, delta_sketch: DeltaSketch | None = None) -> None:
         """The id vocabulary and the seen-id filters of the model directory when inputs.json
         records them (a delta export's own: its base's are an older model's)."""
         if self._preprocessing.id_vocabulary is not None:
@@ -269,8 +270,12 @@ class ParquetRows(InputLayout):
             from data.parquet.id_sketch import SKETCH_FILE, sketches_from_bytes
             from serving.model_files import read_file
 
-            names = list(self._value_types)  # the sparse features, in order
-            data = read_file(model_dir, SKETCH_FILE, manifest)
+            names = list(self.columns.sparse)  # the sparse features, in order (not the histories)
+            if delta_sketch is not None and self.sketches is not None:
+                # A delta export's filters: the bytes changed since its base's, read just before.
+                data = b"".join(f.tobytes() for f in delta_sketch([s.packed for s in self.sketches], names))
+            else:
+                data = read_file(model_dir, SKETCH_FILE, manifest)
             self.sketches = sketches_from_bytes(
                 data, [facts["bits"][n] for n in names], [facts["ids"][n] for n in names]
             )

@@ -115,13 +115,31 @@ def test_bytes_read_back_and_lies_refused():
         check_facts({**facts, "version": 99}, ["A", "B"])
     with pytest.raises(VocabularyError, match="not a count"):
         check_facts({**facts, "kept": {"A": -1, "B": 1}}, ["A", "B"])
-    unordered = np.array([7, 5, 9, 1, 2], "<u8").tobytes()  # digest of these bytes, but kept ids out of order
-    lying = {**facts, "kept": {"A": 2, "B": 1}, "rare": {"A": 1, "B": 1}}
     import hashlib
 
-    lying["sha256"] = hashlib.sha256(unordered).hexdigest()
-    with pytest.raises(VocabularyError, match="not in increasing order"):
-        IdVocabulary.from_bytes(unordered, ["A", "B"], lying)
+    for keys, kept, message in (
+        ([5, 5, 9, 1, 2], 2, "an id is kept twice"),
+        ([5, 9, 7, 1, 2], 1, "its rare ids are not in increasing order"),
+    ):
+        data = np.array(keys, "<u8").tobytes()  # the digest of these bytes, but not a vocabulary
+        lying = {**facts, "kept": {"A": kept, "B": 1}, "rare": {"A": 3 - kept, "B": 1}}
+        with pytest.raises(VocabularyError, match=message):
+            IdVocabulary.from_bytes(data, ["A", "B"], {**lying, "sha256": hashlib.sha256(data).hexdigest()})
+
+
+def test_a_warm_start_grows_the_vocabulary_every_kept_id_keeping_its_row():
+    vocabulary = _vocabulary()  # A: 5 kept, 7 and 9 rare; B: 1 kept, 2 rare
+    day = IdCounts(2)
+    day.add([integer_keys(np.array([9, 9, 3, 3, 3, 8, 5, 4, 4])), integer_keys(np.array([2, 6]))])
+    grown = vocabulary.grown(day, 2)
+    assert [k.tolist() for k in grown.kept] == [[5, 3, 4, 9], [1]]  # new ids after the old, in key order
+    assert [r.tolist() for r in grown.rare] == [[7, 8], [2, 6]]
+    assert grown.rows(0, integer_keys(np.array([5, 3, 4, 9, 7, 8, 11]))).tolist() == [1, 2, 3, 4, 0, 0, 0]
+    assert grown.unseen([integer_keys(np.array([5, 9, 7, 8, 11])), integer_keys(np.array([6, 7]))]) == [1, 1]
+    back = IdVocabulary.from_bytes(grown.to_bytes(), ["A", "B"], grown.facts())
+    assert back.rows(0, integer_keys(np.array([9, 3]))).tolist() == [4, 2]
+    capped = vocabulary.grown(day, 2, max_rows=[4, 4])  # room for 2 new ids in A: 3 (3 reads), then 4 (2, < 9)
+    assert capped.kept[0].tolist() == [5, 3, 4] and capped.rare[0].tolist() == [7, 8, 9]
 
 
 @pytest.mark.parametrize("kernels", ["built", "numpy"])

@@ -3,6 +3,7 @@ full export of the same checkpoint, is at most 1.1x the bytes of the changed row
 the dense part, and is refused, in one line, on the wrong base, another model's base,
 or when written by a newer version."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -13,8 +14,17 @@ import torch
 from fbgemm_gpu.split_embedding_configs import SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_inference import rounded_row_size_in_bytes
 
+from common.errors import BadInput
 from serving import export, predict
-from serving.delta import DELTA_FILE, program_tensors
+from serving.delta import (
+    DELTA_FILE,
+    DELTA_VERSION,
+    SKETCH_DELTA_FILE,
+    DeltaRecord,
+    apply_sketch_delta,
+    diff_sketches,
+    program_tensors,
+)
 from serving.model_files import write_manifest
 from tests.support.exported_model import tiny_checkpoint
 
@@ -148,13 +158,14 @@ def test_a_delta_written_by_a_newer_version_is_refused_in_one_line(exports, tmp_
     with open(path) as f:
         record = json.load(f)
     with open(path, "w") as f:
-        json.dump({**record, "version": 2}, f)
+        json.dump({**record, "version": DELTA_VERSION + 1}, f)
     os.remove(os.path.join(newer, "manifest.json"))
     write_manifest(newer)
     # base_path is relative to the delta: this copy's base is given.
     error = predict_error(capsys, "--model", newer, "--base", exports["full0"])
     assert error.endswith(
-        f"{path}: version is 2, newer than this code reads (1): use the release that wrote it or a newer one"
+        f"{path}: version is {DELTA_VERSION + 1}, newer than this code reads ({DELTA_VERSION}): use the release "
+        "that wrote it or a newer one"
     )
 
 
@@ -206,3 +217,40 @@ def test_a_delta_changing_where_rows_lie_is_refused(exports, tmp_path, capsys):
     assert error.endswith(
         f"{crafted}/int8.delta: {offsets}: a torch.int64 tensor, not weights: a delta changes weights only"
     )
+
+
+def _filters(seed: int, sizes=(1 << 17, 1 << 13)) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [(rng.random(n) < 0.3).astype(np.uint8) * rng.integers(1, 256, n, dtype=np.uint8) for n in sizes]
+
+
+def _sketch_delta_dir(tmp_path, base: list[np.ndarray], new: list[np.ndarray]) -> str:
+    """A delta export's directory holding only what its seen-id filters need."""
+    regions, payload = diff_sketches(base, new, ["A", "B"])
+    record = DeltaRecord("0" * 64, "../base", 1, "ckpt", sketch=regions)
+    record.sketch_sha256 = hashlib.sha256(b"".join(f.tobytes() for f in new)).hexdigest()
+    delta = tmp_path / "delta"
+    delta.mkdir()
+    (delta / DELTA_FILE).write_bytes(record.to_json())
+    (delta / SKETCH_DELTA_FILE).write_bytes(payload)
+    write_manifest(str(delta))
+    return str(delta)
+
+
+def test_a_delta_carries_only_the_filter_bytes_that_changed_and_rebuilds_them_exactly(tmp_path):
+    base = _filters(0)
+    rng = np.random.default_rng(1)
+    new = [b.copy() for b in base]
+    for f in new:  # a day's new ids: a few bits set, in bytes spread over the filter (gaps past 2**16 too)
+        places = rng.choice(len(f), 40, replace=False)
+        f[places] |= np.uint8(1) << rng.integers(0, 8, 40).astype(np.uint8)
+    changed = sum(int((a != b).sum()) for a, b in zip(base, new))
+    delta = _sketch_delta_dir(tmp_path, base, new)
+    size = os.path.getsize(os.path.join(delta, SKETCH_DELTA_FILE))
+    assert size <= 3 * changed  # each changed byte and its 16-bit gap
+    rebuilt = apply_sketch_delta(delta, None, base, ["A", "B"])
+    assert all(np.array_equal(a, b) for a, b in zip(rebuilt, new))
+    with pytest.raises(BadInput, match=r"not the one it was taken from"):
+        apply_sketch_delta(delta, None, _filters(2), ["A", "B"])  # another base's filters
+    lost = [new[0] & np.uint8(0xFE), new[1]]  # a bit the base has is gone: not its descendant
+    assert diff_sketches(base, lost, ["A", "B"]) is None

@@ -117,7 +117,7 @@ def test_a_vocabulary_that_is_not_the_models_is_refused(model, tmp_path, capsys)
 
 
 @pytest.mark.slow
-def test_resume_and_warm_start_take_the_checkpoints_vocabulary(model, tmp_path):
+def test_resume_takes_the_checkpoints_vocabulary_a_warm_start_grows_it(model, tmp_path):
     from training.flags import build_parser, config_and_source_from_args
 
     _, model_dir, _, train = model
@@ -128,12 +128,17 @@ def test_resume_and_warm_start_take_the_checkpoints_vocabulary(model, tmp_path):
     argv.remove("--checkpoint_dir")
     # Another --min_id_count would count otherwise: a run that loads the checkpoint never counts again.
     argv[argv.index("--min_id_count") + 1] = "1"
-    for extra in (
-        ["--checkpoint_dir", checkpoints, "--resume"],
-        ["--checkpoint_dir", str(tmp_path / "warm"), "--warm_start", checkpoints],
-    ):
-        config, source = config_and_source_from_args(build_parser("dlrm_main.py", "").parse_args([*argv, *extra]))
-        loaded = source.vocabulary()
-        assert [k.tolist() for k in loaded.kept] == [k.tolist() for k in exported.kept], extra
-        assert [r.tolist() for r in loaded.rare] == [r.tolist() for r in exported.rare], extra
-        assert config.model.num_embeddings_per_feature == exported.table_sizes, extra
+    resume = ["--checkpoint_dir", checkpoints, "--resume"]
+    config, source = config_and_source_from_args(build_parser("dlrm_main.py", "").parse_args([*argv, *resume]))
+    loaded = source.vocabulary()
+    assert [k.tolist() for k in loaded.kept] == [k.tolist() for k in exported.kept]
+    assert [r.tolist() for r in loaded.rare] == [r.tolist() for r in exported.rare]
+    assert config.model.num_embeddings_per_feature == exported.table_sizes
+    # A warm start (new data) grows it: on the same split with --min_id_count 1, every
+    # rare id is read often enough, and is appended after the kept ones, which keep their rows.
+    warm = ["--checkpoint_dir", str(tmp_path / "warm"), "--warm_start", checkpoints]
+    config, source = config_and_source_from_args(build_parser("dlrm_main.py", "").parse_args([*argv, *warm]))
+    grown = source.vocabulary()
+    assert [k.tolist() for k in grown.kept] == [k.tolist() + r.tolist() for k, r in zip(exported.kept, exported.rare)]
+    assert all(len(r) == 0 for r in grown.rare)
+    assert config.model.num_embeddings_per_feature == grown.table_sizes

@@ -7,7 +7,8 @@ The lake: 4 days of data.synthetic_parquet, 128 rows each (4 training steps of 3
 rows). The loops run as programs (`python -m training.daily`, each day's training,
 export, gate and scoring a subprocess of it); the refusals and the late day run in
 this process, on state files that need no training. Times on a 2-core machine busy
-with other work: the uninterrupted loop 250 s, the 10 kills and reruns 510 s.
+with other work: the uninterrupted loop 250 s (356 s busier), the 10 kills and reruns
+510 s (573 s); the refused warm start and the delta on a replaced base 20 s each.
 """
 
 import filecmp
@@ -15,6 +16,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,6 +32,7 @@ import pytest
 from data.parquet.id_sketch import SKETCH_FILE
 from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parquet
 from harness.launch import REPO, read_log
+from serving.delta import SKETCH_DELTA_FILE
 from serving.predict import Predictor
 from training import daily, report
 
@@ -67,12 +70,13 @@ def argv(state_dir, lake) -> list[str]:
     return ["--state_dir", str(state_dir), "--parquet_path", str(lake), "--time_column", "date", "--quantize", "none"]
 
 
-def run_loop(state_dir, lake, kill: "Kill | None" = None) -> "Ran":
-    """The loop as a program, its stdout's lines timed as they come; with ``kill``, the
-    loop (alone, or with its steps' processes: its process group) gets SIGKILL once it
-    starts the step ``kill`` names, or a later one, ``kill.after_s`` seconds after."""
+def run_loop(state_dir, lake, kill: "Kill | None" = None, flags: list[str] = TRAINING) -> "Ran":
+    """The loop as a program (``flags``: its training flags), its stdout's lines timed as
+    they come; with ``kill``, the loop (alone, or with its steps' processes: its process
+    group) gets SIGKILL once it starts the step ``kill`` names, or a later one,
+    ``kill.after_s`` seconds after."""
     env = {**os.environ, "PYTHONPATH": REPO, "PYTHONUNBUFFERED": "1", daily.PAUSE_ENV: str(PAUSE_S)}
-    command = [sys.executable, "-m", "training.daily", *argv(state_dir, lake), *TRAINING]
+    command = [sys.executable, "-m", "training.daily", *argv(state_dir, lake), *flags]
     start = time.monotonic()
     child = subprocess.Popen(
         command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
@@ -219,19 +223,26 @@ def test_the_loop_trains_every_day_but_the_held_back_one_and_promotes(uninterrup
 @pytest.mark.loop
 def test_each_export_carries_the_seen_ids_of_its_lineage_a_delta_its_own(uninterrupted):
     """Warm starts OR the origin's seen-id filters in: each day's filters hold the
-    previous day's. A delta export carries the new model's filters, and serving counts
-    unseen ids against them, not against its base's."""
+    previous day's. A delta export carries only the bytes of the new model's filters
+    that changed since its base's (id_sketch.delta), and serving counts unseen ids
+    against the filters they rebuild, not against its base's."""
     state_dir, _ = uninterrupted
-    sketches = [(state_dir / "days" / day / "model" / SKETCH_FILE).read_bytes() for day in DAYS[:-1]]
+    models = [str(state_dir / "days" / day / "model") for day in DAYS[:-1]]
+    sketches = []
+    for model in models:
+        predictor = Predictor(model, "fp32")
+        sketches.append(b"".join(s.packed.tobytes() for s in predictor.layout.sketches))  # type: ignore[attr-defined]
+    assert sketches[0] == (state_dir / "days" / DAYS[0] / "model" / SKETCH_FILE).read_bytes()
     for before, after in zip(sketches, sketches[1:]):
         older, newer = np.frombuffer(before, np.uint8), np.frombuffer(after, np.uint8)
         assert len(older) == len(newer) and (older & ~newer).sum() == 0  # every bit kept
         assert (newer & ~older).any()  # and the day's ids added
-    delta = str(state_dir / "days" / DAYS[2] / "model")
-    predictor = Predictor(delta, "fp32")
-    assert predictor.base == os.path.normpath(str(state_dir / "days" / DAYS[0] / "model"))
-    carried = b"".join(s.packed.tobytes() for s in predictor.layout.sketches)  # type: ignore[attr-defined]
-    assert carried == sketches[2] != sketches[0]
+    assert predictor.base == os.path.normpath(models[0])
+    for model, sketch in zip(models[1:], sketches[1:]):
+        assert not os.path.exists(os.path.join(model, SKETCH_FILE))
+        changed = int((np.frombuffer(sketch, np.uint8) != np.frombuffer(sketches[0], np.uint8)).sum())
+        # Each changed byte and its 16-bit place: a fraction of the whole filters (64 bits a table row).
+        assert 0 < os.path.getsize(os.path.join(model, SKETCH_DELTA_FILE)) <= 3 * changed < len(sketch) // 2
 
 
 @pytest.mark.slow
@@ -442,3 +453,44 @@ def test_warm_start_optimizer_is_the_loops_and_part_of_its_identity(tmp_path, la
     assert "belongs to another loop: its the training flags was" in line and line.endswith(
         "--warm_start_optimizer (give the same, or a new --state_dir)"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.loop
+def test_a_warm_start_from_a_checkpoint_of_another_model_is_refused_in_one_line(tmp_path, lake, capsys):
+    """The previous day's checkpoint directory holds another model's (another feature
+    set): the day's training refuses its warm start, and its line is the loop's."""
+    from tests.support.exported_model import tiny_checkpoint
+
+    state_dir = tmp_path / "state"
+    _write_state(state_dir, _done_state(lake, [DAYS[0]], None))
+    tiny_checkpoint(state_dir / "days" / DAYS[0], "another")  # days/DAY/ckpt: a Criteo model's
+    line = _refused(capsys, [*argv(state_dir, lake), *TRAINING])
+    assert f"{DAYS[1]}: train refused its input: " in line and "--warm_start" in line, line
+    assert "another feature set" in line or "another model" in line, line
+    state = daily.read_state(str(state_dir / "state.json"))
+    assert [r.day for r in state.days if r.trained] == [DAYS[0]] and state.current is None
+    assert not os.path.lexists(state_dir / "current")
+
+
+@pytest.mark.slow
+@pytest.mark.loop
+def test_a_delta_on_the_wrong_base_is_refused_in_one_line_nothing_promoted(tmp_path, uninterrupted, capsys):
+    """The full export the deltas were taken from is replaced (its manifest rewritten:
+    another export to their digest): the gate of the last day, a delta of it, refuses."""
+    reference, _ = uninterrupted
+    state_dir = tmp_path / "state"
+    shutil.copytree(reference, state_dir, symlinks=True)
+    state = daily.read_state(str(state_dir / "state.json"))
+    last = state.days[-1]
+    assert last.base == DAYS[0]
+    last.gate, last.promoted = None, False
+    _write_state(state_dir, state)
+    before = os.readlink(state_dir / "current")
+    manifest = state_dir / "days" / DAYS[0] / "model" / "manifest.json"
+    manifest.write_text(json.dumps(json.loads(manifest.read_text()), indent=3))  # the same files, another digest
+    line = _refused(capsys, [*argv(state_dir, state.parquet_path), *TRAINING])
+    # The gate's step is named by the day it scores (the held-back one).
+    assert f"{DAYS[3]}: gate refused its input: " in line and "is not the export the delta" in line, line
+    assert os.readlink(state_dir / "current") == before
+    assert daily.read_state(str(state_dir / "state.json")).days[-1].promoted is False

@@ -79,7 +79,7 @@ def run_main(capsys, argv):
             ["--id_hashing", "vocabulary", "--validation_window", "1d", "--test_window", "2d"],
             "the train split has no rows",
         ),
-        (["--id_hashing", "vocabulary", "--rolling_windows", "1"], "vocabulary is built from one training split"),
+        (["--id_hashing", "vocabulary", "--rolling_windows", "2"], "vocabulary is built from one training split"),
     ],
 )
 def test_bad_vocabulary_flags_are_one_line_exit_2(lake, capsys, argv, message):

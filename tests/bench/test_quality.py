@@ -1,6 +1,7 @@
 """bench/quality.py on a small subset of MovieLens 100K: the real wheel, conversion,
 both models and the baselines on the same test rows; and the bench's DLRM with a
-history (``dlrm_history``) on the random source's histories."""
+history (``dlrm_history``) on the random source's histories, and a finished run's log
+read back instead of training again."""
 
 import os
 
@@ -58,3 +59,8 @@ def test_dlrm_history_trains_with_the_sequence_flags_on_random_histories(tmp_pat
     assert figures["num_samples"] == 2 * 256 and 0 <= figures["auroc"] <= 1
     config = [r for r in read_log(log) if r["event"] == "config"][0]
     assert config["model"]["sequence_columns"] == ["h1:cat_1"] and config["seed"] == 3
+
+    # --reuse_logs: the finished run's log is read, not trained again (nothing appended).
+    size = os.path.getsize(log)
+    again = train_model("dlrm_history", data, log, 1, {**RECIPE_FLAGS, "epochs": "1"}, 3, [], reuse_log=True)
+    assert again == figures and os.path.getsize(log) == size

@@ -44,6 +44,24 @@ def test_time_split_rows_are_the_parquet_sources_latest_windows(tmp_path):
     np.testing.assert_array_equal(written.column("item_id").to_numpy(), ordered.categorical[:, 1])
     assert quality.HISTORY_COLUMN in written.column_names
 
+    # The history models' flags, after the data flags, name the log's columns: no user id
+    # or zip code (with their table sizes), the aggregates as dense features, the history.
+    for name in quality.HISTORY_MODELS:
+        flags = quality.history_model_flags(name, ordered.cardinalities)
+        config, source = quality.parse_config_and_source(
+            [*time_split_flags(log, ordered.cardinalities), *flags, "--recipe", "small_data"], "quality", ""
+        )
+        kept = [f for f in CATEGORICAL if f not in ("user_id", "zip_code")]
+        assert config.model.sparse_feature_names == kept
+        assert config.model.num_embeddings_per_feature == [ordered.cardinalities[CATEGORICAL.index(f)] for f in kept]
+        assert config.model.dense_in_features == len(NUMERICAL) + len(quality.HISTORY_AGGREGATES)
+        history = [f"{quality.HISTORY_COLUMN}:item_id"] if name == "dlrm_history" else []
+        assert config.model.sequence_columns == history
+        dataset = source.open()
+        read = dataset.read_segment(dataset.splits["test"][0], quality.HISTORY_AGGREGATES)
+        assert read.column_names == quality.HISTORY_AGGREGATES  # the log holds them
+    assert quality.history_model_flags("dlrm", ordered.cardinalities) == []
+
 
 def test_summary_is_mean_and_sample_std_over_seeds():
     runs = [

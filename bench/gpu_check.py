@@ -6,8 +6,9 @@
 Cases cover every pair (``--strength 3``: every triple) of the choices in
 `gpu_matrix`: pipeline, compute kernel, sharding type (data-parallel and a mixed
 plan included), fused and MLP optimizers, fp16 tables, multi-hot bags, interaction,
-bf16 autocast, TF32, one or two epochs, validation inside the epoch, and world sizes
-1, 2 and every GPU of the host, over NCCL. Each case is checked against
+bf16 autocast, TF32, one or two epochs, validation inside the epoch, the data source,
+a history feature (none, din or transformer: its item table in a sharded
+EmbeddingCollection), and world sizes 1, 2 and every GPU of the host, over NCCL. Each case is checked against
 
 - a CPU reference (`cpu_reference`: gloo, one rank, table_wise, fused kernel, the
   sparse_dist pipeline, no TF32), which no fault shared by every GPU run can pass;
@@ -111,6 +112,7 @@ def gpu_matrix(num_gpus: int, device: str = "cuda") -> MatrixSpec:
             "epochs": (1, 2),
             "validation_within_epoch": (False, True),
             "data_source": matrix.DIMENSIONS["data_source"],
+            "sequence": matrix.DIMENSIONS["sequence"],
             "world_size": world_sizes(num_gpus) if cuda else (1, 2),
         },
         reference={"pipeline": "sparse_dist", "compute_kernel": "fused"},
@@ -163,7 +165,8 @@ def placement_reference(case: Case, spec: MatrixSpec) -> Case | None:
         world_size = min(placement["world_size"], max(spec.dimensions["world_size"]))
         return matrix.with_epoch_shares({**case, **placement, "world_size": world_size}, case)
     reference = spec.reference_of(case)
-    return None if reference == case else reference
+    # A Parquet case's reference names its shares; at the case's own world size they are the case's.
+    return None if reference in (case, matrix.with_epoch_shares(case, case)) else reference
 
 
 def reference_tolerance(case: Case) -> tuple[float, str]:

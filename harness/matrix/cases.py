@@ -4,7 +4,7 @@ the covering-array generator, each case's name and the steps its run must log.""
 import fnmatch
 import itertools
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +80,18 @@ def has_sequence(case: Case) -> bool:
 
 
 @dataclass(frozen=True)
+class Where:
+    """A refused choice given by a test rather than one value: every world size above
+    one, say. Its refusal case takes the first choice that passes (the most ranks)."""
+
+    test: Callable[[Any], bool]
+
+
+def _is(choice: Any, value: Any) -> bool:
+    return value.test(choice) if isinstance(value, Where) else choice == value
+
+
+@dataclass(frozen=True)
 class Refusal:
     """A combination that must be refused: the choices that make it, when, and a
     fragment of the one-line message."""
@@ -93,7 +105,7 @@ class Refusal:
 
     def matches(self, case: Case, device: str) -> bool:
         """Whether ``case`` (or a partial one) holds every choice of this combination."""
-        return device in self.devices and all(d in case and case[d] == v for d, v in self.choices)
+        return device in self.devices and all(d in case and _is(case[d], v) for d, v in self.choices)
 
 
 REFUSALS: tuple[Refusal, ...] = (
@@ -109,6 +121,18 @@ REFUSALS: tuple[Refusal, ...] = (
             setting=(("sharding", "table_wise"),),
         )
         for s in SEQUENCE_INTERACTION_TYPES
+    ),
+    # Validation inside the epoch of a history model on several ranks, under a pipeline
+    # holding the next batch (training/pipelines.py `check_validation_handover`).
+    Refusal(
+        (
+            ("sequence", Where(lambda s: s != NO_SEQUENCE)),
+            ("validation_within_epoch", True),
+            ("world_size", Where(lambda n: n > 1)),
+            ("pipeline", Where(lambda p: p != "base")),
+        ),
+        "pipeline's handover to validation",
+        setting=(("data_source", "parquet"), ("sharding", "table_wise")),
     ),
     # The item table is an EmbeddingCollection's, whose sharder offers only these.
     *(
@@ -224,12 +248,19 @@ def covering_cases(spec: MatrixSpec, strength: int, seed: int = 0, candidates: i
 def refusal_cases(spec: MatrixSpec, base: Case | None = None) -> list[Case]:
     """One case per refused combination: its choices, the rest those of ``base`` or
     else the first choices (and the most ranks, so that every rank is seen refusing)."""
-    first = {d: max(choices) if d == "world_size" else choices[0] for d, choices in spec.dimensions.items()}
-    return [
-        spec.complete({**first, **(base or {}), **dict(r.setting), **dict(r.choices)})
-        for r in spec.refusals
-        if spec.device in r.devices
-    ]
+
+    def first(d: str, test: Callable[[Any], bool] = lambda _: True) -> Any:
+        passing = [c for c in spec.dimensions[d] if test(c)]
+        return (max(passing) if d == "world_size" else passing[0]) if passing else None
+
+    cases = []
+    for r in spec.refusals:
+        choices = {d: first(d, v.test) if isinstance(v, Where) else v for d, v in r.choices}
+        if spec.device in r.devices and None not in choices.values():  # None: no choice here passes (one GPU)
+            cases.append(
+                spec.complete({**{d: first(d) for d in spec.dimensions}, **(base or {}), **dict(r.setting), **choices})
+            )
+    return cases
 
 
 def matches_only(name: str, only: str) -> bool:

@@ -253,9 +253,17 @@ def test_device_cpu_runs_cases_against_the_cpu_reference(synthetic_dir, tmp_path
     runs (`gpu_session`'s gpu_check_sequences), proven on gloo before a GPU is lent."""
     spec = gpu_check.gpu_matrix(2, "cpu")
     case = next(c for c in matrix.covering_cases(spec, 2) if c["world_size"] == 2 and c["pipeline"] == "base")
-    # On the sparse_dist pipeline (each its own placement reference): one CPU reference each.
+    # On the sparse_dist pipeline (each its own placement reference): one CPU reference
+    # each; validated at the epoch's end (inside it, 2 ranks are refused).
     histories = [
-        {**case, "sequence": s, "sharding": sharding, "data_source": "parquet", "pipeline": "sparse_dist"}
+        {
+            **case,
+            "sequence": s,
+            "sharding": sharding,
+            "data_source": "parquet",
+            "pipeline": "sparse_dist",
+            "validation_within_epoch": False,
+        }
         for s, sharding in (("din", "row_wise"), ("transformer", "column_wise"))
     ]
     assert all(spec.refusal_for(c) is None for c in histories)

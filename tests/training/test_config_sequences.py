@@ -2,9 +2,11 @@
 
 import pytest
 
+from common.errors import BadInput
 from sharding_plans.constraints import SEQUENCE_SHARDING_TYPES
 from sharding_plans.sharders import build_sharders
 from training.flags import parse_config
+from training.pipelines import check_validation_handover
 
 
 @pytest.mark.parametrize(
@@ -42,3 +44,20 @@ def test_other_tables_may_still_be_data_parallel():
         ["--sequence_columns", "h3:cat_3", "--sharding_type", "t_cat_3=row_wise,data_parallel"], "dlrm_main.py", ""
     )
     assert config.model.sequences == [("h3", "cat_3")] and config.model.max_history == 20
+
+
+def test_validation_inside_the_epoch_on_several_ranks_is_refused_under_a_holding_pipeline():
+    """torchrec 1.8's handover to validation resends the held batch's history ids (the
+    matrix found a gloo all-to-all size mismatch, or a hang): one line, before training.
+    One rank, the base pipeline, epoch-end validation and models without histories run."""
+    with pytest.raises(BadInput) as e:
+        check_validation_handover("sparse_dist", 2, histories=True, within_epoch=True)
+    assert str(e.value) == (
+        "--validation_freq_within_epoch with --sequence_columns on 2 ranks: the sparse_dist pipeline's "
+        "handover to validation resends the held batch's history ids (torchrec 1.8), and the ranks' "
+        "all-to-all sizes disagree; validate at the epoch's end (no --validation_freq_within_epoch) "
+        "or use --pipeline base"
+    )
+    for allowed in (("sparse_dist", 1, True, True), ("base", 2, True, True), ("sparse_dist", 2, False, True)):
+        check_validation_handover(*allowed)
+    check_validation_handover("prefetch", 8, histories=True, within_epoch=False)

@@ -69,6 +69,7 @@ def test_every_case_has_a_cpu_reference_or_a_semi_sync_one_and_a_tolerance_with_
                 **({"epoch_shares": case["world_size"]} if matrix.cases.is_parquet(case) else {}),
             }
             assert placement is None or (placement["pipeline"], placement["compute_kernel"]) == ("sparse_dist", "fused")
+        assert placement is None or SPEC.refusal_for(placement) is None, case  # no reference is a refused run
         tolerance, why = gpu_check.reference_tolerance(case)
         assert 0 < tolerance <= 1e-2 and why
 
@@ -252,7 +253,11 @@ def test_device_cpu_runs_cases_against_the_cpu_reference(synthetic_dir, tmp_path
     split over the two ranks (row-wise, column-wise): the history cases a GPU session
     runs (`gpu_session`'s gpu_check_sequences), proven on gloo before a GPU is lent."""
     spec = gpu_check.gpu_matrix(2, "cpu")
-    case = next(c for c in matrix.covering_cases(spec, 2) if c["world_size"] == 2 and c["pipeline"] == "base")
+    case = next(
+        c
+        for c in matrix.covering_cases(spec, 2)
+        if c["world_size"] == 2 and c["pipeline"] == "base" and c["sequence"] == matrix.NO_SEQUENCE
+    )
     # On the sparse_dist pipeline (each its own placement reference): one CPU reference
     # each; validated at the epoch's end (inside it, 2 ranks are refused).
     histories = [

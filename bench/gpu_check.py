@@ -6,8 +6,9 @@
 Cases cover every pair (``--strength 3``: every triple) of the choices in
 `gpu_matrix`: pipeline, compute kernel, sharding type (data-parallel and a mixed
 plan included), fused and MLP optimizers, fp16 tables, multi-hot bags, interaction,
-bf16 autocast, TF32, one or two epochs, validation inside the epoch, and world sizes
-1, 2 and every GPU of the host, over NCCL. Each case is checked against
+bf16 autocast, TF32, one or two epochs, validation inside the epoch, the data source,
+a history feature (none, din or transformer: its item table in a sharded
+EmbeddingCollection), and world sizes 1, 2 and every GPU of the host, over NCCL. Each case is checked against
 
 - a CPU reference (`cpu_reference`: gloo, one rank, table_wise, fused kernel, the
   sparse_dist pipeline, no TF32), which no fault shared by every GPU run can pass;
@@ -111,6 +112,7 @@ def gpu_matrix(num_gpus: int, device: str = "cuda") -> MatrixSpec:
             "epochs": (1, 2),
             "validation_within_epoch": (False, True),
             "data_source": matrix.DIMENSIONS["data_source"],
+            "sequence": matrix.DIMENSIONS["sequence"],
             "world_size": world_sizes(num_gpus) if cuda else (1, 2),
         },
         reference={"pipeline": "sparse_dist", "compute_kernel": "fused"},
@@ -146,10 +148,11 @@ def cpu_reference(case: Case) -> Case | None:
     return matrix.with_epoch_shares(reference, case)
 
 
-# Placements a semi_sync case is compared with: the first that is not its own.
+# Placements a semi_sync case is compared with: the first that is not its own (nor refused).
 SEMI_SYNC_PLACEMENTS = (
     {"sharding": "table_wise", "world_size": 1, "compute_kernel": "fused"},
     {"sharding": "row_wise", "world_size": 2, "compute_kernel": "fused_uvm"},
+    {"sharding": "row_wise", "world_size": 1, "compute_kernel": "fused_uvm"},
 )
 
 
@@ -159,11 +162,20 @@ def placement_reference(case: Case, spec: MatrixSpec) -> Case | None:
     another placement (on the world sizes the host has). None when the case is its
     own reference."""
     if case["pipeline"] == "semi_sync":
-        placement = next(p for p in SEMI_SYNC_PLACEMENTS if any(case[d] != v for d, v in p.items()))
-        world_size = min(placement["world_size"], max(spec.dimensions["world_size"]))
-        return matrix.with_epoch_shares({**case, **placement, "world_size": world_size}, case)
+        # The first other placement that is not refused (a history validated inside the
+        # epoch is refused on several ranks: the last placement keeps one rank).
+        for placement in (p for p in SEMI_SYNC_PLACEMENTS if any(case[d] != v for d, v in p.items())):
+            world_size = min(placement["world_size"], max(spec.dimensions["world_size"]))
+            reference = matrix.with_epoch_shares({**case, **placement, "world_size": world_size}, case)
+            if spec.refusal_for(reference) is None:
+                return reference
+        return None
     reference = spec.reference_of(case)
-    return None if reference == case else reference
+    # A Parquet case's reference names its shares; at the case's own world size they are the case's.
+    if reference in (case, matrix.with_epoch_shares(case, case)):
+        return None
+    # A base-pipeline history case validating inside the epoch on several ranks: sparse_dist is refused there.
+    return None if spec.refusal_for(reference) else reference
 
 
 def reference_tolerance(case: Case) -> tuple[float, str]:
@@ -357,7 +369,10 @@ def check_case(
     else:
         _compare(result, "=cpu", whole, [o["uninterrupted"] for o in cpu], tolerance, why)
     if placement is None:
-        result.checks["=placement"] = "n/a: the case is sparse_dist on the fused kernel"
+        own = (case["pipeline"], case["compute_kernel"]) == ("sparse_dist", "fused")
+        result.checks["=placement"] = (
+            "n/a: the case is sparse_dist on the fused kernel" if own else "n/a: sparse_dist is refused here (=cpu)"
+        )
     else:
         _compare(result, "=placement", whole, [o["uninterrupted"] for o in placement], tolerance, why)
     not_resumable = resumable(case)

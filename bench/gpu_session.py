@@ -8,7 +8,7 @@ Each step runs as its own process (`steps`), in order of value: the environment
 (GPU, driver, torch, FBGEMM, torchrec, NCCL); the install check (FBGEMM's TBE forward
 and backward against torch's EmbeddingBag); the GPU check's prioritized cases
 (`bench.gpu_check`: prefetch first, the open fp16 / row-wise Adagrad / DCN / UVM
-caching case, fp16 tables, the other pipelines); DLRMv2 at the MLPerf size on this
+caching case, fp16 tables, the other pipelines, the history features); DLRMv2 at the MLPerf size on this
 GPU (`bench.dlrmv2_throughput`), then again planned onto a small HBM budget, so UVM
 caching misses; the public example's DLRM against the public example in the same call
 (`bench/peer_throughput.py`, with ``--peer``); DCNv2 at the MLPerf size, one-hot;
@@ -139,6 +139,12 @@ def steps(device: str, peer: str | None = None) -> list[Step]:
             "the GPU check's semi_sync, sparse_dist and base cases",
             120,
             "/semi_sync/,/sparse_dist/,/base/",
+        ),
+        gpu_check(
+            "gpu_check_sequences",
+            "the GPU check's history cases: din and transformer, the item table's EmbeddingCollection sharded",
+            90,
+            "/history-",
         ),
         Step(
             "dlrmv2",

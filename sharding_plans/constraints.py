@@ -30,6 +30,10 @@ CUDA_ONLY_KERNELS = ("fused_uvm", "fused_uvm_caching")
 # fused kernels in HBM or UVM. The others (fused_uvm_caching, key_value, the virtual
 # tables) keep rows in a cache that prefetches and forwards fill.
 UNCACHED_KERNELS = ("dense", "fused", "fused_uvm")
+# What an EmbeddingCollection table (the item table of a history, --sequence_columns)
+# may take: torchrec's sharder offers no table_row_wise or table_column_wise for it, and
+# its data_parallel lookup is left out (sharding_plans/sharders.py).
+SEQUENCE_SHARDING_TYPES = ("table_wise", "row_wise", "column_wise")
 # Every sharding type but data_parallel: these run the fused FBGEMM kernels.
 FUSED_SHARDING_TYPES = tuple(t for t in SHARDING_TYPES if t != "data_parallel")
 # torchrec keeps column shards at least this wide unless told otherwise.

@@ -16,6 +16,7 @@ from data.config import DataConfig
 from data.profile import SizingFlags
 from models.config import ModelConfig, TableSizes
 from models.embedding_optimizer_config import EMBEDDING_OPTIMIZERS, EmbeddingOptimizerConfig
+from sharding_plans.constraints import SEQUENCE_SHARDING_TYPES
 from sharding_plans.types import ShardingConstraints, ShardingFlags
 
 OPTIMIZERS = EMBEDDING_OPTIMIZERS
@@ -470,10 +471,11 @@ class TrainConfig:
         self.sharding_constraints.validate(self.model.table_names)
         for history, item in self.model.sequences:  # sharding_plans/sharders.py says why
             table = f"t_{item}"
-            if self.sharding_constraints.sharding_type(table) == "data_parallel":
+            sharding = self.sharding_constraints.sharding_type(table)
+            if sharding is not None and sharding not in SEQUENCE_SHARDING_TYPES:
                 raise FlagError(
                     f"{option(ShardingFlags, 'sharding_type')}: table {table} serves the history {history} "
-                    f"(--sequence_columns) and cannot be data_parallel: give it table_wise, row_wise or "
+                    f"(--sequence_columns) and cannot be {sharding}: give it table_wise, row_wise or "
                     f"column_wise ({table}=table_wise,...)"
                 )
         self.sharding_constraints.check_precision(

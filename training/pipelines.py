@@ -338,6 +338,30 @@ class RestartingTrainPipelineBase(TrainPipelineBase):
         return super().progress(dataloader_iter)
 
 
+def check_validation_handover(kind: str, world_size: int, histories: bool, within_epoch: bool) -> None:
+    """One-line BadInput for validation inside an epoch of a model with history features
+    (--sequence_columns) on several ranks under a pipeline that holds the next batch.
+
+    Mid-epoch the pipeline is detached for validation and attached again, and torchrec
+    1.8's attach starts the held batch's input all-to-all a second time. The
+    EmbeddingCollection's output all-to-all is sized by the ids each rank sent, so the
+    ranks then disagree: gloo fails with ``in->size == out->size`` or the ranks wait on
+    each other (the correctness matrix, 2 ranks; one rank, and validation at the
+    epoch's end, are unaffected).
+
+    Example::
+
+        check_validation_handover("sparse_dist", 2, histories=True, within_epoch=True)  # raises
+    """
+    if within_epoch and histories and world_size > 1 and kind != "base":
+        raise BadInput(
+            f"--validation_freq_within_epoch with --sequence_columns on {world_size} ranks: the {kind} "
+            "pipeline's handover to validation resends the held batch's history ids (torchrec 1.8), "
+            "and the ranks' all-to-all sizes disagree; validate at the epoch's end "
+            "(no --validation_freq_within_epoch) or use --pipeline base"
+        )
+
+
 def build_pipeline(
     kind: str,
     model: nn.Module,

@@ -61,6 +61,7 @@ from training.pipelines import (
     check_dense_precision,
     check_pipeline_supported,
     check_plan_for_pipeline,
+    check_validation_handover,
     cpu_has_bf16_units,
     release_cache_line_locks,
     semi_sync_start_after,
@@ -218,6 +219,12 @@ class Trainer:
         if saves_checkpoints:
             check_writable(config.checkpoint.checkpoint_dir)  # type: ignore[arg-type]
         check_pipeline_supported(config.pipeline, env.device, env.world_size)
+        check_validation_handover(
+            config.pipeline,
+            env.world_size,
+            histories=bool(config.model.sequence_columns),
+            within_epoch=config.validation_freq_within_epoch is not None,
+        )
         check_dense_precision(config.dense_precision, env.device, cpu_has_bf16_units())
         check_compile_supported(config.compile)
         return saves_checkpoints

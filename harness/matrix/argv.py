@@ -10,10 +10,15 @@ from harness.matrix.cases import (
     ADAPTIVE,
     EMBEDDING_DIM,
     GLOBAL_BATCH,
+    HISTORY_COLUMN,
+    HISTORY_LENGTHS,
+    MAX_HISTORY,
     MIXED,
     MIXED_PLAN,
     MULTI_HOT_SIZES,
+    NO_SEQUENCE,
     PARQUET_VOCABULARY,
+    SEQUENCE_ITEM,
     TABLE_ROWS,
     VOCABULARY_MIN_ID_COUNT,
     Case,
@@ -67,10 +72,26 @@ def parquet_copy(data_dir: str, multi_hot: bool) -> str:
             columns[name] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(bags.reshape(-1)))
         else:
             columns[name] = pa.array(ids)
+        if name == SEQUENCE_ITEM:
+            columns[HISTORY_COLUMN] = _history_column(ids)
     os.makedirs(target, exist_ok=True)
     pq.write_table(pa.table(columns), path + ".tmp", row_group_size=5000)  # uneven over the batches
     os.replace(path + ".tmp", path)
     return target
+
+
+def _history_column(items: np.ndarray) -> Any:
+    """`HISTORY_COLUMN`: each row's previous rows' items, oldest first, 0 to
+    `HISTORY_LENGTHS` - 1 of them (cycling over the rows): empty histories, and longer
+    ones than `MAX_HISTORY`, which the loader cuts to their newest."""
+    import pyarrow as pa
+
+    rows = np.arange(len(items))
+    lengths = np.minimum(rows % HISTORY_LENGTHS, rows)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    # Row r's history is items[r - lengths[r] : r].
+    positions = np.repeat(rows - lengths - offsets[:-1], lengths) + np.arange(offsets[-1])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(items[positions]))
 
 
 def data_flags(case: Case, data_dir: str) -> list[str]:
@@ -163,7 +184,31 @@ def case_argv(case: Case, data_dir: str, device: str) -> list[str]:
         argv += ["--compute_kernel", compute_kernel_flag(case)]
     if case.get("allow_tf32"):
         argv.append("--allow_tf32")
-    return argv
+    return argv + sequence_flags(case)
+
+
+# Each sequence interaction's sizes, tiny: DIN's attention MLP, the transformer's
+# feed-forward block (its 2 heads divide EMBEDDING_DIM).
+SEQUENCE_SIZES = {
+    "din": ["--din_attention_layer_sizes", "8"],
+    "transformer": ["--transformer_num_layers", "1", "--transformer_ffn_size", "16"],
+}
+
+
+def sequence_flags(case: Case) -> list[str]:
+    """The history feature of a sequence case (`DIMENSIONS` ``sequence``); none for the others."""
+    sequence = case.get("sequence", NO_SEQUENCE)
+    if sequence == NO_SEQUENCE:
+        return []
+    return [
+        "--sequence_columns",
+        f"{HISTORY_COLUMN}:{SEQUENCE_ITEM}",
+        "--sequence_interaction",
+        sequence,
+        "--max_history",
+        str(MAX_HISTORY),
+        *SEQUENCE_SIZES.get(sequence, []),
+    ]
 
 
 def compute_kernel_flag(case: Case) -> str:

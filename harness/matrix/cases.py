@@ -4,19 +4,20 @@ the covering-array generator, each case's name and the steps its run must log.""
 import fnmatch
 import itertools
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from data.binary.criteo_layout import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
-from models.config import EMBEDDING_PRECISIONS, INTERACTION_TYPES
-from sharding_plans.constraints import SHARDING_TYPES
+from models.config import EMBEDDING_PRECISIONS, INTERACTION_TYPES, SEQUENCE_INTERACTION_TYPES
+from sharding_plans.constraints import SEQUENCE_SHARDING_TYPES, SHARDING_TYPES
 from training.config import DENSE_OPTIMIZERS, OPTIMIZERS, PIPELINES
 from training.pipelines import CUDA_ONLY_PIPELINES
 
 MIXED = "mixed"  # every sharding type at once, cycling over the tables
+NO_SEQUENCE = "none"  # the sequence choice of a case without a history feature
 DIMENSIONS: dict[str, tuple[Any, ...]] = {
     "optimizer": OPTIMIZERS,
     "dense_optimizer": DENSE_OPTIMIZERS,
@@ -34,6 +35,9 @@ DIMENSIONS: dict[str, tuple[Any, ...]] = {
     # taken as they are (--id_hashing modulo) or through a vocabulary of the training
     # split (--id_hashing vocabulary, `PARQUET_VOCABULARY`).
     "data_source": ("criteo_binary", "parquet", "parquet_vocabulary"),
+    # A history feature of the Parquet copy (`HISTORY_COLUMN`, `--sequence_columns
+    # HISTORY_COLUMN:SEQUENCE_ITEM`) pooled by each sequence interaction, or none.
+    "sequence": (NO_SEQUENCE, *SEQUENCE_INTERACTION_TYPES),
 }
 ADAPTIVE = ("adagrad", "rowwise_adagrad", "adam")
 
@@ -48,6 +52,15 @@ MIXED_PLAN = ",".join(f"t_cat_{i}={SHARDING_TYPES[i % len(SHARDING_TYPES)]}" for
 MULTI_HOT_SIZES = [1 + i % 4 for i in range(len(TABLE_ROWS))]
 
 
+# The history feature of a sequence case: the Parquet copy's column HISTORY_COLUMN holds
+# each row's previous rows' SEQUENCE_ITEM ids, 0 to HISTORY_LENGTHS - 1 of them, and
+# the model keeps the newest MAX_HISTORY (so some are cut). Its table t_cat_2 is row_wise
+# in MIXED_PLAN: an EmbeddingCollection's row split over the ranks.
+SEQUENCE_ITEM = "cat_2"
+HISTORY_COLUMN = f"history_{SEQUENCE_ITEM}"  # outside the cases' --sparse_columns cat_*
+MAX_HISTORY = 4
+HISTORY_LENGTHS = 7
+
 Case = dict[str, Any]  # dimension -> choice
 
 # The data_source choice that reads the Parquet copy through an id vocabulary.
@@ -61,6 +74,23 @@ def is_parquet(case: Case) -> bool:
     return str(case.get("data_source", "")).startswith("parquet")
 
 
+def has_sequence(case: Case) -> bool:
+    """Whether the case's model has the history feature (a matrix without the dimension: no)."""
+    return case.get("sequence", NO_SEQUENCE) != NO_SEQUENCE
+
+
+@dataclass(frozen=True)
+class Where:
+    """A refused choice given by a test rather than one value: every world size above
+    one, say. Its refusal case takes the first choice that passes (the most ranks)."""
+
+    test: Callable[[Any], bool]
+
+
+def _is(choice: Any, value: Any) -> bool:
+    return value.test(choice) if isinstance(value, Where) else choice == value
+
+
 @dataclass(frozen=True)
 class Refusal:
     """A combination that must be refused: the choices that make it, when, and a
@@ -69,10 +99,13 @@ class Refusal:
     choices: tuple[tuple[str, Any], ...]
     message: str
     devices: tuple[str, ...] = ("cpu", "cuda")
+    # Choices its refusal case (`refusal_cases`) takes besides, so that no other refusal
+    # stops it first; not part of the combination.
+    setting: tuple[tuple[str, Any], ...] = ()
 
     def matches(self, case: Case, device: str) -> bool:
         """Whether ``case`` (or a partial one) holds every choice of this combination."""
-        return device in self.devices and all(d in case and case[d] == v for d, v in self.choices)
+        return device in self.devices and all(d in case and _is(case[d], v) for d, v in self.choices)
 
 
 REFUSALS: tuple[Refusal, ...] = (
@@ -80,6 +113,38 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal((("precision", "fp16"), ("sharding", "data_parallel")), "data_parallel"),
     Refusal((("precision", "fp16"), ("sharding", MIXED)), "data_parallel"),
     *(Refusal((("pipeline", p),), f"--pipeline {p} needs CUDA", devices=("cpu",)) for p in CUDA_ONLY_PIPELINES),
+    # A history needs data that holds one: the Criteo day files have no list columns.
+    *(
+        Refusal(
+            (("sequence", s), ("data_source", "criteo_binary")),
+            "needs data with history features",
+            setting=(("sharding", "table_wise"),),
+        )
+        for s in SEQUENCE_INTERACTION_TYPES
+    ),
+    # Validation inside the epoch of a history model on several ranks, under a pipeline
+    # holding the next batch (training/pipelines.py `check_validation_handover`).
+    Refusal(
+        (
+            ("sequence", Where(lambda s: s != NO_SEQUENCE)),
+            ("validation_within_epoch", True),
+            ("world_size", Where(lambda n: n > 1)),
+            ("pipeline", Where(lambda p: p != "base")),
+        ),
+        "pipeline's handover to validation",
+        setting=(("data_source", "parquet"), ("sharding", "table_wise")),
+    ),
+    # The item table is an EmbeddingCollection's, whose sharder offers only these.
+    *(
+        Refusal(
+            (("sequence", s), ("sharding", t)),
+            f"cannot be {t}: give it table_wise",
+            setting=(("data_source", "parquet"),),
+        )
+        for s in SEQUENCE_INTERACTION_TYPES
+        for t in SHARDING_TYPES
+        if t not in SEQUENCE_SHARDING_TYPES
+    ),
 )
 
 
@@ -183,10 +248,19 @@ def covering_cases(spec: MatrixSpec, strength: int, seed: int = 0, candidates: i
 def refusal_cases(spec: MatrixSpec, base: Case | None = None) -> list[Case]:
     """One case per refused combination: its choices, the rest those of ``base`` or
     else the first choices (and the most ranks, so that every rank is seen refusing)."""
-    first = {d: max(choices) if d == "world_size" else choices[0] for d, choices in spec.dimensions.items()}
-    return [
-        spec.complete({**first, **(base or {}), **dict(r.choices)}) for r in spec.refusals if spec.device in r.devices
-    ]
+
+    def first(d: str, test: Callable[[Any], bool] = lambda _: True) -> Any:
+        passing = [c for c in spec.dimensions[d] if test(c)]
+        return (max(passing) if d == "world_size" else passing[0]) if passing else None
+
+    cases = []
+    for r in spec.refusals:
+        choices = {d: first(d, v.test) if isinstance(v, Where) else v for d, v in r.choices}
+        if spec.device in r.devices and None not in choices.values():  # None: no choice here passes (one GPU)
+            cases.append(
+                spec.complete({**{d: first(d) for d in spec.dimensions}, **(base or {}), **dict(r.setting), **choices})
+            )
+    return cases
 
 
 def matches_only(name: str, only: str) -> bool:
@@ -215,6 +289,7 @@ def case_name(case: Case) -> str:
         f"ws{case['world_size']}",
     ] + (["amp"] if case["amp"] else [])
     parts += [case["data_source"].replace("_", "-")] if is_parquet(case) else []
+    parts += [f"history-{case['sequence']}"] if has_sequence(case) else []
     parts += [case["compute_kernel"]] if case.get("compute_kernel") else []
     parts += ["tf32"] if case.get("allow_tf32") else []
     parts += [f"{epochs(case)}-epochs"] if epochs(case) > 1 else []
@@ -281,6 +356,14 @@ def resumed_steps(expected: dict[str, Any], case: Case) -> dict[str, Any]:
         "validation": [s for s in expected["validation"] if s >= first],
         "test": expected["test"],
     }
+
+
+def probe_histories(item_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sequence case's probe histories: (ids row by row, each row's count), 0 to
+    `MAX_HISTORY` ids a row (empty and full ones), below ``item_rows``."""
+    gen = torch.Generator().manual_seed(13)
+    lengths = torch.arange(PROBE_ROWS) % (MAX_HISTORY + 1)
+    return torch.randint(0, item_rows, (int(lengths.sum()),), generator=gen), lengths
 
 
 def probe_inputs(table_rows: Sequence[int] = TABLE_ROWS) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,6 +17,7 @@ from harness.matrix.cases import (
     ADAPTIVE,
     EMBEDDING_DIM,
     MIXED,
+    SEQUENCE_ITEM,
     STEPS,
     STOP,
     TABLE_ROWS,
@@ -24,6 +25,7 @@ from harness.matrix.cases import (
     MatrixSpec,
     epochs,
     expected_steps,
+    probe_histories,
     probe_inputs,
     resumed_steps,
 )
@@ -145,9 +147,33 @@ def export_difference(checkpoint_dir: str, eager: torch.Tensor, out_dir: str) ->
         ],
         dim=1,
     )
+    histories = []
+    if inputs.histories:
+        _check_quantized_refused(checkpoint_dir, out_dir)
+        item = [f"cat_{i}" for i in range(len(hotness))].index(SEQUENCE_ITEM)
+        values, lengths = probe_histories(inputs.num_embeddings_per_feature[item])
+        histories = [values, lengths.unsqueeze(1)]  # (B, S): one history
     with torch.no_grad():
-        exported = program(dense, ids)
+        exported = program(dense, ids, *histories)
     return (exported - eager).abs().max().item()
+
+
+def _check_quantized_refused(checkpoint_dir: str, out_dir: str) -> None:
+    """A sequence model's programs are fp32 only: --quantize fp16,int8 is refused in one
+    line naming the history, and nothing is written (AssertionError otherwise)."""
+    from checkpoints.directory import newest_checkpoint
+    from common.errors import BadInput
+    from serving.export import export_model
+
+    refused = out_dir + "-quantized"
+    try:
+        export_model(newest_checkpoint(checkpoint_dir), refused, ["fp16", "int8"])
+    except BadInput as e:
+        line = str(e)
+        assert "history features" in line and "\n" not in line, f"quantized export refused with {line!r}"
+        assert not os.path.exists(refused) or not os.listdir(refused), f"the refused export left {os.listdir(refused)}"
+        return
+    raise AssertionError("the quantized export of a sequence model was not refused")
 
 
 EXPORT_TOLERANCE = 1e-6  # the same fp32 arithmetic; one id a bag, so pooling is exact

@@ -8,7 +8,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -17,7 +17,17 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor
 
 from common.run_log_file import read_run_log
-from harness.matrix.cases import PROBE_ROWS, STOP, TABLE_ROWS, Case, case_name, logged_steps, probe_inputs
+from harness.matrix.cases import (
+    PROBE_ROWS,
+    SEQUENCE_ITEM,
+    STOP,
+    TABLE_ROWS,
+    Case,
+    case_name,
+    logged_steps,
+    probe_histories,
+    probe_inputs,
+)
 from training.optimizers import is_table_parameter
 
 
@@ -43,19 +53,28 @@ def local_weights(model: torch.nn.Module) -> dict[str, Any]:
     return {"tables": tables, "dense": dense}
 
 
-def probe_batch(rank: int, world_size: int, device: torch.device, table_rows: Any = TABLE_ROWS):
+def probe_batch(
+    rank: int, world_size: int, device: torch.device, table_rows: Any = TABLE_ROWS, histories: Sequence[str] = ()
+):
     """This rank's share of the probe rows: one id per feature (what the exported
-    model takes), below every table's size, the same for every case."""
+    model takes), below every table's size, the same for every case; with
+    ``histories`` (a sequence case's history feature) also its `probe_histories`."""
     from torchrec.datasets.utils import Batch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     dense, ids = probe_inputs(table_rows)
     per_rank = PROBE_ROWS // world_size
-    dense, ids = dense[rank * per_rank : (rank + 1) * per_rank], ids[rank * per_rank : (rank + 1) * per_rank]
+    rows = slice(rank * per_rank, (rank + 1) * per_rank)
+    dense, ids = dense[rows], ids[rows]
+    keys = [f"cat_{i}" for i in range(len(TABLE_ROWS))]
+    values, lengths = [ids.t().reshape(-1)], [torch.ones(ids.numel(), dtype=torch.int32)]
+    for _ in histories:  # each a history of SEQUENCE_ITEM, in the batch's key order
+        history_ids, counts = probe_histories(table_rows[keys.index(SEQUENCE_ITEM)])
+        start = int(counts[: rows.start].sum())
+        values.append(history_ids[start : start + int(counts[rows].sum())])
+        lengths.append(counts[rows].to(torch.int32))
     kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=[f"cat_{i}" for i in range(len(TABLE_ROWS))],
-        values=ids.t().reshape(-1),
-        lengths=torch.ones(ids.numel(), dtype=torch.int32),
+        keys=keys + list(histories), values=torch.cat(values), lengths=torch.cat(lengths)
     )
     return Batch(dense_features=dense, sparse_features=kjt, labels=torch.zeros(per_rank)).to(device)
 
@@ -90,6 +109,7 @@ def _eager_probabilities(trainer: Any) -> torch.Tensor:
                 trainer.env.world_size,
                 trainer.env.device,
                 trainer.config.model.num_embeddings_per_feature,
+                [history for history, _ in trainer.config.model.sequences],
             )
         )
     return torch.sigmoid(logits.squeeze(-1).float()).cpu()

@@ -34,6 +34,7 @@ NEW_CHOICES = {
     "validation_within_epoch": (True,),
     "world_size": (1, 2, 8),
     "pipeline": ("semi_sync",),
+    "sequence": ("din", "transformer"),
 }
 
 
@@ -68,6 +69,7 @@ def test_every_case_has_a_cpu_reference_or_a_semi_sync_one_and_a_tolerance_with_
                 **({"epoch_shares": case["world_size"]} if matrix.cases.is_parquet(case) else {}),
             }
             assert placement is None or (placement["pipeline"], placement["compute_kernel"]) == ("sparse_dist", "fused")
+        assert placement is None or SPEC.refusal_for(placement) is None, case  # no reference is a refused run
         tolerance, why = gpu_check.reference_tolerance(case)
         assert 0 < tolerance <= 1e-2 and why
 
@@ -246,14 +248,35 @@ def test_job_after_a_refusal_with_the_group_up_runs_in_the_same_workers(syntheti
 def test_device_cpu_runs_cases_against_the_cpu_reference(synthetic_dir, tmp_path):
     """The check's machinery on gloo: a two-rank case of the base pipeline with its CPU
     reference (a second launch, one rank) and its placement reference, resume and
-    export, and a refusal in the same workers; the table."""
+    export, and a refusal in the same workers; the table. With them, in the same
+    launches, a DIN and a transformer case whose item table's EmbeddingCollection is
+    split over the two ranks (row-wise, column-wise): the history cases a GPU session
+    runs (`gpu_session`'s gpu_check_sequences), proven on gloo before a GPU is lent."""
     spec = gpu_check.gpu_matrix(2, "cpu")
-    case = next(c for c in matrix.covering_cases(spec, 2) if c["world_size"] == 2 and c["pipeline"] == "base")
+    case = next(
+        c
+        for c in matrix.covering_cases(spec, 2)
+        if c["world_size"] == 2 and c["pipeline"] == "base" and c["sequence"] == matrix.NO_SEQUENCE
+    )
+    # On the sparse_dist pipeline (each its own placement reference): one CPU reference
+    # each; validated at the epoch's end (inside it, 2 ranks are refused).
+    histories = [
+        {
+            **case,
+            "sequence": s,
+            "sharding": sharding,
+            "data_source": "parquet",
+            "pipeline": "sparse_dist",
+            "validation_within_epoch": False,
+        }
+        for s, sharding in (("din", "row_wise"), ("transformer", "column_wise"))
+    ]
+    assert all(spec.refusal_for(c) is None for c in histories)
     refusals = gpu_check.refusal_cases(spec)[:1]
     made = []
     results = gpu_check.evaluate(
         spec,
-        [case],
+        [case, *histories],
         refusals,
         synthetic_dir,
         str(tmp_path),
@@ -267,7 +290,10 @@ def test_device_cpu_runs_cases_against_the_cpu_reference(synthetic_dir, tmp_path
     checks = results[1].checks
     assert set(checks) == {"=cpu", "=placement", "resume=uninterrupted", "export=eager"}, table
     assert checks["=cpu"].startswith("ok") and checks["=placement"].startswith("ok"), table
-    assert table.splitlines()[-1] == "2 of 2 cases passed"
+    for result in results[2:]:
+        assert result.checks["=cpu"].startswith("ok") and result.checks["export=eager"].startswith("ok"), table
+        assert result.checks["resume=uninterrupted"] == "ok bit-exact", table
+    assert table.splitlines()[-1] == "4 of 4 cases passed"
 
 
 def test_one_gpu_does_not_probe_nccl():

@@ -23,6 +23,7 @@ ORDER = [
     "gpu_check_open_fp16",
     "gpu_check_fp16",
     "gpu_check_pipelines",
+    "gpu_check_sequences",
     "dlrmv2",
     "dlrmv2_uvm_caching",
     "peer",

@@ -5,7 +5,12 @@ which .ci/run runs on every stack after the suite (out of make test's 15 minutes
 
 import itertools
 
+import pytest
+
 from harness import matrix
+from harness.matrix import MIXED_PLAN
+from models.config import SEQUENCE_INTERACTION_TYPES
+from training.flags import parse_config
 
 SPEC = matrix.CPU_MATRIX
 CASES = matrix.covering_cases(SPEC, 2)
@@ -32,3 +37,26 @@ def test_the_default_optimizers_resume_on_two_ranks_in_a_case():
     assert any(
         case["optimizer"] == "sgd" and case["dense_optimizer"] == "sgd" and case["world_size"] == 2 for case in CASES
     )
+
+
+def test_every_history_choice_trains_with_its_item_table_split_over_two_ranks():
+    """Each sequence interaction trains in a 2-rank case whose item table's
+    EmbeddingCollection is split over the ranks (row- or column-wise; MIXED's row split)."""
+    split = ("row_wise", "column_wise", matrix.MIXED)
+    for sequence in SEQUENCE_INTERACTION_TYPES:
+        assert any(c["sequence"] == sequence and c["world_size"] == 2 and c["sharding"] in split for c in CASES)
+    assert MIXED_PLAN.split(",")[int(matrix.SEQUENCE_ITEM.removeprefix("cat_"))] == f"t_{matrix.SEQUENCE_ITEM}=row_wise"
+
+
+def test_the_refused_histories_are_refused_by_the_flags_in_one_line(synthetic_dir, capsys):
+    """A history on data without list columns, or its item table in a sharding an
+    EmbeddingCollection does not take, stops at the flags: before any process group.
+    (Validation inside the epoch on 2 ranks is refused once the ranks are known: the
+    matrix's run checks that one.)"""
+    refused = [c for c in REFUSALS if matrix.has_sequence(c) and not c["validation_within_epoch"]]
+    assert len(refused) == len(SEQUENCE_INTERACTION_TYPES) * 4
+    for case in refused:
+        with pytest.raises(SystemExit) as e:
+            parse_config(matrix.case_argv(case, synthetic_dir, "cpu"), "dlrm_main.py", "")
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and SPEC.refusal_for(case).message in err[0], (case, err)

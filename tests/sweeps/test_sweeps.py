@@ -271,7 +271,46 @@ def test_history_length_and_attention_sizes_are_sweep_keys(tmp_path, capsys):
         "--transformer_num_heads",
         "2",
     ], argv
+    for name, (_, request) in jobs.items():
+        _assert_swept_sizes_train(name, _training_flags(sbatch_groups(request)[0]["torchrun"], "dlrm_main.py"))
     bad = write_sweep(tmp_path / "bad.yaml", flags={**TINY_FLAGS, **flags}, grid={"max_history": [5, 0]})
     code, _, stderr = sweeps_in_process(capsys, ["run", "--dryrun", bad])
     assert code == 2
     assert stderr.endswith(f"{bad}: run max_history=0: --max_history must be positive, got 0\n")
+
+
+def _assert_swept_sizes_train(name, argv):
+    """A run's flags as its ranks parse them carry the values its name gives, and the
+    model they build (its tables cut to 30 rows) takes a training step on histories
+    from empty to longer than --max_history: the swept sizes reach the model."""
+    import torch
+    from torchrec.datasets.utils import Batch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from models.builder import build_dlrm_train
+    from training.flags import parse_config
+
+    sizes = ["--num_embeddings", "30", "--dense_arch_layer_sizes", "16,8", "--over_arch_layer_sizes", "16,1"]
+    config = parse_config([*argv[: argv.index("--log_path")], *sizes], "dlrm_main.py", "")
+    values = dict(part.split("=") for part in name.split(","))
+    model = config.model
+    assert (model.max_history, model.sequence_interaction) == (
+        int(values["max_history"]),
+        values["sequence_interaction"],
+    )
+    if model.sequence_interaction == "transformer":  # zipped with din's run, which takes no heads
+        assert model.sequence.transformer_num_heads == int(values["transformer_num_heads"])
+    else:
+        assert model.sequence.din_attention_layer_sizes == [16, 8]
+    torch.manual_seed(0)
+    train = build_dlrm_train(model, embedding_device=torch.device("cpu"))
+    rows, names = 4, model.sparse_feature_names
+    lengths = torch.tensor([0, 1, model.max_history, model.max_history + 3])
+    features = KeyedJaggedTensor.from_lengths_sync(
+        keys=[*names, "h3"],
+        values=torch.cat([torch.zeros(rows * len(names), dtype=torch.int64), torch.arange(int(lengths.sum())) % 30]),
+        lengths=torch.cat([torch.ones(rows * len(names), dtype=torch.int64), lengths]),
+    )
+    loss, _ = train(Batch(dense_features=torch.rand(rows, 13), sparse_features=features, labels=torch.ones(rows)))
+    loss.backward()
+    assert torch.isfinite(loss)

@@ -77,11 +77,12 @@ class _PReLUFunction(torch.autograd.Function):
 
 
 def prelu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``torch.nn.functional.prelu(x, weight)`` for a one-slope ``weight``, with a fast
-    backward when one is needed (training); the plain op otherwise (export, eval)."""
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad) and weight.numel() == 1:
-        return _PReLUFunction.apply(x, weight)
-    return torch.nn.functional.prelu(x, weight)
+    """``torch.nn.functional.prelu(x, weight)`` for a one-slope ``weight`` (nn.PReLU's
+    default), with a fast backward: for training (an exported program calls the plain
+    operator, which the serving loaders accept)."""
+    if weight.numel() != 1:
+        return torch.nn.functional.prelu(x, weight)
+    return _PReLUFunction.apply(x, weight)
 
 
 # Leaves for fx tracing (torchrec's train pipeline traces the model): their sizes come

@@ -93,14 +93,20 @@ def define_blocks() -> dict[str, Any]:
             # through one matrix of its own, (Wh + Wd) + Wp diag(c), in one batched
             # matmul: a quarter of the multiply-adds of the concatenated input, which is
             # never built ((B, L, 4D), its backward and the expanded candidate's).
+            # Slices, transposes, bmm and add: operators the serving loaders accept in an
+            # exported program (serving/exported_operators.json).
             first, *hidden, last = [m for m in self.mlp if isinstance(m, nn.Linear)]
             slopes = [m.weight for m in self.mlp if isinstance(m, nn.PReLU)]
-            h_block, c_block, difference, product = first.weight.split(history.shape[-1], dim=1)
-            per_row = (h_block + difference).t() + candidate.unsqueeze(2) * product.t()  # (B, D, H)
+            d = history.shape[-1]
+            h_block, c_block = first.weight[:, :d], first.weight[:, d : 2 * d]
+            difference, product = first.weight[:, 2 * d : 3 * d], first.weight[:, 3 * d :]
+            per_row = (h_block + difference).transpose(0, 1) + candidate.unsqueeze(2) * product.transpose(0, 1)
             shared = nn.functional.linear(candidate, c_block - difference, first.bias)  # (B, H)
-            z = sequence_arch.prelu(torch.baddbmm(shared.unsqueeze(1), history, per_row), slopes[0])
+            # PReLU's own backward in training; the plain operator in an exported program.
+            prelu = sequence_arch.prelu if self.training else nn.functional.prelu
+            z = prelu(torch.bmm(history, per_row) + shared.unsqueeze(1), slopes[0])
             for linear, slope in zip(hidden, slopes[1:]):
-                z = sequence_arch.prelu(linear(z), slope)
+                z = prelu(linear(z), slope)
             scores = last(z).squeeze(-1)
             weights = sequence_arch.masked_softmax(scores, mask) if self.softmax else scores * mask.to(scores.dtype)
             return torch.bmm(weights.unsqueeze(1), history).squeeze(1)

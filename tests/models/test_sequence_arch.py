@@ -48,9 +48,10 @@ def _rows(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor
     return history, mask, torch.randn(len(lengths), D, generator=generator)
 
 
-def test_din_matches_a_plain_torch_reference():
+@pytest.mark.parametrize("training", [True, False])
+def test_din_matches_a_plain_torch_reference(training):
     torch.manual_seed(0)
-    module = DINAttention(D, [6, 3], softmax=False)
+    module = DINAttention(D, [6, 3], softmax=False).train(training)
     history, mask, candidate = _rows([3, 0, 5, 1])
     got = module(history, mask, candidate)
     for b, n in enumerate([3, 0, 5, 1]):
@@ -114,9 +115,10 @@ def transformer_reference(module: SequenceTransformer, history: torch.Tensor, ca
     return torch.softmax(scores, dim=0) @ (x + h)
 
 
-def test_transformer_matches_a_plain_torch_reference():
+@pytest.mark.parametrize("training", [True, False], ids=["fused_attention", "exported_form"])
+def test_transformer_matches_a_plain_torch_reference(training):
     torch.manual_seed(0)
-    module = SequenceTransformer(D, L, num_layers=2, num_heads=2, ffn_size=8)
+    module = SequenceTransformer(D, L, num_layers=2, num_heads=2, ffn_size=8).train(training)
     history, mask, candidate = _rows([3, 0, 5, 1])
     got = module(history, mask, candidate)
     for b, n in enumerate([3, 0, 5, 1]):

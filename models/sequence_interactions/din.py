@@ -63,6 +63,9 @@ def define_blocks() -> dict[str, Any]:
     class DINAttention(nn.Module):
         """sum_i w_i h_i with w_i = MLP([h_i, c, h_i - c, h_i * c]) over the valid positions.
 
+        ``mlp`` holds the weights (their names are the checkpoints'); the forward
+        applies them in a cheaper, equal form.
+
         Args:
             embedding_dim: D.
             layer_sizes: the MLP's hidden sizes; a last linear layer gives the score.
@@ -84,8 +87,27 @@ def define_blocks() -> dict[str, Any]:
             self.softmax = softmax
 
         def forward(self, history: torch.Tensor, mask: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
-            target = candidate.unsqueeze(1).expand_as(history)
-            scores = self.mlp(torch.cat((history, target, history - target, history * target), dim=-1)).squeeze(-1)
+            # The first layer is linear in [h, c, h - c, h * c]: with its weight split in
+            # four D-column blocks, W [h, c, h - c, h * c] = (Wh + Wd) h + (Wc - Wd) c +
+            # Wp (h * c), and Wp (h * c) = (Wp diag(c)) h. So each row's history goes
+            # through one matrix of its own, (Wh + Wd) + Wp diag(c), in one batched
+            # matmul: a quarter of the multiply-adds of the concatenated input, which is
+            # never built ((B, L, 4D), its backward and the expanded candidate's).
+            # Slices, transposes, bmm and add: operators the serving loaders accept in an
+            # exported program (serving/exported_operators.json).
+            first, *hidden, last = [m for m in self.mlp if isinstance(m, nn.Linear)]
+            slopes = [m.weight for m in self.mlp if isinstance(m, nn.PReLU)]
+            d = history.shape[-1]
+            h_block, c_block = first.weight[:, :d], first.weight[:, d : 2 * d]
+            difference, product = first.weight[:, 2 * d : 3 * d], first.weight[:, 3 * d :]
+            per_row = (h_block + difference).transpose(0, 1) + candidate.unsqueeze(2) * product.transpose(0, 1)
+            shared = nn.functional.linear(candidate, c_block - difference, first.bias)  # (B, H)
+            # PReLU's own backward in training; the plain operator in an exported program.
+            prelu = sequence_arch.prelu if self.training else nn.functional.prelu
+            z = prelu(torch.bmm(history, per_row) + shared.unsqueeze(1), slopes[0])
+            for linear, slope in zip(hidden, slopes[1:]):
+                z = prelu(linear(z), slope)
+            scores = last(z).squeeze(-1)
             weights = sequence_arch.masked_softmax(scores, mask) if self.softmax else scores * mask.to(scores.dtype)
             return torch.bmm(weights.unsqueeze(1), history).squeeze(1)
 

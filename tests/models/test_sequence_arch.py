@@ -1,6 +1,7 @@
-"""History features (--sequence_columns): DIN's pooling against a plain-torch reference,
-padding that changes nothing, the table an item shares with its history, every
-interaction and sequence interaction built over them, and the flags' refusals."""
+"""History features (--sequence_columns): DIN's and the transformer's pooling (and DIN's
+gradients) against plain-torch references, padding that changes nothing, the table an
+item shares with its history, every interaction and sequence interaction built over
+them, and the flags' refusals."""
 
 import numpy as np
 import pytest
@@ -47,15 +48,82 @@ def _rows(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor
     return history, mask, torch.randn(len(lengths), D, generator=generator)
 
 
-def test_din_matches_a_plain_torch_reference():
+@pytest.mark.parametrize("training", [True, False])
+def test_din_matches_a_plain_torch_reference(training):
     torch.manual_seed(0)
-    module = DINAttention(D, [6, 3], softmax=False)
+    module = DINAttention(D, [6, 3], softmax=False).train(training)
     history, mask, candidate = _rows([3, 0, 5, 1])
     got = module(history, mask, candidate)
     for b, n in enumerate([3, 0, 5, 1]):
         expected = din_reference(module, list(history[b, :n]), candidate[b])
         assert torch.allclose(got[b].double(), expected, atol=1e-6), (b, got[b], expected)
     assert torch.equal(got[1], torch.zeros(D))  # no history: the zero vector
+
+
+def test_din_gradients_match_the_plain_form():
+    """The per-row first layer and PReLU's own backward give the gradients of the
+    paper's form: the MLP over the concatenated [h, c, h - c, h * c]."""
+    torch.manual_seed(0)
+    module = DINAttention(D, [6, 3], softmax=False).double()
+    history, mask, candidate = (t.double() if t.is_floating_point() else t for t in _rows([3, 0, 5, 1]))
+    with torch.no_grad():  # slopes on both sides of 0, as after some training
+        module.mlp[1].weight.fill_(-0.3)
+
+    def plain(h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        target = c.unsqueeze(1).expand_as(h)
+        scores = module.mlp(torch.cat((h, target, h - target, h * target), dim=-1)).squeeze(-1)
+        return torch.bmm((scores * mask).unsqueeze(1), h).squeeze(1)
+
+    grads = []
+    for forward in (module, lambda h, c: plain(h, c)):
+        module.zero_grad()
+        h, c = history.clone().requires_grad_(), candidate.clone().requires_grad_()
+        out = forward(h, mask, c) if forward is module else forward(h, c)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        grads.append([h.grad, c.grad, *(p.grad.clone() for p in module.parameters())])
+    for got, expected in zip(*grads):
+        assert torch.allclose(got, expected, rtol=1e-10, atol=1e-10)
+
+
+def transformer_reference(module: SequenceTransformer, history: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
+    """The transformer's pooling of one row's n items (n, D), in float64 over those n
+    only: no padding, no mask."""
+    n = history.shape[0]
+    if n == 0:
+        return torch.zeros(D, dtype=torch.float64)
+    f = torch.nn.functional
+    p = {name: value.detach().double() for name, value in module.named_parameters()}
+    h = history.double()
+    x = h + p["recency.weight"][torch.arange(n - 1, -1, -1)]
+    for i, layer in enumerate(module.layers):
+        heads, width = layer.num_heads, D // layer.num_heads
+        q, k, v = f.linear(x, p[f"layers.{i}.qkv.weight"], p[f"layers.{i}.qkv.bias"]).split(D, dim=1)
+        attended = torch.cat(
+            [
+                torch.softmax(q[:, s] @ k[:, s].T / width**0.5, dim=-1) @ v[:, s]
+                for s in (slice(j * width, (j + 1) * width) for j in range(heads))
+            ],
+            dim=1,
+        )
+        x = x + f.linear(attended, p[f"layers.{i}.out.weight"], p[f"layers.{i}.out.bias"])
+        x = f.layer_norm(x, (D,), p[f"layers.{i}.norm1.weight"], p[f"layers.{i}.norm1.bias"])
+        hidden = f.relu(f.linear(x, p[f"layers.{i}.ffn.0.weight"], p[f"layers.{i}.ffn.0.bias"]))
+        x = x + f.linear(hidden, p[f"layers.{i}.ffn.2.weight"], p[f"layers.{i}.ffn.2.bias"])
+        x = f.layer_norm(x, (D,), p[f"layers.{i}.norm2.weight"], p[f"layers.{i}.norm2.bias"])
+    query = f.linear(candidate.double(), p["query.weight"], p["query.bias"])
+    scores = f.linear(x, p["key.weight"], p["key.bias"]) @ query / D**0.5
+    return torch.softmax(scores, dim=0) @ (x + h)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["fused_attention", "exported_form"])
+def test_transformer_matches_a_plain_torch_reference(training):
+    torch.manual_seed(0)
+    module = SequenceTransformer(D, L, num_layers=2, num_heads=2, ffn_size=8).train(training)
+    history, mask, candidate = _rows([3, 0, 5, 1])
+    got = module(history, mask, candidate)
+    for b, n in enumerate([3, 0, 5, 1]):
+        expected = transformer_reference(module, history[b, :n], candidate[b])
+        assert torch.allclose(got[b].double(), expected, atol=1e-5), (b, got[b], expected)
 
 
 @pytest.mark.parametrize(

@@ -646,9 +646,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     config, rest = parse(argv)
     try:
+        check_flag_names(config, rest)
         return Loop(config, rest).run()
     except SystemExit as e:  # the trainer's parser said why (check_training_flags), in one line
         return int(e.code or 0)
+
+
+def check_flag_names(config: DailyConfig, training_flags: list[str]) -> None:
+    """The day's runs' flags read by the entry point's parser alone, before the lake is
+    listed: an unknown or misspelt flag is the parser's one line, whatever the lake holds."""
+    from training.flags import build_parser
+    from training.recipes import DCNV2
+
+    recipe = DCNV2 if config.entry == "dcnv2_main.py" else None
+    lake = ["--parquet_path", config.parquet_path, "--time_column", config.time_column]
+    build_parser(PROG, "", recipe).parse_args([*training_flags, *lake])
 
 
 def check_training_flags(config: DailyConfig, training_flags: list[str], days: list[str]) -> None:

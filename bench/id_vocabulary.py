@@ -10,8 +10,8 @@ row. The vocabulary model is exported and predict scores the test day; the true 
 share is the share of the test day's ids that the training days never held. Prints a
 table and one JSON line.
 
-With ``--seeds S`` every figure is measured on S lakes and runs (seeds 0 .. S - 1: the
-lake's and the training's), reported as the mean, the sample standard deviation and the
+With ``--seeds S`` every figure is measured on S lakes and runs (seeds 0 .. S - 1, or
+from ``--first_seed``: the lake's and the training's), reported as the mean, the sample standard deviation and the
 paired difference (vocabulary - hash, seed by seed), so a small difference can be told
 from noise. With ``--min_id_counts 1,2,3`` each seed trains one vocabulary run per N and
 keeps the one of best *validation* AUROC (the test day is never looked at to choose).
@@ -53,6 +53,7 @@ class IdVocabularyBenchFlags:
     min_id_count: int = flag(2, help="--min_id_count of the vocabulary run")
     epochs: int = flag(2, help="training epochs of both runs")
     seeds: int = flag(1, help="seeds 0 .. SEEDS - 1 of the lake and of the runs (mean, std, paired difference)")
+    first_seed: int = flag(0, help="start the seeds here (FIRST .. FIRST + SEEDS - 1: seeds split between processes)")
     min_id_counts: str = flag(
         "", help="candidates for --min_id_count, e.g. 1,2,3: each seed keeps the best on validation (default: the one)"
     )
@@ -180,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     shutil.rmtree(flags.work_dir, ignore_errors=True)
     os.makedirs(flags.work_dir)
-    per_seed = [run_seed(flags, seed) for seed in range(flags.seeds)]
+    per_seed = [run_seed(flags, seed) for seed in range(flags.first_seed, flags.first_seed + flags.seeds)]
     hashed = _mean_std([r["hash_test_auroc"] for r in per_seed])
     vocabulary = _mean_std([r["vocabulary_test_auroc"] for r in per_seed])
     difference = _mean_std([r["vocabulary_test_auroc"] - r["hash_test_auroc"] for r in per_seed])

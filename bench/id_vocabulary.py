@@ -87,7 +87,11 @@ def _train(flags: IdVocabularyBenchFlags, work_dir: str, seed: int, name: str, e
     with open(meta) as f:
         rows = json.load(f)["config"]["model"]["num_embeddings_per_feature"]
     records: Any = read_log(log)
-    return {"test": eval_record(records, "test"), "validation": eval_record(records, "validation"), "rows": rows}
+    # The test record is the best validation's model (the trainer tests it last): N is
+    # chosen on that same validation figure, not on the last epoch's.
+    validations = [r for r in records if r["event"] == "eval" and r["stage"] == "validation"]
+    best = max(validations, key=lambda r: r["auroc"])
+    return {"test": eval_record(records, "test"), "validation": best, "rows": rows}
 
 
 def _true_unseen(lake: str, train_days: list[str], test_day: str) -> dict[str, float]:

@@ -15,7 +15,7 @@ processes' start-up or evaluation), summed over the days. Also reported: the loo
 against the bytes of the rows that changed and the dense part; goal at most 1.1x).
 
     python bench/daily_loop.py [--days 30] [--rows_per_day 20000] [--id_lifetime_days 7]
-        [--work_dir data_cache/daily_loop]
+        [--work_dir data_cache/daily_loop] [--parallel] [--fresh_optimizer] [--summarize]
 
 Prints a line per day and one JSON line. ``--days 5 --rows_per_day 2000`` is a quick
 check of the machinery (a few minutes); the goal is stated for 30 days.
@@ -30,6 +30,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import pyarrow.parquet as pq
 
 from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
@@ -51,6 +53,16 @@ class DailyLoopBench:
     full_export_every: int = flag(7, help="the loop's --full_export_every")
     work_dir: str = flag("data_cache/daily_loop", help="where the lake, the loop and the baselines go (replaced)")
     seed: int = flag(1, help="seed of the lake and of the runs")
+    parallel: bool = flag(
+        False,
+        help="run the loop beside the from-scratch runs (two processes at once: the wall time of the longer, "
+        "each side's train_seconds slowed alike by the other; for a busy machine, not for a timing)",
+    )
+    summarize: bool = flag(
+        False,
+        help="run nothing: the figures of the run in --work_dir as far as it went (the days both sides finished; "
+        "a stopped 30-day run still gives its first days)",
+    )
     fresh_optimizer: bool = flag(
         False, help="warm-start the weights only (the loop's default carries the optimizer: --warm_start_optimizer)"
     )
@@ -89,25 +101,53 @@ def _summary(log: str) -> dict[str, Any]:
     return summary
 
 
-def run_loop(bench: DailyLoopBench, lake: str, days: list[str]) -> dict[str, Any]:
-    """The loop over the lake: {day scored: AUROC}, each day's train seconds, the deltas."""
+def start_loop(bench: DailyLoopBench, lake: str) -> tuple[subprocess.Popen, float]:
+    """Starts the loop over the lake: its process and its start time."""
     state_dir = os.path.join(bench.work_dir, "loop")
     command = [sys.executable, "-m", "training.daily", "--state_dir", state_dir, "--parquet_path", lake]
     command += ["--time_column", PARTITION_COLUMN, "--quantize", "none"]
     command += ["--full_export_every", str(bench.full_export_every), *training_flags(bench)]
     if not bench.fresh_optimizer:  # Adagrad's accumulators carry: the days train as one run would
         command.append("--warm_start_optimizer")
-    start = time.monotonic()
-    subprocess.run(command, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
-    wall = time.monotonic() - start
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL), time.monotonic()
+
+
+def finish_loop(bench: DailyLoopBench, started: tuple[subprocess.Popen, float], days: list[str]) -> dict[str, Any]:
+    """Waits for the loop and reads its figures (`loop_results`)."""
+    proc, start = started
+    if proc.wait():
+        raise subprocess.CalledProcessError(proc.returncode, proc.args)
+    return loop_results(bench, days, time.monotonic() - start)
+
+
+def loop_results(bench: DailyLoopBench, days: list[str], wall: float | None) -> dict[str, Any]:
+    """The loop's figures as far as it went: {day scored: AUROC}, each trained day's
+    train seconds, the deltas."""
+    state_dir = os.path.join(bench.work_dir, "loop")
     auroc, seconds = {}, {}
-    for day in days[:-1]:
+    for day, following in zip(days[:-1], days[1:]):
         log = os.path.join(state_dir, "days", day, "train.jsonl")
-        scored = [r for r in read_log(log) if r["event"] == "eval" and r.get("window") == 1][-1]
-        auroc[days[days.index(day) + 1]] = scored["auroc"]
-        seconds[day] = _summary(log)["train_seconds"]
-    deltas = [r for r in read_log(os.path.join(state_dir, "daily.jsonl")) if r["event"] == "export"]
+        records = read_log(log) if os.path.exists(log) else []
+        scored = [r for r in records if r["event"] == "eval" and r.get("window") == 1]
+        summaries = [r for r in records if r["event"] == "summary"]
+        if scored and summaries:  # a day still training (a run stopped early) is left out
+            auroc[following] = scored[-1]["auroc"]
+            seconds[day] = summaries[-1]["train_seconds"]
+    log = os.path.join(state_dir, "daily.jsonl")
+    deltas = [r for r in read_log(log) if r["event"] == "export"] if os.path.exists(log) else []
     return {"auroc": auroc, "train_seconds": seconds, "wall_seconds": wall, "deltas": deltas}
+
+
+def scratch_result(bench: DailyLoopBench, scored: str) -> tuple[float, float] | None:
+    """The from-scratch model scoring ``scored``: its validation AUROC and train seconds
+    (None: not run, or not finished)."""
+    log = os.path.join(bench.work_dir, "scratch", scored, "train.jsonl")
+    records = read_log(log) if os.path.exists(log) else []
+    validation = [r for r in records if r["event"] == "eval" and r.get("stage") == "validation"]
+    summaries = [r for r in records if r["event"] == "summary"]
+    if not validation or not summaries:
+        return None
+    return validation[-1]["auroc"], summaries[-1]["train_seconds"]
 
 
 def run_scratch(bench: DailyLoopBench, lake: str, days: list[str], k: int) -> tuple[float, float, float]:
@@ -127,12 +167,92 @@ def run_scratch(bench: DailyLoopBench, lake: str, days: list[str], k: int) -> tu
     start = time.monotonic()
     subprocess.run(command, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
     wall = time.monotonic() - start
-    validation = [r for r in read_log(log) if r["event"] == "eval" and r.get("stage") == "validation"][-1]
-    return validation["auroc"], _summary(log)["train_seconds"], wall
+    result = scratch_result(bench, days[k + 1])
+    assert result is not None, f"{log}: no validation or summary record"
+    return (*result, wall)
+
+
+def report(bench: DailyLoopBench, days: list[str], loop: dict[str, Any], scratch: list[dict[str, Any]]) -> int:
+    """Prints each day both sides scored, the totals and the JSON line."""
+    rows = []
+    for row in scratch:
+        scored = row["day"]
+        k = days.index(scored) - 1  # the loop's day k scores day k + 1; the from-scratch run trained on 0 .. k
+        if scored not in loop["auroc"]:
+            continue
+        rows.append({**row, "warm": loop["auroc"][scored], "warm_seconds": loop["train_seconds"][days[k]]})
+        print(
+            f"{scored}: progressive AUROC warm {loop['auroc'][scored]:.4f} | from scratch on {k + 1} days "
+            f"{row['scratch']:.4f} | train seconds warm {loop['train_seconds'][days[k]]:.1f}, scratch "
+            f"{row['scratch_seconds']:.1f}",
+            flush=True,
+        )
+    if not rows:
+        print(f"{bench.work_dir}: no day scored by both the loop and a from-scratch run", file=sys.stderr)
+        return 2
+    warm_seconds = sum(r["warm_seconds"] for r in rows)
+    scratch_seconds = sum(r["scratch_seconds"] for r in rows)
+    ratio = warm_seconds / scratch_seconds
+    wins = sum(r["warm"] >= r["scratch"] for r in rows)
+    delta_ratio = max((d["ratio"] for d in loop["deltas"]), default=None)
+    mean = {side: sum(r[side] for r in rows) / len(rows) for side in ("warm", "scratch")}
+    print(
+        f"warm >= scratch on {wins} of {len(rows)} days (mean AUROC {mean['warm']:.4f} vs {mean['scratch']:.4f}); "
+        f"training time {warm_seconds:.1f} s vs {scratch_seconds:.1f} s ({ratio:.3f}x, goal <= {TIME_GOAL}); "
+        f"deltas: {len(loop['deltas'])}, at most {delta_ratio}x their changed rows and dense part (goal <= "
+        f"{DELTA_GOAL})"
+    )
+    walls = [r["scratch_wall_seconds"] for r in rows if "scratch_wall_seconds" in r]
+    result = {
+        "bench": "daily_loop",
+        "days": len(days),
+        "parallel": bench.parallel,
+        "warm_start_optimizer": not bench.fresh_optimizer,
+        "rows_per_day": bench.rows_per_day,
+        "id_lifetime_days": bench.id_lifetime_days,
+        "per_day": rows,
+        "warm_wins": wins,
+        "compared_days": len(rows),
+        "mean_auroc_warm": mean["warm"],
+        "mean_auroc_scratch": mean["scratch"],
+        "warm_train_seconds": warm_seconds,
+        "scratch_train_seconds": scratch_seconds,
+        "time_ratio": ratio,
+        "loop_wall_seconds": loop["wall_seconds"],  # every step: training, export, gate (None: --summarize)
+        "scratch_wall_seconds": sum(walls) if walls else None,  # training processes only
+        "delta_ratio_max": delta_ratio,
+        "delta_sketch_bytes": [d["sketch_bytes"] for d in loop["deltas"]],
+        "auroc_goal_met": wins == len(rows),
+        "time_goal_met": ratio <= TIME_GOAL,
+        "delta_goal_met": delta_ratio is not None and delta_ratio <= DELTA_GOAL,
+    }
+    print(json.dumps(result))
+    return 0
+
+
+def summarize(bench: DailyLoopBench) -> int:
+    """--summarize: the figures of a run in --work_dir as far as it went (both sides'
+    finished days), running nothing."""
+    lake = os.path.join(bench.work_dir, "lake")
+    prefix = f"{PARTITION_COLUMN}="
+    days = sorted(n[len(prefix) :] for n in os.listdir(lake) if n.startswith(prefix)) if os.path.isdir(lake) else []
+    if len(days) < 4:
+        print(f"--summarize: {lake} holds no lake of at least 4 days", file=sys.stderr)
+        return 2
+    first = pq.ParquetDataset(os.path.join(lake, prefix + days[0]))
+    bench.rows_per_day = sum(f.metadata.num_rows for f in first.fragments)  # the lake's, not the flag's default
+    scratch = []
+    for scored in days[1:-1]:
+        result = scratch_result(bench, scored)
+        if result is not None:
+            scratch.append({"day": scored, "scratch": result[0], "scratch_seconds": result[1]})
+    return report(bench, days, loop_results(bench, days, None), scratch)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     bench = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), DailyLoopBench, argv)
+    if bench.summarize:
+        return summarize(bench)
     if bench.days < 4:
         print("--days: at least 4 (two days compared)", file=sys.stderr)
         return 2
@@ -149,53 +269,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     generate_synthetic_parquet(spec, lake)
     days = [spec.day(d).isoformat() for d in range(spec.days)]
-    loop = run_loop(bench, lake, days)
-    rows = []
+    started = start_loop(bench, lake)
+    loop = None if bench.parallel else finish_loop(bench, started, days)
+    scratch = []
     for k in range(bench.days - 2):
-        scored = days[k + 1]
         auroc, seconds, wall = run_scratch(bench, lake, days, k)
-        row = {"day": scored, "warm": loop["auroc"][scored], "scratch": auroc, "scratch_seconds": seconds}
-        rows.append({**row, "scratch_wall_seconds": wall})
-        print(
-            f"{scored}: progressive AUROC warm {loop['auroc'][scored]:.4f} | from scratch on {k + 1} days "
-            f"{auroc:.4f} | train seconds warm {loop['train_seconds'][days[k]]:.1f}, scratch {seconds:.1f}",
-            flush=True,
-        )
-    warm_seconds = sum(loop["train_seconds"][days[k]] for k in range(bench.days - 2))
-    scratch_seconds = sum(r["scratch_seconds"] for r in rows)
-    ratio = warm_seconds / scratch_seconds
-    wins = sum(r["warm"] >= r["scratch"] for r in rows)
-    delta_ratio = max((d["ratio"] for d in loop["deltas"]), default=None)
-    mean = {side: sum(r[side] for r in rows) / len(rows) for side in ("warm", "scratch")}
-    print(
-        f"warm >= scratch on {wins} of {len(rows)} days (mean AUROC {mean['warm']:.4f} vs {mean['scratch']:.4f}); "
-        f"training time {warm_seconds:.1f} s vs {scratch_seconds:.1f} s ({ratio:.3f}x, goal <= {TIME_GOAL}); "
-        f"deltas: {len(loop['deltas'])}, at most {delta_ratio}x their changed rows and dense part (goal <= "
-        f"{DELTA_GOAL})"
-    )
-    result = {
-        "bench": "daily_loop",
-        "days": bench.days,
-        "rows_per_day": bench.rows_per_day,
-        "id_lifetime_days": bench.id_lifetime_days,
-        "per_day": rows,
-        "warm_wins": wins,
-        "compared_days": len(rows),
-        "mean_auroc_warm": mean["warm"],
-        "mean_auroc_scratch": mean["scratch"],
-        "warm_train_seconds": warm_seconds,
-        "scratch_train_seconds": scratch_seconds,
-        "time_ratio": ratio,
-        "loop_wall_seconds": loop["wall_seconds"],  # every step: training, export, gate
-        "scratch_wall_seconds": sum(r["scratch_wall_seconds"] for r in rows),  # training processes only
-        "delta_ratio_max": delta_ratio,
-        "delta_sketch_bytes": [d["sketch_bytes"] for d in loop["deltas"]],
-        "auroc_goal_met": wins == len(rows),
-        "time_goal_met": ratio <= TIME_GOAL,
-        "delta_goal_met": delta_ratio is not None and delta_ratio <= DELTA_GOAL,
-    }
-    print(json.dumps(result))
-    return 0
+        scratch.append({"day": days[k + 1], "scratch": auroc, "scratch_seconds": seconds, "scratch_wall_seconds": wall})
+        print(f"{days[k + 1]}: from scratch on {k + 1} days AUROC {auroc:.4f}, {seconds:.1f} train seconds", flush=True)
+    return report(bench, days, loop or finish_loop(bench, started, days), scratch)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,14 @@ row. The vocabulary model is exported and predict scores the test day; the true 
 share is the share of the test day's ids that the training days never held. Prints a
 table and one JSON line.
 
+With ``--seeds S`` every figure is measured on S lakes and runs (seeds 0 .. S - 1, or
+from ``--first_seed``: the lake's and the training's), reported as the mean, the sample standard deviation and the
+paired difference (vocabulary - hash, seed by seed), so a small difference can be told
+from noise. With ``--min_id_counts 1,2,3`` each seed trains one vocabulary run per N and
+keeps the one of best *validation* AUROC (the test day is never looked at to choose).
+
     python bench/id_vocabulary.py [--work_dir data_cache/id_vocabulary] [--rows_per_day 50000]
-        [--table_rows 2000] [--min_id_count 2]
+        [--table_rows 2000] [--min_id_count 2] [--min_id_counts 1,2,3] [--seeds 3]
 """
 
 import glob
@@ -46,26 +52,46 @@ class IdVocabularyBenchFlags:
     table_rows: int = flag(2000, help="rows of every table at most (the memory both runs get)")
     min_id_count: int = flag(2, help="--min_id_count of the vocabulary run")
     epochs: int = flag(2, help="training epochs of both runs")
+    seeds: int = flag(1, help="seeds 0 .. SEEDS - 1 of the lake and of the runs (mean, std, paired difference)")
+    first_seed: int = flag(0, help="start the seeds here (FIRST .. FIRST + SEEDS - 1: seeds split between processes)")
+    min_id_counts: str = flag(
+        "", help="candidates for --min_id_count, e.g. 1,2,3: each seed keeps the best on validation (default: the one)"
+    )
+
+    def candidates(self) -> list[int]:
+        """The --min_id_count values tried (empty: a bad --min_id_counts)."""
+        if not self.min_id_counts:
+            return [self.min_id_count]
+        try:
+            values = [int(v) for v in self.min_id_counts.split(",")]
+        except ValueError:
+            return []
+        return values if min(values) >= 1 else []
 
 
-def _train(flags: IdVocabularyBenchFlags, lake: str, name: str, extra: list[str]) -> dict:
-    log = os.path.join(flags.work_dir, f"{name}.jsonl")
+def _train(flags: IdVocabularyBenchFlags, work_dir: str, seed: int, name: str, extra: list[str]) -> dict:
+    lake = os.path.join(work_dir, "lake")
+    log = os.path.join(work_dir, f"{name}.jsonl")
     argv = [
         *("dlrm_main.py", "--parquet_path", lake, "--time_column", "date", "--dense_columns", "I*"),
         *("--sparse_columns", ",".join(COLUMNS), "--num_embeddings", str(flags.table_rows)),
         *("--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,1"),
         *("--batch_size", "512", "--learning_rate", "0.05", "--optimizer", "adagrad", "--device", "cpu"),
-        *("--epochs", str(flags.epochs), "--log_path", log),
-        *("--checkpoint_dir", os.path.join(flags.work_dir, f"{name}_checkpoints"), *extra),
+        *("--epochs", str(flags.epochs), "--log_path", log, "--seed", str(seed)),
+        *("--checkpoint_dir", os.path.join(work_dir, f"{name}_checkpoints"), *extra),
     ]
     proc = run_script(argv, timeout=3600)
     if proc.returncode:
         raise SystemExit(f"bench/id_vocabulary.py: the {name} run failed: {proc.stderr.strip().splitlines()[-1]}")
-    meta = sorted(glob.glob(os.path.join(flags.work_dir, f"{name}_checkpoints", "step_*", "meta.json")))[-1]
+    meta = sorted(glob.glob(os.path.join(work_dir, f"{name}_checkpoints", "step_*", "meta.json")))[-1]
     with open(meta) as f:
         rows = json.load(f)["config"]["model"]["num_embeddings_per_feature"]
     records: Any = read_log(log)
-    return {"test": eval_record(records, "test"), "rows": rows}
+    # The test record is the best validation's model (the trainer tests it last): N is
+    # chosen on that same validation figure, not on the last epoch's.
+    validations = [r for r in records if r["event"] == "eval" and r["stage"] == "validation"]
+    best = max(validations, key=lambda r: r["auroc"])
+    return {"test": eval_record(records, "test"), "validation": best, "rows": rows}
 
 
 def _true_unseen(lake: str, train_days: list[str], test_day: str) -> dict[str, float]:
@@ -79,49 +105,112 @@ def _true_unseen(lake: str, train_days: list[str], test_day: str) -> dict[str, f
     return shares
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    flags = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), IdVocabularyBenchFlags, argv)
-    shutil.rmtree(flags.work_dir, ignore_errors=True)
-    os.makedirs(flags.work_dir)
-    lake = os.path.join(flags.work_dir, "lake")
+def run_seed(flags: IdVocabularyBenchFlags, seed: int) -> dict[str, Any]:
+    """One lake and its runs: hash, a vocabulary run per candidate N, the one of best
+    validation AUROC exported and scored by predict."""
+    work_dir = os.path.join(flags.work_dir, f"seed_{seed}")
+    os.makedirs(work_dir)
+    lake = os.path.join(work_dir, "lake")
     spec = SyntheticParquetSpec(
-        days=flags.days, rows_per_day=flags.rows_per_day, files_per_day=1, new_id_rate=flags.new_id_rate
+        days=flags.days, rows_per_day=flags.rows_per_day, files_per_day=1, new_id_rate=flags.new_id_rate, seed=seed
     )
     generate_synthetic_parquet(spec, lake)
-    hashed = _train(flags, lake, "hash", [])
-    vocabulary = _train(
-        flags, lake, "vocabulary", ["--id_hashing", "vocabulary", "--min_id_count", str(flags.min_id_count)]
-    )
-    model = os.path.join(flags.work_dir, "vocabulary_model")
-    checkpoints = os.path.join(flags.work_dir, "vocabulary_checkpoints")
+    hashed = _train(flags, work_dir, seed, "hash", [])
+    tried = {
+        n: _train(flags, work_dir, seed, f"vocabulary_n{n}", ["--id_hashing", "vocabulary", "--min_id_count", str(n)])
+        for n in flags.candidates()
+    }
+    chosen = max(tried, key=lambda n: tried[n]["validation"]["auroc"])  # validation only: never the test day
+    model = os.path.join(work_dir, "vocabulary_model")
+    checkpoints = os.path.join(work_dir, f"vocabulary_n{chosen}_checkpoints")
     proc = run_script(["-m", "serving.export", "--checkpoint", checkpoints, "--output", model], timeout=3600)
     if proc.returncode:
         raise SystemExit(f"bench/id_vocabulary.py: export failed: {proc.stderr.strip().splitlines()[-1]}")
     days = sorted(glob.glob(os.path.join(lake, "date=*")))
-    metrics_file = os.path.join(flags.work_dir, "predict_metrics.json")
+    metrics_file = os.path.join(work_dir, "predict_metrics.json")
     predict = ["-m", "serving.predict", "--model", model, "--input", days[-1]]
-    predict += ["--output", os.path.join(flags.work_dir, "scores.parquet"), "--metrics_output", metrics_file]
+    predict += ["--output", os.path.join(work_dir, "scores.parquet"), "--metrics_output", metrics_file]
     proc = run_script(predict, timeout=3600)
     if proc.returncode:
         raise SystemExit(f"bench/id_vocabulary.py: predict failed: {proc.stderr.strip().splitlines()[-1]}")
     with open(metrics_file) as f:
         reported = json.load(f).get("unseen_share_by_feature", {})
     truth = _true_unseen(lake, days[:-2], days[-1])
-    print(f"{'run':<12} {'test AUROC':>10} {'table rows':>40}")
-    for name, run in (("hash", hashed), ("vocabulary", vocabulary)):
-        print(f"{name:<12} {run['test']['auroc']:>10.4f} {','.join(map(str, run['rows'])):>40}")
+    vocabulary = tried[chosen]
+    print(f"seed {seed}: {'run':<16} {'validation':>10} {'test AUROC':>10} {'table rows':>34}")
+    runs = [("hash", hashed)] + [(f"vocabulary N={n}" + (" *" if n == chosen else ""), r) for n, r in tried.items()]
+    for name, run in runs:
+        print(
+            f"seed {seed}: {name:<16} {run['validation']['auroc']:>10.4f} {run['test']['auroc']:>10.4f} "
+            f"{','.join(map(str, run['rows'])):>34}"
+        )
     print(
-        "unseen share of the test day, predict vs truth: "
-        + ", ".join(f"{n} {reported.get(n, 0.0):.2%} vs {truth[n]:.2%}" for n in COLUMNS)
+        f"seed {seed}: unseen share of the test day, predict vs truth: "
+        + ", ".join(f"{n} {reported.get(n, 0.0):.2%} vs {truth[n]:.2%}" for n in COLUMNS),
+        flush=True,
     )
-    result = {
+    return {
+        "seed": seed,
         "hash_test_auroc": hashed["test"]["auroc"],
+        "hash_validation_auroc": hashed["validation"]["auroc"],
         "vocabulary_test_auroc": vocabulary["test"]["auroc"],
+        "min_id_count": chosen,
+        "vocabulary_by_min_id_count": {
+            str(n): {"validation_auroc": r["validation"]["auroc"], "test_auroc": r["test"]["auroc"], "rows": r["rows"]}
+            for n, r in tried.items()
+        },
         "hash_rows": hashed["rows"],
         "vocabulary_rows": vocabulary["rows"],
         "unseen_share_reported": reported,
         "unseen_share_true": truth,
         "max_unseen_share_error": max(abs(reported.get(n, 0.0) - truth[n]) for n in COLUMNS),
+    }
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    array = np.array(values, dtype=np.float64)
+    return float(array.mean()), float(array.std(ddof=1)) if len(array) > 1 else 0.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    flags = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), IdVocabularyBenchFlags, argv)
+    if flags.seeds < 1:
+        print(f"bench/id_vocabulary.py: --seeds must be positive, got {flags.seeds}", file=sys.stderr)
+        return 2
+    if not flags.candidates():
+        print(
+            f"bench/id_vocabulary.py: --min_id_counts {flags.min_id_counts!r}: expected positive integers, e.g. 1,2,3",
+            file=sys.stderr,
+        )
+        return 2
+    shutil.rmtree(flags.work_dir, ignore_errors=True)
+    os.makedirs(flags.work_dir)
+    per_seed = [run_seed(flags, seed) for seed in range(flags.first_seed, flags.first_seed + flags.seeds)]
+    hashed = _mean_std([r["hash_test_auroc"] for r in per_seed])
+    vocabulary = _mean_std([r["vocabulary_test_auroc"] for r in per_seed])
+    difference = _mean_std([r["vocabulary_test_auroc"] - r["hash_test_auroc"] for r in per_seed])
+    wins = sum(r["vocabulary_test_auroc"] >= r["hash_test_auroc"] for r in per_seed)
+    print(
+        f"test AUROC over {flags.seeds} seed(s): hash {hashed[0]:.4f} ± {hashed[1]:.4f}, vocabulary "
+        f"{vocabulary[0]:.4f} ± {vocabulary[1]:.4f} (N chosen on validation: "
+        f"{', '.join(str(r['min_id_count']) for r in per_seed)}); vocabulary - hash {difference[0]:+.4f} ± "
+        f"{difference[1]:.4f}, vocabulary >= hash on {wins} of {flags.seeds}"
+    )
+    result = {
+        "bench": "id_vocabulary",
+        "rows_per_day": flags.rows_per_day,
+        "table_rows": flags.table_rows,
+        "seeds": flags.seeds,
+        "min_id_counts": flags.candidates(),
+        "hash_test_auroc": hashed[0],
+        "hash_test_auroc_std": hashed[1],
+        "vocabulary_test_auroc": vocabulary[0],
+        "vocabulary_test_auroc_std": vocabulary[1],
+        "difference": difference[0],
+        "difference_std": difference[1],
+        "vocabulary_wins": wins,
+        "max_unseen_share_error": max(r["max_unseen_share_error"] for r in per_seed),
+        "per_seed": per_seed,
     }
     print(json.dumps(result))
     return 0

@@ -357,7 +357,7 @@ def history_model_flags(name: str, cardinalities: Sequence[int]) -> list[str]:
     categorical features but `USER_KEYS` (with their table sizes), the user's and film's
     past aggregates as dense features beside the numerical ones (log1p: counts reach
     hundreds; a rate without a past is null, read as 0), and for ``dlrm_history`` the film
-    history in the film's table; [] for any other model."""
+    history in the film's table, under DIN with softmax weights; [] for any other model."""
     if name not in HISTORY_MODELS:
         return []
     kept = [k for k, feature in enumerate(CATEGORICAL) if feature not in USER_KEYS]
@@ -371,8 +371,8 @@ def history_model_flags(name: str, cardinalities: Sequence[int]) -> list[str]:
         "--dense_transform",
         "log1p",
     ]
-    if name == "dlrm_history":
-        flags += ["--sequence_columns", f"{HISTORY_COLUMN}:item_id", "--max_history", str(MAX_HISTORY)]
+    if name == "dlrm_history":  # the softmax had the best validation AUROC of the variants tried (docs/quality.md)
+        flags += ["--sequence_columns", f"{HISTORY_COLUMN}:item_id", "--max_history", str(MAX_HISTORY), "--din_softmax"]
     return flags
 
 

@@ -63,17 +63,19 @@ class _PReLUFunction(torch.autograd.Function):
     dot product: ``aten::_prelu_kernel_backward`` takes 15-20x as long as the forward on
     CPU (about 40 ms on a (512, 50, 80) block), more than DIN's matmuls."""
 
+    # Under --amp x is bf16/fp16 and the slope fp32: the output and x's gradient keep x's
+    # dtype (as nn.PReLU's), the slope's gradient is summed in the slope's dtype.
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
-        return torch.where(x > 0, x, weight * x)
+        return torch.where(x > 0, x, weight.to(x.dtype) * x)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x, weight = ctx.saved_tensors
-        negative = x.clamp(max=0)
-        grad_weight = torch.dot(grad.reshape(-1), negative.reshape(-1)).reshape(weight.shape)
-        return torch.where(x > 0, grad, weight * grad), grad_weight
+        negative = x.clamp(max=0).reshape(-1).to(weight.dtype)
+        grad_weight = torch.dot(grad.reshape(-1).to(weight.dtype), negative).reshape(weight.shape)
+        return torch.where(x > 0, grad, weight.to(grad.dtype) * grad).to(x.dtype), grad_weight
 
 
 def prelu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,8 @@ gradients) against plain-torch references, padding that changes nothing, the tab
 item shares with its history, every interaction and sequence interaction built over
 them, and the flags' refusals."""
 
+import unittest.mock
+
 import numpy as np
 import pytest
 import torch
@@ -14,7 +16,7 @@ from common.config_flags import FlagError
 from common.sequence_columns import parse_sequence_columns
 from data.batching.loaders import build_loaders
 from data.config import DataConfig
-from models import ModelConfig, build_dlrm_train
+from models import ModelConfig, build_dlrm_train, sequence_arch
 from models.interactions import INTERACTIONS
 from models.sequence_arch import SequenceSparseArch, padded_history
 from models.sequence_interactions import SEQUENCE_INTERACTIONS
@@ -113,6 +115,33 @@ def transformer_reference(module: SequenceTransformer, history: torch.Tensor, ca
     query = f.linear(candidate.double(), p["query.weight"], p["query.bias"])
     scores = f.linear(x, p["key.weight"], p["key.bias"]) @ query / D**0.5
     return torch.softmax(scores, dim=0) @ (x + h)
+
+
+@pytest.mark.parametrize("softmax", [False, True])
+def test_din_trains_under_bf16_autocast_as_the_plain_form(softmax):
+    """--amp on CPU: bf16 activations meet fp32 slopes in PReLU's own backward (a
+    dtype clash there failed the GPU check's amp cases); its output and gradients keep
+    the dtypes, and the values, of the plain layers under the same autocast."""
+    torch.manual_seed(0)
+    module = DINAttention(D, [6, 3], softmax=softmax).train()
+    history, mask, candidate = _rows([3, 0, 5, 1])
+    history.requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = module(history, mask, candidate)
+    got.float().sum().backward()
+    slope = module.mlp[1].weight
+    fast = (history.grad.clone(), slope.grad.clone())
+    history.grad, slope.grad = None, None
+    with (
+        torch.autocast("cpu", dtype=torch.bfloat16),
+        unittest.mock.patch.object(sequence_arch, "prelu", torch.nn.functional.prelu),
+    ):
+        plain = module(history, mask, candidate)
+    plain.float().sum().backward()
+    assert got.dtype == plain.dtype and torch.equal(got, plain)
+    assert fast[0].dtype == torch.float32 and fast[1].dtype == torch.float32
+    assert torch.allclose(fast[0], history.grad, rtol=2e-2, atol=1e-2)
+    assert torch.allclose(fast[1], slope.grad, rtol=2e-2, atol=1e-2)
 
 
 @pytest.mark.parametrize("training", [True, False], ids=["fused_attention", "exported_form"])

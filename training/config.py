@@ -377,10 +377,6 @@ class TrainConfig:
         zch = option(self.data, "id_hashing") + " zch"
         if self.model.sequence_columns:
             raise FlagError(f"{zch} cannot be combined with --sequence_columns (histories read plain tables)")
-        if self.data.rolling_windows is not None:
-            raise FlagError(
-                f"{zch} cannot be combined with {option(self.data, 'rolling_windows')}: use --id_hashing hash"
-            )
         for table in self.model.table_names:  # the managed-collision sharder takes row_wise only (docs/zch.md)
             kind = self.sharding_constraints.sharding_type(table)
             if kind not in (None, "row_wise"):
@@ -391,11 +387,6 @@ class TrainConfig:
             raise FlagError(
                 f"{zch} cannot be combined with {option(self, 'sharding_plan')} in this release: "
                 "its tables are planned row_wise"
-            )
-        if self.checkpoint.warm_start:
-            raise FlagError(
-                f"{zch} cannot be combined with {option(self.checkpoint, 'warm_start')} in this release: "
-                "resume with --resume, or train afresh"
             )
         self.checkpoint.check_zch_cadence(self.data.zch_eviction_interval)
 

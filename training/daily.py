@@ -660,12 +660,7 @@ def check_flag_names(config: DailyConfig, training_flags: list[str]) -> None:
 
     recipe = DCNV2 if config.entry == "dcnv2_main.py" else None
     lake = ["--parquet_path", config.parquet_path, "--time_column", config.time_column]
-    args = build_parser(PROG, "", recipe).parse_args([*training_flags, *lake])
-    if getattr(args, "id_hashing", None) == "zch":  # the trainer's own line would name --rolling_windows, not the loop
-        raise BadInput(
-            "--id_hashing zch: the daily loop warm-starts every day from the day before, and a zch model "
-            "cannot warm start in this release (docs/zch.md): use --id_hashing hash or vocabulary"
-        )
+    build_parser(PROG, "", recipe).parse_args([*training_flags, *lake])
 
 
 def check_training_flags(config: DailyConfig, training_flags: list[str], days: list[str]) -> None:

@@ -498,6 +498,7 @@ class Trainer:
         flat.update({f"id_sketch.{n}": t for n, t in origin_sketch.items()})
         load_checkpoint(warm.checkpoint, flat, self.env.rank, restore_rng=False)
         self.model.load_state_dict(state["model"])
+        self._log_restored_zch(warm.checkpoint.path)  # zch: the remapping carried with the weights
         if warm.optimizer:
             self.optimizer.load_state_dict(state["optim"])
         if seen is not None and origin_sketch:

@@ -13,6 +13,11 @@ training/embedding_init.py), their optimizer state fresh. Anything else that dif
 is refused in one line before the model is built. The world size and the sharding may
 differ: every rank reads its own shards of the checkpoint's tables (DCP reshards).
 
+Under ``--id_hashing zch`` the id-to-row remapping (the managed-collision buffers, part of
+the model's state) carries with the weights, resharded like them: every id the origin
+admitted reads its trained row from the first step. Its tables keep their rows (no
+growth), and a zch run warm-starts only from a zch checkpoint (and the reverse).
+
 The checkpoint it started from (`WarmStartOrigin`) goes into every checkpoint of the new
 run and its run log; ``--resume`` of a warm-started run continues that run, and refuses a
 ``--warm_start`` that names another origin.
@@ -80,7 +85,13 @@ def find_warm_start(config: TrainConfig, restore: RestorePoint | None) -> WarmSt
         return None
     source = f"{option(flags, 'warm_start')} {checkpoint.path}"
     meta = checkpoint.meta
+    _check_same_id_mode(meta.model, config.model, source)
     grown = grown_tables(meta.model, config.model, source)
+    if grown and config.model.zch_eviction_policy is not None:  # the remapping buffers are sized by the rows
+        tables = ", ".join(f"{table} {was} -> {now} rows" for table, (was, now) in grown.items())
+        raise CheckpointError(
+            f"{source}: a zch warm start keeps each table's rows (its id-to-row remapping is sized by them): {tables}"
+        )
     if flags.warm_start_optimizer:
         recorded = meta_section(meta.config, "optim", OptimizerConfig, join(checkpoint.path, META_FILE))
         differences = list(iter_differences(optimizers_of(recorded), optimizers_of(config.optim), "optim."))
@@ -119,6 +130,19 @@ def _check_same_origin(restore: RestorePoint, origin: WarmStartOrigin, flags: Ch
         f"{option(flags, 'warm_start')} names {origin.describe()}: a run cannot change where it started "
         f"(give the new run a {option(flags, 'checkpoint_dir')} of its own)"
     )
+
+
+def _check_same_id_mode(saved: ModelConfig, current: ModelConfig, source: str) -> None:
+    """Under --id_hashing zch the id-to-row remapping (the managed-collision buffers,
+    model state) carries with the weights: both sides must map ids by zch, or neither.
+    One line, naming both."""
+    was, now = saved.zch_eviction_policy is not None, current.zch_eviction_policy is not None
+    if was != now:
+        mode = {True: "--id_hashing zch", False: "plain tables (--id_hashing hash or vocabulary)"}
+        raise CheckpointError(
+            f"{source}: its model maps ids by {mode[was]}, this run by {mode[now]}: a warm start keeps the "
+            "id mode (train afresh to change it)"
+        )
 
 
 def grown_tables(saved: ModelConfig, current: ModelConfig, source: str) -> dict[str, tuple[int, int]]:

@@ -73,7 +73,6 @@ def test_zch_on_a_torchrec_without_managed_collision_modules(lake, capsys, monke
         (["--zch_eviction_interval", "0"], "--zch_eviction_interval must be at least 1, got 0"),
         (["--zch_eviction_policy", "fifo"], "--zch_eviction_policy"),
         (["--sharding_type", "table_wise"], "--sharding_type table_wise (t_C1): --id_hashing zch tables are sharded"),
-        (["--warm_start", "/nowhere"], "--id_hashing zch cannot be combined with --warm_start"),
     ],
 )
 def test_bad_zch_flags(lake, capsys, flags, message):

@@ -396,15 +396,6 @@ def test_flags_the_loop_sets_are_refused(tmp_path, lake, capsys, given):
     assert not os.path.exists(tmp_path / "state")
 
 
-def test_zch_is_refused_by_the_loop_in_its_own_words(tmp_path, lake, capsys):
-    line = _refused(capsys, [*argv(tmp_path / "state", lake), *TRAINING, "--id_hashing", "zch"])
-    assert line.endswith(
-        "--id_hashing zch: the daily loop warm-starts every day from the day before, and a zch model "
-        "cannot warm start in this release (docs/zch.md): use --id_hashing hash or vocabulary"
-    )
-    assert not os.path.exists(tmp_path / "state")
-
-
 def test_a_misspelt_training_flag_is_the_parsers_line_whatever_the_lake(tmp_path, capsys):
     line = _refused(capsys, [*argv(tmp_path / "state", tmp_path / "no_lake"), *TRAINING, "--learning_rat", "0.1"])
     assert line.endswith("error: unrecognized arguments: --learning_rat 0.1")

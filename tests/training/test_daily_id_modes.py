@@ -3,6 +3,8 @@
 - ``--id_hashing vocabulary``: each day's warm start grows the vocabulary (every id kept
   the day before keeps its row, the day's frequent new ids get new rows), so the tables
   grow and the day is exported in full, the loop saying why;
+- ``--id_hashing zch``: each day's warm start carries the day before's id-to-row
+  remapping (its live ids), and every day is exported in full, the loop saying why;
 - ``--sequence_columns``: a model with a history feature trains, warm-starts, is
   exported as a delta of the first day's export and gated like the others.
 
@@ -37,6 +39,9 @@ VOCABULARY = [f for f in TRAINING if f not in ("--num_embeddings", "50")] + [
     "vocabulary",
     "--min_id_count",
     "2",
+]
+ZCH = [f for f in TRAINING if f not in ("--num_embeddings", "50")] + [
+    *("--num_embeddings", "64", "--id_hashing", "zch", "--zch_eviction_interval", "2"),
 ]
 HISTORY_FLAGS = [
     "--sparse_columns",
@@ -99,6 +104,38 @@ def test_a_vocabulary_grows_each_day_every_id_keeping_its_row_and_the_day_export
     predictor = Predictor(os.path.join(state_dir, "days", DAYS[1], "model"), "fp32")
     assert predictor.layout.columns.vocabulary.table_sizes == list(now)  # type: ignore[attr-defined]
     assert isinstance(state.days[1].gate["auroc"], float)
+
+
+@pytest.fixture(scope="module")
+def zch_loop(tmp_path_factory):
+    lake = tmp_path_factory.mktemp("lake") / "clicks"
+    generate_synthetic_parquet(LAKE, str(lake))
+    return _loop(tmp_path_factory, str(lake), ZCH)
+
+
+def test_zch_days_carry_their_remapping_export_in_full_and_promote(zch_loop):
+    state_dir, stdout = zch_loop
+    state = daily.read_state(os.path.join(state_dir, "state.json"))
+    assert [r.day for r in state.days] == DAYS[:-1] and all(r.trained and r.promoted for r in state.days)
+    assert state.days[0].gate["promote"] and isinstance(state.days[1].gate["auroc"], float)
+    # The second day starts from the first day's remapping: every id it admitted keeps its row.
+    first_log, second_log = (os.path.join(state_dir, "days", day, "train.jsonl") for day in DAYS[:-1])
+    last = [r for r in read_log(first_log) if r["event"] == "zch"][-1]
+    (restored,) = [r for r in read_log(second_log) if r["event"] == "zch_restored"]
+    assert restored["live_ids"] == {name: c["live_ids"] for name, c in last["features"].items()}
+    assert restored["path"] == newest_checkpoint(os.path.join(state_dir, "days", DAYS[0], "ckpt"))
+    # The mapping moves every day: no delta, a full export, and why.
+    assert [r.base for r in state.days] == [None, None]
+    records = read_log(os.path.join(state_dir, "daily.jsonl"))
+    (full,) = [r for r in records if r["event"] == "full_export"]
+    assert full["day"] == DAYS[1] and full["reason"].startswith("a zch model's id-to-row mapping changes")
+    assert f"{DAYS[1]}: exporting in full, not as a delta of {DAYS[0]}: a zch model's" in stdout
+    # The pointer names the day the gate kept in service, and it serves.
+    assert state.current in DAYS[:-1]
+    served = os.path.realpath(os.path.join(state_dir, daily.CURRENT))
+    assert served == os.path.realpath(os.path.join(state_dir, "days", state.current, "model"))
+    assert Predictor(served, "fp32").base is None
+    assert f"in service: {state.current}" in stdout
 
 
 @pytest.fixture(scope="module")

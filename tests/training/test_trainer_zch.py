@@ -1,7 +1,9 @@
 """--id_hashing zch in training (training/trainer.py, models/zch.py): 2 ranks from Parquet log
 per feature live ids, admitted, evicted and collisions at each log step; a 2-rank run resumed
 across an eviction ends bit for bit where the uninterrupted one did; a 1-rank run resumes the
-2-rank checkpoint with every live id. One shared set of runs for the module (tiny tables)."""
+2-rank checkpoint with every live id; a 1-rank ``--warm_start`` of the 2-rank run carries its
+remapping (evaluated before any admission, it scores as the checkpoint does). One shared set of
+runs for the module (tiny tables)."""
 
 import json
 import os
@@ -9,6 +11,7 @@ import shutil
 
 import pytest
 
+import dlrm_main
 from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parquet
 from harness.launch import run_script
 from tests.support.model_state import assert_same_state, flat_state
@@ -35,6 +38,15 @@ def _records(path: str, event: str) -> list[dict]:
         return [r for r in map(json.loads, f) if r["event"] == event]
 
 
+def _one_rank(lake: str, root, name: str, *extra: str) -> tuple[str, str]:
+    """A 1-rank run of the module's flags (the global batch of the 2-rank runs) and ``extra``
+    (a flag given twice: the last one counts); its checkpoint directory and log."""
+    checkpoint_dir, log_path = str(root / f"{name}_ck"), str(root / f"{name}.jsonl")
+    done = run_script(["dlrm_main.py", *_flags(lake, checkpoint_dir, log_path, 200), *extra])
+    assert done.returncode == 0, done.stderr[-3000:]
+    return checkpoint_dir, log_path
+
+
 def _run(lake, root, name, ranks, resume_from=None):
     checkpoint_dir, log_path = str(root / f"{name}_ck"), str(root / f"{name}.jsonl")
     if resume_from is not None:
@@ -57,6 +69,7 @@ def runs(tmp_path_factory):
     step = os.path.join(whole[0], f"step_{STOP:09d}")
     return {
         "root": root,
+        "lake": lake,
         "whole": whole,
         "resumed": _run(lake, root, "resumed", 2, step),
         "one_rank": _run(lake, root, "one_rank", 1, step),
@@ -105,3 +118,71 @@ def test_one_rank_resumes_the_two_rank_checkpoint_with_every_live_id(runs):
     assert len(restored) == 1
     assert restored[0]["live_ids"] == {n: c["live_ids"] for n, c in at_stop["features"].items()}
     assert [r["step"] for r in _records(log_path, "zch")] == [6, 8]
+
+
+# The test split's first batches, scored by the 2-rank run's last checkpoint (--mode test on 1
+# rank) and by a 1-rank run warm-started from it that trains no step: the same weights and the
+# same remapping, so the same scores. A fresh model's lookups of the same ids would all read
+# default rows.
+EVALUATED = ("--limit_test_batches", "2")
+
+
+@pytest.fixture(scope="module")
+def warm(runs):
+    lake, root = runs["lake"], runs["root"]
+    final = os.path.join(runs["whole"][0], f"step_{STEPS:09d}")
+    _, tested = _one_rank(lake, root, "tested", "--mode", "test", "--restore_checkpoint_path", final, *EVALUATED)
+    _, started = _one_rank(
+        lake, root, "warm", "--warm_start", runs["whole"][0], "--limit_train_batches", "0", *EVALUATED
+    )
+    return {"tested": tested, "warm": started, "final": final}
+
+
+def _test_eval(log_path: str) -> dict:
+    (record,) = [r for r in _records(log_path, "eval") if r["stage"] == "test"]
+    return record
+
+
+@pytest.mark.slow
+def test_a_warm_start_carries_the_remapping_its_lookups_read_the_trained_rows(runs, warm):
+    _, whole_log, _ = runs["whole"]
+    last = _records(whole_log, "zch")[-1]
+    (restored,) = _records(warm["warm"], "zch_restored")
+    assert restored["path"] == warm["final"]
+    assert restored["live_ids"] == {n: c["live_ids"] for n, c in last["features"].items()}
+    (started,) = _records(warm["warm"], "warm_start")
+    assert started["step"] == STEPS and started["optimizer"] is False
+    origin, carried = _test_eval(warm["tested"]), _test_eval(warm["warm"])
+    assert carried["num_samples"] == origin["num_samples"] > 0
+    for metric in ("auroc", "log_loss", "ne", "calibration"):
+        assert carried[metric] == origin[metric], metric
+
+
+def _refused(capsys, argv: list[str]) -> str:
+    """The entry point in this process: exit 2 and one error line, returned."""
+    try:
+        code = dlrm_main.main(argv)
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err[-3000:]
+    (line,) = [x for x in err.splitlines() if ": error: " in x]
+    return line.split(": error: ", 1)[1]
+
+
+@pytest.mark.slow
+def test_a_warm_start_across_id_modes_or_table_sizes_is_one_line(runs, tmp_path, capsys):
+    origin = runs["whole"][0]
+    at = f"--warm_start {os.path.join(origin, f'step_{STEPS:09d}')}"
+    flags = _flags(runs["lake"], str(tmp_path / "new"), str(tmp_path / "new.jsonl"), 200)
+    at_zch = flags.index("--id_hashing")
+    hashed = [*flags[:at_zch], *flags[at_zch + 4 :]]  # less --id_hashing zch --zch_eviction_interval N
+    assert "zch" not in hashed
+    assert _refused(capsys, ["--warm_start", origin, *hashed]) == (
+        f"{at}: its model maps ids by --id_hashing zch, this run by plain tables (--id_hashing hash or "
+        "vocabulary): a warm start keeps the id mode (train afresh to change it)"
+    )
+    line = _refused(capsys, ["--warm_start", origin, *flags, "--num_embeddings", "400"])
+    assert line.startswith(f"{at}: a zch warm start keeps each table's rows (its id-to-row remapping is sized")
+    assert line.endswith("t_C1 300 -> 400 rows, t_C3 300 -> 400 rows, t_M1 300 -> 400 rows")
+    assert not os.path.exists(tmp_path / "new")

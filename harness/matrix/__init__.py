@@ -58,12 +58,14 @@ from harness.matrix.cases import (
     MIXED_PLAN,
     MULTI_HOT_SIZES,
     NO_SEQUENCE,
+    PARQUET_ZCH,
     PROBE_ROWS,
     REFUSALS,
     SEQUENCE_ITEM,
     STEPS,
     STOP,
     TABLE_ROWS,
+    ZCH_EVICTION_INTERVAL,
     Case,
     MatrixSpec,
     Refusal,
@@ -73,6 +75,7 @@ from harness.matrix.cases import (
     epochs,
     expected_steps,
     has_sequence,
+    is_zch,
     logged_steps,
     matches_only,
     probe_histories,
@@ -96,6 +99,7 @@ from harness.matrix.checks import (
     max_difference,
     sharded_tolerance,
     start_exports,
+    zch_program_inputs,
 )
 from harness.matrix.command import (
     DESCRIPTION,
@@ -116,6 +120,7 @@ from harness.matrix.ranks import (
     probe_batch,
     run_jobs,
     tf32_off,
+    zch_probe_ids,
 )
 
 __all__ = [
@@ -133,12 +138,14 @@ __all__ = [
     "MIXED_PLAN",
     "MULTI_HOT_SIZES",
     "NO_SEQUENCE",
+    "PARQUET_ZCH",
     "PROBE_ROWS",
     "REFUSALS",
     "SEQUENCE_ITEM",
     "STEPS",
     "STOP",
     "TABLE_ROWS",
+    "ZCH_EVICTION_INTERVAL",
     "Case",
     "CaseResult",
     "JobPlan",
@@ -164,6 +171,7 @@ __all__ = [
     "export_pool",
     "format_table",
     "has_sequence",
+    "is_zch",
     "identical",
     "learning_rate",
     "local_launcher",
@@ -189,4 +197,6 @@ __all__ = [
     "tf32_off",
     "validation_every",
     "with_epoch_shares",
+    "zch_probe_ids",
+    "zch_program_inputs",
 ]

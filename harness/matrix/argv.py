@@ -18,9 +18,11 @@ from harness.matrix.cases import (
     MULTI_HOT_SIZES,
     NO_SEQUENCE,
     PARQUET_VOCABULARY,
+    PARQUET_ZCH,
     SEQUENCE_ITEM,
     TABLE_ROWS,
     VOCABULARY_MIN_ID_COUNT,
+    ZCH_EVICTION_INTERVAL,
     Case,
     batches_per_epoch,
     epochs,
@@ -113,6 +115,9 @@ def data_flags(case: Case, data_dir: str) -> list[str]:
             # The tables: the vocabulary's kept ids (at most TABLE_ROWS - 1, the flag's cap) + row 0.
             ["vocabulary", "--min_id_count", str(VOCABULARY_MIN_ID_COUNT)]
             if case["data_source"] == PARQUET_VOCABULARY
+            # Admitted ids own rows; LFU keeps the frequent ones once a table is full.
+            else ["zch", "--zch_eviction_interval", str(ZCH_EVICTION_INTERVAL), "--zch_eviction_policy", "lfu"]
+            if case["data_source"] == PARQUET_ZCH
             else ["modulo"]
         ),
     ]

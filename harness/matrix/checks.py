@@ -25,6 +25,7 @@ from harness.matrix.cases import (
     MatrixSpec,
     epochs,
     expected_steps,
+    is_zch,
     probe_histories,
     probe_inputs,
     resumed_steps,
@@ -175,7 +176,7 @@ def zch_program_inputs(out_dir: str, manifest: Any, inputs: Any) -> tuple[torch.
     from serving.layouts import load_layout
 
     layout = load_layout(inputs, out_dir, manifest)
-    dense, ids = probe_inputs()  # the data's own values (`ranks.zch_probe_ids`)
+    dense, ids = probe_inputs(inputs.num_embeddings_per_feature)  # the data's own values, as eager's
     columns: dict[str, Any] = {n: pa.array(dense[:, i].numpy()) for i, n in enumerate(inputs.dense_feature_names)}
     for f, (name, kind) in enumerate(zip(inputs.sparse_feature_names, inputs.preprocessing.sparse_value_types)):
         values = pa.array(ids[:, f].numpy().astype(np.int64))
@@ -271,6 +272,12 @@ def check_case(
         result.checks["resume=uninterrupted"] = "ok bit-exact"
     else:
         result.fail("resume=uninterrupted", mismatch)
+    if is_zch(case):  # the resume must cross an eviction, the remapping's hardest change
+        evicted = whole[0]["zch_evicted"]
+        if evicted:
+            result.checks["evicted"] = f"ok {evicted} ids"
+        else:
+            result.fail("evicted", "the run evicted no id: its resume checks no eviction")
     expected = expected_steps(case)
     runs = [("uninterrupted", expected, whole[0]["steps"])]
     runs += [("resumed", resumed_steps(expected, case), resumed[0]["steps"])] if resumed[0] else []

@@ -94,7 +94,7 @@ def probe_batch(
 def zch_probe_ids(values: torch.Tensor, seed: int) -> torch.Tensor:
     """The ids a zch model's lookup takes for integer column values: their hash's top
     bits (`data.parquet.id_hashing.zch_ids`), as the Parquet loader hands them over. The
-    probe's values are the data's own (below `TABLE_ROWS`): some admitted, some not."""
+    probe's values are the data's own (below the tables' sizes): some admitted, some not."""
     from data.parquet.id_hashing import integer_keys, zch_ids
 
     flat = values.reshape(-1).numpy().astype("int64")
@@ -104,7 +104,8 @@ def zch_probe_ids(values: torch.Tensor, seed: int) -> torch.Tensor:
 def _outcome(trainer: Any, result: Any, log_path: str) -> dict[str, Any]:
     """What a finished run left: its losses, metrics, this rank's weights and (rank 0,
     which writes the log) the steps its log shows."""
-    steps = logged_steps(read_run_log(log_path)) if trainer.env.is_main else None
+    records = read_run_log(log_path) if trainer.env.is_main else []
+    steps = logged_steps(records) if trainer.env.is_main else None
     # The final weights' test figures: the best checkpoint a run also tests depends on the
     # checkpoints its directory holds, which the resumed run's (one checkpoint) does not share.
     test = result.final_test if result.final_test is not None else result.test
@@ -114,6 +115,8 @@ def _outcome(trainer: Any, result: Any, log_path: str) -> dict[str, Any]:
         "test": test,
         "records_per_sec": result.records_per_sec,
         "steps": steps,
+        # --id_hashing zch: the ids its log's `zch` records show evicted (over every rank).
+        "zch_evicted": sum(f["evicted"] for r in records if r["event"] == "zch" for f in r["features"].values()),
         **local_weights(trainer.model),
     }
 

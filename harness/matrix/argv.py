@@ -18,9 +18,12 @@ from harness.matrix.cases import (
     MULTI_HOT_SIZES,
     NO_SEQUENCE,
     PARQUET_VOCABULARY,
+    PARQUET_ZCH,
     SEQUENCE_ITEM,
     TABLE_ROWS,
     VOCABULARY_MIN_ID_COUNT,
+    ZCH_EVICTION_INTERVAL,
+    ZCH_TABLE_ROWS,
     Case,
     batches_per_epoch,
     epochs,
@@ -113,6 +116,12 @@ def data_flags(case: Case, data_dir: str) -> list[str]:
             # The tables: the vocabulary's kept ids (at most TABLE_ROWS - 1, the flag's cap) + row 0.
             ["vocabulary", "--min_id_count", str(VOCABULARY_MIN_ID_COUNT)]
             if case["data_source"] == PARQUET_VOCABULARY
+            # LRU: once a table is full, the next admission evicts (LFU keeps a full table's
+            # ids against newcomers of the same count, so a short run may evict none).
+            # Shuffled: a second epoch reads other rows than the first, so that it brings new ids.
+            else ["zch", "--zch_eviction_interval", str(ZCH_EVICTION_INTERVAL), "--zch_eviction_policy", "lru"]
+            + ["--shuffle_training_set"]
+            if case["data_source"] == PARQUET_ZCH
             else ["modulo"]
         ),
     ]
@@ -127,7 +136,7 @@ def case_argv(case: Case, data_dir: str, device: str) -> list[str]:
         "--seed",
         "5",
         "--num_embeddings_per_feature",
-        ",".join(map(str, TABLE_ROWS)),
+        ",".join(map(str, ZCH_TABLE_ROWS if case.get("data_source") == PARQUET_ZCH else TABLE_ROWS)),
         "--embedding_dim",
         str(EMBEDDING_DIM),
         "--dense_arch_layer_sizes",

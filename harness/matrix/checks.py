@@ -25,6 +25,7 @@ from harness.matrix.cases import (
     MatrixSpec,
     epochs,
     expected_steps,
+    is_zch,
     probe_histories,
     probe_inputs,
     resumed_steps,
@@ -137,6 +138,10 @@ def export_difference(checkpoint_dir: str, eager: torch.Tensor, out_dir: str) ->
     manifest = read_manifest(out_dir)
     program = load_model_file(out_dir, FP32_FILE, "torch.export", manifest)  # as predict loads it
     inputs = read_inputs(out_dir, manifest)
+    if getattr(inputs.preprocessing, "zch_ids", None) is not None:
+        with torch.no_grad():
+            exported = program(*zch_program_inputs(out_dir, manifest, inputs))
+        return (exported - eager).abs().max().item()
     dense, ids = probe_inputs(inputs.num_embeddings_per_feature)
     # A bag of varying length (a Parquet list column) has several places, -1 where empty.
     hotness = inputs.sparse_hotness
@@ -156,6 +161,31 @@ def export_difference(checkpoint_dir: str, eager: torch.Tensor, out_dir: str) ->
     with torch.no_grad():
         exported = program(dense, ids, *histories)
     return (exported - eager).abs().max().item()
+
+
+def zch_program_inputs(out_dir: str, manifest: Any, inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """A zch model's program inputs for the probe rows, made as predict makes them: the
+    rows as a Parquet table of the training columns (the id values themselves, a list of
+    one where the column holds lists), through the export's Parquet layout, which maps
+    each id through the id map (`data.parquet.zch_map`): an admitted id to its row, any
+    other to its shard's default row. Asserts that both kinds are among the probe's ids,
+    and that the layout counts the second kind as unseen."""
+    import numpy as np
+    import pyarrow as pa
+
+    from serving.layouts import load_layout
+
+    layout = load_layout(inputs, out_dir, manifest)
+    dense, ids = probe_inputs(inputs.num_embeddings_per_feature)  # the data's own values, as eager's
+    columns: dict[str, Any] = {n: pa.array(dense[:, i].numpy()) for i, n in enumerate(inputs.dense_feature_names)}
+    for f, (name, kind) in enumerate(zip(inputs.sparse_feature_names, inputs.preprocessing.sparse_value_types)):
+        values = pa.array(ids[:, f].numpy().astype(np.int64))
+        lists = pa.ListArray.from_arrays(pa.array(np.arange(len(ids) + 1, dtype=np.int32)), values)
+        columns[name] = lists if kind.endswith("_list") else values
+    lines = layout.prepare_table(pa.table(columns), lambda row: f"probe row {row}", labelled=False)
+    unseen = int(np.sum(lines.unseen))
+    assert 0 < unseen < ids.numel(), f"{unseen} of the {ids.numel()} probe ids unseen: the probe needs both kinds"
+    return torch.from_numpy(lines.dense), torch.from_numpy(lines.sparse)
 
 
 def _check_quantized_refused(checkpoint_dir: str, out_dir: str) -> None:
@@ -242,6 +272,12 @@ def check_case(
         result.checks["resume=uninterrupted"] = "ok bit-exact"
     else:
         result.fail("resume=uninterrupted", mismatch)
+    if is_zch(case):  # the resume must cross an eviction, the remapping's hardest change
+        evicted = whole[0]["zch_evicted"]
+        if evicted:
+            result.checks["evicted"] = f"ok {evicted} ids"
+        else:
+            result.fail("evicted", "the run evicted no id: its resume checks no eviction")
     expected = expected_steps(case)
     runs = [("uninterrupted", expected, whole[0]["steps"])]
     runs += [("resumed", resumed_steps(expected, case), resumed[0]["steps"])] if resumed[0] else []

@@ -33,7 +33,7 @@ from training.optimizers import is_table_parameter
 
 def local_weights(model: torch.nn.Module) -> dict[str, Any]:
     """This rank's pieces of every table {table: [(row, col, tensor)]} and the dense
-    parameters, copied."""
+    parameters and buffers (a zch model's remapping: this rank's shard), copied."""
     tables: dict[str, list[tuple[int, int, torch.Tensor]]] = {}
     dense: dict[str, torch.Tensor] = {}
     for key, value in model.state_dict().items():
@@ -48,21 +48,33 @@ def local_weights(model: torch.nn.Module) -> dict[str, Any]:
                 ]
             else:
                 tables[parts[-2]] = [(0, 0, value.detach().cpu().clone())]
+        elif isinstance(value, ShardedTensor):  # zch's remapping buffers, sharded like their tables
+            shards = [s.tensor.detach().cpu() for s in value.local_shards()]
+            dense[key] = torch.cat(shards).clone() if shards else torch.empty(0)
         else:
             dense[key] = value.detach().cpu().clone()
     return {"tables": tables, "dense": dense}
 
 
 def probe_batch(
-    rank: int, world_size: int, device: torch.device, table_rows: Any = TABLE_ROWS, histories: Sequence[str] = ()
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    table_rows: Any = TABLE_ROWS,
+    histories: Sequence[str] = (),
+    zch_seed: int | None = None,
 ):
     """This rank's share of the probe rows: one id per feature (what the exported
     model takes), below every table's size, the same for every case; with
-    ``histories`` (a sequence case's history feature) also its `probe_histories`."""
+    ``histories`` (a sequence case's history feature) also its `probe_histories`.
+    With ``zch_seed`` (--id_hashing zch's --hash_seed) the ids are the Parquet column's
+    values, handed over as the loader does (`zch_probe_ids`)."""
     from torchrec.datasets.utils import Batch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     dense, ids = probe_inputs(table_rows)
+    if zch_seed is not None:
+        ids = zch_probe_ids(ids, zch_seed)
     per_rank = PROBE_ROWS // world_size
     rows = slice(rank * per_rank, (rank + 1) * per_rank)
     dense, ids = dense[rows], ids[rows]
@@ -79,10 +91,21 @@ def probe_batch(
     return Batch(dense_features=dense, sparse_features=kjt, labels=torch.zeros(per_rank)).to(device)
 
 
+def zch_probe_ids(values: torch.Tensor, seed: int) -> torch.Tensor:
+    """The ids a zch model's lookup takes for integer column values: their hash's top
+    bits (`data.parquet.id_hashing.zch_ids`), as the Parquet loader hands them over. The
+    probe's values are the data's own (below the tables' sizes): some admitted, some not."""
+    from data.parquet.id_hashing import integer_keys, zch_ids
+
+    flat = values.reshape(-1).numpy().astype("int64")
+    return torch.from_numpy(zch_ids(integer_keys(flat), seed)).reshape(values.shape)
+
+
 def _outcome(trainer: Any, result: Any, log_path: str) -> dict[str, Any]:
     """What a finished run left: its losses, metrics, this rank's weights and (rank 0,
     which writes the log) the steps its log shows."""
-    steps = logged_steps(read_run_log(log_path)) if trainer.env.is_main else None
+    records = read_run_log(log_path) if trainer.env.is_main else []
+    steps = logged_steps(records) if trainer.env.is_main else None
     # The final weights' test figures: the best checkpoint a run also tests depends on the
     # checkpoints its directory holds, which the resumed run's (one checkpoint) does not share.
     test = result.final_test if result.final_test is not None else result.test
@@ -92,6 +115,8 @@ def _outcome(trainer: Any, result: Any, log_path: str) -> dict[str, Any]:
         "test": test,
         "records_per_sec": result.records_per_sec,
         "steps": steps,
+        # --id_hashing zch: the ids its log's `zch` records show evicted (over every rank).
+        "zch_evicted": sum(f["evicted"] for r in records if r["event"] == "zch" for f in r["features"].values()),
         **local_weights(trainer.model),
     }
 
@@ -110,6 +135,7 @@ def _eager_probabilities(trainer: Any) -> torch.Tensor:
                 trainer.env.device,
                 trainer.config.model.num_embeddings_per_feature,
                 [history for history, _ in trainer.config.model.sequences],
+                trainer.config.data.hash_seed if getattr(trainer.config.data, "id_hashing", None) == "zch" else None,
             )
         )
     return torch.sigmoid(logits.squeeze(-1).float()).cpu()

@@ -767,3 +767,37 @@ def test_statistics_lines_say_what_was_counted_and_nothing_before_a_row(tmp_path
     collisions, nulls = statistics_lines(loader.statistics()).split("\n")
     assert collisions.startswith("id collisions (share of a feature's distinct values on a row another also has")
     assert nulls.startswith("dense nulls read as 0 (this rank's training rows): I2 ")
+
+
+def test_zch_hands_over_the_unreduced_ids_of_every_column_kind_with_two_workers(tmp_path):
+    """--id_hashing zch over string (C1), int (C2) and multi-hot (M1) columns: the loader
+    hands over each id's `zch_ids` (not reduced to the table, whose modules map them),
+    and 2 converting threads (--data_workers 2) hand out the batches one does, bit for bit."""
+    import torch
+
+    from data.parquet.id_hashing import string_keys, zch_ids
+
+    _write_table(str(tmp_path))
+    config = _config(str(tmp_path), id_hashing="zch", hash_seed=3, shuffle_training_set=True)
+    one, two = (list(_rank_loader(config, 0, 1, workers=w)) for w in (1, 2))
+    assert len(one) == len(two) > 1
+    for a, b in zip(one, two):
+        assert torch.equal(a.dense_features, b.dense_features)
+        assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
+        assert torch.equal(a.sparse_features.lengths(), b.sparse_features.lengths())
+    table = pa.concat_tables(pq.read_table(os.path.join(tmp_path, f)) for f in sorted(os.listdir(tmp_path)))
+    rid = table.column("rid").to_numpy().astype(int)
+    batch = one[0]
+    rows = [int(np.flatnonzero(rid == r)[0]) for r in _rids(batch)]
+    kjt = batch.sparse_features.to_dict()
+    users = [table.column("C1")[r].as_py().encode() for r in rows]
+    offsets = np.cumsum([0] + [len(u) for u in users])
+    expected = {
+        "C1": zch_ids(string_keys(np.frombuffer(b"".join(users), np.uint8), offsets), 3),
+        "C2": zch_ids(integer_keys(np.array([table.column("C2")[r].as_py() for r in rows])), 3),
+        "M1": zch_ids(integer_keys(np.array([v for r in rows for v in table.column("M1")[r].as_py()], np.int64)), 3),
+    }
+    for name, ids in expected.items():
+        assert kjt[name].values().tolist() == ids.tolist(), name
+    assert kjt["M1"].lengths().tolist() == [len(table.column("M1")[r].as_py()) for r in rows]
+    assert max(kjt["C2"].values().tolist()) >= 1000  # above every table: not taken modulo

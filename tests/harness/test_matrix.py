@@ -53,10 +53,56 @@ def test_the_refused_histories_are_refused_by_the_flags_in_one_line(synthetic_di
     EmbeddingCollection does not take, stops at the flags: before any process group.
     (Validation inside the epoch on 2 ranks is refused once the ranks are known: the
     matrix's run checks that one.)"""
-    refused = [c for c in REFUSALS if matrix.has_sequence(c) and not c["validation_within_epoch"]]
+    refused = [
+        c for c in REFUSALS if matrix.has_sequence(c) and not c["validation_within_epoch"] and not matrix.is_zch(c)
+    ]
     assert len(refused) == len(SEQUENCE_INTERACTION_TYPES) * 4
     for case in refused:
         with pytest.raises(SystemExit) as e:
             parse_config(matrix.case_argv(case, synthetic_dir, "cpu"), "dlrm_main.py", "")
         err = capsys.readouterr().err.strip().splitlines()
         assert e.value.code == 2 and len(err) == 1 and SPEC.refusal_for(case).message in err[0], (case, err)
+
+
+def test_zch_cases_resume_across_an_admission_and_compare_at_their_own_world_size():
+    """A zch case trains on 1 and on 2 ranks; each is compared with its own world size
+    (across world sizes ids get other rows by design, docs/zch.md) on the sparse_dist
+    pipeline, and resumes from a checkpoint at a multiple of the eviction interval."""
+    zch = [c for c in CASES if matrix.is_zch(c)]
+    assert {c["world_size"] for c in zch} == {1, 2}
+    for case in zch:
+        reference = SPEC.reference_of(case)
+        assert SPEC.refusal_for(reference) is None and case["sharding"] == "row_wise"
+        assert reference == {
+            **case,
+            "pipeline": "sparse_dist",
+            "validation_within_epoch": reference["validation_within_epoch"],
+        }
+    assert matrix.STOP % matrix.ZCH_EVICTION_INTERVAL == 0 and matrix.STEPS > matrix.ZCH_EVICTION_INTERVAL
+
+
+# Validation inside the epoch on 2 ranks is refused once the ranks are known: the matrix's run checks it.
+ZCH_REFUSALS = [c for c in REFUSALS if matrix.is_zch(c) and not c["validation_within_epoch"]]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(
+            c,
+            id=matrix.case_name(c),
+            # The trainer does not refuse it yet: it fails at the first step (cases.py says why).
+            marks=[pytest.mark.xfail(strict=True, reason="training/config.py does not refuse it yet")]
+            if c["optimizer"] == "rowwise_adagrad"
+            else [],
+        )
+        for c in ZCH_REFUSALS
+    ],
+)
+def test_the_refused_zch_choices_are_refused_by_the_flags_in_one_line(case, synthetic_dir, capsys):
+    """zch with another sharding type than row_wise, a history, or (on CPU) row-wise
+    Adagrad stops at the flags in one line: before any process group."""
+    with pytest.raises(SystemExit) as e:
+        parse_config(matrix.case_argv(case, synthetic_dir, "cpu"), "dlrm_main.py", "")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and SPEC.refusal_for(case).message in err[0], (case, err)

@@ -388,7 +388,22 @@ class TrainConfig:
                 f"{zch} cannot be combined with {option(self, 'sharding_plan')} in this release: "
                 "its tables are planned row_wise"
             )
+        if self.optim.optimizer == "rowwise_adagrad" and self._trains_on_cpu():
+            # An admitted or evicted row's optimizer state is reset by fbgemm::reset_weight_momentum,
+            # which has no CPU kernel in fbgemm-gpu-cpu 1.8: the first step would fail.
+            raise FlagError(
+                f"{option(self.optim, 'optimizer')} rowwise_adagrad with {zch} on CPU: FBGEMM has no CPU kernel "
+                "to reset an admitted or evicted row's optimizer state; use adagrad or sgd, or train on CUDA"
+            )
         self.checkpoint.check_zch_cadence(self.data.zch_eviction_interval)
+
+    def _trains_on_cpu(self) -> bool:
+        """--device cpu, or auto without CUDA (as training.distributed resolves it)."""
+        if self.device != "auto":
+            return self.device == "cpu"
+        import torch  # only here: the config is read by components that import no torch
+
+        return not torch.cuda.is_available()
 
     @property
     def max_table_rows(self) -> int | None:

@@ -338,7 +338,9 @@ class RestartingTrainPipelineBase(TrainPipelineBase):
         return super().progress(dataloader_iter)
 
 
-def check_validation_handover(kind: str, world_size: int, histories: bool, within_epoch: bool) -> None:
+def check_validation_handover(
+    kind: str, world_size: int, histories: bool, within_epoch: bool, zch: bool = False
+) -> None:
     """One-line BadInput for validation inside an epoch of a model with history features
     (--sequence_columns) on several ranks under a pipeline that holds the next batch.
 
@@ -347,16 +349,18 @@ def check_validation_handover(kind: str, world_size: int, histories: bool, withi
     EmbeddingCollection's output all-to-all is sized by the ids each rank sent, so the
     ranks then disagree: gloo fails with ``in->size == out->size`` or the ranks wait on
     each other (the correctness matrix, 2 ranks; one rank, and validation at the
-    epoch's end, are unaffected).
+    epoch's end, are unaffected). zch's managed-collision modules (--id_hashing zch) size
+    their all-to-all by the ids sent as well, and fail the same way.
 
     Example::
 
         check_validation_handover("sparse_dist", 2, histories=True, within_epoch=True)  # raises
     """
-    if within_epoch and histories and world_size > 1 and kind != "base":
+    if within_epoch and (histories or zch) and world_size > 1 and kind != "base":
+        what, ids = ("--sequence_columns", "history ids") if histories else ("--id_hashing zch", "ids")
         raise BadInput(
-            f"--validation_freq_within_epoch with --sequence_columns on {world_size} ranks: the {kind} "
-            "pipeline's handover to validation resends the held batch's history ids (torchrec 1.8), "
+            f"--validation_freq_within_epoch with {what} on {world_size} ranks: the {kind} "
+            f"pipeline's handover to validation resends the held batch's {ids} (torchrec 1.8), "
             "and the ranks' all-to-all sizes disagree; validate at the epoch's end "
             "(no --validation_freq_within_epoch) or use --pipeline base"
         )

@@ -224,6 +224,7 @@ class Trainer:
             env.world_size,
             histories=bool(config.model.sequence_columns),
             within_epoch=config.validation_freq_within_epoch is not None,
+            zch=getattr(config.data, "id_hashing", None) == "zch",
         )
         check_dense_precision(config.dense_precision, env.device, cpu_has_bf16_units())
         check_compile_supported(config.compile)

@@ -175,8 +175,8 @@ REFUSALS: tuple[Refusal, ...] = (
     ),
     # Validation inside the epoch on several ranks under a pipeline holding the next batch
     # fails in gloo (in->size == out->size) as a history's does: the handover resends the
-    # held batch's ids, which size the managed-collision modules' all-to-all too. Not
-    # refused by the trainer yet (training/pipelines.py `check_validation_handover`).
+    # held batch's ids, which size the managed-collision modules' all-to-all too
+    # (training/pipelines.py `check_validation_handover`).
     Refusal(
         (
             ("data_source", PARQUET_ZCH),

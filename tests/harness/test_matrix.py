@@ -87,17 +87,7 @@ ZCH_REFUSALS = [c for c in REFUSALS if matrix.is_zch(c) and not c["validation_wi
 
 @pytest.mark.parametrize(
     "case",
-    [
-        pytest.param(
-            c,
-            id=matrix.case_name(c),
-            # The trainer does not refuse it yet: it fails at the first step (cases.py says why).
-            marks=[pytest.mark.xfail(strict=True, reason="training/config.py does not refuse it yet")]
-            if c["optimizer"] == "rowwise_adagrad"
-            else [],
-        )
-        for c in ZCH_REFUSALS
-    ],
+    [pytest.param(c, id=matrix.case_name(c)) for c in ZCH_REFUSALS],
 )
 def test_the_refused_zch_choices_are_refused_by_the_flags_in_one_line(case, synthetic_dir, capsys):
     """zch with another sharding type than row_wise, a history, or (on CPU) row-wise

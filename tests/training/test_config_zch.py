@@ -73,6 +73,10 @@ def test_zch_on_a_torchrec_without_managed_collision_modules(lake, capsys, monke
         (["--zch_eviction_interval", "0"], "--zch_eviction_interval must be at least 1, got 0"),
         (["--zch_eviction_policy", "fifo"], "--zch_eviction_policy"),
         (["--sharding_type", "table_wise"], "--sharding_type table_wise (t_C1): --id_hashing zch tables are sharded"),
+        (
+            ["--optimizer", "rowwise_adagrad", "--device", "cpu"],
+            "--optimizer rowwise_adagrad with --id_hashing zch on CPU: FBGEMM has no CPU kernel to reset",
+        ),
     ],
 )
 def test_bad_zch_flags(lake, capsys, flags, message):

@@ -18,7 +18,7 @@ TRAIN_FLAGS ?= --batch_size 512 --epochs 1 --learning_rate 0.05 --optimizer adag
 	--validation_freq_within_epoch 400 --log_every_n_steps 100 --seed 0 \
 	--log_path runs/make_train.jsonl
 
-.PHONY: check release-tag wheelhouse install native-data data train train-dcnv2 sweep-example docs-figures slurm-up cluster-up cluster-down test test-cluster test-multihost test-native test-loop test-gpu-host test-bench test-faults test-fast test-hostile test-matrix bench serving-cpp clean
+.PHONY: check release-tag wheelhouse install native-data data train train-dcnv2 sweep-example docs-figures slurm-up cluster-up cluster-down test test-cluster test-multihost test-native test-loop test-gpu-host test-bench test-faults test-zch test-fast test-hostile test-matrix bench serving-cpp clean
 
 install: $(STAMP) native-data
 
@@ -112,7 +112,7 @@ cluster-down:
 # The files go out in tests/conftest.py's order (the most slow tests first), not xdist's.
 TEST_WORKERS ?= 2
 test: install
-	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not multihost and not native and not cluster and not gpu_host and not loop and not bench and not faults" $(HOUSE_TESTS:%=--ignore=%) tests
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not multihost and not native and not cluster and not gpu_host and not loop and not bench and not faults and not zch" $(HOUSE_TESTS:%=--ignore=%) tests
 
 # The tests on the one-node Slurm cluster (make slurm-up, as root): one process, since
 # their jobs share the node's CPUs and would only queue behind each other. Out of make
@@ -149,6 +149,11 @@ test-gpu-host: install
 # runs them after make test.
 test-faults: install
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m faults tests
+
+# zch's end-to-end runs: torchrec's managed-collision tables trained on 2 gloo ranks,
+# resumed, warm-started, exported and served (about 2 minutes of make test's budget).
+test-zch: install
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m zch tests
 
 # The benchmarks' own runs at tiny sizes (bench/quality.py's models on a MovieLens
 # subset from PyPI): out of make test's 15 minutes; .ci/run runs them after make test.

@@ -68,6 +68,7 @@ def read_step(checkpoints: str) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.zch
 def test_predict_scores_as_the_sharded_evaluation_and_counts_ids_without_a_row(model, tmp_path):
     lake, checkpoints, model_dir, records = model
     inputs = json.load(open(os.path.join(model_dir, "inputs.json")))
@@ -103,6 +104,7 @@ def test_predict_scores_as_the_sharded_evaluation_and_counts_ids_without_a_row(m
 
 
 @pytest.mark.slow
+@pytest.mark.zch
 def test_an_id_map_that_is_not_the_models_is_refused(model, tmp_path, capsys):
     lake, _, model_dir, _ = model
     other = str(tmp_path / "other")

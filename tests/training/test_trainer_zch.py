@@ -77,6 +77,7 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.zch
 def test_two_ranks_log_live_admitted_evicted_and_collisions_per_feature(runs):
     _, log_path, stdout = runs["whole"]
     records = _records(log_path, "zch")
@@ -94,6 +95,7 @@ def test_two_ranks_log_live_admitted_evicted_and_collisions_per_feature(runs):
 
 
 @pytest.mark.slow
+@pytest.mark.zch
 def test_two_ranks_resumed_across_evictions_equal_the_uninterrupted_run(runs, tmp_path):
     whole_dir, whole_log, _ = runs["whole"]
     resumed_dir, resumed_log, stdout = runs["resumed"]
@@ -110,6 +112,7 @@ def test_two_ranks_resumed_across_evictions_equal_the_uninterrupted_run(runs, tm
 
 
 @pytest.mark.slow
+@pytest.mark.zch
 def test_one_rank_resumes_the_two_rank_checkpoint_with_every_live_id(runs):
     _, whole_log, _ = runs["whole"]
     _, log_path, _ = runs["one_rank"]
@@ -144,6 +147,7 @@ def _test_eval(log_path: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.zch
 def test_a_warm_start_carries_the_remapping_its_lookups_read_the_trained_rows(runs, warm):
     _, whole_log, _ = runs["whole"]
     last = _records(whole_log, "zch")[-1]
@@ -171,6 +175,7 @@ def _refused(capsys, argv: list[str]) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.zch
 def test_a_warm_start_across_id_modes_or_table_sizes_is_one_line(runs, tmp_path, capsys):
     origin = runs["whole"][0]
     at = f"--warm_start {os.path.join(origin, f'step_{STEPS:09d}')}"

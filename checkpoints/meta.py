@@ -41,6 +41,7 @@ from common.config_flags import Flag, FlagError, config_from_record, flags_of
 from common.json_fields import (
     INTEGER,
     OBJECT,
+    SHA256,
     TEXT,
     FileFieldError,
     JsonObject,
@@ -65,10 +66,6 @@ _FLAT_INTERACTION_FIELDS = (
     "interaction_branch2_layer_sizes",
 )
 _WHAT = "a checkpoint's meta.json"
-_SHA256 = Kind(
-    lambda v: isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v),
-    "a SHA-256 in hex",
-)
 _SHARDS = Kind(
     lambda v: (
         isinstance(v, list)
@@ -107,7 +104,7 @@ class WarmStartOrigin:
         return cls(
             path=record.get("path", TEXT),
             step=record.get("step", INTEGER),
-            meta_sha256=record.get("meta_sha256", _SHA256),
+            meta_sha256=record.get("meta_sha256", SHA256),
             run_id=record.get("run_id", optional(TEXT), None),
         )
 

@@ -80,6 +80,11 @@ NUMBER = Kind(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
 BOOLEAN = Kind(lambda v: isinstance(v, bool), "true or false")
 COUNTS = Kind(lambda v: isinstance(v, dict) and all(_is_int(n, 0) for n in v.values()), "an object of counts")
 OBJECT = Kind(lambda v: isinstance(v, dict), "an object")
+# The digest every file we write is named by (checkpoints, exports, id maps, vocabularies).
+SHA256 = Kind(
+    lambda v: isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v),
+    "a SHA-256 in hex",
+)
 
 
 def _is_share(value: Any) -> bool:

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import BadInput
+from common.json_fields import SHA256
 
 VOCABULARY_VERSION = 1
 # The file of an exported model directory that holds every feature's keys.
@@ -270,7 +271,7 @@ def check_facts(facts: Any, names: Sequence[str], table_sizes: Sequence[int] | N
     if not (isinstance(count, int) and not isinstance(count, bool) and count >= 1):
         raise VocabularyError(f"id_vocabulary.min_id_count is {count!r}, not a count of at least 1")
     digest = facts.get("sha256")
-    if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+    if not SHA256.accepts(digest):
         raise VocabularyError("id_vocabulary.sha256 is not a sha256 hex digest")
     for field in ("kept", "rare"):
         values = facts.get(field)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import BadInput
+from common.json_fields import SHA256
 from data.parquet.id_hashing import ZCH_ID_RANGE, zch_ids
 
 ZCH_MAP_VERSION = 1
@@ -154,7 +155,7 @@ def check_facts(facts: Any, names: Sequence[str], table_sizes: Sequence[int] | N
     if facts["buckets"] < 1:
         raise ZchMapError("zch_ids.buckets must be at least 1")
     digest = facts.get("sha256")
-    if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+    if not SHA256.accepts(digest):
         raise ZchMapError("zch_ids.sha256 is not a sha256 hex digest")
     for field in ("live", "segments"):
         values = facts.get(field)

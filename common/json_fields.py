@@ -13,7 +13,7 @@ Example::
 """
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NoReturn
 
@@ -80,6 +80,19 @@ NUMBER = Kind(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
 BOOLEAN = Kind(lambda v: isinstance(v, bool), "true or false")
 COUNTS = Kind(lambda v: isinstance(v, dict) and all(_is_int(n, 0) for n in v.values()), "an object of counts")
 OBJECT = Kind(lambda v: isinstance(v, dict), "an object")
+
+
+def feature_keys_error(facts: dict[str, Any], field: str, names: Sequence[str], what: str) -> str | None:
+    """The error, or None, for ``facts[field]``: an object keyed by exactly the model's
+    feature ``names`` (an id map's or a vocabulary's per-feature facts; ``what``: the
+    file's field, as ``zch_ids``)."""
+    values = facts.get(field)
+    if isinstance(values, dict) and sorted(values) == sorted(names):
+        return None
+    have = ",".join(values) if isinstance(values, dict) else "none"
+    return f"{what}.{field} is of features {have}, not the model's {','.join(names)}: another model's"
+
+
 # The digest every file we write is named by (checkpoints, exports, id maps, vocabularies).
 SHA256 = Kind(
     lambda v: isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v),

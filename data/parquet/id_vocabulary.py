@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import BadInput
-from common.json_fields import SHA256
+from common.json_fields import INTEGER, SHA256, feature_keys_error
 
 VOCABULARY_VERSION = 1
 # The file of an exported model directory that holds every feature's keys.
@@ -274,14 +274,12 @@ def check_facts(facts: Any, names: Sequence[str], table_sizes: Sequence[int] | N
     if not SHA256.accepts(digest):
         raise VocabularyError("id_vocabulary.sha256 is not a sha256 hex digest")
     for field in ("kept", "rare"):
-        values = facts.get(field)
-        if not isinstance(values, dict) or sorted(values) != sorted(names):
-            have = ",".join(values) if isinstance(values, dict) else "none"
-            raise VocabularyError(
-                f"id_vocabulary.{field} is of features {have}, not the model's {','.join(names)}: another model's"
-            )
+        error = feature_keys_error(facts, field, names, "id_vocabulary")
+        if error:
+            raise VocabularyError(error)
+        values = facts[field]
         for n in names:
-            if not _is_count(values[n]):
+            if not INTEGER.accepts(values[n]):
                 raise VocabularyError(f"id_vocabulary.{field}.{n} is {values[n]!r}, not a count")
     if table_sizes is not None:
         for n, rows in zip(names, table_sizes):
@@ -309,7 +307,3 @@ def _members(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
         return np.zeros(len(keys), bool)
     place = np.searchsorted(sorted_keys, keys)
     return sorted_keys[np.minimum(place, len(sorted_keys) - 1)] == keys
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

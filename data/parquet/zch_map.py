@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import BadInput
-from common.json_fields import SHA256
+from common.json_fields import INTEGER, SHA256, feature_keys_error
 from data.parquet.id_hashing import ZCH_ID_RANGE, zch_ids
 
 ZCH_MAP_VERSION = 1
@@ -150,7 +150,7 @@ def check_facts(facts: Any, names: Sequence[str], table_sizes: Sequence[int] | N
     if facts.get("version") != ZCH_MAP_VERSION:
         raise ZchMapError(f"zch_ids.version is {facts.get('version')!r}, not {ZCH_MAP_VERSION}")
     for field in ("hash_seed", "buckets"):
-        if not _is_count(facts.get(field)):
+        if not INTEGER.accepts(facts.get(field)):
             raise ZchMapError(f"zch_ids.{field} is {facts.get(field)!r}, not a count")
     if facts["buckets"] < 1:
         raise ZchMapError("zch_ids.buckets must be at least 1")
@@ -158,21 +158,18 @@ def check_facts(facts: Any, names: Sequence[str], table_sizes: Sequence[int] | N
     if not SHA256.accepts(digest):
         raise ZchMapError("zch_ids.sha256 is not a sha256 hex digest")
     for field in ("live", "segments"):
-        values = facts.get(field)
-        if not isinstance(values, dict) or sorted(values) != sorted(names):
-            have = ",".join(values) if isinstance(values, dict) else "none"
-            raise ZchMapError(
-                f"zch_ids.{field} is of features {have}, not the model's {','.join(names)}: another model's"
-            )
+        error = feature_keys_error(facts, field, names, "zch_ids")
+        if error:
+            raise ZchMapError(error)
     for i, n in enumerate(names):
-        if not _is_count(facts["live"][n]):
+        if not INTEGER.accepts(facts["live"][n]):
             raise ZchMapError(f"zch_ids.live.{n} is {facts['live'][n]!r}, not a count")
         segments = facts["segments"][n]
         rows = table_sizes[i] if table_sizes is not None else None
         if not (
             isinstance(segments, list)
             and len(segments) >= 2
-            and all(_is_count(s) for s in segments)
+            and all(INTEGER.accepts(s) for s in segments)
             and segments[0] == 0
             and all(b > a for a, b in zip(segments, segments[1:]))
             and (rows is None or segments[-1] == rows)
@@ -182,7 +179,3 @@ def check_facts(facts: Any, names: Sequence[str], table_sizes: Sequence[int] | N
                 f"zch_ids.segments.{n} is {segments!r}, not the shard boundaries of a table of "
                 f"{rows if rows is not None else 'its'} rows over a number of shards dividing the buckets"
             )
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

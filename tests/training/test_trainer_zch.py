@@ -11,9 +11,9 @@ import shutil
 
 import pytest
 
-import dlrm_main
 from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parquet
 from harness.launch import run_script
+from tests.support.entry_refusal import refusal_line
 from tests.support.model_state import assert_same_state, flat_state
 
 INTERVAL = 2
@@ -162,18 +162,6 @@ def test_a_warm_start_carries_the_remapping_its_lookups_read_the_trained_rows(ru
         assert carried[metric] == origin[metric], metric
 
 
-def _refused(capsys, argv: list[str]) -> str:
-    """The entry point in this process: exit 2 and one error line, returned."""
-    try:
-        code = dlrm_main.main(argv)
-    except SystemExit as e:
-        code = e.code
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err, err[-3000:]
-    (line,) = [x for x in err.splitlines() if ": error: " in x]
-    return line.split(": error: ", 1)[1]
-
-
 @pytest.mark.slow
 @pytest.mark.zch
 def test_a_warm_start_across_id_modes_or_table_sizes_is_one_line(runs, tmp_path, capsys):
@@ -183,11 +171,11 @@ def test_a_warm_start_across_id_modes_or_table_sizes_is_one_line(runs, tmp_path,
     at_zch = flags.index("--id_hashing")
     hashed = [*flags[:at_zch], *flags[at_zch + 4 :]]  # less --id_hashing zch --zch_eviction_interval N
     assert "zch" not in hashed
-    assert _refused(capsys, ["--warm_start", origin, *hashed]) == (
+    assert refusal_line(capsys, ["--warm_start", origin, *hashed]) == (
         f"{at}: its model maps ids by --id_hashing zch, this run by plain tables (--id_hashing hash or "
         "vocabulary): a warm start keeps the id mode (train afresh to change it)"
     )
-    line = _refused(capsys, ["--warm_start", origin, *flags, "--num_embeddings", "400"])
+    line = refusal_line(capsys, ["--warm_start", origin, *flags, "--num_embeddings", "400"])
     assert line.startswith(f"{at}: a zch warm start keeps each table's rows (its id-to-row remapping is sized")
     assert line.endswith("t_C1 300 -> 400 rows, t_C3 300 -> 400 rows, t_M1 300 -> 400 rows")
     assert not os.path.exists(tmp_path / "new")

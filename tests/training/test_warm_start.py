@@ -23,6 +23,7 @@ from data.binary.criteo_layout import NUM_SPARSE_FEATURES
 from harness.launch import launch, read_log
 from harness.matrix.checks import assemble_table
 from harness.matrix.ranks import local_weights
+from tests.support.entry_refusal import refusal_line
 from tests.support.model_state import flat_state
 from training.distributed import resolve_env
 from training.flags import parse_config
@@ -247,26 +248,13 @@ def test_two_ranks_warm_start_as_one_rank_does(runs):
     assert two[0]["losses"] == pytest.approx(one["losses"], abs=1e-6)
 
 
-def _refusal(capsys, argv: list) -> str:
-    """Runs the entry point in this process: it must exit 2 with one error line."""
-    try:
-        code = dlrm_main.main(argv)
-    except SystemExit as e:
-        code = e.code
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err, err[-3000:]
-    lines = [line for line in err.splitlines() if "error" in line]
-    assert len(lines) == 1, err[-3000:]
-    return lines[0].split(": error: ", 1)[1]
-
-
 def test_refusals_are_one_line(runs, synthetic_dir, tmp_path, capsys):
     source = runs["source"]
     at = f"--warm_start {source}"
 
     def refused(rows: list[int], *extra: str) -> str:
         argv = _run(synthetic_dir, *_model(rows), "--warm_start", os.path.dirname(source), *extra)
-        return _refusal(capsys, argv + ["--checkpoint_dir", str(tmp_path / "new")])
+        return refusal_line(capsys, argv + ["--checkpoint_dir", str(tmp_path / "new")])
 
     fewer = [TABLE_ROWS[0] - 1, *TABLE_ROWS[1:]]
     assert refused(fewer) == (
@@ -299,7 +287,7 @@ def test_refusals_are_one_line(runs, synthetic_dir, tmp_path, capsys):
     carried = str(runs["root"] / "carried")
     other_step = os.path.join(os.path.dirname(source), "step_000000002")
     resumed = _run(synthetic_dir, *_model(GROWN_ROWS), "--checkpoint_dir", carried, "--resume", "--warm_start")
-    assert _refusal(capsys, resumed + [other_step]).startswith(
+    assert refusal_line(capsys, resumed + [other_step]).startswith(
         f"--resume: checkpoint {carried}/step_{STEPS:09d} continues a run that was warm-started from {source} "
         f"(step {STEPS}, "
     )

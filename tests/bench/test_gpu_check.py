@@ -364,7 +364,9 @@ def test_a_job_past_its_timeout_is_recorded_and_the_next_job_runs(synthetic_dir,
         {
             "kind": "train",
             "key": "cut",
-            "argv": argv,
+            # Far more epochs than any machine trains in 0.5 s: the cut is certain (the
+            # case's own 4 steps ended inside 0.5 s on CI's machine).
+            "argv": [*argv, "--epochs", "100000"],
             "device": "cpu",
             "dir": str(tmp_path / "cut"),
             "resume": False,

@@ -12,6 +12,9 @@ export holds those bytes only, and is applied by ``serving.predict`` and
     delta.json     its base (the SHA-256 of the base's manifest.json, which names the
                    digest of every base file; and where the base was, relative to
                    DELTA_DIR), and where each changed region lies in the .delta files
+    id_sketch.delta  a Parquet model's seen-id filters: the bits each gained since the
+                   base's id_sketch.bin, Golomb-Rice coded (`rice_encode`); or
+                   id_sketch.bin, whole, when they are not the base's grown
     inputs.json    the new model's inputs (serving/model_inputs.py), its variants of
                    format ``delta``; the layout's files (a vocabulary) are the base's
     manifest.json  written last, as in every export (serving/model_files.py)
@@ -73,10 +76,12 @@ from serving.model_files import (
 from serving.model_inputs import INPUTS_FILE, ModelInputs, read_inputs
 
 DELTA_FILE = "delta.json"
-DELTA_VERSION = 2  # 2: the seen-id filters may be a delta too (DeltaRecord.sketch, SKETCH_DELTA_FILE)
-# The bytes of the seen-id filters that changed since the base's id_sketch.bin.
+# 2: the seen-id filters may be a delta too, their changed bytes (DeltaRecord.sketch, SKETCH_DELTA_FILE);
+# 3: the bits they gained instead, gap-coded (DeltaRecord.sketch_bits). Versions 2 and 1 are read.
+DELTA_VERSION = 3
+# The seen-id filters' change since the base's id_sketch.bin: the bits each gained (version 2: bytes).
 SKETCH_DELTA_FILE = "id_sketch.delta"
-# A filter is cut into regions of this many bytes: a gap between two changed bytes fits 16 bits.
+# Version 2 cut a filter into regions of this many bytes: a gap between two changed bytes fits 16 bits.
 _SKETCH_REGION_BYTES = 1 << 16
 ENCODINGS = ("all", "bitmap", "gaps8", "gaps16", "gaps32")
 _GAP_TYPES = {"gaps8": np.uint8, "gaps16": np.uint16, "gaps32": np.uint32}
@@ -123,6 +128,28 @@ class Region:
 
 
 @dataclass
+class SketchBits:
+    """The bits one seen-id filter gained since the base's, in SKETCH_DELTA_FILE: their
+    positions (ascending) as gaps, Golomb-Rice coded (`rice_encode`).
+
+    Args:
+        feature: the filter's feature.
+        bits: the filter's size in bits, as the base's must be.
+        added: how many bits it gained.
+        rice: the code's parameter (each gap's low bits).
+        offset: the byte of SKETCH_DELTA_FILE where the code starts.
+        code_bytes: the code's size.
+    """
+
+    feature: str
+    bits: int
+    added: int
+    rice: int
+    offset: int
+    code_bytes: int
+
+
+@dataclass
 class DeltaRecord:
     """The contents of delta.json.
 
@@ -131,10 +158,12 @@ class DeltaRecord:
         base_path: where the base was when the delta was written, relative to the delta.
         base_step, base_checkpoint: the base's inputs.json step and checkpoint.
         regions: each variant's regions, by variant name (fp32, fp16, int8).
-        sketch: the regions of the seen-id filters' bytes that changed since the base's
-            (one byte a row, in SKETCH_DELTA_FILE; each filter's regions name it), or None
-            when the delta carries its filters whole (id_sketch.bin) or has none.
-        sketch_sha256: SHA-256 of the filters the sketch regions give applied onto the base's.
+        sketch_bits: the bits each seen-id filter gained since the base's (in
+            SKETCH_DELTA_FILE), or None when the delta carries its filters whole
+            (id_sketch.bin) or has none.
+        sketch: version 2's form of the same: the regions of the filters' bytes that
+            changed (one byte a row; each filter's regions name it). Read, not written.
+        sketch_sha256: SHA-256 of the filters the changes give applied onto the base's.
         version: the file format.
     """
 
@@ -143,9 +172,15 @@ class DeltaRecord:
     base_step: int
     base_checkpoint: str
     regions: dict[str, list[Region]] = field(default_factory=dict)
+    sketch_bits: list[SketchBits] | None = None
     sketch: list[Region] | None = None
     sketch_sha256: str | None = None
     version: int = DELTA_VERSION
+
+    @property
+    def sketch_changes(self) -> bool:
+        """Whether the delta's seen-id filters are changes onto the base's (SKETCH_DELTA_FILE)."""
+        return self.sketch_bits is not None or self.sketch is not None
 
     def to_json(self) -> bytes:
         return versioned_json(self, kind=DELTA_FORMAT)
@@ -161,12 +196,19 @@ class DeltaRecord:
                 _read_region(JsonObject(value, path, f"regions.{name}[{i}]", _WHAT)) for i, value in enumerate(variant)
             ]
         sketch = document.get("sketch", optional(_LIST), None)  # version 1: filters whole, if any
+        sketch_bits = document.get("sketch_bits", optional(_LIST), None)  # version 3 on
         return cls(
             base_digest=document.get("base_digest", TEXT),
             base_path=document.get("base_path", TEXT),
             base_step=document.get("base_step", INTEGER),
             base_checkpoint=document.get("base_checkpoint", TEXT),
             regions=regions,
+            sketch_bits=None
+            if sketch_bits is None
+            else [
+                _read_sketch_bits(JsonObject(value, path, f"sketch_bits[{i}]", _WHAT))
+                for i, value in enumerate(sketch_bits)
+            ],
             sketch=None
             if sketch is None
             else [_read_region(JsonObject(value, path, f"sketch[{i}]", _WHAT)) for i, value in enumerate(sketch)],
@@ -197,6 +239,20 @@ def _read_region(region: JsonObject) -> Region:
         raise FileFieldError(
             f"{region.path}: {region.where}: {read.changed} of {read.rows} rows changed, as {read.encoding}"
         )
+    return read
+
+
+def _read_sketch_bits(entry: JsonObject) -> SketchBits:
+    read = SketchBits(
+        feature=entry.get("feature", TEXT),
+        bits=entry.get("bits", INTEGER),
+        added=entry.get("added", INTEGER),
+        rice=entry.get("rice", INTEGER),
+        offset=entry.get("offset", INTEGER),
+        code_bytes=entry.get("code_bytes", INTEGER),
+    )
+    if read.added > read.bits or read.rice >= 64:
+        raise FileFieldError(f"{entry.path}: {entry.where}: {read.added} of {read.bits} bits, parameter {read.rice}")
     return read
 
 
@@ -482,50 +538,122 @@ def check_applies(
             raise AssertionError(f"the delta does not reproduce {name}")
 
 
+def rice_encode(positions: np.ndarray, bits: int) -> tuple[int, bytes]:
+    """The Golomb-Rice code of ``positions``, ascending and distinct, below ``bits``, and
+    its parameter ``k``: the gaps ``g`` (the first position, then each position less the
+    one before it, less 1), each as ``g >> k`` in unary (that many 0 bits and a 1) and its
+    ``k`` low bits. The low bits of every gap come first, ``k`` bits each, then the unary
+    parts (two streams, each padded with 0 bits to a byte), so that both decode without
+    a loop. ``k`` is the one giving the shortest code: for ``n`` positions spread evenly
+    at random it is about ``log2(bits / n x ln 2)``, the classic choice, and the code
+    about ``log2(bits / n) + 1.5`` bits a position, near the ``log2(C(bits, n)) / n``
+    any code needs."""
+    gaps = np.diff(np.asarray(positions, np.int64), prepend=-1) - 1
+    if not len(gaps):
+        return 0, b""
+    candidates = np.arange(max(int(bits).bit_length(), 1))
+    sizes = [(len(gaps) * k + 7) // 8 + (len(gaps) + int((gaps >> k).sum()) + 7) // 8 for k in candidates]
+    k = int(candidates[int(np.argmin(sizes))])
+    low = np.empty((len(gaps), k), np.uint8)  # most significant first; a column at a time: n x k bytes at most
+    for j in range(k):
+        low[:, j] = (gaps >> (k - 1 - j)) & 1
+    ends = np.cumsum((gaps >> k) + 1) - 1  # the 1 closing each unary part
+    unary = np.zeros(int(ends[-1]) + 1, np.uint8)
+    unary[ends] = 1
+    return k, np.packbits(low.ravel()).tobytes() + np.packbits(unary).tobytes()
+
+
+def rice_decode(code: bytes, count: int, k: int, bits: int, where: str) -> np.ndarray:
+    """The ``count`` positions (int64, ascending) `rice_encode` wrote as ``code`` with
+    parameter ``k``; BadInput naming ``where`` (one line) unless the code is exactly
+    that: its streams' sizes, padding, and every position below ``bits``."""
+    if count == 0:
+        if code:
+            raise BadInput(f"{where}: {len(code)} bytes of code for no bits")
+        return np.zeros(0, np.int64)
+    if k >= max(bits.bit_length(), 1):
+        raise BadInput(f"{where}: a code of parameter {k} for a filter of {bits} bits (damaged?)")
+    low_bytes = (count * k + 7) // 8
+    if len(code) <= low_bytes:
+        raise BadInput(f"{where}: its code is {len(code)} bytes, short of {count} gaps of {k} low bits (truncated?)")
+    stream = np.frombuffer(code, np.uint8)
+    low = np.unpackbits(stream[:low_bytes])
+    unary = np.unpackbits(stream[low_bytes:])
+    ends = np.flatnonzero(unary)
+    if len(ends) != count or low[count * k :].any() or len(unary) - int(ends[-1]) > 8:
+        raise BadInput(
+            f"{where}: its code does not hold {count} gaps ({len(ends)} unary ends in {len(code)} bytes; "
+            "truncated or damaged?)"
+        )
+    gaps = np.diff(ends, prepend=-1) - 1
+    columns = low[: count * k].reshape(count, k)
+    for j in range(k):
+        gaps = (gaps << 1) | columns[:, j]
+    positions = np.cumsum(gaps + 1) - 1
+    if positions[-1] >= bits:
+        raise BadInput(f"{where}: its code names bit {int(positions[-1])} of a filter of {bits} (damaged?)")
+    return positions
+
+
+def gained_bits(before: np.ndarray, after: np.ndarray) -> np.ndarray | None:
+    """The positions (ascending; bit ``i`` of byte ``b`` is ``8b + i``, the filters'
+    little-endian packing) of the bits ``after`` has and ``before`` has not, both packed
+    uint8 filters of one size; None when ``after`` lacks a bit of ``before`` (it is no
+    descendant: filters only gain bits, by OR)."""
+    changed = np.flatnonzero(before != after)
+    if (before[changed] & ~after[changed]).any():
+        return None
+    rows, places = np.nonzero(np.unpackbits(after[changed, None] & ~before[changed, None], axis=1, bitorder="little"))
+    return changed[rows].astype(np.int64) * 8 + places
+
+
 def diff_sketches(
     base: Sequence[np.ndarray], new: Sequence[np.ndarray], names: Sequence[str]
-) -> tuple[list[Region], bytes] | None:
-    """The regions and SKETCH_DELTA_FILE bytes of the seen-id filters ``new`` (uint8, one
-    array a feature) against the base's: the bytes that changed, in regions of
-    `_SKETCH_REGION_BYTES`. None when a filter changed size or lost a bit (the new model
-    is no descendant of the base's: its filters are carried whole): a filter only grows
-    by OR, which is how they are applied."""
-    regions, payload, offset = [], [], 0
+) -> tuple[list[SketchBits], bytes] | None:
+    """The SketchBits and SKETCH_DELTA_FILE bytes of the seen-id filters ``new`` (uint8,
+    one array a feature) against the base's: the bits each gained, Golomb-Rice coded.
+    None when a filter changed size or lost a bit (the new model is no descendant of the
+    base's: its filters are carried whole): a filter only grows by OR, which is how they
+    are applied."""
+    entries, payload, offset = [], [], 0
     for name, before, after in zip(names, base, new):
-        if before.shape != after.shape or (before & ~after).any():
+        gained = gained_bits(before, after) if before.shape == after.shape else None
+        if gained is None:
             return None
-        for start in range(0, len(after), _SKETCH_REGION_BYTES):
-            old_rows, new_rows = (
-                before[start : start + _SKETCH_REGION_BYTES],
-                after[start : start + _SKETCH_REGION_BYTES],
-            )
-            changed = np.flatnonzero(old_rows != new_rows)
-            if not len(changed):
-                continue
-            encoding, index = _encode(changed, len(new_rows))
-            data = new_rows[changed].tobytes()
-            regions.append(
-                Region(name, "uint8", [len(after)], start, 1, len(new_rows), encoding, len(changed), offset, len(index))
-            )
-            payload += [index, data]
-            offset += len(index) + len(data)
-    return regions, b"".join(payload)
+        if not len(gained):
+            continue
+        k, code = rice_encode(gained, len(after) * 8)
+        entries.append(SketchBits(name, len(after) * 8, len(gained), k, offset, len(code)))
+        payload.append(code)
+        offset += len(code)
+    return entries, b"".join(payload)
 
 
 def apply_sketch_delta(
     model_dir: str, manifest: dict[str, ManifestEntry] | None, base: Sequence[np.ndarray], names: Sequence[str]
 ) -> list[np.ndarray]:
-    """The seen-id filters of the delta export ``model_dir``: its changed bytes OR-ed onto
-    ``base`` (the base export's filters, one uint8 array a feature), checked against the
-    digest delta.json records. BadInput (one line) when the delta has none, or the result
-    is not the filters it was taken from (another base's filters)."""
+    """The seen-id filters of the delta export ``model_dir``: the bits it says they
+    gained set in ``base`` (the base export's filters, one uint8 array a feature; a
+    version 2 delta: its changed bytes OR-ed in), checked against the digest delta.json
+    records. BadInput (one line) when the delta has none, its code is damaged, or the
+    result is not the filters it was taken from (another base's filters)."""
     record = read_delta(model_dir, manifest)
     path = os.path.join(model_dir, SKETCH_DELTA_FILE)
-    if record.sketch is None or record.sketch_sha256 is None:
+    if not record.sketch_changes or record.sketch_sha256 is None:
         raise BadInput(f"{model_dir}: a delta export with seen-id filters in neither id_sketch.bin nor {path}")
     payload = read_file(model_dir, SKETCH_DELTA_FILE, manifest)
     filters = {name: np.array(b, np.uint8) for name, b in zip(names, base)}
-    for region in record.sketch:
+    for entry in record.sketch_bits or []:
+        where = f"{path}: {entry.feature}"
+        target = filters.get(entry.feature)
+        if target is None or entry.bits != len(target) * 8:
+            raise BadInput(f"{where}: not a filter of the base's ({', '.join(names)}, {[len(b) for b in base]} bytes)")
+        if entry.offset + entry.code_bytes > len(payload):
+            raise BadInput(f"{where}: its code lies past the end of the file ({len(payload)} bytes; truncated?)")
+        code = payload[entry.offset : entry.offset + entry.code_bytes]
+        positions = rice_decode(code, entry.added, entry.rice, entry.bits, where)
+        np.bitwise_or.at(target, positions >> 3, np.left_shift(1, positions & 7).astype(np.uint8))
+    for region in record.sketch or []:  # version 2
         where = f"{path}: {region.tensor}"
         target = filters.get(region.tensor)
         if target is None or region.dtype != "uint8" or region.row_bytes != 1 or region.shape != [len(target)]:

@@ -631,8 +631,9 @@ def _delta_record(base: Base, inputs: ModelInputs, vocabulary: str | None, outpu
 
 def _sketch_delta(base: Base, record: DeltaRecord | None, sketch: bytes, inputs: ModelInputs) -> bytes | None:
     """SKETCH_DELTA_FILE's bytes of the new model's seen-id filters ``sketch`` against the
-    base's (its regions and digest set in ``record``); None when they go whole: the base
-    has none, or they are not the base's grown (serving/delta.py's diff_sketches)."""
+    base's: the bits they gained, coded (their entries and digest set in ``record``);
+    None when they go whole: the base has none, they are not the base's grown
+    (serving/delta.py's diff_sketches), or the code would not be smaller."""
     facts = getattr(inputs.preprocessing, "id_sketch", None)
     if record is None or facts is None or SKETCH_FILE not in base.manifest:
         return None
@@ -645,9 +646,9 @@ def _sketch_delta(base: Base, record: DeltaRecord | None, sketch: bytes, inputs:
     after = np.frombuffer(sketch, np.uint8)
     cut = [(before[a:b], after[a:b]) for a, b in zip(starts[:-1], starts[1:])]
     diff = diff_sketches([b for b, _ in cut], [a for _, a in cut], names)
-    if diff is None:
+    if diff is None or len(diff[1]) >= len(sketch):  # not the base's grown, or most bits new: whole
         return None
-    record.sketch, payload = diff
+    record.sketch_bits, payload = diff
     record.sketch_sha256 = hashlib.sha256(sketch).hexdigest()
     return payload
 

@@ -165,7 +165,7 @@ class Predictor:
             )
         if delta is not None:  # the model's own files (its seen-id filters) are the delta's, not its base's
             changes = None
-            if delta.sketch is not None:  # only the filters' changes: OR-ed onto the base's
+            if delta.sketch_changes:  # only the filters' changes: set in the base's
                 changes = functools.partial(apply_sketch_delta, model_dir, manifest)
             self.layout.read_own_files(model_dir, manifest, changes)
         self.table_sizes = np.asarray(self.inputs.num_embeddings_per_feature, dtype=np.int64)

@@ -537,13 +537,13 @@ def delta_size(model: str, base: str) -> dict[str, Any]:
     ``changed_bytes``, the bytes of the rows that changed since its base, of every table
     and dense weight of every program (delta.json's regions); ``ratio``, the first over
     the second. ``sketch_bytes``: the part of ``bytes`` that is the seen-id filters (the
-    bytes of them that changed, id_sketch.delta, or whole in a delta of version 1);
+    bits they gained, id_sketch.delta, or whole when they are not the base's grown);
     ``ratio_without_sketch``: the ratio without them."""
     from data.parquet.id_sketch import SKETCH_FILE
 
     path = os.path.join(model, "delta.json")
     with open(path, "rb") as f:  # serving/delta.py's DeltaRecord (training does not import serving)
-        document, _ = JsonObject.versioned(f.read(), path, "an exported model's delta record", current=2)
+        document, _ = JsonObject.versioned(f.read(), path, "an exported model's delta record", current=3)
     regions = document.get("regions", OBJECT)
     changed = sum(int(r["changed"]) * int(r["row_bytes"]) for variant in regions.values() for r in variant)
     sizes = {name: os.path.getsize(os.path.join(model, name)) for name in os.listdir(model)}

@@ -5,6 +5,7 @@ or when written by a newer version."""
 
 import hashlib
 import json
+import math
 import os
 import shutil
 
@@ -24,6 +25,8 @@ from serving.delta import (
     apply_sketch_delta,
     diff_sketches,
     program_tensors,
+    rice_decode,
+    rice_encode,
 )
 from serving.model_files import write_manifest
 from tests.support.exported_model import tiny_checkpoint
@@ -224,10 +227,10 @@ def _filters(seed: int, sizes=(1 << 17, 1 << 13)) -> list[np.ndarray]:
     return [(rng.random(n) < 0.3).astype(np.uint8) * rng.integers(1, 256, n, dtype=np.uint8) for n in sizes]
 
 
-def _sketch_delta_dir(tmp_path, base: list[np.ndarray], new: list[np.ndarray]) -> str:
+def _sketch_delta_dir(tmp_path, base: list[np.ndarray], new: list[np.ndarray], names=("A", "B")) -> str:
     """A delta export's directory holding only what its seen-id filters need."""
-    regions, payload = diff_sketches(base, new, ["A", "B"])
-    record = DeltaRecord("0" * 64, "../base", 1, "ckpt", sketch=regions)
+    entries, payload = diff_sketches(base, new, names)
+    record = DeltaRecord("0" * 64, "../base", 1, "ckpt", sketch_bits=entries)
     record.sketch_sha256 = hashlib.sha256(b"".join(f.tobytes() for f in new)).hexdigest()
     delta = tmp_path / "delta"
     delta.mkdir()
@@ -237,20 +240,119 @@ def _sketch_delta_dir(tmp_path, base: list[np.ndarray], new: list[np.ndarray]) -
     return str(delta)
 
 
-def test_a_delta_carries_only_the_filter_bytes_that_changed_and_rebuilds_them_exactly(tmp_path):
-    base = _filters(0)
-    rng = np.random.default_rng(1)
-    new = [b.copy() for b in base]
-    for f in new:  # a day's new ids: a few bits set, in bytes spread over the filter (gaps past 2**16 too)
-        places = rng.choice(len(f), 40, replace=False)
-        f[places] |= np.uint8(1) << rng.integers(0, 8, 40).astype(np.uint8)
-    changed = sum(int((a != b).sum()) for a, b in zip(base, new))
-    delta = _sketch_delta_dir(tmp_path, base, new)
+def _set_bits(filters: list[np.ndarray], count: int, seed: int) -> list[np.ndarray]:
+    """``filters`` with ``count`` more bits set in each, at random places (some already set)."""
+    rng = np.random.default_rng(seed)
+    new = [f.copy() for f in filters]
+    for f in new:
+        places = rng.choice(len(f), count, replace=False)
+        f[places] |= np.uint8(1) << rng.integers(0, 8, count).astype(np.uint8)
+    return new
+
+
+@pytest.mark.parametrize(
+    "bits, count",
+    [(1 << 16, 0), (1 << 16, 1), (8, 1), (1 << 16, 1 << 16), (1 << 16, 1 << 15), (1 << 21, 2500), (1 << 21, 30)],
+    ids=["empty", "one", "one_in_a_byte", "all", "dense", "sparse", "very_sparse"],
+)
+def test_the_filter_code_round_trips(bits, count):
+    """Positions of bits coded and decoded: none, one, every bit, half of them, a day's
+    few; the code within 2 bits a position of ``log2(C(bits, count)) / count``, the least
+    any code of such a set can average."""
+    rng = np.random.default_rng(count)
+    positions = np.sort(rng.choice(bits, count, replace=False))
+    if count == 1:
+        positions[:] = bits - 1  # the last bit: the largest gap
+    k, code = rice_encode(positions, bits)
+    np.testing.assert_array_equal(rice_decode(code, count, k, bits, "f"), positions)
+    log2_choices = (math.lgamma(bits + 1) - math.lgamma(count + 1) - math.lgamma(bits - count + 1)) / math.log(2)
+    assert len(code) * 8 <= log2_choices + 2 * count + 16
+
+
+def test_a_delta_carries_only_the_bits_the_filters_gained_and_rebuilds_them_exactly(tmp_path):
+    base = [*_filters(0), np.zeros(1 << 10, np.uint8), np.full(1 << 10, 0x11, np.uint8)]
+    new = _set_bits(base[:2], 40, 1)  # a day's new ids: a few bits, spread over the filter
+    new += [np.full(1 << 10, 0xFF, np.uint8), base[3].copy()]  # every bit new; none new
+    names = ["A", "B", "C", "D"]
+    delta = _sketch_delta_dir(tmp_path, base, new, names)
+    with open(os.path.join(delta, DELTA_FILE)) as f:
+        record = json.load(f)
+    assert record["version"] == DELTA_VERSION == 3 and record["sketch"] is None
+    added = [int(np.bitwise_count(a & ~b).sum()) for a, b in zip(new, base)]
+    assert [e["added"] for e in record["sketch_bits"]] == added[:3]  # D gained none: no entry
+    # The bits gained, about log2(m / n) + 1.5 bits each (where a changed byte and its place took 24).
     size = os.path.getsize(os.path.join(delta, SKETCH_DELTA_FILE))
-    assert size <= 3 * changed  # each changed byte and its 16-bit gap
-    rebuilt = apply_sketch_delta(delta, None, base, ["A", "B"])
-    assert all(np.array_equal(a, b) for a, b in zip(rebuilt, new))
+    expected = sum(n * (math.log2(len(f) * 8 / n) + 1.5) / 8 for n, f in zip(added, new) if n)
+    assert size <= expected + 3 * 3  # each filter's two streams end in a byte
+    # Version 2 took 3 bytes a changed byte (the byte and its place); at 40 new bits in a million, 16 bits a bit.
+    sparse = sum(e["code_bytes"] for e in record["sketch_bits"][:2])
+    assert sparse <= 2 * sum(int((a != b).sum()) for a, b in zip(base[:2], new[:2]))
+    rebuilt = apply_sketch_delta(delta, None, base, names)
+    assert b"".join(f.tobytes() for f in rebuilt) == b"".join(f.tobytes() for f in new)
     with pytest.raises(BadInput, match=r"not the one it was taken from"):
-        apply_sketch_delta(delta, None, _filters(2), ["A", "B"])  # another base's filters
-    lost = [new[0] & np.uint8(0xFE), new[1]]  # a bit the base has is gone: not its descendant
-    assert diff_sketches(base, lost, ["A", "B"]) is None
+        apply_sketch_delta(delta, None, [*_filters(2), *base[2:]], names)  # another base's filters
+    lost = [new[0] & np.uint8(0xFE), *new[1:]]  # a bit the base has is gone: not its descendant
+    assert diff_sketches(base, lost, names) is None
+    assert diff_sketches(base, [new[0][:-1], *new[1:]], names) is None  # another size
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda code: code[:-1], r"does not hold 40 gaps|short of 40 gaps"),
+        (lambda code: code[:3], r"short of 40 gaps of \d+ low bits \(truncated\?\)"),
+        (lambda code: code + b"\x00", r"does not hold 40 gaps \(40 unary ends in \d+ bytes; truncated or damaged\?\)"),
+        (lambda code: code[:-1] + bytes([code[-1] | 0x01]), r"does not hold 40 gaps"),
+        (lambda code: b"", r"short of 40 gaps"),
+    ],
+    ids=["last_byte_cut", "cut_to_3_bytes", "a_byte_more", "an_end_more", "empty"],
+)
+def test_a_damaged_filter_code_is_refused_in_one_line(damage, message):
+    positions = np.sort(np.random.default_rng(0).choice(1 << 16, 40, replace=False))
+    k, code = rice_encode(positions, 1 << 16)
+    with pytest.raises(BadInput, match=message) as refused:
+        rice_decode(damage(code), 40, k, 1 << 16, "d/id_sketch.delta: C1")
+    assert str(refused.value).startswith("d/id_sketch.delta: C1: ") and "\n" not in str(refused.value)
+    with pytest.raises(BadInput, match=r"names bit \d+ of a filter of 4096 \(damaged\?\)"):
+        rice_decode(code, 40, k, 4096, "f")  # positions past the filter
+    with pytest.raises(BadInput, match=r"a code of parameter 17 for a filter of 65536 bits"):
+        rice_decode(code, 40, 17, 1 << 16, "f")
+
+
+def test_a_truncated_filter_delta_is_refused_in_one_line(tmp_path):
+    base = _filters(0)
+    delta = _sketch_delta_dir(tmp_path, base, _set_bits(base, 40, 1))
+    path = os.path.join(delta, SKETCH_DELTA_FILE)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 1)
+    with pytest.raises(
+        BadInput, match=rf"^{path}: B: its code lies past the end of the file \(\d+ bytes; truncated\?\)$"
+    ):
+        apply_sketch_delta(delta, None, base, ["A", "B"])
+
+
+def test_a_version_2_delta_of_the_filters_is_read(tmp_path):
+    """A delta written before version 3 carries the filters' changed bytes (their 16-bit
+    gaps, then the bytes): applied by OR as before."""
+    base = [_filters(0, sizes=(1 << 13,))[0]]
+    new = _set_bits(base, 40, 1)
+    changed = np.flatnonzero(base[0] != new[0])
+    index = np.diff(changed, prepend=0).astype(np.uint16).tobytes()
+    region = dict(tensor="A", dtype="uint8", shape=[1 << 13], start=0, row_bytes=1, rows=1 << 13, encoding="gaps16")
+    record = {
+        "version": 2,
+        "kind": "delta",
+        "base_digest": "0" * 64,
+        "base_path": "../base",
+        "base_step": 1,
+        "base_checkpoint": "ckpt",
+        "regions": {},
+        "sketch": [{**region, "changed": len(changed), "offset": 0, "index_bytes": len(index)}],
+        "sketch_sha256": hashlib.sha256(new[0].tobytes()).hexdigest(),
+    }
+    delta = tmp_path / "delta"
+    delta.mkdir()
+    (delta / DELTA_FILE).write_text(json.dumps(record))
+    (delta / SKETCH_DELTA_FILE).write_bytes(index + new[0][changed].tobytes())
+    (rebuilt,) = apply_sketch_delta(str(delta), None, base, ["A"])
+    assert rebuilt.tobytes() == new[0].tobytes()

@@ -13,6 +13,7 @@ with other work: the uninterrupted loop 250 s (356 s busier), the 10 kills and r
 
 import filecmp
 import json
+import math
 import os
 import random
 import re
@@ -32,6 +33,7 @@ import pytest
 from data.parquet.id_sketch import SKETCH_FILE
 from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parquet
 from harness.launch import REPO, read_log
+from serving import export
 from serving.delta import SKETCH_DELTA_FILE
 from serving.predict import Predictor
 from training import daily, report
@@ -221,11 +223,11 @@ def test_the_loop_trains_every_day_but_the_held_back_one_and_promotes(uninterrup
 
 @pytest.mark.slow
 @pytest.mark.loop
-def test_each_export_carries_the_seen_ids_of_its_lineage_a_delta_its_own(uninterrupted):
+def test_each_export_carries_the_seen_ids_of_its_lineage_a_delta_its_own(uninterrupted, tmp_path):
     """Warm starts OR the origin's seen-id filters in: each day's filters hold the
-    previous day's. A delta export carries only the bytes of the new model's filters
-    that changed since its base's (id_sketch.delta), and serving counts unseen ids
-    against the filters they rebuild, not against its base's."""
+    previous day's. A delta export carries only the bits the new model's filters gained
+    since its base's (id_sketch.delta), and serving counts unseen ids against the
+    filters they rebuild, not against its base's: byte for byte a full export's."""
     state_dir, _ = uninterrupted
     models = [str(state_dir / "days" / day / "model") for day in DAYS[:-1]]
     sketches = []
@@ -240,9 +242,16 @@ def test_each_export_carries_the_seen_ids_of_its_lineage_a_delta_its_own(uninter
     assert predictor.base == os.path.normpath(models[0])
     for model, sketch in zip(models[1:], sketches[1:]):
         assert not os.path.exists(os.path.join(model, SKETCH_FILE))
-        changed = int((np.frombuffer(sketch, np.uint8) != np.frombuffer(sketches[0], np.uint8)).sum())
-        # Each changed byte and its 16-bit place: a fraction of the whole filters (64 bits a table row).
-        assert 0 < os.path.getsize(os.path.join(model, SKETCH_DELTA_FILE)) <= 3 * changed < len(sketch) // 2
+        new, old = np.frombuffer(sketch, np.uint8), np.frombuffer(sketches[0], np.uint8)
+        added = int(np.bitwise_count(new & ~old).sum())
+        # The bits gained, Golomb-Rice coded: about log2(m / n) + 1.5 bits each (26 filters' codes end in a byte).
+        size = os.path.getsize(os.path.join(model, SKETCH_DELTA_FILE))
+        assert 0 < size * 8 <= added * (math.log2(8 * len(sketch) / added) + 2) + 26 * 16
+        assert size < len(sketch) // 2  # a fraction of the whole filters (64 bits a table row)
+    full = str(tmp_path / "full")
+    export.export_model(str(state_dir / "days" / DAYS[-2] / "ckpt"), full, [], newest=True)
+    with open(os.path.join(full, SKETCH_FILE), "rb") as f:
+        assert f.read() == sketches[-1]  # the last delta's filters, rebuilt: the full export's
 
 
 @pytest.mark.slow

@@ -548,7 +548,7 @@ def rice_encode(positions: np.ndarray, bits: int) -> tuple[int, bytes]:
     at random it is about ``log2(bits / n x ln 2)``, the classic choice, and the code
     about ``log2(bits / n) + 1.5`` bits a position, near the ``log2(C(bits, n)) / n``
     any code needs."""
-    gaps = np.diff(np.asarray(positions, np.int64), prepend=-1) - 1
+    gaps: np.ndarray = np.diff(np.asarray(positions, np.int64), prepend=-1) - 1
     if not len(gaps):
         return 0, b""
     candidates = np.arange(max(int(bits).bit_length(), 1))

@@ -97,7 +97,7 @@ def test_each_locked_works_under_every_lock_once_taking_freed_ones_before_waitin
         if i == 1:
             locks[0].release()
 
-    runner = threading.Thread(target=each_locked, args=(locks, work), daemon=True)
+    runner = threading.Thread(target=each_locked, args=(locks, work, 0), daemon=True)
     runner.start()
     runner.join(timeout=10)
     assert not runner.is_alive() and order == [2, 3, 1, 0]
@@ -107,3 +107,12 @@ def test_each_locked_works_under_every_lock_once_taking_freed_ones_before_waitin
     order.clear()
     each_locked(locks[3:], order.append)
     assert order == [0]
+    features = [threading.Lock() for _ in range(26)]
+    starts = []
+    for _ in range(3):  # calls close together start far apart (a fifth of the way round at least)
+        order.clear()
+        each_locked(features, order.append)
+        assert order == [(order[0] + k) % 26 for k in range(26)]
+        starts.append(order[0])
+    for a, b in ((0, 1), (1, 2), (0, 2)):
+        assert min((starts[a] - starts[b]) % 26, (starts[b] - starts[a]) % 26) >= 5

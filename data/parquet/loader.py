@@ -881,16 +881,13 @@ def plain_chunks(meta: pq.FileMetaData, names: Sequence[str]) -> list[frozenset[
     The others are read dictionary-encoded, and `ParquetLoader` still reads a column
     plain from the chunk on that shows it mostly distinct. Either way the batches are
     the same: this decides only the speed."""
-    result: list[frozenset[str]] = []
     wanted = set(names)
+    # Only the chunks of those columns (a wide table's others are never looked at).
+    leaves = [(j, path) for j in range(meta.num_columns) if (path := meta.schema.column(j).path) in wanted]
+    result: list[frozenset[str]] = []
     for group in range(meta.num_row_groups):
         row_group = meta.row_group(group)
-        plain = set()
-        for j in range(row_group.num_columns):
-            chunk = row_group.column(j)
-            if chunk.path_in_schema in wanted and _reads_plain(chunk):
-                plain.add(chunk.path_in_schema)
-        result.append(frozenset(plain))
+        result.append(frozenset(path for j, path in leaves if _reads_plain(row_group.column(j))))
     return result
 
 

@@ -20,7 +20,7 @@ from as many values as Criteo's Kaggle day has for it, 3 to 10.1 million, with t
 frequency of the i-th most frequent one proportional to 1/i, as click logs' ids are:
 each row group's dictionary holds a part of its values) and multi-hot (label, 13 dense,
 4 list columns of 1-100 int64 ids; a twentieth of the rows, but at least `MIN_BATCHES`
-batches: an epoch of 3 full batches and a partial one, as 262,144 rows gave it, held two
+batches' rows: an epoch of 3 full batches and a partial one, as 262,144 rows gave it, held two
 workers to 1.55x one however fast each was). The loader reads string id columns
 dictionary-encoded while a row group holds few distinct values
 (data/parquet/loader.py DICTIONARY_SHARE); ``plain_rows_per_sec`` is its rows/s with
@@ -62,8 +62,9 @@ CRITEO_KAGGLE_CARDINALITIES = (
     27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
 )  # fmt: skip
 TABLES = ("criteo_shaped", "criteo_skewed", "multi_hot")
-# Batches an epoch of a table holds at least: N workers finish an epoch of B equal batches
-# in ceil(B / N) batches' time at best, so few batches bound `workers_2_speedup`.
+# The multi-hot table's rows are at least this many batches' (its training split about
+# 31): N workers finish an epoch of B equal batches in ceil(B / N) batches' time at best,
+# so few batches bound `workers_2_speedup`.
 MIN_BATCHES = 32
 
 

@@ -19,7 +19,9 @@ works per distinct value), Criteo-skewed (the same columns, each column's ids dr
 from as many values as Criteo's Kaggle day has for it, 3 to 10.1 million, with the
 frequency of the i-th most frequent one proportional to 1/i, as click logs' ids are:
 each row group's dictionary holds a part of its values) and multi-hot (label, 13 dense,
-4 list columns of 1-100 int64 ids). The loader reads string id columns
+4 list columns of 1-100 int64 ids; a twentieth of the rows, but at least `MIN_BATCHES`
+batches' rows: an epoch of 3 full batches and a partial one, as 262,144 rows gave it, held two
+workers to 1.55x one however fast each was). The loader reads string id columns
 dictionary-encoded while a row group holds few distinct values
 (data/parquet/loader.py DICTIONARY_SHARE); ``plain_rows_per_sec`` is its rows/s with
 that off (``read_dictionary=False``). ``cpu_ratio`` (and ``plain_cpu_ratio``) compare
@@ -60,6 +62,10 @@ CRITEO_KAGGLE_CARDINALITIES = (
     27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
 )  # fmt: skip
 TABLES = ("criteo_shaped", "criteo_skewed", "multi_hot")
+# The multi-hot table's rows are at least this many batches' (its training split about
+# 31): N workers finish an epoch of B equal batches in ceil(B / N) batches' time at best,
+# so few batches bound `workers_2_speedup`.
+MIN_BATCHES = 32
 
 
 def skewed_ids(rng: np.random.Generator, cardinality: int, rows: int, column: int) -> pa.Array:
@@ -163,7 +169,9 @@ def job_reading(directory: str, batch_size: int, world_size: int = 2) -> dict[st
 class ParquetThroughputFlags:
     """The flags of ``python bench/parquet_throughput.py``: what it measures and how."""
 
-    rows: int = flag(1_000_000, help="rows of the one-hot table (the multi-hot one has a twentieth)")
+    rows: int = flag(
+        1_000_000, help="rows of the one-hot table (the multi-hot one has a twentieth, at least 32 batches' rows)"
+    )
     batch_size: int = flag(4096, help="rows per batch read")
     row_group_rows: int = flag(
         128 * 1024, help="rows per Parquet row group of the one-hot table (a twentieth multi-hot)"
@@ -191,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in chosen:
             multi_hot = name == "multi_hot"
             # ~50 ids a bag: a twentieth of the rows (and of a row group's) keeps the bytes close.
-            rows = args.rows if not multi_hot else max(1, args.rows // 20)
+            rows = args.rows if not multi_hot else max(args.rows // 20, MIN_BATCHES * args.batch_size)
             group_rows = args.row_group_rows if not multi_hot else max(1, args.row_group_rows // 20)
             directory = write_table(
                 os.path.join(tmp, name), rows, multi_hot, group_rows, skewed=name == "criteo_skewed"

@@ -14,6 +14,7 @@ count is then ``sample size * 2**level`` (standard error about
 values spread uniformly over the table: ``1 - (1 - 1/rows)**(distinct - 1)``.
 """
 
+import itertools
 import threading
 from collections.abc import Callable, Sequence
 
@@ -31,23 +32,41 @@ _SAMPLING_SALT = salt(SAMPLING_SEED)
 _MERGE_EVERY = 1 << 18  # (sampled) keys buffered before they are merged into the set
 
 
-def each_locked(locks: Sequence[threading.Lock], work: Callable[[int], None]) -> None:
-    """``work(i)`` for every i, each under ``locks[i]``: first those whose lock is free,
-    then, waiting, the others. The loader's workers add the same features' keys at once;
-    taken in one order they would wait for one another at every feature, taken so each
-    works on another feature meanwhile."""
-    left = []
-    for i, lock in enumerate(locks):
-        if lock.acquire(blocking=False):
-            try:
-                work(i)
-            finally:
-                lock.release()
-        else:
-            left.append(i)
-    for i in left:
-        with locks[i]:
-            work(i)
+def each_locked(locks: Sequence[threading.Lock], work: Callable[[int], None], first: int | None = None) -> None:
+    """``work(i)`` for every i, each under ``locks[i]``: from index ``first`` round (None:
+    each call from another, `_first`), those whose lock is free, again over those left
+    while any was, and waiting only when none of those left is free. The loader's workers
+    add the same features' keys at once: starting far apart they seldom meet, and one
+    that meets a busy lock works on another feature meanwhile. (Calls all starting at the
+    first feature and waiting in turn on the busy ones kept two workers waiting 8% of
+    their time on Criteo-skewed rows.)"""
+    n = len(locks)
+    start = _first(n) if first is None else first
+    left = [(start + k) % n for k in range(n)]
+    while left:
+        busy = []
+        for i in left:
+            if locks[i].acquire(blocking=False):
+                try:
+                    work(i)
+                finally:
+                    locks[i].release()
+            else:
+                busy.append(i)
+        if busy and len(busy) == len(left):  # none was free: wait for one
+            with locks[busy[0]]:
+                work(busy.pop(0))
+        left = busy
+
+
+# Calls of `each_locked` so far: call c starts at c times the golden ratio's fraction of
+# the locks, so that calls made close together start far apart (1, 2, 3 calls apart:
+# 0.62, 0.24, 0.85 of the way round).
+_calls = itertools.count()
+
+
+def _first(n: int) -> int:
+    return int(next(_calls) * 0.6180339887498949 * n) % n if n else 0
 
 
 class CollisionCounter:

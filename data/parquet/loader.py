@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from torchrec.datasets.utils import Batch
 
 from common.errors import BadInput
@@ -89,6 +90,13 @@ PREFETCH_BATCHES = 2
 # pages: twice a plain read's time on nearly distinct values. Below the share, the
 # kernels hash each entry once per row group and the id counters take each entry once a batch.
 DICTIONARY_SHARE = 0.5
+# Bytes a value of a column chunk's data pages may take when they hold only dictionary
+# indices: one index of ceil(log2(values)) bits and a definition level bit, times this
+# (page and run headers on small pages, a codec's growth on incompressible indices), plus
+# `_INDEX_BYTES_SLACK`. Data pages larger than that hold plain-encoded values: the writer
+# fell back (`plain_chunks`).
+_INDEX_BYTES_FACTOR = 1.5
+_INDEX_BYTES_SLACK = 1024
 # Dense columns whose nulls this process has reported (once per column, by rank 0).
 _NULLS_REPORTED: set[str] = set()
 
@@ -149,6 +157,13 @@ class ParquetDataset:
                 f"{', '.join(self.schema.names)})"
             )
         check_same_types(self.footers, metadata, self.schema, read)
+        # (file, row group) -> its string id columns read plain from the start (`plain_chunks`).
+        self.plain_chunks: dict[tuple[int, int], frozenset[str]] = {}
+        candidates = dictionary_candidates(self.schema, columns.kjt_keys)
+        for file, meta in enumerate(metadata):
+            for group, names in enumerate(plain_chunks(meta, candidates)):
+                if names:
+                    self.plain_chunks[file, group] = names
         if sum(f.num_rows for f in self.footers) == 0:
             raise BadInput(f"--parquet_path {redacted(path)}: the table has no rows ({len(files)} file(s))")
         self.time: TimeIndex | None = None
@@ -500,15 +515,9 @@ class ParquetLoader:
         self._read_parts = 1  # the parts a row group's columns are read in: one a worker
         # The string and binary id columns, read dictionary-encoded (`DICTIONARY_SHARE`) but
         # those found to hold mostly distinct values (the workers add to it).
-        schema = dataset.schema
-        self._dictionary = {
-            n
-            for n in columns.kjt_keys
-            if schema.get_field_index(n) >= 0
-            and id_kind(schema.field(n).type) == "string"
-            and not pa.types.is_list(schema.field(n).type)
-            and not pa.types.is_large_list(schema.field(n).type)
-        }
+        self._dictionary = set(dictionary_candidates(dataset.schema, columns.kjt_keys))
+        # Those a chunk read dictionary-encoded showed to be mostly distinct (the metadata
+        # could not tell: `plain_chunks`), read plain from then on.
         self._plain: set[str] = set()
         self.read_dictionary = read_dictionary  # may be changed between epochs
 
@@ -743,7 +752,8 @@ class ParquetLoader:
 
         def read(names: list[str]) -> pa.Table:
             wanted = self._dictionary if self.read_dictionary else set()
-            encoded = [n for n in names if n in wanted and n not in self._plain]
+            plain = self._dataset.plain_chunks.get((segment.file, segment.row_group), frozenset())
+            encoded = [n for n in names if n in wanted and n not in self._plain and n not in plain]
             table = self._dataset.read_row_group(segment.file, segment.row_group, names, use_threads, encoded)
             self._plain.update(n for n in encoded if _many_distinct(table.column(n)))
             return table
@@ -842,6 +852,66 @@ def _many_distinct(column: pa.ChunkedArray) -> bool:
         pa.types.is_dictionary(c.type) and len(c.dictionary) > DICTIONARY_SHARE * max(len(c) - c.null_count, 1)
         for c in column.chunks
     )
+
+
+def dictionary_candidates(schema: pa.Schema, names: Sequence[str]) -> list[str]:
+    """The columns of ``names`` a loader may read dictionary-encoded: string and binary
+    ids, not lists (pyarrow reads only byte arrays so)."""
+    return [
+        n
+        for n in names
+        if schema.get_field_index(n) >= 0
+        and id_kind(schema.field(n).type) == "string"
+        and not pa.types.is_list(schema.field(n).type)
+        and not pa.types.is_large_list(schema.field(n).type)
+    ]
+
+
+def plain_chunks(meta: pq.FileMetaData, names: Sequence[str]) -> list[frozenset[str]]:
+    """Per row group of a file, the columns of ``names`` whose chunk its footer shows to
+    be better read plain, before anything of it is read:
+
+    - its statistics count more distinct values than `DICTIONARY_SHARE` of its values;
+    - it has no dictionary page and no dictionary-encoded pages (written plain: a
+      dictionary read would hash every value to build one);
+    - its data pages hold more bytes than dictionary indices of its values could (the
+      writer fell back to plain pages when the dictionary outgrew its limit: pyarrow's
+      dictionary read then hashes every value of those pages).
+
+    The others are read dictionary-encoded, and `ParquetLoader` still reads a column
+    plain from the chunk on that shows it mostly distinct. Either way the batches are
+    the same: this decides only the speed."""
+    wanted = set(names)
+    # Only the chunks of those columns (a wide table's others are never looked at).
+    leaves = [(j, path) for j in range(meta.num_columns) if (path := meta.schema.column(j).path) in wanted]
+    result: list[frozenset[str]] = []
+    for group in range(meta.num_row_groups):
+        row_group = meta.row_group(group)
+        result.append(frozenset(path for j, path in leaves if _reads_plain(row_group.column(j))))
+    return result
+
+
+def _reads_plain(chunk: pq.ColumnChunkMetaData) -> bool:
+    values = chunk.num_values
+    stats = chunk.statistics if chunk.is_stats_set else None
+    nulls = stats.null_count if stats is not None and stats.has_null_count else 0
+    if (
+        stats is not None
+        and stats.has_distinct_count
+        and stats.distinct_count > DICTIONARY_SHARE * max(values - nulls, 1)
+    ):
+        return True
+    dictionary_pages = any(e in ("PLAIN_DICTIONARY", "RLE_DICTIONARY") for e in chunk.encodings)
+    if not chunk.has_dictionary_page:
+        # Some writers leave the dictionary page's offset out (the page then starts the
+        # chunk): only a chunk with no dictionary-encoded page is known to be plain.
+        return not dictionary_pages
+    start, data = chunk.dictionary_page_offset, chunk.data_page_offset
+    if not (start is not None and data is not None and 0 <= start < data):
+        return False  # offsets that do not say where the dictionary ends: not known
+    data_bytes = chunk.total_compressed_size - (data - start)
+    index_bits = max(values - 1, 1).bit_length() + 1  # an index and a definition level
+    return data_bytes > _INDEX_BYTES_FACTOR * values * index_bits / 8 + _INDEX_BYTES_SLACK
 
 
 def _segment_rows(table: pa.Table, segment: Segment) -> pa.Table:

@@ -1,7 +1,9 @@
 """String ids read dictionary-encoded (data/parquet/loader.py DICTIONARY_SHARE): the batches,
 the seen-id filters and the collision counts are those of the plain read, bit for bit, on
-dictionary pages, pages fallen back to plain encoding, nulls and lists with nulls; a
-column of mostly distinct values is read plain from then on."""
+dictionary pages, pages fallen back to plain encoding, nulls and lists with nulls. A chunk
+whose footer shows it written plain or fallen back to plain pages is read plain from the
+first (loader.plain_chunks); a column the footer could not tell, once a chunk shows it
+mostly distinct."""
 
 import numpy as np
 import pyarrow as pa
@@ -20,11 +22,14 @@ SPARSE = ("few", "many", "nullable", "binary", "number", "listed")
 SIZES = (97, 1000, 50, 31, 89, 64)
 
 
-def _write(path: str, seed: int = 0) -> None:
+def _write(path: str, seed: int = 0, fall_back: bool = False) -> None:
     """Row groups of GROUP rows: ``few`` of 20 values (dictionary pages), ``many`` nearly
-    distinct with a dictionary page limit that makes the writer fall back to plain pages
-    mid row group, ``nullable`` with nulls, ``binary``, int ids, and lists of strings with
-    null lists and null elements."""
+    distinct, ``nullable`` with nulls, ``binary``, int ids, and lists of strings with
+    null lists and null elements. The writer checks its dictionary page limit after each
+    batch of values it takes: by default one batch holds a row group, and every chunk is
+    dictionary-encoded (``many``'s dictionary past the limit); with ``fall_back``, batches
+    of 16 values make ``many`` fall back to plain pages after its first, and ``nullable``
+    is written plain."""
     rng = np.random.default_rng(seed)
     few = [f"v{i}" for i in rng.integers(0, 20, ROWS)]
     many = [f"id-{i:012d}" for i in rng.integers(0, 2**40, ROWS)]
@@ -46,13 +51,31 @@ def _write(path: str, seed: int = 0) -> None:
             "listed": listed,
         }
     )
-    pq.write_table(table, path, row_group_size=GROUP, dictionary_pagesize_limit=256, data_page_size=128)
+    options = {"write_batch_size": 16, "use_dictionary": [n for n in table.column_names if n != "nullable"]}
+    pq.write_table(
+        table,
+        path,
+        row_group_size=GROUP,
+        dictionary_pagesize_limit=256,
+        data_page_size=128,
+        **(options if fall_back else {}),
+    )
 
 
-def _epoch(path: str, read_dictionary: bool, shuffle: bool, workers: int):
+def _epoch(path: str, read_dictionary: bool, shuffle: bool, workers: int, reads: list | None = None):
+    """(loader, its batches, the seen-id filters, the counts) of an epoch; ``reads``: gets
+    the columns each row group read was asked for dictionary-encoded."""
     columns = ParquetColumns(label="label", dense=("d",), sparse=SPARSE, table_sizes=SIZES, hash_seed=3)
     half = parse_window("0.01", "--validation_window")
     dataset = ParquetDataset(path, columns, None, half, half)
+    if reads is not None:
+        read = dataset.read_row_group
+
+        def recorded(file, row_group, names, use_threads=True, dictionary=()):
+            reads.append((row_group, set(dictionary)))
+            return read(file, row_group, names, use_threads, dictionary)
+
+        dataset.read_row_group = recorded  # type: ignore[method-assign]
     seen = SeenIds(SPARSE, SIZES)
     counter = seen_ids_counter(seen, SPARSE, SIZES, "hash", 3, 40)  # a cap the sample passes
     loader = ParquetLoader(
@@ -72,12 +95,19 @@ def _epoch(path: str, read_dictionary: bool, shuffle: bool, workers: int):
     return loader, batches, seen.packed(), counter.statistics()
 
 
-@pytest.mark.parametrize("shuffle,workers", [(False, 1), (True, 2)])
-def test_dictionary_reads_give_the_plain_reads_batches_filters_and_counts(tmp_path, shuffle, workers):
+@pytest.mark.parametrize("shuffle,workers,fall_back", [(False, 1, False), (True, 2, False), (True, 2, True)])
+def test_dictionary_reads_give_the_plain_reads_batches_filters_and_counts(
+    monkeypatch, tmp_path, shuffle, workers, fall_back
+):
+    """The kernels (where built) on the dictionary reads against the numpy reference on the
+    plain read, on both sides of the footer's decision."""
     path = str(tmp_path / "part-0.parquet")
-    _write(path)
-    plain_loader, plain, plain_bits, plain_counts = _epoch(path, False, shuffle, workers)
-    loader, encoded, bits, counts = _epoch(path, True, shuffle, workers)
+    _write(path, fall_back=fall_back)
+    with monkeypatch.context() as reference:
+        reference.setenv(kernel.ENVIRONMENT, "numpy")
+        plain_loader, plain, plain_bits, plain_counts = _epoch(path, False, shuffle, workers)
+    reads: list = []
+    loader, encoded, bits, counts = _epoch(path, True, shuffle, workers, reads)
     assert len(encoded) == len(plain) >= 9
     for mine, theirs in zip(encoded, plain, strict=True):
         assert (mine.dense_features == theirs.dense_features).all()
@@ -89,9 +119,20 @@ def test_dictionary_reads_give_the_plain_reads_batches_filters_and_counts(tmp_pa
         assert own.any() and (own == other).all()
     assert counts == plain_counts
     assert not counts["many"]["exact"] and counts["few"]["exact"]  # both of the counter's ways
-    # The nearly distinct column went plain after its first row group; the others stayed.
-    assert loader._plain == {"many"} and plain_loader._plain == set()
     assert loader._dictionary == {"few", "many", "nullable", "binary"}
+    groups = range(ROWS // GROUP)
+    if fall_back:
+        # The footer tells: the chunks fallen back or written plain are read plain from the first.
+        assert loader._dataset.plain_chunks == {(0, g): {"many", "nullable"} for g in groups}
+        assert not any({"many", "nullable"} & asked for _, asked in reads)
+        assert {g for g, asked in reads if "few" in asked} == set(groups)  # one worker's part of each
+        assert loader._plain == set()
+    else:
+        # Every chunk dictionary-encoded: the nearly distinct column went plain after the
+        # first row group read (a worker's; two may read one each), the others stayed.
+        assert loader._dataset.plain_chunks == {}
+        assert sum("many" in asked for _, asked in reads) <= workers
+        assert loader._plain == {"many"} and plain_loader._plain == set()
 
 
 def test_a_dictionary_read_gives_dictionary_arrays_of_the_schemas_values(tmp_path):

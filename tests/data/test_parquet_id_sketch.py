@@ -1,9 +1,12 @@
 """The seen-id Bloom filter: never a false negative, the false-positive rate it states,
-its bytes read back."""
+its bytes read back; the workers' adds under the filters' locks."""
+
+import threading
 
 import numpy as np
 import pytest
 
+from data.parquet.id_collisions import each_locked
 from data.parquet.id_hashing import integer_keys
 from data.parquet.id_sketch import (
     BITS_PER_ID,
@@ -76,3 +79,40 @@ def test_a_filter_widened_for_a_grown_table_still_holds_every_id():
     assert wide.contains(fresh).mean() == pytest.approx(seen.sketches()[0].contains(fresh).mean(), abs=0.01)
     with pytest.raises(ValueError, match="cannot widen"):
         widened(grown.packed(), seen.bits)
+
+
+def test_each_locked_works_under_every_lock_once_taking_freed_ones_before_waiting():
+    """The workers' adds (SeenIds, the collision counter): busy locks are tried again
+    while any other was free, and waited for only when none is; every index once."""
+    locks = [threading.Lock() for _ in range(4)]
+    locks[0].acquire()  # held by other workers
+    locks[1].acquire()
+    order: list[int] = []
+
+    def work(i: int) -> None:
+        assert locks[i].locked()  # under its lock
+        order.append(i)
+        if i == 2:
+            locks[1].release()  # freed while this one works: taken next, before any wait
+        if i == 1:
+            locks[0].release()
+
+    runner = threading.Thread(target=each_locked, args=(locks, work, 0), daemon=True)
+    runner.start()
+    runner.join(timeout=10)
+    assert not runner.is_alive() and order == [2, 3, 1, 0]
+    assert not any(lock.locked() for lock in locks)
+    locks[3].acquire()
+    threading.Timer(0.2, locks[3].release).start()  # none free but the busy one: it waits
+    order.clear()
+    each_locked(locks[3:], order.append)
+    assert order == [0]
+    features = [threading.Lock() for _ in range(26)]
+    starts = []
+    for _ in range(3):  # calls close together start far apart (a fifth of the way round at least)
+        order.clear()
+        each_locked(features, order.append)
+        assert order == [(order[0] + k) % 26 for k in range(26)]
+        starts.append(order[0])
+    for a, b in ((0, 1), (1, 2), (0, 2)):
+        assert min((starts[a] - starts[b]) % 26, (starts[b] - starts[a]) % 26) >= 5

@@ -82,6 +82,54 @@ def step_seconds(log: str) -> float:
     return sum(r["seconds"] for r in train) / sum(len(r["step_losses"]) for r in train)
 
 
+def run_flags(args: SequenceSpeedFlags, data: str) -> dict[str, list[str]]:
+    """The two runs' entry-point flags over the table ``data``: {"sequence": ..., "pooled": ...}."""
+    common = [
+        "--parquet_path",
+        data,
+        "--dense_columns",
+        "I1",
+        "--test_window",
+        "0.05",
+        "--validation_window",
+        "0.05",
+        "--num_embeddings",
+        str(ROWS),
+        "--embedding_dim",
+        str(DIM),
+        "--dense_arch_layer_sizes",
+        BOTTOM,
+        "--over_arch_layer_sizes",
+        TOP,
+        "--batch_size",
+        str(args.batch_size),
+        "--limit_train_batches",
+        str(args.steps),
+        "--limit_val_batches",
+        "0",
+        "--limit_test_batches",
+        "0",
+        "--learning_rate",
+        "0.05",
+        "--log_every_n_steps",
+        str(max(1, args.steps // 6)),
+    ]
+    runs = {
+        "sequence": [
+            "--sparse_columns",
+            "user,item",
+            "--sequence_columns",
+            "hist:item",
+            "--max_history",
+            str(args.length),
+            "--sequence_interaction",
+            args.sequence_interaction,
+        ],
+        "pooled": ["--sparse_columns", "user,item,hist"],
+    }
+    return {name: [*common, *flags] for name, flags in runs.items()}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_flags(OneLineParser(description=__doc__.split("\n\n")[0]), SequenceSpeedFlags, argv)
     global_batch = args.batch_size * args.nproc
@@ -89,54 +137,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = os.path.join(tmp, "clicks.parquet")
         # The training split (the first 90% of the rows) holds every step.
         write_table(data, int(global_batch * (args.steps + 1) / 0.9) + global_batch, args.length)
-        common = [
-            "--parquet_path",
-            data,
-            "--dense_columns",
-            "I1",
-            "--test_window",
-            "0.05",
-            "--validation_window",
-            "0.05",
-            "--num_embeddings",
-            str(ROWS),
-            "--embedding_dim",
-            str(DIM),
-            "--dense_arch_layer_sizes",
-            BOTTOM,
-            "--over_arch_layer_sizes",
-            TOP,
-            "--batch_size",
-            str(args.batch_size),
-            "--limit_train_batches",
-            str(args.steps),
-            "--limit_val_batches",
-            "0",
-            "--limit_test_batches",
-            "0",
-            "--learning_rate",
-            "0.05",
-            "--log_every_n_steps",
-            str(max(1, args.steps // 6)),
-        ]
-        runs = {
-            "sequence": [
-                "--sparse_columns",
-                "user,item",
-                "--sequence_columns",
-                "hist:item",
-                "--max_history",
-                str(args.length),
-                "--sequence_interaction",
-                args.sequence_interaction,
-            ],
-            "pooled": ["--sparse_columns", "user,item,hist"],
-        }
+        runs = run_flags(args, data)
         seconds: dict[str, list[float]] = {name: [] for name in runs}
         for round_ in range(args.rounds):
             for name, flags in runs.items():
                 log = os.path.join(tmp, f"{name}{round_}.jsonl")
-                launch(dlrm_main.main, [*common, *flags, "--log_path", log], nproc=args.nproc)
+                launch(dlrm_main.main, [*flags, "--log_path", log], nproc=args.nproc)
                 seconds[name].append(step_seconds(log))
             ratio = seconds["sequence"][-1] / seconds["pooled"][-1]
             print(f"round {round_ + 1}/{args.rounds}: ratio {ratio:.2f}", flush=True)

@@ -4,7 +4,7 @@ optimizer state, for every layout of features over tables it handles."""
 
 import pytest
 import torch
-from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     ComputeDevice,
@@ -32,7 +32,9 @@ LAYOUTS = {
 }
 
 
-def _kernel(feature_table_map: list[int], optimizer: EmbOptimType) -> SplitTableBatchedEmbeddingBagsCodegen:
+def _kernel(
+    feature_table_map: list[int], optimizer: EmbOptimType, precision: SparseType = SparseType.FP32
+) -> SplitTableBatchedEmbeddingBagsCodegen:
     tables = max(feature_table_map) + 1
     torch.manual_seed(0)
     return SplitTableBatchedEmbeddingBagsCodegen(
@@ -41,16 +43,24 @@ def _kernel(feature_table_map: list[int], optimizer: EmbOptimType) -> SplitTable
         optimizer=optimizer,
         learning_rate=0.1,
         pooling_mode=PoolingMode.NONE,
+        weights_precision=precision,
     )
 
 
-@pytest.mark.parametrize("optimizer", [EmbOptimType.EXACT_SGD, EmbOptimType.EXACT_ROWWISE_ADAGRAD])
+@pytest.mark.parametrize(
+    "optimizer, precision",
+    [
+        (EmbOptimType.EXACT_SGD, SparseType.FP32),
+        (EmbOptimType.EXACT_ROWWISE_ADAGRAD, SparseType.FP32),
+        (EmbOptimType.EXACT_SGD, SparseType.FP16),
+    ],
+)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_bags_equal_the_unpooled_kernel(layout, optimizer):
+def test_bags_equal_the_unpooled_kernel(layout, optimizer, precision):
     """Two steps, duplicate ids included: outputs, weights and optimizer state equal to
     float rounding (row-wise Adagrad sums a row's squares in another order)."""
     feature_table_map, lengths = LAYOUTS[layout]
-    unpooled, bags = _kernel(feature_table_map, optimizer), _kernel(feature_table_map, optimizer)
+    unpooled, bags = _kernel(feature_table_map, optimizer, precision), _kernel(feature_table_map, optimizer, precision)
     assert torch.equal(unpooled.weights_host, bags.weights_host)
     generator = torch.Generator().manual_seed(1)
     for _ in range(2):

@@ -350,3 +350,24 @@ def test_learns_a_label_only_the_history_carries(sequence):
     with torch.no_grad():
         _, (_, logits, labels) = model(batch())
     assert binary_auroc(logits, labels).item() > 0.85  # here: DIN 1.0, the transformer 0.94
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prelus_own_backward_equals_torchs(dtype):
+    """PReLU's forward and leaky-ReLU-based backward against torch's operator: the same
+    output and input gradient, the slope's gradient to summation order, zeros included."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 7, 5).to(dtype)
+    x[0, 0] = 0
+    grad = torch.randn(4, 7, 5).to(dtype)
+    results = []
+    for function in (sequence_arch.prelu, torch.nn.functional.prelu):
+        inp, weight = x.clone().requires_grad_(), torch.tensor([-0.3]).requires_grad_()
+        out = function(inp, weight if function is sequence_arch.prelu else weight.to(dtype))
+        out.backward(grad)
+        results.append((out, inp.grad, weight.grad))
+    (out, grad_x, grad_w), (expected, expected_x, expected_w) = results
+    assert out.dtype == dtype and torch.equal(out, expected)
+    assert grad_x.dtype == dtype and torch.equal(grad_x, expected_x)
+    assert grad_w.dtype == torch.float32
+    torch.testing.assert_close(grad_w, expected_w.float(), rtol=2e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-5)

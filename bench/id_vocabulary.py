@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from bench.id_runs import train_small_model
 from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
 from data.parquet.columns import ParquetColumns
 from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parquet
+from harness.id_benches import train_small_model
 from harness.launch import eval_record, run_script
 
 COLUMNS = ["C1", "C3", "C4", "C10", "M1"]

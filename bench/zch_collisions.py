@@ -35,10 +35,10 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq  # noqa: F401  (pyarrow.dataset needs the Parquet format registered)
 import torch
 
-from bench.id_runs import column_keys, train_small_model
 from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
 from data.parquet.id_hashing import embedding_rows, zch_ids
+from harness.id_benches import column_keys, train_small_model
 from models.zch import ZchOptions, reserve_history
 
 

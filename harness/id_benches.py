@@ -1,6 +1,7 @@
 """What the id-mode benches share (bench/zch_collisions.py, bench/id_vocabulary.py and
 bench/id_modes.py): the small model they all train, a training run of it read back, and
-the raw-id keys of a Parquet table's sparse columns."""
+the raw-id keys of a Parquet table's sparse columns. Here rather than in bench/, whose
+every module is a command."""
 
 import os
 from collections.abc import Sequence

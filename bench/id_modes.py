@@ -134,7 +134,7 @@ def _read_training_split(lake: Lake) -> None:
     splits and reads it."""
     argv = [*lake.data_flags, "--sparse_columns", ",".join(lake.columns)]
     _, source = parse_config_and_source(argv, BENCH, "")
-    dataset = source.open()  # type: ignore[attr-defined]
+    dataset = source.open()
     table = pa.concat_tables([dataset.read_segment(s, lake.columns) for s in dataset.splits["train"]])
     lake.keys, _ = column_keys(table, lake.columns)
     lake.counts = [np.unique(k, return_counts=True)[1] for k in lake.keys]
@@ -291,15 +291,16 @@ def summarize(runs: dict[tuple[str, float, str, int], dict], lakes: list[str], f
 
 def markdown(cells: list[dict]) -> str:
     lines = [
-        "| data | tables / training ids | mode | test AUROC (mean ± sd) | minus hash (paired) | ids sharing a row "
-        "| test lookups unseen | training time / hash |",
-        "|---|---|---|---|---|---|---|---|",
+        "| data | tables / training ids | mode | seeds | test AUROC (mean ± sd) | minus hash (paired) "
+        "| ids sharing a row | test lookups unseen | training time / hash |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
         paired = "" if c["mode"] == "hash" else f"{c['auroc_minus_hash']:+.4f} ± {c['auroc_minus_hash_std']:.4f}"
         wins = "" if c["mode"] == "hash" else f" ({c['wins_over_hash']} of {c['seeds']} ahead)"
         lines.append(
-            f"| {c['data']} | {c['fraction']:g}x | `{c['mode']}` | {c['test_auroc']:.4f} ± {c['test_auroc_std']:.4f} "
+            f"| {c['data']} | {c['fraction']:g}x | `{c['mode']}` | {c['seeds']} "
+            f"| {c['test_auroc']:.4f} ± {c['test_auroc_std']:.4f} "
             f"| {paired}{wins} | {c['collision_share']:.1%} | {c['unseen_share']:.1%} | {c['time_ratio']:.2f} |"
         )
     return "\n".join(lines)
@@ -331,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if flags.only_finished:
         jobs = [(lake, f, m) for lake, f, m in jobs if os.path.exists(run_files(lake, f, m, flags)[1])]
     with ThreadPoolExecutor(flags.jobs) as pool:
-        results = list(pool.map(lambda job: train(*job, flags), jobs))
+        results = list(pool.map(lambda job: train(job[0], job[1], job[2], flags), jobs))
     runs = {(lake.name, f, m, lake.seed): r for (lake, f, m), r in zip(jobs, results)}
     names = list(dict.fromkeys(lake.name for lake in lakes))
     cells = summarize(runs, names, fractions)

@@ -36,11 +36,11 @@ def test_every_cell_on_both_data_sets(tmp_path, capsys):
     cells = {(c["data"], c["fraction"], c["mode"]): c for c in result["cells"]}
     expected = {(d, 2.0, m) for d in ("synthetic new 0.05 skew 3", "movielens-100k by time") for m in id_modes.MODES}
     assert set(cells) == expected
-    table = [line for line in lines if line.startswith("| ")]
+    table = [line for line in lines if line.startswith("|")]
     assert len(table) == 2 + len(expected) and "test AUROC" in table[0]
     for cell in cells.values():
         assert cell["seeds"] == 1 and 0.3 < cell["test_auroc"] < 1.0
-        assert f"| `{cell['mode']}` | {cell['test_auroc']:.4f} ±" in "\n".join(table)
+        assert f"| `{cell['mode']}` | 1 | {cell['test_auroc']:.4f} ±" in "\n".join(table)
     for data in ("synthetic new 0.05 skew 3", "movielens-100k by time"):
         hashed, vocabulary = cells[data, 2.0, "hash"], cells[data, 2.0, "vocabulary"]
         assert hashed["time_ratio"] == 1.0 and hashed["auroc_minus_hash"] == 0.0

@@ -28,7 +28,7 @@ standard deviation, and paired with the hash's seed by seed), the share of the t
 split's distinct ids that share a row (hash: with another id; vocabulary: row 0; zch:
 the default row at the end of training), the share of the test day's lookups the
 trainer reports unseen (hash: the Bloom filter's lower bound; vocabulary: exact; zch:
-ids without a row, new or evicted), both as the median over the features, and the
+ids without a row, new or evicted), both as the mean over the columns, and the
 training time over hash's (same seed; a busy machine makes it noisy). Prints a markdown
 table and one JSON line.
 
@@ -40,7 +40,6 @@ table and one JSON line.
 import json
 import os
 import shutil
-import statistics
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -57,7 +56,7 @@ from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
 from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parquet
 from harness.id_benches import column_keys, train_small_model
-from harness.launch import eval_record
+from harness.launch import eval_record, read_log
 from training.flags import parse_config_and_source
 
 MODES = ("hash", "vocabulary", "zch")
@@ -85,7 +84,10 @@ class IdModesFlags:
     zch_eviction_policy: str = flag("lfu", choices=("lfu", "lru"), help="zch: lfu or lru")
     zch_eviction_interval: int = flag(5, help="zch: steps between admissions")
     jobs: int = flag(1, help="runs at the same time (above 1 the time ratios mean less)")
-    reuse_runs: bool = flag(False, help="keep --work_dir and read the runs already finished there instead of training")
+    reuse_runs: bool = flag(
+        False,
+        help="keep --work_dir and read the runs already finished there (their figures or whole logs) instead of training",
+    )
     only_finished: bool = flag(
         False, help="the table of the runs finished in --work_dir only, training none (a stopped bench's)"
     )
@@ -223,7 +225,10 @@ def train(lake: Lake, fraction: float, mode: str, flags: IdModesFlags) -> dict[s
     if flags.reuse_runs and os.path.exists(finished):
         with open(finished) as f:
             return json.load(f)
-    records = train_small_model(BENCH, f"{lake.name} {mode} seed {lake.seed}", argv, log)
+    # A run whose bench stopped after it ended has its whole log: read, not trained again.
+    records: list[Any] = read_log(log) if flags.reuse_runs and os.path.exists(log) else []
+    if not any(r["event"] == "summary" for r in records):
+        records = train_small_model(BENCH, f"{lake.name} {mode} seed {lake.seed}", argv, log)
     test = eval_record(records, "test")
     summary = [r for r in records if r["event"] == "summary"][-1]
     zch = [r for r in records if r["event"] == "zch"]
@@ -275,10 +280,8 @@ def summarize(runs: dict[tuple[str, float, str, int], dict], lakes: list[str], f
                         "auroc_minus_hash": paired[0],
                         "auroc_minus_hash_std": paired[1],
                         "wins_over_hash": sum(r["test_auroc"] > h["test_auroc"] for r, h in zip(mine, hashed)),
-                        "collision_share": float(
-                            np.mean([statistics.median(r["collision_share"].values()) for r in mine])
-                        ),
-                        "unseen_share": float(np.mean([statistics.median(r["unseen_share"].values()) for r in mine])),
+                        "collision_share": float(np.mean([np.mean(list(r["collision_share"].values())) for r in mine])),
+                        "unseen_share": float(np.mean([np.mean(list(r["unseen_share"].values())) for r in mine])),
                         "time_ratio": float(
                             np.mean([r["train_seconds"] / h["train_seconds"] for r, h in zip(mine, hashed)])
                         ),

@@ -36,7 +36,8 @@ from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
 from data.parquet.columns import ParquetColumns
 from data.synthetic_parquet import SyntheticParquetSpec, generate_synthetic_parquet
-from harness.launch import eval_record, read_log, run_script
+from harness.id_benches import train_small_model
+from harness.launch import eval_record, run_script
 
 COLUMNS = ["C1", "C3", "C4", "C10", "M1"]
 
@@ -73,20 +74,15 @@ def _train(flags: IdVocabularyBenchFlags, work_dir: str, seed: int, name: str, e
     lake = os.path.join(work_dir, "lake")
     log = os.path.join(work_dir, f"{name}.jsonl")
     argv = [
-        *("dlrm_main.py", "--parquet_path", lake, "--time_column", "date", "--dense_columns", "I*"),
+        *("--parquet_path", lake, "--time_column", "date", "--dense_columns", "I*"),
         *("--sparse_columns", ",".join(COLUMNS), "--num_embeddings", str(flags.table_rows)),
-        *("--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,1"),
-        *("--batch_size", "512", "--learning_rate", "0.05", "--optimizer", "adagrad", "--device", "cpu"),
-        *("--epochs", str(flags.epochs), "--log_path", log, "--seed", str(seed)),
+        *("--batch_size", "512", "--epochs", str(flags.epochs), "--seed", str(seed)),
         *("--checkpoint_dir", os.path.join(work_dir, f"{name}_checkpoints"), *extra),
     ]
-    proc = run_script(argv, timeout=3600)
-    if proc.returncode:
-        raise SystemExit(f"bench/id_vocabulary.py: the {name} run failed: {proc.stderr.strip().splitlines()[-1]}")
+    records: Any = train_small_model("bench/id_vocabulary.py", name, argv, log, timeout=3600)
     meta = sorted(glob.glob(os.path.join(work_dir, f"{name}_checkpoints", "step_*", "meta.json")))[-1]
     with open(meta) as f:
         rows = json.load(f)["config"]["model"]["num_embeddings_per_feature"]
-    records: Any = read_log(log)
     # The test record is the best validation's model (the trainer tests it last): N is
     # chosen on that same validation figure, not on the last epoch's.
     validations = [r for r in records if r["event"] == "eval" and r["stage"] == "validation"]

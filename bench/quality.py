@@ -227,6 +227,26 @@ HISTORY_MODELS = ("dlrm_history", "dlrm_aggregates")
 USER_KEYS = ("user_id", "zip_code")
 
 
+def write_ratings(table: Table, folder: str) -> str:
+    """Writes the table's rows, in their order, as a Parquet log (every feature, its ids
+    as integers, ``label``, ``time`` and ``row``, the row's index in the table, in row
+    groups of `ROW_GROUP_ROWS`) in ``folder/ratings``, which it returns.
+
+    Raises:
+        ValueError: a table without times.
+    """
+    if table.times is None:
+        raise ValueError("the log needs the ratings' times")
+    columns: dict[str, np.ndarray] = {name: table.categorical[:, k] for k, name in enumerate(CATEGORICAL)}
+    columns.update({name: table.numerical[:, k] for k, name in enumerate(NUMERICAL)})
+    columns.update(
+        label=table.labels.astype(np.int8), time=table.times, row=np.arange(len(table.labels), dtype=np.int64)
+    )
+    os.makedirs(os.path.join(folder, "ratings"), exist_ok=True)
+    pq.write_table(pa.table(columns), os.path.join(folder, "ratings", "part-0.parquet"), row_group_size=ROW_GROUP_ROWS)
+    return os.path.join(folder, "ratings")
+
+
 def write_log(table: Table, folder: str, max_history: int = 1) -> str:
     """Writes the table's rows, in their order, as a Parquet log (``folder/ratings``:
     every feature, ``label``, ``time`` and ``row``, the row's index in the table, in row
@@ -238,19 +258,10 @@ def write_log(table: Table, folder: str, max_history: int = 1) -> str:
     Raises:
         ValueError: a table without times.
     """
-    if table.times is None:
-        raise ValueError("histories need the ratings' times")
-    columns: dict[str, np.ndarray] = {name: table.categorical[:, k] for k, name in enumerate(CATEGORICAL)}
-    columns.update({name: table.numerical[:, k] for k, name in enumerate(NUMERICAL)})
-    columns.update(
-        label=table.labels.astype(np.int8), time=table.times, row=np.arange(len(table.labels), dtype=np.int64)
-    )
-    os.makedirs(os.path.join(folder, "ratings"), exist_ok=True)
-    pq.write_table(pa.table(columns), os.path.join(folder, "ratings", "part-0.parquet"), row_group_size=ROW_GROUP_ROWS)
     output = os.path.join(folder, "with_history")
     build_histories(
         HistoryFlags(
-            os.path.join(folder, "ratings"),
+            write_ratings(table, folder),
             output,
             "user_id",
             "item_id",

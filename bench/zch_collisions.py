@@ -29,7 +29,6 @@ import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyarrow.dataset as ds
@@ -38,8 +37,8 @@ import torch
 
 from common.cli import OneLineParser
 from common.config_flags import flag, parse_flags
-from data.parquet.columns import ParquetColumns
 from data.parquet.id_hashing import embedding_rows, zch_ids
+from harness.id_benches import column_keys, train_small_model
 from models.zch import ZchOptions, reserve_history
 
 
@@ -113,26 +112,18 @@ def train_and_test(args: "ZchCollisionFlags", names: list[str], rows: list[int],
     """The test AUROC of ``dlrm_main.py`` trained with ``--id_hashing mode`` at table sizes ``rows``."""
     import os
 
-    from harness.launch import eval_record, read_log, run_script
+    from harness.launch import eval_record
 
     os.makedirs(args.work_dir, exist_ok=True)
-    log = os.path.join(args.work_dir, f"{mode}.jsonl")
-    if os.path.exists(log):
-        os.remove(log)
     argv = [
-        *("dlrm_main.py", "--parquet_path", args.parquet_path, "--time_column", args.time_column),
+        *("--parquet_path", args.parquet_path, "--time_column", args.time_column),
         *("--dense_columns", args.dense_columns, "--sparse_columns", ",".join(names), "--id_hashing", mode),
         *("--num_embeddings_per_feature", ",".join(map(str, rows)), "--hash_seed", str(args.hash_seed)),
-        *("--embedding_dim", "16", "--dense_arch_layer_sizes", "64,16", "--over_arch_layer_sizes", "64,1"),
-        *("--batch_size", str(args.batch_size), "--learning_rate", "0.05", "--optimizer", "adagrad"),
-        *("--epochs", str(args.train_epochs), "--device", "cpu", "--log_path", log, "--allow_divergence"),
+        *("--batch_size", str(args.batch_size), "--epochs", str(args.train_epochs), "--allow_divergence"),
         *("--zch_eviction_policy", args.zch_eviction_policy),
         *("--zch_eviction_interval", str(args.zch_eviction_interval)),
     ]
-    proc = run_script(argv, timeout=7200)
-    if proc.returncode:
-        raise SystemExit(f"bench/zch_collisions.py: the {mode} run failed: {proc.stderr.strip().splitlines()[-1]}")
-    records: Any = read_log(log)
+    records = train_small_model("bench/zch_collisions.py", mode, argv, os.path.join(args.work_dir, f"{mode}.jsonl"))
     return float(eval_record(records, "test")["auroc"])
 
 
@@ -147,10 +138,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     names = [
         c for c in table.column_names if any(c == p or (p.endswith("*") and c.startswith(p[:-1])) for p in patterns)
     ]
-    converted = ParquetColumns("label", (), tuple(names), (1,) * len(names)).convert(table, labelled=False)
+    all_keys, all_lengths = column_keys(table, names)
     result: dict = {"columns": {}}
     print(f"{'column':>8} {'distinct':>9} {'rows':>8}  hash ids/lookups  zch ids/lookups")
-    for name, keys, lengths in zip(names, converted.keys, converted.lengths):
+    for name, keys, lengths in zip(names, all_keys, all_lengths):
         distinct = len(np.unique(keys))
         rows = max(2, round(args.table_fraction * distinct))
         bounds = np.concatenate([[0], np.cumsum(lengths)])[:: args.batch_size]

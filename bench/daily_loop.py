@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,11 @@ class DailyLoopBench:
     )
     fresh_optimizer: bool = flag(
         False, help="warm-start the weights only (the loop's default carries the optimizer: --warm_start_optimizer)"
+    )
+    scratch_jobs: int = flag(
+        1,
+        help="from-scratch runs at once (each one process; more take a larger share of a busy machine, and slow "
+        "each other's train_seconds alike: not for a timing)",
     )
 
 
@@ -256,6 +262,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bench.days < 4:
         print("--days: at least 4 (two days compared)", file=sys.stderr)
         return 2
+    if bench.scratch_jobs < 1:
+        print(f"--scratch_jobs: at least 1, got {bench.scratch_jobs}", file=sys.stderr)
+        return 2
     shutil.rmtree(bench.work_dir, ignore_errors=True)
     lake = os.path.join(bench.work_dir, "lake")
     spec = SyntheticParquetSpec(
@@ -272,10 +281,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = start_loop(bench, lake)
     loop = None if bench.parallel else finish_loop(bench, started, days)
     scratch = []
-    for k in range(bench.days - 2):
-        auroc, seconds, wall = run_scratch(bench, lake, days, k)
-        scratch.append({"day": days[k + 1], "scratch": auroc, "scratch_seconds": seconds, "scratch_wall_seconds": wall})
-        print(f"{days[k + 1]}: from scratch on {k + 1} days AUROC {auroc:.4f}, {seconds:.1f} train seconds", flush=True)
+    with ThreadPoolExecutor(bench.scratch_jobs) as pool:  # threads: each waits on its own process
+        # Started in day order, so a run stopped early has every day up to the slowest run's.
+        for k, (auroc, seconds, wall) in enumerate(
+            pool.map(lambda k: run_scratch(bench, lake, days, k), range(bench.days - 2))
+        ):
+            scratch.append(
+                {"day": days[k + 1], "scratch": auroc, "scratch_seconds": seconds, "scratch_wall_seconds": wall}
+            )
+            print(
+                f"{days[k + 1]}: from scratch on {k + 1} days AUROC {auroc:.4f}, {seconds:.1f} train seconds",
+                flush=True,
+            )
     return report(bench, days, loop or finish_loop(bench, started, days), scratch)
 
 

@@ -189,7 +189,7 @@ def report(bench: DailyLoopBench, days: list[str], loop: dict[str, Any], scratch
         rows.append({**row, "warm": loop["auroc"][scored], "warm_seconds": loop["train_seconds"][days[k]]})
         print(
             f"{scored}: progressive AUROC warm {loop['auroc'][scored]:.4f} | from scratch on {k + 1} days "
-            f"{row['scratch']:.4f} | train seconds warm {loop['train_seconds'][days[k]]:.1f}, scratch "
+            f"{row['scratch']:.4f} ({loop['auroc'][scored] - row['scratch']:+.4f}) | train seconds warm {loop['train_seconds'][days[k]]:.1f}, scratch "
             f"{row['scratch_seconds']:.1f}",
             flush=True,
         )
@@ -202,6 +202,7 @@ def report(bench: DailyLoopBench, days: list[str], loop: dict[str, Any], scratch
     wins = sum(r["warm"] >= r["scratch"] for r in rows)
     delta_ratio = max((d["ratio"] for d in loop["deltas"]), default=None)
     mean = {side: sum(r[side] for r in rows) / len(rows) for side in ("warm", "scratch")}
+    worst = min(rows, key=lambda r: r["warm"] - r["scratch"])  # the day the goal is nearest to failing (or fails)
     print(
         f"warm >= scratch on {wins} of {len(rows)} days (mean AUROC {mean['warm']:.4f} vs {mean['scratch']:.4f}); "
         f"training time {warm_seconds:.1f} s vs {scratch_seconds:.1f} s ({ratio:.3f}x, goal <= {TIME_GOAL}); "
@@ -221,6 +222,8 @@ def report(bench: DailyLoopBench, days: list[str], loop: dict[str, Any], scratch
         "compared_days": len(rows),
         "mean_auroc_warm": mean["warm"],
         "mean_auroc_scratch": mean["scratch"],
+        "worst_day": worst["day"],
+        "worst_margin": worst["warm"] - worst["scratch"],  # warm - scratch AUROC there (negative: behind)
         "warm_train_seconds": warm_seconds,
         "scratch_train_seconds": scratch_seconds,
         "time_ratio": ratio,

@@ -67,6 +67,12 @@ class DailyLoopBench:
     fresh_optimizer: bool = flag(
         False, help="warm-start the weights only (the loop's default carries the optimizer: --warm_start_optimizer)"
     )
+    one_core: bool = flag(
+        False,
+        help="run each process the bench starts on one core, the cores taken in turn (the processes it starts "
+        "inherit it): one intra-op thread each, whose work does not wait on a second thread descheduled by a busy "
+        "machine; both sides alike",
+    )
     scratch_jobs: int = flag(
         1,
         help="from-scratch runs at once (each one process; more take a larger share of a busy machine, and slow "
@@ -107,6 +113,20 @@ def _summary(log: str) -> dict[str, Any]:
     return summary
 
 
+# Run by a child's interpreter before it becomes the command (exec keeps the affinity;
+# not a preexec_fn: this process has threads with --scratch_jobs).
+_ON_CORE = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nos.execv(sys.executable, [sys.executable, *sys.argv[2:]])\n"
+
+
+def on_core(bench: DailyLoopBench, turn: int, command: list[str]) -> list[str]:
+    """--one_core: ``command`` (a Python command line) run on the turn-th of this
+    process's cores (its threads follow: common/cores.py sizes them by the affinity)."""
+    if not bench.one_core:
+        return command
+    cores = sorted(os.sched_getaffinity(0))
+    return [sys.executable, "-c", _ON_CORE, str(cores[turn % len(cores)]), *command[1:]]
+
+
 def start_loop(bench: DailyLoopBench, lake: str) -> tuple[subprocess.Popen, float]:
     """Starts the loop over the lake: its process and its start time."""
     state_dir = os.path.join(bench.work_dir, "loop")
@@ -115,7 +135,8 @@ def start_loop(bench: DailyLoopBench, lake: str) -> tuple[subprocess.Popen, floa
     command += ["--full_export_every", str(bench.full_export_every), *training_flags(bench)]
     if not bench.fresh_optimizer:  # Adagrad's accumulators carry: the days train as one run would
         command.append("--warm_start_optimizer")
-    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL), time.monotonic()
+    proc = subprocess.Popen(on_core(bench, 0, command), cwd=REPO, stdout=subprocess.DEVNULL)
+    return proc, time.monotonic()
 
 
 def finish_loop(bench: DailyLoopBench, started: tuple[subprocess.Popen, float], days: list[str]) -> dict[str, Any]:
@@ -171,7 +192,7 @@ def run_scratch(bench: DailyLoopBench, lake: str, days: list[str], k: int) -> tu
     # It saves its model as each of the loop's days does (its train_seconds count the save).
     command += ["--checkpoint_dir", os.path.join(os.path.dirname(view), "ckpt"), "--checkpoint_at_epoch_end"]
     start = time.monotonic()
-    subprocess.run(command, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(on_core(bench, k + 1, command), cwd=REPO, check=True, stdout=subprocess.DEVNULL)
     wall = time.monotonic() - start
     result = scratch_result(bench, days[k + 1])
     assert result is not None, f"{log}: no validation or summary record"

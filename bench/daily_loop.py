@@ -239,7 +239,7 @@ def report(bench: DailyLoopBench, days: list[str], loop: dict[str, Any], scratch
     result = {
         "bench": "daily_loop",
         "days": len(days),
-        "parallel": bench.parallel,
+        "parallel": None if bench.summarize else bench.parallel,  # --summarize cannot tell how the run ran
         "warm_start_optimizer": not bench.fresh_optimizer,
         "rows_per_day": bench.rows_per_day,
         "id_lifetime_days": bench.id_lifetime_days,

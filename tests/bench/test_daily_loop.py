@@ -49,9 +49,10 @@ def test_summarize_compares_the_days_both_sides_finished(tmp_path, capsys):
     assert [r["day"] for r in result["per_day"]] == days[1:4]
     assert result["rows_per_day"] == 40 and result["days"] == 6
     assert result["warm_wins"] == 2 and result["compared_days"] == 3  # day 3: 0.65 < 0.66
+    assert result["worst_day"] == days[3] and abs(result["worst_margin"] + 0.01) < 1e-9
     assert result["warm_train_seconds"] == 6.0 and result["scratch_train_seconds"] == 60.0
     assert result["time_ratio"] == 0.1 and result["time_goal_met"] and not result["auroc_goal_met"]
-    assert result["loop_wall_seconds"] is None and result["delta_ratio_max"] is None
+    assert result["loop_wall_seconds"] is None and result["delta_ratio_max"] is None and result["parallel"] is None
 
 
 def test_summarize_without_a_lake_is_one_line(tmp_path, capsys):

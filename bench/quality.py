@@ -33,8 +33,9 @@ history: the leak-free past events, positives and positive rate of the row's use
 of its film (strictly before the rating's time, ``python -m data.histories
 --aggregates``), six more columns (``logistic_regression_history``,
 ``lightgbm_history``). ``--sequences`` (time split) adds ``dlrm_history``: DLRM with
-target attention over the film history (``--sequence_columns
-item_id_history:item_id --max_history 50``) that knows a user by their past (the
+target attention over the histories of liked and of disliked films (``--sequence_columns
+item_id_history:item_id,disliked_item_id_history:item_id --max_history 50
+--din_softmax``) that knows a user by their past (the
 aggregates as dense features) rather than by their id, and ``dlrm_aggregates``, the
 same model without the attention. ``--reuse_logs`` reads the finished runs already in
 ``--work_dir`` instead of training them again.

@@ -33,8 +33,9 @@ history: the leak-free past events, positives and positive rate of the row's use
 of its film (strictly before the rating's time, ``python -m data.histories
 --aggregates``), six more columns (``logistic_regression_history``,
 ``lightgbm_history``). ``--sequences`` (time split) adds ``dlrm_history``: DLRM with
-target attention over the film history (``--sequence_columns
-item_id_history:item_id --max_history 50``) that knows a user by their past (the
+target attention over the histories of liked and of disliked films (``--sequence_columns
+item_id_history:item_id,disliked_item_id_history:item_id --max_history 50
+--din_softmax``) that knows a user by their past (the
 aggregates as dense features) rather than by their id, and ``dlrm_aggregates``, the
 same model without the attention. ``--reuse_logs`` reads the finished runs already in
 ``--work_dir`` instead of training them again.
@@ -217,6 +218,13 @@ HISTORY_AGGREGATES = aggregate_columns("user_id", "item_id")
 # The film history --sequences gives DLRM (data.histories' column and its length).
 HISTORY_COLUMN = history_column("item_id")
 MAX_HISTORY = 50
+# The films the user rated below a click, the same way: a copy of the film column
+# (data.histories names a history after its item column) entering histories where the
+# rating was not a click. With both, the attention sees what a user rates and does not
+# like, not only what they like (docs/quality.md, "The history goal").
+DISLIKED_ITEM = "disliked_item_id"
+DISLIKED_LABEL = "disliked"
+DISLIKED_HISTORY_COLUMN = history_column(DISLIKED_ITEM)
 # The models --sequences adds: DLRM with the film history by target attention, and the
 # same DLRM without the attention (what the history's aggregates alone give it). Both
 # know a user by their past, not their id: 84% of the time split's test ratings are by
@@ -227,10 +235,11 @@ HISTORY_MODELS = ("dlrm_history", "dlrm_aggregates")
 USER_KEYS = ("user_id", "zip_code")
 
 
-def write_ratings(table: Table, folder: str) -> str:
+def write_ratings(table: Table, folder: str, extra: dict[str, np.ndarray] | None = None) -> str:
     """Writes the table's rows, in their order, as a Parquet log (every feature, its ids
     as integers, ``label``, ``time`` and ``row``, the row's index in the table, in row
-    groups of `ROW_GROUP_ROWS`) in ``folder/ratings``, which it returns.
+    groups of `ROW_GROUP_ROWS`, and ``extra``'s columns, one value a row) in
+    ``folder/ratings``, which it returns.
 
     Raises:
         ValueError: a table without times.
@@ -242,6 +251,7 @@ def write_ratings(table: Table, folder: str) -> str:
     columns.update(
         label=table.labels.astype(np.int8), time=table.times, row=np.arange(len(table.labels), dtype=np.int64)
     )
+    columns.update(extra or {})
     os.makedirs(os.path.join(folder, "ratings"), exist_ok=True)
     pq.write_table(pa.table(columns), os.path.join(folder, "ratings", "part-0.parquet"), row_group_size=ROW_GROUP_ROWS)
     return os.path.join(folder, "ratings")
@@ -252,17 +262,26 @@ def write_log(table: Table, folder: str, max_history: int = 1) -> str:
     every feature, ``label``, ``time`` and ``row``, the row's index in the table, in row
     groups of `ROW_GROUP_ROWS`) and runs ``data.histories`` over it with the aggregates
     (the film history of ``max_history`` items, the user's and film's past counts and
-    rates); returns the log with its history (``folder/with_history``), the table's rows
-    in the same order.
+    rates), then again for the history of disliked films (`DISLIKED_HISTORY_COLUMN`);
+    returns the log with its histories (``folder/with_history``), the table's rows in
+    the same order.
 
     Raises:
         ValueError: a table without times.
     """
-    output = os.path.join(folder, "with_history")
+    ratings = write_ratings(
+        table,
+        folder,
+        {
+            DISLIKED_ITEM: table.categorical[:, CATEGORICAL.index("item_id")],
+            DISLIKED_LABEL: (1 - table.labels).astype(np.int8),
+        },
+    )
+    liked = os.path.join(folder, "liked")
     build_histories(
         HistoryFlags(
-            write_ratings(table, folder),
-            output,
+            ratings,
+            liked,
             "user_id",
             "item_id",
             "time",
@@ -270,6 +289,12 @@ def write_log(table: Table, folder: str, max_history: int = 1) -> str:
             max_history=max_history,
             aggregates=True,
             overwrite=True,
+        )
+    )
+    output = os.path.join(folder, "with_history")
+    build_histories(
+        HistoryFlags(
+            liked, output, "user_id", DISLIKED_ITEM, "time", DISLIKED_LABEL, max_history=max_history, overwrite=True
         )
     )
     return output
@@ -367,8 +392,9 @@ def history_model_flags(name: str, cardinalities: Sequence[int]) -> list[str]:
     """The flags a `HISTORY_MODELS` model adds to the time split's data flags: the
     categorical features but `USER_KEYS` (with their table sizes), the user's and film's
     past aggregates as dense features beside the numerical ones (log1p: counts reach
-    hundreds; a rate without a past is null, read as 0), and for ``dlrm_history`` the film
-    history in the film's table, under DIN with softmax weights; [] for any other model."""
+    hundreds; a rate without a past is null, read as 0), and for ``dlrm_history`` the
+    histories of liked and of disliked films, both in the film's table, under DIN with
+    softmax weights; [] for any other model."""
     if name not in HISTORY_MODELS:
         return []
     kept = [k for k, feature in enumerate(CATEGORICAL) if feature not in USER_KEYS]
@@ -382,8 +408,9 @@ def history_model_flags(name: str, cardinalities: Sequence[int]) -> list[str]:
         "--dense_transform",
         "log1p",
     ]
-    if name == "dlrm_history":  # the softmax had the best validation AUROC of the variants tried (docs/quality.md)
-        flags += ["--sequence_columns", f"{HISTORY_COLUMN}:item_id", "--max_history", str(MAX_HISTORY), "--din_softmax"]
+    if name == "dlrm_history":  # the best validation AUROC of the variants tried (docs/quality.md)
+        histories = f"{HISTORY_COLUMN}:item_id,{DISLIKED_HISTORY_COLUMN}:item_id"
+        flags += ["--sequence_columns", histories, "--max_history", str(MAX_HISTORY), "--din_softmax"]
     return flags
 
 

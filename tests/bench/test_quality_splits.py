@@ -44,6 +44,15 @@ def test_time_split_rows_are_the_parquet_sources_latest_windows(tmp_path):
     np.testing.assert_array_equal(written.column("item_id").to_numpy(), ordered.categorical[:, 1])
     assert quality.HISTORY_COLUMN in written.column_names
 
+    # The two histories split each user's earlier ratings by the label, newest last.
+    rows = written.to_pylist()
+    for row in rows:
+        earlier = [r for r in rows if r["user_id"] == row["user_id"] and r["time"] < row["time"]]
+        liked = [r["item_id"] for r in earlier if r["label"]][-quality.MAX_HISTORY :]
+        disliked = [r["item_id"] for r in earlier if not r["label"]][-quality.MAX_HISTORY :]
+        assert row[quality.HISTORY_COLUMN] == liked
+        assert row[quality.DISLIKED_HISTORY_COLUMN] == disliked
+
     # The history models' flags, after the data flags, name the log's columns: no user id
     # or zip code (with their table sizes), the aggregates as dense features, the history.
     for name in quality.HISTORY_MODELS:
@@ -55,8 +64,8 @@ def test_time_split_rows_are_the_parquet_sources_latest_windows(tmp_path):
         assert config.model.sparse_feature_names == kept
         assert config.model.num_embeddings_per_feature == [ordered.cardinalities[CATEGORICAL.index(f)] for f in kept]
         assert config.model.dense_in_features == len(NUMERICAL) + len(quality.HISTORY_AGGREGATES)
-        history = [f"{quality.HISTORY_COLUMN}:item_id"] if name == "dlrm_history" else []
-        assert config.model.sequence_columns == history
+        histories = [(quality.HISTORY_COLUMN, "item_id"), (quality.DISLIKED_HISTORY_COLUMN, "item_id")]
+        assert config.model.sequences == (histories if name == "dlrm_history" else [])
         dataset = source.open()
         read = dataset.read_segment(dataset.splits["test"][0], quality.HISTORY_AGGREGATES)
         assert read.column_names == quality.HISTORY_AGGREGATES  # the log holds them

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from common.delta_files import DELTA_FILE, DELTA_VERSION, SKETCH_DELTA_FILE
 from common.errors import BadInput
 from common.json_fields import (
     INTEGER,
@@ -75,12 +76,6 @@ from serving.model_files import (
 )
 from serving.model_inputs import INPUTS_FILE, ModelInputs, read_inputs
 
-DELTA_FILE = "delta.json"
-# 2: the seen-id filters may be a delta too, their changed bytes (DeltaRecord.sketch, SKETCH_DELTA_FILE);
-# 3: the bits they gained instead, gap-coded (DeltaRecord.sketch_bits). Versions 2 and 1 are read.
-DELTA_VERSION = 3
-# The seen-id filters' change since the base's id_sketch.bin: the bits each gained (version 2: bytes).
-SKETCH_DELTA_FILE = "id_sketch.delta"
 # Version 2 cut a filter into regions of this many bytes: a gap between two changed bytes fits 16 bits.
 _SKETCH_REGION_BYTES = 1 << 16
 ENCODINGS = ("all", "bitmap", "gaps8", "gaps16", "gaps32")

@@ -45,6 +45,7 @@ from typing import Any
 from common.atomic import atomic_symlink, write_bytes
 from common.cli import DefaultsHelpFormatter, OneLineParser, run_cli
 from common.config_flags import add_flags, config_values, flag
+from common.delta_files import DELTA_FILE, DELTA_VERSION, SKETCH_DELTA_FILE
 from common.errors import BadInput
 from common.json_fields import BOOLEAN, OBJECT, TEXT, JsonObject, Kind, optional, text_list, versioned_json
 from common.run_log_file import read_run_log
@@ -72,7 +73,6 @@ _LOOP_FLAGS = (
 # (the other steps are subprocesses, seconds long).
 PAUSE_ENV = "DAILY_PAUSE_S"
 _LIST = Kind(lambda v: isinstance(v, list), "a list")
-_SKETCH_DELTA_FILE = "id_sketch.delta"  # serving/delta.py's SKETCH_DELTA_FILE
 
 
 @dataclass(kw_only=True)
@@ -541,13 +541,13 @@ def delta_size(model: str, base: str) -> dict[str, Any]:
     ``ratio_without_sketch``: the ratio without them."""
     from data.parquet.id_sketch import SKETCH_FILE
 
-    path = os.path.join(model, "delta.json")
+    path = os.path.join(model, DELTA_FILE)
     with open(path, "rb") as f:  # serving/delta.py's DeltaRecord (training does not import serving)
-        document, _ = JsonObject.versioned(f.read(), path, "an exported model's delta record", current=3)
+        document, _ = JsonObject.versioned(f.read(), path, "an exported model's delta record", current=DELTA_VERSION)
     regions = document.get("regions", OBJECT)
     changed = sum(int(r["changed"]) * int(r["row_bytes"]) for variant in regions.values() for r in variant)
     sizes = {name: os.path.getsize(os.path.join(model, name)) for name in os.listdir(model)}
-    sketch = sum(size for name, size in sizes.items() if name in (SKETCH_FILE, _SKETCH_DELTA_FILE))
+    sketch = sum(size for name, size in sizes.items() if name in (SKETCH_FILE, SKETCH_DELTA_FILE))
     total = sum(sizes.values())
     return {
         "base": base,
